@@ -1,0 +1,172 @@
+//! `cumem`: device information and a demonstration of cumem, on a GPU or on the simulator.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use cumem::ErrorContext;
+use cumem::copy::{StreamCopy, copy_d2d};
+use cumem::driver::{self, DriverChoice, DriverKind};
+use cumem::prelude::*;
+
+#[derive(Parser)]
+#[command(name = "cumem", version, about = "Type-safe CUDA memory management: info and demo")]
+struct Cli {
+    /// Which driver to use: the real one, the simulator, or the real one when present.
+    #[arg(long, value_enum, env = "CUMEM_DRIVER", default_value = "auto", global = true)]
+    driver: DriverArg,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DriverArg {
+    Auto,
+    Real,
+    Sim,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List devices, their memory and capabilities.
+    Info,
+    /// Allocate, upload, copy, verify and free device memory, saying what happens.
+    Demo {
+        /// Elements per buffer.
+        #[arg(long, default_value_t = 1 << 20)]
+        elements: usize,
+    },
+}
+
+/// Prints a line to stdout; a closed pipe (`cumem info | head`) is not an error worth a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("CUMEM_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let choice = match cli.driver {
+        DriverArg::Auto => DriverChoice::Auto,
+        DriverArg::Real => DriverChoice::Real,
+        DriverArg::Sim => DriverChoice::Simulator,
+    };
+    let result = driver::select(choice).and_then(|kind| {
+        say!("{}", banner(kind));
+        match cli.command {
+            Command::Info => info(),
+            Command::Demo { elements } => demo(elements),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Error::DriverNotFound { .. }) => {
+            eprintln!("cumem: error: no CUDA driver found (use --driver sim to run on the simulator)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("cumem: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn banner(kind: DriverKind) -> String {
+    let what = driver::description().unwrap_or_default();
+    match kind {
+        DriverKind::Simulator => format!("cumem: running on the simulator, not a GPU ({what})"),
+        DriverKind::Real => format!("cumem: running on the GPU driver ({what})"),
+    }
+}
+
+fn info() -> Result<()> {
+    say!("driver version: {}", driver::driver_version()?);
+    for device in Device::all()? {
+        let caps = device.capabilities()?;
+        let (major, minor) = caps.compute_capability;
+        let mem = device.context()?.mem_info()?;
+        say!("device {}: {}", device.ordinal(), device.name()?);
+        say!("  compute capability {major}.{minor}");
+        say!("  memory: {} total, {} free", human(mem.total), human(mem.free));
+        let flags = [
+            ("unified addressing", caps.unified_addressing),
+            ("managed memory", caps.managed_memory),
+            ("concurrent managed access", caps.concurrent_managed_access),
+            ("memory pools", caps.memory_pools),
+            ("virtual memory", caps.virtual_memory),
+            ("host mapping", caps.host_mapping),
+            ("host register", caps.host_register),
+        ];
+        for (name, on) in flags {
+            say!("  {name:<26} {}", if on { "yes" } else { "no" });
+        }
+    }
+    Ok(())
+}
+
+fn demo(elements: usize) -> Result<()> {
+    let ctx = Device::get(0)?.context()?;
+    let before = ctx.mem_info()?;
+    say!("device 0: {} ({} free of {})", ctx.device().name()?, human(before.free), human(before.total));
+    let bytes = elements * size_of::<u32>();
+    let started = Instant::now();
+    {
+        let stream = Stream::non_blocking(&ctx)?;
+        let data: Vec<u32> = (0..elements as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        let host = PinnedBuffer::from_slice(&ctx, &data)?;
+        say!("pinned   {} of host memory", human(bytes));
+
+        let mut a = DeviceBuffer::<u32>::new(&stream, elements)?;
+        let mut b = DeviceBuffer::<u32>::zeroed(&stream, elements)?;
+        let during = ctx.mem_info()?;
+        say!(
+            "alloc    two device buffers of {} at {:#x} and {:#x} (device memory in use: +{})",
+            human(bytes),
+            a.device_ptr(),
+            b.device_ptr(),
+            human(before.free.saturating_sub(during.free))
+        );
+
+        stream.copy_h2d(&host, &mut a)?;
+        say!("upload   {} host -> device, queued on a non-blocking stream", human(bytes));
+        copy_d2d(&a, &mut b)?;
+        say!("copy     {} device -> device (ordered after the upload by an event)", human(bytes));
+        let half = elements / 2;
+        stream.fill(&mut b.slice_mut(half..)?, 0xFFFF_FFFFu32)?;
+        say!("memset   the second half of the copy to 0xffffffff");
+
+        let mut back = PinnedBuffer::<u32>::zeroed(&ctx, elements)?;
+        stream.copy_d2h(&b, &mut back)?;
+        say!("download {} device -> pinned host, queued", human(bytes));
+        let seen = back.as_slice()?; // waits for the download, nothing else
+        let ok = seen[..half] == data[..half] && seen[half..].iter().all(|&v| v == u32::MAX);
+        if !ok {
+            return Err(Error::InvalidValue { ctx: ErrorContext::op("demo verification") });
+        }
+        say!("verify   all {elements} elements match (first half copied, second half filled)");
+    }
+    let after = ctx.mem_info()?;
+    say!(
+        "free     everything dropped: {} free again; {:.1} ms in all",
+        human(after.free),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+fn human(bytes: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+}

@@ -1,0 +1,75 @@
+//! Blocking copies between pageable host slices and device memory.
+//!
+//! These run on the legacy default stream, after all work already queued on the device memory
+//! (whatever stream it was queued on), and return when the host side is done: a host source may be
+//! reused and a host destination read at once. Host→device needs `T: NoUninit` (every byte of the
+//! source is initialised); device→host needs `T: AnyBitPattern` (any bytes make a valid `T`).
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{DeviceBuffer, Device, Stream};
+//! use cumem_copy::{copy_d2d, copy_d2h, copy_h2d};
+//! let stream = Stream::new(&Device::get(0)?.context()?)?;
+//! let mut a = DeviceBuffer::<u64>::zeroed(&stream, 4)?;
+//! let mut b = DeviceBuffer::<u64>::zeroed(&stream, 4)?;
+//! copy_h2d(&[1, 2, 3, 4], &mut a)?;
+//! copy_d2d(&a, &mut b)?;
+//! let mut out = [0u64; 4];
+//! copy_d2h(&b, &mut out)?;
+//! assert_eq!(out, [1, 2, 3, 4]);
+//! assert!(copy_h2d(&[1, 2, 3], &mut a).is_err()); // length mismatch
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use bytemuck::{AnyBitPattern, NoUninit};
+use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, Result, Stream};
+
+use crate::{ffi, validate};
+
+/// Copies `src` into device memory `dst` (same length). `src` may be reused on return.
+pub fn copy_h2d<T: NoUninit>(src: &[T], dst: &mut impl AsDeviceSliceMut<T>) -> Result<()> {
+    let dst = dst.as_device_slice_mut();
+    validate::same_len(dst.len(), src.len())?;
+    if dst.bytes() == 0 {
+        return Ok(());
+    }
+    let ctx = dst.context();
+    dst.order().use_on(&Stream::legacy(ctx))?;
+    ctx.bind()?;
+    // SAFETY: `src` is initialised (NoUninit) and valid for `bytes` bytes; `dst` is device memory
+    // of exactly that size, exclusively borrowed.
+    unsafe { ffi::htod(dst.device_ptr(), src.as_ptr().cast(), dst.bytes()) }
+}
+
+/// Copies device memory `src` into `dst` (same length), after all work queued on `src`.
+pub fn copy_d2h<T: AnyBitPattern>(src: &impl AsDeviceSlice<T>, dst: &mut [T]) -> Result<()> {
+    let src = src.as_device_slice();
+    validate::same_len(dst.len(), src.len())?;
+    if src.bytes() == 0 {
+        return Ok(());
+    }
+    let ctx = src.context();
+    src.order().use_on(&Stream::legacy(ctx))?;
+    ctx.bind()?;
+    // SAFETY: `dst` is valid for `bytes` bytes of writes and any bytes are a valid T; the copy is
+    // complete when the call returns; `src` is device memory of that size.
+    unsafe { ffi::dtoh(dst.as_mut_ptr().cast(), src.device_ptr(), src.bytes()) }
+}
+
+/// Copies device memory `src` into device memory `dst` of the same device, on the legacy stream.
+/// Returns without waiting for the copy: later work on either buffer is ordered after it.
+pub fn copy_d2d<T>(src: &impl AsDeviceSlice<T>, dst: &mut impl AsDeviceSliceMut<T>) -> Result<()> {
+    let (src, dst) = (src.as_device_slice(), dst.as_device_slice_mut());
+    validate::same_len(dst.len(), src.len())?;
+    validate::same_device(dst.context(), src.context())?;
+    if dst.bytes() == 0 {
+        return Ok(());
+    }
+    let legacy = Stream::legacy(dst.context());
+    src.order().use_on(&legacy)?;
+    dst.order().use_on(&legacy)?;
+    dst.context().bind()?;
+    // SAFETY: both ranges are device memory of `bytes` bytes on the same device; `dst` is
+    // exclusively borrowed, so it does not overlap `src`.
+    unsafe { ffi::dtod(dst.device_ptr(), src.device_ptr(), dst.bytes()) }
+}

@@ -1,0 +1,175 @@
+//! Asynchronous copies queued on a stream — safe, because pinned buffers track them.
+//!
+//! Host memory in an asynchronous copy must be page-locked, and must not be touched by the host
+//! until the device is done with it. These functions take a [`PinnedBuffer`], which records an
+//! event after the queued copy: reading its host data waits for a pending device write, writing it
+//! waits for pending device reads, and dropping it waits for both. Device memory is ordered by its
+//! stream tracker, so a buffer last used on another stream is waited for first.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{DeviceBuffer, Device, PinnedBuffer, Stream};
+//! use cumem_copy::StreamCopy;
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::non_blocking(&ctx)?;
+//! let src = PinnedBuffer::from_slice(&ctx, &[5u32; 256])?;
+//! let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 256)?;
+//! let mut dst = PinnedBuffer::<u32>::zeroed(&ctx, 256)?;
+//! stream.copy_h2d(&src, &mut dev)?;
+//! stream.fill(&mut dev.slice_mut(128..)?, 9u32)?;
+//! stream.copy_d2h(&dev, &mut dst)?;
+//! // No explicit synchronisation: reading the pinned buffer waits for the copy into it.
+//! assert_eq!(dst.as_slice()?[..2], [5, 5]);
+//! assert_eq!(dst.as_slice()?[254..], [9, 9]);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use bytemuck::{AnyBitPattern, NoUninit, Pod};
+use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, Error, PinnedBuffer, Result, Stream};
+
+use crate::ffi::{self, Width};
+use crate::validate;
+
+/// Transfers queued on a stream.
+pub trait StreamCopy {
+    /// Queues a copy of pinned host memory into device memory (same length).
+    fn copy_h2d<T: NoUninit>(&self, src: &PinnedBuffer<T>, dst: &mut impl AsDeviceSliceMut<T>) -> Result<()>;
+
+    /// Queues a copy of device memory into pinned host memory (same length).
+    fn copy_d2h<T: AnyBitPattern>(
+        &self,
+        src: &impl AsDeviceSlice<T>,
+        dst: &mut PinnedBuffer<T>,
+    ) -> Result<()>;
+
+    /// Queues a device-to-device copy (same length, same device).
+    fn copy_d2d<T>(&self, src: &impl AsDeviceSlice<T>, dst: &mut impl AsDeviceSliceMut<T>) -> Result<()>;
+
+    /// Queues setting every element of `dst` to `value`; `T` must be 1, 2 or 4 bytes wide.
+    fn fill<T: Pod>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: T) -> Result<()>;
+
+    /// Queues setting every byte of `dst` to `value`.
+    fn memset_d8<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u8) -> Result<()>;
+
+    /// Queues setting every 16-bit word of `dst` to `value`; its size must be a multiple of 2 bytes.
+    fn memset_d16<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u16) -> Result<()>;
+
+    /// Queues setting every 32-bit word of `dst` to `value`; its size must be a multiple of 4 bytes.
+    fn memset_d32<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u32) -> Result<()>;
+}
+
+impl StreamCopy for Stream {
+    fn copy_h2d<T: NoUninit>(&self, src: &PinnedBuffer<T>, dst: &mut impl AsDeviceSliceMut<T>) -> Result<()> {
+        let dst = dst.as_device_slice_mut();
+        validate::same_len(dst.len(), src.len())?;
+        validate::on_stream_device(self, dst.context())?;
+        if dst.bytes() == 0 {
+            return Ok(());
+        }
+        dst.order().use_on(self)?;
+        self.context().bind()?;
+        let (to, bytes) = (dst.device_ptr(), dst.bytes());
+        let enqueue = |from: *const T, _| {
+            // SAFETY: `from` is page-locked memory of `bytes` bytes kept alive and unwritten until
+            // the copy completes; `to` is exclusively borrowed device memory, ordered on `self`.
+            unsafe { ffi::htod_async(to, from.cast(), bytes, self.raw()) }
+        };
+        // SAFETY: `enqueue` queues one copy on `self` that reads exactly `len` values from the
+        // pinned pointer; the pinned buffer keeps the host memory unwritten until it completes.
+        unsafe { src.device_read(self, enqueue) }
+    }
+
+    fn copy_d2h<T: AnyBitPattern>(
+        &self,
+        src: &impl AsDeviceSlice<T>,
+        dst: &mut PinnedBuffer<T>,
+    ) -> Result<()> {
+        let src = src.as_device_slice();
+        validate::same_len(dst.len(), src.len())?;
+        validate::on_stream_device(self, src.context())?;
+        if src.bytes() == 0 {
+            return Ok(());
+        }
+        src.order().use_on(self)?;
+        self.context().bind()?;
+        let (from, bytes) = (src.device_ptr(), src.bytes());
+        let enqueue = |to: *mut T, _| {
+            // SAFETY: `to` is page-locked memory of `bytes` bytes that the host will not touch
+            // until the copy completes; `from` is device memory ordered on `self`.
+            unsafe { ffi::dtoh_async(to.cast(), from, bytes, self.raw()) }
+        };
+        // SAFETY: `enqueue` queues one copy on `self` writing exactly `len` values of `T` (any
+        // bytes are valid: AnyBitPattern); the pinned buffer blocks host access until it completes.
+        unsafe { dst.device_write(self, enqueue) }
+    }
+
+    fn copy_d2d<T>(&self, src: &impl AsDeviceSlice<T>, dst: &mut impl AsDeviceSliceMut<T>) -> Result<()> {
+        let (src, dst) = (src.as_device_slice(), dst.as_device_slice_mut());
+        validate::same_len(dst.len(), src.len())?;
+        validate::on_stream_device(self, dst.context())?;
+        validate::same_device(dst.context(), src.context())?;
+        if dst.bytes() == 0 {
+            return Ok(());
+        }
+        src.order().use_on(self)?;
+        dst.order().use_on(self)?;
+        self.context().bind()?;
+        // SAFETY: both ranges are device memory of `bytes` bytes, ordered on `self`; `dst` is
+        // exclusively borrowed, so the ranges do not overlap.
+        unsafe { ffi::dtod_async(dst.device_ptr(), src.device_ptr(), dst.bytes(), self.raw()) }
+    }
+
+    fn fill<T: Pod>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: T) -> Result<()> {
+        let bytes = bytemuck::bytes_of(&value);
+        match *bytes {
+            [b] => self.memset_d8(dst, b),
+            [a, b] => self.memset_d16(dst, u16::from_ne_bytes([a, b])),
+            [a, b, c, d] => self.memset_d32(dst, u32::from_ne_bytes([a, b, c, d])),
+            _ => Err(Error::Misaligned { what: "fill element size", value: bytes.len() as u64, align: 4 }),
+        }
+    }
+
+    fn memset_d8<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u8) -> Result<()> {
+        memset(self, dst, Width::W8(value))
+    }
+
+    fn memset_d16<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u16) -> Result<()> {
+        memset(self, dst, Width::W16(value))
+    }
+
+    fn memset_d32<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u32) -> Result<()> {
+        memset(self, dst, Width::W32(value))
+    }
+}
+
+fn memset<T>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>, value: Width) -> Result<()> {
+    let dst = dst.as_device_slice_mut();
+    validate::on_stream_device(stream, dst.context())?;
+    let width = match value {
+        Width::W8(_) => 1,
+        Width::W16(_) => 2,
+        Width::W32(_) => 4,
+    };
+    if dst.bytes() % width != 0 {
+        return Err(Error::Misaligned {
+            what: "memset length in bytes",
+            value: dst.bytes() as u64,
+            align: width as u64,
+        });
+    }
+    if dst.device_ptr() % width as u64 != 0 {
+        return Err(Error::Misaligned {
+            what: "memset address",
+            value: dst.device_ptr(),
+            align: width as u64,
+        });
+    }
+    if dst.bytes() == 0 {
+        return Ok(());
+    }
+    dst.order().use_on(stream)?;
+    stream.context().bind()?;
+    // SAFETY: the range is exclusively borrowed device memory of `bytes` bytes, aligned to the
+    // width (checked above), ordered on `stream`.
+    unsafe { ffi::memset_async(dst.device_ptr(), value, dst.bytes() / width, stream.raw()) }
+}

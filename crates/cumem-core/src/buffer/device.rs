@@ -1,0 +1,277 @@
+//! `DeviceBuffer<T>`: an owning array of `T` in device memory, the device analogue of `Vec<T>`
+//! (without growth; see `cumem-vmm` for buffers that grow in place).
+//!
+//! A buffer remembers the resource it came from and the stream it was last used on; dropping it
+//! returns the memory to that resource on that stream, from any thread.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{DeviceBuffer, Device, Stream};
+//! let stream = Stream::new(&Device::get(0)?.context()?)?;
+//! let buf = DeviceBuffer::from_slice(&stream, &[1.0f32, 2.0, 3.0])?;
+//! assert_eq!((buf.len(), buf.bytes()), (3, 12));
+//! let bytes = buf.cast::<u8>()?;          // reinterpretation via bytemuck
+//! assert_eq!(bytes.len(), 12);
+//! assert_eq!(bytes.cast::<f32>()?.to_vec()?, [1.0, 2.0, 3.0]);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::RangeBounds;
+use std::sync::Arc;
+
+use bytemuck::{AnyBitPattern, NoUninit, Pod, Zeroable};
+use cumem_sys::sys::CUdeviceptr;
+
+use crate::buffer::view::{
+    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, cast_parts,
+};
+use crate::{AllocLayout, Context, DeviceResource, DriverResource, Result, Stream, StreamOrder, ffi};
+
+/// An owning array of `len` values of `T` in device memory.
+pub struct DeviceBuffer<T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    /// `None` when nothing was allocated (zero bytes).
+    layout: Option<AllocLayout>,
+    resource: Arc<dyn DeviceResource>,
+    order: StreamOrder,
+    _marker: PhantomData<T>,
+}
+
+impl<T> DeviceBuffer<T> {
+    fn driver_resource(stream: &Stream) -> Arc<dyn DeviceResource> {
+        Arc::new(DriverResource::new(stream.context()))
+    }
+
+    /// Allocates room for `len` values from `resource`, usable in order on `stream`. The contents
+    /// are whatever the memory held, which is why this needs `T: AnyBitPattern`.
+    pub fn new_in(resource: &Arc<dyn DeviceResource>, stream: &Stream, len: usize) -> Result<Self>
+    where
+        T: AnyBitPattern,
+    {
+        // SAFETY: any bytes are a valid T.
+        unsafe { Self::uninit_in(resource, stream, len) }
+    }
+
+    /// Allocates room for `len` values from `cuMemAlloc`; see [`DeviceBuffer::new_in`].
+    pub fn new(stream: &Stream, len: usize) -> Result<Self>
+    where
+        T: AnyBitPattern,
+    {
+        Self::new_in(&Self::driver_resource(stream), stream, len)
+    }
+
+    /// Allocates without initialising.
+    ///
+    /// # Safety
+    /// 1. The caller writes every element before the contents are read as `T`, or every bit
+    ///    pattern is a valid `T`.
+    pub unsafe fn uninit_in(resource: &Arc<dyn DeviceResource>, stream: &Stream, len: usize) -> Result<Self> {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or(crate::Error::SizeOverflow { count: len, elem_size: size_of::<T>() })?;
+        let (ptr, layout) = if bytes == 0 {
+            (0, None)
+        } else {
+            let layout = AllocLayout::new(bytes, align_of::<T>())?;
+            if resource.context() != stream.context() {
+                return Err(crate::Error::WrongDevice {
+                    expected: resource.context().device().ordinal() as i32,
+                    actual: stream.context().device().ordinal() as i32,
+                });
+            }
+            (resource.allocate(layout, stream)?, Some(layout))
+        };
+        Ok(DeviceBuffer {
+            ptr,
+            len,
+            layout,
+            resource: resource.clone(),
+            order: StreamOrder::new(stream),
+            _marker: PhantomData,
+        })
+    }
+
+    /// `len` zeroed values from `resource`, zeroed in order on `stream`.
+    pub fn zeroed_in(resource: &Arc<dyn DeviceResource>, stream: &Stream, len: usize) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        // SAFETY: every byte is written with zero below, and all-zero is a valid T.
+        let buf = unsafe { Self::uninit_in(resource, stream, len)? };
+        if buf.bytes() > 0 {
+            stream.context().bind()?;
+            // SAFETY: the range is exactly this fresh allocation, usable on `stream`.
+            unsafe { ffi::memset_d8_async(buf.ptr, 0, buf.bytes(), stream.raw())? };
+        }
+        Ok(buf)
+    }
+
+    /// `len` zeroed values from `cuMemAlloc`.
+    pub fn zeroed(stream: &Stream, len: usize) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        Self::zeroed_in(&Self::driver_resource(stream), stream, len)
+    }
+
+    /// A buffer from `resource` holding a copy of `data`. `data` may be reused as soon as this returns.
+    pub fn from_slice_in(resource: &Arc<dyn DeviceResource>, stream: &Stream, data: &[T]) -> Result<Self>
+    where
+        T: NoUninit,
+    {
+        // SAFETY: every element is written by the copy below before anything can read it.
+        let buf = unsafe { Self::uninit_in(resource, stream, data.len())? };
+        if buf.bytes() > 0 {
+            let ctx = stream.context();
+            // A synchronous copy runs on the legacy stream and has taken the pageable source by the
+            // time it returns; the tracker orders it after the allocation on `stream`.
+            buf.order.use_on(&Stream::legacy(ctx))?;
+            ctx.bind()?;
+            // SAFETY: `data` is valid for `bytes` bytes of reads (NoUninit: all initialised); the
+            // destination is exactly this allocation.
+            unsafe { ffi::memcpy_htod(buf.ptr, data.as_ptr().cast(), buf.bytes())? };
+        }
+        Ok(buf)
+    }
+
+    /// A buffer from `cuMemAlloc` holding a copy of `data`.
+    pub fn from_slice(stream: &Stream, data: &[T]) -> Result<Self>
+    where
+        T: NoUninit,
+    {
+        Self::from_slice_in(&Self::driver_resource(stream), stream, data)
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
+    /// Device address of the first element (0 when nothing is allocated).
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// The context of the memory.
+    pub fn context(&self) -> &Context {
+        self.resource.context()
+    }
+
+    /// The resource the memory came from and returns to.
+    pub fn resource(&self) -> &Arc<dyn DeviceResource> {
+        &self.resource
+    }
+
+    /// The stream-order tracker: the stream the buffer was last used on.
+    pub fn order(&self) -> &StreamOrder {
+        &self.order
+    }
+
+    /// A shared view of the whole buffer.
+    pub fn as_slice(&self) -> DeviceSlice<'_, T> {
+        DeviceSlice::from_parts(self.ptr, self.len, &self.order, self.resource.context())
+    }
+
+    /// An exclusive view of the whole buffer.
+    pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
+        DeviceSliceMut::from_parts(self.ptr, self.len, &self.order, self.resource.context())
+    }
+
+    /// A shared view of `range`.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
+        self.as_slice().slice(range)
+    }
+
+    /// An exclusive view of `range`.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
+        self.as_mut_slice().into_slice_mut(range)
+    }
+
+    /// Shared views of `[0, mid)` and `[mid, len)`.
+    pub fn split_at(&self, mid: usize) -> Result<(DeviceSlice<'_, T>, DeviceSlice<'_, T>)> {
+        self.as_slice().split_at(mid)
+    }
+
+    /// Exclusive views of `[0, mid)` and `[mid, len)`.
+    pub fn split_at_mut(&mut self, mid: usize) -> Result<(DeviceSliceMut<'_, T>, DeviceSliceMut<'_, T>)> {
+        self.as_mut_slice().into_split_at_mut(mid)
+    }
+
+    /// Shared views of `chunk` elements each (the last may be shorter).
+    pub fn chunks(&self, chunk: usize) -> Result<Chunks<'_, T>> {
+        self.as_slice().chunks(chunk)
+    }
+
+    /// Exclusive views of `chunk` elements each (the last may be shorter).
+    pub fn chunks_mut(&mut self, chunk: usize) -> Result<ChunksMut<'_, T>> {
+        self.as_mut_slice().into_chunks_mut(chunk)
+    }
+
+    /// Copies the contents to a new `Vec`, after all work queued on the buffer so far.
+    pub fn to_vec(&self) -> Result<Vec<T>>
+    where
+        T: AnyBitPattern,
+    {
+        crate::buffer::view::read_to_vec(self.ptr, self.len, &self.order, self.resource.context())
+    }
+
+    /// Reinterprets the buffer as values of `U`, keeping the allocation. The byte length must be a
+    /// multiple of `U`'s size and the address aligned for `U`.
+    pub fn cast<U: Pod>(self) -> Result<DeviceBuffer<U>>
+    where
+        T: Pod,
+    {
+        let (ptr, len) = cast_parts::<T, U>(self.ptr, self.len)?;
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; each field is moved out exactly once.
+        let (resource, order) = unsafe { (std::ptr::read(&this.resource), std::ptr::read(&this.order)) };
+        Ok(DeviceBuffer { ptr, len, layout: this.layout, resource, order, _marker: PhantomData })
+    }
+}
+
+impl<T> AsDeviceSlice<T> for DeviceBuffer<T> {
+    fn as_device_slice(&self) -> DeviceSlice<'_, T> {
+        self.as_slice()
+    }
+}
+
+impl<T> AsDeviceSliceMut<T> for DeviceBuffer<T> {
+    fn as_device_slice_mut(&mut self) -> DeviceSliceMut<'_, T> {
+        self.as_mut_slice()
+    }
+}
+
+impl<T> fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("device", &self.context().device().ordinal())
+            .finish()
+    }
+}
+
+impl<T> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        if let Some(layout) = self.layout {
+            let stream = self.order.last();
+            // SAFETY: `ptr` came from `allocate` on this resource with `layout` and is returned once;
+            // every use of it was queued through `order`, whose last stream is `stream`; the buffer
+            // is going away, so nothing refers to the memory afterwards.
+            unsafe { self.resource.deallocate(self.ptr, layout, &stream) };
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! `PinnedBuffer<T>`: page-locked host memory that asynchronous copies can use safely.
+//!
+//! The device may read or write a pinned buffer long after the call that queued the copy has
+//! returned. The buffer therefore keeps the events of device work still using it, and every host
+//! access waits for them first: reading waits for pending device writes, writing waits for pending
+//! device reads and writes, and dropping waits for everything before the memory is freed. This is
+//! what makes `cumem-copy`'s asynchronous copies safe functions.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{Device, PinnedBuffer, PinnedFlags};
+//! let ctx = Device::get(0)?.context()?;
+//! let mut pinned = PinnedBuffer::<u16>::zeroed_with_flags(&ctx, 8, PinnedFlags { portable: true, ..Default::default() })?;
+//! pinned.as_mut_slice()?.copy_from_slice(&[7; 8]);
+//! assert_eq!(pinned.as_slice()?, &[7; 8]);
+//! assert!(pinned.flags().portable);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::fmt;
+use std::ptr::NonNull;
+
+use bytemuck::Zeroable;
+use cumem_sys::sys::{CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED};
+use parking_lot::Mutex;
+
+use crate::{Context, Error, Event, Result, Stream, ffi};
+
+/// Allocation flags of a [`PinnedBuffer`] (`cuMemHostAlloc`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PinnedFlags {
+    /// Pinned for every context, not only the allocating one.
+    pub portable: bool,
+    /// Mapped into the device address space (zero-copy access from kernels).
+    pub device_mapped: bool,
+    /// Write-combined: fast for the host to write and the device to read, very slow for the host to read.
+    pub write_combined: bool,
+}
+
+impl PinnedFlags {
+    /// The `CU_MEMHOSTALLOC_*` bits.
+    pub fn bits(&self) -> u32 {
+        let mut bits = 0;
+        if self.portable {
+            bits |= CU_MEMHOSTALLOC_PORTABLE;
+        }
+        if self.device_mapped {
+            bits |= CU_MEMHOSTALLOC_DEVICEMAP;
+        }
+        if self.write_combined {
+            bits |= CU_MEMHOSTALLOC_WRITECOMBINED;
+        }
+        bits
+    }
+}
+
+/// Device work still using the buffer.
+#[derive(Default)]
+struct Pending {
+    reads: Vec<Event>,
+    write: Option<Event>,
+}
+
+/// An owning array of `len` values of `T` in page-locked host memory.
+pub struct PinnedBuffer<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    /// Whether `ptr` came from the driver (false for zero bytes).
+    allocated: bool,
+    flags: PinnedFlags,
+    ctx: Context,
+    pending: Mutex<Pending>,
+}
+
+// SAFETY: the buffer owns its memory like a `Vec<T>`; host access goes through `&self`/`&mut self`
+// and waits for device work first.
+unsafe impl<T: Send> Send for PinnedBuffer<T> {}
+// SAFETY: shared access only hands out `&[T]` (after waiting for device writes) and queues device
+// reads, like `&Vec<T>`.
+unsafe impl<T: Sync> Sync for PinnedBuffer<T> {}
+
+impl<T: Copy> PinnedBuffer<T> {
+    /// `len` zeroed values with default flags.
+    pub fn zeroed(ctx: &Context, len: usize) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        Self::zeroed_with_flags(ctx, len, PinnedFlags::default())
+    }
+
+    /// `len` zeroed values with explicit flags.
+    pub fn zeroed_with_flags(ctx: &Context, len: usize, flags: PinnedFlags) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        let buf = Self::alloc(ctx, len, flags)?;
+        if buf.allocated {
+            // SAFETY: the allocation holds `len` values; all-zero bytes are a valid T.
+            unsafe { std::ptr::write_bytes(buf.ptr.as_ptr(), 0, len) };
+        }
+        Ok(buf)
+    }
+
+    /// A pinned copy of `data`.
+    pub fn from_slice(ctx: &Context, data: &[T]) -> Result<Self> {
+        Self::from_slice_with_flags(ctx, data, PinnedFlags::default())
+    }
+
+    /// A pinned copy of `data` with explicit flags.
+    pub fn from_slice_with_flags(ctx: &Context, data: &[T], flags: PinnedFlags) -> Result<Self> {
+        let buf = Self::alloc(ctx, data.len(), flags)?;
+        if buf.allocated {
+            // SAFETY: the allocation holds `data.len()` values and does not overlap `data`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr.as_ptr(), data.len()) };
+        }
+        Ok(buf)
+    }
+
+    fn alloc(ctx: &Context, len: usize, flags: PinnedFlags) -> Result<Self> {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or(Error::SizeOverflow { count: len, elem_size: size_of::<T>() })?;
+        let (ptr, allocated) = if bytes == 0 {
+            (NonNull::dangling(), false)
+        } else {
+            ctx.bind()?;
+            let p = ffi::mem_host_alloc(bytes, flags.bits())?.cast::<T>();
+            if !p.is_aligned() {
+                // SAFETY: `p` came from cuMemHostAlloc just now and nothing uses it.
+                let _ = unsafe { ffi::mem_free_host(p.cast()) };
+                return Err(Error::Misaligned {
+                    what: "pinned allocation",
+                    value: p as u64,
+                    align: align_of::<T>() as u64,
+                });
+            }
+            (
+                NonNull::new(p)
+                    .ok_or(Error::OutOfMemory { ctx: cumem_sys::ErrorContext::op("cuMemHostAlloc") })?,
+                true,
+            )
+        };
+        Ok(PinnedBuffer {
+            ptr,
+            len,
+            allocated,
+            flags,
+            ctx: ctx.clone(),
+            pending: Mutex::new(Pending::default()),
+        })
+    }
+}
+
+impl<T> PinnedBuffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
+    /// The flags it was allocated with.
+    pub fn flags(&self) -> PinnedFlags {
+        self.flags
+    }
+
+    /// The context it was allocated in.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Host address of the first element. Reading or writing through it races with pending
+    /// device work; use the slice accessors.
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    /// The host values, after any pending device write to them has completed.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        let mut pending = self.pending.lock();
+        if let Some(write) = &pending.write {
+            write.synchronize()?;
+            pending.write = None;
+        }
+        // SAFETY: `ptr` holds `len` initialised values; no device work writes them any more, and
+        // queueing a device write needs `&mut self`, which cannot coexist with the returned borrow.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// The host values for writing, after all pending device work on them has completed.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.wait_idle()?;
+        // SAFETY: `ptr` holds `len` initialised values; no device work uses them any more, and new
+        // device work needs a borrow of `self`, which cannot coexist with the returned one.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// A copy of the host values, after any pending device write.
+    pub fn to_vec(&self) -> Result<Vec<T>>
+    where
+        T: Copy,
+    {
+        Ok(self.as_slice()?.to_vec())
+    }
+
+    /// Blocks until no device work uses the buffer.
+    pub fn wait_idle(&self) -> Result<()> {
+        let mut pending = self.pending.lock();
+        if let Some(write) = &pending.write {
+            write.synchronize()?;
+            pending.write = None;
+        }
+        while let Some(read) = pending.reads.last() {
+            read.synchronize()?;
+            pending.reads.pop();
+        }
+        Ok(())
+    }
+
+    /// Queues device work that reads the buffer on `stream`.
+    ///
+    /// `stream` is first ordered after any pending device write; `enqueue` receives the host
+    /// pointer and length and queues the work; an event recorded after it makes later host writes
+    /// (and the buffer's drop) wait for the read.
+    ///
+    /// # Safety
+    /// 1. `enqueue` queues work on `stream` only, and that work only reads, at most `len` values
+    ///    from the pointer it is given.
+    pub unsafe fn device_read<R>(
+        &self,
+        stream: &Stream,
+        enqueue: impl FnOnce(*const T, usize) -> Result<R>,
+    ) -> Result<R> {
+        let mut pending = self.pending.lock();
+        if let Some(write) = &pending.write {
+            stream.wait(write)?;
+        }
+        let out = enqueue(self.ptr.as_ptr(), self.len)?;
+        let done = stream.record()?;
+        // Completed reads need no tracking; keep the list short.
+        pending.reads.retain(|e| !matches!(e.query(), Ok(true)));
+        pending.reads.push(done);
+        Ok(out)
+    }
+
+    /// Queues device work that writes the buffer on `stream`.
+    ///
+    /// `stream` is first ordered after all pending device reads and writes; an event recorded after
+    /// the work makes every later host access (and the drop) wait for it.
+    ///
+    /// # Safety
+    /// 1. `enqueue` queues work on `stream` only, writing at most `len` values through the pointer
+    ///    it is given, and only bytes that are valid values of `T`.
+    pub unsafe fn device_write<R>(
+        &mut self,
+        stream: &Stream,
+        enqueue: impl FnOnce(*mut T, usize) -> Result<R>,
+    ) -> Result<R> {
+        let pending = self.pending.get_mut();
+        if let Some(write) = pending.write.take() {
+            stream.wait(&write)?;
+        }
+        for read in pending.reads.drain(..) {
+            stream.wait(&read)?;
+        }
+        let out = enqueue(self.ptr.as_ptr(), self.len)?;
+        pending.write = Some(stream.record()?);
+        Ok(out)
+    }
+}
+
+impl<T> fmt::Debug for PinnedBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedBuffer")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("flags", &self.flags)
+            .finish()
+    }
+}
+
+impl<T> Drop for PinnedBuffer<T> {
+    fn drop(&mut self) {
+        if let Err(e) = self.wait_idle() {
+            // Freeing memory that the device may still write would be unsound: leak it instead.
+            tracing::warn!(error = %e, bytes = self.bytes(), "waiting for device work on a pinned buffer failed; leaking it");
+            return;
+        }
+        if !self.allocated {
+            return;
+        }
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: `ptr` came from cuMemHostAlloc, is freed once, and no device work or Rust
+            // reference uses it any more (waited for above; `&mut self`).
+            unsafe { ffi::mem_free_host(self.ptr.as_ptr().cast()) }
+        });
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "cuMemFreeHost failed");
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! Borrowed views of device memory, the device analogues of `&[T]` and `&mut [T]`.
+//!
+//! Views carry the owning buffer's context and stream-order tracker, so work queued through a view
+//! is ordered like work on the buffer itself. Out-of-range requests are errors, never panics.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{DeviceBuffer, Device, Stream};
+//! let stream = Stream::new(&Device::get(0)?.context()?)?;
+//! let buf = DeviceBuffer::from_slice(&stream, &[1u32, 2, 3, 4, 5])?;
+//! let (head, tail) = buf.split_at(2)?;
+//! assert_eq!(head.to_vec()?, [1, 2]);
+//! assert_eq!(tail.slice(1..)?.to_vec()?, [4, 5]);
+//! let lens: Vec<usize> = buf.chunks(2)?.map(|c| c.len()).collect();
+//! assert_eq!(lens, [2, 2, 1]);
+//! assert!(buf.slice(4..9).is_err());
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+
+use bytemuck::{AnyBitPattern, Pod};
+use cumem_sys::sys::CUdeviceptr;
+
+use crate::{Context, Error, Result, Stream, StreamOrder, ffi};
+
+/// A shared view of device memory holding `len` values of `T`.
+pub struct DeviceSlice<'a, T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    order: &'a StreamOrder,
+    ctx: &'a Context,
+    _marker: PhantomData<&'a [T]>,
+}
+
+/// An exclusive view of device memory holding `len` values of `T`.
+pub struct DeviceSliceMut<'a, T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    order: &'a StreamOrder,
+    ctx: &'a Context,
+    _marker: PhantomData<&'a mut [T]>,
+}
+
+impl<T> Clone for DeviceSlice<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DeviceSlice<'_, T> {}
+
+/// Resolves a range against a length, as slice indexing does, but as a `Result`.
+pub(crate) fn resolve_range(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.checked_add(1).ok_or(Error::OutOfRange { start: s, end: s, len })?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1).ok_or(Error::OutOfRange { start, end: e, len })?,
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    if start > end || end > len {
+        return Err(Error::OutOfRange { start, end, len });
+    }
+    Ok((start, end))
+}
+
+fn offset<T>(ptr: CUdeviceptr, elems: usize) -> CUdeviceptr {
+    // Cannot overflow: the offset stays within an allocation the driver handed out.
+    ptr + (elems * size_of::<T>()) as u64
+}
+
+/// Reads `len` values of `T` from device memory, ordered after the memory's previous uses.
+pub(crate) fn read_to_vec<T: AnyBitPattern>(
+    ptr: CUdeviceptr,
+    len: usize,
+    order: &StreamOrder,
+    ctx: &Context,
+) -> Result<Vec<T>> {
+    let mut out = Vec::<T>::with_capacity(len);
+    let bytes = len * size_of::<T>();
+    if bytes > 0 {
+        // Synchronous copies run on the legacy stream and are complete on return.
+        order.use_on(&Stream::legacy(ctx))?;
+        ctx.bind()?;
+        // SAFETY: `out` has capacity for `len` values; the range is inside the view's allocation;
+        // any bytes are a valid `T` (AnyBitPattern); the copy is complete when the call returns.
+        unsafe {
+            ffi::memcpy_dtoh(out.as_mut_ptr().cast(), ptr, bytes)?;
+            out.set_len(len);
+        }
+    } else {
+        // SAFETY: zero bytes to initialise: either len == 0, or T is zero-sized.
+        unsafe { out.set_len(len) };
+    }
+    Ok(out)
+}
+
+macro_rules! common_view_methods {
+    () => {
+        /// Number of elements.
+        pub fn len(&self) -> usize {
+            self.len
+        }
+
+        /// Whether the view has no elements.
+        pub fn is_empty(&self) -> bool {
+            self.len == 0
+        }
+
+        /// Size in bytes.
+        pub fn bytes(&self) -> usize {
+            self.len * size_of::<T>()
+        }
+
+        /// Device address of the first element.
+        pub fn device_ptr(&self) -> CUdeviceptr {
+            self.ptr
+        }
+
+        /// The context of the memory.
+        pub fn context(&self) -> &Context {
+            self.ctx
+        }
+
+        /// The stream-order tracker of the owning buffer.
+        pub fn order(&self) -> &StreamOrder {
+            self.order
+        }
+
+        /// Copies the contents to a new `Vec`, after all work queued on the memory so far.
+        pub fn to_vec(&self) -> Result<Vec<T>>
+        where
+            T: AnyBitPattern,
+        {
+            read_to_vec(self.ptr, self.len, self.order, self.ctx)
+        }
+    };
+}
+
+impl<'a, T> DeviceSlice<'a, T> {
+    /// Assembles a view from its parts; the safe constructors are on the buffers.
+    pub(crate) fn from_parts(ptr: CUdeviceptr, len: usize, order: &'a StreamOrder, ctx: &'a Context) -> Self {
+        DeviceSlice { ptr, len, order, ctx, _marker: PhantomData }
+    }
+
+    common_view_methods!();
+
+    /// A shared sub-view.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'a, T>> {
+        let (start, end) = resolve_range(range, self.len)?;
+        Ok(DeviceSlice::from_parts(offset::<T>(self.ptr, start), end - start, self.order, self.ctx))
+    }
+
+    /// Two shared views, of `[0, mid)` and `[mid, len)`.
+    pub fn split_at(&self, mid: usize) -> Result<(DeviceSlice<'a, T>, DeviceSlice<'a, T>)> {
+        if mid > self.len {
+            return Err(Error::OutOfRange { start: mid, end: mid, len: self.len });
+        }
+        Ok((
+            DeviceSlice::from_parts(self.ptr, mid, self.order, self.ctx),
+            DeviceSlice::from_parts(offset::<T>(self.ptr, mid), self.len - mid, self.order, self.ctx),
+        ))
+    }
+
+    /// Views of `chunk` elements each (the last may be shorter); `chunk` must be non-zero.
+    pub fn chunks(&self, chunk: usize) -> Result<Chunks<'a, T>> {
+        if chunk == 0 {
+            return Err(Error::ZeroSize { what: "chunk size" });
+        }
+        Ok(Chunks { rest: *self, chunk })
+    }
+
+    /// Reinterprets the view as values of `U`; the byte length must be a multiple of `U`'s size
+    /// and the address aligned for `U`.
+    pub fn cast<U: Pod>(&self) -> Result<DeviceSlice<'a, U>>
+    where
+        T: Pod,
+    {
+        let (ptr, len) = cast_parts::<T, U>(self.ptr, self.len)?;
+        Ok(DeviceSlice::from_parts(ptr, len, self.order, self.ctx))
+    }
+}
+
+impl<'a, T> DeviceSliceMut<'a, T> {
+    pub(crate) fn from_parts(ptr: CUdeviceptr, len: usize, order: &'a StreamOrder, ctx: &'a Context) -> Self {
+        DeviceSliceMut { ptr, len, order, ctx, _marker: PhantomData }
+    }
+
+    common_view_methods!();
+
+    /// A shared view of the same memory.
+    pub fn as_slice(&self) -> DeviceSlice<'_, T> {
+        DeviceSlice::from_parts(self.ptr, self.len, self.order, self.ctx)
+    }
+
+    /// A shorter-lived exclusive view of the same memory.
+    pub fn reborrow(&mut self) -> DeviceSliceMut<'_, T> {
+        DeviceSliceMut::from_parts(self.ptr, self.len, self.order, self.ctx)
+    }
+
+    /// A shared sub-view.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
+        self.as_slice().slice(range)
+    }
+
+    /// Two shared views, of `[0, mid)` and `[mid, len)`.
+    pub fn split_at(&self, mid: usize) -> Result<(DeviceSlice<'_, T>, DeviceSlice<'_, T>)> {
+        self.as_slice().split_at(mid)
+    }
+
+    /// Shared views of `chunk` elements each (the last may be shorter).
+    pub fn chunks(&self, chunk: usize) -> Result<Chunks<'_, T>> {
+        self.as_slice().chunks(chunk)
+    }
+
+    /// An exclusive sub-view.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
+        self.reborrow().into_slice_mut(range)
+    }
+
+    /// Two exclusive views, of `[0, mid)` and `[mid, len)`.
+    pub fn split_at_mut(&mut self, mid: usize) -> Result<(DeviceSliceMut<'_, T>, DeviceSliceMut<'_, T>)> {
+        self.reborrow().into_split_at_mut(mid)
+    }
+
+    /// Exclusive views of `chunk` elements each (the last may be shorter).
+    pub fn chunks_mut(&mut self, chunk: usize) -> Result<ChunksMut<'_, T>> {
+        self.reborrow().into_chunks_mut(chunk)
+    }
+
+    /// Like [`DeviceSliceMut::slice_mut`], consuming the view to keep its lifetime.
+    pub fn into_slice_mut(self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'a, T>> {
+        let (start, end) = resolve_range(range, self.len)?;
+        Ok(DeviceSliceMut::from_parts(offset::<T>(self.ptr, start), end - start, self.order, self.ctx))
+    }
+
+    /// Like [`DeviceSliceMut::split_at_mut`], consuming the view to keep its lifetime.
+    pub fn into_split_at_mut(self, mid: usize) -> Result<(DeviceSliceMut<'a, T>, DeviceSliceMut<'a, T>)> {
+        if mid > self.len {
+            return Err(Error::OutOfRange { start: mid, end: mid, len: self.len });
+        }
+        // The two halves cover disjoint memory, so two exclusive views are sound.
+        Ok((
+            DeviceSliceMut::from_parts(self.ptr, mid, self.order, self.ctx),
+            DeviceSliceMut::from_parts(offset::<T>(self.ptr, mid), self.len - mid, self.order, self.ctx),
+        ))
+    }
+
+    /// Like [`DeviceSliceMut::chunks_mut`], consuming the view to keep its lifetime.
+    pub fn into_chunks_mut(self, chunk: usize) -> Result<ChunksMut<'a, T>> {
+        if chunk == 0 {
+            return Err(Error::ZeroSize { what: "chunk size" });
+        }
+        Ok(ChunksMut {
+            ptr: self.ptr,
+            len: self.len,
+            order: self.order,
+            ctx: self.ctx,
+            chunk,
+            _marker: PhantomData,
+        })
+    }
+}
+
+pub(crate) fn cast_parts<T: Pod, U: Pod>(ptr: CUdeviceptr, len: usize) -> Result<(CUdeviceptr, usize)> {
+    let bytes = len * size_of::<T>();
+    if size_of::<U>() == 0 {
+        return Err(Error::ZeroSize { what: "element size of the cast target" });
+    }
+    if !bytes.is_multiple_of(size_of::<U>()) {
+        return Err(Error::Misaligned {
+            what: "byte length",
+            value: bytes as u64,
+            align: size_of::<U>() as u64,
+        });
+    }
+    if !ptr.is_multiple_of(align_of::<U>() as u64) {
+        return Err(Error::Misaligned { what: "device address", value: ptr, align: align_of::<U>() as u64 });
+    }
+    Ok((ptr, bytes / size_of::<U>()))
+}
+
+/// Iterator over shared chunks of a view; see [`DeviceSlice::chunks`].
+pub struct Chunks<'a, T> {
+    rest: DeviceSlice<'a, T>,
+    chunk: usize,
+}
+
+impl<'a, T> Iterator for Chunks<'a, T> {
+    type Item = DeviceSlice<'a, T>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.len == 0 {
+            return None;
+        }
+        let n = self.chunk.min(self.rest.len);
+        let head = DeviceSlice::from_parts(self.rest.ptr, n, self.rest.order, self.rest.ctx);
+        self.rest = DeviceSlice::from_parts(
+            offset::<T>(self.rest.ptr, n),
+            self.rest.len - n,
+            self.rest.order,
+            self.rest.ctx,
+        );
+        Some(head)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.rest.len.div_ceil(self.chunk);
+        (n, Some(n))
+    }
+}
+
+impl<T> ExactSizeIterator for Chunks<'_, T> {}
+
+/// Iterator over exclusive chunks of a view; see [`DeviceSliceMut::chunks_mut`].
+pub struct ChunksMut<'a, T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    order: &'a StreamOrder,
+    ctx: &'a Context,
+    chunk: usize,
+    _marker: PhantomData<&'a mut [T]>,
+}
+
+impl<'a, T> Iterator for ChunksMut<'a, T> {
+    type Item = DeviceSliceMut<'a, T>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.len == 0 {
+            return None;
+        }
+        let n = self.chunk.min(self.len);
+        // Each chunk covers memory no other chunk covers, so handing out exclusive views is sound.
+        let head = DeviceSliceMut::from_parts(self.ptr, n, self.order, self.ctx);
+        self.ptr = offset::<T>(self.ptr, n);
+        self.len -= n;
+        Some(head)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.len.div_ceil(self.chunk);
+        (n, Some(n))
+    }
+}
+
+impl<T> ExactSizeIterator for ChunksMut<'_, T> {}
+
+/// Anything that can be viewed as shared device memory of `T`s: buffers and views.
+pub trait AsDeviceSlice<T> {
+    /// The shared view.
+    fn as_device_slice(&self) -> DeviceSlice<'_, T>;
+}
+
+/// Anything that can be viewed as exclusive device memory of `T`s.
+pub trait AsDeviceSliceMut<T>: AsDeviceSlice<T> {
+    /// The exclusive view.
+    fn as_device_slice_mut(&mut self) -> DeviceSliceMut<'_, T>;
+}
+
+impl<T> AsDeviceSlice<T> for DeviceSlice<'_, T> {
+    fn as_device_slice(&self) -> DeviceSlice<'_, T> {
+        *self
+    }
+}
+
+impl<T> AsDeviceSlice<T> for DeviceSliceMut<'_, T> {
+    fn as_device_slice(&self) -> DeviceSlice<'_, T> {
+        self.as_slice()
+    }
+}
+
+impl<T> AsDeviceSliceMut<T> for DeviceSliceMut<'_, T> {
+    fn as_device_slice_mut(&mut self) -> DeviceSliceMut<'_, T> {
+        self.reborrow()
+    }
+}
+
+impl<T> std::fmt::Debug for DeviceSlice<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceSlice")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<T> std::fmt::Debug for DeviceSliceMut<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceSliceMut")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_resolve_like_slice_indexing() {
+        assert_eq!(resolve_range(.., 5).unwrap(), (0, 5));
+        assert_eq!(resolve_range(1..3, 5).unwrap(), (1, 3));
+        assert_eq!(resolve_range(1..=4, 5).unwrap(), (1, 5));
+        assert_eq!(resolve_range(5.., 5).unwrap(), (5, 5));
+        assert!(matches!(resolve_range(3..2, 5), Err(Error::OutOfRange { start: 3, end: 2, len: 5 })));
+        assert!(matches!(resolve_range(0..6, 5), Err(Error::OutOfRange { end: 6, .. })));
+        assert!(matches!(resolve_range(0..=usize::MAX, 5), Err(Error::OutOfRange { .. })));
+    }
+
+    #[test]
+    fn casts_check_length_and_alignment() {
+        assert_eq!(cast_parts::<u32, u8>(0x1000, 3).unwrap(), (0x1000, 12));
+        assert_eq!(cast_parts::<u8, u32>(0x1000, 8).unwrap(), (0x1000, 2));
+        assert!(matches!(
+            cast_parts::<u8, u32>(0x1000, 7),
+            Err(Error::Misaligned { what: "byte length", .. })
+        ));
+        assert!(matches!(
+            cast_parts::<u8, u32>(0x1001, 8),
+            Err(Error::Misaligned { what: "device address", .. })
+        ));
+    }
+}

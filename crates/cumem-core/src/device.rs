@@ -1,0 +1,94 @@
+//! Devices: enumeration, names, attributes, memory size and capabilities.
+//!
+//! A [`Device`] is a plain ordinal; it owns nothing. Work happens in a [`Context`], which
+//! [`Device::context`] retains.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::Device;
+//! for device in Device::all()? {
+//!     let caps = device.capabilities()?;
+//!     println!("{}: {} ({} bytes, pools: {})", device.ordinal(), device.name()?, device.total_memory()?, caps.memory_pools);
+//! }
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use cumem_sys::sys::{CUdevice, CUdevice_attribute};
+
+use crate::{Capabilities, Context, Result, ffi};
+
+/// A CUDA device, by ordinal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Device {
+    raw: CUdevice,
+}
+
+impl Device {
+    /// Number of devices the driver sees. Loads the driver on first use.
+    pub fn count() -> Result<usize> {
+        cumem_sys::driver::init()?;
+        Ok(ffi::device_count()?.max(0) as usize)
+    }
+
+    /// The device with this ordinal; `InvalidDevice` if there is none.
+    pub fn get(ordinal: usize) -> Result<Device> {
+        cumem_sys::driver::init()?;
+        let ordinal = i32::try_from(ordinal).unwrap_or(i32::MAX);
+        Ok(Device { raw: ffi::device_get(ordinal)? })
+    }
+
+    /// Every device, in ordinal order.
+    pub fn all() -> Result<Vec<Device>> {
+        (0..Device::count()?).map(Device::get).collect()
+    }
+
+    /// This device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.raw as usize
+    }
+
+    /// The driver's handle for this device.
+    pub fn raw(&self) -> CUdevice {
+        self.raw
+    }
+
+    /// The device's marketing name.
+    pub fn name(&self) -> Result<String> {
+        ffi::device_name(self.raw)
+    }
+
+    /// One device attribute.
+    pub fn attribute(&self, attr: CUdevice_attribute) -> Result<i32> {
+        ffi::device_attribute(self.raw, attr)
+    }
+
+    /// Total device memory in bytes.
+    pub fn total_memory(&self) -> Result<usize> {
+        ffi::device_total_mem(self.raw)
+    }
+
+    /// Compute capability as (major, minor).
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        use CUdevice_attribute as A;
+        Ok((
+            self.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            self.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ))
+    }
+
+    /// What this device supports, read from its attributes.
+    pub fn capabilities(&self) -> Result<Capabilities> {
+        Capabilities::query(*self)
+    }
+
+    /// Retains this device's primary context.
+    pub fn context(&self) -> Result<Context> {
+        Context::retain_primary(*self)
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "device {}", self.raw)
+    }
+}

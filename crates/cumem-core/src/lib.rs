@@ -1,0 +1,44 @@
+//! Devices, contexts, streams, events and the owning memory types of cumem.
+//!
+//! Every kind of CUDA memory is an owning Rust type that frees itself, from any thread:
+//! [`DeviceBuffer`] (device memory from any [`DeviceResource`]), [`PinnedBuffer`] (page-locked host
+//! memory). Each keeps its [`Context`] alive and binds it before calling the driver, and every
+//! device buffer remembers the [`Stream`] it was last used on, so work on another stream is ordered
+//! after it and the memory returns to its resource in stream order.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{DeviceBuffer, Device, Stream};
+//!
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::new(&ctx)?;
+//! let data: Vec<u32> = (0..1024).collect();
+//! let buf = DeviceBuffer::from_slice(&stream, &data)?;
+//! assert_eq!(buf.to_vec()?, data);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+mod buffer;
+mod capabilities;
+mod context;
+mod device;
+mod event;
+mod ffi;
+mod order;
+mod resource;
+mod stream;
+
+pub use buffer::device::DeviceBuffer;
+pub use buffer::pinned::{PinnedBuffer, PinnedFlags};
+pub use buffer::view::{AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut};
+pub use capabilities::Capabilities;
+pub use context::{Context, MemInfo};
+pub use cumem_sys::{Error, ErrorContext, Feature, Result};
+pub use device::Device;
+pub use event::Event;
+pub use order::StreamOrder;
+pub use resource::{AllocLayout, DRIVER_ALIGNMENT, DeviceResource, DriverResource};
+pub use stream::{Stream, StreamOptions};
+
+/// The raw driver bindings, for code that needs a call cumem does not wrap.
+pub use cumem_sys::sys;

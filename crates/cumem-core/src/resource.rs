@@ -1,0 +1,133 @@
+//! The resource trait every device buffer allocates from, and the driver's own allocator.
+//!
+//! A [`DeviceResource`] hands out device memory for a layout on a stream, and takes it back on the
+//! stream where it was last used, so that stream-ordered resources (pools) can reuse it in stream
+//! order. Adaptors and pools in `cumem-pool` implement the same trait and wrap any other resource,
+//! as RMM's resources do. [`DriverResource`] is `cuMemAlloc`/`cuMemFree`.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use std::sync::Arc;
+//! use cumem_core::{DeviceBuffer, DeviceResource, Device, DriverResource, Stream};
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::new(&ctx)?;
+//! let resource: Arc<dyn DeviceResource> = Arc::new(DriverResource::new(&ctx));
+//! let buf = DeviceBuffer::<u32>::zeroed_in(&resource, &stream, 1024)?;
+//! assert_eq!(buf.to_vec()?, vec![0; 1024]);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::fmt;
+
+use cumem_sys::sys::CUdeviceptr;
+
+use crate::{Context, Error, Result, Stream, ffi};
+
+/// Size and alignment of a device allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AllocLayout {
+    /// Bytes requested (non-zero).
+    pub bytes: usize,
+    /// Required alignment of the address, a power of two.
+    pub align: usize,
+}
+
+impl AllocLayout {
+    /// A layout, checked: `bytes` must be non-zero and `align` a power of two.
+    pub fn new(bytes: usize, align: usize) -> Result<Self> {
+        if bytes == 0 {
+            return Err(Error::ZeroSize { what: "allocation size" });
+        }
+        if !align.is_power_of_two() {
+            return Err(Error::Misaligned { what: "alignment", value: align as u64, align: 2 });
+        }
+        Ok(AllocLayout { bytes, align })
+    }
+
+    /// The layout of `len` values of `T`, with at least `T`'s alignment.
+    pub fn array<T>(len: usize) -> Result<Self> {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or(Error::SizeOverflow { count: len, elem_size: size_of::<T>() })?;
+        AllocLayout::new(bytes, align_of::<T>())
+    }
+}
+
+/// A source of device memory.
+///
+/// # Safety
+/// Implementors promise that
+/// 1. `allocate` returns the address of at least `layout.bytes` bytes of device memory of
+///    `self.context()`'s device, aligned to `layout.align`, overlapping no other live allocation;
+/// 2. that memory is usable by work queued on `stream` after the call returns (and by work on other
+///    streams once ordered after `stream`), and stays valid until it is passed to `deallocate`.
+pub unsafe trait DeviceResource: Send + Sync + fmt::Debug {
+    /// The context whose device the memory belongs to.
+    fn context(&self) -> &Context;
+
+    /// Allocates memory for `layout`, usable in stream order on `stream`.
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<CUdeviceptr>;
+
+    /// Returns memory to the resource. Failures are logged, not returned, as this runs in `Drop`.
+    ///
+    /// # Safety
+    /// 1. `ptr` was returned by `allocate` on this resource with this `layout`, and is returned once.
+    /// 2. All work that uses the memory has been queued on `stream` (or ordered before work queued
+    ///    on it next); the resource may hand the memory to work queued on `stream` after this call.
+    /// 3. No Rust value refers to the memory afterwards.
+    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream);
+}
+
+/// The alignment `cuMemAlloc` guarantees.
+pub const DRIVER_ALIGNMENT: usize = 256;
+
+/// `cuMemAlloc` and `cuMemFree`: simple, slow, and synchronising on free.
+#[derive(Debug, Clone)]
+pub struct DriverResource {
+    ctx: Context,
+}
+
+impl DriverResource {
+    /// The driver allocator of `ctx`'s device.
+    pub fn new(ctx: &Context) -> Self {
+        DriverResource { ctx: ctx.clone() }
+    }
+}
+
+// SAFETY: cuMemAlloc returns fresh, non-overlapping memory aligned to 256 bytes; larger
+// alignments are served by over-allocating and rounding up, and the base is recovered with
+// cuMemGetAddressRange on free. cuMemFree waits for the device, so memory is never freed under
+// pending work.
+unsafe impl DeviceResource for DriverResource {
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn allocate(&self, layout: AllocLayout, _stream: &Stream) -> Result<CUdeviceptr> {
+        let layout = AllocLayout::new(layout.bytes, layout.align)?;
+        let device = self.ctx.device().ordinal() as i32;
+        self.ctx.bind()?;
+        if layout.align <= DRIVER_ALIGNMENT {
+            return ffi::mem_alloc(layout.bytes, device);
+        }
+        let padded = layout
+            .bytes
+            .checked_add(layout.align - 1)
+            .ok_or(Error::SizeOverflow { count: layout.bytes, elem_size: 1 })?;
+        let base = ffi::mem_alloc(padded, device)?;
+        Ok(base.next_multiple_of(layout.align as u64))
+    }
+
+    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, _stream: &Stream) {
+        let result = self.ctx.bind().and_then(|()| {
+            let base =
+                if layout.align <= DRIVER_ALIGNMENT { ptr } else { ffi::mem_get_address_range(ptr)?.0 };
+            // SAFETY: `base` is the address cuMemAlloc returned for this allocation (caller's item 1),
+            // no Rust value uses it any more (item 3), and cuMemFree waits for pending device work.
+            unsafe { ffi::mem_free(base) }
+        });
+        if let Err(e) = result {
+            tracing::warn!(ptr, bytes = layout.bytes, error = %e, "cuMemFree failed; the memory is leaked");
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Devices, capabilities, contexts and memory info, as a user sees them.
+
+use cumem_core::{Device, Error, Feature, sys::CUdevice_attribute as A};
+use cumem_sys::testing;
+
+const SIM: &str = "devices=2,dev1.managed_memory=0,dev1.memory_pools_supported=0,dev1.memory=1GiB";
+
+fn init() {
+    testing::init_with(SIM);
+}
+
+#[test]
+fn devices_are_enumerated_in_order() {
+    init();
+    let n = Device::count().unwrap();
+    assert!(n >= 1);
+    let all = Device::all().unwrap();
+    assert_eq!(all.len(), n);
+    for (i, d) in all.iter().enumerate() {
+        assert_eq!(d.ordinal(), i);
+        assert_eq!(Device::get(i).unwrap(), *d);
+        assert_eq!(d.raw() as usize, i);
+        assert_eq!(d.to_string(), format!("device {i}"));
+    }
+}
+
+#[test]
+fn a_missing_device_is_invalid_device() {
+    init();
+    let n = Device::count().unwrap();
+    assert!(matches!(Device::get(n), Err(Error::InvalidDevice { .. })));
+    assert!(matches!(Device::get(usize::MAX), Err(Error::InvalidDevice { .. })));
+}
+
+#[test]
+fn names_attributes_and_memory_are_readable() {
+    init();
+    let d = Device::get(0).unwrap();
+    assert!(!d.name().unwrap().is_empty());
+    let (major, minor) = d.compute_capability().unwrap();
+    assert!(major >= 1 && minor >= 0);
+    assert_eq!(d.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).unwrap(), major);
+    assert!(d.total_memory().unwrap() > 0);
+}
+
+#[test]
+fn capabilities_come_from_attributes() {
+    init();
+    let d = Device::get(0).unwrap();
+    let caps = d.capabilities().unwrap();
+    assert_eq!(caps.device, d);
+    assert_eq!(caps.managed_memory, d.attribute(A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY).unwrap() != 0);
+    assert_eq!(caps.memory_pools, d.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED).unwrap() != 0);
+    assert!(caps.texture_pitch_alignment >= 1);
+    for f in [Feature::ManagedMemory, Feature::MemoryPools, Feature::HostMapping] {
+        assert_eq!(caps.require(f).is_ok(), caps.supports(f));
+    }
+}
+
+#[test]
+fn a_device_without_a_capability_says_not_supported() {
+    init();
+    if cumem_core::Device::count().unwrap() < 2 || testing::sim_control().is_none() {
+        return; // needs the simulator's second device, configured without managed memory and pools
+    }
+    let caps = Device::get(1).unwrap().capabilities().unwrap();
+    assert!(!caps.managed_memory && !caps.memory_pools);
+    assert!(matches!(
+        caps.require(Feature::ManagedMemory),
+        Err(Error::NotSupported { feature: Feature::ManagedMemory, device: Some(1) })
+    ));
+    assert!(matches!(
+        caps.require(Feature::MemoryPools),
+        Err(Error::NotSupported { feature: Feature::MemoryPools, .. })
+    ));
+    assert_eq!(Device::get(1).unwrap().total_memory().unwrap(), 1 << 30);
+}
+
+#[test]
+fn contexts_bind_synchronize_and_report_memory() {
+    init();
+    let d = Device::get(0).unwrap();
+    let ctx = d.context().unwrap();
+    assert_eq!(ctx.device(), d);
+    assert!(!ctx.raw().is_null());
+    assert_eq!(ctx.clone(), ctx);
+    assert_eq!(d.context().unwrap(), ctx, "the primary context is one context");
+    ctx.bind().unwrap();
+    ctx.synchronize().unwrap();
+    let info = ctx.mem_info().unwrap();
+    assert!(info.free <= info.total && info.total == d.total_memory().unwrap());
+    let (least, greatest) = ctx.stream_priority_range().unwrap();
+    assert!(greatest <= least);
+    assert!(ctx.default_stream().is_legacy());
+    assert!(format!("{ctx:?}").contains("device"));
+}
+
+#[test]
+fn mem_info_goes_down_by_an_allocation_and_back() {
+    init();
+    // Device 1 is used by no other test in this binary, so its accounting is exact.
+    let device = Device::get(Device::count().unwrap() - 1).unwrap();
+    let ctx = device.context().unwrap();
+    let stream = ctx.default_stream();
+    let before = ctx.mem_info().unwrap().free;
+    let buf = cumem_core::DeviceBuffer::<u8>::zeroed(&stream, 64 << 20).unwrap();
+    let ptr = buf.device_ptr();
+    let during = ctx.mem_info().unwrap().free;
+    assert!(before - during >= 64 << 20, "free memory went from {before} to {during}");
+    if let Some(ctl) = testing::sim_control() {
+        assert!(ctl.live_report().contains_ptr(ptr));
+    }
+    drop(buf);
+    assert_eq!(ctx.mem_info().unwrap().free, before);
+    if let Some(ctl) = testing::sim_control() {
+        assert!(!ctl.live_report().contains_ptr(ptr));
+    }
+}

@@ -1,0 +1,74 @@
+//! `PinnedBuffer<T>`: page-locked host memory, its flags and host access.
+
+use cumem_core::{Device, Error, PinnedBuffer, PinnedFlags, sys};
+use cumem_sys::testing;
+
+fn ctx() -> cumem_core::Context {
+    testing::init();
+    Device::get(0).unwrap().context().unwrap()
+}
+
+fn driver_flags<T>(buf: &PinnedBuffer<T>) -> u32 {
+    let mut flags = 0;
+    buf.context().bind().unwrap();
+    // SAFETY: `flags` is a valid out-pointer and the pointer is a live pinned allocation.
+    let code = unsafe { sys::cuMemHostGetFlags(&mut flags, buf.as_ptr() as *mut _) };
+    assert_eq!(code, sys::CUresult::CUDA_SUCCESS);
+    flags
+}
+
+#[test]
+fn zeroed_and_from_slice_hold_their_values() {
+    let ctx = ctx();
+    let z = PinnedBuffer::<u64>::zeroed(&ctx, 1000).unwrap();
+    assert_eq!(z.as_slice().unwrap(), &[0; 1000][..]);
+    assert_eq!((z.len(), z.bytes(), z.is_empty()), (1000, 8000, false));
+    let data: Vec<i16> = (-500..500).collect();
+    let mut p = PinnedBuffer::from_slice(&ctx, &data).unwrap();
+    assert_eq!(p.to_vec().unwrap(), data);
+    p.as_mut_slice().unwrap()[0] = 42;
+    assert_eq!(p.as_slice().unwrap()[0], 42);
+    p.wait_idle().unwrap();
+    assert_eq!(p.context(), &ctx);
+    assert!(format!("{p:?}").contains("PinnedBuffer"));
+}
+
+#[test]
+fn flags_reach_the_driver() {
+    let ctx = ctx();
+    let all = PinnedFlags { portable: true, device_mapped: true, write_combined: true };
+    for flags in [
+        PinnedFlags::default(),
+        PinnedFlags { portable: true, ..Default::default() },
+        PinnedFlags { write_combined: true, ..Default::default() },
+        PinnedFlags { device_mapped: true, ..Default::default() },
+        all,
+    ] {
+        let buf = PinnedBuffer::<u8>::zeroed_with_flags(&ctx, 64, flags).unwrap();
+        assert_eq!(buf.flags(), flags);
+        let got = driver_flags(&buf);
+        // With unified addressing every pinned allocation is reported device-mapped.
+        assert_eq!(
+            got & !sys::CU_MEMHOSTALLOC_DEVICEMAP,
+            flags.bits() & !sys::CU_MEMHOSTALLOC_DEVICEMAP,
+            "{flags:?}"
+        );
+        let copy = PinnedBuffer::from_slice_with_flags(&ctx, &[1u8, 2, 3], flags).unwrap();
+        assert_eq!(copy.as_slice().unwrap(), &[1, 2, 3]);
+    }
+    assert_eq!(all.bits(), 7);
+}
+
+#[test]
+fn empty_pinned_buffers_allocate_nothing() {
+    let ctx = ctx();
+    let mut e = PinnedBuffer::<u32>::zeroed(&ctx, 0).unwrap();
+    assert!(e.is_empty());
+    assert!(e.as_mut_slice().unwrap().is_empty());
+}
+
+#[test]
+fn oversized_pinned_requests_are_errors() {
+    let ctx = ctx();
+    assert!(matches!(PinnedBuffer::<u64>::zeroed(&ctx, usize::MAX / 2), Err(Error::SizeOverflow { .. })));
+}

@@ -1,0 +1,110 @@
+//! Streams and events: creation, ordering, waiting and timing.
+
+use cumem_core::{Device, DeviceBuffer, Error, Event, Stream, StreamOptions};
+use cumem_sys::testing;
+
+fn ctx() -> cumem_core::Context {
+    testing::init();
+    Device::get(0).unwrap().context().unwrap()
+}
+
+#[test]
+fn streams_are_created_with_their_options() {
+    let ctx = ctx();
+    let blocking = Stream::new(&ctx).unwrap();
+    let free = Stream::non_blocking(&ctx).unwrap();
+    let (_, greatest) = ctx.stream_priority_range().unwrap();
+    let urgent =
+        Stream::with_options(&ctx, StreamOptions { non_blocking: true, priority: greatest }).unwrap();
+    assert!(!blocking.options().non_blocking && free.options().non_blocking);
+    assert_eq!(urgent.options().priority, greatest);
+    assert!(!blocking.raw().is_null() && !blocking.is_legacy());
+    assert_ne!(blocking, free);
+    assert_eq!(blocking.clone(), blocking);
+    assert_eq!(Stream::legacy(&ctx), ctx.default_stream());
+    assert_eq!(blocking.context(), &ctx);
+    assert!(format!("{urgent:?}").contains("non_blocking: true"));
+    ctx.default_stream().synchronize().unwrap();
+    // Only streams this test owns: other tests queue work on the shared legacy stream meanwhile.
+    for s in [&blocking, &free, &urgent] {
+        s.synchronize().unwrap();
+        assert!(s.query().unwrap());
+    }
+}
+
+#[test]
+fn dropping_a_stream_destroys_it() {
+    let ctx = ctx();
+    let s = Stream::new(&ctx).unwrap();
+    let raw = s.raw() as u64;
+    let clone = s.clone();
+    drop(s);
+    if let Some(ctl) = testing::sim_control() {
+        assert!(
+            ctl.live_report().streams.iter().any(|st| st.handle == raw),
+            "a clone still holds the stream"
+        );
+        drop(clone);
+        assert!(!ctl.live_report().streams.iter().any(|st| st.handle == raw));
+    }
+}
+
+#[test]
+fn events_record_query_and_synchronize() {
+    let ctx = ctx();
+    let stream = Stream::new(&ctx).unwrap();
+    let e = Event::new(&ctx).unwrap();
+    assert!(e.query().unwrap(), "a never-recorded event is complete");
+    let _buf = DeviceBuffer::<u8>::zeroed(&stream, 1 << 20).unwrap();
+    e.record(&stream).unwrap();
+    e.synchronize().unwrap();
+    assert!(e.query().unwrap());
+    assert_eq!(e.context(), &ctx);
+    assert!(!e.raw().is_null());
+    assert!(format!("{e:?}").contains("timed: false"));
+}
+
+#[test]
+fn elapsed_time_needs_timed_recorded_events() {
+    let ctx = ctx();
+    let stream = Stream::new(&ctx).unwrap();
+    let (start, end) = (Event::timed(&ctx).unwrap(), Event::timed(&ctx).unwrap());
+    start.record(&stream).unwrap();
+    let _buf = DeviceBuffer::<u8>::zeroed(&stream, 1 << 20).unwrap();
+    end.record(&stream).unwrap();
+    end.synchronize().unwrap();
+    let d = end.elapsed_since(&start).unwrap();
+    assert!(d.as_secs_f64() >= 0.0 && d.as_secs_f64() < 60.0);
+    let untimed = Event::new(&ctx).unwrap();
+    untimed.record(&stream).unwrap();
+    assert!(matches!(end.elapsed_since(&untimed), Err(Error::InvalidHandle { .. })));
+    let never = Event::timed(&ctx).unwrap();
+    assert!(matches!(end.elapsed_since(&never), Err(Error::InvalidHandle { .. })));
+}
+
+#[test]
+fn recording_on_another_devices_stream_is_wrong_device() {
+    let ctx = ctx();
+    if Device::count().unwrap() < 2 {
+        return;
+    }
+    let other = Device::get(1).unwrap().context().unwrap();
+    let e = Event::new(&ctx).unwrap();
+    let s = Stream::new(&other).unwrap();
+    assert!(matches!(e.record(&s), Err(Error::WrongDevice { expected: 0, actual: 1 })));
+}
+
+#[test]
+fn wait_orders_one_stream_after_another() {
+    let ctx = ctx();
+    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let data: Vec<u32> = (0..(1 << 16)).collect();
+    let buf = DeviceBuffer::from_slice(&a, &data).unwrap();
+    let done = a.record().unwrap();
+    b.wait(&done).unwrap();
+    b.wait_for(&a).unwrap();
+    b.wait_for(&b).unwrap(); // waiting for itself is a no-op
+    b.synchronize().unwrap();
+    assert!(done.query().unwrap(), "b finished, so the event it waited for has too");
+    assert_eq!(buf.to_vec().unwrap(), data);
+}

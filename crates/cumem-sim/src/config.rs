@@ -1,0 +1,303 @@
+//! The simulator's configuration: the `CUMEM_SIM` syntax, its defaults, and the device table it
+//! describes.
+//!
+//! A specification is a comma-separated list of `key=value` entries. Global keys: `devices`,
+//! `memory`, `latency_us`, `leak_check`, `name`, `peer`, and any device attribute by its lower-case
+//! name (applied to every device). `devN.<key>` overrides `memory`, `name` or an attribute for one
+//! device. `peer` takes pairs `a-b` (both directions) or `a>b` (one direction), separated by commas
+//! (an entry without `=` continues the `peer` list), or `all` / `none`. Later entries win.
+
+use std::collections::BTreeMap;
+
+use crate::attributes;
+
+/// Keys that may still change after `cuInit` (they do not alter the device table).
+const RUNTIME_KEYS: &[&str] = &["latency_us", "leak_check"];
+
+/// Largest device count the simulator accepts.
+pub(crate) const MAX_DEVICES: usize = 64;
+
+/// Per-device overrides collected from `devN.*` keys.
+#[derive(Clone, Debug, Default)]
+struct DeviceOverride {
+    memory: Option<u64>,
+    name: Option<String>,
+    attrs: BTreeMap<u32, i32>,
+}
+
+/// The merged configuration (defaults, then `CUMEM_SIM`, then `cumemSimConfigure` calls).
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) devices: usize,
+    pub(crate) memory: u64,
+    pub(crate) latency_us: u64,
+    pub(crate) leak_check: bool,
+    name: Option<String>,
+    attrs: BTreeMap<u32, i32>,
+    per_device: BTreeMap<usize, DeviceOverride>,
+    /// `None` = every device can access every other device.
+    peer: Option<Vec<(usize, usize)>>,
+}
+
+/// The description of one simulated device, produced at `cuInit`.
+#[derive(Clone, Debug)]
+pub(crate) struct DeviceSpec {
+    pub(crate) name: String,
+    pub(crate) memory: u64,
+    pub(crate) attrs: Vec<Option<i32>>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            devices: 2,
+            memory: 16 << 30,
+            latency_us: 200,
+            leak_check: false,
+            name: None,
+            attrs: BTreeMap::new(),
+            per_device: BTreeMap::new(),
+            peer: None,
+        }
+    }
+}
+
+/// One parsed `key=value` entry.
+#[derive(Debug)]
+struct Entry {
+    key: String,
+    value: String,
+}
+
+fn entries(spec: &str) -> Result<Vec<Entry>, String> {
+    let mut out: Vec<Entry> = Vec::new();
+    for raw in spec.split(',') {
+        let item = raw.trim();
+        if item.is_empty() {
+            continue;
+        }
+        match item.split_once('=') {
+            Some((k, v)) => {
+                let key = k.trim().to_ascii_lowercase();
+                if key.is_empty() {
+                    return Err(format!("empty key in `{item}`"));
+                }
+                out.push(Entry { key, value: v.trim().to_string() });
+            }
+            None => match out.last_mut() {
+                // Peer pairs are themselves comma-separated, so a bare item continues the list.
+                Some(last) if last.key == "peer" => {
+                    last.value.push(',');
+                    last.value.push_str(item);
+                }
+                _ => return Err(format!("`{item}` is not of the form key=value")),
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// Parses a byte size: a number with an optional unit (`B`, `KiB`/`K`, `MiB`/`M`, `GiB`/`G`,
+/// `TiB`/`T`, binary; `KB`/`MB`/`GB`/`TB`, decimal).
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("`{text}` is not a size"))?;
+    let mul: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => return Err(format!("unknown size unit `{other}` in `{text}`")),
+    };
+    n.checked_mul(mul).ok_or_else(|| format!("size `{text}` overflows"))
+}
+
+fn parse_bool(text: &str) -> Result<bool, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!("`{text}` is not a boolean")),
+    }
+}
+
+fn parse_int(text: &str) -> Result<i32, String> {
+    let t = text.trim();
+    let parsed =
+        if let Some(hex) = t.strip_prefix("0x") { i64::from_str_radix(hex, 16) } else { t.parse::<i64>() };
+    parsed.ok().and_then(|v| i32::try_from(v).ok()).ok_or_else(|| format!("`{text}` is not a 32-bit integer"))
+}
+
+fn parse_peer(text: &str) -> Result<Option<Vec<(usize, usize)>>, String> {
+    match text {
+        "all" => return Ok(None),
+        "none" | "" => return Ok(Some(Vec::new())),
+        _ => {}
+    }
+    let mut pairs = Vec::new();
+    for item in text.split(',') {
+        let item = item.trim();
+        let (pair, both) = if let Some((a, b)) = item.split_once('-') {
+            ((a, b), true)
+        } else if let Some((a, b)) = item.split_once('>') {
+            ((a, b), false)
+        } else {
+            return Err(format!("peer entry `{item}` is not `a-b` or `a>b`"));
+        };
+        let a: usize = pair.0.trim().parse().map_err(|_| format!("bad device in `{item}`"))?;
+        let b: usize = pair.1.trim().parse().map_err(|_| format!("bad device in `{item}`"))?;
+        pairs.push((a, b));
+        if both {
+            pairs.push((b, a));
+        }
+    }
+    Ok(Some(pairs))
+}
+
+impl Config {
+    /// Applies `spec` on top of `self`. With `runtime_only`, any key that would change the device
+    /// table is refused. Nothing is applied unless the whole specification is valid.
+    pub(crate) fn apply(&mut self, spec: &str, runtime_only: bool) -> Result<(), String> {
+        let entries = entries(spec)?;
+        let mut next = self.clone();
+        for Entry { key, value } in entries {
+            if runtime_only && !RUNTIME_KEYS.contains(&key.as_str()) {
+                return Err(format!("`{key}` cannot change after cuInit"));
+            }
+            next.apply_one(&key, &value)?;
+        }
+        next.device_specs()?;
+        *self = next;
+        Ok(())
+    }
+
+    fn apply_one(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "devices" => {
+                let n: usize = value.parse().map_err(|_| format!("`{value}` is not a device count"))?;
+                if n > MAX_DEVICES {
+                    return Err(format!("at most {MAX_DEVICES} devices"));
+                }
+                self.devices = n;
+            }
+            "memory" => self.memory = parse_size(value)?,
+            "latency_us" => {
+                self.latency_us = value.parse().map_err(|_| format!("`{value}` is not microseconds"))?
+            }
+            "leak_check" => self.leak_check = parse_bool(value)?,
+            "name" => self.name = Some(value.to_string()),
+            "peer" => self.peer = parse_peer(value)?,
+            _ => {
+                if let Some(rest) = key.strip_prefix("dev")
+                    && let Some((idx, sub)) = rest.split_once('.')
+                {
+                    let idx: usize = idx.parse().map_err(|_| format!("bad device index in `{key}`"))?;
+                    if idx >= MAX_DEVICES {
+                        return Err(format!("device index in `{key}` is too large"));
+                    }
+                    let over = self.per_device.entry(idx).or_default();
+                    match sub {
+                        "memory" => over.memory = Some(parse_size(value)?),
+                        "name" => over.name = Some(value.to_string()),
+                        attr => {
+                            let n = attributes::by_name(attr)
+                                .ok_or_else(|| format!("unknown device attribute `{attr}`"))?;
+                            over.attrs.insert(n, parse_int(value)?);
+                        }
+                    }
+                    return Ok(());
+                }
+                let n = attributes::by_name(key).ok_or_else(|| format!("unknown key `{key}`"))?;
+                self.attrs.insert(n, parse_int(value)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// The device table this configuration describes (validating per-device keys and peers).
+    pub(crate) fn device_specs(&self) -> Result<Vec<DeviceSpec>, String> {
+        if let Some(&idx) = self.per_device.keys().find(|&&i| i >= self.devices) {
+            return Err(format!("dev{idx}.* given but only {} devices configured", self.devices));
+        }
+        if let Some(pairs) = &self.peer
+            && let Some(&(a, b)) = pairs.iter().find(|&&(a, b)| a >= self.devices || b >= self.devices)
+        {
+            return Err(format!("peer pair {a}-{b} names a device that does not exist"));
+        }
+        Ok((0..self.devices)
+            .map(|i| {
+                let over = self.per_device.get(&i).cloned().unwrap_or_default();
+                let mut attrs = attributes::default_table(i);
+                for (&n, &v) in self.attrs.iter().chain(over.attrs.iter()) {
+                    attrs[n as usize] = Some(v);
+                }
+                let name = over
+                    .name
+                    .or_else(|| self.name.clone())
+                    .unwrap_or_else(|| format!("cumem-sim H100-like device {i}"));
+                DeviceSpec { name, memory: over.memory.unwrap_or(self.memory), attrs }
+            })
+            .collect())
+    }
+
+    /// Whether device `a` can access device `b`'s memory (never itself).
+    pub(crate) fn peer_matrix(&self) -> Vec<Vec<bool>> {
+        let n = self.devices;
+        let mut m = vec![vec![self.peer.is_none(); n]; n];
+        if let Some(pairs) = &self.peer {
+            for &(a, b) in pairs {
+                m[a][b] = true;
+            }
+        }
+        for (i, row) in m.iter_mut().enumerate() {
+            row[i] = false;
+        }
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_example() {
+        let mut c = Config::default();
+        c.apply("devices=3,memory=4GiB,latency_us=50,dev1.memory=1GiB,dev1.managed_memory=0", false).unwrap();
+        let specs = c.device_specs().unwrap();
+        assert_eq!(specs.len(), 3);
+        assert_eq!(specs[0].memory, 4 << 30);
+        assert_eq!(specs[1].memory, 1 << 30);
+        assert_eq!(specs[1].attrs[83], Some(0));
+        assert_eq!(specs[0].attrs[83], Some(1));
+        assert_eq!(c.latency_us, 50);
+    }
+
+    #[test]
+    fn peer_list_continues_across_commas() {
+        let mut c = Config::default();
+        c.apply("devices=3,peer=0-1,1>2,latency_us=5", false).unwrap();
+        let m = c.peer_matrix();
+        assert!(m[0][1] && m[1][0] && m[1][2] && !m[2][1] && !m[0][2] && !m[0][0]);
+        assert_eq!(c.latency_us, 5);
+    }
+
+    #[test]
+    fn rejects_bad_syntax_atomically() {
+        let mut c = Config::default();
+        assert!(c.apply("latency_us=7,bogus", false).is_err());
+        assert!(c.apply("latency_us=7,memory=12parsecs", false).is_err());
+        assert!(c.apply("dev5.memory=1GiB", false).is_err());
+        assert!(c.apply("no_such_attribute=1", false).is_err());
+        assert_eq!(c.latency_us, 200);
+        assert!(c.apply("devices=4", true).is_err());
+        c.apply("latency_us=9,leak_check=1", true).unwrap();
+        assert!(c.leak_check);
+    }
+}

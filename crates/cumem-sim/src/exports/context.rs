@@ -1,0 +1,253 @@
+//! Primary contexts and the per-thread context stack.
+
+use std::ffi::{c_int, c_uint};
+
+use cudarc::driver::sys::{CUcontext, CUdevice, CUresult};
+
+use crate::api::{self, Fail, Init};
+use crate::context;
+use crate::exports::device::device;
+use crate::state::{SIM, ctx_handle};
+use crate::stream::{all_targets, wait_for};
+
+/// `CU_CTX_MAP_HOST`: always reported by a primary context, never settable.
+const CTX_MAP_HOST: u32 = 0x8;
+
+/// `CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`: activates (first time)
+/// and references the primary context; does not make it current.
+///
+/// # Safety
+/// 1. `pctx` is NULL or valid for writing a `CUcontext`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    api::call("cuDevicePrimaryCtxRetain", Init::Required, || {
+        api::non_null(pctx, "pctx")?;
+        let mut st = SIM.st.lock();
+        let d = device(&st, dev)?;
+        let pc = &mut st.devices[d].ctx;
+        pc.retain += 1;
+        pc.active = true;
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(pctx, ctx_handle(d) as CUcontext, "pctx") }
+    })
+}
+
+/// `CUresult cuDevicePrimaryCtxRelease(CUdevice dev)` (symbol `_v2`): at retain count zero the
+/// context is reset (its queued work drains, then its allocations, streams and events are freed).
+/// Releasing a context that is not retained gives `INVALID_CONTEXT`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    api::call("cuDevicePrimaryCtxRelease_v2", Init::Required, || {
+        let mut st = SIM.st.lock();
+        let d = device(&st, dev)?;
+        if st.devices[d].ctx.retain == 0 {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_CONTEXT,
+                format!("primary context of device {d} released more often than retained"),
+            ));
+        }
+        st.devices[d].ctx.retain -= 1;
+        if st.devices[d].ctx.retain == 0 {
+            context::reset(&mut st, d);
+            st.devices[d].ctx.active = false;
+        }
+        Ok(())
+    })
+}
+
+/// `CUresult cuDevicePrimaryCtxReset(CUdevice dev)` (symbol `_v2`): frees everything the context
+/// owns and clears its flags and active state, leaving the retain count unchanged.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    api::call("cuDevicePrimaryCtxReset_v2", Init::Required, || {
+        let mut st = SIM.st.lock();
+        let d = device(&st, dev)?;
+        context::reset(&mut st, d);
+        let pc = &mut st.devices[d].ctx;
+        pc.flags = 0;
+        pc.active = false;
+        Ok(())
+    })
+}
+
+/// `CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active)`.
+///
+/// # Safety
+/// 1. `flags` and `active` are NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    api::call("cuDevicePrimaryCtxGetState", Init::Required, || {
+        api::non_null(flags, "flags")?;
+        api::non_null(active, "active")?;
+        let st = SIM.st.lock();
+        let d = device(&st, dev)?;
+        let pc = &st.devices[d].ctx;
+        // SAFETY: forwarded caller contract (both checked non-NULL).
+        unsafe {
+            api::out(flags, pc.flags, "flags")?;
+            api::out(active, c_int::from(pc.active), "active")
+        }
+    })
+}
+
+/// `CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned flags)` (symbol `_v2`): one
+/// scheduling value plus LMEM_RESIZE/COREDUMP/SYNC_MEMOPS bits; MAP_HOST or two scheduling bits
+/// give `INVALID_VALUE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
+    api::call("cuDevicePrimaryCtxSetFlags_v2", Init::Required, || {
+        let mut st = SIM.st.lock();
+        let d = device(&st, dev)?;
+        let sched = flags & 0x7;
+        if flags > 0xff || flags & CTX_MAP_HOST != 0 || !matches!(sched, 0 | 1 | 2 | 4) {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("invalid primary context flags {flags:#x}"),
+            ));
+        }
+        st.devices[d].ctx.flags = flags;
+        Ok(())
+    })
+}
+
+/// `CUresult cuCtxSetCurrent(CUcontext ctx)`: replaces the top of the thread's stack; NULL pops.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    api::call("cuCtxSetCurrent", Init::Required, || {
+        if ctx.is_null() {
+            context::set_current(None);
+            return Ok(());
+        }
+        let h = ctx as u64;
+        if SIM.st.lock().ctx_device(h).is_none() {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_CONTEXT,
+                format!("{h:#x} is not a context"),
+            ));
+        }
+        context::set_current(Some(h));
+        Ok(())
+    })
+}
+
+/// `CUresult cuCtxGetCurrent(CUcontext *pctx)`: NULL when none is bound.
+///
+/// # Safety
+/// 1. `pctx` is NULL or valid for writing a `CUcontext`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    api::call("cuCtxGetCurrent", Init::Required, || {
+        let cur = context::current().unwrap_or(0) as CUcontext;
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(pctx, cur, "pctx") }
+    })
+}
+
+/// `CUresult cuCtxPushCurrent(CUcontext ctx)` (symbol `_v2`).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    api::call("cuCtxPushCurrent_v2", Init::Required, || {
+        if ctx.is_null() {
+            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "cuCtxPushCurrent(NULL)"));
+        }
+        let h = ctx as u64;
+        if SIM.st.lock().ctx_device(h).is_none() {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_CONTEXT,
+                format!("{h:#x} is not a context"),
+            ));
+        }
+        context::push(h);
+        Ok(())
+    })
+}
+
+/// `CUresult cuCtxPopCurrent(CUcontext *pctx)` (symbol `_v2`): `pctx` may be NULL; an empty
+/// stack gives `INVALID_CONTEXT`.
+///
+/// # Safety
+/// 1. `pctx` is NULL or valid for writing a `CUcontext`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    api::call("cuCtxPopCurrent_v2", Init::Required, || {
+        let Some(h) = context::pop() else {
+            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_CONTEXT, "context stack is empty"));
+        };
+        if !pctx.is_null() {
+            // SAFETY: non-NULL and valid per the caller contract.
+            unsafe { pctx.write(h as CUcontext) };
+        }
+        Ok(())
+    })
+}
+
+/// `CUresult cuCtxGetDevice(CUdevice *device)`.
+///
+/// # Safety
+/// 1. `out_device` is NULL or valid for writing a `CUdevice`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(out_device: *mut CUdevice) -> CUresult {
+    api::call("cuCtxGetDevice", Init::Required, || {
+        api::non_null(out_device, "device")?;
+        let d = context::require(&SIM.st.lock())?;
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(out_device, d as CUdevice, "device") }
+    })
+}
+
+/// `CUresult cuCtxGetFlags(unsigned *flags)`: the primary context's flags, with MAP_HOST.
+///
+/// # Safety
+/// 1. `flags` is NULL or valid for writing an `unsigned`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
+    api::call("cuCtxGetFlags", Init::Required, || {
+        api::non_null(flags, "flags")?;
+        let st = SIM.st.lock();
+        let d = context::require(&st)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(flags, st.devices[d].ctx.flags | CTX_MAP_HOST, "flags") }
+    })
+}
+
+/// `CUresult cuCtxSynchronize(void)`: waits for all work queued so far in every stream of the
+/// current context.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    api::call("cuCtxSynchronize", Init::Required, || {
+        let mut st = SIM.st.lock();
+        let d = context::require(&st)?;
+        let targets = all_targets(&st, d);
+        wait_for(&mut st, &targets);
+        Ok(())
+    })
+}
+
+/// Least (0) and greatest (-5) stream priority.
+pub const STREAM_PRIORITY_RANGE: (c_int, c_int) = (0, -5);
+
+/// `CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)`: (0, -5); either pointer
+/// may be NULL.
+///
+/// # Safety
+/// 1. `least` and `greatest` are NULL or valid for writing an `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> CUresult {
+    api::call("cuCtxGetStreamPriorityRange", Init::Required, || {
+        context::require(&SIM.st.lock())?;
+        // SAFETY: each pointer is written only if non-NULL, valid per the caller contract.
+        unsafe {
+            if !least.is_null() {
+                least.write(STREAM_PRIORITY_RANGE.0);
+            }
+            if !greatest.is_null() {
+                greatest.write(STREAM_PRIORITY_RANGE.1);
+            }
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,177 @@
+//! Events: create, record, query, synchronize, elapsed time, destroy.
+
+use std::ffi::c_uint;
+use std::time::Instant;
+
+use cudarc::driver::sys::{CUevent, CUresult, CUstream};
+
+use crate::api::{self, Fail, Init};
+use crate::context;
+use crate::copy::Work;
+use crate::event::{ALL_FLAGS, DISABLE_TIMING, Event, INTERPROCESS};
+use crate::exports::stream::resolve;
+use crate::state::{SIM, State, ctx_handle};
+use crate::stream::{enqueue, wait_for};
+
+/// The live event `h` names, or `INVALID_HANDLE`.
+pub(crate) fn lookup(st: &State, h: CUevent) -> Result<&Event, Fail> {
+    st.events.get(&(h as u64)).ok_or_else(|| {
+        Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_HANDLE,
+            format!("event {:#x} is not a live event", h as u64),
+        )
+    })
+}
+
+/// `CUresult cuEventCreate(CUevent *phEvent, unsigned Flags)`: flags from BLOCKING_SYNC (1),
+/// DISABLE_TIMING (2), INTERPROCESS (4, which requires DISABLE_TIMING).
+///
+/// # Safety
+/// 1. `ph_event` is NULL or valid for writing a `CUevent`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) -> CUresult {
+    api::call("cuEventCreate", Init::Required, || {
+        api::non_null(ph_event, "phEvent")?;
+        let mut st = SIM.st.lock();
+        let d = context::require(&st)?;
+        if flags & !ALL_FLAGS != 0 || (flags & INTERPROCESS != 0 && flags & DISABLE_TIMING == 0) {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("invalid event flags {flags:#x}"),
+            ));
+        }
+        let h = st.new_event_handle();
+        st.events.insert(h, Event { device: d, ctx: ctx_handle(d), flags, record: None, done_at: None });
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(ph_event, h as CUevent, "phEvent") }
+    })
+}
+
+fn record(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> api::ApiResult {
+    let mut st = SIM.st.lock();
+    let ev_ctx = lookup(&st, h_event)?.ctx;
+    let sid = resolve(&mut st, h_stream)?;
+    if st.streams[&sid].ctx != ev_ctx {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_HANDLE,
+            "event and stream belong to different contexts",
+        ));
+    }
+    if flags != 0 {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("record flags {flags:#x}: only 0 is valid outside stream capture"),
+        ));
+    }
+    let eid = h_event as u64;
+    let seq = enqueue(&mut st, sid, Work::Marker { event: eid }, Vec::new());
+    let e = st.events.get_mut(&eid).expect("looked up above");
+    e.record = Some((sid, seq));
+    e.done_at = None;
+    Ok(())
+}
+
+/// `CUresult cuEventRecord(CUevent hEvent, CUstream hStream)`: captures the stream's queued work
+/// (for the legacy stream, also the prior work of blocking streams); re-recording replaces the
+/// previous capture. Event and stream must share a context (`INVALID_HANDLE` otherwise).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecord(h_event: CUevent, h_stream: CUstream) -> CUresult {
+    api::call("cuEventRecord", Init::Required, || record(h_event, h_stream, 0))
+}
+
+/// `CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned flags)`: as
+/// `cuEventRecord`; `flags` must be 0 (EXTERNAL is for stream capture).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecordWithFlags(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> CUresult {
+    api::call("cuEventRecordWithFlags", Init::Required, || record(h_event, h_stream, flags))
+}
+
+/// `CUresult cuEventQuery(CUevent hEvent)`: `SUCCESS` if the captured work is complete or the
+/// event was never recorded, `NOT_READY` otherwise.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventQuery(h_event: CUevent) -> CUresult {
+    api::call("cuEventQuery", Init::Required, || {
+        let st = SIM.st.lock();
+        if lookup(&st, h_event)?.complete(&st) {
+            Ok(())
+        } else {
+            Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_READY))
+        }
+    })
+}
+
+/// `CUresult cuEventSynchronize(CUevent hEvent)`: waits for the captured work (returns at once
+/// for a never-recorded event).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventSynchronize(h_event: CUevent) -> CUresult {
+    api::call("cuEventSynchronize", Init::Required, || {
+        let mut st = SIM.st.lock();
+        if let Some(r) = lookup(&st, h_event)?.record {
+            wait_for(&mut st, &[r]);
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// 1. `ms` is NULL or valid for writing an `f32`.
+unsafe fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> api::ApiResult {
+    api::non_null(ms, "pMilliseconds")?;
+    let st = SIM.st.lock();
+    let (s, e) = (lookup(&st, start)?, lookup(&st, end)?);
+    if (s.flags | e.flags) & DISABLE_TIMING != 0 {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_HANDLE,
+            "event created with CU_EVENT_DISABLE_TIMING",
+        ));
+    }
+    if s.record.is_none() || e.record.is_none() {
+        return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_HANDLE, "event was never recorded"));
+    }
+    if s.device != e.device {
+        return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_HANDLE, "events belong to different devices"));
+    }
+    let (Some(t0), Some(t1)) = (s.done_at, e.done_at) else {
+        return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_READY));
+    };
+    let signed_ms = |a: Instant, b: Instant| {
+        if b >= a { (b - a).as_secs_f64() * 1e3 } else { -((a - b).as_secs_f64() * 1e3) }
+    };
+    // SAFETY: forwarded caller contract.
+    unsafe { api::out(ms, signed_ms(t0, t1) as f32, "pMilliseconds") }
+}
+
+/// `CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)`: host time
+/// between the two markers' completion. Never-recorded or DISABLE_TIMING events give
+/// `INVALID_HANDLE`; incomplete ones `NOT_READY`.
+///
+/// # Safety
+/// 1. `ms` is NULL or valid for writing an `f32`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+    // SAFETY: forwarded caller contract.
+    api::call("cuEventElapsedTime", Init::Required, || unsafe { elapsed(ms, start, end) })
+}
+
+/// `CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)`: same
+/// contract as `cuEventElapsedTime`.
+///
+/// # Safety
+/// 1. `ms` is NULL or valid for writing an `f32`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+    // SAFETY: forwarded caller contract.
+    api::call("cuEventElapsedTime_v2", Init::Required, || unsafe { elapsed(ms, start, end) })
+}
+
+/// `CUresult cuEventDestroy(CUevent hEvent)` (symbol `_v2`): allowed while pending; the handle
+/// is dead immediately.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventDestroy_v2(h_event: CUevent) -> CUresult {
+    api::call("cuEventDestroy_v2", Init::Required, || {
+        let mut st = SIM.st.lock();
+        lookup(&st, h_event)?;
+        st.events.remove(&(h_event as u64));
+        Ok(())
+    })
+}

@@ -1,0 +1,245 @@
+//! Streams and host functions.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use cudarc::driver::sys::{CUcontext, CUdevice, CUevent, CUhostFn, CUresult, CUstream};
+
+use crate::api::{self, Fail, Init, os_tid};
+use crate::context;
+use crate::copy::Work;
+use crate::exports::context::STREAM_PRIORITY_RANGE;
+use crate::state::{SIM, State, ctx_handle, legacy_id};
+use crate::stream::{NON_BLOCKING, Stream, StreamKind, enqueue, sync_targets, targets_done, wait_for};
+
+/// `CU_STREAM_LEGACY`.
+const STREAM_LEGACY: u64 = 0x1;
+/// `CU_STREAM_PER_THREAD`.
+const STREAM_PER_THREAD: u64 = 0x2;
+
+/// The internal stream id a `CUstream` names. NULL and `CU_STREAM_LEGACY` are the current
+/// context's legacy stream, `CU_STREAM_PER_THREAD` the thread's per-thread stream (both need a
+/// current context); other values must be live streams (`INVALID_HANDLE` otherwise).
+pub(crate) fn resolve(st: &mut State, h: CUstream) -> Result<u64, Fail> {
+    let v = h as u64;
+    match v {
+        0 | STREAM_LEGACY => Ok(legacy_id(context::require(st)?)),
+        STREAM_PER_THREAD => {
+            let d = context::require(st)?;
+            let key = (ctx_handle(d), os_tid());
+            if let Some(&id) = st.per_thread.get(&key) {
+                return Ok(id);
+            }
+            let id = st.new_stream_handle();
+            st.streams.insert(id, Stream::new(d, key.0, StreamKind::PerThread, 0, 0));
+            st.per_thread.insert(key, id);
+            Ok(id)
+        }
+        _ => match st.streams.get(&v) {
+            Some(s) if s.kind == StreamKind::User && !s.destroyed => Ok(v),
+            _ => Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_HANDLE,
+                format!("stream {v:#x} is not a live stream"),
+            )),
+        },
+    }
+}
+
+/// # Safety
+/// 1. `ph` is NULL or valid for writing a `CUstream`.
+unsafe fn create(name: &'static str, ph: *mut CUstream, flags: c_uint, priority: c_int) -> CUresult {
+    api::call(name, Init::Required, || {
+        api::non_null(ph, "phStream")?;
+        let mut st = SIM.st.lock();
+        let d = context::require(&st)?;
+        if flags & !NON_BLOCKING != 0 {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("unknown stream flags {flags:#x}"),
+            ));
+        }
+        let (least, greatest) = STREAM_PRIORITY_RANGE;
+        let priority = priority.clamp(greatest, least);
+        let h = st.new_stream_handle();
+        st.streams.insert(h, Stream::new(d, ctx_handle(d), StreamKind::User, flags, priority));
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(ph, h as CUstream, "phStream") }
+    })
+}
+
+/// `CUresult cuStreamCreate(CUstream *phStream, unsigned Flags)`: `Flags` is 0 or
+/// `CU_STREAM_NON_BLOCKING`.
+///
+/// # Safety
+/// 1. `ph_stream` is NULL or valid for writing a `CUstream`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(ph_stream: *mut CUstream, flags: c_uint) -> CUresult {
+    // SAFETY: forwarded caller contract.
+    unsafe { create("cuStreamCreate", ph_stream, flags, 0) }
+}
+
+/// `CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned flags, int priority)`:
+/// the priority is clamped to the range (0 least, -5 greatest).
+///
+/// # Safety
+/// 1. `ph_stream` is NULL or valid for writing a `CUstream`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ph_stream: *mut CUstream,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    // SAFETY: forwarded caller contract.
+    unsafe { create("cuStreamCreateWithPriority", ph_stream, flags, priority) }
+}
+
+/// `CUresult cuStreamDestroy(CUstream hStream)` (symbol `_v2`): returns at once; queued work
+/// still runs. The handle is dead immediately. NULL/legacy/per-thread give `INVALID_HANDLE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
+    api::call("cuStreamDestroy_v2", Init::Required, || {
+        let v = h_stream as u64;
+        if matches!(v, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_HANDLE,
+                "the default stream cannot be destroyed",
+            ));
+        }
+        let mut st = SIM.st.lock();
+        let id = resolve(&mut st, h_stream)?;
+        let s = st.streams.get_mut(&id).expect("resolved stream exists");
+        s.destroyed = true;
+        if s.pending() == 0 {
+            st.streams.remove(&id);
+        }
+        Ok(())
+    })
+}
+
+/// `CUresult cuStreamSynchronize(CUstream hStream)`: waits for everything queued so far (for the
+/// legacy stream, also the prior work of the context's blocking streams).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
+    api::call("cuStreamSynchronize", Init::Required, || {
+        let mut st = SIM.st.lock();
+        let id = resolve(&mut st, h_stream)?;
+        let targets = sync_targets(&st, id);
+        wait_for(&mut st, &targets);
+        Ok(())
+    })
+}
+
+/// `CUresult cuStreamQuery(CUstream hStream)`: `SUCCESS` when idle, `NOT_READY` otherwise.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery(h_stream: CUstream) -> CUresult {
+    api::call("cuStreamQuery", Init::Required, || {
+        let mut st = SIM.st.lock();
+        let id = resolve(&mut st, h_stream)?;
+        let targets = sync_targets(&st, id);
+        if targets_done(&st, &targets) { Ok(()) } else { Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_READY)) }
+    })
+}
+
+/// `CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned Flags)`: later work
+/// of the stream waits for the event's captured work (a never-recorded event is a no-op).
+/// `Flags` must be 0 (`CU_EVENT_WAIT_EXTERNAL` is for stream capture only).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWaitEvent(h_stream: CUstream, h_event: CUevent, flags: c_uint) -> CUresult {
+    api::call("cuStreamWaitEvent", Init::Required, || {
+        let mut st = SIM.st.lock();
+        let id = resolve(&mut st, h_stream)?;
+        let record = crate::exports::event::lookup(&st, h_event)?.record;
+        if flags != 0 {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("cuStreamWaitEvent flags {flags:#x} must be 0"),
+            ));
+        }
+        if let Some(dep) = record {
+            enqueue(&mut st, id, Work::Nop, vec![dep]);
+        }
+        Ok(())
+    })
+}
+
+/// Reads one property of a stream.
+///
+/// # Safety
+/// 1. `out` is NULL or valid for writing a `T`.
+unsafe fn property<T>(
+    name: &'static str,
+    h: CUstream,
+    out: *mut T,
+    get: impl FnOnce(&Stream) -> T,
+) -> CUresult {
+    api::call(name, Init::Required, || {
+        api::non_null(out, "out")?;
+        let mut st = SIM.st.lock();
+        let id = resolve(&mut st, h)?;
+        let v = get(&st.streams[&id]);
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(out, v, "out") }
+    })
+}
+
+/// `CUresult cuStreamGetPriority(CUstream hStream, int *priority)`.
+///
+/// # Safety
+/// 1. `priority` is NULL or valid for writing an `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetPriority(h_stream: CUstream, priority: *mut c_int) -> CUresult {
+    // SAFETY: forwarded caller contract.
+    unsafe { property("cuStreamGetPriority", h_stream, priority, |s| s.priority) }
+}
+
+/// `CUresult cuStreamGetFlags(CUstream hStream, unsigned *flags)`.
+///
+/// # Safety
+/// 1. `flags` is NULL or valid for writing an `unsigned`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetFlags(h_stream: CUstream, flags: *mut c_uint) -> CUresult {
+    // SAFETY: forwarded caller contract.
+    unsafe { property("cuStreamGetFlags", h_stream, flags, |s| s.flags) }
+}
+
+/// `CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)`.
+///
+/// # Safety
+/// 1. `pctx` is NULL or valid for writing a `CUcontext`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx(h_stream: CUstream, pctx: *mut CUcontext) -> CUresult {
+    // SAFETY: forwarded caller contract.
+    unsafe { property("cuStreamGetCtx", h_stream, pctx, |s| s.ctx as CUcontext) }
+}
+
+/// `CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)`.
+///
+/// # Safety
+/// 1. `device` is NULL or valid for writing a `CUdevice`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetDevice(h_stream: CUstream, device: *mut CUdevice) -> CUresult {
+    // SAFETY: forwarded caller contract.
+    unsafe { property("cuStreamGetDevice", h_stream, device, |s| s.device as CUdevice) }
+}
+
+/// `CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)`: `fn(userData)`
+/// runs on the simulator's callback thread in stream order; CUDA calls made from it fail with
+/// `NOT_PERMITTED`.
+///
+/// # Safety
+/// 1. Calling `f(user_data)` once, on another thread, after all prior work of the stream, is valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchHostFunc(
+    h_stream: CUstream,
+    f: CUhostFn,
+    user_data: *mut c_void,
+) -> CUresult {
+    api::call("cuLaunchHostFunc", Init::Required, || {
+        let mut st = SIM.st.lock();
+        let id = resolve(&mut st, h_stream)?;
+        let Some(f) = f else {
+            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "NULL host function"));
+        };
+        enqueue(&mut st, id, Work::HostFn { f, data: user_data as usize }, Vec::new());
+        Ok(())
+    })
+}

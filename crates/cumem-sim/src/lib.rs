@@ -1,0 +1,34 @@
+//! `cumem-sim`: a CPU-backed implementation of the CUDA driver API for testing without a GPU.
+//!
+//! Built as a cdylib with the soname `libcuda.so`, it exports the driver's C entry points (exact
+//! symbol names, `_v2` suffixes included). Loading it by path before cudarc's first call makes
+//! cudarc's `dlopen("libcuda.so")` resolve to it. It models devices, primary contexts, device and
+//! pinned memory (device pointers live in a reserved address range and are never host addresses),
+//! asynchronous streams with latency, events, and the driver's documented error codes for misuse;
+//! misuse is also recorded in a violation log. See the crate README for the configuration keys
+//! and what is and is not modelled.
+//!
+//! As an rlib, this crate gives programs and tests [`library_path`] (where the `.so` is) and
+//! [`control`] (a client for the loaded simulator's control interface).
+
+mod address_space;
+mod api;
+mod attributes;
+mod config;
+mod context;
+pub mod control;
+mod copy;
+mod errors;
+mod event;
+pub mod exports;
+mod fault;
+mod leak;
+mod locate;
+mod memory;
+mod report;
+mod state;
+mod stream;
+mod violation;
+
+pub use control::{Control, ControlError, FaultId, FaultRule, LiveReport, Violation};
+pub use locate::{LIBRARY_FILE_NAME, library_path};

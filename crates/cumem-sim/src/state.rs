@@ -1,0 +1,216 @@
+//! The simulator's global state: the device table, allocations, streams and events, behind one
+//! lock, plus the condition variable every completion is announced on.
+//!
+//! One lock keeps the model simple and makes every state transition atomic; the stream engine
+//! releases it while it moves bytes, so long copies do not stall API calls.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::address_space::AddressSpace;
+use crate::config::{Config, DeviceSpec};
+use crate::event::Event;
+use crate::memory::Allocation;
+use crate::report::{LiveAllocation, LiveContext, LiveEvent, LiveReport, LiveStream};
+use crate::stream::{Stream, StreamKind};
+
+/// The primary context of one device.
+#[derive(Debug, Default)]
+pub(crate) struct PrimaryCtx {
+    pub(crate) retain: u32,
+    pub(crate) flags: u32,
+    pub(crate) active: bool,
+}
+
+/// One simulated device.
+pub(crate) struct Device {
+    pub(crate) name: String,
+    pub(crate) total: u64,
+    pub(crate) used: u64,
+    pub(crate) attrs: Vec<Option<i32>>,
+    pub(crate) va: AddressSpace,
+    pub(crate) ctx: PrimaryCtx,
+}
+
+impl Device {
+    /// An attribute value (`None` for numbers the bindings do not define).
+    pub(crate) fn attr(&self, n: u32) -> Option<i32> {
+        self.attrs.get(n as usize).copied().flatten()
+    }
+}
+
+/// Everything behind the lock.
+pub(crate) struct State {
+    pub(crate) devices: Vec<Device>,
+    pub(crate) peer: Vec<Vec<bool>>,
+    /// Keyed by base (device/UVA) address.
+    pub(crate) allocs: BTreeMap<u64, Arc<Allocation>>,
+    /// User streams, the legacy stream of every device, per-thread default streams.
+    pub(crate) streams: BTreeMap<u64, Stream>,
+    pub(crate) events: BTreeMap<u64, Event>,
+    /// (context, OS thread) -> hidden stream standing for `CU_STREAM_PER_THREAD`.
+    pub(crate) per_thread: BTreeMap<(u64, u64), u64>,
+    pub(crate) next_handle: u64,
+    pub(crate) next_seq: u64,
+    pub(crate) next_buffer_id: u64,
+}
+
+/// The process-wide simulator.
+pub(crate) struct Sim {
+    pub(crate) st: Mutex<State>,
+    /// Notified on every enqueue and every completion.
+    pub(crate) changed: Condvar,
+    pub(crate) initialized: AtomicBool,
+    pub(crate) latency_us: AtomicU64,
+    pub(crate) leak_check: AtomicBool,
+    /// Pre-init `cumemSimConfigure` specifications, applied after `CUMEM_SIM` at `cuInit`;
+    /// after `cuInit`, the merged configuration.
+    pub(crate) config: Mutex<ConfigSlot>,
+}
+
+/// Configuration storage before and after `cuInit`.
+pub(crate) enum ConfigSlot {
+    /// Specifications given before `cuInit`, in order.
+    Pending(Vec<String>),
+    /// The configuration in force.
+    Active(Box<Config>),
+}
+
+/// The one simulator instance of this copy of the library.
+pub(crate) static SIM: Sim = Sim {
+    st: Mutex::new(State {
+        devices: Vec::new(),
+        peer: Vec::new(),
+        allocs: BTreeMap::new(),
+        streams: BTreeMap::new(),
+        events: BTreeMap::new(),
+        per_thread: BTreeMap::new(),
+        next_handle: 1,
+        next_seq: 0,
+        next_buffer_id: 1,
+    }),
+    changed: Condvar::new(),
+    initialized: AtomicBool::new(false),
+    latency_us: AtomicU64::new(200),
+    leak_check: AtomicBool::new(false),
+    config: Mutex::new(ConfigSlot::Pending(Vec::new())),
+};
+
+const CTX_TAG: u64 = 0x0000_c7c7_0000_0000;
+const LEGACY_TAG: u64 = 0x0000_5c5c_0000_0000;
+const STREAM_TAG: u64 = 0x0000_5a5a_0000_0000;
+const EVENT_TAG: u64 = 0x0000_e7e7_0000_0000;
+
+/// The (stable) handle of a device's primary context.
+pub(crate) fn ctx_handle(ordinal: usize) -> u64 {
+    CTX_TAG + ((ordinal as u64 + 1) << 8)
+}
+
+/// The internal id of a device's legacy default stream.
+pub(crate) fn legacy_id(ordinal: usize) -> u64 {
+    LEGACY_TAG + ((ordinal as u64 + 1) << 8)
+}
+
+/// Whether `initialized` was set by a successful `cuInit`.
+pub(crate) fn is_initialized() -> bool {
+    SIM.initialized.load(Ordering::Acquire)
+}
+
+/// The current per-op latency.
+pub(crate) fn latency_us() -> u64 {
+    SIM.latency_us.load(Ordering::Relaxed)
+}
+
+impl State {
+    /// The device ordinal a context handle names, if it is one of ours.
+    pub(crate) fn ctx_device(&self, handle: u64) -> Option<usize> {
+        (0..self.devices.len()).find(|&d| ctx_handle(d) == handle)
+    }
+
+    /// A fresh, never reused stream handle.
+    pub(crate) fn new_stream_handle(&mut self) -> u64 {
+        self.next_handle += 1;
+        STREAM_TAG + (self.next_handle << 4)
+    }
+
+    /// A fresh, never reused event handle.
+    pub(crate) fn new_event_handle(&mut self) -> u64 {
+        self.next_handle += 1;
+        EVENT_TAG + (self.next_handle << 4)
+    }
+
+    /// The allocation containing `addr`, if any.
+    pub(crate) fn find_alloc(&self, addr: u64) -> Option<&Arc<Allocation>> {
+        self.allocs.range(..=addr).next_back().map(|(_, a)| a).filter(|a| a.contains(addr))
+    }
+
+    /// Whether `addr` lies in a simulator-reserved device address range (live or not).
+    pub(crate) fn in_device_space(&self, addr: u64) -> bool {
+        self.devices.iter().any(|d| d.va.contains(addr))
+    }
+
+    /// Builds the device table at `cuInit`; an error string if address space cannot be reserved.
+    pub(crate) fn install(&mut self, specs: Vec<DeviceSpec>, peer: Vec<Vec<bool>>) -> Result<(), String> {
+        let mut devices = Vec::with_capacity(specs.len());
+        for spec in specs {
+            // Room for fragmentation and guard gaps, without committing anything.
+            let span = spec.memory.saturating_mul(4).max(64 << 30).next_multiple_of(1 << 30);
+            let va = AddressSpace::reserve(span).ok_or("cannot reserve device address space")?;
+            devices.push(Device {
+                name: spec.name,
+                total: spec.memory,
+                used: 0,
+                attrs: spec.attrs,
+                va,
+                ctx: PrimaryCtx::default(),
+            });
+        }
+        for d in 0..devices.len() {
+            self.streams.insert(legacy_id(d), Stream::new(d, ctx_handle(d), StreamKind::Legacy, 0, 0));
+        }
+        self.devices = devices;
+        self.peer = peer;
+        Ok(())
+    }
+
+    /// What the program currently holds.
+    pub(crate) fn live_report(&self) -> LiveReport {
+        LiveReport {
+            allocations: self
+                .allocs
+                .values()
+                .map(|a| LiveAllocation {
+                    kind: a.kind.report_name().to_string(),
+                    ptr: a.base,
+                    bytes: a.bytes,
+                    device: a.device,
+                    context: a.ctx,
+                })
+                .collect(),
+            streams: self
+                .streams
+                .iter()
+                .filter(|(_, s)| s.kind == StreamKind::User && !s.destroyed)
+                .map(|(&h, s)| LiveStream { handle: h, device: s.device as i32, pending_ops: s.pending() })
+                .collect(),
+            events: self
+                .events
+                .iter()
+                .map(|(&h, e)| LiveEvent { handle: h, device: e.device as i32 })
+                .collect(),
+            pools: Vec::new(),
+            mappings: Vec::new(),
+            registrations: Vec::new(),
+            contexts: self
+                .devices
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| d.ctx.retain > 0)
+                .map(|(i, d)| LiveContext { device: i as i32, retain_count: d.ctx.retain })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Streams and the engine that runs them.
+//!
+//! Every stream is a FIFO of operations. One engine thread executes them: an operation may start
+//! once its stream has finished everything before it, its dependencies (other streams' work it
+//! must wait for) are complete, and its latency has elapsed (`enqueue time + latency_us`). The
+//! latency is a delay, not a throughput limit, so queued operations pipeline. Host functions are
+//! handed to a separate callback thread, which keeps their stream busy until they return while
+//! other streams carry on.
+//!
+//! Legacy default stream semantics: work enqueued on the legacy stream depends on all prior work
+//! of the context's blocking streams, and work enqueued on a blocking stream depends on all prior
+//! legacy-stream work; `CU_STREAM_NON_BLOCKING` streams take part in neither.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::OnceLock;
+use std::sync::mpsc::{Sender, channel};
+use std::time::{Duration, Instant};
+
+use parking_lot::MutexGuard;
+
+use crate::copy::{self, Work};
+use crate::state::{SIM, State, latency_us, legacy_id};
+
+/// `CU_STREAM_NON_BLOCKING`.
+pub(crate) const NON_BLOCKING: u32 = 1;
+
+/// What a stream is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StreamKind {
+    /// The legacy default stream of a context (`NULL` / `CU_STREAM_LEGACY`).
+    Legacy,
+    /// `CU_STREAM_PER_THREAD` for one thread: blocking, but never waited on by other streams.
+    PerThread,
+    /// Created by `cuStreamCreate*`.
+    User,
+}
+
+/// One queued operation.
+pub(crate) struct Op {
+    pub(crate) seq: u64,
+    pub(crate) ready_at: Instant,
+    /// `(stream, seq)`: that stream must have completed everything up to `seq`.
+    pub(crate) deps: Vec<(u64, u64)>,
+    pub(crate) work: Work,
+}
+
+/// A stream and its queue.
+pub(crate) struct Stream {
+    pub(crate) device: usize,
+    pub(crate) ctx: u64,
+    pub(crate) kind: StreamKind,
+    pub(crate) flags: u32,
+    pub(crate) priority: i32,
+    pub(crate) queue: VecDeque<Op>,
+    /// Sequence number of the operation currently executing.
+    pub(crate) running: Option<u64>,
+    /// Sequence number of the last operation enqueued (0 = none yet).
+    pub(crate) last_seq: u64,
+    /// Destroyed by the program; kept until its queue drains.
+    pub(crate) destroyed: bool,
+}
+
+impl Stream {
+    /// A stream with an empty queue.
+    pub(crate) fn new(device: usize, ctx: u64, kind: StreamKind, flags: u32, priority: i32) -> Self {
+        Self {
+            device,
+            ctx,
+            kind,
+            flags,
+            priority,
+            queue: VecDeque::new(),
+            running: None,
+            last_seq: 0,
+            destroyed: false,
+        }
+    }
+
+    /// Whether the legacy stream synchronises with this one.
+    pub(crate) fn blocking(&self) -> bool {
+        self.flags & NON_BLOCKING == 0
+    }
+
+    /// Operations not yet completed.
+    pub(crate) fn pending(&self) -> u64 {
+        self.queue.len() as u64 + u64::from(self.running.is_some())
+    }
+}
+
+/// Whether stream `sid` has completed every operation with a sequence number `<= seq` (a stream
+/// that no longer exists has).
+pub(crate) fn done_through(streams: &BTreeMap<u64, Stream>, sid: u64, seq: u64) -> bool {
+    streams
+        .get(&sid)
+        .is_none_or(|s| s.running.is_none_or(|r| r > seq) && s.queue.front().is_none_or(|op| op.seq > seq))
+}
+
+/// Appends `work` to stream `sid` (which must exist) and returns its sequence number.
+pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, u64)>) -> u64 {
+    st.next_seq += 1;
+    let seq = st.next_seq;
+    let (ctx, device, kind, blocking) = {
+        let s = &st.streams[&sid];
+        (s.ctx, s.device, s.kind, s.blocking())
+    };
+    match kind {
+        StreamKind::Legacy => {
+            for (&id, other) in &st.streams {
+                if id != sid
+                    && other.ctx == ctx
+                    && other.kind != StreamKind::Legacy
+                    && other.blocking()
+                    && other.last_seq > 0
+                    && !done_through(&st.streams, id, other.last_seq)
+                {
+                    deps.push((id, other.last_seq));
+                }
+            }
+        }
+        _ if blocking => {
+            let legacy = legacy_id(device);
+            if let Some(l) = st.streams.get(&legacy)
+                && l.last_seq > 0
+                && !done_through(&st.streams, legacy, l.last_seq)
+            {
+                deps.push((legacy, l.last_seq));
+            }
+        }
+        _ => {}
+    }
+    let ready_at = Instant::now() + Duration::from_micros(latency_us());
+    let s = st.streams.get_mut(&sid).expect("enqueue on a live stream");
+    s.queue.push_back(Op { seq, ready_at, deps, work });
+    s.last_seq = seq;
+    SIM.changed.notify_all();
+    seq
+}
+
+/// What "everything enqueued so far" means for one stream: for the legacy stream, also all prior
+/// work of the context's blocking streams.
+pub(crate) fn sync_targets(st: &State, sid: u64) -> Vec<(u64, u64)> {
+    let Some(s) = st.streams.get(&sid) else {
+        return Vec::new();
+    };
+    let mut targets = vec![(sid, s.last_seq)];
+    if s.kind == StreamKind::Legacy {
+        targets.extend(
+            st.streams
+                .iter()
+                .filter(|(id, o)| **id != sid && o.ctx == s.ctx && o.blocking())
+                .map(|(&id, o)| (id, o.last_seq)),
+        );
+    }
+    targets
+}
+
+/// Every stream of a context (or of a device, with `ctx == None`) up to its last operation.
+pub(crate) fn all_targets(st: &State, device: usize) -> Vec<(u64, u64)> {
+    st.streams.iter().filter(|(_, s)| s.device == device).map(|(&id, s)| (id, s.last_seq)).collect()
+}
+
+/// Whether all targets are complete.
+pub(crate) fn targets_done(st: &State, targets: &[(u64, u64)]) -> bool {
+    targets.iter().all(|&(s, q)| done_through(&st.streams, s, q))
+}
+
+/// Blocks (releasing the lock while waiting) until all targets are complete.
+pub(crate) fn wait_for(g: &mut MutexGuard<'_, State>, targets: &[(u64, u64)]) {
+    while !targets_done(g, targets) {
+        SIM.changed.wait(g);
+    }
+}
+
+struct HostJob {
+    sid: u64,
+    f: unsafe extern "C" fn(*mut c_void),
+    data: usize,
+}
+
+static HOST_JOBS: OnceLock<Sender<HostJob>> = OnceLock::new();
+
+/// Starts the engine and the host-callback thread (once per process).
+pub(crate) fn start_engine() -> Result<(), String> {
+    if HOST_JOBS.get().is_some() {
+        return Ok(());
+    }
+    let (tx, rx) = channel::<HostJob>();
+    std::thread::Builder::new()
+        .name("cumem-sim-hostfn".into())
+        .spawn(move || {
+            while let Ok(job) = rx.recv() {
+                crate::context::IN_HOST_FN.with(|f| f.set(true));
+                let f = job.f;
+                // SAFETY: the program passed `f` and `data` to cuLaunchHostFunc, promising that
+                // calling `f(data)` once, in stream order, is valid.
+                let _ = std::panic::catch_unwind(|| unsafe { f(job.data as *mut c_void) });
+                crate::context::IN_HOST_FN.with(|f| f.set(false));
+                let mut g = SIM.st.lock();
+                finish(&mut g, job.sid);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let _ = HOST_JOBS.set(tx);
+    std::thread::Builder::new()
+        .name("cumem-sim-engine".into())
+        .spawn(engine_loop)
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Marks the running operation of `sid` complete and wakes everyone.
+fn finish(st: &mut State, sid: u64) {
+    let remove = match st.streams.get_mut(&sid) {
+        Some(s) => {
+            s.running = None;
+            s.destroyed && s.queue.is_empty()
+        }
+        None => false,
+    };
+    if remove {
+        st.streams.remove(&sid);
+    }
+    SIM.changed.notify_all();
+}
+
+fn engine_loop() {
+    let mut g = SIM.st.lock();
+    loop {
+        let now = Instant::now();
+        let mut best: Option<(u64, u64)> = None;
+        let mut wake: Option<Instant> = None;
+        for (&sid, s) in &g.streams {
+            if s.running.is_some() {
+                continue;
+            }
+            let Some(op) = s.queue.front() else { continue };
+            if !op.deps.iter().all(|&(d, q)| done_through(&g.streams, d, q)) {
+                continue;
+            }
+            if op.ready_at <= now {
+                if best.is_none_or(|(seq, _)| op.seq < seq) {
+                    best = Some((op.seq, sid));
+                }
+            } else {
+                wake = Some(wake.map_or(op.ready_at, |w| w.min(op.ready_at)));
+            }
+        }
+        let Some((_, sid)) = best else {
+            match wake {
+                Some(t) => {
+                    SIM.changed.wait_until(&mut g, t);
+                }
+                None => SIM.changed.wait(&mut g),
+            }
+            continue;
+        };
+        let op = {
+            let s = g.streams.get_mut(&sid).expect("picked stream exists");
+            let op = s.queue.pop_front().expect("picked stream has a head");
+            s.running = Some(op.seq);
+            op
+        };
+        match op.work {
+            Work::HostFn { f, data } => {
+                let sent = HOST_JOBS.get().is_some_and(|tx| tx.send(HostJob { sid, f, data }).is_ok());
+                if !sent {
+                    finish(&mut g, sid);
+                }
+            }
+            Work::Marker { event } => {
+                if let Some(e) = g.events.get_mut(&event)
+                    && e.record == Some((sid, op.seq))
+                {
+                    e.done_at = Some(Instant::now());
+                }
+                finish(&mut g, sid);
+            }
+            Work::Nop => finish(&mut g, sid),
+            work => {
+                MutexGuard::unlocked(&mut g, || {
+                    // A panic here would kill the engine and hang every waiter; contain it.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(work)));
+                });
+                finish(&mut g, sid);
+            }
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Shared setup for the simulator's integration tests: load the simulator by path before any
+//! cudarc call, configure it, `cuInit`, retain primary contexts; plus small helpers.
+#![allow(dead_code)]
+
+use std::ffi::c_void;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use cudarc::driver::sys::{self as cu, CUcontext, CUdeviceptr, CUresult, CUstream};
+use cumem_sim::control::Control;
+
+/// Devices: 0 general, 1 small (OOM tests), 2 reserved for the context-reset test, 3 without
+/// managed memory or host mapping.
+pub const CONFIG: &str = "leak_check=1,devices=4,memory=4GiB,latency_us=200,dev1.memory=64MiB,\
+                          dev3.managed_memory=0,dev3.can_map_host_memory=0,dev3.name=no-frills";
+
+static LIB: OnceLock<libloading::Library> = OnceLock::new();
+static CTL: OnceLock<Control> = OnceLock::new();
+static CTX: OnceLock<Vec<usize>> = OnceLock::new();
+
+/// Loads the simulator (once) and returns its control client, without calling `cuInit`.
+pub fn load() -> &'static Control {
+    LIB.get_or_init(|| {
+        let path = cumem_sim::library_path().expect("libcumem_sim.so is built beside the tests");
+        // SAFETY: loading the simulator runs no foreign initialisers beyond Rust's.
+        unsafe { libloading::Library::new(path) }.expect("load the simulator")
+    });
+    CTL.get_or_init(|| Control::attach().expect("the simulator is loaded"))
+}
+
+/// Loads, configures and initialises the simulator and retains the primary contexts of devices
+/// 0, 1 and 3 (never released: retained contexts are not leaks).
+pub fn setup() -> &'static Control {
+    let ctl = load();
+    CTX.get_or_init(|| {
+        ctl.configure(CONFIG).expect("valid configuration");
+        // SAFETY: plain FFI call into the loaded simulator.
+        ok(unsafe { cu::cuInit(0) });
+        [0, 1, 2, 3]
+            .iter()
+            .map(|&d| {
+                if d == 2 {
+                    return 0;
+                }
+                let mut ctx: CUcontext = std::ptr::null_mut();
+                // SAFETY: valid out-pointer.
+                ok(unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, d) });
+                ctx as usize
+            })
+            .collect()
+    });
+    ctl
+}
+
+/// Binds device `dev`'s primary context to the calling thread (not device 2).
+pub fn bind(dev: usize) -> &'static Control {
+    let ctl = setup();
+    let ctx = CTX.get().unwrap()[dev];
+    assert_ne!(ctx, 0, "device {dev} is not retained by the shared setup");
+    // SAFETY: a handle returned by cuDevicePrimaryCtxRetain.
+    ok(unsafe { cu::cuCtxSetCurrent(ctx as CUcontext) });
+    ctl
+}
+
+/// Asserts success.
+#[track_caller]
+pub fn ok(r: CUresult) {
+    assert_eq!(r, CUresult::CUDA_SUCCESS);
+}
+
+/// `cuMemAlloc` or panic.
+pub fn dalloc(bytes: usize) -> CUdeviceptr {
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAlloc_v2(&mut p, bytes) });
+    p
+}
+
+/// `cuMemFree` or panic.
+pub fn dfree(p: CUdeviceptr) {
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuMemFree_v2(p) });
+}
+
+/// Pinned host memory of `n` bytes.
+pub fn pinned(n: usize) -> *mut u8 {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocHost_v2(&mut p, n) });
+    p.cast()
+}
+
+/// Frees pinned host memory.
+pub fn pfree(p: *mut u8) {
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuMemFreeHost(p.cast()) });
+}
+
+/// Reads pinned memory (volatile: the simulator's engine thread writes it).
+pub fn peek(p: *const u8, n: usize) -> Vec<u8> {
+    // SAFETY: `p` is a live pinned allocation of at least `n` bytes.
+    (0..n).map(|i| unsafe { p.add(i).read_volatile() }).collect()
+}
+
+/// Fills pinned memory.
+pub fn poke(p: *mut u8, n: usize, v: u8) {
+    for i in 0..n {
+        // SAFETY: `p` is a live pinned allocation of at least `n` bytes.
+        unsafe { p.add(i).write_volatile(v) };
+    }
+}
+
+/// Creates a stream.
+pub fn stream(flags: u32) -> CUstream {
+    let mut s: CUstream = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuStreamCreate(&mut s, flags) });
+    s
+}
+
+/// Destroys a stream.
+pub fn destroy(s: CUstream) {
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuStreamDestroy_v2(s) });
+}
+
+/// Copies device memory to a fresh Vec (synchronous).
+pub fn read_back(p: CUdeviceptr, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    // SAFETY: `v` has `n` bytes.
+    ok(unsafe { cu::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), p, n) });
+    v
+}
+
+type GateInner = (Mutex<bool>, Condvar);
+
+/// A host function that blocks a stream until opened (or dropped), making "work has not run
+/// yet" deterministic instead of relying on the simulated latency.
+pub struct Gate(Arc<GateInner>);
+
+extern "C" fn wait_gate(data: *mut c_void) {
+    // SAFETY: `data` came from `Arc::into_raw` in `Gate::block`, consumed exactly once here.
+    let inner = unsafe { Arc::from_raw(data.cast::<GateInner>()) };
+    let mut open = inner.0.lock().unwrap();
+    while !*open {
+        open = inner.1.wait(open).unwrap();
+    }
+}
+
+impl Gate {
+    /// Enqueues the gate on `s`.
+    pub fn block(s: CUstream) -> Gate {
+        let inner: Arc<GateInner> = Arc::new((Mutex::new(false), Condvar::new()));
+        let raw = Arc::into_raw(Arc::clone(&inner)) as *mut c_void;
+        // SAFETY: `wait_gate(raw)` is valid to call once on any thread.
+        ok(unsafe { cu::cuLaunchHostFunc(s, Some(wait_gate), raw) });
+        Gate(inner)
+    }
+
+    /// Lets the stream continue.
+    pub fn open(&self) {
+        *self.0.0.lock().unwrap() = true;
+        self.0.1.notify_all();
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
+/// A small pause that is far longer than the simulated latency, used only to make "X did not
+/// happen while blocked" assertions meaningful (never to make something happen).
+pub fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(20));
+}
+
+/// Looks an exported symbol up in the loaded simulator with a caller-chosen signature (used to
+/// pass raw integers where the bindings take enums).
+///
+/// # Safety
+/// 1. `T` is a function pointer type ABI-compatible with the exported symbol.
+pub unsafe fn raw<T: Copy>(name: &str) -> T {
+    load();
+    let lib = LIB.get().unwrap();
+    let sym = format!("{name}\0");
+    // SAFETY: per this function's contract.
+    unsafe { *lib.get::<T>(sym.as_bytes()).expect("symbol exported") }
+}

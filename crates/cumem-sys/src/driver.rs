@@ -1,0 +1,309 @@
+//! Choosing, loading and initialising the driver library, without ever panicking.
+//!
+//! cudarc resolves every entry point through `dlopen("libcuda.so")` on first use and panics when no
+//! library opens. cumem therefore picks the library first: the real driver, or `cumem-sim` loaded
+//! by path (its soname is `libcuda.so`, so cudarc's later `dlopen` finds the object already
+//! loaded). The choice is made once per process, by [`select`] or from the environment by [`init`]:
+//!
+//! | `CUMEM_DRIVER` | meaning |
+//! |---|---|
+//! | `auto` (default) | the real driver when one loads and sees a device, else the simulator |
+//! | `real` | the real driver, or [`Error::DriverNotFound`] |
+//! | `sim` | the simulator, from `CUMEM_SIM_LIB` or found beside the program |
+//!
+//! The real driver is never replaced silently: once a library is chosen, asking for the other kind
+//! is an [`Error::DriverSelection`].
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_sys::driver::{self, DriverKind};
+//! let kind = driver::init()?;
+//! assert_eq!(driver::current(), Some(kind));
+//! println!("running on {}", driver::description().unwrap_or_default());
+//! # Ok::<(), cumem_sys::Error>(())
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Mutex, OnceLock};
+
+use libloading::Library;
+
+use crate::error::{Error, ErrorContext, Result, check};
+use crate::sys;
+
+/// Which driver library to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverChoice {
+    /// The real driver when one is present and sees a device, else the simulator.
+    Auto,
+    /// The real driver only.
+    Real,
+    /// The simulated driver, `cumem-sim`.
+    Simulator,
+}
+
+impl FromStr for DriverChoice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(DriverChoice::Auto),
+            "real" | "cuda" => Ok(DriverChoice::Real),
+            "sim" | "simulator" => Ok(DriverChoice::Simulator),
+            other => Err(Error::DriverSelection {
+                reason: format!("unknown driver {other:?} (expected auto, real or sim)"),
+            }),
+        }
+    }
+}
+
+/// Which driver library is in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverKind {
+    /// NVIDIA's `libcuda.so`.
+    Real,
+    /// The simulated driver, `cumem-sim`.
+    Simulator,
+}
+
+impl fmt::Display for DriverKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DriverKind::Real => "the CUDA driver",
+            DriverKind::Simulator => "the simulated CUDA driver (cumem-sim)",
+        })
+    }
+}
+
+/// Name of the environment variable that selects the driver.
+pub const DRIVER_ENV: &str = "CUMEM_DRIVER";
+/// Name of the environment variable that gives the simulator library's path.
+pub const SIM_LIB_ENV: &str = "CUMEM_SIM_LIB";
+/// The symbol by which a library identifies itself as cumem-sim.
+const SIM_MARKER: &str = "cumemSimVersion";
+
+struct Loaded {
+    kind: DriverKind,
+    description: String,
+    // Keeps the chosen library mapped for the life of the process; cudarc holds its own handle too.
+    lib: Library,
+}
+
+static LOADED: OnceLock<Result<Loaded>> = OnceLock::new();
+static SELECTING: Mutex<()> = Mutex::new(());
+
+/// Loads and initialises the driver chosen by `CUMEM_DRIVER` (default `auto`) unless one was
+/// already selected, and returns which one is in use. Cheap after the first call.
+pub fn init() -> Result<DriverKind> {
+    if let Some(done) = LOADED.get() {
+        return done.as_ref().map(|l| l.kind).map_err(Clone::clone);
+    }
+    let choice = match std::env::var(DRIVER_ENV) {
+        Ok(v) => v.parse()?,
+        Err(_) => DriverChoice::Auto,
+    };
+    select(choice)
+}
+
+/// Selects, loads and initialises a driver. Succeeds again for a compatible choice; a request for
+/// a different kind than the one already in use is an [`Error::DriverSelection`].
+pub fn select(choice: DriverChoice) -> Result<DriverKind> {
+    select_with_sim_config(choice, None)
+}
+
+/// Like [`select`], and if the simulator is chosen and not yet initialised, passes `sim_config`
+/// (the `CUMEM_SIM` syntax, e.g. `"devices=2,memory=1GiB"`) to it before `cuInit`.
+pub fn select_with_sim_config(choice: DriverChoice, sim_config: Option<&str>) -> Result<DriverKind> {
+    let _guard = SELECTING.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(done) = LOADED.get() {
+        let kind = done.as_ref().map(|l| l.kind).map_err(Clone::clone)?;
+        return match (choice, kind) {
+            (DriverChoice::Auto, _)
+            | (DriverChoice::Real, DriverKind::Real)
+            | (DriverChoice::Simulator, DriverKind::Simulator) => Ok(kind),
+            _ => Err(Error::DriverSelection {
+                reason: format!("{kind} is already in use; the driver is chosen once per process"),
+            }),
+        };
+    }
+    let outcome = load(choice, sim_config).and_then(|loaded| {
+        // SAFETY: a driver library is loaded and cudarc will resolve `libcuda.so` to it (checked in
+        // `load`); cuInit takes no pointers.
+        check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit"))?;
+        tracing::info!(driver = %loaded.description, "CUDA driver initialised");
+        Ok(loaded)
+    });
+    let kind = outcome.as_ref().map(|l| l.kind).map_err(Clone::clone);
+    let _ = LOADED.set(outcome);
+    kind
+}
+
+/// The driver in use, if one was selected successfully.
+pub fn current() -> Option<DriverKind> {
+    LOADED.get()?.as_ref().ok().map(|l| l.kind)
+}
+
+/// A one-line description of the driver library in use (its kind and path).
+pub fn description() -> Option<String> {
+    LOADED.get()?.as_ref().ok().map(|l| l.description.clone())
+}
+
+/// The loaded driver library, for probing optional symbols.
+pub(crate) fn library() -> Option<&'static Library> {
+    LOADED.get()?.as_ref().ok().map(|l| &l.lib)
+}
+
+fn load(choice: DriverChoice, sim_config: Option<&str>) -> Result<Loaded> {
+    match choice {
+        DriverChoice::Real => load_real(),
+        DriverChoice::Simulator => load_simulator(sim_config),
+        DriverChoice::Auto => match probe_real() {
+            Ok(real) => Ok(real),
+            Err(real_err) => {
+                tracing::debug!(%real_err, "no usable CUDA driver; trying the simulator");
+                load_simulator(sim_config).map_err(|sim_err| match sim_err {
+                    Error::DriverNotFound { searched } => {
+                        Error::DriverNotFound { searched: format!("{searched}; real driver: {real_err}") }
+                    }
+                    other => other,
+                })
+            }
+        },
+    }
+}
+
+fn real_candidates() -> Vec<String> {
+    cudarc::get_lib_name_candidates("cuda")
+}
+
+fn has_symbol(lib: &Library, name: &str) -> bool {
+    // SAFETY: only the symbol's presence is checked; the pointer is never called or dereferenced.
+    unsafe { lib.get::<*const ()>(name).is_ok() }
+}
+
+fn open_first(names: &[String]) -> Option<(Library, String)> {
+    names.iter().find_map(|name| {
+        // SAFETY: opening a driver library runs its initialisers; the CUDA driver and cumem-sim
+        // have no initialisers that require anything of the caller.
+        unsafe { Library::new(name.as_str()) }.ok().map(|lib| (lib, name.clone()))
+    })
+}
+
+fn describe(lib: &Library, name: &str) -> (DriverKind, String) {
+    if has_symbol(lib, SIM_MARKER) {
+        (DriverKind::Simulator, format!("cumem-sim ({name})"))
+    } else {
+        (DriverKind::Real, format!("CUDA driver ({name})"))
+    }
+}
+
+fn load_real() -> Result<Loaded> {
+    let names = real_candidates();
+    let (lib, name) =
+        open_first(&names).ok_or_else(|| Error::DriverNotFound { searched: names.join(", ") })?;
+    let (kind, description) = describe(&lib, &name);
+    if kind == DriverKind::Simulator {
+        tracing::warn!("the library found as the real CUDA driver is cumem-sim ({name})");
+    }
+    Ok(Loaded { kind, description, lib })
+}
+
+/// Loads the real driver only if it initialises and sees at least one device.
+fn probe_real() -> Result<Loaded> {
+    let loaded = load_real()?;
+    type InitFn = unsafe extern "C" fn(u32) -> sys::CUresult;
+    type CountFn = unsafe extern "C" fn(*mut i32) -> sys::CUresult;
+    // SAFETY: `cuInit` and `cuDeviceGetCount` have these C signatures in every driver since CUDA 2.0.
+    let (init, count) = unsafe {
+        let init = loaded.lib.get::<InitFn>("cuInit").map(|s| *s);
+        let count = loaded.lib.get::<CountFn>("cuDeviceGetCount").map(|s| *s);
+        (init, count)
+    };
+    let (Ok(init), Ok(count)) = (init, count) else {
+        return Err(Error::DriverNotFound {
+            searched: format!("{} (not a CUDA driver)", loaded.description),
+        });
+    };
+    let mut n = 0;
+    // SAFETY: resolved from the loaded library with its documented signature; no pointers.
+    check(unsafe { init(0) }, ErrorContext::op("cuInit"))?;
+    // SAFETY: as above; `n` is a valid out-pointer.
+    check(unsafe { count(&mut n) }, ErrorContext::op("cuDeviceGetCount"))?;
+    if n < 1 {
+        return Err(Error::NoDevice { ctx: ErrorContext::op("cuDeviceGetCount") });
+    }
+    Ok(loaded)
+}
+
+fn simulator_path() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os(SIM_LIB_ENV) {
+        return Some(p.into());
+    }
+    #[cfg(feature = "sim")]
+    {
+        cumem_sim::library_path()
+    }
+    #[cfg(not(feature = "sim"))]
+    {
+        None
+    }
+}
+
+fn load_simulator(sim_config: Option<&str>) -> Result<Loaded> {
+    let path = simulator_path().ok_or_else(|| Error::DriverNotFound {
+        searched: format!("cumem-sim (set {SIM_LIB_ENV}, or enable the `sim` feature)"),
+    })?;
+    let shown = path.display().to_string();
+    // SAFETY: cumem-sim's initialisers only set up its own state.
+    let lib = unsafe { Library::new(&path) }
+        .map_err(|e| Error::DriverNotFound { searched: format!("{shown}: {e}") })?;
+    if !has_symbol(&lib, SIM_MARKER) {
+        return Err(Error::DriverSelection { reason: format!("{shown} is not cumem-sim") });
+    }
+    // cudarc opens `libcuda.so` by name; make sure that name now means the simulator, so the real
+    // driver is never used behind the simulator's back (or the other way round).
+    // SAFETY: as above; this only takes another reference to an already loaded object.
+    let by_name = unsafe { Library::new("libcuda.so") }.map_err(|e| Error::DriverSelection {
+        reason: format!("{shown} was loaded but `libcuda.so` does not resolve to it: {e}"),
+    })?;
+    if !has_symbol(&by_name, SIM_MARKER) {
+        return Err(Error::DriverSelection {
+            reason: "another libcuda.so is already loaded in this process; select the simulator before any CUDA call"
+                .into(),
+        });
+    }
+    if let Some(config) = sim_config {
+        configure_simulator(&lib, config)?;
+    }
+    Ok(Loaded { kind: DriverKind::Simulator, description: format!("cumem-sim ({shown})"), lib })
+}
+
+fn configure_simulator(lib: &Library, config: &str) -> Result<()> {
+    type ConfigureFn = unsafe extern "C" fn(*const std::ffi::c_char) -> sys::CUresult;
+    let spec = std::ffi::CString::new(config)
+        .map_err(|_| Error::InvalidValue { ctx: ErrorContext::op("cumemSimConfigure") })?;
+    // SAFETY: `cumemSimConfigure` is part of cumem-sim's control ABI with this signature; `spec` is a
+    // NUL-terminated string that outlives the call.
+    unsafe {
+        let f = lib.get::<ConfigureFn>("cumemSimConfigure").map_err(|_| Error::NotSupported {
+            feature: crate::Feature::Symbol("cumemSimConfigure"),
+            device: None,
+        })?;
+        check(f(spec.as_ptr()), ErrorContext::op("cumemSimConfigure"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_parse_from_the_environment_syntax() {
+        assert_eq!("auto".parse::<DriverChoice>().unwrap(), DriverChoice::Auto);
+        assert_eq!("".parse::<DriverChoice>().unwrap(), DriverChoice::Auto);
+        assert_eq!("REAL".parse::<DriverChoice>().unwrap(), DriverChoice::Real);
+        assert_eq!("sim".parse::<DriverChoice>().unwrap(), DriverChoice::Simulator);
+        assert!(matches!("gpu9".parse::<DriverChoice>(), Err(Error::DriverSelection { .. })));
+    }
+}

@@ -1,0 +1,422 @@
+//! The one error type of cumem: every CUDA error by name, with the operation that failed.
+//!
+//! Driver codes that a memory library meets map to their own variant (`OutOfMemory`,
+//! `InvalidValue`, …); every other code is kept exactly in [`Error::Cuda`]. cumem's own failures
+//! (bad input, missing driver, missing capability) have variants of their own, so callers match on
+//! what went wrong rather than parse messages.
+
+use std::fmt;
+
+use crate::sys::CUresult;
+
+/// Shorthand for `Result<T, cumem_sys::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where an error happened: the operation, and when known the bytes and device involved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ErrorContext {
+    /// The driver call or cumem operation, e.g. `"cuMemAlloc_v2"`.
+    pub op: &'static str,
+    /// Bytes the operation was asked to allocate or move.
+    pub bytes: Option<usize>,
+    /// Device ordinal the operation ran on.
+    pub device: Option<i32>,
+}
+
+impl ErrorContext {
+    /// A context naming only the operation.
+    pub const fn op(op: &'static str) -> Self {
+        Self { op, bytes: None, device: None }
+    }
+
+    /// Adds the byte count.
+    pub const fn bytes(mut self, bytes: usize) -> Self {
+        self.bytes = Some(bytes);
+        self
+    }
+
+    /// Adds the device ordinal.
+    pub const fn device(mut self, device: i32) -> Self {
+        self.device = Some(device);
+        self
+    }
+}
+
+impl fmt::Display for ErrorContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.op.is_empty() {
+            return Ok(());
+        }
+        write!(f, " in {}", self.op)?;
+        match (self.bytes, self.device) {
+            (Some(b), Some(d)) => write!(f, " ({b} bytes, device {d})"),
+            (Some(b), None) => write!(f, " ({b} bytes)"),
+            (None, Some(d)) => write!(f, " (device {d})"),
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+/// A capability or entry point that a device or driver may lack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Feature {
+    /// `cuMemAllocManaged` (device attribute MANAGED_MEMORY).
+    ManagedMemory,
+    /// GPU page faulting on managed memory (CONCURRENT_MANAGED_ACCESS).
+    ConcurrentManagedAccess,
+    /// Stream-ordered allocation and memory pools (MEMORY_POOLS_SUPPORTED).
+    MemoryPools,
+    /// The virtual memory management API (VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED).
+    VirtualMemory,
+    /// Mapping page-locked host memory into the device address space (CAN_MAP_HOST_MEMORY).
+    HostMapping,
+    /// Page-locking existing host memory (HOST_REGISTER_SUPPORTED).
+    HostRegister,
+    /// Direct access between two devices.
+    PeerAccess,
+    /// A driver entry point that the loaded driver does not export.
+    Symbol(&'static str),
+    /// The driver itself answered `CUDA_ERROR_NOT_SUPPORTED` to this operation.
+    Driver(&'static str),
+}
+
+impl fmt::Display for Feature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Feature::ManagedMemory => f.write_str("managed memory"),
+            Feature::ConcurrentManagedAccess => f.write_str("concurrent managed access"),
+            Feature::MemoryPools => f.write_str("memory pools"),
+            Feature::VirtualMemory => f.write_str("virtual memory management"),
+            Feature::HostMapping => f.write_str("host memory mapping"),
+            Feature::HostRegister => f.write_str("host memory registration"),
+            Feature::PeerAccess => f.write_str("peer access"),
+            Feature::Symbol(name) => write!(f, "driver entry point {name}"),
+            Feature::Driver(op) => write!(f, "{op} (refused by the driver)"),
+        }
+    }
+}
+
+/// Everything that can go wrong in cumem.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `CUDA_ERROR_INVALID_VALUE`: an argument the driver rejected.
+    #[error("invalid value{ctx}")]
+    InvalidValue {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, or a cumem pool that could not satisfy a request.
+    #[error("out of memory{ctx}")]
+    OutOfMemory {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_NOT_INITIALIZED`: a call before `cuInit`.
+    #[error("driver not initialized{ctx}")]
+    NotInitialized {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_DEINITIALIZED`: the driver is shutting down.
+    #[error("driver deinitialized{ctx}")]
+    Deinitialized {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_NO_DEVICE`: the driver sees no device.
+    #[error("no CUDA device{ctx}")]
+    NoDevice {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_INVALID_DEVICE`: a device ordinal out of range, or the wrong device.
+    #[error("invalid device{ctx}")]
+    InvalidDevice {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_INVALID_CONTEXT`: no current context, or a bad one.
+    #[error("invalid context{ctx}")]
+    InvalidContext {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_CONTEXT_IS_DESTROYED`.
+    #[error("context is destroyed{ctx}")]
+    ContextIsDestroyed {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_INVALID_HANDLE`: a bad stream, event or other handle.
+    #[error("invalid handle{ctx}")]
+    InvalidHandle {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_NOT_FOUND`.
+    #[error("not found{ctx}")]
+    NotFound {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_NOT_READY` where readiness was required.
+    #[error("not ready{ctx}")]
+    NotReady {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS`: a device fault (sticky: the context is unusable).
+    #[error("illegal address{ctx}")]
+    IllegalAddress {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_ALREADY_MAPPED`.
+    #[error("already mapped{ctx}")]
+    AlreadyMapped {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_NOT_MAPPED`.
+    #[error("not mapped{ctx}")]
+    NotMapped {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`.
+    #[error("peer access unsupported{ctx}")]
+    PeerAccessUnsupported {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`.
+    #[error("peer access already enabled{ctx}")]
+    PeerAccessAlreadyEnabled {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`.
+    #[error("peer access not enabled{ctx}")]
+    PeerAccessNotEnabled {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`: the range overlaps a registered one.
+    #[error("host memory already registered{ctx}")]
+    HostMemoryAlreadyRegistered {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED`.
+    #[error("host memory not registered{ctx}")]
+    HostMemoryNotRegistered {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// `CUDA_ERROR_NOT_PERMITTED`.
+    #[error("not permitted{ctx}")]
+    NotPermitted {
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+    /// Any other driver code, kept exactly.
+    #[error("CUDA error {code:?}{ctx}")]
+    Cuda {
+        /// The driver's code.
+        code: CUresult,
+        /// Where it happened.
+        ctx: ErrorContext,
+    },
+
+    /// No CUDA driver library could be loaded.
+    #[error("no CUDA driver found (looked for {searched})")]
+    DriverNotFound {
+        /// The library names or paths that were tried.
+        searched: String,
+    },
+    /// The driver was already chosen differently, or the chosen library does not act as one.
+    #[error("driver selection failed: {reason}")]
+    DriverSelection {
+        /// Why.
+        reason: String,
+    },
+    /// The device or driver lacks a capability (checked before any driver call where possible).
+    #[error("{feature} is not supported{}", device.map(|d| format!(" on device {d}")).unwrap_or_default())]
+    NotSupported {
+        /// What is missing.
+        feature: Feature,
+        /// The device that lacks it, when it is a device capability.
+        device: Option<i32>,
+    },
+    /// `count * size_of::<T>()` (or another size computation) overflowed.
+    #[error("size overflow: {count} elements of {elem_size} bytes")]
+    SizeOverflow {
+        /// Element count requested.
+        count: usize,
+        /// Size of one element in bytes.
+        elem_size: usize,
+    },
+    /// A range outside a buffer.
+    #[error("range {start}..{end} out of range for length {len}")]
+    OutOfRange {
+        /// Start of the requested range.
+        start: usize,
+        /// End (exclusive) of the requested range.
+        end: usize,
+        /// Length of the buffer.
+        len: usize,
+    },
+    /// Source and destination lengths differ.
+    #[error("length mismatch: destination has {expected} elements, source has {actual}")]
+    LengthMismatch {
+        /// Length required.
+        expected: usize,
+        /// Length given.
+        actual: usize,
+    },
+    /// A size of zero where zero is meaningless (a chunk size, an alignment, a raw allocation).
+    #[error("zero {what}")]
+    ZeroSize {
+        /// What was zero.
+        what: &'static str,
+    },
+    /// An address, size or alignment that is not a multiple of what is required.
+    #[error("misaligned {what}: {value:#x} is not a multiple of {align}")]
+    Misaligned {
+        /// What was misaligned.
+        what: &'static str,
+        /// The offending value.
+        value: u64,
+        /// The required alignment.
+        align: u64,
+    },
+    /// Memory or a stream of one device used with another.
+    #[error("wrong device: expected device {expected}, got device {actual}")]
+    WrongDevice {
+        /// The device required.
+        expected: i32,
+        /// The device given.
+        actual: i32,
+    },
+}
+
+impl Error {
+    /// Maps a driver code to its error; `None` for `CUDA_SUCCESS`.
+    pub fn from_code(code: CUresult, ctx: ErrorContext) -> Option<Self> {
+        use CUresult as C;
+        Some(match code {
+            C::CUDA_SUCCESS => return None,
+            C::CUDA_ERROR_INVALID_VALUE => Error::InvalidValue { ctx },
+            C::CUDA_ERROR_OUT_OF_MEMORY => Error::OutOfMemory { ctx },
+            C::CUDA_ERROR_NOT_INITIALIZED => Error::NotInitialized { ctx },
+            C::CUDA_ERROR_DEINITIALIZED => Error::Deinitialized { ctx },
+            C::CUDA_ERROR_NO_DEVICE => Error::NoDevice { ctx },
+            C::CUDA_ERROR_INVALID_DEVICE => Error::InvalidDevice { ctx },
+            C::CUDA_ERROR_INVALID_CONTEXT => Error::InvalidContext { ctx },
+            C::CUDA_ERROR_CONTEXT_IS_DESTROYED => Error::ContextIsDestroyed { ctx },
+            C::CUDA_ERROR_INVALID_HANDLE => Error::InvalidHandle { ctx },
+            C::CUDA_ERROR_NOT_FOUND => Error::NotFound { ctx },
+            C::CUDA_ERROR_NOT_READY => Error::NotReady { ctx },
+            C::CUDA_ERROR_ILLEGAL_ADDRESS => Error::IllegalAddress { ctx },
+            C::CUDA_ERROR_ALREADY_MAPPED => Error::AlreadyMapped { ctx },
+            C::CUDA_ERROR_NOT_MAPPED => Error::NotMapped { ctx },
+            C::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED => Error::PeerAccessUnsupported { ctx },
+            C::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Error::PeerAccessAlreadyEnabled { ctx },
+            C::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED => Error::PeerAccessNotEnabled { ctx },
+            C::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => Error::HostMemoryAlreadyRegistered { ctx },
+            C::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED => Error::HostMemoryNotRegistered { ctx },
+            C::CUDA_ERROR_NOT_PERMITTED => Error::NotPermitted { ctx },
+            C::CUDA_ERROR_NOT_SUPPORTED => {
+                Error::NotSupported { feature: Feature::Driver(ctx.op), device: ctx.device }
+            }
+            other => Error::Cuda { code: other, ctx },
+        })
+    }
+
+    /// The driver code behind this error, if it came from the driver.
+    pub fn code(&self) -> Option<CUresult> {
+        use CUresult as C;
+        Some(match self {
+            Error::InvalidValue { .. } => C::CUDA_ERROR_INVALID_VALUE,
+            Error::OutOfMemory { .. } => C::CUDA_ERROR_OUT_OF_MEMORY,
+            Error::NotInitialized { .. } => C::CUDA_ERROR_NOT_INITIALIZED,
+            Error::Deinitialized { .. } => C::CUDA_ERROR_DEINITIALIZED,
+            Error::NoDevice { .. } => C::CUDA_ERROR_NO_DEVICE,
+            Error::InvalidDevice { .. } => C::CUDA_ERROR_INVALID_DEVICE,
+            Error::InvalidContext { .. } => C::CUDA_ERROR_INVALID_CONTEXT,
+            Error::ContextIsDestroyed { .. } => C::CUDA_ERROR_CONTEXT_IS_DESTROYED,
+            Error::InvalidHandle { .. } => C::CUDA_ERROR_INVALID_HANDLE,
+            Error::NotFound { .. } => C::CUDA_ERROR_NOT_FOUND,
+            Error::NotReady { .. } => C::CUDA_ERROR_NOT_READY,
+            Error::IllegalAddress { .. } => C::CUDA_ERROR_ILLEGAL_ADDRESS,
+            Error::AlreadyMapped { .. } => C::CUDA_ERROR_ALREADY_MAPPED,
+            Error::NotMapped { .. } => C::CUDA_ERROR_NOT_MAPPED,
+            Error::PeerAccessUnsupported { .. } => C::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
+            Error::PeerAccessAlreadyEnabled { .. } => C::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+            Error::PeerAccessNotEnabled { .. } => C::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED,
+            Error::HostMemoryAlreadyRegistered { .. } => C::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+            Error::HostMemoryNotRegistered { .. } => C::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+            Error::NotPermitted { .. } => C::CUDA_ERROR_NOT_PERMITTED,
+            Error::NotSupported { feature: Feature::Driver(_), .. } => C::CUDA_ERROR_NOT_SUPPORTED,
+            Error::Cuda { code, .. } => *code,
+            _ => return None,
+        })
+    }
+}
+
+/// Turns a driver return code into a `Result`, attaching where it happened.
+///
+/// `CUDA_SUCCESS` is `Ok(())`; everything else is the matching [`Error`].
+#[inline]
+pub fn check(code: CUresult, ctx: ErrorContext) -> Result<()> {
+    match Error::from_code(code, ctx) {
+        None => Ok(()),
+        Some(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_round_trips_through_the_error() {
+        let codes = [
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            CUresult::CUDA_ERROR_NOT_INITIALIZED,
+            CUresult::CUDA_ERROR_INVALID_CONTEXT,
+            CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+            CUresult::CUDA_ERROR_UNKNOWN,
+            CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        ];
+        for code in codes {
+            let err = Error::from_code(code, ErrorContext::op("x")).expect("an error code");
+            assert_eq!(err.code(), Some(code), "{err}");
+        }
+        assert!(Error::from_code(CUresult::CUDA_SUCCESS, ErrorContext::op("x")).is_none());
+    }
+
+    #[test]
+    fn named_codes_map_to_named_variants() {
+        let ctx = ErrorContext::op("cuMemAlloc_v2").bytes(64).device(1);
+        let err = check(CUresult::CUDA_ERROR_OUT_OF_MEMORY, ctx).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { ctx: c } if c.bytes == Some(64) && c.device == Some(1)));
+        assert_eq!(err.to_string(), "out of memory in cuMemAlloc_v2 (64 bytes, device 1)");
+        let err =
+            check(CUresult::CUDA_ERROR_NOT_SUPPORTED, ErrorContext::op("cuMemAllocManaged")).unwrap_err();
+        assert!(matches!(err, Error::NotSupported { feature: Feature::Driver("cuMemAllocManaged"), .. }));
+        let err = check(CUresult::CUDA_ERROR_LAUNCH_FAILED, ErrorContext::op("k")).unwrap_err();
+        assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_LAUNCH_FAILED, .. }));
+    }
+
+    #[test]
+    fn own_variants_have_no_driver_code() {
+        let err = Error::SizeOverflow { count: usize::MAX, elem_size: 8 };
+        assert_eq!(err.code(), None);
+        assert!(err.to_string().contains("overflow"));
+    }
+}

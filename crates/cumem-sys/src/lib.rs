@@ -1,0 +1,35 @@
+//! Raw access to the CUDA driver for the cumem crates.
+//!
+//! This crate is the only door to `libcuda.so`: it re-exports cudarc's generated bindings as
+//! [`sys`], chooses and loads the driver library without ever panicking ([`driver`]), probes
+//! optional entry points so that a call missing from an older driver becomes
+//! [`Error::NotSupported`] ([`probe`]), and maps every `CUresult` to a named [`Error`].
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! let kind = cumem_sys::driver::init()?;
+//! let mut version = 0;
+//! // SAFETY: the driver is loaded and initialised by `init`; `version` is a valid out-pointer.
+//! let code = unsafe { cumem_sys::sys::cuDriverGetVersion(&mut version) };
+//! cumem_sys::check(code, cumem_sys::ErrorContext::op("cuDriverGetVersion"))?;
+//! assert!(version >= 12000, "{kind:?} reports {version}");
+//! # Ok::<(), cumem_sys::Error>(())
+//! ```
+
+pub mod driver;
+mod error;
+pub mod probe;
+#[cfg(feature = "sim")]
+pub mod testing;
+
+pub use error::{Error, ErrorContext, Feature, Result, check};
+
+/// cudarc's raw driver bindings (CUDA 12.8 ABI), the only FFI cumem uses.
+///
+/// Every function here is `unsafe` and panics inside cudarc if no driver library has been loaded:
+/// call [`driver::init`] first (the safe cumem types do).
+pub use cudarc::driver::sys;
+
+#[cfg(feature = "sim")]
+/// The simulator's control client (live report, violations, fault injection), re-exported.
+pub use cumem_sim::control as sim_control;

@@ -1,0 +1,43 @@
+//! Probing optional driver entry points before calling them.
+//!
+//! cudarc panics with "Missing symbol" when an entry point is absent from the loaded driver (for
+//! example `cuMemAdvise_v2` on a driver older than 12.2). Code that calls such an entry point asks
+//! here first and returns [`Error::NotSupported`] instead.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! cumem_sys::driver::init()?;
+//! assert!(cumem_sys::probe::has_symbol("cuMemAlloc_v2"));
+//! assert!(!cumem_sys::probe::has_symbol("cuNoSuchEntryPoint"));
+//! assert!(cumem_sys::probe::require("cuNoSuchEntryPoint").is_err());
+//! # Ok::<(), cumem_sys::Error>(())
+//! ```
+
+use crate::error::{Error, Feature, Result};
+
+/// Whether the loaded driver exports `name`. `false` when no driver is loaded.
+pub fn has_symbol(name: &str) -> bool {
+    crate::driver::library().is_some_and(|lib| {
+        // SAFETY: only the symbol's presence is checked; the pointer is never used.
+        unsafe { lib.get::<*const ()>(name).is_ok() }
+    })
+}
+
+/// `Ok(())` if the loaded driver exports `name`, else `NotSupported { feature: Symbol(name) }`.
+pub fn require(name: &'static str) -> Result<()> {
+    if has_symbol(name) {
+        Ok(())
+    } else {
+        Err(Error::NotSupported { feature: Feature::Symbol(name), device: None })
+    }
+}
+
+/// The driver's version as `1000 * major + 10 * minor` (e.g. 12080), once a driver is loaded.
+pub fn driver_version() -> Result<i32> {
+    crate::driver::init()?;
+    let mut v = 0;
+    // SAFETY: the driver is loaded; `v` is a valid out-pointer.
+    let code = unsafe { crate::sys::cuDriverGetVersion(&mut v) };
+    crate::check(code, crate::ErrorContext::op("cuDriverGetVersion"))?;
+    Ok(v)
+}

@@ -1,0 +1,64 @@
+//! cumem: type-safe CUDA GPU memory management.
+//!
+//! Every kind of CUDA memory is an owning Rust type that frees itself; every transfer is a typed
+//! call that cannot read or write memory it should not. This crate re-exports the cumem crates
+//! behind features; most programs need only `use cumem::prelude::*`.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem::prelude::*;
+//!
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::new(&ctx)?;
+//! let host = PinnedBuffer::from_slice(&ctx, &[3u32; 1024])?;
+//! let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 1024)?;
+//! stream.copy_h2d(&host, &mut dev)?;      // queued; `host` stays borrowed by the device
+//! assert_eq!(dev.to_vec()?, vec![3; 1024]);
+//! # Ok::<(), cumem::Error>(())
+//! ```
+//!
+//! | crate | feature | what |
+//! |---|---|---|
+//! | [`cumem_core`] | always | devices, contexts, streams, events, buffers, the resource trait |
+//! | [`copy`] | `copy` (default) | typed sync and async transfers and memsets |
+//! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
+
+pub use cumem_core::{
+    AllocLayout, AsDeviceSlice, AsDeviceSliceMut, Capabilities, Chunks, ChunksMut, Context, DRIVER_ALIGNMENT,
+    Device, DeviceBuffer, DeviceResource, DeviceSlice, DeviceSliceMut, DriverResource, Error, ErrorContext,
+    Event, Feature, MemInfo, PinnedBuffer, PinnedFlags, Result, Stream, StreamOptions, StreamOrder, sys,
+};
+
+/// Typed transfers (feature `copy`).
+#[cfg(feature = "copy")]
+pub use cumem_copy as copy;
+
+/// Choosing and loading the driver: the real one, or the simulator (feature `sim`).
+pub mod driver {
+    pub use cumem_sys::driver::*;
+    pub use cumem_sys::probe::{driver_version, has_symbol};
+
+    /// Selects the bundled simulated driver for this process (before any other CUDA call).
+    #[cfg(feature = "sim")]
+    pub fn use_simulator() -> crate::Result<DriverKind> {
+        select(DriverChoice::Simulator)
+    }
+
+    /// The simulator's control interface: live-resource report, violation log, fault injection.
+    #[cfg(feature = "sim")]
+    pub use cumem_sys::sim_control;
+
+    /// Test-binary driver selection: the simulator by default, with the leak check at exit.
+    #[cfg(feature = "sim")]
+    pub use cumem_sys::testing;
+}
+
+/// The names most programs need.
+pub mod prelude {
+    #[cfg(feature = "copy")]
+    pub use cumem_copy::StreamCopy;
+    pub use cumem_core::{
+        AsDeviceSlice, AsDeviceSliceMut, Context, Device, DeviceBuffer, DeviceResource, DeviceSlice,
+        DeviceSliceMut, Error, Event, PinnedBuffer, PinnedFlags, Result, Stream, StreamOptions,
+    };
+}
