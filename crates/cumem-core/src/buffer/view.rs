@@ -402,6 +402,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::reversed_empty_ranges)] // a reversed range is exactly what is under test
     fn ranges_resolve_like_slice_indexing() {
         assert_eq!(resolve_range(.., 5).unwrap(), (0, 5));
         assert_eq!(resolve_range(1..3, 5).unwrap(), (1, 3));
