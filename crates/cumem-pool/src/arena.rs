@@ -1,0 +1,95 @@
+//! A per-stream arena: the free memory one stream may reuse without any synchronisation.
+//!
+//! Everything in an arena was last used on (freed on, or migrated to) the arena's stream, so an
+//! allocation on that stream may take it at once: stream order protects it. The arena holds the
+//! front-cache [`Bins`] and one [`FreeSet`] per segment kind behind its own mutex, plus counters that
+//! other threads read without the lock. Arenas of different streams share nothing on the fast path.
+//!
+//! ```
+//! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
+//!
+//! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), PoolConfig::default());
+//! let a = pool.allocate(4096, 256, 7).unwrap();
+//! let addr = a.addr();
+//! pool.deallocate(a, 7).unwrap();
+//! // Freed on stream 7: stream 7 gets the very same block back from its bin.
+//! let b = pool.allocate(4096, 256, 7).unwrap();
+//! assert_eq!(b.addr(), addr);
+//! # pool.deallocate(b, 7).unwrap();
+//! ```
+
+use parking_lot::Mutex;
+
+use crate::bins::Bins;
+use crate::free_set::FreeSet;
+use crate::size_class::Kind;
+use crate::stats::{Counters, Histogram};
+
+/// One stream's arena. Aligned to two cache lines so that arenas of different streams never share one.
+#[repr(align(128))]
+#[derive(Debug)]
+pub(crate) struct Arena<S> {
+    /// The stream whose order protects everything in this arena.
+    pub stream: S,
+    /// Position in the pool's arena list (lock order).
+    pub index: usize,
+    /// The arena's free memory and statistics.
+    pub inner: Mutex<ArenaInner>,
+    /// Live bytes and blocks attributed to this arena, readable without the lock.
+    pub counters: Counters,
+}
+
+impl<S> Arena<S> {
+    pub(crate) fn new(stream: S, index: usize) -> Self {
+        Arena { stream, index, inner: Mutex::new(ArenaInner::default()), counters: Counters::default() }
+    }
+}
+
+/// The locked part of an arena.
+#[derive(Debug, Default)]
+pub(crate) struct ArenaInner {
+    /// Exact-size small blocks, not coalesced.
+    pub bins: Bins,
+    /// Free ranges of small segments.
+    pub small: FreeSet,
+    /// Free ranges of large segments.
+    pub large: FreeSet,
+    /// Requested bytes of live blocks attributed to this arena (may be negative per arena).
+    pub requested: i64,
+    /// Successful allocations on this arena's stream.
+    pub allocations: u64,
+    /// Requested sizes of those allocations.
+    pub histogram: Histogram,
+}
+
+impl ArenaInner {
+    /// The free set of a segment kind.
+    #[inline]
+    pub(crate) fn set(&mut self, kind: Kind) -> &mut FreeSet {
+        match kind {
+            Kind::Small => &mut self.small,
+            Kind::Large => &mut self.large,
+        }
+    }
+
+    /// Moves every binned block into the small free set, coalescing.
+    pub(crate) fn flush_bins(&mut self) {
+        if self.bins.bytes() > 0 {
+            let small = &mut self.small;
+            self.bins.drain(|addr, len, seg| small.insert(addr, len, seg));
+        }
+    }
+
+    /// The largest cached block.
+    pub(crate) fn largest(&self) -> u64 {
+        self.bins.largest().max(self.small.largest()).max(self.large.largest())
+    }
+
+    /// Records a successful allocation's request.
+    #[inline]
+    pub(crate) fn note_alloc(&mut self, requested: usize) {
+        self.requested += requested as i64;
+        self.allocations += 1;
+        self.histogram.0[Histogram::bucket(requested)] += 1;
+    }
+}

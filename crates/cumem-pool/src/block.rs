@@ -1,0 +1,136 @@
+//! Blocks handed out by the pool, and how a request becomes one.
+//!
+//! A [`Block`] is neither `Clone` nor `Copy` and can only be made by the pool, so a double free cannot
+//! be written and a block of another pool is recognised (and handed back as
+//! [`ForeignBlock`](crate::ForeignBlock)). It carries what the free path needs to be O(1): its
+//! rounded size, its segment and its kind.
+//!
+//! ```
+//! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig, PoolError};
+//!
+//! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), PoolConfig::default());
+//! let b = pool.allocate(1000, 4096, 0).unwrap();
+//! assert_eq!((b.size(), b.rounded_size(), b.addr() % 4096), (1000, 1024, 0));
+//! assert_eq!(pool.allocate(1000, 3, 0).unwrap_err(), PoolError::InvalidAlignment { align: 3 });
+//! pool.deallocate(b, 0).unwrap();
+//! ```
+
+use crate::free_set::Seg;
+use crate::size_class::{Kind, QUANTUM, SMALL_LIMIT, SizeClass};
+use crate::{MAX_ALIGN, PoolError};
+
+/// A live allocation of a [`CachingPool`](crate::CachingPool). Give it back with
+/// [`deallocate`](crate::CachingPool::deallocate); a block that is dropped instead stays allocated
+/// (counted as live) until the pool is dropped.
+#[must_use = "a dropped Block stays allocated until its pool is dropped; deallocate it"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Block {
+    pub(crate) addr: u64,
+    pub(crate) requested: usize,
+    pub(crate) size: u64,
+    pub(crate) seg: Seg,
+    pub(crate) kind: Kind,
+    pub(crate) pool: u32,
+}
+
+impl Block {
+    /// Device address of the block.
+    #[inline]
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The size that was requested.
+    #[inline]
+    pub fn size(&self) -> usize {
+        self.requested
+    }
+
+    /// The size-class rounded size: the block may use this many bytes.
+    #[inline]
+    pub fn rounded_size(&self) -> usize {
+        self.size as usize
+    }
+
+    /// The upstream segment containing the block.
+    #[inline]
+    pub fn segment(&self) -> Seg {
+        self.seg
+    }
+
+    /// Which kind of segment the block lives in.
+    #[inline]
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+}
+
+/// A validated allocation request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request {
+    pub requested: usize,
+    /// Rounded size.
+    pub size: u64,
+    /// Effective alignment (at least `QUANTUM`).
+    pub align: u64,
+    /// Length of a free range that surely fits the block after alignment.
+    pub need: u64,
+    pub kind: Kind,
+    /// Front-cache bin, or 0 when the request cannot be served from a bin.
+    pub bin: usize,
+}
+
+impl Request {
+    #[inline]
+    pub(crate) fn new(bytes: usize, align: usize) -> Result<Request, PoolError> {
+        if !align.is_power_of_two() {
+            return Err(PoolError::InvalidAlignment { align });
+        }
+        if align > MAX_ALIGN {
+            return Err(PoolError::AlignmentTooLarge { align, max: MAX_ALIGN });
+        }
+        let class = SizeClass::of(bytes)?;
+        let align = align.max(QUANTUM);
+        let need =
+            class.bytes.checked_add(align - QUANTUM).ok_or(PoolError::SizeOverflow { requested: bytes })?;
+        let kind = if need <= SMALL_LIMIT { Kind::Small } else { Kind::Large };
+        let bin = match class.bin {
+            Some(bin) if align == QUANTUM => bin,
+            _ => 0,
+        };
+        Ok(Request {
+            requested: bytes,
+            size: class.bytes as u64,
+            align: align as u64,
+            need: need as u64,
+            kind,
+            bin,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_validate_and_classify() {
+        let r = Request::new(100, 1).unwrap();
+        assert_eq!((r.size, r.align, r.need, r.kind, r.bin), (512, 512, 512, Kind::Small, 1));
+        let r = Request::new(100, 4096).unwrap();
+        assert_eq!((r.size, r.align, r.need, r.kind, r.bin), (512, 4096, 4096, Kind::Small, 0));
+        let r = Request::new(SMALL_LIMIT, 1024).unwrap();
+        assert_eq!((r.kind, r.bin), (Kind::Large, 0));
+        assert_eq!(Request::new(1, 0).unwrap_err(), PoolError::InvalidAlignment { align: 0 });
+        assert_eq!(Request::new(1, 48).unwrap_err(), PoolError::InvalidAlignment { align: 48 });
+        assert_eq!(
+            Request::new(1, MAX_ALIGN * 2).unwrap_err(),
+            PoolError::AlignmentTooLarge { align: MAX_ALIGN * 2, max: MAX_ALIGN }
+        );
+        assert_eq!(Request::new(0, 1).unwrap_err(), PoolError::ZeroSize);
+        let top = usize::MAX - (usize::MAX >> 5);
+        let r = Request::new(top, MAX_ALIGN).unwrap();
+        assert_eq!((r.size, r.need, r.kind), (top as u64, (top + MAX_ALIGN - QUANTUM) as u64, Kind::Large));
+        assert_eq!(Request::new(top + 1, 1).unwrap_err(), PoolError::SizeOverflow { requested: top + 1 });
+    }
+}

@@ -1,0 +1,611 @@
+//! The caching pool: per-stream arenas, cross-stream migration, the out-of-memory ladder and trim.
+//!
+//! An allocation on stream `T` tries, in order: `T`'s front-cache bin for its size class (O(1)); a
+//! best fit in `T`'s free ranges (O(log n)); the same after flushing `T`'s bins; *migration*: a best
+//! fit taken from another stream `S`'s arena, after `ordering.wait(T, S)`; a new segment from the
+//! upstream; and finally the out-of-memory ladder (synchronise, coalesce all cached memory across
+//! streams and retry, including memory of the other segment kind; release every fully free segment
+//! and retry the upstream with the minimal segment; report). The ladder holds every arena lock while
+//! it runs, including during the synchronisation. A free on stream
+//! `S` puts the block into `S`'s arena, whichever stream allocated it.
+//!
+//! ```
+//! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
+//!
+//! let pool = CachingPool::new(HostUpstream::new(64 << 20), HostOrdering::new(), PoolConfig::default());
+//! let a = pool.allocate(1 << 20, 256, 1).unwrap(); // stream 1
+//! let addr = a.addr();
+//! pool.deallocate(a, 1).unwrap();
+//! // Stream 2 misses, migrates stream 1's free memory and orders itself after stream 1.
+//! let b = pool.allocate(1 << 20, 256, 2).unwrap();
+//! assert_eq!((b.addr(), pool.ordering().waits()), (addr, 1));
+//! pool.deallocate(b, 2).unwrap();
+//! let report = pool.trim().unwrap();
+//! assert_eq!((report.released_bytes, pool.upstream().live_bytes()), (2 << 20, 0));
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::arena::{Arena, ArenaInner};
+use crate::bins::BinEntry;
+use crate::block::Request;
+use crate::free_set::Seg;
+use crate::segment::Segments;
+use crate::size_class::{Kind, QUANTUM, SMALL_LIMIT, bin_of};
+use crate::stats::{Peaks, PoolStats};
+use crate::table::ArenaTable;
+use crate::{Block, ForeignBlock, Ordering, PoolConfig, PoolError, SEGMENT_ALIGN, Upstream, UpstreamError};
+
+static NEXT_POOL_ID: AtomicU32 = AtomicU32::new(1);
+
+type Guards<'a> = Vec<MutexGuard<'a, ArenaInner>>;
+
+/// What [`CachingPool::trim`], [`trim_to`](CachingPool::trim_to) and
+/// [`synchronize`](CachingPool::synchronize) gave back to the upstream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrimReport {
+    /// Segments released.
+    pub released_segments: u64,
+    /// Bytes released.
+    pub released_bytes: u64,
+}
+
+/// A caching memory pool over an [`Upstream`], with stream-ordered reuse through an [`Ordering`].
+///
+/// # Stream safety
+/// A block freed on stream `S` is reused at once by allocations on `S`. It is given to another stream
+/// `T` only after `ordering.wait(T, S)` was called following the free (lazily, when `T` needs the
+/// memory), or after `ordering.synchronize()` returned following the free. Segments are returned to the
+/// upstream only after `ordering.synchronize()` following every free in them.
+///
+/// # Locking
+/// Each stream's arena has its own mutex; the fast path takes only that one and looks the arena up
+/// without locking. Migration locks one other arena at a time. The ladder, `trim`, `synchronize`,
+/// `validate` and `stats` lock arenas in creation order, then the segment registry.
+pub struct CachingPool<U: Upstream, O: Ordering> {
+    id: u32,
+    upstream: U,
+    ordering: O,
+    config: PoolConfig,
+    arenas: ArenaTable<O::Stream>,
+    segments: Mutex<Segments>,
+    peaks: Peaks,
+}
+
+impl<U: Upstream, O: Ordering> fmt::Debug for CachingPool<U, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachingPool")
+            .field("id", &self.id)
+            .field("config", &self.config)
+            .field("streams", &self.arenas.iter().map(|a| a.stream).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<U: Upstream, O: Ordering> CachingPool<U, O> {
+    /// A pool drawing segments from `upstream` and ordering streams through `ordering`.
+    pub fn new(upstream: U, ordering: O, config: PoolConfig) -> Self {
+        let config = config.normalized();
+        CachingPool {
+            id: NEXT_POOL_ID.fetch_add(1, Relaxed),
+            upstream,
+            ordering,
+            arenas: ArenaTable::new(config.max_streams),
+            config,
+            segments: Mutex::new(Segments::default()),
+            peaks: Peaks::default(),
+        }
+    }
+
+    /// The configuration in use (after normalisation).
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// The stream-ordering implementation.
+    pub fn ordering(&self) -> &O {
+        &self.ordering
+    }
+
+    /// Allocates `bytes` bytes aligned to `align` (a power of two up to [`MAX_ALIGN`](crate::MAX_ALIGN);
+    /// every block is at least 512-byte aligned) for use on `stream`.
+    ///
+    /// # Errors
+    /// [`PoolError::ZeroSize`], [`PoolError::InvalidAlignment`], [`PoolError::AlignmentTooLarge`],
+    /// [`PoolError::SizeOverflow`] for bad input; [`PoolError::OutOfMemory`] with a report when the
+    /// upstream is exhausted after the ladder; [`PoolError::Upstream`] / [`PoolError::Ordering`] /
+    /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails;
+    /// [`PoolError::TooManyStreams`] when `stream` is new and the pool serves `max_streams` already.
+    #[inline]
+    pub fn allocate(&self, bytes: usize, align: usize, stream: O::Stream) -> Result<Block, PoolError> {
+        let req = Request::new(bytes, align)?;
+        let arena = self
+            .arenas
+            .get_or_insert(stream)
+            .ok_or(PoolError::TooManyStreams { max: self.arenas.capacity() })?;
+        let mut g = arena.inner.lock();
+        if req.bin != 0
+            && let Some(e) = g.bins.pop(req.bin)
+        {
+            return Ok(self.finish(arena, g, &req, e.addr, e.seg));
+        }
+        self.allocate_slow(arena, g, req)
+    }
+
+    /// Gives `block` back; `stream` is the stream it was last used on (its work up to now is what
+    /// must finish before another stream may reuse the memory). It may differ from the stream the
+    /// block was allocated on.
+    ///
+    /// # Errors
+    /// A block of another pool is handed back untouched as [`ForeignBlock`].
+    #[inline]
+    pub fn deallocate(&self, block: Block, stream: O::Stream) -> Result<(), ForeignBlock> {
+        if block.pool != self.id {
+            tracing::warn!(addr = block.addr, "deallocate: block belongs to another pool");
+            return Err(ForeignBlock(block));
+        }
+        match self.arenas.get_or_insert(stream) {
+            Some(arena) => Self::free_into(arena, block),
+            None => self.free_untracked_stream(block),
+        }
+        Ok(())
+    }
+
+    /// Releases every fully free segment to the upstream (synchronising first if there is one).
+    ///
+    /// # Errors
+    /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
+    pub fn trim(&self) -> Result<TrimReport, PoolError> {
+        self.trim_to(0)
+    }
+
+    /// Releases fully free segments, largest first, until at most `keep` bytes are cached. Does
+    /// nothing (and does not synchronise) when that is already so or no segment is fully free.
+    ///
+    /// # Errors
+    /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
+    pub fn trim_to(&self, keep: usize) -> Result<TrimReport, PoolError> {
+        let mut guards = self.lock_all();
+        for g in guards.iter_mut() {
+            g.flush_bins();
+        }
+        if !self.releasable(&guards, keep as u64) {
+            return Ok(TrimReport::default());
+        }
+        self.ordering.synchronize().map_err(PoolError::Ordering)?;
+        consolidate(&mut guards);
+        Ok(self.release(&mut guards, keep as u64))
+    }
+
+    /// Synchronises all streams (`ordering.synchronize()`), then applies the release threshold: when
+    /// more than [`PoolConfig::release_threshold`] bytes are cached, cached memory of all streams is
+    /// coalesced and fully free segments are released until at most the threshold is cached.
+    ///
+    /// # Errors
+    /// [`PoolError::Ordering`] when synchronising fails.
+    pub fn synchronize(&self) -> Result<TrimReport, PoolError> {
+        let threshold = self.config.release_threshold as u64;
+        if self.cached_estimate() <= threshold {
+            self.ordering.synchronize().map_err(PoolError::Ordering)?;
+            return Ok(TrimReport::default());
+        }
+        let mut guards = self.lock_all();
+        self.ordering.synchronize().map_err(PoolError::Ordering)?;
+        consolidate(&mut guards);
+        Ok(self.release(&mut guards, threshold))
+    }
+
+    /// A snapshot of the statistics (summed over arenas on read).
+    pub fn stats(&self) -> PoolStats {
+        let mut s = PoolStats::default();
+        let (mut bytes, mut count, mut requested) = (0i64, 0i64, 0i64);
+        for a in self.arenas.iter() {
+            let g = a.inner.lock();
+            bytes += a.counters.bytes();
+            count += a.counters.count();
+            requested += g.requested;
+            s.allocations_total += g.allocations;
+            s.histogram.add(&g.histogram);
+            s.largest_free_block = s.largest_free_block.max(g.largest());
+        }
+        let (peak_bytes, peak_count) = self.peaks.get();
+        s.current_bytes = bytes.max(0) as u64;
+        s.current_count = count.max(0) as u64;
+        s.requested_bytes = requested.max(0) as u64;
+        s.peak_bytes = (peak_bytes.max(0) as u64).max(s.current_bytes);
+        s.peak_count = (peak_count.max(0) as u64).max(s.current_count);
+        let segs = self.segments.lock();
+        s.reserved_bytes = segs.reserved;
+        s.peak_reserved_bytes = segs.peak_reserved;
+        s.cached_bytes = segs.reserved.saturating_sub(s.current_bytes);
+        s.segments = segs.map.len() as u64;
+        s.upstream_allocations = segs.upstream_allocations;
+        s.upstream_frees = segs.upstream_frees;
+        s.oom_ladders = segs.oom_ladders;
+        s.oom_errors = segs.oom_errors;
+        s
+    }
+
+    /// Resets `peak_bytes`, `peak_count` and `peak_reserved_bytes` to the current values.
+    pub fn reset_peaks(&self) {
+        self.peaks.reset(self.arenas.iter().map(|a| &a.counters));
+        let mut segs = self.segments.lock();
+        segs.peak_reserved = segs.reserved;
+    }
+
+    /// The segments held from the upstream as `(base, len)`, in address order.
+    pub fn segments(&self) -> Vec<(u64, u64)> {
+        self.segments.lock().map.iter().map(|(&b, &(l, _))| (b, l)).collect()
+    }
+
+    /// Every cached (free or binned) block of every stream as `(addr, len)`, in address order.
+    pub fn cached_ranges(&self) -> Vec<(u64, u64)> {
+        let mut out = vec![];
+        for g in self.lock_all() {
+            out.extend(
+                g.small.ranges().chain(g.large.ranges()).chain(g.bins.entries()).map(|(a, l, _)| (a, l)),
+            );
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// Checks the pool's internal consistency: free indexes agree and are coalesced, every cached block
+    /// lies in a live segment of the right kind, cached blocks do not overlap, and cached plus live bytes
+    /// equal reserved bytes. O(n); meant for tests and debugging, exact when no operation is in flight.
+    ///
+    /// # Errors
+    /// A description of the first inconsistency found.
+    pub fn validate(&self) -> Result<(), String> {
+        let guards = self.lock_all();
+        let segs = self.segments.lock();
+        let mut items: Vec<(u64, u64, Seg, Kind)> = vec![];
+        for g in &guards {
+            g.small.check()?;
+            g.large.check()?;
+            items.extend(g.small.ranges().chain(g.bins.entries()).map(|(a, l, s)| (a, l, s, Kind::Small)));
+            items.extend(g.large.ranges().map(|(a, l, s)| (a, l, s, Kind::Large)));
+        }
+        items.sort_unstable_by_key(|x| x.0);
+        let mut end = 0;
+        for &(addr, len, seg, kind) in &items {
+            if segs.map.get(&seg.base) != Some(&(seg.len, kind)) {
+                return Err(format!("cached block {addr:#x}+{len} names unknown segment {seg:?} ({kind:?})"));
+            }
+            if addr < seg.base || addr + len > seg.end() || addr % QUANTUM as u64 != 0 || len == 0 {
+                return Err(format!("cached block {addr:#x}+{len} misplaced in segment {seg:?}"));
+            }
+            if addr < end {
+                return Err(format!("cached block {addr:#x}+{len} overlaps the previous one"));
+            }
+            end = addr + len;
+        }
+        let cached: u64 = items.iter().map(|x| x.1).sum();
+        let live: i64 = self.arenas.iter().map(|a| a.counters.bytes()).sum();
+        let seg_total: u64 = segs.map.values().map(|&(l, _)| l).sum();
+        if seg_total != segs.reserved {
+            return Err(format!("segments sum to {seg_total} but reserved is {}", segs.reserved));
+        }
+        if cached as i64 + live != segs.reserved as i64 {
+            return Err(format!("cached {cached} + live {live} != reserved {}", segs.reserved));
+        }
+        Ok(())
+    }
+
+    // ----- internals -----
+
+    /// Accounts an allocation in `arena` and builds the block.
+    #[inline]
+    fn finish(
+        &self,
+        arena: &Arena<O::Stream>,
+        mut g: MutexGuard<'_, ArenaInner>,
+        req: &Request,
+        addr: u64,
+        seg: Seg,
+    ) -> Block {
+        g.note_alloc(req.requested);
+        let breach = arena.counters.add(req.size as i64, 1);
+        drop(g);
+        if breach {
+            self.rebalance();
+        }
+        self.block(req, addr, seg)
+    }
+
+    #[inline]
+    fn block(&self, req: &Request, addr: u64, seg: Seg) -> Block {
+        Block { addr, requested: req.requested, size: req.size, seg, kind: req.kind, pool: self.id }
+    }
+
+    #[cold]
+    fn rebalance(&self) {
+        self.peaks.rebalance(self.arenas.iter().map(|a| &a.counters));
+    }
+
+    #[inline]
+    fn free_into(arena: &Arena<O::Stream>, block: Block) {
+        let mut g = arena.inner.lock();
+        g.requested -= block.requested as i64;
+        // A large request served from a small segment under memory pressure has no bin.
+        if block.kind == Kind::Small && block.size <= SMALL_LIMIT as u64 {
+            let bin = bin_of(block.size as usize);
+            g.bins.push(bin, BinEntry { addr: block.addr, seg: block.seg });
+        } else {
+            g.set(block.kind).insert(block.addr, block.size, block.seg);
+        }
+        arena.counters.add(-(block.size as i64), -1);
+    }
+
+    /// The stream table is full: the freeing stream gets no arena. Synchronise so the memory is safe
+    /// for every stream, then cache it in the first arena.
+    #[cold]
+    fn free_untracked_stream(&self, block: Block) {
+        tracing::warn!(
+            max = self.arenas.capacity(),
+            "deallocate on a stream beyond max_streams: synchronising"
+        );
+        if let Err(e) = self.ordering.synchronize() {
+            tracing::warn!(error = %e, addr = block.addr, "synchronize failed; block leaked");
+            return;
+        }
+        if let Some(arena) = self.arenas.iter().next() {
+            Self::free_into(arena, block);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn allocate_slow<'a>(
+        &'a self,
+        arena: &'a Arena<O::Stream>,
+        mut g: MutexGuard<'a, ArenaInner>,
+        req: Request,
+    ) -> Result<Block, PoolError> {
+        if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
+            return Ok(self.finish(arena, g, &req, addr, seg));
+        }
+        if req.kind == Kind::Small && g.bins.bytes() > 0 {
+            g.flush_bins();
+            if let Some((addr, seg)) = g.small.take(req.size, req.align) {
+                return Ok(self.finish(arena, g, &req, addr, seg));
+            }
+        }
+        drop(g);
+        if let Some((addr, seg)) = self.migrate(arena, &req)? {
+            return Ok(self.finish(arena, arena.inner.lock(), &req, addr, seg));
+        }
+        if let Some(seg) = self.grow(req.kind, req.need, false)? {
+            let mut g = arena.inner.lock();
+            g.set(req.kind).insert(seg.base, seg.len, seg);
+            if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
+                return Ok(self.finish(arena, g, &req, addr, seg));
+            }
+        }
+        self.oom_ladder(arena, &req)
+    }
+
+    /// Takes a best fit from another stream's arena and orders `to` after that stream.
+    fn migrate(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Option<(u64, Seg)>, PoolError> {
+        let mut best: Option<(&Arena<O::Stream>, u64)> = None;
+        for a in self.arenas.iter().filter(|a| a.index != to.index) {
+            let mut g = a.inner.lock();
+            if req.kind == Kind::Small {
+                g.flush_bins();
+            }
+            if let Some(len) = g.set(req.kind).fit_len(req.size, req.align)
+                && best.is_none_or(|(_, l)| len < l)
+            {
+                best = Some((a, len));
+            }
+        }
+        let Some((from, _)) = best else { return Ok(None) };
+        let Some((addr, seg)) = from.inner.lock().set(req.kind).take(req.size, req.align) else {
+            return Ok(None);
+        };
+        if let Err(e) = self.ordering.wait(to.stream, from.stream) {
+            from.inner.lock().set(req.kind).insert(addr, req.size, seg);
+            return Err(PoolError::Ordering(e));
+        }
+        Ok(Some((addr, seg)))
+    }
+
+    /// Takes a new segment from the upstream for a free range of `need` bytes: the growth policy's
+    /// preferred size, then the minimal one. `Ok(None)` when the upstream is out of memory.
+    fn grow(&self, kind: Kind, need: u64, minimal_only: bool) -> Result<Option<Seg>, PoolError> {
+        let (preferred, minimal) = self.segments.lock().plan(&self.config, kind, need)?;
+        let sizes =
+            if minimal_only || preferred == minimal { &[minimal][..] } else { &[preferred, minimal][..] };
+        for &size in sizes {
+            match self.upstream.allocate(size) {
+                Ok(addr) => {
+                    if addr % SEGMENT_ALIGN as u64 != 0 || addr.checked_add(size as u64).is_none() {
+                        self.upstream.deallocate(addr, size);
+                        return Err(PoolError::MisalignedSegment { addr });
+                    }
+                    let seg = Seg { base: addr, len: size as u64 };
+                    self.segments.lock().add(&self.config, seg, kind);
+                    return Ok(Some(seg));
+                }
+                Err(UpstreamError::OutOfMemory) => {}
+                Err(e) => return Err(PoolError::Upstream(e)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The out-of-memory ladder: synchronise, coalesce all cached memory, retry; release every fully
+    /// free segment, retry the upstream; report.
+    #[cold]
+    fn oom_ladder(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Block, PoolError> {
+        let mut guards = self.lock_all();
+        self.segments.lock().oom_ladders += 1;
+        self.ordering.synchronize().map_err(PoolError::Ordering)?;
+        // After the synchronisation every cached byte is safe for every stream.
+        consolidate(&mut guards);
+        let ti = to.index;
+        let other = match req.kind {
+            Kind::Small => Kind::Large,
+            Kind::Large => Kind::Small,
+        };
+        // Own kind first, own arena first; then memory of the other segment kind.
+        let mut found = None;
+        'search: for kind in [req.kind, other] {
+            for i in std::iter::once(ti).chain((0..guards.len()).filter(|&i| i != ti)) {
+                if let Some((addr, seg)) = guards[i].set(kind).take(req.size, req.align) {
+                    found = Some((addr, seg, kind));
+                    break 'search;
+                }
+            }
+        }
+        if found.is_none() {
+            self.release(&mut guards, 0);
+            if let Some(seg) = self.grow(req.kind, req.need, true)? {
+                let set = guards[ti].set(req.kind);
+                set.insert(seg.base, seg.len, seg);
+                found = set.take(req.size, req.align).map(|(addr, seg)| (addr, seg, req.kind));
+            }
+        }
+        if let Some((addr, seg, kind)) = found {
+            guards[ti].note_alloc(req.requested);
+            let breach = to.counters.add(req.size as i64, 1);
+            drop(guards);
+            if breach {
+                self.rebalance();
+            }
+            return Ok(Block { kind, ..self.block(req, addr, seg) });
+        }
+        let allocated = self.arenas.iter().map(|a| a.counters.bytes()).sum::<i64>().max(0) as u64;
+        let largest = guards.iter().map(|g| g.largest()).max().unwrap_or(0);
+        let mut segs = self.segments.lock();
+        segs.oom_errors += 1;
+        let err = PoolError::OutOfMemory {
+            requested: req.requested,
+            allocated,
+            reserved: segs.reserved,
+            free_cached: segs.reserved.saturating_sub(allocated),
+            largest_free_block: largest,
+        };
+        tracing::warn!(%err, "caching pool out of memory");
+        Err(err)
+    }
+
+    /// Locks every arena in creation order.
+    fn lock_all(&self) -> Guards<'_> {
+        self.arenas.iter().map(|a| a.inner.lock()).collect()
+    }
+
+    fn cached_estimate(&self) -> u64 {
+        let live: i64 = self.arenas.iter().map(|a| a.counters.bytes()).sum();
+        self.segments.lock().reserved.saturating_sub(live.max(0) as u64)
+    }
+
+    /// Whether more than `keep` bytes are cached and some segment is entirely cached (possibly split
+    /// between arenas). Bins must have been flushed.
+    fn releasable(&self, guards: &Guards<'_>, keep: u64) -> bool {
+        if self.cached_estimate() <= keep {
+            return false;
+        }
+        let mut per_seg: HashMap<u64, u64> = HashMap::new();
+        for g in guards {
+            for (_, len, seg) in g.small.ranges().chain(g.large.ranges()) {
+                let sum = per_seg.entry(seg.base).or_default();
+                *sum += len;
+                if *sum == seg.len {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Releases fully free segments, largest first, while more than `keep` bytes are cached. The
+    /// caller holds all arena locks and has synchronised after every free in them.
+    fn release(&self, guards: &mut Guards<'_>, keep: u64) -> TrimReport {
+        let live: i64 = self.arenas.iter().map(|a| a.counters.bytes()).sum();
+        let mut segs = self.segments.lock();
+        let mut cached = segs.reserved.saturating_sub(live.max(0) as u64);
+        let mut candidates = vec![];
+        for (i, g) in guards.iter().enumerate() {
+            for (set, kind) in [(&g.small, Kind::Small), (&g.large, Kind::Large)] {
+                for (addr, len, seg) in set.ranges() {
+                    if addr == seg.base && len == seg.len {
+                        candidates.push((len, addr, i, kind));
+                    }
+                }
+            }
+        }
+        candidates.sort_unstable_by_key(|c| std::cmp::Reverse((c.0, c.1)));
+        let mut report = TrimReport::default();
+        for (len, addr, i, kind) in candidates {
+            if cached <= keep {
+                break;
+            }
+            guards[i].set(kind).remove(addr);
+            self.upstream.deallocate(addr, len as usize);
+            segs.remove(addr);
+            cached = cached.saturating_sub(len);
+            report.released_segments += 1;
+            report.released_bytes += len;
+        }
+        report
+    }
+}
+
+/// Merges the cached memory of all arenas (bins flushed) so that ranges of one segment split between
+/// streams become one range, kept by the arena that held its lowest piece. Only valid after a
+/// synchronisation that followed every free in the arenas.
+fn consolidate(guards: &mut Guards<'_>) {
+    for g in guards.iter_mut() {
+        g.flush_bins();
+    }
+    if guards.len() < 2 {
+        return;
+    }
+    for kind in [Kind::Small, Kind::Large] {
+        let mut all: Vec<(u64, u64, Seg, usize)> = vec![];
+        for (i, g) in guards.iter_mut().enumerate() {
+            all.extend(g.set(kind).drain().into_iter().map(|(a, l, s)| (a, l, s, i)));
+        }
+        all.sort_unstable_by_key(|x| x.0);
+        let mut it = all.into_iter();
+        let Some(mut cur) = it.next() else { continue };
+        for x in it {
+            if x.2 == cur.2 && cur.0 + cur.1 == x.0 {
+                cur.1 += x.1;
+            } else {
+                guards[cur.3].set(kind).insert(cur.0, cur.1, cur.2);
+                cur = x;
+            }
+        }
+        guards[cur.3].set(kind).insert(cur.0, cur.1, cur.2);
+    }
+}
+
+impl<U: Upstream, O: Ordering> Drop for CachingPool<U, O> {
+    fn drop(&mut self) {
+        let segs = std::mem::take(self.segments.get_mut());
+        if segs.map.is_empty() {
+            return;
+        }
+        let live: i64 = self.arenas.iter().map(|a| a.counters.count()).sum();
+        if live > 0 {
+            tracing::warn!(live, "caching pool dropped with live blocks; releasing their segments anyway");
+        }
+        if let Err(e) = self.ordering.synchronize() {
+            tracing::warn!(error = %e, "caching pool drop: synchronize failed; releasing segments anyway");
+        }
+        for (base, (len, _)) in segs.map {
+            self.upstream.deallocate(base, len as usize);
+        }
+    }
+}

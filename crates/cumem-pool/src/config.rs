@@ -1,0 +1,80 @@
+//! Pool configuration: segment sizes, the growth policy, the release threshold and the stream limit.
+//!
+//! Small requests (≤ 1 MiB) share segments of [`PoolConfig::small_segment_bytes`]. A large request
+//! takes a segment of at least its size rounded up to [`LARGE_ROUNDING`] (2 MiB) and at least
+//! [`PoolConfig::large_segment_bytes`]; with [`Growth::Doubling`] that minimum doubles after every
+//! large segment, up to `max`. If the upstream cannot provide the preferred size, the pool retries with
+//! just the rounded request before running its out-of-memory ladder.
+//!
+//! ```
+//! use cumem_pool::{Growth, PoolConfig};
+//!
+//! let c = PoolConfig {
+//!     growth: Growth::Doubling { max: 256 << 20 },
+//!     release_threshold: 64 << 20, // keep at most 64 MiB cached after `CachingPool::synchronize`
+//!     ..PoolConfig::default()
+//! };
+//! assert_eq!(c.small_segment_bytes, 2 << 20);
+//! assert_eq!(c.large_segment_bytes, 20 << 20);
+//! ```
+
+/// Large segments are multiples of this.
+pub const LARGE_ROUNDING: usize = 2 << 20;
+
+/// How the size of new large segments grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Growth {
+    /// Every large segment is `max(request rounded to 2 MiB, large_segment_bytes)`.
+    Exact,
+    /// Like `Exact`, but the minimum starts at `large_segment_bytes` and doubles after each large
+    /// segment taken from upstream, up to `max` bytes.
+    Doubling {
+        /// Upper bound of the doubling minimum.
+        max: usize,
+    },
+}
+
+/// Configuration of a [`CachingPool`](crate::CachingPool).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Size of segments serving small requests (≤ 1 MiB). Raised to at least 1 MiB and rounded up to a
+    /// multiple of 512 B. Default 2 MiB.
+    pub small_segment_bytes: usize,
+    /// Minimum size of segments serving large requests; large requests below it share such segments.
+    /// Rounded up to a multiple of [`LARGE_ROUNDING`]. Default 20 MiB.
+    pub large_segment_bytes: usize,
+    /// Growth policy for large segments. Default [`Growth::Exact`].
+    pub growth: Growth,
+    /// Bytes of cached memory kept when [`CachingPool::synchronize`](crate::CachingPool::synchronize)
+    /// runs; fully free segments beyond it are released to the upstream then. `trim` ignores it.
+    /// Default `usize::MAX` (keep everything until `trim` or out-of-memory).
+    pub release_threshold: usize,
+    /// Maximum number of distinct streams the pool serves (one arena each, kept for the pool's
+    /// lifetime). Default 1024.
+    pub max_streams: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            small_segment_bytes: 2 << 20,
+            large_segment_bytes: 20 << 20,
+            growth: Growth::Exact,
+            release_threshold: usize::MAX,
+            max_streams: 1024,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// The configuration with sizes clamped and rounded as documented on each field.
+    pub(crate) fn normalized(mut self) -> PoolConfig {
+        use crate::size_class::{QUANTUM, SMALL_LIMIT, round_up};
+        self.small_segment_bytes =
+            round_up(self.small_segment_bytes.max(SMALL_LIMIT), QUANTUM).unwrap_or(SMALL_LIMIT);
+        self.large_segment_bytes =
+            round_up(self.large_segment_bytes.max(1), LARGE_ROUNDING).unwrap_or(LARGE_ROUNDING);
+        self.max_streams = self.max_streams.max(1);
+        self
+    }
+}

@@ -1,0 +1,140 @@
+//! Errors of the caching pool and of the resources it draws from.
+//!
+//! Every failure of [`CachingPool`](crate::CachingPool) is a [`PoolError`]; bad input (zero size, an
+//! alignment that is not a power of two, a size whose rounding overflows) is reported before any
+//! bookkeeping changes. An out-of-memory error carries a report a user can read:
+//!
+//! ```
+//! use cumem_pool::PoolError;
+//!
+//! let e = PoolError::OutOfMemory {
+//!     requested: 3 << 20,
+//!     allocated: 1 << 30,
+//!     reserved: 1 << 30,
+//!     free_cached: 0,
+//!     largest_free_block: 0,
+//! };
+//! assert_eq!(
+//!     e.to_string(),
+//!     "out of memory: requested 3.00 MiB; 1.00 GiB allocated, 1.00 GiB reserved, \
+//!      0 B cached (largest free block 0 B)"
+//! );
+//! ```
+
+use std::fmt;
+
+use crate::Block;
+
+/// Failure reported by an [`Upstream`](crate::Upstream) or an [`Ordering`](crate::Ordering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// The upstream resource has no memory left for the request.
+    #[error("upstream out of memory")]
+    OutOfMemory,
+    /// Any other failure, with the resource's own code (e.g. a `CUresult`).
+    #[error("upstream error (code {0})")]
+    Other(i32),
+}
+
+/// Failure of a [`CachingPool`](crate::CachingPool) operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// A zero-byte allocation was requested.
+    #[error("zero-size allocation requested")]
+    ZeroSize,
+    /// Rounding the request to its size class (plus alignment padding) overflows.
+    #[error("allocation of {requested} bytes overflows when rounded to its size class")]
+    SizeOverflow {
+        /// The requested size in bytes.
+        requested: usize,
+    },
+    /// The alignment is zero or not a power of two.
+    #[error("alignment {align} is not a power of two")]
+    InvalidAlignment {
+        /// The requested alignment.
+        align: usize,
+    },
+    /// The alignment is a power of two larger than the pool supports.
+    #[error("alignment {align} exceeds the maximum supported alignment {max}")]
+    AlignmentTooLarge {
+        /// The requested alignment.
+        align: usize,
+        /// The largest supported alignment ([`MAX_ALIGN`](crate::MAX_ALIGN)).
+        max: usize,
+    },
+    /// The upstream is out of memory even after the pool released its cache and synchronised.
+    #[error(
+        "out of memory: requested {}; {} allocated, {} reserved, {} cached (largest free block {})",
+        Bytes(*requested as u64), Bytes(*allocated), Bytes(*reserved), Bytes(*free_cached),
+        Bytes(*largest_free_block)
+    )]
+    OutOfMemory {
+        /// Bytes requested by the failing call.
+        requested: usize,
+        /// Bytes currently handed out to users (size-class rounded).
+        allocated: u64,
+        /// Bytes currently held from the upstream.
+        reserved: u64,
+        /// Reserved bytes not handed out (cached in the pool).
+        free_cached: u64,
+        /// The largest contiguous cached block.
+        largest_free_block: u64,
+    },
+    /// The upstream failed for a reason other than running out of memory.
+    #[error("upstream allocation failed: {0}")]
+    Upstream(UpstreamError),
+    /// Establishing stream order (event record/wait or synchronise) failed.
+    #[error("stream ordering operation failed: {0}")]
+    Ordering(UpstreamError),
+    /// The upstream returned an address that is not aligned to [`SEGMENT_ALIGN`](crate::SEGMENT_ALIGN).
+    #[error("upstream returned misaligned segment address {addr:#x}")]
+    MisalignedSegment {
+        /// The address returned by the upstream (already given back to it).
+        addr: u64,
+    },
+    /// More distinct streams were used than [`PoolConfig::max_streams`](crate::PoolConfig::max_streams).
+    #[error("more than {max} distinct streams used with one pool")]
+    TooManyStreams {
+        /// The configured maximum.
+        max: usize,
+    },
+}
+
+/// A block given to [`CachingPool::deallocate`](crate::CachingPool::deallocate) of a pool that did not
+/// allocate it. The block is handed back untouched so it can be returned to its own pool.
+#[derive(Debug, thiserror::Error)]
+#[error("block at {:#x} does not belong to this pool", .0.addr())]
+pub struct ForeignBlock(pub Block);
+
+/// Formats a byte count with a binary unit (`1.50 MiB`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bytes(pub u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+        if self.0 < 1024 {
+            return write!(f, "{} B", self.0);
+        }
+        let mut v = self.0 as f64 / 1024.0;
+        let mut unit = 0;
+        while v >= 1024.0 && unit + 1 < UNITS.len() {
+            v /= 1024.0;
+            unit += 1;
+        }
+        write!(f, "{v:.2} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_format() {
+        assert_eq!(Bytes(0).to_string(), "0 B");
+        assert_eq!(Bytes(1023).to_string(), "1023 B");
+        assert_eq!(Bytes(1536).to_string(), "1.50 KiB");
+        assert_eq!(Bytes(5 << 30).to_string(), "5.00 GiB");
+    }
+}

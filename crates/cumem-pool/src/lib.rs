@@ -1,0 +1,48 @@
+//! Memory resources for cumem: the algorithmic core of the caching pool, testable on the host.
+//!
+//! [`CachingPool`] keeps its own bookkeeping over device addresses it takes in segments from an
+//! [`Upstream`] (later any cumem memory resource, here also the [`HostUpstream`] model) and orders
+//! reuse between streams through an [`Ordering`] (later CUDA events and stream waits, here also the
+//! [`HostOrdering`] model). It rounds requests to [size classes](size_class), serves repeated sizes
+//! from per-stream [bins] in O(1), finds best fits with [splitting and coalescing](free_set) in
+//! O(log n), moves free memory between streams only when needed and only after ordering them, and on
+//! exhaustion releases its cache, synchronises and retries before reporting
+//! [`PoolError::OutOfMemory`].
+//!
+//! ```
+//! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
+//!
+//! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), PoolConfig::default());
+//! let block = pool.allocate(3000, 256, 0).unwrap();
+//! assert_eq!((block.size(), block.rounded_size()), (3000, 3072));
+//! pool.deallocate(block, 0).unwrap();
+//! let stats = pool.stats();
+//! assert_eq!((stats.current_bytes, stats.peak_bytes, stats.reserved_bytes), (0, 3072, 2 << 20));
+//! pool.trim().unwrap();
+//! assert_eq!(pool.upstream().live_bytes(), 0);
+//! ```
+
+pub mod arena;
+pub mod bins;
+pub mod block;
+pub mod caching;
+pub mod config;
+pub mod error;
+pub mod free_set;
+pub mod segment;
+pub mod size_class;
+pub mod stats;
+pub mod table;
+pub mod upstream;
+
+pub use block::Block;
+pub use caching::{CachingPool, TrimReport};
+pub use config::{Growth, PoolConfig};
+pub use error::{ForeignBlock, PoolError, UpstreamError};
+pub use stats::{Histogram, PoolStats};
+pub use upstream::{HostOrdering, HostUpstream, Ordering, Upstream};
+
+/// Alignment every upstream segment address must have (and the minimum alignment of every block).
+pub const SEGMENT_ALIGN: usize = size_class::QUANTUM;
+/// The largest alignment [`CachingPool::allocate`] accepts.
+pub const MAX_ALIGN: usize = 2 << 20;

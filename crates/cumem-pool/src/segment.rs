@@ -1,0 +1,109 @@
+//! The segment registry: which segments the pool holds from its upstream, and how big the next one is.
+//!
+//! Segments are only touched on the slow path (growth, release, statistics), so the registry sits
+//! behind one mutex. It also keeps the reserved-bytes counters and the growth state.
+//!
+//! ```
+//! use cumem_pool::{CachingPool, Growth, HostOrdering, HostUpstream, PoolConfig};
+//!
+//! let config = PoolConfig { growth: Growth::Doubling { max: 80 << 20 }, ..PoolConfig::default() };
+//! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), config);
+//! let blocks: Vec<_> = (0..3).map(|_| pool.allocate(19 << 20, 512, 0).unwrap()).collect();
+//! // 20 MiB, then 40 MiB (holds the second and third block).
+//! assert_eq!(pool.segments(), vec![(pool.segments()[0].0, 20 << 20), (pool.segments()[1].0, 40 << 20)]);
+//! # for b in blocks { pool.deallocate(b, 0).unwrap(); }
+//! ```
+
+use std::collections::BTreeMap;
+
+use crate::PoolError;
+use crate::config::{Growth, LARGE_ROUNDING, PoolConfig};
+use crate::free_set::Seg;
+use crate::size_class::{Kind, round_up};
+
+/// The pool's segments and reserved-memory counters.
+#[derive(Debug, Default)]
+pub(crate) struct Segments {
+    pub map: BTreeMap<u64, (u64, Kind)>,
+    pub reserved: u64,
+    pub peak_reserved: u64,
+    pub upstream_allocations: u64,
+    pub upstream_frees: u64,
+    pub oom_ladders: u64,
+    pub oom_errors: u64,
+    /// Current minimum for the next large segment under `Growth::Doubling`.
+    next_large: usize,
+}
+
+impl Segments {
+    /// Segment sizes to try for a free range of `need` bytes: the preferred size, then the minimal one.
+    pub(crate) fn plan(
+        &self,
+        config: &PoolConfig,
+        kind: Kind,
+        need: u64,
+    ) -> Result<(usize, usize), PoolError> {
+        let need = usize::try_from(need).map_err(|_| PoolError::SizeOverflow { requested: usize::MAX })?;
+        if kind == Kind::Small {
+            return Ok((config.small_segment_bytes, config.small_segment_bytes));
+        }
+        let minimal = round_up(need, LARGE_ROUNDING).ok_or(PoolError::SizeOverflow { requested: need })?;
+        let floor = match config.growth {
+            Growth::Exact => config.large_segment_bytes,
+            Growth::Doubling { max } => {
+                self.next_large.max(config.large_segment_bytes).min(max.max(config.large_segment_bytes))
+            }
+        };
+        Ok((minimal.max(floor), minimal))
+    }
+
+    /// Records a segment obtained from upstream.
+    pub(crate) fn add(&mut self, config: &PoolConfig, seg: Seg, kind: Kind) {
+        self.map.insert(seg.base, (seg.len, kind));
+        self.reserved += seg.len;
+        self.peak_reserved = self.peak_reserved.max(self.reserved);
+        self.upstream_allocations += 1;
+        if kind == Kind::Large
+            && let Growth::Doubling { max } = config.growth
+        {
+            let cur = self.next_large.max(config.large_segment_bytes);
+            self.next_large = cur.saturating_mul(2).min(max.max(config.large_segment_bytes));
+        }
+    }
+
+    /// Records a segment given back to upstream.
+    pub(crate) fn remove(&mut self, base: u64) {
+        if let Some((len, _)) = self.map.remove(&base) {
+            self.reserved -= len;
+            self.upstream_frees += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_follow_the_growth_policy() {
+        let mib = 1 << 20;
+        let mut s = Segments::default();
+        let exact = PoolConfig::default().normalized();
+        assert_eq!(s.plan(&exact, Kind::Small, 512).unwrap(), (2 * mib, 2 * mib));
+        assert_eq!(s.plan(&exact, Kind::Large, 3 * mib as u64).unwrap(), (20 * mib, 4 * mib));
+        assert_eq!(s.plan(&exact, Kind::Large, 30 * mib as u64).unwrap(), (30 * mib, 30 * mib));
+        let dbl =
+            PoolConfig { growth: Growth::Doubling { max: 64 * mib }, ..PoolConfig::default() }.normalized();
+        let mut sizes = vec![];
+        for _ in 0..4 {
+            let (p, _) = s.plan(&dbl, Kind::Large, mib as u64).unwrap();
+            sizes.push(p / mib);
+            s.add(&dbl, Seg { base: (sizes.len() as u64) << 40, len: p as u64 }, Kind::Large);
+        }
+        assert_eq!(sizes, vec![20, 40, 64, 64]);
+        assert_eq!(s.reserved, (20 + 40 + 64 + 64) * mib as u64);
+        s.remove(1 << 40);
+        assert_eq!((s.reserved, s.upstream_frees), ((40 + 64 + 64) * mib as u64, 1));
+        assert!(s.plan(&exact, Kind::Large, u64::MAX).is_err());
+    }
+}

@@ -1,0 +1,264 @@
+//! What the caching pool draws on: an [`Upstream`] that hands out segments and an [`Ordering`] that
+//! orders work between streams, plus host models of both for tests and benchmarks.
+//!
+//! The pool calls [`Upstream::allocate`] only when its cache cannot serve a request and
+//! [`Upstream::deallocate`] only for a whole segment it got from `allocate`, and only after
+//! [`Ordering::synchronize`] returned `Ok` following the last free of any block in that segment, so an
+//! upstream may release memory at once (it need not be stream-ordered itself).
+//!
+//! ```
+//! use cumem_pool::{HostUpstream, Upstream, UpstreamError};
+//!
+//! let up = HostUpstream::new(4 << 20);
+//! let a = up.allocate(2 << 20).unwrap();
+//! assert_eq!(a % cumem_pool::SEGMENT_ALIGN as u64, 0);
+//! up.fail_call(1, UpstreamError::OutOfMemory); // the next call (index 1) fails
+//! assert_eq!(up.allocate(512), Err(UpstreamError::OutOfMemory));
+//! assert_eq!(up.allocate(4 << 20), Err(UpstreamError::OutOfMemory)); // over capacity
+//! up.deallocate(a, 2 << 20);
+//! assert_eq!(up.live_bytes(), 0);
+//! assert!(up.violations().is_empty());
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+
+use parking_lot::Mutex;
+
+use crate::{SEGMENT_ALIGN, UpstreamError};
+
+/// Where segments come from: later any cumem memory resource on a device, in tests a host model.
+///
+/// Contract the pool relies on:
+/// 1. `allocate` returns an address aligned to at least [`SEGMENT_ALIGN`] (512 B; `cuMemAlloc` gives
+///    more), valid for `bytes` bytes, and distinct from every live allocation. A misaligned address is
+///    given back and reported as [`PoolError::MisalignedSegment`](crate::PoolError::MisalignedSegment).
+/// 2. `allocate` reports exhaustion as [`UpstreamError::OutOfMemory`]; the pool then runs its
+///    out-of-memory ladder. Any other error is returned to the caller as is.
+/// 3. `deallocate(addr, bytes)` receives exactly an `(addr, bytes)` pair `allocate` returned. The pool
+///    calls it only after [`Ordering::synchronize`] succeeded after every free in the segment, so no
+///    stream still uses the memory.
+pub trait Upstream: Send + Sync {
+    /// Allocates `bytes` bytes and returns the address.
+    ///
+    /// # Errors
+    /// [`UpstreamError::OutOfMemory`] when exhausted, [`UpstreamError::Other`] otherwise.
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError>;
+    /// Releases an allocation returned by [`allocate`](Self::allocate).
+    fn deallocate(&self, addr: u64, bytes: usize);
+}
+
+/// Stream-ordering operations the pool needs: later CUDA streams and events, in tests a model that
+/// records which orderings were established.
+pub trait Ordering: Send + Sync {
+    /// A stream handle.
+    type Stream: Copy + Eq + Hash + Send + Sync + Debug;
+    /// Makes all work enqueued on `waiter` from now on wait for all work enqueued on `on` so far
+    /// (event record on `on` + stream wait on `waiter`).
+    ///
+    /// # Errors
+    /// Any failure of the underlying event or stream operation.
+    fn wait(&self, waiter: Self::Stream, on: Self::Stream) -> Result<(), UpstreamError>;
+    /// Blocks until all work on all streams is complete.
+    ///
+    /// # Errors
+    /// Any failure of the underlying synchronisation.
+    fn synchronize(&self) -> Result<(), UpstreamError>;
+}
+
+impl<U: Upstream + ?Sized> Upstream for std::sync::Arc<U> {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        (**self).allocate(bytes)
+    }
+    fn deallocate(&self, addr: u64, bytes: usize) {
+        (**self).deallocate(addr, bytes)
+    }
+}
+
+impl<O: Ordering + ?Sized> Ordering for std::sync::Arc<O> {
+    type Stream = O::Stream;
+    fn wait(&self, waiter: Self::Stream, on: Self::Stream) -> Result<(), UpstreamError> {
+        (**self).wait(waiter, on)
+    }
+    fn synchronize(&self) -> Result<(), UpstreamError> {
+        (**self).synchronize()
+    }
+}
+
+/// First address [`HostUpstream`] hands out (never 0, clearly not a host pointer).
+pub const HOST_BASE: u64 = 0x7e00_0000_0000;
+
+/// A host model of a device memory resource: a fake address space with a capacity.
+///
+/// Addresses are handed out by bumping a pointer (aligned to [`SEGMENT_ALIGN`], never reused), so
+/// segments are often adjacent, which tests that the pool never coalesces across segments. Live bytes,
+/// peaks and call counts are recorded; [`fail_call`](Self::fail_call) injects a failure into one call;
+/// a `deallocate` of anything that is not a live allocation is recorded as a violation.
+#[derive(Debug)]
+pub struct HostUpstream {
+    state: Mutex<HostState>,
+}
+
+#[derive(Debug)]
+struct HostState {
+    capacity: u64,
+    next: u64,
+    live: BTreeMap<u64, usize>,
+    live_bytes: u64,
+    peak_live_bytes: u64,
+    calls: u64,
+    allocations: u64,
+    deallocations: u64,
+    fail: Option<(u64, UpstreamError)>,
+    violations: Vec<String>,
+}
+
+impl HostUpstream {
+    /// A model with `capacity` bytes.
+    pub fn new(capacity: usize) -> HostUpstream {
+        HostUpstream {
+            state: Mutex::new(HostState {
+                capacity: capacity as u64,
+                next: HOST_BASE,
+                live: BTreeMap::new(),
+                live_bytes: 0,
+                peak_live_bytes: 0,
+                calls: 0,
+                allocations: 0,
+                deallocations: 0,
+                fail: None,
+                violations: Vec::new(),
+            }),
+        }
+    }
+
+    /// Makes the `allocate` call with index `call` (0-based, counting every call since creation) fail
+    /// with `error`. Replaces any earlier injection.
+    pub fn fail_call(&self, call: u64, error: UpstreamError) {
+        self.state.lock().fail = Some((call, error));
+    }
+
+    /// Number of `allocate` calls so far, failed ones included.
+    pub fn allocate_calls(&self) -> u64 {
+        self.state.lock().calls
+    }
+
+    /// Number of successful `allocate` calls.
+    pub fn allocations(&self) -> u64 {
+        self.state.lock().allocations
+    }
+
+    /// Number of `deallocate` calls that released a live allocation.
+    pub fn deallocations(&self) -> u64 {
+        self.state.lock().deallocations
+    }
+
+    /// Bytes currently allocated.
+    pub fn live_bytes(&self) -> u64 {
+        self.state.lock().live_bytes
+    }
+
+    /// The largest value [`live_bytes`](Self::live_bytes) has had.
+    pub fn peak_live_bytes(&self) -> u64 {
+        self.state.lock().peak_live_bytes
+    }
+
+    /// Sets [`peak_live_bytes`](Self::peak_live_bytes) to the current live bytes.
+    pub fn reset_peak(&self) {
+        let mut s = self.state.lock();
+        s.peak_live_bytes = s.live_bytes;
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.state.lock().capacity
+    }
+
+    /// Current allocations as `(addr, bytes)`, in address order.
+    pub fn live(&self) -> Vec<(u64, usize)> {
+        self.state.lock().live.iter().map(|(&a, &l)| (a, l)).collect()
+    }
+
+    /// Invalid `deallocate` calls seen so far (unknown address or wrong size).
+    pub fn violations(&self) -> Vec<String> {
+        self.state.lock().violations.clone()
+    }
+}
+
+impl Upstream for HostUpstream {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        let mut s = self.state.lock();
+        let call = s.calls;
+        s.calls += 1;
+        if let Some((n, e)) = s.fail
+            && n == call
+        {
+            return Err(e);
+        }
+        let bytes = bytes as u64;
+        if bytes == 0 || s.live_bytes.checked_add(bytes).is_none_or(|b| b > s.capacity) {
+            return Err(UpstreamError::OutOfMemory);
+        }
+        let addr = s.next;
+        let Some(next) =
+            addr.checked_add(bytes).and_then(|e| e.checked_next_multiple_of(SEGMENT_ALIGN as u64))
+        else {
+            return Err(UpstreamError::OutOfMemory);
+        };
+        s.next = next;
+        s.live.insert(addr, bytes as usize);
+        s.live_bytes += bytes;
+        s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
+        s.allocations += 1;
+        Ok(addr)
+    }
+
+    fn deallocate(&self, addr: u64, bytes: usize) {
+        let mut s = self.state.lock();
+        match s.live.get(&addr) {
+            Some(&len) if len == bytes => {
+                s.live.remove(&addr);
+                s.live_bytes -= bytes as u64;
+                s.deallocations += 1;
+            }
+            Some(&len) => s.violations.push(format!("deallocate({addr:#x}, {bytes}): allocated {len} bytes")),
+            None => s.violations.push(format!("deallocate({addr:#x}, {bytes}): not allocated")),
+        }
+    }
+}
+
+/// A host model of stream ordering: streams are `u32`s and operations only count themselves.
+#[derive(Debug, Default)]
+pub struct HostOrdering {
+    waits: AtomicU64,
+    syncs: AtomicU64,
+}
+
+impl HostOrdering {
+    /// A new model with zero counts.
+    pub fn new() -> HostOrdering {
+        HostOrdering::default()
+    }
+    /// Number of `wait` calls so far.
+    pub fn waits(&self) -> u64 {
+        self.waits.load(AtomicOrdering::Relaxed)
+    }
+    /// Number of `synchronize` calls so far.
+    pub fn synchronizations(&self) -> u64 {
+        self.syncs.load(AtomicOrdering::Relaxed)
+    }
+}
+
+impl Ordering for HostOrdering {
+    type Stream = u32;
+    fn wait(&self, _waiter: u32, _on: u32) -> Result<(), UpstreamError> {
+        self.waits.fetch_add(1, AtomicOrdering::Relaxed);
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<(), UpstreamError> {
+        self.syncs.fetch_add(1, AtomicOrdering::Relaxed);
+        Ok(())
+    }
+}
