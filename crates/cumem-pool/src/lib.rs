@@ -26,20 +26,33 @@ pub mod arena;
 pub mod bins;
 pub mod block;
 pub mod caching;
+pub mod caching_resource;
 pub mod config;
+pub mod device_upstream;
 pub mod error;
+mod ffi;
 pub mod free_set;
+pub mod native;
+pub mod native_resource;
 pub mod segment;
 pub mod size_class;
+pub mod statistics_resource;
 pub mod stats;
+pub mod stream_ordering;
 pub mod table;
 pub mod upstream;
 
 pub use block::Block;
 pub use caching::{CachingPool, TrimReport};
+pub use caching_resource::CachingResource;
 pub use config::{Growth, PoolConfig};
+pub use device_upstream::DeviceUpstream;
 pub use error::{ForeignBlock, PoolError, UpstreamError};
+pub use native::{MemPool, MemPoolOptions, PoolUsage, ReusePolicy};
+pub use native_resource::NativePoolResource;
+pub use statistics_resource::{HISTOGRAM_BUCKETS, ScopeCounters, StatisticsResource};
 pub use stats::{Histogram, PoolStats};
+pub use stream_ordering::{StreamKey, StreamOrdering};
 pub use upstream::{HostOrdering, HostUpstream, Ordering, Upstream};
 
 /// Alignment every upstream segment address must have (and the minimum alignment of every block).

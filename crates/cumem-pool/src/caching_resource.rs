@@ -1,0 +1,188 @@
+//! The caching pool as a [`DeviceResource`]: what `DeviceBuffer`s allocate from.
+//!
+//! Wraps a [`CachingPool`] over a [`DeviceUpstream`] (any resource, usually `cuMemAlloc`) and
+//! [`StreamOrdering`] (events and stream waits). A buffer's memory comes back on the stream the
+//! buffer was last used on; the pool reuses it at once on that stream and on another stream only
+//! after ordering that stream behind it. The live blocks are kept in a sharded table keyed by
+//! address, so threads on different streams rarely meet on a lock.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use std::sync::Arc;
+//! use cumem_core::{Device, DeviceBuffer, DeviceResource, Stream};
+//! use cumem_pool::{CachingResource, PoolConfig};
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::non_blocking(&ctx)?;
+//! let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+//! let resource: Arc<dyn DeviceResource> = pool.clone();
+//! let a = DeviceBuffer::<f32>::zeroed_in(&resource, &stream, 1000)?;
+//! let first = a.device_ptr();
+//! drop(a);
+//! let b = DeviceBuffer::<f32>::zeroed_in(&resource, &stream, 1000)?; // the same block, from the cache
+//! assert_eq!(b.device_ptr(), first);
+//! assert_eq!(pool.stats().upstream_allocations, 1);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use cumem_core::sys::CUdeviceptr;
+use cumem_core::{AllocLayout, Context, DeviceResource, DriverResource, Error, ErrorContext, Result, Stream};
+use parking_lot::Mutex;
+
+use crate::{
+    Block, CachingPool, DeviceUpstream, PoolConfig, PoolError, PoolStats, StreamOrdering, TrimReport,
+};
+
+const SHARDS: usize = 64;
+
+/// Addresses are 512-byte aligned and distinct; a multiplicative hash spreads them well enough.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u64 addresses are hashed")
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type LiveShard = Mutex<HashMap<u64, Block, BuildHasherDefault<AddrHasher>>>;
+
+/// A caching pool serving device buffers.
+pub struct CachingResource {
+    pool: CachingPool<DeviceUpstream, Arc<StreamOrdering>>,
+    ordering: Arc<StreamOrdering>,
+    live: Box<[LiveShard]>,
+}
+
+impl CachingResource {
+    /// A caching pool over `upstream` (segments are taken from it and returned to it).
+    pub fn new(upstream: Arc<dyn DeviceResource>, config: PoolConfig) -> Self {
+        let ordering = Arc::new(StreamOrdering::new(upstream.context()));
+        let pool = CachingPool::new(DeviceUpstream::new(upstream), ordering.clone(), config);
+        let live = (0..SHARDS).map(|_| Mutex::new(HashMap::default())).collect();
+        CachingResource { pool, ordering, live }
+    }
+
+    /// A caching pool over `cuMemAlloc` of `ctx`'s device.
+    pub fn with_driver(ctx: &Context, config: PoolConfig) -> Self {
+        Self::new(Arc::new(DriverResource::new(ctx)), config)
+    }
+
+    fn shard(&self, addr: u64) -> &LiveShard {
+        &self.live[((addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS]
+    }
+
+    /// Statistics: current and peak bytes and counts, reserved and cached bytes, the size histogram
+    /// and fragmentation.
+    pub fn stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Resets the peaks of [`stats`](Self::stats) to the current values.
+    pub fn reset_peaks(&self) {
+        self.pool.reset_peaks()
+    }
+
+    /// Synchronises the device and returns every fully free cached segment to the upstream.
+    pub fn trim(&self) -> Result<TrimReport> {
+        self.pool.trim().map_err(|e| pool_error(e, 0))
+    }
+
+    /// Synchronises the device and releases cached segments down to the release threshold.
+    pub fn synchronize(&self) -> Result<TrimReport> {
+        self.pool.synchronize().map_err(|e| pool_error(e, 0))
+    }
+
+    /// The pool behind the resource, for its inspection methods.
+    pub fn pool(&self) -> &CachingPool<DeviceUpstream, Arc<StreamOrdering>> {
+        &self.pool
+    }
+}
+
+fn pool_error(e: PoolError, bytes: usize) -> Error {
+    let ctx = ErrorContext::op("CachingPool::allocate").bytes(bytes);
+    match e {
+        PoolError::ZeroSize => Error::ZeroSize { what: "allocation size" },
+        PoolError::SizeOverflow { requested } => Error::SizeOverflow { count: requested, elem_size: 1 },
+        PoolError::InvalidAlignment { align } | PoolError::AlignmentTooLarge { align, .. } => {
+            Error::Misaligned { what: "alignment", value: align as u64, align: 2 }
+        }
+        PoolError::OutOfMemory { .. } => {
+            tracing::warn!(report = %e, "caching pool out of memory");
+            Error::OutOfMemory { ctx }
+        }
+        PoolError::Upstream(_) | PoolError::Ordering(_) | PoolError::MisalignedSegment { .. } => {
+            tracing::warn!(error = %e, "caching pool upstream failure");
+            Error::InvalidValue { ctx }
+        }
+        PoolError::TooManyStreams { .. } => Error::InvalidHandle { ctx },
+    }
+}
+
+// SAFETY: the pool hands out non-overlapping ranges of segments it got from the upstream resource
+// (which upholds the contract), aligned as requested; a range freed on stream S is handed to another
+// stream only after that stream waits for S's work, and segments return to the upstream only after
+// the device is synchronised.
+unsafe impl DeviceResource for CachingResource {
+    fn context(&self) -> &Context {
+        self.ordering.context()
+    }
+
+    #[inline]
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<CUdeviceptr> {
+        let key = self.ordering.register(stream);
+        let block =
+            self.pool.allocate(layout.bytes, layout.align, key).map_err(|e| pool_error(e, layout.bytes))?;
+        let addr = block.addr();
+        self.shard(addr).lock().insert(addr, block);
+        Ok(addr)
+    }
+
+    #[inline]
+    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
+        let key = self.ordering.register(stream);
+        let Some(block) = self.shard(ptr).lock().remove(&ptr) else {
+            tracing::warn!(
+                ptr,
+                bytes = layout.bytes,
+                "freeing an address this pool did not hand out; ignored"
+            );
+            return;
+        };
+        if let Err(foreign) = self.pool.deallocate(block, key) {
+            // Cannot happen: the table only holds blocks of this pool.
+            tracing::warn!(ptr = foreign.0.addr(), "a block of another pool; not returned");
+        }
+    }
+}
+
+impl std::fmt::Debug for CachingResource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingResource").field("stats", &self.pool.stats()).finish()
+    }
+}
+
+impl Drop for CachingResource {
+    fn drop(&mut self) {
+        let leaked: usize = self.live.iter().map(|s| s.lock().len()).sum();
+        if leaked > 0 {
+            tracing::warn!(leaked, "caching pool dropped with live blocks");
+        }
+        // Blocks go back before the pool so its drop sees them returned (it synchronises and releases).
+        for shard in self.live.iter() {
+            for (_, block) in shard.lock().drain() {
+                // Only this pool's blocks are in the table, so this cannot fail.
+                let _ = self.pool.deallocate(block, crate::StreamKey(0));
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Any cumem [`DeviceResource`] as the caching pool's [`Upstream`] of segments.
+//!
+//! Segments are requested on the legacy stream and the pool synchronises that stream before using
+//! a new one, so a stream-ordered upstream (a driver pool) is as safe as `cuMemAlloc`. The pool only
+//! returns a segment after synchronising every stream, so releasing it on the legacy stream is safe.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use std::sync::Arc;
+//! use cumem_core::{Device, DriverResource};
+//! use cumem_pool::{DeviceUpstream, Upstream};
+//! let ctx = Device::get(0)?.context()?;
+//! let up = DeviceUpstream::new(Arc::new(DriverResource::new(&ctx)));
+//! let segment = up.allocate(2 << 20).unwrap();
+//! assert_eq!(segment % 512, 0);
+//! up.deallocate(segment, 2 << 20);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::sync::Arc;
+
+use cumem_core::{AllocLayout, DeviceResource, Stream};
+
+use crate::stream_ordering::to_upstream_error;
+use crate::{SEGMENT_ALIGN, Upstream, UpstreamError};
+
+/// Segments from a device resource.
+#[derive(Debug)]
+pub struct DeviceUpstream {
+    resource: Arc<dyn DeviceResource>,
+    legacy: Stream,
+}
+
+impl DeviceUpstream {
+    /// Takes segments from `resource`.
+    pub fn new(resource: Arc<dyn DeviceResource>) -> Self {
+        let legacy = Stream::legacy(resource.context());
+        DeviceUpstream { resource, legacy }
+    }
+
+    /// The resource segments come from.
+    pub fn resource(&self) -> &Arc<dyn DeviceResource> {
+        &self.resource
+    }
+}
+
+impl Upstream for DeviceUpstream {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        let layout = AllocLayout::new(bytes, SEGMENT_ALIGN).map_err(|e| to_upstream_error(&e))?;
+        let ptr = self.resource.allocate(layout, &self.legacy).map_err(|e| to_upstream_error(&e))?;
+        // A stream-ordered upstream hands out memory usable in order on the legacy stream only;
+        // the pool will use it on any stream, so wait until it is usable everywhere.
+        if let Err(e) = self.legacy.synchronize() {
+            // SAFETY: allocated just above with this layout and never handed out.
+            unsafe { self.resource.deallocate(ptr, layout, &self.legacy) };
+            return Err(to_upstream_error(&e));
+        }
+        Ok(ptr)
+    }
+
+    fn deallocate(&self, addr: u64, bytes: usize) {
+        let layout = AllocLayout { bytes, align: SEGMENT_ALIGN };
+        // SAFETY: the pool returns exactly a segment `allocate` produced with this size, once, after
+        // synchronising every stream that used it; nothing refers to it afterwards.
+        unsafe { self.resource.deallocate(addr, layout, &self.legacy) };
+    }
+}

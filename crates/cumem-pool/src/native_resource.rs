@@ -1,0 +1,96 @@
+//! A driver memory pool as a [`DeviceResource`]: `cuMemAllocFromPoolAsync` / `cuMemFreeAsync`.
+//!
+//! Allocation and free are stream-ordered: a buffer's memory returns to the pool on the stream the
+//! buffer was last used on, and the pool reuses it in stream order.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use std::sync::Arc;
+//! use cumem_core::{Device, DeviceBuffer, DeviceResource, Stream};
+//! use cumem_pool::{MemPool, MemPoolOptions, NativePoolResource};
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::new(&ctx)?;
+//! let pool: Arc<dyn DeviceResource> = Arc::new(NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default())?));
+//! let buf = DeviceBuffer::<u32>::zeroed_in(&pool, &stream, 1000)?;
+//! assert_eq!(buf.to_vec()?, vec![0; 1000]);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::collections::HashMap;
+
+use cumem_core::sys::CUdeviceptr;
+use cumem_core::{AllocLayout, Context, DeviceResource, Error, Result, Stream};
+use parking_lot::Mutex;
+
+use crate::{MemPool, ffi};
+
+/// The alignment pool allocations are known to have without padding.
+const POOL_ALIGNMENT: usize = 256;
+
+/// A [`MemPool`] serving [`DeviceResource`] requests.
+#[derive(Debug)]
+pub struct NativePoolResource {
+    pool: MemPool,
+    /// Bases of over-allocated blocks, by the aligned address handed out (alignments above 256).
+    padded: Mutex<HashMap<CUdeviceptr, CUdeviceptr>>,
+}
+
+impl NativePoolResource {
+    /// Serves allocations from `pool`.
+    pub fn new(pool: MemPool) -> Self {
+        NativePoolResource { pool, padded: Mutex::new(HashMap::new()) }
+    }
+
+    /// The device's default pool as a resource.
+    pub fn default_pool(ctx: &Context) -> Result<Self> {
+        Ok(Self::new(MemPool::default_pool(ctx)?))
+    }
+
+    /// The pool behind the resource.
+    pub fn pool(&self) -> &MemPool {
+        &self.pool
+    }
+}
+
+// SAFETY: cuMemAllocFromPoolAsync returns fresh memory usable in order on the stream; alignments
+// above what the pool guarantees are served by padding, remembered so the base is freed. Frees are
+// stream-ordered on the buffer's last stream, as the trait's contract provides.
+unsafe impl DeviceResource for NativePoolResource {
+    fn context(&self) -> &Context {
+        self.pool.context()
+    }
+
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<CUdeviceptr> {
+        let layout = AllocLayout::new(layout.bytes, layout.align)?;
+        let ctx = self.pool.context();
+        let device = ctx.device().ordinal() as i32;
+        ctx.bind()?;
+        if layout.align <= POOL_ALIGNMENT {
+            return ffi::mem_alloc_from_pool_async(layout.bytes, self.pool.raw(), stream.raw(), device);
+        }
+        let padded = layout
+            .bytes
+            .checked_add(layout.align - 1)
+            .ok_or(Error::SizeOverflow { count: layout.bytes, elem_size: 1 })?;
+        let base = ffi::mem_alloc_from_pool_async(padded, self.pool.raw(), stream.raw(), device)?;
+        let aligned = base.next_multiple_of(layout.align as u64);
+        self.padded.lock().insert(aligned, base);
+        Ok(aligned)
+    }
+
+    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
+        let base = if layout.align <= POOL_ALIGNMENT { Some(ptr) } else { self.padded.lock().remove(&ptr) };
+        let Some(base) = base else {
+            tracing::warn!(ptr, "freeing an address this pool resource did not hand out; ignored");
+            return;
+        };
+        let result = self.pool.context().bind().and_then(|()| {
+            // SAFETY: `base` came from cuMemAllocFromPoolAsync (caller's item 1) and every use of it is
+            // ordered before work queued on `stream` next (item 2).
+            unsafe { ffi::mem_free_async(base, stream.raw()) }
+        });
+        if let Err(e) = result {
+            tracing::warn!(ptr, error = %e, "cuMemFreeAsync failed; the memory stays in the pool");
+        }
+    }
+}
