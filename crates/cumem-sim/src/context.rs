@@ -75,19 +75,21 @@ pub(crate) fn require(st: &State) -> Result<usize, Fail> {
 }
 
 /// Destroys everything a primary context owns, after its queued work has drained: allocations
-/// (device and pinned), user and per-thread streams, events.
+/// (device, pitched, pool, managed, pinned) and host registrations, user and per-thread streams,
+/// events. The device's memory pools survive, emptied of the context's allocations and trimmed.
 pub(crate) fn reset(g: &mut parking_lot::MutexGuard<'_, State>, device: usize) {
     crate::copy::sync_device(g, device);
     let ctx = crate::state::ctx_handle(device);
     let doomed: Vec<u64> = g.allocs.iter().filter(|(_, a)| a.ctx == ctx).map(|(&b, _)| b).collect();
     for base in doomed {
-        if let Some(a) = g.allocs.remove(&base)
-            && a.kind == crate::memory::AllocKind::Device
-        {
-            let dev = &mut g.devices[device];
-            dev.used -= a.charged;
-            dev.va.release(a.base);
+        if let Some(a) = g.allocs.remove(&base) {
+            g.forget(&a, None);
         }
+    }
+    // The pools outlive the context (they are device objects) but give their memory back.
+    let pools: Vec<u64> = g.pools.iter().filter(|(_, p)| p.device == device).map(|(&h, _)| h).collect();
+    for h in pools {
+        crate::pool::trim(g, h, 0);
     }
     g.streams.retain(|_, s| !(s.ctx == ctx && s.kind != StreamKind::Legacy));
     g.per_thread.retain(|(c, _), _| *c != ctx);

@@ -18,7 +18,9 @@ use std::ffi::{CString, c_char, c_int};
 use cudarc::driver::sys::CUresult;
 use libloading::os::unix::{Library, Symbol};
 
-pub use crate::report::{LiveAllocation, LiveContext, LiveEvent, LiveReport, LiveStream};
+pub use crate::report::{
+    LiveAllocation, LiveContext, LiveEvent, LivePool, LiveRegistration, LiveReport, LiveStream,
+};
 pub use crate::violation::Violation;
 
 /// Why a control request was refused.

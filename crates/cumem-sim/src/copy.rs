@@ -36,7 +36,7 @@ impl Endpoint {
     }
 
     fn is_device(&self) -> bool {
-        matches!(self, Endpoint::Mem(a, _) if a.kind == AllocKind::Device)
+        matches!(self, Endpoint::Mem(a, _) if a.kind.device_only())
     }
 
     fn is_pageable(&self) -> bool {
@@ -52,16 +52,30 @@ pub(crate) enum Source {
     Staged(Vec<u8>),
 }
 
+/// Where one row of a 2D/3D copy reads from.
+pub(crate) enum RowSource {
+    /// Read when the operation runs.
+    At(Endpoint),
+    /// Staged at the call, at this offset of the operation's staging buffer.
+    Staged(usize),
+}
+
 /// Work queued on a stream.
 pub(crate) enum Work {
     /// Copy `len` bytes.
     Copy { dst: Endpoint, src: Source, len: usize },
     /// Store `count` elements of `width` bytes (1, 2 or 4) holding `value`.
     Fill { dst: Endpoint, value: u32, width: usize, count: usize },
+    /// A 2D/3D copy: `len` bytes per row.
+    Rows { rows: Vec<(Endpoint, RowSource)>, staged: Vec<u8>, len: usize },
+    /// A 2D memset: `count` elements of `width` bytes per row.
+    FillRows { rows: Vec<Endpoint>, value: u32, width: usize, count: usize },
     /// Completes an event recording.
     Marker { event: u64 },
-    /// Only orders (stream waits).
+    /// Only orders (stream waits, stream-ordered frees, attachments).
     Nop,
+    /// Records the last prefetch location of pages `first..=last` of a managed allocation.
+    Prefetch { base: u64, buffer_id: u64, first: u64, last: u64, loc: crate::managed::Loc },
     /// `cuLaunchHostFunc`.
     HostFn { f: unsafe extern "C" fn(*mut c_void), data: usize },
 }
@@ -85,7 +99,7 @@ fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<
         ));
     }
     if let Some(a) = st.find_alloc(addr) {
-        if role == Role::Host && a.kind == AllocKind::Device {
+        if role == Role::Host && a.kind.device_only() {
             return Err(Fail::misuse(
                 CUresult::CUDA_ERROR_INVALID_VALUE,
                 format!("{what} {addr:#x} is a device pointer where host memory is required"),
@@ -117,6 +131,22 @@ fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<
         ));
     }
     Ok(Endpoint::Pageable(addr as usize))
+}
+
+/// Refuses writes into memory registered with `CU_MEMHOSTREGISTER_READ_ONLY`.
+fn writable(e: &Endpoint, addr: u64) -> Result<(), Fail> {
+    match e {
+        Endpoint::Mem(a, _)
+            if a.kind == AllocKind::Registered
+                && a.host_flags & crate::exports::memory::REGISTER_READ_ONLY != 0 =>
+        {
+            Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("destination {addr:#x} is registered read-only (CU_MEMHOSTREGISTER_READ_ONLY)"),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Which stream a call targets: the legacy stream of the current context for synchronous calls.
@@ -152,6 +182,7 @@ pub(crate) unsafe fn memcpy(
         return Ok(());
     }
     let d = resolve(&g, dst, len, dst_role, "destination")?;
+    writable(&d, dst)?;
     let s = resolve(&g, src, len, src_role, "source")?;
     let wait = match stream {
         None => !(d.is_device() && s.is_device()),
@@ -197,6 +228,7 @@ pub(crate) fn memset(
         )
     })?;
     let d = resolve(&g, dst, bytes, Role::Device, "destination")?;
+    writable(&d, dst)?;
     let wait = stream.is_none() && !d.is_device();
     let seq = enqueue(&mut g, sid, Work::Fill { dst: d, value, width, count }, Vec::new());
     if wait {
@@ -238,7 +270,22 @@ pub(crate) fn execute(work: Work) {
                 }
             }
         }
-        Work::Marker { .. } | Work::Nop | Work::HostFn { .. } => {}
+        Work::Rows { rows, staged, len } => {
+            for (d, s) in rows {
+                let sp: *const u8 = match s {
+                    RowSource::At(e) => e.ptr(),
+                    RowSource::Staged(off) => staged[off..].as_ptr(),
+                };
+                // SAFETY: every row was bounds-checked as for a 1-D copy when the copy was queued.
+                unsafe { std::ptr::copy(sp, d.ptr(), len) };
+            }
+        }
+        Work::FillRows { rows, value, width, count } => {
+            for dst in rows {
+                execute(Work::Fill { dst, value, width, count });
+            }
+        }
+        Work::Marker { .. } | Work::Nop | Work::HostFn { .. } | Work::Prefetch { .. } => {}
     }
 }
 
@@ -246,4 +293,211 @@ pub(crate) fn execute(work: Work) {
 pub(crate) fn sync_device(g: &mut parking_lot::MutexGuard<'_, State>, device: usize) {
     let targets = stream::all_targets(g, device);
     wait_for(g, &targets);
+}
+
+/// One side of a 2D/3D copy, decoded from `CUDA_MEMCPY2D` / `CUDA_MEMCPY3D`.
+pub(crate) struct Side {
+    pub(crate) mem_type: u32,
+    pub(crate) host: u64,
+    pub(crate) device: u64,
+    pub(crate) array: u64,
+    pub(crate) x: usize,
+    pub(crate) y: usize,
+    pub(crate) z: usize,
+    pub(crate) lod: usize,
+    pub(crate) pitch: usize,
+    /// Rows per slice (3D only; 0 for 2D).
+    pub(crate) height: usize,
+}
+
+/// A decoded 2D (depth 1) or 3D copy.
+pub(crate) struct Copy3D {
+    pub(crate) src: Side,
+    pub(crate) dst: Side,
+    pub(crate) width: usize,
+    pub(crate) height: usize,
+    pub(crate) depth: usize,
+    /// `reserved0`/`reserved1` of `CUDA_MEMCPY3D` are non-NULL.
+    pub(crate) reserved_set: bool,
+    pub(crate) three_d: bool,
+}
+
+const HOST: u32 = 1;
+const DEVICE: u32 = 2;
+const ARRAY: u32 = 3;
+const UNIFIED: u32 = 4;
+
+fn bad(m: String) -> Fail {
+    Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m)
+}
+
+/// The rows of one side, each resolved against the allocation containing it.
+fn side_rows(
+    st: &State,
+    c: &Copy3D,
+    s: &Side,
+    what: &str,
+    max_pitch: u64,
+) -> Result<Vec<(u64, Endpoint)>, Fail> {
+    let (base, role) = match s.mem_type {
+        HOST => (s.host, Role::Host),
+        DEVICE => (s.device, Role::Device),
+        UNIFIED => (s.device, Role::Unified),
+        _ => unreachable!("memory types are validated first"),
+    };
+    if c.height > 1 || c.depth > 1 {
+        let need = c.width.checked_add(s.x).ok_or_else(|| bad(format!("{what}: x + width overflows")))?;
+        if s.pitch < need {
+            return Err(bad(format!(
+                "{what}Pitch {} < WidthInBytes {} + {what}XInBytes {}",
+                s.pitch, c.width, s.x
+            )));
+        }
+        if s.pitch as u64 > max_pitch {
+            return Err(bad(format!("{what}Pitch {} exceeds MAX_PITCH {max_pitch}", s.pitch)));
+        }
+    }
+    if c.three_d && c.depth > 1 && s.height < c.height.saturating_add(s.y) {
+        return Err(bad(format!("{what}Height {} < Height {} + {what}Y {}", s.height, c.height, s.y)));
+    }
+    let overflow = || bad(format!("{what} address computation overflows"));
+    let mut rows = Vec::with_capacity(c.height * c.depth);
+    let mut last: Option<Arc<Allocation>> = None;
+    for z in 0..c.depth {
+        for y in 0..c.height {
+            let row = ((s.z + z) as u64)
+                .checked_mul(s.height as u64)
+                .and_then(|v| v.checked_add((s.y + y) as u64))
+                .and_then(|v| v.checked_mul(s.pitch as u64))
+                .and_then(|v| v.checked_add(s.x as u64))
+                .and_then(|v| v.checked_add(base))
+                .ok_or_else(overflow)?;
+            let e = match &last {
+                Some(a) if a.contains_range(row, c.width as u64) => {
+                    Endpoint::Mem(Arc::clone(a), (row - a.base) as usize)
+                }
+                _ => resolve(st, row, c.width, role, &format!("{what} row (z {z}, y {y})"))?,
+            };
+            if let Endpoint::Mem(a, _) = &e {
+                last = Some(Arc::clone(a));
+            }
+            rows.push((row, e));
+        }
+    }
+    Ok(rows)
+}
+
+/// A 2D or 3D copy (`stream == None`: synchronous API). Validation per the driver: memory types
+/// HOST/DEVICE/UNIFIED (ARRAY: no CUDA array can exist in the simulator → `INVALID_VALUE`), LOD and
+/// reserved fields 0, pitches holding `x + width` when more than one row is copied, slice heights
+/// holding `y + height` when more than one slice is copied; a zero extent succeeds untouched;
+/// every row of both sides is checked against its allocation before anything is queued.
+///
+/// # Safety
+/// 1. Host (non-CUDA) rows are valid for reading (source) or writing (destination), as the C API
+///    requires of its caller; a pageable destination stays valid until the call returns.
+pub(crate) unsafe fn memcpy_3d(c: Copy3D, stream: Option<CUstream>) -> Result<(), Fail> {
+    let mut g = SIM.st.lock();
+    let sid = target_stream(&mut g, stream)?;
+    for (s, what) in [(&c.src, "src"), (&c.dst, "dst")] {
+        match s.mem_type {
+            HOST | DEVICE | UNIFIED => {}
+            ARRAY => {
+                return Err(bad(format!(
+                    "{what}MemoryType CU_MEMORYTYPE_ARRAY: CUDA arrays are not modelled, so {:#x} is not an array",
+                    s.array
+                )));
+            }
+            t => return Err(bad(format!("{what}MemoryType {t} is not a CUmemorytype"))),
+        }
+        if s.lod != 0 {
+            return Err(bad(format!("{what}LOD {} must be 0", s.lod)));
+        }
+    }
+    if c.reserved_set {
+        return Err(bad("reserved0/reserved1 must be NULL".into()));
+    }
+    if c.width == 0 || c.height == 0 || c.depth == 0 {
+        return Ok(());
+    }
+    let dev = g.streams[&sid].device;
+    let max_pitch = g.devices[dev].attr(11).unwrap_or(i32::MAX) as u64;
+    let src = side_rows(&g, &c, &c.src, "src", max_pitch)?;
+    let dst = side_rows(&g, &c, &c.dst, "dst", max_pitch)?;
+    for (addr, e) in &dst {
+        writable(e, *addr)?;
+    }
+    let all_device = src.iter().chain(&dst).all(|(_, e)| e.is_device());
+    let dst_pageable = dst.iter().any(|(_, e)| e.is_pageable());
+    let wait = match stream {
+        None => !all_device,
+        Some(_) => dst_pageable,
+    };
+    let stage = stream.is_some() && !dst_pageable;
+    let mut staged = Vec::new();
+    let rows = dst
+        .into_iter()
+        .zip(src)
+        .map(|((_, d), (_, s))| {
+            let s = if stage && s.is_pageable() {
+                let off = staged.len();
+                // SAFETY: the caller guarantees pageable source rows are readable; they are
+                // staged now so the program may reuse them once the call returns.
+                staged.extend_from_slice(unsafe { std::slice::from_raw_parts(s.ptr(), c.width) });
+                RowSource::Staged(off)
+            } else {
+                RowSource::At(s)
+            };
+            (d, s)
+        })
+        .collect();
+    let seq = enqueue(&mut g, sid, Work::Rows { rows, staged, len: c.width }, Vec::new());
+    if wait {
+        wait_for(&mut g, &[(sid, seq)]);
+    }
+    Ok(())
+}
+
+/// A 2D memset of `height` rows of `count` elements of `width` bytes, `pitch` bytes apart
+/// (`stream == None`: synchronous API).
+pub(crate) fn memset_2d(
+    dst: u64,
+    pitch: usize,
+    value: u32,
+    width: usize,
+    count: usize,
+    height: usize,
+    stream: Option<CUstream>,
+) -> Result<(), Fail> {
+    let mut g = SIM.st.lock();
+    let sid = target_stream(&mut g, stream)?;
+    if count == 0 || height == 0 {
+        return Ok(());
+    }
+    if !dst.is_multiple_of(width as u64) {
+        return Err(bad(format!("destination {dst:#x} is not {width}-byte aligned")));
+    }
+    let row_bytes =
+        count.checked_mul(width).ok_or_else(|| bad(format!("{count} elements of {width} bytes overflow")))?;
+    if height > 1 && (pitch < row_bytes || !pitch.is_multiple_of(width)) {
+        return Err(bad(format!(
+            "dstPitch {pitch} must hold a row of {row_bytes} bytes and be a multiple of {width}"
+        )));
+    }
+    let mut rows = Vec::with_capacity(height);
+    for y in 0..height {
+        let row = (y as u64)
+            .checked_mul(pitch as u64)
+            .and_then(|o| o.checked_add(dst))
+            .ok_or_else(|| bad("row address overflows".into()))?;
+        let e = resolve(&g, row, row_bytes, Role::Device, &format!("destination row {y}"))?;
+        writable(&e, row)?;
+        rows.push(e);
+    }
+    let wait = stream.is_none() && !rows.iter().all(Endpoint::is_device);
+    let seq = enqueue(&mut g, sid, Work::FillRows { rows, value, width, count }, Vec::new());
+    if wait {
+        wait_for(&mut g, &[(sid, seq)]);
+    }
+    Ok(())
 }

@@ -11,6 +11,7 @@
 //! As an rlib, this crate gives programs and tests [`library_path`] (where the `.so` is) and
 //! [`control`] (a client for the loaded simulator's control interface).
 
+pub mod abi;
 mod address_space;
 mod api;
 mod attributes;
@@ -24,7 +25,9 @@ pub mod exports;
 mod fault;
 mod leak;
 mod locate;
+mod managed;
 mod memory;
+mod pool;
 mod report;
 mod state;
 mod stream;

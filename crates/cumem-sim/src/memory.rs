@@ -12,8 +12,16 @@ use std::ptr::NonNull;
 pub(crate) enum AllocKind {
     /// `cuMemAlloc`.
     Device,
+    /// `cuMemAllocPitch`.
+    Pitched,
+    /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync`: a block of a pool chunk.
+    Pool,
+    /// `cuMemAllocManaged`: host memory whose device address equals its host address.
+    Managed,
     /// `cuMemAllocHost` / `cuMemHostAlloc`.
     PinnedHost,
+    /// `cuMemHostRegister`: the program's own memory, page-locked (never unmapped by us).
+    Registered,
 }
 
 impl AllocKind {
@@ -21,8 +29,22 @@ impl AllocKind {
     pub(crate) fn report_name(self) -> &'static str {
         match self {
             AllocKind::Device => "device",
+            AllocKind::Pitched => "pitched",
+            AllocKind::Pool => "pool",
+            AllocKind::Managed => "managed",
             AllocKind::PinnedHost => "pinned_host",
+            AllocKind::Registered => "registered",
         }
+    }
+
+    /// Device-only memory (no host mapping): `cuMemAlloc`, `cuMemAllocPitch`, pool blocks.
+    pub(crate) fn device_only(self) -> bool {
+        matches!(self, AllocKind::Device | AllocKind::Pitched | AllocKind::Pool)
+    }
+
+    /// Page-locked host memory (pinned allocations and registrations).
+    pub(crate) fn pinned(self) -> bool {
+        matches!(self, AllocKind::PinnedHost | AllocKind::Registered)
     }
 }
 
@@ -30,6 +52,8 @@ impl AllocKind {
 pub(crate) struct Backing {
     ptr: NonNull<u8>,
     len: usize,
+    /// `false` for the program's own memory (registrations): never unmapped here.
+    owned: bool,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; every access goes through raw pointers
@@ -57,7 +81,13 @@ impl Backing {
         if p == libc::MAP_FAILED {
             return None;
         }
-        Some(Self { ptr: NonNull::new(p.cast::<u8>())?, len: map_len })
+        Some(Self { ptr: NonNull::new(p.cast::<u8>())?, len: map_len, owned: true })
+    }
+
+    /// Stands for `len` bytes of the program's memory at `ptr` (a host registration); dropping it
+    /// does not unmap anything. `None` for a NULL `ptr`.
+    pub(crate) fn borrowed(ptr: *mut u8, len: usize) -> Option<Self> {
+        Some(Self { ptr: NonNull::new(ptr)?, len, owned: false })
     }
 
     /// The first byte of the mapping.
@@ -68,6 +98,9 @@ impl Backing {
 
 impl Drop for Backing {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: the mapping was created by `new` with this length and is owned by `self`.
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), self.len);
@@ -88,8 +121,11 @@ pub(crate) struct Allocation {
     pub(crate) ctx: u64,
     /// Process-unique, never reused (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
     pub(crate) buffer_id: u64,
-    /// `cuMemHostGetFlags` answer for pinned memory.
+    /// `cuMemHostGetFlags` answer for pinned memory; the registration flags of registered
+    /// memory; the attach flags a managed allocation was created with.
     pub(crate) host_flags: u32,
+    /// The pool of a pool allocation (0 otherwise).
+    pub(crate) pool: u64,
     pub(crate) backing: Backing,
 }
 

@@ -1,15 +1,17 @@
 //! The live-resource report: what the simulator currently holds on behalf of the program.
 //!
 //! The loaded simulator serialises it as JSON (`cumemSimLiveReport`); the control client
-//! deserialises it into these types. Pools, mappings and registrations are part of the schema but
-//! stay empty until the simulator models them.
+//! deserialises it into these types. Mappings are part of the schema but stay empty until the
+//! simulator models VMM.
 
 use serde::{Deserialize, Serialize};
 
 /// A live allocation (device memory, pinned host memory, …).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveAllocation {
-    /// `device` (cuMemAlloc) or `pinned_host` (cuMemAllocHost / cuMemHostAlloc).
+    /// `device` (cuMemAlloc), `pitched` (cuMemAllocPitch), `pool` (cuMemAllocAsync /
+    /// cuMemAllocFromPoolAsync), `managed` (cuMemAllocManaged) or `pinned_host`
+    /// (cuMemAllocHost / cuMemHostAlloc).
     pub kind: String,
     /// The allocation's base address (device/UVA address).
     pub ptr: u64,
@@ -18,6 +20,47 @@ pub struct LiveAllocation {
     /// Owning device ordinal.
     pub device: i32,
     /// Owning context handle.
+    pub context: u64,
+    /// The pool of a `pool` allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<u64>,
+    /// The current `CU_MEM_ATTACH_*` flags of a `managed` allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach: Option<u32>,
+    /// The stream of a managed allocation's latest `cuStreamAttachMemAsync` (its internal id;
+    /// equal to the `CUstream` handle for user streams).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach_stream: Option<u64>,
+}
+
+/// A memory pool. User-created pools are leaks until destroyed; default pools are listed (with
+/// `default: true`) but never count as leaks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LivePool {
+    /// The `CUmemoryPool` handle value.
+    pub handle: u64,
+    /// Owning device ordinal.
+    pub device: i32,
+    /// Reserved (backing) bytes: RESERVED_MEM_CURRENT.
+    pub reserved: u64,
+    /// Bytes in live allocations (rounded to 512): USED_MEM_CURRENT.
+    pub used: u64,
+    /// The device's default pool.
+    pub default: bool,
+}
+
+/// A live host registration (`cuMemHostRegister`); a leak until unregistered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveRegistration {
+    /// The registered host address (as passed to `cuMemHostRegister`).
+    pub ptr: u64,
+    /// Registered length in bytes.
+    pub bytes: u64,
+    /// The `CU_MEMHOSTREGISTER_*` flags it was registered with.
+    pub flags: u32,
+    /// Device ordinal of the context that registered it.
+    pub device: i32,
+    /// That context's handle.
     pub context: u64,
 }
 
@@ -59,25 +102,41 @@ pub struct LiveReport {
     pub streams: Vec<LiveStream>,
     /// Live events.
     pub events: Vec<LiveEvent>,
-    /// Memory pools (not modelled in v1; always empty).
-    pub pools: Vec<serde_json::Value>,
-    /// VMM mappings (not modelled in v1; always empty).
+    /// Memory pools (default pools included, flagged).
+    pub pools: Vec<LivePool>,
+    /// VMM mappings (not modelled yet; always empty).
     pub mappings: Vec<serde_json::Value>,
-    /// Host registrations (not modelled in v1; always empty).
-    pub registrations: Vec<serde_json::Value>,
+    /// Host registrations.
+    pub registrations: Vec<LiveRegistration>,
     /// Retained primary contexts.
     pub contexts: Vec<LiveContext>,
 }
 
 impl LiveReport {
-    /// No live allocation, stream, event, pool, mapping or registration (contexts do not count).
+    /// No live allocation, stream, event, user-created pool, mapping or registration (contexts
+    /// and default pools do not count).
     pub fn is_clean(&self) -> bool {
         self.allocations.is_empty()
             && self.streams.is_empty()
             && self.events.is_empty()
-            && self.pools.is_empty()
+            && self.user_pools().next().is_none()
             && self.mappings.is_empty()
             && self.registrations.is_empty()
+    }
+
+    /// The user-created (non-default) pools.
+    pub fn user_pools(&self) -> impl Iterator<Item = &LivePool> {
+        self.pools.iter().filter(|p| !p.default)
+    }
+
+    /// Whether a live pool has this handle value.
+    pub fn contains_pool(&self, handle: u64) -> bool {
+        self.pools.iter().any(|p| p.handle == handle)
+    }
+
+    /// Whether a live registration starts at `ptr`.
+    pub fn contains_registration(&self, ptr: u64) -> bool {
+        self.registrations.iter().any(|r| r.ptr == ptr)
     }
 
     /// Whether a live allocation starts at `ptr`.
@@ -100,20 +159,24 @@ impl std::fmt::Display for LiveReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{} allocation(s), {} stream(s), {} event(s), {} pool(s), {} mapping(s), {} registration(s)",
+            "{} allocation(s), {} stream(s), {} event(s), {} user pool(s), {} mapping(s), {} registration(s)",
             self.allocations.len(),
             self.streams.len(),
             self.events.len(),
-            self.pools.len(),
+            self.user_pools().count(),
             self.mappings.len(),
             self.registrations.len()
         )?;
         for a in &self.allocations {
-            writeln!(
+            write!(
                 f,
                 "  {} {:#x} ({} bytes) on device {} (context {:#x})",
                 a.kind, a.ptr, a.bytes, a.device, a.context
             )?;
+            match a.pool {
+                Some(p) => writeln!(f, " from pool {p:#x}")?,
+                None => writeln!(f)?,
+            }
         }
         for s in &self.streams {
             writeln!(f, "  stream {:#x} on device {} ({} pending op(s))", s.handle, s.device, s.pending_ops)?;
@@ -121,7 +184,21 @@ impl std::fmt::Display for LiveReport {
         for e in &self.events {
             writeln!(f, "  event {:#x} on device {}", e.handle, e.device)?;
         }
-        for other in self.pools.iter().chain(&self.mappings).chain(&self.registrations) {
+        for p in self.user_pools() {
+            writeln!(
+                f,
+                "  pool {:#x} on device {} ({} bytes reserved, {} used)",
+                p.handle, p.device, p.reserved, p.used
+            )?;
+        }
+        for r in &self.registrations {
+            writeln!(
+                f,
+                "  registration {:#x} ({} bytes, flags {:#x}) on device {}",
+                r.ptr, r.bytes, r.flags, r.device
+            )?;
+        }
+        for other in &self.mappings {
             writeln!(f, "  {other}")?;
         }
         for c in &self.contexts {

@@ -13,8 +13,12 @@ use parking_lot::{Condvar, Mutex};
 use crate::address_space::AddressSpace;
 use crate::config::{Config, DeviceSpec};
 use crate::event::Event;
-use crate::memory::Allocation;
-use crate::report::{LiveAllocation, LiveContext, LiveEvent, LiveReport, LiveStream};
+use crate::managed::Managed;
+use crate::memory::{AllocKind, Allocation};
+use crate::pool::Pool;
+use crate::report::{
+    LiveAllocation, LiveContext, LiveEvent, LivePool, LiveRegistration, LiveReport, LiveStream,
+};
 use crate::stream::{Stream, StreamKind};
 
 /// The primary context of one device.
@@ -33,6 +37,10 @@ pub(crate) struct Device {
     pub(crate) attrs: Vec<Option<i32>>,
     pub(crate) va: AddressSpace,
     pub(crate) ctx: PrimaryCtx,
+    /// Handle of the device's default memory pool (undeletable).
+    pub(crate) default_pool: u64,
+    /// Handle of the device's current memory pool (`cuDeviceSetMemPool`).
+    pub(crate) current_pool: u64,
 }
 
 impl Device {
@@ -51,6 +59,10 @@ pub(crate) struct State {
     /// User streams, the legacy stream of every device, per-thread default streams.
     pub(crate) streams: BTreeMap<u64, Stream>,
     pub(crate) events: BTreeMap<u64, Event>,
+    /// Managed-memory state (attachment, advice, prefetch) keyed by allocation base.
+    pub(crate) managed: BTreeMap<u64, Managed>,
+    /// Memory pools (default pools included), keyed by handle.
+    pub(crate) pools: BTreeMap<u64, Pool>,
     /// (context, OS thread) -> hidden stream standing for `CU_STREAM_PER_THREAD`.
     pub(crate) per_thread: BTreeMap<(u64, u64), u64>,
     pub(crate) next_handle: u64,
@@ -87,6 +99,8 @@ pub(crate) static SIM: Sim = Sim {
         allocs: BTreeMap::new(),
         streams: BTreeMap::new(),
         events: BTreeMap::new(),
+        pools: BTreeMap::new(),
+        managed: BTreeMap::new(),
         per_thread: BTreeMap::new(),
         next_handle: 1,
         next_seq: 0,
@@ -103,6 +117,7 @@ const CTX_TAG: u64 = 0x0000_c7c7_0000_0000;
 const LEGACY_TAG: u64 = 0x0000_5c5c_0000_0000;
 const STREAM_TAG: u64 = 0x0000_5a5a_0000_0000;
 const EVENT_TAG: u64 = 0x0000_e7e7_0000_0000;
+const POOL_TAG: u64 = 0x0000_9b9b_0000_0000;
 
 /// The (stable) handle of a device's primary context.
 pub(crate) fn ctx_handle(ordinal: usize) -> u64 {
@@ -142,9 +157,32 @@ impl State {
         EVENT_TAG + (self.next_handle << 4)
     }
 
+    /// A fresh, never reused memory pool handle.
+    pub(crate) fn new_pool_handle(&mut self) -> u64 {
+        self.next_handle += 1;
+        POOL_TAG + (self.next_handle << 4)
+    }
+
     /// The allocation containing `addr`, if any.
     pub(crate) fn find_alloc(&self, addr: u64) -> Option<&Arc<Allocation>> {
         self.allocs.range(..=addr).next_back().map(|(_, a)| a).filter(|a| a.contains(addr))
+    }
+
+    /// Undoes the bookkeeping of an allocation just removed from `allocs`: device capacity and
+    /// address space, or the pool block (`tag`: the stream-ordered free releasing it).
+    pub(crate) fn forget(&mut self, a: &Allocation, tag: Option<(u64, u64)>) {
+        match a.kind {
+            AllocKind::Device | AllocKind::Pitched => {
+                let dev = &mut self.devices[a.device as usize];
+                dev.used -= a.charged;
+                dev.va.release(a.base);
+            }
+            AllocKind::Pool => crate::pool::release_block(self, a, tag),
+            AllocKind::Managed => {
+                self.managed.remove(&a.base);
+            }
+            AllocKind::PinnedHost | AllocKind::Registered => {}
+        }
     }
 
     /// Whether `addr` lies in a simulator-reserved device address range (live or not).
@@ -166,12 +204,20 @@ impl State {
                 attrs: spec.attrs,
                 va,
                 ctx: PrimaryCtx::default(),
+                default_pool: 0,
+                current_pool: 0,
             });
         }
         for d in 0..devices.len() {
             self.streams.insert(legacy_id(d), Stream::new(d, ctx_handle(d), StreamKind::Legacy, 0, 0));
         }
         self.devices = devices;
+        for d in 0..self.devices.len() {
+            let h = self.new_pool_handle();
+            self.pools.insert(h, Pool::new(d, true, 0));
+            self.devices[d].default_pool = h;
+            self.devices[d].current_pool = h;
+        }
         self.peer = peer;
         Ok(())
     }
@@ -182,12 +228,24 @@ impl State {
             allocations: self
                 .allocs
                 .values()
+                .filter(|a| a.kind != AllocKind::Registered)
                 .map(|a| LiveAllocation {
                     kind: a.kind.report_name().to_string(),
                     ptr: a.base,
                     bytes: a.bytes,
                     device: a.device,
                     context: a.ctx,
+                    pool: (a.kind == AllocKind::Pool).then_some(a.pool),
+                    attach: self
+                        .managed
+                        .get(&a.base)
+                        .filter(|_| a.kind == AllocKind::Managed)
+                        .map(|m| m.attach),
+                    attach_stream: self
+                        .managed
+                        .get(&a.base)
+                        .filter(|m| a.kind == AllocKind::Managed && m.stream != 0)
+                        .map(|m| m.stream),
                 })
                 .collect(),
             streams: self
@@ -201,9 +259,31 @@ impl State {
                 .iter()
                 .map(|(&h, e)| LiveEvent { handle: h, device: e.device as i32 })
                 .collect(),
-            pools: Vec::new(),
+            pools: self
+                .pools
+                .iter()
+                .filter(|(_, p)| !p.destroyed)
+                .map(|(&h, p)| LivePool {
+                    handle: h,
+                    device: p.device as i32,
+                    reserved: p.reserved,
+                    used: p.used,
+                    default: p.is_default,
+                })
+                .collect(),
             mappings: Vec::new(),
-            registrations: Vec::new(),
+            registrations: self
+                .allocs
+                .values()
+                .filter(|a| a.kind == AllocKind::Registered)
+                .map(|a| LiveRegistration {
+                    ptr: a.base,
+                    bytes: a.bytes,
+                    flags: a.host_flags,
+                    device: a.device,
+                    context: a.ctx,
+                })
+                .collect(),
             contexts: self
                 .devices
                 .iter()

@@ -59,6 +59,9 @@ pub(crate) struct Stream {
     pub(crate) last_seq: u64,
     /// Destroyed by the program; kept until its queue drains.
     pub(crate) destroyed: bool,
+    /// Other stream -> highest sequence number of it that this stream's later work waits for
+    /// (recorded dependencies: event waits, legacy-stream synchronisation, allocator waits).
+    pub(crate) waits: BTreeMap<u64, u64>,
 }
 
 impl Stream {
@@ -74,6 +77,7 @@ impl Stream {
             running: None,
             last_seq: 0,
             destroyed: false,
+            waits: BTreeMap::new(),
         }
     }
 
@@ -131,6 +135,10 @@ pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, 
     }
     let ready_at = Instant::now() + Duration::from_micros(latency_us());
     let s = st.streams.get_mut(&sid).expect("enqueue on a live stream");
+    for &(d, q) in &deps {
+        let w = s.waits.entry(d).or_insert(0);
+        *w = (*w).max(q);
+    }
     s.queue.push_back(Op { seq, ready_at, deps, work });
     s.last_seq = seq;
     SIM.changed.notify_all();
@@ -277,6 +285,14 @@ fn engine_loop() {
                 finish(&mut g, sid);
             }
             Work::Nop => finish(&mut g, sid),
+            Work::Prefetch { base, buffer_id, first, last, loc } => {
+                if g.allocs.get(&base).is_some_and(|a| a.buffer_id == buffer_id)
+                    && let Some(m) = g.managed.get_mut(&base)
+                {
+                    m.update(first, last, |h| h.last_prefetch = Some(loc));
+                }
+                finish(&mut g, sid);
+            }
             work => {
                 MutexGuard::unlocked(&mut g, || {
                     // A panic here would kill the engine and hang every waiter; contain it.

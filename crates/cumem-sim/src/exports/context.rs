@@ -215,7 +215,8 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
 }
 
 /// `CUresult cuCtxSynchronize(void)`: waits for all work queued so far in every stream of the
-/// current context.
+/// current context; then every memory pool of its device releases unused memory above its
+/// RELEASE_THRESHOLD.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     api::call("cuCtxSynchronize", Init::Required, || {
@@ -223,6 +224,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
         let d = context::require(&st)?;
         let targets = all_targets(&st, d);
         wait_for(&mut st, &targets);
+        crate::pool::on_synchronize(&mut st, d);
         Ok(())
     })
 }

@@ -101,14 +101,20 @@ pub extern "C" fn cuEventQuery(h_event: CUevent) -> CUresult {
 }
 
 /// `CUresult cuEventSynchronize(CUevent hEvent)`: waits for the captured work (returns at once
-/// for a never-recorded event).
+/// for a never-recorded event); then every memory pool of the event's device releases unused
+/// memory above its RELEASE_THRESHOLD.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(h_event: CUevent) -> CUresult {
     api::call("cuEventSynchronize", Init::Required, || {
         let mut st = SIM.st.lock();
-        if let Some(r) = lookup(&st, h_event)?.record {
+        let (record, device) = {
+            let e = lookup(&st, h_event)?;
+            (e.record, e.device)
+        };
+        if let Some(r) = record {
             wait_for(&mut st, &[r]);
         }
+        crate::pool::on_synchronize(&mut st, device);
         Ok(())
     })
 }

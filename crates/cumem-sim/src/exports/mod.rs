@@ -16,5 +16,7 @@ pub mod device;
 pub mod error;
 pub mod event;
 pub mod init;
+pub mod managed;
 pub mod memory;
+pub mod pool;
 pub mod stream;

@@ -106,6 +106,13 @@ pub extern "C" fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
         }
         let mut st = SIM.st.lock();
         let id = resolve(&mut st, h_stream)?;
+        // SINGLE attachments to this stream revert to the allocation's default association.
+        for m in st.managed.values_mut().filter(|m| m.stream == id) {
+            if m.attach == 4 {
+                m.attach = m.initial_attach;
+            }
+            m.stream = 0;
+        }
         let s = st.streams.get_mut(&id).expect("resolved stream exists");
         s.destroyed = true;
         if s.pending() == 0 {
@@ -116,7 +123,8 @@ pub extern "C" fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
 }
 
 /// `CUresult cuStreamSynchronize(CUstream hStream)`: waits for everything queued so far (for the
-/// legacy stream, also the prior work of the context's blocking streams).
+/// legacy stream, also the prior work of the context's blocking streams); then every memory pool
+/// of the stream's device releases unused memory above its RELEASE_THRESHOLD.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
     api::call("cuStreamSynchronize", Init::Required, || {
@@ -124,6 +132,10 @@ pub extern "C" fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
         let id = resolve(&mut st, h_stream)?;
         let targets = sync_targets(&st, id);
         wait_for(&mut st, &targets);
+        let device = st.streams.get(&id).map(|s| s.device);
+        if let Some(d) = device {
+            crate::pool::on_synchronize(&mut st, d);
+        }
         Ok(())
     })
 }

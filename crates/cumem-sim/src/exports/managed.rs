@@ -1,0 +1,370 @@
+//! Managed memory: attachment, advice, prefetch and range attributes (`cuMemAllocManaged` itself
+//! is with the other allocation calls). Hints never change data; they are recorded per page and
+//! read back by `cuMemRangeGetAttribute(s)`.
+
+use std::ffi::{c_uint, c_void};
+
+use cudarc::driver::sys::{CUdevice, CUdeviceptr, CUresult, CUstream};
+
+use crate::abi::{LOC_DEVICE, LOC_HOST, LOC_HOST_NUMA, LOC_HOST_NUMA_CURRENT, MemLocation};
+use crate::api::{self, ApiResult, Fail, Init};
+use crate::copy::Work;
+use crate::exports::stream::resolve;
+use crate::managed::{DEVICE_CPU, DEVICE_INVALID, Loc, PAGE, PageHints, common, v1_of, v2_of};
+use crate::memory::AllocKind;
+use crate::state::{SIM, State};
+use crate::stream::enqueue;
+
+/// `CU_MEM_ATTACH_SINGLE`.
+const ATTACH_SINGLE: u32 = 4;
+/// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`.
+const ATTR_CONCURRENT_MANAGED_ACCESS: u32 = 89;
+
+/// The managed allocation `[ptr, ptr + count)` lies in, as `(base, first page, last page)`.
+fn managed_range(st: &State, ptr: u64, count: usize) -> Result<(u64, u64, u64), Fail> {
+    let bad = |m: String| Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m);
+    if count == 0 {
+        return Err(bad("count is 0".into()));
+    }
+    let a = st.find_alloc(ptr).ok_or_else(|| bad(format!("{ptr:#x} is not CUDA memory")))?;
+    if a.kind != AllocKind::Managed {
+        return Err(bad(format!("{ptr:#x} is {} memory, not managed memory", a.kind.report_name())));
+    }
+    if !a.contains_range(ptr, count as u64) {
+        return Err(bad(format!(
+            "range [{ptr:#x}, +{count}) runs past the managed allocation [{:#x}, +{})",
+            a.base, a.bytes
+        )));
+    }
+    let off = ptr - a.base;
+    Ok((a.base, off / PAGE, (off + count as u64 - 1) / PAGE))
+}
+
+/// Whether device `d` exists and has CONCURRENT_MANAGED_ACCESS; `INVALID_DEVICE` otherwise.
+fn concurrent_device(st: &State, id: i32, what: &str) -> Result<usize, Fail> {
+    let d = usize::try_from(id).ok().filter(|&d| d < st.devices.len()).ok_or_else(|| {
+        Fail::misuse(CUresult::CUDA_ERROR_INVALID_DEVICE, format!("{what}: device {id} does not exist"))
+    })?;
+    if st.devices[d].attr(ATTR_CONCURRENT_MANAGED_ACCESS) != Some(1) {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_DEVICE,
+            format!("{what}: device {d} has no CONCURRENT_MANAGED_ACCESS"),
+        ));
+    }
+    Ok(d)
+}
+
+/// Validates a location for a preferred location or a prefetch target.
+fn target(st: &State, l: MemLocation, what: &str) -> Result<Loc, Fail> {
+    match l.kind {
+        LOC_DEVICE => concurrent_device(st, l.id, what).map(|d| (LOC_DEVICE, d as i32)),
+        LOC_HOST => Ok((LOC_HOST, 0)),
+        // The simulated host has a single NUMA node, 0.
+        LOC_HOST_NUMA if l.id == 0 => Ok((LOC_HOST_NUMA, 0)),
+        LOC_HOST_NUMA_CURRENT => Ok((LOC_HOST_NUMA, 0)),
+        LOC_HOST_NUMA => Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("{what}: host NUMA node {} does not exist", l.id),
+        )),
+        k => Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("{what}: location type {k} is not valid"),
+        )),
+    }
+}
+
+/// The v2 location a v1 `CUdevice` stands for.
+fn v1_location(device: CUdevice) -> MemLocation {
+    if device == DEVICE_CPU {
+        MemLocation { kind: LOC_HOST, id: 0 }
+    } else {
+        MemLocation { kind: LOC_DEVICE, id: device }
+    }
+}
+
+fn advise(ptr: u64, count: usize, advice: u32, location: MemLocation) -> ApiResult {
+    let mut st = SIM.st.lock();
+    let (base, first, last) = managed_range(&st, ptr, count)?;
+    let accessed_by = |st: &State| -> Result<(Option<usize>, bool), Fail> {
+        match location.kind {
+            LOC_DEVICE => concurrent_device(st, location.id, "ACCESSED_BY").map(|d| (Some(d), false)),
+            LOC_HOST => Ok((None, true)),
+            k => Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("ACCESSED_BY: location type {k} is not a device or the host"),
+            )),
+        }
+    };
+    fn m(st: &mut State, base: u64) -> &mut crate::managed::Managed {
+        st.managed.get_mut(&base).expect("managed allocations have state")
+    }
+    match advice {
+        1 | 2 => {
+            let on = advice == 1;
+            m(&mut st, base).update(first, last, |h| h.read_mostly = on);
+        }
+        3 => {
+            let loc = target(&st, location, "SET_PREFERRED_LOCATION")?;
+            m(&mut st, base).update(first, last, |h| h.preferred = Some(loc));
+        }
+        4 => m(&mut st, base).update(first, last, |h| h.preferred = None),
+        5 | 6 => {
+            let (dev, cpu) = accessed_by(&st)?;
+            let on = advice == 5;
+            m(&mut st, base).update(first, last, |h| match dev {
+                Some(d) if on => h.accessed_by |= 1 << d,
+                Some(d) => h.accessed_by &= !(1 << d),
+                None => h.accessed_by_cpu = on && cpu,
+            });
+        }
+        _ => {
+            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, format!("unknown advice {advice}")));
+        }
+    }
+    Ok(())
+}
+
+/// `CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice
+/// device)`: records advice for the (page-rounded) range, which must lie inside one managed
+/// allocation (`INVALID_VALUE` otherwise, or for count 0 / unknown advice). `device` is an
+/// ordinal or `CU_DEVICE_CPU` (-1); a bad ordinal, or a GPU without CONCURRENT_MANAGED_ACCESS for
+/// SET_PREFERRED_LOCATION / (UN)SET_ACCESSED_BY, gives `INVALID_DEVICE`. READ_MOSTLY and
+/// UNSET_PREFERRED_LOCATION ignore `device`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAdvise(dev_ptr: CUdeviceptr, count: usize, advice: u32, device: CUdevice) -> CUresult {
+    api::call("cuMemAdvise", Init::Required, || advise(dev_ptr, count, advice, v1_location(device)))
+}
+
+/// `CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation
+/// location)`: as `cuMemAdvise` with a location: DEVICE (ordinal), HOST (id ignored), HOST_NUMA
+/// (node 0 only) or HOST_NUMA_CURRENT for preferred locations; DEVICE or HOST for ACCESSED_BY.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAdvise_v2(
+    dev_ptr: CUdeviceptr,
+    count: usize,
+    advice: u32,
+    location: MemLocation,
+) -> CUresult {
+    api::call("cuMemAdvise_v2", Init::Required, || advise(dev_ptr, count, advice, location))
+}
+
+fn prefetch(ptr: u64, count: usize, location: MemLocation, flags: c_uint, h_stream: CUstream) -> ApiResult {
+    let mut st = SIM.st.lock();
+    let sid = resolve(&mut st, h_stream)?;
+    if flags != 0 {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("prefetch flags {flags:#x} must be 0"),
+        ));
+    }
+    let (base, first, last) = managed_range(&st, ptr, count)?;
+    let loc = target(&st, location, "prefetch destination")?;
+    let sdev = st.streams[&sid].device;
+    concurrent_device(&st, sdev as i32, "prefetch stream's device")?;
+    let buffer_id = st.allocs[&base].buffer_id;
+    enqueue(&mut st, sid, Work::Prefetch { base, buffer_id, first, last, loc }, Vec::new());
+    Ok(())
+}
+
+/// `CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream
+/// hStream)`: a stream operation that, when it runs, records `dstDevice` (an ordinal or
+/// `CU_DEVICE_CPU`) as the range's LAST_PREFETCH_LOCATION. Managed memory only, range inside the
+/// allocation (`INVALID_VALUE`); a bad ordinal, or a destination or stream device without
+/// CONCURRENT_MANAGED_ACCESS, gives `INVALID_DEVICE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPrefetchAsync(
+    dev_ptr: CUdeviceptr,
+    count: usize,
+    dst_device: CUdevice,
+    h_stream: CUstream,
+) -> CUresult {
+    api::call("cuMemPrefetchAsync", Init::Required, || {
+        prefetch(dev_ptr, count, v1_location(dst_device), 0, h_stream)
+    })
+}
+
+/// `CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location,
+/// unsigned flags, CUstream hStream)`: as `cuMemPrefetchAsync` with a location; `flags` must be
+/// 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPrefetchAsync_v2(
+    dev_ptr: CUdeviceptr,
+    count: usize,
+    location: MemLocation,
+    flags: c_uint,
+    h_stream: CUstream,
+) -> CUresult {
+    api::call("cuMemPrefetchAsync_v2", Init::Required, || prefetch(dev_ptr, count, location, flags, h_stream))
+}
+
+/// Writes one range attribute into `data` (`size` bytes), after validating the size.
+///
+/// # Safety
+/// 1. `data` is non-NULL and valid for writing `size` bytes.
+unsafe fn write_range_attribute(
+    pages: &[PageHints],
+    attribute: u32,
+    data: *mut c_void,
+    size: usize,
+) -> ApiResult {
+    let v2 = |f: fn(&PageHints) -> Option<Loc>| v2_of(common(pages, f));
+    let value: i32 = match attribute {
+        1 => i32::from(pages.iter().all(|p| p.read_mostly)),
+        2 => common(pages, |p| p.preferred).map_or(DEVICE_INVALID, v1_of),
+        4 => common(pages, |p| p.last_prefetch).map_or(DEVICE_INVALID, v1_of),
+        5 => v2(|p| p.preferred).0 as i32,
+        6 => v2(|p| p.preferred).1,
+        7 => v2(|p| p.last_prefetch).0 as i32,
+        8 => v2(|p| p.last_prefetch).1,
+        _ => {
+            // 3: ACCESSED_BY, a list of ids padded with CU_DEVICE_INVALID.
+            let devs = pages.iter().fold(u64::MAX, |acc, p| acc & p.accessed_by);
+            let cpu = pages.iter().all(|p| p.accessed_by_cpu);
+            let ids = (0..64).filter(|d| devs & (1 << d) != 0).chain(cpu.then_some(DEVICE_CPU));
+            let n = size / 4;
+            let mut out = vec![DEVICE_INVALID; n];
+            for (slot, id) in out.iter_mut().zip(ids) {
+                *slot = id;
+            }
+            // SAFETY: `data` holds `size >= 4 * n` bytes (this function's contract).
+            unsafe { std::ptr::copy_nonoverlapping(out.as_ptr().cast::<u8>(), data.cast::<u8>(), n * 4) };
+            return Ok(());
+        }
+    };
+    // SAFETY: `size == 4` was checked by the caller.
+    unsafe { data.cast::<i32>().write_unaligned(value) };
+    Ok(())
+}
+
+/// `INVALID_VALUE` unless `size` suits `attribute` (4 bytes; ACCESSED_BY a non-zero multiple of
+/// 4) and the attribute is known.
+fn check_range_attribute(attribute: u32, size: usize) -> ApiResult {
+    let bad = |m: String| Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m));
+    match attribute {
+        3 if size == 0 || !size.is_multiple_of(4) => {
+            bad(format!("ACCESSED_BY needs a non-zero multiple of 4 bytes, not {size}"))
+        }
+        3 => Ok(()),
+        1 | 2 | 4..=8 if size != 4 => bad(format!("range attribute {attribute} needs 4 bytes, not {size}")),
+        1 | 2 | 4..=8 => Ok(()),
+        _ => bad(format!("unknown range attribute {attribute}")),
+    }
+}
+
+/// `CUresult cuMemRangeGetAttribute(void *data, size_t dataSize, CUmem_range_attribute attribute,
+/// CUdeviceptr devPtr, size_t count)`: READ_MOSTLY is 1 iff every page has it; PREFERRED_LOCATION
+/// and LAST_PREFETCH_LOCATION are the common value of all pages (`CU_DEVICE_CPU` for the host)
+/// or `CU_DEVICE_INVALID` (-2) when mixed or unset; ACCESSED_BY lists the ids advised on every page,
+/// padded with -2; the `_TYPE`/`_ID` forms give the `CUmemLocationType` (INVALID when mixed or
+/// unset, with id -2) and id. Managed memory only; sizes per attribute (see above).
+///
+/// # Safety
+/// 1. `data` is NULL or valid for writing `data_size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRangeGetAttribute(
+    data: *mut c_void,
+    data_size: usize,
+    attribute: u32,
+    dev_ptr: CUdeviceptr,
+    count: usize,
+) -> CUresult {
+    api::call("cuMemRangeGetAttribute", Init::Required, || {
+        api::non_null(data, "data")?;
+        check_range_attribute(attribute, data_size)?;
+        let st = SIM.st.lock();
+        let (base, first, last) = managed_range(&st, dev_ptr, count)?;
+        let pages = st.managed[&base].range(first, last);
+        // SAFETY: non-NULL and valid for `data_size` bytes (caller contract), size checked.
+        unsafe { write_range_attribute(&pages, attribute, data, data_size) }
+    })
+}
+
+/// `CUresult cuMemRangeGetAttributes(void **data, size_t *dataSizes, CUmem_range_attribute
+/// *attributes, size_t numAttributes, CUdeviceptr devPtr, size_t count)`: the batch form; every
+/// entry is validated before anything is written.
+///
+/// # Safety
+/// 1. `data`, `data_sizes` and `attributes` are NULL or valid for reading `num` entries; each
+///    `data[i]` is NULL or valid for writing `data_sizes[i]` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRangeGetAttributes(
+    data: *mut *mut c_void,
+    data_sizes: *mut usize,
+    attributes: *mut u32,
+    num: usize,
+    dev_ptr: CUdeviceptr,
+    count: usize,
+) -> CUresult {
+    api::call("cuMemRangeGetAttributes", Init::Required, || {
+        if num == 0 {
+            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "numAttributes is 0"));
+        }
+        api::non_null(data, "data")?;
+        api::non_null(data_sizes, "dataSizes")?;
+        api::non_null(attributes, "attributes")?;
+        // SAFETY: non-NULL and valid for `num` entries (caller contract).
+        let (outs, sizes, attrs) = unsafe {
+            (
+                std::slice::from_raw_parts(data, num),
+                std::slice::from_raw_parts(data_sizes, num),
+                std::slice::from_raw_parts(attributes, num),
+            )
+        };
+        for ((&out, &size), &attr) in outs.iter().zip(sizes).zip(attrs) {
+            api::non_null(out, "data[i]")?;
+            check_range_attribute(attr, size)?;
+        }
+        let st = SIM.st.lock();
+        let (base, first, last) = managed_range(&st, dev_ptr, count)?;
+        let pages = st.managed[&base].range(first, last);
+        for ((&out, &size), &attr) in outs.iter().zip(sizes).zip(attrs) {
+            // SAFETY: non-NULL and valid for `size` bytes (caller contract), size checked.
+            unsafe { write_range_attribute(&pages, attr, out, size)? };
+        }
+        Ok(())
+    })
+}
+
+/// `CUresult cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, size_t length, unsigned
+/// flags)`: records the attachment (GLOBAL, HOST or SINGLE, exactly one) and its stream, in
+/// stream order (a queued operation), visible in the live report. `dptr` must be the base of a
+/// managed allocation and `length` 0 or its size; SINGLE on the NULL/legacy stream gives
+/// `INVALID_VALUE`. A SINGLE attachment reverts to the allocation's flags when its stream is
+/// destroyed. Access restrictions implied by the attachment are not enforced.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamAttachMemAsync(
+    h_stream: CUstream,
+    dptr: CUdeviceptr,
+    length: usize,
+    flags: c_uint,
+) -> CUresult {
+    api::call("cuStreamAttachMemAsync", Init::Required, || {
+        let mut st = SIM.st.lock();
+        let sid = resolve(&mut st, h_stream)?;
+        let bad = |m: String| Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m));
+        if !matches!(flags, 1 | 2 | 4) {
+            return bad(format!("attach flags {flags:#x} must be exactly one of GLOBAL, HOST, SINGLE"));
+        }
+        if flags == ATTACH_SINGLE && matches!(h_stream as u64, 0 | 1) {
+            return bad("CU_MEM_ATTACH_SINGLE on the NULL stream".into());
+        }
+        let a = match st.find_alloc(dptr) {
+            Some(a) if a.kind == AllocKind::Managed && a.base == dptr => a.clone(),
+            Some(a) if a.kind == AllocKind::Managed => {
+                return bad(format!(
+                    "{dptr:#x} is an interior pointer of the managed allocation at {:#x}",
+                    a.base
+                ));
+            }
+            _ => return bad(format!("{dptr:#x} is not a managed allocation")),
+        };
+        if length != 0 && length as u64 != a.bytes {
+            return bad(format!("length {length} must be 0 or the allocation's size {}", a.bytes));
+        }
+        enqueue(&mut st, sid, Work::Nop, Vec::new());
+        let m = st.managed.get_mut(&dptr).expect("managed allocations have state");
+        m.attach = flags;
+        m.stream = sid;
+        Ok(())
+    })
+}

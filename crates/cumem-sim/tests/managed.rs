@@ -1,0 +1,326 @@
+//! Managed memory: allocation rules, host visibility, attributes, copies and memsets, attachment,
+//! advice, prefetch and range attributes.
+
+mod common;
+
+use std::ffi::c_void;
+
+use common::*;
+use cudarc::driver::sys::{self as cu, CUdeviceptr, CUmem_advise, CUmem_range_attribute, CUresult};
+
+use CUmem_advise::*;
+use CUmem_range_attribute::*;
+
+const GLOBAL: u32 = 1;
+const HOST: u32 = 2;
+const SINGLE: u32 = 4;
+const PAGE: usize = 4096;
+
+fn managed(bytes: usize) -> CUdeviceptr {
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocManaged(&mut p, bytes, GLOBAL) });
+    p
+}
+
+fn range_i32(attr: CUmem_range_attribute, p: CUdeviceptr, n: usize) -> i32 {
+    let mut v = 0x5a5a_5a5ai32;
+    // SAFETY: 4 writable bytes.
+    ok(unsafe { cu::cuMemRangeGetAttribute((&mut v as *mut i32).cast(), 4, attr, p, n) });
+    v
+}
+
+fn accessed_by(p: CUdeviceptr, n: usize) -> [i32; 4] {
+    let mut v = [0x11i32; 4];
+    // SAFETY: 16 writable bytes.
+    ok(unsafe {
+        cu::cuMemRangeGetAttribute(v.as_mut_ptr().cast(), 16, CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY, p, n)
+    });
+    v
+}
+
+fn advise(p: CUdeviceptr, n: usize, a: CUmem_advise, dev: i32) -> CUresult {
+    // SAFETY: plain FFI call.
+    unsafe { cu::cuMemAdvise(p, n, a, dev) }
+}
+
+fn loc(kind: cu::CUmemLocationType, id: i32) -> cu::CUmemLocation {
+    cu::CUmemLocation { type_: kind, id }
+}
+
+#[test]
+fn allocation_rules() {
+    let ctl = bind(0);
+    let mut p = 0x99u64;
+    // SAFETY: valid out-pointers (or NULL as the misuse).
+    unsafe {
+        for flags in [0, SINGLE, GLOBAL | HOST, 8] {
+            assert_eq!(
+                cu::cuMemAllocManaged(&mut p, 64, flags),
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                "flags {flags}"
+            );
+        }
+        assert_eq!(cu::cuMemAllocManaged(&mut p, 0, GLOBAL), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            cu::cuMemAllocManaged(std::ptr::null_mut(), 64, GLOBAL),
+            CUresult::CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(p, 0x99);
+        ok(cu::cuMemAllocManaged(&mut p, 100, HOST));
+        assert_eq!(p % 256, 0);
+        let report = ctl.live_report();
+        let a = report.allocations.iter().find(|a| a.ptr == p).expect("listed");
+        assert_eq!((a.kind.as_str(), a.bytes, a.attach), ("managed", 100, Some(HOST)));
+        assert_eq!(cu::cuMemFreeHost(p as *mut c_void), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cu::cuMemFree_v2(p + 4), CUresult::CUDA_ERROR_INVALID_VALUE);
+        dfree(p);
+        assert_eq!(cu::cuMemFree_v2(p), CUresult::CUDA_ERROR_INVALID_VALUE);
+        bind(3);
+        assert_eq!(cu::cuMemAllocManaged(&mut p, 64, GLOBAL), CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+}
+
+#[test]
+fn host_sees_managed_memory_at_the_same_address() {
+    bind(0);
+    let n = 3 * PAGE;
+    let p = managed(n);
+    let host = p as *mut u8;
+    poke(host, n, 0x21);
+    assert!(read_back(p, n).iter().all(|&b| b == 0x21), "device reads what the host wrote");
+    // A synchronous memset into managed memory is complete when it returns.
+    // SAFETY: plain FFI call on a live allocation.
+    ok(unsafe { cu::cuMemsetD8_v2(p + 10, 0x42, 20) });
+    let v = peek(host, n);
+    assert!(v[10..30].iter().all(|&b| b == 0x42) && v[9] == 0x21 && v[30] == 0x21);
+    // Synchronous copies into managed memory are complete when they return.
+    let src = [7u8; 100];
+    // SAFETY: `src` has 100 bytes.
+    ok(unsafe { cu::cuMemcpyHtoD_v2(p + 100, src.as_ptr().cast(), 100) });
+    assert!(peek(host, 200)[100..200].iter().all(|&b| b == 7));
+    let d = dalloc(n);
+    // SAFETY: live allocations of `n` bytes.
+    ok(unsafe { cu::cuMemcpyDtoD_v2(d, p, n) });
+    // SAFETY: as above.
+    ok(unsafe { cu::cuMemcpy(p + PAGE as u64, d, 10) });
+    assert_eq!(peek(host, PAGE + 10)[PAGE..], read_back(d, 10)[..]);
+    // Async memsets run in stream order.
+    let s = stream(0);
+    let gate = Gate::block(s);
+    // SAFETY: plain FFI call on a live allocation.
+    ok(unsafe { cu::cuMemsetD8Async(p, 0x99, 8, s) });
+    settle();
+    assert_eq!(peek(host, 1)[0], 0x21, "the async memset has not run yet");
+    gate.open();
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    assert!(peek(host, 8).iter().all(|&b| b == 0x99));
+    // Bounds are per allocation.
+    // SAFETY: plain FFI call; the overrun is the misuse under test.
+    assert_eq!(unsafe { cu::cuMemsetD8_v2(p + n as u64 - 1, 0, 2) }, CUresult::CUDA_ERROR_INVALID_VALUE);
+    destroy(s);
+    dfree(d);
+    dfree(p);
+}
+
+#[test]
+fn pointer_attributes_of_managed_memory() {
+    bind(0);
+    let p = managed(1000);
+    // SAFETY: valid out-pointers sized per attribute.
+    unsafe {
+        let mut t = 0u32;
+        ok(cu::cuPointerGetAttribute(
+            (&mut t as *mut u32).cast(),
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            p + 8,
+        ));
+        assert_eq!(t, 2, "managed memory reports DEVICE");
+        ok(cu::cuPointerGetAttribute(
+            (&mut t as *mut u32).cast(),
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            p,
+        ));
+        assert_eq!(t, 1);
+        let mut h = 0u64;
+        ok(cu::cuPointerGetAttribute(
+            (&mut h as *mut u64).cast(),
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER,
+            p + 8,
+        ));
+        assert_eq!(h, p + 8);
+        let mut f = 0u32;
+        ok(cu::cuMemHostGetFlags(&mut f, (p + 8) as *mut c_void));
+        assert_eq!(f, 2);
+        let (mut base, mut size) = (0u64, 0usize);
+        ok(cu::cuMemGetAddressRange_v2(&mut base, &mut size, p + 999));
+        assert_eq!((base, size), (p, 1000));
+    }
+    dfree(p);
+}
+
+#[test]
+fn attach_rules_and_reversion() {
+    let ctl = bind(0);
+    let p = managed(2 * PAGE);
+    let s = stream(0);
+    // SAFETY: plain FFI calls.
+    unsafe {
+        let e = CUresult::CUDA_ERROR_INVALID_VALUE;
+        assert_eq!(cu::cuStreamAttachMemAsync(s, p, PAGE, SINGLE), e, "partial length");
+        assert_eq!(cu::cuStreamAttachMemAsync(s, p + 8, 0, SINGLE), e, "interior pointer");
+        assert_eq!(cu::cuStreamAttachMemAsync(s, p, 0, 0), e);
+        assert_eq!(cu::cuStreamAttachMemAsync(s, p, 0, GLOBAL | SINGLE), e);
+        assert_eq!(cu::cuStreamAttachMemAsync(std::ptr::null_mut(), p, 0, SINGLE), e);
+        let d = dalloc(64);
+        assert_eq!(cu::cuStreamAttachMemAsync(s, d, 0, HOST), e, "not managed");
+        dfree(d);
+        ok(cu::cuStreamAttachMemAsync(s, p, 2 * PAGE, SINGLE));
+        let a = ctl.live_report().allocations.into_iter().find(|a| a.ptr == p).unwrap();
+        assert_eq!((a.attach, a.attach_stream), (Some(SINGLE), Some(s as u64)));
+        ok(cu::cuStreamAttachMemAsync(std::ptr::null_mut(), p, 0, HOST));
+        ok(cu::cuStreamAttachMemAsync(s, p, 0, SINGLE));
+    }
+    destroy(s);
+    let a = ctl.live_report().allocations.into_iter().find(|a| a.ptr == p).unwrap();
+    assert_eq!((a.attach, a.attach_stream), (Some(GLOBAL), None), "SINGLE reverts when its stream dies");
+    dfree(p);
+}
+
+#[test]
+fn advice_is_recorded_per_range_with_mixed_answers() {
+    bind(0);
+    let n = 4 * PAGE;
+    let p = managed(n);
+    let all = |a| range_i32(a, p, n);
+    assert_eq!(all(CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY), 0);
+    assert_eq!(all(CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION), -2, "unset");
+    assert_eq!(all(CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION), -2, "never prefetched");
+    ok(advise(p + PAGE as u64, PAGE, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, 0));
+    ok(advise(p, 1, CU_MEM_ADVISE_SET_READ_MOSTLY, 99)); // device ignored for READ_MOSTLY
+    assert_eq!(range_i32(CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, p + PAGE as u64 + 5, 100), 0);
+    assert_eq!(all(CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION), -2, "mixed");
+    assert_eq!(range_i32(CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, p + 100, 10), 1);
+    assert_eq!(all(CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY), 0, "not on every page");
+    ok(advise(p, n, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, -1));
+    assert_eq!(all(CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION), -1, "CU_DEVICE_CPU");
+    assert_eq!(all(CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE), 2, "HOST");
+    ok(advise(p, n, CU_MEM_ADVISE_SET_ACCESSED_BY, -1));
+    ok(advise(p, n, CU_MEM_ADVISE_SET_ACCESSED_BY, 0));
+    ok(advise(p, PAGE, CU_MEM_ADVISE_SET_ACCESSED_BY, 2));
+    assert_eq!(accessed_by(p, n), [0, -1, -2, -2]);
+    assert_eq!(accessed_by(p, 10), [0, 2, -1, -2]);
+    ok(advise(p, n, CU_MEM_ADVISE_UNSET_ACCESSED_BY, 0));
+    assert_eq!(accessed_by(p, n), [-1, -2, -2, -2]);
+    ok(advise(p, n, CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION, 77));
+    assert_eq!(all(CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION), -2);
+    assert_eq!(all(CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE), 0, "INVALID when unset");
+    // v2: a device location.
+    // SAFETY: plain FFI call.
+    ok(unsafe {
+        cu::cuMemAdvise_v2(
+            p,
+            PAGE,
+            CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+            loc(cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, 2),
+        )
+    });
+    assert_eq!(range_i32(CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE, p, PAGE), 1);
+    assert_eq!(range_i32(CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID, p, PAGE), 2);
+    dfree(p);
+}
+
+#[test]
+fn advice_validation() {
+    let ctl = bind(0);
+    let p = managed(PAGE);
+    let d = dalloc(PAGE);
+    let e = CUresult::CUDA_ERROR_INVALID_VALUE;
+    assert_eq!(advise(d, 16, CU_MEM_ADVISE_SET_READ_MOSTLY, 0), e, "device memory");
+    assert_eq!(advise(p, 0, CU_MEM_ADVISE_SET_READ_MOSTLY, 0), e, "count 0");
+    assert_eq!(advise(p, PAGE + 1, CU_MEM_ADVISE_SET_READ_MOSTLY, 0), e, "past the end");
+    assert_eq!(advise(p, 16, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, 64), CUresult::CUDA_ERROR_INVALID_DEVICE);
+    assert_eq!(advise(p, 16, CU_MEM_ADVISE_SET_ACCESSED_BY, 9), CUresult::CUDA_ERROR_INVALID_DEVICE);
+    // Device 1 has no CONCURRENT_MANAGED_ACCESS.
+    assert_eq!(advise(p, 16, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, 1), CUresult::CUDA_ERROR_INVALID_DEVICE);
+    // SAFETY: raw advice/attribute numbers and sizes are the misuse under test.
+    unsafe {
+        let raw_advise: unsafe extern "C" fn(CUdeviceptr, usize, u32, i32) -> CUresult = raw("cuMemAdvise");
+        assert_eq!(raw_advise(p, 16, 7, 0), e);
+        let mut v = [0i32; 2];
+        let get = |size: usize, attr: CUmem_range_attribute, v: &mut [i32; 2]| {
+            cu::cuMemRangeGetAttribute(v.as_mut_ptr().cast(), size, attr, p, 16)
+        };
+        assert_eq!(get(8, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, &mut v), e);
+        assert_eq!(get(6, CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY, &mut v), e);
+        assert_eq!(get(0, CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY, &mut v), e);
+        assert_eq!(
+            cu::cuMemRangeGetAttribute(v.as_mut_ptr().cast(), 4, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, d, 16),
+            e
+        );
+        // v2 location types.
+        let host_numa9 = loc(cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, 9);
+        assert_eq!(cu::cuMemAdvise_v2(p, 16, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host_numa9), e);
+        let invalid = loc(cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, 0);
+        assert_eq!(cu::cuMemAdvise_v2(p, 16, CU_MEM_ADVISE_SET_ACCESSED_BY, invalid), e);
+        ok(cu::cuMemAdvise_v2(p, 16, CU_MEM_ADVISE_SET_READ_MOSTLY, invalid));
+    }
+    dfree(d);
+    dfree(p);
+    assert!(ctl.violations_on_this_thread().iter().any(|v| v.message.contains("not managed memory")));
+}
+
+#[test]
+fn prefetch_is_a_stream_operation() {
+    bind(0);
+    let p = managed(2 * PAGE);
+    let s = stream(0);
+    let gate = Gate::block(s);
+    // SAFETY: plain FFI calls.
+    unsafe {
+        ok(cu::cuMemPrefetchAsync(p, PAGE, 0, s));
+        assert_eq!(range_i32(CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, p, PAGE), -2, "not run yet");
+        gate.open();
+        ok(cu::cuStreamSynchronize(s));
+        assert_eq!(range_i32(CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, p, PAGE), 0);
+        assert_eq!(range_i32(CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, p, 2 * PAGE), -2, "mixed");
+        let host = loc(cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0);
+        ok(cu::cuMemPrefetchAsync_v2(p, 2 * PAGE, host, 0, s));
+        ok(cu::cuStreamSynchronize(s));
+        assert_eq!(range_i32(CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, p, 2 * PAGE), -1);
+        assert_eq!(range_i32(CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE, p, 2 * PAGE), 2);
+        // Batch form.
+        let (mut rm, mut pl) = (9i32, 9i32);
+        let mut data = [(&mut rm as *mut i32).cast::<c_void>(), (&mut pl as *mut i32).cast()];
+        let mut sizes = [4usize, 4];
+        let mut attrs = [CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION];
+        ok(cu::cuMemRangeGetAttributes(
+            data.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            attrs.as_mut_ptr(),
+            2,
+            p,
+            2 * PAGE,
+        ));
+        assert_eq!((rm, pl), (0, -1));
+        // Misuse.
+        assert_eq!(cu::cuMemPrefetchAsync_v2(p, 16, host, 1, s), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cu::cuMemPrefetchAsync(p, 16, 64, s), CUresult::CUDA_ERROR_INVALID_DEVICE);
+        assert_eq!(
+            cu::cuMemPrefetchAsync(p, 16, 1, s),
+            CUresult::CUDA_ERROR_INVALID_DEVICE,
+            "no concurrent access"
+        );
+        assert_eq!(cu::cuMemPrefetchAsync(p, 3 * PAGE, -1, s), CUresult::CUDA_ERROR_INVALID_VALUE);
+        let d = dalloc(64);
+        assert_eq!(cu::cuMemPrefetchAsync(d, 16, 0, s), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            cu::cuMemPrefetchAsync(p, 16, 0, 0xbad0 as cu::CUstream),
+            CUresult::CUDA_ERROR_INVALID_HANDLE
+        );
+        dfree(d);
+    }
+    destroy(s);
+    dfree(p);
+}

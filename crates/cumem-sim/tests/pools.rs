@@ -1,0 +1,749 @@
+//! The stream-ordered allocator and memory pools: misuse codes, attributes, stream-ordered
+//! reuse, release at synchronisation, trimming, limits, and destruction.
+
+mod common;
+
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use common::*;
+use cudarc::driver::sys::{
+    self as cu, CUdeviceptr, CUevent, CUmemPool_attribute, CUmemoryPool, CUpointer_attribute, CUresult,
+    CUstream,
+};
+
+use CUmemPool_attribute::*;
+
+const MIB: u64 = 1 << 20;
+
+fn props(dev: i32, max_size: usize) -> cu::CUmemPoolProps {
+    // SAFETY: an all-zero CUmemPoolProps is a valid value (every enum has a 0 variant).
+    let mut p: cu::CUmemPoolProps = unsafe { std::mem::zeroed() };
+    p.allocType = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location = cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
+    p.maxSize = max_size;
+    p
+}
+
+fn create(p: &cu::CUmemPoolProps) -> CUmemoryPool {
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid pointers.
+    ok(unsafe { cu::cuMemPoolCreate(&mut pool, p) });
+    pool
+}
+
+/// A user pool on `dev` that never releases at synchronisation (threshold = max).
+fn keeping_pool(dev: i32, max_size: usize) -> CUmemoryPool {
+    let pool = create(&props(dev, max_size));
+    set_u64(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX);
+    pool
+}
+
+fn destroy_pool(pool: CUmemoryPool) {
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuMemPoolDestroy(pool) });
+}
+
+fn get_u64(pool: CUmemoryPool, a: CUmemPool_attribute) -> u64 {
+    let mut v = 0u64;
+    // SAFETY: a u64 out-value for a cuuint64_t attribute.
+    ok(unsafe { cu::cuMemPoolGetAttribute(pool, a, (&mut v as *mut u64).cast()) });
+    v
+}
+
+fn set_u64(pool: CUmemoryPool, a: CUmemPool_attribute, v: u64) -> CUresult {
+    let mut v = v;
+    // SAFETY: a u64 value for a cuuint64_t attribute.
+    unsafe { cu::cuMemPoolSetAttribute(pool, a, (&mut v as *mut u64).cast()) }
+}
+
+fn get_int(pool: CUmemoryPool, a: CUmemPool_attribute) -> i32 {
+    let mut v = -1i32;
+    // SAFETY: an int out-value for an int attribute.
+    ok(unsafe { cu::cuMemPoolGetAttribute(pool, a, (&mut v as *mut i32).cast()) });
+    v
+}
+
+fn set_int(pool: CUmemoryPool, a: CUmemPool_attribute, v: i32) {
+    let mut v = v;
+    // SAFETY: an int value for an int attribute.
+    ok(unsafe { cu::cuMemPoolSetAttribute(pool, a, (&mut v as *mut i32).cast()) });
+}
+
+fn alloc_from(pool: CUmemoryPool, bytes: usize, s: CUstream) -> CUdeviceptr {
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocFromPoolAsync(&mut p, bytes, pool, s) });
+    p
+}
+
+fn try_alloc_from(pool: CUmemoryPool, bytes: usize, s: CUstream) -> Result<CUdeviceptr, CUresult> {
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    match unsafe { cu::cuMemAllocFromPoolAsync(&mut p, bytes, pool, s) } {
+        CUresult::CUDA_SUCCESS => Ok(p),
+        e => Err(e),
+    }
+}
+
+fn free_async(p: CUdeviceptr, s: CUstream) {
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuMemFreeAsync(p, s) });
+}
+
+fn sync(s: CUstream) {
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+}
+
+fn event() -> CUevent {
+    let mut e: CUevent = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuEventCreate(&mut e, 0) });
+    e
+}
+
+fn default_pool(dev: i32) -> (CUresult, CUmemoryPool) {
+    let mut p: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    let r = unsafe { cu::cuDeviceGetDefaultMemPool(&mut p, dev) };
+    (r, p)
+}
+
+#[test]
+fn alloc_and_free_misuse_codes() {
+    let ctl = bind(0);
+    let s = stream(0);
+    // SAFETY: plain FFI calls; pointers are valid or deliberately NULL/bogus.
+    unsafe {
+        assert_eq!(cu::cuMemAllocAsync(std::ptr::null_mut(), 16, s), CUresult::CUDA_ERROR_INVALID_VALUE);
+        let mut p: u64 = 0x55;
+        ok(cu::cuMemAllocAsync(&mut p, 0, s));
+        assert_eq!(p, 0, "a zero-byte stream-ordered allocation is NULL");
+        p = 0x55;
+        assert_eq!(cu::cuMemAllocAsync(&mut p, 16, 0xdead0 as CUstream), CUresult::CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(p, 0x55);
+        assert_eq!(
+            cu::cuMemAllocFromPoolAsync(&mut p, 16, 0x1234 as CUmemoryPool, s),
+            CUresult::CUDA_ERROR_INVALID_VALUE
+        );
+        ok(cu::cuMemFreeAsync(0, s));
+        let d = dalloc(256);
+        assert_eq!(cu::cuMemFreeAsync(d, s), CUresult::CUDA_ERROR_INVALID_VALUE);
+        dfree(d);
+        ok(cu::cuMemAllocAsync(&mut p, 4096, s));
+        assert_eq!(cu::cuMemFreeAsync(p + 512, s), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cu::cuMemFree_v2(p + 512), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cu::cuMemFreeHost(p as *mut c_void), CUresult::CUDA_ERROR_INVALID_VALUE);
+        free_async(p, s);
+        assert_eq!(cu::cuMemFreeAsync(p, s), CUresult::CUDA_ERROR_INVALID_VALUE);
+        // Stream-ordered calls on the NULL stream need a context; explicit streams do not.
+        let s_addr = s as usize;
+        let codes = std::thread::spawn(move || {
+            let s = s_addr as CUstream;
+            let mut q = 0u64;
+            let a = cu::cuMemAllocAsync(&mut q, 64, std::ptr::null_mut());
+            let b = cu::cuMemAllocAsync(&mut q, 64, s);
+            let c = cu::cuMemFreeAsync(q, s);
+            (a, b, c)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            codes,
+            (CUresult::CUDA_ERROR_INVALID_CONTEXT, CUresult::CUDA_SUCCESS, CUresult::CUDA_SUCCESS)
+        );
+    }
+    sync(s);
+    destroy(s);
+    let v = ctl.violations_on_this_thread();
+    assert!(v.iter().any(|v| v.function == "cuMemFreeAsync" && v.message.contains("not a stream-ordered")));
+    assert!(v.iter().any(|v| v.function == "cuMemFreeAsync" && v.message.contains("double free")));
+    assert!(v.iter().any(|v| v.function == "cuMemFreeAsync" && v.message.contains("interior")));
+    assert!(
+        v.iter().any(|v| v.function == "cuMemAllocFromPoolAsync" && v.message.contains("not a memory pool"))
+    );
+}
+
+#[test]
+fn default_and_current_pools() {
+    bind(0);
+    let (r0, p0) = default_pool(0);
+    ok(r0);
+    assert_eq!(default_pool(0).1, p0, "the default pool handle is stable");
+    let (_, p1) = default_pool(1);
+    assert_ne!(p0, p1);
+    assert_eq!(default_pool(3).0, CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    assert_eq!(default_pool(99).0, CUresult::CUDA_ERROR_INVALID_DEVICE);
+    // SAFETY: plain FFI calls with valid out-pointers.
+    unsafe {
+        assert_eq!(
+            cu::cuDeviceGetDefaultMemPool(std::ptr::null_mut(), 0),
+            CUresult::CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(cu::cuMemPoolDestroy(p0), CUresult::CUDA_ERROR_INVALID_VALUE);
+        let mut cur: CUmemoryPool = std::ptr::null_mut();
+        ok(cu::cuDeviceGetMemPool(&mut cur, 1));
+        assert_eq!(cur, p1);
+        assert_eq!(cu::cuDeviceSetMemPool(1, p0), CUresult::CUDA_ERROR_INVALID_VALUE);
+        let mine = create(&props(1, 0));
+        ok(cu::cuDeviceSetMemPool(1, mine));
+        ok(cu::cuDeviceGetMemPool(&mut cur, 1));
+        assert_eq!(cur, mine);
+        // Destroying the current pool makes the default pool current again.
+        destroy_pool(mine);
+        ok(cu::cuDeviceGetMemPool(&mut cur, 1));
+        assert_eq!(cur, p1);
+        assert_eq!(cu::cuDeviceSetMemPool(1, mine), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cu::cuMemPoolDestroy(mine), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cu::cuMemPoolTrimTo(mine, 0), CUresult::CUDA_ERROR_INVALID_VALUE);
+        // cuMemAllocAsync on a device without pool support.
+        bind(3);
+        let mut q = 0x66u64;
+        assert_eq!(cu::cuMemAllocAsync(&mut q, 64, std::ptr::null_mut()), CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        assert_eq!(q, 0x66);
+    }
+}
+
+#[test]
+fn pool_create_validation() {
+    let ctl = bind(0);
+    let bad = |p: &cu::CUmemPoolProps| {
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid pointers.
+        unsafe { cu::cuMemPoolCreate(&mut pool, p) }
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: NULL arguments are the misuse under test.
+    unsafe {
+        assert_eq!(cu::cuMemPoolCreate(&mut pool, std::ptr::null()), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            cu::cuMemPoolCreate(std::ptr::null_mut(), &props(0, 0)),
+            CUresult::CUDA_ERROR_INVALID_VALUE
+        );
+    }
+    let mut p = props(0, 0);
+    p.allocType = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_INVALID;
+    assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE);
+    let mut p = props(9, 0);
+    assert_eq!(
+        bad(&p),
+        CUresult::CUDA_ERROR_INVALID_VALUE,
+        "bad ordinal is INVALID_VALUE, not INVALID_DEVICE"
+    );
+    p.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST;
+    p.location.id = 0;
+    assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE);
+    let mut p = props(0, 0);
+    p.handleTypes = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+    assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE, "the device supports POSIX fds only");
+    let mut p = props(0, 0);
+    p.reserved[3] = 1;
+    assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(bad(&props(3, 0)), CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    let mut p = props(0, 0);
+    p.handleTypes = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    let pool = create(&p);
+    let report = ctl.live_report();
+    let live = report.pools.iter().find(|lp| lp.handle == pool as u64).expect("listed");
+    assert!(!live.default && live.device == 0 && live.reserved == 0 && live.used == 0);
+    assert!(report.pools.iter().any(|lp| lp.default && lp.device == 0), "default pools are listed");
+    destroy_pool(pool);
+    assert!(!ctl.live_report().contains_pool(pool as u64));
+}
+
+#[test]
+fn attribute_types_defaults_and_rules() {
+    let ctl = bind(0);
+    let pool = create(&props(0, 0));
+    assert_eq!(get_int(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES), 1);
+    assert_eq!(get_int(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC), 1);
+    assert_eq!(get_int(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES), 1);
+    assert_eq!(get_u64(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), 0);
+    // An int attribute writes exactly 4 bytes.
+    let mut buf = [0xAAu8; 8];
+    // SAFETY: `buf` has room for 8 bytes.
+    ok(unsafe {
+        cu::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, buf.as_mut_ptr().cast())
+    });
+    assert_eq!(buf, [1, 0, 0, 0, 0xAA, 0xAA, 0xAA, 0xAA]);
+    set_int(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, 0);
+    assert_eq!(get_int(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC), 0);
+    ok(set_u64(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 123 * MIB));
+    assert_eq!(get_u64(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), 123 * MIB);
+    let e = CUresult::CUDA_ERROR_INVALID_VALUE;
+    assert_eq!(set_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, 0), e);
+    assert_eq!(set_u64(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0), e);
+    assert_eq!(set_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 5), e);
+    assert_eq!(set_u64(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, 5), e);
+    // SAFETY: the symbol has this C signature; raw integers stand for unknown enumerators.
+    let get: unsafe extern "C" fn(CUmemoryPool, u32, *mut c_void) -> CUresult =
+        unsafe { raw("cuMemPoolGetAttribute") };
+    // SAFETY: as above.
+    let set: unsafe extern "C" fn(CUmemoryPool, u32, *mut c_void) -> CUresult =
+        unsafe { raw("cuMemPoolSetAttribute") };
+    let mut v = 0u64;
+    // SAFETY: valid value pointer; unknown attribute numbers and a NULL value are the misuse.
+    unsafe {
+        assert_eq!(get(pool, 0, (&mut v as *mut u64).cast()), e);
+        assert_eq!(get(pool, 9, (&mut v as *mut u64).cast()), e);
+        assert_eq!(set(pool, 42, (&mut v as *mut u64).cast()), e);
+        assert_eq!(get(pool, 5, std::ptr::null_mut()), e);
+    }
+    // High-water marks: reset only to 0, then equal the current value.
+    let s = stream(0);
+    let a = alloc_from(pool, 3 * MIB as usize, s);
+    let b = alloc_from(pool, 12, s);
+    assert_eq!(get_u64(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 3 * MIB + 512, "rounded to 512 B");
+    assert!(get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >= 3 * MIB + 512);
+    free_async(a, s);
+    assert_eq!(get_u64(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 512);
+    assert_eq!(get_u64(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 3 * MIB + 512);
+    ok(set_u64(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0));
+    assert_eq!(get_u64(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 512);
+    let reserved = get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    ok(set_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0));
+    assert_eq!(get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), reserved);
+    free_async(b, s);
+    sync(s);
+    destroy(s);
+    destroy_pool(pool);
+    let v = ctl.violations_on_this_thread();
+    assert!(v.iter().any(|v| v.message.contains("read-only")));
+    assert!(v.iter().any(|v| v.message.contains("can only be reset to 0")));
+    assert!(v.iter().any(|v| v.message.contains("unknown memory pool attribute")));
+}
+
+#[test]
+fn same_stream_reuse_is_immediate_even_before_the_free_runs() {
+    bind(0);
+    let pool = keeping_pool(0, 0);
+    let s = stream(0);
+    let gate = Gate::block(s);
+    let a = alloc_from(pool, 4096, s);
+    free_async(a, s);
+    let b = alloc_from(pool, 4096, s);
+    assert_eq!(a, b, "memory freed on S is reusable at once by S");
+    gate.open();
+    free_async(b, s);
+    sync(s);
+    destroy(s);
+    destroy_pool(pool);
+}
+
+#[test]
+fn cross_stream_reuse_needs_a_dependency_or_completion() {
+    bind(0);
+    let pool = keeping_pool(0, 0);
+    let (s, t) = (stream(1), stream(1));
+    let gate = Gate::block(s);
+    let a = alloc_from(pool, 4096, s);
+    free_async(a, s);
+    // T has no dependency on S and the free has not run: fresh memory.
+    let b = alloc_from(pool, 4096, t);
+    assert_ne!(b, a);
+    assert!(b >= a + 4096 || b + 4096 <= a, "no overlap with the pending block");
+    // An event recorded after the free and waited on by T is a dependency.
+    let e = event();
+    // SAFETY: plain FFI calls on live handles.
+    unsafe {
+        ok(cu::cuEventRecord(e, s));
+        ok(cu::cuStreamWaitEvent(t, e, 0));
+    }
+    let c = alloc_from(pool, 4096, t);
+    assert_eq!(c, a, "FOLLOW_EVENT_DEPENDENCIES lets T reuse S's free");
+    gate.open();
+    free_async(b, t);
+    free_async(c, t);
+    sync(t);
+    sync(s);
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuEventDestroy_v2(e) });
+    destroy(s);
+    destroy(t);
+    destroy_pool(pool);
+}
+
+#[test]
+fn opportunistic_reuse_after_completion_and_its_switch() {
+    bind(0);
+    for opportunistic in [1, 0] {
+        let pool = keeping_pool(0, 0);
+        set_int(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, opportunistic);
+        let (s, t) = (stream(1), stream(1));
+        let a = alloc_from(pool, 8192, s);
+        free_async(a, s);
+        sync(s); // the free has completed (and the threshold keeps the memory reserved)
+        let b = alloc_from(pool, 8192, t);
+        if opportunistic == 1 {
+            assert_eq!(b, a, "a completed free is reusable by any stream");
+        } else {
+            assert_ne!(b, a, "without OPPORTUNISTIC, completion alone is not enough");
+        }
+        free_async(b, t);
+        sync(t);
+        destroy(s);
+        destroy(t);
+        destroy_pool(pool);
+    }
+}
+
+#[test]
+fn internal_dependencies_make_the_allocating_stream_wait() {
+    bind(0);
+    // Room for one chunk only, so the pool cannot grow for the second allocation.
+    let pool = keeping_pool(0, 32 << 20);
+    let (s, t) = (stream(1), stream(1));
+    let gate = Gate::block(s);
+    let a = alloc_from(pool, 20 << 20, s);
+    free_async(a, s);
+    set_int(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0);
+    assert_eq!(try_alloc_from(pool, 20 << 20, t), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    set_int(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 1);
+    let b = alloc_from(pool, 20 << 20, t);
+    assert_eq!(b, a, "the allocator reuses S's pending free by making T wait for it");
+    settle();
+    // SAFETY: plain FFI call.
+    assert_eq!(unsafe { cu::cuStreamQuery(t) }, CUresult::CUDA_ERROR_NOT_READY, "T now waits for S");
+    gate.open();
+    sync(t);
+    free_async(b, t);
+    sync(t);
+    destroy(s);
+    destroy(t);
+    destroy_pool(pool);
+}
+
+#[test]
+fn all_reuse_policies_off_means_same_stream_only() {
+    bind(0);
+    let pool = keeping_pool(0, 0);
+    for a in [
+        CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+        CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+        CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+    ] {
+        set_int(pool, a, 0);
+    }
+    let (s, t) = (stream(1), stream(1));
+    let a = alloc_from(pool, 4096, s);
+    free_async(a, s);
+    let e = event();
+    // SAFETY: plain FFI calls on live handles.
+    unsafe {
+        ok(cu::cuEventRecord(e, s));
+        ok(cu::cuStreamWaitEvent(t, e, 0));
+    }
+    sync(s);
+    let b = alloc_from(pool, 4096, t);
+    assert_ne!(b, a);
+    let c = alloc_from(pool, 4096, s);
+    assert_eq!(c, a);
+    free_async(b, t);
+    free_async(c, s);
+    sync(s);
+    sync(t);
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuEventDestroy_v2(e) });
+    destroy(s);
+    destroy(t);
+    destroy_pool(pool);
+}
+
+/// Device 2 is used by this test only, so its free memory is not disturbed by other tests.
+#[test]
+fn release_threshold_is_honoured_at_synchronisation() {
+    setup();
+    let mut ctx: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the retained context is not a leak.
+    unsafe {
+        ok(cu::cuDevicePrimaryCtxRetain(&mut ctx, 2));
+        ok(cu::cuCtxSetCurrent(ctx));
+    }
+    let free_mem = || {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        ok(unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) });
+        free as u64
+    };
+    let (r, pool) = default_pool(2);
+    ok(r);
+    let reserved = || get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    let s = stream(0);
+    let before = free_mem();
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocAsync(&mut p, MIB as usize, s) });
+    assert!(reserved() >= MIB);
+    assert!(free_mem() <= before - reserved(), "reservations count as used memory");
+    free_async(p, s);
+    assert!(reserved() >= MIB, "nothing is released before a synchronisation");
+    sync(s);
+    assert_eq!(reserved(), 0, "threshold 0: released at cuStreamSynchronize");
+    assert_eq!(free_mem(), before);
+    // A high threshold keeps the memory across synchronisations.
+    ok(set_u64(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX));
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocAsync(&mut p, MIB as usize, s) });
+    free_async(p, s);
+    sync(s);
+    let kept = reserved();
+    assert!(kept >= MIB);
+    assert!(free_mem() <= before - kept);
+    // Lowering the threshold takes effect at the next synchronisation (here the context's).
+    ok(set_u64(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 0));
+    assert_eq!(reserved(), kept);
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuCtxSynchronize() });
+    assert_eq!(reserved(), 0);
+    // cuEventSynchronize releases as well.
+    let e = event();
+    // SAFETY: valid out-pointer, live handles.
+    unsafe {
+        ok(cu::cuMemAllocAsync(&mut p, MIB as usize, s));
+        free_async(p, s);
+        ok(cu::cuEventRecord(e, s));
+        ok(cu::cuEventSynchronize(e));
+        ok(cu::cuEventDestroy_v2(e));
+    }
+    assert_eq!(reserved(), 0);
+    assert_eq!(free_mem(), before);
+    destroy(s);
+    // SAFETY: plain FFI calls.
+    unsafe {
+        ok(cu::cuCtxSetCurrent(std::ptr::null_mut()));
+    }
+}
+
+#[test]
+fn trim_releases_free_chunks_down_to_the_minimum() {
+    bind(0);
+    let pool = keeping_pool(0, 0);
+    let s = stream(0);
+    // Each 40 MiB request gets its own 40 MiB chunk.
+    let a = alloc_from(pool, 40 << 20, s);
+    let b = alloc_from(pool, 40 << 20, s);
+    let c = alloc_from(pool, 1024, s);
+    assert!(get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >= 80 * MIB + 1024);
+    let gate = Gate::block(s);
+    free_async(a, s);
+    free_async(b, s);
+    let total = get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    // SAFETY: plain FFI calls.
+    unsafe {
+        ok(cu::cuMemPoolTrimTo(pool, 0));
+        assert_eq!(
+            get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            total,
+            "frees not yet complete cannot be released"
+        );
+        gate.open();
+        sync(s);
+        ok(cu::cuMemPoolTrimTo(pool, (total - 10 * MIB) as usize));
+        let kept = get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+        assert!(kept >= total - 10 * MIB, "at least minBytesToKeep stay reserved");
+        ok(cu::cuMemPoolTrimTo(pool, 0));
+        let left = get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+        assert!((1024..80 * MIB).contains(&left), "the chunk holding a live allocation stays: {left}");
+    }
+    free_async(c, s);
+    sync(s);
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuMemPoolTrimTo(pool, 0) });
+    assert_eq!(get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+    destroy(s);
+    destroy_pool(pool);
+}
+
+#[test]
+fn max_size_caps_the_pool() {
+    let ctl = bind(0);
+    let pool = keeping_pool(0, 64 << 20);
+    let s = stream(0);
+    let a = alloc_from(pool, 40 << 20, s);
+    assert_eq!(try_alloc_from(pool, 40 << 20, s), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    let b = alloc_from(pool, 20 << 20, s);
+    assert!(get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) <= 64 << 20);
+    assert!(!ctl.violations_on_this_thread().iter().any(|v| v.code_name == "CUDA_ERROR_OUT_OF_MEMORY"));
+    free_async(a, s);
+    free_async(b, s);
+    sync(s);
+    destroy(s);
+    destroy_pool(pool);
+}
+
+#[test]
+fn destroy_with_outstanding_allocations_defers_the_release() {
+    let ctl = bind(0);
+    let pool = create(&props(0, 0));
+    let s = stream(0);
+    let p = alloc_from(pool, 1000, s);
+    destroy_pool(pool);
+    let mut v = 0u64;
+    assert_eq!(
+        // SAFETY: valid value pointer.
+        unsafe {
+            cu::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, (&mut v as *mut u64).cast())
+        },
+        CUresult::CUDA_ERROR_INVALID_VALUE,
+        "the handle is dead at once"
+    );
+    // The allocation still works.
+    // SAFETY: plain FFI call on a live allocation.
+    ok(unsafe { cu::cuMemsetD8Async(p, 9, 1000, s) });
+    sync(s);
+    assert!(read_back(p, 1000).iter().all(|&b| b == 9));
+    let report = ctl.live_report();
+    assert!(!report.contains_pool(pool as u64));
+    let a = report.allocations.iter().find(|a| a.ptr == p).expect("still live");
+    assert_eq!((a.kind.as_str(), a.pool), ("pool", Some(pool as u64)));
+    free_async(p, s);
+    sync(s);
+    assert!(!ctl.live_report().contains_ptr(p));
+    destroy(s);
+}
+
+#[test]
+fn copies_are_bounds_checked_per_pool_allocation() {
+    let ctl = bind(0);
+    let s = stream(0);
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocAsync(&mut p, 1000, s) });
+    let src = vec![7u8; 2048];
+    // SAFETY: `src` has 2048 bytes.
+    unsafe {
+        ok(cu::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 1000, s));
+        assert_eq!(
+            cu::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 1001, s),
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            "the chunk has more bytes, the allocation does not"
+        );
+        assert_eq!(cu::cuMemsetD8_v2(p + 1000, 1, 1), CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    sync(s);
+    assert!(read_back(p, 1000).iter().all(|&b| b == 7));
+    let report = ctl.live_report();
+    let a = report.allocations.iter().find(|a| a.ptr == p).expect("listed");
+    assert_eq!(a.kind, "pool");
+    let (_, dp) = default_pool(0);
+    assert_eq!(a.pool, Some(dp as u64));
+    // SAFETY: valid out-pointers.
+    unsafe {
+        let mut h = 0u64;
+        ok(cu::cuPointerGetAttribute(
+            (&mut h as *mut u64).cast(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+            p,
+        ));
+        assert_eq!(h, dp as u64);
+        let mut t = 0u32;
+        ok(cu::cuPointerGetAttribute(
+            (&mut t as *mut u32).cast(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            p,
+        ));
+        assert_eq!(t, 2);
+        let (mut base, mut size) = (0u64, 0usize);
+        ok(cu::cuMemGetAddressRange_v2(&mut base, &mut size, p + 10));
+        assert_eq!((base, size), (p, 1000));
+    }
+    free_async(p, s);
+    // SAFETY: plain FFI call on a freed pointer: the misuse under test.
+    assert_eq!(unsafe { cu::cuMemsetD8Async(p, 1, 1, s) }, CUresult::CUDA_ERROR_INVALID_VALUE);
+    sync(s);
+    destroy(s);
+    let v = ctl.violations_on_this_thread();
+    assert!(v.iter().any(|v| v.function == "cuMemcpyHtoDAsync_v2" && v.message.contains("overruns")));
+}
+
+#[test]
+fn mem_free_on_pool_memory_does_not_synchronise() {
+    bind(0);
+    let s = stream(0);
+    let gate = std::sync::Arc::new(Gate::block(s));
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocAsync(&mut p, 256, s) });
+    let opener = {
+        let gate = std::sync::Arc::clone(&gate);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(2));
+            gate.open();
+        })
+    };
+    let t0 = Instant::now();
+    dfree(p);
+    assert!(t0.elapsed() < Duration::from_secs(1), "cuMemFree on pool memory waited for the stream");
+    gate.open();
+    opener.join().unwrap();
+    sync(s);
+    destroy(s);
+}
+
+#[test]
+fn injected_faults_apply_to_pool_entry_points() {
+    let ctl = bind(0);
+    let id = ctl.inject_fault(cumem_sim::FaultRule {
+        function: "cuMemAllocAsync".into(),
+        nth: 1,
+        code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+        times: 1,
+        this_thread_only: true,
+    });
+    let s = stream(0);
+    let mut p = 0x42u64;
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { cu::cuMemAllocAsync(&mut p, 64, s) }, CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(p, 0x42, "a faulted call writes nothing");
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocAsync(&mut p, 64, s) });
+    ctl.remove_fault(id);
+    free_async(p, s);
+    sync(s);
+    destroy(s);
+}
+
+#[test]
+fn pool_access_descriptors() {
+    let ctl = bind(0);
+    let pool = create(&props(0, 0));
+    let desc = |dev: i32, flags: cu::CUmemAccess_flags| cu::CUmemAccessDesc {
+        location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev },
+        flags,
+    };
+    let get = |dev: i32| {
+        let mut f = cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_MAX;
+        let mut loc =
+            cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
+        // SAFETY: valid pointers.
+        let r = unsafe { cu::cuMemPoolGetAccess(&mut f, pool, &mut loc) };
+        (r, f)
+    };
+    use cu::CUmemAccess_flags::*;
+    let s = CUresult::CUDA_SUCCESS;
+    assert_eq!(get(0), (s, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    assert_eq!(get(1), (s, CU_MEM_ACCESS_FLAGS_PROT_NONE));
+    assert_eq!(get(9).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+    // SAFETY: valid descriptor arrays of the given lengths (or NULL as the misuse).
+    unsafe {
+        ok(cu::cuMemPoolSetAccess(pool, std::ptr::null(), 0));
+        assert_eq!(cu::cuMemPoolSetAccess(pool, std::ptr::null(), 1), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            cu::cuMemPoolSetAccess(pool, &desc(0, CU_MEM_ACCESS_FLAGS_PROT_NONE), 1),
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            "the owner keeps read-write access"
+        );
+        let both = [desc(1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), desc(7, CU_MEM_ACCESS_FLAGS_PROT_READ)];
+        assert_eq!(cu::cuMemPoolSetAccess(pool, both.as_ptr(), 2), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(get(1).1, CU_MEM_ACCESS_FLAGS_PROT_NONE, "nothing applied from a refused batch");
+        ok(cu::cuMemPoolSetAccess(pool, both.as_ptr(), 1));
+        assert_eq!(get(1).1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        // SAFETY: raw flags 2 are not a CUmemAccess_flags value.
+        let set: unsafe extern "C" fn(CUmemoryPool, *const [u32; 3], usize) -> CUresult =
+            raw("cuMemPoolSetAccess");
+        assert_eq!(set(pool, &[1, 1, 2], 1), CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    destroy_pool(pool);
+    assert!(ctl.violations_on_this_thread().iter().any(|v| v.message.contains("read-write access")));
+}
