@@ -4,7 +4,9 @@
 //!   the simulator's leak check at the end of each test binary (what CI runs);
 //! - `test`: the tests only, on the simulator;
 //! - `gpu-test`: the integration tests on the real driver, plus compute-sanitizer when present;
-//!   fails, saying so, where there is no GPU.
+//!   fails, saying so, where there is no GPU;
+//! - `bench [pool]`: the allocator table (ns per alloc+free and the ratios between allocators,
+//!   measured side by side in one run), in release mode, on the real driver if present.
 
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
@@ -16,8 +18,9 @@ fn main() -> ExitCode {
         "ci" => ci(),
         "test" => test_on_simulator(),
         "gpu-test" => gpu_test(),
+        "bench" => bench(args.get(1).map(String::as_str).unwrap_or("pool")),
         _ => {
-            eprintln!("usage: cargo xtask <ci | test | gpu-test>");
+            eprintln!("usage: cargo xtask <ci | test | gpu-test | bench [pool]>");
             return if task == "help" { ExitCode::SUCCESS } else { ExitCode::FAILURE };
         }
     };
@@ -89,6 +92,16 @@ fn test_on_simulator() -> Result {
     }
     eprintln!("    tests: ok in {:.0?}", started.elapsed());
     Ok(())
+}
+
+fn bench(which: &str) -> Result {
+    match which {
+        "pool" => run(
+            "pool benchmark table",
+            cargo().args(["run", "--release", "--locked", "-p", "cumem-benches", "--bin", "pool-table"]),
+        ),
+        other => Err(format!("unknown benchmark {other:?} (available: pool)")),
+    }
 }
 
 fn gpu_test() -> Result {

@@ -1,0 +1,154 @@
+//! `cargo xtask bench pool`: every allocator measured side by side in one run, as a markdown table
+//! of ns per alloc+free pair, with the ratios between them.
+//!
+//! Runs on the real driver when one is present, else on the simulator (said in the header).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cumem_benches::{
+    host_fast_path, host_many_live, host_pool, in_parallel, resource_fast_path, resource_many_live,
+};
+use cumem_core::{Device, DriverResource, Stream};
+use cumem_pool::{CachingResource, MemPool, MemPoolOptions, NativePoolResource, PoolConfig};
+
+/// Median over `runs` timed runs of `iters` pairs, after a warm-up run; ns per pair.
+fn ns_per_op(runs: usize, iters: u64, mut f: impl FnMut(u64)) -> f64 {
+    f(iters / 10 + 1);
+    let mut v: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f(iters);
+            t.elapsed().as_nanos() as f64 / iters as f64
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[runs / 2]
+}
+
+/// Aggregate ns per pair with `threads` threads each doing `iters` pairs at once (median of runs).
+fn parallel_ns_per_op(runs: usize, threads: usize, iters: u64, work: impl Fn(usize, u64) + Sync) -> f64 {
+    work(0, iters / 10 + 1);
+    let mut v: Vec<f64> = (0..runs)
+        .map(|_| in_parallel(threads, |t| work(t, iters)).as_nanos() as f64 / (threads as u64 * iters) as f64)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[runs / 2]
+}
+
+fn main() -> cumem_core::Result<()> {
+    let kind = cumem_sys::driver::init()?;
+    let ctx = Device::get(0)?.context()?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("# cumem pool benchmark");
+    println!();
+    println!(
+        "driver: {} ({}); device 0: {}; {cores} cores; ns per alloc+free pair, median of 5 runs",
+        kind,
+        cumem_sys::driver::description().unwrap_or_default(),
+        ctx.device().name()?
+    );
+    println!();
+    let mut rows: Vec<(&str, String, f64)> = Vec::new();
+
+    // (a) fast path, 1 thread, warmed.
+    let host = host_pool();
+    rows.push((
+        "a",
+        "caching pool, host model: same 256 B block, 1 thread".into(),
+        ns_per_op(5, 2_000_000, |n| host_fast_path(&host, n, 256)),
+    ));
+    let stream = Stream::non_blocking(&ctx)?;
+    let caching = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+    let a_dev = ns_per_op(5, 1_000_000, |n| resource_fast_path(caching.as_ref(), &stream, n, 256));
+    rows.push(("a", "caching pool as DeviceResource on the driver: same 256 B block".into(), a_dev));
+
+    // (b) 10,000 live blocks of random sizes.
+    let host = host_pool();
+    rows.push((
+        "b",
+        "caching pool, host model: 10,000 live random-size blocks".into(),
+        ns_per_op(5, 500_000, |n| host_many_live(&host, 10_000, n, 7)),
+    ));
+    let b_dev = ns_per_op(5, 300_000, |n| resource_many_live(caching.as_ref(), &stream, 10_000, n, 7));
+    rows.push(("b", "caching pool as DeviceResource: 10,000 live random-size blocks".into(), b_dev));
+
+    // (c) threads, each on its own stream, one shared pool.
+    let host = host_pool();
+    let host_1 = parallel_ns_per_op(5, 1, 1_000_000, |t, n| {
+        for _ in 0..n {
+            let b = host.allocate(256, 256, t as u32).expect("host pool");
+            host.deallocate(b, t as u32).expect("own block");
+        }
+    });
+    let mut c_rows = vec![];
+    for threads in [2usize, 8] {
+        let ns = parallel_ns_per_op(5, threads, 1_000_000, |t, n| {
+            for _ in 0..n {
+                let b = host.allocate(256, 256, t as u32).expect("host pool");
+                host.deallocate(b, t as u32).expect("own block");
+            }
+        });
+        c_rows.push((threads, ns, host_1 / ns));
+    }
+    let streams: Vec<Stream> = (0..8).map(|_| Stream::non_blocking(&ctx)).collect::<Result<_, _>>()?;
+    let dev_1 =
+        parallel_ns_per_op(5, 1, 500_000, |t, n| resource_fast_path(caching.as_ref(), &streams[t], n, 256));
+    let mut c_dev_rows = vec![];
+    for threads in [2usize, 8] {
+        let ns = parallel_ns_per_op(5, threads, 500_000, |t, n| {
+            resource_fast_path(caching.as_ref(), &streams[t], n, 256)
+        });
+        c_dev_rows.push((threads, ns, dev_1 / ns));
+    }
+    rows.push(("c", "caching pool, host model: 1 thread (throughput baseline)".into(), host_1));
+    for (threads, ns, speedup) in &c_rows {
+        rows.push((
+            "c",
+            format!(
+                "caching pool, host model: {threads} threads, own streams ({speedup:.2}x throughput of 1)"
+            ),
+            *ns,
+        ));
+    }
+    rows.push(("c", "caching pool as DeviceResource: 1 thread (throughput baseline)".into(), dev_1));
+    for (threads, ns, speedup) in &c_dev_rows {
+        rows.push(("c", format!("caching pool as DeviceResource: {threads} threads, own streams ({speedup:.2}x throughput of 1)"), *ns));
+    }
+
+    // (d) the driver's pool, (e) cuMemAlloc/cuMemFree.
+    let native = NativePoolResource::new(MemPool::create(
+        &ctx,
+        MemPoolOptions { max_size: None, release_threshold: u64::MAX },
+    )?);
+    let d = ns_per_op(5, 20_000, |n| resource_fast_path(&native, &stream, n, 256));
+    rows.push(("d", "driver pool (cuMemAllocFromPoolAsync/cuMemFreeAsync): same 256 B".into(), d));
+    let driver = DriverResource::new(&ctx);
+    let e = ns_per_op(5, 20_000, |n| resource_fast_path(&driver, &stream, n, 256));
+    rows.push(("e", "cuMemAlloc/cuMemFree: same 256 B".into(), e));
+    stream.synchronize()?;
+
+    println!("| | workload | ns/op |");
+    println!("|---|---|---:|");
+    for (tag, what, ns) in &rows {
+        println!("| ({tag}) | {what} | {ns:.1} |");
+    }
+    println!();
+    println!("Ratios (same run):");
+    println!();
+    println!("| comparison | ratio |");
+    println!("|---|---:|");
+    println!("| (e) cuMemAlloc/cuMemFree ÷ (a) caching pool as DeviceResource | {:.0}x |", e / a_dev);
+    println!("| (d) driver pool ÷ (a) caching pool as DeviceResource | {:.0}x |", d / a_dev);
+    println!("| (e) cuMemAlloc/cuMemFree ÷ (d) driver pool | {:.1}x |", e / d);
+    println!("| (b) ÷ (a), DeviceResource: cost of 10,000 live blocks | {:.2}x |", b_dev / a_dev);
+    for (threads, _, speedup) in &c_rows {
+        println!("| (c) host model: throughput at {threads} threads ÷ 1 thread | {speedup:.2}x |");
+    }
+    for (threads, _, speedup) in &c_dev_rows {
+        println!("| (c) DeviceResource: throughput at {threads} threads ÷ 1 thread | {speedup:.2}x |");
+    }
+    drop(native);
+    caching.trim()?;
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! Shared workloads for cumem's benchmarks, so the criterion benches and the side-by-side table of
+//! `cargo xtask bench pool` measure exactly the same thing.
+//!
+//! Every workload returns after `iters` alloc+free pairs; time per pair is what is reported.
+
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use cumem_core::{AllocLayout, DeviceResource, Stream};
+use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
+
+/// The caching pool on its host model (pure bookkeeping, no driver).
+pub type HostPool = CachingPool<HostUpstream, HostOrdering>;
+
+/// A fresh host-model caching pool with room for everything the benches do.
+pub fn host_pool() -> HostPool {
+    CachingPool::new(HostUpstream::new(1 << 40), HostOrdering::new(), PoolConfig::default())
+}
+
+/// A xorshift generator: cheap, deterministic sizes.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A log-uniform size in [256 B, 1 MiB).
+    #[inline]
+    pub fn size(&mut self) -> usize {
+        let r = self.next_u64();
+        let exp = 8 + (r % 12) as u32;
+        (1usize << exp) + ((r >> 8) as usize & ((1 << exp) - 1))
+    }
+}
+
+/// (a) on the host model: the same size allocated and freed on one stream, warmed.
+pub fn host_fast_path(pool: &HostPool, iters: u64, size: usize) {
+    for _ in 0..iters {
+        let b = pool.allocate(black_box(size), 256, 0).expect("host pool");
+        pool.deallocate(black_box(b), 0).expect("own block");
+    }
+}
+
+/// (b) on the host model: with `live` blocks of random sizes held, free a random one and allocate a
+/// random size, `iters` times.
+pub fn host_many_live(pool: &HostPool, live: usize, iters: u64, seed: u64) {
+    let mut rng = Rng(seed);
+    let mut held: Vec<_> = (0..live).map(|_| pool.allocate(rng.size(), 256, 0).expect("host pool")).collect();
+    let start_len = held.len();
+    for _ in 0..iters {
+        let i = rng.next_u64() as usize % start_len;
+        let b = std::mem::replace(&mut held[i], pool.allocate(rng.size(), 256, 0).expect("host pool"));
+        pool.deallocate(b, 0).expect("own block");
+    }
+    for b in held {
+        pool.deallocate(b, 0).expect("own block");
+    }
+}
+
+/// A device resource's allocate+deallocate of one size on one stream, warmed.
+pub fn resource_fast_path(resource: &dyn DeviceResource, stream: &Stream, iters: u64, size: usize) {
+    let layout = AllocLayout::new(size, 256).expect("non-zero size");
+    for _ in 0..iters {
+        let p = resource.allocate(layout, stream).expect("allocation");
+        // SAFETY: allocated just above with this layout on this stream; never used.
+        unsafe { resource.deallocate(black_box(p), layout, stream) };
+    }
+}
+
+/// A device resource with `live` allocations of random sizes held: free a random one and allocate
+/// a random size, `iters` times.
+pub fn resource_many_live(
+    resource: &dyn DeviceResource,
+    stream: &Stream,
+    live: usize,
+    iters: u64,
+    seed: u64,
+) {
+    let mut rng = Rng(seed);
+    let alloc = |rng: &mut Rng| {
+        let layout = AllocLayout::new(rng.size(), 256).expect("non-zero size");
+        (resource.allocate(layout, stream).expect("allocation"), layout)
+    };
+    let mut held: Vec<_> = (0..live).map(|_| alloc(&mut rng)).collect();
+    for _ in 0..iters {
+        let i = rng.next_u64() as usize % held.len();
+        let (p, layout) = std::mem::replace(&mut held[i], alloc(&mut rng));
+        // SAFETY: allocated by `alloc` with this layout on this stream; never used.
+        unsafe { resource.deallocate(p, layout, stream) };
+    }
+    for (p, layout) in held {
+        // SAFETY: as above.
+        unsafe { resource.deallocate(p, layout, stream) };
+    }
+}
+
+/// Runs `work(thread)` on `threads` threads at once (after a barrier) and returns the wall time.
+pub fn in_parallel(threads: usize, work: impl Fn(usize) + Sync) -> Duration {
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (barrier, work) = (barrier.clone(), &work);
+            scope.spawn(move || {
+                barrier.wait();
+                work(t);
+            });
+        }
+        barrier.wait();
+        let start = Instant::now();
+        // The scope joins every thread before returning.
+        start
+    })
+    .elapsed()
+}
