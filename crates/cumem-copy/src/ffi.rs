@@ -98,3 +98,90 @@ pub(crate) unsafe fn memset_async(dst: CUdeviceptr, value: Width, n: usize, stre
         }
     }
 }
+
+/// Pitched device allocation: `(ptr, pitch in bytes)` for `height` rows of `width_bytes`.
+pub(crate) fn mem_alloc_pitch(
+    width_bytes: usize,
+    height: usize,
+    element_bytes: u32,
+) -> Result<(CUdeviceptr, usize)> {
+    let (mut ptr, mut pitch) = (0, 0);
+    // SAFETY: both are valid out-pointers.
+    let code = unsafe { sys::cuMemAllocPitch_v2(&mut ptr, &mut pitch, width_bytes, height, element_bytes) };
+    check(code, Ctx::op("cuMemAllocPitch_v2").bytes(width_bytes.saturating_mul(height)))?;
+    Ok((ptr, pitch))
+}
+
+/// # Safety
+/// 1. `ptr` came from `cuMemAllocPitch` in the current context and is freed once.
+/// 2. No live Rust value refers to the memory any more.
+pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { sys::cuMemFree_v2(ptr) }, Ctx::op("cuMemFree_v2"))
+}
+
+/// A 2D copy; blocking (legacy stream) when `stream` is `None`.
+///
+/// # Safety
+/// 1. Every row the parameters name lies inside memory of the named kind that the copy may read
+///    (source) or write (destination), with no other access during the copy.
+/// 2. For `Some(stream)`: host memory is page-locked and stays valid and untouched by the host until
+///    the copy completes on `stream`; device memory is usable by work on `stream`.
+pub(crate) unsafe fn memcpy_2d(p: &sys::CUDA_MEMCPY2D, stream: Option<CUstream>) -> Result<()> {
+    let bytes = p.WidthInBytes.saturating_mul(p.Height);
+    // SAFETY: guaranteed by the caller; `p` is a valid parameter block.
+    unsafe {
+        match stream {
+            None => check(sys::cuMemcpy2D_v2(p), Ctx::op("cuMemcpy2D_v2").bytes(bytes)),
+            Some(s) => check(sys::cuMemcpy2DAsync_v2(p, s), Ctx::op("cuMemcpy2DAsync_v2").bytes(bytes)),
+        }
+    }
+}
+
+/// A 3D copy; blocking (legacy stream) when `stream` is `None`.
+///
+/// # Safety
+/// 1. As for [`memcpy_2d`], for every row of every slice the parameters name.
+pub(crate) unsafe fn memcpy_3d(p: &sys::CUDA_MEMCPY3D, stream: Option<CUstream>) -> Result<()> {
+    let bytes = p.WidthInBytes.saturating_mul(p.Height).saturating_mul(p.Depth);
+    // SAFETY: guaranteed by the caller; `p` is a valid parameter block.
+    unsafe {
+        match stream {
+            None => check(sys::cuMemcpy3D_v2(p), Ctx::op("cuMemcpy3D_v2").bytes(bytes)),
+            Some(s) => check(sys::cuMemcpy3DAsync_v2(p, s), Ctx::op("cuMemcpy3DAsync_v2").bytes(bytes)),
+        }
+    }
+}
+
+/// Stream-ordered 2D memset of `width` elements (of the value's width) in each of `height` rows
+/// `pitch` bytes apart.
+///
+/// # Safety
+/// 1. Every row lies inside device memory usable by work on `stream`, aligned to the width, with
+///    `pitch` a multiple of the width.
+pub(crate) unsafe fn memset_2d_async(
+    dst: CUdeviceptr,
+    pitch: usize,
+    value: Width,
+    width: usize,
+    height: usize,
+    stream: CUstream,
+) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        match value {
+            Width::W8(v) => check(
+                sys::cuMemsetD2D8Async(dst, pitch, v, width, height, stream),
+                Ctx::op("cuMemsetD2D8Async").bytes(width * height),
+            ),
+            Width::W16(v) => check(
+                sys::cuMemsetD2D16Async(dst, pitch, v, width, height, stream),
+                Ctx::op("cuMemsetD2D16Async").bytes(width * height * 2),
+            ),
+            Width::W32(v) => check(
+                sys::cuMemsetD2D32Async(dst, pitch, v, width, height, stream),
+                Ctx::op("cuMemsetD2D32Async").bytes(width * height * 4),
+            ),
+        }
+    }
+}

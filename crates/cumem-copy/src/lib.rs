@@ -1,9 +1,11 @@
 //! Typed, sound transfers between host and device memory.
 //!
-//! Two families: [`copy_h2d`]/[`copy_d2h`]/[`copy_d2d`] block the host and take ordinary slices;
-//! [`StreamCopy`] queues copies and memsets on a stream and, for host memory, takes
-//! [`PinnedBuffer`](cumem_core::PinnedBuffer)s that cannot be read, written or freed by the host
-//! until the device is done with them. Host→device needs `T: NoUninit`, device→host
+//! Two families: [`copy_h2d`]/[`copy_d2h`]/[`copy_d2d`] (and [`copy_2d`]/[`copy_3d`]) block the
+//! host and take ordinary slices; [`StreamCopy`] queues copies and memsets on a stream and, for
+//! host memory, takes page-locked kinds ([`HostMemory`](cumem_core::HostMemory): pinned, mapped,
+//! registered) that cannot be read, written or freed by the host until the device is done with
+//! them. 2D/3D copies work between any of these and device views or [`PitchedBuffer`]s, with
+//! extents checked before the driver is called. Host→device needs `T: NoUninit`, device→host
 //! `T: AnyBitPattern`; lengths must match; out-of-range views are refused before any driver call.
 //!
 //! ```
@@ -20,9 +22,17 @@
 //! ```
 
 mod blocking;
+mod extent;
 mod ffi;
+mod nd;
+mod pitched;
+mod region;
 mod stream_ordered;
 mod validate;
 
 pub use blocking::{copy_d2d, copy_d2h, copy_h2d};
+pub use extent::{Copy2D, Copy3D, Rect2D};
+pub use nd::{copy_2d, copy_3d};
+pub use pitched::PitchedBuffer;
+pub use region::{CopyDst, CopySrc, Pitched, QueuedDst, QueuedSrc};
 pub use stream_ordered::StreamCopy;

@@ -1,10 +1,13 @@
-//! Asynchronous copies queued on a stream — safe, because pinned buffers track them.
+//! Asynchronous copies queued on a stream — safe, because host memory kinds track them.
 //!
 //! Host memory in an asynchronous copy must be page-locked, and must not be touched by the host
-//! until the device is done with it. These functions take a [`PinnedBuffer`], which records an
-//! event after the queued copy: reading its host data waits for a pending device write, writing it
-//! waits for pending device reads, and dropping it waits for both. Device memory is ordered by its
-//! stream tracker, so a buffer last used on another stream is waited for first.
+//! until the device is done with it. These functions take any [`HostMemory`] — a
+//! [`PinnedBuffer`](cumem_core::PinnedBuffer), [`MappedBuffer`](cumem_core::MappedBuffer) or
+//! [`HostRegistered`](cumem_core::HostRegistered) — whose tracker records the queued copy: reading
+//! its host data waits for a pending device write, writing it waits for pending device reads, and
+//! dropping it waits for both. Device memory is ordered by its stream tracker, so a buffer last
+//! used on another stream is waited for first. 2D/3D copies and 2D memsets are here too (see
+//! [`Copy2D`]).
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -25,21 +28,26 @@
 //! ```
 
 use bytemuck::{AnyBitPattern, NoUninit, Pod};
-use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, Error, PinnedBuffer, Result, Stream};
+use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, DeviceSliceMut, Error, HostMemory, Result, Stream};
 
 use crate::ffi::{self, Width};
-use crate::validate;
+use crate::region::{Pitched, QueuedDst, QueuedSrc};
+use crate::{Copy2D, Copy3D, Rect2D, nd, validate};
 
 /// Transfers queued on a stream.
 pub trait StreamCopy {
-    /// Queues a copy of pinned host memory into device memory (same length).
-    fn copy_h2d<T: NoUninit>(&self, src: &PinnedBuffer<T>, dst: &mut impl AsDeviceSliceMut<T>) -> Result<()>;
+    /// Queues a copy of page-locked host memory into device memory (same length).
+    fn copy_h2d<T: NoUninit>(
+        &self,
+        src: &impl HostMemory<T>,
+        dst: &mut impl AsDeviceSliceMut<T>,
+    ) -> Result<()>;
 
-    /// Queues a copy of device memory into pinned host memory (same length).
+    /// Queues a copy of device memory into page-locked host memory (same length).
     fn copy_d2h<T: AnyBitPattern>(
         &self,
         src: &impl AsDeviceSlice<T>,
-        dst: &mut PinnedBuffer<T>,
+        dst: &mut impl HostMemory<T>,
     ) -> Result<()>;
 
     /// Queues a device-to-device copy (same length, same device).
@@ -56,10 +64,36 @@ pub trait StreamCopy {
 
     /// Queues setting every 32-bit word of `dst` to `value`; its size must be a multiple of 4 bytes.
     fn memset_d32<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u32) -> Result<()>;
+
+    /// Queues a 2D copy between page-locked host memory and device memory (any direction).
+    /// Extents are checked against both sides first (see [`Copy2D`]).
+    fn copy_2d<T: Pod>(
+        &self,
+        src: &impl QueuedSrc<T>,
+        dst: &mut impl QueuedDst<T>,
+        extent: Copy2D,
+    ) -> Result<()>;
+
+    /// Queues a 3D copy (see [`StreamCopy::copy_2d`]); both sides need their rows per slice.
+    fn copy_3d<T: Pod>(
+        &self,
+        src: &impl QueuedSrc<T>,
+        dst: &mut impl QueuedDst<T>,
+        extent: Copy3D,
+    ) -> Result<()>;
+
+    /// Queues setting every element of `rect` in pitched device memory to `value` (`cuMemsetD2D*`;
+    /// `T` must be 1, 2 or 4 bytes wide).
+    fn fill_2d<T: Pod>(&self, dst: &mut Pitched<DeviceSliceMut<'_, T>>, value: T, rect: Rect2D)
+    -> Result<()>;
 }
 
 impl StreamCopy for Stream {
-    fn copy_h2d<T: NoUninit>(&self, src: &PinnedBuffer<T>, dst: &mut impl AsDeviceSliceMut<T>) -> Result<()> {
+    fn copy_h2d<T: NoUninit>(
+        &self,
+        src: &impl HostMemory<T>,
+        dst: &mut impl AsDeviceSliceMut<T>,
+    ) -> Result<()> {
         let dst = dst.as_device_slice_mut();
         validate::same_len(dst.len(), src.len())?;
         validate::on_stream_device(self, dst.context())?;
@@ -75,14 +109,14 @@ impl StreamCopy for Stream {
             unsafe { ffi::htod_async(to, from.cast(), bytes, self.raw()) }
         };
         // SAFETY: `enqueue` queues one copy on `self` that reads exactly `len` values from the
-        // pinned pointer; the pinned buffer keeps the host memory unwritten until it completes.
+        // page-locked pointer; the host kind keeps the memory unwritten until it completes.
         unsafe { src.device_read(self, enqueue) }
     }
 
     fn copy_d2h<T: AnyBitPattern>(
         &self,
         src: &impl AsDeviceSlice<T>,
-        dst: &mut PinnedBuffer<T>,
+        dst: &mut impl HostMemory<T>,
     ) -> Result<()> {
         let src = src.as_device_slice();
         validate::same_len(dst.len(), src.len())?;
@@ -99,7 +133,7 @@ impl StreamCopy for Stream {
             unsafe { ffi::dtoh_async(to.cast(), from, bytes, self.raw()) }
         };
         // SAFETY: `enqueue` queues one copy on `self` writing exactly `len` values of `T` (any
-        // bytes are valid: AnyBitPattern); the pinned buffer blocks host access until it completes.
+        // bytes are valid: AnyBitPattern); the host kind blocks host access until it completes.
         unsafe { dst.device_write(self, enqueue) }
     }
 
@@ -139,6 +173,33 @@ impl StreamCopy for Stream {
 
     fn memset_d32<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u32) -> Result<()> {
         memset(self, dst, Width::W32(value))
+    }
+
+    fn copy_2d<T: Pod>(
+        &self,
+        src: &impl QueuedSrc<T>,
+        dst: &mut impl QueuedDst<T>,
+        extent: Copy2D,
+    ) -> Result<()> {
+        nd::copy_2d_on(self, src, dst, extent)
+    }
+
+    fn copy_3d<T: Pod>(
+        &self,
+        src: &impl QueuedSrc<T>,
+        dst: &mut impl QueuedDst<T>,
+        extent: Copy3D,
+    ) -> Result<()> {
+        nd::copy_3d_on(self, src, dst, extent)
+    }
+
+    fn fill_2d<T: Pod>(
+        &self,
+        dst: &mut Pitched<DeviceSliceMut<'_, T>>,
+        value: T,
+        rect: Rect2D,
+    ) -> Result<()> {
+        nd::fill_2d_on(self, dst, value, rect)
     }
 }
 

@@ -235,3 +235,32 @@ pub(crate) fn event_elapsed_ms(start: CUevent, end: CUevent) -> Result<f32> {
     check(unsafe { sys::cuEventElapsedTime(&mut ms, start, end) }, Ctx::op("cuEventElapsedTime"))?;
     Ok(ms)
 }
+
+/// The device address of pinned or registered host memory at `p`.
+pub(crate) fn mem_host_get_device_pointer(p: *mut c_void) -> Result<CUdeviceptr> {
+    let mut d = 0;
+    // SAFETY: `d` is a valid out-pointer; the driver only looks `p` up.
+    let code = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0) };
+    check(code, Ctx::op("cuMemHostGetDevicePointer_v2"))?;
+    Ok(d)
+}
+
+/// Page-locks `[p, p + bytes)` for the current context (`flags`: `CU_MEMHOSTREGISTER_*`).
+///
+/// # Safety
+/// 1. `[p, p + bytes)` is host memory that stays allocated until `mem_host_unregister(p)`.
+pub(crate) unsafe fn mem_host_register(p: *mut c_void, bytes: usize, flags: u32) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    let code = unsafe { sys::cuMemHostRegister_v2(p, bytes, flags) };
+    check(code, Ctx::op("cuMemHostRegister_v2").bytes(bytes))
+}
+
+/// Unpins a range registered at base `p`.
+///
+/// # Safety
+/// 1. `p` is the base of a live registration made by `mem_host_register`, unregistered once.
+/// 2. No device work uses the range any more.
+pub(crate) unsafe fn mem_host_unregister(p: *mut c_void) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { sys::cuMemHostUnregister(p) }, Ctx::op("cuMemHostUnregister"))
+}

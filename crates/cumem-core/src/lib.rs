@@ -1,10 +1,14 @@
 //! Devices, contexts, streams, events and the owning memory types of cumem.
 //!
 //! Every kind of CUDA memory is an owning Rust type that frees itself, from any thread:
-//! [`DeviceBuffer`] (device memory from any [`DeviceResource`]), [`PinnedBuffer`] (page-locked host
-//! memory). Each keeps its [`Context`] alive and binds it before calling the driver, and every
-//! device buffer remembers the [`Stream`] it was last used on, so work on another stream is ordered
-//! after it and the memory returns to its resource in stream order.
+//! [`DeviceBuffer`] (device memory from any [`DeviceResource`], at any alignment up to
+//! [`MAX_ALIGNMENT`]), [`PinnedBuffer`] (page-locked host memory), [`MappedBuffer`] (page-locked
+//! host memory with a device address), [`HostRegistered`] (an existing `&mut [T]`, page-locked
+//! while it lives). Host-visible kinds share one pending-work tracker, [`HostAccess`], and expose
+//! it to asynchronous copies through [`HostMemory`]. Each keeps its [`Context`] alive and binds it
+//! before calling the driver, and every device buffer remembers the [`Stream`] it was last used on,
+//! so work on another stream is ordered after it and the memory returns to its resource in stream
+//! order.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -24,18 +28,22 @@ mod context;
 mod device;
 mod event;
 mod ffi;
+mod host_access;
 mod order;
 mod resource;
 mod stream;
 
-pub use buffer::device::DeviceBuffer;
+pub use buffer::device::{DeviceBuffer, MAX_ALIGNMENT};
+pub use buffer::mapped::MappedBuffer;
 pub use buffer::pinned::{PinnedBuffer, PinnedFlags};
+pub use buffer::registered::{HostRegistered, RegisterFlags};
 pub use buffer::view::{AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut};
 pub use capabilities::Capabilities;
 pub use context::{Context, MemInfo};
 pub use cumem_sys::{Error, ErrorContext, Feature, Result};
 pub use device::Device;
 pub use event::Event;
+pub use host_access::{HostAccess, HostMemory};
 pub use order::StreamOrder;
 pub use resource::{AllocLayout, DRIVER_ALIGNMENT, DeviceResource, DriverResource};
 pub use stream::{Stream, StreamOptions};

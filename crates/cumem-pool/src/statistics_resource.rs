@@ -208,6 +208,6 @@ mod tests {
         assert_eq!((outer.current_bytes, outer.current_count), (30, 1));
         assert_eq!(outer.peak_bytes, 180);
         assert_eq!((outer.total_bytes, outer.total_count), (180, 3));
-        assert_eq!(inner.current_bytes, -120);
+        assert_eq!(inner.current_bytes, -70);
     }
 }

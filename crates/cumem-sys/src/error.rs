@@ -79,6 +79,8 @@ pub enum Feature {
     Symbol(&'static str),
     /// The driver itself answered `CUDA_ERROR_NOT_SUPPORTED` to this operation.
     Driver(&'static str),
+    /// An allocation alignment (in bytes) above the largest one cumem serves.
+    Alignment(usize),
 }
 
 impl fmt::Display for Feature {
@@ -93,6 +95,7 @@ impl fmt::Display for Feature {
             Feature::PeerAccess => f.write_str("peer access"),
             Feature::Symbol(name) => write!(f, "driver entry point {name}"),
             Feature::Driver(op) => write!(f, "{op} (refused by the driver)"),
+            Feature::Alignment(align) => write!(f, "an alignment of {align} bytes"),
         }
     }
 }

@@ -21,6 +21,8 @@
 //! |---|---|---|
 //! | [`cumem_core`] | always | devices, contexts, streams, events, buffers, the resource trait |
 //! | [`copy`] | `copy` (default) | typed sync and async transfers and memsets |
+//! | [`pool`] | `pool` (default) | the caching pool, the driver's pools, a statistics adaptor |
+//! | [`unified`] | `unified` (default) | managed memory, advice, prefetch, migration policies |
 //! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
 
 pub use cumem_core::{
@@ -32,6 +34,14 @@ pub use cumem_core::{
 /// Typed transfers (feature `copy`).
 #[cfg(feature = "copy")]
 pub use cumem_copy as copy;
+
+/// Memory resources: the caching pool, the driver's pools, statistics (feature `pool`).
+#[cfg(feature = "pool")]
+pub use cumem_pool as pool;
+
+/// Unified (managed) memory: `UnifiedBuffer`, advice, prefetch, migration policies (feature `unified`).
+#[cfg(feature = "unified")]
+pub use cumem_unified as unified;
 
 /// Choosing and loading the driver: the real one, or the simulator (feature `sim`).
 pub mod driver {
@@ -56,9 +66,13 @@ pub mod driver {
 /// The names most programs need.
 pub mod prelude {
     #[cfg(feature = "copy")]
-    pub use cumem_copy::StreamCopy;
+    pub use cumem_copy::{Copy2D, Copy3D, PitchedBuffer, StreamCopy};
     pub use cumem_core::{
         AsDeviceSlice, AsDeviceSliceMut, Context, Device, DeviceBuffer, DeviceResource, DeviceSlice,
         DeviceSliceMut, Error, Event, PinnedBuffer, PinnedFlags, Result, Stream, StreamOptions,
     };
+    #[cfg(feature = "pool")]
+    pub use cumem_pool::{CachingResource, MemPool, NativePoolResource, PoolConfig, StatisticsResource};
+    #[cfg(feature = "unified")]
+    pub use cumem_unified::{MigrationPolicy, PrefetchPlan, UnifiedBuffer};
 }

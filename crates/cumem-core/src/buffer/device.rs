@@ -27,7 +27,25 @@ use cumem_sys::sys::CUdeviceptr;
 use crate::buffer::view::{
     AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, cast_parts,
 };
-use crate::{AllocLayout, Context, DeviceResource, DriverResource, Result, Stream, StreamOrder, ffi};
+use crate::{
+    AllocLayout, Context, DeviceResource, DriverResource, Error, Feature, Result, Stream, StreamOrder, ffi,
+};
+
+/// The largest alignment the `*_aligned*` constructors accept: 64 KiB, the largest page size of the
+/// platforms CUDA runs on (4 KiB on x86-64, up to 64 KiB on aarch64 and ppc64le). Resources serve
+/// alignments above their native one by over-allocating, so this also bounds the waste per buffer.
+pub const MAX_ALIGNMENT: usize = 64 * 1024;
+
+/// Checks a requested alignment: a power of two, at most [`MAX_ALIGNMENT`].
+fn check_alignment(align: usize) -> Result<()> {
+    if !align.is_power_of_two() {
+        return Err(Error::Misaligned { what: "alignment", value: align as u64, align: 2 });
+    }
+    if align > MAX_ALIGNMENT {
+        return Err(Error::NotSupported { feature: Feature::Alignment(align), device: None });
+    }
+    Ok(())
+}
 
 /// An owning array of `len` values of `T` in device memory.
 pub struct DeviceBuffer<T> {
@@ -69,13 +87,41 @@ impl<T> DeviceBuffer<T> {
     /// 1. The caller writes every element before the contents are read as `T`, or every bit
     ///    pattern is a valid `T`.
     pub unsafe fn uninit_in(resource: &Arc<dyn DeviceResource>, stream: &Stream, len: usize) -> Result<Self> {
+        // SAFETY: forwarded contract.
+        unsafe { Self::uninit_layout_in(resource, stream, len, align_of::<T>()) }
+    }
+
+    /// Allocates without initialising, at an address that is a multiple of `align` (a power of
+    /// two up to [`MAX_ALIGNMENT`]; `T`'s own alignment applies if larger).
+    ///
+    /// # Safety
+    /// 1. As for [`DeviceBuffer::uninit_in`].
+    pub unsafe fn uninit_aligned_in(
+        resource: &Arc<dyn DeviceResource>,
+        stream: &Stream,
+        len: usize,
+        align: usize,
+    ) -> Result<Self> {
+        check_alignment(align)?;
+        // SAFETY: forwarded contract.
+        unsafe { Self::uninit_layout_in(resource, stream, len, align.max(align_of::<T>())) }
+    }
+
+    /// # Safety
+    /// 1. As for [`DeviceBuffer::uninit_in`]; `align` is a power of two.
+    unsafe fn uninit_layout_in(
+        resource: &Arc<dyn DeviceResource>,
+        stream: &Stream,
+        len: usize,
+        align: usize,
+    ) -> Result<Self> {
         let bytes = len
             .checked_mul(size_of::<T>())
             .ok_or(crate::Error::SizeOverflow { count: len, elem_size: size_of::<T>() })?;
         let (ptr, layout) = if bytes == 0 {
             (0, None)
         } else {
-            let layout = AllocLayout::new(bytes, align_of::<T>())?;
+            let layout = AllocLayout::new(bytes, align)?;
             if resource.context() != stream.context() {
                 return Err(crate::Error::WrongDevice {
                     expected: resource.context().device().ordinal() as i32,
@@ -94,6 +140,21 @@ impl<T> DeviceBuffer<T> {
         })
     }
 
+    /// Allocates room for `len` values from `resource` at an address that is a multiple of `align`;
+    /// see [`DeviceBuffer::new_in`] and [`DeviceBuffer::uninit_aligned_in`].
+    pub fn new_aligned_in(
+        resource: &Arc<dyn DeviceResource>,
+        stream: &Stream,
+        len: usize,
+        align: usize,
+    ) -> Result<Self>
+    where
+        T: AnyBitPattern,
+    {
+        // SAFETY: any bytes are a valid T.
+        unsafe { Self::uninit_aligned_in(resource, stream, len, align) }
+    }
+
     /// `len` zeroed values from `resource`, zeroed in order on `stream`.
     pub fn zeroed_in(resource: &Arc<dyn DeviceResource>, stream: &Stream, len: usize) -> Result<Self>
     where
@@ -101,6 +162,51 @@ impl<T> DeviceBuffer<T> {
     {
         // SAFETY: every byte is written with zero below, and all-zero is a valid T.
         let buf = unsafe { Self::uninit_in(resource, stream, len)? };
+        buf.zero(stream)
+    }
+
+    /// `len` zeroed values from `resource` at an address that is a multiple of `align` (a power of
+    /// two up to [`MAX_ALIGNMENT`]: `Misaligned` if it is not a power of two, `NotSupported` if it
+    /// is larger). Works with any resource: resources serve large alignments by over-allocating.
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use std::sync::Arc;
+    /// use cumem_core::{DeviceBuffer, DeviceResource, Device, DriverResource, Stream};
+    /// let stream = Stream::new(&Device::get(0)?.context()?)?;
+    /// let resource: Arc<dyn DeviceResource> = Arc::new(DriverResource::new(stream.context()));
+    /// let buf = DeviceBuffer::<u8>::zeroed_aligned_in(&resource, &stream, 100, 4096)?;
+    /// assert_eq!(buf.device_ptr() % 4096, 0);
+    /// assert_eq!(buf.alignment(), Some(4096));
+    /// assert!(DeviceBuffer::<u8>::zeroed_aligned_in(&resource, &stream, 100, 3000).is_err());
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn zeroed_aligned_in(
+        resource: &Arc<dyn DeviceResource>,
+        stream: &Stream,
+        len: usize,
+        align: usize,
+    ) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        // SAFETY: every byte is written with zero below, and all-zero is a valid T.
+        let buf = unsafe { Self::uninit_aligned_in(resource, stream, len, align)? };
+        buf.zero(stream)
+    }
+
+    /// `len` zeroed values from `cuMemAlloc` at an address that is a multiple of `align`; see
+    /// [`DeviceBuffer::zeroed_aligned_in`].
+    pub fn zeroed_aligned(stream: &Stream, len: usize, align: usize) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        Self::zeroed_aligned_in(&Self::driver_resource(stream), stream, len, align)
+    }
+
+    /// Queues zeroing the whole (fresh) allocation on `stream`.
+    fn zero(self, stream: &Stream) -> Result<Self> {
+        let buf = self;
         if buf.bytes() > 0 {
             stream.context().bind()?;
             // SAFETY: the range is exactly this fresh allocation, usable on `stream`.
@@ -124,10 +230,35 @@ impl<T> DeviceBuffer<T> {
     {
         // SAFETY: every element is written by the copy below before anything can read it.
         let buf = unsafe { Self::uninit_in(resource, stream, data.len())? };
+        buf.fill_from(data)
+    }
+
+    /// A buffer from `resource` at an address that is a multiple of `align`, holding a copy of
+    /// `data`; see [`DeviceBuffer::zeroed_aligned_in`] for `align`.
+    pub fn from_slice_aligned_in(
+        resource: &Arc<dyn DeviceResource>,
+        stream: &Stream,
+        data: &[T],
+        align: usize,
+    ) -> Result<Self>
+    where
+        T: NoUninit,
+    {
+        // SAFETY: every element is written by the copy below before anything can read it.
+        let buf = unsafe { Self::uninit_aligned_in(resource, stream, data.len(), align)? };
+        buf.fill_from(data)
+    }
+
+    /// Copies `data` (same length) into the fresh allocation.
+    fn fill_from(self, data: &[T]) -> Result<Self>
+    where
+        T: NoUninit,
+    {
+        let buf = self;
         if buf.bytes() > 0 {
-            let ctx = stream.context();
+            let ctx = buf.resource.context();
             // A synchronous copy runs on the legacy stream and has taken the pageable source by the
-            // time it returns; the tracker orders it after the allocation on `stream`.
+            // time it returns; the tracker orders it after the allocation's stream.
             buf.order.use_on(&Stream::legacy(ctx))?;
             ctx.bind()?;
             // SAFETY: `data` is valid for `bytes` bytes of reads (NoUninit: all initialised); the
@@ -173,6 +304,11 @@ impl<T> DeviceBuffer<T> {
     /// The resource the memory came from and returns to.
     pub fn resource(&self) -> &Arc<dyn DeviceResource> {
         &self.resource
+    }
+
+    /// The alignment the memory was allocated with (`None` when nothing is allocated).
+    pub fn alignment(&self) -> Option<usize> {
+        self.layout.map(|l| l.align)
     }
 
     /// The stream-order tracker: the stream the buffer was last used on.

@@ -22,9 +22,8 @@ use std::ptr::NonNull;
 
 use bytemuck::Zeroable;
 use cumem_sys::sys::{CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED};
-use parking_lot::Mutex;
 
-use crate::{Context, Error, Event, Result, Stream, ffi};
+use crate::{Context, Error, Feature, HostAccess, HostMemory, Result, Stream, ffi};
 
 /// Allocation flags of a [`PinnedBuffer`] (`cuMemHostAlloc`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,13 +53,6 @@ impl PinnedFlags {
     }
 }
 
-/// Device work still using the buffer.
-#[derive(Default)]
-struct Pending {
-    reads: Vec<Event>,
-    write: Option<Event>,
-}
-
 /// An owning array of `len` values of `T` in page-locked host memory.
 pub struct PinnedBuffer<T> {
     ptr: NonNull<T>,
@@ -69,7 +61,7 @@ pub struct PinnedBuffer<T> {
     allocated: bool,
     flags: PinnedFlags,
     ctx: Context,
-    pending: Mutex<Pending>,
+    access: HostAccess,
 }
 
 // SAFETY: the buffer owns its memory like a `Vec<T>`; host access goes through `&self`/`&mut self`
@@ -88,12 +80,26 @@ impl<T: Copy> PinnedBuffer<T> {
         Self::zeroed_with_flags(ctx, len, PinnedFlags::default())
     }
 
-    /// `len` zeroed values with explicit flags.
+    /// `len` zeroed values with explicit flags. `device_mapped` needs a device that can map host
+    /// memory (`NotSupported { feature: HostMapping }` otherwise, before any allocation).
     pub fn zeroed_with_flags(ctx: &Context, len: usize, flags: PinnedFlags) -> Result<Self>
     where
         T: Zeroable,
     {
-        let buf = Self::alloc(ctx, len, flags)?;
+        Self::zeroed_tracked(ctx, len, flags, HostAccess::new())
+    }
+
+    /// Like [`PinnedBuffer::zeroed_with_flags`], with a given pending-work tracker.
+    pub(crate) fn zeroed_tracked(
+        ctx: &Context,
+        len: usize,
+        flags: PinnedFlags,
+        access: HostAccess,
+    ) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        let buf = Self::alloc(ctx, len, flags, access)?;
         if buf.allocated {
             // SAFETY: the allocation holds `len` values; all-zero bytes are a valid T.
             unsafe { std::ptr::write_bytes(buf.ptr.as_ptr(), 0, len) };
@@ -106,9 +112,19 @@ impl<T: Copy> PinnedBuffer<T> {
         Self::from_slice_with_flags(ctx, data, PinnedFlags::default())
     }
 
-    /// A pinned copy of `data` with explicit flags.
+    /// A pinned copy of `data` with explicit flags (see [`PinnedBuffer::zeroed_with_flags`]).
     pub fn from_slice_with_flags(ctx: &Context, data: &[T], flags: PinnedFlags) -> Result<Self> {
-        let buf = Self::alloc(ctx, data.len(), flags)?;
+        Self::from_slice_tracked(ctx, data, flags, HostAccess::new())
+    }
+
+    /// Like [`PinnedBuffer::from_slice_with_flags`], with a given pending-work tracker.
+    pub(crate) fn from_slice_tracked(
+        ctx: &Context,
+        data: &[T],
+        flags: PinnedFlags,
+        access: HostAccess,
+    ) -> Result<Self> {
+        let buf = Self::alloc(ctx, data.len(), flags, access)?;
         if buf.allocated {
             // SAFETY: the allocation holds `data.len()` values and does not overlap `data`.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr.as_ptr(), data.len()) };
@@ -116,10 +132,13 @@ impl<T: Copy> PinnedBuffer<T> {
         Ok(buf)
     }
 
-    fn alloc(ctx: &Context, len: usize, flags: PinnedFlags) -> Result<Self> {
+    fn alloc(ctx: &Context, len: usize, flags: PinnedFlags, access: HostAccess) -> Result<Self> {
         let bytes = len
             .checked_mul(size_of::<T>())
             .ok_or(Error::SizeOverflow { count: len, elem_size: size_of::<T>() })?;
+        if flags.device_mapped {
+            ctx.device().capabilities()?.require(Feature::HostMapping)?;
+        }
         let (ptr, allocated) = if bytes == 0 {
             (NonNull::dangling(), false)
         } else {
@@ -140,14 +159,7 @@ impl<T: Copy> PinnedBuffer<T> {
                 true,
             )
         };
-        Ok(PinnedBuffer {
-            ptr,
-            len,
-            allocated,
-            flags,
-            ctx: ctx.clone(),
-            pending: Mutex::new(Pending::default()),
-        })
+        Ok(PinnedBuffer { ptr, len, allocated, flags, ctx: ctx.clone(), access })
     }
 }
 
@@ -185,11 +197,7 @@ impl<T> PinnedBuffer<T> {
 
     /// The host values, after any pending device write to them has completed.
     pub fn as_slice(&self) -> Result<&[T]> {
-        let mut pending = self.pending.lock();
-        if let Some(write) = &pending.write {
-            write.synchronize()?;
-            pending.write = None;
-        }
+        self.access.wait_writes()?;
         // SAFETY: `ptr` holds `len` initialised values; no device work writes them any more, and
         // queueing a device write needs `&mut self`, which cannot coexist with the returned borrow.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
@@ -213,16 +221,12 @@ impl<T> PinnedBuffer<T> {
 
     /// Blocks until no device work uses the buffer.
     pub fn wait_idle(&self) -> Result<()> {
-        let mut pending = self.pending.lock();
-        if let Some(write) = &pending.write {
-            write.synchronize()?;
-            pending.write = None;
-        }
-        while let Some(read) = pending.reads.last() {
-            read.synchronize()?;
-            pending.reads.pop();
-        }
-        Ok(())
+        self.access.wait_idle()
+    }
+
+    /// The pending-work tracker.
+    pub(crate) fn access(&self) -> &HostAccess {
+        &self.access
     }
 
     /// Queues device work that reads the buffer on `stream`.
@@ -239,16 +243,9 @@ impl<T> PinnedBuffer<T> {
         stream: &Stream,
         enqueue: impl FnOnce(*const T, usize) -> Result<R>,
     ) -> Result<R> {
-        let mut pending = self.pending.lock();
-        if let Some(write) = &pending.write {
-            stream.wait(write)?;
-        }
-        let out = enqueue(self.ptr.as_ptr(), self.len)?;
-        let done = stream.record()?;
-        // Completed reads need no tracking; keep the list short.
-        pending.reads.retain(|e| !matches!(e.query(), Ok(true)));
-        pending.reads.push(done);
-        Ok(out)
+        // SAFETY: the allocation holds `len` values and outlives the pending work (the drop waits
+        // for it); the caller's item 1 is the tracker's item 2.
+        unsafe { self.access.device_read(stream, self.ptr.as_ptr(), self.len, enqueue) }
     }
 
     /// Queues device work that writes the buffer on `stream`.
@@ -264,16 +261,34 @@ impl<T> PinnedBuffer<T> {
         stream: &Stream,
         enqueue: impl FnOnce(*mut T, usize) -> Result<R>,
     ) -> Result<R> {
-        let pending = self.pending.get_mut();
-        if let Some(write) = pending.write.take() {
-            stream.wait(&write)?;
-        }
-        for read in pending.reads.drain(..) {
-            stream.wait(&read)?;
-        }
-        let out = enqueue(self.ptr.as_ptr(), self.len)?;
-        pending.write = Some(stream.record()?);
-        Ok(out)
+        // SAFETY: as in `device_read`; `&mut self` rules out live host borrows.
+        unsafe { self.access.device_write(stream, self.ptr.as_ptr(), self.len, enqueue) }
+    }
+}
+
+// SAFETY: the memory is cuMemHostAlloc'd (page-locked) and holds `len` initialised values; host
+// access, drop and new device work all go through `access`, which waits as required.
+unsafe impl<T> HostMemory<T> for PinnedBuffer<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    unsafe fn device_read<R>(
+        &self,
+        stream: &Stream,
+        enqueue: impl FnOnce(*const T, usize) -> Result<R>,
+    ) -> Result<R> {
+        // SAFETY: forwarded contract.
+        unsafe { PinnedBuffer::device_read(self, stream, enqueue) }
+    }
+
+    unsafe fn device_write<R>(
+        &mut self,
+        stream: &Stream,
+        enqueue: impl FnOnce(*mut T, usize) -> Result<R>,
+    ) -> Result<R> {
+        // SAFETY: forwarded contract.
+        unsafe { PinnedBuffer::device_write(self, stream, enqueue) }
     }
 }
 

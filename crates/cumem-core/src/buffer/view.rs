@@ -147,6 +147,25 @@ impl<'a, T> DeviceSlice<'a, T> {
         DeviceSlice { ptr, len, order, ctx, _marker: PhantomData }
     }
 
+    /// A shared view of memory owned elsewhere, for crates that add memory kinds (managed,
+    /// pitched, …). Buffers of this crate have safe accessors instead.
+    ///
+    /// # Safety
+    /// 1. `[ptr, ptr + len * size_of::<T>())` is device-accessible memory of `ctx`'s device (or 0
+    ///    with `len * size_of::<T>() == 0`), aligned for `T`, holding initialised values of `T`,
+    ///    and stays allocated for `'a`.
+    /// 2. Nothing writes the memory during `'a` except work ordered through `order`, and every use
+    ///    of the memory by device work is ordered through `order` (so the owner's free and host
+    ///    access can wait for the view's work).
+    pub unsafe fn from_raw_parts(
+        ptr: CUdeviceptr,
+        len: usize,
+        order: &'a StreamOrder,
+        ctx: &'a Context,
+    ) -> Self {
+        DeviceSlice::from_parts(ptr, len, order, ctx)
+    }
+
     common_view_methods!();
 
     /// A shared sub-view.
@@ -188,6 +207,21 @@ impl<'a, T> DeviceSlice<'a, T> {
 impl<'a, T> DeviceSliceMut<'a, T> {
     pub(crate) fn from_parts(ptr: CUdeviceptr, len: usize, order: &'a StreamOrder, ctx: &'a Context) -> Self {
         DeviceSliceMut { ptr, len, order, ctx, _marker: PhantomData }
+    }
+
+    /// An exclusive view of memory owned elsewhere, for crates that add memory kinds.
+    ///
+    /// # Safety
+    /// 1. As item 1 of [`DeviceSlice::from_raw_parts`].
+    /// 2. Nothing else reads or writes the memory during `'a` (the view is exclusive), and every
+    ///    use of it by device work is ordered through `order`.
+    pub unsafe fn from_raw_parts(
+        ptr: CUdeviceptr,
+        len: usize,
+        order: &'a StreamOrder,
+        ctx: &'a Context,
+    ) -> Self {
+        DeviceSliceMut::from_parts(ptr, len, order, ctx)
     }
 
     common_view_methods!();

@@ -1,0 +1,274 @@
+//! 2D and 3D copies (`cuMemcpy2D`/`cuMemcpy3D` and their async forms) and 2D memsets.
+//!
+//! One engine serves every pair of sides ([`Pitched`](crate::Pitched) host slices, host kinds,
+//! device views, [`PitchedBuffer`](crate::PitchedBuffer)s): it checks the extents against both
+//! sides (errors by variant, see [`Copy2D`]), then lets each side order the copy — device views
+//! through their stream order, host kinds through their pending-work tracker — and queues one
+//! driver call. The blocking forms ([`copy_2d`], [`copy_3d`]) run on the legacy stream and accept
+//! pageable slices; the queued forms ([`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d), …) do
+//! not, because the copy may run after the call returns.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_copy::{Copy3D, Pitched, PitchedBuffer, StreamCopy};
+//! use cumem_core::{Device, PinnedBuffer, Stream};
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::non_blocking(&ctx)?;
+//! // A 4 × 3 × 2 volume, dense on the host.
+//! let host = PinnedBuffer::from_slice(&ctx, &(0..24u32).collect::<Vec<_>>())?;
+//! let mut vol = PitchedBuffer::<u32>::zeroed_3d(&stream, 4, 3, 2)?;
+//! stream.copy_3d(&Pitched::new(&host, 4).with_height(3), &mut vol.as_pitched_mut(), Copy3D::new(4, 3, 2))?;
+//! let mut back = PinnedBuffer::<u32>::zeroed(&ctx, 4)?;
+//! // One row back: row 2 of slice 1, i.e. elements 20..24.
+//! let row = Copy3D::new(4, 1, 1).src_at(0, 2, 1);
+//! stream.copy_3d(&vol.as_pitched(), &mut Pitched::new(&mut back, 4).with_height(1), row)?;
+//! assert_eq!(back.as_slice()?, &[20, 21, 22, 23]); // waits for the copy
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use bytemuck::Pod;
+use cumem_core::{DeviceSliceMut, Error, ErrorContext, Result, Stream};
+use cumem_sys::sys::{self, CUdeviceptr, CUmemorytype};
+
+use crate::extent::{Copy2D, Copy3D, Origin, Rect2D, bytes, check_side};
+use crate::ffi::{self, Width};
+use crate::region::{CopyDst, CopySrc, Mem, Pitched};
+use crate::validate;
+
+/// How a copy is queued: blocking on the legacy stream, or on a stream.
+#[derive(Clone, Copy)]
+enum Mode<'s> {
+    Blocking,
+    Queued(&'s Stream),
+}
+
+/// Copies a 2D region from `src` to `dst`, blocking: a host destination holds the values and a
+/// host source may be reused when this returns. Either side may be pageable.
+pub fn copy_2d<T: Pod>(src: &impl CopySrc<T>, dst: &mut impl CopyDst<T>, extent: Copy2D) -> Result<()> {
+    run(Mode::Blocking, src, dst, &extent.as_3d(), false)
+}
+
+/// Copies a 3D box from `src` to `dst`, blocking (see [`copy_2d`]). Both sides need their rows per
+/// slice ([`Pitched::with_height`]).
+pub fn copy_3d<T: Pod>(src: &impl CopySrc<T>, dst: &mut impl CopyDst<T>, extent: Copy3D) -> Result<()> {
+    run(Mode::Blocking, src, dst, &extent, true)
+}
+
+pub(crate) fn copy_2d_on<T: Pod>(
+    stream: &Stream,
+    src: &impl CopySrc<T>,
+    dst: &mut impl CopyDst<T>,
+    extent: Copy2D,
+) -> Result<()> {
+    run(Mode::Queued(stream), src, dst, &extent.as_3d(), false)
+}
+
+pub(crate) fn copy_3d_on<T: Pod>(
+    stream: &Stream,
+    src: &impl CopySrc<T>,
+    dst: &mut impl CopyDst<T>,
+    extent: Copy3D,
+) -> Result<()> {
+    run(Mode::Queued(stream), src, dst, &extent, true)
+}
+
+/// Driver-facing description of one side.
+struct Placed {
+    mem: Mem,
+    x_bytes: usize,
+    y: usize,
+    z: usize,
+    pitch_bytes: usize,
+    height: usize,
+}
+
+fn memory_type(mem: Mem) -> CUmemorytype {
+    match mem {
+        Mem::Host(_) => CUmemorytype::CU_MEMORYTYPE_HOST,
+        Mem::Device(_) => CUmemorytype::CU_MEMORYTYPE_DEVICE,
+    }
+}
+
+fn run<T: Pod>(
+    mode: Mode<'_>,
+    src: &impl CopySrc<T>,
+    dst: &mut impl CopyDst<T>,
+    b: &Copy3D,
+    three_d: bool,
+) -> Result<()> {
+    let (sg, dg) = (src.geometry(), dst.geometry());
+    // Nothing to copy is never an error (the driver agrees: Height or Depth 0 succeeds).
+    if b.is_empty() {
+        return Ok(());
+    }
+    check_side(sg, Origin { x: b.src_x, y: b.src_y, z: b.src_z }, b, three_d)?;
+    check_side(dg, Origin { x: b.dst_x, y: b.dst_y, z: b.dst_z }, b, three_d)?;
+    let (sc, dc) = (src.device_context(), dst.device_context());
+    if let (Some(s), Some(d)) = (sc, dc) {
+        validate::same_device(d, s)?;
+    }
+    let stream = match mode {
+        Mode::Queued(stream) => {
+            for ctx in [sc, dc].into_iter().flatten() {
+                validate::on_stream_device(stream, ctx)?;
+            }
+            stream.clone()
+        }
+        Mode::Blocking => match dc.or(sc) {
+            Some(ctx) => Stream::legacy(ctx),
+            None => {
+                // A host-to-host copy has no device, hence no context to run in.
+                return Err(Error::InvalidContext {
+                    ctx: ErrorContext::op("2D/3D copy between two host sides"),
+                });
+            }
+        },
+    };
+    let size = size_of::<T>();
+    let width_bytes = bytes(b.width, size)?;
+    let place = |mem, g: crate::extent::Geometry, x: usize, y, z| -> Result<Placed> {
+        Ok(Placed {
+            mem,
+            x_bytes: bytes(x, size)?,
+            y,
+            z,
+            pitch_bytes: bytes(g.pitch, size)?,
+            height: g.height.unwrap_or(0),
+        })
+    };
+    // Check the byte conversions before any side effect.
+    place(Mem::Device(0), sg, b.src_x, b.src_y, b.src_z)?;
+    place(Mem::Device(0), dg, b.dst_x, b.dst_y, b.dst_z)?;
+    let raw_stream = match mode {
+        Mode::Blocking => None,
+        Mode::Queued(s) => Some(s.raw()),
+    };
+    let enqueue = |s: Mem, d: Mem| -> Result<()> {
+        let s = place(s, sg, b.src_x, b.src_y, b.src_z)?;
+        let d = place(d, dg, b.dst_x, b.dst_y, b.dst_z)?;
+        stream.context().bind()?;
+        if three_d {
+            let p = params_3d(&s, &d, width_bytes, b);
+            // SAFETY: both sides were checked to contain every row of every slice named (pitch,
+            // rows per slice and memory length), and each side ordered the copy on `stream` and
+            // keeps its memory valid (device views by borrow and stream order, host kinds by their
+            // tracker, pageable slices only in blocking mode, which completes before returning).
+            unsafe { ffi::memcpy_3d(&p, raw_stream) }
+        } else {
+            let p = params_2d(&s, &d, width_bytes, b.height);
+            // SAFETY: as above, for every row named.
+            unsafe { ffi::memcpy_2d(&p, raw_stream) }
+        }
+    };
+    // SAFETY: `enqueue` queues exactly one copy on `stream` that reads `src` and writes `dst` only
+    // inside their checked geometries; `T: Pod`, so any bytes copied are valid values. Pageable
+    // sides can only reach here in blocking mode (the queued entry points require `Queued*`).
+    unsafe { src.with_read(&stream, |s| dst.with_write(&stream, |d| enqueue(s, d))) }
+}
+
+/// The host pointer and device address fields of one side (the unused one null/0).
+fn split(mem: Mem) -> (*mut std::ffi::c_void, CUdeviceptr) {
+    match mem {
+        Mem::Host(h) => (h, 0),
+        Mem::Device(d) => (std::ptr::null_mut(), d),
+    }
+}
+
+fn params_2d(s: &Placed, d: &Placed, width_bytes: usize, height: usize) -> sys::CUDA_MEMCPY2D {
+    let ((src_host, src_device), (dst_host, dst_device)) = (split(s.mem), split(d.mem));
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: s.x_bytes,
+        srcY: s.y,
+        srcMemoryType: memory_type(s.mem),
+        srcHost: src_host.cast_const(),
+        srcDevice: src_device,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: s.pitch_bytes,
+        dstXInBytes: d.x_bytes,
+        dstY: d.y,
+        dstMemoryType: memory_type(d.mem),
+        dstHost: dst_host,
+        dstDevice: dst_device,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: d.pitch_bytes,
+        WidthInBytes: width_bytes,
+        Height: height,
+    }
+}
+
+fn params_3d(s: &Placed, d: &Placed, width_bytes: usize, b: &Copy3D) -> sys::CUDA_MEMCPY3D {
+    let ((src_host, src_device), (dst_host, dst_device)) = (split(s.mem), split(d.mem));
+    // Level of detail and the reserved fields must be 0 / NULL.
+    sys::CUDA_MEMCPY3D {
+        srcXInBytes: s.x_bytes,
+        srcY: s.y,
+        srcZ: s.z,
+        srcLOD: 0,
+        srcMemoryType: memory_type(s.mem),
+        srcHost: src_host.cast_const(),
+        srcDevice: src_device,
+        srcArray: std::ptr::null_mut(),
+        reserved0: std::ptr::null_mut(),
+        srcPitch: s.pitch_bytes,
+        srcHeight: s.height,
+        dstXInBytes: d.x_bytes,
+        dstY: d.y,
+        dstZ: d.z,
+        dstLOD: 0,
+        dstMemoryType: memory_type(d.mem),
+        dstHost: dst_host,
+        dstDevice: dst_device,
+        dstArray: std::ptr::null_mut(),
+        reserved1: std::ptr::null_mut(),
+        dstPitch: d.pitch_bytes,
+        dstHeight: d.height,
+        WidthInBytes: width_bytes,
+        Height: b.height,
+        Depth: b.depth,
+    }
+}
+
+/// Queues setting every element of `rect` in device memory `dst` to `value` (`T` 1, 2 or 4 bytes).
+pub(crate) fn fill_2d_on<T: Pod>(
+    stream: &Stream,
+    dst: &mut Pitched<DeviceSliceMut<'_, T>>,
+    value: T,
+    rect: Rect2D,
+) -> Result<()> {
+    let width = match *bytemuck::bytes_of(&value) {
+        [b] => Width::W8(b),
+        [a, b] => Width::W16(u16::from_ne_bytes([a, b])),
+        [a, b, c, d] => Width::W32(u32::from_ne_bytes([a, b, c, d])),
+        ref other => {
+            return Err(Error::Misaligned { what: "fill element size", value: other.len() as u64, align: 4 });
+        }
+    };
+    if rect.width == 0 || rect.height == 0 {
+        return Ok(());
+    }
+    let g = crate::region::sealed::Dst::<T>::geometry(dst);
+    let b = Copy2D::new(rect.width, rect.height).as_3d();
+    check_side(g, Origin { x: rect.x, y: rect.y, z: 0 }, &b, false)?;
+    let view = dst.view_mut();
+    validate::on_stream_device(stream, view.context())?;
+    let size = size_of::<T>();
+    let pitch_bytes = bytes(g.pitch, size)?;
+    let start = bytes(rect.y, pitch_bytes)?
+        .checked_add(bytes(rect.x, size)?)
+        .ok_or(Error::SizeOverflow { count: rect.y, elem_size: pitch_bytes })?;
+    view.order().use_on(stream)?;
+    stream.context().bind()?;
+    // SAFETY: the rectangle was checked to lie inside the view (rows of `width` elements from
+    // `start`, `pitch_bytes` apart); the view is exclusively borrowed device memory ordered on
+    // `stream`; its address and the pitch are multiples of T's size, which is the memset width.
+    unsafe {
+        ffi::memset_2d_async(
+            view.device_ptr() + start as u64,
+            pitch_bytes,
+            width,
+            rect.width,
+            rect.height,
+            stream.raw(),
+        )
+    }
+}

@@ -1,0 +1,281 @@
+//! `PitchedBuffer<T>`: a 2D (or 3D) array in device memory whose rows start at aligned addresses.
+//!
+//! `cuMemAllocPitch` pads each row to the device's preferred pitch so that every row starts
+//! aligned, which is what 2D copies and row-wise device access want. The buffer knows its width,
+//! height and depth in elements and its pitch; it hands out rows as device views, and itself as a
+//! [`Pitched`] side of 2D/3D copies and memsets. Needs a pitch that is a multiple of `T`'s size
+//! (true for every power-of-two size up to the pitch alignment); otherwise `Misaligned { what:
+//! "pitch" }`. Empty arrays allocate nothing.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_copy::{Copy2D, Pitched, PitchedBuffer, copy_2d};
+//! use cumem_core::{Device, Stream};
+//! let stream = Stream::new(&Device::get(0)?.context()?)?;
+//! let mut img = PitchedBuffer::<f32>::zeroed(&stream, 100, 3)?;
+//! assert!(img.pitch() >= 100);
+//! let rows: Vec<f32> = (0..300).map(|i| i as f32).collect();
+//! copy_2d(&Pitched::new(&rows[..], 100), &mut img.as_pitched_mut(), Copy2D::new(100, 3))?;
+//! assert_eq!(img.row(1)?.to_vec()?[..2], [100.0, 101.0]);
+//! assert_eq!(img.to_vec()?, rows);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use bytemuck::{AnyBitPattern, Pod, Zeroable};
+use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Error, Result, Stream, StreamOrder};
+use cumem_sys::sys::CUdeviceptr;
+
+use crate::extent::{Copy3D, bytes};
+use crate::ffi::{self, Width};
+use crate::region::Pitched;
+
+/// An owning `width` × `height` × `depth` array of `T` in pitched device memory.
+pub struct PitchedBuffer<T> {
+    ptr: CUdeviceptr,
+    /// Row stride in elements.
+    pitch: usize,
+    width: usize,
+    height: usize,
+    depth: usize,
+    ctx: Context,
+    order: StreamOrder,
+    _marker: PhantomData<T>,
+}
+
+impl<T> PitchedBuffer<T> {
+    /// A `width` × `height` array whose contents are whatever the memory held (hence
+    /// `T: AnyBitPattern`), usable in order on `stream`.
+    pub fn new(stream: &Stream, width: usize, height: usize) -> Result<Self>
+    where
+        T: AnyBitPattern,
+    {
+        Self::alloc(stream, width, height, 1)
+    }
+
+    /// A zeroed `width` × `height` array, zeroed in order on `stream`.
+    pub fn zeroed(stream: &Stream, width: usize, height: usize) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        Self::zeroed_3d(stream, width, height, 1)
+    }
+
+    /// A `width` × `height` × `depth` array: `depth` slices of `height` rows.
+    pub fn new_3d(stream: &Stream, width: usize, height: usize, depth: usize) -> Result<Self>
+    where
+        T: AnyBitPattern,
+    {
+        Self::alloc(stream, width, height, depth)
+    }
+
+    /// A zeroed `width` × `height` × `depth` array.
+    pub fn zeroed_3d(stream: &Stream, width: usize, height: usize, depth: usize) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        let buf = Self::alloc(stream, width, height, depth)?;
+        if buf.ptr != 0 {
+            stream.context().bind()?;
+            let all = bytes(buf.len(), size_of::<T>())?;
+            // SAFETY: the range is exactly this fresh allocation (pitch × rows bytes), usable on
+            // `stream`; all-zero bytes are a valid T.
+            unsafe { ffi::memset_async(buf.ptr, Width::W8(0), all, stream.raw())? };
+        }
+        Ok(buf)
+    }
+
+    fn alloc(stream: &Stream, width: usize, height: usize, depth: usize) -> Result<Self> {
+        let size = size_of::<T>();
+        let rows =
+            height.checked_mul(depth).ok_or(Error::SizeOverflow { count: height, elem_size: depth })?;
+        let width_bytes = bytes(width, size)?;
+        let ctx = stream.context().clone();
+        let (ptr, pitch) = if width_bytes == 0 || rows == 0 {
+            (0, width)
+        } else {
+            // The element size only tunes the driver's alignment; it must be 4, 8 or 16.
+            let element = if size.is_multiple_of(16) {
+                16
+            } else if size.is_multiple_of(8) {
+                8
+            } else {
+                4
+            };
+            bytes(rows, width_bytes)?;
+            ctx.bind()?;
+            let (ptr, pitch_bytes) = ffi::mem_alloc_pitch(width_bytes, rows, element)?;
+            if !pitch_bytes.is_multiple_of(size) || pitch_bytes < width_bytes {
+                // SAFETY: `ptr` came from cuMemAllocPitch just now and nothing uses it.
+                let _ = unsafe { ffi::mem_free(ptr) };
+                return Err(Error::Misaligned {
+                    what: "pitch",
+                    value: pitch_bytes as u64,
+                    align: size as u64,
+                });
+            }
+            (ptr, pitch_bytes / size)
+        };
+        Ok(PitchedBuffer {
+            ptr,
+            pitch,
+            width,
+            height,
+            depth,
+            order: StreamOrder::new(stream),
+            ctx,
+            _marker: PhantomData,
+        })
+    }
+
+    /// Elements per row.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Rows per slice.
+    pub fn height(&self) -> usize {
+        self.height
+    }
+
+    /// Slices (1 for a 2D array).
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Elements from one row to the next (at least the width).
+    pub fn pitch(&self) -> usize {
+        self.pitch
+    }
+
+    /// Bytes from one row to the next, as the driver chose.
+    pub fn pitch_bytes(&self) -> usize {
+        self.pitch * size_of::<T>()
+    }
+
+    /// Elements of the whole allocation, padding included (`pitch × height × depth`).
+    pub fn len(&self) -> usize {
+        self.pitch * self.height * self.depth
+    }
+
+    /// Whether the array has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.width == 0 || self.height == 0 || self.depth == 0
+    }
+
+    /// Device address of the first row (0 when nothing is allocated).
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// The context of the memory.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The stream-order tracker: the stream the array was last used on.
+    pub fn order(&self) -> &StreamOrder {
+        &self.order
+    }
+
+    fn row_index(&self, z: usize, y: usize) -> Result<usize> {
+        if z >= self.depth {
+            return Err(Error::OutOfRange { start: z, end: z + 1, len: self.depth });
+        }
+        if y >= self.height {
+            return Err(Error::OutOfRange { start: y, end: y + 1, len: self.height });
+        }
+        Ok(z * self.height + y)
+    }
+
+    fn row_ptr(&self, row: usize) -> CUdeviceptr {
+        // Cannot overflow: the row lies inside the allocation.
+        self.ptr + (row * self.pitch_bytes()) as u64
+    }
+
+    /// Row `y` (of slice 0) as a view of `width` elements.
+    pub fn row(&self, y: usize) -> Result<DeviceSlice<'_, T>> {
+        self.row_3d(0, y)
+    }
+
+    /// Row `y` of slice `z` as a view of `width` elements.
+    pub fn row_3d(&self, z: usize, y: usize) -> Result<DeviceSlice<'_, T>> {
+        let row = self.row_index(z, y)?;
+        // SAFETY: the row's `width` elements lie inside this live allocation, aligned (pitch is a
+        // multiple of T's size and the base is 256-aligned) and initialised (zeroed or
+        // AnyBitPattern); the view borrows `self`, and its work goes through `self.order`.
+        Ok(unsafe { DeviceSlice::from_raw_parts(self.row_ptr(row), self.width, &self.order, &self.ctx) })
+    }
+
+    /// Row `y` (of slice 0) as an exclusive view of `width` elements.
+    pub fn row_mut(&mut self, y: usize) -> Result<DeviceSliceMut<'_, T>> {
+        self.row_3d_mut(0, y)
+    }
+
+    /// Row `y` of slice `z` as an exclusive view of `width` elements.
+    pub fn row_3d_mut(&mut self, z: usize, y: usize) -> Result<DeviceSliceMut<'_, T>> {
+        let row = self.row_index(z, y)?;
+        // SAFETY: as in `row_3d`; the view borrows `self` exclusively.
+        Ok(unsafe { DeviceSliceMut::from_raw_parts(self.row_ptr(row), self.width, &self.order, &self.ctx) })
+    }
+
+    /// The whole allocation as a side of 2D/3D copies (pitch, row width and rows per slice set, so
+    /// that copies cannot reach the row padding).
+    pub fn as_pitched(&self) -> Pitched<DeviceSlice<'_, T>> {
+        // SAFETY: the range is this whole live allocation, initialised, borrowed with `self`.
+        let all = unsafe { DeviceSlice::from_raw_parts(self.ptr, self.len(), &self.order, &self.ctx) };
+        Pitched::new(all, self.pitch.max(1)).with_width(self.width).with_height(self.height)
+    }
+
+    /// The whole allocation as a writable side of 2D/3D copies and memsets.
+    pub fn as_pitched_mut(&mut self) -> Pitched<DeviceSliceMut<'_, T>> {
+        let (len, pitch, width, height) = (self.len(), self.pitch.max(1), self.width, self.height);
+        // SAFETY: as in `as_pitched`; the view borrows `self` exclusively.
+        let all = unsafe { DeviceSliceMut::from_raw_parts(self.ptr, len, &self.order, &self.ctx) };
+        Pitched::new(all, pitch).with_width(width).with_height(height)
+    }
+
+    /// The values without padding, row after row and slice after slice, after all work queued on
+    /// the array so far.
+    pub fn to_vec(&self) -> Result<Vec<T>>
+    where
+        T: Pod,
+    {
+        let mut out = vec![T::zeroed(); self.width * self.height * self.depth];
+        if !out.is_empty() {
+            let host = &mut Pitched::new(&mut out[..], self.width).with_height(self.height);
+            crate::nd::copy_3d(&self.as_pitched(), host, Copy3D::new(self.width, self.height, self.depth))?;
+        }
+        Ok(out)
+    }
+}
+
+impl<T> fmt::Debug for PitchedBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PitchedBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("width", &self.width)
+            .field("height", &self.height)
+            .field("depth", &self.depth)
+            .field("pitch", &self.pitch)
+            .finish()
+    }
+}
+
+impl<T> Drop for PitchedBuffer<T> {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: `ptr` came from cuMemAllocPitch and is freed once; cuMemFree waits for the
+            // device work queued on it; no view outlives `self`.
+            unsafe { ffi::mem_free(self.ptr) }
+        });
+        if let Err(e) = result {
+            tracing::warn!(ptr = self.ptr, error = %e, "cuMemFree of a pitched buffer failed; the memory is leaked");
+        }
+    }
+}

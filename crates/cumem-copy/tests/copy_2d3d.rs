@@ -1,0 +1,331 @@
+//! 2D and 3D copies and 2D memsets: random extents and pitches against a CPU reference (the copied
+//! sub-volume equals it, bytes outside are untouched), and errors by variant for impossible
+//! extents. (That queued 2D/3D read-backs are right only because host access waits is shown in
+//! `host_kinds.rs`, whose simulator delays work long enough to tell.)
+
+use cumem_copy::{Copy2D, Copy3D, Pitched, PitchedBuffer, Rect2D, StreamCopy, copy_2d, copy_3d};
+use cumem_core::{Context, Device, DeviceBuffer, Error, PinnedBuffer, Stream};
+use cumem_sys::testing;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
+
+/// A small device latency keeps a few hundred random cases quick while queued work still runs late.
+const SIM: &str = "devices=2,latency_us=2000";
+
+fn setup() -> (Context, Stream) {
+    testing::init_with(SIM);
+    let ctx = Device::get(0).unwrap().context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    (ctx, stream)
+}
+
+fn config(cases: u32) -> Config {
+    Config {
+        cases,
+        failure_persistence: None,
+        // Deterministic in CI; set CUMEM_PROPTEST_SEED to explore other sequences.
+        rng_seed: RngSeed::Fixed(
+            std::env::var("CUMEM_PROPTEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x2D3D),
+        ),
+        rng_algorithm: RngAlgorithm::XorShift,
+        ..Config::default()
+    }
+}
+
+const SENTINEL: u32 = 0xDEAD_BEEF;
+
+fn pattern(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ seed).collect()
+}
+
+/// One side's layout: pitch, rows per slice and slices, in elements.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    pitch: usize,
+    height: usize,
+    depth: usize,
+}
+
+impl Layout {
+    fn len(&self) -> usize {
+        self.pitch * self.height * self.depth
+    }
+    fn index(&self, x: usize, y: usize, z: usize) -> usize {
+        (z * self.height + y) * self.pitch + x
+    }
+}
+
+/// What a 3D copy must do, on the CPU.
+fn reference(src: &[u32], s: Layout, dst: &mut [u32], d: Layout, c: &Copy3D) {
+    for z in 0..c.depth {
+        for y in 0..c.height {
+            for x in 0..c.width {
+                dst[d.index(c.dst_x + x, c.dst_y + y, c.dst_z + z)] =
+                    src[s.index(c.src_x + x, c.src_y + y, c.src_z + z)];
+            }
+        }
+    }
+}
+
+/// A random copy and two layouts that hold it (with room to spare on every axis).
+fn case(three_d: bool) -> impl Strategy<Value = (Copy3D, Layout, Layout)> {
+    let depth = if three_d { 1..4usize } else { 1..2 };
+    let z = if three_d { 0..3usize } else { 0..1 };
+    (
+        (1..24usize, 1..9usize, depth),
+        (0..6usize, 0..5usize, z.clone(), 0..6usize, 0..5usize, z),
+        (0..9usize, 0..3usize, 0..2usize),
+        (0..9usize, 0..3usize, 0..2usize),
+    )
+        .prop_map(|((w, h, d), (sx, sy, sz, dx, dy, dz), (sp, sh, sd), (dp, dh, dd))| {
+            let c = Copy3D {
+                width: w,
+                height: h,
+                depth: d,
+                src_x: sx,
+                src_y: sy,
+                src_z: sz,
+                dst_x: dx,
+                dst_y: dy,
+                dst_z: dz,
+            };
+            let s = Layout { pitch: sx + w + sp, height: sy + h + sh, depth: sz + d + sd };
+            let t = Layout { pitch: dx + w + dp, height: dy + h + dh, depth: dz + d + dd };
+            (c, s, t)
+        })
+}
+
+fn as_2d(c: &Copy3D) -> Copy2D {
+    Copy2D::new(c.width, c.height).src_at(c.src_x, c.src_y).dst_at(c.dst_x, c.dst_y)
+}
+
+/// Host → device → host, blocking, with pageable memory on the host side.
+fn blocking_round_trip(stream: &Stream, c: Copy3D, s: Layout, t: Layout, three_d: bool) {
+    let src = pattern(s.len(), c.width as u32);
+    let mut dev = DeviceBuffer::from_slice(stream, &vec![SENTINEL; t.len()]).unwrap();
+    {
+        let host = Pitched::new(&src[..], s.pitch).with_height(s.height);
+        let mut dst = Pitched::new(dev.as_mut_slice(), t.pitch).with_height(t.height);
+        if three_d {
+            copy_3d(&host, &mut dst, c).unwrap()
+        } else {
+            copy_2d(&host, &mut dst, as_2d(&c)).unwrap()
+        }
+    }
+    let mut expected = vec![SENTINEL; t.len()];
+    reference(&src, s, &mut expected, t, &c);
+    assert_eq!(dev.to_vec().unwrap(), expected, "host to device");
+
+    // And back, into a pageable buffer laid out like the source: the box returns where it came from.
+    let mut back = vec![SENTINEL; s.len()];
+    let inverse = Copy3D {
+        src_x: c.dst_x,
+        src_y: c.dst_y,
+        src_z: c.dst_z,
+        dst_x: c.src_x,
+        dst_y: c.src_y,
+        dst_z: c.src_z,
+        ..c
+    };
+    {
+        let from = Pitched::new(dev.as_slice(), t.pitch).with_height(t.height);
+        let mut to = Pitched::new(&mut back[..], s.pitch).with_height(s.height);
+        if three_d {
+            copy_3d(&from, &mut to, inverse).unwrap()
+        } else {
+            copy_2d(&from, &mut to, as_2d(&inverse)).unwrap()
+        }
+    }
+    let mut expected_back = vec![SENTINEL; s.len()];
+    reference(
+        &src,
+        s,
+        &mut expected_back,
+        s,
+        &Copy3D { dst_x: c.src_x, dst_y: c.src_y, dst_z: c.src_z, ..c },
+    );
+    assert_eq!(back, expected_back, "device to host");
+}
+
+/// Pinned → pitched buffer → pinned, queued on a stream, read back through the pinned buffer's wait.
+fn queued_round_trip(ctx: &Context, stream: &Stream, c: Copy3D, s: Layout, three_d: bool) {
+    let src_data = pattern(s.len(), 77);
+    let src = PinnedBuffer::from_slice(ctx, &src_data).unwrap();
+    let (w, h, d) = (c.dst_x + c.width + 1, c.dst_y + c.height, c.dst_z + c.depth);
+    let mut pitched = PitchedBuffer::<u32>::new_3d(stream, w, h, d).unwrap();
+    stream
+        .fill_2d(&mut pitched.as_pitched_mut().with_height(h * d), SENTINEL, Rect2D::new(w, h * d))
+        .unwrap();
+    let host = Pitched::new(&src, s.pitch).with_height(s.height);
+    if three_d {
+        stream.copy_3d(&host, &mut pitched.as_pitched_mut(), c).unwrap();
+    } else {
+        stream.copy_2d(&host, &mut pitched.as_pitched_mut(), as_2d(&c)).unwrap();
+    }
+    let dense = Layout { pitch: w, height: h, depth: d };
+    let mut back = PinnedBuffer::from_slice(ctx, &vec![0u32; dense.len()]).unwrap();
+    let all = Copy3D::new(w, h, d);
+    stream.copy_3d(&pitched.as_pitched(), &mut Pitched::new(&mut back, w).with_height(h), all).unwrap();
+    let mut expected = vec![SENTINEL; dense.len()];
+    reference(&src_data, s, &mut expected, dense, &c);
+    assert_eq!(back.as_slice().unwrap(), &expected[..]);
+    // The pitched buffer's own dense read agrees.
+    assert_eq!(pitched.to_vec().unwrap(), expected);
+}
+
+proptest! {
+    #![proptest_config(config(40))]
+
+    #[test]
+    fn copies_2d_match_the_cpu_reference((c, s, t) in case(false)) {
+        let (_ctx, stream) = setup();
+        blocking_round_trip(&stream, c, s, t, false);
+    }
+
+    #[test]
+    fn copies_3d_match_the_cpu_reference((c, s, t) in case(true)) {
+        let (_ctx, stream) = setup();
+        blocking_round_trip(&stream, c, s, t, true);
+    }
+
+    #[test]
+    fn queued_copies_2d_into_pitched_memory_match((c, s, _t) in case(false)) {
+        let (ctx, stream) = setup();
+        queued_round_trip(&ctx, &stream, c, s, false);
+    }
+
+    #[test]
+    fn queued_copies_3d_into_pitched_memory_match((c, s, _t) in case(true)) {
+        let (ctx, stream) = setup();
+        queued_round_trip(&ctx, &stream, c, s, true);
+    }
+}
+
+#[test]
+fn pitched_buffers_have_aligned_rows_and_row_views() {
+    let (_ctx, stream) = setup();
+    let mut img = PitchedBuffer::<f32>::zeroed(&stream, 100, 7).unwrap();
+    let pitch_alignment = img.context().device().capabilities().unwrap().texture_pitch_alignment;
+    assert!(img.pitch() >= 100 && img.pitch_bytes().is_multiple_of(pitch_alignment));
+    assert_eq!((img.width(), img.height(), img.depth(), img.len()), (100, 7, 1, img.pitch() * 7));
+    for y in 0..7 {
+        let row = img.row(y).unwrap();
+        assert_eq!(row.len(), 100);
+        assert_eq!(row.device_ptr(), img.device_ptr() + (y * img.pitch_bytes()) as u64);
+    }
+    cumem_copy::copy_h2d(&[2.5f32; 100], &mut img.row_mut(3).unwrap()).unwrap();
+    let all = img.to_vec().unwrap();
+    assert!(
+        all[300..400].iter().all(|&v| v == 2.5) && all[..300].iter().chain(&all[400..]).all(|&v| v == 0.0)
+    );
+    assert!(matches!(img.row(7), Err(Error::OutOfRange { start: 7, end: 8, len: 7 })));
+    assert!(matches!(img.row_3d(1, 0), Err(Error::OutOfRange { start: 1, end: 2, len: 1 })));
+    let vol = PitchedBuffer::<u64>::zeroed_3d(&stream, 5, 4, 3).unwrap();
+    assert_eq!(vol.row_3d(2, 3).unwrap().device_ptr(), vol.device_ptr() + (11 * vol.pitch_bytes()) as u64);
+    let empty = PitchedBuffer::<u8>::zeroed(&stream, 0, 5).unwrap();
+    assert!(empty.is_empty() && empty.to_vec().unwrap().is_empty());
+    if let Some(ctl) = testing::sim_control() {
+        let ptr = img.device_ptr();
+        drop(img);
+        assert!(!ctl.live_report().contains_ptr(ptr));
+    }
+}
+
+#[test]
+fn memset_2d_touches_only_its_rectangle() {
+    let (_ctx, stream) = setup();
+    let mut img = PitchedBuffer::<u8>::zeroed(&stream, 40, 6).unwrap();
+    stream.fill_2d(&mut img.as_pitched_mut(), 0x11u8, Rect2D::new(8, 3).at(4, 2)).unwrap();
+    let all = img.to_vec().unwrap();
+    for y in 0..6 {
+        for x in 0..40 {
+            let inside = (2..5).contains(&y) && (4..12).contains(&x);
+            assert_eq!(all[y * 40 + x], if inside { 0x11 } else { 0 }, "({x}, {y})");
+        }
+    }
+    let mut words = PitchedBuffer::<u32>::zeroed(&stream, 10, 4).unwrap();
+    stream.fill_2d(&mut words.as_pitched_mut(), 0xCAFE_F00Du32, Rect2D::new(3, 2).at(7, 1)).unwrap();
+    let all = words.to_vec().unwrap();
+    assert_eq!(all.iter().filter(|&&v| v == 0xCAFE_F00D).count(), 6);
+    assert_eq!(&all[17..20], &[0xCAFE_F00D; 3]);
+    let mut halves = PitchedBuffer::<u16>::zeroed(&stream, 10, 4).unwrap();
+    stream.fill_2d(&mut halves.as_pitched_mut(), 0xABCDu16, Rect2D::new(10, 4)).unwrap();
+    assert_eq!(halves.to_vec().unwrap(), vec![0xABCD; 40]);
+    let mut wide = PitchedBuffer::<u64>::zeroed(&stream, 4, 4).unwrap();
+    assert!(matches!(
+        stream.fill_2d(&mut wide.as_pitched_mut(), 1u64, Rect2D::new(1, 1)),
+        Err(Error::Misaligned { what: "fill element size", .. })
+    ));
+    assert!(matches!(
+        stream.fill_2d(&mut words.as_pitched_mut(), 1u32, Rect2D::new(4, 1).at(7, 0)),
+        Err(Error::OutOfRange { .. })
+    ));
+}
+
+#[test]
+fn impossible_extents_are_errors_by_variant_before_any_driver_call() {
+    let (ctx, stream) = setup();
+    let src = vec![1u32; 64]; // 8 rows of 8
+    let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+    let host = Pitched::new(&src[..], 8);
+    let check = |r: cumem_core::Result<()>| r.unwrap_err();
+    // Width beyond the pitch.
+    let e = check(copy_2d(&host, &mut Pitched::new(dev.as_mut_slice(), 8), Copy2D::new(9, 1)));
+    assert!(matches!(e, Error::OutOfRange { start: 0, end: 9, len: 8 }), "{e}");
+    let e = check(copy_2d(&host, &mut Pitched::new(dev.as_mut_slice(), 8), Copy2D::new(4, 1).dst_at(5, 0)));
+    assert!(matches!(e, Error::OutOfRange { start: 5, end: 9, len: 8 }), "{e}");
+    // Rows beyond the memory.
+    let e = check(copy_2d(&host, &mut Pitched::new(dev.as_mut_slice(), 8), Copy2D::new(8, 3).src_at(0, 6)));
+    assert!(matches!(e, Error::OutOfRange { start: 6, end: 9, len: 8 }), "{e}");
+    // A zero pitch.
+    let e = check(copy_2d(
+        &Pitched::new(&src[..], 0),
+        &mut Pitched::new(dev.as_mut_slice(), 8),
+        Copy2D::new(1, 1),
+    ));
+    assert!(matches!(e, Error::ZeroSize { what: "pitch" }), "{e}");
+    // 3D: rows beyond the rows per slice, slices beyond the memory, a missing slice height.
+    let vol = Pitched::new(&src[..], 4).with_height(4); // 4 slices of 4 rows of 4
+    let e = check(copy_3d(
+        &vol,
+        &mut Pitched::new(dev.as_mut_slice(), 4).with_height(4),
+        Copy3D::new(4, 2, 1).src_at(0, 3, 0),
+    ));
+    assert!(matches!(e, Error::OutOfRange { start: 3, end: 5, len: 4 }), "{e}");
+    let e = check(copy_3d(
+        &vol,
+        &mut Pitched::new(dev.as_mut_slice(), 4).with_height(4),
+        Copy3D::new(4, 4, 2).dst_at(0, 0, 3),
+    ));
+    assert!(matches!(e, Error::OutOfRange { start: 3, end: 5, len: 4 }), "{e}");
+    let e = check(copy_3d(&vol, &mut Pitched::new(dev.as_mut_slice(), 4), Copy3D::new(1, 1, 1)));
+    assert!(matches!(e, Error::ZeroSize { what: "rows per slice" }), "{e}");
+    // Pitches whose size in bytes overflows.
+    let e = check(copy_2d(
+        &Pitched::new(&src[..], usize::MAX / 2),
+        &mut Pitched::new(dev.as_mut_slice(), 8),
+        Copy2D::new(1, 1),
+    ));
+    assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
+    // Devices must match the stream; host-to-host copies have no device.
+    let mut other = vec![0u32; 64];
+    let e = check(copy_2d(&host, &mut Pitched::new(&mut other[..], 8), Copy2D::new(8, 8)));
+    assert!(matches!(e, Error::InvalidContext { .. }), "{e}");
+    if Device::count().unwrap() > 1 {
+        let s1 = Stream::new(&Device::get(1).unwrap().context().unwrap()).unwrap();
+        let pinned = PinnedBuffer::from_slice(&ctx, &src).unwrap();
+        let e = check(s1.copy_2d(
+            &Pitched::new(&pinned, 8),
+            &mut Pitched::new(dev.as_mut_slice(), 8),
+            Copy2D::new(8, 8),
+        ));
+        assert!(matches!(e, Error::WrongDevice { .. }), "{e}");
+    }
+    // Nothing was written, and an empty extent is fine.
+    copy_2d(&host, &mut Pitched::new(dev.as_mut_slice(), 8), Copy2D::new(0, 5)).unwrap();
+    assert_eq!(dev.to_vec().unwrap(), vec![0; 64]);
+    if let Some(ctl) = testing::sim_control() {
+        let v = ctl.violations_on_this_thread();
+        assert!(v.is_empty(), "the driver never saw a bad extent: {v:?}");
+    }
+}

@@ -1,0 +1,273 @@
+//! `HostRegistered<'a, T>`: an existing `&mut [T]` page-locked for as long as the value lives.
+//!
+//! `cuMemHostRegister` pins memory the program already has (a `Vec`, an mmap'd file), so that
+//! asynchronous copies can use it without a staging copy. The registration borrows the slice
+//! exclusively, tracks device work like a [`PinnedBuffer`](crate::PinnedBuffer) (host access waits
+//! for it), and on drop waits for that work and unregisters the range. Registering a range that
+//! overlaps a registered one is `HostMemoryAlreadyRegistered`; a device without host registration
+//! gives `NotSupported { feature: HostRegister }` before any driver call.
+//!
+//! The memory is the caller's, so it must not be handed back while the device may still use it,
+//! even if the registration is leaked (`mem::forget` ends the borrow without running `Drop`). The
+//! safe entry point is therefore a scope, [`HostRegistered::scope`], which waits for all device
+//! work before it returns; [`HostRegistered::new`] is `unsafe` for callers who can promise not
+//! to leak the value.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{Device, HostRegistered};
+//! let ctx = Device::get(0)?.context()?;
+//! let mut data = vec![7u64; 1024];
+//! let sum = HostRegistered::scope(&ctx, &mut data, |reg| {
+//!     reg.as_mut_slice()?[0] = 1;          // waits for device work on the range, if any
+//!     Ok(reg.as_slice()?.iter().sum::<u64>())
+//! })?;
+//! assert_eq!(sum, 1 + 7 * 1023);
+//! assert_eq!(data[0], 1);                  // unregistered, and the borrow is back
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use cumem_sys::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE};
+
+use crate::{Context, Feature, HostAccess, HostMemory, Result, Stream, ffi};
+
+/// Flags of a host registration (`cuMemHostRegister`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegisterFlags {
+    /// Pinned for every context, not only the registering one.
+    pub portable: bool,
+    /// Mapped into the device address space (needs a device that can map host memory).
+    pub device_mapped: bool,
+}
+
+impl RegisterFlags {
+    /// The `CU_MEMHOSTREGISTER_*` bits.
+    pub fn bits(&self) -> u32 {
+        let mut bits = 0;
+        if self.portable {
+            bits |= CU_MEMHOSTREGISTER_PORTABLE;
+        }
+        if self.device_mapped {
+            bits |= CU_MEMHOSTREGISTER_DEVICEMAP;
+        }
+        bits
+    }
+}
+
+/// An exclusively borrowed host slice, page-locked until the value is dropped.
+pub struct HostRegistered<'a, T> {
+    ptr: NonNull<T>,
+    len: usize,
+    /// Whether the driver registered the range (false for zero bytes).
+    registered: bool,
+    flags: RegisterFlags,
+    ctx: Context,
+    access: HostAccess,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: the registration holds the only access to the slice, like `&mut [T]`; host access goes
+// through `&self`/`&mut self` and waits for device work first.
+unsafe impl<T: Send> Send for HostRegistered<'_, T> {}
+// SAFETY: shared access only hands out `&[T]` (after waiting for device writes) and queues device
+// reads, like `&[T]`.
+unsafe impl<T: Sync> Sync for HostRegistered<'_, T> {}
+
+impl<T> HostRegistered<'_, T> {
+    /// Registers `data` with default flags, runs `f` with the registration, then waits for all
+    /// device work on it and unregisters it.
+    pub fn scope<R>(
+        ctx: &Context,
+        data: &mut [T],
+        f: impl FnOnce(&mut HostRegistered<'_, T>) -> Result<R>,
+    ) -> Result<R> {
+        Self::scope_with_flags(ctx, data, RegisterFlags::default(), f)
+    }
+
+    /// Like [`HostRegistered::scope`], with explicit flags.
+    pub fn scope_with_flags<R>(
+        ctx: &Context,
+        data: &mut [T],
+        flags: RegisterFlags,
+        f: impl FnOnce(&mut HostRegistered<'_, T>) -> Result<R>,
+    ) -> Result<R> {
+        // SAFETY: the registration lives in this frame and is dropped (never leaked) before the
+        // borrow of `data` ends; `f` only gets a reference to it.
+        let mut reg = unsafe { HostRegistered::with_flags(ctx, data, flags)? };
+        let out = f(&mut reg);
+        let waited = reg.wait_idle();
+        drop(reg);
+        let out = out?;
+        waited.map(|()| out)
+    }
+}
+
+impl<'a, T> HostRegistered<'a, T> {
+    /// Registers `data` with default flags until the value is dropped.
+    ///
+    /// # Safety
+    /// 1. The value is dropped, not leaked (`mem::forget`, a reference cycle), before `'a` ends:
+    ///    its `Drop` is what keeps the device from using `data` after the borrow is returned.
+    pub unsafe fn new(ctx: &Context, data: &'a mut [T]) -> Result<Self> {
+        // SAFETY: forwarded contract.
+        unsafe { Self::with_flags(ctx, data, RegisterFlags::default()) }
+    }
+
+    /// Registers `data` with explicit flags until the value is dropped.
+    ///
+    /// # Safety
+    /// 1. As for [`HostRegistered::new`].
+    pub unsafe fn with_flags(ctx: &Context, data: &'a mut [T], flags: RegisterFlags) -> Result<Self> {
+        let caps = ctx.device().capabilities()?;
+        caps.require(Feature::HostRegister)?;
+        if flags.device_mapped {
+            caps.require(Feature::HostMapping)?;
+        }
+        let len = data.len();
+        let bytes = size_of_val(data);
+        let ptr = NonNull::from(data).cast::<T>();
+        let registered = bytes > 0;
+        if registered {
+            ctx.bind()?;
+            // SAFETY: the range is the borrowed slice, which stays allocated for `'a`; it is
+            // unregistered in `Drop`, which the caller promises runs before `'a` ends.
+            unsafe { ffi::mem_host_register(ptr.as_ptr().cast(), bytes, flags.bits())? };
+        }
+        Ok(HostRegistered {
+            ptr,
+            len,
+            registered,
+            flags,
+            ctx: ctx.clone(),
+            access: HostAccess::new(),
+            _borrow: PhantomData,
+        })
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slice is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
+    /// The flags it was registered with.
+    pub fn flags(&self) -> RegisterFlags {
+        self.flags
+    }
+
+    /// The context it was registered in.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Host address of the first element. Reading or writing through it races with pending
+    /// device work; use the slice accessors.
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    /// The values, after any pending device write to them has completed.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.access.wait_writes()?;
+        // SAFETY: the slice is borrowed for 'a and initialised; no device work writes it any more,
+        // and queueing a device write needs `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// The values for writing, after all pending device work on them has completed.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.access.wait_idle()?;
+        // SAFETY: as in `as_slice`; no device work uses the values, and new work needs a borrow of
+        // `self`, which cannot coexist with the returned one.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// A copy of the values, after any pending device write.
+    pub fn to_vec(&self) -> Result<Vec<T>>
+    where
+        T: Copy,
+    {
+        Ok(self.as_slice()?.to_vec())
+    }
+
+    /// Blocks until no device work uses the slice.
+    pub fn wait_idle(&self) -> Result<()> {
+        self.access.wait_idle()
+    }
+}
+
+// SAFETY: the range is registered (page-locked) for as long as the value lives and holds `len`
+// initialised values; host access and the drop go through `access`, which waits as required.
+unsafe impl<T> HostMemory<T> for HostRegistered<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    unsafe fn device_read<R>(
+        &self,
+        stream: &Stream,
+        enqueue: impl FnOnce(*const T, usize) -> Result<R>,
+    ) -> Result<R> {
+        // SAFETY: the slice outlives the pending work (the drop waits for it); the caller's item 1
+        // is the tracker's item 2.
+        unsafe { self.access.device_read(stream, self.ptr.as_ptr(), self.len, enqueue) }
+    }
+
+    unsafe fn device_write<R>(
+        &mut self,
+        stream: &Stream,
+        enqueue: impl FnOnce(*mut T, usize) -> Result<R>,
+    ) -> Result<R> {
+        // SAFETY: as in `device_read`; `&mut self` rules out live host borrows.
+        unsafe { self.access.device_write(stream, self.ptr.as_ptr(), self.len, enqueue) }
+    }
+}
+
+impl<T> fmt::Debug for HostRegistered<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostRegistered")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("flags", &self.flags)
+            .finish()
+    }
+}
+
+impl<T> Drop for HostRegistered<'_, T> {
+    fn drop(&mut self) {
+        if let Err(e) = self.access.wait_idle() {
+            // The memory goes back to its owner when this returns, so it cannot be leaked like a
+            // pinned buffer: wait for the whole context instead, and if even that fails, stop the
+            // process rather than let the device write memory that safe code may use again.
+            tracing::warn!(error = %e, bytes = self.bytes(), "waiting for device work on a registered range failed; synchronising the context");
+            if let Err(e) = self.ctx.synchronize() {
+                tracing::error!(error = %e, "cannot prove the device is done with a registered host range; aborting");
+                std::process::abort();
+            }
+        }
+        if !self.registered {
+            return;
+        }
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: `ptr` is the base this value registered, unregistered once; no device work
+            // uses it any more (waited for above).
+            unsafe { ffi::mem_host_unregister(self.ptr.as_ptr().cast()) }
+        });
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "cuMemHostUnregister failed; the range stays page-locked");
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Host access to memory the device may still be using: the pending-work tracker that every
+//! host-visible memory kind shares, and the [`HostMemory`] trait that asynchronous copies accept.
+//!
+//! The device reads or writes host-visible memory (pinned, mapped, registered, managed) long after
+//! the call that queued the work has returned. A [`HostAccess`] remembers that work, so that the
+//! host can wait for exactly what matters before touching the memory: reading waits for pending
+//! device writes, writing and freeing wait for everything. Work is tracked in one of two ways:
+//!
+//! - **events** (the default): each queued operation records an event after itself, and host access
+//!   synchronises those events — precise and cheap, for memory that the device only reaches through
+//!   the [`HostMemory`] hooks ([`PinnedBuffer`](crate::PinnedBuffer), `HostRegistered`);
+//! - **a stream order** ([`HostAccess::with_order`]): for memory that is also handed out as device
+//!   views ([`DeviceSlice`](crate::DeviceSlice)), whose copies only know the view's
+//!   [`StreamOrder`]. Every device use goes through that order, and host access synchronises the
+//!   last stream it names (which is ordered after every earlier use).
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{Device, HostAccess, Stream};
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::non_blocking(&ctx)?;
+//! let mut data = vec![1u8; 16];
+//! let mut access = HostAccess::new();
+//! // SAFETY: the closure queues nothing, so it reads nothing.
+//! unsafe { access.device_write(&stream, data.as_mut_ptr(), data.len(), |_, _| Ok(()))? };
+//! access.wait_idle()?; // waits for the (empty) work queued above
+//! assert!(access.is_idle());
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use parking_lot::Mutex;
+
+use crate::{Event, Result, Stream, StreamOrder};
+
+/// How device work reached the memory through its stream order (views and order-tracked hooks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+enum OrderedUse {
+    /// Nothing queued through the order since the host last waited.
+    #[default]
+    None,
+    /// Reads only.
+    Read,
+    /// At least one write.
+    Write,
+}
+
+/// Device work still using the memory.
+#[derive(Debug, Default)]
+struct Pending {
+    reads: Vec<Event>,
+    write: Option<Event>,
+    ordered: OrderedUse,
+}
+
+/// The device work pending on one piece of host-visible memory, and the waits host access needs.
+///
+/// Owners keep one per allocation and call [`HostAccess::wait_writes`] before handing out `&[T]`,
+/// [`HostAccess::wait_idle`] before `&mut [T]` and before freeing.
+#[derive(Debug, Default)]
+pub struct HostAccess {
+    pending: Mutex<Pending>,
+    order: Option<StreamOrder>,
+}
+
+impl HostAccess {
+    /// A tracker that records an event after each queued operation.
+    pub fn new() -> Self {
+        HostAccess::default()
+    }
+
+    /// A tracker that orders all device work through a [`StreamOrder`] first used on `stream`, for
+    /// memory that is also used through device views.
+    pub fn with_order(stream: &Stream) -> Self {
+        HostAccess { pending: Mutex::default(), order: Some(StreamOrder::new(stream)) }
+    }
+
+    /// The stream order, when the tracker has one.
+    pub fn order(&self) -> Option<&StreamOrder> {
+        self.order.as_ref()
+    }
+
+    /// Records that a device view of the memory is being handed out (`write` for an exclusive one),
+    /// and returns the order the view must use. `None` for event-tracked memory, which has no views.
+    ///
+    /// The view's work is queued after this call; host access later synchronises the order's last
+    /// stream, which covers it.
+    pub fn view_order(&self, write: bool) -> Option<&StreamOrder> {
+        let order = self.order.as_ref()?;
+        let mut pending = self.pending.lock();
+        pending.ordered = pending.ordered.max(if write { OrderedUse::Write } else { OrderedUse::Read });
+        Some(order)
+    }
+
+    /// Whether no device work is known to be pending (without asking the driver).
+    pub fn is_idle(&self) -> bool {
+        let pending = self.pending.lock();
+        pending.reads.is_empty() && pending.write.is_none() && pending.ordered == OrderedUse::None
+    }
+
+    fn sync_order(&self) -> Result<()> {
+        match &self.order {
+            Some(order) => order.last().synchronize(),
+            None => Ok(()),
+        }
+    }
+
+    /// Blocks until no pending device work writes the memory.
+    pub fn wait_writes(&self) -> Result<()> {
+        let mut pending = self.pending.lock();
+        if let Some(write) = &pending.write {
+            write.synchronize()?;
+            pending.write = None;
+        }
+        if pending.ordered == OrderedUse::Write {
+            self.sync_order()?;
+            // The synchronisation covered every use queued so far, reads included.
+            pending.ordered = OrderedUse::None;
+        }
+        Ok(())
+    }
+
+    /// Blocks until no device work uses the memory.
+    pub fn wait_idle(&self) -> Result<()> {
+        let mut pending = self.pending.lock();
+        if let Some(write) = &pending.write {
+            write.synchronize()?;
+            pending.write = None;
+        }
+        while let Some(read) = pending.reads.last() {
+            read.synchronize()?;
+            pending.reads.pop();
+        }
+        if pending.ordered != OrderedUse::None {
+            self.sync_order()?;
+            pending.ordered = OrderedUse::None;
+        }
+        Ok(())
+    }
+
+    /// Queues device work that reads the memory on `stream`, ordered after pending device writes,
+    /// and tracks it so that later host writes (and the free) wait for it.
+    ///
+    /// # Safety
+    /// 1. `ptr` points to `len` values that stay valid until the tracker is idle again.
+    /// 2. `enqueue` queues work on `stream` only, and that work only reads, at most `len` values
+    ///    from the pointer it is given.
+    pub unsafe fn device_read<T, R>(
+        &self,
+        stream: &Stream,
+        ptr: *const T,
+        len: usize,
+        enqueue: impl FnOnce(*const T, usize) -> Result<R>,
+    ) -> Result<R> {
+        let mut pending = self.pending.lock();
+        if let Some(order) = &self.order {
+            order.use_on(stream)?;
+            let out = enqueue(ptr, len)?;
+            pending.ordered = pending.ordered.max(OrderedUse::Read);
+            return Ok(out);
+        }
+        if let Some(write) = &pending.write {
+            stream.wait(write)?;
+        }
+        let out = enqueue(ptr, len)?;
+        let done = stream.record()?;
+        // Completed reads need no tracking; keep the list short.
+        pending.reads.retain(|e| !matches!(e.query(), Ok(true)));
+        pending.reads.push(done);
+        Ok(out)
+    }
+
+    /// Queues device work that writes the memory on `stream`, ordered after all pending device
+    /// reads and writes, and tracks it so that every later host access (and the free) waits for it.
+    ///
+    /// # Safety
+    /// 1. `ptr` points to `len` values that stay valid until the tracker is idle again, and no
+    ///    Rust reference to them is used until then (owners take `&mut self` to call this).
+    /// 2. `enqueue` queues work on `stream` only, writing at most `len` values through the pointer
+    ///    it is given, and only bytes that are valid values of `T`.
+    pub unsafe fn device_write<T, R>(
+        &mut self,
+        stream: &Stream,
+        ptr: *mut T,
+        len: usize,
+        enqueue: impl FnOnce(*mut T, usize) -> Result<R>,
+    ) -> Result<R> {
+        let pending = self.pending.get_mut();
+        if let Some(order) = &self.order {
+            order.use_on(stream)?;
+            let out = enqueue(ptr, len)?;
+            pending.ordered = OrderedUse::Write;
+            return Ok(out);
+        }
+        if let Some(write) = pending.write.take() {
+            stream.wait(&write)?;
+        }
+        for read in pending.reads.drain(..) {
+            stream.wait(&read)?;
+        }
+        let out = enqueue(ptr, len)?;
+        pending.write = Some(stream.record()?);
+        Ok(out)
+    }
+}
+
+/// Page-locked host memory that asynchronous copies may read and write: the hooks through which
+/// copy code registers its device work, so that host access waits for it.
+///
+/// Implemented by [`PinnedBuffer`](crate::PinnedBuffer), [`MappedBuffer`](crate::MappedBuffer) and
+/// [`HostRegistered`](crate::HostRegistered).
+///
+/// # Safety
+/// Implementors promise that
+/// 1. the pointer given to `enqueue` is page-locked host memory (allocated or registered with the
+///    driver) holding `len()` initialised values of `T`, valid until the work completes;
+/// 2. no host access through the implementor (and no free or unregistration) happens before device
+///    work queued by `device_write` has completed, and no host write before work queued by
+///    `device_read` has completed;
+/// 3. work queued by `device_write` is ordered after all earlier device work on the memory, and
+///    work queued by `device_read` after all earlier device writes.
+pub unsafe trait HostMemory<T> {
+    /// Number of values.
+    fn len(&self) -> usize;
+
+    /// Whether there are no values.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Queues device work that reads the memory on `stream` (see [`HostAccess::device_read`]).
+    ///
+    /// # Safety
+    /// 1. `enqueue` queues work on `stream` only, and that work only reads, at most `len` values
+    ///    from the pointer it is given.
+    unsafe fn device_read<R>(
+        &self,
+        stream: &Stream,
+        enqueue: impl FnOnce(*const T, usize) -> Result<R>,
+    ) -> Result<R>;
+
+    /// Queues device work that writes the memory on `stream` (see [`HostAccess::device_write`]).
+    ///
+    /// # Safety
+    /// 1. `enqueue` queues work on `stream` only, writing at most `len` values through the pointer
+    ///    it is given, and only bytes that are valid values of `T`.
+    unsafe fn device_write<R>(
+        &mut self,
+        stream: &Stream,
+        enqueue: impl FnOnce(*mut T, usize) -> Result<R>,
+    ) -> Result<R>;
+}

@@ -1,0 +1,205 @@
+//! Mapped and registered host memory, pinned flag combinations, and the devices that lack them.
+//!
+//! Round trips through asynchronous copies live in cumem-copy's `host_kinds` tests; these cover what
+//! core alone does: allocation, device addresses, registration and its errors, host access, and
+//! `NotSupported` before any driver call.
+
+use cumem_core::sys::{self, CUresult};
+use cumem_core::{
+    Context, Device, DeviceBuffer, Error, Feature, HostRegistered, MappedBuffer, PinnedBuffer, PinnedFlags,
+    RegisterFlags, Stream,
+};
+use cumem_sys::testing;
+
+/// Device 1 can neither map nor register host memory (nor allocate managed memory).
+const SIM: &str = "devices=2,dev1.managed_memory=0,dev1.can_map_host_memory=0,dev1.host_register_supported=0";
+
+fn ctx(ordinal: usize) -> Option<Context> {
+    testing::init_with(SIM);
+    let device = Device::get(ordinal).ok()?;
+    Some(device.context().unwrap())
+}
+
+/// The device without host mapping or registration: the simulator's device 1, or any real device
+/// that lacks them.
+fn limited() -> Option<Context> {
+    testing::init_with(SIM);
+    Device::all().unwrap().into_iter().find_map(|d| {
+        let caps = d.capabilities().unwrap();
+        (!caps.host_mapping && !caps.host_register).then(|| d.context().unwrap())
+    })
+}
+
+#[test]
+fn mapped_memory_is_shared_between_host_and_device() {
+    let ctx = ctx(0).unwrap();
+    let data: Vec<u32> = (0..4096u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    let mut mapped = MappedBuffer::from_slice(&ctx, &data).unwrap();
+    assert!(mapped.flags().device_mapped);
+    assert_ne!(mapped.device_ptr(), 0);
+    // The device sees the host's bytes through the device address, bitwise.
+    assert_eq!(mapped.as_device_slice().to_vec().unwrap(), data);
+    // And host writes are what the device reads next.
+    let stream = Stream::new(&ctx).unwrap();
+    let dev = DeviceBuffer::from_slice(&stream, &[9u32; 4096]).unwrap();
+    mapped.as_mut_slice().unwrap().copy_from_slice(&dev.to_vec().unwrap());
+    assert_eq!(mapped.as_device_slice().to_vec().unwrap(), vec![9; 4096]);
+    // The device address is the one the driver reports for the host pointer.
+    let mut dptr = 0;
+    ctx.bind().unwrap();
+    // SAFETY: valid out-pointer; the host pointer is a live pinned allocation.
+    let code = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, mapped.as_ptr() as *mut _, 0) };
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+    assert_eq!(dptr, mapped.device_ptr());
+    if let Some(ctl) = testing::sim_control() {
+        let host = mapped.as_ptr() as u64;
+        drop(mapped);
+        assert!(!ctl.live_report().contains_ptr(host));
+    }
+}
+
+#[test]
+fn mapped_zero_length_and_overflow() {
+    let ctx = ctx(0).unwrap();
+    let empty = MappedBuffer::<u64>::zeroed(&ctx, 0).unwrap();
+    assert!(empty.is_empty());
+    assert_eq!(empty.device_ptr(), 0);
+    assert!(empty.as_slice().unwrap().is_empty());
+    assert!(matches!(MappedBuffer::<u64>::zeroed(&ctx, usize::MAX / 2), Err(Error::SizeOverflow { .. })));
+}
+
+#[test]
+fn registration_pins_a_slice_for_its_scope() {
+    let ctx = ctx(0).unwrap();
+    let mut data: Vec<u16> = (0..3000).collect();
+    let base = data.as_ptr() as u64;
+    let total = HostRegistered::scope(&ctx, &mut data, |reg| {
+        assert_eq!((reg.len(), reg.bytes()), (3000, 6000));
+        if let Some(ctl) = testing::sim_control() {
+            assert!(ctl.live_report().contains_registration(base), "{}", ctl.live_report());
+        }
+        // The driver reports the range as page-locked host memory.
+        let mut flags = 0;
+        reg.context().bind()?;
+        // SAFETY: valid out-pointer; the pointer is inside the live registration.
+        let code = unsafe { sys::cuMemHostGetFlags(&mut flags, reg.as_ptr() as *mut _) };
+        assert_eq!(code, CUresult::CUDA_SUCCESS);
+        reg.as_mut_slice()?[0] = 7;
+        Ok(reg.as_slice()?.iter().map(|&v| u64::from(v)).sum::<u64>())
+    })
+    .unwrap();
+    assert_eq!(total, 7 + (1..3000u64).sum::<u64>());
+    assert_eq!(data[0], 7);
+    if let Some(ctl) = testing::sim_control() {
+        assert!(!ctl.live_report().contains_registration(base), "unregistered at the end of the scope");
+    }
+    // Registering again after the scope works: the first registration is gone.
+    HostRegistered::scope_with_flags(
+        &ctx,
+        &mut data,
+        RegisterFlags { portable: true, device_mapped: true },
+        |reg| {
+            assert!(reg.flags().portable && reg.flags().device_mapped);
+            Ok(())
+        },
+    )
+    .unwrap();
+    // An empty slice registers nothing and is fine.
+    HostRegistered::<u8>::scope(&ctx, &mut [], |reg| {
+        assert!(reg.is_empty());
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn overlapping_registrations_are_errors() {
+    let ctx = ctx(0).unwrap();
+    let mut data = vec![0u8; 1 << 16];
+    ctx.bind().unwrap();
+    // Someone else (raw driver code) registered the middle of the buffer.
+    let middle = data[4096..8192].as_mut_ptr().cast();
+    // SAFETY: the range is live host memory, unregistered below before `data` is touched again.
+    let code = unsafe { sys::cuMemHostRegister_v2(middle, 4096, 0) };
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+    let err = HostRegistered::scope(&ctx, &mut data, |_| Ok(())).unwrap_err();
+    assert!(matches!(err, Error::HostMemoryAlreadyRegistered { .. }), "{err}");
+    let err = HostRegistered::scope(&ctx, &mut data[6000..7000], |_| Ok(())).unwrap_err();
+    assert!(matches!(err, Error::HostMemoryAlreadyRegistered { .. }), "{err}");
+    // SAFETY: `middle` is the base registered above.
+    assert_eq!(unsafe { sys::cuMemHostUnregister(middle) }, CUresult::CUDA_SUCCESS);
+    HostRegistered::scope(&ctx, &mut data, |_| Ok(())).unwrap();
+}
+
+#[test]
+fn registering_cuda_memory_is_refused() {
+    let ctx = ctx(0).unwrap();
+    let pinned = PinnedBuffer::<u8>::zeroed(&ctx, 4096).unwrap();
+    // SAFETY: test only: a mutable slice over pinned memory that nothing else touches during the
+    // registration attempt (the buffer is not used until the slice is gone).
+    let alias = unsafe { std::slice::from_raw_parts_mut(pinned.as_ptr().cast_mut(), 4096) };
+    let err = HostRegistered::scope(&ctx, alias, |_| Ok(())).unwrap_err();
+    assert!(matches!(err, Error::InvalidValue { .. }), "{err}");
+}
+
+#[test]
+fn pinned_flag_combinations_hold_their_values() {
+    let ctx = ctx(0).unwrap();
+    for bits in 0..8u32 {
+        let flags = PinnedFlags {
+            portable: bits & 1 != 0,
+            device_mapped: bits & 2 != 0,
+            write_combined: bits & 4 != 0,
+        };
+        let data: Vec<u8> = (0..=255).collect();
+        let mut buf = PinnedBuffer::from_slice_with_flags(&ctx, &data, flags).unwrap();
+        assert_eq!(buf.flags().bits(), bits);
+        assert_eq!(buf.as_slice().unwrap(), &data[..]);
+        buf.as_mut_slice().unwrap().reverse();
+        assert_eq!(buf.to_vec().unwrap()[0], 255);
+    }
+}
+
+#[test]
+fn devices_without_the_capability_are_not_supported_before_any_driver_call() {
+    let Some(ctx) = limited() else { return };
+    let device = Some(ctx.device().ordinal() as i32);
+    let ctl = testing::sim_control();
+    let rule = ctl.as_ref().map(|ctl| {
+        // Any call of these would now fail with UNKNOWN: the errors below must come first.
+        let fail = |f: &str| {
+            ctl.inject_fault(cumem_sys::sim_control::FaultRule {
+                function: f.into(),
+                nth: 1,
+                code: CUresult::CUDA_ERROR_UNKNOWN,
+                times: 0,
+                this_thread_only: true,
+            })
+        };
+        [fail("cuMemHostAlloc"), fail("cuMemHostRegister_v2"), fail("cuMemHostGetDevicePointer_v2")]
+    });
+    let err = MappedBuffer::<u32>::zeroed(&ctx, 16).unwrap_err();
+    assert!(
+        matches!(err, Error::NotSupported { feature: Feature::HostMapping, device: d } if d == device),
+        "{err}"
+    );
+    let err = PinnedBuffer::<u32>::zeroed_with_flags(
+        &ctx,
+        16,
+        PinnedFlags { device_mapped: true, ..Default::default() },
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::NotSupported { feature: Feature::HostMapping, .. }), "{err}");
+    let mut data = vec![0u32; 16];
+    let err = HostRegistered::scope(&ctx, &mut data, |_| Ok(())).unwrap_err();
+    assert!(
+        matches!(err, Error::NotSupported { feature: Feature::HostRegister, device: d } if d == device),
+        "{err}"
+    );
+    if let (Some(ctl), Some(rules)) = (ctl, rule) {
+        rules.into_iter().for_each(|r| ctl.remove_fault(r));
+    }
+    // Plain pinned memory still works there.
+    let plain = PinnedBuffer::from_slice(&ctx, &[1u8, 2]).unwrap();
+    assert_eq!(plain.as_slice().unwrap(), &[1, 2]);
+}

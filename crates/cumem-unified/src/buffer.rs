@@ -1,0 +1,508 @@
+//! `UnifiedBuffer<T>`: managed memory that the host and devices share at one address.
+//!
+//! `cuMemAllocManaged` memory migrates between host and devices on demand. The buffer's host
+//! accessors first wait for the device work that uses it: every device use goes through the
+//! buffer's stream order (copies through its device views, prefetches, attachments), and
+//! [`UnifiedBuffer::as_slice`] waits for pending writes, [`UnifiedBuffer::as_mut_slice`] for
+//! everything. On devices without concurrent managed access the attachment rules hold as well:
+//! memory attached globally needs the whole device idle before the host touches it, memory
+//! attached to one stream needs that stream idle, memory attached to the host needs nothing more.
+//! A device without managed memory gives `NotSupported { feature: ManagedMemory }` before any
+//! driver call.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{Device, Stream};
+//! use cumem_unified::UnifiedBuffer;
+//! let stream = Stream::new(&Device::get(0)?.context()?)?;
+//! let mut buf = UnifiedBuffer::from_slice(&stream, &[1u32, 2, 3])?;
+//! buf.as_mut_slice()?[2] = 30;                         // the host writes managed memory directly
+//! assert_eq!(buf.as_device_slice().to_vec()?, [1, 2, 30]); // a device-side read of the same bytes
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::ptr::NonNull;
+
+use bytemuck::Zeroable;
+use cumem_core::sys::{CUdeviceptr, CUmem_advise, CUmem_range_attribute, CUmemAttach_flags};
+use cumem_core::{
+    AsDeviceSlice, AsDeviceSliceMut, Capabilities, Context, Device, DeviceSlice, DeviceSliceMut, Error,
+    Feature, HostAccess, Result, Stream,
+};
+use parking_lot::Mutex;
+
+use crate::ffi;
+use crate::{Advice, Location, MigrationPolicy};
+
+/// How a managed allocation is attached, which decides who may touch it on devices without
+/// concurrent managed access.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attach {
+    /// Accessible from every stream of every device (`CU_MEM_ATTACH_GLOBAL`).
+    Global,
+    /// Accessible from the host only, until attached otherwise (`CU_MEM_ATTACH_HOST`).
+    Host,
+    /// Accessible from the host and this one stream (`CU_MEM_ATTACH_SINGLE`).
+    Single(Stream),
+}
+
+impl Attach {
+    fn flags(&self) -> u32 {
+        let flag = match self {
+            Attach::Global => CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL,
+            Attach::Host => CUmemAttach_flags::CU_MEM_ATTACH_HOST,
+            Attach::Single(_) => CUmemAttach_flags::CU_MEM_ATTACH_SINGLE,
+        };
+        flag as u32
+    }
+}
+
+/// An owning array of `len` values of `T` in managed (unified) memory.
+pub struct UnifiedBuffer<T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    ctx: Context,
+    caps: Capabilities,
+    /// Device work on the memory, ordered through a stream order that the device views share.
+    access: HostAccess,
+    attach: Attach,
+    policy: Mutex<MigrationPolicy>,
+    _marker: PhantomData<T>,
+}
+
+// SAFETY: the buffer owns its memory like a `Vec<T>`; host access goes through `&self`/`&mut self`
+// and waits for device work first.
+unsafe impl<T: Send> Send for UnifiedBuffer<T> {}
+// SAFETY: shared access only hands out `&[T]` (after waiting for device writes) and shared device
+// views (reads), like `&Vec<T>`.
+unsafe impl<T: Sync> Sync for UnifiedBuffer<T> {}
+
+/// A byte range of one buffer, with what is needed to queue hints and prefetches on it.
+#[derive(Clone, Copy)]
+pub(crate) struct Span<'a> {
+    pub ptr: CUdeviceptr,
+    pub bytes: usize,
+    pub ctx: &'a Context,
+    pub access: &'a HostAccess,
+}
+
+impl<T: Copy> UnifiedBuffer<T> {
+    /// `len` zeroed values attached globally, first used on `stream`.
+    pub fn zeroed(stream: &Stream, len: usize) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        Self::zeroed_attached(stream, len, Attach::Global)
+    }
+
+    /// `len` zeroed values with an initial attachment: [`Attach::Global`] or [`Attach::Host`]
+    /// (attach to a single stream afterwards with [`UnifiedBuffer::attach`]).
+    pub fn zeroed_attached(stream: &Stream, len: usize, attach: Attach) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        let mut buf = Self::alloc(stream, len, attach)?;
+        buf.as_mut_slice()?.fill(T::zeroed());
+        Ok(buf)
+    }
+
+    /// A managed copy of `data`, attached globally.
+    pub fn from_slice(stream: &Stream, data: &[T]) -> Result<Self> {
+        Self::from_slice_attached(stream, data, Attach::Global)
+    }
+
+    /// A managed copy of `data` with an initial attachment (see [`UnifiedBuffer::zeroed_attached`]).
+    pub fn from_slice_attached(stream: &Stream, data: &[T], attach: Attach) -> Result<Self> {
+        let mut buf = Self::alloc(stream, data.len(), attach)?;
+        buf.as_mut_slice()?.copy_from_slice(data);
+        Ok(buf)
+    }
+}
+
+impl<T> UnifiedBuffer<T> {
+    fn alloc(stream: &Stream, len: usize, attach: Attach) -> Result<Self> {
+        let ctx = stream.context();
+        let caps = ctx.device().capabilities()?;
+        caps.require(Feature::ManagedMemory)?;
+        if let Attach::Single(_) = attach {
+            // cuMemAllocManaged takes GLOBAL or HOST only.
+            return Err(Error::InvalidValue {
+                ctx: cumem_sys::ErrorContext::op("UnifiedBuffer: attach a single stream after allocating"),
+            });
+        }
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or(Error::SizeOverflow { count: len, elem_size: size_of::<T>() })?;
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            ctx.bind()?;
+            let device = ctx.device().ordinal() as i32;
+            let ptr = ffi::mem_alloc_managed(bytes, attach.flags(), device)?;
+            if !ptr.is_multiple_of(align_of::<T>() as u64) {
+                // SAFETY: `ptr` came from cuMemAllocManaged just now and nothing uses it.
+                let _ = unsafe { ffi::mem_free(ptr) };
+                return Err(Error::Misaligned {
+                    what: "managed allocation",
+                    value: ptr,
+                    align: align_of::<T>() as u64,
+                });
+            }
+            ptr
+        };
+        Ok(UnifiedBuffer {
+            ptr,
+            len,
+            ctx: ctx.clone(),
+            caps,
+            access: HostAccess::with_order(stream),
+            attach,
+            policy: Mutex::new(MigrationPolicy::OnDemand),
+            _marker: PhantomData,
+        })
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
+    /// The managed address of the first element, valid on the host and on devices (0 when nothing
+    /// is allocated). Work that uses it outside cumem's copies must be ordered through a view's
+    /// order first (`as_device_slice_mut().order().use_on(&stream)`).
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// The context it was allocated in.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The capabilities of its device, read when it was allocated.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// The current attachment.
+    pub fn attachment(&self) -> &Attach {
+        &self.attach
+    }
+
+    fn host_ptr(&self) -> *mut T {
+        if self.ptr == 0 { NonNull::dangling().as_ptr() } else { self.ptr as usize as *mut T }
+    }
+
+    /// What the attachment rules add to the wait before host access.
+    fn wait_attachment(&self) -> Result<()> {
+        if self.caps.concurrent_managed_access || self.ptr == 0 {
+            return Ok(());
+        }
+        match &self.attach {
+            // Any work on the device may touch globally attached memory.
+            Attach::Global => self.ctx.synchronize(),
+            Attach::Single(stream) => stream.synchronize(),
+            Attach::Host => Ok(()),
+        }
+    }
+
+    /// The values, after the device work that writes them has completed.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.access.wait_writes()?;
+        self.wait_attachment()?;
+        // SAFETY: the memory holds `len` initialised values (written at construction) and is
+        // host-accessible; no device work writes it any more (waited for above), and new device
+        // writes need `&mut self`, which cannot coexist with the returned borrow.
+        Ok(unsafe { std::slice::from_raw_parts(self.host_ptr(), self.len) })
+    }
+
+    /// The values for writing, after all device work that uses them has completed.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.wait_idle()?;
+        // SAFETY: as in `as_slice`; no device work uses the values, and new work needs a borrow of
+        // `self`, which cannot coexist with the returned one.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.host_ptr(), self.len) })
+    }
+
+    /// A copy of the values, after the device work that writes them.
+    pub fn to_vec(&self) -> Result<Vec<T>>
+    where
+        T: Copy,
+    {
+        Ok(self.as_slice()?.to_vec())
+    }
+
+    /// Blocks until no device work uses the buffer.
+    pub fn wait_idle(&self) -> Result<()> {
+        self.access.wait_idle()?;
+        self.wait_attachment()
+    }
+
+    /// A shared device view of the whole buffer, for copies that read it.
+    pub fn as_device_slice(&self) -> DeviceSlice<'_, T> {
+        let order = self.access.view_order(false).expect(ORDERED);
+        // SAFETY: the memory is a live managed allocation of `len` initialised values of this
+        // context, aligned for T (checked at allocation); the view borrows `self`, so nothing
+        // writes the memory except work ordered through `order`, whose use host access waits for.
+        unsafe { DeviceSlice::from_raw_parts(self.ptr, self.len, order, &self.ctx) }
+    }
+
+    /// An exclusive device view of the whole buffer, for copies and memsets that write it.
+    pub fn as_device_slice_mut(&mut self) -> DeviceSliceMut<'_, T> {
+        let order = self.access.view_order(true).expect(ORDERED);
+        // SAFETY: as in `as_device_slice`; the view borrows `self` exclusively.
+        unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, order, &self.ctx) }
+    }
+
+    /// Queues attaching the buffer on `stream` (`cuStreamAttachMemAsync`), in order after the work
+    /// that uses it. [`Attach::Single`] names the stream that may use it (and must be of this
+    /// context); host access then waits for that stream on devices without concurrent managed access.
+    pub fn attach(&mut self, stream: &Stream, attach: Attach) -> Result<()> {
+        if let Attach::Single(s) = &attach
+            && s != stream
+        {
+            return Err(Error::InvalidValue {
+                ctx: cumem_sys::ErrorContext::op("UnifiedBuffer::attach (Single names another stream)"),
+            });
+        }
+        if stream.context() != &self.ctx {
+            return Err(Error::WrongDevice {
+                expected: self.ctx.device().ordinal() as i32,
+                actual: stream.context().device().ordinal() as i32,
+            });
+        }
+        if self.ptr != 0 {
+            let order = self.access.view_order(true).expect(ORDERED);
+            order.use_on(stream)?;
+            self.ctx.bind()?;
+            ffi::stream_attach_mem_async(stream.raw(), self.ptr, attach.flags())?;
+        }
+        self.attach = attach;
+        Ok(())
+    }
+
+    /// The byte span of `range` (elements), for hints and prefetches.
+    pub(crate) fn span(&self, range: impl RangeBounds<usize>) -> Result<Span<'_>> {
+        let (start, end) = resolve_range(range, self.len)?;
+        Ok(Span {
+            ptr: self.ptr + (start * size_of::<T>()) as u64,
+            bytes: (end - start) * size_of::<T>(),
+            ctx: &self.ctx,
+            access: &self.access,
+        })
+    }
+
+    /// Sets a migration hint on the whole buffer.
+    pub fn advise(&self, advice: Advice) -> Result<()> {
+        self.advise_range(.., advice)
+    }
+
+    /// Removes a migration hint from the whole buffer.
+    pub fn unadvise(&self, advice: Advice) -> Result<()> {
+        self.unadvise_range(.., advice)
+    }
+
+    /// Sets a migration hint on the elements in `range`. Preferring or mapping a device needs
+    /// concurrent managed access on it (`NotSupported` otherwise, before any driver call).
+    pub fn advise_range(&self, range: impl RangeBounds<usize>, advice: Advice) -> Result<()> {
+        let span = self.span(range)?;
+        let (code, target) = match advice {
+            Advice::ReadMostly => (CUmem_advise::CU_MEM_ADVISE_SET_READ_MOSTLY, None),
+            Advice::PreferredLocation(l) => (CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION, Some(l)),
+            Advice::AccessedBy(l) => (CUmem_advise::CU_MEM_ADVISE_SET_ACCESSED_BY, Some(l)),
+        };
+        if let Some(l) = target {
+            l.require_concurrent()?;
+        }
+        advise_span(span, code, target)
+    }
+
+    /// Removes a migration hint from the elements in `range`.
+    pub fn unadvise_range(&self, range: impl RangeBounds<usize>, advice: Advice) -> Result<()> {
+        let span = self.span(range)?;
+        let (code, target) = match advice {
+            Advice::ReadMostly => (CUmem_advise::CU_MEM_ADVISE_UNSET_READ_MOSTLY, None),
+            Advice::PreferredLocation(_) => (CUmem_advise::CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION, None),
+            Advice::AccessedBy(l) => (CUmem_advise::CU_MEM_ADVISE_UNSET_ACCESSED_BY, Some(l)),
+        };
+        advise_span(span, code, target)
+    }
+
+    /// Applies a migration policy to the whole buffer: removes the read-mostly and preferred-location
+    /// hints, then sets the policy's (checked for support before any hint changes).
+    pub fn set_policy(&self, policy: MigrationPolicy) -> Result<()> {
+        if let Some(l) = policy.preferred_location() {
+            l.require_concurrent()?;
+        }
+        let mut current = self.policy.lock();
+        self.unadvise(Advice::ReadMostly)?;
+        self.unadvise(Advice::PreferredLocation(Location::Host))?;
+        if policy.read_mostly() {
+            self.advise(Advice::ReadMostly)?;
+        }
+        if let Some(l) = policy.preferred_location() {
+            self.advise(Advice::PreferredLocation(l))?;
+        }
+        *current = policy;
+        Ok(())
+    }
+
+    /// The last policy applied with [`UnifiedBuffer::set_policy`] (initially
+    /// [`MigrationPolicy::OnDemand`]).
+    pub fn policy(&self) -> MigrationPolicy {
+        *self.policy.lock()
+    }
+
+    /// Queues migrating the whole buffer to `to` on `stream`, in order after the work that uses it.
+    /// The stream's device (and a device destination) need concurrent managed access.
+    pub fn prefetch(&self, to: Location, stream: &Stream) -> Result<()> {
+        crate::PrefetchPlan::new().with(self, to).execute(stream)
+    }
+
+    /// Queues migrating the elements in `range` to `to` on `stream` (see [`UnifiedBuffer::prefetch`]).
+    pub fn prefetch_range(
+        &self,
+        range: impl RangeBounds<usize>,
+        to: Location,
+        stream: &Stream,
+    ) -> Result<()> {
+        let mut plan = crate::PrefetchPlan::new();
+        plan.add_range(self, range, to)?;
+        plan.execute(stream)
+    }
+
+    /// The hints in effect on the elements in `range`, as the driver reports them.
+    pub fn range_attributes(&self, range: impl RangeBounds<usize>) -> Result<RangeAttributes> {
+        let span = self.span(range)?;
+        if span.bytes == 0 {
+            return Ok(RangeAttributes::default());
+        }
+        span.ctx.bind()?;
+        let one = |attr| -> Result<i32> {
+            let mut v = [0i32];
+            ffi::mem_range_get_attribute(&mut v, attr, span.ptr, span.bytes)?;
+            Ok(v[0])
+        };
+        use CUmem_range_attribute as A;
+        let read_mostly = one(A::CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY)? != 0;
+        let preferred_location = Location::from_id(one(A::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION)?)?;
+        let last_prefetch_location =
+            Location::from_id(one(A::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION)?)?;
+        // One slot per device and one for the host; unused slots come back as CU_DEVICE_INVALID.
+        let mut ids = vec![ffi::DEVICE_INVALID; Device::count()? + 1];
+        ffi::mem_range_get_attribute(&mut ids, A::CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY, span.ptr, span.bytes)?;
+        let mut accessed_by = Vec::new();
+        for id in ids {
+            if let Some(l) = Location::from_id(id)? {
+                accessed_by.push(l);
+            }
+        }
+        Ok(RangeAttributes { read_mostly, preferred_location, accessed_by, last_prefetch_location })
+    }
+
+    /// The hints in effect on the whole buffer.
+    pub fn attributes(&self) -> Result<RangeAttributes> {
+        self.range_attributes(..)
+    }
+}
+
+/// Every unified buffer's tracker is created with a stream order (`alloc`), so views always get one.
+const ORDERED: &str = "a UnifiedBuffer's tracker always has a stream order";
+
+fn advise_span(span: Span<'_>, code: CUmem_advise, target: Option<Location>) -> Result<()> {
+    if span.bytes == 0 {
+        return Ok(());
+    }
+    span.ctx.bind()?;
+    // Locations are ignored for the hints that take none; the host is a valid placeholder.
+    let target = target.map_or(ffi::Target::Host, Location::target);
+    ffi::mem_advise(span.ptr, span.bytes, code, target)
+}
+
+/// Resolves an element range against a length, as slice indexing does, but as a `Result`.
+fn resolve_range(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.checked_add(1).ok_or(Error::OutOfRange { start: s, end: s, len })?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1).ok_or(Error::OutOfRange { start, end: e, len })?,
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    if start > end || end > len {
+        return Err(Error::OutOfRange { start, end, len });
+    }
+    Ok((start, end))
+}
+
+/// The migration hints in effect on a range of managed memory (`cuMemRangeGetAttribute`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RangeAttributes {
+    /// Every page of the range is read-mostly.
+    pub read_mostly: bool,
+    /// The preferred location of every page (`None` if unset or mixed).
+    pub preferred_location: Option<Location>,
+    /// The processors that have the accessed-by hint on the whole range.
+    pub accessed_by: Vec<Location>,
+    /// Where the whole range was last prefetched to (`None` if never, or mixed).
+    pub last_prefetch_location: Option<Location>,
+}
+
+impl<T> AsDeviceSlice<T> for UnifiedBuffer<T> {
+    fn as_device_slice(&self) -> DeviceSlice<'_, T> {
+        UnifiedBuffer::as_device_slice(self)
+    }
+}
+
+impl<T> AsDeviceSliceMut<T> for UnifiedBuffer<T> {
+    fn as_device_slice_mut(&mut self) -> DeviceSliceMut<'_, T> {
+        UnifiedBuffer::as_device_slice_mut(self)
+    }
+}
+
+impl<T> fmt::Debug for UnifiedBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UnifiedBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("attach", &self.attach)
+            .field("device", &self.ctx.device().ordinal())
+            .finish()
+    }
+}
+
+impl<T> Drop for UnifiedBuffer<T> {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        if let Err(e) = self.access.wait_idle() {
+            // Freeing memory that the device may still use would be unsound: leak it instead.
+            tracing::warn!(error = %e, bytes = self.bytes(), "waiting for device work on a unified buffer failed; leaking it");
+            return;
+        }
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: `ptr` came from cuMemAllocManaged, is freed once, and no device work or Rust
+            // reference uses it any more (waited for above; `&mut self`); cuMemFree also waits.
+            unsafe { ffi::mem_free(self.ptr) }
+        });
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "cuMemFree of a unified buffer failed; the memory is leaked");
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! `UnifiedBuffer`: round trips, host access that waits for device work, attachment, advice and
+//! policies read back through range attributes, prefetch plans, and devices without the capability.
+
+use cumem_copy::StreamCopy;
+use cumem_core::sys::CUresult;
+use cumem_core::{Context, Device, DeviceBuffer, Error, Feature, Stream};
+use cumem_sys::sim_control::FaultRule;
+use cumem_sys::testing;
+use cumem_unified::{Advice, Attach, Location, MigrationPolicy, PrefetchPlan, UnifiedBuffer};
+
+/// Device 1 has no managed memory; device 2 has it without concurrent access (like Windows/WSL or
+/// older GPUs). Streams start work 20 ms late, so a missing wait reads stale data.
+const SIM: &str = "devices=3,latency_us=20000,dev1.managed_memory=0,dev2.concurrent_managed_access=0";
+
+fn init() {
+    testing::init_with(SIM);
+}
+
+/// The first device whose capabilities satisfy `pred` (on the simulator: the configured ones).
+fn device_where(pred: impl Fn(&cumem_core::Capabilities) -> bool) -> Option<(Device, Context)> {
+    init();
+    Device::all()
+        .unwrap()
+        .into_iter()
+        .find(|d| pred(&d.capabilities().unwrap()))
+        .map(|d| (d, d.context().unwrap()))
+}
+
+fn full() -> (Device, Context, Stream) {
+    let (d, ctx) =
+        device_where(|c| c.managed_memory && c.concurrent_managed_access).expect("a managed-memory device");
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    (d, ctx, stream)
+}
+
+fn pattern(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i + 1).wrapping_mul(2_654_435_761)).collect()
+}
+
+fn early<T: Copy>(ptr: u64) -> T {
+    // SAFETY: test only: managed memory is host-accessible and every bit pattern of the tested types
+    // is valid; shows what a read without the library's wait would see.
+    unsafe { std::ptr::read_volatile(ptr as usize as *const T) }
+}
+
+#[test]
+fn data_round_trips_host_to_unified_to_device_to_host() {
+    let (_, _, stream) = full();
+    let data = pattern(1 << 14);
+    let unified = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+    let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 1 << 14).unwrap();
+    stream.copy_d2d(&unified, &mut dev).unwrap();
+    assert_eq!(dev.to_vec().unwrap(), data);
+    let mut back = UnifiedBuffer::<u32>::zeroed(&stream, 1 << 14).unwrap();
+    stream.copy_d2d(&dev, &mut back).unwrap();
+    if testing::sim_control().is_some() {
+        assert_eq!(early::<u32>(back.device_ptr()), 0, "the copy ran before the stream got to it");
+    }
+    assert_eq!(back.as_slice().unwrap(), &data[..]); // waits for the copy
+    let ptr = back.device_ptr();
+    drop(back);
+    if let Some(ctl) = testing::sim_control() {
+        assert!(!ctl.live_report().contains_ptr(ptr));
+    }
+}
+
+#[test]
+fn host_writes_wait_for_device_reads_on_another_stream() {
+    let (_, ctx, stream) = full();
+    let other = Stream::non_blocking(&ctx).unwrap();
+    let mut unified = UnifiedBuffer::from_slice(&stream, &[1u64; 4096]).unwrap();
+    let mut dev = DeviceBuffer::<u64>::zeroed(&other, 4096).unwrap();
+    other.copy_d2d(&unified, &mut dev).unwrap(); // reads the 1s, 20 ms from now
+    unified.as_mut_slice().unwrap().fill(2); // must not overtake that read
+    assert_eq!(dev.to_vec().unwrap(), vec![1; 4096]);
+    // Blocking copies out of the unified buffer see the host's writes.
+    let mut out = vec![0u64; 4096];
+    cumem_copy::copy_d2h(&unified, &mut out).unwrap();
+    assert_eq!(out, vec![2; 4096]);
+    // A memset through the exclusive device view: the host read waits for it.
+    stream.memset_d32(&mut unified.as_device_slice_mut(), 0x0303_0303).unwrap();
+    if testing::sim_control().is_some() {
+        assert_eq!(early::<u64>(unified.device_ptr()), 2, "the memset ran before the stream got to it");
+    }
+    assert_eq!(unified.to_vec().unwrap(), vec![0x0303_0303_0303_0303; 4096]);
+}
+
+#[test]
+fn every_advice_reads_back_as_the_location_it_names() {
+    let (device, _, stream) = full();
+    let buf = UnifiedBuffer::<u8>::zeroed(&stream, 1 << 16).unwrap();
+    assert_eq!(buf.attributes().unwrap(), Default::default());
+    buf.advise(Advice::ReadMostly).unwrap();
+    buf.advise(Advice::PreferredLocation(Location::Host)).unwrap();
+    buf.advise(Advice::AccessedBy(Location::Device(device))).unwrap();
+    buf.advise(Advice::AccessedBy(Location::Host)).unwrap();
+    let a = buf.attributes().unwrap();
+    assert!(a.read_mostly);
+    assert_eq!(a.preferred_location, Some(Location::Host));
+    assert!(
+        a.accessed_by.contains(&Location::Device(device)) && a.accessed_by.contains(&Location::Host),
+        "{a:?}"
+    );
+    assert_eq!(a.accessed_by.len(), 2);
+    buf.advise(Advice::PreferredLocation(Location::Device(device))).unwrap();
+    assert_eq!(buf.attributes().unwrap().preferred_location, Some(Location::Device(device)));
+    // Unsetting each hint removes exactly it.
+    buf.unadvise(Advice::ReadMostly).unwrap();
+    buf.unadvise(Advice::PreferredLocation(Location::Host)).unwrap();
+    buf.unadvise(Advice::AccessedBy(Location::Host)).unwrap();
+    let a = buf.attributes().unwrap();
+    assert!(!a.read_mostly && a.preferred_location.is_none());
+    assert_eq!(a.accessed_by, [Location::Device(device)]);
+    // Hints on part of the buffer apply to that part only.
+    buf.unadvise(Advice::AccessedBy(Location::Device(device))).unwrap();
+    buf.advise_range(..4096, Advice::ReadMostly).unwrap();
+    assert!(buf.range_attributes(..4096).unwrap().read_mostly);
+    assert!(!buf.attributes().unwrap().read_mostly, "mixed ranges are not read-mostly");
+    assert!(matches!(buf.advise_range(0..(1 << 16) + 1, Advice::ReadMostly), Err(Error::OutOfRange { .. })));
+}
+
+#[test]
+fn every_migration_policy_reads_back_as_the_location_it_names() {
+    let (device, _, stream) = full();
+    let buf = UnifiedBuffer::<f32>::zeroed(&stream, 1 << 14).unwrap();
+    for policy in [
+        MigrationPolicy::PreferHost,
+        MigrationPolicy::PreferDevice(device),
+        MigrationPolicy::ReadMostly,
+        MigrationPolicy::OnDemand,
+        MigrationPolicy::PreferHost,
+    ] {
+        buf.set_policy(policy).unwrap();
+        let a = buf.attributes().unwrap();
+        assert_eq!(a.preferred_location, policy.preferred_location(), "{policy:?}");
+        assert_eq!(a.read_mostly, policy.read_mostly(), "{policy:?}");
+        assert_eq!(buf.policy(), policy);
+    }
+    // PreferHost really names the CPU.
+    assert_eq!(MigrationPolicy::PreferHost.preferred_location(), Some(Location::Host));
+}
+
+#[test]
+fn prefetch_plans_run_on_a_stream_and_host_access_waits_for_them() {
+    let (device, _, stream) = full();
+    let data = pattern(1 << 12);
+    let a = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+    let b = UnifiedBuffer::<u32>::zeroed(&stream, 1 << 12).unwrap();
+    let mut plan = PrefetchPlan::new();
+    plan.add(&a, Location::Device(device)).add_range(&b, 1024.., Location::Host).unwrap();
+    assert_eq!((plan.len(), plan.bytes()), (2, (4096 + 3072) * 4));
+    assert!(plan.add_range(&b, ..5000, Location::Host).is_err());
+    plan.execute(&stream).unwrap();
+    // The driver records the last prefetch location when the prefetch is requested; the
+    // simulator when it runs. Waiting makes the test hold for both.
+    stream.synchronize().unwrap();
+    assert_eq!(a.attributes().unwrap().last_prefetch_location, Some(Location::Device(device)));
+    assert_eq!(b.range_attributes(1024..).unwrap().last_prefetch_location, Some(Location::Host));
+    assert_eq!(b.range_attributes(..1024).unwrap().last_prefetch_location, None);
+    assert_eq!(a.as_slice().unwrap(), &data[..]);
+    a.prefetch(Location::Host, &stream).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(a.attributes().unwrap().last_prefetch_location, Some(Location::Host));
+    b.prefetch_range(..1, Location::Device(device), &stream).unwrap();
+}
+
+#[test]
+fn attachment_modes_are_honoured() {
+    let (_, ctx, stream) = full();
+    let mut host_only = UnifiedBuffer::from_slice_attached(&stream, &[5u16; 100], Attach::Host).unwrap();
+    assert_eq!(host_only.attachment(), &Attach::Host);
+    host_only.attach(&stream, Attach::Single(stream.clone())).unwrap();
+    let mut dev = DeviceBuffer::<u16>::zeroed(&stream, 100).unwrap();
+    stream.copy_d2d(&host_only, &mut dev).unwrap();
+    assert_eq!(dev.to_vec().unwrap(), vec![5; 100]);
+    host_only.attach(&stream, Attach::Global).unwrap();
+    host_only.as_mut_slice().unwrap()[0] = 6;
+    assert_eq!(host_only.as_slice().unwrap()[..2], [6, 5]);
+    let other = Stream::non_blocking(&ctx).unwrap();
+    assert!(matches!(host_only.attach(&stream, Attach::Single(other)), Err(Error::InvalidValue { .. })));
+    assert!(UnifiedBuffer::<u8>::zeroed_attached(&stream, 4, Attach::Single(stream.clone())).is_err());
+}
+
+#[test]
+fn devices_without_concurrent_access_keep_the_attach_rules() {
+    let Some((device, ctx)) = device_where(|c| c.managed_memory && !c.concurrent_managed_access) else {
+        return;
+    };
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let data = pattern(2048);
+    let mut buf = UnifiedBuffer::<u32>::zeroed(&stream, 2048).unwrap();
+    let src = DeviceBuffer::from_slice(&stream, &data).unwrap();
+    stream.copy_d2d(&src, &mut buf).unwrap();
+    // Globally attached: the host read waits for the device (all of it), and sees the copy.
+    assert_eq!(buf.as_slice().unwrap(), &data[..]);
+    buf.attach(&stream, Attach::Single(stream.clone())).unwrap();
+    buf.as_mut_slice().unwrap()[0] = 1;
+    assert_eq!(buf.to_vec().unwrap()[0], 1);
+    // Placing pages on, or prefetching to, a device that cannot fault is not supported, before any
+    // driver call; hints that name the host are fine.
+    let ctl = testing::sim_control();
+    let rules = ctl.as_ref().map(|ctl| {
+        ["cuMemAdvise", "cuMemAdvise_v2", "cuMemPrefetchAsync", "cuMemPrefetchAsync_v2"].map(|f| {
+            ctl.inject_fault(FaultRule {
+                function: f.into(),
+                nth: 1,
+                code: CUresult::CUDA_ERROR_UNKNOWN,
+                times: 0,
+                this_thread_only: true,
+            })
+        })
+    });
+    let here = Some(device.ordinal() as i32);
+    let not_supported = |e: Error| matches!(e, Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: d } if d == here);
+    assert!(not_supported(buf.advise(Advice::PreferredLocation(Location::Device(device))).unwrap_err()));
+    assert!(not_supported(buf.advise(Advice::AccessedBy(Location::Device(device))).unwrap_err()));
+    assert!(not_supported(buf.set_policy(MigrationPolicy::PreferDevice(device)).unwrap_err()));
+    assert!(not_supported(buf.prefetch(Location::Device(device), &stream).unwrap_err()));
+    assert!(
+        not_supported(buf.prefetch(Location::Host, &stream).unwrap_err()),
+        "any prefetch needs it on the stream's device"
+    );
+    assert_eq!(buf.policy(), MigrationPolicy::OnDemand, "a refused policy changes nothing");
+    if let (Some(ctl), Some(rules)) = (ctl, rules) {
+        rules.into_iter().for_each(|r| ctl.remove_fault(r));
+    }
+    buf.set_policy(MigrationPolicy::PreferHost).unwrap();
+    assert_eq!(buf.attributes().unwrap().preferred_location, Some(Location::Host));
+}
+
+#[test]
+fn devices_without_managed_memory_are_not_supported_before_any_driver_call() {
+    let Some((device, ctx)) = device_where(|c| !c.managed_memory) else { return };
+    let stream = Stream::new(&ctx).unwrap();
+    let ctl = testing::sim_control();
+    let rule = ctl.as_ref().map(|ctl| {
+        ctl.inject_fault(FaultRule {
+            function: "cuMemAllocManaged".into(),
+            nth: 1,
+            code: CUresult::CUDA_ERROR_UNKNOWN,
+            times: 0,
+            this_thread_only: true,
+        })
+    });
+    let err = UnifiedBuffer::<u32>::zeroed(&stream, 16).unwrap_err();
+    assert!(
+        matches!(err, Error::NotSupported { feature: Feature::ManagedMemory, device: Some(d) }
+            if d == device.ordinal() as i32),
+        "{err}"
+    );
+    assert!(matches!(UnifiedBuffer::from_slice(&stream, &[1u8]), Err(Error::NotSupported { .. })));
+    if let (Some(ctl), Some(rule)) = (ctl, rule) {
+        ctl.remove_fault(rule);
+    }
+}
+
+#[test]
+fn empty_and_oversized_buffers() {
+    let (device, _, stream) = full();
+    let mut empty = UnifiedBuffer::<u64>::zeroed(&stream, 0).unwrap();
+    assert!(empty.is_empty() && empty.as_mut_slice().unwrap().is_empty());
+    empty.set_policy(MigrationPolicy::PreferHost).unwrap();
+    empty.prefetch(Location::Device(device), &stream).unwrap();
+    assert!(matches!(UnifiedBuffer::<u64>::zeroed(&stream, usize::MAX / 2), Err(Error::SizeOverflow { .. })));
+}
