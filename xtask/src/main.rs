@@ -56,6 +56,16 @@ fn ci() -> Result {
     )?;
     run("cargo build", cargo().args(["build", "--workspace", "--all-targets", "--locked"]))?;
     test_on_simulator()?;
+    run(
+        "example quickstart (simulator)",
+        cargo()
+            .args(["run", "--locked", "-q", "-p", "cumem", "--example", "quickstart"])
+            .env("CUMEM_DRIVER", "sim"),
+    )?;
+    run(
+        "cumem demo (simulator)",
+        cargo().args(["run", "--locked", "-q", "-p", "cumem-cli", "--", "--driver", "sim", "demo"]),
+    )?;
     eprintln!("==> ci passed in {:.0?}", started.elapsed());
     Ok(())
 }
