@@ -65,6 +65,50 @@ pub fn host_many_live(pool: &HostPool, live: usize, iters: u64, seed: u64) {
     }
 }
 
+/// Blocks the varying-size workloads hold at once: few, like one step's temporaries.
+pub const FEW_LIVE: usize = 4;
+
+/// A size for the varying-size workloads: uniform in [256 B, 64 KiB + 256 B), so consecutive
+/// requests almost never share a 512 B size class.
+#[inline]
+fn varying_size(rng: &mut Rng) -> usize {
+    256 + (rng.next_u64() % (64 << 10)) as usize
+}
+
+/// (f) on the host model: one stream, a different size every time, few live blocks. Each pair
+/// allocates a new size and frees the block allocated [`FEW_LIVE`] pairs earlier.
+pub fn host_varying_sizes(pool: &HostPool, iters: u64, seed: u64) {
+    let mut rng = Rng(seed);
+    let mut ring: Vec<Option<cumem_pool::Block>> = (0..FEW_LIVE).map(|_| None).collect();
+    for i in 0..iters {
+        let b = pool.allocate(black_box(varying_size(&mut rng)), 256, 0).expect("host pool");
+        if let Some(old) = ring[i as usize % FEW_LIVE].replace(b) {
+            pool.deallocate(black_box(old), 0).expect("own block");
+        }
+    }
+    for b in ring.into_iter().flatten() {
+        pool.deallocate(b, 0).expect("own block");
+    }
+}
+
+/// (f) on a device resource: like [`host_varying_sizes`], through the `DeviceResource` interface.
+pub fn resource_varying_sizes(resource: &dyn DeviceResource, stream: &Stream, iters: u64, seed: u64) {
+    let mut rng = Rng(seed);
+    let mut ring: Vec<Option<(_, AllocLayout)>> = (0..FEW_LIVE).map(|_| None).collect();
+    for i in 0..iters {
+        let layout = AllocLayout::new(varying_size(&mut rng), 256).expect("non-zero size");
+        let p = resource.allocate(layout, stream).expect("allocation");
+        if let Some((old, layout)) = ring[i as usize % FEW_LIVE].replace((p, layout)) {
+            // SAFETY: allocated above with this layout on this stream; never used.
+            unsafe { resource.deallocate(black_box(old), layout, stream) };
+        }
+    }
+    for (p, layout) in ring.into_iter().flatten() {
+        // SAFETY: as above.
+        unsafe { resource.deallocate(p, layout, stream) };
+    }
+}
+
 /// A device resource's allocate+deallocate of one size on one stream, warmed.
 pub fn resource_fast_path(resource: &dyn DeviceResource, stream: &Stream, iters: u64, size: usize) {
     let layout = AllocLayout::new(size, 256).expect("non-zero size");

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cumem_benches::{
-    host_fast_path, host_many_live, host_pool, in_parallel, resource_fast_path, resource_many_live,
+    FEW_LIVE, host_fast_path, host_many_live, host_pool, host_varying_sizes, in_parallel, resource_fast_path,
+    resource_many_live, resource_varying_sizes,
 };
 use cumem_core::{Device, DriverResource, Stream};
 use cumem_pool::{CachingResource, MemPool, MemPoolOptions, NativePoolResource, PoolConfig};
@@ -126,6 +127,23 @@ fn main() -> cumem_core::Result<()> {
     let driver = DriverResource::new(&ctx);
     let e = ns_per_op(5, 20_000, |n| resource_fast_path(&driver, &stream, n, 256));
     rows.push(("e", "cuMemAlloc/cuMemFree: same 256 B".into(), e));
+
+    // (f) one stream, a different size every time, few live blocks.
+    let host = host_pool();
+    rows.push((
+        "f",
+        format!("caching pool, host model: varying sizes 256 B..64 KiB, {FEW_LIVE} live blocks"),
+        ns_per_op(5, 2_000_000, |n| host_varying_sizes(&host, n, 11)),
+    ));
+    // A fresh pool: the one above still caches (b)'s 10,000 blocks in bins of every size class,
+    // which would measure bin hits rather than a pool with few blocks.
+    let caching_f = CachingResource::with_driver(&ctx, PoolConfig::default());
+    let f_dev = ns_per_op(5, 1_000_000, |n| resource_varying_sizes(&caching_f, &stream, n, 11));
+    rows.push((
+        "f",
+        format!("caching pool as DeviceResource: varying sizes 256 B..64 KiB, {FEW_LIVE} live blocks"),
+        f_dev,
+    ));
     stream.synchronize()?;
 
     println!("| | workload | ns/op |");
@@ -142,6 +160,7 @@ fn main() -> cumem_core::Result<()> {
     println!("| (d) driver pool ÷ (a) caching pool as DeviceResource | {:.0}x |", d / a_dev);
     println!("| (e) cuMemAlloc/cuMemFree ÷ (d) driver pool | {:.1}x |", e / d);
     println!("| (b) ÷ (a), DeviceResource: cost of 10,000 live blocks | {:.2}x |", b_dev / a_dev);
+    println!("| (f) ÷ (a), DeviceResource: cost of a different size every time | {:.2}x |", f_dev / a_dev);
     for (threads, _, speedup) in &c_rows {
         println!("| (c) host model: throughput at {threads} threads ÷ 1 thread | {speedup:.2}x |");
     }
@@ -150,5 +169,6 @@ fn main() -> cumem_core::Result<()> {
     }
     drop(native);
     caching.trim()?;
+    caching_f.trim()?;
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Caching pool on the host upstream: (a) the warmed fast path, (b) alloc+free with 10,000 live blocks
-//! of random sizes, (c) 1 vs 2 threads, each on its own stream. Every iteration is one allocation plus
+//! of random sizes, (c) 1 vs 2 threads, each on its own stream, (f) a different size every time on
+//! one stream with 4 live blocks. Every iteration is one allocation plus
 //! one free; criterion's time per iteration is therefore ns per alloc+free pair.
 //!
 //! `cargo bench -p cumem-pool --bench caching_host -- --quick`
@@ -85,6 +86,28 @@ fn live_10k(c: &mut Criterion) {
     }
 }
 
+fn varying_sizes(c: &mut Criterion) {
+    let mut g = c.benchmark_group("f_varying_sizes_4_live");
+    let pool = pool();
+    let mut rng = Rng(11);
+    let mut size = move || 256 + (rng.next() % (64 << 10)) as usize;
+    let mut ring: Vec<Option<Block>> = (0..4).map(|_| None).collect();
+    let mut i = 0;
+    g.bench_function("alloc_new_size+free_4th_oldest", |b| {
+        b.iter(|| {
+            let blk = pool.allocate(black_box(size()), 256, 0).unwrap();
+            if let Some(old) = ring[i % 4].replace(blk) {
+                pool.deallocate(black_box(old), 0).unwrap();
+            }
+            i += 1;
+        })
+    });
+    g.finish();
+    for b in ring.into_iter().flatten() {
+        pool.deallocate(b, 0).unwrap();
+    }
+}
+
 /// Each thread keeps a ring of 64 live blocks on its own stream: free the oldest, allocate a size
 /// from a small working set.
 fn thread_loop(pool: &Pool, stream: u32, iters: u64, barrier: &Barrier) -> Duration {
@@ -134,5 +157,5 @@ fn threads(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fast_path, live_10k, threads);
+criterion_group!(benches, fast_path, live_10k, threads, varying_sizes);
 criterion_main!(benches);

@@ -6,6 +6,14 @@
 //! migrates memory from this arena, and before segments are released, the bins are flushed into the
 //! arena's [`FreeSet`](crate::free_set::FreeSet).
 //!
+//! A bin miss is served from the free set first and the bins are flushed only when that misses too,
+//! so a block may sit binned while its neighbours are coalesced. Flushing on every bin miss instead
+//! keeps the free set tidiest but was measured to lose more than it gains: with 10,000 live blocks of
+//! random sizes the bins keep blocks of most classes and serve many requests in O(1), and flushing
+//! them turned 60 ns per alloc+free pair into 160 ns; with few live blocks it made no measurable
+//! difference. The flush is O(1) per binned block (each is flushed once), so flushing late costs no
+//! more in total; its price is a pause proportional to the binned blocks when the free set runs dry.
+//!
 //! ```
 //! use cumem_pool::bins::{BinEntry, Bins};
 //! use cumem_pool::free_set::Seg;
