@@ -116,7 +116,7 @@ pub(crate) fn mem_host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void> {
     // SAFETY: `p` is a valid out-pointer.
     check(unsafe { sys::cuMemHostAlloc(&mut p, bytes, flags) }, Ctx::op("cuMemHostAlloc").bytes(bytes))?;
     if p.is_null() && bytes > 0 {
-        return Err(Error::OutOfMemory { ctx: Ctx::op("cuMemHostAlloc").bytes(bytes) });
+        return Err(Error::OutOfMemory { ctx: Ctx::op("cuMemHostAlloc").bytes(bytes), report: None });
     }
     Ok(p)
 }

@@ -40,7 +40,7 @@ pub use buffer::registered::{HostRegistered, RegisterFlags};
 pub use buffer::view::{AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut};
 pub use capabilities::Capabilities;
 pub use context::{Context, MemInfo};
-pub use cumem_sys::{Error, ErrorContext, Feature, Result};
+pub use cumem_sys::{Error, ErrorContext, Feature, MemoryReport, Result};
 pub use device::Device;
 pub use event::Event;
 pub use host_access::{HostAccess, HostMemory};

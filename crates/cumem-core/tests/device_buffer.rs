@@ -87,7 +87,7 @@ fn more_than_the_device_has_is_out_of_memory() {
     let s = stream();
     let total = s.context().device().total_memory().unwrap();
     let err = DeviceBuffer::<u8>::zeroed(&s, total + 1).unwrap_err();
-    assert!(matches!(err, Error::OutOfMemory { ctx } if ctx.bytes == Some(total + 1)), "{err}");
+    assert!(matches!(err, Error::OutOfMemory { ctx, .. } if ctx.bytes == Some(total + 1)), "{err}");
 }
 
 #[test]
@@ -104,7 +104,7 @@ fn an_injected_allocation_failure_surfaces_as_out_of_memory_and_leaks_nothing() 
     let first = DeviceBuffer::<u32>::zeroed(&s, 1000).unwrap();
     let err = DeviceBuffer::<u32>::zeroed(&s, 1000).unwrap_err();
     assert!(
-        matches!(err, Error::OutOfMemory { ctx } if ctx.op == "cuMemAlloc_v2" && ctx.bytes == Some(4000))
+        matches!(err, Error::OutOfMemory { ctx, .. } if ctx.op == "cuMemAlloc_v2" && ctx.bytes == Some(4000))
     );
     let third = DeviceBuffer::<u32>::zeroed(&s, 1000).unwrap();
     ctl.remove_fault(rule);

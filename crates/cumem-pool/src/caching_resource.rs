@@ -29,7 +29,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use cumem_core::sys::CUdeviceptr;
-use cumem_core::{AllocLayout, Context, DeviceResource, DriverResource, Error, ErrorContext, Result, Stream};
+use cumem_core::{
+    AllocLayout, Context, DeviceResource, DriverResource, Error, ErrorContext, MemoryReport, Result, Stream,
+};
 use parking_lot::Mutex;
 
 use crate::{
@@ -116,9 +118,15 @@ fn pool_error(e: PoolError, bytes: usize) -> Error {
         PoolError::InvalidAlignment { align } | PoolError::AlignmentTooLarge { align, .. } => {
             Error::Misaligned { what: "alignment", value: align as u64, align: 2 }
         }
-        PoolError::OutOfMemory { .. } => {
-            tracing::warn!(report = %e, "caching pool out of memory");
-            Error::OutOfMemory { ctx }
+        PoolError::OutOfMemory { requested, allocated, reserved, free_cached, largest_free_block } => {
+            let report = MemoryReport {
+                requested: requested as u64,
+                allocated,
+                reserved,
+                cached: free_cached,
+                largest_free_block,
+            };
+            Error::OutOfMemory { ctx, report: Some(report) }
         }
         PoolError::Upstream(_) | PoolError::Ordering(_) | PoolError::MisalignedSegment { .. } => {
             tracing::warn!(error = %e, "caching pool upstream failure");

@@ -82,3 +82,24 @@ fn every_upstream_failure_surfaces_and_leaves_the_pool_consistent() {
         }
     }
 }
+
+#[test]
+fn exhaustion_reports_what_the_pool_holds() {
+    testing::init();
+    let ctx = Device::get(0).unwrap().context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let keep = DeviceBuffer::<u8>::new_in(&resource, &stream, 1 << 20).unwrap();
+    let total = ctx.device().total_memory().unwrap();
+    match DeviceBuffer::<u8>::new_in(&resource, &stream, total).unwrap_err() {
+        Error::OutOfMemory { report: Some(report), ctx } => {
+            assert_eq!((report.requested, ctx.bytes), (total as u64, Some(total)));
+            assert!(report.allocated >= 1 << 20 && report.reserved >= report.allocated, "{report:?}");
+            assert_eq!(report.cached, report.reserved - report.allocated);
+        }
+        other => panic!("expected a pool out-of-memory report, got {other}"),
+    }
+    assert_eq!(pool.stats().current_count, 1, "the failed request left the pool as it was");
+    drop(keep);
+}

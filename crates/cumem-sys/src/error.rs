@@ -57,6 +57,31 @@ impl fmt::Display for ErrorContext {
     }
 }
 
+/// What a pool held when it ran out of memory, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryReport {
+    /// The request that failed.
+    pub requested: u64,
+    /// Bytes in live allocations.
+    pub allocated: u64,
+    /// Bytes the pool holds from its upstream.
+    pub reserved: u64,
+    /// Reserved bytes not in use (cached for reuse).
+    pub cached: u64,
+    /// The largest cached free block.
+    pub largest_free_block: u64,
+}
+
+impl fmt::Display for MemoryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "; the pool could not find {} bytes: {} allocated, {} reserved, {} cached (largest free block {})",
+            self.requested, self.allocated, self.reserved, self.cached, self.largest_free_block
+        )
+    }
+}
+
 /// A capability or entry point that a device or driver may lack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -110,11 +135,13 @@ pub enum Error {
         /// Where it happened.
         ctx: ErrorContext,
     },
-    /// `CUDA_ERROR_OUT_OF_MEMORY`, or a cumem pool that could not satisfy a request.
-    #[error("out of memory{ctx}")]
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, or a cumem pool that could not satisfy a request (with its report).
+    #[error("out of memory{ctx}{}", report.map(|r| r.to_string()).unwrap_or_default())]
     OutOfMemory {
         /// Where it happened.
         ctx: ErrorContext,
+        /// What the pool held when it gave up, when a pool raised the error.
+        report: Option<MemoryReport>,
     },
     /// `CUDA_ERROR_NOT_INITIALIZED`: a call before `cuInit`.
     #[error("driver not initialized{ctx}")]
@@ -312,7 +339,7 @@ impl Error {
         Some(match code {
             C::CUDA_SUCCESS => return None,
             C::CUDA_ERROR_INVALID_VALUE => Error::InvalidValue { ctx },
-            C::CUDA_ERROR_OUT_OF_MEMORY => Error::OutOfMemory { ctx },
+            C::CUDA_ERROR_OUT_OF_MEMORY => Error::OutOfMemory { ctx, report: None },
             C::CUDA_ERROR_NOT_INITIALIZED => Error::NotInitialized { ctx },
             C::CUDA_ERROR_DEINITIALIZED => Error::Deinitialized { ctx },
             C::CUDA_ERROR_NO_DEVICE => Error::NoDevice { ctx },
@@ -407,7 +434,9 @@ mod tests {
     fn named_codes_map_to_named_variants() {
         let ctx = ErrorContext::op("cuMemAlloc_v2").bytes(64).device(1);
         let err = check(CUresult::CUDA_ERROR_OUT_OF_MEMORY, ctx).unwrap_err();
-        assert!(matches!(err, Error::OutOfMemory { ctx: c } if c.bytes == Some(64) && c.device == Some(1)));
+        assert!(
+            matches!(err, Error::OutOfMemory { ctx: c, report: None } if c.bytes == Some(64) && c.device == Some(1))
+        );
         assert_eq!(err.to_string(), "out of memory in cuMemAlloc_v2 (64 bytes, device 1)");
         let err =
             check(CUresult::CUDA_ERROR_NOT_SUPPORTED, ErrorContext::op("cuMemAllocManaged")).unwrap_err();

@@ -22,7 +22,7 @@ pub mod probe;
 #[cfg(feature = "sim")]
 pub mod testing;
 
-pub use error::{Error, ErrorContext, Feature, Result, check};
+pub use error::{Error, ErrorContext, Feature, MemoryReport, Result, check};
 
 /// cudarc's raw driver bindings (CUDA 12.8 ABI), the only FFI cumem uses.
 ///

@@ -154,8 +154,10 @@ impl<T: Copy> PinnedBuffer<T> {
                 });
             }
             (
-                NonNull::new(p)
-                    .ok_or(Error::OutOfMemory { ctx: cumem_sys::ErrorContext::op("cuMemHostAlloc") })?,
+                NonNull::new(p).ok_or(Error::OutOfMemory {
+                    ctx: cumem_sys::ErrorContext::op("cuMemHostAlloc"),
+                    report: None,
+                })?,
                 true,
             )
         };
