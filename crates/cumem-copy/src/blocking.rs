@@ -34,7 +34,7 @@ pub fn copy_h2d<T: NoUninit>(src: &[T], dst: &mut impl AsDeviceSliceMut<T>) -> R
         return Ok(());
     }
     let ctx = dst.context();
-    dst.order().use_on(&Stream::legacy(ctx))?;
+    let _ticket = dst.order().use_on(&Stream::legacy(ctx))?;
     ctx.bind()?;
     // SAFETY: `src` is initialised (NoUninit) and valid for `bytes` bytes; `dst` is device memory
     // of exactly that size, exclusively borrowed.
@@ -49,7 +49,7 @@ pub fn copy_d2h<T: AnyBitPattern>(src: &impl AsDeviceSlice<T>, dst: &mut [T]) ->
         return Ok(());
     }
     let ctx = src.context();
-    src.order().use_on(&Stream::legacy(ctx))?;
+    let _ticket = src.order().use_on(&Stream::legacy(ctx))?;
     ctx.bind()?;
     // SAFETY: `dst` is valid for `bytes` bytes of writes and any bytes are a valid T; the copy is
     // complete when the call returns; `src` is device memory of that size.
@@ -66,8 +66,8 @@ pub fn copy_d2d<T>(src: &impl AsDeviceSlice<T>, dst: &mut impl AsDeviceSliceMut<
         return Ok(());
     }
     let legacy = Stream::legacy(dst.context());
-    src.order().use_on(&legacy)?;
-    dst.order().use_on(&legacy)?;
+    let _ticket = src.order().use_on(&legacy)?;
+    let _ticket = dst.order().use_on(&legacy)?;
     dst.context().bind()?;
     // SAFETY: both ranges are device memory of `bytes` bytes on the same device; `dst` is
     // exclusively borrowed, so it does not overlap `src`.

@@ -256,7 +256,7 @@ pub(crate) fn fill_2d_on<T: Pod>(
     let start = bytes(rect.y, pitch_bytes)?
         .checked_add(bytes(rect.x, size)?)
         .ok_or(Error::SizeOverflow { count: rect.y, elem_size: pitch_bytes })?;
-    view.order().use_on(stream)?;
+    let _ticket = view.order().use_on(stream)?;
     stream.context().bind()?;
     // SAFETY: the rectangle was checked to lie inside the view (rows of `width` elements from
     // `start`, `pitch_bytes` apart); the view is exclusively borrowed device memory ordered on

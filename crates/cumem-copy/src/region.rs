@@ -231,7 +231,7 @@ impl<T> sealed::Src<T> for Pitched<DeviceSlice<'_, T>> {
         Some(self.mem.context())
     }
     unsafe fn with_read<R>(&self, stream: &Stream, f: impl FnOnce(Mem) -> Result<R>) -> Result<R> {
-        self.mem.order().use_on(stream)?;
+        let _ticket = self.mem.order().use_on(stream)?;
         f(Mem::Device(self.mem.device_ptr()))
     }
 }
@@ -246,7 +246,7 @@ impl<T> sealed::Src<T> for Pitched<DeviceSliceMut<'_, T>> {
         Some(self.mem.context())
     }
     unsafe fn with_read<R>(&self, stream: &Stream, f: impl FnOnce(Mem) -> Result<R>) -> Result<R> {
-        self.mem.order().use_on(stream)?;
+        let _ticket = self.mem.order().use_on(stream)?;
         f(Mem::Device(self.mem.device_ptr()))
     }
 }
@@ -261,7 +261,7 @@ impl<T> sealed::Dst<T> for Pitched<DeviceSliceMut<'_, T>> {
         Some(self.mem.context())
     }
     unsafe fn with_write<R>(&mut self, stream: &Stream, f: impl FnOnce(Mem) -> Result<R>) -> Result<R> {
-        self.mem.order().use_on(stream)?;
+        let _ticket = self.mem.order().use_on(stream)?;
         f(Mem::Device(self.mem.device_ptr()))
     }
 }

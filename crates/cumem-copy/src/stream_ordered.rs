@@ -56,14 +56,15 @@ pub trait StreamCopy {
     /// Queues setting every element of `dst` to `value`; `T` must be 1, 2 or 4 bytes wide.
     fn fill<T: Pod>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: T) -> Result<()>;
 
-    /// Queues setting every byte of `dst` to `value`.
-    fn memset_d8<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u8) -> Result<()>;
+    /// Queues setting every byte of `dst` to `value`. `T: AnyBitPattern` because the bytes written
+    /// may be read back on the host as `T` (mapped and unified memory hand out `&[T]`).
+    fn memset_d8<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u8) -> Result<()>;
 
     /// Queues setting every 16-bit word of `dst` to `value`; its size must be a multiple of 2 bytes.
-    fn memset_d16<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u16) -> Result<()>;
+    fn memset_d16<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u16) -> Result<()>;
 
     /// Queues setting every 32-bit word of `dst` to `value`; its size must be a multiple of 4 bytes.
-    fn memset_d32<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u32) -> Result<()>;
+    fn memset_d32<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u32) -> Result<()>;
 
     /// Queues a 2D copy between page-locked host memory and device memory (any direction).
     /// Extents are checked against both sides first (see [`Copy2D`]).
@@ -100,7 +101,7 @@ impl StreamCopy for Stream {
         if dst.bytes() == 0 {
             return Ok(());
         }
-        dst.order().use_on(self)?;
+        let _ticket = dst.order().use_on(self)?;
         self.context().bind()?;
         let (to, bytes) = (dst.device_ptr(), dst.bytes());
         let enqueue = |from: *const T, _| {
@@ -124,7 +125,7 @@ impl StreamCopy for Stream {
         if src.bytes() == 0 {
             return Ok(());
         }
-        src.order().use_on(self)?;
+        let _ticket = src.order().use_on(self)?;
         self.context().bind()?;
         let (from, bytes) = (src.device_ptr(), src.bytes());
         let enqueue = |to: *mut T, _| {
@@ -145,8 +146,8 @@ impl StreamCopy for Stream {
         if dst.bytes() == 0 {
             return Ok(());
         }
-        src.order().use_on(self)?;
-        dst.order().use_on(self)?;
+        let _ticket = src.order().use_on(self)?;
+        let _ticket = dst.order().use_on(self)?;
         self.context().bind()?;
         // SAFETY: both ranges are device memory of `bytes` bytes, ordered on `self`; `dst` is
         // exclusively borrowed, so the ranges do not overlap.
@@ -163,15 +164,15 @@ impl StreamCopy for Stream {
         }
     }
 
-    fn memset_d8<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u8) -> Result<()> {
+    fn memset_d8<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u8) -> Result<()> {
         memset(self, dst, Width::W8(value))
     }
 
-    fn memset_d16<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u16) -> Result<()> {
+    fn memset_d16<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u16) -> Result<()> {
         memset(self, dst, Width::W16(value))
     }
 
-    fn memset_d32<T>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u32) -> Result<()> {
+    fn memset_d32<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u32) -> Result<()> {
         memset(self, dst, Width::W32(value))
     }
 
@@ -203,7 +204,7 @@ impl StreamCopy for Stream {
     }
 }
 
-fn memset<T>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>, value: Width) -> Result<()> {
+fn memset<T: AnyBitPattern>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>, value: Width) -> Result<()> {
     let dst = dst.as_device_slice_mut();
     validate::on_stream_device(stream, dst.context())?;
     let width = match value {
@@ -228,7 +229,7 @@ fn memset<T>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>, value: Width) 
     if dst.bytes() == 0 {
         return Ok(());
     }
-    dst.order().use_on(stream)?;
+    let _ticket = dst.order().use_on(stream)?;
     stream.context().bind()?;
     // SAFETY: the range is exclusively borrowed device memory of `bytes` bytes, aligned to the
     // width (checked above), ordered on `stream`.

@@ -30,7 +30,7 @@
 
 use parking_lot::Mutex;
 
-use crate::{Event, Result, Stream, StreamOrder};
+use crate::{Error, Event, Result, Stream, StreamOrder};
 
 /// How device work reached the memory through its stream order (views and order-tracked hooks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -50,6 +50,35 @@ struct Pending {
     reads: Vec<Event>,
     write: Option<Event>,
     ordered: OrderedUse,
+    /// Work was queued that could be neither tracked nor waited for: host access must never be
+    /// granted again (and the owner leaks the memory rather than free it).
+    poisoned: Option<Error>,
+}
+
+impl Pending {
+    fn check_usable(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Work was queued on `stream` but no event could be recorded after it: wait for the stream
+    /// instead (which also covers every earlier event the work was ordered after), or poison.
+    fn untracked(&mut self, stream: &Stream, error: Error) -> Result<()> {
+        match stream.synchronize() {
+            Ok(()) => {
+                tracing::warn!(%error, "recording an event after a queued copy failed; synchronised instead");
+                self.reads.retain(|e| !matches!(e.query(), Ok(true)));
+                Ok(())
+            }
+            Err(sync) => {
+                tracing::warn!(%error, %sync, "queued device work on host memory cannot be waited for");
+                self.poisoned = Some(sync.clone());
+                Err(sync)
+            }
+        }
+    }
 }
 
 /// The device work pending on one piece of host-visible memory, and the waits host access needs.
@@ -99,7 +128,7 @@ impl HostAccess {
 
     fn sync_order(&self) -> Result<()> {
         match &self.order {
-            Some(order) => order.last().synchronize(),
+            Some(order) => order.synchronize(),
             None => Ok(()),
         }
     }
@@ -107,6 +136,7 @@ impl HostAccess {
     /// Blocks until no pending device work writes the memory.
     pub fn wait_writes(&self) -> Result<()> {
         let mut pending = self.pending.lock();
+        pending.check_usable()?;
         if let Some(write) = &pending.write {
             write.synchronize()?;
             pending.write = None;
@@ -122,6 +152,7 @@ impl HostAccess {
     /// Blocks until no device work uses the memory.
     pub fn wait_idle(&self) -> Result<()> {
         let mut pending = self.pending.lock();
+        pending.check_usable()?;
         if let Some(write) = &pending.write {
             write.synchronize()?;
             pending.write = None;
@@ -153,19 +184,24 @@ impl HostAccess {
     ) -> Result<R> {
         let mut pending = self.pending.lock();
         if let Some(order) = &self.order {
-            order.use_on(stream)?;
+            let _ticket = order.use_on(stream)?;
             let out = enqueue(ptr, len)?;
             pending.ordered = pending.ordered.max(OrderedUse::Read);
             return Ok(out);
         }
+        pending.check_usable()?;
         if let Some(write) = &pending.write {
             stream.wait(write)?;
         }
         let out = enqueue(ptr, len)?;
-        let done = stream.record()?;
-        // Completed reads need no tracking; keep the list short.
-        pending.reads.retain(|e| !matches!(e.query(), Ok(true)));
-        pending.reads.push(done);
+        match stream.record() {
+            Ok(done) => {
+                // Completed reads need no tracking; keep the list short.
+                pending.reads.retain(|e| !matches!(e.query(), Ok(true)));
+                pending.reads.push(done);
+            }
+            Err(e) => pending.untracked(stream, e)?,
+        }
         Ok(out)
     }
 
@@ -186,19 +222,28 @@ impl HostAccess {
     ) -> Result<R> {
         let pending = self.pending.get_mut();
         if let Some(order) = &self.order {
-            order.use_on(stream)?;
+            let _ticket = order.use_on(stream)?;
             let out = enqueue(ptr, len)?;
             pending.ordered = OrderedUse::Write;
             return Ok(out);
         }
-        if let Some(write) = pending.write.take() {
-            stream.wait(&write)?;
+        pending.check_usable()?;
+        // Wait for everything before forgetting anything: a failed wait must leave the events tracked.
+        if let Some(write) = &pending.write {
+            stream.wait(write)?;
         }
-        for read in pending.reads.drain(..) {
-            stream.wait(&read)?;
+        for read in &pending.reads {
+            stream.wait(read)?;
         }
         let out = enqueue(ptr, len)?;
-        pending.write = Some(stream.record()?);
+        match stream.record() {
+            Ok(done) => {
+                // `done` follows the waits above, so it covers every earlier read and write.
+                pending.reads.clear();
+                pending.write = Some(done);
+            }
+            Err(e) => pending.untracked(stream, e)?,
+        }
         Ok(out)
     }
 }

@@ -1,9 +1,13 @@
-//! Stream ordering of device memory: the last stream a buffer was used on.
+//! Stream ordering of device memory: every stream with work on it that nothing has waited for yet.
 //!
-//! Device work on one stream is unordered with work on another. When a buffer last used on stream
-//! A is next used on stream B, B must first wait for A's work so far; this tracker does that (an
-//! event recorded on A, waited on by B) and remembers B. Frees go to the resource on the last
-//! stream, which is what lets stream-ordered pools reuse memory safely.
+//! Device work on one stream is unordered with work on another. Before work on memory is queued on
+//! stream X, X waits (an event recorded on each, waited on by X) for every stream that may still have
+//! work on it; once the work is queued, X is recorded as such a stream. Recording happens when the
+//! [`OrderTicket`] returned by [`StreamOrder::use_on`] is dropped, so the ticket must be held until
+//! the work is queued: two threads using disjoint halves of a buffer on two streams (or reading it
+//! on two streams) then both end up recorded, and whatever comes next — another use, host access,
+//! the free — waits for both. [`StreamOrder::join`] gives one stream ordered after all of them,
+//! which is where a buffer returns its memory.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -11,8 +15,11 @@
 //! let ctx = Device::get(0)?.context()?;
 //! let (a, b) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
 //! let order = StreamOrder::new(&a);
-//! order.use_on(&b)?; // b now waits for everything queued on a so far
-//! assert_eq!(order.last(), b);
+//! {
+//!     let _ticket = order.use_on(&b)?; // b now waits for everything queued on a so far
+//!     // ... queue work on b ...
+//! } // b is recorded as a user
+//! assert_eq!(order.join()?, b); // b is after a's work, so b alone stands for both
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
@@ -20,31 +27,91 @@ use parking_lot::Mutex;
 
 use crate::{Result, Stream};
 
-/// The stream that device memory was last used on.
+/// The streams that may have work pending on a piece of device memory.
 #[derive(Debug)]
 pub struct StreamOrder {
-    last: Mutex<Stream>,
+    inner: Mutex<Users>,
+}
+
+#[derive(Debug)]
+struct Users {
+    /// Each stream with work that no recorded user has been ordered after, with the generation of
+    /// its latest recording (to tell whether a waited-for entry changed since).
+    users: Vec<(Stream, u64)>,
+    next_gen: u64,
+}
+
+/// Proof that a stream was ordered after the memory's users; dropping it records the stream as a
+/// user. Hold it until the work is queued.
+#[must_use = "hold the ticket until the work is queued; dropping it early loses track of the work"]
+#[derive(Debug)]
+pub struct OrderTicket<'a> {
+    order: &'a StreamOrder,
+    stream: Stream,
+    /// The (stream, generation) entries the new user was ordered after.
+    waited: Vec<(Stream, u64)>,
 }
 
 impl StreamOrder {
     /// Memory first used (allocated) on `stream`.
     pub fn new(stream: &Stream) -> Self {
-        StreamOrder { last: Mutex::new(stream.clone()) }
+        StreamOrder { inner: Mutex::new(Users { users: vec![(stream.clone(), 0)], next_gen: 1 }) }
     }
 
-    /// Orders `stream` after all work queued so far on the last stream, and makes `stream` the last.
-    /// Call before queueing work that uses the memory on `stream`.
-    pub fn use_on(&self, stream: &Stream) -> Result<()> {
-        let mut last = self.last.lock();
-        if *last != *stream {
-            stream.wait_for(&last)?;
-            *last = stream.clone();
+    /// Orders `stream` after all work queued so far on the memory by its recorded users. Queue the
+    /// work on `stream` while holding the returned ticket.
+    pub fn use_on(&self, stream: &Stream) -> Result<OrderTicket<'_>> {
+        let waited = self.inner.lock().users.clone();
+        for (user, _) in &waited {
+            stream.wait_for(user)?;
+        }
+        Ok(OrderTicket { order: self, stream: stream.clone(), waited })
+    }
+
+    /// One stream ordered after every recorded user: the latest user, made to wait for the others.
+    /// Afterwards it is the only recorded user. Call with no use in flight (e.g. when freeing).
+    pub fn join(&self) -> Result<Stream> {
+        let mut inner = self.inner.lock();
+        let latest = inner.users.iter().max_by_key(|(_, g)| *g).map(|(s, _)| s.clone()).expect("never empty");
+        for (user, _) in &inner.users {
+            latest.wait_for(user)?;
+        }
+        let generation = inner.next_gen;
+        inner.next_gen += 1;
+        inner.users = vec![(latest.clone(), generation)];
+        Ok(latest)
+    }
+
+    /// Blocks until all work of every recorded user has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        let users: Vec<Stream> = self.inner.lock().users.iter().map(|(s, _)| s.clone()).collect();
+        for user in &users {
+            user.synchronize()?;
         }
         Ok(())
     }
 
-    /// The stream the memory was last used on.
+    /// The most recently recorded user.
     pub fn last(&self) -> Stream {
-        self.last.lock().clone()
+        let inner = self.inner.lock();
+        inner.users.iter().max_by_key(|(_, g)| *g).map(|(s, _)| s.clone()).expect("never empty")
+    }
+
+    /// How many streams may still have work on the memory.
+    pub fn users(&self) -> usize {
+        self.inner.lock().users.len()
+    }
+}
+
+impl Drop for OrderTicket<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.order.inner.lock();
+        let generation = inner.next_gen;
+        inner.next_gen += 1;
+        // Entries this stream was ordered after, and that nobody recorded again since, are covered
+        // by this stream from now on.
+        let (stream, waited) = (&self.stream, &self.waited);
+        inner.users.retain(|(s, g)| s != stream && !waited.iter().any(|(w, wg)| w == s && wg == g));
+        inner.users.push((stream.clone(), generation));
     }
 }

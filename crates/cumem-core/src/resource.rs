@@ -96,8 +96,8 @@ impl DriverResource {
 
 // SAFETY: cuMemAlloc returns fresh, non-overlapping memory aligned to 256 bytes; larger
 // alignments are served by over-allocating and rounding up, and the base is recovered with
-// cuMemGetAddressRange on free. cuMemFree waits for the device, so memory is never freed under
-// pending work.
+// cuMemGetAddressRange on free. The free first waits for the stream that follows every use, so
+// memory is never freed under pending work.
 unsafe impl DeviceResource for DriverResource {
     fn context(&self) -> &Context {
         &self.ctx
@@ -118,12 +118,19 @@ unsafe impl DeviceResource for DriverResource {
         Ok(base.next_multiple_of(layout.align as u64))
     }
 
-    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, _stream: &Stream) {
+    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
+        // The driver only says cuMemFree *may* wait for the device; every use of the memory is
+        // ordered before work queued on `stream` next (caller's item 2), so waiting for `stream`
+        // is what makes the free safe. If that fails, leaking is the safe answer.
+        if let Err(e) = stream.synchronize() {
+            tracing::warn!(ptr, bytes = layout.bytes, error = %e, "waiting for the last stream failed; leaking");
+            return;
+        }
         let result = self.ctx.bind().and_then(|()| {
             let base =
                 if layout.align <= DRIVER_ALIGNMENT { ptr } else { ffi::mem_get_address_range(ptr)?.0 };
             // SAFETY: `base` is the address cuMemAlloc returned for this allocation (caller's item 1),
-            // no Rust value uses it any more (item 3), and cuMemFree waits for pending device work.
+            // no Rust value uses it any more (item 3), and the work using it has completed (above).
             unsafe { ffi::mem_free(base) }
         });
         if let Err(e) = result {

@@ -272,13 +272,30 @@ fn a_resource_of_another_device_is_refused() {
 }
 
 #[test]
-fn stream_order_moves_to_the_stream_of_the_latest_use() {
+fn a_later_use_is_ordered_after_earlier_ones_and_covers_them() {
     let s = stream();
     let t = Stream::non_blocking(s.context()).unwrap();
     let order = StreamOrder::new(&s);
-    assert_eq!(order.last(), s);
-    order.use_on(&t).unwrap();
-    assert_eq!(order.last(), t);
-    order.use_on(&t).unwrap();
-    assert_eq!(order.last(), t);
+    assert_eq!((order.last(), order.users()), (s.clone(), 1));
+    drop(order.use_on(&t).unwrap());
+    assert_eq!((order.last(), order.users()), (t.clone(), 1), "t waited for s, so t alone stands for both");
+    drop(order.use_on(&t).unwrap());
+    assert_eq!(order.users(), 1);
+}
+
+#[test]
+fn uses_in_flight_on_two_streams_at_once_are_both_tracked() {
+    let s = stream();
+    let (a, b) = (Stream::non_blocking(s.context()).unwrap(), Stream::non_blocking(s.context()).unwrap());
+    let order = StreamOrder::new(&s);
+    // Two threads using disjoint halves: both are ordered before either has queued its work.
+    let on_a = order.use_on(&a).unwrap();
+    let on_b = order.use_on(&b).unwrap();
+    drop(on_a);
+    drop(on_b);
+    assert_eq!(order.users(), 2, "b was not ordered after a's work, so both must be waited for");
+    let joined = order.join().unwrap();
+    assert_eq!(joined, b);
+    assert_eq!(order.users(), 1);
+    order.synchronize().unwrap();
 }

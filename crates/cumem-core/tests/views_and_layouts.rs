@@ -18,13 +18,16 @@ fn uninit_buffers_become_valid_once_written() {
     // SAFETY: every element is written below before the contents are read.
     let mut buf = unsafe { DeviceBuffer::<u32>::uninit_in(&r, &s, 64) }.unwrap();
     let filled = DeviceBuffer::from_slice(&s, &[0x5555_5555u32; 64]).unwrap();
-    filled.order().use_on(&s.context().default_stream()).unwrap();
-    buf.order().use_on(&s.context().default_stream()).unwrap();
-    s.context().bind().unwrap();
-    // SAFETY: both are live 256-byte device allocations; the copy runs on the legacy stream, which
-    // both buffers were just ordered on.
-    let code = unsafe { cumem_core::sys::cuMemcpyDtoD_v2(buf.device_ptr(), filled.device_ptr(), 256) };
-    assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+    {
+        let legacy = s.context().default_stream();
+        let _src = filled.order().use_on(&legacy).unwrap();
+        let _dst = buf.order().use_on(&legacy).unwrap();
+        s.context().bind().unwrap();
+        // SAFETY: both are live 256-byte device allocations; the copy runs on the legacy stream,
+        // which both buffers are ordered on while the tickets are held.
+        let code = unsafe { cumem_core::sys::cuMemcpyDtoD_v2(buf.device_ptr(), filled.device_ptr(), 256) };
+        assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+    }
     assert_eq!(buf.to_vec().unwrap(), vec![0x5555_5555; 64]);
     assert_eq!(buf.as_mut_slice().len(), 64);
 }

@@ -602,7 +602,10 @@ impl<U: Upstream, O: Ordering> Drop for CachingPool<U, O> {
             tracing::warn!(live, "caching pool dropped with live blocks; releasing their segments anyway");
         }
         if let Err(e) = self.ordering.synchronize() {
-            tracing::warn!(error = %e, "caching pool drop: synchronize failed; releasing segments anyway");
+            // Work may still be queued on these segments: freeing them could let the upstream hand
+            // the memory to someone else under that work. Leak them instead.
+            tracing::warn!(error = %e, segments = segs.map.len(), "caching pool drop: synchronize failed; leaking segments");
+            return;
         }
         for (base, (len, _)) in segs.map {
             self.upstream.deallocate(base, len as usize);

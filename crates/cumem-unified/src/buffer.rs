@@ -286,7 +286,7 @@ impl<T> UnifiedBuffer<T> {
         }
         if self.ptr != 0 {
             let order = self.access.view_order(true).expect(ORDERED);
-            order.use_on(stream)?;
+            let _ticket = order.use_on(stream)?;
             self.ctx.bind()?;
             ffi::stream_attach_mem_async(stream.raw(), self.ptr, attach.flags())?;
         }

@@ -113,9 +113,10 @@ impl<'a> PrefetchPlan<'a> {
             }
             // A prefetch reads nothing and writes nothing the host can see, but it must not run
             // before the work that fills the range, and host access should wait for it.
-            if let Some(order) = span.access.view_order(false) {
-                order.use_on(stream)?;
-            }
+            let _ticket = match span.access.view_order(false) {
+                Some(order) => Some(order.use_on(stream)?),
+                None => None,
+            };
             stream.context().bind()?;
             ffi::mem_prefetch_async(span.ptr, span.bytes, to.target(), stream.raw())?;
         }

@@ -259,7 +259,7 @@ impl<T> DeviceBuffer<T> {
             let ctx = buf.resource.context();
             // A synchronous copy runs on the legacy stream and has taken the pageable source by the
             // time it returns; the tracker orders it after the allocation's stream.
-            buf.order.use_on(&Stream::legacy(ctx))?;
+            let _ticket = buf.order.use_on(&Stream::legacy(ctx))?;
             ctx.bind()?;
             // SAFETY: `data` is valid for `bytes` bytes of reads (NoUninit: all initialised); the
             // destination is exactly this allocation.
@@ -403,10 +403,18 @@ impl<T> fmt::Debug for DeviceBuffer<T> {
 impl<T> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         if let Some(layout) = self.layout {
-            let stream = self.order.last();
+            let stream = match self.order.join() {
+                Ok(stream) => stream,
+                Err(e) => {
+                    // No stream is known to follow every use: returning the memory could hand it to
+                    // new work while old work still runs. Leak it instead.
+                    tracing::warn!(ptr = self.ptr, bytes = layout.bytes, error = %e, "ordering the free failed; leaking");
+                    return;
+                }
+            };
             // SAFETY: `ptr` came from `allocate` on this resource with `layout` and is returned once;
-            // every use of it was queued through `order`, whose last stream is `stream`; the buffer
-            // is going away, so nothing refers to the memory afterwards.
+            // every use of it was queued through `order`, and `stream` is ordered after all of them;
+            // the buffer is going away, so nothing refers to the memory afterwards.
             unsafe { self.resource.deallocate(self.ptr, layout, &stream) };
         }
     }

@@ -84,7 +84,7 @@ pub(crate) fn read_to_vec<T: AnyBitPattern>(
     let bytes = len * size_of::<T>();
     if bytes > 0 {
         // Synchronous copies run on the legacy stream and are complete on return.
-        order.use_on(&Stream::legacy(ctx))?;
+        let _ticket = order.use_on(&Stream::legacy(ctx))?;
         ctx.bind()?;
         // SAFETY: `out` has capacity for `len` values; the range is inside the view's allocation;
         // any bytes are a valid `T` (AnyBitPattern); the copy is complete when the call returns.
