@@ -37,7 +37,9 @@ pub use buffer::device::{DeviceBuffer, MAX_ALIGNMENT};
 pub use buffer::mapped::MappedBuffer;
 pub use buffer::pinned::{PinnedBuffer, PinnedFlags};
 pub use buffer::registered::{HostRegistered, RegisterFlags};
-pub use buffer::view::{AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut};
+pub use buffer::view::{
+    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, resolve_range,
+};
 pub use capabilities::Capabilities;
 pub use context::{Context, MemInfo};
 pub use cumem_sys::{Error, ErrorContext, Feature, MemoryReport, Result};

@@ -128,11 +128,18 @@ fn pool_error(e: PoolError, bytes: usize) -> Error {
             };
             Error::OutOfMemory { ctx, report: Some(report) }
         }
-        PoolError::Upstream(_) | PoolError::Ordering(_) | PoolError::MisalignedSegment { .. } => {
-            tracing::warn!(error = %e, "caching pool upstream failure");
-            Error::InvalidValue { ctx }
+        PoolError::Upstream(_) | PoolError::Ordering(_) => {
+            // The driver's own error, as the upstream or the stream ordering met it.
+            crate::stream_ordering::take_last_error().unwrap_or(Error::InvalidValue { ctx })
         }
-        PoolError::TooManyStreams { .. } => Error::InvalidHandle { ctx },
+        PoolError::MisalignedSegment { addr } => Error::Misaligned {
+            what: "segment from the upstream",
+            value: addr,
+            align: crate::SEGMENT_ALIGN as u64,
+        },
+        PoolError::TooManyStreams { max } => {
+            Error::LimitExceeded { what: "streams per caching pool", limit: max }
+        }
     }
 }
 

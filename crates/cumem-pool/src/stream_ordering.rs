@@ -54,11 +54,24 @@ thread_local! {
     static LAST_REGISTERED: Cell<(usize, StreamKey)> = const { Cell::new((0, StreamKey(0))) };
 }
 
+thread_local! {
+    /// The full error behind the last `UpstreamError` made on this thread: the pool's error type
+    /// carries only a code, and the pool calls its upstream and ordering on the caller's thread, so
+    /// the resource can hand the caller the original error.
+    static LAST_ERROR: std::cell::RefCell<Option<Error>> = const { std::cell::RefCell::new(None) };
+}
+
 pub(crate) fn to_upstream_error(e: &Error) -> UpstreamError {
+    LAST_ERROR.with_borrow_mut(|last| *last = Some(e.clone()));
     match e {
         Error::OutOfMemory { .. } => UpstreamError::OutOfMemory,
         other => UpstreamError::Other(other.code().map_or(-1, |c| c as i32)),
     }
+}
+
+/// The error behind the last upstream or ordering failure on this thread, if any.
+pub(crate) fn take_last_error() -> Option<Error> {
+    LAST_ERROR.with_borrow_mut(Option::take)
 }
 
 impl StreamOrdering {

@@ -322,6 +322,14 @@ pub enum Error {
         /// The required alignment.
         align: u64,
     },
+    /// A fixed limit of cumem's (such as the number of streams a pool serves) was reached.
+    #[error("limit reached: at most {limit} {what}")]
+    LimitExceeded {
+        /// What is limited.
+        what: &'static str,
+        /// The limit.
+        limit: usize,
+    },
     /// Memory or a stream of one device used with another.
     #[error("wrong device: expected device {expected}, got device {actual}")]
     WrongDevice {

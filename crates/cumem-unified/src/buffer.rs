@@ -23,14 +23,14 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
 use std::ptr::NonNull;
 
 use bytemuck::Zeroable;
 use cumem_core::sys::{CUdeviceptr, CUmem_advise, CUmem_range_attribute, CUmemAttach_flags};
 use cumem_core::{
     AsDeviceSlice, AsDeviceSliceMut, Capabilities, Context, Device, DeviceSlice, DeviceSliceMut, Error,
-    Feature, HostAccess, Result, Stream,
+    Feature, HostAccess, Result, Stream, resolve_range,
 };
 use parking_lot::Mutex;
 
@@ -430,24 +430,6 @@ fn advise_span(span: Span<'_>, code: CUmem_advise, target: Option<Location>) -> 
     // Locations are ignored for the hints that take none; the host is a valid placeholder.
     let target = target.map_or(ffi::Target::Host, Location::target);
     ffi::mem_advise(span.ptr, span.bytes, code, target)
-}
-
-/// Resolves an element range against a length, as slice indexing does, but as a `Result`.
-fn resolve_range(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
-    let start = match range.start_bound() {
-        Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.checked_add(1).ok_or(Error::OutOfRange { start: s, end: s, len })?,
-        Bound::Unbounded => 0,
-    };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e.checked_add(1).ok_or(Error::OutOfRange { start, end: e, len })?,
-        Bound::Excluded(&e) => e,
-        Bound::Unbounded => len,
-    };
-    if start > end || end > len {
-        return Err(Error::OutOfRange { start, end, len });
-    }
-    Ok((start, end))
 }
 
 /// The migration hints in effect on a range of managed memory (`cuMemRangeGetAttribute`).

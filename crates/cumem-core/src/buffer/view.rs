@@ -50,8 +50,15 @@ impl<T> Clone for DeviceSlice<'_, T> {
 }
 impl<T> Copy for DeviceSlice<'_, T> {}
 
-/// Resolves a range against a length, as slice indexing does, but as a `Result`.
-pub(crate) fn resolve_range(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+/// Resolves a range against a length, as slice indexing does, but as a `Result`: the
+/// `(start, end)` it names, or [`Error::OutOfRange`].
+///
+/// ```
+/// assert_eq!(cumem_core::resolve_range(2..=4, 10)?, (2, 5));
+/// assert!(cumem_core::resolve_range(8..12, 10).is_err());
+/// # Ok::<(), cumem_core::Error>(())
+/// ```
+pub fn resolve_range(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
     let start = match range.start_bound() {
         Bound::Included(&s) => s,
         Bound::Excluded(&s) => s.checked_add(1).ok_or(Error::OutOfRange { start: s, end: s, len })?,
