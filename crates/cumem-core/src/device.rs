@@ -15,6 +15,8 @@
 
 use cumem_sys::sys::{CUdevice, CUdevice_attribute};
 
+use parking_lot::Mutex;
+
 use crate::{Capabilities, Context, Result, ffi};
 
 /// A CUDA device, by ordinal.
@@ -81,9 +83,24 @@ impl Device {
         Capabilities::query(*self)
     }
 
-    /// Retains this device's primary context.
+    /// This device's primary context.
+    ///
+    /// It is retained once per process and kept for its lifetime, as the CUDA runtime does:
+    /// releasing the last reference would tear the context down (destroying every allocation,
+    /// stream and pool in it), and the next call would pay for building it again.
     pub fn context(&self) -> Result<Context> {
-        Context::retain_primary(*self)
+        static CONTEXTS: Mutex<Vec<Option<Context>>> = Mutex::new(Vec::new());
+        let mut cache = CONTEXTS.lock();
+        let i = self.ordinal();
+        if let Some(Some(ctx)) = cache.get(i) {
+            return Ok(ctx.clone());
+        }
+        let ctx = Context::retain_primary(*self)?;
+        if cache.len() <= i {
+            cache.resize(i + 1, None);
+        }
+        cache[i] = Some(ctx.clone());
+        Ok(ctx)
     }
 }
 

@@ -3,6 +3,7 @@
 //! It contains panics (returning `CUDA_ERROR_UNKNOWN`), refuses calls from inside host
 //! functions, applies injected faults, enforces `cuInit`, and records misuse in the violation log.
 
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::sys::CUresult;
@@ -38,6 +39,19 @@ pub(crate) fn os_tid() -> u64 {
     (unsafe { libc::gettid() }) as u64
 }
 
+thread_local! {
+    /// The exported function this thread is executing and its OS thread id (empty name outside
+    /// calls): stream operations remember who enqueued them, to name it in violations detected
+    /// when they run.
+    static CALLER: Cell<(&'static str, u64)> = const { Cell::new(("", 0)) };
+}
+
+/// The exported function the calling thread is inside (`""` outside any) and the thread's OS id.
+pub(crate) fn caller() -> (&'static str, u64) {
+    let (name, tid) = CALLER.with(Cell::get);
+    if tid == 0 { (name, os_tid()) } else { (name, tid) }
+}
+
 /// Whether a call may proceed before `cuInit`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Init {
@@ -50,6 +64,7 @@ pub(crate) enum Init {
 /// Runs `body` as the exported function `name`.
 pub(crate) fn call(name: &'static str, init: Init, body: impl FnOnce() -> ApiResult) -> CUresult {
     let tid = os_tid();
+    let outer = CALLER.with(|c| c.replace((name, tid)));
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         if crate::context::IN_HOST_FN.with(|f| f.get()) {
             return Err(Fail::misuse(
@@ -65,6 +80,7 @@ pub(crate) fn call(name: &'static str, init: Init, body: impl FnOnce() -> ApiRes
         }
         body()
     }));
+    CALLER.with(|c| c.set(outer));
     let fail = match outcome {
         Ok(Ok(())) => return CUresult::CUDA_SUCCESS,
         Ok(Err(fail)) => fail,

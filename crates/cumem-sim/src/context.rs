@@ -79,6 +79,12 @@ pub(crate) fn require(st: &State) -> Result<usize, Fail> {
 /// events. The device's memory pools survive, emptied of the context's allocations and trimmed.
 pub(crate) fn reset(g: &mut parking_lot::MutexGuard<'_, State>, device: usize) {
     crate::copy::sync_device(g, device);
+    destroy_resources(g, device);
+}
+
+/// The destroying half of [`reset`], for a caller that has drained the context's work itself and
+/// must not let go of the lock in between.
+pub(crate) fn destroy_resources(g: &mut parking_lot::MutexGuard<'_, State>, device: usize) {
     let ctx = crate::state::ctx_handle(device);
     let doomed: Vec<u64> = g.allocs.iter().filter(|(_, a)| a.ctx == ctx).map(|(&b, _)| b).collect();
     for base in doomed {

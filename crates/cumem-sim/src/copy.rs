@@ -72,8 +72,10 @@ pub(crate) enum Work {
     FillRows { rows: Vec<Endpoint>, value: u32, width: usize, count: usize },
     /// Completes an event recording.
     Marker { event: u64 },
-    /// Only orders (stream waits, stream-ordered frees, attachments).
+    /// Only orders (stream waits, allocator waits, attachments).
     Nop,
+    /// `cuMemFreeAsync`: when reached in stream order, the allocation's free takes effect.
+    Free { alloc: Arc<Allocation> },
     /// Records the last prefetch location of pages `first..=last` of a managed allocation.
     Prefetch { base: u64, buffer_id: u64, first: u64, last: u64, loc: crate::managed::Loc },
     /// `cuLaunchHostFunc`.
@@ -237,55 +239,102 @@ pub(crate) fn memset(
     Ok(())
 }
 
+impl Work {
+    /// The distinct allocations whose bytes the operation reads or writes.
+    pub(crate) fn touched(&self) -> Vec<&Arc<Allocation>> {
+        fn add<'a>(out: &mut Vec<&'a Arc<Allocation>>, e: &'a Endpoint) {
+            if let Endpoint::Mem(a, _) = e
+                && !out.iter().any(|b| Arc::ptr_eq(a, b))
+            {
+                out.push(a);
+            }
+        }
+        let mut out: Vec<&Arc<Allocation>> = Vec::new();
+        match self {
+            Work::Copy { dst, src, .. } => {
+                add(&mut out, dst);
+                if let Source::At(e) = src {
+                    add(&mut out, e);
+                }
+            }
+            Work::Fill { dst, .. } => add(&mut out, dst),
+            Work::Rows { rows, .. } => {
+                for (d, s) in rows {
+                    add(&mut out, d);
+                    if let RowSource::At(e) = s {
+                        add(&mut out, e);
+                    }
+                }
+            }
+            Work::FillRows { rows, .. } => {
+                for d in rows {
+                    add(&mut out, d);
+                }
+            }
+            Work::Marker { .. }
+            | Work::Nop
+            | Work::Free { .. }
+            | Work::Prefetch { .. }
+            | Work::HostFn { .. } => {}
+        }
+        out
+    }
+}
+
+/// Stores `count` elements of `width` bytes holding `value` at `dst`.
+fn fill(dst: &Endpoint, value: u32, width: usize, count: usize) {
+    let d = dst.ptr();
+    let total = count * width;
+    let pattern = value.to_le_bytes();
+    // SAFETY: `[d, d + total)` was bounds-checked when the memset was queued (and is kept
+    // mapped by the `Arc`); the first element is written bytewise, then the filled prefix
+    // is doubled with non-overlapping copies inside that range.
+    unsafe {
+        for (i, b) in pattern.iter().take(width).enumerate() {
+            d.add(i).write(*b);
+        }
+        let mut filled = width;
+        while filled < total {
+            let n = filled.min(total - filled);
+            std::ptr::copy_nonoverlapping(d, d.add(filled), n);
+            filled += n;
+        }
+    }
+}
+
 /// Moves the bytes of one copy or memset (engine thread, state lock released).
-pub(crate) fn execute(work: Work) {
+pub(crate) fn execute(work: &Work) {
     match work {
         Work::Copy { dst, src, len } => {
             let d = dst.ptr();
-            let s: *const u8 = match &src {
+            let s: *const u8 = match src {
                 Source::At(e) => e.ptr(),
                 Source::Staged(v) => v.as_ptr(),
             };
             // SAFETY: both ranges were bounds-checked against live allocations (whose backing the
             // `Arc`s keep mapped) or are pageable host ranges the caller vouched for and is still
-            // blocked on; `copy` tolerates overlap (device-to-device within one allocation).
-            unsafe { std::ptr::copy(s, d, len) };
+            // blocked on; `copy` tolerates overlap (device-to-device within one allocation, or
+            // between pool allocations that share their chunk's mapping).
+            unsafe { std::ptr::copy(s, d, *len) };
         }
-        Work::Fill { dst, value, width, count } => {
-            let d = dst.ptr();
-            let total = count * width;
-            let pattern = value.to_le_bytes();
-            // SAFETY: `[d, d + total)` was bounds-checked when the memset was queued (and is kept
-            // mapped by the `Arc`); the first element is written bytewise, then the filled prefix
-            // is doubled with non-overlapping copies inside that range.
-            unsafe {
-                for (i, b) in pattern.iter().take(width).enumerate() {
-                    d.add(i).write(*b);
-                }
-                let mut filled = width;
-                while filled < total {
-                    let n = filled.min(total - filled);
-                    std::ptr::copy_nonoverlapping(d, d.add(filled), n);
-                    filled += n;
-                }
-            }
-        }
+        Work::Fill { dst, value, width, count } => fill(dst, *value, *width, *count),
         Work::Rows { rows, staged, len } => {
             for (d, s) in rows {
                 let sp: *const u8 = match s {
                     RowSource::At(e) => e.ptr(),
-                    RowSource::Staged(off) => staged[off..].as_ptr(),
+                    RowSource::Staged(off) => staged[*off..].as_ptr(),
                 };
                 // SAFETY: every row was bounds-checked as for a 1-D copy when the copy was queued.
-                unsafe { std::ptr::copy(sp, d.ptr(), len) };
+                unsafe { std::ptr::copy(sp, d.ptr(), *len) };
             }
         }
         Work::FillRows { rows, value, width, count } => {
             for dst in rows {
-                execute(Work::Fill { dst, value, width, count });
+                fill(dst, *value, *width, *count);
             }
         }
-        Work::Marker { .. } | Work::Nop | Work::HostFn { .. } | Work::Prefetch { .. } => {}
+        Work::Marker { .. } | Work::Nop | Work::Free { .. } | Work::HostFn { .. } | Work::Prefetch { .. } => {
+        }
     }
 }
 

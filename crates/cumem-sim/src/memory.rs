@@ -2,10 +2,15 @@
 //!
 //! Device memory is backed by a separate anonymous mapping (never at the device address itself);
 //! pinned host memory is a real host mapping whose address doubles as its device address (UVA).
+//! A pool allocation is a *view* of its pool chunk's mapping (one mapping per reserved chunk), so
+//! two allocations that reuse the same address share the same bytes, as on a GPU.
 //! Each allocation is shared through an `Arc`, so an operation still queued on a stream keeps its
-//! backing alive even if the program frees the allocation early.
+//! backing (for a view: the whole chunk mapping) alive even if the program frees the allocation
+//! early; the allocation records when its free took effect, so the engine can report such an
+//! operation as a use after free.
 
 use std::ptr::NonNull;
+use std::sync::{Arc, OnceLock};
 
 /// The kind of memory an allocation is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,12 +53,25 @@ impl AllocKind {
     }
 }
 
-/// An anonymous read-write mapping that backs an allocation.
+/// An anonymous read-write mapping that backs an allocation, or a view of part of one.
 pub(crate) struct Backing {
     ptr: NonNull<u8>,
     len: usize,
-    /// `false` for the program's own memory (registrations): never unmapped here.
+    /// `false` for the program's own memory (registrations) and for views: never unmapped here.
     owned: bool,
+    /// For a view (a pool allocation inside its chunk): the mapping it lies in, kept alive by it.
+    parent: Option<Arc<Backing>>,
+}
+
+impl std::fmt::Debug for Backing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backing")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("owned", &self.owned)
+            .field("view", &self.parent.is_some())
+            .finish()
+    }
 }
 
 // SAFETY: the mapping is plain memory owned by this value; every access goes through raw pointers
@@ -81,13 +99,24 @@ impl Backing {
         if p == libc::MAP_FAILED {
             return None;
         }
-        Some(Self { ptr: NonNull::new(p.cast::<u8>())?, len: map_len, owned: true })
+        Some(Self { ptr: NonNull::new(p.cast::<u8>())?, len: map_len, owned: true, parent: None })
     }
 
     /// Stands for `len` bytes of the program's memory at `ptr` (a host registration); dropping it
     /// does not unmap anything. `None` for a NULL `ptr`.
     pub(crate) fn borrowed(ptr: *mut u8, len: usize) -> Option<Self> {
-        Some(Self { ptr: NonNull::new(ptr)?, len, owned: false })
+        Some(Self { ptr: NonNull::new(ptr)?, len, owned: false, parent: None })
+    }
+
+    /// The `len` bytes at `offset` of `parent` (a pool chunk's mapping), sharing its memory: every
+    /// view of the same range reads and writes the same bytes. The view keeps `parent` mapped.
+    /// `None` if the range does not lie inside `parent`.
+    pub(crate) fn view(parent: &Arc<Backing>, offset: usize, len: usize) -> Option<Self> {
+        if offset.checked_add(len)? > parent.len {
+            return None;
+        }
+        let ptr = NonNull::new(parent.as_ptr().wrapping_add(offset))?;
+        Some(Self { ptr, len, owned: false, parent: Some(Arc::clone(parent)) })
     }
 
     /// The first byte of the mapping.
@@ -127,6 +156,19 @@ pub(crate) struct Allocation {
     /// The pool of a pool allocation (0 otherwise).
     pub(crate) pool: u64,
     pub(crate) backing: Backing,
+    /// Set when the free took effect (`cuMemFree*` / context reset at the call; `cuMemFreeAsync`
+    /// when the engine reaches the free in stream order): how it was freed. Queued work that
+    /// completes after this is set used the memory after its free.
+    pub(crate) freed: OnceLock<Freed>,
+}
+
+/// How and where an allocation's free took effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Freed {
+    /// `cuMemFreeAsync`, executed in the order of this stream (internal stream id).
+    StreamOrdered { stream: u64 },
+    /// Freed at the call of this API (`cuMemFree_v2`, `cuMemFreeHost`, a context reset…).
+    AtCall { api: &'static str },
 }
 
 impl Allocation {
@@ -138,6 +180,11 @@ impl Allocation {
     /// Whether `[addr, addr + len)` lies entirely inside the allocation.
     pub(crate) fn contains_range(&self, addr: u64, len: u64) -> bool {
         addr >= self.base && addr.checked_add(len).is_some_and(|end| end <= self.base + self.bytes)
+    }
+
+    /// Records that the free took effect (the first record wins).
+    pub(crate) fn mark_freed(&self, how: Freed) {
+        let _ = self.freed.set(how);
     }
 
     /// Host pointer to the byte at `offset` of the backing.

@@ -3,9 +3,15 @@
 //! A pool reserves *chunks* of device address space, charged against the device's capacity (so
 //! `cuMemGetInfo` sees reservations as used): 32 MiB, or the request rounded up to 2 MiB if that is
 //! larger (or if 32 MiB would exceed the pool's `maxSize` or the device's free capacity). A chunk
-//! is partitioned into blocks; allocations are rounded up to 512 bytes and placed first-fit. Each
-//! pool allocation is an ordinary [`Allocation`] of kind `Pool` (its own backing, its own bounds),
-//! so copies and memsets are checked per allocation, not per chunk.
+//! is partitioned into blocks; allocations are rounded up to 512 bytes and placed first-fit.
+//!
+//! Each chunk has one host mapping (its [`Backing`], lazily committed). A pool allocation is an
+//! ordinary [`Allocation`] of kind `Pool` whose backing is a *view* of its range of that mapping:
+//! copies and memsets are bounds-checked per allocation, not per chunk, but two allocations that
+//! occupy the same addresses (one after the other) share the same bytes, exactly as on a GPU. So
+//! work still pending on the freeing stream, or on any stream the program forgot to order before
+//! the free, reads and writes the block's *current* contents — which a new owner may be using.
+//! Such work is also reported when it runs (see `Freed` and the engine).
 //!
 //! A block freed by `cuMemFreeAsync(p, S)` is tagged with the free's position in S's FIFO
 //! (`(S, seq)`); it becomes free *in stream order*. An allocation on stream T may take a tagged
@@ -23,7 +29,7 @@
 //! at or above its RELEASE_THRESHOLD; `cuMemPoolTrimTo` does the same with `minBytesToKeep`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::CUresult;
 
@@ -57,6 +63,9 @@ pub(crate) enum Block {
 #[derive(Debug)]
 pub(crate) struct Chunk {
     pub(crate) size: u64,
+    /// The chunk's memory; every allocation in the chunk is a view of it (queued work that holds
+    /// such a view keeps it mapped after the chunk is released).
+    pub(crate) backing: Arc<Backing>,
     /// Block start address -> (size, state); the blocks tile the chunk.
     pub(crate) blocks: BTreeMap<u64, (u64, Block)>,
 }
@@ -311,10 +320,10 @@ fn allocate_in(
     sid: u64,
 ) -> Result<u64, Fail> {
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-    let backing = Backing::new(bytes as usize).ok_or_else(oom)?;
     let (chunk_base, addr, wait) = match place(st, pool, need, sid)? {
         Placement::Block { chunk, addr, wait } => (chunk, addr, wait),
         Placement::Grow(size) => {
+            let backing = Arc::new(usize::try_from(size).ok().and_then(Backing::new).ok_or_else(oom)?);
             let dev = &mut st.devices[pool.device];
             let base = dev.va.allocate(size, CHUNK_ALIGN).ok_or_else(oom)?;
             dev.used += size;
@@ -322,11 +331,14 @@ fn allocate_in(
             pool.reserved_high = pool.reserved_high.max(pool.reserved);
             let mut blocks = BTreeMap::new();
             blocks.insert(base, (size, Block::Free(None)));
-            pool.chunks.insert(base, Chunk { size, blocks });
+            pool.chunks.insert(base, Chunk { size, backing, blocks });
             (base, base, None)
         }
     };
     let chunk = pool.chunks.get_mut(&chunk_base).expect("placement names a chunk");
+    // The allocation's bytes are the chunk's bytes at its address: no fresh memory, no zeroing.
+    let backing = Backing::view(&chunk.backing, (addr - chunk_base) as usize, bytes as usize)
+        .expect("a block lies inside its chunk");
     let (size, state) = chunk.blocks.remove(&addr).expect("placement names a block");
     chunk.blocks.insert(addr, (need, Block::Used));
     if size > need {
@@ -354,6 +366,7 @@ fn allocate_in(
             host_flags: 0,
             pool: handle,
             backing,
+            freed: OnceLock::new(),
         }),
     );
     Ok(addr)

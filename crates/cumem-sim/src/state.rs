@@ -14,7 +14,7 @@ use crate::address_space::AddressSpace;
 use crate::config::{Config, DeviceSpec};
 use crate::event::Event;
 use crate::managed::Managed;
-use crate::memory::{AllocKind, Allocation};
+use crate::memory::{AllocKind, Allocation, Freed};
 use crate::pool::Pool;
 use crate::report::{
     LiveAllocation, LiveContext, LiveEvent, LivePool, LiveRegistration, LiveReport, LiveStream,
@@ -169,8 +169,13 @@ impl State {
     }
 
     /// Undoes the bookkeeping of an allocation just removed from `allocs`: device capacity and
-    /// address space, or the pool block (`tag`: the stream-ordered free releasing it).
+    /// address space, or the pool block (`tag`: the stream-ordered free releasing it). Without a
+    /// tag the free takes effect now (marked on the allocation, for queued work still naming it);
+    /// with one it takes effect when the engine reaches the free (`Work::Free`).
     pub(crate) fn forget(&mut self, a: &Allocation, tag: Option<(u64, u64)>) {
+        if tag.is_none() {
+            a.mark_freed(Freed::AtCall { api: crate::api::caller().0 });
+        }
         match a.kind {
             AllocKind::Device | AllocKind::Pitched => {
                 let dev = &mut self.devices[a.device as usize];

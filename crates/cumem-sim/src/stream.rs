@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use parking_lot::MutexGuard;
 
 use crate::copy::{self, Work};
+use crate::memory::{AllocKind, Allocation, Freed};
 use crate::state::{SIM, State, latency_us, legacy_id};
+use crate::violation::{self, Violation};
 
 /// `CU_STREAM_NON_BLOCKING`.
 pub(crate) const NON_BLOCKING: u32 = 1;
@@ -39,6 +41,10 @@ pub(crate) enum StreamKind {
 /// One queued operation.
 pub(crate) struct Op {
     pub(crate) seq: u64,
+    /// The exported function that enqueued it and the OS thread that called it (named in
+    /// violations detected when the operation runs).
+    pub(crate) api: &'static str,
+    pub(crate) tid: u64,
     pub(crate) ready_at: Instant,
     /// `(stream, seq)`: that stream must have completed everything up to `seq`.
     pub(crate) deps: Vec<(u64, u64)>,
@@ -139,7 +145,8 @@ pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, 
         let w = s.waits.entry(d).or_insert(0);
         *w = (*w).max(q);
     }
-    s.queue.push_back(Op { seq, ready_at, deps, work });
+    let (api, tid) = crate::api::caller();
+    s.queue.push_back(Op { seq, ready_at, api, tid, deps, work });
     s.last_seq = seq;
     SIM.changed.notify_all();
     seq
@@ -232,6 +239,38 @@ fn finish(st: &mut State, sid: u64) {
     SIM.changed.notify_all();
 }
 
+/// The violation for an operation enqueued by `api` on thread `tid` that touched `a` after its free
+/// (`how`) had taken effect. The enqueueing call itself returned `CUDA_SUCCESS`, which is the code
+/// recorded: the misuse is detected only when the operation runs.
+fn use_after_free(api: &'static str, tid: u64, a: &Allocation, how: &Freed) -> Violation {
+    let what = match a.kind {
+        AllocKind::Pool => "device memory (pool allocation)",
+        AllocKind::Device | AllocKind::Pitched => "device memory",
+        AllocKind::Managed => "managed memory",
+        AllocKind::PinnedHost | AllocKind::Registered => "pinned host memory",
+    };
+    let (base, bytes) = (a.base, a.bytes);
+    let message = match how {
+        Freed::StreamOrdered { stream } => format!(
+            "{what} [{base:#x}, +{bytes}) used after its stream-ordered free: cuMemFreeAsync on stream \
+             {stream:#x} ran before this operation (queued earlier on another stream, with no \
+             dependency making the free wait for it) completed; the bytes may already belong to a \
+             new allocation"
+        ),
+        Freed::AtCall { api: by } => format!(
+            "{what} [{base:#x}, +{bytes}) used after its free: {by} released it while this operation \
+             was still queued; the bytes may already belong to a new allocation"
+        ),
+    };
+    Violation {
+        function: api.to_string(),
+        code: cudarc::driver::sys::CUresult::CUDA_SUCCESS as u32,
+        code_name: crate::errors::name_str(cudarc::driver::sys::CUresult::CUDA_SUCCESS).to_string(),
+        message,
+        os_tid: tid,
+    }
+}
+
 fn engine_loop() {
     let mut g = SIM.st.lock();
     loop {
@@ -285,6 +324,12 @@ fn engine_loop() {
                 finish(&mut g, sid);
             }
             Work::Nop => finish(&mut g, sid),
+            Work::Free { alloc } => {
+                // The stream-ordered free takes effect now; anything still queued elsewhere that
+                // touches this memory runs after its free.
+                alloc.mark_freed(Freed::StreamOrdered { stream: sid });
+                finish(&mut g, sid);
+            }
             Work::Prefetch { base, buffer_id, first, last, loc } => {
                 if g.allocs.get(&base).is_some_and(|a| a.buffer_id == buffer_id)
                     && let Some(m) = g.managed.get_mut(&base)
@@ -294,9 +339,18 @@ fn engine_loop() {
                 finish(&mut g, sid);
             }
             work => {
+                let (api, tid) = (op.api, op.tid);
                 MutexGuard::unlocked(&mut g, || {
                     // A panic here would kill the engine and hang every waiter; contain it.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(work)));
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(&work)));
+                    // The bytes have moved. A free that took effect before this point was not
+                    // ordered after the operation: report the use after free.
+                    for a in work.touched() {
+                        if let Some(how) = a.freed.get() {
+                            violation::record(use_after_free(api, tid, a, how));
+                        }
+                    }
+                    drop(work);
                 });
                 finish(&mut g, sid);
             }

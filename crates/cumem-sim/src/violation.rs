@@ -3,6 +3,10 @@
 //!
 //! Tests read it through [`crate::control::Control::violations`]; because test binaries run tests
 //! on parallel threads, each entry carries the OS thread id of the offending call.
+//!
+//! Most entries are recorded when a call fails. A use after free is detected only when the queued
+//! operation runs: its entry names the call that enqueued the operation and that call's thread,
+//! with code `CUDA_SUCCESS` (what the call returned).
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -10,9 +14,10 @@ use serde::{Deserialize, Serialize};
 /// One detected misuse of the driver API.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Violation {
-    /// The exported function that was called (e.g. `cuMemcpyHtoD_v2`).
+    /// The exported function that was called (e.g. `cuMemcpyHtoD_v2`); for a use after free, the
+    /// one that enqueued the offending operation.
     pub function: String,
-    /// The `CUresult` the call returned, as an integer.
+    /// The `CUresult` the call returned, as an integer (0 for a use after free detected later).
     pub code: u32,
     /// The `CUresult` enumerator name (e.g. `CUDA_ERROR_INVALID_VALUE`).
     pub code_name: String,

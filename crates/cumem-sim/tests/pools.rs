@@ -747,3 +747,166 @@ fn pool_access_descriptors() {
     destroy_pool(pool);
     assert!(ctl.violations_on_this_thread().iter().any(|v| v.message.contains("read-write access")));
 }
+
+fn memset32_async(p: CUdeviceptr, v: u32, n: usize, s: CUstream) {
+    // SAFETY: plain FFI call; `p` is a live allocation of at least `4 n` bytes.
+    ok(unsafe { cu::cuMemsetD32Async(p, v, n, s) });
+}
+
+/// Violations on this thread that report a use after free (in the order they were recorded).
+fn uses_after_free(ctl: &cumem_sim::Control) -> Vec<cumem_sim::Violation> {
+    ctl.violations_on_this_thread().into_iter().filter(|v| v.message.contains(" used after its ")).collect()
+}
+
+/// Pool allocations are views of their chunk's memory: an allocation that reuses addresses sees
+/// the bytes its predecessors left there (nothing is zeroed, nothing is fresh), as on a GPU.
+#[test]
+fn allocations_that_reuse_an_address_share_its_bytes() {
+    let ctl = bind(0);
+    let pool = keeping_pool(0, 0);
+    let (s, t) = (stream(1), stream(1));
+    let a = alloc_from(pool, 4096, s);
+    let b = alloc_from(pool, 4096, s);
+    assert_eq!(b, a + 4096, "first fit: adjacent blocks of one chunk");
+    memset32_async(a, 0x1111_1111, 1024, s);
+    memset32_async(b, 0x2222_2222, 1024, s);
+    free_async(a, s);
+    free_async(b, s);
+    // Same-stream reuse of the two (coalesced) blocks: one allocation spanning both.
+    let c = alloc_from(pool, 8192, s);
+    assert_eq!(c, a);
+    sync(s);
+    let seen = read_back(c, 8192);
+    assert!(seen[..4096].iter().all(|&x| x == 0x11), "c does not see a's bytes: {:#x}", seen[0]);
+    assert!(seen[4096..].iter().all(|&x| x == 0x22), "c does not see b's bytes: {:#x}", seen[4096]);
+    // Writes through the new owner land in the same bytes the next owner (on another stream,
+    // after the free completed: opportunistic reuse) sees, at an interior address.
+    memset32_async(c + 4096, 0x3333_3333, 1024, s);
+    free_async(c, s);
+    sync(s);
+    let d = alloc_from(pool, 8192, t);
+    assert_eq!(d, c, "a completed free is reusable by any stream");
+    sync(t);
+    let seen = read_back(d, 8192);
+    assert!(seen[..4096].iter().all(|&x| x == 0x11) && seen[4096..].iter().all(|&x| x == 0x33));
+    free_async(d, t);
+    sync(t);
+    destroy(s);
+    destroy(t);
+    destroy_pool(pool);
+    // All of this was legal: work before a free on its own stream runs before the free.
+    assert!(uses_after_free(ctl).is_empty(), "{:#?}", uses_after_free(ctl));
+}
+
+/// How the block freed while stream A's read of it is pending reaches its next owner.
+#[derive(Clone, Copy, Debug)]
+enum HandOff {
+    /// `cuMemFreeAsync(p, B)` then an allocation on B: same-stream reuse, immediate.
+    FreeOnBReuseOnB,
+    /// `cuMemFreeAsync(p, B)`, B synchronised (the free has run), then an allocation on C:
+    /// REUSE_ALLOW_OPPORTUNISTIC.
+    FreeOnBReuseOnC,
+    /// `cuMemFree_v2(p)` (legal for pool memory, no synchronisation), then an allocation on B.
+    MemFreeReuseOnB,
+}
+
+/// Runs one hand-off: A fills the block with 0xAA, then (held back by a gate) copies it to pinned
+/// memory; meanwhile the block is freed and reused by the next owner, which fills it with 0xBB.
+/// `ordered`: B waits for an event recorded on A after the copy before freeing (only with
+/// `FreeOnBReuseOnB`). Returns what A's copy read and the block's address.
+fn hand_off_while_a_reads(how: HandOff, ordered: bool) -> (Vec<u8>, CUdeviceptr) {
+    const N: usize = 64 << 10;
+    let pool = keeping_pool(0, 0);
+    let (a_s, b_s, c_s) = (stream(1), stream(1), stream(1));
+    let p = alloc_from(pool, N, a_s);
+    memset32_async(p, 0xAAAA_AAAA, N / 4, a_s);
+    sync(a_s); // A's write is done: only its read (below) is pending when the block moves on
+    let host = pinned(N);
+    let gate = Gate::block(a_s);
+    // SAFETY: `host` is pinned memory of N bytes and `p` a live pool allocation of N bytes.
+    ok(unsafe { cu::cuMemcpyDtoHAsync_v2(host.cast(), p, N, a_s) }); // pending behind the gate
+    let e = event();
+    if ordered {
+        // SAFETY: plain FFI calls on live handles.
+        unsafe {
+            ok(cu::cuEventRecord(e, a_s));
+            ok(cu::cuStreamWaitEvent(b_s, e, 0));
+        }
+    }
+    let next = match how {
+        HandOff::FreeOnBReuseOnB => {
+            free_async(p, b_s);
+            b_s
+        }
+        HandOff::FreeOnBReuseOnC => {
+            free_async(p, b_s);
+            sync(b_s);
+            c_s
+        }
+        HandOff::MemFreeReuseOnB => {
+            dfree(p);
+            b_s
+        }
+    };
+    let q = alloc_from(pool, N, next);
+    assert_eq!(q, p, "{how:?}: the next owner did not get A's block, the test would prove nothing");
+    memset32_async(q, 0xBBBB_BBBB, N / 4, next);
+    if ordered {
+        settle();
+        // SAFETY: plain FFI call.
+        assert_eq!(unsafe { cu::cuStreamQuery(next) }, CUresult::CUDA_ERROR_NOT_READY, "B waits for A");
+    } else {
+        sync(next); // nothing holds the next owner back: its write lands before A's read
+    }
+    gate.open();
+    sync(a_s);
+    sync(next);
+    let seen = peek(host, N);
+    free_async(q, next);
+    sync(next);
+    pfree(host);
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuEventDestroy_v2(e) });
+    for s in [a_s, b_s, c_s] {
+        destroy(s);
+    }
+    destroy_pool(pool);
+    (seen, p)
+}
+
+/// A block handed to another user while stream A's earlier work on it is still pending — with no
+/// dependency between them — really is shared: A reads the new owner's data (corruption a GPU
+/// would show), and the simulator reports A's operation as a use after free.
+#[test]
+fn a_block_reused_before_pending_work_on_it_ran_is_corrupted_and_reported() {
+    let ctl = bind(0);
+    for how in [HandOff::FreeOnBReuseOnB, HandOff::FreeOnBReuseOnC, HandOff::MemFreeReuseOnB] {
+        let before = uses_after_free(ctl).len();
+        let (seen, p) = hand_off_while_a_reads(how, false);
+        assert!(
+            seen.iter().all(|&x| x == 0xBB),
+            "{how:?}: A should have read the new owner's bytes, read {:#x}",
+            seen[0]
+        );
+        let v = uses_after_free(ctl).split_off(before);
+        assert_eq!(v.len(), 1, "{how:?}: exactly A's copy is reported: {v:#?}");
+        assert!(v[0].message.contains(&format!("[{p:#x}, +{}", 64 << 10)), "{}", v[0].message);
+        assert_eq!(v[0].function, "cuMemcpyDtoHAsync_v2", "the operation's API is named");
+        assert_eq!(v[0].code_name, "CUDA_SUCCESS", "the enqueueing call itself succeeded");
+        let expected = match how {
+            HandOff::MemFreeReuseOnB => "used after its free: cuMemFree_v2",
+            _ => "used after its stream-ordered free: cuMemFreeAsync",
+        };
+        assert!(v[0].message.contains(expected), "{how:?}: {}", v[0].message);
+    }
+}
+
+/// The same hand-off with an event dependency (B waits for A's copy before freeing): A reads its
+/// own data and nothing is reported.
+#[test]
+fn a_block_handed_on_through_an_event_dependency_is_intact() {
+    let ctl = bind(0);
+    let (seen, _) = hand_off_while_a_reads(HandOff::FreeOnBReuseOnB, true);
+    assert!(seen.iter().all(|&x| x == 0xAA), "A read {:#x} instead of its own data", seen[0]);
+    assert!(uses_after_free(ctl).is_empty(), "{:#?}", uses_after_free(ctl));
+}

@@ -46,11 +46,28 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
                 format!("primary context of device {d} released more often than retained"),
             ));
         }
-        st.devices[d].ctx.retain -= 1;
-        if st.devices[d].ctx.retain == 0 {
-            context::reset(&mut st, d);
-            st.devices[d].ctx.active = false;
+        // Releasing the last reference destroys the context. Its queued work drains first, which
+        // lets go of the lock; another thread may retain the context meanwhile, and the context
+        // it gets (with the streams and allocations it creates) must not be destroyed by this
+        // release. So drain while still retained, and decide only once the count is settled.
+        loop {
+            match st.devices[d].ctx.retain {
+                0 => return Ok(()), // released by another thread while we drained
+                1 => {}
+                _ => {
+                    st.devices[d].ctx.retain -= 1;
+                    return Ok(());
+                }
+            }
+            let before = st.devices[d].ctx.retain;
+            crate::copy::sync_device(&mut st, d);
+            if st.devices[d].ctx.retain == before {
+                break;
+            }
         }
+        st.devices[d].ctx.retain = 0;
+        context::destroy_resources(&mut st, d);
+        st.devices[d].ctx.active = false;
         Ok(())
     })
 }

@@ -1,7 +1,7 @@
 //! Allocation, free, memory info, pinned host memory and pointer queries.
 
 use std::ffi::{c_uint, c_void};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{CUdeviceptr, CUresult};
 
@@ -84,6 +84,7 @@ fn device_alloc(st: &mut State, d: usize, bytes: u64, kind: AllocKind) -> Result
         host_flags: 0,
         pool: 0,
         backing,
+        freed: OnceLock::new(),
     };
     st.allocs.insert(base, Arc::new(alloc));
     Ok(base)
@@ -211,6 +212,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
             host_flags: flags,
             pool: 0,
             backing,
+            freed: OnceLock::new(),
         };
         st.allocs.insert(base, Arc::new(alloc));
         st.managed.insert(base, crate::managed::Managed::new(flags, bytesize as u64));
@@ -341,6 +343,7 @@ unsafe fn host_alloc(pp: *mut *mut c_void, bytesize: usize, reported_flags: u32)
         host_flags: reported_flags,
         pool: 0,
         backing,
+        freed: OnceLock::new(),
     };
     st.allocs.insert(base, Arc::new(alloc));
     // SAFETY: forwarded caller contract.
@@ -534,6 +537,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, f
             host_flags: flags,
             pool: 0,
             backing,
+            freed: OnceLock::new(),
         };
         st.allocs.insert(start, Arc::new(alloc));
         Ok(())

@@ -113,6 +113,8 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 /// `CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)`: frees pool memory in stream
 /// order. The pointer is dead for the program at once (later copies on it are refused); the block
 /// becomes reusable when the free is reached in the stream (or earlier, for the same stream).
+/// Work queued earlier on *other* streams that has not completed when the free is reached uses
+/// freed memory (shared with whoever reuses the block): recorded as a violation when it runs.
 /// 0 is a no-op; anything but the base of a live pool allocation gives `INVALID_VALUE`
 /// (including `cuMemAlloc` memory: use `cuMemFree`).
 #[unsafe(no_mangle)]
@@ -147,7 +149,7 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, h_stream: CUstream) -> CUres
                 ));
             }
         };
-        let seq = enqueue(&mut st, sid, Work::Nop, Vec::new());
+        let seq = enqueue(&mut st, sid, Work::Free { alloc: a.clone() }, Vec::new());
         st.allocs.remove(&dptr);
         st.forget(&a, Some((sid, seq)));
         Ok(())
