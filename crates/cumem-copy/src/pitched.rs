@@ -5,7 +5,8 @@
 //! height and depth in elements and its pitch; it hands out rows as device views, and itself as a
 //! [`Pitched`] side of 2D/3D copies and memsets. Needs a pitch that is a multiple of `T`'s size
 //! (true for every power-of-two size up to the pitch alignment); otherwise `Misaligned { what:
-//! "pitch" }`. Empty arrays allocate nothing.
+//! "pitch" }`. Zero-sized element types are refused (`ZeroSize { what: "element size" }`), and
+//! extents whose element count overflows are `SizeOverflow`. Empty arrays allocate nothing.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -40,6 +41,8 @@ pub struct PitchedBuffer<T> {
     width: usize,
     height: usize,
     depth: usize,
+    /// `pitch × height × depth`, checked when the array is made.
+    len: usize,
     ctx: Context,
     order: StreamOrder,
     _marker: PhantomData<T>,
@@ -89,6 +92,10 @@ impl<T> PitchedBuffer<T> {
 
     fn alloc(stream: &Stream, width: usize, height: usize, depth: usize) -> Result<Self> {
         let size = size_of::<T>();
+        if size == 0 {
+            // A pitch of zero-sized elements means nothing, and element counts would be unbounded.
+            return Err(Error::ZeroSize { what: "element size" });
+        }
         let rows =
             height.checked_mul(depth).ok_or(Error::SizeOverflow { count: height, elem_size: depth })?;
         let width_bytes = bytes(width, size)?;
@@ -118,12 +125,23 @@ impl<T> PitchedBuffer<T> {
             }
             (ptr, pitch_bytes / size)
         };
+        let len = match pitch.checked_mul(rows) {
+            Some(len) => len,
+            None => {
+                if ptr != 0 {
+                    // SAFETY: `ptr` came from cuMemAllocPitch just now and nothing uses it.
+                    let _ = unsafe { ffi::mem_free(ptr) };
+                }
+                return Err(Error::SizeOverflow { count: rows, elem_size: pitch });
+            }
+        };
         Ok(PitchedBuffer {
             ptr,
             pitch,
             width,
             height,
             depth,
+            len,
             order: StreamOrder::new(stream),
             ctx,
             _marker: PhantomData,
@@ -157,7 +175,7 @@ impl<T> PitchedBuffer<T> {
 
     /// Elements of the whole allocation, padding included (`pitch × height × depth`).
     pub fn len(&self) -> usize {
-        self.pitch * self.height * self.depth
+        self.len
     }
 
     /// Whether the array has no elements.
@@ -182,11 +200,12 @@ impl<T> PitchedBuffer<T> {
 
     fn row_index(&self, z: usize, y: usize) -> Result<usize> {
         if z >= self.depth {
-            return Err(Error::OutOfRange { start: z, end: z + 1, len: self.depth });
+            return Err(Error::OutOfRange { start: z, end: z.saturating_add(1), len: self.depth });
         }
         if y >= self.height {
-            return Err(Error::OutOfRange { start: y, end: y + 1, len: self.height });
+            return Err(Error::OutOfRange { start: y, end: y.saturating_add(1), len: self.height });
         }
+        // Cannot overflow: z < depth and y < height, and height × depth was checked at construction.
         Ok(z * self.height + y)
     }
 
@@ -243,7 +262,13 @@ impl<T> PitchedBuffer<T> {
     where
         T: Pod,
     {
-        let mut out = vec![T::zeroed(); self.width * self.height * self.depth];
+        // width ≤ pitch and pitch × height × depth was checked at construction; checked anyway.
+        let count = self
+            .height
+            .checked_mul(self.depth)
+            .and_then(|rows| rows.checked_mul(self.width))
+            .ok_or(Error::SizeOverflow { count: self.width, elem_size: size_of::<T>() })?;
+        let mut out = vec![T::zeroed(); count];
         if !out.is_empty() {
             let host = &mut Pitched::new(&mut out[..], self.width).with_height(self.height);
             crate::nd::copy_3d(&self.as_pitched(), host, Copy3D::new(self.width, self.height, self.depth))?;
@@ -269,9 +294,16 @@ impl<T> Drop for PitchedBuffer<T> {
         if self.ptr == 0 {
             return;
         }
+        // cuMemFree only *may* synchronise; wait for the work queued on the array ourselves. Every
+        // use went through `order`, which records each stream that may still have work on it.
+        if let Err(e) = self.order.synchronize() {
+            // Freeing memory the device may still read or write would be unsound: leak it instead.
+            tracing::warn!(ptr = self.ptr, error = %e, "waiting for device work on a pitched buffer failed; the memory is leaked");
+            return;
+        }
         let result = self.ctx.bind().and_then(|()| {
-            // SAFETY: `ptr` came from cuMemAllocPitch and is freed once; cuMemFree waits for the
-            // device work queued on it; no view outlives `self`.
+            // SAFETY: `ptr` came from cuMemAllocPitch and is freed once; the device work queued on
+            // it has completed (synchronised above); no view outlives `self`.
             unsafe { ffi::mem_free(self.ptr) }
         });
         if let Err(e) = result {

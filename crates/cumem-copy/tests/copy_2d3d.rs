@@ -4,7 +4,9 @@
 //! `host_kinds.rs`, whose simulator delays work long enough to tell.)
 
 use cumem_copy::{Copy2D, Copy3D, Pitched, PitchedBuffer, Rect2D, StreamCopy, copy_2d, copy_3d};
+use cumem_core::sys::CUresult;
 use cumem_core::{Context, Device, DeviceBuffer, Error, PinnedBuffer, Stream};
+use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
@@ -328,4 +330,76 @@ fn impossible_extents_are_errors_by_variant_before_any_driver_call() {
         let v = ctl.violations_on_this_thread();
         assert!(v.is_empty(), "the driver never saw a bad extent: {v:?}");
     }
+}
+
+#[test]
+fn row_indices_at_the_end_of_the_address_space_are_out_of_range_not_overflow() {
+    let (_ctx, stream) = setup();
+    let mut img = PitchedBuffer::<u32>::zeroed_3d(&stream, 8, 4, 2).unwrap();
+    let max = usize::MAX;
+    let e = img.row(max).unwrap_err();
+    assert!(matches!(e, Error::OutOfRange { start: usize::MAX, end: usize::MAX, len: 4 }), "{e}");
+    let e = img.row_3d(max, 0).unwrap_err();
+    assert!(matches!(e, Error::OutOfRange { start: usize::MAX, end: usize::MAX, len: 2 }), "{e}");
+    let e = img.row_3d(1, max).unwrap_err();
+    assert!(matches!(e, Error::OutOfRange { start: usize::MAX, end: usize::MAX, len: 4 }), "{e}");
+    assert!(matches!(img.row_mut(max), Err(Error::OutOfRange { start: usize::MAX, .. })));
+    assert!(matches!(img.row_3d_mut(max, max), Err(Error::OutOfRange { start: usize::MAX, .. })));
+    // The last row is still in range.
+    assert_eq!(img.row_3d(1, 3).unwrap().len(), 8);
+}
+
+#[test]
+fn zero_sized_elements_and_overflowing_extents_are_errors_not_panics() {
+    let (_ctx, stream) = setup();
+    let zst = |r: cumem_core::Result<PitchedBuffer<()>>| {
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { what: "element size" }), "{e}");
+    };
+    // Zero-sized elements: any extent, including ones whose element count overflows.
+    zst(PitchedBuffer::<()>::new(&stream, 4, 4));
+    zst(PitchedBuffer::<()>::zeroed(&stream, usize::MAX, 2));
+    zst(PitchedBuffer::<()>::new_3d(&stream, usize::MAX, usize::MAX, usize::MAX));
+    zst(PitchedBuffer::<()>::zeroed_3d(&stream, 0, 0, 0));
+    let e = PitchedBuffer::<[u64; 0]>::zeroed(&stream, 3, 3).unwrap_err();
+    assert!(matches!(e, Error::ZeroSize { what: "element size" }), "{e}");
+    // Rows per slice times slices, and a row's bytes, that overflow.
+    let e = PitchedBuffer::<u8>::zeroed_3d(&stream, 1, usize::MAX, 2).unwrap_err();
+    assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
+    let e = PitchedBuffer::<u32>::zeroed(&stream, usize::MAX / 2, 1).unwrap_err();
+    assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
+    // An empty array whose width × height alone would overflow: no slices, so no elements, and
+    // every size of it is computed without overflowing.
+    let huge = 1usize << (usize::BITS / 2 + 1);
+    let empty = PitchedBuffer::<u8>::zeroed_3d(&stream, huge, huge, 0).unwrap();
+    assert!(empty.is_empty());
+    assert_eq!((empty.len(), empty.device_ptr()), (0, 0));
+    assert!(empty.to_vec().unwrap().is_empty());
+    assert_eq!((empty.as_pitched().pitch(), empty.as_pitched().into_inner().len()), (huge, 0));
+}
+
+#[test]
+fn a_pitched_buffer_whose_work_cannot_be_waited_for_is_leaked_not_freed() {
+    let (_ctx, stream) = setup();
+    let Some(ctl) = testing::sim_control() else { return };
+    let mut img = PitchedBuffer::<u32>::zeroed(&stream, 16, 4).unwrap();
+    stream.fill_2d(&mut img.as_pitched_mut(), 7u32, Rect2D::new(16, 4)).unwrap();
+    let ptr = img.device_ptr();
+    let rule = ctl.inject_fault(FaultRule {
+        function: "cuStreamSynchronize".into(),
+        nth: 1,
+        code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        times: 0,
+        this_thread_only: true,
+    });
+    drop(img); // cannot know the fill is done: must not free under it
+    ctl.remove_fault(rule);
+    assert!(ctl.live_report().contains_ptr(ptr), "freed although its work was not known to be done");
+    // Reclaim the leak, so the simulator's leak check at exit stays quiet.
+    stream.synchronize().unwrap();
+    stream.context().bind().unwrap();
+    // SAFETY: `ptr` is the leaked cuMemAllocPitch allocation: nothing refers to it any more and its
+    // work has completed (synchronised just above).
+    assert_eq!(unsafe { cumem_core::sys::cuMemFree_v2(ptr) }, CUresult::CUDA_SUCCESS);
+    assert!(!ctl.live_report().contains_ptr(ptr));
 }

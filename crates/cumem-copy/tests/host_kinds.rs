@@ -1,7 +1,14 @@
 //! Every page-locked host kind through asynchronous copies: data round-trips bitwise
 //! host → kind → device → host, and reads after an asynchronous copy are right only because the
-//! kind waited (the simulator's streams start work 20 ms late, so a missing wait reads stale data).
+//! kind waited. To show that deterministically, the stream is held by a gate (a host function that
+//! blocks until the test opens it) while the copy is queued: a read behind the kind's back then
+//! certainly sees the old values; after the gate opens, the kind's own accessor must wait for the
+//! copy to see the new ones. (The simulator's streams also start work 20 ms late, so a missing wait
+//! in the tests without a gate reads stale data too.)
 
+mod common;
+
+use common::hold;
 use cumem_copy::{Copy2D, Copy3D, Pitched, PitchedBuffer, Rect2D, StreamCopy};
 use cumem_core::{
     Context, Device, DeviceBuffer, HostMemory, HostRegistered, MappedBuffer, PinnedBuffer, PinnedFlags,
@@ -23,14 +30,15 @@ fn pattern(n: usize, seed: u64) -> Vec<u64> {
 }
 
 /// Reads the first value behind the kind's back: what a program that forgot to wait would see.
+/// Call only while a gate holds the stream in front of every write to it.
 fn early<T: Copy>(ptr: *const T) -> T {
     // SAFETY: test only: the memory is live and every bit pattern of the tested types is valid; the
-    // value may be torn by the device's concurrent write, which is the point being made.
+    // caller holds every device write to it behind a closed gate, so nothing writes concurrently.
     unsafe { std::ptr::read_volatile(ptr) }
 }
 
-/// Uploads `host` to a device buffer, downloads it into `back`, and checks both legs: the device
-/// has the values, and `back` shows them only after its own wait.
+/// Uploads `host` to a device buffer, downloads it into the zeroed `back`, and checks both legs:
+/// the device has the values, and `back` shows them only after its own wait.
 fn round_trip<S: HostMemory<u64>, D: HostMemory<u64>>(
     stream: &Stream,
     host: &S,
@@ -40,12 +48,12 @@ fn round_trip<S: HostMemory<u64>, D: HostMemory<u64>>(
     read_back: impl FnOnce(&D) -> Vec<u64>,
 ) {
     let mut dev = DeviceBuffer::<u64>::zeroed(stream, expected.len()).unwrap();
+    let gate = hold(stream); // after `dev`: dropped (opened) first if an assertion fails
     stream.copy_h2d(host, &mut dev).unwrap();
     stream.copy_d2h(&dev, back).unwrap();
-    if testing::sim_control().is_some() {
-        assert_ne!(early(back_ptr), expected[0], "the download ran before the stream got to it");
-    }
-    assert_eq!(read_back(back), expected);
+    assert_eq!(early(back_ptr), 0, "the download ran while the stream was held");
+    gate.release();
+    assert_eq!(read_back(back), expected); // right only because `back` waits for the download
     assert_eq!(dev.to_vec().unwrap(), expected);
 }
 
@@ -90,11 +98,11 @@ fn mapped_buffers_round_trip_through_their_device_address() {
     // Now the device writes the mapping; the host read waits for it.
     let twice: Vec<u64> = data.iter().map(|v| v.wrapping_mul(2)).collect();
     let src = DeviceBuffer::from_slice(&stream, &twice).unwrap();
+    let gate = hold(&stream);
     stream.copy_d2d(&src, &mut mapped).unwrap();
-    if testing::sim_control().is_some() {
-        assert_eq!(early(mapped.as_ptr()), 0, "the device write ran before the stream got to it");
-    }
-    assert_eq!(mapped.as_slice().unwrap(), &twice[..]);
+    assert_eq!(early(mapped.as_ptr()), 0, "the device write ran while the stream was held");
+    gate.release();
+    assert_eq!(mapped.as_slice().unwrap(), &twice[..]); // waits for the device write
     // A memset through the device address, then a drop with work pending: the drop waits.
     stream.memset_d32(&mut mapped.as_device_slice_mut(), 7).unwrap();
     drop(mapped);
@@ -182,11 +190,11 @@ fn a_queued_2d_download_is_read_only_after_its_wait() {
     let mut img = PitchedBuffer::<u16>::zeroed(&stream, 64, 32).unwrap();
     stream.fill_2d(&mut img.as_pitched_mut(), 0x1234u16, Rect2D::new(64, 32)).unwrap();
     let mut host = PinnedBuffer::<u16>::zeroed(&ctx, 64 * 32).unwrap();
+    let gate = hold(&stream);
     stream.copy_2d(&img.as_pitched(), &mut Pitched::new(&mut host, 64), Copy2D::new(64, 32)).unwrap();
-    if testing::sim_control().is_some() {
-        assert_eq!(early(host.as_ptr()), 0, "the copy ran before the stream got to it");
-    }
-    assert_eq!(host.as_slice().unwrap(), &vec![0x1234u16; 64 * 32][..]);
+    assert_eq!(early(host.as_ptr()), 0, "the copy ran while the stream was held");
+    gate.release();
+    assert_eq!(host.as_slice().unwrap(), &vec![0x1234u16; 64 * 32][..]); // waits for the copy
 }
 
 #[test]

@@ -2,54 +2,27 @@
 //! streams are both waited for, and a copy whose completion event cannot be recorded is waited for
 //! another way.
 
-use std::ffi::c_void;
-use std::sync::Arc;
+mod common;
+
+use std::sync::Barrier;
 use std::time::Duration;
 
 use cumem_copy::StreamCopy;
-use cumem_core::sys::{self, CUresult};
+use cumem_core::sys::CUresult;
 use cumem_core::{Device, DeviceBuffer, MappedBuffer, PinnedBuffer, Stream};
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
-use std::sync::{Barrier, Condvar, Mutex};
 
 fn ctx() -> cumem_core::Context {
     testing::init_with("latency_us=20000");
     Device::get(0).unwrap().context().unwrap()
 }
 
-/// Holds a stream at the point it is queued until opened (a host function blocking on a condvar).
-struct Gate {
-    open: Mutex<bool>,
-    cv: Condvar,
-}
-
-unsafe extern "C" fn wait_at_gate(user: *mut c_void) {
-    // SAFETY: `user` is a leaked `Arc<Gate>` count, reclaimed only after the stream passed the gate.
-    let gate = unsafe { &*user.cast::<Gate>() };
-    let mut open = gate.open.lock().unwrap();
-    while !*open {
-        open = gate.cv.wait(open).unwrap();
-    }
-}
-
-fn hold(stream: &Stream) -> Arc<Gate> {
-    let gate = Arc::new(Gate { open: Mutex::new(false), cv: Condvar::new() });
-    stream.context().bind().unwrap();
-    let user = Arc::into_raw(gate.clone()) as *mut c_void;
-    // SAFETY: the callback only waits on the gate, kept alive by the leaked count.
-    assert_eq!(
-        unsafe { sys::cuLaunchHostFunc(stream.raw(), Some(wait_at_gate), user) },
-        CUresult::CUDA_SUCCESS
-    );
-    gate
-}
-
-fn open_later(gate: Arc<Gate>, after: Duration) -> std::thread::JoinHandle<()> {
+/// Opens `gate` from another thread after `after`, while the test thread is blocked waiting.
+fn open_later(gate: common::Gate, after: Duration) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         std::thread::sleep(after);
-        *gate.open.lock().unwrap() = true;
-        gate.cv.notify_all();
+        gate.release();
     })
 }
 
@@ -58,7 +31,7 @@ fn host_access_waits_for_both_halves_written_on_two_threads() {
     let ctx = ctx();
     let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
     let mut mapped = MappedBuffer::<u32>::zeroed(&ctx, 2048).unwrap();
-    let gate = hold(&a);
+    let gate = common::hold(&a);
     let barrier = Barrier::new(2);
     {
         let mut view = mapped.as_device_slice_mut();
@@ -79,12 +52,9 @@ fn host_access_waits_for_both_halves_written_on_two_threads() {
             });
         });
     }
-    let opener = open_later(gate.clone(), Duration::from_millis(100));
+    let opener = open_later(gate, Duration::from_millis(100));
     let seen = mapped.as_slice().unwrap().to_vec(); // must wait for a, held back by the gate
     opener.join().unwrap();
-    a.synchronize().unwrap();
-    // SAFETY: reclaims the count leaked by `hold`; the stream has passed the gate.
-    drop(unsafe { Arc::from_raw(Arc::as_ptr(&gate)) });
     assert!(seen[..1024].iter().all(|&v| v == 1), "host access returned before stream a's fill ran");
     assert!(seen[1024..].iter().all(|&v| v == 2));
 }

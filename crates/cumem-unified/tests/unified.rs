@@ -1,15 +1,20 @@
 //! `UnifiedBuffer`: round trips, host access that waits for device work, attachment, advice and
 //! policies read back through range attributes, prefetch plans, and devices without the capability.
 
+use std::ffi::c_void;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
 use cumem_copy::StreamCopy;
-use cumem_core::sys::CUresult;
+use cumem_core::sys::{self, CUresult};
 use cumem_core::{Context, Device, DeviceBuffer, Error, Feature, Stream};
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
 use cumem_unified::{Advice, Attach, Location, MigrationPolicy, PrefetchPlan, UnifiedBuffer};
 
 /// Device 1 has no managed memory; device 2 has it without concurrent access (like Windows/WSL or
-/// older GPUs). Streams start work 20 ms late, so a missing wait reads stale data.
+/// older GPUs). Streams start work 20 ms late, so a missing wait reads stale data; where a test
+/// reads behind a buffer's back to show that, a [`Gate`] holds the stream so the read is stale
+/// whatever the machine's load.
 const SIM: &str = "devices=3,latency_us=20000,dev1.managed_memory=0,dev2.concurrent_managed_access=0";
 
 fn init() {
@@ -37,10 +42,63 @@ fn pattern(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i + 1).wrapping_mul(2_654_435_761)).collect()
 }
 
+/// Reads behind the buffer's back: what a program that forgot to wait would see. Call only while a
+/// [`Gate`] holds the stream in front of every write to the memory.
 fn early<T: Copy>(ptr: u64) -> T {
-    // SAFETY: test only: managed memory is host-accessible and every bit pattern of the tested types
-    // is valid; shows what a read without the library's wait would see.
+    // SAFETY: test only: managed memory is host-accessible (the tested device has concurrent
+    // managed access) and every bit pattern of the tested types is valid; the caller holds every
+    // device write to it behind a closed gate, so nothing writes concurrently.
     unsafe { std::ptr::read_volatile(ptr as usize as *const T) }
+}
+
+struct GateState {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+/// Holds a stream at the point [`hold`] queued it until released or dropped, so that work queued
+/// behind it has certainly not run. Declare it after the buffers it holds work for: on a panic it is
+/// dropped, so opened, before they are (their drops may wait for the stream). Nothing may wait for
+/// the held stream (or the whole device) before the gate opens: the simulator runs every host
+/// function on one callback thread.
+#[must_use = "the stream is held until the gate is released or dropped"]
+struct Gate(Arc<GateState>);
+
+impl Gate {
+    /// Opens the gate without waiting for the stream: what the test calls next has to wait.
+    fn release(self) {}
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        *self.0.open.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.0.cv.notify_all();
+    }
+}
+
+unsafe extern "C" fn wait_at_gate(user: *mut c_void) {
+    // SAFETY: `user` is the count of the `Arc<GateState>` that `hold` leaked for this call, which
+    // runs once: reclaiming it here keeps the state alive until the callback has returned.
+    let state = unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) };
+    let mut open = state.open.lock().unwrap_or_else(PoisonError::into_inner);
+    while !*open {
+        open = state.cv.wait(open).unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// Holds `stream` here: work queued on it from now on does not start until the gate opens.
+fn hold(stream: &Stream) -> Gate {
+    let state = Arc::new(GateState { open: Mutex::new(false), cv: Condvar::new() });
+    let user = Arc::into_raw(state.clone()).cast_mut().cast::<c_void>();
+    stream.context().bind().unwrap();
+    // SAFETY: the callback only waits on the state, and owns the count passed to it.
+    let code = unsafe { sys::cuLaunchHostFunc(stream.raw(), Some(wait_at_gate), user) };
+    if code != CUresult::CUDA_SUCCESS {
+        // SAFETY: not queued, so the count passed as `user` is still ours to reclaim.
+        drop(unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) });
+        panic!("cuLaunchHostFunc failed: {code:?}");
+    }
+    Gate(state)
 }
 
 #[test]
@@ -52,10 +110,10 @@ fn data_round_trips_host_to_unified_to_device_to_host() {
     stream.copy_d2d(&unified, &mut dev).unwrap();
     assert_eq!(dev.to_vec().unwrap(), data);
     let mut back = UnifiedBuffer::<u32>::zeroed(&stream, 1 << 14).unwrap();
+    let gate = hold(&stream); // the copy below certainly has not run until the gate opens
     stream.copy_d2d(&dev, &mut back).unwrap();
-    if testing::sim_control().is_some() {
-        assert_eq!(early::<u32>(back.device_ptr()), 0, "the copy ran before the stream got to it");
-    }
+    assert_eq!(early::<u32>(back.device_ptr()), 0, "the copy ran while the stream was held");
+    gate.release(); // does not wait: `as_slice` has to
     assert_eq!(back.as_slice().unwrap(), &data[..]); // waits for the copy
     let ptr = back.device_ptr();
     drop(back);
@@ -78,10 +136,10 @@ fn host_writes_wait_for_device_reads_on_another_stream() {
     cumem_copy::copy_d2h(&unified, &mut out).unwrap();
     assert_eq!(out, vec![2; 4096]);
     // A memset through the exclusive device view: the host read waits for it.
+    let gate = hold(&stream);
     stream.memset_d32(&mut unified.as_device_slice_mut(), 0x0303_0303).unwrap();
-    if testing::sim_control().is_some() {
-        assert_eq!(early::<u64>(unified.device_ptr()), 2, "the memset ran before the stream got to it");
-    }
+    assert_eq!(early::<u64>(unified.device_ptr()), 2, "the memset ran while the stream was held");
+    gate.release();
     assert_eq!(unified.to_vec().unwrap(), vec![0x0303_0303_0303_0303; 4096]);
 }
 
