@@ -1,6 +1,7 @@
 //! Owning buffer types and views.
 
 pub(crate) mod device;
+pub(crate) mod host_span;
 pub(crate) mod mapped;
 pub(crate) mod pinned;
 pub(crate) mod registered;

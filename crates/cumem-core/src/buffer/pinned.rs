@@ -23,6 +23,7 @@ use std::ptr::NonNull;
 use bytemuck::Zeroable;
 use cumem_sys::sys::{CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED};
 
+use crate::buffer::host_span::HostSpan;
 use crate::{Context, Error, Feature, HostAccess, HostMemory, Result, Stream, ffi};
 
 /// Allocation flags of a [`PinnedBuffer`] (`cuMemHostAlloc`).
@@ -55,21 +56,13 @@ impl PinnedFlags {
 
 /// An owning array of `len` values of `T` in page-locked host memory.
 pub struct PinnedBuffer<T> {
-    ptr: NonNull<T>,
-    len: usize,
-    /// Whether `ptr` came from the driver (false for zero bytes).
+    /// The values and their pending-work tracker (`Send`/`Sync` like `Vec<T>` through it).
+    span: HostSpan<T>,
+    /// Whether the span's pointer came from the driver (false for zero bytes).
     allocated: bool,
     flags: PinnedFlags,
     ctx: Context,
-    access: HostAccess,
 }
-
-// SAFETY: the buffer owns its memory like a `Vec<T>`; host access goes through `&self`/`&mut self`
-// and waits for device work first.
-unsafe impl<T: Send> Send for PinnedBuffer<T> {}
-// SAFETY: shared access only hands out `&[T]` (after waiting for device writes) and queues device
-// reads, like `&Vec<T>`.
-unsafe impl<T: Sync> Sync for PinnedBuffer<T> {}
 
 impl<T: Copy> PinnedBuffer<T> {
     /// `len` zeroed values with default flags.
@@ -99,12 +92,10 @@ impl<T: Copy> PinnedBuffer<T> {
     where
         T: Zeroable,
     {
-        let buf = Self::alloc(ctx, len, flags, access)?;
-        if buf.allocated {
+        Self::alloc(ctx, len, flags, access, |p| {
             // SAFETY: the allocation holds `len` values; all-zero bytes are a valid T.
-            unsafe { std::ptr::write_bytes(buf.ptr.as_ptr(), 0, len) };
-        }
-        Ok(buf)
+            unsafe { std::ptr::write_bytes(p, 0, len) };
+        })
     }
 
     /// A pinned copy of `data`.
@@ -124,15 +115,21 @@ impl<T: Copy> PinnedBuffer<T> {
         flags: PinnedFlags,
         access: HostAccess,
     ) -> Result<Self> {
-        let buf = Self::alloc(ctx, data.len(), flags, access)?;
-        if buf.allocated {
+        Self::alloc(ctx, data.len(), flags, access, |p| {
             // SAFETY: the allocation holds `data.len()` values and does not overlap `data`.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr.as_ptr(), data.len()) };
-        }
-        Ok(buf)
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        })
     }
 
-    fn alloc(ctx: &Context, len: usize, flags: PinnedFlags, access: HostAccess) -> Result<Self> {
+    /// Allocates `len` values and has `init` initialise all of them (only when bytes were
+    /// allocated) before the buffer takes them over.
+    fn alloc(
+        ctx: &Context,
+        len: usize,
+        flags: PinnedFlags,
+        access: HostAccess,
+        init: impl FnOnce(*mut T),
+    ) -> Result<Self> {
         let bytes = len
             .checked_mul(size_of::<T>())
             .ok_or(Error::SizeOverflow { count: len, elem_size: size_of::<T>() })?;
@@ -153,32 +150,35 @@ impl<T: Copy> PinnedBuffer<T> {
                     align: align_of::<T>() as u64,
                 });
             }
-            (
-                NonNull::new(p).ok_or(Error::OutOfMemory {
-                    ctx: cumem_sys::ErrorContext::op("cuMemHostAlloc"),
-                    report: None,
-                })?,
-                true,
-            )
+            let p = NonNull::new(p).ok_or(Error::OutOfMemory {
+                ctx: cumem_sys::ErrorContext::op("cuMemHostAlloc"),
+                report: None,
+            })?;
+            init(p.as_ptr());
+            (p, true)
         };
-        Ok(PinnedBuffer { ptr, len, allocated, flags, ctx: ctx.clone(), access })
+        // SAFETY: `ptr` is aligned and holds `len` values that `init` initialised (or takes no
+        // bytes); the buffer owns the allocation, uses it only through the span, and its `Drop`
+        // frees it only after `wait_idle` has succeeded.
+        let span = unsafe { HostSpan::new(ptr, len, access) };
+        Ok(PinnedBuffer { span, allocated, flags, ctx: ctx.clone() })
     }
 }
 
 impl<T> PinnedBuffer<T> {
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.len
+        self.span.len()
     }
 
     /// Whether the buffer has no elements.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.span.is_empty()
     }
 
     /// Size in bytes.
     pub fn bytes(&self) -> usize {
-        self.len * size_of::<T>()
+        self.span.bytes()
     }
 
     /// The flags it was allocated with.
@@ -194,23 +194,17 @@ impl<T> PinnedBuffer<T> {
     /// Host address of the first element. Reading or writing through it races with pending
     /// device work; use the slice accessors.
     pub fn as_ptr(&self) -> *const T {
-        self.ptr.as_ptr()
+        self.span.as_ptr()
     }
 
     /// The host values, after any pending device write to them has completed.
     pub fn as_slice(&self) -> Result<&[T]> {
-        self.access.wait_writes()?;
-        // SAFETY: `ptr` holds `len` initialised values; no device work writes them any more, and
-        // queueing a device write needs `&mut self`, which cannot coexist with the returned borrow.
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+        self.span.as_slice()
     }
 
     /// The host values for writing, after all pending device work on them has completed.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.wait_idle()?;
-        // SAFETY: `ptr` holds `len` initialised values; no device work uses them any more, and new
-        // device work needs a borrow of `self`, which cannot coexist with the returned one.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+        self.span.as_mut_slice()
     }
 
     /// A copy of the host values, after any pending device write.
@@ -218,17 +212,17 @@ impl<T> PinnedBuffer<T> {
     where
         T: Copy,
     {
-        Ok(self.as_slice()?.to_vec())
+        self.span.to_vec()
     }
 
     /// Blocks until no device work uses the buffer.
     pub fn wait_idle(&self) -> Result<()> {
-        self.access.wait_idle()
+        self.span.wait_idle()
     }
 
     /// The pending-work tracker.
     pub(crate) fn access(&self) -> &HostAccess {
-        &self.access
+        self.span.access()
     }
 
     /// Queues device work that reads the buffer on `stream`.
@@ -245,9 +239,8 @@ impl<T> PinnedBuffer<T> {
         stream: &Stream,
         enqueue: impl FnOnce(*const T, usize) -> Result<R>,
     ) -> Result<R> {
-        // SAFETY: the allocation holds `len` values and outlives the pending work (the drop waits
-        // for it); the caller's item 1 is the tracker's item 2.
-        unsafe { self.access.device_read(stream, self.ptr.as_ptr(), self.len, enqueue) }
+        // SAFETY: forwarded contract.
+        unsafe { self.span.device_read(stream, enqueue) }
     }
 
     /// Queues device work that writes the buffer on `stream`.
@@ -263,8 +256,8 @@ impl<T> PinnedBuffer<T> {
         stream: &Stream,
         enqueue: impl FnOnce(*mut T, usize) -> Result<R>,
     ) -> Result<R> {
-        // SAFETY: as in `device_read`; `&mut self` rules out live host borrows.
-        unsafe { self.access.device_write(stream, self.ptr.as_ptr(), self.len, enqueue) }
+        // SAFETY: forwarded contract.
+        unsafe { self.span.device_write(stream, enqueue) }
     }
 }
 
@@ -272,7 +265,7 @@ impl<T> PinnedBuffer<T> {
 // access, drop and new device work all go through `access`, which waits as required.
 unsafe impl<T> HostMemory<T> for PinnedBuffer<T> {
     fn len(&self) -> usize {
-        self.len
+        self.span.len()
     }
 
     unsafe fn device_read<R>(
@@ -297,8 +290,8 @@ unsafe impl<T> HostMemory<T> for PinnedBuffer<T> {
 impl<T> fmt::Debug for PinnedBuffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PinnedBuffer")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
+            .field("ptr", &self.span.ptr())
+            .field("len", &self.span.len())
             .field("flags", &self.flags)
             .finish()
     }
@@ -317,7 +310,7 @@ impl<T> Drop for PinnedBuffer<T> {
         let result = self.ctx.bind().and_then(|()| {
             // SAFETY: `ptr` came from cuMemHostAlloc, is freed once, and no device work or Rust
             // reference uses it any more (waited for above; `&mut self`).
-            unsafe { ffi::mem_free_host(self.ptr.as_ptr().cast()) }
+            unsafe { ffi::mem_free_host(self.span.ptr().as_ptr().cast()) }
         });
         if let Err(e) = result {
             tracing::warn!(error = %e, "cuMemFreeHost failed");

@@ -33,6 +33,7 @@ use std::ptr::NonNull;
 
 use cumem_sys::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE};
 
+use crate::buffer::host_span::HostSpan;
 use crate::{Context, Feature, HostAccess, HostMemory, Result, Stream, ffi};
 
 /// Flags of a host registration (`cuMemHostRegister`).
@@ -60,22 +61,14 @@ impl RegisterFlags {
 
 /// An exclusively borrowed host slice, page-locked until the value is dropped.
 pub struct HostRegistered<'a, T> {
-    ptr: NonNull<T>,
-    len: usize,
+    /// The borrowed values and their pending-work tracker (`Send`/`Sync` like `&mut [T]` through it).
+    span: HostSpan<T>,
     /// Whether the driver registered the range (false for zero bytes).
     registered: bool,
     flags: RegisterFlags,
     ctx: Context,
-    access: HostAccess,
     _borrow: PhantomData<&'a mut [T]>,
 }
-
-// SAFETY: the registration holds the only access to the slice, like `&mut [T]`; host access goes
-// through `&self`/`&mut self` and waits for device work first.
-unsafe impl<T: Send> Send for HostRegistered<'_, T> {}
-// SAFETY: shared access only hands out `&[T]` (after waiting for device writes) and queues device
-// reads, like `&[T]`.
-unsafe impl<T: Sync> Sync for HostRegistered<'_, T> {}
 
 impl<T> HostRegistered<'_, T> {
     /// Registers `data` with default flags, runs `f` with the registration, then waits for all
@@ -137,30 +130,26 @@ impl<'a, T> HostRegistered<'a, T> {
             // unregistered in `Drop`, which the caller promises runs before `'a` ends.
             unsafe { ffi::mem_host_register(ptr.as_ptr().cast(), bytes, flags.bits())? };
         }
-        Ok(HostRegistered {
-            ptr,
-            len,
-            registered,
-            flags,
-            ctx: ctx.clone(),
-            access: HostAccess::new(),
-            _borrow: PhantomData,
-        })
+        // SAFETY: the slice is borrowed exclusively for `'a` and initialised; it is used only through
+        // the span, and `Drop` (which the caller promises runs before `'a` ends) hands it back only
+        // after `wait_idle` (or, failing that, a context synchronisation) has succeeded.
+        let span = unsafe { HostSpan::new(ptr, len, HostAccess::new()) };
+        Ok(HostRegistered { span, registered, flags, ctx: ctx.clone(), _borrow: PhantomData })
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.len
+        self.span.len()
     }
 
     /// Whether the slice is empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.span.is_empty()
     }
 
     /// Size in bytes.
     pub fn bytes(&self) -> usize {
-        self.len * size_of::<T>()
+        self.span.bytes()
     }
 
     /// The flags it was registered with.
@@ -176,23 +165,17 @@ impl<'a, T> HostRegistered<'a, T> {
     /// Host address of the first element. Reading or writing through it races with pending
     /// device work; use the slice accessors.
     pub fn as_ptr(&self) -> *const T {
-        self.ptr.as_ptr()
+        self.span.as_ptr()
     }
 
     /// The values, after any pending device write to them has completed.
     pub fn as_slice(&self) -> Result<&[T]> {
-        self.access.wait_writes()?;
-        // SAFETY: the slice is borrowed for 'a and initialised; no device work writes it any more,
-        // and queueing a device write needs `&mut self`.
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+        self.span.as_slice()
     }
 
     /// The values for writing, after all pending device work on them has completed.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.access.wait_idle()?;
-        // SAFETY: as in `as_slice`; no device work uses the values, and new work needs a borrow of
-        // `self`, which cannot coexist with the returned one.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+        self.span.as_mut_slice()
     }
 
     /// A copy of the values, after any pending device write.
@@ -200,12 +183,12 @@ impl<'a, T> HostRegistered<'a, T> {
     where
         T: Copy,
     {
-        Ok(self.as_slice()?.to_vec())
+        self.span.to_vec()
     }
 
     /// Blocks until no device work uses the slice.
     pub fn wait_idle(&self) -> Result<()> {
-        self.access.wait_idle()
+        self.span.wait_idle()
     }
 }
 
@@ -213,7 +196,7 @@ impl<'a, T> HostRegistered<'a, T> {
 // initialised values; host access and the drop go through `access`, which waits as required.
 unsafe impl<T> HostMemory<T> for HostRegistered<'_, T> {
     fn len(&self) -> usize {
-        self.len
+        self.span.len()
     }
 
     unsafe fn device_read<R>(
@@ -221,9 +204,8 @@ unsafe impl<T> HostMemory<T> for HostRegistered<'_, T> {
         stream: &Stream,
         enqueue: impl FnOnce(*const T, usize) -> Result<R>,
     ) -> Result<R> {
-        // SAFETY: the slice outlives the pending work (the drop waits for it); the caller's item 1
-        // is the tracker's item 2.
-        unsafe { self.access.device_read(stream, self.ptr.as_ptr(), self.len, enqueue) }
+        // SAFETY: forwarded contract.
+        unsafe { self.span.device_read(stream, enqueue) }
     }
 
     unsafe fn device_write<R>(
@@ -231,16 +213,16 @@ unsafe impl<T> HostMemory<T> for HostRegistered<'_, T> {
         stream: &Stream,
         enqueue: impl FnOnce(*mut T, usize) -> Result<R>,
     ) -> Result<R> {
-        // SAFETY: as in `device_read`; `&mut self` rules out live host borrows.
-        unsafe { self.access.device_write(stream, self.ptr.as_ptr(), self.len, enqueue) }
+        // SAFETY: forwarded contract.
+        unsafe { self.span.device_write(stream, enqueue) }
     }
 }
 
 impl<T> fmt::Debug for HostRegistered<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostRegistered")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
+            .field("ptr", &self.span.ptr())
+            .field("len", &self.span.len())
             .field("flags", &self.flags)
             .finish()
     }
@@ -248,7 +230,7 @@ impl<T> fmt::Debug for HostRegistered<'_, T> {
 
 impl<T> Drop for HostRegistered<'_, T> {
     fn drop(&mut self) {
-        if let Err(e) = self.access.wait_idle() {
+        if let Err(e) = self.span.wait_idle() {
             // The memory goes back to its owner when this returns, so it cannot be leaked like a
             // pinned buffer: wait for the whole context instead, and if even that fails, stop the
             // process rather than let the device write memory that safe code may use again.
@@ -264,7 +246,7 @@ impl<T> Drop for HostRegistered<'_, T> {
         let result = self.ctx.bind().and_then(|()| {
             // SAFETY: `ptr` is the base this value registered, unregistered once; no device work
             // uses it any more (waited for above).
-            unsafe { ffi::mem_host_unregister(self.ptr.as_ptr().cast()) }
+            unsafe { ffi::mem_host_unregister(self.span.ptr().as_ptr().cast()) }
         });
         if let Err(e) = result {
             tracing::warn!(error = %e, "cuMemHostUnregister failed; the range stays page-locked");
