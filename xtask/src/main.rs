@@ -1,7 +1,8 @@
 //! Project automation. `cargo xtask <task>`:
 //!
-//! - `ci`: format check, clippy `-D warnings`, build, every test and doctest on the simulator, with
-//!   the simulator's leak check at the end of each test binary (what CI runs);
+//! - `ci`: format check, clippy `-D warnings`, build, docs with warnings denied, every test and
+//!   doctest on the simulator with the simulator's leak check at the end of each test binary, and
+//!   the quickstart example and the demo on the simulator (what CI runs);
 //! - `test`: the tests only, on the simulator;
 //! - `gpu-test`: the integration tests on the real driver, plus compute-sanitizer when present;
 //!   fails, saying so, where there is no GPU;
@@ -55,6 +56,14 @@ fn ci() -> Result {
         cargo().args(["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]),
     )?;
     run("cargo build", cargo().args(["build", "--workspace", "--all-targets", "--locked"]))?;
+    // Docs on every public item, and no broken links. (The CLI's binary is named like the facade
+    // crate, which rustdoc cannot document side by side.)
+    run(
+        "cargo doc -D warnings",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps", "--locked", "--exclude", "cumem-cli"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
     test_on_simulator()?;
     run(
         "example quickstart (simulator)",
