@@ -223,35 +223,28 @@ impl<T, H: HostMemory<T>> QueuedDst<T> for Pitched<&mut H> {}
 
 // Device views: ordered through the owning memory's stream order.
 
-impl<T> sealed::Src<T> for Pitched<DeviceSlice<'_, T>> {
-    fn geometry(&self) -> Geometry {
-        geometry(self, self.mem.len())
-    }
-    fn device_context(&self) -> Option<&Context> {
-        Some(self.mem.context())
-    }
-    unsafe fn with_read<R>(&self, stream: &Stream, f: impl FnOnce(Mem) -> Result<R>) -> Result<R> {
-        let _ticket = self.mem.order().use_on(stream)?;
-        f(Mem::Device(self.mem.device_ptr()))
-    }
+/// Both device views are sources in the same way.
+macro_rules! device_source {
+    ($view:ident) => {
+        impl<T> sealed::Src<T> for Pitched<$view<'_, T>> {
+            fn geometry(&self) -> Geometry {
+                geometry(self, self.mem.len())
+            }
+            fn device_context(&self) -> Option<&Context> {
+                Some(self.mem.context())
+            }
+            unsafe fn with_read<R>(&self, stream: &Stream, f: impl FnOnce(Mem) -> Result<R>) -> Result<R> {
+                let _ticket = self.mem.order().use_on(stream)?;
+                f(Mem::Device(self.mem.device_ptr()))
+            }
+        }
+        impl<T> CopySrc<T> for Pitched<$view<'_, T>> {}
+        impl<T> QueuedSrc<T> for Pitched<$view<'_, T>> {}
+    };
 }
-impl<T> CopySrc<T> for Pitched<DeviceSlice<'_, T>> {}
-impl<T> QueuedSrc<T> for Pitched<DeviceSlice<'_, T>> {}
 
-impl<T> sealed::Src<T> for Pitched<DeviceSliceMut<'_, T>> {
-    fn geometry(&self) -> Geometry {
-        geometry(self, self.mem.len())
-    }
-    fn device_context(&self) -> Option<&Context> {
-        Some(self.mem.context())
-    }
-    unsafe fn with_read<R>(&self, stream: &Stream, f: impl FnOnce(Mem) -> Result<R>) -> Result<R> {
-        let _ticket = self.mem.order().use_on(stream)?;
-        f(Mem::Device(self.mem.device_ptr()))
-    }
-}
-impl<T> CopySrc<T> for Pitched<DeviceSliceMut<'_, T>> {}
-impl<T> QueuedSrc<T> for Pitched<DeviceSliceMut<'_, T>> {}
+device_source!(DeviceSlice);
+device_source!(DeviceSliceMut);
 
 impl<T> sealed::Dst<T> for Pitched<DeviceSliceMut<'_, T>> {
     fn geometry(&self) -> Geometry {
