@@ -81,3 +81,25 @@ fn a_copy_whose_event_cannot_be_recorded_is_waited_for_by_synchronising() {
     queued.unwrap();
     assert_eq!(host.as_slice().unwrap(), &[7; 4096][..]);
 }
+
+#[test]
+fn a_host_wait_during_a_live_shared_view_does_not_forget_reads_queued_after_it() {
+    let ctx = ctx();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut mapped = MappedBuffer::<u32>::from_slice(&ctx, &[1; 1024]).unwrap();
+    let mut dev = DeviceBuffer::<u32>::zeroed(&s, 1024).unwrap();
+    let gate = common::hold(&s);
+    {
+        let view = mapped.as_device_slice();
+        mapped.wait_idle().unwrap(); // a host wait while the shared view is alive
+        s.copy_d2d(&view, &mut dev).unwrap(); // queued behind the gate: reads the 1s later
+    }
+    let opener = open_later(gate, Duration::from_millis(100));
+    mapped.as_mut_slice().unwrap().fill(2); // must wait for the queued read first
+    opener.join().unwrap();
+    assert_eq!(
+        dev.to_vec().unwrap(),
+        vec![1; 1024],
+        "the host overwrote the buffer before the device read it"
+    );
+}

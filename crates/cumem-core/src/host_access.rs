@@ -143,8 +143,10 @@ impl HostAccess {
         }
         if pending.ordered == OrderedUse::Write {
             self.sync_order()?;
-            // The synchronisation covered every use queued so far, reads included.
-            pending.ordered = OrderedUse::None;
+            // Every write queued so far is done. Shared views may still be alive and queue reads
+            // through the order without telling this tracker, so only an exclusive wait may
+            // forget about device reads.
+            pending.ordered = OrderedUse::Read;
         }
         Ok(())
     }
@@ -163,8 +165,17 @@ impl HostAccess {
         }
         if pending.ordered != OrderedUse::None {
             self.sync_order()?;
-            pending.ordered = OrderedUse::None;
+            // As in `wait_writes`: a live shared view may still queue reads.
+            pending.ordered = pending.ordered.min(OrderedUse::Read);
         }
+        Ok(())
+    }
+
+    /// [`wait_idle`](Self::wait_idle) for an owner with exclusive access: no view can be alive, so
+    /// once the device is done the tracker can forget every use.
+    pub fn wait_idle_exclusive(&mut self) -> Result<()> {
+        self.wait_idle()?;
+        self.pending.get_mut().ordered = OrderedUse::None;
         Ok(())
     }
 

@@ -76,7 +76,7 @@ impl<T> HostSpan<T> {
 
     /// The values for writing, after all pending device work on them has completed.
     pub(crate) fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.access.wait_idle()?;
+        self.access.wait_idle_exclusive()?;
         // SAFETY: as in `as_slice`; no device work uses the values any more, and new device work
         // needs a borrow of `self`, which cannot coexist with the returned one.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
