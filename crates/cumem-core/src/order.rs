@@ -48,8 +48,9 @@ struct Users {
 pub struct OrderTicket<'a> {
     order: &'a StreamOrder,
     stream: Stream,
-    /// The (stream, generation) entries the new user was ordered after.
-    waited: Vec<(Stream, u64)>,
+    /// Every entry recorded before this generation was waited for by `use_on` (generations only
+    /// grow, and an entry recorded again gets a new one), so this is all the ticket must remember.
+    waited_before: u64,
 }
 
 impl StreamOrder {
@@ -61,11 +62,13 @@ impl StreamOrder {
     /// Orders `stream` after all work queued so far on the memory by its recorded users. Queue the
     /// work on `stream` while holding the returned ticket.
     pub fn use_on(&self, stream: &Stream) -> Result<OrderTicket<'_>> {
-        let waited = self.inner.lock().users.clone();
-        for (user, _) in &waited {
+        // Waiting under the lock keeps the set from changing between the waits and the snapshot
+        // of what was waited for.
+        let inner = self.inner.lock();
+        for (user, _) in &inner.users {
             stream.wait_for(user)?;
         }
-        Ok(OrderTicket { order: self, stream: stream.clone(), waited })
+        Ok(OrderTicket { order: self, stream: stream.clone(), waited_before: inner.next_gen })
     }
 
     /// One stream ordered after every recorded user: the latest user, made to wait for the others.
@@ -110,8 +113,8 @@ impl Drop for OrderTicket<'_> {
         inner.next_gen += 1;
         // Entries this stream was ordered after, and that nobody recorded again since, are covered
         // by this stream from now on.
-        let (stream, waited) = (&self.stream, &self.waited);
-        inner.users.retain(|(s, g)| s != stream && !waited.iter().any(|(w, wg)| w == s && wg == g));
+        let (stream, waited_before) = (&self.stream, self.waited_before);
+        inner.users.retain(|(s, g)| s != stream && *g >= waited_before);
         inner.users.push((stream.clone(), generation));
     }
 }
