@@ -46,7 +46,7 @@ pub use cumem_sys::{Error, ErrorContext, Feature, MemoryReport, Result};
 pub use device::Device;
 pub use event::Event;
 pub use host_access::{HostAccess, HostMemory};
-pub use order::StreamOrder;
+pub use order::{OrderTicket, StreamOrder};
 pub use resource::{AllocLayout, DRIVER_ALIGNMENT, DeviceResource, DriverResource};
 pub use stream::{Stream, StreamOptions};
 

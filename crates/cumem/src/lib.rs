@@ -19,17 +19,40 @@
 //!
 //! | crate | feature | what |
 //! |---|---|---|
-//! | [`cumem_core`] | always | devices, contexts, streams, events, buffers, the resource trait |
+//! | (the root: every item of [`cumem_core`]) | always | devices, contexts, streams, events, buffers, the resource trait, errors |
 //! | [`copy`] | `copy` (default) | typed sync and async transfers and memsets |
 //! | [`pool`] | `pool` (default) | the caching pool, the driver's pools, a statistics adaptor |
 //! | [`unified`] | `unified` (default) | managed memory, advice, prefetch, migration policies |
 //! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
 
-pub use cumem_core::{
-    AllocLayout, AsDeviceSlice, AsDeviceSliceMut, Capabilities, Chunks, ChunksMut, Context, DRIVER_ALIGNMENT,
-    Device, DeviceBuffer, DeviceResource, DeviceSlice, DeviceSliceMut, DriverResource, Error, ErrorContext,
-    Event, Feature, MemInfo, PinnedBuffer, PinnedFlags, Result, Stream, StreamOptions, StreamOrder, sys,
-};
+// Every public item of cumem-core (and through it cumem-sys's error types and raw bindings), so a
+// crate that depends only on `cumem` can name all of them; a glob keeps this true as core grows.
+pub use cumem_core::*;
+
+/// The `bytemuck` this crate's bounds use (`Pod`, `AnyBitPattern`, `NoUninit`), so that user types
+/// can derive them without a direct dependency: add `#[bytemuck(crate = "cumem::bytemuck")]` next
+/// to the derive.
+///
+/// ```
+/// # cumem_sys::testing::init();
+/// use cumem::prelude::*;
+///
+/// #[derive(Clone, Copy, Debug, PartialEq, cumem::bytemuck::Pod, cumem::bytemuck::Zeroable)]
+/// #[bytemuck(crate = "cumem::bytemuck")]
+/// #[repr(C)]
+/// struct Particle {
+///     pos: [f32; 3],
+///     mass: f32,
+/// }
+///
+/// let ctx = Device::get(0)?.context()?;
+/// let stream = Stream::new(&ctx)?;
+/// let particles = [Particle { pos: [1.0, 2.0, 3.0], mass: 4.0 }; 16];
+/// let dev = DeviceBuffer::from_slice(&stream, &particles)?;
+/// assert_eq!(dev.to_vec()?, particles);
+/// # Ok::<(), cumem::Error>(())
+/// ```
+pub use bytemuck;
 
 /// Typed transfers (feature `copy`).
 #[cfg(feature = "copy")]
@@ -65,11 +88,13 @@ pub mod driver {
 
 /// The names most programs need.
 pub mod prelude {
+    pub use bytemuck::{AnyBitPattern, NoUninit, Pod, Zeroable};
     #[cfg(feature = "copy")]
     pub use cumem_copy::{Copy2D, Copy3D, PitchedBuffer, StreamCopy};
     pub use cumem_core::{
         AsDeviceSlice, AsDeviceSliceMut, Context, Device, DeviceBuffer, DeviceResource, DeviceSlice,
-        DeviceSliceMut, Error, Event, PinnedBuffer, PinnedFlags, Result, Stream, StreamOptions,
+        DeviceSliceMut, Error, Event, HostRegistered, MappedBuffer, PinnedBuffer, PinnedFlags, Result,
+        Stream, StreamOptions,
     };
     #[cfg(feature = "pool")]
     pub use cumem_pool::{CachingResource, MemPool, NativePoolResource, PoolConfig, StatisticsResource};
