@@ -1,6 +1,7 @@
 //! A caching pool over `cuMemAlloc` costs the device what the pool reports (issue 7, item 3).
 //!
-//! Every device of this binary has 64 MiB, so filling one takes milliseconds. Each test owns one
+//! Every device of this binary has 64 MiB (device 3: 9 MiB, an odd number of small segments), so
+//! filling one takes milliseconds. Each test owns one
 //! device (the capacity tests need all of it), so the tests run in parallel.
 //!
 //! The driver's own overhead: the simulator charges an allocation its size rounded up to its
@@ -16,7 +17,7 @@ use cumem_core::{AllocLayout, Context, Device, DeviceBuffer, DeviceResource, Dri
 use cumem_pool::{CachingResource, PoolConfig};
 use cumem_sys::testing;
 
-const SIM: &str = "devices=3,memory=64MiB";
+const SIM: &str = "devices=4,memory=64MiB,dev3.memory=9MiB";
 const MIB: usize = 1 << 20;
 /// Device memory a real driver may use for itself while the pool grows (unmeasured on the
 /// simulator, where it is zero): 1 % of the device's memory.
@@ -47,6 +48,25 @@ fn assert_charged(ctx: &Context, charged: usize, expected: usize) {
 #[serial_test::parallel]
 fn a_pool_hands_out_at_least_95_percent_of_free_memory_as_1_mib_buffers() {
     let Some(ctx) = ctx(0) else { return };
+    fill_with_1_mib_buffers(&ctx);
+}
+
+#[test]
+#[serial_test::parallel]
+fn the_last_mib_of_a_device_is_handed_out_too() {
+    // 9 MiB: four 2 MiB small segments, then 1 MiB that only a smaller segment can use.
+    let Some(ctx) = ctx(3) else { return };
+    let buffers = fill_with_1_mib_buffers(&ctx);
+    if testing::sim_control().is_some() {
+        assert_eq!(buffers, 9);
+    }
+}
+
+/// Fills the device with 1 MiB buffers from a caching pool over `cuMemAlloc` and checks the bar:
+/// at least 95 % of the free memory, and the pool's reserved bytes are what the driver charges.
+/// Returns how many buffers fit.
+fn fill_with_1_mib_buffers(ctx: &Context) -> usize {
+    let ctx = ctx.clone();
     let stream = Stream::non_blocking(&ctx).unwrap();
     let free_before = ctx.mem_info().unwrap().free;
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
@@ -78,6 +98,7 @@ fn a_pool_hands_out_at_least_95_percent_of_free_memory_as_1_mib_buffers() {
         let bytes = buf.to_vec().unwrap();
         assert!(bytes.iter().all(|&b| b == i as u8), "buffer {i} was overwritten");
     }
+    let count = buffers.len();
     drop(buffers);
     pool.trim().unwrap();
     assert_eq!(pool.stats().reserved_bytes, 0);
@@ -85,6 +106,7 @@ fn a_pool_hands_out_at_least_95_percent_of_free_memory_as_1_mib_buffers() {
     if let Some(ctl) = testing::sim_control() {
         assert!(ctl.violations_on_this_thread().is_empty(), "{:?}", ctl.violations_on_this_thread());
     }
+    count
 }
 
 #[test]
