@@ -181,7 +181,9 @@ impl MemPool {
     /// cumem holds the pool until another pool is made current on the device, so it stays alive
     /// while it is current even if every other handle is dropped; making the default pool current
     /// (`MemPool::default_pool(ctx)?.make_current()`) lets go of it. The pool this replaces as
-    /// current is destroyed if nothing else holds it.
+    /// current is destroyed if nothing else holds it. A pool still current at process exit is
+    /// never destroyed (the simulator's leak check reports it), so programs that make a pool
+    /// current make the default pool current again when done.
     pub fn make_current(&self) -> Result<()> {
         let dev = self.context().device().raw();
         let mut made_current = MADE_CURRENT.lock();

@@ -1,4 +1,5 @@
-//! A caching pool over `cuMemAlloc` costs the device what the pool reports (issue 7, item 3).
+//! A caching pool over `cuMemAlloc` costs the device what the pool reports, and aligned requests to
+//! the driver or to a driver pool cost no more than their size (issue 7, item 3).
 //!
 //! Every device of this binary has 64 MiB (device 3: 9 MiB, an odd number of small segments), so
 //! filling one takes milliseconds. Each test owns one
@@ -14,10 +15,10 @@ use std::sync::Arc;
 
 use cumem_copy::StreamCopy;
 use cumem_core::{AllocLayout, Context, Device, DeviceBuffer, DeviceResource, DriverResource, Error, Stream};
-use cumem_pool::{CachingResource, PoolConfig};
+use cumem_pool::{CachingResource, MemPool, MemPoolOptions, NativePoolResource, PoolConfig};
 use cumem_sys::testing;
 
-const SIM: &str = "devices=4,memory=64MiB,dev3.memory=9MiB";
+const SIM: &str = "devices=5,memory=64MiB,dev3.memory=9MiB";
 const MIB: usize = 1 << 20;
 /// Device memory a real driver may use for itself while the pool grows (unmeasured on the
 /// simulator, where it is zero): 1 % of the device's memory.
@@ -168,5 +169,53 @@ fn alignments_the_driver_does_not_give_are_still_honoured_and_freed() {
         assert!(ctl.violations_on_this_thread().is_empty(), "{:?}", ctl.violations_on_this_thread());
         let live = ctl.live_report();
         assert!(live.allocations.iter().all(|a| a.device != 2), "{live}");
+    }
+}
+
+#[test]
+#[serial_test::parallel]
+fn an_aligned_pool_allocation_uses_no_more_of_the_pool_than_its_size() {
+    let Some(ctx) = ctx(4) else { return };
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let native = NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default()).unwrap());
+    for (bytes, align) in [(2 * MIB, 512), (MIB, 512), (4096, 512), (100, 4096), (3 * MIB, 2 * MIB)] {
+        let layout = AllocLayout::new(bytes, align).unwrap();
+        let ptr = native.allocate(layout, &stream).unwrap();
+        assert_eq!(ptr % align as u64, 0, "{bytes} bytes aligned to {align}");
+        let used = native.pool().usage().unwrap().used_current;
+        if testing::sim_control().is_some() && align == 512 {
+            // The simulated pool's addresses are 512-aligned: no padding is needed, and the pool
+            // charges the size rounded to its 512-byte granule.
+            assert_eq!(used, bytes.next_multiple_of(512) as u64, "{bytes} bytes aligned to {align}");
+        }
+        assert!(used >= bytes as u64);
+        // SAFETY: allocated above with this layout on this stream, never used, freed once.
+        unsafe { native.deallocate(ptr, layout, &stream) };
+        stream.synchronize().unwrap();
+        assert_eq!(native.pool().usage().unwrap().used_current, 0, "{bytes} bytes aligned to {align} freed");
+    }
+    // A block in front puts the next address 512 bytes past a chunk's start: a 4096-byte
+    // alignment then needs the padded path, and the misaligned trial goes back to the pool.
+    let front = AllocLayout::new(512, 256).unwrap();
+    let front_ptr = native.allocate(front, &stream).unwrap();
+    let layout = AllocLayout::new(100, 4096).unwrap();
+    let ptr = native.allocate(layout, &stream).unwrap();
+    assert_eq!(ptr % 4096, 0);
+    if let Some(ctl) = testing::sim_control() {
+        let live: Vec<u64> =
+            ctl.live_report().allocations.iter().filter(|a| a.device == 4).map(|a| a.bytes).collect();
+        assert_eq!(live.len(), 2, "the trial was freed: {live:?}");
+        // The simulated pool starts the block in front at a (2 MiB aligned) chunk's start.
+        assert_eq!(front_ptr % 4096, 0);
+        assert!(live.contains(&(100 + 4096 - 256)), "padded by align - 256: {live:?}");
+    }
+    for (p, l) in [(ptr, layout), (front_ptr, front)] {
+        // SAFETY: allocated above with this layout on this stream, never used, freed once.
+        unsafe { native.deallocate(p, l, &stream) };
+    }
+    stream.synchronize().unwrap();
+    assert_eq!(native.pool().usage().unwrap().used_current, 0);
+    if let Some(ctl) = testing::sim_control() {
+        assert!(ctl.violations_on_this_thread().is_empty(), "{:?}", ctl.violations_on_this_thread());
     }
 }
