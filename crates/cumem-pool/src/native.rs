@@ -144,7 +144,7 @@ impl MemPool {
             if let Some(pool) = made_current.get(&dev).filter(|p| p.raw() == raw) {
                 return Ok(pool.clone());
             }
-            // The default pool can be named without the lock: it is never destroyed.
+            // The default pool is never destroyed, so a plain handle to it stays valid.
             let default = ffi::default_mem_pool(dev)?;
             if raw == default {
                 return Ok(Self::from_raw(ctx, default, false));
