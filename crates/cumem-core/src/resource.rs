@@ -79,9 +79,21 @@ pub unsafe trait DeviceResource: Send + Sync + fmt::Debug {
 }
 
 /// The alignment `cuMemAlloc` guarantees.
+///
+/// Only 256 bytes are documented; real GPUs return at least 512-byte aligned addresses, and 2 MiB
+/// aligned ones from 2 MiB up (the simulator models that). [`DriverResource`] relies on the
+/// documented value only, but keeps an exact-size allocation whenever its address happens to be
+/// aligned enough.
 pub const DRIVER_ALIGNMENT: usize = 256;
 
 /// `cuMemAlloc` and `cuMemFree`: simple, slow, and synchronising on free.
+///
+/// Alignments up to [`DRIVER_ALIGNMENT`] cost nothing extra. A larger alignment first tries the
+/// exact size and keeps it when the driver's address is aligned enough, which on current GPUs is
+/// always the case for 512 bytes and, from 2 MiB up, for 2 MiB; so a 2 MiB segment aligned to 512
+/// costs 2 MiB, not the 4 MiB the driver would charge for 2 MiB + 511 bytes. Otherwise the trial
+/// is freed (`cuMemFree` may wait for the device; the memory was never used) and the request is
+/// padded by `align - 256` bytes and rounded up.
 #[derive(Debug, Clone)]
 pub struct DriverResource {
     ctx: Context,
@@ -94,10 +106,12 @@ impl DriverResource {
     }
 }
 
-// SAFETY: cuMemAlloc returns fresh, non-overlapping memory aligned to 256 bytes; larger
-// alignments are served by over-allocating and rounding up, and the base is recovered with
-// cuMemGetAddressRange on free. The free first waits for the stream that follows every use, so
-// memory is never freed under pending work.
+// SAFETY: cuMemAlloc returns fresh, non-overlapping memory aligned to 256 bytes. A larger
+// alignment is served either by an exact-size allocation whose address is checked to be aligned,
+// or by over-allocating `align - 256` bytes and rounding the 256-aligned base up, which stays
+// inside the allocation; in both cases the base is recovered with cuMemGetAddressRange on free.
+// The free first waits for the stream that follows every use, so memory is never freed under
+// pending work.
 unsafe impl DeviceResource for DriverResource {
     fn context(&self) -> &Context {
         &self.ctx
@@ -107,12 +121,20 @@ unsafe impl DeviceResource for DriverResource {
         let layout = AllocLayout::new(layout.bytes, layout.align)?;
         let device = self.ctx.device().ordinal() as i32;
         self.ctx.bind()?;
-        if layout.align <= DRIVER_ALIGNMENT {
-            return ffi::mem_alloc(layout.bytes, device);
+        let exact = ffi::mem_alloc(layout.bytes, device)?;
+        if layout.align <= DRIVER_ALIGNMENT || exact.is_multiple_of(layout.align as u64) {
+            return Ok(exact);
         }
+        // Not aligned enough: give the trial back first,
+        // so the padded request can use its memory.
+        // SAFETY: `exact` was returned by cuMemAlloc just above in the bound context, is freed
+        // once, and was never handed out or used.
+        unsafe { ffi::mem_free(exact) }.inspect_err(|e| {
+            tracing::warn!(ptr = exact, bytes = layout.bytes, error = %e, "freeing a misaligned trial allocation failed; it is leaked");
+        })?;
         let padded = layout
             .bytes
-            .checked_add(layout.align - 1)
+            .checked_add(layout.align - DRIVER_ALIGNMENT)
             .ok_or(Error::SizeOverflow { count: layout.bytes, elem_size: 1 })?;
         let base = ffi::mem_alloc(padded, device)?;
         Ok(base.next_multiple_of(layout.align as u64))

@@ -4,7 +4,8 @@
 //! takes a segment of at least its size rounded up to [`LARGE_ROUNDING`] (2 MiB) and at least
 //! [`PoolConfig::large_segment_bytes`]; with [`Growth::Doubling`] that minimum doubles after every
 //! large segment, up to `max`. If the upstream cannot provide the preferred size, the pool retries with
-//! just the rounded request before running its out-of-memory ladder.
+//! just the rounded request (for a small request, a 1 MiB segment) before running its out-of-memory
+//! ladder, so the last memory of a nearly full device is still used.
 //!
 //! ```
 //! use cumem_pool::{Growth, PoolConfig};

@@ -7,6 +7,12 @@
 //! rest to the device. [`NativePoolResource`](crate::NativePoolResource) makes a pool a
 //! [`DeviceResource`](cumem_core::DeviceResource) that any buffer can allocate from.
 //!
+//! A [`MemPool`] is a shared handle: clones name the same pool, and a pool created here is
+//! destroyed when its last handle is dropped. The device's *current* pool (the one
+//! `cuMemAllocAsync` uses) is process-wide state, so a pool that cumem made current is also held
+//! by cumem until another pool is made current on its device, and [`MemPool::current`] returns
+//! an owning handle: no handle ever names a destroyed pool.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::Device;
@@ -20,10 +26,13 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
-use cumem_core::sys::{CUmemPool_attribute as Attr, CUmemoryPool};
-use cumem_core::{Context, Feature, Result};
+use cumem_core::sys::{CUdevice, CUmemPool_attribute as Attr, CUmemoryPool};
+use cumem_core::{Context, Error, ErrorContext, Feature, Result};
+use parking_lot::Mutex;
 
 use crate::ffi;
 
@@ -71,10 +80,22 @@ pub struct MemPoolOptions {
     pub release_threshold: u64,
 }
 
-/// A stream-ordered memory pool of one device.
+/// A stream-ordered memory pool of one device: a shared handle.
+///
+/// Clones name the same pool. A pool from [`create`](Self::create) is destroyed when its last
+/// handle is dropped, and not before: while it is the device's current pool by
+/// [`make_current`](Self::make_current), cumem holds a handle too. The device's default pool is
+/// never destroyed.
+#[derive(Clone)]
 pub struct MemPool {
+    inner: Arc<PoolHandle>,
+}
+
+/// The pool itself; destroyed (if created by cumem) when the last [`MemPool`] lets go of it.
+struct PoolHandle {
     ctx: Context,
     raw: RawPool,
+    /// Created by [`MemPool::create`] (destroyed on drop); `false` for the device's default pool.
     owned: bool,
 }
 
@@ -85,49 +106,94 @@ unsafe impl Send for RawPool {}
 // SAFETY: as above; the driver synchronises its own use of the handle.
 unsafe impl Sync for RawPool {}
 
+/// The pools cumem made current, by device: each is kept alive while it is current, so that the
+/// handle [`MemPool::current`] returns for it owns a live pool. An entry is replaced (and the pool
+/// it held released) by the next [`MemPool::make_current`] on that device; the device's default
+/// pool is never destroyed and needs no entry. The lock also orders `cuDeviceSetMemPool` against
+/// `cuDeviceGetMemPool` in [`MemPool::current`], so the two agree on which pool is current.
+static MADE_CURRENT: Mutex<BTreeMap<CUdevice, MemPool>> = Mutex::new(BTreeMap::new());
+
 impl MemPool {
     fn check_supported(ctx: &Context) -> Result<()> {
         ctx.device().capabilities()?.require(Feature::MemoryPools)
+    }
+
+    fn from_raw(ctx: &Context, raw: CUmemoryPool, owned: bool) -> MemPool {
+        MemPool { inner: Arc::new(PoolHandle { ctx: ctx.clone(), raw: RawPool(raw), owned }) }
     }
 
     /// The device's default pool (used by `cuMemAllocAsync` unless another pool is current).
     pub fn default_pool(ctx: &Context) -> Result<MemPool> {
         Self::check_supported(ctx)?;
         let raw = ffi::default_mem_pool(ctx.device().raw())?;
-        Ok(MemPool { ctx: ctx.clone(), raw: RawPool(raw), owned: false })
+        Ok(Self::from_raw(ctx, raw, false))
     }
 
-    /// The device's current pool.
+    /// The device's current pool, as a handle that keeps it alive.
+    ///
+    /// That is the default pool, or the pool last made current with
+    /// [`make_current`](Self::make_current). A pool made current by code outside cumem (a direct
+    /// `cuDeviceSetMemPool`) could be destroyed behind cumem's back, so it is not handed out:
+    /// that gives [`Error::NotFound`].
     pub fn current(ctx: &Context) -> Result<MemPool> {
         Self::check_supported(ctx)?;
-        let raw = ffi::current_mem_pool(ctx.device().raw())?;
-        Ok(MemPool { ctx: ctx.clone(), raw: RawPool(raw), owned: false })
+        let dev = ctx.device().raw();
+        {
+            let made_current = MADE_CURRENT.lock();
+            let raw = ffi::current_mem_pool(dev)?;
+            if let Some(pool) = made_current.get(&dev).filter(|p| p.raw() == raw) {
+                return Ok(pool.clone());
+            }
+            // The default pool is never destroyed, so a plain handle to it stays valid.
+            let default = ffi::default_mem_pool(dev)?;
+            if raw == default {
+                return Ok(Self::from_raw(ctx, default, false));
+            }
+        }
+        Err(Error::NotFound {
+            ctx: ErrorContext::op("MemPool::current (a pool made current outside cumem)").device(dev),
+        })
     }
 
-    /// A new pool on `ctx`'s device, destroyed when dropped.
+    /// A new pool on `ctx`'s device, destroyed when its last handle is dropped.
     pub fn create(ctx: &Context, options: MemPoolOptions) -> Result<MemPool> {
         Self::check_supported(ctx)?;
         let raw = ffi::mem_pool_create(ctx.device().raw(), options.max_size.unwrap_or(0))?;
-        let pool = MemPool { ctx: ctx.clone(), raw: RawPool(raw), owned: true };
+        let pool = Self::from_raw(ctx, raw, true);
         if options.release_threshold != 0 {
             pool.set_release_threshold(options.release_threshold)?;
         }
         Ok(pool)
     }
 
-    /// The driver's handle.
+    /// The driver's handle; valid while this handle (or a clone) lives.
     pub fn raw(&self) -> CUmemoryPool {
-        self.raw.0
+        self.inner.raw.0
     }
 
     /// The context of the pool's device.
     pub fn context(&self) -> &Context {
-        &self.ctx
+        &self.inner.ctx
     }
 
     /// Makes this pool the one `cuMemAllocAsync` uses on its device.
+    ///
+    /// cumem holds the pool until another pool is made current on the device, so it stays alive
+    /// while it is current even if every other handle is dropped; making the default pool current
+    /// (`MemPool::default_pool(ctx)?.make_current()`) lets go of it. The pool this replaces as
+    /// current is destroyed if nothing else holds it. A pool still current at process exit is
+    /// never destroyed (the simulator's leak check reports it), so programs that make a pool
+    /// current make the default pool current again when done.
     pub fn make_current(&self) -> Result<()> {
-        ffi::set_current_mem_pool(self.ctx.device().raw(), self.raw())
+        let dev = self.context().device().raw();
+        let mut made_current = MADE_CURRENT.lock();
+        ffi::set_current_mem_pool(dev, self.raw())?;
+        let replaced =
+            if self.inner.owned { made_current.insert(dev, self.clone()) } else { made_current.remove(&dev) };
+        drop(made_current);
+        // Destroyed here, if this was its last handle, outside the lock.
+        drop(replaced);
+        Ok(())
     }
 
     /// Unused bytes the pool keeps across synchronisations.
@@ -199,21 +265,24 @@ impl MemPool {
 impl fmt::Debug for MemPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemPool")
-            .field("device", &self.ctx.device().ordinal())
+            .field("device", &self.context().device().ordinal())
             .field("raw", &self.raw())
-            .field("owned", &self.owned)
+            .field("owned", &self.inner.owned)
             .finish()
     }
 }
 
-impl Drop for MemPool {
+impl Drop for PoolHandle {
     fn drop(&mut self) {
         if !self.owned {
             return;
         }
-        // SAFETY: this pool was created by `create` and this is its only owner; allocations from it
-        // hold an `Arc` of the resource that owns it, so none is outstanding.
-        if let Err(e) = unsafe { ffi::mem_pool_destroy(self.raw()) } {
+        // SAFETY: this pool was created by `MemPool::create` and this is the last handle to it, so
+        // no cumem value names it afterwards: not a `MemPool` (all dropped), not the registry of
+        // current pools (which holds a handle while cumem keeps it current). Allocations from it
+        // hold an `Arc` of the resource that owns a handle, so none is outstanding through cumem;
+        // if foreign code made it current, the driver makes the default pool current again.
+        if let Err(e) = unsafe { ffi::mem_pool_destroy(self.raw.0) } {
             tracing::warn!(error = %e, "destroying a memory pool failed");
         }
     }

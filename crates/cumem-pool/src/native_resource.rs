@@ -28,10 +28,15 @@ use crate::{MemPool, ffi};
 const POOL_ALIGNMENT: usize = 256;
 
 /// A [`MemPool`] serving [`DeviceResource`] requests.
+///
+/// Alignments above 256 bytes first try the exact size and keep it when the pool's address is
+/// aligned enough (the driver's pools hand out 512-byte granules, so 512 always is); otherwise the
+/// trial goes back to the pool in stream order and the request is padded by `align - 256` bytes.
 #[derive(Debug)]
 pub struct NativePoolResource {
     pool: MemPool,
-    /// Bases of over-allocated blocks, by the aligned address handed out (alignments above 256).
+    /// For alignments above 256: the base the pool returned, by the address handed out (the same
+    /// address unless the block was padded), so the free names the pool's own address.
     padded: Mutex<HashMap<CUdeviceptr, CUdeviceptr>>,
 }
 
@@ -52,9 +57,11 @@ impl NativePoolResource {
     }
 }
 
-// SAFETY: cuMemAllocFromPoolAsync returns fresh memory usable in order on the stream; alignments
-// above what the pool guarantees are served by padding, remembered so the base is freed. Frees are
-// stream-ordered on the buffer's last stream, as the trait's contract provides.
+// SAFETY: cuMemAllocFromPoolAsync returns fresh memory usable in order on the stream, aligned to
+// 256 bytes. A larger alignment is served by an exact-size block whose address is checked, or by
+// padding `align - 256` bytes and rounding the 256-aligned base up (which stays inside the block);
+// the base is remembered so it is what gets freed. Frees are stream-ordered on the buffer's last
+// stream, as the trait's contract provides.
 unsafe impl DeviceResource for NativePoolResource {
     fn context(&self) -> &Context {
         self.pool.context()
@@ -65,12 +72,24 @@ unsafe impl DeviceResource for NativePoolResource {
         let ctx = self.pool.context();
         let device = ctx.device().ordinal() as i32;
         ctx.bind()?;
+        let exact = ffi::mem_alloc_from_pool_async(layout.bytes, self.pool.raw(), stream.raw(), device)?;
         if layout.align <= POOL_ALIGNMENT {
-            return ffi::mem_alloc_from_pool_async(layout.bytes, self.pool.raw(), stream.raw(), device);
+            return Ok(exact);
         }
+        if exact.is_multiple_of(layout.align as u64) {
+            self.padded.lock().insert(exact, exact);
+            return Ok(exact);
+        }
+        // Not aligned enough: give the trial back in stream order (the pool can reuse it for the
+        // padded request at once) and pad.
+        // SAFETY: `exact` was allocated on `stream` just above, is freed once, and was never handed
+        // out, so no work uses it.
+        unsafe { ffi::mem_free_async(exact, stream.raw()) }.inspect_err(|e| {
+            tracing::warn!(ptr = exact, error = %e, "freeing a misaligned trial block failed; it stays in the pool");
+        })?;
         let padded = layout
             .bytes
-            .checked_add(layout.align - 1)
+            .checked_add(layout.align - POOL_ALIGNMENT)
             .ok_or(Error::SizeOverflow { count: layout.bytes, elem_size: 1 })?;
         let base = ffi::mem_alloc_from_pool_async(padded, self.pool.raw(), stream.raw(), device)?;
         let aligned = base.next_multiple_of(layout.align as u64);

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use crate::PoolError;
 use crate::config::{Growth, LARGE_ROUNDING, PoolConfig};
 use crate::free_set::Seg;
-use crate::size_class::{Kind, round_up};
+use crate::size_class::{Kind, SMALL_LIMIT, round_up};
 
 /// The pool's segments and reserved-memory counters.
 #[derive(Debug, Default)]
@@ -37,6 +37,10 @@ pub(crate) struct Segments {
 
 impl Segments {
     /// Segment sizes to try for a free range of `need` bytes: the preferred size, then the minimal one.
+    ///
+    /// A small request's minimal segment is [`SMALL_LIMIT`] (1 MiB, the most a small request needs),
+    /// so that when the device has less than a full small segment left, that memory still serves
+    /// small requests instead of being lost to the pool.
     pub(crate) fn plan(
         &self,
         config: &PoolConfig,
@@ -45,7 +49,8 @@ impl Segments {
     ) -> Result<(usize, usize), PoolError> {
         let need = usize::try_from(need).map_err(|_| PoolError::SizeOverflow { requested: usize::MAX })?;
         if kind == Kind::Small {
-            return Ok((config.small_segment_bytes, config.small_segment_bytes));
+            // `need <= SMALL_LIMIT <= small_segment_bytes` for small requests (normalized config).
+            return Ok((config.small_segment_bytes, SMALL_LIMIT.min(config.small_segment_bytes).max(need)));
         }
         let minimal = round_up(need, LARGE_ROUNDING).ok_or(PoolError::SizeOverflow { requested: need })?;
         let floor = match config.growth {
@@ -89,7 +94,7 @@ mod tests {
         let mib = 1 << 20;
         let mut s = Segments::default();
         let exact = PoolConfig::default().normalized();
-        assert_eq!(s.plan(&exact, Kind::Small, 512).unwrap(), (2 * mib, 2 * mib));
+        assert_eq!(s.plan(&exact, Kind::Small, 512).unwrap(), (2 * mib, mib));
         assert_eq!(s.plan(&exact, Kind::Large, 3 * mib as u64).unwrap(), (20 * mib, 4 * mib));
         assert_eq!(s.plan(&exact, Kind::Large, 30 * mib as u64).unwrap(), (30 * mib, 30 * mib));
         let dbl =

@@ -146,15 +146,56 @@ impl StatisticsResource {
     }
 
     /// Runs `f` in a new scope and returns its result with the scope's counts.
+    ///
+    /// The scope (and any scope `f` pushed and left open) is closed even if `f` panics: its counts
+    /// are then folded into the scope below, so buffers allocated before or inside it stay counted.
     pub fn with_scope<R>(&self, f: impl FnOnce() -> R) -> (R, ScopeCounters) {
-        let depth = self.push_scope();
+        let guard = ScopeGuard { stats: self, depth: self.push_scope(), armed: true };
         let out = f();
-        let mut counters = ScopeCounters::default();
-        // Pop every scope `f` left open too, so the stack stays balanced.
-        while self.scopes.lock().len() > depth {
-            counters = self.pop_scope().unwrap_or_default();
-        }
+        let counters = guard.close();
         (out, counters)
+    }
+}
+
+/// Closes the scopes opened since `depth` when dropped, so that unwinding out of
+/// [`StatisticsResource::with_scope`] leaves the stack as it found it.
+struct ScopeGuard<'a> {
+    stats: &'a StatisticsResource,
+    /// Depth of the scope `with_scope` pushed: it and everything above it are closed.
+    depth: usize,
+    /// Cleared by [`close`](Self::close), so the drop after a normal return pops nothing (not
+    /// even a scope another thread pushed in between).
+    armed: bool,
+}
+
+impl ScopeGuard<'_> {
+    /// Closes the scopes on the normal path and returns the counts of the one at `depth`.
+    fn close(mut self) -> ScopeCounters {
+        self.armed = false;
+        self.pop_to_depth()
+    }
+
+    /// Pops every scope at or above `depth` and returns the counts of the one at `depth`.
+    fn pop_to_depth(&self) -> ScopeCounters {
+        let mut counters = ScopeCounters::default();
+        // Each pop folds the popped scope into the one below; the last one popped is ours.
+        while self.stats.scopes.lock().len() > self.depth {
+            match self.stats.pop_scope() {
+                Some(c) => counters = c,
+                None => break,
+            }
+        }
+        counters
+    }
+}
+
+impl Drop for ScopeGuard<'_> {
+    fn drop(&mut self) {
+        // Only while unwinding out of `f`: close the scopes the panic left open. Popping cannot
+        // panic (no indexing, no unwrap), so this never aborts an unwinding thread.
+        if self.armed {
+            self.pop_to_depth();
+        }
     }
 }
 
