@@ -7,8 +7,9 @@
 //! the kind's own accessor must wait for the copy to see the new ones. (The simulator's streams
 //! also start work 20 ms late, so a missing wait in the tests without a gate reads stale data too.)
 //!
-//! Gated tests are `#[serial]` and the others `#[parallel]` (see `common`: a gate must never
-//! overlap a free in another test).
+//! Gated tests are `#[serial]` (see `common`: a gate must never overlap a free in another test), and
+//! so is the one that checks freed addresses are no longer live (a parallel test could reuse them);
+//! the others are `#[parallel]`.
 
 mod common;
 
@@ -263,7 +264,7 @@ every_host_kind! {
 every_host_kind! {
     /// Releasing the memory (a drop, or the end of a registration scope) while a download into
     /// it is queued waits for the download: nothing is freed or unregistered under the copy.
-    #[parallel]
+    #[serial] // checks that the address is no longer live, which a parallel test could reuse
     fn every_kind_waits_for_a_pending_download_before_it_is_released(#[case] kind: Kind) {
         let (ctx, stream) = setup();
         let dev = DeviceBuffer::from_slice(&stream, &[3u64; N]).unwrap();

@@ -4,7 +4,9 @@
 //! [`every_resource`]. Data round-trips bitwise through every constructor, view and copy; errors come
 //! by variant and change nothing; buffers freed on another thread return their memory; and at the
 //! end of each case the resource holds nothing and the simulator's live report has none of its
-//! memory. No test here holds a stream, so none needs `#[serial]`.
+//! memory. No test here holds a stream, yet every case is `#[serial]`: that last check would fail
+//! when a case running beside it reused a freed address (the default pool, and the simulator's
+//! address space after a while, hand out freed addresses again).
 
 use std::sync::Arc;
 
@@ -17,6 +19,7 @@ use cumem_pool::{
 };
 use cumem_sys::testing;
 use rstest::rstest;
+use serial_test::serial;
 
 /// Streams start work 20 ms late, so a missing wait reads stale data.
 const SIM: &str = "devices=2,latency_us=20000";
@@ -47,6 +50,7 @@ macro_rules! every_resource {
         #[case::statistics_over_native_default_pool(Kind::NativeDefault, true)]
         #[case::statistics_over_native_created_pool(Kind::NativeCreated, true)]
         #[case::statistics_over_caching(Kind::Caching, true)]
+        #[serial] // checks that its addresses are no longer live, which a parallel case could reuse
         $item
     )*};
 }

@@ -81,6 +81,9 @@ pub fn sim_control() -> Option<cumem_sim::control::Control> {
 /// - while the gate is closed, the gated test queues nothing that waits for the held stream or the
 ///   whole device (synchronisation, host access, drops that free): it would wait for itself.
 ///
+/// The attributes go after `#[rstest]` (they then apply to every case) and, inside `proptest!`,
+/// after `#[test]` (they apply to the whole run of cases).
+///
 /// Declare the gate in a local *after* the buffers it holds work for: on a panic it is dropped,
 /// so opened, before their drops wait for the stream.
 #[must_use = "the stream is held until the gate is released or dropped"]
