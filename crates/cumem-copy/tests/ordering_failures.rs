@@ -1,6 +1,8 @@
 //! Ordering under concurrency and failure: two threads using disjoint halves of one buffer on two
 //! streams are both waited for, and a copy whose completion event cannot be recorded is waited for
 //! another way.
+//!
+//! The gated tests are `#[serial]` and the others `#[parallel]`: see `common` for why.
 
 mod common;
 
@@ -12,21 +14,15 @@ use cumem_core::sys::CUresult;
 use cumem_core::{Device, DeviceBuffer, MappedBuffer, PinnedBuffer, Stream};
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
+use serial_test::{parallel, serial};
 
 fn ctx() -> cumem_core::Context {
     testing::init_with("latency_us=20000");
     Device::get(0).unwrap().context().unwrap()
 }
 
-/// Opens `gate` from another thread after `after`, while the test thread is blocked waiting.
-fn open_later(gate: common::Gate, after: Duration) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        std::thread::sleep(after);
-        gate.release();
-    })
-}
-
 #[test]
+#[serial] // holds a gate
 fn host_access_waits_for_both_halves_written_on_two_threads() {
     let ctx = ctx();
     let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
@@ -52,7 +48,7 @@ fn host_access_waits_for_both_halves_written_on_two_threads() {
             });
         });
     }
-    let opener = open_later(gate, Duration::from_millis(100));
+    let opener = gate.release_after(Duration::from_millis(100));
     let seen = mapped.as_slice().unwrap().to_vec(); // must wait for a, held back by the gate
     opener.join().unwrap();
     assert!(seen[..1024].iter().all(|&v| v == 1), "host access returned before stream a's fill ran");
@@ -60,6 +56,7 @@ fn host_access_waits_for_both_halves_written_on_two_threads() {
 }
 
 #[test]
+#[parallel]
 fn a_copy_whose_event_cannot_be_recorded_is_waited_for_by_synchronising() {
     let ctx = ctx();
     let Some(ctl) = testing::sim_control() else { return };
@@ -83,6 +80,7 @@ fn a_copy_whose_event_cannot_be_recorded_is_waited_for_by_synchronising() {
 }
 
 #[test]
+#[serial] // holds a gate
 fn a_host_wait_during_a_live_shared_view_does_not_forget_reads_queued_after_it() {
     let ctx = ctx();
     let s = Stream::non_blocking(&ctx).unwrap();
@@ -94,7 +92,7 @@ fn a_host_wait_during_a_live_shared_view_does_not_forget_reads_queued_after_it()
         mapped.wait_idle().unwrap(); // a host wait while the shared view is alive
         s.copy_d2d(&view, &mut dev).unwrap(); // queued behind the gate: reads the 1s later
     }
-    let opener = open_later(gate, Duration::from_millis(100));
+    let opener = gate.release_after(Duration::from_millis(100));
     mapped.as_mut_slice().unwrap().fill(2); // must wait for the queued read first
     opener.join().unwrap();
     assert_eq!(

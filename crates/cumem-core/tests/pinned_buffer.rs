@@ -1,7 +1,13 @@
 //! `PinnedBuffer<T>`: page-locked host memory, its flags and host access.
+//!
+//! `flags_reach_the_driver` is `#[serial]` and the others `#[parallel]`: on a real H100 the
+//! PORTABLE flag intermittently read back 0 while other tests allocated pinned memory (issue 7
+//! item 11; whether the driver sub-allocates small pinned allocations from shared chunks, whose
+//! flags `cuMemHostGetFlags` reports, is being checked). Its assertion is unchanged until then.
 
 use cumem_core::{Device, Error, PinnedBuffer, PinnedFlags, sys};
 use cumem_sys::testing;
+use serial_test::{parallel, serial};
 
 fn ctx() -> cumem_core::Context {
     testing::init();
@@ -18,6 +24,7 @@ fn driver_flags<T>(buf: &PinnedBuffer<T>) -> u32 {
 }
 
 #[test]
+#[parallel]
 fn zeroed_and_from_slice_hold_their_values() {
     let ctx = ctx();
     let z = PinnedBuffer::<u64>::zeroed(&ctx, 1000).unwrap();
@@ -34,6 +41,7 @@ fn zeroed_and_from_slice_hold_their_values() {
 }
 
 #[test]
+#[serial] // no other test allocates pinned memory meanwhile (see the module docs)
 fn flags_reach_the_driver() {
     let ctx = ctx();
     let all = PinnedFlags { portable: true, device_mapped: true, write_combined: true };
@@ -60,6 +68,7 @@ fn flags_reach_the_driver() {
 }
 
 #[test]
+#[parallel]
 fn empty_pinned_buffers_allocate_nothing() {
     let ctx = ctx();
     let mut e = PinnedBuffer::<u32>::zeroed(&ctx, 0).unwrap();
@@ -68,6 +77,7 @@ fn empty_pinned_buffers_allocate_nothing() {
 }
 
 #[test]
+#[parallel]
 fn oversized_pinned_requests_are_errors() {
     let ctx = ctx();
     assert!(matches!(PinnedBuffer::<u64>::zeroed(&ctx, usize::MAX / 2), Err(Error::SizeOverflow { .. })));

@@ -2,21 +2,22 @@
 //! before A's pending work on it completes. The simulator's streams really run later, and a host
 //! function holds stream A back, so handing the block over without an event dependency shows up as
 //! corrupted data. The second test proves the first can fail: the same hand-off through a pool whose
-//! ordering does nothing corrupts the data.
+//! ordering does nothing corrupts the data. Both hold a gate, so both are `#[serial]`.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cumem_copy::StreamCopy;
-use cumem_core::sys::{self, CUdeviceptr};
+use cumem_core::sys::CUdeviceptr;
 use cumem_core::{AllocLayout, Context, Device, DeviceBuffer, DeviceResource, PinnedBuffer, Result, Stream};
 use cumem_pool::{
     Block, CachingPool, CachingResource, DeviceUpstream, Ordering, PoolConfig, StreamKey, UpstreamError,
 };
 use cumem_sys::testing;
-use parking_lot::{Condvar, Mutex};
+use cumem_sys::testing::Gate;
+use parking_lot::Mutex;
+use serial_test::serial;
 
 const N: usize = 4096;
 
@@ -25,38 +26,16 @@ fn ctx() -> Context {
     Device::get(0).unwrap().context().unwrap()
 }
 
-/// Blocks a stream at the point it is queued until released.
-struct Gate {
-    open: Mutex<bool>,
-    cv: Condvar,
-}
-
-unsafe extern "C" fn wait_at_gate(user: *mut c_void) {
-    // SAFETY: `user` is the `Arc<Gate>` leaked by `hold`, alive until `release` reclaims it after the
-    // stream has passed the gate.
-    let gate = unsafe { &*user.cast::<Gate>() };
-    let mut open = gate.open.lock();
-    while !*open {
-        gate.cv.wait(&mut open);
-    }
-}
-
-fn hold(stream: &Stream) -> Arc<Gate> {
-    let gate = Arc::new(Gate { open: Mutex::new(false), cv: Condvar::new() });
-    let user = Arc::into_raw(gate.clone()) as *mut c_void;
+/// Holds `stream` here until the gate is released; the calling test must be `#[serial]`
+/// (checked): see [`Gate`] for why.
+fn hold(stream: &Stream) -> Gate {
+    assert!(
+        serial_test::is_locked_serially(None),
+        "a test that holds a stream must be #[serial] (see cumem_sys::testing::Gate)"
+    );
     stream.context().bind().unwrap();
-    // SAFETY: the callback only waits on the gate, which stays alive (one leaked count) until released.
-    let code = unsafe { sys::cuLaunchHostFunc(stream.raw(), Some(wait_at_gate), user) };
-    assert_eq!(code, sys::CUresult::CUDA_SUCCESS);
-    gate
-}
-
-fn release(gate: Arc<Gate>, stream: &Stream) {
-    *gate.open.lock() = true;
-    gate.cv.notify_all();
-    stream.synchronize().unwrap();
-    // SAFETY: the count leaked by `hold`; the callback has returned (the stream is synchronised).
-    drop(unsafe { Arc::from_raw(Arc::as_ptr(&gate)) });
+    // SAFETY: `stream` is alive (borrowed), and its context was just made current.
+    unsafe { testing::hold(stream.raw()) }
 }
 
 /// Runs the hand-off through `resource` and returns what stream A read from the block.
@@ -75,7 +54,8 @@ fn hand_off(ctx: &Context, resource: Arc<dyn DeviceResource>) -> Vec<u32> {
     b.fill(&mut y, 0xBBBB_BBBB).unwrap();
     std::thread::sleep(Duration::from_millis(50)); // time for B to run, if nothing holds it back
 
-    release(gate, &a);
+    gate.release();
+    a.synchronize().unwrap();
     b.synchronize().unwrap();
     let out = seen.to_vec().unwrap();
     drop(y);
@@ -83,6 +63,7 @@ fn hand_off(ctx: &Context, resource: Arc<dyn DeviceResource>) -> Vec<u32> {
 }
 
 #[test]
+#[serial] // holds a gate
 fn a_block_freed_on_one_stream_reaches_another_only_after_the_first_streams_work() {
     let ctx = ctx();
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
@@ -135,6 +116,7 @@ unsafe impl DeviceResource for Unordered {
 }
 
 #[test]
+#[serial] // holds a gate
 fn without_the_event_dependency_the_same_hand_off_corrupts_data() {
     let ctx = ctx();
     let upstream = DeviceUpstream::new(Arc::new(cumem_core::DriverResource::new(&ctx)));

@@ -4,12 +4,22 @@
 //! says otherwise (`cargo xtask gpu-test` sets `CUMEM_DRIVER=real`), and turns on the simulator's
 //! leak check at process exit, so every test binary ends by checking the live-resource report.
 //!
+//! [`hold`] queues a [`Gate`] on a stream, so that a test can show that a read is right only
+//! because a type waited. A gated test must be `#[serial]` and every other test of its binary
+//! `#[parallel]`: host functions of all streams share one thread, and a real driver lets a free
+//! that waits for a held stream block every other thread's work (see [`Gate`]).
+//!
 //! ```
 //! let kind = cumem_sys::testing::init();
 //! assert_eq!(cumem_sys::driver::current(), Some(kind));
 //! ```
 
+use std::ffi::c_void;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
 use crate::driver::{self, DriverChoice, DriverKind};
+use crate::sys;
 
 /// The simulator configuration every test process starts from: two devices, so multi-device
 /// code paths run, and the leak check at exit.
@@ -46,4 +56,118 @@ pub fn init_with(sim_config: &str) -> DriverKind {
 /// The simulator's control client, when the simulator is the driver in use.
 pub fn sim_control() -> Option<cumem_sim::control::Control> {
     (driver::current()? == DriverKind::Simulator).then(cumem_sim::control::Control::attach).flatten()
+}
+
+/// Holds a stream at the point [`hold`] queued it, until the gate is released or dropped.
+///
+/// A gate is a host function that blocks until the test opens it: everything queued on the stream
+/// after it has certainly not run while the gate is closed, whatever the machine's load, so a test
+/// can read memory behind a type's back and see the old values deterministically.
+///
+/// # The rule: a gated test is `#[serial]`
+/// Host functions of *all* streams share one thread, on a real driver as in the simulator, so a
+/// closed gate stops every host function of the process; and on a real driver (measured on an
+/// H100, `driver-api.md` §17) a thread waiting in an implicitly synchronising call (`cuMemFree`,
+/// `cuMemFreeHost`, `cuMemHostUnregister`, …) for the held stream *holds the context*: other
+/// threads' calls that queue work or allocate (async copies and memsets, event records,
+/// `cuLaunchHostFunc`, `cuMemAlloc`, `cuStreamCreate`, `cuMemAllocHost`) block until it returns.
+/// A test holding a gate while another test frees memory therefore cannot queue the work that comes
+/// before opening its gate, and both hang. Hence, in every test binary that may run on a GPU:
+/// - a test that holds a gate (or otherwise blocks a stream or the host-function thread) is
+///   `#[serial]` (`serial_test`), and calls [`hold`] on its own thread (the wrappers in the test
+///   crates assert `serial_test::is_locked_serially(None)`, which is per thread);
+/// - every other test of that binary is `#[parallel]`, so that none runs beside a gated one (a test
+///   with neither attribute gives no guarantee); threads a test spawns are joined before it returns;
+/// - while the gate is closed, the gated test queues nothing that waits for the held stream or the
+///   whole device (synchronisation, host access, drops that free): it would wait for itself.
+///
+/// The attributes go after `#[rstest]` (they then apply to every case) and, inside `proptest!`,
+/// after `#[test]` (they apply to the whole run of cases).
+///
+/// Declare the gate in a local *after* the buffers it holds work for: on a panic it is dropped,
+/// so opened, before their drops wait for the stream.
+#[must_use = "the stream is held until the gate is released or dropped"]
+pub struct Gate {
+    state: Arc<GateState>,
+}
+
+struct GateState {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl GateState {
+    fn open(&self) {
+        *self.open.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.cv.notify_all();
+    }
+}
+
+impl Gate {
+    /// Opens the gate: the held stream carries on. Does not wait for the stream, so that whatever
+    /// the test calls next is what has to wait.
+    pub fn release(self) {
+        drop(self);
+    }
+
+    /// Opens the gate from another thread after `delay`, while the calling thread goes on to block
+    /// in a call that must wait for the held stream (the returned handle is joined afterwards).
+    pub fn release_after(self, delay: Duration) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            self.release();
+        })
+    }
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let open = *self.state.open.lock().unwrap_or_else(PoisonError::into_inner);
+        f.debug_struct("Gate").field("open", &open).finish()
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.state.open();
+    }
+}
+
+/// The host function of a gate: blocks the host-function thread until the gate opens.
+unsafe extern "C" fn wait_at_gate(user: *mut c_void) {
+    // SAFETY: `user` is the count of the `Arc<GateState>` that `hold` leaked for this call, which
+    // runs once: reclaiming it here keeps the state alive until the callback has returned.
+    let state = unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) };
+    let mut open = state.open.lock().unwrap_or_else(PoisonError::into_inner);
+    while !*open {
+        open = state.cv.wait(open).unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// Holds `stream` here: work queued on it from now on does not start until the returned [`Gate`]
+/// is released or dropped. Read the rule on [`Gate`] first: the calling test must be `#[serial]`.
+///
+/// The test crates wrap this in a safe `hold(&Stream)` that binds the stream's context and asserts
+/// that the test runs serially.
+///
+/// # Safety
+/// 1. `stream` is a live stream handle (a destroyed one crashes a real driver), or null for the
+///    legacy stream of the current context.
+/// 2. The stream's context is current on the calling thread.
+///
+/// # Panics
+/// If the driver refuses to queue the host function.
+pub unsafe fn hold(stream: sys::CUstream) -> Gate {
+    let state = Arc::new(GateState { open: Mutex::new(false), cv: Condvar::new() });
+    let user = Arc::into_raw(state.clone()).cast_mut().cast::<c_void>();
+    // SAFETY: the caller promises a live stream of the current context (1, 2); the callback only
+    // waits on the state, and owns the count passed to it; a driver is loaded, since the caller
+    // has a stream.
+    let code = unsafe { sys::cuLaunchHostFunc(stream, Some(wait_at_gate), user) };
+    if code != sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: not queued, so the count passed as `user` is still ours to reclaim.
+        drop(unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) });
+        panic!("cuLaunchHostFunc failed: {code:?}");
+    }
+    Gate { state }
 }

@@ -1,20 +1,21 @@
 //! `UnifiedBuffer`: round trips, host access that waits for device work, attachment, advice and
 //! policies read back through range attributes, prefetch plans, and devices without the capability.
 
-use std::ffi::c_void;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
-
 use cumem_copy::StreamCopy;
-use cumem_core::sys::{self, CUresult};
+use cumem_core::sys::CUresult;
 use cumem_core::{Context, Device, DeviceBuffer, Error, Feature, Stream};
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
+use cumem_sys::testing::Gate;
 use cumem_unified::{Advice, Attach, Location, MigrationPolicy, PrefetchPlan, UnifiedBuffer};
+use rstest::rstest;
+use serial_test::{parallel, serial};
 
 /// Device 1 has no managed memory; device 2 has it without concurrent access (like Windows/WSL or
 /// older GPUs). Streams start work 20 ms late, so a missing wait reads stale data; where a test
 /// reads behind a buffer's back to show that, a [`Gate`] holds the stream so the read is stale
-/// whatever the machine's load.
+/// whatever the machine's load. Those tests are `#[serial]` and every other one `#[parallel]`: a
+/// gate must never overlap a free in another test (see [`Gate`]).
 const SIM: &str = "devices=3,latency_us=20000,dev1.managed_memory=0,dev2.concurrent_managed_access=0";
 
 fn init() {
@@ -51,57 +52,22 @@ fn early<T: Copy>(ptr: u64) -> T {
     unsafe { std::ptr::read_volatile(ptr as usize as *const T) }
 }
 
-struct GateState {
-    open: Mutex<bool>,
-    cv: Condvar,
-}
-
-/// Holds a stream at the point [`hold`] queued it until released or dropped, so that work queued
-/// behind it has certainly not run. Declare it after the buffers it holds work for: on a panic it is
-/// dropped, so opened, before they are (their drops may wait for the stream). Nothing may wait for
-/// the held stream (or the whole device) before the gate opens: the simulator runs every host
-/// function on one callback thread.
-#[must_use = "the stream is held until the gate is released or dropped"]
-struct Gate(Arc<GateState>);
-
-impl Gate {
-    /// Opens the gate without waiting for the stream: what the test calls next has to wait.
-    fn release(self) {}
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        *self.0.open.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.0.cv.notify_all();
-    }
-}
-
-unsafe extern "C" fn wait_at_gate(user: *mut c_void) {
-    // SAFETY: `user` is the count of the `Arc<GateState>` that `hold` leaked for this call, which
-    // runs once: reclaiming it here keeps the state alive until the callback has returned.
-    let state = unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) };
-    let mut open = state.open.lock().unwrap_or_else(PoisonError::into_inner);
-    while !*open {
-        open = state.cv.wait(open).unwrap_or_else(PoisonError::into_inner);
-    }
-}
-
 /// Holds `stream` here: work queued on it from now on does not start until the gate opens.
+/// Declare the gate after the buffers it holds work for: on a panic it is dropped, so opened,
+/// before their drops wait for the stream. The calling test must be `#[serial]` (checked): see
+/// [`Gate`] for why.
 fn hold(stream: &Stream) -> Gate {
-    let state = Arc::new(GateState { open: Mutex::new(false), cv: Condvar::new() });
-    let user = Arc::into_raw(state.clone()).cast_mut().cast::<c_void>();
+    assert!(
+        serial_test::is_locked_serially(None),
+        "a test that holds a stream must be #[serial] (see cumem_sys::testing::Gate)"
+    );
     stream.context().bind().unwrap();
-    // SAFETY: the callback only waits on the state, and owns the count passed to it.
-    let code = unsafe { sys::cuLaunchHostFunc(stream.raw(), Some(wait_at_gate), user) };
-    if code != CUresult::CUDA_SUCCESS {
-        // SAFETY: not queued, so the count passed as `user` is still ours to reclaim.
-        drop(unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) });
-        panic!("cuLaunchHostFunc failed: {code:?}");
-    }
-    Gate(state)
+    // SAFETY: `stream` is alive (borrowed), and its context was just made current.
+    unsafe { testing::hold(stream.raw()) }
 }
 
 #[test]
+#[serial] // holds a gate
 fn data_round_trips_host_to_unified_to_device_to_host() {
     let (_, _, stream) = full();
     let data = pattern(1 << 14);
@@ -123,6 +89,7 @@ fn data_round_trips_host_to_unified_to_device_to_host() {
 }
 
 #[test]
+#[serial] // holds a gate
 fn host_writes_wait_for_device_reads_on_another_stream() {
     let (_, ctx, stream) = full();
     let other = Stream::non_blocking(&ctx).unwrap();
@@ -144,6 +111,7 @@ fn host_writes_wait_for_device_reads_on_another_stream() {
 }
 
 #[test]
+#[parallel]
 fn every_advice_reads_back_as_the_location_it_names() {
     let (device, _, stream) = full();
     let buf = UnifiedBuffer::<u8>::zeroed(&stream, 1 << 16).unwrap();
@@ -178,6 +146,7 @@ fn every_advice_reads_back_as_the_location_it_names() {
 }
 
 #[test]
+#[parallel]
 fn every_migration_policy_reads_back_as_the_location_it_names() {
     let (device, _, stream) = full();
     let buf = UnifiedBuffer::<f32>::zeroed(&stream, 1 << 14).unwrap();
@@ -199,6 +168,7 @@ fn every_migration_policy_reads_back_as_the_location_it_names() {
 }
 
 #[test]
+#[parallel]
 fn prefetch_plans_run_on_a_stream_and_host_access_waits_for_them() {
     let (device, _, stream) = full();
     let data = pattern(1 << 12);
@@ -223,6 +193,7 @@ fn prefetch_plans_run_on_a_stream_and_host_access_waits_for_them() {
 }
 
 #[test]
+#[parallel]
 fn attachment_modes_are_honoured() {
     let (_, ctx, stream) = full();
     let mut host_only = UnifiedBuffer::from_slice_attached(&stream, &[5u16; 100], Attach::Host).unwrap();
@@ -240,6 +211,7 @@ fn attachment_modes_are_honoured() {
 }
 
 #[test]
+#[parallel]
 fn devices_without_concurrent_access_keep_the_attach_rules() {
     let Some((device, ctx)) = device_where(|c| c.managed_memory && !c.concurrent_managed_access) else {
         return;
@@ -287,6 +259,7 @@ fn devices_without_concurrent_access_keep_the_attach_rules() {
 }
 
 #[test]
+#[parallel]
 fn devices_without_managed_memory_are_not_supported_before_any_driver_call() {
     let Some((device, ctx)) = device_where(|c| !c.managed_memory) else { return };
     let stream = Stream::new(&ctx).unwrap();
@@ -313,6 +286,7 @@ fn devices_without_managed_memory_are_not_supported_before_any_driver_call() {
 }
 
 #[test]
+#[parallel]
 fn empty_and_oversized_buffers() {
     let (device, _, stream) = full();
     let mut empty = UnifiedBuffer::<u64>::zeroed(&stream, 0).unwrap();
@@ -320,4 +294,94 @@ fn empty_and_oversized_buffers() {
     empty.set_policy(MigrationPolicy::PreferHost).unwrap();
     empty.prefetch(Location::Device(device), &stream).unwrap();
     assert!(matches!(UnifiedBuffer::<u64>::zeroed(&stream, usize::MAX / 2), Err(Error::SizeOverflow { .. })));
+}
+
+/// Devices a unified buffer lives on: a row of the table below.
+#[derive(Debug, Clone, Copy)]
+enum Access {
+    /// Managed memory with concurrent access (host access waits for the buffer's own work).
+    Concurrent,
+    /// Managed memory without concurrent access (the simulator's device 2; skipped where absent).
+    NotConcurrent,
+}
+
+/// A copy direction: a column of the table below.
+#[derive(Debug, Clone, Copy)]
+enum Direction {
+    /// Blocking `copy_h2d` from a host slice into the buffer.
+    Upload,
+    /// Blocking `copy_d2h` from the buffer into a host slice.
+    Download,
+    /// Blocking `copy_d2d` from device memory into the buffer.
+    DeviceIn,
+    /// Blocking `copy_d2d` from the buffer into device memory.
+    DeviceOut,
+    /// `StreamCopy::copy_d2d` into the buffer, then a host read (which must wait for it).
+    QueuedIn,
+    /// `StreamCopy::copy_d2d` out of the buffer, then a host write (which must wait for it).
+    QueuedOut,
+}
+
+/// Unified memory in every copy direction: data round-trips bitwise, and host access after a
+/// queued copy sees what it copied (the simulator's streams run 20 ms late, so a missing wait
+/// reads or overwrites stale data). The host kinds' table is in cumem-copy's `host_kinds.rs`.
+#[rstest]
+#[parallel]
+fn unified_buffers_round_trip_bitwise_in_every_direction(
+    #[values(Access::Concurrent, Access::NotConcurrent)] access: Access,
+    #[values(
+        Direction::Upload,
+        Direction::Download,
+        Direction::DeviceIn,
+        Direction::DeviceOut,
+        Direction::QueuedIn,
+        Direction::QueuedOut
+    )]
+    direction: Direction,
+) {
+    const N: usize = 1 << 12;
+    let found = match access {
+        Access::Concurrent => device_where(|c| c.managed_memory && c.concurrent_managed_access),
+        Access::NotConcurrent => device_where(|c| c.managed_memory && !c.concurrent_managed_access),
+    };
+    let Some((_, ctx)) = found else {
+        assert!(matches!(access, Access::NotConcurrent), "a managed-memory device");
+        return;
+    };
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let data = pattern(N);
+    let other: Vec<u32> = data.iter().map(|v| !v).collect();
+    let mut unified = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+    let mut dev = DeviceBuffer::<u32>::zeroed(&stream, N).unwrap();
+    match direction {
+        Direction::Upload => {
+            cumem_copy::copy_h2d(&other, &mut unified).unwrap();
+            assert_eq!(unified.to_vec().unwrap(), other);
+        }
+        Direction::Download => {
+            let mut out = vec![0u32; N];
+            cumem_copy::copy_d2h(&unified, &mut out).unwrap();
+            assert_eq!(out, data);
+        }
+        Direction::DeviceIn => {
+            cumem_copy::copy_h2d(&other, &mut dev).unwrap();
+            cumem_copy::copy_d2d(&dev, &mut unified).unwrap();
+            assert_eq!(unified.as_slice().unwrap(), &other[..]);
+        }
+        Direction::DeviceOut => {
+            cumem_copy::copy_d2d(&unified, &mut dev).unwrap();
+            assert_eq!(dev.to_vec().unwrap(), data);
+        }
+        Direction::QueuedIn => {
+            cumem_copy::copy_h2d(&other, &mut dev).unwrap();
+            stream.copy_d2d(&dev, &mut unified).unwrap();
+            assert_eq!(unified.as_slice().unwrap(), &other[..]); // waits for the copy
+        }
+        Direction::QueuedOut => {
+            stream.copy_d2d(&unified, &mut dev).unwrap();
+            unified.as_mut_slice().unwrap().fill(0); // must not overtake the device's read
+            assert_eq!(dev.to_vec().unwrap(), data);
+            assert_eq!(unified.to_vec().unwrap(), vec![0; N]);
+        }
+    }
 }
