@@ -35,8 +35,10 @@ fn element_types_aligned_beyond_a_pitched_row_are_refused() {
         match PitchedBuffer::<Wide>::zeroed(&stream, w, h) {
             Err(Error::NotSupported { feature: Feature::Alignment(1024), .. }) => {}
             Ok(buf) => {
-                let misaligned: Vec<u64> =
-                    (0..h).map(|y| buf.row(y).unwrap().device_ptr()).filter(|p| p % 1024 != 0).collect();
+                let misaligned: Vec<u64> = (0..h)
+                    .map(|y| buf.row(y).unwrap().device_ptr())
+                    .filter(|p| !p.is_multiple_of(1024))
+                    .collect();
                 panic!(
                     "a {w}x{h} array of 1 KiB-aligned values was made; rows at {misaligned:#x?} are not aligned"
                 );
@@ -49,7 +51,7 @@ fn element_types_aligned_beyond_a_pitched_row_are_refused() {
     #[repr(C, align(256))]
     struct Row256([u8; 256]);
     let buf = PitchedBuffer::<Row256>::zeroed(&stream, 3, 2).unwrap();
-    assert!((0..2).all(|y| buf.row(y).unwrap().device_ptr() % 256 == 0));
+    assert!((0..2).all(|y| buf.row(y).unwrap().device_ptr().is_multiple_of(256)));
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 
