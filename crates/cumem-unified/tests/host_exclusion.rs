@@ -128,11 +128,13 @@ fn without_concurrent_access_a_host_read_refuses_device_reads_through_shared_vie
             // Queued, this copy would read the pages while the host reads them below: the real
             // driver faults the host there, and so does the simulator.
             let queued = stream.copy_d2d(&view, &mut dst);
-            let blocking = cumem_copy::copy_d2d(&view, &mut dst);
             assert_eq!(host, &data[..]);
             drop(gate);
             assert!(queued.as_ref().is_err_and(|e| refused_on(e, device)), "{queued:?}");
+            // The blocking form too (after the gate: a copy of managed memory is synchronous).
+            let blocking = cumem_copy::copy_d2d(&view, &mut dst);
             assert!(blocking.as_ref().is_err_and(|e| refused_on(e, device)), "{blocking:?}");
+            assert_eq!(host, &data[..]);
         }
         // An exclusive access proves the host's borrow over: device reads are allowed again.
         buf.end_host_reads();
