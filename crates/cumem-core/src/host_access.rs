@@ -294,6 +294,8 @@ impl HostAccess {
         len: usize,
         enqueue: impl FnOnce(*mut T, usize) -> Result<R>,
     ) -> Result<R> {
+        // `&mut self`: no shared host borrow is alive (safety contract 1), so device work may run.
+        self.end_host_reads();
         let pending = self.pending.get_mut();
         if let Some(order) = &self.order {
             let _ticket = order.use_on(stream)?;
