@@ -33,6 +33,6 @@ mod validate;
 pub use blocking::{copy_d2d, copy_d2h, copy_h2d};
 pub use extent::{Copy2D, Copy3D, Rect2D};
 pub use nd::{copy_2d, copy_3d};
-pub use pitched::PitchedBuffer;
+pub use pitched::{PITCHED_ROW_ALIGNMENT, PitchedBuffer};
 pub use region::{CopyDst, CopySrc, Pitched, QueuedDst, QueuedSrc};
 pub use stream_ordered::StreamCopy;

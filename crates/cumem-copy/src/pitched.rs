@@ -5,8 +5,13 @@
 //! height and depth in elements and its pitch; it hands out rows as device views, and itself as a
 //! [`Pitched`] side of 2D/3D copies and memsets. Needs a pitch that is a multiple of `T`'s size
 //! (true for every power-of-two size up to the pitch alignment); otherwise `Misaligned { what:
-//! "pitch" }`. Zero-sized element types are refused (`ZeroSize { what: "element size" }`), and
-//! extents whose element count overflows are `SizeOverflow`. Empty arrays allocate nothing.
+//! "pitch" }`. Rows are only as aligned as the allocation's base, which the driver guarantees to
+//! [`PITCHED_ROW_ALIGNMENT`] bytes: element types aligned more strictly are refused before any driver call
+//! (`NotSupported { feature: Alignment(align) }`), and a base that falls short of `T`'s alignment
+//! is `Misaligned { what: "pitched allocation" }`. A row wider than the device's `MAX_PITCH` is
+//! `InvalidValue` before any driver call. Zero-sized element types are refused (`ZeroSize { what:
+//! "element size" }`), and extents whose element count overflows are `SizeOverflow`. Empty arrays
+//! allocate nothing.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -26,12 +31,18 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use bytemuck::{AnyBitPattern, Pod, Zeroable};
-use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Error, Result, Stream, StreamOrder};
+use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Error, Feature, Result, Stream, StreamOrder};
+use cumem_sys::ErrorContext;
 use cumem_sys::sys::CUdeviceptr;
 
 use crate::extent::{Copy3D, bytes};
 use crate::ffi::{self, Width};
 use crate::region::Pitched;
+
+/// The alignment, in bytes, that every row of a pitched allocation has: the driver aligns the base
+/// to at least this much and the pitch to a multiple of it (512 on the devices cumem knows). Element
+/// types aligned more strictly cannot be laid out in pitched rows.
+pub const PITCHED_ROW_ALIGNMENT: usize = 512;
 
 /// An owning `width` × `height` × `depth` array of `T` in pitched device memory.
 pub struct PitchedBuffer<T> {
@@ -96,6 +107,12 @@ impl<T> PitchedBuffer<T> {
             // A pitch of zero-sized elements means nothing, and element counts would be unbounded.
             return Err(Error::ZeroSize { what: "element size" });
         }
+        let align = align_of::<T>();
+        if align > PITCHED_ROW_ALIGNMENT {
+            // Rows start at base + k × pitch; nothing makes the base more aligned than the driver
+            // promises, so a row could not hold a `T` at a valid address.
+            return Err(Error::NotSupported { feature: Feature::Alignment(align), device: None });
+        }
         let rows =
             height.checked_mul(depth).ok_or(Error::SizeOverflow { count: height, elem_size: depth })?;
         let width_bytes = bytes(width, size)?;
@@ -112,8 +129,26 @@ impl<T> PitchedBuffer<T> {
                 4
             };
             bytes(rows, width_bytes)?;
+            let max_pitch = ctx.device().capabilities()?.max_pitch;
+            if width_bytes > max_pitch {
+                // The driver refuses such rows as misuse; say so before asking it.
+                return Err(Error::InvalidValue {
+                    ctx: ErrorContext::op("PitchedBuffer: a row is wider than the device's MAX_PITCH")
+                        .bytes(width_bytes)
+                        .device(ctx.device().ordinal() as i32),
+                });
+            }
             ctx.bind()?;
             let (ptr, pitch_bytes) = ffi::mem_alloc_pitch(width_bytes, rows, element)?;
+            if !ptr.is_multiple_of(align as u64) {
+                // SAFETY: `ptr` came from cuMemAllocPitch just now and nothing uses it.
+                let _ = unsafe { ffi::mem_free(ptr) };
+                return Err(Error::Misaligned {
+                    what: "pitched allocation",
+                    value: ptr,
+                    align: align as u64,
+                });
+            }
             if !pitch_bytes.is_multiple_of(size) || pitch_bytes < width_bytes {
                 // SAFETY: `ptr` came from cuMemAllocPitch just now and nothing uses it.
                 let _ = unsafe { ffi::mem_free(ptr) };
@@ -223,7 +258,8 @@ impl<T> PitchedBuffer<T> {
     pub fn row_3d(&self, z: usize, y: usize) -> Result<DeviceSlice<'_, T>> {
         let row = self.row_index(z, y)?;
         // SAFETY: the row's `width` elements lie inside this live allocation, aligned (pitch is a
-        // multiple of T's size and the base is 256-aligned) and initialised (zeroed or
+        // multiple of T's size, hence of its alignment, and the base was checked to be aligned for
+        // T at allocation) and initialised (zeroed or
         // AnyBitPattern); the view borrows `self`, and its work goes through `self.order`.
         Ok(unsafe { DeviceSlice::from_raw_parts(self.row_ptr(row), self.width, &self.order, &self.ctx) })
     }

@@ -60,10 +60,12 @@ pub trait StreamCopy {
     /// may be read back on the host as `T` (mapped and unified memory hand out `&[T]`).
     fn memset_d8<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u8) -> Result<()>;
 
-    /// Queues setting every 16-bit word of `dst` to `value`; its size must be a multiple of 2 bytes.
+    /// Queues setting every 16-bit word of `dst` to `value`; its size and address must be multiples
+    /// of 2 bytes (`Misaligned` otherwise), unless it is empty: an empty `dst` is a no-op.
     fn memset_d16<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u16) -> Result<()>;
 
-    /// Queues setting every 32-bit word of `dst` to `value`; its size must be a multiple of 4 bytes.
+    /// Queues setting every 32-bit word of `dst` to `value`; its size and address must be multiples
+    /// of 4 bytes (`Misaligned` otherwise), unless it is empty: an empty `dst` is a no-op.
     fn memset_d32<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u32) -> Result<()>;
 
     /// Queues a 2D copy between page-locked host memory and device memory (any direction).
@@ -207,6 +209,10 @@ impl StreamCopy for Stream {
 fn memset<T: AnyBitPattern>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>, value: Width) -> Result<()> {
     let dst = dst.as_device_slice_mut();
     validate::on_stream_device(stream, dst.context())?;
+    if dst.bytes() == 0 {
+        // Nothing is stored, so no address or length can be misaligned for the stores.
+        return Ok(());
+    }
     let width = match value {
         Width::W8(_) => 1,
         Width::W16(_) => 2,
@@ -225,9 +231,6 @@ fn memset<T: AnyBitPattern>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>,
             value: dst.device_ptr(),
             align: width as u64,
         });
-    }
-    if dst.bytes() == 0 {
-        return Ok(());
     }
     let _ticket = dst.order().use_on(stream)?;
     stream.context().bind()?;

@@ -41,6 +41,8 @@ pub struct Capabilities {
     pub host_register: bool,
     /// Required alignment of pitched rows, in bytes.
     pub texture_pitch_alignment: usize,
+    /// The widest row, in bytes, that pitched allocations and 2D/3D copies accept (`MAX_PITCH`).
+    pub max_pitch: usize,
 }
 
 impl Capabilities {
@@ -59,6 +61,8 @@ impl Capabilities {
             host_register: flag(A::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED)?,
             texture_pitch_alignment: device.attribute(A::CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT)?.max(1)
                 as usize,
+            // A negative answer would be a driver bug; treat it as "no row fits".
+            max_pitch: usize::try_from(device.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?).unwrap_or(0),
         })
     }
 

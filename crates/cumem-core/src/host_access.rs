@@ -14,6 +14,15 @@
 //!   [`StreamOrder`]. Every device use goes through that order, and host access synchronises the
 //!   last stream it names (which is ordered after every earlier use).
 //!
+//! Some memory must not be read by the host while *any* device work uses it, reads included:
+//! managed memory on a device without concurrent managed access, where the host faults on pages
+//! the device may be using. [`HostAccess::with_exclusive_order`] makes host reads exclusive with
+//! device work: a shared host borrow waits for every device use (not only writes), and device work
+//! through the order is refused (`NotSupported { feature: ConcurrentManagedAccess }`) from then on
+//! until the owner, with exclusive access, proves the borrow is over
+//! ([`HostAccess::end_host_reads`]). Reads that end inside a call ([`HostAccess::read_scoped`])
+//! lift the refusal when they return.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::{Device, HostAccess, Stream};
@@ -89,6 +98,8 @@ impl Pending {
 pub struct HostAccess {
     pending: Mutex<Pending>,
     order: Option<StreamOrder>,
+    /// Host reads must not overlap any device work (see [`HostAccess::with_exclusive_order`]).
+    exclusive: bool,
 }
 
 impl HostAccess {
@@ -100,7 +111,47 @@ impl HostAccess {
     /// A tracker that orders all device work through a [`StreamOrder`] first used on `stream`, for
     /// memory that is also used through device views.
     pub fn with_order(stream: &Stream) -> Self {
-        HostAccess { pending: Mutex::default(), order: Some(StreamOrder::new(stream)) }
+        HostAccess { pending: Mutex::default(), order: Some(StreamOrder::new(stream)), exclusive: false }
+    }
+
+    /// Like [`HostAccess::with_order`], for memory that the host must not read while any device
+    /// work uses it (managed memory on a device without concurrent managed access): shared host
+    /// access ([`HostAccess::wait_writes`]) waits for all device work and then refuses new device
+    /// work until [`HostAccess::end_host_reads`].
+    pub fn with_exclusive_order(stream: &Stream) -> Self {
+        HostAccess { exclusive: true, ..HostAccess::with_order(stream) }
+    }
+
+    /// Whether host reads exclude device work (made with [`HostAccess::with_exclusive_order`]).
+    pub fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
+
+    /// Lets device work through the order again after [`HostAccess::wait_writes`] refused it: the
+    /// caller has exclusive access to the owner, so no shared host borrow handed out before is
+    /// alive. A no-op for other trackers.
+    pub fn end_host_reads(&mut self) {
+        if let Some(order) = &mut self.order {
+            order.end_open_exclusion();
+        }
+    }
+
+    /// Runs `read`, a host read that ends when it returns, after the device work that writes the
+    /// memory (all device work, for an exclusive tracker, which also refuses new device work until
+    /// `read` returns).
+    pub fn read_scoped<R>(&self, read: impl FnOnce() -> R) -> Result<R> {
+        match &self.order {
+            Some(order) if self.exclusive => {
+                let waited = self.pending.lock().check_usable().and_then(|()| order.exclude_device(false));
+                let out = waited.map(|()| read());
+                order.end_scoped_exclusion();
+                out
+            }
+            _ => {
+                self.wait_writes()?;
+                Ok(read())
+            }
+        }
     }
 
     /// The stream order, when the tracker has one.
@@ -133,10 +184,21 @@ impl HostAccess {
         }
     }
 
-    /// Blocks until no pending device work writes the memory.
+    /// Blocks until no pending device work writes the memory: call it before handing out a shared
+    /// host borrow. For an exclusive tracker, blocks until no device work uses the memory at all,
+    /// and refuses device work through the order from then on, until [`HostAccess::end_host_reads`].
     pub fn wait_writes(&self) -> Result<()> {
         let mut pending = self.pending.lock();
         pending.check_usable()?;
+        if let Some(order) = &self.order
+            && self.exclusive
+        {
+            // Refuse first, then wait: work that slipped in between would otherwise run under
+            // the host's borrow.
+            order.exclude_device(true)?;
+            pending.ordered = pending.ordered.min(OrderedUse::Read);
+            return Ok(());
+        }
         if let Some(write) = &pending.write {
             write.synchronize()?;
             pending.write = None;
@@ -176,6 +238,7 @@ impl HostAccess {
     pub fn wait_idle_exclusive(&mut self) -> Result<()> {
         self.wait_idle()?;
         self.pending.get_mut().ordered = OrderedUse::None;
+        self.end_host_reads();
         Ok(())
     }
 
@@ -231,6 +294,8 @@ impl HostAccess {
         len: usize,
         enqueue: impl FnOnce(*mut T, usize) -> Result<R>,
     ) -> Result<R> {
+        // `&mut self`: no shared host borrow is alive (safety contract 1), so device work may run.
+        self.end_host_reads();
         let pending = self.pending.get_mut();
         if let Some(order) = &self.order {
             let _ticket = order.use_on(stream)?;

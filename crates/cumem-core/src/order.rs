@@ -23,14 +23,16 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
-use crate::{Result, Stream};
+use crate::{Error, Feature, Result, Stream};
 
 /// The streams that may have work pending on a piece of device memory.
 #[derive(Debug)]
 pub struct StreamOrder {
     inner: Mutex<Users>,
+    /// Signalled when the last ticket in flight is dropped (see [`StreamOrder::exclude_device`]).
+    idle: Condvar,
 }
 
 #[derive(Debug)]
@@ -39,6 +41,27 @@ struct Users {
     /// its latest recording (to tell whether a waited-for entry changed since).
     users: Vec<(Stream, u64)>,
     next_gen: u64,
+    /// Tickets handed out and not yet dropped: work that may be being queued right now.
+    in_flight: usize,
+    /// Why device work is refused for now: the host may be reading the memory, and its device
+    /// cannot run work on it meanwhile (managed memory without concurrent managed access).
+    excluded: Exclusion,
+}
+
+/// Host reads that device work must not overlap.
+#[derive(Debug, Default, Clone, Copy)]
+struct Exclusion {
+    /// A shared host borrow was handed out whose end nobody is told of: lifted only by an owner
+    /// that proves, with exclusive access, that no such borrow is alive.
+    open_ended: bool,
+    /// Host reads in progress inside a call (e.g. a copy to a `Vec`), each lifted when it returns.
+    scoped: usize,
+}
+
+impl Exclusion {
+    fn active(self) -> bool {
+        self.open_ended || self.scoped > 0
+    }
 }
 
 /// Proof that a stream was ordered after the memory's users; dropping it records the stream as a
@@ -56,19 +79,71 @@ pub struct OrderTicket<'a> {
 impl StreamOrder {
     /// Memory first used (allocated) on `stream`.
     pub fn new(stream: &Stream) -> Self {
-        StreamOrder { inner: Mutex::new(Users { users: vec![(stream.clone(), 0)], next_gen: 1 }) }
+        StreamOrder {
+            inner: Mutex::new(Users {
+                users: vec![(stream.clone(), 0)],
+                next_gen: 1,
+                in_flight: 0,
+                excluded: Exclusion::default(),
+            }),
+            idle: Condvar::new(),
+        }
     }
 
     /// Orders `stream` after all work queued so far on the memory by its recorded users. Queue the
     /// work on `stream` while holding the returned ticket.
+    ///
+    /// While the host may be reading memory whose device cannot run work on it at the same time
+    /// (see [`HostAccess::with_exclusive_order`](crate::HostAccess::with_exclusive_order)), device
+    /// work is refused: `NotSupported { feature: ConcurrentManagedAccess }`, before anything waits.
     pub fn use_on(&self, stream: &Stream) -> Result<OrderTicket<'_>> {
         // Waiting under the lock keeps the set from changing between the waits and the snapshot
         // of what was waited for.
-        let inner = self.inner.lock();
+        let mut inner = self.inner.lock();
+        if inner.excluded.active() {
+            return Err(Error::NotSupported {
+                feature: Feature::ConcurrentManagedAccess,
+                device: Some(stream.context().device().ordinal() as i32),
+            });
+        }
         for (user, _) in &inner.users {
             stream.wait_for(user)?;
         }
+        inner.in_flight += 1;
         Ok(OrderTicket { order: self, stream: stream.clone(), waited_before: inner.next_gen })
+    }
+
+    /// Refuses device work from now on (`open_ended`: until [`StreamOrder::end_open_exclusion`];
+    /// otherwise until the matching [`StreamOrder::end_scoped_exclusion`]), then waits until no work
+    /// is being queued and all work queued so far has completed. On error the exclusion stays in
+    /// place (refusing work is always safe); scoped callers end it themselves.
+    pub(crate) fn exclude_device(&self, open_ended: bool) -> Result<()> {
+        {
+            let mut inner = self.inner.lock();
+            if open_ended {
+                inner.excluded.open_ended = true;
+            } else {
+                inner.excluded.scoped += 1;
+            }
+            // A ticket taken before the exclusion may still be queueing its work: once it is
+            // dropped, its stream is recorded, so the synchronisation below covers the work.
+            while inner.in_flight > 0 {
+                self.idle.wait(&mut inner);
+            }
+        }
+        self.synchronize()
+    }
+
+    /// Ends one scoped exclusion begun by [`StreamOrder::exclude_device`].
+    pub(crate) fn end_scoped_exclusion(&self) {
+        let mut inner = self.inner.lock();
+        inner.excluded.scoped = inner.excluded.scoped.saturating_sub(1);
+    }
+
+    /// Ends the open-ended exclusion: the owner has exclusive access, so no host borrow that
+    /// began it is alive any more.
+    pub(crate) fn end_open_exclusion(&mut self) {
+        self.inner.get_mut().excluded.open_ended = false;
     }
 
     /// One stream ordered after every recorded user: the latest user, made to wait for the others.
@@ -109,6 +184,10 @@ impl StreamOrder {
 impl Drop for OrderTicket<'_> {
     fn drop(&mut self) {
         let mut inner = self.order.inner.lock();
+        inner.in_flight -= 1;
+        if inner.in_flight == 0 {
+            self.order.idle.notify_all();
+        }
         let generation = inner.next_gen;
         inner.next_gen += 1;
         // Entries this stream was ordered after, and that nobody recorded again since, are covered

@@ -21,8 +21,15 @@ use crate::stream::{self, enqueue, wait_for};
 
 /// One end of a copy or the target of a memset.
 pub(crate) enum Endpoint {
-    /// Inside a device or pinned allocation, at this offset.
-    Mem(Arc<Allocation>, usize),
+    /// Inside a device or pinned allocation, at this offset; for managed memory of a device without
+    /// concurrent managed access, with the device use that keeps the host out until the operation
+    /// is dropped (see [`crate::managed::HostView`]).
+    Mem(
+        Arc<Allocation>,
+        usize,
+        #[expect(dead_code, reason = "held only for its drop, which lets the host back in")]
+        Option<crate::managed::DeviceUse>,
+    ),
     /// Ordinary (pageable) host memory at this address.
     Pageable(usize),
 }
@@ -30,13 +37,13 @@ pub(crate) enum Endpoint {
 impl Endpoint {
     fn ptr(&self) -> *mut u8 {
         match self {
-            Endpoint::Mem(a, off) => a.host_ptr(*off),
+            Endpoint::Mem(a, off, _) => a.host_ptr(*off),
             Endpoint::Pageable(p) => *p as *mut u8,
         }
     }
 
     fn is_device(&self) -> bool {
-        matches!(self, Endpoint::Mem(a, _) if a.kind.device_only())
+        matches!(self, Endpoint::Mem(a, ..) if a.kind.device_only())
     }
 
     fn is_pageable(&self) -> bool {
@@ -118,7 +125,8 @@ fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<
                 ),
             ));
         }
-        return Ok(Endpoint::Mem(Arc::clone(a), (addr - a.base) as usize));
+        let device_use = crate::managed::device_use(st, a);
+        return Ok(Endpoint::Mem(Arc::clone(a), (addr - a.base) as usize, device_use));
     }
     if st.in_device_space(addr) {
         return Err(Fail::misuse(
@@ -138,7 +146,7 @@ fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<
 /// Refuses writes into memory registered with `CU_MEMHOSTREGISTER_READ_ONLY`.
 fn writable(e: &Endpoint, addr: u64) -> Result<(), Fail> {
     match e {
-        Endpoint::Mem(a, _)
+        Endpoint::Mem(a, ..)
             if a.kind == AllocKind::Registered
                 && a.host_flags & crate::exports::memory::REGISTER_READ_ONLY != 0 =>
         {
@@ -243,7 +251,7 @@ impl Work {
     /// The distinct allocations whose bytes the operation reads or writes.
     pub(crate) fn touched(&self) -> Vec<&Arc<Allocation>> {
         fn add<'a>(out: &mut Vec<&'a Arc<Allocation>>, e: &'a Endpoint) {
-            if let Endpoint::Mem(a, _) = e
+            if let Endpoint::Mem(a, ..) = e
                 && !out.iter().any(|b| Arc::ptr_eq(a, b))
             {
                 out.push(a);
@@ -422,12 +430,13 @@ fn side_rows(
                 .and_then(|v| v.checked_add(base))
                 .ok_or_else(overflow)?;
             let e = match &last {
+                // The row that resolved `a` holds its device use for the whole operation.
                 Some(a) if a.contains_range(row, c.width as u64) => {
-                    Endpoint::Mem(Arc::clone(a), (row - a.base) as usize)
+                    Endpoint::Mem(Arc::clone(a), (row - a.base) as usize, None)
                 }
                 _ => resolve(st, row, c.width, role, &format!("{what} row (z {z}, y {y})"))?,
             };
-            if let Endpoint::Mem(a, _) = &e {
+            if let Endpoint::Mem(a, ..) = &e {
                 last = Some(Arc::clone(a));
             }
             rows.push((row, e));

@@ -1,8 +1,107 @@
 //! Managed (unified) memory state: the attachment, and the hints of `cuMemAdvise` and prefetches
 //! recorded per 4 KiB page (allocated on first use), so advice on a sub-range reads back exactly
 //! for that range and "mixed" answers come out as the driver documents.
+//!
+//! On a device without CONCURRENT_MANAGED_ACCESS the GPU has exclusive access to managed memory
+//! while it works on it: a host access in the meantime faults (SIGSEGV) on the real driver. The
+//! simulator does the same. Managed memory is two mappings of one memory file: the host's (the
+//! address the program gets) and the engine's. While a queued operation that touches the
+//! allocation exists (from the call that queues it until the engine has run it, or it is dropped
+//! unrun), the host's mapping is `PROT_NONE` ([`HostView`], [`DeviceUse`]), so a program that
+//! reads or writes it meanwhile dies of the same signal as on a GPU. This is more lenient than
+//! older GPUs, which keep the host out until it synchronises, never stricter. Which device decides
+//! is the allocation's (the one whose context allocated it).
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::abi::{LOC_DEVICE, LOC_INVALID};
+use crate::memory::{AllocKind, Allocation, Backing};
+use crate::state::State;
+
+/// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`.
+const ATTR_CONCURRENT_MANAGED_ACCESS: u32 = 89;
+
+/// The host's mapping of a managed allocation, protected while device work uses the memory.
+pub(crate) struct HostView {
+    view: Backing,
+    /// Queued operations that touch the allocation on a device without concurrent access.
+    users: Mutex<usize>,
+}
+
+impl std::fmt::Debug for HostView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostView")
+            .field("addr", &self.view.as_ptr())
+            .field("users", &*self.users.lock())
+            .finish()
+    }
+}
+
+impl HostView {
+    /// The host's side of a managed allocation (the engine's is its allocation's backing).
+    pub(crate) fn new(view: Backing) -> Arc<Self> {
+        Arc::new(HostView { view, users: Mutex::new(0) })
+    }
+
+    /// The address the program gets for the allocation.
+    pub(crate) fn addr(&self) -> u64 {
+        self.view.as_ptr() as u64
+    }
+
+    fn protect(&self, prot: libc::c_int) {
+        // SAFETY: the range is exactly the mapping `view` owns (page-aligned, its own length), which
+        // stays mapped while `self` lives; only its protection changes.
+        let rc = unsafe { libc::mprotect(self.view.as_ptr().cast(), self.view.len(), prot) };
+        if rc != 0 {
+            // Nothing else can be done from here: the program then sees no fault (or a late one).
+            eprintln!(
+                "cumem-sim: mprotect of managed memory at {:p} failed: {}",
+                self.view.as_ptr(),
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// A queued operation's use of a managed allocation on a device without concurrent managed access:
+/// the host's mapping stays `PROT_NONE` until every such use is dropped.
+pub(crate) struct DeviceUse(Arc<HostView>);
+
+impl DeviceUse {
+    fn new(view: &Arc<HostView>) -> Self {
+        let mut users = view.users.lock();
+        if *users == 0 {
+            view.protect(libc::PROT_NONE);
+        }
+        *users += 1;
+        DeviceUse(Arc::clone(view))
+    }
+}
+
+impl Drop for DeviceUse {
+    fn drop(&mut self) {
+        let mut users = self.0.users.lock();
+        *users -= 1;
+        if *users == 0 {
+            self.0.protect(libc::PROT_READ | libc::PROT_WRITE);
+        }
+    }
+}
+
+/// The device use an operation touching `a` must hold: `Some` for managed memory whose device
+/// lacks CONCURRENT_MANAGED_ACCESS.
+pub(crate) fn device_use(st: &State, a: &Allocation) -> Option<DeviceUse> {
+    if a.kind != AllocKind::Managed {
+        return None;
+    }
+    let device = st.devices.get(usize::try_from(a.device).ok()?)?;
+    if device.attr(ATTR_CONCURRENT_MANAGED_ACCESS) == Some(1) {
+        return None;
+    }
+    st.managed.get(&a.base).map(|m| DeviceUse::new(&m.host))
+}
 
 /// Page size of the hint bookkeeping.
 pub(crate) const PAGE: u64 = 4096;
@@ -36,17 +135,20 @@ pub(crate) struct Managed {
     pub(crate) stream: u64,
     pages: u64,
     hints: Vec<PageHints>,
+    /// The host's mapping (unmapped once the allocation is forgotten and no operation uses it).
+    pub(crate) host: Arc<HostView>,
 }
 
 impl Managed {
-    /// A fresh allocation of `bytes` attached with `flags`.
-    pub(crate) fn new(flags: u32, bytes: u64) -> Self {
+    /// A fresh allocation of `bytes` attached with `flags`, which the host sees through `host`.
+    pub(crate) fn new(flags: u32, bytes: u64, host: Arc<HostView>) -> Self {
         Self {
             initial_attach: flags,
             attach: flags,
             stream: 0,
             pages: bytes.div_ceil(PAGE),
             hints: Vec::new(),
+            host,
         }
     }
 

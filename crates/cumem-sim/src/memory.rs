@@ -102,6 +102,43 @@ impl Backing {
         Some(Self { ptr: NonNull::new(p.cast::<u8>())?, len: map_len, owned: true, parent: None })
     }
 
+    /// Two mappings of the same `len` bytes (one page for `len == 0`), each unmapped when dropped:
+    /// managed memory, which the host reaches through one and the engine through the other, so
+    /// that the host's can be protected while the device uses the memory. `None` when the kernel
+    /// refuses.
+    pub(crate) fn shared_pair(len: usize) -> Option<(Self, Self)> {
+        let map_len = len.max(1);
+        // SAFETY: a NUL-terminated name; the result is checked before use.
+        let fd = unsafe { libc::memfd_create(c"cumem-sim-managed".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        let map = || {
+            // SAFETY: a shared mapping of the memory file with a NULL hint cannot alias existing
+            // memory; the result is checked for MAP_FAILED before use.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    map_len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_NORESERVE,
+                    fd,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return None;
+            }
+            NonNull::new(p.cast::<u8>()).map(|ptr| Self { ptr, len: map_len, owned: true, parent: None })
+        };
+        // SAFETY: `fd` is the memory file created above.
+        let sized = unsafe { libc::ftruncate(fd, map_len as libc::off_t) } == 0;
+        let pair = if sized { map().zip(map()) } else { None };
+        // SAFETY: `fd` is ours; the mappings keep the memory alive without it.
+        unsafe { libc::close(fd) };
+        pair
+    }
+
     /// Stands for `len` bytes of the program's memory at `ptr` (a host registration); dropping it
     /// does not unmap anything. `None` for a NULL `ptr`.
     pub(crate) fn borrowed(ptr: *mut u8, len: usize) -> Option<Self> {
@@ -117,6 +154,11 @@ impl Backing {
         }
         let ptr = NonNull::new(parent.as_ptr().wrapping_add(offset))?;
         Some(Self { ptr, len, owned: false, parent: Some(Arc::clone(parent)) })
+    }
+
+    /// Length of the mapping in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// The first byte of the mapping.

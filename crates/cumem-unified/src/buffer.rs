@@ -7,6 +7,16 @@
 //! everything. On devices without concurrent managed access the attachment rules hold as well:
 //! memory attached globally needs the whole device idle before the host touches it, memory
 //! attached to one stream needs that stream idle, memory attached to the host needs nothing more.
+//!
+//! On such a device the host must not touch managed memory while device work uses it at all, reads
+//! included (the real driver faults the host's access), so shared access is exclusive with device
+//! work there: [`UnifiedBuffer::as_slice`] waits for every device use, and from then on device work
+//! through shared views ([`UnifiedBuffer::as_device_slice`]) is refused with `NotSupported {
+//! feature: ConcurrentManagedAccess }` until an exclusive access proves the host's borrow is over
+//! (any `&mut self` method, e.g. [`UnifiedBuffer::end_host_reads`]). [`UnifiedBuffer::to_vec`]
+//! refuses device work only while it copies. On devices with concurrent managed access the rules
+//! are those of pinned memory: host reads and device reads may overlap.
+//!
 //! A device without managed memory gives `NotSupported { feature: ManagedMemory }` before any
 //! driver call.
 //!
@@ -66,7 +76,8 @@ pub struct UnifiedBuffer<T> {
     len: usize,
     ctx: Context,
     caps: Capabilities,
-    /// Device work on the memory, ordered through a stream order that the device views share.
+    /// Device work on the memory, ordered through a stream order that the device views share
+    /// (exclusive with host reads on devices without concurrent managed access).
     access: HostAccess,
     attach: Attach,
     policy: Mutex<MigrationPolicy>,
@@ -76,8 +87,9 @@ pub struct UnifiedBuffer<T> {
 // SAFETY: the buffer owns its memory like a `Vec<T>`; host access goes through `&self`/`&mut self`
 // and waits for device work first.
 unsafe impl<T: Send> Send for UnifiedBuffer<T> {}
-// SAFETY: shared access only hands out `&[T]` (after waiting for device writes) and shared device
-// views (reads), like `&Vec<T>`.
+// SAFETY: shared access only hands out `&[T]` (after waiting for device writes; on devices without
+// concurrent managed access after waiting for all device work, and refusing device work while the
+// borrow may live) and shared device views (reads), like `&Vec<T>`.
 unsafe impl<T: Sync> Sync for UnifiedBuffer<T> {}
 
 /// A byte range of one buffer, with what is needed to queue hints and prefetches on it.
@@ -158,7 +170,13 @@ impl<T> UnifiedBuffer<T> {
             len,
             ctx: ctx.clone(),
             caps,
-            access: HostAccess::with_order(stream),
+            // Without concurrent managed access the host faults on pages the device may be using,
+            // so host reads must exclude device reads too.
+            access: if caps.concurrent_managed_access {
+                HostAccess::with_order(stream)
+            } else {
+                HostAccess::with_exclusive_order(stream)
+            },
             attach,
             policy: Mutex::new(MigrationPolicy::OnDemand),
             _marker: PhantomData,
@@ -220,29 +238,62 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// The values, after the device work that writes them has completed.
+    ///
+    /// On a device without concurrent managed access, after all device work that uses them, and
+    /// device work through shared views is refused from then on (`NotSupported { feature:
+    /// ConcurrentManagedAccess }`) until an exclusive access such as
+    /// [`UnifiedBuffer::end_host_reads`]: the returned borrow does not say when it ends.
     pub fn as_slice(&self) -> Result<&[T]> {
         self.access.wait_writes()?;
         self.wait_attachment()?;
         // SAFETY: the memory holds `len` initialised values (written at construction) and is
         // host-accessible; no device work writes it any more (waited for above), and new device
-        // writes need `&mut self`, which cannot coexist with the returned borrow.
-        Ok(unsafe { std::slice::from_raw_parts(self.host_ptr(), self.len) })
+        // writes need `&mut self`, which cannot coexist with the returned borrow. Without
+        // concurrent managed access no device work uses it at all, and the tracker refuses new
+        // work until `&mut self` proves the borrow over.
+        Ok(unsafe { self.host_slice() })
+    }
+
+    /// # Safety
+    /// 1. No device work writes the values while the returned borrow lives (none uses them at all
+    ///    on a device without concurrent managed access).
+    unsafe fn host_slice(&self) -> &[T] {
+        // SAFETY: the memory holds `len` initialised values (written at construction), aligned and
+        // host-accessible (managed), or is dangling with `len == 0` bytes; the caller excludes
+        // device writes for the borrow's life.
+        unsafe { std::slice::from_raw_parts(self.host_ptr(), self.len) }
     }
 
     /// The values for writing, after all device work that uses them has completed.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.wait_idle()?;
+        self.access.wait_idle_exclusive()?;
+        self.wait_attachment()?;
         // SAFETY: as in `as_slice`; no device work uses the values, and new work needs a borrow of
         // `self`, which cannot coexist with the returned one.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.host_ptr(), self.len) })
     }
 
-    /// A copy of the values, after the device work that writes them.
+    /// A copy of the values, after the device work that writes them (on a device without
+    /// concurrent managed access, after all device work, which is refused only while copying).
     pub fn to_vec(&self) -> Result<Vec<T>>
     where
         T: Copy,
     {
-        Ok(self.as_slice()?.to_vec())
+        self.access.read_scoped(|| {
+            self.wait_attachment()?;
+            // SAFETY: `read_scoped` waited for the device writes (for all device work, refused
+            // until this closure returns, on a device without concurrent managed access), and the
+            // borrow ends inside the closure.
+            Ok(unsafe { self.host_slice() }.to_vec())
+        })?
+    }
+
+    /// Ends the host reads begun by [`UnifiedBuffer::as_slice`]: `&mut self` proves that no borrow
+    /// it returned is alive, so shared device views may queue work again on a device without
+    /// concurrent managed access. Every other `&mut self` method does the same; on other devices
+    /// this does nothing.
+    pub fn end_host_reads(&mut self) {
+        self.access.end_host_reads();
     }
 
     /// Blocks until no device work uses the buffer.
@@ -251,7 +302,9 @@ impl<T> UnifiedBuffer<T> {
         self.wait_attachment()
     }
 
-    /// A shared device view of the whole buffer, for copies that read it.
+    /// A shared device view of the whole buffer, for copies that read it. On a device without
+    /// concurrent managed access its work is refused while the host may be reading the buffer (see
+    /// [`UnifiedBuffer::as_slice`]).
     pub fn as_device_slice(&self) -> DeviceSlice<'_, T> {
         let order = self.access.view_order(false).expect(ORDERED);
         // SAFETY: the memory is a live managed allocation of `len` initialised values of this
@@ -262,6 +315,8 @@ impl<T> UnifiedBuffer<T> {
 
     /// An exclusive device view of the whole buffer, for copies and memsets that write it.
     pub fn as_device_slice_mut(&mut self) -> DeviceSliceMut<'_, T> {
+        // `&mut self`: no host borrow from `as_slice` is alive.
+        self.access.end_host_reads();
         let order = self.access.view_order(true).expect(ORDERED);
         // SAFETY: as in `as_device_slice`; the view borrows `self` exclusively.
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, order, &self.ctx) }
@@ -269,15 +324,24 @@ impl<T> UnifiedBuffer<T> {
 
     /// Queues attaching the buffer on `stream` (`cuStreamAttachMemAsync`), in order after the work
     /// that uses it. [`Attach::Single`] names the stream that may use it (and must be of this
-    /// context); host access then waits for that stream on devices without concurrent managed access.
+    /// context, and not the legacy stream: `InvalidValue` before any driver call); host access then
+    /// waits for that stream on devices without concurrent managed access.
     pub fn attach(&mut self, stream: &Stream, attach: Attach) -> Result<()> {
-        if let Attach::Single(s) = &attach
-            && s != stream
-        {
-            return Err(Error::InvalidValue {
-                ctx: cumem_sys::ErrorContext::op("UnifiedBuffer::attach (Single names another stream)"),
-            });
+        if let Attach::Single(s) = &attach {
+            if s != stream {
+                return Err(Error::InvalidValue {
+                    ctx: cumem_sys::ErrorContext::op("UnifiedBuffer::attach (Single names another stream)"),
+                });
+            }
+            if s.is_legacy() {
+                // The driver refuses CU_MEM_ATTACH_SINGLE on the NULL stream.
+                return Err(Error::InvalidValue {
+                    ctx: cumem_sys::ErrorContext::op("UnifiedBuffer::attach (Single on the legacy stream)"),
+                });
+            }
         }
+        // `&mut self`: no host borrow from `as_slice` is alive.
+        self.access.end_host_reads();
         if stream.context() != &self.ctx {
             return Err(Error::WrongDevice {
                 expected: self.ctx.device().ordinal() as i32,

@@ -167,7 +167,8 @@ const ATTR_MANAGED_MEMORY: u32 = 83;
 
 /// `CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned flags)`: unified
 /// memory: real host memory whose device address equals its host address (the host may read and
-/// write it directly), page aligned, not charged to the device's capacity. `flags` must be
+/// write it directly, except while queued work uses it on a device without concurrent managed
+/// access: see `crate::managed`), page aligned, not charged to the device's capacity. `flags` must be
 /// exactly `CU_MEM_ATTACH_GLOBAL` or `CU_MEM_ATTACH_HOST`; size 0 gives `INVALID_VALUE`; a device
 /// without MANAGED_MEMORY gives `NOT_SUPPORTED`. Free with `cuMemFree`.
 ///
@@ -197,8 +198,12 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         if bytesize == 0 {
             return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "cuMemAllocManaged of 0 bytes"));
         }
-        let backing = Backing::new(bytesize).ok_or(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY))?;
-        let base = backing.as_ptr() as u64;
+        // The engine moves bytes through `backing`; the program gets the host view's address,
+        // which is protected while device work uses the memory (see `crate::managed`).
+        let (backing, view) =
+            Backing::shared_pair(bytesize).ok_or(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY))?;
+        let host = crate::managed::HostView::new(view);
+        let base = host.addr();
         let buffer_id = st.next_buffer_id;
         st.next_buffer_id += 1;
         let alloc = Allocation {
@@ -215,7 +220,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
             freed: OnceLock::new(),
         };
         st.allocs.insert(base, Arc::new(alloc));
-        st.managed.insert(base, crate::managed::Managed::new(flags, bytesize as u64));
+        st.managed.insert(base, crate::managed::Managed::new(flags, bytesize as u64, host));
         // SAFETY: forwarded caller contract.
         unsafe { api::out(dptr, base, "dptr") }
     })

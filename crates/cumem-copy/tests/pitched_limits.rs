@@ -1,0 +1,94 @@
+//! Limits of pitched arrays and memsets that must be checked before the driver sees them (issue 7,
+//! item 8): element types aligned beyond what pitched rows guarantee, rows wider than the device's
+//! MAX_PITCH, and empty memsets at addresses no width divides.
+
+use bytemuck::{Pod, Zeroable};
+use cumem_copy::{PitchedBuffer, StreamCopy};
+use cumem_core::{Device, DeviceBuffer, Error, Feature, Stream};
+use cumem_sys::testing;
+
+/// Device 1 has a MAX_PITCH of 4 KiB, so a realistic row can be too wide for it.
+const SIM: &str = "devices=2,dev1.max_pitch=4096";
+
+fn stream_on(device: usize) -> Stream {
+    testing::init_with(SIM);
+    Stream::non_blocking(&Device::get(device).unwrap().context().unwrap()).unwrap()
+}
+
+/// What the simulator logged as misuse on this thread (nothing when running on a real driver).
+fn misuse_here() -> Vec<String> {
+    testing::sim_control().map_or_else(Vec::new, |ctl| {
+        ctl.violations_on_this_thread().into_iter().map(|v| v.to_string()).collect()
+    })
+}
+
+/// An element type aligned to 1 KiB: more than the 512 bytes pitched rows are aligned to.
+#[derive(Clone, Copy, Zeroable, Pod)]
+#[repr(C, align(1024))]
+struct Wide([u8; 1024]);
+
+#[test]
+#[serial_test::parallel]
+fn element_types_aligned_beyond_a_pitched_row_are_refused() {
+    let stream = stream_on(0);
+    for (w, h) in [(1, 3), (3, 2), (2, 5)] {
+        match PitchedBuffer::<Wide>::zeroed(&stream, w, h) {
+            Err(Error::NotSupported { feature: Feature::Alignment(1024), .. }) => {}
+            Ok(buf) => {
+                let misaligned: Vec<u64> = (0..h)
+                    .map(|y| buf.row(y).unwrap().device_ptr())
+                    .filter(|p| !p.is_multiple_of(1024))
+                    .collect();
+                panic!(
+                    "a {w}x{h} array of 1 KiB-aligned values was made; rows at {misaligned:#x?} are not aligned"
+                );
+            }
+            Err(e) => panic!("expected NotSupported(Alignment(1024)), got {e:?}"),
+        }
+    }
+    // Types aligned up to what the rows guarantee still work.
+    #[derive(Clone, Copy, Zeroable, Pod)]
+    #[repr(C, align(256))]
+    struct Row256([u8; 256]);
+    let buf = PitchedBuffer::<Row256>::zeroed(&stream, 3, 2).unwrap();
+    assert!((0..2).all(|y| buf.row(y).unwrap().device_ptr().is_multiple_of(256)));
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial_test::parallel]
+fn rows_wider_than_the_max_pitch_are_refused_before_the_driver() {
+    let stream = stream_on(1);
+    // 2048 u32 = 8 KiB per row, twice device 1's MAX_PITCH.
+    match PitchedBuffer::<u32>::new(&stream, 2048, 2) {
+        Err(Error::InvalidValue { .. }) => {}
+        other => panic!("expected InvalidValue, got {other:?}"),
+    }
+    assert!(matches!(PitchedBuffer::<u32>::new_3d(&stream, 1025, 1, 1), Err(Error::InvalidValue { .. })));
+    assert!(misuse_here().is_empty(), "reached the driver as misuse: {:?}", misuse_here());
+    // Exactly the maximum is fine.
+    let buf = PitchedBuffer::<u32>::zeroed(&stream, 1024, 2).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![0; 2048]);
+}
+
+#[test]
+#[serial_test::parallel]
+fn empty_memsets_are_no_ops_wherever_they_start() {
+    let stream = stream_on(0);
+    let mut buf = DeviceBuffer::from_slice(&stream, &[7u8; 16]).unwrap();
+    stream.memset_d16(&mut buf.slice_mut(3..3).unwrap(), 0xABCD).unwrap();
+    stream.memset_d32(&mut buf.slice_mut(5..5).unwrap(), 0xABCD_EF01).unwrap();
+    stream.memset_d8(&mut buf.slice_mut(16..).unwrap(), 1).unwrap();
+    stream.fill(&mut buf.slice_mut(1..1).unwrap(), 0u8).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), [7u8; 16]);
+    // A non-empty range at the same odd address is still misaligned for 2-byte stores.
+    assert!(matches!(
+        stream.memset_d16(&mut buf.slice_mut(3..5).unwrap(), 0),
+        Err(Error::Misaligned { what: "memset address", .. })
+    ));
+    let mut words = DeviceBuffer::from_slice(&stream, &[9u16; 8]).unwrap();
+    stream.memset_d32(&mut words.slice_mut(1..1).unwrap(), 0).unwrap();
+    stream.fill(&mut words.slice_mut(3..3).unwrap(), 1u16).unwrap();
+    assert_eq!(words.to_vec().unwrap(), [9u16; 8]);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}

@@ -1,0 +1,120 @@
+//! Managed memory on a device without CONCURRENT_MANAGED_ACCESS: the GPU has it to itself while
+//! queued work uses it, and a host access meanwhile faults, as on the real driver (SIGSEGV). The
+//! fault is shown in a child process (this test binary, filtered to one test); the rest checks that
+//! the host gets the memory back once the work is done, and that devices with concurrent access
+//! (or work that was refused) never keep the host out.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Command;
+
+use common::*;
+use cudarc::driver::sys::{self as cu, CUdeviceptr, CUresult};
+
+const GLOBAL: u32 = 1;
+/// Device without concurrent managed access in the shared configuration.
+const EXCLUSIVE: usize = 1;
+/// Device with it.
+const CONCURRENT: usize = 0;
+const CHILD: &str = "CUMEM_SIM_MANAGED_EXCLUSIVE_CHILD";
+
+fn managed(bytes: usize) -> CUdeviceptr {
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocManaged(&mut p, bytes, GLOBAL) });
+    p
+}
+
+/// Queues a copy of `n` bytes from fresh pinned memory (filled with `v`) into `dst` on `s`; returns
+/// the pinned memory, to free once the copy is done.
+fn queue_fill(dst: CUdeviceptr, n: usize, v: u8, s: cu::CUstream) -> *mut u8 {
+    let src = pinned(n);
+    poke(src, n, v);
+    // SAFETY: `src` holds `n` bytes and stays allocated until the caller has synchronised.
+    ok(unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src.cast(), n, s) });
+    src
+}
+
+fn sync(s: cu::CUstream) {
+    // SAFETY: plain FFI call on a live stream.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+}
+
+/// A host read of managed memory, as a program would do it.
+fn host_read(p: CUdeviceptr, n: usize) -> Vec<u8> {
+    // SAFETY: `p` is a live managed allocation of at least `n` bytes, host-accessible by address
+    // (the test expects a fault where the driver's rules forbid the access).
+    (0..n).map(|i| unsafe { (p as usize as *const u8).add(i).read_volatile() }).collect()
+}
+
+#[test]
+fn a_host_read_while_queued_work_uses_the_memory_faults() {
+    if std::env::var(CHILD).is_ok() {
+        bind(EXCLUSIVE);
+        let p = managed(8192);
+        let s = stream(1);
+        let gate = Gate::block(s);
+        let _src = queue_fill(p, 8192, 3, s);
+        // The copy is queued behind the gate: the GPU owns the memory now.
+        let _ = host_read(p, 1);
+        drop(gate);
+        panic!("the host read managed memory in use by queued work and did not fault");
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["a_host_read_while_queued_work_uses_the_memory_faults", "--exact", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGSEGV),
+        "expected the child to die of SIGSEGV, got {}:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_host_gets_the_memory_back_when_the_work_is_done() {
+    let ctl = bind(EXCLUSIVE);
+    let p = managed(3 * 4096 + 100);
+    let s = stream(1);
+    let gate = Gate::block(s);
+    let a = queue_fill(p, 4096, 1, s);
+    let b = queue_fill(p + 4096, 4096, 2, s);
+    gate.open();
+    sync(s);
+    // The engine wrote through its own mapping while the host's was protected.
+    let seen = host_read(p, 8192);
+    assert!(seen[..4096].iter().all(|&x| x == 1) && seen[4096..].iter().all(|&x| x == 2));
+    // A copy the driver refuses queues nothing, and leaves the host in.
+    // SAFETY: plain FFI call; the range overruns the allocation, so nothing is copied.
+    let r = unsafe { cu::cuMemcpyHtoDAsync_v2(p, a.cast(), 1 << 20, s) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE);
+    ctl.clear_violations();
+    // SAFETY: `p` is a live managed allocation; no work uses it.
+    unsafe { (p as usize as *mut u8).write_volatile(9) };
+    assert_eq!(read_back(p, 2), [9, 1]);
+    pfree(a);
+    pfree(b);
+    destroy(s);
+    dfree(p);
+}
+
+#[test]
+fn devices_with_concurrent_access_never_keep_the_host_out() {
+    bind(CONCURRENT);
+    let p = managed(4096);
+    let s = stream(1);
+    let gate = Gate::block(s);
+    let src = queue_fill(p, 4096, 5, s);
+    // Queued work and host reads may overlap here (the copy has not run: whatever was there).
+    let _ = host_read(p, 4);
+    drop(gate);
+    sync(s);
+    assert_eq!(host_read(p, 4), [5; 4]);
+    pfree(src);
+    destroy(s);
+    dfree(p);
+}
