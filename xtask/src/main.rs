@@ -15,7 +15,6 @@
 //! - `bench [pool]`: the allocator table (ns per alloc+free and the ratios between allocators,
 //!   measured side by side in one run), in release mode, on the real driver if present.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -141,8 +140,8 @@ const NOT_GPU_TESTS: [&str; 4] = ["cumem-sim", "xtask", "benches", "cumem-cli"];
 const NOT_INSTRUMENTED: &str = "Target application terminated before first instrumented API call";
 
 /// The exit status compute-sanitizer is told to use when it found errors: distinct from a test
-/// binary's own failure (101) and from the uninstrumented case (255).
-const SANITIZER_ERROR_EXIT: i32 = 86;
+/// binary's own failure (101), the simulator's leak exit (86) and the uninstrumented case (255).
+const SANITIZER_ERROR_EXIT: i32 = 97;
 
 fn gpu_test() -> Result {
     eprintln!("==> probing for a GPU");
@@ -271,9 +270,10 @@ enum Outcome {
     Hung,
 }
 
-/// Runs `cmd` in its own process group for at most `limit`, capturing its output (interleaved
-/// as it came) when `capture`, else letting it print. Past the limit the whole group is killed:
-/// compute-sanitizer runs its target as a child, which must not outlive it.
+/// Runs `cmd` for at most `limit`, capturing its output (interleaved as it came) when `capture`,
+/// else letting it print. Past the limit it is killed with its descendants: compute-sanitizer runs
+/// its target as a child, which must not outlive it. (Not a process group of its own: Ctrl-C in
+/// the terminal must still reach the tests.)
 fn run_limited(cmd: &mut Command, limit: Duration, capture: bool) -> Result<Outcome> {
     let log = if capture {
         let path = std::env::temp_dir().join(format!("xtask-gpu-test-{}.log", std::process::id()));
@@ -284,8 +284,7 @@ fn run_limited(cmd: &mut Command, limit: Duration, capture: bool) -> Result<Outc
     } else {
         None
     };
-    let mut child: Child =
-        cmd.process_group(0).spawn().map_err(|e| format!("{cmd:?}: could not start: {e}"))?;
+    let mut child: Child = cmd.spawn().map_err(|e| format!("{cmd:?}: could not start: {e}"))?;
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().map_err(|e| format!("{cmd:?}: {e}"))? {
@@ -308,12 +307,30 @@ fn run_limited(cmd: &mut Command, limit: Duration, capture: bool) -> Result<Outc
     match status {
         Some(status) => Ok(Outcome::Exited(status, output)),
         None => {
-            // The group id is the child's pid (process_group(0)); a negative pid names the group.
-            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
+            // Descendants first: once their parent dies they are reparented and out of reach.
+            let mut tree = vec![child.id()];
+            let mut i = 0;
+            while let Some(&pid) = tree.get(i) {
+                tree.extend(children(pid));
+                i += 1;
+            }
+            for pid in tree.iter().rev() {
+                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).stderr(Stdio::null()).status();
+            }
             let _ = child.wait();
             Ok(Outcome::Hung)
         }
     }
+}
+
+/// The pids of the direct children of `pid` (Linux: `/proc/<pid>/task/<tid>/children`).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|list| list.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>())
+        .collect()
 }
 
 /// What one memcheck run found.
