@@ -247,29 +247,45 @@ enum Placement {
     Grow(u64),
 }
 
+/// The first place for `need` bytes on stream `sid` in preference `pass`: 0 blocks freed on `sid`
+/// itself, 1 any free bytes `sid` may use now, 2 a block whose free `sid` must first wait for.
+/// Pass 1 takes a run of neighbouring blocks together when each is usable: a completed free loses
+/// its stream tag (and so no longer merges with a pending free of the same stream), and the
+/// placement must not depend on whether the engine has run the first of two frees yet.
 fn find_block(st: &State, pool: &Pool, need: u64, sid: u64, pass: u8) -> Option<Found> {
     for (&cbase, chunk) in &pool.chunks {
+        // (start, length) of the usable free bytes that end at the current block.
+        let mut run: Option<(u64, u64)> = None;
         for (&addr, &(size, b)) in &chunk.blocks {
-            if size < need {
-                continue;
-            }
-            let Block::Free(tag) = b else { continue };
-            let usable = match (pass, tag) {
-                (0, Some((s, _))) => s == sid,
-                (0, None) => false,
-                (1, None) => true,
-                (1, Some((s, q))) => {
+            let usable = match (pass, b) {
+                (_, Block::Used) => false,
+                (0, Block::Free(tag)) => tag.is_some_and(|(s, _)| s == sid),
+                (1, Block::Free(None)) => true,
+                (1, Block::Free(Some((s, q)))) => {
                     (pool.follow_event_deps && ordered_after(st, sid, s, q))
                         || (pool.opportunistic && done_through(&st.streams, s, q))
                 }
-                (_, Some((s, q))) => {
-                    return Some((cbase, addr, (s != sid).then_some((s, q))));
+                (_, Block::Free(Some((s, q)))) => {
+                    if size >= need {
+                        return Some((cbase, addr, (s != sid).then_some((s, q))));
+                    }
+                    false
                 }
-                _ => false,
+                (_, Block::Free(None)) => false,
             };
-            if usable {
-                return Some((cbase, addr, None));
+            if !usable {
+                run = None;
+                continue;
             }
+            let start = match run {
+                Some((s0, len)) if pass == 1 && s0 + len == addr => s0,
+                _ => addr,
+            };
+            let len = addr + size - start;
+            if len >= need {
+                return Some((cbase, start, None));
+            }
+            run = Some((start, len));
         }
     }
     None
@@ -339,11 +355,17 @@ fn allocate_in(
     // The allocation's bytes are the chunk's bytes at its address: no fresh memory, no zeroing.
     let backing = Backing::view(&chunk.backing, (addr - chunk_base) as usize, bytes as usize)
         .expect("a block lies inside its chunk");
-    let (size, state) = chunk.blocks.remove(&addr).expect("placement names a block");
-    chunk.blocks.insert(addr, (need, Block::Used));
-    if size > need {
-        chunk.blocks.insert(addr + need, (size - need, state));
+    // The placement may span neighbouring free blocks; the last one keeps its state for the
+    // bytes left over.
+    let mut at = addr;
+    while at < addr + need {
+        let (size, state) = chunk.blocks.remove(&at).expect("placement names free blocks");
+        if at + size > addr + need {
+            chunk.blocks.insert(addr + need, (at + size - addr - need, state));
+        }
+        at += size;
     }
+    chunk.blocks.insert(addr, (need, Block::Used));
     if let Some(dep) = wait {
         // REUSE_ALLOW_INTERNAL_DEPENDENCIES: later work of this stream waits for the free.
         enqueue(st, sid, Work::Nop, vec![dep]);

@@ -758,6 +758,29 @@ fn uses_after_free(ctl: &cumem_sim::Control) -> Vec<cumem_sim::Violation> {
     ctl.violations_on_this_thread().into_iter().filter(|v| v.message.contains(" used after its ")).collect()
 }
 
+/// A region freed in two steps on one stream fits that stream's next allocation whether or not
+/// the engine has run the first free yet. (A completed free is no longer tagged with its stream,
+/// so the two neighbours do not merge; both are still usable by the stream. Placement once
+/// depended on the engine's progress: under load the test below failed with `c == a + 8192`.)
+#[test]
+fn a_stream_reuses_neighbouring_blocks_freed_at_different_times() {
+    bind(0);
+    let pool = keeping_pool(0, 0);
+    let s = stream(1);
+    let a = alloc_from(pool, 4096, s);
+    let b = alloc_from(pool, 4096, s);
+    assert_eq!(b, a + 4096);
+    free_async(a, s);
+    sync(s); // a's free has run: its block is free for every stream
+    free_async(b, s); // b's is still queued: its block is free for s only
+    let c = alloc_from(pool, 8192, s);
+    assert_eq!(c, a, "both blocks are usable by s: one allocation spans them");
+    free_async(c, s);
+    sync(s);
+    destroy(s);
+    destroy_pool(pool);
+}
+
 /// Pool allocations are views of their chunk's memory: an allocation that reuses addresses sees
 /// the bytes its predecessors left there (nothing is zeroed, nothing is fresh), as on a GPU.
 #[test]

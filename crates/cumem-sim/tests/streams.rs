@@ -160,9 +160,15 @@ fn stream_wait_event_orders_work_across_streams() {
     let h = pinned(n);
     let h3 = pinned(n);
     poke(h, n, 0);
-    // SAFETY: live allocation.
-    ok(unsafe { cu::cuMemsetD8_v2(d, 1, n) });
     let (s1, s2, s3) = (stream(NON_BLOCKING), stream(NON_BLOCKING), stream(NON_BLOCKING));
+    // The fill must be complete before anything below is queued. A synchronous `cuMemsetD8` of
+    // device memory would not do: it returns at once and runs on the legacy stream, which no
+    // non-blocking stream is ordered against, and which waits for every blocking stream of the
+    // context — other tests' gated ones included. Such a fill once landed after s1's memset and
+    // before s2's copy (s2 copied 1s; see the test after this one).
+    // SAFETY: live allocation.
+    ok(unsafe { cu::cuMemsetD8Async(d, 1, n, s1) });
+    sync(s1);
     let e = event(0);
     let gate = Gate::block(s1);
     // SAFETY: live allocations; handles from this test.
@@ -180,10 +186,12 @@ fn stream_wait_event_orders_work_across_streams() {
     // SAFETY: plain FFI call.
     assert_eq!(unsafe { cu::cuEventQuery(e) }, CUresult::CUDA_ERROR_NOT_READY);
     settle();
-    assert!(peek(h, n).iter().all(|&b| b == 0), "s2 ran before the event it waits for");
+    let early = peek(h, n);
+    assert!(early.iter().all(|&b| b == 0), "s2 ran before the event it waits for: {:?}…", &early[..4]);
     gate.open();
     sync(s2);
-    assert!(peek(h, n).iter().all(|&b| b == 5));
+    let seen = peek(h, n);
+    assert!(seen.iter().all(|&b| b == 5), "s2 did not copy s1's memset: {:?}…", &seen[..4]);
     // SAFETY: plain FFI call.
     ok(unsafe { cu::cuEventQuery(e) });
     edestroy(e);
@@ -192,6 +200,52 @@ fn stream_wait_event_orders_work_across_streams() {
     }
     pfree(h);
     pfree(h3);
+    dfree(d);
+}
+
+/// The trap behind a flaky run of the test above (issue 7, item 13): its fill was a synchronous
+/// device memset, i.e. legacy-stream work, ordered only against *blocking* streams. An event
+/// between two non-blocking streams does not order it. Here a blocking stream finishes right
+/// after s1's memset, so the legacy fill becomes runnable between that memset and s2's copy;
+/// the engine starts runnable work in the order it was queued, so the fill lands in that window
+/// every time (a GPU may land it either side of the copy): s2 honours its wait and still copies
+/// the fill's 1s. In the flaky run, another test's gated blocking stream played this part.
+#[test]
+fn legacy_stream_work_is_not_ordered_by_an_event_between_non_blocking_streams() {
+    // Device 1: no other test of this binary queues work there, so nothing but `blocking`
+    // holds the legacy fill back.
+    bind(1);
+    let n = 512;
+    let d = dalloc(n);
+    let h = pinned(n);
+    poke(h, n, 0);
+    let (s1, s2, blocking) = (stream(NON_BLOCKING), stream(NON_BLOCKING), stream(0));
+    let (mid, e) = (event(0), event(0));
+    let gate = Gate::block(s1);
+    // SAFETY: live allocations; handles from this test.
+    unsafe {
+        ok(cu::cuMemsetD8Async(d, 5, n, s1));
+        ok(cu::cuEventRecord(mid, s1));
+        ok(cu::cuStreamWaitEvent(blocking, mid, 0));
+        ok(cu::cuMemsetD8_v2(d, 1, n)); // returns at once; waits for `blocking` only
+        ok(cu::cuEventRecord(e, s1));
+        ok(cu::cuStreamWaitEvent(s2, e, 0));
+        ok(cu::cuMemcpyDtoHAsync_v2(h.cast(), d, n, s2));
+    }
+    gate.open();
+    sync(s2);
+    let seen = peek(h, n);
+    assert!(seen.iter().all(|&b| b == 1), "s2 copied {:?}…, not the legacy fill", &seen[..4]);
+    // The fill is ordered after `blocking`, hence after s1's memset: it is what remains.
+    sync(std::ptr::null_mut());
+    assert!(read_back(d, n).iter().all(|&b| b == 1));
+    for ev in [mid, e] {
+        edestroy(ev);
+    }
+    for s in [s1, s2, blocking] {
+        destroy(s);
+    }
+    pfree(h);
     dfree(d);
 }
 
@@ -283,6 +337,9 @@ fn event_query_synchronize_and_elapsed_time_rules() {
         // Non-blocking: a blocking stream would also wait for other tests' legacy-stream work.
         let s = stream(NON_BLOCKING);
         ok(cu::cuEventRecord(start, s));
+        // `start` completes before the 5 ms below begin. (Without this, a loaded machine could
+        // run its marker late, well into the 5 ms, and the elapsed time came out shorter.)
+        ok(cu::cuEventSynchronize(start));
         let gate = Gate::block(s);
         ok(cu::cuEventRecord(end, s));
         ok(cu::cuEventRecord(untimed, s));
@@ -293,7 +350,8 @@ fn event_query_synchronize_and_elapsed_time_rules() {
         gate.open();
         ok(cu::cuEventSynchronize(end));
         ok(cu::cuEventElapsedTime(&mut ms, start, end));
-        assert!(ms >= 2.0, "elapsed {ms} ms must span most of the 5 ms the gate was closed");
+        // `end` ran after the gate opened, which was at least 5 ms after `start` had run.
+        assert!(ms >= 5.0, "elapsed {ms} ms must span the 5 ms the gate was closed");
         ok(cu::cuEventElapsedTime_v2(&mut ms, start, end));
         assert_eq!(cu::cuEventElapsedTime(&mut ms, start, untimed), CUresult::CUDA_ERROR_INVALID_HANDLE);
         assert_eq!(
