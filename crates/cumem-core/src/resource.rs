@@ -86,14 +86,18 @@ pub unsafe trait DeviceResource: Send + Sync + fmt::Debug {
 /// aligned enough.
 pub const DRIVER_ALIGNMENT: usize = 256;
 
+/// The alignment real drivers give every `cuMemAlloc` (observed, not documented).
+const OBSERVED_ALIGNMENT: usize = 512;
+/// From this size up, real drivers align `cuMemAlloc` to this size (observed, not documented).
+const LARGE_ALLOCATION: usize = 2 << 20;
+
 /// `cuMemAlloc` and `cuMemFree`: simple, slow, and synchronising on free.
 ///
 /// Alignments up to [`DRIVER_ALIGNMENT`] cost nothing extra. A larger alignment first tries the
 /// exact size and keeps it when the driver's address is aligned enough, which on current GPUs is
 /// always the case for 512 bytes and, from 2 MiB up, for 2 MiB; so a 2 MiB segment aligned to 512
-/// costs 2 MiB, not the 4 MiB the driver would charge for 2 MiB + 511 bytes. Otherwise the trial
-/// is freed (`cuMemFree` may wait for the device; the memory was never used) and the request is
-/// padded by `align - 256` bytes and rounded up.
+/// costs 2 MiB, not the 4 MiB the driver would charge for 2 MiB + 511 bytes. Other alignments
+/// (and a trial that misses, which is freed) are padded by `align - 256` bytes and rounded up.
 #[derive(Debug, Clone)]
 pub struct DriverResource {
     ctx: Context,
@@ -121,17 +125,27 @@ unsafe impl DeviceResource for DriverResource {
         let layout = AllocLayout::new(layout.bytes, layout.align)?;
         let device = self.ctx.device().ordinal() as i32;
         self.ctx.bind()?;
-        let exact = ffi::mem_alloc(layout.bytes, device)?;
-        if layout.align <= DRIVER_ALIGNMENT || exact.is_multiple_of(layout.align as u64) {
-            return Ok(exact);
+        if layout.align <= DRIVER_ALIGNMENT {
+            return ffi::mem_alloc(layout.bytes, device);
         }
-        // Not aligned enough: give the trial back first,
-        // so the padded request can use its memory.
-        // SAFETY: `exact` was returned by cuMemAlloc just above in the bound context, is freed
-        // once, and was never handed out or used.
-        unsafe { ffi::mem_free(exact) }.inspect_err(|e| {
-            tracing::warn!(ptr = exact, bytes = layout.bytes, error = %e, "freeing a misaligned trial allocation failed; it is leaked");
-        })?;
+        // Try the exact size only where real drivers are seen to align that far: a miss costs a
+        // `cuMemFree`, which waits for the whole device and holds up other threads' work
+        // (driver-api.md §17), so a request no driver aligns is padded at once.
+        if layout.align <= OBSERVED_ALIGNMENT
+            || (layout.bytes >= LARGE_ALLOCATION && layout.align <= LARGE_ALLOCATION)
+        {
+            let exact = ffi::mem_alloc(layout.bytes, device)?;
+            if exact.is_multiple_of(layout.align as u64) {
+                return Ok(exact);
+            }
+            // Not aligned enough after all: give the trial back first, so the padded request
+            // can use its memory.
+            // SAFETY: `exact` was returned by cuMemAlloc just above in the bound context, is freed
+            // once, and was never handed out or used.
+            unsafe { ffi::mem_free(exact) }.inspect_err(|e| {
+                tracing::warn!(ptr = exact, bytes = layout.bytes, error = %e, "freeing a misaligned trial allocation failed; it is leaked");
+            })?;
+        }
         let padded = layout
             .bytes
             .checked_add(layout.align - DRIVER_ALIGNMENT)
