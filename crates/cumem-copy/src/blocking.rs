@@ -2,7 +2,10 @@
 //!
 //! These run on the legacy default stream, after all work already queued on the device memory
 //! (whatever stream it was queued on), and return when the host side is done: a host source may be
-//! reused and a host destination read at once. Host→device needs `T: NoUninit` (every byte of the
+//! reused and a host destination read at once. A host slice that is managed memory (borrowed from
+//! a `UnifiedBuffer`) is waited for completely, or refused with `NotSupported { feature:
+//! ConcurrentManagedAccess }` on a device without concurrent managed access (see
+//! [`cumem_core::blocking_host_copy`]). Host→device needs `T: NoUninit` (every byte of the
 //! source is initialised); device→host needs `T: AnyBitPattern` (any bytes make a valid `T`).
 //!
 //! ```
@@ -22,7 +25,7 @@
 //! ```
 
 use bytemuck::{AnyBitPattern, NoUninit};
-use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, Result, Stream};
+use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, Result, Stream, blocking_host_copy};
 
 use crate::{ffi, validate};
 
@@ -35,10 +38,11 @@ pub fn copy_h2d<T: NoUninit>(src: &[T], dst: &mut impl AsDeviceSliceMut<T>) -> R
     }
     let ctx = dst.context();
     let _ticket = dst.order().use_on(&Stream::legacy(ctx))?;
-    ctx.bind()?;
-    // SAFETY: `src` is initialised (NoUninit) and valid for `bytes` bytes; `dst` is device memory
-    // of exactly that size, exclusively borrowed.
-    unsafe { ffi::htod(dst.device_ptr(), src.as_ptr().cast(), dst.bytes()) }
+    blocking_host_copy(ctx, src.as_ptr().cast(), || {
+        // SAFETY: `src` is initialised (NoUninit) and valid for `bytes` bytes; `dst` is device
+        // memory of exactly that size, exclusively borrowed.
+        unsafe { ffi::htod(dst.device_ptr(), src.as_ptr().cast(), dst.bytes()) }
+    })
 }
 
 /// Copies device memory `src` into `dst` (same length), after all work queued on `src`.
@@ -50,10 +54,11 @@ pub fn copy_d2h<T: AnyBitPattern>(src: &impl AsDeviceSlice<T>, dst: &mut [T]) ->
     }
     let ctx = src.context();
     let _ticket = src.order().use_on(&Stream::legacy(ctx))?;
-    ctx.bind()?;
-    // SAFETY: `dst` is valid for `bytes` bytes of writes and any bytes are a valid T; the copy is
-    // complete when the call returns; `src` is device memory of that size.
-    unsafe { ffi::dtoh(dst.as_mut_ptr().cast(), src.device_ptr(), src.bytes()) }
+    blocking_host_copy(ctx, dst.as_ptr().cast(), || {
+        // SAFETY: `dst` is valid for `bytes` bytes of writes and any bytes are a valid T; the copy
+        // is complete when `blocking_host_copy` returns; `src` is device memory of that size.
+        unsafe { ffi::dtoh(dst.as_mut_ptr().cast(), src.device_ptr(), src.bytes()) }
+    })
 }
 
 /// Copies device memory `src` into device memory `dst` of the same device, on the legacy stream.

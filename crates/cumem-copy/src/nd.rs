@@ -27,7 +27,7 @@
 //! ```
 
 use bytemuck::Pod;
-use cumem_core::{DeviceSliceMut, Error, ErrorContext, Result, Stream};
+use cumem_core::{DeviceSliceMut, Error, ErrorContext, Result, Stream, blocking_host_copy};
 use cumem_sys::sys::{self, CUdeviceptr, CUmemorytype};
 
 use crate::extent::{Copy2D, Copy3D, Origin, Rect2D, bytes, check_side};
@@ -144,26 +144,49 @@ fn run<T: Pod>(
         Mode::Queued(s) => Some(s.raw()),
     };
     let enqueue = |s: Mem, d: Mem| -> Result<()> {
+        let (src_host, dst_host) = (host_side(s), host_side(d));
         let s = place(s, sg, b.src_x, b.src_y, b.src_z)?;
         let d = place(d, dg, b.dst_x, b.dst_y, b.dst_z)?;
         stream.context().bind()?;
-        if three_d {
-            let p = params_3d(&s, &d, width_bytes, b);
-            // SAFETY: both sides were checked to contain every row of every slice named (pitch,
-            // rows per slice and memory length), and each side ordered the copy on `stream` and
-            // keeps its memory valid (device views by borrow and stream order, host kinds by their
-            // tracker, pageable slices only in blocking mode, which completes before returning).
-            unsafe { ffi::memcpy_3d(&p, raw_stream) }
-        } else {
-            let p = params_2d(&s, &d, width_bytes, b.height);
-            // SAFETY: as above, for every row named.
-            unsafe { ffi::memcpy_2d(&p, raw_stream) }
+        let copy = || -> Result<()> {
+            if three_d {
+                let p = params_3d(&s, &d, width_bytes, b);
+                // SAFETY: both sides were checked to contain every row of every slice named (pitch,
+                // rows per slice and memory length), and each side ordered the copy on `stream` and
+                // keeps its memory valid (device views by borrow and stream order, host kinds by their
+                // tracker, pageable slices only in blocking mode, which completes before returning).
+                unsafe { ffi::memcpy_3d(&p, raw_stream) }
+            } else {
+                let p = params_2d(&s, &d, width_bytes, b.height);
+                // SAFETY: as above, for every row named.
+                unsafe { ffi::memcpy_2d(&p, raw_stream) }
+            }
+        };
+        let ctx = stream.context();
+        match (mode, src_host, dst_host) {
+            (Mode::Queued(_), ..) | (Mode::Blocking, None, None) => copy(),
+            // A host side given as a plain slice may be managed memory, which the driver uses as
+            // device memory: refused, or waited for.
+            (Mode::Blocking, Some(h), None) | (Mode::Blocking, None, Some(h)) => {
+                blocking_host_copy(ctx, h, copy)
+            }
+            (Mode::Blocking, Some(a), Some(b)) => {
+                blocking_host_copy(ctx, a, || blocking_host_copy(ctx, b, copy))
+            }
         }
     };
     // SAFETY: `enqueue` queues exactly one copy on `stream` that reads `src` and writes `dst` only
     // inside their checked geometries; `T: Pod`, so any bytes copied are valid values. Pageable
     // sides can only reach here in blocking mode (the queued entry points require `Queued*`).
     unsafe { src.with_read(&stream, |s| dst.with_write(&stream, |d| enqueue(s, d))) }
+}
+
+/// The host address of a host side.
+fn host_side(mem: Mem) -> Option<*const std::ffi::c_void> {
+    match mem {
+        Mem::Host(h) => Some(h.cast_const()),
+        Mem::Device(_) => None,
+    }
 }
 
 /// The host pointer and device address fields of one side (the unused one null/0).

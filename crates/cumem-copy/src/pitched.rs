@@ -129,7 +129,7 @@ impl<T> PitchedBuffer<T> {
                 4
             };
             bytes(rows, width_bytes)?;
-            let max_pitch = ctx.device().capabilities()?.max_pitch;
+            let max_pitch = ctx.device().max_pitch()?;
             if width_bytes > max_pitch {
                 // The driver refuses such rows as misuse; say so before asking it.
                 return Err(Error::InvalidValue {

@@ -61,8 +61,7 @@ impl Capabilities {
             host_register: flag(A::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED)?,
             texture_pitch_alignment: device.attribute(A::CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT)?.max(1)
                 as usize,
-            // A negative answer would be a driver bug; treat it as "no row fits".
-            max_pitch: usize::try_from(device.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?).unwrap_or(0),
+            max_pitch: device.max_pitch()?,
         })
     }
 

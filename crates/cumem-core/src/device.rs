@@ -78,6 +78,13 @@ impl Device {
         ))
     }
 
+    /// The widest row, in bytes, that pitched allocations and 2D/3D copies accept (one attribute
+    /// query, `MAX_PITCH`; also in [`Capabilities::max_pitch`]).
+    pub fn max_pitch(&self) -> Result<usize> {
+        // A negative answer would be a driver bug; treat it as "no row fits".
+        Ok(usize::try_from(self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?).unwrap_or(0))
+    }
+
     /// What this device supports, read from its attributes.
     pub fn capabilities(&self) -> Result<Capabilities> {
         Capabilities::query(*self)

@@ -264,3 +264,36 @@ pub(crate) unsafe fn mem_host_unregister(p: *mut c_void) -> Result<()> {
     // SAFETY: guaranteed by the caller.
     check(unsafe { sys::cuMemHostUnregister(p) }, Ctx::op("cuMemHostUnregister"))
 }
+
+/// Whether `ptr` is managed memory (`CU_POINTER_ATTRIBUTE_IS_MANAGED`). An address the driver
+/// does not know (plain pageable host memory) is not: the driver answers it with an error.
+pub(crate) fn pointer_is_managed(ptr: CUdeviceptr) -> bool {
+    // Wider than the driver's answer and zeroed, so whatever width it writes reads back right.
+    let mut v: u64 = 0;
+    // SAFETY: `v` is valid for writes of 8 bytes, more than the attribute's size; the driver only
+    // looks `ptr` up.
+    let code = unsafe {
+        sys::cuPointerGetAttribute(
+            (&raw mut v).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            ptr,
+        )
+    };
+    code == sys::CUresult::CUDA_SUCCESS && v != 0
+}
+
+/// The ordinal of the device whose context allocated the memory at `ptr`.
+pub(crate) fn pointer_device_ordinal(ptr: CUdeviceptr) -> Result<i32> {
+    let mut v: i32 = 0;
+    // SAFETY: `v` is valid for writes of the attribute's size (an int); the driver only looks
+    // `ptr` up.
+    let code = unsafe {
+        sys::cuPointerGetAttribute(
+            (&raw mut v).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    check(code, Ctx::op("cuPointerGetAttribute(DEVICE_ORDINAL)"))?;
+    Ok(v)
+}

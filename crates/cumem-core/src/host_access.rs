@@ -138,14 +138,15 @@ impl HostAccess {
 
     /// Runs `read`, a host read that ends when it returns, after the device work that writes the
     /// memory (all device work, for an exclusive tracker, which also refuses new device work until
-    /// `read` returns).
+    /// `read` returns or unwinds, and answers `NotSupported { feature: ConcurrentManagedAccess }`
+    /// without running `read` while device work is being queued, as [`HostAccess::wait_writes`]).
     pub fn read_scoped<R>(&self, read: impl FnOnce() -> R) -> Result<R> {
         match &self.order {
             Some(order) if self.exclusive => {
-                let waited = self.pending.lock().check_usable().and_then(|()| order.exclude_device(false));
-                let out = waited.map(|()| read());
-                order.end_scoped_exclusion();
-                out
+                self.pending.lock().check_usable()?;
+                // Held until `read` returns or unwinds; never created if the exclusion was refused.
+                let _scope = order.exclude_device(false)?;
+                Ok(read())
             }
             _ => {
                 self.wait_writes()?;
@@ -187,18 +188,26 @@ impl HostAccess {
     /// Blocks until no pending device work writes the memory: call it before handing out a shared
     /// host borrow. For an exclusive tracker, blocks until no device work uses the memory at all,
     /// and refuses device work through the order from then on, until [`HostAccess::end_host_reads`].
+    ///
+    /// An exclusive tracker answers `NotSupported { feature: ConcurrentManagedAccess }` instead of
+    /// waiting while device work is being queued through the order (an [`OrderTicket`] is held,
+    /// perhaps by the calling thread): waiting for it could wait forever.
+    ///
+    /// [`OrderTicket`]: crate::OrderTicket
     pub fn wait_writes(&self) -> Result<()> {
-        let mut pending = self.pending.lock();
-        pending.check_usable()?;
         if let Some(order) = &self.order
             && self.exclusive
         {
-            // Refuse first, then wait: work that slipped in between would otherwise run under
-            // the host's borrow.
+            self.pending.lock().check_usable()?;
+            // Refuse first, then wait (without holding `pending`, which views need): work that
+            // slipped in between would otherwise run under the host's borrow.
             order.exclude_device(true)?;
+            let mut pending = self.pending.lock();
             pending.ordered = pending.ordered.min(OrderedUse::Read);
             return Ok(());
         }
+        let mut pending = self.pending.lock();
+        pending.check_usable()?;
         if let Some(write) = &pending.write {
             write.synchronize()?;
             pending.write = None;

@@ -30,6 +30,7 @@ mod event;
 mod ffi;
 mod host_access;
 mod order;
+mod pageable;
 mod resource;
 mod stream;
 
@@ -47,6 +48,7 @@ pub use device::Device;
 pub use event::Event;
 pub use host_access::{HostAccess, HostMemory};
 pub use order::{OrderTicket, StreamOrder};
+pub use pageable::blocking_host_copy;
 pub use resource::{AllocLayout, DRIVER_ALIGNMENT, DeviceResource, DriverResource};
 pub use stream::{Stream, StreamOptions};
 

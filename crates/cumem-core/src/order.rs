@@ -23,7 +23,7 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use crate::{Error, Feature, Result, Stream};
 
@@ -31,8 +31,9 @@ use crate::{Error, Feature, Result, Stream};
 #[derive(Debug)]
 pub struct StreamOrder {
     inner: Mutex<Users>,
-    /// Signalled when the last ticket in flight is dropped (see [`StreamOrder::exclude_device`]).
-    idle: Condvar,
+    /// The ordinal of the memory's device (the device of the stream it was first used on), named
+    /// by refusals.
+    device: i32,
 }
 
 #[derive(Debug)]
@@ -77,17 +78,23 @@ pub struct OrderTicket<'a> {
 }
 
 impl StreamOrder {
-    /// Memory first used (allocated) on `stream`.
+    /// Memory first used (allocated) on `stream`, a stream of the memory's device.
     pub fn new(stream: &Stream) -> Self {
         StreamOrder {
+            device: stream.context().device().ordinal() as i32,
             inner: Mutex::new(Users {
                 users: vec![(stream.clone(), 0)],
                 next_gen: 1,
                 in_flight: 0,
                 excluded: Exclusion::default(),
             }),
-            idle: Condvar::new(),
         }
+    }
+
+    /// Device work and host reads that must not overlap (see [`StreamOrder::use_on`]): refused on
+    /// the memory's device.
+    fn refusal(&self) -> Error {
+        Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: Some(self.device) }
     }
 
     /// Orders `stream` after all work queued so far on the memory by its recorded users. Queue the
@@ -95,16 +102,18 @@ impl StreamOrder {
     ///
     /// While the host may be reading memory whose device cannot run work on it at the same time
     /// (see [`HostAccess::with_exclusive_order`](crate::HostAccess::with_exclusive_order)), device
-    /// work is refused: `NotSupported { feature: ConcurrentManagedAccess }`, before anything waits.
+    /// work is refused: `NotSupported { feature: ConcurrentManagedAccess, device }` naming the
+    /// memory's device, before anything waits.
+    ///
+    /// Conversely, such host reads are refused with the same error while a ticket is held (work
+    /// may be being queued): queue the work and drop the ticket before reading on the host. A
+    /// ticket that is never dropped (`mem::forget`) keeps refusing them.
     pub fn use_on(&self, stream: &Stream) -> Result<OrderTicket<'_>> {
         // Waiting under the lock keeps the set from changing between the waits and the snapshot
         // of what was waited for.
         let mut inner = self.inner.lock();
         if inner.excluded.active() {
-            return Err(Error::NotSupported {
-                feature: Feature::ConcurrentManagedAccess,
-                device: Some(stream.context().device().ordinal() as i32),
-            });
+            return Err(self.refusal());
         }
         for (user, _) in &inner.users {
             stream.wait_for(user)?;
@@ -114,30 +123,32 @@ impl StreamOrder {
     }
 
     /// Refuses device work from now on (`open_ended`: until [`StreamOrder::end_open_exclusion`];
-    /// otherwise until the matching [`StreamOrder::end_scoped_exclusion`]), then waits until no work
-    /// is being queued and all work queued so far has completed. On error the exclusion stays in
-    /// place (refusing work is always safe); scoped callers end it themselves.
-    pub(crate) fn exclude_device(&self, open_ended: bool) -> Result<()> {
-        {
+    /// otherwise until the returned guard is dropped), then waits until all work queued so far has
+    /// completed.
+    ///
+    /// Never waits for tickets: while one is held (its work may be being queued, possibly by the
+    /// calling thread), the exclusion is not begun and the answer is `NotSupported { feature:
+    /// ConcurrentManagedAccess }`. Once begun, no ticket can be handed out (`use_on` checks under
+    /// the same lock), so synchronising the recorded users covers all work. If that wait fails, an
+    /// open-ended exclusion stays in place (refusing work is always safe); a scoped one ends with
+    /// its guard.
+    pub(crate) fn exclude_device(&self, open_ended: bool) -> Result<Option<ScopedExclusion<'_>>> {
+        let scope = {
             let mut inner = self.inner.lock();
+            if inner.in_flight > 0 {
+                return Err(self.refusal());
+            }
             if open_ended {
                 inner.excluded.open_ended = true;
+                None
             } else {
                 inner.excluded.scoped += 1;
+                // Created right after the count went up: every way out (errors, panics) ends it.
+                Some(ScopedExclusion { order: self })
             }
-            // A ticket taken before the exclusion may still be queueing its work: once it is
-            // dropped, its stream is recorded, so the synchronisation below covers the work.
-            while inner.in_flight > 0 {
-                self.idle.wait(&mut inner);
-            }
-        }
-        self.synchronize()
-    }
-
-    /// Ends one scoped exclusion begun by [`StreamOrder::exclude_device`].
-    pub(crate) fn end_scoped_exclusion(&self) {
-        let mut inner = self.inner.lock();
-        inner.excluded.scoped = inner.excluded.scoped.saturating_sub(1);
+        };
+        self.synchronize()?;
+        Ok(scope)
     }
 
     /// Ends the open-ended exclusion: the owner has exclusive access, so no host borrow that
@@ -181,13 +192,23 @@ impl StreamOrder {
     }
 }
 
+/// One scoped exclusion begun by [`StreamOrder::exclude_device`]; dropping it ends it.
+#[derive(Debug)]
+pub(crate) struct ScopedExclusion<'a> {
+    order: &'a StreamOrder,
+}
+
+impl Drop for ScopedExclusion<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.order.inner.lock();
+        inner.excluded.scoped = inner.excluded.scoped.saturating_sub(1);
+    }
+}
+
 impl Drop for OrderTicket<'_> {
     fn drop(&mut self) {
         let mut inner = self.order.inner.lock();
         inner.in_flight -= 1;
-        if inner.in_flight == 0 {
-            self.order.idle.notify_all();
-        }
         let generation = inner.next_gen;
         inner.next_gen += 1;
         // Entries this stream was ordered after, and that nobody recorded again since, are covered

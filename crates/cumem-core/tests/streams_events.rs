@@ -108,3 +108,23 @@ fn wait_orders_one_stream_after_another() {
     assert!(done.query().unwrap(), "b finished, so the event it waited for has too");
     assert_eq!(buf.to_vec().unwrap(), data);
 }
+
+#[test]
+fn a_refusal_of_device_work_names_the_memorys_device_not_the_streams() {
+    testing::init();
+    if Device::count().unwrap() < 2 {
+        return;
+    }
+    let (mem_dev, other) = (Device::get(0).unwrap(), Device::get(1).unwrap());
+    let home = Stream::non_blocking(&mem_dev.context().unwrap()).unwrap();
+    let away = Stream::non_blocking(&other.context().unwrap()).unwrap();
+    // Memory of device 0 whose host reads exclude device work, refused during a scoped read.
+    let access = cumem_core::HostAccess::with_exclusive_order(&home);
+    let refused = access.read_scoped(|| access.order().unwrap().use_on(&away).map(drop)).unwrap();
+    match refused {
+        Err(Error::NotSupported { feature: cumem_core::Feature::ConcurrentManagedAccess, device }) => {
+            assert_eq!(device, Some(mem_dev.ordinal() as i32));
+        }
+        other => panic!("expected a refusal naming device 0, got {other:?}"),
+    }
+}

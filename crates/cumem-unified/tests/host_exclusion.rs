@@ -5,14 +5,15 @@
 //! on a device with concurrent access host reads and device reads overlap as with pinned memory.
 //! And attachments the driver refuses are refused first.
 
-use std::ffi::c_void;
 use std::process::Command;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
 
 use cumem_copy::StreamCopy;
-use cumem_core::sys::{self, CUresult};
+use cumem_copy::{Copy2D, Pitched};
 use cumem_core::{Context, Device, DeviceBuffer, Error, Feature, Stream};
 use cumem_sys::testing;
+use cumem_sys::testing::Gate;
 use cumem_unified::{Attach, UnifiedBuffer};
 
 /// Device 1 has managed memory without concurrent access (like Windows/WSL or pre-Pascal GPUs).
@@ -71,50 +72,40 @@ fn in_child(name: &str, body: impl FnOnce()) {
     assert!(stdout.contains("1 passed"), "the child ran no test: {stdout}");
 }
 
-struct GateState {
-    open: Mutex<bool>,
-    cv: Condvar,
-}
-
-/// Holds a stream until dropped, so that work queued behind it has certainly not run. Declare it
-/// after the buffers it holds work for (dropped first, so their drops can wait for the stream).
-#[must_use = "the stream is held until the gate is dropped"]
-struct Gate(Arc<GateState>);
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        *self.0.open.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.0.cv.notify_all();
-    }
-}
-
-unsafe extern "C" fn wait_at_gate(user: *mut c_void) {
-    // SAFETY: `user` is the count of the `Arc<GateState>` that `hold` leaked for this call, which
-    // runs once: reclaiming it here keeps the state alive until the callback has returned.
-    let state = unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) };
-    let mut open = state.open.lock().unwrap_or_else(PoisonError::into_inner);
-    while !*open {
-        open = state.cv.wait(open).unwrap_or_else(PoisonError::into_inner);
-    }
-}
-
 /// Holds `stream` here: work queued on it from now on does not start until the gate opens.
+/// Declare the gate after the buffers it holds work for. The calling test must be `#[serial]`
+/// (checked): see [`Gate`] for why.
 fn hold(stream: &Stream) -> Gate {
-    let state = Arc::new(GateState { open: Mutex::new(false), cv: Condvar::new() });
-    let user = Arc::into_raw(state.clone()).cast_mut().cast::<c_void>();
+    assert!(
+        serial_test::is_locked_serially(None),
+        "a test that holds a stream must be #[serial] (see cumem_sys::testing::Gate)"
+    );
     stream.context().bind().unwrap();
-    // SAFETY: the callback only waits on the state, and owns the count passed to it.
-    let code = unsafe { sys::cuLaunchHostFunc(stream.raw(), Some(wait_at_gate), user) };
-    if code != CUresult::CUDA_SUCCESS {
-        // SAFETY: not queued, so the count passed as `user` is still ours to reclaim.
-        drop(unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) });
-        panic!("cuLaunchHostFunc failed: {code:?}");
+    // SAFETY: `stream` is alive (borrowed), and its context was just made current.
+    unsafe { testing::hold(stream.raw()) }
+}
+
+/// Runs `body` on another thread and fails the test if it has not returned within 20 s: what it
+/// tests would otherwise hang the test binary.
+fn without_hanging<R: Send + 'static>(what: &str, body: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let _ = tx.send(body());
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(out) => {
+            worker.join().unwrap();
+            out
+        }
+        Err(RecvTimeoutError::Timeout) => panic!("{what} hung"),
+        Err(RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(worker.join().expect_err("the worker sent nothing"))
+        }
     }
-    Gate(state)
 }
 
 #[test]
-#[serial_test::parallel]
+#[serial_test::serial] // holds a gate
 fn without_concurrent_access_a_host_read_refuses_device_reads_through_shared_views() {
     in_child("without_concurrent_access_a_host_read_refuses_device_reads_through_shared_views", || {
         let Some((device, _, stream)) = device(false) else { return };
@@ -205,4 +196,149 @@ fn attaching_a_single_legacy_stream_is_refused_before_the_driver() {
         buf.attach(&legacy, Attach::Host).unwrap();
         assert_eq!(buf.to_vec().unwrap(), [1, 2, 3]);
     }
+}
+
+#[test]
+#[serial_test::parallel]
+fn without_concurrent_access_a_host_read_while_a_ticket_is_held_is_refused_not_waited_for() {
+    let Some((device, ctx, stream)) = device(false) else { return };
+    let refused = without_hanging("a host read while this thread holds a ticket", move || {
+        let data = pattern(1024);
+        let mut buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+        let (slice, vec) = {
+            let view = buf.as_device_slice();
+            // Work is being queued (by this very thread): waiting for it would wait forever.
+            let _ticket = view.order().use_on(&stream).unwrap();
+            (buf.as_slice().map(<[u32]>::len), buf.to_vec())
+        };
+        // The refusals changed nothing: device work is still allowed, and host reads work again.
+        let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+        stream.copy_d2d(&buf, &mut dst).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), data);
+        assert_eq!(buf.as_slice().unwrap(), &data[..]);
+        buf.end_host_reads();
+        stream.copy_d2d(&buf, &mut dst).unwrap();
+        assert_eq!(dst.to_vec().unwrap(), data);
+        // A ticket never dropped keeps refusing host reads, without hanging them.
+        std::mem::forget(buf.as_device_slice().order().use_on(&Stream::legacy(&ctx)).unwrap());
+        let forgotten = (buf.as_slice().map(<[u32]>::len), buf.to_vec());
+        (slice, vec, forgotten)
+    });
+    let (slice, vec, (slice_after_forget, vec_after_forget)) = refused;
+    assert!(slice.as_ref().is_err_and(|e| refused_on(e, device)), "{slice:?}");
+    assert!(vec.as_ref().is_err_and(|e| refused_on(e, device)), "{vec:?}");
+    assert!(slice_after_forget.as_ref().is_err_and(|e| refused_on(e, device)), "{slice_after_forget:?}");
+    assert!(vec_after_forget.as_ref().is_err_and(|e| refused_on(e, device)), "{vec_after_forget:?}");
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial_test::parallel]
+fn a_refused_or_panicking_scoped_read_leaves_no_exclusion_behind() {
+    let Some((_, _, stream)) = device(false) else { return };
+    let data = pattern(1024);
+    let buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    // A closure that panics inside a scoped read (as `to_vec` runs one) ends its exclusion.
+    let access = cumem_core::HostAccess::with_exclusive_order(&stream);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        access.read_scoped(|| panic!("the read failed")).unwrap();
+    }));
+    assert!(panicked.is_err());
+    let order = access.order().unwrap();
+    drop(order.use_on(&stream).expect("the panicked read ended its exclusion"));
+    // A scoped read refused while a ticket is held begins no exclusion, so ends none: another
+    // scoped read's exclusion stays in place.
+    let ticket = order.use_on(&stream).unwrap();
+    assert!(access.read_scoped(|| ()).is_err());
+    drop(ticket);
+    access
+        .read_scoped(|| {
+            assert!(order.use_on(&stream).is_err(), "device work is refused during a scoped read");
+        })
+        .unwrap();
+    drop(order.use_on(&stream).unwrap());
+    stream.copy_d2d(&buf, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+}
+
+#[test]
+#[serial_test::serial] // holds a gate
+fn without_concurrent_access_a_blocking_copy_from_a_shared_host_slice_is_refused() {
+    in_child("without_concurrent_access_a_blocking_copy_from_a_shared_host_slice_is_refused", || {
+        let Some((device, ctx, stream)) = device(false) else { return };
+        let data = pattern(4096);
+        let buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+        let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 4096).unwrap();
+        let host = buf.as_slice().unwrap();
+        let legacy = Stream::legacy(&ctx);
+        let gate = hold(&legacy);
+        let copied = std::thread::scope(|scope| {
+            let copier = scope.spawn(|| cumem_copy::copy_h2d(host, &mut dst));
+            std::thread::sleep(Duration::from_millis(100));
+            // Had the copy been queued (behind the gate), the device would own the memory now and
+            // this read would fault, on the real driver as on the simulator.
+            assert_eq!(host, &data[..]);
+            drop(gate);
+            copier.join().unwrap()
+        });
+        assert!(copied.as_ref().is_err_and(|e| refused_on(e, device)), "{copied:?}");
+        // Every other blocking copy that takes a plain host slice refuses it too.
+        let from = DeviceBuffer::from_slice(&stream, host);
+        assert!(from.as_ref().is_err_and(|e| refused_on(e, device)), "{from:?}");
+        let two_d = cumem_copy::copy_2d(
+            &Pitched::new(host, 64),
+            &mut Pitched::new(dst.as_mut_slice(), 64),
+            Copy2D::new(64, 64),
+        );
+        assert!(two_d.as_ref().is_err_and(|e| refused_on(e, device)), "{two_d:?}");
+        let mut out = UnifiedBuffer::<u32>::zeroed(&stream, 4096).unwrap();
+        let back = cumem_copy::copy_d2h(&dst, out.as_mut_slice().unwrap());
+        assert!(back.as_ref().is_err_and(|e| refused_on(e, device)), "{back:?}");
+        assert_eq!(host, &data[..]);
+        assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    });
+}
+
+#[test]
+#[serial_test::serial] // holds a gate
+fn with_concurrent_access_a_blocking_copy_from_a_managed_slice_completes_before_returning() {
+    let Some((_, ctx, stream)) = device(true) else { return };
+    let data = pattern(4096);
+    let mut buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+    // The destinations were last used on `held`, so each copy is ordered after the gate below.
+    let held = Stream::non_blocking(&ctx).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&held, 4096).unwrap();
+    let mut pitched = DeviceBuffer::<u32>::zeroed(&held, 4096).unwrap();
+    held.synchronize().unwrap();
+    for copy in 0..2 {
+        buf.as_mut_slice().unwrap().copy_from_slice(&data);
+        let gate = hold(&held);
+        let opener = gate.release_after(Duration::from_millis(50));
+        let host = buf.as_slice().unwrap();
+        if copy == 0 {
+            cumem_copy::copy_h2d(host, &mut dst).unwrap();
+        } else {
+            cumem_copy::copy_2d(
+                &Pitched::new(host, 64),
+                &mut Pitched::new(pitched.as_mut_slice(), 64),
+                Copy2D::new(64, 64),
+            )
+            .unwrap();
+        }
+        // The source is overwritten at once (its own order knows nothing of the copy, so nothing
+        // waits here): a copy still in flight would read the new values.
+        buf.as_mut_slice().unwrap().fill(u32::MAX);
+        opener.join().unwrap();
+    }
+    assert_eq!(dst.to_vec().unwrap(), data);
+    assert_eq!(pitched.to_vec().unwrap(), data);
+    // The other blocking copies with a plain host side are waited for too.
+    buf.as_mut_slice().unwrap().copy_from_slice(&data);
+    let made = DeviceBuffer::from_slice(&stream, buf.as_slice().unwrap()).unwrap();
+    buf.as_mut_slice().unwrap().fill(u32::MAX);
+    assert_eq!(made.to_vec().unwrap(), data);
+    cumem_copy::copy_d2h(&dst, buf.as_mut_slice().unwrap()).unwrap();
+    assert_eq!(buf.as_slice().unwrap(), &data[..]);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }

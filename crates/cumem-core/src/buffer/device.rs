@@ -260,10 +260,12 @@ impl<T> DeviceBuffer<T> {
             // A synchronous copy runs on the legacy stream and has taken the pageable source by the
             // time it returns; the tracker orders it after the allocation's stream.
             let _ticket = buf.order.use_on(&Stream::legacy(ctx))?;
-            ctx.bind()?;
-            // SAFETY: `data` is valid for `bytes` bytes of reads (NoUninit: all initialised); the
-            // destination is exactly this allocation.
-            unsafe { ffi::memcpy_htod(buf.ptr, data.as_ptr().cast(), buf.bytes())? };
+            // `data` may be managed memory, which the driver reads as device work.
+            crate::blocking_host_copy(ctx, data.as_ptr().cast(), || {
+                // SAFETY: `data` is valid for `bytes` bytes of reads (NoUninit: all initialised);
+                // the destination is exactly this allocation.
+                unsafe { ffi::memcpy_htod(buf.ptr, data.as_ptr().cast(), buf.bytes()) }
+            })?;
         }
         Ok(buf)
     }
