@@ -62,10 +62,19 @@ pub struct TrimReport {
 /// memory), or after `ordering.synchronize()` returned following the free. Segments are returned to the
 /// upstream only after `ordering.synchronize()` following every free in them.
 ///
+/// # Retired streams
+/// When the ordering reports streams that only it still holds ([`Ordering::orphans`]: the program
+/// dropped them, so nothing new can be queued on them), the pool retires them on slow paths (a new
+/// stream when the table is full or the number of streams doubled, `trim`, the release threshold,
+/// the ladder): `ordering.retire(S)` makes `wait(T, retired)` cover S's work so far, S's cached
+/// memory moves to the arena of the retired name, and S's arena is reused. `max_streams` thus
+/// limits the streams in use, not the streams ever seen.
+///
 /// # Locking
 /// Each stream's arena has its own mutex; the fast path takes only that one and looks the arena up
 /// without locking. Migration locks one other arena at a time. The ladder, `trim`, `synchronize`,
-/// `validate` and `stats` lock arenas in creation order, then the segment registry.
+/// `validate` and sweeps take the table's mutex, then lock arenas in position order, then the
+/// segment registry; `stats` locks arenas one at a time.
 pub struct CachingPool<U: Upstream, O: Ordering> {
     id: u32,
     upstream: U,
@@ -170,7 +179,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         Ok(())
     }
 
-    /// Releases every fully free segment to the upstream (synchronising first if there is one).
+    /// Releases every fully free segment to the upstream (synchronising first if there is one), after
+    /// retiring the streams only the ordering still holds.
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
@@ -381,7 +391,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     #[inline(never)]
     fn arena_slow(&self, stream: O::Stream) -> Option<crate::table::Locked<'_, O::Stream>> {
         if let Some(found) = self.arenas.lock_or_insert(stream) {
-            if !self.arenas.lock_state().sweep_due {
+            // Never wait for the table's mutex while holding an arena lock (lock order).
+            if !self.arenas.sweep_due() {
                 return Some(found);
             }
             // Amortised: a sweep after the number of streams doubled since the last one.
@@ -407,7 +418,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// move to the retired streams' arena, and their arenas are vacated for other streams. The
     /// caller holds the table's mutex and every arena lock.
     fn sweep(&self, st: &mut TableState, guards: &mut Guards<'_, O::Stream>) {
-        st.sweep_due = false;
+        self.arenas.sweep_done(st);
         let Some(retired) = self.ordering.retired_stream() else {
             st.sweep_at = usize::MAX; // this ordering never retires a stream
             return;

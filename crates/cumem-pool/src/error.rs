@@ -142,7 +142,8 @@ pub enum PoolError {
         /// The address returned by the upstream (already given back to it).
         addr: u64,
     },
-    /// More distinct streams were used than [`PoolConfig::max_streams`](crate::PoolConfig::max_streams).
+    /// More streams are in use at once than [`PoolConfig::max_streams`](crate::PoolConfig::max_streams)
+    /// (streams the program dropped are retired first, where the ordering can retire them).
     #[error("more than {max} distinct streams used with one pool")]
     TooManyStreams {
         /// The configured maximum.

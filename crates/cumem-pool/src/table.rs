@@ -23,7 +23,9 @@
 
 use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Release};
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -86,6 +88,9 @@ pub(crate) struct ArenaTable<S> {
     /// Positions ever used: every position below it holds an initialised arena.
     len: AtomicUsize,
     state: Mutex<TableState>,
+    /// Set when an insertion made the number of live arenas reach `sweep_at`; read without the
+    /// mutex (by a thread that may hold an arena lock, which must not then wait for the mutex).
+    sweep_due: AtomicBool,
 }
 
 /// What changes to the table are decided by; held while changing it (and, by the pool, while it
@@ -100,8 +105,6 @@ pub(crate) struct TableState {
     tombs: usize,
     /// When `live` reaches this, a sweep for retirable streams is due.
     pub sweep_at: usize,
-    /// Set when an insertion made `live` reach `sweep_at`.
-    pub sweep_due: bool,
 }
 
 /// The fewest live arenas at which a sweep is considered.
@@ -117,13 +120,8 @@ impl<S: Copy + Eq + Hash> ArenaTable<S> {
             index: (0..slots).map(|_| AtomicU32::new(0)).collect(),
             shift: 64 - slots.trailing_zeros(),
             len: AtomicUsize::new(0),
-            state: Mutex::new(TableState {
-                free: Vec::new(),
-                live: 0,
-                tombs: 0,
-                sweep_at: SWEEP_MIN,
-                sweep_due: false,
-            }),
+            state: Mutex::new(TableState { free: Vec::new(), live: 0, tombs: 0, sweep_at: SWEEP_MIN }),
+            sweep_due: AtomicBool::new(false),
         }
     }
 
@@ -220,7 +218,7 @@ impl<S: Copy + Eq + Hash> ArenaTable<S> {
         }
         st.live += 1;
         if st.live >= st.sweep_at {
-            st.sweep_due = true;
+            self.sweep_due.store(true, Relaxed);
         }
         Some((arena, g))
     }
@@ -244,6 +242,16 @@ impl<S: Copy + Eq + Hash> ArenaTable<S> {
             self.index[i].store(a.index as u32 + 1, Release);
         }
         st.tombs = 0;
+    }
+
+    /// Whether an insertion asked for a sweep (a hint: the sweep itself runs under the mutex).
+    pub(crate) fn sweep_due(&self) -> bool {
+        self.sweep_due.load(Relaxed)
+    }
+
+    /// Clears [`sweep_due`](Self::sweep_due); the caller holds the mutex and sweeps.
+    pub(crate) fn sweep_done(&self, _st: &mut TableState) {
+        self.sweep_due.store(false, Relaxed);
     }
 
     /// Takes the table's mutex: no arena is added or removed while it is held. Take it before any
