@@ -397,20 +397,22 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
             // Amortised: a sweep after the number of streams doubled since the last one.
             drop(found);
-            self.sweep_all();
-            return self.arenas.lock_or_insert(stream);
+            return self.sweep_and_insert(stream);
         }
         // Full: only an ordering that retires streams can make room.
         self.ordering.retired_stream()?;
-        self.sweep_all();
-        self.arenas.lock_or_insert(stream)
+        self.sweep_and_insert(stream)
     }
 
-    /// Retires every stream the ordering reports only it still holds (see [`Ordering::orphans`]).
+    /// Retires every stream the ordering reports only it still holds (see [`Ordering::orphans`]),
+    /// then finds or inserts `stream`'s arena without letting go of the table, so the room the
+    /// sweep made cannot be taken by another stream first.
     #[cold]
-    fn sweep_all(&self) {
+    fn sweep_and_insert(&self, stream: O::Stream) -> Option<crate::table::Locked<'_, O::Stream>> {
         let (mut st, mut guards) = self.lock_all();
         self.sweep(&mut st, &mut guards);
+        drop(guards);
+        self.arenas.insert_locked(&mut st, stream)
     }
 
     /// Retires orphaned streams: the ordering records that their work so far must precede any reuse

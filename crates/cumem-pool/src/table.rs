@@ -181,6 +181,12 @@ impl<S: Copy + Eq + Hash> ArenaTable<S> {
     #[cold]
     fn insert_slow(&self, stream: S) -> Option<Locked<'_, S>> {
         let mut st = self.state.lock();
+        self.insert_locked(&mut st, stream)
+    }
+
+    /// [`lock_or_insert`](Self::lock_or_insert) for a caller holding the table's mutex (and no
+    /// arena lock).
+    pub(crate) fn insert_locked(&self, st: &mut TableState, stream: S) -> Option<Locked<'_, S>> {
         if let Some(found) = self.lock(stream) {
             return Some(found);
         }
@@ -193,7 +199,7 @@ impl<S: Copy + Eq + Hash> ArenaTable<S> {
         };
         if st.live + st.tombs + 1 > self.index.len() * 3 / 4 {
             // Before the new arena gets its hash, so the rebuild does not index it too.
-            self.rebuild(&mut st);
+            self.rebuild(st);
         }
         let arena = &**self.list[pos].get_or_init(|| Box::new(Arena::new(pos)));
         let mut g = arena.inner.lock();

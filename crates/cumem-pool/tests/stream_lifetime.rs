@@ -91,3 +91,65 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
         assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
     }
 }
+
+struct Done<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+#[serial_test::parallel]
+fn threads_with_short_lived_streams_share_a_small_pool() {
+    const THREADS: usize = 4;
+    const REQUESTS: usize = 300;
+    let ctx = ctx();
+    // At most two streams per thread are in use at once (the current one and one held buffer's),
+    // plus the legacy stream, which `to_vec` leaves a buffer's last user.
+    let config = PoolConfig { max_streams: 2 * THREADS + 1, ..PoolConfig::default() };
+    let pool = Arc::new(CachingResource::with_driver(&ctx, config));
+    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (resource, ctx, done) = (&resource, &ctx, &done);
+            scope.spawn(move || {
+                // Counts this thread as done even when it panics, so the trimming thread stops.
+                let _done = Done(done);
+                let mut held: Option<(DeviceBuffer<u32>, u32)> = None;
+                for i in 0..REQUESTS {
+                    let s = Stream::non_blocking(ctx).unwrap();
+                    let pattern = ((t as u32) << 24) | i as u32;
+                    let len = 64 + (i * 37 + t * 101) % 3000;
+                    let mut b = DeviceBuffer::<u32>::new_in(resource, &s, len)
+                        .unwrap_or_else(|e| panic!("thread {t} request {i}: {e}"));
+                    s.fill(&mut b, pattern).unwrap();
+                    if let Some((old, p)) = held.replace((b, pattern)) {
+                        assert!(
+                            old.to_vec().unwrap().iter().all(|&v| v == p),
+                            "thread {t}: block overwritten"
+                        );
+                    }
+                }
+                drop(held);
+            });
+        }
+        scope.spawn(|| {
+            while done.load(std::sync::atomic::Ordering::SeqCst) < THREADS {
+                pool.trim().unwrap();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+    });
+    let stats = pool.stats();
+    assert_eq!((stats.current_bytes, stats.current_count), (0, 0));
+    assert_eq!(stats.allocations_total, (THREADS * REQUESTS) as u64);
+    pool.pool().validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.stats().reserved_bytes, 0);
+    if let Some(ctl) = testing::sim_control() {
+        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    }
+}
