@@ -169,12 +169,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             tracing::warn!(addr = block.addr, "deallocate: block belongs to another pool");
             return Err(ForeignBlock(block));
         }
-        match self.arenas.lock(stream) {
+        let found = match self.arenas.lock(stream) {
+            Some(found) => Some(found),
+            None => self.arena_slow(stream),
+        };
+        match found {
             Some((arena, g)) => Self::free_into(arena, g, block),
-            None => match self.arena_slow(stream) {
-                Some((arena, g)) => Self::free_into(arena, g, block),
-                None => self.free_untracked_stream(block),
-            },
+            None => self.free_untracked_stream(block),
         }
         Ok(())
     }
@@ -354,7 +355,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.peaks.rebalance(self.arenas.iter().map(|a| &a.counters));
     }
 
-    #[inline]
+    #[inline(always)]
     fn free_into(arena: &Arena<O::Stream>, mut g: MutexGuard<'_, ArenaInner<O::Stream>>, block: Block) {
         g.requested -= block.requested as i64;
         // A large request served from a small segment under memory pressure has no bin.

@@ -171,10 +171,10 @@ unsafe impl DeviceResource for CachingResource {
 
     #[inline]
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<CUdeviceptr> {
-        let key = self.ordering.register(stream);
-        if key.is_per_thread() {
+        if StreamOrdering::is_per_thread(stream) {
             return Err(per_thread_refused(stream));
         }
+        let key = self.ordering.register(stream);
         let block =
             self.pool.allocate(layout.bytes, layout.align, key).map_err(|e| pool_error(e, layout.bytes))?;
         let addr = block.addr();
@@ -184,18 +184,17 @@ unsafe impl DeviceResource for CachingResource {
 
     #[inline]
     unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
-        let mut key = StreamKey::of(stream);
-        if key.is_per_thread() {
+        let key = if StreamOrdering::is_per_thread(stream) {
             // Only this thread can order its per-thread stream: wait for it here, after which the
             // memory is safe for every stream.
             if let Err(e) = stream.synchronize() {
                 tracing::warn!(ptr, error = %e, "synchronising the per-thread stream failed; block leaked");
                 return;
             }
-            key = StreamKey::RETIRED;
+            StreamKey::RETIRED
         } else {
-            key = self.ordering.register(stream);
-        }
+            self.ordering.register(stream)
+        };
         let Some(block) = self.shard(ptr).lock().remove(&ptr) else {
             tracing::warn!(
                 ptr,

@@ -44,11 +44,20 @@ const STREAM_PER_THREAD: u64 = 0x2;
 /// A stream as the pool names it: its context, its driver handle (0 for the legacy stream) and,
 /// for the per-thread default stream (handle `CU_STREAM_PER_THREAD`, one stream per thread under
 /// one handle), the thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct StreamKey {
     ctx: u64,
     raw: u64,
     thread: u64,
+}
+
+impl std::hash::Hash for StreamKey {
+    /// One word: the pool hashes a key on every allocation and free. Handles and contexts are
+    /// distinct pointers, so folding them loses almost nothing; equality still compares all fields.
+    #[inline(always)]
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.raw ^ self.ctx.rotate_left(29) ^ self.thread.rotate_left(47));
+    }
 }
 
 thread_local! {
@@ -65,7 +74,7 @@ impl StreamKey {
     pub const RETIRED: StreamKey = StreamKey { ctx: 0, raw: u64::MAX, thread: 0 };
 
     /// The key of `stream`.
-    #[inline]
+    #[inline(always)]
     pub fn of(stream: &Stream) -> Self {
         let ctx = stream.context().raw() as u64;
         match stream.raw() as u64 {
@@ -120,18 +129,30 @@ impl StreamOrdering {
     }
 
     /// Registers `stream` (keeping it alive until the pool retires it) and returns its key.
-    #[inline]
+    #[inline(always)]
     pub fn register(&self, stream: &Stream) -> StreamKey {
         let key = StreamKey::of(stream);
         let generation = self.generation.load(AtomicOrdering::Acquire);
         if LAST_REGISTERED.get() == (self.id, generation, key) {
             return key;
         }
+        self.register_slow(stream, key, generation)
+    }
+
+    #[inline(never)]
+    fn register_slow(&self, stream: &Stream, key: StreamKey, generation: u64) -> StreamKey {
         if !self.streams.read().contains_key(&key) {
             self.streams.write().entry(key).or_insert_with(|| stream.clone());
         }
         LAST_REGISTERED.set((self.id, generation, key));
         key
+    }
+
+    /// Whether `stream` is a per-thread default stream (which the pool cannot order from other
+    /// threads), from its handle alone.
+    #[inline(always)]
+    pub(crate) fn is_per_thread(stream: &Stream) -> bool {
+        stream.raw() as u64 == STREAM_PER_THREAD
     }
 
     fn stream(&self, key: StreamKey, op: &'static str) -> Result<Stream, UpstreamError> {

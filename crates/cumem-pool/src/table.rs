@@ -145,12 +145,31 @@ impl<S: Copy + Eq + Hash> ArenaTable<S> {
 
     /// The arena of `stream`, locked, if it exists. May miss while the table changes; the caller
     /// then asks [`lock_or_insert`](Self::lock_or_insert), which is exact.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lock(&self, stream: S) -> Option<Locked<'_, S>> {
         let hash = Self::hash(&stream);
+        let i = self.slot(hash);
+        // The first probe inline (the usual hit); collisions and misses out of line.
+        let v = self.index[i].load(Acquire);
+        if v != 0
+            && v != TOMB
+            && let Some(a) = self.list[v as usize - 1].get()
+            && a.hash.load(Acquire) == hash
+        {
+            let g = a.inner.lock();
+            if g.stream == Some(stream) {
+                return Some((&**a, g));
+            }
+        }
+        if v == 0 { None } else { self.lock_probe(stream, hash, i) }
+    }
+
+    /// [`lock`](Self::lock) past the first slot.
+    #[inline(never)]
+    fn lock_probe(&self, stream: S, hash: u64, first: usize) -> Option<Locked<'_, S>> {
         let mask = self.index.len() - 1;
-        let mut i = self.slot(hash);
-        for _ in 0..self.index.len() {
+        let mut i = (first + 1) & mask;
+        for _ in 1..self.index.len() {
             let v = self.index[i].load(Acquire);
             if v == 0 {
                 return None;
