@@ -200,13 +200,13 @@ impl Ordering for StreamOrdering {
             s.synchronize()?;
         }
         drop(streams);
-        let events = std::mem::take(&mut *self.retired.lock());
-        for e in &events {
-            if let Err(err) = e.synchronize() {
-                self.retired.lock().extend(events);
-                return Err(err.into());
-            }
+        // The events stay listed until they are known complete: a concurrent `wait` on the retired
+        // name (which takes this lock) must never find the list empty while their work still runs.
+        let mut events = self.retired.lock();
+        for e in events.iter() {
+            e.synchronize()?;
         }
+        events.clear();
         Ok(())
     }
 
