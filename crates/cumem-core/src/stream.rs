@@ -101,6 +101,17 @@ impl Stream {
         self.raw().is_null()
     }
 
+    /// Whether this handle is the only clone of its stream (the legacy stream: of this handle).
+    ///
+    /// A snapshot, but a stable one in one direction: once `true`, only the holder of this handle
+    /// can make it `false` again (by cloning it), so an owner that never gives out clones (a cache
+    /// of streams) learns that nobody else can queue new work through this handle. Another handle
+    /// naming the same driver stream (the legacy stream of the same context, from
+    /// [`Stream::legacy`]) is not counted: check [`is_legacy`](Self::is_legacy) too.
+    pub fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1
+    }
+
     /// The options the stream was created with.
     pub fn options(&self) -> StreamOptions {
         self.inner.options

@@ -18,6 +18,8 @@
 //! # pool.deallocate(b, 7).unwrap();
 //! ```
 
+use std::sync::atomic::AtomicU64;
+
 use parking_lot::Mutex;
 
 use crate::bins::Bins;
@@ -26,28 +28,39 @@ use crate::size_class::Kind;
 use crate::stats::{Counters, Histogram};
 
 /// One stream's arena. Aligned to two cache lines so that arenas of different streams never share one.
+///
+/// An arena is never freed while its pool lives, but it can be *vacated* (its stream retired) and
+/// reused for another stream, so which stream it serves is read under its lock.
 #[repr(align(128))]
 #[derive(Debug)]
 pub(crate) struct Arena<S> {
-    /// The stream whose order protects everything in this arena.
-    pub stream: S,
+    /// Hash of the stream served (0 when vacant): lets a lookup skip arenas of other streams without
+    /// taking their lock. Only a hint; the stream itself is checked under the lock.
+    pub hash: AtomicU64,
     /// Position in the pool's arena list (lock order).
     pub index: usize,
-    /// The arena's free memory and statistics.
-    pub inner: Mutex<ArenaInner>,
+    /// The arena's stream, free memory and statistics.
+    pub inner: Mutex<ArenaInner<S>>,
     /// Live bytes and blocks attributed to this arena, readable without the lock.
     pub counters: Counters,
 }
 
 impl<S> Arena<S> {
-    pub(crate) fn new(stream: S, index: usize) -> Self {
-        Arena { stream, index, inner: Mutex::new(ArenaInner::default()), counters: Counters::default() }
+    pub(crate) fn new(index: usize) -> Self {
+        Arena {
+            hash: AtomicU64::new(0),
+            index,
+            inner: Mutex::new(ArenaInner::new()),
+            counters: Counters::default(),
+        }
     }
 }
 
 /// The locked part of an arena.
-#[derive(Debug, Default)]
-pub(crate) struct ArenaInner {
+#[derive(Debug)]
+pub(crate) struct ArenaInner<S> {
+    /// The stream whose order protects everything in this arena; `None` while the arena is vacant.
+    pub stream: Option<S>,
     /// Exact-size small blocks, not coalesced.
     pub bins: Bins,
     /// Free ranges of small segments.
@@ -62,7 +75,32 @@ pub(crate) struct ArenaInner {
     pub histogram: Histogram,
 }
 
-impl ArenaInner {
+impl<S> ArenaInner<S> {
+    fn new() -> Self {
+        ArenaInner {
+            stream: None,
+            bins: Bins::default(),
+            small: FreeSet::default(),
+            large: FreeSet::default(),
+            requested: 0,
+            allocations: 0,
+            histogram: Histogram::default(),
+        }
+    }
+
+    /// Moves everything this arena caches and counts into `to` (a retired stream's arena into the
+    /// arena of retired streams), leaving it empty.
+    pub(crate) fn move_into(&mut self, to: &mut ArenaInner<S>) {
+        self.flush_bins();
+        for kind in [Kind::Small, Kind::Large] {
+            for (addr, len, seg) in self.set(kind).drain() {
+                to.set(kind).insert(addr, len, seg);
+            }
+        }
+        to.requested += std::mem::take(&mut self.requested);
+        to.allocations += std::mem::take(&mut self.allocations);
+        to.histogram.add(&std::mem::take(&mut self.histogram));
+    }
     /// The free set of a segment kind.
     #[inline]
     pub(crate) fn set(&mut self, kind: Kind) -> &mut FreeSet {

@@ -37,12 +37,12 @@ use crate::free_set::Seg;
 use crate::segment::Segments;
 use crate::size_class::{Kind, QUANTUM, SMALL_LIMIT, bin_of};
 use crate::stats::{Peaks, PoolStats};
-use crate::table::ArenaTable;
-use crate::{Block, ForeignBlock, Ordering, PoolConfig, PoolError, SEGMENT_ALIGN, Upstream, UpstreamError};
+use crate::table::{ArenaTable, TableState};
+use crate::{Block, ForeignBlock, Ordering, PoolConfig, PoolError, SEGMENT_ALIGN, Upstream};
 
 static NEXT_POOL_ID: AtomicU32 = AtomicU32::new(1);
 
-type Guards<'a> = Vec<MutexGuard<'a, ArenaInner>>;
+type Guards<'a, S> = Vec<MutexGuard<'a, ArenaInner<S>>>;
 
 /// What [`CachingPool::trim`], [`trim_to`](CachingPool::trim_to) and
 /// [`synchronize`](CachingPool::synchronize) gave back to the upstream.
@@ -62,10 +62,19 @@ pub struct TrimReport {
 /// memory), or after `ordering.synchronize()` returned following the free. Segments are returned to the
 /// upstream only after `ordering.synchronize()` following every free in them.
 ///
+/// # Retired streams
+/// When the ordering reports streams that only it still holds ([`Ordering::orphans`]: the program
+/// dropped them, so nothing new can be queued on them), the pool retires them on slow paths (a new
+/// stream when the table is full or the number of streams doubled, `trim`, the release threshold,
+/// the ladder): `ordering.retire(S)` makes `wait(T, retired)` cover S's work so far, S's cached
+/// memory moves to the arena of the retired name, and S's arena is reused. `max_streams` thus
+/// limits the streams in use, not the streams ever seen.
+///
 /// # Locking
 /// Each stream's arena has its own mutex; the fast path takes only that one and looks the arena up
 /// without locking. Migration locks one other arena at a time. The ladder, `trim`, `synchronize`,
-/// `validate` and `stats` lock arenas in creation order, then the segment registry.
+/// `validate` and sweeps take the table's mutex, then lock arenas in position order, then the
+/// segment registry; `stats` locks arenas one at a time.
 pub struct CachingPool<U: Upstream, O: Ordering> {
     id: u32,
     upstream: U,
@@ -81,7 +90,7 @@ impl<U: Upstream, O: Ordering> fmt::Debug for CachingPool<U, O> {
         f.debug_struct("CachingPool")
             .field("id", &self.id)
             .field("config", &self.config)
-            .field("streams", &self.arenas.iter().map(|a| a.stream).collect::<Vec<_>>())
+            .field("streams", &self.arenas.lock_state().live)
             .finish_non_exhaustive()
     }
 }
@@ -90,11 +99,17 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// A pool drawing segments from `upstream` and ordering streams through `ordering`.
     pub fn new(upstream: U, ordering: O, config: PoolConfig) -> Self {
         let config = config.normalized();
+        let retired = ordering.retired_stream();
+        // One more arena than streams allowed: the one of retired streams, created first.
+        let arenas = ArenaTable::new(config.max_streams + usize::from(retired.is_some()));
+        if let Some(retired) = retired {
+            drop(arenas.lock_or_insert(retired));
+        }
         CachingPool {
             id: NEXT_POOL_ID.fetch_add(1, Relaxed),
             upstream,
             ordering,
-            arenas: ArenaTable::new(config.max_streams),
+            arenas,
             config,
             segments: Mutex::new(Segments::default()),
             peaks: Peaks::default(),
@@ -128,17 +143,18 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     #[inline]
     pub fn allocate(&self, bytes: usize, align: usize, stream: O::Stream) -> Result<Block, PoolError> {
         let req = Request::new(bytes, align)?;
-        let arena = self
-            .arenas
-            .get_or_insert(stream)
-            .ok_or(PoolError::TooManyStreams { max: self.arenas.capacity() })?;
-        let mut g = arena.inner.lock();
+        let (arena, mut g) = match self.arenas.lock(stream) {
+            Some(found) => found,
+            None => {
+                self.arena_slow(stream).ok_or(PoolError::TooManyStreams { max: self.config.max_streams })?
+            }
+        };
         if req.bin != 0
             && let Some(e) = g.bins.pop(req.bin)
         {
             return Ok(self.finish(arena, g, &req, e.addr, e.seg));
         }
-        self.allocate_slow(arena, g, req)
+        self.allocate_slow(arena, g, stream, req)
     }
 
     /// Gives `block` back; `stream` is the stream it was last used on (its work up to now is what
@@ -153,14 +169,19 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             tracing::warn!(addr = block.addr, "deallocate: block belongs to another pool");
             return Err(ForeignBlock(block));
         }
-        match self.arenas.get_or_insert(stream) {
-            Some(arena) => Self::free_into(arena, block),
+        let found = match self.arenas.lock(stream) {
+            Some(found) => Some(found),
+            None => self.arena_slow(stream),
+        };
+        match found {
+            Some((arena, g)) => Self::free_into(arena, g, block),
             None => self.free_untracked_stream(block),
         }
         Ok(())
     }
 
-    /// Releases every fully free segment to the upstream (synchronising first if there is one).
+    /// Releases every fully free segment to the upstream (synchronising first if there is one), after
+    /// retiring the streams only the ordering still holds.
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
@@ -174,7 +195,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
     pub fn trim_to(&self, keep: usize) -> Result<TrimReport, PoolError> {
-        let mut guards = self.lock_all();
+        let (mut st, mut guards) = self.lock_all();
+        self.sweep(&mut st, &mut guards);
         for g in guards.iter_mut() {
             g.flush_bins();
         }
@@ -198,7 +220,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.ordering.synchronize().map_err(PoolError::Ordering)?;
             return Ok(TrimReport::default());
         }
-        let mut guards = self.lock_all();
+        let (mut st, mut guards) = self.lock_all();
+        self.sweep(&mut st, &mut guards);
         self.ordering.synchronize().map_err(PoolError::Ordering)?;
         consolidate(&mut guards);
         Ok(self.release(&mut guards, threshold))
@@ -250,7 +273,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Every cached (free or binned) block of every stream as `(addr, len)`, in address order.
     pub fn cached_ranges(&self) -> Vec<(u64, u64)> {
         let mut out = vec![];
-        for g in self.lock_all() {
+        for g in self.lock_all().1 {
             out.extend(
                 g.small.ranges().chain(g.large.ranges()).chain(g.bins.entries()).map(|(a, l, _)| (a, l)),
             );
@@ -266,7 +289,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// # Errors
     /// A description of the first inconsistency found.
     pub fn validate(&self) -> Result<(), String> {
-        let guards = self.lock_all();
+        let (_st, guards) = self.lock_all();
         let segs = self.segments.lock();
         let mut items: Vec<(u64, u64, Seg, Kind)> = vec![];
         for g in &guards {
@@ -308,7 +331,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     fn finish(
         &self,
         arena: &Arena<O::Stream>,
-        mut g: MutexGuard<'_, ArenaInner>,
+        mut g: MutexGuard<'_, ArenaInner<O::Stream>>,
         req: &Request,
         addr: u64,
         seg: Seg,
@@ -332,9 +355,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.peaks.rebalance(self.arenas.iter().map(|a| &a.counters));
     }
 
-    #[inline]
-    fn free_into(arena: &Arena<O::Stream>, block: Block) {
-        let mut g = arena.inner.lock();
+    #[inline(always)]
+    fn free_into(arena: &Arena<O::Stream>, mut g: MutexGuard<'_, ArenaInner<O::Stream>>, block: Block) {
         g.requested -= block.requested as i64;
         // A large request served from a small segment under memory pressure has no bin.
         if block.kind == Kind::Small && block.size <= SMALL_LIMIT as u64 {
@@ -358,9 +380,77 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             tracing::warn!(error = %e, addr = block.addr, "synchronize failed; block leaked");
             return;
         }
+        // Position 0: the arena of retired streams where there is one, else the first stream's.
         if let Some(arena) = self.arenas.iter().next() {
-            Self::free_into(arena, block);
+            Self::free_into(arena, arena.inner.lock(), block);
         }
+    }
+
+    /// The arena of a stream new to the pool (or one the lock-free lookup missed); when the table
+    /// is full, streams the program dropped are retired first to make room. Also runs a due sweep.
+    #[cold]
+    #[inline(never)]
+    fn arena_slow(&self, stream: O::Stream) -> Option<crate::table::Locked<'_, O::Stream>> {
+        if let Some(found) = self.arenas.lock_or_insert(stream) {
+            // Never wait for the table's mutex while holding an arena lock (lock order).
+            if !self.arenas.sweep_due() {
+                return Some(found);
+            }
+            // Amortised: a sweep after the number of streams doubled since the last one.
+            drop(found);
+            return self.sweep_and_insert(stream);
+        }
+        // Full: only an ordering that retires streams can make room.
+        self.ordering.retired_stream()?;
+        self.sweep_and_insert(stream)
+    }
+
+    /// Retires every stream the ordering reports only it still holds (see [`Ordering::orphans`]),
+    /// then finds or inserts `stream`'s arena without letting go of the table, so the room the
+    /// sweep made cannot be taken by another stream first.
+    #[cold]
+    fn sweep_and_insert(&self, stream: O::Stream) -> Option<crate::table::Locked<'_, O::Stream>> {
+        let (mut st, mut guards) = self.lock_all();
+        self.sweep(&mut st, &mut guards);
+        drop(guards);
+        self.arenas.insert_locked(&mut st, stream)
+    }
+
+    /// Retires orphaned streams: the ordering records that their work so far must precede any reuse
+    /// of memory cached under the retired name and forgets them; their arenas' memory and counts
+    /// move to the retired streams' arena, and their arenas are vacated for other streams. The
+    /// caller holds the table's mutex and every arena lock.
+    fn sweep(&self, st: &mut TableState, guards: &mut Guards<'_, O::Stream>) {
+        self.arenas.sweep_done(st);
+        let Some(retired) = self.ordering.retired_stream() else {
+            st.sweep_at = usize::MAX; // this ordering never retires a stream
+            return;
+        };
+        let Some(ri) = guards.iter().position(|g| g.stream == Some(retired)) else { return };
+        let orphans = self.ordering.orphans();
+        if !orphans.is_empty() {
+            let positions: HashMap<O::Stream, usize> =
+                guards.iter().enumerate().filter_map(|(i, g)| g.stream.map(|s| (s, i))).collect();
+            let arenas: Vec<&Arena<O::Stream>> = self.arenas.iter().collect();
+            for stream in orphans {
+                if stream == retired {
+                    continue;
+                }
+                if let Err(e) = self.ordering.retire(stream) {
+                    tracing::warn!(error = %e, ?stream, "retiring a dropped stream failed; kept");
+                    continue;
+                }
+                let Some(&i) = positions.get(&stream) else { continue };
+                let Some((from, to)) = two_mut(guards, i, ri) else { continue };
+                from.move_into(to);
+                let (bytes, count) = (arenas[i].counters.bytes(), arenas[i].counters.count());
+                arenas[i].counters.add(-bytes, -count);
+                arenas[ri].counters.add(bytes, count);
+                self.arenas.remove(st, arenas[i], &mut guards[i]);
+            }
+            self.rebalance();
+        }
+        st.sweep_at = (2 * st.live).max(crate::table::SWEEP_MIN).min(self.arenas.capacity());
     }
 
     #[cold]
@@ -368,7 +458,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     fn allocate_slow<'a>(
         &'a self,
         arena: &'a Arena<O::Stream>,
-        mut g: MutexGuard<'a, ArenaInner>,
+        mut g: MutexGuard<'a, ArenaInner<O::Stream>>,
+        stream: O::Stream,
         req: Request,
     ) -> Result<Block, PoolError> {
         if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
@@ -381,7 +472,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         }
         drop(g);
-        if let Some((addr, seg)) = self.migrate(arena, &req)? {
+        if let Some((addr, seg)) = self.migrate(arena, stream, &req)? {
             return Ok(self.finish(arena, arena.inner.lock(), &req, addr, seg));
         }
         if let Some(seg) = self.grow(req.kind, req.need, false)? {
@@ -394,8 +485,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.oom_ladder(arena, &req)
     }
 
-    /// Takes a best fit from another stream's arena and orders `to` after that stream.
-    fn migrate(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Option<(u64, Seg)>, PoolError> {
+    /// Takes a best fit from another stream's arena and orders `to` (serving `stream`) after that
+    /// arena's stream.
+    fn migrate(
+        &self,
+        to: &Arena<O::Stream>,
+        stream: O::Stream,
+        req: &Request,
+    ) -> Result<Option<(u64, Seg)>, PoolError> {
         let mut best: Option<(&Arena<O::Stream>, u64)> = None;
         for a in self.arenas.iter().filter(|a| a.index != to.index) {
             let mut g = a.inner.lock();
@@ -409,11 +506,15 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         }
         let Some((from, _)) = best else { return Ok(None) };
-        let Some((addr, seg)) = from.inner.lock().set(req.kind).take(req.size, req.align) else {
+        // The arena may have been vacated or reused since: its stream is read under the lock, which
+        // is held through the wait so the stream cannot be retired in between.
+        let mut g = from.inner.lock();
+        let Some(from_stream) = g.stream else { return Ok(None) };
+        let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) else {
             return Ok(None);
         };
-        if let Err(e) = self.ordering.wait(to.stream, from.stream) {
-            from.inner.lock().set(req.kind).insert(addr, req.size, seg);
+        if let Err(e) = self.ordering.wait(stream, from_stream) {
+            g.set(req.kind).insert(addr, req.size, seg);
             return Err(PoolError::Ordering(e));
         }
         Ok(Some((addr, seg)))
@@ -436,7 +537,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     self.segments.lock().add(&self.config, seg, kind);
                     return Ok(Some(seg));
                 }
-                Err(UpstreamError::OutOfMemory) => {}
+                Err(e) if e.is_out_of_memory() => {}
                 Err(e) => return Err(PoolError::Upstream(e)),
             }
         }
@@ -447,8 +548,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// free segment, retry the upstream; report.
     #[cold]
     fn oom_ladder(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Block, PoolError> {
-        let mut guards = self.lock_all();
+        let (mut st, mut guards) = self.lock_all();
         self.segments.lock().oom_ladders += 1;
+        self.sweep(&mut st, &mut guards);
         self.ordering.synchronize().map_err(PoolError::Ordering)?;
         // After the synchronisation every cached byte is safe for every stream.
         consolidate(&mut guards);
@@ -499,9 +601,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         Err(err)
     }
 
-    /// Locks every arena in creation order.
-    fn lock_all(&self) -> Guards<'_> {
-        self.arenas.iter().map(|a| a.inner.lock()).collect()
+    /// Takes the table's mutex (no arena comes or goes), then locks every arena in position order.
+    fn lock_all(&self) -> (MutexGuard<'_, TableState>, Guards<'_, O::Stream>) {
+        let st = self.arenas.lock_state();
+        (st, self.arenas.iter().map(|a| a.inner.lock()).collect())
     }
 
     fn cached_estimate(&self) -> u64 {
@@ -511,7 +614,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Whether more than `keep` bytes are cached and some segment is entirely cached (possibly split
     /// between arenas). Bins must have been flushed.
-    fn releasable(&self, guards: &Guards<'_>, keep: u64) -> bool {
+    fn releasable(&self, guards: &Guards<'_, O::Stream>, keep: u64) -> bool {
         if self.cached_estimate() <= keep {
             return false;
         }
@@ -530,7 +633,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Releases fully free segments, largest first, while more than `keep` bytes are cached. The
     /// caller holds all arena locks and has synchronised after every free in them.
-    fn release(&self, guards: &mut Guards<'_>, keep: u64) -> TrimReport {
+    fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> TrimReport {
         let live: i64 = self.arenas.iter().map(|a| a.counters.bytes()).sum();
         let mut segs = self.segments.lock();
         let mut cached = segs.reserved.saturating_sub(live.max(0) as u64);
@@ -564,7 +667,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 /// Merges the cached memory of all arenas (bins flushed) so that ranges of one segment split between
 /// streams become one range, kept by the arena that held its lowest piece. Only valid after a
 /// synchronisation that followed every free in the arenas.
-fn consolidate(guards: &mut Guards<'_>) {
+fn consolidate<S>(guards: &mut Guards<'_, S>) {
     for g in guards.iter_mut() {
         g.flush_bins();
     }
@@ -588,6 +691,19 @@ fn consolidate(guards: &mut Guards<'_>) {
             }
         }
         guards[cur.3].set(kind).insert(cur.0, cur.1, cur.2);
+    }
+}
+
+/// Two distinct elements of `v`, mutably; `None` when `i == j`.
+fn two_mut<T>(v: &mut [T], i: usize, j: usize) -> Option<(&mut T, &mut T)> {
+    if i < j {
+        let (a, b) = v.split_at_mut(j);
+        Some((&mut a[i], &mut b[0]))
+    } else if j < i {
+        let (a, b) = v.split_at_mut(i);
+        Some((&mut b[0], &mut a[j]))
+    } else {
+        None
     }
 }
 

@@ -30,12 +30,14 @@ use std::sync::Arc;
 
 use cumem_core::sys::CUdeviceptr;
 use cumem_core::{
-    AllocLayout, Context, DeviceResource, DriverResource, Error, ErrorContext, MemoryReport, Result, Stream,
+    AllocLayout, Context, DeviceResource, DriverResource, Error, ErrorContext, Feature, MemoryReport, Result,
+    Stream,
 };
 use parking_lot::Mutex;
 
 use crate::{
-    Block, CachingPool, DeviceUpstream, PoolConfig, PoolError, PoolStats, StreamOrdering, TrimReport,
+    Block, CachingPool, DeviceUpstream, PoolConfig, PoolError, PoolStats, StreamKey, StreamOrdering,
+    TrimReport, UpstreamError,
 };
 
 const SHARDS: usize = 64;
@@ -94,12 +96,14 @@ impl CachingResource {
         self.pool.reset_peaks()
     }
 
-    /// Synchronises the device and returns every fully free cached segment to the upstream.
+    /// Waits for every stream that used cached memory (on whichever device) and returns every
+    /// fully free cached segment to the upstream; streams the program dropped are forgotten.
     pub fn trim(&self) -> Result<TrimReport> {
         self.pool.trim().map_err(|e| pool_error(e, 0))
     }
 
-    /// Synchronises the device and releases cached segments down to the release threshold.
+    /// Waits for every stream that used cached memory (on whichever device) and releases cached
+    /// segments down to the release threshold.
     pub fn synchronize(&self) -> Result<TrimReport> {
         self.pool.synchronize().map_err(|e| pool_error(e, 0))
     }
@@ -128,9 +132,12 @@ fn pool_error(e: PoolError, bytes: usize) -> Error {
             };
             Error::OutOfMemory { ctx, report: Some(report) }
         }
-        PoolError::Upstream(_) | PoolError::Ordering(_) => {
-            // The driver's own error, as the upstream or the stream ordering met it.
-            crate::stream_ordering::take_last_error().unwrap_or(Error::InvalidValue { ctx })
+        // The driver's own error, as the upstream or the stream ordering met it.
+        PoolError::Upstream(UpstreamError::Driver(e)) | PoolError::Ordering(UpstreamError::Driver(e)) => e,
+        // The device upstream and ordering report only driver errors; keep the code of any other.
+        PoolError::Upstream(e) | PoolError::Ordering(e) => {
+            tracing::warn!(error = %e, "caching pool: a non-driver upstream or ordering error");
+            Error::InvalidValue { ctx }
         }
         PoolError::MisalignedSegment { addr } => Error::Misaligned {
             what: "segment from the upstream",
@@ -143,10 +150,20 @@ fn pool_error(e: PoolError, bytes: usize) -> Error {
     }
 }
 
+/// The caching pool cannot order the per-thread default stream from other threads.
+#[cold]
+fn per_thread_refused(stream: &Stream) -> Error {
+    Error::NotSupported {
+        feature: Feature::Driver("the per-thread default stream with the caching pool"),
+        device: Some(stream.context().device().ordinal() as i32),
+    }
+}
+
 // SAFETY: the pool hands out non-overlapping ranges of segments it got from the upstream resource
 // (which upholds the contract), aligned as requested; a range freed on stream S is handed to another
-// stream only after that stream waits for S's work, and segments return to the upstream only after
-// the device is synchronised.
+// stream only after that stream waits for S's work (or for the event that stands for it once S is
+// retired), and segments return to the upstream only after every stream and retired stream that
+// used them is synchronised.
 unsafe impl DeviceResource for CachingResource {
     fn context(&self) -> &Context {
         self.ordering.context()
@@ -154,6 +171,9 @@ unsafe impl DeviceResource for CachingResource {
 
     #[inline]
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<CUdeviceptr> {
+        if StreamOrdering::is_per_thread(stream) {
+            return Err(per_thread_refused(stream));
+        }
         let key = self.ordering.register(stream);
         let block =
             self.pool.allocate(layout.bytes, layout.align, key).map_err(|e| pool_error(e, layout.bytes))?;
@@ -164,7 +184,17 @@ unsafe impl DeviceResource for CachingResource {
 
     #[inline]
     unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
-        let key = self.ordering.register(stream);
+        let key = if StreamOrdering::is_per_thread(stream) {
+            // Only this thread can order its per-thread stream: wait for it here, after which the
+            // memory is safe for every stream.
+            if let Err(e) = stream.synchronize() {
+                tracing::warn!(ptr, error = %e, "synchronising the per-thread stream failed; block leaked");
+                return;
+            }
+            StreamKey::RETIRED
+        } else {
+            self.ordering.register(stream)
+        };
         let Some(block) = self.shard(ptr).lock().remove(&ptr) else {
             tracing::warn!(
                 ptr,
@@ -196,7 +226,7 @@ impl Drop for CachingResource {
         for shard in self.live.iter() {
             for (_, block) in shard.lock().drain() {
                 // Only this pool's blocks are in the table, so this cannot fail.
-                let _ = self.pool.deallocate(block, crate::StreamKey(0));
+                let _ = self.pool.deallocate(block, StreamKey::RETIRED);
             }
         }
     }

@@ -50,8 +50,10 @@ pub struct PoolConfig {
     /// runs; fully free segments beyond it are released to the upstream then. `trim` ignores it.
     /// Default `usize::MAX` (keep everything until `trim` or out-of-memory).
     pub release_threshold: usize,
-    /// Maximum number of distinct streams the pool serves (one arena each, kept for the pool's
-    /// lifetime). Default 1024.
+    /// Maximum number of streams the pool serves at once (one arena each). A stream the program has
+    /// dropped stops counting once the pool retires it (with an ordering that retires streams, such
+    /// as [`StreamOrdering`](crate::StreamOrdering)): its cached memory stays, guarded by an event,
+    /// and its arena is reused. Default 1024.
     pub max_streams: usize,
 }
 

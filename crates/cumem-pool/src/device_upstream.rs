@@ -21,7 +21,6 @@ use std::sync::Arc;
 
 use cumem_core::{AllocLayout, DeviceResource, Stream};
 
-use crate::stream_ordering::to_upstream_error;
 use crate::{SEGMENT_ALIGN, Upstream, UpstreamError};
 
 /// Segments from a device resource.
@@ -46,14 +45,14 @@ impl DeviceUpstream {
 
 impl Upstream for DeviceUpstream {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
-        let layout = AllocLayout::new(bytes, SEGMENT_ALIGN).map_err(|e| to_upstream_error(&e))?;
-        let ptr = self.resource.allocate(layout, &self.legacy).map_err(|e| to_upstream_error(&e))?;
+        let layout = AllocLayout::new(bytes, SEGMENT_ALIGN).map_err(UpstreamError::Driver)?;
+        let ptr = self.resource.allocate(layout, &self.legacy).map_err(UpstreamError::Driver)?;
         // A stream-ordered upstream hands out memory usable in order on the legacy stream only;
         // the pool will use it on any stream, so wait until it is usable everywhere.
         if let Err(e) = self.legacy.synchronize() {
             // SAFETY: allocated just above with this layout and never handed out.
             unsafe { self.resource.deallocate(ptr, layout, &self.legacy) };
-            return Err(to_upstream_error(&e));
+            return Err(UpstreamError::Driver(e));
         }
         Ok(ptr)
     }

@@ -26,7 +26,12 @@ use std::fmt;
 use crate::Block;
 
 /// Failure reported by an [`Upstream`](crate::Upstream) or an [`Ordering`](crate::Ordering).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+///
+/// The device implementations ([`DeviceUpstream`](crate::DeviceUpstream),
+/// [`StreamOrdering`](crate::StreamOrdering)) report the driver's own error inside
+/// [`Driver`](Self::Driver), so it reaches the caller unchanged; the host models use the other
+/// variants. Two driver errors are equal when they read the same.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum UpstreamError {
     /// The upstream resource has no memory left for the request.
     #[error("upstream out of memory")]
@@ -34,7 +39,52 @@ pub enum UpstreamError {
     /// Any other failure, with the resource's own code (e.g. a `CUresult`).
     #[error("upstream error (code {0})")]
     Other(i32),
+    /// A failure of the CUDA driver, as cumem reported it.
+    #[error("{0}")]
+    Driver(#[source] cumem_core::Error),
 }
+
+impl UpstreamError {
+    /// Whether this is exhaustion ([`OutOfMemory`](Self::OutOfMemory), or the driver's
+    /// out-of-memory error), which the pool answers with its out-of-memory ladder.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            UpstreamError::OutOfMemory | UpstreamError::Driver(cumem_core::Error::OutOfMemory { .. })
+        )
+    }
+
+    /// The driver's error inside, if this is one.
+    pub fn driver_error(&self) -> Option<&cumem_core::Error> {
+        match self {
+            UpstreamError::Driver(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<cumem_core::Error> for UpstreamError {
+    fn from(e: cumem_core::Error) -> Self {
+        UpstreamError::Driver(e)
+    }
+}
+
+impl PartialEq for UpstreamError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (UpstreamError::OutOfMemory, UpstreamError::OutOfMemory) => true,
+            (UpstreamError::Other(a), UpstreamError::Other(b)) => a == b,
+            // `cumem_core::Error` has no `PartialEq` (it carries context); the same code and the
+            // same message is the same error for every purpose a comparison serves.
+            (UpstreamError::Driver(a), UpstreamError::Driver(b)) => {
+                a.code() == b.code() && a.to_string() == b.to_string()
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Eq for UpstreamError {}
 
 /// Failure of a [`CachingPool`](crate::CachingPool) operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -82,17 +132,18 @@ pub enum PoolError {
     },
     /// The upstream failed for a reason other than running out of memory.
     #[error("upstream allocation failed: {0}")]
-    Upstream(UpstreamError),
+    Upstream(#[source] UpstreamError),
     /// Establishing stream order (event record/wait or synchronise) failed.
     #[error("stream ordering operation failed: {0}")]
-    Ordering(UpstreamError),
+    Ordering(#[source] UpstreamError),
     /// The upstream returned an address that is not aligned to [`SEGMENT_ALIGN`](crate::SEGMENT_ALIGN).
     #[error("upstream returned misaligned segment address {addr:#x}")]
     MisalignedSegment {
         /// The address returned by the upstream (already given back to it).
         addr: u64,
     },
-    /// More distinct streams were used than [`PoolConfig::max_streams`](crate::PoolConfig::max_streams).
+    /// More streams are in use at once than [`PoolConfig::max_streams`](crate::PoolConfig::max_streams)
+    /// (streams the program dropped are retired first, where the ordering can retire them).
     #[error("more than {max} distinct streams used with one pool")]
     TooManyStreams {
         /// The configured maximum.

@@ -1,9 +1,13 @@
 //! CUDA streams as the caching pool's [`Ordering`]: events and stream waits.
 //!
-//! The pool names streams by [`StreamKey`] (the driver handle), a small `Copy` value; this keeps
-//! every [`Stream`] it has seen alive in a registry, so a handle cannot be destroyed and reused
-//! while blocks freed on it may still be waited for. Registration is checked on every allocation
-//! and free, so it is made cheap: a per-thread cache of the last stream registered.
+//! The pool names streams by [`StreamKey`]: the context and the driver handle (and, for the
+//! per-thread default stream, the thread), a small `Copy` value. The legacy streams of two devices
+//! are two streams. The ordering holds a clone of each stream the pool currently caches memory for,
+//! so a handle cannot be destroyed and reused while that memory may still be waited for; once the
+//! program has dropped a stream (only the ordering still holds it), the pool *retires* it: an event
+//! recorded on it stands for its work from then on, the clone is dropped and the stream destroyed.
+//! Registration is checked on every allocation and free, so it is made cheap: a per-thread cache
+//! of the last stream registered.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -15,96 +19,159 @@
 //! let (ka, kb) = (ordering.register(&a), ordering.register(&b));
 //! assert_ne!(ka, kb);
 //! ordering.wait(kb, ka).unwrap(); // later work on b waits for a's work so far
+//! drop(a); // only the ordering holds it now: it may be retired
+//! assert_eq!(ordering.orphans(), vec![ka]);
+//! ordering.retire(ka).unwrap();
+//! ordering.wait(kb, StreamKey::RETIRED).unwrap(); // later work on b waits for a's work so far
 //! ordering.synchronize().unwrap();
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 
-use cumem_core::{Context, Error, Stream};
-use parking_lot::RwLock;
+use cumem_core::{Context, Error, ErrorContext, Event, Stream};
+use parking_lot::{Mutex, RwLock};
 
 use crate::{Ordering, UpstreamError};
 
-/// A stream as the pool names it: its driver handle (0 for the legacy stream).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamKey(pub u64);
+/// `CU_STREAM_LEGACY`: another name of the context's legacy (NULL) stream.
+const STREAM_LEGACY: u64 = 0x1;
+/// `CU_STREAM_PER_THREAD`: the calling thread's per-thread default stream.
+const STREAM_PER_THREAD: u64 = 0x2;
 
-impl StreamKey {
-    /// The key of `stream`.
-    pub fn of(stream: &Stream) -> Self {
-        StreamKey(stream.raw() as u64)
+/// A stream as the pool names it: its context, its driver handle (0 for the legacy stream) and,
+/// for the per-thread default stream (handle `CU_STREAM_PER_THREAD`, one stream per thread under
+/// one handle), the thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StreamKey {
+    ctx: u64,
+    raw: u64,
+    thread: u64,
+}
+
+impl std::hash::Hash for StreamKey {
+    /// One word: the pool hashes a key on every allocation and free. Handles and contexts are
+    /// distinct pointers, so folding them loses almost nothing; equality still compares all fields.
+    #[inline(always)]
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.raw ^ self.ctx.rotate_left(29) ^ self.thread.rotate_left(47));
     }
 }
 
-/// Orders CUDA streams of one context for the caching pool.
+thread_local! {
+    /// A small number naming this thread (never 0), for per-thread default stream keys.
+    static THREAD_TAG: u64 = {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, AtomicOrdering::Relaxed)
+    };
+}
+
+impl StreamKey {
+    /// The name of memory cached for retired streams (see [`Ordering::retired_stream`]); no stream
+    /// has it.
+    pub const RETIRED: StreamKey = StreamKey { ctx: 0, raw: u64::MAX, thread: 0 };
+
+    /// The key of `stream`.
+    #[inline(always)]
+    pub fn of(stream: &Stream) -> Self {
+        let ctx = stream.context().raw() as u64;
+        match stream.raw() as u64 {
+            STREAM_LEGACY => StreamKey { ctx, raw: 0, thread: 0 },
+            STREAM_PER_THREAD => StreamKey { ctx, raw: STREAM_PER_THREAD, thread: THREAD_TAG.with(|t| *t) },
+            raw => StreamKey { ctx, raw, thread: 0 },
+        }
+    }
+
+    /// Whether this names a per-thread default stream (which only its own thread can order).
+    pub fn is_per_thread(&self) -> bool {
+        self.raw == STREAM_PER_THREAD
+    }
+}
+
+/// Orders CUDA streams (of any context) for the caching pool.
 #[derive(Debug)]
 pub struct StreamOrdering {
     ctx: Context,
     id: usize,
+    /// Bumped whenever a stream is forgotten, so per-thread registration caches are re-checked.
+    generation: AtomicU64,
     streams: RwLock<HashMap<StreamKey, Stream>>,
+    /// Events recorded on retired streams whose completion has not been seen yet.
+    retired: Mutex<Vec<Event>>,
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 
 thread_local! {
-    /// (ordering id, key) of the last stream this thread registered.
-    static LAST_REGISTERED: Cell<(usize, StreamKey)> = const { Cell::new((0, StreamKey(0))) };
+    /// (ordering id, generation, key) of the last stream this thread registered.
+    static LAST_REGISTERED: Cell<(usize, u64, StreamKey)> =
+        const { Cell::new((0, 0, StreamKey { ctx: 0, raw: 0, thread: 0 })) };
 }
 
-thread_local! {
-    /// The full error behind the last `UpstreamError` made on this thread: the pool's error type
-    /// carries only a code, and the pool calls its upstream and ordering on the caller's thread, so
-    /// the resource can hand the caller the original error.
-    static LAST_ERROR: std::cell::RefCell<Option<Error>> = const { std::cell::RefCell::new(None) };
-}
-
-pub(crate) fn to_upstream_error(e: &Error) -> UpstreamError {
-    LAST_ERROR.with_borrow_mut(|last| *last = Some(e.clone()));
-    match e {
-        Error::OutOfMemory { .. } => UpstreamError::OutOfMemory,
-        other => UpstreamError::Other(other.code().map_or(-1, |c| c as i32)),
-    }
-}
-
-/// The error behind the last upstream or ordering failure on this thread, if any.
-pub(crate) fn take_last_error() -> Option<Error> {
-    LAST_ERROR.with_borrow_mut(Option::take)
+/// An error for a stream the ordering does not know (a pool bug: the pool only names streams it
+/// registered and has not retired).
+fn unknown_stream(op: &'static str) -> UpstreamError {
+    UpstreamError::Driver(Error::InvalidHandle { ctx: ErrorContext::op(op) })
 }
 
 impl StreamOrdering {
-    /// An ordering for the streams of `ctx`.
+    /// An ordering whose pool allocates on `ctx`'s device (its streams may be of any context).
     pub fn new(ctx: &Context) -> Self {
         StreamOrdering {
             ctx: ctx.clone(),
             id: NEXT_ID.fetch_add(1, AtomicOrdering::Relaxed),
+            generation: AtomicU64::new(0),
             streams: RwLock::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
         }
     }
 
-    /// Registers `stream` (keeping it alive for as long as the ordering lives) and returns its key.
-    #[inline]
+    /// Registers `stream` (keeping it alive until the pool retires it) and returns its key.
+    #[inline(always)]
     pub fn register(&self, stream: &Stream) -> StreamKey {
         let key = StreamKey::of(stream);
-        if LAST_REGISTERED.get() == (self.id, key) {
+        let generation = self.generation.load(AtomicOrdering::Acquire);
+        if LAST_REGISTERED.get() == (self.id, generation, key) {
             return key;
         }
+        self.register_slow(stream, key, generation)
+    }
+
+    #[inline(never)]
+    fn register_slow(&self, stream: &Stream, key: StreamKey, generation: u64) -> StreamKey {
         if !self.streams.read().contains_key(&key) {
             self.streams.write().entry(key).or_insert_with(|| stream.clone());
         }
-        LAST_REGISTERED.set((self.id, key));
+        LAST_REGISTERED.set((self.id, generation, key));
         key
     }
 
-    fn stream(&self, key: StreamKey) -> Result<Stream, UpstreamError> {
-        self.streams.read().get(&key).cloned().ok_or(UpstreamError::Other(-1))
+    /// Whether `stream` is a per-thread default stream (which the pool cannot order from other
+    /// threads), from its handle alone.
+    #[inline(always)]
+    pub(crate) fn is_per_thread(stream: &Stream) -> bool {
+        stream.raw() as u64 == STREAM_PER_THREAD
     }
 
-    /// The context whose streams this orders.
+    fn stream(&self, key: StreamKey, op: &'static str) -> Result<Stream, UpstreamError> {
+        self.streams.read().get(&key).cloned().ok_or_else(|| unknown_stream(op))
+    }
+
+    /// The context whose device the pool allocates on.
     pub fn context(&self) -> &Context {
         &self.ctx
+    }
+
+    /// Number of streams currently held (registered and not retired).
+    pub fn streams_held(&self) -> usize {
+        self.streams.read().len()
+    }
+
+    /// Drops the events of retired streams whose work has completed.
+    fn prune(events: &mut Vec<Event>) {
+        events.retain(|e| !matches!(e.query(), Ok(true)));
     }
 }
 
@@ -112,11 +179,61 @@ impl Ordering for StreamOrdering {
     type Stream = StreamKey;
 
     fn wait(&self, waiter: StreamKey, on: StreamKey) -> Result<(), UpstreamError> {
-        let (waiter, on) = (self.stream(waiter)?, self.stream(on)?);
-        waiter.wait_for(&on).map_err(|e| to_upstream_error(&e))
+        let w = self.stream(waiter, "StreamOrdering::wait (waiter)")?;
+        if on == StreamKey::RETIRED {
+            let mut events = self.retired.lock();
+            Self::prune(&mut events);
+            for e in events.iter() {
+                w.wait(e)?;
+            }
+            return Ok(());
+        }
+        let on = self.stream(on, "StreamOrdering::wait")?;
+        Ok(w.wait_for(&on)?)
     }
 
+    /// Synchronises every stream held (each on its own context) and every retired stream's event:
+    /// all the work that may still use memory the pool caches, on whichever device, and no other.
     fn synchronize(&self) -> Result<(), UpstreamError> {
-        self.ctx.synchronize().map_err(|e| to_upstream_error(&e))
+        let streams: Vec<Stream> = self.streams.read().values().cloned().collect();
+        for s in &streams {
+            s.synchronize()?;
+        }
+        drop(streams);
+        // The events stay listed until they are known complete: a concurrent `wait` on the retired
+        // name (which takes this lock) must never find the list empty while their work still runs.
+        let mut events = self.retired.lock();
+        for e in events.iter() {
+            e.synchronize()?;
+        }
+        events.clear();
+        Ok(())
+    }
+
+    fn retired_stream(&self) -> Option<StreamKey> {
+        Some(StreamKey::RETIRED)
+    }
+
+    /// Streams of the program's (not legacy ones, which never die and which any code can name
+    /// again) that only this ordering still holds.
+    fn orphans(&self) -> Vec<StreamKey> {
+        self.streams.read().iter().filter(|(_, s)| !s.is_legacy() && s.is_unique()).map(|(&k, _)| k).collect()
+    }
+
+    fn retire(&self, key: StreamKey) -> Result<(), UpstreamError> {
+        let mut streams = self.streams.write();
+        let Some(stream) = streams.get(&key) else { return Ok(()) };
+        let event = stream.record()?;
+        {
+            let mut events = self.retired.lock();
+            Self::prune(&mut events);
+            events.push(event);
+        }
+        let stream = streams.remove(&key);
+        self.generation.fetch_add(1, AtomicOrdering::Release);
+        drop(streams);
+        // The last clone: the driver destroys the stream once its queued work has finished.
+        drop(stream);
+        Ok(())
     }
 }

@@ -1,10 +1,13 @@
-//! The stream → arena map: read without locks, appended to under a lock.
+//! The stream → arena map: read without locks, changed under a lock.
 //!
-//! Lookups happen twice per allocate/free pair, so they must not take a lock or write shared memory.
-//! Arenas live in an append-only list (never removed while the pool lives) and an open-addressing
-//! index of list positions; both are published with release stores, so a lookup is a hash, a few
-//! acquire loads and a comparison. Inserting a new stream takes a mutex; the capacity is fixed at
-//! creation ([`PoolConfig::max_streams`](crate::PoolConfig::max_streams)).
+//! Lookups happen twice per allocate/free pair, so they must not take a lock other than the arena's
+//! own (which the caller takes anyway) or write shared memory. Arenas live in a list of fixed
+//! capacity ([`PoolConfig::max_streams`](crate::PoolConfig::max_streams), plus one for retired
+//! streams) and are never freed while the pool lives, only vacated and reused; an open-addressing
+//! index of list positions finds them. A lookup is a hash, a few acquire loads, and the arena's
+//! lock, under which the arena's stream is compared: an arena vacated or reused meanwhile is simply
+//! not a match. A lookup that misses (a stream new to the pool, or one raced with a change) retries
+//! under the table's mutex, which every change holds, so the slow path is exact.
 //!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig, PoolError};
@@ -20,11 +23,13 @@
 
 use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Release};
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
-use crate::arena::Arena;
+use crate::arena::{Arena, ArenaInner};
 
 /// A multiplicative hasher (FxHash-like): streams are small handles, SipHash would dominate a lookup.
 #[derive(Default)]
@@ -67,16 +72,43 @@ impl Hasher for Fx {
     }
 }
 
-/// Append-only map from stream to arena.
+/// Index slot value of a removed entry (lookups probe past it).
+const TOMB: u32 = u32::MAX;
+
+/// An arena found and locked, serving the stream looked up.
+pub(crate) type Locked<'a, S> = (&'a Arena<S>, MutexGuard<'a, ArenaInner<S>>);
+
+/// Map from stream to arena with a fixed capacity; entries can be removed and positions reused.
 #[derive(Debug)]
 pub(crate) struct ArenaTable<S> {
     list: Box<[OnceLock<Box<Arena<S>>>]>,
-    /// 0 = empty, else list position + 1.
+    /// 0 = empty, [`TOMB`] = removed, else list position + 1.
     index: Box<[AtomicU32]>,
     shift: u32,
+    /// Positions ever used: every position below it holds an initialised arena.
     len: AtomicUsize,
-    insert: Mutex<()>,
+    state: Mutex<TableState>,
+    /// Set when an insertion made the number of live arenas reach `sweep_at`; read without the
+    /// mutex (by a thread that may hold an arena lock, which must not then wait for the mutex).
+    sweep_due: AtomicBool,
 }
+
+/// What changes to the table are decided by; held while changing it (and, by the pool, while it
+/// holds every arena lock).
+#[derive(Debug)]
+pub(crate) struct TableState {
+    /// Vacated positions below `len`, reused first.
+    free: Vec<usize>,
+    /// Arenas serving a stream.
+    pub live: usize,
+    /// Index slots holding [`TOMB`].
+    tombs: usize,
+    /// When `live` reaches this, a sweep for retirable streams is due.
+    pub sweep_at: usize,
+}
+
+/// The fewest live arenas at which a sweep is considered.
+pub(crate) const SWEEP_MIN: usize = 16;
 
 impl<S: Copy + Eq + Hash> ArenaTable<S> {
     /// A table for at most `max` streams.
@@ -88,7 +120,8 @@ impl<S: Copy + Eq + Hash> ArenaTable<S> {
             index: (0..slots).map(|_| AtomicU32::new(0)).collect(),
             shift: 64 - slots.trailing_zeros(),
             len: AtomicUsize::new(0),
-            insert: Mutex::new(()),
+            state: Mutex::new(TableState { free: Vec::new(), live: 0, tombs: 0, sweep_at: SWEEP_MIN }),
+            sweep_due: AtomicBool::new(false),
         }
     }
 
@@ -97,62 +130,186 @@ impl<S: Copy + Eq + Hash> ArenaTable<S> {
         self.list.len()
     }
 
+    /// The full hash of a stream, never 0 (0 marks a vacant arena).
     #[inline]
-    fn slot(&self, stream: &S) -> usize {
+    fn hash(stream: &S) -> u64 {
         let mut h = Fx::default();
         stream.hash(&mut h);
-        (h.finish().wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
+        h.finish().wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
     }
 
-    /// The arena of `stream`, if it exists.
     #[inline]
-    pub(crate) fn find(&self, stream: S) -> Option<&Arena<S>> {
+    fn slot(&self, hash: u64) -> usize {
+        (hash >> self.shift) as usize
+    }
+
+    /// The arena of `stream`, locked, if it exists. May miss while the table changes; the caller
+    /// then asks [`lock_or_insert`](Self::lock_or_insert), which is exact.
+    #[inline(always)]
+    pub(crate) fn lock(&self, stream: S) -> Option<Locked<'_, S>> {
+        let hash = Self::hash(&stream);
+        let i = self.slot(hash);
+        // The first probe inline (the usual hit); collisions and misses out of line.
+        let v = self.index[i].load(Acquire);
+        if v != 0
+            && v != TOMB
+            && let Some(a) = self.list[v as usize - 1].get()
+            && a.hash.load(Acquire) == hash
+        {
+            let g = a.inner.lock();
+            if g.stream == Some(stream) {
+                return Some((&**a, g));
+            }
+        }
+        if v == 0 { None } else { self.lock_probe(stream, hash, i) }
+    }
+
+    /// [`lock`](Self::lock) past the first slot.
+    #[inline(never)]
+    fn lock_probe(&self, stream: S, hash: u64, first: usize) -> Option<Locked<'_, S>> {
         let mask = self.index.len() - 1;
-        let mut i = self.slot(&stream);
-        loop {
-            let v = self.index[i].load(Acquire) as usize;
+        let mut i = (first + 1) & mask;
+        for _ in 1..self.index.len() {
+            let v = self.index[i].load(Acquire);
             if v == 0 {
                 return None;
             }
-            let a = self.list[v - 1].get()?;
-            if a.stream == stream {
-                return Some(a);
+            if v != TOMB
+                && let Some(a) = self.list[v as usize - 1].get()
+                && a.hash.load(Acquire) == hash
+            {
+                let g = a.inner.lock();
+                if g.stream == Some(stream) {
+                    return Some((&**a, g));
+                }
             }
             i = (i + 1) & mask;
         }
+        None
     }
 
-    /// The arena of `stream`, created if needed; `None` when the table is full.
+    /// The arena of `stream`, locked, created if needed; `None` when the table is full.
     #[inline]
-    pub(crate) fn get_or_insert(&self, stream: S) -> Option<&Arena<S>> {
-        match self.find(stream) {
-            Some(a) => Some(a),
+    pub(crate) fn lock_or_insert(&self, stream: S) -> Option<Locked<'_, S>> {
+        match self.lock(stream) {
+            Some(found) => Some(found),
             None => self.insert_slow(stream),
         }
     }
 
     #[cold]
-    fn insert_slow(&self, stream: S) -> Option<&Arena<S>> {
-        let _guard = self.insert.lock();
-        if let Some(a) = self.find(stream) {
-            return Some(a);
-        }
-        let pos = self.len.load(Acquire);
-        if pos == self.list.len() {
-            return None;
-        }
-        let arena = self.list[pos].get_or_init(|| Box::new(Arena::new(stream, pos)));
-        let mask = self.index.len() - 1;
-        let mut i = self.slot(&stream);
-        while self.index[i].load(Acquire) != 0 {
-            i = (i + 1) & mask;
-        }
-        self.index[i].store(pos as u32 + 1, Release);
-        self.len.store(pos + 1, Release);
-        Some(arena)
+    fn insert_slow(&self, stream: S) -> Option<Locked<'_, S>> {
+        let mut st = self.state.lock();
+        self.insert_locked(&mut st, stream)
     }
 
-    /// All arenas in creation order (which is the lock order).
+    /// [`lock_or_insert`](Self::lock_or_insert) for a caller holding the table's mutex (and no
+    /// arena lock).
+    pub(crate) fn insert_locked(&self, st: &mut TableState, stream: S) -> Option<Locked<'_, S>> {
+        if let Some(found) = self.lock(stream) {
+            return Some(found);
+        }
+        if st.live == self.list.len() {
+            return None;
+        }
+        let pos = match st.free.pop() {
+            Some(pos) => pos,
+            None => self.len.load(Acquire),
+        };
+        if st.live + st.tombs + 1 > self.index.len() * 3 / 4 {
+            // Before the new arena gets its hash, so the rebuild does not index it too.
+            self.rebuild(st);
+        }
+        let arena = &**self.list[pos].get_or_init(|| Box::new(Arena::new(pos)));
+        let mut g = arena.inner.lock();
+        g.stream = Some(stream);
+        let hash = Self::hash(&stream);
+        arena.hash.store(hash, Release);
+        let mask = self.index.len() - 1;
+        let mut i = self.slot(hash);
+        loop {
+            match self.index[i].load(Acquire) {
+                0 => break,
+                TOMB => {
+                    st.tombs -= 1;
+                    break;
+                }
+                _ => i = (i + 1) & mask,
+            }
+        }
+        self.index[i].store(pos as u32 + 1, Release);
+        if pos == self.len.load(Acquire) {
+            self.len.store(pos + 1, Release);
+        }
+        st.live += 1;
+        if st.live >= st.sweep_at {
+            self.sweep_due.store(true, Relaxed);
+        }
+        Some((arena, g))
+    }
+
+    /// Rewrites the index without tombstones. Lookups running meanwhile may miss and retry under
+    /// the mutex, which the caller holds.
+    fn rebuild(&self, st: &mut TableState) {
+        for slot in self.index.iter() {
+            slot.store(0, Release);
+        }
+        let mask = self.index.len() - 1;
+        for a in self.iter() {
+            let hash = a.hash.load(Acquire);
+            if hash == 0 {
+                continue;
+            }
+            let mut i = self.slot(hash);
+            while self.index[i].load(Acquire) != 0 {
+                i = (i + 1) & mask;
+            }
+            self.index[i].store(a.index as u32 + 1, Release);
+        }
+        st.tombs = 0;
+    }
+
+    /// Whether an insertion asked for a sweep (a hint: the sweep itself runs under the mutex).
+    pub(crate) fn sweep_due(&self) -> bool {
+        self.sweep_due.load(Relaxed)
+    }
+
+    /// Clears [`sweep_due`](Self::sweep_due); the caller holds the mutex and sweeps.
+    pub(crate) fn sweep_done(&self, _st: &mut TableState) {
+        self.sweep_due.store(false, Relaxed);
+    }
+
+    /// Takes the table's mutex: no arena is added or removed while it is held. Take it before any
+    /// arena lock.
+    pub(crate) fn lock_state(&self) -> MutexGuard<'_, TableState> {
+        self.state.lock()
+    }
+
+    /// Vacates `arena` (whose guard `g` the caller holds, and `st`): its stream is forgotten and its
+    /// position reused. The caller has moved its contents elsewhere.
+    pub(crate) fn remove(&self, st: &mut TableState, arena: &Arena<S>, g: &mut ArenaInner<S>) {
+        if g.stream.take().is_none() {
+            return;
+        }
+        let hash = arena.hash.swap(0, Release);
+        let mask = self.index.len() - 1;
+        let mut i = self.slot(hash);
+        for _ in 0..self.index.len() {
+            match self.index[i].load(Acquire) {
+                0 => break,
+                v if v as usize == arena.index + 1 => {
+                    self.index[i].store(TOMB, Release);
+                    st.tombs += 1;
+                    break;
+                }
+                _ => i = (i + 1) & mask,
+            }
+        }
+        st.live -= 1;
+        st.free.push(arena.index);
+    }
+
+    /// All arenas (vacant ones included) in position order, which is the lock order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Arena<S>> + Clone {
         self.list[..self.len.load(Acquire)].iter().filter_map(|a| a.get().map(|b| &**b))
     }
@@ -163,19 +320,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lookup_insert_and_capacity() {
+    fn lookup_insert_remove_and_capacity() {
         let t: ArenaTable<u64> = ArenaTable::new(100);
-        assert!(t.find(5).is_none());
+        assert!(t.lock(5).is_none());
         for s in 0..100u64 {
-            let a = t.get_or_insert(s * 0x1000).unwrap();
-            assert_eq!((a.stream, a.index), (s * 0x1000, s as usize));
+            let (a, g) = t.lock_or_insert(s * 0x1000).unwrap();
+            assert_eq!((g.stream, a.index), (Some(s * 0x1000), s as usize));
         }
-        assert!(t.get_or_insert(1).is_none());
+        assert!(t.lock_or_insert(1).is_none());
         for s in 0..100u64 {
-            assert_eq!(t.find(s * 0x1000).unwrap().index, s as usize);
+            assert_eq!(t.lock(s * 0x1000).unwrap().0.index, s as usize);
         }
         assert_eq!(t.iter().count(), 100);
         assert_eq!(t.capacity(), 100);
+        // Removing and inserting many times over reuses positions and keeps lookups exact.
+        for round in 0..50u64 {
+            let victim = (round % 100) * 0x1000;
+            let (a, mut g) = t.lock(victim).unwrap();
+            let mut st = t.lock_state();
+            t.remove(&mut st, a, &mut g);
+            drop((st, g));
+            assert!(t.lock(victim).is_none());
+            let fresh = 0x10_0000 + round;
+            let (b, g) = t.lock_or_insert(fresh).unwrap();
+            assert_eq!((b.index, g.stream), (a.index, Some(fresh)));
+            drop(g);
+            let (a, mut g) = t.lock(fresh).unwrap();
+            let mut st = t.lock_state();
+            t.remove(&mut st, a, &mut g);
+            drop((st, g));
+            drop(t.lock_or_insert(victim).unwrap());
+        }
+        for s in 0..100u64 {
+            assert_eq!(t.lock(s * 0x1000).unwrap().1.stream, Some(s * 0x1000));
+        }
+        assert_eq!(t.iter().count(), 100);
     }
 
     #[test]
@@ -185,14 +364,14 @@ mod tests {
             for _ in 0..4 {
                 s.spawn(|| {
                     for k in 0..64 {
-                        t.get_or_insert(k).unwrap();
+                        drop(t.lock_or_insert(k).unwrap());
                     }
                 });
             }
         });
         assert_eq!(t.iter().count(), 64);
         for k in 0..64 {
-            assert_eq!(t.find(k).unwrap().stream, k);
+            assert_eq!(t.lock(k).unwrap().1.stream, Some(k));
         }
     }
 }

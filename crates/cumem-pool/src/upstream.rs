@@ -35,7 +35,8 @@ use crate::{SEGMENT_ALIGN, UpstreamError};
 /// 1. `allocate` returns an address aligned to at least [`SEGMENT_ALIGN`] (512 B; `cuMemAlloc` gives
 ///    more), valid for `bytes` bytes, and distinct from every live allocation. A misaligned address is
 ///    given back and reported as [`PoolError::MisalignedSegment`](crate::PoolError::MisalignedSegment).
-/// 2. `allocate` reports exhaustion as [`UpstreamError::OutOfMemory`]; the pool then runs its
+/// 2. `allocate` reports exhaustion as [`UpstreamError::OutOfMemory`] (or the driver's out-of-memory
+///    error inside [`UpstreamError::Driver`]); the pool then runs its
 ///    out-of-memory ladder. Any other error is returned to the caller as is.
 /// 3. `deallocate(addr, bytes)` receives exactly an `(addr, bytes)` pair `allocate` returned. The pool
 ///    calls it only after [`Ordering::synchronize`] succeeded after every free in the segment, so no
@@ -52,6 +53,11 @@ pub trait Upstream: Send + Sync {
 
 /// Stream-ordering operations the pool needs: later CUDA streams and events, in tests a model that
 /// records which orderings were established.
+///
+/// An ordering may also *retire* streams that nothing but the ordering refers to any more (the
+/// program dropped them, so no new work can be queued on them): the pool then moves their cached
+/// memory under [`retired_stream`](Self::retired_stream), a stream name that stands for "after the
+/// work of every retired stream", and forgets them. The defaults retire nothing (host models).
 pub trait Ordering: Send + Sync {
     /// A stream handle.
     type Stream: Copy + Eq + Hash + Send + Sync + Debug;
@@ -61,11 +67,33 @@ pub trait Ordering: Send + Sync {
     /// # Errors
     /// Any failure of the underlying event or stream operation.
     fn wait(&self, waiter: Self::Stream, on: Self::Stream) -> Result<(), UpstreamError>;
-    /// Blocks until all work on all streams is complete.
+    /// Blocks until all work enqueued so far on every stream the ordering knows (and every retired
+    /// stream) is complete. Afterwards any cached memory is safe for any stream and for release.
     ///
     /// # Errors
     /// Any failure of the underlying synchronisation.
     fn synchronize(&self) -> Result<(), UpstreamError>;
+    /// The name under which memory of retired streams is cached: `wait(t, retired)` orders `t`
+    /// after all work of every stream retired so far. `None` (the default): this ordering never
+    /// retires streams. Must not change over the ordering's life.
+    fn retired_stream(&self) -> Option<Self::Stream> {
+        None
+    }
+    /// Streams that only the ordering still refers to and that it is willing to retire.
+    fn orphans(&self) -> Vec<Self::Stream> {
+        Vec::new()
+    }
+    /// Retires `stream` (one of [`orphans`](Self::orphans)): from now on `wait(t, retired_stream)`
+    /// and [`synchronize`](Self::synchronize) also cover the work queued on `stream` so far, and the
+    /// ordering forgets `stream`. The pool calls it with every arena lock held, before it moves the
+    /// stream's cached memory under the retired name.
+    ///
+    /// # Errors
+    /// Any failure of the underlying event operation; the stream is then kept.
+    fn retire(&self, stream: Self::Stream) -> Result<(), UpstreamError> {
+        let _ = stream;
+        Ok(())
+    }
 }
 
 impl<U: Upstream + ?Sized> Upstream for std::sync::Arc<U> {
@@ -84,6 +112,15 @@ impl<O: Ordering + ?Sized> Ordering for std::sync::Arc<O> {
     }
     fn synchronize(&self) -> Result<(), UpstreamError> {
         (**self).synchronize()
+    }
+    fn retired_stream(&self) -> Option<Self::Stream> {
+        (**self).retired_stream()
+    }
+    fn orphans(&self) -> Vec<Self::Stream> {
+        (**self).orphans()
+    }
+    fn retire(&self, stream: Self::Stream) -> Result<(), UpstreamError> {
+        (**self).retire(stream)
     }
 }
 
@@ -192,10 +229,10 @@ impl Upstream for HostUpstream {
         let mut s = self.state.lock();
         let call = s.calls;
         s.calls += 1;
-        if let Some((n, e)) = s.fail
-            && n == call
+        if let Some((n, e)) = &s.fail
+            && *n == call
         {
-            return Err(e);
+            return Err(e.clone());
         }
         let bytes = bytes as u64;
         if bytes == 0 || s.live_bytes.checked_add(bytes).is_none_or(|b| b > s.capacity) {

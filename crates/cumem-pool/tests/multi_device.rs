@@ -1,0 +1,157 @@
+//! The caching pool with two devices: a stream is named by its context as well as its handle (the
+//! legacy streams of two devices are two streams), and releasing memory waits for every stream that
+//! used it, on whichever device. Streams are held back by a gate so that "work still running" is
+//! deterministic; a pool that confuses the streams or waits for its own device only corrupts data
+//! or frees memory under pending work.
+
+mod gate;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cumem_copy::StreamCopy;
+use cumem_core::sys;
+use cumem_core::{Context, Device, DeviceBuffer, DeviceResource, DriverResource, PinnedBuffer, Stream};
+use cumem_pool::{CachingResource, PoolConfig};
+use cumem_sys::testing;
+
+const N: usize = 4096;
+const A: u32 = 0xAAAA_AAAA;
+const B: u32 = 0xBBBB_BBBB;
+
+fn contexts() -> (Context, Context) {
+    testing::init_with("devices=2,latency_us=200,dev0.memory=67108864");
+    (Device::get(0).unwrap().context().unwrap(), Device::get(1).unwrap().context().unwrap())
+}
+
+fn check_sim() {
+    if let Some(ctl) = testing::sim_control() {
+        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    }
+}
+
+#[test]
+#[serial_test::serial]
+fn the_legacy_streams_of_two_devices_are_two_streams() {
+    let (ctx0, ctx1) = contexts();
+    let pool = Arc::new(CachingResource::with_driver(&ctx0, PoolConfig::default()));
+    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let (legacy0, legacy1) = (Stream::legacy(&ctx0), Stream::legacy(&ctx1));
+    let (c, b) = (Stream::non_blocking(&ctx0).unwrap(), Stream::non_blocking(&ctx0).unwrap());
+
+    // A device-0 buffer last used on device 1's legacy stream: its memory is cached for that stream.
+    let w = DeviceBuffer::<u32>::zeroed_in(&resource, &c, 256).unwrap();
+    drop(w.order().use_on(&legacy1).unwrap());
+    drop(w);
+
+    // Device 0's legacy stream reads a block, held back by a gate; the block is freed meanwhile.
+    let mut x = DeviceBuffer::<u32>::zeroed_in(&resource, &legacy0, N).unwrap();
+    legacy0.fill(&mut x, A).unwrap();
+    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx0, N).unwrap();
+    let gate = gate::hold(&legacy0);
+    let _open_on_unwind = gate::OpenOnDrop(gate.clone());
+    legacy0.copy_d2h(&x, &mut seen).unwrap();
+    let x_range = x.device_ptr()..x.device_ptr() + x.bytes() as u64;
+    drop(x);
+
+    // Stream b takes the memory: it must wait for device 0's legacy stream, not device 1's.
+    let mut y = DeviceBuffer::<u32>::zeroed_in(&resource, &b, N).unwrap();
+    let y_range = y.device_ptr()..y.device_ptr() + y.bytes() as u64;
+    assert!(
+        y_range.start < x_range.end && x_range.start < y_range.end,
+        "b did not get the freed block's memory: the test would prove nothing"
+    );
+    b.fill(&mut y, B).unwrap();
+    std::thread::sleep(Duration::from_millis(50)); // time for b to run, if nothing holds it back
+    gate::release(gate, &legacy0).unwrap();
+    b.synchronize().unwrap();
+    let seen = seen.to_vec().unwrap();
+    let foreign = seen.iter().filter(|&&v| v != A).count();
+    assert_eq!(foreign, 0, "{foreign} of {N} values read belonged to the next owner");
+    drop(y);
+    pool.trim().unwrap();
+    assert_eq!(pool.stats().reserved_bytes, 0);
+    check_sim();
+}
+
+/// A device-0 pool block read on a device-1 stream (held back by a gate) and freed; then `release`
+/// gives the pool's memory back to the driver. The gate opens a little later on another thread.
+fn release_waits_for_the_other_device(release: impl FnOnce(&Arc<CachingResource>)) {
+    let (ctx0, ctx1) = contexts();
+    let pool = Arc::new(CachingResource::with_driver(
+        &ctx0,
+        PoolConfig { release_threshold: 0, ..PoolConfig::default() },
+    ));
+    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let a0 = Stream::non_blocking(&ctx0).unwrap();
+    let s1 = Stream::non_blocking(&ctx1).unwrap();
+    let mut x = DeviceBuffer::<u32>::zeroed_in(&resource, &a0, N).unwrap();
+    a0.fill(&mut x, A).unwrap();
+    // Device 1's copy of the data, made by s1 reading the pool's block (unified addressing).
+    let copy = DeviceBuffer::<u32>::zeroed_in(
+        &(Arc::new(DriverResource::new(&ctx1)) as Arc<dyn DeviceResource>),
+        &s1,
+        N,
+    )
+    .unwrap();
+    let gate = gate::hold(&s1);
+    let _open_on_unwind = gate::OpenOnDrop(gate.clone());
+    let opener = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            gate.open();
+        })
+    };
+    {
+        let _ticket = x.order().use_on(&s1).unwrap();
+        ctx1.bind().unwrap();
+        // SAFETY: both ranges are `N` u32 of live device memory; the read of `x` is recorded on s1
+        // by the ticket (so `x` is freed after it in stream order) and `copy`'s only user is s1.
+        let code =
+            unsafe { sys::cuMemcpyDtoDAsync_v2(copy.device_ptr(), x.device_ptr(), x.bytes(), s1.raw()) };
+        assert_eq!(code, sys::CUresult::CUDA_SUCCESS);
+    }
+    drop(x); // freed on s1, its last user, while s1's read is pending behind the gate
+
+    release(&pool);
+    opener.join().unwrap();
+    let passed = gate::release(gate, &s1);
+    let violations = testing::sim_control().map(|c| c.violations()).unwrap_or_default();
+    assert!(violations.is_empty(), "memory freed under device 1's pending read: {violations:?}");
+    passed.unwrap();
+    let seen = copy.to_vec().unwrap();
+    assert!(seen.iter().all(|&v| v == A), "device 1 read {:#x} instead of the data", seen[0]);
+    assert_eq!(pool.stats().reserved_bytes, 0);
+}
+
+#[test]
+#[serial_test::serial]
+fn trim_waits_for_a_stream_of_another_device() {
+    release_waits_for_the_other_device(|pool| {
+        assert_eq!(pool.trim().unwrap().released_segments, 1);
+    });
+}
+
+#[test]
+#[serial_test::serial]
+fn the_release_threshold_waits_for_a_stream_of_another_device() {
+    release_waits_for_the_other_device(|pool| {
+        assert_eq!(pool.synchronize().unwrap().released_segments, 1);
+    });
+}
+
+#[test]
+#[serial_test::serial]
+fn the_out_of_memory_ladder_waits_for_a_stream_of_another_device() {
+    release_waits_for_the_other_device(|pool| {
+        // More than device 0 has besides the cached segment: the ladder must release that segment.
+        let ctx = pool.pool().upstream().resource().context().clone();
+        let free = ctx.mem_info().unwrap().free;
+        let resource: Arc<dyn DeviceResource> = pool.clone();
+        let stream = Stream::non_blocking(&ctx).unwrap();
+        let big = DeviceBuffer::<u8>::new_in(&resource, &stream, free + (1 << 20)).unwrap();
+        drop(big);
+        pool.trim().unwrap();
+    });
+}

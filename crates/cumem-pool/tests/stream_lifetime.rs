@@ -1,0 +1,155 @@
+//! The caching pool forgets streams the program dropped: a server that makes a stream per request
+//! runs forever, and the streams it dropped are destroyed even though the pool cached memory on them.
+
+mod gate;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cumem_copy::StreamCopy;
+use cumem_core::{Context, Device, DeviceBuffer, DeviceResource, PinnedBuffer, Stream};
+use cumem_pool::{CachingResource, PoolConfig};
+use cumem_sys::testing;
+
+fn ctx() -> Context {
+    testing::init_with("latency_us=50");
+    Device::get(0).unwrap().context().unwrap()
+}
+
+fn live_streams() -> Option<usize> {
+    testing::sim_control().map(|c| c.live_report().streams.len())
+}
+
+#[test]
+#[serial_test::serial]
+fn a_stream_per_request_runs_forever() {
+    let ctx = ctx();
+    let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let kept = Stream::non_blocking(&ctx).unwrap();
+    let before = live_streams();
+    for i in 0..10_000u32 {
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let mut b = DeviceBuffer::<u32>::new_in(&resource, &s, 64 + (i as usize % 5) * 300)
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        s.fill(&mut b, i).unwrap();
+        drop(b);
+    }
+    // The pool still serves a stream the program keeps, and every request reused cached memory.
+    let mut b = DeviceBuffer::<u32>::new_in(&resource, &kept, 1000).unwrap();
+    kept.fill(&mut b, 7).unwrap();
+    assert!(b.to_vec().unwrap().iter().all(|&v| v == 7));
+    drop(b);
+    assert_eq!(pool.stats().upstream_allocations, 1);
+    pool.trim().unwrap();
+    assert_eq!(live_streams(), before, "the pool keeps dropped streams alive");
+    if let Some(ctl) = testing::sim_control() {
+        assert!(ctl.live_report().events.is_empty(), "{}", ctl.live_report());
+        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    }
+}
+
+#[test]
+#[serial_test::serial]
+fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
+    let ctx = ctx();
+    // One stream at a time: every new stream needs the slot of a dropped one.
+    let pool =
+        Arc::new(CachingResource::with_driver(&ctx, PoolConfig { max_streams: 1, ..PoolConfig::default() }));
+    let resource: Arc<dyn DeviceResource> = pool.clone();
+    const N: usize = 4096;
+    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, N).unwrap();
+    let gate;
+    let open_on_unwind;
+    let x_addr;
+    {
+        let a = Stream::non_blocking(&ctx).unwrap();
+        let mut x = DeviceBuffer::<u32>::zeroed_in(&resource, &a, N).unwrap();
+        a.fill(&mut x, 0xAAAA_AAAA).unwrap();
+        gate = gate::hold(&a);
+        open_on_unwind = gate::OpenOnDrop(gate.clone());
+        a.copy_d2h(&x, &mut seen).unwrap(); // pending on a, behind the gate
+        x_addr = x.device_ptr();
+        drop(x);
+        // `a` is dropped with its read still pending (the driver lets the work finish).
+    }
+    let b = Stream::non_blocking(&ctx).unwrap();
+    let mut y = DeviceBuffer::<u32>::zeroed_in(&resource, &b, N).unwrap();
+    assert_eq!(y.device_ptr(), x_addr, "b did not get a's block: the test would prove nothing");
+    b.fill(&mut y, 0xBBBB_BBBB).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    drop(open_on_unwind); // opens the gate
+    b.synchronize().unwrap();
+    // `gate`'s count leaked to the callback is not reclaimed: `a` is gone, so nothing tells when
+    // the callback returned. A few bytes.
+    drop(gate);
+    let seen = seen.to_vec().unwrap();
+    assert!(seen.iter().all(|&v| v == 0xAAAA_AAAA), "a read {:#x} instead of its own data", seen[0]);
+    drop(y);
+    pool.trim().unwrap();
+    if let Some(ctl) = testing::sim_control() {
+        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    }
+}
+
+struct Done<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+#[serial_test::parallel]
+fn threads_with_short_lived_streams_share_a_small_pool() {
+    const THREADS: usize = 4;
+    const REQUESTS: usize = 300;
+    let ctx = ctx();
+    // At most two streams per thread are in use at once (the current one and one held buffer's),
+    // plus the legacy stream, which `to_vec` leaves a buffer's last user.
+    let config = PoolConfig { max_streams: 2 * THREADS + 1, ..PoolConfig::default() };
+    let pool = Arc::new(CachingResource::with_driver(&ctx, config));
+    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (resource, ctx, done) = (&resource, &ctx, &done);
+            scope.spawn(move || {
+                // Counts this thread as done even when it panics, so the trimming thread stops.
+                let _done = Done(done);
+                let mut held: Option<(DeviceBuffer<u32>, u32)> = None;
+                for i in 0..REQUESTS {
+                    let s = Stream::non_blocking(ctx).unwrap();
+                    let pattern = ((t as u32) << 24) | i as u32;
+                    let len = 64 + (i * 37 + t * 101) % 3000;
+                    let mut b = DeviceBuffer::<u32>::new_in(resource, &s, len)
+                        .unwrap_or_else(|e| panic!("thread {t} request {i}: {e}"));
+                    s.fill(&mut b, pattern).unwrap();
+                    if let Some((old, p)) = held.replace((b, pattern)) {
+                        assert!(
+                            old.to_vec().unwrap().iter().all(|&v| v == p),
+                            "thread {t}: block overwritten"
+                        );
+                    }
+                }
+                drop(held);
+            });
+        }
+        scope.spawn(|| {
+            while done.load(std::sync::atomic::Ordering::SeqCst) < THREADS {
+                pool.trim().unwrap();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+    });
+    let stats = pool.stats();
+    assert_eq!((stats.current_bytes, stats.current_count), (0, 0));
+    assert_eq!(stats.allocations_total, (THREADS * REQUESTS) as u64);
+    pool.pool().validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.stats().reserved_bytes, 0);
+    if let Some(ctl) = testing::sim_control() {
+        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    }
+}
