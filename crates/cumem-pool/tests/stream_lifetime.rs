@@ -60,14 +60,12 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
     const N: usize = 4096;
     let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, N).unwrap();
     let gate;
-    let open_on_unwind;
     let x_addr;
     {
         let a = Stream::non_blocking(&ctx).unwrap();
         let mut x = DeviceBuffer::<u32>::zeroed_in(&resource, &a, N).unwrap();
         a.fill(&mut x, 0xAAAA_AAAA).unwrap();
         gate = gate::hold(&a);
-        open_on_unwind = gate::OpenOnDrop(gate.clone());
         a.copy_d2h(&x, &mut seen).unwrap(); // pending on a, behind the gate
         x_addr = x.device_ptr();
         drop(x);
@@ -78,11 +76,8 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
     assert_eq!(y.device_ptr(), x_addr, "b did not get a's block: the test would prove nothing");
     b.fill(&mut y, 0xBBBB_BBBB).unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    drop(open_on_unwind); // opens the gate
+    gate.release();
     b.synchronize().unwrap();
-    // `gate`'s count leaked to the callback is not reclaimed: `a` is gone, so nothing tells when
-    // the callback returned. A few bytes.
-    drop(gate);
     let seen = seen.to_vec().unwrap();
     assert!(seen.iter().all(|&v| v == 0xAAAA_AAAA), "a read {:#x} instead of its own data", seen[0]);
     drop(y);
