@@ -45,7 +45,12 @@ struct Inner {
     raw: RawStream,
     owned: bool,
     options: StreamOptions,
+    /// See [`Stream::id`].
+    id: u64,
 }
+
+/// The next [`Stream::id`] of a created stream (0 is the legacy streams').
+static NEXT_STREAM_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct RawStream(CUstream);
@@ -71,7 +76,10 @@ impl Stream {
         ctx.bind()?;
         let flags = if options.non_blocking { CUstream_flags::CU_STREAM_NON_BLOCKING as u32 } else { 0 };
         let raw = ffi::stream_create(flags, options.priority)?;
-        Ok(Stream { inner: Arc::new(Inner { ctx: ctx.clone(), raw: RawStream(raw), owned: true, options }) })
+        let id = NEXT_STREAM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Stream {
+            inner: Arc::new(Inner { ctx: ctx.clone(), raw: RawStream(raw), owned: true, options, id }),
+        })
     }
 
     /// The legacy default stream of `ctx` (the NULL stream).
@@ -82,6 +90,7 @@ impl Stream {
                 raw: RawStream(std::ptr::null_mut()),
                 owned: false,
                 options: StreamOptions::default(),
+                id: 0,
             }),
         }
     }
@@ -99,6 +108,14 @@ impl Stream {
     /// Whether this is the legacy default stream.
     pub fn is_legacy(&self) -> bool {
         self.raw().is_null()
+    }
+
+    /// A number naming this stream for the life of the process: distinct for every stream
+    /// created, 0 for the legacy stream (which its context names). Unlike the driver's handle,
+    /// which a real driver gives the next stream created as soon as this one is destroyed, it is
+    /// never reused, so a cache keyed by it cannot mistake a new stream for an old one.
+    pub fn id(&self) -> u64 {
+        self.inner.id
     }
 
     /// Whether this handle is the only clone of its stream (the legacy stream: of this handle).

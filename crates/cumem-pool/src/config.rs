@@ -53,7 +53,7 @@ pub struct PoolConfig {
     /// Maximum number of streams the pool serves at once (one arena each). A stream the program has
     /// dropped stops counting once the pool retires it (with an ordering that retires streams, such
     /// as [`StreamOrdering`](crate::StreamOrdering)): its cached memory stays, guarded by an event,
-    /// and its arena is reused. Default 1024.
+    /// and its arena is reused. Default 1024; at most 2^24 - 1 (larger values are clamped).
     pub max_streams: usize,
 }
 
@@ -77,7 +77,8 @@ impl PoolConfig {
             round_up(self.small_segment_bytes.max(SMALL_LIMIT), QUANTUM).unwrap_or(SMALL_LIMIT);
         self.large_segment_bytes =
             round_up(self.large_segment_bytes.max(1), LARGE_ROUNDING).unwrap_or(LARGE_ROUNDING);
-        self.max_streams = self.max_streams.max(1);
+        // The arena table holds at most 2^24 arenas, one of them for retired streams.
+        self.max_streams = self.max_streams.clamp(1, (1 << 24) - 1);
         self
     }
 }

@@ -29,6 +29,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 
 use cumem_core::{Context, Error, ErrorContext, Event, Stream};
@@ -41,14 +42,16 @@ const STREAM_LEGACY: u64 = 0x1;
 /// `CU_STREAM_PER_THREAD`: the calling thread's per-thread default stream.
 const STREAM_PER_THREAD: u64 = 0x2;
 
-/// A stream as the pool names it: its context, its driver handle (0 for the legacy stream) and,
-/// for the per-thread default stream (handle `CU_STREAM_PER_THREAD`, one stream per thread under
-/// one handle), the thread.
+/// A stream as the pool names it: its context, its driver handle (0 for the legacy stream), for
+/// the per-thread default stream (handle `CU_STREAM_PER_THREAD`, one stream per thread under one
+/// handle) the thread, and the stream's [`Stream::id`]: a real driver hands a destroyed stream's
+/// handle to the next stream created (observed on an H100), and the id tells the two apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct StreamKey {
     ctx: u64,
     raw: u64,
     thread: u64,
+    id: u64,
 }
 
 impl std::hash::Hash for StreamKey {
@@ -71,16 +74,18 @@ thread_local! {
 impl StreamKey {
     /// The name of memory cached for retired streams (see [`Ordering::retired_stream`]); no stream
     /// has it.
-    pub const RETIRED: StreamKey = StreamKey { ctx: 0, raw: u64::MAX, thread: 0 };
+    pub const RETIRED: StreamKey = StreamKey { ctx: 0, raw: u64::MAX, thread: 0, id: 0 };
 
     /// The key of `stream`.
     #[inline(always)]
     pub fn of(stream: &Stream) -> Self {
         let ctx = stream.context().raw() as u64;
         match stream.raw() as u64 {
-            STREAM_LEGACY => StreamKey { ctx, raw: 0, thread: 0 },
-            STREAM_PER_THREAD => StreamKey { ctx, raw: STREAM_PER_THREAD, thread: THREAD_TAG.with(|t| *t) },
-            raw => StreamKey { ctx, raw, thread: 0 },
+            STREAM_LEGACY => StreamKey { ctx, raw: 0, thread: 0, id: 0 },
+            STREAM_PER_THREAD => {
+                StreamKey { ctx, raw: STREAM_PER_THREAD, thread: THREAD_TAG.with(|t| *t), id: 0 }
+            }
+            raw => StreamKey { ctx, raw, thread: 0, id: stream.id() },
         }
     }
 
@@ -99,7 +104,9 @@ pub struct StreamOrdering {
     generation: AtomicU64,
     streams: RwLock<HashMap<StreamKey, Stream>>,
     /// Events recorded on retired streams whose completion has not been seen yet.
-    retired: Mutex<Vec<Event>>,
+    /// Shared (`Arc`) so that `synchronize` waits for a snapshot without holding the lock, which
+    /// allocations migrating from retired memory take while they hold a pool lock.
+    retired: Mutex<Vec<Arc<Event>>>,
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
@@ -107,7 +114,7 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 thread_local! {
     /// (ordering id, generation, key) of the last stream this thread registered.
     static LAST_REGISTERED: Cell<(usize, u64, StreamKey)> =
-        const { Cell::new((0, 0, StreamKey { ctx: 0, raw: 0, thread: 0 })) };
+        const { Cell::new((0, 0, StreamKey { ctx: 0, raw: 0, thread: 0, id: 0 })) };
 }
 
 /// An error for a stream the ordering does not know (a pool bug: the pool only names streams it
@@ -170,7 +177,7 @@ impl StreamOrdering {
     }
 
     /// Drops the events of retired streams whose work has completed.
-    fn prune(events: &mut Vec<Event>) {
+    fn prune(events: &mut Vec<Arc<Event>>) {
         events.retain(|e| !matches!(e.query(), Ok(true)));
     }
 }
@@ -180,16 +187,21 @@ impl Ordering for StreamOrdering {
 
     fn wait(&self, waiter: StreamKey, on: StreamKey) -> Result<(), UpstreamError> {
         let w = self.stream(waiter, "StreamOrdering::wait (waiter)")?;
-        if on == StreamKey::RETIRED {
-            let mut events = self.retired.lock();
-            Self::prune(&mut events);
-            for e in events.iter() {
-                w.wait(e)?;
+        // A stream leaves the map only by retirement, which records its event first: a key that
+        // is no longer held (retired through this ordering by another pool sharing it, say) is
+        // covered by the retired events.
+        let on = if on == StreamKey::RETIRED { None } else { self.streams.read().get(&on).cloned() };
+        match on {
+            Some(on) => Ok(w.wait_for(&on)?),
+            None => {
+                let mut events = self.retired.lock();
+                Self::prune(&mut events);
+                for e in events.iter() {
+                    w.wait(e)?;
+                }
+                Ok(())
             }
-            return Ok(());
         }
-        let on = self.stream(on, "StreamOrdering::wait")?;
-        Ok(w.wait_for(&on)?)
     }
 
     /// Synchronises every stream held (each on its own context) and every retired stream's event:
@@ -202,11 +214,12 @@ impl Ordering for StreamOrdering {
         drop(streams);
         // The events stay listed until they are known complete: a concurrent `wait` on the retired
         // name (which takes this lock) must never find the list empty while their work still runs.
-        let mut events = self.retired.lock();
-        for e in events.iter() {
+        // The wait itself holds no lock, so such a `wait` is never stuck behind it.
+        let snapshot: Vec<Arc<Event>> = self.retired.lock().clone();
+        for e in &snapshot {
             e.synchronize()?;
         }
-        events.clear();
+        self.retired.lock().retain(|e| !snapshot.iter().any(|done| Arc::ptr_eq(e, done)));
         Ok(())
     }
 
@@ -227,7 +240,7 @@ impl Ordering for StreamOrdering {
         {
             let mut events = self.retired.lock();
             Self::prune(&mut events);
-            events.push(event);
+            events.push(Arc::new(event));
         }
         let stream = streams.remove(&key);
         self.generation.fetch_add(1, AtomicOrdering::Release);

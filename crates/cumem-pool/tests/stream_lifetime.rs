@@ -148,3 +148,51 @@ fn threads_with_short_lived_streams_share_a_small_pool() {
         assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
     }
 }
+
+/// A real driver gives a destroyed stream's handle to the next stream created (observed on an
+/// H100): memory cached for the old stream must not look like the new stream's own. Here the old
+/// stream is retired by hand through the pool's ordering (public API), destroyed while its read of
+/// a freed block is held back by a gate, and a new stream (on an H100: with the same handle) asks
+/// for the same size; it may get the block only after the old stream's read. (The simulator never
+/// reuses handles, so there this holds either way; on an H100 it failed while keys were handles.)
+#[test]
+#[serial_test::serial]
+fn a_new_stream_under_a_reused_handle_waits_for_the_old_stream_s_work() {
+    use cumem_pool::{Ordering, StreamKey};
+    let ctx = ctx();
+    let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+    let resource: Arc<dyn DeviceResource> = pool.clone();
+    const N: usize = 4096;
+    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, N).unwrap();
+    let gate;
+    let old_handle;
+    {
+        let a = Stream::non_blocking(&ctx).unwrap();
+        let mut x = DeviceBuffer::<u32>::zeroed_in(&resource, &a, N).unwrap();
+        a.fill(&mut x, 0xAAAA_AAAA).unwrap();
+        gate = gate::hold(&a);
+        a.copy_d2h(&x, &mut seen).unwrap(); // pending on a, behind the gate
+        drop(x);
+        old_handle = a.raw() as u64;
+        pool.pool().ordering().retire(StreamKey::of(&a)).unwrap();
+        // `a` is destroyed here (the ordering let go of its clone); its read is still pending.
+    }
+    let b = Stream::non_blocking(&ctx).unwrap();
+    let reused = b.raw() as u64 == old_handle;
+    let mut y = DeviceBuffer::<u32>::new_in(&resource, &b, N).unwrap();
+    b.fill(&mut y, 0xBBBB_BBBB).unwrap();
+    std::thread::sleep(Duration::from_millis(50)); // time for b to run, if nothing holds it back
+    gate.release();
+    b.synchronize().unwrap();
+    let seen = seen.to_vec().unwrap();
+    let foreign = seen.iter().filter(|&&v| v != 0xAAAA_AAAA).count();
+    assert_eq!(
+        foreign, 0,
+        "{foreign} of {N} values read belonged to the new stream (handle reused: {reused})"
+    );
+    drop(y);
+    pool.trim().unwrap();
+    if let Some(ctl) = testing::sim_control() {
+        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    }
+}
