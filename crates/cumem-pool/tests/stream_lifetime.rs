@@ -59,13 +59,15 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
     let resource: Arc<dyn DeviceResource> = pool.clone();
     const N: usize = 4096;
     let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, N).unwrap();
-    let gate;
+    let opener;
     let x_addr;
     {
         let a = Stream::non_blocking(&ctx).unwrap();
         let mut x = DeviceBuffer::<u32>::zeroed_in(&resource, &a, N).unwrap();
         a.fill(&mut x, 0xAAAA_AAAA).unwrap();
-        gate = gate::hold(&a);
+        // Opened from another thread: destroying `a` below may wait for its work (compute-sanitizer
+        // makes cuStreamDestroy do so), which must not wait for this thread to open the gate.
+        opener = gate::hold(&a).release_after(Duration::from_millis(300));
         a.copy_d2h(&x, &mut seen).unwrap(); // pending on a, behind the gate
         x_addr = x.device_ptr();
         drop(x);
@@ -75,8 +77,7 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
     let mut y = DeviceBuffer::<u32>::zeroed_in(&resource, &b, N).unwrap();
     assert_eq!(y.device_ptr(), x_addr, "b did not get a's block: the test would prove nothing");
     b.fill(&mut y, 0xBBBB_BBBB).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    gate.release();
+    opener.join().unwrap();
     b.synchronize().unwrap();
     let seen = seen.to_vec().unwrap();
     assert!(seen.iter().all(|&v| v == 0xAAAA_AAAA), "a read {:#x} instead of its own data", seen[0]);
@@ -164,13 +165,14 @@ fn a_new_stream_under_a_reused_handle_waits_for_the_old_stream_s_work() {
     let resource: Arc<dyn DeviceResource> = pool.clone();
     const N: usize = 4096;
     let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, N).unwrap();
-    let gate;
+    let opener;
     let old_handle;
     {
         let a = Stream::non_blocking(&ctx).unwrap();
         let mut x = DeviceBuffer::<u32>::zeroed_in(&resource, &a, N).unwrap();
         a.fill(&mut x, 0xAAAA_AAAA).unwrap();
-        gate = gate::hold(&a);
+        // Opened from another thread, as in the test above.
+        opener = gate::hold(&a).release_after(Duration::from_millis(300));
         a.copy_d2h(&x, &mut seen).unwrap(); // pending on a, behind the gate
         drop(x);
         old_handle = a.raw() as u64;
@@ -181,8 +183,7 @@ fn a_new_stream_under_a_reused_handle_waits_for_the_old_stream_s_work() {
     let reused = b.raw() as u64 == old_handle;
     let mut y = DeviceBuffer::<u32>::new_in(&resource, &b, N).unwrap();
     b.fill(&mut y, 0xBBBB_BBBB).unwrap();
-    std::thread::sleep(Duration::from_millis(50)); // time for b to run, if nothing holds it back
-    gate.release();
+    opener.join().unwrap(); // b had time to run, if nothing held it back
     b.synchronize().unwrap();
     let seen = seen.to_vec().unwrap();
     let foreign = seen.iter().filter(|&&v| v != 0xAAAA_AAAA).count();
