@@ -8,10 +8,10 @@
 //! ```
 //! # cumem_sys::testing::init();
 //! use std::sync::Arc;
-//! use cumem_core::{DeviceBuffer, DeviceResource, Device, DriverResource, Stream};
+//! use cumem_core::{DeviceBuffer, Device, DriverResource, Stream};
 //! let ctx = Device::get(0)?.context()?;
 //! let stream = Stream::new(&ctx)?;
-//! let resource: Arc<dyn DeviceResource> = Arc::new(DriverResource::new(&ctx));
+//! let resource = Arc::new(DriverResource::new(&ctx));
 //! let buf = DeviceBuffer::<u32>::zeroed_in(&resource, &stream, 1024)?;
 //! assert_eq!(buf.to_vec()?, vec![0; 1024]);
 //! # Ok::<(), cumem_core::Error>(())
@@ -21,7 +21,7 @@ use std::fmt;
 
 use cumem_sys::sys::CUdeviceptr;
 
-use crate::{Context, Error, Result, Stream, ffi};
+use crate::{Context, Error, IntoDynResource, Result, Stream, ffi};
 
 /// Size and alignment of a device allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,7 +61,7 @@ impl AllocLayout {
 ///    `self.context()`'s device, aligned to `layout.align`, overlapping no other live allocation;
 /// 2. that memory is usable by work queued on `stream` after the call returns (and by work on other
 ///    streams once ordered after `stream`), and stays valid until it is passed to `deallocate`.
-pub unsafe trait DeviceResource: Send + Sync + fmt::Debug {
+pub unsafe trait DeviceResource: Send + Sync + fmt::Debug + IntoDynResource {
     /// The context whose device the memory belongs to.
     fn context(&self) -> &Context;
 

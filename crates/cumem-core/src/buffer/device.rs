@@ -1,8 +1,11 @@
 //! `DeviceBuffer<T>`: an owning array of `T` in device memory, the device analogue of `Vec<T>`
 //! (without growth; see `cumem-vmm` for buffers that grow in place).
 //!
-//! A buffer remembers the resource it came from and the stream it was last used on; dropping it
-//! returns the memory to that resource on that stream, from any thread.
+//! Constructors without `_in` allocate from the current resource of the stream's device (the
+//! caching pool by default, see [`crate::current_resource`]); the `_in` ones take any
+//! `&Arc<R>` of a [`DeviceResource`]. A buffer remembers the resource it came from and the stream
+//! it was last used on; dropping it returns the memory to that resource on that stream, from any
+//! thread.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -28,7 +31,7 @@ use crate::buffer::view::{
     AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, cast_parts,
 };
 use crate::{
-    AllocLayout, Context, DeviceResource, DriverResource, Error, Feature, Result, Stream, StreamOrder, ffi,
+    AllocLayout, Context, DeviceResource, Error, Feature, Result, Stream, StreamOrder, ffi,
 };
 
 /// The largest alignment the `*_aligned*` constructors accept: 64 KiB, the largest page size of the
@@ -59,13 +62,14 @@ pub struct DeviceBuffer<T> {
 }
 
 impl<T> DeviceBuffer<T> {
-    fn driver_resource(stream: &Stream) -> Arc<dyn DeviceResource> {
-        Arc::new(DriverResource::new(stream.context()))
+    /// The current resource of `stream`'s device (see [`crate::current_resource`]).
+    fn current(stream: &Stream) -> Result<Arc<dyn DeviceResource>> {
+        crate::current::current_for(stream.context())
     }
 
     /// Allocates room for `len` values from `resource`, usable in order on `stream`. The contents
     /// are whatever the memory held, which is why this needs `T: AnyBitPattern`.
-    pub fn new_in(resource: &Arc<dyn DeviceResource>, stream: &Stream, len: usize) -> Result<Self>
+    pub fn new_in<R: DeviceResource + ?Sized + 'static>(resource: &Arc<R>, stream: &Stream, len: usize) -> Result<Self>
     where
         T: AnyBitPattern,
     {
@@ -73,12 +77,13 @@ impl<T> DeviceBuffer<T> {
         unsafe { Self::uninit_in(resource, stream, len) }
     }
 
-    /// Allocates room for `len` values from `cuMemAlloc`; see [`DeviceBuffer::new_in`].
+    /// Allocates room for `len` values from the current resource of `stream`'s device (see
+    /// [`crate::current_resource`]); see [`DeviceBuffer::new_in`].
     pub fn new(stream: &Stream, len: usize) -> Result<Self>
     where
         T: AnyBitPattern,
     {
-        Self::new_in(&Self::driver_resource(stream), stream, len)
+        Self::new_in(&Self::current(stream)?, stream, len)
     }
 
     /// Allocates without initialising.
@@ -86,7 +91,7 @@ impl<T> DeviceBuffer<T> {
     /// # Safety
     /// 1. The caller writes every element before the contents are read as `T`, or every bit
     ///    pattern is a valid `T`.
-    pub unsafe fn uninit_in(resource: &Arc<dyn DeviceResource>, stream: &Stream, len: usize) -> Result<Self> {
+    pub unsafe fn uninit_in<R: DeviceResource + ?Sized + 'static>(resource: &Arc<R>, stream: &Stream, len: usize) -> Result<Self> {
         // SAFETY: forwarded contract.
         unsafe { Self::uninit_layout_in(resource, stream, len, align_of::<T>()) }
     }
@@ -96,8 +101,8 @@ impl<T> DeviceBuffer<T> {
     ///
     /// # Safety
     /// 1. As for [`DeviceBuffer::uninit_in`].
-    pub unsafe fn uninit_aligned_in(
-        resource: &Arc<dyn DeviceResource>,
+    pub unsafe fn uninit_aligned_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
         stream: &Stream,
         len: usize,
         align: usize,
@@ -109,8 +114,8 @@ impl<T> DeviceBuffer<T> {
 
     /// # Safety
     /// 1. As for [`DeviceBuffer::uninit_in`]; `align` is a power of two.
-    unsafe fn uninit_layout_in(
-        resource: &Arc<dyn DeviceResource>,
+    unsafe fn uninit_layout_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
         stream: &Stream,
         len: usize,
         align: usize,
@@ -134,7 +139,7 @@ impl<T> DeviceBuffer<T> {
             ptr,
             len,
             layout,
-            resource: resource.clone(),
+            resource: resource.clone().into_dyn_resource(),
             order: StreamOrder::new(stream),
             _marker: PhantomData,
         })
@@ -142,8 +147,8 @@ impl<T> DeviceBuffer<T> {
 
     /// Allocates room for `len` values from `resource` at an address that is a multiple of `align`;
     /// see [`DeviceBuffer::new_in`] and [`DeviceBuffer::uninit_aligned_in`].
-    pub fn new_aligned_in(
-        resource: &Arc<dyn DeviceResource>,
+    pub fn new_aligned_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
         stream: &Stream,
         len: usize,
         align: usize,
@@ -156,7 +161,7 @@ impl<T> DeviceBuffer<T> {
     }
 
     /// `len` zeroed values from `resource`, zeroed in order on `stream`.
-    pub fn zeroed_in(resource: &Arc<dyn DeviceResource>, stream: &Stream, len: usize) -> Result<Self>
+    pub fn zeroed_in<R: DeviceResource + ?Sized + 'static>(resource: &Arc<R>, stream: &Stream, len: usize) -> Result<Self>
     where
         T: Zeroable,
     {
@@ -172,17 +177,17 @@ impl<T> DeviceBuffer<T> {
     /// ```
     /// # cumem_sys::testing::init();
     /// use std::sync::Arc;
-    /// use cumem_core::{DeviceBuffer, DeviceResource, Device, DriverResource, Stream};
+    /// use cumem_core::{DeviceBuffer, Device, DriverResource, Stream};
     /// let stream = Stream::new(&Device::get(0)?.context()?)?;
-    /// let resource: Arc<dyn DeviceResource> = Arc::new(DriverResource::new(stream.context()));
+    /// let resource = Arc::new(DriverResource::new(stream.context()));
     /// let buf = DeviceBuffer::<u8>::zeroed_aligned_in(&resource, &stream, 100, 4096)?;
     /// assert_eq!(buf.device_ptr() % 4096, 0);
     /// assert_eq!(buf.alignment(), Some(4096));
     /// assert!(DeviceBuffer::<u8>::zeroed_aligned_in(&resource, &stream, 100, 3000).is_err());
     /// # Ok::<(), cumem_core::Error>(())
     /// ```
-    pub fn zeroed_aligned_in(
-        resource: &Arc<dyn DeviceResource>,
+    pub fn zeroed_aligned_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
         stream: &Stream,
         len: usize,
         align: usize,
@@ -195,13 +200,13 @@ impl<T> DeviceBuffer<T> {
         buf.zero(stream)
     }
 
-    /// `len` zeroed values from `cuMemAlloc` at an address that is a multiple of `align`; see
+    /// `len` zeroed values from the device's current resource at an address that is a multiple of `align`; see
     /// [`DeviceBuffer::zeroed_aligned_in`].
     pub fn zeroed_aligned(stream: &Stream, len: usize, align: usize) -> Result<Self>
     where
         T: Zeroable,
     {
-        Self::zeroed_aligned_in(&Self::driver_resource(stream), stream, len, align)
+        Self::zeroed_aligned_in(&Self::current(stream)?, stream, len, align)
     }
 
     /// Queues zeroing the whole (fresh) allocation on `stream`.
@@ -215,16 +220,16 @@ impl<T> DeviceBuffer<T> {
         Ok(buf)
     }
 
-    /// `len` zeroed values from `cuMemAlloc`.
+    /// `len` zeroed values from the current resource of `stream`'s device.
     pub fn zeroed(stream: &Stream, len: usize) -> Result<Self>
     where
         T: Zeroable,
     {
-        Self::zeroed_in(&Self::driver_resource(stream), stream, len)
+        Self::zeroed_in(&Self::current(stream)?, stream, len)
     }
 
     /// A buffer from `resource` holding a copy of `data`. `data` may be reused as soon as this returns.
-    pub fn from_slice_in(resource: &Arc<dyn DeviceResource>, stream: &Stream, data: &[T]) -> Result<Self>
+    pub fn from_slice_in<R: DeviceResource + ?Sized + 'static>(resource: &Arc<R>, stream: &Stream, data: &[T]) -> Result<Self>
     where
         T: NoUninit,
     {
@@ -235,8 +240,8 @@ impl<T> DeviceBuffer<T> {
 
     /// A buffer from `resource` at an address that is a multiple of `align`, holding a copy of
     /// `data`; see [`DeviceBuffer::zeroed_aligned_in`] for `align`.
-    pub fn from_slice_aligned_in(
-        resource: &Arc<dyn DeviceResource>,
+    pub fn from_slice_aligned_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
         stream: &Stream,
         data: &[T],
         align: usize,
@@ -270,12 +275,12 @@ impl<T> DeviceBuffer<T> {
         Ok(buf)
     }
 
-    /// A buffer from `cuMemAlloc` holding a copy of `data`.
+    /// A buffer from the current resource of `stream`'s device holding a copy of `data`.
     pub fn from_slice(stream: &Stream, data: &[T]) -> Result<Self>
     where
         T: NoUninit,
     {
-        Self::from_slice_in(&Self::driver_resource(stream), stream, data)
+        Self::from_slice_in(&Self::current(stream)?, stream, data)
     }
 
     /// Number of elements.

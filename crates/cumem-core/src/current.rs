@@ -1,0 +1,282 @@
+//! The current resource of each device: what every constructor without `_in` allocates from.
+//!
+//! As RMM's `set_current_device_resource` and PyTorch's and CuPy's caching allocators do, cumem
+//! keeps one resource per device that `DeviceBuffer::new`, `zeroed`, `from_slice` and the other
+//! constructors without `_in` use. It is chosen on the device's first allocation:
+//! - with `cumem-pool` linked (the `cumem` facade links it), the caching pool over `cuMemAlloc`;
+//! - with `cumem-core` alone, [`DriverResource`] (`cuMemAlloc`/`cuMemFree`), since the pools
+//!   live in a crate above this one;
+//! - the environment variable `CUMEM_ALLOCATOR` = `caching`, `native` (the device's default
+//!   driver pool) or `driver` overrides that choice; it is read once, on first use.
+//!
+//! [`set_current_resource`] replaces a device's resource and [`scoped_current_resource`] replaces
+//! it until a guard drops (for tests). Buffers allocated earlier keep the resource they came from
+//! (each holds its own `Arc`), and return their memory to it when they drop, whatever is current
+//! by then.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use std::sync::Arc;
+//! use cumem_core::{Device, DeviceBuffer, DriverResource, Stream};
+//! let device = Device::get(0)?;
+//! let stream = Stream::new(&device.context()?)?;
+//! let before = DeviceBuffer::<u32>::zeroed(&stream, 256)?; // the device's current resource
+//! {
+//!     let driver = Arc::new(DriverResource::new(&device.context()?));
+//!     let _scope = cumem_core::scoped_current_resource(&device, driver.clone())?;
+//!     let buf = DeviceBuffer::<u32>::zeroed(&stream, 256)?;
+//!     assert!(std::ptr::addr_eq(Arc::as_ptr(buf.resource()), Arc::as_ptr(&driver)));
+//! } // the previous resource is current again
+//! assert!(Arc::ptr_eq(&cumem_core::current_resource(&device)?, before.resource()));
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+//!
+//! At process exit the registry lets go of the current resources, so that a caching pool nothing
+//! else holds returns its cached memory to the driver: leak checkers (the simulator's,
+//! compute-sanitizer's) then see only the memory the program itself still holds.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Once, OnceLock};
+use std::time::Duration;
+
+use parking_lot::RwLock;
+
+use crate::{Context, Device, DeviceResource, DriverResource, Error, Result};
+
+/// The environment variable that chooses the default resource: `caching`, `native` or `driver`.
+pub const ALLOCATOR_ENV: &str = "CUMEM_ALLOCATOR";
+
+/// The kinds of default resource a device can get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AllocatorKind {
+    /// cumem's caching pool over `cuMemAlloc` (`cumem-pool`'s `CachingResource`).
+    Caching,
+    /// The device's default driver pool, `cuMemAllocFromPoolAsync`/`cuMemFreeAsync`
+    /// (`cumem-pool`'s `NativePoolResource`); `cuMemAlloc` on devices without pools.
+    Native,
+    /// `cuMemAlloc`/`cuMemFree` ([`DriverResource`]).
+    Driver,
+}
+
+impl AllocatorKind {
+    /// The value `CUMEM_ALLOCATOR` takes for this kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllocatorKind::Caching => "caching",
+            AllocatorKind::Native => "native",
+            AllocatorKind::Driver => "driver",
+        }
+    }
+}
+
+impl fmt::Display for AllocatorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for AllocatorKind {
+    type Err = Error;
+
+    /// `caching`, `native` or `driver`, in any case; anything else is `InvalidValue`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "caching" => Ok(AllocatorKind::Caching),
+            "native" => Ok(AllocatorKind::Native),
+            "driver" => Ok(AllocatorKind::Driver),
+            _ => Err(Error::InvalidValue {
+                ctx: crate::ErrorContext::op("CUMEM_ALLOCATOR: expected caching, native or driver"),
+            }),
+        }
+    }
+}
+
+/// Makes a device's default resource of a kind; `cumem-pool` installs one for `Caching` and
+/// `Native` (see [`install_default_factory`]). It must not call back into this registry.
+pub type DefaultResourceFactory = fn(AllocatorKind, &Context) -> Result<Arc<dyn DeviceResource>>;
+
+static FACTORY: OnceLock<DefaultResourceFactory> = OnceLock::new();
+
+/// Installs the factory that makes `caching` and `native` default resources. `cumem-pool` calls
+/// this before `main`; the first factory installed stays (`false` if one was already there).
+/// Without one, every device's default is [`DriverResource`].
+pub fn install_default_factory(factory: DefaultResourceFactory) -> bool {
+    FACTORY.set(factory).is_ok()
+}
+
+/// The kind of resource a device gets on first use: `CUMEM_ALLOCATOR` if set (read once, on the
+/// first call), otherwise the caching pool where `cumem-pool` is linked and the driver where not.
+/// An unknown value is logged as a warning and the default is used.
+pub fn default_allocator() -> AllocatorKind {
+    static KIND: OnceLock<AllocatorKind> = OnceLock::new();
+    *KIND.get_or_init(|| {
+        let fallback = if FACTORY.get().is_some() { AllocatorKind::Caching } else { AllocatorKind::Driver };
+        match std::env::var(ALLOCATOR_ENV) {
+            Ok(value) => value.parse().unwrap_or_else(|_| {
+                tracing::warn!(%value, default = %fallback, "unknown CUMEM_ALLOCATOR (expected caching, native or driver); using the default");
+                fallback
+            }),
+            Err(std::env::VarError::NotPresent) => fallback,
+            Err(std::env::VarError::NotUnicode(value)) => {
+                tracing::warn!(?value, default = %fallback, "CUMEM_ALLOCATOR is not UTF-8; using the default");
+                fallback
+            }
+        }
+    })
+}
+
+fn make_default(ctx: &Context) -> Result<Arc<dyn DeviceResource>> {
+    let kind = default_allocator();
+    if kind == AllocatorKind::Driver {
+        return Ok(Arc::new(DriverResource::new(ctx)));
+    }
+    match FACTORY.get() {
+        Some(factory) => factory(kind, ctx),
+        None => {
+            static WARNED: Once = Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(%kind, "CUMEM_ALLOCATOR names a pool, but cumem-pool is not linked; using cuMemAlloc");
+            });
+            Ok(Arc::new(DriverResource::new(ctx)))
+        }
+    }
+}
+
+/// Per device ordinal: the current resource, `None` until first use or after a reset.
+type Slots = Vec<Option<Arc<dyn DeviceResource>>>;
+
+static CURRENT: RwLock<Slots> = RwLock::new(Vec::new());
+
+/// Puts `resource` in slot `i`, returning what was there.
+fn replace(slots: &mut Slots, i: usize, resource: Option<Arc<dyn DeviceResource>>) -> Option<Arc<dyn DeviceResource>> {
+    if resource.is_some() {
+        release_at_exit();
+    }
+    if slots.len() <= i {
+        slots.resize(i + 1, None);
+    }
+    std::mem::replace(&mut slots[i], resource)
+}
+
+/// The current resource of `ctx`'s device, made on first use.
+pub(crate) fn current_for(ctx: &Context) -> Result<Arc<dyn DeviceResource>> {
+    let i = ctx.device().ordinal();
+    if let Some(Some(resource)) = CURRENT.read().get(i) {
+        return Ok(resource.clone());
+    }
+    let mut slots = CURRENT.write();
+    if let Some(Some(resource)) = slots.get(i) {
+        return Ok(resource.clone());
+    }
+    // Made under the lock, so that two threads' first allocations share one pool.
+    let resource = make_default(ctx)?;
+    replace(&mut slots, i, Some(resource.clone()));
+    Ok(resource)
+}
+
+/// The resource that `device`'s constructors without `_in` allocate from (made on first use: see
+/// [`default_allocator`]).
+pub fn current_resource(device: &Device) -> Result<Arc<dyn DeviceResource>> {
+    current_for(&device.context()?)
+}
+
+fn check_device<R: DeviceResource + ?Sized>(device: &Device, resource: &R) -> Result<()> {
+    let actual = resource.context().device();
+    if actual != *device {
+        return Err(Error::WrongDevice { expected: device.ordinal() as i32, actual: actual.ordinal() as i32 });
+    }
+    Ok(())
+}
+
+/// Makes `resource` the current resource of `device` and returns the previous one (`None` if the
+/// device had not allocated through its default yet). A resource of another device is
+/// `WrongDevice`. Buffers already allocated keep their own resource.
+pub fn set_current_resource<R>(device: &Device, resource: Arc<R>) -> Result<Option<Arc<dyn DeviceResource>>>
+where
+    R: DeviceResource + ?Sized + 'static,
+{
+    check_device(device, &*resource)?;
+    let resource = resource.into_dyn_resource();
+    let previous = replace(&mut CURRENT.write(), device.ordinal(), Some(resource));
+    Ok(previous)
+}
+
+/// Makes `resource` current on `device` until the returned guard drops (also when a panic unwinds
+/// through it), then restores the previous one. Meant for tests; the resource is process-wide,
+/// so tests that override it must not run beside tests that allocate on the same device (mark
+/// them `#[serial]`).
+pub fn scoped_current_resource<R>(device: &Device, resource: Arc<R>) -> Result<CurrentResourceGuard>
+where
+    R: DeviceResource + ?Sized + 'static,
+{
+    let previous = set_current_resource(device, resource)?;
+    Ok(CurrentResourceGuard { device: *device, previous })
+}
+
+/// Lets go of every device's current resource: each device makes a fresh default on its next
+/// allocation. Buffers still alive keep their resources alive; a pool nothing else holds returns
+/// its memory to the driver now. Returns how many resources were let go.
+pub fn reset_current_resources() -> usize {
+    let taken: Slots = std::mem::take(&mut *CURRENT.write());
+    // Dropped outside the lock: a pool's drop may wait for streams.
+    taken.into_iter().flatten().count()
+}
+
+/// Restores a device's previous current resource when dropped; see [`scoped_current_resource`].
+#[must_use = "the previous resource is restored when the guard drops"]
+pub struct CurrentResourceGuard {
+    device: Device,
+    previous: Option<Arc<dyn DeviceResource>>,
+}
+
+impl fmt::Debug for CurrentResourceGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CurrentResourceGuard").field("device", &self.device.ordinal()).finish()
+    }
+}
+
+impl Drop for CurrentResourceGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        let replaced = replace(&mut CURRENT.write(), self.device.ordinal(), previous);
+        drop(replaced);
+    }
+}
+
+/// Registers, once, the exit handler that lets go of the current resources.
+fn release_at_exit() {
+    static REGISTERED: Once = Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: `at_exit` is a plain `extern "C" fn()` of this crate, which is linked into the
+        // program for its whole life; it never unwinds (it catches panics).
+        if unsafe { libc::atexit(at_exit) } != 0 {
+            tracing::warn!("registering the exit handler failed; cached memory stays reserved until exit");
+        }
+    });
+}
+
+/// Drops the registry's resources at exit, after `main`, before the driver's own teardown (the
+/// driver is loaded after `main` starts, so its handlers run after this one).
+///
+/// The drops run on a thread of their own: by the time exit handlers run, the exiting thread's
+/// thread-locals are gone, and a driver may keep per-thread state (the current context) in them.
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        // A thread that exits the process while holding the lock must not hang the exit.
+        let Some(mut slots) = CURRENT.try_write_for(Duration::from_secs(2)) else {
+            tracing::warn!("the current resources are locked at exit; their cached memory is not returned");
+            return;
+        };
+        let taken = std::mem::take(&mut *slots);
+        drop(slots);
+        if taken.iter().all(Option::is_none) {
+            return;
+        }
+        let spawned = std::thread::Builder::new().name("cumem-exit".into()).spawn(move || drop(taken));
+        match spawned {
+            Ok(handle) => drop(handle.join()),
+            Err(e) => tracing::warn!(error = %e, "no thread to release the current resources at exit; their cached memory is not returned"),
+        }
+    });
+}

@@ -1,0 +1,181 @@
+//! The current resource of a device, in a program that links only `cumem-core` (issue 8, item 1):
+//! the default is the driver, `set_current_resource` and the scoped override change what
+//! constructors without `_in` use, and buffers keep the resource they came from.
+//!
+//! The current resource is process-wide, so every test here is `#[serial]`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cumem_core::sys::CUdeviceptr;
+use cumem_core::{
+    AllocLayout, AllocatorKind, Context, Device, DeviceBuffer, DeviceResource, DriverResource, Error, Stream,
+};
+use cumem_sys::testing;
+use serial_test::serial;
+
+fn device() -> Device {
+    testing::init();
+    Device::get(0).unwrap()
+}
+
+/// Counts live allocations, to see which resource a buffer allocated from and returned to.
+#[derive(Debug)]
+struct Counting {
+    inner: DriverResource,
+    live: AtomicUsize,
+    total: AtomicUsize,
+}
+
+impl Counting {
+    fn new(ctx: &Context) -> Arc<Counting> {
+        Arc::new(Counting { inner: DriverResource::new(ctx), live: AtomicUsize::new(0), total: AtomicUsize::new(0) })
+    }
+    fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+    fn total(&self) -> usize {
+        self.total.load(Ordering::SeqCst)
+    }
+}
+
+// SAFETY: forwards to the driver resource, which upholds the contract.
+unsafe impl DeviceResource for Counting {
+    fn context(&self) -> &Context {
+        self.inner.context()
+    }
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> cumem_core::Result<CUdeviceptr> {
+        let p = self.inner.allocate(layout, stream)?;
+        self.live.fetch_add(1, Ordering::SeqCst);
+        self.total.fetch_add(1, Ordering::SeqCst);
+        Ok(p)
+    }
+    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
+        // SAFETY: forwarded unchanged from our caller.
+        unsafe { self.inner.deallocate(ptr, layout, stream) }
+    }
+}
+
+fn is_current(device: &Device, resource: &Arc<Counting>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(&cumem_core::current_resource(device).unwrap()), Arc::as_ptr(resource))
+}
+
+#[test]
+#[serial]
+fn without_the_pools_the_default_is_the_driver() {
+    let device = device();
+    if std::env::var_os(cumem_core::ALLOCATOR_ENV).is_none() {
+        assert_eq!(cumem_core::default_allocator(), AllocatorKind::Driver);
+    }
+    let current = cumem_core::current_resource(&device).unwrap();
+    assert!((*current).as_any().is::<DriverResource>(), "{current:?}");
+    assert_eq!(current.context(), &device.context().unwrap());
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let buf = DeviceBuffer::from_slice(&stream, &[7u32; 100]).unwrap();
+    assert!(Arc::ptr_eq(buf.resource(), &current));
+    assert_eq!(buf.to_vec().unwrap(), [7; 100]);
+}
+
+#[test]
+#[serial]
+fn set_current_resource_changes_what_new_buffers_use_and_old_ones_keep_theirs() {
+    let device = device();
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let first = Counting::new(stream.context());
+    let second = Counting::new(stream.context());
+    let before = cumem_core::set_current_resource(&device, first.clone()).unwrap();
+    assert!(is_current(&device, &first));
+
+    let a = DeviceBuffer::<u64>::from_slice(&stream, &[1, 2, 3]).unwrap();
+    let b = DeviceBuffer::<u8>::zeroed_aligned(&stream, 1000, 4096).unwrap();
+    assert_eq!((first.live(), b.device_ptr() % 4096), (2, 0));
+
+    let previous = cumem_core::set_current_resource(&device, second.clone()).unwrap().unwrap();
+    assert!(std::ptr::addr_eq(Arc::as_ptr(&previous), Arc::as_ptr(&first)));
+    let c = DeviceBuffer::<u64>::new(&stream, 10).unwrap();
+    assert_eq!((first.live(), second.live()), (2, 1));
+
+    // The replaced resource is no longer current, but its buffers still work and return to it.
+    assert_eq!(a.to_vec().unwrap(), [1, 2, 3]);
+    assert_eq!(b.to_vec().unwrap(), vec![0; 1000]);
+    drop(previous);
+    drop((a, b));
+    assert_eq!((first.live(), first.total()), (0, 2));
+    drop(c);
+    assert_eq!((second.live(), second.total()), (0, 1));
+
+    match before {
+        Some(before) => drop(cumem_core::set_current_resource(&device, before).unwrap()),
+        None => drop(cumem_core::reset_current_resources()),
+    }
+    assert!(!is_current(&device, &second));
+}
+
+#[test]
+#[serial]
+fn a_scoped_override_is_undone_when_its_guard_drops_even_in_a_panic() {
+    let device = device();
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let outer = cumem_core::current_resource(&device).unwrap();
+    let scoped = Counting::new(stream.context());
+    {
+        let _guard = cumem_core::scoped_current_resource(&device, scoped.clone()).unwrap();
+        assert!(is_current(&device, &scoped));
+        drop(DeviceBuffer::<u8>::zeroed(&stream, 64).unwrap());
+        assert_eq!((scoped.total(), scoped.live()), (1, 0));
+    }
+    assert!(Arc::ptr_eq(&cumem_core::current_resource(&device).unwrap(), &outer));
+
+    let panicked = std::panic::catch_unwind(|| {
+        let _guard = cumem_core::scoped_current_resource(&device, scoped.clone()).unwrap();
+        assert!(is_current(&device, &scoped));
+        panic!("a failing test");
+    });
+    assert!(panicked.is_err());
+    assert!(Arc::ptr_eq(&cumem_core::current_resource(&device).unwrap(), &outer));
+    assert_eq!(Arc::strong_count(&scoped), 1, "the registry let go of the scoped resource");
+}
+
+#[test]
+#[serial]
+fn a_resource_of_another_device_is_wrong_device_and_changes_nothing() {
+    let device = device();
+    if Device::count().unwrap() < 2 {
+        return;
+    }
+    let before = cumem_core::current_resource(&device).unwrap();
+    let other = Counting::new(&Device::get(1).unwrap().context().unwrap());
+    assert!(matches!(
+        cumem_core::set_current_resource(&device, other.clone()),
+        Err(Error::WrongDevice { expected: 0, actual: 1 })
+    ));
+    assert!(matches!(
+        cumem_core::scoped_current_resource(&device, other.clone()).map(drop),
+        Err(Error::WrongDevice { expected: 0, actual: 1 })
+    ));
+    assert!(Arc::ptr_eq(&cumem_core::current_resource(&device).unwrap(), &before));
+    // Through `_in`, with the concrete `Arc` as it is.
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    assert!(matches!(
+        DeviceBuffer::<u8>::zeroed_in(&other, &stream, 8),
+        Err(Error::WrongDevice { expected: 1, actual: 0 })
+    ));
+    assert_eq!(other.total(), 0);
+}
+
+#[test]
+#[serial]
+fn reset_lets_go_of_every_current_resource_and_the_next_use_makes_a_fresh_one() {
+    let device = device();
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let counting = Counting::new(stream.context());
+    drop(cumem_core::set_current_resource(&device, counting.clone()).unwrap());
+    let buf = DeviceBuffer::<u32>::zeroed(&stream, 16).unwrap();
+    assert!(cumem_core::reset_current_resources() >= 1);
+    assert_eq!(Arc::strong_count(&counting), 2, "only the test and the live buffer hold it");
+    let fresh = cumem_core::current_resource(&device).unwrap();
+    assert!((*fresh).as_any().is::<DriverResource>() || std::env::var_os(cumem_core::ALLOCATOR_ENV).is_some());
+    drop(buf);
+    assert_eq!((counting.live(), Arc::strong_count(&counting)), (0, 1));
+}
