@@ -168,7 +168,7 @@ fn pools(ctx: &Context) -> Result<()> {
     let streams = [Stream::non_blocking(ctx)?, Stream::non_blocking(ctx)?];
     let size = |i: usize| 256 + (i * 7919) % (64 << 10);
     let pool = Arc::new(CachingResource::with_driver(ctx, PoolConfig::default()));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     let t = Instant::now();
     for i in 0..BUFFERS {
         drop(DeviceBuffer::<u8>::new_in(&resource, &streams[i % 2], size(i))?);
@@ -181,8 +181,7 @@ fn pools(ctx: &Context) -> Result<()> {
         stats.upstream_allocations,
         human(stats.reserved_bytes as usize)
     );
-    let direct = DriverResource::new(ctx);
-    let direct: Arc<dyn DeviceResource> = Arc::new(direct);
+    let direct = Arc::new(DriverResource::new(ctx));
     let t = Instant::now();
     for i in 0..BUFFERS / 10 {
         drop(DeviceBuffer::<u8>::new_in(&direct, &streams[i % 2], size(i))?);

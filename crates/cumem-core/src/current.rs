@@ -149,7 +149,11 @@ type Slots = Vec<Option<Arc<dyn DeviceResource>>>;
 static CURRENT: RwLock<Slots> = RwLock::new(Vec::new());
 
 /// Puts `resource` in slot `i`, returning what was there.
-fn replace(slots: &mut Slots, i: usize, resource: Option<Arc<dyn DeviceResource>>) -> Option<Arc<dyn DeviceResource>> {
+fn replace(
+    slots: &mut Slots,
+    i: usize,
+    resource: Option<Arc<dyn DeviceResource>>,
+) -> Option<Arc<dyn DeviceResource>> {
     if resource.is_some() {
         release_at_exit();
     }
@@ -184,7 +188,10 @@ pub fn current_resource(device: &Device) -> Result<Arc<dyn DeviceResource>> {
 fn check_device<R: DeviceResource + ?Sized>(device: &Device, resource: &R) -> Result<()> {
     let actual = resource.context().device();
     if actual != *device {
-        return Err(Error::WrongDevice { expected: device.ordinal() as i32, actual: actual.ordinal() as i32 });
+        return Err(Error::WrongDevice {
+            expected: device.ordinal() as i32,
+            actual: actual.ordinal() as i32,
+        });
     }
     Ok(())
 }
@@ -276,7 +283,9 @@ extern "C" fn at_exit() {
         let spawned = std::thread::Builder::new().name("cumem-exit".into()).spawn(move || drop(taken));
         match spawned {
             Ok(handle) => drop(handle.join()),
-            Err(e) => tracing::warn!(error = %e, "no thread to release the current resources at exit; their cached memory is not returned"),
+            Err(e) => {
+                tracing::warn!(error = %e, "no thread to release the current resources at exit; their cached memory is not returned")
+            }
         }
     });
 }

@@ -45,12 +45,12 @@ pub use buffer::view::{
 };
 pub use capabilities::Capabilities;
 pub use context::{Context, MemInfo};
+pub use cumem_sys::{Error, ErrorContext, Feature, MemoryReport, Result};
 pub use current::{
     ALLOCATOR_ENV, AllocatorKind, CurrentResourceGuard, DefaultResourceFactory, current_resource,
     default_allocator, install_default_factory, reset_current_resources, scoped_current_resource,
     set_current_resource,
 };
-pub use cumem_sys::{Error, ErrorContext, Feature, MemoryReport, Result};
 pub use device::Device;
 pub use dyn_resource::IntoDynResource;
 pub use event::Event;

@@ -2,15 +2,13 @@
 
 use std::sync::Arc;
 
-use cumem_core::{
-    Device, DeviceBuffer, DeviceResource, DriverResource, Error, Feature, MAX_ALIGNMENT, Stream,
-};
+use cumem_core::{Device, DeviceBuffer, DriverResource, Error, Feature, MAX_ALIGNMENT, Stream};
 use cumem_sys::testing;
 
-fn setup() -> (Stream, Arc<dyn DeviceResource>) {
+fn setup() -> (Stream, Arc<DriverResource>) {
     testing::init();
     let stream = Stream::new(&Device::get(0).unwrap().context().unwrap()).unwrap();
-    let resource: Arc<dyn DeviceResource> = Arc::new(DriverResource::new(stream.context()));
+    let resource = Arc::new(DriverResource::new(stream.context()));
     (stream, resource)
 }
 

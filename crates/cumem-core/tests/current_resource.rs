@@ -29,7 +29,11 @@ struct Counting {
 
 impl Counting {
     fn new(ctx: &Context) -> Arc<Counting> {
-        Arc::new(Counting { inner: DriverResource::new(ctx), live: AtomicUsize::new(0), total: AtomicUsize::new(0) })
+        Arc::new(Counting {
+            inner: DriverResource::new(ctx),
+            live: AtomicUsize::new(0),
+            total: AtomicUsize::new(0),
+        })
     }
     fn live(&self) -> usize {
         self.live.load(Ordering::SeqCst)
@@ -175,7 +179,9 @@ fn reset_lets_go_of_every_current_resource_and_the_next_use_makes_a_fresh_one() 
     assert!(cumem_core::reset_current_resources() >= 1);
     assert_eq!(Arc::strong_count(&counting), 2, "only the test and the live buffer hold it");
     let fresh = cumem_core::current_resource(&device).unwrap();
-    assert!((*fresh).as_any().is::<DriverResource>() || std::env::var_os(cumem_core::ALLOCATOR_ENV).is_some());
+    assert!(
+        (*fresh).as_any().is::<DriverResource>() || std::env::var_os(cumem_core::ALLOCATOR_ENV).is_some()
+    );
     drop(buf);
     assert_eq!((counting.live(), Arc::strong_count(&counting)), (0, 1));
 }

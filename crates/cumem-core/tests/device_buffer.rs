@@ -228,12 +228,12 @@ fn buffers_return_memory_to_their_resource_on_the_last_stream() {
         live: AtomicUsize::new(0),
         freed_on_legacy: AtomicUsize::new(0),
     });
-    let resource: Arc<dyn DeviceResource> = counting.clone();
+    let resource = counting.clone();
     let a = DeviceBuffer::<u8>::zeroed_in(&resource, &s, 100).unwrap();
     let b = DeviceBuffer::<u8>::new_in(&resource, &s, 100).unwrap();
     let c = DeviceBuffer::from_slice_in(&resource, &s, &[9u8; 100]).unwrap();
     assert_eq!(counting.live.load(Ordering::SeqCst), 3);
-    assert!(Arc::ptr_eq(a.resource(), &resource));
+    assert!(std::ptr::addr_eq(Arc::as_ptr(a.resource()), Arc::as_ptr(&resource)));
     assert_eq!(a.order().last(), s);
     assert!(c.order().last().is_legacy(), "the upload ran on the legacy stream");
     drop((a, b));
@@ -263,8 +263,7 @@ fn a_resource_of_another_device_is_refused() {
     if Device::count().unwrap() < 2 {
         return;
     }
-    let other: Arc<dyn DeviceResource> =
-        Arc::new(DriverResource::new(&Device::get(1).unwrap().context().unwrap()));
+    let other = Arc::new(DriverResource::new(&Device::get(1).unwrap().context().unwrap()));
     assert!(matches!(
         DeviceBuffer::<u8>::zeroed_in(&other, &s, 8),
         Err(Error::WrongDevice { expected: 1, actual: 0 })

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cumem_core::{Capabilities, Device, DeviceBuffer, DeviceResource, DriverResource, Error, Stream};
+use cumem_core::{Capabilities, Device, DeviceBuffer, DriverResource, Error, Stream};
 use cumem_sys::testing;
 
 fn stream() -> Stream {
@@ -14,7 +14,7 @@ fn stream() -> Stream {
 #[test]
 fn uninit_buffers_become_valid_once_written() {
     let s = stream();
-    let r: Arc<dyn DeviceResource> = Arc::new(DriverResource::new(s.context()));
+    let r = Arc::new(DriverResource::new(s.context()));
     // SAFETY: every element is written below before the contents are read.
     let mut buf = unsafe { DeviceBuffer::<u32>::uninit_in(&r, &s, 64) }.unwrap();
     let filled = DeviceBuffer::from_slice(&s, &[0x5555_5555u32; 64]).unwrap();

@@ -9,16 +9,15 @@
 //! ```
 //! # cumem_sys::testing::init();
 //! use std::sync::Arc;
-//! use cumem_core::{Device, DeviceBuffer, DeviceResource, Stream};
+//! use cumem_core::{Device, DeviceBuffer, Stream};
 //! use cumem_pool::{CachingResource, PoolConfig};
 //! let ctx = Device::get(0)?.context()?;
 //! let stream = Stream::non_blocking(&ctx)?;
 //! let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-//! let resource: Arc<dyn DeviceResource> = pool.clone();
-//! let a = DeviceBuffer::<f32>::zeroed_in(&resource, &stream, 1000)?;
+//! let a = DeviceBuffer::<f32>::zeroed_in(&pool, &stream, 1000)?;
 //! let first = a.device_ptr();
 //! drop(a);
-//! let b = DeviceBuffer::<f32>::zeroed_in(&resource, &stream, 1000)?; // the same block, from the cache
+//! let b = DeviceBuffer::<f32>::zeroed_in(&pool, &stream, 1000)?; // the same block, from the cache
 //! assert_eq!(b.device_ptr(), first);
 //! assert_eq!(pool.stats().upstream_allocations, 1);
 //! # Ok::<(), cumem_core::Error>(())

@@ -40,7 +40,10 @@ fn make_default(kind: AllocatorKind, ctx: &Context) -> Result<Arc<dyn DeviceReso
             if ctx.device().capabilities()?.memory_pools {
                 Arc::new(NativePoolResource::default_pool(ctx)?)
             } else {
-                tracing::warn!(device = ctx.device().ordinal(), "CUMEM_ALLOCATOR=native, but the device has no memory pools; using cuMemAlloc");
+                tracing::warn!(
+                    device = ctx.device().ordinal(),
+                    "CUMEM_ALLOCATOR=native, but the device has no memory pools; using cuMemAlloc"
+                );
                 Arc::new(DriverResource::new(ctx))
             }
         }

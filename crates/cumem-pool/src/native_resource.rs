@@ -6,11 +6,11 @@
 //! ```
 //! # cumem_sys::testing::init();
 //! use std::sync::Arc;
-//! use cumem_core::{Device, DeviceBuffer, DeviceResource, Stream};
+//! use cumem_core::{Device, DeviceBuffer, Stream};
 //! use cumem_pool::{MemPool, MemPoolOptions, NativePoolResource};
 //! let ctx = Device::get(0)?.context()?;
 //! let stream = Stream::new(&ctx)?;
-//! let pool: Arc<dyn DeviceResource> = Arc::new(NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default())?));
+//! let pool = Arc::new(NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default())?));
 //! let buf = DeviceBuffer::<u32>::zeroed_in(&pool, &stream, 1000)?;
 //! assert_eq!(buf.to_vec()?, vec![0; 1000]);
 //! # Ok::<(), cumem_core::Error>(())

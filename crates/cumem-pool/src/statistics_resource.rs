@@ -9,14 +9,13 @@
 //! ```
 //! # cumem_sys::testing::init();
 //! use std::sync::Arc;
-//! use cumem_core::{Device, DeviceBuffer, DeviceResource, DriverResource, Stream};
+//! use cumem_core::{Device, DeviceBuffer, DriverResource, Stream};
 //! use cumem_pool::StatisticsResource;
 //! let ctx = Device::get(0)?.context()?;
 //! let stream = Stream::new(&ctx)?;
 //! let stats = Arc::new(StatisticsResource::new(Arc::new(DriverResource::new(&ctx))));
-//! let resource: Arc<dyn DeviceResource> = stats.clone();
-//! let a = DeviceBuffer::<u8>::zeroed_in(&resource, &stream, 1000)?;
-//! let (b, inner) = stats.with_scope(|| DeviceBuffer::<u8>::zeroed_in(&resource, &stream, 24));
+//! let a = DeviceBuffer::<u8>::zeroed_in(&stats, &stream, 1000)?;
+//! let (b, inner) = stats.with_scope(|| DeviceBuffer::<u8>::zeroed_in(&stats, &stream, 24));
 //! let b = b?;
 //! assert_eq!((inner.current_bytes, inner.peak_bytes, inner.total_count), (24, 24, 1));
 //! assert_eq!(stats.counters().current_bytes, 1024);

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use cumem_copy::copy_h2d;
-use cumem_core::{Context, Device, DeviceBuffer, DeviceResource, Error, Stream};
+use cumem_core::{Context, Device, DeviceBuffer, Error, Stream};
 use cumem_pool::{MemPool, MemPoolOptions, NativePoolResource};
 use cumem_sys::testing;
 
@@ -53,7 +53,7 @@ fn a_handle_from_current_keeps_the_pool_alive_after_its_owner_is_dropped() {
     assert_eq!(current.usage().unwrap().used_current, 0);
     assert!(pool_alive(handle));
     let stream = Stream::non_blocking(&ctx).unwrap();
-    let resource: Arc<dyn DeviceResource> = Arc::new(NativePoolResource::new(current));
+    let resource = Arc::new(NativePoolResource::new(current));
     let data: Vec<u32> = (0..4096u32).map(|i| i.wrapping_mul(0x9E37_79B9)).collect();
     let mut buf = DeviceBuffer::<u32>::new_in(&resource, &stream, data.len()).unwrap();
     copy_h2d(&data, &mut buf).unwrap();

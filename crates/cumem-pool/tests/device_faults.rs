@@ -13,8 +13,8 @@ use cumem_sys::testing;
 const SIZES: [usize; 10] =
     [1 << 10, 3 << 20, 700, 1 << 20, 25 << 20, 64 << 10, 21 << 20, 300, 40 << 20, 2 << 20];
 
-fn run(
-    resource: &Arc<dyn DeviceResource>,
+fn run<R: DeviceResource + ?Sized + 'static>(
+    resource: &Arc<R>,
     stream: &Stream,
 ) -> (Vec<DeviceBuffer<u8>>, Option<(usize, Error)>) {
     let mut live = Vec::new();
@@ -39,7 +39,7 @@ fn every_upstream_failure_surfaces_and_leaves_the_pool_consistent() {
     // How many upstream allocations does the sequence make when nothing fails?
     let upstream_calls = {
         let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-        let resource: Arc<dyn DeviceResource> = pool.clone();
+        let resource = pool.clone();
         let (live, failed) = run(&resource, &stream);
         assert!(failed.is_none());
         drop(live);
@@ -51,7 +51,7 @@ fn every_upstream_failure_surfaces_and_leaves_the_pool_consistent() {
     {
         for nth in 1..=upstream_calls {
             let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-            let resource: Arc<dyn DeviceResource> = pool.clone();
+            let resource = pool.clone();
             // An injected OOM stays (times 0) so the pool's release-and-retry ladder cannot hide it.
             let times = if persistent { 0 } else { 1 };
             let rule = ctl.inject_fault(FaultRule {
@@ -89,7 +89,7 @@ fn exhaustion_reports_what_the_pool_holds() {
     let ctx = Device::get(0).unwrap().context().unwrap();
     let stream = Stream::non_blocking(&ctx).unwrap();
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     let keep = DeviceBuffer::<u8>::new_in(&resource, &stream, 1 << 20).unwrap();
     let total = ctx.device().total_memory().unwrap();
     match DeviceBuffer::<u8>::new_in(&resource, &stream, total).unwrap_err() {

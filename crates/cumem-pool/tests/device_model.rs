@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cumem_copy::StreamCopy;
-use cumem_core::{Device, DeviceBuffer, DeviceResource, Stream};
+use cumem_core::{Device, DeviceBuffer, Stream};
 use cumem_pool::{CachingResource, PoolConfig};
 use cumem_sys::testing;
 use proptest::prelude::*;
@@ -36,7 +36,7 @@ proptest! {
         let ctx = Device::get(0).unwrap().context().unwrap();
         let streams: Vec<Stream> = (0..3).map(|_| Stream::non_blocking(&ctx).unwrap()).collect();
         let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-        let r: Arc<dyn DeviceResource> = pool.clone();
+        let r = pool.clone();
         let mut live: Vec<(DeviceBuffer<u8>, u8)> = Vec::new();
         let mut allocations = 0u64;
         for op in ops {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cumem_copy::StreamCopy;
-use cumem_core::{Device, DeviceBuffer, DeviceResource, Stream};
+use cumem_core::{Device, DeviceBuffer, Stream};
 use cumem_pool::{CachingResource, PoolConfig};
 use cumem_sys::testing;
 
@@ -19,7 +19,7 @@ fn eight_threads_on_four_streams_never_see_each_others_data() {
     let ctx = Device::get(0).unwrap().context().unwrap();
     let streams: Vec<Stream> = (0..STREAMS).map(|_| Stream::non_blocking(&ctx).unwrap()).collect();
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     std::thread::scope(|scope| {
         for t in 0..THREADS {
             let (stream, resource) = (&streams[t % STREAMS], &resource);

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use cumem_core::sys::CUresult;
-use cumem_core::{Device, DeviceBuffer, DeviceResource, DriverResource, Error, Stream};
+use cumem_core::{Device, DeviceBuffer, DriverResource, Error, Stream};
 use cumem_pool::{CachingPool, CachingResource, DeviceUpstream, HostOrdering, PoolConfig, PoolError};
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
@@ -52,7 +52,7 @@ fn a_failed_stream_wait_reaches_the_caller_as_the_drivers_error() {
     let Some(ctl) = testing::sim_control() else { return };
     let ctx = Device::get(0).unwrap().context().unwrap();
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
     drop(DeviceBuffer::<u8>::new_in(&resource, &a, 1 << 20).unwrap());
     // An earlier failure the pool recovered from must not stand in for the next one.

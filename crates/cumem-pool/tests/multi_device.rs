@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cumem_copy::StreamCopy;
 use cumem_core::sys;
-use cumem_core::{Context, Device, DeviceBuffer, DeviceResource, DriverResource, PinnedBuffer, Stream};
+use cumem_core::{Context, Device, DeviceBuffer, DriverResource, PinnedBuffer, Stream};
 use cumem_pool::{CachingResource, PoolConfig};
 use cumem_sys::testing;
 
@@ -37,7 +37,7 @@ fn check_sim() {
 fn the_legacy_streams_of_two_devices_are_two_streams() {
     let Some((ctx0, ctx1)) = contexts() else { return };
     let pool = Arc::new(CachingResource::with_driver(&ctx0, PoolConfig::default()));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     let (legacy0, legacy1) = (Stream::legacy(&ctx0), Stream::legacy(&ctx1));
     let (c, b) = (Stream::non_blocking(&ctx0).unwrap(), Stream::non_blocking(&ctx0).unwrap());
 
@@ -84,18 +84,13 @@ fn release_waits_for_the_other_device(release: impl FnOnce(&Arc<CachingResource>
         &ctx0,
         PoolConfig { release_threshold: 0, ..PoolConfig::default() },
     ));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     let a0 = Stream::non_blocking(&ctx0).unwrap();
     let s1 = Stream::non_blocking(&ctx1).unwrap();
     let mut x = DeviceBuffer::<u32>::zeroed_in(&resource, &a0, N).unwrap();
     a0.fill(&mut x, A).unwrap();
     // Device 1's copy of the data, made by s1 reading the pool's block (unified addressing).
-    let copy = DeviceBuffer::<u32>::zeroed_in(
-        &(Arc::new(DriverResource::new(&ctx1)) as Arc<dyn DeviceResource>),
-        &s1,
-        N,
-    )
-    .unwrap();
+    let copy = DeviceBuffer::<u32>::zeroed_in(&Arc::new(DriverResource::new(&ctx1)), &s1, N).unwrap();
     let gate = gate::hold(&s1);
     let opener = gate.release_after(Duration::from_millis(150));
     {
@@ -143,7 +138,7 @@ fn the_out_of_memory_ladder_waits_for_a_stream_of_another_device() {
         // More than device 0 has besides the cached segment: the ladder must release that segment.
         let ctx = pool.pool().upstream().resource().context().clone();
         let free = ctx.mem_info().unwrap().free;
-        let resource: Arc<dyn DeviceResource> = pool.clone();
+        let resource = pool.clone();
         let stream = Stream::non_blocking(&ctx).unwrap();
         let big = DeviceBuffer::<u8>::new_in(&resource, &stream, free + (1 << 20)).unwrap();
         drop(big);

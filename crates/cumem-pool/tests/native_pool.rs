@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use cumem_copy::StreamCopy;
-use cumem_core::{Device, DeviceBuffer, DeviceResource, Error, Feature, Stream};
+use cumem_core::{Device, DeviceBuffer, Error, Feature, Stream};
 use cumem_pool::{MemPool, MemPoolOptions, NativePoolResource, ReusePolicy};
 use cumem_sys::testing;
 use proptest::prelude::*;
@@ -51,7 +51,7 @@ fn usage_counts_live_allocations_and_resets_its_high_marks() {
     let native = NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default()).unwrap());
     native.pool().set_release_threshold(u64::MAX).unwrap();
     let native = Arc::new(native);
-    let r: Arc<dyn DeviceResource> = native.clone();
+    let r = native.clone();
     let a = DeviceBuffer::<u32>::zeroed_in(&r, &stream, 1000).unwrap();
     let b = DeviceBuffer::<u8>::zeroed_in(&r, &stream, 10_000).unwrap();
     let usage = native.pool().usage().unwrap();
@@ -72,8 +72,7 @@ fn usage_counts_live_allocations_and_resets_its_high_marks() {
 fn memory_freed_on_a_stream_is_reused_by_that_stream_at_once() {
     let ctx = ctx();
     let stream = Stream::non_blocking(&ctx).unwrap();
-    let r: Arc<dyn DeviceResource> =
-        Arc::new(NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default()).unwrap()));
+    let r = Arc::new(NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default()).unwrap()));
     let a = DeviceBuffer::<u64>::zeroed_in(&r, &stream, 512).unwrap();
     let first = a.device_ptr();
     drop(a); // freed in stream order on `stream`
@@ -86,7 +85,7 @@ fn the_release_threshold_is_honoured_at_synchronisation() {
     let ctx = ctx();
     let stream = Stream::non_blocking(&ctx).unwrap();
     let native = Arc::new(NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default()).unwrap()));
-    let r: Arc<dyn DeviceResource> = native.clone();
+    let r = native.clone();
     drop(DeviceBuffer::<u8>::zeroed_in(&r, &stream, 8 << 20).unwrap());
     stream.synchronize().unwrap();
     assert_eq!(native.pool().usage().unwrap().reserved_current, 0, "threshold 0 releases everything");
@@ -123,7 +122,7 @@ fn a_device_without_pools_is_not_supported_before_any_driver_call() {
 fn a_capped_pool_runs_out_of_memory() {
     let ctx = ctx();
     let stream = Stream::new(&ctx).unwrap();
-    let r: Arc<dyn DeviceResource> = Arc::new(NativePoolResource::new(
+    let r = Arc::new(NativePoolResource::new(
         MemPool::create(&ctx, MemPoolOptions { max_size: Some(64 << 20), release_threshold: 0 }).unwrap(),
     ));
     let err = DeviceBuffer::<u8>::zeroed_in(&r, &stream, 128 << 20).unwrap_err();
@@ -142,7 +141,7 @@ proptest! {
         let ctx = ctx();
         let streams: Vec<Stream> = (0..3).map(|_| Stream::non_blocking(&ctx).unwrap()).collect();
         let native = Arc::new(NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default()).unwrap()));
-        let r: Arc<dyn DeviceResource> = native.clone();
+        let r = native.clone();
         let mut live: Vec<(DeviceBuffer<u8>, u8)> = Vec::new();
         for (s, len, free, tag) in ops {
             if free && !live.is_empty() {

@@ -79,7 +79,7 @@ fn fill_with_1_mib_buffers(ctx: &Context) -> usize {
     let free_before = ctx.mem_info().unwrap().free;
     let bounded = ctx.mem_info().unwrap().total > FILL_AT_MOST;
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     let mut buffers = Vec::new();
     loop {
         match DeviceBuffer::<u8>::new_in(&resource, &stream, MIB) {

@@ -2,15 +2,15 @@
 
 use std::sync::Arc;
 
-use cumem_core::{Device, DeviceBuffer, DeviceResource, DriverResource, Stream};
+use cumem_core::{Device, DeviceBuffer, DriverResource, Stream};
 use cumem_pool::{CachingResource, PoolConfig, ScopeCounters, StatisticsResource};
 use cumem_sys::testing;
 
-fn setup() -> (Stream, Arc<StatisticsResource>, Arc<dyn DeviceResource>) {
+fn setup() -> (Stream, Arc<StatisticsResource>, Arc<StatisticsResource>) {
     testing::init();
     let ctx = Device::get(0).unwrap().context().unwrap();
     let stats = Arc::new(StatisticsResource::new(Arc::new(DriverResource::new(&ctx))));
-    let r: Arc<dyn DeviceResource> = stats.clone();
+    let r = stats.clone();
     (Stream::new(&ctx).unwrap(), stats, r)
 }
 
@@ -64,7 +64,7 @@ fn wraps_a_pool_as_well_as_the_driver() {
     let s = Stream::non_blocking(&ctx).unwrap();
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let stats = Arc::new(StatisticsResource::new(pool.clone()));
-    let r: Arc<dyn DeviceResource> = stats.clone();
+    let r = stats.clone();
     let bufs: Vec<_> = (1..=4).map(|i| DeviceBuffer::<u8>::zeroed_in(&r, &s, i * 1000).unwrap()).collect();
     assert_eq!(stats.counters().current_bytes, 10_000);
     assert_eq!(pool.stats().current_count, 4);

@@ -4,15 +4,15 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use cumem_core::{Device, DeviceBuffer, DeviceResource, DriverResource, Stream};
+use cumem_core::{Device, DeviceBuffer, DriverResource, Stream};
 use cumem_pool::StatisticsResource;
 use cumem_sys::testing;
 
-fn setup() -> (Stream, Arc<StatisticsResource>, Arc<dyn DeviceResource>) {
+fn setup() -> (Stream, Arc<StatisticsResource>, Arc<StatisticsResource>) {
     testing::init();
     let ctx = Device::get(0).unwrap().context().unwrap();
     let stats = Arc::new(StatisticsResource::new(Arc::new(DriverResource::new(&ctx))));
-    let r: Arc<dyn DeviceResource> = stats.clone();
+    let r = stats.clone();
     (Stream::new(&ctx).unwrap(), stats, r)
 }
 

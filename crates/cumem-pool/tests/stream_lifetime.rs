@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cumem_copy::StreamCopy;
-use cumem_core::{Context, Device, DeviceBuffer, DeviceResource, PinnedBuffer, Stream};
+use cumem_core::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
 use cumem_pool::{CachingResource, PoolConfig};
 use cumem_sys::testing;
 
@@ -25,7 +25,7 @@ fn live_streams() -> Option<usize> {
 fn a_stream_per_request_runs_forever() {
     let ctx = ctx();
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     let kept = Stream::non_blocking(&ctx).unwrap();
     let before = live_streams();
     for i in 0..10_000u32 {
@@ -56,7 +56,7 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
     // One stream at a time: every new stream needs the slot of a dropped one.
     let pool =
         Arc::new(CachingResource::with_driver(&ctx, PoolConfig { max_streams: 1, ..PoolConfig::default() }));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     const N: usize = 4096;
     let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, N).unwrap();
     let opener;
@@ -106,7 +106,7 @@ fn threads_with_short_lived_streams_share_a_small_pool() {
     // plus the legacy stream, which `to_vec` leaves a buffer's last user.
     let config = PoolConfig { max_streams: 2 * THREADS + 1, ..PoolConfig::default() };
     let pool = Arc::new(CachingResource::with_driver(&ctx, config));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     let done = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for t in 0..THREADS {
@@ -162,7 +162,7 @@ fn a_new_stream_under_a_reused_handle_waits_for_the_old_stream_s_work() {
     use cumem_pool::{Ordering, StreamKey};
     let ctx = ctx();
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     const N: usize = 4096;
     let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, N).unwrap();
     let opener;

@@ -102,7 +102,7 @@ fn an_exhausted_pool_reports_through_the_facade_s_error_type() {
     let stream = Stream::new(&ctx).unwrap();
     let total = ctx.mem_info().unwrap().total;
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-    let resource: Arc<dyn DeviceResource> = pool.clone();
+    let resource = pool.clone();
     let too_big = total + (64 << 20);
     match DeviceBuffer::<u8>::new_in(&resource, &stream, too_big) {
         Err(Error::OutOfMemory { report: Some(report), .. }) => {

@@ -30,9 +30,7 @@ use cumem_sys::sys::CUdeviceptr;
 use crate::buffer::view::{
     AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, cast_parts,
 };
-use crate::{
-    AllocLayout, Context, DeviceResource, Error, Feature, Result, Stream, StreamOrder, ffi,
-};
+use crate::{AllocLayout, Context, DeviceResource, Error, Feature, Result, Stream, StreamOrder, ffi};
 
 /// The largest alignment the `*_aligned*` constructors accept: 64 KiB, the largest page size of the
 /// platforms CUDA runs on (4 KiB on x86-64, up to 64 KiB on aarch64 and ppc64le). Resources serve
@@ -69,7 +67,11 @@ impl<T> DeviceBuffer<T> {
 
     /// Allocates room for `len` values from `resource`, usable in order on `stream`. The contents
     /// are whatever the memory held, which is why this needs `T: AnyBitPattern`.
-    pub fn new_in<R: DeviceResource + ?Sized + 'static>(resource: &Arc<R>, stream: &Stream, len: usize) -> Result<Self>
+    pub fn new_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
+        stream: &Stream,
+        len: usize,
+    ) -> Result<Self>
     where
         T: AnyBitPattern,
     {
@@ -91,7 +93,11 @@ impl<T> DeviceBuffer<T> {
     /// # Safety
     /// 1. The caller writes every element before the contents are read as `T`, or every bit
     ///    pattern is a valid `T`.
-    pub unsafe fn uninit_in<R: DeviceResource + ?Sized + 'static>(resource: &Arc<R>, stream: &Stream, len: usize) -> Result<Self> {
+    pub unsafe fn uninit_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
+        stream: &Stream,
+        len: usize,
+    ) -> Result<Self> {
         // SAFETY: forwarded contract.
         unsafe { Self::uninit_layout_in(resource, stream, len, align_of::<T>()) }
     }
@@ -161,7 +167,11 @@ impl<T> DeviceBuffer<T> {
     }
 
     /// `len` zeroed values from `resource`, zeroed in order on `stream`.
-    pub fn zeroed_in<R: DeviceResource + ?Sized + 'static>(resource: &Arc<R>, stream: &Stream, len: usize) -> Result<Self>
+    pub fn zeroed_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
+        stream: &Stream,
+        len: usize,
+    ) -> Result<Self>
     where
         T: Zeroable,
     {
@@ -229,7 +239,11 @@ impl<T> DeviceBuffer<T> {
     }
 
     /// A buffer from `resource` holding a copy of `data`. `data` may be reused as soon as this returns.
-    pub fn from_slice_in<R: DeviceResource + ?Sized + 'static>(resource: &Arc<R>, stream: &Stream, data: &[T]) -> Result<Self>
+    pub fn from_slice_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
+        stream: &Stream,
+        data: &[T],
+    ) -> Result<Self>
     where
         T: NoUninit,
     {
