@@ -99,27 +99,6 @@ pub(crate) unsafe fn memset_async(dst: CUdeviceptr, value: Width, n: usize, stre
     }
 }
 
-/// Pitched device allocation: `(ptr, pitch in bytes)` for `height` rows of `width_bytes`.
-pub(crate) fn mem_alloc_pitch(
-    width_bytes: usize,
-    height: usize,
-    element_bytes: u32,
-) -> Result<(CUdeviceptr, usize)> {
-    let (mut ptr, mut pitch) = (0, 0);
-    // SAFETY: both are valid out-pointers.
-    let code = unsafe { sys::cuMemAllocPitch_v2(&mut ptr, &mut pitch, width_bytes, height, element_bytes) };
-    check(code, Ctx::op("cuMemAllocPitch_v2").bytes(width_bytes.saturating_mul(height)))?;
-    Ok((ptr, pitch))
-}
-
-/// # Safety
-/// 1. `ptr` came from `cuMemAllocPitch` in the current context and is freed once.
-/// 2. No live Rust value refers to the memory any more.
-pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
-    // SAFETY: guaranteed by the caller.
-    check(unsafe { sys::cuMemFree_v2(ptr) }, Ctx::op("cuMemFree_v2"))
-}
-
 /// A 2D copy; blocking (legacy stream) when `stream` is `None`.
 ///
 /// # Safety

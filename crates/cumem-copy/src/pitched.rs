@@ -1,14 +1,17 @@
 //! `PitchedBuffer<T>`: a 2D (or 3D) array in device memory whose rows start at aligned addresses.
 //!
-//! `cuMemAllocPitch` pads each row to the device's preferred pitch so that every row starts
-//! aligned, which is what 2D copies and row-wise device access want. The buffer knows its width,
+//! Each row is padded to the pitch `cuMemAllocPitch` would choose (the row width rounded up to
+//! [`PITCHED_ROW_ALIGNMENT`], or to the device's texture pitch alignment if larger), so that every
+//! row starts aligned, which is what 2D copies and row-wise device access want. The memory comes
+//! from the current resource of the stream's device (the caching pool by default, see
+//! `cumem_core::current_resource`), or from any resource with the `_in` constructors, and returns
+//! there in stream order when the array drops. The buffer knows its width,
 //! height and depth in elements and its pitch; it hands out rows as device views, and itself as a
 //! [`Pitched`] side of 2D/3D copies and memsets. Needs a pitch that is a multiple of `T`'s size
 //! (true for every power-of-two size up to the pitch alignment); otherwise `Misaligned { what:
-//! "pitch" }`. Rows are only as aligned as the allocation's base, which the driver guarantees to
+//! "pitch" }`. Rows are only as aligned as the allocation's base, which is allocated aligned to
 //! [`PITCHED_ROW_ALIGNMENT`] bytes: element types aligned more strictly are refused before any driver call
-//! (`NotSupported { feature: Alignment(align) }`), and a base that falls short of `T`'s alignment
-//! is `Misaligned { what: "pitched allocation" }`. A row wider than the device's `MAX_PITCH` is
+//! (`NotSupported { feature: Alignment(align) }`). A row wider than the device's `MAX_PITCH` is
 //! `InvalidValue` before any driver call. Zero-sized element types are refused (`ZeroSize { what:
 //! "element size" }`), and extents whose element count overflows are `SizeOverflow`. Empty arrays
 //! allocate nothing.
@@ -29,19 +32,23 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use bytemuck::{AnyBitPattern, Pod, Zeroable};
-use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Error, Feature, Result, Stream, StreamOrder};
+use cumem_core::{
+    AllocLayout, Context, DeviceResource, DeviceSlice, DeviceSliceMut, Error, Feature, Result, Stream,
+    StreamOrder,
+};
 use cumem_sys::ErrorContext;
-use cumem_sys::sys::CUdeviceptr;
+use cumem_sys::sys::{CUdevice_attribute, CUdeviceptr};
 
 use crate::extent::{Copy3D, bytes};
 use crate::ffi::{self, Width};
 use crate::region::Pitched;
 
-/// The alignment, in bytes, that every row of a pitched allocation has: the driver aligns the base
-/// to at least this much and the pitch to a multiple of it (512 on the devices cumem knows). Element
-/// types aligned more strictly cannot be laid out in pitched rows.
+/// The alignment, in bytes, that every row of a pitched allocation has: the base is allocated
+/// aligned to this much and the pitch is a multiple of it, as `cuMemAllocPitch` does on current
+/// GPUs (`driver-api.md`). Element types aligned more strictly cannot be laid out in pitched rows.
 pub const PITCHED_ROW_ALIGNMENT: usize = 512;
 
 /// An owning `width` × `height` × `depth` array of `T` in pitched device memory.
@@ -54,19 +61,22 @@ pub struct PitchedBuffer<T> {
     depth: usize,
     /// `pitch × height × depth`, checked when the array is made.
     len: usize,
-    ctx: Context,
+    /// `None` when nothing was allocated (an empty array).
+    layout: Option<AllocLayout>,
+    resource: Arc<dyn DeviceResource>,
     order: StreamOrder,
     _marker: PhantomData<T>,
 }
 
 impl<T> PitchedBuffer<T> {
     /// A `width` × `height` array whose contents are whatever the memory held (hence
-    /// `T: AnyBitPattern`), usable in order on `stream`.
+    /// `T: AnyBitPattern`), from the current resource of `stream`'s device, usable in order on
+    /// `stream`.
     pub fn new(stream: &Stream, width: usize, height: usize) -> Result<Self>
     where
         T: AnyBitPattern,
     {
-        Self::alloc(stream, width, height, 1)
+        Self::new_3d(stream, width, height, 1)
     }
 
     /// A zeroed `width` × `height` array, zeroed in order on `stream`.
@@ -82,7 +92,13 @@ impl<T> PitchedBuffer<T> {
     where
         T: AnyBitPattern,
     {
-        Self::alloc(stream, width, height, depth)
+        Self::new_3d_in(
+            &cumem_core::current_resource(&stream.context().device())?,
+            stream,
+            width,
+            height,
+            depth,
+        )
     }
 
     /// A zeroed `width` × `height` × `depth` array.
@@ -90,7 +106,68 @@ impl<T> PitchedBuffer<T> {
     where
         T: Zeroable,
     {
-        let buf = Self::alloc(stream, width, height, depth)?;
+        Self::zeroed_3d_in(
+            &cumem_core::current_resource(&stream.context().device())?,
+            stream,
+            width,
+            height,
+            depth,
+        )
+    }
+
+    /// As [`PitchedBuffer::new`], from `resource` (any `Arc` of a resource of `stream`'s device;
+    /// another device's is `WrongDevice`).
+    pub fn new_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
+        stream: &Stream,
+        width: usize,
+        height: usize,
+    ) -> Result<Self>
+    where
+        T: AnyBitPattern,
+    {
+        Self::new_3d_in(resource, stream, width, height, 1)
+    }
+
+    /// As [`PitchedBuffer::zeroed`], from `resource`.
+    pub fn zeroed_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
+        stream: &Stream,
+        width: usize,
+        height: usize,
+    ) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        Self::zeroed_3d_in(resource, stream, width, height, 1)
+    }
+
+    /// As [`PitchedBuffer::new_3d`], from `resource`.
+    pub fn new_3d_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
+        stream: &Stream,
+        width: usize,
+        height: usize,
+        depth: usize,
+    ) -> Result<Self>
+    where
+        T: AnyBitPattern,
+    {
+        Self::alloc(resource, stream, width, height, depth)
+    }
+
+    /// As [`PitchedBuffer::zeroed_3d`], from `resource`.
+    pub fn zeroed_3d_in<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
+        stream: &Stream,
+        width: usize,
+        height: usize,
+        depth: usize,
+    ) -> Result<Self>
+    where
+        T: Zeroable,
+    {
+        let buf = Self::alloc(resource, stream, width, height, depth)?;
         if buf.ptr != 0 {
             stream.context().bind()?;
             let all = bytes(buf.len(), size_of::<T>())?;
@@ -101,7 +178,25 @@ impl<T> PitchedBuffer<T> {
         Ok(buf)
     }
 
-    fn alloc(stream: &Stream, width: usize, height: usize, depth: usize) -> Result<Self> {
+    /// The pitch `cuMemAllocPitch` chooses for rows of `width_bytes`: a multiple of
+    /// [`PITCHED_ROW_ALIGNMENT`] and of the device's texture pitch alignment.
+    fn pitch_for(ctx: &Context, width_bytes: usize) -> Result<usize> {
+        let texture =
+            ctx.device().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT)?;
+        let align = usize::try_from(texture).unwrap_or(0).max(PITCHED_ROW_ALIGNMENT).next_power_of_two();
+        width_bytes
+            .checked_next_multiple_of(align)
+            .ok_or(Error::SizeOverflow { count: width_bytes, elem_size: 1 })
+    }
+
+    /// Allocates the array; nothing is allocated unless every check passed.
+    fn alloc<R: DeviceResource + ?Sized + 'static>(
+        resource: &Arc<R>,
+        stream: &Stream,
+        width: usize,
+        height: usize,
+        depth: usize,
+    ) -> Result<Self> {
         let size = size_of::<T>();
         if size == 0 {
             // A pitch of zero-sized elements means nothing, and element counts would be unbounded.
@@ -109,25 +204,23 @@ impl<T> PitchedBuffer<T> {
         }
         let align = align_of::<T>();
         if align > PITCHED_ROW_ALIGNMENT {
-            // Rows start at base + k × pitch; nothing makes the base more aligned than the driver
-            // promises, so a row could not hold a `T` at a valid address.
+            // Rows start at base + k × pitch; nothing makes the base more aligned than the
+            // allocation, so a row could not hold a `T` at a valid address.
             return Err(Error::NotSupported { feature: Feature::Alignment(align), device: None });
         }
         let rows =
             height.checked_mul(depth).ok_or(Error::SizeOverflow { count: height, elem_size: depth })?;
         let width_bytes = bytes(width, size)?;
-        let ctx = stream.context().clone();
-        let (ptr, pitch) = if width_bytes == 0 || rows == 0 {
-            (0, width)
+        let ctx = stream.context();
+        if resource.context() != ctx {
+            return Err(Error::WrongDevice {
+                expected: resource.context().device().ordinal() as i32,
+                actual: ctx.device().ordinal() as i32,
+            });
+        }
+        let (ptr, pitch, layout) = if width_bytes == 0 || rows == 0 {
+            (0, width, None)
         } else {
-            // The element size only tunes the driver's alignment; it must be 4, 8 or 16.
-            let element = if size.is_multiple_of(16) {
-                16
-            } else if size.is_multiple_of(8) {
-                8
-            } else {
-                4
-            };
             bytes(rows, width_bytes)?;
             let max_pitch = ctx.device().max_pitch()?;
             if width_bytes > max_pitch {
@@ -138,38 +231,19 @@ impl<T> PitchedBuffer<T> {
                         .device(ctx.device().ordinal() as i32),
                 });
             }
-            ctx.bind()?;
-            let (ptr, pitch_bytes) = ffi::mem_alloc_pitch(width_bytes, rows, element)?;
-            if !ptr.is_multiple_of(align as u64) {
-                // SAFETY: `ptr` came from cuMemAllocPitch just now and nothing uses it.
-                let _ = unsafe { ffi::mem_free(ptr) };
-                return Err(Error::Misaligned {
-                    what: "pitched allocation",
-                    value: ptr,
-                    align: align as u64,
-                });
-            }
-            if !pitch_bytes.is_multiple_of(size) || pitch_bytes < width_bytes {
-                // SAFETY: `ptr` came from cuMemAllocPitch just now and nothing uses it.
-                let _ = unsafe { ffi::mem_free(ptr) };
+            let pitch_bytes = Self::pitch_for(ctx, width_bytes)?;
+            if !pitch_bytes.is_multiple_of(size) {
                 return Err(Error::Misaligned {
                     what: "pitch",
                     value: pitch_bytes as u64,
                     align: size as u64,
                 });
             }
-            (ptr, pitch_bytes / size)
+            let layout = AllocLayout::new(bytes(rows, pitch_bytes)?, PITCHED_ROW_ALIGNMENT)?;
+            (resource.allocate(layout, stream)?, pitch_bytes / size, Some(layout))
         };
-        let len = match pitch.checked_mul(rows) {
-            Some(len) => len,
-            None => {
-                if ptr != 0 {
-                    // SAFETY: `ptr` came from cuMemAllocPitch just now and nothing uses it.
-                    let _ = unsafe { ffi::mem_free(ptr) };
-                }
-                return Err(Error::SizeOverflow { count: rows, elem_size: pitch });
-            }
-        };
+        // Cannot overflow: pitch × rows elements are the allocation's bytes divided by the size.
+        let len = pitch * rows;
         Ok(PitchedBuffer {
             ptr,
             pitch,
@@ -177,8 +251,9 @@ impl<T> PitchedBuffer<T> {
             height,
             depth,
             len,
+            layout,
+            resource: resource.clone().into_dyn_resource(),
             order: StreamOrder::new(stream),
-            ctx,
             _marker: PhantomData,
         })
     }
@@ -225,7 +300,12 @@ impl<T> PitchedBuffer<T> {
 
     /// The context of the memory.
     pub fn context(&self) -> &Context {
-        &self.ctx
+        self.resource.context()
+    }
+
+    /// The resource the memory came from and returns to.
+    pub fn resource(&self) -> &Arc<dyn DeviceResource> {
+        &self.resource
     }
 
     /// The stream-order tracker: the stream the array was last used on.
@@ -261,7 +341,9 @@ impl<T> PitchedBuffer<T> {
         // multiple of T's size, hence of its alignment, and the base was checked to be aligned for
         // T at allocation) and initialised (zeroed or
         // AnyBitPattern); the view borrows `self`, and its work goes through `self.order`.
-        Ok(unsafe { DeviceSlice::from_raw_parts(self.row_ptr(row), self.width, &self.order, &self.ctx) })
+        Ok(unsafe {
+            DeviceSlice::from_raw_parts(self.row_ptr(row), self.width, &self.order, self.resource.context())
+        })
     }
 
     /// Row `y` (of slice 0) as an exclusive view of `width` elements.
@@ -273,14 +355,23 @@ impl<T> PitchedBuffer<T> {
     pub fn row_3d_mut(&mut self, z: usize, y: usize) -> Result<DeviceSliceMut<'_, T>> {
         let row = self.row_index(z, y)?;
         // SAFETY: as in `row_3d`; the view borrows `self` exclusively.
-        Ok(unsafe { DeviceSliceMut::from_raw_parts(self.row_ptr(row), self.width, &self.order, &self.ctx) })
+        Ok(unsafe {
+            DeviceSliceMut::from_raw_parts(
+                self.row_ptr(row),
+                self.width,
+                &self.order,
+                self.resource.context(),
+            )
+        })
     }
 
     /// The whole allocation as a side of 2D/3D copies (pitch, row width and rows per slice set, so
     /// that copies cannot reach the row padding).
     pub fn as_pitched(&self) -> Pitched<DeviceSlice<'_, T>> {
         // SAFETY: the range is this whole live allocation, initialised, borrowed with `self`.
-        let all = unsafe { DeviceSlice::from_raw_parts(self.ptr, self.len(), &self.order, &self.ctx) };
+        let all = unsafe {
+            DeviceSlice::from_raw_parts(self.ptr, self.len(), &self.order, self.resource.context())
+        };
         Pitched::new(all, self.pitch.max(1)).with_width(self.width).with_height(self.height)
     }
 
@@ -288,7 +379,8 @@ impl<T> PitchedBuffer<T> {
     pub fn as_pitched_mut(&mut self) -> Pitched<DeviceSliceMut<'_, T>> {
         let (len, pitch, width, height) = (self.len(), self.pitch.max(1), self.width, self.height);
         // SAFETY: as in `as_pitched`; the view borrows `self` exclusively.
-        let all = unsafe { DeviceSliceMut::from_raw_parts(self.ptr, len, &self.order, &self.ctx) };
+        let all =
+            unsafe { DeviceSliceMut::from_raw_parts(self.ptr, len, &self.order, self.resource.context()) };
         Pitched::new(all, pitch).with_width(width).with_height(height)
     }
 
@@ -327,23 +419,19 @@ impl<T> fmt::Debug for PitchedBuffer<T> {
 
 impl<T> Drop for PitchedBuffer<T> {
     fn drop(&mut self) {
-        if self.ptr == 0 {
-            return;
-        }
-        // cuMemFree only *may* synchronise; wait for the work queued on the array ourselves. Every
-        // use went through `order`, which records each stream that may still have work on it.
-        if let Err(e) = self.order.synchronize() {
-            // Freeing memory the device may still read or write would be unsound: leak it instead.
-            tracing::warn!(ptr = self.ptr, error = %e, "waiting for device work on a pitched buffer failed; the memory is leaked");
-            return;
-        }
-        let result = self.ctx.bind().and_then(|()| {
-            // SAFETY: `ptr` came from cuMemAllocPitch and is freed once; the device work queued on
-            // it has completed (synchronised above); no view outlives `self`.
-            unsafe { ffi::mem_free(self.ptr) }
-        });
-        if let Err(e) = result {
-            tracing::warn!(ptr = self.ptr, error = %e, "cuMemFree of a pitched buffer failed; the memory is leaked");
-        }
+        let Some(layout) = self.layout else { return };
+        let stream = match self.order.join() {
+            Ok(stream) => stream,
+            Err(e) => {
+                // No stream is known to follow every use: returning the memory could hand it to
+                // new work while old work still runs. Leak it instead.
+                tracing::warn!(ptr = self.ptr, bytes = layout.bytes, error = %e, "ordering the free of a pitched buffer failed; leaking");
+                return;
+            }
+        };
+        // SAFETY: `ptr` came from `allocate` on this resource with `layout` and is returned once;
+        // every use of it went through `order`, and `stream` is ordered after all of them; no view
+        // outlives `self`.
+        unsafe { self.resource.deallocate(self.ptr, layout, &stream) };
     }
 }

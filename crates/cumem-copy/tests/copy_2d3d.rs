@@ -398,8 +398,9 @@ fn a_pitched_buffer_whose_work_cannot_be_waited_for_is_leaked_not_freed() {
     // Reclaim the leak, so the simulator's leak check at exit stays quiet.
     stream.synchronize().unwrap();
     stream.context().bind().unwrap();
-    // SAFETY: `ptr` is the leaked cuMemAllocPitch allocation: nothing refers to it any more and its
-    // work has completed (synchronised just above).
+    // SAFETY: `ptr` is the leaked allocation, from the driver resource (this binary does not link
+    // the pools), whose 512-byte request the driver served exactly (its addresses are 512-aligned):
+    // nothing refers to it any more and its work has completed (synchronised just above).
     assert_eq!(unsafe { cumem_core::sys::cuMemFree_v2(ptr) }, CUresult::CUDA_SUCCESS);
     assert!(!ctl.live_report().contains_ptr(ptr));
 }
