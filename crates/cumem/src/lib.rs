@@ -17,6 +17,11 @@
 //! # Ok::<(), cumem::Error>(())
 //! ```
 //!
+//! Device buffers allocate from their device's current resource ([`current_resource`]): with the
+//! `pool` feature (the default) that is the caching pool, which `cumem-pool` installs before `main`;
+//! without it, `cuMemAlloc`. `CUMEM_ALLOCATOR=caching|native|driver`, [`set_current_resource`] and
+//! the `_in` constructors choose another; `pool::trim_current` returns cached memory.
+//!
 //! | crate | feature | what |
 //! |---|---|---|
 //! | (the root: every item of [`cumem_core`]) | always | devices, contexts, streams, events, buffers, the resource trait, errors |

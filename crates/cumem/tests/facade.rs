@@ -20,11 +20,16 @@ use cumem::pool::{
     Block, CachingPool, CachingResource, DeviceUpstream, ForeignBlock, Growth, HISTOGRAM_BUCKETS, Histogram,
     HostOrdering, HostUpstream, MemPool, MemPoolOptions, NativePoolResource, PoolConfig, PoolError,
     PoolStats, PoolUsage, ReusePolicy, ScopeCounters, StatisticsResource, TrimReport, Upstream,
-    UpstreamError,
+    UpstreamError, current_caching, trim_current,
 };
 use cumem::prelude::*;
 use cumem::unified::{
     Advice, Attach, Location, MigrationPolicy, PrefetchPlan, RangeAttributes, UnifiedBuffer,
+};
+use cumem::{
+    ALLOCATOR_ENV, AllocatorKind, CurrentResourceGuard, DefaultResourceFactory, IntoDynResource,
+    current_resource, default_allocator, install_default_factory, reset_current_resources,
+    scoped_current_resource, set_current_resource,
 };
 use cumem::{
     AllocLayout, AsDeviceSlice, AsDeviceSliceMut, Capabilities, Chunks, ChunksMut, Context, DRIVER_ALIGNMENT,
