@@ -17,8 +17,12 @@
 //! let a = DeviceBuffer::<u8>::zeroed(&stream, 4096)?;
 //! let first = a.device_ptr();
 //! drop(a);
-//! let b = DeviceBuffer::<u8>::zeroed(&stream, 4096)?; // the same block, from the cache
-//! assert_eq!(b.device_ptr(), first);
+//! let b = DeviceBuffer::<u8>::zeroed(&stream, 4096)?;
+//! // The caching pool, unless CUMEM_ALLOCATOR chose another default.
+//! if let Some(pool) = cumem_pool::current_caching(&device)? {
+//!     assert_eq!(b.device_ptr(), first); // the same block, from the cache
+//!     assert!(pool.stats().reserved_bytes >= 2 << 20);
+//! }
 //! drop(b);
 //! if let Some(report) = cumem_pool::trim_current(&device)? {
 //!     println!("returned {} bytes to the driver", report.released_bytes);
