@@ -77,6 +77,13 @@ pub struct OrderTicket<'a> {
     waited_before: u64,
 }
 
+impl OrderTicket<'_> {
+    /// The stream the ticket orders work on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+}
+
 impl StreamOrder {
     /// Memory first used (allocated) on `stream`, a stream of the memory's device.
     pub fn new(stream: &Stream) -> Self {
