@@ -221,6 +221,13 @@ impl Drop for OrderTicket<'_> {
         // Entries this stream was ordered after, and that nobody recorded again since, are covered
         // by this stream from now on.
         let (stream, waited_before) = (&self.stream, self.waited_before);
+        // The common case, one stream using the memory again: only its generation changes.
+        if let [(only, g)] = inner.users.as_mut_slice()
+            && only == stream
+        {
+            *g = generation;
+            return;
+        }
         inner.users.retain(|(s, g)| s != stream && *g >= waited_before);
         inner.users.push((stream.clone(), generation));
     }
