@@ -134,6 +134,23 @@ fn small_calls(ctx: &Context, stream: &Stream, rows: &mut Vec<Row>) -> Result<()
             || stream.copy_h2d(&host, &mut dev),
         )?,
     );
+    // A bind that asks first and sets only when another context is current (cudarc's way).
+    push(
+        "4 B copy_h2d queued, pinned (raw: cuCtxGetCurrent + cuMemcpyHtoDAsync_v2)",
+        per_call_us(
+            stream,
+            N,
+            || {
+                let mut current = std::ptr::null_mut();
+                // SAFETY: `current` is a valid out-pointer.
+                ok(unsafe { sys::cuCtxGetCurrent(&mut current) }, "cuCtxGetCurrent");
+                // SAFETY: as in `raw!`.
+                ok(unsafe { sys::cuMemcpyHtoDAsync_v2(d, h.cast(), 4, s) }, "HtoDAsync");
+                Ok(())
+            },
+            || stream.copy_h2d(&host, &mut dev),
+        )?,
+    );
     push(
         "4 B copy_d2h queued, pinned (raw: cuMemcpyDtoHAsync_v2)",
         per_call_us(stream, N, raw!("DtoHAsync", sys::cuMemcpyDtoHAsync_v2(b.cast(), d, 4, s)), || {

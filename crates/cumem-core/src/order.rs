@@ -9,6 +9,14 @@
 //! the free — waits for both. [`StreamOrder::join`] gives one stream ordered after all of them,
 //! which is where a buffer returns its memory.
 //!
+//! Waiting for a user costs one `cuEventRecord` of that stream's own marker event and one
+//! `cuStreamWaitEvent`; a stream that is already the only user waits for nothing, so work queued
+//! again and again on one stream makes no ordering call at all.
+//!
+//! Code outside cumem that queues work on device memory (a kernel) uses the door on views and
+//! buffers instead, [`DeviceSlice::on`](crate::DeviceSlice::on) and friends, whose guard holds
+//! a ticket and hands out the raw pointer; tickets are for memory kinds built on this crate.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::{Device, StreamOrder, Stream};

@@ -170,7 +170,9 @@ impl Stream {
         Ok(event)
     }
 
-    /// Orders all future work on `self` after all work queued so far on `other`.
+    /// Orders all future work on `self` after all work queued so far on `other`, through
+    /// `other`'s own marker event (created on first use, recorded again each time; no event is
+    /// created or destroyed per call). Nothing happens when both name the same stream.
     pub fn wait_for(&self, other: &Stream) -> Result<()> {
         if self == other {
             return Ok(());
