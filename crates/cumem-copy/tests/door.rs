@@ -24,7 +24,9 @@ fn ctx() -> cumem_core::Context {
 fn work_queued_through_the_door_orders_later_users_on_other_streams() {
     let ctx = ctx();
     let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
-    let mut buf = DeviceBuffer::<u32>::zeroed(&a, 1024).unwrap();
+    // Made on `b`, so that only the door can tell `b` about the work on `a`.
+    let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
+    b.synchronize().unwrap();
     let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 1024).unwrap();
     let gate = common::hold(&a);
     {
@@ -43,25 +45,28 @@ fn work_queued_through_the_door_orders_later_users_on_other_streams() {
 }
 
 #[test]
-#[parallel]
-fn a_shared_guard_orders_its_stream_after_earlier_writes_and_keeps_the_buffer_readable() {
+#[serial] // holds a gate
+fn a_shared_guard_orders_its_stream_after_earlier_writes() {
     let ctx = ctx();
     let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
     let mut buf = DeviceBuffer::<u32>::zeroed(&a, 256).unwrap();
-    a.fill(&mut buf, 9u32).unwrap();
     let mut out = PinnedBuffer::<u32>::zeroed(&ctx, 256).unwrap();
+    let host = out.as_mut_slice().unwrap().as_mut_ptr();
+    let gate = common::hold(&a);
+    a.fill(&mut buf, 9u32).unwrap(); // held back
     {
         let on = buf.on(&b).unwrap(); // b now waits for the fill on a
         ctx.bind().unwrap();
-        let host = out.as_mut_slice().unwrap().as_mut_ptr();
         // SAFETY: the source is the guard's range, read on the guard's stream; `host` is the pinned
         // buffer, which nothing touches until `b` is synchronised below.
         let code =
             unsafe { sys::cuMemcpyDtoHAsync_v2(host.cast(), on.device_ptr(), on.bytes(), on.stream().raw()) };
         assert_eq!(code, CUresult::CUDA_SUCCESS);
     }
+    let opener = gate.release_after(Duration::from_millis(100));
     b.synchronize().unwrap();
-    assert_eq!(out.as_slice().unwrap(), &[9; 256][..]);
+    opener.join().unwrap();
+    assert_eq!(out.as_slice().unwrap(), &[9; 256][..], "the read on b ran before the fill on a");
     assert_eq!(buf.to_vec().unwrap(), vec![9; 256]);
 }
 
