@@ -12,8 +12,10 @@
 //!   installed (`PATH`, `$CUDA_HOME/bin`, `/usr/local/cuda/bin`), runs memcheck with a full leak
 //!   check on each binary, with API error reports off (the tests provoke driver errors on
 //!   purpose); a binary that makes no CUDA call is skipped, saying so;
-//! - `bench [pool]`: the allocator table (ns per alloc+free and the ratios between allocators,
-//!   measured side by side in one run), in release mode, on the real driver if present.
+//! - `bench [pool | transfer]`: the allocator table (ns per alloc+free and the ratios between
+//!   allocators) or the transfer table (copies, memsets and allocation paths against the same raw
+//!   driver calls), each measured side by side in one run, in release mode, on the real driver if
+//!   present.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
@@ -28,7 +30,7 @@ fn main() -> ExitCode {
         "gpu-test" => gpu_test(),
         "bench" => bench(args.get(1).map(String::as_str).unwrap_or("pool")),
         _ => {
-            eprintln!("usage: cargo xtask <ci | test | gpu-test | bench [pool]>");
+            eprintln!("usage: cargo xtask <ci | test | gpu-test | bench [pool | transfer]>");
             return if task == "help" { ExitCode::SUCCESS } else { ExitCode::FAILURE };
         }
     };
@@ -132,7 +134,11 @@ fn bench(which: &str) -> Result {
             "pool benchmark table",
             cargo().args(["run", "--release", "--locked", "-p", "cumem-benches", "--bin", "pool-table"]),
         ),
-        other => Err(format!("unknown benchmark {other:?} (available: pool)")),
+        "transfer" => run(
+            "transfer benchmark table",
+            cargo().args(["run", "--release", "--locked", "-p", "cumem-benches", "--bin", "transfer-table"]),
+        ),
+        other => Err(format!("unknown benchmark {other:?} (available: pool, transfer)")),
     }
 }
 

@@ -36,12 +36,13 @@ pub fn copy_h2d<T: NoUninit>(src: &[T], dst: &mut impl AsDeviceSliceMut<T>) -> R
     if dst.bytes() == 0 {
         return Ok(());
     }
-    let ctx = dst.context();
-    let _ticket = dst.order().use_on(&Stream::legacy(ctx))?;
-    blocking_host_copy(ctx, src.as_ptr().cast(), || {
+    let ctx = dst.context().clone();
+    let mut dst = dst;
+    let on = dst.on(&Stream::legacy(&ctx))?;
+    blocking_host_copy(&ctx, src.as_ptr().cast(), || {
         // SAFETY: `src` is initialised (NoUninit) and valid for `bytes` bytes; `dst` is device
-        // memory of exactly that size, exclusively borrowed.
-        unsafe { ffi::htod(dst.device_ptr(), src.as_ptr().cast(), dst.bytes()) }
+        // memory of exactly that size, exclusively borrowed, ordered on the legacy stream.
+        unsafe { ffi::htod(on.device_ptr(), src.as_ptr().cast(), on.bytes()) }
     })
 }
 
@@ -53,11 +54,12 @@ pub fn copy_d2h<T: AnyBitPattern>(src: &impl AsDeviceSlice<T>, dst: &mut [T]) ->
         return Ok(());
     }
     let ctx = src.context();
-    let _ticket = src.order().use_on(&Stream::legacy(ctx))?;
+    let on = src.on(&Stream::legacy(ctx))?;
     blocking_host_copy(ctx, dst.as_ptr().cast(), || {
         // SAFETY: `dst` is valid for `bytes` bytes of writes and any bytes are a valid T; the copy
-        // is complete when `blocking_host_copy` returns; `src` is device memory of that size.
-        unsafe { ffi::dtoh(dst.as_mut_ptr().cast(), src.device_ptr(), src.bytes()) }
+        // is complete when `blocking_host_copy` returns; `src` is device memory of that size,
+        // ordered on the legacy stream.
+        unsafe { ffi::dtoh(dst.as_mut_ptr().cast(), on.device_ptr(), on.bytes()) }
     })
 }
 
@@ -70,11 +72,13 @@ pub fn copy_d2d<T>(src: &impl AsDeviceSlice<T>, dst: &mut impl AsDeviceSliceMut<
     if dst.bytes() == 0 {
         return Ok(());
     }
-    let legacy = Stream::legacy(dst.context());
-    let _ticket = src.order().use_on(&legacy)?;
-    let _ticket = dst.order().use_on(&legacy)?;
-    dst.context().bind()?;
-    // SAFETY: both ranges are device memory of `bytes` bytes on the same device; `dst` is
-    // exclusively borrowed, so it does not overlap `src`.
-    unsafe { ffi::dtod(dst.device_ptr(), src.device_ptr(), dst.bytes()) }
+    let ctx = dst.context().clone();
+    let legacy = Stream::legacy(&ctx);
+    let from = src.on(&legacy)?;
+    let mut dst = dst;
+    let to = dst.on(&legacy)?;
+    ctx.bind()?;
+    // SAFETY: both ranges are device memory of `bytes` bytes on the same device, ordered on the
+    // legacy stream; `dst` is exclusively borrowed, so it does not overlap `src`.
+    unsafe { ffi::dtod(to.device_ptr(), from.device_ptr(), to.bytes()) }
 }

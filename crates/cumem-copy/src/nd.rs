@@ -272,21 +272,21 @@ pub(crate) fn fill_2d_on<T: Pod>(
     let g = crate::region::sealed::Dst::<T>::geometry(dst);
     let b = Copy2D::new(rect.width, rect.height).as_3d();
     check_side(g, Origin { x: rect.x, y: rect.y, z: 0 }, &b, false)?;
-    let view = dst.view_mut();
+    let mut view = dst.view_mut();
     validate::on_stream_device(stream, view.context())?;
     let size = size_of::<T>();
     let pitch_bytes = bytes(g.pitch, size)?;
     let start = bytes(rect.y, pitch_bytes)?
         .checked_add(bytes(rect.x, size)?)
         .ok_or(Error::SizeOverflow { count: rect.y, elem_size: pitch_bytes })?;
-    let _ticket = view.order().use_on(stream)?;
+    let on = view.on(stream)?;
     stream.context().bind()?;
     // SAFETY: the rectangle was checked to lie inside the view (rows of `width` elements from
     // `start`, `pitch_bytes` apart); the view is exclusively borrowed device memory ordered on
     // `stream`; its address and the pitch are multiples of T's size, which is the memset width.
     unsafe {
         ffi::memset_2d_async(
-            view.device_ptr() + start as u64,
+            on.device_ptr() + start as u64,
             pitch_bytes,
             width,
             rect.width,

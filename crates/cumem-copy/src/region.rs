@@ -22,7 +22,7 @@
 
 use std::ffi::c_void;
 
-use cumem_core::{Context, DeviceSlice, DeviceSliceMut, HostMemory, Result, Stream};
+use cumem_core::{AsDeviceSlice, Context, DeviceSlice, DeviceSliceMut, HostMemory, Result, Stream};
 use cumem_sys::sys::CUdeviceptr;
 
 use crate::extent::Geometry;
@@ -234,8 +234,8 @@ macro_rules! device_source {
                 Some(self.mem.context())
             }
             unsafe fn with_read<R>(&self, stream: &Stream, f: impl FnOnce(Mem) -> Result<R>) -> Result<R> {
-                let _ticket = self.mem.order().use_on(stream)?;
-                f(Mem::Device(self.mem.device_ptr()))
+                let on = self.mem.as_device_slice().on(stream)?;
+                f(Mem::Device(on.device_ptr()))
             }
         }
         impl<T> CopySrc<T> for Pitched<$view<'_, T>> {}
@@ -254,8 +254,8 @@ impl<T> sealed::Dst<T> for Pitched<DeviceSliceMut<'_, T>> {
         Some(self.mem.context())
     }
     unsafe fn with_write<R>(&mut self, stream: &Stream, f: impl FnOnce(Mem) -> Result<R>) -> Result<R> {
-        let _ticket = self.mem.order().use_on(stream)?;
-        f(Mem::Device(self.mem.device_ptr()))
+        let on = self.mem.on(stream)?;
+        f(Mem::Device(on.device_ptr()))
     }
 }
 impl<T> CopyDst<T> for Pitched<DeviceSliceMut<'_, T>> {}

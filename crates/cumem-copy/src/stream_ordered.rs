@@ -103,9 +103,10 @@ impl StreamCopy for Stream {
         if dst.bytes() == 0 {
             return Ok(());
         }
-        let _ticket = dst.order().use_on(self)?;
+        let mut dst = dst;
+        let on = dst.on(self)?;
         self.context().bind()?;
-        let (to, bytes) = (dst.device_ptr(), dst.bytes());
+        let (to, bytes) = (on.device_ptr(), on.bytes());
         let enqueue = |from: *const T, _| {
             // SAFETY: `from` is page-locked memory of `bytes` bytes kept alive and unwritten until
             // the copy completes; `to` is exclusively borrowed device memory, ordered on `self`.
@@ -127,9 +128,9 @@ impl StreamCopy for Stream {
         if src.bytes() == 0 {
             return Ok(());
         }
-        let _ticket = src.order().use_on(self)?;
+        let on = src.on(self)?;
         self.context().bind()?;
-        let (from, bytes) = (src.device_ptr(), src.bytes());
+        let (from, bytes) = (on.device_ptr(), on.bytes());
         let enqueue = |to: *mut T, _| {
             // SAFETY: `to` is page-locked memory of `bytes` bytes that the host will not touch
             // until the copy completes; `from` is device memory ordered on `self`.
@@ -148,12 +149,13 @@ impl StreamCopy for Stream {
         if dst.bytes() == 0 {
             return Ok(());
         }
-        let _ticket = src.order().use_on(self)?;
-        let _ticket = dst.order().use_on(self)?;
+        let from = src.on(self)?;
+        let mut dst = dst;
+        let to = dst.on(self)?;
         self.context().bind()?;
         // SAFETY: both ranges are device memory of `bytes` bytes, ordered on `self`; `dst` is
         // exclusively borrowed, so the ranges do not overlap.
-        unsafe { ffi::dtod_async(dst.device_ptr(), src.device_ptr(), dst.bytes(), self.raw()) }
+        unsafe { ffi::dtod_async(to.device_ptr(), from.device_ptr(), to.bytes(), self.raw()) }
     }
 
     fn fill<T: Pod>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: T) -> Result<()> {
@@ -232,9 +234,10 @@ fn memset<T: AnyBitPattern>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>,
             align: width as u64,
         });
     }
-    let _ticket = dst.order().use_on(stream)?;
+    let mut dst = dst;
+    let on = dst.on(stream)?;
     stream.context().bind()?;
     // SAFETY: the range is exclusively borrowed device memory of `bytes` bytes, aligned to the
     // width (checked above), ordered on `stream`.
-    unsafe { ffi::memset_async(dst.device_ptr(), value, dst.bytes() / width, stream.raw()) }
+    unsafe { ffi::memset_async(on.device_ptr(), value, on.bytes() / width, stream.raw()) }
 }

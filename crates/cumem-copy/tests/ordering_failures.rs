@@ -1,6 +1,6 @@
 //! Ordering under concurrency and failure: two threads using disjoint halves of one buffer on two
-//! streams are both waited for, and a copy whose completion event cannot be recorded is waited for
-//! another way.
+//! streams are both waited for, and a copy whose ordering marker cannot be recorded is refused
+//! before anything is queued.
 //!
 //! The gated tests are `#[serial]` and the others `#[parallel]`: see `common` for why.
 
@@ -57,25 +57,31 @@ fn host_access_waits_for_both_halves_written_on_two_threads() {
 
 #[test]
 #[parallel]
-fn a_copy_whose_event_cannot_be_recorded_is_waited_for_by_synchronising() {
+fn a_copy_whose_ordering_marker_cannot_be_recorded_is_refused_before_anything_is_queued() {
     let ctx = ctx();
     let Some(ctl) = testing::sim_control() else { return };
     let s = Stream::non_blocking(&ctx).unwrap();
     let dev = DeviceBuffer::from_slice(&s, &[7u32; 4096]).unwrap();
     let mut host = PinnedBuffer::<u32>::zeroed(&ctx, 4096).unwrap();
-    // The first event record orders `s` after the upload (on the legacy stream); the second, after
-    // the queued download, fails: the library must still not hand out the host memory before the
-    // copy has landed.
+    // The upload ran on the legacy stream: the download on `s` must first wait for it, through a
+    // marker recorded on the legacy stream. When that record fails, nothing may be queued (the
+    // download would race the upload) and the error must say so.
     let rule = ctl.inject_fault(FaultRule {
         function: "cuEventRecord".into(),
-        nth: 2,
+        nth: 1,
         code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
         times: 1,
         this_thread_only: true,
     });
     let queued = s.copy_d2h(&dev, &mut host);
     ctl.remove_fault(rule);
-    queued.unwrap();
+    assert!(
+        matches!(queued, Err(cumem_core::Error::Cuda { code: CUresult::CUDA_ERROR_LAUNCH_FAILED, .. })),
+        "{queued:?}"
+    );
+    assert_eq!(host.as_slice().unwrap(), &[0; 4096][..], "a copy was queued without its ordering");
+    // Nothing was lost: the same copy queued again is ordered and lands.
+    s.copy_d2h(&dev, &mut host).unwrap();
     assert_eq!(host.as_slice().unwrap(), &[7; 4096][..]);
 }
 

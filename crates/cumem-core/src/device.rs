@@ -85,9 +85,22 @@ impl Device {
         Ok(usize::try_from(self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?).unwrap_or(0))
     }
 
-    /// What this device supports, read from its attributes.
+    /// What this device supports, read from its attributes once per process (attributes do not
+    /// change while a driver is loaded), so that checking a capability costs no driver call.
     pub fn capabilities(&self) -> Result<Capabilities> {
-        Capabilities::query(*self)
+        static CACHE: Mutex<Vec<Option<Capabilities>>> = Mutex::new(Vec::new());
+        let i = self.ordinal();
+        if let Some(Some(caps)) = CACHE.lock().get(i) {
+            return Ok(*caps);
+        }
+        // Read outside the lock: a racing thread reads the same values.
+        let caps = Capabilities::query(*self)?;
+        let mut cache = CACHE.lock();
+        if cache.len() <= i {
+            cache.resize(i + 1, None);
+        }
+        cache[i] = Some(caps);
+        Ok(caps)
     }
 
     /// This device's primary context.

@@ -6,9 +6,14 @@
 //! host can wait for exactly what matters before touching the memory: reading waits for pending
 //! device writes, writing and freeing wait for everything. Work is tracked in one of two ways:
 //!
-//! - **events** (the default): each queued operation records an event after itself, and host access
-//!   synchronises those events — precise and cheap, for memory that the device only reaches through
-//!   the [`HostMemory`] hooks ([`PinnedBuffer`](crate::PinnedBuffer), `HostRegistered`);
+//! - **streams** (the default), for memory that the device only reaches through the [`HostMemory`]
+//!   hooks ([`PinnedBuffer`](crate::PinnedBuffer), `HostRegistered`): the tracker remembers the
+//!   stream of the last write and the streams of the reads since, nothing more (no event is
+//!   recorded after a copy, so queuing one costs the copy's own driver call). Host access
+//!   synchronises those streams, which covers the tracked work and whatever was queued on them
+//!   after it: it may wait longer than the copy, never shorter. Device work on another stream is
+//!   ordered after them with a marker event, recorded at that moment (from the context's free
+//!   list), which is the only time an event is needed;
 //! - **a stream order** ([`HostAccess::with_order`]): for memory that is also handed out as device
 //!   views ([`DeviceSlice`](crate::DeviceSlice)), whose copies only know the view's
 //!   [`StreamOrder`]. Every device use goes through that order, and host access synchronises the
@@ -39,7 +44,7 @@
 
 use parking_lot::Mutex;
 
-use crate::{Error, Event, Result, Stream, StreamOrder};
+use crate::{Result, Stream, StreamOrder};
 
 /// How device work reached the memory through its stream order (views and order-tracked hooks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -54,39 +59,40 @@ enum OrderedUse {
 }
 
 /// Device work still using the memory.
+///
+/// Invariant: every device operation on the memory that the host has not seen complete was queued
+/// on `write` or on a stream in `reads`, or is ordered before work queued there (a later write
+/// waited for it); every read is ordered after the last write before it. Synchronising `write`
+/// therefore ends every device write, and synchronising all of them ends every device use.
 #[derive(Debug, Default)]
 struct Pending {
-    reads: Vec<Event>,
-    write: Option<Event>,
+    /// The streams of device reads since the last write (each at most once; the `Vec` keeps its
+    /// capacity, so tracking the same streams again allocates nothing).
+    reads: Vec<Stream>,
+    /// The stream of the last device write.
+    write: Option<Stream>,
     ordered: OrderedUse,
-    /// Work was queued that could be neither tracked nor waited for: host access must never be
-    /// granted again (and the owner leaks the memory rather than free it).
-    poisoned: Option<Error>,
 }
 
 impl Pending {
-    fn check_usable(&self) -> Result<()> {
-        match &self.poisoned {
-            Some(e) => Err(e.clone()),
-            None => Ok(()),
+    /// Blocks until the last device write has completed.
+    fn wait_write(&mut self) -> Result<()> {
+        if let Some(write) = &self.write {
+            write.synchronize()?;
+            self.write = None;
         }
+        Ok(())
     }
 
-    /// Work was queued on `stream` but no event could be recorded after it: wait for the stream
-    /// instead (which also covers every earlier event the work was ordered after), or poison.
-    fn untracked(&mut self, stream: &Stream, error: Error) -> Result<()> {
-        match stream.synchronize() {
-            Ok(()) => {
-                tracing::warn!(%error, "recording an event after a queued copy failed; synchronised instead");
-                self.reads.retain(|e| !matches!(e.query(), Ok(true)));
-                Ok(())
-            }
-            Err(sync) => {
-                tracing::warn!(%error, %sync, "queued device work on host memory cannot be waited for");
-                self.poisoned = Some(sync.clone());
-                Err(sync)
-            }
+    /// Blocks until every device read and write has completed. A failed wait leaves the streams
+    /// not yet waited for tracked.
+    fn wait_all(&mut self) -> Result<()> {
+        self.wait_write()?;
+        while let Some(read) = self.reads.last() {
+            read.synchronize()?;
+            self.reads.pop();
         }
+        Ok(())
     }
 }
 
@@ -103,7 +109,7 @@ pub struct HostAccess {
 }
 
 impl HostAccess {
-    /// A tracker that records an event after each queued operation.
+    /// A tracker that remembers the streams of queued operations.
     pub fn new() -> Self {
         HostAccess::default()
     }
@@ -143,7 +149,6 @@ impl HostAccess {
     pub fn read_scoped<R>(&self, read: impl FnOnce() -> R) -> Result<R> {
         match &self.order {
             Some(order) if self.exclusive => {
-                self.pending.lock().check_usable()?;
                 // Held until `read` returns or unwinds; never created if the exclusion was refused.
                 let _scope = order.exclude_device(false)?;
                 Ok(read())
@@ -198,7 +203,6 @@ impl HostAccess {
         if let Some(order) = &self.order
             && self.exclusive
         {
-            self.pending.lock().check_usable()?;
             // Refuse first, then wait (without holding `pending`, which views need): work that
             // slipped in between would otherwise run under the host's borrow.
             order.exclude_device(true)?;
@@ -207,11 +211,7 @@ impl HostAccess {
             return Ok(());
         }
         let mut pending = self.pending.lock();
-        pending.check_usable()?;
-        if let Some(write) = &pending.write {
-            write.synchronize()?;
-            pending.write = None;
-        }
+        pending.wait_write()?;
         if pending.ordered == OrderedUse::Write {
             self.sync_order()?;
             // Every write queued so far is done. Shared views may still be alive and queue reads
@@ -225,15 +225,7 @@ impl HostAccess {
     /// Blocks until no device work uses the memory.
     pub fn wait_idle(&self) -> Result<()> {
         let mut pending = self.pending.lock();
-        pending.check_usable()?;
-        if let Some(write) = &pending.write {
-            write.synchronize()?;
-            pending.write = None;
-        }
-        while let Some(read) = pending.reads.last() {
-            read.synchronize()?;
-            pending.reads.pop();
-        }
+        pending.wait_all()?;
         if pending.ordered != OrderedUse::None {
             self.sync_order()?;
             // As in `wait_writes`: a live shared view may still queue reads.
@@ -272,18 +264,12 @@ impl HostAccess {
             pending.ordered = pending.ordered.max(OrderedUse::Read);
             return Ok(out);
         }
-        pending.check_usable()?;
         if let Some(write) = &pending.write {
-            stream.wait(write)?;
+            stream.wait_for(write)?;
         }
         let out = enqueue(ptr, len)?;
-        match stream.record() {
-            Ok(done) => {
-                // Completed reads need no tracking; keep the list short.
-                pending.reads.retain(|e| !matches!(e.query(), Ok(true)));
-                pending.reads.push(done);
-            }
-            Err(e) => pending.untracked(stream, e)?,
+        if !pending.reads.contains(stream) {
+            pending.reads.push(stream.clone());
         }
         Ok(out)
     }
@@ -312,22 +298,19 @@ impl HostAccess {
             pending.ordered = OrderedUse::Write;
             return Ok(out);
         }
-        pending.check_usable()?;
-        // Wait for everything before forgetting anything: a failed wait must leave the events tracked.
+        // Wait for everything before forgetting anything: a failed wait leaves the streams tracked.
         if let Some(write) = &pending.write {
-            stream.wait(write)?;
+            stream.wait_for(write)?;
         }
         for read in &pending.reads {
-            stream.wait(read)?;
+            stream.wait_for(read)?;
         }
         let out = enqueue(ptr, len)?;
-        match stream.record() {
-            Ok(done) => {
-                // `done` follows the waits above, so it covers every earlier read and write.
-                pending.reads.clear();
-                pending.write = Some(done);
-            }
-            Err(e) => pending.untracked(stream, e)?,
+        // The work on `stream` is ordered after every earlier read and write (the waits above),
+        // so `stream` alone stands for all of them from now on.
+        pending.reads.clear();
+        if pending.write.as_ref() != Some(stream) {
+            pending.write = Some(stream.clone());
         }
         Ok(out)
     }

@@ -31,6 +31,7 @@ mod dyn_resource;
 mod event;
 mod ffi;
 mod host_access;
+mod marker;
 mod order;
 mod pageable;
 mod resource;
@@ -41,7 +42,8 @@ pub use buffer::mapped::MappedBuffer;
 pub use buffer::pinned::{PinnedBuffer, PinnedFlags};
 pub use buffer::registered::{HostRegistered, RegisterFlags};
 pub use buffer::view::{
-    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, resolve_range,
+    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, OnStream, OnStreamMut,
+    resolve_range,
 };
 pub use capabilities::Capabilities;
 pub use context::{Context, MemInfo};

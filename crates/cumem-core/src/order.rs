@@ -9,6 +9,14 @@
 //! the free — waits for both. [`StreamOrder::join`] gives one stream ordered after all of them,
 //! which is where a buffer returns its memory.
 //!
+//! Waiting for a user costs one `cuEventRecord` of that stream's own marker event and one
+//! `cuStreamWaitEvent`; a stream that is already the only user waits for nothing, so work queued
+//! again and again on one stream makes no ordering call at all.
+//!
+//! Code outside cumem that queues work on device memory (a kernel) uses the door on views and
+//! buffers instead, [`DeviceSlice::on`](crate::DeviceSlice::on) and friends, whose guard holds
+//! a ticket and hands out the raw pointer; tickets are for memory kinds built on this crate.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::{Device, StreamOrder, Stream};
@@ -75,6 +83,13 @@ pub struct OrderTicket<'a> {
     /// Every entry recorded before this generation was waited for by `use_on` (generations only
     /// grow, and an entry recorded again gets a new one), so this is all the ticket must remember.
     waited_before: u64,
+}
+
+impl OrderTicket<'_> {
+    /// The stream the ticket orders work on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
 }
 
 impl StreamOrder {
@@ -214,6 +229,13 @@ impl Drop for OrderTicket<'_> {
         // Entries this stream was ordered after, and that nobody recorded again since, are covered
         // by this stream from now on.
         let (stream, waited_before) = (&self.stream, self.waited_before);
+        // The common case, one stream using the memory again: only its generation changes.
+        if let [(only, g)] = inner.users.as_mut_slice()
+            && only == stream
+        {
+            *g = generation;
+            return;
+        }
         inner.users.retain(|(s, g)| s != stream && *g >= waited_before);
         inner.users.push((stream.clone(), generation));
     }

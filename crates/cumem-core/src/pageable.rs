@@ -23,8 +23,6 @@
 
 use std::ffi::c_void;
 
-use cumem_sys::sys::CUdevice_attribute;
-
 use crate::{Context, Device, Error, Feature, Result, Stream, ffi};
 
 /// Runs `copy`, a blocking copy in `ctx` (on its legacy stream) whose host side is the plain
@@ -49,7 +47,7 @@ pub fn blocking_host_copy<R>(
     let memory_device = ffi::pointer_device_ordinal(host as usize as u64)?;
     for ordinal in [memory_device, ctx.device().ordinal() as i32] {
         let device = Device::get(usize::try_from(ordinal).unwrap_or(usize::MAX))?;
-        if device.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)? == 0 {
+        if !device.capabilities()?.concurrent_managed_access {
             return Err(Error::NotSupported {
                 feature: Feature::ConcurrentManagedAccess,
                 device: Some(ordinal),

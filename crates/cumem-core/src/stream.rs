@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use cumem_sys::sys::{CUstream, CUstream_flags};
 
+use crate::marker::Marker;
 use crate::{Context, Event, Result, ffi};
 
 /// Options for [`Stream::with_options`].
@@ -47,6 +48,8 @@ struct Inner {
     options: StreamOptions,
     /// See [`Stream::id`].
     id: u64,
+    /// What other streams wait on (see `marker`).
+    marker: Marker,
 }
 
 /// The next [`Stream::id`] of a created stream (0 is the legacy streams').
@@ -78,7 +81,14 @@ impl Stream {
         let raw = ffi::stream_create(flags, options.priority)?;
         let id = NEXT_STREAM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Stream {
-            inner: Arc::new(Inner { ctx: ctx.clone(), raw: RawStream(raw), owned: true, options, id }),
+            inner: Arc::new(Inner {
+                ctx: ctx.clone(),
+                raw: RawStream(raw),
+                owned: true,
+                options,
+                id,
+                marker: Marker::default(),
+            }),
         })
     }
 
@@ -91,6 +101,7 @@ impl Stream {
                 owned: false,
                 options: StreamOptions::default(),
                 id: 0,
+                marker: Marker::default(),
             }),
         }
     }
@@ -159,13 +170,21 @@ impl Stream {
         Ok(event)
     }
 
-    /// Orders all future work on `self` after all work queued so far on `other`.
+    /// Orders all future work on `self` after all work queued so far on `other`, through
+    /// `other`'s own marker event (created on first use, recorded again each time; no event is
+    /// created or destroyed per call). Nothing happens when both name the same stream.
     pub fn wait_for(&self, other: &Stream) -> Result<()> {
         if self == other {
             return Ok(());
         }
-        let event = other.record()?;
-        self.wait(&event)
+        // `other`'s own marker: once the wait is queued it may be recorded again.
+        other.inner.ctx.bind()?;
+        other.inner.marker.with_recorded(other.raw(), |event| {
+            if self.inner.ctx != other.inner.ctx {
+                self.inner.ctx.bind()?;
+            }
+            ffi::stream_wait_event(self.raw(), event)
+        })
     }
 }
 
@@ -190,6 +209,7 @@ impl fmt::Debug for Stream {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.marker.destroy(&self.ctx);
         if !self.owned {
             return;
         }

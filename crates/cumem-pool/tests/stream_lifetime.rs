@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cumem_copy::StreamCopy;
-use cumem_core::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
+use cumem_core::{Context, Device, DeviceBuffer, Stream, sys};
 use cumem_pool::{CachingResource, PoolConfig};
 use cumem_sys::testing;
 
@@ -43,8 +43,11 @@ fn a_stream_per_request_runs_forever() {
     assert_eq!(pool.stats().upstream_allocations, 1);
     pool.trim().unwrap();
     assert_eq!(live_streams(), before, "the pool keeps dropped streams alive");
+    drop(kept); // with its marker event, made when the download above waited for it
     if let Some(ctl) = testing::sim_control() {
-        assert!(ctl.live_report().events.is_empty(), "{}", ctl.live_report());
+        // The only events left are live streams' marker events (at most one each).
+        let report = ctl.live_report();
+        assert!(report.events.len() <= report.streams.len(), "{report}");
         assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
     }
 }
@@ -58,7 +61,12 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
         Arc::new(CachingResource::with_driver(&ctx, PoolConfig { max_streams: 1, ..PoolConfig::default() }));
     let resource = pool.clone();
     const N: usize = 4096;
-    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, N).unwrap();
+    // Raw pinned memory: a `PinnedBuffer` would keep `a` alive (its tracker remembers the stream of
+    // its pending write), and this test needs `a` gone while its read is still pending.
+    let mut seen_ptr = std::ptr::null_mut();
+    ctx.bind().unwrap();
+    // SAFETY: `seen_ptr` is a valid out-pointer; freed at the end of the test.
+    assert_eq!(unsafe { sys::cuMemAllocHost_v2(&mut seen_ptr, N * 4) }, sys::CUresult::CUDA_SUCCESS);
     let opener;
     let x_addr;
     {
@@ -68,7 +76,13 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
         // Opened from another thread: destroying `a` below may wait for its work (compute-sanitizer
         // makes cuStreamDestroy do so), which must not wait for this thread to open the gate.
         opener = gate::hold(&a).release_after(Duration::from_millis(300));
-        a.copy_d2h(&x, &mut seen).unwrap(); // pending on a, behind the gate
+        {
+            let on = x.on(&a).unwrap();
+            // SAFETY: `seen_ptr` holds N u32s and is read only after the context is synchronised;
+            // the source is the guard's range, read on the guard's stream.
+            let code = unsafe { sys::cuMemcpyDtoHAsync_v2(seen_ptr, on.device_ptr(), on.bytes(), a.raw()) };
+            assert_eq!(code, sys::CUresult::CUDA_SUCCESS); // pending on a, behind the gate
+        }
         x_addr = x.device_ptr();
         drop(x);
         // `a` is dropped with its read still pending (the driver lets the work finish).
@@ -79,7 +93,12 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
     b.fill(&mut y, 0xBBBB_BBBB).unwrap();
     opener.join().unwrap();
     b.synchronize().unwrap();
-    let seen = seen.to_vec().unwrap();
+    ctx.synchronize().unwrap(); // a's read, on a stream no longer alive
+    // SAFETY: the allocation holds N u32s, written by the completed copy; freed just below.
+    let seen = unsafe { std::slice::from_raw_parts(seen_ptr.cast::<u32>(), N) }.to_vec();
+    ctx.bind().unwrap();
+    // SAFETY: allocated above by cuMemAllocHost; no work uses it any more.
+    assert_eq!(unsafe { sys::cuMemFreeHost(seen_ptr) }, sys::CUresult::CUDA_SUCCESS);
     assert!(seen.iter().all(|&v| v == 0xAAAA_AAAA), "a read {:#x} instead of its own data", seen[0]);
     drop(y);
     pool.trim().unwrap();
@@ -164,7 +183,12 @@ fn a_new_stream_under_a_reused_handle_waits_for_the_old_stream_s_work() {
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let resource = pool.clone();
     const N: usize = 4096;
-    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, N).unwrap();
+    // Raw pinned memory: a `PinnedBuffer` would keep `a` alive (its tracker remembers the stream of
+    // its pending write), and this test needs `a` gone while its read is still pending.
+    let mut seen_ptr = std::ptr::null_mut();
+    ctx.bind().unwrap();
+    // SAFETY: `seen_ptr` is a valid out-pointer; freed at the end of the test.
+    assert_eq!(unsafe { sys::cuMemAllocHost_v2(&mut seen_ptr, N * 4) }, sys::CUresult::CUDA_SUCCESS);
     let opener;
     let old_handle;
     {
@@ -173,7 +197,13 @@ fn a_new_stream_under_a_reused_handle_waits_for_the_old_stream_s_work() {
         a.fill(&mut x, 0xAAAA_AAAA).unwrap();
         // Opened from another thread, as in the test above.
         opener = gate::hold(&a).release_after(Duration::from_millis(300));
-        a.copy_d2h(&x, &mut seen).unwrap(); // pending on a, behind the gate
+        {
+            let on = x.on(&a).unwrap();
+            // SAFETY: `seen_ptr` holds N u32s and is read only after the context is synchronised;
+            // the source is the guard's range, read on the guard's stream.
+            let code = unsafe { sys::cuMemcpyDtoHAsync_v2(seen_ptr, on.device_ptr(), on.bytes(), a.raw()) };
+            assert_eq!(code, sys::CUresult::CUDA_SUCCESS); // pending on a, behind the gate
+        }
         drop(x);
         old_handle = a.raw() as u64;
         pool.pool().ordering().retire(StreamKey::of(&a)).unwrap();
@@ -185,7 +215,12 @@ fn a_new_stream_under_a_reused_handle_waits_for_the_old_stream_s_work() {
     b.fill(&mut y, 0xBBBB_BBBB).unwrap();
     opener.join().unwrap(); // b had time to run, if nothing held it back
     b.synchronize().unwrap();
-    let seen = seen.to_vec().unwrap();
+    ctx.synchronize().unwrap(); // a's read, on a stream no longer alive
+    // SAFETY: the allocation holds N u32s, written by the completed copy; freed just below.
+    let seen = unsafe { std::slice::from_raw_parts(seen_ptr.cast::<u32>(), N) }.to_vec();
+    ctx.bind().unwrap();
+    // SAFETY: allocated above by cuMemAllocHost; no work uses it any more.
+    assert_eq!(unsafe { sys::cuMemFreeHost(seen_ptr) }, sys::CUresult::CUDA_SUCCESS);
     let foreign = seen.iter().filter(|&&v| v != 0xAAAA_AAAA).count();
     assert_eq!(
         foreign, 0,

@@ -199,8 +199,8 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// The managed address of the first element, valid on the host and on devices (0 when nothing
-    /// is allocated). Work that uses it outside cumem's copies must be ordered through a view's
-    /// order first (`as_device_slice_mut().order().use_on(&stream)`).
+    /// is allocated). Work that uses it outside cumem's copies must go through the door instead
+    /// (`as_device_slice_mut().on(&stream)`, whose guard hands out the pointer).
     pub fn device_ptr(&self) -> CUdeviceptr {
         self.ptr
     }

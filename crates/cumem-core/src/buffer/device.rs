@@ -28,7 +28,8 @@ use bytemuck::{AnyBitPattern, NoUninit, Pod, Zeroable};
 use cumem_sys::sys::CUdeviceptr;
 
 use crate::buffer::view::{
-    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, cast_parts,
+    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, OnStream, OnStreamMut,
+    cast_parts,
 };
 use crate::{AllocLayout, Context, DeviceResource, Error, Feature, Result, Stream, StreamOrder, ffi};
 
@@ -345,6 +346,18 @@ impl<T> DeviceBuffer<T> {
     /// An exclusive view of the whole buffer.
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
         DeviceSliceMut::from_parts(self.ptr, self.len, &self.order, self.resource.context())
+    }
+
+    /// The whole buffer on `stream`, for device work that only reads it and that cumem does not
+    /// queue itself; see [`DeviceSlice::on`].
+    pub fn on(&self, stream: &Stream) -> Result<OnStream<'_, T>> {
+        self.as_slice().on(stream)
+    }
+
+    /// The whole buffer on `stream`, for device work that writes it and that cumem does not
+    /// queue itself; see [`DeviceSliceMut::on`].
+    pub fn on_mut(&mut self, stream: &Stream) -> Result<OnStreamMut<'_, T>> {
+        self.as_mut_slice().into_on(stream)
     }
 
     /// A shared view of `range`.

@@ -120,8 +120,9 @@ impl<T> MappedBuffer<T> {
     }
 
     /// Device address of the first element (0 when nothing is allocated). Work that uses it
-    /// outside cumem's copies (a kernel) must be ordered through a view's order first
-    /// (`as_device_slice_mut().order().use_on(&stream)`), so that host access waits for it.
+    /// outside cumem's copies (a kernel) must go through the door instead
+    /// (`as_device_slice_mut().on(&stream)`, whose guard hands out the pointer), so that host
+    /// access waits for it.
     pub fn device_ptr(&self) -> CUdeviceptr {
         self.device_ptr
     }

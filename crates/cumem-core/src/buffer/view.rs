@@ -3,6 +3,13 @@
 //! Views carry the owning buffer's context and stream-order tracker, so work queued through a view
 //! is ordered like work on the buffer itself. Out-of-range requests are errors, never panics.
 //!
+//! Device work that cumem does not queue itself (a kernel, another library's call) goes through
+//! one door: [`DeviceSlice::on`] / [`DeviceSliceMut::on`] return a guard holding the raw device
+//! pointer and the stream to queue the work on. Taking the guard orders the stream after the
+//! memory's earlier users; dropping it orders the memory's later users (another stream, host
+//! access, the free) after everything queued on that stream meanwhile. cumem's own copies use the
+//! same door. See `docs/safety.md` for a kernel launched through it.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::{DeviceBuffer, Device, Stream};
@@ -23,7 +30,7 @@ use std::ops::{Bound, RangeBounds};
 use bytemuck::{AnyBitPattern, Pod};
 use cumem_sys::sys::CUdeviceptr;
 
-use crate::{Context, Error, Result, Stream, StreamOrder, ffi};
+use crate::{Context, Error, OrderTicket, Result, Stream, StreamOrder, ffi};
 
 /// A shared view of device memory holding `len` values of `T`.
 pub struct DeviceSlice<'a, T> {
@@ -91,12 +98,14 @@ pub(crate) fn read_to_vec<T: AnyBitPattern>(
     let bytes = len * size_of::<T>();
     if bytes > 0 {
         // Synchronous copies run on the legacy stream and are complete on return.
-        let _ticket = order.use_on(&Stream::legacy(ctx))?;
+        let legacy = Stream::legacy(ctx);
+        let on = DeviceSlice::<T>::from_parts(ptr, len, order, ctx).on(&legacy)?;
         ctx.bind()?;
-        // SAFETY: `out` has capacity for `len` values; the range is inside the view's allocation;
-        // any bytes are a valid `T` (AnyBitPattern); the copy is complete when the call returns.
+        // SAFETY: `out` has capacity for `len` values; the range is the view's, ordered on the
+        // legacy stream by `on`; any bytes are a valid `T` (AnyBitPattern); the copy is complete
+        // when the call returns.
         unsafe {
-            ffi::memcpy_dtoh(out.as_mut_ptr().cast(), ptr, bytes)?;
+            ffi::memcpy_dtoh(out.as_mut_ptr().cast(), on.device_ptr(), bytes)?;
             out.set_len(len);
         }
     } else {
@@ -200,6 +209,35 @@ impl<'a, T> DeviceSlice<'a, T> {
         Ok(Chunks { rest: *self, chunk })
     }
 
+    /// The memory on `stream`, for device work that only reads it and that cumem does not queue
+    /// itself (a kernel, another library): `stream` is ordered after every earlier use of the
+    /// memory now, and every later use is ordered after the work queued on `stream` while the
+    /// guard lives. `stream` must be on the memory's device (`WrongDevice` otherwise).
+    ///
+    /// Device work is refused meanwhile when the host may be reading memory that its device
+    /// cannot share (`NotSupported { feature: ConcurrentManagedAccess }`; see
+    /// [`StreamOrder::use_on`]).
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use cumem_core::{DeviceBuffer, Device, Stream};
+    /// let ctx = Device::get(0)?.context()?;
+    /// let (a, b) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
+    /// let buf = DeviceBuffer::from_slice(&a, &[1u32, 2, 3])?;
+    /// {
+    ///     let on = buf.as_slice().on(&b)?; // b waits for the upload on a
+    ///     let (_ptr, _stream) = (on.device_ptr(), on.stream().raw());
+    ///     // ... queue a kernel reading `_ptr` on `_stream` ...
+    /// } // later users wait for b
+    /// assert_eq!(buf.to_vec()?, [1, 2, 3]);
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn on(&self, stream: &Stream) -> Result<OnStream<'a, T>> {
+        check_stream(self.ctx, stream)?;
+        let ticket = self.order.use_on(stream)?;
+        Ok(OnStream { ptr: self.ptr, len: self.len, ticket, _marker: PhantomData })
+    }
+
     /// Reinterprets the view as values of `U`; the byte length must be a multiple of `U`'s size
     /// and the address aligned for `U`.
     pub fn cast<U: Pod>(&self) -> Result<DeviceSlice<'a, U>>
@@ -232,6 +270,39 @@ impl<'a, T> DeviceSliceMut<'a, T> {
     }
 
     common_view_methods!();
+
+    /// The memory on `stream`, for device work that reads or writes it and that cumem does not
+    /// queue itself: as [`DeviceSlice::on`], with exclusive access while the guard lives.
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use cumem_core::{DeviceBuffer, Device, Stream};
+    /// let ctx = Device::get(0)?.context()?;
+    /// let stream = Stream::non_blocking(&ctx)?;
+    /// let mut buf = DeviceBuffer::<u8>::zeroed(&stream, 64)?;
+    /// let mut view = buf.as_mut_slice();
+    /// let on = view.on(&stream)?;
+    /// // SAFETY: the range is the guard's, and the memset is queued on the guard's stream.
+    /// let code = unsafe {
+    ///     cumem_core::sys::cuMemsetD8Async(on.device_ptr(), 7, on.bytes(), on.stream().raw())
+    /// };
+    /// assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+    /// drop(on); // the buffer's later users are ordered after the memset
+    /// assert_eq!(buf.to_vec()?, [7; 64]);
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn on(&mut self, stream: &Stream) -> Result<OnStreamMut<'_, T>> {
+        check_stream(self.ctx, stream)?;
+        let ticket = self.order.use_on(stream)?;
+        Ok(OnStreamMut { ptr: self.ptr, len: self.len, ticket, _marker: PhantomData })
+    }
+
+    /// Like [`DeviceSliceMut::on`], consuming the view to keep its lifetime.
+    pub fn into_on(self, stream: &Stream) -> Result<OnStreamMut<'a, T>> {
+        check_stream(self.ctx, stream)?;
+        let ticket = self.order.use_on(stream)?;
+        Ok(OnStreamMut { ptr: self.ptr, len: self.len, ticket, _marker: PhantomData })
+    }
 
     /// A shared view of the same memory.
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
@@ -323,6 +394,98 @@ pub(crate) fn cast_parts<T: Pod, U: Pod>(ptr: CUdeviceptr, len: usize) -> Result
         return Err(Error::Misaligned { what: "device address", value: ptr, align: align_of::<U>() as u64 });
     }
     Ok((ptr, bytes / size_of::<U>()))
+}
+
+/// Shared device memory on a stream: the door for device work that reads it and that cumem does
+/// not queue itself (see [`DeviceSlice::on`]).
+///
+/// Queue the work on [`OnStream::stream`] while the guard is alive; the memory's later users are
+/// ordered after it when the guard drops.
+#[must_use = "queue the work while holding the guard; dropping it early loses track of the work"]
+pub struct OnStream<'a, T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    ticket: OrderTicket<'a>,
+    _marker: PhantomData<&'a [T]>,
+}
+
+/// Exclusive device memory on a stream: the door for device work that writes it (see
+/// [`DeviceSliceMut::on`]).
+#[must_use = "queue the work while holding the guard; dropping it early loses track of the work"]
+pub struct OnStreamMut<'a, T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    ticket: OrderTicket<'a>,
+    _marker: PhantomData<&'a mut [T]>,
+}
+
+macro_rules! guard_methods {
+    () => {
+        /// Device address of the first element, for the work queued on [`stream`](Self::stream).
+        pub fn device_ptr(&self) -> CUdeviceptr {
+            self.ptr
+        }
+
+        /// Number of elements.
+        pub fn len(&self) -> usize {
+            self.len
+        }
+
+        /// Whether there are no elements.
+        pub fn is_empty(&self) -> bool {
+            self.len == 0
+        }
+
+        /// Size in bytes.
+        pub fn bytes(&self) -> usize {
+            self.len * size_of::<T>()
+        }
+
+        /// The stream to queue the work on (ordered after the memory's earlier users).
+        pub fn stream(&self) -> &Stream {
+            self.ticket.stream()
+        }
+    };
+}
+
+impl<T> OnStream<'_, T> {
+    guard_methods!();
+}
+
+impl<T> OnStreamMut<'_, T> {
+    guard_methods!();
+}
+
+impl<T> std::fmt::Debug for OnStream<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnStream")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("stream", self.stream())
+            .finish()
+    }
+}
+
+impl<T> std::fmt::Debug for OnStreamMut<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnStreamMut")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("stream", self.stream())
+            .finish()
+    }
+}
+
+/// The memory's device must be the stream's.
+fn check_stream(ctx: &Context, stream: &Stream) -> Result<()> {
+    if stream.context().device() == ctx.device() {
+        Ok(())
+    } else {
+        Err(Error::WrongDevice {
+            expected: ctx.device().ordinal() as i32,
+            actual: stream.context().device().ordinal() as i32,
+        })
+    }
 }
 
 /// Iterator over shared chunks of a view; see [`DeviceSlice::chunks`].

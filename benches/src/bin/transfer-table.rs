@@ -1,0 +1,342 @@
+//! `cargo xtask bench transfer`: cumem's transfers and allocation paths against the same raw
+//! driver calls, side by side in one run, as a markdown table with the ratio of each pair.
+//!
+//! `--quick` sweeps two sizes only; `--small` measures the small queued calls only.
+//!
+//! Runs on the real driver when one is present, else on the simulator (said in the header; the
+//! simulator's GB/s are those of host `memcpy`, so only the ratios mean anything there).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cumem_copy::StreamCopy;
+use cumem_core::{Context, DeviceBuffer, DeviceResource, PinnedBuffer, Result, Stream};
+use cumem_pool::{CachingResource, NativePoolResource, PoolConfig};
+use cumem_sys::sys;
+
+/// Fails loudly on a raw call's error: a benchmark that silently measures failures measures nothing.
+fn ok(code: sys::CUresult, what: &'static str) {
+    assert_eq!(code, sys::CUresult::CUDA_SUCCESS, "{what}");
+}
+
+/// The best of `RUNS` timings of `raw` and of `cumem`, taken in turns (after one warm-up call of
+/// each) so that both see the same load. The minimum, not the median: on a shared machine (the
+/// project's CI machine has 2 cores and other builds) every disturbance only adds time, so the
+/// fastest run is the one closest to the call's own cost, and the ratio of minima is the stable one.
+fn medians(
+    mut raw: impl FnMut() -> Result<Duration>,
+    mut cumem: impl FnMut() -> Result<Duration>,
+) -> Result<(Duration, Duration)> {
+    raw()?;
+    cumem()?;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        a.push(raw()?);
+        b.push(cumem()?);
+    }
+    a.sort();
+    b.sort();
+    Ok((a[0], b[0]))
+}
+
+/// Times `f` once; `f` must leave no work queued that it did not wait for.
+fn timed(f: impl FnOnce() -> Result<()>) -> Result<Duration> {
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed())
+}
+
+/// One table row: what, the raw figure, cumem's figure, and cumem / raw (as time).
+struct Row {
+    what: String,
+    unit: &'static str,
+    raw: f64,
+    cumem: f64,
+    /// Higher is better (bandwidth): the ratio is raw / cumem, so that > 1 means cumem is slower.
+    higher_better: bool,
+}
+
+impl Row {
+    fn ratio(&self) -> f64 {
+        if self.higher_better { self.raw / self.cumem } else { self.cumem / self.raw }
+    }
+}
+
+const RUNS: usize = 15;
+
+/// `n` calls of `call`, then one synchronisation of `stream`, timed.
+fn batch(stream: &Stream, n: u32, call: &mut dyn FnMut() -> Result<()>) -> Result<Duration> {
+    timed(|| {
+        for _ in 0..n {
+            call()?;
+        }
+        stream.synchronize()
+    })
+}
+
+/// µs per queued call of `raw` and of `cumem`: `n` calls queued, then one synchronisation.
+fn per_call_us(
+    stream: &Stream,
+    n: u32,
+    mut raw: impl FnMut() -> Result<()>,
+    mut cumem: impl FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
+    let (a, b) = medians(|| batch(stream, n, &mut raw), || batch(stream, n, &mut cumem))?;
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / f64::from(n);
+    Ok((us(a), us(b)))
+}
+
+/// A raw call that queues or runs one operation; panics on failure (see [`ok`]).
+macro_rules! raw {
+    ($what:literal, $call:expr) => {
+        || {
+            // SAFETY: every raw call in this file names live allocations of the sizes given, on
+            // memory nothing else touches while the stream runs, and each timing ends synchronised.
+            ok(unsafe { $call }, $what);
+            Ok(())
+        }
+    };
+}
+
+fn small_calls(ctx: &Context, stream: &Stream, rows: &mut Vec<Row>) -> Result<()> {
+    const N: u32 = 2_000;
+    let s = stream.raw();
+    let host = PinnedBuffer::<u8>::from_slice(ctx, &[7u8; 4])?;
+    let mut back = PinnedBuffer::<u8>::zeroed(ctx, 4)?;
+    let mut dev = DeviceBuffer::<u8>::zeroed(stream, 4)?;
+    let d = dev.as_slice().device_ptr();
+    let (h, b) = (host.as_ptr(), back.as_mut_slice()?.as_mut_ptr());
+    stream.synchronize()?;
+    let mut push = |what: &str, (raw, cumem): (f64, f64)| {
+        rows.push(Row { what: what.into(), unit: "µs/call", raw, cumem, higher_better: false });
+    };
+    push(
+        "4 B copy_h2d queued, pinned (raw: cuMemcpyHtoDAsync_v2)",
+        per_call_us(stream, N, raw!("HtoDAsync", sys::cuMemcpyHtoDAsync_v2(d, h.cast(), 4, s)), || {
+            stream.copy_h2d(&host, &mut dev)
+        })?,
+    );
+    // What cumem's call is made of: the copy and one cuCtxSetCurrent (every cumem call binds its
+    // context, so that it works from any thread).
+    let raw_ctx = ctx.raw();
+    push(
+        "4 B copy_h2d queued, pinned (raw: cuCtxSetCurrent + cuMemcpyHtoDAsync_v2)",
+        per_call_us(
+            stream,
+            N,
+            || {
+                // SAFETY: as in `raw!`; `raw_ctx` is the retained primary context.
+                ok(unsafe { sys::cuCtxSetCurrent(raw_ctx) }, "cuCtxSetCurrent");
+                // SAFETY: as in `raw!`.
+                ok(unsafe { sys::cuMemcpyHtoDAsync_v2(d, h.cast(), 4, s) }, "HtoDAsync");
+                Ok(())
+            },
+            || stream.copy_h2d(&host, &mut dev),
+        )?,
+    );
+    // A bind that asks first and sets only when another context is current (cudarc's way).
+    push(
+        "4 B copy_h2d queued, pinned (raw: cuCtxGetCurrent + cuMemcpyHtoDAsync_v2)",
+        per_call_us(
+            stream,
+            N,
+            || {
+                let mut current = std::ptr::null_mut();
+                // SAFETY: `current` is a valid out-pointer.
+                ok(unsafe { sys::cuCtxGetCurrent(&mut current) }, "cuCtxGetCurrent");
+                // SAFETY: as in `raw!`.
+                ok(unsafe { sys::cuMemcpyHtoDAsync_v2(d, h.cast(), 4, s) }, "HtoDAsync");
+                Ok(())
+            },
+            || stream.copy_h2d(&host, &mut dev),
+        )?,
+    );
+    push(
+        "4 B copy_d2h queued, pinned (raw: cuMemcpyDtoHAsync_v2)",
+        per_call_us(stream, N, raw!("DtoHAsync", sys::cuMemcpyDtoHAsync_v2(b.cast(), d, 4, s)), || {
+            stream.copy_d2h(&dev, &mut back)
+        })?,
+    );
+    push(
+        "4 B memset_d8 queued (raw: cuMemsetD8Async)",
+        per_call_us(stream, N, raw!("MemsetD8Async", sys::cuMemsetD8Async(d, 1, 4, s)), || {
+            stream.memset_d8(&mut dev, 1)
+        })?,
+    );
+    Ok(())
+}
+
+fn bandwidth(ctx: &Context, stream: &Stream, rows: &mut Vec<Row>, sizes: &[usize]) -> Result<()> {
+    let s = stream.raw();
+    for &bytes in sizes {
+        let reps = ((64usize << 20) / bytes).clamp(2, 64) as u32;
+        let label =
+            if bytes >= 1 << 20 { format!("{} MiB", bytes >> 20) } else { format!("{} KiB", bytes >> 10) };
+        let mut pinned = PinnedBuffer::<u8>::zeroed(ctx, bytes)?;
+        let mut pageable = vec![3u8; bytes];
+        let mut a = DeviceBuffer::<u8>::zeroed(stream, bytes)?;
+        let mut b = DeviceBuffer::<u8>::zeroed(stream, bytes)?;
+        let (pa, pb) = (a.as_slice().device_ptr(), b.as_slice().device_ptr());
+        let hp = pinned.as_mut_slice()?.as_mut_ptr();
+        let src = pageable.clone();
+        let dst = pageable.as_mut_ptr();
+        stream.synchronize()?;
+        let mut push = |what: &str, (raw, cumem): (f64, f64)| {
+            // µs per copy -> GB/s
+            let gbps = |us: f64| bytes as f64 / us / 1e3;
+            rows.push(Row {
+                what: format!("{what} {label}"),
+                unit: "GB/s",
+                raw: gbps(raw),
+                cumem: gbps(cumem),
+                higher_better: true,
+            });
+        };
+        push(
+            "H2D pinned",
+            per_call_us(
+                stream,
+                reps,
+                raw!("HtoD", sys::cuMemcpyHtoDAsync_v2(pa, hp.cast(), bytes, s)),
+                || stream.copy_h2d(&pinned, &mut a),
+            )?,
+        );
+        push(
+            "D2H pinned",
+            per_call_us(
+                stream,
+                reps,
+                raw!("DtoH", sys::cuMemcpyDtoHAsync_v2(hp.cast(), pa, bytes, s)),
+                || stream.copy_d2h(&a, &mut pinned),
+            )?,
+        );
+        push(
+            "D2D",
+            per_call_us(stream, reps, raw!("DtoD", sys::cuMemcpyDtoDAsync_v2(pb, pa, bytes, s)), || {
+                stream.copy_d2d(&a, &mut b)
+            })?,
+        );
+        push(
+            "H2D pageable (blocking)",
+            per_call_us(
+                stream,
+                reps,
+                raw!("HtoD sync", sys::cuMemcpyHtoD_v2(pa, src.as_ptr().cast(), bytes)),
+                || cumem_copy::copy_h2d(&src, &mut a),
+            )?,
+        );
+        push(
+            "D2H pageable (blocking)",
+            per_call_us(
+                stream,
+                reps,
+                raw!("DtoH sync", sys::cuMemcpyDtoH_v2(dst.cast(), pa, bytes)),
+                || {
+                    // SAFETY: `dst` is `pageable`'s buffer, which no other reference uses meanwhile.
+                    let out = unsafe { std::slice::from_raw_parts_mut(dst, bytes) };
+                    cumem_copy::copy_d2h(&a, out)
+                },
+            )?,
+        );
+    }
+    Ok(())
+}
+
+/// Switch here once every device has a current resource: the row then measures
+/// `DeviceBuffer::zeroed(&stream, 4096)` through it.
+fn default_path_buffer(stream: &Stream, _caching: &Arc<dyn DeviceResource>) -> Result<DeviceBuffer<u8>> {
+    DeviceBuffer::<u8>::zeroed(stream, 4096)
+}
+
+fn allocation(ctx: &Context, stream: &Stream, rows: &mut Vec<Row>) -> Result<()> {
+    const N: u32 = 2_000;
+    let layout = cumem_core::AllocLayout::new(4096, 1)?;
+    let caching: Arc<dyn DeviceResource> = Arc::new(CachingResource::with_driver(ctx, PoolConfig::default()));
+    let (raw, cumem) = per_call_us(
+        stream,
+        N,
+        || {
+            let p = caching.allocate(layout, stream)?;
+            // SAFETY: `p` is a fresh 4096-byte allocation usable on `stream`, freed right after.
+            ok(unsafe { sys::cuMemsetD8Async(p, 0, 4096, stream.raw()) }, "cuMemsetD8Async");
+            // SAFETY: `p` came from `caching` with this layout; its only use is queued on `stream`.
+            unsafe { caching.deallocate(p, layout, stream) };
+            Ok(())
+        },
+        || default_path_buffer(stream, &caching).map(drop),
+    )?;
+    rows.push(Row {
+        what: "zeroed(4096) + drop, default path (raw: caching alloc + cuMemsetD8Async + free)".into(),
+        unit: "µs/pair",
+        raw,
+        cumem,
+        higher_better: false,
+    });
+
+    let native = NativePoolResource::default_pool(ctx)?;
+    let pool = native.pool().raw();
+    let (raw, cumem) = per_call_us(
+        stream,
+        N,
+        || {
+            let mut p = 0;
+            // SAFETY: `p` is a valid out-pointer; the allocation is freed on the same stream at once.
+            ok(unsafe { sys::cuMemAllocFromPoolAsync(&mut p, 4096, pool, stream.raw()) }, "AllocFromPool");
+            // SAFETY: `p` was just allocated from the pool on this stream and nothing uses it.
+            ok(unsafe { sys::cuMemFreeAsync(p, stream.raw()) }, "cuMemFreeAsync");
+            Ok(())
+        },
+        || {
+            let p = native.allocate(layout, stream)?;
+            // SAFETY: `p` came from `native` with this layout; nothing uses it.
+            unsafe { native.deallocate(p, layout, stream) };
+            Ok(())
+        },
+    )?;
+    rows.push(Row {
+        what: "NativePoolResource alloc+free 4096 B (raw: cuMemAllocFromPoolAsync + cuMemFreeAsync)".into(),
+        unit: "µs/pair",
+        raw,
+        cumem,
+        higher_better: false,
+    });
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let kind = cumem_sys::driver::init()?;
+    let ctx = cumem_core::Device::get(0)?.context()?;
+    let stream = Stream::non_blocking(&ctx)?;
+    let quick = std::env::args().any(|a| a == "--quick");
+    let simulated = matches!(kind, cumem_sys::driver::DriverKind::Simulator);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("# cumem transfer benchmark\n");
+    println!(
+        "driver: {kind} ({}); device 0: {}; {} cores; load average at start: {}; best of {RUNS} runs of each, taken in turns{}\n",
+        cumem_sys::driver::description().unwrap_or_default(),
+        ctx.device().name()?,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        if simulated { "; GB/s are simulated (host memcpy): only the ratios count" } else { "" },
+    );
+    let mut rows = Vec::new();
+    small_calls(&ctx, &stream, &mut rows)?;
+    if std::env::args().any(|a| a == "--small") {
+        print_table(&rows);
+        return Ok(());
+    }
+    allocation(&ctx, &stream, &mut rows)?;
+    let sizes: &[usize] =
+        if quick { &[4 << 10, 1 << 20] } else { &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20] };
+    bandwidth(&ctx, &stream, &mut rows, sizes)?;
+    print_table(&rows);
+    Ok(())
+}
+
+fn print_table(rows: &[Row]) {
+    println!("| what | unit | raw driver | cumem | cumem / raw (time) |");
+    println!("|---|---|---:|---:|---:|");
+    for r in rows {
+        println!("| {} | {} | {:.3} | {:.3} | {:.3}× |", r.what, r.unit, r.raw, r.cumem, r.ratio());
+    }
+}
