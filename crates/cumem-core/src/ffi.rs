@@ -102,15 +102,6 @@ pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
     check(unsafe { sys::cuMemFree_v2(ptr) }, Ctx::op("cuMemFree_v2"))
 }
 
-/// The base and size of the allocation containing `ptr`.
-pub(crate) fn mem_get_address_range(ptr: CUdeviceptr) -> Result<(CUdeviceptr, usize)> {
-    let (mut base, mut size) = (0, 0);
-    // SAFETY: both are valid out-pointers; the driver only looks `ptr` up.
-    let code = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
-    check(code, Ctx::op("cuMemGetAddressRange_v2"))?;
-    Ok((base, size))
-}
-
 pub(crate) fn mem_host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void> {
     let mut p = std::ptr::null_mut();
     // SAFETY: `p` is a valid out-pointer.

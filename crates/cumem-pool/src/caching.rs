@@ -157,6 +157,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.allocate_slow(arena, g, stream, req)
     }
 
+    /// The pool's id, which its blocks carry.
+    #[inline]
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
     /// Gives `block` back; `stream` is the stream it was last used on (its work up to now is what
     /// must finish before another stream may reuse the memory). It may differ from the stream the
     /// block was allocated on.
