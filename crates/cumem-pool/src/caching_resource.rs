@@ -113,9 +113,6 @@ fn pool_error(e: PoolError, bytes: usize) -> Error {
             value: addr,
             align: crate::SEGMENT_ALIGN as u64,
         },
-        PoolError::TooManyStreams { max } => {
-            Error::LimitExceeded { what: "streams per caching pool", limit: max }
-        }
     }
 }
 
