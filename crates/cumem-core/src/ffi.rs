@@ -61,6 +61,14 @@ pub(crate) fn primary_ctx_release(dev: CUdevice) -> Result<()> {
     check(code, Ctx::op("cuDevicePrimaryCtxRelease_v2").device(dev))
 }
 
+/// The calling thread's current context (NULL when none).
+pub(crate) fn ctx_get_current() -> Result<CUcontext> {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the driver only writes the handle.
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, Ctx::op("cuCtxGetCurrent"))?;
+    Ok(ctx)
+}
+
 pub(crate) fn ctx_set_current(ctx: CUcontext) -> Result<()> {
     // SAFETY: `ctx` is a live context handle owned by a `Context`.
     check(unsafe { sys::cuCtxSetCurrent(ctx) }, Ctx::op("cuCtxSetCurrent"))
