@@ -126,10 +126,10 @@ impl StreamTail {
         }
     }
 
-    /// The retired event, taking it out of the tail (`None` while the stream lives, or when its
-    /// drop synchronised it instead).
-    pub fn take_retired(&self) -> Option<Arc<Event>> {
-        self.state.lock().retired.take()
+    /// The retired event (`None` while the stream lives, or when its drop synchronised it
+    /// instead).
+    pub fn retired(&self) -> Option<Arc<Event>> {
+        self.state.lock().retired.clone()
     }
 
     /// Makes the stream's work queued from now on wait for `event`; nothing when the stream is

@@ -256,7 +256,8 @@ impl Ordering for StreamOrdering {
         let mut streams = self.streams.write();
         let Some(tail) = streams.get(&key) else { return Ok(()) };
         // A live stream (a caller retiring one the program still uses) gets its event now.
-        let event = if tail.is_alive() { tail.after_work()? } else { tail.take_retired() };
+        // Cloned, not taken: a `wait` that looked the tail up before this still finds the event.
+        let event = if tail.is_alive() { tail.after_work()? } else { tail.retired() };
         if let Some(event) = event {
             let mut events = self.retired.lock();
             Self::prune(&mut events);
