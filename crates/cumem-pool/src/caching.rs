@@ -70,8 +70,8 @@ pub struct TrimReport {
 /// upstream only after `ordering.synchronize()` following every free in them.
 ///
 /// # Retired streams
-/// When the ordering reports streams that only it still holds ([`Ordering::orphans`]: the program
-/// dropped them, so nothing new can be queued on them), the pool retires them on slow paths (a new
+/// When the ordering reports streams the program dropped ([`Ordering::orphans`]: nothing new can be
+/// queued on them), the pool retires them on slow paths (a new
 /// stream when the table is full or the number of streams doubled, `trim`, the release threshold,
 /// the ladder): `ordering.retire(S)` makes `wait(T, retired)` cover S's work so far, S's cached
 /// memory moves to the arena of the retired name, and S's arena is reused.

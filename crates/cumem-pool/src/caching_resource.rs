@@ -126,10 +126,12 @@ fn per_thread_refused(stream: &Stream) -> Error {
 }
 
 // SAFETY: the pool hands out non-overlapping ranges of segments it got from the upstream resource
-// (which upholds the contract), aligned as requested; a range freed on stream S is handed to another
-// stream only after that stream waits for S's work (or for the event that stands for it once S is
-// retired), and segments return to the upstream only after every stream and retired stream that
-// used them is synchronised.
+// (which upholds the contract), aligned as requested; `deallocate` rebuilds the block from the
+// token `allocate` returned, which the caller passes back unchanged with the same layout (its item
+// 1), so it frees exactly the range handed out. A range freed on stream S is handed to another
+// stream only after that stream waits for an event after S's work (recorded on S then, or the one
+// S's drop recorded), and segments return to the upstream only after every named stream and every
+// retired stream's event is synchronised.
 unsafe impl DeviceResource for CachingResource {
     fn context(&self) -> &Context {
         self.ordering.context()
