@@ -146,6 +146,23 @@ pub fn resource_many_live(
     }
 }
 
+/// The raw driver calls [`NativePoolResource`](cumem_pool::NativePoolResource) makes:
+/// `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` of one size on one stream, `iters` times, with the
+/// pool's context already current (the caller binds it).
+pub fn raw_pool_fast_path(pool: &cumem_pool::MemPool, stream: &Stream, iters: u64, size: usize) {
+    use cumem_core::sys;
+    let (raw_pool, raw_stream) = (pool.raw(), stream.raw());
+    for _ in 0..iters {
+        let mut ptr = 0;
+        // SAFETY: valid out-pointer, live pool and stream handles of the current context.
+        let code = unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, black_box(size), raw_pool, raw_stream) };
+        assert_eq!(code, sys::CUresult::CUDA_SUCCESS, "cuMemAllocFromPoolAsync");
+        // SAFETY: allocated just above on this stream, never used, freed once.
+        let code = unsafe { sys::cuMemFreeAsync(black_box(ptr), raw_stream) };
+        assert_eq!(code, sys::CUresult::CUDA_SUCCESS, "cuMemFreeAsync");
+    }
+}
+
 /// Runs `work(thread)` on `threads` threads at once (after a barrier) and returns the wall time.
 pub fn in_parallel(threads: usize, work: impl Fn(usize) + Sync) -> Duration {
     let barrier = Arc::new(Barrier::new(threads + 1));

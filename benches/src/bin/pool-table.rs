@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cumem_benches::{
-    FEW_LIVE, host_fast_path, host_many_live, host_pool, host_varying_sizes, in_parallel, resource_fast_path,
-    resource_many_live, resource_varying_sizes,
+    FEW_LIVE, host_fast_path, host_many_live, host_pool, host_varying_sizes, in_parallel, raw_pool_fast_path,
+    resource_fast_path, resource_many_live, resource_varying_sizes,
 };
 use cumem_core::{Device, DriverResource, Stream};
 use cumem_pool::{CachingResource, MemPool, MemPoolOptions, NativePoolResource, PoolConfig};
@@ -25,6 +25,45 @@ fn ns_per_op(runs: usize, iters: u64, mut f: impl FnMut(u64)) -> f64 {
         .collect();
     v.sort_by(f64::total_cmp);
     v[runs / 2]
+}
+
+/// Two workloads measured in alternating runs (so a load change hits both alike); medians of
+/// `runs` runs each, ns per pair.
+fn side_by_side(runs: usize, iters: u64, a: impl FnMut(u64), b: impl FnMut(u64)) -> (f64, f64) {
+    let (a, b, _) = side_by_side_settled(runs, iters, a, b, || {});
+    (a, b)
+}
+
+/// [`side_by_side`], calling `settle` (untimed) after every run: so queued work one run left
+/// behind (a stream worker still draining frees) is not paid by the other. Also returns the
+/// median of the ratios b/a of adjacent runs, which a load that drifts during the runs skews less.
+fn side_by_side_settled(
+    runs: usize,
+    iters: u64,
+    mut a: impl FnMut(u64),
+    mut b: impl FnMut(u64),
+    settle: impl Fn(),
+) -> (f64, f64, f64) {
+    a(iters / 10 + 1);
+    b(iters / 10 + 1);
+    settle();
+    let time = |f: &mut dyn FnMut(u64)| {
+        let t = Instant::now();
+        f(iters);
+        let ns = t.elapsed().as_nanos() as f64 / iters as f64;
+        settle();
+        ns
+    };
+    let (mut va, mut vb) = (vec![], vec![]);
+    for _ in 0..runs {
+        va.push(time(&mut a));
+        vb.push(time(&mut b));
+    }
+    let mut ratios: Vec<f64> = va.iter().zip(&vb).map(|(a, b)| b / a).collect();
+    ratios.sort_by(f64::total_cmp);
+    va.sort_by(f64::total_cmp);
+    vb.sort_by(f64::total_cmp);
+    (va[runs / 2], vb[runs / 2], ratios[runs / 2])
 }
 
 /// Aggregate ns per pair with `threads` threads each doing `iters` pairs at once (median of runs).
@@ -44,7 +83,7 @@ fn main() -> cumem_core::Result<()> {
     println!("# cumem pool benchmark");
     println!();
     println!(
-        "driver: {} ({}); device 0: {}; {cores} cores; ns per alloc+free pair, median of 5 runs",
+        "driver: {} ({}); device 0: {}; {cores} cores; ns per alloc+free pair, median of 5 runs (9 alternating runs where two rows are compared side by side, 31 for the driver pool)",
         kind,
         cumem_sys::driver::description().unwrap_or_default(),
         ctx.device().name()?
@@ -54,24 +93,26 @@ fn main() -> cumem_core::Result<()> {
 
     // (a) fast path, 1 thread, warmed.
     let host = host_pool();
-    rows.push((
-        "a",
-        "caching pool, host model: same 256 B block, 1 thread".into(),
-        ns_per_op(5, 2_000_000, |n| host_fast_path(&host, n, 256)),
-    ));
     let stream = Stream::non_blocking(&ctx)?;
     let caching = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-    let a_dev = ns_per_op(5, 1_000_000, |n| resource_fast_path(caching.as_ref(), &stream, n, 256));
+    let (a_host, a_dev) = side_by_side(
+        9,
+        1_000_000,
+        |n| host_fast_path(&host, n, 256),
+        |n| resource_fast_path(caching.as_ref(), &stream, n, 256),
+    );
+    rows.push(("a", "caching pool, host model: same 256 B block, 1 thread".into(), a_host));
     rows.push(("a", "caching pool as DeviceResource on the driver: same 256 B block".into(), a_dev));
 
     // (b) 10,000 live blocks of random sizes.
     let host = host_pool();
-    rows.push((
-        "b",
-        "caching pool, host model: 10,000 live random-size blocks".into(),
-        ns_per_op(5, 500_000, |n| host_many_live(&host, 10_000, n, 7)),
-    ));
-    let b_dev = ns_per_op(5, 300_000, |n| resource_many_live(caching.as_ref(), &stream, 10_000, n, 7));
+    let (b_host, b_dev) = side_by_side(
+        9,
+        300_000,
+        |n| host_many_live(&host, 10_000, n, 7),
+        |n| resource_many_live(caching.as_ref(), &stream, 10_000, n, 7),
+    );
+    rows.push(("b", "caching pool, host model: 10,000 live random-size blocks".into(), b_host));
     rows.push(("b", "caching pool as DeviceResource: 10,000 live random-size blocks".into(), b_dev));
 
     // (c) threads, each on its own stream, one shared pool.
@@ -122,8 +163,39 @@ fn main() -> cumem_core::Result<()> {
         &ctx,
         MemPoolOptions { max_size: None, release_threshold: u64::MAX },
     )?);
-    let d = ns_per_op(5, 20_000, |n| resource_fast_path(&native, &stream, n, 256));
-    rows.push(("d", "driver pool (cuMemAllocFromPoolAsync/cuMemFreeAsync): same 256 B".into(), d));
+    ctx.bind()?;
+    // Many short alternating runs: the simulator's stream worker shares 2 cores with this thread,
+    // so scheduling noise is large and must hit both rows alike.
+    let (d_raw, d, d_ratio) = side_by_side_settled(
+        31,
+        5_000,
+        |n| raw_pool_fast_path(native.pool(), &stream, n, 256),
+        |n| resource_fast_path(&native, &stream, n, 256),
+        || stream.synchronize().expect("stream synchronize"),
+    );
+    rows.push(("d", "raw cuMemAllocFromPoolAsync + cuMemFreeAsync: same 256 B".into(), d_raw));
+    rows.push(("d", "driver pool as DeviceResource (NativePoolResource): same 256 B".into(), d));
+    // What binding costs when the context is already current: a check, or a set.
+    let (get_ns, set_ns) = side_by_side(
+        9,
+        200_000,
+        |n| {
+            for _ in 0..n {
+                let mut c = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer.
+                unsafe { cumem_core::sys::cuCtxGetCurrent(&mut c) };
+                std::hint::black_box(c);
+            }
+        },
+        |n| {
+            for _ in 0..n {
+                // SAFETY: a live context handle.
+                unsafe { cumem_core::sys::cuCtxSetCurrent(std::hint::black_box(ctx.raw())) };
+            }
+        },
+    );
+    rows.push(("g", "cuCtxGetCurrent (per call)".into(), get_ns));
+    rows.push(("g", "cuCtxSetCurrent to the current context (per call)".into(), set_ns));
     let driver = DriverResource::new(&ctx);
     let e = ns_per_op(5, 20_000, |n| resource_fast_path(&driver, &stream, n, 256));
     rows.push(("e", "cuMemAlloc/cuMemFree: same 256 B".into(), e));
@@ -158,6 +230,15 @@ fn main() -> cumem_core::Result<()> {
     println!("|---|---:|");
     println!("| (e) cuMemAlloc/cuMemFree ÷ (a) caching pool as DeviceResource | {:.0}x |", e / a_dev);
     println!("| (d) driver pool ÷ (a) caching pool as DeviceResource | {:.0}x |", d / a_dev);
+    println!(
+        "| (d) NativePoolResource ÷ raw cuMemAllocFromPoolAsync + cuMemFreeAsync (medians) | {:.3}x |",
+        d / d_raw
+    );
+    println!("| (d) the same, median of the ratios of adjacent runs | {d_ratio:.3}x |");
+    println!(
+        "| (a) caching pool as DeviceResource ÷ host model (bookkeeping alone) | {:.2}x |",
+        a_dev / a_host
+    );
     println!("| (e) cuMemAlloc/cuMemFree ÷ (d) driver pool | {:.1}x |", e / d);
     println!("| (b) ÷ (a), DeviceResource: cost of 10,000 live blocks | {:.2}x |", b_dev / a_dev);
     println!("| (f) ÷ (a), DeviceResource: cost of a different size every time | {:.2}x |", f_dev / a_dev);

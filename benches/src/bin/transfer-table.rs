@@ -258,7 +258,7 @@ fn allocation(ctx: &Context, stream: &Stream, rows: &mut Vec<Row>) -> Result<()>
         || {
             let p = caching.allocate(layout, stream)?;
             // SAFETY: `p` is a fresh 4096-byte allocation usable on `stream`, freed right after.
-            ok(unsafe { sys::cuMemsetD8Async(p, 0, 4096, stream.raw()) }, "cuMemsetD8Async");
+            ok(unsafe { sys::cuMemsetD8Async(p.ptr, 0, 4096, stream.raw()) }, "cuMemsetD8Async");
             // SAFETY: `p` came from `caching` with this layout; its only use is queued on `stream`.
             unsafe { caching.deallocate(p, layout, stream) };
             Ok(())

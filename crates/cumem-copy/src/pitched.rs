@@ -36,8 +36,8 @@ use std::sync::Arc;
 
 use bytemuck::{AnyBitPattern, Pod, Zeroable};
 use cumem_core::{
-    AllocLayout, Context, DeviceResource, DeviceSlice, DeviceSliceMut, Error, Feature, Result, Stream,
-    StreamOrder,
+    AllocLayout, Allocation, Context, DeviceResource, DeviceSlice, DeviceSliceMut, Error, Feature, Result,
+    Stream, StreamOrder,
 };
 use cumem_sys::ErrorContext;
 use cumem_sys::sys::{CUdevice_attribute, CUdeviceptr};
@@ -54,6 +54,8 @@ pub const PITCHED_ROW_ALIGNMENT: usize = 512;
 /// An owning `width` × `height` × `depth` array of `T` in pitched device memory.
 pub struct PitchedBuffer<T> {
     ptr: CUdeviceptr,
+    /// What the resource's free needs besides the address (see [`Allocation`]).
+    token: [u64; 2],
     /// Row stride in elements.
     pitch: usize,
     width: usize,
@@ -218,8 +220,8 @@ impl<T> PitchedBuffer<T> {
                 actual: ctx.device().ordinal() as i32,
             });
         }
-        let (ptr, pitch, layout) = if width_bytes == 0 || rows == 0 {
-            (0, width, None)
+        let (alloc, pitch, layout) = if width_bytes == 0 || rows == 0 {
+            (Allocation::from_ptr(0), width, None)
         } else {
             bytes(rows, width_bytes)?;
             let max_pitch = ctx.device().max_pitch()?;
@@ -245,7 +247,8 @@ impl<T> PitchedBuffer<T> {
         // Cannot overflow: pitch × rows elements are the allocation's bytes divided by the size.
         let len = pitch * rows;
         Ok(PitchedBuffer {
-            ptr,
+            ptr: alloc.ptr,
+            token: alloc.token,
             pitch,
             width,
             height,
@@ -429,9 +432,10 @@ impl<T> Drop for PitchedBuffer<T> {
                 return;
             }
         };
-        // SAFETY: `ptr` came from `allocate` on this resource with `layout` and is returned once;
+        // SAFETY: `ptr` and its token came from `allocate` on this resource with `layout` and are
+        // returned once, unchanged;
         // every use of it went through `order`, and `stream` is ordered after all of them; no view
         // outlives `self`.
-        unsafe { self.resource.deallocate(self.ptr, layout, &stream) };
+        unsafe { self.resource.deallocate(Allocation { ptr: self.ptr, token: self.token }, layout, &stream) };
     }
 }

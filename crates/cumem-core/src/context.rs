@@ -68,7 +68,16 @@ impl Context {
     }
 
     /// Makes this context current on the calling thread.
+    ///
+    /// Asks the driver which context is current first (a thread-local read in the driver, much
+    /// cheaper than `cuCtxSetCurrent`, which the simulator serialises on its global state) and sets
+    /// it only when it differs. No cache of ours: code that changes the current context with raw
+    /// driver calls in between is seen at once.
+    #[inline]
     pub fn bind(&self) -> Result<()> {
+        if ffi::ctx_get_current()? == self.raw() {
+            return Ok(());
+        }
         ffi::ctx_set_current(self.raw())
     }
 

@@ -61,6 +61,14 @@ pub(crate) fn primary_ctx_release(dev: CUdevice) -> Result<()> {
     check(code, Ctx::op("cuDevicePrimaryCtxRelease_v2").device(dev))
 }
 
+/// The calling thread's current context (NULL when none).
+pub(crate) fn ctx_get_current() -> Result<CUcontext> {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the driver only writes the handle.
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, Ctx::op("cuCtxGetCurrent"))?;
+    Ok(ctx)
+}
+
 pub(crate) fn ctx_set_current(ctx: CUcontext) -> Result<()> {
     // SAFETY: `ctx` is a live context handle owned by a `Context`.
     check(unsafe { sys::cuCtxSetCurrent(ctx) }, Ctx::op("cuCtxSetCurrent"))
@@ -100,15 +108,6 @@ pub(crate) fn mem_alloc(bytes: usize, device: i32) -> Result<CUdeviceptr> {
 pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
     // SAFETY: guaranteed by the caller (items 1 and 2).
     check(unsafe { sys::cuMemFree_v2(ptr) }, Ctx::op("cuMemFree_v2"))
-}
-
-/// The base and size of the allocation containing `ptr`.
-pub(crate) fn mem_get_address_range(ptr: CUdeviceptr) -> Result<(CUdeviceptr, usize)> {
-    let (mut base, mut size) = (0, 0);
-    // SAFETY: both are valid out-pointers; the driver only looks `ptr` up.
-    let code = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
-    check(code, Ctx::op("cuMemGetAddressRange_v2"))?;
-    Ok((base, size))
 }
 
 pub(crate) fn mem_host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void> {

@@ -59,8 +59,8 @@ pub use event::Event;
 pub use host_access::{HostAccess, HostMemory};
 pub use order::{OrderTicket, StreamOrder};
 pub use pageable::blocking_host_copy;
-pub use resource::{AllocLayout, DRIVER_ALIGNMENT, DeviceResource, DriverResource};
-pub use stream::{Stream, StreamOptions};
+pub use resource::{AllocLayout, Allocation, DRIVER_ALIGNMENT, DeviceResource, DriverResource};
+pub use stream::{Stream, StreamOptions, StreamTail};
 
 /// The raw driver bindings, for code that needs a call cumem does not wrap.
 pub use cumem_sys::sys;

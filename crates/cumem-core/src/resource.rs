@@ -1,8 +1,10 @@
 //! The resource trait every device buffer allocates from, and the driver's own allocator.
 //!
-//! A [`DeviceResource`] hands out device memory for a layout on a stream, and takes it back on the
-//! stream where it was last used, so that stream-ordered resources (pools) can reuse it in stream
-//! order. Adaptors and pools in `cumem-pool` implement the same trait and wrap any other resource,
+//! A [`DeviceResource`] hands out device memory for a layout on a stream as an [`Allocation`] (the
+//! address and an opaque token the resource chooses), and takes the allocation back on the stream
+//! where it was last used, so that stream-ordered resources (pools) can reuse it in stream order.
+//! The token carries what the free needs (a pool's segment, a padded allocation's base), so no
+//! resource has to look addresses up in a table. Adaptors and pools in `cumem-pool` implement the same trait and wrap any other resource,
 //! as RMM's resources do. [`DriverResource`] is `cuMemAlloc`/`cuMemFree`.
 //!
 //! ```
@@ -53,29 +55,54 @@ impl AllocLayout {
     }
 }
 
+/// Memory handed out by a [`DeviceResource`]: its address and what the resource needs to free it.
+///
+/// The holder keeps the value unchanged and gives it back to the same resource's
+/// [`deallocate`](DeviceResource::deallocate) once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Allocation {
+    /// Device address of the memory.
+    pub ptr: CUdeviceptr,
+    /// Opaque to everyone but the resource that chose it (a pool's segment, a base address).
+    pub token: [u64; 2],
+}
+
+impl Allocation {
+    /// An allocation whose free needs nothing but the address.
+    #[inline]
+    pub const fn from_ptr(ptr: CUdeviceptr) -> Self {
+        Allocation { ptr, token: [0; 2] }
+    }
+}
+
 /// A source of device memory.
 ///
 /// # Safety
 /// Implementors promise that
-/// 1. `allocate` returns the address of at least `layout.bytes` bytes of device memory of
-///    `self.context()`'s device, aligned to `layout.align`, overlapping no other live allocation;
+/// 1. `allocate` returns an [`Allocation`] whose `ptr` is the address of at least `layout.bytes`
+///    bytes of device memory of `self.context()`'s device, aligned to `layout.align`, overlapping no
+///    other live allocation;
 /// 2. that memory is usable by work queued on `stream` after the call returns (and by work on other
-///    streams once ordered after `stream`), and stays valid until it is passed to `deallocate`.
+///    streams once ordered after `stream`), and stays valid until the allocation is passed to
+///    `deallocate`;
+/// 3. `deallocate` relies on nothing but its documented contract: any token `allocate` returned,
+///    passed back unchanged, frees exactly that allocation.
 pub unsafe trait DeviceResource: Send + Sync + fmt::Debug + IntoDynResource {
     /// The context whose device the memory belongs to.
     fn context(&self) -> &Context;
 
     /// Allocates memory for `layout`, usable in stream order on `stream`.
-    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<CUdeviceptr>;
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation>;
 
     /// Returns memory to the resource. Failures are logged, not returned, as this runs in `Drop`.
     ///
     /// # Safety
-    /// 1. `ptr` was returned by `allocate` on this resource with this `layout`, and is returned once.
+    /// 1. `allocation` was returned by `allocate` on this resource with this `layout`, is passed
+    ///    back unchanged (address and token), and is returned once.
     /// 2. All work that uses the memory has been queued on `stream` (or ordered before work queued
     ///    on it next); the resource may hand the memory to work queued on `stream` after this call.
     /// 3. No Rust value refers to the memory afterwards.
-    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream);
+    unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream);
 }
 
 /// The alignment `cuMemAlloc` guarantees.
@@ -113,7 +140,7 @@ impl DriverResource {
 // SAFETY: cuMemAlloc returns fresh, non-overlapping memory aligned to 256 bytes. A larger
 // alignment is served either by an exact-size allocation whose address is checked to be aligned,
 // or by over-allocating `align - 256` bytes and rounding the 256-aligned base up, which stays
-// inside the allocation; in both cases the base is recovered with cuMemGetAddressRange on free.
+// inside the allocation; in both cases the token carries the base cuMemAlloc returned, for the free.
 // The free first waits for the stream that follows every use, so memory is never freed under
 // pending work.
 unsafe impl DeviceResource for DriverResource {
@@ -121,12 +148,12 @@ unsafe impl DeviceResource for DriverResource {
         &self.ctx
     }
 
-    fn allocate(&self, layout: AllocLayout, _stream: &Stream) -> Result<CUdeviceptr> {
+    fn allocate(&self, layout: AllocLayout, _stream: &Stream) -> Result<Allocation> {
         let layout = AllocLayout::new(layout.bytes, layout.align)?;
         let device = self.ctx.device().ordinal() as i32;
         self.ctx.bind()?;
         if layout.align <= DRIVER_ALIGNMENT {
-            return ffi::mem_alloc(layout.bytes, device);
+            return ffi::mem_alloc(layout.bytes, device).map(Allocation::from_ptr);
         }
         // Try the exact size only where real drivers are seen to align that far: a miss costs a
         // `cuMemFree`, which waits for the whole device and holds up other threads' work
@@ -136,7 +163,7 @@ unsafe impl DeviceResource for DriverResource {
         {
             let exact = ffi::mem_alloc(layout.bytes, device)?;
             if exact.is_multiple_of(layout.align as u64) {
-                return Ok(exact);
+                return Ok(Allocation { ptr: exact, token: [exact, 0] });
             }
             // Not aligned enough after all: give the trial back first, so the padded request
             // can use its memory.
@@ -151,10 +178,11 @@ unsafe impl DeviceResource for DriverResource {
             .checked_add(layout.align - DRIVER_ALIGNMENT)
             .ok_or(Error::SizeOverflow { count: layout.bytes, elem_size: 1 })?;
         let base = ffi::mem_alloc(padded, device)?;
-        Ok(base.next_multiple_of(layout.align as u64))
+        Ok(Allocation { ptr: base.next_multiple_of(layout.align as u64), token: [base, 0] })
     }
 
-    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
+    unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {
+        let ptr = allocation.ptr;
         // The driver only says cuMemFree *may* wait for the device; every use of the memory is
         // ordered before work queued on `stream` next (caller's item 2), so waiting for `stream`
         // is what makes the free safe. If that fails, leaking is the safe answer.
@@ -162,9 +190,9 @@ unsafe impl DeviceResource for DriverResource {
             tracing::warn!(ptr, bytes = layout.bytes, error = %e, "waiting for the last stream failed; leaking");
             return;
         }
+        // The token of an over-aligned allocation holds the base cuMemAlloc returned.
+        let base = if layout.align <= DRIVER_ALIGNMENT { ptr } else { allocation.token[0] };
         let result = self.ctx.bind().and_then(|()| {
-            let base =
-                if layout.align <= DRIVER_ALIGNMENT { ptr } else { ffi::mem_get_address_range(ptr)?.0 };
             // SAFETY: `base` is the address cuMemAlloc returned for this allocation (caller's item 1),
             // no Rust value uses it any more (item 3), and the work using it has completed (above).
             unsafe { ffi::mem_free(base) }

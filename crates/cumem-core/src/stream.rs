@@ -4,6 +4,12 @@
 //! dropped (the driver lets pending work finish first). [`Stream::legacy`] names the context's
 //! legacy default stream, which implicitly synchronises with every blocking stream.
 //!
+//! Every stream has a [`StreamTail`], a small shared object that outlives it: a cache that must
+//! order later work after a stream's work (the caching pool) keeps the tail, not the stream, so it
+//! never keeps a stream alive. While the stream lives, the tail records events on it on demand;
+//! when a stream whose tail is shared is dropped, an event recorded just before `cuStreamDestroy`
+//! (the *retired* event) stands for all its work.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::{Device, Stream, StreamOptions};
@@ -22,6 +28,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cumem_sys::sys::{CUstream, CUstream_flags};
+use parking_lot::Mutex;
 
 use crate::marker::Marker;
 use crate::{Context, Event, Result, ffi};
@@ -50,6 +57,119 @@ struct Inner {
     id: u64,
     /// What other streams wait on (see `marker`).
     marker: Marker,
+    /// See [`Stream::tail`].
+    tail: Arc<StreamTail>,
+}
+
+/// What outlives a [`Stream`]: its id, its handle while it lives, and once a stream whose tail
+/// was shared is dropped, an event standing for all its work.
+///
+/// ```
+/// # cumem_sys::testing::init();
+/// use cumem_core::{Device, Stream};
+/// let ctx = Device::get(0)?.context()?;
+/// let (a, b) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
+/// let tail = a.tail().clone();
+/// let ticket = tail.after_work()?.expect("a live stream records an event");
+/// b.wait(&ticket)?; // later work on b runs after a's work so far
+/// drop(a);
+/// assert!(!tail.is_alive());
+/// tail.synchronize()?; // waits for the retired event: everything `a` ever queued
+/// # Ok::<(), cumem_core::Error>(())
+/// ```
+pub struct StreamTail {
+    ctx: Context,
+    id: u64,
+    legacy: bool,
+    state: Mutex<TailState>,
+}
+
+struct TailState {
+    /// The stream's handle while it lives.
+    raw: Option<RawStream>,
+    /// Recorded by the stream's drop just before `cuStreamDestroy`; `None` while the stream lives,
+    /// and after a drop that could not record it (it synchronised the stream instead).
+    retired: Option<Arc<Event>>,
+}
+
+impl StreamTail {
+    /// The [`Stream::id`] of the stream.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The context of the stream.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Whether the stream is still alive (the legacy stream always is).
+    pub fn is_alive(&self) -> bool {
+        self.state.lock().raw.is_some()
+    }
+
+    /// Whether this is the tail of a legacy stream handle (whose driver stream never dies).
+    pub fn is_legacy(&self) -> bool {
+        self.legacy
+    }
+
+    /// An event after all the stream's work so far: recorded now while the stream lives, its
+    /// retired event once it is dropped; `None` when nothing of it can still be pending (it was
+    /// synchronised at its end).
+    pub fn after_work(&self) -> Result<Option<Arc<Event>>> {
+        let st = self.state.lock();
+        match st.raw {
+            // Under the lock, so the stream cannot be destroyed between the event's creation and
+            // its record.
+            Some(raw) => {
+                let event = Event::new(&self.ctx)?;
+                ffi::event_record(event.raw(), raw.0)?;
+                Ok(Some(Arc::new(event)))
+            }
+            None => Ok(st.retired.clone()),
+        }
+    }
+
+    /// The retired event (`None` while the stream lives, or when its drop synchronised it
+    /// instead).
+    pub fn retired(&self) -> Option<Arc<Event>> {
+        self.state.lock().retired.clone()
+    }
+
+    /// Makes the stream's work queued from now on wait for `event`; nothing when the stream is
+    /// gone (no new work can be queued on it).
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        let st = self.state.lock();
+        if let Some(raw) = st.raw {
+            self.ctx.bind()?;
+            ffi::stream_wait_event(raw.0, event.raw())?;
+        }
+        Ok(())
+    }
+
+    /// Blocks until all the stream's work queued so far (if dropped: ever) has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        let retired = {
+            let st = self.state.lock();
+            if let Some(raw) = st.raw {
+                // Held while waiting: the stream's drop waits for the lock rather than destroying
+                // the handle under this call.
+                self.ctx.bind()?;
+                return ffi::stream_synchronize(raw.0);
+            }
+            st.retired.clone()
+        };
+        match retired {
+            Some(event) => event.synchronize(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for StreamTail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamTail").field("id", &self.id).field("alive", &self.is_alive()).finish()
+    }
 }
 
 /// The next [`Stream::id`] of a created stream (0 is the legacy streams').
@@ -80,6 +200,7 @@ impl Stream {
         let flags = if options.non_blocking { CUstream_flags::CU_STREAM_NON_BLOCKING as u32 } else { 0 };
         let raw = ffi::stream_create(flags, options.priority)?;
         let id = NEXT_STREAM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tail = Stream::new_tail(ctx, RawStream(raw), id, false);
         Ok(Stream {
             inner: Arc::new(Inner {
                 ctx: ctx.clone(),
@@ -88,6 +209,7 @@ impl Stream {
                 options,
                 id,
                 marker: Marker::default(),
+                tail,
             }),
         })
     }
@@ -102,8 +224,23 @@ impl Stream {
                 options: StreamOptions::default(),
                 id: 0,
                 marker: Marker::default(),
+                tail: Stream::new_tail(ctx, RawStream(std::ptr::null_mut()), 0, true),
             }),
         }
+    }
+
+    fn new_tail(ctx: &Context, raw: RawStream, id: u64, legacy: bool) -> Arc<StreamTail> {
+        Arc::new(StreamTail {
+            ctx: ctx.clone(),
+            id,
+            legacy,
+            state: Mutex::new(TailState { raw: Some(raw), retired: None }),
+        })
+    }
+
+    /// The stream's [`StreamTail`], which outlives it.
+    pub fn tail(&self) -> &Arc<StreamTail> {
+        &self.inner.tail
     }
 
     /// The context this stream belongs to.
@@ -212,6 +349,24 @@ impl Drop for Inner {
         self.marker.destroy(&self.ctx);
         if !self.owned {
             return;
+        }
+        // Someone (a cache) keeps the tail: leave it an event standing for all the stream's work.
+        // Nobody can clone the tail any more (that needs the stream), so a count of 1 stays 1.
+        if Arc::strong_count(&self.tail) > 1 {
+            let mut st = self.tail.state.lock();
+            let recorded =
+                Event::new(&self.ctx).and_then(|e| ffi::event_record(e.raw(), self.raw.0).map(|()| e));
+            match recorded {
+                Ok(event) => st.retired = Some(Arc::new(event)),
+                Err(e) => {
+                    // Without the event, waiters would have nothing to wait on: finish the work now.
+                    tracing::warn!(error = %e, "recording a dropped stream's last event failed; synchronising it");
+                    if let Err(e) = self.ctx.bind().and_then(|()| ffi::stream_synchronize(self.raw.0)) {
+                        tracing::warn!(error = %e, "synchronising a dropped stream failed");
+                    }
+                }
+            }
+            st.raw = None;
         }
         let result = self.ctx.bind().and_then(|()| {
             // SAFETY: this stream was created by `stream_create`, and this is the last owner.

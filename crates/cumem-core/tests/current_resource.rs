@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cumem_core::sys::CUdeviceptr;
 use cumem_core::{
     AllocLayout, AllocatorKind, Context, Device, DeviceBuffer, DeviceResource, DriverResource, Error, Stream,
 };
@@ -48,16 +47,16 @@ unsafe impl DeviceResource for Counting {
     fn context(&self) -> &Context {
         self.inner.context()
     }
-    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> cumem_core::Result<CUdeviceptr> {
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> cumem_core::Result<cumem_core::Allocation> {
         let p = self.inner.allocate(layout, stream)?;
         self.live.fetch_add(1, Ordering::SeqCst);
         self.total.fetch_add(1, Ordering::SeqCst);
         Ok(p)
     }
-    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
+    unsafe fn deallocate(&self, allocation: cumem_core::Allocation, layout: AllocLayout, stream: &Stream) {
         self.live.fetch_sub(1, Ordering::SeqCst);
         // SAFETY: forwarded unchanged from our caller.
-        unsafe { self.inner.deallocate(ptr, layout, stream) }
+        unsafe { self.inner.deallocate(allocation, layout, stream) }
     }
 }
 

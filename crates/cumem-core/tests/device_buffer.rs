@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cumem_core::sys::{CUdeviceptr, CUresult};
+use cumem_core::sys::CUresult;
 use cumem_core::{
-    AllocLayout, AsDeviceSlice, AsDeviceSliceMut, Context, Device, DeviceBuffer, DeviceResource,
+    AllocLayout, Allocation, AsDeviceSlice, AsDeviceSliceMut, Context, Device, DeviceBuffer, DeviceResource,
     DriverResource, Error, Stream, StreamOrder,
 };
 use cumem_sys::sim_control::FaultRule;
@@ -205,18 +205,18 @@ unsafe impl DeviceResource for Counting {
     fn context(&self) -> &Context {
         self.inner.context()
     }
-    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> cumem_core::Result<CUdeviceptr> {
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> cumem_core::Result<Allocation> {
         let p = self.inner.allocate(layout, stream)?;
         self.live.fetch_add(1, Ordering::SeqCst);
         Ok(p)
     }
-    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
+    unsafe fn deallocate(&self, alloc: Allocation, layout: AllocLayout, stream: &Stream) {
         self.live.fetch_sub(1, Ordering::SeqCst);
         if stream.is_legacy() {
             self.freed_on_legacy.fetch_add(1, Ordering::SeqCst);
         }
         // SAFETY: forwarded unchanged from our caller.
-        unsafe { self.inner.deallocate(ptr, layout, stream) }
+        unsafe { self.inner.deallocate(alloc, layout, stream) }
     }
 }
 
@@ -250,7 +250,7 @@ fn larger_alignments_are_honoured_by_the_driver_resource() {
     for align in [512usize, 4096, 65536] {
         let layout = AllocLayout::new(1000, align).unwrap();
         let p = r.allocate(layout, &s).unwrap();
-        assert_eq!(p % align as u64, 0);
+        assert_eq!(p.ptr % align as u64, 0);
         // SAFETY: allocated just above with this layout, unused.
         unsafe { r.deallocate(p, layout, &s) };
     }

@@ -128,3 +128,43 @@ fn a_refusal_of_device_work_names_the_memorys_device_not_the_streams() {
         other => panic!("expected a refusal naming device 0, got {other:?}"),
     }
 }
+
+/// A cache keeps a stream's tail, not the stream: the stream is destroyed when the program drops
+/// it, and the event its drop recorded still stands for its work, which another stream can wait
+/// for through the tail.
+#[test]
+#[serial_test::serial] // holds a gate
+fn a_dropped_stream_s_tail_stands_for_its_work() {
+    use std::time::Duration;
+    let ctx = ctx();
+    let a = Stream::non_blocking(&ctx).unwrap();
+    let b = Stream::non_blocking(&ctx).unwrap();
+    let tail = a.tail().clone();
+    assert_eq!((tail.id(), tail.is_alive(), tail.is_legacy()), (a.id(), true, false));
+    assert!(tail.retired().is_none(), "a live stream has no retired event");
+    let raw = a.raw() as u64;
+    ctx.bind().unwrap();
+    // SAFETY: `a` is alive and its context current.
+    let gate = unsafe { testing::hold(a.raw()) };
+    // Opened from another thread: dropping `a` below may wait for its work on a real driver.
+    let opener = gate.release_after(Duration::from_millis(200));
+    drop(a);
+    assert!(!tail.is_alive());
+    if let Some(ctl) = testing::sim_control() {
+        assert!(!ctl.live_report().streams.iter().any(|s| s.handle == raw), "the tail kept the stream alive");
+    }
+    let retired = tail.retired().expect("the drop of a stream whose tail is shared records an event");
+    let ticket = tail.after_work().unwrap().expect("a dropped stream's work is its retired event");
+    assert!(std::sync::Arc::ptr_eq(&retired, &ticket));
+    b.wait(&ticket).unwrap();
+    tail.wait(&ticket).unwrap(); // a dropped stream takes no more work: nothing to order
+    tail.synchronize().unwrap(); // returns once the gate opened and `a`'s work ran
+    assert!(retired.query().unwrap());
+    opener.join().unwrap();
+    b.synchronize().unwrap();
+    // The legacy stream's tail never dies.
+    let legacy = ctx.default_stream();
+    let legacy_tail = legacy.tail().clone();
+    drop(legacy);
+    assert!(legacy_tail.is_alive() && legacy_tail.is_legacy());
+}

@@ -65,6 +65,28 @@ impl Block {
     }
 }
 
+impl Block {
+    /// Two words naming the block's segment and kind, for [`Block::from_token`]: what a resource
+    /// keeps in its allocation's token so its free needs no table (the address and requested size
+    /// travel separately).
+    #[inline]
+    pub(crate) fn token(&self) -> [u64; 2] {
+        // Segment lengths are multiples of QUANTUM, so bit 0 is free for the kind.
+        [self.seg.base, self.seg.len | u64::from(self.kind == Kind::Large)]
+    }
+
+    /// The block that [`token`](Self::token) described, for pool `pool`. The caller vouches that
+    /// `addr`, `requested` and `token` are those of one live block of that pool (the resource's
+    /// safety contract); `None` for a token no block can have.
+    #[inline]
+    pub(crate) fn from_token(addr: u64, requested: usize, token: [u64; 2], pool: u32) -> Option<Block> {
+        let kind = if token[1] & 1 == 1 { Kind::Large } else { Kind::Small };
+        let size = SizeClass::of(requested).ok()?.bytes as u64;
+        let seg = Seg { base: token[0], len: token[1] & !1 };
+        Some(Block { addr, requested, size, seg, kind, pool })
+    }
+}
+
 /// A validated allocation request.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Request {

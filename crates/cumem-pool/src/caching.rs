@@ -42,6 +42,13 @@ use crate::{Block, ForeignBlock, Ordering, PoolConfig, PoolError, SEGMENT_ALIGN,
 
 static NEXT_POOL_ID: AtomicU32 = AtomicU32::new(1);
 
+/// Streams in use at once that get an arena of their own in a pool made by
+/// [`CachingPool::new`]; more streams still work (see "No stream limit").
+pub const STREAM_ARENAS: usize = 1024;
+
+/// The most arenas a table holds (its index is 32-bit).
+const MAX_STREAM_ARENAS: usize = (1 << 24) - 1;
+
 type Guards<'a, S> = Vec<MutexGuard<'a, ArenaInner<S>>>;
 
 /// What [`CachingPool::trim`], [`trim_to`](CachingPool::trim_to) and
@@ -63,12 +70,18 @@ pub struct TrimReport {
 /// upstream only after `ordering.synchronize()` following every free in them.
 ///
 /// # Retired streams
-/// When the ordering reports streams that only it still holds ([`Ordering::orphans`]: the program
-/// dropped them, so nothing new can be queued on them), the pool retires them on slow paths (a new
+/// When the ordering reports streams the program dropped ([`Ordering::orphans`]: nothing new can be
+/// queued on them), the pool retires them on slow paths (a new
 /// stream when the table is full or the number of streams doubled, `trim`, the release threshold,
 /// the ladder): `ordering.retire(S)` makes `wait(T, retired)` cover S's work so far, S's cached
-/// memory moves to the arena of the retired name, and S's arena is reused. `max_streams` thus
-/// limits the streams in use, not the streams ever seen.
+/// memory moves to the arena of the retired name, and S's arena is reused.
+///
+/// # No stream limit
+/// The first [`STREAM_ARENAS`] streams in use at once get an arena each (see
+/// [`with_stream_arenas`](Self::with_stream_arenas)); beyond that, when no dropped stream can be
+/// retired to make room, a stream shares the first arena: it allocates from it after waiting for
+/// that arena's stream, and its frees first order the memory for everyone (an event through
+/// `retire` where the ordering retires streams, else a synchronisation). Slower, never an error.
 ///
 /// # Locking
 /// Each stream's arena has its own mutex; the fast path takes only that one and looks the arena up
@@ -98,10 +111,16 @@ impl<U: Upstream, O: Ordering> fmt::Debug for CachingPool<U, O> {
 impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// A pool drawing segments from `upstream` and ordering streams through `ordering`.
     pub fn new(upstream: U, ordering: O, config: PoolConfig) -> Self {
+        Self::with_stream_arenas(upstream, ordering, config, STREAM_ARENAS)
+    }
+
+    /// A pool in which the first `arenas` streams in use at once get an arena of their own (the
+    /// rest share one, see "No stream limit"); [`new`](Self::new) gives [`STREAM_ARENAS`].
+    pub fn with_stream_arenas(upstream: U, ordering: O, config: PoolConfig, arenas: usize) -> Self {
         let config = config.normalized();
         let retired = ordering.retired_stream();
-        // One more arena than streams allowed: the one of retired streams, created first.
-        let arenas = ArenaTable::new(config.max_streams + usize::from(retired.is_some()));
+        // One more arena for retired streams, created first.
+        let arenas = ArenaTable::new(arenas.clamp(1, MAX_STREAM_ARENAS) + usize::from(retired.is_some()));
         if let Some(retired) = retired {
             drop(arenas.lock_or_insert(retired));
         }
@@ -138,16 +157,16 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [`PoolError::ZeroSize`], [`PoolError::InvalidAlignment`], [`PoolError::AlignmentTooLarge`],
     /// [`PoolError::SizeOverflow`] for bad input; [`PoolError::OutOfMemory`] with a report when the
     /// upstream is exhausted after the ladder; [`PoolError::Upstream`] / [`PoolError::Ordering`] /
-    /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails;
-    /// [`PoolError::TooManyStreams`] when `stream` is new and the pool serves `max_streams` already.
+    /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails.
     #[inline]
     pub fn allocate(&self, bytes: usize, align: usize, stream: O::Stream) -> Result<Block, PoolError> {
         let req = Request::new(bytes, align)?;
         let (arena, mut g) = match self.arenas.lock(stream) {
             Some(found) => found,
-            None => {
-                self.arena_slow(stream).ok_or(PoolError::TooManyStreams { max: self.config.max_streams })?
-            }
+            None => match self.arena_slow(stream) {
+                Some(found) => found,
+                None => return self.allocate_shared(stream, req),
+            },
         };
         if req.bin != 0
             && let Some(e) = g.bins.pop(req.bin)
@@ -155,6 +174,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             return Ok(self.finish(arena, g, &req, e.addr, e.seg));
         }
         self.allocate_slow(arena, g, stream, req)
+    }
+
+    /// The pool's id, which its blocks carry.
+    #[inline]
+    pub(crate) fn id(&self) -> u32 {
+        self.id
     }
 
     /// Gives `block` back; `stream` is the stream it was last used on (its work up to now is what
@@ -175,7 +200,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         };
         match found {
             Some((arena, g)) => Self::free_into(arena, g, block),
-            None => self.free_untracked_stream(block),
+            None => self.free_untracked_stream(block, stream),
         }
         Ok(())
     }
@@ -368,16 +393,37 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         arena.counters.add(-(block.size as i64), -1);
     }
 
-    /// The stream table is full: the freeing stream gets no arena. Synchronise so the memory is safe
-    /// for every stream, then cache it in the first arena.
+    /// The arena table is full of streams in use: `stream` allocates from the first arena, after
+    /// waiting for that arena's stream (under its lock, so the arena is not retired or reused in
+    /// between).
     #[cold]
-    fn free_untracked_stream(&self, block: Block) {
-        tracing::warn!(
-            max = self.arenas.capacity(),
-            "deallocate on a stream beyond max_streams: synchronising"
+    #[inline(never)]
+    fn allocate_shared(&self, stream: O::Stream, req: Request) -> Result<Block, PoolError> {
+        tracing::debug!(
+            arenas = self.arenas.capacity(),
+            "allocation on a stream beyond the arena table: sharing"
         );
-        if let Err(e) = self.ordering.synchronize() {
-            tracing::warn!(error = %e, addr = block.addr, "synchronize failed; block leaked");
+        let arena = self.arenas.iter().next().expect("a full table has arenas");
+        let g = arena.inner.lock();
+        if let Some(owner) = g.stream {
+            self.ordering.wait(stream, owner).map_err(PoolError::Ordering)?;
+        }
+        self.allocate_slow(arena, g, stream, req)
+    }
+
+    /// The arena table is full: the freeing stream gets no arena. Make the memory safe for every
+    /// stream (an event standing for `stream`'s work so far where the ordering retires streams,
+    /// else a synchronisation), then cache it in the first arena: the retired streams' one, if any.
+    #[cold]
+    fn free_untracked_stream(&self, block: Block, stream: O::Stream) {
+        tracing::debug!(arenas = self.arenas.capacity(), "deallocate on a stream beyond the arena table");
+        let ordered = if self.ordering.retired_stream().is_some() {
+            self.ordering.retire(stream)
+        } else {
+            self.ordering.synchronize()
+        };
+        if let Err(e) = ordered {
+            tracing::warn!(error = %e, addr = block.addr, "ordering the free failed; block leaked");
             return;
         }
         // Position 0: the arena of retired streams where there is one, else the first stream's.

@@ -3,8 +3,8 @@
 //! Wraps a [`CachingPool`] over a [`DeviceUpstream`] (any resource, usually `cuMemAlloc`) and
 //! [`StreamOrdering`] (events and stream waits). A buffer's memory comes back on the stream the
 //! buffer was last used on; the pool reuses it at once on that stream and on another stream only
-//! after ordering that stream behind it. The live blocks are kept in a sharded table keyed by
-//! address, so threads on different streams rarely meet on a lock.
+//! after ordering that stream behind it. The pool keeps no table of live blocks: an allocation's
+//! token names its block's segment and kind, and the free rebuilds the block from it.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -23,47 +23,21 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
-
-use cumem_core::sys::CUdeviceptr;
-use cumem_core::{
-    AllocLayout, Context, DeviceResource, DriverResource, Error, ErrorContext, Feature, MemoryReport, Result,
-    Stream,
-};
-use parking_lot::Mutex;
 
 use crate::{
     Block, CachingPool, DeviceUpstream, PoolConfig, PoolError, PoolStats, StreamKey, StreamOrdering,
     TrimReport, UpstreamError,
 };
-
-const SHARDS: usize = 64;
-
-/// Addresses are 512-byte aligned and distinct; a multiplicative hash spreads them well enough.
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, _: &[u8]) {
-        unreachable!("only u64 addresses are hashed")
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type LiveShard = Mutex<HashMap<u64, Block, BuildHasherDefault<AddrHasher>>>;
+use cumem_core::{
+    AllocLayout, Allocation, Context, DeviceResource, DriverResource, Error, ErrorContext, Feature,
+    MemoryReport, Result, Stream,
+};
 
 /// A caching pool serving device buffers.
 pub struct CachingResource {
     pool: CachingPool<DeviceUpstream, Arc<StreamOrdering>>,
     ordering: Arc<StreamOrdering>,
-    live: Box<[LiveShard]>,
 }
 
 impl CachingResource {
@@ -71,17 +45,12 @@ impl CachingResource {
     pub fn new(upstream: Arc<dyn DeviceResource>, config: PoolConfig) -> Self {
         let ordering = Arc::new(StreamOrdering::new(upstream.context()));
         let pool = CachingPool::new(DeviceUpstream::new(upstream), ordering.clone(), config);
-        let live = (0..SHARDS).map(|_| Mutex::new(HashMap::default())).collect();
-        CachingResource { pool, ordering, live }
+        CachingResource { pool, ordering }
     }
 
     /// A caching pool over `cuMemAlloc` of `ctx`'s device.
     pub fn with_driver(ctx: &Context, config: PoolConfig) -> Self {
         Self::new(Arc::new(DriverResource::new(ctx)), config)
-    }
-
-    fn shard(&self, addr: u64) -> &LiveShard {
-        &self.live[((addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS]
     }
 
     /// Statistics: current and peak bytes and counts, reserved and cached bytes, the size histogram
@@ -143,9 +112,6 @@ fn pool_error(e: PoolError, bytes: usize) -> Error {
             value: addr,
             align: crate::SEGMENT_ALIGN as u64,
         },
-        PoolError::TooManyStreams { max } => {
-            Error::LimitExceeded { what: "streams per caching pool", limit: max }
-        }
     }
 }
 
@@ -159,30 +125,32 @@ fn per_thread_refused(stream: &Stream) -> Error {
 }
 
 // SAFETY: the pool hands out non-overlapping ranges of segments it got from the upstream resource
-// (which upholds the contract), aligned as requested; a range freed on stream S is handed to another
-// stream only after that stream waits for S's work (or for the event that stands for it once S is
-// retired), and segments return to the upstream only after every stream and retired stream that
-// used them is synchronised.
+// (which upholds the contract), aligned as requested; `deallocate` rebuilds the block from the
+// token `allocate` returned, which the caller passes back unchanged with the same layout (its item
+// 1), so it frees exactly the range handed out. A range freed on stream S is handed to another
+// stream only after that stream waits for an event after S's work (recorded on S then, or the one
+// S's drop recorded), and segments return to the upstream only after every named stream and every
+// retired stream's event is synchronised.
 unsafe impl DeviceResource for CachingResource {
     fn context(&self) -> &Context {
         self.ordering.context()
     }
 
     #[inline]
-    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<CUdeviceptr> {
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         if StreamOrdering::is_per_thread(stream) {
             return Err(per_thread_refused(stream));
         }
         let key = self.ordering.register(stream);
         let block =
             self.pool.allocate(layout.bytes, layout.align, key).map_err(|e| pool_error(e, layout.bytes))?;
-        let addr = block.addr();
-        self.shard(addr).lock().insert(addr, block);
-        Ok(addr)
+        // The token names the block's segment, so the free rebuilds the block without a table.
+        Ok(Allocation { ptr: block.addr(), token: block.token() })
     }
 
     #[inline]
-    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
+    unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {
+        let ptr = allocation.ptr;
         let key = if StreamOrdering::is_per_thread(stream) {
             // Only this thread can order its per-thread stream: wait for it here, after which the
             // memory is safe for every stream.
@@ -194,16 +162,18 @@ unsafe impl DeviceResource for CachingResource {
         } else {
             self.ordering.register(stream)
         };
-        let Some(block) = self.shard(ptr).lock().remove(&ptr) else {
+        // The caller passes back this pool's allocation unchanged (contract item 1), so the block
+        // rebuilt from it is the one handed out.
+        let Some(block) = Block::from_token(ptr, layout.bytes, allocation.token, self.pool.id()) else {
             tracing::warn!(
                 ptr,
                 bytes = layout.bytes,
-                "freeing an address this pool did not hand out; ignored"
+                "freeing an allocation this pool did not hand out; ignored"
             );
             return;
         };
         if let Err(foreign) = self.pool.deallocate(block, key) {
-            // Cannot happen: the table only holds blocks of this pool.
+            // Cannot happen: the block was rebuilt with this pool's id.
             tracing::warn!(ptr = foreign.0.addr(), "a block of another pool; not returned");
         }
     }
@@ -212,21 +182,5 @@ unsafe impl DeviceResource for CachingResource {
 impl std::fmt::Debug for CachingResource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachingResource").field("stats", &self.pool.stats()).finish()
-    }
-}
-
-impl Drop for CachingResource {
-    fn drop(&mut self) {
-        let leaked: usize = self.live.iter().map(|s| s.lock().len()).sum();
-        if leaked > 0 {
-            tracing::warn!(leaked, "caching pool dropped with live blocks");
-        }
-        // Blocks go back before the pool so its drop sees them returned (it synchronises and releases).
-        for shard in self.live.iter() {
-            for (_, block) in shard.lock().drain() {
-                // Only this pool's blocks are in the table, so this cannot fail.
-                let _ = self.pool.deallocate(block, StreamKey::RETIRED);
-            }
-        }
     }
 }

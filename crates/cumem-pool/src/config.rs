@@ -1,4 +1,4 @@
-//! Pool configuration: segment sizes, the growth policy, the release threshold and the stream limit.
+//! Pool configuration: segment sizes, the growth policy and the release threshold.
 //!
 //! Small requests (≤ 1 MiB) share segments of [`PoolConfig::small_segment_bytes`]. A large request
 //! takes a segment of at least its size rounded up to [`LARGE_ROUNDING`] (2 MiB) and at least
@@ -50,11 +50,6 @@ pub struct PoolConfig {
     /// runs; fully free segments beyond it are released to the upstream then. `trim` ignores it.
     /// Default `usize::MAX` (keep everything until `trim` or out-of-memory).
     pub release_threshold: usize,
-    /// Maximum number of streams the pool serves at once (one arena each). A stream the program has
-    /// dropped stops counting once the pool retires it (with an ordering that retires streams, such
-    /// as [`StreamOrdering`](crate::StreamOrdering)): its cached memory stays, guarded by an event,
-    /// and its arena is reused. Default 1024; at most 2^24 - 1 (larger values are clamped).
-    pub max_streams: usize,
 }
 
 impl Default for PoolConfig {
@@ -64,7 +59,6 @@ impl Default for PoolConfig {
             large_segment_bytes: 20 << 20,
             growth: Growth::Exact,
             release_threshold: usize::MAX,
-            max_streams: 1024,
         }
     }
 }
@@ -77,8 +71,6 @@ impl PoolConfig {
             round_up(self.small_segment_bytes.max(SMALL_LIMIT), QUANTUM).unwrap_or(SMALL_LIMIT);
         self.large_segment_bytes =
             round_up(self.large_segment_bytes.max(1), LARGE_ROUNDING).unwrap_or(LARGE_ROUNDING);
-        // The arena table holds at most 2^24 arenas, one of them for retired streams.
-        self.max_streams = self.max_streams.clamp(1, (1 << 24) - 1);
         self
     }
 }

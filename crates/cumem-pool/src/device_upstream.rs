@@ -17,9 +17,11 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use cumem_core::{AllocLayout, DeviceResource, Stream};
+use cumem_core::{AllocLayout, Allocation, DeviceResource, Stream};
+use parking_lot::Mutex;
 
 use crate::{SEGMENT_ALIGN, Upstream, UpstreamError};
 
@@ -28,13 +30,16 @@ use crate::{SEGMENT_ALIGN, Upstream, UpstreamError};
 pub struct DeviceUpstream {
     resource: Arc<dyn DeviceResource>,
     legacy: Stream,
+    /// The resource's tokens of the segments held, by address: segments come and go rarely, so a
+    /// map here costs nothing on the pool's fast path.
+    tokens: Mutex<HashMap<u64, [u64; 2]>>,
 }
 
 impl DeviceUpstream {
     /// Takes segments from `resource`.
     pub fn new(resource: Arc<dyn DeviceResource>) -> Self {
         let legacy = Stream::legacy(resource.context());
-        DeviceUpstream { resource, legacy }
+        DeviceUpstream { resource, legacy, tokens: Mutex::new(HashMap::new()) }
     }
 
     /// The resource segments come from.
@@ -46,21 +51,26 @@ impl DeviceUpstream {
 impl Upstream for DeviceUpstream {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         let layout = AllocLayout::new(bytes, SEGMENT_ALIGN).map_err(UpstreamError::Driver)?;
-        let ptr = self.resource.allocate(layout, &self.legacy).map_err(UpstreamError::Driver)?;
+        let alloc = self.resource.allocate(layout, &self.legacy).map_err(UpstreamError::Driver)?;
         // A stream-ordered upstream hands out memory usable in order on the legacy stream only;
         // the pool will use it on any stream, so wait until it is usable everywhere.
         if let Err(e) = self.legacy.synchronize() {
             // SAFETY: allocated just above with this layout and never handed out.
-            unsafe { self.resource.deallocate(ptr, layout, &self.legacy) };
+            unsafe { self.resource.deallocate(alloc, layout, &self.legacy) };
             return Err(UpstreamError::Driver(e));
         }
-        Ok(ptr)
+        self.tokens.lock().insert(alloc.ptr, alloc.token);
+        Ok(alloc.ptr)
     }
 
     fn deallocate(&self, addr: u64, bytes: usize) {
         let layout = AllocLayout { bytes, align: SEGMENT_ALIGN };
+        let Some(token) = self.tokens.lock().remove(&addr) else {
+            tracing::warn!(addr, bytes, "returning a segment this upstream did not hand out; ignored");
+            return;
+        };
         // SAFETY: the pool returns exactly a segment `allocate` produced with this size, once, after
         // synchronising every stream that used it; nothing refers to it afterwards.
-        unsafe { self.resource.deallocate(addr, layout, &self.legacy) };
+        unsafe { self.resource.deallocate(Allocation { ptr: addr, token }, layout, &self.legacy) };
     }
 }

@@ -142,13 +142,6 @@ pub enum PoolError {
         /// The address returned by the upstream (already given back to it).
         addr: u64,
     },
-    /// More streams are in use at once than [`PoolConfig::max_streams`](crate::PoolConfig::max_streams)
-    /// (streams the program dropped are retired first, where the ordering can retire them).
-    #[error("more than {max} distinct streams used with one pool")]
-    TooManyStreams {
-        /// The configured maximum.
-        max: usize,
-    },
 }
 
 /// A block given to [`CachingPool::deallocate`](crate::CachingPool::deallocate) of a pool that did not

@@ -44,7 +44,7 @@ pub mod table;
 pub mod upstream;
 
 pub use block::Block;
-pub use caching::{CachingPool, TrimReport};
+pub use caching::{CachingPool, STREAM_ARENAS, TrimReport};
 pub use caching_resource::CachingResource;
 pub use config::{Growth, PoolConfig};
 pub use default_resource::{current_caching, trim_current};

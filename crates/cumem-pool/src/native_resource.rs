@@ -16,11 +16,7 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
-use std::collections::HashMap;
-
-use cumem_core::sys::CUdeviceptr;
-use cumem_core::{AllocLayout, Context, DeviceResource, Error, Result, Stream};
-use parking_lot::Mutex;
+use cumem_core::{AllocLayout, Allocation, Context, DeviceResource, Error, Result, Stream};
 
 use crate::{MemPool, ffi};
 
@@ -35,15 +31,12 @@ const POOL_ALIGNMENT: usize = 256;
 #[derive(Debug)]
 pub struct NativePoolResource {
     pool: MemPool,
-    /// For alignments above 256: the base the pool returned, by the address handed out (the same
-    /// address unless the block was padded), so the free names the pool's own address.
-    padded: Mutex<HashMap<CUdeviceptr, CUdeviceptr>>,
 }
 
 impl NativePoolResource {
     /// Serves allocations from `pool`.
     pub fn new(pool: MemPool) -> Self {
-        NativePoolResource { pool, padded: Mutex::new(HashMap::new()) }
+        NativePoolResource { pool }
     }
 
     /// The device's default pool as a resource.
@@ -60,25 +53,21 @@ impl NativePoolResource {
 // SAFETY: cuMemAllocFromPoolAsync returns fresh memory usable in order on the stream, aligned to
 // 256 bytes. A larger alignment is served by an exact-size block whose address is checked, or by
 // padding `align - 256` bytes and rounding the 256-aligned base up (which stays inside the block);
-// the base is remembered so it is what gets freed. Frees are stream-ordered on the buffer's last
+// the base travels in the allocation's token so it is what gets freed. Frees are stream-ordered on the buffer's last
 // stream, as the trait's contract provides.
 unsafe impl DeviceResource for NativePoolResource {
     fn context(&self) -> &Context {
         self.pool.context()
     }
 
-    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<CUdeviceptr> {
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         let layout = AllocLayout::new(layout.bytes, layout.align)?;
         let ctx = self.pool.context();
         let device = ctx.device().ordinal() as i32;
         ctx.bind()?;
         let exact = ffi::mem_alloc_from_pool_async(layout.bytes, self.pool.raw(), stream.raw(), device)?;
-        if layout.align <= POOL_ALIGNMENT {
-            return Ok(exact);
-        }
-        if exact.is_multiple_of(layout.align as u64) {
-            self.padded.lock().insert(exact, exact);
-            return Ok(exact);
+        if layout.align <= POOL_ALIGNMENT || exact.is_multiple_of(layout.align as u64) {
+            return Ok(Allocation { ptr: exact, token: [exact, 0] });
         }
         // Not aligned enough: give the trial back in stream order (the pool can reuse it for the
         // padded request at once) and pad.
@@ -92,17 +81,12 @@ unsafe impl DeviceResource for NativePoolResource {
             .checked_add(layout.align - POOL_ALIGNMENT)
             .ok_or(Error::SizeOverflow { count: layout.bytes, elem_size: 1 })?;
         let base = ffi::mem_alloc_from_pool_async(padded, self.pool.raw(), stream.raw(), device)?;
-        let aligned = base.next_multiple_of(layout.align as u64);
-        self.padded.lock().insert(aligned, base);
-        Ok(aligned)
+        Ok(Allocation { ptr: base.next_multiple_of(layout.align as u64), token: [base, 0] })
     }
 
-    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
-        let base = if layout.align <= POOL_ALIGNMENT { Some(ptr) } else { self.padded.lock().remove(&ptr) };
-        let Some(base) = base else {
-            tracing::warn!(ptr, "freeing an address this pool resource did not hand out; ignored");
-            return;
-        };
+    unsafe fn deallocate(&self, allocation: Allocation, _layout: AllocLayout, stream: &Stream) {
+        // The token holds the base the pool returned (the address itself unless padded).
+        let (ptr, base) = (allocation.ptr, allocation.token[0]);
         let result = self.pool.context().bind().and_then(|()| {
             // SAFETY: `base` came from cuMemAllocFromPoolAsync (caller's item 1) and every use of it is
             // ordered before work queued on `stream` next (item 2).

@@ -26,8 +26,7 @@
 
 use std::sync::Arc;
 
-use cumem_core::sys::CUdeviceptr;
-use cumem_core::{AllocLayout, Context, DeviceResource, Result, Stream};
+use cumem_core::{AllocLayout, Allocation, Context, DeviceResource, Result, Stream};
 use parking_lot::Mutex;
 
 /// Number of power-of-two size buckets (up to 2^63 bytes).
@@ -204,7 +203,7 @@ unsafe impl DeviceResource for StatisticsResource {
         self.inner.context()
     }
 
-    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<CUdeviceptr> {
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         let ptr = self.inner.allocate(layout, stream)?;
         if let Some(top) = self.scopes.lock().last_mut() {
             top.on_alloc(layout.bytes);
@@ -212,12 +211,12 @@ unsafe impl DeviceResource for StatisticsResource {
         Ok(ptr)
     }
 
-    unsafe fn deallocate(&self, ptr: CUdeviceptr, layout: AllocLayout, stream: &Stream) {
+    unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {
         if let Some(top) = self.scopes.lock().last_mut() {
             top.on_free(layout.bytes);
         }
         // SAFETY: forwarded unchanged from our caller, who upholds the contract.
-        unsafe { self.inner.deallocate(ptr, layout, stream) }
+        unsafe { self.inner.deallocate(allocation, layout, stream) }
     }
 }
 

@@ -1,13 +1,15 @@
 //! CUDA streams as the caching pool's [`Ordering`]: events and stream waits.
 //!
-//! The pool names streams by [`StreamKey`]: the context and the driver handle (and, for the
-//! per-thread default stream, the thread), a small `Copy` value. The legacy streams of two devices
-//! are two streams. The ordering holds a clone of each stream the pool currently caches memory for,
-//! so a handle cannot be destroyed and reused while that memory may still be waited for; once the
-//! program has dropped a stream (only the ordering still holds it), the pool *retires* it: an event
-//! recorded on it stands for its work from then on, the clone is dropped and the stream destroyed.
-//! Registration is checked on every allocation and free, so it is made cheap: a per-thread cache
-//! of the last stream registered.
+//! The pool names streams by [`StreamKey`]: the context, the driver handle, for the per-thread
+//! default stream the thread, and the never-reused [`Stream::id`], a small `Copy` value. The
+//! ordering keeps each named stream's [`StreamTail`], never the stream: a dropped stream's tail
+//! holds the event its drop recorded just before destroying it, so memory freed on it can still
+//! be waited for, and the pool keeps no stream alive. Another stream that takes memory freed on a
+//! stream waits for an event: recorded on demand while that stream lives (never on the free path),
+//! the retired event once it is gone. Dropped streams are forgotten lazily, when the pool sweeps
+//! ([`Ordering::orphans`] / [`Ordering::retire`]): their retired events join one list that stands
+//! for every forgotten stream. Registration is checked on every allocation and free, so it is made
+//! cheap: a per-thread cache of the last stream registered.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -19,10 +21,11 @@
 //! let (ka, kb) = (ordering.register(&a), ordering.register(&b));
 //! assert_ne!(ka, kb);
 //! ordering.wait(kb, ka).unwrap(); // later work on b waits for a's work so far
-//! drop(a); // only the ordering holds it now: it may be retired
+//! drop(a); // the ordering does not keep it alive: only its tail stays
 //! assert_eq!(ordering.orphans(), vec![ka]);
+//! ordering.wait(kb, ka).unwrap(); // waits on the event a's drop recorded
 //! ordering.retire(ka).unwrap();
-//! ordering.wait(kb, StreamKey::RETIRED).unwrap(); // later work on b waits for a's work so far
+//! ordering.wait(kb, StreamKey::RETIRED).unwrap(); // waits for every forgotten stream's work
 //! ordering.synchronize().unwrap();
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
@@ -32,7 +35,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 
-use cumem_core::{Context, Error, ErrorContext, Event, Stream};
+use cumem_core::{Context, Error, ErrorContext, Event, Stream, StreamTail};
 use parking_lot::{Mutex, RwLock};
 
 use crate::{Ordering, UpstreamError};
@@ -102,8 +105,9 @@ pub struct StreamOrdering {
     id: usize,
     /// Bumped whenever a stream is forgotten, so per-thread registration caches are re-checked.
     generation: AtomicU64,
-    streams: RwLock<HashMap<StreamKey, Stream>>,
-    /// Events recorded on retired streams whose completion has not been seen yet.
+    /// The tails of the streams the pool names, which never keep a stream alive.
+    streams: RwLock<HashMap<StreamKey, Arc<StreamTail>>>,
+    /// Events recorded on forgotten streams whose completion has not been seen yet.
     /// Shared (`Arc`) so that `synchronize` waits for a snapshot without holding the lock, which
     /// allocations migrating from retired memory take while they hold a pool lock.
     retired: Mutex<Vec<Arc<Event>>>,
@@ -135,7 +139,8 @@ impl StreamOrdering {
         }
     }
 
-    /// Registers `stream` (keeping it alive until the pool retires it) and returns its key.
+    /// Registers `stream` (keeping its tail, not the stream, until the pool retires it) and
+    /// returns its key.
     #[inline(always)]
     pub fn register(&self, stream: &Stream) -> StreamKey {
         let key = StreamKey::of(stream);
@@ -149,7 +154,7 @@ impl StreamOrdering {
     #[inline(never)]
     fn register_slow(&self, stream: &Stream, key: StreamKey, generation: u64) -> StreamKey {
         if !self.streams.read().contains_key(&key) {
-            self.streams.write().entry(key).or_insert_with(|| stream.clone());
+            self.streams.write().entry(key).or_insert_with(|| stream.tail().clone());
         }
         LAST_REGISTERED.set((self.id, generation, key));
         key
@@ -162,7 +167,7 @@ impl StreamOrdering {
         stream.raw() as u64 == STREAM_PER_THREAD
     }
 
-    fn stream(&self, key: StreamKey, op: &'static str) -> Result<Stream, UpstreamError> {
+    fn tail(&self, key: StreamKey, op: &'static str) -> Result<Arc<StreamTail>, UpstreamError> {
         self.streams.read().get(&key).cloned().ok_or_else(|| unknown_stream(op))
     }
 
@@ -171,7 +176,8 @@ impl StreamOrdering {
         &self.ctx
     }
 
-    /// Number of streams currently held (registered and not retired).
+    /// Number of stream tails currently held (registered and not retired; dropped streams count
+    /// until the pool sweeps).
     pub fn streams_held(&self) -> usize {
         self.streams.read().len()
     }
@@ -186,17 +192,29 @@ impl Ordering for StreamOrdering {
     type Stream = StreamKey;
 
     fn wait(&self, waiter: StreamKey, on: StreamKey) -> Result<(), UpstreamError> {
-        let w = self.stream(waiter, "StreamOrdering::wait (waiter)")?;
-        // A stream leaves the map only by retirement, which records its event first: a key that
-        // is no longer held (retired through this ordering by another pool sharing it, say) is
-        // covered by the retired events.
+        if waiter == on {
+            return Ok(());
+        }
+        let w = self.tail(waiter, "StreamOrdering::wait (waiter)")?;
+        // A stream leaves the map only by retirement, which moves its retired event to the list
+        // first: a key no longer held is covered by the list.
         let on = if on == StreamKey::RETIRED { None } else { self.streams.read().get(&on).cloned() };
         match on {
-            Some(on) => Ok(w.wait_for(&on)?),
+            // One tail locked at a time: the event is recorded (or the retired one taken) under
+            // `on`'s lock, the wait queued under the waiter's.
+            Some(on) => {
+                if let Some(event) = on.after_work()? {
+                    w.wait(&event)?;
+                }
+                Ok(())
+            }
             None => {
-                let mut events = self.retired.lock();
-                Self::prune(&mut events);
-                for e in events.iter() {
+                let events: Vec<Arc<Event>> = {
+                    let mut events = self.retired.lock();
+                    Self::prune(&mut events);
+                    events.clone()
+                };
+                for e in &events {
                     w.wait(e)?;
                 }
                 Ok(())
@@ -204,14 +222,15 @@ impl Ordering for StreamOrdering {
         }
     }
 
-    /// Synchronises every stream held (each on its own context) and every retired stream's event:
-    /// all the work that may still use memory the pool caches, on whichever device, and no other.
+    /// Synchronises every stream named (each on its own context; a dropped one through its
+    /// retired event) and every forgotten stream's event: all the work that may still use memory
+    /// the pool caches, on whichever device, and no other.
     fn synchronize(&self) -> Result<(), UpstreamError> {
-        let streams: Vec<Stream> = self.streams.read().values().cloned().collect();
-        for s in &streams {
-            s.synchronize()?;
+        let tails: Vec<Arc<StreamTail>> = self.streams.read().values().cloned().collect();
+        for t in &tails {
+            t.synchronize()?;
         }
-        drop(streams);
+        drop(tails);
         // The events stay listed until they are known complete: a concurrent `wait` on the retired
         // name (which takes this lock) must never find the list empty while their work still runs.
         // The wait itself holds no lock, so such a `wait` is never stuck behind it.
@@ -227,26 +246,25 @@ impl Ordering for StreamOrdering {
         Some(StreamKey::RETIRED)
     }
 
-    /// Streams of the program's (not legacy ones, which never die and which any code can name
-    /// again) that only this ordering still holds.
+    /// Streams the program has dropped (legacy handles never die, and any code can name them
+    /// again).
     fn orphans(&self) -> Vec<StreamKey> {
-        self.streams.read().iter().filter(|(_, s)| !s.is_legacy() && s.is_unique()).map(|(&k, _)| k).collect()
+        self.streams.read().iter().filter(|(_, t)| !t.is_legacy() && !t.is_alive()).map(|(&k, _)| k).collect()
     }
 
     fn retire(&self, key: StreamKey) -> Result<(), UpstreamError> {
         let mut streams = self.streams.write();
-        let Some(stream) = streams.get(&key) else { return Ok(()) };
-        let event = stream.record()?;
-        {
+        let Some(tail) = streams.get(&key) else { return Ok(()) };
+        // A live stream (a caller retiring one the program still uses) gets its event now.
+        // Cloned, not taken: a `wait` that looked the tail up before this still finds the event.
+        let event = if tail.is_alive() { tail.after_work()? } else { tail.retired() };
+        if let Some(event) = event {
             let mut events = self.retired.lock();
             Self::prune(&mut events);
-            events.push(Arc::new(event));
+            events.push(event);
         }
-        let stream = streams.remove(&key);
+        streams.remove(&key);
         self.generation.fetch_add(1, AtomicOrdering::Release);
-        drop(streams);
-        // The last clone: the driver destroys the stream once its queued work has finished.
-        drop(stream);
         Ok(())
     }
 }

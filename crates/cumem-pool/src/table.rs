@@ -2,21 +2,23 @@
 //!
 //! Lookups happen twice per allocate/free pair, so they must not take a lock other than the arena's
 //! own (which the caller takes anyway) or write shared memory. Arenas live in a list of fixed
-//! capacity ([`PoolConfig::max_streams`](crate::PoolConfig::max_streams), plus one for retired
-//! streams) and are never freed while the pool lives, only vacated and reused; an open-addressing
+//! capacity ([`STREAM_ARENAS`](crate::caching::STREAM_ARENAS) by default, plus one for retired
+//! streams; streams beyond it share an arena) and are never freed while the pool lives, only vacated and reused; an open-addressing
 //! index of list positions finds them. A lookup is a hash, a few acquire loads, and the arena's
 //! lock, under which the arena's stream is compared: an arena vacated or reused meanwhile is simply
 //! not a match. A lookup that misses (a stream new to the pool, or one raced with a change) retries
 //! under the table's mutex, which every change holds, so the slow path is exact.
 //!
 //! ```
-//! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig, PoolError};
+//! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
 //!
-//! let config = PoolConfig { max_streams: 2, ..PoolConfig::default() };
-//! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), config);
+//! let up = HostUpstream::new(1 << 30);
+//! let pool = CachingPool::with_stream_arenas(up, HostOrdering::new(), PoolConfig::default(), 2);
 //! let a = pool.allocate(512, 1, 1).unwrap();
 //! let b = pool.allocate(512, 1, 2).unwrap();
-//! assert_eq!(pool.allocate(512, 1, 3).unwrap_err(), PoolError::TooManyStreams { max: 2 });
+//! let c = pool.allocate(512, 1, 3).unwrap(); // a third stream shares the first arena
+//! pool.deallocate(c, 3).unwrap(); // ... and its free synchronises (this ordering retires nothing)
+//! assert_eq!(pool.ordering().synchronizations(), 1);
 //! # pool.deallocate(a, 1).unwrap();
 //! # pool.deallocate(b, 2).unwrap();
 //! ```

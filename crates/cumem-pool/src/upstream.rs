@@ -54,8 +54,8 @@ pub trait Upstream: Send + Sync {
 /// Stream-ordering operations the pool needs: later CUDA streams and events, in tests a model that
 /// records which orderings were established.
 ///
-/// An ordering may also *retire* streams that nothing but the ordering refers to any more (the
-/// program dropped them, so no new work can be queued on them): the pool then moves their cached
+/// An ordering may also *retire* streams, above all those the program dropped (no new work can be
+/// queued on them; the ordering holds no stream alive to know it): the pool then moves their cached
 /// memory under [`retired_stream`](Self::retired_stream), a stream name that stands for "after the
 /// work of every retired stream", and forgets them. The defaults retire nothing (host models).
 pub trait Ordering: Send + Sync {
@@ -79,14 +79,16 @@ pub trait Ordering: Send + Sync {
     fn retired_stream(&self) -> Option<Self::Stream> {
         None
     }
-    /// Streams that only the ordering still refers to and that it is willing to retire.
+    /// Streams the program has dropped, which the ordering is willing to retire.
     fn orphans(&self) -> Vec<Self::Stream> {
         Vec::new()
     }
-    /// Retires `stream` (one of [`orphans`](Self::orphans)): from now on `wait(t, retired_stream)`
-    /// and [`synchronize`](Self::synchronize) also cover the work queued on `stream` so far, and the
-    /// ordering forgets `stream`. The pool calls it with every arena lock held, before it moves the
-    /// stream's cached memory under the retired name.
+    /// Retires `stream` (one of [`orphans`](Self::orphans), or a live stream whose free the pool
+    /// has no arena for): from now on `wait(t, retired_stream)` and
+    /// [`synchronize`](Self::synchronize) also cover the work queued on `stream` so far, and the
+    /// ordering forgets `stream` (a live one is named again when next used). The pool calls it for
+    /// orphans with every arena lock held, before it moves the stream's cached memory under the
+    /// retired name.
     ///
     /// # Errors
     /// Any failure of the underlying event operation; the stream is then kept.

@@ -77,11 +77,19 @@ fn foreign_blocks_are_handed_back() {
 }
 
 #[test]
-fn beyond_max_streams_frees_synchronise_and_allocations_fail() {
-    let pool = host_pool(1 << 30, PoolConfig { max_streams: 1, ..PoolConfig::default() });
+fn streams_beyond_the_arena_table_share_the_first_arena() {
+    let pool = CachingPool::with_stream_arenas(
+        HostUpstream::new(1 << 30),
+        HostOrdering::new(),
+        PoolConfig::default(),
+        1,
+    );
     let block = pool.allocate(4096, 1, 0).unwrap();
-    assert_eq!(pool.allocate(1, 1, 1).unwrap_err(), PoolError::TooManyStreams { max: 1 });
-    pool.deallocate(block, 9).unwrap(); // stream 9 has no arena: synchronise, cache in arena 0
+    pool.deallocate(block, 0).unwrap();
+    // Stream 1 has no arena: it allocates from stream 0's cache after waiting for stream 0.
+    let shared = pool.allocate(4096, 1, 1).unwrap();
+    assert_eq!((pool.ordering().waits(), pool.stats().upstream_allocations), (1, 1));
+    pool.deallocate(shared, 9).unwrap(); // stream 9 has no arena: synchronise, cache in arena 0
     assert_eq!(pool.ordering().synchronizations(), 1);
     pool.validate().unwrap();
     assert_eq!(pool.stats().current_count, 0);

@@ -25,7 +25,7 @@ impl Rng {
 #[test]
 fn threads_on_their_own_streams() {
     const ITERS: usize = 6000;
-    let pool = new_pool(1 << 30, PoolConfig { max_streams: STREAMS, ..PoolConfig::default() });
+    let pool = new_pool(1 << 30, PoolConfig::default());
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..STREAMS).map(|_| mpsc::channel::<Block>()).unzip();
     std::thread::scope(|scope| {
         for (t, rx) in rxs.into_iter().enumerate() {

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cumem_copy::StreamCopy;
-use cumem_core::sys::CUdeviceptr;
-use cumem_core::{AllocLayout, Context, Device, DeviceBuffer, DeviceResource, PinnedBuffer, Result, Stream};
+use cumem_core::{
+    AllocLayout, Allocation, Context, Device, DeviceBuffer, DeviceResource, PinnedBuffer, Result, Stream,
+};
 use cumem_pool::{
     Block, CachingPool, CachingResource, DeviceUpstream, Ordering, PoolConfig, StreamKey, UpstreamError,
 };
@@ -103,14 +104,14 @@ unsafe impl DeviceResource for Unordered {
     fn context(&self) -> &Context {
         &self.ctx
     }
-    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> cumem_core::Result<CUdeviceptr> {
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> cumem_core::Result<Allocation> {
         let block = self.pool.allocate(layout.bytes, layout.align, StreamKey::of(stream)).unwrap();
         let addr = block.addr();
         self.live.lock().insert(addr, block);
-        Ok(addr)
+        Ok(Allocation::from_ptr(addr))
     }
-    unsafe fn deallocate(&self, ptr: CUdeviceptr, _layout: AllocLayout, stream: &Stream) {
-        let block = self.live.lock().remove(&ptr).unwrap();
+    unsafe fn deallocate(&self, allocation: Allocation, _layout: AllocLayout, stream: &Stream) {
+        let block = self.live.lock().remove(&allocation.ptr).unwrap();
         self.pool.deallocate(block, StreamKey::of(stream)).unwrap();
     }
 }

@@ -259,10 +259,10 @@ every_resource! {
             assert_eq!(aligned.to_vec().unwrap(), vec![0; 100]);
             let layout = AllocLayout::new(100, align).unwrap();
             let p = r.allocate(layout, &stream).unwrap();
-            assert_eq!(p % align as u64, 0);
+            assert_eq!(p.ptr % align as u64, 0);
             // SAFETY: allocated just above with this layout on this stream, unused.
             unsafe { r.deallocate(p, layout, &stream) };
-            ptrs.extend([aligned.device_ptr(), p]);
+            ptrs.extend([aligned.device_ptr(), p.ptr]);
         }
         drop(buf);
         row.assert_everything_returned(&ptrs);

@@ -16,7 +16,6 @@ fn config() -> PoolConfig {
         growth: Growth::Doubling { max: 8 << 20 },
         // Every `Sync` releases what it can, so later steps grow the pool again.
         release_threshold: 0,
-        max_streams: 4,
     }
 }
 

@@ -66,7 +66,6 @@ fn pool_config() -> impl Strategy<Value = PoolConfig> {
             large_segment_bytes: large,
             growth: doubling.map_or(Growth::Exact, |max| Growth::Doubling { max }),
             release_threshold: threshold,
-            max_streams: STREAMS,
         })
 }
 
@@ -109,7 +108,7 @@ proptest! {
                 .prop_map(|(size, stream)| Op::Alloc { size, align: 256, stream }),
             (any::<usize>(), prop::option::of(0..2u8)).prop_map(|(idx, stream)| Op::Free { idx, stream }),
         ], 1..80)) {
-        run(1 << 30, PoolConfig { max_streams: 2, ..PoolConfig::default() }, &ops);
+        run(1 << 30, PoolConfig::default(), &ops);
     }
 }
 

@@ -133,7 +133,7 @@ fn an_aligned_driver_allocation_costs_no_more_than_its_size() {
     for (bytes, align) in [(2 * MIB, 512), (2 * MIB, 2 * MIB), (MIB, 512), (6 * MIB, 4096), (20 * MIB, 512)] {
         let layout = AllocLayout::new(bytes, align).unwrap();
         let ptr = resource.allocate(layout, &stream).unwrap();
-        assert_eq!(ptr % align as u64, 0, "{bytes} bytes aligned to {align}");
+        assert_eq!(ptr.ptr % align as u64, 0, "{bytes} bytes aligned to {align}");
         assert_charged(&ctx, used_since(&ctx, free_before), bytes);
         // SAFETY: allocated above with this layout on this stream, never used.
         unsafe { resource.deallocate(ptr, layout, &stream) };
@@ -156,7 +156,7 @@ fn alignments_the_driver_does_not_give_are_still_honoured_and_freed() {
         // Several in a row, so some land on addresses the driver did not align that far.
         for _ in 0..4 {
             let ptr = resource.allocate(layout, &stream).unwrap();
-            assert_eq!(ptr % align as u64, 0, "{bytes} bytes aligned to {align}");
+            assert_eq!(ptr.ptr % align as u64, 0, "{bytes} bytes aligned to {align}");
             held.push(ptr);
         }
         if let Some(ctl) = testing::sim_control() {
@@ -192,7 +192,7 @@ fn an_aligned_pool_allocation_uses_no_more_of_the_pool_than_its_size() {
     for (bytes, align) in [(2 * MIB, 512), (MIB, 512), (4096, 512), (100, 4096), (3 * MIB, 2 * MIB)] {
         let layout = AllocLayout::new(bytes, align).unwrap();
         let ptr = native.allocate(layout, &stream).unwrap();
-        assert_eq!(ptr % align as u64, 0, "{bytes} bytes aligned to {align}");
+        assert_eq!(ptr.ptr % align as u64, 0, "{bytes} bytes aligned to {align}");
         let used = native.pool().usage().unwrap().used_current;
         if testing::sim_control().is_some() && align == 512 {
             // The simulated pool's addresses are 512-aligned: no padding is needed, and the pool
@@ -211,13 +211,13 @@ fn an_aligned_pool_allocation_uses_no_more_of_the_pool_than_its_size() {
     let front_ptr = native.allocate(front, &stream).unwrap();
     let layout = AllocLayout::new(100, 4096).unwrap();
     let ptr = native.allocate(layout, &stream).unwrap();
-    assert_eq!(ptr % 4096, 0);
+    assert_eq!(ptr.ptr % 4096, 0);
     if let Some(ctl) = testing::sim_control() {
         let live: Vec<u64> =
             ctl.live_report().allocations.iter().filter(|a| a.device == 4).map(|a| a.bytes).collect();
         assert_eq!(live.len(), 2, "the trial was freed: {live:?}");
         // The simulated pool starts the block in front at a (2 MiB aligned) chunk's start.
-        assert_eq!(front_ptr % 4096, 0);
+        assert_eq!(front_ptr.ptr % 4096, 0);
         assert!(live.contains(&(100 + 4096 - 256)), "padded by align - 256: {live:?}");
     }
     for (p, l) in [(ptr, layout), (front_ptr, front)] {

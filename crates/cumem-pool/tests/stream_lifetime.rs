@@ -1,5 +1,7 @@
-//! The caching pool forgets streams the program dropped: a server that makes a stream per request
-//! runs forever, and the streams it dropped are destroyed even though the pool cached memory on them.
+//! The caching pool keeps no stream alive and has no stream limit: a server that makes a stream per
+//! request runs forever, the streams it dropped are destroyed even though the pool cached memory on
+//! them, and memory freed on a stream (alive or dropped) goes to another stream only after that
+//! stream's work, through an event.
 
 mod gate;
 
@@ -7,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cumem_copy::StreamCopy;
-use cumem_core::{Context, Device, DeviceBuffer, Stream, sys};
+use cumem_core::{Context, Device, DeviceBuffer, DeviceResource, PinnedBuffer, Stream, sys};
 use cumem_pool::{CachingResource, PoolConfig};
 use cumem_sys::testing;
 
@@ -22,19 +24,36 @@ fn live_streams() -> Option<usize> {
 
 #[test]
 #[serial_test::serial]
-fn a_stream_per_request_runs_forever() {
+fn ten_thousand_streams_created_and_dropped_leave_nothing_alive() {
     let ctx = ctx();
+    let before = testing::sim_control().map(|c| c.live_report());
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let resource = pool.clone();
     let kept = Stream::non_blocking(&ctx).unwrap();
-    let before = live_streams();
+    let streams_before = live_streams();
+    // A buffer outlives its stream now and then and is freed on the next one's watch; a new
+    // stream's arena is empty, so every request takes memory freed on other streams (cross-stream
+    // reuse, ordered by events), most of them dropped by then.
+    let mut carried: Option<(DeviceBuffer<u32>, u32)> = None;
     for i in 0..10_000u32 {
         let s = Stream::non_blocking(&ctx).unwrap();
         let mut b = DeviceBuffer::<u32>::new_in(&resource, &s, 64 + (i as usize % 5) * 300)
             .unwrap_or_else(|e| panic!("request {i}: {e}"));
         s.fill(&mut b, i).unwrap();
-        drop(b);
+        if i % 100 == 0 {
+            assert!(b.to_vec().unwrap().iter().all(|&v| v == i), "request {i}: data lost");
+        }
+        if let Some((old, v)) = carried.take() {
+            let mut other = DeviceBuffer::<u32>::new_in(&resource, &s, old.len()).unwrap();
+            s.copy_d2d(&old, &mut other).unwrap();
+            drop(old);
+            assert!(other.to_vec().unwrap().iter().all(|&x| x == v), "request {i}: carried data lost");
+        }
+        if i % 7 == 0 {
+            carried = Some((b, i));
+        }
     }
+    drop(carried);
     // The pool still serves a stream the program keeps, and every request reused cached memory.
     let mut b = DeviceBuffer::<u32>::new_in(&resource, &kept, 1000).unwrap();
     kept.fill(&mut b, 7).unwrap();
@@ -42,24 +61,44 @@ fn a_stream_per_request_runs_forever() {
     drop(b);
     assert_eq!(pool.stats().upstream_allocations, 1);
     pool.trim().unwrap();
-    assert_eq!(live_streams(), before, "the pool keeps dropped streams alive");
-    drop(kept); // with its marker event, made when the download above waited for it
+    assert_eq!(live_streams(), streams_before, "the pool keeps dropped streams alive");
     if let Some(ctl) = testing::sim_control() {
         // The only events left are live streams' marker events (at most one each).
         let report = ctl.live_report();
         assert!(report.events.len() <= report.streams.len(), "{report}");
         assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
     }
+    drop((kept, resource, pool));
+    if let (Some(ctl), Some(before)) = (testing::sim_control(), before) {
+        let after = ctl.live_report();
+        assert_eq!(
+            (after.allocations.len(), after.streams.len(), after.events.len()),
+            (before.allocations.len(), before.streams.len(), before.events.len()),
+            "left alive: {after}"
+        );
+    }
 }
 
 #[test]
 #[serial_test::serial]
 fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
+    reused_only_after_its_work(false);
+}
+
+#[test]
+#[serial_test::serial]
+fn memory_of_a_live_stream_is_reused_by_another_only_after_its_work() {
+    reused_only_after_its_work(true);
+}
+
+/// Stream `a` frees a block while its read of it is held back by a gate; `b` takes the block
+/// (from `a`'s free list: an event recorded on `a` now if `keep_a`, else the event `a`'s drop
+/// recorded) and overwrites it. The read must still see `a`'s data.
+fn reused_only_after_its_work(keep_a: bool) {
     let ctx = ctx();
-    // One stream at a time: every new stream needs the slot of a dropped one.
-    let pool =
-        Arc::new(CachingResource::with_driver(&ctx, PoolConfig { max_streams: 1, ..PoolConfig::default() }));
+    let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let resource = pool.clone();
+    let mut kept = None;
     const N: usize = 4096;
     // Raw pinned memory: a `PinnedBuffer` would keep `a` alive (its tracker remembers the stream of
     // its pending write), and this test needs `a` gone while its read is still pending.
@@ -85,7 +124,10 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
         }
         x_addr = x.device_ptr();
         drop(x);
-        // `a` is dropped with its read still pending (the driver lets the work finish).
+        if keep_a {
+            kept = Some(a);
+        }
+        // Otherwise `a` is dropped with its read still pending (the driver lets the work finish).
     }
     let b = Stream::non_blocking(&ctx).unwrap();
     let mut y = DeviceBuffer::<u32>::zeroed_in(&resource, &b, N).unwrap();
@@ -100,7 +142,7 @@ fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
     // SAFETY: allocated above by cuMemAllocHost; no work uses it any more.
     assert_eq!(unsafe { sys::cuMemFreeHost(seen_ptr) }, sys::CUresult::CUDA_SUCCESS);
     assert!(seen.iter().all(|&v| v == 0xAAAA_AAAA), "a read {:#x} instead of its own data", seen[0]);
-    drop(y);
+    drop((y, kept));
     pool.trim().unwrap();
     if let Some(ctl) = testing::sim_control() {
         assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
@@ -121,10 +163,7 @@ fn threads_with_short_lived_streams_share_a_small_pool() {
     const THREADS: usize = 4;
     const REQUESTS: usize = 300;
     let ctx = ctx();
-    // At most two streams per thread are in use at once (the current one and one held buffer's),
-    // plus the legacy stream, which `to_vec` leaves a buffer's last user.
-    let config = PoolConfig { max_streams: 2 * THREADS + 1, ..PoolConfig::default() };
-    let pool = Arc::new(CachingResource::with_driver(&ctx, config));
+    let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let resource = pool.clone();
     let done = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
@@ -207,7 +246,7 @@ fn a_new_stream_under_a_reused_handle_waits_for_the_old_stream_s_work() {
         drop(x);
         old_handle = a.raw() as u64;
         pool.pool().ordering().retire(StreamKey::of(&a)).unwrap();
-        // `a` is destroyed here (the ordering let go of its clone); its read is still pending.
+        // `a` is destroyed here (the pool holds only its tail); its read is still pending.
     }
     let b = Stream::non_blocking(&ctx).unwrap();
     let reused = b.raw() as u64 == old_handle;
@@ -228,6 +267,82 @@ fn a_new_stream_under_a_reused_handle_waits_for_the_old_stream_s_work() {
     );
     drop(y);
     pool.trim().unwrap();
+    if let Some(ctl) = testing::sim_control() {
+        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    }
+}
+
+/// The caching pool with a table of one stream arena, as a `DeviceResource` (blocks kept by
+/// address here: this test double needs no speed).
+#[derive(Debug)]
+struct OneArena {
+    ctx: Context,
+    ordering: Arc<cumem_pool::StreamOrdering>,
+    pool: cumem_pool::CachingPool<cumem_pool::DeviceUpstream, Arc<cumem_pool::StreamOrdering>>,
+    live: parking_lot::Mutex<std::collections::HashMap<u64, cumem_pool::Block>>,
+}
+
+// SAFETY: forwards to the caching pool over the driver with the real stream ordering, which
+// uphold the contract; the block of each address handed out is kept and returned once.
+unsafe impl DeviceResource for OneArena {
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+    fn allocate(
+        &self,
+        layout: cumem_core::AllocLayout,
+        stream: &Stream,
+    ) -> cumem_core::Result<cumem_core::Allocation> {
+        let key = self.ordering.register(stream);
+        let block = self.pool.allocate(layout.bytes, layout.align, key).expect("pool allocation");
+        let addr = block.addr();
+        self.live.lock().insert(addr, block);
+        Ok(cumem_core::Allocation::from_ptr(addr))
+    }
+    unsafe fn deallocate(
+        &self,
+        allocation: cumem_core::Allocation,
+        _: cumem_core::AllocLayout,
+        stream: &Stream,
+    ) {
+        let block = self.live.lock().remove(&allocation.ptr).expect("a block of this resource");
+        self.pool.deallocate(block, self.ordering.register(stream)).expect("own block");
+    }
+}
+
+/// More streams in use at once than the pool has arenas is no error: a stream without an arena
+/// shares the first one, its free records an event on it (the stream is retired in the ordering,
+/// not kept), and another stream that takes the block waits for that event.
+#[test]
+#[serial_test::serial]
+fn streams_beyond_the_arena_table_share_memory_only_after_its_work() {
+    let ctx = ctx();
+    let ordering = Arc::new(cumem_pool::StreamOrdering::new(&ctx));
+    let upstream = cumem_pool::DeviceUpstream::new(Arc::new(cumem_core::DriverResource::new(&ctx)));
+    let pool =
+        cumem_pool::CachingPool::with_stream_arenas(upstream, ordering.clone(), PoolConfig::default(), 1);
+    let resource: Arc<dyn DeviceResource> =
+        Arc::new(OneArena { ctx: ctx.clone(), ordering, pool, live: Default::default() });
+    const N: usize = 4096;
+    let k = Stream::non_blocking(&ctx).unwrap();
+    let held = DeviceBuffer::<u32>::zeroed_in(&resource, &k, 16).unwrap(); // k takes the one arena
+    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, N).unwrap();
+    let mut x = DeviceBuffer::<u32>::zeroed_in(&resource, &a, N).unwrap();
+    a.fill(&mut x, 0xAAAA_AAAA).unwrap();
+    let opener = gate::hold(&a).release_after(Duration::from_millis(300));
+    a.copy_d2h(&x, &mut seen).unwrap(); // pending on a, behind the gate
+    let x_addr = x.device_ptr();
+    drop(x);
+    let mut y = DeviceBuffer::<u32>::new_in(&resource, &b, N).unwrap();
+    assert_eq!(y.device_ptr(), x_addr, "b did not get a's block: the test would prove nothing");
+    b.fill(&mut y, 0xBBBB_BBBB).unwrap();
+    opener.join().unwrap();
+    b.synchronize().unwrap();
+    let seen = seen.to_vec().unwrap();
+    assert!(seen.iter().all(|&v| v == 0xAAAA_AAAA), "a read {:#x} instead of its own data", seen[0]);
+    drop((y, held, a, b, k));
+    drop(resource);
     if let Some(ctl) = testing::sim_control() {
         assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
     }

@@ -35,8 +35,12 @@ pub(crate) type ApiResult = Result<(), Fail>;
 
 /// The calling thread's OS thread id.
 pub(crate) fn os_tid() -> u64 {
-    // SAFETY: gettid has no preconditions.
-    (unsafe { libc::gettid() }) as u64
+    thread_local! {
+        // A thread's id never changes: one system call per thread, not one per driver call.
+        // SAFETY: gettid has no preconditions.
+        static TID: u64 = (unsafe { libc::gettid() }) as u64;
+    }
+    TID.with(|t| *t)
 }
 
 thread_local! {

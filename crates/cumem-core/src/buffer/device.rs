@@ -31,7 +31,9 @@ use crate::buffer::view::{
     AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, OnStream, OnStreamMut,
     cast_parts,
 };
-use crate::{AllocLayout, Context, DeviceResource, Error, Feature, Result, Stream, StreamOrder, ffi};
+use crate::{
+    AllocLayout, Allocation, Context, DeviceResource, Error, Feature, Result, Stream, StreamOrder, ffi,
+};
 
 /// The largest alignment the `*_aligned*` constructors accept: 64 KiB, the largest page size of the
 /// platforms CUDA runs on (4 KiB on x86-64, up to 64 KiB on aarch64 and ppc64le). Resources serve
@@ -52,6 +54,8 @@ fn check_alignment(align: usize) -> Result<()> {
 /// An owning array of `len` values of `T` in device memory.
 pub struct DeviceBuffer<T> {
     ptr: CUdeviceptr,
+    /// The resource's token of the allocation at `ptr`, given back with it.
+    token: [u64; 2],
     len: usize,
     /// `None` when nothing was allocated (zero bytes).
     layout: Option<AllocLayout>,
@@ -130,8 +134,8 @@ impl<T> DeviceBuffer<T> {
         let bytes = len
             .checked_mul(size_of::<T>())
             .ok_or(crate::Error::SizeOverflow { count: len, elem_size: size_of::<T>() })?;
-        let (ptr, layout) = if bytes == 0 {
-            (0, None)
+        let (alloc, layout) = if bytes == 0 {
+            (Allocation::from_ptr(0), None)
         } else {
             let layout = AllocLayout::new(bytes, align)?;
             if resource.context() != stream.context() {
@@ -143,7 +147,8 @@ impl<T> DeviceBuffer<T> {
             (resource.allocate(layout, stream)?, Some(layout))
         };
         Ok(DeviceBuffer {
-            ptr,
+            ptr: alloc.ptr,
+            token: alloc.token,
             len,
             layout,
             resource: resource.clone().into_dyn_resource(),
@@ -408,7 +413,15 @@ impl<T> DeviceBuffer<T> {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never used or dropped again; each field is moved out exactly once.
         let (resource, order) = unsafe { (std::ptr::read(&this.resource), std::ptr::read(&this.order)) };
-        Ok(DeviceBuffer { ptr, len, layout: this.layout, resource, order, _marker: PhantomData })
+        Ok(DeviceBuffer {
+            ptr,
+            token: this.token,
+            len,
+            layout: this.layout,
+            resource,
+            order,
+            _marker: PhantomData,
+        })
     }
 }
 
@@ -446,10 +459,12 @@ impl<T> Drop for DeviceBuffer<T> {
                     return;
                 }
             };
-            // SAFETY: `ptr` came from `allocate` on this resource with `layout` and is returned once;
-            // every use of it was queued through `order`, and `stream` is ordered after all of them;
-            // the buffer is going away, so nothing refers to the memory afterwards.
-            unsafe { self.resource.deallocate(self.ptr, layout, &stream) };
+            let alloc = Allocation { ptr: self.ptr, token: self.token };
+            // SAFETY: `ptr` and `token` came unchanged from `allocate` on this resource with `layout`
+            // and are returned once; every use of the memory was queued through `order`, and
+            // `stream` is ordered after all of them; the buffer is going away, so nothing refers to
+            // the memory afterwards.
+            unsafe { self.resource.deallocate(alloc, layout, &stream) };
         }
     }
 }
