@@ -147,8 +147,7 @@ fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<
 fn writable(e: &Endpoint, addr: u64) -> Result<(), Fail> {
     match e {
         Endpoint::Mem(a, ..)
-            if a.kind == AllocKind::Registered
-                && a.host_flags & crate::exports::memory::REGISTER_READ_ONLY != 0 =>
+            if a.kind == AllocKind::Registered && a.host_flags & crate::memory::REGISTER_READ_ONLY != 0 =>
         {
             Err(Fail::misuse(
                 CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -170,7 +169,7 @@ fn target_stream(st: &mut State, stream: Option<CUstream>) -> Result<u64, Fail> 
 
 /// Resolves a `CUstream` argument (NULL/legacy/per-thread need a current context).
 pub(crate) fn stream_id(st: &mut State, h: CUstream) -> Result<u64, Fail> {
-    crate::exports::stream::resolve(st, h)
+    stream::resolve(st, h)
 }
 
 /// A 1-D copy of `len` bytes. `stream == None` = synchronous API.

@@ -24,6 +24,7 @@ mod event;
 pub mod exports;
 mod fault;
 mod leak;
+mod lifecycle;
 mod locate;
 mod managed;
 mod memory;

@@ -140,6 +140,16 @@ pub(crate) fn latency_us() -> u64 {
 }
 
 impl State {
+    /// The ordinal a `CUdevice` names, or `INVALID_DEVICE`.
+    pub(crate) fn ordinal(&self, dev: i32) -> Result<usize, crate::api::Fail> {
+        usize::try_from(dev).ok().filter(|&d| d < self.devices.len()).ok_or_else(|| {
+            crate::api::Fail::misuse(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_DEVICE,
+                format!("device {dev} does not exist ({} devices)", self.devices.len()),
+            )
+        })
+    }
+
     /// The device ordinal a context handle names, if it is one of ours.
     pub(crate) fn ctx_device(&self, handle: u64) -> Option<usize> {
         (0..self.devices.len()).find(|&d| ctx_handle(d) == handle)

@@ -17,15 +17,24 @@ use std::sync::OnceLock;
 use std::sync::mpsc::{Sender, channel};
 use std::time::{Duration, Instant};
 
+use cudarc::driver::sys::{CUresult, CUstream};
 use parking_lot::MutexGuard;
 
+use crate::api::Fail;
+use crate::context;
 use crate::copy::{self, Work};
 use crate::memory::{AllocKind, Allocation, Freed};
-use crate::state::{SIM, State, latency_us, legacy_id};
+use crate::state::{SIM, State, ctx_handle, latency_us, legacy_id};
 use crate::violation::{self, Violation};
 
 /// `CU_STREAM_NON_BLOCKING`.
 pub(crate) const NON_BLOCKING: u32 = 1;
+/// `CU_STREAM_LEGACY`.
+pub(crate) const STREAM_LEGACY: u64 = 0x1;
+/// `CU_STREAM_PER_THREAD`.
+pub(crate) const STREAM_PER_THREAD: u64 = 0x2;
+/// Least (0) and greatest (-5) stream priority.
+pub const STREAM_PRIORITY_RANGE: (i32, i32) = (0, -5);
 
 /// What a stream is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +104,34 @@ impl Stream {
     /// Operations not yet completed.
     pub(crate) fn pending(&self) -> u64 {
         self.queue.len() as u64 + u64::from(self.running.is_some())
+    }
+}
+
+/// The internal stream id a `CUstream` names. NULL and `CU_STREAM_LEGACY` are the current
+/// context's legacy stream, `CU_STREAM_PER_THREAD` the thread's per-thread stream (both need a
+/// current context); other values must be live streams (`INVALID_HANDLE` otherwise).
+pub(crate) fn resolve(st: &mut State, h: CUstream) -> Result<u64, Fail> {
+    let v = h as u64;
+    match v {
+        0 | STREAM_LEGACY => Ok(legacy_id(context::require(st)?)),
+        STREAM_PER_THREAD => {
+            let d = context::require(st)?;
+            let key = (ctx_handle(d), crate::api::os_tid());
+            if let Some(&id) = st.per_thread.get(&key) {
+                return Ok(id);
+            }
+            let id = st.new_stream_handle();
+            st.streams.insert(id, Stream::new(d, key.0, StreamKind::PerThread, 0, 0));
+            st.per_thread.insert(key, id);
+            Ok(id)
+        }
+        _ => match st.streams.get(&v) {
+            Some(s) if s.kind == StreamKind::User && !s.destroyed => Ok(v),
+            _ => Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_HANDLE,
+                format!("stream {v:#x} is not a live stream"),
+            )),
+        },
     }
 }
 

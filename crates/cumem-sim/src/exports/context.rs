@@ -6,7 +6,6 @@ use cudarc::driver::sys::{CUcontext, CUdevice, CUresult};
 
 use crate::api::{self, Fail, Init};
 use crate::context;
-use crate::exports::device::device;
 use crate::state::{SIM, ctx_handle};
 use crate::stream::{all_targets, wait_for};
 
@@ -23,7 +22,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
     api::call("cuDevicePrimaryCtxRetain", Init::Required, || {
         api::non_null(pctx, "pctx")?;
         let mut st = SIM.st.lock();
-        let d = device(&st, dev)?;
+        let d = st.ordinal(dev)?;
         let pc = &mut st.devices[d].ctx;
         pc.retain += 1;
         pc.active = true;
@@ -39,7 +38,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     api::call("cuDevicePrimaryCtxRelease_v2", Init::Required, || {
         let mut st = SIM.st.lock();
-        let d = device(&st, dev)?;
+        let d = st.ordinal(dev)?;
         if st.devices[d].ctx.retain == 0 {
             return Err(Fail::misuse(
                 CUresult::CUDA_ERROR_INVALID_CONTEXT,
@@ -78,7 +77,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     api::call("cuDevicePrimaryCtxReset_v2", Init::Required, || {
         let mut st = SIM.st.lock();
-        let d = device(&st, dev)?;
+        let d = st.ordinal(dev)?;
         context::reset(&mut st, d);
         let pc = &mut st.devices[d].ctx;
         pc.flags = 0;
@@ -101,7 +100,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
         api::non_null(flags, "flags")?;
         api::non_null(active, "active")?;
         let st = SIM.st.lock();
-        let d = device(&st, dev)?;
+        let d = st.ordinal(dev)?;
         let pc = &st.devices[d].ctx;
         // SAFETY: forwarded caller contract (both checked non-NULL).
         unsafe {
@@ -118,7 +117,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
     api::call("cuDevicePrimaryCtxSetFlags_v2", Init::Required, || {
         let mut st = SIM.st.lock();
-        let d = device(&st, dev)?;
+        let d = st.ordinal(dev)?;
         let sched = flags & 0x7;
         if flags > 0xff || flags & CTX_MAP_HOST != 0 || !matches!(sched, 0 | 1 | 2 | 4) {
             return Err(Fail::misuse(
@@ -247,7 +246,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
 }
 
 /// Least (0) and greatest (-5) stream priority.
-pub const STREAM_PRIORITY_RANGE: (c_int, c_int) = (0, -5);
+pub use crate::stream::STREAM_PRIORITY_RANGE;
 
 /// `CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)`: (0, -5); either pointer
 /// may be NULL.

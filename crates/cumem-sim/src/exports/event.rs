@@ -8,20 +8,11 @@ use cudarc::driver::sys::{CUevent, CUresult, CUstream};
 use crate::api::{self, Fail, Init};
 use crate::context;
 use crate::copy::Work;
+pub(crate) use crate::event::lookup;
 use crate::event::{ALL_FLAGS, DISABLE_TIMING, Event, INTERPROCESS};
-use crate::exports::stream::resolve;
-use crate::state::{SIM, State, ctx_handle};
+use crate::state::{SIM, ctx_handle};
+use crate::stream::resolve;
 use crate::stream::{enqueue, wait_for};
-
-/// The live event `h` names, or `INVALID_HANDLE`.
-pub(crate) fn lookup(st: &State, h: CUevent) -> Result<&Event, Fail> {
-    st.events.get(&(h as u64)).ok_or_else(|| {
-        Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_HANDLE,
-            format!("event {:#x} is not a live event", h as u64),
-        )
-    })
-}
 
 /// `CUresult cuEventCreate(CUevent *phEvent, unsigned Flags)`: flags from BLOCKING_SYNC (1),
 /// DISABLE_TIMING (2), INTERPROCESS (4, which requires DISABLE_TIMING).

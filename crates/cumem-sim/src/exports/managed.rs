@@ -9,11 +9,11 @@ use cudarc::driver::sys::{CUdevice, CUdeviceptr, CUresult, CUstream};
 use crate::abi::{LOC_DEVICE, LOC_HOST, LOC_HOST_NUMA, LOC_HOST_NUMA_CURRENT, MemLocation};
 use crate::api::{self, ApiResult, Fail, Init};
 use crate::copy::Work;
-use crate::exports::stream::resolve;
 use crate::managed::{DEVICE_CPU, DEVICE_INVALID, Loc, PAGE, PageHints, common, v1_of, v2_of};
 use crate::memory::AllocKind;
 use crate::state::{SIM, State};
 use crate::stream::enqueue;
+use crate::stream::resolve;
 
 /// `CU_MEM_ATTACH_SINGLE`.
 const ATTACH_SINGLE: u32 = 4;

@@ -8,7 +8,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUresult};
 use crate::api::{self, ApiResult, Fail, Init};
 use crate::context;
 use crate::copy::sync_device;
-use crate::memory::{AllocKind, Allocation, Backing};
+use crate::memory::{AllocKind, Allocation, Backing, REGISTER_READ_ONLY};
 use crate::state::{SIM, State, ctx_handle};
 
 /// `CU_MEMHOSTALLOC_DEVICEMAP`: every pinned allocation reports it (UVA).
@@ -27,8 +27,6 @@ const ATTR_READ_ONLY_HOST_REGISTER_SUPPORTED: u32 = 113;
 const REGISTER_FLAGS: u32 = 0xF;
 /// `CU_MEMHOSTREGISTER_IOMEMORY`.
 const REGISTER_IOMEMORY: u32 = 0x4;
-/// `CU_MEMHOSTREGISTER_READ_ONLY`.
-pub(crate) const REGISTER_READ_ONLY: u32 = 0x8;
 
 /// Alignment and capacity granule of a device allocation of `bytes`.
 fn granule(bytes: u64) -> u64 {

@@ -4,45 +4,16 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use cudarc::driver::sys::{CUcontext, CUdevice, CUevent, CUhostFn, CUresult, CUstream};
 
-use crate::api::{self, Fail, Init, os_tid};
+use crate::api::{self, Fail, Init};
 use crate::context;
 use crate::copy::Work;
-use crate::exports::context::STREAM_PRIORITY_RANGE;
-use crate::state::{SIM, State, ctx_handle, legacy_id};
-use crate::stream::{NON_BLOCKING, Stream, StreamKind, enqueue, sync_targets, targets_done, wait_for};
+use crate::state::{SIM, ctx_handle};
+use crate::stream::{
+    NON_BLOCKING, STREAM_PRIORITY_RANGE, Stream, StreamKind, enqueue, sync_targets, targets_done, wait_for,
+};
 
-/// `CU_STREAM_LEGACY`.
-const STREAM_LEGACY: u64 = 0x1;
-/// `CU_STREAM_PER_THREAD`.
-const STREAM_PER_THREAD: u64 = 0x2;
-
-/// The internal stream id a `CUstream` names. NULL and `CU_STREAM_LEGACY` are the current
-/// context's legacy stream, `CU_STREAM_PER_THREAD` the thread's per-thread stream (both need a
-/// current context); other values must be live streams (`INVALID_HANDLE` otherwise).
-pub(crate) fn resolve(st: &mut State, h: CUstream) -> Result<u64, Fail> {
-    let v = h as u64;
-    match v {
-        0 | STREAM_LEGACY => Ok(legacy_id(context::require(st)?)),
-        STREAM_PER_THREAD => {
-            let d = context::require(st)?;
-            let key = (ctx_handle(d), os_tid());
-            if let Some(&id) = st.per_thread.get(&key) {
-                return Ok(id);
-            }
-            let id = st.new_stream_handle();
-            st.streams.insert(id, Stream::new(d, key.0, StreamKind::PerThread, 0, 0));
-            st.per_thread.insert(key, id);
-            Ok(id)
-        }
-        _ => match st.streams.get(&v) {
-            Some(s) if s.kind == StreamKind::User && !s.destroyed => Ok(v),
-            _ => Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_HANDLE,
-                format!("stream {v:#x} is not a live stream"),
-            )),
-        },
-    }
-}
+pub(crate) use crate::stream::resolve;
+use crate::stream::{STREAM_LEGACY, STREAM_PER_THREAD};
 
 /// # Safety
 /// 1. `ph` is NULL or valid for writing a `CUstream`.
@@ -159,7 +130,7 @@ pub extern "C" fn cuStreamWaitEvent(h_stream: CUstream, h_event: CUevent, flags:
     api::call("cuStreamWaitEvent", Init::Required, || {
         let mut st = SIM.st.lock();
         let id = resolve(&mut st, h_stream)?;
-        let record = crate::exports::event::lookup(&st, h_event)?.record;
+        let record = crate::event::lookup(&st, h_event)?.record;
         if flags != 0 {
             return Err(Fail::misuse(
                 CUresult::CUDA_ERROR_INVALID_VALUE,
