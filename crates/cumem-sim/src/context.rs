@@ -9,8 +9,12 @@ use std::cell::{Cell, RefCell};
 use cudarc::driver::sys::CUresult;
 
 use crate::api::Fail;
-use crate::state::{SIM, State};
+use crate::state::{SIM, State, ctx_handle};
 use crate::stream::StreamKind;
+use crate::stream::{all_targets, wait_for};
+
+/// `CU_CTX_MAP_HOST`: always reported by a primary context, never settable on one.
+pub(crate) const CTX_MAP_HOST: u32 = 0x8;
 
 thread_local! {
     /// The calling thread's context stack; the top is current.
@@ -101,4 +105,89 @@ pub(crate) fn destroy_resources(g: &mut parking_lot::MutexGuard<'_, State>, devi
     g.per_thread.retain(|(c, _), _| *c != ctx);
     g.events.retain(|_, e| e.ctx != ctx);
     SIM.changed.notify_all();
+}
+
+/// `cuDevicePrimaryCtxRetain`: activates (first time) and references the primary context of
+/// `dev`; returns its handle.
+pub(crate) fn primary_retain(dev: i32) -> Result<u64, Fail> {
+    let mut st = SIM.st.lock();
+    let d = st.ordinal(dev)?;
+    let pc = &mut st.devices[d].ctx;
+    pc.retain += 1;
+    pc.active = true;
+    Ok(ctx_handle(d))
+}
+
+/// `cuDevicePrimaryCtxRelease`: at retain count zero the context is reset (its queued work
+/// drains, then everything it owns is freed).
+pub(crate) fn primary_release(dev: i32) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let d = st.ordinal(dev)?;
+    if st.devices[d].ctx.retain == 0 {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_CONTEXT,
+            format!("primary context of device {d} released more often than retained"),
+        ));
+    }
+    // Releasing the last reference destroys the context. Its queued work drains first, which
+    // lets go of the lock; another thread may retain the context meanwhile, and the context
+    // it gets (with the streams and allocations it creates) must not be destroyed by this
+    // release. So drain while still retained, and decide only once the count is settled.
+    loop {
+        match st.devices[d].ctx.retain {
+            0 => return Ok(()), // released by another thread while we drained
+            1 => {}
+            _ => {
+                st.devices[d].ctx.retain -= 1;
+                return Ok(());
+            }
+        }
+        let before = st.devices[d].ctx.retain;
+        crate::copy::sync_device(&mut st, d);
+        if st.devices[d].ctx.retain == before {
+            break;
+        }
+    }
+    st.devices[d].ctx.retain = 0;
+    destroy_resources(&mut st, d);
+    st.devices[d].ctx.active = false;
+    Ok(())
+}
+
+/// `cuDevicePrimaryCtxReset`: frees everything the context owns and clears its flags and active
+/// state, leaving the retain count unchanged.
+pub(crate) fn primary_reset(dev: i32) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let d = st.ordinal(dev)?;
+    reset(&mut st, d);
+    let pc = &mut st.devices[d].ctx;
+    pc.flags = 0;
+    pc.active = false;
+    Ok(())
+}
+
+/// `cuDevicePrimaryCtxSetFlags`: one scheduling value plus LMEM_RESIZE/COREDUMP/SYNC_MEMOPS bits.
+pub(crate) fn primary_set_flags(dev: i32, flags: u32) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let d = st.ordinal(dev)?;
+    let sched = flags & 0x7;
+    if flags > 0xff || flags & CTX_MAP_HOST != 0 || !matches!(sched, 0 | 1 | 2 | 4) {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("invalid primary context flags {flags:#x}"),
+        ));
+    }
+    st.devices[d].ctx.flags = flags;
+    Ok(())
+}
+
+/// `cuCtxSynchronize`: waits for all work queued so far in the current context's device, then
+/// lets its pools release memory above their thresholds.
+pub(crate) fn synchronize() -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let d = require(&st)?;
+    let targets = all_targets(&st, d);
+    wait_for(&mut st, &targets);
+    crate::pool::on_synchronize(&mut st, d);
+    Ok(())
 }

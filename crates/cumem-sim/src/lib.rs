@@ -13,12 +13,14 @@
 
 pub mod abi;
 mod address_space;
+mod alloc;
 mod api;
 mod attributes;
 mod config;
 mod context;
 pub mod control;
 mod copy;
+mod engine;
 mod errors;
 mod event;
 pub mod exports;

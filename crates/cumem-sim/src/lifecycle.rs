@@ -11,7 +11,7 @@ use cudarc::driver::sys::CUresult;
 use crate::api::Fail;
 use crate::config::Config;
 use crate::state::{ConfigSlot, SIM};
-use crate::{leak, stream};
+use crate::{engine, leak};
 
 /// The merged configuration: defaults, then `CUMEM_SIM`, then pre-init `cumemSimConfigure` calls.
 pub(crate) fn merged_config(pending: &[String], extra: Option<&str>) -> Result<Config, String> {
@@ -44,7 +44,7 @@ pub(crate) fn initialize() -> Result<(), Fail> {
         st.install(specs, cfg.peer_matrix())
             .map_err(|e| Fail::misuse(CUresult::CUDA_ERROR_OUT_OF_MEMORY, e))?;
     }
-    stream::start_engine().map_err(|e| Fail::misuse(CUresult::CUDA_ERROR_UNKNOWN, e))?;
+    engine::start().map_err(|e| Fail::misuse(CUresult::CUDA_ERROR_UNKNOWN, e))?;
     SIM.latency_us.store(cfg.latency_us, Ordering::Relaxed);
     SIM.leak_check.store(cfg.leak_check, Ordering::Release);
     if cfg.leak_check {

@@ -6,11 +6,8 @@ use cudarc::driver::sys::{CUcontext, CUdevice, CUresult};
 
 use crate::api::{self, Fail, Init};
 use crate::context;
-use crate::state::{SIM, ctx_handle};
-use crate::stream::{all_targets, wait_for};
-
-/// `CU_CTX_MAP_HOST`: always reported by a primary context, never settable.
-const CTX_MAP_HOST: u32 = 0x8;
+use crate::context::CTX_MAP_HOST;
+use crate::state::SIM;
 
 /// `CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`: activates (first time)
 /// and references the primary context; does not make it current.
@@ -21,13 +18,9 @@ const CTX_MAP_HOST: u32 = 0x8;
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     api::call("cuDevicePrimaryCtxRetain", Init::Required, || {
         api::non_null(pctx, "pctx")?;
-        let mut st = SIM.st.lock();
-        let d = st.ordinal(dev)?;
-        let pc = &mut st.devices[d].ctx;
-        pc.retain += 1;
-        pc.active = true;
+        let h = context::primary_retain(dev)?;
         // SAFETY: forwarded caller contract.
-        unsafe { api::out(pctx, ctx_handle(d) as CUcontext, "pctx") }
+        unsafe { api::out(pctx, h as CUcontext, "pctx") }
     })
 }
 
@@ -36,54 +29,14 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 /// Releasing a context that is not retained gives `INVALID_CONTEXT`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    api::call("cuDevicePrimaryCtxRelease_v2", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let d = st.ordinal(dev)?;
-        if st.devices[d].ctx.retain == 0 {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_CONTEXT,
-                format!("primary context of device {d} released more often than retained"),
-            ));
-        }
-        // Releasing the last reference destroys the context. Its queued work drains first, which
-        // lets go of the lock; another thread may retain the context meanwhile, and the context
-        // it gets (with the streams and allocations it creates) must not be destroyed by this
-        // release. So drain while still retained, and decide only once the count is settled.
-        loop {
-            match st.devices[d].ctx.retain {
-                0 => return Ok(()), // released by another thread while we drained
-                1 => {}
-                _ => {
-                    st.devices[d].ctx.retain -= 1;
-                    return Ok(());
-                }
-            }
-            let before = st.devices[d].ctx.retain;
-            crate::copy::sync_device(&mut st, d);
-            if st.devices[d].ctx.retain == before {
-                break;
-            }
-        }
-        st.devices[d].ctx.retain = 0;
-        context::destroy_resources(&mut st, d);
-        st.devices[d].ctx.active = false;
-        Ok(())
-    })
+    api::call("cuDevicePrimaryCtxRelease_v2", Init::Required, || context::primary_release(dev))
 }
 
 /// `CUresult cuDevicePrimaryCtxReset(CUdevice dev)` (symbol `_v2`): frees everything the context
 /// owns and clears its flags and active state, leaving the retain count unchanged.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
-    api::call("cuDevicePrimaryCtxReset_v2", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let d = st.ordinal(dev)?;
-        context::reset(&mut st, d);
-        let pc = &mut st.devices[d].ctx;
-        pc.flags = 0;
-        pc.active = false;
-        Ok(())
-    })
+    api::call("cuDevicePrimaryCtxReset_v2", Init::Required, || context::primary_reset(dev))
 }
 
 /// `CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active)`.
@@ -115,19 +68,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 /// give `INVALID_VALUE`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
-    api::call("cuDevicePrimaryCtxSetFlags_v2", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let d = st.ordinal(dev)?;
-        let sched = flags & 0x7;
-        if flags > 0xff || flags & CTX_MAP_HOST != 0 || !matches!(sched, 0 | 1 | 2 | 4) {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("invalid primary context flags {flags:#x}"),
-            ));
-        }
-        st.devices[d].ctx.flags = flags;
-        Ok(())
-    })
+    api::call("cuDevicePrimaryCtxSetFlags_v2", Init::Required, || context::primary_set_flags(dev, flags))
 }
 
 /// `CUresult cuCtxSetCurrent(CUcontext ctx)`: replaces the top of the thread's stack; NULL pops.
@@ -235,14 +176,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
 /// RELEASE_THRESHOLD.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    api::call("cuCtxSynchronize", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let d = context::require(&st)?;
-        let targets = all_targets(&st, d);
-        wait_for(&mut st, &targets);
-        crate::pool::on_synchronize(&mut st, d);
-        Ok(())
-    })
+    api::call("cuCtxSynchronize", Init::Required, context::synchronize)
 }
 
 /// Least (0) and greatest (-5) stream priority.
