@@ -12,9 +12,8 @@ use cudarc::driver::sys::CUresult;
 
 use crate::api::{ApiResult, Fail};
 use crate::context;
-use crate::copy::sync_device;
 use crate::memory::{AllocKind, Allocation, Backing, REGISTER_READ_ONLY};
-use crate::state::{SIM, State, ctx_handle};
+use crate::state::{SIM, State};
 
 /// `CU_MEMHOSTALLOC_DEVICEMAP`: every pinned allocation reports it (UVA).
 pub(crate) const HOST_DEVICEMAP: u32 = 0x2;
@@ -51,8 +50,8 @@ fn granule(bytes: u64) -> u64 {
     if bytes >= 2 << 20 { 2 << 20 } else { 512 }
 }
 
-/// Reserves `bytes` (> 0) of device memory on device `d` for the current context.
-fn device_alloc(st: &mut State, d: usize, bytes: u64, kind: AllocKind) -> Result<u64, Fail> {
+/// Reserves `bytes` (> 0) of device memory on device `d` for context `ctx`.
+fn device_alloc(st: &mut State, ctx: u64, d: usize, bytes: u64, kind: AllocKind) -> Result<u64, Fail> {
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     let g = granule(bytes);
     let charged = bytes.checked_next_multiple_of(g).ok_or_else(oom)?;
@@ -74,7 +73,7 @@ fn device_alloc(st: &mut State, d: usize, bytes: u64, kind: AllocKind) -> Result
         bytes,
         charged,
         device: d as i32,
-        ctx: ctx_handle(d),
+        ctx,
         buffer_id,
         host_flags: 0,
         pool: 0,
@@ -128,9 +127,7 @@ pub(crate) fn free(addr: u64, host_free: bool) -> ApiResult {
         } else {
             vec![a.device as usize]
         };
-        for d in drain {
-            sync_device(&mut st, d);
-        }
+        crate::hold::drain_devices(&mut st, &drain);
         // Another thread may have freed it while we waited.
         match st.allocs.get(&addr) {
             Some(now) if Arc::ptr_eq(now, &a) => {}
@@ -154,18 +151,18 @@ pub(crate) fn mem_info() -> Result<(u64, u64), Fail> {
 /// `cuMemAlloc`: `bytesize` (> 0) bytes of device memory for the current context.
 pub(crate) fn device(bytesize: usize) -> Result<u64, Fail> {
     let mut st = SIM.st.lock();
-    let d = context::require(&st)?;
+    let (ctx, d) = crate::hold::current_gated(&mut st)?;
     if bytesize == 0 {
         return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "cuMemAlloc of 0 bytes"));
     }
-    let base = device_alloc(&mut st, d, bytesize as u64, AllocKind::Device)?;
+    let base = device_alloc(&mut st, ctx, d, bytesize as u64, AllocKind::Device)?;
     Ok(base)
 }
 
 /// `cuMemAllocPitch`: `(base, pitch)` of `height` rows of `width` bytes.
 pub(crate) fn pitched(width: usize, height: usize, element_size: u32) -> Result<(u64, usize), Fail> {
     let mut st = SIM.st.lock();
-    let d = context::require(&st)?;
+    let (ctx, d) = crate::hold::current_gated(&mut st)?;
     let bad = |m: String| Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m));
     if !matches!(element_size, 4 | 8 | 16) {
         return bad(format!("ElementSizeBytes {element_size} must be 4, 8 or 16"));
@@ -180,14 +177,14 @@ pub(crate) fn pitched(width: usize, height: usize, element_size: u32) -> Result<
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     let pitch = (width as u64).next_multiple_of(PITCH_ALIGN);
     let bytes = pitch.checked_mul(height as u64).ok_or_else(oom)?;
-    let base = device_alloc(&mut st, d, bytes, AllocKind::Pitched)?;
+    let base = device_alloc(&mut st, ctx, d, bytes, AllocKind::Pitched)?;
     Ok((base, pitch as usize))
 }
 
 /// `cuMemAllocManaged`: unified memory whose device address is its host view's address.
 pub(crate) fn managed(bytesize: usize, flags: u32) -> Result<u64, Fail> {
     let mut st = SIM.st.lock();
-    let d = context::require(&st)?;
+    let (ctx, d) = crate::hold::current_gated(&mut st)?;
     if st.devices[d].attr(ATTR_MANAGED_MEMORY) != Some(1) {
         return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_SUPPORTED));
     }
@@ -214,7 +211,7 @@ pub(crate) fn managed(bytesize: usize, flags: u32) -> Result<u64, Fail> {
         bytes: bytesize as u64,
         charged: 0,
         device: d as i32,
-        ctx: ctx_handle(d),
+        ctx,
         buffer_id,
         host_flags: flags,
         pool: 0,
@@ -230,7 +227,7 @@ pub(crate) fn managed(bytesize: usize, flags: u32) -> Result<u64, Fail> {
 /// address; `reported_flags` is what `cuMemHostGetFlags` will answer.
 pub(crate) fn pinned(bytesize: usize, reported_flags: u32) -> Result<u64, Fail> {
     let mut st = SIM.st.lock();
-    let d = context::require(&st)?;
+    let (ctx, d) = crate::hold::current_gated(&mut st)?;
     let backing = Backing::new(bytesize).ok_or(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY))?;
     let base = backing.as_ptr() as u64;
     let buffer_id = st.next_buffer_id;
@@ -241,7 +238,7 @@ pub(crate) fn pinned(bytesize: usize, reported_flags: u32) -> Result<u64, Fail> 
         bytes: bytesize as u64,
         charged: 0,
         device: d as i32,
-        ctx: ctx_handle(d),
+        ctx,
         buffer_id,
         host_flags: reported_flags,
         pool: 0,
@@ -256,7 +253,8 @@ pub(crate) fn pinned(bytesize: usize, reported_flags: u32) -> Result<u64, Fail> 
 /// context.
 pub(crate) fn register(p: u64, bytesize: usize, flags: u32) -> ApiResult {
     let mut st = SIM.st.lock();
-    let d = context::require(&st)?;
+    // Not gated by another thread's implicit synchronisation: observed returning on an H100.
+    let (ctx, d) = context::current_ctx(&st)?;
     let bad = |m: String| Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m));
     if flags & !REGISTER_FLAGS != 0 {
         return bad(format!("unknown cuMemHostRegister flags {flags:#x}"));
@@ -306,7 +304,7 @@ pub(crate) fn register(p: u64, bytesize: usize, flags: u32) -> ApiResult {
         bytes: bytesize as u64,
         charged: 0,
         device: d as i32,
-        ctx: ctx_handle(d),
+        ctx,
         buffer_id,
         host_flags: flags,
         pool: 0,
@@ -347,9 +345,8 @@ pub(crate) fn unregister(p: u64) -> ApiResult {
             ));
         }
     };
-    for d in 0..st.devices.len() {
-        sync_device(&mut st, d);
-    }
+    let all: Vec<usize> = (0..st.devices.len()).collect();
+    crate::hold::drain_devices(&mut st, &all);
     match st.allocs.get(&addr) {
         Some(now) if Arc::ptr_eq(now, &a) => {
             st.allocs.remove(&addr);

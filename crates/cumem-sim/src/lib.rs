@@ -25,6 +25,7 @@ mod errors;
 mod event;
 pub mod exports;
 mod fault;
+mod hold;
 mod leak;
 mod lifecycle;
 mod locate;

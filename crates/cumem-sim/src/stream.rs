@@ -18,7 +18,7 @@ use parking_lot::MutexGuard;
 use crate::api::Fail;
 use crate::context;
 use crate::copy::Work;
-use crate::state::{SIM, State, ctx_handle, latency_us, legacy_id};
+use crate::state::{SIM, State, latency_us};
 
 /// `CU_STREAM_NON_BLOCKING`.
 pub(crate) const NON_BLOCKING: u32 = 1;
@@ -106,10 +106,13 @@ impl Stream {
 pub(crate) fn resolve(st: &mut State, h: CUstream) -> Result<u64, Fail> {
     let v = h as u64;
     match v {
-        0 | STREAM_LEGACY => Ok(legacy_id(context::require(st)?)),
+        0 | STREAM_LEGACY => {
+            let (ctx, d) = context::current_ctx(st)?;
+            Ok(st.legacy_stream(ctx, d))
+        }
         STREAM_PER_THREAD => {
-            let d = context::require(st)?;
-            let key = (ctx_handle(d), crate::api::os_tid());
+            let (ctx, d) = context::current_ctx(st)?;
+            let key = (ctx, crate::api::os_tid());
             if let Some(&id) = st.per_thread.get(&key) {
                 return Ok(id);
             }
@@ -132,7 +135,7 @@ pub(crate) fn resolve(st: &mut State, h: CUstream) -> Result<u64, Fail> {
 /// priority is clamped to the range).
 pub(crate) fn create(flags: u32, priority: i32) -> Result<u64, Fail> {
     let mut st = SIM.st.lock();
-    let d = context::require(&st)?;
+    let (ctx, d) = crate::hold::current_gated(&mut st)?;
     if flags & !NON_BLOCKING != 0 {
         return Err(Fail::misuse(
             CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -142,7 +145,7 @@ pub(crate) fn create(flags: u32, priority: i32) -> Result<u64, Fail> {
     let (least, greatest) = STREAM_PRIORITY_RANGE;
     let priority = priority.clamp(greatest, least);
     let h = st.new_stream_handle();
-    st.streams.insert(h, Stream::new(d, ctx_handle(d), StreamKind::User, flags, priority));
+    st.streams.insert(h, Stream::new(d, ctx, StreamKind::User, flags, priority));
     Ok(h)
 }
 
@@ -198,7 +201,7 @@ pub(crate) fn query(h_stream: CUstream) -> Result<(), Fail> {
 /// `cuStreamWaitEvent`: later work of the stream waits for the event's captured work.
 pub(crate) fn wait_event(h_stream: CUstream, h_event: CUevent, flags: u32) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
-    let id = resolve(&mut st, h_stream)?;
+    let id = crate::hold::resolve_gated(&mut st, h_stream)?;
     let record = crate::event::lookup(&st, h_event)?.record;
     if flags != 0 {
         return Err(Fail::misuse(
@@ -215,7 +218,7 @@ pub(crate) fn wait_event(h_stream: CUstream, h_event: CUevent, flags: u32) -> Re
 /// `cuLaunchHostFunc`: queues `f(data)` for the callback thread, in stream order.
 pub(crate) fn launch_host_fn(h_stream: CUstream, f: CUhostFn, data: usize) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
-    let id = resolve(&mut st, h_stream)?;
+    let id = crate::hold::resolve_gated(&mut st, h_stream)?;
     let Some(f) = f else {
         return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "NULL host function"));
     };
@@ -254,7 +257,7 @@ pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, 
             }
         }
         _ if blocking => {
-            let legacy = legacy_id(device);
+            let legacy = st.legacy_stream(ctx, device);
             if let Some(l) = st.streams.get(&legacy)
                 && l.last_seq > 0
                 && !done_through(&st.streams, legacy, l.last_seq)

@@ -2,11 +2,10 @@
 
 use std::ffi::{c_int, c_uint};
 
-use cudarc::driver::sys::{CUcontext, CUdevice, CUresult};
+use cudarc::driver::sys::{CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUresult};
 
 use crate::api::{self, Fail, Init};
 use crate::context;
-use crate::context::CTX_MAP_HOST;
 use crate::state::SIM;
 
 /// `CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`: activates (first time)
@@ -80,12 +79,7 @@ pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
             return Ok(());
         }
         let h = ctx as u64;
-        if SIM.st.lock().ctx_device(h).is_none() {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_CONTEXT,
-                format!("{h:#x} is not a context"),
-            ));
-        }
+        context::check_bindable(h)?;
         context::set_current(Some(h));
         Ok(())
     })
@@ -112,12 +106,7 @@ pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
             return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "cuCtxPushCurrent(NULL)"));
         }
         let h = ctx as u64;
-        if SIM.st.lock().ctx_device(h).is_none() {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_CONTEXT,
-                format!("{h:#x} is not a context"),
-            ));
-        }
+        context::check_bindable(h)?;
         context::push(h);
         Ok(())
     })
@@ -156,7 +145,8 @@ pub unsafe extern "C" fn cuCtxGetDevice(out_device: *mut CUdevice) -> CUresult {
     })
 }
 
-/// `CUresult cuCtxGetFlags(unsigned *flags)`: the primary context's flags, with MAP_HOST.
+/// `CUresult cuCtxGetFlags(unsigned *flags)`: a primary context's flags always include
+/// MAP_HOST; a created context answers the flags it was created (or last set) with.
 ///
 /// # Safety
 /// 1. `flags` is NULL or valid for writing an `unsigned`.
@@ -164,10 +154,153 @@ pub unsafe extern "C" fn cuCtxGetDevice(out_device: *mut CUdevice) -> CUresult {
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
     api::call("cuCtxGetFlags", Init::Required, || {
         api::non_null(flags, "flags")?;
-        let st = SIM.st.lock();
-        let d = context::require(&st)?;
+        let f = context::flags()?;
         // SAFETY: forwarded caller contract.
-        unsafe { api::out(flags, st.devices[d].ctx.flags | CTX_MAP_HOST, "flags") }
+        unsafe { api::out(flags, f, "flags") }
+    })
+}
+
+/// `CUresult cuCtxSetFlags(unsigned flags)`: replaces the current context's flags, with the
+/// rules of `cuDevicePrimaryCtxSetFlags` (MAP_HOST, two scheduling bits or bits above 0xff give
+/// `INVALID_VALUE`).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
+    api::call("cuCtxSetFlags", Init::Required, || context::set_flags(flags))
+}
+
+/// `CUresult cuCtxCreate(CUcontext *pctx, unsigned flags, CUdevice dev)` (symbol `_v2`): a new
+/// context on `dev`, made current (pushed). One scheduling value plus MAP_HOST, LMEM_RESIZE,
+/// COREDUMP and SYNC_MEMOPS bits; other flags give `INVALID_VALUE`, a bad device
+/// `INVALID_DEVICE`.
+///
+/// # Safety
+/// 1. `pctx` is NULL or valid for writing a `CUcontext`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+    api::call("cuCtxCreate_v2", Init::Required, || {
+        api::non_null(pctx, "pctx")?;
+        let h = context::create(flags, dev)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(pctx, h as CUcontext, "pctx") }
+    })
+}
+
+/// Refuses execution-affinity parameters: SM partitioning is not modelled, so the simulator
+/// answers like a device without affinity support (`UNSUPPORTED_EXEC_AFFINITY`, documented).
+fn no_affinity(params: *const CUexecAffinityParam, count: c_int) -> Result<(), Fail> {
+    match count {
+        0 => Ok(()),
+        n if n < 0 => Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("{n} execution-affinity parameters"),
+        )),
+        _ if params.is_null() => {
+            Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "NULL execution-affinity parameters"))
+        }
+        _ => Err(Fail::quiet(CUresult::CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY)),
+    }
+}
+
+/// `CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+/// unsigned flags, CUdevice dev)`: as `cuCtxCreate_v2` when `numParams` is 0; execution-affinity
+/// parameters give `UNSUPPORTED_EXEC_AFFINITY` (not modelled), a negative count or NULL array
+/// `INVALID_VALUE`.
+///
+/// # Safety
+/// 1. `pctx` is NULL or valid for writing a `CUcontext`; `params` is only compared with NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    pctx: *mut CUcontext,
+    params: *mut CUexecAffinityParam,
+    num_params: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    api::call("cuCtxCreate_v3", Init::Required, || {
+        api::non_null(pctx, "pctx")?;
+        no_affinity(params, num_params)?;
+        let h = context::create(flags, dev)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(pctx, h as CUcontext, "pctx") }
+    })
+}
+
+/// `CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned flags,
+/// CUdevice dev)`: as `cuCtxCreate_v2` with NULL parameters (observed on an H100) or parameters
+/// without execution affinity and CIG; affinity gives `UNSUPPORTED_EXEC_AFFINITY`, CIG
+/// parameters `NOT_SUPPORTED` (neither is modelled).
+///
+/// # Safety
+/// 1. `pctx` is NULL or valid for writing a `CUcontext`; `params` is NULL or valid for reading a
+///    `CUctxCreateParams`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut CUcontext,
+    params: *mut CUctxCreateParams,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    api::call("cuCtxCreate_v4", Init::Required, || {
+        api::non_null(pctx, "pctx")?;
+        if !params.is_null() {
+            // SAFETY: non-NULL and valid for reading (caller contract).
+            let p = unsafe { params.read() };
+            no_affinity(p.execAffinityParams, p.numExecAffinityParams)?;
+            if !p.cigParams.is_null() {
+                return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_SUPPORTED));
+            }
+        }
+        let h = context::create(flags, dev)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(pctx, h as CUcontext, "pctx") }
+    })
+}
+
+/// `CUresult cuCtxDestroy(CUcontext ctx)` (symbol `_v2`): drains the context's work, then frees
+/// its allocations, streams and events and pops it if it is current. A destroyed context gives
+/// `CONTEXT_IS_DESTROYED`; a primary context or an unknown handle `INVALID_CONTEXT`; NULL
+/// `INVALID_VALUE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    api::call("cuCtxDestroy_v2", Init::Required, || context::destroy(ctx as u64))
+}
+
+/// `CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)`: the current context's limit (the
+/// documented defaults until set); the CIG limits give `UNSUPPORTED_LIMIT`, unknown numbers
+/// `INVALID_VALUE`.
+///
+/// # Safety
+/// 1. `pvalue` is NULL or valid for writing a `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetLimit(pvalue: *mut usize, limit: u32) -> CUresult {
+    api::call("cuCtxGetLimit", Init::Required, || {
+        api::non_null(pvalue, "pvalue")?;
+        let v = context::limit(limit)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(pvalue, v as usize, "pvalue") }
+    })
+}
+
+/// `CUresult cuCtxSetLimit(CUlimit limit, size_t value)`: sets a limit of the current context
+/// (the persisting L2 size is clamped to the device's maximum).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetLimit(limit: u32, value: usize) -> CUresult {
+    api::call("cuCtxSetLimit", Init::Required, || context::set_limit(limit, value as u64))
+}
+
+/// `CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned *version)`: 3020 for every usable
+/// context (NULL: the current one); a destroyed context gives `CONTEXT_IS_DESTROYED`, an unknown
+/// handle `INVALID_CONTEXT`.
+///
+/// # Safety
+/// 1. `version` is NULL or valid for writing an `unsigned`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint) -> CUresult {
+    api::call("cuCtxGetApiVersion", Init::Required, || {
+        api::non_null(version, "version")?;
+        let v = context::api_version(ctx as u64)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { api::out(version, v, "version") }
     })
 }
 

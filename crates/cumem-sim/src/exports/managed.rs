@@ -13,7 +13,6 @@ use crate::managed::{DEVICE_CPU, DEVICE_INVALID, Loc, PAGE, PageHints, common, v
 use crate::memory::AllocKind;
 use crate::state::{SIM, State};
 use crate::stream::enqueue;
-use crate::stream::resolve;
 
 /// `CU_MEM_ATTACH_SINGLE`.
 const ATTACH_SINGLE: u32 = 4;
@@ -150,7 +149,7 @@ pub extern "C" fn cuMemAdvise_v2(
 
 fn prefetch(ptr: u64, count: usize, location: MemLocation, flags: c_uint, h_stream: CUstream) -> ApiResult {
     let mut st = SIM.st.lock();
-    let sid = resolve(&mut st, h_stream)?;
+    let sid = crate::hold::resolve_gated(&mut st, h_stream)?;
     if flags != 0 {
         return Err(Fail::misuse(
             CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -340,7 +339,7 @@ pub extern "C" fn cuStreamAttachMemAsync(
 ) -> CUresult {
     api::call("cuStreamAttachMemAsync", Init::Required, || {
         let mut st = SIM.st.lock();
-        let sid = resolve(&mut st, h_stream)?;
+        let sid = crate::hold::resolve_gated(&mut st, h_stream)?;
         let bad = |m: String| Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m));
         if !matches!(flags, 1 | 2 | 4) {
             return bad(format!("attach flags {flags:#x} must be exactly one of GLOBAL, HOST, SINGLE"));
