@@ -6,14 +6,10 @@ use cudarc::driver::sys::{CUdeviceptr, CUresult};
 
 use crate::alloc::{self, HOST_DEVICEMAP};
 use crate::api::{self, ApiResult, Fail, Init};
-use crate::context;
-use crate::memory::{AllocKind, Allocation};
-use crate::state::{SIM, State};
+use crate::pointer::{self, AttrValue};
 
 /// All defined `cuMemHostAlloc` flags.
 const HOST_ALLOC_FLAGS: u32 = 0x7;
-/// `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`.
-const ATTR_CAN_MAP_HOST_MEMORY: u32 = 19;
 
 /// `CUresult cuMemGetInfo(size_t *free, size_t *total)` (symbol `_v2`): `total` is the device's
 /// capacity, `free` the capacity minus every live allocation's charged size.
@@ -129,16 +125,14 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     dptr: CUdeviceptr,
 ) -> CUresult {
     api::call("cuMemGetAddressRange_v2", Init::Required, || {
-        let st = SIM.st.lock();
-        context::require(&st)?;
-        let a = st.find_alloc(dptr).ok_or(Fail::quiet(CUresult::CUDA_ERROR_NOT_FOUND))?;
+        let (base, bytes) = pointer::address_range(dptr)?;
         // SAFETY: each pointer is written only if non-NULL, valid per the caller contract.
         unsafe {
             if !pbase.is_null() {
-                pbase.write(a.base);
+                pbase.write(base);
             }
             if !psize.is_null() {
-                psize.write(a.bytes as usize);
+                psize.write(bytes as usize);
             }
         }
         Ok(())
@@ -201,18 +195,6 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     })
 }
 
-/// The `cuMemHostGetFlags` answer for the memory containing `p` (pinned, registered or managed),
-/// or `INVALID_VALUE` (a probe answer, not recorded).
-fn host_flags_at(st: &State, p: u64) -> Result<u32, Fail> {
-    match st.find_alloc(p) {
-        Some(a) if a.kind == AllocKind::PinnedHost => Ok(a.host_flags),
-        // IOMEMORY and READ_ONLY are not reported; DEVICEMAP always is (UVA).
-        Some(a) if a.kind == AllocKind::Registered => Ok((a.host_flags & 0x3) | HOST_DEVICEMAP),
-        Some(a) if a.kind == AllocKind::Managed => Ok(HOST_DEVICEMAP),
-        _ => Err(Fail::quiet(CUresult::CUDA_ERROR_INVALID_VALUE)),
-    }
-}
-
 /// `CUresult cuMemHostGetFlags(unsigned *pFlags, void *p)`: pinned memory reports its allocation
 /// flags (always with DEVICEMAP); registered memory DEVICEMAP plus PORTABLE if given; managed
 /// memory DEVICEMAP. Interior pointers work; other memory gives `INVALID_VALUE`.
@@ -223,9 +205,7 @@ fn host_flags_at(st: &State, p: u64) -> Result<u32, Fail> {
 pub unsafe extern "C" fn cuMemHostGetFlags(p_flags: *mut c_uint, p: *mut c_void) -> CUresult {
     api::call("cuMemHostGetFlags", Init::Required, || {
         api::non_null(p_flags, "pFlags")?;
-        let st = SIM.st.lock();
-        context::require(&st)?;
-        let flags = host_flags_at(&st, p as u64)?;
+        let flags = pointer::host_flags(p as u64)?;
         // SAFETY: forwarded caller contract.
         unsafe { api::out(p_flags, flags, "pFlags") }
     })
@@ -246,23 +226,7 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
 ) -> CUresult {
     api::call("cuMemHostGetDevicePointer_v2", Init::Required, || {
         api::non_null(pdptr, "pdptr")?;
-        let st = SIM.st.lock();
-        let d = context::require(&st)?;
-        if flags != 0 {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("Flags {flags:#x} must be 0"),
-            ));
-        }
-        if st.devices[d].attr(ATTR_CAN_MAP_HOST_MEMORY) == Some(0) {
-            return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_SUPPORTED));
-        }
-        if st.find_alloc(p as u64).is_none_or(|a| !a.kind.pinned()) {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("{:#x} is neither pinned nor registered host memory", p as u64),
-            ));
-        }
+        pointer::host_device_pointer(p as u64, flags)?;
         // SAFETY: forwarded caller contract.
         unsafe { api::out(pdptr, p as u64, "pdptr") }
     })
@@ -294,74 +258,6 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, f
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     api::call("cuMemHostUnregister", Init::Required, || alloc::unregister(p as u64))
-}
-
-/// One pointer attribute value, with the driver's size.
-enum AttrValue {
-    U32(u32),
-    U64(u64),
-    /// The batch form leaves the caller's buffer untouched.
-    Untouched,
-}
-
-/// Whether `attribute` is a number the bindings define (P2P_TOKENS included).
-fn known_pointer_attribute(attribute: u32) -> bool {
-    (1..=21).contains(&attribute)
-}
-
-/// The value of `attribute` for `ptr`; `a` is the allocation containing it. Single form
-/// (`batch == false`): HOST_POINTER of device-only memory is `INVALID_VALUE`; batch form: NULL.
-fn pointer_attribute(
-    st: &State,
-    a: &Allocation,
-    attribute: u32,
-    ptr: u64,
-    batch: bool,
-) -> Result<AttrValue, Fail> {
-    use AttrValue::{U32, U64};
-    let device_only = a.kind.device_only();
-    let offset = ptr - a.base;
-    Ok(match attribute {
-        1 => U64(a.ctx),
-        2 => U32(if device_only || a.kind == AllocKind::Managed { 2 } else { 1 }),
-        3 => U64(ptr),
-        4 if device_only && batch => U64(0),
-        4 if device_only => return Err(Fail::quiet(CUresult::CUDA_ERROR_INVALID_VALUE)),
-        4 => U64(a.base + offset),
-        5 => {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                "CU_POINTER_ATTRIBUTE_P2P_TOKENS is not supported",
-            ));
-        }
-        8 => U32(u32::from(a.kind == AllocKind::Managed)),
-        6 | 14 | 21 => U32(0),
-        7 | 20 => U64(a.buffer_id),
-        9 => U32(a.device as u32),
-        10 => U32(u32::from(matches!(a.kind, AllocKind::Device | AllocKind::Pitched))),
-        15 => U32(u32::from(device_only)),
-        11 | 19 => U64(a.base),
-        12 | 18 => U64(a.bytes),
-        13 => U32(1),
-        16 => U32(match (a.kind, st.pools.get(&a.pool)) {
-            (AllocKind::Pool, Some(p)) => context::current()
-                .and_then(|c| st.ctx_device(c))
-                .map_or(crate::pool::PROT_READWRITE, |d| p.access_of(d)),
-            _ => 3,
-        }),
-        _ => U64(a.pool), // 17: MEMPOOL_HANDLE, NULL outside pools.
-    })
-}
-
-/// The batch form's answer for memory CUDA does not know.
-fn unknown_pointer_attribute(attribute: u32, ptr: u64) -> AttrValue {
-    match attribute {
-        3 | 4 => AttrValue::U64(ptr),
-        9 => AttrValue::U32(u32::MAX), // -1
-        11 | 12 => AttrValue::Untouched,
-        1 | 7 | 17 | 18 | 19 | 20 => AttrValue::U64(0),
-        _ => AttrValue::U32(0),
-    }
 }
 
 /// Writes `v` through `data`.
@@ -409,35 +305,16 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
                 std::slice::from_raw_parts(data, num as usize),
             )
         };
-        let st = SIM.st.lock();
-        let a = st.find_alloc(ptr);
-        let mut values = Vec::with_capacity(attrs.len());
-        for (i, (&attr, &out)) in attrs.iter().zip(outs).enumerate() {
-            if !known_pointer_attribute(attr) {
-                return Err(Fail::misuse(
-                    CUresult::CUDA_ERROR_INVALID_VALUE,
-                    format!("unknown pointer attribute {attr} at index {i}"),
-                ));
-            }
-            if out.is_null() {
-                return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, format!("data[{i}] is NULL")));
-            }
-            values.push(match a {
-                Some(a) => pointer_attribute(&st, a, attr, ptr, true)?,
-                None if attr == 5 => pointer_attribute_p2p()?,
-                None => unknown_pointer_attribute(attr, ptr),
-            });
+        if let Some(i) = outs.iter().position(|o| o.is_null()) {
+            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, format!("data[{i}] is NULL")));
         }
+        let values = pointer::attributes(attrs, ptr)?;
         for (v, &out) in values.into_iter().zip(outs) {
             // SAFETY: non-NULL (checked) and valid for the attribute's size (caller contract).
             unsafe { write_attr(out, v) };
         }
         Ok(())
     })
-}
-
-fn pointer_attribute_p2p() -> Result<AttrValue, Fail> {
-    Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "CU_POINTER_ATTRIBUTE_P2P_TOKENS is not supported"))
 }
 
 /// `CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)`.
@@ -461,12 +338,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 format!("unsupported pointer attribute {attribute}"),
             ));
         }
-        let st = SIM.st.lock();
-        if attribute == 3 {
-            context::require(&st)?;
-        }
-        let a = st.find_alloc(ptr).ok_or(Fail::quiet(CUresult::CUDA_ERROR_INVALID_VALUE))?;
-        let v = pointer_attribute(&st, a, attribute, ptr, false)?;
+        let v = pointer::attribute(attribute, ptr)?;
         // SAFETY: non-NULL; the caller provides room for this attribute's documented size, which
         // is exactly what is written.
         unsafe { write_attr(data, v) };
