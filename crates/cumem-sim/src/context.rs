@@ -49,9 +49,10 @@ pub(crate) struct Created {
 /// `cuCtxGetLimit` values of one context, indexed by `CUlimit`.
 pub(crate) type Limits = [u64; LIMIT_COUNT];
 
-/// The limits of a new context: what an H100 context starts with (stack 1 KiB, printf FIFO 1 MiB,
-/// malloc heap 8 MiB, device-runtime sync depth 2 and 2048 pending launches, L2 fetch granularity
-/// 64 B, no persisting L2). Not observed on the H100 of §17; these are the documented defaults.
+/// The limits of a new context: the defaults CUDA documents (printf FIFO 1 MiB, malloc heap
+/// 8 MiB, device-runtime sync depth 2 and 2048 pending launches, no persisting L2) and, where the
+/// default depends on the device, common values (stack 1 KiB, L2 fetch granularity 64 B). Not
+/// observed on the H100 of §17.
 const DEFAULT_LIMITS: Limits = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0];
 
 thread_local! {
