@@ -921,7 +921,7 @@ fn hand_off_while_a_reads(how: HandOff, ordered: bool) -> (Vec<u8>, CUdeviceptr)
 /// dependency between them — really is shared: A reads the new owner's data (corruption a GPU
 /// would show), and the simulator reports A's operation as a use after free.
 #[test]
-#[parallel]
+#[serial] // holds a stream with a gate (in `hand_off_while_a_reads`): see `Gate`
 fn a_block_reused_before_pending_work_on_it_ran_is_corrupted_and_reported() {
     let ctl = bind(0);
     for how in [HandOff::FreeOnBReuseOnB, HandOff::FreeOnBReuseOnC, HandOff::MemFreeReuseOnB] {
@@ -948,7 +948,7 @@ fn a_block_reused_before_pending_work_on_it_ran_is_corrupted_and_reported() {
 /// The same hand-off with an event dependency (B waits for A's copy before freeing): A reads its
 /// own data and nothing is reported.
 #[test]
-#[parallel]
+#[serial] // holds a stream with a gate (in `hand_off_while_a_reads`): see `Gate`
 fn a_block_handed_on_through_an_event_dependency_is_intact() {
     let ctl = bind(0);
     let (seen, _) = hand_off_while_a_reads(HandOff::FreeOnBReuseOnB, true);
