@@ -12,12 +12,12 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUresult, CUstream};
+use parking_lot::MutexGuard;
 
 use crate::api::Fail;
-use crate::context;
 use crate::memory::{AllocKind, Allocation};
 use crate::state::{SIM, State};
-use crate::stream::{self, enqueue, wait_for};
+use crate::stream::{enqueue, wait_for};
 
 /// One end of a copy or the target of a memset.
 pub(crate) enum Endpoint {
@@ -147,8 +147,7 @@ fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<
 fn writable(e: &Endpoint, addr: u64) -> Result<(), Fail> {
     match e {
         Endpoint::Mem(a, ..)
-            if a.kind == AllocKind::Registered
-                && a.host_flags & crate::exports::memory::REGISTER_READ_ONLY != 0 =>
+            if a.kind == AllocKind::Registered && a.host_flags & crate::memory::REGISTER_READ_ONLY != 0 =>
         {
             Err(Fail::misuse(
                 CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -160,17 +159,15 @@ fn writable(e: &Endpoint, addr: u64) -> Result<(), Fail> {
 }
 
 /// Which stream a call targets: the legacy stream of the current context for synchronous calls.
-fn target_stream(st: &mut State, stream: Option<CUstream>) -> Result<u64, Fail> {
-    let dev = context::require(st)?;
+/// Copies and memsets queue work, so they wait while another thread holds the device in an
+/// implicit synchronisation (see `crate::hold`; observed for the asynchronous forms, and the
+/// synchronous forms queue their work the same way).
+fn target_stream(g: &mut MutexGuard<'_, State>, stream: Option<CUstream>) -> Result<u64, Fail> {
+    let (ctx, dev) = crate::hold::current_gated(g)?;
     match stream {
-        None => Ok(crate::state::legacy_id(dev)),
-        Some(h) => stream_id(st, h),
+        None => Ok(g.legacy_stream(ctx, dev)),
+        Some(h) => crate::hold::resolve_gated(g, h),
     }
-}
-
-/// Resolves a `CUstream` argument (NULL/legacy/per-thread need a current context).
-pub(crate) fn stream_id(st: &mut State, h: CUstream) -> Result<u64, Fail> {
-    crate::exports::stream::resolve(st, h)
 }
 
 /// A 1-D copy of `len` bytes. `stream == None` = synchronous API.
@@ -344,12 +341,6 @@ pub(crate) fn execute(work: &Work) {
         Work::Marker { .. } | Work::Nop | Work::Free { .. } | Work::HostFn { .. } | Work::Prefetch { .. } => {
         }
     }
-}
-
-/// Blocks until every stream of `device` has drained what is queued now.
-pub(crate) fn sync_device(g: &mut parking_lot::MutexGuard<'_, State>, device: usize) {
-    let targets = stream::all_targets(g, device);
-    wait_for(g, &targets);
 }
 
 /// One side of a 2D/3D copy, decoded from `CUDA_MEMCPY2D` / `CUDA_MEMCPY3D`.

@@ -5,6 +5,9 @@
 
 use std::time::Instant;
 
+use cudarc::driver::sys::{CUevent, CUresult};
+
+use crate::api::Fail;
 use crate::state::State;
 use crate::stream::done_through;
 
@@ -31,4 +34,14 @@ impl Event {
     pub(crate) fn complete(&self, st: &State) -> bool {
         self.record.is_none_or(|(s, q)| done_through(&st.streams, s, q))
     }
+}
+
+/// The live event `h` names, or `INVALID_HANDLE`.
+pub(crate) fn lookup(st: &State, h: CUevent) -> Result<&Event, Fail> {
+    st.events.get(&(h as u64)).ok_or_else(|| {
+        Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_HANDLE,
+            format!("event {:#x} is not a live event", h as u64),
+        )
+    })
 }

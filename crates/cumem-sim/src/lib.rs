@@ -13,20 +13,26 @@
 
 pub mod abi;
 mod address_space;
+mod alloc;
 mod api;
 mod attributes;
 mod config;
 mod context;
 pub mod control;
 mod copy;
+mod engine;
 mod errors;
 mod event;
 pub mod exports;
 mod fault;
+mod hints;
+mod hold;
 mod leak;
+mod lifecycle;
 mod locate;
 mod managed;
 mod memory;
+mod pointer;
 mod pool;
 mod report;
 mod state;

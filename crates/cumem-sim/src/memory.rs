@@ -12,6 +12,9 @@
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
+/// `CU_MEMHOSTREGISTER_READ_ONLY`: the device may only read the registered memory.
+pub(crate) const REGISTER_READ_ONLY: u32 = 0x8;
+
 /// The kind of memory an allocation is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AllocKind {

@@ -84,13 +84,27 @@ pub struct LiveEvent {
     pub device: i32,
 }
 
-/// An active (retained) primary context. Retained contexts are not leaks.
+/// A context: an active (retained) primary context, which is not a leak, or a context made by
+/// `cuCtxCreate` and not destroyed yet, which is. A destroyed context is not listed, and neither
+/// is anything it owned: destroying a context frees its allocations, streams and events, as the
+/// driver does, so they are no longer live (and not leaks).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveContext {
     /// Device ordinal.
     pub device: i32,
-    /// Current retain count.
+    /// Current retain count (1 for a created context).
     pub retain_count: u32,
+    /// The `CUcontext` handle value.
+    #[serde(default)]
+    pub handle: u64,
+    /// A device's primary context (`false`: made by `cuCtxCreate`).
+    #[serde(default = "primary_by_default")]
+    pub primary: bool,
+}
+
+/// Reports written before created contexts existed list primary contexts only.
+fn primary_by_default() -> bool {
+    true
 }
 
 /// Everything the simulator holds for the program right now.
@@ -108,20 +122,26 @@ pub struct LiveReport {
     pub mappings: Vec<serde_json::Value>,
     /// Host registrations.
     pub registrations: Vec<LiveRegistration>,
-    /// Retained primary contexts.
+    /// Retained primary contexts and live created contexts.
     pub contexts: Vec<LiveContext>,
 }
 
 impl LiveReport {
-    /// No live allocation, stream, event, user-created pool, mapping or registration (contexts
-    /// and default pools do not count).
+    /// No live allocation, stream, event, user-created pool, mapping, registration or created
+    /// context (primary contexts and default pools do not count).
     pub fn is_clean(&self) -> bool {
-        self.allocations.is_empty()
+        self.created_contexts().next().is_none()
+            && self.allocations.is_empty()
             && self.streams.is_empty()
             && self.events.is_empty()
             && self.user_pools().next().is_none()
             && self.mappings.is_empty()
             && self.registrations.is_empty()
+    }
+
+    /// The contexts made by `cuCtxCreate` and not destroyed yet.
+    pub fn created_contexts(&self) -> impl Iterator<Item = &LiveContext> {
+        self.contexts.iter().filter(|c| !c.primary)
     }
 
     /// The user-created (non-default) pools.
@@ -159,13 +179,15 @@ impl std::fmt::Display for LiveReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{} allocation(s), {} stream(s), {} event(s), {} user pool(s), {} mapping(s), {} registration(s)",
+            "{} allocation(s), {} stream(s), {} event(s), {} user pool(s), {} mapping(s), {} registration(s), \
+             {} created context(s)",
             self.allocations.len(),
             self.streams.len(),
             self.events.len(),
             self.user_pools().count(),
             self.mappings.len(),
-            self.registrations.len()
+            self.registrations.len(),
+            self.created_contexts().count()
         )?;
         for a in &self.allocations {
             write!(
@@ -202,7 +224,11 @@ impl std::fmt::Display for LiveReport {
             writeln!(f, "  {other}")?;
         }
         for c in &self.contexts {
-            writeln!(f, "  primary context of device {} (retain count {})", c.device, c.retain_count)?;
+            if c.primary {
+                writeln!(f, "  primary context of device {} (retain count {})", c.device, c.retain_count)?;
+            } else {
+                writeln!(f, "  created context {:#x} of device {} (not destroyed)", c.handle, c.device)?;
+            }
         }
         Ok(())
     }

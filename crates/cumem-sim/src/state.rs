@@ -12,6 +12,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::address_space::AddressSpace;
 use crate::config::{Config, DeviceSpec};
+use crate::context::{Created, Limits};
 use crate::event::Event;
 use crate::managed::Managed;
 use crate::memory::{AllocKind, Allocation, Freed};
@@ -41,6 +42,9 @@ pub(crate) struct Device {
     pub(crate) default_pool: u64,
     /// Handle of the device's current memory pool (`cuDeviceSetMemPool`).
     pub(crate) current_pool: u64,
+    /// OS threads waiting in an implicitly synchronising call on this device: while any is, other
+    /// threads' calls that queue work or allocate here wait (see `crate::hold`).
+    pub(crate) held_by: Vec<u64>,
 }
 
 impl Device {
@@ -65,6 +69,11 @@ pub(crate) struct State {
     pub(crate) pools: BTreeMap<u64, Pool>,
     /// (context, OS thread) -> hidden stream standing for `CU_STREAM_PER_THREAD`.
     pub(crate) per_thread: BTreeMap<(u64, u64), u64>,
+    /// Contexts made by `cuCtxCreate`, destroyed ones included (their handles are never reused,
+    /// so a stale handle keeps its "destroyed" answer).
+    pub(crate) contexts: BTreeMap<u64, Created>,
+    /// `cuCtxSetLimit` values by context (absent: the defaults).
+    pub(crate) limits: BTreeMap<u64, Limits>,
     pub(crate) next_handle: u64,
     pub(crate) next_seq: u64,
     pub(crate) next_buffer_id: u64,
@@ -102,6 +111,8 @@ pub(crate) static SIM: Sim = Sim {
         pools: BTreeMap::new(),
         managed: BTreeMap::new(),
         per_thread: BTreeMap::new(),
+        contexts: BTreeMap::new(),
+        limits: BTreeMap::new(),
         next_handle: 1,
         next_seq: 0,
         next_buffer_id: 1,
@@ -114,6 +125,7 @@ pub(crate) static SIM: Sim = Sim {
 };
 
 const CTX_TAG: u64 = 0x0000_c7c7_0000_0000;
+const CREATED_CTX_TAG: u64 = 0x0000_c8c8_0000_0000;
 const LEGACY_TAG: u64 = 0x0000_5c5c_0000_0000;
 const STREAM_TAG: u64 = 0x0000_5a5a_0000_0000;
 const EVENT_TAG: u64 = 0x0000_e7e7_0000_0000;
@@ -140,9 +152,39 @@ pub(crate) fn latency_us() -> u64 {
 }
 
 impl State {
-    /// The device ordinal a context handle names, if it is one of ours.
+    /// The ordinal a `CUdevice` names, or `INVALID_DEVICE`.
+    pub(crate) fn ordinal(&self, dev: i32) -> Result<usize, crate::api::Fail> {
+        usize::try_from(dev).ok().filter(|&d| d < self.devices.len()).ok_or_else(|| {
+            crate::api::Fail::misuse(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_DEVICE,
+                format!("device {dev} does not exist ({} devices)", self.devices.len()),
+            )
+        })
+    }
+
+    /// The device a context handle names: a primary context, or a created context that has not
+    /// been destroyed.
     pub(crate) fn ctx_device(&self, handle: u64) -> Option<usize> {
+        match self.contexts.get(&handle) {
+            Some(c) => (!c.destroyed).then_some(c.device),
+            None => self.primary_device(handle),
+        }
+    }
+
+    /// The device whose primary context `handle` is.
+    pub(crate) fn primary_device(&self, handle: u64) -> Option<usize> {
         (0..self.devices.len()).find(|&d| ctx_handle(d) == handle)
+    }
+
+    /// The internal id of the legacy (NULL) stream of context `ctx` on `device`.
+    pub(crate) fn legacy_stream(&self, ctx: u64, device: usize) -> u64 {
+        self.contexts.get(&ctx).map_or(legacy_id(device), |c| c.legacy)
+    }
+
+    /// A fresh, never reused handle for a created context.
+    pub(crate) fn new_ctx_handle(&mut self) -> u64 {
+        self.next_handle += 1;
+        CREATED_CTX_TAG + (self.next_handle << 4)
     }
 
     /// A fresh, never reused stream handle.
@@ -211,6 +253,7 @@ impl State {
                 ctx: PrimaryCtx::default(),
                 default_pool: 0,
                 current_pool: 0,
+                held_by: Vec::new(),
             });
         }
         for d in 0..devices.len() {
@@ -294,7 +337,18 @@ impl State {
                 .iter()
                 .enumerate()
                 .filter(|(_, d)| d.ctx.retain > 0)
-                .map(|(i, d)| LiveContext { device: i as i32, retain_count: d.ctx.retain })
+                .map(|(i, d)| LiveContext {
+                    device: i as i32,
+                    retain_count: d.ctx.retain,
+                    handle: ctx_handle(i),
+                    primary: true,
+                })
+                .chain(self.contexts.iter().filter(|(_, c)| !c.destroyed).map(|(&h, c)| LiveContext {
+                    device: c.device as i32,
+                    retain_count: 1,
+                    handle: h,
+                    primary: false,
+                }))
                 .collect(),
         }
     }

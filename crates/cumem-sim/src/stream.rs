@@ -1,31 +1,33 @@
-//! Streams and the engine that runs them.
+//! Streams: handles, queues, ordering rules, and the calls that create, wait for and destroy
+//! them. The engine that executes the queues is in `engine.rs`.
 //!
-//! Every stream is a FIFO of operations. One engine thread executes them: an operation may start
-//! once its stream has finished everything before it, its dependencies (other streams' work it
-//! must wait for) are complete, and its latency has elapsed (`enqueue time + latency_us`). The
-//! latency is a delay, not a throughput limit, so queued operations pipeline. Host functions are
-//! handed to a separate callback thread, which keeps their stream busy until they return while
-//! other streams carry on.
+//! Every stream is a FIFO of operations. An operation may start once its stream has finished
+//! everything before it, its dependencies (other streams' work it must wait for) are complete,
+//! and its latency has elapsed (`enqueue time + latency_us`).
 //!
 //! Legacy default stream semantics: work enqueued on the legacy stream depends on all prior work
 //! of the context's blocking streams, and work enqueued on a blocking stream depends on all prior
 //! legacy-stream work; `CU_STREAM_NON_BLOCKING` streams take part in neither.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ffi::c_void;
-use std::sync::OnceLock;
-use std::sync::mpsc::{Sender, channel};
 use std::time::{Duration, Instant};
 
+use cudarc::driver::sys::{CUevent, CUhostFn, CUresult, CUstream};
 use parking_lot::MutexGuard;
 
-use crate::copy::{self, Work};
-use crate::memory::{AllocKind, Allocation, Freed};
-use crate::state::{SIM, State, latency_us, legacy_id};
-use crate::violation::{self, Violation};
+use crate::api::Fail;
+use crate::context;
+use crate::copy::Work;
+use crate::state::{SIM, State, latency_us};
 
 /// `CU_STREAM_NON_BLOCKING`.
 pub(crate) const NON_BLOCKING: u32 = 1;
+/// `CU_STREAM_LEGACY`.
+pub(crate) const STREAM_LEGACY: u64 = 0x1;
+/// `CU_STREAM_PER_THREAD`.
+pub(crate) const STREAM_PER_THREAD: u64 = 0x2;
+/// Least (0) and greatest (-5) stream priority.
+pub const STREAM_PRIORITY_RANGE: (i32, i32) = (0, -5);
 
 /// What a stream is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +100,132 @@ impl Stream {
     }
 }
 
+/// The internal stream id a `CUstream` names. NULL and `CU_STREAM_LEGACY` are the current
+/// context's legacy stream, `CU_STREAM_PER_THREAD` the thread's per-thread stream (both need a
+/// current context); other values must be live streams (`INVALID_HANDLE` otherwise).
+pub(crate) fn resolve(st: &mut State, h: CUstream) -> Result<u64, Fail> {
+    let v = h as u64;
+    match v {
+        0 | STREAM_LEGACY => {
+            let (ctx, d) = context::current_ctx(st)?;
+            Ok(st.legacy_stream(ctx, d))
+        }
+        STREAM_PER_THREAD => {
+            let (ctx, d) = context::current_ctx(st)?;
+            let key = (ctx, crate::api::os_tid());
+            if let Some(&id) = st.per_thread.get(&key) {
+                return Ok(id);
+            }
+            let id = st.new_stream_handle();
+            st.streams.insert(id, Stream::new(d, key.0, StreamKind::PerThread, 0, 0));
+            st.per_thread.insert(key, id);
+            Ok(id)
+        }
+        _ => match st.streams.get(&v) {
+            Some(s) if s.kind == StreamKind::User && !s.destroyed => Ok(v),
+            _ => Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_HANDLE,
+                format!("stream {v:#x} is not a live stream"),
+            )),
+        },
+    }
+}
+
+/// `cuStreamCreate*`: a user stream of the current context (`flags`: 0 or NON_BLOCKING; the
+/// priority is clamped to the range).
+pub(crate) fn create(flags: u32, priority: i32) -> Result<u64, Fail> {
+    let mut st = SIM.st.lock();
+    let (ctx, d) = crate::hold::current_gated(&mut st)?;
+    if flags & !NON_BLOCKING != 0 {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("unknown stream flags {flags:#x}"),
+        ));
+    }
+    let (least, greatest) = STREAM_PRIORITY_RANGE;
+    let priority = priority.clamp(greatest, least);
+    let h = st.new_stream_handle();
+    st.streams.insert(h, Stream::new(d, ctx, StreamKind::User, flags, priority));
+    Ok(h)
+}
+
+/// `cuStreamDestroy`: the handle dies now; queued work still runs, and the stream goes away
+/// when it has drained.
+pub(crate) fn destroy(h_stream: CUstream) -> Result<(), Fail> {
+    let v = h_stream as u64;
+    if matches!(v, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_HANDLE,
+            "the default stream cannot be destroyed",
+        ));
+    }
+    let mut st = SIM.st.lock();
+    let id = resolve(&mut st, h_stream)?;
+    // SINGLE attachments to this stream revert to the allocation's default association.
+    for m in st.managed.values_mut().filter(|m| m.stream == id) {
+        if m.attach == 4 {
+            m.attach = m.initial_attach;
+        }
+        m.stream = 0;
+    }
+    let s = st.streams.get_mut(&id).expect("resolved stream exists");
+    s.destroyed = true;
+    if s.pending() == 0 {
+        st.streams.remove(&id);
+    }
+    Ok(())
+}
+
+/// `cuStreamSynchronize`: waits for everything queued so far, then lets the device's pools
+/// release memory above their thresholds.
+pub(crate) fn synchronize(h_stream: CUstream) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let id = resolve(&mut st, h_stream)?;
+    let targets = sync_targets(&st, id);
+    wait_for(&mut st, &targets);
+    let device = st.streams.get(&id).map(|s| s.device);
+    if let Some(d) = device {
+        crate::pool::on_synchronize(&mut st, d);
+    }
+    Ok(())
+}
+
+/// `cuStreamQuery`: `NOT_READY` (quietly) while anything queued so far is incomplete.
+pub(crate) fn query(h_stream: CUstream) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let id = resolve(&mut st, h_stream)?;
+    let targets = sync_targets(&st, id);
+    if targets_done(&st, &targets) { Ok(()) } else { Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_READY)) }
+}
+
+/// `cuStreamWaitEvent`: later work of the stream waits for the event's captured work.
+pub(crate) fn wait_event(h_stream: CUstream, h_event: CUevent, flags: u32) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let id = crate::hold::resolve_gated(&mut st, h_stream)?;
+    let record = crate::event::lookup(&st, h_event)?.record;
+    if flags != 0 {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("cuStreamWaitEvent flags {flags:#x} must be 0"),
+        ));
+    }
+    if let Some(dep) = record {
+        enqueue(&mut st, id, Work::Nop, vec![dep]);
+    }
+    Ok(())
+}
+
+/// `cuLaunchHostFunc`: queues `f(data)` for the callback thread, in stream order.
+pub(crate) fn launch_host_fn(h_stream: CUstream, f: CUhostFn, data: usize) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let id = crate::hold::resolve_gated(&mut st, h_stream)?;
+    let Some(f) = f else {
+        return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "NULL host function"));
+    };
+    enqueue(&mut st, id, Work::HostFn { f, data }, Vec::new());
+    Ok(())
+}
+
 /// Whether stream `sid` has completed every operation with a sequence number `<= seq` (a stream
 /// that no longer exists has).
 pub(crate) fn done_through(streams: &BTreeMap<u64, Stream>, sid: u64, seq: u64) -> bool {
@@ -129,7 +257,7 @@ pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, 
             }
         }
         _ if blocking => {
-            let legacy = legacy_id(device);
+            let legacy = st.legacy_stream(ctx, device);
             if let Some(l) = st.streams.get(&legacy)
                 && l.last_seq > 0
                 && !done_through(&st.streams, legacy, l.last_seq)
@@ -184,176 +312,5 @@ pub(crate) fn targets_done(st: &State, targets: &[(u64, u64)]) -> bool {
 pub(crate) fn wait_for(g: &mut MutexGuard<'_, State>, targets: &[(u64, u64)]) {
     while !targets_done(g, targets) {
         SIM.changed.wait(g);
-    }
-}
-
-struct HostJob {
-    sid: u64,
-    f: unsafe extern "C" fn(*mut c_void),
-    data: usize,
-}
-
-static HOST_JOBS: OnceLock<Sender<HostJob>> = OnceLock::new();
-
-/// Starts the engine and the host-callback thread (once per process).
-pub(crate) fn start_engine() -> Result<(), String> {
-    if HOST_JOBS.get().is_some() {
-        return Ok(());
-    }
-    let (tx, rx) = channel::<HostJob>();
-    std::thread::Builder::new()
-        .name("cumem-sim-hostfn".into())
-        .spawn(move || {
-            while let Ok(job) = rx.recv() {
-                crate::context::IN_HOST_FN.with(|f| f.set(true));
-                let f = job.f;
-                // SAFETY: the program passed `f` and `data` to cuLaunchHostFunc, promising that
-                // calling `f(data)` once, in stream order, is valid.
-                let _ = std::panic::catch_unwind(|| unsafe { f(job.data as *mut c_void) });
-                crate::context::IN_HOST_FN.with(|f| f.set(false));
-                let mut g = SIM.st.lock();
-                finish(&mut g, job.sid);
-            }
-        })
-        .map_err(|e| e.to_string())?;
-    let _ = HOST_JOBS.set(tx);
-    std::thread::Builder::new()
-        .name("cumem-sim-engine".into())
-        .spawn(engine_loop)
-        .map_err(|e| e.to_string())?;
-    Ok(())
-}
-
-/// Marks the running operation of `sid` complete and wakes everyone.
-fn finish(st: &mut State, sid: u64) {
-    let remove = match st.streams.get_mut(&sid) {
-        Some(s) => {
-            s.running = None;
-            s.destroyed && s.queue.is_empty()
-        }
-        None => false,
-    };
-    if remove {
-        st.streams.remove(&sid);
-    }
-    SIM.changed.notify_all();
-}
-
-/// The violation for an operation enqueued by `api` on thread `tid` that touched `a` after its free
-/// (`how`) had taken effect. The enqueueing call itself returned `CUDA_SUCCESS`, which is the code
-/// recorded: the misuse is detected only when the operation runs.
-fn use_after_free(api: &'static str, tid: u64, a: &Allocation, how: &Freed) -> Violation {
-    let what = match a.kind {
-        AllocKind::Pool => "device memory (pool allocation)",
-        AllocKind::Device | AllocKind::Pitched => "device memory",
-        AllocKind::Managed => "managed memory",
-        AllocKind::PinnedHost | AllocKind::Registered => "pinned host memory",
-    };
-    let (base, bytes) = (a.base, a.bytes);
-    let message = match how {
-        Freed::StreamOrdered { stream } => format!(
-            "{what} [{base:#x}, +{bytes}) used after its stream-ordered free: cuMemFreeAsync on stream \
-             {stream:#x} ran before this operation (queued earlier on another stream, with no \
-             dependency making the free wait for it) completed; the bytes may already belong to a \
-             new allocation"
-        ),
-        Freed::AtCall { api: by } => format!(
-            "{what} [{base:#x}, +{bytes}) used after its free: {by} released it while this operation \
-             was still queued; the bytes may already belong to a new allocation"
-        ),
-    };
-    Violation {
-        function: api.to_string(),
-        code: cudarc::driver::sys::CUresult::CUDA_SUCCESS as u32,
-        code_name: crate::errors::name_str(cudarc::driver::sys::CUresult::CUDA_SUCCESS).to_string(),
-        message,
-        os_tid: tid,
-    }
-}
-
-fn engine_loop() {
-    let mut g = SIM.st.lock();
-    loop {
-        let now = Instant::now();
-        let mut best: Option<(u64, u64)> = None;
-        let mut wake: Option<Instant> = None;
-        for (&sid, s) in &g.streams {
-            if s.running.is_some() {
-                continue;
-            }
-            let Some(op) = s.queue.front() else { continue };
-            if !op.deps.iter().all(|&(d, q)| done_through(&g.streams, d, q)) {
-                continue;
-            }
-            if op.ready_at <= now {
-                if best.is_none_or(|(seq, _)| op.seq < seq) {
-                    best = Some((op.seq, sid));
-                }
-            } else {
-                wake = Some(wake.map_or(op.ready_at, |w| w.min(op.ready_at)));
-            }
-        }
-        let Some((_, sid)) = best else {
-            match wake {
-                Some(t) => {
-                    SIM.changed.wait_until(&mut g, t);
-                }
-                None => SIM.changed.wait(&mut g),
-            }
-            continue;
-        };
-        let op = {
-            let s = g.streams.get_mut(&sid).expect("picked stream exists");
-            let op = s.queue.pop_front().expect("picked stream has a head");
-            s.running = Some(op.seq);
-            op
-        };
-        match op.work {
-            Work::HostFn { f, data } => {
-                let sent = HOST_JOBS.get().is_some_and(|tx| tx.send(HostJob { sid, f, data }).is_ok());
-                if !sent {
-                    finish(&mut g, sid);
-                }
-            }
-            Work::Marker { event } => {
-                if let Some(e) = g.events.get_mut(&event)
-                    && e.record == Some((sid, op.seq))
-                {
-                    e.done_at = Some(Instant::now());
-                }
-                finish(&mut g, sid);
-            }
-            Work::Nop => finish(&mut g, sid),
-            Work::Free { alloc } => {
-                // The stream-ordered free takes effect now; anything still queued elsewhere that
-                // touches this memory runs after its free.
-                alloc.mark_freed(Freed::StreamOrdered { stream: sid });
-                finish(&mut g, sid);
-            }
-            Work::Prefetch { base, buffer_id, first, last, loc } => {
-                if g.allocs.get(&base).is_some_and(|a| a.buffer_id == buffer_id)
-                    && let Some(m) = g.managed.get_mut(&base)
-                {
-                    m.update(first, last, |h| h.last_prefetch = Some(loc));
-                }
-                finish(&mut g, sid);
-            }
-            work => {
-                let (api, tid) = (op.api, op.tid);
-                MutexGuard::unlocked(&mut g, || {
-                    // A panic here would kill the engine and hang every waiter; contain it.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(&work)));
-                    // The bytes have moved. A free that took effect before this point was not
-                    // ordered after the operation: report the use after free.
-                    for a in work.touched() {
-                        if let Some(how) = a.freed.get() {
-                            violation::record(use_after_free(api, tid, a, how));
-                        }
-                    }
-                    drop(work);
-                });
-                finish(&mut g, sid);
-            }
-        }
     }
 }

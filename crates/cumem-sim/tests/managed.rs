@@ -7,6 +7,7 @@ use std::ffi::c_void;
 
 use common::*;
 use cudarc::driver::sys::{self as cu, CUdeviceptr, CUmem_advise, CUmem_range_attribute, CUresult};
+use serial_test::{parallel, serial};
 
 use CUmem_advise::*;
 use CUmem_range_attribute::*;
@@ -49,6 +50,7 @@ fn loc(kind: cu::CUmemLocationType, id: i32) -> cu::CUmemLocation {
 }
 
 #[test]
+#[parallel]
 fn allocation_rules() {
     let ctl = bind(0);
     let mut p = 0x99u64;
@@ -82,6 +84,7 @@ fn allocation_rules() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn host_sees_managed_memory_at_the_same_address() {
     bind(0);
     let n = 3 * PAGE;
@@ -125,6 +128,7 @@ fn host_sees_managed_memory_at_the_same_address() {
 }
 
 #[test]
+#[parallel]
 fn pointer_attributes_of_managed_memory() {
     bind(0);
     let p = managed(1000);
@@ -161,6 +165,7 @@ fn pointer_attributes_of_managed_memory() {
 }
 
 #[test]
+#[parallel]
 fn attach_rules_and_reversion() {
     let ctl = bind(0);
     let p = managed(2 * PAGE);
@@ -189,6 +194,7 @@ fn attach_rules_and_reversion() {
 }
 
 #[test]
+#[parallel]
 fn advice_is_recorded_per_range_with_mixed_answers() {
     bind(0);
     let n = 4 * PAGE;
@@ -232,6 +238,7 @@ fn advice_is_recorded_per_range_with_mixed_answers() {
 }
 
 #[test]
+#[parallel]
 fn advice_validation() {
     let ctl = bind(0);
     let p = managed(PAGE);
@@ -272,6 +279,7 @@ fn advice_validation() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn prefetch_is_a_stream_operation() {
     bind(0);
     let p = managed(2 * PAGE);

@@ -11,6 +11,7 @@ use std::process::Command;
 
 use common::*;
 use cudarc::driver::sys::{self as cu, CUdeviceptr, CUresult};
+use serial_test::serial;
 
 const GLOBAL: u32 = 1;
 /// Device without concurrent managed access in the shared configuration.
@@ -49,6 +50,7 @@ fn host_read(p: CUdeviceptr, n: usize) -> Vec<u8> {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn a_host_read_while_queued_work_uses_the_memory_faults() {
     if std::env::var(CHILD).is_ok() {
         bind(EXCLUSIVE);
@@ -76,6 +78,7 @@ fn a_host_read_while_queued_work_uses_the_memory_faults() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn the_host_gets_the_memory_back_when_the_work_is_done() {
     let ctl = bind(EXCLUSIVE);
     let p = managed(3 * 4096 + 100);
@@ -103,6 +106,7 @@ fn the_host_gets_the_memory_back_when_the_work_is_done() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn devices_with_concurrent_access_never_keep_the_host_out() {
     bind(CONCURRENT);
     let p = managed(4096);

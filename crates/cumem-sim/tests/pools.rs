@@ -11,6 +11,7 @@ use cudarc::driver::sys::{
     self as cu, CUdeviceptr, CUevent, CUmemPool_attribute, CUmemoryPool, CUpointer_attribute, CUresult,
     CUstream,
 };
+use serial_test::{parallel, serial};
 
 use CUmemPool_attribute::*;
 
@@ -111,6 +112,7 @@ fn default_pool(dev: i32) -> (CUresult, CUmemoryPool) {
 }
 
 #[test]
+#[parallel]
 fn alloc_and_free_misuse_codes() {
     let ctl = bind(0);
     let s = stream(0);
@@ -166,6 +168,7 @@ fn alloc_and_free_misuse_codes() {
 }
 
 #[test]
+#[parallel]
 fn default_and_current_pools() {
     bind(0);
     let (r0, p0) = default_pool(0);
@@ -206,6 +209,7 @@ fn default_and_current_pools() {
 }
 
 #[test]
+#[parallel]
 fn pool_create_validation() {
     let ctl = bind(0);
     let bad = |p: &cu::CUmemPoolProps| {
@@ -253,6 +257,7 @@ fn pool_create_validation() {
 }
 
 #[test]
+#[parallel]
 fn attribute_types_defaults_and_rules() {
     let ctl = bind(0);
     let pool = create(&props(0, 0));
@@ -315,6 +320,7 @@ fn attribute_types_defaults_and_rules() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn same_stream_reuse_is_immediate_even_before_the_free_runs() {
     bind(0);
     let pool = keeping_pool(0, 0);
@@ -332,6 +338,7 @@ fn same_stream_reuse_is_immediate_even_before_the_free_runs() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn cross_stream_reuse_needs_a_dependency_or_completion() {
     bind(0);
     let pool = keeping_pool(0, 0);
@@ -365,6 +372,7 @@ fn cross_stream_reuse_needs_a_dependency_or_completion() {
 }
 
 #[test]
+#[parallel]
 fn opportunistic_reuse_after_completion_and_its_switch() {
     bind(0);
     for opportunistic in [1, 0] {
@@ -389,6 +397,7 @@ fn opportunistic_reuse_after_completion_and_its_switch() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn internal_dependencies_make_the_allocating_stream_wait() {
     bind(0);
     // Room for one chunk only, so the pool cannot grow for the second allocation.
@@ -415,6 +424,7 @@ fn internal_dependencies_make_the_allocating_stream_wait() {
 }
 
 #[test]
+#[parallel]
 fn all_reuse_policies_off_means_same_stream_only() {
     bind(0);
     let pool = keeping_pool(0, 0);
@@ -452,6 +462,7 @@ fn all_reuse_policies_off_means_same_stream_only() {
 
 /// Device 2 is used by this test only, so its free memory is not disturbed by other tests.
 #[test]
+#[parallel]
 fn release_threshold_is_honoured_at_synchronisation() {
     setup();
     let mut ctx: cu::CUcontext = std::ptr::null_mut();
@@ -516,6 +527,7 @@ fn release_threshold_is_honoured_at_synchronisation() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn trim_releases_free_chunks_down_to_the_minimum() {
     bind(0);
     let pool = keeping_pool(0, 0);
@@ -556,6 +568,7 @@ fn trim_releases_free_chunks_down_to_the_minimum() {
 }
 
 #[test]
+#[parallel]
 fn max_size_caps_the_pool() {
     let ctl = bind(0);
     let pool = keeping_pool(0, 64 << 20);
@@ -573,6 +586,7 @@ fn max_size_caps_the_pool() {
 }
 
 #[test]
+#[parallel]
 fn destroy_with_outstanding_allocations_defers_the_release() {
     let ctl = bind(0);
     let pool = create(&props(0, 0));
@@ -604,6 +618,7 @@ fn destroy_with_outstanding_allocations_defers_the_release() {
 }
 
 #[test]
+#[parallel]
 fn copies_are_bounds_checked_per_pool_allocation() {
     let ctl = bind(0);
     let s = stream(0);
@@ -658,6 +673,7 @@ fn copies_are_bounds_checked_per_pool_allocation() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn mem_free_on_pool_memory_does_not_synchronise() {
     bind(0);
     let s = stream(0);
@@ -682,6 +698,7 @@ fn mem_free_on_pool_memory_does_not_synchronise() {
 }
 
 #[test]
+#[parallel]
 fn injected_faults_apply_to_pool_entry_points() {
     let ctl = bind(0);
     let id = ctl.inject_fault(cumem_sim::FaultRule {
@@ -705,6 +722,7 @@ fn injected_faults_apply_to_pool_entry_points() {
 }
 
 #[test]
+#[parallel]
 fn pool_access_descriptors() {
     let ctl = bind(0);
     let pool = create(&props(0, 0));
@@ -763,6 +781,7 @@ fn uses_after_free(ctl: &cumem_sim::Control) -> Vec<cumem_sim::Violation> {
 /// so the two neighbours do not merge; both are still usable by the stream. Placement once
 /// depended on the engine's progress: under load the test below failed with `c == a + 8192`.)
 #[test]
+#[parallel]
 fn a_stream_reuses_neighbouring_blocks_freed_at_different_times() {
     bind(0);
     let pool = keeping_pool(0, 0);
@@ -784,6 +803,7 @@ fn a_stream_reuses_neighbouring_blocks_freed_at_different_times() {
 /// Pool allocations are views of their chunk's memory: an allocation that reuses addresses sees
 /// the bytes its predecessors left there (nothing is zeroed, nothing is fresh), as on a GPU.
 #[test]
+#[parallel]
 fn allocations_that_reuse_an_address_share_its_bytes() {
     let ctl = bind(0);
     let pool = keeping_pool(0, 0);
@@ -901,6 +921,7 @@ fn hand_off_while_a_reads(how: HandOff, ordered: bool) -> (Vec<u8>, CUdeviceptr)
 /// dependency between them — really is shared: A reads the new owner's data (corruption a GPU
 /// would show), and the simulator reports A's operation as a use after free.
 #[test]
+#[serial] // holds a stream with a gate (in `hand_off_while_a_reads`): see `Gate`
 fn a_block_reused_before_pending_work_on_it_ran_is_corrupted_and_reported() {
     let ctl = bind(0);
     for how in [HandOff::FreeOnBReuseOnB, HandOff::FreeOnBReuseOnC, HandOff::MemFreeReuseOnB] {
@@ -927,6 +948,7 @@ fn a_block_reused_before_pending_work_on_it_ran_is_corrupted_and_reported() {
 /// The same hand-off with an event dependency (B waits for A's copy before freeing): A reads its
 /// own data and nothing is reported.
 #[test]
+#[serial] // holds a stream with a gate (in `hand_off_while_a_reads`): see `Gate`
 fn a_block_handed_on_through_an_event_dependency_is_intact() {
     let ctl = bind(0);
     let (seen, _) = hand_off_while_a_reads(HandOff::FreeOnBReuseOnB, true);

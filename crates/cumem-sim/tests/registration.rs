@@ -8,6 +8,7 @@ use std::ffi::c_void;
 
 use common::*;
 use cudarc::driver::sys::{self as cu, CUpointer_attribute, CUresult};
+use serial_test::{parallel, serial};
 
 const PORTABLE: u32 = 1;
 const IOMEMORY: u32 = 4;
@@ -24,6 +25,7 @@ fn unregister(p: *mut u8) -> CUresult {
 }
 
 #[test]
+#[parallel]
 fn register_and_unregister_codes() {
     let ctl = bind(0);
     let mut buf = vec![0u8; 8192];
@@ -87,6 +89,7 @@ fn register_and_unregister_codes() {
 }
 
 #[test]
+#[parallel]
 fn unsupported_devices_and_read_only() {
     bind(3);
     let mut buf = vec![0u8; 256];
@@ -104,6 +107,7 @@ fn unsupported_devices_and_read_only() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn registered_memory_behaves_as_pinned_memory() {
     bind(0);
     let n = 4096;
@@ -158,6 +162,7 @@ fn registered_memory_behaves_as_pinned_memory() {
 }
 
 #[test]
+#[parallel]
 fn device_to_host_into_read_only_registration_is_refused() {
     let ctl = bind(0);
     let mut host = vec![5u8; 256];
@@ -178,6 +183,7 @@ fn device_to_host_into_read_only_registration_is_refused() {
 }
 
 #[test]
+#[parallel]
 fn pointer_get_attributes_batch() {
     bind(0);
     use CUpointer_attribute::*;

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use common::*;
 use cudarc::driver::sys::{self as cu, CUevent, CUresult, CUstream};
+use serial_test::{parallel, serial};
 
 const NON_BLOCKING: u32 = 1;
 
@@ -34,6 +35,7 @@ fn query(s: CUstream) -> CUresult {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn async_h2d_from_pinned_reads_the_source_when_it_runs() {
     bind(0);
     let n = 4096;
@@ -54,6 +56,7 @@ fn async_h2d_from_pinned_reads_the_source_when_it_runs() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn async_h2d_from_pageable_memory_is_staged_at_the_call() {
     bind(0);
     let n = 4096;
@@ -72,6 +75,7 @@ fn async_h2d_from_pageable_memory_is_staged_at_the_call() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn async_d2h_into_pinned_is_stale_until_synchronised() {
     bind(0);
     let n = 1024;
@@ -97,6 +101,7 @@ fn async_d2h_into_pinned_is_stale_until_synchronised() {
 }
 
 #[test]
+#[parallel]
 fn latency_alone_makes_a_missing_sync_visible() {
     bind(0);
     let n = 256;
@@ -126,6 +131,7 @@ fn latency_alone_makes_a_missing_sync_visible() {
 }
 
 #[test]
+#[parallel]
 fn stream_work_runs_in_fifo_order() {
     bind(0);
     static ORDER: Mutex<Vec<usize>> = Mutex::new(Vec::new());
@@ -153,6 +159,7 @@ fn stream_work_runs_in_fifo_order() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn stream_wait_event_orders_work_across_streams() {
     bind(0);
     let n = 512;
@@ -211,6 +218,7 @@ fn stream_wait_event_orders_work_across_streams() {
 /// every time (a GPU may land it either side of the copy): s2 honours its wait and still copies
 /// the fill's 1s. In the flaky run, another test's gated blocking stream played this part.
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn legacy_stream_work_is_not_ordered_by_an_event_between_non_blocking_streams() {
     // Device 1: no other test of this binary queues work there, so nothing but `blocking`
     // holds the legacy fill back.
@@ -250,6 +258,7 @@ fn legacy_stream_work_is_not_ordered_by_an_event_between_non_blocking_streams() 
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn legacy_stream_waits_for_blocking_streams_but_not_non_blocking_ones() {
     bind(0);
     let n = 256;
@@ -296,6 +305,7 @@ fn legacy_stream_waits_for_blocking_streams_but_not_non_blocking_ones() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn sync_copies_wait_but_device_to_device_returns_immediately() {
     bind(0);
     let n = 128;
@@ -318,6 +328,7 @@ fn sync_copies_wait_but_device_to_device_returns_immediately() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn event_query_synchronize_and_elapsed_time_rules() {
     bind(0);
     let (start, end) = (event(0), event(0));
@@ -376,6 +387,7 @@ fn event_query_synchronize_and_elapsed_time_rules() {
 }
 
 #[test]
+#[parallel]
 fn host_functions_cannot_call_the_api() {
     bind(0);
     static SEEN: Mutex<Vec<CUresult>> = Mutex::new(Vec::new());
@@ -400,6 +412,7 @@ fn host_functions_cannot_call_the_api() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn destroyed_streams_drain_and_their_handles_die() {
     let ctl = bind(0);
     let d = dalloc(64);
@@ -423,6 +436,7 @@ fn destroyed_streams_drain_and_their_handles_die() {
 }
 
 #[test]
+#[parallel]
 fn per_thread_stream_and_stream_properties() {
     bind(0);
     let per_thread = 0x2 as CUstream;

@@ -2,13 +2,12 @@
 //! injection. These never fail with injected faults and work before `cuInit`.
 
 use std::ffi::{CStr, c_char, c_int};
-use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys::CUresult;
 
-use crate::exports::init::merged_config;
-use crate::state::{ConfigSlot, SIM};
-use crate::{errors, fault, leak, violation};
+use crate::lifecycle::configure;
+use crate::state::SIM;
+use crate::{errors, fault, violation};
 
 /// Version of the control ABI.
 pub const CONTROL_ABI_VERSION: c_int = 1;
@@ -17,27 +16,6 @@ pub const CONTROL_ABI_VERSION: c_int = 1;
 #[unsafe(no_mangle)]
 pub extern "C" fn cumemSimVersion() -> c_int {
     CONTROL_ABI_VERSION
-}
-
-fn configure(spec: &str) -> Result<(), String> {
-    let mut slot = SIM.config.lock();
-    let cfg = match &mut *slot {
-        ConfigSlot::Pending(pending) => {
-            let cfg = merged_config(pending, Some(spec))?;
-            pending.push(spec.to_string());
-            cfg
-        }
-        ConfigSlot::Active(cfg) => {
-            cfg.apply(spec, true)?;
-            (**cfg).clone()
-        }
-    };
-    SIM.latency_us.store(cfg.latency_us, Ordering::Relaxed);
-    SIM.leak_check.store(cfg.leak_check, Ordering::Release);
-    if cfg.leak_check {
-        leak::register();
-    }
-    Ok(())
 }
 
 /// `CUresult cumemSimConfigure(const char *spec)`: applies a specification in the `CUMEM_SIM`

@@ -8,14 +8,10 @@ use cudarc::driver::sys::{CUdevice, CUresult, CUuuid};
 use crate::api::{self, ApiResult, Fail, Init};
 use crate::state::{SIM, State};
 
-/// The ordinal `dev` names, or `INVALID_DEVICE`.
+/// The ordinal `dev` names, or `INVALID_DEVICE` (the model's [`State::ordinal`], named for the
+/// shims).
 pub(crate) fn device(st: &State, dev: CUdevice) -> Result<usize, Fail> {
-    usize::try_from(dev).ok().filter(|&d| d < st.devices.len()).ok_or_else(|| {
-        Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_DEVICE,
-            format!("device {dev} does not exist ({} devices)", st.devices.len()),
-        )
-    })
+    st.ordinal(dev)
 }
 
 /// Copies `text` into a caller buffer of `len` bytes, NUL-terminated (truncating).

@@ -6,22 +6,11 @@ use std::time::Instant;
 use cudarc::driver::sys::{CUevent, CUresult, CUstream};
 
 use crate::api::{self, Fail, Init};
-use crate::context;
 use crate::copy::Work;
+pub(crate) use crate::event::lookup;
 use crate::event::{ALL_FLAGS, DISABLE_TIMING, Event, INTERPROCESS};
-use crate::exports::stream::resolve;
-use crate::state::{SIM, State, ctx_handle};
+use crate::state::SIM;
 use crate::stream::{enqueue, wait_for};
-
-/// The live event `h` names, or `INVALID_HANDLE`.
-pub(crate) fn lookup(st: &State, h: CUevent) -> Result<&Event, Fail> {
-    st.events.get(&(h as u64)).ok_or_else(|| {
-        Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_HANDLE,
-            format!("event {:#x} is not a live event", h as u64),
-        )
-    })
-}
 
 /// `CUresult cuEventCreate(CUevent *phEvent, unsigned Flags)`: flags from BLOCKING_SYNC (1),
 /// DISABLE_TIMING (2), INTERPROCESS (4, which requires DISABLE_TIMING).
@@ -33,7 +22,7 @@ pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) ->
     api::call("cuEventCreate", Init::Required, || {
         api::non_null(ph_event, "phEvent")?;
         let mut st = SIM.st.lock();
-        let d = context::require(&st)?;
+        let (ctx, d) = crate::hold::current_gated(&mut st)?;
         if flags & !ALL_FLAGS != 0 || (flags & INTERPROCESS != 0 && flags & DISABLE_TIMING == 0) {
             return Err(Fail::misuse(
                 CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -41,7 +30,7 @@ pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) ->
             ));
         }
         let h = st.new_event_handle();
-        st.events.insert(h, Event { device: d, ctx: ctx_handle(d), flags, record: None, done_at: None });
+        st.events.insert(h, Event { device: d, ctx, flags, record: None, done_at: None });
         // SAFETY: forwarded caller contract.
         unsafe { api::out(ph_event, h as CUevent, "phEvent") }
     })
@@ -49,8 +38,8 @@ pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) ->
 
 fn record(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> api::ApiResult {
     let mut st = SIM.st.lock();
+    let sid = crate::hold::resolve_gated(&mut st, h_stream)?;
     let ev_ctx = lookup(&st, h_event)?.ctx;
-    let sid = resolve(&mut st, h_stream)?;
     if st.streams[&sid].ctx != ev_ctx {
         return Err(Fail::misuse(
             CUresult::CUDA_ERROR_INVALID_HANDLE,

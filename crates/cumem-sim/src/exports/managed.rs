@@ -6,123 +6,10 @@ use std::ffi::{c_uint, c_void};
 
 use cudarc::driver::sys::{CUdevice, CUdeviceptr, CUresult, CUstream};
 
-use crate::abi::{LOC_DEVICE, LOC_HOST, LOC_HOST_NUMA, LOC_HOST_NUMA_CURRENT, MemLocation};
+use crate::abi::MemLocation;
 use crate::api::{self, ApiResult, Fail, Init};
-use crate::copy::Work;
-use crate::exports::stream::resolve;
-use crate::managed::{DEVICE_CPU, DEVICE_INVALID, Loc, PAGE, PageHints, common, v1_of, v2_of};
-use crate::memory::AllocKind;
-use crate::state::{SIM, State};
-use crate::stream::enqueue;
-
-/// `CU_MEM_ATTACH_SINGLE`.
-const ATTACH_SINGLE: u32 = 4;
-/// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`.
-const ATTR_CONCURRENT_MANAGED_ACCESS: u32 = 89;
-
-/// The managed allocation `[ptr, ptr + count)` lies in, as `(base, first page, last page)`.
-fn managed_range(st: &State, ptr: u64, count: usize) -> Result<(u64, u64, u64), Fail> {
-    let bad = |m: String| Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m);
-    if count == 0 {
-        return Err(bad("count is 0".into()));
-    }
-    let a = st.find_alloc(ptr).ok_or_else(|| bad(format!("{ptr:#x} is not CUDA memory")))?;
-    if a.kind != AllocKind::Managed {
-        return Err(bad(format!("{ptr:#x} is {} memory, not managed memory", a.kind.report_name())));
-    }
-    if !a.contains_range(ptr, count as u64) {
-        return Err(bad(format!(
-            "range [{ptr:#x}, +{count}) runs past the managed allocation [{:#x}, +{})",
-            a.base, a.bytes
-        )));
-    }
-    let off = ptr - a.base;
-    Ok((a.base, off / PAGE, (off + count as u64 - 1) / PAGE))
-}
-
-/// Whether device `d` exists and has CONCURRENT_MANAGED_ACCESS; `INVALID_DEVICE` otherwise.
-fn concurrent_device(st: &State, id: i32, what: &str) -> Result<usize, Fail> {
-    let d = usize::try_from(id).ok().filter(|&d| d < st.devices.len()).ok_or_else(|| {
-        Fail::misuse(CUresult::CUDA_ERROR_INVALID_DEVICE, format!("{what}: device {id} does not exist"))
-    })?;
-    if st.devices[d].attr(ATTR_CONCURRENT_MANAGED_ACCESS) != Some(1) {
-        return Err(Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_DEVICE,
-            format!("{what}: device {d} has no CONCURRENT_MANAGED_ACCESS"),
-        ));
-    }
-    Ok(d)
-}
-
-/// Validates a location for a preferred location or a prefetch target.
-fn target(st: &State, l: MemLocation, what: &str) -> Result<Loc, Fail> {
-    match l.kind {
-        LOC_DEVICE => concurrent_device(st, l.id, what).map(|d| (LOC_DEVICE, d as i32)),
-        LOC_HOST => Ok((LOC_HOST, 0)),
-        // The simulated host has a single NUMA node, 0.
-        LOC_HOST_NUMA if l.id == 0 => Ok((LOC_HOST_NUMA, 0)),
-        LOC_HOST_NUMA_CURRENT => Ok((LOC_HOST_NUMA, 0)),
-        LOC_HOST_NUMA => Err(Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            format!("{what}: host NUMA node {} does not exist", l.id),
-        )),
-        k => Err(Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            format!("{what}: location type {k} is not valid"),
-        )),
-    }
-}
-
-/// The v2 location a v1 `CUdevice` stands for.
-fn v1_location(device: CUdevice) -> MemLocation {
-    if device == DEVICE_CPU {
-        MemLocation { kind: LOC_HOST, id: 0 }
-    } else {
-        MemLocation { kind: LOC_DEVICE, id: device }
-    }
-}
-
-fn advise(ptr: u64, count: usize, advice: u32, location: MemLocation) -> ApiResult {
-    let mut st = SIM.st.lock();
-    let (base, first, last) = managed_range(&st, ptr, count)?;
-    let accessed_by = |st: &State| -> Result<(Option<usize>, bool), Fail> {
-        match location.kind {
-            LOC_DEVICE => concurrent_device(st, location.id, "ACCESSED_BY").map(|d| (Some(d), false)),
-            LOC_HOST => Ok((None, true)),
-            k => Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("ACCESSED_BY: location type {k} is not a device or the host"),
-            )),
-        }
-    };
-    fn m(st: &mut State, base: u64) -> &mut crate::managed::Managed {
-        st.managed.get_mut(&base).expect("managed allocations have state")
-    }
-    match advice {
-        1 | 2 => {
-            let on = advice == 1;
-            m(&mut st, base).update(first, last, |h| h.read_mostly = on);
-        }
-        3 => {
-            let loc = target(&st, location, "SET_PREFERRED_LOCATION")?;
-            m(&mut st, base).update(first, last, |h| h.preferred = Some(loc));
-        }
-        4 => m(&mut st, base).update(first, last, |h| h.preferred = None),
-        5 | 6 => {
-            let (dev, cpu) = accessed_by(&st)?;
-            let on = advice == 5;
-            m(&mut st, base).update(first, last, |h| match dev {
-                Some(d) if on => h.accessed_by |= 1 << d,
-                Some(d) => h.accessed_by &= !(1 << d),
-                None => h.accessed_by_cpu = on && cpu,
-            });
-        }
-        _ => {
-            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, format!("unknown advice {advice}")));
-        }
-    }
-    Ok(())
-}
+use crate::hints;
+use crate::managed::{DEVICE_CPU, DEVICE_INVALID, Loc, PageHints, common, v1_of, v2_of};
 
 /// `CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice
 /// device)`: records advice for the (page-rounded) range, which must lie inside one managed
@@ -132,7 +19,9 @@ fn advise(ptr: u64, count: usize, advice: u32, location: MemLocation) -> ApiResu
 /// UNSET_PREFERRED_LOCATION ignore `device`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemAdvise(dev_ptr: CUdeviceptr, count: usize, advice: u32, device: CUdevice) -> CUresult {
-    api::call("cuMemAdvise", Init::Required, || advise(dev_ptr, count, advice, v1_location(device)))
+    api::call("cuMemAdvise", Init::Required, || {
+        hints::advise(dev_ptr, count, advice, hints::v1_location(device))
+    })
 }
 
 /// `CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation
@@ -145,25 +34,7 @@ pub extern "C" fn cuMemAdvise_v2(
     advice: u32,
     location: MemLocation,
 ) -> CUresult {
-    api::call("cuMemAdvise_v2", Init::Required, || advise(dev_ptr, count, advice, location))
-}
-
-fn prefetch(ptr: u64, count: usize, location: MemLocation, flags: c_uint, h_stream: CUstream) -> ApiResult {
-    let mut st = SIM.st.lock();
-    let sid = resolve(&mut st, h_stream)?;
-    if flags != 0 {
-        return Err(Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            format!("prefetch flags {flags:#x} must be 0"),
-        ));
-    }
-    let (base, first, last) = managed_range(&st, ptr, count)?;
-    let loc = target(&st, location, "prefetch destination")?;
-    let sdev = st.streams[&sid].device;
-    concurrent_device(&st, sdev as i32, "prefetch stream's device")?;
-    let buffer_id = st.allocs[&base].buffer_id;
-    enqueue(&mut st, sid, Work::Prefetch { base, buffer_id, first, last, loc }, Vec::new());
-    Ok(())
+    api::call("cuMemAdvise_v2", Init::Required, || hints::advise(dev_ptr, count, advice, location))
 }
 
 /// `CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream
@@ -179,7 +50,7 @@ pub extern "C" fn cuMemPrefetchAsync(
     h_stream: CUstream,
 ) -> CUresult {
     api::call("cuMemPrefetchAsync", Init::Required, || {
-        prefetch(dev_ptr, count, v1_location(dst_device), 0, h_stream)
+        hints::prefetch(dev_ptr, count, hints::v1_location(dst_device), 0, h_stream)
     })
 }
 
@@ -194,7 +65,9 @@ pub extern "C" fn cuMemPrefetchAsync_v2(
     flags: c_uint,
     h_stream: CUstream,
 ) -> CUresult {
-    api::call("cuMemPrefetchAsync_v2", Init::Required, || prefetch(dev_ptr, count, location, flags, h_stream))
+    api::call("cuMemPrefetchAsync_v2", Init::Required, || {
+        hints::prefetch(dev_ptr, count, location, flags, h_stream)
+    })
 }
 
 /// Writes one range attribute into `data` (`size` bytes), after validating the size.
@@ -271,9 +144,7 @@ pub unsafe extern "C" fn cuMemRangeGetAttribute(
     api::call("cuMemRangeGetAttribute", Init::Required, || {
         api::non_null(data, "data")?;
         check_range_attribute(attribute, data_size)?;
-        let st = SIM.st.lock();
-        let (base, first, last) = managed_range(&st, dev_ptr, count)?;
-        let pages = st.managed[&base].range(first, last);
+        let pages = hints::pages(dev_ptr, count)?;
         // SAFETY: non-NULL and valid for `data_size` bytes (caller contract), size checked.
         unsafe { write_range_attribute(&pages, attribute, data, data_size) }
     })
@@ -314,9 +185,7 @@ pub unsafe extern "C" fn cuMemRangeGetAttributes(
             api::non_null(out, "data[i]")?;
             check_range_attribute(attr, size)?;
         }
-        let st = SIM.st.lock();
-        let (base, first, last) = managed_range(&st, dev_ptr, count)?;
-        let pages = st.managed[&base].range(first, last);
+        let pages = hints::pages(dev_ptr, count)?;
         for ((&out, &size), &attr) in outs.iter().zip(sizes).zip(attrs) {
             // SAFETY: non-NULL and valid for `size` bytes (caller contract), size checked.
             unsafe { write_range_attribute(&pages, attr, out, size)? };
@@ -338,33 +207,5 @@ pub extern "C" fn cuStreamAttachMemAsync(
     length: usize,
     flags: c_uint,
 ) -> CUresult {
-    api::call("cuStreamAttachMemAsync", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let sid = resolve(&mut st, h_stream)?;
-        let bad = |m: String| Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m));
-        if !matches!(flags, 1 | 2 | 4) {
-            return bad(format!("attach flags {flags:#x} must be exactly one of GLOBAL, HOST, SINGLE"));
-        }
-        if flags == ATTACH_SINGLE && matches!(h_stream as u64, 0 | 1) {
-            return bad("CU_MEM_ATTACH_SINGLE on the NULL stream".into());
-        }
-        let a = match st.find_alloc(dptr) {
-            Some(a) if a.kind == AllocKind::Managed && a.base == dptr => a.clone(),
-            Some(a) if a.kind == AllocKind::Managed => {
-                return bad(format!(
-                    "{dptr:#x} is an interior pointer of the managed allocation at {:#x}",
-                    a.base
-                ));
-            }
-            _ => return bad(format!("{dptr:#x} is not a managed allocation")),
-        };
-        if length != 0 && length as u64 != a.bytes {
-            return bad(format!("length {length} must be 0 or the allocation's size {}", a.bytes));
-        }
-        enqueue(&mut st, sid, Work::Nop, Vec::new());
-        let m = st.managed.get_mut(&dptr).expect("managed allocations have state");
-        m.attach = flags;
-        m.stream = sid;
-        Ok(())
-    })
+    api::call("cuStreamAttachMemAsync", Init::Required, || hints::attach(h_stream, dptr, length, flags))
 }

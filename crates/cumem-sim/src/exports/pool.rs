@@ -8,12 +8,11 @@ use cudarc::driver::sys::{CUdevice, CUdeviceptr, CUmemoryPool, CUresult, CUstrea
 use crate::abi::{AccessDesc, LOC_DEVICE, LOC_HOST_NUMA, MemLocation, PoolProps};
 use crate::api::{self, ApiResult, Fail, Init};
 use crate::copy::Work;
-use crate::exports::device::device;
-use crate::exports::stream::resolve;
 use crate::memory::AllocKind;
 use crate::pool::{self, Pool};
 use crate::state::{SIM, State};
 use crate::stream::enqueue;
+use crate::stream::resolve;
 
 /// `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`.
 const ATTR_MEMORY_POOLS_SUPPORTED: u32 = 115;
@@ -461,7 +460,7 @@ unsafe fn get_pool(name: &'static str, out: *mut CUmemoryPool, dev: CUdevice, cu
     api::call(name, Init::Required, || {
         api::non_null(out, "pool")?;
         let st = SIM.st.lock();
-        let d = device(&st, dev)?;
+        let d = st.ordinal(dev)?;
         supported(&st, d)?;
         let h = if current { st.devices[d].current_pool } else { st.devices[d].default_pool };
         // SAFETY: forwarded caller contract.
@@ -497,7 +496,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevi
 pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult {
     api::call("cuDeviceSetMemPool", Init::Required, || {
         let mut st = SIM.st.lock();
-        let d = device(&st, dev)?;
+        let d = st.ordinal(dev)?;
         supported(&st, d)?;
         let h = lookup(&st, pool)?;
         if st.pools[&h].device != d {

@@ -4,63 +4,17 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use cudarc::driver::sys::{CUcontext, CUdevice, CUevent, CUhostFn, CUresult, CUstream};
 
-use crate::api::{self, Fail, Init, os_tid};
-use crate::context;
-use crate::copy::Work;
-use crate::exports::context::STREAM_PRIORITY_RANGE;
-use crate::state::{SIM, State, ctx_handle, legacy_id};
-use crate::stream::{NON_BLOCKING, Stream, StreamKind, enqueue, sync_targets, targets_done, wait_for};
-
-/// `CU_STREAM_LEGACY`.
-const STREAM_LEGACY: u64 = 0x1;
-/// `CU_STREAM_PER_THREAD`.
-const STREAM_PER_THREAD: u64 = 0x2;
-
-/// The internal stream id a `CUstream` names. NULL and `CU_STREAM_LEGACY` are the current
-/// context's legacy stream, `CU_STREAM_PER_THREAD` the thread's per-thread stream (both need a
-/// current context); other values must be live streams (`INVALID_HANDLE` otherwise).
-pub(crate) fn resolve(st: &mut State, h: CUstream) -> Result<u64, Fail> {
-    let v = h as u64;
-    match v {
-        0 | STREAM_LEGACY => Ok(legacy_id(context::require(st)?)),
-        STREAM_PER_THREAD => {
-            let d = context::require(st)?;
-            let key = (ctx_handle(d), os_tid());
-            if let Some(&id) = st.per_thread.get(&key) {
-                return Ok(id);
-            }
-            let id = st.new_stream_handle();
-            st.streams.insert(id, Stream::new(d, key.0, StreamKind::PerThread, 0, 0));
-            st.per_thread.insert(key, id);
-            Ok(id)
-        }
-        _ => match st.streams.get(&v) {
-            Some(s) if s.kind == StreamKind::User && !s.destroyed => Ok(v),
-            _ => Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_HANDLE,
-                format!("stream {v:#x} is not a live stream"),
-            )),
-        },
-    }
-}
+use crate::api::{self, Init};
+use crate::state::SIM;
+pub(crate) use crate::stream::resolve;
+use crate::stream::{self, Stream};
 
 /// # Safety
 /// 1. `ph` is NULL or valid for writing a `CUstream`.
 unsafe fn create(name: &'static str, ph: *mut CUstream, flags: c_uint, priority: c_int) -> CUresult {
     api::call(name, Init::Required, || {
         api::non_null(ph, "phStream")?;
-        let mut st = SIM.st.lock();
-        let d = context::require(&st)?;
-        if flags & !NON_BLOCKING != 0 {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("unknown stream flags {flags:#x}"),
-            ));
-        }
-        let (least, greatest) = STREAM_PRIORITY_RANGE;
-        let priority = priority.clamp(greatest, least);
-        let h = st.new_stream_handle();
-        st.streams.insert(h, Stream::new(d, ctx_handle(d), StreamKind::User, flags, priority));
+        let h = stream::create(flags, priority)?;
         // SAFETY: forwarded caller contract.
         unsafe { api::out(ph, h as CUstream, "phStream") }
     })
@@ -96,30 +50,7 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
 /// still runs. The handle is dead immediately. NULL/legacy/per-thread give `INVALID_HANDLE`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
-    api::call("cuStreamDestroy_v2", Init::Required, || {
-        let v = h_stream as u64;
-        if matches!(v, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_HANDLE,
-                "the default stream cannot be destroyed",
-            ));
-        }
-        let mut st = SIM.st.lock();
-        let id = resolve(&mut st, h_stream)?;
-        // SINGLE attachments to this stream revert to the allocation's default association.
-        for m in st.managed.values_mut().filter(|m| m.stream == id) {
-            if m.attach == 4 {
-                m.attach = m.initial_attach;
-            }
-            m.stream = 0;
-        }
-        let s = st.streams.get_mut(&id).expect("resolved stream exists");
-        s.destroyed = true;
-        if s.pending() == 0 {
-            st.streams.remove(&id);
-        }
-        Ok(())
-    })
+    api::call("cuStreamDestroy_v2", Init::Required, || stream::destroy(h_stream))
 }
 
 /// `CUresult cuStreamSynchronize(CUstream hStream)`: waits for everything queued so far (for the
@@ -127,28 +58,13 @@ pub extern "C" fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
 /// of the stream's device releases unused memory above its RELEASE_THRESHOLD.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
-    api::call("cuStreamSynchronize", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let id = resolve(&mut st, h_stream)?;
-        let targets = sync_targets(&st, id);
-        wait_for(&mut st, &targets);
-        let device = st.streams.get(&id).map(|s| s.device);
-        if let Some(d) = device {
-            crate::pool::on_synchronize(&mut st, d);
-        }
-        Ok(())
-    })
+    api::call("cuStreamSynchronize", Init::Required, || stream::synchronize(h_stream))
 }
 
 /// `CUresult cuStreamQuery(CUstream hStream)`: `SUCCESS` when idle, `NOT_READY` otherwise.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamQuery(h_stream: CUstream) -> CUresult {
-    api::call("cuStreamQuery", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let id = resolve(&mut st, h_stream)?;
-        let targets = sync_targets(&st, id);
-        if targets_done(&st, &targets) { Ok(()) } else { Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_READY)) }
-    })
+    api::call("cuStreamQuery", Init::Required, || stream::query(h_stream))
 }
 
 /// `CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned Flags)`: later work
@@ -156,21 +72,7 @@ pub extern "C" fn cuStreamQuery(h_stream: CUstream) -> CUresult {
 /// `Flags` must be 0 (`CU_EVENT_WAIT_EXTERNAL` is for stream capture only).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamWaitEvent(h_stream: CUstream, h_event: CUevent, flags: c_uint) -> CUresult {
-    api::call("cuStreamWaitEvent", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let id = resolve(&mut st, h_stream)?;
-        let record = crate::exports::event::lookup(&st, h_event)?.record;
-        if flags != 0 {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("cuStreamWaitEvent flags {flags:#x} must be 0"),
-            ));
-        }
-        if let Some(dep) = record {
-            enqueue(&mut st, id, Work::Nop, vec![dep]);
-        }
-        Ok(())
-    })
+    api::call("cuStreamWaitEvent", Init::Required, || stream::wait_event(h_stream, h_event, flags))
 }
 
 /// Reads one property of a stream.
@@ -245,13 +147,5 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
     f: CUhostFn,
     user_data: *mut c_void,
 ) -> CUresult {
-    api::call("cuLaunchHostFunc", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let id = resolve(&mut st, h_stream)?;
-        let Some(f) = f else {
-            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "NULL host function"));
-        };
-        enqueue(&mut st, id, Work::HostFn { f, data: user_data as usize }, Vec::new());
-        Ok(())
-    })
+    api::call("cuLaunchHostFunc", Init::Required, || stream::launch_host_fn(h_stream, f, user_data as usize))
 }

@@ -139,6 +139,12 @@ type GateInner = (Mutex<bool>, Condvar);
 
 /// A host function that blocks a stream until opened (or dropped), making "work has not run
 /// yet" deterministic instead of relying on the simulated latency.
+///
+/// While a gate holds a stream, another thread's implicitly synchronising call (`cuMemFree`,
+/// `cuMemFreeHost`, …) on the device waits for it and holds the device meanwhile, so the gate's
+/// owner cannot queue more work there until the gate opens: a deadlock, as on a GPU (§17 of the
+/// driver reference). Tests that use a gate are therefore `#[serial]` and the others of their
+/// binary `#[parallel]`.
 pub struct Gate(Arc<GateInner>);
 
 extern "C" fn wait_gate(data: *mut c_void) {

@@ -1,0 +1,192 @@
+//! The engine: the thread that executes every stream's queue, and the thread host functions run on.
+//!
+//! One engine thread picks, among the streams whose head operation may start (its stream idle,
+//! its dependencies complete, its latency elapsed), the operation enqueued first, and moves its
+//! bytes with the state lock released, so long copies do not stall API calls. The latency is a
+//! delay, not a throughput limit, so queued operations pipeline. Host functions are handed to a
+//! separate callback thread, one for all streams (as on an H100, §17 of the driver reference),
+//! which keeps their stream busy until they return while other streams carry on.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+use std::sync::mpsc::{Sender, channel};
+use std::time::Instant;
+
+use parking_lot::MutexGuard;
+
+use crate::copy::{self, Work};
+use crate::memory::{AllocKind, Allocation, Freed};
+use crate::state::{SIM, State};
+use crate::stream::done_through;
+use crate::violation::{self, Violation};
+
+struct HostJob {
+    sid: u64,
+    f: unsafe extern "C" fn(*mut c_void),
+    data: usize,
+}
+
+static HOST_JOBS: OnceLock<Sender<HostJob>> = OnceLock::new();
+
+/// Starts the engine and the host-callback thread (once per process).
+pub(crate) fn start() -> Result<(), String> {
+    if HOST_JOBS.get().is_some() {
+        return Ok(());
+    }
+    let (tx, rx) = channel::<HostJob>();
+    std::thread::Builder::new()
+        .name("cumem-sim-hostfn".into())
+        .spawn(move || {
+            while let Ok(job) = rx.recv() {
+                crate::context::IN_HOST_FN.with(|f| f.set(true));
+                let f = job.f;
+                // SAFETY: the program passed `f` and `data` to cuLaunchHostFunc, promising that
+                // calling `f(data)` once, in stream order, is valid.
+                let _ = std::panic::catch_unwind(|| unsafe { f(job.data as *mut c_void) });
+                crate::context::IN_HOST_FN.with(|f| f.set(false));
+                let mut g = SIM.st.lock();
+                finish(&mut g, job.sid);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let _ = HOST_JOBS.set(tx);
+    std::thread::Builder::new()
+        .name("cumem-sim-engine".into())
+        .spawn(engine_loop)
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Marks the running operation of `sid` complete and wakes everyone.
+fn finish(st: &mut State, sid: u64) {
+    let remove = match st.streams.get_mut(&sid) {
+        Some(s) => {
+            s.running = None;
+            s.destroyed && s.queue.is_empty()
+        }
+        None => false,
+    };
+    if remove {
+        st.streams.remove(&sid);
+    }
+    SIM.changed.notify_all();
+}
+
+/// The violation for an operation enqueued by `api` on thread `tid` that touched `a` after its free
+/// (`how`) had taken effect. The enqueueing call itself returned `CUDA_SUCCESS`, which is the code
+/// recorded: the misuse is detected only when the operation runs.
+fn use_after_free(api: &'static str, tid: u64, a: &Allocation, how: &Freed) -> Violation {
+    let what = match a.kind {
+        AllocKind::Pool => "device memory (pool allocation)",
+        AllocKind::Device | AllocKind::Pitched => "device memory",
+        AllocKind::Managed => "managed memory",
+        AllocKind::PinnedHost | AllocKind::Registered => "pinned host memory",
+    };
+    let (base, bytes) = (a.base, a.bytes);
+    let message = match how {
+        Freed::StreamOrdered { stream } => format!(
+            "{what} [{base:#x}, +{bytes}) used after its stream-ordered free: cuMemFreeAsync on stream \
+             {stream:#x} ran before this operation (queued earlier on another stream, with no \
+             dependency making the free wait for it) completed; the bytes may already belong to a \
+             new allocation"
+        ),
+        Freed::AtCall { api: by } => format!(
+            "{what} [{base:#x}, +{bytes}) used after its free: {by} released it while this operation \
+             was still queued; the bytes may already belong to a new allocation"
+        ),
+    };
+    Violation {
+        function: api.to_string(),
+        code: cudarc::driver::sys::CUresult::CUDA_SUCCESS as u32,
+        code_name: crate::errors::name_str(cudarc::driver::sys::CUresult::CUDA_SUCCESS).to_string(),
+        message,
+        os_tid: tid,
+    }
+}
+
+fn engine_loop() {
+    let mut g = SIM.st.lock();
+    loop {
+        let now = Instant::now();
+        let mut best: Option<(u64, u64)> = None;
+        let mut wake: Option<Instant> = None;
+        for (&sid, s) in &g.streams {
+            if s.running.is_some() {
+                continue;
+            }
+            let Some(op) = s.queue.front() else { continue };
+            if !op.deps.iter().all(|&(d, q)| done_through(&g.streams, d, q)) {
+                continue;
+            }
+            if op.ready_at <= now {
+                if best.is_none_or(|(seq, _)| op.seq < seq) {
+                    best = Some((op.seq, sid));
+                }
+            } else {
+                wake = Some(wake.map_or(op.ready_at, |w| w.min(op.ready_at)));
+            }
+        }
+        let Some((_, sid)) = best else {
+            match wake {
+                Some(t) => {
+                    SIM.changed.wait_until(&mut g, t);
+                }
+                None => SIM.changed.wait(&mut g),
+            }
+            continue;
+        };
+        let op = {
+            let s = g.streams.get_mut(&sid).expect("picked stream exists");
+            let op = s.queue.pop_front().expect("picked stream has a head");
+            s.running = Some(op.seq);
+            op
+        };
+        match op.work {
+            Work::HostFn { f, data } => {
+                let sent = HOST_JOBS.get().is_some_and(|tx| tx.send(HostJob { sid, f, data }).is_ok());
+                if !sent {
+                    finish(&mut g, sid);
+                }
+            }
+            Work::Marker { event } => {
+                if let Some(e) = g.events.get_mut(&event)
+                    && e.record == Some((sid, op.seq))
+                {
+                    e.done_at = Some(Instant::now());
+                }
+                finish(&mut g, sid);
+            }
+            Work::Nop => finish(&mut g, sid),
+            Work::Free { alloc } => {
+                // The stream-ordered free takes effect now; anything still queued elsewhere that
+                // touches this memory runs after its free.
+                alloc.mark_freed(Freed::StreamOrdered { stream: sid });
+                finish(&mut g, sid);
+            }
+            Work::Prefetch { base, buffer_id, first, last, loc } => {
+                if g.allocs.get(&base).is_some_and(|a| a.buffer_id == buffer_id)
+                    && let Some(m) = g.managed.get_mut(&base)
+                {
+                    m.update(first, last, |h| h.last_prefetch = Some(loc));
+                }
+                finish(&mut g, sid);
+            }
+            work => {
+                let (api, tid) = (op.api, op.tid);
+                MutexGuard::unlocked(&mut g, || {
+                    // A panic here would kill the engine and hang every waiter; contain it.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(&work)));
+                    // The bytes have moved. A free that took effect before this point was not
+                    // ordered after the operation: report the use after free.
+                    for a in work.touched() {
+                        if let Some(how) = a.freed.get() {
+                            violation::record(use_after_free(api, tid, a, how));
+                        }
+                    }
+                    drop(work);
+                });
+                finish(&mut g, sid);
+            }
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Implicit synchronisation holds the device, as observed on an H100 (§17 of the driver
+//! reference): while one thread waits in `cuMemFree` for a stream held by a blocked host
+//! function, other threads' calls that queue work or allocate wait until it returns, and
+//! queries, `cuMemGetInfo` and `cuMemAllocAsync` do not.
+//!
+//! Every call runs on its own thread and reports through a channel, so a call that blocks when it
+//! should not fails the test after a timeout instead of hanging it. "Still blocked" is judged
+//! after a pause far longer than any of these calls takes when nothing holds it back.
+
+mod common;
+
+use std::ffi::c_void;
+use std::sync::mpsc::{Receiver, TryRecvError, channel};
+use std::time::Duration;
+
+use common::*;
+use cudarc::driver::sys::{self as cu, CUevent, CUresult, CUstream};
+
+const NON_BLOCKING: u32 = 1;
+/// How long a held call must stay blocked (and a free call has to return).
+const PAUSE: Duration = Duration::from_millis(400);
+/// How long a call may take to return once nothing holds it: only reached when the simulator is
+/// wrong, which then fails instead of hanging.
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// Runs `f` on a new thread with device 0's primary context current.
+fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Receiver<T> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        bind(0);
+        let _ = tx.send(f());
+    });
+    rx
+}
+
+extern "C" fn nothing(_: *mut c_void) {}
+
+#[test]
+fn a_thread_in_cu_mem_free_holds_back_queueing_calls_but_not_queries() {
+    bind(0);
+    let n = 4096;
+    let held = stream(NON_BLOCKING);
+    let other = stream(NON_BLOCKING) as usize;
+    let idle = dalloc(n);
+    let target = dalloc(n);
+    let host = pinned(n) as usize;
+    let gate = Gate::block(held);
+
+    // SAFETY: plain FFI call with live handles and valid out-pointers.
+    let free = on_thread(move || unsafe { cu::cuMemFree_v2(idle) });
+    assert!(free.recv_timeout(PAUSE).is_err(), "cuMemFree waits for the stream held by the host function");
+
+    let held_handle = held as usize;
+    // SAFETY: plain FFI call with live handles and valid out-pointers.
+    let query = on_thread(move || unsafe { cu::cuStreamQuery(held_handle as CUstream) });
+    let info = on_thread(|| {
+        let (mut free, mut total) = (0, 0);
+        // SAFETY: plain FFI call with live handles and valid out-pointers.
+        unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) }
+    });
+    let alloc_async = on_thread(move || {
+        let mut p = 0;
+        // SAFETY: plain FFI call with live handles and valid out-pointers.
+        let r = unsafe { cu::cuMemAllocAsync(&mut p, 256, other as CUstream) };
+        (r, p)
+    });
+    assert_eq!(query.recv_timeout(LIMIT), Ok(CUresult::CUDA_ERROR_NOT_READY), "cuStreamQuery returns");
+    assert_eq!(info.recv_timeout(LIMIT), Ok(CUresult::CUDA_SUCCESS), "cuMemGetInfo returns");
+    let (r, pool_ptr) = alloc_async.recv_timeout(LIMIT).expect("cuMemAllocAsync returns");
+    ok(r);
+    assert!(free.try_recv().is_err(), "cuMemFree is still waiting");
+
+    // SAFETY: plain FFI call with live handles and valid out-pointers.
+    let memset = on_thread(move || unsafe { cu::cuMemsetD8Async(target, 1, n, other as CUstream) });
+    // SAFETY: plain FFI call with live handles and valid out-pointers.
+    let copy = on_thread(move || unsafe {
+        cu::cuMemcpyHtoDAsync_v2(target, host as *const c_void, n, other as CUstream)
+    });
+    // SAFETY: plain FFI call with live handles and valid out-pointers.
+    let event = on_thread(move || unsafe {
+        let mut e: CUevent = std::ptr::null_mut();
+        let created = cu::cuEventCreate(&mut e, 0);
+        let recorded = cu::cuEventRecord(e, other as CUstream);
+        (created, recorded, e as usize)
+    });
+    // SAFETY: plain FFI call with live handles and valid out-pointers.
+    let host_fn = on_thread(move || unsafe {
+        cu::cuLaunchHostFunc(other as CUstream, Some(nothing), std::ptr::null_mut())
+    });
+    let alloc = on_thread(|| {
+        let mut p = 0;
+        // SAFETY: plain FFI call with live handles and valid out-pointers.
+        let r = unsafe { cu::cuMemAlloc_v2(&mut p, 256) };
+        (r, p)
+    });
+    let create = on_thread(|| {
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: plain FFI call with live handles and valid out-pointers.
+        let r = unsafe { cu::cuStreamCreate(&mut s, NON_BLOCKING) };
+        (r, s as usize)
+    });
+    let alloc_host = on_thread(|| {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: plain FFI call with live handles and valid out-pointers.
+        let r = unsafe { cu::cuMemAllocHost_v2(&mut p, 256) };
+        (r, p as usize)
+    });
+    std::thread::sleep(PAUSE);
+    let still_blocked = [
+        ("cuMemsetD8Async", memset.try_recv().err()),
+        ("cuMemcpyHtoDAsync", copy.try_recv().err()),
+        ("cuLaunchHostFunc", host_fn.try_recv().err()),
+    ];
+    for (name, state) in still_blocked {
+        assert_eq!(state, Some(TryRecvError::Empty), "{name} waits while cuMemFree holds the device");
+    }
+    assert!(event.try_recv().is_err(), "cuEventCreate + cuEventRecord wait");
+    assert!(alloc.try_recv().is_err(), "cuMemAlloc waits");
+    assert!(create.try_recv().is_err(), "cuStreamCreate waits");
+    assert!(alloc_host.try_recv().is_err(), "cuMemAllocHost waits");
+    assert!(free.try_recv().is_err(), "cuMemFree is still waiting");
+
+    gate.open();
+    assert_eq!(
+        free.recv_timeout(LIMIT),
+        Ok(CUresult::CUDA_SUCCESS),
+        "cuMemFree returns once the stream drains"
+    );
+    assert_eq!(memset.recv_timeout(LIMIT), Ok(CUresult::CUDA_SUCCESS));
+    assert_eq!(copy.recv_timeout(LIMIT), Ok(CUresult::CUDA_SUCCESS));
+    assert_eq!(host_fn.recv_timeout(LIMIT), Ok(CUresult::CUDA_SUCCESS));
+    let (created, recorded, e) = event.recv_timeout(LIMIT).expect("the event calls return");
+    ok(created);
+    ok(recorded);
+    let (r, p) = alloc.recv_timeout(LIMIT).expect("cuMemAlloc returns");
+    ok(r);
+    let (r, s) = create.recv_timeout(LIMIT).expect("cuStreamCreate returns");
+    ok(r);
+    let (r, h) = alloc_host.recv_timeout(LIMIT).expect("cuMemAllocHost returns");
+    ok(r);
+
+    let other = other as CUstream;
+    // SAFETY: live handles and allocations, each released once.
+    unsafe {
+        ok(cu::cuMemFreeAsync(pool_ptr, other));
+        ok(cu::cuStreamSynchronize(other));
+        ok(cu::cuEventDestroy_v2(e as CUevent));
+    }
+    destroy(s as CUstream);
+    destroy(other);
+    destroy(held);
+    dfree(p);
+    dfree(target);
+    pfree(h as *mut u8);
+    pfree(host as *mut u8);
+    let report = setup().live_report();
+    assert!(report.is_clean(), "everything the test made is released: {report}");
+}
