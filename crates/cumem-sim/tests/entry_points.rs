@@ -1,0 +1,423 @@
+//! The entry points programs reach for beyond cudarc's: plain v1 names, per-thread default
+//! stream variants, cuGetProcAddress, cuPointerSetAttribute, PCI bus ids and batched copies.
+
+mod common;
+mod symbols;
+
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+
+use common::*;
+use cudarc::driver::sys::{self as cu, CUdeviceptr, CUresult, CUstream};
+use symbols::exported;
+
+const NOT_SUPPORTED: CUresult = CUresult::CUDA_ERROR_NOT_SUPPORTED;
+const INVALID_VALUE: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
+
+type MemAllocV1 = unsafe extern "C" fn(*mut c_uint, c_uint) -> CUresult;
+type MemGetInfoV1 = unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CUresult;
+type MemAllocHostV1 = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CUresult;
+type MemFreeV1 = unsafe extern "C" fn(c_uint) -> CUresult;
+type MemsetD8Ptsz = unsafe extern "C" fn(CUdeviceptr, u8, usize, CUstream) -> CUresult;
+type MemsetD8Ptds = unsafe extern "C" fn(CUdeviceptr, u8, usize) -> CUresult;
+type CopyHtoDPtds = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> CUresult;
+type CopyDtoHPtds = unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
+type StreamPtsz = unsafe extern "C" fn(CUstream) -> CUresult;
+type HostFnPtsz = unsafe extern "C" fn(CUstream, cu::CUhostFn, *mut c_void) -> CUresult;
+type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut u32) -> CUresult;
+type SetAttr = unsafe extern "C" fn(*const c_void, u32, CUdeviceptr) -> CUresult;
+type GetAttr = unsafe extern "C" fn(*mut c_void, u32, CUdeviceptr) -> CUresult;
+type ByBusId = unsafe extern "C" fn(*mut c_int, *const c_char) -> CUresult;
+type Batch = unsafe extern "C" fn(
+    *const CUdeviceptr,
+    *const CUdeviceptr,
+    *const usize,
+    usize,
+    *const cu::CUmemcpyAttributes,
+    *const usize,
+    usize,
+    *mut usize,
+    CUstream,
+) -> CUresult;
+
+/// Live allocations of this thread's interest: the report's count by kind.
+fn live(kind: &str) -> usize {
+    setup().live_report().allocations.iter().filter(|a| a.kind == kind).count()
+}
+
+#[test]
+fn v1_allocation_cannot_name_the_simulators_addresses_and_leaves_nothing() {
+    bind(0);
+    // SAFETY: the v1 prototypes of cuda.h's internal section.
+    let (alloc, free): (MemAllocV1, MemFreeV1) = unsafe { (raw("cuMemAlloc"), raw("cuMemFree")) };
+    let mut p: c_uint = 0xdead;
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { alloc(&mut p, 0) }, INVALID_VALUE, "argument errors are the _v2 ones");
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { alloc(&mut p, 4096) }, NOT_SUPPORTED);
+    assert_eq!(p, 0xdead, "nothing written");
+    // A 32-bit address names no simulated allocation.
+    // SAFETY: plain call with an integer.
+    assert_eq!(unsafe { free(0x1000) }, INVALID_VALUE);
+    // SAFETY: plain call.
+    ok(unsafe { free(0) });
+}
+
+#[test]
+fn v1_counts_saturate_and_host_memory_works() {
+    bind(0);
+    // SAFETY: the v1 prototypes.
+    let (info, alloc_host): (MemGetInfoV1, MemAllocHostV1) =
+        unsafe { (raw("cuMemGetInfo"), raw("cuMemAllocHost")) };
+    let (mut free, mut total) = (0, 0);
+    // SAFETY: valid out-pointers.
+    ok(unsafe { info(&mut free, &mut total) });
+    assert_eq!(total, c_uint::MAX, "4 GiB does not fit an unsigned int");
+    let before = live("pinned_host");
+    let mut h: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { alloc_host(&mut h, 4096) });
+    assert!(!h.is_null());
+    assert_eq!(live("pinned_host"), before + 1);
+    poke(h.cast(), 4096, 0x5c);
+    let d = dalloc(4096);
+    // SAFETY: both 4096 bytes.
+    ok(unsafe { cu::cuMemcpyHtoD_v2(d, h, 4096) });
+    assert!(read_back(d, 4096).iter().all(|&b| b == 0x5c));
+    dfree(d);
+    pfree(h.cast());
+}
+
+#[test]
+fn plain_names_exist_for_every_v2_the_simulator_exports() {
+    let v2s = [
+        "cuMemGetInfo",
+        "cuMemAlloc",
+        "cuMemAllocPitch",
+        "cuMemFree",
+        "cuMemGetAddressRange",
+        "cuMemAllocHost",
+        "cuMemHostGetDevicePointer",
+        "cuMemHostRegister",
+        "cuMemcpyHtoD",
+        "cuMemcpyDtoH",
+        "cuMemcpyDtoD",
+        "cuMemcpyHtoDAsync",
+        "cuMemcpyDtoHAsync",
+        "cuMemcpyDtoDAsync",
+        "cuMemcpy2D",
+        "cuMemcpy2DUnaligned",
+        "cuMemcpy2DAsync",
+        "cuMemcpy3D",
+        "cuMemcpy3DAsync",
+        "cuMemsetD8",
+        "cuMemsetD16",
+        "cuMemsetD32",
+        "cuMemsetD2D8",
+        "cuMemsetD2D16",
+        "cuMemsetD2D32",
+        "cuDeviceTotalMem",
+        "cuCtxPushCurrent",
+        "cuCtxPopCurrent",
+        "cuStreamDestroy",
+        "cuEventDestroy",
+        "cuDevicePrimaryCtxRelease",
+        "cuDevicePrimaryCtxReset",
+        "cuDevicePrimaryCtxSetFlags",
+        "cuDeviceGetUuid",
+        "cuEventElapsedTime",
+        "cuMemAdvise",
+        "cuMemPrefetchAsync",
+    ];
+    for name in v2s {
+        assert!(exported(&format!("{name}_v2")), "{name}_v2");
+        assert!(exported(name), "{name} (plain) is missing");
+    }
+}
+
+#[test]
+fn ptsz_null_is_the_per_thread_stream() {
+    bind(0);
+    // SAFETY: the exported prototypes.
+    let (memset, query, sync, host_fn): (MemsetD8Ptsz, StreamPtsz, StreamPtsz, HostFnPtsz) = unsafe {
+        (
+            raw("cuMemsetD8Async_ptsz"),
+            raw("cuStreamQuery_ptsz"),
+            raw("cuStreamSynchronize_ptsz"),
+            raw("cuLaunchHostFunc_ptsz"),
+        )
+    };
+    let h = pinned(256);
+    poke(h, 256, 1);
+    let gate = Gate::block(2 as CUstream);
+    // NULL through the _ptsz symbol queues behind the gate on the per-thread stream.
+    // SAFETY: plain calls on live memory.
+    ok(unsafe { memset(h as CUdeviceptr, 9, 256, std::ptr::null_mut()) });
+    settle();
+    assert!(peek(h, 256).iter().all(|&b| b == 1), "ran before the per-thread stream's gate opened");
+    // SAFETY: plain call.
+    assert_eq!(unsafe { query(std::ptr::null_mut()) }, CUresult::CUDA_ERROR_NOT_READY);
+    gate.open();
+    // SAFETY: plain call.
+    ok(unsafe { sync(std::ptr::null_mut()) });
+    assert!(peek(h, 256).iter().all(|&b| b == 9));
+    // A host function queued through _ptsz with NULL also runs on that stream.
+    let gate = Gate::block(2 as CUstream);
+    extern "C" fn noop(_: *mut c_void) {}
+    // SAFETY: a valid host function.
+    ok(unsafe { host_fn(std::ptr::null_mut(), Some(noop), std::ptr::null_mut()) });
+    // SAFETY: plain call.
+    assert_eq!(unsafe { query(std::ptr::null_mut()) }, CUresult::CUDA_ERROR_NOT_READY);
+    drop(gate);
+    // SAFETY: plain call.
+    ok(unsafe { sync(std::ptr::null_mut()) });
+    pfree(h);
+}
+
+#[test]
+fn ptds_copies_round_trip_and_return_when_host_memory_is_written() {
+    bind(0);
+    // SAFETY: the exported prototypes.
+    let (htod, dtoh, memset): (CopyHtoDPtds, CopyDtoHPtds, MemsetD8Ptds) =
+        unsafe { (raw("cuMemcpyHtoD_v2_ptds"), raw("cuMemcpyDtoH_v2_ptds"), raw("cuMemsetD8_v2_ptds")) };
+    let d = dalloc(4096);
+    let src: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    let mut back = vec![0u8; 4096];
+    // SAFETY: both buffers have 4096 bytes.
+    unsafe {
+        ok(htod(d, src.as_ptr().cast(), 4096));
+        ok(dtoh(back.as_mut_ptr().cast(), d, 4096));
+    }
+    assert_eq!(back, src);
+    // SAFETY: live allocation.
+    ok(unsafe { memset(d + 100, 0xEE, 50) });
+    let got = read_back(d, 4096);
+    assert!(got[100..150].iter().all(|&b| b == 0xEE) && got[99] == src[99] && got[150] == src[150]);
+    // A memset of pinned memory returns once written: no synchronisation needed to see it.
+    let h = pinned(64);
+    // SAFETY: live pinned allocation.
+    ok(unsafe { memset(h as CUdeviceptr, 0x42, 64) });
+    assert!(peek(h, 64).iter().all(|&b| b == 0x42));
+    // Bounds are the plain functions': a violation, nothing written.
+    // SAFETY: deliberately past the end.
+    assert_eq!(unsafe { memset(d + 4000, 0, 200) }, INVALID_VALUE);
+    pfree(h);
+    dfree(d);
+}
+
+fn proc(name: &str, version: c_int, flags: u64) -> (CUresult, *mut c_void, u32) {
+    // SAFETY: the exported prototype.
+    let get: GetProc = unsafe { raw("cuGetProcAddress_v2") };
+    let name = CString::new(name).unwrap();
+    let mut f: *mut c_void = 0x1 as *mut c_void;
+    let mut status = 99;
+    // SAFETY: valid pointers.
+    let r = unsafe { get(name.as_ptr(), &mut f, version, flags, &mut status) };
+    (r, f, status)
+}
+
+fn symbol_address(name: &str) -> *mut c_void {
+    // SAFETY: only the address is taken.
+    unsafe { raw::<*mut c_void>(name) }
+}
+
+#[test]
+fn get_proc_address_returns_the_version_and_stream_variant_asked_for() {
+    setup();
+    let cases = [
+        ("cuMemAlloc", 12080, 0, "cuMemAlloc_v2"),
+        ("cuMemAlloc", 3000, 0, "cuMemAlloc"),
+        ("cuMemcpyHtoD", 12080, 1, "cuMemcpyHtoD_v2"),
+        ("cuMemcpyHtoD", 12080, 2, "cuMemcpyHtoD_v2_ptds"),
+        ("cuMemcpyHtoD", 6000, 2, "cuMemcpyHtoD_v2"),
+        ("cuMemsetD8Async", 12080, 2, "cuMemsetD8Async_ptsz"),
+        ("cuStreamQuery", 12080, 0, "cuStreamQuery"),
+        ("cuMemAdvise", 12080, 0, "cuMemAdvise_v2"),
+        ("cuMemAdvise", 11000, 0, "cuMemAdvise"),
+        ("cuMemcpyBatchAsync", 12080, 2, "cuMemcpyBatchAsync_ptsz"),
+        ("cuGetProcAddress", 12080, 0, "cuGetProcAddress_v2"),
+    ];
+    for (name, version, flags, symbol) in cases {
+        let (r, f, status) = proc(name, version, flags);
+        assert_eq!((r, status), (CUresult::CUDA_SUCCESS, 0), "{name} {version} {flags}");
+        assert_eq!(f, symbol_address(symbol), "{name} {version} {flags} should be {symbol}");
+    }
+    let (r, f, status) = proc("cuMemAddressReserve", 12080, 0);
+    assert_eq!(
+        (r, f, status),
+        (CUresult::CUDA_ERROR_NOT_FOUND, std::ptr::null_mut(), 1),
+        "VMM is not modelled"
+    );
+    let (r, f, status) = proc("cuNoSuchFunction", 12080, 0);
+    assert_eq!((r, f, status), (CUresult::CUDA_ERROR_NOT_FOUND, std::ptr::null_mut(), 1));
+    let (r, f, status) = proc("cuMemAllocAsync", 11010, 0);
+    assert_eq!(
+        (r, f, status),
+        (CUresult::CUDA_ERROR_NOT_FOUND, std::ptr::null_mut(), 2),
+        "introduced in 11.2"
+    );
+    assert_eq!(proc("cuMemAlloc", 12080, 4).0, INVALID_VALUE);
+}
+
+#[test]
+fn sync_memops_is_set_per_allocation_and_reads_back() {
+    bind(0);
+    // SAFETY: the exported prototypes with integer attributes.
+    let (set, get): (SetAttr, GetAttr) =
+        unsafe { (raw("cuPointerSetAttribute"), raw("cuPointerGetAttribute")) };
+    let read = |p: CUdeviceptr| {
+        let mut v: c_uint = 7;
+        // SAFETY: SYNC_MEMOPS is 4 bytes.
+        ok(unsafe { get((&raw mut v).cast(), 6, p) });
+        v
+    };
+    let mut m = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocManaged(&mut m, 4096, 1) });
+    let d = dalloc(4096);
+    assert_eq!((read(m), read(d)), (0, 0));
+    let one: c_uint = 1;
+    // SAFETY: `one` is an unsigned int.
+    ok(unsafe { set((&raw const one).cast(), 6, m + 100) });
+    assert_eq!((read(m), read(m + 4000), read(d)), (1, 1, 0), "per allocation, from any address in it");
+    let zero: c_uint = 0;
+    // SAFETY: as above.
+    ok(unsafe { set((&raw const zero).cast(), 6, m) });
+    assert_eq!(read(m), 0);
+    let two: c_uint = 2;
+    // SAFETY: as above; each call is a misuse under test.
+    unsafe {
+        assert_eq!(set((&raw const one).cast(), 1, m), INVALID_VALUE, "only SYNC_MEMOPS is settable");
+        assert_eq!(set((&raw const two).cast(), 6, m), INVALID_VALUE);
+        assert_eq!(set(std::ptr::null(), 6, m), INVALID_VALUE);
+        assert_eq!(set((&raw const one).cast(), 6, 0x1000), INVALID_VALUE, "not CUDA memory");
+    }
+    dfree(d);
+    dfree(m);
+}
+
+#[test]
+fn pci_bus_ids_round_trip() {
+    setup();
+    // SAFETY: the exported prototype.
+    let by_id: ByBusId = unsafe { raw("cuDeviceGetByPCIBusId") };
+    for dev in [0, 1, 3] {
+        let mut buf = [0 as c_char; 32];
+        // SAFETY: 32 writable bytes.
+        ok(unsafe { cu::cuDeviceGetPCIBusId(buf.as_mut_ptr(), 32, dev) });
+        let mut found = -1;
+        // SAFETY: NUL-terminated by the call.
+        ok(unsafe { by_id(&mut found, buf.as_ptr()) });
+        // SAFETY: as above.
+        let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap().to_owned();
+        assert_eq!(found, dev, "{text}");
+    }
+    let mut found = -1;
+    // SAFETY: NUL-terminated literals; the misuse is under test.
+    unsafe {
+        assert_eq!(by_id(&mut found, c"not a bus id".as_ptr()), INVALID_VALUE);
+        assert_eq!(by_id(&mut found, c"0000:ff:00.0".as_ptr()), CUresult::CUDA_ERROR_INVALID_DEVICE);
+        assert_eq!(by_id(std::ptr::null_mut(), c"0000:18:00.0".as_ptr()), INVALID_VALUE);
+    }
+    assert_eq!(found, -1);
+}
+
+fn attrs(order: u32) -> cu::CUmemcpyAttributes {
+    // SAFETY: a plain C struct of integers, for which all-zero is valid.
+    let mut a: cu::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+    // SAFETY: the enum is a u32; writing the raw value lets invalid orders be tested.
+    unsafe { std::ptr::write((&raw mut a.srcAccessOrder).cast::<u32>(), order) };
+    a
+}
+
+#[test]
+fn batched_copies_validate_first_and_honour_the_source_access_order() {
+    bind(0);
+    // SAFETY: the exported prototype.
+    let batch: Batch = unsafe { raw("cuMemcpyBatchAsync") };
+    let s = stream(1);
+    let d = dalloc(1024);
+    // SAFETY: live allocation.
+    ok(unsafe { cu::cuMemsetD8_v2(d, 0, 1024) });
+    let h = pinned(1024);
+    poke(h, 1024, 0xA1);
+    // Copy 0 (DURING_API_CALL) and copy 1 (STREAM) both read pinned memory; the stream is held,
+    // then the source changes: only copy 1 sees the change.
+    let gate = Gate::block(s);
+    let dsts = [d, d + 512];
+    let srcs = [h as CUdeviceptr, h as CUdeviceptr + 512];
+    let sizes = [512usize, 512];
+    let at = [attrs(2), attrs(1)];
+    let idx = [0usize, 1];
+    let mut fail = 77usize;
+    // SAFETY: arrays of the given lengths; live memory.
+    ok(unsafe {
+        batch(dsts.as_ptr(), srcs.as_ptr(), sizes.as_ptr(), 2, at.as_ptr(), idx.as_ptr(), 2, &mut fail, s)
+    });
+    assert_eq!(fail, 77, "failIdx is written only on failure");
+    poke(h, 1024, 0xB2);
+    gate.open();
+    // SAFETY: plain call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    let got = read_back(d, 1024);
+    assert!(got[..512].iter().all(|&b| b == 0xA1), "DURING_API_CALL read the source at the call");
+    assert!(got[512..].iter().all(|&b| b == 0xB2), "STREAM read the source in stream order");
+    // Validation happens before anything is queued: copy 2 overruns, copies 0 and 1 do not run.
+    let dsts = [d, d, d + 1000];
+    let srcs = [h as CUdeviceptr; 3];
+    let sizes = [16usize, 16, 100];
+    let one = [attrs(3)];
+    // SAFETY: as above; the overrun is the misuse under test.
+    let r = unsafe {
+        batch(
+            dsts.as_ptr(),
+            srcs.as_ptr(),
+            sizes.as_ptr(),
+            3,
+            one.as_ptr(),
+            [0usize].as_ptr(),
+            1,
+            &mut fail,
+            s,
+        )
+    };
+    assert_eq!((r, fail), (INVALID_VALUE, 2));
+    // An invalid access order is reported at the first copy it applies to.
+    let two = [attrs(1), attrs(0)];
+    // SAFETY: as above.
+    let r = unsafe {
+        batch(
+            dsts.as_ptr(),
+            srcs.as_ptr(),
+            [16usize; 3].as_ptr(),
+            3,
+            two.as_ptr(),
+            [0usize, 1].as_ptr(),
+            2,
+            &mut fail,
+            s,
+        )
+    };
+    assert_eq!((r, fail), (INVALID_VALUE, 1));
+    // Not one copy's fault: SIZE_MAX. The legacy stream cannot take a batch.
+    // SAFETY: as above.
+    let r = unsafe {
+        batch(
+            dsts.as_ptr(),
+            srcs.as_ptr(),
+            [16usize; 3].as_ptr(),
+            3,
+            one.as_ptr(),
+            [0usize].as_ptr(),
+            1,
+            &mut fail,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!((r, fail), (INVALID_VALUE, usize::MAX));
+    // SAFETY: plain call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    assert_eq!(read_back(d, 16), vec![0xA1; 16], "no refused batch wrote anything");
+    destroy(s);
+    pfree(h);
+    dfree(d);
+}
