@@ -208,7 +208,7 @@ fn proc(name: &str, version: c_int, flags: u64) -> (CUresult, *mut c_void, u32) 
     // SAFETY: the exported prototype.
     let get: GetProc = unsafe { raw("cuGetProcAddress_v2") };
     let name = CString::new(name).unwrap();
-    let mut f: *mut c_void = 0x1 as *mut c_void;
+    let mut f: *mut c_void = std::ptr::dangling_mut();
     let mut status = 99;
     // SAFETY: valid pointers.
     let r = unsafe { get(name.as_ptr(), &mut f, version, flags, &mut status) };
