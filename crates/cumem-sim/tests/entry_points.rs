@@ -421,3 +421,29 @@ fn batched_copies_validate_first_and_honour_the_source_access_order() {
     pfree(h);
     dfree(d);
 }
+
+#[test]
+fn get_proc_address_reaches_every_modelled_entry_point_of_the_compatibility_table() {
+    setup();
+    let readme = include_str!("../README.md");
+    let table = readme.split("## Compatibility table").nth(1).expect("README has a compatibility table");
+    let mut checked = 0;
+    for line in table.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() != 6 || !cells[1].starts_with("cu") || cells[3] != "modelled" {
+            continue;
+        }
+        // The public name: "cuMemAdvise_v2" is cuMemAdvise at CUDA 12.2+.
+        let public = cells[1].trim_end_matches("_v2");
+        let symbols: Vec<&str> = cells[2].split(',').map(|s| s.trim().trim_matches('`')).collect();
+        let (r, f, _) = proc(public, 12080, 0);
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "{public}");
+        assert!(symbols.iter().any(|s| symbol_address(s) == f), "{public}: {f:?} is none of {symbols:?}");
+        if let Some(pt) = symbols.iter().find(|s| s.ends_with("_ptds") || s.ends_with("_ptsz")) {
+            let (r, f, _) = proc(public, 12080, 2);
+            assert_eq!((r, f), (CUresult::CUDA_SUCCESS, symbol_address(pt)), "{public} per-thread");
+        }
+        checked += 1;
+    }
+    assert!(checked > 50, "only {checked} rows checked");
+}
