@@ -87,3 +87,19 @@ fn the_table_covers_every_section_once() {
     assert!(rows.iter().any(|r| r.modelled) && rows.iter().any(|r| !r.modelled));
     assert!(rows.iter().all(|r| !r.symbols.is_empty() && r.symbols.iter().all(|s| s.starts_with("cu"))));
 }
+
+#[test]
+fn modelled_v2_entry_points_also_export_their_plain_name() {
+    // A real libcuda exports the v1 symbol beside every `_v2` (cuda.h's internal section), and
+    // programs built before CUDA 3.2 or bindings that use public names link against it.
+    let mut missing = Vec::new();
+    for row in rows().iter().filter(|r| r.modelled) {
+        for symbol in row.symbols.iter().filter(|s| s.ends_with("_v2") && *s != &row.name) {
+            let plain = symbol.trim_end_matches("_v2");
+            if !row.symbols.iter().any(|s| s == plain) || !exported(plain) {
+                missing.push(format!("{}: `{symbol}` is modelled but `{plain}` is not", row.name));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
