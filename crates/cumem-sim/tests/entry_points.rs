@@ -447,3 +447,96 @@ fn get_proc_address_reaches_every_modelled_entry_point_of_the_compatibility_tabl
     }
     assert!(checked > 50, "only {checked} rows checked");
 }
+
+/// `CUDA_MEMCPY2D_v1` as a C caller lays it out (32-bit offsets, pitches and device pointers).
+#[repr(C)]
+struct Memcpy2DV1 {
+    src_x: c_uint,
+    src_y: c_uint,
+    src_type: c_uint,
+    src_host: *const c_void,
+    src_device: c_uint,
+    src_array: *mut c_void,
+    src_pitch: c_uint,
+    dst_x: c_uint,
+    dst_y: c_uint,
+    dst_type: c_uint,
+    dst_host: *mut c_void,
+    dst_device: c_uint,
+    dst_array: *mut c_void,
+    dst_pitch: c_uint,
+    width: c_uint,
+    height: c_uint,
+}
+
+#[test]
+fn v1_2d_copies_widen_their_descriptor() {
+    bind(0);
+    // SAFETY: the v1 prototype.
+    let copy: unsafe extern "C" fn(*const Memcpy2DV1) -> CUresult = unsafe { raw("cuMemcpy2D") };
+    let src: Vec<u8> = (0..=255u8).collect();
+    let mut dst = vec![0u8; 256];
+    // Rows 1..4 of a 16-byte pitched source, bytes 2..10 of each, into an 8-byte pitched block
+    // at row 1 of the destination.
+    let c = Memcpy2DV1 {
+        src_x: 2,
+        src_y: 1,
+        src_type: 1,
+        src_host: src.as_ptr().cast(),
+        src_device: 0,
+        src_array: std::ptr::null_mut(),
+        src_pitch: 16,
+        dst_x: 0,
+        dst_y: 1,
+        dst_type: 1,
+        dst_host: dst.as_mut_ptr().cast(),
+        dst_device: 0,
+        dst_array: std::ptr::null_mut(),
+        dst_pitch: 8,
+        width: 8,
+        height: 3,
+    };
+    // SAFETY: both buffers hold every row the descriptor names.
+    ok(unsafe { copy(&c) });
+    let mut want = vec![0u8; 256];
+    for row in 0..3 {
+        for col in 0..8 {
+            want[(row + 1) * 8 + col] = src[(row + 1) * 16 + 2 + col];
+        }
+    }
+    assert_eq!(dst, want);
+    // A device side names a 32-bit address: no simulated allocation, INVALID_VALUE.
+    let c = Memcpy2DV1 { dst_type: 2, dst_device: 0x1000, dst_host: std::ptr::null_mut(), ..c };
+    // SAFETY: as above; the device address is the misuse under test.
+    assert_eq!(unsafe { copy(&c) }, INVALID_VALUE);
+}
+
+#[test]
+fn a_ptsz_batch_on_the_null_stream_uses_the_per_thread_stream() {
+    bind(0);
+    // SAFETY: the exported prototype.
+    let batch: Batch = unsafe { raw("cuMemcpyBatchAsync_ptsz") };
+    let d = dalloc(256);
+    let src = vec![0x3Cu8; 256];
+    let mut fail = 5usize;
+    let at = [attrs(3)];
+    // SAFETY: arrays of length 1; the pageable source is staged at the call.
+    ok(unsafe {
+        batch(
+            [d].as_ptr(),
+            [src.as_ptr() as CUdeviceptr].as_ptr(),
+            [256usize].as_ptr(),
+            1,
+            at.as_ptr(),
+            [0usize].as_ptr(),
+            1,
+            &mut fail,
+            std::ptr::null_mut(),
+        )
+    });
+    // SAFETY: plain call on the per-thread stream.
+    ok(unsafe { cu::cuStreamSynchronize(2 as CUstream) });
+    assert_eq!(read_back(d, 256), src);
+    assert_eq!(fail, 5);
+    dfree(d);
+}
