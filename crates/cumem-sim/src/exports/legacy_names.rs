@@ -13,7 +13,8 @@
 //! * a v1 call *returning* a device pointer (`cuMemAlloc`, `cuMemAllocPitch`,
 //!   `cuMemHostGetDevicePointer`, `cuMemGetAddressRange`) first does the `_v2` call (so its
 //!   errors come first, in the `_v2` order); if the address does not fit in 32 bits, an
-//!   allocation is freed again and the call returns `CUDA_ERROR_NOT_SUPPORTED` without writing;
+//!   allocation is freed again (`cuMemFree_v2`, which waits for the device's queued work) and the
+//!   call returns `CUDA_ERROR_NOT_SUPPORTED` without writing;
 //! * a v1 call *taking* a device pointer passes it on zero-extended, so it names no allocation
 //!   and gets the `_v2` answer for an unknown address (`INVALID_VALUE` and a violation);
 //! * byte counts above 4 GiB (`cuMemGetInfo`, `cuDeviceTotalMem`) saturate at `UINT_MAX`;
