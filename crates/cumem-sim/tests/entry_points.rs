@@ -540,3 +540,37 @@ fn a_ptsz_batch_on_the_null_stream_uses_the_per_thread_stream() {
     assert_eq!(fail, 5);
     dfree(d);
 }
+
+#[test]
+fn sync_memops_makes_a_device_memset_return_only_when_done() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    bind(0);
+    // SAFETY: the exported prototype with an integer attribute.
+    let set: SetAttr = unsafe { raw("cuPointerSetAttribute") };
+    let d = dalloc(4096);
+    let one: c_uint = 1;
+    // SAFETY: `one` is an unsigned int.
+    ok(unsafe { set((&raw const one).cast(), 6, d) });
+    // Work queued earlier on a blocking stream holds the legacy stream, where cuMemsetD8 runs.
+    let s = stream(0);
+    let gate = Arc::new(Gate::block(s));
+    let opened = Arc::new(AtomicBool::new(false));
+    let opener = {
+        let (gate, opened) = (Arc::clone(&gate), Arc::clone(&opened));
+        std::thread::spawn(move || {
+            settle();
+            opened.store(true, Ordering::SeqCst);
+            gate.open();
+        })
+    };
+    // SAFETY: live allocation.
+    ok(unsafe { cu::cuMemsetD8_v2(d, 0x6B, 4096) });
+    assert!(opened.load(Ordering::SeqCst), "returned before the memset could run");
+    opener.join().unwrap();
+    assert!(read_back(d, 4096).iter().all(|&b| b == 0x6B));
+    // SAFETY: plain call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    destroy(s);
+    dfree(d);
+}

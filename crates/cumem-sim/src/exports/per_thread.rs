@@ -26,6 +26,8 @@ const PER_THREAD: CUstream = 0x2 as CUstream;
 const ATTR_MEMORY_TYPE: u32 = 2;
 /// `CU_POINTER_ATTRIBUTE_IS_MANAGED`.
 const ATTR_IS_MANAGED: u32 = 8;
+/// `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`.
+const ATTR_SYNC_MEMOPS: u32 = 6;
 /// `CU_MEMORYTYPE_DEVICE`.
 const MEMORYTYPE_DEVICE: u32 = 2;
 
@@ -35,17 +37,18 @@ fn per_thread(h_stream: CUstream) -> CUstream {
 }
 
 /// Whether `addr` is device memory the host cannot touch (not pinned, registered, managed or
-/// pageable), so a synchronous operation on it alone need not wait.
+/// pageable) and without SYNC_MEMOPS, so a synchronous operation on it alone need not wait.
 fn device_only(addr: CUdeviceptr) -> bool {
-    let (mut ty, mut managed) = (0u32, 0u32);
-    // SAFETY: both attributes are 4 bytes, written into locals.
-    let (a, b) = unsafe {
-        (
+    let (mut ty, mut managed, mut sync) = (0u32, 0u32, 0u32);
+    // SAFETY: all three attributes are 4 bytes, written into locals.
+    let found = unsafe {
+        [
             memory::cuPointerGetAttribute((&raw mut ty).cast(), ATTR_MEMORY_TYPE, addr),
             memory::cuPointerGetAttribute((&raw mut managed).cast(), ATTR_IS_MANAGED, addr),
-        )
+            memory::cuPointerGetAttribute((&raw mut sync).cast(), ATTR_SYNC_MEMOPS, addr),
+        ]
     };
-    a == CUresult::CUDA_SUCCESS && b == CUresult::CUDA_SUCCESS && ty == MEMORYTYPE_DEVICE && managed == 0
+    found.iter().all(|&r| r == CUresult::CUDA_SUCCESS) && ty == MEMORYTYPE_DEVICE && managed == 0 && sync == 0
 }
 
 /// Completes a `_ptds` operation queued on the per-thread stream: waits unless `device_only`.

@@ -16,9 +16,9 @@ const ATTR_BUFFER_ID: u32 = 7;
 /// `CUresult cuPointerSetAttribute(const void *value, CUpointer_attribute attribute, CUdeviceptr
 /// ptr)`: only SYNC_MEMOPS (an `unsigned int`, 0 or 1) on memory CUDA allocated, mapped or
 /// registered; it then reads back through `cuPointerGetAttribute(SYNC_MEMOPS)` for every address
-/// of that allocation. Other attributes, other values, NULL `value` or unknown pointers →
-/// `INVALID_VALUE`. The flag is recorded, not acted on: the simulator's synchronous operations on
-/// device memory still return as described in the README.
+/// of that allocation, and synchronous copies and memsets touching the allocation return only once
+/// complete (device-to-device ones otherwise return at once). Other attributes, other values,
+/// NULL `value` or unknown pointers → `INVALID_VALUE`.
 ///
 /// # Safety
 /// 1. `value` is NULL or valid for reading an `unsigned int`.
