@@ -42,8 +42,11 @@ impl Endpoint {
         }
     }
 
+    /// Device memory that a synchronous call may return before touching: device-only memory
+    /// without SYNC_MEMOPS (`cuPointerSetAttribute`), which makes synchronous operations on the
+    /// allocation complete before they return.
     fn is_device(&self) -> bool {
-        matches!(self, Endpoint::Mem(a, ..) if a.kind.device_only())
+        matches!(self, Endpoint::Mem(a, ..) if a.kind.device_only() && !crate::sync_memops::is_set(a.buffer_id))
     }
 
     fn is_pageable(&self) -> bool {

@@ -37,6 +37,7 @@ mod pool;
 mod report;
 mod state;
 mod stream;
+mod sync_memops;
 mod violation;
 
 pub use control::{Control, ControlError, FaultId, FaultRule, LiveReport, Violation};

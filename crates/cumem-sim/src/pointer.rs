@@ -95,7 +95,8 @@ pub(crate) fn pointer_attribute(
             ));
         }
         8 => U32(u32::from(a.kind == AllocKind::Managed)),
-        6 | 14 | 21 => U32(0),
+        6 => U32(u32::from(crate::sync_memops::is_set(a.buffer_id))),
+        14 | 21 => U32(0),
         7 | 20 => U64(a.buffer_id),
         9 => U32(a.device as u32),
         10 => U32(u32::from(matches!(a.kind, AllocKind::Device | AllocKind::Pitched))),

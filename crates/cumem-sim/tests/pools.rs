@@ -238,16 +238,20 @@ fn pool_create_validation() {
     p.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST;
     p.location.id = 0;
     assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE);
-    let mut p = props(0, 0);
-    p.handleTypes = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
-    assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE, "the device supports POSIX fds only");
+    // MEMPOOL_SUPPORTED_HANDLE_TYPES is 0 while pool export/import is not exported: no handle type.
+    for handle_type in [
+        cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
+        cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+    ] {
+        let mut p = props(0, 0);
+        p.handleTypes = handle_type;
+        assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE, "{handle_type:?} is not supported");
+    }
     let mut p = props(0, 0);
     p.reserved[3] = 1;
     assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE);
     assert_eq!(bad(&props(3, 0)), CUresult::CUDA_ERROR_NOT_SUPPORTED);
-    let mut p = props(0, 0);
-    p.handleTypes = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    let pool = create(&p);
+    let pool = create(&props(0, 0));
     let report = ctl.live_report();
     let live = report.pools.iter().find(|lp| lp.handle == pool as u64).expect("listed");
     assert!(!live.default && live.device == 0 && live.reserved == 0 && live.used == 0);

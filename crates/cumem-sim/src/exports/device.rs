@@ -83,9 +83,11 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, de
         api::non_null(bus_id, "pciBusId")?;
         let st = SIM.st.lock();
         let d = device(&st, dev)?;
-        let bus = st.devices[d].attr(crate::attributes::PCI_BUS_ID).unwrap_or(0);
+        let attr = |n| st.devices[d].attr(n).unwrap_or(0);
+        // PCI_DOMAIN_ID, PCI_BUS_ID, PCI_DEVICE_ID: the numbers cuDeviceGetByPCIBusId matches.
+        let (domain, bus, slot) = (attr(50), attr(crate::attributes::PCI_BUS_ID), attr(34));
         // SAFETY: forwarded caller contract.
-        unsafe { write_c_string(bus_id, len, &format!("0000:{bus:02x}:00.0")) }
+        unsafe { write_c_string(bus_id, len, &format!("{domain:04x}:{bus:02x}:{slot:02x}.0")) }
     })
 }
 

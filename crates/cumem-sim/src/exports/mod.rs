@@ -9,6 +9,7 @@
 //! All `unsafe` functions here share one contract, the C API's: every pointer argument is NULL or
 //! valid for the reads/writes the CUDA driver API documents for that function.
 
+pub mod batch_copy;
 pub mod context;
 pub mod control;
 pub mod copy;
@@ -16,7 +17,12 @@ pub mod device;
 pub mod error;
 pub mod event;
 pub mod init;
+pub mod legacy_names;
 pub mod managed;
 pub mod memory;
+pub mod pci;
+pub mod per_thread;
+pub mod pointer_attribute;
 pub mod pool;
+pub mod proc_address;
 pub mod stream;
