@@ -13,7 +13,9 @@
 //!   check on each binary, with API error reports off (the tests provoke driver errors on
 //!   purpose); a binary that makes no CUDA call is skipped, saying so;
 //! - `bench [pool]`: the allocator table (ns per alloc+free and the ratios between allocators,
-//!   measured side by side in one run), in release mode, on the real driver if present.
+//!   measured side by side in one run), in release mode, on the real driver if present;
+//! - `bench sim-pool`: the simulator's own per-call costs through its C entry points (the
+//!   stream-ordered pool with 0, 1,000 and 10,000 live blocks; event, stream-wait and copy calls).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
@@ -28,7 +30,7 @@ fn main() -> ExitCode {
         "gpu-test" => gpu_test(),
         "bench" => bench(args.get(1).map(String::as_str).unwrap_or("pool")),
         _ => {
-            eprintln!("usage: cargo xtask <ci | test | gpu-test | bench [pool]>");
+            eprintln!("usage: cargo xtask <ci | test | gpu-test | bench [pool | sim-pool]>");
             return if task == "help" { ExitCode::SUCCESS } else { ExitCode::FAILURE };
         }
     };
@@ -132,7 +134,11 @@ fn bench(which: &str) -> Result {
             "pool benchmark table",
             cargo().args(["run", "--release", "--locked", "-p", "cumem-benches", "--bin", "pool-table"]),
         ),
-        other => Err(format!("unknown benchmark {other:?} (available: pool)")),
+        "sim-pool" => run(
+            "simulator per-call table",
+            cargo().args(["run", "--release", "--locked", "-p", "cumem-benches", "--bin", "sim-pool-table"]),
+        ),
+        other => Err(format!("unknown benchmark {other:?} (available: pool, sim-pool)")),
     }
 }
 
