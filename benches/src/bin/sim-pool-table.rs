@@ -14,11 +14,12 @@ use std::ffi::c_void;
 use std::time::Instant;
 
 use cumem_sim::exports::{context, copy, event, init, memory, pool, stream};
+use cumem_sys::sys::CUresult;
 
 /// Panics unless a driver call succeeded (a benchmark has no error path worth keeping).
 #[track_caller]
-fn ok<R: std::fmt::Debug + Copy>(r: R) {
-    assert_eq!(format!("{r:?}"), "CUDA_SUCCESS", "driver call failed");
+fn ok(r: CUresult) {
+    assert_eq!(r, CUresult::CUDA_SUCCESS, "driver call failed");
 }
 
 /// Median over 5 timed runs of `iters` calls of `f`, after a warm-up run; ns per call.

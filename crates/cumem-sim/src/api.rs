@@ -33,10 +33,13 @@ impl Fail {
 /// Result of an API body.
 pub(crate) type ApiResult = Result<(), Fail>;
 
-/// The calling thread's OS thread id.
+/// The calling thread's OS thread id (asked of the kernel once per thread: it never changes).
 pub(crate) fn os_tid() -> u64 {
-    // SAFETY: gettid has no preconditions.
-    (unsafe { libc::gettid() }) as u64
+    thread_local! {
+        // SAFETY: gettid has no preconditions.
+        static TID: u64 = (unsafe { libc::gettid() }) as u64;
+    }
+    TID.with(|t| *t)
 }
 
 thread_local! {

@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::time::{Duration, Instant};
 
@@ -106,6 +107,26 @@ pub(crate) fn done_through(streams: &BTreeMap<u64, Stream>, sid: u64, seq: u64) 
         .is_none_or(|s| s.running.is_none_or(|r| r > seq) && s.queue.front().is_none_or(|op| op.seq > seq))
 }
 
+/// When the engine next looks at the queues by itself: [`ENGINE_BUSY`] while it is not waiting
+/// (it rescans before it waits again), [`ENGINE_IDLE`] while it waits to be notified, else the
+/// deadline it waits for, in nanoseconds after [`epoch`] plus one. Written by the engine and read
+/// by [`enqueue`], both holding the state lock.
+static ENGINE_WAKE: AtomicU64 = AtomicU64::new(ENGINE_BUSY);
+const ENGINE_BUSY: u64 = 0;
+const ENGINE_IDLE: u64 = u64::MAX;
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// `t` as an [`ENGINE_WAKE`] deadline.
+fn wake_value(t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(epoch()).as_nanos())
+        .unwrap_or(ENGINE_IDLE - 1)
+        .saturating_add(1)
+}
+
 /// Appends `work` to stream `sid` (which must exist) and returns its sequence number.
 pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, u64)>) -> u64 {
     st.next_seq += 1;
@@ -148,7 +169,13 @@ pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, 
     let (api, tid) = crate::api::caller();
     s.queue.push_back(Op { seq, ready_at, api, tid, deps, work });
     s.last_seq = seq;
-    SIM.changed.notify_all();
+    // Only the engine waits for enqueues, and it need only be woken if this operation may be due
+    // before it looks again (waking it for every operation made every queued call pay for a
+    // context switch and a fight for the lock).
+    let wake = ENGINE_WAKE.load(Ordering::Relaxed);
+    if wake != ENGINE_BUSY && wake_value(ready_at) < wake {
+        SIM.changed.notify_all();
+    }
     seq
 }
 
@@ -296,10 +323,15 @@ fn engine_loop() {
         let Some((_, sid)) = best else {
             match wake {
                 Some(t) => {
+                    ENGINE_WAKE.store(wake_value(t), Ordering::Relaxed);
                     SIM.changed.wait_until(&mut g, t);
                 }
-                None => SIM.changed.wait(&mut g),
+                None => {
+                    ENGINE_WAKE.store(ENGINE_IDLE, Ordering::Relaxed);
+                    SIM.changed.wait(&mut g);
+                }
             }
+            ENGINE_WAKE.store(ENGINE_BUSY, Ordering::Relaxed);
             continue;
         };
         let op = {
