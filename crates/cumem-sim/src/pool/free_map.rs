@@ -383,4 +383,126 @@ mod tests {
         assert_eq!(blocks(&m), [(1024, 1024, ANY)]);
         assert_eq!(m.chunks().collect::<Vec<_>>(), [(1024, 1024)]);
     }
+
+    /// Checks every invariant the indexes rely on against the block map itself.
+    fn check(m: &FreeMap) {
+        let mut settled = BTreeSet::new();
+        let mut by_seq: BTreeMap<u64, BTreeSet<(u64, u64)>> = BTreeMap::new();
+        let mut by_size: BTreeMap<u64, BTreeSet<(u64, u64)>> = BTreeMap::new();
+        let mut seams = BTreeSet::new();
+        for (&base, &(size, used)) in &m.chunks {
+            let mut at = base;
+            let mut used_blocks = 0;
+            let mut prev: Option<Block> = None;
+            for (&a, &(s, b)) in m.blocks.range(base..base + size) {
+                assert_eq!(a, at, "blocks tile the chunk at {base:#x}");
+                at += s;
+                match b {
+                    Block::Used => used_blocks += 1,
+                    Block::Free(None) => {
+                        settled.insert((s, a));
+                    }
+                    Block::Free(Some((st, q))) => {
+                        by_seq.entry(st).or_default().insert((q, a));
+                        by_size.entry(st).or_default().insert((s, a));
+                    }
+                }
+                if let Some(p) = prev
+                    && p != Block::Used
+                    && b != Block::Used
+                {
+                    assert!(join(p, b).is_none(), "touching free blocks of one class at {a:#x}");
+                    seams.insert(a);
+                }
+                prev = Some(b);
+            }
+            assert_eq!(at, base + size, "blocks tile the chunk at {base:#x}");
+            assert_eq!(used, used_blocks, "used-block count of the chunk at {base:#x}");
+        }
+        assert_eq!(
+            m.blocks.len(),
+            m.chunks.iter().map(|(&b, &(s, _))| m.blocks.range(b..b + s).count()).sum::<usize>()
+        );
+        assert_eq!(m.settled, settled);
+        assert_eq!(m.seams, seams);
+        assert_eq!(m.pending.keys().copied().collect::<Vec<_>>(), by_seq.keys().copied().collect::<Vec<_>>());
+        for (st, p) in &m.pending {
+            assert_eq!(p.by_seq, by_seq[st]);
+            assert_eq!(p.by_size, by_size[st]);
+        }
+    }
+
+    /// One step of a random workload: `(kind, a, b)`, interpreted by [`apply`].
+    type Step = (u8, u16, u16);
+
+    fn apply(m: &mut FreeMap, done: &mut [u64; 3], seq: &mut u64, (kind, a, b): Step) {
+        let free: Vec<(u64, u64, Block)> =
+            m.blocks.iter().filter(|(_, (_, b))| *b != Block::Used).map(|(&a, &(s, b))| (a, s, b)).collect();
+        let used: Vec<u64> =
+            m.blocks.iter().filter(|(_, (_, b))| *b == Block::Used).map(|(&a, _)| a).collect();
+        match kind % 4 {
+            0 if !free.is_empty() => {
+                let (addr, size, _) = free[usize::from(a) % free.len()];
+                let need = (u64::from(b % 8) + 1) * 512;
+                m.carve(addr, need.min(size));
+            }
+            1 => {
+                let need = (u64::from(b % 16) + 1) * 512;
+                if let Some(addr) = m.run_across_seams(need, |_| true) {
+                    m.carve(addr, need);
+                }
+            }
+            2 if !used.is_empty() => {
+                let addr = used[usize::from(a) % used.len()];
+                *seq += 1;
+                let tag = (b % 4 != 3).then_some((u64::from(b % 3), *seq));
+                m.release(addr, tag);
+            }
+            3 => {
+                let s = usize::from(a % 3);
+                done[s] = done[s].max(*seq - u64::from(b % 4).min(*seq));
+                let done = *done;
+                m.settle(|s, q| q <= done[s as usize]);
+            }
+            _ => {}
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+        /// Any sequence of carves, frees (settled or pending on one of three streams) and settling
+        /// keeps the indexes equal to what the block map says, and the queries agree with a scan.
+        #[test]
+        fn the_indexes_always_agree_with_the_block_map(
+            steps in proptest::collection::vec((0u8..4, 0u16..1000, 0u16..1000), 1..200),
+        ) {
+            let mut m = FreeMap::default();
+            // Two chunks that touch: blocks must never merge across them.
+            m.add_chunk(1 << 20, 32 << 10);
+            m.add_chunk((1 << 20) + (32 << 10), 16 << 10);
+            let (mut done, mut seq) = ([0u64; 3], 0u64);
+            for step in steps {
+                apply(&mut m, &mut done, &mut seq, step);
+                check(&m);
+                for need in [512, 4096] {
+                    let scan = m.settled.iter().filter(|&&(s, _)| s >= need).min().copied();
+                    assert_eq!(m.smallest_settled(need), scan);
+                    for st in 0..3 {
+                        for through in [seq / 2, u64::MAX] {
+                            let scan = m
+                                .blocks
+                                .iter()
+                                .filter_map(|(&a, &(s, b))| match b {
+                                    Block::Free(Some((x, q))) if x == st && q <= through && s >= need => Some((s, a, q)),
+                                    _ => None,
+                                })
+                                .min();
+                            assert_eq!(m.smallest_pending(st, need, through), scan);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
