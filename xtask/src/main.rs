@@ -15,7 +15,9 @@
 //! - `bench [pool | transfer]`: the allocator table (ns per alloc+free and the ratios between
 //!   allocators) or the transfer table (copies, memsets and allocation paths against the same raw
 //!   driver calls), each measured side by side in one run, in release mode, on the real driver if
-//!   present.
+//!   present;
+//! - `bench sim-pool`: the simulator's own per-call costs through its C entry points (the
+//!   stream-ordered pool with 0, 1,000 and 10,000 live blocks; event, stream-wait and copy calls).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
@@ -30,7 +32,7 @@ fn main() -> ExitCode {
         "gpu-test" => gpu_test(),
         "bench" => bench(args.get(1).map(String::as_str).unwrap_or("pool")),
         _ => {
-            eprintln!("usage: cargo xtask <ci | test | gpu-test | bench [pool | transfer]>");
+            eprintln!("usage: cargo xtask <ci | test | gpu-test | bench [pool | transfer | sim-pool]>");
             return if task == "help" { ExitCode::SUCCESS } else { ExitCode::FAILURE };
         }
     };
@@ -138,7 +140,11 @@ fn bench(which: &str) -> Result {
             "transfer benchmark table",
             cargo().args(["run", "--release", "--locked", "-p", "cumem-benches", "--bin", "transfer-table"]),
         ),
-        other => Err(format!("unknown benchmark {other:?} (available: pool, transfer)")),
+        "sim-pool" => run(
+            "simulator per-call table",
+            cargo().args(["run", "--release", "--locked", "-p", "cumem-benches", "--bin", "sim-pool-table"]),
+        ),
+        other => Err(format!("unknown benchmark {other:?} (available: pool, transfer, sim-pool)")),
     }
 }
 

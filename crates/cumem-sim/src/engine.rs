@@ -9,6 +9,7 @@
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Sender, channel};
 use std::time::Instant;
 
@@ -17,7 +18,7 @@ use parking_lot::MutexGuard;
 use crate::copy::{self, Work};
 use crate::memory::{AllocKind, Allocation, Freed};
 use crate::state::{SIM, State};
-use crate::stream::done_through;
+use crate::stream::{ENGINE_BUSY, ENGINE_IDLE, ENGINE_WAKE, done_through, wake_value};
 use crate::violation::{self, Violation};
 
 struct HostJob {
@@ -129,10 +130,15 @@ fn engine_loop() {
         let Some((_, sid)) = best else {
             match wake {
                 Some(t) => {
+                    ENGINE_WAKE.store(wake_value(t), Ordering::Relaxed);
                     SIM.changed.wait_until(&mut g, t);
                 }
-                None => SIM.changed.wait(&mut g),
+                None => {
+                    ENGINE_WAKE.store(ENGINE_IDLE, Ordering::Relaxed);
+                    SIM.changed.wait(&mut g);
+                }
             }
+            ENGINE_WAKE.store(ENGINE_BUSY, Ordering::Relaxed);
             continue;
         };
         let op = {

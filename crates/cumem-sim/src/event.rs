@@ -18,6 +18,35 @@ pub(crate) const INTERPROCESS: u32 = 4;
 /// All defined `cuEventCreate` flags.
 pub(crate) const ALL_FLAGS: u32 = 1 | DISABLE_TIMING | INTERPROCESS;
 
+/// `cuEventElapsedTime`'s answer for the events with handles `start` and `end`, in the order
+/// the H100 checks them (§17 of the driver reference): a dead handle, a DISABLE_TIMING event or a
+/// never-recorded one is `INVALID_HANDLE`, as are events of two contexts; then a recording not yet
+/// complete is `NOT_READY`. Milliseconds between the two markers' completion (negative when `end`
+/// completed first; 0 for one event passed twice).
+pub(crate) fn elapsed_ms(st: &State, start: u64, end: u64) -> Result<f32, crate::api::Fail> {
+    use cudarc::driver::sys::CUresult::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_NOT_READY};
+    let bad = |m: String| crate::api::Fail::misuse(CUDA_ERROR_INVALID_HANDLE, m);
+    let live = |h: u64| st.events.get(&h).ok_or_else(|| bad(format!("event {h:#x} is not a live event")));
+    let (s, e) = (live(start)?, live(end)?);
+    for (h, ev) in [(start, s), (end, e)] {
+        if ev.flags & DISABLE_TIMING != 0 {
+            return Err(bad(format!("event {h:#x} was created with CU_EVENT_DISABLE_TIMING")));
+        }
+        if ev.record.is_none() {
+            return Err(bad(format!("event {h:#x} was never recorded")));
+        }
+    }
+    if s.ctx != e.ctx {
+        return Err(bad(format!("events {start:#x} and {end:#x} belong to different contexts")));
+    }
+    // `done_at` is set when the latest recording's marker runs, so it also answers completion.
+    let (Some(t0), Some(t1)) = (s.done_at, e.done_at) else {
+        return Err(crate::api::Fail::quiet(CUDA_ERROR_NOT_READY));
+    };
+    let ms = if t1 >= t0 { (t1 - t0).as_secs_f64() * 1e3 } else { -((t0 - t1).as_secs_f64() * 1e3) };
+    Ok(ms as f32)
+}
+
 /// One live event.
 pub(crate) struct Event {
     pub(crate) device: usize,

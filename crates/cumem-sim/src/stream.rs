@@ -10,6 +10,8 @@
 //! legacy-stream work; `CU_STREAM_NON_BLOCKING` streams take part in neither.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUevent, CUhostFn, CUresult, CUstream};
@@ -234,6 +236,26 @@ pub(crate) fn done_through(streams: &BTreeMap<u64, Stream>, sid: u64, seq: u64) 
         .is_none_or(|s| s.running.is_none_or(|r| r > seq) && s.queue.front().is_none_or(|op| op.seq > seq))
 }
 
+/// When the engine next looks at the queues by itself: [`ENGINE_BUSY`] while it is not waiting
+/// (it rescans before it waits again), [`ENGINE_IDLE`] while it waits to be notified, else the
+/// deadline it waits for, in nanoseconds after [`epoch`] plus one. Written by the engine and read
+/// by [`enqueue`], both holding the state lock.
+pub(crate) static ENGINE_WAKE: AtomicU64 = AtomicU64::new(ENGINE_BUSY);
+pub(crate) const ENGINE_BUSY: u64 = 0;
+pub(crate) const ENGINE_IDLE: u64 = u64::MAX;
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// `t` as an [`ENGINE_WAKE`] deadline.
+pub(crate) fn wake_value(t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(epoch()).as_nanos())
+        .unwrap_or(ENGINE_IDLE - 1)
+        .saturating_add(1)
+}
+
 /// Appends `work` to stream `sid` (which must exist) and returns its sequence number.
 pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, u64)>) -> u64 {
     st.next_seq += 1;
@@ -276,7 +298,13 @@ pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, 
     let (api, tid) = crate::api::caller();
     s.queue.push_back(Op { seq, ready_at, api, tid, deps, work });
     s.last_seq = seq;
-    SIM.changed.notify_all();
+    // Only the engine waits for enqueues, and it need only be woken if this operation may be due
+    // before it looks again (waking it for every operation made every queued call pay for a
+    // context switch and a fight for the lock).
+    let wake = ENGINE_WAKE.load(Ordering::Relaxed);
+    if wake != ENGINE_BUSY && wake_value(ready_at) < wake {
+        SIM.changed.notify_all();
+    }
     seq
 }
 

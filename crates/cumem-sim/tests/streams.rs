@@ -367,7 +367,7 @@ fn event_query_synchronize_and_elapsed_time_rules() {
         assert_eq!(cu::cuEventElapsedTime(&mut ms, start, untimed), CUresult::CUDA_ERROR_INVALID_HANDLE);
         assert_eq!(
             cu::cuEventElapsedTime(std::ptr::null_mut(), start, end),
-            CUresult::CUDA_ERROR_INVALID_VALUE
+            CUresult::CUDA_ERROR_INVALID_HANDLE
         );
         ok(cu::cuEventRecordWithFlags(start, s, 0));
         assert_eq!(cu::cuEventRecordWithFlags(start, s, 1), CUresult::CUDA_ERROR_INVALID_VALUE);

@@ -1,7 +1,6 @@
 //! Events: create, record, query, synchronize, elapsed time, destroy.
 
 use std::ffi::c_uint;
-use std::time::Instant;
 
 use cudarc::driver::sys::{CUevent, CUresult, CUstream};
 
@@ -111,34 +110,19 @@ pub extern "C" fn cuEventSynchronize(h_event: CUevent) -> CUresult {
 /// # Safety
 /// 1. `ms` is NULL or valid for writing an `f32`.
 unsafe fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> api::ApiResult {
-    api::non_null(ms, "pMilliseconds")?;
-    let st = SIM.st.lock();
-    let (s, e) = (lookup(&st, start)?, lookup(&st, end)?);
-    if (s.flags | e.flags) & DISABLE_TIMING != 0 {
-        return Err(Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_HANDLE,
-            "event created with CU_EVENT_DISABLE_TIMING",
-        ));
+    // The H100 answers a NULL out-pointer with INVALID_HANDLE, not INVALID_VALUE (§17).
+    if ms.is_null() {
+        return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_HANDLE, "NULL pMilliseconds out-pointer"));
     }
-    if s.record.is_none() || e.record.is_none() {
-        return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_HANDLE, "event was never recorded"));
-    }
-    if s.device != e.device {
-        return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_HANDLE, "events belong to different devices"));
-    }
-    let (Some(t0), Some(t1)) = (s.done_at, e.done_at) else {
-        return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_READY));
-    };
-    let signed_ms = |a: Instant, b: Instant| {
-        if b >= a { (b - a).as_secs_f64() * 1e3 } else { -((a - b).as_secs_f64() * 1e3) }
-    };
+    let value = crate::event::elapsed_ms(&SIM.st.lock(), start as u64, end as u64)?;
     // SAFETY: forwarded caller contract.
-    unsafe { api::out(ms, signed_ms(t0, t1) as f32, "pMilliseconds") }
+    unsafe { api::out(ms, value, "pMilliseconds") }
 }
 
 /// `CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)`: host time
-/// between the two markers' completion. Never-recorded or DISABLE_TIMING events give
-/// `INVALID_HANDLE`; incomplete ones `NOT_READY`.
+/// between the two markers' completion. A NULL out-pointer, dead handles, never-recorded or
+/// DISABLE_TIMING events and events of different contexts give `INVALID_HANDLE` (as on the H100);
+/// a recording not yet complete gives `NOT_READY`; `*pMilliseconds` is written only on success.
 ///
 /// # Safety
 /// 1. `ms` is NULL or valid for writing an `f32`.

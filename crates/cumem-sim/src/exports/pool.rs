@@ -1,51 +1,15 @@
-//! The stream-ordered allocator and memory pools. The model (chunks, reuse rules, release at
-//! synchronisation) lives in the crate's `pool` module and the README.
+//! The stream-ordered allocator and memory pools: C-ABI shims that check and translate pointers
+//! and call the crate's `pool` model (chunks, reuse rules, release at synchronisation).
 
 use std::ffi::{c_int, c_void};
 
 use cudarc::driver::sys::{CUdevice, CUdeviceptr, CUmemoryPool, CUresult, CUstream};
 
-use crate::abi::{AccessDesc, LOC_DEVICE, LOC_HOST_NUMA, MemLocation, PoolProps};
-use crate::api::{self, ApiResult, Fail, Init};
-use crate::copy::Work;
-use crate::memory::AllocKind;
-use crate::pool::{self, Pool};
-use crate::state::{SIM, State};
-use crate::stream::enqueue;
+use crate::abi::{AccessDesc, MemLocation, PoolProps};
+use crate::api::{self, ApiResult, Init};
+use crate::pool::{self, Width};
+use crate::state::SIM;
 use crate::stream::resolve;
-
-/// `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`.
-const ATTR_MEMORY_POOLS_SUPPORTED: u32 = 115;
-/// `CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES`.
-const ATTR_MEMPOOL_SUPPORTED_HANDLE_TYPES: u32 = 119;
-/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
-const ALLOCATION_TYPE_PINNED: u32 = 1;
-/// Every defined `CUmemAllocationHandleType` bit.
-const HANDLE_TYPES_ALL: u32 = 0xF;
-/// `CU_MEM_POOL_CREATE_USAGE_HW_DECOMPRESS`.
-const USAGE_HW_DECOMPRESS: u16 = 0x2;
-
-/// `NOT_SUPPORTED` unless device `d` reports MEMORY_POOLS_SUPPORTED.
-fn supported(st: &State, d: usize) -> ApiResult {
-    if st.devices[d].attr(ATTR_MEMORY_POOLS_SUPPORTED) == Some(1) {
-        Ok(())
-    } else {
-        Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_SUPPORTED))
-    }
-}
-
-/// The live pool `h` names, or `INVALID_VALUE` (never created, or destroyed).
-pub(crate) fn lookup(st: &State, h: CUmemoryPool) -> Result<u64, Fail> {
-    let v = h as u64;
-    match st.pools.get(&v) {
-        Some(p) if !p.destroyed => Ok(v),
-        Some(_) => Err(Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            format!("memory pool {v:#x} has been destroyed"),
-        )),
-        None => Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, format!("{v:#x} is not a memory pool"))),
-    }
-}
 
 /// # Safety
 /// 1. `dptr` is NULL or valid for writing a `CUdeviceptr`.
@@ -58,16 +22,7 @@ unsafe fn alloc_async(
     api::non_null(dptr, "dptr")?;
     let mut st = SIM.st.lock();
     let sid = resolve(&mut st, h_stream)?;
-    let handle = match pool {
-        Some(p) => lookup(&st, p)?,
-        None => {
-            let d = st.streams[&sid].device;
-            supported(&st, d)?;
-            st.devices[d].current_pool
-        }
-    };
-    supported(&st, st.pools[&handle].device)?;
-    let addr = if bytesize == 0 { 0 } else { pool::allocate(&mut st, handle, bytesize as u64, sid)? };
+    let addr = pool::allocate_async(&mut st, pool.map(|p| p as u64), bytesize as u64, sid)?;
     // SAFETY: forwarded caller contract.
     unsafe { api::out(dptr, addr, "dptr") }
 }
@@ -124,34 +79,7 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, h_stream: CUstream) -> CUres
         }
         let mut st = SIM.st.lock();
         let sid = resolve(&mut st, h_stream)?;
-        let a = match st.find_alloc(dptr) {
-            Some(a) if a.base == dptr && a.kind == AllocKind::Pool => a.clone(),
-            Some(a) if a.base != dptr => {
-                return Err(Fail::misuse(
-                    CUresult::CUDA_ERROR_INVALID_VALUE,
-                    format!("{dptr:#x} is an interior pointer of the allocation at {:#x}", a.base),
-                ));
-            }
-            Some(a) => {
-                return Err(Fail::misuse(
-                    CUresult::CUDA_ERROR_INVALID_VALUE,
-                    format!(
-                        "{dptr:#x} is {} memory, not a stream-ordered (pool) allocation",
-                        a.kind.report_name()
-                    ),
-                ));
-            }
-            None => {
-                return Err(Fail::misuse(
-                    CUresult::CUDA_ERROR_INVALID_VALUE,
-                    format!("{dptr:#x} is not a live allocation (double free or never allocated)"),
-                ));
-            }
-        };
-        let seq = enqueue(&mut st, sid, Work::Free { alloc: a.clone() }, Vec::new());
-        st.allocs.remove(&dptr);
-        st.forget(&a, Some((sid, seq)));
-        Ok(())
+        pool::free_async(&mut st, dptr, sid)
     })
 }
 
@@ -175,38 +103,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         // SAFETY: non-NULL and valid for reading the 88-byte structure (caller contract); read
         // as raw integers so any enumerator value is representable.
         let p = unsafe { props.cast::<PoolProps>().read() };
-        let bad = |m: String| Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m));
-        if p.alloc_type != ALLOCATION_TYPE_PINNED {
-            return bad(format!("allocType {} must be CU_MEM_ALLOCATION_TYPE_PINNED", p.alloc_type));
-        }
-        let mut st = SIM.st.lock();
-        let d = match p.location.kind {
-            LOC_DEVICE => match usize::try_from(p.location.id).ok().filter(|&d| d < st.devices.len()) {
-                Some(d) => d,
-                None => return bad(format!("location: device {} does not exist", p.location.id)),
-            },
-            LOC_HOST_NUMA => return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_SUPPORTED)),
-            k => return bad(format!("location type {k} is not valid for a memory pool")),
-        };
-        supported(&st, d)?;
-        let dev_types = st.devices[d].attr(ATTR_MEMPOOL_SUPPORTED_HANDLE_TYPES).unwrap_or(0) as u32;
-        if p.handle_types & !HANDLE_TYPES_ALL != 0 || p.handle_types & !dev_types != 0 {
-            return bad(format!(
-                "handleTypes {:#x} not supported by device {d} (supports {dev_types:#x})",
-                p.handle_types
-            ));
-        }
-        if p.usage == USAGE_HW_DECOMPRESS {
-            return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_SUPPORTED));
-        }
-        if p.usage != 0 {
-            return bad(format!("unknown usage {:#x}", p.usage));
-        }
-        if p.reserved.iter().any(|&b| b != 0) {
-            return bad("reserved bytes of CUmemPoolProps must be zero".into());
-        }
-        let h = st.new_pool_handle();
-        st.pools.insert(h, Pool::new(d, false, p.max_size as u64));
+        let h = pool::create(&mut SIM.st.lock(), &p)?;
         // SAFETY: forwarded caller contract.
         unsafe { api::out(pool, h as CUmemoryPool, "pool") }
     })
@@ -218,25 +115,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 /// handles give `INVALID_VALUE`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
-    api::call("cuMemPoolDestroy", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let h = lookup(&st, pool)?;
-        let p = st.pools.get_mut(&h).expect("looked up");
-        if p.is_default {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("{h:#x} is device {}'s default pool, which cannot be destroyed", p.device),
-            ));
-        }
-        p.destroyed = true;
-        let d = p.device;
-        let dev = &mut st.devices[d];
-        if dev.current_pool == h {
-            dev.current_pool = dev.default_pool;
-        }
-        pool::settle(&mut st, h);
-        Ok(())
-    })
+    api::call("cuMemPoolDestroy", Init::Required, || pool::destroy(&mut SIM.st.lock(), pool as u64))
 }
 
 /// `CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)`: releases chunks that are
@@ -244,10 +123,7 @@ pub extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
     api::call("cuMemPoolTrimTo", Init::Required, || {
-        let mut st = SIM.st.lock();
-        let h = lookup(&st, pool)?;
-        pool::trim(&mut st, h, min_bytes_to_keep as u64);
-        Ok(())
+        pool::trim_to(&mut SIM.st.lock(), pool as u64, min_bytes_to_keep as u64)
     })
 }
 
@@ -266,51 +142,18 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
 ) -> CUresult {
     api::call("cuMemPoolSetAttribute", Init::Required, || {
         let mut st = SIM.st.lock();
-        let h = lookup(&st, pool)?;
-        if !(1..=8).contains(&attr) {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("unknown memory pool attribute {attr}"),
-            ));
-        }
-        if matches!(attr, 5 | 7) {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("memory pool attribute {attr} is read-only"),
-            ));
-        }
+        let h = pool as u64;
+        let width = pool::attribute_width(&st, h, attr, true)?;
         api::non_null(value, "value")?;
-        let p = st.pools.get_mut(&h).expect("looked up");
         // SAFETY: non-NULL and valid for reading the attribute's documented type (caller
-        // contract): `int` for 1–3, `cuuint64_t` for 4–8.
-        unsafe {
-            match attr {
-                1..=3 => {
-                    let on = value.cast::<c_int>().read_unaligned() != 0;
-                    match attr {
-                        1 => p.follow_event_deps = on,
-                        2 => p.opportunistic = on,
-                        _ => p.internal_deps = on,
-                    }
-                }
-                4 => p.release_threshold = value.cast::<u64>().read_unaligned(),
-                _ => {
-                    let v = value.cast::<u64>().read_unaligned();
-                    if v != 0 {
-                        return Err(Fail::misuse(
-                            CUresult::CUDA_ERROR_INVALID_VALUE,
-                            format!("high-water mark attribute {attr} can only be reset to 0, not {v}"),
-                        ));
-                    }
-                    if attr == 6 {
-                        p.reserved_high = p.reserved;
-                    } else {
-                        p.used_high = p.used;
-                    }
-                }
+        // contract).
+        let v = unsafe {
+            match width {
+                Width::Int => value.cast::<c_int>().read_unaligned() as u64,
+                Width::U64 => value.cast::<u64>().read_unaligned(),
             }
-        }
-        Ok(())
+        };
+        pool::set_attribute(&mut st, h, attr, v)
     })
 }
 
@@ -327,44 +170,18 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 ) -> CUresult {
     api::call("cuMemPoolGetAttribute", Init::Required, || {
         let mut st = SIM.st.lock();
-        let h = lookup(&st, pool)?;
-        if !(1..=8).contains(&attr) {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("unknown memory pool attribute {attr}"),
-            ));
-        }
+        let h = pool as u64;
+        let width = pool::attribute_width(&st, h, attr, false)?;
         api::non_null(value, "value")?;
-        pool::settle(&mut st, h);
-        let p = &st.pools[&h];
-        let int = |b: bool| c_int::from(b);
+        let v = pool::get_attribute(&mut st, h, attr);
         // SAFETY: non-NULL and valid for writing the attribute's documented type.
         unsafe {
-            match attr {
-                1 => value.cast::<c_int>().write_unaligned(int(p.follow_event_deps)),
-                2 => value.cast::<c_int>().write_unaligned(int(p.opportunistic)),
-                3 => value.cast::<c_int>().write_unaligned(int(p.internal_deps)),
-                4 => value.cast::<u64>().write_unaligned(p.release_threshold),
-                5 => value.cast::<u64>().write_unaligned(p.reserved),
-                6 => value.cast::<u64>().write_unaligned(p.reserved_high),
-                7 => value.cast::<u64>().write_unaligned(p.used),
-                _ => value.cast::<u64>().write_unaligned(p.used_high),
+            match width {
+                Width::Int => value.cast::<c_int>().write_unaligned(c_int::from(v != 0)),
+                Width::U64 => value.cast::<u64>().write_unaligned(v),
             }
         }
         Ok(())
-    })
-}
-
-/// The device a `CUmemLocation` names for pool access, or `INVALID_VALUE`.
-fn access_device(st: &State, loc: MemLocation) -> Result<usize, Fail> {
-    if loc.kind != LOC_DEVICE {
-        return Err(Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            format!("location type {} is not a device", loc.kind),
-        ));
-    }
-    usize::try_from(loc.id).ok().filter(|&d| d < st.devices.len()).ok_or_else(|| {
-        Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, format!("device {} does not exist", loc.id))
     })
 }
 
@@ -385,7 +202,7 @@ pub unsafe extern "C" fn cuMemPoolSetAccess(
 ) -> CUresult {
     api::call("cuMemPoolSetAccess", Init::Required, || {
         let mut st = SIM.st.lock();
-        let h = lookup(&st, pool)?;
+        let h = pool::lookup(&st, pool as u64)?;
         if count == 0 {
             return Ok(());
         }
@@ -393,38 +210,7 @@ pub unsafe extern "C" fn cuMemPoolSetAccess(
         // SAFETY: non-NULL and valid for `count` descriptors (caller contract), read as raw
         // integers.
         let descs = unsafe { std::slice::from_raw_parts(map.cast::<AccessDesc>(), count) }.to_vec();
-        let owner = st.pools[&h].device;
-        let mut updates = Vec::with_capacity(count);
-        for desc in descs {
-            let d = access_device(&st, desc.location)?;
-            if !matches!(desc.flags, 0 | 1 | 3) {
-                return Err(Fail::misuse(
-                    CUresult::CUDA_ERROR_INVALID_VALUE,
-                    format!("access flags {} are not a CUmemAccess_flags value", desc.flags),
-                ));
-            }
-            if d == owner {
-                if desc.flags != pool::PROT_READWRITE {
-                    return Err(Fail::misuse(
-                        CUresult::CUDA_ERROR_INVALID_VALUE,
-                        format!("the owning device {d} cannot lose read-write access to its pool"),
-                    ));
-                }
-                continue;
-            }
-            if desc.flags != 0 && !st.peer[d][owner] {
-                return Err(Fail::misuse(
-                    CUresult::CUDA_ERROR_INVALID_DEVICE,
-                    format!("device {d} cannot access device {owner}'s memory (no peer capability)"),
-                ));
-            }
-            updates.push((d, desc.flags));
-        }
-        let p = st.pools.get_mut(&h).expect("looked up");
-        for (d, flags) in updates {
-            p.access.insert(d, flags);
-        }
-        Ok(())
+        pool::set_access(&mut st, h, &descs)
     })
 }
 
@@ -443,12 +229,9 @@ pub unsafe extern "C" fn cuMemPoolGetAccess(
     api::call("cuMemPoolGetAccess", Init::Required, || {
         api::non_null(flags, "flags")?;
         api::non_null(location, "location")?;
-        let st = SIM.st.lock();
-        let h = lookup(&st, pool)?;
         // SAFETY: non-NULL and valid for reading a `CUmemLocation` (caller contract).
         let loc = unsafe { location.cast::<MemLocation>().read() };
-        let d = access_device(&st, loc)?;
-        let f = st.pools[&h].access_of(d);
+        let f = pool::get_access(&SIM.st.lock(), pool as u64, loc)?;
         // SAFETY: forwarded caller contract.
         unsafe { api::out(flags, f, "flags") }
     })
@@ -460,9 +243,7 @@ unsafe fn get_pool(name: &'static str, out: *mut CUmemoryPool, dev: CUdevice, cu
     api::call(name, Init::Required, || {
         api::non_null(out, "pool")?;
         let st = SIM.st.lock();
-        let d = st.ordinal(dev)?;
-        supported(&st, d)?;
-        let h = if current { st.devices[d].current_pool } else { st.devices[d].default_pool };
+        let h = pool::device_pool(&st, st.ordinal(dev)?, current)?;
         // SAFETY: forwarded caller contract.
         unsafe { api::out(out, h as CUmemoryPool, "pool") }
     })
@@ -497,15 +278,6 @@ pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUres
     api::call("cuDeviceSetMemPool", Init::Required, || {
         let mut st = SIM.st.lock();
         let d = st.ordinal(dev)?;
-        supported(&st, d)?;
-        let h = lookup(&st, pool)?;
-        if st.pools[&h].device != d {
-            return Err(Fail::misuse(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("pool {h:#x} belongs to device {}, not device {d}", st.pools[&h].device),
-            ));
-        }
-        st.devices[d].current_pool = h;
-        Ok(())
+        pool::set_device_pool(&mut st, d, pool as u64)
     })
 }

@@ -3,7 +3,15 @@
 //! A pool reserves *chunks* of device address space, charged against the device's capacity (so
 //! `cuMemGetInfo` sees reservations as used): 32 MiB, or the request rounded up to 2 MiB if that is
 //! larger (or if 32 MiB would exceed the pool's `maxSize` or the device's free capacity). A chunk
-//! is partitioned into blocks; allocations are rounded up to 512 bytes and placed first-fit.
+//! is partitioned into blocks; allocations are rounded up to 512 bytes.
+//!
+//! ```text
+//! cuMemAllocAsync(p, 4096, S)  ->  allocate: place() picks a free block S may use, the free map
+//!                                  carves 4096 bytes from it, an Allocation views those bytes
+//! cuMemFreeAsync(p, S)         ->  free_async: Work::Free queued on S as operation `seq`; the
+//!                                  block becomes Free(Some((S, seq))) in the free map
+//! ... the engine runs S's queue ... the next call on the pool settles it: Free(None)
+//! ```
 //!
 //! Each chunk has one host mapping (its [`Backing`], lazily committed). A pool allocation is an
 //! ordinary [`Allocation`] of kind `Pool` whose backing is a *view* of its range of that mapping:
@@ -24,15 +32,27 @@
 //! 4. REUSE_ALLOW_INTERNAL_DEPENDENCIES, only when the pool cannot grow (maxSize or device
 //!    capacity): the allocator enqueues a wait of T on S's free and reuses the block.
 //!
+//! Placement, in order of preference: the smallest block T itself freed that fits (rule 1); the
+//! smallest block T may use now that fits (rules 1–3), the allocation starting at the lowest
+//! address of the run of usable free blocks that block ends (so a region freed in two steps is
+//! reused whole whether or not the engine has run the first free yet); a run of usable blocks of
+//! different classes that only fits together; a new chunk; rule 4. The [`free_map`] answers each
+//! of these in O(log n).
+//!
 //! At `cuStreamSynchronize` / `cuEventSynchronize` / `cuCtxSynchronize` every pool of the
 //! device releases chunks that are entirely free (all frees complete) while the reservation stays
 //! at or above its RELEASE_THRESHOLD; `cuMemPoolTrimTo` does the same with `minBytesToKeep`.
+
+mod admin;
+pub(crate) mod free_map;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::CUresult;
 
+pub(crate) use self::admin::*;
+use self::free_map::{Block, FreeMap};
 use crate::api::Fail;
 use crate::copy::Work;
 use crate::memory::{AllocKind, Allocation, Backing};
@@ -49,16 +69,6 @@ pub(crate) const CHUNK_ALIGN: u64 = 2 << 20;
 /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
 pub(crate) const PROT_READWRITE: u32 = 3;
 
-/// The state of one block of a chunk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Block {
-    /// A live allocation.
-    Used,
-    /// Free; `Some((stream, seq))` while only stream-ordered reuse is allowed (the free is the
-    /// operation `seq` of `stream`), `None` when every stream may use it.
-    Free(Option<(u64, u64)>),
-}
-
 /// One reservation of a pool.
 #[derive(Debug)]
 pub(crate) struct Chunk {
@@ -66,8 +76,6 @@ pub(crate) struct Chunk {
     /// The chunk's memory; every allocation in the chunk is a view of it (queued work that holds
     /// such a view keeps it mapped after the chunk is released).
     pub(crate) backing: Arc<Backing>,
-    /// Block start address -> (size, state); the blocks tile the chunk.
-    pub(crate) blocks: BTreeMap<u64, (u64, Block)>,
 }
 
 /// A memory pool.
@@ -88,7 +96,10 @@ pub(crate) struct Pool {
     pub(crate) reserved_high: u64,
     pub(crate) used: u64,
     pub(crate) used_high: u64,
+    /// Chunk base -> chunk.
     pub(crate) chunks: BTreeMap<u64, Chunk>,
+    /// Every block of every chunk.
+    pub(crate) free: FreeMap,
     /// Access flags of devices other than the owner (absent = PROT_NONE).
     pub(crate) access: BTreeMap<usize, u32>,
 }
@@ -110,6 +121,7 @@ impl Pool {
             used: 0,
             used_high: 0,
             chunks: BTreeMap::new(),
+            free: FreeMap::default(),
             access: BTreeMap::new(),
         }
     }
@@ -120,90 +132,49 @@ impl Pool {
     }
 }
 
+/// The highest operation of stream `f` that work enqueued on stream `t` from now on is ordered
+/// after (`u64::MAX`: all of them, by being the same stream or through the legacy stream's
+/// implicit synchronisation; 0: none).
+pub(crate) fn ordered_through(st: &State, t: u64, f: u64) -> u64 {
+    if t == f {
+        return u64::MAX;
+    }
+    let (Some(ts), Some(fs)) = (st.streams.get(&t), st.streams.get(&f)) else {
+        return 0;
+    };
+    let implicit = ts.ctx == fs.ctx
+        && ((ts.kind == StreamKind::Legacy && fs.kind != StreamKind::Legacy && fs.blocking())
+            || (fs.kind == StreamKind::Legacy && ts.kind != StreamKind::Legacy && ts.blocking()));
+    if implicit { u64::MAX } else { ts.waits.get(&f).copied().unwrap_or(0) }
+}
+
 /// Whether work enqueued on stream `t` from now on is ordered after operation `seq` of stream
 /// `f` (same stream, a recorded dependency, or the legacy stream's implicit synchronisation).
 pub(crate) fn ordered_after(st: &State, t: u64, f: u64, seq: u64) -> bool {
-    if t == f {
-        return true;
-    }
-    let (Some(ts), Some(fs)) = (st.streams.get(&t), st.streams.get(&f)) else {
-        return false;
-    };
-    if ts.waits.get(&f).is_some_and(|&q| q >= seq) {
-        return true;
-    }
-    ts.ctx == fs.ctx
-        && ((ts.kind == StreamKind::Legacy && fs.kind != StreamKind::Legacy && fs.blocking())
-            || (fs.kind == StreamKind::Legacy && ts.kind != StreamKind::Legacy && ts.blocking()))
+    ordered_through(st, t, f) >= seq
 }
 
-/// Drops the tags of completed frees when the pool reuses opportunistically, then merges
-/// neighbouring free blocks with the same tag.
+/// Drops the tags of completed frees when the pool reuses opportunistically (each stream's
+/// completed frees, oldest first: no rescan of the pool), and lets a destroyed pool go once
+/// nothing of it is in use any more.
 pub(crate) fn settle(st: &mut State, handle: u64) {
-    let Some(mut pool) = st.pools.remove(&handle) else { return };
-    for chunk in pool.chunks.values_mut() {
-        for (_, (_, b)) in chunk.blocks.iter_mut() {
-            if let Block::Free(Some((s, q))) = *b
-                && pool.opportunistic
-                && done_through(&st.streams, s, q)
-            {
-                *b = Block::Free(None);
-            }
-        }
-        coalesce(chunk);
+    let Some(pool) = st.pools.get_mut(&handle) else { return };
+    let streams = &st.streams;
+    if pool.opportunistic {
+        pool.free.settle(|s, q| done_through(streams, s, q));
     }
-    // A destroyed pool disappears once nothing of it is in use any more.
-    if pool.destroyed && pool.used == 0 && all_frees_done(st, &pool) {
+    if pool.destroyed && pool.used == 0 && pool.free.all_done(|s, q| done_through(streams, s, q)) {
+        let mut pool = st.pools.remove(&handle).expect("looked up above");
         let bases: Vec<u64> = pool.chunks.keys().copied().collect();
         for base in bases {
             release_chunk(st, &mut pool, base);
         }
-        return;
     }
-    st.pools.insert(handle, pool);
-}
-
-fn all_frees_done(st: &State, pool: &Pool) -> bool {
-    pool.chunks.values().all(|c| chunk_releasable(st, c))
-}
-
-fn join(a: Block, b: Block) -> Option<Block> {
-    match (a, b) {
-        (Block::Free(None), Block::Free(None)) => Some(Block::Free(None)),
-        (Block::Free(Some((s1, q1))), Block::Free(Some((s2, q2)))) if s1 == s2 => {
-            Some(Block::Free(Some((s1, q1.max(q2)))))
-        }
-        _ => None,
-    }
-}
-
-fn coalesce(chunk: &mut Chunk) {
-    let mut merged: Vec<(u64, u64, Block)> = Vec::new();
-    for (addr, (size, b)) in std::mem::take(&mut chunk.blocks) {
-        if let Some(last) = merged.last_mut()
-            && last.0 + last.1 == addr
-            && let Some(j) = join(last.2, b)
-        {
-            last.1 += size;
-            last.2 = j;
-            continue;
-        }
-        merged.push((addr, size, b));
-    }
-    chunk.blocks = merged.into_iter().map(|(a, s, b)| (a, (s, b))).collect();
-}
-
-/// Whether every block of the chunk is free and every free has completed.
-fn chunk_releasable(st: &State, chunk: &Chunk) -> bool {
-    chunk.blocks.values().all(|(_, b)| match *b {
-        Block::Used => false,
-        Block::Free(None) => true,
-        Block::Free(Some((s, q))) => done_through(&st.streams, s, q),
-    })
 }
 
 fn release_chunk(st: &mut State, pool: &mut Pool, base: u64) {
     if let Some(chunk) = pool.chunks.remove(&base) {
+        pool.free.remove_chunk(base);
         let dev = &mut st.devices[pool.device];
         dev.used -= chunk.size;
         dev.va.release(base);
@@ -216,8 +187,12 @@ pub(crate) fn trim(st: &mut State, handle: u64, keep: u64) {
     settle(st, handle);
     let Some(mut pool) = st.pools.remove(&handle) else { return };
     // Largest chunks first: gives back the most with the fewest releases.
-    let mut candidates: Vec<(u64, u64)> =
-        pool.chunks.iter().filter(|(_, c)| chunk_releasable(st, c)).map(|(&b, c)| (c.size, b)).collect();
+    let mut candidates: Vec<(u64, u64)> = pool
+        .free
+        .chunks()
+        .filter(|&(b, _)| pool.free.chunk_releasable(b, |s, q| done_through(&st.streams, s, q)))
+        .map(|(b, size)| (size, b))
+        .collect();
     candidates.sort_unstable_by(|a, b| b.cmp(a));
     for (size, base) in candidates {
         if pool.reserved > keep && pool.reserved - size >= keep {
@@ -236,66 +211,46 @@ pub(crate) fn on_synchronize(st: &mut State, device: usize) {
     }
 }
 
-/// A usable block: `(chunk, block address, free to wait for)`.
-type Found = (u64, u64, Option<(u64, u64)>);
-
 /// Where a new allocation goes.
 enum Placement {
-    /// In an existing free block; `wait`: the stream must first wait for this free.
-    Block { chunk: u64, addr: u64, wait: Option<(u64, u64)> },
+    /// At `addr`, in free blocks; `wait`: the stream must first wait for this free.
+    Blocks { addr: u64, wait: Option<(u64, u64)> },
     /// In a new chunk of this size.
     Grow(u64),
 }
 
-/// The first place for `need` bytes on stream `sid` in preference `pass`: 0 blocks freed on `sid`
-/// itself, 1 any free bytes `sid` may use now, 2 a block whose free `sid` must first wait for.
-/// Pass 1 takes a run of neighbouring blocks together when each is usable: a completed free loses
-/// its stream tag (and so no longer merges with a pending free of the same stream), and the
-/// placement must not depend on whether the engine has run the first of two frees yet.
-fn find_block(st: &State, pool: &Pool, need: u64, sid: u64, pass: u8) -> Option<Found> {
-    for (&cbase, chunk) in &pool.chunks {
-        // (start, length) of the usable free bytes that end at the current block.
-        let mut run: Option<(u64, u64)> = None;
-        for (&addr, &(size, b)) in &chunk.blocks {
-            let usable = match (pass, b) {
-                (_, Block::Used) => false,
-                (0, Block::Free(tag)) => tag.is_some_and(|(s, _)| s == sid),
-                (1, Block::Free(None)) => true,
-                (1, Block::Free(Some((s, q)))) => {
-                    (pool.follow_event_deps && ordered_after(st, sid, s, q))
-                        || (pool.opportunistic && done_through(&st.streams, s, q))
-                }
-                (_, Block::Free(Some((s, q)))) => {
-                    if size >= need {
-                        return Some((cbase, addr, (s != sid).then_some((s, q))));
-                    }
-                    false
-                }
-                (_, Block::Free(None)) => false,
-            };
-            if !usable {
-                run = None;
-                continue;
+/// Where `need` bytes go for stream `sid`, in the order of preference the module documentation
+/// gives.
+fn place(st: &State, pool: &Pool, need: u64, sid: u64) -> Result<Placement, Fail> {
+    let free = &pool.free;
+    if let Some((_, addr, _)) = free.smallest_pending(sid, need, u64::MAX) {
+        return Ok(Placement::Blocks { addr, wait: None });
+    }
+    // After `settle`, a pending block is one whose free has not completed (or the pool does not
+    // reuse opportunistically): only a dependency makes it usable.
+    let usable = |b: Block| match b {
+        Block::Used => false,
+        Block::Free(None) => true,
+        Block::Free(Some((s, q))) => pool.follow_event_deps && ordered_after(st, sid, s, q),
+    };
+    let mut best = free.smallest_settled(need);
+    if pool.follow_event_deps {
+        for s in free.pending_streams() {
+            let through = ordered_through(st, sid, s);
+            if through > 0
+                && let Some((size, addr, _)) = free.smallest_pending(s, need, through)
+                && best.is_none_or(|b| (size, addr) < b)
+            {
+                best = Some((size, addr));
             }
-            let start = match run {
-                Some((s0, len)) if pass == 1 && s0 + len == addr => s0,
-                _ => addr,
-            };
-            let len = addr + size - start;
-            if len >= need {
-                return Some((cbase, start, None));
-            }
-            run = Some((start, len));
         }
     }
-    None
-}
-
-fn place(st: &State, pool: &Pool, need: u64, sid: u64) -> Result<Placement, Fail> {
-    for pass in 0..2 {
-        if let Some((chunk, addr, wait)) = find_block(st, pool, need, sid, pass) {
-            return Ok(Placement::Block { chunk, addr, wait });
-        }
+    let found = match best {
+        Some((_, addr)) => Some(free.run_start(addr, usable)),
+        None => free.run_across_seams(need, usable),
+    };
+    if let Some(addr) = found {
+        return Ok(Placement::Blocks { addr, wait: None });
     }
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     let min = need.checked_next_multiple_of(CHUNK_ALIGN).ok_or_else(oom)?;
@@ -307,10 +262,18 @@ fn place(st: &State, pool: &Pool, need: u64, sid: u64) -> Result<Placement, Fail
     if size <= room {
         return Ok(Placement::Grow(size));
     }
-    if pool.internal_deps
-        && let Some((chunk, addr, wait)) = find_block(st, pool, need, sid, 2)
-    {
-        return Ok(Placement::Block { chunk, addr, wait });
+    if pool.internal_deps {
+        let mut best: Option<(u64, u64, u64, u64)> = None;
+        for s in free.pending_streams() {
+            if let Some((size, addr, q)) = free.smallest_pending(s, need, u64::MAX)
+                && best.is_none_or(|b| (size, addr) < (b.0, b.1))
+            {
+                best = Some((size, addr, s, q));
+            }
+        }
+        if let Some((_, addr, s, q)) = best {
+            return Ok(Placement::Blocks { addr, wait: (s != sid).then_some((s, q)) });
+        }
     }
     Err(oom())
 }
@@ -336,8 +299,8 @@ fn allocate_in(
     sid: u64,
 ) -> Result<u64, Fail> {
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-    let (chunk_base, addr, wait) = match place(st, pool, need, sid)? {
-        Placement::Block { chunk, addr, wait } => (chunk, addr, wait),
+    let (addr, wait) = match place(st, pool, need, sid)? {
+        Placement::Blocks { addr, wait } => (addr, wait),
         Placement::Grow(size) => {
             let backing = Arc::new(usize::try_from(size).ok().and_then(Backing::new).ok_or_else(oom)?);
             let dev = &mut st.devices[pool.device];
@@ -345,27 +308,16 @@ fn allocate_in(
             dev.used += size;
             pool.reserved += size;
             pool.reserved_high = pool.reserved_high.max(pool.reserved);
-            let mut blocks = BTreeMap::new();
-            blocks.insert(base, (size, Block::Free(None)));
-            pool.chunks.insert(base, Chunk { size, backing, blocks });
-            (base, base, None)
+            pool.chunks.insert(base, Chunk { size, backing });
+            pool.free.add_chunk(base, size);
+            (base, None)
         }
     };
-    let chunk = pool.chunks.get_mut(&chunk_base).expect("placement names a chunk");
+    let (&chunk_base, chunk) = pool.chunks.range(..=addr).next_back().expect("placement lies in a chunk");
     // The allocation's bytes are the chunk's bytes at its address: no fresh memory, no zeroing.
     let backing = Backing::view(&chunk.backing, (addr - chunk_base) as usize, bytes as usize)
         .expect("a block lies inside its chunk");
-    // The placement may span neighbouring free blocks; the last one keeps its state for the
-    // bytes left over.
-    let mut at = addr;
-    while at < addr + need {
-        let (size, state) = chunk.blocks.remove(&at).expect("placement names free blocks");
-        if at + size > addr + need {
-            chunk.blocks.insert(addr + need, (at + size - addr - need, state));
-        }
-        at += size;
-    }
-    chunk.blocks.insert(addr, (need, Block::Used));
+    pool.free.carve(addr, need);
     if let Some(dep) = wait {
         // REUSE_ALLOW_INTERNAL_DEPENDENCIES: later work of this stream waits for the free.
         enqueue(st, sid, Work::Nop, vec![dep]);
@@ -398,13 +350,55 @@ fn allocate_in(
 /// pool; `tag`: the stream-ordered free that releases it (`None`: usable by every stream now).
 pub(crate) fn release_block(st: &mut State, a: &Allocation, tag: Option<(u64, u64)>) {
     let Some(pool) = st.pools.get_mut(&a.pool) else { return };
-    if let Some(chunk) = pool.chunks.values_mut().find(|c| c.blocks.contains_key(&a.base))
-        && let Some(entry) = chunk.blocks.get_mut(&a.base)
-    {
-        entry.1 = Block::Free(tag);
-        pool.used -= entry.0;
-        coalesce(chunk);
+    if let Some(size) = pool.free.release(a.base, tag) {
+        pool.used -= size;
     }
-    let h = a.pool;
-    settle(st, h);
+    settle(st, a.pool);
+}
+
+/// `cuMemAllocAsync` (`pool: None`: the current pool of the stream's device) and
+/// `cuMemAllocFromPoolAsync` for the resolved stream `sid`: the address (0 for 0 bytes).
+pub(crate) fn allocate_async(st: &mut State, pool: Option<u64>, bytes: u64, sid: u64) -> Result<u64, Fail> {
+    let handle = match pool {
+        Some(p) => lookup(st, p)?,
+        None => {
+            let d = st.streams[&sid].device;
+            supported(st, d)?;
+            st.devices[d].current_pool
+        }
+    };
+    supported(st, st.pools[&handle].device)?;
+    if bytes == 0 { Ok(0) } else { allocate(st, handle, bytes, sid) }
+}
+
+/// `cuMemFreeAsync(dptr, sid)` for a non-zero `dptr` and the resolved stream `sid`.
+pub(crate) fn free_async(st: &mut State, dptr: u64, sid: u64) -> Result<(), Fail> {
+    let a = match st.find_alloc(dptr) {
+        Some(a) if a.base == dptr && a.kind == AllocKind::Pool => a.clone(),
+        Some(a) if a.base != dptr => {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("{dptr:#x} is an interior pointer of the allocation at {:#x}", a.base),
+            ));
+        }
+        Some(a) => {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!(
+                    "{dptr:#x} is {} memory, not a stream-ordered (pool) allocation",
+                    a.kind.report_name()
+                ),
+            ));
+        }
+        None => {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("{dptr:#x} is not a live allocation (double free or never allocated)"),
+            ));
+        }
+    };
+    let seq = enqueue(st, sid, Work::Free { alloc: a.clone() }, Vec::new());
+    st.allocs.remove(&dptr);
+    st.forget(&a, Some((sid, seq)));
+    Ok(())
 }
