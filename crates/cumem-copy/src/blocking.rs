@@ -38,7 +38,8 @@ pub fn copy_h2d<T: NoUninit>(src: &[T], dst: &mut impl AsDeviceSliceMut<T>) -> R
     }
     let ctx = dst.context().clone();
     let mut dst = dst;
-    let on = dst.on(&Stream::legacy(&ctx))?;
+    let legacy = Stream::legacy(&ctx);
+    let on = dst.on(&legacy)?;
     blocking_host_copy(&ctx, src.as_ptr().cast(), || {
         // SAFETY: `src` is initialised (NoUninit) and valid for `bytes` bytes; `dst` is device
         // memory of exactly that size, exclusively borrowed, ordered on the legacy stream.
@@ -54,7 +55,8 @@ pub fn copy_d2h<T: AnyBitPattern>(src: &impl AsDeviceSlice<T>, dst: &mut [T]) ->
         return Ok(());
     }
     let ctx = src.context();
-    let on = src.on(&Stream::legacy(ctx))?;
+    let legacy = Stream::legacy(ctx);
+    let on = src.on(&legacy)?;
     blocking_host_copy(ctx, dst.as_ptr().cast(), || {
         // SAFETY: `dst` is valid for `bytes` bytes of writes and any bytes are a valid T; the copy
         // is complete when `blocking_host_copy` returns; `src` is device memory of that size,

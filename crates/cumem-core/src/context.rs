@@ -72,7 +72,9 @@ impl Context {
     /// Asks the driver which context is current first (a thread-local read in the driver, much
     /// cheaper than `cuCtxSetCurrent`, which the simulator serialises on its global state) and sets
     /// it only when it differs. No cache of ours: code that changes the current context with raw
-    /// driver calls in between is seen at once.
+    /// driver calls in between is seen at once. Setting replaces the top of the thread's context
+    /// stack and nothing restores it: code that pushed a context of its own and then calls cumem
+    /// finds cumem's context current afterwards.
     #[inline]
     pub fn bind(&self) -> Result<()> {
         if ffi::ctx_get_current()? == self.raw() {

@@ -252,6 +252,9 @@ impl Drop for CurrentResourceGuard {
 }
 
 /// Registers, once, the exit handler that lets go of the current resources.
+/// How long the exit handler waits for the current resources to return their memory.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
+
 fn release_at_exit() {
     static REGISTERED: Once = Once::new();
     REGISTERED.call_once(|| {
@@ -280,9 +283,24 @@ extern "C" fn at_exit() {
         if taken.iter().all(Option::is_none) {
             return;
         }
-        let spawned = std::thread::Builder::new().name("cumem-exit".into()).spawn(move || drop(taken));
+        // Returning cached memory waits for the streams that used it; work that never finishes (a
+        // hung kernel, a host function waiting for a thread that is gone) must not keep the
+        // process from exiting, so the wait is bounded and the memory is left to the driver's
+        // teardown after it.
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new().name("cumem-exit".into()).spawn(move || {
+            drop(taken);
+            let _ = done_tx.send(());
+        });
         match spawned {
-            Ok(handle) => drop(handle.join()),
+            Ok(_) => {
+                if done_rx.recv_timeout(EXIT_WAIT).is_err() {
+                    tracing::warn!(
+                        wait_s = EXIT_WAIT.as_secs(),
+                        "device work still pending at exit; the current resources' cached memory is left to the driver"
+                    );
+                }
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "no thread to release the current resources at exit; their cached memory is not returned")
             }

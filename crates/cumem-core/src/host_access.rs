@@ -12,8 +12,10 @@
 //!   recorded after a copy, so queuing one costs the copy's own driver call). Host access
 //!   synchronises those streams, which covers the tracked work and whatever was queued on them
 //!   after it: it may wait longer than the copy, never shorter. Device work on another stream is
-//!   ordered after them with a marker event, recorded at that moment (from the context's free
-//!   list), which is the only time an event is needed;
+//!   ordered after them with the stream's marker event (one per stream, made once and recorded
+//!   again each time), which is the only time an event is needed. Because the whole stream is
+//!   waited for, host access must not be what later work on that stream waits for (a host function
+//!   or kernel polling for the host to act): that deadlocks;
 //! - **a stream order** ([`HostAccess::with_order`]): for memory that is also handed out as device
 //!   views ([`DeviceSlice`](crate::DeviceSlice)), whose copies only know the view's
 //!   [`StreamOrder`]. Every device use goes through that order, and host access synchronises the

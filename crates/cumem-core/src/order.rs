@@ -52,6 +52,10 @@ struct Users {
     next_gen: u64,
     /// Tickets handed out and not yet dropped: work that may be being queued right now.
     in_flight: usize,
+    /// The stream of each such ticket (one entry per ticket). Work queued through a ticket is
+    /// covered by `users` only once the ticket is dropped; a ticket that never is (`mem::forget`)
+    /// keeps its stream here, so that the free, `synchronize` and the host still wait for it.
+    pending: Vec<Stream>,
     /// Why device work is refused for now: the host may be reading the memory, and its device
     /// cannot run work on it meanwhile (managed memory without concurrent managed access).
     excluded: Exclusion,
@@ -79,16 +83,18 @@ impl Exclusion {
 #[derive(Debug)]
 pub struct OrderTicket<'a> {
     order: &'a StreamOrder,
-    stream: Stream,
+    /// Borrowed, not cloned: a ticket that is forgotten leaks nothing (its stream is kept, for the
+    /// free and host access to wait for, in the order's `pending` list).
+    stream: &'a Stream,
     /// Every entry recorded before this generation was waited for by `use_on` (generations only
     /// grow, and an entry recorded again gets a new one), so this is all the ticket must remember.
     waited_before: u64,
 }
 
-impl OrderTicket<'_> {
+impl<'a> OrderTicket<'a> {
     /// The stream the ticket orders work on.
-    pub fn stream(&self) -> &Stream {
-        &self.stream
+    pub fn stream(&self) -> &'a Stream {
+        self.stream
     }
 }
 
@@ -101,6 +107,7 @@ impl StreamOrder {
                 users: vec![(stream.clone(), 0)],
                 next_gen: 1,
                 in_flight: 0,
+                pending: Vec::new(),
                 excluded: Exclusion::default(),
             }),
         }
@@ -123,7 +130,7 @@ impl StreamOrder {
     /// Conversely, such host reads are refused with the same error while a ticket is held (work
     /// may be being queued): queue the work and drop the ticket before reading on the host. A
     /// ticket that is never dropped (`mem::forget`) keeps refusing them.
-    pub fn use_on(&self, stream: &Stream) -> Result<OrderTicket<'_>> {
+    pub fn use_on<'s>(&'s self, stream: &'s Stream) -> Result<OrderTicket<'s>> {
         // Waiting under the lock keeps the set from changing between the waits and the snapshot
         // of what was waited for.
         let mut inner = self.inner.lock();
@@ -134,7 +141,8 @@ impl StreamOrder {
             stream.wait_for(user)?;
         }
         inner.in_flight += 1;
-        Ok(OrderTicket { order: self, stream: stream.clone(), waited_before: inner.next_gen })
+        inner.pending.push(stream.clone());
+        Ok(OrderTicket { order: self, stream, waited_before: inner.next_gen })
     }
 
     /// Refuses device work from now on (`open_ended`: until [`StreamOrder::end_open_exclusion`];
@@ -173,11 +181,13 @@ impl StreamOrder {
     }
 
     /// One stream ordered after every recorded user: the latest user, made to wait for the others.
-    /// Afterwards it is the only recorded user. Call with no use in flight (e.g. when freeing).
+    /// Afterwards it is the only recorded user. Call with no use in flight (e.g. when freeing); the
+    /// stream of a ticket that was forgotten instead of dropped is waited for too (its work was
+    /// queued before now, as the ticket's borrow has ended), and stays pending.
     pub fn join(&self) -> Result<Stream> {
         let mut inner = self.inner.lock();
         let latest = inner.users.iter().max_by_key(|(_, g)| *g).map(|(s, _)| s.clone()).expect("never empty");
-        for (user, _) in &inner.users {
+        for user in inner.users.iter().map(|(s, _)| s).chain(&inner.pending) {
             latest.wait_for(user)?;
         }
         let generation = inner.next_gen;
@@ -186,9 +196,13 @@ impl StreamOrder {
         Ok(latest)
     }
 
-    /// Blocks until all work of every recorded user has completed.
+    /// Blocks until all work of every recorded user (and of every ticket not dropped) has
+    /// completed.
     pub fn synchronize(&self) -> Result<()> {
-        let users: Vec<Stream> = self.inner.lock().users.iter().map(|(s, _)| s.clone()).collect();
+        let users: Vec<Stream> = {
+            let inner = self.inner.lock();
+            inner.users.iter().map(|(s, _)| s).chain(&inner.pending).cloned().collect()
+        };
         for user in &users {
             user.synchronize()?;
         }
@@ -224,11 +238,14 @@ impl Drop for OrderTicket<'_> {
     fn drop(&mut self) {
         let mut inner = self.order.inner.lock();
         inner.in_flight -= 1;
+        if let Some(i) = inner.pending.iter().position(|s| s == self.stream) {
+            inner.pending.swap_remove(i);
+        }
         let generation = inner.next_gen;
         inner.next_gen += 1;
         // Entries this stream was ordered after, and that nobody recorded again since, are covered
         // by this stream from now on.
-        let (stream, waited_before) = (&self.stream, self.waited_before);
+        let (stream, waited_before) = (self.stream, self.waited_before);
         // The common case, one stream using the memory again: only its generation changes.
         if let [(only, g)] = inner.users.as_mut_slice()
             && only == stream

@@ -284,7 +284,8 @@ impl<T> DeviceBuffer<T> {
             let ctx = buf.resource.context();
             // A synchronous copy runs on the legacy stream and has taken the pageable source by the
             // time it returns; the tracker orders it after the allocation's stream.
-            let _ticket = buf.order.use_on(&Stream::legacy(ctx))?;
+            let legacy = Stream::legacy(ctx);
+            let _ticket = buf.order.use_on(&legacy)?;
             // `data` may be managed memory, which the driver reads as device work.
             crate::blocking_host_copy(ctx, data.as_ptr().cast(), || {
                 // SAFETY: `data` is valid for `bytes` bytes of reads (NoUninit: all initialised);
@@ -355,13 +356,13 @@ impl<T> DeviceBuffer<T> {
 
     /// The whole buffer on `stream`, for device work that only reads it and that cumem does not
     /// queue itself; see [`DeviceSlice::on`].
-    pub fn on(&self, stream: &Stream) -> Result<OnStream<'_, T>> {
+    pub fn on<'s>(&'s self, stream: &'s Stream) -> Result<OnStream<'s, T>> {
         self.as_slice().on(stream)
     }
 
     /// The whole buffer on `stream`, for device work that writes it and that cumem does not
     /// queue itself; see [`DeviceSliceMut::on`].
-    pub fn on_mut(&mut self, stream: &Stream) -> Result<OnStreamMut<'_, T>> {
+    pub fn on_mut<'s>(&'s mut self, stream: &'s Stream) -> Result<OnStreamMut<'s, T>> {
         self.as_mut_slice().into_on(stream)
     }
 

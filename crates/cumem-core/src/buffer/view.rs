@@ -232,7 +232,10 @@ impl<'a, T> DeviceSlice<'a, T> {
     /// assert_eq!(buf.to_vec()?, [1, 2, 3]);
     /// # Ok::<(), cumem_core::Error>(())
     /// ```
-    pub fn on(&self, stream: &Stream) -> Result<OnStream<'a, T>> {
+    pub fn on<'s>(&self, stream: &'s Stream) -> Result<OnStream<'s, T>>
+    where
+        'a: 's,
+    {
         check_stream(self.ctx, stream)?;
         let ticket = self.order.use_on(stream)?;
         Ok(OnStream { ptr: self.ptr, len: self.len, ticket, _marker: PhantomData })
@@ -291,14 +294,17 @@ impl<'a, T> DeviceSliceMut<'a, T> {
     /// assert_eq!(buf.to_vec()?, [7; 64]);
     /// # Ok::<(), cumem_core::Error>(())
     /// ```
-    pub fn on(&mut self, stream: &Stream) -> Result<OnStreamMut<'_, T>> {
+    pub fn on<'s>(&'s mut self, stream: &'s Stream) -> Result<OnStreamMut<'s, T>> {
         check_stream(self.ctx, stream)?;
         let ticket = self.order.use_on(stream)?;
         Ok(OnStreamMut { ptr: self.ptr, len: self.len, ticket, _marker: PhantomData })
     }
 
     /// Like [`DeviceSliceMut::on`], consuming the view to keep its lifetime.
-    pub fn into_on(self, stream: &Stream) -> Result<OnStreamMut<'a, T>> {
+    pub fn into_on<'s>(self, stream: &'s Stream) -> Result<OnStreamMut<'s, T>>
+    where
+        'a: 's,
+    {
         check_stream(self.ctx, stream)?;
         let ticket = self.order.use_on(stream)?;
         Ok(OnStreamMut { ptr: self.ptr, len: self.len, ticket, _marker: PhantomData })

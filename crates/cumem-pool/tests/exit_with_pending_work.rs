@@ -1,0 +1,58 @@
+//! A process whose device work never finishes (a hung kernel, here a held host function) still
+//! exits: returning the current caching pool's memory at exit waits for its streams only for a
+//! bounded time.
+
+use std::time::{Duration, Instant};
+
+use cumem_core::{Device, DeviceBuffer, Stream};
+use cumem_sys::testing;
+
+const CHILD: &str = "CUMEM_TEST_EXIT_CHILD";
+
+/// The child's half: caches memory of a stream in the default pool, holds that stream forever,
+/// and exits.
+#[test]
+fn exit_child() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    testing::init();
+    let ctx = Device::get(0).unwrap().context().unwrap();
+    assert!(cumem_pool::current_caching(&ctx.device()).unwrap().is_some(), "the default is the caching pool");
+    let s = Stream::non_blocking(&ctx).unwrap();
+    drop(DeviceBuffer::<u8>::zeroed(&s, 4096).unwrap());
+    ctx.bind().unwrap();
+    // SAFETY: a live stream of the current context.
+    let gate = unsafe { testing::hold(s.raw()) };
+    std::mem::forget(gate); // the work on `s` never completes
+    std::process::exit(0);
+}
+
+#[test]
+fn a_process_with_hung_device_work_still_exits() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "exit_child", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env_remove("CUMEM_ALLOCATOR")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            child.kill().unwrap();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The exit code itself may be the simulator's leak check (the held stream is live at exit).
+    assert!(status.is_some(), "the process never exited: the release at exit waits for the hung stream");
+}
