@@ -1,7 +1,8 @@
 //! CUDA streams as the caching pool's [`Ordering`]: events and stream waits.
 //!
-//! The pool names streams by [`StreamKey`]: the context, the driver handle, for the per-thread
-//! default stream the thread, and the never-reused [`Stream::id`], a small `Copy` value. The
+//! The pool names streams by [`StreamKey`]: the context and the never-reused [`Stream::id`]
+//! (which stands for the driver handle; for the per-thread default stream, the thread), two
+//! words, `Copy`. The
 //! ordering keeps each named stream's [`StreamTail`], never the stream: a dropped stream's tail
 //! holds the event its drop recorded just before destroying it, so memory freed on it can still
 //! be waited for, and the pool keeps no stream alive. Another stream that takes memory freed on a
