@@ -1,7 +1,8 @@
 //! CUDA streams as the caching pool's [`Ordering`]: events and stream waits.
 //!
-//! The pool names streams by [`StreamKey`]: the context, the driver handle, for the per-thread
-//! default stream the thread, and the never-reused [`Stream::id`], a small `Copy` value. The
+//! The pool names streams by [`StreamKey`]: the context and the never-reused [`Stream::id`]
+//! (which stands for the driver handle; for the per-thread default stream, the thread), two
+//! words, `Copy`. The
 //! ordering keeps each named stream's [`StreamTail`], never the stream: a dropped stream's tail
 //! holds the event its drop recorded just before destroying it, so memory freed on it can still
 //! be waited for, and the pool keeps no stream alive. Another stream that takes memory freed on a
@@ -45,24 +46,29 @@ const STREAM_LEGACY: u64 = 0x1;
 /// `CU_STREAM_PER_THREAD`: the calling thread's per-thread default stream.
 const STREAM_PER_THREAD: u64 = 0x2;
 
-/// A stream as the pool names it: its context, its driver handle (0 for the legacy stream), for
-/// the per-thread default stream (handle `CU_STREAM_PER_THREAD`, one stream per thread under one
-/// handle) the thread, and the stream's [`Stream::id`]: a real driver hands a destroyed stream's
-/// handle to the next stream created (observed on an H100), and the id tells the two apart.
+/// A stream as the pool names it: its context and which stream of it. An ordinary stream is
+/// named by its [`Stream::id`], which is never reused (a real driver hands a destroyed stream's
+/// handle to the next stream created, observed on an H100; the id tells the two apart) and so
+/// stands for the handle too; the legacy stream (handle NULL or `CU_STREAM_LEGACY`) by id 0; the
+/// per-thread default stream (handle `CU_STREAM_PER_THREAD`, one stream per thread under one
+/// handle) by its thread, with the top bit set. Two words: the pool compares and hashes a key on
+/// every allocation and free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct StreamKey {
     ctx: u64,
-    raw: u64,
-    thread: u64,
     id: u64,
 }
 
+/// The bit of [`StreamKey::id`] marking a per-thread default stream's key (stream ids are a
+/// counter and never reach it).
+const PER_THREAD_KEY: u64 = 1 << 63;
+
 impl std::hash::Hash for StreamKey {
-    /// One word: the pool hashes a key on every allocation and free. Handles and contexts are
-    /// distinct pointers, so folding them loses almost nothing; equality still compares all fields.
+    /// One word: contexts are distinct pointers and ids distinct counters, so folding them loses
+    /// almost nothing; equality still compares both.
     #[inline(always)]
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.raw ^ self.ctx.rotate_left(29) ^ self.thread.rotate_left(47));
+        state.write_u64(self.id ^ self.ctx.rotate_left(29));
     }
 }
 
@@ -76,25 +82,24 @@ thread_local! {
 
 impl StreamKey {
     /// The name of memory cached for retired streams (see [`Ordering::retired_stream`]); no stream
-    /// has it.
-    pub const RETIRED: StreamKey = StreamKey { ctx: 0, raw: u64::MAX, thread: 0, id: 0 };
+    /// has it (every stream's context handle is non-null).
+    pub const RETIRED: StreamKey = StreamKey { ctx: 0, id: 0 };
 
     /// The key of `stream`.
     #[inline(always)]
     pub fn of(stream: &Stream) -> Self {
         let ctx = stream.context().raw() as u64;
         match stream.raw() as u64 {
-            STREAM_LEGACY => StreamKey { ctx, raw: 0, thread: 0, id: 0 },
-            STREAM_PER_THREAD => {
-                StreamKey { ctx, raw: STREAM_PER_THREAD, thread: THREAD_TAG.with(|t| *t), id: 0 }
-            }
-            raw => StreamKey { ctx, raw, thread: 0, id: stream.id() },
+            STREAM_LEGACY => StreamKey { ctx, id: 0 },
+            STREAM_PER_THREAD => StreamKey { ctx, id: PER_THREAD_KEY | THREAD_TAG.with(|t| *t) },
+            // The legacy stream made by `Stream::legacy` (handle NULL) has id 0 too.
+            _ => StreamKey { ctx, id: stream.id() },
         }
     }
 
     /// Whether this names a per-thread default stream (which only its own thread can order).
     pub fn is_per_thread(&self) -> bool {
-        self.raw == STREAM_PER_THREAD
+        self.id & PER_THREAD_KEY != 0
     }
 }
 
@@ -118,7 +123,7 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 thread_local! {
     /// (ordering id, generation, key) of the last stream this thread registered.
     static LAST_REGISTERED: Cell<(usize, u64, StreamKey)> =
-        const { Cell::new((0, 0, StreamKey { ctx: 0, raw: 0, thread: 0, id: 0 })) };
+        const { Cell::new((0, 0, StreamKey::RETIRED)) };
 }
 
 /// An error for a stream the ordering does not know (a pool bug: the pool only names streams it
