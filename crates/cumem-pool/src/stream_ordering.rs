@@ -262,11 +262,18 @@ impl Ordering for StreamOrdering {
         let Some(tail) = streams.get(&key) else { return Ok(()) };
         // A live stream (a caller retiring one the program still uses) gets its event now.
         // Cloned, not taken: a `wait` that looked the tail up before this still finds the event.
-        let event = if tail.is_alive() { tail.after_work()? } else { tail.retired() };
+        let alive = tail.is_alive();
+        let event = if alive { tail.after_work()? } else { tail.retired() };
         if let Some(event) = event {
             let mut events = self.retired.lock();
             Self::prune(&mut events);
             events.push(event);
+        }
+        if alive {
+            // The program still uses the stream, maybe on another thread between its registration
+            // and a `wait` that looks its tail up: keep the tail (the sweep removes it once the
+            // stream is dropped), and keep every thread's registration cache valid.
+            return Ok(());
         }
         streams.remove(&key);
         self.generation.fetch_add(1, AtomicOrdering::Release);

@@ -347,3 +347,22 @@ fn streams_beyond_the_arena_table_share_memory_only_after_its_work() {
         assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
     }
 }
+
+/// A live stream retired by one thread (its free went to the shared arena) is still a stream
+/// another thread may be using: waits that name it, as waiter or as the stream waited on, keep
+/// working.
+#[test]
+#[serial_test::parallel]
+fn a_live_stream_stays_known_after_it_is_retired() {
+    use cumem_pool::{Ordering, StreamKey, StreamOrdering};
+    let ctx = ctx();
+    let ordering = StreamOrdering::new(&ctx);
+    let (x, y) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let (kx, ky) = (ordering.register(&x), ordering.register(&y));
+    assert_eq!(kx, StreamKey::of(&x));
+    ordering.retire(kx).unwrap();
+    ordering.wait(kx, ky).unwrap();
+    ordering.wait(ky, kx).unwrap();
+    ordering.synchronize().unwrap();
+    drop((x, y));
+}
