@@ -33,6 +33,12 @@ fn a_process_with_hung_device_work_still_exits() {
     if std::env::var_os(CHILD).is_some() {
         return;
     }
+    testing::init();
+    if testing::sim_control().is_none() {
+        // What a real driver's own teardown does with a host function that never returns is the
+        // driver's business (it may wait for it); this test is about cumem's bounded wait.
+        return;
+    }
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "exit_child", "--test-threads=1"])
         .env(CHILD, "1")
