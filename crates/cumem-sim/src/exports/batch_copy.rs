@@ -272,7 +272,7 @@ pub unsafe extern "C" fn cuMemcpyBatchAsync_ptsz(
     fail_idx: *mut usize,
     h_stream: CUstream,
 ) -> CUresult {
-    let h_stream = if h_stream.is_null() { 0x2 as CUstream } else { h_stream };
+    let h_stream = crate::exports::per_thread::per_thread(h_stream);
     api::call("cuMemcpyBatchAsync_ptsz", Init::Required, || {
         // SAFETY: forwarded caller contract.
         unsafe { batch(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, h_stream) }

@@ -21,7 +21,7 @@ use crate::exports::legacy_names::forward;
 use crate::exports::{copy, event, managed, memory, pool, stream};
 
 /// `CU_STREAM_PER_THREAD`.
-const PER_THREAD: CUstream = 0x2 as CUstream;
+const PER_THREAD: CUstream = crate::stream::STREAM_PER_THREAD as CUstream;
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`.
 const ATTR_MEMORY_TYPE: u32 = 2;
 /// `CU_POINTER_ATTRIBUTE_IS_MANAGED`.
@@ -32,7 +32,7 @@ const ATTR_SYNC_MEMOPS: u32 = 6;
 const MEMORYTYPE_DEVICE: u32 = 2;
 
 /// The stream a `_ptsz` call means: NULL is the thread's per-thread stream.
-fn per_thread(h_stream: CUstream) -> CUstream {
+pub(crate) fn per_thread(h_stream: CUstream) -> CUstream {
     if h_stream.is_null() { PER_THREAD } else { h_stream }
 }
 
