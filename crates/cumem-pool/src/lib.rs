@@ -41,6 +41,7 @@ pub mod statistics_resource;
 pub mod stats;
 pub mod stream_ordering;
 pub mod table;
+pub mod trace_format;
 pub mod upstream;
 
 pub use block::Block;

@@ -1,0 +1,268 @@
+//! The allocation-trace format: one CSV row per allocate or free, as RAPIDS RMM's
+//! `logging_resource_adaptor` writes it, so that logs move between RMM and cumem in both directions.
+//!
+//! The header is `Thread,Time,Action,Pointer,Size,Stream`. A row names the thread (an integer), the
+//! time (seconds, as RMM writes it: either seconds since the epoch with a fraction, or the older
+//! `HH:MM:SS.ffffff` time of day), the action (`allocate`, `free`/`deallocate`, or the failure of
+//! either), the device pointer and stream in hexadecimal, and the size in bytes. Reading accepts every
+//! form RMM has written; writing always uses the epoch form and `allocate`/`free`.
+//!
+//! ```
+//! use cumem_pool::trace_format::{TraceAction, TraceRecord, parse_trace, write_header};
+//!
+//! let mut csv = Vec::new();
+//! write_header(&mut csv).unwrap();
+//! let row = TraceRecord {
+//!     thread: 7,
+//!     time: 1_700_000_000.25,
+//!     action: TraceAction::Allocate,
+//!     pointer: 0x7f00_0000_0000,
+//!     size: 4096,
+//!     stream: 0,
+//! };
+//! row.write_csv(&mut csv).unwrap();
+//! let text = String::from_utf8(csv).unwrap();
+//! assert_eq!(text, "Thread,Time,Action,Pointer,Size,Stream\n7,1700000000.250000,allocate,0x7f0000000000,4096,0x0\n");
+//! assert_eq!(parse_trace(text.as_bytes()).unwrap(), vec![row]);
+//! ```
+
+use std::io::{self, BufRead, Write};
+
+/// The header line of a trace, without its newline.
+pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+
+/// What one trace row records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TraceAction {
+    /// A successful allocation of `size` bytes at `pointer`.
+    Allocate,
+    /// A free of the allocation at `pointer` (RMM writes `free`; older logs `deallocate`).
+    Free,
+    /// An allocation of `size` bytes that failed (RMM's `allocate failure`); nothing was allocated.
+    AllocateFailure,
+}
+
+impl TraceAction {
+    /// The word written in the `Action` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TraceAction::Allocate => "allocate",
+            TraceAction::Free => "free",
+            TraceAction::AllocateFailure => "allocate failure",
+        }
+    }
+
+    fn parse(word: &str) -> Option<Self> {
+        match word.trim() {
+            "allocate" => Some(TraceAction::Allocate),
+            "free" | "deallocate" => Some(TraceAction::Free),
+            "allocate failure" | "allocate_failure" => Some(TraceAction::AllocateFailure),
+            _ => None,
+        }
+    }
+}
+
+/// One row of a trace.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TraceRecord {
+    /// The thread that made the call (an opaque integer; rows of one thread keep their order).
+    pub thread: u64,
+    /// When, in seconds (since the epoch, or since midnight for RMM's older time-of-day form).
+    pub time: f64,
+    /// What happened.
+    pub action: TraceAction,
+    /// The device address allocated or freed (0 for a failed allocation).
+    pub pointer: u64,
+    /// Bytes requested.
+    pub size: usize,
+    /// The stream the call named (its handle value; 0 is the legacy default stream).
+    pub stream: u64,
+}
+
+impl TraceRecord {
+    /// Writes the row as one CSV line, newline included.
+    ///
+    /// # Errors
+    /// Whatever the writer reports.
+    pub fn write_csv(&self, out: &mut impl Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "{},{:.6},{},{:#x},{},{:#x}",
+            self.thread,
+            self.time,
+            self.action.as_str(),
+            self.pointer,
+            self.size,
+            self.stream
+        )
+    }
+}
+
+/// Writes [`HEADER`] and a newline.
+///
+/// # Errors
+/// Whatever the writer reports.
+pub fn write_header(out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "{HEADER}")
+}
+
+/// Why a trace could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceParseError {
+    /// Reading the input failed.
+    #[error("reading the trace failed: {0}")]
+    Io(#[from] io::Error),
+    /// The first line is not a header with the six RMM columns.
+    #[error("line 1: expected the header `{HEADER}`, found `{found}`")]
+    Header {
+        /// The line found instead.
+        found: String,
+    },
+    /// A row that does not parse; `line` counts from 1, header included.
+    #[error("line {line}: {reason}: `{text}`")]
+    Row {
+        /// The line number, counting the header as line 1.
+        line: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+        /// The line as read.
+        text: String,
+    },
+}
+
+/// Reads a whole trace: the header, then one record per non-empty line, in file order.
+///
+/// Column names are matched without regard to case or surrounding spaces, so RMM's logs and
+/// hand-edited ones both read.
+///
+/// # Errors
+/// [`TraceParseError`] naming the first line that does not parse.
+pub fn parse_trace(input: impl BufRead) -> Result<Vec<TraceRecord>, TraceParseError> {
+    let mut lines = input.lines();
+    let header = lines.next().transpose()?.unwrap_or_default();
+    let columns: Vec<String> = header.split(',').map(|c| c.trim().to_ascii_lowercase()).collect();
+    let expected: Vec<String> = HEADER.split(',').map(str::to_ascii_lowercase).collect();
+    if columns != expected {
+        return Err(TraceParseError::Header { found: header });
+    }
+    let mut records = Vec::new();
+    for (index, line) in lines.enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let number = index + 2;
+        let row = |reason| TraceParseError::Row { line: number, reason, text: line.clone() };
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let [thread, time, action, pointer, size, stream] = fields[..] else {
+            return Err(row("expected 6 comma-separated fields"));
+        };
+        records.push(TraceRecord {
+            thread: parse_integer(thread).ok_or_else(|| row("the thread is not an integer"))?,
+            time: parse_time(time).ok_or_else(|| row("the time is neither seconds nor HH:MM:SS.f"))?,
+            action: TraceAction::parse(action).ok_or_else(|| row("unknown action"))?,
+            pointer: parse_integer(pointer).ok_or_else(|| row("the pointer is not an integer"))?,
+            size: parse_integer(size)
+                .and_then(|s| usize::try_from(s).ok())
+                .ok_or_else(|| row("the size is not an integer"))?,
+            stream: parse_integer(stream).ok_or_else(|| row("the stream is not an integer"))?,
+        });
+    }
+    Ok(records)
+}
+
+/// Decimal, or hexadecimal with a `0x` prefix (RMM writes pointers and streams that way).
+fn parse_integer(text: &str) -> Option<u64> {
+    match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
+/// Seconds with a fraction, or RMM's older `HH:MM:SS.ffffff` time of day.
+fn parse_time(text: &str) -> Option<f64> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let seconds = match parts[..] {
+        [seconds] => seconds.parse::<f64>().ok()?,
+        [h, m, s] => {
+            let (h, m, s) = (h.parse::<u32>().ok()?, m.parse::<u32>().ok()?, s.parse::<f64>().ok()?);
+            f64::from(h) * 3600.0 + f64::from(m) * 60.0 + s
+        }
+        _ => return None,
+    };
+    seconds.is_finite().then_some(seconds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_forms_rmm_has_written() {
+        let log = "Thread, Time, Action, Pointer, Size, Stream\n\
+                   140573312345856,1634567890.234567,allocate,0x7f8a40000400,2048,0x7f8a38001020\n\
+                   \n\
+                   12,10:30:45.500000,deallocate,0x7F8A40000400,2048,0x0\n\
+                   12,10:30:46.000000,allocate failure,0x0,1099511627776,0x0\n";
+        let rows = parse_trace(log.as_bytes()).unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].thread, 140_573_312_345_856);
+        assert_eq!(
+            (rows[0].action, rows[0].pointer, rows[0].size),
+            (TraceAction::Allocate, 0x7f8a_4000_0400, 2048)
+        );
+        assert_eq!(rows[0].stream, 0x7f8a_3800_1020);
+        assert_eq!((rows[1].action, rows[1].time), (TraceAction::Free, 10.0 * 3600.0 + 30.0 * 60.0 + 45.5));
+        assert_eq!((rows[2].action, rows[2].size), (TraceAction::AllocateFailure, 1 << 40));
+    }
+
+    #[test]
+    fn names_the_line_that_is_wrong() {
+        match parse_trace("Thread,Time,Action,Pointer,Size,Stream\n1,2.0,allocate,0x10,12\n".as_bytes()) {
+            Err(TraceParseError::Row { line: 2, reason, .. }) => assert!(reason.contains("6")),
+            other => panic!("expected a row error on line 2, got {other:?}"),
+        }
+        match parse_trace("Thread,Time,Action,Pointer,Size,Stream\n1,2.0,resize,0x10,12,0\n".as_bytes()) {
+            Err(TraceParseError::Row { line: 2, reason: "unknown action", .. }) => {}
+            other => panic!("expected an unknown action, got {other:?}"),
+        }
+        assert!(matches!(parse_trace("a,b\n".as_bytes()), Err(TraceParseError::Header { .. })));
+        assert!(matches!(parse_trace("".as_bytes()), Err(TraceParseError::Header { .. })));
+    }
+
+    #[test]
+    fn what_is_written_reads_back_unchanged() {
+        let rows = [
+            TraceRecord {
+                thread: 1,
+                time: 0.5,
+                action: TraceAction::Allocate,
+                pointer: 0x100,
+                size: 1,
+                stream: 3,
+            },
+            TraceRecord {
+                thread: 2,
+                time: 1.25,
+                action: TraceAction::Free,
+                pointer: 0x100,
+                size: 1,
+                stream: 3,
+            },
+            TraceRecord {
+                thread: 2,
+                time: 2.0,
+                action: TraceAction::AllocateFailure,
+                pointer: 0,
+                size: 9,
+                stream: 0,
+            },
+        ];
+        let mut csv = Vec::new();
+        write_header(&mut csv).unwrap();
+        for row in &rows {
+            row.write_csv(&mut csv).unwrap();
+        }
+        assert_eq!(parse_trace(csv.as_slice()).unwrap(), rows);
+    }
+}
