@@ -26,7 +26,9 @@ mod extent;
 mod ffi;
 mod nd;
 mod pitched;
+pub mod profile;
 mod region;
+mod staging;
 mod stream_ordered;
 mod validate;
 
@@ -34,5 +36,7 @@ pub use blocking::{copy_d2d, copy_d2h, copy_h2d};
 pub use extent::{Copy2D, Copy3D, Rect2D};
 pub use nd::{copy_2d, copy_3d};
 pub use pitched::{PITCHED_ROW_ALIGNMENT, PitchedBuffer};
+pub use profile::{CopyKind, Observing, ProfileReport, Profiler, SizeClass, Totals};
 pub use region::{CopyDst, CopySrc, Pitched, QueuedDst, QueuedSrc};
+pub use staging::{StagingConfig, StagingRing, StagingStats};
 pub use stream_ordered::StreamCopy;
