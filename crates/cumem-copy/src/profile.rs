@@ -291,6 +291,12 @@ impl Profiler {
         Ok(state.report.clone())
     }
 
+    /// Pairs of timed events kept for reuse now: the pool grows to the number of observed copies
+    /// in flight at once and is then reused (a report returns every pair).
+    pub fn pooled_pairs(&self) -> usize {
+        self.state().pool.len()
+    }
+
     /// Forgets the totals (copies still pending are counted in the next report).
     pub fn reset(&self) {
         self.state().report = ProfileReport::default();
