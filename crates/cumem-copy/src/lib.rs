@@ -8,6 +8,15 @@
 //! extents checked before the driver is called. Host→device needs `T: NoUninit`, device→host
 //! `T: AnyBitPattern`; lengths must match; out-of-range views are refused before any driver call.
 //!
+//! Two more tools sit beside the copies:
+//! - [`StagingRing`] copies ordinary `&[T]`/`&mut [T]` through a reusable ring of pinned chunks,
+//!   filling one chunk while the device copies another ([`StagingRing::copy_h2d`],
+//!   [`StagingRing::copy_d2h`]; see [`staging`] for the rules that make it sound);
+//! - [`Profiler`] ([`profile`]) observes copies on a stream or everywhere and reports kind, count,
+//!   bytes, device time and throughput per size class; off, it costs a copy one relaxed atomic
+//!   load. Every copy also emits a `trace` event (fields `device`, `stream`, `bytes`, `kind`), and
+//!   every staged copy a `debug` span.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::{DeviceBuffer, Device, PinnedBuffer, Stream};
@@ -28,7 +37,7 @@ mod nd;
 mod pitched;
 pub mod profile;
 mod region;
-mod staging;
+pub mod staging;
 mod stream_ordered;
 mod validate;
 
