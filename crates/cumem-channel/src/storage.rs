@@ -24,6 +24,9 @@ pub(crate) fn segments(start: usize, len: usize, cap: usize) -> [(usize, usize);
 /// one never waits for the copy of another.
 const STAGED_WORDS: [usize; 4] = [HEAD_WORD, TAIL_WORD, SEQUENCE_WORD, FLAGS_WORD];
 
+// One per channel, made once and never moved in a loop: boxing the big variant would only add a
+// pointer chase to every access.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Storage<T> {
     Sync {
         slots: DeviceBuffer<T>,

@@ -46,6 +46,11 @@ impl<T: Pod> DevicePlayer<T> {
         self.control.to_vec().unwrap()
     }
 
+    /// Writes control word `index` from the device side (to play a misbehaving device).
+    pub fn produce_word(&mut self, ch: &mut RingChannel<T>, index: usize, value: u64) {
+        self.write_word(ch, index, value)
+    }
+
     fn write_word(&mut self, ch: &mut RingChannel<T>, index: usize, value: u64) {
         self.word.as_mut_slice().unwrap()[0] = value;
         let mut side = ch.device_side();
@@ -86,9 +91,7 @@ impl<T: Pod> DevicePlayer<T> {
         for (i, m) in msgs[..n as usize].iter().enumerate() {
             mirror[((tail + i as u64) % cap) as usize] = *m;
         }
-        let mut side = ch.device_side();
-        self.stream.copy_h2d(&self.slots, &mut side.slots).unwrap();
-        drop(side);
+        self.stream.copy_h2d(&self.slots, &mut ch.device_side().slots).unwrap();
         self.write_word(ch, TAIL, tail + n);
         n as usize
     }
