@@ -330,6 +330,11 @@ fn main() -> Result<()> {
         if quick { &[4 << 10, 1 << 20] } else { &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20] };
     bandwidth(&ctx, &stream, &mut rows, sizes)?;
     print_table(&rows);
+    let channel_rounds = if quick { 20 } else { 200 };
+    match cumem_benches::channel::channel_rows(&ctx, channel_rounds) {
+        Ok(rows) => cumem_benches::channel::print_channel_table(&rows),
+        Err(e) => eprintln!("channel table: {e}"),
+    }
     Ok(())
 }
 

@@ -71,6 +71,10 @@ pub use cumem_pool as pool;
 #[cfg(feature = "unified")]
 pub use cumem_unified as unified;
 
+/// Host ↔ device message channels for persistent kernels (feature `channel`).
+#[cfg(feature = "channel")]
+pub use cumem_channel as channel;
+
 /// Choosing and loading the driver: the real one, or the simulator (feature `sim`).
 pub mod driver {
     pub use cumem_sys::driver::*;
