@@ -94,7 +94,14 @@ pub struct ChannelStats {
     pub full: u64,
 }
 
-/// A bounded ring of `T` messages between host and device; see the [module docs](self).
+/// A bounded ring of `T` messages between host and device, in the memory its strategy calls for.
+///
+/// Host→device: [`send`](Self::send) / [`try_send`](Self::try_send) /
+/// [`send_batch`](Self::send_batch) stage messages, [`flush_to_device`](Self::flush_to_device)
+/// publishes them (slots, then `tail`). Device→host: [`poll_from_device`](Self::poll_from_device)
+/// and [`poll_batch`](Self::poll_batch) receive what the device published and give the slots back
+/// (`head`). [`device_side`](Self::device_side) and [`ring_args`](Self::ring_args) are what the
+/// device side uses.
 pub struct RingChannel<T: Pod> {
     direction: Direction,
     kind: StrategyKind,
