@@ -1,7 +1,8 @@
 //! `cargo xtask bench transfer`: cumem's transfers and allocation paths against the same raw
 //! driver calls, side by side in one run, as a markdown table with the ratio of each pair.
 //!
-//! `--quick` sweeps two sizes only; `--small` measures the small queued calls only.
+//! `--quick` sweeps two sizes only; `--small` measures the small queued calls only; `--channels`
+//! the message-channel table only.
 //!
 //! Runs on the real driver when one is present, else on the simulator (said in the header; the
 //! simulator's GB/s are those of host `memcpy`, so only the ratios mean anything there).
@@ -320,6 +321,10 @@ fn main() -> Result<()> {
         if simulated { "; GB/s are simulated (host memcpy): only the ratios count" } else { "" },
     );
     let mut rows = Vec::new();
+    if std::env::args().any(|a| a == "--channels") {
+        channel_table(&ctx, quick);
+        return Ok(());
+    }
     small_calls(&ctx, &stream, &mut rows)?;
     if std::env::args().any(|a| a == "--small") {
         print_table(&rows);
@@ -330,12 +335,19 @@ fn main() -> Result<()> {
         if quick { &[4 << 10, 1 << 20] } else { &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20] };
     bandwidth(&ctx, &stream, &mut rows, sizes)?;
     print_table(&rows);
-    let channel_rounds = if quick { 20 } else { 200 };
-    match cumem_benches::channel::channel_rows(&ctx, channel_rounds) {
-        Ok(rows) => cumem_benches::channel::print_channel_table(&rows),
-        Err(e) => eprintln!("channel table: {e}"),
-    }
+    channel_table(&ctx, quick);
     Ok(())
+}
+
+/// The message-channel table (`cumem-channel`), after the transfer table; a failure fails the run.
+fn channel_table(ctx: &Context, quick: bool) {
+    match cumem_benches::channel::channel_rows(ctx, if quick { 20 } else { 200 }) {
+        Ok(rows) => cumem_benches::channel::print_channel_table(&rows),
+        Err(e) => {
+            eprintln!("channel table: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 fn print_table(rows: &[Row]) {
