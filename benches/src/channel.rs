@@ -10,12 +10,12 @@
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
-use cumem_channel::{ChannelError, Direction, RingChannel, TransferStrategy, VisibilityReport};
+use cumem_channel::{ChannelError, ControlBlock, Direction, RingChannel, TransferStrategy, VisibilityReport};
 use cumem_copy::{copy_d2h, copy_h2d};
 use cumem_core::{Context, Stream};
 
-const HEAD: usize = 0;
-const TAIL: usize = 16;
+const HEAD: usize = ControlBlock::HEAD_WORD;
+const TAIL: usize = ControlBlock::TAIL_WORD;
 const CAPACITY: usize = 256;
 const BATCH: usize = 64;
 

@@ -137,6 +137,17 @@ pub struct ControlBlock {
 }
 
 impl ControlBlock {
+    /// Index of `head` in the block seen as 64-bit words (how device views address it).
+    pub const HEAD_WORD: usize = offset_of!(ControlBlock, head) / 8;
+    /// Index of `tail` in the block seen as 64-bit words.
+    pub const TAIL_WORD: usize = offset_of!(ControlBlock, tail) / 8;
+    /// Index of `sequence` in the block seen as 64-bit words.
+    pub const SEQUENCE_WORD: usize = offset_of!(ControlBlock, sequence) / 8;
+    /// Index of `flags` in the block seen as 64-bit words.
+    pub const FLAGS_WORD: usize = offset_of!(ControlBlock, flags) / 8;
+    /// The block's size in 64-bit words.
+    pub const WORDS: usize = size_of::<ControlBlock>() / 8;
+
     /// A block for an empty ring.
     pub fn new(capacity: u64, message_size: u64, poll_interval_ns: u64, flags: u64) -> Self {
         ControlBlock { capacity, message_size, poll_interval_ns, flags, ..Zeroable::zeroed() }
@@ -156,16 +167,11 @@ pub const CONTROL_OFFSETS: [(&str, usize); 7] = [
 ];
 
 /// The control block as 64-bit words (how the channel reads and writes single fields).
-pub(crate) const CONTROL_WORDS: usize = size_of::<ControlBlock>() / 8;
-
-/// Word index of a field.
-pub(crate) const fn word(offset: usize) -> usize {
-    offset / 8
-}
-pub(crate) const HEAD_WORD: usize = word(offset_of!(ControlBlock, head));
-pub(crate) const TAIL_WORD: usize = word(offset_of!(ControlBlock, tail));
-pub(crate) const SEQUENCE_WORD: usize = word(offset_of!(ControlBlock, sequence));
-pub(crate) const FLAGS_WORD: usize = word(offset_of!(ControlBlock, flags));
+pub(crate) const CONTROL_WORDS: usize = ControlBlock::WORDS;
+pub(crate) const HEAD_WORD: usize = ControlBlock::HEAD_WORD;
+pub(crate) const TAIL_WORD: usize = ControlBlock::TAIL_WORD;
+pub(crate) const SEQUENCE_WORD: usize = ControlBlock::SEQUENCE_WORD;
+pub(crate) const FLAGS_WORD: usize = ControlBlock::FLAGS_WORD;
 
 const _: () = {
     assert!(size_of::<ControlBlock>() == 4 * CONTROL_LINE);
@@ -180,6 +186,10 @@ const _: () = {
     assert!(size_of::<CacheLineAligned<u8>>() == 64 && align_of::<CacheLineAligned<u64>>() == 64);
     assert!(size_of::<CacheLineAligned128<u8>>() == 128 && align_of::<CacheLineAligned128<u64>>() == 128);
     assert!(size_of::<RingArgs>() == 32);
+    assert!(
+        ControlBlock::HEAD_WORD == 0 && ControlBlock::TAIL_WORD == 16 && ControlBlock::SEQUENCE_WORD == 32
+    );
+    assert!(ControlBlock::FLAGS_WORD == 51 && ControlBlock::WORDS == 64);
 };
 
 /// What a kernel receives for one channel, identical to `struct cumem_ring_args`: the device

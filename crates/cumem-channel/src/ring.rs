@@ -135,7 +135,8 @@ impl<T: Pod> fmt::Debug for RingChannel<T> {
 pub struct DeviceSide<'a, T> {
     /// The `capacity` slots.
     pub slots: DeviceSliceMut<'a, T>,
-    /// The [`ControlBlock`] as 64-bit words (`head` is word 0, `tail` word 16, `sequence` word 32).
+    /// The [`ControlBlock`] as 64-bit words ([`ControlBlock::HEAD_WORD`], [`ControlBlock::TAIL_WORD`],
+    /// …).
     pub control: DeviceSliceMut<'a, u64>,
 }
 
@@ -343,7 +344,11 @@ impl<T: Pod> RingChannel<T> {
         }
         let from = out.len();
         out.resize(from + n, T::zeroed());
-        self.receive(&mut out[from..])?;
+        if let Err(e) = self.receive(&mut out[from..]) {
+            // Nothing was received: `out` keeps only what it held.
+            out.truncate(from);
+            return Err(e);
+        }
         Ok(Poll::Received(n))
     }
 

@@ -223,7 +223,7 @@ fn device_to_host(kind: usize, capacity: usize, ops: Vec<DeviceOp>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 10, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 16, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn sync_host_to_device(capacity in 1usize..7, ops in host_ops()) { host_to_device(0, capacity, ops) }

@@ -6,15 +6,14 @@
 #![allow(dead_code)]
 
 use bytemuck::Pod;
-use cumem_channel::{RingChannel, VisibilityReport};
+use cumem_channel::{ControlBlock, RingChannel, VisibilityReport};
 use cumem_copy::StreamCopy;
 use cumem_core::{Device, PinnedBuffer, Stream};
 
-/// Word indices in the control block (see `ControlBlock`).
-pub const HEAD: usize = 0;
-pub const TAIL: usize = 16;
-pub const SEQUENCE: usize = 32;
-pub const FLAGS: usize = 51;
+pub const HEAD: usize = ControlBlock::HEAD_WORD;
+pub const TAIL: usize = ControlBlock::TAIL_WORD;
+pub const SEQUENCE: usize = ControlBlock::SEQUENCE_WORD;
+pub const FLAGS: usize = ControlBlock::FLAGS_WORD;
 
 /// A native-Linux report for `device`, whatever this machine runs.
 pub fn native(device: Device) -> VisibilityReport {
@@ -33,7 +32,7 @@ impl<T: Pod> DevicePlayer<T> {
         let ctx = stream.context();
         DevicePlayer {
             stream: stream.clone(),
-            control: PinnedBuffer::zeroed(ctx, 64).unwrap(),
+            control: PinnedBuffer::zeroed(ctx, ControlBlock::WORDS).unwrap(),
             slots: PinnedBuffer::zeroed(ctx, capacity).unwrap(),
             word: PinnedBuffer::zeroed(ctx, 1).unwrap(),
         }
@@ -73,6 +72,19 @@ impl<T: Pod> DevicePlayer<T> {
         let got = (head..head + n).map(|p| slots[(p % cap) as usize]).collect();
         self.write_word(ch, HEAD, head + n);
         got
+    }
+
+    /// Publishes `msgs` after the `tail` the caller says the ring is at, without looking at the
+    /// control block first, so that nothing here waits for this player's stream (which a test may
+    /// hold). The caller knows they fit.
+    pub fn publish_blind(&mut self, ch: &mut RingChannel<T>, tail: u64, msgs: &[T]) {
+        let cap = ch.capacity() as u64;
+        let mirror = self.slots.as_mut_slice().unwrap();
+        for (i, m) in msgs.iter().enumerate() {
+            mirror[((tail + i as u64) % cap) as usize] = *m;
+        }
+        self.stream.copy_h2d(&self.slots, &mut ch.device_side().slots).unwrap();
+        self.write_word(ch, TAIL, tail + msgs.len() as u64);
     }
 
     /// Publishes as many of `msgs` as fit in a device→host channel (slots, then tail); returns how
