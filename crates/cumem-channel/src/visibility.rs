@@ -63,7 +63,7 @@ impl Platform {
 /// How far a write by one side is visible to the other while a kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum MemoryVisibility {
-    /// Neither mapped nor managed memory reaches the device: only explicit copies (DMA).
+    /// Mapped memory is unavailable: only explicit copies (DMA) reach a running kernel.
     DmaOnly,
     /// Host writes to mapped or managed memory reach a running kernel only at synchronisation
     /// points (WSL2, or no concurrent managed access): messages go by explicit copies.
@@ -126,7 +126,9 @@ impl VisibilityReport {
     fn decide(device: Device, platform: Platform) -> Result<VisibilityReport, ChannelError> {
         let caps = device.capabilities()?;
         let coherence = ffi::coherence_attributes(device)?;
-        let visibility = if !caps.host_mapping && !caps.managed_memory {
+        // Without mapped memory, nothing but copies reaches the device while a kernel runs (managed
+        // memory alone migrates at faults or synchronisation, never under a polling kernel).
+        let visibility = if !caps.host_mapping {
             MemoryVisibility::DmaOnly
         } else if platform == Platform::NativeLinux && caps.host_mapping && caps.concurrent_managed_access {
             MemoryVisibility::SystemScope

@@ -1,7 +1,7 @@
 //! Platform and device detection, and each strategy's refusal on a device that cannot run it.
 //! Device 1 is WSL2-like (no concurrent managed access, as the simulator's
 //! `concurrent_managed_access=0` configures it); device 2 can neither map host memory nor manage
-//! memory (only explicit copies reach it).
+//! memory (only explicit copies reach it); device 3 has managed memory but cannot map host memory.
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use cumem_channel::{
 use cumem_core::{Device, Stream};
 use cumem_sys::testing;
 
-const SIM: &str = "devices=3,latency_us=300,dev1.concurrent_managed_access=0,\
+const SIM: &str = "devices=4,latency_us=300,dev3.can_map_host_memory=0,dev1.concurrent_managed_access=0,\
                    dev2.can_map_host_memory=0,dev2.managed_memory=0,dev2.concurrent_managed_access=0,\
                    dev0.host_native_atomic_supported=1";
 
@@ -70,6 +70,11 @@ fn a_wsl2_like_device_is_device_scope_whatever_the_os_says() {
     let d = VisibilityReport::detect_with_os(device(2), NATIVE).unwrap();
     assert_eq!(d.visibility, MemoryVisibility::DmaOnly);
     assert_eq!(TransferStrategy::detect_from(&d).unwrap().kind(), StrategyKind::Async);
+    // Managed memory without mapped memory is still explicit DMA for a running kernel.
+    let m = VisibilityReport::detect_with_os(device(3), NATIVE).unwrap();
+    assert!(m.managed_memory && m.concurrent_managed_access && !m.host_mapping);
+    assert_eq!(m.visibility, MemoryVisibility::DmaOnly);
+    assert_eq!(TransferStrategy::detect_from(&m).unwrap().kind(), StrategyKind::Async);
 }
 
 fn refusal(ordinal: usize, os: &str, strategy: TransferStrategy) -> Option<Refusal> {
@@ -104,6 +109,8 @@ fn each_strategy_refuses_an_incapable_device() {
     assert_eq!(refusal(2, NATIVE, TransferStrategy::Unified), Some(Refusal::NoManagedMemory));
     // Mapped polling: no host mapping, or mapped memory not coherent at system scope.
     assert_eq!(refusal(2, NATIVE, mapped()), Some(Refusal::NoHostMapping));
+    assert_eq!(refusal(3, NATIVE, mapped()), Some(Refusal::NoHostMapping));
+    assert_eq!(refusal(3, NATIVE, TransferStrategy::Unified), None);
     assert_eq!(refusal(1, NATIVE, mapped()), Some(Refusal::NotSystemCoherent(MemoryVisibility::DeviceScope)));
     assert_eq!(refusal(0, WSL2, mapped()), Some(Refusal::NotSystemCoherent(MemoryVisibility::DeviceScope)));
     // Sync and async copies run anywhere.
