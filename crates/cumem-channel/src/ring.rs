@@ -391,3 +391,11 @@ impl<T: Pod> RingChannel<T> {
         DeviceSide { slots, control }
     }
 }
+
+// A channel moves to the thread that drives it (a runtime's I/O thread); `&mut self` methods
+// keep one driver at a time.
+const _: fn() = || {
+    fn movable<C: Send>() {}
+    movable::<RingChannel<u64>>();
+    movable::<DeviceSide<'static, u64>>();
+};
