@@ -3,6 +3,8 @@
 //!
 //! Every workload returns after `iters` alloc+free pairs; time per pair is what is reported.
 
+pub mod channel;
+
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};

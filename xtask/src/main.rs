@@ -14,8 +14,9 @@
 //!   purpose); a binary that makes no CUDA call is skipped, saying so;
 //! - `bench [pool | transfer]`: the allocator table (ns per alloc+free and the ratios between
 //!   allocators) or the transfer table (copies, memsets and allocation paths against the same raw
-//!   driver calls), each measured side by side in one run, in release mode, on the real driver if
-//!   present;
+//!   driver calls, then the message-channel table: messages/s and latency per strategy for 64 B
+//!   and 4 KiB messages), each measured side by side in one run, in release mode, on the real
+//!   driver if present;
 //! - `bench sim-pool`: the simulator's own per-call costs through its C entry points (the
 //!   stream-ordered pool with 0, 1,000 and 10,000 live blocks; event, stream-wait and copy calls).
 

@@ -1,7 +1,8 @@
 //! `cargo xtask bench transfer`: cumem's transfers and allocation paths against the same raw
 //! driver calls, side by side in one run, as a markdown table with the ratio of each pair.
 //!
-//! `--quick` sweeps two sizes only; `--small` measures the small queued calls only.
+//! `--quick` sweeps two sizes only; `--small` measures the small queued calls only; `--channels`
+//! the message-channel table only.
 //!
 //! Two more tables follow the main one: the profiling hooks (`cumem_copy::Profiler`) off vs on for
 //! the same copies, with the cost of the off check alone, and large copies of pageable memory,
@@ -324,6 +325,10 @@ fn main() -> Result<()> {
         if simulated { "; GB/s are simulated (host memcpy): only the ratios count" } else { "" },
     );
     let mut rows = Vec::new();
+    if std::env::args().any(|a| a == "--channels") {
+        channel_table(&ctx, quick);
+        return Ok(());
+    }
     small_calls(&ctx, &stream, &mut rows)?;
     if std::env::args().any(|a| a == "--small") {
         print_table(&rows);
@@ -336,6 +341,7 @@ fn main() -> Result<()> {
     print_table(&rows);
     profiling(&ctx, &stream, quick)?;
     staging(&ctx, &stream, if quick { &[1 << 20, 16 << 20] } else { &[1 << 20, 16 << 20, 256 << 20] })?;
+    channel_table(&ctx, quick);
     Ok(())
 }
 
@@ -463,6 +469,17 @@ fn staging(ctx: &Context, stream: &Stream, sizes: &[usize]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The message-channel table (`cumem-channel`), after the transfer table; a failure fails the run.
+fn channel_table(ctx: &Context, quick: bool) {
+    match cumem_benches::channel::channel_rows(ctx, if quick { 20 } else { 200 }) {
+        Ok(rows) => cumem_benches::channel::print_channel_table(&rows),
+        Err(e) => {
+            eprintln!("channel table: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 fn print_table(rows: &[Row]) {

@@ -28,6 +28,7 @@
 //! | [`copy`] | `copy` (default) | typed sync and async transfers and memsets |
 //! | [`pool`] | `pool` (default) | the caching pool, the driver's pools, a statistics adaptor |
 //! | [`unified`] | `unified` (default) | managed memory, advice, prefetch, migration policies |
+//! | [`channel`] | `channel` (default) | host ↔ device message rings for persistent kernels |
 //! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
 
 // Every public item of cumem-core (and through it cumem-sys's error types and raw bindings), so a
@@ -70,6 +71,10 @@ pub use cumem_pool as pool;
 /// Unified (managed) memory: `UnifiedBuffer`, advice, prefetch, migration policies (feature `unified`).
 #[cfg(feature = "unified")]
 pub use cumem_unified as unified;
+
+/// Host ↔ device message channels for persistent kernels (feature `channel`).
+#[cfg(feature = "channel")]
+pub use cumem_channel as channel;
 
 /// Choosing and loading the driver: the real one, or the simulator (feature `sim`).
 pub mod driver {

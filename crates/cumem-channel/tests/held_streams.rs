@@ -1,0 +1,86 @@
+//! Ordering between the host and device work it did not wait for, shown with held streams: a
+//! queued flush returns while its copies cannot run, and the device side still reads exactly what
+//! was published once they do; device work the host has not seen complete is waited for before
+//! the host reads the ring, whatever the strategy. Every test here holds a stream, so every test
+//! is `#[serial]` (see `cumem_sys::testing::Gate`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{DevicePlayer, native};
+use cumem_channel::{Direction, Poll, RingChannel, TransferStrategy};
+use cumem_core::{Device, Stream};
+use cumem_sys::testing::{self, Gate};
+use serial_test::serial;
+
+const SIM: &str = "devices=2,latency_us=2000";
+
+fn hold(stream: &Stream) -> Gate {
+    assert!(serial_test::is_locked_serially(None), "a test that holds a stream must be #[serial]");
+    stream.context().bind().unwrap();
+    // SAFETY: `stream` is alive (borrowed), and its context was just made current.
+    unsafe { testing::hold(stream.raw()) }
+}
+
+#[test]
+#[serial]
+fn a_queued_flush_returns_while_its_copies_are_held_and_arrives_whole() {
+    testing::init_with(SIM);
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let copies = Stream::non_blocking(&ctx).unwrap();
+    let mut ch = RingChannel::<[u64; 3]>::new_checked(
+        &stream,
+        Direction::HostToDevice,
+        4,
+        TransferStrategy::Async { stream: copies.clone() },
+        &native(device),
+    )
+    .unwrap();
+    let mut dev = DevicePlayer::<[u64; 3]>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
+    // The ring's first use on `copies` happens under the gate: order the allocation first.
+    stream.synchronize().unwrap();
+    let msgs: Vec<[u64; 3]> = (0..4u64).map(|i| [i, i * i, !i]).collect();
+    let gate = hold(&copies);
+    assert_eq!(ch.send_batch(&msgs).unwrap(), 4);
+    // Returns with the slot and tail copies still held on `copies`: a flush does not wait.
+    assert_eq!(ch.flush_to_device().unwrap(), 4);
+    let opener = gate.release_after(Duration::from_millis(50));
+    // The device side's reads on its own stream are ordered after the held copies.
+    assert_eq!(dev.consume(&mut ch, 8), msgs);
+    opener.join().unwrap();
+}
+
+#[test]
+#[serial]
+fn the_host_waits_for_device_publishes_it_has_not_seen_complete() {
+    testing::init_with(SIM);
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    let strategies = [
+        TransferStrategy::Sync,
+        TransferStrategy::Async { stream: Stream::non_blocking(&ctx).unwrap() },
+        TransferStrategy::Unified,
+        TransferStrategy::MappedPolling { interval: Duration::from_micros(2) },
+    ];
+    for strategy in strategies {
+        let kind = strategy.kind();
+        let stream = Stream::non_blocking(&ctx).unwrap();
+        let mut ch =
+            RingChannel::<u32>::new_checked(&stream, Direction::DeviceToHost, 4, strategy, &native(device))
+                .unwrap();
+        let mut dev = DevicePlayer::<u32>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
+        stream.synchronize().unwrap();
+        let gate = hold(&dev.stream.clone());
+        dev.publish_blind(&mut ch, 0, &[5, 6, 7]);
+        let opener = gate.release_after(Duration::from_millis(50));
+        let mut got = Vec::new();
+        // Reading `tail` waits for the device's held writes (through the memory's stream order),
+        // so the host sees all three, never an empty ring or stale slots.
+        assert_eq!(ch.poll_from_device(&mut got).unwrap(), Poll::Received(3), "{kind}");
+        assert_eq!(got, [5, 6, 7], "{kind}");
+        opener.join().unwrap();
+    }
+}
