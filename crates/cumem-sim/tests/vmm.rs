@@ -393,6 +393,21 @@ fn a_free_hint_is_honoured() {
     let (r, other) = try_reserve(G, 0, va);
     ok(r);
     assert_ne!(other, va);
+    // The grown range is one range: bytes cross from one reservation into the next.
+    let (a, b) = (create(2 * G), create(G));
+    ok(map(va, 2 * G, a));
+    ok(map(next, G, b));
+    rw(va, 2 * G);
+    rw(next, G);
+    let data = pattern(G, 11);
+    let at = next - (G / 2) as u64;
+    ok(write(at, &data));
+    assert_eq!(read_back(at, G), data);
+    assert_eq!(read_back(next, 8), data[G / 2..G / 2 + 8]);
+    ok(unmap(va, 2 * G));
+    ok(unmap(next, G));
+    ok(release(a));
+    ok(release(b));
     free_va(va, 2 * G);
     free_va(next, G);
     free_va(other, G);

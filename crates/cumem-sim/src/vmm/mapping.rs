@@ -60,11 +60,11 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     if let Some(m) = overlap {
         return Err(invalid(format!("[{ptr:#x}, +{size}) overlaps the mapping at {m:#x}")));
     }
-    let view = Arc::clone(&r.view);
-    let at = (ptr - rbase) as usize;
-    // SAFETY: `[at, at + size)` lies inside the reservation's view (checked above) and is
-    // currently PROT_NONE (no mapping overlaps it); MAP_FIXED replaces exactly that range with
-    // the memory file's pages, which nothing else references.
+    let view = &st.vmm.views[&r.device];
+    let (view, at) = (Arc::clone(&view.host), (ptr - view.base) as usize);
+    // SAFETY: `[at, at + size)` is the reservation's part of its device's view (checked above)
+    // and currently PROT_NONE (no mapping overlaps it); MAP_FIXED replaces exactly that range
+    // with the memory file's pages, which nothing else references.
     let p = unsafe {
         libc::mmap(
             view.as_ptr().add(at).cast(),
@@ -78,7 +78,7 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     if p == libc::MAP_FAILED {
         return Err(Fail::quiet(cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
     }
-    let backing = Backing::view(&view, at, size as usize).expect("inside the reservation");
+    let backing = Backing::view(&view, at, size as usize).expect("inside the device's view");
     let buffer_id = st.next_buffer_id;
     st.next_buffer_id += 1;
     let alloc = Allocation {
@@ -147,14 +147,14 @@ pub(crate) fn unmap(ptr: u64, size: usize) -> Result<(), Fail> {
     let bases = tiling(&st.vmm, ptr, size as u64, "cuMemUnmap")?;
     for base in bases {
         let m = st.vmm.mappings.remove(&base).expect("tiled");
-        let r = &st.vmm.reservations[&m.reservation];
-        let at = (base - m.reservation) as usize;
-        // SAFETY: `[at, at + m.size)` is this mapping's part of the reservation's view; queued
+        let view = &st.vmm.views[&st.vmm.reservations[&m.reservation].device];
+        let at = (base - view.base) as usize;
+        // SAFETY: `[at, at + m.size)` is this mapping's part of its device's view; queued
         // work that could still touch it has drained. MAP_FIXED replaces it with inaccessible
         // anonymous space, dropping the memory file's pages from the view.
         let p = unsafe {
             libc::mmap(
-                r.view.as_ptr().add(at).cast(),
+                view.host.as_ptr().add(at).cast(),
                 m.size as usize,
                 libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,

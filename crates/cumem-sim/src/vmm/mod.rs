@@ -1,11 +1,13 @@
 //! Virtual memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, …): the state and
 //! the rules shared by its parts.
 //!
-//! A reservation is a range of a device's simulated address space (never a host address), with a
-//! private `PROT_NONE` host view of the same length. Physical memory is a memory file, charged to
-//! its device's capacity at creation. Mapping it maps the file into the reservation's host view
-//! at the mapping's offset, so adjacent mappings backed by different physical allocations are
-//! adjacent host bytes: a copy or memset spanning them moves exactly the bytes it would on a GPU.
+//! A reservation is a range of a device's simulated address space (never a host address). Each
+//! device's address space has a private `PROT_NONE` host view of the same length (made at its
+//! first reservation), device address `base + k` standing at view byte `k`. Physical memory is a
+//! memory file, charged to its device's capacity at creation. Mapping it maps the file into the
+//! view at the mapping's place, so adjacent mappings backed by different physical allocations
+//! (in one reservation or in adjacent ones) are adjacent host bytes: a copy or memset spanning
+//! them moves exactly the bytes it would on a GPU.
 //! Each mapping is also an allocation of kind `Vmm` (the copy engine, pointer queries and
 //! `cuMemGetAddressRange` find it like any device memory); the access each device has to it lives
 //! here, and copies and memsets check it at the call, as observed on an H100 (§17 of the driver
@@ -56,8 +58,13 @@ pub(crate) struct Reservation {
     pub(crate) size: u64,
     /// The device whose address space it was carved from.
     pub(crate) device: usize,
-    /// The host view physical memory is mapped into (`PROT_NONE` where nothing is mapped).
-    pub(crate) view: Arc<Backing>,
+}
+
+/// The host view of one device's address space (`PROT_NONE` where nothing is mapped).
+pub(crate) struct View {
+    /// First device address of the space.
+    pub(crate) base: u64,
+    pub(crate) host: Arc<Backing>,
 }
 
 /// A `cuMemCreate` allocation.
@@ -92,6 +99,8 @@ pub(crate) struct Vmm {
     pub(crate) physical: BTreeMap<u64, Physical>,
     /// Keyed by base address.
     pub(crate) mappings: BTreeMap<u64, Mapping>,
+    /// Host views by device ordinal.
+    pub(crate) views: BTreeMap<usize, View>,
     next_handle: u64,
 }
 
@@ -102,6 +111,7 @@ impl Vmm {
             reservations: BTreeMap::new(),
             physical: BTreeMap::new(),
             mappings: BTreeMap::new(),
+            views: BTreeMap::new(),
             next_handle: 0,
         }
     }

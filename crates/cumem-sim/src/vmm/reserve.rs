@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUresult;
 
-use super::{GRANULARITY, Reservation, invalid, require_vmm};
+use super::{GRANULARITY, Reservation, View, invalid, require_vmm};
 use crate::api::Fail;
 use crate::memory::Backing;
 use crate::state::SIM;
@@ -37,7 +37,11 @@ pub(crate) fn address_reserve(size: usize, alignment: usize, addr: u64, flags: u
     }
     let align = (alignment as u64).max(GRANULARITY);
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-    let view = Backing::reserved(usize::try_from(size).map_err(|_| oom())?).ok_or_else(oom)?;
+    if !st.vmm.views.contains_key(&d) {
+        let (base, len) = st.devices[d].va.range();
+        let host = Backing::reserved(usize::try_from(len).map_err(|_| oom())?).ok_or_else(oom)?;
+        st.vmm.views.insert(d, View { base, host: Arc::new(host) });
+    }
     let va = &mut st.devices[d].va;
     // The hint is honoured only where it is aligned and free; otherwise it is ignored.
     let base = if addr != 0 && addr.is_multiple_of(align) && va.claim(addr, size) {
@@ -45,7 +49,7 @@ pub(crate) fn address_reserve(size: usize, alignment: usize, addr: u64, flags: u
     } else {
         va.allocate_spaced(size, align, GRANULARITY).ok_or_else(oom)?
     };
-    st.vmm.reservations.insert(base, Reservation { size, device: d, view: Arc::new(view) });
+    st.vmm.reservations.insert(base, Reservation { size, device: d });
     Ok(base)
 }
 
