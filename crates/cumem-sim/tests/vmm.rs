@@ -201,12 +201,18 @@ fn async_copies_and_memsets_through_a_mapping_on_a_stream() {
 #[test]
 #[parallel]
 fn no_access_before_set_access() {
-    bind(0);
+    let ctl = bind(0);
     let va = reserve(G);
     let h = create(G);
     ok(map(va, G, h));
     assert_eq!(get_access(va, 0), (CUresult::CUDA_SUCCESS, 0));
     assert_eq!(memset(va, 1, 16), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert!(
+        ctl.violations_on_this_thread()
+            .iter()
+            .any(|v| v.function == "cuMemsetD8_v2" && v.message.contains("cuMemSetAccess")),
+        "the refusal is recorded as misuse"
+    );
     assert_eq!(write(va, &[1, 2, 3]), CUresult::CUDA_ERROR_INVALID_VALUE);
     ok(set_access(va, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ));
     assert_eq!(memset(va, 1, 16), CUresult::CUDA_ERROR_INVALID_VALUE, "read-only mapping");
@@ -255,8 +261,26 @@ fn misuse_codes_as_observed() {
     assert_eq!(unsafe { cu::cuMemMap(va, G, 0, h, 1) }, CUresult::CUDA_ERROR_INVALID_VALUE, "flags");
     assert_eq!(map(va, 4 * G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "larger than the allocation");
     assert_eq!(map(va + 3 * G as u64, 2 * G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "past the reservation");
+    // SAFETY: plain FFI call.
+    let r = unsafe { cu::cuMemMap(va, G, G, h, 0) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "offset must be 0");
+    assert_eq!(map(va, G, 0xdead_0000), CUresult::CUDA_ERROR_INVALID_VALUE, "not a handle");
     ok(map(va, 2 * G, h));
     assert_eq!(map(va + G as u64, G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "already mapped");
+    assert_eq!(
+        set_access(va, 2 * G, 7, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+        CUresult::CUDA_ERROR_INVALID_DEVICE,
+        "no such device"
+    );
+    assert_eq!(
+        set_access(va, 2 * G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_MAX),
+        CUresult::CUDA_ERROR_INVALID_VALUE,
+        "not an access flag"
+    );
+    // SAFETY: no descriptor is read with count 0.
+    let r = unsafe { cu::cuMemSetAccess(va, 2 * G, std::ptr::null(), 0) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "no descriptor");
+    assert_eq!(get_access(va + 2 * G as u64, 0).0, CUresult::CUDA_ERROR_INVALID_VALUE, "not mapped");
     assert_eq!(
         set_access(va, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
         CUresult::CUDA_ERROR_INVALID_VALUE,
