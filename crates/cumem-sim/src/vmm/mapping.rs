@@ -1,7 +1,7 @@
 //! Mappings: `cuMemMap` and `cuMemUnmap`.
 //!
-//! Mapping puts the physical allocation's memory file into the reservation's host view at the
-//! mapping's offset and registers an allocation of kind `Vmm` for it (with no access until
+//! Mapping puts the physical allocation's memory file into its device's host view at the
+//! mapping's place and registers an allocation of kind `Vmm` for it (with no access until
 //! `cuMemSetAccess`). Unmapping first lets the queued work of every device finish (it may still
 //! move bytes through the mapping; the call is synchronous), then puts `PROT_NONE` back.
 
@@ -46,7 +46,7 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     let Some((rbase, r)) = st.vmm.reservation_of(ptr) else {
         return Err(invalid(format!("{ptr:#x} is not inside a reservation")));
     };
-    if ptr + size - rbase > r.size {
+    if size > r.size - (ptr - rbase) {
         return Err(invalid(format!(
             "[{ptr:#x}, +{size}) runs past the end of the reservation [{rbase:#x}, +{})",
             r.size
