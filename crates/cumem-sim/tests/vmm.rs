@@ -402,6 +402,26 @@ fn address_range_of_a_mapped_address_is_the_mapping() {
 
 #[test]
 #[parallel]
+fn reservations_may_be_much_larger_than_the_device() {
+    bind(0);
+    // 64 times the device's 4 GiB: address space costs no memory.
+    let size = 256usize << 30;
+    let va = reserve(size);
+    let h = create(G);
+    let last = va + (size - G) as u64;
+    ok(map(last, G, h));
+    rw(last, G);
+    ok(memset(last + 1, 0x5a, 10));
+    assert_eq!(read_back(last + 1, 10), [0x5a; 10]);
+    // Reserved but unmapped addresses are device addresses nothing backs, not host memory.
+    assert_eq!(memset(va, 0, 1), CUresult::CUDA_ERROR_INVALID_VALUE);
+    ok(unmap(last, G));
+    ok(release(h));
+    free_va(va, size);
+}
+
+#[test]
+#[parallel]
 fn a_free_hint_is_honoured() {
     bind(0);
     let va = reserve(2 * G);

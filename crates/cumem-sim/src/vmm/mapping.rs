@@ -60,8 +60,8 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     if let Some(m) = overlap {
         return Err(invalid(format!("[{ptr:#x}, +{size}) overlaps the mapping at {m:#x}")));
     }
-    let view = &st.vmm.views[&r.device];
-    let (view, at) = (Arc::clone(&view.host), (ptr - view.base) as usize);
+    let space = &st.vmm.spaces[&r.device];
+    let (view, at) = (Arc::clone(&space.host), (ptr - space.base) as usize);
     // SAFETY: `[at, at + size)` is the reservation's part of its device's view (checked above)
     // and currently PROT_NONE (no mapping overlaps it); MAP_FIXED replaces exactly that range
     // with the memory file's pages, which nothing else references.
@@ -147,14 +147,14 @@ pub(crate) fn unmap(ptr: u64, size: usize) -> Result<(), Fail> {
     let bases = tiling(&st.vmm, ptr, size as u64, "cuMemUnmap")?;
     for base in bases {
         let m = st.vmm.mappings.remove(&base).expect("tiled");
-        let view = &st.vmm.views[&st.vmm.reservations[&m.reservation].device];
-        let at = (base - view.base) as usize;
+        let space = &st.vmm.spaces[&st.vmm.reservations[&m.reservation].device];
+        let at = (base - space.base) as usize;
         // SAFETY: `[at, at + m.size)` is this mapping's part of its device's view; queued
         // work that could still touch it has drained. MAP_FIXED replaces it with inaccessible
         // anonymous space, dropping the memory file's pages from the view.
         let p = unsafe {
             libc::mmap(
-                view.host.as_ptr().add(at).cast(),
+                space.host.as_ptr().add(at).cast(),
                 m.size as usize,
                 libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
