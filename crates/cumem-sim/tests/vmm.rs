@@ -537,3 +537,50 @@ fn reservations_physical_memory_and_mappings_are_live_resources() {
     let report = ctl.live_report();
     assert!(report.is_clean(), "{report}");
 }
+
+#[test]
+#[parallel]
+fn one_allocation_mapped_twice_aliases_its_bytes() {
+    bind(0);
+    let va = reserve(2 * G);
+    let h = create(G);
+    ok(map(va, G, h));
+    ok(map(va + G as u64, G, h));
+    rw(va, 2 * G);
+    ok(write(va + 100, b"shared bytes"));
+    assert_eq!(read_back(va + G as u64 + 100, 12), b"shared bytes");
+    ok(release(h));
+    ok(unmap(va, G));
+    // The second mapping still holds the memory.
+    assert_eq!(read_back(va + G as u64 + 100, 12), b"shared bytes");
+    ok(unmap(va + G as u64, G));
+    free_va(va, 2 * G);
+}
+
+#[test]
+#[parallel]
+fn creating_past_the_devices_capacity_is_out_of_memory() {
+    // Device 1 has 64 MiB and nothing else in this binary allocates there.
+    bind(1);
+    let mut handles = Vec::new();
+    let code = loop {
+        let (r, h) = try_create(G, &prop(1));
+        if r != CUresult::CUDA_SUCCESS {
+            break r;
+        }
+        handles.push(h);
+    };
+    assert_eq!(code, CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(handles.len(), 32, "64 MiB in 2 MiB granules");
+    for h in handles {
+        ok(release(h));
+    }
+    let h = create_on(1);
+    ok(release(h));
+}
+
+fn create_on(dev: i32) -> u64 {
+    let (r, h) = try_create(G, &prop(dev));
+    ok(r);
+    h
+}
