@@ -584,3 +584,38 @@ fn create_on(dev: i32) -> u64 {
     ok(r);
     h
 }
+
+const LEAKER: &str = "CUMEM_SIM_VMM_LEAKER";
+
+#[test]
+#[parallel]
+fn a_binary_that_leaks_a_vmm_resource_fails_its_leak_check() {
+    if let Ok(what) = std::env::var(LEAKER) {
+        bind(0);
+        let va = reserve(G);
+        let h = create(G);
+        match what.as_str() {
+            "reservation" => ok(release(h)),
+            "physical" => free_va(va, G),
+            _ => {
+                ok(map(va, G, h));
+                ok(release(h));
+            }
+        }
+        return;
+    }
+    for (what, listed) in [
+        ("reservation", "1 reservation(s), 0 physical allocation(s), 0 mapping(s)"),
+        ("physical", "0 reservation(s), 1 physical allocation(s), 0 mapping(s)"),
+        ("mapping", "1 reservation(s), 1 physical allocation(s), 1 mapping(s)"),
+    ] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["a_binary_that_leaks_a_vmm_resource_fails_its_leak_check", "--exact", "--test-threads=1"])
+            .env(LEAKER, what)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(86), "leaking a {what}: {stderr}");
+        assert!(stderr.contains("LEAK") && stderr.contains(listed), "leaking a {what}: {stderr}");
+    }
+}
