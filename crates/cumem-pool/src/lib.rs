@@ -44,6 +44,7 @@ pub mod stats;
 pub mod stream_ordering;
 pub mod table;
 pub mod trace_format;
+pub mod tracking_resource;
 pub mod upstream;
 
 pub use block::Block;
@@ -60,6 +61,7 @@ pub use native_resource::NativePoolResource;
 pub use statistics_resource::{HISTOGRAM_BUCKETS, ScopeCounters, StatisticsResource};
 pub use stats::{Histogram, PoolStats};
 pub use stream_ordering::{StreamKey, StreamOrdering};
+pub use tracking_resource::{LeakReport, LiveAllocation, TrackingResource};
 pub use upstream::{HostOrdering, HostUpstream, Ordering, Upstream};
 
 /// Alignment every upstream segment address must have (and the minimum alignment of every block).
