@@ -2,8 +2,9 @@
 //! RMM's `logging_resource_adaptor` ([`trace_format`](crate::trace_format)), so that a workload's
 //! allocations can be replayed later against another resource, here or in RMM.
 //!
-//! The hot path only takes the time and pushes a small record onto a channel; a background thread
-//! formats the rows and writes them through a buffer. [`flush`](LoggingResource::flush) waits until
+//! The hot path only takes the time and pushes a small record onto a bounded queue (it waits only
+//! when 65,536 rows are waiting to be written); a background thread formats the rows and writes them
+//! through a buffer. [`flush`](LoggingResource::flush) waits until
 //! every row pushed so far is written and flushed; dropping the adaptor does the same. An I/O error
 //! is logged (`tracing::warn`, once) and counted, never raised in the program's allocations.
 //!
@@ -38,7 +39,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -48,6 +49,9 @@ use crate::trace_format::{TraceAction, TraceRecord, write_header};
 
 /// Bytes the writer thread buffers before writing to its output.
 const WRITE_BUFFER: usize = 64 << 10;
+/// Rows queued for the writer at most: a program that allocates faster than its log can be written
+/// waits for the writer rather than growing the queue without bound (or losing rows a replay needs).
+const QUEUE: usize = 1 << 16;
 
 /// What the hot path sends to the writer thread.
 enum Message {
@@ -60,7 +64,7 @@ enum Message {
 pub struct LoggingResource<R: ?Sized> {
     inner: Arc<R>,
     /// `None` only during drop, which closes the channel so the writer finishes.
-    tx: Option<Sender<Message>>,
+    tx: Option<SyncSender<Message>>,
     writer: Option<JoinHandle<()>>,
     io_errors: Arc<AtomicU64>,
 }
@@ -71,7 +75,7 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
     /// # Errors
     /// The background thread could not be started.
     pub fn new(inner: Arc<R>, out: impl Write + Send + 'static) -> io::Result<Self> {
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::sync_channel(QUEUE);
         let io_errors = Arc::new(AtomicU64::new(0));
         let errors = io_errors.clone();
         let writer = std::thread::Builder::new()
