@@ -9,6 +9,13 @@
 //! exhaustion releases its cache, synchronises and retries before reporting
 //! [`PoolError::OutOfMemory`].
 //!
+//! Adaptors wrap any [`DeviceResource`](cumem_core::DeviceResource) and stack in any order:
+//! [`StatisticsResource`], [`LimitingResource`], [`TrackingResource`], [`LoggingResource`] (RMM's
+//! CSV, see [`trace_format`]) and [`FailureCallbackResource`]; a [`MemoryPressureMonitor`] watches a
+//! device and a pool. The caching pool's slow paths open `debug` spans (`allocate_slow`, `grow`,
+//! `oom_ladder`, `trim`) with `device`, `stream` and `bytes` fields; each allocation and free of a
+//! [`CachingResource`] is a `trace` event with the same fields.
+//!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
 //!

@@ -85,7 +85,9 @@ impl<R: DeviceResource + ?Sized> LimitingResource<R> {
         let device = self.inner.context().device().ordinal() as i32;
         tracing::debug!(device, bytes, used, limit = self.limit, "limiting adaptor: over the cap");
         Error::OutOfMemory {
-            ctx: ErrorContext::op("LimitingResource::allocate (over its cap)").bytes(bytes).device(device),
+            ctx: ErrorContext::op("LimitingResource::allocate (over its cap, reported as `reserved`)")
+                .bytes(bytes)
+                .device(device),
             report: Some(report),
         }
     }

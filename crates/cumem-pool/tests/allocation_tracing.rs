@@ -1,6 +1,7 @@
 //! Tracing that helps: the caching pool's slow paths (segment growth, cross-stream migration, the
 //! out-of-memory ladder, trim) open debug spans with the fields a user filters on (device, stream,
-//! bytes), and a happy-path workload through every adaptor emits nothing at info or above.
+//! bytes), each allocation and free is a trace event with the same fields, and a happy-path
+//! workload through every adaptor emits nothing at info or above.
 //! Only the test's own thread is captured, so tests running beside it add nothing.
 
 mod capture;
@@ -46,6 +47,14 @@ fn segment_growth_migration_and_trim_open_spans_with_device_stream_and_bytes() {
         assert_eq!((span.field("device"), span.field("bytes")), (Some("0"), Some("3145728")));
     }
     assert_ne!(slow[0].field("stream"), slow[1].field("stream"), "each names its own stream");
+    let allocations = events(&seen, "allocate");
+    assert_eq!(allocations.len(), 2, "one trace event per allocation");
+    for (event, span) in allocations.iter().zip(&slow) {
+        assert_eq!(event.level, Level::TRACE);
+        assert_eq!((event.field("device"), event.field("bytes")), (Some("0"), Some("3145728")));
+        assert_eq!(event.field("stream"), span.field("stream"));
+    }
+    assert_eq!(events(&seen, "free").len(), 2);
     let grow = spans(&seen, "grow");
     assert_eq!(grow.len(), 1, "{seen:#?}");
     assert_eq!(grow[0].level, Level::DEBUG);
