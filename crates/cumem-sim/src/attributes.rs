@@ -116,7 +116,7 @@ pub(crate) const ATTRIBUTES: &[(u32, &str, i32)] = &[
     (99, "host_register_supported", 1),
     (100, "pageable_memory_access_uses_host_page_tables", 0),
     (101, "direct_managed_mem_access_from_host", 0),
-    (102, "virtual_address_management_supported", 0),
+    (102, "virtual_address_management_supported", 1),
     (103, "handle_type_posix_file_descriptor_supported", 0),
     (104, "handle_type_win32_handle_supported", 0),
     (105, "handle_type_win32_kmt_handle_supported", 0),
@@ -164,7 +164,8 @@ pub(crate) const MULTI_GPU_BOARD_GROUP_ID: u32 = 85;
 
 /// Looks an attribute up by its configuration key (accepting the bindings' alias name).
 pub(crate) fn by_name(key: &str) -> Option<u32> {
-    if key == "virtual_memory_management_supported" {
+    // `vmm=0` describes a device without virtual memory management.
+    if key == "virtual_memory_management_supported" || key == "vmm" {
         return Some(102);
     }
     ATTRIBUTES.iter().find(|(_, name, _)| *name == key).map(|(n, _, _)| *n)

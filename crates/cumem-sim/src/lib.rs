@@ -39,6 +39,7 @@ mod state;
 mod stream;
 mod sync_memops;
 mod violation;
+mod vmm;
 
 pub use control::{Control, ControlError, FaultId, FaultRule, LiveReport, Violation};
 pub use locate::{LIBRARY_FILE_NAME, library_path};
