@@ -46,3 +46,8 @@ pub use handle_types::HandleTypes;
 pub use mapping::{Mapping, MappingIn, RangeHolder, SharedMapping};
 pub use physical::PhysicalMemory;
 pub use range::{ReserveOptions, VirtualRange};
+
+// The guide's examples run as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/vmm.md")]
+struct GuideExamples;

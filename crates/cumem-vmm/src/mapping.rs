@@ -62,7 +62,20 @@ pub trait RangeHolder: Deref<Target = VirtualRange> + sealed::Sealed {}
 impl RangeHolder for &VirtualRange {}
 impl RangeHolder for Arc<VirtualRange> {}
 
-/// A mapping that borrows its range and cannot outlive it.
+/// A mapping that borrows its range and cannot outlive it:
+///
+/// ```compile_fail
+/// # cumem_sys::testing::init();
+/// use cumem_core::Device;
+/// use cumem_vmm::{PhysicalMemory, VirtualRange};
+/// let ctx = Device::get(0)?.context()?;
+/// let memory = PhysicalMemory::new(&ctx, 2 << 20)?;
+/// let mapping = {
+///     let range = VirtualRange::reserve(&ctx, 2 << 20)?;
+///     range.map(0, &memory)?
+/// }; // `range` does not live long enough
+/// # Ok::<(), cumem_core::Error>(())
+/// ```
 pub type Mapping<'r> = MappingIn<&'r VirtualRange>;
 
 /// A mapping that keeps its range alive through an `Arc`.

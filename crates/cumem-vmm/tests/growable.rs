@@ -197,12 +197,14 @@ fn bad_configurations_are_refused_before_the_driver() {
     let g = granule(device);
     let stream = Stream::non_blocking(&ctx).unwrap();
     let mut buf = GrowableBuffer::<u8>::with_config(&stream, 0, config(g)).unwrap();
-    let other_ctx = cumem_core::Device::all().unwrap().into_iter().find(|d| *d != device).map(|d| d.context().unwrap());
+    let other_ctx =
+        cumem_core::Device::all().unwrap().into_iter().find(|d| *d != device).map(|d| d.context().unwrap());
     without_calls(VMM_CALLS, || {
         let e = GrowableBuffer::<u8>::with_config(&stream, 0, GrowableConfig::default().chunk_bytes(g / 2))
             .unwrap_err();
         assert!(matches!(e, Error::Misaligned { what: "chunk size", .. }), "{e}");
-        let e = GrowableBuffer::<u8>::with_config(&stream, 0, GrowableConfig::default().chunk_bytes(0)).unwrap_err();
+        let e = GrowableBuffer::<u8>::with_config(&stream, 0, GrowableConfig::default().chunk_bytes(0))
+            .unwrap_err();
         assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
         let e = GrowableBuffer::<()>::new(&stream).unwrap_err();
         assert!(matches!(e, Error::ZeroSize { what: "element size" }), "{e}");
