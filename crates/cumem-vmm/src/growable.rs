@@ -50,8 +50,8 @@ use crate::{Access, Granularity, PhysicalMemory, SharedMapping, VirtualRange};
 /// How much address space a [`GrowableBuffer`] reserves, and the size of the chunks it maps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GrowableConfig {
-    /// Bytes of address space to reserve (rounded up to whole chunks): the most the buffer can
-    /// ever hold. `None`: [`GrowableConfig::DEFAULT_RESERVE_MULTIPLE`] times the device's memory.
+    /// Bytes of address space to reserve (non-zero; rounded up to whole chunks): the most the
+    /// buffer can ever hold. `None`: [`GrowableConfig::DEFAULT_RESERVE_MULTIPLE`] times the device's memory.
     pub reserve_bytes: Option<usize>,
     /// Bytes mapped at a time, a multiple of the minimum granularity. `None`: the recommended
     /// granularity (2 MiB on current GPUs).
@@ -90,12 +90,6 @@ pub struct GrowableBuffer<T> {
     _marker: PhantomData<T>,
 }
 
-// SAFETY: the buffer owns its device memory like a `DeviceBuffer<T>`; the host never dereferences
-// it, and device work is ordered through `order`, whose state is synchronised.
-unsafe impl<T: Send> Send for GrowableBuffer<T> {}
-// SAFETY: shared access only hands out shared device views (reads), like `&DeviceBuffer<T>`.
-unsafe impl<T: Sync> Sync for GrowableBuffer<T> {}
-
 impl<T> GrowableBuffer<T> {
     /// An empty buffer on `stream`'s device, with the default reservation and nothing mapped.
     pub fn new(stream: &Stream) -> Result<Self> {
@@ -124,6 +118,7 @@ impl<T> GrowableBuffer<T> {
         }
         granularity.check("chunk size", chunk_bytes as u64)?;
         let reserve = match config.reserve_bytes {
+            Some(0) => return Err(Error::ZeroSize { what: "reservation size" }),
             Some(bytes) => bytes,
             None => ctx.device().total_memory()?.saturating_mul(GrowableConfig::DEFAULT_RESERVE_MULTIPLE),
         };

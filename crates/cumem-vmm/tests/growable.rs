@@ -206,6 +206,9 @@ fn bad_configurations_are_refused_before_the_driver() {
         let e = GrowableBuffer::<u8>::with_config(&stream, 0, GrowableConfig::default().chunk_bytes(0))
             .unwrap_err();
         assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
+        let e = GrowableBuffer::<u8>::with_config(&stream, 0, GrowableConfig::default().reserve_bytes(0))
+            .unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { what: "reservation size" }), "{e}");
         let e = GrowableBuffer::<()>::new(&stream).unwrap_err();
         assert!(matches!(e, Error::ZeroSize { what: "element size" }), "{e}");
         if let Some(other_ctx) = &other_ctx {
@@ -229,4 +232,25 @@ fn the_default_reservation_is_a_multiple_of_the_device_memory() {
     assert!(buf.range().size() >= GrowableConfig::DEFAULT_RESERVE_MULTIPLE * total);
     assert_eq!(buf.mapped_bytes(), 0);
     assert_eq!(buf.chunk_bytes(), cumem_vmm::Granularity::of(device).unwrap().recommended);
+}
+
+#[test]
+#[parallel]
+fn buffers_and_mappings_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<GrowableBuffer<u32>>();
+    send_sync::<cumem_vmm::SharedMapping>();
+    send_sync::<cumem_vmm::Mapping<'static>>();
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = GrowableBuffer::<u32>::with_capacity(&stream, 10).unwrap();
+    buf.extend_from_slice(&[4, 5, 6]).unwrap();
+    // Dropped on a thread that never bound the context: the buffer binds it to unmap.
+    std::thread::spawn(move || {
+        assert_eq!(buf.to_vec().unwrap(), [4, 5, 6]);
+        drop(buf);
+    })
+    .join()
+    .unwrap();
 }
