@@ -5,10 +5,10 @@
 //! `CU_DEVICE_ATTRIBUTE_` prefix, so a test can describe a device lacking a capability.
 //!
 //! A capability is advertised only when every entry point behind it is exported and modelled
-//! (`tests/capabilities.rs` checks this against the built library): the H100 reports VMM, POSIX-fd
-//! handles, pool handle types, RDMA, IPC events, multicast, stream memory operations, CUDA arrays,
-//! cooperative and cluster launches, but the simulator exports none of their calls, so they are 0
-//! here until the calls exist.
+//! (`tests/capabilities.rs` checks this against the built library): VMM is (1, as on the H100);
+//! the H100 also reports POSIX-fd handles, pool handle types, RDMA, IPC events, multicast, stream
+//! memory operations, CUDA arrays, cooperative and cluster launches, but the simulator exports
+//! none of their calls, so they are 0 here until the calls exist.
 
 /// One past the largest attribute number (`CU_DEVICE_ATTRIBUTE_MAX` in CUDA 12.8).
 pub(crate) const ATTRIBUTE_LIMIT: usize = 144;

@@ -16,6 +16,7 @@ mod address_space;
 mod alloc;
 mod api;
 mod attributes;
+mod calls;
 mod config;
 mod context;
 pub mod control;

@@ -346,6 +346,30 @@ fn address_range_of_a_mapped_address_is_the_mapping() {
         )
     });
     assert_eq!(mem_type, 2, "CU_MEMORYTYPE_DEVICE");
+    use cu::CUpointer_attribute::*;
+    let attr64 = |a: cu::CUpointer_attribute, p: CUdeviceptr| {
+        let mut v = 0u64;
+        // SAFETY: an 8-byte out-value for a pointer-sized attribute.
+        ok(unsafe { cu::cuPointerGetAttribute((&mut v as *mut u64).cast(), a, p) });
+        v
+    };
+    let attr32 = |a: cu::CUpointer_attribute, p: CUdeviceptr| {
+        let mut v = u32::MAX;
+        // SAFETY: a 4-byte out-value for an int-sized attribute.
+        ok(unsafe { cu::cuPointerGetAttribute((&mut v as *mut u32).cast(), a, p) });
+        v
+    };
+    let inside = va + G as u64 + 77;
+    assert_eq!(attr64(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, inside), va, "the reservation");
+    assert_eq!(attr64(CU_POINTER_ATTRIBUTE_RANGE_SIZE, inside), 3 * G as u64);
+    assert_eq!(attr64(CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, inside), va + G as u64, "the mapping");
+    assert_eq!(attr64(CU_POINTER_ATTRIBUTE_MAPPING_SIZE, inside), 2 * G as u64);
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_MAPPED, inside), 1);
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, inside), 0, "no access yet");
+    rw(va + G as u64, 2 * G);
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, inside), 3);
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, inside), 0);
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, inside), 0);
     ok(unmap(va, 3 * G));
     ok(release(a));
     ok(release(b));
@@ -400,4 +424,57 @@ fn a_device_without_vmm_reports_zero_and_refuses() {
         )
     });
     assert_eq!(v, 1);
+}
+
+#[test]
+#[parallel]
+fn every_call_is_counted_per_entry_point_and_thread() {
+    let ctl = bind(0);
+    let before = ctl.calls_on_this_thread("cuMemMap");
+    let all_before = ctl.calls("cuMemMap");
+    let va = reserve(G);
+    let h = create(G);
+    ok(map(va, G, h));
+    // A failing call reached the driver too.
+    assert_eq!(map(va, G, h), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(ctl.calls_on_this_thread("cuMemMap"), before + 2);
+    assert!(ctl.calls("cuMemMap") >= all_before + 2);
+    // Another thread's calls are not this thread's.
+    let other = std::thread::spawn(move || {
+        bind(0);
+        assert_eq!(memset(va, 0, 1), CUresult::CUDA_ERROR_INVALID_VALUE);
+        ctl.calls_on_this_thread("cuMemsetD8_v2")
+    });
+    assert_eq!(other.join().unwrap(), 1);
+    let unmaps = ctl.calls_on_this_thread("cuMemUnmap");
+    ok(unmap(va, G));
+    assert_eq!(ctl.calls_on_this_thread("cuMemUnmap"), unmaps + 1);
+    ok(release(h));
+    free_va(va, G);
+    assert_eq!(ctl.calls_on_this_thread("cuNoSuchFunction"), 0);
+}
+
+#[test]
+#[serial] // asserts the whole live report is clean once its resources are gone
+fn reservations_physical_memory_and_mappings_are_live_resources() {
+    let ctl = bind(0);
+    let va = reserve(2 * G);
+    let h = create(G);
+    let report = ctl.live_report();
+    assert!(!report.is_clean(), "a reservation and physical memory are leaks until freed: {report}");
+    assert!(report.reservations.iter().any(|r| r.ptr == va && r.bytes == 2 * G as u64));
+    assert!(report.physical.iter().any(|p| p.handle == h && p.references == 1 && p.mappings == 0));
+    ok(map(va, G, h));
+    ok(release(h));
+    let report = ctl.live_report();
+    assert!(report.mappings.iter().any(|m| m.ptr == va && m.handle == h && m.bytes == G as u64));
+    assert!(report.physical.iter().any(|p| p.handle == h && p.references == 0 && p.mappings == 1));
+    assert!(report.allocations.is_empty(), "a mapping is listed as a mapping, not an allocation");
+    ok(unmap(va, G));
+    let report = ctl.live_report();
+    assert!(report.physical.is_empty() && report.mappings.is_empty(), "{report}");
+    assert!(!report.is_clean(), "the reservation is still live");
+    free_va(va, 2 * G);
+    let report = ctl.live_report();
+    assert!(report.is_clean(), "{report}");
 }

@@ -16,6 +16,7 @@
 mod access;
 mod mapping;
 mod physical;
+mod pointer;
 mod reserve;
 
 use std::collections::BTreeMap;
@@ -27,6 +28,7 @@ use cudarc::driver::sys::CUresult;
 pub(crate) use access::{check_span, get_access, set_access};
 pub(crate) use mapping::{map, unmap};
 pub(crate) use physical::{create, granularity, properties, release, retain};
+pub(crate) use pointer::attribute as pointer_attribute;
 pub(crate) use reserve::{address_free, address_reserve};
 
 use crate::abi::{AllocationProp, LOC_DEVICE, LOC_HOST, LOC_HOST_NUMA, LOC_HOST_NUMA_CURRENT};
