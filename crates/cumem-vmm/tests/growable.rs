@@ -190,7 +190,7 @@ fn growing_past_the_reservation_is_an_error_that_maps_nothing() {
 }
 
 #[test]
-#[serial] // counts calls on this thread
+#[parallel]
 fn bad_configurations_are_refused_before_the_driver() {
     let Some(device) = vmm_device() else { return };
     let ctx = device.context().unwrap();

@@ -67,8 +67,7 @@ pub fn granule(device: Device) -> usize {
 /// How many times the simulator's entry point `name` has been called so far on this thread
 /// (`None` on a real driver).
 pub fn calls(name: &str) -> Option<u64> {
-    let _ = name;
-    None // FIXME(vmm): the simulator's per-entry-point call counter (wip/sim-vmm) is not merged yet
+    testing::sim_control().map(|ctl| ctl.calls_on_this_thread(name))
 }
 
 /// Runs `body` and asserts that it called none of `entry_points` (on the simulator; on a real
