@@ -29,6 +29,7 @@
 //! | [`pool`] | `pool` (default) | the caching pool, the driver's pools, adaptors (statistics, limiting, tracking, logging, failure callback), a memory-pressure monitor |
 //! | [`unified`] | `unified` (default) | managed memory, advice, prefetch, migration policies |
 //! | [`channel`] | `channel` (default) | host ↔ device message rings for persistent kernels |
+//! | [`vmm`] | `vmm` (default) | virtual memory: reservations, mappings, `GrowableBuffer` |
 //! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
 
 // Every public item of cumem-core (and through it cumem-sys's error types and raw bindings), so a
@@ -75,6 +76,9 @@ pub use cumem_unified as unified;
 /// Host ↔ device message channels for persistent kernels (feature `channel`).
 #[cfg(feature = "channel")]
 pub use cumem_channel as channel;
+/// Virtual memory: reservations, physical memory, mappings, `GrowableBuffer` (feature `vmm`).
+#[cfg(feature = "vmm")]
+pub use cumem_vmm as vmm;
 
 /// Choosing and loading the driver: the real one, or the simulator (feature `sim`).
 pub mod driver {
@@ -114,4 +118,6 @@ pub mod prelude {
     };
     #[cfg(feature = "unified")]
     pub use cumem_unified::{MigrationPolicy, PrefetchPlan, UnifiedBuffer};
+    #[cfg(feature = "vmm")]
+    pub use cumem_vmm::GrowableBuffer;
 }
