@@ -18,7 +18,7 @@ use cudarc::driver::sys::{
 use crate::abi::{MemLocation, Memcpy2D, Memcpy3D};
 use crate::api::{self, ApiResult, Init};
 use crate::exports::legacy_names::forward;
-use crate::exports::{copy, event, managed, memory, pool, stream};
+use crate::exports::{copy, event, managed, memory, peer, pool, stream};
 
 /// `CU_STREAM_PER_THREAD`.
 const PER_THREAD: CUstream = crate::stream::STREAM_PER_THREAD as CUstream;
@@ -79,6 +79,10 @@ macro_rules! ptsz {
 }
 
 ptsz! {
+    /// `cuMemcpyPeerAsync` on the per-thread default stream.
+    fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: cudarc::driver::sys::CUcontext, src: CUdeviceptr, src_ctx: cudarc::driver::sys::CUcontext, n: usize, h_stream: CUstream) [h_stream] => peer::cuMemcpyPeerAsync;
+    /// `cuMemcpy3DPeerAsync` on the per-thread default stream.
+    fn cuMemcpy3DPeerAsync_ptsz(p_copy: *const cudarc::driver::sys::CUDA_MEMCPY3D_PEER, h_stream: CUstream) [h_stream] => peer::cuMemcpy3DPeerAsync;
     /// `cuMemcpyAsync` on the per-thread default stream.
     fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, h_stream: CUstream) [h_stream] => copy::cuMemcpyAsync;
     /// `cuMemcpyHtoDAsync_v2` on the per-thread default stream.
