@@ -35,3 +35,8 @@ mod topology;
 pub use access::PeerAccess;
 pub use copy::{PeerCopy, PeerPath, PeerStreamCopy, copy_peer};
 pub use topology::{Link, Topology};
+
+/// `docs/multi-gpu.md`, whose examples run as doctests on the simulator.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/multi-gpu.md")]
+pub struct MultiGpuGuide;
