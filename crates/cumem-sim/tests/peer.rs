@@ -1,4 +1,4 @@
-//! Peer access through the raw C API on four devices with pairs 0-1 and 2-3 linked: the matrix
+//! Peer access through the raw C API on four devices, 0-1 linked both ways and 2>3 one way: the matrix
 //! and P2P attributes as configured, enable/disable and their misuse codes (as measured, §17 and
 //! §11 of the driver reference), peer copies (which need no enabled access, as observed) in
 //! stream order, and `cuMemSetAccess` for a peer device following the matrix.
@@ -12,7 +12,7 @@ use common::{Gate, dalloc, destroy, dfree, load, ok, read_back, settle, stream};
 use cudarc::driver::sys::{self as cu, CUcontext, CUdeviceptr, CUresult};
 use serial_test::{parallel, serial};
 
-const CONFIG: &str = "leak_check=1,devices=4,memory=1GiB,latency_us=200,peer=0-1,2-3";
+const CONFIG: &str = "leak_check=1,devices=4,memory=1GiB,latency_us=200,peer=0-1,2>3";
 
 static CTX: OnceLock<Vec<usize>> = OnceLock::new();
 
@@ -80,7 +80,7 @@ fn the_matrix_and_the_p2p_attributes_read_back_as_configured() {
     contexts();
     for a in 0..4 {
         for b in 0..4 {
-            let linked = a != b && a / 2 == b / 2;
+            let linked = matches!((a, b), (0, 1) | (1, 0) | (2, 3));
             let mut can = -1;
             // SAFETY: valid out-pointer.
             ok(unsafe { cu::cuDeviceCanAccessPeer(&mut can, a, b) });
@@ -138,6 +138,10 @@ fn enabling_and_disabling_give_the_measured_codes() {
     assert_eq!(disable(ctx(0)), CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
     // A refused enable recorded nothing.
     assert_eq!(disable(ctx(2)), CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+    // A one-way link: 2 may access 3, not the reverse.
+    bind(3);
+    assert_eq!(enable(ctx(2), 0), CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+    bind(0);
 
     // SAFETY: plain FFI calls; no current context on this thread afterwards.
     ok(unsafe { cu::cuCtxSetCurrent(std::ptr::null_mut()) });
