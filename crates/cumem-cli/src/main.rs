@@ -108,6 +108,10 @@ fn info() -> Result<()> {
             say!("  {name:<26} {}", if on { "yes" } else { "no" });
         }
     }
+    // Peer matrix: A = peer access with native atomics, P = peer access, . = none.
+    for line in cumem::peer::Topology::probe()?.to_string().lines() {
+        say!("{line}");
+    }
     Ok(())
 }
 

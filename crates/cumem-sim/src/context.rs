@@ -107,7 +107,7 @@ pub(crate) fn current_ctx(st: &State) -> Result<(u64, usize), Fail> {
 }
 
 /// The device of context `h` if it may be used, or why not (`what` names it in the message).
-fn live(st: &State, h: u64, what: &str) -> Result<usize, Fail> {
+pub(crate) fn live(st: &State, h: u64, what: &str) -> Result<usize, Fail> {
     if let Some(c) = st.contexts.get(&h) {
         if c.destroyed {
             return Err(Fail::misuse(
@@ -166,6 +166,8 @@ fn destroy_owned(g: &mut parking_lot::MutexGuard<'_, State>, ctx: u64) {
     g.streams.retain(|_, s| !(s.ctx == ctx && s.kind != StreamKind::Legacy));
     g.per_thread.retain(|(c, _), _| *c != ctx);
     g.events.retain(|_, e| e.ctx != ctx);
+    // Peer access is lost with either context of the pair.
+    g.peer_access.retain(|&(a, b)| a != ctx && b != ctx);
     SIM.changed.notify_all();
 }
 

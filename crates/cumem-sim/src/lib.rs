@@ -33,6 +33,7 @@ mod lifecycle;
 mod locate;
 mod managed;
 mod memory;
+mod peer;
 mod pointer;
 mod pool;
 mod report;

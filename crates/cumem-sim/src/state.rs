@@ -76,6 +76,8 @@ pub(crate) struct State {
     pub(crate) limits: BTreeMap<u64, Limits>,
     /// Virtual memory management: reservations, physical allocations, mappings.
     pub(crate) vmm: crate::vmm::Vmm,
+    /// Enabled peer access, as (accessing context, peer context) pairs (`cuCtxEnablePeerAccess`).
+    pub(crate) peer_access: std::collections::BTreeSet<(u64, u64)>,
     pub(crate) next_handle: u64,
     pub(crate) next_seq: u64,
     pub(crate) next_buffer_id: u64,
@@ -116,6 +118,7 @@ pub(crate) static SIM: Sim = Sim {
         contexts: BTreeMap::new(),
         limits: BTreeMap::new(),
         vmm: crate::vmm::Vmm::new(),
+        peer_access: std::collections::BTreeSet::new(),
         next_handle: 1,
         next_seq: 0,
         next_buffer_id: 1,

@@ -30,6 +30,7 @@
 //! | [`unified`] | `unified` (default) | managed memory, advice, prefetch, migration policies |
 //! | [`channel`] | `channel` (default) | host ↔ device message rings for persistent kernels |
 //! | [`vmm`] | `vmm` (default) | virtual memory: reservations, mappings, `GrowableBuffer` |
+//! | [`peer`] | `peer` (default) | multi-GPU topology, peer access, peer copies (direct or staged) |
 //! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
 
 // Every public item of cumem-core (and through it cumem-sys's error types and raw bindings), so a
@@ -79,6 +80,10 @@ pub use cumem_channel as channel;
 /// Virtual memory: reservations, physical memory, mappings, `GrowableBuffer` (feature `vmm`).
 #[cfg(feature = "vmm")]
 pub use cumem_vmm as vmm;
+
+/// Multi-GPU topology, peer access and peer copies (feature `peer`).
+#[cfg(feature = "peer")]
+pub use cumem_peer as peer;
 
 /// Choosing and loading the driver: the real one, or the simulator (feature `sim`).
 pub mod driver {

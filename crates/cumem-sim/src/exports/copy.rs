@@ -265,7 +265,7 @@ unsafe fn decode_2d(p: *const cudarc::driver::sys::CUDA_MEMCPY2D) -> Result<Copy
 ///
 /// # Safety
 /// 1. `p` is NULL or valid for reading a `CUDA_MEMCPY3D`.
-unsafe fn decode_3d(p: *const cudarc::driver::sys::CUDA_MEMCPY3D) -> Result<Copy3D, api::Fail> {
+pub(crate) unsafe fn decode_3d(p: *const cudarc::driver::sys::CUDA_MEMCPY3D) -> Result<Copy3D, api::Fail> {
     api::non_null(p, "pCopy")?;
     // SAFETY: non-NULL and valid (caller contract); read with raw integer enumerators.
     let c = unsafe { p.cast::<Memcpy3D>().read() };

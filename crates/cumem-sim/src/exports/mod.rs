@@ -21,6 +21,7 @@ pub mod legacy_names;
 pub mod managed;
 pub mod memory;
 pub mod pci;
+pub mod peer;
 pub mod per_thread;
 pub mod pointer_attribute;
 pub mod pool;

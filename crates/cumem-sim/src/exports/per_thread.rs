@@ -18,7 +18,7 @@ use cudarc::driver::sys::{
 use crate::abi::{MemLocation, Memcpy2D, Memcpy3D};
 use crate::api::{self, ApiResult, Init};
 use crate::exports::legacy_names::forward;
-use crate::exports::{copy, event, managed, memory, pool, stream};
+use crate::exports::{copy, event, managed, memory, peer, pool, stream};
 
 /// `CU_STREAM_PER_THREAD`.
 const PER_THREAD: CUstream = crate::stream::STREAM_PER_THREAD as CUstream;
@@ -79,6 +79,10 @@ macro_rules! ptsz {
 }
 
 ptsz! {
+    /// `cuMemcpyPeerAsync` on the per-thread default stream.
+    fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: cudarc::driver::sys::CUcontext, src: CUdeviceptr, src_ctx: cudarc::driver::sys::CUcontext, n: usize, h_stream: CUstream) [h_stream] => peer::cuMemcpyPeerAsync;
+    /// `cuMemcpy3DPeerAsync` on the per-thread default stream.
+    fn cuMemcpy3DPeerAsync_ptsz(p_copy: *const cudarc::driver::sys::CUDA_MEMCPY3D_PEER, h_stream: CUstream) [h_stream] => peer::cuMemcpy3DPeerAsync;
     /// `cuMemcpyAsync` on the per-thread default stream.
     fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, h_stream: CUstream) [h_stream] => copy::cuMemcpyAsync;
     /// `cuMemcpyHtoDAsync_v2` on the per-thread default stream.
@@ -184,6 +188,20 @@ pub extern "C" fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: us
     })
 }
 
+/// `cuMemcpyPeer` on the per-thread default stream: returns at once, like its legacy form.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyPeer_ptds(
+    dst: CUdeviceptr,
+    dst_ctx: cudarc::driver::sys::CUcontext,
+    src: CUdeviceptr,
+    src_ctx: cudarc::driver::sys::CUcontext,
+    n: usize,
+) -> CUresult {
+    api::call("cuMemcpyPeer_ptds", Init::Required, || {
+        finish(peer::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, n, PER_THREAD), true)
+    })
+}
+
 /// Whether both sides of a 2D/3D copy are device memory (`CU_MEMORYTYPE_DEVICE` naming device
 /// memory), so the synchronous form returns at once.
 fn device_sides(src_type: u32, src: CUdeviceptr, dst_type: u32, dst: CUdeviceptr) -> bool {
@@ -223,6 +241,8 @@ ptds_copy! {
     fn cuMemcpy2DUnaligned_v2_ptds(cudarc::driver::sys::CUDA_MEMCPY2D as Memcpy2D) => copy::cuMemcpy2DAsync_v2;
     /// `cuMemcpy3D_v2` on the per-thread default stream.
     fn cuMemcpy3D_v2_ptds(cudarc::driver::sys::CUDA_MEMCPY3D as Memcpy3D) => copy::cuMemcpy3DAsync_v2;
+    /// `cuMemcpy3DPeer` on the per-thread default stream.
+    fn cuMemcpy3DPeer_ptds(cudarc::driver::sys::CUDA_MEMCPY3D_PEER as Memcpy3D) => peer::cuMemcpy3DPeerAsync;
 }
 
 /// Declares the `_ptds` memsets.

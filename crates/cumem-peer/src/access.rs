@@ -1,0 +1,133 @@
+//! Peer access held by a guard: [`PeerAccess::enable`] lets one context access another's memory
+//! (one direction) for as long as a guard lives.
+//!
+//! Guards for the same (context, peer context) pair share one enablement, counted in a
+//! process-wide registry: the first guard enables, the last one to drop disables, and enabling a
+//! pair that is already enabled is not an error. A pair that was already enabled outside cumem
+//! (the driver answers `PEER_ACCESS_ALREADY_ENABLED`) is adopted and never disabled by cumem. A
+//! pair the driver refuses (no peer link, or the same device) is a typed error:
+//! `PeerAccessUnsupported`.
+//!
+//! Peer copies do not need enabled access (the driver copies between devices either way); it is
+//! what lets device code on one device dereference another device's pointers.
+//!
+//! ```
+//! # cumem_sys::testing::init_with("devices=2");
+//! use cumem_core::Device;
+//! use cumem_peer::PeerAccess;
+//! let (a, b) = (Device::get(0)?.context()?, Device::get(1)?.context()?);
+//! let first = PeerAccess::enable(&a, &b)?;
+//! let second = PeerAccess::enable(&a, &b)?; // already enabled: fine
+//! assert!(PeerAccess::is_enabled(&a, &b));
+//! drop((first, second));
+//! assert!(!PeerAccess::is_enabled(&a, &b));
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+
+use cumem_core::{Context, Error, Result};
+use parking_lot::Mutex;
+
+use crate::ffi;
+
+/// One enabled pair: how many guards hold it, and whether cumem enabled it (and so disables it).
+struct Held {
+    guards: usize,
+    owned: bool,
+}
+
+/// Enabled pairs by (accessing context, peer context) handle.
+static REGISTRY: Mutex<Option<HashMap<(usize, usize), Held>>> = Mutex::new(None);
+
+fn key(from: &Context, to: &Context) -> (usize, usize) {
+    (from.raw() as usize, to.raw() as usize)
+}
+
+/// Access from one context to another's memory, enabled while the guard lives.
+#[must_use = "peer access is disabled again when the guard is dropped"]
+pub struct PeerAccess {
+    from: Context,
+    to: Context,
+}
+
+impl PeerAccess {
+    /// Lets `from` access `to`'s memory (`cuCtxEnablePeerAccess` from `from`), or joins the
+    /// enablement another guard already holds. `PeerAccessUnsupported` when the devices have no
+    /// peer link or are the same device.
+    pub fn enable(from: &Context, to: &Context) -> Result<PeerAccess> {
+        let mut registry = REGISTRY.lock();
+        let pairs = registry.get_or_insert_with(HashMap::new);
+        if let Some(held) = pairs.get_mut(&key(from, to)) {
+            held.guards += 1;
+        } else {
+            from.bind()?;
+            let owned = match ffi::enable_peer_access(to.raw()) {
+                Ok(()) => true,
+                Err(Error::PeerAccessAlreadyEnabled { .. }) => {
+                    tracing::debug!(
+                        from = from.device().ordinal(),
+                        to = to.device().ordinal(),
+                        "peer access was already enabled outside cumem; adopted, never disabled by cumem"
+                    );
+                    false
+                }
+                Err(e) => return Err(e),
+            };
+            pairs.insert(key(from, to), Held { guards: 1, owned });
+        }
+        Ok(PeerAccess { from: from.clone(), to: to.clone() })
+    }
+
+    /// Whether a guard currently holds access from `from` to `to`.
+    pub fn is_enabled(from: &Context, to: &Context) -> bool {
+        REGISTRY.lock().as_ref().is_some_and(|pairs| pairs.contains_key(&key(from, to)))
+    }
+
+    /// The context that may access the other's memory.
+    pub fn from(&self) -> &Context {
+        &self.from
+    }
+
+    /// The context whose memory is accessed.
+    pub fn to(&self) -> &Context {
+        &self.to
+    }
+}
+
+impl Drop for PeerAccess {
+    fn drop(&mut self) {
+        let mut registry = REGISTRY.lock();
+        let Some(pairs) = registry.as_mut() else { return };
+        let k = key(&self.from, &self.to);
+        let Some(held) = pairs.get_mut(&k) else { return };
+        held.guards -= 1;
+        if held.guards > 0 {
+            return;
+        }
+        let owned = held.owned;
+        pairs.remove(&k);
+        if !owned {
+            return;
+        }
+        let result = self.from.bind().and_then(|()| ffi::disable_peer_access(self.to.raw()));
+        if let Err(e) = result {
+            tracing::warn!(
+                from = self.from.device().ordinal(),
+                to = self.to.device().ordinal(),
+                error = %e,
+                "disabling peer access failed"
+            );
+        }
+    }
+}
+
+impl fmt::Debug for PeerAccess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerAccess")
+            .field("from", &self.from.device().ordinal())
+            .field("to", &self.to.device().ordinal())
+            .finish()
+    }
+}

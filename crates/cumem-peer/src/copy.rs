@@ -1,0 +1,197 @@
+//! Typed copies between two devices' memory, blocking ([`copy_peer`]) or queued on a stream
+//! ([`PeerStreamCopy::copy_peer`]), each taking the best path the topology allows.
+//!
+//! Two devices with a peer link (either direction) copy directly (`cuMemcpyPeer`/`Async`); two
+//! without one copy through page-locked host memory: device → pinned on the source device's
+//! stream, pinned → device on the destination's. The choice is automatic and reported: the
+//! returned [`PeerCopy`] says which [`PeerPath`] was taken, and a `debug` event of target
+//! `cumem_peer` names it with the devices and the byte count.
+//!
+//! Ordering is the same as for same-device copies: the copy waits for all work queued so far on
+//! both buffers, on whatever streams, and later users of either buffer wait for it. A queued copy
+//! runs on `stream`, a stream of the source's or the destination's device; the other device's
+//! side is ordered through that device's legacy stream (waiting on events, both directions), so
+//! synchronising `stream` completes the copy.
+//!
+//! ```
+//! # cumem_sys::testing::init_with("devices=3,peer=0-1");
+//! use cumem_core::{Device, DeviceBuffer, Stream};
+//! use cumem_peer::{PeerPath, PeerStreamCopy, copy_peer};
+//! let s: Vec<Stream> = (0..3).map(|d| Stream::new(&Device::get(d)?.context()?)).collect::<Result<_, _>>()?;
+//! let src = DeviceBuffer::from_slice(&s[0], &[7u32; 1000])?;
+//! let mut near = DeviceBuffer::<u32>::zeroed(&s[1], 1000)?;
+//! let mut far = DeviceBuffer::<u32>::zeroed(&s[2], 1000)?;
+//! assert_eq!(copy_peer(&src, &mut near)?.path(), PeerPath::Direct);
+//! let queued = s[0].copy_peer(&src, &mut far)?; // devices 0 and 2 have no link
+//! assert_eq!(queued.path(), PeerPath::Staged);
+//! assert_eq!(far.to_vec()?, vec![7; 1000]);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::any::Any;
+use std::fmt;
+
+use bytemuck::Pod;
+use cumem_copy::StreamCopy;
+use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, Error, PinnedBuffer, PinnedFlags, Result, Stream};
+
+use crate::ffi;
+
+/// How a peer copy moved its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeerPath {
+    /// Device to device (`cuMemcpyPeer`): the devices have a peer link, or are the same device.
+    Direct,
+    /// Through page-locked host memory: the devices cannot access each other.
+    Staged,
+}
+
+/// What a peer copy did. A queued staged copy owns its pinned staging memory: dropping the
+/// `PeerCopy` waits until the device is done with it (drop it after queueing what comes next, or
+/// keep it as long as the copy may run).
+#[must_use = "says which path the copy took; dropping a queued staged copy waits for it"]
+pub struct PeerCopy {
+    path: PeerPath,
+    bytes: usize,
+    /// The pinned buffer of a queued staged copy, whose drop waits for the device.
+    staging: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl PeerCopy {
+    /// The path the copy took.
+    pub fn path(&self) -> PeerPath {
+        self.path
+    }
+
+    /// Whether the copy went through host memory.
+    pub fn staged(&self) -> bool {
+        self.path == PeerPath::Staged
+    }
+
+    /// Bytes copied.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl fmt::Debug for PeerCopy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerCopy")
+            .field("path", &self.path)
+            .field("bytes", &self.bytes)
+            .field("holds_staging", &self.staging.is_some())
+            .finish()
+    }
+}
+
+/// Copies queued on a stream between two devices' memory.
+pub trait PeerStreamCopy {
+    /// Queues a copy of `src` into `dst` (same length, any two devices) on this stream, which
+    /// must belong to the source's or the destination's device (`WrongDevice` otherwise).
+    fn copy_peer<T: Pod + Send + Sync>(
+        &self,
+        src: &impl AsDeviceSlice<T>,
+        dst: &mut impl AsDeviceSliceMut<T>,
+    ) -> Result<PeerCopy>;
+}
+
+impl PeerStreamCopy for Stream {
+    fn copy_peer<T: Pod + Send + Sync>(
+        &self,
+        src: &impl AsDeviceSlice<T>,
+        dst: &mut impl AsDeviceSliceMut<T>,
+    ) -> Result<PeerCopy> {
+        queue(self, src, dst, false)
+    }
+}
+
+/// Copies `src` into `dst` (same length, any two devices) and returns once the bytes have
+/// arrived, after all work queued so far on either buffer.
+pub fn copy_peer<T: Pod + Send + Sync>(
+    src: &impl AsDeviceSlice<T>,
+    dst: &mut impl AsDeviceSliceMut<T>,
+) -> Result<PeerCopy> {
+    let legacy = Stream::legacy(src.as_device_slice().context());
+    let done = queue(&legacy, src, dst, true)?;
+    Ok(PeerCopy { staging: None, ..done })
+}
+
+/// Whether a copy between devices `a` and `b` goes over a peer link.
+fn linked(a: usize, b: usize) -> Result<bool> {
+    if a == b {
+        return Ok(true);
+    }
+    let (da, db) = (a as i32, b as i32);
+    Ok(ffi::can_access_peer(da, db)? || ffi::can_access_peer(db, da)?)
+}
+
+/// The copy on `stream`; `blocking` returns only once it is complete.
+fn queue<T: Pod + Send + Sync>(
+    stream: &Stream,
+    src: &impl AsDeviceSlice<T>,
+    dst: &mut impl AsDeviceSliceMut<T>,
+    blocking: bool,
+) -> Result<PeerCopy> {
+    let (src, mut dst) = (src.as_device_slice(), dst.as_device_slice_mut());
+    if src.len() != dst.len() {
+        return Err(Error::LengthMismatch { expected: dst.len(), actual: src.len() });
+    }
+    let (src_ctx, dst_ctx) = (src.context().clone(), dst.context().clone());
+    let (a, b) = (src_ctx.device().ordinal(), dst_ctx.device().ordinal());
+    let on = stream.context().device().ordinal();
+    if on != a && on != b {
+        return Err(Error::WrongDevice { expected: a as i32, actual: on as i32 });
+    }
+    let path = if linked(a, b)? { PeerPath::Direct } else { PeerPath::Staged };
+    let bytes = src.bytes();
+    tracing::debug!(target: "cumem_peer", src_device = a, dst_device = b, bytes, ?path, blocking, "peer copy");
+    if bytes == 0 {
+        return Ok(PeerCopy { path, bytes, staging: None });
+    }
+    // One stream per side: `stream` on its own device, the legacy stream on the other.
+    let src_stream = if on == a { stream.clone() } else { Stream::legacy(&src_ctx) };
+    let dst_stream = if on == b { stream.clone() } else { Stream::legacy(&dst_ctx) };
+    let other = if on == a { &dst_stream } else { &src_stream };
+    let mut staging = None;
+    match path {
+        PeerPath::Direct => {
+            let from = src.on(&src_stream)?;
+            let to = dst.on(&dst_stream)?;
+            stream.wait_for(other)?;
+            stream.context().bind()?;
+            let (to_ptr, from_ptr) = (to.device_ptr(), from.device_ptr());
+            if blocking {
+                // SAFETY: both ranges are the guards' device memory of `bytes` bytes, ordered on
+                // `stream` (the legacy stream of the current context, which cuMemcpyPeer uses);
+                // `dst` is exclusively borrowed, so they do not overlap.
+                unsafe { ffi::memcpy_peer(to_ptr, dst_ctx.raw(), from_ptr, src_ctx.raw(), bytes)? };
+            } else {
+                // SAFETY: as above, on `stream`.
+                unsafe {
+                    ffi::memcpy_peer_async(
+                        to_ptr,
+                        dst_ctx.raw(),
+                        from_ptr,
+                        src_ctx.raw(),
+                        bytes,
+                        stream.raw(),
+                    )?
+                };
+            }
+            // The other side's recorded user must come after the copy.
+            other.wait_for(stream)?;
+        }
+        PeerPath::Staged => {
+            let portable = PinnedFlags { portable: true, ..PinnedFlags::default() };
+            let mut pinned = PinnedBuffer::<T>::zeroed_with_flags(&src_ctx, src.len(), portable)?;
+            src_stream.copy_d2h(&src, &mut pinned)?;
+            dst_stream.copy_h2d(&pinned, &mut dst)?;
+            stream.wait_for(other)?;
+            staging = Some(Box::new(pinned) as Box<dyn Any + Send + Sync>);
+        }
+    }
+    if blocking {
+        stream.synchronize()?;
+    }
+    Ok(PeerCopy { path, bytes, staging })
+}

@@ -1,0 +1,127 @@
+//! Peer access between contexts of different devices: `cuCtxEnablePeerAccess`,
+//! `cuCtxDisablePeerAccess`, `cuDeviceGetP2PAttribute`, and the context checks of the peer
+//! copies.
+//!
+//! Which device may reach which is the configured matrix (`peer=` in `CUMEM_SIM`, answered by
+//! `cuDeviceCanAccessPeer`). Enabled access is recorded per (current context, peer context) and is
+//! lost when either context is destroyed or reset. The codes are the measured ones (§17 and §11
+//! of the driver reference): a NULL peer context gives `INVALID_CONTEXT`, flags ≠ 0
+//! `INVALID_VALUE`, the context itself or another context of the same device
+//! `PEER_ACCESS_UNSUPPORTED`, a pair the matrix refuses `PEER_ACCESS_UNSUPPORTED`, enabling twice
+//! `PEER_ACCESS_ALREADY_ENABLED`, disabling what is not enabled `PEER_ACCESS_NOT_ENABLED`.
+//! Copies never consult the record: a real driver copies between devices' memory with
+//! `cuMemcpy` (unified addressing) and `cuMemcpyPeer` whether or not peer access is enabled.
+
+use cudarc::driver::sys::CUresult;
+
+use crate::api::Fail;
+use crate::context;
+use crate::state::SIM;
+
+/// `CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK`.
+const ATTR_PERFORMANCE_RANK: u32 = 1;
+/// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED`.
+const ATTR_ACCESS_SUPPORTED: u32 = 2;
+/// `CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED`.
+const ATTR_NATIVE_ATOMIC_SUPPORTED: u32 = 3;
+/// `CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED`.
+const ATTR_CUDA_ARRAY_ACCESS_SUPPORTED: u32 = 4;
+
+/// The device of `peer` for an enable or disable, or the measured error for a NULL or dead one.
+fn peer_device(st: &crate::state::State, peer: u64) -> Result<usize, Fail> {
+    if peer == 0 {
+        return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_CONTEXT, "NULL peer context"));
+    }
+    context::live(st, peer, "peer context")
+}
+
+/// `cuCtxEnablePeerAccess(peer, flags)`: lets the current context reach `peer`'s memory.
+pub(crate) fn enable(peer: u64, flags: u32) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    if peer == 0 {
+        return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_CONTEXT, "NULL peer context"));
+    }
+    if flags != 0 {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("cuCtxEnablePeerAccess flags must be 0 (got {flags:#x})"),
+        ));
+    }
+    let (ctx, dev) = context::current_ctx(&st)?;
+    let peer_dev = peer_device(&st, peer)?;
+    if peer_dev == dev {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
+            format!("peer context {peer:#x} is on the current context's own device {dev}"),
+        ));
+    }
+    if !st.peer[dev][peer_dev] {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
+            format!("device {dev} cannot access device {peer_dev} (no peer link in the configured matrix)"),
+        ));
+    }
+    if !st.peer_access.insert((ctx, peer)) {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+            format!("access from device {dev} to device {peer_dev}'s context is already enabled"),
+        ));
+    }
+    Ok(())
+}
+
+/// `cuCtxDisablePeerAccess(peer)`: withdraws what [`enable`] granted.
+pub(crate) fn disable(peer: u64) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    if peer == 0 {
+        return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_CONTEXT, "NULL peer context"));
+    }
+    let (ctx, dev) = context::current_ctx(&st)?;
+    peer_device(&st, peer)?;
+    if !st.peer_access.remove(&(ctx, peer)) {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED,
+            format!("access from device {dev}'s current context to context {peer:#x} is not enabled"),
+        ));
+    }
+    Ok(())
+}
+
+/// `cuDeviceGetP2PAttribute` for devices `src` and `dst` (the NULL check on the output is the
+/// caller's, made first). Devices are checked before the attribute (measured); every attribute
+/// follows the matrix, and a linked pair ranks 0 (the best: one kind of link is simulated).
+pub(crate) fn attribute(attrib: u32, src: i32, dst: i32) -> Result<i32, Fail> {
+    let st = SIM.st.lock();
+    let a = st.ordinal(src)?;
+    let b = st.ordinal(dst)?;
+    if a == b {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_DEVICE,
+            format!("cuDeviceGetP2PAttribute of device {a} with itself"),
+        ));
+    }
+    let linked = st.peer[a][b];
+    match attrib {
+        ATTR_PERFORMANCE_RANK => Ok(0),
+        ATTR_ACCESS_SUPPORTED | ATTR_NATIVE_ATOMIC_SUPPORTED | ATTR_CUDA_ARRAY_ACCESS_SUPPORTED => {
+            Ok(i32::from(linked))
+        }
+        other => Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("unknown CUdevice_P2PAttribute {other}"),
+        )),
+    }
+}
+
+/// Checks the two contexts a peer copy names (`INVALID_CONTEXT` for NULL or unknown,
+/// `CONTEXT_IS_DESTROYED` for a dead one).
+pub(crate) fn check_copy_contexts(dst_ctx: u64, src_ctx: u64) -> Result<(), Fail> {
+    let st = SIM.st.lock();
+    for (h, what) in [(dst_ctx, "destination context"), (src_ctx, "source context")] {
+        if h == 0 {
+            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_CONTEXT, format!("NULL {what}")));
+        }
+        context::live(&st, h, what)?;
+    }
+    Ok(())
+}
