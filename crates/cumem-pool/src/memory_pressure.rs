@@ -161,23 +161,30 @@ impl MemoryPressureMonitor {
     /// Takes one reading; returns the thresholds it crossed, after acting on them.
     ///
     /// # Errors
-    /// Reading the device's memory or the pool failed, or trimming the pool failed.
+    /// Reading the device's memory or the pool failed; nothing is remembered from such a reading.
+    /// A failed trim is logged (`tracing::warn`) and reported as an event that released nothing.
     pub fn check(&self) -> Result<Vec<PressureEvent>> {
+        // Read everything before remembering anything: a failed reading must not swallow a
+        // crossing that this reading would otherwise have reported.
+        let free =
+            self.min_free.map(|threshold| self.ctx.mem_info().map(|info| (info, threshold))).transpose()?;
+        let reserved = match &self.pool {
+            Some((pool, threshold)) => Some((pool.reserved_bytes()?, *threshold)),
+            None => None,
+        };
         let mut found = Vec::new();
         let mut past = self.past.lock();
-        if let Some(threshold) = self.min_free {
-            let info = self.ctx.mem_info()?;
+        if let Some((info, threshold)) = free {
             let now = info.free < threshold;
             if now && !past[0] {
                 found.push(Pressure::LowFreeMemory { free: info.free, total: info.total, threshold });
             }
             past[0] = now;
         }
-        if let Some((pool, threshold)) = &self.pool {
-            let reserved = pool.reserved_bytes()?;
-            let now = reserved > *threshold;
+        if let Some((reserved, threshold)) = reserved {
+            let now = reserved > threshold;
             if now && !past[1] {
-                found.push(Pressure::PoolReserved { reserved, threshold: *threshold });
+                found.push(Pressure::PoolReserved { reserved, threshold });
             }
             past[1] = now;
         }
@@ -186,11 +193,15 @@ impl MemoryPressureMonitor {
         for (i, pressure) in found.into_iter().enumerate() {
             let device = self.ctx.device().ordinal();
             tracing::debug!(device, ?pressure, "memory pressure");
-            // One trim answers every crossing of this reading.
+            // One trim answers every crossing of this reading. A failed trim still reports the
+            // crossing (with nothing released): it has been remembered and would not come again.
             let released_bytes = match (&self.pool, self.trim && i == 0) {
                 (Some((pool, _)), true) => {
                     let _span = tracing::debug_span!("pressure_trim", device).entered();
-                    pool.release_unused()?
+                    pool.release_unused().unwrap_or_else(|e| {
+                        tracing::warn!(device, error = %e, "memory pressure: trimming the pool failed");
+                        0
+                    })
                 }
                 _ => 0,
             };
