@@ -31,6 +31,7 @@ pub mod config;
 pub mod default_resource;
 pub mod device_upstream;
 pub mod error;
+pub mod expandable;
 mod ffi;
 pub mod free_set;
 pub mod native;
@@ -56,7 +57,7 @@ pub use native_resource::NativePoolResource;
 pub use statistics_resource::{HISTOGRAM_BUCKETS, ScopeCounters, StatisticsResource};
 pub use stats::{Histogram, PoolStats};
 pub use stream_ordering::{StreamKey, StreamOrdering};
-pub use upstream::{HostOrdering, HostUpstream, Ordering, Upstream};
+pub use upstream::{ExpandableUpstream, HostOrdering, HostUpstream, Ordering, Upstream};
 
 /// Alignment every upstream segment address must have (and the minimum alignment of every block).
 pub const SEGMENT_ALIGN: usize = size_class::QUANTUM;
