@@ -34,6 +34,25 @@ pub(crate) struct AccessDesc {
     pub(crate) flags: u32,
 }
 
+/// `CUmemAllocationProp` (32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AllocationProp {
+    /// `CUmemAllocationType`: PINNED 1.
+    pub(crate) alloc_type: u32,
+    /// `CUmemAllocationHandleType` bits: POSIX_FD 1, WIN32 2, WIN32_KMT 4, FABRIC 8.
+    pub(crate) handle_types: u32,
+    pub(crate) location: MemLocation,
+    pub(crate) win32_metadata: *mut c_void,
+    pub(crate) compression_type: u8,
+    pub(crate) gpu_direct_rdma_capable: u8,
+    pub(crate) usage: u16,
+    pub(crate) reserved: [u8; 4],
+}
+
+// SAFETY: `win32_metadata` is only ever copied back to the caller, never dereferenced.
+unsafe impl Send for AllocationProp {}
+
 /// `CUmemPoolProps` (88 bytes, CUDA 12.6+ layout with `usage`).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -104,6 +123,9 @@ const _: () = {
     assert!(size_of::<MemLocation>() == 8);
     assert!(size_of::<AccessDesc>() == 12);
     assert!(size_of::<PoolProps>() == 88);
+    assert!(size_of::<AllocationProp>() == 32);
+    assert!(size_of::<AllocationProp>() == size_of::<cudarc::driver::sys::CUmemAllocationProp>());
+    assert!(std::mem::offset_of!(AllocationProp, compression_type) == 24);
     assert!(std::mem::offset_of!(PoolProps, max_size) == 24);
     assert!(std::mem::offset_of!(PoolProps, usage) == 32);
     assert!(size_of::<Memcpy2D>() == 128);

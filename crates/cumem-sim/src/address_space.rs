@@ -69,6 +69,34 @@ impl AddressSpace {
         Some(found)
     }
 
+    /// Picks an address for `size` bytes aligned to `align` (a power of two) and records exactly
+    /// `size` bytes, leaving `gap` bytes unused after it for the next pick: a VMM reservation,
+    /// whose end a later reservation may claim exactly (a growable range extended in place).
+    pub(crate) fn allocate_spaced(&mut self, size: u64, align: u64, gap: u64) -> Option<u64> {
+        let need = size.checked_add(gap)?;
+        let end = self.base + self.len;
+        let found = self
+            .find_gap(self.cursor, end, need, align)
+            .or_else(|| self.find_gap(self.base, end, need, align))?;
+        self.live.insert(found, found + size);
+        self.cursor = found + need;
+        Some(found)
+    }
+
+    /// Records `[addr, addr + size)` if it lies inside and overlaps nothing live.
+    pub(crate) fn claim(&mut self, addr: u64, size: u64) -> bool {
+        let Some(end) = addr.checked_add(size) else { return false };
+        if addr < self.base || end > self.base + self.len {
+            return false;
+        }
+        let before = self.live.range(..end).next_back();
+        if before.is_some_and(|(_, &e)| e > addr) {
+            return false;
+        }
+        self.live.insert(addr, end);
+        true
+    }
+
     /// Returns the range starting at `addr` to the free space.
     pub(crate) fn release(&mut self, addr: u64) {
         self.live.remove(&addr);

@@ -68,6 +68,7 @@ pub(crate) enum Init {
 /// Runs `body` as the exported function `name`.
 pub(crate) fn call(name: &'static str, init: Init, body: impl FnOnce() -> ApiResult) -> CUresult {
     let tid = os_tid();
+    crate::calls::count(name, tid);
     let outer = CALLER.with(|c| c.replace((name, tid)));
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         if crate::context::IN_HOST_FN.with(|f| f.get()) {

@@ -5,10 +5,10 @@
 //! `CU_DEVICE_ATTRIBUTE_` prefix, so a test can describe a device lacking a capability.
 //!
 //! A capability is advertised only when every entry point behind it is exported and modelled
-//! (`tests/capabilities.rs` checks this against the built library): the H100 reports VMM, POSIX-fd
-//! handles, pool handle types, RDMA, IPC events, multicast, stream memory operations, CUDA arrays,
-//! cooperative and cluster launches, but the simulator exports none of their calls, so they are 0
-//! here until the calls exist.
+//! (`tests/capabilities.rs` checks this against the built library): VMM is (1, as on the H100);
+//! the H100 also reports POSIX-fd handles, pool handle types, RDMA, IPC events, multicast, stream
+//! memory operations, CUDA arrays, cooperative and cluster launches, but the simulator exports
+//! none of their calls, so they are 0 here until the calls exist.
 
 /// One past the largest attribute number (`CU_DEVICE_ATTRIBUTE_MAX` in CUDA 12.8).
 pub(crate) const ATTRIBUTE_LIMIT: usize = 144;
@@ -116,7 +116,7 @@ pub(crate) const ATTRIBUTES: &[(u32, &str, i32)] = &[
     (99, "host_register_supported", 1),
     (100, "pageable_memory_access_uses_host_page_tables", 0),
     (101, "direct_managed_mem_access_from_host", 0),
-    (102, "virtual_address_management_supported", 0),
+    (102, "virtual_address_management_supported", 1),
     (103, "handle_type_posix_file_descriptor_supported", 0),
     (104, "handle_type_win32_handle_supported", 0),
     (105, "handle_type_win32_kmt_handle_supported", 0),
@@ -164,7 +164,8 @@ pub(crate) const MULTI_GPU_BOARD_GROUP_ID: u32 = 85;
 
 /// Looks an attribute up by its configuration key (accepting the bindings' alias name).
 pub(crate) fn by_name(key: &str) -> Option<u32> {
-    if key == "virtual_memory_management_supported" {
+    // `vmm=0` describes a device without virtual memory management.
+    if key == "virtual_memory_management_supported" || key == "vmm" {
         return Some(102);
     }
     ATTRIBUTES.iter().find(|(_, name, _)| *name == key).map(|(n, _, _)| *n)

@@ -280,6 +280,16 @@ mod tests {
     }
 
     #[test]
+    fn vmm_key_describes_a_device_without_vmm() {
+        let mut c = Config::default();
+        c.apply("devices=2,dev1.vmm=0", false).unwrap();
+        let specs = c.device_specs().unwrap();
+        assert_eq!((specs[0].attrs[102], specs[1].attrs[102]), (Some(1), Some(0)));
+        c.apply("vmm=0", false).unwrap();
+        assert_eq!(c.device_specs().unwrap()[0].attrs[102], Some(0));
+    }
+
+    #[test]
     fn peer_list_continues_across_commas() {
         let mut c = Config::default();
         c.apply("devices=3,peer=0-1,1>2,latency_us=5", false).unwrap();

@@ -76,6 +76,7 @@ type DumpFn = unsafe extern "C" fn(*mut c_char, usize) -> usize;
 type VoidFn = unsafe extern "C" fn();
 type InjectFn = unsafe extern "C" fn(*const c_char, u64, CUresult, u64, u64) -> u64;
 type RemoveFn = unsafe extern "C" fn(u64);
+type CountFn = unsafe extern "C" fn(*const c_char, u64) -> u64;
 
 /// A handle on the loaded simulator's control functions.
 pub struct Control {
@@ -86,6 +87,7 @@ pub struct Control {
     inject_fault: Symbol<InjectFn>,
     clear_faults: Symbol<VoidFn>,
     remove_fault: Symbol<RemoveFn>,
+    call_count: Symbol<CountFn>,
     // Keeps the library referenced for as long as the symbols are used.
     _lib: Library,
 }
@@ -136,6 +138,7 @@ impl Control {
                 inject_fault: lib.get(b"cumemSimInjectFault\0").ok()?,
                 clear_faults: lib.get(b"cumemSimClearFaults\0").ok()?,
                 remove_fault: lib.get(b"cumemSimRemoveFault\0").ok()?,
+                call_count: lib.get(b"cumemSimCallCount\0").ok()?,
                 _lib: lib,
             })
         }
@@ -213,5 +216,24 @@ impl Control {
     pub fn clear_faults(&self) {
         // SAFETY: takes no arguments.
         unsafe { (self.clear_faults)() }
+    }
+
+    /// How many times the exported function `function` (exact symbol name: `cuMemMap`,
+    /// `cuMemAlloc_v2`) was called so far on any thread; failed and faulted calls count. A test
+    /// proves a misuse made no driver call by comparing counts before and after it (prefer
+    /// [`Control::calls_on_this_thread`] where other tests run in parallel).
+    pub fn calls(&self, function: &str) -> u64 {
+        self.count(function, 0)
+    }
+
+    /// As [`Control::calls`], counting only calls made on the calling thread.
+    pub fn calls_on_this_thread(&self, function: &str) -> u64 {
+        self.count(function, current_os_tid())
+    }
+
+    fn count(&self, function: &str, os_tid: u64) -> u64 {
+        let Ok(name) = CString::new(function) else { return 0 };
+        // SAFETY: `name` is NUL-terminated and outlives the call.
+        unsafe { (self.call_count)(name.as_ptr(), os_tid) }
     }
 }

@@ -117,7 +117,11 @@ fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<
                 format!("{what} {addr:#x} is a device pointer where host memory is required"),
             ));
         }
-        if !a.contains_range(addr, len as u64) {
+        if a.kind == AllocKind::Vmm {
+            // Adjacent mappings of one reservation are one range (observed): the host view is
+            // contiguous across them, so the endpoint may run past this mapping's end.
+            crate::vmm::check_span(st, issuing_device(st, a), addr, len as u64, false)?;
+        } else if !a.contains_range(addr, len as u64) {
             return Err(Fail::misuse(
                 CUresult::CUDA_ERROR_INVALID_VALUE,
                 format!(
@@ -146,9 +150,18 @@ fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<
     Ok(Endpoint::Pageable(addr as usize))
 }
 
-/// Refuses writes into memory registered with `CU_MEMHOSTREGISTER_READ_ONLY`.
-fn writable(e: &Endpoint, addr: u64) -> Result<(), Fail> {
+/// The device whose access to a VMM mapping a copy or memset needs: the issuing context's.
+fn issuing_device(st: &State, a: &Allocation) -> usize {
+    crate::context::current().and_then(|c| st.ctx_device(c)).unwrap_or(a.device as usize)
+}
+
+/// Refuses writes into memory registered with `CU_MEMHOSTREGISTER_READ_ONLY`, and into VMM
+/// mappings the issuing device may only read.
+fn writable(st: &State, e: &Endpoint, addr: u64, len: usize) -> Result<(), Fail> {
     match e {
+        Endpoint::Mem(a, ..) if a.kind == AllocKind::Vmm => {
+            crate::vmm::check_span(st, issuing_device(st, a), addr, len as u64, true)
+        }
         Endpoint::Mem(a, ..)
             if a.kind == AllocKind::Registered && a.host_flags & crate::memory::REGISTER_READ_ONLY != 0 =>
         {
@@ -192,7 +205,7 @@ pub(crate) unsafe fn memcpy(
         return Ok(());
     }
     let d = resolve(&g, dst, len, dst_role, "destination")?;
-    writable(&d, dst)?;
+    writable(&g, &d, dst, len)?;
     let s = resolve(&g, src, len, src_role, "source")?;
     let wait = match stream {
         None => !(d.is_device() && s.is_device()),
@@ -238,7 +251,7 @@ pub(crate) fn memset(
         )
     })?;
     let d = resolve(&g, dst, bytes, Role::Device, "destination")?;
-    writable(&d, dst)?;
+    writable(&g, &d, dst, bytes)?;
     let wait = stream.is_none() && !d.is_device();
     let seq = enqueue(&mut g, sid, Work::Fill { dst: d, value, width, count }, Vec::new());
     if wait {
@@ -477,7 +490,7 @@ pub(crate) unsafe fn memcpy_3d(c: Copy3D, stream: Option<CUstream>) -> Result<()
     let src = side_rows(&g, &c, &c.src, "src", max_pitch)?;
     let dst = side_rows(&g, &c, &c.dst, "dst", max_pitch)?;
     for (addr, e) in &dst {
-        writable(e, *addr)?;
+        writable(&g, e, *addr, c.width)?;
     }
     let all_device = src.iter().chain(&dst).all(|(_, e)| e.is_device());
     let dst_pageable = dst.iter().any(|(_, e)| e.is_pageable());
@@ -543,7 +556,7 @@ pub(crate) fn memset_2d(
             .and_then(|o| o.checked_add(dst))
             .ok_or_else(|| bad("row address overflows".into()))?;
         let e = resolve(&g, row, row_bytes, Role::Device, &format!("destination row {y}"))?;
-        writable(&e, row)?;
+        writable(&g, &e, row, row_bytes)?;
         rows.push(e);
     }
     let wait = stream.is_none() && !rows.iter().all(Endpoint::is_device);

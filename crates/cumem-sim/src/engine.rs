@@ -80,6 +80,7 @@ fn use_after_free(api: &'static str, tid: u64, a: &Allocation, how: &Freed) -> V
     let what = match a.kind {
         AllocKind::Pool => "device memory (pool allocation)",
         AllocKind::Device | AllocKind::Pitched => "device memory",
+        AllocKind::Vmm => "device memory (VMM mapping)",
         AllocKind::Managed => "managed memory",
         AllocKind::PinnedHost | AllocKind::Registered => "pinned host memory",
     };

@@ -16,6 +16,7 @@ mod address_space;
 mod alloc;
 mod api;
 mod attributes;
+mod calls;
 mod config;
 mod context;
 pub mod control;
@@ -39,6 +40,7 @@ mod state;
 mod stream;
 mod sync_memops;
 mod violation;
+mod vmm;
 
 pub use control::{Control, ControlError, FaultId, FaultRule, LiveReport, Violation};
 pub use locate::{LIBRARY_FILE_NAME, library_path};

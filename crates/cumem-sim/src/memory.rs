@@ -30,6 +30,8 @@ pub(crate) enum AllocKind {
     PinnedHost,
     /// `cuMemHostRegister`: the program's own memory, page-locked (never unmapped by us).
     Registered,
+    /// `cuMemMap`: one mapping of physical memory (`cuMemCreate`) into a reservation.
+    Vmm,
 }
 
 impl AllocKind {
@@ -42,12 +44,14 @@ impl AllocKind {
             AllocKind::Managed => "managed",
             AllocKind::PinnedHost => "pinned_host",
             AllocKind::Registered => "registered",
+            AllocKind::Vmm => "vmm_mapping",
         }
     }
 
-    /// Device-only memory (no host mapping): `cuMemAlloc`, `cuMemAllocPitch`, pool blocks.
+    /// Device-only memory (no host mapping): `cuMemAlloc`, `cuMemAllocPitch`, pool blocks, VMM
+    /// mappings.
     pub(crate) fn device_only(self) -> bool {
-        matches!(self, AllocKind::Device | AllocKind::Pitched | AllocKind::Pool)
+        matches!(self, AllocKind::Device | AllocKind::Pitched | AllocKind::Pool | AllocKind::Vmm)
     }
 
     /// Page-locked host memory (pinned allocations and registrations).
@@ -140,6 +144,29 @@ impl Backing {
         // SAFETY: `fd` is ours; the mappings keep the memory alive without it.
         unsafe { libc::close(fd) };
         pair
+    }
+
+    /// `len` bytes of inaccessible (`PROT_NONE`) address space, unmapped when dropped: the host
+    /// view of a VMM reservation, into which physical memory is mapped piece by piece so that
+    /// adjacent mappings are adjacent bytes. `None` when the kernel refuses.
+    pub(crate) fn reserved(len: usize) -> Option<Self> {
+        let map_len = len.max(1);
+        // SAFETY: an anonymous PROT_NONE mapping with a NULL hint touches no existing memory; the
+        // result is checked for MAP_FAILED before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Self { ptr: NonNull::new(p.cast::<u8>())?, len: map_len, owned: true, parent: None })
     }
 
     /// Stands for `len` bytes of the program's memory at `ptr` (a host registration); dropping it

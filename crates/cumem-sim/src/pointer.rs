@@ -79,6 +79,12 @@ pub(crate) fn pointer_attribute(
     batch: bool,
 ) -> Result<AttrValue, Fail> {
     use AttrValue::{U32, U64};
+    if a.kind == AllocKind::Vmm {
+        let device = context::current().and_then(|c| st.ctx_device(c));
+        if let Some(v) = crate::vmm::pointer_attribute(st, a, attribute, device) {
+            return Ok(v);
+        }
+    }
     let device_only = a.kind.device_only();
     let offset = ptr - a.base;
     Ok(match attribute {

@@ -1,8 +1,7 @@
 //! The live-resource report: what the simulator currently holds on behalf of the program.
 //!
 //! The loaded simulator serialises it as JSON (`cumemSimLiveReport`); the control client
-//! deserialises it into these types. Mappings are part of the schema but stay empty until the
-//! simulator models VMM.
+//! deserialises it into these types.
 
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +63,43 @@ pub struct LiveRegistration {
     pub context: u64,
 }
 
+/// A live VMM reservation (`cuMemAddressReserve`); a leak until `cuMemAddressFree`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveReservation {
+    /// First reserved device address.
+    pub ptr: u64,
+    /// Reserved bytes.
+    pub bytes: u64,
+}
+
+/// Live VMM physical memory (`cuMemCreate`): a leak while it holds a reference or a mapping.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LivePhysical {
+    /// The `CUmemGenericAllocationHandle` value.
+    pub handle: u64,
+    /// Size in bytes (charged to the device's capacity).
+    pub bytes: u64,
+    /// Owning device ordinal.
+    pub device: i32,
+    /// References not yet released (`cuMemCreate`, each `cuMemRetainAllocationHandle`).
+    pub references: u32,
+    /// Live mappings of it.
+    pub mappings: u32,
+}
+
+/// A live VMM mapping (`cuMemMap`); a leak until `cuMemUnmap`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveMapping {
+    /// First mapped device address.
+    pub ptr: u64,
+    /// Mapped bytes.
+    pub bytes: u64,
+    /// The physical allocation's handle.
+    pub handle: u64,
+    /// Offset into the physical allocation.
+    pub offset: u64,
+}
+
 /// A live (created, not destroyed) stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveStream {
@@ -118,8 +154,14 @@ pub struct LiveReport {
     pub events: Vec<LiveEvent>,
     /// Memory pools (default pools included, flagged).
     pub pools: Vec<LivePool>,
-    /// VMM mappings (not modelled yet; always empty).
-    pub mappings: Vec<serde_json::Value>,
+    /// VMM mappings.
+    pub mappings: Vec<LiveMapping>,
+    /// VMM reservations.
+    #[serde(default)]
+    pub reservations: Vec<LiveReservation>,
+    /// VMM physical allocations.
+    #[serde(default)]
+    pub physical: Vec<LivePhysical>,
     /// Host registrations.
     pub registrations: Vec<LiveRegistration>,
     /// Retained primary contexts and live created contexts.
@@ -127,8 +169,9 @@ pub struct LiveReport {
 }
 
 impl LiveReport {
-    /// No live allocation, stream, event, user-created pool, mapping, registration or created
-    /// context (primary contexts and default pools do not count).
+    /// No live allocation, stream, event, user-created pool, VMM reservation, physical allocation
+    /// or mapping, registration or created context (primary contexts and default pools do not
+    /// count).
     pub fn is_clean(&self) -> bool {
         self.created_contexts().next().is_none()
             && self.allocations.is_empty()
@@ -136,6 +179,8 @@ impl LiveReport {
             && self.events.is_empty()
             && self.user_pools().next().is_none()
             && self.mappings.is_empty()
+            && self.reservations.is_empty()
+            && self.physical.is_empty()
             && self.registrations.is_empty()
     }
 
@@ -179,12 +224,14 @@ impl std::fmt::Display for LiveReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{} allocation(s), {} stream(s), {} event(s), {} user pool(s), {} mapping(s), {} registration(s), \
-             {} created context(s)",
+            "{} allocation(s), {} stream(s), {} event(s), {} user pool(s), {} reservation(s), \
+             {} physical allocation(s), {} mapping(s), {} registration(s), {} created context(s)",
             self.allocations.len(),
             self.streams.len(),
             self.events.len(),
             self.user_pools().count(),
+            self.reservations.len(),
+            self.physical.len(),
             self.mappings.len(),
             self.registrations.len(),
             self.created_contexts().count()
@@ -220,8 +267,22 @@ impl std::fmt::Display for LiveReport {
                 r.ptr, r.bytes, r.flags, r.device
             )?;
         }
-        for other in &self.mappings {
-            writeln!(f, "  {other}")?;
+        for r in &self.reservations {
+            writeln!(f, "  reservation {:#x} ({} bytes)", r.ptr, r.bytes)?;
+        }
+        for p in &self.physical {
+            writeln!(
+                f,
+                "  physical allocation {:#x} ({} bytes) on device {} ({} reference(s), {} mapping(s))",
+                p.handle, p.bytes, p.device, p.references, p.mappings
+            )?;
+        }
+        for m in &self.mappings {
+            writeln!(
+                f,
+                "  mapping {:#x} ({} bytes) of handle {:#x} at offset {}",
+                m.ptr, m.bytes, m.handle, m.offset
+            )?;
         }
         for c in &self.contexts {
             if c.primary {

@@ -74,6 +74,8 @@ pub(crate) struct State {
     pub(crate) contexts: BTreeMap<u64, Created>,
     /// `cuCtxSetLimit` values by context (absent: the defaults).
     pub(crate) limits: BTreeMap<u64, Limits>,
+    /// Virtual memory management: reservations, physical allocations, mappings.
+    pub(crate) vmm: crate::vmm::Vmm,
     pub(crate) next_handle: u64,
     pub(crate) next_seq: u64,
     pub(crate) next_buffer_id: u64,
@@ -113,6 +115,7 @@ pub(crate) static SIM: Sim = Sim {
         per_thread: BTreeMap::new(),
         contexts: BTreeMap::new(),
         limits: BTreeMap::new(),
+        vmm: crate::vmm::Vmm::new(),
         next_handle: 1,
         next_seq: 0,
         next_buffer_id: 1,
@@ -228,7 +231,8 @@ impl State {
             AllocKind::Managed => {
                 self.managed.remove(&a.base);
             }
-            AllocKind::PinnedHost | AllocKind::Registered => {}
+            // A mapping's bookkeeping is `crate::vmm`'s (cuMemUnmap).
+            AllocKind::PinnedHost | AllocKind::Registered | AllocKind::Vmm => {}
         }
     }
 
@@ -276,7 +280,7 @@ impl State {
             allocations: self
                 .allocs
                 .values()
-                .filter(|a| a.kind != AllocKind::Registered)
+                .filter(|a| !matches!(a.kind, AllocKind::Registered | AllocKind::Vmm))
                 .map(|a| LiveAllocation {
                     kind: a.kind.report_name().to_string(),
                     ptr: a.base,
@@ -319,7 +323,9 @@ impl State {
                     default: p.is_default,
                 })
                 .collect(),
-            mappings: Vec::new(),
+            mappings: self.vmm.live_mappings(),
+            reservations: self.vmm.live_reservations(),
+            physical: self.vmm.live_physical(),
             registrations: self
                 .allocs
                 .values()

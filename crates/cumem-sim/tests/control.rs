@@ -158,6 +158,7 @@ const SYMBOLS: &[&str] = &[
     "cumemSimInjectFault",
     "cumemSimClearFaults",
     "cumemSimRemoveFault",
+    "cumemSimCallCount",
 ];
 
 #[test]

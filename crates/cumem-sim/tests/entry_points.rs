@@ -235,17 +235,19 @@ fn get_proc_address_returns_the_version_and_stream_variant_asked_for() {
         ("cuMemAdvise", 11000, 0, "cuMemAdvise"),
         ("cuMemcpyBatchAsync", 12080, 2, "cuMemcpyBatchAsync_ptsz"),
         ("cuGetProcAddress", 12080, 0, "cuGetProcAddress_v2"),
+        ("cuMemAddressReserve", 12080, 0, "cuMemAddressReserve"),
+        ("cuMemRetainAllocationHandle", 12080, 2, "cuMemRetainAllocationHandle"),
     ];
     for (name, version, flags, symbol) in cases {
         let (r, f, status) = proc(name, version, flags);
         assert_eq!((r, status), (CUresult::CUDA_SUCCESS, 0), "{name} {version} {flags}");
         assert_eq!(f, symbol_address(symbol), "{name} {version} {flags} should be {symbol}");
     }
-    let (r, f, status) = proc("cuMemAddressReserve", 12080, 0);
+    let (r, f, status) = proc("cuMemExportToShareableHandle", 12080, 0);
     assert_eq!(
         (r, f, status),
         (CUresult::CUDA_ERROR_NOT_FOUND, std::ptr::null_mut(), 1),
-        "VMM is not modelled"
+        "shareable handles are not modelled"
     );
     let (r, f, status) = proc("cuNoSuchFunction", 12080, 0);
     assert_eq!((r, f, status), (CUresult::CUDA_ERROR_NOT_FOUND, std::ptr::null_mut(), 1));

@@ -28,6 +28,7 @@
 //! | [`copy`] | `copy` (default) | typed sync and async transfers and memsets |
 //! | [`pool`] | `pool` (default) | the caching pool, the driver's pools, a statistics adaptor |
 //! | [`unified`] | `unified` (default) | managed memory, advice, prefetch, migration policies |
+//! | [`vmm`] | `vmm` (default) | virtual memory: reservations, mappings, `GrowableBuffer` |
 //! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
 
 // Every public item of cumem-core (and through it cumem-sys's error types and raw bindings), so a
@@ -71,6 +72,10 @@ pub use cumem_pool as pool;
 #[cfg(feature = "unified")]
 pub use cumem_unified as unified;
 
+/// Virtual memory: reservations, physical memory, mappings, `GrowableBuffer` (feature `vmm`).
+#[cfg(feature = "vmm")]
+pub use cumem_vmm as vmm;
+
 /// Choosing and loading the driver: the real one, or the simulator (feature `sim`).
 pub mod driver {
     pub use cumem_sys::driver::*;
@@ -105,4 +110,6 @@ pub mod prelude {
     pub use cumem_pool::{CachingResource, MemPool, NativePoolResource, PoolConfig, StatisticsResource};
     #[cfg(feature = "unified")]
     pub use cumem_unified::{MigrationPolicy, PrefetchPlan, UnifiedBuffer};
+    #[cfg(feature = "vmm")]
+    pub use cumem_vmm::GrowableBuffer;
 }

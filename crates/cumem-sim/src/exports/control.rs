@@ -134,3 +134,25 @@ pub extern "C" fn cumemSimClearFaults() {
 pub extern "C" fn cumemSimRemoveFault(id: u64) {
     let _ = std::panic::catch_unwind(|| fault::remove(id));
 }
+
+/// `uint64_t cumemSimCallCount(const char *function, uint64_t os_tid)`: how many times the
+/// exported function `function` (exact symbol name, e.g. `cuMemMap`) was called so far, on OS
+/// thread `os_tid`, or on every thread for 0. Failed and faulted calls count; 0 for a NULL or
+/// unknown name.
+///
+/// # Safety
+/// 1. `function` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cumemSimCallCount(function: *const c_char, os_tid: u64) -> u64 {
+    let run = || {
+        if function.is_null() {
+            return 0;
+        }
+        // SAFETY: non-NULL and NUL-terminated per the caller contract.
+        let Ok(name) = unsafe { CStr::from_ptr(function) }.to_str() else {
+            return 0;
+        };
+        crate::calls::total(name, os_tid)
+    };
+    std::panic::catch_unwind(run).unwrap_or(0)
+}

@@ -26,3 +26,4 @@ pub mod pointer_attribute;
 pub mod pool;
 pub mod proc_address;
 pub mod stream;
+pub mod vmm;

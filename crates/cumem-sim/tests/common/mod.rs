@@ -10,12 +10,12 @@ use cumem_sim::control::Control;
 
 /// Devices: 0 general, 1 small (OOM tests; no concurrent managed access; registered memory gets
 /// a device alias distinct from the host address), 2 reserved for the context-reset test (and
-/// exclusive uses), 3 without managed memory, host mapping, pools or host registration.
+/// exclusive uses), 3 without managed memory, host mapping, pools, host registration or VMM.
 pub const CONFIG: &str = "leak_check=1,devices=4,memory=4GiB,latency_us=200,dev1.memory=64MiB,\
                           dev1.concurrent_managed_access=0,\
                           dev3.managed_memory=0,dev3.can_map_host_memory=0,dev3.name=no-frills,\
                           dev3.memory_pools_supported=0,dev3.host_register_supported=0,\
-                          dev3.read_only_host_register_supported=0";
+                          dev3.read_only_host_register_supported=0,dev3.vmm=0";
 
 static LIB: OnceLock<libloading::Library> = OnceLock::new();
 static CTL: OnceLock<Control> = OnceLock::new();

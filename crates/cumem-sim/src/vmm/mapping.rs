@@ -1,0 +1,177 @@
+//! Mappings: `cuMemMap` and `cuMemUnmap`.
+//!
+//! Mapping puts the physical allocation's memory file into the reservation's host view at the
+//! mapping's offset and registers an allocation of kind `Vmm` for it (with no access until
+//! `cuMemSetAccess`). Unmapping first lets the queued work of every device finish (it may still
+//! move bytes through the mapping; the call is synchronous), then puts `PROT_NONE` back.
+
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, OnceLock};
+
+use super::{GRANULARITY, Mapping, invalid, physical, require_vmm};
+use crate::api::Fail;
+use crate::memory::{AllocKind, Allocation, Backing, Freed};
+use crate::state::SIM;
+
+/// `cuMemMap`: binds `[offset, offset + size)` of `handle` to `[ptr, ptr + size)`.
+pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let (size, offset) = (size as u64, offset as u64);
+    let Some(p) = st.vmm.physical.get(&handle) else {
+        return Err(invalid(format!("{handle:#x} is not a live allocation handle")));
+    };
+    if p.refs == 0 {
+        return Err(invalid(format!("handle {handle:#x} was already released")));
+    }
+    let (device, phys_size, fd) = (p.device, p.size, p.file.as_raw_fd());
+    require_vmm(&st, device)?;
+    if flags != 0 {
+        return Err(invalid(format!("cuMemMap flags {flags:#x} must be 0")));
+    }
+    if size == 0 || [ptr, size, offset].iter().any(|v| !v.is_multiple_of(GRANULARITY)) {
+        return Err(invalid(format!(
+            "address {ptr:#x}, size {size} and offset {offset} must be multiples of the granularity {GRANULARITY} \
+             (size non-zero)"
+        )));
+    }
+    // Documented: "offset ... currently must be zero".
+    if offset != 0 {
+        return Err(invalid(format!("offset {offset} must be 0")));
+    }
+    if offset.checked_add(size).is_none_or(|e| e > phys_size) {
+        return Err(invalid(format!(
+            "[{offset}, +{size}) overruns the {phys_size}-byte allocation {handle:#x}"
+        )));
+    }
+    let Some((rbase, r)) = st.vmm.reservation_of(ptr) else {
+        return Err(invalid(format!("{ptr:#x} is not inside a reservation")));
+    };
+    if ptr + size - rbase > r.size {
+        return Err(invalid(format!(
+            "[{ptr:#x}, +{size}) runs past the end of the reservation [{rbase:#x}, +{})",
+            r.size
+        )));
+    }
+    let overlap = st
+        .vmm
+        .mapping_of(ptr)
+        .map(|(b, _)| b)
+        .or_else(|| st.vmm.mappings.range(ptr..ptr + size).next().map(|(b, _)| *b));
+    if let Some(m) = overlap {
+        return Err(invalid(format!("[{ptr:#x}, +{size}) overlaps the mapping at {m:#x}")));
+    }
+    let view = Arc::clone(&r.view);
+    let at = (ptr - rbase) as usize;
+    // SAFETY: `[at, at + size)` lies inside the reservation's view (checked above) and is
+    // currently PROT_NONE (no mapping overlaps it); MAP_FIXED replaces exactly that range with
+    // the memory file's pages, which nothing else references.
+    let p = unsafe {
+        libc::mmap(
+            view.as_ptr().add(at).cast(),
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd,
+            offset as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Fail::quiet(cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    }
+    let backing = Backing::view(&view, at, size as usize).expect("inside the reservation");
+    let buffer_id = st.next_buffer_id;
+    st.next_buffer_id += 1;
+    let alloc = Allocation {
+        kind: AllocKind::Vmm,
+        base: ptr,
+        bytes: size,
+        charged: 0,
+        device: device as i32,
+        // Owned by no context: destroying one leaves mappings alone.
+        ctx: 0,
+        buffer_id,
+        host_flags: 0,
+        pool: 0,
+        backing,
+        freed: OnceLock::new(),
+    };
+    st.allocs.insert(ptr, Arc::new(alloc));
+    st.vmm.physical.get_mut(&handle).expect("found above").mappings += 1;
+    st.vmm
+        .mappings
+        .insert(ptr, Mapping { size, handle, offset, reservation: rbase, access: Default::default() });
+    Ok(())
+}
+
+/// The bases of the whole mappings that exactly tile `[ptr, ptr + size)`, or why not.
+pub(crate) fn tiling(vmm: &super::Vmm, ptr: u64, size: u64, what: &str) -> Result<Vec<u64>, Fail> {
+    let end = ptr.checked_add(size).ok_or_else(|| invalid(format!("range {ptr:#x} + {size} overflows")))?;
+    let mut bases = Vec::new();
+    let mut at = ptr;
+    while at < end {
+        match vmm.mappings.get(&at) {
+            Some(m) if at + m.size <= end => {
+                bases.push(at);
+                at += m.size;
+            }
+            Some(m) => {
+                return Err(invalid(format!(
+                    "{what}: [{ptr:#x}, +{size}) covers only part of the mapping [{at:#x}, +{})",
+                    m.size
+                )));
+            }
+            None => {
+                return Err(match vmm.mapping_of(at) {
+                    Some((b, m)) => invalid(format!(
+                        "{what}: [{ptr:#x}, +{size}) covers only part of the mapping [{b:#x}, +{})",
+                        m.size
+                    )),
+                    None => invalid(format!("{what}: {at:#x} in [{ptr:#x}, +{size}) is not mapped")),
+                });
+            }
+        }
+    }
+    if bases.is_empty() {
+        return Err(invalid(format!("{what}: empty range at {ptr:#x}")));
+    }
+    Ok(bases)
+}
+
+/// `cuMemUnmap`: unmaps the whole mappings that make up `[ptr, ptr + size)`.
+pub(crate) fn unmap(ptr: u64, size: usize) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    tiling(&st.vmm, ptr, size as u64, "cuMemUnmap")?;
+    let all: Vec<usize> = (0..st.devices.len()).collect();
+    crate::hold::drain_devices(&mut st, &all);
+    // Another thread may have unmapped some of it while we waited.
+    let bases = tiling(&st.vmm, ptr, size as u64, "cuMemUnmap")?;
+    for base in bases {
+        let m = st.vmm.mappings.remove(&base).expect("tiled");
+        let r = &st.vmm.reservations[&m.reservation];
+        let at = (base - m.reservation) as usize;
+        // SAFETY: `[at, at + m.size)` is this mapping's part of the reservation's view; queued
+        // work that could still touch it has drained. MAP_FIXED replaces it with inaccessible
+        // anonymous space, dropping the memory file's pages from the view.
+        let p = unsafe {
+            libc::mmap(
+                r.view.as_ptr().add(at).cast(),
+                m.size as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        // Should the kernel refuse, the view keeps the pages until the reservation is freed:
+        // harmless, since no allocation names them any more.
+        let _ = p;
+        if let Some(a) = st.allocs.remove(&base) {
+            a.mark_freed(Freed::AtCall { api: crate::api::caller().0 });
+        }
+        if let Some(p) = st.vmm.physical.get_mut(&m.handle) {
+            p.mappings -= 1;
+        }
+        physical::collect(&mut st, m.handle);
+    }
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! Virtual memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, …): the state and
+//! the rules shared by its parts.
+//!
+//! A reservation is a range of a device's simulated address space (never a host address), with a
+//! private `PROT_NONE` host view of the same length. Physical memory is a memory file, charged to
+//! its device's capacity at creation. Mapping it maps the file into the reservation's host view
+//! at the mapping's offset, so adjacent mappings backed by different physical allocations are
+//! adjacent host bytes: a copy or memset spanning them moves exactly the bytes it would on a GPU.
+//! Each mapping is also an allocation of kind `Vmm` (the copy engine, pointer queries and
+//! `cuMemGetAddressRange` find it like any device memory); the access each device has to it lives
+//! here, and copies and memsets check it at the call, as observed on an H100 (§17 of the driver
+//! reference).
+//!
+//! Physical memory dies when its last reference is released and its last mapping unmapped.
+
+mod access;
+mod mapping;
+mod physical;
+mod pointer;
+mod reserve;
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUresult;
+
+pub(crate) use access::{check_span, get_access, set_access};
+pub(crate) use mapping::{map, unmap};
+pub(crate) use physical::{create, granularity, properties, release, retain};
+pub(crate) use pointer::attribute as pointer_attribute;
+pub(crate) use reserve::{address_free, address_reserve};
+
+use crate::abi::{AllocationProp, LOC_DEVICE, LOC_HOST, LOC_HOST_NUMA, LOC_HOST_NUMA_CURRENT};
+use crate::api::Fail;
+use crate::memory::Backing;
+use crate::report::{LiveMapping, LivePhysical, LiveReservation};
+use crate::state::State;
+
+/// The minimum and recommended granularity of pinned device memory, as observed on an H100.
+pub(crate) const GRANULARITY: u64 = 2 << 20;
+
+/// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
+const ATTR_VMM: u32 = 102;
+
+/// `CU_MEM_ACCESS_FLAGS_PROT_READ`.
+pub(crate) const PROT_READ: u64 = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub(crate) const PROT_READWRITE: u64 = 3;
+
+/// Tag of physical allocation handles (process-local values, never reused).
+const HANDLE_TAG: u64 = 0x0000_3d3d_0000_0000;
+
+/// A `cuMemAddressReserve` range.
+pub(crate) struct Reservation {
+    pub(crate) size: u64,
+    /// The device whose address space it was carved from.
+    pub(crate) device: usize,
+    /// The host view physical memory is mapped into (`PROT_NONE` where nothing is mapped).
+    pub(crate) view: Arc<Backing>,
+}
+
+/// A `cuMemCreate` allocation.
+pub(crate) struct Physical {
+    pub(crate) size: u64,
+    pub(crate) device: usize,
+    /// The creation properties (`cuMemGetAllocationPropertiesFromHandle`).
+    pub(crate) prop: AllocationProp,
+    /// References not yet released; 0 once released while still mapped.
+    pub(crate) refs: u32,
+    pub(crate) mappings: u32,
+    /// The memory file holding its bytes.
+    pub(crate) file: OwnedFd,
+}
+
+/// A `cuMemMap` binding.
+pub(crate) struct Mapping {
+    pub(crate) size: u64,
+    pub(crate) handle: u64,
+    pub(crate) offset: u64,
+    /// Base of the reservation it lies in.
+    pub(crate) reservation: u64,
+    /// Access flags by device ordinal (absent: `PROT_NONE`).
+    pub(crate) access: BTreeMap<usize, u64>,
+}
+
+/// Everything VMM behind the state lock.
+pub(crate) struct Vmm {
+    /// Keyed by base address.
+    pub(crate) reservations: BTreeMap<u64, Reservation>,
+    /// Keyed by handle.
+    pub(crate) physical: BTreeMap<u64, Physical>,
+    /// Keyed by base address.
+    pub(crate) mappings: BTreeMap<u64, Mapping>,
+    next_handle: u64,
+}
+
+impl Vmm {
+    /// No VMM state.
+    pub(crate) const fn new() -> Self {
+        Self {
+            reservations: BTreeMap::new(),
+            physical: BTreeMap::new(),
+            mappings: BTreeMap::new(),
+            next_handle: 0,
+        }
+    }
+
+    /// A fresh, never reused physical allocation handle.
+    fn new_handle(&mut self) -> u64 {
+        self.next_handle += 1;
+        HANDLE_TAG + (self.next_handle << 4)
+    }
+
+    /// The reservation containing `addr`, as `(base, reservation)`.
+    pub(crate) fn reservation_of(&self, addr: u64) -> Option<(u64, &Reservation)> {
+        self.reservations
+            .range(..=addr)
+            .next_back()
+            .filter(|(b, r)| addr - **b < r.size)
+            .map(|(b, r)| (*b, r))
+    }
+
+    /// The mapping containing `addr`, as `(base, mapping)`.
+    pub(crate) fn mapping_of(&self, addr: u64) -> Option<(u64, &Mapping)> {
+        self.mappings.range(..=addr).next_back().filter(|(b, m)| addr - **b < m.size).map(|(b, m)| (*b, m))
+    }
+
+    /// The live reservations, for the live report.
+    pub(crate) fn live_reservations(&self) -> Vec<LiveReservation> {
+        self.reservations.iter().map(|(&ptr, r)| LiveReservation { ptr, bytes: r.size }).collect()
+    }
+
+    /// The live physical allocations, for the live report.
+    pub(crate) fn live_physical(&self) -> Vec<LivePhysical> {
+        self.physical
+            .iter()
+            .map(|(&handle, p)| LivePhysical {
+                handle,
+                bytes: p.size,
+                device: p.device as i32,
+                references: p.refs,
+                mappings: p.mappings,
+            })
+            .collect()
+    }
+
+    /// The live mappings, for the live report.
+    pub(crate) fn live_mappings(&self) -> Vec<LiveMapping> {
+        self.mappings
+            .iter()
+            .map(|(&ptr, m)| LiveMapping { ptr, bytes: m.size, handle: m.handle, offset: m.offset })
+            .collect()
+    }
+}
+
+/// `INVALID_VALUE` with a message (every VMM misuse without a more specific code).
+pub(crate) fn invalid(message: impl Into<String>) -> Fail {
+    Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, message)
+}
+
+/// Refuses VMM on a device configured without it (`vmm=0`): the driver answers `NOT_SUPPORTED`
+/// for VMM calls on a device whose VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0 (reference §9). A
+/// quiet answer, like the other capability refusals: probing is not misuse.
+pub(crate) fn require_vmm(st: &State, device: usize) -> Result<(), Fail> {
+    if st.devices[device].attr(ATTR_VMM) == Some(1) {
+        Ok(())
+    } else {
+        Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_SUPPORTED))
+    }
+}
+
+/// The device a `CUmemAllocationProp` describes, checked as `cuMemCreate` and
+/// `cuMemGetAllocationGranularity` check it: type PINNED, location a device that exists (else
+/// `INVALID_DEVICE`); host locations are refused (`INVALID_VALUE`; HOST_NUMA would need NUMA
+/// host memory, which the simulated machine does not have).
+pub(crate) fn prop_device(st: &State, prop: &AllocationProp) -> Result<usize, Fail> {
+    const PINNED: u32 = 1;
+    if prop.alloc_type != PINNED {
+        return Err(invalid(format!(
+            "CUmemAllocationProp.type {} is not CU_MEM_ALLOCATION_TYPE_PINNED",
+            prop.alloc_type
+        )));
+    }
+    match prop.location.kind {
+        LOC_DEVICE => st.ordinal(prop.location.id),
+        LOC_HOST | LOC_HOST_NUMA | LOC_HOST_NUMA_CURRENT => Err(invalid(format!(
+            "CUmemAllocationProp.location type {} (host memory) is not supported here",
+            prop.location.kind
+        ))),
+        other => Err(invalid(format!("CUmemAllocationProp.location type {other} is not a location"))),
+    }
+}

@@ -1,0 +1,480 @@
+//! Virtual memory management through the raw C API: reserve, create, map, set access, bytes
+//! through mappings (across two physical allocations too), unmap, release; each misuse's code as
+//! observed on an H100 (§17 of the driver reference); capacity accounting; a device without VMM.
+
+mod common;
+
+use common::*;
+use cudarc::driver::sys::{self as cu, CUdeviceptr, CUresult};
+use serial_test::{parallel, serial};
+
+const G: usize = 2 << 20;
+
+fn prop(dev: i32) -> cu::CUmemAllocationProp {
+    // SAFETY: an all-zero CUmemAllocationProp is a valid value (every enum has a 0 variant).
+    let mut p: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    p.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location = cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
+    p
+}
+
+fn try_reserve(size: usize, align: usize, hint: CUdeviceptr) -> (CUresult, CUdeviceptr) {
+    let mut va = 0;
+    // SAFETY: valid out-pointer.
+    let r = unsafe { cu::cuMemAddressReserve(&mut va, size, align, hint, 0) };
+    (r, va)
+}
+
+fn reserve(size: usize) -> CUdeviceptr {
+    let (r, va) = try_reserve(size, 0, 0);
+    ok(r);
+    va
+}
+
+fn try_free_va(va: CUdeviceptr, size: usize) -> CUresult {
+    // SAFETY: plain FFI call.
+    unsafe { cu::cuMemAddressFree(va, size) }
+}
+
+fn free_va(va: CUdeviceptr, size: usize) {
+    ok(try_free_va(va, size));
+}
+
+fn try_create(size: usize, p: &cu::CUmemAllocationProp) -> (CUresult, u64) {
+    let mut h = 0;
+    // SAFETY: valid pointers.
+    let r = unsafe { cu::cuMemCreate(&mut h, size, p, 0) };
+    (r, h)
+}
+
+fn create(size: usize) -> u64 {
+    let (r, h) = try_create(size, &prop(0));
+    ok(r);
+    h
+}
+
+fn release(h: u64) -> CUresult {
+    // SAFETY: plain FFI call.
+    unsafe { cu::cuMemRelease(h) }
+}
+
+fn map(va: CUdeviceptr, size: usize, h: u64) -> CUresult {
+    // SAFETY: plain FFI call.
+    unsafe { cu::cuMemMap(va, size, 0, h, 0) }
+}
+
+fn unmap(va: CUdeviceptr, size: usize) -> CUresult {
+    // SAFETY: plain FFI call.
+    unsafe { cu::cuMemUnmap(va, size) }
+}
+
+fn set_access(va: CUdeviceptr, size: usize, dev: i32, flags: cu::CUmemAccess_flags) -> CUresult {
+    let desc = cu::CUmemAccessDesc {
+        location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev },
+        flags,
+    };
+    // SAFETY: one valid descriptor.
+    unsafe { cu::cuMemSetAccess(va, size, &desc, 1) }
+}
+
+fn rw(va: CUdeviceptr, size: usize) {
+    ok(set_access(va, size, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+}
+
+fn get_access(va: CUdeviceptr, dev: i32) -> (CUresult, u64) {
+    let loc = cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
+    let mut f = u64::MAX;
+    // SAFETY: valid pointers.
+    let r = unsafe { cu::cuMemGetAccess(&mut f, &loc, va) };
+    (r, f)
+}
+
+fn memset(p: CUdeviceptr, v: u8, n: usize) -> CUresult {
+    // SAFETY: plain FFI call.
+    unsafe { cu::cuMemsetD8_v2(p, v, n) }
+}
+
+fn write(p: CUdeviceptr, data: &[u8]) -> CUresult {
+    // SAFETY: `data` is readable for its length.
+    unsafe { cu::cuMemcpyHtoD_v2(p, data.as_ptr().cast(), data.len()) }
+}
+
+fn free_mem() -> usize {
+    let (mut free, mut total) = (0, 0);
+    // SAFETY: valid out-pointers.
+    ok(unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) });
+    free
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 13) as u8).collect()
+}
+
+#[test]
+#[parallel]
+fn granularity_is_two_mib_for_both_options() {
+    bind(0);
+    for option in [
+        cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+    ] {
+        let mut g = 0;
+        // SAFETY: valid pointers.
+        ok(unsafe { cu::cuMemGetAllocationGranularity(&mut g, &prop(0), option) });
+        assert_eq!(g, G);
+    }
+    let mut g = 0;
+    // SAFETY: valid pointers.
+    let r = unsafe {
+        cu::cuMemGetAllocationGranularity(
+            &mut g,
+            &prop(7),
+            cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_DEVICE);
+}
+
+#[test]
+#[parallel]
+fn reserve_create_map_access_write_read_across_two_chunks() {
+    bind(0);
+    let va = reserve(4 * G);
+    assert_eq!(va as usize % G, 0, "the base of a reservation is aligned to the granularity");
+    let (a, b) = (create(G), create(2 * G));
+    ok(map(va, G, a));
+    ok(map(va + G as u64, 2 * G, b));
+    // Releasing while mapped is legal: the mappings keep the memory alive.
+    ok(release(a));
+    ok(release(b));
+    rw(va, 3 * G);
+    assert_eq!(get_access(va + 5, 0), (CUresult::CUDA_SUCCESS, 3));
+    // Bytes that straddle the boundary of the two physical allocations.
+    let data = pattern(2 * G, 7);
+    let at = va + (G / 2) as u64;
+    ok(write(at, &data));
+    assert_eq!(read_back(at, data.len()), data);
+    assert_eq!(read_back(va + G as u64, 16), data[G / 2..G / 2 + 16]);
+    // A memset across the boundary, then a device-to-device copy across it.
+    ok(memset(va + G as u64 - 100, 0xab, 200));
+    assert_eq!(read_back(va + G as u64 - 101, 202)[1..201], vec![0xab; 200][..]);
+    // SAFETY: plain FFI call on mapped, accessible memory.
+    ok(unsafe { cu::cuMemcpyDtoD_v2(va, va + (G + G / 2) as u64, G) });
+    assert_eq!(read_back(va, G), read_back(va + (G + G / 2) as u64, G));
+    // Running off the end of the last mapping into reserved but unmapped space is refused.
+    assert_eq!(memset(va + 3 * G as u64 - 10, 0, 20), CUresult::CUDA_ERROR_INVALID_VALUE);
+    ok(unmap(va, 3 * G));
+    free_va(va, 4 * G);
+}
+
+#[test]
+#[parallel]
+fn async_copies_and_memsets_through_a_mapping_on_a_stream() {
+    bind(0);
+    let va = reserve(2 * G);
+    let (a, b) = (create(G), create(G));
+    ok(map(va, G, a));
+    ok(map(va + G as u64, G, b));
+    rw(va, 2 * G);
+    let s = stream(0);
+    let data = pattern(4096, 3);
+    let host = pinned(4096);
+    // SAFETY: `host` has 4096 bytes.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), host, 4096) };
+    let at = va + G as u64 - 2048;
+    // SAFETY: valid pinned source and mapped destination.
+    ok(unsafe { cu::cuMemcpyHtoDAsync_v2(at, host.cast(), 4096, s) });
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuMemsetD32Async(va, 0x0102_0304, 4, s) });
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    assert_eq!(read_back(at, 4096), data);
+    assert_eq!(read_back(va, 16), [4, 3, 2, 1].repeat(4));
+    pfree(host);
+    destroy(s);
+    ok(unmap(va, 2 * G));
+    ok(release(a));
+    ok(release(b));
+    free_va(va, 2 * G);
+}
+
+#[test]
+#[parallel]
+fn no_access_before_set_access() {
+    bind(0);
+    let va = reserve(G);
+    let h = create(G);
+    ok(map(va, G, h));
+    assert_eq!(get_access(va, 0), (CUresult::CUDA_SUCCESS, 0));
+    assert_eq!(memset(va, 1, 16), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(write(va, &[1, 2, 3]), CUresult::CUDA_ERROR_INVALID_VALUE);
+    ok(set_access(va, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ));
+    assert_eq!(memset(va, 1, 16), CUresult::CUDA_ERROR_INVALID_VALUE, "read-only mapping");
+    assert_eq!(read_back(va, 4).len(), 4);
+    rw(va, G);
+    ok(memset(va, 1, 16));
+    assert_eq!(read_back(va, 16), vec![1; 16]);
+    ok(unmap(va, G));
+    // After the unmap the addresses are reserved but unmapped again.
+    assert_eq!(memset(va, 1, 16), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(get_access(va, 0).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+    ok(release(h));
+    free_va(va, G);
+}
+
+#[test]
+#[parallel]
+fn misuse_codes_as_observed() {
+    bind(0);
+    assert_eq!(try_reserve(G / 2, 0, 0).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(try_reserve(0, 0, 0).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(try_reserve(G, 3, 0).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(try_create(G / 2, &prop(0)).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(try_create(0, &prop(0)).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(try_create(G, &prop(7)).0, CUresult::CUDA_ERROR_INVALID_DEVICE);
+    let mut h = 0;
+    // SAFETY: valid pointers.
+    assert_eq!(unsafe { cu::cuMemCreate(&mut h, G, &prop(0), 1) }, CUresult::CUDA_ERROR_INVALID_VALUE);
+    for (types, code) in [
+        (0x2, CUresult::CUDA_ERROR_INVALID_VALUE),
+        (0x4, CUresult::CUDA_ERROR_INVALID_VALUE),
+        (0x3, CUresult::CUDA_ERROR_INVALID_VALUE),
+        // No shareable handles yet: the device's attributes for them are 0.
+        (0x1, CUresult::CUDA_ERROR_NOT_SUPPORTED),
+        (0x8, CUresult::CUDA_ERROR_NOT_SUPPORTED),
+    ] {
+        let mut p = prop(0);
+        p.requestedHandleTypes = cu::CUmemAllocationHandleType(types);
+        assert_eq!(try_create(G, &p).0, code, "requestedHandleTypes {types:#x}");
+    }
+
+    let va = reserve(4 * G);
+    let h = create(2 * G);
+    assert_eq!(map(va + 4096, G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "unaligned address");
+    // SAFETY: plain FFI call.
+    assert_eq!(unsafe { cu::cuMemMap(va, G, 0, h, 1) }, CUresult::CUDA_ERROR_INVALID_VALUE, "flags");
+    assert_eq!(map(va, 4 * G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "larger than the allocation");
+    assert_eq!(map(va + 3 * G as u64, 2 * G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "past the reservation");
+    ok(map(va, 2 * G, h));
+    assert_eq!(map(va + G as u64, G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "already mapped");
+    assert_eq!(
+        set_access(va, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+        CUresult::CUDA_ERROR_INVALID_VALUE,
+        "half a mapping"
+    );
+    assert_eq!(
+        set_access(va, 3 * G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+        CUresult::CUDA_ERROR_INVALID_VALUE,
+        "past the mapping"
+    );
+    assert_eq!(unmap(va, G), CUresult::CUDA_ERROR_INVALID_VALUE, "half a mapping");
+    // SAFETY: plain FFI call on a mapped address.
+    assert_eq!(unsafe { cu::cuMemFree_v2(va) }, CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(try_free_va(va, 4 * G), CUresult::CUDA_ERROR_INVALID_VALUE, "still mapped");
+    ok(unmap(va, 2 * G));
+    ok(release(h));
+    assert_eq!(release(h), CUresult::CUDA_ERROR_INVALID_VALUE, "second release");
+    assert_eq!(try_free_va(va, 2 * G), CUresult::CUDA_ERROR_INVALID_VALUE, "wrong size");
+    free_va(va, 4 * G);
+    assert_eq!(try_free_va(va, 4 * G), CUresult::CUDA_ERROR_INVALID_VALUE, "freed twice");
+}
+
+#[test]
+#[serial] // reads the device's free memory, which other tests change
+fn capacity_is_charged_at_create_and_returned_when_released_and_unmapped() {
+    bind(0);
+    let before = free_mem();
+    let h = create(3 * G);
+    assert_eq!(free_mem(), before - 3 * G);
+    let va = reserve(3 * G);
+    assert_eq!(free_mem(), before - 3 * G, "reserving address space costs no memory");
+    ok(map(va, 3 * G, h));
+    ok(release(h));
+    assert_eq!(free_mem(), before - 3 * G, "the mapping keeps the memory");
+    ok(unmap(va, 3 * G));
+    assert_eq!(free_mem(), before);
+    free_va(va, 3 * G);
+}
+
+#[test]
+#[parallel]
+fn retain_returns_the_mapped_handle_with_a_reference_and_the_properties() {
+    bind(0);
+    let va = reserve(G);
+    let h = create(G);
+    ok(map(va, G, h));
+    let mut again = 0;
+    // SAFETY: valid out-pointer; an address inside the mapping.
+    ok(unsafe { cu::cuMemRetainAllocationHandle(&mut again, (va + 12345) as *mut _) });
+    assert_eq!(again, h);
+    // SAFETY: an all-zero CUmemAllocationProp is a valid value.
+    let mut p: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut p, h) });
+    assert_eq!(p.type_, cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+    assert_eq!(p.location.id, 0);
+    ok(release(h));
+    ok(unmap(va, G));
+    // The retained reference still holds the memory.
+    ok(release(h));
+    assert_eq!(release(h), CUresult::CUDA_ERROR_INVALID_VALUE);
+    free_va(va, G);
+    // SAFETY: valid out-pointer; an address no mapping covers.
+    let r = unsafe { cu::cuMemRetainAllocationHandle(&mut again, va as *mut _) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE);
+}
+
+#[test]
+#[parallel]
+fn address_range_of_a_mapped_address_is_the_mapping() {
+    bind(0);
+    let va = reserve(3 * G);
+    let (a, b) = (create(G), create(2 * G));
+    ok(map(va, G, a));
+    ok(map(va + G as u64, 2 * G, b));
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: valid out-pointers.
+    ok(unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, va + G as u64 + 77) });
+    assert_eq!((base, size), (va + G as u64, 2 * G));
+    let mut mem_type = 0u32;
+    // SAFETY: a u32 out-value for MEMORY_TYPE.
+    ok(unsafe {
+        cu::cuPointerGetAttribute(
+            (&mut mem_type as *mut u32).cast(),
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            va + 5,
+        )
+    });
+    assert_eq!(mem_type, 2, "CU_MEMORYTYPE_DEVICE");
+    use cu::CUpointer_attribute::*;
+    let attr64 = |a: cu::CUpointer_attribute, p: CUdeviceptr| {
+        let mut v = 0u64;
+        // SAFETY: an 8-byte out-value for a pointer-sized attribute.
+        ok(unsafe { cu::cuPointerGetAttribute((&mut v as *mut u64).cast(), a, p) });
+        v
+    };
+    let attr32 = |a: cu::CUpointer_attribute, p: CUdeviceptr| {
+        let mut v = u32::MAX;
+        // SAFETY: a 4-byte out-value for an int-sized attribute.
+        ok(unsafe { cu::cuPointerGetAttribute((&mut v as *mut u32).cast(), a, p) });
+        v
+    };
+    let inside = va + G as u64 + 77;
+    assert_eq!(attr64(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, inside), va, "the reservation");
+    assert_eq!(attr64(CU_POINTER_ATTRIBUTE_RANGE_SIZE, inside), 3 * G as u64);
+    assert_eq!(attr64(CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, inside), va + G as u64, "the mapping");
+    assert_eq!(attr64(CU_POINTER_ATTRIBUTE_MAPPING_SIZE, inside), 2 * G as u64);
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_MAPPED, inside), 1);
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, inside), 0, "no access yet");
+    rw(va + G as u64, 2 * G);
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, inside), 3);
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, inside), 0);
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, inside), 0);
+    ok(unmap(va, 3 * G));
+    ok(release(a));
+    ok(release(b));
+    free_va(va, 3 * G);
+}
+
+#[test]
+#[parallel]
+fn a_free_hint_is_honoured() {
+    bind(0);
+    let va = reserve(2 * G);
+    free_va(va, 2 * G);
+    let (r, again) = try_reserve(2 * G, 0, va);
+    ok(r);
+    assert_eq!(again, va);
+    // The end of a live reservation is free: a range can grow in place.
+    let (r, next) = try_reserve(G, 0, va + 2 * G as u64);
+    ok(r);
+    assert_eq!(next, va + 2 * G as u64);
+    // An occupied hint is not an error: the driver picks another address.
+    let (r, other) = try_reserve(G, 0, va);
+    ok(r);
+    assert_ne!(other, va);
+    free_va(va, 2 * G);
+    free_va(next, G);
+    free_va(other, G);
+}
+
+#[test]
+#[parallel]
+fn a_device_without_vmm_reports_zero_and_refuses() {
+    bind(3);
+    let mut v = -1;
+    // SAFETY: valid out-pointer.
+    ok(unsafe {
+        cu::cuDeviceGetAttribute(
+            &mut v,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            3,
+        )
+    });
+    assert_eq!(v, 0);
+    assert_eq!(try_create(G, &prop(3)).0, CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    assert_eq!(try_reserve(G, 0, 0).0, CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    bind(0);
+    // SAFETY: valid out-pointer.
+    ok(unsafe {
+        cu::cuDeviceGetAttribute(
+            &mut v,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            0,
+        )
+    });
+    assert_eq!(v, 1);
+}
+
+#[test]
+#[parallel]
+fn every_call_is_counted_per_entry_point_and_thread() {
+    let ctl = bind(0);
+    let before = ctl.calls_on_this_thread("cuMemMap");
+    let all_before = ctl.calls("cuMemMap");
+    let va = reserve(G);
+    let h = create(G);
+    ok(map(va, G, h));
+    // A failing call reached the driver too.
+    assert_eq!(map(va, G, h), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(ctl.calls_on_this_thread("cuMemMap"), before + 2);
+    assert!(ctl.calls("cuMemMap") >= all_before + 2);
+    // Another thread's calls are not this thread's.
+    let other = std::thread::spawn(move || {
+        bind(0);
+        assert_eq!(memset(va, 0, 1), CUresult::CUDA_ERROR_INVALID_VALUE);
+        ctl.calls_on_this_thread("cuMemsetD8_v2")
+    });
+    assert_eq!(other.join().unwrap(), 1);
+    let unmaps = ctl.calls_on_this_thread("cuMemUnmap");
+    ok(unmap(va, G));
+    assert_eq!(ctl.calls_on_this_thread("cuMemUnmap"), unmaps + 1);
+    ok(release(h));
+    free_va(va, G);
+    assert_eq!(ctl.calls_on_this_thread("cuNoSuchFunction"), 0);
+}
+
+#[test]
+#[serial] // asserts the whole live report is clean once its resources are gone
+fn reservations_physical_memory_and_mappings_are_live_resources() {
+    let ctl = bind(0);
+    let va = reserve(2 * G);
+    let h = create(G);
+    let report = ctl.live_report();
+    assert!(!report.is_clean(), "a reservation and physical memory are leaks until freed: {report}");
+    assert!(report.reservations.iter().any(|r| r.ptr == va && r.bytes == 2 * G as u64));
+    assert!(report.physical.iter().any(|p| p.handle == h && p.references == 1 && p.mappings == 0));
+    ok(map(va, G, h));
+    ok(release(h));
+    let report = ctl.live_report();
+    assert!(report.mappings.iter().any(|m| m.ptr == va && m.handle == h && m.bytes == G as u64));
+    assert!(report.physical.iter().any(|p| p.handle == h && p.references == 0 && p.mappings == 1));
+    assert!(report.allocations.is_empty(), "a mapping is listed as a mapping, not an allocation");
+    ok(unmap(va, G));
+    let report = ctl.live_report();
+    assert!(report.physical.is_empty() && report.mappings.is_empty(), "{report}");
+    assert!(!report.is_clean(), "the reservation is still live");
+    free_va(va, 2 * G);
+    let report = ctl.live_report();
+    assert!(report.is_clean(), "{report}");
+}

@@ -1,0 +1,199 @@
+//! Every driver call cumem-vmm makes, each a thin checked wrapper around one `unsafe` FFI call.
+//!
+//! The VMM entry points are probed before they are called (cudarc panics on a missing symbol): a
+//! driver without one gives `NotSupported { feature: Symbol(name) }`. Callers validate their
+//! arguments first and bind the right context.
+
+use std::ffi::c_void;
+
+use cumem_sys::sys::{
+    self, CUdevice, CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags,
+    CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle,
+    CUmemLocation, CUmemLocationType, CUstream,
+};
+use cumem_sys::{ErrorContext as Ctx, Result, check, probe};
+
+fn location(device: CUdevice) -> CUmemLocation {
+    CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
+}
+
+/// Pinned device memory on `device` that may be exported as `handle_types`.
+fn props(device: CUdevice, handle_types: u32) -> CUmemAllocationProp {
+    // SAFETY: CUmemAllocationProp is plain old data (integers and a null pointer); all-zero is its
+    // documented "unset" state.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CUmemAllocationHandleType(handle_types);
+    prop.location = location(device);
+    prop
+}
+
+pub(crate) fn allocation_granularity(
+    device: CUdevice,
+    handle_types: u32,
+    recommended: bool,
+) -> Result<usize> {
+    probe::require("cuMemGetAllocationGranularity")?;
+    let prop = props(device, handle_types);
+    let option = if recommended {
+        CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+    } else {
+        CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM
+    };
+    let mut granularity = 0usize;
+    // SAFETY: `granularity` is a valid out-pointer; `prop` is fully initialised and outlives the call.
+    let code = unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, option) };
+    check(code, Ctx::op("cuMemGetAllocationGranularity").device(device))?;
+    Ok(granularity)
+}
+
+/// Reserves `size` bytes of device address space; `addr` is a hint (0 for none).
+pub(crate) fn address_reserve(size: usize, alignment: usize, addr: CUdeviceptr) -> Result<CUdeviceptr> {
+    probe::require("cuMemAddressReserve")?;
+    let mut ptr = 0;
+    // SAFETY: `ptr` is a valid out-pointer; the driver only reserves address space.
+    let code = unsafe { sys::cuMemAddressReserve(&mut ptr, size, alignment, addr, 0) };
+    check(code, Ctx::op("cuMemAddressReserve").bytes(size))?;
+    Ok(ptr)
+}
+
+/// # Safety
+/// 1. `[ptr, ptr + size)` is exactly one reservation made by `address_reserve`, freed once.
+/// 2. Nothing is mapped in it any more.
+pub(crate) unsafe fn address_free(ptr: CUdeviceptr, size: usize) -> Result<()> {
+    probe::require("cuMemAddressFree")?;
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { sys::cuMemAddressFree(ptr, size) }, Ctx::op("cuMemAddressFree").bytes(size))
+}
+
+pub(crate) fn create(
+    size: usize,
+    device: CUdevice,
+    handle_types: u32,
+) -> Result<CUmemGenericAllocationHandle> {
+    probe::require("cuMemCreate")?;
+    let prop = props(device, handle_types);
+    let mut handle = 0;
+    // SAFETY: `handle` is a valid out-pointer; `prop` is fully initialised and outlives the call.
+    let code = unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) };
+    check(code, Ctx::op("cuMemCreate").bytes(size).device(device))?;
+    Ok(handle)
+}
+
+/// # Safety
+/// 1. `handle` came from `create` and this drops the one reference it gave; it is not used again.
+pub(crate) unsafe fn release(handle: CUmemGenericAllocationHandle) -> Result<()> {
+    probe::require("cuMemRelease")?;
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { sys::cuMemRelease(handle) }, Ctx::op("cuMemRelease"))
+}
+
+/// # Safety
+/// 1. `[ptr, ptr + size)` lies inside one live reservation and nothing is mapped there.
+/// 2. `handle` is a live allocation of at least `size` bytes.
+pub(crate) unsafe fn map(ptr: CUdeviceptr, size: usize, handle: CUmemGenericAllocationHandle) -> Result<()> {
+    probe::require("cuMemMap")?;
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) }, Ctx::op("cuMemMap").bytes(size))
+}
+
+/// # Safety
+/// 1. `[ptr, ptr + size)` is exactly one whole mapping made by `map`, unmapped once.
+/// 2. No device work that uses it is pending, and no view of it is alive.
+pub(crate) unsafe fn unmap(ptr: CUdeviceptr, size: usize) -> Result<()> {
+    probe::require("cuMemUnmap")?;
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { sys::cuMemUnmap(ptr, size) }, Ctx::op("cuMemUnmap").bytes(size))
+}
+
+/// Sets the access of each `(device, flags)` pair on the wholly mapped `[ptr, ptr + size)`.
+pub(crate) fn set_access(
+    ptr: CUdeviceptr,
+    size: usize,
+    access: &[(CUdevice, CUmemAccess_flags)],
+) -> Result<()> {
+    probe::require("cuMemSetAccess")?;
+    let descs: Vec<CUmemAccessDesc> =
+        access.iter().map(|&(device, flags)| CUmemAccessDesc { location: location(device), flags }).collect();
+    // SAFETY: `descs` holds `descs.len()` initialised descriptors and outlives the call; changing
+    // access to mapped memory touches no Rust-visible memory.
+    let code = unsafe { sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) };
+    check(code, Ctx::op("cuMemSetAccess").bytes(size))
+}
+
+/// The access flags `device` has on the mapping that contains `ptr`.
+pub(crate) fn get_access(ptr: CUdeviceptr, device: CUdevice) -> Result<u64> {
+    probe::require("cuMemGetAccess")?;
+    let loc = location(device);
+    let mut flags = 0u64;
+    // SAFETY: `flags` is a valid out-pointer; `loc` is initialised and outlives the call.
+    let code = unsafe { sys::cuMemGetAccess(&mut flags, &loc, ptr) };
+    check(code, Ctx::op("cuMemGetAccess").device(device))?;
+    Ok(flags)
+}
+
+/// Whether `device` can access memory of `owner` directly.
+pub(crate) fn can_access_peer(device: CUdevice, owner: CUdevice) -> Result<bool> {
+    let mut can = 0;
+    // SAFETY: `can` is a valid out-pointer.
+    let code = unsafe { sys::cuDeviceCanAccessPeer(&mut can, device, owner) };
+    check(code, Ctx::op("cuDeviceCanAccessPeer").device(device))?;
+    Ok(can != 0)
+}
+
+/// A memset value of one of the widths the driver fills with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Fill {
+    W8(u8),
+    W16(u16),
+    W32(u32),
+}
+
+/// Queues setting `n` values of the fill's width at `dst` on `stream`.
+///
+/// # Safety
+/// 1. `[dst, dst + n * width)` is device memory that nothing else uses until the work completes
+///    (ordered on `stream`), and the bytes written are valid for the values stored there.
+pub(crate) unsafe fn memset_async(dst: CUdeviceptr, value: Fill, n: usize, stream: CUstream) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        match value {
+            Fill::W8(v) => {
+                check(sys::cuMemsetD8Async(dst, v, n, stream), Ctx::op("cuMemsetD8Async").bytes(n))
+            }
+            Fill::W16(v) => {
+                check(sys::cuMemsetD16Async(dst, v, n, stream), Ctx::op("cuMemsetD16Async").bytes(n * 2))
+            }
+            Fill::W32(v) => {
+                check(sys::cuMemsetD32Async(dst, v, n, stream), Ctx::op("cuMemsetD32Async").bytes(n * 4))
+            }
+        }
+    }
+}
+
+/// Copies `bytes` host bytes into device memory, returning when the source may be reused.
+///
+/// # Safety
+/// 1. `src` is valid for reads of `bytes` initialised bytes.
+/// 2. `[dst, dst + bytes)` is device memory ordered on the legacy stream, used by nothing else.
+pub(crate) unsafe fn htod(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { sys::cuMemcpyHtoD_v2(dst, src, bytes) }, Ctx::op("cuMemcpyHtoD_v2").bytes(bytes))
+}
+
+/// Queues a copy of page-locked host memory into device memory on `stream`.
+///
+/// # Safety
+/// 1. `src` is page-locked memory of `bytes` initialised bytes that stays valid and unwritten until
+///    the copy completes.
+/// 2. `[dst, dst + bytes)` is device memory ordered on `stream`, used by nothing else meanwhile.
+pub(crate) unsafe fn htod_async(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    let code = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream) };
+    check(code, Ctx::op("cuMemcpyHtoDAsync_v2").bytes(bytes))
+}

@@ -1,0 +1,520 @@
+//! `GrowableBuffer<T>`: a device array that grows in place, so its address never changes.
+//!
+//! A `Vec` that outgrows its allocation moves to a bigger one, and every pointer into it dies. A
+//! `GrowableBuffer` reserves a large stretch of addresses once ([`GrowableConfig::reserve_bytes`],
+//! by default twice the device's memory, which costs no memory) and maps physical chunks at its
+//! end as it grows; [`GrowableBuffer::shrink_to_fit`] unmaps whole chunks from the end and gives
+//! their memory back to the device. Pointers handed to kernels stay valid across growth. Growing
+//! past the reservation is an error ([`Error::LimitExceeded`]) and never a silent move.
+//!
+//! Device work is ordered like a [`DeviceBuffer`](cumem_core::DeviceBuffer)'s: every view shares
+//! the buffer's [`StreamOrder`], fills are queued on the stream the buffer was created on, and
+//! chunks are unmapped (by `shrink_to_fit` and the drop) only after the work that uses the buffer
+//! has completed.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{Device, PinnedBuffer, Stream};
+//! use cumem_vmm::GrowableBuffer;
+//! let ctx = Device::get(0)?.context()?;
+//! if ctx.device().capabilities()?.virtual_memory {
+//!     let stream = Stream::non_blocking(&ctx)?;
+//!     let mut buf = GrowableBuffer::<u64>::with_capacity(&stream, 1000)?;
+//!     assert!(buf.capacity() >= 1000 && buf.is_empty());
+//!     let host = PinnedBuffer::from_slice(&ctx, &[5u64; 1000])?;
+//!     buf.extend_from_host(&stream, &host)?;   // queued on `stream`
+//!     buf.resize(3000, 9)?;                     // grows; the new values are filled on the device
+//!     assert_eq!(buf.slice(998..1002)?.to_vec()?, [5, 5, 9, 9]);
+//!     buf.truncate(10);
+//!     buf.shrink_to_fit()?;                     // unmaps every chunk past the first
+//!     assert_eq!(buf.mapped_bytes(), buf.chunk_bytes());
+//! }
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::RangeBounds;
+use std::sync::Arc;
+
+use bytemuck::{AnyBitPattern, NoUninit, Zeroable};
+use cumem_core::sys::CUdeviceptr;
+use cumem_core::{
+    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, Context, DeviceSlice, DeviceSliceMut, Error,
+    HostMemory, OnStream, OnStreamMut, Result, Stream, StreamOrder, blocking_host_copy,
+};
+
+use crate::ffi::{self, Fill};
+use crate::{Access, Granularity, PhysicalMemory, SharedMapping, VirtualRange};
+
+/// How much address space a [`GrowableBuffer`] reserves, and the size of the chunks it maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GrowableConfig {
+    /// Bytes of address space to reserve (non-zero; rounded up to whole chunks): the most the
+    /// buffer can ever hold. `None`: [`GrowableConfig::DEFAULT_RESERVE_MULTIPLE`] times the device's memory.
+    pub reserve_bytes: Option<usize>,
+    /// Bytes mapped at a time, a multiple of the minimum granularity. `None`: the recommended
+    /// granularity (2 MiB on current GPUs).
+    pub chunk_bytes: Option<usize>,
+}
+
+impl GrowableConfig {
+    /// The default reservation, in multiples of the device's total memory: room to grow past
+    /// anything the device could back, while costing nothing but address space.
+    pub const DEFAULT_RESERVE_MULTIPLE: usize = 2;
+
+    /// Reserves `bytes` of address space.
+    pub fn reserve_bytes(mut self, bytes: usize) -> Self {
+        self.reserve_bytes = Some(bytes);
+        self
+    }
+
+    /// Maps chunks of `bytes`.
+    pub fn chunk_bytes(mut self, bytes: usize) -> Self {
+        self.chunk_bytes = Some(bytes);
+        self
+    }
+}
+
+/// An owning array of `T` in device memory whose address never changes while it grows.
+pub struct GrowableBuffer<T> {
+    range: Arc<VirtualRange>,
+    /// The mapped chunks, in address order from the start of the range.
+    chunks: Vec<SharedMapping>,
+    chunk_bytes: usize,
+    len: usize,
+    ctx: Context,
+    /// Where fills are queued: the stream the buffer was created on.
+    stream: Stream,
+    order: StreamOrder,
+    _marker: PhantomData<T>,
+}
+
+impl<T> GrowableBuffer<T> {
+    /// An empty buffer on `stream`'s device, with the default reservation and nothing mapped.
+    pub fn new(stream: &Stream) -> Result<Self> {
+        GrowableBuffer::with_config(stream, 0, GrowableConfig::default())
+    }
+
+    /// An empty buffer with room for at least `capacity` values mapped already.
+    pub fn with_capacity(stream: &Stream, capacity: usize) -> Result<Self> {
+        GrowableBuffer::with_config(stream, capacity, GrowableConfig::default())
+    }
+
+    /// An empty buffer with room for `capacity` values, reserving and mapping as `config` says.
+    ///
+    /// Refused before any VMM call: a device without VMM (`NotSupported { feature: VirtualMemory
+    /// }`), a zero-sized `T` or chunk (`ZeroSize`), a chunk size that is not a multiple of the
+    /// granularity (`Misaligned`), a capacity beyond the reservation (`LimitExceeded`).
+    pub fn with_config(stream: &Stream, capacity: usize, config: GrowableConfig) -> Result<Self> {
+        let ctx = stream.context().clone();
+        let granularity = Granularity::of(ctx.device())?;
+        if size_of::<T>() == 0 {
+            return Err(Error::ZeroSize { what: "element size" });
+        }
+        let chunk_bytes = config.chunk_bytes.unwrap_or(granularity.recommended);
+        if chunk_bytes == 0 {
+            return Err(Error::ZeroSize { what: "chunk size" });
+        }
+        granularity.check("chunk size", chunk_bytes as u64)?;
+        let reserve = match config.reserve_bytes {
+            Some(0) => return Err(Error::ZeroSize { what: "reservation size" }),
+            Some(bytes) => bytes,
+            None => ctx.device().total_memory()?.saturating_mul(GrowableConfig::DEFAULT_RESERVE_MULTIPLE),
+        };
+        let reserve = reserve
+            .max(1)
+            .checked_next_multiple_of(chunk_bytes)
+            .ok_or(Error::SizeOverflow { count: reserve, elem_size: 1 })?;
+        let wanted = bytes_for::<T>(capacity)?;
+        if wanted > reserve {
+            return Err(beyond_reservation(reserve));
+        }
+        let range = Arc::new(VirtualRange::reserve(&ctx, reserve)?);
+        let mut buf = GrowableBuffer {
+            range,
+            chunks: Vec::new(),
+            chunk_bytes,
+            len: 0,
+            ctx,
+            stream: stream.clone(),
+            order: StreamOrder::new(stream),
+            _marker: PhantomData,
+        };
+        buf.map_up_to(wanted)?;
+        Ok(buf)
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size of the values in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
+    /// How many values fit in the mapped memory.
+    pub fn capacity(&self) -> usize {
+        self.mapped_bytes() / size_of::<T>()
+    }
+
+    /// The most values the buffer can ever hold: its whole reservation mapped.
+    pub fn max_capacity(&self) -> usize {
+        self.range.size() / size_of::<T>()
+    }
+
+    /// Bytes of device memory mapped (whole chunks).
+    pub fn mapped_bytes(&self) -> usize {
+        self.chunks.len() * self.chunk_bytes
+    }
+
+    /// Bytes of each chunk.
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
+    /// The device address of the first value: the start of the reservation, which never changes.
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.range.base()
+    }
+
+    /// The reservation the buffer grows in.
+    pub fn range(&self) -> &VirtualRange {
+        &self.range
+    }
+
+    /// The context of the memory.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The stream the buffer was created on, where fills are queued.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The stream-order tracker that every view shares.
+    pub fn order(&self) -> &StreamOrder {
+        &self.order
+    }
+
+    /// Makes room for at least `additional` more values, mapping chunks at the end.
+    /// `LimitExceeded` if that would pass the reservation (nothing is mapped then).
+    pub fn reserve(&mut self, additional: usize) -> Result<()> {
+        let wanted = self
+            .len
+            .checked_add(additional)
+            .ok_or(Error::SizeOverflow { count: usize::MAX, elem_size: size_of::<T>() })?;
+        self.map_up_to(bytes_for::<T>(wanted)?)
+    }
+
+    /// Maps chunks until at least `bytes` are mapped.
+    fn map_up_to(&mut self, bytes: usize) -> Result<()> {
+        if bytes > self.range.size() {
+            return Err(beyond_reservation(self.range.size()));
+        }
+        while self.mapped_bytes() < bytes {
+            let memory = PhysicalMemory::new(&self.ctx, self.chunk_bytes)?;
+            let mut mapping = self.range.map_shared(self.mapped_bytes(), &memory)?;
+            // The mapping holds the memory from now on; it is freed when the chunk is unmapped.
+            drop(memory);
+            mapping.set_access(&[(self.ctx.device(), Access::ReadWrite)])?;
+            self.chunks.push(mapping);
+        }
+        Ok(())
+    }
+
+    /// Shortens the buffer to `len` values (no effect if it is not longer); the memory stays mapped.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Removes every value; the memory stays mapped.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Unmaps every whole chunk past the values and returns its memory to the device, after the
+    /// device work that uses the buffer has completed.
+    pub fn shrink_to_fit(&mut self) -> Result<()> {
+        let keep = self.bytes().div_ceil(self.chunk_bytes);
+        if self.chunks.len() <= keep {
+            return Ok(());
+        }
+        // Work queued through any view may still touch the chunks about to go.
+        self.order.synchronize()?;
+        while self.chunks.len() > keep {
+            // Dropping unmaps, and the driver frees the memory with its last mapping.
+            self.chunks.pop();
+        }
+        Ok(())
+    }
+
+    /// Resizes to `new_len` values; new ones are set to `value` on the buffer's stream.
+    pub fn resize(&mut self, new_len: usize, value: T) -> Result<()>
+    where
+        T: NoUninit,
+    {
+        if new_len <= self.len {
+            self.truncate(new_len);
+            return Ok(());
+        }
+        self.reserve(new_len - self.len)?;
+        self.fill_tail(new_len, value)?;
+        self.len = new_len;
+        Ok(())
+    }
+
+    /// Resizes to `new_len` values; new ones are zeroed on the buffer's stream.
+    pub fn resize_zeroed(&mut self, new_len: usize) -> Result<()>
+    where
+        T: NoUninit + Zeroable,
+    {
+        self.resize(new_len, T::zeroed())
+    }
+
+    /// Sets `[len, new_len)` (mapped already) to `value`: queued memsets where the value's bytes
+    /// repeat with a width the driver fills (1, 2 or 4 bytes), a blocking copy otherwise.
+    fn fill_tail(&mut self, new_len: usize, value: T) -> Result<()>
+    where
+        T: NoUninit,
+    {
+        let count = new_len - self.len;
+        let ptr = self.device_ptr() + self.bytes() as u64;
+        let bytes = bytemuck::bytes_of(&value);
+        if let Some((fill, n)) = memset_for(bytes, count) {
+            let stream = self.stream.clone();
+            // SAFETY: `[len, new_len)` is mapped, read-write for this device, aligned for T (a
+            // chunk-aligned base plus whole values) and exclusively ours (`&mut self`); the view
+            // is ordered through `order`. Its old bytes are not read before the memset overwrites
+            // them with valid values of T.
+            let mut tail = unsafe { DeviceSliceMut::<T>::from_raw_parts(ptr, count, &self.order, &self.ctx) };
+            let on = tail.on(&stream)?;
+            self.ctx.bind()?;
+            // SAFETY: the range is the guard's, ordered on `stream`; every byte written is a
+            // byte of `value`, at its own offset in each value, so each value becomes `value`.
+            return unsafe { ffi::memset_async(on.device_ptr(), fill, n, stream.raw()) };
+        }
+        let host = vec![value; count];
+        self.copy_into_tail(&host)
+    }
+
+    /// Copies `src` into the mapped values right after the last one, blocking until it is done.
+    fn copy_into_tail(&mut self, src: &[T]) -> Result<()>
+    where
+        T: NoUninit,
+    {
+        let ptr = self.device_ptr() + self.bytes() as u64;
+        let legacy = Stream::legacy(&self.ctx);
+        // SAFETY: as in `fill_tail`: mapped, accessible, aligned and exclusively ours; the old
+        // bytes are only overwritten.
+        let mut tail = unsafe { DeviceSliceMut::<T>::from_raw_parts(ptr, src.len(), &self.order, &self.ctx) };
+        let on = tail.on(&legacy)?;
+        blocking_host_copy(&self.ctx, src.as_ptr().cast(), || {
+            // SAFETY: `src` holds `len` initialised values (NoUninit) and outlives the call; the
+            // destination is the guard's range of the same size, ordered on the legacy stream.
+            unsafe { ffi::htod(on.device_ptr(), src.as_ptr().cast(), on.bytes()) }
+        })
+    }
+
+    /// Appends a copy of `src`, growing as needed; returns once `src` may be reused.
+    pub fn extend_from_slice(&mut self, src: &[T]) -> Result<()>
+    where
+        T: NoUninit,
+    {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.reserve(src.len())?;
+        self.copy_into_tail(src)?;
+        self.len += src.len();
+        Ok(())
+    }
+
+    /// Appends a copy of page-locked host memory, growing as needed; the copy is queued on `stream`
+    /// (a stream of the buffer's device: `WrongDevice` otherwise), ordered after the buffer's
+    /// earlier work, and `src` stays unwritable by the host until it completes.
+    pub fn extend_from_host(&mut self, stream: &Stream, src: &impl HostMemory<T>) -> Result<()>
+    where
+        T: NoUninit,
+    {
+        if stream.context() != &self.ctx {
+            return Err(Error::WrongDevice {
+                expected: self.ctx.device().raw(),
+                actual: stream.context().device().raw(),
+            });
+        }
+        let count = src.len();
+        if count == 0 {
+            return Ok(());
+        }
+        self.reserve(count)?;
+        let ptr = self.device_ptr() + self.bytes() as u64;
+        // SAFETY: as in `fill_tail`; the copy overwrites the old bytes with valid values of T.
+        let mut tail = unsafe { DeviceSliceMut::<T>::from_raw_parts(ptr, count, &self.order, &self.ctx) };
+        let on = tail.on(stream)?;
+        self.ctx.bind()?;
+        let (to, bytes) = (on.device_ptr(), on.bytes());
+        let enqueue = |from: *const T, _| {
+            // SAFETY: `from` is page-locked memory of `bytes` bytes that the host kind keeps alive
+            // and unwritten until the copy completes; `to` is ours, ordered on `stream`.
+            unsafe { ffi::htod_async(to, from.cast(), bytes, stream.raw()) }
+        };
+        // SAFETY: `enqueue` queues one copy on `stream` reading exactly `count` values.
+        unsafe { src.device_read(stream, enqueue)? };
+        drop(on);
+        self.len += count;
+        Ok(())
+    }
+
+    /// A shared view of the values.
+    pub fn as_slice(&self) -> DeviceSlice<'_, T> {
+        // SAFETY: `[base, base + bytes)` is mapped (len ≤ capacity), read-write for the buffer's
+        // device, aligned for T (the range base is granularity-aligned), holds `len` values of T
+        // written through fills and copies, and stays mapped while the view borrows `self`
+        // (unmapping needs `&mut self`); all device work goes through `order`.
+        unsafe { DeviceSlice::from_raw_parts(self.device_ptr(), self.len, &self.order, &self.ctx) }
+    }
+
+    /// An exclusive view of the values.
+    pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
+        // SAFETY: as in `as_slice`; the view borrows `self` exclusively.
+        unsafe { DeviceSliceMut::from_raw_parts(self.device_ptr(), self.len, &self.order, &self.ctx) }
+    }
+
+    /// A shared view of `range`.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
+        self.as_slice().slice(range)
+    }
+
+    /// An exclusive view of `range`.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
+        self.as_mut_slice().into_slice_mut(range)
+    }
+
+    /// Shared views of `[0, mid)` and `[mid, len)`.
+    pub fn split_at(&self, mid: usize) -> Result<(DeviceSlice<'_, T>, DeviceSlice<'_, T>)> {
+        self.as_slice().split_at(mid)
+    }
+
+    /// Shared views of `chunk` values each (the last may be shorter).
+    pub fn chunks(&self, chunk: usize) -> Result<Chunks<'_, T>> {
+        self.as_slice().chunks(chunk)
+    }
+
+    /// Exclusive views of `chunk` values each (the last may be shorter).
+    pub fn chunks_mut(&mut self, chunk: usize) -> Result<ChunksMut<'_, T>> {
+        self.as_mut_slice().into_chunks_mut(chunk)
+    }
+
+    /// The values on `stream`, for device work that only reads them (see [`DeviceSlice::on`]).
+    pub fn on<'s>(&'s self, stream: &'s Stream) -> Result<OnStream<'s, T>> {
+        self.as_slice().on(stream)
+    }
+
+    /// The values on `stream`, for device work that writes them (see [`DeviceSliceMut::on`]).
+    pub fn on_mut<'s>(&'s mut self, stream: &'s Stream) -> Result<OnStreamMut<'s, T>> {
+        self.as_mut_slice().into_on(stream)
+    }
+
+    /// Copies the values to a new `Vec`, after all work queued on the buffer so far.
+    pub fn to_vec(&self) -> Result<Vec<T>>
+    where
+        T: AnyBitPattern,
+    {
+        self.as_slice().to_vec()
+    }
+}
+
+/// `count` values of `T` in bytes.
+fn bytes_for<T>(count: usize) -> Result<usize> {
+    count.checked_mul(size_of::<T>()).ok_or(Error::SizeOverflow { count, elem_size: size_of::<T>() })
+}
+
+fn beyond_reservation(reserve: usize) -> Error {
+    Error::LimitExceeded {
+        what: "bytes in this GrowableBuffer's reservation (reserve a larger one)",
+        limit: reserve,
+    }
+}
+
+/// The memset that writes `count` copies of the value whose bytes are `value`, and how many
+/// words it sets: the narrowest width (1, 2 or 4 bytes) whose repetition gives the value's bytes.
+fn memset_for(value: &[u8], count: usize) -> Option<(Fill, usize)> {
+    let total = value.len().checked_mul(count)?;
+    let repeats = |w: usize| value.len().is_multiple_of(w) && value.chunks(w).all(|c| c == &value[..w]);
+    if repeats(1) {
+        Some((Fill::W8(value[0]), total))
+    } else if repeats(2) {
+        Some((Fill::W16(u16::from_ne_bytes([value[0], value[1]])), total / 2))
+    } else if repeats(4) {
+        Some((Fill::W32(u32::from_ne_bytes([value[0], value[1], value[2], value[3]])), total / 4))
+    } else {
+        None
+    }
+}
+
+impl<T> AsDeviceSlice<T> for GrowableBuffer<T> {
+    fn as_device_slice(&self) -> DeviceSlice<'_, T> {
+        self.as_slice()
+    }
+}
+
+impl<T> AsDeviceSliceMut<T> for GrowableBuffer<T> {
+    fn as_device_slice_mut(&mut self) -> DeviceSliceMut<'_, T> {
+        self.as_mut_slice()
+    }
+}
+
+impl<T> fmt::Debug for GrowableBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrowableBuffer")
+            .field("ptr", &format_args!("{:#x}", self.device_ptr()))
+            .field("len", &self.len)
+            .field("mapped_bytes", &self.mapped_bytes())
+            .field("reserved_bytes", &self.range.size())
+            .field("device", &self.ctx.device().ordinal())
+            .finish()
+    }
+}
+
+impl<T> Drop for GrowableBuffer<T> {
+    fn drop(&mut self) {
+        if self.chunks.is_empty() {
+            return;
+        }
+        if let Err(e) = self.order.synchronize() {
+            // Unmapping under pending work would fault it: leak the chunks and the reservation.
+            tracing::warn!(bytes = self.mapped_bytes(), error = %e, "waiting for work on a GrowableBuffer failed; leaking its memory");
+            std::mem::forget(std::mem::take(&mut self.chunks));
+            return;
+        }
+        // Newest first, as they were mapped in address order; the range goes with the last one.
+        while self.chunks.pop().is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memset_width_is_the_narrowest_repeating_one() {
+        assert!(matches!(memset_for(&[0; 8], 3), Some((Fill::W8(0), 24))));
+        assert!(matches!(memset_for(&[7], 5), Some((Fill::W8(7), 5))));
+        assert!(matches!(memset_for(&[1, 2, 1, 2], 3), Some((Fill::W16(_), 6))));
+        let four = 0x0403_0201u32.to_ne_bytes();
+        assert!(matches!(memset_for(&four, 2), Some((Fill::W32(v), 2)) if v == 0x0403_0201));
+        let eight = [four, four].concat();
+        assert!(matches!(memset_for(&eight, 2), Some((Fill::W32(_), 4))));
+        assert!(memset_for(&[1, 2, 3], 4).is_none());
+        assert!(memset_for(&1u64.to_ne_bytes(), 4).is_none());
+    }
+}

@@ -1,0 +1,288 @@
+//! Mappings: physical memory bound into a reservation, unmapped when dropped.
+//!
+//! [`Mapping<'r>`](Mapping) borrows its [`VirtualRange`], so it cannot outlive it;
+//! [`SharedMapping`] holds the range in an `Arc` instead, for owners that keep a range and its
+//! mappings side by side (a [`GrowableBuffer`](crate::GrowableBuffer), a pool's expandable
+//! segments). Both are [`MappingIn`], generic over how the range is held.
+//!
+//! A new mapping is inaccessible until [`MappingIn::set_access`] grants a device access. Its typed
+//! views ([`MappingIn::as_slice`], [`MappingIn::as_mut_slice`]) are ordinary cumem device views
+//! and work with every copy and memset of `cumem-copy`; the work queued through them is tracked by
+//! the mapping's stream order, and the mapping waits for it before it unmaps.
+//!
+//! Refused before any driver call, each with its own error: an offset that is not a multiple of
+//! the granularity (`Misaligned`), memory that does not fit wholly inside the range (`OutOfRange`),
+//! a mapping over mapped space (`AlreadyMapped`), access for a device that cannot reach the memory
+//! (`NotSupported { feature: PeerAccess }`).
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::Device;
+//! use cumem_vmm::{Access, Granularity, PhysicalMemory, VirtualRange};
+//! let ctx = Device::get(0)?.context()?;
+//! if ctx.device().capabilities()?.virtual_memory {
+//!     let g = Granularity::of(ctx.device())?.minimum;
+//!     let range = VirtualRange::reserve(&ctx, 4 * g)?;
+//!     let memory = PhysicalMemory::new(&ctx, g)?;
+//!     let mut mapping = range.map(g, &memory)?; // the second granule of the range
+//!     drop(memory); // the mapping keeps the physical memory alive
+//!     mapping.set_access(&[(ctx.device(), Access::ReadWrite)])?;
+//!     assert_eq!(mapping.access(ctx.device())?, Access::ReadWrite);
+//!     let data: Vec<u32> = (0..1024).collect();
+//!     let mut view = mapping.as_mut_slice::<u32>()?;
+//!     cumem_copy::copy_h2d(&data, &mut view.slice_mut(..1024)?)?;
+//!     assert_eq!(mapping.as_slice::<u32>()?.slice(..1024)?.to_vec()?, data);
+//!     assert!(range.map(0, &PhysicalMemory::new(&ctx, 2 * g)?).is_err()); // over the mapping
+//! }
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytemuck::AnyBitPattern;
+use cumem_core::sys::CUdeviceptr;
+use cumem_core::{
+    Context, Device, DeviceSlice, DeviceSliceMut, Error, ErrorContext, Feature, Result, Stream, StreamOrder,
+};
+
+use crate::{Access, HandleTypes, PhysicalMemory, VirtualRange, ffi};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for &crate::VirtualRange {}
+    impl Sealed for std::sync::Arc<crate::VirtualRange> {}
+}
+
+/// How a mapping holds its range: borrowed (`&VirtualRange`) or shared (`Arc<VirtualRange>`).
+/// Sealed: a holder must always name the same range.
+pub trait RangeHolder: Deref<Target = VirtualRange> + sealed::Sealed {}
+impl RangeHolder for &VirtualRange {}
+impl RangeHolder for Arc<VirtualRange> {}
+
+/// A mapping that borrows its range and cannot outlive it:
+///
+/// ```compile_fail
+/// # cumem_sys::testing::init();
+/// use cumem_core::Device;
+/// use cumem_vmm::{PhysicalMemory, VirtualRange};
+/// let ctx = Device::get(0)?.context()?;
+/// let memory = PhysicalMemory::new(&ctx, 2 << 20)?;
+/// let mapping = {
+///     let range = VirtualRange::reserve(&ctx, 2 << 20)?;
+///     range.map(0, &memory)?
+/// }; // `range` does not live long enough
+/// # Ok::<(), cumem_core::Error>(())
+/// ```
+pub type Mapping<'r> = MappingIn<&'r VirtualRange>;
+
+/// A mapping that keeps its range alive through an `Arc`.
+pub type SharedMapping = MappingIn<Arc<VirtualRange>>;
+
+/// Physical memory mapped at an offset of a [`VirtualRange`] (`cuMemMap` / `cuMemUnmap`).
+pub struct MappingIn<R: RangeHolder> {
+    range: R,
+    offset: usize,
+    size: usize,
+    /// The context of the physical memory's device: its views belong to it.
+    ctx: Context,
+    handle_types: HandleTypes,
+    /// The access of the memory's own device, as last set (views need it).
+    own_access: Access,
+    /// Device work through the views; starts with the legacy stream, which blocking copies use.
+    order: StreamOrder,
+    /// Whether a view was ever handed out, so that unmapping must first wait for its work.
+    viewed: AtomicBool,
+}
+
+impl<R: RangeHolder> MappingIn<R> {
+    /// Maps all of `memory` at `offset` bytes into `range`.
+    ///
+    /// Refused before any driver call: `offset` not a multiple of the minimum granularity of the
+    /// range's or the memory's device (`Misaligned`); `[offset, offset + memory.bytes())` not
+    /// wholly inside the range (`OutOfRange`); any of it mapped already (`AlreadyMapped`).
+    pub fn new(range: R, offset: usize, memory: &PhysicalMemory) -> Result<Self> {
+        range.granularity().check("mapping offset", offset as u64)?;
+        memory.granularity().check("mapping offset", offset as u64)?;
+        let size = memory.bytes();
+        range.claim(offset, size)?;
+        let ptr = range.base() + offset as u64;
+        let mapped = range.context().bind().and_then(|()| {
+            // SAFETY: the span lies inside the live reservation and nothing is mapped there (both
+            // checked by the claim, which every mapping of this range takes first); `memory` is a
+            // live allocation of exactly `size` bytes.
+            unsafe { ffi::map(ptr, size, memory.raw()) }
+        });
+        if let Err(e) = mapped {
+            range.unclaim(offset, size);
+            return Err(e);
+        }
+        let ctx = memory.context().clone();
+        let order = StreamOrder::new(&Stream::legacy(&ctx));
+        Ok(MappingIn {
+            range,
+            offset,
+            size,
+            ctx,
+            handle_types: memory.handle_types(),
+            own_access: Access::None,
+            order,
+            viewed: AtomicBool::new(false),
+        })
+    }
+
+    /// The range the memory is mapped into.
+    pub fn range(&self) -> &VirtualRange {
+        &self.range
+    }
+
+    /// Offset of the mapping in its range, in bytes.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The first mapped address.
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.range.base() + self.offset as u64
+    }
+
+    /// The device the physical memory is on.
+    pub fn device(&self) -> Device {
+        self.ctx.device()
+    }
+
+    /// The context of that device, which the views belong to.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The handle types of the mapped memory.
+    pub fn handle_types(&self) -> HandleTypes {
+        self.handle_types
+    }
+
+    /// The stream order that the views' work goes through.
+    pub fn order(&self) -> &StreamOrder {
+        &self.order
+    }
+
+    /// Sets each device's access to the whole mapping (`cuMemSetAccess`), after the device work
+    /// queued through its views has completed (access may be taken away).
+    ///
+    /// Refused before any driver call: an empty list (`ZeroSize`); a device without VMM
+    /// (`NotSupported { feature: VirtualMemory }`); a device other than the memory's that cannot
+    /// access it (`NotSupported { feature: PeerAccess, device }`).
+    pub fn set_access(&mut self, access: &[(Device, Access)]) -> Result<()> {
+        if access.is_empty() {
+            return Err(Error::ZeroSize { what: "access list" });
+        }
+        let owner = self.device();
+        for &(device, _) in access {
+            crate::granularity::require_vmm(device)?;
+            if device != owner && !ffi::can_access_peer(device.raw(), owner.raw())? {
+                return Err(Error::NotSupported { feature: Feature::PeerAccess, device: Some(device.raw()) });
+            }
+        }
+        if *self.viewed.get_mut() {
+            self.order.synchronize()?;
+        }
+        let raw: Vec<_> = access.iter().map(|&(d, a)| (d.raw(), a.flags())).collect();
+        self.ctx.bind()?;
+        ffi::set_access(self.device_ptr(), self.size, &raw)?;
+        if let Some(&(_, a)) = access.iter().rev().find(|(d, _)| *d == owner) {
+            self.own_access = a;
+        }
+        Ok(())
+    }
+
+    /// The access `device` has to the mapping, as the driver reports it (`cuMemGetAccess`).
+    pub fn access(&self, device: Device) -> Result<Access> {
+        self.ctx.bind()?;
+        let flags = ffi::get_access(self.device_ptr(), device.raw())?;
+        Access::from_flags(flags)
+            .ok_or(Error::InvalidValue { ctx: ErrorContext::op("cuMemGetAccess (unknown flags)") })
+    }
+
+    /// The whole mapping as `size / size_of::<T>()` values of `T`, for copies that read it.
+    ///
+    /// Needs read access for the memory's device (`NotPermitted` otherwise, before any copy could
+    /// fault) and a sized `T` whose alignment divides the granularity (`ZeroSize`, `Misaligned`).
+    pub fn as_slice<T: AnyBitPattern>(&self) -> Result<DeviceSlice<'_, T>> {
+        let len = self.view_len::<T>(self.own_access.can_read())?;
+        // SAFETY: the mapping is `size` bytes of device memory of `ctx`'s device, readable by it
+        // (checked), granularity-aligned (so aligned for T, checked), any bytes are a valid T, and
+        // it stays mapped while the view borrows `self`; all device work through views is ordered
+        // through `order`, which the unmap waits for; writes need `&mut self`.
+        Ok(unsafe { DeviceSlice::from_raw_parts(self.device_ptr(), len, &self.order, &self.ctx) })
+    }
+
+    /// The whole mapping as values of `T`, for copies and memsets that write it (needs read-write
+    /// access for the memory's device; see [`MappingIn::as_slice`]).
+    pub fn as_mut_slice<T: AnyBitPattern>(&mut self) -> Result<DeviceSliceMut<'_, T>> {
+        let len = self.view_len::<T>(self.own_access.can_write())?;
+        // SAFETY: as in `as_slice`, with write access checked; the view borrows `self` exclusively.
+        Ok(unsafe { DeviceSliceMut::from_raw_parts(self.device_ptr(), len, &self.order, &self.ctx) })
+    }
+
+    fn view_len<T>(&self, allowed: bool) -> Result<usize> {
+        if size_of::<T>() == 0 {
+            return Err(Error::ZeroSize { what: "element size" });
+        }
+        if !(self.device_ptr()).is_multiple_of(align_of::<T>() as u64) {
+            return Err(Error::Misaligned {
+                what: "mapping address",
+                value: self.device_ptr(),
+                align: align_of::<T>() as u64,
+            });
+        }
+        if !allowed {
+            return Err(Error::NotPermitted {
+                ctx: ErrorContext::op("mapping view (set access for its device first)"),
+            });
+        }
+        self.viewed.store(true, Ordering::Relaxed);
+        Ok(self.size / size_of::<T>())
+    }
+}
+
+impl<R: RangeHolder> fmt::Debug for MappingIn<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mapping")
+            .field("ptr", &format_args!("{:#x}", self.device_ptr()))
+            .field("size", &self.size)
+            .field("device", &self.device().ordinal())
+            .field("access", &self.own_access)
+            .finish()
+    }
+}
+
+impl<R: RangeHolder> Drop for MappingIn<R> {
+    fn drop(&mut self) {
+        if *self.viewed.get_mut()
+            && let Err(e) = self.order.synchronize()
+        {
+            // Unmapping under pending work would fault it: keep the mapping (and its range).
+            tracing::warn!(ptr = self.device_ptr(), size = self.size, error = %e, "waiting for work on a mapping failed; it stays mapped");
+            return;
+        }
+        let ptr = self.device_ptr();
+        let result = self.range.context().bind().and_then(|()| {
+            // SAFETY: `[ptr, ptr + size)` is exactly the mapping made in `new`, unmapped only here;
+            // no view is alive (`&mut self`) and the work of past views has completed (above).
+            unsafe { ffi::unmap(ptr, self.size) }
+        });
+        match result {
+            Ok(()) => self.range.unclaim(self.offset, self.size),
+            Err(e) => {
+                tracing::warn!(ptr, size = self.size, error = %e, "cuMemUnmap failed; the mapping is leaked");
+            }
+        }
+    }
+}

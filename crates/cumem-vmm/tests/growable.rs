@@ -1,0 +1,256 @@
+//! `GrowableBuffer` (issue 10, item 2): growth in place from nothing to 64 chunks with data
+//! written at each step, chunks returned to the device by `shrink_to_fit`, fills, stream-ordered
+//! appends, and growth past the reservation refused.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use cumem_copy::StreamCopy;
+use cumem_core::{DeviceBuffer, Error, PinnedBuffer, Stream};
+use cumem_vmm::{GrowableBuffer, GrowableConfig};
+use serial_test::{parallel, serial};
+
+/// One chunk per granule, so that 64 steps map 64 chunks.
+fn config(g: usize) -> GrowableConfig {
+    GrowableConfig::default().chunk_bytes(g).reserve_bytes(80 * g)
+}
+
+#[test]
+#[parallel]
+fn grows_from_nothing_to_64_chunks_without_moving() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let per_chunk = g / 4;
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config(g)).unwrap();
+    let base = buf.device_ptr();
+    assert_eq!((buf.len(), buf.capacity(), buf.mapped_bytes()), (0, 0, 0));
+    assert_eq!(sim_mapped_bytes(base, buf.range().size()).unwrap_or(0), 0);
+    let mut expected = Vec::new();
+    for step in 0..64u32 {
+        let data = pattern(per_chunk, step);
+        if step % 2 == 0 {
+            buf.extend_from_slice(&data).unwrap();
+        } else {
+            let host = PinnedBuffer::from_slice(&ctx, &data).unwrap();
+            buf.extend_from_host(&stream, &host).unwrap();
+        }
+        expected.extend_from_slice(&data);
+        assert_eq!(buf.device_ptr(), base, "step {step}: the buffer moved");
+        assert_eq!(buf.len(), expected.len());
+        assert_eq!(buf.mapped_bytes(), (step as usize + 1) * g);
+        assert_eq!(buf.capacity(), buf.len());
+        if let Some(mapped) = sim_mapped_bytes(base, buf.range().size()) {
+            assert_eq!(mapped, buf.mapped_bytes() as u64, "step {step}: the simulator's mapped bytes");
+        }
+        assert!(buf.to_vec().unwrap() == expected, "step {step}: earlier data changed");
+    }
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial] // reads the device's free memory, which other tests' allocations would move
+fn shrink_to_fit_returns_whole_chunks_to_the_device() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = GrowableBuffer::<u8>::with_config(&stream, 0, config(g)).unwrap();
+    buf.resize(10 * g, 3).unwrap();
+    assert_eq!(buf.mapped_bytes(), 10 * g);
+    buf.truncate(3 * g + 1); // needs 4 chunks
+    assert_eq!(buf.mapped_bytes(), 10 * g, "truncate keeps the memory");
+    let before = ctx.mem_info().unwrap().free;
+    buf.shrink_to_fit().unwrap();
+    let after = ctx.mem_info().unwrap().free;
+    assert_eq!(buf.mapped_bytes(), 4 * g);
+    assert_eq!(after - before, 6 * g, "free memory rises by exactly the six chunks unmapped");
+    if let Some(mapped) = sim_mapped_bytes(buf.device_ptr(), buf.range().size()) {
+        assert_eq!(mapped, 4 * g as u64);
+    }
+    assert!(buf.to_vec().unwrap().iter().all(|&v| v == 3));
+    buf.clear();
+    buf.shrink_to_fit().unwrap();
+    assert_eq!(ctx.mem_info().unwrap().free - after, 4 * g);
+    assert_eq!(buf.mapped_bytes(), 0);
+    // And it grows again at the same address.
+    let base = buf.device_ptr();
+    buf.extend_from_slice(&[9u8; 5]).unwrap();
+    assert_eq!((buf.device_ptr(), buf.to_vec().unwrap()), (base, vec![9; 5]));
+}
+
+#[test]
+#[serial] // holds a gate
+fn shrink_to_fit_waits_for_work_on_the_chunks_it_unmaps() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let other = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config(g)).unwrap();
+    let data = pattern(g / 2, 7); // two chunks
+    buf.extend_from_slice(&data).unwrap();
+    let mut copy = DeviceBuffer::<u32>::zeroed(&other, g / 4).unwrap();
+    let gate = hold(&other);
+    other.copy_d2d(&buf.slice(g / 4..).unwrap(), &mut copy).unwrap(); // reads the second chunk, later
+    buf.truncate(1);
+    let opener = gate.release_after(Duration::from_millis(50));
+    buf.shrink_to_fit().unwrap(); // must wait for the copy before unmapping its source
+    opener.join().unwrap();
+    assert_eq!(buf.mapped_bytes(), g);
+    assert_eq!(copy.to_vec().unwrap(), data[g / 4..]);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
+fn resize_fills_new_values_of_every_width() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+
+    let mut bytes = GrowableBuffer::<u8>::with_config(&stream, 0, config(g)).unwrap();
+    bytes.resize(3, 0xEE).unwrap();
+    bytes.resize(g + 5, 0x11).unwrap();
+    let v = bytes.to_vec().unwrap();
+    assert_eq!(v[..4], [0xEE, 0xEE, 0xEE, 0x11]);
+    assert!(v[3..].iter().all(|&b| b == 0x11));
+
+    let mut halves = GrowableBuffer::<u16>::with_config(&stream, 0, config(g)).unwrap();
+    halves.resize(7, 0xBEEF).unwrap();
+    assert_eq!(halves.to_vec().unwrap(), vec![0xBEEF; 7]);
+
+    let mut words = GrowableBuffer::<u64>::with_config(&stream, 0, config(g)).unwrap();
+    words.resize(5, 0x0102_0304_0102_0304).unwrap(); // repeats every 4 bytes: one 32-bit memset
+    words.resize(g / 4, 0x1122_3344_5566_7788).unwrap(); // no repetition: copied from the host
+    words.resize_zeroed(g / 4 + 3).unwrap();
+    let v = words.to_vec().unwrap();
+    assert_eq!(v.len(), g / 4 + 3);
+    assert!(v[..5].iter().all(|&x| x == 0x0102_0304_0102_0304));
+    assert!(v[5..g / 4].iter().all(|&x| x == 0x1122_3344_5566_7788));
+    assert_eq!(v[g / 4..], [0, 0, 0]);
+    assert_eq!(words.mapped_bytes(), 3 * g, "(g/4 + 3) u64 need three chunks");
+
+    let mut triples = GrowableBuffer::<[u8; 3]>::with_config(&stream, 0, config(g)).unwrap();
+    triples.resize(1000, [1, 2, 3]).unwrap();
+    assert_eq!(triples.to_vec().unwrap(), vec![[1, 2, 3]; 1000]);
+    triples.resize(10, [0; 3]).unwrap();
+    assert_eq!(triples.len(), 10);
+}
+
+#[test]
+#[parallel]
+fn views_work_with_the_copies_and_memsets_of_cumem_copy() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let other = Stream::non_blocking(&ctx).unwrap();
+    let n = g / 4 + 100; // spans two chunks
+    let mut buf = GrowableBuffer::<u32>::with_config(&stream, n, config(g)).unwrap();
+    buf.resize_zeroed(n).unwrap();
+    other.fill(&mut buf.slice_mut(10..n - 10).unwrap(), 0x7777_7777u32).unwrap();
+    other.memset_d8(&mut buf.slice_mut(..10).unwrap(), 0x01).unwrap();
+    let v = buf.to_vec().unwrap();
+    assert_eq!(v[..10], [0x0101_0101; 10]);
+    assert!(v[10..n - 10].iter().all(|&x| x == 0x7777_7777));
+    assert_eq!(v[n - 10..], [0; 10]);
+    let src = DeviceBuffer::from_slice(&stream, &pattern(n, 3)).unwrap();
+    cumem_copy::copy_d2d(&src, &mut buf).unwrap();
+    let mut out = PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    other.copy_d2h(&buf, &mut out).unwrap();
+    assert_eq!(out.as_slice().unwrap(), &pattern(n, 3)[..]);
+}
+
+#[test]
+#[parallel]
+fn growing_past_the_reservation_is_an_error_that_maps_nothing() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let small = GrowableConfig::default().chunk_bytes(g).reserve_bytes(2 * g);
+    let mut buf = GrowableBuffer::<u8>::with_config(&stream, 0, small).unwrap();
+    assert_eq!(buf.max_capacity(), 2 * g);
+    buf.resize(g, 1).unwrap();
+    let e = buf.reserve(g + 1).unwrap_err();
+    assert!(matches!(e, Error::LimitExceeded { limit, .. } if limit == 2 * g), "{e}");
+    assert!(e.to_string().contains("reservation"), "{e}");
+    let e = buf.resize(3 * g, 0).unwrap_err();
+    assert!(matches!(e, Error::LimitExceeded { .. }), "{e}");
+    assert_eq!((buf.len(), buf.mapped_bytes()), (g, g), "a refused growth changes nothing");
+    let e = GrowableBuffer::<u8>::with_config(&stream, 2 * g + 1, small).unwrap_err();
+    assert!(matches!(e, Error::LimitExceeded { .. }), "{e}");
+    buf.resize(2 * g, 2).unwrap(); // exactly full is fine
+    assert_eq!(buf.capacity(), buf.max_capacity());
+}
+
+#[test]
+#[parallel]
+fn bad_configurations_are_refused_before_the_driver() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = GrowableBuffer::<u8>::with_config(&stream, 0, config(g)).unwrap();
+    let other_ctx =
+        cumem_core::Device::all().unwrap().into_iter().find(|d| *d != device).map(|d| d.context().unwrap());
+    without_calls(VMM_CALLS, || {
+        let e = GrowableBuffer::<u8>::with_config(&stream, 0, GrowableConfig::default().chunk_bytes(g / 2))
+            .unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "chunk size", .. }), "{e}");
+        let e = GrowableBuffer::<u8>::with_config(&stream, 0, GrowableConfig::default().chunk_bytes(0))
+            .unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
+        let e = GrowableBuffer::<u8>::with_config(&stream, 0, GrowableConfig::default().reserve_bytes(0))
+            .unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { what: "reservation size" }), "{e}");
+        let e = GrowableBuffer::<()>::new(&stream).unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { what: "element size" }), "{e}");
+        if let Some(other_ctx) = &other_ctx {
+            let other = Stream::non_blocking(other_ctx).unwrap();
+            let host = PinnedBuffer::from_slice(&ctx, &[1u8; 4]).unwrap();
+            let e = buf.extend_from_host(&other, &host).unwrap_err();
+            assert!(matches!(e, Error::WrongDevice { .. }), "{e}");
+        }
+    });
+    assert_eq!(buf.len(), 0);
+}
+
+#[test]
+#[parallel]
+fn the_default_reservation_is_a_multiple_of_the_device_memory() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let buf = GrowableBuffer::<u32>::new(&stream).unwrap();
+    let total = device.total_memory().unwrap();
+    assert!(buf.range().size() >= GrowableConfig::DEFAULT_RESERVE_MULTIPLE * total);
+    assert_eq!(buf.mapped_bytes(), 0);
+    assert_eq!(buf.chunk_bytes(), cumem_vmm::Granularity::of(device).unwrap().recommended);
+}
+
+#[test]
+#[parallel]
+fn buffers_and_mappings_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<GrowableBuffer<u32>>();
+    send_sync::<cumem_vmm::SharedMapping>();
+    send_sync::<cumem_vmm::Mapping<'static>>();
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = GrowableBuffer::<u32>::with_capacity(&stream, 10).unwrap();
+    buf.extend_from_slice(&[4, 5, 6]).unwrap();
+    // Dropped on a thread that never bound the context: the buffer binds it to unmap.
+    std::thread::spawn(move || {
+        assert_eq!(buf.to_vec().unwrap(), [4, 5, 6]);
+        drop(buf);
+    })
+    .join()
+    .unwrap();
+}

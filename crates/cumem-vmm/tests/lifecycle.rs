@@ -1,0 +1,259 @@
+//! The VMM life cycle through cumem's types (issue 10, item 1): reserve, create, map, set access,
+//! write and read back bitwise, unmap, release — and every misuse refused by variant before the
+//! driver is called (the simulator's per-entry-point call counts do not move).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use cumem_copy::StreamCopy;
+use cumem_core::{Device, Error, Feature, PinnedBuffer, Stream};
+use cumem_vmm::{Access, Granularity, HandleTypes, PhysicalMemory, ReserveOptions, VirtualRange};
+use serial_test::parallel;
+
+#[test]
+#[parallel]
+fn reserve_map_access_write_read_unmap_release() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = VirtualRange::reserve(&ctx, 4 * g).unwrap();
+    assert_eq!(range.base() % g as u64, 0, "the base of a reservation is aligned to the granularity");
+    assert_ne!(sim_reserved(range.base()), Some(false));
+
+    let first = PhysicalMemory::new(&ctx, g).unwrap();
+    let second = PhysicalMemory::new(&ctx, 2 * g).unwrap();
+    assert_eq!((first.bytes(), first.device(), first.handle_types()), (g, device, HandleTypes::NONE));
+    let maps = calls("cuMemMap");
+    let mut a = range.map(0, &first).unwrap();
+    // The counter the misuse tests rely on sees a call that was made.
+    assert_eq!(calls("cuMemMap"), maps.map(|n| n + 1));
+    let mut b = range.map(g, &second).unwrap();
+    // Released while mapped: the mappings keep the memory.
+    drop((first, second));
+    assert_eq!(range.mapped_bytes(), 3 * g);
+    if let Some(bytes) = sim_mapped_bytes(range.base(), range.size()) {
+        assert_eq!(bytes, 3 * g as u64);
+    }
+
+    assert_eq!(a.access(device).unwrap(), Access::None, "no access before cuMemSetAccess");
+    a.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    b.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    assert_eq!(a.access(device).unwrap(), Access::ReadWrite);
+
+    // Blocking copies in and out of the first mapping.
+    let data = pattern(g / 4, 1);
+    cumem_copy::copy_h2d(&data, &mut a.as_mut_slice::<u32>().unwrap()).unwrap();
+    assert_eq!(a.as_slice::<u32>().unwrap().to_vec().unwrap(), data);
+
+    // Stream-ordered copies and memsets on the second, and a device-to-device copy between them.
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let host = PinnedBuffer::from_slice(&ctx, &pattern(g / 4, 2)).unwrap();
+    {
+        let mut view = b.as_mut_slice::<u32>().unwrap();
+        stream.copy_h2d(&host, &mut view.slice_mut(..g / 4).unwrap()).unwrap();
+        stream.fill(&mut view.slice_mut(g / 4..).unwrap(), 0xABCD_0123u32).unwrap();
+    }
+    let back = b.as_slice::<u32>().unwrap().to_vec().unwrap();
+    assert_eq!(back[..g / 4], pattern(g / 4, 2)[..]);
+    assert!(back[g / 4..].iter().all(|&v| v == 0xABCD_0123));
+    stream
+        .copy_d2d(
+            &a.as_slice::<u32>().unwrap(),
+            &mut b.as_mut_slice::<u32>().unwrap().slice_mut(..g / 4).unwrap(),
+        )
+        .unwrap();
+    assert_eq!(b.as_slice::<u32>().unwrap().slice(..g / 4).unwrap().to_vec().unwrap(), data);
+
+    // Unmapping frees the memory (it was released already), and the reservation goes last.
+    let (base, size) = (range.base(), range.size());
+    drop((a, b));
+    assert_eq!(range.mapped_bytes(), 0);
+    assert_eq!(sim_mapped_bytes(base, size).unwrap_or(0), 0);
+    drop(range);
+    assert_ne!(sim_reserved(base), Some(true), "the reservation outlived its VirtualRange");
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
+fn unmapped_space_can_be_mapped_again() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = VirtualRange::reserve(&ctx, 2 * g).unwrap();
+    for round in 0..3u32 {
+        let memory = PhysicalMemory::new(&ctx, 2 * g).unwrap();
+        let mut mapping = range.map(0, &memory).unwrap();
+        mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+        let data = pattern(2 * g / 4, round);
+        cumem_copy::copy_h2d(&data, &mut mapping.as_mut_slice::<u32>().unwrap()).unwrap();
+        assert_eq!(mapping.as_slice::<u32>().unwrap().to_vec().unwrap(), data);
+    }
+    assert_eq!(range.mapped_bytes(), 0);
+}
+
+#[test]
+#[parallel]
+fn a_shared_mapping_keeps_its_range_alive() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = Arc::new(VirtualRange::reserve(&ctx, g).unwrap());
+    let base = range.base();
+    let mut mapping = range.map_shared(0, &PhysicalMemory::new(&ctx, g).unwrap()).unwrap();
+    drop(range);
+    assert_ne!(sim_reserved(base), Some(false), "freed under its mapping");
+    mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    stream.memset_d8(&mut mapping.as_mut_slice::<u8>().unwrap(), 0x5A).unwrap();
+    assert!(mapping.as_slice::<u8>().unwrap().to_vec().unwrap().iter().all(|&v| v == 0x5A));
+    drop(mapping); // waits for the memset's stream, unmaps, then frees the reservation
+    assert_ne!(sim_reserved(base), Some(true), "the last mapping did not free the reservation");
+}
+
+#[test]
+#[parallel]
+fn a_peer_device_gets_access_and_reads_back() {
+    let Some(device) = vmm_device() else { return };
+    let Some(peer) = peer_of(device) else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = VirtualRange::reserve(&ctx, g).unwrap();
+    let mut mapping = range.map(0, &PhysicalMemory::new(&ctx, g).unwrap()).unwrap();
+    mapping.set_access(&[(device, Access::ReadWrite), (peer, Access::Read)]).unwrap();
+    assert_eq!(mapping.access(device).unwrap(), Access::ReadWrite);
+    assert_eq!(mapping.access(peer).unwrap(), Access::Read);
+}
+
+#[test]
+#[parallel]
+fn a_fixed_address_hint_and_an_alignment_are_passed_on() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let aligned = VirtualRange::reserve_with(&ctx, g, ReserveOptions::default().alignment(4 * g)).unwrap();
+    assert_eq!(aligned.base() % (4 * g) as u64, 0);
+    // Ask for the addresses just past a reservation that is then freed: the hint may be honoured
+    // or not (a driver's choice), but the range must be usable wherever it lands.
+    let probe = VirtualRange::reserve(&ctx, 2 * g).unwrap();
+    let wanted = probe.base();
+    drop(probe);
+    let hinted = VirtualRange::reserve_with(&ctx, 2 * g, ReserveOptions::default().address(wanted)).unwrap();
+    assert_eq!(hinted.base() % g as u64, 0);
+    let mut mapping = hinted.map(g, &PhysicalMemory::new(&ctx, g).unwrap()).unwrap();
+    mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    assert_eq!(mapping.device_ptr(), hinted.base() + g as u64);
+}
+
+#[test]
+#[parallel]
+fn misuse_of_reservations_and_physical_memory_is_refused_before_the_driver() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    without_calls(VMM_CALLS, || {
+        let e = VirtualRange::reserve(&ctx, g / 2).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "reservation size", .. }), "{e}");
+        let e = VirtualRange::reserve(&ctx, 0).unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
+        let e = VirtualRange::reserve_with(&ctx, g, ReserveOptions::default().alignment(3 * g)).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "reservation alignment", .. }), "{e}");
+        let e =
+            VirtualRange::reserve_with(&ctx, g, ReserveOptions::default().address(g as u64 / 2)).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "reservation address", .. }), "{e}");
+        let e = PhysicalMemory::new(&ctx, g / 2).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "physical allocation size", .. }), "{e}");
+        let e = PhysicalMemory::new(&ctx, 0).unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
+    });
+}
+
+#[test]
+#[parallel]
+fn misuse_of_mappings_is_refused_before_the_driver() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = VirtualRange::reserve(&ctx, 4 * g).unwrap();
+    let one = PhysicalMemory::new(&ctx, g).unwrap();
+    let two = PhysicalMemory::new(&ctx, 2 * g).unwrap();
+    let mut mapped = range.map(g, &two).unwrap(); // [g, 3g)
+    without_calls(VMM_CALLS, || {
+        let e = range.map(g / 2, &one).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "mapping offset", .. }), "{e}");
+        // Not wholly inside the reservation.
+        let e = range.map(4 * g, &one).unwrap_err();
+        assert!(matches!(e, Error::OutOfRange { .. }), "{e}");
+        let e = range.map(3 * g, &two).unwrap_err();
+        assert!(
+            matches!(e, Error::OutOfRange { start, end, len } if start == 3 * g && end == 5 * g && len == 4 * g),
+            "{e}"
+        );
+        // Over mapped space: the same start, inside, and overlapping its start.
+        for offset in [g, 2 * g, 0] {
+            let memory = if offset == 0 { &two } else { &one };
+            let e = range.map(offset, memory).unwrap_err();
+            assert!(matches!(e, Error::AlreadyMapped { .. }), "offset {offset}: {e}");
+        }
+        // Views before access is set would fault on a GPU.
+        let e = mapped.as_slice::<u32>().unwrap_err();
+        assert!(matches!(e, Error::NotPermitted { .. }), "{e}");
+        let e = mapped.set_access(&[]).unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
+        let e = mapped.as_slice::<()>().unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
+    });
+    if let Some(other) = non_peer_of(device) {
+        without_calls(&["cuMemSetAccess"], || {
+            let e = mapped.set_access(&[(device, Access::ReadWrite), (other, Access::Read)]).unwrap_err();
+            assert!(
+                matches!(e, Error::NotSupported { feature: Feature::PeerAccess, device: Some(d) } if d == other.raw()),
+                "{e}"
+            );
+        });
+    }
+    if let Some(without) = device_without_vmm() {
+        without_calls(&["cuMemSetAccess"], || {
+            let e = mapped.set_access(&[(without, Access::Read)]).unwrap_err();
+            assert!(matches!(e, Error::NotSupported { feature: Feature::VirtualMemory, .. }), "{e}");
+        });
+    }
+    // None of it disturbed the one good mapping.
+    assert_eq!(range.mapped_bytes(), 2 * g);
+    mapped.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    assert_eq!(mapped.as_slice::<u64>().unwrap().len(), 2 * g / 8);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
+fn a_device_without_vmm_is_refused_before_any_vmm_call() {
+    let Some(device) = device_without_vmm() else { return };
+    let ctx = device.context().unwrap();
+    without_calls(VMM_CALLS, || {
+        let refused = |e: Error| matches!(e, Error::NotSupported { feature: Feature::VirtualMemory, device: Some(d) } if d == device.raw());
+        assert!(refused(Granularity::of(device).unwrap_err()));
+        assert!(refused(VirtualRange::reserve(&ctx, 2 << 20).unwrap_err()));
+        assert!(refused(PhysicalMemory::new(&ctx, 2 << 20).unwrap_err()));
+        let stream = Stream::non_blocking(&ctx).unwrap();
+        assert!(refused(cumem_vmm::GrowableBuffer::<u32>::new(&stream).unwrap_err()));
+    });
+}
+
+#[test]
+#[parallel]
+fn granularity_is_per_device_and_handle_types() {
+    let Some(device) = vmm_device() else { return };
+    let g = Granularity::of(device).unwrap();
+    assert!(g.minimum.is_power_of_two());
+    assert_eq!(g.recommended % g.minimum, 0);
+    assert_eq!(g.round_up(g.minimum + 1), Some(2 * g.minimum));
+    assert_eq!(g.round_up(usize::MAX), None);
+    for other in Device::all().unwrap() {
+        if other.capabilities().unwrap().virtual_memory {
+            assert_eq!(Granularity::of(other).unwrap().device, other);
+        }
+    }
+}
