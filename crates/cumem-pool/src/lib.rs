@@ -7,7 +7,9 @@
 //! from per-stream [bins] in O(1), finds best fits with [splitting and coalescing](free_set) in
 //! O(log n), moves free memory between streams only when needed and only after ordering them, and on
 //! exhaustion releases its cache, synchronises and retries before reporting
-//! [`PoolError::OutOfMemory`].
+//! [`PoolError::OutOfMemory`]. With [`PoolConfig::expandable_segments`] it instead grows one
+//! [expandable segment](expandable) per stream by mapping chunks of physical memory at its end
+//! ([`ExpandableUpstream`]: [`DeviceExpandable`] on a device, [`HostUpstream`] in tests).
 //!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
