@@ -52,7 +52,6 @@ impl AddressSpace {
     }
 
     /// The reservation as `(base, len)`.
-    #[cfg(test)]
     pub(crate) fn range(&self) -> (u64, u64) {
         (self.base, self.len)
     }

@@ -238,7 +238,7 @@ impl State {
 
     /// Whether `addr` lies in a simulator-reserved device address range (live or not).
     pub(crate) fn in_device_space(&self, addr: u64) -> bool {
-        self.devices.iter().any(|d| d.va.contains(addr))
+        self.devices.iter().any(|d| d.va.contains(addr)) || self.vmm.in_space(addr)
     }
 
     /// Builds the device table at `cuInit`; an error string if address space cannot be reserved.

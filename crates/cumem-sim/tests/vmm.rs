@@ -201,12 +201,18 @@ fn async_copies_and_memsets_through_a_mapping_on_a_stream() {
 #[test]
 #[parallel]
 fn no_access_before_set_access() {
-    bind(0);
+    let ctl = bind(0);
     let va = reserve(G);
     let h = create(G);
     ok(map(va, G, h));
     assert_eq!(get_access(va, 0), (CUresult::CUDA_SUCCESS, 0));
     assert_eq!(memset(va, 1, 16), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert!(
+        ctl.violations_on_this_thread()
+            .iter()
+            .any(|v| v.function == "cuMemsetD8_v2" && v.message.contains("cuMemSetAccess")),
+        "the refusal is recorded as misuse"
+    );
     assert_eq!(write(va, &[1, 2, 3]), CUresult::CUDA_ERROR_INVALID_VALUE);
     ok(set_access(va, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ));
     assert_eq!(memset(va, 1, 16), CUresult::CUDA_ERROR_INVALID_VALUE, "read-only mapping");
@@ -255,8 +261,26 @@ fn misuse_codes_as_observed() {
     assert_eq!(unsafe { cu::cuMemMap(va, G, 0, h, 1) }, CUresult::CUDA_ERROR_INVALID_VALUE, "flags");
     assert_eq!(map(va, 4 * G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "larger than the allocation");
     assert_eq!(map(va + 3 * G as u64, 2 * G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "past the reservation");
+    // SAFETY: plain FFI call.
+    let r = unsafe { cu::cuMemMap(va, G, G, h, 0) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "offset must be 0");
+    assert_eq!(map(va, G, 0xdead_0000), CUresult::CUDA_ERROR_INVALID_VALUE, "not a handle");
     ok(map(va, 2 * G, h));
     assert_eq!(map(va + G as u64, G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "already mapped");
+    assert_eq!(
+        set_access(va, 2 * G, 7, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+        CUresult::CUDA_ERROR_INVALID_DEVICE,
+        "no such device"
+    );
+    assert_eq!(
+        set_access(va, 2 * G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_MAX),
+        CUresult::CUDA_ERROR_INVALID_VALUE,
+        "not an access flag"
+    );
+    // SAFETY: no descriptor is read with count 0.
+    let r = unsafe { cu::cuMemSetAccess(va, 2 * G, std::ptr::null(), 0) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "no descriptor");
+    assert_eq!(get_access(va + 2 * G as u64, 0).0, CUresult::CUDA_ERROR_INVALID_VALUE, "not mapped");
     assert_eq!(
         set_access(va, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
         CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -378,6 +402,26 @@ fn address_range_of_a_mapped_address_is_the_mapping() {
 
 #[test]
 #[parallel]
+fn reservations_may_be_much_larger_than_the_device() {
+    bind(0);
+    // 64 times the device's 4 GiB: address space costs no memory.
+    let size = 256usize << 30;
+    let va = reserve(size);
+    let h = create(G);
+    let last = va + (size - G) as u64;
+    ok(map(last, G, h));
+    rw(last, G);
+    ok(memset(last + 1, 0x5a, 10));
+    assert_eq!(read_back(last + 1, 10), [0x5a; 10]);
+    // Reserved but unmapped addresses are device addresses nothing backs, not host memory.
+    assert_eq!(memset(va, 0, 1), CUresult::CUDA_ERROR_INVALID_VALUE);
+    ok(unmap(last, G));
+    ok(release(h));
+    free_va(va, size);
+}
+
+#[test]
+#[parallel]
 fn a_free_hint_is_honoured() {
     bind(0);
     let va = reserve(2 * G);
@@ -393,6 +437,21 @@ fn a_free_hint_is_honoured() {
     let (r, other) = try_reserve(G, 0, va);
     ok(r);
     assert_ne!(other, va);
+    // The grown range is one range: bytes cross from one reservation into the next.
+    let (a, b) = (create(2 * G), create(G));
+    ok(map(va, 2 * G, a));
+    ok(map(next, G, b));
+    rw(va, 2 * G);
+    rw(next, G);
+    let data = pattern(G, 11);
+    let at = next - (G / 2) as u64;
+    ok(write(at, &data));
+    assert_eq!(read_back(at, G), data);
+    assert_eq!(read_back(next, 8), data[G / 2..G / 2 + 8]);
+    ok(unmap(va, 2 * G));
+    ok(unmap(next, G));
+    ok(release(a));
+    ok(release(b));
     free_va(va, 2 * G);
     free_va(next, G);
     free_va(other, G);
@@ -477,4 +536,86 @@ fn reservations_physical_memory_and_mappings_are_live_resources() {
     free_va(va, 2 * G);
     let report = ctl.live_report();
     assert!(report.is_clean(), "{report}");
+}
+
+#[test]
+#[parallel]
+fn one_allocation_mapped_twice_aliases_its_bytes() {
+    bind(0);
+    let va = reserve(2 * G);
+    let h = create(G);
+    ok(map(va, G, h));
+    ok(map(va + G as u64, G, h));
+    rw(va, 2 * G);
+    ok(write(va + 100, b"shared bytes"));
+    assert_eq!(read_back(va + G as u64 + 100, 12), b"shared bytes");
+    ok(release(h));
+    ok(unmap(va, G));
+    // The second mapping still holds the memory.
+    assert_eq!(read_back(va + G as u64 + 100, 12), b"shared bytes");
+    ok(unmap(va + G as u64, G));
+    free_va(va, 2 * G);
+}
+
+#[test]
+#[parallel]
+fn creating_past_the_devices_capacity_is_out_of_memory() {
+    // Device 1 has 64 MiB and nothing else in this binary allocates there.
+    bind(1);
+    let mut handles = Vec::new();
+    let code = loop {
+        let (r, h) = try_create(G, &prop(1));
+        if r != CUresult::CUDA_SUCCESS {
+            break r;
+        }
+        handles.push(h);
+    };
+    assert_eq!(code, CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(handles.len(), 32, "64 MiB in 2 MiB granules");
+    for h in handles {
+        ok(release(h));
+    }
+    let h = create_on(1);
+    ok(release(h));
+}
+
+fn create_on(dev: i32) -> u64 {
+    let (r, h) = try_create(G, &prop(dev));
+    ok(r);
+    h
+}
+
+const LEAKER: &str = "CUMEM_SIM_VMM_LEAKER";
+
+#[test]
+#[parallel]
+fn a_binary_that_leaks_a_vmm_resource_fails_its_leak_check() {
+    if let Ok(what) = std::env::var(LEAKER) {
+        bind(0);
+        let va = reserve(G);
+        let h = create(G);
+        match what.as_str() {
+            "reservation" => ok(release(h)),
+            "physical" => free_va(va, G),
+            _ => {
+                ok(map(va, G, h));
+                ok(release(h));
+            }
+        }
+        return;
+    }
+    for (what, listed) in [
+        ("reservation", "1 reservation(s), 0 physical allocation(s), 0 mapping(s)"),
+        ("physical", "0 reservation(s), 1 physical allocation(s), 0 mapping(s)"),
+        ("mapping", "1 reservation(s), 1 physical allocation(s), 1 mapping(s)"),
+    ] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["a_binary_that_leaks_a_vmm_resource_fails_its_leak_check", "--exact", "--test-threads=1"])
+            .env(LEAKER, what)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(86), "leaking a {what}: {stderr}");
+        assert!(stderr.contains("LEAK") && stderr.contains(listed), "leaking a {what}: {stderr}");
+    }
 }

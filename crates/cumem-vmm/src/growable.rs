@@ -206,7 +206,8 @@ impl<T> GrowableBuffer<T> {
     }
 
     /// Makes room for at least `additional` more values, mapping chunks at the end.
-    /// `LimitExceeded` if that would pass the reservation (nothing is mapped then).
+    /// `LimitExceeded` if that would pass the reservation (nothing is mapped then); if the device
+    /// runs out of memory part-way, the chunks mapped before that stay mapped.
     pub fn reserve(&mut self, additional: usize) -> Result<()> {
         let wanted = self
             .len
@@ -402,6 +403,11 @@ impl<T> GrowableBuffer<T> {
     /// Shared views of `[0, mid)` and `[mid, len)`.
     pub fn split_at(&self, mid: usize) -> Result<(DeviceSlice<'_, T>, DeviceSlice<'_, T>)> {
         self.as_slice().split_at(mid)
+    }
+
+    /// Exclusive views of `[0, mid)` and `[mid, len)`.
+    pub fn split_at_mut(&mut self, mid: usize) -> Result<(DeviceSliceMut<'_, T>, DeviceSliceMut<'_, T>)> {
+        self.as_mut_slice().into_split_at_mut(mid)
     }
 
     /// Shared views of `chunk` values each (the last may be shorter).

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use cumem_copy::StreamCopy;
+use cumem_copy::{Copy2D, Pitched, StreamCopy};
 use cumem_core::{DeviceBuffer, Error, PinnedBuffer, Stream};
 use cumem_vmm::{GrowableBuffer, GrowableConfig};
 use serial_test::{parallel, serial};
@@ -253,4 +253,31 @@ fn buffers_and_mappings_cross_threads() {
     })
     .join()
     .unwrap();
+}
+
+#[test]
+#[parallel]
+fn a_2d_copy_crosses_the_boundary_between_chunks() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    // Rows of 1000 values, 1024 apart, placed so that one row straddles the first chunk's end.
+    let (pitch, width, height) = (1024, 1000, 8);
+    let start = g / 4 - 4 * pitch - 500;
+    let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config(g)).unwrap();
+    buf.resize_zeroed(start + height * pitch).unwrap();
+    assert_eq!(buf.mapped_bytes(), 2 * g);
+    let src = pattern(width * height, 9);
+    let host = PinnedBuffer::from_slice(&ctx, &src).unwrap();
+    {
+        let mut region = Pitched::new(buf.slice_mut(start..).unwrap(), pitch);
+        stream.copy_2d(&Pitched::new(&host, width), &mut region, Copy2D::new(width, height)).unwrap();
+    }
+    let v = buf.to_vec().unwrap();
+    for row in 0..height {
+        let at = start + row * pitch;
+        assert_eq!(v[at..at + width], src[row * width..(row + 1) * width], "row {row}");
+        assert!(v[at + width..at + pitch].iter().all(|&x| x == 0), "row {row}: the padding was written");
+    }
 }

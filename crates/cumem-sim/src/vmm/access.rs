@@ -66,21 +66,24 @@ pub(crate) fn get_access(location: &MemLocation, ptr: u64) -> Result<u64, Fail> 
 }
 
 /// Checks `[addr, addr + len)`, starting in a mapping, for a copy or memset issued on `device`:
-/// it must be covered by adjacent mappings of one reservation, each giving `device` at least read
-/// access (read-write with `write`).
+/// it must be covered by adjacent mappings (of one device's address space, hence one host view),
+/// each giving `device` at least read access (read-write with `write`).
 pub(crate) fn check_span(st: &State, device: usize, addr: u64, len: u64, write: bool) -> Result<(), Fail> {
     let need = if write { PROT_READWRITE } else { PROT_READ };
     let end = addr.saturating_add(len.max(1));
     let mut at = addr;
-    let mut reservation = None;
+    let mut space = None;
     while at < end {
         let Some((base, m)) = st.vmm.mapping_of(at) else {
             return Err(invalid(format!(
                 "[{addr:#x}, +{len}) runs off the end of its mapping into unmapped address {at:#x}"
             )));
         };
-        if *reservation.get_or_insert(m.reservation) != m.reservation {
-            return Err(invalid(format!("[{addr:#x}, +{len}) spans two reservations at {base:#x}")));
+        let owner = st.vmm.reservations[&m.reservation].device;
+        if *space.get_or_insert(owner) != owner {
+            return Err(invalid(format!(
+                "[{addr:#x}, +{len}) runs from one device's address space into another's"
+            )));
         }
         let has = m.access.get(&device).copied().unwrap_or(0);
         if has & need != need {

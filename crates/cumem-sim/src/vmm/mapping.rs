@@ -1,7 +1,7 @@
 //! Mappings: `cuMemMap` and `cuMemUnmap`.
 //!
-//! Mapping puts the physical allocation's memory file into the reservation's host view at the
-//! mapping's offset and registers an allocation of kind `Vmm` for it (with no access until
+//! Mapping puts the physical allocation's memory file into its device's host view at the
+//! mapping's place and registers an allocation of kind `Vmm` for it (with no access until
 //! `cuMemSetAccess`). Unmapping first lets the queued work of every device finish (it may still
 //! move bytes through the mapping; the call is synchronous), then puts `PROT_NONE` back.
 
@@ -46,7 +46,7 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     let Some((rbase, r)) = st.vmm.reservation_of(ptr) else {
         return Err(invalid(format!("{ptr:#x} is not inside a reservation")));
     };
-    if ptr + size - rbase > r.size {
+    if size > r.size - (ptr - rbase) {
         return Err(invalid(format!(
             "[{ptr:#x}, +{size}) runs past the end of the reservation [{rbase:#x}, +{})",
             r.size
@@ -60,11 +60,11 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     if let Some(m) = overlap {
         return Err(invalid(format!("[{ptr:#x}, +{size}) overlaps the mapping at {m:#x}")));
     }
-    let view = Arc::clone(&r.view);
-    let at = (ptr - rbase) as usize;
-    // SAFETY: `[at, at + size)` lies inside the reservation's view (checked above) and is
-    // currently PROT_NONE (no mapping overlaps it); MAP_FIXED replaces exactly that range with
-    // the memory file's pages, which nothing else references.
+    let space = &st.vmm.spaces[&r.device];
+    let (view, at) = (Arc::clone(&space.host), (ptr - space.base) as usize);
+    // SAFETY: `[at, at + size)` is the reservation's part of its device's view (checked above)
+    // and currently PROT_NONE (no mapping overlaps it); MAP_FIXED replaces exactly that range
+    // with the memory file's pages, which nothing else references.
     let p = unsafe {
         libc::mmap(
             view.as_ptr().add(at).cast(),
@@ -78,7 +78,7 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     if p == libc::MAP_FAILED {
         return Err(Fail::quiet(cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
     }
-    let backing = Backing::view(&view, at, size as usize).expect("inside the reservation");
+    let backing = Backing::view(&view, at, size as usize).expect("inside the device's view");
     let buffer_id = st.next_buffer_id;
     st.next_buffer_id += 1;
     let alloc = Allocation {
@@ -147,14 +147,14 @@ pub(crate) fn unmap(ptr: u64, size: usize) -> Result<(), Fail> {
     let bases = tiling(&st.vmm, ptr, size as u64, "cuMemUnmap")?;
     for base in bases {
         let m = st.vmm.mappings.remove(&base).expect("tiled");
-        let r = &st.vmm.reservations[&m.reservation];
-        let at = (base - m.reservation) as usize;
-        // SAFETY: `[at, at + m.size)` is this mapping's part of the reservation's view; queued
+        let space = &st.vmm.spaces[&st.vmm.reservations[&m.reservation].device];
+        let at = (base - space.base) as usize;
+        // SAFETY: `[at, at + m.size)` is this mapping's part of its device's view; queued
         // work that could still touch it has drained. MAP_FIXED replaces it with inaccessible
         // anonymous space, dropping the memory file's pages from the view.
         let p = unsafe {
             libc::mmap(
-                r.view.as_ptr().add(at).cast(),
+                space.host.as_ptr().add(at).cast(),
                 m.size as usize,
                 libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,

@@ -1,11 +1,15 @@
 //! Virtual memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, …): the state and
 //! the rules shared by its parts.
 //!
-//! A reservation is a range of a device's simulated address space (never a host address), with a
-//! private `PROT_NONE` host view of the same length. Physical memory is a memory file, charged to
-//! its device's capacity at creation. Mapping it maps the file into the reservation's host view
-//! at the mapping's offset, so adjacent mappings backed by different physical allocations are
-//! adjacent host bytes: a copy or memset spanning them moves exactly the bytes it would on a GPU.
+//! A reservation is a range of a device's simulated VMM address space (never a host address): a
+//! `PROT_NONE` range of its own, made at the device's first reservation and much larger than the
+//! device's memory (programs reserve generously, as the GPU's address space allows), beside the
+//! range `cuMemAlloc` carves from. It has a private `PROT_NONE` host view of the same length,
+//! device address `base + k` standing at view byte `k`. Physical memory is a
+//! memory file, charged to its device's capacity at creation. Mapping it maps the file into the
+//! view at the mapping's place, so adjacent mappings backed by different physical allocations
+//! (in one reservation or in adjacent ones) are adjacent host bytes: a copy or memset spanning
+//! them moves exactly the bytes it would on a GPU.
 //! Each mapping is also an allocation of kind `Vmm` (the copy engine, pointer queries and
 //! `cuMemGetAddressRange` find it like any device memory); the access each device has to it lives
 //! here, and copies and memsets check it at the call, as observed on an H100 (§17 of the driver
@@ -32,6 +36,7 @@ pub(crate) use pointer::attribute as pointer_attribute;
 pub(crate) use reserve::{address_free, address_reserve};
 
 use crate::abi::{AllocationProp, LOC_DEVICE, LOC_HOST, LOC_HOST_NUMA, LOC_HOST_NUMA_CURRENT};
+use crate::address_space::AddressSpace;
 use crate::api::Fail;
 use crate::memory::Backing;
 use crate::report::{LiveMapping, LivePhysical, LiveReservation};
@@ -56,8 +61,32 @@ pub(crate) struct Reservation {
     pub(crate) size: u64,
     /// The device whose address space it was carved from.
     pub(crate) device: usize,
-    /// The host view physical memory is mapped into (`PROT_NONE` where nothing is mapped).
-    pub(crate) view: Arc<Backing>,
+}
+
+/// One device's VMM address space and its host view (`PROT_NONE` where nothing is mapped).
+pub(crate) struct Space {
+    pub(crate) va: AddressSpace,
+    /// First device address of the space.
+    pub(crate) base: u64,
+    pub(crate) host: Arc<Backing>,
+}
+
+impl Space {
+    /// A space of at least 1 TiB and 32 times `memory`, or less (down to 64 GiB) where the kernel
+    /// refuses that much address space.
+    fn new(memory: u64) -> Option<Self> {
+        let mut len = memory.saturating_mul(32).max(1 << 40).next_multiple_of(1 << 30);
+        loop {
+            let made = AddressSpace::reserve(len).and_then(|va| {
+                let host = Backing::reserved(usize::try_from(len).ok()?)?;
+                Some(Space { base: va.range().0, va, host: Arc::new(host) })
+            });
+            if made.is_some() || len <= 64 << 30 {
+                return made;
+            }
+            len /= 4;
+        }
+    }
 }
 
 /// A `cuMemCreate` allocation.
@@ -92,6 +121,8 @@ pub(crate) struct Vmm {
     pub(crate) physical: BTreeMap<u64, Physical>,
     /// Keyed by base address.
     pub(crate) mappings: BTreeMap<u64, Mapping>,
+    /// VMM address spaces by device ordinal.
+    pub(crate) spaces: BTreeMap<usize, Space>,
     next_handle: u64,
 }
 
@@ -102,6 +133,7 @@ impl Vmm {
             reservations: BTreeMap::new(),
             physical: BTreeMap::new(),
             mappings: BTreeMap::new(),
+            spaces: BTreeMap::new(),
             next_handle: 0,
         }
     }
@@ -110,6 +142,19 @@ impl Vmm {
     fn new_handle(&mut self) -> u64 {
         self.next_handle += 1;
         HANDLE_TAG + (self.next_handle << 4)
+    }
+
+    /// Whether `addr` lies in a VMM address space (reserved or not).
+    pub(crate) fn in_space(&self, addr: u64) -> bool {
+        self.spaces.values().any(|s| s.va.contains(addr))
+    }
+
+    /// Device `d`'s VMM address space, made on first use; `None` if the kernel refuses.
+    pub(crate) fn space(&mut self, d: usize, memory: u64) -> Option<&mut Space> {
+        match self.spaces.entry(d) {
+            std::collections::btree_map::Entry::Occupied(e) => Some(e.into_mut()),
+            std::collections::btree_map::Entry::Vacant(e) => Some(e.insert(Space::new(memory)?)),
+        }
     }
 
     /// The reservation containing `addr`, as `(base, reservation)`.

@@ -1,18 +1,15 @@
 //! Reservations: `cuMemAddressReserve` and `cuMemAddressFree`.
 //!
-//! A reservation is carved from the simulated device address space of the calling thread's
-//! current device (device 0 without a current context: reserving needs no context), aligned to
+//! A reservation is carved from the VMM address space of the calling thread's current device
+//! (device 0 without a current context: reserving needs no context), aligned to
 //! the granularity at least, with a granule left free after it so an unrelated reservation does
 //! not start where this one ends; a caller that asks for exactly that end (`addr`, to grow a
 //! range in place) gets it when it is free, as on the GPU, and any other address otherwise.
-
-use std::sync::Arc;
 
 use cudarc::driver::sys::CUresult;
 
 use super::{GRANULARITY, Reservation, invalid, require_vmm};
 use crate::api::Fail;
-use crate::memory::Backing;
 use crate::state::SIM;
 
 /// `cuMemAddressReserve`: `size` bytes of address space; returns the base.
@@ -37,15 +34,15 @@ pub(crate) fn address_reserve(size: usize, alignment: usize, addr: u64, flags: u
     }
     let align = (alignment as u64).max(GRANULARITY);
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-    let view = Backing::reserved(usize::try_from(size).map_err(|_| oom())?).ok_or_else(oom)?;
-    let va = &mut st.devices[d].va;
+    let memory = st.devices[d].total;
+    let va = &mut st.vmm.space(d, memory).ok_or_else(oom)?.va;
     // The hint is honoured only where it is aligned and free; otherwise it is ignored.
     let base = if addr != 0 && addr.is_multiple_of(align) && va.claim(addr, size) {
         addr
     } else {
         va.allocate_spaced(size, align, GRANULARITY).ok_or_else(oom)?
     };
-    st.vmm.reservations.insert(base, Reservation { size, device: d, view: Arc::new(view) });
+    st.vmm.reservations.insert(base, Reservation { size, device: d });
     Ok(base)
 }
 
@@ -71,6 +68,6 @@ pub(crate) fn address_free(ptr: u64, size: usize) -> Result<(), Fail> {
         )));
     }
     let r = st.vmm.reservations.remove(&ptr).expect("just found");
-    st.devices[r.device].va.release(ptr);
+    st.vmm.spaces.get_mut(&r.device).expect("a reservation's space").va.release(ptr);
     Ok(())
 }
