@@ -17,7 +17,9 @@
 //! of chunks; `reserved_bytes` counts mapped bytes. Free memory is still per stream and moves between
 //! streams only behind `ordering.wait` (a segment's ranges may sit in any stream's arena); new chunks
 //! are fresh memory, usable by the growing stream at once; chunks are unmapped only after
-//! `ordering.synchronize`.
+//! `ordering.synchronize`. Growth maps while holding the growing stream's arena lock and the
+//! segment registry (lock order: arenas, then the registry), so its driver calls delay other growth
+//! and that stream's own allocations, not the fast path of other streams.
 //!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
