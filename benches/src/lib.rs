@@ -183,3 +183,181 @@ pub fn in_parallel(threads: usize, work: impl Fn(usize) + Sync) -> Duration {
     })
     .elapsed()
 }
+
+/// What the footprint workloads allocate through: the host-model pool or a device resource.
+pub trait Allocator {
+    /// A live allocation.
+    type Handle;
+    /// Allocates `bytes` bytes.
+    fn alloc(&self, bytes: usize) -> Self::Handle;
+    /// Frees an allocation.
+    fn free(&self, handle: Self::Handle);
+}
+
+impl Allocator for HostPool {
+    type Handle = cumem_pool::Block;
+    fn alloc(&self, bytes: usize) -> cumem_pool::Block {
+        self.allocate(bytes, 256, 0).expect("host pool")
+    }
+    fn free(&self, block: cumem_pool::Block) {
+        self.deallocate(block, 0).expect("own block");
+    }
+}
+
+/// A device resource used on one stream.
+#[derive(Clone, Copy)]
+pub struct OnStream<'a>(pub &'a dyn DeviceResource, pub &'a Stream);
+
+impl Allocator for OnStream<'_> {
+    type Handle = (cumem_core::Allocation, AllocLayout);
+    fn alloc(&self, bytes: usize) -> Self::Handle {
+        let layout = AllocLayout::new(bytes, 256).expect("non-zero size");
+        (self.0.allocate(layout, self.1).expect("allocation"), layout)
+    }
+    fn free(&self, (p, layout): Self::Handle) {
+        // SAFETY: allocated by `alloc` with this layout on this stream; never used.
+        unsafe { self.0.deallocate(p, layout, self.1) };
+    }
+}
+
+/// The largest sum of requested bytes held at once, kept by a footprint workload.
+#[derive(Debug, Default)]
+struct Held {
+    now: u64,
+    peak: u64,
+}
+
+impl Held {
+    fn add(&mut self, bytes: usize) {
+        self.now += bytes as u64;
+        self.peak = self.peak.max(self.now);
+    }
+    fn sub(&mut self, bytes: usize) {
+        self.now -= bytes as u64;
+    }
+}
+
+impl Rng {
+    /// A log-uniform size in [2^lo, 2^hi).
+    fn log_size(&mut self, lo: u32, hi: u32) -> usize {
+        let r = self.next_u64();
+        let exp = lo + (r % u64::from(hi - lo)) as u32;
+        (1usize << exp) + ((r >> 8) as usize & ((1 << exp) - 1))
+    }
+}
+
+/// A training-like loop: 20 weights (1–16 MiB) held throughout; each of `iters` steps picks a batch
+/// size in 8..=64, allocates 16 layers' activations forward (each with a workspace of half its size,
+/// freed at once) and frees them backward, each after its gradient's allocation. Returns the
+/// largest sum of requested bytes held at once; allocations made: about `50 * iters`.
+pub fn training_loop<A: Allocator>(a: &A, iters: u64, seed: u64) -> u64 {
+    let mut rng = Rng(seed);
+    let mut held = Held::default();
+    let weights: Vec<_> = (0..20)
+        .map(|_| {
+            let n = rng.log_size(20, 24);
+            held.add(n);
+            (a.alloc(n), n)
+        })
+        .collect();
+    let layers: Vec<usize> = (0..16).map(|_| rng.log_size(16, 19)).collect();
+    for _ in 0..iters {
+        let batch = 8 + (rng.next_u64() % 57) as usize;
+        let mut acts = Vec::with_capacity(layers.len());
+        for &l in &layers {
+            held.add(l * batch);
+            acts.push(a.alloc(l * batch));
+            held.add(l * batch / 2);
+            a.free(a.alloc(l * batch / 2));
+            held.sub(l * batch / 2);
+        }
+        for (act, &l) in acts.into_iter().zip(&layers).rev() {
+            held.add(l * batch);
+            let grad = a.alloc(l * batch);
+            a.free(act);
+            a.free(grad);
+            held.sub(2 * l * batch);
+        }
+    }
+    for (w, n) in weights {
+        a.free(w);
+        held.sub(n);
+    }
+    held.peak
+}
+
+/// A random-size loop: each of `iters` steps allocates 1 to 48 blocks of log-uniform sizes in
+/// [64 KiB, 32 MiB) (a request of a model with dynamic shapes) and frees them in random order.
+/// Returns the largest sum of requested bytes held at once.
+pub fn random_size_loop<A: Allocator>(a: &A, iters: u64, seed: u64) -> u64 {
+    let mut rng = Rng(seed);
+    let mut held = Held::default();
+    for _ in 0..iters {
+        let n = 1 + rng.next_u64() % 48;
+        let mut live: Vec<_> = (0..n)
+            .map(|_| {
+                let n = rng.log_size(16, 25);
+                held.add(n);
+                (a.alloc(n), n)
+            })
+            .collect();
+        while !live.is_empty() {
+            let (h, n) = live.swap_remove(rng.next_u64() as usize % live.len());
+            a.free(h);
+            held.sub(n);
+        }
+    }
+    held.peak
+}
+
+/// Like [`random_size_loop`], but allocations and frees interleave within a step (two allocations
+/// for each free, 20 to 119 operations), so blocks die in the middle of the live set. Returns the
+/// largest sum of requested bytes held at once.
+pub fn interleaved_loop<A: Allocator>(a: &A, iters: u64, seed: u64) -> u64 {
+    let mut rng = Rng(seed);
+    let mut held = Held::default();
+    for _ in 0..iters {
+        let mut live = vec![];
+        for _ in 0..20 + rng.next_u64() % 100 {
+            if live.is_empty() || !rng.next_u64().is_multiple_of(3) {
+                let n = rng.log_size(16, 25);
+                held.add(n);
+                live.push((a.alloc(n), n));
+            } else {
+                let (h, n) = live.swap_remove(rng.next_u64() as usize % live.len());
+                a.free(h);
+                held.sub(n);
+            }
+        }
+        for (h, n) in live {
+            a.free(h);
+            held.sub(n);
+        }
+    }
+    held.peak
+}
+
+/// Steady churn: `steps` times, allocate a log-uniform size in [64 KiB, 32 MiB) while under a
+/// slowly rising target of 256–506 MiB held, else free a random live block; random lifetimes
+/// with no point where everything is free. Returns the largest sum of requested bytes held.
+pub fn churn_loop<A: Allocator>(a: &A, steps: u64, seed: u64) -> u64 {
+    let mut rng = Rng(seed);
+    let mut held = Held::default();
+    let mut live = vec![];
+    for step in 0..steps {
+        if held.now < (256 << 20) + (step % 4000) * (64 << 10) {
+            let n = rng.log_size(16, 25);
+            held.add(n);
+            live.push((a.alloc(n), n));
+        } else {
+            let (h, n) = live.swap_remove(rng.next_u64() as usize % live.len());
+            a.free(h);
+            held.sub(n);
+        }
+    }
+    for (h, n) in live {
+        a.free(h);
+        held.sub(n);
+    }
+    held.peak
+}

@@ -7,11 +7,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cumem_benches::{
-    FEW_LIVE, host_fast_path, host_many_live, host_pool, host_varying_sizes, in_parallel, raw_pool_fast_path,
-    resource_fast_path, resource_many_live, resource_varying_sizes,
+    Allocator, FEW_LIVE, OnStream, churn_loop, host_fast_path, host_many_live, host_pool, host_varying_sizes,
+    in_parallel, interleaved_loop, random_size_loop, raw_pool_fast_path, resource_fast_path,
+    resource_many_live, resource_varying_sizes, training_loop,
 };
-use cumem_core::{Device, DriverResource, Stream};
-use cumem_pool::{CachingResource, MemPool, MemPoolOptions, NativePoolResource, PoolConfig};
+use cumem_core::{Context, Device, DriverResource, Stream};
+use cumem_pool::{
+    CachingPool, CachingResource, HostOrdering, HostUpstream, MemPool, MemPoolOptions, NativePoolResource,
+    PoolConfig, PoolStats,
+};
 
 /// Median over `runs` timed runs of `iters` pairs, after a warm-up run; ns per pair.
 fn ns_per_op(runs: usize, iters: u64, mut f: impl FnMut(u64)) -> f64 {
@@ -74,6 +78,89 @@ fn parallel_ns_per_op(runs: usize, threads: usize, iters: u64, work: impl Fn(usi
         .collect();
     v.sort_by(f64::total_cmp);
     v[runs / 2]
+}
+
+/// The footprint workloads ([`run_footprint`] runs them by index): name, and whether the bar of
+/// issue 10 names it.
+const FOOTPRINT: [(&str, bool); 4] = [
+    ("training-like loop (200 steps)", true),
+    ("random-size loop (300 steps)", true),
+    ("interleaved random sizes (100 steps)", false),
+    ("steady churn (20,000 operations)", false),
+];
+
+/// Runs footprint workload `w` through `a`; returns the largest sum of requested bytes held.
+fn run_footprint<A: Allocator>(w: usize, a: &A) -> u64 {
+    match w {
+        0 => training_loop(a, 200, 7),
+        1 => random_size_loop(a, 300, 7),
+        2 => interleaved_loop(a, 100, 7),
+        _ => churn_loop(a, 20_000, 7),
+    }
+}
+
+/// One footprint row: peak live (rounded) and reserved bytes, peak requested bytes, ns per pair.
+struct Footprint {
+    live: u64,
+    reserved: u64,
+    requested: u64,
+    ns: f64,
+}
+
+impl Footprint {
+    fn of(stats: &PoolStats, requested: u64, t: Instant) -> Footprint {
+        let ns = t.elapsed().as_nanos() as f64 / stats.allocations_total.max(1) as f64;
+        Footprint { live: stats.peak_bytes, reserved: stats.peak_reserved_bytes, requested, ns }
+    }
+}
+
+/// Peak reserved ÷ peak live of each footprint workload, with and without expandable segments, on
+/// the host model and through `CachingResource` on `ctx`'s device.
+fn footprint_table(ctx: &Context) -> cumem_core::Result<()> {
+    let stream = Stream::non_blocking(ctx)?;
+    let vmm = ctx.device().capabilities()?.virtual_memory;
+    println!(
+        "Footprint (issue 10, item 3): peak reserved ÷ peak live, one run each; live = rounded bytes of live"
+    );
+    println!(
+        "blocks (the pool's `peak_bytes`), requested = what the workload asked for; ns per alloc+free pair."
+    );
+    println!();
+    println!(
+        "| workload | pool | peak live MiB | peak reserved MiB | reserved ÷ live | reserved ÷ requested | ns/pair |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    for (w, (name, bar)) in FOOTPRINT.iter().enumerate() {
+        let name = if *bar { name.to_string() } else { format!("{name} (beyond the bar)") };
+        for expandable_segments in [false, true] {
+            let config = PoolConfig { expandable_segments, ..PoolConfig::default() };
+            let mode = if expandable_segments { "expandable segments" } else { "segments" };
+            let host = CachingPool::new(HostUpstream::new(1 << 40), HostOrdering::new(), config.clone());
+            let t = Instant::now();
+            let requested = run_footprint(w, &host);
+            let mut rows = vec![("host model", Footprint::of(&host.stats(), requested, t))];
+            if vmm || !expandable_segments {
+                let dev = CachingResource::with_driver(ctx, config);
+                let t = Instant::now();
+                let requested = run_footprint(w, &OnStream(&dev, &stream));
+                rows.push(("as DeviceResource", Footprint::of(&dev.stats(), requested, t)));
+                dev.trim()?;
+            }
+            for (what, f) in rows {
+                println!(
+                    "| {name} | {what}, {mode} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} |",
+                    mib(f.live),
+                    mib(f.reserved),
+                    f.reserved as f64 / f.live as f64,
+                    f.reserved as f64 / f.requested as f64,
+                    f.ns
+                );
+            }
+        }
+    }
+    println!();
+    Ok(())
 }
 
 fn main() -> cumem_core::Result<()> {
@@ -262,5 +349,7 @@ fn main() -> cumem_core::Result<()> {
     drop(native);
     caching.trim()?;
     caching_f.trim()?;
+    println!();
+    footprint_table(&ctx)?;
     Ok(())
 }

@@ -38,7 +38,10 @@ use crate::segment::Segments;
 use crate::size_class::{Kind, QUANTUM, SMALL_LIMIT, bin_of};
 use crate::stats::{Peaks, PoolStats};
 use crate::table::{ArenaTable, TableState};
-use crate::{Block, ForeignBlock, Ordering, PoolConfig, PoolError, SEGMENT_ALIGN, Upstream};
+use crate::{
+    Block, ExpandableUpstream, ForeignBlock, Ordering, PoolConfig, PoolError, SEGMENT_ALIGN, Upstream,
+    expandable,
+};
 
 static NEXT_POOL_ID: AtomicU32 = AtomicU32::new(1);
 
@@ -118,6 +121,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// rest share one, see "No stream limit"); [`new`](Self::new) gives [`STREAM_ARENAS`].
     pub fn with_stream_arenas(upstream: U, ordering: O, config: PoolConfig, arenas: usize) -> Self {
         let config = config.normalized();
+        if config.expandable_segments && upstream.expandable().is_none() {
+            tracing::warn!(
+                "expandable segments asked for, but the upstream cannot map memory: taking segments"
+            );
+        }
         let retired = ordering.retired_stream();
         // One more arena for retired streams, created first.
         let arenas = ArenaTable::new(arenas.clamp(1, MAX_STREAM_ARENAS) + usize::from(retired.is_some()));
@@ -148,6 +156,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// The stream-ordering implementation.
     pub fn ordering(&self) -> &O {
         &self.ordering
+    }
+
+    /// The upstream's mapping operations when the pool grows [expandable
+    /// segments](crate::expandable) (configured, and the upstream has them); `None`: segments.
+    pub fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        self.upstream.expandable().filter(|_| self.config.expandable_segments)
     }
 
     /// Allocates `bytes` bytes aligned to `align` (a power of two up to [`MAX_ALIGN`](crate::MAX_ALIGN);
@@ -276,7 +290,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         s.reserved_bytes = segs.reserved;
         s.peak_reserved_bytes = segs.peak_reserved;
         s.cached_bytes = segs.reserved.saturating_sub(s.current_bytes);
-        s.segments = segs.map.len() as u64;
+        s.segments = (segs.map.len() + segs.expandable.segs.len()) as u64;
         s.upstream_allocations = segs.upstream_allocations;
         s.upstream_frees = segs.upstream_frees;
         s.oom_ladders = segs.oom_ladders;
@@ -291,9 +305,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         segs.peak_reserved = segs.reserved;
     }
 
-    /// The segments held from the upstream as `(base, len)`, in address order.
+    /// The segments held from the upstream as `(base, len)`, in address order; for an expandable
+    /// segment, its mapped part.
     pub fn segments(&self) -> Vec<(u64, u64)> {
-        self.segments.lock().map.iter().map(|(&b, &(l, _))| (b, l)).collect()
+        let segs = self.segments.lock();
+        let mut out: Vec<(u64, u64)> = segs.map.iter().map(|(&b, &(l, _))| (b, l)).collect();
+        out.extend(segs.expandable.segs.iter().map(|(&b, e)| (b, e.mapped)));
+        out.sort_unstable();
+        out
     }
 
     /// Every cached (free or binned) block of every stream as `(addr, len)`, in address order.
@@ -328,7 +347,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let mut end = 0;
         for &(addr, len, seg, kind) in &items {
             if segs.map.get(&seg.base) != Some(&(seg.len, kind)) {
-                return Err(format!("cached block {addr:#x}+{len} names unknown segment {seg:?} ({kind:?})"));
+                segs.expandable.check(addr, len, seg, kind)?;
             }
             if addr < seg.base || addr + len > seg.end() || addr % QUANTUM as u64 != 0 || len == 0 {
                 return Err(format!("cached block {addr:#x}+{len} misplaced in segment {seg:?}"));
@@ -340,7 +359,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         let cached: u64 = items.iter().map(|x| x.1).sum();
         let live: i64 = self.arenas.iter().map(|a| a.counters.bytes()).sum();
-        let seg_total: u64 = segs.map.values().map(|&(l, _)| l).sum();
+        let seg_total: u64 = segs.map.values().map(|&(l, _)| l).sum::<u64>() + segs.expandable.mapped();
         if seg_total != segs.reserved {
             return Err(format!("segments sum to {seg_total} but reserved is {}", segs.reserved));
         }
@@ -530,7 +549,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         if let Some((addr, seg)) = self.migrate(arena, stream, &req)? {
             return Ok(self.finish(arena, arena.inner.lock(), &req, addr, seg));
         }
-        if let Some(seg) = self.grow(req.kind, req.need, false)? {
+        if let Some(up) = self.expandable() {
+            let mut g = arena.inner.lock();
+            let grown = expandable::grow(up, &mut self.segments.lock(), g.set(req.kind), arena.index, &req)?;
+            if let Some((addr, seg)) = grown {
+                return Ok(self.finish(arena, g, &req, addr, seg));
+            }
+        } else if let Some(seg) = self.grow(req.kind, req.need, false)? {
             let mut g = arena.inner.lock();
             g.set(req.kind).insert(seg.base, seg.len, seg);
             if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
@@ -633,7 +658,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         if found.is_none() {
             self.release(&mut guards, 0);
-            if let Some(seg) = self.grow(req.kind, req.need, true)? {
+            if let Some(up) = self.expandable() {
+                let mut segs = self.segments.lock();
+                found = expandable::grow(up, &mut segs, guards[ti].set(req.kind), ti, req)?
+                    .map(|(addr, seg)| (addr, seg, req.kind));
+            } else if let Some(seg) = self.grow(req.kind, req.need, true)? {
                 let set = guards[ti].set(req.kind);
                 set.insert(seg.base, seg.len, seg);
                 found = set.take(req.size, req.align).map(|(addr, seg)| (addr, seg, req.kind));
@@ -680,6 +709,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         if self.cached_estimate() <= keep {
             return false;
         }
+        if let Some(up) = self.upstream.expandable()
+            && expandable::releasable(up.chunk_bytes() as u64, &self.segments.lock(), guards)
+        {
+            return true;
+        }
         let mut per_seg: HashMap<u64, u64> = HashMap::new();
         for g in guards {
             for (_, len, seg) in g.small.ranges().chain(g.large.ranges()) {
@@ -703,7 +737,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         for (i, g) in guards.iter().enumerate() {
             for (set, kind) in [(&g.small, Kind::Small), (&g.large, Kind::Large)] {
                 for (addr, len, seg) in set.ranges() {
-                    if addr == seg.base && len == seg.len {
+                    if addr == seg.base && len == seg.len && segs.map.contains_key(&addr) {
                         candidates.push((len, addr, i, kind));
                     }
                 }
@@ -721,6 +755,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             cached = cached.saturating_sub(len);
             report.released_segments += 1;
             report.released_bytes += len;
+        }
+        if let Some(up) = self.upstream.expandable() {
+            let r = expandable::shrink(up, &mut segs, guards, &mut cached, keep);
+            report.released_segments += r.released_segments;
+            report.released_bytes += r.released_bytes;
         }
         if report.released_segments > 0 {
             tracing::debug!(
@@ -779,7 +818,7 @@ fn two_mut<T>(v: &mut [T], i: usize, j: usize) -> Option<(&mut T, &mut T)> {
 impl<U: Upstream, O: Ordering> Drop for CachingPool<U, O> {
     fn drop(&mut self) {
         let segs = std::mem::take(self.segments.get_mut());
-        if segs.map.is_empty() {
+        if segs.map.is_empty() && segs.expandable.segs.is_empty() {
             return;
         }
         let live: i64 = self.arenas.iter().map(|a| a.counters.count()).sum();
@@ -794,6 +833,9 @@ impl<U: Upstream, O: Ordering> Drop for CachingPool<U, O> {
         }
         for (base, (len, _)) in segs.map {
             self.upstream.deallocate(base, len as usize);
+        }
+        if let Some(up) = self.upstream.expandable() {
+            expandable::teardown(up, segs.expandable);
         }
     }
 }

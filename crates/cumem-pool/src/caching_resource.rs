@@ -41,10 +41,17 @@ pub struct CachingResource {
 }
 
 impl CachingResource {
-    /// A caching pool over `upstream` (segments are taken from it and returned to it).
+    /// A caching pool over `upstream` (segments are taken from it and returned to it). With
+    /// [`PoolConfig::expandable_segments`], the pool maps memory of `upstream`'s device instead
+    /// (where the device has virtual memory management; else it warns and takes segments).
     pub fn new(upstream: Arc<dyn DeviceResource>, config: PoolConfig) -> Self {
         let ordering = Arc::new(StreamOrdering::new(upstream.context()));
-        let pool = CachingPool::new(DeviceUpstream::new(upstream), ordering.clone(), config);
+        let upstream = if config.expandable_segments {
+            DeviceUpstream::with_expandable(upstream)
+        } else {
+            DeviceUpstream::new(upstream)
+        };
+        let pool = CachingPool::new(upstream, ordering.clone(), config);
         CachingResource { pool, ordering }
     }
 

@@ -50,6 +50,12 @@ pub struct PoolConfig {
     /// runs; fully free segments beyond it are released to the upstream then. `trim` ignores it.
     /// Default `usize::MAX` (keep everything until `trim` or out-of-memory).
     pub release_threshold: usize,
+    /// Grow one [expandable segment](crate::expandable) per stream and kind by mapping chunks of
+    /// physical memory at its end, instead of taking new segments (the sizes and growth policy above
+    /// then do not apply). Needs an upstream with
+    /// [`ExpandableUpstream`](crate::ExpandableUpstream) operations (a device with virtual memory
+    /// management); without them the pool warns once and takes segments. Default `false`.
+    pub expandable_segments: bool,
 }
 
 impl Default for PoolConfig {
@@ -59,6 +65,7 @@ impl Default for PoolConfig {
             large_segment_bytes: 20 << 20,
             growth: Growth::Exact,
             release_threshold: usize::MAX,
+            expandable_segments: false,
         }
     }
 }

@@ -23,12 +23,14 @@ use std::sync::Arc;
 use cumem_core::{AllocLayout, Allocation, DeviceResource, Stream};
 use parking_lot::Mutex;
 
-use crate::{SEGMENT_ALIGN, Upstream, UpstreamError};
+use crate::{DeviceExpandable, ExpandableUpstream, SEGMENT_ALIGN, Upstream, UpstreamError};
 
 /// Segments from a device resource.
 #[derive(Debug)]
 pub struct DeviceUpstream {
     resource: Arc<dyn DeviceResource>,
+    /// Mapping operations for expandable segments, when asked for and the device has them.
+    expandable: Option<DeviceExpandable>,
     legacy: Stream,
     /// The resource's tokens of the segments held, by address: segments come and go rarely, so a
     /// map here costs nothing on the pool's fast path.
@@ -39,7 +41,21 @@ impl DeviceUpstream {
     /// Takes segments from `resource`.
     pub fn new(resource: Arc<dyn DeviceResource>) -> Self {
         let legacy = Stream::legacy(resource.context());
-        DeviceUpstream { resource, legacy, tokens: Mutex::new(HashMap::new()) }
+        DeviceUpstream { resource, legacy, tokens: Mutex::new(HashMap::new()), expandable: None }
+    }
+
+    /// Takes segments from `resource`, and can also grow [expandable segments](crate::expandable)
+    /// with memory of its device when the device has virtual memory management (if it has not,
+    /// a warning, and segments only).
+    pub fn with_expandable(resource: Arc<dyn DeviceResource>) -> Self {
+        let expandable = match DeviceExpandable::new(resource.context()) {
+            Ok(x) => Some(x),
+            Err(e) => {
+                tracing::warn!(error = %e, "no expandable segments on this device; the pool takes segments");
+                None
+            }
+        };
+        DeviceUpstream { expandable, ..Self::new(resource) }
     }
 
     /// The resource segments come from.
@@ -76,5 +92,9 @@ impl Upstream for DeviceUpstream {
 
     fn device(&self) -> Option<u64> {
         Some(self.resource.context().device().ordinal() as u64)
+    }
+
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        self.expandable.as_ref().map(|x| x as &dyn ExpandableUpstream)
     }
 }

@@ -358,6 +358,30 @@ impl FreeSet {
     /// segment, or `None` when no range fits.
     pub fn take(&mut self, size: u64, align: u64) -> Option<(u64, Seg)> {
         let i = self.fit(size, align)?;
+        self.split(i, size, align)
+    }
+
+    /// Like [`take`](Self::take), but from the range starting at `range`, which must hold the
+    /// aligned block: how an expandable segment serves a request from its free tail. `None` (and
+    /// nothing changed) when there is no such range or the block does not fit in it.
+    pub fn take_at(&mut self, range: u64, size: u64, align: u64) -> Option<(u64, Seg)> {
+        let i = self.bounds.get(range)?;
+        let Node { addr, len, .. } = *self.node(i);
+        let start = align_up_u64(addr, align)?;
+        if start.checked_add(size)? > addr + len {
+            return None;
+        }
+        self.split(i, size, align)
+    }
+
+    /// The free range ending exactly at `end` (one past its last byte), as `(addr, len, segment)`.
+    pub fn range_ending_at(&self, end: u64) -> Option<(u64, u64, Seg)> {
+        let n = self.node(self.bounds.get(end_key(end))?);
+        Some((n.addr, n.len, n.seg))
+    }
+
+    /// Splits `size` bytes aligned to `align` out of node `i`, which fits them.
+    fn split(&mut self, i: u32, size: u64, align: u64) -> Option<(u64, Seg)> {
         let Node { addr, len, seg, .. } = *self.node(i);
         let start = align_up_u64(addr, align)?;
         let end = addr + len;
@@ -715,6 +739,24 @@ mod tests {
         assert_eq!(f.remove(0), None);
         assert_eq!(f.drain().len(), 1);
         assert!(f.is_empty());
+    }
+
+    #[test]
+    fn take_at_splits_the_named_range_and_the_tail_is_found_by_its_end() {
+        let s = seg(0, 64 * A);
+        let mut f = FreeSet::default();
+        f.insert(0, 4 * A, s);
+        f.insert(8 * A, 16 * A, s);
+        assert_eq!(f.range_ending_at(24 * A), Some((8 * A, 16 * A, s)));
+        assert_eq!(f.range_ending_at(20 * A), None);
+        // Best fit would pick the first range; take_at takes from the one it names.
+        assert_eq!(f.take_at(8 * A, 2 * A, A), Some((8 * A, s)));
+        assert_eq!(f.take_at(10 * A, 4 * A, 4 * A), Some((12 * A, s)));
+        assert_eq!(f.take_at(16 * A, 9 * A, A), None, "does not fit");
+        assert_eq!(f.take_at(A, A, A), None, "no range starts there");
+        let r: Vec<_> = f.ranges().map(|(a, l, _)| (a / A, l / A)).collect();
+        assert_eq!(r, vec![(0, 4), (10, 2), (16, 8)]);
+        f.check().unwrap();
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! from per-stream [bins] in O(1), finds best fits with [splitting and coalescing](free_set) in
 //! O(log n), moves free memory between streams only when needed and only after ordering them, and on
 //! exhaustion releases its cache, synchronises and retries before reporting
-//! [`PoolError::OutOfMemory`].
+//! [`PoolError::OutOfMemory`]. With [`PoolConfig::expandable_segments`] it instead grows one
+//! [expandable segment](expandable) per stream by mapping chunks of physical memory at its end
+//! ([`ExpandableUpstream`]: [`DeviceExpandable`] on a device, [`HostUpstream`] in tests).
 //!
 //! Adaptors wrap any [`DeviceResource`](cumem_core::DeviceResource) and stack in any order:
 //! [`StatisticsResource`], [`LimitingResource`], [`TrackingResource`], [`LoggingResource`] (RMM's
@@ -36,8 +38,10 @@ pub mod caching;
 pub mod caching_resource;
 pub mod config;
 pub mod default_resource;
+pub mod device_expandable;
 pub mod device_upstream;
 pub mod error;
+pub mod expandable;
 pub mod failure_callback_resource;
 mod ffi;
 pub mod free_set;
@@ -61,6 +65,7 @@ pub use caching::{CachingPool, STREAM_ARENAS, TrimReport};
 pub use caching_resource::CachingResource;
 pub use config::{Growth, PoolConfig};
 pub use default_resource::{current_caching, trim_current};
+pub use device_expandable::DeviceExpandable;
 pub use device_upstream::DeviceUpstream;
 pub use error::{ForeignBlock, PoolError, UpstreamError};
 pub use failure_callback_resource::{AllocationFailure, FailureCallbackResource};
@@ -73,7 +78,7 @@ pub use statistics_resource::{HISTOGRAM_BUCKETS, ScopeCounters, StatisticsResour
 pub use stats::{Histogram, PoolStats};
 pub use stream_ordering::{StreamKey, StreamOrdering};
 pub use tracking_resource::{LeakReport, LiveAllocation, TrackingResource};
-pub use upstream::{HostOrdering, HostUpstream, Ordering, Upstream};
+pub use upstream::{ExpandableUpstream, HostOrdering, HostUpstream, Ordering, Upstream};
 
 /// Alignment every upstream segment address must have (and the minimum alignment of every block).
 pub const SEGMENT_ALIGN: usize = size_class::QUANTUM;

@@ -33,6 +33,8 @@ pub(crate) struct Segments {
     pub oom_errors: u64,
     /// Current minimum for the next large segment under `Growth::Doubling`.
     next_large: usize,
+    /// Expandable segments (their mapped bytes are in `reserved`; they are not in `map`).
+    pub expandable: crate::expandable::Registry,
 }
 
 impl Segments {

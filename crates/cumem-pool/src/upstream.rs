@@ -54,6 +54,48 @@ pub trait Upstream: Send + Sync {
     fn device(&self) -> Option<u64> {
         None
     }
+    /// The virtual-memory operations of this upstream, when it has them: what the pool's
+    /// [expandable segments](crate::expandable) grow by. `None` (the default): segments only.
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        None
+    }
+}
+
+/// An upstream that reserves address space and maps physical memory into it chunk by chunk (CUDA's
+/// virtual memory management): what the pool's [expandable segments](crate::expandable) are made of.
+///
+/// Contract the pool relies on:
+/// 1. [`chunk_bytes`](Self::chunk_bytes) is a power of two, a multiple of [`SEGMENT_ALIGN`], and
+///    never changes; every address and length below is a multiple of it.
+/// 2. `reserve(bytes)` returns the base of `bytes` bytes of address space, aligned to a chunk, with
+///    nothing mapped and distinct from every live reservation and allocation.
+/// 3. `map(addr, bytes)` backs unmapped space inside one reservation with new physical memory that
+///    every stream of the device may read and write at once (nothing queued uses it). Exhaustion is
+///    [`UpstreamError::OutOfMemory`] (or the driver's out-of-memory error); on any error nothing of
+///    the range stays mapped.
+/// 4. `unmap(addr, bytes)` receives mapped chunks and frees their physical memory. The pool calls it
+///    only after [`Ordering::synchronize`] succeeded after every free in the range.
+/// 5. `release(base, bytes)` receives exactly a reservation `reserve` returned, with nothing mapped.
+pub trait ExpandableUpstream: Send + Sync {
+    /// The mapping granularity in bytes: physical memory is mapped and unmapped in whole chunks.
+    fn chunk_bytes(&self) -> usize;
+    /// Bytes of address space each expandable segment reserves: the most it can grow to (for a
+    /// device, its memory size, as PyTorch does).
+    fn reservation_bytes(&self) -> usize;
+    /// Reserves `bytes` of address space and returns its base.
+    ///
+    /// # Errors
+    /// [`UpstreamError::OutOfMemory`] when no address space is left, any other error as is.
+    fn reserve(&self, bytes: usize) -> Result<u64, UpstreamError>;
+    /// Maps new physical memory at `[addr, addr + bytes)`.
+    ///
+    /// # Errors
+    /// [`UpstreamError::OutOfMemory`] when the memory is exhausted, any other error as is.
+    fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError>;
+    /// Unmaps `[addr, addr + bytes)` and frees its physical memory.
+    fn unmap(&self, addr: u64, bytes: usize);
+    /// Frees a reservation with nothing mapped in it.
+    fn release(&self, base: u64, bytes: usize);
 }
 
 /// Stream-ordering operations the pool needs: later CUDA streams and events, in tests a model that
@@ -113,6 +155,9 @@ impl<U: Upstream + ?Sized> Upstream for std::sync::Arc<U> {
     fn device(&self) -> Option<u64> {
         (**self).device()
     }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        (**self).expandable()
+    }
 }
 
 impl<O: Ordering + ?Sized> Ordering for std::sync::Arc<O> {
@@ -137,12 +182,21 @@ impl<O: Ordering + ?Sized> Ordering for std::sync::Arc<O> {
 /// First address [`HostUpstream`] hands out (never 0, clearly not a host pointer).
 pub const HOST_BASE: u64 = 0x7e00_0000_0000;
 
+/// The chunk size of [`HostUpstream::new`]'s mappings: 2 MiB, an H100's granularity.
+pub const HOST_CHUNK: usize = 2 << 20;
+
 /// A host model of a device memory resource: a fake address space with a capacity.
 ///
 /// Addresses are handed out by bumping a pointer (aligned to [`SEGMENT_ALIGN`], never reused), so
 /// segments are often adjacent, which tests that the pool never coalesces across segments. Live bytes,
 /// peaks and call counts are recorded; [`fail_call`](Self::fail_call) injects a failure into one call;
 /// a `deallocate` of anything that is not a live allocation is recorded as a violation.
+///
+/// It is also an [`ExpandableUpstream`]: reservations take address space only, mapped chunks count
+/// against the capacity like allocations (in [`live_bytes`](Self::live_bytes), and as `(addr, len)`
+/// runs in [`live`](Self::live)), a map is an allocation call (it can be made to fail) and an unmap
+/// a deallocation. Mapping mapped or unreserved space, unmapping unmapped space and releasing a
+/// reservation that still has mappings are violations (the driver refuses them too).
 #[derive(Debug)]
 pub struct HostUpstream {
     state: Mutex<HostState>,
@@ -160,6 +214,9 @@ struct HostState {
     deallocations: u64,
     fail: Option<(u64, UpstreamError)>,
     violations: Vec<String>,
+    chunk: u64,
+    /// Reservations by base: their length and the addresses of their mapped chunks.
+    reservations: BTreeMap<u64, (u64, std::collections::BTreeSet<u64>)>,
 }
 
 impl HostUpstream {
@@ -177,8 +234,24 @@ impl HostUpstream {
                 deallocations: 0,
                 fail: None,
                 violations: Vec::new(),
+                chunk: HOST_CHUNK as u64,
+                reservations: BTreeMap::new(),
             }),
         }
+    }
+
+    /// A model with `capacity` bytes that maps memory in chunks of `chunk` bytes (a power of two, at
+    /// least [`SEGMENT_ALIGN`]; [`new`](Self::new) uses [`HOST_CHUNK`]).
+    pub fn with_chunk_bytes(capacity: usize, chunk: usize) -> HostUpstream {
+        let up = HostUpstream::new(capacity);
+        up.state.lock().chunk = chunk.max(SEGMENT_ALIGN).next_power_of_two() as u64;
+        up
+    }
+
+    /// Live reservations as `(base, len, mapped bytes)`, in address order.
+    pub fn reservations(&self) -> Vec<(u64, u64, u64)> {
+        let s = self.state.lock();
+        s.reservations.iter().map(|(&b, (l, m))| (b, *l, m.len() as u64 * s.chunk)).collect()
     }
 
     /// Makes the `allocate` call with index `call` (0-based, counting every call since creation) fail
@@ -187,22 +260,22 @@ impl HostUpstream {
         self.state.lock().fail = Some((call, error));
     }
 
-    /// Number of `allocate` calls so far, failed ones included.
+    /// Number of `allocate` and `map` calls so far, failed ones included.
     pub fn allocate_calls(&self) -> u64 {
         self.state.lock().calls
     }
 
-    /// Number of successful `allocate` calls.
+    /// Number of successful `allocate` and `map` calls.
     pub fn allocations(&self) -> u64 {
         self.state.lock().allocations
     }
 
-    /// Number of `deallocate` calls that released a live allocation.
+    /// Number of `deallocate` calls that released a live allocation, and of valid `unmap` calls.
     pub fn deallocations(&self) -> u64 {
         self.state.lock().deallocations
     }
 
-    /// Bytes currently allocated.
+    /// Bytes currently allocated or mapped.
     pub fn live_bytes(&self) -> u64 {
         self.state.lock().live_bytes
     }
@@ -223,12 +296,30 @@ impl HostUpstream {
         self.state.lock().capacity
     }
 
-    /// Current allocations as `(addr, bytes)`, in address order.
+    /// Current allocations and runs of contiguous mapped chunks of one reservation as
+    /// `(addr, bytes)`, in address order.
     pub fn live(&self) -> Vec<(u64, usize)> {
-        self.state.lock().live.iter().map(|(&a, &l)| (a, l)).collect()
+        let s = self.state.lock();
+        let mut out: Vec<(u64, usize)> = s.live.iter().map(|(&a, &l)| (a, l)).collect();
+        for (_, chunks) in s.reservations.values() {
+            let mut run: Option<(u64, u64)> = None;
+            for &c in chunks {
+                run = match run {
+                    Some((a, l)) if a + l == c => Some((a, l + s.chunk)),
+                    Some((a, l)) => {
+                        out.push((a, l as usize));
+                        Some((c, s.chunk))
+                    }
+                    None => Some((c, s.chunk)),
+                };
+            }
+            out.extend(run.map(|(a, l)| (a, l as usize)));
+        }
+        out.sort_unstable();
+        out
     }
 
-    /// Invalid `deallocate` calls seen so far (unknown address or wrong size).
+    /// Invalid `deallocate`, `map`, `unmap` and `release` calls seen so far.
     pub fn violations(&self) -> Vec<String> {
         self.state.lock().violations.clone()
     }
@@ -237,13 +328,7 @@ impl HostUpstream {
 impl Upstream for HostUpstream {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         let mut s = self.state.lock();
-        let call = s.calls;
-        s.calls += 1;
-        if let Some((n, e)) = &s.fail
-            && *n == call
-        {
-            return Err(e.clone());
-        }
+        s.call()?;
         let bytes = bytes as u64;
         if bytes == 0 || s.live_bytes.checked_add(bytes).is_none_or(|b| b > s.capacity) {
             return Err(UpstreamError::OutOfMemory);
@@ -272,6 +357,113 @@ impl Upstream for HostUpstream {
             }
             Some(&len) => s.violations.push(format!("deallocate({addr:#x}, {bytes}): allocated {len} bytes")),
             None => s.violations.push(format!("deallocate({addr:#x}, {bytes}): not allocated")),
+        }
+    }
+
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        Some(self)
+    }
+}
+
+impl HostState {
+    /// Counts a call that may fail by injection (`allocate` and `map`); the injected error if so.
+    fn call(&mut self) -> Result<(), UpstreamError> {
+        let call = self.calls;
+        self.calls += 1;
+        match &self.fail {
+            Some((n, e)) if *n == call => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The reservation holding `[addr, addr + bytes)`, when the range is whole chunks inside one.
+    fn reservation_of(&mut self, addr: u64, bytes: u64) -> Option<&mut std::collections::BTreeSet<u64>> {
+        let chunk = self.chunk;
+        if bytes == 0 || !addr.is_multiple_of(chunk) || !bytes.is_multiple_of(chunk) {
+            return None;
+        }
+        let (&base, (len, chunks)) = self.reservations.range_mut(..=addr).next_back()?;
+        (addr.checked_add(bytes)? <= base + *len).then_some(chunks)
+    }
+}
+
+impl ExpandableUpstream for HostUpstream {
+    fn chunk_bytes(&self) -> usize {
+        self.state.lock().chunk as usize
+    }
+
+    fn reservation_bytes(&self) -> usize {
+        let s = self.state.lock();
+        s.capacity.next_multiple_of(s.chunk).max(s.chunk) as usize
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        let mut s = self.state.lock();
+        let chunk = s.chunk;
+        let bytes = bytes as u64;
+        let Some(base) = s.next.checked_next_multiple_of(chunk) else {
+            return Err(UpstreamError::OutOfMemory);
+        };
+        let Some(next) = base.checked_add(bytes).filter(|_| bytes > 0 && bytes.is_multiple_of(chunk)) else {
+            return Err(UpstreamError::OutOfMemory);
+        };
+        s.next = next;
+        s.reservations.insert(base, (bytes, Default::default()));
+        Ok(base)
+    }
+
+    fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
+        let mut s = self.state.lock();
+        s.call()?;
+        let (bytes, chunk) = (bytes as u64, s.chunk);
+        if s.live_bytes.checked_add(bytes).is_none_or(|b| b > s.capacity) {
+            return Err(UpstreamError::OutOfMemory);
+        }
+        let Some(chunks) = s.reservation_of(addr, bytes) else {
+            s.violations.push(format!("map({addr:#x}, {bytes}): not whole chunks of one reservation"));
+            return Err(UpstreamError::Other(1));
+        };
+        if chunks.range(addr..addr + bytes).next().is_some() {
+            s.violations.push(format!("map({addr:#x}, {bytes}): over mapped space"));
+            return Err(UpstreamError::Other(1));
+        }
+        chunks.extend((addr..addr + bytes).step_by(chunk as usize));
+        s.live_bytes += bytes;
+        s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
+        s.allocations += 1;
+        Ok(())
+    }
+
+    fn unmap(&self, addr: u64, bytes: usize) {
+        let mut s = self.state.lock();
+        let (bytes, chunk) = (bytes as u64, s.chunk);
+        let valid = s.reservation_of(addr, bytes).is_some_and(|chunks| {
+            let all = (addr..addr + bytes).step_by(chunk as usize).all(|c| chunks.contains(&c));
+            if all {
+                chunks.retain(|&c| c < addr || c >= addr + bytes);
+            }
+            all
+        });
+        if valid {
+            s.live_bytes -= bytes;
+            s.deallocations += 1;
+        } else {
+            s.violations.push(format!("unmap({addr:#x}, {bytes}): not mapped chunks of one reservation"));
+        }
+    }
+
+    fn release(&self, base: u64, bytes: usize) {
+        let mut s = self.state.lock();
+        match s.reservations.get(&base) {
+            Some((len, chunks)) if *len == bytes as u64 && chunks.is_empty() => {
+                s.reservations.remove(&base);
+            }
+            Some((len, chunks)) => {
+                let v =
+                    format!("release({base:#x}, {bytes}): reserved {len}, {} chunks mapped", chunks.len());
+                s.violations.push(v);
+            }
+            None => s.violations.push(format!("release({base:#x}, {bytes}): not reserved")),
         }
     }
 }

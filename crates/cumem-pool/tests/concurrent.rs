@@ -1,6 +1,6 @@
 //! Several threads, each on its own stream, allocating and freeing concurrently; some blocks are
 //! handed to the next thread and freed on its stream. Stream safety is checked on every operation
-//! and the invariants and leak freedom at the end.
+//! and the invariants and leak freedom at the end; with and without expandable segments.
 
 mod common;
 
@@ -22,10 +22,10 @@ impl Rng {
     }
 }
 
-#[test]
-fn threads_on_their_own_streams() {
+#[rstest::rstest]
+fn threads_on_their_own_streams(#[values(false, true)] expandable_segments: bool) {
     const ITERS: usize = 6000;
-    let pool = new_pool(1 << 30, PoolConfig::default());
+    let pool = new_pool(1 << 30, PoolConfig { expandable_segments, ..PoolConfig::default() });
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..STREAMS).map(|_| mpsc::channel::<Block>()).unzip();
     std::thread::scope(|scope| {
         for (t, rx) in rxs.into_iter().enumerate() {
@@ -98,6 +98,7 @@ fn threads_on_their_own_streams() {
     assert_eq!(s.reserved_bytes, pool.upstream().host.live_bytes());
     pool.trim().unwrap();
     assert_eq!(pool.upstream().host.live_bytes(), 0);
+    assert!(pool.upstream().host.reservations().is_empty());
     assert!(pool.upstream().host.violations().is_empty());
     assert!(pool.ordering().0.lock().violations.is_empty());
 }

@@ -1,6 +1,7 @@
 //! Random alloc/free/stream/sync sequences against the caching pool on the device: after every
-//! step no two live blocks overlap, every live block lies in a segment the pool holds, reserved
-//! memory is live or cached, and the statistics equal the model's counts.
+//! step no two live blocks overlap, every live block lies in a segment the pool holds (for an
+//! expandable segment, in its mapped part), reserved memory is live or cached, and the statistics
+//! equal the model's counts; with and without expandable segments.
 
 use std::sync::Arc;
 
@@ -31,11 +32,15 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_device_pool_matches_its_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn the_device_pool_matches_its_model(
+        expandable_segments in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
         testing::init();
         let ctx = Device::get(0).unwrap().context().unwrap();
         let streams: Vec<Stream> = (0..3).map(|_| Stream::non_blocking(&ctx).unwrap()).collect();
-        let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+        let config = PoolConfig { expandable_segments, ..PoolConfig::default() };
+        let pool = Arc::new(CachingResource::with_driver(&ctx, config));
         let r = pool.clone();
         let mut live: Vec<(DeviceBuffer<u8>, u8)> = Vec::new();
         let mut allocations = 0u64;

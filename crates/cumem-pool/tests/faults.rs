@@ -9,13 +9,14 @@ use cumem_pool::{Growth, PoolConfig, PoolError, UpstreamError};
 
 const CAPACITY: usize = 256 << 20;
 
-fn config() -> PoolConfig {
+fn config(expandable_segments: bool) -> PoolConfig {
     PoolConfig {
         small_segment_bytes: 2 << 20,
         large_segment_bytes: 2 << 20,
         growth: Growth::Doubling { max: 8 << 20 },
         // Every `Sync` releases what it can, so later steps grow the pool again.
         release_threshold: 0,
+        expandable_segments,
     }
 }
 
@@ -46,8 +47,8 @@ fn sequence() -> Vec<Op> {
     ops
 }
 
-fn run(fault: impl FnOnce(&Harness)) -> Harness {
-    let mut h = Harness::new(CAPACITY, config());
+fn run(expandable: bool, fault: impl FnOnce(&Harness)) -> Harness {
+    let mut h = Harness::new(CAPACITY, config(expandable));
     h.allow_errors = true;
     fault(&h);
     for op in sequence() {
@@ -56,9 +57,11 @@ fn run(fault: impl FnOnce(&Harness)) -> Harness {
     h
 }
 
-#[test]
-fn upstream_allocation_fails_at_every_call_in_turn() {
-    let clean = run(|_| {});
+/// With expandable segments, the upstream calls that can fail are the chunk mappings.
+#[rstest::rstest]
+fn upstream_allocation_fails_at_every_call_in_turn(#[values(false, true)] expandable: bool) {
+    let run = |fault: &dyn Fn(&Harness)| run(expandable, fault);
+    let clean = run(&|_| {});
     let calls = clean.host().allocate_calls();
     assert_eq!(clean.errors, 0);
     assert!(calls >= 8, "the sequence must grow the pool several times ({calls} calls)");
@@ -66,34 +69,35 @@ fn upstream_allocation_fails_at_every_call_in_turn() {
 
     for k in 0..calls {
         // A hard error is returned by the operation that hit it, and by no other.
-        let h = run(|h| h.host().fail_call(k, UpstreamError::Other(42)));
+        let h = run(&|h| h.host().fail_call(k, UpstreamError::Other(42)));
         assert_eq!(h.errors, 1, "Other(42) at call {k}");
         h.finish();
 
         // An out-of-memory is absorbed: the next upstream call (smaller segment or the ladder's
         // retry) succeeds.
-        let h = run(|h| h.host().fail_call(k, UpstreamError::OutOfMemory));
+        let h = run(&|h| h.host().fail_call(k, UpstreamError::OutOfMemory));
         assert_eq!(h.errors, 0, "OutOfMemory at call {k}");
         h.finish();
     }
 }
 
-#[test]
-fn stream_wait_fails_at_every_call_in_turn() {
-    let clean = run(|_| {});
+#[rstest::rstest]
+fn stream_wait_fails_at_every_call_in_turn(#[values(false, true)] expandable: bool) {
+    let run = |fault: &dyn Fn(&Harness)| run(expandable, fault);
+    let clean = run(&|_| {});
     let waits = clean.clock().wait_calls;
     assert!(waits >= 2, "the sequence must migrate memory between streams ({waits} waits)");
     clean.finish();
     for k in 0..waits {
-        let h = run(|h| h.clock().fail_wait_call = Some(k));
+        let h = run(&|h| h.clock().fail_wait_call = Some(k));
         assert_eq!(h.errors, 1, "wait failure at call {k}");
         h.finish();
     }
 }
 
-#[test]
-fn persistent_exhaustion_reports_and_recovers() {
-    let mut h = Harness::new(8 << 20, config());
+#[rstest::rstest]
+fn persistent_exhaustion_reports_and_recovers(#[values(false, true)] expandable: bool) {
+    let mut h = Harness::new(8 << 20, config(expandable));
     for i in 0..3 {
         h.apply(&Op::Alloc { size: 2 << 20, align: 1, stream: i });
     }

@@ -1,4 +1,5 @@
-//! Model-based property tests: random alloc/free/trim/sync sequences over several streams, checked
+//! Model-based property tests: random alloc/free/trim/sync sequences over several streams (with and
+//! without expandable segments), checked
 //! after every step against a reference model (see `common`): no overlap, every byte live or cached,
 //! segments equal the upstream's live allocations, statistics equal the model's, and every cross-stream
 //! reuse and every release ordered by a wait or synchronisation after the free.
@@ -60,12 +61,14 @@ fn pool_config() -> impl Strategy<Value = PoolConfig> {
         prop::sample::select(vec![2usize << 20, 4 << 20, 20 << 20]),
         prop::option::of(prop::sample::select(vec![8usize << 20, 32 << 20])),
         prop::sample::select(vec![0usize, 4 << 20, usize::MAX]),
+        prop::bool::weighted(0.3),
     )
-        .prop_map(|(small, large, doubling, threshold)| PoolConfig {
+        .prop_map(|(small, large, doubling, threshold, expandable_segments)| PoolConfig {
             small_segment_bytes: small,
             large_segment_bytes: large,
             growth: doubling.map_or(Growth::Exact, |max| Growth::Doubling { max }),
             release_threshold: threshold,
+            expandable_segments,
         })
 }
 

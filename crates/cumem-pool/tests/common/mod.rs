@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cumem_pool::{
-    Block, CachingPool, HostUpstream, Ordering, PoolConfig, PoolError, Upstream, UpstreamError,
+    Block, CachingPool, ExpandableUpstream, HostUpstream, Ordering, PoolConfig, PoolError, Upstream,
+    UpstreamError,
 };
 use parking_lot::Mutex;
 
@@ -151,6 +152,32 @@ impl Upstream for CheckedUpstream {
     fn deallocate(&self, addr: u64, bytes: usize) {
         self.clock.lock().record_release(addr, bytes as u64);
         self.host.deallocate(addr, bytes);
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        Some(self)
+    }
+}
+
+/// Unmapped chunks are checked against the ordering model like released segments.
+impl ExpandableUpstream for CheckedUpstream {
+    fn chunk_bytes(&self) -> usize {
+        self.host.chunk_bytes()
+    }
+    fn reservation_bytes(&self) -> usize {
+        self.host.reservation_bytes()
+    }
+    fn reserve(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        self.host.reserve(bytes)
+    }
+    fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
+        self.host.map(addr, bytes)
+    }
+    fn unmap(&self, addr: u64, bytes: usize) {
+        self.clock.lock().record_release(addr, bytes as u64);
+        self.host.unmap(addr, bytes);
+    }
+    fn release(&self, base: u64, bytes: usize) {
+        self.host.release(base, bytes);
     }
 }
 
@@ -308,7 +335,10 @@ impl Harness {
                     "OOM with a {largest_free_block} B block cached for {need}"
                 );
                 let cfg = self.pool.config();
-                let minimal = if need <= 1 << 20 {
+                let minimal = if self.pool.expandable().is_some() {
+                    // At most the chunks the block needs beyond its segment's free tail.
+                    need.next_multiple_of(self.host().chunk_bytes() as u64)
+                } else if need <= 1 << 20 {
                     cfg.small_segment_bytes as u64
                 } else {
                     need.next_multiple_of(2 << 20)
@@ -353,8 +383,10 @@ impl Harness {
         for (base, len) in self.pool.segments() {
             assert!(
                 self.live.iter().any(|l| l.block.addr() >= base && l.block.addr() < base + len),
-                "{what}: fully free segment {base:#x}+{len} kept with {} B cached > {keep}",
-                s.cached_bytes
+                "{what}: fully free segment {base:#x}+{len} kept with {} B cached > {keep}; cached ranges {:x?}, reservations {:x?}",
+                s.cached_bytes,
+                self.pool.cached_ranges(),
+                self.host().reservations()
             );
         }
     }
@@ -427,5 +459,6 @@ impl Harness {
         assert_eq!((s.current_bytes, s.current_count, s.reserved_bytes, s.cached_bytes), (0, 0, 0, 0));
         assert_eq!(self.host().live_bytes(), 0);
         assert!(self.pool.segments().is_empty());
+        assert!(self.host().reservations().is_empty(), "reservations left: {:?}", self.host().reservations());
     }
 }

@@ -1,0 +1,156 @@
+//! The caching pool's [expandable segments](crate::expandable) on a device, made of cumem-vmm's
+//! reservations, physical memory and mappings.
+//!
+//! Each chunk is its own `cuMemCreate` allocation of the device's recommended granularity (2 MiB
+//! on an H100), mapped read-write for the device, so any whole chunk can be unmapped on its own;
+//! the physical handle is released right after mapping, so `cuMemUnmap` frees the memory. Each
+//! segment reserves the device's memory size of address space, as PyTorch does. The memory comes
+//! from the device directly, not from the resource the pool takes segments from.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{Device, DeviceBuffer, Stream};
+//! use cumem_pool::{CachingResource, PoolConfig};
+//! use std::sync::Arc;
+//! let ctx = Device::get(0)?.context()?;
+//! if ctx.device().capabilities()?.virtual_memory {
+//!     let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+//!     let pool = Arc::new(CachingResource::with_driver(&ctx, config));
+//!     assert!(pool.pool().expandable().is_some());
+//!     let stream = Stream::non_blocking(&ctx)?;
+//!     let a = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, 5 << 19)?; // 2.5 MiB: maps 2 chunks
+//!     let b = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, 5 << 18)?; // 1.25 MiB: the free tail
+//!     assert_eq!(b.device_ptr(), a.device_ptr() + (5 << 19));
+//!     assert_eq!(pool.stats().reserved_bytes, 4 << 20);
+//!     drop((a, b));
+//!     assert_eq!(pool.trim()?.released_bytes, 4 << 20);
+//! }
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cumem_core::{Context, Result};
+use cumem_vmm::{Access, Granularity, PhysicalMemory, ReserveOptions, SharedMapping, VirtualRange};
+use parking_lot::Mutex;
+
+use crate::{ExpandableUpstream, SEGMENT_ALIGN, UpstreamError};
+
+/// Expandable-segment operations on one device.
+pub struct DeviceExpandable {
+    ctx: Context,
+    chunk: usize,
+    reservation: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Reservations by base address.
+    ranges: BTreeMap<u64, Arc<VirtualRange>>,
+    /// Mapped chunks by address; dropping one unmaps it.
+    chunks: BTreeMap<u64, SharedMapping>,
+}
+
+impl DeviceExpandable {
+    /// The operations for `ctx`'s device.
+    ///
+    /// # Errors
+    /// `NotSupported { feature: VirtualMemory }` on a device without virtual memory management;
+    /// a driver error reading its granularity or memory size.
+    pub fn new(ctx: &Context) -> Result<DeviceExpandable> {
+        let granularity = Granularity::of(ctx.device())?;
+        // The pool needs 512-byte aligned chunks; every real granularity is far coarser.
+        let chunk = granularity.recommended.max(SEGMENT_ALIGN).next_power_of_two();
+        let reservation = ctx.device().total_memory()?.next_multiple_of(chunk).max(chunk);
+        Ok(DeviceExpandable { ctx: ctx.clone(), chunk, reservation, state: Mutex::default() })
+    }
+
+    /// Maps one chunk of new physical memory at `offset` of `range`, read-write for the device.
+    fn map_chunk(&self, range: &Arc<VirtualRange>, offset: usize) -> Result<SharedMapping> {
+        let memory = PhysicalMemory::new(&self.ctx, self.chunk)?;
+        let mut mapping = range.map_shared(offset, &memory)?;
+        mapping.set_access(&[(self.ctx.device(), Access::ReadWrite)])?;
+        // `memory` is released here: the mapping keeps the physical memory until it is unmapped.
+        Ok(mapping)
+    }
+}
+
+impl std::fmt::Debug for DeviceExpandable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.lock();
+        f.debug_struct("DeviceExpandable")
+            .field("device", &self.ctx.device().ordinal())
+            .field("chunk", &self.chunk)
+            .field("reservations", &s.ranges.len())
+            .field("mapped_chunks", &s.chunks.len())
+            .finish()
+    }
+}
+
+impl ExpandableUpstream for DeviceExpandable {
+    fn chunk_bytes(&self) -> usize {
+        self.chunk
+    }
+
+    fn reservation_bytes(&self) -> usize {
+        self.reservation
+    }
+
+    fn reserve(&self, bytes: usize) -> std::result::Result<u64, UpstreamError> {
+        let options = ReserveOptions::default().alignment(self.chunk);
+        let range = VirtualRange::reserve_with(&self.ctx, bytes, options).map_err(UpstreamError::Driver)?;
+        let base = range.base();
+        self.state.lock().ranges.insert(base, Arc::new(range));
+        Ok(base)
+    }
+
+    fn map(&self, addr: u64, bytes: usize) -> std::result::Result<(), UpstreamError> {
+        let mut s = self.state.lock();
+        let Some((&base, range)) = s.ranges.range(..=addr).next_back() else {
+            tracing::warn!(addr, bytes, "mapping outside every reservation of this upstream; refused");
+            return Err(UpstreamError::Other(0));
+        };
+        let range = range.clone();
+        let mut made = Vec::with_capacity(bytes / self.chunk);
+        for offset in (0..bytes).step_by(self.chunk) {
+            let at = (addr - base) as usize + offset;
+            // On failure `made` drops: what this call mapped is unmapped again (contract item 3).
+            made.push((addr + offset as u64, self.map_chunk(&range, at).map_err(UpstreamError::Driver)?));
+        }
+        s.chunks.extend(made);
+        Ok(())
+    }
+
+    fn unmap(&self, addr: u64, bytes: usize) {
+        let mut s = self.state.lock();
+        let mut above = s.chunks.split_off(&addr);
+        let mut rest = above.split_off(&(addr + bytes as u64));
+        s.chunks.append(&mut rest);
+        if above.len() * self.chunk != bytes {
+            tracing::warn!(
+                addr,
+                bytes,
+                mapped = above.len() * self.chunk,
+                "unmapping space that is not all mapped"
+            );
+        }
+        // Each mapping unmaps itself as it drops; the pool synchronised after every free in it.
+        drop(above);
+    }
+
+    fn release(&self, base: u64, bytes: usize) {
+        let Some(range) = self.state.lock().ranges.remove(&base) else {
+            tracing::warn!(base, bytes, "releasing a reservation this upstream did not make; ignored");
+            return;
+        };
+        if Arc::strong_count(&range) > 1 {
+            tracing::warn!(
+                base,
+                bytes,
+                "releasing a reservation with chunks still mapped; freed when they are"
+            );
+        }
+    }
+}

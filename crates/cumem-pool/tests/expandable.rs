@@ -1,0 +1,249 @@
+//! Expandable segments on the host model: the mapped part of a stream's segment grows and shrinks
+//! in whole chunks at its end, trim gives back exactly the whole free chunks, each stream grows its
+//! own segment, memory still moves between streams only behind a wait, the out-of-memory ladder
+//! unmaps other streams' free tails, and an upstream without mapping falls back to segments.
+//! (The model tests in `model.rs` and `faults.rs` run every invariant with expandable segments too.)
+
+use std::sync::Arc;
+
+use cumem_pool::{
+    CachingPool, HostOrdering, HostUpstream, PoolConfig, PoolError, TrimReport, Upstream, UpstreamError,
+};
+
+const MIB: usize = 1 << 20;
+const CHUNK: u64 = 2 << 20;
+
+fn expandable() -> PoolConfig {
+    PoolConfig { expandable_segments: true, ..PoolConfig::default() }
+}
+
+fn pool(capacity: usize) -> CachingPool<Arc<HostUpstream>, Arc<HostOrdering>> {
+    CachingPool::new(Arc::new(HostUpstream::new(capacity)), Arc::new(HostOrdering::new()), expandable())
+}
+
+/// The one reservation's mapped bytes, checked against the upstream and the statistics.
+fn mapped(p: &CachingPool<Arc<HostUpstream>, Arc<HostOrdering>>) -> u64 {
+    let r = p.upstream().reservations();
+    assert_eq!(r.len(), 1, "one stream, one kind: one reservation ({r:x?})");
+    let (base, _, mapped) = r[0];
+    assert_eq!(p.segments(), vec![(base, mapped)]);
+    assert_eq!((p.stats().reserved_bytes, p.upstream().live_bytes()), (mapped, mapped));
+    assert_eq!(mapped % CHUNK, 0);
+    p.validate().unwrap();
+    mapped
+}
+
+#[test]
+fn the_free_tail_grows_and_shrinks_in_whole_chunks() {
+    let p = pool(1 << 30);
+    // Large sizes that are exact size classes, so the rounded sizes are the sizes.
+    let sizes = [3 * MIB, 5 * MIB, (3 * MIB) / 2, 7 * MIB, 2 * MIB, 9 * MIB];
+    let mut blocks = vec![];
+    let mut end = 0u64;
+    for &size in &sizes {
+        let b = p.allocate(size, 512, 0).unwrap();
+        if let Some(first) = blocks.first().map(|b: &cumem_pool::Block| b.addr()) {
+            assert_eq!(b.addr(), first + end, "each block follows the previous one");
+        }
+        end += size as u64;
+        assert_eq!(mapped(&p), end.next_multiple_of(CHUNK), "after a {size} B block");
+        blocks.push(b);
+    }
+    // Free from the top: each trim unmaps exactly the whole free chunks above the highest live block.
+    while let Some(b) = blocks.pop() {
+        let before = mapped(&p);
+        end -= b.rounded_size() as u64;
+        p.deallocate(b, 0).unwrap();
+        let report = p.trim().unwrap();
+        if blocks.is_empty() {
+            assert!(p.upstream().reservations().is_empty(), "the reservation goes with the last chunk");
+            assert_eq!(report, TrimReport { released_segments: 1, released_bytes: before });
+        } else {
+            assert_eq!(mapped(&p), end.next_multiple_of(CHUNK));
+            assert_eq!(report, TrimReport { released_segments: 0, released_bytes: before - mapped(&p) });
+        }
+    }
+    assert_eq!((p.upstream().live_bytes(), p.stats().segments), (0, 0));
+    assert!(p.upstream().violations().is_empty(), "{:?}", p.upstream().violations());
+}
+
+#[test]
+fn trim_returns_only_whole_free_chunks_at_the_end() {
+    let p = pool(1 << 30);
+    let a = p.allocate(3 * MIB, 512, 0).unwrap();
+    let b = p.allocate(3 * MIB, 512, 0).unwrap();
+    let c = p.allocate(3 * MIB / 2, 512, 0).unwrap(); // ends at 7.5 MiB: 8 MiB mapped
+    assert_eq!(mapped(&p), 8 << 20);
+    p.deallocate(b, 0).unwrap();
+    // Free memory below a live block stays mapped: the mapped part is always a prefix.
+    assert_eq!(p.trim().unwrap(), TrimReport::default());
+    assert_eq!(mapped(&p), 8 << 20);
+    p.deallocate(c, 0).unwrap();
+    // Free from 3 MiB up: the chunks from 4 MiB up are whole and free.
+    let live_before = p.upstream().live_bytes();
+    let report = p.trim().unwrap();
+    assert_eq!(report.released_bytes, 4 << 20);
+    assert_eq!(live_before - p.upstream().live_bytes(), report.released_bytes);
+    assert_eq!(mapped(&p), 4 << 20);
+    // What is left of the tail still serves requests, and growth joins it again.
+    let d = p.allocate(5 * MIB, 512, 0).unwrap();
+    assert_eq!(d.addr(), a.addr() + (3 << 20));
+    assert_eq!(mapped(&p), 8 << 20);
+    // trim_to keeps what it is asked to keep, in whole chunks.
+    p.deallocate(d, 0).unwrap();
+    let report = p.trim_to(2 << 20).unwrap();
+    assert_eq!((report.released_bytes, p.stats().cached_bytes), (4 << 20, 1 << 20));
+    p.deallocate(a, 0).unwrap();
+    p.trim().unwrap();
+    assert_eq!((p.upstream().live_bytes(), p.upstream().reservations().len()), (0, 0));
+}
+
+#[test]
+fn each_stream_and_kind_grows_its_own_segment() {
+    let p = pool(1 << 30);
+    let blocks: Vec<_> = [(0u32, MIB), (0, 4 * MIB), (1, MIB), (1, 4 * MIB), (1, MIB)]
+        .into_iter()
+        .map(|(s, size)| (s, p.allocate(size, 512, s).unwrap()))
+        .collect();
+    let r = p.upstream().reservations();
+    // Stream 0 small + large; stream 1's first small block is migrated from stream 0's free tail
+    // (after a wait), its large block and its second small block grow segments of its own.
+    assert_eq!(r.len(), 4, "{r:x?}");
+    assert_eq!(r.iter().map(|x| x.2).collect::<Vec<_>>(), vec![CHUNK, 2 * CHUNK, 2 * CHUNK, CHUNK]);
+    let owner = |addr: u64| r.iter().position(|&(b, l, _)| addr >= b && addr < b + l).unwrap();
+    let homes: Vec<usize> = blocks.iter().map(|(_, b)| owner(b.addr())).collect();
+    assert_eq!(homes, vec![0, 1, 0, 2, 3]);
+    assert_eq!((blocks[2].1.addr(), p.ordering().waits()), (blocks[0].1.addr() + MIB as u64, 1));
+    for (s, b) in blocks {
+        p.deallocate(b, s).unwrap();
+    }
+    p.validate().unwrap();
+    assert_eq!(p.trim().unwrap(), TrimReport { released_segments: 4, released_bytes: 6 * CHUNK });
+    assert!(p.upstream().reservations().is_empty());
+}
+
+#[test]
+fn memory_moves_between_streams_only_behind_a_wait() {
+    let p = pool(1 << 30);
+    let a = p.allocate(8 * MIB, 512, 1).unwrap();
+    let addr = a.addr();
+    p.deallocate(a, 1).unwrap();
+    assert_eq!(p.ordering().waits(), 0);
+    let allocations = p.stats().upstream_allocations;
+    // Stream 2 has no segment yet and stream 1's free memory fits: migrated, after a wait.
+    let b = p.allocate(8 * MIB, 512, 2).unwrap();
+    assert_eq!((b.addr(), p.ordering().waits(), p.stats().upstream_allocations), (addr, 1, allocations));
+    // A block of stream 1's segment freed on stream 2 stays with stream 2.
+    p.deallocate(b, 2).unwrap();
+    let c = p.allocate(8 * MIB, 512, 2).unwrap();
+    assert_eq!((c.addr(), p.ordering().waits()), (addr, 1));
+    p.deallocate(c, 2).unwrap();
+    // Trim synchronises before it unmaps anything.
+    let syncs = p.ordering().synchronizations();
+    assert_eq!(p.trim().unwrap().released_bytes, 8 << 20);
+    assert_eq!(p.ordering().synchronizations(), syncs + 1);
+}
+
+#[test]
+fn the_ladder_unmaps_other_streams_free_tails() {
+    let p = pool(16 << 20);
+    let a = p.allocate(10 * MIB, 512, 0).unwrap();
+    p.deallocate(a, 0).unwrap();
+    // 11 MiB does not fit stream 0's free 10 MiB, and stream 1's segment cannot map 12 MiB beside
+    // stream 0's 10: the ladder unmaps stream 0's chunks and stream 1 grows.
+    let b = p.allocate(11 * MIB, 512, 1).unwrap();
+    let s = p.stats();
+    assert_eq!((s.oom_ladders, s.oom_errors, s.reserved_bytes), (1, 0, 12 << 20));
+    assert_eq!(p.upstream().reservations().len(), 1);
+    // Beyond the capacity: a typed error with the pool's report.
+    match p.allocate(6 * MIB, 512, 1) {
+        Err(PoolError::OutOfMemory { requested, allocated, reserved, .. }) => {
+            assert_eq!((requested, allocated, reserved), (6 * MIB, 11 << 20, 12 << 20));
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    p.deallocate(b, 1).unwrap();
+    p.trim().unwrap();
+    assert_eq!(p.upstream().live_bytes(), 0);
+}
+
+#[test]
+fn stack_like_use_reserves_no_more_than_its_peak() {
+    // A training-like loop: activations allocated forward, freed backward, the batch size varying.
+    let p = pool(1 << 34);
+    let layers = [3usize, 7, 5, 12, 9, 4, 6];
+    for batch in [8usize, 16, 12, 32, 24, 4, 28] {
+        let blocks: Vec<_> =
+            layers.iter().map(|&l| p.allocate(l * batch * (MIB / 8), 512, 0).unwrap()).collect();
+        for b in blocks.into_iter().rev() {
+            p.deallocate(b, 0).unwrap();
+        }
+    }
+    let s = p.stats();
+    assert_eq!(s.peak_reserved_bytes, s.peak_bytes.next_multiple_of(CHUNK));
+    let classic = CachingPool::new(HostUpstream::new(1 << 34), HostOrdering::new(), PoolConfig::default());
+    for batch in [8usize, 16, 12, 32, 24, 4, 28] {
+        let blocks: Vec<_> =
+            layers.iter().map(|&l| classic.allocate(l * batch * (MIB / 8), 512, 0).unwrap()).collect();
+        for b in blocks.into_iter().rev() {
+            classic.deallocate(b, 0).unwrap();
+        }
+    }
+    let c = classic.stats();
+    assert_eq!(c.peak_bytes, s.peak_bytes);
+    assert!(c.peak_reserved_bytes > s.peak_reserved_bytes, "{c:?} vs {s:?}");
+}
+
+#[test]
+fn aligned_requests_map_only_what_they_need() {
+    let p = pool(1 << 30);
+    let a = p.allocate(512 << 10, 512, 0).unwrap(); // small: its own segment
+    let b = p.allocate(3 * MIB, 512, 0).unwrap(); // large: 2 chunks
+    let c = p.allocate(MIB + 512, 2 << 20, 0).unwrap(); // at 4 MiB, aligned: ends below 6 MiB
+    assert_eq!(c.addr() % (2 << 20), 0);
+    assert_eq!(c.addr(), b.addr() + (4 << 20));
+    let r = p.upstream().reservations();
+    assert_eq!(r.iter().map(|x| x.2).sum::<u64>(), CHUNK + 3 * CHUNK);
+    for blk in [a, b, c] {
+        p.deallocate(blk, 0).unwrap();
+    }
+    p.validate().unwrap();
+    p.trim().unwrap();
+    assert!(p.upstream().reservations().is_empty());
+}
+
+/// An upstream with segments only.
+struct SegmentsOnly(HostUpstream);
+
+impl Upstream for SegmentsOnly {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        self.0.allocate(bytes)
+    }
+    fn deallocate(&self, addr: u64, bytes: usize) {
+        self.0.deallocate(addr, bytes)
+    }
+}
+
+#[test]
+fn an_upstream_that_cannot_map_falls_back_to_segments() {
+    let p = CachingPool::new(SegmentsOnly(HostUpstream::new(1 << 30)), HostOrdering::new(), expandable());
+    assert!(p.expandable().is_none());
+    let b = p.allocate(3 * MIB, 512, 0).unwrap();
+    assert_eq!(p.segments()[0].1, 20 << 20, "a segment of the default large size");
+    assert!(p.upstream().0.reservations().is_empty());
+    p.deallocate(b, 0).unwrap();
+    p.trim().unwrap();
+    assert_eq!(p.upstream().0.live_bytes(), 0);
+}
+
+#[test]
+fn dropping_the_pool_unmaps_and_releases_everything() {
+    let up = Arc::new(HostUpstream::new(1 << 30));
+    let p = CachingPool::new(up.clone(), HostOrdering::new(), expandable());
+    let a = p.allocate(5 * MIB, 512, 0).unwrap();
+    let _kept = p.allocate(1000, 512, 3).unwrap();
+    p.deallocate(a, 0).unwrap();
+    drop(p);
+    assert_eq!((up.live_bytes(), up.reservations().len()), (0, 0));
+    assert!(up.violations().is_empty(), "{:?}", up.violations());
+}
