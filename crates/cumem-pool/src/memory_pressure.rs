@@ -147,6 +147,10 @@ impl MemoryPressureMonitor {
     }
 
     /// On any crossing, returns the watched pool's unused memory to the device.
+    ///
+    /// Trimming a caching pool waits for every stream the pool has served while holding the pool's
+    /// locks (as PyTorch's `empty_cache` does), so the pool's allocations wait for that too: do not
+    /// combine it with a pool whose streams run work that never ends (a persistent kernel).
     pub fn trim_on_pressure(mut self) -> Self {
         self.trim = true;
         self
