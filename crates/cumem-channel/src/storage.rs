@@ -47,7 +47,9 @@ pub(crate) enum Storage<T> {
         word_in: PinnedBuffer<u64>,
     },
     Unified {
-        stream: Stream,
+        /// The channel's own stream for prefetches and the memory's first use, so that the
+        /// memory's stream order never holds a stream a persistent kernel may occupy.
+        prefetches: Stream,
         device: Device,
         slots: UnifiedBuffer<T>,
         control: UnifiedBuffer<u64>,
@@ -70,25 +72,35 @@ impl<T: Pod> Storage<T> {
         })
     }
 
-    pub(crate) fn queued(stream: &Stream, copies: &Stream, cap: usize, block: &ControlBlock) -> Result<Self> {
-        let ctx = stream.context();
-        Ok(Storage::Async {
+    /// A ring in device memory made and filled on `copies`, the stream every later access uses:
+    /// the memory's stream order then holds `copies` alone, never the caller's stream, which a
+    /// persistent kernel may occupy for good (an access ordered after it would wait forever).
+    /// Synchronised before returning, so a kernel on any stream finds the ring initialised.
+    pub(crate) fn queued(copies: &Stream, cap: usize, block: &ControlBlock) -> Result<Self> {
+        let ctx = copies.context();
+        let storage = Storage::Async {
             stream: copies.clone(),
-            slots: DeviceBuffer::zeroed(stream, cap)?,
-            control: DeviceBuffer::from_slice(stream, &words_of(block))?,
+            slots: DeviceBuffer::zeroed(copies, cap)?,
+            control: DeviceBuffer::from_slice(copies, &words_of(block))?,
             stage: PinnedBuffer::zeroed(ctx, cap)?,
             words_out: STAGED_WORDS.iter().map(|_| PinnedBuffer::zeroed(ctx, 1)).collect::<Result<_>>()?,
             word_in: PinnedBuffer::zeroed(ctx, 1)?,
-        })
+        };
+        copies.synchronize()?;
+        Ok(storage)
     }
 
-    pub(crate) fn unified(stream: &Stream, cap: usize, block: &ControlBlock) -> Result<Self> {
-        Ok(Storage::Unified {
-            stream: stream.clone(),
-            device: stream.context().device(),
-            slots: UnifiedBuffer::zeroed(stream, cap)?,
-            control: UnifiedBuffer::from_slice(stream, &words_of(block))?,
-        })
+    /// A ring in managed memory first used on, and prefetched on, a stream of its own (see
+    /// `Storage::Unified::prefetches`).
+    pub(crate) fn unified(ctx: &Context, cap: usize, block: &ControlBlock) -> Result<Self> {
+        let prefetches = Stream::non_blocking(ctx)?;
+        let storage = Storage::Unified {
+            device: ctx.device(),
+            slots: UnifiedBuffer::zeroed(&prefetches, cap)?,
+            control: UnifiedBuffer::from_slice(&prefetches, &words_of(block))?,
+            prefetches,
+        };
+        Ok(storage)
     }
 
     pub(crate) fn mapped(ctx: &Context, cap: usize, block: &ControlBlock) -> Result<Self> {
@@ -138,7 +150,7 @@ impl<T: Pod> Storage<T> {
                     )?;
                 }
             }
-            Storage::Unified { stream, device, slots, .. } => {
+            Storage::Unified { prefetches, device, slots, .. } => {
                 slots.wait_idle()?;
                 // SAFETY: the managed allocation holds `cap` slots, aligned for T (checked when it
                 // was allocated) and host-accessible, and lives as long as `self`, borrowed here.
@@ -147,7 +159,7 @@ impl<T: Pod> Storage<T> {
                 // (which the `Release` store after this call publishes).
                 unsafe { copy_to_slots(managed_ptr(slots.device_ptr()), start, data, cap) };
                 for (at, len) in pieces.into_iter().filter(|p| p.1 > 0) {
-                    slots.prefetch_range(at..at + len, Location::Device(*device), stream)?;
+                    slots.prefetch_range(at..at + len, Location::Device(*device), prefetches)?;
                 }
             }
             Storage::Mapped { slots, .. } => {
@@ -190,9 +202,9 @@ impl<T: Pod> Storage<T> {
                     to += len;
                 }
             }
-            Storage::Unified { stream, slots, .. } => {
+            Storage::Unified { prefetches, slots, .. } => {
                 for (at, len) in pieces.into_iter().filter(|p| p.1 > 0) {
-                    slots.prefetch_range(at..at + len, Location::Host, stream)?;
+                    slots.prefetch_range(at..at + len, Location::Host, prefetches)?;
                 }
                 slots.wait_idle()?;
                 // SAFETY: the managed allocation holds `cap` aligned, host-accessible slots for as
