@@ -144,6 +144,10 @@ impl<T: Pod> RingChannel<T> {
     /// A channel of `capacity` messages on `stream`'s device, its memory allocated as `strategy`
     /// calls for, after checking that the device and platform can run it (`Unsupported` otherwise,
     /// before any allocation).
+    ///
+    /// `Async` and `Unified` rings do their work on streams of their own (the strategy's copies
+    /// stream, a prefetch stream), never after `stream`: a persistent kernel may be launched on
+    /// `stream` (non-blocking) right away. `Sync` rings are made on `stream`.
     pub fn new(
         stream: &Stream,
         direction: Direction,
@@ -180,8 +184,8 @@ impl<T: Pod> RingChannel<T> {
         let block = ControlBlock::new(capacity as u64, size_of::<T>() as u64, interval_ns, flags);
         let storage = match &strategy {
             TransferStrategy::Sync => Storage::sync(stream, capacity, &block)?,
-            TransferStrategy::Async { stream: copies } => Storage::queued(stream, copies, capacity, &block)?,
-            TransferStrategy::Unified => Storage::unified(stream, capacity, &block)?,
+            TransferStrategy::Async { stream: copies } => Storage::queued(copies, capacity, &block)?,
+            TransferStrategy::Unified => Storage::unified(stream.context(), capacity, &block)?,
             TransferStrategy::MappedPolling { .. } => Storage::mapped(stream.context(), capacity, &block)?,
         };
         Ok(RingChannel {

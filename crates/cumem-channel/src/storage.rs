@@ -1,11 +1,17 @@
 //! Where a ring's slots and control block live for each strategy, and the only ways the host
 //! reaches them: contiguous-or-wrapping slot ranges and single control words.
 //!
-//! Every access goes through cumem's typed copies or its host-access rules (pinned, mapped and
-//! managed buffers wait for the device work they know of before the host touches them), so nothing
-//! here races with device work that was queued through cumem.
+//! Rings in device memory are reached only through cumem's typed copies. Rings in memory both
+//! sides address (managed for `Unified`, mapped for `MappedPolling`) may be written by a running
+//! persistent kernel while the host works on them, so the host never holds a Rust reference over
+//! them: it first waits for the device work cumem knows of (copies through the device views), then
+//! goes through raw pointers: control words as atomics (`Release` stores, `Acquire` loads, the
+//! counterparts of the kernel's `st.release.sys` / `ld.acquire.sys`), slots as plain copies of the
+//! ranges the protocol gives the host (slots before the `Release` of `tail` that publishes them,
+//! after the `Acquire` of the `tail` that covers them).
 
-use std::sync::atomic::{Ordering, fence};
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytemuck::Pod;
 use cumem_copy::{Copy2D, Pitched, StreamCopy, copy_d2h, copy_h2d};
@@ -41,7 +47,9 @@ pub(crate) enum Storage<T> {
         word_in: PinnedBuffer<u64>,
     },
     Unified {
-        stream: Stream,
+        /// The channel's own stream for prefetches and the memory's first use, so that the
+        /// memory's stream order never holds a stream a persistent kernel may occupy.
+        prefetches: Stream,
         device: Device,
         slots: UnifiedBuffer<T>,
         control: UnifiedBuffer<u64>,
@@ -64,25 +72,35 @@ impl<T: Pod> Storage<T> {
         })
     }
 
-    pub(crate) fn queued(stream: &Stream, copies: &Stream, cap: usize, block: &ControlBlock) -> Result<Self> {
-        let ctx = stream.context();
-        Ok(Storage::Async {
+    /// A ring in device memory made and filled on `copies`, the stream every later access uses:
+    /// the memory's stream order then holds `copies` alone, never the caller's stream, which a
+    /// persistent kernel may occupy for good (an access ordered after it would wait forever).
+    /// Synchronised before returning, so a kernel on any stream finds the ring initialised.
+    pub(crate) fn queued(copies: &Stream, cap: usize, block: &ControlBlock) -> Result<Self> {
+        let ctx = copies.context();
+        let storage = Storage::Async {
             stream: copies.clone(),
-            slots: DeviceBuffer::zeroed(stream, cap)?,
-            control: DeviceBuffer::from_slice(stream, &words_of(block))?,
+            slots: DeviceBuffer::zeroed(copies, cap)?,
+            control: DeviceBuffer::from_slice(copies, &words_of(block))?,
             stage: PinnedBuffer::zeroed(ctx, cap)?,
             words_out: STAGED_WORDS.iter().map(|_| PinnedBuffer::zeroed(ctx, 1)).collect::<Result<_>>()?,
             word_in: PinnedBuffer::zeroed(ctx, 1)?,
-        })
+        };
+        copies.synchronize()?;
+        Ok(storage)
     }
 
-    pub(crate) fn unified(stream: &Stream, cap: usize, block: &ControlBlock) -> Result<Self> {
-        Ok(Storage::Unified {
-            stream: stream.clone(),
-            device: stream.context().device(),
-            slots: UnifiedBuffer::zeroed(stream, cap)?,
-            control: UnifiedBuffer::from_slice(stream, &words_of(block))?,
-        })
+    /// A ring in managed memory first used on, and prefetched on, a stream of its own (see
+    /// `Storage::Unified::prefetches`).
+    pub(crate) fn unified(ctx: &Context, cap: usize, block: &ControlBlock) -> Result<Self> {
+        let prefetches = Stream::non_blocking(ctx)?;
+        let storage = Storage::Unified {
+            device: ctx.device(),
+            slots: UnifiedBuffer::zeroed(&prefetches, cap)?,
+            control: UnifiedBuffer::from_slice(&prefetches, &words_of(block))?,
+            prefetches,
+        };
+        Ok(storage)
     }
 
     pub(crate) fn mapped(ctx: &Context, cap: usize, block: &ControlBlock) -> Result<Self> {
@@ -132,28 +150,26 @@ impl<T: Pod> Storage<T> {
                     )?;
                 }
             }
-            Storage::Unified { stream, device, slots, .. } => {
-                let host = slots.as_mut_slice()?;
-                let mut from = 0;
+            Storage::Unified { prefetches, device, slots, .. } => {
+                slots.wait_idle()?;
+                // SAFETY: the managed allocation holds `cap` slots, aligned for T (checked when it
+                // was allocated) and host-accessible, and lives as long as `self`, borrowed here.
+                // Device work cumem knows of is done (waited for above); a kernel outside it reads
+                // only slots below the `tail` it acquired, and these lie past the published `tail`
+                // (which the `Release` store after this call publishes).
+                unsafe { copy_to_slots(managed_ptr(slots.device_ptr()), start, data, cap) };
                 for (at, len) in pieces.into_iter().filter(|p| p.1 > 0) {
-                    host[at..at + len].copy_from_slice(&data[from..from + len]);
-                    from += len;
-                }
-                for (at, len) in pieces.into_iter().filter(|p| p.1 > 0) {
-                    slots.prefetch_range(at..at + len, Location::Device(*device), stream)?;
+                    slots.prefetch_range(at..at + len, Location::Device(*device), prefetches)?;
                 }
             }
             Storage::Mapped { slots, .. } => {
-                let host = slots.as_mut_slice()?;
-                let mut from = 0;
-                for (at, len) in pieces.into_iter().filter(|p| p.1 > 0) {
-                    host[at..at + len].copy_from_slice(&data[from..from + len]);
-                    from += len;
-                }
+                slots.wait_idle()?;
+                // SAFETY: as for `Unified`: the mapped allocation holds `cap` aligned slots for as
+                // long as `self`, and `as_ptr` carries the allocation's provenance (it is not
+                // derived from a reference), so writing through it is allowed.
+                unsafe { copy_to_slots(slots.as_ptr().cast_mut(), start, data, cap) };
             }
         }
-        // The slots must be visible before the position that covers them (written next).
-        fence(Ordering::Release);
         Ok(())
     }
 
@@ -161,7 +177,6 @@ impl<T: Pod> Storage<T> {
     pub(crate) fn read_slots(&mut self, start: usize, out: &mut [T]) -> Result<()> {
         let cap = self.capacity();
         let pieces = segments(start, out.len(), cap);
-        fence(Ordering::Acquire);
         match self {
             Storage::Sync { slots, .. } => {
                 let mut to = 0;
@@ -187,31 +202,30 @@ impl<T: Pod> Storage<T> {
                     to += len;
                 }
             }
-            Storage::Unified { stream, slots, .. } => {
+            Storage::Unified { prefetches, slots, .. } => {
                 for (at, len) in pieces.into_iter().filter(|p| p.1 > 0) {
-                    slots.prefetch_range(at..at + len, Location::Host, stream)?;
+                    slots.prefetch_range(at..at + len, Location::Host, prefetches)?;
                 }
-                let host = slots.as_slice()?;
-                let mut to = 0;
-                for (at, len) in pieces.into_iter().filter(|p| p.1 > 0) {
-                    out[to..to + len].copy_from_slice(&host[at..at + len]);
-                    to += len;
-                }
+                slots.wait_idle()?;
+                // SAFETY: the managed allocation holds `cap` aligned, host-accessible slots for as
+                // long as `self`. Device work cumem knows of is done (waited for above); a kernel
+                // outside it wrote these slots before the `Release` of the `tail` the caller
+                // acquired, and writes them again only after the `head` written after this call.
+                unsafe { copy_from_slots(managed_ptr(slots.device_ptr()), start, out, cap) };
             }
             Storage::Mapped { slots, .. } => {
-                let host = slots.as_slice()?;
-                let mut to = 0;
-                for (at, len) in pieces.into_iter().filter(|p| p.1 > 0) {
-                    out[to..to + len].copy_from_slice(&host[at..at + len]);
-                    to += len;
-                }
+                slots.wait_idle()?;
+                // SAFETY: as for `Unified`, with the mapped allocation's host address.
+                unsafe { copy_from_slots(slots.as_ptr(), start, out, cap) };
             }
         }
         Ok(())
     }
 
-    /// Reads control word `index`, as the device last wrote it.
+    /// Reads control word `index`, as the device last wrote it; for rings both sides address, an
+    /// `Acquire` load, so the slots the device wrote before publishing the value are visible.
     pub(crate) fn read_word(&mut self, index: usize) -> Result<u64> {
+        debug_assert!(index < CONTROL_WORDS);
         let value = match self {
             Storage::Sync { control, .. } => {
                 let mut v = [0u64];
@@ -222,16 +236,29 @@ impl<T: Pod> Storage<T> {
                 stream.copy_d2h(&control.slice(index..index + 1)?, word_in)?;
                 word_in.as_slice()?[0]
             }
-            Storage::Unified { control, .. } => control.as_slice()?[index],
-            Storage::Mapped { control, .. } => control.as_slice()?[index],
+            Storage::Unified { control, .. } => {
+                control.wait_idle()?;
+                // SAFETY: `index` is one of the block's words (below `CONTROL_WORDS`), so the
+                // pointer is inside the managed allocation, 8-byte aligned (u64 elements of an
+                // aligned allocation), alive while `self` is borrowed; every concurrent access is
+                // atomic (see `load_word`).
+                unsafe { load_word(managed_ptr::<u64>(control.device_ptr()).add(index)) }
+            }
+            Storage::Mapped { control, .. } => {
+                control.wait_idle()?;
+                // SAFETY: as for `Unified`, in the mapped allocation (whose `as_ptr` carries its
+                // provenance).
+                unsafe { load_word(control.as_ptr().cast_mut().add(index)) }
+            }
         };
-        fence(Ordering::Acquire);
         Ok(value)
     }
 
-    /// Writes control word `index` (one of the words the host owns), after everything written before.
+    /// Writes control word `index` (one of the words the host owns), after everything written
+    /// before: for rings both sides address, a `Release` store, so a device that acquires the value
+    /// sees the slots written before it.
     pub(crate) fn write_word(&mut self, index: usize, value: u64) -> Result<()> {
-        fence(Ordering::Release);
+        debug_assert!(index < CONTROL_WORDS);
         match self {
             Storage::Sync { control, .. } => copy_h2d(&[value], &mut control.slice_mut(index..index + 1)?),
             Storage::Async { stream, control, words_out, .. } => {
@@ -241,11 +268,16 @@ impl<T: Pod> Storage<T> {
                 stream.copy_h2d(&*staged, &mut control.slice_mut(index..index + 1)?)
             }
             Storage::Unified { control, .. } => {
-                control.as_mut_slice()?[index] = value;
+                control.wait_idle()?;
+                // SAFETY: as in `read_word`: an aligned word inside the live managed allocation,
+                // accessed atomically by every side.
+                unsafe { store_word(managed_ptr::<u64>(control.device_ptr()).add(index), value) };
                 Ok(())
             }
             Storage::Mapped { control, .. } => {
-                control.as_mut_slice()?[index] = value;
+                control.wait_idle()?;
+                // SAFETY: as for `Unified`, in the mapped allocation.
+                unsafe { store_word(control.as_ptr().cast_mut().add(index), value) };
                 Ok(())
             }
         }
@@ -276,6 +308,69 @@ impl<T: Pod> Storage<T> {
             Storage::Unified { slots, control, .. } => (slots.device_ptr(), control.device_ptr()),
             Storage::Mapped { slots, control } => (slots.device_ptr(), control.device_ptr()),
         }
+    }
+}
+
+/// The host address of managed memory at device address `addr` (managed memory has one address
+/// on every side).
+fn managed_ptr<U>(addr: u64) -> *mut U {
+    // The allocation came from the driver as an address, not from a Rust allocation: its
+    // provenance is the exposed one.
+    ptr::with_exposed_provenance_mut(addr as usize)
+}
+
+/// Loads the control word at `word` with `Acquire`.
+///
+/// # Safety
+/// 1. `word` is 8-byte aligned and points to a host-accessible control word that stays allocated
+///    for the call.
+/// 2. Every access to it that may run at the same time is atomic: the host's go through
+///    `load_word`/`store_word`, a kernel's are the protocol's `ld.acquire` / `st.release` (a device
+///    peer is another thread of the same memory, and the hardware makes its aligned 8-byte
+///    accesses single-copy atomic), and cumem-ordered device copies completed before the call.
+unsafe fn load_word(word: *mut u64) -> u64 {
+    // SAFETY: items 1 and 2: aligned, alive, and only ever accessed atomically while shared.
+    unsafe { AtomicU64::from_ptr(word) }.load(Ordering::Acquire)
+}
+
+/// Stores `value` into the control word at `word` with `Release`.
+///
+/// # Safety
+/// As for [`load_word`].
+unsafe fn store_word(word: *mut u64, value: u64) {
+    // SAFETY: as in `load_word`.
+    unsafe { AtomicU64::from_ptr(word) }.store(value, Ordering::Release)
+}
+
+/// Copies `data` into the slots from `start` on, wrapping at `cap`.
+///
+/// # Safety
+/// 1. `base` points to `cap` host-accessible slots, aligned for T, allocated for the call.
+/// 2. Nothing reads or writes the slots written (`data.len() <= cap` of them from `start`) during
+///    the call: by the protocol a consumer reads them only after the `tail` published after it.
+unsafe fn copy_to_slots<T: Pod>(base: *mut T, start: usize, data: &[T], cap: usize) {
+    let mut from = 0;
+    for (at, len) in segments(start, data.len(), cap).into_iter().filter(|p| p.1 > 0) {
+        // SAFETY: `at + len <= cap` and `from + len <= data.len()` (`segments`); item 1 makes the
+        // destination valid and item 2 unaliased; `data` is a separate host slice.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr().add(from), base.add(at), len) };
+        from += len;
+    }
+}
+
+/// Copies `out.len()` slots from `start` on, wrapping at `cap`, into `out`.
+///
+/// # Safety
+/// 1. `base` points to `cap` initialised, host-accessible slots, aligned for T, allocated for the
+///    call.
+/// 2. Nothing writes the slots read during the call: by the protocol the producer wrote them
+///    before the `tail` the caller acquired, and reuses them only after the `head` written after.
+unsafe fn copy_from_slots<T: Pod>(base: *const T, start: usize, out: &mut [T], cap: usize) {
+    let mut to = 0;
+    for (at, len) in segments(start, out.len(), cap).into_iter().filter(|p| p.1 > 0) {
+        // SAFETY: as in `copy_to_slots`, reading (any bit pattern is a valid `T: Pod`).
+        unsafe { ptr::copy_nonoverlapping(base.add(at), out.as_mut_ptr().add(to), len) };
+        to += len;
     }
 }
 

@@ -32,16 +32,21 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_micros(1);
 /// How a channel moves messages between host and device.
 #[derive(Debug, Clone)]
 pub enum TransferStrategy {
-    /// Blocking copies between host memory and a ring in device memory: simplest, slowest.
+    /// Blocking copies between host memory and a ring in device memory: simplest, slowest. Not
+    /// for a running persistent kernel: the blocking copies wait for every blocking stream and for
+    /// the stream the ring was made on.
     Sync,
     /// Copies queued on `stream` from page-locked staging into a ring in device memory: the host
-    /// does not wait for a flush, only for reads of the device's positions.
+    /// does not wait for a flush, only for reads of the device's positions. The ring is allocated
+    /// and initialised on `stream` too, so a persistent kernel may run beside it on any other
+    /// non-blocking stream (not on `stream`, whose copies must be able to run).
     Async {
         /// The stream the copies are queued on.
         stream: Stream,
     },
-    /// A ring in managed memory, prefetched to the consumer's side after each publish. Needs
-    /// concurrent managed access.
+    /// A ring in managed memory, prefetched to the consumer's side after each publish (on a stream
+    /// of the channel's own, so a kernel on the caller's stream never delays it). Needs concurrent
+    /// managed access.
     Unified,
     /// A ring in mapped page-locked memory that the other side polls every `interval`: no copies at
     /// all. Needs host mapping and system-scope coherence.

@@ -1,11 +1,13 @@
 //! Ordering between the host and device work it did not wait for, shown with held streams: a
 //! queued flush returns while its copies cannot run, and the device side still reads exactly what
 //! was published once they do; device work the host has not seen complete is waited for before
-//! the host reads the ring, whatever the strategy. Every test here holds a stream, so every test
-//! is `#[serial]` (see `cumem_sys::testing::Gate`).
+//! the host reads the ring, whatever the strategy; and a persistent kernel occupying the stream the
+//! channel was made on never blocks the host's flushes and reads. Every test here holds a stream,
+//! so every test is `#[serial]` (see `cumem_sys::testing::Gate`).
 
 mod common;
 
+use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{DevicePlayer, native};
@@ -82,5 +84,47 @@ fn the_host_waits_for_device_publishes_it_has_not_seen_complete() {
         assert_eq!(ch.poll_from_device(&mut got).unwrap(), Poll::Received(3), "{kind}");
         assert_eq!(got, [5, 6, 7], "{kind}");
         opener.join().unwrap();
+    }
+}
+
+#[test]
+#[serial]
+fn a_kernel_running_on_the_channels_stream_never_blocks_the_host() {
+    testing::init_with(SIM);
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    let strategies = [
+        TransferStrategy::Async { stream: Stream::non_blocking(&ctx).unwrap() },
+        TransferStrategy::Unified,
+        TransferStrategy::MappedPolling { interval: Duration::from_micros(2) },
+    ];
+    for strategy in strategies {
+        let kind = strategy.kind();
+        let stream = Stream::non_blocking(&ctx).unwrap();
+        let mut ch =
+            RingChannel::<u64>::new_checked(&stream, Direction::HostToDevice, 4, strategy, &native(device))
+                .unwrap();
+        let mut dev = DevicePlayer::<u64>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
+        // The persistent kernel, launched on `stream` right after the channel was made (nothing
+        // synchronised `stream`) and never finishing while the host works. The gate opens by
+        // itself after 5 s only so that a regression fails instead of hanging.
+        let gate = hold(&stream);
+        let (open, opened) = mpsc::channel::<()>();
+        let kernel = std::thread::spawn(move || {
+            let _ = opened.recv_timeout(Duration::from_secs(5));
+            gate.release();
+        });
+        assert_eq!(ch.send_batch(&[1, 2, 3]).unwrap(), 3);
+        assert_eq!(ch.flush_to_device().unwrap(), 3);
+        assert_eq!(dev.consume(&mut ch, 8), [1, 2, 3], "{kind}");
+        ch.refresh().unwrap();
+        assert_eq!(ch.send_batch(&[4, 5, 6, 7]).unwrap(), 4, "{kind}: the consumed slots came back");
+        assert_eq!(ch.flush_to_device().unwrap(), 4);
+        ch.refresh().unwrap();
+        // Everything above returned while the kernel still held its stream.
+        let kernel_still_running = !kernel.is_finished();
+        let _ = open.send(());
+        kernel.join().unwrap();
+        assert!(kernel_still_running, "{kind}: the host waited for the persistent kernel's stream");
     }
 }

@@ -1,0 +1,116 @@
+//! A persistent kernel's view of rings in memory both sides address (`Unified`, `MappedPolling`):
+//! a thread plays the kernel, spinning on the control words with `Acquire` loads and publishing
+//! with `Release` stores through the rings' device addresses (which are host addresses too, as
+//! under UVA), while the host sends and polls at the same time. Every message comes back whole and
+//! in order through rings of four slots, so both sides wrap and wait on each other many times.
+//!
+//! The host side touches the ring memory only through atomics and raw-pointer copies; with
+//! references over memory the peer writes concurrently (as before), this exchange is a data race
+//! in Rust's memory model, whatever x86 makes of it.
+
+mod common;
+
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{FLAGS, HEAD, TAIL, native};
+use cumem_channel::{Direction, FLAG_CLOSED, RingArgs, RingChannel, SendStatus, TransferStrategy};
+use cumem_core::{Device, Stream};
+use cumem_sys::testing;
+
+type Msg = [u64; 3];
+
+const MESSAGES: u64 = 2000;
+
+fn message(i: u64) -> Msg {
+    [i, i.wrapping_mul(0x9e37_79b9_7f4a_7c15), !i]
+}
+
+fn reply(m: Msg) -> Msg {
+    [m[0] + 1, m[1] ^ 0xffff, m[2].rotate_left(7)]
+}
+
+/// Control word `index` of the block at device (= host) address `control`.
+fn word(control: u64, index: usize) -> &'static AtomicU64 {
+    let base: *mut u64 = ptr::with_exposed_provenance_mut(control as usize);
+    // SAFETY: the block is a live host-accessible allocation of 64 aligned words that outlives the
+    // peer thread (joined before the channels drop), and both sides access its words atomically.
+    unsafe { AtomicU64::from_ptr(base.add(index)) }
+}
+
+/// The kernel: consumes requests from `rx`, answers each on `tx`, returns when `rx` is closed
+/// and drained.
+fn peer(rx: RingArgs, tx: RingArgs) {
+    let requests: *const Msg = ptr::with_exposed_provenance(rx.slots as usize);
+    let replies: *mut Msg = ptr::with_exposed_provenance_mut(tx.slots as usize);
+    let (mut head, mut out_tail) = (0u64, 0u64);
+    loop {
+        let tail = word(rx.control, TAIL).load(Ordering::Acquire);
+        if head == tail {
+            if word(rx.control, FLAGS).load(Ordering::Acquire) & FLAG_CLOSED != 0 {
+                return;
+            }
+            std::thread::yield_now();
+            continue;
+        }
+        while head != tail {
+            // SAFETY: slot `head` lies below the `tail` acquired above, so the host wrote it before
+            // publishing and does not write it again until `head` moves past it.
+            let request = unsafe { ptr::read(requests.add((head % rx.capacity) as usize)) };
+            while out_tail - word(tx.control, HEAD).load(Ordering::Acquire) == tx.capacity {
+                std::thread::yield_now();
+            }
+            // SAFETY: the host gave slot `out_tail` back (acquired `head` above) and reads it only
+            // after the `tail` released below.
+            unsafe { ptr::write(replies.add((out_tail % tx.capacity) as usize), reply(request)) };
+            out_tail += 1;
+            head += 1;
+            word(tx.control, TAIL).store(out_tail, Ordering::Release);
+            word(rx.control, HEAD).store(head, Ordering::Release);
+        }
+    }
+}
+
+#[test]
+fn a_spinning_peer_and_the_host_exchange_every_message_whole() {
+    testing::init_with("devices=1");
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    let strategies =
+        [TransferStrategy::Unified, TransferStrategy::MappedPolling { interval: Duration::ZERO }];
+    for strategy in strategies {
+        let kind = strategy.kind();
+        let stream = Stream::non_blocking(&ctx).unwrap();
+        let report = native(device);
+        let mut to =
+            RingChannel::<Msg>::new_checked(&stream, Direction::HostToDevice, 4, strategy.clone(), &report)
+                .unwrap();
+        let mut from =
+            RingChannel::<Msg>::new_checked(&stream, Direction::DeviceToHost, 4, strategy, &report).unwrap();
+        stream.synchronize().unwrap();
+        let (rx, tx) = (to.ring_args(), from.ring_args());
+        let kernel = std::thread::spawn(move || peer(rx, tx));
+        let (mut next, mut got) = (0u64, Vec::new());
+        while (got.len() as u64) < MESSAGES {
+            while next < MESSAGES {
+                match to.send(message(next)).unwrap() {
+                    SendStatus::Sent => next += 1,
+                    SendStatus::Full => break,
+                }
+            }
+            to.flush_to_device().unwrap();
+            from.poll_from_device(&mut got).unwrap();
+            std::thread::yield_now();
+        }
+        to.close().unwrap();
+        kernel.join().unwrap();
+        let expected: Vec<Msg> = (0..MESSAGES).map(|i| reply(message(i))).collect();
+        assert!(got == expected, "{kind}: replies lost, torn or out of order");
+        assert_eq!(to.stats().messages_sent, MESSAGES, "{kind}");
+        assert_eq!(from.stats().messages_received, MESSAGES, "{kind}");
+    }
+    drop(ctx);
+    let report = testing::sim_control().unwrap().live_report();
+    assert!(report.allocations.is_empty(), "leaked: {:?}", report.allocations);
+}
