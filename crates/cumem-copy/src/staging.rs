@@ -149,13 +149,14 @@ impl StagingRing {
     }
 
     /// Splits each chunk's host `memcpy` over up to `threads` threads (the calling one included;
-    /// 0 counts as 1, the default), in parts of at least 64 KiB. One core's `memcpy` into pinned
+    /// 0 counts as 1, the default; more than [`MAX_FILL_THREADS`] count as that many), in parts of
+    /// at least 64 KiB. One core's `memcpy` into pinned
     /// memory can be slower than the link (an H100 moves ≈ 53 GB/s from pinned memory over PCIe
     /// Gen5), and staging is never faster than its fills; spare cores close that gap. The threads
     /// are scoped to each chunk's fill; if one cannot be started, the calling thread copies its
     /// part.
     pub fn set_fill_threads(&mut self, threads: usize) {
-        self.fill_threads = threads.max(1);
+        self.fill_threads = threads.clamp(1, MAX_FILL_THREADS);
     }
 
     /// Host threads per chunk fill (see [`StagingRing::set_fill_threads`]).
@@ -363,6 +364,10 @@ impl StagingRing {
 /// The smallest part of a chunk worth a thread of its own.
 const MIN_PART: usize = 64 << 10;
 
+/// The most threads one chunk's fill is split over: more than a host's memory bandwidth needs, and
+/// few enough that starting them stays cheap next to a chunk's copy.
+pub const MAX_FILL_THREADS: usize = 64;
+
 /// One part of a split copy, moved to the thread that copies it.
 struct Part {
     src: *const u8,
@@ -383,42 +388,55 @@ impl Part {
     }
 }
 
+/// The parts of a split copy of `len` bytes over up to `threads` threads, as (offset, length).
+///
+/// Each part holds at least [`MIN_PART`] bytes (the last one may hold fewer), so there are at most
+/// `len / MIN_PART` of them, and never more than `threads` (0 counts as 1) or [`MAX_FILL_THREADS`].
+/// An empty copy has no part.
+fn partition(len: usize, threads: usize) -> impl ExactSizeIterator<Item = (usize, usize)> {
+    let wanted = threads.clamp(1, MAX_FILL_THREADS).min(len / MIN_PART).max(1);
+    let size = len.div_ceil(wanted).max(1);
+    // Counted from the size, not taken as `wanted`: rounding the size up can leave fewer parts
+    // than wanted, and a part index past the last would start beyond the end.
+    let parts = len.div_ceil(size);
+    (0..parts).map(move |i| (i * size, size.min(len - i * size)))
+}
+
 /// Copies `len` bytes from `src` to `dst`, split over up to `threads` scoped threads (the calling
-/// one included) in parts of at least [`MIN_PART`] bytes; returns when every part is copied.
+/// one included) as [`partition`] says; returns when every part is copied.
 ///
 /// # Safety
 /// 1. `src` is valid for reads and `dst` for writes of `len` bytes, the ranges do not overlap, and
 ///    nothing else writes `src` or accesses `dst` until this returns.
 unsafe fn split_copy(src: *const u8, dst: *mut u8, len: usize, threads: usize) {
-    let parts = threads.min(len / MIN_PART).max(1);
-    let size = len.div_ceil(parts);
-    // `i * size < len` for every part index `i < parts`, so each offset stays inside the ranges.
-    let part = |i: usize| Part {
-        // SAFETY: the offset is inside the source range (see above).
-        src: unsafe { src.add(i * size) },
-        // SAFETY: the offset is inside the destination range (see above).
-        dst: unsafe { dst.add(i * size) },
-        len: size.min(len - i * size),
+    let part = |(offset, len): (usize, usize)| Part {
+        // SAFETY: `partition` keeps every offset inside `0..len`, the caller's source range.
+        src: unsafe { src.add(offset) },
+        // SAFETY: as above, for the destination range.
+        dst: unsafe { dst.add(offset) },
+        len,
     };
-    if parts == 1 {
-        // SAFETY: the whole range, under the caller's contract.
-        unsafe { part(0).copy() };
+    let mut parts = partition(len, threads);
+    if parts.len() <= 1 {
+        // SAFETY: the whole range (or nothing), under the caller's contract.
+        parts.for_each(|p| unsafe { part(p).copy() });
         return;
     }
+    let Some(first) = parts.next() else { return };
     std::thread::scope(|scope| {
-        let mut here = vec![0];
-        for i in 1..parts {
-            let p = part(i);
+        let mut here = vec![first];
+        for p in parts {
+            let moved = part(p);
             // SAFETY: parts are disjoint pieces of the caller's ranges, and the scope joins this
             // thread before `split_copy` returns.
-            let spawned = std::thread::Builder::new().spawn_scoped(scope, move || unsafe { p.copy() });
+            let spawned = std::thread::Builder::new().spawn_scoped(scope, move || unsafe { moved.copy() });
             if spawned.is_err() {
-                here.push(i);
+                here.push(p);
             }
         }
-        for i in here {
+        for p in here {
             // SAFETY: as above; no thread was started for this part.
-            unsafe { part(i).copy() };
+            unsafe { part(p).copy() };
         }
     });
 }
@@ -452,6 +470,53 @@ impl Drop for StagingRing {
             if let Err(e) = result {
                 tracing::warn!(error = %e, "freeing a staging chunk failed");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{MAX_FILL_THREADS, MIN_PART, partition};
+
+    /// Every part starts inside the copy, parts are contiguous and non-empty, and they cover it.
+    fn check(len: usize, threads: usize) {
+        let parts: Vec<_> = partition(len, threads).collect();
+        let mut next = 0;
+        for &(offset, part) in &parts {
+            assert_eq!(offset, next, "len {len}, threads {threads}: {parts:?}");
+            assert!(offset < len && part > 0, "len {len}, threads {threads}: part ({offset}, {part})");
+            next = offset + part;
+        }
+        assert_eq!(next, len, "len {len}, threads {threads}: the parts do not cover the copy");
+        let most = threads.clamp(1, MAX_FILL_THREADS).min((len / MIN_PART).max(1));
+        assert!(parts.len() <= most, "len {len}, threads {threads}: {} parts", parts.len());
+    }
+
+    #[test]
+    fn parts_never_start_past_the_end_when_a_part_is_smaller_than_the_part_count() {
+        // ceil(len / parts) = 65 537 < 65 539 parts: a fixed part size puts the last part past
+        // the end.
+        check(MIN_PART * 65_539 + 1, 65_539);
+        check(MIN_PART * 65_539 + 1, usize::MAX);
+        check(MIN_PART * 1000 + 999, 1000);
+    }
+
+    #[test]
+    fn empty_and_small_copies_have_at_most_one_part() {
+        assert_eq!(partition(0, 8).filter(|&(_, n)| n > 0).count(), 0);
+        assert_eq!(partition(MIN_PART - 1, 8).collect::<Vec<_>>(), [(0, MIN_PART - 1)]);
+        assert_eq!(partition(5, 0).collect::<Vec<_>>(), [(0, 5)]);
+    }
+
+    proptest! {
+        #[test]
+        fn parts_cover_any_copy_exactly(
+            len in prop_oneof![0usize..(16 * MIN_PART), 1usize..(1 << 40)],
+            threads in prop_oneof![0usize..100, any::<usize>()],
+        ) {
+            check(len, threads);
         }
     }
 }

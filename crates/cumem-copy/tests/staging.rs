@@ -12,7 +12,7 @@ mod common;
 
 use bytemuck::Pod;
 use common::hold;
-use cumem_copy::{StagingConfig, StagingRing};
+use cumem_copy::{MAX_FILL_THREADS, StagingConfig, StagingRing};
 use cumem_core::{Context, Device, DeviceBuffer, Error, Stream};
 use cumem_sys::testing;
 use serial_test::{parallel, serial};
@@ -101,6 +101,10 @@ fn fills_split_over_threads_round_trip_bitwise() {
     round_trip::<u64>(&stream, &mut ring, (1 << 20) / 8 + 7);
     ring.set_fill_threads(0);
     assert_eq!(ring.fill_threads(), 1, "0 threads means the calling one");
+    // A thread count far above the parts a chunk has room for: capped, and the fills still land.
+    ring.set_fill_threads(65_539);
+    assert_eq!(ring.fill_threads(), MAX_FILL_THREADS);
+    round_trip::<u8>(&stream, &mut ring, 3 * (256 << 10) + 65_539);
 }
 
 #[test]
