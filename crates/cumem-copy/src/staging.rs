@@ -101,9 +101,12 @@ pub struct StagingRing {
     config: StagingConfig,
     chunks: Vec<Chunk>,
     stats: StagingStats,
-    /// A copy was queued whose completion could not be captured by its chunk's event; the chunks
-    /// are never reused or freed (leaked on drop), since the device may still use them.
-    poisoned: bool,
+    /// The stream of a chunk copy that may be queued without its chunk's event recorded after it:
+    /// set before each copy is queued and cleared once the event is recorded, so that an error or
+    /// a panic in between (a tracing subscriber, a profiler) leaves it set. While set, no chunk is
+    /// reused or freed until this stream has been waited out; if that fails, the chunks are leaked
+    /// on drop, since the device may still use them.
+    unguarded: Option<Stream>,
     /// Host threads that fill or empty one chunk (the calling thread included).
     fill_threads: usize,
 }
@@ -133,7 +136,7 @@ impl StagingRing {
             config,
             chunks: Vec::new(),
             stats: StagingStats::default(),
-            poisoned: false,
+            unguarded: None,
             fill_threads: 1,
         })
     }
@@ -211,6 +214,7 @@ impl StagingRing {
             }
             let to = base + (k * self.config.chunk_bytes) as u64;
             let from = self.chunks[slot].ptr.as_ptr();
+            self.unguarded = Some(stream.clone());
             profile::around(stream, CopyKind::HostToDevice, piece.len(), || {
                 // SAFETY: `from` is pinned memory holding `piece.len()` bytes that stay unwritten
                 // until the chunk's event (recorded next) completes; `to..to + len` lies inside
@@ -220,7 +224,7 @@ impl StagingRing {
             self.record(slot, stream)
         });
         drop(on);
-        self.finish(stream, src.len(), result)
+        self.finish(src.len(), result)
     }
 
     /// Copies device memory `src` into `dst` (same length) on `stream`, through the ring.
@@ -257,6 +261,7 @@ impl StagingRing {
         let queue = |ring: &mut StagingRing, k: usize| -> Result<()> {
             let slot = ring.slot(k)?;
             let (to, from, len) = (ring.chunks[slot].ptr, base + (k * chunk_bytes) as u64, len_of(k));
+            ring.unguarded = Some(stream.clone());
             profile::around(stream, CopyKind::DeviceToHost, len, || {
                 // SAFETY: `to` is pinned memory of `chunk_bytes >= len` bytes that the host does
                 // not touch until the chunk's event (recorded next) completes; `from..from + len`
@@ -288,11 +293,11 @@ impl StagingRing {
             })
         });
         drop(on);
-        self.finish(stream, bytes, result)
+        self.finish(bytes, result)
     }
 
-    fn check(&self, stream: &Stream, memory: &Context) -> Result<()> {
-        if self.poisoned {
+    fn check(&mut self, stream: &Stream, memory: &Context) -> Result<()> {
+        if !self.wait_unguarded() {
             return Err(Error::InvalidHandle {
                 ctx: cumem_sys::ErrorContext::op("StagingRing (a failed copy left its chunks in use)"),
             });
@@ -329,21 +334,40 @@ impl StagingRing {
         Ok(slot)
     }
 
-    /// Records the chunk's event after the copy just queued on `stream`.
+    /// Waits out the stream of a copy that no chunk event covers, if there is one; false when that
+    /// wait failed (the chunks may still be in use).
+    fn wait_unguarded(&mut self) -> bool {
+        match &self.unguarded {
+            None => true,
+            Some(s) => match s.synchronize() {
+                Ok(()) => {
+                    self.unguarded = None;
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "waiting for a staged copy its chunk's event does not cover failed");
+                    false
+                }
+            },
+        }
+    }
+
+    /// Records the chunk's event after the copy just queued on `stream`; only then is the copy
+    /// guarded (see `unguarded`).
     fn record(&mut self, slot: usize, stream: &Stream) -> Result<()> {
         self.stats.chunks += 1;
         let chunk = &mut self.chunks[slot];
         chunk.recorded = true;
-        chunk.done.record(stream).inspect_err(|_| {
-            // The copy is queued but its event does not cover it: the chunk may be in use for
-            // as long as the stream runs. `finish` tries to wait the stream out.
-            self.poisoned = true;
-        })
+        // On failure the copy is queued but its event does not cover it: `unguarded` stays set,
+        // and `finish` tries to wait the stream out.
+        chunk.done.record(stream)?;
+        self.unguarded = None;
+        Ok(())
     }
 
     /// Counts a finished call, or after a failure makes sure no queued copy still uses a chunk
     /// without its event saying so.
-    fn finish(&mut self, stream: &Stream, bytes: usize, result: Result<()>) -> Result<()> {
+    fn finish(&mut self, bytes: usize, result: Result<()>) -> Result<()> {
         match result {
             Ok(()) => {
                 self.stats.calls += 1;
@@ -352,9 +376,9 @@ impl StagingRing {
                 Ok(())
             }
             Err(e) => {
-                if self.poisoned && stream.synchronize().is_ok() {
-                    self.poisoned = false;
-                }
+                // A copy may be queued that no event covers (or the copy failed before that):
+                // wait for its stream now, so that the next call finds the chunks free.
+                self.wait_unguarded();
                 Err(e)
             }
         }
@@ -454,7 +478,7 @@ impl fmt::Debug for StagingRing {
 
 impl Drop for StagingRing {
     fn drop(&mut self) {
-        if self.poisoned {
+        if !self.wait_unguarded() {
             tracing::warn!(
                 chunks = self.chunks.len(),
                 "staging ring dropped after a copy it could not track: leaking its pinned chunks"
