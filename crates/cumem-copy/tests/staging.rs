@@ -283,3 +283,48 @@ fn a_panic_after_a_chunk_copy_is_queued_leaves_the_chunk_guarded() {
     let mine = ctl.violations_on_this_thread();
     assert!(mine.is_empty(), "{mine:?}");
 }
+
+#[test]
+#[parallel]
+fn a_chunk_event_that_cannot_be_recorded_fails_the_call_and_the_ring_recovers() {
+    let (ctx, stream) = setup();
+    let Some(ctl) = testing::sim_control() else { return };
+    let mut ring = ring(&ctx, 256, 2);
+    let first = pattern::<u8>(1024, 3);
+    let second = pattern::<u8>(1024, 4);
+    let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 1024).unwrap();
+    let mut dev2 = DeviceBuffer::<u8>::zeroed(&stream, 1024).unwrap();
+    stream.synchronize().unwrap();
+    let records = ctl.calls_on_this_thread("cuEventRecord");
+    // The first chunk's copy is queued, then recording its event fails: nothing says when the
+    // chunk is free, so the ring must wait for the whole stream before anything reuses it.
+    let rule = ctl.inject_fault(FaultRule {
+        function: "cuEventRecord".into(),
+        nth: 1,
+        code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        times: 1,
+        this_thread_only: true,
+    });
+    let failed = ring.copy_h2d(&stream, &first, &mut dev);
+    ctl.remove_fault(rule);
+    assert!(
+        matches!(failed, Err(Error::Cuda { code: CUresult::CUDA_ERROR_LAUNCH_FAILED, .. })),
+        "{failed:?}"
+    );
+    assert_eq!(ctl.calls_on_this_thread("cuEventRecord"), records + 1, "the call went on after the failure");
+    assert_eq!(ring.stats().calls, 0, "a failed call is not counted");
+    // The next call reuses both chunks at once. The failed call's first chunk copy was queued
+    // (the simulator runs it 20 ms later) and must still read the bytes it was given: the ring
+    // waited for it before refilling the chunk with the second call's.
+    ring.copy_h2d(&stream, &second, &mut dev2).unwrap();
+    assert_eq!(dev.to_vec().unwrap()[..256], first[..256], "the chunk was refilled under its queued copy");
+    assert_eq!(dev2.to_vec().unwrap(), second);
+    let mut back = vec![0u8; 1024];
+    ring.copy_d2h(&stream, &dev2, &mut back).unwrap();
+    assert_eq!(back, second);
+    let s = ring.stats();
+    assert_eq!((s.calls, s.bytes, s.pinned_bytes), (2, 2048, 512));
+    drop(ring); // freed, not leaked: the leak check at exit would report the chunks
+    let mine = ctl.violations_on_this_thread();
+    assert!(mine.is_empty(), "{mine:?}");
+}
