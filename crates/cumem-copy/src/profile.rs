@@ -229,7 +229,22 @@ pub struct Observing {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Target {
     All,
-    Stream(u64),
+    Stream(StreamKey),
+}
+
+/// What names one stream: its [`Stream::id`] alone does not, since every context's legacy stream
+/// has id 0.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct StreamKey {
+    /// The context's driver handle (compared only, never used): unique among live contexts.
+    ctx: usize,
+    id: u64,
+}
+
+impl StreamKey {
+    fn of(stream: &Stream) -> StreamKey {
+        StreamKey { ctx: stream.context().raw() as usize, id: stream.id() }
+    }
 }
 
 struct Registry {
@@ -259,9 +274,10 @@ impl Profiler {
     }
 
     /// Observes every copy on `stream` (by identity: other handles of the same stream count, a new
-    /// stream reusing its driver handle does not) until the guard is dropped.
+    /// stream reusing its driver handle does not, nor does another context's legacy stream) until
+    /// the guard is dropped.
     pub fn observe(&self, stream: &Stream) -> Observing {
-        self.attach(Target::Stream(stream.id()))
+        self.attach(Target::Stream(StreamKey::of(stream)))
     }
 
     /// Observes every copy on every stream, blocking copies included, until the guard is dropped.
@@ -419,7 +435,7 @@ fn observed<R>(stream: &Stream, kind: CopyKind, bytes: usize, copy: impl FnOnce(
     let profilers: Vec<Profiler> = registry()
         .observers
         .iter()
-        .filter(|(_, t, _)| *t == Target::All || *t == Target::Stream(stream.id()))
+        .filter(|(_, t, _)| *t == Target::All || *t == Target::Stream(StreamKey::of(stream)))
         .map(|(_, _, p)| p.clone())
         .collect();
     let mut started = Vec::with_capacity(profilers.len());

@@ -130,3 +130,27 @@ fn a_global_observer_sees_blocking_copies_and_detaches_on_drop() {
     assert_eq!(r.total(CopyKind::DeviceToHost).bytes, 600);
     assert!(r.total(CopyKind::DeviceToHost).device_time.as_nanos() > 0);
 }
+
+#[test]
+#[serial] // counts blocking copies on device 0's legacy stream, which other tests use too
+fn observing_one_devices_legacy_stream_does_not_count_another_devices_copies() {
+    let (ctx, stream) = setup();
+    if Device::count().unwrap() < 2 {
+        return;
+    }
+    let ctx1 = Device::get(1).unwrap().context().unwrap();
+    let stream1 = Stream::non_blocking(&ctx1).unwrap();
+    let mut dev0 = DeviceBuffer::<u8>::zeroed(&stream, 100).unwrap();
+    let mut dev1 = DeviceBuffer::<u8>::zeroed(&stream1, 300).unwrap();
+    stream.synchronize().unwrap();
+    stream1.synchronize().unwrap();
+    let profiler = Profiler::new();
+    {
+        // Both legacy streams have id 0; only device 0's is observed.
+        let _on = profiler.observe(&Stream::legacy(&ctx));
+        copy_h2d(&[1u8; 300], &mut dev1).unwrap();
+        copy_h2d(&[2u8; 100], &mut dev0).unwrap();
+    }
+    let h2d = profiler.report().unwrap().total(CopyKind::HostToDevice);
+    assert_eq!((h2d.count, h2d.bytes), (1, 100), "device 1's copy was counted");
+}
