@@ -7,7 +7,10 @@
 //! stream, and each chunk of a [`StagingRing`](crate::StagingRing)) is bracketed by two timed
 //! events taken from the profiler's pool, which grows to the number of copies in flight and is
 //! then reused: no event is created per copy once the pool is warm. [`Profiler::report`] waits
-//! for the observed copies, returns their events to the pool and sums them up.
+//! for the observed copies (without blocking copies observed meanwhile), returns their events to
+//! the pool and sums them up. Between reports, once more than 1024 copies are pending, recording a
+//! copy also folds in every completed one, so that a long run keeps the events of copies still in
+//! flight, not of every copy since the last report.
 //!
 //! When no profiler is attached anywhere, a copy pays one relaxed atomic load for this module.
 //!
@@ -201,12 +204,26 @@ struct Pending {
     end: Event,
 }
 
-#[derive(Default)]
 struct State {
     pending: VecDeque<Pending>,
     /// Timed event pairs ready for reuse, any context (matched on take).
     pool: Vec<(Event, Event)>,
     report: ProfileReport,
+    /// Pending copies beyond which recording a copy also folds in every one already complete
+    /// (at least [`FOLD_AT`], and twice what the last fold left pending, so that many copies
+    /// genuinely in flight are not all queried on every copy).
+    fold_at: usize,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            pending: VecDeque::new(),
+            pool: Vec::new(),
+            report: ProfileReport::default(),
+            fold_at: FOLD_AT,
+        }
+    }
 }
 
 /// Pending copies beyond which recording also folds in the ones already complete, so that a long
@@ -302,9 +319,21 @@ impl Profiler {
     /// Waits for every observed copy, then returns the totals so far (they keep accumulating; see
     /// [`Profiler::reset`]).
     pub fn report(&self) -> Result<ProfileReport> {
+        // Wait without the lock, which every observed copy takes to record its events.
+        let taken = std::mem::take(&mut self.state().pending);
+        let waited = taken.iter().try_for_each(|p| p.end.synchronize());
         let mut state = self.state();
-        fold(&mut state, true)?;
+        let newer = std::mem::replace(&mut state.pending, taken);
+        state.pending.extend(newer);
+        waited?;
+        fold(&mut state)?;
         Ok(state.report.clone())
+    }
+
+    /// Observed copies whose events have not been read yet: those still in flight, and those
+    /// complete since the last report or fold (bounded: see the module docs).
+    pub fn pending_copies(&self) -> usize {
+        self.state().pending.len()
     }
 
     /// Pairs of timed events kept for reuse now: the pool grows to the number of observed copies
@@ -342,10 +371,11 @@ impl Profiler {
         let mut state = self.state();
         if recorded {
             state.pending.push_back(Pending { kind, bytes, start, end });
-            if state.pending.len() > FOLD_AT
-                && let Err(e) = fold(&mut state, false)
-            {
-                tracing::warn!(error = %e, "reading a profiled copy's events failed");
+            if state.pending.len() > state.fold_at {
+                if let Err(e) = fold(&mut state) {
+                    tracing::warn!(error = %e, "reading a profiled copy's events failed");
+                }
+                state.fold_at = FOLD_AT.max(2 * state.pending.len());
             }
         } else {
             // The start event may still be pending on the stream: recording it again later is
@@ -359,22 +389,29 @@ fn new_pair(ctx: &Context) -> Result<(Event, Event)> {
     Ok((Event::timed(ctx)?, Event::timed(ctx)?))
 }
 
-/// Moves complete copies (all of them, waiting, when `wait`) into the report and their events
-/// back into the pool. A failure leaves the copy pending.
-fn fold(state: &mut State, wait: bool) -> Result<()> {
-    while let Some(p) = state.pending.front() {
-        if wait {
-            p.end.synchronize()?;
-        } else if !p.end.query()? {
-            break;
-        }
-        let time = p.end.elapsed_since(&p.start)?;
+/// Moves every complete copy into the report and its events back into the pool, wherever it is in
+/// the pending list: one copy held up on a stream keeps only itself pending, not every copy
+/// recorded after it. A copy whose events cannot be read stays pending; the first such error is
+/// returned once the rest are folded.
+fn fold(state: &mut State) -> Result<()> {
+    let mut first_error = None;
+    for _ in 0..state.pending.len() {
         let Some(p) = state.pending.pop_front() else { break };
-        let t = state.report.rows.entry((p.kind, SizeClass::of(p.bytes))).or_default();
-        t.add(&Totals { count: 1, bytes: p.bytes as u64, device_time: time });
-        state.pool.push((p.start, p.end));
+        let time = p.end.query().and_then(|done| done.then(|| p.end.elapsed_since(&p.start)).transpose());
+        match time {
+            Ok(Some(time)) => {
+                let t = state.report.rows.entry((p.kind, SizeClass::of(p.bytes))).or_default();
+                t.add(&Totals { count: 1, bytes: p.bytes as u64, device_time: time });
+                state.pool.push((p.start, p.end));
+            }
+            Ok(None) => state.pending.push_back(p),
+            Err(e) => {
+                first_error.get_or_insert(e);
+                state.pending.push_back(p);
+            }
+        }
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 impl fmt::Debug for Profiler {
