@@ -13,6 +13,10 @@
 //! flight, not of every copy since the last report.
 //!
 //! When no profiler is attached anywhere, a copy pays one relaxed atomic load for this module.
+//! While one is attached, a copy on a stream that nothing observes also pays an acquire load, a
+//! thread-local read and a scan of the attached targets: no lock and no allocation (the first copy
+//! on each thread after a profiler is attached or detached takes a global lock once, to refresh the
+//! thread's view). An observed copy takes that lock and each observing profiler's own.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -35,9 +39,10 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -258,6 +263,29 @@ struct StreamKey {
     id: u64,
 }
 
+impl Target {
+    fn matches(self, key: StreamKey) -> bool {
+        self == Target::All || self == Target::Stream(key)
+    }
+}
+
+/// Whether any attached profiler observes the stream `key` names, from this thread's view of the
+/// registry (refreshed under the lock only when an observer came or went since it was taken).
+fn watched(key: StreamKey) -> bool {
+    let generation = GENERATION.load(Ordering::Acquire);
+    let seen = SEEN.try_with(|seen| {
+        let mut seen = seen.borrow_mut();
+        if seen.0 != generation {
+            let r = registry();
+            // Read under the lock, which every change holds while it bumps the generation.
+            *seen = (GENERATION.load(Ordering::Relaxed), r.targets.clone());
+        }
+        seen.1.as_deref().is_some_and(|targets| targets.iter().any(|t| t.matches(key)))
+    });
+    // While this thread's locals are being destroyed: ask the registry itself.
+    seen.unwrap_or_else(|_| registry().observers.iter().any(|(_, t, _)| t.matches(key)))
+}
+
 impl StreamKey {
     fn of(stream: &Stream) -> StreamKey {
         StreamKey { ctx: stream.context().raw() as usize, id: stream.id() }
@@ -267,11 +295,30 @@ impl StreamKey {
 struct Registry {
     next: u64,
     observers: Vec<(u64, Target, Profiler)>,
+    /// The observers' targets as of `GENERATION`, shared with the threads' [`SEEN`] views.
+    targets: Option<Arc<[Target]>>,
+}
+
+impl Registry {
+    /// Publishes the observers' targets after a change (with the registry locked).
+    fn changed(&mut self) {
+        self.targets = Some(self.observers.iter().map(|(_, t, _)| *t).collect());
+        GENERATION.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// The number of attached observers: the only thing a copy reads when profiling is off.
 static ATTACHED: AtomicUsize = AtomicUsize::new(0);
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry { next: 0, observers: Vec::new() });
+/// Bumped (under the registry lock) whenever an observer is attached or detached.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { next: 0, observers: Vec::new(), targets: None });
+
+thread_local! {
+    /// This thread's copy of the registry's targets and the generation it was taken at: a copy
+    /// checks whether anyone observes its stream here, without the registry lock or an
+    /// allocation, and refreshes it (taking the lock once) only after an attach or detach.
+    static SEEN: RefCell<(u64, Option<Arc<[Target]>>)> = const { RefCell::new((u64::MAX, None)) };
+}
 
 fn registry() -> MutexGuard<'static, Registry> {
     // A panic while holding the lock leaves a consistent list (every change is one push or remove).
@@ -282,6 +329,13 @@ fn registry() -> MutexGuard<'static, Registry> {
 #[inline]
 pub fn active() -> bool {
     ATTACHED.load(Ordering::Relaxed) != 0
+}
+
+/// Whether an attached profiler observes copies on `stream` now: the check each copy makes while
+/// any profiler is attached (lock-free and allocation-free once this thread has seen the latest
+/// attach or detach).
+pub fn observes(stream: &Stream) -> bool {
+    active() && watched(StreamKey::of(stream))
 }
 
 impl Profiler {
@@ -307,6 +361,7 @@ impl Profiler {
         let id = r.next;
         r.next += 1;
         r.observers.push((id, target, self.clone()));
+        r.changed();
         ATTACHED.fetch_add(1, Ordering::Relaxed);
         Observing { id }
     }
@@ -435,7 +490,9 @@ impl Drop for Observing {
         let removed = {
             let mut r = registry();
             let i = r.observers.iter().position(|(id, _, _)| *id == self.id);
-            i.map(|i| r.observers.swap_remove(i))
+            let removed = i.map(|i| r.observers.swap_remove(i));
+            r.changed();
+            removed
         };
         if removed.is_some() {
             ATTACHED.fetch_sub(1, Ordering::Relaxed);
@@ -469,12 +526,12 @@ pub(crate) fn around<R>(
 #[cold]
 #[inline(never)]
 fn observed<R>(stream: &Stream, kind: CopyKind, bytes: usize, copy: impl FnOnce() -> Result<R>) -> Result<R> {
-    let profilers: Vec<Profiler> = registry()
-        .observers
-        .iter()
-        .filter(|(_, t, _)| *t == Target::All || *t == Target::Stream(StreamKey::of(stream)))
-        .map(|(_, _, p)| p.clone())
-        .collect();
+    let key = StreamKey::of(stream);
+    if !watched(key) {
+        return copy();
+    }
+    let profilers: Vec<Profiler> =
+        registry().observers.iter().filter(|(_, t, _)| t.matches(key)).map(|(_, _, p)| p.clone()).collect();
     let mut started = Vec::with_capacity(profilers.len());
     for p in &profilers {
         // Profiling must never fail a copy: a profiler that cannot record misses this one.
