@@ -239,6 +239,9 @@ const FOLD_AT: usize = 1024;
 #[derive(Clone, Default)]
 pub struct Profiler {
     state: Arc<Mutex<State>>,
+    /// Held by a report for its whole wait, so that a second report waits for the copies the first
+    /// took out of `state` instead of missing them.
+    reporting: Arc<Mutex<()>>,
 }
 
 /// Keeps a [`Profiler`] attached until dropped.
@@ -374,7 +377,8 @@ impl Profiler {
     /// Waits for every observed copy, then returns the totals so far (they keep accumulating; see
     /// [`Profiler::reset`]).
     pub fn report(&self) -> Result<ProfileReport> {
-        // Wait without the lock, which every observed copy takes to record its events.
+        let _one_at_a_time = self.reporting.lock().unwrap_or_else(PoisonError::into_inner);
+        // Wait without the state's lock, which every observed copy takes to record its events.
         let taken = std::mem::take(&mut self.state().pending);
         let waited = taken.iter().try_for_each(|p| p.end.synchronize());
         let mut state = self.state();
