@@ -153,11 +153,10 @@ impl StagingRing {
 
     /// Splits each chunk's host `memcpy` over up to `threads` threads (the calling one included;
     /// 0 counts as 1, the default; more than [`MAX_FILL_THREADS`] count as that many), in parts of
-    /// at least 64 KiB. One core's `memcpy` into pinned
-    /// memory can be slower than the link (an H100 moves ≈ 53 GB/s from pinned memory over PCIe
-    /// Gen5), and staging is never faster than its fills; spare cores close that gap. The threads
-    /// are scoped to each chunk's fill; if one cannot be started, the calling thread copies its
-    /// part.
+    /// at least 64 KiB. One core's `memcpy` into pinned memory can be slower than the link (an
+    /// H100 moves ≈ 53 GB/s from pinned memory over PCIe Gen5), and staging is never faster than
+    /// its fills; spare cores close that gap. The threads are scoped to each chunk's fill; if one
+    /// cannot be started, the calling thread copies its part.
     pub fn set_fill_threads(&mut self, threads: usize) {
         self.fill_threads = threads.clamp(1, MAX_FILL_THREADS);
     }
