@@ -47,5 +47,5 @@ pub use nd::{copy_2d, copy_3d};
 pub use pitched::{PITCHED_ROW_ALIGNMENT, PitchedBuffer};
 pub use profile::{CopyKind, Observing, ProfileReport, Profiler, SizeClass, Totals};
 pub use region::{CopyDst, CopySrc, Pitched, QueuedDst, QueuedSrc};
-pub use staging::{StagingConfig, StagingRing, StagingStats};
+pub use staging::{MAX_FILL_THREADS, StagingConfig, StagingRing, StagingStats};
 pub use stream_ordered::StreamCopy;

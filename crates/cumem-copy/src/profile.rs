@@ -7,9 +7,16 @@
 //! stream, and each chunk of a [`StagingRing`](crate::StagingRing)) is bracketed by two timed
 //! events taken from the profiler's pool, which grows to the number of copies in flight and is
 //! then reused: no event is created per copy once the pool is warm. [`Profiler::report`] waits
-//! for the observed copies, returns their events to the pool and sums them up.
+//! for the observed copies (without blocking copies observed meanwhile), returns their events to
+//! the pool and sums them up. Between reports, once more than 1024 copies are pending, recording a
+//! copy also folds in every completed one, so that a long run keeps the events of copies still in
+//! flight, not of every copy since the last report.
 //!
 //! When no profiler is attached anywhere, a copy pays one relaxed atomic load for this module.
+//! While one is attached, a copy on a stream that nothing observes also pays an acquire load, a
+//! thread-local read and a scan of the attached targets: no lock and no allocation (the first copy
+//! on each thread after a profiler is attached or detached takes a global lock once, to refresh the
+//! thread's view). An observed copy takes that lock and each observing profiler's own.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -32,9 +39,10 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -201,12 +209,26 @@ struct Pending {
     end: Event,
 }
 
-#[derive(Default)]
 struct State {
     pending: VecDeque<Pending>,
     /// Timed event pairs ready for reuse, any context (matched on take).
     pool: Vec<(Event, Event)>,
     report: ProfileReport,
+    /// Pending copies beyond which recording a copy also folds in every one already complete
+    /// (at least [`FOLD_AT`], and twice what the last fold left pending, so that many copies
+    /// genuinely in flight are not all queried on every copy).
+    fold_at: usize,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            pending: VecDeque::new(),
+            pool: Vec::new(),
+            report: ProfileReport::default(),
+            fold_at: FOLD_AT,
+        }
+    }
 }
 
 /// Pending copies beyond which recording also folds in the ones already complete, so that a long
@@ -217,6 +239,9 @@ const FOLD_AT: usize = 1024;
 #[derive(Clone, Default)]
 pub struct Profiler {
     state: Arc<Mutex<State>>,
+    /// Held by a report for its whole wait, so that a second report waits for the copies the first
+    /// took out of `state` instead of missing them.
+    reporting: Arc<Mutex<()>>,
 }
 
 /// Keeps a [`Profiler`] attached until dropped.
@@ -229,17 +254,74 @@ pub struct Observing {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Target {
     All,
-    Stream(u64),
+    Stream(StreamKey),
+}
+
+/// What names one stream: its [`Stream::id`] alone does not, since every context's legacy stream
+/// has id 0.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct StreamKey {
+    /// The context's driver handle (compared only, never used): unique among live contexts.
+    ctx: usize,
+    id: u64,
+}
+
+impl Target {
+    fn matches(self, key: StreamKey) -> bool {
+        self == Target::All || self == Target::Stream(key)
+    }
+}
+
+/// Whether any attached profiler observes the stream `key` names, from this thread's view of the
+/// registry (refreshed under the lock only when an observer came or went since it was taken).
+fn watched(key: StreamKey) -> bool {
+    let generation = GENERATION.load(Ordering::Acquire);
+    let seen = SEEN.try_with(|seen| {
+        let mut seen = seen.borrow_mut();
+        if seen.0 != generation {
+            let r = registry();
+            // Read under the lock, which every change holds while it bumps the generation.
+            *seen = (GENERATION.load(Ordering::Relaxed), r.targets.clone());
+        }
+        seen.1.as_deref().is_some_and(|targets| targets.iter().any(|t| t.matches(key)))
+    });
+    // While this thread's locals are being destroyed: ask the registry itself.
+    seen.unwrap_or_else(|_| registry().observers.iter().any(|(_, t, _)| t.matches(key)))
+}
+
+impl StreamKey {
+    fn of(stream: &Stream) -> StreamKey {
+        StreamKey { ctx: stream.context().raw() as usize, id: stream.id() }
+    }
 }
 
 struct Registry {
     next: u64,
     observers: Vec<(u64, Target, Profiler)>,
+    /// The observers' targets as of `GENERATION`, shared with the threads' [`SEEN`] views.
+    targets: Option<Arc<[Target]>>,
+}
+
+impl Registry {
+    /// Publishes the observers' targets after a change (with the registry locked).
+    fn changed(&mut self) {
+        self.targets = Some(self.observers.iter().map(|(_, t, _)| *t).collect());
+        GENERATION.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// The number of attached observers: the only thing a copy reads when profiling is off.
 static ATTACHED: AtomicUsize = AtomicUsize::new(0);
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry { next: 0, observers: Vec::new() });
+/// Bumped (under the registry lock) whenever an observer is attached or detached.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { next: 0, observers: Vec::new(), targets: None });
+
+thread_local! {
+    /// This thread's copy of the registry's targets and the generation it was taken at: a copy
+    /// checks whether anyone observes its stream here, without the registry lock or an
+    /// allocation, and refreshes it (taking the lock once) only after an attach or detach.
+    static SEEN: RefCell<(u64, Option<Arc<[Target]>>)> = const { RefCell::new((u64::MAX, None)) };
+}
 
 fn registry() -> MutexGuard<'static, Registry> {
     // A panic while holding the lock leaves a consistent list (every change is one push or remove).
@@ -252,6 +334,13 @@ pub fn active() -> bool {
     ATTACHED.load(Ordering::Relaxed) != 0
 }
 
+/// Whether an attached profiler observes copies on `stream` now: the check each copy makes while
+/// any profiler is attached (lock-free and allocation-free once this thread has seen the latest
+/// attach or detach).
+pub fn observes(stream: &Stream) -> bool {
+    active() && watched(StreamKey::of(stream))
+}
+
 impl Profiler {
     /// A profiler that observes nothing until attached.
     pub fn new() -> Profiler {
@@ -259,9 +348,10 @@ impl Profiler {
     }
 
     /// Observes every copy on `stream` (by identity: other handles of the same stream count, a new
-    /// stream reusing its driver handle does not) until the guard is dropped.
+    /// stream reusing its driver handle does not, nor does another context's legacy stream) until
+    /// the guard is dropped.
     pub fn observe(&self, stream: &Stream) -> Observing {
-        self.attach(Target::Stream(stream.id()))
+        self.attach(Target::Stream(StreamKey::of(stream)))
     }
 
     /// Observes every copy on every stream, blocking copies included, until the guard is dropped.
@@ -274,6 +364,7 @@ impl Profiler {
         let id = r.next;
         r.next += 1;
         r.observers.push((id, target, self.clone()));
+        r.changed();
         ATTACHED.fetch_add(1, Ordering::Relaxed);
         Observing { id }
     }
@@ -286,9 +377,22 @@ impl Profiler {
     /// Waits for every observed copy, then returns the totals so far (they keep accumulating; see
     /// [`Profiler::reset`]).
     pub fn report(&self) -> Result<ProfileReport> {
+        let _one_at_a_time = self.reporting.lock().unwrap_or_else(PoisonError::into_inner);
+        // Wait without the state's lock, which every observed copy takes to record its events.
+        let taken = std::mem::take(&mut self.state().pending);
+        let waited = taken.iter().try_for_each(|p| p.end.synchronize());
         let mut state = self.state();
-        fold(&mut state, true)?;
+        let newer = std::mem::replace(&mut state.pending, taken);
+        state.pending.extend(newer);
+        waited?;
+        fold(&mut state)?;
         Ok(state.report.clone())
+    }
+
+    /// Observed copies whose events have not been read yet: those still in flight, and those
+    /// complete since the last report or fold (bounded: see the module docs).
+    pub fn pending_copies(&self) -> usize {
+        self.state().pending.len()
     }
 
     /// Pairs of timed events kept for reuse now: the pool grows to the number of observed copies
@@ -326,10 +430,11 @@ impl Profiler {
         let mut state = self.state();
         if recorded {
             state.pending.push_back(Pending { kind, bytes, start, end });
-            if state.pending.len() > FOLD_AT
-                && let Err(e) = fold(&mut state, false)
-            {
-                tracing::warn!(error = %e, "reading a profiled copy's events failed");
+            if state.pending.len() > state.fold_at {
+                if let Err(e) = fold(&mut state) {
+                    tracing::warn!(error = %e, "reading a profiled copy's events failed");
+                }
+                state.fold_at = FOLD_AT.max(2 * state.pending.len());
             }
         } else {
             // The start event may still be pending on the stream: recording it again later is
@@ -343,22 +448,29 @@ fn new_pair(ctx: &Context) -> Result<(Event, Event)> {
     Ok((Event::timed(ctx)?, Event::timed(ctx)?))
 }
 
-/// Moves complete copies (all of them, waiting, when `wait`) into the report and their events
-/// back into the pool. A failure leaves the copy pending.
-fn fold(state: &mut State, wait: bool) -> Result<()> {
-    while let Some(p) = state.pending.front() {
-        if wait {
-            p.end.synchronize()?;
-        } else if !p.end.query()? {
-            break;
-        }
-        let time = p.end.elapsed_since(&p.start)?;
+/// Moves every complete copy into the report and its events back into the pool, wherever it is in
+/// the pending list: one copy held up on a stream keeps only itself pending, not every copy
+/// recorded after it. A copy whose events cannot be read stays pending; the first such error is
+/// returned once the rest are folded.
+fn fold(state: &mut State) -> Result<()> {
+    let mut first_error = None;
+    for _ in 0..state.pending.len() {
         let Some(p) = state.pending.pop_front() else { break };
-        let t = state.report.rows.entry((p.kind, SizeClass::of(p.bytes))).or_default();
-        t.add(&Totals { count: 1, bytes: p.bytes as u64, device_time: time });
-        state.pool.push((p.start, p.end));
+        let time = p.end.query().and_then(|done| done.then(|| p.end.elapsed_since(&p.start)).transpose());
+        match time {
+            Ok(Some(time)) => {
+                let t = state.report.rows.entry((p.kind, SizeClass::of(p.bytes))).or_default();
+                t.add(&Totals { count: 1, bytes: p.bytes as u64, device_time: time });
+                state.pool.push((p.start, p.end));
+            }
+            Ok(None) => state.pending.push_back(p),
+            Err(e) => {
+                first_error.get_or_insert(e);
+                state.pending.push_back(p);
+            }
+        }
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 impl fmt::Debug for Profiler {
@@ -382,7 +494,9 @@ impl Drop for Observing {
         let removed = {
             let mut r = registry();
             let i = r.observers.iter().position(|(id, _, _)| *id == self.id);
-            i.map(|i| r.observers.swap_remove(i))
+            let removed = i.map(|i| r.observers.swap_remove(i));
+            r.changed();
+            removed
         };
         if removed.is_some() {
             ATTACHED.fetch_sub(1, Ordering::Relaxed);
@@ -416,12 +530,12 @@ pub(crate) fn around<R>(
 #[cold]
 #[inline(never)]
 fn observed<R>(stream: &Stream, kind: CopyKind, bytes: usize, copy: impl FnOnce() -> Result<R>) -> Result<R> {
-    let profilers: Vec<Profiler> = registry()
-        .observers
-        .iter()
-        .filter(|(_, t, _)| *t == Target::All || *t == Target::Stream(stream.id()))
-        .map(|(_, _, p)| p.clone())
-        .collect();
+    let key = StreamKey::of(stream);
+    if !watched(key) {
+        return copy();
+    }
+    let profilers: Vec<Profiler> =
+        registry().observers.iter().filter(|(_, t, _)| t.matches(key)).map(|(_, _, p)| p.clone()).collect();
     let mut started = Vec::with_capacity(profilers.len());
     for p in &profilers {
         // Profiling must never fail a copy: a profiler that cannot record misses this one.

@@ -101,9 +101,12 @@ pub struct StagingRing {
     config: StagingConfig,
     chunks: Vec<Chunk>,
     stats: StagingStats,
-    /// A copy was queued whose completion could not be captured by its chunk's event; the chunks
-    /// are never reused or freed (leaked on drop), since the device may still use them.
-    poisoned: bool,
+    /// The stream of a chunk copy that may be queued without its chunk's event recorded after it:
+    /// set before each copy is queued and cleared once the event is recorded, so that an error or
+    /// a panic in between (a tracing subscriber, a profiler) leaves it set. While set, no chunk is
+    /// reused or freed until this stream has been waited out; if that fails, the chunks are leaked
+    /// on drop, since the device may still use them.
+    unguarded: Option<Stream>,
     /// Host threads that fill or empty one chunk (the calling thread included).
     fill_threads: usize,
 }
@@ -133,7 +136,7 @@ impl StagingRing {
             config,
             chunks: Vec::new(),
             stats: StagingStats::default(),
-            poisoned: false,
+            unguarded: None,
             fill_threads: 1,
         })
     }
@@ -149,13 +152,13 @@ impl StagingRing {
     }
 
     /// Splits each chunk's host `memcpy` over up to `threads` threads (the calling one included;
-    /// 0 counts as 1, the default), in parts of at least 64 KiB. One core's `memcpy` into pinned
-    /// memory can be slower than the link (an H100 moves ≈ 53 GB/s from pinned memory over PCIe
-    /// Gen5), and staging is never faster than its fills; spare cores close that gap. The threads
-    /// are scoped to each chunk's fill; if one cannot be started, the calling thread copies its
-    /// part.
+    /// 0 counts as 1, the default; more than [`MAX_FILL_THREADS`] count as that many), in parts of
+    /// at least 64 KiB. One core's `memcpy` into pinned memory can be slower than the link (an
+    /// H100 moves ≈ 53 GB/s from pinned memory over PCIe Gen5), and staging is never faster than
+    /// its fills; spare cores close that gap. The threads are scoped to each chunk's fill; if one
+    /// cannot be started, the calling thread copies its part.
     pub fn set_fill_threads(&mut self, threads: usize) {
-        self.fill_threads = threads.max(1);
+        self.fill_threads = threads.clamp(1, MAX_FILL_THREADS);
     }
 
     /// Host threads per chunk fill (see [`StagingRing::set_fill_threads`]).
@@ -210,6 +213,7 @@ impl StagingRing {
             }
             let to = base + (k * self.config.chunk_bytes) as u64;
             let from = self.chunks[slot].ptr.as_ptr();
+            self.unguarded = Some(stream.clone());
             profile::around(stream, CopyKind::HostToDevice, piece.len(), || {
                 // SAFETY: `from` is pinned memory holding `piece.len()` bytes that stay unwritten
                 // until the chunk's event (recorded next) completes; `to..to + len` lies inside
@@ -219,7 +223,7 @@ impl StagingRing {
             self.record(slot, stream)
         });
         drop(on);
-        self.finish(stream, src.len(), result)
+        self.finish(src.len(), result)
     }
 
     /// Copies device memory `src` into `dst` (same length) on `stream`, through the ring.
@@ -256,6 +260,7 @@ impl StagingRing {
         let queue = |ring: &mut StagingRing, k: usize| -> Result<()> {
             let slot = ring.slot(k)?;
             let (to, from, len) = (ring.chunks[slot].ptr, base + (k * chunk_bytes) as u64, len_of(k));
+            ring.unguarded = Some(stream.clone());
             profile::around(stream, CopyKind::DeviceToHost, len, || {
                 // SAFETY: `to` is pinned memory of `chunk_bytes >= len` bytes that the host does
                 // not touch until the chunk's event (recorded next) completes; `from..from + len`
@@ -287,11 +292,11 @@ impl StagingRing {
             })
         });
         drop(on);
-        self.finish(stream, bytes, result)
+        self.finish(bytes, result)
     }
 
-    fn check(&self, stream: &Stream, memory: &Context) -> Result<()> {
-        if self.poisoned {
+    fn check(&mut self, stream: &Stream, memory: &Context) -> Result<()> {
+        if !self.wait_unguarded() {
             return Err(Error::InvalidHandle {
                 ctx: cumem_sys::ErrorContext::op("StagingRing (a failed copy left its chunks in use)"),
             });
@@ -328,21 +333,40 @@ impl StagingRing {
         Ok(slot)
     }
 
-    /// Records the chunk's event after the copy just queued on `stream`.
+    /// Waits out the stream of a copy that no chunk event covers, if there is one; false when that
+    /// wait failed (the chunks may still be in use).
+    fn wait_unguarded(&mut self) -> bool {
+        match &self.unguarded {
+            None => true,
+            Some(s) => match s.synchronize() {
+                Ok(()) => {
+                    self.unguarded = None;
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "waiting for a staged copy its chunk's event does not cover failed");
+                    false
+                }
+            },
+        }
+    }
+
+    /// Records the chunk's event after the copy just queued on `stream`; only then is the copy
+    /// guarded (see `unguarded`).
     fn record(&mut self, slot: usize, stream: &Stream) -> Result<()> {
         self.stats.chunks += 1;
         let chunk = &mut self.chunks[slot];
         chunk.recorded = true;
-        chunk.done.record(stream).inspect_err(|_| {
-            // The copy is queued but its event does not cover it: the chunk may be in use for
-            // as long as the stream runs. `finish` tries to wait the stream out.
-            self.poisoned = true;
-        })
+        // On failure the copy is queued but its event does not cover it: `unguarded` stays set,
+        // and `finish` tries to wait the stream out.
+        chunk.done.record(stream)?;
+        self.unguarded = None;
+        Ok(())
     }
 
     /// Counts a finished call, or after a failure makes sure no queued copy still uses a chunk
     /// without its event saying so.
-    fn finish(&mut self, stream: &Stream, bytes: usize, result: Result<()>) -> Result<()> {
+    fn finish(&mut self, bytes: usize, result: Result<()>) -> Result<()> {
         match result {
             Ok(()) => {
                 self.stats.calls += 1;
@@ -351,9 +375,9 @@ impl StagingRing {
                 Ok(())
             }
             Err(e) => {
-                if self.poisoned && stream.synchronize().is_ok() {
-                    self.poisoned = false;
-                }
+                // A copy may be queued that no event covers (or the copy failed before that):
+                // wait for its stream now, so that the next call finds the chunks free.
+                self.wait_unguarded();
                 Err(e)
             }
         }
@@ -362,6 +386,10 @@ impl StagingRing {
 
 /// The smallest part of a chunk worth a thread of its own.
 const MIN_PART: usize = 64 << 10;
+
+/// The most threads one chunk's fill is split over: more than a host's memory bandwidth needs, and
+/// few enough that starting them stays cheap next to a chunk's copy.
+pub const MAX_FILL_THREADS: usize = 64;
 
 /// One part of a split copy, moved to the thread that copies it.
 struct Part {
@@ -383,42 +411,55 @@ impl Part {
     }
 }
 
+/// The parts of a split copy of `len` bytes over up to `threads` threads, as (offset, length).
+///
+/// Each part holds at least [`MIN_PART`] bytes (the last one may hold fewer), so there are at most
+/// `len / MIN_PART` of them, and never more than `threads` (0 counts as 1) or [`MAX_FILL_THREADS`].
+/// An empty copy has no part.
+fn partition(len: usize, threads: usize) -> impl ExactSizeIterator<Item = (usize, usize)> {
+    let wanted = threads.clamp(1, MAX_FILL_THREADS).min(len / MIN_PART).max(1);
+    let size = len.div_ceil(wanted).max(1);
+    // Counted from the size, not taken as `wanted`: rounding the size up can leave fewer parts
+    // than wanted, and a part index past the last would start beyond the end.
+    let parts = len.div_ceil(size);
+    (0..parts).map(move |i| (i * size, size.min(len - i * size)))
+}
+
 /// Copies `len` bytes from `src` to `dst`, split over up to `threads` scoped threads (the calling
-/// one included) in parts of at least [`MIN_PART`] bytes; returns when every part is copied.
+/// one included) as [`partition`] says; returns when every part is copied.
 ///
 /// # Safety
 /// 1. `src` is valid for reads and `dst` for writes of `len` bytes, the ranges do not overlap, and
 ///    nothing else writes `src` or accesses `dst` until this returns.
 unsafe fn split_copy(src: *const u8, dst: *mut u8, len: usize, threads: usize) {
-    let parts = threads.min(len / MIN_PART).max(1);
-    let size = len.div_ceil(parts);
-    // `i * size < len` for every part index `i < parts`, so each offset stays inside the ranges.
-    let part = |i: usize| Part {
-        // SAFETY: the offset is inside the source range (see above).
-        src: unsafe { src.add(i * size) },
-        // SAFETY: the offset is inside the destination range (see above).
-        dst: unsafe { dst.add(i * size) },
-        len: size.min(len - i * size),
+    let part = |(offset, len): (usize, usize)| Part {
+        // SAFETY: `partition` keeps every offset inside `0..len`, the caller's source range.
+        src: unsafe { src.add(offset) },
+        // SAFETY: as above, for the destination range.
+        dst: unsafe { dst.add(offset) },
+        len,
     };
-    if parts == 1 {
-        // SAFETY: the whole range, under the caller's contract.
-        unsafe { part(0).copy() };
+    let mut parts = partition(len, threads);
+    if parts.len() <= 1 {
+        // SAFETY: the whole range (or nothing), under the caller's contract.
+        parts.for_each(|p| unsafe { part(p).copy() });
         return;
     }
+    let Some(first) = parts.next() else { return };
     std::thread::scope(|scope| {
-        let mut here = vec![0];
-        for i in 1..parts {
-            let p = part(i);
+        let mut here = vec![first];
+        for p in parts {
+            let moved = part(p);
             // SAFETY: parts are disjoint pieces of the caller's ranges, and the scope joins this
             // thread before `split_copy` returns.
-            let spawned = std::thread::Builder::new().spawn_scoped(scope, move || unsafe { p.copy() });
+            let spawned = std::thread::Builder::new().spawn_scoped(scope, move || unsafe { moved.copy() });
             if spawned.is_err() {
-                here.push(i);
+                here.push(p);
             }
         }
-        for i in here {
+        for p in here {
             // SAFETY: as above; no thread was started for this part.
-            unsafe { part(i).copy() };
+            unsafe { part(p).copy() };
         }
     });
 }
@@ -436,7 +477,7 @@ impl fmt::Debug for StagingRing {
 
 impl Drop for StagingRing {
     fn drop(&mut self) {
-        if self.poisoned {
+        if !self.wait_unguarded() {
             tracing::warn!(
                 chunks = self.chunks.len(),
                 "staging ring dropped after a copy it could not track: leaking its pinned chunks"
@@ -452,6 +493,53 @@ impl Drop for StagingRing {
             if let Err(e) = result {
                 tracing::warn!(error = %e, "freeing a staging chunk failed");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{MAX_FILL_THREADS, MIN_PART, partition};
+
+    /// Every part starts inside the copy, parts are contiguous and non-empty, and they cover it.
+    fn check(len: usize, threads: usize) {
+        let parts: Vec<_> = partition(len, threads).collect();
+        let mut next = 0;
+        for &(offset, part) in &parts {
+            assert_eq!(offset, next, "len {len}, threads {threads}: {parts:?}");
+            assert!(offset < len && part > 0, "len {len}, threads {threads}: part ({offset}, {part})");
+            next = offset + part;
+        }
+        assert_eq!(next, len, "len {len}, threads {threads}: the parts do not cover the copy");
+        let most = threads.clamp(1, MAX_FILL_THREADS).min((len / MIN_PART).max(1));
+        assert!(parts.len() <= most, "len {len}, threads {threads}: {} parts", parts.len());
+    }
+
+    #[test]
+    fn parts_never_start_past_the_end_when_a_part_is_smaller_than_the_part_count() {
+        // ceil(len / parts) = 65 537 < 65 539 parts: a fixed part size puts the last part past
+        // the end.
+        check(MIN_PART * 65_539 + 1, 65_539);
+        check(MIN_PART * 65_539 + 1, usize::MAX);
+        check(MIN_PART * 1000 + 999, 1000);
+    }
+
+    #[test]
+    fn empty_and_small_copies_have_at_most_one_part() {
+        assert_eq!(partition(0, 8).filter(|&(_, n)| n > 0).count(), 0);
+        assert_eq!(partition(MIN_PART - 1, 8).collect::<Vec<_>>(), [(0, MIN_PART - 1)]);
+        assert_eq!(partition(5, 0).collect::<Vec<_>>(), [(0, 5)]);
+    }
+
+    proptest! {
+        #[test]
+        fn parts_cover_any_copy_exactly(
+            len in prop_oneof![0usize..(16 * MIN_PART), 1usize..(1 << 40)],
+            threads in prop_oneof![0usize..100, any::<usize>()],
+        ) {
+            check(len, threads);
         }
     }
 }

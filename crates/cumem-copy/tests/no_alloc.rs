@@ -1,11 +1,12 @@
 //! Queued copies and memsets allocate nothing on the heap once warmed up, on one stream and
 //! alternating between two: a counting global allocator sees every allocation the cumem crates
-//! make on the calling thread (the simulated driver is a separate library with its own allocator).
+//! make on the calling thread (the simulated driver is a separate library with its own allocator);
+//! so do they while a profiler observes some other stream.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use cumem_copy::StreamCopy;
+use cumem_copy::{Profiler, StreamCopy};
 use cumem_core::{Device, DeviceBuffer, PinnedBuffer, Result, Stream};
 use cumem_sys::testing;
 
@@ -78,4 +79,15 @@ fn queued_copies_and_memsets_allocate_nothing_once_warm() {
     });
     assert_eq!(two_streams, 0, "queued calls alternating between two streams allocated");
     assert_eq!(back.as_slice().unwrap(), &[3; 64][..]);
+    // A profiler attached to a third stream: copies on the others are checked against it, and
+    // still allocate nothing (the first one refreshes this thread's view of the observers).
+    let c = Stream::non_blocking(&ctx).unwrap();
+    let profiler = Profiler::new();
+    let observing = profiler.observe(&c);
+    round(&a, &mut x, &mut y, &mut back).unwrap();
+    let watched_elsewhere =
+        allocations_during(|| (0..100).try_for_each(|_| round(&a, &mut x, &mut y, &mut back)));
+    assert_eq!(watched_elsewhere, 0, "queued calls allocated while a profiler observed another stream");
+    drop(observing);
+    assert_eq!(profiler.report().unwrap().rows().count(), 0, "copies on unobserved streams were counted");
 }

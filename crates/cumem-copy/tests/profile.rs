@@ -1,9 +1,14 @@
 //! Transfer profiling: a profiled workload reports each copy's kind, count and bytes by value, with
 //! positive device times; copies outside the observed stream or outside the guard's life are not
-//! counted; a global observer sees blocking copies too; the event pool is reused, not regrown.
+//! counted; a global observer sees blocking copies too; the event pool is reused, not regrown;
+//! a copy held on one stream keeps neither the other streams' copies pending nor, while a report
+//! waits for it, their profiling blocked; one device's legacy stream is not another's.
 //!
-//! The test with a global observer is `#[serial]` (it would count the copies of tests running
-//! beside it); the others are `#[parallel]`.
+//! The tests with a global observer, a gate (see `common`) or a legacy stream are `#[serial]`
+//! (they would count, or hold up, the copies of tests running beside them); the others are
+//! `#[parallel]`.
+
+mod common;
 
 use cumem_copy::{
     Copy2D, CopyKind, PitchedBuffer, Profiler, Rect2D, SizeClass, StagingConfig, StagingRing, StreamCopy,
@@ -129,4 +134,106 @@ fn a_global_observer_sees_blocking_copies_and_detaches_on_drop() {
     assert_eq!((r.total(CopyKind::HostToDevice).count, r.total(CopyKind::HostToDevice).bytes), (1, 600));
     assert_eq!(r.total(CopyKind::DeviceToHost).bytes, 600);
     assert!(r.total(CopyKind::DeviceToHost).device_time.as_nanos() > 0);
+}
+
+#[test]
+#[serial] // counts blocking copies on device 0's legacy stream, which other tests use too
+fn observing_one_devices_legacy_stream_does_not_count_another_devices_copies() {
+    let (ctx, stream) = setup();
+    if Device::count().unwrap() < 2 {
+        return;
+    }
+    let ctx1 = Device::get(1).unwrap().context().unwrap();
+    let stream1 = Stream::non_blocking(&ctx1).unwrap();
+    let mut dev0 = DeviceBuffer::<u8>::zeroed(&stream, 100).unwrap();
+    let mut dev1 = DeviceBuffer::<u8>::zeroed(&stream1, 300).unwrap();
+    stream.synchronize().unwrap();
+    stream1.synchronize().unwrap();
+    let profiler = Profiler::new();
+    {
+        // Both legacy streams have id 0; only device 0's is observed.
+        let _on = profiler.observe(&Stream::legacy(&ctx));
+        copy_h2d(&[1u8; 300], &mut dev1).unwrap();
+        copy_h2d(&[2u8; 100], &mut dev0).unwrap();
+    }
+    let h2d = profiler.report().unwrap().total(CopyKind::HostToDevice);
+    assert_eq!((h2d.count, h2d.bytes), (1, 100), "device 1's copy was counted");
+}
+
+#[test]
+#[serial] // holds a gate, and a global observer counts every copy of the process
+fn a_copy_held_on_one_stream_does_not_keep_every_later_copy_pending() {
+    let (ctx, held) = setup();
+    let other = Stream::non_blocking(&ctx).unwrap();
+    let host = PinnedBuffer::from_slice(&ctx, &[1u8; 64]).unwrap();
+    let mut on_held = DeviceBuffer::<u8>::zeroed(&held, 64).unwrap();
+    let mut on_other = DeviceBuffer::<u8>::zeroed(&other, 64).unwrap();
+    held.synchronize().unwrap();
+    other.synchronize().unwrap();
+    let profiler = Profiler::new();
+    let observing = profiler.observe_all();
+    let gate = common::hold(&held);
+    held.copy_h2d(&host, &mut on_held).unwrap(); // stays queued until the gate opens
+    let mut most_pending = 0;
+    for i in 0..3000 {
+        other.memset_d8(&mut on_other, i as u8).unwrap();
+        if i % 100 == 99 {
+            other.synchronize().unwrap();
+        }
+        most_pending = most_pending.max(profiler.pending_copies());
+    }
+    // At most 100 copies on `other` and the held one are in flight at any time: once more than
+    // 1024 are pending, every completed one is folded in and its events pooled again.
+    assert!(most_pending <= 1025, "{most_pending} copies pending at once");
+    assert!(profiler.pooled_pairs() > 0, "no event pair was returned to the pool");
+    gate.release();
+    drop(observing);
+    let r = profiler.report().unwrap();
+    assert_eq!(r.total(CopyKind::HostToDevice).count, 1);
+    assert_eq!(r.total(CopyKind::Memset).count, 3000);
+    assert_eq!(profiler.pending_copies(), 0);
+}
+
+#[test]
+#[serial] // holds a gate
+fn a_report_waiting_for_a_held_copy_does_not_block_copies_on_other_streams() {
+    let (ctx, held) = setup();
+    let other = Stream::non_blocking(&ctx).unwrap();
+    let host = PinnedBuffer::from_slice(&ctx, &[1u8; 64]).unwrap();
+    let mut on_held = DeviceBuffer::<u8>::zeroed(&held, 64).unwrap();
+    let mut on_other = DeviceBuffer::<u8>::zeroed(&other, 64).unwrap();
+    held.synchronize().unwrap();
+    other.synchronize().unwrap();
+    let profiler = Profiler::new();
+    let _on_held = profiler.observe(&held);
+    let _on_other = profiler.observe(&other);
+    let gate = common::hold(&held);
+    held.copy_h2d(&host, &mut on_held).unwrap(); // stays queued until the gate opens
+    let (go, opened) = std::sync::mpsc::channel::<()>();
+    let gave_up = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Opens the gate when told, or after a long while if this test is stuck (so that a
+        // regression fails instead of hanging).
+        let gave_up = &gave_up;
+        s.spawn(move || {
+            if opened.recv_timeout(std::time::Duration::from_secs(10)).is_err() {
+                gave_up.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            gate.release();
+        });
+        let reporter = s.spawn(|| profiler.report());
+        // The report has taken the pending copy (it waits for it now), or has finished.
+        while profiler.pending_copies() != 0 {
+            std::thread::yield_now();
+        }
+        other.memset_d8(&mut on_other, 5).unwrap(); // observed: records events under the lock
+        // Before the gate opens, the held copy and so the report cannot have finished.
+        let blocked = gave_up.load(std::sync::atomic::Ordering::SeqCst);
+        let _ = go.send(());
+        assert!(!blocked, "an observed copy waited for a report to finish");
+        let r = reporter.join().unwrap().unwrap();
+        assert_eq!(r.total(CopyKind::HostToDevice).count, 1);
+    });
+    let r = profiler.report().unwrap();
+    assert_eq!((r.total(CopyKind::HostToDevice).count, r.total(CopyKind::Memset).count), (1, 1));
 }

@@ -4,16 +4,21 @@
 //! stream, so the copies of earlier chunks are certainly still queued while later ones are
 //! filled), and the soundness rules: the caller's slice is free on return, a chunk is never
 //! overwritten while a copy still reads it (the simulator starts work 20 ms late, so an early
-//! reuse would upload the wrong bytes), and dropping the ring waits before freeing.
+//! reuse would upload the wrong bytes), and dropping the ring waits before freeing; a panic
+//! between queueing a chunk's copy and recording its event leaves the chunk guarded.
 //!
-//! The gated test is `#[serial]` (see `common`); the others are `#[parallel]`.
+//! The gated tests are `#[serial]` (see `common`); the others are `#[parallel]`.
 
 mod common;
 
+use std::sync::atomic::Ordering;
+
 use bytemuck::Pod;
 use common::hold;
-use cumem_copy::{StagingConfig, StagingRing};
+use cumem_copy::{MAX_FILL_THREADS, Profiler, StagingConfig, StagingRing, StreamCopy};
+use cumem_core::sys::CUresult;
 use cumem_core::{Context, Device, DeviceBuffer, Error, Stream};
+use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
 use serial_test::{parallel, serial};
 
@@ -101,6 +106,10 @@ fn fills_split_over_threads_round_trip_bitwise() {
     round_trip::<u64>(&stream, &mut ring, (1 << 20) / 8 + 7);
     ring.set_fill_threads(0);
     assert_eq!(ring.fill_threads(), 1, "0 threads means the calling one");
+    // A thread count far above the parts a chunk has room for: capped, and the fills still land.
+    ring.set_fill_threads(65_539);
+    assert_eq!(ring.fill_threads(), MAX_FILL_THREADS);
+    round_trip::<u8>(&stream, &mut ring, 3 * (256 << 10) + 65_539);
 }
 
 #[test]
@@ -205,4 +214,117 @@ fn bad_input_is_a_typed_error_before_any_copy() {
     }
     assert_eq!(ring.stats(), Default::default(), "nothing was copied or allocated");
     assert_eq!(dev.to_vec().unwrap(), [5; 8]);
+}
+
+/// Panics on the first `warn` event it sees (on the thread it is the default of), then ignores
+/// everything: a subscriber that misbehaves once.
+struct PanicOnWarn(std::sync::atomic::AtomicBool);
+
+impl tracing::Subscriber for PanicOnWarn {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == tracing::Level::WARN && !self.0.swap(true, Ordering::Relaxed) {
+            panic!("subscriber panics on a warning");
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+#[serial] // holds a gate
+fn a_panic_after_a_chunk_copy_is_queued_leaves_the_chunk_guarded() {
+    let (ctx, stream) = setup();
+    let Some(ctl) = testing::sim_control() else { return };
+    let mut ring = ring(&ctx, 256, 2);
+    let first = pattern::<u8>(256, 1);
+    let second = pattern::<u8>(256, 2);
+    let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 256).unwrap();
+    let mut dev2 = DeviceBuffer::<u8>::zeroed(&stream, 256).unwrap();
+    // A profiler with 1024 copies pending reads their events on the next copy it observes: make
+    // that read fail, and the warning it logs panic, inside the chunk copy's profiling after the
+    // copy was queued and before the chunk's event is recorded.
+    let profiler = Profiler::new();
+    let observing = profiler.observe(&stream);
+    for _ in 0..1024 {
+        stream.memset_d8(&mut dev2, 0).unwrap();
+    }
+    stream.synchronize().unwrap();
+    let gate = hold(&stream);
+    let rule = ctl.inject_fault(FaultRule {
+        function: "cuEventQuery".into(),
+        nth: 1,
+        code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        times: 1,
+        this_thread_only: true,
+    });
+    let subscriber = PanicOnWarn(Default::default());
+    let panicked = tracing::subscriber::with_default(subscriber, || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ring.copy_h2d(&stream, &first, &mut dev)))
+    });
+    ctl.remove_fault(rule);
+    drop(observing);
+    assert!(panicked.is_err(), "the subscriber did not panic: {panicked:?}");
+    // The first copy is still held behind the gate. The next call must wait for it before
+    // refilling the chunk (the gate opens from another thread meanwhile); had it refilled the
+    // chunk at once, `dev` would receive the second call's bytes.
+    let opener = gate.release_after(std::time::Duration::from_millis(300));
+    ring.copy_h2d(&stream, &second, &mut dev2).unwrap();
+    opener.join().unwrap();
+    assert_eq!(dev.to_vec().unwrap(), first, "the chunk was refilled while its copy was queued");
+    assert_eq!(dev2.to_vec().unwrap(), second);
+    let mine = ctl.violations_on_this_thread();
+    assert!(mine.is_empty(), "{mine:?}");
+}
+
+#[test]
+#[parallel]
+fn a_chunk_event_that_cannot_be_recorded_fails_the_call_and_the_ring_recovers() {
+    let (ctx, stream) = setup();
+    let Some(ctl) = testing::sim_control() else { return };
+    let mut ring = ring(&ctx, 256, 2);
+    let first = pattern::<u8>(1024, 3);
+    let second = pattern::<u8>(1024, 4);
+    let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 1024).unwrap();
+    let mut dev2 = DeviceBuffer::<u8>::zeroed(&stream, 1024).unwrap();
+    stream.synchronize().unwrap();
+    let records = ctl.calls_on_this_thread("cuEventRecord");
+    // The first chunk's copy is queued, then recording its event fails: nothing says when the
+    // chunk is free, so the ring must wait for the whole stream before anything reuses it.
+    let rule = ctl.inject_fault(FaultRule {
+        function: "cuEventRecord".into(),
+        nth: 1,
+        code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        times: 1,
+        this_thread_only: true,
+    });
+    let failed = ring.copy_h2d(&stream, &first, &mut dev);
+    ctl.remove_fault(rule);
+    assert!(
+        matches!(failed, Err(Error::Cuda { code: CUresult::CUDA_ERROR_LAUNCH_FAILED, .. })),
+        "{failed:?}"
+    );
+    assert_eq!(ctl.calls_on_this_thread("cuEventRecord"), records + 1, "the call went on after the failure");
+    assert_eq!(ring.stats().calls, 0, "a failed call is not counted");
+    // The next call reuses both chunks at once. The failed call's first chunk copy was queued
+    // (the simulator runs it 20 ms later) and must still read the bytes it was given: the ring
+    // waited for it before refilling the chunk with the second call's.
+    ring.copy_h2d(&stream, &second, &mut dev2).unwrap();
+    assert_eq!(dev.to_vec().unwrap()[..256], first[..256], "the chunk was refilled under its queued copy");
+    assert_eq!(dev2.to_vec().unwrap(), second);
+    let mut back = vec![0u8; 1024];
+    ring.copy_d2h(&stream, &dev2, &mut back).unwrap();
+    assert_eq!(back, second);
+    let s = ring.stats();
+    assert_eq!((s.calls, s.bytes, s.pinned_bytes), (2, 2048, 512));
+    drop(ring); // freed, not leaked: the leak check at exit would report the chunks
+    let mine = ctl.violations_on_this_thread();
+    assert!(mine.is_empty(), "{mine:?}");
 }
