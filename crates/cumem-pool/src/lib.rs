@@ -35,6 +35,7 @@ mod ffi;
 pub mod free_set;
 pub mod native;
 pub mod native_resource;
+pub mod replay;
 pub mod segment;
 pub mod size_class;
 pub mod statistics_resource;
