@@ -66,6 +66,9 @@ impl Rng {
     }
 }
 
+/// A logged allocation: its pointer and size.
+type Allocation = (u64, usize);
+
 /// Records rows with addresses that never overlap a live allocation and a clock that moves on.
 struct Log {
     rows: Vec<TraceRecord>,
@@ -164,7 +167,7 @@ fn inference() -> Vec<TraceRecord> {
     let workers: Vec<(u64, u64)> =
         (0..WORKERS).map(|w| (THREAD_BASE - (w + 1) * 0x80_1000, 0x55d0_c8a1_b2c0 + w * 0x1a0)).collect();
     // Live requests: (completion time in µs, worker, allocations).
-    let mut live: Vec<(u64, usize, Vec<(u64, usize)>)> = Vec::new();
+    let mut live: Vec<(u64, usize, Vec<Allocation>)> = Vec::new();
     let mut now = 0u64;
     for request in 0..REQUESTS {
         now += rng.range(50, 900);

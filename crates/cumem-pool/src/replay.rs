@@ -188,8 +188,8 @@ where
     let ctx = resource.context().clone();
     let mut streams: HashMap<u64, Stream> = HashMap::new();
     for row in trace {
-        if !streams.contains_key(&row.stream) {
-            streams.insert(row.stream, Stream::non_blocking(&ctx)?);
+        if let std::collections::hash_map::Entry::Vacant(slot) = streams.entry(row.stream) {
+            slot.insert(Stream::non_blocking(&ctx)?);
         }
     }
     let mut replayer = Replayer {

@@ -75,7 +75,7 @@ fn a_written_trace_replays_with_the_same_sizes_and_peak() {
         seed ^= seed >> 7;
         seed ^= seed << 17;
         let time = 1_700_000_000.0 + i as f64 * 1e-6;
-        if live.len() > 40 || (!live.is_empty() && seed % 3 == 0) {
+        if live.len() > 40 || (!live.is_empty() && seed.is_multiple_of(3)) {
             let (pointer, size) = live.swap_remove((seed >> 8) as usize % live.len());
             live_bytes -= size;
             rows.push(TraceRecord {
