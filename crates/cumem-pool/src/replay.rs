@@ -51,7 +51,7 @@ pub const REPLAY_ALIGNMENT: usize = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayOptions {
     /// At most this many [`Sample`]s of live and reserved bytes, evenly spread over the rows (the
-    /// last row is always sampled). At least one is taken.
+    /// last row is always sampled; 0 counts as 1).
     pub max_samples: usize,
 }
 
