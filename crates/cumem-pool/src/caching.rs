@@ -220,6 +220,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
     pub fn trim_to(&self, keep: usize) -> Result<TrimReport, PoolError> {
+        let _span = tracing::debug_span!("trim", device = self.upstream.device(), keep).entered();
         let (mut st, mut guards) = self.lock_all();
         self.sweep(&mut st, &mut guards);
         for g in guards.iter_mut() {
@@ -518,6 +519,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         }
         drop(g);
+        // From here on the pool migrates, grows or runs its ladder: what a user traces.
+        let _span = tracing::debug_span!(
+            "allocate_slow",
+            device = self.upstream.device(),
+            ?stream,
+            bytes = req.requested
+        )
+        .entered();
         if let Some((addr, seg)) = self.migrate(arena, stream, &req)? {
             return Ok(self.finish(arena, arena.inner.lock(), &req, addr, seg));
         }
@@ -563,12 +572,15 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             g.set(req.kind).insert(addr, req.size, seg);
             return Err(PoolError::Ordering(e));
         }
+        tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
         Ok(Some((addr, seg)))
     }
 
     /// Takes a new segment from the upstream for a free range of `need` bytes: the growth policy's
     /// preferred size, then the minimal one. `Ok(None)` when the upstream is out of memory.
     fn grow(&self, kind: Kind, need: u64, minimal_only: bool) -> Result<Option<Seg>, PoolError> {
+        let _span =
+            tracing::debug_span!("grow", device = self.upstream.device(), bytes = need, ?kind).entered();
         let (preferred, minimal) = self.segments.lock().plan(&self.config, kind, need)?;
         let sizes =
             if minimal_only || preferred == minimal { &[minimal][..] } else { &[preferred, minimal][..] };
@@ -581,6 +593,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     }
                     let seg = Seg { base: addr, len: size as u64 };
                     self.segments.lock().add(&self.config, seg, kind);
+                    tracing::debug!(segment_bytes = size, "segment added");
                     return Ok(Some(seg));
                 }
                 Err(e) if e.is_out_of_memory() => {}
@@ -594,6 +607,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// free segment, retry the upstream; report.
     #[cold]
     fn oom_ladder(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Block, PoolError> {
+        let _span =
+            tracing::debug_span!("oom_ladder", device = self.upstream.device(), bytes = req.requested)
+                .entered();
         let (mut st, mut guards) = self.lock_all();
         self.segments.lock().oom_ladders += 1;
         self.sweep(&mut st, &mut guards);
@@ -705,6 +721,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             cached = cached.saturating_sub(len);
             report.released_segments += 1;
             report.released_bytes += len;
+        }
+        if report.released_segments > 0 {
+            tracing::debug!(
+                released_bytes = report.released_bytes,
+                segments = report.released_segments,
+                "segments released"
+            );
         }
         report
     }

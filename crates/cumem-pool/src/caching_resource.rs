@@ -76,6 +76,10 @@ impl CachingResource {
         self.pool.synchronize().map_err(|e| pool_error(e, 0))
     }
 
+    fn device(&self) -> usize {
+        self.ordering.context().device().ordinal()
+    }
+
     /// The pool behind the resource, for its inspection methods.
     pub fn pool(&self) -> &CachingPool<DeviceUpstream, Arc<StreamOrdering>> {
         &self.pool
@@ -144,6 +148,9 @@ unsafe impl DeviceResource for CachingResource {
         let key = self.ordering.register(stream);
         let block =
             self.pool.allocate(layout.bytes, layout.align, key).map_err(|e| pool_error(e, layout.bytes))?;
+        // Fields are evaluated only when trace is enabled for this target: the fast path pays a
+        // load and a branch.
+        tracing::trace!(device = self.device(), stream = ?key, bytes = layout.bytes, ptr = block.addr(), "allocate");
         // The token names the block's segment, so the free rebuilds the block without a table.
         Ok(Allocation { ptr: block.addr(), token: block.token() })
     }
@@ -172,6 +179,7 @@ unsafe impl DeviceResource for CachingResource {
             );
             return;
         };
+        tracing::trace!(device = self.device(), stream = ?key, bytes = layout.bytes, ptr, "free");
         if let Err(foreign) = self.pool.deallocate(block, key) {
             // Cannot happen: the block was rebuilt with this pool's id.
             tracing::warn!(ptr = foreign.0.addr(), "a block of another pool; not returned");

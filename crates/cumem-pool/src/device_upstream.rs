@@ -73,4 +73,8 @@ impl Upstream for DeviceUpstream {
         // synchronising every stream that used it; nothing refers to it afterwards.
         unsafe { self.resource.deallocate(Allocation { ptr: addr, token }, layout, &self.legacy) };
     }
+
+    fn device(&self) -> Option<u64> {
+        Some(self.resource.context().device().ordinal() as u64)
+    }
 }

@@ -9,6 +9,13 @@
 //! exhaustion releases its cache, synchronises and retries before reporting
 //! [`PoolError::OutOfMemory`].
 //!
+//! Adaptors wrap any [`DeviceResource`](cumem_core::DeviceResource) and stack in any order:
+//! [`StatisticsResource`], [`LimitingResource`], [`TrackingResource`], [`LoggingResource`] (RMM's
+//! CSV, see [`trace_format`]) and [`FailureCallbackResource`]; a [`MemoryPressureMonitor`] watches a
+//! device and a pool. The caching pool's slow paths open `debug` spans (`allocate_slow`, `grow`,
+//! `oom_ladder`, `trim`) with `device`, `stream` and `bytes` fields; each allocation and free of a
+//! [`CachingResource`] is a `trace` event with the same fields.
+//!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
 //!
@@ -31,8 +38,12 @@ pub mod config;
 pub mod default_resource;
 pub mod device_upstream;
 pub mod error;
+pub mod failure_callback_resource;
 mod ffi;
 pub mod free_set;
+pub mod limiting_resource;
+pub mod logging_resource;
+pub mod memory_pressure;
 pub mod native;
 pub mod native_resource;
 pub mod replay;
@@ -43,6 +54,7 @@ pub mod stats;
 pub mod stream_ordering;
 pub mod table;
 pub mod trace_format;
+pub mod tracking_resource;
 pub mod upstream;
 
 pub use block::Block;
@@ -52,11 +64,16 @@ pub use config::{Growth, PoolConfig};
 pub use default_resource::{current_caching, trim_current};
 pub use device_upstream::DeviceUpstream;
 pub use error::{ForeignBlock, PoolError, UpstreamError};
+pub use failure_callback_resource::{AllocationFailure, FailureCallbackResource};
+pub use limiting_resource::LimitingResource;
+pub use logging_resource::LoggingResource;
+pub use memory_pressure::{MemoryPressureMonitor, MonitorHandle, Pressure, PressureEvent, TrimmablePool};
 pub use native::{MemPool, MemPoolOptions, PoolUsage, ReusePolicy};
 pub use native_resource::NativePoolResource;
 pub use statistics_resource::{HISTOGRAM_BUCKETS, ScopeCounters, StatisticsResource};
 pub use stats::{Histogram, PoolStats};
 pub use stream_ordering::{StreamKey, StreamOrdering};
+pub use tracking_resource::{LeakReport, LiveAllocation, TrackingResource};
 pub use upstream::{HostOrdering, HostUpstream, Ordering, Upstream};
 
 /// Alignment every upstream segment address must have (and the minimum alignment of every block).

@@ -49,6 +49,11 @@ pub trait Upstream: Send + Sync {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError>;
     /// Releases an allocation returned by [`allocate`](Self::allocate).
     fn deallocate(&self, addr: u64, bytes: usize);
+    /// The ordinal of the device the segments live on, which the pool's tracing spans name
+    /// (`None`, the default, for host models).
+    fn device(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Stream-ordering operations the pool needs: later CUDA streams and events, in tests a model that
@@ -104,6 +109,9 @@ impl<U: Upstream + ?Sized> Upstream for std::sync::Arc<U> {
     }
     fn deallocate(&self, addr: u64, bytes: usize) {
         (**self).deallocate(addr, bytes)
+    }
+    fn device(&self) -> Option<u64> {
+        (**self).device()
     }
 }
 

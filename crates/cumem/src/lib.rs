@@ -26,7 +26,7 @@
 //! |---|---|---|
 //! | (the root: every item of [`cumem_core`]) | always | devices, contexts, streams, events, buffers, the resource trait, errors |
 //! | [`copy`] | `copy` (default) | typed sync and async transfers and memsets |
-//! | [`pool`] | `pool` (default) | the caching pool, the driver's pools, a statistics adaptor |
+//! | [`pool`] | `pool` (default) | the caching pool, the driver's pools, adaptors (statistics, limiting, tracking, logging, failure callback), a memory-pressure monitor |
 //! | [`unified`] | `unified` (default) | managed memory, advice, prefetch, migration policies |
 //! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
 
@@ -63,7 +63,7 @@ pub use bytemuck;
 #[cfg(feature = "copy")]
 pub use cumem_copy as copy;
 
-/// Memory resources: the caching pool, the driver's pools, statistics (feature `pool`).
+/// Memory resources: the caching pool, the driver's pools, adaptors and the memory-pressure monitor (feature `pool`).
 #[cfg(feature = "pool")]
 pub use cumem_pool as pool;
 
@@ -103,6 +103,10 @@ pub mod prelude {
     };
     #[cfg(feature = "pool")]
     pub use cumem_pool::{CachingResource, MemPool, NativePoolResource, PoolConfig, StatisticsResource};
+    #[cfg(feature = "pool")]
+    pub use cumem_pool::{
+        FailureCallbackResource, LimitingResource, LoggingResource, MemoryPressureMonitor, TrackingResource,
+    };
     #[cfg(feature = "unified")]
     pub use cumem_unified::{MigrationPolicy, PrefetchPlan, UnifiedBuffer};
 }

@@ -1,0 +1,165 @@
+//! The logging adaptor writes RMM's CSV log through its background writer: what it writes reads
+//! back with `parse_trace` (sizes, order, pointers, streams), on `flush` and on drop; a failing
+//! output is counted, never a panic.
+
+use std::io::{self, Write};
+use std::sync::Arc;
+
+use cumem_core::{Device, DeviceBuffer, Stream};
+use cumem_pool::trace_format::{TraceAction, TraceRecord, parse_trace};
+use cumem_pool::{CachingResource, LimitingResource, LoggingResource, PoolConfig};
+use cumem_sys::testing;
+use parking_lot::Mutex;
+use serial_test::parallel;
+
+/// An output the test can read while the adaptor still owns the writer.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Shared {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Shared {
+    fn rows(&self) -> Vec<TraceRecord> {
+        parse_trace(self.0.lock().as_slice()).unwrap()
+    }
+}
+
+fn pool() -> (Stream, Stream, Arc<CachingResource>) {
+    testing::init();
+    let ctx = Device::get(0).unwrap().context().unwrap();
+    let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+    (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap(), pool)
+}
+
+#[test]
+#[parallel]
+fn the_log_reads_back_with_sizes_order_pointers_and_streams() {
+    let (s1, s2, pool) = pool();
+    let out = Shared::default();
+    let log = Arc::new(LoggingResource::new(pool, out.clone()).unwrap());
+    let a = DeviceBuffer::<u8>::zeroed_in(&log, &s1, 1000).unwrap();
+    let b = DeviceBuffer::<u32>::zeroed_in(&log, &s2, 3000).unwrap();
+    let (pa, pb) = (a.device_ptr(), b.device_ptr());
+    drop(a);
+    let c = DeviceBuffer::<u8>::zeroed_in(&log, &s2, 77).unwrap();
+    let pc = c.device_ptr();
+    drop((b, c));
+    log.flush().unwrap();
+    let rows = out.rows();
+    let seen: Vec<_> = rows.iter().map(|r| (r.action, r.pointer, r.size, r.stream)).collect();
+    let (h1, h2) = (s1.raw() as usize as u64, s2.raw() as usize as u64);
+    use TraceAction::{Allocate, Free};
+    assert_eq!(
+        seen,
+        [
+            (Allocate, pa, 1000, h1),
+            (Allocate, pb, 12000, h2),
+            (Free, pa, 1000, h1),
+            (Allocate, pc, 77, h2),
+            (Free, pb, 12000, h2),
+            (Free, pc, 77, h2),
+        ]
+    );
+    assert!(rows.iter().all(|r| r.thread == rows[0].thread), "one thread made every call");
+    assert!(rows.windows(2).all(|w| w[0].time <= w[1].time), "times never go back");
+    assert_eq!(log.io_errors(), 0);
+}
+
+#[test]
+#[parallel]
+fn dropping_the_adaptor_flushes_the_file() {
+    let (s, _, pool) = pool();
+    let path = std::env::temp_dir().join(format!("cumem-logging-test-{}.csv", std::process::id()));
+    let log = Arc::new(LoggingResource::to_file(pool, &path).unwrap());
+    for bytes in [256, 1 << 20, 5] {
+        drop(DeviceBuffer::<u8>::zeroed_in(&log, &s, bytes).unwrap());
+    }
+    drop(log);
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    let rows = parse_trace(text.as_bytes()).unwrap();
+    let sizes: Vec<_> = rows.iter().map(|r| (r.action, r.size)).collect();
+    use TraceAction::{Allocate, Free};
+    assert_eq!(
+        sizes,
+        [(Allocate, 256), (Free, 256), (Allocate, 1 << 20), (Free, 1 << 20), (Allocate, 5), (Free, 5)]
+    );
+}
+
+#[test]
+#[parallel]
+fn threads_keep_their_own_order_and_numbers() {
+    let (s, _, pool) = pool();
+    let out = Shared::default();
+    let log = Arc::new(LoggingResource::new(pool, out.clone()).unwrap());
+    std::thread::scope(|scope| {
+        for t in 0..4usize {
+            let (log, s) = (&log, &s);
+            scope.spawn(move || {
+                for i in 1..=50 {
+                    drop(DeviceBuffer::<u8>::zeroed_in(log, s, t * 1000 + i).unwrap());
+                }
+            });
+        }
+    });
+    log.flush().unwrap();
+    let rows = out.rows();
+    assert_eq!(rows.len(), 4 * 50 * 2);
+    let mut threads: Vec<u64> = rows.iter().map(|r| r.thread).collect();
+    threads.sort_unstable();
+    threads.dedup();
+    assert_eq!(threads.len(), 4);
+    for thread in threads {
+        let sizes: Vec<_> = rows.iter().filter(|r| r.thread == thread).map(|r| r.size).collect();
+        let first = sizes[0];
+        let expected: Vec<_> = (0..50).flat_map(|i| [first + i, first + i]).collect();
+        assert_eq!(sizes, expected, "each thread's rows in its own order");
+    }
+}
+
+#[test]
+#[parallel]
+fn an_out_of_memory_is_logged_as_a_failure() {
+    let (s, _, pool) = pool();
+    let out = Shared::default();
+    let capped = Arc::new(LimitingResource::new(pool, 4096));
+    let log = Arc::new(LoggingResource::new(capped, out.clone()).unwrap());
+    assert!(DeviceBuffer::<u8>::zeroed_in(&log, &s, 5000).is_err());
+    log.flush().unwrap();
+    let rows = out.rows();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].action, rows[0].pointer, rows[0].size), (TraceAction::AllocateFailure, 0, 5000));
+}
+
+/// An output that refuses every write.
+struct Broken;
+
+impl Write for Broken {
+    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+        Err(io::Error::other("disk full"))
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Err(io::Error::other("disk full"))
+    }
+}
+
+#[test]
+#[parallel]
+fn a_failing_output_is_counted_not_raised() {
+    let (s, _, pool) = pool();
+    let log = Arc::new(LoggingResource::new(pool, Broken).unwrap());
+    let buf = DeviceBuffer::<u8>::zeroed_in(&log, &s, 100).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![0; 100], "allocations work on");
+    drop(buf);
+    assert!(log.flush().is_err());
+    assert!(log.io_errors() >= 1);
+    drop(log); // the last flush fails too, and is only logged
+}

@@ -1,0 +1,134 @@
+//! The memory-pressure monitor on a simulated device of known size: crossings of the free-memory
+//! and reserved-bytes thresholds are seen by value, once per crossing, and trimming answers them.
+//! Each test owns one device, so the free-memory readings are its own.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use cumem_core::{Context, Device, DeviceBuffer, DriverResource, Stream};
+use cumem_pool::{
+    CachingResource, MemPool, MemPoolOptions, MemoryPressureMonitor, NativePoolResource, PoolConfig,
+    Pressure, PressureEvent,
+};
+use cumem_sys::testing;
+use parking_lot::Mutex;
+use serial_test::parallel;
+
+const SIM: &str = "devices=4,memory=64MiB";
+const MIB: usize = 1 << 20;
+
+/// Device `device`'s context; `None` on a machine with fewer devices (the test would share one).
+fn ctx(device: usize) -> Option<Context> {
+    testing::init_with(SIM);
+    (device < Device::count().unwrap()).then(|| Device::get(device).unwrap().context().unwrap())
+}
+
+#[test]
+#[parallel]
+fn low_free_memory_is_reported_once_per_crossing() {
+    let Some(ctx) = ctx(0) else { return };
+    let s = Stream::new(&ctx).unwrap();
+    let info = ctx.mem_info().unwrap();
+    let threshold = info.free - 16 * MIB;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let monitor = MemoryPressureMonitor::new(&ctx)
+        .min_free_bytes(threshold)
+        .on_pressure(move |e| record.lock().push(*e));
+    assert!(monitor.check().unwrap().is_empty());
+    let driver = Arc::new(DriverResource::new(&ctx));
+    let a = DeviceBuffer::<u8>::zeroed_in(&driver, &s, 20 * MIB).unwrap();
+    let events = monitor.check().unwrap();
+    let expected = PressureEvent {
+        pressure: Pressure::LowFreeMemory { free: info.free - 20 * MIB, total: info.total, threshold },
+        released_bytes: 0,
+    };
+    if testing::sim_control().is_some() {
+        assert_eq!(events, [expected], "the simulator charges exactly 20 MiB");
+    } else {
+        assert_eq!(events.len(), 1);
+    }
+    assert_eq!(*seen.lock(), events, "the callback saw the same event");
+    assert!(monitor.check().unwrap().is_empty(), "still under: not reported again");
+    drop(a);
+    assert!(monitor.check().unwrap().is_empty(), "back above: re-armed");
+    let _b = DeviceBuffer::<u8>::zeroed_in(&driver, &s, 20 * MIB).unwrap();
+    assert_eq!(monitor.check().unwrap().len(), 1, "crossed again");
+    assert_eq!(seen.lock().len(), 2);
+}
+
+#[test]
+#[parallel]
+fn a_caching_pool_over_its_threshold_is_trimmed() {
+    let Some(ctx) = ctx(1) else { return };
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+    let monitor =
+        MemoryPressureMonitor::new(&ctx).watch_pool(pool.clone(), 8 * MIB as u64).trim_on_pressure();
+    assert!(monitor.check().unwrap().is_empty(), "an empty pool is under any threshold");
+    let free_before = ctx.mem_info().unwrap().free;
+    let kept = DeviceBuffer::<u8>::zeroed_in(&pool, &s, MIB).unwrap();
+    let bufs: Vec<_> = (0..4).map(|_| DeviceBuffer::<u8>::zeroed_in(&pool, &s, 3 * MIB).unwrap()).collect();
+    drop(bufs); // cached: the pool still holds them
+    let reserved = pool.stats().reserved_bytes;
+    assert!(reserved > 8 * MIB as u64, "reserved {reserved}");
+    let events = monitor.check().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].pressure, Pressure::PoolReserved { reserved, threshold: 8 * MIB as u64 });
+    let after = pool.stats().reserved_bytes;
+    assert_eq!(events[0].released_bytes, reserved - after, "what the pool released");
+    assert!(after <= 8 * MIB as u64, "the kept buffer's segment stays: {after}");
+    if testing::sim_control().is_some() {
+        assert_eq!(free_before - ctx.mem_info().unwrap().free, after as usize, "the device got it back");
+    }
+    assert_eq!(kept.to_vec().unwrap(), vec![0; MIB]);
+    assert!(monitor.check().unwrap().is_empty(), "back under: nothing new");
+}
+
+#[test]
+#[parallel]
+fn a_native_pool_over_its_threshold_is_trimmed() {
+    let Some(ctx) = ctx(2) else { return };
+    let s = Stream::new(&ctx).unwrap();
+    // Keeps what is freed across synchronisations, as a pool tuned for reuse does.
+    let options = MemPoolOptions { release_threshold: u64::MAX, ..MemPoolOptions::default() };
+    let pool = Arc::new(NativePoolResource::new(MemPool::create(&ctx, options).unwrap()));
+    drop(DeviceBuffer::<u8>::zeroed_in(&pool, &s, 10 * MIB).unwrap());
+    s.synchronize().unwrap(); // the free has run: the memory is unused
+    let reserved = pool.pool().usage().unwrap().reserved_current;
+    assert!(reserved >= 10 * MIB as u64);
+    let monitor =
+        MemoryPressureMonitor::new(&ctx).watch_pool(pool.clone(), 4 * MIB as u64).trim_on_pressure();
+    let events = monitor.check().unwrap();
+    assert_eq!(
+        events,
+        [PressureEvent {
+            pressure: Pressure::PoolReserved { reserved, threshold: 4 * MIB as u64 },
+            released_bytes: reserved,
+        }]
+    );
+    assert_eq!(pool.pool().usage().unwrap().reserved_current, 0);
+}
+
+#[test]
+#[parallel]
+fn a_background_monitor_reports_a_crossing() {
+    let Some(ctx) = ctx(3) else { return };
+    let s = Stream::new(&ctx).unwrap();
+    let threshold = ctx.mem_info().unwrap().free - 8 * MIB;
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let monitor =
+        Arc::new(MemoryPressureMonitor::new(&ctx).min_free_bytes(threshold).on_pressure(move |e| {
+            let _ = tx.lock().send(*e);
+        }));
+    let handle = monitor.spawn(Duration::from_millis(1)).unwrap();
+    let a = DeviceBuffer::<u8>::zeroed_in(&Arc::new(DriverResource::new(&ctx)), &s, 10 * MIB).unwrap();
+    // Generous: only a broken monitor takes this long; nothing here measures speed.
+    let event = rx.recv_timeout(Duration::from_secs(60)).expect("the monitor saw the crossing");
+    assert!(matches!(event.pressure, Pressure::LowFreeMemory { free, .. } if free < threshold));
+    drop(handle); // stops and joins the thread
+    drop(a);
+    assert!(rx.try_recv().is_err(), "one crossing, one event");
+}
