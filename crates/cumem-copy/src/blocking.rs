@@ -27,6 +27,7 @@
 use bytemuck::{AnyBitPattern, NoUninit};
 use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, Result, Stream, blocking_host_copy};
 
+use crate::profile::{self, CopyKind};
 use crate::{ffi, validate};
 
 /// Copies `src` into device memory `dst` (same length). `src` may be reused on return.
@@ -43,7 +44,9 @@ pub fn copy_h2d<T: NoUninit>(src: &[T], dst: &mut impl AsDeviceSliceMut<T>) -> R
     blocking_host_copy(&ctx, src.as_ptr().cast(), || {
         // SAFETY: `src` is initialised (NoUninit) and valid for `bytes` bytes; `dst` is device
         // memory of exactly that size, exclusively borrowed, ordered on the legacy stream.
-        unsafe { ffi::htod(on.device_ptr(), src.as_ptr().cast(), on.bytes()) }
+        profile::around(&legacy, CopyKind::HostToDevice, on.bytes(), || unsafe {
+            ffi::htod(on.device_ptr(), src.as_ptr().cast(), on.bytes())
+        })
     })
 }
 
@@ -61,7 +64,9 @@ pub fn copy_d2h<T: AnyBitPattern>(src: &impl AsDeviceSlice<T>, dst: &mut [T]) ->
         // SAFETY: `dst` is valid for `bytes` bytes of writes and any bytes are a valid T; the copy
         // is complete when `blocking_host_copy` returns; `src` is device memory of that size,
         // ordered on the legacy stream.
-        unsafe { ffi::dtoh(dst.as_mut_ptr().cast(), on.device_ptr(), on.bytes()) }
+        profile::around(&legacy, CopyKind::DeviceToHost, on.bytes(), || unsafe {
+            ffi::dtoh(dst.as_mut_ptr().cast(), on.device_ptr(), on.bytes())
+        })
     })
 }
 
@@ -82,5 +87,7 @@ pub fn copy_d2d<T>(src: &impl AsDeviceSlice<T>, dst: &mut impl AsDeviceSliceMut<
     ctx.bind()?;
     // SAFETY: both ranges are device memory of `bytes` bytes on the same device, ordered on the
     // legacy stream; `dst` is exclusively borrowed, so it does not overlap `src`.
-    unsafe { ffi::dtod(to.device_ptr(), from.device_ptr(), to.bytes()) }
+    profile::around(&legacy, CopyKind::DeviceToDevice, to.bytes(), || unsafe {
+        ffi::dtod(to.device_ptr(), from.device_ptr(), to.bytes())
+    })
 }

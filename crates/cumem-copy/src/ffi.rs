@@ -164,3 +164,21 @@ pub(crate) unsafe fn memset_2d_async(
         }
     }
 }
+
+/// Page-locked host memory of `bytes` bytes (`cuMemHostAlloc`, no flags), for the staging ring.
+/// The context that should own it must be current.
+pub(crate) fn host_alloc(bytes: usize) -> Result<std::ptr::NonNull<u8>> {
+    let mut p = std::ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer.
+    check(unsafe { sys::cuMemHostAlloc(&mut p, bytes, 0) }, Ctx::op("cuMemHostAlloc").bytes(bytes))?;
+    std::ptr::NonNull::new(p.cast::<u8>())
+        .ok_or(cumem_sys::Error::OutOfMemory { ctx: Ctx::op("cuMemHostAlloc").bytes(bytes), report: None })
+}
+
+/// # Safety
+/// 1. `p` came from [`host_alloc`] and is freed once.
+/// 2. No device work and no Rust reference still uses the memory.
+pub(crate) unsafe fn host_free(p: std::ptr::NonNull<u8>) -> Result<()> {
+    // SAFETY: guaranteed by the caller (items 1 and 2).
+    check(unsafe { sys::cuMemFreeHost(p.as_ptr().cast()) }, Ctx::op("cuMemFreeHost"))
+}

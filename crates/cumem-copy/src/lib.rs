@@ -8,6 +8,15 @@
 //! extents checked before the driver is called. Host→device needs `T: NoUninit`, device→host
 //! `T: AnyBitPattern`; lengths must match; out-of-range views are refused before any driver call.
 //!
+//! Two more tools sit beside the copies:
+//! - [`StagingRing`] copies ordinary `&[T]`/`&mut [T]` through a reusable ring of pinned chunks,
+//!   filling one chunk while the device copies another ([`StagingRing::copy_h2d`],
+//!   [`StagingRing::copy_d2h`]; see [`staging`] for the rules that make it sound);
+//! - [`Profiler`] ([`profile`]) observes copies on a stream or everywhere and reports kind, count,
+//!   bytes, device time and throughput per size class; off, it costs a copy one relaxed atomic
+//!   load. Every copy also emits a `trace` event (fields `device`, `stream`, `bytes`, `kind`), and
+//!   every staged copy a `debug` span.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::{DeviceBuffer, Device, PinnedBuffer, Stream};
@@ -26,7 +35,9 @@ mod extent;
 mod ffi;
 mod nd;
 mod pitched;
+pub mod profile;
 mod region;
+pub mod staging;
 mod stream_ordered;
 mod validate;
 
@@ -34,5 +45,7 @@ pub use blocking::{copy_d2d, copy_d2h, copy_h2d};
 pub use extent::{Copy2D, Copy3D, Rect2D};
 pub use nd::{copy_2d, copy_3d};
 pub use pitched::{PITCHED_ROW_ALIGNMENT, PitchedBuffer};
+pub use profile::{CopyKind, Observing, ProfileReport, Profiler, SizeClass, Totals};
 pub use region::{CopyDst, CopySrc, Pitched, QueuedDst, QueuedSrc};
+pub use staging::{StagingConfig, StagingRing, StagingStats};
 pub use stream_ordered::StreamCopy;

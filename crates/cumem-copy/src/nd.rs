@@ -32,6 +32,7 @@ use cumem_sys::sys::{self, CUdeviceptr, CUmemorytype};
 
 use crate::extent::{Copy2D, Copy3D, Origin, Rect2D, bytes, check_side};
 use crate::ffi::{self, Width};
+use crate::profile::{self, CopyKind};
 use crate::region::{CopyDst, CopySrc, Mem, Pitched};
 use crate::validate;
 
@@ -163,6 +164,9 @@ fn run<T: Pod>(
             }
         };
         let ctx = stream.context();
+        let kind = if three_d { CopyKind::Copy3D } else { CopyKind::Copy2D };
+        let moved = width_bytes.saturating_mul(b.height).saturating_mul(if three_d { b.depth } else { 1 });
+        let copy = || profile::around(&stream, kind, moved, copy);
         match (mode, src_host, dst_host) {
             (Mode::Queued(_), ..) | (Mode::Blocking, None, None) => copy(),
             // A host side given as a plain slice may be managed memory, which the driver uses as
@@ -284,7 +288,7 @@ pub(crate) fn fill_2d_on<T: Pod>(
     // SAFETY: the rectangle was checked to lie inside the view (rows of `width` elements from
     // `start`, `pitch_bytes` apart); the view is exclusively borrowed device memory ordered on
     // `stream`; its address and the pitch are multiples of T's size, which is the memset width.
-    unsafe {
+    profile::around(stream, CopyKind::Memset, rect.width * rect.height * size, || unsafe {
         ffi::memset_2d_async(
             on.device_ptr() + start as u64,
             pitch_bytes,
@@ -293,5 +297,5 @@ pub(crate) fn fill_2d_on<T: Pod>(
             rect.height,
             stream.raw(),
         )
-    }
+    })
 }

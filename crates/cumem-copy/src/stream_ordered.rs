@@ -31,6 +31,7 @@ use bytemuck::{AnyBitPattern, NoUninit, Pod};
 use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, DeviceSliceMut, Error, HostMemory, Result, Stream};
 
 use crate::ffi::{self, Width};
+use crate::profile::{self, CopyKind};
 use crate::region::{Pitched, QueuedDst, QueuedSrc};
 use crate::{Copy2D, Copy3D, Rect2D, nd, validate};
 
@@ -110,7 +111,9 @@ impl StreamCopy for Stream {
         let enqueue = |from: *const T, _| {
             // SAFETY: `from` is page-locked memory of `bytes` bytes kept alive and unwritten until
             // the copy completes; `to` is exclusively borrowed device memory, ordered on `self`.
-            unsafe { ffi::htod_async(to, from.cast(), bytes, self.raw()) }
+            profile::around(self, CopyKind::HostToDevice, bytes, || unsafe {
+                ffi::htod_async(to, from.cast(), bytes, self.raw())
+            })
         };
         // SAFETY: `enqueue` queues one copy on `self` that reads exactly `len` values from the
         // page-locked pointer; the host kind keeps the memory unwritten until it completes.
@@ -134,7 +137,9 @@ impl StreamCopy for Stream {
         let enqueue = |to: *mut T, _| {
             // SAFETY: `to` is page-locked memory of `bytes` bytes that the host will not touch
             // until the copy completes; `from` is device memory ordered on `self`.
-            unsafe { ffi::dtoh_async(to.cast(), from, bytes, self.raw()) }
+            profile::around(self, CopyKind::DeviceToHost, bytes, || unsafe {
+                ffi::dtoh_async(to.cast(), from, bytes, self.raw())
+            })
         };
         // SAFETY: `enqueue` queues one copy on `self` writing exactly `len` values of `T` (any
         // bytes are valid: AnyBitPattern); the host kind blocks host access until it completes.
@@ -155,7 +160,9 @@ impl StreamCopy for Stream {
         self.context().bind()?;
         // SAFETY: both ranges are device memory of `bytes` bytes, ordered on `self`; `dst` is
         // exclusively borrowed, so the ranges do not overlap.
-        unsafe { ffi::dtod_async(to.device_ptr(), from.device_ptr(), to.bytes(), self.raw()) }
+        profile::around(self, CopyKind::DeviceToDevice, to.bytes(), || unsafe {
+            ffi::dtod_async(to.device_ptr(), from.device_ptr(), to.bytes(), self.raw())
+        })
     }
 
     fn fill<T: Pod>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: T) -> Result<()> {
@@ -239,5 +246,7 @@ fn memset<T: AnyBitPattern>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>,
     stream.context().bind()?;
     // SAFETY: the range is exclusively borrowed device memory of `bytes` bytes, aligned to the
     // width (checked above), ordered on `stream`.
-    unsafe { ffi::memset_async(on.device_ptr(), value, on.bytes() / width, stream.raw()) }
+    profile::around(stream, CopyKind::Memset, on.bytes(), || unsafe {
+        ffi::memset_async(on.device_ptr(), value, on.bytes() / width, stream.raw())
+    })
 }

@@ -1,0 +1,438 @@
+//! Opt-in transfer profiling: which copies ran, how many bytes, how long on the device, and the
+//! throughput per kind and size class.
+//!
+//! A [`Profiler`] observes copies once it is attached to a stream ([`Profiler::observe`]) or to
+//! every stream ([`Profiler::observe_all`]); the returned [`Observing`] guard detaches it when
+//! dropped. Each observed copy (every copy and memset of this crate, blocking ones on the legacy
+//! stream, and each chunk of a [`StagingRing`](crate::StagingRing)) is bracketed by two timed
+//! events taken from the profiler's pool, which grows to the number of copies in flight and is
+//! then reused: no event is created per copy once the pool is warm. [`Profiler::report`] waits
+//! for the observed copies, returns their events to the pool and sums them up.
+//!
+//! When no profiler is attached anywhere, a copy pays one relaxed atomic load for this module.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{Device, DeviceBuffer, PinnedBuffer, Stream};
+//! use cumem_copy::{CopyKind, Profiler, StreamCopy};
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::non_blocking(&ctx)?;
+//! let host = PinnedBuffer::from_slice(&ctx, &[1u8; 1024])?;
+//! let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 1024)?;
+//! let profiler = Profiler::new();
+//! {
+//!     let _on = profiler.observe(&stream);
+//!     stream.copy_h2d(&host, &mut dev)?;
+//!     stream.memset_d8(&mut dev, 0)?;
+//! }
+//! stream.copy_h2d(&host, &mut dev)?; // not observed: the guard is gone
+//! let report = profiler.report()?;
+//! assert_eq!(report.total(CopyKind::HostToDevice).count, 1);
+//! assert_eq!(report.total(CopyKind::Memset).bytes, 1024);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use cumem_core::{Context, Event, Result, Stream};
+
+/// What a copy moved, as the profiler counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CopyKind {
+    /// Host to device (1D).
+    HostToDevice,
+    /// Device to host (1D).
+    DeviceToHost,
+    /// Device to device (1D).
+    DeviceToDevice,
+    /// A memset, 1D or 2D (bytes set).
+    Memset,
+    /// A 2D copy, any direction (bytes of the rectangle).
+    Copy2D,
+    /// A 3D copy, any direction (bytes of the box).
+    Copy3D,
+}
+
+impl CopyKind {
+    /// Every kind, in report order.
+    pub const ALL: [CopyKind; 6] = [
+        CopyKind::HostToDevice,
+        CopyKind::DeviceToHost,
+        CopyKind::DeviceToDevice,
+        CopyKind::Memset,
+        CopyKind::Copy2D,
+        CopyKind::Copy3D,
+    ];
+
+    /// A short lower-case name (`h2d`, `d2h`, `d2d`, `memset`, `2d`, `3d`), as in traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyKind::HostToDevice => "h2d",
+            CopyKind::DeviceToHost => "d2h",
+            CopyKind::DeviceToDevice => "d2d",
+            CopyKind::Memset => "memset",
+            CopyKind::Copy2D => "2d",
+            CopyKind::Copy3D => "3d",
+        }
+    }
+}
+
+/// A range of copy sizes, for throughput that depends on size (fixed costs dominate small copies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SizeClass {
+    /// Up to 4 KiB.
+    UpTo4KiB,
+    /// Over 4 KiB, up to 64 KiB.
+    UpTo64KiB,
+    /// Over 64 KiB, up to 1 MiB.
+    UpTo1MiB,
+    /// Over 1 MiB, up to 16 MiB.
+    UpTo16MiB,
+    /// Over 16 MiB.
+    Over16MiB,
+}
+
+impl SizeClass {
+    /// The class of a copy of `bytes` bytes.
+    pub fn of(bytes: usize) -> SizeClass {
+        match bytes {
+            0..=4096 => SizeClass::UpTo4KiB,
+            4097..=65_536 => SizeClass::UpTo64KiB,
+            65_537..=1_048_576 => SizeClass::UpTo1MiB,
+            1_048_577..=16_777_216 => SizeClass::UpTo16MiB,
+            _ => SizeClass::Over16MiB,
+        }
+    }
+
+    /// A label such as `≤ 64 KiB`.
+    pub fn label(self) -> &'static str {
+        match self {
+            SizeClass::UpTo4KiB => "≤ 4 KiB",
+            SizeClass::UpTo64KiB => "≤ 64 KiB",
+            SizeClass::UpTo1MiB => "≤ 1 MiB",
+            SizeClass::UpTo16MiB => "≤ 16 MiB",
+            SizeClass::Over16MiB => "> 16 MiB",
+        }
+    }
+}
+
+/// Sums over observed copies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Copies observed.
+    pub count: u64,
+    /// Bytes they moved (or set).
+    pub bytes: u64,
+    /// Device time between each copy's start and end events, summed.
+    pub device_time: Duration,
+}
+
+impl Totals {
+    /// Bytes per second of device time (0 when no time was measured).
+    pub fn throughput(&self) -> f64 {
+        let secs = self.device_time.as_secs_f64();
+        if secs > 0.0 { self.bytes as f64 / secs } else { 0.0 }
+    }
+
+    fn add(&mut self, other: &Totals) {
+        self.count += other.count;
+        self.bytes += other.bytes;
+        self.device_time += other.device_time;
+    }
+}
+
+/// What a [`Profiler`] observed: totals per copy kind and size class.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProfileReport {
+    rows: BTreeMap<(CopyKind, SizeClass), Totals>,
+}
+
+impl ProfileReport {
+    /// Every (kind, size class) that saw at least one copy, in kind then size order.
+    pub fn rows(&self) -> impl Iterator<Item = (CopyKind, SizeClass, &Totals)> {
+        self.rows.iter().map(|(&(k, s), t)| (k, s, t))
+    }
+
+    /// Totals of one kind and size class (zero if none was observed).
+    pub fn get(&self, kind: CopyKind, size: SizeClass) -> Totals {
+        self.rows.get(&(kind, size)).copied().unwrap_or_default()
+    }
+
+    /// Totals of one kind over every size class.
+    pub fn total(&self, kind: CopyKind) -> Totals {
+        let mut t = Totals::default();
+        self.rows
+            .range((kind, SizeClass::UpTo4KiB)..=(kind, SizeClass::Over16MiB))
+            .for_each(|(_, r)| t.add(r));
+        t
+    }
+}
+
+impl fmt::Display for ProfileReport {
+    /// A markdown table: kind, size class, copies, bytes, device time, GB/s.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "| kind | size | copies | bytes | device time | GB/s |")?;
+        writeln!(f, "|---|---|---:|---:|---:|---:|")?;
+        for (kind, size, t) in self.rows() {
+            writeln!(
+                f,
+                "| {} | {} | {} | {} | {:?} | {:.3} |",
+                kind.name(),
+                size.label(),
+                t.count,
+                t.bytes,
+                t.device_time,
+                t.throughput() / 1e9
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A copy whose end event has not been read yet.
+struct Pending {
+    kind: CopyKind,
+    bytes: usize,
+    start: Event,
+    end: Event,
+}
+
+#[derive(Default)]
+struct State {
+    pending: VecDeque<Pending>,
+    /// Timed event pairs ready for reuse, any context (matched on take).
+    pool: Vec<(Event, Event)>,
+    report: ProfileReport,
+}
+
+/// Pending copies beyond which recording also folds in the ones already complete, so that a long
+/// run without [`Profiler::report`] keeps a bounded number of events.
+const FOLD_AT: usize = 1024;
+
+/// An observer of copies (see the [module docs](self)). Clones share the same records.
+#[derive(Clone, Default)]
+pub struct Profiler {
+    state: Arc<Mutex<State>>,
+}
+
+/// Keeps a [`Profiler`] attached until dropped.
+#[must_use = "the profiler observes copies only while this guard lives"]
+pub struct Observing {
+    id: u64,
+}
+
+/// Whom a profiler observes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    All,
+    Stream(u64),
+}
+
+struct Registry {
+    next: u64,
+    observers: Vec<(u64, Target, Profiler)>,
+}
+
+/// The number of attached observers: the only thing a copy reads when profiling is off.
+static ATTACHED: AtomicUsize = AtomicUsize::new(0);
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { next: 0, observers: Vec::new() });
+
+fn registry() -> MutexGuard<'static, Registry> {
+    // A panic while holding the lock leaves a consistent list (every change is one push or remove).
+    REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether any profiler is attached now (one relaxed atomic load).
+#[inline]
+pub fn active() -> bool {
+    ATTACHED.load(Ordering::Relaxed) != 0
+}
+
+impl Profiler {
+    /// A profiler that observes nothing until attached.
+    pub fn new() -> Profiler {
+        Profiler::default()
+    }
+
+    /// Observes every copy on `stream` (by identity: other handles of the same stream count, a new
+    /// stream reusing its driver handle does not) until the guard is dropped.
+    pub fn observe(&self, stream: &Stream) -> Observing {
+        self.attach(Target::Stream(stream.id()))
+    }
+
+    /// Observes every copy on every stream, blocking copies included, until the guard is dropped.
+    pub fn observe_all(&self) -> Observing {
+        self.attach(Target::All)
+    }
+
+    fn attach(&self, target: Target) -> Observing {
+        let mut r = registry();
+        let id = r.next;
+        r.next += 1;
+        r.observers.push((id, target, self.clone()));
+        ATTACHED.fetch_add(1, Ordering::Relaxed);
+        Observing { id }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every change to the state is made whole before the lock is released.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for every observed copy, then returns the totals so far (they keep accumulating; see
+    /// [`Profiler::reset`]).
+    pub fn report(&self) -> Result<ProfileReport> {
+        let mut state = self.state();
+        fold(&mut state, true)?;
+        Ok(state.report.clone())
+    }
+
+    /// Pairs of timed events kept for reuse now: the pool grows to the number of observed copies
+    /// in flight at once and is then reused (a report returns every pair).
+    pub fn pooled_pairs(&self) -> usize {
+        self.state().pool.len()
+    }
+
+    /// Forgets the totals (copies still pending are counted in the next report).
+    pub fn reset(&self) {
+        self.state().report = ProfileReport::default();
+    }
+
+    /// Records `start` for this copy on `stream` with a pair from the pool.
+    fn start(&self, stream: &Stream) -> Result<(Event, Event)> {
+        let ctx = stream.context();
+        let pair = {
+            let mut state = self.state();
+            let i = state.pool.iter().rposition(|(s, _)| s.context() == ctx);
+            i.map(|i| state.pool.swap_remove(i))
+        };
+        let (start, end) = match pair {
+            Some(p) => p,
+            None => new_pair(ctx)?,
+        };
+        if let Err(e) = start.record(stream) {
+            self.state().pool.push((start, end));
+            return Err(e);
+        }
+        Ok((start, end))
+    }
+
+    fn finish(&self, stream: &Stream, kind: CopyKind, bytes: usize, (start, end): (Event, Event), ok: bool) {
+        let recorded = ok && end.record(stream).is_ok();
+        let mut state = self.state();
+        if recorded {
+            state.pending.push_back(Pending { kind, bytes, start, end });
+            if state.pending.len() > FOLD_AT
+                && let Err(e) = fold(&mut state, false)
+            {
+                tracing::warn!(error = %e, "reading a profiled copy's events failed");
+            }
+        } else {
+            // The start event may still be pending on the stream: recording it again later is
+            // fine, a pair is only read after its end event was recorded after it.
+            state.pool.push((start, end));
+        }
+    }
+}
+
+fn new_pair(ctx: &Context) -> Result<(Event, Event)> {
+    Ok((Event::timed(ctx)?, Event::timed(ctx)?))
+}
+
+/// Moves complete copies (all of them, waiting, when `wait`) into the report and their events
+/// back into the pool. A failure leaves the copy pending.
+fn fold(state: &mut State, wait: bool) -> Result<()> {
+    while let Some(p) = state.pending.front() {
+        if wait {
+            p.end.synchronize()?;
+        } else if !p.end.query()? {
+            break;
+        }
+        let time = p.end.elapsed_since(&p.start)?;
+        let Some(p) = state.pending.pop_front() else { break };
+        let t = state.report.rows.entry((p.kind, SizeClass::of(p.bytes))).or_default();
+        t.add(&Totals { count: 1, bytes: p.bytes as u64, device_time: time });
+        state.pool.push((p.start, p.end));
+    }
+    Ok(())
+}
+
+impl fmt::Debug for Profiler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state();
+        f.debug_struct("Profiler")
+            .field("pending", &state.pending.len())
+            .field("pooled_pairs", &state.pool.len())
+            .finish()
+    }
+}
+
+impl fmt::Debug for Observing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Observing").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for Observing {
+    fn drop(&mut self) {
+        let removed = {
+            let mut r = registry();
+            let i = r.observers.iter().position(|(id, _, _)| *id == self.id);
+            i.map(|i| r.observers.swap_remove(i))
+        };
+        if removed.is_some() {
+            ATTACHED.fetch_sub(1, Ordering::Relaxed);
+        }
+        // `removed` (a profiler clone, maybe the last) drops here, outside the registry lock.
+    }
+}
+
+/// Runs `copy`, which queues one copy of `bytes` bytes on `stream` (or runs it there), traced
+/// and, when a profiler observes `stream`, bracketed by timed events.
+#[inline]
+pub(crate) fn around<R>(
+    stream: &Stream,
+    kind: CopyKind,
+    bytes: usize,
+    copy: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    tracing::trace!(
+        device = stream.context().device().ordinal(),
+        stream = stream.id(),
+        bytes,
+        kind = kind.name(),
+        "copy"
+    );
+    if !active() {
+        return copy();
+    }
+    observed(stream, kind, bytes, copy)
+}
+
+#[cold]
+#[inline(never)]
+fn observed<R>(stream: &Stream, kind: CopyKind, bytes: usize, copy: impl FnOnce() -> Result<R>) -> Result<R> {
+    let profilers: Vec<Profiler> = registry()
+        .observers
+        .iter()
+        .filter(|(_, t, _)| *t == Target::All || *t == Target::Stream(stream.id()))
+        .map(|(_, _, p)| p.clone())
+        .collect();
+    let mut started = Vec::with_capacity(profilers.len());
+    for p in &profilers {
+        // Profiling must never fail a copy: a profiler that cannot record misses this one.
+        match p.start(stream) {
+            Ok(pair) => started.push((p, pair)),
+            Err(e) => tracing::warn!(error = %e, "profiling a copy failed; it is not counted"),
+        }
+    }
+    let out = copy();
+    for (p, pair) in started {
+        p.finish(stream, kind, bytes, pair, out.is_ok());
+    }
+    out
+}

@@ -1,0 +1,374 @@
+//! Copies between ordinary (pageable) host slices and device memory through a reusable ring of
+//! pinned chunks, overlapping the host `memcpy` of one chunk with the DMA of another.
+//!
+//! A copy from pageable memory cannot be a true DMA: the driver stages it through its own pinned
+//! buffer and, for a plain `cuMemcpyHtoD`, does so one piece at a time with little overlap. A
+//! [`StagingRing`] does the staging itself, with a few pinned chunks it owns and reuses across calls
+//! (keep one per context, next to the stream you copy on). For host→device, chunk *k+1* is filled
+//! from the caller's slice while the copy of chunk *k* is still queued or running; for
+//! device→host, chunk *k* is copied out to the caller's slice while the copies into the following
+//! chunks run. Each chunk carries an event recorded after the last copy that uses it, and the host
+//! waits for that event before writing the chunk again (host→device) or reading it
+//! (device→host), so a chunk is never overwritten while a copy reads it, nor read while a copy
+//! writes it.
+//!
+//! There is one entry point per direction:
+//! - [`StagingRing::copy_h2d`] returns once every byte of the source has been copied into a chunk
+//!   and the chunk's copy queued on the stream: the caller's slice is free at once, and the device
+//!   memory is ordered on the stream like any queued copy (later work on it waits).
+//! - [`StagingRing::copy_d2h`] returns once the destination slice holds the data.
+//!
+//! Neither touches the caller's slice after it returns. [`StagingRing::stats`] says how many
+//! chunks were copied and how often a chunk was filled (or emptied) while the neighbouring
+//! chunk's copy was still in flight, which is the overlap this module exists for.
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use cumem_core::{Device, DeviceBuffer, Stream};
+//! use cumem_copy::{StagingConfig, StagingRing};
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::non_blocking(&ctx)?;
+//! // Small chunks to show the ring at work; the default (`StagingRing::new`) suits large copies.
+//! let mut ring = StagingRing::with_config(&ctx, StagingConfig { chunk_bytes: 4096, chunks: 3 })?;
+//! let data: Vec<u32> = (0..10_000).collect();
+//! let mut dev = DeviceBuffer::<u32>::zeroed(&stream, data.len())?;
+//! ring.copy_h2d(&stream, &data, &mut dev)?; // `data` may be reused at once
+//! let mut back = vec![0u32; data.len()];
+//! ring.copy_d2h(&stream, &dev, &mut back)?; // `back` is filled on return
+//! assert_eq!(back, data);
+//! assert_eq!(ring.stats().chunks, 2 * 10); // 40 000 bytes = 10 chunks each way
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::fmt;
+use std::ptr::NonNull;
+
+use bytemuck::{AnyBitPattern, NoUninit};
+use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, Context, Error, Event, Result, Stream};
+
+use crate::profile::{self, CopyKind};
+use crate::{ffi, validate};
+
+/// The shape of a [`StagingRing`]: how many pinned chunks, of how many bytes each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagingConfig {
+    /// Bytes per chunk (at least 1). Large enough that one copy's fixed cost is small next to
+    /// its transfer time (a few MiB on a GPU).
+    pub chunk_bytes: usize,
+    /// Number of chunks (at least 2, so that one can be filled while another is copied).
+    pub chunks: usize,
+}
+
+impl Default for StagingConfig {
+    /// Four chunks of 4 MiB: 16 MiB of pinned memory per ring, allocated on first use.
+    fn default() -> Self {
+        StagingConfig { chunk_bytes: 4 << 20, chunks: 4 }
+    }
+}
+
+/// What a [`StagingRing`] has done since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StagingStats {
+    /// Calls that copied at least one byte.
+    pub calls: u64,
+    /// Chunk copies queued (one per chunk-sized piece of each call).
+    pub chunks: u64,
+    /// Bytes copied, both directions.
+    pub bytes: u64,
+    /// Chunks whose host `memcpy` finished while the copy of the neighbouring chunk (the previous
+    /// one for host→device, the next one for device→host) was still queued or running: the
+    /// overlap of host and device work that staging is for.
+    pub overlapped: u64,
+    /// Times the host had to wait for a chunk's earlier copy before reusing the chunk.
+    pub reuse_waits: u64,
+    /// Pinned bytes the ring holds now.
+    pub pinned_bytes: usize,
+}
+
+/// One pinned chunk and the event recorded after the last copy that used it.
+struct Chunk {
+    ptr: NonNull<u8>,
+    done: Event,
+    /// `done` has been recorded since the chunk was allocated (so it may still be pending).
+    recorded: bool,
+}
+
+/// A reusable ring of pinned chunks for copies between pageable host slices and device memory
+/// (see the [module docs](self)). Keep one per context and reuse it: the chunks are allocated on
+/// first use and freed when the ring is dropped, after every copy that uses them has completed.
+pub struct StagingRing {
+    ctx: Context,
+    config: StagingConfig,
+    chunks: Vec<Chunk>,
+    stats: StagingStats,
+    /// A copy was queued whose completion could not be captured by its chunk's event; the chunks
+    /// are never reused or freed (leaked on drop), since the device may still use them.
+    poisoned: bool,
+}
+
+// SAFETY: the chunk pointers name pinned memory owned by the ring and used only through `&mut
+// self` (or by device work that each chunk's event guards); nothing is tied to a thread.
+unsafe impl Send for StagingRing {}
+// SAFETY: `&self` methods read plain counters only; chunk memory is reached through `&mut self`.
+unsafe impl Sync for StagingRing {}
+
+impl StagingRing {
+    /// A ring for copies in `ctx`, with the default shape ([`StagingConfig::default`]).
+    pub fn new(ctx: &Context) -> Result<StagingRing> {
+        StagingRing::with_config(ctx, StagingConfig::default())
+    }
+
+    /// A ring for copies in `ctx` with `config`'s shape; `InvalidValue` when it has fewer than two
+    /// chunks or empty ones. Allocates nothing until the first copy.
+    pub fn with_config(ctx: &Context, config: StagingConfig) -> Result<StagingRing> {
+        if config.chunks < 2 || config.chunk_bytes == 0 {
+            return Err(Error::InvalidValue {
+                ctx: cumem_sys::ErrorContext::op("StagingRing::with_config (needs 2+ chunks of 1+ bytes)"),
+            });
+        }
+        Ok(StagingRing {
+            ctx: ctx.clone(),
+            config,
+            chunks: Vec::new(),
+            stats: StagingStats::default(),
+            poisoned: false,
+        })
+    }
+
+    /// The ring's shape.
+    pub fn config(&self) -> StagingConfig {
+        self.config
+    }
+
+    /// The context the ring's chunks belong to.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// What the ring has done so far.
+    pub fn stats(&self) -> StagingStats {
+        self.stats
+    }
+
+    /// Copies `src` into device memory `dst` (same length) on `stream`, through the ring.
+    ///
+    /// Returns once `src` has been read completely (it may be reused at once); the device copies
+    /// may still be running, ordered on `stream` like any queued copy. `stream` and `dst` must
+    /// belong to the ring's device (`WrongDevice`).
+    pub fn copy_h2d<T: NoUninit>(
+        &mut self,
+        stream: &Stream,
+        src: &[T],
+        dst: &mut impl AsDeviceSliceMut<T>,
+    ) -> Result<()> {
+        let dst = dst.as_device_slice_mut();
+        validate::same_len(dst.len(), src.len())?;
+        self.check(stream, dst.context())?;
+        let src: &[u8] = bytemuck::cast_slice(src);
+        if src.is_empty() {
+            return Ok(());
+        }
+        let _span = tracing::debug_span!(
+            "staged_copy",
+            device = self.ctx.device().ordinal(),
+            stream = stream.id(),
+            bytes = src.len(),
+            kind = "h2d",
+        )
+        .entered();
+        let mut dst = dst;
+        let on = dst.on(stream)?;
+        self.ctx.bind()?;
+        let base = on.device_ptr();
+        let result = src.chunks(self.config.chunk_bytes).enumerate().try_for_each(|(k, piece)| {
+            let slot = self.slot(k)?;
+            let chunk = &self.chunks[slot];
+            // SAFETY: the chunk holds `chunk_bytes >= piece.len()` bytes, and no copy reads it
+            // any more (`slot` waited for its event); `piece` is initialised (NoUninit) host memory
+            // that cannot overlap the ring's own pinned allocation.
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), chunk.ptr.as_ptr(), piece.len()) };
+            if k > 0 && !self.chunks[self.slot_of(k - 1)].done.query()? {
+                self.stats.overlapped += 1;
+            }
+            let to = base + (k * self.config.chunk_bytes) as u64;
+            let from = self.chunks[slot].ptr.as_ptr();
+            profile::around(stream, CopyKind::HostToDevice, piece.len(), || {
+                // SAFETY: `from` is pinned memory holding `piece.len()` bytes that stay unwritten
+                // until the chunk's event (recorded next) completes; `to..to + len` lies inside
+                // `dst`, exclusively borrowed and ordered on `stream` by `on`.
+                unsafe { ffi::htod_async(to, from.cast(), piece.len(), stream.raw()) }
+            })?;
+            self.record(slot, stream)
+        });
+        drop(on);
+        self.finish(stream, src.len(), result)
+    }
+
+    /// Copies device memory `src` into `dst` (same length) on `stream`, through the ring.
+    ///
+    /// Queued after the work already ordered on `src`; returns once `dst` holds the data. `stream`
+    /// and `src` must belong to the ring's device (`WrongDevice`).
+    pub fn copy_d2h<T: AnyBitPattern>(
+        &mut self,
+        stream: &Stream,
+        src: &impl AsDeviceSlice<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        let src = src.as_device_slice();
+        validate::same_len(dst.len(), src.len())?;
+        self.check(stream, src.context())?;
+        let bytes = size_of_val(dst);
+        if bytes == 0 {
+            return Ok(());
+        }
+        let _span = tracing::debug_span!(
+            "staged_copy",
+            device = self.ctx.device().ordinal(),
+            stream = stream.id(),
+            bytes,
+            kind = "d2h",
+        )
+        .entered();
+        let on = src.on(stream)?;
+        self.ctx.bind()?;
+        let (base, chunk_bytes) = (on.device_ptr(), self.config.chunk_bytes);
+        let pieces = bytes.div_ceil(chunk_bytes);
+        let len_of = |k: usize| chunk_bytes.min(bytes - k * chunk_bytes);
+        let out = dst.as_mut_ptr().cast::<u8>();
+        let queue = |ring: &mut StagingRing, k: usize| -> Result<()> {
+            let slot = ring.slot(k)?;
+            let (to, from, len) = (ring.chunks[slot].ptr, base + (k * chunk_bytes) as u64, len_of(k));
+            profile::around(stream, CopyKind::DeviceToHost, len, || {
+                // SAFETY: `to` is pinned memory of `chunk_bytes >= len` bytes that the host does
+                // not touch until the chunk's event (recorded next) completes; `from..from + len`
+                // lies inside `src`, ordered on `stream` by `on`.
+                unsafe { ffi::dtoh_async(to.as_ptr().cast(), from, len, stream.raw()) }
+            })?;
+            ring.record(slot, stream)
+        };
+        let ahead = pieces.min(self.config.chunks);
+        let result = (0..ahead).try_for_each(|k| queue(self, k)).and_then(|()| {
+            (0..pieces).try_for_each(|k| {
+                let slot = self.slot_of(k);
+                self.chunks[slot].done.synchronize()?;
+                // SAFETY: the chunk's copy of `len_of(k)` bytes has completed (its event, recorded
+                // after it, has); the destination range lies inside `dst`, exclusively borrowed,
+                // and any bytes are valid for `T` (AnyBitPattern).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.chunks[slot].ptr.as_ptr(),
+                        out.add(k * chunk_bytes),
+                        len_of(k),
+                    )
+                };
+                if k + 1 < pieces && !self.chunks[self.slot_of(k + 1)].done.query()? {
+                    self.stats.overlapped += 1;
+                }
+                if k + ahead < pieces { queue(self, k + ahead) } else { Ok(()) }
+            })
+        });
+        drop(on);
+        self.finish(stream, bytes, result)
+    }
+
+    fn check(&self, stream: &Stream, memory: &Context) -> Result<()> {
+        if self.poisoned {
+            return Err(Error::InvalidHandle {
+                ctx: cumem_sys::ErrorContext::op("StagingRing (a failed copy left its chunks in use)"),
+            });
+        }
+        validate::same_device(&self.ctx, stream.context())?;
+        validate::same_device(&self.ctx, memory)
+    }
+
+    fn slot_of(&self, k: usize) -> usize {
+        k % self.config.chunks
+    }
+
+    /// The chunk for piece `k`, allocated if new, once no earlier copy uses it.
+    fn slot(&mut self, k: usize) -> Result<usize> {
+        let slot = self.slot_of(k);
+        if slot == self.chunks.len() {
+            let ptr = ffi::host_alloc(self.config.chunk_bytes)?;
+            let done = match Event::new(&self.ctx) {
+                Ok(e) => e,
+                Err(e) => {
+                    // SAFETY: `ptr` was just allocated and nothing uses it.
+                    let _ = unsafe { ffi::host_free(ptr) };
+                    return Err(e);
+                }
+            };
+            self.chunks.push(Chunk { ptr, done, recorded: false });
+            self.stats.pinned_bytes += self.config.chunk_bytes;
+        }
+        let chunk = &self.chunks[slot];
+        if chunk.recorded && !chunk.done.query()? {
+            self.stats.reuse_waits += 1;
+            chunk.done.synchronize()?;
+        }
+        Ok(slot)
+    }
+
+    /// Records the chunk's event after the copy just queued on `stream`.
+    fn record(&mut self, slot: usize, stream: &Stream) -> Result<()> {
+        self.stats.chunks += 1;
+        let chunk = &mut self.chunks[slot];
+        chunk.recorded = true;
+        chunk.done.record(stream).inspect_err(|_| {
+            // The copy is queued but its event does not cover it: the chunk may be in use for
+            // as long as the stream runs. `finish` tries to wait the stream out.
+            self.poisoned = true;
+        })
+    }
+
+    /// Counts a finished call, or after a failure makes sure no queued copy still uses a chunk
+    /// without its event saying so.
+    fn finish(&mut self, stream: &Stream, bytes: usize, result: Result<()>) -> Result<()> {
+        match result {
+            Ok(()) => {
+                self.stats.calls += 1;
+                self.stats.bytes += bytes as u64;
+                tracing::trace!(bytes, chunks = self.stats.chunks, "staged copy queued");
+                Ok(())
+            }
+            Err(e) => {
+                if self.poisoned && stream.synchronize().is_ok() {
+                    self.poisoned = false;
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+impl fmt::Debug for StagingRing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StagingRing")
+            .field("device", &self.ctx.device().ordinal())
+            .field("config", &self.config)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl Drop for StagingRing {
+    fn drop(&mut self) {
+        if self.poisoned {
+            tracing::warn!(
+                chunks = self.chunks.len(),
+                "staging ring dropped after a copy it could not track: leaking its pinned chunks"
+            );
+            return;
+        }
+        for chunk in self.chunks.drain(..) {
+            let result = chunk.done.synchronize().and_then(|()| {
+                // SAFETY: the chunk came from `host_alloc`, is freed once (drained), and the last
+                // copy that used it has completed (its event was waited for just now).
+                unsafe { ffi::host_free(chunk.ptr) }
+            });
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "freeing a staging chunk failed");
+            }
+        }
+    }
+}

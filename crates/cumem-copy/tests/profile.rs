@@ -1,0 +1,132 @@
+//! Transfer profiling: a profiled workload reports each copy's kind, count and bytes by value, with
+//! positive device times; copies outside the observed stream or outside the guard's life are not
+//! counted; a global observer sees blocking copies too; the event pool is reused, not regrown.
+//!
+//! The test with a global observer is `#[serial]` (it would count the copies of tests running
+//! beside it); the others are `#[parallel]`.
+
+use cumem_copy::{
+    Copy2D, CopyKind, PitchedBuffer, Profiler, Rect2D, SizeClass, StagingConfig, StagingRing, StreamCopy,
+    copy_d2h, copy_h2d, profile,
+};
+use cumem_core::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
+use cumem_sys::testing;
+use serial_test::{parallel, serial};
+
+const SIM: &str = "devices=2,latency_us=2000";
+
+fn setup() -> (Context, Stream) {
+    testing::init_with(SIM);
+    let ctx = Device::get(0).unwrap().context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    (ctx, stream)
+}
+
+#[test]
+#[parallel]
+fn a_profiled_workload_reports_kinds_counts_and_bytes_by_value() {
+    let (ctx, stream) = setup();
+    let small = PinnedBuffer::from_slice(&ctx, &[1u32; 16]).unwrap(); // 64 B
+    let big = PinnedBuffer::from_slice(&ctx, &vec![2u8; 100 << 10]).unwrap(); // 100 KiB
+    let mut d_small = DeviceBuffer::<u32>::zeroed(&stream, 16).unwrap();
+    let mut d_big = DeviceBuffer::<u8>::zeroed(&stream, 100 << 10).unwrap();
+    let mut d_big2 = DeviceBuffer::<u8>::zeroed(&stream, 100 << 10).unwrap();
+    let mut back = PinnedBuffer::<u32>::zeroed(&ctx, 16).unwrap();
+    let mut img = PitchedBuffer::<u16>::zeroed(&stream, 32, 8).unwrap();
+    let other = Stream::non_blocking(&ctx).unwrap();
+
+    let profiler = Profiler::new();
+    {
+        let _on = profiler.observe(&stream);
+        stream.copy_h2d(&small, &mut d_small).unwrap();
+        stream.copy_h2d(&small, &mut d_small).unwrap();
+        stream.copy_h2d(&big, &mut d_big).unwrap();
+        stream.copy_d2h(&d_small, &mut back).unwrap();
+        stream.copy_d2d(&d_big, &mut d_big2).unwrap();
+        stream.memset_d32(&mut d_small, 7).unwrap();
+        stream.fill_2d(&mut img.as_pitched_mut(), 3u16, Rect2D::new(32, 8)).unwrap();
+        stream
+            .copy_2d(&img.as_pitched(), &mut img_copy(&stream).as_pitched_mut(), Copy2D::new(32, 8))
+            .unwrap();
+        // Another stream is not observed.
+        other.copy_h2d(&big, &mut d_big2).unwrap();
+    }
+    // Nor is anything after the guard is gone.
+    stream.copy_h2d(&big, &mut d_big).unwrap();
+
+    let r = profiler.report().unwrap();
+    let h2d = r.total(CopyKind::HostToDevice);
+    assert_eq!((h2d.count, h2d.bytes), (3, 2 * 64 + (100 << 10)));
+    assert_eq!(r.get(CopyKind::HostToDevice, SizeClass::UpTo4KiB).count, 2);
+    assert_eq!(r.get(CopyKind::HostToDevice, SizeClass::UpTo1MiB).bytes, 100 << 10);
+    assert_eq!((r.total(CopyKind::DeviceToHost).count, r.total(CopyKind::DeviceToHost).bytes), (1, 64));
+    assert_eq!(r.total(CopyKind::DeviceToDevice).bytes, 100 << 10);
+    let memset = r.total(CopyKind::Memset);
+    assert_eq!((memset.count, memset.bytes), (2, 64 + 32 * 8 * 2));
+    assert_eq!((r.total(CopyKind::Copy2D).count, r.total(CopyKind::Copy2D).bytes), (1, 32 * 8 * 2));
+    assert_eq!(r.total(CopyKind::Copy3D), Default::default());
+    for (kind, size, t) in r.rows() {
+        assert!(t.device_time.as_nanos() > 0, "{kind:?} {size:?}: no device time");
+        assert!(t.throughput() > 0.0);
+    }
+    assert_eq!(r.rows().count(), 6); // both memsets are ≤ 4 KiB
+    assert!(r.to_string().contains("| h2d | ≤ 4 KiB | 2 | 128 |"), "{r}");
+    // The data went where it should (profiling changes no copy).
+    assert_eq!(back.as_slice().unwrap(), &[1u32; 16]);
+    assert_eq!(d_small.to_vec().unwrap(), vec![7u32; 16]);
+}
+
+fn img_copy(stream: &Stream) -> PitchedBuffer<u16> {
+    PitchedBuffer::<u16>::zeroed(stream, 32, 8).unwrap()
+}
+
+#[test]
+#[parallel]
+fn staged_chunks_are_profiled_as_their_copies_and_the_event_pool_is_reused() {
+    let (ctx, stream) = setup();
+    let mut ring = StagingRing::with_config(&ctx, StagingConfig { chunk_bytes: 1000, chunks: 2 }).unwrap();
+    let data = vec![9u8; 2500];
+    let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 2500).unwrap();
+    let profiler = Profiler::new();
+    let _on = profiler.observe(&stream);
+    for _ in 0..3 {
+        ring.copy_h2d(&stream, &data, &mut dev).unwrap();
+        let r = profiler.report().unwrap();
+        // Three chunks per call: 1000 + 1000 + 500 bytes.
+        assert_eq!(r.total(CopyKind::HostToDevice).bytes % 2500, 0);
+    }
+    let mut back = vec![0u8; 2500];
+    ring.copy_d2h(&stream, &dev, &mut back).unwrap();
+    assert_eq!(back, data);
+    let r = profiler.report().unwrap();
+    assert_eq!((r.total(CopyKind::HostToDevice).count, r.total(CopyKind::HostToDevice).bytes), (9, 7500));
+    assert_eq!((r.total(CopyKind::DeviceToHost).count, r.total(CopyKind::DeviceToHost).bytes), (3, 2500));
+    // Reports return every pair to the pool: at most three copies were ever in flight at once
+    // between two reports (a call's chunks), so the pool never grew beyond three pairs.
+    let pairs = profiler.pooled_pairs();
+    assert!((1..=3).contains(&pairs), "{pairs} pairs pooled");
+    profiler.reset();
+    assert_eq!(profiler.report().unwrap().rows().count(), 0);
+}
+
+#[test]
+#[serial] // a global observer counts every copy of the process
+fn a_global_observer_sees_blocking_copies_and_detaches_on_drop() {
+    let (_ctx, stream) = setup();
+    assert!(!profile::active());
+    let mut dev = DeviceBuffer::<u16>::zeroed(&stream, 300).unwrap();
+    let profiler = Profiler::new();
+    let guard = profiler.observe_all();
+    assert!(profile::active());
+    copy_h2d(&[4u16; 300], &mut dev).unwrap();
+    let mut out = [0u16; 300];
+    copy_d2h(&dev, &mut out).unwrap();
+    assert_eq!(out, [4; 300]);
+    drop(guard);
+    assert!(!profile::active());
+    copy_h2d(&[5u16; 300], &mut dev).unwrap();
+    let r = profiler.report().unwrap();
+    assert_eq!((r.total(CopyKind::HostToDevice).count, r.total(CopyKind::HostToDevice).bytes), (1, 600));
+    assert_eq!(r.total(CopyKind::DeviceToHost).bytes, 600);
+    assert!(r.total(CopyKind::DeviceToHost).device_time.as_nanos() > 0);
+}

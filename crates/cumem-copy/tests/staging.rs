@@ -1,0 +1,191 @@
+//! Copies of pageable slices through a `StagingRing`: bitwise round trips at every size that
+//! matters to the ring (empty, one element, around one chunk, many chunks, chunks that split
+//! elements), the overlap of host fills with queued copies shown by ordering (a gate holds the
+//! stream, so the copies of earlier chunks are certainly still queued while later ones are
+//! filled), and the soundness rules: the caller's slice is free on return, a chunk is never
+//! overwritten while a copy still reads it (the simulator starts work 20 ms late, so an early
+//! reuse would upload the wrong bytes), and dropping the ring waits before freeing.
+//!
+//! The gated test is `#[serial]` (see `common`); the others are `#[parallel]`.
+
+mod common;
+
+use bytemuck::Pod;
+use common::hold;
+use cumem_copy::{StagingConfig, StagingRing};
+use cumem_core::{Context, Device, DeviceBuffer, Error, Stream};
+use cumem_sys::testing;
+use serial_test::{parallel, serial};
+
+const SIM: &str = "devices=2,latency_us=20000";
+
+fn setup() -> (Context, Stream) {
+    testing::init_with(SIM);
+    let ctx = Device::get(0).unwrap().context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    (ctx, stream)
+}
+
+fn ring_of(ctx: &Context) -> StagingRing {
+    ring(ctx, 100, 2)
+}
+
+fn ring(ctx: &Context, chunk_bytes: usize, chunks: usize) -> StagingRing {
+    StagingRing::with_config(ctx, StagingConfig { chunk_bytes, chunks }).unwrap()
+}
+
+/// Distinct bytes everywhere, so that a misplaced or stale chunk shows.
+fn pattern<T: Pod>(n: usize, seed: u8) -> Vec<T> {
+    let mut v = vec![T::zeroed(); n];
+    for (i, b) in bytemuck::cast_slice_mut::<T, u8>(&mut v).iter_mut().enumerate() {
+        *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ (i as u8) ^ seed;
+    }
+    v
+}
+
+/// Up and down through the ring, and through a fresh device buffer each time.
+fn round_trip<T: Pod + PartialEq + std::fmt::Debug>(stream: &Stream, ring: &mut StagingRing, n: usize) {
+    let data = pattern::<T>(n, n as u8);
+    let mut dev = DeviceBuffer::<T>::zeroed(stream, n).unwrap();
+    ring.copy_h2d(stream, &data, &mut dev).unwrap();
+    let mut back = vec![T::zeroed(); n];
+    ring.copy_d2h(stream, &dev, &mut back).unwrap();
+    assert!(back == data, "{} values of {}: the round trip changed them", n, std::any::type_name::<T>());
+    // The device holds the data (not only the ring's chunks).
+    assert!(dev.to_vec().unwrap() == data);
+}
+
+/// The sizes around one chunk, in elements of `T` (a chunk of 60 bytes holds 20 values of 3 bytes,
+/// 10 of 6, 7.5 of 8: the last splits values between chunks).
+fn sizes(chunk_bytes: usize, elem: usize) -> Vec<usize> {
+    let per = chunk_bytes / elem;
+    vec![0, 1, per - 1, per, per + 1, 2 * per + 1, 13 * per + 3]
+}
+
+#[test]
+#[parallel]
+fn every_size_round_trips_bitwise_with_odd_element_types() {
+    let (ctx, stream) = setup();
+    const CHUNK: usize = 60;
+    let mut ring = ring(&ctx, CHUNK, 3);
+    for n in sizes(CHUNK, 3) {
+        round_trip::<[u8; 3]>(&stream, &mut ring, n);
+    }
+    for n in sizes(CHUNK, 6) {
+        round_trip::<[u16; 3]>(&stream, &mut ring, n);
+    }
+    for n in sizes(CHUNK, 8) {
+        round_trip::<u64>(&stream, &mut ring, n);
+    }
+    // A byte-exact chunk edge, with values that split across chunks (8 bytes per value, 60 per chunk).
+    round_trip::<u64>(&stream, &mut ring, 15);
+    // The ring allocated its three chunks once and reused them for every call.
+    let stats = ring.stats();
+    assert_eq!(stats.pinned_bytes, 3 * CHUNK);
+    let calls = 2 * (3 * sizes(CHUNK, 3).iter().filter(|&&n| n > 0).count() + 1) as u64;
+    assert_eq!(stats.calls, calls);
+}
+
+#[test]
+#[parallel]
+fn chunk_counts_and_bytes_are_reported_by_value() {
+    let (ctx, stream) = setup();
+    let mut ring = ring(&ctx, 100, 2);
+    let data = pattern::<u8>(1001, 7);
+    let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 1001).unwrap();
+    ring.copy_h2d(&stream, &data, &mut dev).unwrap();
+    let mut back = vec![0u8; 1001];
+    ring.copy_d2h(&stream, &dev, &mut back).unwrap();
+    assert_eq!(back, data);
+    let s = ring.stats();
+    assert_eq!((s.calls, s.chunks, s.bytes, s.pinned_bytes), (2, 22, 2002, 200));
+    // Empty copies count nothing and allocate nothing.
+    let mut empty = ring_of(&ctx);
+    empty.copy_h2d::<u8>(&stream, &[], &mut dev.slice_mut(0..0).unwrap()).unwrap();
+    assert_eq!(empty.stats(), Default::default());
+}
+
+#[test]
+#[serial] // holds a gate
+fn chunk_k_plus_1_is_filled_while_chunk_k_is_still_queued_and_the_source_is_free_on_return() {
+    let (ctx, stream) = setup();
+    let mut ring = ring(&ctx, 256, 4);
+    let mut data = pattern::<u32>(256, 3); // 1 KiB: exactly the ring's four chunks, no reuse
+    let expected = data.clone();
+    let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 256).unwrap();
+    stream.synchronize().unwrap();
+    let gate = hold(&stream);
+    ring.copy_h2d(&stream, &data, &mut dev).unwrap();
+    // Nothing on the stream has run, yet every chunk was filled and queued: chunks 1, 2 and 3 were
+    // each filled while the copy of the chunk before was queued behind the gate.
+    let s = ring.stats();
+    assert_eq!((s.chunks, s.overlapped, s.reuse_waits), (4, 3, 0));
+    // The call returned, so the caller may reuse its slice before the device has copied anything.
+    data.fill(0);
+    gate.release();
+    assert_eq!(dev.to_vec().unwrap(), expected);
+}
+
+#[test]
+#[parallel]
+fn a_chunk_is_not_refilled_while_its_copy_is_still_queued() {
+    // Two chunks for 16 pieces: every piece after the second reuses a chunk whose copy the
+    // simulator starts only 20 ms after it was queued. Refilling early would upload later bytes.
+    let (ctx, stream) = setup();
+    let mut ring = ring(&ctx, 64, 2);
+    let data = pattern::<u16>(16 * 32, 9);
+    let mut dev = DeviceBuffer::<u16>::zeroed(&stream, data.len()).unwrap();
+    ring.copy_h2d(&stream, &data, &mut dev).unwrap();
+    assert_eq!(dev.to_vec().unwrap(), data);
+    assert_eq!(ring.stats().chunks, 16);
+}
+
+#[test]
+#[parallel]
+fn dropping_the_ring_with_copies_in_flight_waits_and_frees_its_chunks() {
+    let (ctx, stream) = setup();
+    let data = pattern::<u8>(4096, 1);
+    let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 4096).unwrap();
+    {
+        let mut ring = ring(&ctx, 1024, 2);
+        ring.copy_h2d(&stream, &data, &mut dev).unwrap();
+    } // dropped while its last copies are queued (20 ms latency)
+    assert_eq!(dev.to_vec().unwrap(), data);
+    if let Some(ctl) = testing::sim_control() {
+        let mine = ctl.violations_on_this_thread();
+        assert!(mine.is_empty(), "freeing chunks in use: {mine:?}");
+    }
+}
+
+#[test]
+#[parallel]
+fn bad_input_is_a_typed_error_before_any_copy() {
+    let (ctx, stream) = setup();
+    assert!(matches!(
+        StagingRing::with_config(&ctx, StagingConfig { chunk_bytes: 64, chunks: 1 }),
+        Err(Error::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        StagingRing::with_config(&ctx, StagingConfig { chunk_bytes: 0, chunks: 4 }),
+        Err(Error::InvalidValue { .. })
+    ));
+    let mut ring = ring(&ctx, 64, 2);
+    let mut dev = DeviceBuffer::<u32>::from_slice(&stream, &[5; 8]).unwrap();
+    assert!(matches!(
+        ring.copy_h2d(&stream, &[1u32; 9], &mut dev),
+        Err(Error::LengthMismatch { expected: 8, actual: 9 })
+    ));
+    assert!(matches!(
+        ring.copy_d2h(&stream, &dev, &mut [0u32; 7]),
+        Err(Error::LengthMismatch { expected: 7, actual: 8 })
+    ));
+    if Device::count().unwrap() >= 2 {
+        let other = Stream::new(&Device::get(1).unwrap().context().unwrap()).unwrap();
+        assert!(matches!(
+            ring.copy_h2d(&other, &[1u32; 8], &mut dev),
+            Err(Error::WrongDevice { expected: 0, actual: 1 })
+        ));
+    }
+    assert_eq!(ring.stats(), Default::default(), "nothing was copied or allocated");
+    assert_eq!(dev.to_vec().unwrap(), [5; 8]);
+}
