@@ -1,10 +1,13 @@
 //! `cumem bench`: copy bandwidth by direction and kind of host memory over a size sweep, and the
 //! latency of an allocation and free from each strategy.
+//!
+//! Host memory is pageable (a `Vec`, copied by the driver's blocking calls), staged (the same `Vec`
+//! through cumem-copy's pinned [`StagingRing`], one ring for the whole sweep), pinned, or mapped.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use cumem::copy::{StreamCopy, copy_d2h, copy_h2d};
+use cumem::copy::{StagingRing, StreamCopy, copy_d2h, copy_h2d};
 use cumem::prelude::*;
 use plotters::style::RGBColor;
 use serde_json::{Value, json};
@@ -34,21 +37,24 @@ pub struct BenchArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     H2dPageable,
+    H2dStaged,
     H2dPinned,
     H2dMapped,
     D2hPageable,
+    D2hStaged,
     D2hPinned,
     D2hMapped,
     D2d,
 }
 
 impl Kind {
-    // The staged column (pageable memory through cumem-copy's pinned staging ring) joins here.
-    const ALL: [Kind; 7] = [
+    const ALL: [Kind; 9] = [
         Kind::H2dPageable,
+        Kind::H2dStaged,
         Kind::H2dPinned,
         Kind::H2dMapped,
         Kind::D2hPageable,
+        Kind::D2hStaged,
         Kind::D2hPinned,
         Kind::D2hMapped,
         Kind::D2d,
@@ -56,8 +62,8 @@ impl Kind {
 
     fn direction(self) -> &'static str {
         match self {
-            Kind::H2dPageable | Kind::H2dPinned | Kind::H2dMapped => "H2D",
-            Kind::D2hPageable | Kind::D2hPinned | Kind::D2hMapped => "D2H",
+            Kind::H2dPageable | Kind::H2dStaged | Kind::H2dPinned | Kind::H2dMapped => "H2D",
+            Kind::D2hPageable | Kind::D2hStaged | Kind::D2hPinned | Kind::D2hMapped => "D2H",
             Kind::D2d => "D2D",
         }
     }
@@ -65,6 +71,7 @@ impl Kind {
     fn memory(self) -> &'static str {
         match self {
             Kind::H2dPageable | Kind::D2hPageable => "pageable",
+            Kind::H2dStaged | Kind::D2hStaged => "staged",
             Kind::H2dPinned | Kind::D2hPinned => "pinned",
             Kind::H2dMapped | Kind::D2hMapped => "mapped",
             Kind::D2d => "device",
@@ -78,9 +85,11 @@ impl Kind {
     fn color(self) -> RGBColor {
         match self {
             Kind::H2dPageable => RGBColor(0x1f, 0x77, 0xb4),
+            Kind::H2dStaged => RGBColor(0xe3, 0x77, 0xc2),
             Kind::H2dPinned => RGBColor(0xff, 0x7f, 0x0e),
             Kind::H2dMapped => RGBColor(0x2c, 0xa0, 0x2c),
             Kind::D2hPageable => RGBColor(0xd6, 0x27, 0x28),
+            Kind::D2hStaged => RGBColor(0xbc, 0xbd, 0x22),
             Kind::D2hPinned => RGBColor(0x94, 0x67, 0xbd),
             Kind::D2hMapped => RGBColor(0x8c, 0x56, 0x4b),
             Kind::D2d => RGBColor(0x17, 0xbe, 0xcf),
@@ -112,6 +121,7 @@ pub fn run(args: &BenchArgs, simulated: bool) -> Result<(), Failure> {
         std::iter::successors(Some(MIN_SIZE), |&s| s.checked_mul(4)).take_while(|&s| s <= max_size).collect();
     let ctx = Device::get(0)?.context()?;
     let stream = Stream::non_blocking(&ctx)?;
+    let mut ring = StagingRing::new(&ctx)?;
     let bar = progress::bar((sizes.len() * Kind::ALL.len() + Strategy::ALL.len()) as u64, "bench");
     let mut bandwidth = Vec::new();
     for &bytes in &sizes {
@@ -120,7 +130,7 @@ pub fn run(args: &BenchArgs, simulated: bool) -> Result<(), Failure> {
         let reps = (budget / bytes).clamp(3, 200);
         bar.set_message(format!("copies of {}", human(bytes)));
         for kind in Kind::ALL {
-            let seconds = time_copies(&ctx, &stream, kind, bytes, reps)?;
+            let seconds = time_copies(&ctx, &stream, &mut ring, kind, bytes, reps)?;
             bandwidth.push(Bandwidth { kind, bytes, gb_per_s: (bytes * reps) as f64 / seconds / 1e9 });
             bar.inc(1);
         }
@@ -148,7 +158,14 @@ pub fn run(args: &BenchArgs, simulated: bool) -> Result<(), Failure> {
 }
 
 /// Seconds for `reps` copies of `bytes` of `kind`, after one copy to warm up.
-fn time_copies(ctx: &Context, stream: &Stream, kind: Kind, bytes: usize, reps: usize) -> Result<f64> {
+fn time_copies(
+    ctx: &Context,
+    stream: &Stream,
+    ring: &mut StagingRing,
+    kind: Kind,
+    bytes: usize,
+    reps: usize,
+) -> Result<f64> {
     let mut device = DeviceBuffer::<u8>::zeroed(stream, bytes)?;
     let mut run = |copy: &mut dyn FnMut(&mut DeviceBuffer<u8>) -> Result<()>| -> Result<f64> {
         copy(&mut device)?;
@@ -168,6 +185,14 @@ fn time_copies(ctx: &Context, stream: &Stream, kind: Kind, bytes: usize, reps: u
         Kind::D2hPageable => {
             let mut host = vec![0u8; bytes];
             run(&mut |d| copy_d2h(d, &mut host))
+        }
+        Kind::H2dStaged => {
+            let host = vec![1u8; bytes];
+            run(&mut |d| ring.copy_h2d(stream, &host, d))
+        }
+        Kind::D2hStaged => {
+            let mut host = vec![0u8; bytes];
+            run(&mut |d| ring.copy_d2h(stream, d, &mut host))
         }
         Kind::H2dPinned => {
             let host = PinnedBuffer::<u8>::zeroed(ctx, bytes)?;

@@ -72,7 +72,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Measure copy bandwidth (H2D, D2H, D2D; pageable, pinned, mapped) over sizes from 1 KiB, and
+    /// Measure copy bandwidth (H2D, D2H, D2D; pageable, staged, pinned, mapped) over sizes from 1 KiB, and
     /// the allocate+free latency of each strategy.
     Bench {
         /// The largest copy of the sweep (for example 64MiB).

@@ -134,14 +134,17 @@ fn bench_quick_reports_every_kind_labelled_simulated() {
     let json: Value = serde_json::from_str(&succeeded(&out)).expect("stdout is one JSON document");
     assert_eq!(json["simulated"], true);
     let bandwidth = json["bandwidth"].as_array().unwrap();
-    assert_eq!(bandwidth.len(), 4 * 7, "1, 4, 16 and 64 KiB, seven kinds of copy each");
+    assert_eq!(bandwidth.len(), 4 * 9, "1, 4, 16 and 64 KiB, nine kinds of copy each");
     for row in bandwidth {
         assert_eq!(row["simulated"], true);
         assert!(row["gb_per_s"].as_f64().unwrap() > 0.0, "{row}");
     }
     let memories: std::collections::BTreeSet<&str> =
         bandwidth.iter().map(|r| r["memory"].as_str().unwrap()).collect();
-    assert_eq!(memories.into_iter().collect::<Vec<_>>(), ["device", "mapped", "pageable", "pinned"]);
+    assert_eq!(
+        memories.into_iter().collect::<Vec<_>>(),
+        ["device", "mapped", "pageable", "pinned", "staged"]
+    );
     let pools: Vec<&str> =
         json["pool_latency"].as_array().unwrap().iter().map(|r| r["strategy"].as_str().unwrap()).collect();
     assert_eq!(pools, ["caching", "native", "driver"]);

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use cumem_core::{Context, Device, DeviceResource, DriverResource};
+use cumem_core::{Context, Device, DeviceBuffer, DeviceResource, DriverResource, Stream};
 use cumem_pool::replay::{ReplayOptions, ReplayReport, replay, replay_with};
 use cumem_pool::trace_format::{TraceAction, TraceRecord, parse_trace, write_header};
-use cumem_pool::{CachingResource, MemPool, MemPoolOptions, NativePoolResource, PoolConfig};
+use cumem_pool::{CachingResource, LoggingResource, MemPool, MemPoolOptions, NativePoolResource, PoolConfig};
 use cumem_sys::testing;
 use serial_test::serial;
 
@@ -58,6 +58,73 @@ fn a_log_in_rmms_format_replays() {
         let last = report.samples.last().unwrap();
         assert_eq!((last.row, last.live_bytes), (trace.len() - 1, 0), "{name}");
     }
+}
+
+fn read_trace(path: &std::path::Path) -> Vec<TraceRecord> {
+    parse_trace(std::io::BufReader::new(std::fs::File::open(path).unwrap())).unwrap()
+}
+
+fn allocated_sizes(trace: &[TraceRecord]) -> Vec<usize> {
+    trace.iter().filter(|r| r.action == TraceAction::Allocate).map(|r| r.size).collect()
+}
+
+/// The round trip: a workload of buffers on two streams, logged through the logging adaptor, then
+/// replayed through a fresh pool that is itself logged, makes the same allocations in the same
+/// order and reaches the same peak of live bytes.
+#[test]
+#[serial]
+fn a_workload_logged_through_the_logging_adaptor_replays_the_same() {
+    let ctx = ctx();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let (first, second) = (dir.join("round-trip-first.csv"), dir.join("round-trip-second.csv"));
+    let streams = [Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap()];
+    let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+    let logged = Arc::new(LoggingResource::to_file(pool, &first).unwrap());
+    let (mut live, mut sizes) = (Vec::new(), Vec::new());
+    let (mut live_bytes, mut peak) = (0usize, 0usize);
+    for i in 0..600usize {
+        if i % 5 == 4 || live.len() > 50 {
+            let buffer: DeviceBuffer<u8> = live.swap_remove((i * 31) % live.len());
+            live_bytes -= buffer.len();
+        } else {
+            let size = 1 + (i * 104_729) % (2 << 20);
+            live.push(DeviceBuffer::<u8>::new_in(&logged, &streams[i % 2], size).unwrap());
+            sizes.push(size);
+            live_bytes += size;
+            peak = peak.max(live_bytes);
+        }
+    }
+    drop(live);
+    logged.flush().unwrap();
+    drop(logged);
+    let trace = read_trace(&first);
+    assert_eq!(allocated_sizes(&trace), sizes, "the log holds the workload");
+
+    let fresh = Arc::new(
+        LoggingResource::to_file(
+            Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default())),
+            &second,
+        )
+        .unwrap(),
+    );
+    let report = replay(&fresh, &trace).unwrap();
+    fresh.flush().unwrap();
+    drop(fresh);
+    assert_eq!(report.allocation_sizes, sizes);
+    assert_eq!(report.peak_live_bytes, peak);
+    assert_eq!(
+        (report.streams, report.threads, report.skipped_unknown_frees, report.freed_at_end),
+        (2, 1, 0, 0)
+    );
+    let replayed = read_trace(&second);
+    assert_eq!(
+        allocated_sizes(&replayed),
+        sizes,
+        "the replay's own log has the same sizes in the same order"
+    );
+    assert_eq!(replayed.len(), trace.len(), "and as many frees");
+    std::fs::remove_file(&first).unwrap();
+    std::fs::remove_file(&second).unwrap();
 }
 
 /// A workload with a known sequence of sizes, written as a trace the way the logging adaptor writes
