@@ -9,8 +9,11 @@ use plotters::style::RGBColor;
 
 /// An allocator to compare, as named on the command line (`--pool caching,native,driver`).
 ///
-/// A new strategy (the caching pool with expandable segments, `caching-expandable`) is added here
-/// only: a variant, and its arm in each method below.
+/// A new strategy is added here only: a variant, its entry in [`Strategy::ALL`], and its arm in each
+/// method below. For the caching pool with expandable segments that is `CachingExpandable`
+/// (clap names it `caching-expandable`), named `"caching-expandable"`, built by
+/// `CachingResource::with_driver(ctx, PoolConfig { expandable_segments: true, ..PoolConfig::default() })`,
+/// with a colour of its own (add it to `STRATEGY_COLORS` in `tests/cli.rs` so the chart test checks it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Strategy {
     /// cumem's caching pool (`CachingResource`) over `cuMemAlloc`, default configuration.
