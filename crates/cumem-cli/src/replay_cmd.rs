@@ -34,8 +34,12 @@ pub fn run(args: &ReplayArgs, simulated: bool) -> Result<(), Failure> {
     let trace = parse_trace(BufReader::new(file))
         .map_err(|e| Failure::Input(format!("{}: {e}", args.log.display())))?;
     let ctx = Device::get(0)?.context()?;
-    let mut pools = args.pools.clone();
-    pools.dedup();
+    let mut pools: Vec<Strategy> = Vec::new();
+    for &strategy in &args.pools {
+        if !pools.contains(&strategy) {
+            pools.push(strategy);
+        }
+    }
     let mut results = Vec::new();
     for strategy in pools {
         let bar = progress::bar(trace.len() as u64, strategy.name());
