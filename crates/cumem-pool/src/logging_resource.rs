@@ -2,9 +2,11 @@
 //! RMM's `logging_resource_adaptor` ([`trace_format`](crate::trace_format)), so that a workload's
 //! allocations can be replayed later against another resource, here or in RMM.
 //!
-//! The hot path only takes the time and pushes a small record onto a bounded queue (it waits only
-//! when 65,536 rows are waiting to be written); a background thread formats the rows and writes them
-//! through a buffer. [`flush`](LoggingResource::flush) waits until
+//! The hot path only takes the time and pushes a small record onto a queue under an uncontended
+//! lock: no system call, no formatting. A background thread takes the whole queue at once every few
+//! milliseconds (sooner when it fills), formats the rows and writes them through a buffer; a program
+//! that allocates faster than its log can be written waits once 65,536 rows are queued, rather than
+//! growing the queue without bound or losing rows a replay needs. [`flush`](LoggingResource::flush) waits until
 //! every row pushed so far is written and flushed; dropping the adaptor does the same. An I/O error
 //! is logged (`tracing::warn`, once) and counted, never raised in the program's allocations.
 //!
@@ -38,35 +40,55 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cumem_core::{AllocLayout, Allocation, Context, DeviceResource, Error, Result, Stream};
+use parking_lot::{Condvar, Mutex};
 
 use crate::trace_format::{TraceAction, TraceRecord, write_header};
 
 /// Bytes the writer thread buffers before writing to its output.
 const WRITE_BUFFER: usize = 64 << 10;
-/// Rows queued for the writer at most: a program that allocates faster than its log can be written
-/// waits for the writer rather than growing the queue without bound (or losing rows a replay needs).
+/// Rows queued at most; a thread that would queue more waits for the writer.
 const QUEUE: usize = 1 << 16;
+/// Rows queued at which the writer is woken before its next round.
+const WAKE_AT: usize = QUEUE / 4;
+/// How often a writer with rows to write takes the queue without being woken.
+const ROUND: Duration = Duration::from_millis(10);
 
-/// What the hot path sends to the writer thread.
-enum Message {
-    Row(TraceRecord),
-    /// Write and flush everything received so far, then answer with the flush's outcome.
-    Flush(mpsc::SyncSender<io::Result<()>>),
+/// What the hot path, `flush` and the writer share.
+#[derive(Default)]
+struct Queue {
+    state: Mutex<State>,
+    /// Wakes the writer: the queue filled, a flush is wanted, the adaptor is closing, or the
+    /// first row after the writer went idle.
+    wake: Condvar,
+    /// Wakes threads waiting for room in the queue or for a flush.
+    progress: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    rows: Vec<TraceRecord>,
+    /// Flushes asked for so far, and how many of them the writer has done.
+    flushes_wanted: u64,
+    flushes_done: u64,
+    /// The outcome of the writer's last flush, as kind and message (an `io::Error` is not `Clone`).
+    last_flush: Option<(io::ErrorKind, String)>,
+    /// Writes and flushes that failed.
+    io_errors: u64,
+    /// The writer sleeps without a timeout until a row arrives.
+    writer_idle: bool,
+    writer_gone: bool,
+    closing: bool,
 }
 
 /// Logs every allocation and free made through it, then forwards them to the wrapped resource.
 pub struct LoggingResource<R: ?Sized> {
     inner: Arc<R>,
-    /// `None` only during drop, which closes the channel so the writer finishes.
-    tx: Option<SyncSender<Message>>,
+    queue: Arc<Queue>,
     writer: Option<JoinHandle<()>>,
-    io_errors: Arc<AtomicU64>,
 }
 
 impl<R: DeviceResource + ?Sized> LoggingResource<R> {
@@ -75,13 +97,12 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
     /// # Errors
     /// The background thread could not be started.
     pub fn new(inner: Arc<R>, out: impl Write + Send + 'static) -> io::Result<Self> {
-        let (tx, rx) = mpsc::sync_channel(QUEUE);
-        let io_errors = Arc::new(AtomicU64::new(0));
-        let errors = io_errors.clone();
+        let queue = Arc::new(Queue::default());
+        let shared = queue.clone();
         let writer = std::thread::Builder::new()
             .name("cumem-log-writer".into())
-            .spawn(move || write_rows(rx, BufWriter::with_capacity(WRITE_BUFFER, out), &errors))?;
-        Ok(LoggingResource { inner, tx: Some(tx), writer: Some(writer), io_errors })
+            .spawn(move || write_rows(&shared, BufWriter::with_capacity(WRITE_BUFFER, out)))?;
+        Ok(LoggingResource { inner, queue, writer: Some(writer) })
     }
 
     /// Wraps `inner`, writing the log to a new file at `path` (truncated if it exists).
@@ -102,15 +123,25 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
     /// # Errors
     /// The output's flush failed (the rows it held may be lost), or the writer thread is gone.
     pub fn flush(&self) -> io::Result<()> {
-        let (ack, done) = mpsc::sync_channel(1);
-        let gone = || io::Error::other("the log writer thread has stopped");
-        self.tx.as_ref().ok_or_else(gone)?.send(Message::Flush(ack)).map_err(|_| gone())?;
-        done.recv().map_err(|_| gone())?
+        let mut st = self.queue.state.lock();
+        st.flushes_wanted += 1;
+        let mine = st.flushes_wanted;
+        self.queue.wake.notify_one();
+        while st.flushes_done < mine && !st.writer_gone {
+            self.queue.progress.wait(&mut st);
+        }
+        if st.flushes_done < mine {
+            return Err(io::Error::other("the log writer thread has stopped"));
+        }
+        match &st.last_flush {
+            Some((kind, message)) => Err(io::Error::new(*kind, message.clone())),
+            None => Ok(()),
+        }
     }
 
-    /// Writes and flushes that failed so far (each is logged once with `tracing::warn`).
+    /// Writes and flushes that failed so far (each run of failures is logged with `tracing::warn`).
     pub fn io_errors(&self) -> u64 {
-        self.io_errors.load(Ordering::Relaxed)
+        self.queue.state.lock().io_errors
     }
 
     #[inline]
@@ -123,10 +154,22 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
             size,
             stream: stream.raw() as usize as u64,
         };
-        // The writer outlives every sender but the one drop takes, so a send fails only if the
-        // writer thread panicked; the row is then lost, which `flush` reports.
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(Message::Row(record));
+        let mut st = self.queue.state.lock();
+        if st.rows.len() >= QUEUE && !st.writer_gone {
+            self.wait_for_room(&mut st);
+        }
+        st.rows.push(record);
+        if st.writer_idle || st.rows.len() == WAKE_AT {
+            st.writer_idle = false;
+            self.queue.wake.notify_one();
+        }
+    }
+
+    #[cold]
+    fn wait_for_room(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
+        self.queue.wake.notify_one();
+        while st.rows.len() >= QUEUE && !st.writer_gone {
+            self.queue.progress.wait(st);
         }
     }
 }
@@ -134,6 +177,7 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
 /// A small number naming the calling thread, stable for its lifetime (RMM writes a hash of the
 /// thread id; replay only needs rows of one thread to share a number).
 fn thread_number() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);
     thread_local! {
         static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -141,37 +185,78 @@ fn thread_number() -> u64 {
     NUMBER.with(|n| *n)
 }
 
-/// The writer thread: header, then rows until every sender is gone, then a last flush.
-fn write_rows(rx: Receiver<Message>, mut out: BufWriter<impl Write>, errors: &AtomicU64) {
-    let mut warned = false;
-    let mut note = |result: io::Result<()>| -> io::Result<()> {
-        if let Err(e) = &result {
-            errors.fetch_add(1, Ordering::Relaxed);
-            if !warned {
-                warned = true;
-                tracing::warn!(error = %e, "writing the allocation log failed; rows are being lost");
+/// Marks the writer gone however it ends, so `flush` and full queues never wait for it forever.
+struct Gone<'a>(&'a Queue);
+
+impl Drop for Gone<'_> {
+    fn drop(&mut self) {
+        self.0.state.lock().writer_gone = true;
+        self.0.progress.notify_all();
+    }
+}
+
+/// The writer thread: the header, then rounds of taking the whole queue and writing it, flushing
+/// when asked and when closing.
+fn write_rows(queue: &Queue, mut out: BufWriter<impl Write>) {
+    let _gone = Gone(queue);
+    let mut failing = false;
+    let mut note = |result: io::Result<()>, errors: &mut u64| -> io::Result<()> {
+        match &result {
+            Err(e) => {
+                *errors += 1;
+                if !failing {
+                    failing = true;
+                    tracing::warn!(error = %e, "writing the allocation log failed; rows are being lost");
+                }
             }
+            Ok(()) => failing = false,
         }
         result
     };
-    let _ = note(write_header(&mut out));
-    for message in rx {
-        match message {
-            Message::Row(record) => {
-                let _ = note(record.write_csv(&mut out));
+    let mut errors = 0;
+    let _ = note(write_header(&mut out), &mut errors);
+    let mut batch = Vec::new();
+    loop {
+        let (flush, closing) = {
+            let mut st = queue.state.lock();
+            st.io_errors += std::mem::take(&mut errors);
+            while st.rows.is_empty() && st.flushes_wanted == st.flushes_done && !st.closing {
+                if st.writer_idle {
+                    queue.wake.wait(&mut st);
+                } else if queue.wake.wait_for(&mut st, ROUND).timed_out() && st.rows.is_empty() {
+                    // Nothing came for a round: sleep until a row arrives (its thread wakes us).
+                    st.writer_idle = true;
+                }
             }
-            Message::Flush(ack) => {
-                let _ = ack.send(note(out.flush()));
-            }
+            std::mem::swap(&mut batch, &mut st.rows);
+            queue.progress.notify_all(); // room in the queue
+            (st.flushes_wanted, st.closing)
+        };
+        for record in batch.drain(..) {
+            let _ = note(record.write_csv(&mut out), &mut errors);
+        }
+        let mut st_flush = None;
+        let done = queue.state.lock().flushes_done;
+        if flush > done || closing {
+            st_flush = Some(note(out.flush(), &mut errors));
+        }
+        let mut st = queue.state.lock();
+        st.io_errors += std::mem::take(&mut errors);
+        if let Some(result) = st_flush {
+            st.last_flush = result.err().map(|e| (e.kind(), e.to_string()));
+            st.flushes_done = flush;
+            queue.progress.notify_all();
+        }
+        if closing && st.rows.is_empty() {
+            return;
         }
     }
-    let _ = note(out.flush());
 }
 
 impl<R: ?Sized> Drop for LoggingResource<R> {
     fn drop(&mut self) {
-        // Closing the channel lets the writer drain it, flush and stop.
-        drop(self.tx.take());
+        self.queue.state.lock().closing = true;
+        self.queue.wake.notify_one();
         if let Some(writer) = self.writer.take()
             && writer.join().is_err()
         {
@@ -184,7 +269,7 @@ impl<R: fmt::Debug + ?Sized> fmt::Debug for LoggingResource<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoggingResource")
             .field("inner", &self.inner)
-            .field("io_errors", &self.io_errors.load(Ordering::Relaxed))
+            .field("io_errors", &self.queue.state.lock().io_errors)
             .finish_non_exhaustive()
     }
 }

@@ -163,3 +163,27 @@ fn a_failing_output_is_counted_not_raised() {
     assert!(log.io_errors() >= 1);
     drop(log); // the last flush fails too, and is only logged
 }
+
+#[test]
+#[parallel]
+fn more_rows_than_the_queue_holds_are_all_written_in_order() {
+    let (s, _, pool) = pool();
+    let out = Shared::default();
+    let log = Arc::new(LoggingResource::new(pool, out.clone()).unwrap());
+    let layout = cumem_core::AllocLayout::new(512, 256).unwrap();
+    let mut pointers = Vec::new();
+    for _ in 0..40_000 {
+        use cumem_core::DeviceResource;
+        let a = log.allocate(layout, &s).unwrap();
+        pointers.push(a.ptr);
+        // SAFETY: allocated just above with `layout` on `s`, never used, freed once.
+        unsafe { log.deallocate(a, layout, &s) };
+    }
+    log.flush().unwrap();
+    let rows = out.rows();
+    assert_eq!(rows.len(), 80_000);
+    for (pair, ptr) in rows.chunks(2).zip(&pointers) {
+        assert_eq!((pair[0].action, pair[0].pointer), (TraceAction::Allocate, *ptr));
+        assert_eq!((pair[1].action, pair[1].pointer), (TraceAction::Free, *ptr));
+    }
+}
