@@ -210,7 +210,7 @@ struct State {
 }
 
 /// Pending copies beyond which recording also folds in the ones already complete, so that a long
-/// run without [`Profiler::report`] keeps a bounded number of events.
+/// run without [`Profiler::report`] keeps only the events of copies still in flight.
 const FOLD_AT: usize = 1024;
 
 /// An observer of copies (see the [module docs](self)). Clones share the same records.

@@ -88,6 +88,23 @@ fn every_size_round_trips_bitwise_with_odd_element_types() {
 
 #[test]
 #[parallel]
+fn fills_split_over_threads_round_trip_bitwise() {
+    let (ctx, stream) = setup();
+    // 256 KiB chunks in four parts of 64 KiB each; the last chunk of each copy is a short one whose
+    // parts are uneven (or one part only).
+    let mut ring = ring(&ctx, 256 << 10, 3);
+    ring.set_fill_threads(4);
+    assert_eq!(ring.fill_threads(), 4);
+    for n in [1, (256 << 10) / 3 + 1, 350_001] {
+        round_trip::<[u8; 3]>(&stream, &mut ring, n);
+    }
+    round_trip::<u64>(&stream, &mut ring, (1 << 20) / 8 + 7);
+    ring.set_fill_threads(0);
+    assert_eq!(ring.fill_threads(), 1, "0 threads means the calling one");
+}
+
+#[test]
+#[parallel]
 fn chunk_counts_and_bytes_are_reported_by_value() {
     let (ctx, stream) = setup();
     let mut ring = ring(&ctx, 100, 2);
