@@ -6,9 +6,10 @@
 //! lock: no system call, no formatting. A background thread takes the whole queue at once every few
 //! milliseconds (sooner when it fills), formats the rows and writes them through a buffer; a program
 //! that allocates faster than its log can be written waits once 65,536 rows are queued, rather than
-//! growing the queue without bound or losing rows a replay needs. [`flush`](LoggingResource::flush) waits until
-//! every row pushed so far is written and flushed; dropping the adaptor does the same. An I/O error
-//! is logged (`tracing::warn`, once) and counted, never raised in the program's allocations.
+//! growing the queue without bound or losing rows a replay needs.
+//! [`flush`](LoggingResource::flush) waits until every row pushed so far is written and flushed;
+//! dropping the adaptor does the same. An I/O error is logged (`tracing::warn`, once per run of
+//! failures) and counted, never raised in the program's allocations.
 //!
 //! ```
 //! # cumem_sys::testing::init();
