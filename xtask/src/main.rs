@@ -18,7 +18,10 @@
 //!   and 4 KiB messages), each measured side by side in one run, in release mode, on the real
 //!   driver if present;
 //! - `bench sim-pool`: the simulator's own per-call costs through its C entry points (the
-//!   stream-ordered pool with 0, 1,000 and 10,000 live blocks; event, stream-wait and copy calls).
+//!   stream-ordered pool with 0, 1,000 and 10,000 live blocks; event, stream-wait and copy calls);
+//! - `traces`: regenerates the allocation traces in `traces/` from fixed seeds (see [`traces`]).
+
+mod traces;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
@@ -32,8 +35,11 @@ fn main() -> ExitCode {
         "test" => test_on_simulator(),
         "gpu-test" => gpu_test(),
         "bench" => bench(args.get(1).map(String::as_str).unwrap_or("pool")),
+        "traces" => traces::generate(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces")),
         _ => {
-            eprintln!("usage: cargo xtask <ci | test | gpu-test | bench [pool | transfer | sim-pool]>");
+            eprintln!(
+                "usage: cargo xtask <ci | test | gpu-test | bench [pool | transfer | sim-pool] | traces>"
+            );
             return if task == "help" { ExitCode::SUCCESS } else { ExitCode::FAILURE };
         }
     };

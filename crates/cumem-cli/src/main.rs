@@ -1,5 +1,7 @@
-//! `cumem`: device information and a demonstration of cumem, on a GPU or on the simulator.
+//! `cumem`: device information, a demonstration of cumem, allocation-trace replay and benchmarks,
+//! on a GPU or on the simulator.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,8 +12,26 @@ use cumem::driver::{self, DriverChoice, DriverKind};
 use cumem::prelude::*;
 use cumem::{DriverResource, ErrorContext};
 
+/// Prints a line to stdout; a closed pipe (`cumem info | head`) is not an error worth a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+mod bench;
+mod chart;
+mod progress;
+mod replay_cmd;
+mod strategy;
+mod units;
+
+use strategy::Strategy;
+use units::human;
+
 #[derive(Parser)]
-#[command(name = "cumem", version, about = "Type-safe CUDA memory management: info and demo")]
+#[command(name = "cumem", version, about = "Type-safe CUDA memory management: info, demo, replay and bench")]
 struct Cli {
     /// Which driver to use: the real one, the simulator, or the real one when present.
     #[arg(long, value_enum, env = "CUMEM_DRIVER", default_value = "auto", global = true)]
@@ -37,14 +57,56 @@ enum Command {
         #[arg(long, default_value_t = 1 << 20)]
         elements: usize,
     },
+    /// Replay an allocation trace (RMM's logging_resource_adaptor CSV) against each strategy and
+    /// compare peak live and reserved bytes and latencies.
+    Replay {
+        /// The trace to replay.
+        log: PathBuf,
+        /// The strategies to compare, comma-separated.
+        #[arg(
+            long = "pool",
+            value_enum,
+            value_delimiter = ',',
+            default_value = "caching,caching-expandable,native,driver"
+        )]
+        pools: Vec<Strategy>,
+        /// Also draw live and reserved bytes over the trace into this SVG file.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Print JSON on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure copy bandwidth (H2D, D2H, D2D; pageable, staged, pinned, mapped) over sizes from 1 KiB, and
+    /// the allocate+free latency of each strategy.
+    Bench {
+        /// The largest copy of the sweep (for example 64MiB).
+        #[arg(long, value_parser = units::parse_size, default_value = "256MiB")]
+        max_size: usize,
+        /// Sizes up to 1 MiB only, fewer repetitions: a quick look.
+        #[arg(long)]
+        quick: bool,
+        /// Also draw bandwidth against size into this SVG file.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Print JSON on stdout instead of the tables.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
-/// Prints a line to stdout; a closed pipe (`cumem info | head`) is not an error worth a panic.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
-    }};
+/// Why a command failed: the driver or cumem said no, or the input was unusable.
+pub enum Failure {
+    /// An error from cumem or the driver.
+    Cuda(Error),
+    /// A file that cannot be read, a trace that does not parse, a chart that cannot be written.
+    Input(String),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Cuda(e)
+    }
 }
 
 fn main() -> ExitCode {
@@ -58,20 +120,47 @@ fn main() -> ExitCode {
         DriverArg::Real => DriverChoice::Real,
         DriverArg::Sim => DriverChoice::Simulator,
     };
-    let result = driver::select(choice).and_then(|kind| {
-        say!("{}", banner(kind));
+    let result = driver::select(choice).map_err(Failure::from).and_then(|kind| {
+        let simulated = kind == DriverKind::Simulator;
         match cli.command {
-            Command::Info => info(),
-            Command::Demo { elements } => demo(elements),
+            Command::Info => {
+                say!("{}", banner(kind));
+                info().map_err(Failure::from)
+            }
+            Command::Demo { elements } => {
+                say!("{}", banner(kind));
+                demo(elements).map_err(Failure::from)
+            }
+            Command::Replay { log, pools, svg, json } => {
+                // JSON owns stdout, so that it parses as a whole.
+                if json {
+                    eprintln!("{}", banner(kind))
+                } else {
+                    say!("{}", banner(kind))
+                }
+                replay_cmd::run(&replay_cmd::ReplayArgs { log, pools, svg, json }, simulated)
+            }
+            Command::Bench { max_size, quick, svg, json } => {
+                if json {
+                    eprintln!("{}", banner(kind))
+                } else {
+                    say!("{}", banner(kind))
+                }
+                bench::run(&bench::BenchArgs { max_size, quick, svg, json }, simulated)
+            }
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Error::DriverNotFound { .. }) => {
+        Err(Failure::Cuda(Error::DriverNotFound { .. })) => {
             eprintln!("cumem: error: no CUDA driver found (use --driver sim to run on the simulator)");
             ExitCode::FAILURE
         }
-        Err(e) => {
+        Err(Failure::Cuda(e)) => {
+            eprintln!("cumem: error: {e}");
+            ExitCode::FAILURE
+        }
+        Err(Failure::Input(e)) => {
             eprintln!("cumem: error: {e}");
             ExitCode::FAILURE
         }
@@ -197,15 +286,4 @@ fn pools(ctx: &Context) -> Result<()> {
     );
     pool.trim()?;
     Ok(())
-}
-
-fn human(bytes: usize) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[unit]) }
 }

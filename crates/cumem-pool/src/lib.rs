@@ -50,6 +50,7 @@ pub mod logging_resource;
 pub mod memory_pressure;
 pub mod native;
 pub mod native_resource;
+pub mod replay;
 pub mod segment;
 pub mod size_class;
 pub mod statistics_resource;

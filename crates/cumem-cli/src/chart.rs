@@ -1,0 +1,77 @@
+//! Line charts written as SVG: the one drawing routine behind `--svg` of `replay` and `bench`.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+/// One line of a chart.
+pub struct Series {
+    /// Its legend entry.
+    pub label: String,
+    /// Its colour.
+    pub color: RGBColor,
+    /// Points in data coordinates, in drawing order.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// What the axes say and how their ticks read.
+pub struct Axes<'a> {
+    /// The caption above the plot.
+    pub title: &'a str,
+    /// The horizontal axis's description.
+    pub x_label: &'a str,
+    /// The vertical axis's description.
+    pub y_label: &'a str,
+    /// Formats an x tick.
+    pub x_ticks: &'a dyn Fn(&f64) -> String,
+    /// Formats a y tick.
+    pub y_ticks: &'a dyn Fn(&f64) -> String,
+}
+
+/// Draws `series` into an SVG file at `path`, with labelled axes and a legend.
+pub fn line_chart(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), String> {
+    draw(path, axes, series).map_err(|e| format!("drawing {}: {e}", path.display()))
+}
+
+fn draw(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), Box<dyn std::error::Error>> {
+    let points = || series.iter().flat_map(|s| s.points.iter());
+    let (x_min, x_max) =
+        points().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
+    let y_max = points().fold(0.0f64, |hi, p| hi.max(p.1));
+    let (x_min, x_max) = if x_min < x_max { (x_min, x_max) } else { (0.0, x_min.max(0.0) + 1.0) };
+    let y_max = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
+
+    let root = SVGBackend::new(path, (1100, 650)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(axes.title, ("sans-serif", 26))
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(90)
+        .build_cartesian_2d(x_min..x_max, 0.0..y_max)?;
+    chart
+        .configure_mesh()
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
+        .x_desc(axes.x_label)
+        .y_desc(axes.y_label)
+        .x_label_formatter(axes.x_ticks)
+        .y_label_formatter(axes.y_ticks)
+        .draw()?;
+    for s in series {
+        let style = ShapeStyle { color: s.color.to_rgba(), filled: false, stroke_width: 3 };
+        chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), style))?
+            .label(s.label.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 15))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! The `cumem` binary as a user runs it, on the simulator: `replay` on every committed trace with a
+//! chart rendered to pixels, `--json` that parses, `bench` in its quick form, and errors that say
+//! what is wrong. Each run has the simulator's leak check on, so a leaking command exits non-zero.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use resvg::{tiny_skia, usvg};
+use serde_json::Value;
+
+fn cumem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cumem"))
+        .args(["--driver", "sim"])
+        .args(args)
+        .env("CUMEM_SIM", "leak_check=1")
+        .env_remove("CUMEM_LOG")
+        .output()
+        .expect("the cumem binary runs")
+}
+
+fn succeeded(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "cumem failed ({}):\n{stderr}", out.status);
+    assert!(!stderr.contains('\u{1b}'), "no progress bar when stderr is not a terminal:\n{stderr}");
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-{name}", std::process::id()))
+}
+
+/// Renders an SVG file and counts, per colour, the pixels within a small distance of it.
+fn pixels_near(svg: &Path, colors: &[(u8, u8, u8)]) -> Vec<usize> {
+    let data = std::fs::read(svg).unwrap();
+    let tree = usvg::Tree::from_data(&data, &usvg::Options::default()).expect("the chart is valid SVG");
+    let size = tree.size().to_int_size();
+    let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height()).unwrap();
+    resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
+    colors
+        .iter()
+        .map(|&(r, g, b)| {
+            pixmap
+                .pixels()
+                .iter()
+                .filter(|p| {
+                    p.alpha() == 255
+                        && p.red().abs_diff(r) <= 8
+                        && p.green().abs_diff(g) <= 8
+                        && p.blue().abs_diff(b) <= 8
+                })
+                .count()
+        })
+        .collect()
+}
+
+/// The strategies' colours in `strategy.rs`.
+const STRATEGY_COLORS: [(&str, (u8, u8, u8)); 4] = [
+    ("caching", (0x1f, 0x77, 0xb4)),
+    ("caching-expandable", (0x94, 0x67, 0xbd)),
+    ("native", (0xd6, 0x27, 0x28)),
+    ("driver", (0x2c, 0xa0, 0x2c)),
+];
+
+#[test]
+fn every_committed_trace_replays_and_each_strategy_is_drawn() {
+    for trace in ["training", "inference", "random"] {
+        let svg = scratch(&format!("{trace}.svg"));
+        let log = repo(&format!("traces/{trace}.csv"));
+        let out = cumem(&[
+            "replay",
+            log.to_str().unwrap(),
+            "--pool",
+            "caching,caching-expandable,native,driver",
+            "--svg",
+            svg.to_str().unwrap(),
+        ]);
+        let table = succeeded(&out);
+        assert!(table.contains("simulated") && table.contains("reserved÷live"), "{table}");
+        for (name, _) in STRATEGY_COLORS {
+            assert!(table.lines().any(|l| l.starts_with(name)), "{trace}: no row for {name}:\n{table}");
+        }
+        let counts = pixels_near(&svg, &STRATEGY_COLORS.map(|(_, c)| c));
+        for ((name, _), count) in STRATEGY_COLORS.iter().zip(counts) {
+            // The legend's sample line alone is about 24×3 pixels; a drawn series is far more.
+            assert!(count > 300, "{trace}: {name}'s series is not drawn ({count} pixels of its colour)");
+        }
+        std::fs::remove_file(&svg).unwrap();
+    }
+}
+
+#[test]
+fn a_strategy_left_out_is_not_drawn() {
+    let svg = scratch("caching-only.svg");
+    let log = repo("traces/training.csv");
+    succeeded(&cumem(&[
+        "replay",
+        log.to_str().unwrap(),
+        "--pool",
+        "caching",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]));
+    let counts = pixels_near(&svg, &STRATEGY_COLORS.map(|(_, c)| c));
+    assert!(counts[0] > 300 && counts[1..].iter().all(|&c| c == 0), "{counts:?}");
+    std::fs::remove_file(&svg).unwrap();
+}
+
+#[test]
+fn replay_json_parses_and_agrees_between_strategies() {
+    let fixture = repo("crates/cumem-pool/tests/fixtures/rmm_log.csv");
+    let out = cumem(&["replay", fixture.to_str().unwrap(), "--json"]);
+    let json: Value = serde_json::from_str(&succeeded(&out)).expect("stdout is one JSON document");
+    assert_eq!(json["simulated"], true);
+    assert_eq!(json["rows"], 12);
+    let strategies = json["strategies"].as_array().unwrap();
+    let names: Vec<&str> = strategies.iter().map(|s| s["strategy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["caching", "caching-expandable", "native", "driver"]);
+    for s in strategies {
+        assert_eq!(s["peak_live_bytes"], (4 << 20) + (256 << 10) + 1000);
+        assert_eq!(
+            (s["skipped_unknown_frees"].as_u64(), s["skipped_failed_rows"].as_u64()),
+            (Some(1), Some(1))
+        );
+        assert!(s["peak_reserved_bytes"].as_u64().unwrap() >= s["peak_live_bytes"].as_u64().unwrap());
+        assert!(s["allocate"]["p50_ns"].as_u64().unwrap() <= s["allocate"]["p99_ns"].as_u64().unwrap());
+        assert!(!s["samples"].as_array().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn bench_quick_reports_every_kind_labelled_simulated() {
+    let svg = scratch("bench.svg");
+    let out = cumem(&["bench", "--quick", "--max-size", "64KiB", "--json", "--svg", svg.to_str().unwrap()]);
+    let json: Value = serde_json::from_str(&succeeded(&out)).expect("stdout is one JSON document");
+    assert_eq!(json["simulated"], true);
+    let bandwidth = json["bandwidth"].as_array().unwrap();
+    assert_eq!(bandwidth.len(), 4 * 9, "1, 4, 16 and 64 KiB, nine kinds of copy each");
+    for row in bandwidth {
+        assert_eq!(row["simulated"], true);
+        assert!(row["gb_per_s"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let memories: std::collections::BTreeSet<&str> =
+        bandwidth.iter().map(|r| r["memory"].as_str().unwrap()).collect();
+    assert_eq!(
+        memories.into_iter().collect::<Vec<_>>(),
+        ["device", "mapped", "pageable", "pinned", "staged"]
+    );
+    let pools: Vec<&str> =
+        json["pool_latency"].as_array().unwrap().iter().map(|r| r["strategy"].as_str().unwrap()).collect();
+    assert_eq!(pools, ["caching", "caching-expandable", "native", "driver"]);
+    // Every kind of copy is a line of four points (one per size) in its colour from `bench.rs`.
+    // Where the lines lie on one another depends on timing, so only the last one drawn, D2D's, is
+    // sure to show in the pixels.
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for color in ["1F77B4", "E377C2", "FF7F0E", "2CA02C", "D62728", "BCBD22", "9467BD", "8C564B", "17BECF"] {
+        let series = text.lines().filter(|l| l.contains(&format!("stroke=\"#{color}\""))).any(|l| {
+            l.split("points=\"")
+                .nth(1)
+                .is_some_and(|points| points.split(' ').filter(|p| p.contains(',')).count() == 4)
+        });
+        assert!(series, "no line of four points in #{color}");
+    }
+    let counts = pixels_near(&svg, &[(0x17, 0xbe, 0xcf)]);
+    assert!(counts[0] > 100, "D2D's line is not drawn: {counts:?}");
+    std::fs::remove_file(&svg).unwrap();
+
+    let table = succeeded(&cumem(&["bench", "--quick", "--max-size", "4KiB"]));
+    assert!(table.contains("GB/s (simulated") && table.contains("ns per pair (simulated"), "{table}");
+}
+
+#[test]
+fn bad_input_is_an_error_that_says_what() {
+    let out = cumem(&["replay", "no/such/trace.csv"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/trace.csv"));
+
+    let bad = scratch("bad.csv");
+    std::fs::write(&bad, "Thread,Time,Action,Pointer,Size,Stream\n1,0.5,resize,0x10,12,0x0\n").unwrap();
+    let out = cumem(&["replay", bad.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("line 2") && stderr.contains("unknown action"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&bad).unwrap();
+
+    let out = cumem(&["replay", "x.csv", "--pool", "caching,buddy"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("buddy"));
+    let out = cumem(&["bench", "--max-size", "12"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--max-size"));
+}
