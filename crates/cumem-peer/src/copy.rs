@@ -178,8 +178,19 @@ fn queue<T: Pod + Send + Sync>(
                     )?
                 };
             }
-            // The other side's recorded user must come after the copy.
-            other.wait_for(stream)?;
+            // The other side's recorded user must come after the copy. If it cannot be ordered
+            // so, the guards still name `other` as that buffer's last user: wait for the copy
+            // here, or freeing the buffer would wait only for `other` while the copy still runs.
+            if let Err(e) = other.wait_for(stream) {
+                if let Err(sync) = stream.synchronize() {
+                    tracing::warn!(
+                        target: "cumem_peer",
+                        error = %sync,
+                        "waiting for a peer copy after its ordering failed also failed"
+                    );
+                }
+                return Err(e);
+            }
         }
         PeerPath::Staged => {
             let portable = PinnedFlags { portable: true, ..PinnedFlags::default() };
