@@ -8,7 +8,7 @@ use cumem_copy::StreamCopy;
 use cumem_core::{Context, Device, DeviceBuffer, Error, Stream};
 use cumem_peer::{PeerAccess, PeerStreamCopy};
 use cumem_sys::sim_control::{Control, FaultRule};
-use cumem_sys::sys::CUresult;
+use cumem_sys::sys::{self, CUresult};
 use cumem_sys::testing::{self, Gate};
 use serial_test::serial;
 
@@ -97,4 +97,23 @@ fn a_direct_copy_whose_final_ordering_fails_still_completes_before_the_destinati
     assert_eq!(overwritten, 0, "the failed copy wrote into memory freed and reused after it returned");
     let violations = ctl.violations_on_this_thread();
     assert!(violations.is_empty(), "{violations:?}");
+}
+
+#[test]
+#[serial] // enables and disables peer access between devices 0 and 1
+fn a_pair_whose_disable_failed_stays_cumems_and_is_disabled_by_the_next_last_guard() {
+    let Some((ctx, ctl)) = setup() else { return };
+    let first = PeerAccess::enable(&ctx[0], &ctx[1]).unwrap();
+    let rule = fail_nth(&ctl, "cuCtxDisablePeerAccess", 1);
+    drop(first); // the disable fails: logged, the pair stays enabled
+    ctl.remove_fault(rule);
+    assert!(PeerAccess::is_enabled(&ctx[0], &ctx[1]), "the pair is still enabled in the driver");
+    // The next guard joins cumem's enablement instead of adopting it as enabled elsewhere, so
+    // its drop disables the pair.
+    drop(PeerAccess::enable(&ctx[0], &ctx[1]).unwrap());
+    assert!(!PeerAccess::is_enabled(&ctx[0], &ctx[1]));
+    ctx[0].bind().unwrap();
+    // SAFETY: plain FFI call with a live context current.
+    let disabled = unsafe { sys::cuCtxDisablePeerAccess(ctx[1].raw()) };
+    assert_eq!(disabled, CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "cumem left the pair enabled");
 }
