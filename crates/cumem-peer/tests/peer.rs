@@ -264,3 +264,26 @@ fn freeing_the_source_right_after_a_queued_peer_copy_waits_for_the_copy_to_read_
         }
     }
 }
+
+#[test]
+#[parallel]
+fn direct_copies_name_each_buffer_with_its_own_context() {
+    let Some(ctx) = contexts(2) else { return };
+    // A real driver finds both ends by address and copies whatever contexts it is given; the
+    // simulator logs a context that is not its memory's, which is how swapped arguments show.
+    let Some(ctl) = testing::sim_control() else { return };
+    let s: Vec<Stream> = ctx.iter().map(|c| Stream::non_blocking(c).unwrap()).collect();
+    let data = random(1000, 4);
+    let src = DeviceBuffer::from_slice(&s[0], &data).unwrap();
+    let mut dst = DeviceBuffer::<u64>::zeroed(&s[1], data.len()).unwrap();
+    assert_eq!(copy_peer(&src, &mut dst).unwrap().path(), PeerPath::Direct);
+    drop(s[0].copy_peer(&src, &mut dst).unwrap());
+    drop(s[1].copy_peer(&src, &mut dst).unwrap());
+    assert_eq!(dst.to_vec().unwrap(), data);
+    let mismatched: Vec<_> = ctl
+        .violations_on_this_thread()
+        .into_iter()
+        .filter(|v| v.function.starts_with("cuMemcpyPeer"))
+        .collect();
+    assert!(mismatched.is_empty(), "{mismatched:?}");
+}

@@ -191,6 +191,36 @@ fn peer_copies_carry_bytes_between_unlinked_devices_without_enabled_access() {
     }
 }
 
+#[test]
+#[parallel]
+fn a_peer_copy_naming_the_wrong_contexts_is_carried_out_and_logged() {
+    let n = 4096;
+    let src = on(0, &pattern(n, 5));
+    let dst = on(1, &vec![0; n]);
+    let ctl = load();
+    bind(0);
+    // The driver finds both ends by address (a NULL context is accepted on real hardware), so
+    // swapped contexts copy all the same; the simulator logs the caller's mistake.
+    ok(unsafe_copy_peer(dst, 0, src, 1, n));
+    assert_eq!(read_back(dst, n), pattern(n, 5));
+    let mismatches: Vec<_> = ctl
+        .violations_on_this_thread()
+        .into_iter()
+        .filter(|v| v.function == "cuMemcpyPeer" && v.code == 0 && v.message.contains("context"))
+        .collect();
+    assert_eq!(mismatches.len(), 2, "{mismatches:?}");
+    assert!(
+        mismatches[0].message.contains("destination context")
+            && mismatches[1].message.contains("source context")
+    );
+    // Each end named with its own context: nothing more is logged.
+    ok(unsafe_copy_peer(dst, 1, src, 0, n));
+    let after = ctl.violations_on_this_thread().iter().filter(|v| v.message.contains("context")).count();
+    assert_eq!(after, 2);
+    dfree(src);
+    dfree(dst);
+}
+
 fn unsafe_copy_peer(
     dst: CUdeviceptr,
     dst_dev: usize,
