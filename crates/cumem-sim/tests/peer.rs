@@ -178,10 +178,12 @@ fn peer_copies_carry_bytes_between_unlinked_devices_without_enabled_access() {
     // SAFETY: both are live device allocations of `n` bytes.
     ok(unsafe { cu::cuMemcpy(back, far, n) });
     assert_eq!(read_back(back, n), pattern(n, 3));
-    // A NULL context is refused.
-    // SAFETY: plain FFI call.
-    let r = unsafe { cu::cuMemcpyPeer(near, std::ptr::null_mut(), src, ctx(0), n) };
-    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    // NULL contexts are accepted, as observed: the driver finds the memory by its address.
+    let again = on(1, &vec![0; n]);
+    // SAFETY: plain FFI call on live allocations.
+    ok(unsafe { cu::cuMemcpyPeer(again, std::ptr::null_mut(), src, std::ptr::null_mut(), n) });
+    assert_eq!(read_back(again, n), pattern(n, 3));
+    dfree(again);
     // Overrunning the destination is refused before anything is copied.
     // SAFETY: plain FFI call.
     let r = unsafe { cu::cuMemcpyPeer(near + 8, ctx(1), src, ctx(0), n) };
@@ -298,6 +300,7 @@ fn a_3d_peer_copy_moves_a_box_between_devices() {
         assert!(got[y * pitch + w..(y + 1) * pitch].iter().all(|&b| b == 0), "row {y} padding");
     }
     c.dstContext = std::ptr::null_mut();
+    // Unobserved on hardware for the 3D form: refusing a NULL context is the simulator's choice.
     // SAFETY: as above, with a NULL context.
     assert_eq!(unsafe { cu::cuMemcpy3DPeer(&c) }, CUresult::CUDA_ERROR_INVALID_CONTEXT);
     dfree(src);
