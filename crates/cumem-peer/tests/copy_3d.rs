@@ -1,12 +1,14 @@
 //! 3D peer copies between a linked and an unlinked pair of simulated devices (`peer=0-1`):
 //! the box lands bitwise, every element outside it stays as it was, and a box
-//! outside either side is a typed error before anything is queued.
+//! outside either side is a typed error before anything is queued; the copy waits for the
+//! source's earlier work, and freeing the source waits for the copy (gated, `#[serial]`).
 
+use cumem_copy::StreamCopy;
 use cumem_copy::{Copy3D, PitchedBuffer};
 use cumem_core::{Device, Error, Stream};
 use cumem_peer::{PeerPath, PeerStreamCopy3D, Topology};
 use cumem_sys::testing;
-use serial_test::parallel;
+use serial_test::{parallel, serial};
 
 /// Streams on the first `n` devices, or `None` (with a message) when there are fewer.
 fn streams(n: usize) -> Option<Vec<Stream>> {
@@ -91,5 +93,30 @@ fn a_box_outside_either_side_is_refused_before_anything_is_queued() {
     if let Some(s) = streams(3) {
         let r = s[2].copy_3d_peer(src.as_pitched(), dst.as_pitched_mut(), Copy3D::new(8, 4, 2));
         assert!(matches!(r, Err(Error::WrongDevice { .. })), "{r:?}");
+    }
+}
+
+#[test]
+#[serial] // holds a stream with a gate
+fn a_3d_peer_copy_waits_for_the_sources_earlier_work_and_frees_wait_for_it() {
+    let Some(s) = streams(2) else { return };
+    let (w, h, d) = (16, 4, 2);
+    let mut src = PitchedBuffer::<u32>::zeroed_3d(&s[0], w, h, d).unwrap();
+    let mut dst = PitchedBuffer::<u32>::zeroed_3d(&s[1], w, h, d).unwrap();
+    assert!(serial_test::is_locked_serially(None));
+    s[0].context().bind().unwrap();
+    // SAFETY: `s[0]` is alive, and its context was just made current.
+    let gate = unsafe { testing::hold(s[0].raw()) };
+    // Held: the fill runs only once the gate opens, and the copy on device 1's stream must wait.
+    s[0].fill(&mut src.row_3d_mut(1, 2).unwrap(), 0xC0FFEE).unwrap();
+    let done = s[1].copy_3d_peer(src.as_pitched(), dst.as_pitched_mut(), Copy3D::new(w, h, d)).unwrap();
+    let opener = gate.release_after(std::time::Duration::from_millis(100));
+    drop(src); // must wait for the copy, which waits for the fill
+    opener.join().unwrap();
+    let row = dst.row_3d(1, 2).unwrap().to_vec().unwrap();
+    assert!(row.iter().all(|&v| v == 0xC0FFEE), "the copy ({:?}) ran before the fill: {row:?}", done.path());
+    if let Some(ctl) = testing::sim_control() {
+        let violations = ctl.violations_on_this_thread();
+        assert!(violations.is_empty(), "{violations:?}");
     }
 }
