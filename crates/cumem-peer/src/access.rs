@@ -4,7 +4,11 @@
 //! Guards for the same (context, peer context) pair share one enablement, counted in a
 //! process-wide registry: the first guard enables, the last one to drop disables, and enabling a
 //! pair that is already enabled is not an error. A pair that was already enabled outside cumem
-//! (the driver answers `PEER_ACCESS_ALREADY_ENABLED`) is adopted and never disabled by cumem. A
+//! (the driver answers `PEER_ACCESS_ALREADY_ENABLED`) is adopted and never disabled by cumem; its
+//! outside owner stays free to disable it, even while guards live, so a guard for an adopted pair
+//! does not promise the access lasts (and [`PeerAccess::is_enabled`] may then be stale). When
+//! the last guard's disable fails, the pair stays registered as cumem's, and the next guard's
+//! last drop tries again. A
 //! pair the driver refuses (no peer link, or the same device) is a typed error:
 //! `PeerAccessUnsupported`.
 //!
@@ -80,7 +84,11 @@ impl PeerAccess {
         Ok(PeerAccess { from: from.clone(), to: to.clone() })
     }
 
-    /// Whether a guard currently holds access from `from` to `to`.
+    /// Whether cumem holds access from `from` to `to` enabled: a guard lives, or the last guard's
+    /// disable failed and the pair is still enabled (the next guard's last drop retries).
+    ///
+    /// For a pair adopted from outside cumem this is cumem's view only: its outside owner may
+    /// disable it while guards live, and then this still says `true`.
     pub fn is_enabled(from: &Context, to: &Context) -> bool {
         REGISTRY.lock().as_ref().is_some_and(|pairs| pairs.contains_key(&key(from, to)))
     }
@@ -106,19 +114,24 @@ impl Drop for PeerAccess {
         if held.guards > 0 {
             return;
         }
-        let owned = held.owned;
-        pairs.remove(&k);
-        if !owned {
+        if !held.owned {
+            pairs.remove(&k);
             return;
         }
+        // The entry goes only once the driver has disabled the pair: a pair whose disable failed
+        // is still enabled, and still cumem's, so the next guard joins it (rather than adopting
+        // it as enabled elsewhere, never to disable it) and its last drop tries again.
         let result = self.from.bind().and_then(|()| ffi::disable_peer_access(self.to.raw()));
-        if let Err(e) = result {
-            tracing::warn!(
+        match result {
+            Ok(()) => {
+                pairs.remove(&k);
+            }
+            Err(e) => tracing::warn!(
                 from = self.from.device().ordinal(),
                 to = self.to.device().ordinal(),
                 error = %e,
-                "disabling peer access failed"
-            );
+                "disabling peer access failed; the pair stays enabled, and the next guard's last drop retries"
+            ),
         }
     }
 }

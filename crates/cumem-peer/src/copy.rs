@@ -74,6 +74,13 @@ impl PeerCopy {
     }
 }
 
+impl PeerCopy {
+    /// A copy that holds nothing.
+    pub(crate) fn done(path: PeerPath, bytes: usize) -> Self {
+        PeerCopy { path, bytes, staging: None }
+    }
+}
+
 impl fmt::Debug for PeerCopy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PeerCopy")
@@ -116,8 +123,24 @@ pub fn copy_peer<T: Pod + Send + Sync>(
     Ok(PeerCopy { staging: None, ..done })
 }
 
+/// Orders `other`, the side of a copy just queued on `stream` that recorded `other` as its
+/// buffer's last user, after that copy. If it cannot be ordered so, the guards still name `other`:
+/// the copy is waited for here, or freeing that buffer would wait only for `other` while the copy
+/// still runs.
+pub(crate) fn order_after(stream: &Stream, other: &Stream) -> Result<()> {
+    let Err(e) = other.wait_for(stream) else { return Ok(()) };
+    if let Err(sync) = stream.synchronize() {
+        tracing::warn!(
+            target: "cumem_peer",
+            error = %sync,
+            "waiting for a peer copy after its ordering failed also failed"
+        );
+    }
+    Err(e)
+}
+
 /// Whether a copy between devices `a` and `b` goes over a peer link.
-fn linked(a: usize, b: usize) -> Result<bool> {
+pub(crate) fn linked(a: usize, b: usize) -> Result<bool> {
     if a == b {
         return Ok(true);
     }
@@ -178,8 +201,7 @@ fn queue<T: Pod + Send + Sync>(
                     )?
                 };
             }
-            // The other side's recorded user must come after the copy.
-            other.wait_for(stream)?;
+            order_after(stream, other)?;
         }
         PeerPath::Staged => {
             let portable = PinnedFlags { portable: true, ..PinnedFlags::default() };

@@ -70,3 +70,16 @@ pub(crate) unsafe fn memcpy_peer(
     let code = unsafe { sys::cuMemcpyPeer(dst, dst_ctx, src, src_ctx, bytes) };
     check(code, Ctx::op("cuMemcpyPeer").bytes(bytes))
 }
+
+/// `cuMemcpy3DPeerAsync`.
+///
+/// # Safety
+/// 1. `p` describes two device-memory sides (`CU_MEMORYTYPE_DEVICE`) of the contexts it names,
+///    every row of every slice named lying inside memory usable by work on `stream` (ordered on
+///    it) until the copy completes, the two not overlapping.
+pub(crate) unsafe fn memcpy_3d_peer_async(p: &sys::CUDA_MEMCPY3D_PEER, stream: CUstream) -> Result<()> {
+    let bytes = p.WidthInBytes.saturating_mul(p.Height).saturating_mul(p.Depth);
+    // SAFETY: guaranteed by the caller; `p` is a valid parameter block.
+    let code = unsafe { sys::cuMemcpy3DPeerAsync(p, stream) };
+    check(code, Ctx::op("cuMemcpy3DPeerAsync").bytes(bytes))
+}

@@ -8,6 +8,8 @@
 //!   queued, ordered after the work of both buffers exactly as same-device copies are; two devices
 //!   without a peer link copy through pinned host memory instead, and the returned [`PeerCopy`]
 //!   says which [`PeerPath`] was taken.
+//! - [`PeerStreamCopy3D::copy_3d_peer`] — a box of pitched memory copied between devices
+//!   (`cuMemcpy3DPeerAsync`), with `cumem-copy`'s `Copy3D` extents.
 //!
 //! See `docs/multi-gpu.md` for the choices behind these.
 //!
@@ -29,11 +31,13 @@
 
 mod access;
 mod copy;
+mod copy_3d;
 mod ffi;
 mod topology;
 
 pub use access::PeerAccess;
 pub use copy::{PeerCopy, PeerPath, PeerStreamCopy, copy_peer};
+pub use copy_3d::PeerStreamCopy3D;
 pub use topology::{Link, Topology};
 
 /// `docs/multi-gpu.md`, whose examples run as doctests on the simulator.

@@ -230,3 +230,60 @@ fn later_users_of_the_destination_wait_for_a_queued_peer_copy() {
         drop(done);
     }
 }
+
+#[test]
+#[serial] // holds a stream with a gate
+fn freeing_the_source_right_after_a_queued_peer_copy_waits_for_the_copy_to_read_it() {
+    let Some(ctx) = contexts(3) else { return };
+    let s: Vec<Stream> = ctx.iter().map(|c| Stream::non_blocking(c).unwrap()).collect();
+    let n = 1 << 16;
+    let data = random(n, 3);
+    // Queued on the source's stream and on the destination's, to a linked and an unlinked
+    // device: the held stream is the one whose work reads the source.
+    for (dst_dev, on) in [(1, 0), (1, 1), (2, 0)] {
+        let src = DeviceBuffer::from_slice(&s[0], &data).unwrap();
+        let mut dst = DeviceBuffer::<u64>::zeroed(&s[dst_dev], n).unwrap();
+        s[0].synchronize().unwrap();
+        let gate = hold(&s[on]);
+        let done = s[on].copy_peer(&src, &mut dst).unwrap();
+        let opener = gate.release_after(std::time::Duration::from_millis(100));
+        // Freeing the source must wait for the copy; the memory reused at once must not feed it.
+        drop(src);
+        let mut reused = DeviceBuffer::<u32>::zeroed(&s[0], 2 * n).unwrap();
+        s[0].fill(&mut reused, u32::MAX).unwrap();
+        opener.join().unwrap();
+        let path = done.path();
+        drop(done);
+        let got = dst.to_vec().unwrap();
+        let wrong = got.iter().zip(&data).filter(|(g, d)| g != d).count();
+        assert_eq!(wrong, 0, "copy to device {dst_dev} on device {on} ({path:?}) read freed memory");
+        assert!(reused.to_vec().unwrap().iter().all(|&v| v == u32::MAX));
+        if let Some(ctl) = testing::sim_control() {
+            let violations = ctl.violations_on_this_thread();
+            assert!(violations.is_empty(), "{violations:?}");
+        }
+    }
+}
+
+#[test]
+#[parallel]
+fn direct_copies_name_each_buffer_with_its_own_context() {
+    let Some(ctx) = contexts(2) else { return };
+    // A real driver finds both ends by address and copies whatever contexts it is given; the
+    // simulator logs a context that is not its memory's, which is how swapped arguments show.
+    let Some(ctl) = testing::sim_control() else { return };
+    let s: Vec<Stream> = ctx.iter().map(|c| Stream::non_blocking(c).unwrap()).collect();
+    let data = random(1000, 4);
+    let src = DeviceBuffer::from_slice(&s[0], &data).unwrap();
+    let mut dst = DeviceBuffer::<u64>::zeroed(&s[1], data.len()).unwrap();
+    assert_eq!(copy_peer(&src, &mut dst).unwrap().path(), PeerPath::Direct);
+    drop(s[0].copy_peer(&src, &mut dst).unwrap());
+    drop(s[1].copy_peer(&src, &mut dst).unwrap());
+    assert_eq!(dst.to_vec().unwrap(), data);
+    let mismatched: Vec<_> = ctl
+        .violations_on_this_thread()
+        .into_iter()
+        .filter(|v| v.function.starts_with("cuMemcpyPeer"))
+        .collect();
+    assert!(mismatched.is_empty(), "{mismatched:?}");
+}

@@ -14,9 +14,11 @@
 
 use cudarc::driver::sys::CUresult;
 
-use crate::api::Fail;
+use crate::api::{self, Fail};
 use crate::context;
+use crate::memory::AllocKind;
 use crate::state::SIM;
+use crate::violation::{self, Violation};
 
 /// `CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK`.
 const ATTR_PERFORMANCE_RANK: u32 = 1;
@@ -113,15 +115,58 @@ pub(crate) fn attribute(attrib: u32, src: i32, dst: i32) -> Result<i32, Fail> {
     }
 }
 
-/// Checks the two contexts a peer copy names (`INVALID_CONTEXT` for NULL or unknown,
-/// `CONTEXT_IS_DESTROYED` for a dead one).
-pub(crate) fn check_copy_contexts(dst_ctx: u64, src_ctx: u64) -> Result<(), Fail> {
+/// Checks the two contexts a peer copy names (`INVALID_CONTEXT` for an unknown one,
+/// `CONTEXT_IS_DESTROYED` for a dead one; NULL where `null_ok`, else `INVALID_CONTEXT`), each with the device memory it is named for (`None`
+/// when that side is not device memory).
+///
+/// A live context of another device than its memory's is accepted, as a real driver does: it
+/// finds both ends by address (unified addressing; a NULL context is accepted on real hardware
+/// for that reason, §6.2 of the driver reference), so the context arguments do not steer the
+/// copy. The mismatch is still a caller bug (the API names `dstContext` as `dstDevice`'s), so it
+/// is logged as a violation, with the call's `CUDA_SUCCESS`, for tests to catch.
+///
+/// NULL contexts were observed accepted by `cuMemcpyPeer`/`Async` (`null_ok`); for
+/// `cuMemcpy3DPeer`/`Async` nothing was observed, and refusing them is a simulator choice.
+pub(crate) fn check_copy_contexts(
+    dst_ctx: u64,
+    dst: Option<u64>,
+    src_ctx: u64,
+    src: Option<u64>,
+    null_ok: bool,
+) -> Result<(), Fail> {
     let st = SIM.st.lock();
-    for (h, what) in [(dst_ctx, "destination context"), (src_ctx, "source context")] {
-        if h == 0 {
-            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_CONTEXT, format!("NULL {what}")));
+    let mut mismatches = Vec::new();
+    for (h, ptr, what) in [(dst_ctx, dst, "destination"), (src_ctx, src, "source")] {
+        if h == 0 && null_ok {
+            // Observed: the driver then finds the memory by its address alone.
+            continue;
         }
-        context::live(&st, h, what)?;
+        if h == 0 {
+            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_CONTEXT, format!("NULL {what} context")));
+        }
+        let device = context::live(&st, h, &format!("{what} context"))?;
+        // VMM ranges belong to no context (their device is the mapping's), so only memory
+        // allocated in a context is compared.
+        let owner =
+            ptr.and_then(|p| st.find_alloc(p)).filter(|a| a.kind.device_only() && a.kind != AllocKind::Vmm);
+        if let Some(a) = owner.filter(|a| usize::try_from(a.device).ok() != Some(device)) {
+            mismatches.push(format!(
+                "the {what} context {h:#x} is device {device}'s, but the {what} memory {:#x} is device {}'s \
+                 (accepted, as the driver locates memory by address)",
+                a.base, a.device
+            ));
+        }
+    }
+    drop(st);
+    let (function, os_tid) = api::caller();
+    for message in mismatches {
+        violation::record(Violation {
+            function: function.to_string(),
+            code: CUresult::CUDA_SUCCESS as u32,
+            code_name: "CUDA_SUCCESS".to_string(),
+            message,
+            os_tid,
+        });
     }
     Ok(())
 }

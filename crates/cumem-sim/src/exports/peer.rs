@@ -58,7 +58,7 @@ pub extern "C" fn cuMemcpyPeer(
     n: usize,
 ) -> CUresult {
     api::call("cuMemcpyPeer", Init::Required, || {
-        peer::check_copy_contexts(dst_ctx as u64, src_ctx as u64)?;
+        peer::check_copy_contexts(dst_ctx as u64, Some(dst), src_ctx as u64, Some(src), true)?;
         // SAFETY: both endpoints must be CUDA memory (Role::Device): no host pointer is read.
         unsafe { memcpy(dst, Role::Device, src, Role::Device, n, None) }
     })
@@ -76,7 +76,7 @@ pub extern "C" fn cuMemcpyPeerAsync(
     h_stream: CUstream,
 ) -> CUresult {
     api::call("cuMemcpyPeerAsync", Init::Required, || {
-        peer::check_copy_contexts(dst_ctx as u64, src_ctx as u64)?;
+        peer::check_copy_contexts(dst_ctx as u64, Some(dst), src_ctx as u64, Some(src), true)?;
         // SAFETY: both endpoints must be CUDA memory (Role::Device): no host pointer is read.
         unsafe { memcpy(dst, Role::Device, src, Role::Device, n, Some(h_stream)) }
     })
@@ -93,7 +93,15 @@ unsafe fn decode_3d_peer(
     api::non_null(p, "pCopy")?;
     // SAFETY: non-NULL and valid (caller contract); the two layouts are the same size.
     let raw = unsafe { p.cast::<Memcpy3D>().read() };
-    peer::check_copy_contexts(raw.reserved1 as u64, raw.reserved0 as u64)?;
+    const DEVICE: u32 = cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
+    let device_side = |ty: u32, ptr: u64| (ty == DEVICE).then_some(ptr);
+    peer::check_copy_contexts(
+        raw.reserved1 as u64,
+        device_side(raw.dst_type, raw.dst_device),
+        raw.reserved0 as u64,
+        device_side(raw.src_type, raw.src_device),
+        false,
+    )?;
     // SAFETY: as above; the layouts agree field for field.
     let mut c = unsafe { decode_3d(p.cast()) }?;
     c.reserved_set = false;
