@@ -139,7 +139,7 @@ pub(crate) const ATTRIBUTES: &[(u32, &str, i32)] = &[
     (122, "can_use_64_bit_stream_mem_ops", 0),
     (123, "can_use_stream_wait_value_nor", 0),
     (124, "dma_buf_supported", 0),
-    (125, "ipc_event_supported", 0),
+    (125, "ipc_event_supported", 1),
     (126, "mem_sync_domain_count", 4),
     (127, "tensor_map_access_supported", 0),
     (128, "handle_type_fabric_supported", 0),

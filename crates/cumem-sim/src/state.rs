@@ -76,6 +76,8 @@ pub(crate) struct State {
     pub(crate) limits: BTreeMap<u64, Limits>,
     /// Virtual memory management: reservations, physical allocations, mappings.
     pub(crate) vmm: crate::vmm::Vmm,
+    /// Allocations imported from other processes (`cuIpcOpenMemHandle`).
+    pub(crate) ipc: crate::ipc::Imports,
     pub(crate) next_handle: u64,
     pub(crate) next_seq: u64,
     pub(crate) next_buffer_id: u64,
@@ -116,6 +118,7 @@ pub(crate) static SIM: Sim = Sim {
         contexts: BTreeMap::new(),
         limits: BTreeMap::new(),
         vmm: crate::vmm::Vmm::new(),
+        ipc: crate::ipc::Imports { by_base: BTreeMap::new() },
         next_handle: 1,
         next_seq: 0,
         next_buffer_id: 1,
@@ -222,7 +225,8 @@ impl State {
             a.mark_freed(Freed::AtCall { api: crate::api::caller().0 });
         }
         match a.kind {
-            AllocKind::Device | AllocKind::Pitched => {
+            // An import is charged nothing (`charged` is 0).
+            AllocKind::Device | AllocKind::Pitched | AllocKind::IpcImport => {
                 let dev = &mut self.devices[a.device as usize];
                 dev.used -= a.charged;
                 dev.va.release(a.base);

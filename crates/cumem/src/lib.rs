@@ -29,6 +29,7 @@
 //! | [`pool`] | `pool` (default) | the caching pool, the driver's pools, adaptors (statistics, limiting, tracking, logging, failure callback), a memory-pressure monitor |
 //! | [`unified`] | `unified` (default) | managed memory, advice, prefetch, migration policies |
 //! | [`channel`] | `channel` (default) | host ↔ device message rings for persistent kernels |
+//! | `ipc` | `ipc` | device memory and events shared with other processes, descriptors over Unix sockets |
 //! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
 
 // Every public item of cumem-core (and through it cumem-sys's error types and raw bindings), so a
@@ -75,6 +76,10 @@ pub use cumem_unified as unified;
 /// Host ↔ device message channels for persistent kernels (feature `channel`).
 #[cfg(feature = "channel")]
 pub use cumem_channel as channel;
+
+/// Device memory and events shared with other processes (feature `ipc`).
+#[cfg(feature = "ipc")]
+pub use cumem_ipc as ipc;
 
 /// Choosing and loading the driver: the real one, or the simulator (feature `sim`).
 pub mod driver {
