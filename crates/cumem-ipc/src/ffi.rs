@@ -106,3 +106,14 @@ pub(crate) unsafe fn event_destroy(e: CUevent) -> Result<()> {
     // SAFETY: guaranteed by the caller.
     check(unsafe { sys::cuEventDestroy_v2(e) }, Ctx::op("cuEventDestroy_v2"))
 }
+
+/// The allocation containing `dptr`: `(base, size)`.
+pub(crate) fn address_range(dptr: CUdeviceptr) -> Result<(CUdeviceptr, usize)> {
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: both out-pointers are valid; the driver checks `dptr` itself.
+    check(
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr) },
+        Ctx::op("cuMemGetAddressRange_v2"),
+    )?;
+    Ok((base, size))
+}

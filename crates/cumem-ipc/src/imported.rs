@@ -12,6 +12,8 @@ use crate::ffi;
 /// of `T` whose work is ordered like a [`DeviceBuffer`](cumem_core::DeviceBuffer)'s. Dropping it
 /// waits for that work and closes the import (the memory stays the exporter's).
 pub struct ImportedBuffer<T> {
+    /// What the driver mapped (the whole exported allocation), closed on drop.
+    base: CUdeviceptr,
     ptr: CUdeviceptr,
     len: usize,
     ctx: Context,
@@ -20,8 +22,9 @@ pub struct ImportedBuffer<T> {
 }
 
 impl<T: Pod> ImportedBuffer<T> {
-    pub(crate) fn new(ptr: CUdeviceptr, len: usize, stream: &Stream) -> Self {
+    pub(crate) fn new(base: CUdeviceptr, ptr: CUdeviceptr, len: usize, stream: &Stream) -> Self {
         ImportedBuffer {
+            base,
             ptr,
             len,
             ctx: stream.context().clone(),
@@ -79,8 +82,8 @@ impl<T> Drop for ImportedBuffer<T> {
             tracing::warn!(error = %e, "cumem-ipc: cannot bind the import's context; the import stays open");
             return;
         }
-        // SAFETY: `ptr` came from `mem_open`, is closed only here, and no view outlives `self`.
-        if let Err(e) = unsafe { ffi::mem_close(self.ptr) } {
+        // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives `self`.
+        if let Err(e) = unsafe { ffi::mem_close(self.base) } {
             tracing::warn!(error = %e, "cumem-ipc: cuIpcCloseMemHandle failed");
         }
     }

@@ -94,3 +94,22 @@ pub unsafe extern "C" fn cuIpcOpenEventHandle(ph_event: *mut CUevent, handle: CU
         unsafe { api::out(ph_event, h as CUevent, "phEvent") }
     })
 }
+
+/// `CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned Flags)`: the
+/// pre-11.0 name, with the same ABI (IPC came after 64-bit device pointers); as `_v2`.
+///
+/// # Safety
+/// 1. `pdptr` is NULL or valid for writing a `CUdeviceptr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcOpenMemHandle(
+    pdptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+    flags: c_uint,
+) -> CUresult {
+    api::call("cuIpcOpenMemHandle", Init::Required, || {
+        api::non_null(pdptr, "pdptr")?;
+        let base = crate::ipc::memory::open(&to_bytes(&handle.reserved), flags)?;
+        // SAFETY: forwarded caller contract (checked non-NULL).
+        unsafe { api::out(pdptr, base, "pdptr") }
+    })
+}
