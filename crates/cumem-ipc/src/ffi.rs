@@ -111,9 +111,7 @@ pub(crate) unsafe fn event_destroy(e: CUevent) -> Result<()> {
 pub(crate) fn address_range(dptr: CUdeviceptr) -> Result<(CUdeviceptr, usize)> {
     let (mut base, mut size) = (0, 0);
     // SAFETY: both out-pointers are valid; the driver checks `dptr` itself.
-    check(
-        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr) },
-        Ctx::op("cuMemGetAddressRange_v2"),
-    )?;
+    let code = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr) };
+    check(code, Ctx::op("cuMemGetAddressRange_v2"))?;
     Ok((base, size))
 }
