@@ -117,7 +117,7 @@ pub(crate) const ATTRIBUTES: &[(u32, &str, i32)] = &[
     (100, "pageable_memory_access_uses_host_page_tables", 0),
     (101, "direct_managed_mem_access_from_host", 0),
     (102, "virtual_address_management_supported", 1),
-    (103, "handle_type_posix_file_descriptor_supported", 0),
+    (103, "handle_type_posix_file_descriptor_supported", 1),
     (104, "handle_type_win32_handle_supported", 0),
     (105, "handle_type_win32_kmt_handle_supported", 0),
     (106, "max_blocks_per_multiprocessor", 32),
