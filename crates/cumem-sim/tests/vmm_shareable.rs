@@ -134,7 +134,7 @@ fn an_import_in_the_same_process_is_a_new_handle_over_the_same_bytes() {
     let r = unsafe {
         cu::cuMemImportFromShareableHandle(
             std::ptr::null_mut(),
-            0 as *mut c_void,
+            std::ptr::null_mut::<c_void>(),
             cu::CUmemAllocationHandleType(1),
         )
     };
