@@ -81,7 +81,12 @@ pub(crate) enum Work {
     /// A 2D memset: `count` elements of `width` bytes per row.
     FillRows { rows: Vec<Endpoint>, value: u32, width: usize, count: usize },
     /// Completes an event recording.
-    Marker { event: u64 },
+    Marker {
+        event: u64,
+        /// For an interprocess event: its shared counters and this recording's number, published
+        /// when the marker runs even if the event was destroyed meanwhile.
+        shared: Option<(std::sync::Arc<crate::ipc::event::SharedEvent>, u64)>,
+    },
     /// Only orders (stream waits, allocator waits, attachments).
     Nop,
     /// `cuMemFreeAsync`: when reached in stream order, the allocation's free takes effect.

@@ -81,6 +81,7 @@ fn use_after_free(api: &'static str, tid: u64, a: &Allocation, how: &Freed) -> V
         AllocKind::Pool => "device memory (pool allocation)",
         AllocKind::Device | AllocKind::Pitched => "device memory",
         AllocKind::Vmm => "device memory (VMM mapping)",
+        AllocKind::IpcImport => "device memory (IPC import)",
         AllocKind::Managed => "managed memory",
         AllocKind::PinnedHost | AllocKind::Registered => "pinned host memory",
     };
@@ -155,11 +156,14 @@ fn engine_loop() {
                     finish(&mut g, sid);
                 }
             }
-            Work::Marker { event } => {
+            Work::Marker { event, shared } => {
                 if let Some(e) = g.events.get_mut(&event)
                     && e.record == Some((sid, op.seq))
                 {
                     e.done_at = Some(Instant::now());
+                }
+                if let Some((page, ticket)) = shared {
+                    page.publish(ticket);
                 }
                 finish(&mut g, sid);
             }

@@ -56,12 +56,33 @@ pub(crate) struct Event {
     pub(crate) record: Option<(u64, u64)>,
     /// When that marker executed.
     pub(crate) done_at: Option<Instant>,
+    /// For an INTERPROCESS event: the counters shared with other processes.
+    pub(crate) shared: Option<std::sync::Arc<crate::ipc::event::SharedEvent>>,
+    /// For an INTERPROCESS event: the shared number of this process's latest recording.
+    pub(crate) ticket: u64,
 }
 
 impl Event {
-    /// Whether the latest recording's work is complete (true if never recorded).
+    /// A never-recorded event.
+    pub(crate) fn new(device: usize, ctx: u64, flags: u32) -> Self {
+        Self { device, ctx, flags, record: None, done_at: None, shared: None, ticket: 0 }
+    }
+
+    /// Whether the latest recording's work is complete (true if never recorded); for an
+    /// interprocess event, the latest recording made in any process.
     pub(crate) fn complete(&self, st: &State) -> bool {
+        if let Some(shared) = &self.shared {
+            return shared.done_through() >= shared.latest();
+        }
         self.record.is_none_or(|(s, q)| done_through(&st.streams, s, q))
+    }
+
+    /// For an interprocess event whose latest recording was made by another process: that
+    /// recording's number, which only the shared counters can tell complete.
+    pub(crate) fn remote_ticket(&self) -> Option<(std::sync::Arc<crate::ipc::event::SharedEvent>, u64)> {
+        let shared = self.shared.as_ref()?;
+        let latest = shared.latest();
+        (latest != self.ticket).then(|| (std::sync::Arc::clone(shared), latest))
     }
 }
 

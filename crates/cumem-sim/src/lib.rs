@@ -28,6 +28,7 @@ pub mod exports;
 mod fault;
 mod hints;
 mod hold;
+mod ipc;
 mod leak;
 mod lifecycle;
 mod locate;

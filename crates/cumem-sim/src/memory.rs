@@ -9,6 +9,7 @@
 //! early; the allocation records when its free took effect, so the engine can report such an
 //! operation as a use after free.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
@@ -32,6 +33,8 @@ pub(crate) enum AllocKind {
     Registered,
     /// `cuMemMap`: one mapping of physical memory (`cuMemCreate`) into a reservation.
     Vmm,
+    /// `cuIpcOpenMemHandle`: another process's device allocation, mapped here.
+    IpcImport,
 }
 
 impl AllocKind {
@@ -45,13 +48,17 @@ impl AllocKind {
             AllocKind::PinnedHost => "pinned_host",
             AllocKind::Registered => "registered",
             AllocKind::Vmm => "vmm_mapping",
+            AllocKind::IpcImport => "ipc_import",
         }
     }
 
     /// Device-only memory (no host mapping): `cuMemAlloc`, `cuMemAllocPitch`, pool blocks, VMM
     /// mappings.
     pub(crate) fn device_only(self) -> bool {
-        matches!(self, AllocKind::Device | AllocKind::Pitched | AllocKind::Pool | AllocKind::Vmm)
+        matches!(
+            self,
+            AllocKind::Device | AllocKind::Pitched | AllocKind::Pool | AllocKind::Vmm | AllocKind::IpcImport
+        )
     }
 
     /// Page-locked host memory (pinned allocations and registrations).
@@ -68,6 +75,10 @@ pub(crate) struct Backing {
     owned: bool,
     /// For a view (a pool allocation inside its chunk): the mapping it lies in, kept alive by it.
     parent: Option<Arc<Backing>>,
+    /// The memory file behind the mapping once it is shared with other processes
+    /// ([`Backing::share`]); open for as long as the mapping lives, so that another process can
+    /// open it through `/proc/<pid>/fd/<n>`.
+    file: OnceLock<OwnedFd>,
 }
 
 impl std::fmt::Debug for Backing {
@@ -106,7 +117,13 @@ impl Backing {
         if p == libc::MAP_FAILED {
             return None;
         }
-        Some(Self { ptr: NonNull::new(p.cast::<u8>())?, len: map_len, owned: true, parent: None })
+        Some(Self {
+            ptr: NonNull::new(p.cast::<u8>())?,
+            len: map_len,
+            owned: true,
+            parent: None,
+            file: OnceLock::new(),
+        })
     }
 
     /// Two mappings of the same `len` bytes (one page for `len == 0`), each unmapped when dropped:
@@ -136,7 +153,13 @@ impl Backing {
             if p == libc::MAP_FAILED {
                 return None;
             }
-            NonNull::new(p.cast::<u8>()).map(|ptr| Self { ptr, len: map_len, owned: true, parent: None })
+            NonNull::new(p.cast::<u8>()).map(|ptr| Self {
+                ptr,
+                len: map_len,
+                owned: true,
+                parent: None,
+                file: OnceLock::new(),
+            })
         };
         // SAFETY: `fd` is the memory file created above.
         let sized = unsafe { libc::ftruncate(fd, map_len as libc::off_t) } == 0;
@@ -166,13 +189,19 @@ impl Backing {
         if p == libc::MAP_FAILED {
             return None;
         }
-        Some(Self { ptr: NonNull::new(p.cast::<u8>())?, len: map_len, owned: true, parent: None })
+        Some(Self {
+            ptr: NonNull::new(p.cast::<u8>())?,
+            len: map_len,
+            owned: true,
+            parent: None,
+            file: OnceLock::new(),
+        })
     }
 
     /// Stands for `len` bytes of the program's memory at `ptr` (a host registration); dropping it
     /// does not unmap anything. `None` for a NULL `ptr`.
     pub(crate) fn borrowed(ptr: *mut u8, len: usize) -> Option<Self> {
-        Some(Self { ptr: NonNull::new(ptr)?, len, owned: false, parent: None })
+        Some(Self { ptr: NonNull::new(ptr)?, len, owned: false, parent: None, file: OnceLock::new() })
     }
 
     /// The `len` bytes at `offset` of `parent` (a pool chunk's mapping), sharing its memory: every
@@ -183,7 +212,90 @@ impl Backing {
             return None;
         }
         let ptr = NonNull::new(parent.as_ptr().wrapping_add(offset))?;
-        Some(Self { ptr, len, owned: false, parent: Some(Arc::clone(parent)) })
+        Some(Self { ptr, len, owned: false, parent: Some(Arc::clone(parent)), file: OnceLock::new() })
+    }
+
+    /// Maps all of the memory file `file` (`len` bytes) shared: an allocation another process
+    /// exported, or an IPC event's page. `None` when the kernel refuses.
+    pub(crate) fn from_file(file: &OwnedFd, len: usize) -> Option<Self> {
+        let map_len = len.max(1);
+        // SAFETY: a shared mapping of an open file with a NULL hint cannot alias existing memory;
+        // the result is checked for MAP_FAILED before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let ptr = NonNull::new(p.cast::<u8>())?;
+        Some(Self { ptr, len: map_len, owned: true, parent: None, file: OnceLock::new() })
+    }
+
+    /// The memory file behind this (owned, anonymous) mapping, created on first use: its bytes
+    /// are copied into a new memory file that is then mapped over the same addresses, so every
+    /// pointer into the mapping stays valid and now reaches memory another process can map too.
+    /// Allocation stays one anonymous `mmap` and only exported memory pays for a file. The caller
+    /// must make sure nothing writes the memory meanwhile (the simulator drains the device's
+    /// queued work first). `None` for a view or borrowed memory, or when the kernel refuses.
+    pub(crate) fn share(&self) -> Option<&OwnedFd> {
+        if let Some(file) = self.file.get() {
+            return Some(file);
+        }
+        if !self.owned {
+            return None;
+        }
+        // SAFETY: a NUL-terminated name; the result is checked before use.
+        let fd = unsafe { libc::memfd_create(c"cumem-sim-ipc".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        let file = unsafe { OwnedFd::from_raw_fd(fd) };
+        let len = libc::off_t::try_from(self.len).ok()?;
+        // SAFETY: `fd` is the memory file created above.
+        if unsafe { libc::ftruncate(fd, len) } != 0 {
+            return None;
+        }
+        let mut off = 0usize;
+        while off < self.len {
+            // SAFETY: `self.ptr..+len` is this value's readable mapping; `fd` is a file of `len`
+            // bytes, so the write stays inside it.
+            let n = unsafe {
+                libc::pwrite(fd, self.ptr.as_ptr().add(off).cast(), self.len - off, off as libc::off_t)
+            };
+            if n <= 0 {
+                return None;
+            }
+            off += n as usize;
+        }
+        // SAFETY: MAP_FIXED over exactly the range this value owns replaces its pages with the
+        // file's (which now hold the same bytes); no other mapping is touched.
+        let p = unsafe {
+            libc::mmap(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        Some(self.file.get_or_init(|| file))
+    }
+
+    /// The memory file behind the mapping, if it was shared already.
+    pub(crate) fn shared_file(&self) -> Option<&OwnedFd> {
+        self.file.get()
     }
 
     /// Length of the mapping in bytes.

@@ -78,6 +78,8 @@ pub(crate) struct State {
     pub(crate) vmm: crate::vmm::Vmm,
     /// Enabled peer access, as (accessing context, peer context) pairs (`cuCtxEnablePeerAccess`).
     pub(crate) peer_access: std::collections::BTreeSet<(u64, u64)>,
+    /// Allocations imported from other processes (`cuIpcOpenMemHandle`).
+    pub(crate) ipc: crate::ipc::Imports,
     pub(crate) next_handle: u64,
     pub(crate) next_seq: u64,
     pub(crate) next_buffer_id: u64,
@@ -119,6 +121,7 @@ pub(crate) static SIM: Sim = Sim {
         limits: BTreeMap::new(),
         vmm: crate::vmm::Vmm::new(),
         peer_access: std::collections::BTreeSet::new(),
+        ipc: crate::ipc::Imports { by_base: BTreeMap::new() },
         next_handle: 1,
         next_seq: 0,
         next_buffer_id: 1,
@@ -225,7 +228,8 @@ impl State {
             a.mark_freed(Freed::AtCall { api: crate::api::caller().0 });
         }
         match a.kind {
-            AllocKind::Device | AllocKind::Pitched => {
+            // An import is charged nothing (`charged` is 0).
+            AllocKind::Device | AllocKind::Pitched | AllocKind::IpcImport => {
                 let dev = &mut self.devices[a.device as usize];
                 dev.used -= a.charged;
                 dev.va.release(a.base);

@@ -204,12 +204,20 @@ pub(crate) fn query(h_stream: CUstream) -> Result<(), Fail> {
 pub(crate) fn wait_event(h_stream: CUstream, h_event: CUevent, flags: u32) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
     let id = crate::hold::resolve_gated(&mut st, h_stream)?;
-    let record = crate::event::lookup(&st, h_event)?.record;
+    let (record, remote) = {
+        let e = crate::event::lookup(&st, h_event)?;
+        (e.record, e.remote_ticket())
+    };
     if flags != 0 {
         return Err(Fail::misuse(
             CUresult::CUDA_ERROR_INVALID_VALUE,
             format!("cuStreamWaitEvent flags {flags:#x} must be 0"),
         ));
+    }
+    if let Some((shared, ticket)) = remote {
+        // Another process's recording: wait for it here (see `crate::ipc::event`).
+        crate::ipc::event::wait_ticket(&mut st, &shared, ticket);
+        return Ok(());
     }
     if let Some(dep) = record {
         enqueue(&mut st, id, Work::Nop, vec![dep]);

@@ -181,8 +181,10 @@ fn the_checked_entry_points_exist_where_they_are_claimed() {
     // And one the simulator cannot back is reported as absent, with its calls absent.
     assert_eq!(attribute(102, 0), 1, "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED with its calls");
     assert!(exported("cuMemCreate") && exported("cuMemMap"));
-    assert_eq!(attribute(103, 0), 0, "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED without export calls");
-    assert!(!exported("cuMemExportToShareableHandle"));
+    assert_eq!(attribute(103, 0), 1, "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED with its calls");
+    assert!(exported("cuMemExportToShareableHandle") && exported("cuMemImportFromShareableHandle"));
+    assert_eq!(attribute(125, 0), 1, "IPC_EVENT_SUPPORTED with its calls");
+    assert!(exported("cuIpcGetEventHandle") && exported("cuIpcOpenEventHandle"));
     assert_eq!(attribute(119, 0), 0, "MEMPOOL_SUPPORTED_HANDLE_TYPES without pool export calls");
     assert!(!exported("cuMemPoolExportToShareableHandle"));
 }

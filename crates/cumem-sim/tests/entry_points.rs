@@ -243,11 +243,11 @@ fn get_proc_address_returns_the_version_and_stream_variant_asked_for() {
         assert_eq!((r, status), (CUresult::CUDA_SUCCESS, 0), "{name} {version} {flags}");
         assert_eq!(f, symbol_address(symbol), "{name} {version} {flags} should be {symbol}");
     }
-    let (r, f, status) = proc("cuMemExportToShareableHandle", 12080, 0);
+    let (r, f, status) = proc("cuMemPoolExportToShareableHandle", 12080, 0);
     assert_eq!(
         (r, f, status),
         (CUresult::CUDA_ERROR_NOT_FOUND, std::ptr::null_mut(), 1),
-        "shareable handles are not modelled"
+        "pool export is not modelled"
     );
     let (r, f, status) = proc("cuNoSuchFunction", 12080, 0);
     assert_eq!((r, f, status), (CUresult::CUDA_ERROR_NOT_FOUND, std::ptr::null_mut(), 1));

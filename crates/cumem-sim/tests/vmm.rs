@@ -245,8 +245,7 @@ fn misuse_codes_as_observed() {
         (0x2, CUresult::CUDA_ERROR_INVALID_VALUE),
         (0x4, CUresult::CUDA_ERROR_INVALID_VALUE),
         (0x3, CUresult::CUDA_ERROR_INVALID_VALUE),
-        // No shareable handles yet: the device's attributes for them are 0.
-        (0x1, CUresult::CUDA_ERROR_NOT_SUPPORTED),
+        // No fabric: its device attribute is 0 (POSIX_FD is covered by vmm_shareable.rs).
         (0x8, CUresult::CUDA_ERROR_NOT_SUPPORTED),
     ] {
         let mut p = prop(0);

@@ -31,6 +31,7 @@
 //! | [`channel`] | `channel` (default) | host ↔ device message rings for persistent kernels |
 //! | [`vmm`] | `vmm` (default) | virtual memory: reservations, mappings, `GrowableBuffer` |
 //! | [`peer`] | `peer` (default) | multi-GPU topology, peer access, peer copies (direct or staged) |
+//! | `ipc` | `ipc` | device memory and events shared with other processes, descriptors over Unix sockets |
 //! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
 
 // Every public item of cumem-core (and through it cumem-sys's error types and raw bindings), so a
@@ -84,6 +85,10 @@ pub use cumem_vmm as vmm;
 /// Multi-GPU topology, peer access and peer copies (feature `peer`).
 #[cfg(feature = "peer")]
 pub use cumem_peer as peer;
+
+/// Device memory and events shared with other processes (feature `ipc`).
+#[cfg(feature = "ipc")]
+pub use cumem_ipc as ipc;
 
 /// Choosing and loading the driver: the real one, or the simulator (feature `sim`).
 pub mod driver {

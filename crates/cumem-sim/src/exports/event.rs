@@ -28,8 +28,14 @@ pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) ->
                 format!("invalid event flags {flags:#x}"),
             ));
         }
+        let mut event = Event::new(d, ctx, flags);
+        if flags & INTERPROCESS != 0 {
+            let page = crate::ipc::event::SharedEvent::new();
+            event.shared =
+                Some(std::sync::Arc::new(page.ok_or(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY))?));
+        }
         let h = st.new_event_handle();
-        st.events.insert(h, Event { device: d, ctx, flags, record: None, done_at: None });
+        st.events.insert(h, event);
         // SAFETY: forwarded caller contract.
         unsafe { api::out(ph_event, h as CUevent, "phEvent") }
     })
@@ -52,7 +58,11 @@ fn record(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> api::ApiResult
         ));
     }
     let eid = h_event as u64;
-    let seq = enqueue(&mut st, sid, Work::Marker { event: eid }, Vec::new());
+    let shared = st.events[&eid].shared.as_ref().map(|s| (std::sync::Arc::clone(s), s.issue()));
+    if let Some((_, ticket)) = shared {
+        st.events.get_mut(&eid).expect("looked up above").ticket = ticket;
+    }
+    let seq = enqueue(&mut st, sid, Work::Marker { event: eid, shared }, Vec::new());
     let e = st.events.get_mut(&eid).expect("looked up above");
     e.record = Some((sid, seq));
     e.done_at = None;
@@ -95,11 +105,13 @@ pub extern "C" fn cuEventQuery(h_event: CUevent) -> CUresult {
 pub extern "C" fn cuEventSynchronize(h_event: CUevent) -> CUresult {
     api::call("cuEventSynchronize", Init::Required, || {
         let mut st = SIM.st.lock();
-        let (record, device) = {
+        let (record, device, remote) = {
             let e = lookup(&st, h_event)?;
-            (e.record, e.device)
+            (e.record, e.device, e.remote_ticket())
         };
-        if let Some(r) = record {
+        if let Some((shared, ticket)) = remote {
+            crate::ipc::event::wait_ticket(&mut st, &shared, ticket);
+        } else if let Some(r) = record {
             wait_for(&mut st, &[r]);
         }
         crate::pool::on_synchronize(&mut st, device);

@@ -17,6 +17,7 @@ pub mod device;
 pub mod error;
 pub mod event;
 pub mod init;
+pub mod ipc;
 pub mod legacy_names;
 pub mod managed;
 pub mod memory;

@@ -216,3 +216,48 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
         unsafe { api::out(prop.cast::<AllocationProp>(), p, "prop") }
     })
 }
+
+/// `CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle
+/// handle, CUmemAllocationHandleType handleType, unsigned long long flags)`: for POSIX_FD, writes
+/// a new descriptor (an `int`) of the physical memory, which must have been created with POSIX_FD
+/// among its requested handle types (`INVALID_VALUE` otherwise, as on the H100). Another process
+/// that receives the descriptor imports the same bytes.
+///
+/// # Safety
+/// 1. `shareable_handle` is NULL or valid for writing an `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable_handle: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    handle_type: c_uint,
+    flags: c_ulonglong,
+) -> CUresult {
+    api::call("cuMemExportToShareableHandle", Init::Required, || {
+        api::non_null(shareable_handle, "shareableHandle")?;
+        let fd = vmm::export_fd(handle, handle_type, flags)?;
+        // SAFETY: forwarded caller contract (checked non-NULL; POSIX_FD writes an int).
+        unsafe { api::out(shareable_handle.cast::<std::ffi::c_int>(), fd, "shareableHandle") }
+    })
+}
+
+/// `CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+/// CUmemAllocationHandleType shHandleType)`: for POSIX_FD, `osHandle` is the descriptor itself
+/// (cast to a pointer), which the caller keeps. Returns a new handle (one reference, released with
+/// `cuMemRelease`), even in the exporting process. fd −1 → `UNKNOWN` (as observed); FABRIC →
+/// `NOT_SUPPORTED`; another type or a file that is not exported simulator memory → `INVALID_VALUE`.
+///
+/// # Safety
+/// 1. `handle` is NULL or valid for writing a `CUmemGenericAllocationHandle`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut c_void,
+    handle_type: c_uint,
+) -> CUresult {
+    api::call("cuMemImportFromShareableHandle", Init::Required, || {
+        api::non_null(handle, "handle")?;
+        let h = vmm::import_fd(os_handle as usize as i32, handle_type)?;
+        // SAFETY: forwarded caller contract (checked non-NULL).
+        unsafe { api::out(handle, h, "handle") }
+    })
+}

@@ -22,6 +22,7 @@ mod mapping;
 mod physical;
 mod pointer;
 mod reserve;
+mod shareable;
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -34,6 +35,7 @@ pub(crate) use mapping::{map, unmap};
 pub(crate) use physical::{create, granularity, properties, release, retain};
 pub(crate) use pointer::attribute as pointer_attribute;
 pub(crate) use reserve::{address_free, address_reserve};
+pub(crate) use shareable::{export_fd, import_fd};
 
 use crate::abi::{AllocationProp, LOC_DEVICE, LOC_HOST, LOC_HOST_NUMA, LOC_HOST_NUMA_CURRENT};
 use crate::address_space::AddressSpace;
@@ -98,8 +100,11 @@ pub(crate) struct Physical {
     /// References not yet released; 0 once released while still mapped.
     pub(crate) refs: u32,
     pub(crate) mappings: u32,
-    /// The memory file holding its bytes.
+    /// The memory file holding its bytes (and, after them, the creation properties: see
+    /// `shareable`).
     pub(crate) file: OwnedFd,
+    /// Charged to its device's capacity (false for an import: the exporter's device paid).
+    pub(crate) charged: bool,
 }
 
 /// A `cuMemMap` binding.

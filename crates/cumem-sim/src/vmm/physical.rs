@@ -41,8 +41,9 @@ pub(crate) fn granularity(prop: &AllocationProp, option: u32) -> Result<u64, Fai
 
 /// Which requested handle types the device can honour. Observed on an H100: Win32 kinds and
 /// POSIX|WIN32 → `INVALID_VALUE`; FABRIC → `NOT_PERMITTED` (no IMEX channel); undefined bits are
-/// ignored. A kind whose device attribute is 0 (the simulator's default: it exports no shareable
-/// handles yet) is refused with `NOT_SUPPORTED`, the driver's answer for a missing capability.
+/// ignored. A kind whose device attribute is 0 (FABRIC by default; POSIX_FD where the
+/// configuration turns it off) is refused with `NOT_SUPPORTED`, the driver's answer for a
+/// missing capability.
 fn check_handle_types(st: &State, d: usize, types: u32) -> Result<(), Fail> {
     if types & HANDLE_WIN32 != 0 {
         return Err(invalid(format!("requestedHandleTypes {types:#x} asks for a Win32 handle on Linux")));
@@ -64,7 +65,7 @@ fn check_handle_types(st: &State, d: usize, types: u32) -> Result<(), Fail> {
 }
 
 /// A memory file of `size` bytes; `None` when the kernel refuses.
-fn memory_file(size: u64) -> Option<OwnedFd> {
+pub(super) fn memory_file(size: u64) -> Option<OwnedFd> {
     // SAFETY: a NUL-terminated name; the result is checked before use.
     let fd = unsafe { libc::memfd_create(c"cumem-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -97,10 +98,12 @@ pub(crate) fn create(size: usize, prop: &AllocationProp, flags: u64) -> Result<u
     if size > dev.total - dev.used {
         return Err(oom());
     }
-    let file = memory_file(size).ok_or_else(oom)?;
+    let file = memory_file(size + super::shareable::TRAILER).ok_or_else(oom)?;
+    super::shareable::write_trailer(&file, size, prop).ok_or_else(oom)?;
     st.devices[d].used += size;
     let handle = st.vmm.new_handle();
-    st.vmm.physical.insert(handle, Physical { size, device: d, prop: *prop, refs: 1, mappings: 0, file });
+    let physical = Physical { size, device: d, prop: *prop, refs: 1, mappings: 0, file, charged: true };
+    st.vmm.physical.insert(handle, physical);
     Ok(handle)
 }
 
@@ -111,7 +114,9 @@ pub(crate) fn collect(st: &mut State, handle: u64) {
         && p.mappings == 0
     {
         let p = st.vmm.physical.remove(&handle).expect("just found");
-        st.devices[p.device].used -= p.size;
+        if p.charged {
+            st.devices[p.device].used -= p.size;
+        }
     }
 }
 

@@ -1,0 +1,96 @@
+//! [`ImportedBuffer`]: another process's allocation, opened here.
+
+use std::marker::PhantomData;
+
+use bytemuck::Pod;
+use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Stream, StreamOrder};
+use cumem_sys::sys::CUdeviceptr;
+
+use crate::ffi;
+
+/// Another process's device allocation, opened in this process: a device view of `len` elements
+/// of `T` whose work is ordered like a [`DeviceBuffer`](cumem_core::DeviceBuffer)'s. Dropping it
+/// waits for that work and closes the import (the memory stays the exporter's).
+pub struct ImportedBuffer<T> {
+    /// What the driver mapped (the whole exported allocation), closed on drop.
+    base: CUdeviceptr,
+    ptr: CUdeviceptr,
+    len: usize,
+    ctx: Context,
+    order: StreamOrder,
+    _marker: PhantomData<T>,
+}
+
+impl<T: Pod> ImportedBuffer<T> {
+    pub(crate) fn new(base: CUdeviceptr, ptr: CUdeviceptr, len: usize, stream: &Stream) -> Self {
+        ImportedBuffer {
+            base,
+            ptr,
+            len,
+            ctx: stream.context().clone(),
+            order: StreamOrder::new(stream),
+            _marker: PhantomData,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The address of the memory in this process (not the exporter's).
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// The context it was opened in.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The streams that used it, which drop waits for.
+    pub fn order(&self) -> &StreamOrder {
+        &self.order
+    }
+
+    /// A shared view, for copies and device work. What the other process writes is ordered with
+    /// it only through an [`IpcEvent`](crate::IpcEvent) (or the program's own protocol).
+    pub fn as_slice(&self) -> DeviceSlice<'_, T> {
+        // SAFETY: the import maps `len` elements of `T` (any bit pattern is a `T`: Pod) until drop,
+        // which `&self` outlives; this process's work on it is ordered through `self.order`.
+        unsafe { DeviceSlice::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
+    }
+
+    /// An exclusive view: within this process nothing else uses the memory while it lives.
+    pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
+        // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away.
+        unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
+    }
+}
+
+impl<T> Drop for ImportedBuffer<T> {
+    fn drop(&mut self) {
+        if let Err(e) = self.order.synchronize() {
+            tracing::warn!(error = %e, "cumem-ipc: waiting for an import's work before closing it failed");
+        }
+        if let Err(e) = self.ctx.bind() {
+            tracing::warn!(error = %e, "cumem-ipc: cannot bind the import's context; the import stays open");
+            return;
+        }
+        // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives `self`.
+        if let Err(e) = unsafe { ffi::mem_close(self.base) } {
+            tracing::warn!(error = %e, "cumem-ipc: cuIpcCloseMemHandle failed");
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for ImportedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
+    }
+}

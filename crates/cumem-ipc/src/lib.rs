@@ -1,0 +1,41 @@
+//! `cumem-ipc`: sharing device memory and events with other processes.
+//!
+//! A process exports a [`DeviceBuffer`](cumem_core::DeviceBuffer) as an [`IpcMemHandle`]: a few
+//! bytes it sends to another process over any channel (a pipe, a socket, a file). That process
+//! opens the handle as an [`ImportedBuffer`], a device view of the same memory that closes the
+//! import when dropped. [`IpcEvent`]s order work across the two: one process records, the other
+//! waits. Only memory from `cuMemAlloc` (cumem's driver resource) can be exported this way; pool
+//! and VMM memory answer with a typed error. [`fd_passing`] moves file descriptors between
+//! processes over a Unix socket (`SCM_RIGHTS`), for the handle kinds that are descriptors.
+//!
+//! The memory stays the exporter's: it must outlive every import (keep the buffer until the
+//! importers say they closed it). The complete two-process example is the test
+//! `crates/cumem-ipc/tests/two_processes.rs`; the handle round trip looks like this:
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use std::sync::Arc;
+//! use cumem_core::{Device, DeviceBuffer, DriverResource, Stream};
+//! use cumem_ipc::IpcMemHandle;
+//! let ctx = Device::get(0)?.context()?;
+//! let stream = Stream::new(&ctx)?;
+//! let driver = Arc::new(DriverResource::new(&ctx)); // cuMemAlloc memory: exportable
+//! let buf = DeviceBuffer::<u32>::zeroed_in(&driver, &stream, 256)?;
+//! let handle = IpcMemHandle::export(&buf)?;
+//! let wire = handle.to_bytes(); // send these to the other process
+//! let received = IpcMemHandle::from_bytes(&wire)?;
+//! assert_eq!(received.bytes(), 1024);
+//! // In this process, opening fails as on a GPU: the exporter cannot import its own memory.
+//! assert!(matches!(received.open::<u32>(&stream), Err(cumem_core::Error::InvalidContext { .. })));
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+mod event;
+pub mod fd_passing;
+mod ffi;
+mod imported;
+mod mem_handle;
+
+pub use event::{IpcEvent, IpcEventHandle};
+pub use imported::ImportedBuffer;
+pub use mem_handle::IpcMemHandle;

@@ -1,0 +1,98 @@
+//! [`IpcMemHandle`]: an exported allocation, as bytes another process can receive.
+
+use bytemuck::Pod;
+use cumem_core::{DeviceBuffer, Error, ErrorContext, Result, Stream};
+
+use crate::ImportedBuffer;
+use crate::ffi::{self, HANDLE_SIZE};
+
+/// An exported buffer: the driver's 64-byte handle of the allocation holding it, plus where the
+/// buffer lies in that allocation, so the importer knows which memory it names.
+///
+/// The driver exports whole allocations. A buffer carved from a larger one (a block of cumem's
+/// caching pool) is exported with its whole segment: the other process can reach the segment's
+/// other blocks too. Export buffers from [`DriverResource`](cumem_core::DriverResource) (one
+/// allocation each) to share exactly the buffer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct IpcMemHandle {
+    raw: [u8; HANDLE_SIZE],
+    offset: u64,
+    bytes: u64,
+}
+
+impl std::fmt::Debug for IpcMemHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcMemHandle")
+            .field("offset", &self.offset)
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IpcMemHandle {
+    /// Length of [`IpcMemHandle::to_bytes`]: the driver's handle, then the buffer's offset in
+    /// its allocation and its size (little endian).
+    pub const ENCODED_LEN: usize = HANDLE_SIZE + 16;
+
+    /// Exports `buf`, which must lie in `cuMemAlloc` memory (the driver resource, or the caching
+    /// pool's segments): the driver's pools and VMM memory give [`Error::InvalidValue`]. The importer may use the memory as soon as it opens
+    /// it; order its work after this process's writes with an [`IpcEvent`](crate::IpcEvent) or by
+    /// synchronising `buf.order()` before sending the handle.
+    pub fn export<T>(buf: &DeviceBuffer<T>) -> Result<IpcMemHandle> {
+        buf.context().bind()?;
+        let raw = ffi::mem_handle(buf.device_ptr())?;
+        let (base, _) = ffi::address_range(buf.device_ptr())?;
+        Ok(IpcMemHandle { raw, offset: buf.device_ptr() - base, bytes: buf.bytes() as u64 })
+    }
+
+    /// Size in bytes of the exported allocation.
+    pub fn bytes(&self) -> usize {
+        self.bytes as usize
+    }
+
+    /// The bytes to send to the other process.
+    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        out[..HANDLE_SIZE].copy_from_slice(&self.raw);
+        out[HANDLE_SIZE..HANDLE_SIZE + 8].copy_from_slice(&self.offset.to_le_bytes());
+        out[HANDLE_SIZE + 8..].copy_from_slice(&self.bytes.to_le_bytes());
+        out
+    }
+
+    /// Reads what [`IpcMemHandle::to_bytes`] wrote; any other length gives
+    /// [`Error::LengthMismatch`]. (Whether the bytes name live memory is the driver's to say, at
+    /// [`IpcMemHandle::open`].)
+    pub fn from_bytes(bytes: &[u8]) -> Result<IpcMemHandle> {
+        let Ok(all) = <&[u8; Self::ENCODED_LEN]>::try_from(bytes) else {
+            return Err(Error::LengthMismatch { expected: Self::ENCODED_LEN, actual: bytes.len() });
+        };
+        let mut raw = [0u8; HANDLE_SIZE];
+        raw.copy_from_slice(&all[..HANDLE_SIZE]);
+        let word = |at: usize| u64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes"));
+        Ok(IpcMemHandle { raw, offset: word(HANDLE_SIZE), bytes: word(HANDLE_SIZE + 8) })
+    }
+
+    /// Opens the exported memory in this process, in `stream`'s context, as `bytes() /
+    /// size_of::<T>()` elements whose first use is on `stream`. In the exporting process the
+    /// driver answers [`Error::InvalidContext`]; for memory already freed, [`Error::InvalidValue`]
+    /// (also for a handle whose buffer does not lie inside the allocation the driver maps); a size
+    /// that is not a whole number of `T`s gives [`Error::Misaligned`].
+    pub fn open<T: Pod>(&self, stream: &Stream) -> Result<ImportedBuffer<T>> {
+        let size = std::mem::size_of::<T>().max(1);
+        if !self.bytes.is_multiple_of(size as u64) {
+            return Err(Error::Misaligned { what: "exported size", value: self.bytes, align: size as u64 });
+        }
+        stream.context().bind()?;
+        let base = ffi::mem_open(self.raw)?;
+        let import = ImportedBuffer::new(base, base + self.offset, self.bytes() / size, stream);
+        let (_, mapped) = ffi::address_range(base)?;
+        if self.offset.checked_add(self.bytes).is_none_or(|end| end > mapped as u64) {
+            // Dropping `import` closes what was opened.
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op("IpcMemHandle::open (buffer outside the exported allocation)")
+                    .bytes(self.bytes()),
+            });
+        }
+        Ok(import)
+    }
+}

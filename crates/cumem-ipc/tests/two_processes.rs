@@ -1,0 +1,126 @@
+//! Two processes share a device buffer through legacy IPC: the parent (this test) allocates and
+//! fills it, exports it and an interprocess event, and sends both handles over a Unix socket to
+//! a child (this test binary again, running only `child_side`); the child checks the bytes,
+//! queues a write of new ones behind a gate on its stream, records the event and says so; the
+//! gate opens a while later. The parent waits on the event and must then read the child's bytes:
+//! a parent that did not wait would read its own bytes, since the write is still held.
+//! Both processes end with a clean live report (the leak check at exit also enforces it).
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cumem_copy::StreamCopy;
+use cumem_core::{Device, DeviceBuffer, DriverResource, Error, PinnedBuffer, Stream};
+use cumem_ipc::{IpcEvent, IpcEventHandle, IpcMemHandle};
+use cumem_sys::testing;
+use serial_test::serial;
+
+/// Set (to the socket path) in the child process.
+const CHILD_ENV: &str = "CUMEM_IPC_TEST_CHILD";
+const LEN: usize = 4096;
+
+fn parent_pattern(i: usize) -> u32 {
+    (i as u32).wrapping_mul(2_654_435_761) ^ 0x5EED
+}
+
+fn child_pattern(i: usize) -> u32 {
+    !(i as u32).rotate_left(7)
+}
+
+fn assert_clean_report() {
+    if let Some(ctl) = testing::sim_control() {
+        let report = ctl.live_report();
+        assert!(report.is_clean(), "live report not clean:\n{report}");
+    }
+}
+
+#[test]
+#[serial]
+fn a_child_process_reads_the_parents_buffer_and_the_parent_sees_the_childs_write() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    testing::init();
+    let path = std::env::temp_dir().join(format!("cumem-ipc-test-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["child_side", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, &path)
+        .spawn()
+        .unwrap();
+    {
+        let ctx = Device::get(0).unwrap().context().unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let driver = Arc::new(DriverResource::new(&ctx));
+        let data: Vec<u32> = (0..LEN).map(parent_pattern).collect();
+        let buf = DeviceBuffer::from_slice_in(&driver, &stream, &data).unwrap();
+        let handle = IpcMemHandle::export(&buf).unwrap();
+        let event = IpcEvent::new(&ctx).unwrap();
+        // The child reads at once: the fill must be complete before the handle leaves.
+        buf.order().synchronize().unwrap();
+        let (mut sock, _) = listener.accept().unwrap();
+        sock.write_all(&handle.to_bytes()).unwrap();
+        sock.write_all(&event.handle().unwrap().to_bytes()).unwrap();
+        let mut note = [0u8; 1];
+        sock.read_exact(&mut note).unwrap();
+        assert_eq!(&note, b"R", "the child failed before recording");
+        event.synchronize().unwrap();
+        let seen = buf.to_vec().unwrap();
+        let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
+        assert!(seen == expected, "the parent does not see the child's bytes after the event");
+        // The child closes its import before it exits; only then may the buffer go.
+        let status = child.wait().unwrap();
+        assert!(status.success(), "child failed: {status}");
+    }
+    let _ = std::fs::remove_file(&path);
+    assert_clean_report();
+}
+
+/// The child's half; a no-op unless the parent started this process.
+#[test]
+#[serial]
+fn child_side() {
+    let Some(path) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    testing::init();
+    let mut sock = UnixStream::connect(path).unwrap();
+    let mut mem = [0u8; IpcMemHandle::ENCODED_LEN];
+    let mut ev = [0u8; IpcEventHandle::ENCODED_LEN];
+    sock.read_exact(&mut mem).unwrap();
+    sock.read_exact(&mut ev).unwrap();
+    {
+        let ctx = Device::get(0).unwrap().context().unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let handle = IpcMemHandle::from_bytes(&mem).unwrap();
+        assert_eq!(handle.bytes(), LEN * 4);
+        let mut import = handle.open::<u32>(&stream).unwrap();
+        let event = IpcEventHandle::from_bytes(&ev).unwrap().open(&ctx).unwrap();
+        let got = import.as_slice().to_vec().unwrap();
+        let expected: Vec<u32> = (0..LEN).map(parent_pattern).collect();
+        assert!(got == expected, "the child does not read the parent's bytes");
+        let mut host = PinnedBuffer::<u32>::zeroed(&ctx, LEN).unwrap();
+        for (i, v) in host.as_mut_slice().unwrap().iter_mut().enumerate() {
+            *v = child_pattern(i);
+        }
+        stream.context().bind().unwrap();
+        // SAFETY: `stream` is alive (owned here), and its context was just made current.
+        let gate = unsafe { testing::hold(stream.raw()) };
+        stream.copy_h2d(&host, &mut import.as_mut_slice()).unwrap();
+        event.record(&stream).unwrap();
+        // Said while the write is still held.
+        sock.write_all(b"R").unwrap();
+        let opener = gate.release_after(Duration::from_millis(200));
+        // Opening in a process that holds an import is fine; a handle it made itself is not.
+        assert!(matches!(IpcMemHandle::from_bytes(&[0; 3]), Err(Error::LengthMismatch { .. })));
+        drop(event);
+        drop(import);
+        drop(host);
+        opener.join().unwrap();
+    }
+    assert_clean_report();
+}

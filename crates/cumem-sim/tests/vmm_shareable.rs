@@ -1,0 +1,215 @@
+//! VMM shareable handles (POSIX descriptors) through the raw C API: an import in the same process
+//! is a new handle over the same bytes with the creation properties (§17); another process that
+//! gets the descriptor (here by opening `/proc/<pid>/fd/<n>`, the same file a `SCM_RIGHTS`
+//! transfer would give it) maps the exporter's bytes and the exporter sees its write; imports are
+//! charged to no capacity; each misuse gives the observed code; both live reports end clean.
+
+mod common;
+
+use std::ffi::c_void;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::Command;
+
+use common::*;
+use cudarc::driver::sys::{self as cu, CUdeviceptr, CUresult};
+use serial_test::serial;
+
+const G: usize = 2 << 20;
+const CHILD_ENV: &str = "CUMEM_SIM_SHAREABLE_CHILD";
+
+fn prop(types: u32) -> cu::CUmemAllocationProp {
+    // SAFETY: an all-zero CUmemAllocationProp is a valid value (every enum has a 0 variant).
+    let mut p: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    p.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location = cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+    p.requestedHandleTypes = cu::CUmemAllocationHandleType(types);
+    p
+}
+
+fn create(types: u32) -> u64 {
+    let mut h = 0;
+    // SAFETY: valid pointers.
+    ok(unsafe { cu::cuMemCreate(&mut h, G, &prop(types), 0) });
+    h
+}
+
+fn export(h: u64) -> (CUresult, i32) {
+    let mut fd: i32 = -7;
+    // SAFETY: POSIX_FD writes an int into `fd`.
+    let r = unsafe {
+        cu::cuMemExportToShareableHandle((&raw mut fd).cast(), h, cu::CUmemAllocationHandleType(1), 0)
+    };
+    (r, fd)
+}
+
+fn import(fd: i32, ty: u32) -> (CUresult, u64) {
+    let mut h = 0;
+    // SAFETY: valid out-pointer; the descriptor travels by value.
+    let r = unsafe {
+        cu::cuMemImportFromShareableHandle(
+            &mut h,
+            fd as isize as *mut c_void,
+            cu::CUmemAllocationHandleType(ty),
+        )
+    };
+    (r, h)
+}
+
+/// Reserves, maps and opens `h` read-write; returns the address.
+fn map_rw(h: u64) -> CUdeviceptr {
+    let mut va = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAddressReserve(&mut va, G, 0, 0, 0) });
+    // SAFETY: plain FFI calls on the reservation just made.
+    ok(unsafe { cu::cuMemMap(va, G, 0, h, 0) });
+    let desc = cu::CUmemAccessDesc {
+        location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+        flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: one valid descriptor.
+    ok(unsafe { cu::cuMemSetAccess(va, G, &desc, 1) });
+    va
+}
+
+fn unmap_release(va: CUdeviceptr, h: u64) {
+    // SAFETY: plain FFI calls on a mapping made by `map_rw`.
+    unsafe {
+        ok(cu::cuMemUnmap(va, G));
+        ok(cu::cuMemAddressFree(va, G));
+        ok(cu::cuMemRelease(h));
+    }
+}
+
+fn free_bytes() -> usize {
+    let (mut free, mut total) = (0, 0);
+    // SAFETY: valid out-pointers.
+    ok(unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) });
+    free
+}
+
+#[test]
+#[serial]
+fn an_import_in_the_same_process_is_a_new_handle_over_the_same_bytes() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    bind(0);
+    let h = create(1);
+    let (r, fd) = export(h);
+    ok(r);
+    assert!(fd >= 0);
+    let before = free_bytes();
+    let (r, h2) = import(fd, 1);
+    ok(r);
+    assert_ne!(h2, h, "an import is a new handle (§17)");
+    assert_eq!(free_bytes(), before, "an import is charged to no capacity");
+    // SAFETY: a zeroed CUmemAllocationProp is a valid out-value.
+    let mut got: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut got, h2) });
+    assert_eq!((got.requestedHandleTypes.0, got.location.id), (1, 0));
+    let (a, b) = (map_rw(h), map_rw(h2));
+    // SAFETY: plain FFI call on a read-write mapping.
+    ok(unsafe { cu::cuMemsetD8_v2(a, 0x5A, G) });
+    assert_eq!(read_back(b, G), vec![0x5A; G], "the import does not reach the same bytes");
+    unmap_release(b, h2);
+    unmap_release(a, h);
+    // SAFETY: `fd` is ours (returned by the export).
+    unsafe { libc::close(fd) };
+
+    // Misuse, with the H100's codes where observed (§17).
+    let plain = create(0);
+    assert_eq!(export(plain).0, CUresult::CUDA_ERROR_INVALID_VALUE, "created without POSIX_FD");
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuMemRelease(plain) });
+    assert_eq!(import(-1, 1).0, CUresult::CUDA_ERROR_UNKNOWN);
+    assert_eq!(import(0, 3).0, CUresult::CUDA_ERROR_INVALID_VALUE, "a multi-bit type");
+    assert_eq!(import(0, 8).0, CUresult::CUDA_ERROR_NOT_SUPPORTED, "fabric without fabric");
+    let not_ours = std::fs::File::open("/proc/self/stat").unwrap();
+    assert_eq!(import(not_ours.as_raw_fd(), 1).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+    let shareable = create(1);
+    // SAFETY: a NULL out-pointer is what is tested.
+    let r = unsafe {
+        cu::cuMemImportFromShareableHandle(
+            std::ptr::null_mut(),
+            std::ptr::null_mut::<c_void>(),
+            cu::CUmemAllocationHandleType(1),
+        )
+    };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE);
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuMemRelease(shareable) });
+}
+
+#[test]
+#[serial]
+fn another_process_maps_the_exported_memory() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let ctl = bind(0);
+    let path = std::env::temp_dir().join(format!("cumem-sim-shareable-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["importer", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, &path)
+        .spawn()
+        .unwrap();
+    let h = create(1);
+    let va = map_rw(h);
+    let data: Vec<u8> = (0..G).map(|i| (i % 253) as u8).collect();
+    // SAFETY: `data` is readable for G bytes.
+    ok(unsafe { cu::cuMemcpyHtoD_v2(va, data.as_ptr().cast(), G) });
+    let (r, fd) = export(h);
+    ok(r);
+    let (mut sock, _) = listener.accept().unwrap();
+    sock.write_all(format!("{} {fd}\n", std::process::id()).as_bytes()).unwrap();
+    let mut note = [0u8; 1];
+    sock.read_exact(&mut note).unwrap();
+    assert_eq!(&note, b"W", "the importer failed");
+    assert_eq!(read_back(va, G), vec![0xC3; G], "the exporter does not see the importer's write");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "importer failed: {status}");
+    unmap_release(va, h);
+    // SAFETY: `fd` is ours.
+    unsafe { libc::close(fd) };
+    let _ = std::fs::remove_file(&path);
+    let report = ctl.live_report();
+    assert!(report.physical.is_empty() && report.mappings.is_empty(), "{report}");
+}
+
+#[test]
+#[serial]
+fn importer() {
+    let Some(path) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    let ctl = bind(0);
+    let mut sock = UnixStream::connect(path).unwrap();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while sock.read_exact(&mut byte).is_ok() && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    let line = String::from_utf8(line).unwrap();
+    let (pid, fd) = line.split_once(' ').unwrap();
+    // Read-write, as the exported descriptor itself is (a read-only one could not be mapped
+    // writable).
+    let file =
+        std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/fd/{fd}")).unwrap();
+    let (r, h) = import(file.as_raw_fd(), 1);
+    ok(r);
+    drop(file);
+    let va = map_rw(h);
+    let expected: Vec<u8> = (0..G).map(|i| (i % 253) as u8).collect();
+    assert_eq!(read_back(va, G), expected, "the importer does not read the exporter's bytes");
+    // SAFETY: plain FFI call on a read-write mapping.
+    ok(unsafe { cu::cuMemsetD8_v2(va, 0xC3, G) });
+    unmap_release(va, h);
+    let report = ctl.live_report();
+    assert!(report.physical.is_empty() && report.mappings.is_empty(), "{report}");
+    sock.write_all(b"W").unwrap();
+}
