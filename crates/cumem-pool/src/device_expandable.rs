@@ -153,4 +153,19 @@ impl ExpandableUpstream for DeviceExpandable {
             );
         }
     }
+
+    fn abandon(&self) {
+        let State { ranges, chunks } = std::mem::take(&mut *self.state.lock());
+        if ranges.is_empty() && chunks.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            reservations = ranges.len(),
+            mapped_bytes = chunks.len() * self.chunk,
+            "expandable segments abandoned with work possibly queued on them; leaking them"
+        );
+        // Forgotten, not dropped: a dropped mapping unmaps at once, under whatever still runs.
+        std::mem::forget(chunks);
+        std::mem::forget(ranges);
+    }
 }
