@@ -70,7 +70,11 @@ impl DeviceExpandable {
         let own = ctx.device();
         let mut access = vec![(own, Access::ReadWrite)];
         for d in Device::all()? {
-            if d != own && crate::ffi::can_access_peer(d.raw(), own.raw())? {
+            // A device without virtual memory management cannot be granted access to a mapping.
+            if d != own
+                && d.capabilities()?.virtual_memory
+                && crate::ffi::can_access_peer(d.raw(), own.raw())?
+            {
                 access.push((d, Access::ReadWrite));
             }
         }
