@@ -829,6 +829,10 @@ impl<U: Upstream, O: Ordering> Drop for CachingPool<U, O> {
             // Work may still be queued on these segments: freeing them could let the upstream hand
             // the memory to someone else under that work. Leak them instead.
             tracing::warn!(error = %e, segments = segs.map.len(), "caching pool drop: synchronize failed; leaking segments");
+            // The expandable upstream is dropped with the pool: its mappings would unmap there.
+            if let Some(up) = self.upstream.expandable() {
+                up.abandon();
+            }
             return;
         }
         for (base, (len, _)) in segs.map {

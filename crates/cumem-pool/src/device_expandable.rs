@@ -2,8 +2,9 @@
 //! reservations, physical memory and mappings.
 //!
 //! Each chunk is its own `cuMemCreate` allocation of the device's recommended granularity (2 MiB
-//! on an H100), mapped read-write for the device, so any whole chunk can be unmapped on its own;
-//! the physical handle is released right after mapping, so `cuMemUnmap` frees the memory. Each
+//! on an H100), mapped read-write for the device and for every device that can access it as a peer
+//! (`cuCtxEnablePeerAccess` does not cover mapped memory; PyTorch grants the same), so any whole
+//! chunk can be unmapped on its own; the physical handle is released right after mapping, so `cuMemUnmap` frees the memory. Each
 //! segment reserves the device's memory size of address space, as PyTorch does. The memory comes
 //! from the device directly, not from the resource the pool takes segments from.
 //!
@@ -31,7 +32,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cumem_core::{Context, Result};
+use cumem_core::{Context, Device, Result};
 use cumem_vmm::{Access, Granularity, PhysicalMemory, ReserveOptions, SharedMapping, VirtualRange};
 use parking_lot::Mutex;
 
@@ -42,6 +43,8 @@ pub struct DeviceExpandable {
     ctx: Context,
     chunk: usize,
     reservation: usize,
+    /// The device and its peers, read-write: every mapping's access list.
+    access: Vec<(Device, Access)>,
     state: Mutex<State>,
 }
 
@@ -64,14 +67,26 @@ impl DeviceExpandable {
         // The pool needs 512-byte aligned chunks; every real granularity is far coarser.
         let chunk = granularity.recommended.max(SEGMENT_ALIGN).next_power_of_two();
         let reservation = ctx.device().total_memory()?.next_multiple_of(chunk).max(chunk);
-        Ok(DeviceExpandable { ctx: ctx.clone(), chunk, reservation, state: Mutex::default() })
+        let own = ctx.device();
+        let mut access = vec![(own, Access::ReadWrite)];
+        for d in Device::all()? {
+            // A device without virtual memory management cannot be granted access to a mapping.
+            if d != own
+                && d.capabilities()?.virtual_memory
+                && crate::ffi::can_access_peer(d.raw(), own.raw())?
+            {
+                access.push((d, Access::ReadWrite));
+            }
+        }
+        Ok(DeviceExpandable { ctx: ctx.clone(), chunk, reservation, access, state: Mutex::default() })
     }
 
-    /// Maps one chunk of new physical memory at `offset` of `range`, read-write for the device.
+    /// Maps one chunk of new physical memory at `offset` of `range`, read-write for the device and
+    /// its peers.
     fn map_chunk(&self, range: &Arc<VirtualRange>, offset: usize) -> Result<SharedMapping> {
         let memory = PhysicalMemory::new(&self.ctx, self.chunk)?;
         let mut mapping = range.map_shared(offset, &memory)?;
-        mapping.set_access(&[(self.ctx.device(), Access::ReadWrite)])?;
+        mapping.set_access(&self.access)?;
         // `memory` is released here: the mapping keeps the physical memory until it is unmapped.
         Ok(mapping)
     }
@@ -152,5 +167,20 @@ impl ExpandableUpstream for DeviceExpandable {
                 "releasing a reservation with chunks still mapped; freed when they are"
             );
         }
+    }
+
+    fn abandon(&self) {
+        let State { ranges, chunks } = std::mem::take(&mut *self.state.lock());
+        if ranges.is_empty() && chunks.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            reservations = ranges.len(),
+            mapped_bytes = chunks.len() * self.chunk,
+            "expandable segments abandoned with work possibly queued on them; leaking them"
+        );
+        // Forgotten, not dropped: a dropped mapping unmaps at once, under whatever still runs.
+        std::mem::forget(chunks);
+        std::mem::forget(ranges);
     }
 }

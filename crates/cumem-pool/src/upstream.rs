@@ -96,6 +96,11 @@ pub trait ExpandableUpstream: Send + Sync {
     fn unmap(&self, addr: u64, bytes: usize);
     /// Frees a reservation with nothing mapped in it.
     fn release(&self, base: u64, bytes: usize);
+    /// Gives up every chunk and reservation still held, neither unmapping nor freeing them: the
+    /// pool calls it when it is dropped without a successful [`Ordering::synchronize`], so work
+    /// may still be queued on that memory, and unmapping it (which does not wait for the device)
+    /// would fault that work. The default holds nothing and does nothing.
+    fn abandon(&self) {}
 }
 
 /// Stream-ordering operations the pool needs: later CUDA streams and events, in tests a model that
