@@ -3,7 +3,8 @@
 //! what is wrong. Each run has the simulator's leak check on, so a leaking command exits non-zero.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use resvg::{tiny_skia, usvg};
 use serde_json::Value;
@@ -16,6 +17,30 @@ fn cumem(args: &[&str]) -> Output {
         .env_remove("CUMEM_LOG")
         .output()
         .expect("the cumem binary runs")
+}
+
+/// Runs `cumem` and kills it if it has not exited within a minute, so a command that hangs fails the
+/// test instead of hanging it.
+fn cumem_bounded(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cumem"))
+        .args(["--driver", "sim"])
+        .args(args)
+        .env("CUMEM_SIM", "leak_check=1")
+        .env_remove("CUMEM_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the cumem binary runs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("cumem {args:?} did not exit within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
 }
 
 fn succeeded(out: &Output) -> String {
@@ -90,6 +115,18 @@ fn every_committed_trace_replays_and_each_strategy_is_drawn() {
         }
         std::fs::remove_file(&svg).unwrap();
     }
+}
+
+#[test]
+fn a_header_only_trace_charts_empty_axes() {
+    let log = scratch("header-only.csv");
+    std::fs::write(&log, "Thread,Time,Action,Pointer,Size,Stream\n").unwrap();
+    let svg = scratch("header-only.svg");
+    succeeded(&cumem_bounded(&["replay", log.to_str().unwrap(), "--svg", svg.to_str().unwrap()]));
+    let data = std::fs::read(&svg).unwrap();
+    usvg::Tree::from_data(&data, &usvg::Options::default()).expect("the chart is valid SVG");
+    std::fs::remove_file(&svg).unwrap();
+    std::fs::remove_file(&log).unwrap();
 }
 
 #[test]
