@@ -28,9 +28,21 @@ pub struct Axes<'a> {
     pub y_ticks: &'a dyn Fn(&f64) -> String,
 }
 
-/// Draws `series` into an SVG file at `path`, with labelled axes and a legend.
+/// Creates (or truncates) the chart's file now, so a path that cannot be written fails before any
+/// measuring is done rather than after.
+pub fn check_writable(path: &Path) -> Result<(), String> {
+    std::fs::File::create(path).map(drop).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Draws `series` into an SVG file at `path`, with labelled axes and a legend. When drawing fails
+/// the file is removed, so no partial chart is left behind.
 pub fn line_chart(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), String> {
-    draw(path, axes, series).map_err(|e| format!("drawing {}: {e}", path.display()))
+    draw(path, axes, series).map_err(|e| {
+        if let Err(removing) = std::fs::remove_file(path) {
+            tracing::warn!(path = %path.display(), error = %removing, "could not remove a partial chart");
+        }
+        format!("drawing {}: {e}", path.display())
+    })
 }
 
 fn draw(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), Box<dyn std::error::Error>> {

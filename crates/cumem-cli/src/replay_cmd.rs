@@ -33,6 +33,9 @@ pub fn run(args: &ReplayArgs, simulated: bool) -> Result<(), Failure> {
     let file = File::open(&args.log).map_err(|e| Failure::Input(format!("{}: {e}", args.log.display())))?;
     let trace = parse_trace(BufReader::new(file))
         .map_err(|e| Failure::Input(format!("{}: {e}", args.log.display())))?;
+    if let Some(svg) = &args.svg {
+        chart::check_writable(svg).map_err(Failure::Input)?;
+    }
     let ctx = Device::get(0)?.context()?;
     let mut pools: Vec<Strategy> = Vec::new();
     for &strategy in &args.pools {

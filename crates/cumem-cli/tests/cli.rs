@@ -225,6 +225,16 @@ fn bad_input_is_an_error_that_says_what() {
     );
     std::fs::remove_file(&bad).unwrap();
 
+    let training = repo("traces/training.csv");
+    let out = cumem(&["replay", training.to_str().unwrap(), "--json", "--svg", "/nonexistent/dir/x.svg"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("/nonexistent/dir/x.svg"), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "the unwritable chart fails before anything is replayed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
     let out = cumem(&["replay", "x.csv", "--pool", "caching,buddy"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("buddy"));
     let out = cumem(&["bench", "--max-size", "12"]);
