@@ -217,7 +217,7 @@ where
 }
 
 /// Replays `trace` against `resource`, calling `progress` with the number of rows done from time to
-/// time (every 1 % of the trace at most).
+/// time (every 1 % of the trace at most, and always after the last row).
 ///
 /// # Errors
 /// As [`replay`].
@@ -340,7 +340,7 @@ impl<R: DeviceResource + ?Sized> Replayer<'_, R> {
                     reserved_bytes: reserved,
                 });
             }
-            if index % tick == tick - 1 {
+            if index % tick == tick - 1 || index + 1 == trace.len() {
                 progress(index + 1);
             }
         }

@@ -326,3 +326,29 @@ fn special_stream_values_are_replayed_on_their_kind_of_stream() {
     );
     assert_eq!((report.streams, report.frees, report.failed_allocations), (4, 5, 0));
 }
+
+/// 301 rows make a tick of 3 rows, which the last row does not end: progress still reaches 301.
+#[test]
+#[serial]
+fn progress_reaches_the_last_row_when_the_tick_does_not_divide_the_trace() {
+    let ctx = ctx();
+    let rows: Vec<TraceRecord> = (0..301u64)
+        .map(|i| TraceRecord {
+            thread: 1,
+            time: i as f64,
+            action: if i % 2 == 0 { TraceAction::Allocate } else { TraceAction::Free },
+            pointer: 0x1000 + i / 2 * 0x1000,
+            size: 4096,
+            stream: 0,
+        })
+        .collect();
+    let mut done = Vec::new();
+    let report =
+        replay_with(&Arc::new(DriverResource::new(&ctx)), &rows, &ReplayOptions::default(), &mut |n| {
+            done.push(n)
+        })
+        .unwrap();
+    assert_eq!(done.last(), Some(&301), "{done:?}");
+    assert!(done.windows(2).all(|w| w[0] < w[1]), "{done:?}");
+    assert_eq!(report.freed_at_end, 1);
+}
