@@ -162,6 +162,13 @@ fn replay_json_parses_and_agrees_between_strategies() {
             (s["skipped_unknown_frees"].as_u64(), s["skipped_failed_rows"].as_u64()),
             (Some(1), Some(1))
         );
+        assert_eq!(
+            s["stream_mapping"],
+            serde_json::json!([
+                { "logged": "0x0", "replayed_on": "legacy" },
+                { "logged": "0x55d0c8a1b2c0", "replayed_on": "non-blocking" },
+            ])
+        );
         let peak_reserved = s["peak_reserved_bytes"].as_u64().unwrap();
         assert!(peak_reserved > 0 && peak_reserved >= s["peak_live_bytes"].as_u64().unwrap(), "{s}");
         assert!(s["allocate"]["p50_ns"].as_u64().unwrap() <= s["allocate"]["p99_ns"].as_u64().unwrap());
