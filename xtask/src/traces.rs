@@ -11,7 +11,9 @@
 //!   on its own stream; a request's memory lives until it completes, so lifetimes interleave.
 //! - `random.csv`: RMM's `random_allocations` benchmark pattern: while under the allocation count,
 //!   allocate with probability 73 % (a size uniform in 1 B ..= 4 MiB), otherwise free a live
-//!   allocation chosen at random; then free the rest.
+//!   allocation chosen at random; then free the rest. Freed addresses are reused, as an allocator
+//!   reuses them: an allocation takes the smallest freed block it fits, whole, before new address
+//!   space, so the replay meets pointers that were live, freed, and live again.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -74,22 +76,55 @@ struct Log {
     rows: Vec<TraceRecord>,
     next_address: u64,
     time: f64,
+    /// Freed blocks (address, bytes) that later allocations may take, when addresses are reused.
+    freed: Option<Vec<(u64, u64)>>,
+    /// The bytes of the block behind each live pointer, when addresses are reused.
+    blocks: std::collections::HashMap<u64, u64>,
 }
 
 impl Log {
+    /// A log whose addresses are never reused, which keeps every pointer unambiguous.
     fn new() -> Self {
-        Log { rows: Vec::new(), next_address: ADDRESS_BASE, time: EPOCH }
+        Log {
+            rows: Vec::new(),
+            next_address: ADDRESS_BASE,
+            time: EPOCH,
+            freed: None,
+            blocks: std::collections::HashMap::new(),
+        }
+    }
+
+    /// A log that hands a freed block, whole, to the next allocation that fits it best.
+    fn reusing_addresses() -> Self {
+        Log { freed: Some(Vec::new()), ..Log::new() }
     }
 
     fn allocate(&mut self, thread: u64, stream: u64, size: usize, micros: f64) -> (u64, usize) {
-        // Addresses are not reused, which keeps every pointer unambiguous; 256-byte aligned like RMM's.
-        let pointer = self.next_address;
-        self.next_address += (size as u64).next_multiple_of(256);
+        // 256-byte aligned like RMM's.
+        let needed = (size as u64).next_multiple_of(256);
+        let reused = self.freed.as_mut().and_then(|freed| {
+            let best = (0..freed.len())
+                .filter(|&i| freed[i].1 >= needed)
+                .min_by_key(|&i| (freed[i].1, freed[i].0))?;
+            Some(freed.swap_remove(best))
+        });
+        let (pointer, bytes) = reused.unwrap_or_else(|| {
+            let pointer = self.next_address;
+            self.next_address += needed;
+            (pointer, needed)
+        });
+        if self.freed.is_some() {
+            self.blocks.insert(pointer, bytes);
+        }
         self.push(thread, TraceAction::Allocate, pointer, size, stream, micros);
         (pointer, size)
     }
 
     fn free(&mut self, thread: u64, stream: u64, (pointer, size): (u64, usize), micros: f64) {
+        if let Some(freed) = &mut self.freed {
+            let bytes = self.blocks.remove(&pointer).expect("only live allocations are freed");
+            freed.push((pointer, bytes));
+        }
         self.push(thread, TraceAction::Free, pointer, size, stream, micros);
     }
 
@@ -210,7 +245,7 @@ fn random() -> Vec<TraceRecord> {
     const MAX_SIZE: u64 = 4 << 20;
     const MAX_USAGE: usize = 1 << 30;
     let mut rng = Rng(0x2a);
-    let mut log = Log::new();
+    let mut log = Log::reusing_addresses();
     let (thread, stream) = (THREAD_BASE, 0);
     let mut live: Vec<(u64, usize)> = Vec::new();
     let (mut made, mut usage) = (0usize, 0usize);
@@ -246,6 +281,11 @@ mod tests {
             assert!(fresh == kept, "traces/{name} differs from what `cargo xtask traces` writes; rerun it");
             let rows = cumem_pool::trace_format::parse_trace(fresh.as_slice()).unwrap();
             assert!(rows.len() <= 20_000, "traces/{name} has {} rows; CI replays it", rows.len());
+            if name == "random.csv" {
+                let allocated = rows.iter().filter(|r| r.action == TraceAction::Allocate);
+                let distinct: std::collections::HashSet<u64> = allocated.clone().map(|r| r.pointer).collect();
+                assert!(distinct.len() < allocated.count() / 2, "random.csv reuses freed addresses");
+            }
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -116,6 +116,9 @@ pub fn run(args: &BenchArgs, simulated: bool) -> Result<(), Failure> {
     if args.max_size < MIN_SIZE {
         return Err(Failure::Input(format!("--max-size must be at least {}", human(MIN_SIZE))));
     }
+    if let Some(svg) = &args.svg {
+        crate::chart::check_writable(svg).map_err(Failure::Input)?;
+    }
     let max_size = if args.quick { args.max_size.min(1 << 20) } else { args.max_size };
     let sizes: Vec<usize> =
         std::iter::successors(Some(MIN_SIZE), |&s| s.checked_mul(4)).take_while(|&s| s <= max_size).collect();

@@ -28,17 +28,39 @@ pub struct Axes<'a> {
     pub y_ticks: &'a dyn Fn(&f64) -> String,
 }
 
-/// Draws `series` into an SVG file at `path`, with labelled axes and a legend.
+/// Creates (or truncates) the chart's file now, so a path that cannot be written fails before any
+/// measuring is done rather than after.
+pub fn check_writable(path: &Path) -> Result<(), String> {
+    std::fs::File::create(path).map(drop).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Draws `series` into an SVG file at `path`, with labelled axes and a legend. When drawing fails
+/// the file is removed, so no partial chart is left behind.
 pub fn line_chart(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), String> {
-    draw(path, axes, series).map_err(|e| format!("drawing {}: {e}", path.display()))
+    draw(path, axes, series).map_err(|e| {
+        if let Err(removing) = std::fs::remove_file(path) {
+            tracing::warn!(path = %path.display(), error = %removing, "could not remove a partial chart");
+        }
+        format!("drawing {}: {e}", path.display())
+    })
 }
 
 fn draw(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), Box<dyn std::error::Error>> {
-    let points = || series.iter().flat_map(|s| s.points.iter());
+    // Non-finite points (an infinite GB/s from a zero-length timing) are left out of the bounds:
+    // plotters 0.3.7 loops forever computing key points on a range with an infinity or NaN in it.
+    let points =
+        || series.iter().flat_map(|s| s.points.iter()).filter(|p| p.0.is_finite() && p.1.is_finite());
     let (x_min, x_max) =
         points().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
     let y_max = points().fold(0.0f64, |hi, p| hi.max(p.1));
-    let (x_min, x_max) = if x_min < x_max { (x_min, x_max) } else { (0.0, x_min.max(0.0) + 1.0) };
+    let (x_min, x_max) = if !x_min.is_finite() || !x_max.is_finite() {
+        // No point at all (a header-only trace).
+        (0.0, 1.0)
+    } else if x_min < x_max {
+        (x_min, x_max)
+    } else {
+        (0.0, x_min.max(0.0) + 1.0)
+    };
     let y_max = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
 
     let root = SVGBackend::new(path, (1100, 650)).into_drawing_area();
@@ -61,7 +83,10 @@ fn draw(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), Box<dyn s
     for s in series {
         let style = ShapeStyle { color: s.color.to_rgba(), filled: false, stroke_width: 3 };
         chart
-            .draw_series(LineSeries::new(s.points.iter().copied(), style))?
+            .draw_series(LineSeries::new(
+                s.points.iter().copied().filter(|p| p.0.is_finite() && p.1.is_finite()),
+                style,
+            ))?
             .label(s.label.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
     }

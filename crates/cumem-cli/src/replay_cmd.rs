@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
-use cumem::pool::replay::{ReplayOptions, ReplayReport, replay_with};
+use cumem::pool::replay::{ReplayOptions, ReplayReport, ReplayedOn, replay_with};
 use cumem::pool::trace_format::parse_trace;
 use cumem::prelude::*;
 use plotters::style::RGBColor;
@@ -33,6 +33,9 @@ pub fn run(args: &ReplayArgs, simulated: bool) -> Result<(), Failure> {
     let file = File::open(&args.log).map_err(|e| Failure::Input(format!("{}: {e}", args.log.display())))?;
     let trace = parse_trace(BufReader::new(file))
         .map_err(|e| Failure::Input(format!("{}: {e}", args.log.display())))?;
+    if let Some(svg) = &args.svg {
+        chart::check_writable(svg).map_err(Failure::Input)?;
+    }
     let ctx = Device::get(0)?.context()?;
     let mut pools: Vec<Strategy> = Vec::new();
     for &strategy in &args.pools {
@@ -145,6 +148,14 @@ fn to_json(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, Repla
                 "skipped_zero_sizes": r.skipped_zero_sizes,
                 "skipped_duplicate_pointers": r.skipped_duplicate_pointers,
                 "freed_at_end": r.freed_at_end,
+                "stream_mapping": r.stream_mapping.iter().map(|&(logged, on)| json!({
+                    "logged": format!("{logged:#x}"),
+                    "replayed_on": match on {
+                        ReplayedOn::Legacy => "legacy",
+                        ReplayedOn::PerThread => "per-thread",
+                        ReplayedOn::NonBlocking => "non-blocking",
+                    },
+                })).collect::<Vec<_>>(),
                 "samples": r.samples.iter().map(|s| json!({
                     "row": s.row, "time": s.time, "live_bytes": s.live_bytes, "reserved_bytes": s.reserved_bytes,
                 })).collect::<Vec<_>>(),

@@ -3,7 +3,8 @@
 //! what is wrong. Each run has the simulator's leak check on, so a leaking command exits non-zero.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use resvg::{tiny_skia, usvg};
 use serde_json::Value;
@@ -16,6 +17,30 @@ fn cumem(args: &[&str]) -> Output {
         .env_remove("CUMEM_LOG")
         .output()
         .expect("the cumem binary runs")
+}
+
+/// Runs `cumem` and kills it if it has not exited within a minute, so a command that hangs fails the
+/// test instead of hanging it.
+fn cumem_bounded(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cumem"))
+        .args(["--driver", "sim"])
+        .args(args)
+        .env("CUMEM_SIM", "leak_check=1")
+        .env_remove("CUMEM_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the cumem binary runs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("cumem {args:?} did not exit within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
 }
 
 fn succeeded(out: &Output) -> String {
@@ -93,6 +118,18 @@ fn every_committed_trace_replays_and_each_strategy_is_drawn() {
 }
 
 #[test]
+fn a_header_only_trace_charts_empty_axes() {
+    let log = scratch("header-only.csv");
+    std::fs::write(&log, "Thread,Time,Action,Pointer,Size,Stream\n").unwrap();
+    let svg = scratch("header-only.svg");
+    succeeded(&cumem_bounded(&["replay", log.to_str().unwrap(), "--svg", svg.to_str().unwrap()]));
+    let data = std::fs::read(&svg).unwrap();
+    usvg::Tree::from_data(&data, &usvg::Options::default()).expect("the chart is valid SVG");
+    std::fs::remove_file(&svg).unwrap();
+    std::fs::remove_file(&log).unwrap();
+}
+
+#[test]
 fn a_strategy_left_out_is_not_drawn() {
     let svg = scratch("caching-only.svg");
     let log = repo("traces/training.csv");
@@ -125,9 +162,21 @@ fn replay_json_parses_and_agrees_between_strategies() {
             (s["skipped_unknown_frees"].as_u64(), s["skipped_failed_rows"].as_u64()),
             (Some(1), Some(1))
         );
-        assert!(s["peak_reserved_bytes"].as_u64().unwrap() >= s["peak_live_bytes"].as_u64().unwrap());
+        assert_eq!(
+            s["stream_mapping"],
+            serde_json::json!([
+                { "logged": "0x0", "replayed_on": "legacy" },
+                { "logged": "0x55d0c8a1b2c0", "replayed_on": "non-blocking" },
+            ])
+        );
+        let peak_reserved = s["peak_reserved_bytes"].as_u64().unwrap();
+        assert!(peak_reserved > 0 && peak_reserved >= s["peak_live_bytes"].as_u64().unwrap(), "{s}");
         assert!(s["allocate"]["p50_ns"].as_u64().unwrap() <= s["allocate"]["p99_ns"].as_u64().unwrap());
-        assert!(!s["samples"].as_array().unwrap().is_empty());
+        let samples = s["samples"].as_array().unwrap();
+        // 12 rows and up to 1000 samples: every row is sampled, so the peak is among them.
+        assert_eq!(samples.len(), 12);
+        let sampled_peak = samples.iter().map(|x| x["reserved_bytes"].as_u64().unwrap()).max();
+        assert_eq!(sampled_peak, Some(peak_reserved), "{s}");
     }
 }
 
@@ -187,6 +236,16 @@ fn bad_input_is_an_error_that_says_what() {
         "{stderr}"
     );
     std::fs::remove_file(&bad).unwrap();
+
+    let training = repo("traces/training.csv");
+    let out = cumem(&["replay", training.to_str().unwrap(), "--json", "--svg", "/nonexistent/dir/x.svg"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("/nonexistent/dir/x.svg"), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "the unwritable chart fails before anything is replayed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 
     let out = cumem(&["replay", "x.csv", "--pool", "caching,buddy"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("buddy"));

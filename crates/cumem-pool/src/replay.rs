@@ -1,12 +1,19 @@
 //! Replaying an allocation trace against any resource, to compare allocators on a real workload.
 //!
 //! [`replay`] takes the rows of a trace in RMM's CSV format ([`trace_format`](crate::trace_format))
-//! and makes the same allocations and frees, of the same sizes, on the same number of streams (each
-//! distinct logged stream value becomes a non-blocking [`Stream`] created for the replay), against
-//! the resource given. Rows are replayed in the order of the log on the calling thread, so each
+//! and makes the same allocations and frees, of the same sizes, on streams standing for the logged
+//! ones, against the resource given. Rows are replayed in the order of the log on the calling thread, so each
 //! logged thread's events keep their order and every free comes after the allocation it frees. The
 //! [`ReplayReport`] says how much memory the workload had live, how much the device had to
 //! provide for it, how that evolved, and how long each call took.
+//!
+//! Logged streams keep their kind, since it decides which streams wait for which ([`ReplayedOn`],
+//! listed in [`ReplayReport::stream_mapping`]): 0 (`cudaStreamLegacy`'s NULL, RMM's default stream)
+//! and 1 (`cudaStreamLegacy`) are replayed on the context's legacy stream; 2
+//! (`cudaStreamPerThread`) on one blocking stream per logged thread, created for the replay (a
+//! per-thread default stream is an ordinary blocking stream of its thread: it waits for the legacy
+//! stream and the legacy stream for it, and cumem-core has no handle on the driver's own); every
+//! other value on a non-blocking [`Stream`] of its own, created for the replay.
 //!
 //! Reserved bytes are the device's used memory as `cuMemGetInfo` reports it (total − free),
 //! relative to the start of the replay, so they mean the same for every strategy: a pool's cached
@@ -46,6 +53,42 @@ use crate::trace_format::{TraceAction, TraceRecord};
 
 /// The alignment every replayed allocation asks for: RMM's default, which its logs were made with.
 pub const REPLAY_ALIGNMENT: usize = 256;
+
+/// The stream a logged stream value is replayed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReplayedOn {
+    /// The context's legacy default stream (logged 0 or 1).
+    Legacy,
+    /// A blocking stream per logged thread, standing for its per-thread default stream (logged 2).
+    PerThread,
+    /// A non-blocking stream of its own (any other logged value: a stream the program created).
+    NonBlocking,
+}
+
+impl ReplayedOn {
+    /// What a logged stream value is replayed on.
+    pub fn of(logged: u64) -> ReplayedOn {
+        match logged {
+            0 | 1 => ReplayedOn::Legacy,
+            2 => ReplayedOn::PerThread,
+            _ => ReplayedOn::NonBlocking,
+        }
+    }
+}
+
+/// Which replayed stream a row goes to: per-thread default streams differ between logged threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct StreamKey {
+    stream: u64,
+    thread: Option<u64>,
+}
+
+impl StreamKey {
+    fn of(row: &TraceRecord) -> StreamKey {
+        let thread = (ReplayedOn::of(row.stream) == ReplayedOn::PerThread).then_some(row.thread);
+        StreamKey { stream: row.stream, thread }
+    }
+}
 
 /// How a replay samples and reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,8 +173,10 @@ pub struct ReplayReport {
     pub free: Latency,
     /// Distinct logged threads.
     pub threads: usize,
-    /// Distinct logged streams, each replayed on a stream of its own.
+    /// Distinct logged streams.
     pub streams: usize,
+    /// Each distinct logged stream value, in increasing order, with what it was replayed on.
+    pub stream_mapping: Vec<(u64, ReplayedOn)>,
     /// Frees of pointers the replay had not allocated (the log started while they were live, or
     /// their allocation failed here), skipped.
     pub skipped_unknown_frees: usize,
@@ -172,7 +217,7 @@ where
 }
 
 /// Replays `trace` against `resource`, calling `progress` with the number of rows done from time to
-/// time (every 1 % of the trace at most).
+/// time (every 1 % of the trace at most, and always after the last row).
 ///
 /// # Errors
 /// As [`replay`].
@@ -186,12 +231,20 @@ where
     R: DeviceResource + ?Sized,
 {
     let ctx = resource.context().clone();
-    let mut streams: HashMap<u64, Stream> = HashMap::new();
+    let mut streams: HashMap<StreamKey, Stream> = HashMap::new();
     for row in trace {
-        if let std::collections::hash_map::Entry::Vacant(slot) = streams.entry(row.stream) {
-            slot.insert(Stream::non_blocking(&ctx)?);
+        if let std::collections::hash_map::Entry::Vacant(slot) = streams.entry(StreamKey::of(row)) {
+            slot.insert(match ReplayedOn::of(row.stream) {
+                ReplayedOn::Legacy => Stream::legacy(&ctx),
+                ReplayedOn::PerThread => Stream::new(&ctx)?,
+                ReplayedOn::NonBlocking => Stream::non_blocking(&ctx)?,
+            });
         }
     }
+    let mut stream_mapping: Vec<(u64, ReplayedOn)> =
+        trace.iter().map(|r| (r.stream, ReplayedOn::of(r.stream))).collect();
+    stream_mapping.sort_unstable_by_key(|&(logged, _)| logged);
+    stream_mapping.dedup();
     let mut replayer = Replayer {
         resource: &**resource,
         baseline: used_bytes(&ctx)?,
@@ -209,7 +262,8 @@ where
             allocate: Latency::default(),
             free: Latency::default(),
             threads: trace.iter().map(|r| r.thread).collect::<std::collections::HashSet<_>>().len(),
-            streams: streams.len(),
+            streams: stream_mapping.len(),
+            stream_mapping,
             skipped_unknown_frees: 0,
             skipped_failed_rows: 0,
             skipped_zero_sizes: 0,
@@ -245,7 +299,7 @@ struct Live {
     allocation: Allocation,
     layout: AllocLayout,
     size: usize,
-    stream: u64,
+    stream: StreamKey,
 }
 
 struct Replayer<'r, R: DeviceResource + ?Sized> {
@@ -263,7 +317,7 @@ impl<R: DeviceResource + ?Sized> Replayer<'_, R> {
     fn run(
         &mut self,
         trace: &[TraceRecord],
-        streams: &HashMap<u64, Stream>,
+        streams: &HashMap<StreamKey, Stream>,
         options: &ReplayOptions,
         progress: &mut dyn FnMut(usize),
     ) -> Result<()> {
@@ -271,7 +325,7 @@ impl<R: DeviceResource + ?Sized> Replayer<'_, R> {
         let tick = (trace.len() / 100).max(1);
         let start_time = trace.first().map_or(0.0, |r| r.time);
         for (index, row) in trace.iter().enumerate() {
-            let stream = &streams[&row.stream];
+            let stream = &streams[&StreamKey::of(row)];
             match row.action {
                 TraceAction::AllocateFailure => self.report.skipped_failed_rows += 1,
                 TraceAction::Allocate => self.allocate(row, stream)?,
@@ -286,7 +340,7 @@ impl<R: DeviceResource + ?Sized> Replayer<'_, R> {
                     reserved_bytes: reserved,
                 });
             }
-            if index % tick == tick - 1 {
+            if index % tick == tick - 1 || index + 1 == trace.len() {
                 progress(index + 1);
             }
         }
@@ -302,14 +356,24 @@ impl<R: DeviceResource + ?Sized> Replayer<'_, R> {
             self.report.skipped_duplicate_pointers += 1;
             return Ok(());
         }
-        let layout = AllocLayout::new(row.size, REPLAY_ALIGNMENT)?;
+        let layout = match AllocLayout::new(row.size, REPLAY_ALIGNMENT) {
+            Ok(layout) => layout,
+            Err(e) => {
+                // A row no resource could make is the resource refusing it, not the replay failing.
+                tracing::debug!(size = row.size, error = %e, "a replayed allocation has no layout");
+                self.report.failed_allocations += 1;
+                return Ok(());
+            }
+        };
         let started = Instant::now();
         let result = self.resource.allocate(layout, stream);
         self.alloc_nanos.push(started.elapsed().as_nanos() as u64);
         match result {
             Ok(allocation) => {
-                self.live
-                    .insert(row.pointer, Live { allocation, layout, size: row.size, stream: row.stream });
+                self.live.insert(
+                    row.pointer,
+                    Live { allocation, layout, size: row.size, stream: StreamKey::of(row) },
+                );
                 self.report.allocation_sizes.push(row.size);
                 self.live_bytes += row.size;
                 self.report.peak_live_bytes = self.report.peak_live_bytes.max(self.live_bytes);

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use cumem_core::{Context, Device, DeviceBuffer, DeviceResource, DriverResource, Stream};
-use cumem_pool::replay::{ReplayOptions, ReplayReport, replay, replay_with};
+use cumem_pool::replay::{ReplayOptions, ReplayReport, ReplayedOn, replay, replay_with};
 use cumem_pool::trace_format::{TraceAction, TraceRecord, parse_trace, write_header};
 use cumem_pool::{CachingResource, LoggingResource, MemPool, MemPoolOptions, NativePoolResource, PoolConfig};
 use cumem_sys::testing;
@@ -46,6 +46,11 @@ fn a_log_in_rmms_format_replays() {
             "{name}: the first row frees what the log never allocated; one row is a failure"
         );
         assert_eq!((report.threads, report.streams, report.failed_allocations), (2, 2, 0), "{name}");
+        assert_eq!(
+            report.stream_mapping,
+            [(0, ReplayedOn::Legacy), (0x55d0_c8a1_b2c0, ReplayedOn::NonBlocking)],
+            "{name}: RMM's default stream is the legacy stream, not a stream of its own"
+        );
         assert!(report.peak_reserved_bytes >= report.peak_live_bytes, "{name}: {report:?}");
         assert_eq!((report.allocate.count, report.free.count), (5, 5), "{name}");
         assert!(
@@ -285,4 +290,65 @@ fn samples_are_bounded_and_progress_reaches_the_end() {
     assert!(report.samples.windows(2).all(|w| w[0].row < w[1].row));
     assert_eq!(done.last(), Some(&1000));
     assert_eq!(report.peak_live_bytes, 4096);
+}
+
+/// The special stream values CUDA defines keep their meaning: 1 is the legacy stream like 0, 2 a
+/// per-thread default stream; only other values get non-blocking streams of their own.
+#[test]
+#[serial]
+fn special_stream_values_are_replayed_on_their_kind_of_stream() {
+    let ctx = ctx();
+    let row = |thread, i: u64, action, stream| TraceRecord {
+        thread,
+        time: i as f64,
+        action,
+        pointer: 0x1000 * (1 + i / 2),
+        size: 4096,
+        stream,
+    };
+    let rows: Vec<TraceRecord> = [(1, 0), (1, 1), (1, 2), (2, 2), (1, 0x7f00_1234)]
+        .into_iter()
+        .enumerate()
+        .flat_map(|(k, (thread, stream))| {
+            let i = 2 * k as u64;
+            [row(thread, i, TraceAction::Allocate, stream), row(thread, i + 1, TraceAction::Free, stream)]
+        })
+        .collect();
+    let report = replay(&Arc::new(DriverResource::new(&ctx)), &rows).unwrap();
+    assert_eq!(
+        report.stream_mapping,
+        [
+            (0, ReplayedOn::Legacy),
+            (1, ReplayedOn::Legacy),
+            (2, ReplayedOn::PerThread),
+            (0x7f00_1234, ReplayedOn::NonBlocking)
+        ]
+    );
+    assert_eq!((report.streams, report.frees, report.failed_allocations), (4, 5, 0));
+}
+
+/// 301 rows make a tick of 3 rows, which the last row does not end: progress still reaches 301.
+#[test]
+#[serial]
+fn progress_reaches_the_last_row_when_the_tick_does_not_divide_the_trace() {
+    let ctx = ctx();
+    let rows: Vec<TraceRecord> = (0..301u64)
+        .map(|i| TraceRecord {
+            thread: 1,
+            time: i as f64,
+            action: if i % 2 == 0 { TraceAction::Allocate } else { TraceAction::Free },
+            pointer: 0x1000 + i / 2 * 0x1000,
+            size: 4096,
+            stream: 0,
+        })
+        .collect();
+    let mut done = Vec::new();
+    let report =
+        replay_with(&Arc::new(DriverResource::new(&ctx)), &rows, &ReplayOptions::default(), &mut |n| {
+            done.push(n)
+        })
+        .unwrap();
+    assert_eq!(done.last(), Some(&301), "{done:?}");
+    assert!(done.windows(2).all(|w| w[0] < w[1]), "{done:?}");
+    assert_eq!(report.freed_at_end, 1);
 }
