@@ -6,7 +6,7 @@ use bytemuck::Pod;
 use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Stream, StreamOrder};
 use cumem_sys::sys::CUdeviceptr;
 
-use crate::ffi;
+use crate::{ffi, live_imports};
 
 /// Another process's device allocation, opened in this process: a device view of `len` elements
 /// of `T` whose work is ordered like a [`DeviceBuffer`](cumem_core::DeviceBuffer)'s. Dropping it
@@ -68,7 +68,9 @@ impl<T: Pod> ImportedBuffer<T> {
 
     /// An exclusive view: within this process nothing else uses the memory while it lives.
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
-        // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away.
+        // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away, and no
+        // other `ImportedBuffer` maps it in this context (`IpcMemHandle::open` claims it in
+        // `live_imports` and refuses a second open while this one lives).
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
 }
@@ -82,6 +84,7 @@ impl<T> Drop for ImportedBuffer<T> {
             tracing::warn!(error = %e, "cumem-ipc: cannot bind the import's context; the import stays open");
             return;
         }
+        live_imports::release(self.ctx.raw(), self.base);
         // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives `self`.
         if let Err(e) = unsafe { ffi::mem_close(self.base) } {
             tracing::warn!(error = %e, "cumem-ipc: cuIpcCloseMemHandle failed");

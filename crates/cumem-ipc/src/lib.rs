@@ -34,6 +34,7 @@ mod event;
 pub mod fd_passing;
 mod ffi;
 mod imported;
+mod live_imports;
 mod mem_handle;
 
 pub use event::{IpcEvent, IpcEventHandle};

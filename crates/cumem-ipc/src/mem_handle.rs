@@ -3,8 +3,8 @@
 use bytemuck::Pod;
 use cumem_core::{DeviceBuffer, Error, ErrorContext, Result, Stream};
 
-use crate::ImportedBuffer;
 use crate::ffi::{self, HANDLE_SIZE};
+use crate::{ImportedBuffer, live_imports};
 
 /// An exported buffer: the driver's 64-byte handle of the allocation holding it, plus where the
 /// buffer lies in that allocation, so the importer knows which memory it names.
@@ -76,7 +76,10 @@ impl IpcMemHandle {
     /// size_of::<T>()` elements whose first use is on `stream`. In the exporting process the
     /// driver answers [`Error::InvalidContext`]; for memory already freed, [`Error::InvalidValue`]
     /// (also for a handle whose buffer does not lie inside the allocation the driver maps); a size
-    /// that is not a whole number of `T`s gives [`Error::Misaligned`].
+    /// that is not a whole number of `T`s gives [`Error::Misaligned`]. Opening memory that is already
+    /// open here (through another live [`ImportedBuffer`] in the same context) gives
+    /// [`Error::AlreadyMapped`]: the driver would return the same address, and two imports would be
+    /// two exclusive views of the same memory.
     pub fn open<T: Pod>(&self, stream: &Stream) -> Result<ImportedBuffer<T>> {
         let size = std::mem::size_of::<T>().max(1);
         if !self.bytes.is_multiple_of(size as u64) {
@@ -84,6 +87,19 @@ impl IpcMemHandle {
         }
         stream.context().bind()?;
         let base = ffi::mem_open(self.raw)?;
+        if !live_imports::claim(stream.context().raw(), base) {
+            // The driver counted this open: undo it, leaving the live import as it was.
+            // SAFETY: `base` was opened just above and nothing else holds this open.
+            if let Err(e) = unsafe { ffi::mem_close(base) } {
+                tracing::warn!(error = %e, "cumem-ipc: closing a refused second open failed");
+            }
+            return Err(Error::AlreadyMapped {
+                ctx: ErrorContext::op(
+                    "IpcMemHandle::open (already open in this context; drop the other ImportedBuffer first)",
+                )
+                .bytes(self.bytes()),
+            });
+        }
         let import = ImportedBuffer::new(base, base + self.offset, self.bytes() / size, stream);
         let (_, mapped) = ffi::address_range(base)?;
         if self.offset.checked_add(self.bytes).is_none_or(|end| end > mapped as u64) {

@@ -99,6 +99,8 @@ fn child_side() {
         let handle = IpcMemHandle::from_bytes(&mem).unwrap();
         assert_eq!(handle.bytes(), LEN * 4);
         let mut import = handle.open::<u32>(&stream).unwrap();
+        // The same memory twice in one context would be two exclusive views of it.
+        assert!(matches!(handle.open::<u32>(&stream), Err(Error::AlreadyMapped { .. })));
         let event = IpcEventHandle::from_bytes(&ev).unwrap().open(&ctx).unwrap();
         let got = import.as_slice().to_vec().unwrap();
         let expected: Vec<u32> = (0..LEN).map(parent_pattern).collect();
