@@ -10,7 +10,10 @@ use crate::{ffi, live_imports};
 
 /// Another process's device allocation, opened in this process: a device view of `len` elements
 /// of `T` whose work is ordered like a [`DeviceBuffer`](cumem_core::DeviceBuffer)'s. Dropping it
-/// waits for that work and closes the import (the memory stays the exporter's).
+/// waits for that work and closes the import (the memory stays the exporter's). Its views are
+/// sound because of what the caller of [`IpcMemHandle::open`](crate::IpcMemHandle::open)
+/// promised: the exporter keeps the memory alive and to this buffer until the import is dropped,
+/// and other processes' accesses are ordered with this one's.
 pub struct ImportedBuffer<T> {
     /// What the driver mapped (the whole exported allocation), closed on drop.
     base: CUdeviceptr,
@@ -62,7 +65,10 @@ impl<T: Pod> ImportedBuffer<T> {
     /// it only through an [`IpcEvent`](crate::IpcEvent) (or the program's own protocol).
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
         // SAFETY: the import maps `len` elements of `T` (any bit pattern is a `T`: Pod) until drop,
-        // which `&self` outlives; this process's work on it is ordered through `self.order`.
+        // which `&self` outlives; the exporter keeps the memory alive and unused by anything
+        // else until then (`IpcMemHandle::open`'s safety item 1); this process's work on it is
+        // ordered through `self.order`, other processes' with it by the caller of `open`
+        // (safety item 2).
         unsafe { DeviceSlice::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
 

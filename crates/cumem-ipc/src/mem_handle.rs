@@ -80,7 +80,28 @@ impl IpcMemHandle {
     /// open here (through another live [`ImportedBuffer`] in the same context) gives
     /// [`Error::AlreadyMapped`]: the driver would return the same address, and two imports would be
     /// two exclusive views of the same memory.
-    pub fn open<T: Pod>(&self, stream: &Stream) -> Result<ImportedBuffer<T>> {
+    ///
+    /// # Safety
+    ///
+    /// Neither the memory's lifetime nor the other processes' accesses to it can be checked from
+    /// here, so the caller promises:
+    ///
+    /// 1. The exporter keeps the allocation alive, and does not reuse the exported memory for
+    ///    anything else (a caching pool hands a freed block to its next allocation), until the
+    ///    returned [`ImportedBuffer`] is dropped. Using an import of freed memory is undefined
+    ///    behaviour on a GPU.
+    /// 2. Other processes' accesses to the memory are ordered with this process's, through an
+    ///    [`IpcEvent`](crate::IpcEvent) or the program's own protocol: no other process writes
+    ///    it while this one reads or writes it, nor reads it while this one writes it.
+    ///
+    /// Safe code cannot open an import:
+    ///
+    /// ```compile_fail,E0133
+    /// fn open_it(handle: &cumem_ipc::IpcMemHandle, stream: &cumem_core::Stream) {
+    ///     let _ = handle.open::<u32>(stream);
+    /// }
+    /// ```
+    pub unsafe fn open<T: Pod>(&self, stream: &Stream) -> Result<ImportedBuffer<T>> {
         let size = std::mem::size_of::<T>().max(1);
         if !self.bytes.is_multiple_of(size as u64) {
             return Err(Error::Misaligned { what: "exported size", value: self.bytes, align: size as u64 });

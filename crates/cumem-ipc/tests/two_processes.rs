@@ -98,9 +98,12 @@ fn child_side() {
         let stream = Stream::new(&ctx).unwrap();
         let handle = IpcMemHandle::from_bytes(&mem).unwrap();
         assert_eq!(handle.bytes(), LEN * 4);
-        let mut import = handle.open::<u32>(&stream).unwrap();
+        // SAFETY: the parent keeps the buffer until this process exits, and touches it again only
+        // after waiting on the event this process records after its write.
+        let mut import = unsafe { handle.open::<u32>(&stream) }.unwrap();
         // The same memory twice in one context would be two exclusive views of it.
-        assert!(matches!(handle.open::<u32>(&stream), Err(Error::AlreadyMapped { .. })));
+        // SAFETY: as above.
+        assert!(matches!(unsafe { handle.open::<u32>(&stream) }, Err(Error::AlreadyMapped { .. })));
         let event = IpcEventHandle::from_bytes(&ev).unwrap().open(&ctx).unwrap();
         let got = import.as_slice().to_vec().unwrap();
         let expected: Vec<u32> = (0..LEN).map(parent_pattern).collect();
