@@ -76,7 +76,8 @@ impl IpcMemHandle {
     /// size_of::<T>()` elements whose first use is on `stream`. In the exporting process the
     /// driver answers [`Error::InvalidContext`]; for memory already freed, [`Error::InvalidValue`]
     /// (also for a handle whose buffer does not lie inside the allocation the driver maps); a size
-    /// that is not a whole number of `T`s gives [`Error::Misaligned`]. Opening memory that is already
+    /// that is not a whole number of `T`s, or an offset not aligned for `T`, gives
+    /// [`Error::Misaligned`]. Opening memory that is already
     /// open here (through another live [`ImportedBuffer`] in the same context) gives
     /// [`Error::AlreadyMapped`]: the driver would return the same address, and two imports would be
     /// two exclusive views of the same memory.
@@ -102,10 +103,21 @@ impl IpcMemHandle {
     /// }
     /// ```
     pub unsafe fn open<T: Pod>(&self, stream: &Stream) -> Result<ImportedBuffer<T>> {
+        // The offset and size are untrusted bytes: check what needs no driver before opening, so
+        // that a forged handle neither overflows nor leaves an import open.
         let size = std::mem::size_of::<T>().max(1);
         if !self.bytes.is_multiple_of(size as u64) {
             return Err(Error::Misaligned { what: "exported size", value: self.bytes, align: size as u64 });
         }
+        let align = std::mem::align_of::<T>() as u64;
+        if !self.offset.is_multiple_of(align) {
+            return Err(Error::Misaligned { what: "exported offset", value: self.offset, align });
+        }
+        let Some(end) = self.offset.checked_add(self.bytes) else {
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op("IpcMemHandle::open (offset + size overflows)").bytes(self.bytes()),
+            });
+        };
         stream.context().bind()?;
         let base = ffi::mem_open(self.raw)?;
         if !live_imports::claim(stream.context().raw(), base) {
@@ -121,9 +133,13 @@ impl IpcMemHandle {
                 .bytes(self.bytes()),
             });
         }
-        let import = ImportedBuffer::new(base, base + self.offset, self.bytes() / size, stream);
+        // Built before any further fallible step, so that every error path below closes the
+        // import (by dropping it). The pointer wraps rather than panics on a forged offset; it is
+        // used only once the range check below has passed, and then `base + offset` lies inside
+        // the mapping.
+        let import = ImportedBuffer::new(base, base.wrapping_add(self.offset), self.bytes() / size, stream);
         let (_, mapped) = ffi::address_range(base)?;
-        if self.offset.checked_add(self.bytes).is_none_or(|end| end > mapped as u64) {
+        if end > mapped as u64 {
             // Dropping `import` closes what was opened.
             return Err(Error::InvalidValue {
                 ctx: ErrorContext::op("IpcMemHandle::open (buffer outside the exported allocation)")

@@ -126,6 +126,39 @@ fn child_side() {
         drop(import);
         drop(host);
         opener.join().unwrap();
+        forged_handles_are_refused_without_leaving_an_import(&mem, &stream);
     }
     assert_clean_report();
+}
+
+/// `mem` with its offset and size fields replaced, as a forging sender could.
+fn forged(mem: &[u8; IpcMemHandle::ENCODED_LEN], offset: u64, bytes: u64) -> IpcMemHandle {
+    let mut forged = *mem;
+    let at = IpcMemHandle::ENCODED_LEN - 16;
+    forged[at..at + 8].copy_from_slice(&offset.to_le_bytes());
+    forged[at + 8..].copy_from_slice(&bytes.to_le_bytes());
+    IpcMemHandle::from_bytes(&forged).unwrap()
+}
+
+/// The offset and size are untrusted bytes: forged ones give typed errors and leave no import open
+/// (the child holds no other import by now, so any `ipc_import` in the report would be a leak).
+fn forged_handles_are_refused_without_leaving_an_import(
+    mem: &[u8; IpcMemHandle::ENCODED_LEN],
+    stream: &Stream,
+) {
+    // SAFETY (each open): the parent keeps the buffer until this process exits and does not touch
+    // it any more; no forged open succeeds, so nothing is accessed.
+    let overflowing = unsafe { forged(mem, u64::MAX - 3, 4).open::<u32>(stream) };
+    assert!(matches!(overflowing, Err(Error::InvalidValue { .. })), "{overflowing:?}");
+    let misaligned = unsafe { forged(mem, 2, 4).open::<u32>(stream) };
+    assert!(matches!(misaligned, Err(Error::Misaligned { .. })), "{misaligned:?}");
+    let outside = unsafe { forged(mem, 4, (LEN * 4) as u64).open::<u32>(stream) };
+    assert!(matches!(outside, Err(Error::InvalidValue { .. })), "{outside:?}");
+    if let Some(ctl) = testing::sim_control() {
+        let report = ctl.live_report();
+        assert!(
+            report.allocations.iter().all(|a| a.kind != "ipc_import"),
+            "an import was left open:\n{report}"
+        );
+    }
 }
