@@ -10,8 +10,9 @@ use crate::{ffi, live_imports};
 
 /// Another process's device allocation, opened in this process: a device view of `len` elements
 /// of `T` whose work is ordered like a [`DeviceBuffer`](cumem_core::DeviceBuffer)'s. Dropping it
-/// waits for that work and closes the import (the memory stays the exporter's). Its views are
-/// sound because of what the caller of [`IpcMemHandle::open`](crate::IpcMemHandle::open)
+/// waits for that work and closes the import (the memory stays the exporter's); if waiting fails,
+/// the import is leaked (and a warning logged) rather than closed under work that may still run.
+/// Its views are sound because of what the caller of [`IpcMemHandle::open`](crate::IpcMemHandle::open)
 /// promised: the exporter keeps the memory alive and to this buffer until the import is dropped,
 /// and other processes' accesses are ordered with this one's.
 pub struct ImportedBuffer<T> {
@@ -84,7 +85,10 @@ impl<T: Pod> ImportedBuffer<T> {
 impl<T> Drop for ImportedBuffer<T> {
     fn drop(&mut self) {
         if let Err(e) = self.order.synchronize() {
-            tracing::warn!(error = %e, "cumem-ipc: waiting for an import's work before closing it failed");
+            // Work on the memory may still be queued: closing would unmap it under that work.
+            // Leak the import instead (it stays claimed, so it is not opened again here).
+            tracing::warn!(error = %e, bytes = self.len * std::mem::size_of::<T>(), "cumem-ipc: waiting for an import's work failed; leaking the import");
+            return;
         }
         if let Err(e) = self.ctx.bind() {
             tracing::warn!(error = %e, "cumem-ipc: cannot bind the import's context; the import stays open");
