@@ -92,7 +92,8 @@ impl Handle {
     }
 
     /// Opens the exporter's file, checking it is still the exported one and holds the handle's
-    /// size. `INVALID_CONTEXT` in the exporting process itself (as on the H100); `INVALID_VALUE`
+    /// size. `INVALID_CONTEXT` in the exporting process itself (observed on the H100 for memory
+    /// handles, §17; for event handles a simulator choice, the same answer); `INVALID_VALUE`
     /// once the exporter freed it, exited, or never existed, or for a size the file does not hold.
     pub(crate) fn open(&self) -> Result<OwnedFd, Fail> {
         if self.pid == own_pid() {
