@@ -77,10 +77,9 @@ impl IpcMemHandle {
     /// driver answers [`Error::InvalidContext`]; for memory already freed, [`Error::InvalidValue`]
     /// (also for a handle whose buffer does not lie inside the allocation the driver maps); a size
     /// that is not a whole number of `T`s, or an offset not aligned for `T`, gives
-    /// [`Error::Misaligned`]. Opening memory that is already
-    /// open here (through another live [`ImportedBuffer`] in the same context) gives
-    /// [`Error::AlreadyMapped`]: the driver would return the same address, and two imports would be
-    /// two exclusive views of the same memory.
+    /// [`Error::Misaligned`]. Opening memory that is already open here (through another live
+    /// [`ImportedBuffer`] in the same context) gives [`Error::AlreadyMapped`]: the driver would
+    /// return the same address, and two imports would be two exclusive views of the same memory.
     ///
     /// # Safety
     ///
