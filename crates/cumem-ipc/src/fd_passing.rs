@@ -4,6 +4,13 @@
 //! nothing in another process unless the kernel copies them there: [`send_fds`] attaches them to
 //! a message, [`recv_fds`] receives the message and new descriptors for the same files.
 //!
+//! A `UnixStream` is a byte stream, not a sequence of messages, so the program frames its data:
+//! one `recv_fds` can return bytes of an earlier plain send together with the descriptor-carrying
+//! one (the descriptors arrive with the first byte of the send that carried them), and a send
+//! that wrote only part of its data still delivered every descriptor. Send the descriptors with a
+//! fixed-length header (or a length prefix) and read exactly that many bytes, or use a
+//! `SOCK_SEQPACKET` socket, which keeps message boundaries.
+//!
 //! ```
 //! use std::io::{Read, Seek, Write};
 //! use std::os::fd::AsFd;
@@ -32,7 +39,8 @@ use std::os::unix::net::UnixStream;
 pub const MAX_FDS: usize = 253;
 
 /// Sends `data` (at least one byte, so the receiver sees a message) with copies of `fds`
-/// attached. Fails with `InvalidInput` for empty `data` or more than [`MAX_FDS`] descriptors.
+/// attached. On a stream socket the receiver may get `data` merged with neighbouring sends (see
+/// the [module docs](self) on framing). Fails with `InvalidInput` for empty `data` or more than [`MAX_FDS`] descriptors.
 pub fn send_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     if data.is_empty() || fds.len() > MAX_FDS {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "need 1+ data bytes and at most 253 fds"));

@@ -6,11 +6,15 @@ use bytemuck::Pod;
 use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Stream, StreamOrder};
 use cumem_sys::sys::CUdeviceptr;
 
-use crate::ffi;
+use crate::{ffi, live_imports};
 
 /// Another process's device allocation, opened in this process: a device view of `len` elements
 /// of `T` whose work is ordered like a [`DeviceBuffer`](cumem_core::DeviceBuffer)'s. Dropping it
-/// waits for that work and closes the import (the memory stays the exporter's).
+/// waits for that work and closes the import (the memory stays the exporter's); if waiting fails,
+/// the import is leaked (and a warning logged) rather than closed under work that may still run.
+/// Its views are sound because of what the caller of [`IpcMemHandle::open`](crate::IpcMemHandle::open)
+/// promised: the exporter keeps the memory alive and to this buffer until the import is dropped,
+/// and other processes' accesses are ordered with this one's.
 pub struct ImportedBuffer<T> {
     /// What the driver mapped (the whole exported allocation), closed on drop.
     base: CUdeviceptr,
@@ -62,13 +66,18 @@ impl<T: Pod> ImportedBuffer<T> {
     /// it only through an [`IpcEvent`](crate::IpcEvent) (or the program's own protocol).
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
         // SAFETY: the import maps `len` elements of `T` (any bit pattern is a `T`: Pod) until drop,
-        // which `&self` outlives; this process's work on it is ordered through `self.order`.
+        // which `&self` outlives; the exporter keeps the memory alive and unused by anything
+        // else until then (`IpcMemHandle::open`'s safety item 1); this process's work on it is
+        // ordered through `self.order`, other processes' with it by the caller of `open`
+        // (safety item 2).
         unsafe { DeviceSlice::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
 
     /// An exclusive view: within this process nothing else uses the memory while it lives.
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
-        // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away.
+        // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away, and no
+        // other `ImportedBuffer` maps it in this context (`IpcMemHandle::open` claims it in
+        // `live_imports` and refuses a second open while this one lives).
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
 }
@@ -76,12 +85,16 @@ impl<T: Pod> ImportedBuffer<T> {
 impl<T> Drop for ImportedBuffer<T> {
     fn drop(&mut self) {
         if let Err(e) = self.order.synchronize() {
-            tracing::warn!(error = %e, "cumem-ipc: waiting for an import's work before closing it failed");
+            // Work on the memory may still be queued: closing would unmap it under that work.
+            // Leak the import instead (it stays claimed, so it is not opened again here).
+            tracing::warn!(error = %e, bytes = self.len * std::mem::size_of::<T>(), "cumem-ipc: waiting for an import's work failed; leaking the import");
+            return;
         }
         if let Err(e) = self.ctx.bind() {
             tracing::warn!(error = %e, "cumem-ipc: cannot bind the import's context; the import stays open");
             return;
         }
+        live_imports::release(self.ctx.raw(), self.base);
         // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives `self`.
         if let Err(e) = unsafe { ffi::mem_close(self.base) } {
             tracing::warn!(error = %e, "cumem-ipc: cuIpcCloseMemHandle failed");

@@ -9,7 +9,7 @@
 //! processes over a Unix socket (`SCM_RIGHTS`), for the handle kinds that are descriptors.
 //!
 //! The memory stays the exporter's: it must outlive every import (keep the buffer until the
-//! importers say they closed it). The complete two-process example is the test
+//! importers say they closed it), which is why [`IpcMemHandle::open`] is `unsafe`. The complete two-process example is the test
 //! `crates/cumem-ipc/tests/two_processes.rs`; the handle round trip looks like this:
 //!
 //! ```
@@ -26,7 +26,9 @@
 //! let received = IpcMemHandle::from_bytes(&wire)?;
 //! assert_eq!(received.bytes(), 1024);
 //! // In this process, opening fails as on a GPU: the exporter cannot import its own memory.
-//! assert!(matches!(received.open::<u32>(&stream), Err(cumem_core::Error::InvalidContext { .. })));
+//! // SAFETY: `buf` outlives the attempt, and nothing else touches it meanwhile.
+//! let opened = unsafe { received.open::<u32>(&stream) };
+//! assert!(matches!(opened, Err(cumem_core::Error::InvalidContext { .. })));
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
@@ -34,6 +36,7 @@ mod event;
 pub mod fd_passing;
 mod ffi;
 mod imported;
+mod live_imports;
 mod mem_handle;
 
 pub use event::{IpcEvent, IpcEventHandle};

@@ -3,8 +3,8 @@
 use bytemuck::Pod;
 use cumem_core::{DeviceBuffer, Error, ErrorContext, Result, Stream};
 
-use crate::ImportedBuffer;
 use crate::ffi::{self, HANDLE_SIZE};
+use crate::{ImportedBuffer, live_imports};
 
 /// An exported buffer: the driver's 64-byte handle of the allocation holding it, plus where the
 /// buffer lies in that allocation, so the importer knows which memory it names.
@@ -76,17 +76,69 @@ impl IpcMemHandle {
     /// size_of::<T>()` elements whose first use is on `stream`. In the exporting process the
     /// driver answers [`Error::InvalidContext`]; for memory already freed, [`Error::InvalidValue`]
     /// (also for a handle whose buffer does not lie inside the allocation the driver maps); a size
-    /// that is not a whole number of `T`s gives [`Error::Misaligned`].
-    pub fn open<T: Pod>(&self, stream: &Stream) -> Result<ImportedBuffer<T>> {
+    /// that is not a whole number of `T`s, or an offset not aligned for `T`, gives
+    /// [`Error::Misaligned`]. Opening memory that is already open here (through another live
+    /// [`ImportedBuffer`] in the same context) gives [`Error::AlreadyMapped`]: the driver would
+    /// return the same address, and two imports would be two exclusive views of the same memory.
+    ///
+    /// # Safety
+    ///
+    /// Neither the memory's lifetime nor the other processes' accesses to it can be checked from
+    /// here, so the caller promises:
+    ///
+    /// 1. The exporter keeps the allocation alive, and does not reuse the exported memory for
+    ///    anything else (a caching pool hands a freed block to its next allocation), until the
+    ///    returned [`ImportedBuffer`] is dropped. Using an import of freed memory is undefined
+    ///    behaviour on a GPU.
+    /// 2. Other processes' accesses to the memory are ordered with this process's, through an
+    ///    [`IpcEvent`](crate::IpcEvent) or the program's own protocol: no other process writes
+    ///    it while this one reads or writes it, nor reads it while this one writes it.
+    ///
+    /// Safe code cannot open an import:
+    ///
+    /// ```compile_fail,E0133
+    /// fn open_it(handle: &cumem_ipc::IpcMemHandle, stream: &cumem_core::Stream) {
+    ///     let _ = handle.open::<u32>(stream);
+    /// }
+    /// ```
+    pub unsafe fn open<T: Pod>(&self, stream: &Stream) -> Result<ImportedBuffer<T>> {
+        // The offset and size are untrusted bytes: check what needs no driver before opening, so
+        // that a forged handle neither overflows nor leaves an import open.
         let size = std::mem::size_of::<T>().max(1);
         if !self.bytes.is_multiple_of(size as u64) {
             return Err(Error::Misaligned { what: "exported size", value: self.bytes, align: size as u64 });
         }
+        let align = std::mem::align_of::<T>() as u64;
+        if !self.offset.is_multiple_of(align) {
+            return Err(Error::Misaligned { what: "exported offset", value: self.offset, align });
+        }
+        let Some(end) = self.offset.checked_add(self.bytes) else {
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op("IpcMemHandle::open (offset + size overflows)").bytes(self.bytes()),
+            });
+        };
         stream.context().bind()?;
         let base = ffi::mem_open(self.raw)?;
-        let import = ImportedBuffer::new(base, base + self.offset, self.bytes() / size, stream);
+        if !live_imports::claim(stream.context().raw(), base) {
+            // The driver counted this open: undo it, leaving the live import as it was.
+            // SAFETY: `base` was opened just above and nothing else holds this open.
+            if let Err(e) = unsafe { ffi::mem_close(base) } {
+                tracing::warn!(error = %e, "cumem-ipc: closing a refused second open failed");
+            }
+            return Err(Error::AlreadyMapped {
+                ctx: ErrorContext::op(
+                    "IpcMemHandle::open (already open in this context; drop the other ImportedBuffer first)",
+                )
+                .bytes(self.bytes()),
+            });
+        }
+        // Built before any further fallible step, so that every error path below closes the
+        // import (by dropping it). The pointer wraps rather than panics on a forged offset; it is
+        // used only once the range check below has passed, and then `base + offset` lies inside
+        // the mapping.
+        let import = ImportedBuffer::new(base, base.wrapping_add(self.offset), self.bytes() / size, stream);
         let (_, mapped) = ffi::address_range(base)?;
-        if self.offset.checked_add(self.bytes).is_none_or(|end| end > mapped as u64) {
+        if end > mapped as u64 {
             // Dropping `import` closes what was opened.
             return Err(Error::InvalidValue {
                 ctx: ErrorContext::op("IpcMemHandle::open (buffer outside the exported allocation)")

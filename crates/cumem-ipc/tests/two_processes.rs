@@ -15,6 +15,8 @@ use std::time::Duration;
 use cumem_copy::StreamCopy;
 use cumem_core::{Device, DeviceBuffer, DriverResource, Error, PinnedBuffer, Stream};
 use cumem_ipc::{IpcEvent, IpcEventHandle, IpcMemHandle};
+use cumem_sys::sim_control::FaultRule;
+use cumem_sys::sys::CUresult;
 use cumem_sys::testing;
 use serial_test::serial;
 
@@ -98,7 +100,12 @@ fn child_side() {
         let stream = Stream::new(&ctx).unwrap();
         let handle = IpcMemHandle::from_bytes(&mem).unwrap();
         assert_eq!(handle.bytes(), LEN * 4);
-        let mut import = handle.open::<u32>(&stream).unwrap();
+        // SAFETY: the parent keeps the buffer until this process exits, and touches it again only
+        // after waiting on the event this process records after its write.
+        let mut import = unsafe { handle.open::<u32>(&stream) }.unwrap();
+        // The same memory twice in one context would be two exclusive views of it.
+        // SAFETY: as above.
+        assert!(matches!(unsafe { handle.open::<u32>(&stream) }, Err(Error::AlreadyMapped { .. })));
         let event = IpcEventHandle::from_bytes(&ev).unwrap().open(&ctx).unwrap();
         let got = import.as_slice().to_vec().unwrap();
         let expected: Vec<u32> = (0..LEN).map(parent_pattern).collect();
@@ -121,6 +128,68 @@ fn child_side() {
         drop(import);
         drop(host);
         opener.join().unwrap();
+        forged_handles_are_refused_without_leaving_an_import(&mem, &stream);
+        an_import_whose_work_cannot_be_waited_for_is_leaked_not_closed(&handle, &stream);
     }
     assert_clean_report();
+}
+
+/// `mem` with its offset and size fields replaced, as a forging sender could.
+fn forged(mem: &[u8; IpcMemHandle::ENCODED_LEN], offset: u64, bytes: u64) -> IpcMemHandle {
+    let mut forged = *mem;
+    let at = IpcMemHandle::ENCODED_LEN - 16;
+    forged[at..at + 8].copy_from_slice(&offset.to_le_bytes());
+    forged[at + 8..].copy_from_slice(&bytes.to_le_bytes());
+    IpcMemHandle::from_bytes(&forged).unwrap()
+}
+
+/// The offset and size are untrusted bytes: forged ones give typed errors and leave no import open
+/// (the child holds no other import by now, so any `ipc_import` in the report would be a leak).
+fn forged_handles_are_refused_without_leaving_an_import(
+    mem: &[u8; IpcMemHandle::ENCODED_LEN],
+    stream: &Stream,
+) {
+    // SAFETY: the parent keeps the buffer until this process exits and does not touch it any
+    // more; no forged open succeeds, so nothing is accessed (the same holds for the opens below).
+    let overflowing = unsafe { forged(mem, u64::MAX - 3, 4).open::<u32>(stream) };
+    assert!(matches!(overflowing, Err(Error::InvalidValue { .. })), "{overflowing:?}");
+    // SAFETY: as above.
+    let misaligned = unsafe { forged(mem, 2, 4).open::<u32>(stream) };
+    assert!(matches!(misaligned, Err(Error::Misaligned { .. })), "{misaligned:?}");
+    // SAFETY: as above.
+    let outside = unsafe { forged(mem, 4, (LEN * 4) as u64).open::<u32>(stream) };
+    assert!(matches!(outside, Err(Error::InvalidValue { .. })), "{outside:?}");
+    if let Some(ctl) = testing::sim_control() {
+        let report = ctl.live_report();
+        assert!(
+            report.allocations.iter().all(|a| a.kind != "ipc_import"),
+            "an import was left open:\n{report}"
+        );
+    }
+}
+
+/// Closing an import while its work may still run would unmap memory under that work: when waiting
+/// for it fails, drop leaks the import (it stays open) instead.
+fn an_import_whose_work_cannot_be_waited_for_is_leaked_not_closed(handle: &IpcMemHandle, stream: &Stream) {
+    let Some(ctl) = testing::sim_control() else { return };
+    // SAFETY: the parent keeps the buffer until this process exits and no longer touches it.
+    let import = unsafe { handle.open::<u32>(stream) }.unwrap();
+    import.as_slice().to_vec().unwrap();
+    let base = import.device_ptr();
+    let closes = ctl.calls_on_this_thread("cuIpcCloseMemHandle");
+    let rule = ctl.inject_fault(FaultRule {
+        function: "cuStreamSynchronize".into(),
+        nth: 1,
+        code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        times: 0,
+        this_thread_only: true,
+    });
+    drop(import);
+    ctl.remove_fault(rule);
+    assert_eq!(ctl.calls_on_this_thread("cuIpcCloseMemHandle"), closes, "the import was closed");
+    assert!(ctl.live_report().allocations.iter().any(|a| a.kind == "ipc_import" && a.ptr == base));
+    // The test's own cleanup, so that the exit leak check sees only real leaks.
+    // SAFETY: `base` is the leaked import's address (its offset is 0), opened once and unused now.
+    let closed = unsafe { cumem_sys::sys::cuIpcCloseMemHandle(base) };
+    assert_eq!(closed, CUresult::CUDA_SUCCESS);
 }

@@ -126,6 +126,16 @@ fn importer() {
     let mut garbage = h;
     garbage.reserved[0] ^= 1;
     assert_eq!(try_open(&garbage, 1).0, CUresult::CUDA_ERROR_INVALID_VALUE, "bytes no simulator wrote");
+    // The size is bytes the sender could forge: mapping more than the exported file holds would
+    // fault on the first copy past its end.
+    let mut oversized = h;
+    let claimed = (BYTES as u64 + (1 << 20)).to_le_bytes().map(|b| b as std::ffi::c_char);
+    oversized.reserved[32..40].copy_from_slice(&claimed);
+    assert_eq!(
+        try_open(&oversized, 1).0,
+        CUresult::CUDA_ERROR_INVALID_VALUE,
+        "a size the file does not hold"
+    );
     let (r, p) = try_open(&h, 1);
     ok(r);
     let (r, again) = try_open(&h, 1);

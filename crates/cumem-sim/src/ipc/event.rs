@@ -121,6 +121,13 @@ pub(crate) fn open(bytes: &[u8; SIZE]) -> Result<u64, Fail> {
     let mut st = SIM.st.lock();
     let (ctx, d) = crate::context::current_ctx(&st)?;
     let handle = Handle::decode(bytes, Kind::Event)?;
+    // The shared page is mapped whole: `Handle::open` then checks the file holds it.
+    if handle.size != PAGE as u64 {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("IPC event handle of {} bytes; events share one {PAGE}-byte page", handle.size),
+        ));
+    }
     let file = handle.open()?;
     let shared = SharedEvent::from_file(file).ok_or(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY))?;
     let h = st.new_event_handle();

@@ -39,12 +39,17 @@ pub(crate) fn own_pid() -> u32 {
     std::process::id()
 }
 
-/// The inode of an open file; `None` when `fstat` fails.
-pub(crate) fn inode(file: &OwnedFd) -> Option<u64> {
+/// The inode and size of an open file; `None` when `fstat` fails.
+fn stat(file: &OwnedFd) -> Option<(u64, u64)> {
     // SAFETY: `stat` is plain data, fully written by a successful fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `file` is an open descriptor and `st` a valid out-pointer.
-    (unsafe { libc::fstat(file.as_raw_fd(), &mut st) } == 0).then_some(st.st_ino)
+    (unsafe { libc::fstat(file.as_raw_fd(), &mut st) } == 0).then_some((st.st_ino, st.st_size as u64))
+}
+
+/// The inode of an open file; `None` when `fstat` fails.
+pub(crate) fn inode(file: &OwnedFd) -> Option<u64> {
+    stat(file).map(|(ino, _)| ino)
 }
 
 impl Handle {
@@ -86,9 +91,10 @@ impl Handle {
         })
     }
 
-    /// Opens the exporter's file, checking it is still the exported one. `INVALID_CONTEXT` in
-    /// the exporting process itself (as on the H100); `INVALID_VALUE` once the exporter freed it,
-    /// exited, or never existed.
+    /// Opens the exporter's file, checking it is still the exported one and holds the handle's
+    /// size. `INVALID_CONTEXT` in the exporting process itself (observed on the H100 for memory
+    /// handles, §17; for event handles a simulator choice, the same answer); `INVALID_VALUE`
+    /// once the exporter freed it, exited, or never existed, or for a size the file does not hold.
     pub(crate) fn open(&self) -> Result<OwnedFd, Fail> {
         if self.pid == own_pid() {
             return Err(Fail::misuse(
@@ -110,8 +116,16 @@ impl Handle {
         }
         // SAFETY: `fd` was just opened and is owned by nothing else.
         let file = unsafe { OwnedFd::from_raw_fd(fd) };
-        if inode(&file) != Some(self.ino) {
+        let Some((ino, len)) = stat(&file) else {
+            return Err(gone("the exported memory is gone (fstat failed)"));
+        };
+        if ino != self.ino {
             return Err(gone("the exported memory is gone (its descriptor now names another file)"));
+        }
+        // The size is untrusted bytes and the caller maps that much of the file: a mapping past
+        // the file's end would fault (SIGBUS) on first touch.
+        if len < self.size {
+            return Err(gone(&format!("the handle claims {} bytes; the exported file has {len}", self.size)));
         }
         Ok(file)
     }
