@@ -12,7 +12,8 @@
 //!
 //! Refused before any driver call, each with its own error: an offset that is not a multiple of
 //! the granularity (`Misaligned`), memory that does not fit wholly inside the range (`OutOfRange`),
-//! a mapping over mapped space (`AlreadyMapped`), access for a device that cannot reach the memory
+//! a mapping over mapped space or of physical memory that is mapped already (`AlreadyMapped`: a
+//! second mapping would be a second view of the same bytes, with its own stream order), access for a device that cannot reach the memory
 //! (`NotSupported { feature: PeerAccess }`).
 //!
 //! ```
@@ -95,6 +96,8 @@ pub struct MappingIn<R: RangeHolder> {
     order: StreamOrder,
     /// Whether a view was ever handed out, so that unmapping must first wait for its work.
     viewed: AtomicBool,
+    /// The physical memory's "mapped" flag, cleared once this mapping is gone.
+    memory_mapped: Arc<AtomicBool>,
 }
 
 impl<R: RangeHolder> MappingIn<R> {
@@ -102,21 +105,32 @@ impl<R: RangeHolder> MappingIn<R> {
     ///
     /// Refused before any driver call: `offset` not a multiple of the minimum granularity of the
     /// range's or the memory's device (`Misaligned`); `[offset, offset + memory.bytes())` not
-    /// wholly inside the range (`OutOfRange`); any of it mapped already (`AlreadyMapped`).
+    /// wholly inside the range (`OutOfRange`); any of it mapped already, or `memory` mapped
+    /// already anywhere (`AlreadyMapped`).
     pub fn new(range: R, offset: usize, memory: &PhysicalMemory) -> Result<Self> {
         range.granularity().check("mapping offset", offset as u64)?;
         memory.granularity().check("mapping offset", offset as u64)?;
         let size = memory.bytes();
-        range.claim(offset, size)?;
+        let Some(memory_mapped) = memory.claim_mapping() else {
+            return Err(Error::AlreadyMapped {
+                ctx: ErrorContext::op("VirtualRange::map (physical memory mapped already)").bytes(size),
+            });
+        };
+        if let Err(e) = range.claim(offset, size) {
+            memory_mapped.store(false, Ordering::Release);
+            return Err(e);
+        }
         let ptr = range.base() + offset as u64;
         let mapped = range.context().bind().and_then(|()| {
             // SAFETY: the span lies inside the live reservation and nothing is mapped there (both
             // checked by the claim, which every mapping of this range takes first); `memory` is a
-            // live allocation of exactly `size` bytes.
+            // live allocation of exactly `size` bytes, mapped nowhere else (its flag, just claimed),
+            // so this mapping's views are the only way to its bytes.
             unsafe { ffi::map(ptr, size, memory.raw()) }
         });
         if let Err(e) = mapped {
             range.unclaim(offset, size);
+            memory_mapped.store(false, Ordering::Release);
             return Err(e);
         }
         let ctx = memory.context().clone();
@@ -130,6 +144,7 @@ impl<R: RangeHolder> MappingIn<R> {
             own_access: Access::None,
             order,
             viewed: AtomicBool::new(false),
+            memory_mapped,
         })
     }
 
@@ -218,8 +233,9 @@ impl<R: RangeHolder> MappingIn<R> {
         let len = self.view_len::<T>(self.own_access.can_read())?;
         // SAFETY: the mapping is `size` bytes of device memory of `ctx`'s device, readable by it
         // (checked), granularity-aligned (so aligned for T, checked), any bytes are a valid T, and
-        // it stays mapped while the view borrows `self`; all device work through views is ordered
-        // through `order`, which the unmap waits for; writes need `&mut self`.
+        // it stays mapped while the view borrows `self`; its physical memory is mapped nowhere
+        // else (`new` claimed it), so all device work on these bytes goes through views of this
+        // mapping, ordered through `order`, which the unmap waits for; writes need `&mut self`.
         Ok(unsafe { DeviceSlice::from_raw_parts(self.device_ptr(), len, &self.order, &self.ctx) })
     }
 
@@ -279,7 +295,10 @@ impl<R: RangeHolder> Drop for MappingIn<R> {
             unsafe { ffi::unmap(ptr, self.size) }
         });
         match result {
-            Ok(()) => self.range.unclaim(self.offset, self.size),
+            Ok(()) => {
+                self.range.unclaim(self.offset, self.size);
+                self.memory_mapped.store(false, Ordering::Release);
+            }
             Err(e) => {
                 tracing::warn!(ptr, size = self.size, error = %e, "cuMemUnmap failed; the mapping is leaked");
             }

@@ -179,6 +179,7 @@ fn misuse_of_mappings_is_refused_before_the_driver() {
     let range = VirtualRange::reserve(&ctx, 4 * g).unwrap();
     let one = PhysicalMemory::new(&ctx, g).unwrap();
     let two = PhysicalMemory::new(&ctx, 2 * g).unwrap();
+    let spare = PhysicalMemory::new(&ctx, 2 * g).unwrap();
     let mut mapped = range.map(g, &two).unwrap(); // [g, 3g)
     without_calls(VMM_CALLS, || {
         let e = range.map(g / 2, &one).unwrap_err();
@@ -186,14 +187,14 @@ fn misuse_of_mappings_is_refused_before_the_driver() {
         // Not wholly inside the reservation.
         let e = range.map(4 * g, &one).unwrap_err();
         assert!(matches!(e, Error::OutOfRange { .. }), "{e}");
-        let e = range.map(3 * g, &two).unwrap_err();
+        let e = range.map(3 * g, &spare).unwrap_err();
         assert!(
             matches!(e, Error::OutOfRange { start, end, len } if start == 3 * g && end == 5 * g && len == 4 * g),
             "{e}"
         );
         // Over mapped space: the same start, inside, and overlapping its start.
         for offset in [g, 2 * g, 0] {
-            let memory = if offset == 0 { &two } else { &one };
+            let memory = if offset == 0 { &spare } else { &one };
             let e = range.map(offset, memory).unwrap_err();
             assert!(matches!(e, Error::AlreadyMapped { .. }), "offset {offset}: {e}");
         }
@@ -224,6 +225,38 @@ fn misuse_of_mappings_is_refused_before_the_driver() {
     assert_eq!(range.mapped_bytes(), 2 * g);
     mapped.set_access(&[(device, Access::ReadWrite)]).unwrap();
     assert_eq!(mapped.as_slice::<u64>().unwrap().len(), 2 * g / 8);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
+fn physical_memory_is_mapped_at_most_once_at_a_time() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = VirtualRange::reserve(&ctx, 2 * g).unwrap();
+    let other = VirtualRange::reserve(&ctx, g).unwrap();
+    let memory = PhysicalMemory::new(&ctx, g).unwrap();
+    let mut first = range.map(0, &memory).unwrap();
+    assert!(memory.is_mapped());
+    // A second mapping, in the same range or another, would be a second view of the same bytes
+    // whose work no stream order connects with the first's.
+    without_calls(VMM_CALLS, || {
+        for (r, offset) in [(&range, g), (&other, 0)] {
+            let e = r.map(offset, &memory).unwrap_err();
+            assert!(matches!(e, Error::AlreadyMapped { .. }), "{e}");
+        }
+    });
+    assert_eq!((range.mapped_bytes(), other.mapped_bytes()), (g, 0));
+    first.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    let data = pattern(g / 4, 7);
+    cumem_copy::copy_h2d(&data, &mut first.as_mut_slice::<u32>().unwrap()).unwrap();
+    // Once unmapped, the memory may be mapped again, and its bytes are still there.
+    drop(first);
+    assert!(!memory.is_mapped());
+    let mut again = other.map(0, &memory).unwrap();
+    again.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    assert_eq!(again.as_slice::<u32>().unwrap().to_vec().unwrap(), data);
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 
