@@ -98,6 +98,8 @@ pub struct MappingIn<R: RangeHolder> {
     viewed: AtomicBool,
     /// The physical memory's "mapped" flag, cleared once this mapping is gone.
     memory_mapped: Arc<AtomicBool>,
+    /// Unmapped by [`MappingIn::unmap`] already: nothing left for `Drop`.
+    unmapped: bool,
 }
 
 impl<R: RangeHolder> MappingIn<R> {
@@ -145,6 +147,7 @@ impl<R: RangeHolder> MappingIn<R> {
             order,
             viewed: AtomicBool::new(false),
             memory_mapped,
+            unmapped: false,
         })
     }
 
@@ -247,6 +250,34 @@ impl<R: RangeHolder> MappingIn<R> {
         Ok(unsafe { DeviceSliceMut::from_raw_parts(self.device_ptr(), len, &self.order, &self.ctx) })
     }
 
+    /// Unmaps now (`cuMemUnmap`), after the device work queued through its views has completed,
+    /// reporting what `Drop` can only log. On failure the mapping is handed back, still mapped,
+    /// with the error: drop it to try again (and log), or keep it.
+    pub fn unmap(mut self) -> std::result::Result<(), (Self, Error)> {
+        match self.unmap_in_place() {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    /// Waits for the views' work, unmaps, and returns the claims on the range and the memory.
+    /// On an error nothing was unmapped.
+    fn unmap_in_place(&mut self) -> Result<()> {
+        if *self.viewed.get_mut() {
+            self.order.synchronize()?;
+        }
+        let ptr = self.device_ptr();
+        self.range.context().bind()?;
+        // SAFETY: `[ptr, ptr + size)` is exactly the mapping made in `new`, unmapped only here
+        // (`unmapped` is set below and checked by every caller); no view is alive (`&mut self`)
+        // and the work of past views has completed (above).
+        unsafe { ffi::unmap(ptr, self.size) }?;
+        self.unmapped = true;
+        self.range.unclaim(self.offset, self.size);
+        self.memory_mapped.store(false, Ordering::Release);
+        Ok(())
+    }
+
     fn view_len<T>(&self, allowed: bool) -> Result<usize> {
         if size_of::<T>() == 0 {
             return Err(Error::ZeroSize { what: "element size" });
@@ -281,27 +312,11 @@ impl<R: RangeHolder> fmt::Debug for MappingIn<R> {
 
 impl<R: RangeHolder> Drop for MappingIn<R> {
     fn drop(&mut self) {
-        if *self.viewed.get_mut()
-            && let Err(e) = self.order.synchronize()
+        if !self.unmapped
+            && let Err(e) = self.unmap_in_place()
         {
             // Unmapping under pending work would fault it: keep the mapping (and its range).
-            tracing::warn!(ptr = self.device_ptr(), size = self.size, error = %e, "waiting for work on a mapping failed; it stays mapped");
-            return;
-        }
-        let ptr = self.device_ptr();
-        let result = self.range.context().bind().and_then(|()| {
-            // SAFETY: `[ptr, ptr + size)` is exactly the mapping made in `new`, unmapped only here;
-            // no view is alive (`&mut self`) and the work of past views has completed (above).
-            unsafe { ffi::unmap(ptr, self.size) }
-        });
-        match result {
-            Ok(()) => {
-                self.range.unclaim(self.offset, self.size);
-                self.memory_mapped.store(false, Ordering::Release);
-            }
-            Err(e) => {
-                tracing::warn!(ptr, size = self.size, error = %e, "cuMemUnmap failed; the mapping is leaked");
-            }
+            tracing::warn!(ptr = self.device_ptr(), size = self.size, error = %e, "unmapping failed; the mapping is leaked");
         }
     }
 }
