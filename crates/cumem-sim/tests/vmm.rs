@@ -619,3 +619,59 @@ fn a_binary_that_leaks_a_vmm_resource_fails_its_leak_check() {
         assert!(stderr.contains("LEAK") && stderr.contains(listed), "leaking a {what}: {stderr}");
     }
 }
+
+#[test]
+#[serial] // holds a gate
+fn unmapping_or_taking_access_away_under_queued_work_is_reported() {
+    let ctl = bind(0);
+    let faults = |function: &str| {
+        ctl.violations_on_this_thread()
+            .iter()
+            .filter(|v| v.function == function && v.message.contains("a GPU would fault"))
+            .count()
+    };
+    let (va, other) = (reserve(G), reserve(G));
+    let (h, h2) = (create(G), create(G));
+    ok(map(va, G, h));
+    ok(map(other, G, h2));
+    rw(va, G);
+    rw(other, G);
+    let s = stream(0);
+    let gate = std::sync::Arc::new(Gate::block(s));
+    // SAFETY: plain FFI call on mapped, writable memory; it waits behind the gate.
+    ok(unsafe { cu::cuMemsetD8Async(va + 4096, 7, 128, s) });
+
+    // Work queued over other memory is no reason to report (the simulator's cuMemUnmap drains
+    // every stream, the gated one too, so only access is changed there).
+    ok(set_access(other, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ));
+    // Raising access does not disturb the memset either.
+    rw(va, G);
+    assert_eq!((faults("cuMemSetAccess"), faults("cuMemUnmap")), (0, 0));
+
+    // The memset would write through access taken away before it runs.
+    ok(set_access(va, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ));
+    assert_eq!(faults("cuMemSetAccess"), 1);
+    rw(va, G);
+
+    // A GPU's cuMemUnmap does not wait for the memset: it would fault. The simulator still lets it
+    // finish before unmapping, so the opener releases the gate while cuMemUnmap waits.
+    let opener = {
+        let gate = std::sync::Arc::clone(&gate);
+        std::thread::spawn(move || {
+            settle();
+            gate.open();
+        })
+    };
+    ok(unmap(va, G));
+    opener.join().unwrap();
+    assert_eq!(faults("cuMemUnmap"), 1);
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    destroy(s);
+    ok(unmap(other, G));
+    assert_eq!(faults("cuMemUnmap"), 1, "nothing was queued over the other mapping");
+    ok(release(h));
+    ok(release(h2));
+    free_va(va, G);
+    free_va(other, G);
+}
