@@ -5,12 +5,13 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use cumem_copy::StreamCopy;
 use cumem_core::{Device, Error, Feature, PinnedBuffer, Stream};
 use cumem_vmm::{Access, Granularity, HandleTypes, PhysicalMemory, ReserveOptions, VirtualRange};
-use serial_test::parallel;
+use serial_test::{parallel, serial};
 
 #[test]
 #[parallel]
@@ -257,6 +258,36 @@ fn physical_memory_is_mapped_at_most_once_at_a_time() {
     let mut again = other.map(0, &memory).unwrap();
     again.set_access(&[(device, Access::ReadWrite)]).unwrap();
     assert_eq!(again.as_slice::<u32>().unwrap().to_vec().unwrap(), data);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial] // holds a gate
+fn changing_access_and_unmapping_wait_for_work_queued_through_views() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = VirtualRange::reserve(&ctx, g).unwrap();
+    let mut mapping = range.map(0, &PhysicalMemory::new(&ctx, g).unwrap()).unwrap();
+    mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+
+    // Taking write access away under a queued memset would fault it on a GPU.
+    let gate = hold(&stream);
+    stream.memset_d8(&mut mapping.as_mut_slice::<u8>().unwrap(), 0x11).unwrap();
+    let opener = gate.release_after(Duration::from_millis(50));
+    mapping.set_access(&[(device, Access::Read)]).unwrap();
+    opener.join().unwrap();
+    assert!(mapping.as_slice::<u8>().unwrap().to_vec().unwrap().iter().all(|&v| v == 0x11));
+
+    // So would unmapping under one.
+    mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    let gate = hold(&stream);
+    stream.memset_d8(&mut mapping.as_mut_slice::<u8>().unwrap(), 0x22).unwrap();
+    let opener = gate.release_after(Duration::from_millis(50));
+    drop(mapping);
+    opener.join().unwrap();
+    assert_eq!(range.mapped_bytes(), 0);
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 
