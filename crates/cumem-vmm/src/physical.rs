@@ -47,8 +47,9 @@ impl PhysicalMemory {
 
     /// `bytes` of pinned memory on `ctx`'s device that may later be exported as `handle_types`.
     ///
-    /// Refused before any driver call: a device without VMM (`NotSupported { feature:
-    /// VirtualMemory }`), zero bytes (`ZeroSize`), a size that is not a multiple of the minimum
+    /// Refused before any VMM call: a device without VMM (`NotSupported { feature:
+    /// VirtualMemory }`), a handle type the device cannot export (`NotSupported { feature:
+    /// ShareableHandle(name) }`, from its attributes), zero bytes (`ZeroSize`), a size that is not a multiple of the minimum
     /// granularity for these handle types (`Misaligned`). The device's capacity is charged now.
     pub fn with_handle_types(
         ctx: &Context,

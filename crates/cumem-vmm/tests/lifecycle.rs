@@ -308,6 +308,31 @@ fn a_device_without_vmm_is_refused_before_any_vmm_call() {
 
 #[test]
 #[parallel]
+fn handle_types_the_device_cannot_export_are_refused_before_the_driver() {
+    use cumem_core::sys::CUdevice_attribute as A;
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    for (types, attr) in [
+        (HandleTypes::POSIX_FD, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED),
+        (HandleTypes::FABRIC, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED),
+        (HandleTypes::WIN32, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED),
+    ] {
+        if device.attribute(attr).unwrap() != 0 {
+            continue; // exportable here: nothing to refuse
+        }
+        without_calls(VMM_CALLS, || {
+            let refused = |e: Error| matches!(e, Error::NotSupported { feature: Feature::ShareableHandle(_), device: Some(d) } if d == device.raw());
+            let e = Granularity::with_handle_types(device, types).unwrap_err();
+            assert!(refused(e.clone()), "{types:?}: {e}");
+            let e = PhysicalMemory::with_handle_types(&ctx, g, types).unwrap_err();
+            assert!(refused(e.clone()), "{types:?}: {e}");
+        });
+    }
+}
+
+#[test]
+#[parallel]
 fn granularity_is_per_device_and_handle_types() {
     let Some(device) = vmm_device() else { return };
     let g = Granularity::of(device).unwrap();
