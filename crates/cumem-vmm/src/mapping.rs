@@ -65,7 +65,7 @@ impl RangeHolder for Arc<VirtualRange> {}
 
 /// A mapping that borrows its range and cannot outlive it:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0597
 /// # cumem_sys::testing::init();
 /// use cumem_core::Device;
 /// use cumem_vmm::{PhysicalMemory, VirtualRange};

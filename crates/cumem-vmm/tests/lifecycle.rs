@@ -126,10 +126,22 @@ fn a_peer_device_gets_access_and_reads_back() {
     mapping.set_access(&[(device, Access::ReadWrite), (peer, Access::Read)]).unwrap();
     assert_eq!(mapping.access(device).unwrap(), Access::ReadWrite);
     assert_eq!(mapping.access(peer).unwrap(), Access::Read);
+    let data = pattern(g / 4, 3);
+    cumem_copy::copy_h2d(&data, &mut mapping.as_mut_slice::<u32>().unwrap()).unwrap();
+    // Read it back with the peer's context current, so that the peer is the device reading.
+    let peer_ctx = peer.context().unwrap();
+    peer_ctx.bind().unwrap();
+    let mut back = vec![0u32; g / 4];
+    // SAFETY: `back` has room for the `g` bytes copied; the mapping is `g` bytes, readable by the
+    // peer, and no work on it is pending (the copy in was blocking).
+    let code = unsafe { cumem_core::sys::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), mapping.device_ptr(), g) };
+    assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+    assert_eq!(back, data);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 
 #[test]
-#[parallel]
+#[serial] // no other test may take the hinted addresses between the probe's free and the hint
 fn a_fixed_address_hint_and_an_alignment_are_passed_on() {
     let Some(device) = vmm_device() else { return };
     let ctx = device.context().unwrap();
@@ -143,6 +155,10 @@ fn a_fixed_address_hint_and_an_alignment_are_passed_on() {
     drop(probe);
     let hinted = VirtualRange::reserve_with(&ctx, 2 * g, ReserveOptions::default().address(wanted)).unwrap();
     assert_eq!(hinted.base() % g as u64, 0);
+    if cumem_sys::testing::sim_control().is_some() {
+        // The simulator honours an aligned, free hint (as drivers do in practice): the hint got there.
+        assert_eq!(hinted.base(), wanted);
+    }
     let mut mapping = hinted.map(g, &PhysicalMemory::new(&ctx, g).unwrap()).unwrap();
     mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
     assert_eq!(mapping.device_ptr(), hinted.base() + g as u64);
