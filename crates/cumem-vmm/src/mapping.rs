@@ -253,6 +253,7 @@ impl<R: RangeHolder> MappingIn<R> {
     /// Unmaps now (`cuMemUnmap`), after the device work queued through its views has completed,
     /// reporting what `Drop` can only log. On failure the mapping is handed back, still mapped,
     /// with the error: drop it to try again (and log), or keep it.
+    #[expect(clippy::result_large_err, reason = "rare and off the hot path; the mapping itself comes back")]
     pub fn unmap(mut self) -> std::result::Result<(), (Self, Error)> {
         match self.unmap_in_place() {
             Ok(()) => Ok(()),
