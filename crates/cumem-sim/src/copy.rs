@@ -266,6 +266,45 @@ pub(crate) fn memset(
 }
 
 impl Work {
+    /// The device-side byte ranges `(address, length)` the operation reads or writes (host memory
+    /// included; pageable host memory and staged bytes are not device addresses, so left out).
+    pub(crate) fn spans(&self) -> Vec<(u64, u64)> {
+        fn add(out: &mut Vec<(u64, u64)>, e: &Endpoint, len: usize) {
+            if let Endpoint::Mem(a, off, _) = e {
+                out.push((a.base + *off as u64, len as u64));
+            }
+        }
+        let mut out = Vec::new();
+        match self {
+            Work::Copy { dst, src, len } => {
+                add(&mut out, dst, *len);
+                if let Source::At(e) = src {
+                    add(&mut out, e, *len);
+                }
+            }
+            Work::Fill { dst, width, count, .. } => add(&mut out, dst, width * count),
+            Work::Rows { rows, len, .. } => {
+                for (d, s) in rows {
+                    add(&mut out, d, *len);
+                    if let RowSource::At(e) = s {
+                        add(&mut out, e, *len);
+                    }
+                }
+            }
+            Work::FillRows { rows, width, count, .. } => {
+                for d in rows {
+                    add(&mut out, d, width * count);
+                }
+            }
+            Work::Marker { .. }
+            | Work::Nop
+            | Work::Free { .. }
+            | Work::Prefetch { .. }
+            | Work::HostFn { .. } => {}
+        }
+        out
+    }
+
     /// The distinct allocations whose bytes the operation reads or writes.
     pub(crate) fn touched(&self) -> Vec<&Arc<Allocation>> {
         fn add<'a>(out: &mut Vec<&'a Arc<Allocation>>, e: &'a Endpoint) {

@@ -245,8 +245,6 @@ fn misuse_codes_as_observed() {
         (0x2, CUresult::CUDA_ERROR_INVALID_VALUE),
         (0x4, CUresult::CUDA_ERROR_INVALID_VALUE),
         (0x3, CUresult::CUDA_ERROR_INVALID_VALUE),
-        // No fabric: its device attribute is 0 (POSIX_FD is covered by vmm_shareable.rs).
-        (0x8, CUresult::CUDA_ERROR_NOT_SUPPORTED),
     ] {
         let mut p = prop(0);
         p.requestedHandleTypes = cu::CUmemAllocationHandleType(types);
@@ -300,6 +298,29 @@ fn misuse_codes_as_observed() {
     assert_eq!(try_free_va(va, 2 * G), CUresult::CUDA_ERROR_INVALID_VALUE, "wrong size");
     free_va(va, 4 * G);
     assert_eq!(try_free_va(va, 4 * G), CUresult::CUDA_ERROR_INVALID_VALUE, "freed twice");
+}
+
+/// Not what the H100 answered: its attributes say fabric handles are supported, and it returned
+/// NOT_PERMITTED for 0x8 (§17). The simulator models a device whose attribute says they are not
+/// (fabric handles are not modelled), and answers as for a missing feature.
+#[test]
+#[parallel]
+fn shareable_handle_types_the_device_lacks_are_not_supported() {
+    bind(0);
+    // POSIX file descriptors are modelled (vmm_shareable.rs); fabric handles are not.
+    for (types, attr) in [(0x8, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)] {
+        let mut v = -1;
+        // SAFETY: valid out-pointer.
+        ok(unsafe { cu::cuDeviceGetAttribute(&mut v, attr, 0) });
+        assert_eq!(v, 0, "{attr:?}");
+        let mut p = prop(0);
+        p.requestedHandleTypes = cu::CUmemAllocationHandleType(types);
+        assert_eq!(
+            try_create(G, &p).0,
+            CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            "requestedHandleTypes {types:#x}"
+        );
+    }
 }
 
 #[test]
@@ -617,4 +638,60 @@ fn a_binary_that_leaks_a_vmm_resource_fails_its_leak_check() {
         assert_eq!(out.status.code(), Some(86), "leaking a {what}: {stderr}");
         assert!(stderr.contains("LEAK") && stderr.contains(listed), "leaking a {what}: {stderr}");
     }
+}
+
+#[test]
+#[serial] // holds a gate
+fn unmapping_or_taking_access_away_under_queued_work_is_reported() {
+    let ctl = bind(0);
+    let faults = |function: &str| {
+        ctl.violations_on_this_thread()
+            .iter()
+            .filter(|v| v.function == function && v.message.contains("a GPU would fault"))
+            .count()
+    };
+    let (va, other) = (reserve(G), reserve(G));
+    let (h, h2) = (create(G), create(G));
+    ok(map(va, G, h));
+    ok(map(other, G, h2));
+    rw(va, G);
+    rw(other, G);
+    let s = stream(0);
+    let gate = std::sync::Arc::new(Gate::block(s));
+    // SAFETY: plain FFI call on mapped, writable memory; it waits behind the gate.
+    ok(unsafe { cu::cuMemsetD8Async(va + 4096, 7, 128, s) });
+
+    // Work queued over other memory is no reason to report (the simulator's cuMemUnmap drains
+    // every stream, the gated one too, so only access is changed there).
+    ok(set_access(other, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ));
+    // Raising access does not disturb the memset either.
+    rw(va, G);
+    assert_eq!((faults("cuMemSetAccess"), faults("cuMemUnmap")), (0, 0));
+
+    // The memset would write through access taken away before it runs.
+    ok(set_access(va, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ));
+    assert_eq!(faults("cuMemSetAccess"), 1);
+    rw(va, G);
+
+    // A GPU's cuMemUnmap does not wait for the memset: it would fault. The simulator still lets it
+    // finish before unmapping, so the opener releases the gate while cuMemUnmap waits.
+    let opener = {
+        let gate = std::sync::Arc::clone(&gate);
+        std::thread::spawn(move || {
+            settle();
+            gate.open();
+        })
+    };
+    ok(unmap(va, G));
+    opener.join().unwrap();
+    assert_eq!(faults("cuMemUnmap"), 1);
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    destroy(s);
+    ok(unmap(other, G));
+    assert_eq!(faults("cuMemUnmap"), 1, "nothing was queued over the other mapping");
+    ok(release(h));
+    ok(release(h2));
+    free_va(va, G);
+    free_va(other, G);
 }

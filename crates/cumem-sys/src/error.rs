@@ -106,6 +106,9 @@ pub enum Feature {
     Driver(&'static str),
     /// An allocation alignment (in bytes) above the largest one cumem serves.
     Alignment(usize),
+    /// Exporting memory as a shareable handle of this type (device attributes
+    /// `HANDLE_TYPE_*_SUPPORTED`).
+    ShareableHandle(&'static str),
 }
 
 impl fmt::Display for Feature {
@@ -121,6 +124,7 @@ impl fmt::Display for Feature {
             Feature::Symbol(name) => write!(f, "driver entry point {name}"),
             Feature::Driver(op) => write!(f, "{op} (refused by the driver)"),
             Feature::Alignment(align) => write!(f, "an alignment of {align} bytes"),
+            Feature::ShareableHandle(name) => write!(f, "exporting memory as {name}"),
         }
     }
 }

@@ -132,6 +132,26 @@ pub(crate) fn get_access(ptr: CUdeviceptr, device: CUdevice) -> Result<u64> {
     Ok(flags)
 }
 
+/// Whether `device` supports exporting memory as the one handle type `bit` (its
+/// `HANDLE_TYPE_*_SUPPORTED` attribute), and the type's name; `None` for a bit with no attribute.
+pub(crate) fn handle_type_supported(device: CUdevice, bit: u32) -> Option<Result<(bool, &'static str)>> {
+    use sys::CUdevice_attribute as A;
+    let (attr, name) = match bit {
+        0x1 => (
+            A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+            "POSIX file descriptor handles",
+        ),
+        0x2 => (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED, "Win32 handles"),
+        0x4 => (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED, "Win32 KMT handles"),
+        0x8 => (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, "fabric handles"),
+        _ => return None,
+    };
+    let mut value = 0;
+    // SAFETY: `value` is a valid out-pointer.
+    let code = unsafe { sys::cuDeviceGetAttribute(&mut value, attr, device) };
+    Some(check(code, Ctx::op("cuDeviceGetAttribute").device(device)).map(|()| (value != 0, name)))
+}
+
 /// Whether `device` can access memory of `owner` directly.
 pub(crate) fn can_access_peer(device: CUdevice, owner: CUdevice) -> Result<bool> {
     let mut can = 0;

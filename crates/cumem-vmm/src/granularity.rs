@@ -47,6 +47,9 @@ impl Granularity {
     }
 
     /// The granularity of pinned memory on `device` that may be exported as `handle_types`.
+    ///
+    /// `NotSupported { feature: ShareableHandle(name), device }` for a handle type the device's
+    /// attributes (`HANDLE_TYPE_*_SUPPORTED`) say it cannot export, before any VMM call.
     pub fn with_handle_types(device: Device, handle_types: HandleTypes) -> Result<Granularity> {
         static CACHE: Mutex<Vec<Granularity>> = Mutex::new(Vec::new());
         if let Some(g) = CACHE.lock().iter().find(|g| g.device == device && g.handle_types == handle_types) {
@@ -54,6 +57,18 @@ impl Granularity {
         }
         require_vmm(device)?;
         let raw = device.raw();
+        // The driver's own answer differs by type and version (§17); the attributes say it first.
+        for bit in (0..u32::BITS).map(|i| 1u32 << i).filter(|b| handle_types.bits() & b != 0) {
+            if let Some(supported) = ffi::handle_type_supported(raw, bit) {
+                let (supported, name) = supported?;
+                if !supported {
+                    return Err(Error::NotSupported {
+                        feature: Feature::ShareableHandle(name),
+                        device: Some(raw),
+                    });
+                }
+            }
+        }
         let minimum = ffi::allocation_granularity(raw, handle_types.bits(), false)?;
         let recommended = ffi::allocation_granularity(raw, handle_types.bits(), true)?;
         if minimum == 0 || !recommended.is_multiple_of(minimum) {

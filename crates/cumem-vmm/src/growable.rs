@@ -243,7 +243,8 @@ impl<T> GrowableBuffer<T> {
     }
 
     /// Unmaps every whole chunk past the values and returns its memory to the device, after the
-    /// device work that uses the buffer has completed.
+    /// device work that uses the buffer has completed. Should the driver refuse an unmap, the error
+    /// is returned and that chunk and those before it stay mapped (and counted in `mapped_bytes`).
     pub fn shrink_to_fit(&mut self) -> Result<()> {
         let keep = self.bytes().div_ceil(self.chunk_bytes);
         if self.chunks.len() <= keep {
@@ -252,8 +253,13 @@ impl<T> GrowableBuffer<T> {
         // Work queued through any view may still touch the chunks about to go.
         self.order.synchronize()?;
         while self.chunks.len() > keep {
-            // Dropping unmaps, and the driver frees the memory with its last mapping.
-            self.chunks.pop();
+            let Some(chunk) = self.chunks.pop() else { break };
+            // The driver frees the memory with its last mapping.
+            if let Err((chunk, e)) = chunk.unmap() {
+                // Still mapped: keep it, so that `mapped_bytes` and later unmaps stay true.
+                self.chunks.push(chunk);
+                return Err(e);
+            }
         }
         Ok(())
     }

@@ -12,7 +12,8 @@
 //!
 //! Refused before any driver call, each with its own error: an offset that is not a multiple of
 //! the granularity (`Misaligned`), memory that does not fit wholly inside the range (`OutOfRange`),
-//! a mapping over mapped space (`AlreadyMapped`), access for a device that cannot reach the memory
+//! a mapping over mapped space or of physical memory that is mapped already (`AlreadyMapped`: a
+//! second mapping would be a second view of the same bytes, with its own stream order), access for a device that cannot reach the memory
 //! (`NotSupported { feature: PeerAccess }`).
 //!
 //! ```
@@ -64,7 +65,7 @@ impl RangeHolder for Arc<VirtualRange> {}
 
 /// A mapping that borrows its range and cannot outlive it:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0597
 /// # cumem_sys::testing::init();
 /// use cumem_core::Device;
 /// use cumem_vmm::{PhysicalMemory, VirtualRange};
@@ -95,6 +96,10 @@ pub struct MappingIn<R: RangeHolder> {
     order: StreamOrder,
     /// Whether a view was ever handed out, so that unmapping must first wait for its work.
     viewed: AtomicBool,
+    /// The physical memory's "mapped" flag, cleared once this mapping is gone.
+    memory_mapped: Arc<AtomicBool>,
+    /// Unmapped by [`MappingIn::unmap`] already: nothing left for `Drop`.
+    unmapped: bool,
 }
 
 impl<R: RangeHolder> MappingIn<R> {
@@ -102,21 +107,32 @@ impl<R: RangeHolder> MappingIn<R> {
     ///
     /// Refused before any driver call: `offset` not a multiple of the minimum granularity of the
     /// range's or the memory's device (`Misaligned`); `[offset, offset + memory.bytes())` not
-    /// wholly inside the range (`OutOfRange`); any of it mapped already (`AlreadyMapped`).
+    /// wholly inside the range (`OutOfRange`); any of it mapped already, or `memory` mapped
+    /// already anywhere (`AlreadyMapped`).
     pub fn new(range: R, offset: usize, memory: &PhysicalMemory) -> Result<Self> {
         range.granularity().check("mapping offset", offset as u64)?;
         memory.granularity().check("mapping offset", offset as u64)?;
         let size = memory.bytes();
-        range.claim(offset, size)?;
+        let Some(memory_mapped) = memory.claim_mapping() else {
+            return Err(Error::AlreadyMapped {
+                ctx: ErrorContext::op("VirtualRange::map (physical memory mapped already)").bytes(size),
+            });
+        };
+        if let Err(e) = range.claim(offset, size) {
+            memory_mapped.store(false, Ordering::Release);
+            return Err(e);
+        }
         let ptr = range.base() + offset as u64;
         let mapped = range.context().bind().and_then(|()| {
             // SAFETY: the span lies inside the live reservation and nothing is mapped there (both
             // checked by the claim, which every mapping of this range takes first); `memory` is a
-            // live allocation of exactly `size` bytes.
+            // live allocation of exactly `size` bytes, mapped nowhere else (its flag, just claimed),
+            // so this mapping's views are the only way to its bytes.
             unsafe { ffi::map(ptr, size, memory.raw()) }
         });
         if let Err(e) = mapped {
             range.unclaim(offset, size);
+            memory_mapped.store(false, Ordering::Release);
             return Err(e);
         }
         let ctx = memory.context().clone();
@@ -130,6 +146,8 @@ impl<R: RangeHolder> MappingIn<R> {
             own_access: Access::None,
             order,
             viewed: AtomicBool::new(false),
+            memory_mapped,
+            unmapped: false,
         })
     }
 
@@ -218,8 +236,9 @@ impl<R: RangeHolder> MappingIn<R> {
         let len = self.view_len::<T>(self.own_access.can_read())?;
         // SAFETY: the mapping is `size` bytes of device memory of `ctx`'s device, readable by it
         // (checked), granularity-aligned (so aligned for T, checked), any bytes are a valid T, and
-        // it stays mapped while the view borrows `self`; all device work through views is ordered
-        // through `order`, which the unmap waits for; writes need `&mut self`.
+        // it stays mapped while the view borrows `self`; its physical memory is mapped nowhere
+        // else (`new` claimed it), so all device work on these bytes goes through views of this
+        // mapping, ordered through `order`, which the unmap waits for; writes need `&mut self`.
         Ok(unsafe { DeviceSlice::from_raw_parts(self.device_ptr(), len, &self.order, &self.ctx) })
     }
 
@@ -229,6 +248,35 @@ impl<R: RangeHolder> MappingIn<R> {
         let len = self.view_len::<T>(self.own_access.can_write())?;
         // SAFETY: as in `as_slice`, with write access checked; the view borrows `self` exclusively.
         Ok(unsafe { DeviceSliceMut::from_raw_parts(self.device_ptr(), len, &self.order, &self.ctx) })
+    }
+
+    /// Unmaps now (`cuMemUnmap`), after the device work queued through its views has completed,
+    /// reporting what `Drop` can only log. On failure the mapping is handed back, still mapped,
+    /// with the error: drop it to try again (and log), or keep it.
+    #[expect(clippy::result_large_err, reason = "rare and off the hot path; the mapping itself comes back")]
+    pub fn unmap(mut self) -> std::result::Result<(), (Self, Error)> {
+        match self.unmap_in_place() {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    /// Waits for the views' work, unmaps, and returns the claims on the range and the memory.
+    /// On an error nothing was unmapped.
+    fn unmap_in_place(&mut self) -> Result<()> {
+        if *self.viewed.get_mut() {
+            self.order.synchronize()?;
+        }
+        let ptr = self.device_ptr();
+        self.range.context().bind()?;
+        // SAFETY: `[ptr, ptr + size)` is exactly the mapping made in `new`, unmapped only here
+        // (`unmapped` is set below and checked by every caller); no view is alive (`&mut self`)
+        // and the work of past views has completed (above).
+        unsafe { ffi::unmap(ptr, self.size) }?;
+        self.unmapped = true;
+        self.range.unclaim(self.offset, self.size);
+        self.memory_mapped.store(false, Ordering::Release);
+        Ok(())
     }
 
     fn view_len<T>(&self, allowed: bool) -> Result<usize> {
@@ -265,24 +313,11 @@ impl<R: RangeHolder> fmt::Debug for MappingIn<R> {
 
 impl<R: RangeHolder> Drop for MappingIn<R> {
     fn drop(&mut self) {
-        if *self.viewed.get_mut()
-            && let Err(e) = self.order.synchronize()
+        if !self.unmapped
+            && let Err(e) = self.unmap_in_place()
         {
             // Unmapping under pending work would fault it: keep the mapping (and its range).
-            tracing::warn!(ptr = self.device_ptr(), size = self.size, error = %e, "waiting for work on a mapping failed; it stays mapped");
-            return;
-        }
-        let ptr = self.device_ptr();
-        let result = self.range.context().bind().and_then(|()| {
-            // SAFETY: `[ptr, ptr + size)` is exactly the mapping made in `new`, unmapped only here;
-            // no view is alive (`&mut self`) and the work of past views has completed (above).
-            unsafe { ffi::unmap(ptr, self.size) }
-        });
-        match result {
-            Ok(()) => self.range.unclaim(self.offset, self.size),
-            Err(e) => {
-                tracing::warn!(ptr, size = self.size, error = %e, "cuMemUnmap failed; the mapping is leaked");
-            }
+            tracing::warn!(ptr = self.device_ptr(), size = self.size, error = %e, "unmapping failed; the mapping is leaked");
         }
     }
 }

@@ -20,6 +20,8 @@
 //! ```
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cumem_core::sys::CUmemGenericAllocationHandle;
 use cumem_core::{Context, Device, Error, Result};
@@ -32,6 +34,9 @@ pub struct PhysicalMemory {
     ctx: Context,
     bytes: usize,
     granularity: Granularity,
+    /// Set while a mapping of this memory exists (shared with that mapping, which clears it when it
+    /// unmaps): two mappings would be two views with separate stream orders over the same bytes.
+    mapped: Arc<AtomicBool>,
 }
 
 impl PhysicalMemory {
@@ -42,8 +47,9 @@ impl PhysicalMemory {
 
     /// `bytes` of pinned memory on `ctx`'s device that may later be exported as `handle_types`.
     ///
-    /// Refused before any driver call: a device without VMM (`NotSupported { feature:
-    /// VirtualMemory }`), zero bytes (`ZeroSize`), a size that is not a multiple of the minimum
+    /// Refused before any VMM call: a device without VMM (`NotSupported { feature:
+    /// VirtualMemory }`), a handle type the device cannot export (`NotSupported { feature:
+    /// ShareableHandle(name) }`, from its attributes), zero bytes (`ZeroSize`), a size that is not a multiple of the minimum
     /// granularity for these handle types (`Misaligned`). The device's capacity is charged now.
     pub fn with_handle_types(
         ctx: &Context,
@@ -57,7 +63,7 @@ impl PhysicalMemory {
         granularity.check("physical allocation size", bytes as u64)?;
         ctx.bind()?;
         let handle = ffi::create(bytes, ctx.device().raw(), handle_types.bits())?;
-        Ok(PhysicalMemory { handle, ctx: ctx.clone(), bytes, granularity })
+        Ok(PhysicalMemory { handle, ctx: ctx.clone(), bytes, granularity, mapped: Arc::default() })
     }
 
     /// Size in bytes.
@@ -88,6 +94,17 @@ impl PhysicalMemory {
     /// The driver's handle (valid while `self` lives).
     pub fn raw(&self) -> CUmemGenericAllocationHandle {
         self.handle
+    }
+
+    /// Whether a mapping of this memory exists now (it may be mapped again once that one is gone).
+    pub fn is_mapped(&self) -> bool {
+        self.mapped.load(Ordering::Acquire)
+    }
+
+    /// Marks the memory mapped and returns the flag the mapping clears when it unmaps, or `None`
+    /// if a mapping of it exists already.
+    pub(crate) fn claim_mapping(&self) -> Option<Arc<AtomicBool>> {
+        (!self.mapped.swap(true, Ordering::AcqRel)).then(|| Arc::clone(&self.mapped))
     }
 }
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::*;
 use cumem_copy::{Copy2D, Pitched, StreamCopy};
+use cumem_core::sys::CUresult;
 use cumem_core::{DeviceBuffer, Error, PinnedBuffer, Stream};
+use cumem_sim::FaultRule;
 use cumem_vmm::{GrowableBuffer, GrowableConfig};
 use serial_test::{parallel, serial};
 
@@ -80,6 +82,37 @@ fn shrink_to_fit_returns_whole_chunks_to_the_device() {
     let base = buf.device_ptr();
     buf.extend_from_slice(&[9u8; 5]).unwrap();
     assert_eq!((buf.device_ptr(), buf.to_vec().unwrap()), (base, vec![9; 5]));
+}
+
+#[test]
+#[parallel]
+fn a_failed_unmap_is_reported_and_its_chunk_stays_mapped() {
+    let Some(device) = vmm_device() else { return };
+    let Some(ctl) = cumem_sys::testing::sim_control() else { return }; // needs fault injection
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = GrowableBuffer::<u8>::with_config(&stream, 0, config(g)).unwrap();
+    buf.resize(6 * g, 5).unwrap();
+    buf.truncate(2 * g);
+    // The last chunk unmaps; the driver refuses the next one.
+    let fault = ctl.inject_fault(FaultRule {
+        function: "cuMemUnmap".into(),
+        nth: 2,
+        code: CUresult::CUDA_ERROR_INVALID_VALUE,
+        times: 1,
+        this_thread_only: true,
+    });
+    let e = buf.shrink_to_fit().unwrap_err();
+    ctl.remove_fault(fault);
+    assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
+    assert_eq!(buf.mapped_bytes(), 5 * g, "only the chunk that was unmapped is gone");
+    assert_eq!(sim_mapped_bytes(buf.device_ptr(), buf.range().size()), Some(5 * g as u64));
+    // Nothing was lost: the refused chunk is unmapped by the next try.
+    buf.shrink_to_fit().unwrap();
+    assert_eq!(buf.mapped_bytes(), 2 * g);
+    assert_eq!(sim_mapped_bytes(buf.device_ptr(), buf.range().size()), Some(2 * g as u64));
+    assert!(buf.to_vec().unwrap().iter().all(|&v| v == 5));
 }
 
 #[test]

@@ -5,12 +5,13 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use cumem_copy::StreamCopy;
 use cumem_core::{Device, Error, Feature, PinnedBuffer, Stream};
 use cumem_vmm::{Access, Granularity, HandleTypes, PhysicalMemory, ReserveOptions, VirtualRange};
-use serial_test::parallel;
+use serial_test::{parallel, serial};
 
 #[test]
 #[parallel]
@@ -125,10 +126,22 @@ fn a_peer_device_gets_access_and_reads_back() {
     mapping.set_access(&[(device, Access::ReadWrite), (peer, Access::Read)]).unwrap();
     assert_eq!(mapping.access(device).unwrap(), Access::ReadWrite);
     assert_eq!(mapping.access(peer).unwrap(), Access::Read);
+    let data = pattern(g / 4, 3);
+    cumem_copy::copy_h2d(&data, &mut mapping.as_mut_slice::<u32>().unwrap()).unwrap();
+    // Read it back with the peer's context current, so that the peer is the device reading.
+    let peer_ctx = peer.context().unwrap();
+    peer_ctx.bind().unwrap();
+    let mut back = vec![0u32; g / 4];
+    // SAFETY: `back` has room for the `g` bytes copied; the mapping is `g` bytes, readable by the
+    // peer, and no work on it is pending (the copy in was blocking).
+    let code = unsafe { cumem_core::sys::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), mapping.device_ptr(), g) };
+    assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+    assert_eq!(back, data);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 
 #[test]
-#[parallel]
+#[serial] // no other test may take the hinted addresses between the probe's free and the hint
 fn a_fixed_address_hint_and_an_alignment_are_passed_on() {
     let Some(device) = vmm_device() else { return };
     let ctx = device.context().unwrap();
@@ -142,6 +155,10 @@ fn a_fixed_address_hint_and_an_alignment_are_passed_on() {
     drop(probe);
     let hinted = VirtualRange::reserve_with(&ctx, 2 * g, ReserveOptions::default().address(wanted)).unwrap();
     assert_eq!(hinted.base() % g as u64, 0);
+    if cumem_sys::testing::sim_control().is_some() {
+        // The simulator honours an aligned, free hint (as drivers do in practice): the hint got there.
+        assert_eq!(hinted.base(), wanted);
+    }
     let mut mapping = hinted.map(g, &PhysicalMemory::new(&ctx, g).unwrap()).unwrap();
     mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
     assert_eq!(mapping.device_ptr(), hinted.base() + g as u64);
@@ -179,6 +196,7 @@ fn misuse_of_mappings_is_refused_before_the_driver() {
     let range = VirtualRange::reserve(&ctx, 4 * g).unwrap();
     let one = PhysicalMemory::new(&ctx, g).unwrap();
     let two = PhysicalMemory::new(&ctx, 2 * g).unwrap();
+    let spare = PhysicalMemory::new(&ctx, 2 * g).unwrap();
     let mut mapped = range.map(g, &two).unwrap(); // [g, 3g)
     without_calls(VMM_CALLS, || {
         let e = range.map(g / 2, &one).unwrap_err();
@@ -186,14 +204,14 @@ fn misuse_of_mappings_is_refused_before_the_driver() {
         // Not wholly inside the reservation.
         let e = range.map(4 * g, &one).unwrap_err();
         assert!(matches!(e, Error::OutOfRange { .. }), "{e}");
-        let e = range.map(3 * g, &two).unwrap_err();
+        let e = range.map(3 * g, &spare).unwrap_err();
         assert!(
             matches!(e, Error::OutOfRange { start, end, len } if start == 3 * g && end == 5 * g && len == 4 * g),
             "{e}"
         );
         // Over mapped space: the same start, inside, and overlapping its start.
         for offset in [g, 2 * g, 0] {
-            let memory = if offset == 0 { &two } else { &one };
+            let memory = if offset == 0 { &spare } else { &one };
             let e = range.map(offset, memory).unwrap_err();
             assert!(matches!(e, Error::AlreadyMapped { .. }), "offset {offset}: {e}");
         }
@@ -229,6 +247,68 @@ fn misuse_of_mappings_is_refused_before_the_driver() {
 
 #[test]
 #[parallel]
+fn physical_memory_is_mapped_at_most_once_at_a_time() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = VirtualRange::reserve(&ctx, 2 * g).unwrap();
+    let other = VirtualRange::reserve(&ctx, g).unwrap();
+    let memory = PhysicalMemory::new(&ctx, g).unwrap();
+    let mut first = range.map(0, &memory).unwrap();
+    assert!(memory.is_mapped());
+    // A second mapping, in the same range or another, would be a second view of the same bytes
+    // whose work no stream order connects with the first's.
+    without_calls(VMM_CALLS, || {
+        for (r, offset) in [(&range, g), (&other, 0)] {
+            let e = r.map(offset, &memory).unwrap_err();
+            assert!(matches!(e, Error::AlreadyMapped { .. }), "{e}");
+        }
+    });
+    assert_eq!((range.mapped_bytes(), other.mapped_bytes()), (g, 0));
+    first.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    let data = pattern(g / 4, 7);
+    cumem_copy::copy_h2d(&data, &mut first.as_mut_slice::<u32>().unwrap()).unwrap();
+    // Once unmapped, the memory may be mapped again, and its bytes are still there.
+    drop(first);
+    assert!(!memory.is_mapped());
+    let mut again = other.map(0, &memory).unwrap();
+    again.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    assert_eq!(again.as_slice::<u32>().unwrap().to_vec().unwrap(), data);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial] // holds a gate
+fn changing_access_and_unmapping_wait_for_work_queued_through_views() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = VirtualRange::reserve(&ctx, g).unwrap();
+    let mut mapping = range.map(0, &PhysicalMemory::new(&ctx, g).unwrap()).unwrap();
+    mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+
+    // Taking write access away under a queued memset would fault it on a GPU.
+    let gate = hold(&stream);
+    stream.memset_d8(&mut mapping.as_mut_slice::<u8>().unwrap(), 0x11).unwrap();
+    let opener = gate.release_after(Duration::from_millis(50));
+    mapping.set_access(&[(device, Access::Read)]).unwrap();
+    opener.join().unwrap();
+    assert!(mapping.as_slice::<u8>().unwrap().to_vec().unwrap().iter().all(|&v| v == 0x11));
+
+    // So would unmapping under one.
+    mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    let gate = hold(&stream);
+    stream.memset_d8(&mut mapping.as_mut_slice::<u8>().unwrap(), 0x22).unwrap();
+    let opener = gate.release_after(Duration::from_millis(50));
+    drop(mapping);
+    opener.join().unwrap();
+    assert_eq!(range.mapped_bytes(), 0);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
 fn a_device_without_vmm_is_refused_before_any_vmm_call() {
     let Some(device) = device_without_vmm() else { return };
     let ctx = device.context().unwrap();
@@ -240,6 +320,31 @@ fn a_device_without_vmm_is_refused_before_any_vmm_call() {
         let stream = Stream::non_blocking(&ctx).unwrap();
         assert!(refused(cumem_vmm::GrowableBuffer::<u32>::new(&stream).unwrap_err()));
     });
+}
+
+#[test]
+#[parallel]
+fn handle_types_the_device_cannot_export_are_refused_before_the_driver() {
+    use cumem_core::sys::CUdevice_attribute as A;
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    for (types, attr) in [
+        (HandleTypes::POSIX_FD, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED),
+        (HandleTypes::FABRIC, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED),
+        (HandleTypes::WIN32, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED),
+    ] {
+        if device.attribute(attr).unwrap() != 0 {
+            continue; // exportable here: nothing to refuse
+        }
+        without_calls(VMM_CALLS, || {
+            let refused = |e: Error| matches!(e, Error::NotSupported { feature: Feature::ShareableHandle(_), device: Some(d) } if d == device.raw());
+            let e = Granularity::with_handle_types(device, types).unwrap_err();
+            assert!(refused(e.clone()), "{types:?}: {e}");
+            let e = PhysicalMemory::with_handle_types(&ctx, g, types).unwrap_err();
+            assert!(refused(e.clone()), "{types:?}: {e}");
+        });
+    }
 }
 
 #[test]

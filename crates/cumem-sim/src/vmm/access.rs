@@ -43,6 +43,21 @@ pub(crate) fn set_access(ptr: u64, size: usize, descs: &[AccessDesc]) -> Result<
             ));
         }
     }
+    // Taking access away does not wait on a GPU: the device's work still queued there would fault.
+    for &base in &bases {
+        let m = &st.vmm.mappings[&base];
+        for &(d, flags) in &wanted {
+            if m.access.get(&d).copied().unwrap_or(0) & !flags != 0 {
+                super::pending::report_queued_work(
+                    &st,
+                    Some(d),
+                    base,
+                    base + m.size,
+                    "cuMemSetAccess lowering access",
+                );
+            }
+        }
+    }
     for base in bases {
         let m = st.vmm.mappings.get_mut(&base).expect("tiled");
         for &(d, flags) in &wanted {

@@ -3,7 +3,9 @@
 //! Mapping puts the physical allocation's memory file into its device's host view at the
 //! mapping's place and registers an allocation of kind `Vmm` for it (with no access until
 //! `cuMemSetAccess`). Unmapping first lets the queued work of every device finish (it may still
-//! move bytes through the mapping; the call is synchronous), then puts `PROT_NONE` back.
+//! move bytes through the mapping, and the host view must not lose its pages under it), then puts
+//! `PROT_NONE` back. A GPU does not wait: queued work over the mapping is reported as a violation
+//! first (see `pending`).
 
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, OnceLock};
@@ -141,6 +143,7 @@ pub(crate) fn tiling(vmm: &super::Vmm, ptr: u64, size: u64, what: &str) -> Resul
 pub(crate) fn unmap(ptr: u64, size: usize) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
     tiling(&st.vmm, ptr, size as u64, "cuMemUnmap")?;
+    super::pending::report_queued_work(&st, None, ptr, ptr + size as u64, "cuMemUnmap");
     let all: Vec<usize> = (0..st.devices.len()).collect();
     crate::hold::drain_devices(&mut st, &all);
     // Another thread may have unmapped some of it while we waited.

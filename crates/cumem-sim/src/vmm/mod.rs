@@ -19,6 +19,7 @@
 
 mod access;
 mod mapping;
+mod pending;
 mod physical;
 mod pointer;
 mod reserve;
