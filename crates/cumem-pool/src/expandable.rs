@@ -10,7 +10,8 @@
 //! tail and a request only needs `size - free tail` new bytes, rounded up to a chunk: memory that a
 //! pool of fixed segments would strand in the unused ends of too-small segments serves it instead.
 //! `trim`, the release threshold and the out-of-memory ladder unmap the whole free chunks at the end
-//! of every segment (and release a reservation once nothing is mapped).
+//! of every segment (and release a reservation once nothing is mapped), one chunk at a time from
+//! the top: a chunk whose unmap fails stays mapped, counted and cached, so later growth maps above it.
 //!
 //! Invariants: the mapped part of a segment is always a prefix `[base, base + mapped)` of its
 //! reservation, so no block or cached range ever straddles unmapped space; `mapped` is a whole number
@@ -242,17 +243,30 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
         if lowest >= end {
             continue;
         }
-        let bytes = (end - lowest).min((*cached - keep).next_multiple_of(chunk));
-        let new_end = end - bytes;
+        let target = end - (end - lowest).min((*cached - keep).next_multiple_of(chunk));
+        // One chunk at a time from the top, so that a failed unmap leaves a known prefix mapped:
+        // that chunk is still memory, so it stays in `mapped` and in the free set, and growth
+        // never maps over it.
+        let mut new_end = end;
+        while new_end > target {
+            if let Err(error) = up.unmap(new_end - chunk, chunk as usize) {
+                tracing::warn!(addr = new_end - chunk, %error, "unmapping a free chunk failed; kept cached");
+                break;
+            }
+            new_end -= chunk;
+            segs.upstream_frees += 1;
+        }
+        let bytes = end - new_end;
+        if bytes == 0 {
+            continue;
+        }
         let seg = Seg { base, len: e.len };
         let set = guards[i].set(e.kind);
         set.remove(start);
         if start < new_end {
             set.insert(start, new_end - start, seg);
         }
-        up.unmap(new_end, bytes as usize);
         segs.reserved -= bytes;
-        segs.upstream_frees += 1;
         *cached = cached.saturating_sub(bytes);
         report.released_bytes += bytes;
         let mapped = e.mapped - bytes;
@@ -271,8 +285,12 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
 /// Unmaps and releases every expandable segment: the pool is being dropped, after a synchronisation.
 pub(crate) fn teardown(up: &dyn ExpandableUpstream, registry: Registry) {
     for (base, e) in registry.segs {
-        if e.mapped > 0 {
-            up.unmap(base, e.mapped as usize);
+        if e.mapped > 0
+            && let Err(error) = up.unmap(base, e.mapped as usize)
+        {
+            // Releasing a reservation with chunks mapped is refused; both stay, leaked.
+            tracing::warn!(base, mapped = e.mapped, %error, "unmapping a segment at teardown failed; leaking it");
+            continue;
         }
         up.release(base, e.len as usize);
     }
