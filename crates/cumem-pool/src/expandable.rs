@@ -196,6 +196,26 @@ fn tail<S, G: Deref<Target = ArenaInner<S>>>(
     })
 }
 
+/// Moves the free tail of the segment that arena `arena` grows for `kind` into that arena's free
+/// set, so that growth maps only what the request needs beyond it: after a consolidation the tail
+/// may sit in any arena's set. The caller holds every arena lock and has synchronised after every
+/// free (the out-of-memory ladder), so the range is safe for the growing stream without a wait.
+pub(crate) fn gather_tail<S, G: DerefMut<Target = ArenaInner<S>>>(
+    segs: &Segments,
+    guards: &mut [G],
+    arena: usize,
+    kind: Kind,
+) {
+    let Some(&base) = segs.expandable.owned.get(&(arena, kind)) else { return };
+    let e = segs.expandable.segs[&base];
+    let Some((i, start)) = tail(guards, base, &e) else { return };
+    if i != arena {
+        let end = base + e.mapped;
+        guards[i].set(kind).remove(start);
+        guards[arena].set(kind).insert(start, end - start, Seg { base, len: e.len });
+    }
+}
+
 /// Whether some expandable segment ends in at least one whole free chunk, possibly cached in pieces
 /// by several arenas. The caller holds every arena lock, bins flushed.
 pub(crate) fn releasable<S, G: Deref<Target = ArenaInner<S>>>(
