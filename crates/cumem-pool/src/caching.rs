@@ -660,6 +660,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.release(&mut guards, 0);
             if let Some(up) = self.expandable() {
                 let mut segs = self.segments.lock();
+                expandable::gather_tail(&segs, &mut guards, ti, req.kind);
                 found = expandable::grow(up, &mut segs, guards[ti].set(req.kind), ti, req)?
                     .map(|(addr, seg)| (addr, seg, req.kind));
             } else if let Some(seg) = self.grow(req.kind, req.need, true)? {

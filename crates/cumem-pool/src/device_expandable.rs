@@ -138,7 +138,7 @@ impl ExpandableUpstream for DeviceExpandable {
         Ok(())
     }
 
-    fn unmap(&self, addr: u64, bytes: usize) {
+    fn unmap(&self, addr: u64, bytes: usize) -> std::result::Result<(), UpstreamError> {
         let mut s = self.state.lock();
         let mut above = s.chunks.split_off(&addr);
         let mut rest = above.split_off(&(addr + bytes as u64));
@@ -151,8 +151,18 @@ impl ExpandableUpstream for DeviceExpandable {
                 "unmapping space that is not all mapped"
             );
         }
-        // Each mapping unmaps itself as it drops; the pool synchronised after every free in it.
-        drop(above);
+        // From the top down, so that after a failure what is left mapped is the bottom of the range.
+        // The pool synchronised after every free in it.
+        while let Some((at, mapping)) = above.pop_last() {
+            if let Err((mapping, e)) = mapping.unmap() {
+                // Kept, not dropped: a dropped mapping would try again and only log; the pool keeps
+                // this chunk cached and mapped in its books, so it must stay mapped here too.
+                above.insert(at, mapping);
+                s.chunks.append(&mut above);
+                return Err(UpstreamError::Driver(e));
+            }
+        }
+        Ok(())
     }
 
     fn release(&self, base: u64, bytes: usize) {

@@ -10,7 +10,8 @@
 //! tail and a request only needs `size - free tail` new bytes, rounded up to a chunk: memory that a
 //! pool of fixed segments would strand in the unused ends of too-small segments serves it instead.
 //! `trim`, the release threshold and the out-of-memory ladder unmap the whole free chunks at the end
-//! of every segment (and release a reservation once nothing is mapped).
+//! of every segment (and release a reservation once nothing is mapped), one chunk at a time from
+//! the top: a chunk whose unmap fails stays mapped, counted and cached, so later growth maps above it.
 //!
 //! Invariants: the mapped part of a segment is always a prefix `[base, base + mapped)` of its
 //! reservation, so no block or cached range ever straddles unmapped space; `mapped` is a whole number
@@ -195,6 +196,26 @@ fn tail<S, G: Deref<Target = ArenaInner<S>>>(
     })
 }
 
+/// Moves the free tail of the segment that arena `arena` grows for `kind` into that arena's free
+/// set, so that growth maps only what the request needs beyond it: after a consolidation the tail
+/// may sit in any arena's set. The caller holds every arena lock and has synchronised after every
+/// free (the out-of-memory ladder), so the range is safe for the growing stream without a wait.
+pub(crate) fn gather_tail<S, G: DerefMut<Target = ArenaInner<S>>>(
+    segs: &Segments,
+    guards: &mut [G],
+    arena: usize,
+    kind: Kind,
+) {
+    let Some(&base) = segs.expandable.owned.get(&(arena, kind)) else { return };
+    let e = segs.expandable.segs[&base];
+    let Some((i, start)) = tail(guards, base, &e) else { return };
+    if i != arena {
+        let end = base + e.mapped;
+        guards[i].set(kind).remove(start);
+        guards[arena].set(kind).insert(start, end - start, Seg { base, len: e.len });
+    }
+}
+
 /// Whether some expandable segment ends in at least one whole free chunk, possibly cached in pieces
 /// by several arenas. The caller holds every arena lock, bins flushed.
 pub(crate) fn releasable<S, G: Deref<Target = ArenaInner<S>>>(
@@ -242,17 +263,30 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
         if lowest >= end {
             continue;
         }
-        let bytes = (end - lowest).min((*cached - keep).next_multiple_of(chunk));
-        let new_end = end - bytes;
+        let target = end - (end - lowest).min((*cached - keep).next_multiple_of(chunk));
+        // One chunk at a time from the top, so that a failed unmap leaves a known prefix mapped:
+        // that chunk is still memory, so it stays in `mapped` and in the free set, and growth
+        // never maps over it.
+        let mut new_end = end;
+        while new_end > target {
+            if let Err(error) = up.unmap(new_end - chunk, chunk as usize) {
+                tracing::warn!(addr = new_end - chunk, %error, "unmapping a free chunk failed; kept cached");
+                break;
+            }
+            new_end -= chunk;
+            segs.upstream_frees += 1;
+        }
+        let bytes = end - new_end;
+        if bytes == 0 {
+            continue;
+        }
         let seg = Seg { base, len: e.len };
         let set = guards[i].set(e.kind);
         set.remove(start);
         if start < new_end {
             set.insert(start, new_end - start, seg);
         }
-        up.unmap(new_end, bytes as usize);
         segs.reserved -= bytes;
-        segs.upstream_frees += 1;
         *cached = cached.saturating_sub(bytes);
         report.released_bytes += bytes;
         let mapped = e.mapped - bytes;
@@ -271,8 +305,12 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
 /// Unmaps and releases every expandable segment: the pool is being dropped, after a synchronisation.
 pub(crate) fn teardown(up: &dyn ExpandableUpstream, registry: Registry) {
     for (base, e) in registry.segs {
-        if e.mapped > 0 {
-            up.unmap(base, e.mapped as usize);
+        if e.mapped > 0
+            && let Err(error) = up.unmap(base, e.mapped as usize)
+        {
+            // Releasing a reservation with chunks mapped is refused; both stay, leaked.
+            tracing::warn!(base, mapped = e.mapped, %error, "unmapping a segment at teardown failed; leaking it");
+            continue;
         }
         up.release(base, e.len as usize);
     }

@@ -93,7 +93,8 @@ pub struct PoolStats {
     pub allocations_total: u64,
     /// Successful upstream allocations since creation.
     pub upstream_allocations: u64,
-    /// Segments returned to the upstream since creation.
+    /// Segments returned to the upstream since creation, and unmaps of expandable segments' chunks
+    /// (one chunk each).
     pub upstream_frees: u64,
     /// Times the out-of-memory ladder ran (cache released, synchronised, retried).
     pub oom_ladders: u64,

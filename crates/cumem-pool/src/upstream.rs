@@ -74,7 +74,9 @@ pub trait Upstream: Send + Sync {
 ///    [`UpstreamError::OutOfMemory`] (or the driver's out-of-memory error); on any error nothing of
 ///    the range stays mapped.
 /// 4. `unmap(addr, bytes)` receives mapped chunks and frees their physical memory. The pool calls it
-///    only after [`Ordering::synchronize`] succeeded after every free in the range.
+///    only after [`Ordering::synchronize`] succeeded after every free in the range. On an error the
+///    chunks it did not unmap stay mapped (and usable); the pool passes one chunk at a time where it
+///    must know which, and keeps a chunk that failed mapped and cached.
 /// 5. `release(base, bytes)` receives exactly a reservation `reserve` returned, with nothing mapped.
 pub trait ExpandableUpstream: Send + Sync {
     /// The mapping granularity in bytes: physical memory is mapped and unmapped in whole chunks.
@@ -93,7 +95,10 @@ pub trait ExpandableUpstream: Send + Sync {
     /// [`UpstreamError::OutOfMemory`] when the memory is exhausted, any other error as is.
     fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError>;
     /// Unmaps `[addr, addr + bytes)` and frees its physical memory.
-    fn unmap(&self, addr: u64, bytes: usize);
+    ///
+    /// # Errors
+    /// The driver's error when a chunk could not be unmapped: it stays mapped.
+    fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError>;
     /// Frees a reservation with nothing mapped in it.
     fn release(&self, base: u64, bytes: usize);
     /// Gives up every chunk and reservation still held, neither unmapping nor freeing them: the
@@ -194,7 +199,8 @@ pub const HOST_CHUNK: usize = 2 << 20;
 ///
 /// Addresses are handed out by bumping a pointer (aligned to [`SEGMENT_ALIGN`], never reused), so
 /// segments are often adjacent, which tests that the pool never coalesces across segments. Live bytes,
-/// peaks and call counts are recorded; [`fail_call`](Self::fail_call) injects a failure into one call;
+/// peaks and call counts are recorded; [`fail_call`](Self::fail_call) injects a failure into one call,
+/// [`fail_unmap`](Self::fail_unmap) into one unmap;
 /// a `deallocate` of anything that is not a live allocation is recorded as a violation.
 ///
 /// It is also an [`ExpandableUpstream`]: reservations take address space only, mapped chunks count
@@ -218,6 +224,8 @@ struct HostState {
     allocations: u64,
     deallocations: u64,
     fail: Option<(u64, UpstreamError)>,
+    unmaps: u64,
+    fail_unmap: Option<(u64, UpstreamError)>,
     violations: Vec<String>,
     chunk: u64,
     /// Reservations by base: their length and the addresses of their mapped chunks.
@@ -238,6 +246,8 @@ impl HostUpstream {
                 allocations: 0,
                 deallocations: 0,
                 fail: None,
+                unmaps: 0,
+                fail_unmap: None,
                 violations: Vec::new(),
                 chunk: HOST_CHUNK as u64,
                 reservations: BTreeMap::new(),
@@ -263,6 +273,17 @@ impl HostUpstream {
     /// with `error`. Replaces any earlier injection.
     pub fn fail_call(&self, call: u64, error: UpstreamError) {
         self.state.lock().fail = Some((call, error));
+    }
+
+    /// Makes the `unmap` call with index `call` (0-based, counting every unmap since creation) fail
+    /// with `error`, unmapping nothing. Replaces any earlier unmap injection.
+    pub fn fail_unmap(&self, call: u64, error: UpstreamError) {
+        self.state.lock().fail_unmap = Some((call, error));
+    }
+
+    /// Number of `unmap` calls so far, failed ones included.
+    pub fn unmap_calls(&self) -> u64 {
+        self.state.lock().unmaps
     }
 
     /// Number of `allocate` and `map` calls so far, failed ones included.
@@ -439,8 +460,15 @@ impl ExpandableUpstream for HostUpstream {
         Ok(())
     }
 
-    fn unmap(&self, addr: u64, bytes: usize) {
+    fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
         let mut s = self.state.lock();
+        let call = s.unmaps;
+        s.unmaps += 1;
+        if let Some((n, e)) = &s.fail_unmap
+            && *n == call
+        {
+            return Err(e.clone());
+        }
         let (bytes, chunk) = (bytes as u64, s.chunk);
         let valid = s.reservation_of(addr, bytes).is_some_and(|chunks| {
             let all = (addr..addr + bytes).step_by(chunk as usize).all(|c| chunks.contains(&c));
@@ -455,6 +483,7 @@ impl ExpandableUpstream for HostUpstream {
         } else {
             s.violations.push(format!("unmap({addr:#x}, {bytes}): not mapped chunks of one reservation"));
         }
+        Ok(())
     }
 
     fn release(&self, base: u64, bytes: usize) {

@@ -1,15 +1,18 @@
 //! The caching pool with expandable segments on the device (issue 10, item 3): blocks laid across
 //! chunk boundaries keep their data bitwise, trim unmaps whole chunks and the driver's free memory
 //! rises by exactly what it reports, memory moves between streams only behind an event, a device
-//! without virtual memory management falls back to segments, and nothing is left in the live report.
+//! without virtual memory management falls back to segments, a failed unmap keeps its chunk mapped
+//! and cached, and nothing is left in the live report.
 //! Every test reads the device's free memory or holds a stream, so all are `#[serial]`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use cumem_copy::{StreamCopy, copy_h2d};
+use cumem_core::sys::CUresult;
 use cumem_core::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
 use cumem_pool::{CachingResource, PoolConfig};
+use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
 use serial_test::serial;
 
@@ -179,6 +182,50 @@ fn a_device_without_virtual_memory_falls_back_to_segments() {
     assert_eq!(pool.stats().reserved_bytes, 2 * MIB as u64, "a small segment");
     drop(buf);
     pool.trim().unwrap();
+    drop((pool, stream));
+    assert_clean();
+}
+
+#[test]
+#[serial]
+fn a_failed_unmap_keeps_the_chunk_mapped_and_the_segment_grows_above_it() {
+    let Some(ctx) = vmm_ctx() else { return };
+    // Injecting the failure needs the simulator.
+    let Some(ctl) = testing::sim_control() else { return };
+    let c = chunk(&ctx);
+    let pool = expandable_pool(&ctx);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let a = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, (3 * c) as usize).unwrap();
+    let base = a.device_ptr();
+    drop(a);
+    // The second unmap (the middle chunk; trim goes from the top) fails once.
+    let rule = ctl.inject_fault(FaultRule {
+        function: "cuMemUnmap".into(),
+        nth: 2,
+        code: CUresult::CUDA_ERROR_UNKNOWN,
+        times: 1,
+        this_thread_only: true,
+    });
+    let before = ctx.mem_info().unwrap().free;
+    let report = pool.trim().unwrap();
+    ctl.remove_fault(rule);
+    assert_eq!((report.released_bytes, report.released_segments), (c, 0));
+    assert_eq!(ctx.mem_info().unwrap().free - before, c as usize, "only the top chunk was freed");
+    assert_eq!(pool.stats().reserved_bytes, 2 * c);
+    assert_eq!(pool.pool().segments(), vec![(base, 2 * c)]);
+    // Four chunks: the two kept ones at the base and two new ones mapped above them.
+    let n = (4 * c) as usize / 4;
+    let data: Vec<u32> = (0..n as u32).map(|k| k.wrapping_mul(2_654_435_761)).collect();
+    let mut b = DeviceBuffer::<u32>::new_in(&pool, &stream, n).unwrap();
+    assert_eq!(b.device_ptr(), base);
+    stream.synchronize().unwrap();
+    copy_h2d(&data, &mut b).unwrap();
+    assert_eq!(b.to_vec().unwrap(), data);
+    assert_eq!(pool.stats().reserved_bytes, 4 * c);
+    drop(b);
+    let report = pool.trim().unwrap();
+    assert_eq!((report.released_bytes, report.released_segments), (4 * c, 1));
+    assert_eq!(pool.stats().reserved_bytes, 0);
     drop((pool, stream));
     assert_clean();
 }

@@ -1,7 +1,8 @@
 //! Expandable segments on the host model: the mapped part of a stream's segment grows and shrinks
 //! in whole chunks at its end, trim gives back exactly the whole free chunks, each stream grows its
 //! own segment, memory still moves between streams only behind a wait, the out-of-memory ladder
-//! unmaps other streams' free tails, and an upstream without mapping falls back to segments.
+//! unmaps other streams' free tails and grows from its segment's free tail wherever it is cached,
+//! and an upstream without mapping falls back to segments.
 //! (The model tests in `model.rs` and `faults.rs` run every invariant with expandable segments too.)
 
 use std::sync::Arc;
@@ -165,6 +166,28 @@ fn the_ladder_unmaps_other_streams_free_tails() {
     p.deallocate(b, 1).unwrap();
     p.trim().unwrap();
     assert_eq!(p.upstream().live_bytes(), 0);
+}
+
+#[test]
+fn the_ladder_grows_from_a_free_tail_cached_by_another_stream() {
+    // Three chunks: two mapped by stream 0, one left.
+    let p = pool(6 * MIB);
+    let a = p.allocate(5 * MIB / 2, 512, 0).unwrap();
+    let b = p.allocate(3 * MIB / 2, 512, 0).unwrap();
+    assert_eq!((b.addr(), mapped(&p)), (a.addr() + 5 * MIB as u64 / 2, 2 * CHUNK), "b is the whole tail");
+    // Freed on stream 1, the tail is stream 1's.
+    p.deallocate(b, 1).unwrap();
+    // 3 MiB from stream 0: the 1.5 MiB tail plus the last chunk fit, mapping from the end alone
+    // does not. The ladder hands stream 0 its segment's tail (after synchronising) and grows it.
+    let c = p.allocate(3 * MIB, 512, 0).unwrap();
+    assert_eq!(c.addr(), a.addr() + 5 * MIB as u64 / 2);
+    assert_eq!(mapped(&p), 3 * CHUNK);
+    let s = p.stats();
+    assert_eq!((s.oom_ladders, s.oom_errors), (1, 0));
+    p.deallocate(c, 0).unwrap();
+    p.deallocate(a, 0).unwrap();
+    assert_eq!(p.trim().unwrap(), TrimReport { released_segments: 1, released_bytes: 3 * CHUNK });
+    assert!(p.upstream().violations().is_empty(), "{:?}", p.upstream().violations());
 }
 
 #[test]

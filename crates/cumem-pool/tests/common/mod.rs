@@ -172,9 +172,9 @@ impl ExpandableUpstream for CheckedUpstream {
     fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
         self.host.map(addr, bytes)
     }
-    fn unmap(&self, addr: u64, bytes: usize) {
+    fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
         self.clock.lock().record_release(addr, bytes as u64);
-        self.host.unmap(addr, bytes);
+        self.host.unmap(addr, bytes)
     }
     fn release(&self, base: u64, bytes: usize) {
         self.host.release(base, bytes);
