@@ -8,6 +8,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 
 use common::*;
 use cudarc::driver::sys::{self as cu, CUdeviceptr, CUresult, CUstream};
+use serial_test::{parallel, serial};
 use symbols::exported;
 
 const NOT_SUPPORTED: CUresult = CUresult::CUDA_ERROR_NOT_SUPPORTED;
@@ -45,6 +46,7 @@ fn live(kind: &str) -> usize {
 }
 
 #[test]
+#[parallel]
 fn v1_allocation_cannot_name_the_simulators_addresses_and_leaves_nothing() {
     bind(0);
     // SAFETY: the v1 prototypes of cuda.h's internal section.
@@ -63,6 +65,7 @@ fn v1_allocation_cannot_name_the_simulators_addresses_and_leaves_nothing() {
 }
 
 #[test]
+#[parallel]
 fn v1_counts_saturate_and_host_memory_works() {
     bind(0);
     // SAFETY: the v1 prototypes.
@@ -88,6 +91,7 @@ fn v1_counts_saturate_and_host_memory_works() {
 }
 
 #[test]
+#[parallel]
 fn plain_names_exist_for_every_v2_the_simulator_exports() {
     let v2s = [
         "cuMemGetInfo",
@@ -135,6 +139,7 @@ fn plain_names_exist_for_every_v2_the_simulator_exports() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: a free elsewhere (implicit synchronisation) would wait for it
 fn ptsz_null_is_the_per_thread_stream() {
     bind(0);
     // SAFETY: the exported prototypes.
@@ -174,6 +179,7 @@ fn ptsz_null_is_the_per_thread_stream() {
 }
 
 #[test]
+#[parallel]
 fn ptds_copies_round_trip_and_return_when_host_memory_is_written() {
     bind(0);
     // SAFETY: the exported prototypes.
@@ -221,6 +227,7 @@ fn symbol_address(name: &str) -> *mut c_void {
 }
 
 #[test]
+#[parallel]
 fn get_proc_address_returns_the_version_and_stream_variant_asked_for() {
     setup();
     let cases = [
@@ -261,6 +268,7 @@ fn get_proc_address_returns_the_version_and_stream_variant_asked_for() {
 }
 
 #[test]
+#[parallel]
 fn sync_memops_is_set_per_allocation_and_reads_back() {
     bind(0);
     // SAFETY: the exported prototypes with integer attributes.
@@ -298,6 +306,7 @@ fn sync_memops_is_set_per_allocation_and_reads_back() {
 }
 
 #[test]
+#[parallel]
 fn pci_bus_ids_round_trip() {
     setup();
     // SAFETY: the exported prototype.
@@ -332,6 +341,7 @@ fn attrs(order: u32) -> cu::CUmemcpyAttributes {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: a free elsewhere (implicit synchronisation) would wait for it
 fn batched_copies_validate_first_and_honour_the_source_access_order() {
     bind(0);
     // SAFETY: the exported prototype.
@@ -425,6 +435,7 @@ fn batched_copies_validate_first_and_honour_the_source_access_order() {
 }
 
 #[test]
+#[parallel]
 fn get_proc_address_reaches_every_modelled_entry_point_of_the_compatibility_table() {
     setup();
     let readme = include_str!("../README.md");
@@ -472,6 +483,7 @@ struct Memcpy2DV1 {
 }
 
 #[test]
+#[parallel]
 fn v1_2d_copies_widen_their_descriptor() {
     bind(0);
     // SAFETY: the v1 prototype.
@@ -514,6 +526,7 @@ fn v1_2d_copies_widen_their_descriptor() {
 }
 
 #[test]
+#[parallel]
 fn a_ptsz_batch_on_the_null_stream_uses_the_per_thread_stream() {
     bind(0);
     // SAFETY: the exported prototype.
@@ -544,6 +557,7 @@ fn a_ptsz_batch_on_the_null_stream_uses_the_per_thread_stream() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: a free elsewhere (implicit synchronisation) would wait for it
 fn sync_memops_makes_a_device_memset_return_only_when_done() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
