@@ -158,6 +158,9 @@ fn child_side() {
         "the child does not read the parent's bytes"
     );
     write(va, &vec![0x3C; G]);
+    // A pageable copy may return before its DMA lands (§6): finish it before the parent looks.
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuCtxSynchronize() });
     unmap_release(va, h);
     std::io::Write::write_all(&mut &sock, b"W").unwrap();
     drop(ctx);

@@ -148,6 +148,9 @@ fn importer() {
     assert_eq!(read_back(p, BYTES), pattern(), "the importer does not read the exporter's bytes");
     // SAFETY: plain FFI call on the imported range.
     ok(unsafe { cu::cuMemsetD8_v2(p, 0xAB, BYTES) });
+    // A device memset returns before it runs (§6): the exporter may only look once it is done.
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuCtxSynchronize() });
     note(&mut sock, b"W");
     expect(&mut sock, b"F");
     // The exporter freed its allocation; the import keeps the memory until it is closed.
