@@ -10,7 +10,10 @@
 //! assert_eq!(Access::from_flags(3), Some(Access::ReadWrite));
 //! ```
 
+use cumem_core::{Device, Error, Feature, Result};
 use cumem_sys::sys::CUmemAccess_flags;
+
+use crate::ffi;
 
 /// One device's access to a mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -53,4 +56,16 @@ impl Access {
     pub fn can_write(self) -> bool {
         self == Access::ReadWrite
     }
+}
+
+/// `Ok` if `device` may be given access to memory on `owner`: it supports VMM
+/// (`NotSupported { feature: VirtualMemory }`) and is `owner` or can access `owner`'s memory
+/// (`cuDeviceCanAccessPeer`; `NotSupported { feature: PeerAccess, device }` otherwise). No VMM
+/// call is made, so callers check this before reserving or mapping anything.
+pub(crate) fn require_reach(device: Device, owner: Device) -> Result<()> {
+    crate::granularity::require_vmm(device)?;
+    if device != owner && !ffi::can_access_peer(device.raw(), owner.raw())? {
+        return Err(Error::NotSupported { feature: Feature::PeerAccess, device: Some(device.raw()) });
+    }
+    Ok(())
 }

@@ -4,14 +4,15 @@
 //! driver without one gives `NotSupported { feature: Symbol(name) }`. Callers validate their
 //! arguments first and bind the right context.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use cumem_sys::sys::{
     self, CUdevice, CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags,
     CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle,
     CUmemLocation, CUmemLocationType, CUstream,
 };
-use cumem_sys::{ErrorContext as Ctx, Result, check, probe};
+use cumem_sys::{Error, ErrorContext as Ctx, Result, check, probe};
 
 fn location(device: CUdevice) -> CUmemLocation {
     CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
@@ -86,6 +87,66 @@ pub(crate) unsafe fn release(handle: CUmemGenericAllocationHandle) -> Result<()>
     probe::require("cuMemRelease")?;
     // SAFETY: guaranteed by the caller.
     check(unsafe { sys::cuMemRelease(handle) }, Ctx::op("cuMemRelease"))
+}
+
+/// A new POSIX file descriptor of the memory of `handle` (`cuMemExportToShareableHandle`); the
+/// caller owns it. The memory must have been created with POSIX_FD among its handle types.
+pub(crate) fn export_fd(handle: CUmemGenericAllocationHandle) -> Result<OwnedFd> {
+    probe::require("cuMemExportToShareableHandle")?;
+    let mut fd: c_int = -1;
+    // SAFETY: for POSIX_FD the driver writes one `int` through the pointer, and `fd` is one; the
+    // handle is only read.
+    let code = unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&raw mut fd).cast(),
+            handle,
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    };
+    check(code, Ctx::op("cuMemExportToShareableHandle"))?;
+    if fd < 0 {
+        // A driver that reported success without a descriptor: nothing to own or close.
+        return Err(Error::InvalidHandle { ctx: Ctx::op("cuMemExportToShareableHandle (no descriptor)") });
+    }
+    // SAFETY: the driver just created `fd` for the caller, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A new handle (one reference, released with `release`) of the memory exported as `fd`
+/// (`cuMemImportFromShareableHandle`); `fd` stays the caller's.
+pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<CUmemGenericAllocationHandle> {
+    probe::require("cuMemImportFromShareableHandle")?;
+    let mut handle = 0;
+    // SAFETY: `handle` is a valid out-pointer; for POSIX_FD the driver takes the descriptor by
+    // value, cast to a pointer (reference §9), and does not take ownership of it; it is open for
+    // the whole call (borrowed).
+    let code = unsafe {
+        sys::cuMemImportFromShareableHandle(
+            &mut handle,
+            fd.as_raw_fd() as isize as *mut c_void,
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+    };
+    check(code, Ctx::op("cuMemImportFromShareableHandle"))?;
+    Ok(handle)
+}
+
+/// The device and the handle-type bits `handle` was created with
+/// (`cuMemGetAllocationPropertiesFromHandle`).
+pub(crate) fn properties(handle: CUmemGenericAllocationHandle) -> Result<(CUdevice, u32)> {
+    probe::require("cuMemGetAllocationPropertiesFromHandle")?;
+    let mut prop = props(0, 0);
+    // SAFETY: `prop` is a valid, initialised out-pointer of the right type.
+    let code = unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) };
+    check(code, Ctx::op("cuMemGetAllocationPropertiesFromHandle"))?;
+    if prop.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE {
+        // Host (NUMA) memory is not what cumem maps as device memory.
+        return Err(Error::InvalidDevice {
+            ctx: Ctx::op("cuMemGetAllocationPropertiesFromHandle (memory not on a device)"),
+        });
+    }
+    Ok((prop.location.id, prop.requestedHandleTypes.0))
 }
 
 /// # Safety

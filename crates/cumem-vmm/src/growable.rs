@@ -12,6 +12,11 @@
 //! chunks are unmapped (by `shrink_to_fit` and the drop) only after the work that uses the buffer
 //! has completed.
 //!
+//! Other devices can be given read-write access with [`GrowableConfig::accessible_from`]: every
+//! chunk gets it as it is mapped, the first ones and those mapped by later growth alike, so a peer
+//! never finds the new end of the buffer inaccessible. A device that cannot reach the buffer's
+//! memory is refused when the buffer is created, before anything is reserved or mapped.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::{Device, PinnedBuffer, Stream};
@@ -40,15 +45,16 @@ use std::sync::Arc;
 use bytemuck::{AnyBitPattern, NoUninit, Zeroable};
 use cumem_core::sys::CUdeviceptr;
 use cumem_core::{
-    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, Context, DeviceSlice, DeviceSliceMut, Error,
+    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, Context, Device, DeviceSlice, DeviceSliceMut, Error,
     HostMemory, OnStream, OnStreamMut, Result, Stream, StreamOrder, blocking_host_copy,
 };
 
 use crate::ffi::{self, Fill};
 use crate::{Access, Granularity, PhysicalMemory, SharedMapping, VirtualRange};
 
-/// How much address space a [`GrowableBuffer`] reserves, and the size of the chunks it maps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How much address space a [`GrowableBuffer`] reserves, the size of the chunks it maps, and which
+/// other devices may access them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GrowableConfig {
     /// Bytes of address space to reserve (non-zero; rounded up to whole chunks): the most the
     /// buffer can ever hold. `None`: [`GrowableConfig::DEFAULT_RESERVE_MULTIPLE`] times the device's memory.
@@ -56,6 +62,10 @@ pub struct GrowableConfig {
     /// Bytes mapped at a time, a multiple of the minimum granularity. `None`: the recommended
     /// granularity (2 MiB on current GPUs).
     pub chunk_bytes: Option<usize>,
+    /// Devices besides the buffer's own that get read-write access to every chunk (repeats and
+    /// the buffer's own device are ignored). Each must be able to access the buffer's device's
+    /// memory (`cuDeviceCanAccessPeer`); VMM memory needs no `cuCtxEnablePeerAccess`.
+    pub accessible_from: Vec<Device>,
 }
 
 impl GrowableConfig {
@@ -74,6 +84,12 @@ impl GrowableConfig {
         self.chunk_bytes = Some(bytes);
         self
     }
+
+    /// Gives `devices` read-write access to every chunk, as well as the buffer's own device.
+    pub fn accessible_from(mut self, devices: &[Device]) -> Self {
+        self.accessible_from.extend_from_slice(devices);
+        self
+    }
 }
 
 /// An owning array of `T` in device memory whose address never changes while it grows.
@@ -82,6 +98,8 @@ pub struct GrowableBuffer<T> {
     /// The mapped chunks, in address order from the start of the range.
     chunks: Vec<SharedMapping>,
     chunk_bytes: usize,
+    /// The access every chunk gets when it is mapped: the own device first, then the peers.
+    access: Vec<(Device, Access)>,
     len: usize,
     ctx: Context,
     /// Where fills are queued: the stream the buffer was created on.
@@ -105,10 +123,20 @@ impl<T> GrowableBuffer<T> {
     ///
     /// Refused before any VMM call: a device without VMM (`NotSupported { feature: VirtualMemory
     /// }`), a zero-sized `T` or chunk (`ZeroSize`), a chunk size that is not a multiple of the
-    /// granularity (`Misaligned`), a capacity beyond the reservation (`LimitExceeded`).
+    /// granularity (`Misaligned`), a capacity beyond the reservation (`LimitExceeded`), a device
+    /// in [`GrowableConfig::accessible_from`] without VMM or that cannot access this device's
+    /// memory (`NotSupported { feature: VirtualMemory | PeerAccess, device }`).
     pub fn with_config(stream: &Stream, capacity: usize, config: GrowableConfig) -> Result<Self> {
         let ctx = stream.context().clone();
         let granularity = Granularity::of(ctx.device())?;
+        let owner = ctx.device();
+        let mut access = vec![(owner, Access::ReadWrite)];
+        for &device in &config.accessible_from {
+            crate::access::require_reach(device, owner)?;
+            if access.iter().all(|&(d, _)| d != device) {
+                access.push((device, Access::ReadWrite));
+            }
+        }
         if size_of::<T>() == 0 {
             return Err(Error::ZeroSize { what: "element size" });
         }
@@ -135,6 +163,7 @@ impl<T> GrowableBuffer<T> {
             range,
             chunks: Vec::new(),
             chunk_bytes,
+            access,
             len: 0,
             ctx,
             stream: stream.clone(),
@@ -200,6 +229,12 @@ impl<T> GrowableBuffer<T> {
         &self.stream
     }
 
+    /// The devices that every chunk gives access to, and their access: the buffer's own device
+    /// first, then those of [`GrowableConfig::accessible_from`].
+    pub fn access(&self) -> &[(Device, Access)] {
+        &self.access
+    }
+
     /// The stream-order tracker that every view shares.
     pub fn order(&self) -> &StreamOrder {
         &self.order
@@ -226,7 +261,8 @@ impl<T> GrowableBuffer<T> {
             let mut mapping = self.range.map_shared(self.mapped_bytes(), &memory)?;
             // The mapping holds the memory from now on; it is freed when the chunk is unmapped.
             drop(memory);
-            mapping.set_access(&[(self.ctx.device(), Access::ReadWrite)])?;
+            // Every chunk, including those growth maps later, or a peer faults at the new end.
+            mapping.set_access(&self.access)?;
             self.chunks.push(mapping);
         }
         Ok(())
@@ -493,6 +529,10 @@ impl<T> fmt::Debug for GrowableBuffer<T> {
             .field("mapped_bytes", &self.mapped_bytes())
             .field("reserved_bytes", &self.range.size())
             .field("device", &self.ctx.device().ordinal())
+            .field(
+                "accessible_from",
+                &self.access.iter().skip(1).map(|(d, _)| d.ordinal()).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }

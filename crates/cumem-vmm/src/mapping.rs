@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytemuck::AnyBitPattern;
 use cumem_core::sys::CUdeviceptr;
 use cumem_core::{
-    Context, Device, DeviceSlice, DeviceSliceMut, Error, ErrorContext, Feature, Result, Stream, StreamOrder,
+    Context, Device, DeviceSlice, DeviceSliceMut, Error, ErrorContext, Result, Stream, StreamOrder,
 };
 
 use crate::{Access, HandleTypes, PhysicalMemory, VirtualRange, ffi};
@@ -126,8 +126,9 @@ impl<R: RangeHolder> MappingIn<R> {
         let mapped = range.context().bind().and_then(|()| {
             // SAFETY: the span lies inside the live reservation and nothing is mapped there (both
             // checked by the claim, which every mapping of this range takes first); `memory` is a
-            // live allocation of exactly `size` bytes, mapped nowhere else (its flag, just claimed),
-            // so this mapping's views are the only way to its bytes.
+            // live allocation of exactly `size` bytes, mapped through no other mapping of this
+            // object (its flag, just claimed). (An import of shareable memory is another object
+            // over the same bytes: see `as_slice` on why that leaves the views sound.)
             unsafe { ffi::map(ptr, size, memory.raw()) }
         });
         if let Err(e) = mapped {
@@ -203,10 +204,7 @@ impl<R: RangeHolder> MappingIn<R> {
         }
         let owner = self.device();
         for &(device, _) in access {
-            crate::granularity::require_vmm(device)?;
-            if device != owner && !ffi::can_access_peer(device.raw(), owner.raw())? {
-                return Err(Error::NotSupported { feature: Feature::PeerAccess, device: Some(device.raw()) });
-            }
+            crate::access::require_reach(device, owner)?;
         }
         if *self.viewed.get_mut() {
             self.order.synchronize()?;
@@ -236,9 +234,13 @@ impl<R: RangeHolder> MappingIn<R> {
         let len = self.view_len::<T>(self.own_access.can_read())?;
         // SAFETY: the mapping is `size` bytes of device memory of `ctx`'s device, readable by it
         // (checked), granularity-aligned (so aligned for T, checked), any bytes are a valid T, and
-        // it stays mapped while the view borrows `self`; its physical memory is mapped nowhere
-        // else (`new` claimed it), so all device work on these bytes goes through views of this
-        // mapping, ordered through `order`, which the unmap waits for; writes need `&mut self`.
+        // it stays mapped while the view borrows `self`; this physical memory object is mapped
+        // nowhere else (`new` claimed it), so all device work through it goes through views of
+        // this mapping, ordered through `order`, which the unmap waits for; writes need `&mut
+        // self`. Shareable memory may also be mapped through an import (here or in another
+        // process), whose work this order does not see: a race with it changes which valid T is
+        // read (any bytes are one), never what memory is touched, as each side holds its own
+        // reference to the bytes; ordering the sides is the program's (`PhysicalMemory::import_fd`).
         Ok(unsafe { DeviceSlice::from_raw_parts(self.device_ptr(), len, &self.order, &self.ctx) })
     }
 

@@ -5,6 +5,12 @@
 //! reference (`cuMemRelease`): the driver keeps the memory for as long as a mapping of it
 //! remains, so it may be dropped right after mapping, and the memory is freed at the unmap.
 //!
+//! Memory created with [`HandleTypes::POSIX_FD`] can be shared: [`PhysicalMemory::export_fd`]
+//! gives a file descriptor that another process receives (over a Unix socket, `SCM_RIGHTS`) and
+//! turns back into physical memory with [`PhysicalMemory::import_fd`], which it maps like its
+//! own. The bytes are the same; each side's object holds its own reference, and the memory lives
+//! until every reference is released and every mapping unmapped.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::Device;
@@ -15,16 +21,24 @@
 //!     let memory = PhysicalMemory::new(&ctx, 2 * g)?;
 //!     assert_eq!((memory.bytes(), memory.device()), (2 * g, ctx.device()));
 //!     assert_eq!(memory.handle_types(), HandleTypes::NONE);
+//!     assert!(memory.export_fd().is_err()); // not created shareable
+//!
+//!     let shared = PhysicalMemory::with_handle_types(&ctx, g, HandleTypes::POSIX_FD)?;
+//!     let fd = shared.export_fd()?; // send it, and `g`, to another process
+//!     let imported = PhysicalMemory::import_fd(&ctx, &fd, g)?; // what that process does
+//!     assert!(imported.is_imported() && !shared.is_imported());
+//!     assert_ne!(imported.raw(), shared.raw()); // a second handle to the same bytes
 //! }
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
 use std::fmt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cumem_core::sys::CUmemGenericAllocationHandle;
-use cumem_core::{Context, Device, Error, Result};
+use cumem_core::{Context, Device, Error, ErrorContext, Result};
 
 use crate::{Granularity, HandleTypes, ffi};
 
@@ -37,6 +51,8 @@ pub struct PhysicalMemory {
     /// Set while a mapping of this memory exists (shared with that mapping, which clears it when it
     /// unmaps): two mappings would be two views with separate stream orders over the same bytes.
     mapped: Arc<AtomicBool>,
+    /// Made by `import_fd` (a reference to memory created elsewhere) rather than `cuMemCreate`.
+    imported: bool,
 }
 
 impl PhysicalMemory {
@@ -63,7 +79,100 @@ impl PhysicalMemory {
         granularity.check("physical allocation size", bytes as u64)?;
         ctx.bind()?;
         let handle = ffi::create(bytes, ctx.device().raw(), handle_types.bits())?;
-        Ok(PhysicalMemory { handle, ctx: ctx.clone(), bytes, granularity, mapped: Arc::default() })
+        Ok(PhysicalMemory {
+            handle,
+            ctx: ctx.clone(),
+            bytes,
+            granularity,
+            mapped: Arc::default(),
+            imported: false,
+        })
+    }
+
+    /// A new POSIX file descriptor of this memory (`cuMemExportToShareableHandle`), for another
+    /// process to [import](PhysicalMemory::import_fd). Each call gives a new descriptor; closing
+    /// it (dropping the `OwnedFd`) does not affect the memory or earlier imports.
+    ///
+    /// Memory created without [`HandleTypes::POSIX_FD`] gives `InvalidValue` (the driver's answer,
+    /// `driver-api.md` §17) before any driver call.
+    pub fn export_fd(&self) -> Result<OwnedFd> {
+        if !self.handle_types().contains(HandleTypes::POSIX_FD) {
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op(
+                    "PhysicalMemory::export_fd (memory created without HandleTypes::POSIX_FD)",
+                )
+                .bytes(self.bytes)
+                .device(self.device().raw()),
+            });
+        }
+        self.ctx.bind()?;
+        ffi::export_fd(self.handle)
+    }
+
+    /// Physical memory from a descriptor that [`PhysicalMemory::export_fd`] made, here or in
+    /// another process (`cuMemImportFromShareableHandle`). `fd` is only borrowed: close it when
+    /// convenient, the import holds its own reference to the memory.
+    ///
+    /// A descriptor does not say how large the memory is and the driver has no query for it, so
+    /// `bytes` is the exporter's [`PhysicalMemory::bytes`], sent along with the descriptor. A
+    /// smaller multiple of the granularity imports a prefix; a larger size than the memory has is
+    /// refused by the driver when the memory is mapped (`InvalidValue`).
+    ///
+    /// Refused before any driver call: a device without VMM (`NotSupported { feature:
+    /// VirtualMemory }`) or without POSIX descriptor handles (`NotSupported { feature:
+    /// ShareableHandle(..) }`), zero bytes (`ZeroSize`), a size that is not a multiple of the
+    /// granularity (`Misaligned`). A descriptor the driver does not recognise as exported memory
+    /// gives its error (`InvalidValue` on the simulator); memory on a device other than `ctx`'s,
+    /// `WrongDevice` (the import is released again). The device and handle types are read from the
+    /// memory (`cuMemGetAllocationPropertiesFromHandle`), so the import may be exported in turn.
+    ///
+    /// The import and the exporter's memory are the same bytes behind two objects, and a mapping
+    /// orders only the work queued through its own views: order the two sides yourself
+    /// (synchronise before telling the other side to look; across processes, an IPC event). A
+    /// race gives wrong values, never a wrong address or freed memory: each side holds its own
+    /// reference, and mapping views only hold types for which any bytes are valid.
+    pub fn import_fd(ctx: &Context, fd: impl AsFd, bytes: usize) -> Result<PhysicalMemory> {
+        let device = ctx.device();
+        let shareable = Granularity::with_handle_types(device, HandleTypes::POSIX_FD)?;
+        if bytes == 0 {
+            return Err(Error::ZeroSize { what: "imported physical allocation" });
+        }
+        shareable.check("imported physical allocation size", bytes as u64)?;
+        ctx.bind()?;
+        let handle = ffi::import_fd(fd.as_fd())?;
+        let described = ffi::properties(handle).and_then(|(on, types)| {
+            if on != device.raw() {
+                return Err(Error::WrongDevice { expected: device.raw(), actual: on });
+            }
+            let granularity = Granularity::with_handle_types(device, HandleTypes::from_bits(types))?;
+            granularity.check("imported physical allocation size", bytes as u64)?;
+            Ok(granularity)
+        });
+        let granularity = match described {
+            Ok(g) => g,
+            Err(e) => {
+                // SAFETY: `handle` is the reference the import just gave, released once here and
+                // never used again.
+                if let Err(release) = unsafe { ffi::release(handle) } {
+                    tracing::warn!(handle, error = %release, "releasing a refused import failed; its reference is leaked");
+                }
+                return Err(e);
+            }
+        };
+        Ok(PhysicalMemory {
+            handle,
+            ctx: ctx.clone(),
+            bytes,
+            granularity,
+            mapped: Arc::default(),
+            imported: true,
+        })
+    }
+
+    /// Whether this memory came from [`PhysicalMemory::import_fd`] (it may alias memory that
+    /// another object, here or in another process, maps too).
+    pub fn is_imported(&self) -> bool {
+        self.imported
     }
 
     /// Size in bytes.
@@ -115,6 +224,7 @@ impl fmt::Debug for PhysicalMemory {
             .field("bytes", &self.bytes)
             .field("device", &self.device().ordinal())
             .field("handle_types", &self.handle_types())
+            .field("imported", &self.imported)
             .finish()
     }
 }
@@ -122,8 +232,9 @@ impl fmt::Debug for PhysicalMemory {
 impl Drop for PhysicalMemory {
     fn drop(&mut self) {
         let result = self.ctx.bind().and_then(|()| {
-            // SAFETY: `handle` came from cuMemCreate in `with_handle_types` and this is the one
-            // release of that reference; mappings keep their own hold on the memory in the driver.
+            // SAFETY: `handle` came from cuMemCreate in `with_handle_types` or from the import in
+            // `import_fd`, and this is the one release of that reference; mappings keep their own
+            // hold on the memory in the driver.
             unsafe { ffi::release(self.handle) }
         });
         if let Err(e) = result {

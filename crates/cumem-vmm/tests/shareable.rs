@@ -1,0 +1,193 @@
+//! Shareable physical memory (issue 11, item 2): memory created with POSIX_FD exports a
+//! descriptor that `PhysicalMemory::import_fd` turns back into memory of the same bytes. Here
+//! the round trip stays in one process (a real H100 allows that, `driver-api.md` §17); the
+//! two-process version is `crates/cumem-ipc/tests/vmm_descriptor.rs`. Every misuse is refused by
+//! variant, before the driver where the library can tell.
+
+mod common;
+
+use std::io::Write;
+use std::os::fd::AsFd;
+
+use common::*;
+use cumem_copy::StreamCopy;
+use cumem_core::{Error, Feature, Stream};
+use cumem_vmm::{Access, HandleTypes, PhysicalMemory, VirtualRange};
+use serial_test::{parallel, serial};
+
+/// Every entry point that exporting or importing may call.
+const SHARE_CALLS: &[&str] = &[
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
+    "cuMemGetAllocationPropertiesFromHandle",
+];
+
+/// Whether `device` can export POSIX descriptors (the simulator's devices can; a real one may not).
+fn shareable(device: cumem_core::Device) -> bool {
+    use cumem_core::sys::CUdevice_attribute as A;
+    device.attribute(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED).unwrap() != 0
+}
+
+/// How many physical allocations the simulator holds (`None` on a real driver).
+fn sim_physical() -> Option<usize> {
+    Some(cumem_sys::testing::sim_control()?.live_report().physical.len())
+}
+
+#[test]
+#[parallel]
+fn an_import_maps_the_same_bytes_as_the_exported_memory() {
+    let Some(device) = vmm_device().filter(|&d| shareable(d)) else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let exported = PhysicalMemory::with_handle_types(&ctx, 2 * g, HandleTypes::POSIX_FD).unwrap();
+    let fd = exported.export_fd().unwrap();
+    let imported = PhysicalMemory::import_fd(&ctx, fd.as_fd(), 2 * g).unwrap();
+    // The import holds its own reference: the descriptor may go at once.
+    drop(fd);
+    assert!(imported.is_imported() && !exported.is_imported());
+    assert_ne!(imported.raw(), exported.raw(), "an import is a new handle, even in the same process");
+    assert_eq!((imported.bytes(), imported.device()), (2 * g, device));
+    assert!(imported.handle_types().contains(HandleTypes::POSIX_FD), "read back from the memory");
+
+    // Both mapped at once, in two places of one range.
+    let range = VirtualRange::reserve(&ctx, 4 * g).unwrap();
+    let mut a = range.map(0, &exported).unwrap();
+    let mut b = range.map(2 * g, &imported).unwrap();
+    a.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    b.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    assert_ne!(a.device_ptr(), b.device_ptr());
+
+    // Written through one, read through the other. Each mapping orders only its own views' work,
+    // so the writer synchronises before the reader looks (a copy returns before its work lands).
+    let data = pattern(2 * g / 4, 11);
+    cumem_copy::copy_h2d(&data, &mut a.as_mut_slice::<u32>().unwrap()).unwrap();
+    a.order().synchronize().unwrap();
+    assert!(b.as_slice::<u32>().unwrap().to_vec().unwrap() == data, "the import does not see the bytes");
+
+    // And the other way, with queued work on a stream.
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    stream.fill(&mut b.as_mut_slice::<u32>().unwrap().slice_mut(g / 4..).unwrap(), 0x5EED_F00Du32).unwrap();
+    b.order().synchronize().unwrap();
+    let back = a.as_slice::<u32>().unwrap().to_vec().unwrap();
+    assert!(back[..g / 4] == data[..g / 4], "bytes before the fill changed");
+    assert!(back[g / 4..].iter().all(|&v| v == 0x5EED_F00D), "the exporter does not see the import's writes");
+
+    // The exporter's memory and mapping go; the import keeps the bytes alive.
+    drop(a);
+    drop(exported);
+    assert_eq!(b.as_slice::<u32>().unwrap().slice(..g / 4).unwrap().to_vec().unwrap(), data[..g / 4]);
+
+    // An import exports in turn (its handle types came from the memory).
+    let again = PhysicalMemory::import_fd(&ctx, imported.export_fd().unwrap(), 2 * g).unwrap();
+    let mut c = range.map(0, &again).unwrap();
+    c.set_access(&[(device, Access::Read)]).unwrap();
+    assert_eq!(c.as_slice::<u32>().unwrap().slice(..g / 4).unwrap().to_vec().unwrap(), data[..g / 4]);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
+fn exporting_memory_created_without_posix_fd_is_refused_before_the_driver() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let private = PhysicalMemory::new(&ctx, granule(device)).unwrap();
+    without_calls(SHARE_CALLS, || {
+        let e = private.export_fd().unwrap_err();
+        assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
+    });
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
+fn bad_imports_are_refused_before_the_driver() {
+    let Some(device) = vmm_device().filter(|&d| shareable(d)) else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let exported = PhysicalMemory::with_handle_types(&ctx, g, HandleTypes::POSIX_FD).unwrap();
+    let fd = exported.export_fd().unwrap();
+    let mut calls = SHARE_CALLS.to_vec();
+    calls.extend_from_slice(VMM_CALLS);
+    without_calls(&calls, || {
+        let e = PhysicalMemory::import_fd(&ctx, &fd, 0).unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
+        let e = PhysicalMemory::import_fd(&ctx, &fd, g / 2).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "imported physical allocation size", .. }), "{e}");
+        if let Some(without) = device_without_vmm() {
+            let e = PhysicalMemory::import_fd(&without.context().unwrap(), &fd, g).unwrap_err();
+            assert!(
+                matches!(e, Error::NotSupported { feature: Feature::VirtualMemory, device: Some(d) } if d == without.raw()),
+                "{e}"
+            );
+        }
+    });
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
+fn a_descriptor_that_is_not_exported_memory_is_the_drivers_invalid_value() {
+    let Some(device) = vmm_device().filter(|&d| shareable(d)) else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let mut file = tempfile();
+    file.write_all(&vec![0u8; 2 * g]).unwrap();
+    let e = PhysicalMemory::import_fd(&ctx, &file, g).unwrap_err();
+    assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
+    if cumem_sys::testing::sim_control().is_some() {
+        let misuse = misuse_here();
+        assert!(misuse.iter().any(|m| m.contains("cuMemImportFromShareableHandle")), "{misuse:?}");
+    }
+}
+
+#[test]
+#[parallel]
+fn an_import_larger_than_the_memory_is_refused_when_mapped() {
+    let Some(device) = vmm_device().filter(|&d| shareable(d)) else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let exported = PhysicalMemory::with_handle_types(&ctx, g, HandleTypes::POSIX_FD).unwrap();
+    // The descriptor does not carry the size, so the wrong one is only found out by the map.
+    let imported = PhysicalMemory::import_fd(&ctx, exported.export_fd().unwrap(), 2 * g).unwrap();
+    let range = VirtualRange::reserve(&ctx, 2 * g).unwrap();
+    let e = range.map(0, &imported).unwrap_err();
+    assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
+    assert_eq!(range.mapped_bytes(), 0, "a refused map left a claim behind");
+    assert!(!imported.is_mapped());
+    // A smaller size maps a prefix of the memory.
+    let prefix_of_two = PhysicalMemory::with_handle_types(&ctx, 2 * g, HandleTypes::POSIX_FD).unwrap();
+    let prefix = PhysicalMemory::import_fd(&ctx, prefix_of_two.export_fd().unwrap(), g).unwrap();
+    let mut mapping = range.map(0, &prefix).unwrap();
+    mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    assert_eq!(mapping.size(), g);
+}
+
+#[test]
+#[serial] // counts the simulator's physical allocations, which other tests' would move
+fn an_import_onto_another_device_is_refused_and_released() {
+    let Some(device) = vmm_device().filter(|&d| shareable(d)) else { return };
+    let Some(other) = peer_of(device).or_else(|| non_peer_of(device)) else { return };
+    if !shareable(other) {
+        return;
+    }
+    let ctx = device.context().unwrap();
+    let exported = PhysicalMemory::with_handle_types(&ctx, granule(device), HandleTypes::POSIX_FD).unwrap();
+    let fd = exported.export_fd().unwrap();
+    let before = sim_physical();
+    let e = PhysicalMemory::import_fd(&other.context().unwrap(), &fd, granule(other)).unwrap_err();
+    assert!(
+        matches!(e, Error::WrongDevice { expected, actual } if expected == other.raw() && actual == device.raw()),
+        "{e}"
+    );
+    assert_eq!(sim_physical(), before, "the refused import's reference was not released");
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+/// An unlinked temporary file (not exported memory).
+fn tempfile() -> std::fs::File {
+    let path = std::env::temp_dir().join(format!("cumem-vmm-not-exported-{}", std::process::id()));
+    let file =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    file
+}
