@@ -1,0 +1,230 @@
+//! VMM memory accessible from peer devices (issue 11, item 1): a `GrowableBuffer` made accessible
+//! from a peer gives it access to every chunk, those mapped by later growth included, and a device
+//! that cannot reach the buffer's is refused before anything is reserved; `Mapping::set_access`
+//! with several devices sets each one's access. Four simulated devices with pairs 0-1 and 2-3
+//! linked; on a real machine each test skips, saying so, without the devices it needs.
+
+mod common;
+
+use common::{VMM_CALLS, granule, misuse_here, pattern, without_calls};
+use cumem_core::sys::{self, CUresult};
+use cumem_core::{Context, Device, Error, Feature, Stream};
+use cumem_sys::testing;
+use cumem_vmm::{Access, GrowableBuffer, GrowableConfig, PhysicalMemory, VirtualRange};
+use serial_test::parallel;
+
+const SIM: &str = "devices=4,peer=0-1,2-3";
+
+/// Devices `owner`, `peer` (which can access `owner`'s memory) and `stranger` (which cannot), all
+/// with VMM; `None`, saying so, when the machine has no such three.
+fn trio() -> Option<(Device, Device, Device)> {
+    testing::init_with(SIM);
+    let vmm: Vec<Device> =
+        Device::all().unwrap().into_iter().filter(|d| d.capabilities().unwrap().virtual_memory).collect();
+    let can = |d: Device, owner: Device| {
+        let mut v = 0;
+        // SAFETY: `v` is a valid out-pointer; both ordinals name existing devices.
+        assert_eq!(
+            unsafe { sys::cuDeviceCanAccessPeer(&mut v, d.raw(), owner.raw()) },
+            CUresult::CUDA_SUCCESS
+        );
+        v != 0
+    };
+    for &owner in &vmm {
+        let peer = vmm.iter().copied().find(|&d| d != owner && can(d, owner));
+        let stranger = vmm.iter().copied().find(|&d| d != owner && !can(d, owner));
+        if let (Some(peer), Some(stranger)) = (peer, stranger) {
+            return Some((owner, peer, stranger));
+        }
+    }
+    eprintln!("skipped: needs a device with a VMM peer and a VMM device that cannot reach it");
+    None
+}
+
+/// Copies `len` words at `ptr` to the host with `ctx` current, so that its device is the one
+/// reading (the simulator checks that device's access, as a GPU's page tables would).
+fn read_as(ctx: &Context, ptr: sys::CUdeviceptr, len: usize) -> Result<Vec<u32>, CUresult> {
+    ctx.bind().unwrap();
+    let mut out = vec![0u32; len];
+    // SAFETY: `out` has room for `len` words; the device range is the caller's, with no work pending.
+    let code = unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), ptr, len * 4) };
+    if code != CUresult::CUDA_SUCCESS {
+        return Err(code);
+    }
+    Ok(out)
+}
+
+/// Writes `data` at `ptr` with `ctx` current, and waits until the bytes have landed (a pageable
+/// copy may return before, §6).
+fn write_as(ctx: &Context, ptr: sys::CUdeviceptr, data: &[u32]) {
+    ctx.bind().unwrap();
+    // SAFETY: `data` is readable for its length; the device range is the caller's.
+    let code = unsafe { sys::cuMemcpyHtoD_v2(ptr, data.as_ptr().cast(), data.len() * 4) };
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+    // SAFETY: plain FFI call on the current context.
+    assert_eq!(unsafe { sys::cuCtxSynchronize() }, CUresult::CUDA_SUCCESS);
+}
+
+#[test]
+#[parallel]
+fn a_peer_reads_and_writes_every_chunk_including_those_mapped_by_growth() {
+    let Some((owner, peer, _)) = trio() else { return };
+    let (ctx, peer_ctx) = (owner.context().unwrap(), peer.context().unwrap());
+    let g = granule(owner);
+    let per_chunk = g / 4;
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let config = GrowableConfig::default().chunk_bytes(g).reserve_bytes(16 * g).accessible_from(&[peer]);
+    let mut buf = GrowableBuffer::<u32>::with_config(&stream, per_chunk, config).unwrap();
+    assert_eq!(buf.access(), [(owner, Access::ReadWrite), (peer, Access::ReadWrite)]);
+    let mut expected = pattern(per_chunk, 1);
+    buf.extend_from_slice(&expected).unwrap();
+    assert_eq!(buf.mapped_bytes(), g);
+
+    // Growth maps three more chunks after the access was chosen.
+    buf.resize(4 * per_chunk, 0xC0DE_0001).unwrap();
+    expected.resize(4 * per_chunk, 0xC0DE_0001);
+    buf.order().synchronize().unwrap();
+    assert_eq!(buf.mapped_bytes(), 4 * g);
+    let seen = read_as(&peer_ctx, buf.device_ptr(), buf.len()).expect("the peer cannot read a chunk");
+    assert!(seen == expected, "the peer reads other bytes than were written");
+
+    // The peer writes into the newest chunk; the owner reads it through the buffer.
+    let news = pattern(per_chunk, 2);
+    write_as(&peer_ctx, buf.device_ptr() + 3 * g as u64, &news);
+    expected[3 * per_chunk..].copy_from_slice(&news);
+    assert!(buf.to_vec().unwrap() == expected, "the owner does not see the peer's write");
+
+    // Growing again, from the host this time: the newest end is the peer's too.
+    let more = pattern(2 * per_chunk, 3);
+    buf.extend_from_slice(&more).unwrap();
+    expected.extend_from_slice(&more);
+    let tail = buf.device_ptr() + 4 * g as u64;
+    let seen = read_as(&peer_ctx, tail, 2 * per_chunk).expect("the peer cannot read the new end");
+    assert!(seen == more);
+    // Chunks given back and mapped again get the access again.
+    buf.truncate(per_chunk);
+    buf.shrink_to_fit().unwrap();
+    buf.resize(2 * per_chunk, 7).unwrap();
+    buf.order().synchronize().unwrap();
+    assert_eq!(read_as(&peer_ctx, buf.device_ptr() + g as u64, per_chunk).unwrap(), vec![7; per_chunk]);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+
+    let (base, size) = (buf.device_ptr(), buf.range().size());
+    drop(buf);
+    if let Some(ctl) = testing::sim_control() {
+        let report = ctl.live_report();
+        assert!(!report.mappings.iter().any(|m| m.ptr >= base && m.ptr < base + size as u64));
+        assert!(!report.reservations.iter().any(|r| r.ptr == base));
+    }
+}
+
+#[test]
+#[parallel]
+fn without_the_peer_a_new_chunk_is_refused_to_it() {
+    // What the access on growth prevents: the same buffer without `accessible_from` faults the
+    // peer (INVALID_VALUE at the call, as a memset on an inaccessible mapping on an H100, §17).
+    let Some((owner, peer, _)) = trio() else { return };
+    let (ctx, peer_ctx) = (owner.context().unwrap(), peer.context().unwrap());
+    let g = granule(owner);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let config = GrowableConfig::default().chunk_bytes(g).reserve_bytes(2 * g);
+    let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config).unwrap();
+    buf.extend_from_slice(&pattern(g / 4, 4)).unwrap();
+    assert_eq!(buf.access(), [(owner, Access::ReadWrite)]);
+    assert_eq!(read_as(&peer_ctx, buf.device_ptr(), 1), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+}
+
+#[test]
+#[parallel]
+fn a_device_that_cannot_reach_the_buffer_is_refused_before_anything_is_reserved() {
+    let Some((owner, peer, stranger)) = trio() else { return };
+    let stream = Stream::non_blocking(&owner.context().unwrap()).unwrap();
+    let g = granule(owner);
+    without_calls(VMM_CALLS, || {
+        for devices in [vec![stranger], vec![peer, stranger]] {
+            let config = GrowableConfig::default().chunk_bytes(g).accessible_from(&devices);
+            let e = GrowableBuffer::<u8>::with_config(&stream, g, config).unwrap_err();
+            assert!(
+                matches!(e, Error::NotSupported { feature: Feature::PeerAccess, device: Some(d) } if d == stranger.raw()),
+                "{devices:?}: {e}"
+            );
+        }
+    });
+    // Repeats and the buffer's own device are no error, and count once.
+    let config =
+        GrowableConfig::default().chunk_bytes(g).reserve_bytes(g).accessible_from(&[peer, owner, peer]);
+    let buf = GrowableBuffer::<u8>::with_config(&stream, g, config).unwrap();
+    assert_eq!(buf.access(), [(owner, Access::ReadWrite), (peer, Access::ReadWrite)]);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
+fn a_stranger_pair_of_its_own_shares_within_the_pair() {
+    // The stranger is refused for want of a link to the owner, not for want of links at all.
+    let Some((owner, _, stranger)) = trio() else { return };
+    let can = {
+        let mut v = 0;
+        // SAFETY: valid out-pointer and ordinals.
+        let code = unsafe { sys::cuDeviceCanAccessPeer(&mut v, owner.raw(), stranger.raw()) };
+        assert_eq!(code, CUresult::CUDA_SUCCESS);
+        v != 0
+    };
+    let Some(partner) = Device::all().unwrap().into_iter().find(|&d| {
+        let mut v = 0;
+        // SAFETY: valid out-pointer and ordinals.
+        let code = unsafe { sys::cuDeviceCanAccessPeer(&mut v, d.raw(), stranger.raw()) };
+        code == CUresult::CUDA_SUCCESS && v != 0 && d.capabilities().unwrap().virtual_memory
+    }) else {
+        eprintln!("skipped: device {} has no VMM peer", stranger.ordinal());
+        return;
+    };
+    assert!(!can);
+    let ctx = stranger.context().unwrap();
+    let g = granule(stranger);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let config = GrowableConfig::default().chunk_bytes(g).reserve_bytes(4 * g).accessible_from(&[partner]);
+    let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config).unwrap();
+    let data = pattern(g / 2, 5); // two chunks, mapped by growth
+    buf.extend_from_slice(&data).unwrap();
+    assert_eq!(read_as(&partner.context().unwrap(), buf.device_ptr(), data.len()).unwrap(), data);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
+fn set_access_sets_each_listed_device_and_refuses_a_stranger_before_the_driver() {
+    let Some((owner, peer, stranger)) = trio() else { return };
+    let ctx = owner.context().unwrap();
+    let g = granule(owner);
+    let range = VirtualRange::reserve(&ctx, g).unwrap();
+    let mut mapping = range.map(0, &PhysicalMemory::new(&ctx, g).unwrap()).unwrap();
+    mapping.set_access(&[(owner, Access::ReadWrite), (peer, Access::ReadWrite)]).unwrap();
+    assert_eq!(
+        (mapping.access(owner).unwrap(), mapping.access(peer).unwrap()),
+        (Access::ReadWrite, Access::ReadWrite)
+    );
+    let data = pattern(g / 4, 6);
+    write_as(&peer.context().unwrap(), mapping.device_ptr(), &data);
+    assert_eq!(mapping.as_slice::<u32>().unwrap().to_vec().unwrap(), data);
+
+    // Lowering one device leaves the others as they were.
+    mapping.set_access(&[(peer, Access::Read)]).unwrap();
+    assert_eq!(
+        (mapping.access(owner).unwrap(), mapping.access(peer).unwrap()),
+        (Access::ReadWrite, Access::Read)
+    );
+    assert_eq!(read_as(&peer.context().unwrap(), mapping.device_ptr(), g / 4).unwrap(), data);
+
+    // A list with a device that cannot reach the memory changes nobody's access.
+    without_calls(&["cuMemSetAccess"], || {
+        let e = mapping.set_access(&[(peer, Access::ReadWrite), (stranger, Access::Read)]).unwrap_err();
+        assert!(
+            matches!(e, Error::NotSupported { feature: Feature::PeerAccess, device: Some(d) } if d == stranger.raw()),
+            "{e}"
+        );
+    });
+    assert_eq!(mapping.access(peer).unwrap(), Access::Read);
+    assert_eq!(mapping.access(stranger).unwrap(), Access::None);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
