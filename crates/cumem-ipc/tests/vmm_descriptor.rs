@@ -1,73 +1,28 @@
-//! A VMM allocation's POSIX descriptor crosses processes with `fd_passing` (`SCM_RIGHTS`): the
-//! parent creates physical memory with POSIX_FD, maps and fills it, exports the descriptor and
-//! sends it to a child (this binary again, running only `child_side`); the child imports and maps
-//! it, checks the bytes and writes new ones; the parent sees them. The VMM calls are raw here (the
-//! typed wrappers belong to cumem-vmm); what is under test is the descriptor's trip. Both
-//! processes end with a clean live report (and the leak check at exit).
+//! A VMM allocation crosses processes as a POSIX descriptor sent with `fd_passing`
+//! (`SCM_RIGHTS`): the parent creates shareable physical memory, maps and fills it, exports the
+//! descriptor and sends it with the memory's size to a child (this binary again, running only
+//! `child_side`); the child imports and maps it, checks the bytes and writes new ones; the parent
+//! sees them. Everything goes through cumem-vmm's types (`PhysicalMemory::export_fd` /
+//! `import_fd`). Both processes end with a clean live report (and the leak check at exit).
 
-use std::ffi::c_void;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::Command;
 
-use cumem_core::Device;
+use cumem_core::{Context, Device};
 use cumem_ipc::fd_passing::{recv_fds, send_fds};
-use cumem_sys::sys::{self as cu, CUdeviceptr, CUresult};
 use cumem_sys::testing;
+use cumem_vmm::{Access, Granularity, HandleTypes, PhysicalMemory, VirtualRange};
 use serial_test::serial;
 
 const CHILD_ENV: &str = "CUMEM_IPC_VMM_CHILD";
-const G: usize = 2 << 20;
+/// The message that carries the descriptor: this tag, then the memory's size (u64, little endian).
+const TAG: &[u8; 4] = b"vmm:";
+const HEADER: usize = TAG.len() + 8;
 
-fn ok(r: CUresult) {
-    assert_eq!(r, CUresult::CUDA_SUCCESS);
-}
-
-fn prop() -> cu::CUmemAllocationProp {
-    // SAFETY: an all-zero CUmemAllocationProp is a valid value (every enum has a 0 variant).
-    let mut p: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-    p.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location = cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
-    p.requestedHandleTypes = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    p
-}
-
-/// Reserves, maps and opens `h` read-write on device 0.
-fn map_rw(h: u64) -> CUdeviceptr {
-    let mut va = 0;
-    let desc = cu::CUmemAccessDesc {
-        location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
-        flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
-    // SAFETY: valid out-pointer and descriptor; the calls act on the reservation just made.
-    unsafe {
-        ok(cu::cuMemAddressReserve(&mut va, G, 0, 0, 0));
-        ok(cu::cuMemMap(va, G, 0, h, 0));
-        ok(cu::cuMemSetAccess(va, G, &desc, 1));
-    }
-    va
-}
-
-fn unmap_release(va: CUdeviceptr, h: u64) {
-    // SAFETY: a mapping made by `map_rw` and its handle, each released once.
-    unsafe {
-        ok(cu::cuMemUnmap(va, G));
-        ok(cu::cuMemAddressFree(va, G));
-        ok(cu::cuMemRelease(h));
-    }
-}
-
-fn write(va: CUdeviceptr, data: &[u8]) {
-    // SAFETY: `data` is readable for its length; the mapping is read-write.
-    ok(unsafe { cu::cuMemcpyHtoD_v2(va, data.as_ptr().cast(), data.len()) });
-}
-
-fn read(va: CUdeviceptr) -> Vec<u8> {
-    let mut v = vec![0u8; G];
-    // SAFETY: `v` is writable for G bytes.
-    ok(unsafe { cu::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), va, G) });
-    v
+fn parent_bytes(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
 }
 
 fn assert_clean() {
@@ -77,6 +32,18 @@ fn assert_clean() {
     }
 }
 
+/// Device 0's context if it can export VMM memory as POSIX descriptors; otherwise says so.
+fn shareable_context() -> Option<Context> {
+    use cumem_core::sys::CUdevice_attribute as A;
+    let device = Device::get(0).unwrap();
+    let posix = device.attribute(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED).unwrap();
+    if !device.capabilities().unwrap().virtual_memory || posix == 0 {
+        eprintln!("skipped: device 0 cannot export VMM memory as POSIX file descriptors");
+        return None;
+    }
+    Some(device.context().unwrap())
+}
+
 #[test]
 #[serial]
 fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
@@ -84,6 +51,7 @@ fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
         return;
     }
     testing::init();
+    let Some(ctx) = shareable_context() else { return };
     let path = std::env::temp_dir().join(format!("cumem-ipc-vmm-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
@@ -92,36 +60,30 @@ fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
         .env(CHILD_ENV, &path)
         .spawn()
         .unwrap();
-    let ctx = Device::get(0).unwrap().context().unwrap();
-    ctx.bind().unwrap();
-    let mut h = 0;
-    // SAFETY: valid pointers.
-    ok(unsafe { cu::cuMemCreate(&mut h, G, &prop(), 0) });
-    let va = map_rw(h);
-    write(va, &(0..G).map(|i| (i % 251) as u8).collect::<Vec<_>>());
-    let mut fd: i32 = -1;
-    // SAFETY: POSIX_FD writes an int into `fd`.
-    ok(unsafe {
-        cu::cuMemExportToShareableHandle(
-            (&raw mut fd).cast(),
-            h,
-            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            0,
-        )
-    });
-    // SAFETY: the export returned a descriptor that this process owns until the close below.
-    let exported = unsafe { BorrowedFd::borrow_raw(fd) };
-    let (sock, _) = listener.accept().unwrap();
-    send_fds(&sock, b"vmm", &[exported.as_fd()]).unwrap();
-    let mut note = [0u8; 1];
-    (&sock).read_exact(&mut note).unwrap();
-    assert_eq!(&note, b"W", "the child failed");
-    assert_eq!(read(va), vec![0x3C; G], "the parent does not see the child's write");
-    let status = child.wait().unwrap();
-    assert!(status.success(), "child failed: {status}");
-    unmap_release(va, h);
-    // SAFETY: `fd` is ours and closed once.
-    unsafe { libc::close(fd) };
+    {
+        let g = Granularity::with_handle_types(ctx.device(), HandleTypes::POSIX_FD).unwrap().minimum;
+        let memory = PhysicalMemory::with_handle_types(&ctx, g, HandleTypes::POSIX_FD).unwrap();
+        let range = VirtualRange::reserve(&ctx, g).unwrap();
+        let mut mapping = range.map(0, &memory).unwrap();
+        mapping.set_access(&[(ctx.device(), Access::ReadWrite)]).unwrap();
+        cumem_copy::copy_h2d(&parent_bytes(g), &mut mapping.as_mut_slice::<u8>().unwrap()).unwrap();
+        // A copy returns before its work lands (§6): finish it before the child looks.
+        mapping.order().synchronize().unwrap();
+
+        let fd = memory.export_fd().unwrap();
+        let (sock, _) = listener.accept().unwrap();
+        let mut header = TAG.to_vec();
+        header.extend_from_slice(&(memory.bytes() as u64).to_le_bytes());
+        send_fds(&sock, &header, &[fd.as_fd()]).unwrap();
+        drop(fd); // the child holds its own copy, and its import its own reference
+        let mut note = [0u8; 1];
+        (&sock).read_exact(&mut note).unwrap();
+        assert_eq!(&note, b"W", "the child failed");
+        let seen = mapping.as_slice::<u8>().unwrap().to_vec().unwrap();
+        assert!(seen.iter().all(|&b| b == 0x3C), "the parent does not see the child's write");
+        let status = child.wait().unwrap();
+        assert!(status.success(), "child failed: {status}");
+    }
     let _ = std::fs::remove_file(&path);
     drop(ctx);
     assert_clean();
@@ -136,32 +98,26 @@ fn child_side() {
     };
     testing::init();
     let sock = UnixStream::connect(path).unwrap();
-    let mut buf = [0u8; 8];
-    let (n, fds) = recv_fds(&sock, &mut buf, 1).unwrap();
-    assert_eq!((&buf[..n], fds.len()), (&b"vmm"[..], 1));
+    let mut header = [0u8; HEADER];
+    let (n, fds) = recv_fds(&sock, &mut header, 1).unwrap();
+    // A stream socket may split the header; the descriptor came with its first byte.
+    (&sock).read_exact(&mut header[n..]).unwrap();
+    assert_eq!((&header[..TAG.len()], fds.len()), (&TAG[..], 1));
+    let bytes = u64::from_le_bytes(header[TAG.len()..].try_into().unwrap()) as usize;
     let ctx = Device::get(0).unwrap().context().unwrap();
-    ctx.bind().unwrap();
-    let mut h = 0;
-    // SAFETY: valid out-pointer; POSIX_FD takes the descriptor by value.
-    ok(unsafe {
-        cu::cuMemImportFromShareableHandle(
-            &mut h,
-            fds[0].as_raw_fd() as isize as *mut c_void,
-            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        )
-    });
-    drop(fds);
-    let va = map_rw(h);
-    assert_eq!(
-        read(va),
-        (0..G).map(|i| (i % 251) as u8).collect::<Vec<_>>(),
-        "the child does not read the parent's bytes"
-    );
-    write(va, &vec![0x3C; G]);
-    // A pageable copy may return before its DMA lands (§6): finish it before the parent looks.
-    // SAFETY: plain FFI call.
-    ok(unsafe { cu::cuCtxSynchronize() });
-    unmap_release(va, h);
+    {
+        let memory = PhysicalMemory::import_fd(&ctx, &fds[0], bytes).unwrap();
+        drop(fds);
+        assert!(memory.is_imported());
+        let range = VirtualRange::reserve(&ctx, bytes).unwrap();
+        let mut mapping = range.map(0, &memory).unwrap();
+        mapping.set_access(&[(ctx.device(), Access::ReadWrite)]).unwrap();
+        let seen = mapping.as_slice::<u8>().unwrap().to_vec().unwrap();
+        assert!(seen == parent_bytes(bytes), "the child does not read the parent's bytes");
+        cumem_copy::copy_h2d(&vec![0x3Cu8; bytes], &mut mapping.as_mut_slice::<u8>().unwrap()).unwrap();
+        // As in the parent: the write must have landed before the parent is told to look.
+        mapping.order().synchronize().unwrap();
+    }
     std::io::Write::write_all(&mut &sock, b"W").unwrap();
     drop(ctx);
     assert_clean();
