@@ -8,6 +8,9 @@
 //! address is checked against the device's [`Granularity`] before the driver is called.
 //! [`GrowableBuffer`] builds on them: a typed buffer whose device address never moves while it
 //! grows, because it maps new memory at the end of a large reservation instead of reallocating.
+//! Mappings and growable buffers can be made accessible from peer devices, and physical memory
+//! created with [`HandleTypes::POSIX_FD`] can be exported as a file descriptor and imported in
+//! another process ([`PhysicalMemory::export_fd`], [`PhysicalMemory::import_fd`]).
 //!
 //! A device without VMM support gives `NotSupported { feature: VirtualMemory }` before any VMM
 //! call. See `docs/vmm.md` for a guide.

@@ -207,7 +207,7 @@ fn growing_past_the_reservation_is_an_error_that_maps_nothing() {
     let g = granule(device);
     let stream = Stream::non_blocking(&ctx).unwrap();
     let small = GrowableConfig::default().chunk_bytes(g).reserve_bytes(2 * g);
-    let mut buf = GrowableBuffer::<u8>::with_config(&stream, 0, small).unwrap();
+    let mut buf = GrowableBuffer::<u8>::with_config(&stream, 0, small.clone()).unwrap();
     assert_eq!(buf.max_capacity(), 2 * g);
     buf.resize(g, 1).unwrap();
     let e = buf.reserve(g + 1).unwrap_err();

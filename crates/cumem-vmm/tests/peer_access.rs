@@ -21,15 +21,6 @@ fn trio() -> Option<(Device, Device, Device)> {
     testing::init_with(SIM);
     let vmm: Vec<Device> =
         Device::all().unwrap().into_iter().filter(|d| d.capabilities().unwrap().virtual_memory).collect();
-    let can = |d: Device, owner: Device| {
-        let mut v = 0;
-        // SAFETY: `v` is a valid out-pointer; both ordinals name existing devices.
-        assert_eq!(
-            unsafe { sys::cuDeviceCanAccessPeer(&mut v, d.raw(), owner.raw()) },
-            CUresult::CUDA_SUCCESS
-        );
-        v != 0
-    };
     for &owner in &vmm {
         let peer = vmm.iter().copied().find(|&d| d != owner && can(d, owner));
         let stranger = vmm.iter().copied().find(|&d| d != owner && !can(d, owner));
@@ -39,6 +30,15 @@ fn trio() -> Option<(Device, Device, Device)> {
     }
     eprintln!("skipped: needs a device with a VMM peer and a VMM device that cannot reach it");
     None
+}
+
+/// Whether `d` can access `owner`'s memory (`cuDeviceCanAccessPeer`).
+fn can(d: Device, owner: Device) -> bool {
+    let mut v = 0;
+    // SAFETY: `v` is a valid out-pointer; both ordinals name existing devices.
+    let code = unsafe { sys::cuDeviceCanAccessPeer(&mut v, d.raw(), owner.raw()) };
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+    v != 0
 }
 
 /// Copies `len` words at `ptr` to the host with `ctx` current, so that its device is the one
@@ -162,24 +162,15 @@ fn a_device_that_cannot_reach_the_buffer_is_refused_before_anything_is_reserved(
 #[parallel]
 fn a_stranger_pair_of_its_own_shares_within_the_pair() {
     // The stranger is refused for want of a link to the owner, not for want of links at all.
-    let Some((owner, _, stranger)) = trio() else { return };
-    let can = {
-        let mut v = 0;
-        // SAFETY: valid out-pointer and ordinals.
-        let code = unsafe { sys::cuDeviceCanAccessPeer(&mut v, owner.raw(), stranger.raw()) };
-        assert_eq!(code, CUresult::CUDA_SUCCESS);
-        v != 0
-    };
-    let Some(partner) = Device::all().unwrap().into_iter().find(|&d| {
-        let mut v = 0;
-        // SAFETY: valid out-pointer and ordinals.
-        let code = unsafe { sys::cuDeviceCanAccessPeer(&mut v, d.raw(), stranger.raw()) };
-        code == CUresult::CUDA_SUCCESS && v != 0 && d.capabilities().unwrap().virtual_memory
-    }) else {
+    let Some((_, _, stranger)) = trio() else { return };
+    let Some(partner) = Device::all()
+        .unwrap()
+        .into_iter()
+        .find(|&d| d != stranger && can(d, stranger) && d.capabilities().unwrap().virtual_memory)
+    else {
         eprintln!("skipped: device {} has no VMM peer", stranger.ordinal());
         return;
     };
-    assert!(!can);
     let ctx = stranger.context().unwrap();
     let g = granule(stranger);
     let stream = Stream::non_blocking(&ctx).unwrap();
