@@ -82,7 +82,8 @@ pub(crate) fn create(
 }
 
 /// # Safety
-/// 1. `handle` came from `create` and this drops the one reference it gave; it is not used again.
+/// 1. `handle` came from `create` or `import_fd` and this drops the one reference it gave; it is
+///    not used again.
 pub(crate) unsafe fn release(handle: CUmemGenericAllocationHandle) -> Result<()> {
     probe::require("cuMemRelease")?;
     // SAFETY: guaranteed by the caller.
