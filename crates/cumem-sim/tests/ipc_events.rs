@@ -109,7 +109,9 @@ fn note(sock: &mut UnixStream, what: &[u8; 1]) {
 
 fn expect(sock: &mut UnixStream, what: &[u8; 1]) {
     let mut got = [0u8; 1];
-    sock.read_exact(&mut got).unwrap_or_else(|e| panic!("waiting for {:?}: {e}", what[0] as char));
+    if let Err(e) = sock.read_exact(&mut got) {
+        panic!("no {:?} from the other process within {WATCHDOG:?} (stuck in a call?): {e}", what[0] as char);
+    }
     assert_eq!(&got, what, "the other process failed");
 }
 

@@ -188,3 +188,58 @@ pub(crate) fn open(bytes: &[u8; SIZE]) -> Result<u64, Fail> {
     st.events.insert(h, event);
     Ok(h)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_is_per_ticket_and_done_through_is_a_prefix() {
+        let page = SharedEvent::new().expect("a memory file");
+        let (one, two, three) =
+            (page.try_issue().unwrap(), page.try_issue().unwrap(), page.try_issue().unwrap());
+        assert_eq!((one, two, three, page.latest()), (1, 2, 3, 3));
+        page.publish(two);
+        assert!(page.is_done(two) && !page.is_done(one) && !page.is_done(three));
+        assert_eq!(page.word(1).load(Ordering::SeqCst), 0, "2 completed before 1");
+        page.publish(one);
+        assert_eq!(page.word(1).load(Ordering::SeqCst), 2);
+        assert!(page.is_done(one) && page.is_done(two) && !page.is_done(three));
+        page.publish(three);
+        assert_eq!(page.word(1).load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn a_slot_is_not_reissued_while_its_ticket_is_outstanding() {
+        let page = SharedEvent::new().expect("a memory file");
+        let first = page.try_issue().unwrap();
+        let rest: Vec<u64> = (1..SLOTS).map(|_| page.try_issue().unwrap()).collect();
+        assert_eq!(page.try_issue(), None, "ticket {} would share the first one's slot", SLOTS + 1);
+        for &t in &rest {
+            page.publish(t);
+        }
+        assert!(!page.is_done(first));
+        assert_eq!(page.try_issue(), None);
+        page.publish(first);
+        assert_eq!(page.word(1).load(Ordering::SeqCst), SLOTS);
+        assert_eq!(page.try_issue(), Some(SLOTS + 1));
+        assert!(!page.is_done(SLOTS + 1) && page.is_done(first));
+    }
+
+    #[test]
+    fn concurrent_publishers_leave_no_completed_prefix_behind() {
+        // Two mappings of one file, as two processes would hold; publishers race on both.
+        let a = SharedEvent::new().expect("a memory file");
+        let b = SharedEvent::from_file(a.file.try_clone().unwrap()).expect("a second mapping");
+        for round in 0..50u64 {
+            let tickets: Vec<u64> = (0..64).map(|_| a.try_issue().unwrap()).collect();
+            std::thread::scope(|scope| {
+                for (k, page) in [&a, &b, &a, &b].into_iter().enumerate() {
+                    let mine: Vec<u64> = tickets.iter().copied().skip(k).step_by(4).rev().collect();
+                    scope.spawn(move || mine.into_iter().for_each(|t| page.publish(t)));
+                }
+            });
+            assert_eq!(b.word(1).load(Ordering::SeqCst), (round + 1) * 64);
+        }
+    }
+}
