@@ -115,9 +115,9 @@ impl SharedEvent {
     /// complete without a gap.
     pub(crate) fn publish(&self, ticket: u64) {
         self.slot(ticket).store(ticket, Ordering::SeqCst);
-        // Whoever publishes the ticket after done-through advances it. A publisher that stored
-        // its slot after another's advance looked (and stopped) sees that advance here, since
-        // both sides write, then read, sequentially consistent words.
+        // Any publisher may advance done-through over a published successor. A publisher whose
+        // slot store came after another's advance looked at that slot (and stopped) sees that
+        // advance here: both sides write, then read, sequentially consistent words.
         let done = self.word(1);
         loop {
             let d = done.load(Ordering::SeqCst);
@@ -131,7 +131,12 @@ impl SharedEvent {
 
     /// Whether recording `ticket` has completed (ticket 0, "never recorded", has).
     pub(crate) fn is_done(&self, ticket: u64) -> bool {
-        self.word(1).load(Ordering::SeqCst) >= ticket || self.slot(ticket).load(Ordering::SeqCst) == ticket
+        let done = self.word(1);
+        // Done-through is read again after the slot: the slot may have passed to `ticket + SLOTS`
+        // in between, which only happens after done-through reached `ticket`.
+        done.load(Ordering::SeqCst) >= ticket
+            || self.slot(ticket).load(Ordering::SeqCst) == ticket
+            || done.load(Ordering::SeqCst) >= ticket
     }
 
     /// The latest recording issued in any process (0: never recorded).
