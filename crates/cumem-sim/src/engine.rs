@@ -5,7 +5,10 @@
 //! bytes with the state lock released, so long copies do not stall API calls. The latency is a
 //! delay, not a throughput limit, so queued operations pipeline. Host functions are handed to a
 //! separate callback thread, one for all streams (as on an H100, §17 of the driver reference),
-//! which keeps their stream busy until they return while other streams carry on.
+//! which keeps their stream busy until they return while other streams carry on. A stream wait
+//! for another process's recording of an interprocess event is a dependency only that process can
+//! complete: while one is pending the engine looks at the event's shared page every
+//! `crate::ipc::event::POLL`, waiting with the lock released in between.
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -119,6 +122,15 @@ fn engine_loop() {
             }
             let Some(op) = s.queue.front() else { continue };
             if !op.deps.iter().all(|&(d, q)| done_through(&g.streams, d, q)) {
+                continue;
+            }
+            if let Some((page, ticket)) = &op.remote
+                && !page.is_done(*ticket)
+            {
+                // No call in this process will say when the other process publishes: look again
+                // soon, with the lock released meanwhile like any other wait.
+                let poll = now + crate::ipc::event::POLL;
+                wake = Some(wake.map_or(poll, |w| w.min(poll)));
                 continue;
             }
             if op.ready_at <= now {

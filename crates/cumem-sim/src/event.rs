@@ -72,7 +72,7 @@ impl Event {
     /// interprocess event, the latest recording made in any process.
     pub(crate) fn complete(&self, st: &State) -> bool {
         if let Some(shared) = &self.shared {
-            return shared.done_through() >= shared.latest();
+            return shared.is_done(shared.latest());
         }
         self.record.is_none_or(|(s, q)| done_through(&st.streams, s, q))
     }

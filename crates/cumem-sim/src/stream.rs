@@ -10,8 +10,8 @@
 //! legacy-stream work; `CU_STREAM_NON_BLOCKING` streams take part in neither.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUevent, CUhostFn, CUresult, CUstream};
@@ -20,6 +20,7 @@ use parking_lot::MutexGuard;
 use crate::api::Fail;
 use crate::context;
 use crate::copy::Work;
+use crate::ipc::event::SharedEvent;
 use crate::state::{SIM, State, latency_us};
 
 /// `CU_STREAM_NON_BLOCKING`.
@@ -52,6 +53,9 @@ pub(crate) struct Op {
     pub(crate) ready_at: Instant,
     /// `(stream, seq)`: that stream must have completed everything up to `seq`.
     pub(crate) deps: Vec<(u64, u64)>,
+    /// A recording of an interprocess event, made by another process, that must have completed
+    /// (its ticket); only the shared page tells, so the engine polls it.
+    pub(crate) remote: Option<(Arc<SharedEvent>, u64)>,
     pub(crate) work: Work,
 }
 
@@ -200,7 +204,8 @@ pub(crate) fn query(h_stream: CUstream) -> Result<(), Fail> {
     if targets_done(&st, &targets) { Ok(()) } else { Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_READY)) }
 }
 
-/// `cuStreamWaitEvent`: later work of the stream waits for the event's captured work.
+/// `cuStreamWaitEvent`: later work of the stream waits for the event's captured work (the
+/// latest recording at the call, made in this process or, for an interprocess event, another).
 pub(crate) fn wait_event(h_stream: CUstream, h_event: CUevent, flags: u32) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
     let id = crate::hold::resolve_gated(&mut st, h_stream)?;
@@ -214,9 +219,10 @@ pub(crate) fn wait_event(h_stream: CUstream, h_event: CUevent, flags: u32) -> Re
             format!("cuStreamWaitEvent flags {flags:#x} must be 0"),
         ));
     }
-    if let Some((shared, ticket)) = remote {
-        // Another process's recording: wait for it here (see `crate::ipc::event`).
-        crate::ipc::event::wait_ticket(&mut st, &shared, ticket);
+    if let Some(remote) = remote {
+        // Another process's recording: the wait is queued like any other, and the engine
+        // releases it when the shared page says that recording completed.
+        enqueue_after(&mut st, id, Work::Nop, Vec::new(), Some(remote));
         return Ok(());
     }
     if let Some(dep) = record {
@@ -265,7 +271,18 @@ pub(crate) fn wake_value(t: Instant) -> u64 {
 }
 
 /// Appends `work` to stream `sid` (which must exist) and returns its sequence number.
-pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, u64)>) -> u64 {
+pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, deps: Vec<(u64, u64)>) -> u64 {
+    enqueue_after(st, sid, work, deps, None)
+}
+
+/// [`enqueue`], also waiting for another process's recording of an interprocess event.
+fn enqueue_after(
+    st: &mut State,
+    sid: u64,
+    work: Work,
+    mut deps: Vec<(u64, u64)>,
+    remote: Option<(Arc<SharedEvent>, u64)>,
+) -> u64 {
     st.next_seq += 1;
     let seq = st.next_seq;
     let (ctx, device, kind, blocking) = {
@@ -304,7 +321,7 @@ pub(crate) fn enqueue(st: &mut State, sid: u64, work: Work, mut deps: Vec<(u64, 
         *w = (*w).max(q);
     }
     let (api, tid) = crate::api::caller();
-    s.queue.push_back(Op { seq, ready_at, api, tid, deps, work });
+    s.queue.push_back(Op { seq, ready_at, api, tid, deps, remote, work });
     s.last_seq = seq;
     // Only the engine waits for enqueues, and it need only be woken if this operation may be due
     // before it looks again (waking it for every operation made every queued call pay for a

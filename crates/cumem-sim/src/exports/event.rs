@@ -43,22 +43,35 @@ pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) ->
 
 fn record(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> api::ApiResult {
     let mut st = SIM.st.lock();
-    let sid = crate::hold::resolve_gated(&mut st, h_stream)?;
-    let ev_ctx = lookup(&st, h_event)?.ctx;
-    if st.streams[&sid].ctx != ev_ctx {
-        return Err(Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_HANDLE,
-            "event and stream belong to different contexts",
-        ));
-    }
-    if flags != 0 {
-        return Err(Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            format!("record flags {flags:#x}: only 0 is valid outside stream capture"),
-        ));
-    }
-    let eid = h_event as u64;
-    let shared = st.events[&eid].shared.as_ref().map(|s| (std::sync::Arc::clone(s), s.issue()));
+    let (sid, eid, shared) = loop {
+        let sid = crate::hold::resolve_gated(&mut st, h_stream)?;
+        let ev_ctx = lookup(&st, h_event)?.ctx;
+        if st.streams[&sid].ctx != ev_ctx {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_HANDLE,
+                "event and stream belong to different contexts",
+            ));
+        }
+        if flags != 0 {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("record flags {flags:#x}: only 0 is valid outside stream capture"),
+            ));
+        }
+        let eid = h_event as u64;
+        let Some(page) = st.events[&eid].shared.clone() else {
+            break (sid, eid, None);
+        };
+        match page.try_issue() {
+            Some(ticket) => break (sid, eid, Some((page, ticket))),
+            // An interprocess event's recordings in flight are bounded by its shared page, as a
+            // driver's queues are bounded: the call waits for room, like a launch into a full
+            // queue. The handles are checked again afterwards: they may have died meanwhile.
+            None => {
+                parking_lot::MutexGuard::unlocked(&mut st, || std::thread::sleep(crate::ipc::event::POLL))
+            }
+        }
+    };
     if let Some((_, ticket)) = shared {
         st.events.get_mut(&eid).expect("looked up above").ticket = ticket;
     }

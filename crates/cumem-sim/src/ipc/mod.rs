@@ -5,8 +5,9 @@
 //! the exported file). The importer opens that path and maps the file, so both processes read and
 //! write the same bytes. Device allocations are plain anonymous memory until their first export
 //! ([`crate::memory::Backing::share`]); events created with `CU_EVENT_INTERPROCESS` keep their
-//! completion counters in a one-page memory file from the start. Opening needs the same user (or
-//! the permission to read the exporter's `/proc/<pid>/fd`), as `ptrace` rules on Linux decide.
+//! recordings' completion in a one-page memory file from the start (see [`event`]). Opening
+//! needs the same user (or the permission to read the exporter's `/proc/<pid>/fd`), as `ptrace`
+//! rules on Linux decide.
 
 pub(crate) mod event;
 pub(crate) mod handle;
