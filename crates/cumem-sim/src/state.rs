@@ -229,7 +229,7 @@ impl State {
         }
         match a.kind {
             // An import is charged nothing (`charged` is 0).
-            AllocKind::Device | AllocKind::Pitched | AllocKind::IpcImport => {
+            AllocKind::Device | AllocKind::Pitched | AllocKind::IpcImport | AllocKind::PoolImport => {
                 let dev = &mut self.devices[a.device as usize];
                 dev.used -= a.charged;
                 dev.va.release(a.base);
@@ -294,7 +294,7 @@ impl State {
                     bytes: a.bytes,
                     device: a.device,
                     context: a.ctx,
-                    pool: (a.kind == AllocKind::Pool).then_some(a.pool),
+                    pool: matches!(a.kind, AllocKind::Pool | AllocKind::PoolImport).then_some(a.pool),
                     attach: self
                         .managed
                         .get(&a.base)
@@ -328,6 +328,7 @@ impl State {
                     reserved: p.reserved,
                     used: p.used,
                     default: p.is_default,
+                    imported: p.shared.as_ref().is_some_and(|s| s.imported),
                 })
                 .collect(),
             mappings: self.vmm.live_mappings(),
