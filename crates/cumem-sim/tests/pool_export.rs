@@ -200,10 +200,8 @@ fn export_codes_and_an_import_in_the_same_process() {
     assert_eq!(export_ptr(d).0, CUresult::CUDA_ERROR_INVALID_VALUE, "cuMemAlloc memory");
     dfree(d);
     // SAFETY: NULL out-pointer, checked by the callee.
-    assert_eq!(
-        unsafe { cu::cuMemPoolExportPointer(std::ptr::null_mut(), p) },
-        CUresult::CUDA_ERROR_INVALID_VALUE
-    );
+    let r = unsafe { cu::cuMemPoolExportPointer(std::ptr::null_mut(), p) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "NULL shareData_out");
 
     // Import of pointers: only through an imported pool, of the pool that exported them.
     assert_eq!(import_ptr(shared, data).0, CUresult::CUDA_ERROR_INVALID_VALUE, "not an imported pool");

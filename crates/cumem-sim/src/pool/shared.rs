@@ -66,7 +66,7 @@ fn stat(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
     // SAFETY: `stat` is plain data, fully written by a successful fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `fd` is open and `st` a valid out-pointer.
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then(|| (st.st_ino, st.st_size as u64))
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some((st.st_ino, st.st_size as u64))
 }
 
 /// A close-on-exec duplicate of `fd`, or `None`.
@@ -129,7 +129,7 @@ impl SharedPool {
 }
 
 /// The exportable (created, not imported) pool `h`, or `INVALID_VALUE`.
-fn exportable<'a>(pool: &'a Pool, h: u64) -> Result<&'a SharedPool, Fail> {
+fn exportable(pool: &Pool, h: u64) -> Result<&SharedPool, Fail> {
     match &pool.shared {
         Some(s) if !s.imported => Ok(s),
         Some(_) => Err(invalid(format!("pool {h:#x} was imported; only its creator exports it"))),
