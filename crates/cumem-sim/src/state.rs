@@ -229,7 +229,11 @@ impl State {
         }
         match a.kind {
             // An import is charged nothing (`charged` is 0).
-            AllocKind::Device | AllocKind::Pitched | AllocKind::IpcImport | AllocKind::PoolImport => {
+            AllocKind::PoolImport => {
+                self.devices[a.device as usize].va.release(a.base);
+                crate::pool::shared::forget_import(self, a);
+            }
+            AllocKind::Device | AllocKind::Pitched | AllocKind::IpcImport => {
                 let dev = &mut self.devices[a.device as usize];
                 dev.used -= a.charged;
                 dev.va.release(a.base);

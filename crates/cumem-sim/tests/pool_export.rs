@@ -2,7 +2,9 @@
 //! exports a descriptor and its allocations export 64 bytes; another process (this binary
 //! re-executed, running only `importer`, which gets the descriptor by opening
 //! `/proc/<pid>/fd/<n>`, the same file an `SCM_RIGHTS` transfer gives) imports the pool and the
-//! pointer, reads the exporter's bytes and writes its own, which the exporter then reads. Every
+//! pointer, reads the exporter's bytes and writes its own, which the exporter then reads; the
+//! exporter's free of a block the importer still holds is reported, its frees after the importer's
+//! are not (the counts live in the pool file, so they cross processes). Every
 //! misuse gives the observed code (§17: the default pool and pools without handle types do not
 //! export, destroying an exported pool succeeds) or the one the simulator documents. Imported pools
 //! and pointers are in the importer's live report until released; both reports end clean.
@@ -250,6 +252,39 @@ fn export_codes_and_an_import_in_the_same_process() {
     sync();
     assert!(!ctl.live_report().contains_ptr(ip));
 
+    // The exporter freeing a block while an import of it lives is reported (importers free
+    // first); freeing after the importers is not.
+    let early = |v: &Vec<cumem_sim::Violation>| {
+        v.iter().filter(|v| v.message.contains("freed by its exporter")).count()
+    };
+    assert_eq!(early(&ctl.violations_on_this_thread()), 0, "{:#?}", ctl.violations_on_this_thread());
+    let (r, p2) = alloc_from(shared, 4096);
+    ok(r);
+    let (r, data2) = export_ptr(p2);
+    ok(r);
+    let (r, ip2) = import_ptr(imported, data2);
+    ok(r);
+    ok(free_async(p2));
+    assert_eq!(early(&ctl.violations_on_this_thread()), 1, "{:#?}", ctl.violations_on_this_thread());
+    ok(free_async(ip2));
+    // A destroyed imported pool stays until its last import is freed.
+    let (r, ip3) = import_ptr(imported, data);
+    ok(r);
+    destroy_pool(imported);
+    assert_eq!(import_ptr(imported, data).0, CUresult::CUDA_ERROR_INVALID_VALUE, "a destroyed pool");
+    assert_eq!(read_back(ip3, 4096)[..], pattern()[..4096]);
+    ok(free_async(ip3));
+    sync();
+    assert!(!ctl.live_report().contains_pool(imported as u64));
+    let imported = {
+        let (r, fd) = export(shared, POSIX_FD, 0);
+        ok(r);
+        let (r, again) = import(fd, POSIX_FD, 0);
+        ok(r);
+        close_fd(fd);
+        again
+    };
+
     // A forgotten imported pool is a leak; destroying it ends it.
     assert!(!ctl.live_report().is_clean());
     destroy_pool(imported);
@@ -293,18 +328,32 @@ fn another_process_imports_the_pool_and_a_pointer() {
     ok(r);
     let (r, data) = export_ptr(p);
     ok(r);
+    // A block the importer still holds when the exporter frees it.
+    let (r, early) = alloc_from(pool, 4096);
+    ok(r);
+    let (r, early_data) = export_ptr(early);
+    ok(r);
     let (mut sock, _) = listener.accept().unwrap();
     sock.write_all(format!("{} {fd}\n", std::process::id()).as_bytes()).unwrap();
     sock.write_all(&data).unwrap();
+    sock.write_all(&early_data).unwrap();
     let mut note = [0u8; 1];
     sock.read_exact(&mut note).unwrap();
     assert_eq!(&note, b"W", "the importer failed");
     assert_eq!(read_back(p, BYTES), vec![0x5A; BYTES], "the exporter does not see the importer's write");
-    // The importer frees its import before the exporter frees the allocation.
+    // The importer freed its import of `p` before saying so; it still holds `early`: the
+    // exporter's free of `early` is reported, its free of `p` is not.
+    let early_frees = || {
+        ctl.violations_on_this_thread().iter().filter(|v| v.message.contains("freed by its exporter")).count()
+    };
+    ok(free_async(p));
+    assert_eq!(early_frees(), 0, "{:#?}", ctl.violations_on_this_thread());
+    ok(free_async(early));
+    assert_eq!(early_frees(), 1, "{:#?}", ctl.violations_on_this_thread());
+    sock.write_all(b"X").unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "importer failed: {status}");
     close_fd(fd);
-    ok(free_async(p));
     ok(free_async(first));
     destroy_pool(pool);
     sync();
@@ -330,12 +379,16 @@ fn importer() {
     let (pid, fd) = line.split_once(' ').unwrap();
     let mut data = [0u8; 64];
     sock.read_exact(&mut data).unwrap();
+    let mut early_data = [0u8; 64];
+    sock.read_exact(&mut early_data).unwrap();
     let file =
         std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/fd/{fd}")).unwrap();
     let (r, pool) = import(file.as_raw_fd(), POSIX_FD, 0);
     ok(r);
     drop(file);
     let (r, p) = import_ptr(pool, data);
+    ok(r);
+    let (r, early) = import_ptr(pool, early_data);
     ok(r);
     let report = ctl.live_report();
     assert!(report.pools.iter().any(|lp| lp.handle == pool as u64 && lp.imported), "{report}");
@@ -347,8 +400,13 @@ fn importer() {
     sync();
     ok(free_async(p));
     sync();
+    sock.write_all(b"W").unwrap();
+    let mut note = [0u8; 1];
+    sock.read_exact(&mut note).unwrap();
+    assert_eq!(&note, b"X", "the exporter failed");
+    ok(free_async(early));
     destroy_pool(pool);
+    sync();
     let report = ctl.live_report();
     assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
-    sock.write_all(b"W").unwrap();
 }

@@ -170,7 +170,11 @@ pub(crate) fn settle(st: &mut State, handle: u64) {
     if pool.opportunistic {
         pool.free.settle(|s, q| done_through(streams, s, q));
     }
-    if pool.destroyed && pool.used == 0 && pool.free.all_done(|s, q| done_through(streams, s, q)) {
+    if pool.destroyed
+        && pool.used == 0
+        && !shared::has_imports(pool)
+        && pool.free.all_done(|s, q| done_through(streams, s, q))
+    {
         let mut pool = st.pools.remove(&handle).expect("looked up above");
         let bases: Vec<u64> = pool.chunks.keys().copied().collect();
         for base in bases {
@@ -365,6 +369,9 @@ fn allocate_in(
 /// pool; `tag`: the stream-ordered free that releases it (`None`: usable by every stream now).
 pub(crate) fn release_block(st: &mut State, a: &Allocation, tag: Option<(u64, u64)>) {
     let Some(pool) = st.pools.get_mut(&a.pool) else { return };
+    if pool.shared.is_some() {
+        shared::report_live_imports(pool, a.base);
+    }
     if let Some(size) = pool.free.release(a.base, tag) {
         pool.used -= size;
     }

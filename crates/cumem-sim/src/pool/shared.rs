@@ -19,14 +19,18 @@
 //! Pools created without handle types never touch any of this: their chunks stay anonymous
 //! memory and their allocation path has no extra syscall or lock.
 //!
-//! The exporter does not learn about imports (there is no broker, and the driver's contract puts
-//! the burden on the program: every importer frees an imported pointer before the exporter frees
-//! it). If the exporter frees a block early, its pool may hand the same bytes to a new
-//! allocation while an importer still maps them (as on a GPU), and a chunk released back to the
-//! device has its pages punched out of the file: an importer that still maps them reads zeros
-//! from then on, never a fault.
+//! The driver's contract puts the burden on the program: every importer frees an imported
+//! pointer before the exporter frees it. The header page counts live imports per block (slots of
+//! `(offset, count)` updated atomically by every process that maps the file), so the exporter's
+//! free of a block that is still imported somewhere is recorded as a violation; the free still
+//! succeeds and the pool may hand the same bytes to a new allocation while the importer maps them
+//! (as on a GPU). A chunk released back to the device has its pages punched out of the file: an
+//! importer that still maps them reads zeros from then on, never a fault. Imports beyond the
+//! header's slots (252 distinct blocks at once) are not counted.
 
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::CUresult;
@@ -34,7 +38,8 @@ use cudarc::driver::sys::CUresult;
 use super::{Pool, lookup, supported};
 use crate::api::Fail;
 use crate::memory::{AllocKind, Allocation, Backing};
-use crate::state::SIM;
+use crate::state::{SIM, State};
+use crate::violation::{self, Violation};
 
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
 pub(crate) const POSIX_FD: u32 = 0x1;
@@ -59,6 +64,60 @@ pub(crate) struct SharedPool {
     next_offset: u64,
     /// Imported from another process: pointers are imported through it, never allocated.
     pub(crate) imported: bool,
+    /// The file's header page, mapped: its slots count the live imports of each block, across
+    /// every process that imported the pool.
+    header: Arc<Backing>,
+    /// In an imported pool: the pointers imported through it, by their address here (each holds
+    /// one count in the header until it is freed).
+    imports: BTreeMap<u64, ImportTicket>,
+}
+
+/// First byte of the import slots in the header page.
+const SLOTS_AT: usize = 64;
+/// Import slots: `(block offset, live imports)`, two `u64`s each; offset 0 is an empty slot (no
+/// block starts there: the header page does).
+const SLOTS: usize = (PAGE as usize - SLOTS_AT) / 16;
+
+fn slot(header: &Backing, i: usize) -> (&AtomicU64, &AtomicU64) {
+    debug_assert!(i < SLOTS);
+    // SAFETY: the header page is PAGE bytes, page aligned and mapped for as long as `header`;
+    // slot `i` lies inside it, 8-byte aligned; every process touches these words only atomically.
+    unsafe {
+        let at = header.as_ptr().add(SLOTS_AT + 16 * i).cast::<u64>();
+        (AtomicU64::from_ptr(at), AtomicU64::from_ptr(at.add(1)))
+    }
+}
+
+/// One live import of a block, counted in the pool file's header until dropped.
+#[derive(Debug)]
+struct ImportTicket {
+    header: Arc<Backing>,
+    slot: usize,
+}
+
+impl ImportTicket {
+    /// Counts an import of the block at `offset`; `None` when every slot holds another block
+    /// (the import is then not tracked: the exporter's free cannot report it).
+    fn take(header: &Arc<Backing>, offset: u64) -> Option<Self> {
+        for i in 0..SLOTS {
+            let (key, count) = slot(header, i);
+            let found = match key.compare_exchange(0, offset, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => true,
+                Err(current) => current == offset,
+            };
+            if found {
+                count.fetch_add(1, Ordering::SeqCst);
+                return Some(Self { header: Arc::clone(header), slot: i });
+            }
+        }
+        None
+    }
+}
+
+impl Drop for ImportTicket {
+    fn drop(&mut self) {
+        slot(&self.header, self.slot).1.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// `(inode, size)` of an open file.
@@ -95,8 +154,18 @@ impl SharedPool {
         if n != header.len() as isize {
             return None;
         }
+        // SAFETY: `file` is open; a page-long memory file reads as zeros past what was written.
+        if unsafe { libc::ftruncate(file.as_raw_fd(), PAGE as libc::off_t) } != 0 {
+            return None;
+        }
+        Self::open(file, false)
+    }
+
+    /// The pool of memory file `file` (already holding its header page).
+    fn open(file: OwnedFd, imported: bool) -> Option<Self> {
         let (ino, _) = stat(file.as_fd())?;
-        Some(Self { file, ino, next_offset: PAGE, imported: false })
+        let header = Arc::new(Backing::from_file_at(&file, 0, PAGE as usize)?);
+        Some(Self { file, ino, next_offset: PAGE, imported, header, imports: BTreeMap::new() })
     }
 
     /// A new chunk of `size` bytes at the end of the file: its mapping and file offset.
@@ -186,7 +255,7 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32, flags: u64) -> Result<u64, Fa
     if n != header.len() as isize || &header[..8] != FILE_MAGIC {
         return Err(not_pool());
     }
-    let (ino, _) = stat(borrowed).ok_or_else(not_pool)?;
+    stat(borrowed).ok_or_else(not_pool)?;
     let device = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes")) as usize;
     let mut st = SIM.st.lock();
     if device >= st.devices.len() {
@@ -196,9 +265,10 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32, flags: u64) -> Result<u64, Fa
         ));
     }
     supported(&st, device)?;
-    let file = dup(borrowed).ok_or(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY))?;
+    let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    let file = dup(borrowed).ok_or_else(oom)?;
     let mut pool = Pool::new(device, false, 0);
-    pool.shared = Some(Box::new(SharedPool { file, ino, next_offset: 0, imported: true }));
+    pool.shared = Some(Box::new(SharedPool::open(file, true).ok_or_else(oom)?));
     let h = st.new_pool_handle();
     st.pools.insert(h, pool);
     Ok(h)
@@ -304,7 +374,12 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
     let pages = Arc::new(Backing::from_file_at(&shared.file, first, map_len).ok_or_else(oom)?);
     let backing = Backing::view(&pages, (e.offset - first) as usize, e.bytes as usize).ok_or_else(oom)?;
     let device = pool.device;
+    let ticket = ImportTicket::take(&shared.header, e.offset);
     let base = st.devices[device].va.allocate(e.bytes, 512).ok_or_else(oom)?;
+    if let Some(ticket) = ticket {
+        let shared = st.pools.get_mut(&h).and_then(|p| p.shared.as_mut()).expect("looked up above");
+        shared.imports.insert(base, ticket);
+    }
     let buffer_id = st.next_buffer_id;
     st.next_buffer_id += 1;
     st.allocs.insert(
@@ -324,4 +399,48 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
         }),
     );
     Ok(base)
+}
+
+/// Ends the count of an imported pointer being freed (`a`, of kind `PoolImport`), and lets its
+/// imported pool go if it was destroyed and this was its last import.
+pub(crate) fn forget_import(st: &mut State, a: &Allocation) {
+    if let Some(shared) = st.pools.get_mut(&a.pool).and_then(|p| p.shared.as_mut()) {
+        shared.imports.remove(&a.base);
+    }
+    super::settle(st, a.pool);
+}
+
+/// Whether an imported pool still has imported pointers (a destroyed one waits for them).
+pub(crate) fn has_imports(pool: &Pool) -> bool {
+    pool.shared.as_ref().is_some_and(|s| !s.imports.is_empty())
+}
+
+/// Records a violation when the exporter frees the allocation at `base` of exportable pool
+/// `pool` while imports of it live in any process (the driver requires every importer to free
+/// first; a GPU would hand the memory to the pool's next allocation under the importer).
+pub(crate) fn report_live_imports(pool: &Pool, base: u64) {
+    let Some(shared) = pool.shared.as_ref().filter(|s| !s.imported) else { return };
+    let Some((&chunk_base, chunk)) = pool.chunks.range(..=base).next_back() else { return };
+    let offset = chunk.file_offset + (base - chunk_base);
+    let live: u64 = (0..SLOTS)
+        .map(|i| slot(&shared.header, i))
+        .filter(|(key, _)| key.load(Ordering::SeqCst) == offset)
+        .map(|(_, count)| count.load(Ordering::SeqCst))
+        .sum();
+    if live == 0 {
+        return;
+    }
+    let (function, os_tid) = crate::api::caller();
+    let ok = CUresult::CUDA_SUCCESS;
+    violation::record(Violation {
+        function: function.to_string(),
+        code: ok as u32,
+        code_name: crate::errors::name_str(ok).to_string(),
+        message: format!(
+            "pool allocation {base:#x} freed by its exporter while {live} import(s) of it \
+             (cuMemPoolImportPointer) are live: every importer must free it first; the pool may \
+             hand these bytes to its next allocation while they are still imported"
+        ),
+        os_tid,
+    });
 }
