@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cumem_copy::StreamCopy;
-use cumem_core::{Device, DeviceBuffer, DriverResource, Error, PinnedBuffer, Stream};
+use cumem_core::{Device, DeviceBuffer, DriverResource, Error, Feature, PinnedBuffer, Stream};
 use cumem_ipc::fd_passing::{anonymous_file, recv_fds, send_fds};
 use cumem_ipc::{ImportedPool, IpcEvent, IpcEventHandle, IpcMemHandle, PoolPointerExport, ShareablePool};
 use cumem_sys::testing;
@@ -26,6 +26,8 @@ use serial_test::serial;
 /// Set (to the socket path) in the child process.
 const CHILD_ENV: &str = "CUMEM_IPC_POOL_CHILD";
 const LEN: usize = 300_000;
+/// Every process of this test starts the simulator this way: device 1 lacks POSIX-FD pool handles.
+const SIM_CONFIG: &str = "devices=2,dev1.mempool_supported_handle_types=0";
 /// What the parent sends with the pool's descriptor: the pointer export, then the event handle.
 const HEADER: usize = PoolPointerExport::ENCODED_LEN + IpcEventHandle::ENCODED_LEN;
 
@@ -56,7 +58,7 @@ fn a_child_imports_a_pool_pointer_reads_the_parents_bytes_and_the_parent_sees_th
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    testing::init();
+    testing::init_with(SIM_CONFIG);
     let path = std::env::temp_dir().join(format!("cumem-ipc-pool-test-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
@@ -102,8 +104,20 @@ fn a_child_imports_a_pool_pointer_reads_the_parents_bytes_and_the_parent_sees_th
     assert_clean_report();
 }
 
-/// Exporting a buffer of another resource, or of another shareable pool, is refused.
+/// Exporting a buffer of another resource, or of another shareable pool, is refused; a device
+/// without POSIX-FD pool handles has no shareable pool.
 fn misuse_on_the_exporting_side(pool: &ShareablePool, ctx: &cumem_core::Context, stream: &Stream) {
+    if testing::sim_control().is_some() {
+        let without = Device::get(1).unwrap().context().unwrap();
+        let refused = ShareablePool::new(&without);
+        assert!(
+            matches!(
+                refused,
+                Err(Error::NotSupported { feature: Feature::ShareableHandle(_), device: Some(1) })
+            ),
+            "{refused:?}"
+        );
+    }
     let driver = Arc::new(DriverResource::new(ctx));
     let plain = DeviceBuffer::<u32>::zeroed_in(&driver, stream, 16).unwrap();
     assert!(matches!(pool.export_pointer(&plain), Err(Error::InvalidValue { .. })));
@@ -120,7 +134,7 @@ fn child_side() {
     let Some(path) = std::env::var_os(CHILD_ENV) else {
         return;
     };
-    testing::init();
+    testing::init_with(SIM_CONFIG);
     let mut sock = UnixStream::connect(path).unwrap();
     let mut header = [0u8; HEADER];
     let (n, fds) = recv_fds(&sock, &mut header, 1).unwrap();
