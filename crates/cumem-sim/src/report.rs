@@ -261,8 +261,12 @@ impl std::fmt::Display for LiveReport {
         for p in self.user_pools() {
             writeln!(
                 f,
-                "  pool {:#x} on device {} ({} bytes reserved, {} used)",
-                p.handle, p.device, p.reserved, p.used
+                "  pool {:#x} on device {} ({} bytes reserved, {} used){}",
+                p.handle,
+                p.device,
+                p.reserved,
+                p.used,
+                if p.imported { ", imported from another process" } else { "" }
             )?;
         }
         for r in &self.registrations {
