@@ -1,7 +1,7 @@
 //! Every driver call cumem-ipc makes, each a thin checked wrapper around one `unsafe` FFI call.
 //! None of these bind a context; callers do that first.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 
 use cumem_sys::sys::{self, CUdeviceptr, CUevent, CUipcEventHandle, CUipcMemHandle, CUstream};
 use cumem_sys::{ErrorContext as Ctx, Result, check};
@@ -114,4 +114,123 @@ pub(crate) fn address_range(dptr: CUdeviceptr) -> Result<(CUdeviceptr, usize)> {
     let code = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr) };
     check(code, Ctx::op("cuMemGetAddressRange_v2"))?;
     Ok((base, size))
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const POSIX_FD: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+/// Bytes of `CUmemPoolPtrExportData`.
+pub(crate) const POOL_EXPORT_SIZE: usize = 64;
+
+/// `cuMemPoolCreate` on device `dev` with POSIX-descriptor handle types (`max_size` 0: no cap).
+pub(crate) fn pool_create_shareable(dev: sys::CUdevice, max_size: usize) -> Result<sys::CUmemoryPool> {
+    // SAFETY: CUmemPoolProps is plain old data; all-zero is its documented "unset" state.
+    let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = POSIX_FD;
+    props.location =
+        sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
+    props.maxSize = max_size;
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: `props` is fully initialised and outlives the call; `pool` is a valid out-pointer.
+    let code = unsafe { sys::cuMemPoolCreate(&mut pool, &props) };
+    check(code, Ctx::op("cuMemPoolCreate (POSIX_FD handle types)").device(dev))?;
+    Ok(pool)
+}
+
+/// # Safety
+/// 1. `pool` was created by `pool_create_shareable` or imported by `pool_import_fd`, is destroyed
+///    once and not used afterwards.
+pub(crate) unsafe fn pool_destroy(pool: sys::CUmemoryPool) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { sys::cuMemPoolDestroy(pool) }, Ctx::op("cuMemPoolDestroy"))
+}
+
+/// `cuMemPoolExportToShareableHandle` as a POSIX descriptor, owned by the caller.
+pub(crate) fn pool_export_fd(pool: sys::CUmemoryPool) -> Result<std::os::fd::OwnedFd> {
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: `fd` is a valid out-pointer for the `int` POSIX_FD writes; `pool` is a live handle.
+    let code = unsafe { sys::cuMemPoolExportToShareableHandle((&raw mut fd).cast(), pool, POSIX_FD, 0) };
+    check(code, Ctx::op("cuMemPoolExportToShareableHandle"))?;
+    // SAFETY: on success the driver wrote a new descriptor that nothing else owns.
+    Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// `cuMemPoolImportFromShareableHandle` of a POSIX descriptor (the caller keeps `fd`).
+pub(crate) fn pool_import_fd(fd: std::os::fd::BorrowedFd<'_>) -> Result<sys::CUmemoryPool> {
+    let mut pool = std::ptr::null_mut();
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // SAFETY: `pool` is a valid out-pointer; the descriptor travels by value, cast to a pointer,
+    // as the driver documents for POSIX_FD, and stays open for the call.
+    let code = unsafe {
+        sys::cuMemPoolImportFromShareableHandle(&mut pool, raw as isize as *mut c_void, POSIX_FD, 0)
+    };
+    check(code, Ctx::op("cuMemPoolImportFromShareableHandle"))?;
+    Ok(pool)
+}
+
+/// `cuMemPoolExportPointer` of the allocation starting at `dptr`.
+pub(crate) fn pool_export_pointer(dptr: CUdeviceptr) -> Result<[u8; POOL_EXPORT_SIZE]> {
+    let mut data = sys::CUmemPoolPtrExportData { reserved: [0; POOL_EXPORT_SIZE] };
+    // SAFETY: `data` is a valid out-pointer; the driver checks `dptr` itself.
+    check(unsafe { sys::cuMemPoolExportPointer(&mut data, dptr) }, Ctx::op("cuMemPoolExportPointer"))?;
+    Ok(data.reserved)
+}
+
+/// `cuMemPoolImportPointer` through the imported `pool`: the address here.
+pub(crate) fn pool_import_pointer(
+    pool: sys::CUmemoryPool,
+    bytes: [u8; POOL_EXPORT_SIZE],
+) -> Result<CUdeviceptr> {
+    let mut data = sys::CUmemPoolPtrExportData { reserved: bytes };
+    let mut dptr = 0;
+    // SAFETY: both pointers are valid for the call; `pool` is a live handle.
+    let code = unsafe { sys::cuMemPoolImportPointer(&mut dptr, pool, &mut data) };
+    check(code, Ctx::op("cuMemPoolImportPointer"))?;
+    Ok(dptr)
+}
+
+pub(crate) fn mem_alloc_from_pool_async(
+    bytes: usize,
+    pool: sys::CUmemoryPool,
+    stream: CUstream,
+    device: i32,
+) -> Result<CUdeviceptr> {
+    let mut ptr = 0;
+    // SAFETY: `ptr` is a valid out-pointer; pool and stream are live handles.
+    let code = unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream) };
+    check(code, Ctx::op("cuMemAllocFromPoolAsync").bytes(bytes).device(device))?;
+    Ok(ptr)
+}
+
+/// # Safety
+/// 1. `ptr` came from a stream-ordered allocation or a pool import, and is freed once.
+/// 2. Every use of it was queued on `stream` or ordered before work queued on it next.
+pub(crate) unsafe fn mem_free_async(ptr: CUdeviceptr, stream: CUstream) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { sys::cuMemFreeAsync(ptr, stream) }, Ctx::op("cuMemFreeAsync"))
+}
+
+/// # Safety
+/// 1. `ptr` was returned by [`pool_import_pointer`], is freed once, and no work uses it any more.
+pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { sys::cuMemFree_v2(ptr) }, Ctx::op("cuMemFree_v2"))
+}
+
+/// The pool the allocation containing `dptr` came from (`CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`;
+/// NULL outside pools).
+pub(crate) fn pointer_pool(dptr: CUdeviceptr) -> Result<sys::CUmemoryPool> {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer of the attribute's type; the driver checks `dptr`.
+    let code = unsafe {
+        sys::cuPointerGetAttribute(
+            (&raw mut pool).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+            dptr,
+        )
+    };
+    check(code, Ctx::op("cuPointerGetAttribute(MEMPOOL_HANDLE)"))?;
+    Ok(pool)
 }

@@ -1,20 +1,36 @@
-//! [`ImportedBuffer`]: another process's allocation, opened here.
+//! [`ImportedBuffer`]: another process's allocation, opened here (a legacy IPC handle, or a
+//! pointer exported from a shareable pool).
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use bytemuck::Pod;
 use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Stream, StreamOrder};
 use cumem_sys::sys::CUdeviceptr;
 
+use crate::imported_pool::PoolHandle;
 use crate::{ffi, live_imports};
+
+/// How an import ends.
+pub(crate) enum Source {
+    /// `cuIpcOpenMemHandle`: closed with `cuIpcCloseMemHandle`.
+    IpcHandle,
+    /// `cuMemPoolImportPointer`: freed with `cuMemFree`; the imported pool is kept alive until then.
+    Pool {
+        /// Held, never read: the pool must not be destroyed before its imported pointers.
+        _pool: Arc<PoolHandle>,
+    },
+}
 
 /// Another process's device allocation, opened in this process: a device view of `len` elements
 /// of `T` whose work is ordered like a [`DeviceBuffer`](cumem_core::DeviceBuffer)'s. Dropping it
-/// waits for that work and closes the import (the memory stays the exporter's); if waiting fails,
-/// the import is leaked (and a warning logged) rather than closed under work that may still run.
-/// Its views are sound because of what the caller of [`IpcMemHandle::open`](crate::IpcMemHandle::open)
-/// promised: the exporter keeps the memory alive and to this buffer until the import is dropped,
-/// and other processes' accesses are ordered with this one's.
+/// waits for that work and ends the import (closes a legacy IPC import, frees an imported pool
+/// pointer; the memory stays the exporter's); if waiting fails, the import is leaked (and a
+/// warning logged) rather than ended under work that may still run. Its views are sound because
+/// of what the caller of [`IpcMemHandle::open`](crate::IpcMemHandle::open) or
+/// [`ImportedPool::import_pointer`](crate::ImportedPool::import_pointer) promised: the exporter
+/// keeps the memory alive and to this buffer until the import is dropped, and other processes'
+/// accesses are ordered with this one's.
 pub struct ImportedBuffer<T> {
     /// What the driver mapped (the whole exported allocation), closed on drop.
     base: CUdeviceptr,
@@ -22,17 +38,25 @@ pub struct ImportedBuffer<T> {
     len: usize,
     ctx: Context,
     order: StreamOrder,
+    source: Source,
     _marker: PhantomData<T>,
 }
 
 impl<T: Pod> ImportedBuffer<T> {
-    pub(crate) fn new(base: CUdeviceptr, ptr: CUdeviceptr, len: usize, stream: &Stream) -> Self {
+    pub(crate) fn new(
+        base: CUdeviceptr,
+        ptr: CUdeviceptr,
+        len: usize,
+        stream: &Stream,
+        source: Source,
+    ) -> Self {
         ImportedBuffer {
             base,
             ptr,
             len,
             ctx: stream.context().clone(),
             order: StreamOrder::new(stream),
+            source,
             _marker: PhantomData,
         }
     }
@@ -67,17 +91,18 @@ impl<T: Pod> ImportedBuffer<T> {
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
         // SAFETY: the import maps `len` elements of `T` (any bit pattern is a `T`: Pod) until drop,
         // which `&self` outlives; the exporter keeps the memory alive and unused by anything
-        // else until then (`IpcMemHandle::open`'s safety item 1); this process's work on it is
-        // ordered through `self.order`, other processes' with it by the caller of `open`
-        // (safety item 2).
+        // else until then (safety item 1 of `IpcMemHandle::open` / `ImportedPool::import_pointer`);
+        // this process's work on it is ordered through `self.order`, other processes' with it by
+        // the caller of `open` / `import_pointer` (safety item 2).
         unsafe { DeviceSlice::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
 
     /// An exclusive view: within this process nothing else uses the memory while it lives.
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
         // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away, and no
-        // other `ImportedBuffer` maps it in this context (`IpcMemHandle::open` claims it in
-        // `live_imports` and refuses a second open while this one lives).
+        // other `ImportedBuffer` maps it in this context (`IpcMemHandle::open` and
+        // `ImportedPool::import_pointer` claim it in `live_imports` and refuse a second import of
+        // the same address while this one lives).
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
 }
@@ -95,9 +120,21 @@ impl<T> Drop for ImportedBuffer<T> {
             return;
         }
         live_imports::release(self.ctx.raw(), self.base);
-        // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives `self`.
-        if let Err(e) = unsafe { ffi::mem_close(self.base) } {
-            tracing::warn!(error = %e, "cumem-ipc: cuIpcCloseMemHandle failed");
+        match &self.source {
+            Source::IpcHandle => {
+                // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives
+                // `self`.
+                if let Err(e) = unsafe { ffi::mem_close(self.base) } {
+                    tracing::warn!(error = %e, "cumem-ipc: cuIpcCloseMemHandle failed");
+                }
+            }
+            Source::Pool { .. } => {
+                // SAFETY: `base` came from `pool_import_pointer`, is freed only here, no view
+                // outlives `self`, and the work that used it has completed (synchronised above).
+                if let Err(e) = unsafe { ffi::mem_free(self.base) } {
+                    tracing::warn!(error = %e, "cumem-ipc: freeing an imported pool pointer failed");
+                }
+            }
         }
     }
 }

@@ -8,8 +8,16 @@
 //! and VMM memory answer with a typed error. [`fd_passing`] moves file descriptors between
 //! processes over a Unix socket (`SCM_RIGHTS`), for the handle kinds that are descriptors.
 //!
+//! Pools export too: a [`ShareablePool`] (a driver pool created with POSIX-descriptor handle
+//! types) serves typed buffers, exports itself as a descriptor and each buffer as a
+//! [`PoolPointerExport`]; the other process imports the descriptor as an [`ImportedPool`] and the
+//! pointers through it, as [`ImportedBuffer`]s that free the import on drop (see
+//! [`ImportedPool`] for an example, `crates/cumem-ipc/tests/pool_two_processes.rs` for two
+//! processes).
+//!
 //! The memory stays the exporter's: it must outlive every import (keep the buffer until the
-//! importers say they closed it), which is why [`IpcMemHandle::open`] is `unsafe`. The complete two-process example is the test
+//! importers say they closed it), which is why [`IpcMemHandle::open`] is `unsafe`. The complete
+//! two-process example is the test
 //! `crates/cumem-ipc/tests/two_processes.rs`; the handle round trip looks like this:
 //!
 //! ```
@@ -36,9 +44,15 @@ mod event;
 pub mod fd_passing;
 mod ffi;
 mod imported;
+mod imported_pool;
 mod live_imports;
 mod mem_handle;
+mod pool_pointer;
+mod shareable_pool;
 
 pub use event::{IpcEvent, IpcEventHandle};
 pub use imported::ImportedBuffer;
+pub use imported_pool::ImportedPool;
 pub use mem_handle::IpcMemHandle;
+pub use pool_pointer::PoolPointerExport;
+pub use shareable_pool::ShareablePool;

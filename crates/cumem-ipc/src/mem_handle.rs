@@ -4,6 +4,7 @@ use bytemuck::Pod;
 use cumem_core::{DeviceBuffer, Error, ErrorContext, Result, Stream};
 
 use crate::ffi::{self, HANDLE_SIZE};
+use crate::imported::Source;
 use crate::{ImportedBuffer, live_imports};
 
 /// An exported buffer: the driver's 64-byte handle of the allocation holding it, plus where the
@@ -136,7 +137,13 @@ impl IpcMemHandle {
         // import (by dropping it). The pointer wraps rather than panics on a forged offset; it is
         // used only once the range check below has passed, and then `base + offset` lies inside
         // the mapping.
-        let import = ImportedBuffer::new(base, base.wrapping_add(self.offset), self.bytes() / size, stream);
+        let import = ImportedBuffer::new(
+            base,
+            base.wrapping_add(self.offset),
+            self.bytes() / size,
+            stream,
+            Source::IpcHandle,
+        );
         let (_, mapped) = ffi::address_range(base)?;
         if end > mapped as u64 {
             // Dropping `import` closes what was opened.

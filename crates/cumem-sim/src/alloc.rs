@@ -106,7 +106,8 @@ fn bad_free(st: &State, addr: u64, host_free: bool) -> Fail {
 }
 
 /// Frees the allocation at `addr` (`host_free`: `cuMemFreeHost`, else `cuMemFree`). Pool
-/// allocations are returned to their pool at once, without synchronising; everything else first
+/// allocations are returned to their pool at once, without synchronising (imported pool blocks
+/// are unmapped here); everything else first
 /// waits for the queued work of the owning device (all devices for pinned and managed memory).
 pub(crate) fn free(addr: u64, host_free: bool) -> ApiResult {
     let mut st = SIM.st.lock();
@@ -115,13 +116,21 @@ pub(crate) fn free(addr: u64, host_free: bool) -> ApiResult {
         if host_free {
             k == AllocKind::PinnedHost
         } else {
-            matches!(k, AllocKind::Device | AllocKind::Pitched | AllocKind::Pool | AllocKind::Managed)
+            matches!(
+                k,
+                AllocKind::Device
+                    | AllocKind::Pitched
+                    | AllocKind::Pool
+                    | AllocKind::PoolImport
+                    | AllocKind::Managed
+            )
         }
     };
     let Some(a) = st.allocs.get(&addr).filter(|a| accepts(a.kind)).cloned() else {
         return Err(bad_free(&st, addr, host_free));
     };
-    if a.kind != AllocKind::Pool {
+    // Pool memory (an imported block too) is not synchronised: queued work holds its mapping.
+    if !matches!(a.kind, AllocKind::Pool | AllocKind::PoolImport) {
         let drain: Vec<usize> = if host_free || a.kind == AllocKind::Managed {
             (0..st.devices.len()).collect()
         } else {

@@ -5,8 +5,9 @@
 //! `CU_DEVICE_ATTRIBUTE_` prefix, so a test can describe a device lacking a capability.
 //!
 //! A capability is advertised only when every entry point behind it is exported and modelled
-//! (`tests/capabilities.rs` checks this against the built library): VMM is (1, as on the H100);
-//! the H100 also reports POSIX-fd handles, pool handle types, RDMA, IPC events, multicast, stream
+//! (`tests/capabilities.rs` checks this against the built library): VMM is (1, as on the H100),
+//! and pool handle types are POSIX_FD only (1; the H100 reports 9, POSIX_FD and FABRIC, but
+//! fabric pools are not modelled); the H100 also reports RDMA, IPC events, multicast, stream
 //! memory operations, CUDA arrays, cooperative and cluster launches, but the simulator exports
 //! none of their calls, so they are 0 here until the calls exist.
 
@@ -133,7 +134,7 @@ pub(crate) const ATTRIBUTES: &[(u32, &str, i32)] = &[
     (116, "gpu_direct_rdma_supported", 0),
     (117, "gpu_direct_rdma_flush_writes_options", 0),
     (118, "gpu_direct_rdma_writes_ordering", 0),
-    (119, "mempool_supported_handle_types", 0),
+    (119, "mempool_supported_handle_types", 1),
     (120, "cluster_launch", 0),
     (121, "deferred_mapping_cuda_array_supported", 0),
     (122, "can_use_64_bit_stream_mem_ops", 0),

@@ -85,6 +85,7 @@ fn use_after_free(api: &'static str, tid: u64, a: &Allocation, how: &Freed) -> V
         AllocKind::Device | AllocKind::Pitched => "device memory",
         AllocKind::Vmm => "device memory (VMM mapping)",
         AllocKind::IpcImport => "device memory (IPC import)",
+        AllocKind::PoolImport => "device memory (imported pool allocation)",
         AllocKind::Managed => "managed memory",
         AllocKind::PinnedHost | AllocKind::Registered => "pinned host memory",
     };

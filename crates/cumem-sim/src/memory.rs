@@ -35,6 +35,8 @@ pub(crate) enum AllocKind {
     Vmm,
     /// `cuIpcOpenMemHandle`: another process's device allocation, mapped here.
     IpcImport,
+    /// `cuMemPoolImportPointer`: a block of another process's exportable pool, mapped here.
+    PoolImport,
 }
 
 impl AllocKind {
@@ -49,6 +51,7 @@ impl AllocKind {
             AllocKind::Registered => "registered",
             AllocKind::Vmm => "vmm_mapping",
             AllocKind::IpcImport => "ipc_import",
+            AllocKind::PoolImport => "pool_import",
         }
     }
 
@@ -57,7 +60,12 @@ impl AllocKind {
     pub(crate) fn device_only(self) -> bool {
         matches!(
             self,
-            AllocKind::Device | AllocKind::Pitched | AllocKind::Pool | AllocKind::Vmm | AllocKind::IpcImport
+            AllocKind::Device
+                | AllocKind::Pitched
+                | AllocKind::Pool
+                | AllocKind::Vmm
+                | AllocKind::IpcImport
+                | AllocKind::PoolImport
         )
     }
 
@@ -218,7 +226,15 @@ impl Backing {
     /// Maps all of the memory file `file` (`len` bytes) shared: an allocation another process
     /// exported, or an IPC event's page. `None` when the kernel refuses.
     pub(crate) fn from_file(file: &OwnedFd, len: usize) -> Option<Self> {
+        Self::from_file_at(file, 0, len)
+    }
+
+    /// Maps `len` bytes of the memory file `file` from `offset` (a multiple of the page size)
+    /// shared: a chunk of an exportable pool, or an imported block of one. `None` when the kernel
+    /// refuses.
+    pub(crate) fn from_file_at(file: &OwnedFd, offset: u64, len: usize) -> Option<Self> {
         let map_len = len.max(1);
+        let offset = libc::off_t::try_from(offset).ok()?;
         // SAFETY: a shared mapping of an open file with a NULL hint cannot alias existing memory;
         // the result is checked for MAP_FAILED before use.
         let p = unsafe {
@@ -228,7 +244,7 @@ impl Backing {
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_NORESERVE,
                 file.as_raw_fd(),
-                0,
+                offset,
             )
         };
         if p == libc::MAP_FAILED {

@@ -102,7 +102,12 @@ pub(crate) fn pointer_attribute(
         }
         8 => U32(u32::from(a.kind == AllocKind::Managed)),
         6 => U32(u32::from(crate::sync_memops::is_set(a.buffer_id))),
-        14 | 21 => U32(0),
+        // ALLOWED_HANDLE_TYPES: POSIX_FD for a block of a pool created with it.
+        14 => U32(u32::from(
+            a.kind == AllocKind::Pool
+                && st.pools.get(&a.pool).and_then(|p| p.shared.as_ref()).is_some_and(|s| !s.imported),
+        )),
+        21 => U32(0),
         7 | 20 => U64(a.buffer_id),
         9 => U32(a.device as u32),
         10 => U32(u32::from(matches!(a.kind, AllocKind::Device | AllocKind::Pitched))),

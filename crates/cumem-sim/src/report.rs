@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveAllocation {
     /// `device` (cuMemAlloc), `pitched` (cuMemAllocPitch), `pool` (cuMemAllocAsync /
-    /// cuMemAllocFromPoolAsync), `managed` (cuMemAllocManaged) or `pinned_host`
-    /// (cuMemAllocHost / cuMemHostAlloc).
+    /// cuMemAllocFromPoolAsync), `managed` (cuMemAllocManaged), `pinned_host`
+    /// (cuMemAllocHost / cuMemHostAlloc), `ipc_import` (cuIpcOpenMemHandle) or `pool_import`
+    /// (cuMemPoolImportPointer).
     pub kind: String,
     /// The allocation's base address (device/UVA address).
     pub ptr: u64,
@@ -20,7 +21,7 @@ pub struct LiveAllocation {
     pub device: i32,
     /// Owning context handle.
     pub context: u64,
-    /// The pool of a `pool` allocation.
+    /// The pool of a `pool` allocation (for `pool_import`: the imported pool it came through).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<u64>,
     /// The current `CU_MEM_ATTACH_*` flags of a `managed` allocation.
@@ -46,6 +47,10 @@ pub struct LivePool {
     pub used: u64,
     /// The device's default pool.
     pub default: bool,
+    /// Imported from another process (`cuMemPoolImportFromShareableHandle`): a leak until
+    /// destroyed, like a created pool.
+    #[serde(default)]
+    pub imported: bool,
 }
 
 /// A live host registration (`cuMemHostRegister`); a leak until unregistered.
@@ -256,8 +261,12 @@ impl std::fmt::Display for LiveReport {
         for p in self.user_pools() {
             writeln!(
                 f,
-                "  pool {:#x} on device {} ({} bytes reserved, {} used)",
-                p.handle, p.device, p.reserved, p.used
+                "  pool {:#x} on device {} ({} bytes reserved, {} used){}",
+                p.handle,
+                p.device,
+                p.reserved,
+                p.used,
+                if p.imported { ", imported from another process" } else { "" }
             )?;
         }
         for r in &self.registrations {

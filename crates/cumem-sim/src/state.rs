@@ -229,6 +229,10 @@ impl State {
         }
         match a.kind {
             // An import is charged nothing (`charged` is 0).
+            AllocKind::PoolImport => {
+                self.devices[a.device as usize].va.release(a.base);
+                crate::pool::shared::forget_import(self, a);
+            }
             AllocKind::Device | AllocKind::Pitched | AllocKind::IpcImport => {
                 let dev = &mut self.devices[a.device as usize];
                 dev.used -= a.charged;
@@ -294,7 +298,7 @@ impl State {
                     bytes: a.bytes,
                     device: a.device,
                     context: a.ctx,
-                    pool: (a.kind == AllocKind::Pool).then_some(a.pool),
+                    pool: matches!(a.kind, AllocKind::Pool | AllocKind::PoolImport).then_some(a.pool),
                     attach: self
                         .managed
                         .get(&a.base)
@@ -328,6 +332,7 @@ impl State {
                     reserved: p.reserved,
                     used: p.used,
                     default: p.is_default,
+                    imported: p.shared.as_ref().is_some_and(|s| s.imported),
                 })
                 .collect(),
             mappings: self.vmm.live_mappings(),

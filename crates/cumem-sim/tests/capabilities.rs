@@ -185,6 +185,8 @@ fn the_checked_entry_points_exist_where_they_are_claimed() {
     assert!(exported("cuMemExportToShareableHandle") && exported("cuMemImportFromShareableHandle"));
     assert_eq!(attribute(125, 0), 1, "IPC_EVENT_SUPPORTED with its calls");
     assert!(exported("cuIpcGetEventHandle") && exported("cuIpcOpenEventHandle"));
-    assert_eq!(attribute(119, 0), 0, "MEMPOOL_SUPPORTED_HANDLE_TYPES without pool export calls");
-    assert!(!exported("cuMemPoolExportToShareableHandle"));
+    assert_eq!(attribute(119, 0), 1, "MEMPOOL_SUPPORTED_HANDLE_TYPES (POSIX_FD) with pool export calls");
+    assert!(exported("cuMemPoolExportToShareableHandle") && exported("cuMemPoolImportPointer"));
+    assert_eq!(attribute(121, 0), 0, "DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED without array calls");
+    assert!(!exported("cuArrayCreate_v2"));
 }

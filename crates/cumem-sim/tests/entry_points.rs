@@ -250,12 +250,15 @@ fn get_proc_address_returns_the_version_and_stream_variant_asked_for() {
         assert_eq!((r, status), (CUresult::CUDA_SUCCESS, 0), "{name} {version} {flags}");
         assert_eq!(f, symbol_address(symbol), "{name} {version} {flags} should be {symbol}");
     }
-    let (r, f, status) = proc("cuMemPoolExportToShareableHandle", 12080, 0);
+    let (r, f, status) = proc("cuCtxGetCacheConfig", 12080, 0);
     assert_eq!(
         (r, f, status),
         (CUresult::CUDA_ERROR_NOT_FOUND, std::ptr::null_mut(), 1),
-        "pool export is not modelled"
+        "cache configuration is not modelled"
     );
+    let (r, f, status) = proc("cuMemPoolExportToShareableHandle", 12080, 0);
+    assert_eq!((r, status), (CUresult::CUDA_SUCCESS, 0), "pool export is modelled");
+    assert_eq!(f, symbol_address("cuMemPoolExportToShareableHandle"));
     let (r, f, status) = proc("cuNoSuchFunction", 12080, 0);
     assert_eq!((r, f, status), (CUresult::CUDA_ERROR_NOT_FOUND, std::ptr::null_mut(), 1));
     let (r, f, status) = proc("cuMemAllocAsync", 11010, 0);

@@ -238,15 +238,18 @@ fn pool_create_validation() {
     p.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST;
     p.location.id = 0;
     assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE);
-    // MEMPOOL_SUPPORTED_HANDLE_TYPES is 0 while pool export/import is not exported: no handle type.
+    // MEMPOOL_SUPPORTED_HANDLE_TYPES is 1: POSIX_FD only (tests/pool_export.rs exports such pools).
     for handle_type in [
         cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
-        cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_WIN32,
     ] {
         let mut p = props(0, 0);
         p.handleTypes = handle_type;
         assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE, "{handle_type:?} is not supported");
     }
+    let mut p = props(0, 0);
+    p.handleTypes = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    destroy_pool(create(&p));
     let mut p = props(0, 0);
     p.reserved[3] = 1;
     assert_eq!(bad(&p), CUresult::CUDA_ERROR_INVALID_VALUE);

@@ -31,7 +31,7 @@
 //! | [`channel`] | `channel` (default) | host ↔ device message rings for persistent kernels |
 //! | [`vmm`] | `vmm` (default) | virtual memory: reservations, mappings, `GrowableBuffer` |
 //! | [`peer`] | `peer` (default) | multi-GPU topology, peer access, peer copies (direct or staged) |
-//! | `ipc` | `ipc` | device memory and events shared with other processes, descriptors over Unix sockets |
+//! | `ipc` | `ipc` | device memory, pools and events shared with other processes, descriptors over Unix sockets |
 //! | [`driver`] | always; `sim` adds the simulator | choosing the real driver or `cumem-sim` |
 
 // Every public item of cumem-core (and through it cumem-sys's error types and raw bindings), so a

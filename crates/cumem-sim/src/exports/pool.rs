@@ -281,3 +281,106 @@ pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUres
         pool::set_device_pool(&mut st, d, pool as u64)
     })
 }
+
+/// `CUresult cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
+/// CUmemAllocationHandleType handleType, unsigned long long flags)`: for POSIX_FD, writes a new
+/// descriptor (an `int`, the caller's to close) of the pool's memory; another process imports it
+/// with `cuMemPoolImportFromShareableHandle`. Only pools created with POSIX_FD among their
+/// `handleTypes` export (default pools never do: `INVALID_VALUE`, as observed); NULL
+/// `handle_out`, flags ≠ 0, another type or a dead pool give `INVALID_VALUE`.
+///
+/// # Safety
+/// 1. `handle_out` is NULL or valid for writing an `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolExportToShareableHandle(
+    handle_out: *mut c_void,
+    pool: CUmemoryPool,
+    handle_type: std::ffi::c_uint,
+    flags: std::ffi::c_ulonglong,
+) -> CUresult {
+    api::call("cuMemPoolExportToShareableHandle", Init::Required, || {
+        api::non_null(handle_out, "handle_out")?;
+        let fd = pool::shared::export_fd(pool as u64, handle_type, flags)?;
+        // SAFETY: forwarded caller contract (checked non-NULL; POSIX_FD writes an int).
+        unsafe { api::out(handle_out.cast::<c_int>(), fd, "handle_out") }
+    })
+}
+
+/// `CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
+/// CUmemAllocationHandleType handleType, unsigned long long flags)`: for POSIX_FD, `handle` is
+/// the descriptor itself (cast to a pointer), which the caller keeps. The new pool is for
+/// `cuMemPoolImportPointer` only (allocating from it or making it a device's pool gives
+/// `INVALID_VALUE`); destroy it with `cuMemPoolDestroy`. Another type → `NOT_SUPPORTED`; NULL
+/// `pool_out`, flags ≠ 0 or a descriptor that is not an exported pool → `INVALID_VALUE`; a
+/// negative descriptor → `UNKNOWN`.
+///
+/// # Safety
+/// 1. `pool_out` is NULL or valid for writing a `CUmemoryPool`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolImportFromShareableHandle(
+    pool_out: *mut CUmemoryPool,
+    handle: *mut c_void,
+    handle_type: std::ffi::c_uint,
+    flags: std::ffi::c_ulonglong,
+) -> CUresult {
+    api::call("cuMemPoolImportFromShareableHandle", Init::Required, || {
+        api::non_null(pool_out, "pool_out")?;
+        let h = pool::shared::import_fd(handle as usize as i32, handle_type, flags)?;
+        // SAFETY: forwarded caller contract (checked non-NULL).
+        unsafe { api::out(pool_out, h as CUmemoryPool, "pool_out") }
+    })
+}
+
+/// `CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr)`:
+/// the 64 bytes another process passes to `cuMemPoolImportPointer`. `ptr` must be the base of a
+/// live allocation of a pool created with POSIX_FD handle types; anything else (other memory,
+/// an interior pointer, NULL `shareData_out`) gives `INVALID_VALUE`.
+///
+/// # Safety
+/// 1. `share_data_out` is NULL or valid for writing a `CUmemPoolPtrExportData`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolExportPointer(
+    share_data_out: *mut cudarc::driver::sys::CUmemPoolPtrExportData,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    api::call("cuMemPoolExportPointer", Init::Required, || {
+        api::non_null(share_data_out, "shareData_out")?;
+        let bytes = pool::shared::export_pointer(ptr)?;
+        // SAFETY: forwarded caller contract (checked non-NULL).
+        unsafe {
+            api::out(
+                share_data_out,
+                cudarc::driver::sys::CUmemPoolPtrExportData { reserved: bytes },
+                "shareData_out",
+            )
+        }
+    })
+}
+
+/// `CUresult cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+/// CUmemPoolPtrExportData *shareData)`: maps the exported allocation, through `pool` (this
+/// process's import of the exporting pool), at a new address of this process (listed as a
+/// `pool_import` in the live report until freed with `cuMemFree`/`cuMemFreeAsync`, which every
+/// importer must do before the exporter frees it). No current context → `INVALID_CONTEXT`; NULL
+/// pointers, a pool that was not imported, bytes no `cuMemPoolExportPointer` wrote, or a pointer
+/// of another pool → `INVALID_VALUE`.
+///
+/// # Safety
+/// 1. `ptr_out` is NULL or valid for writing a `CUdeviceptr`; `share_data` is NULL or valid for
+///    reading a `CUmemPoolPtrExportData`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolImportPointer(
+    ptr_out: *mut CUdeviceptr,
+    pool: CUmemoryPool,
+    share_data: *mut cudarc::driver::sys::CUmemPoolPtrExportData,
+) -> CUresult {
+    api::call("cuMemPoolImportPointer", Init::Required, || {
+        api::non_null(ptr_out, "ptr_out")?;
+        api::non_null(share_data, "shareData")?;
+        // SAFETY: non-NULL and valid for reading 64 bytes (caller contract).
+        let bytes = unsafe { (*share_data).reserved };
+        let base = pool::shared::import_pointer(pool as u64, &bytes)?;
+        // SAFETY: forwarded caller contract (checked non-NULL).
+        unsafe { api::out(ptr_out, base, "ptr_out") }
+    })
+}

@@ -87,8 +87,14 @@ pub(crate) fn create(st: &mut State, p: &PoolProps) -> Result<u64, Fail> {
     if p.reserved.iter().any(|&b| b != 0) {
         return bad("reserved bytes of CUmemPoolProps must be zero".into());
     }
+    let mut pool = Pool::new(d, false, p.max_size as u64);
+    if p.handle_types & super::shared::POSIX_FD != 0 {
+        let shared =
+            super::shared::SharedPool::create(d).ok_or(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY))?;
+        pool.shared = Some(Box::new(shared));
+    }
     let h = st.new_pool_handle();
-    st.pools.insert(h, Pool::new(d, false, p.max_size as u64));
+    st.pools.insert(h, pool);
     Ok(h)
 }
 
@@ -246,6 +252,12 @@ pub(crate) fn set_device_pool(st: &mut State, d: usize, h: u64) -> ApiResult {
         return Err(Fail::misuse(
             CUresult::CUDA_ERROR_INVALID_VALUE,
             format!("pool {h:#x} belongs to device {}, not device {d}", st.pools[&h].device),
+        ));
+    }
+    if st.pools[&h].shared.as_ref().is_some_and(|s| s.imported) {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("pool {h:#x} was imported from another process and cannot be a device's pool"),
         ));
     }
     st.devices[d].current_pool = h;

@@ -45,6 +45,7 @@
 
 mod admin;
 pub(crate) mod free_map;
+pub(crate) mod shared;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -73,6 +74,8 @@ pub(crate) const PROT_READWRITE: u32 = 3;
 #[derive(Debug)]
 pub(crate) struct Chunk {
     pub(crate) size: u64,
+    /// Where the chunk lies in its exportable pool's memory file (0 for other pools).
+    pub(crate) file_offset: u64,
     /// The chunk's memory; every allocation in the chunk is a view of it (queued work that holds
     /// such a view keeps it mapped after the chunk is released).
     pub(crate) backing: Arc<Backing>,
@@ -102,6 +105,9 @@ pub(crate) struct Pool {
     pub(crate) free: FreeMap,
     /// Access flags of devices other than the owner (absent = PROT_NONE).
     pub(crate) access: BTreeMap<usize, u32>,
+    /// The memory file of a pool created with POSIX_FD handle types, or imported from one
+    /// (`None` for every other pool: their chunks stay anonymous memory).
+    pub(crate) shared: Option<Box<shared::SharedPool>>,
 }
 
 impl Pool {
@@ -123,6 +129,7 @@ impl Pool {
             chunks: BTreeMap::new(),
             free: FreeMap::default(),
             access: BTreeMap::new(),
+            shared: None,
         }
     }
 
@@ -163,7 +170,11 @@ pub(crate) fn settle(st: &mut State, handle: u64) {
     if pool.opportunistic {
         pool.free.settle(|s, q| done_through(streams, s, q));
     }
-    if pool.destroyed && pool.used == 0 && pool.free.all_done(|s, q| done_through(streams, s, q)) {
+    if pool.destroyed
+        && pool.used == 0
+        && !shared::has_imports(pool)
+        && pool.free.all_done(|s, q| done_through(streams, s, q))
+    {
         let mut pool = st.pools.remove(&handle).expect("looked up above");
         let bases: Vec<u64> = pool.chunks.keys().copied().collect();
         for base in bases {
@@ -174,6 +185,9 @@ pub(crate) fn settle(st: &mut State, handle: u64) {
 
 fn release_chunk(st: &mut State, pool: &mut Pool, base: u64) {
     if let Some(chunk) = pool.chunks.remove(&base) {
+        if let Some(shared) = &pool.shared {
+            shared.release(chunk.file_offset, chunk.size);
+        }
         pool.free.remove_chunk(base);
         let dev = &mut st.devices[pool.device];
         dev.used -= chunk.size;
@@ -302,13 +316,18 @@ fn allocate_in(
     let (addr, wait) = match place(st, pool, need, sid)? {
         Placement::Blocks { addr, wait } => (addr, wait),
         Placement::Grow(size) => {
-            let backing = Arc::new(usize::try_from(size).ok().and_then(Backing::new).ok_or_else(oom)?);
+            let len = usize::try_from(size).map_err(|_| oom())?;
+            let (backing, file_offset) = match &mut pool.shared {
+                None => (Backing::new(len), 0),
+                Some(shared) => shared.grow(size).map_or((None, 0), |(b, off)| (Some(b), off)),
+            };
+            let backing = Arc::new(backing.ok_or_else(oom)?);
             let dev = &mut st.devices[pool.device];
             let base = dev.va.allocate(size, CHUNK_ALIGN).ok_or_else(oom)?;
             dev.used += size;
             pool.reserved += size;
             pool.reserved_high = pool.reserved_high.max(pool.reserved);
-            pool.chunks.insert(base, Chunk { size, backing });
+            pool.chunks.insert(base, Chunk { size, file_offset, backing });
             pool.free.add_chunk(base, size);
             (base, None)
         }
@@ -350,6 +369,9 @@ fn allocate_in(
 /// pool; `tag`: the stream-ordered free that releases it (`None`: usable by every stream now).
 pub(crate) fn release_block(st: &mut State, a: &Allocation, tag: Option<(u64, u64)>) {
     let Some(pool) = st.pools.get_mut(&a.pool) else { return };
+    if pool.shared.is_some() {
+        shared::report_live_imports(pool, a.base);
+    }
     if let Some(size) = pool.free.release(a.base, tag) {
         pool.used -= size;
     }
@@ -367,14 +389,21 @@ pub(crate) fn allocate_async(st: &mut State, pool: Option<u64>, bytes: u64, sid:
             st.devices[d].current_pool
         }
     };
-    supported(st, st.pools[&handle].device)?;
+    let p = &st.pools[&handle];
+    supported(st, p.device)?;
+    if p.shared.as_ref().is_some_and(|s| s.imported) {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("pool {handle:#x} was imported from another process: import pointers, do not allocate"),
+        ));
+    }
     if bytes == 0 { Ok(0) } else { allocate(st, handle, bytes, sid) }
 }
 
 /// `cuMemFreeAsync(dptr, sid)` for a non-zero `dptr` and the resolved stream `sid`.
 pub(crate) fn free_async(st: &mut State, dptr: u64, sid: u64) -> Result<(), Fail> {
     let a = match st.find_alloc(dptr) {
-        Some(a) if a.base == dptr && a.kind == AllocKind::Pool => a.clone(),
+        Some(a) if a.base == dptr && matches!(a.kind, AllocKind::Pool | AllocKind::PoolImport) => a.clone(),
         Some(a) if a.base != dptr => {
             return Err(Fail::misuse(
                 CUresult::CUDA_ERROR_INVALID_VALUE,

@@ -177,7 +177,7 @@ int main(void) {
     CHECK(cuGetProcAddress_v2("cuMemAddressReserve", &fn, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &status),
           CUDA_SUCCESS);
     EXPECT(status == 0 && fn != NULL);
-    CHECK(cuGetProcAddress_v2("cuMemPoolExportToShareableHandle", &fn, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &status),
+    CHECK(cuGetProcAddress_v2("cuCtxGetCacheConfig", &fn, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &status),
           CUDA_ERROR_NOT_FOUND);
     EXPECT(fn == NULL && status == 1);
 

@@ -1,0 +1,202 @@
+//! [`ImportedPool`]: another process's [`ShareablePool`](crate::ShareablePool), imported here to
+//! import pointers from it.
+//!
+//! The importing side of a pool export: the descriptor arrives over a Unix socket
+//! ([`fd_passing::recv_fds`](crate::fd_passing::recv_fds)), the pointer bytes over any channel.
+//! The complete two-process example is the test `crates/cumem-ipc/tests/pool_two_processes.rs`;
+//! in one process it looks like this (the driver documents no refusal of a same-process import,
+//! and the simulator allows it):
+//!
+//! ```
+//! # cumem_sys::testing::init();
+//! use std::sync::Arc;
+//! use cumem_core::{Device, DeviceBuffer, Stream};
+//! use cumem_ipc::{ImportedPool, PoolPointerExport, ShareablePool};
+//! let device = Device::get(0)?;
+//! let ctx = device.context()?;
+//! let stream = Stream::new(&ctx)?;
+//! let pool = Arc::new(ShareablePool::new(&ctx)?);
+//! let data: Vec<u32> = (0..256).collect();
+//! let buf = DeviceBuffer::from_slice_in(&pool, &stream, &data)?;
+//! buf.order().synchronize()?; // the importer may read at once
+//! let wire = pool.export_pointer(&buf)?.to_bytes();
+//! let fd = pool.export_fd()?;
+//! // The importing side:
+//! let imported = ImportedPool::from_fd(&device, &fd)?;
+//! let export = PoolPointerExport::from_bytes(&wire)?;
+//! // SAFETY: `buf` outlives the import (dropped first below) and nothing else writes it meanwhile.
+//! let view = unsafe { imported.import_pointer::<u32>(&export, &stream)? };
+//! assert_eq!(view.as_slice().to_vec()?, data);
+//! drop(view); // every importer frees before the exporter frees
+//! drop(buf);
+//! # Ok::<(), cumem_core::Error>(())
+//! ```
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cumem_core::sys::CUmemoryPool;
+use cumem_core::{Context, Device, Error, ErrorContext, Feature, Result, Stream};
+
+use crate::imported::Source;
+use crate::{ImportedBuffer, PoolPointerExport, ffi, live_imports};
+
+/// The imported pool itself, destroyed when the [`ImportedPool`] and every buffer imported through
+/// it are gone.
+pub(crate) struct PoolHandle {
+    ctx: Context,
+    raw: CUmemoryPool,
+}
+
+// SAFETY: a CUmemoryPool is an opaque handle the driver lets any thread use; it is never
+// dereferenced.
+unsafe impl Send for PoolHandle {}
+// SAFETY: as above; the driver synchronises its own use of the handle.
+unsafe impl Sync for PoolHandle {}
+
+impl Drop for PoolHandle {
+    fn drop(&mut self) {
+        if let Err(e) = self.ctx.bind() {
+            tracing::warn!(error = %e, "cumem-ipc: cannot bind an imported pool's context; it leaks");
+            return;
+        }
+        // SAFETY: imported in `ImportedPool::from_fd`, destroyed only here, after the last
+        // imported buffer (each holds this handle) was freed.
+        if let Err(e) = unsafe { ffi::pool_destroy(self.raw) } {
+            tracing::warn!(error = %e, "cumem-ipc: destroying an imported pool failed");
+        }
+    }
+}
+
+/// Another process's shareable pool, imported in this process. It serves no allocations (the
+/// driver refuses them); it turns [`PoolPointerExport`]s into [`ImportedBuffer`]s. Dropping it
+/// while imported buffers live is fine: the pool goes with the last of them.
+pub struct ImportedPool {
+    inner: Arc<PoolHandle>,
+}
+
+impl ImportedPool {
+    /// Imports the pool whose descriptor `fd` is (from [`ShareablePool::export_fd`](crate::ShareablePool::export_fd),
+    /// received over a Unix socket) on `device`, in its primary context. The caller keeps `fd`
+    /// (close it once imported). A descriptor that is not an exported pool gives
+    /// [`Error::InvalidValue`]; a device without memory pools, [`Error::NotSupported`].
+    pub fn from_fd(device: &Device, fd: impl AsFd) -> Result<ImportedPool> {
+        device.capabilities()?.require(Feature::MemoryPools)?;
+        let ctx = device.context()?;
+        ctx.bind()?;
+        let raw = ffi::pool_import_fd(fd.as_fd())?;
+        Ok(ImportedPool { inner: Arc::new(PoolHandle { ctx, raw }) })
+    }
+
+    /// The driver's handle of the imported pool; valid while `self` lives.
+    pub fn raw(&self) -> CUmemoryPool {
+        self.inner.raw
+    }
+
+    /// The context the pool was imported in.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// Imports the exported buffer as `bytes() / size_of::<T>()` elements whose first use is on
+    /// `stream` (a stream of the pool's context, else [`Error::WrongDevice`]). The returned
+    /// buffer frees the import when dropped, after waiting for this process's work on it.
+    ///
+    /// Bytes exported from another pool, or memory the exporter already freed, give the driver's
+    /// [`Error::InvalidValue`]; a size that is not a whole number of `T`s or an offset not
+    /// aligned for `T`, [`Error::Misaligned`]; a buffer outside the allocation the driver maps,
+    /// [`Error::InvalidValue`]. Importing memory that is already imported here (the driver
+    /// returning the address of a live [`ImportedBuffer`]) gives [`Error::AlreadyMapped`].
+    ///
+    /// # Safety
+    ///
+    /// Neither the memory's lifetime nor the other processes' accesses to it can be checked from
+    /// here, so the caller promises:
+    ///
+    /// 1. The exporter keeps the buffer alive, and does not free it (its pool would reuse the
+    ///    memory for its next allocation), until the returned [`ImportedBuffer`] is dropped: every
+    ///    importer frees an imported pointer before the exporter frees it, as the driver
+    ///    requires. Using an import of freed memory is undefined behaviour on a GPU.
+    /// 2. Other processes' accesses to the memory are ordered with this process's, through an
+    ///    [`IpcEvent`](crate::IpcEvent) or the program's own protocol: no other process writes
+    ///    it while this one reads or writes it, nor reads it while this one writes it.
+    ///
+    /// Safe code cannot import a pointer:
+    ///
+    /// ```compile_fail,E0133
+    /// fn import_it(pool: &cumem_ipc::ImportedPool, e: &cumem_ipc::PoolPointerExport, s: &cumem_core::Stream) {
+    ///     let _ = pool.import_pointer::<u32>(e, s);
+    /// }
+    /// ```
+    pub unsafe fn import_pointer<T: Pod>(
+        &self,
+        export: &PoolPointerExport,
+        stream: &Stream,
+    ) -> Result<ImportedBuffer<T>> {
+        let ctx = &self.inner.ctx;
+        if stream.context() != ctx {
+            return Err(Error::WrongDevice {
+                expected: ctx.device().ordinal() as i32,
+                actual: stream.context().device().ordinal() as i32,
+            });
+        }
+        // The offset and size are untrusted bytes: check what needs no driver first, so that a
+        // forged export neither overflows nor leaves an import behind.
+        let (offset, bytes) = (export.offset(), export.bytes() as u64);
+        let size = std::mem::size_of::<T>().max(1);
+        if !bytes.is_multiple_of(size as u64) {
+            return Err(Error::Misaligned { what: "exported size", value: bytes, align: size as u64 });
+        }
+        let align = std::mem::align_of::<T>() as u64;
+        if !offset.is_multiple_of(align) {
+            return Err(Error::Misaligned { what: "exported offset", value: offset, align });
+        }
+        let Some(end) = offset.checked_add(bytes) else {
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op("ImportedPool::import_pointer (offset + size overflows)")
+                    .bytes(export.bytes()),
+            });
+        };
+        ctx.bind()?;
+        let base = ffi::pool_import_pointer(self.inner.raw, export.raw())?;
+        if !live_imports::claim(ctx.raw(), base) {
+            // The address belongs to a live import here; freeing it would free that one.
+            return Err(Error::AlreadyMapped {
+                ctx: ErrorContext::op(
+                    "ImportedPool::import_pointer (already imported in this context; drop the other ImportedBuffer first)",
+                )
+                .bytes(export.bytes()),
+            });
+        }
+        // Built before any further fallible step, so that every error path below frees the import
+        // (by dropping it). The pointer wraps rather than panics on a forged offset; it is used
+        // only once the range check below has passed.
+        let import = ImportedBuffer::new(
+            base,
+            base.wrapping_add(offset),
+            export.bytes() / size,
+            stream,
+            Source::Pool { _pool: Arc::clone(&self.inner) },
+        );
+        let (_, mapped) = ffi::address_range(base)?;
+        if end > mapped as u64 {
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op(
+                    "ImportedPool::import_pointer (buffer outside the exported allocation)",
+                )
+                .bytes(export.bytes()),
+            });
+        }
+        Ok(import)
+    }
+}
+
+impl std::fmt::Debug for ImportedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedPool")
+            .field("device", &self.inner.ctx.device().ordinal())
+            .field("raw", &self.inner.raw)
+            .finish()
+    }
+}

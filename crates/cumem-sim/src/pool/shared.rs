@@ -1,0 +1,446 @@
+//! Pools shared with other processes: `cuMemPoolExportToShareableHandle`,
+//! `cuMemPoolImportFromShareableHandle`, `cuMemPoolExportPointer`, `cuMemPoolImportPointer`.
+//!
+//! A pool created with `handleTypes = POSIX_FD` keeps all its chunks in one memory file: a
+//! header page, then each chunk at its own page-aligned offset (the file grows as chunks are
+//! reserved; it is sparse, so untouched bytes cost nothing). Its exported descriptor is a
+//! duplicate of that file, so an importer can map any part of it; the 64 bytes of a pointer
+//! export name the file (its inode), the block's offset in it and its size.
+//!
+//! ```text
+//! exporter                                   importer
+//! cuMemPoolCreate(POSIX_FD)   -> file
+//! cuMemPoolExportToShareableHandle -> dup(fd) ==SCM_RIGHTS==> cuMemPoolImportFromShareableHandle
+//! cuMemAllocFromPoolAsync     -> block at (chunk offset + delta)
+//! cuMemPoolExportPointer      -> 64 bytes   ==any channel==>  cuMemPoolImportPointer: maps the
+//!                                                             block's pages, a `pool_import`
+//! ```
+//!
+//! Pools created without handle types never touch any of this: their chunks stay anonymous
+//! memory and their allocation path has no extra syscall or lock.
+//!
+//! The driver's contract puts the burden on the program: every importer frees an imported
+//! pointer before the exporter frees it. The header page counts live imports per block (slots of
+//! `(offset, count)` updated atomically by every process that maps the file), so the exporter's
+//! free of a block that is still imported somewhere is recorded as a violation; the free still
+//! succeeds and the pool may hand the same bytes to a new allocation while the importer maps them
+//! (as on a GPU). A chunk released back to the device has its pages punched out of the file: an
+//! importer that still maps them reads zeros from then on, never a fault. Imports beyond the
+//! header's slots (252 distinct blocks at once) are not counted.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys::CUresult;
+
+use super::{Pool, lookup, supported};
+use crate::api::Fail;
+use crate::memory::{AllocKind, Allocation, Backing};
+use crate::state::{SIM, State};
+use crate::violation::{self, Violation};
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub(crate) const POSIX_FD: u32 = 0x1;
+/// Bytes of `CUmemPoolPtrExportData`.
+pub(crate) const EXPORT_SIZE: usize = 64;
+const PAGE: u64 = 4096;
+const FILE_MAGIC: &[u8; 8] = b"cumempl\0";
+const PTR_MAGIC: &[u8; 8] = b"cumemptr";
+
+fn invalid(message: String) -> Fail {
+    Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, message)
+}
+
+/// The memory file of an exportable pool (or of an imported one).
+#[derive(Debug)]
+pub(crate) struct SharedPool {
+    file: OwnedFd,
+    /// The file's inode: the pool's identity across processes.
+    ino: u64,
+    /// Where the next chunk goes in the file (offsets are never reused: a released chunk's pages
+    /// are punched out, so the sparse file costs only what is reserved).
+    next_offset: u64,
+    /// Imported from another process: pointers are imported through it, never allocated.
+    pub(crate) imported: bool,
+    /// The file's header page, mapped: its slots count the live imports of each block, across
+    /// every process that imported the pool.
+    header: Arc<Backing>,
+    /// In an imported pool: the pointers imported through it, by their address here (each holds
+    /// one count in the header until it is freed).
+    imports: BTreeMap<u64, ImportTicket>,
+}
+
+/// First byte of the import slots in the header page.
+const SLOTS_AT: usize = 64;
+/// Import slots: `(block offset, live imports)`, two `u64`s each; offset 0 is an empty slot (no
+/// block starts there: the header page does).
+const SLOTS: usize = (PAGE as usize - SLOTS_AT) / 16;
+
+fn slot(header: &Backing, i: usize) -> (&AtomicU64, &AtomicU64) {
+    debug_assert!(i < SLOTS);
+    // SAFETY: the header page is PAGE bytes, page aligned and mapped for as long as `header`;
+    // slot `i` lies inside it, 8-byte aligned; every process touches these words only atomically.
+    unsafe {
+        let at = header.as_ptr().add(SLOTS_AT + 16 * i).cast::<u64>();
+        (AtomicU64::from_ptr(at), AtomicU64::from_ptr(at.add(1)))
+    }
+}
+
+/// One live import of a block, counted in the pool file's header until dropped.
+#[derive(Debug)]
+struct ImportTicket {
+    header: Arc<Backing>,
+    slot: usize,
+}
+
+impl ImportTicket {
+    /// Counts an import of the block at `offset`; `None` when every slot holds another block
+    /// (the import is then not tracked: the exporter's free cannot report it).
+    fn take(header: &Arc<Backing>, offset: u64) -> Option<Self> {
+        for i in 0..SLOTS {
+            let (key, count) = slot(header, i);
+            let found = match key.compare_exchange(0, offset, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => true,
+                Err(current) => current == offset,
+            };
+            if found {
+                count.fetch_add(1, Ordering::SeqCst);
+                return Some(Self { header: Arc::clone(header), slot: i });
+            }
+        }
+        None
+    }
+}
+
+impl Drop for ImportTicket {
+    fn drop(&mut self) {
+        slot(&self.header, self.slot).1.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `(inode, size)` of an open file.
+fn stat(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
+    // SAFETY: `stat` is plain data, fully written by a successful fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` a valid out-pointer.
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some((st.st_ino, st.st_size as u64))
+}
+
+/// A close-on-exec duplicate of `fd`, or `None`.
+fn dup(fd: BorrowedFd<'_>) -> Option<OwnedFd> {
+    // SAFETY: `fd` is open; F_DUPFD_CLOEXEC returns a new descriptor or -1.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    // SAFETY: `n` was just created and is owned by nothing else.
+    (n >= 0).then(|| unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+impl SharedPool {
+    /// A new memory file for a pool of device `device`: the header page only.
+    pub(crate) fn create(device: usize) -> Option<Self> {
+        // SAFETY: a NUL-terminated name; the result is checked before use.
+        let fd = unsafe { libc::memfd_create(c"cumem-sim-pool".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        let file = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut header = [0u8; 16];
+        header[..8].copy_from_slice(FILE_MAGIC);
+        header[8..12].copy_from_slice(&u32::try_from(device).ok()?.to_le_bytes());
+        // SAFETY: `header` is readable for its length; `file` is open.
+        let n = unsafe { libc::pwrite(file.as_raw_fd(), header.as_ptr().cast(), header.len(), 0) };
+        if n != header.len() as isize {
+            return None;
+        }
+        // SAFETY: `file` is open; a page-long memory file reads as zeros past what was written.
+        if unsafe { libc::ftruncate(file.as_raw_fd(), PAGE as libc::off_t) } != 0 {
+            return None;
+        }
+        Self::open(file, false)
+    }
+
+    /// The pool of memory file `file` (already holding its header page).
+    fn open(file: OwnedFd, imported: bool) -> Option<Self> {
+        let (ino, _) = stat(file.as_fd())?;
+        let header = Arc::new(Backing::from_file_at(&file, 0, PAGE as usize)?);
+        Some(Self { file, ino, next_offset: PAGE, imported, header, imports: BTreeMap::new() })
+    }
+
+    /// A new chunk of `size` bytes at the end of the file: its mapping and file offset.
+    pub(crate) fn grow(&mut self, size: u64) -> Option<(Backing, u64)> {
+        let offset = self.next_offset;
+        let end = offset.checked_add(size)?;
+        // SAFETY: `file` is open; growing a memory file allocates nothing until touched.
+        if unsafe { libc::ftruncate(self.file.as_raw_fd(), libc::off_t::try_from(end).ok()?) } != 0 {
+            return None;
+        }
+        let backing = Backing::from_file_at(&self.file, offset, usize::try_from(size).ok()?)?;
+        self.next_offset = end;
+        Some((backing, offset))
+    }
+
+    /// Gives the pages of a released chunk back to the kernel.
+    pub(crate) fn release(&self, offset: u64, size: u64) {
+        // SAFETY: `file` is open; punching a hole only discards the file's pages in the range
+        // (mappings of it read zeros afterwards). A refusal only keeps the pages until the pool
+        // file is closed: nothing to report.
+        unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                size as libc::off_t,
+            );
+        }
+    }
+}
+
+/// The exportable (created, not imported) pool `h`, or `INVALID_VALUE`.
+fn exportable(pool: &Pool, h: u64) -> Result<&SharedPool, Fail> {
+    match &pool.shared {
+        Some(s) if !s.imported => Ok(s),
+        Some(_) => Err(invalid(format!("pool {h:#x} was imported; only its creator exports it"))),
+        None => Err(invalid(format!(
+            "pool {h:#x} was not created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (default \
+             pools never are)"
+        ))),
+    }
+}
+
+/// `cuMemPoolExportToShareableHandle` for POSIX descriptors: a new close-on-exec descriptor of
+/// the pool's memory file per call. A dead handle, non-zero flags, a type other than POSIX_FD,
+/// or a pool created without it (a default pool, say) give `INVALID_VALUE`.
+pub(crate) fn export_fd(h: u64, handle_type: u32, flags: u64) -> Result<i32, Fail> {
+    let st = SIM.st.lock();
+    let h = lookup(&st, h)?;
+    if flags != 0 {
+        return Err(invalid(format!("cuMemPoolExportToShareableHandle flags {flags:#x} must be 0")));
+    }
+    if handle_type != POSIX_FD {
+        return Err(invalid(format!("handle type {handle_type:#x}: only POSIX_FD (1) is exported")));
+    }
+    let shared = exportable(&st.pools[&h], h)?;
+    let file = dup(shared.file.as_fd()).ok_or(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY))?;
+    // The caller owns the new descriptor from here on.
+    Ok(std::os::fd::IntoRawFd::into_raw_fd(file))
+}
+
+/// `cuMemPoolImportFromShareableHandle` for POSIX descriptors: a new pool handle of this process
+/// over the pool file `fd` names (the caller keeps `fd`), for importing pointers only. Another
+/// handle type → `NOT_SUPPORTED` (as observed); flags ≠ 0 → `INVALID_VALUE`; a negative
+/// descriptor → `UNKNOWN` (what the H100 answered for `cuMemImportFromShareableHandle(-1)`, the
+/// same descriptor path); a descriptor that is not an exported pool → `INVALID_VALUE`; a device
+/// this process does not have → `INVALID_DEVICE`.
+pub(crate) fn import_fd(fd: i32, handle_type: u32, flags: u64) -> Result<u64, Fail> {
+    if handle_type != POSIX_FD {
+        return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_SUPPORTED));
+    }
+    if flags != 0 {
+        return Err(invalid(format!("cuMemPoolImportFromShareableHandle flags {flags:#x} must be 0")));
+    }
+    if fd < 0 {
+        return Err(Fail::misuse(CUresult::CUDA_ERROR_UNKNOWN, format!("file descriptor {fd}")));
+    }
+    // SAFETY: the caller's descriptor is only borrowed for this call; a closed number makes the
+    // reads below fail.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let mut header = [0u8; 16];
+    // SAFETY: `header` is writable for its length; a bad descriptor makes pread fail.
+    let n = unsafe { libc::pread(fd, header.as_mut_ptr().cast(), header.len(), 0) };
+    let not_pool = || {
+        invalid(format!("file descriptor {fd} is not a pool exported by cuMemPoolExportToShareableHandle"))
+    };
+    if n != header.len() as isize || &header[..8] != FILE_MAGIC {
+        return Err(not_pool());
+    }
+    stat(borrowed).ok_or_else(not_pool)?;
+    let device = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes")) as usize;
+    let mut st = SIM.st.lock();
+    if device >= st.devices.len() {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_DEVICE,
+            format!("the exported pool is on device {device}, which this process does not have"),
+        ));
+    }
+    supported(&st, device)?;
+    let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    let file = dup(borrowed).ok_or_else(oom)?;
+    let mut pool = Pool::new(device, false, 0);
+    pool.shared = Some(Box::new(SharedPool::open(file, true).ok_or_else(oom)?));
+    let h = st.new_pool_handle();
+    st.pools.insert(h, pool);
+    Ok(h)
+}
+
+/// A decoded `CUmemPoolPtrExportData`.
+struct PtrExport {
+    pid: u32,
+    ino: u64,
+    offset: u64,
+    bytes: u64,
+}
+
+impl PtrExport {
+    fn encode(&self) -> [u8; EXPORT_SIZE] {
+        let mut b = [0u8; EXPORT_SIZE];
+        b[..8].copy_from_slice(PTR_MAGIC);
+        b[8..12].copy_from_slice(&self.pid.to_le_bytes());
+        b[16..24].copy_from_slice(&self.ino.to_le_bytes());
+        b[24..32].copy_from_slice(&self.offset.to_le_bytes());
+        b[32..40].copy_from_slice(&self.bytes.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; EXPORT_SIZE]) -> Result<Self, Fail> {
+        if &b[..8] != PTR_MAGIC {
+            return Err(invalid("not pointer export data made by cuMemPoolExportPointer".into()));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok(Self {
+            pid: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+            ino: u64_at(16),
+            offset: u64_at(24),
+            bytes: u64_at(32),
+        })
+    }
+}
+
+/// `cuMemPoolExportPointer`: the 64 bytes naming the allocation that starts at `dptr`, which
+/// must be a live allocation of a pool created with POSIX_FD handle types. Anything else (other
+/// memory, a pool without handle types, an imported pointer, an interior pointer: a simulator
+/// choice, the driver's answer is not documented) gives `INVALID_VALUE`.
+pub(crate) fn export_pointer(dptr: u64) -> Result<[u8; EXPORT_SIZE], Fail> {
+    let st = SIM.st.lock();
+    let a = match st.find_alloc(dptr) {
+        Some(a) if a.kind == AllocKind::Pool && a.base == dptr => a,
+        Some(a) if a.kind == AllocKind::Pool => {
+            return Err(invalid(format!(
+                "{dptr:#x} is an interior pointer of the pool allocation at {:#x}; export its base",
+                a.base
+            )));
+        }
+        Some(a) => {
+            return Err(invalid(format!(
+                "{dptr:#x} is {} memory, not an allocation of an exportable pool",
+                a.kind.report_name()
+            )));
+        }
+        None => return Err(invalid(format!("{dptr:#x} is not a live allocation"))),
+    };
+    let pool = st.pools.get(&a.pool).ok_or_else(|| invalid(format!("{dptr:#x}: its pool is gone")))?;
+    let shared = exportable(pool, a.pool)?;
+    let (&chunk_base, chunk) = pool.chunks.range(..=dptr).next_back().expect("a pool block lies in a chunk");
+    let offset = chunk.file_offset + (dptr - chunk_base);
+    Ok(PtrExport { pid: std::process::id(), ino: shared.ino, offset, bytes: a.bytes }.encode())
+}
+
+/// `cuMemPoolImportPointer`: maps the block `data` names through the imported pool `h` into
+/// the current context's address space; free it with `cuMemFree` or `cuMemFreeAsync`. No
+/// current context → `INVALID_CONTEXT`; a dead handle, a pool that was not imported, bytes no
+/// `cuMemPoolExportPointer` wrote, or a pointer of another pool → `INVALID_VALUE`.
+pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fail> {
+    let mut st = SIM.st.lock();
+    let (ctx, _) = crate::context::current_ctx(&st)?;
+    let h = lookup(&st, h)?;
+    let pool = &st.pools[&h];
+    let Some(shared) = pool.shared.as_ref().filter(|s| s.imported) else {
+        return Err(invalid(format!(
+            "pool {h:#x} was not imported (cuMemPoolImportFromShareableHandle): pointers are imported \
+             through the importing process's handle of the exported pool"
+        )));
+    };
+    let e = PtrExport::decode(data)?;
+    if e.ino != shared.ino {
+        return Err(invalid(format!(
+            "the pointer was exported from another pool (of process {}) than pool {h:#x}",
+            e.pid
+        )));
+    }
+    // The offset and size are untrusted bytes: a mapping past the file's end would fault
+    // (SIGBUS) on first touch.
+    let (_, len) = stat(shared.file.as_fd()).ok_or_else(|| invalid("the pool file is unreadable".into()))?;
+    let end = e.offset.checked_add(e.bytes).filter(|&end| e.bytes > 0 && e.offset >= PAGE && end <= len);
+    let Some(end) = end else {
+        return Err(invalid(format!(
+            "the export names [{:#x}, +{}) of a pool file of {len} bytes",
+            e.offset, e.bytes
+        )));
+    };
+    let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    let first = e.offset / PAGE * PAGE;
+    let map_len = usize::try_from(end.next_multiple_of(PAGE) - first).map_err(|_| oom())?;
+    let pages = Arc::new(Backing::from_file_at(&shared.file, first, map_len).ok_or_else(oom)?);
+    let backing = Backing::view(&pages, (e.offset - first) as usize, e.bytes as usize).ok_or_else(oom)?;
+    let device = pool.device;
+    let ticket = ImportTicket::take(&shared.header, e.offset);
+    let base = st.devices[device].va.allocate(e.bytes, 512).ok_or_else(oom)?;
+    if let Some(ticket) = ticket {
+        let shared = st.pools.get_mut(&h).and_then(|p| p.shared.as_mut()).expect("looked up above");
+        shared.imports.insert(base, ticket);
+    }
+    let buffer_id = st.next_buffer_id;
+    st.next_buffer_id += 1;
+    st.allocs.insert(
+        base,
+        Arc::new(Allocation {
+            kind: AllocKind::PoolImport,
+            base,
+            bytes: e.bytes,
+            charged: 0,
+            device: device as i32,
+            ctx,
+            buffer_id,
+            host_flags: 0,
+            pool: h,
+            backing,
+            freed: OnceLock::new(),
+        }),
+    );
+    Ok(base)
+}
+
+/// Ends the count of an imported pointer being freed (`a`, of kind `PoolImport`), and lets its
+/// imported pool go if it was destroyed and this was its last import.
+pub(crate) fn forget_import(st: &mut State, a: &Allocation) {
+    if let Some(shared) = st.pools.get_mut(&a.pool).and_then(|p| p.shared.as_mut()) {
+        shared.imports.remove(&a.base);
+    }
+    super::settle(st, a.pool);
+}
+
+/// Whether an imported pool still has imported pointers (a destroyed one waits for them).
+pub(crate) fn has_imports(pool: &Pool) -> bool {
+    pool.shared.as_ref().is_some_and(|s| !s.imports.is_empty())
+}
+
+/// Records a violation when the exporter frees the allocation at `base` of exportable pool
+/// `pool` while imports of it live in any process (the driver requires every importer to free
+/// first; a GPU would hand the memory to the pool's next allocation under the importer).
+pub(crate) fn report_live_imports(pool: &Pool, base: u64) {
+    let Some(shared) = pool.shared.as_ref().filter(|s| !s.imported) else { return };
+    let Some((&chunk_base, chunk)) = pool.chunks.range(..=base).next_back() else { return };
+    let offset = chunk.file_offset + (base - chunk_base);
+    let live: u64 = (0..SLOTS)
+        .map(|i| slot(&shared.header, i))
+        .filter(|(key, _)| key.load(Ordering::SeqCst) == offset)
+        .map(|(_, count)| count.load(Ordering::SeqCst))
+        .sum();
+    if live == 0 {
+        return;
+    }
+    let (function, os_tid) = crate::api::caller();
+    let ok = CUresult::CUDA_SUCCESS;
+    violation::record(Violation {
+        function: function.to_string(),
+        code: ok as u32,
+        code_name: crate::errors::name_str(ok).to_string(),
+        message: format!(
+            "pool allocation {base:#x} freed by its exporter while {live} import(s) of it \
+             (cuMemPoolImportPointer) are live: every importer must free it first; the pool may \
+             hand these bytes to its next allocation while they are still imported"
+        ),
+        os_tid,
+    });
+}
