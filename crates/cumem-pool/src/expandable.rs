@@ -261,12 +261,8 @@ pub(crate) fn grow(
         None => {
             let wanted = reservation.unwrap_or_else(|| up.reservation_bytes()) as u64;
             // A block larger than the configured reservation gets a reservation of its own size.
-            let Some(len) = req
-                .size
-                .checked_add(req.align)
-                .and_then(|b| b.max(wanted).checked_next_multiple_of(chunk))
-                .map(|l| l.max(chunk))
-            else {
+            // `need` covers the block at any chunk-aligned base (alignment padding included).
+            let Some(len) = req.need.max(wanted).checked_next_multiple_of(chunk).map(|l| l.max(chunk)) else {
                 return Ok(Grown::OutOfAddressSpace { reservation: u64::MAX });
             };
             let base = match up.reserve(len as usize) {
@@ -443,8 +439,11 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
         if bytes == 0 {
             continue;
         }
-        let set = guards[i].set(kind);
-        set.remove(addr);
+        guards[i].set(kind).remove(addr);
+        // The pieces around the new gap go to the arena that grows the segment, so that mapping
+        // the gap again joins them: after the synchronisation they are safe for every stream.
+        let owner = segs.expandable.segs.get(&seg.base).map_or(i, |e| e.owner.0);
+        let set = guards[if owner < guards.len() { owner } else { i }].set(kind);
         if addr < bottom {
             set.insert(addr, bottom - addr, seg);
         }

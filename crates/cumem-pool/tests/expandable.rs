@@ -319,3 +319,40 @@ fn dropping_the_pool_unmaps_and_releases_everything() {
     assert_eq!((up.live_bytes(), up.reservations().len()), (0, 0));
     assert!(up.violations().is_empty(), "{:?}", up.violations());
 }
+
+/// No segment has room and the upstream refuses another reservation: the error says so (not out
+/// of memory) and names the reservation size; once a block is freed, the pool serves the request.
+#[test]
+fn a_refused_reservation_is_reported_as_address_space_exhaustion() {
+    let up = Arc::new(HostUpstream::new(1 << 30));
+    up.limit_address_space(8 << 20);
+    let config = PoolConfig { expandable_reservation_bytes: Some(4 << 20), ..expandable() };
+    let p = CachingPool::new(up.clone(), Arc::new(HostOrdering::new()), config);
+    let a = p.allocate(3 * MIB, 512, 0).unwrap();
+    let b = p.allocate(3 * MIB, 512, 0).unwrap(); // the first segment is full: a second one
+    assert_eq!(up.reservations().len(), 2);
+    let err = p.allocate(3 * MIB, 512, 0).unwrap_err();
+    assert_eq!(
+        err,
+        PoolError::AddressSpaceExhausted {
+            requested: 3 * MIB,
+            reservation_bytes: 4 << 20,
+            segments: 2,
+            reserved_address_space: 8 << 20,
+            mapped: 8 << 20,
+        }
+    );
+    let text = err.to_string();
+    assert!(text.starts_with("out of address space") && text.contains("4.00 MiB"), "{text}");
+    assert!(text.contains("PoolConfig::expandable_reservation_bytes"), "{text}");
+    assert_eq!(p.stats().oom_errors, 1);
+    p.deallocate(a, 0).unwrap();
+    let c = p.allocate(3 * MIB, 512, 0).unwrap();
+    p.validate().unwrap();
+    for blk in [b, c] {
+        p.deallocate(blk, 0).unwrap();
+    }
+    p.trim().unwrap();
+    assert_eq!((up.live_bytes(), up.reservations().len()), (0, 0));
+    assert!(up.violations().is_empty(), "{:?}", up.violations());
+}
