@@ -81,8 +81,9 @@ pub trait Upstream: Send + Sync {
 pub trait ExpandableUpstream: Send + Sync {
     /// The mapping granularity in bytes: physical memory is mapped and unmapped in whole chunks.
     fn chunk_bytes(&self) -> usize;
-    /// Bytes of address space each expandable segment reserves: the most it can grow to (for a
-    /// device, its memory size, as PyTorch does).
+    /// Bytes of address space each expandable segment reserves unless
+    /// [`PoolConfig::expandable_reservation_bytes`](crate::PoolConfig::expandable_reservation_bytes)
+    /// says otherwise: the most one segment can grow to (for a device, its memory size, as PyTorch does).
     fn reservation_bytes(&self) -> usize;
     /// Reserves `bytes` of address space and returns its base.
     ///

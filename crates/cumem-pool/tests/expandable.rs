@@ -1,8 +1,10 @@
 //! Expandable segments on the host model: the mapped part of a stream's segment grows and shrinks
-//! in whole chunks at its end, trim gives back exactly the whole free chunks, each stream grows its
-//! own segment, memory still moves between streams only behind a wait, the out-of-memory ladder
-//! unmaps other streams' free tails and grows from its segment's free tail wherever it is cached,
-//! and an upstream without mapping falls back to segments.
+//! in whole chunks, trim gives back exactly the whole free chunks (in holes between live blocks
+//! too), a hole is mapped again where growth needs the fewest chunks, a full segment is followed by
+//! a second reservation and a refused one is an address-space error, each stream grows its own
+//! segment, memory still moves between streams only behind a wait, the out-of-memory ladder unmaps
+//! other streams' free tails and grows from its segment's free tail wherever it is cached, and an
+//! upstream without mapping falls back to segments.
 //! (The model tests in `model.rs` and `faults.rs` run every invariant with expandable segments too.)
 
 use std::sync::Arc;
