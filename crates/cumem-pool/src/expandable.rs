@@ -246,7 +246,7 @@ pub(crate) fn grow(
     let owner = (arena, req.kind);
     let mut best: Option<Fit> = None;
     for base in segs.expandable.owned.get(&owner).into_iter().flatten() {
-        let e = &segs.expandable.segs[base];
+        let Some(e) = segs.expandable.segs.get(base) else { continue };
         let seg = Seg { base: *base, len: e.len };
         for gap in e.gaps(*base) {
             if let Some(fit) = fit_in_gap(set, seg, gap, req, chunk)
@@ -291,8 +291,8 @@ pub(crate) fn grow(
             }
         }
     };
-    let e = &segs.expandable.segs[&fit.base];
-    let seg = Seg { base: fit.base, len: e.len };
+    let Some(len) = segs.expandable.segs.get(&fit.base).map(|e| e.len) else { return Ok(Grown::OutOfMemory) };
+    let seg = Seg { base: fit.base, len };
     if fit.map_hi > fit.map_lo {
         let bytes = fit.map_hi - fit.map_lo;
         if let Err(err) = up.map(fit.map_lo, bytes as usize) {
