@@ -22,7 +22,7 @@
 //! mapped goes back. Unmapping happens only after `ordering.synchronize()` returned following every
 //! free in the chunk (a GPU does not wait for queued work when it unmaps: the work would fault).
 //!
-//! Invariants: a segment's mapped part is a set of runs of whole chunks ([`Expandable::runs`]), and
+//! Invariants: a segment's mapped part is a set of runs of whole chunks, and
 //! every cached range lies inside one run (a free range is split where a chunk in it is unmapped,
 //! and the pieces never coalesce across the gap); `reserved_bytes` counts mapped bytes. Free memory
 //! is still per stream and moves between streams only behind `ordering.wait` (a segment's ranges
