@@ -3,6 +3,7 @@
 //!
 //! Runs on the real driver when one is present, else on the simulator (said in the header).
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -114,6 +115,49 @@ impl Footprint {
     }
 }
 
+/// Frees between two trims in the footprint rows that trim.
+const TRIM_EVERY: u64 = 64;
+
+/// An allocator whose pool is trimmed after every [`TRIM_EVERY`]-th free (a program that hands
+/// memory back now and then, as with PyTorch's `empty_cache`); `trim` returns reserved and live
+/// bytes afterwards, and the mean of reserved ÷ live right after each trim is kept.
+struct Trimming<'a, A> {
+    inner: &'a A,
+    trim: &'a dyn Fn() -> (u64, u64),
+    frees: Cell<u64>,
+    after: Cell<(f64, u64)>,
+}
+
+impl<A: Allocator> Allocator for Trimming<'_, A> {
+    type Handle = A::Handle;
+    fn alloc(&self, bytes: usize) -> A::Handle {
+        self.inner.alloc(bytes)
+    }
+    fn free(&self, handle: A::Handle) {
+        self.inner.free(handle);
+        self.frees.set(self.frees.get() + 1);
+        if self.frees.get().is_multiple_of(TRIM_EVERY) {
+            let (reserved, live) = (self.trim)();
+            if live > 0 {
+                let (sum, n) = self.after.get();
+                self.after.set((sum + reserved as f64 / live as f64, n + 1));
+            }
+        }
+    }
+}
+
+impl<'a, A> Trimming<'a, A> {
+    fn new(inner: &'a A, trim: &'a dyn Fn() -> (u64, u64)) -> Self {
+        Trimming { inner, trim, frees: Cell::new(0), after: Cell::new((0.0, 0)) }
+    }
+
+    /// Mean reserved ÷ live right after a trim, formatted.
+    fn after(&self) -> String {
+        let (sum, n) = self.after.get();
+        if n == 0 { "–".into() } else { format!("{:.3}", sum / n as f64) }
+    }
+}
+
 /// Peak reserved ÷ peak live of each footprint workload, with and without expandable segments, on
 /// the host model and through `CachingResource` on `ctx`'s device.
 fn footprint_table(ctx: &Context) -> cumem_core::Result<()> {
@@ -125,31 +169,61 @@ fn footprint_table(ctx: &Context) -> cumem_core::Result<()> {
     println!(
         "blocks (the pool's `peak_bytes`), requested = what the workload asked for; ns per alloc+free pair."
     );
+    println!(
+        "Rows \"trim every {TRIM_EVERY}\" trim the pool after every {TRIM_EVERY}th free (ns include the trims); their last"
+    );
+    println!("column is the mean reserved ÷ live right after each trim.");
     println!();
     println!(
-        "| workload | pool | peak live MiB | peak reserved MiB | reserved ÷ live | reserved ÷ requested | ns/pair |"
+        "| workload | pool | peak live MiB | peak reserved MiB | reserved ÷ live | reserved ÷ requested | ns/pair | after trims |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
     for (w, (name, bar)) in FOOTPRINT.iter().enumerate() {
         let name = if *bar { name.to_string() } else { format!("{name} (beyond the bar)") };
-        for expandable_segments in [false, true] {
+        for (expandable_segments, trims) in [(false, false), (true, false), (false, true), (true, true)] {
             let config = PoolConfig { expandable_segments, ..PoolConfig::default() };
-            let mode = if expandable_segments { "expandable segments" } else { "segments" };
+            let mode = match (expandable_segments, trims) {
+                (false, false) => "segments".to_string(),
+                (true, false) => "expandable segments".to_string(),
+                (false, true) => format!("segments, trim every {TRIM_EVERY}"),
+                (true, true) => format!("expandable segments, trim every {TRIM_EVERY}"),
+            };
             let host = CachingPool::new(HostUpstream::new(1 << 40), HostOrdering::new(), config.clone());
+            let host_trim = || {
+                host.trim().expect("host trim");
+                let s = host.stats();
+                (s.reserved_bytes, s.current_bytes)
+            };
             let t = Instant::now();
-            let requested = run_footprint(w, &host);
-            let mut rows = vec![("host model", Footprint::of(&host.stats(), requested, t))];
+            let (requested, after) = if trims {
+                let a = Trimming::new(&host, &host_trim);
+                (run_footprint(w, &a), a.after())
+            } else {
+                (run_footprint(w, &host), "–".into())
+            };
+            let mut rows = vec![("host model", Footprint::of(&host.stats(), requested, t), after)];
             if vmm || !expandable_segments {
                 let dev = CachingResource::with_driver(ctx, config);
+                let dev_trim = || {
+                    dev.trim().expect("device trim");
+                    let s = dev.stats();
+                    (s.reserved_bytes, s.current_bytes)
+                };
                 let t = Instant::now();
-                let requested = run_footprint(w, &OnStream(&dev, &stream));
-                rows.push(("as DeviceResource", Footprint::of(&dev.stats(), requested, t)));
+                let on = OnStream(&dev, &stream);
+                let (requested, after) = if trims {
+                    let a = Trimming::new(&on, &dev_trim);
+                    (run_footprint(w, &a), a.after())
+                } else {
+                    (run_footprint(w, &on), "–".into())
+                };
+                rows.push(("as DeviceResource", Footprint::of(&dev.stats(), requested, t), after));
                 dev.trim()?;
             }
-            for (what, f) in rows {
+            for (what, f, after) in rows {
                 println!(
-                    "| {name} | {what}, {mode} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} |",
+                    "| {name} | {what}, {mode} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} | {after} |",
                     mib(f.live),
                     mib(f.reserved),
                     f.reserved as f64 / f.live as f64,

@@ -306,11 +306,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 
     /// The segments held from the upstream as `(base, len)`, in address order; for an expandable
-    /// segment, its mapped part.
+    /// segment, each run of mapped chunks.
     pub fn segments(&self) -> Vec<(u64, u64)> {
         let segs = self.segments.lock();
         let mut out: Vec<(u64, u64)> = segs.map.iter().map(|(&b, &(l, _))| (b, l)).collect();
-        out.extend(segs.expandable.segs.iter().map(|(&b, e)| (b, e.mapped)));
+        out.extend(segs.expandable.mapped_runs());
         out.sort_unstable();
         out
     }
@@ -551,8 +551,16 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         if let Some(up) = self.expandable() {
             let mut g = arena.inner.lock();
-            let grown = expandable::grow(up, &mut self.segments.lock(), g.set(req.kind), arena.index, &req)?;
-            if let Some((addr, seg)) = grown {
+            let reservation = self.config.expandable_reservation_bytes;
+            let grown = expandable::grow(
+                up,
+                &mut self.segments.lock(),
+                g.set(req.kind),
+                arena.index,
+                &req,
+                reservation,
+            )?;
+            if let expandable::Grown::Block(addr, seg) = grown {
                 return Ok(self.finish(arena, g, &req, addr, seg));
             }
         } else if let Some(seg) = self.grow(req.kind, req.need, false)? {
@@ -648,6 +656,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         };
         // Own kind first, own arena first; then memory of the other segment kind.
         let mut found = None;
+        let mut no_address_space = None;
         'search: for kind in [req.kind, other] {
             for i in std::iter::once(ti).chain((0..guards.len()).filter(|&i| i != ti)) {
                 if let Some((addr, seg)) = guards[i].set(kind).take(req.size, req.align) {
@@ -660,9 +669,15 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.release(&mut guards, 0);
             if let Some(up) = self.expandable() {
                 let mut segs = self.segments.lock();
-                expandable::gather_tail(&segs, &mut guards, ti, req.kind);
-                found = expandable::grow(up, &mut segs, guards[ti].set(req.kind), ti, req)?
-                    .map(|(addr, seg)| (addr, seg, req.kind));
+                expandable::gather(&segs, &mut guards, ti, req.kind);
+                let reservation = self.config.expandable_reservation_bytes;
+                match expandable::grow(up, &mut segs, guards[ti].set(req.kind), ti, req, reservation)? {
+                    expandable::Grown::Block(addr, seg) => found = Some((addr, seg, req.kind)),
+                    expandable::Grown::OutOfAddressSpace { reservation } => {
+                        no_address_space = Some(reservation)
+                    }
+                    expandable::Grown::OutOfMemory => {}
+                }
             } else if let Some(seg) = self.grow(req.kind, req.need, true)? {
                 let set = guards[ti].set(req.kind);
                 set.insert(seg.base, seg.len, seg);
@@ -682,6 +697,17 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let largest = guards.iter().map(|g| g.largest()).max().unwrap_or(0);
         let mut segs = self.segments.lock();
         segs.oom_errors += 1;
+        if let Some(reservation_bytes) = no_address_space {
+            let err = PoolError::AddressSpaceExhausted {
+                requested: req.requested,
+                reservation_bytes,
+                segments: segs.expandable.segs.len() as u64,
+                reserved_address_space: segs.expandable.segs.values().map(|e| e.len).sum(),
+                mapped: segs.expandable.mapped(),
+            };
+            tracing::warn!(%err, "caching pool out of address space");
+            return Err(err);
+        }
         let err = PoolError::OutOfMemory {
             requested: req.requested,
             allocated,

@@ -118,6 +118,14 @@ fn pool_error(e: PoolError, bytes: usize) -> Error {
             tracing::warn!(error = %e, "caching pool: a non-driver upstream or ordering error");
             Error::InvalidValue { ctx }
         }
+        PoolError::AddressSpaceExhausted { reservation_bytes, .. } => {
+            tracing::warn!(%e, "caching pool: out of address space");
+            Error::LimitExceeded {
+                what: "bytes of address space per expandable segment (the driver refused another \
+                       reservation: set PoolConfig::expandable_reservation_bytes lower)",
+                limit: usize::try_from(reservation_bytes).unwrap_or(usize::MAX),
+            }
+        }
         PoolError::MisalignedSegment { addr } => Error::Misaligned {
             what: "segment from the upstream",
             value: addr,

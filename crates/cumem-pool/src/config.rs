@@ -56,6 +56,13 @@ pub struct PoolConfig {
     /// [`ExpandableUpstream`](crate::ExpandableUpstream) operations (a device with virtual memory
     /// management); without them the pool warns once and takes segments. Default `false`.
     pub expandable_segments: bool,
+    /// Bytes of address space each expandable segment reserves (rounded up to whole chunks; a
+    /// block larger than this gets a reservation of its own size). `None`: the upstream's
+    /// [`reservation_bytes`](crate::ExpandableUpstream::reservation_bytes), the device's memory size.
+    /// A segment that is full makes the pool reserve another, so this bounds no allocation; lower
+    /// it when reservations fail ([`PoolError::AddressSpaceExhausted`](crate::PoolError::AddressSpaceExhausted)),
+    /// e.g. with many pools or streams per device. Default `None`.
+    pub expandable_reservation_bytes: Option<usize>,
 }
 
 impl Default for PoolConfig {
@@ -66,6 +73,7 @@ impl Default for PoolConfig {
             growth: Growth::Exact,
             release_threshold: usize::MAX,
             expandable_segments: false,
+            expandable_reservation_bytes: None,
         }
     }
 }

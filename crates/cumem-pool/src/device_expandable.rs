@@ -4,8 +4,8 @@
 //! Each chunk is its own `cuMemCreate` allocation of the device's recommended granularity (2 MiB
 //! on an H100), mapped read-write for the device and for every device that can access it as a peer
 //! (`cuCtxEnablePeerAccess` does not cover mapped memory; PyTorch grants the same), so any whole
-//! chunk can be unmapped on its own; the physical handle is released right after mapping, so `cuMemUnmap` frees the memory. Each
-//! segment reserves the device's memory size of address space, as PyTorch does. The memory comes
+//! chunk can be unmapped on its own; the physical handle is released right after mapping, so `cuMemUnmap` frees the memory. By default
+//! each segment reserves the device's memory size of address space, as PyTorch does. The memory comes
 //! from the device directly, not from the resource the pool takes segments from.
 //!
 //! ```

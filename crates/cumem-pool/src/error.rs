@@ -130,6 +130,30 @@ pub enum PoolError {
         /// The largest contiguous cached block.
         largest_free_block: u64,
     },
+    /// [Expandable segments](crate::expandable): no segment of the stream has room for the block
+    /// and the upstream refused another reservation of address space (the driver's
+    /// `cuMemAddressReserve` ran out of virtual addresses), even after the out-of-memory ladder
+    /// released every reservation it could. Physical memory may well be left: reserving less per
+    /// segment ([`PoolConfig::expandable_reservation_bytes`](crate::PoolConfig::expandable_reservation_bytes))
+    /// leaves room for more reservations.
+    #[error(
+        "out of address space: requested {}; no expandable segment has room and a new reservation of {} \
+         was refused ({segments} segments reserve {} of address space, {} mapped); set \
+         PoolConfig::expandable_reservation_bytes to reserve less per segment",
+        Bytes(*requested as u64), Bytes(*reservation_bytes), Bytes(*reserved_address_space), Bytes(*mapped)
+    )]
+    AddressSpaceExhausted {
+        /// Bytes requested by the failing call.
+        requested: usize,
+        /// Bytes of address space the refused reservation asked for.
+        reservation_bytes: u64,
+        /// Expandable segments (reservations) the pool holds.
+        segments: u64,
+        /// Bytes of address space they reserve in all.
+        reserved_address_space: u64,
+        /// Bytes mapped in them.
+        mapped: u64,
+    },
     /// The upstream failed for a reason other than running out of memory.
     #[error("upstream allocation failed: {0}")]
     Upstream(#[source] UpstreamError),

@@ -1,26 +1,35 @@
 //! Expandable segments: instead of taking new segments from its upstream, the pool grows one segment
-//! per stream (and segment kind) by mapping chunks of physical memory at its end (PyTorch's
-//! `expandable_segments`).
+//! per stream (and segment kind) by mapping chunks of physical memory into a reservation of address
+//! space (PyTorch's `expandable_segments`).
 //!
 //! With [`PoolConfig::expandable_segments`](crate::PoolConfig::expandable_segments) on and an
 //! upstream that has [`ExpandableUpstream`] operations, a stream's first allocation of a kind
-//! reserves [`reservation_bytes`](ExpandableUpstream::reservation_bytes) of address space (for a
-//! device, its memory size) and maps just the chunks the block needs. When nothing cached fits, the
-//! pool maps more chunks *at the end of the mapped part*, so the new memory joins the segment's free
-//! tail and a request only needs `size - free tail` new bytes, rounded up to a chunk: memory that a
-//! pool of fixed segments would strand in the unused ends of too-small segments serves it instead.
-//! `trim`, the release threshold and the out-of-memory ladder unmap the whole free chunks at the end
-//! of every segment (and release a reservation once nothing is mapped), one chunk at a time from
-//! the top: a chunk whose unmap fails stays mapped, counted and cached, so later growth maps above it.
+//! reserves [`PoolConfig::expandable_reservation_bytes`](crate::PoolConfig::expandable_reservation_bytes)
+//! of address space (by default the upstream's [`reservation_bytes`](ExpandableUpstream::reservation_bytes):
+//! for a device, its memory size) and maps just the chunks the block needs. When nothing cached
+//! fits, the pool maps the unmapped space where the fewest new chunks serve the request: the end of
+//! the mapped part, where new memory joins the segment's free tail, or a hole that `trim` left,
+//! where it joins the free ranges on either side. A request only needs `size - free neighbours`
+//! new bytes, rounded up to a chunk: memory that a pool of fixed segments would strand in the unused
+//! ends of too-small segments serves it instead. When no segment of the stream has room, the pool
+//! reserves another one (live blocks never move); only when the upstream refuses that reservation
+//! too, after the out-of-memory ladder, does allocation fail, with
+//! [`PoolError::AddressSpaceExhausted`], which names the reservation size.
 //!
-//! Invariants: the mapped part of a segment is always a prefix `[base, base + mapped)` of its
-//! reservation, so no block or cached range ever straddles unmapped space; `mapped` is a whole number
-//! of chunks; `reserved_bytes` counts mapped bytes. Free memory is still per stream and moves between
-//! streams only behind `ordering.wait` (a segment's ranges may sit in any stream's arena); new chunks
-//! are fresh memory, usable by the growing stream at once; chunks are unmapped only after
-//! `ordering.synchronize`. Growth maps while holding the growing stream's arena lock and the
-//! segment registry (lock order: arenas, then the registry), so its driver calls delay other growth
-//! and that stream's own allocations, not the fast path of other streams.
+//! `trim`, the release threshold and the out-of-memory ladder unmap *every* whole free chunk, at the
+//! end of a segment or in a hole between live blocks, from the highest address down, one chunk at
+//! a time: a chunk whose unmap fails stays mapped, counted and cached. A reservation with nothing
+//! mapped goes back. Unmapping happens only after `ordering.synchronize()` returned following every
+//! free in the chunk (a GPU does not wait for queued work when it unmaps: the work would fault).
+//!
+//! Invariants: a segment's mapped part is a set of runs of whole chunks, and
+//! every cached range lies inside one run (a free range is split where a chunk in it is unmapped,
+//! and the pieces never coalesce across the gap); `reserved_bytes` counts mapped bytes. Free memory
+//! is still per stream and moves between streams only behind `ordering.wait` (a segment's ranges
+//! may sit in any stream's arena); new chunks are fresh memory, usable by the growing stream at
+//! once. Growth maps while holding the growing stream's arena lock and the segment registry (lock
+//! order: arenas, then the registry), so its driver calls delay other growth and that stream's own
+//! allocations, not the fast path of other streams.
 //!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
@@ -29,12 +38,19 @@
 //! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), config);
 //! let a = pool.allocate(3 << 20, 512, 0).unwrap(); // maps 2 chunks of 2 MiB
 //! let b = pool.allocate(5 << 20, 512, 0).unwrap(); // the 1 MiB free tail + 2 more chunks
-//! assert_eq!(b.addr(), a.addr() + (3 << 20));
-//! assert_eq!(pool.stats().reserved_bytes, 8 << 20);
+//! let c = pool.allocate(2 << 20, 512, 0).unwrap(); // 1 more chunk: [8, 10) MiB
+//! assert_eq!((b.addr(), c.addr()), (a.addr() + (3 << 20), a.addr() + (8 << 20)));
+//! assert_eq!(pool.stats().reserved_bytes, 10 << 20);
 //! pool.deallocate(b, 0).unwrap();
-//! let report = pool.trim().unwrap(); // whole free chunks at the end: 3 MiB free, 2 chunks
-//! assert_eq!((report.released_bytes, pool.stats().reserved_bytes), (4 << 20, 4 << 20));
-//! pool.deallocate(a, 0).unwrap();
+//! // The hole [3, 8) MiB holds two whole chunks, [4, 8): unmapped, while a and c stay put.
+//! let report = pool.trim().unwrap();
+//! assert_eq!((report.released_bytes, pool.stats().reserved_bytes), (4 << 20, 6 << 20));
+//! // A 4 MiB request maps the hole again: the 1 MiB free below it + 2 chunks.
+//! let d = pool.allocate(4 << 20, 512, 0).unwrap();
+//! assert_eq!((d.addr(), pool.stats().reserved_bytes), (a.addr() + (3 << 20), 10 << 20));
+//! for blk in [a, c, d] {
+//!     pool.deallocate(blk, 0).unwrap();
+//! }
 //! pool.trim().unwrap(); // everything: the reservation goes too
 //! assert!(pool.upstream().reservations().is_empty());
 //! ```
@@ -49,12 +65,14 @@ use crate::segment::Segments;
 use crate::size_class::{Kind, align_up_u64};
 use crate::{ExpandableUpstream, PoolError, TrimReport};
 
-/// One expandable segment: a reservation and how much of it is mapped.
-#[derive(Debug, Clone, Copy)]
+/// One expandable segment: a reservation and which chunks of it are mapped.
+#[derive(Debug, Clone)]
 pub(crate) struct Expandable {
     /// Bytes reserved: the segment's [`Seg::len`], so every block names the whole reservation.
     pub len: u64,
-    /// Bytes mapped from the base: a multiple of the chunk size, never 0 outside a growth.
+    /// The mapped runs, start -> end, coalesced: whole chunks, never empty outside a growth.
+    pub runs: BTreeMap<u64, u64>,
+    /// Bytes mapped: the sum of the runs.
     pub mapped: u64,
     /// The kind of the blocks it serves.
     pub kind: Kind,
@@ -62,15 +80,70 @@ pub(crate) struct Expandable {
     owner: (usize, Kind),
 }
 
+impl Expandable {
+    /// Records `[lo, hi)`, unmapped until now, as mapped.
+    fn mark(&mut self, lo: u64, hi: u64) {
+        let (mut start, mut end) = (lo, hi);
+        if let Some((&s, &e)) = self.runs.range(..lo).next_back()
+            && e == lo
+        {
+            start = s;
+        }
+        if let Some(e) = self.runs.remove(&hi) {
+            end = e;
+        }
+        self.runs.insert(start, end);
+        self.mapped += hi - lo;
+    }
+
+    /// Records `[lo, hi)`, which lies inside one run, as unmapped.
+    fn unmark(&mut self, lo: u64, hi: u64) {
+        let Some((&s, &e)) = self.runs.range(..=lo).next_back().filter(|r| hi <= *r.1) else {
+            tracing::warn!(lo, hi, "expandable segment: unmarking space that is not mapped");
+            return;
+        };
+        self.runs.remove(&s);
+        if s < lo {
+            self.runs.insert(s, lo);
+        }
+        if hi < e {
+            self.runs.insert(hi, e);
+        }
+        self.mapped -= hi - lo;
+    }
+
+    /// Whether `[lo, hi)` lies inside one mapped run.
+    fn is_mapped(&self, lo: u64, hi: u64) -> bool {
+        self.runs.range(..=lo).next_back().is_some_and(|(_, &e)| hi <= e)
+    }
+
+    /// The unmapped stretches of the segment at `base`, in address order.
+    fn gaps(&self, base: u64) -> Vec<(u64, u64)> {
+        let mut out = vec![];
+        let mut at = base;
+        for (&s, &e) in &self.runs {
+            if s > at {
+                out.push((at, s));
+            }
+            at = e;
+        }
+        if at < base + self.len {
+            out.push((at, base + self.len));
+        }
+        out
+    }
+}
+
 /// The expandable segments of a pool, kept with its other segments.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     /// Segments by base address.
     pub segs: BTreeMap<u64, Expandable>,
-    /// The segment each arena grows, per kind. An arena vacated and reused for another stream goes
-    /// on growing the same segment: new chunks are fresh memory, safe for whichever stream maps
-    /// them, and the segment's cached ranges went wherever the old stream's memory went.
-    owned: HashMap<(usize, Kind), u64>,
+    /// The segments each arena grows, per kind, oldest first: a second one is reserved only when
+    /// the first has no room. An arena vacated and reused for another stream goes on growing the
+    /// same segments: new chunks are fresh memory, safe for whichever stream maps them, and the
+    /// segments' cached ranges went wherever the old stream's memory went.
+    owned: HashMap<(usize, Kind), Vec<u64>>,
 }
 
 impl Registry {
@@ -79,19 +152,29 @@ impl Registry {
         self.segs.values().map(|e| e.mapped).sum()
     }
 
+    /// Every mapped run of every segment as `(start, len)`, in address order.
+    pub fn mapped_runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.segs.values().flat_map(|e| e.runs.iter().map(|(&s, &end)| (s, end - s)))
+    }
+
     /// Forgets a segment whose reservation was released.
     fn remove(&mut self, base: u64) {
-        if let Some(e) = self.segs.remove(&base) {
-            self.owned.remove(&e.owner);
+        if let Some(e) = self.segs.remove(&base)
+            && let Some(bases) = self.owned.get_mut(&e.owner)
+        {
+            bases.retain(|&b| b != base);
+            if bases.is_empty() {
+                self.owned.remove(&e.owner);
+            }
         }
     }
 
-    /// Checks that a cached range lies in the mapped part of an expandable segment of its kind.
+    /// Checks that a cached range lies in a mapped run of an expandable segment of its kind.
     pub fn check(&self, addr: u64, len: u64, seg: Seg, kind: Kind) -> Result<(), String> {
         match self.segs.get(&seg.base) {
             Some(e) if e.len == seg.len && e.kind == kind => {
-                if addr + len > seg.base + e.mapped {
-                    return Err(format!("cached block {addr:#x}+{len} reaches past the mapped {}", e.mapped));
+                if !e.is_mapped(addr, addr + len) {
+                    return Err(format!("cached block {addr:#x}+{len} is not inside one mapped run"));
                 }
                 Ok(())
             }
@@ -100,10 +183,55 @@ impl Registry {
     }
 }
 
-/// Serves `req` by growing arena `arena`'s expandable segment of the request's kind (reserving it
-/// first if the arena has none): maps the chunks the block needs beyond the segment's free tail in
-/// `set` (the arena's free set of that kind), joins them to the tail and takes the block from it.
-/// `Ok(None)` when the upstream is out of memory or the reservation is full.
+/// What [`grow`] made of a request.
+#[derive(Debug)]
+pub(crate) enum Grown {
+    /// The block, at this address in this segment.
+    Block(u64, Seg),
+    /// The upstream has no physical memory for the chunks the block needs.
+    OutOfMemory,
+    /// No segment of the arena has room and the upstream refused another reservation of this
+    /// many bytes.
+    OutOfAddressSpace {
+        /// The size of the refused reservation.
+        reservation: u64,
+    },
+}
+
+/// Where a block fits in unmapped space: map `[map_lo, map_hi)`, then take the block from the
+/// free range starting at `start`.
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    base: u64,
+    map_lo: u64,
+    map_hi: u64,
+    start: u64,
+}
+
+/// Where `req` fits in the gap `[lo, hi)` of segment `seg`, with the free ranges of `set` on either
+/// side of it.
+fn fit_in_gap(set: &FreeSet, seg: Seg, (lo, hi): (u64, u64), req: &Request, chunk: u64) -> Option<Fit> {
+    let start = match set.range_ending_at(lo) {
+        Some((addr, _, s)) if s == seg => addr,
+        _ => lo,
+    };
+    let avail = match set.range_starting_at(hi) {
+        Some((len, s)) if s == seg => hi + len,
+        _ => hi,
+    };
+    let block_end = align_up_u64(start, req.align)?.checked_add(req.size)?;
+    if block_end > avail {
+        return None;
+    }
+    // The reservation is whole chunks from a chunk-aligned base, so this stays inside it.
+    let map_hi = block_end.next_multiple_of(chunk).clamp(lo, hi);
+    Some(Fit { base: seg.base, map_lo: lo, map_hi, start })
+}
+
+/// Serves `req` by growing one of arena `arena`'s expandable segments of the request's kind: maps
+/// the unmapped chunks where the fewest serve it together with the free ranges of `set` (the arena's
+/// free set of that kind) around them, lowest address first among equals, and takes the block there.
+/// When no segment has room, reserves another one of `reservation` bytes (at least the block).
 ///
 /// The caller holds the arena's lock (`set`) and the segment registry (`segs`).
 pub(crate) fn grow(
@@ -112,58 +240,81 @@ pub(crate) fn grow(
     set: &mut FreeSet,
     arena: usize,
     req: &Request,
-) -> Result<Option<(u64, Seg)>, PoolError> {
+    reservation: Option<usize>,
+) -> Result<Grown, PoolError> {
     let chunk = up.chunk_bytes() as u64;
     let owner = (arena, req.kind);
-    let base = match segs.expandable.owned.get(&owner) {
-        Some(&base) => base,
+    let mut best: Option<Fit> = None;
+    for base in segs.expandable.owned.get(&owner).into_iter().flatten() {
+        let Some(e) = segs.expandable.segs.get(base) else { continue };
+        let seg = Seg { base: *base, len: e.len };
+        for gap in e.gaps(*base) {
+            if let Some(fit) = fit_in_gap(set, seg, gap, req, chunk)
+                && best.is_none_or(|b| fit.map_hi - fit.map_lo < b.map_hi - b.map_lo)
+            {
+                best = Some(fit);
+            }
+        }
+    }
+    let fit = match best {
+        Some(fit) => fit,
         None => {
-            let len = (up.reservation_bytes() as u64).next_multiple_of(chunk).max(chunk);
+            let wanted = reservation.unwrap_or_else(|| up.reservation_bytes()) as u64;
+            // A block larger than the configured reservation gets a reservation of its own size.
+            // `need` covers the block at any chunk-aligned base (alignment padding included).
+            let Some(len) = req.need.max(wanted).checked_next_multiple_of(chunk).map(|l| l.max(chunk)) else {
+                return Ok(Grown::OutOfAddressSpace { reservation: u64::MAX });
+            };
             let base = match up.reserve(len as usize) {
                 Ok(base) => base,
-                Err(e) if e.is_out_of_memory() => return Ok(None),
+                Err(e) if e.is_out_of_memory() => return Ok(Grown::OutOfAddressSpace { reservation: len }),
                 Err(e) => return Err(PoolError::Upstream(e)),
             };
             if !base.is_multiple_of(chunk) || base.checked_add(len).is_none() {
                 up.release(base, len as usize);
                 return Err(PoolError::MisalignedSegment { addr: base });
             }
-            segs.expandable.segs.insert(base, Expandable { len, mapped: 0, kind: req.kind, owner });
-            segs.expandable.owned.insert(owner, base);
-            base
+            if segs.expandable.owned.contains_key(&owner) {
+                tracing::debug!(base, len, "expandable segments full: reserving another");
+            }
+            let kind = req.kind;
+            let e = Expandable { len, runs: BTreeMap::new(), mapped: 0, kind, owner };
+            segs.expandable.segs.insert(base, e);
+            segs.expandable.owned.entry(owner).or_default().push(base);
+            let seg = Seg { base, len };
+            match fit_in_gap(set, seg, (base, base + len), req, chunk) {
+                Some(fit) => fit,
+                None => {
+                    release_if_unmapped(up, segs, base);
+                    return Ok(Grown::OutOfAddressSpace { reservation: len });
+                }
+            }
         }
     };
-    let e = segs.expandable.segs[&base];
-    let seg = Seg { base, len: e.len };
-    let end = base + e.mapped;
-    // The block goes at the start of the free tail (or at the end when the tail is not free here).
-    let start = match set.range_ending_at(end) {
-        Some((addr, _, s)) if s == seg => addr,
-        _ => end,
-    };
-    let block_end =
-        align_up_u64(start, req.align).and_then(|s| s.checked_add(req.size)).filter(|&e| e <= seg.end());
-    let Some(block_end) = block_end else {
-        release_if_unmapped(up, segs, base);
-        return Ok(None);
-    };
-    // The reservation is whole chunks from a chunk-aligned base, so this stays inside it.
-    let new_end = block_end.next_multiple_of(chunk);
-    if new_end > end {
-        let bytes = new_end - end;
-        if let Err(err) = up.map(end, bytes as usize) {
-            release_if_unmapped(up, segs, base);
-            return if err.is_out_of_memory() { Ok(None) } else { Err(PoolError::Upstream(err)) };
+    let Some(len) = segs.expandable.segs.get(&fit.base).map(|e| e.len) else { return Ok(Grown::OutOfMemory) };
+    let seg = Seg { base: fit.base, len };
+    if fit.map_hi > fit.map_lo {
+        let bytes = fit.map_hi - fit.map_lo;
+        if let Err(err) = up.map(fit.map_lo, bytes as usize) {
+            release_if_unmapped(up, segs, fit.base);
+            return if err.is_out_of_memory() {
+                Ok(Grown::OutOfMemory)
+            } else {
+                Err(PoolError::Upstream(err))
+            };
         }
-        if let Some(e) = segs.expandable.segs.get_mut(&base) {
-            e.mapped += bytes;
+        if let Some(e) = segs.expandable.segs.get_mut(&fit.base) {
+            e.mark(fit.map_lo, fit.map_hi);
         }
         segs.reserved += bytes;
         segs.peak_reserved = segs.peak_reserved.max(segs.reserved);
         segs.upstream_allocations += 1;
-        set.insert(end, bytes, seg);
+        set.insert(fit.map_lo, bytes, seg);
     }
-    Ok(set.take_at(start, req.size, req.align))
+    Ok(match set.take_at(fit.start, req.size, req.align) {
+        Some((addr, seg)) => Grown::Block(addr, seg),
+        None => Grown::OutOfMemory,
+    })
 }
 
 /// A segment reserved (or grown) in vain: nothing mapped, so the reservation goes back at once.
@@ -184,64 +335,75 @@ fn set_of<S>(g: &ArenaInner<S>, kind: Kind) -> &FreeSet {
     }
 }
 
-/// Where the free tail of segment `base` is cached: `(arena position, tail start)`.
-fn tail<S, G: Deref<Target = ArenaInner<S>>>(
-    guards: &[G],
-    base: u64,
-    e: &Expandable,
-) -> Option<(usize, u64)> {
-    let seg = Seg { base, len: e.len };
-    guards.iter().enumerate().find_map(|(i, g)| {
-        set_of(g, e.kind).range_ending_at(base + e.mapped).filter(|r| r.2 == seg).map(|r| (i, r.0))
-    })
-}
-
-/// Moves the free tail of the segment that arena `arena` grows for `kind` into that arena's free
-/// set, so that growth maps only what the request needs beyond it: after a consolidation the tail
-/// may sit in any arena's set. The caller holds every arena lock and has synchronised after every
-/// free (the out-of-memory ladder), so the range is safe for the growing stream without a wait.
-pub(crate) fn gather_tail<S, G: DerefMut<Target = ArenaInner<S>>>(
+/// Moves every cached range of the segments that arena `arena` grows for `kind` into that arena's
+/// free set, so that growth maps only what the request needs beyond the free ranges around a gap:
+/// after a consolidation they may sit in any arena's set. The caller holds every arena lock and has
+/// synchronised after every free (the out-of-memory ladder), so the ranges are safe for the growing
+/// stream without a wait.
+pub(crate) fn gather<S, G: DerefMut<Target = ArenaInner<S>>>(
     segs: &Segments,
     guards: &mut [G],
     arena: usize,
     kind: Kind,
 ) {
-    let Some(&base) = segs.expandable.owned.get(&(arena, kind)) else { return };
-    let e = segs.expandable.segs[&base];
-    let Some((i, start)) = tail(guards, base, &e) else { return };
-    if i != arena {
-        let end = base + e.mapped;
-        guards[i].set(kind).remove(start);
-        guards[arena].set(kind).insert(start, end - start, Seg { base, len: e.len });
+    let Some(bases) = segs.expandable.owned.get(&(arena, kind)) else { return };
+    for i in (0..guards.len()).filter(|&i| i != arena) {
+        let moved: Vec<(u64, u64, Seg)> =
+            set_of(&guards[i], kind).ranges().filter(|r| bases.contains(&r.2.base)).collect();
+        for (addr, len, seg) in moved {
+            guards[i].set(kind).remove(addr);
+            guards[arena].set(kind).insert(addr, len, seg);
+        }
     }
 }
 
-/// Whether some expandable segment ends in at least one whole free chunk, possibly cached in pieces
+/// The cached ranges of expandable segments in every arena, as `(addr, len, segment, arena,
+/// kind)`, in address order.
+fn cached_ranges<S, G: Deref<Target = ArenaInner<S>>>(
+    segs: &Segments,
+    guards: &[G],
+) -> Vec<(u64, u64, Seg, usize, Kind)> {
+    let mut out = vec![];
+    for (i, g) in guards.iter().enumerate() {
+        for kind in [Kind::Small, Kind::Large] {
+            out.extend(
+                set_of(g, kind)
+                    .ranges()
+                    .filter(|r| segs.expandable.segs.contains_key(&r.2.base))
+                    .map(|(a, l, s)| (a, l, s, i, kind)),
+            );
+        }
+    }
+    out.sort_unstable_by_key(|r| r.0);
+    out
+}
+
+/// Whether some expandable segment has at least one whole free chunk, possibly cached in pieces
 /// by several arenas. The caller holds every arena lock, bins flushed.
 pub(crate) fn releasable<S, G: Deref<Target = ArenaInner<S>>>(
     chunk: u64,
     segs: &Segments,
     guards: &[G],
 ) -> bool {
-    segs.expandable.segs.iter().any(|(&base, e)| {
-        let seg = Seg { base, len: e.len };
-        let (end, mut start) = (base + e.mapped, base + e.mapped);
-        while let Some(r) =
-            guards.iter().find_map(|g| set_of(g, e.kind).range_ending_at(start).filter(|r| r.2 == seg))
+    let mut run: Option<(u64, u64, Seg)> = None;
+    for (addr, len, seg, ..) in cached_ranges(segs, guards) {
+        run = match run {
+            Some((a, end, s)) if s == seg && end == addr => Some((a, addr + len, s)),
+            _ => Some((addr, addr + len, seg)),
+        };
+        if let Some((a, end, _)) = run
+            && a.next_multiple_of(chunk) + chunk <= end
         {
-            start = r.0;
-            if start.next_multiple_of(chunk) < end {
-                return true;
-            }
+            return true;
         }
-        false
-    })
+    }
+    false
 }
 
-/// Unmaps the whole free chunks at the end of every expandable segment while more than `keep` bytes
-/// are cached (`cached` is updated), releasing reservations left with nothing mapped. The caller
-/// holds every arena lock, has consolidated the cached memory (so a segment's free tail is one
-/// range) and synchronised after every free in it.
+/// Unmaps whole free chunks of every expandable segment, wherever they are, from the highest
+/// address down, while more than `keep` bytes are cached (`cached` is updated), then releases the
+/// reservations left with nothing mapped. The caller holds every arena lock, has consolidated the
+/// cached memory (so a free stretch is one range) and synchronised after every free in it.
 pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
     up: &dyn ExpandableUpstream,
     segs: &mut Segments,
@@ -251,66 +413,69 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
 ) -> TrimReport {
     let chunk = up.chunk_bytes() as u64;
     let mut report = TrimReport::default();
-    let bases: Vec<u64> = segs.expandable.segs.keys().copied().collect();
-    for base in bases {
+    for (addr, len, seg, i, kind) in cached_ranges(segs, guards).into_iter().rev() {
         if *cached <= keep {
             break;
         }
-        let e = segs.expandable.segs[&base];
-        let end = base + e.mapped;
-        let Some((i, start)) = tail(guards, base, &e) else { continue };
-        let lowest = start.next_multiple_of(chunk);
-        if lowest >= end {
+        let end = addr + len;
+        let (lo, hi) = (addr.next_multiple_of(chunk), end / chunk * chunk);
+        if lo >= hi {
             continue;
         }
-        let target = end - (end - lowest).min((*cached - keep).next_multiple_of(chunk));
-        // One chunk at a time from the top, so that a failed unmap leaves a known prefix mapped:
-        // that chunk is still memory, so it stays in `mapped` and in the free set, and growth
-        // never maps over it.
-        let mut new_end = end;
-        while new_end > target {
-            if let Err(error) = up.unmap(new_end - chunk, chunk as usize) {
-                tracing::warn!(addr = new_end - chunk, %error, "unmapping a free chunk failed; kept cached");
+        let target = hi - (hi - lo).min((*cached - keep).next_multiple_of(chunk));
+        // One chunk at a time from the top, so that a failed unmap leaves a known part mapped:
+        // that chunk is still memory, so it stays mapped, counted and cached, and growth never
+        // maps over it.
+        let mut bottom = hi;
+        while bottom > target {
+            if let Err(error) = up.unmap(bottom - chunk, chunk as usize) {
+                tracing::warn!(addr = bottom - chunk, %error, "unmapping a free chunk failed; kept cached");
                 break;
             }
-            new_end -= chunk;
+            bottom -= chunk;
             segs.upstream_frees += 1;
         }
-        let bytes = end - new_end;
+        let bytes = hi - bottom;
         if bytes == 0 {
             continue;
         }
-        let seg = Seg { base, len: e.len };
-        let set = guards[i].set(e.kind);
-        set.remove(start);
-        if start < new_end {
-            set.insert(start, new_end - start, seg);
+        guards[i].set(kind).remove(addr);
+        // The pieces around the new gap go to the arena that grows the segment, so that mapping
+        // the gap again joins them: after the synchronisation they are safe for every stream.
+        let owner = segs.expandable.segs.get(&seg.base).map_or(i, |e| e.owner.0);
+        let set = guards[if owner < guards.len() { owner } else { i }].set(kind);
+        if addr < bottom {
+            set.insert(addr, bottom - addr, seg);
+        }
+        if hi < end {
+            set.insert(hi, end - hi, seg);
+        }
+        if let Some(e) = segs.expandable.segs.get_mut(&seg.base) {
+            e.unmark(bottom, hi);
         }
         segs.reserved -= bytes;
         *cached = cached.saturating_sub(bytes);
         report.released_bytes += bytes;
-        let mapped = e.mapped - bytes;
-        if let Some(e) = segs.expandable.segs.get_mut(&base) {
-            e.mapped = mapped;
-        }
-        if mapped == 0 {
-            up.release(base, e.len as usize);
-            segs.expandable.remove(base);
-            report.released_segments += 1;
-        }
+    }
+    let empty: Vec<(u64, u64)> =
+        segs.expandable.segs.iter().filter(|(_, e)| e.mapped == 0).map(|(&b, e)| (b, e.len)).collect();
+    for (base, len) in empty {
+        up.release(base, len as usize);
+        segs.expandable.remove(base);
+        report.released_segments += 1;
     }
     report
 }
 
 /// Unmaps and releases every expandable segment: the pool is being dropped, after a synchronisation.
 pub(crate) fn teardown(up: &dyn ExpandableUpstream, registry: Registry) {
-    for (base, e) in registry.segs {
-        if e.mapped > 0
-            && let Err(error) = up.unmap(base, e.mapped as usize)
-        {
-            // Releasing a reservation with chunks mapped is refused; both stay, leaked.
-            tracing::warn!(base, mapped = e.mapped, %error, "unmapping a segment at teardown failed; leaking it");
-            continue;
+    'segs: for (base, e) in registry.segs {
+        for (&start, &end) in &e.runs {
+            if let Err(error) = up.unmap(start, (end - start) as usize) {
+                // Releasing a reservation with chunks mapped is refused; both stay, leaked.
+                tracing::warn!(base, start, end, %error, "unmapping a segment at teardown failed; leaking it");
+                continue 'segs;
+            }
         }
         up.release(base, e.len as usize);
     }

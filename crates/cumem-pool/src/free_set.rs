@@ -380,6 +380,12 @@ impl FreeSet {
         Some((n.addr, n.len, n.seg))
     }
 
+    /// The free range starting exactly at `addr`, as `(len, segment)`.
+    pub fn range_starting_at(&self, addr: u64) -> Option<(u64, Seg)> {
+        let n = self.node(self.bounds.get(addr)?);
+        Some((n.len, n.seg))
+    }
+
     /// Splits `size` bytes aligned to `align` out of node `i`, which fits them.
     fn split(&mut self, i: u32, size: u64, align: u64) -> Option<(u64, Seg)> {
         let Node { addr, len, seg, .. } = *self.node(i);

@@ -81,8 +81,9 @@ pub trait Upstream: Send + Sync {
 pub trait ExpandableUpstream: Send + Sync {
     /// The mapping granularity in bytes: physical memory is mapped and unmapped in whole chunks.
     fn chunk_bytes(&self) -> usize;
-    /// Bytes of address space each expandable segment reserves: the most it can grow to (for a
-    /// device, its memory size, as PyTorch does).
+    /// Bytes of address space each expandable segment reserves unless
+    /// [`PoolConfig::expandable_reservation_bytes`](crate::PoolConfig::expandable_reservation_bytes)
+    /// says otherwise: the most one segment can grow to (for a device, its memory size, as PyTorch does).
     fn reservation_bytes(&self) -> usize;
     /// Reserves `bytes` of address space and returns its base.
     ///
@@ -230,6 +231,8 @@ struct HostState {
     chunk: u64,
     /// Reservations by base: their length and the addresses of their mapped chunks.
     reservations: BTreeMap<u64, (u64, std::collections::BTreeSet<u64>)>,
+    /// Bytes of address space that live reservations may take in all.
+    address_space: u64,
 }
 
 impl HostUpstream {
@@ -251,6 +254,7 @@ impl HostUpstream {
                 violations: Vec::new(),
                 chunk: HOST_CHUNK as u64,
                 reservations: BTreeMap::new(),
+                address_space: u64::MAX,
             }),
         }
     }
@@ -261,6 +265,12 @@ impl HostUpstream {
         let up = HostUpstream::new(capacity);
         up.state.lock().chunk = chunk.max(SEGMENT_ALIGN).next_power_of_two() as u64;
         up
+    }
+
+    /// Makes `reserve` fail with [`UpstreamError::OutOfMemory`] (as the driver does when virtual
+    /// addresses run out) where live reservations would take more than `bytes` in all.
+    pub fn limit_address_space(&self, bytes: u64) {
+        self.state.lock().address_space = bytes;
     }
 
     /// Live reservations as `(base, len, mapped bytes)`, in address order.
@@ -427,6 +437,10 @@ impl ExpandableUpstream for HostUpstream {
         let mut s = self.state.lock();
         let chunk = s.chunk;
         let bytes = bytes as u64;
+        let reserved: u64 = s.reservations.values().map(|r| r.0).sum();
+        if reserved.checked_add(bytes).is_none_or(|r| r > s.address_space) {
+            return Err(UpstreamError::OutOfMemory);
+        }
         let Some(base) = s.next.checked_next_multiple_of(chunk) else {
             return Err(UpstreamError::OutOfMemory);
         };

@@ -1,8 +1,10 @@
 //! Expandable segments on the host model: the mapped part of a stream's segment grows and shrinks
-//! in whole chunks at its end, trim gives back exactly the whole free chunks, each stream grows its
-//! own segment, memory still moves between streams only behind a wait, the out-of-memory ladder
-//! unmaps other streams' free tails and grows from its segment's free tail wherever it is cached,
-//! and an upstream without mapping falls back to segments.
+//! in whole chunks, trim gives back exactly the whole free chunks (in holes between live blocks
+//! too), a hole is mapped again where growth needs the fewest chunks, a full segment is followed by
+//! a second reservation and a refused one is an address-space error, each stream grows its own
+//! segment, memory still moves between streams only behind a wait, the out-of-memory ladder unmaps
+//! other streams' free tails and grows from its segment's free tail wherever it is cached, and an
+//! upstream without mapping falls back to segments.
 //! (The model tests in `model.rs` and `faults.rs` run every invariant with expandable segments too.)
 
 use std::sync::Arc;
@@ -69,21 +71,30 @@ fn the_free_tail_grows_and_shrinks_in_whole_chunks() {
 }
 
 #[test]
-fn trim_returns_only_whole_free_chunks_at_the_end() {
+fn trim_unmaps_every_whole_free_chunk_holes_included() {
     let p = pool(1 << 30);
     let a = p.allocate(3 * MIB, 512, 0).unwrap();
     let b = p.allocate(3 * MIB, 512, 0).unwrap();
     let c = p.allocate(3 * MIB / 2, 512, 0).unwrap(); // ends at 7.5 MiB: 8 MiB mapped
+    let (base, c_addr) = (a.addr(), c.addr());
     assert_eq!(mapped(&p), 8 << 20);
     p.deallocate(b, 0).unwrap();
-    // Free memory below a live block stays mapped: the mapped part is always a prefix.
-    assert_eq!(p.trim().unwrap(), TrimReport::default());
-    assert_eq!(mapped(&p), 8 << 20);
+    // The hole [3, 6) MiB holds one whole chunk, [4, 6): unmapped, with a and c where they were.
+    assert_eq!(p.trim().unwrap(), TrimReport { released_segments: 0, released_bytes: 2 << 20 });
+    let runs = vec![(base, 4 << 20), (base + (6 << 20), 2 << 20)];
+    assert_eq!(p.segments(), runs);
+    let upstream_runs: Vec<(u64, u64)> =
+        p.upstream().live().into_iter().map(|(a, l)| (a, l as u64)).collect();
+    assert_eq!(upstream_runs, runs, "the upstream's mappings are the pool's runs");
+    assert_eq!((p.stats().reserved_bytes, p.upstream().live_bytes()), (6 << 20, 6 << 20));
+    assert_eq!(p.cached_ranges(), vec![(base + (3 << 20), 1 << 20), (base + (15 << 19), 1 << 19)]);
+    p.validate().unwrap();
+    assert_eq!(c.addr(), c_addr);
     p.deallocate(c, 0).unwrap();
-    // Free from 3 MiB up: the chunks from 4 MiB up are whole and free.
+    // Free from 3 to 4 MiB and from 6 MiB up: the chunk [6, 8) is whole and free.
     let live_before = p.upstream().live_bytes();
     let report = p.trim().unwrap();
-    assert_eq!(report.released_bytes, 4 << 20);
+    assert_eq!(report.released_bytes, 2 << 20);
     assert_eq!(live_before - p.upstream().live_bytes(), report.released_bytes);
     assert_eq!(mapped(&p), 4 << 20);
     // What is left of the tail still serves requests, and growth joins it again.
@@ -97,6 +108,46 @@ fn trim_returns_only_whole_free_chunks_at_the_end() {
     p.deallocate(a, 0).unwrap();
     p.trim().unwrap();
     assert_eq!((p.upstream().live_bytes(), p.upstream().reservations().len()), (0, 0));
+    assert!(p.upstream().violations().is_empty(), "{:?}", p.upstream().violations());
+}
+
+/// A request maps the hole where it needs the fewest new chunks, with the free memory around it;
+/// when no segment has room, a second reservation serves it and no block moves.
+#[test]
+fn holes_are_mapped_again_and_a_full_segment_gets_a_second_reservation() {
+    let config = PoolConfig { expandable_reservation_bytes: Some(16 << 20), ..expandable() };
+    let p = CachingPool::new(Arc::new(HostUpstream::new(1 << 30)), Arc::new(HostOrdering::new()), config);
+    // [0, 3) [3, 9) [9, 12) [12, 16) MiB: the 16 MiB reservation is full.
+    let blocks: Vec<_> = [3, 6, 3, 4].iter().map(|&m| p.allocate(m * MIB, 512, 0).unwrap()).collect();
+    let addrs: Vec<u64> = blocks.iter().map(|b| b.addr()).collect();
+    let base = addrs[0];
+    assert_eq!(addrs, vec![base, base + (3 << 20), base + (9 << 20), base + (12 << 20)]);
+    let mut blocks = blocks.into_iter();
+    let (a, b, c, d) =
+        (blocks.next().unwrap(), blocks.next().unwrap(), blocks.next().unwrap(), blocks.next().unwrap());
+    p.deallocate(b, 0).unwrap();
+    // [4, 8) unmapped; [3, 4) and [8, 9) stay cached around the hole.
+    assert_eq!(p.trim().unwrap().released_bytes, 4 << 20);
+    assert_eq!(p.segments(), vec![(base, 4 << 20), (base + (8 << 20), 8 << 20)]);
+    // 3 MiB: the 1 MiB below the hole and one chunk of it; the hole's top chunk stays unmapped.
+    let e = p.allocate(3 * MIB, 512, 0).unwrap();
+    assert_eq!(e.addr(), base + (3 << 20));
+    assert_eq!(p.segments(), vec![(base, 6 << 20), (base + (8 << 20), 8 << 20)]);
+    // 8 MiB fits nowhere in the first reservation (one unmapped chunk, 1 MiB free above it): a
+    // second one, and every earlier block stays where it was.
+    let f = p.allocate(8 * MIB, 512, 0).unwrap();
+    let r = p.upstream().reservations();
+    assert_eq!(r.len(), 2, "{r:x?}");
+    assert_eq!((r[1].0, r[1].2), (f.addr(), 8 << 20));
+    assert_eq!(p.stats().segments, 2);
+    assert_eq!([a.addr(), c.addr(), d.addr()], [addrs[0], addrs[2], addrs[3]]);
+    p.validate().unwrap();
+    for blk in [a, c, d, e, f] {
+        p.deallocate(blk, 0).unwrap();
+    }
+    assert_eq!(p.trim().unwrap().released_segments, 2);
+    assert_eq!((p.upstream().live_bytes(), p.upstream().reservations().len()), (0, 0));
+    assert!(p.upstream().violations().is_empty(), "{:?}", p.upstream().violations());
 }
 
 #[test]
@@ -267,6 +318,43 @@ fn dropping_the_pool_unmaps_and_releases_everything() {
     let _kept = p.allocate(1000, 512, 3).unwrap();
     p.deallocate(a, 0).unwrap();
     drop(p);
+    assert_eq!((up.live_bytes(), up.reservations().len()), (0, 0));
+    assert!(up.violations().is_empty(), "{:?}", up.violations());
+}
+
+/// No segment has room and the upstream refuses another reservation: the error says so (not out
+/// of memory) and names the reservation size; once a block is freed, the pool serves the request.
+#[test]
+fn a_refused_reservation_is_reported_as_address_space_exhaustion() {
+    let up = Arc::new(HostUpstream::new(1 << 30));
+    up.limit_address_space(8 << 20);
+    let config = PoolConfig { expandable_reservation_bytes: Some(4 << 20), ..expandable() };
+    let p = CachingPool::new(up.clone(), Arc::new(HostOrdering::new()), config);
+    let a = p.allocate(3 * MIB, 512, 0).unwrap();
+    let b = p.allocate(3 * MIB, 512, 0).unwrap(); // the first segment is full: a second one
+    assert_eq!(up.reservations().len(), 2);
+    let err = p.allocate(3 * MIB, 512, 0).unwrap_err();
+    assert_eq!(
+        err,
+        PoolError::AddressSpaceExhausted {
+            requested: 3 * MIB,
+            reservation_bytes: 4 << 20,
+            segments: 2,
+            reserved_address_space: 8 << 20,
+            mapped: 8 << 20,
+        }
+    );
+    let text = err.to_string();
+    assert!(text.starts_with("out of address space") && text.contains("4.00 MiB"), "{text}");
+    assert!(text.contains("PoolConfig::expandable_reservation_bytes"), "{text}");
+    assert_eq!(p.stats().oom_errors, 1);
+    p.deallocate(a, 0).unwrap();
+    let c = p.allocate(3 * MIB, 512, 0).unwrap();
+    p.validate().unwrap();
+    for blk in [b, c] {
+        p.deallocate(blk, 0).unwrap();
+    }
+    p.trim().unwrap();
     assert_eq!((up.live_bytes(), up.reservations().len()), (0, 0));
     assert!(up.violations().is_empty(), "{:?}", up.violations());
 }

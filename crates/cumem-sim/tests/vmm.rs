@@ -135,6 +135,23 @@ fn granularity_is_two_mib_for_both_options() {
     assert_eq!(r, CUresult::CUDA_ERROR_INVALID_DEVICE);
 }
 
+/// A GPU process reserves from the host's whole user address space (128 TiB on x86-64): 64
+/// reservations of twice an 80 GiB H100's memory (what a default `GrowableBuffer` or a driver pool
+/// reserves there), 10 TiB in all, succeed, as they would on the GPU.
+#[test]
+#[parallel]
+fn reservations_as_generous_as_on_a_gpu_fit() {
+    bind(0);
+    let size = 160usize << 30;
+    let bases: Vec<CUdeviceptr> = (0..64).map(|_| reserve(size)).collect();
+    let mut sorted = bases.clone();
+    sorted.sort_unstable();
+    assert!(sorted.windows(2).all(|w| w[0] + size as u64 <= w[1]), "reservations overlap");
+    for va in bases {
+        free_va(va, size);
+    }
+}
+
 #[test]
 #[parallel]
 fn reserve_create_map_access_write_read_across_two_chunks() {

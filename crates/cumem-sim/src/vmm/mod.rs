@@ -75,10 +75,15 @@ pub(crate) struct Space {
 }
 
 impl Space {
-    /// A space of at least 1 TiB and 32 times `memory`, or less (down to 64 GiB) where the kernel
-    /// refuses that much address space.
+    /// A space of at least 16 TiB and 32 times `memory`, or less (down to 64 GiB) where the kernel
+    /// refuses that much address space (it costs twice that in host addresses: the range and its
+    /// host view). A GPU process has the whole user address space of the host for reservations
+    /// (47 bits, 128 TiB on x86-64, shared by its devices): programs that reserve generously, such
+    /// as PyTorch's expandable segments (1.125 times the device's memory per stream) or NCCL's
+    /// pools (twice the device's memory each, tens of TiB observed), run into its limit only
+    /// beyond tens of terabytes; 1 TiB here refused them after a few dozen reservations.
     fn new(memory: u64) -> Option<Self> {
-        let mut len = memory.saturating_mul(32).max(1 << 40).next_multiple_of(1 << 30);
+        let mut len = memory.saturating_mul(32).max(16 << 40).next_multiple_of(1 << 30);
         loop {
             let made = AddressSpace::reserve(len).and_then(|va| {
                 let host = Backing::reserved(usize::try_from(len).ok()?)?;
