@@ -125,6 +125,9 @@ fn bad_imports_are_refused_before_the_driver() {
         let e = import(&ctx, &fd, g / 2).unwrap_err();
         assert!(matches!(e, Error::Misaligned { what: "imported physical allocation size", .. }), "{e}");
         if let Some(without) = device_without_vmm() {
+            // Zero bytes is refused before the device is even asked about its granularity.
+            let e = import(&without.context().unwrap(), &fd, 0).unwrap_err();
+            assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
             let e = import(&without.context().unwrap(), &fd, g).unwrap_err();
             assert!(
                 matches!(e, Error::NotSupported { feature: Feature::VirtualMemory, device: Some(d) } if d == without.raw()),
