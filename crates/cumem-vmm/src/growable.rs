@@ -15,7 +15,9 @@
 //! Other devices can be given read-write access with [`GrowableConfig::accessible_from`]: every
 //! chunk gets it as it is mapped, the first ones and those mapped by later growth alike, so a peer
 //! never finds the new end of the buffer inaccessible. A device that cannot reach the buffer's
-//! memory is refused when the buffer is created, before anything is reserved or mapped.
+//! memory is refused when the buffer is created, before anything is reserved or mapped. A peer's
+//! own device work (a kernel on its stream) goes through [`GrowableBuffer::on_peer`] /
+//! [`GrowableBuffer::on_peer_mut`], so that `shrink_to_fit` and the drop wait for it too.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -46,7 +48,7 @@ use bytemuck::{AnyBitPattern, NoUninit, Zeroable};
 use cumem_core::sys::CUdeviceptr;
 use cumem_core::{
     AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, Context, Device, DeviceSlice, DeviceSliceMut, Error,
-    HostMemory, OnStream, OnStreamMut, Result, Stream, StreamOrder, blocking_host_copy,
+    ErrorContext, HostMemory, OnStream, OnStreamMut, Result, Stream, StreamOrder, blocking_host_copy,
 };
 
 use crate::ffi::{self, Fill};
@@ -470,6 +472,52 @@ impl<T> GrowableBuffer<T> {
     /// The values on `stream`, for device work that writes them (see [`DeviceSliceMut::on`]).
     pub fn on_mut<'s>(&'s mut self, stream: &'s Stream) -> Result<OnStreamMut<'s, T>> {
         self.as_mut_slice().into_on(stream)
+    }
+
+    /// The values on `stream`, a stream of a device in [`GrowableBuffer::access`] (the buffer's own
+    /// or a peer of [`GrowableConfig::accessible_from`]), for device work there that only reads
+    /// them: the door for a peer's kernel, which [`GrowableBuffer::on`] refuses (`WrongDevice`).
+    ///
+    /// The bookkeeping is `on`'s: the peer's stream waits (an event wait, legal across devices) for
+    /// the buffer's earlier work, and once the guard drops, everything later — other streams, host
+    /// reads, [`GrowableBuffer::shrink_to_fit`] and the drop, which unmap — waits for the work
+    /// queued on it meanwhile. A stream of a device without access: `NotPermitted`, before any
+    /// driver call.
+    pub fn on_peer<'s>(&'s self, stream: &'s Stream) -> Result<OnStream<'s, T>> {
+        self.check_access(stream)?;
+        // SAFETY: as in `as_slice` (mapped, aligned, initialised values, ordered through `order`,
+        // unmapped only with `&mut self`), except for the context: the view names `stream`'s,
+        // whose device has read-write access to every chunk (`check_access`; `map_up_to` gives
+        // every chunk the access of each listed device). The view lives only for `on`, which uses
+        // its context to check the stream's device and nothing else; the guard it returns holds
+        // the address, the length and the ticket of `order`.
+        let view = unsafe {
+            DeviceSlice::from_raw_parts(self.device_ptr(), self.len, &self.order, stream.context())
+        };
+        view.on(stream)
+    }
+
+    /// The values on a stream of a device in [`GrowableBuffer::access`], for device work there
+    /// that writes them (see [`GrowableBuffer::on_peer`]); exclusive while the guard lives.
+    pub fn on_peer_mut<'s>(&'s mut self, stream: &'s Stream) -> Result<OnStreamMut<'s, T>> {
+        self.check_access(stream)?;
+        // SAFETY: as in `on_peer`; the view borrows `self` exclusively.
+        let view = unsafe {
+            DeviceSliceMut::from_raw_parts(self.device_ptr(), self.len, &self.order, stream.context())
+        };
+        view.into_on(stream)
+    }
+
+    /// `Ok` if `stream`'s device is given access to every chunk.
+    fn check_access(&self, stream: &Stream) -> Result<()> {
+        let device = stream.context().device();
+        if self.access.iter().any(|&(d, a)| d == device && a == Access::ReadWrite) {
+            return Ok(());
+        }
+        Err(Error::NotPermitted {
+            ctx: ErrorContext::op("GrowableBuffer::on_peer (the stream's device is not in accessible_from)")
+                .device(device.raw()),
+        })
     }
 
     /// Copies the values to a new `Vec`, after all work queued on the buffer so far.

@@ -10,7 +10,8 @@
 //! grows, because it maps new memory at the end of a large reservation instead of reallocating.
 //! Mappings and growable buffers can be made accessible from peer devices, and physical memory
 //! created with [`HandleTypes::POSIX_FD`] can be exported as a file descriptor and imported in
-//! another process ([`PhysicalMemory::export_fd`], [`PhysicalMemory::import_fd`]).
+//! another process ([`PhysicalMemory::export_fd`], [`PhysicalMemory::import_fd`], which is
+//! `unsafe`: two objects over the same bytes are ordered by the program, not by cumem).
 //!
 //! A device without VMM support gives `NotSupported { feature: VirtualMemory }` before any VMM
 //! call. See `docs/vmm.md` for a guide.

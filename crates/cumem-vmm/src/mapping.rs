@@ -13,8 +13,14 @@
 //! Refused before any driver call, each with its own error: an offset that is not a multiple of
 //! the granularity (`Misaligned`), memory that does not fit wholly inside the range (`OutOfRange`),
 //! a mapping over mapped space or of physical memory that is mapped already (`AlreadyMapped`: a
-//! second mapping would be a second view of the same bytes, with its own stream order), access for a device that cannot reach the memory
-//! (`NotSupported { feature: PeerAccess }`).
+//! second mapping would be a second view of the same bytes, with its own stream order, and the
+//! exclusive views and guards of each would no longer be exclusive), access for a device that
+//! cannot reach the memory (`NotSupported { feature: PeerAccess }`).
+//!
+//! That refusal covers one [`PhysicalMemory`] object. Shareable memory is where it ends: an
+//! import ([`PhysicalMemory::import_fd`]) is a second object over the same bytes, here or in
+//! another process, and its mapping has a stream order of its own. That is why importing is the
+//! `unsafe` step: its caller promises to order the accesses of all the mappings.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -125,10 +131,13 @@ impl<R: RangeHolder> MappingIn<R> {
         let ptr = range.base() + offset as u64;
         let mapped = range.context().bind().and_then(|()| {
             // SAFETY: the span lies inside the live reservation and nothing is mapped there (both
-            // checked by the claim, which every mapping of this range takes first); `memory` is a
-            // live allocation of exactly `size` bytes, mapped through no other mapping of this
-            // object (its flag, just claimed). (An import of shareable memory is another object
-            // over the same bytes: see `as_slice` on why that leaves the views sound.)
+            // checked by the claim, which every mapping of this range takes first). `memory` is a
+            // live allocation, mapped through no other mapping of this object (its flag, just
+            // claimed), of `size` bytes when this process created it; an import's size is its
+            // caller's word, which the driver checks: `cuMemMap` refuses `offset + size` past the
+            // allocation (INVALID_VALUE, §17, still to verify on a GPU: docs/vmm.md), and a
+            // smaller size maps a prefix of it. (An import is another object over the same bytes:
+            // see `as_slice` on why the views stay sound.)
             unsafe { ffi::map(ptr, size, memory.raw()) }
         });
         if let Err(e) = mapped {
@@ -238,9 +247,9 @@ impl<R: RangeHolder> MappingIn<R> {
         // nowhere else (`new` claimed it), so all device work through it goes through views of
         // this mapping, ordered through `order`, which the unmap waits for; writes need `&mut
         // self`. Shareable memory may also be mapped through an import (here or in another
-        // process), whose work this order does not see: a race with it changes which valid T is
-        // read (any bytes are one), never what memory is touched, as each side holds its own
-        // reference to the bytes; ordering the sides is the program's (`PhysicalMemory::import_fd`).
+        // process), whose work this order does not see: the caller of the `unsafe`
+        // `PhysicalMemory::import_fd` promised to order every access across the mappings, so
+        // none races with this view's (item 1 of its safety list).
         Ok(unsafe { DeviceSlice::from_raw_parts(self.device_ptr(), len, &self.order, &self.ctx) })
     }
 

@@ -9,7 +9,9 @@
 //! gives a file descriptor that another process receives (over a Unix socket, `SCM_RIGHTS`) and
 //! turns back into physical memory with [`PhysicalMemory::import_fd`], which it maps like its
 //! own. The bytes are the same; each side's object holds its own reference, and the memory lives
-//! until every reference is released and every mapping unmapped.
+//! until every reference is released and every mapping unmapped. Importing is `unsafe`: two
+//! objects over the same bytes give two mappings with separate stream orders, so the exclusive
+//! views that cumem hands out stop being exclusive unless the program orders the two sides.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -23,9 +25,12 @@
 //!     assert_eq!(memory.handle_types(), HandleTypes::NONE);
 //!     assert!(memory.export_fd().is_err()); // not created shareable
 //!
-//!     let shared = PhysicalMemory::with_handle_types(&ctx, g, HandleTypes::POSIX_FD)?;
-//!     let fd = shared.export_fd()?; // send it, and `g`, to another process
-//!     let imported = PhysicalMemory::import_fd(&ctx, &fd, g)?; // what that process does
+//!     // Shareable memory is sized in its own granularity, which may differ from the plain one.
+//!     let sg = Granularity::with_handle_types(ctx.device(), HandleTypes::POSIX_FD)?.minimum;
+//!     let shared = PhysicalMemory::with_handle_types(&ctx, sg, HandleTypes::POSIX_FD)?;
+//!     let fd = shared.export_fd()?; // send it, and `sg`, to another process
+//!     // SAFETY: neither object is mapped here, so no two accesses to the bytes can race.
+//!     let imported = unsafe { PhysicalMemory::import_fd(&ctx, &fd, sg)? }; // what that process does
 //!     assert!(imported.is_imported() && !shared.is_imported());
 //!     assert_ne!(imported.raw(), shared.raw()); // a second handle to the same bytes
 //! }
@@ -116,27 +121,36 @@ impl PhysicalMemory {
     /// A descriptor does not say how large the memory is and the driver has no query for it, so
     /// `bytes` is the exporter's [`PhysicalMemory::bytes`], sent along with the descriptor. A
     /// smaller multiple of the granularity imports a prefix; a larger size than the memory has is
-    /// refused by the driver when the memory is mapped (`InvalidValue`).
+    /// refused by the driver when the memory is mapped (`InvalidValue`: `cuMemMap` requires
+    /// `offset + size` within the allocation, `driver-api.md` §17; see `docs/vmm.md` on what is
+    /// still to verify on a GPU).
     ///
-    /// Refused before any driver call: a device without VMM (`NotSupported { feature:
-    /// VirtualMemory }`) or without POSIX descriptor handles (`NotSupported { feature:
-    /// ShareableHandle(..) }`), zero bytes (`ZeroSize`), a size that is not a multiple of the
+    /// Refused before any driver call: zero bytes (`ZeroSize`), a device without VMM
+    /// (`NotSupported { feature: VirtualMemory }`) or without POSIX descriptor handles
+    /// (`NotSupported { feature: ShareableHandle(..) }`), a size that is not a multiple of the
     /// granularity (`Misaligned`). A descriptor the driver does not recognise as exported memory
     /// gives its error (`InvalidValue` on the simulator); memory on a device other than `ctx`'s,
     /// `WrongDevice` (the import is released again). The device and handle types are read from the
     /// memory (`cuMemGetAllocationPropertiesFromHandle`), so the import may be exported in turn.
     ///
-    /// The import and the exporter's memory are the same bytes behind two objects, and a mapping
-    /// orders only the work queued through its own views: order the two sides yourself
-    /// (synchronise before telling the other side to look; across processes, an IPC event). A
-    /// race gives wrong values, never a wrong address or freed memory: each side holds its own
-    /// reference, and mapping views only hold types for which any bytes are valid.
-    pub fn import_fd(ctx: &Context, fd: impl AsFd, bytes: usize) -> Result<PhysicalMemory> {
-        let device = ctx.device();
-        let shareable = Granularity::with_handle_types(device, HandleTypes::POSIX_FD)?;
+    /// # Safety
+    /// The import and the exporter's memory are the same bytes behind two objects, and each of
+    /// their mappings orders only the work queued through its own views: cumem can no longer
+    /// make a `&mut` view or an [`OnStreamMut`](cumem_core::OnStreamMut) guard exclusive. So:
+    /// 1. The program orders every access to the memory across all its mappings, in this process
+    ///    and in every other one that maps it (synchronising the writer before telling the other
+    ///    side to look, or an interprocess event), so that no access through one mapping races
+    ///    with an access through another while a view or guard of either is alive: kernels
+    ///    reached through a guard rely on its exclusivity as much as cumem's own copies do.
+    ///
+    /// Freeing is not the caller's concern: each side holds its own reference, so neither side's
+    /// drop frees memory that the other still maps.
+    pub unsafe fn import_fd(ctx: &Context, fd: impl AsFd, bytes: usize) -> Result<PhysicalMemory> {
         if bytes == 0 {
             return Err(Error::ZeroSize { what: "imported physical allocation" });
         }
+        let device = ctx.device();
+        let shareable = Granularity::with_handle_types(device, HandleTypes::POSIX_FD)?;
         shareable.check("imported physical allocation size", bytes as u64)?;
         ctx.bind()?;
         let handle = ffi::import_fd(fd.as_fd())?;
@@ -170,7 +184,7 @@ impl PhysicalMemory {
     }
 
     /// Whether this memory came from [`PhysicalMemory::import_fd`] (it may alias memory that
-    /// another object, here or in another process, maps too).
+    /// another object, here or in another process, maps too: the importer orders the two).
     pub fn is_imported(&self) -> bool {
         self.imported
     }

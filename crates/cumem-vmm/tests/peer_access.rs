@@ -1,17 +1,20 @@
 //! VMM memory accessible from peer devices (issue 11, item 1): a `GrowableBuffer` made accessible
 //! from a peer gives it access to every chunk, those mapped by later growth included, and a device
 //! that cannot reach the buffer's is refused before anything is reserved; `Mapping::set_access`
-//! with several devices sets each one's access. Four simulated devices with pairs 0-1 and 2-3
+//! with several devices sets each one's access; a peer's own stream works on the buffer through
+//! `on_peer` / `on_peer_mut`, and shrinking or dropping waits for that work. Four simulated devices with pairs 0-1 and 2-3
 //! linked; on a real machine each test skips, saying so, without the devices it needs.
 
 mod common;
 
-use common::{VMM_CALLS, granule, misuse_here, pattern, without_calls};
+use std::time::Duration;
+
+use common::{VMM_CALLS, granule, hold, misuse_here, pattern, without_calls};
 use cumem_core::sys::{self, CUresult};
 use cumem_core::{Context, Device, Error, Feature, Stream};
 use cumem_sys::testing;
 use cumem_vmm::{Access, GrowableBuffer, GrowableConfig, PhysicalMemory, VirtualRange};
-use serial_test::parallel;
+use serial_test::{parallel, serial};
 
 const SIM: &str = "devices=4,peer=0-1,2-3";
 
@@ -122,7 +125,8 @@ fn a_peer_reads_and_writes_every_chunk_including_those_mapped_by_growth() {
 #[parallel]
 fn without_the_peer_a_new_chunk_is_refused_to_it() {
     // What the access on growth prevents: the same buffer without `accessible_from` faults the
-    // peer (INVALID_VALUE at the call, as a memset on an inaccessible mapping on an H100, §17).
+    // peer (INVALID_VALUE at the call on the simulator, as a memset on an inaccessible mapping on
+    // an H100, §17; a host copy with the peer current is not known to fail on a GPU).
     let Some((owner, peer, _)) = trio() else { return };
     let (ctx, peer_ctx) = (owner.context().unwrap(), peer.context().unwrap());
     let g = granule(owner);
@@ -131,7 +135,11 @@ fn without_the_peer_a_new_chunk_is_refused_to_it() {
     let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config).unwrap();
     buf.extend_from_slice(&pattern(g / 4, 4)).unwrap();
     assert_eq!(buf.access(), [(owner, Access::ReadWrite)]);
-    assert_eq!(read_as(&peer_ctx, buf.device_ptr(), 1), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+    // Only the simulator checks the access of the current context's device on a copy: a GPU's
+    // copy engine may well read the owner's memory for a host copy without the peer's access.
+    if testing::sim_control().is_some() {
+        assert_eq!(read_as(&peer_ctx, buf.device_ptr(), 1), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+    }
 }
 
 #[test]
@@ -218,4 +226,80 @@ fn set_access_sets_each_listed_device_and_refuses_a_stranger_before_the_driver()
     assert_eq!(mapping.access(peer).unwrap(), Access::Read);
     assert_eq!(mapping.access(stranger).unwrap(), Access::None);
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+/// Queues a memset of `len` words at `ptr` to `value` on `stream`, with `ctx` (the stream's)
+/// current.
+fn memset_on(ctx: &Context, stream: &Stream, ptr: sys::CUdeviceptr, value: u32, len: usize) {
+    ctx.bind().unwrap();
+    // SAFETY: the range is a guard's, of `len` words, and the memset is queued on its stream.
+    let code = unsafe { sys::cuMemsetD32Async(ptr, value, len, stream.raw()) };
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+}
+
+#[test]
+#[serial] // holds a gate
+fn a_peer_stream_goes_through_on_peer_and_shrink_and_drop_wait_for_it() {
+    let Some((owner, peer, stranger)) = trio() else { return };
+    let (ctx, peer_ctx) = (owner.context().unwrap(), peer.context().unwrap());
+    let g = granule(owner);
+    let per_chunk = g / 4;
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let peer_stream = Stream::non_blocking(&peer_ctx).unwrap();
+    let stranger_stream = Stream::non_blocking(&stranger.context().unwrap()).unwrap();
+    let config = GrowableConfig::default().chunk_bytes(g).reserve_bytes(4 * g).accessible_from(&[peer]);
+    let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config).unwrap();
+    buf.extend_from_slice(&pattern(2 * per_chunk, 8)).unwrap();
+
+    // `on` keeps to the buffer's device; `on_peer` takes a listed peer's stream and no other.
+    let e = buf.on(&peer_stream).unwrap_err();
+    assert!(matches!(e, Error::WrongDevice { .. }), "{e}");
+    without_calls(&["cuStreamWaitEvent", "cuEventRecord"], || {
+        let e = buf.on_peer(&stranger_stream).unwrap_err();
+        assert!(matches!(e, Error::NotPermitted { .. }), "{e}");
+        let e = buf.on_peer_mut(&stranger_stream).unwrap_err();
+        assert!(matches!(e, Error::NotPermitted { .. }), "{e}");
+    });
+
+    // The peer writes both chunks on its held stream; shrinking unmaps the second only after.
+    let base = buf.device_ptr();
+    let gate = hold(&peer_stream);
+    {
+        let on = buf.on_peer_mut(&peer_stream).unwrap();
+        assert_eq!((on.device_ptr(), on.len()), (base, 2 * per_chunk));
+        memset_on(&peer_ctx, on.stream(), on.device_ptr(), 0xBEEF_0001, on.len());
+    }
+    buf.truncate(per_chunk);
+    let opener = gate.release_after(Duration::from_millis(50));
+    buf.shrink_to_fit().unwrap(); // unmapping under the peer's queued memset is logged as misuse
+    opener.join().unwrap();
+    assert_eq!(buf.mapped_bytes(), g);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    // The owner's read is ordered after the peer's write, which landed whole.
+    assert_eq!(buf.to_vec().unwrap(), vec![0xBEEF_0001; per_chunk]);
+
+    // A read on the peer, then the drop: it waits for the peer's stream too.
+    let size = buf.range().size();
+    let mut copy = cumem_core::DeviceBuffer::<u32>::zeroed(&peer_stream, per_chunk).unwrap();
+    let gate = hold(&peer_stream);
+    {
+        let on = buf.on_peer(&peer_stream).unwrap();
+        let mut dst = copy.as_mut_slice();
+        let dst = dst.on(&peer_stream).unwrap();
+        peer_ctx.bind().unwrap();
+        // SAFETY: both ranges are guards' of `per_chunk` words, the copy is queued on their stream.
+        let code = unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst.device_ptr(), on.device_ptr(), on.bytes(), peer_stream.raw())
+        };
+        assert_eq!(code, CUresult::CUDA_SUCCESS);
+    }
+    let opener = gate.release_after(Duration::from_millis(50));
+    drop(buf); // unmaps every chunk: must wait for the copy still queued behind the gate
+    opener.join().unwrap();
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_eq!(copy.to_vec().unwrap(), vec![0xBEEF_0001; per_chunk]);
+    if let Some(ctl) = testing::sim_control() {
+        let report = ctl.live_report();
+        assert!(!report.mappings.iter().any(|m| m.ptr >= base && m.ptr < base + size as u64));
+    }
 }

@@ -28,6 +28,13 @@ fn shareable(device: cumem_core::Device) -> bool {
     device.attribute(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED).unwrap() != 0
 }
 
+/// `PhysicalMemory::import_fd` for a test that orders every access to the memory itself (each
+/// writer synchronises before the other mapping is read) or never maps it.
+fn import(ctx: &cumem_core::Context, fd: impl AsFd, bytes: usize) -> cumem_core::Result<PhysicalMemory> {
+    // SAFETY: every caller orders the accesses of its mappings of the memory (see above).
+    unsafe { PhysicalMemory::import_fd(ctx, fd, bytes) }
+}
+
 /// How many physical allocations the simulator holds (`None` on a real driver).
 fn sim_physical() -> Option<usize> {
     Some(cumem_sys::testing::sim_control()?.live_report().physical.len())
@@ -41,13 +48,17 @@ fn an_import_maps_the_same_bytes_as_the_exported_memory() {
     let g = granule(device);
     let exported = PhysicalMemory::with_handle_types(&ctx, 2 * g, HandleTypes::POSIX_FD).unwrap();
     let fd = exported.export_fd().unwrap();
-    let imported = PhysicalMemory::import_fd(&ctx, fd.as_fd(), 2 * g).unwrap();
+    let imported = import(&ctx, fd.as_fd(), 2 * g).unwrap();
     // The import holds its own reference: the descriptor may go at once.
     drop(fd);
     assert!(imported.is_imported() && !exported.is_imported());
     assert_ne!(imported.raw(), exported.raw(), "an import is a new handle, even in the same process");
     assert_eq!((imported.bytes(), imported.device()), (2 * g, device));
-    assert!(imported.handle_types().contains(HandleTypes::POSIX_FD), "read back from the memory");
+    // Read back from the memory. A GPU returns the creation properties for an import (§17), but
+    // that its handle types come back whole has only been seen on the simulator.
+    if cumem_sys::testing::sim_control().is_some() {
+        assert!(imported.handle_types().contains(HandleTypes::POSIX_FD), "read back from the memory");
+    }
 
     // Both mapped at once, in two places of one range.
     let range = VirtualRange::reserve(&ctx, 4 * g).unwrap();
@@ -78,7 +89,7 @@ fn an_import_maps_the_same_bytes_as_the_exported_memory() {
     assert_eq!(b.as_slice::<u32>().unwrap().slice(..g / 4).unwrap().to_vec().unwrap(), data[..g / 4]);
 
     // An import exports in turn (its handle types came from the memory).
-    let again = PhysicalMemory::import_fd(&ctx, imported.export_fd().unwrap(), 2 * g).unwrap();
+    let again = import(&ctx, imported.export_fd().unwrap(), 2 * g).unwrap();
     let mut c = range.map(0, &again).unwrap();
     c.set_access(&[(device, Access::Read)]).unwrap();
     assert_eq!(c.as_slice::<u32>().unwrap().slice(..g / 4).unwrap().to_vec().unwrap(), data[..g / 4]);
@@ -109,12 +120,15 @@ fn bad_imports_are_refused_before_the_driver() {
     let mut calls = SHARE_CALLS.to_vec();
     calls.extend_from_slice(VMM_CALLS);
     without_calls(&calls, || {
-        let e = PhysicalMemory::import_fd(&ctx, &fd, 0).unwrap_err();
+        let e = import(&ctx, &fd, 0).unwrap_err();
         assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
-        let e = PhysicalMemory::import_fd(&ctx, &fd, g / 2).unwrap_err();
+        let e = import(&ctx, &fd, g / 2).unwrap_err();
         assert!(matches!(e, Error::Misaligned { what: "imported physical allocation size", .. }), "{e}");
         if let Some(without) = device_without_vmm() {
-            let e = PhysicalMemory::import_fd(&without.context().unwrap(), &fd, g).unwrap_err();
+            // Zero bytes is refused before the device is even asked about its granularity.
+            let e = import(&without.context().unwrap(), &fd, 0).unwrap_err();
+            assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
+            let e = import(&without.context().unwrap(), &fd, g).unwrap_err();
             assert!(
                 matches!(e, Error::NotSupported { feature: Feature::VirtualMemory, device: Some(d) } if d == without.raw()),
                 "{e}"
@@ -132,9 +146,11 @@ fn a_descriptor_that_is_not_exported_memory_is_the_drivers_invalid_value() {
     let g = granule(device);
     let mut file = tempfile();
     file.write_all(&vec![0u8; 2 * g]).unwrap();
-    let e = PhysicalMemory::import_fd(&ctx, &file, g).unwrap_err();
-    assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
+    let e = import(&ctx, &file, g).unwrap_err();
+    // The simulator's answer; a GPU's for a plain file is not recorded (for fd -1 it gave UNKNOWN
+    // or INVALID_DEVICE, §17), so there only the refusal is checked.
     if cumem_sys::testing::sim_control().is_some() {
+        assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
         let misuse = misuse_here();
         assert!(misuse.iter().any(|m| m.contains("cuMemImportFromShareableHandle")), "{misuse:?}");
     }
@@ -148,7 +164,7 @@ fn an_import_larger_than_the_memory_is_refused_when_mapped() {
     let g = granule(device);
     let exported = PhysicalMemory::with_handle_types(&ctx, g, HandleTypes::POSIX_FD).unwrap();
     // The descriptor does not carry the size, so the wrong one is only found out by the map.
-    let imported = PhysicalMemory::import_fd(&ctx, exported.export_fd().unwrap(), 2 * g).unwrap();
+    let imported = import(&ctx, exported.export_fd().unwrap(), 2 * g).unwrap();
     let range = VirtualRange::reserve(&ctx, 2 * g).unwrap();
     let e = range.map(0, &imported).unwrap_err();
     assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
@@ -156,7 +172,7 @@ fn an_import_larger_than_the_memory_is_refused_when_mapped() {
     assert!(!imported.is_mapped());
     // A smaller size maps a prefix of the memory.
     let prefix_of_two = PhysicalMemory::with_handle_types(&ctx, 2 * g, HandleTypes::POSIX_FD).unwrap();
-    let prefix = PhysicalMemory::import_fd(&ctx, prefix_of_two.export_fd().unwrap(), g).unwrap();
+    let prefix = import(&ctx, prefix_of_two.export_fd().unwrap(), g).unwrap();
     let mut mapping = range.map(0, &prefix).unwrap();
     mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
     assert_eq!(mapping.size(), g);
@@ -174,7 +190,7 @@ fn an_import_onto_another_device_is_refused_and_released() {
     let exported = PhysicalMemory::with_handle_types(&ctx, granule(device), HandleTypes::POSIX_FD).unwrap();
     let fd = exported.export_fd().unwrap();
     let before = sim_physical();
-    let e = PhysicalMemory::import_fd(&other.context().unwrap(), &fd, granule(other)).unwrap_err();
+    let e = import(&other.context().unwrap(), &fd, granule(other)).unwrap_err();
     assert!(
         matches!(e, Error::WrongDevice { expected, actual } if expected == other.raw() && actual == device.raw()),
         "{e}"
