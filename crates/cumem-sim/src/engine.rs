@@ -125,9 +125,23 @@ fn engine_loop() {
             if !op.deps.iter().all(|&(d, q)| done_through(&g.streams, d, q)) {
                 continue;
             }
-            if let Some((page, ticket)) = &op.remote
-                && !page.is_done(*ticket)
+            if let Some(r) = &op.remote
+                && !r.page.is_done(r.ticket)
             {
+                // A process that exited with that recording queued never publishes it: the wait
+                // is unbounded, and says so once when it has lasted long (see `Stall`).
+                let mut stall = r.stall.get().unwrap_or_else(crate::ipc::event::Stall::new);
+                stall.check(|| {
+                    format!(
+                        "stream {sid:#x} has waited {} s for recording {} of interprocess event {:#x}, \
+                         made in another process; if that process exited with it queued, nothing \
+                         completes it and the stream's later work waits forever",
+                        crate::ipc::event::STALL_NOTE.as_secs(),
+                        r.ticket,
+                        r.event
+                    )
+                });
+                r.stall.set(Some(stall));
                 // No call in this process will say when the other process publishes: look again
                 // soon, with the lock released meanwhile like any other wait.
                 let poll = now + crate::ipc::event::POLL;

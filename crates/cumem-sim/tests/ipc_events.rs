@@ -5,9 +5,11 @@
 //! the exporter's query, synchronize and stream waits; an imported event destroyed under a pending
 //! wait still releases it; imported events are in the live report, and both reports end clean.
 //!
-//! The order of events is set by socket handshakes, stream gates and queries, never by timing. A
-//! read that waits far longer than any step needs fails the test instead of hanging it, and the
-//! parent kills its child when it fails.
+//! The order of events is set by socket handshakes, stream gates and queries, never by timing.
+//! Nothing the parent waits for can hang it: a child that has not connected, a socket read, the
+//! parent's own waiting simulator calls (run on a helper thread) and the child's exit each fail the
+//! test once they have waited far longer than any step needs, and the parent kills its child when
+//! it fails.
 
 mod common;
 
@@ -16,7 +18,8 @@ use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::mpsc::{RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
 
 use common::*;
 use cudarc::driver::sys::{self as cu, CUevent, CUipcEventHandle, CUresult, CUstream};
@@ -28,6 +31,8 @@ const IPC_FLAGS: u32 = 2 | 4;
 const NON_BLOCKING: u32 = 1;
 /// Far longer than any step takes: a read that waits this long means the other process is stuck.
 const WATCHDOG: Duration = Duration::from_secs(120);
+/// How often the parent looks for its child's connection or exit.
+const LOOK: Duration = Duration::from_millis(10);
 const N: usize = 64;
 
 /// Host functions run in this process (each process has its own count).
@@ -103,6 +108,35 @@ fn destroy_event(e: CUevent) {
     ok(unsafe { cu::cuEventDestroy_v2(e) });
 }
 
+/// Runs `f`, a simulator call of the parent that waits, on a helper thread, and fails the test if it
+/// has not returned within [`WATCHDOG`]: a lost wakeup in the simulator would otherwise hang the
+/// parent, and CI with it (the stuck thread is left behind; the failed test ends the binary).
+fn within(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        bind(0);
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(WATCHDOG) {
+        Ok(()) => {}
+        Err(RecvTimeoutError::Timeout) => panic!("{what} did not return within {WATCHDOG:?}"),
+        Err(RecvTimeoutError::Disconnected) => panic!("{what} failed (see the helper thread's panic)"),
+    }
+}
+
+/// `cuEventSynchronize` in the parent, under the watchdog.
+fn watched_sync_event(e: CUevent) {
+    let e = e as usize;
+    within("cuEventSynchronize", move || sync_event(e as CUevent));
+}
+
+/// `cuStreamSynchronize` in the parent, under the watchdog.
+fn watched_sync_stream(s: CUstream) {
+    let s = s as usize;
+    within("cuStreamSynchronize", move || sync_stream(s as CUstream));
+}
+
 fn note(sock: &mut UnixStream, what: &[u8; 1]) {
     sock.write_all(what).unwrap();
 }
@@ -120,9 +154,24 @@ fn expect(sock: &mut UnixStream, what: &[u8; 1]) {
 struct Reap(Option<Child>);
 
 impl Reap {
+    /// The child's exit: it must succeed within [`WATCHDOG`] (a child stuck after its last
+    /// handshake is killed by `Drop` when this fails).
     fn finish(mut self) {
-        let status = self.0.take().unwrap().wait().unwrap();
-        assert!(status.success(), "child failed: {status}");
+        let deadline = Instant::now() + WATCHDOG;
+        loop {
+            if let Some(status) = self.0.as_mut().unwrap().try_wait().unwrap() {
+                self.0 = None;
+                assert!(status.success(), "child failed: {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "the child did not exit within {WATCHDOG:?}");
+            std::thread::sleep(LOOK);
+        }
+    }
+
+    /// The child's exit status, if it has exited.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.0.as_mut().unwrap().try_wait().unwrap()
     }
 }
 
@@ -135,21 +184,47 @@ impl Drop for Reap {
     }
 }
 
-/// Spawns `child` (a test of this binary) and returns the connection to it.
-fn spawn(child: &str) -> (Reap, UnixStream, std::path::PathBuf) {
+/// The socket file, removed however `spawn` ends.
+struct SocketFile(std::path::PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Spawns `child` (a test of this binary) and returns the connection to it. The listener does not
+/// block: a child that exits before connecting (it failed, or its name matched no test) or never
+/// connects fails the test within [`WATCHDOG`] instead of hanging it.
+fn spawn(child: &str) -> (Reap, UnixStream) {
     let path = std::env::temp_dir().join(format!("cumem-sim-ipc-ev-{}-{child}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
-    let reap = Reap(Some(
+    let file = SocketFile(path);
+    listener.set_nonblocking(true).unwrap();
+    let mut reap = Reap(Some(
         Command::new(std::env::current_exe().unwrap())
             .args([child, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, &path)
+            .env(CHILD_ENV, &file.0)
             .spawn()
             .unwrap(),
     ));
-    let (sock, _) = listener.accept().unwrap();
+    let deadline = Instant::now() + WATCHDOG;
+    let sock = loop {
+        match listener.accept() {
+            Ok((sock, _)) => break sock,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("accepting {child}'s connection: {e}"),
+        }
+        if let Some(status) = reap.exited() {
+            panic!("{child} exited ({status}) without connecting");
+        }
+        assert!(Instant::now() < deadline, "{child} did not connect within {WATCHDOG:?}");
+        std::thread::sleep(LOOK);
+    };
+    sock.set_nonblocking(false).unwrap();
     sock.set_read_timeout(Some(WATCHDOG)).unwrap();
-    (reap, sock, path)
+    (reap, sock)
 }
 
 /// The connection to the parent, in a child process (`None` in the parent).
@@ -184,12 +259,12 @@ fn wait_on_another_process_recording_is_queued() {
     let gate = Gate::block(s);
     record(ev, s);
     assert_eq!(query_event(ev), CUresult::CUDA_ERROR_NOT_READY);
-    let (reap, mut sock, path) = spawn("child_queues_wait");
+    let (reap, mut sock) = spawn("child_queues_wait");
     sock.write_all(&export(ev)).unwrap();
     // The child has queued its wait and work behind it, and returned.
     expect(&mut sock, b"Q");
     gate.open();
-    sync_event(ev);
+    watched_sync_event(ev);
     note(&mut sock, b"G");
 
     // The child records its import on a gated stream: the exporter sees that recording.
@@ -202,13 +277,12 @@ fn wait_on_another_process_recording_is_queued() {
     assert_eq!(runs(), before, "work behind a wait on a pending recording ran");
     note(&mut sock, b"O");
     expect(&mut sock, b"D");
-    sync_event(ev);
+    watched_sync_event(ev);
     ok(query_event(ev));
-    sync_stream(s);
+    watched_sync_stream(s);
     assert_eq!(runs(), before + 1);
     note(&mut sock, b"E");
     reap.finish();
-    let _ = std::fs::remove_file(&path);
     destroy_event(ev);
     destroy(s);
     assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
@@ -269,18 +343,17 @@ fn a_later_recording_completing_first_does_not_release_a_wait() {
     let s = stream(NON_BLOCKING);
     let gate = Gate::block(s);
     record(ev, s);
-    let (reap, mut sock, path) = spawn("child_out_of_order");
+    let (reap, mut sock) = spawn("child_out_of_order");
     sock.write_all(&export(ev)).unwrap();
     expect(&mut sock, b"C");
     // The child's recording completed; the parent's is still gated.
     ok(query_event(ev));
     assert_eq!(query_stream(s), CUresult::CUDA_ERROR_NOT_READY);
     gate.open();
-    sync_stream(s);
+    watched_sync_stream(s);
     note(&mut sock, b"G");
     expect(&mut sock, b"E");
     reap.finish();
-    let _ = std::fs::remove_file(&path);
     destroy_event(ev);
     destroy(s);
     assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
