@@ -3,7 +3,9 @@
 //! the driver queues it, so a handshake after it cannot deadlock; a wait captures one recording and
 //! is not released by a later recording that completes first; an importer's recording is seen by
 //! the exporter's query, synchronize and stream waits; an imported event destroyed under a pending
-//! wait still releases it; imported events are in the live report, and both reports end clean.
+//! wait still releases it; a stream wait and a recording held up by another process's incomplete
+//! recording each say so once on stderr and go on waiting; imported events are in the live report,
+//! and both reports end clean.
 //!
 //! The order of events is set by socket handshakes, stream gates and queries, never by timing.
 //! Nothing the parent waits for can hang it: a child that has not connected, a socket read, the
@@ -14,11 +16,11 @@
 mod common;
 
 use std::ffi::c_void;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::{RecvTimeoutError, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -34,6 +36,8 @@ const WATCHDOG: Duration = Duration::from_secs(120);
 /// How often the parent looks for its child's connection or exit.
 const LOOK: Duration = Duration::from_millis(10);
 const N: usize = 64;
+/// Recordings of one interprocess event that may be incomplete at once: the shared page's slots.
+const PAGE_SLOTS: usize = 510;
 
 /// Host functions run in this process (each process has its own count).
 static HOST_FN_RUNS: AtomicU32 = AtomicU32::new(0);
@@ -197,6 +201,11 @@ impl Drop for SocketFile {
 /// block: a child that exits before connecting (it failed, or its name matched no test) or never
 /// connects fails the test within [`WATCHDOG`] instead of hanging it.
 fn spawn(child: &str) -> (Reap, UnixStream) {
+    spawn_with(child, Stdio::inherit())
+}
+
+/// [`spawn`], with the child's stderr sent where `stderr` says.
+fn spawn_with(child: &str, stderr: Stdio) -> (Reap, UnixStream) {
     let path = std::env::temp_dir().join(format!("cumem-sim-ipc-ev-{}-{child}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
@@ -206,6 +215,7 @@ fn spawn(child: &str) -> (Reap, UnixStream) {
         Command::new(std::env::current_exe().unwrap())
             .args([child, "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, &file.0)
+            .stderr(stderr)
             .spawn()
             .unwrap(),
     ));
@@ -397,5 +407,97 @@ fn child_out_of_order() {
     destroy(t);
     destroy(u);
     pfree(host);
+    assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
+}
+
+/// The lines `r` yields, from a reader thread, each also copied to this process's stderr.
+fn lines(r: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("child: {line}");
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The child's waits for the parent's gated recording 1 cannot end while the gate is shut: its
+/// queued stream wait, and (with `PAGE_SLOTS` recordings incomplete) its next `cuEventRecord`. Each
+/// says so once on stderr, naming recording 1, and goes on waiting; opening the gate ends both.
+#[test]
+#[serial] // gates hold streams (see `Gate`)
+fn a_wait_stuck_on_another_process_says_so_once() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let ctl = bind(0);
+    let ev = ipc_event();
+    let s = stream(NON_BLOCKING);
+    let gate = Gate::block(s);
+    record(ev, s);
+    let (mut reap, mut sock) = spawn_with("child_fills_the_page", Stdio::piped());
+    let stderr = lines(reap.0.as_mut().unwrap().stderr.take().unwrap());
+    sock.write_all(&export(ev)).unwrap();
+    expect(&mut sock, b"F");
+    let is_record_note =
+        |l: &str| l.contains("cuEventRecord on interprocess event") && l.contains("oldest recording 1;");
+    let is_stream_note =
+        |l: &str| l.contains("has waited") && l.contains("for recording 1 of interprocess event");
+    let mut seen: Vec<String> = Vec::new();
+    while !(seen.iter().any(|l| is_record_note(l)) && seen.iter().any(|l| is_stream_note(l))) {
+        match stderr.recv_timeout(WATCHDOG) {
+            Ok(line) => seen.push(line),
+            Err(e) => panic!("the child's stuck waits said nothing within {WATCHDOG:?} ({e}): {seen:?}"),
+        }
+    }
+    gate.open();
+    watched_sync_stream(s);
+    expect(&mut sock, b"E");
+    reap.finish();
+    loop {
+        match stderr.recv_timeout(WATCHDOG) {
+            Ok(line) => seen.push(line),
+            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => panic!("the child's stderr stayed open after it exited"),
+        }
+    }
+    assert_eq!(seen.iter().filter(|l| is_record_note(l)).count(), 1, "{seen:?}");
+    assert_eq!(seen.iter().filter(|l| is_stream_note(l)).count(), 1, "{seen:?}");
+    destroy_event(ev);
+    destroy(s);
+    assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
+}
+
+#[test]
+#[serial]
+fn child_fills_the_page() {
+    let Some(mut sock) = connect() else {
+        return;
+    };
+    let ctl = bind(0);
+    let ev = import(&receive_handle(&mut sock));
+    let (t, u) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
+    // Queued on the parent's recording 1.
+    wait(t, ev);
+    launch_count(t);
+    for _ in 1..PAGE_SLOTS {
+        record(ev, u);
+    }
+    sync_stream(u);
+    assert_eq!(query_stream(t), CUresult::CUDA_ERROR_NOT_READY, "the wait on recording 1 was released");
+    note(&mut sock, b"F");
+    // Recordings 2..=510 completed, 1 has not: this one waits for room until the gate opens.
+    record(ev, u);
+    sync_stream(u);
+    sync_stream(t);
+    assert_eq!(runs(), 1);
+    note(&mut sock, b"E");
+    destroy_event(ev);
+    destroy(t);
+    destroy(u);
     assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
 }
