@@ -8,7 +8,9 @@
 //! which keeps their stream busy until they return while other streams carry on. A stream wait
 //! for another process's recording of an interprocess event is a dependency only that process can
 //! complete: while one is pending the engine looks at the event's shared page every
-//! `crate::ipc::event::POLL`, waiting with the lock released in between.
+//! `crate::ipc::event::POLL`, waiting with the lock released in between. Such a wait may never end
+//! (that process may have exited with the recording queued): after a few seconds it says so once on
+//! stderr (`crate::ipc::event::Stall`).
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
