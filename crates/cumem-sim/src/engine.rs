@@ -8,7 +8,9 @@
 //! which keeps their stream busy until they return while other streams carry on. A stream wait
 //! for another process's recording of an interprocess event is a dependency only that process can
 //! complete: while one is pending the engine looks at the event's shared page every
-//! `crate::ipc::event::POLL`, waiting with the lock released in between.
+//! `crate::ipc::event::POLL`, waiting with the lock released in between. Such a wait may never end
+//! (that process may have exited with the recording queued): after a few seconds it says so once on
+//! stderr (`crate::ipc::event::Stall`).
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -125,9 +127,23 @@ fn engine_loop() {
             if !op.deps.iter().all(|&(d, q)| done_through(&g.streams, d, q)) {
                 continue;
             }
-            if let Some((page, ticket)) = &op.remote
-                && !page.is_done(*ticket)
+            if let Some(r) = &op.remote
+                && !r.page.is_done(r.ticket)
             {
+                // A process that exited with that recording queued never publishes it: the wait
+                // is unbounded, and says so once when it has lasted long (see `Stall`).
+                let mut stall = r.stall.get().unwrap_or_else(crate::ipc::event::Stall::new);
+                stall.check(|| {
+                    format!(
+                        "stream {sid:#x} has waited {} s for recording {} of interprocess event {:#x}, \
+                         made in another process; if that process exited with it queued, nothing \
+                         completes it and the stream's later work waits forever",
+                        crate::ipc::event::STALL_NOTE.as_secs(),
+                        r.ticket,
+                        r.event
+                    )
+                });
+                r.stall.set(Some(stall));
                 // No call in this process will say when the other process publishes: look again
                 // soon, with the lock released meanwhile like any other wait.
                 let poll = now + crate::ipc::event::POLL;

@@ -10,8 +10,8 @@
 //! legacy-stream work; `CU_STREAM_NON_BLOCKING` streams take part in neither.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUevent, CUhostFn, CUresult, CUstream};
@@ -20,7 +20,7 @@ use parking_lot::MutexGuard;
 use crate::api::Fail;
 use crate::context;
 use crate::copy::Work;
-use crate::ipc::event::SharedEvent;
+use crate::ipc::event::RemoteWait;
 use crate::state::{SIM, State, latency_us};
 
 /// `CU_STREAM_NON_BLOCKING`.
@@ -55,7 +55,7 @@ pub(crate) struct Op {
     pub(crate) deps: Vec<(u64, u64)>,
     /// A recording of an interprocess event, made by another process, that must have completed
     /// (its ticket); only the shared page tells, so the engine polls it.
-    pub(crate) remote: Option<(Arc<SharedEvent>, u64)>,
+    pub(crate) remote: Option<RemoteWait>,
     pub(crate) work: Work,
 }
 
@@ -222,7 +222,9 @@ pub(crate) fn wait_event(h_stream: CUstream, h_event: CUevent, flags: u32) -> Re
     if let Some(remote) = remote {
         // Another process's recording: the wait is queued like any other, and the engine
         // releases it when the shared page says that recording completed.
-        enqueue_after(&mut st, id, Work::Nop, Vec::new(), Some(remote));
+        let (page, ticket) = remote;
+        let wait = RemoteWait { page, ticket, event: h_event as u64, stall: std::cell::Cell::new(None) };
+        enqueue_after(&mut st, id, Work::Nop, Vec::new(), Some(wait));
         return Ok(());
     }
     if let Some(dep) = record {
@@ -281,7 +283,7 @@ fn enqueue_after(
     sid: u64,
     work: Work,
     mut deps: Vec<(u64, u64)>,
-    remote: Option<(Arc<SharedEvent>, u64)>,
+    remote: Option<RemoteWait>,
 ) -> u64 {
     st.next_seq += 1;
     let seq = st.next_seq;

@@ -3,20 +3,25 @@
 //! the driver queues it, so a handshake after it cannot deadlock; a wait captures one recording and
 //! is not released by a later recording that completes first; an importer's recording is seen by
 //! the exporter's query, synchronize and stream waits; an imported event destroyed under a pending
-//! wait still releases it; imported events are in the live report, and both reports end clean.
+//! wait still releases it; a stream wait and a recording held up by another process's incomplete
+//! recording each say so once on stderr and go on waiting; imported events are in the live report,
+//! and both reports end clean.
 //!
-//! The order of events is set by socket handshakes, stream gates and queries, never by timing. A
-//! read that waits far longer than any step needs fails the test instead of hanging it, and the
-//! parent kills its child when it fails.
+//! The order of events is set by socket handshakes, stream gates and queries, never by timing.
+//! Nothing the parent waits for can hang it: a child that has not connected, a socket read, the
+//! parent's own waiting simulator calls (run on a helper thread) and the child's exit each fail the
+//! test once they have waited far longer than any step needs, and the parent kills its child when
+//! it fails.
 
 mod common;
 
 use std::ffi::c_void;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
 
 use common::*;
 use cudarc::driver::sys::{self as cu, CUevent, CUipcEventHandle, CUresult, CUstream};
@@ -28,7 +33,11 @@ const IPC_FLAGS: u32 = 2 | 4;
 const NON_BLOCKING: u32 = 1;
 /// Far longer than any step takes: a read that waits this long means the other process is stuck.
 const WATCHDOG: Duration = Duration::from_secs(120);
+/// How often the parent looks for its child's connection or exit.
+const LOOK: Duration = Duration::from_millis(10);
 const N: usize = 64;
+/// Recordings of one interprocess event that may be incomplete at once: the shared page's slots.
+const PAGE_SLOTS: usize = 510;
 
 /// Host functions run in this process (each process has its own count).
 static HOST_FN_RUNS: AtomicU32 = AtomicU32::new(0);
@@ -103,6 +112,35 @@ fn destroy_event(e: CUevent) {
     ok(unsafe { cu::cuEventDestroy_v2(e) });
 }
 
+/// Runs `f`, a simulator call of the parent that waits, on a helper thread, and fails the test if it
+/// has not returned within [`WATCHDOG`]: a lost wakeup in the simulator would otherwise hang the
+/// parent, and CI with it (the stuck thread is left behind; the failed test ends the binary).
+fn within(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        bind(0);
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(WATCHDOG) {
+        Ok(()) => {}
+        Err(RecvTimeoutError::Timeout) => panic!("{what} did not return within {WATCHDOG:?}"),
+        Err(RecvTimeoutError::Disconnected) => panic!("{what} failed (see the helper thread's panic)"),
+    }
+}
+
+/// `cuEventSynchronize` in the parent, under the watchdog.
+fn watched_sync_event(e: CUevent) {
+    let e = e as usize;
+    within("cuEventSynchronize", move || sync_event(e as CUevent));
+}
+
+/// `cuStreamSynchronize` in the parent, under the watchdog.
+fn watched_sync_stream(s: CUstream) {
+    let s = s as usize;
+    within("cuStreamSynchronize", move || sync_stream(s as CUstream));
+}
+
 fn note(sock: &mut UnixStream, what: &[u8; 1]) {
     sock.write_all(what).unwrap();
 }
@@ -120,9 +158,24 @@ fn expect(sock: &mut UnixStream, what: &[u8; 1]) {
 struct Reap(Option<Child>);
 
 impl Reap {
+    /// The child's exit: it must succeed within [`WATCHDOG`] (a child stuck after its last
+    /// handshake is killed by `Drop` when this fails).
     fn finish(mut self) {
-        let status = self.0.take().unwrap().wait().unwrap();
-        assert!(status.success(), "child failed: {status}");
+        let deadline = Instant::now() + WATCHDOG;
+        loop {
+            if let Some(status) = self.0.as_mut().unwrap().try_wait().unwrap() {
+                self.0 = None;
+                assert!(status.success(), "child failed: {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "the child did not exit within {WATCHDOG:?}");
+            std::thread::sleep(LOOK);
+        }
+    }
+
+    /// The child's exit status, if it has exited.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.0.as_mut().unwrap().try_wait().unwrap()
     }
 }
 
@@ -135,21 +188,53 @@ impl Drop for Reap {
     }
 }
 
-/// Spawns `child` (a test of this binary) and returns the connection to it.
-fn spawn(child: &str) -> (Reap, UnixStream, std::path::PathBuf) {
+/// The socket file, removed however `spawn` ends.
+struct SocketFile(std::path::PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Spawns `child` (a test of this binary) and returns the connection to it. The listener does not
+/// block: a child that exits before connecting (it failed, or its name matched no test) or never
+/// connects fails the test within [`WATCHDOG`] instead of hanging it.
+fn spawn(child: &str) -> (Reap, UnixStream) {
+    spawn_with(child, Stdio::inherit())
+}
+
+/// [`spawn`], with the child's stderr sent where `stderr` says.
+fn spawn_with(child: &str, stderr: Stdio) -> (Reap, UnixStream) {
     let path = std::env::temp_dir().join(format!("cumem-sim-ipc-ev-{}-{child}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
-    let reap = Reap(Some(
+    let file = SocketFile(path);
+    listener.set_nonblocking(true).unwrap();
+    let mut reap = Reap(Some(
         Command::new(std::env::current_exe().unwrap())
             .args([child, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, &path)
+            .env(CHILD_ENV, &file.0)
+            .stderr(stderr)
             .spawn()
             .unwrap(),
     ));
-    let (sock, _) = listener.accept().unwrap();
+    let deadline = Instant::now() + WATCHDOG;
+    let sock = loop {
+        match listener.accept() {
+            Ok((sock, _)) => break sock,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("accepting {child}'s connection: {e}"),
+        }
+        if let Some(status) = reap.exited() {
+            panic!("{child} exited ({status}) without connecting");
+        }
+        assert!(Instant::now() < deadline, "{child} did not connect within {WATCHDOG:?}");
+        std::thread::sleep(LOOK);
+    };
+    sock.set_nonblocking(false).unwrap();
     sock.set_read_timeout(Some(WATCHDOG)).unwrap();
-    (reap, sock, path)
+    (reap, sock)
 }
 
 /// The connection to the parent, in a child process (`None` in the parent).
@@ -184,12 +269,12 @@ fn wait_on_another_process_recording_is_queued() {
     let gate = Gate::block(s);
     record(ev, s);
     assert_eq!(query_event(ev), CUresult::CUDA_ERROR_NOT_READY);
-    let (reap, mut sock, path) = spawn("child_queues_wait");
+    let (reap, mut sock) = spawn("child_queues_wait");
     sock.write_all(&export(ev)).unwrap();
     // The child has queued its wait and work behind it, and returned.
     expect(&mut sock, b"Q");
     gate.open();
-    sync_event(ev);
+    watched_sync_event(ev);
     note(&mut sock, b"G");
 
     // The child records its import on a gated stream: the exporter sees that recording.
@@ -202,13 +287,12 @@ fn wait_on_another_process_recording_is_queued() {
     assert_eq!(runs(), before, "work behind a wait on a pending recording ran");
     note(&mut sock, b"O");
     expect(&mut sock, b"D");
-    sync_event(ev);
+    watched_sync_event(ev);
     ok(query_event(ev));
-    sync_stream(s);
+    watched_sync_stream(s);
     assert_eq!(runs(), before + 1);
     note(&mut sock, b"E");
     reap.finish();
-    let _ = std::fs::remove_file(&path);
     destroy_event(ev);
     destroy(s);
     assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
@@ -269,18 +353,17 @@ fn a_later_recording_completing_first_does_not_release_a_wait() {
     let s = stream(NON_BLOCKING);
     let gate = Gate::block(s);
     record(ev, s);
-    let (reap, mut sock, path) = spawn("child_out_of_order");
+    let (reap, mut sock) = spawn("child_out_of_order");
     sock.write_all(&export(ev)).unwrap();
     expect(&mut sock, b"C");
     // The child's recording completed; the parent's is still gated.
     ok(query_event(ev));
     assert_eq!(query_stream(s), CUresult::CUDA_ERROR_NOT_READY);
     gate.open();
-    sync_stream(s);
+    watched_sync_stream(s);
     note(&mut sock, b"G");
     expect(&mut sock, b"E");
     reap.finish();
-    let _ = std::fs::remove_file(&path);
     destroy_event(ev);
     destroy(s);
     assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
@@ -324,5 +407,97 @@ fn child_out_of_order() {
     destroy(t);
     destroy(u);
     pfree(host);
+    assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
+}
+
+/// The lines `r` yields, from a reader thread, each also copied to this process's stderr.
+fn lines(r: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("child: {line}");
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The child's waits for the parent's gated recording 1 cannot end while the gate is shut: its
+/// queued stream wait, and (with `PAGE_SLOTS` recordings incomplete) its next `cuEventRecord`. Each
+/// says so once on stderr, naming recording 1, and goes on waiting; opening the gate ends both.
+#[test]
+#[serial] // gates hold streams (see `Gate`)
+fn a_wait_stuck_on_another_process_says_so_once() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let ctl = bind(0);
+    let ev = ipc_event();
+    let s = stream(NON_BLOCKING);
+    let gate = Gate::block(s);
+    record(ev, s);
+    let (mut reap, mut sock) = spawn_with("child_fills_the_page", Stdio::piped());
+    let stderr = lines(reap.0.as_mut().unwrap().stderr.take().unwrap());
+    sock.write_all(&export(ev)).unwrap();
+    expect(&mut sock, b"F");
+    let is_record_note =
+        |l: &str| l.contains("cuEventRecord on interprocess event") && l.contains("oldest recording 1;");
+    let is_stream_note =
+        |l: &str| l.contains("has waited") && l.contains("for recording 1 of interprocess event");
+    let mut seen: Vec<String> = Vec::new();
+    while !(seen.iter().any(|l| is_record_note(l)) && seen.iter().any(|l| is_stream_note(l))) {
+        match stderr.recv_timeout(WATCHDOG) {
+            Ok(line) => seen.push(line),
+            Err(e) => panic!("the child's stuck waits said nothing within {WATCHDOG:?} ({e}): {seen:?}"),
+        }
+    }
+    gate.open();
+    watched_sync_stream(s);
+    expect(&mut sock, b"E");
+    reap.finish();
+    loop {
+        match stderr.recv_timeout(WATCHDOG) {
+            Ok(line) => seen.push(line),
+            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => panic!("the child's stderr stayed open after it exited"),
+        }
+    }
+    assert_eq!(seen.iter().filter(|l| is_record_note(l)).count(), 1, "{seen:?}");
+    assert_eq!(seen.iter().filter(|l| is_stream_note(l)).count(), 1, "{seen:?}");
+    destroy_event(ev);
+    destroy(s);
+    assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
+}
+
+#[test]
+#[serial]
+fn child_fills_the_page() {
+    let Some(mut sock) = connect() else {
+        return;
+    };
+    let ctl = bind(0);
+    let ev = import(&receive_handle(&mut sock));
+    let (t, u) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
+    // Queued on the parent's recording 1.
+    wait(t, ev);
+    launch_count(t);
+    for _ in 1..PAGE_SLOTS {
+        record(ev, u);
+    }
+    sync_stream(u);
+    assert_eq!(query_stream(t), CUresult::CUDA_ERROR_NOT_READY, "the wait on recording 1 was released");
+    note(&mut sock, b"F");
+    // Recordings 2..=510 completed, 1 has not: this one waits for room until the gate opens.
+    record(ev, u);
+    sync_stream(u);
+    sync_stream(t);
+    assert_eq!(runs(), 1);
+    note(&mut sock, b"E");
+    destroy_event(ev);
+    destroy(t);
+    destroy(u);
     assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
 }

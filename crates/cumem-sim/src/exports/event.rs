@@ -43,6 +43,7 @@ pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) ->
 
 fn record(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> api::ApiResult {
     let mut st = SIM.st.lock();
+    let mut stall = crate::ipc::event::Stall::new();
     let (sid, eid, shared) = loop {
         let sid = crate::hold::resolve_gated(&mut st, h_stream)?;
         let ev_ctx = lookup(&st, h_event)?.ctx;
@@ -67,7 +68,20 @@ fn record(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> api::ApiResult
             // An interprocess event's recordings in flight are bounded by its shared page, as a
             // driver's queues are bounded: the call waits for room, like a launch into a full
             // queue. The handles are checked again afterwards: they may have died meanwhile.
+            // A recording whose process exited with its marker queued is never published, so
+            // this wait is unbounded (see `Stall`).
             None => {
+                stall.check(|| {
+                    format!(
+                        "cuEventRecord on interprocess event {eid:#x} has waited {} s for room: its \
+                         shared page holds {} incomplete recordings, the oldest recording {}; if the \
+                         process that made it exited with it queued, nothing completes it and this \
+                         call waits forever",
+                        crate::ipc::event::STALL_NOTE.as_secs(),
+                        crate::ipc::event::SLOTS,
+                        page.oldest_pending()
+                    )
+                });
                 parking_lot::MutexGuard::unlocked(&mut st, || std::thread::sleep(crate::ipc::event::POLL))
             }
         }
@@ -123,7 +137,7 @@ pub extern "C" fn cuEventSynchronize(h_event: CUevent) -> CUresult {
             (e.record, e.device, e.remote_ticket())
         };
         if let Some((shared, ticket)) = remote {
-            crate::ipc::event::wait_ticket(&mut st, &shared, ticket);
+            crate::ipc::event::wait_ticket(&mut st, &shared, ticket, h_event);
         } else if let Some(r) = record {
             wait_for(&mut st, &[r]);
         }

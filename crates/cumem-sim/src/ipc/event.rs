@@ -21,9 +21,11 @@
 //! process A: S runs marker -> slot 1 = 1, done-through 0 -> 2; B's engine releases T
 //! ```
 
+use std::cell::Cell;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUevent, CUresult};
 
@@ -38,10 +40,49 @@ const PAGE: usize = 4096;
 /// Words of the page before the slots: recordings issued, done-through.
 const HEADER: usize = 2;
 /// Completion slots: the rest of the page.
-const SLOTS: u64 = (PAGE / 8 - HEADER) as u64;
+pub(crate) const SLOTS: u64 = (PAGE / 8 - HEADER) as u64;
 /// How often a thread or the engine looks at another process's progress: nothing in this
 /// process is told when another process publishes.
 pub(crate) const POLL: Duration = Duration::from_micros(200);
+/// How long a wait for another process's recording lasts before the simulator says on stderr that
+/// it may never end: far longer than any recording of a live process takes to run here.
+pub(crate) const STALL_NOTE: Duration = Duration::from_secs(5);
+
+/// A wait for a recording only another process can complete: a process that exited with that
+/// recording's marker still queued never publishes it, and nothing here can tell a slow process
+/// from a dead one (the driver would not either), so the wait stays unbounded; once it has lasted
+/// [`STALL_NOTE`] it prints one line on stderr, so a hung program says why.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stall {
+    since: Instant,
+    noted: bool,
+}
+
+impl Stall {
+    /// A wait starting now.
+    pub(crate) fn new() -> Self {
+        Stall { since: Instant::now(), noted: false }
+    }
+
+    /// Prints `what()` once, when the wait has lasted [`STALL_NOTE`].
+    pub(crate) fn check(&mut self, what: impl FnOnce() -> String) {
+        if !self.noted && self.since.elapsed() >= STALL_NOTE {
+            self.noted = true;
+            eprintln!("cumem-sim: {}", what());
+        }
+    }
+}
+
+/// A queued stream wait for another process's recording of an interprocess event.
+#[derive(Debug)]
+pub(crate) struct RemoteWait {
+    pub(crate) page: Arc<SharedEvent>,
+    pub(crate) ticket: u64,
+    /// The event handle the wait was made with (it may be destroyed since), named in the note.
+    pub(crate) event: u64,
+    /// Set by the engine when it first finds the wait heading its stream, still pending.
+    pub(crate) stall: Cell<Option<Stall>>,
+}
 
 /// The shared page of one interprocess event.
 pub(crate) struct SharedEvent {
@@ -139,6 +180,11 @@ impl SharedEvent {
             || done.load(Ordering::SeqCst) >= ticket
     }
 
+    /// The oldest recording not known complete: the one a recording waiting for room waits for.
+    pub(crate) fn oldest_pending(&self) -> u64 {
+        self.word(1).load(Ordering::SeqCst) + 1
+    }
+
     /// The latest recording issued in any process (0: never recorded).
     pub(crate) fn latest(&self) -> u64 {
         self.word(0).load(Ordering::SeqCst)
@@ -151,8 +197,19 @@ pub(crate) fn wait_ticket(
     g: &mut parking_lot::MutexGuard<'_, crate::state::State>,
     shared: &SharedEvent,
     ticket: u64,
+    event: CUevent,
 ) {
+    let mut stall = Stall::new();
     while !shared.is_done(ticket) {
+        stall.check(|| {
+            format!(
+                "cuEventSynchronize on interprocess event {:#x} has waited {} s for recording {ticket}, \
+                 made in another process; if that process exited with it queued, nothing completes \
+                 it and this call waits forever",
+                event as u64,
+                STALL_NOTE.as_secs()
+            )
+        });
         parking_lot::MutexGuard::unlocked(g, || std::thread::sleep(POLL));
     }
 }
