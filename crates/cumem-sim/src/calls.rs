@@ -28,29 +28,41 @@ type Counter = Arc<AtomicU64>;
 /// [`total`] adds them up.
 static COUNTERS: Mutex<Vec<(&'static str, u64, Counter)>> = Mutex::new(Vec::new());
 
-/// Hashes a name's address, which is already a well-spread key: no need for SipHash's work.
+/// A name by its address and length (a literal that is a prefix of another may share its
+/// address).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct NameKey(usize, usize);
+
+impl std::hash::Hash for NameKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_usize(self.0 ^ self.1.rotate_left(48));
+    }
+}
+
+/// Spreads a [`NameKey`]'s one word over all 64 bits: addresses are already distinct keys, so
+/// SipHash's work is not needed.
 #[derive(Default)]
 struct AddressHasher(u64);
 
 impl Hasher for AddressHasher {
     fn finish(&self) -> u64 {
-        self.0
+        self.0 ^ (self.0 >> 29)
     }
 
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         }
     }
 
     fn write_usize(&mut self, n: usize) {
-        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = (self.0.rotate_left(5) ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 
 thread_local! {
     /// The calling thread's counters by the address and length of the name passed.
-    static MINE: RefCell<HashMap<(usize, usize), Counter, BuildHasherDefault<AddressHasher>>> =
+    static MINE: RefCell<HashMap<NameKey, Counter, BuildHasherDefault<AddressHasher>>> =
         RefCell::new(HashMap::default());
 }
 
@@ -64,7 +76,7 @@ fn register(function: &'static str, os_tid: u64) -> Counter {
 /// Counts one call of `function` on thread `os_tid` (the calling thread).
 pub(crate) fn count(function: &'static str, os_tid: u64) {
     let bump = |c: &AtomicU64| c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    let key = (function.as_ptr() as usize, function.len());
+    let key = NameKey(function.as_ptr() as usize, function.len());
     let counted = MINE.try_with(|mine| {
         let mut mine = mine.borrow_mut();
         let counter = mine.entry(key).or_insert_with(|| register(function, os_tid));
