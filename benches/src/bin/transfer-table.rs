@@ -2,7 +2,8 @@
 //! driver calls, side by side in one run, as a markdown table with the ratio of each pair.
 //!
 //! `--quick` sweeps two sizes only; `--small` measures the small queued calls only; `--channels`
-//! the message-channel table only.
+//! the message-channel table only; `--runs N` takes the best of N timed runs instead of 15 (more
+//! on a loaded machine).
 //!
 //! Two more tables follow the main one: the profiling hooks (`cumem_copy::Profiler`) off vs on for
 //! the same copies, with the cost of the off check alone, and large copies of pageable memory,
@@ -24,7 +25,7 @@ fn ok(code: sys::CUresult, what: &'static str) {
     assert_eq!(code, sys::CUresult::CUDA_SUCCESS, "{what}");
 }
 
-/// The best of `RUNS` timings of `raw` and of `cumem`, taken in turns (after one warm-up call of
+/// The best of [`runs`] timings of `raw` and of `cumem`, taken in turns (after one warm-up call of
 /// each) so that both see the same load. The minimum, not the median: on a shared machine (the
 /// project's CI machine has 2 cores and other builds) every disturbance only adds time, so the
 /// fastest run is the one closest to the call's own cost, and the ratio of minima is the stable one.
@@ -35,7 +36,7 @@ fn medians(
     raw()?;
     cumem()?;
     let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..RUNS {
+    for _ in 0..runs() {
         a.push(raw()?);
         b.push(cumem()?);
     }
@@ -67,7 +68,19 @@ impl Row {
     }
 }
 
-const RUNS: usize = 15;
+/// Timed runs of each side: `--runs N`, 15 by default. On a loaded machine more runs give the
+/// minimum more chances to fall on a batch that nothing disturbed.
+fn runs() -> usize {
+    static RUNS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *RUNS.get_or_init(|| {
+        let args: Vec<String> = std::env::args().collect();
+        args.windows(2)
+            .find(|w| w[0] == "--runs")
+            .and_then(|w| w[1].parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(15)
+    })
+}
 
 /// `n` calls of `call`, then one synchronisation of `stream`, timed.
 fn batch(stream: &Stream, n: u32, call: &mut dyn FnMut() -> Result<()>) -> Result<Duration> {
@@ -317,11 +330,12 @@ fn main() -> Result<()> {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("# cumem transfer benchmark\n");
     println!(
-        "driver: {kind} ({}); device 0: {}; {} cores; load average at start: {}; best of {RUNS} runs of each, taken in turns{}\n",
+        "driver: {kind} ({}); device 0: {}; {} cores; load average at start: {}; best of {} runs of each, taken in turns{}\n",
         cumem_sys::driver::description().unwrap_or_default(),
         ctx.device().name()?,
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        runs(),
         if simulated { "; GB/s are simulated (host memcpy): only the ratios count" } else { "" },
     );
     let mut rows = Vec::new();
@@ -413,7 +427,7 @@ fn profiling(ctx: &Context, stream: &Stream, quick: bool) -> Result<()> {
     }
     let watched_ns = t.elapsed().as_secs_f64() * 1e9 / f64::from(CHECKS);
     drop(observing);
-    println!("\n## profiling hooks, off vs on (µs/call, best of {RUNS} batches)\n");
+    println!("\n## profiling hooks, off vs on (µs/call, best of {} batches)\n", runs());
     println!("| what | off | on | on / off |");
     println!("|---|---:|---:|---:|");
     for (what, off, on) in &rows {
@@ -444,7 +458,7 @@ fn staging(ctx: &Context, stream: &Stream, sizes: &[usize]) -> Result<()> {
     let mut split = cumem_copy::StagingRing::new(ctx)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
     split.set_fill_threads(threads);
-    println!("\n## pageable vs staged vs pinned (GB/s, best of {RUNS})\n");
+    println!("\n## pageable vs staged vs pinned (GB/s, best of {})\n", runs());
     println!(
         "| copy | pageable (blocking) | staged (StagingRing) | staged, {threads} fill threads | pinned | best staged / pinned |"
     );
@@ -458,7 +472,7 @@ fn staging(ctx: &Context, stream: &Stream, sizes: &[usize]) -> Result<()> {
         let gbps = |d: Duration| bytes as f64 / d.as_secs_f64() / 1e9;
         let best = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
             f()?;
-            let mut v = (0..RUNS).map(|_| timed(&mut *f)).collect::<Result<Vec<_>>>()?;
+            let mut v = (0..runs()).map(|_| timed(&mut *f)).collect::<Result<Vec<_>>>()?;
             v.sort();
             Ok(gbps(v[0]))
         };

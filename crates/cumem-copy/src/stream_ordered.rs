@@ -104,15 +104,21 @@ impl StreamCopy for Stream {
         if dst.bytes() == 0 {
             return Ok(());
         }
+        // The host side is tracked first and the device side inside its closure: the host
+        // tracker's lock may be held while the device memory's order is locked, never the reverse
+        // (orders lock nothing of the host's), so two copies in opposite directions between two
+        // memories that are both cannot deadlock.
+        let bytes = dst.bytes();
         let mut dst = dst;
-        let on = dst.on(self)?;
-        self.context().bind()?;
-        let (to, bytes) = (on.device_ptr(), on.bytes());
         let enqueue = |from: *const T, _| {
-            // SAFETY: `from` is page-locked memory of `bytes` bytes kept alive and unwritten until
-            // the copy completes; `to` is exclusively borrowed device memory, ordered on `self`.
-            profile::around(self, CopyKind::HostToDevice, bytes, || unsafe {
-                ffi::htod_async(to, from.cast(), bytes, self.raw())
+            dst.queue_on(self, |to| {
+                self.context().bind()?;
+                // SAFETY: `from` is page-locked memory of `bytes` bytes kept alive and unwritten
+                // until the copy completes; `to` is exclusively borrowed device memory, ordered on
+                // `self`.
+                profile::around(self, CopyKind::HostToDevice, bytes, || unsafe {
+                    ffi::htod_async(to, from.cast(), bytes, self.raw())
+                })
             })
         };
         // SAFETY: `enqueue` queues one copy on `self` that reads exactly `len` values from the
@@ -131,14 +137,16 @@ impl StreamCopy for Stream {
         if src.bytes() == 0 {
             return Ok(());
         }
-        let on = src.on(self)?;
-        self.context().bind()?;
-        let (from, bytes) = (on.device_ptr(), on.bytes());
+        let bytes = src.bytes();
+        // Host side first, device side inside (see `copy_h2d`).
         let enqueue = |to: *mut T, _| {
-            // SAFETY: `to` is page-locked memory of `bytes` bytes that the host will not touch
-            // until the copy completes; `from` is device memory ordered on `self`.
-            profile::around(self, CopyKind::DeviceToHost, bytes, || unsafe {
-                ffi::dtoh_async(to.cast(), from, bytes, self.raw())
+            src.queue_on(self, |from| {
+                self.context().bind()?;
+                // SAFETY: `to` is page-locked memory of `bytes` bytes that the host will not touch
+                // until the copy completes; `from` is device memory ordered on `self`.
+                profile::around(self, CopyKind::DeviceToHost, bytes, || unsafe {
+                    ffi::dtoh_async(to.cast(), from, bytes, self.raw())
+                })
             })
         };
         // SAFETY: `enqueue` queues one copy on `self` writing exactly `len` values of `T` (any
@@ -241,12 +249,14 @@ fn memset<T: AnyBitPattern>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>,
             align: width as u64,
         });
     }
+    let bytes = dst.bytes();
     let mut dst = dst;
-    let on = dst.on(stream)?;
-    stream.context().bind()?;
-    // SAFETY: the range is exclusively borrowed device memory of `bytes` bytes, aligned to the
-    // width (checked above), ordered on `stream`.
-    profile::around(stream, CopyKind::Memset, on.bytes(), || unsafe {
-        ffi::memset_async(on.device_ptr(), value, on.bytes() / width, stream.raw())
+    dst.queue_on(stream, |to| {
+        stream.context().bind()?;
+        // SAFETY: the range is exclusively borrowed device memory of `bytes` bytes, aligned to
+        // the width (checked above), ordered on `stream`.
+        profile::around(stream, CopyKind::Memset, bytes, || unsafe {
+            ffi::memset_async(to, value, bytes / width, stream.raw())
+        })
     })
 }

@@ -71,6 +71,52 @@ fn a_shared_guard_orders_its_stream_after_earlier_writes() {
 }
 
 #[test]
+#[serial] // holds a gate
+fn work_queued_through_the_scoped_door_orders_later_users_on_other_streams() {
+    let ctx = ctx();
+    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
+    b.synchronize().unwrap();
+    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 1024).unwrap();
+    let gate = common::hold(&a);
+    let mut view = buf.as_mut_slice();
+    let len = view.len();
+    view.queue_on(&a, |ptr| {
+        ctx.bind()?;
+        // SAFETY: the range is the view's (1024 u32s), queued on the stream ordered for it.
+        let code = unsafe { sys::cuMemsetD32Async(ptr, 5, len, a.raw()) };
+        assert_eq!(code, CUresult::CUDA_SUCCESS);
+        Ok(())
+    })
+    .unwrap(); // the buffer's later users now wait for `a`, whose memset is still held back
+    b.copy_d2h(&buf, &mut seen).unwrap(); // on `b`: must wait for `a`
+    let opener = gate.release_after(Duration::from_millis(100));
+    let data = seen.as_slice().unwrap().to_vec();
+    opener.join().unwrap();
+    assert!(data.iter().all(|&v| v == 5), "the copy on b ran before the work queued through the scoped door");
+}
+
+#[test]
+#[parallel]
+fn the_scoped_door_refuses_the_same_memory_inside_and_records_a_failed_queue() {
+    let ctx = ctx();
+    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let buf = DeviceBuffer::<u32>::from_slice(&a, &[1, 2, 3]).unwrap();
+    let view = buf.as_slice();
+    // Using the memory again inside would wait for itself: refused, and the outer use goes on.
+    let inside = view.queue_on(&b, |_| Ok(view.to_vec()));
+    assert!(matches!(inside, Ok(Err(Error::NotPermitted { .. }))), "{inside:?}");
+    assert_eq!(buf.order().last(), b);
+    // A closure that fails may have queued something first: its stream is recorded all the same.
+    let failed: Result<(), Error> = view.queue_on(&a, |_| Err(Error::ZeroSize { what: "test" }));
+    assert!(matches!(failed, Err(Error::ZeroSize { .. })));
+    assert_eq!(buf.order().last(), a);
+    assert_eq!(buf.to_vec().unwrap(), [1, 2, 3]);
+    let other_thread = std::thread::scope(|s| s.spawn(|| view.to_vec()).join().unwrap());
+    assert_eq!(other_thread.unwrap(), [1, 2, 3]);
+}
+
+#[test]
 #[parallel]
 fn the_door_refuses_a_stream_of_another_device() {
     let ctx = ctx();

@@ -13,6 +13,11 @@
 //! `cuStreamWaitEvent`; a stream that is already the only user waits for nothing, so work queued
 //! again and again on one stream makes no ordering call at all.
 //!
+//! Work queued inside one call (cumem's own copies and memsets) uses [`StreamOrder::queue_on`]
+//! instead of a ticket: the users stay locked while the closure queues the work and record the
+//! stream when it returns, one lock and unlock in all where a ticket takes two, and no handle is
+//! cloned: a queued copy's ordering costs little more than the driver call itself.
+//!
 //! Code outside cumem that queues work on device memory (a kernel) uses the door on views and
 //! buffers instead, [`DeviceSlice::on`](crate::DeviceSlice::on) and friends, whose guard holds
 //! a ticket and hands out the raw pointer; tickets are for memory kinds built on this crate.
@@ -31,14 +36,29 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cumem_sys::ErrorContext;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::{Error, Feature, Result, Stream};
+
+/// A number that names the calling thread while it lives: the address of one of its
+/// thread-locals (never 0).
+fn thread_mark() -> usize {
+    thread_local! {
+        static MARK: u8 = const { 0 };
+    }
+    MARK.with(|m| std::ptr::from_ref(m) as usize)
+}
 
 /// The streams that may have work pending on a piece of device memory.
 #[derive(Debug)]
 pub struct StreamOrder {
     inner: Mutex<Users>,
+    /// The thread running [`StreamOrder::queue_on`]'s closure (its [`thread_mark`]; 0: none),
+    /// which holds `inner`: that thread locking `inner` again would wait for itself.
+    holder: AtomicUsize,
     /// The ordinal of the memory's device (the device of the stream it was first used on), named
     /// by refusals.
     device: i32,
@@ -46,19 +66,60 @@ pub struct StreamOrder {
 
 #[derive(Debug)]
 struct Users {
-    /// Each stream with work that no recorded user has been ordered after, with the generation of
-    /// its latest recording (to tell whether a waited-for entry changed since).
-    users: Vec<(Stream, u64)>,
+    /// The most recently recorded user, with the generation of that recording (the highest of
+    /// all). Kept apart from the others so that memory used on one stream, the common case, needs
+    /// no heap allocation and its bookkeeping touches one field.
+    latest: (Stream, u64),
+    /// Every other stream with work that no recorded user has been ordered after, with the
+    /// generation of its latest recording (to tell whether a waited-for entry changed since).
+    others: Vec<(Stream, u64)>,
     next_gen: u64,
     /// Tickets handed out and not yet dropped: work that may be being queued right now.
     in_flight: usize,
     /// The stream of each such ticket (one entry per ticket). Work queued through a ticket is
-    /// covered by `users` only once the ticket is dropped; a ticket that never is (`mem::forget`)
-    /// keeps its stream here, so that the free, `synchronize` and the host still wait for it.
+    /// covered by the users only once the ticket is dropped; a ticket that never is
+    /// (`mem::forget`) keeps its stream here, so that the free, `synchronize` and the host still
+    /// wait for it.
     pending: Vec<Stream>,
     /// Why device work is refused for now: the host may be reading the memory, and its device
     /// cannot run work on it meanwhile (managed memory without concurrent managed access).
     excluded: Exclusion,
+}
+
+impl Users {
+    /// Every stream that may have work pending on the memory, recorded or not.
+    fn all(&self) -> impl Iterator<Item = &Stream> {
+        std::iter::once(&self.latest.0).chain(self.others.iter().map(|(s, _)| s)).chain(&self.pending)
+    }
+
+    /// Makes `stream` wait for every recorded user.
+    fn order_after_users(&self, stream: &Stream) -> Result<()> {
+        stream.wait_for(&self.latest.0)?;
+        for (user, _) in &self.others {
+            stream.wait_for(user)?;
+        }
+        Ok(())
+    }
+
+    /// Records `stream` as the latest user. Entries recorded before `waited_before` were waited
+    /// for by `stream` and are covered by it from now on, unless recorded again since.
+    fn record(&mut self, stream: &Stream, waited_before: u64) {
+        let generation = self.next_gen;
+        self.next_gen += 1;
+        if self.latest.0 == *stream {
+            // The common case, one stream using the memory again: only its generation changes.
+            self.latest.1 = generation;
+            if !self.others.is_empty() {
+                self.others.retain(|(s, g)| s != stream && *g >= waited_before);
+            }
+            return;
+        }
+        let previous = std::mem::replace(&mut self.latest, (stream.clone(), generation));
+        self.others.retain(|(s, g)| s != stream && *g >= waited_before);
+        if previous.1 >= waited_before {
+            self.others.push(previous);
+        }
+    }
 }
 
 /// Host reads that device work must not overlap.
@@ -103,8 +164,10 @@ impl StreamOrder {
     pub fn new(stream: &Stream) -> Self {
         StreamOrder {
             device: stream.context().device().ordinal() as i32,
+            holder: AtomicUsize::new(0),
             inner: Mutex::new(Users {
-                users: vec![(stream.clone(), 0)],
+                latest: (stream.clone(), 0),
+                others: Vec::new(),
                 next_gen: 1,
                 in_flight: 0,
                 pending: Vec::new(),
@@ -117,6 +180,21 @@ impl StreamOrder {
     /// the memory's device.
     fn refusal(&self) -> Error {
         Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: Some(self.device) }
+    }
+
+    /// Locks the users, or answers `NotPermitted` when the calling thread holds them already:
+    /// inside [`StreamOrder::queue_on`]'s closure, where waiting would wait for itself. Checked
+    /// only when the lock is taken, so it costs the uncontended path nothing.
+    fn lock(&self) -> Result<MutexGuard<'_, Users>> {
+        if let Some(inner) = self.inner.try_lock() {
+            return Ok(inner);
+        }
+        if self.holder.load(Ordering::Relaxed) == thread_mark() {
+            return Err(Error::NotPermitted {
+                ctx: ErrorContext::op("using memory inside its own StreamOrder::queue_on"),
+            });
+        }
+        Ok(self.inner.lock())
     }
 
     /// Orders `stream` after all work queued so far on the memory by its recorded users. Queue the
@@ -133,16 +211,47 @@ impl StreamOrder {
     pub fn use_on<'s>(&'s self, stream: &'s Stream) -> Result<OrderTicket<'s>> {
         // Waiting under the lock keeps the set from changing between the waits and the snapshot
         // of what was waited for.
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock()?;
         if inner.excluded.active() {
             return Err(self.refusal());
         }
-        for (user, _) in &inner.users {
-            stream.wait_for(user)?;
-        }
+        inner.order_after_users(stream)?;
         inner.in_flight += 1;
         inner.pending.push(stream.clone());
         Ok(OrderTicket { order: self, stream, waited_before: inner.next_gen })
+    }
+
+    /// Runs `queue`, which queues work on the memory on `stream` and returns, ordered as
+    /// [`StreamOrder::use_on`] orders it, and records `stream` as a user when it returns (also
+    /// when it fails: whatever it queued is waited for). The same ordering as a ticket at a
+    /// third of the bookkeeping: one lock and unlock, no ticket to track, no handle to clone.
+    ///
+    /// The users stay locked while `queue` runs, so `queue` must not use the same memory through
+    /// cumem: such a use on this thread answers `NotPermitted` instead of waiting for itself (but
+    /// dropping a ticket of this order inside `queue` would wait forever), and one on another
+    /// thread waits until `queue` returns. Refusals are as in [`StreamOrder::use_on`].
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use cumem_core::{Device, Error, Stream, StreamOrder};
+    /// let ctx = Device::get(0)?.context()?;
+    /// let (a, b) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
+    /// let order = StreamOrder::new(&a);
+    /// order.queue_on(&b, || Ok(()))?; // b waited for a; queue work on b here
+    /// assert_eq!(order.join()?, b);
+    /// let inside = order.queue_on(&b, || order.queue_on(&a, || Ok(())));
+    /// assert!(matches!(inside, Err(Error::NotPermitted { .. })));
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn queue_on<R>(&self, stream: &Stream, queue: impl FnOnce() -> Result<R>) -> Result<R> {
+        let inner = self.lock()?;
+        if inner.excluded.active() {
+            return Err(self.refusal());
+        }
+        inner.order_after_users(stream)?;
+        self.holder.store(thread_mark(), Ordering::Relaxed);
+        let _queuing = Queuing { waited_before: inner.next_gen, inner, holder: &self.holder, stream };
+        queue()
     }
 
     /// Refuses device work from now on (`open_ended`: until [`StreamOrder::end_open_exclusion`];
@@ -157,7 +266,7 @@ impl StreamOrder {
     /// its guard.
     pub(crate) fn exclude_device(&self, open_ended: bool) -> Result<Option<ScopedExclusion<'_>>> {
         let scope = {
-            let mut inner = self.inner.lock();
+            let mut inner = self.lock()?;
             if inner.in_flight > 0 {
                 return Err(self.refusal());
             }
@@ -185,24 +294,31 @@ impl StreamOrder {
     /// stream of a ticket that was forgotten instead of dropped is waited for too (its work was
     /// queued before now, as the ticket's borrow has ended), and stays pending.
     pub fn join(&self) -> Result<Stream> {
-        let mut inner = self.inner.lock();
-        let latest = inner.users.iter().max_by_key(|(_, g)| *g).map(|(s, _)| s.clone()).expect("never empty");
-        for user in inner.users.iter().map(|(s, _)| s).chain(&inner.pending) {
+        let mut inner = self.lock()?;
+        Self::join_users(&mut inner).cloned()
+    }
+
+    /// [`StreamOrder::join`] for an owner with exclusive access (the memory's drop): no lock, and
+    /// the stream is lent rather than cloned.
+    pub fn join_mut(&mut self) -> Result<&Stream> {
+        Self::join_users(self.inner.get_mut())
+    }
+
+    fn join_users(inner: &mut Users) -> Result<&Stream> {
+        let latest = &inner.latest.0;
+        for user in inner.others.iter().map(|(s, _)| s).chain(&inner.pending) {
             latest.wait_for(user)?;
         }
-        let generation = inner.next_gen;
+        inner.others.clear();
+        inner.latest.1 = inner.next_gen;
         inner.next_gen += 1;
-        inner.users = vec![(latest.clone(), generation)];
-        Ok(latest)
+        Ok(&inner.latest.0)
     }
 
     /// Blocks until all work of every recorded user (and of every ticket not dropped) has
     /// completed.
     pub fn synchronize(&self) -> Result<()> {
-        let users: Vec<Stream> = {
-            let inner = self.inner.lock();
-            inner.users.iter().map(|(s, _)| s).chain(&inner.pending).cloned().collect()
-        };
+        let users: Vec<Stream> = self.lock()?.all().cloned().collect();
         for user in &users {
             user.synchronize()?;
         }
@@ -211,13 +327,30 @@ impl StreamOrder {
 
     /// The most recently recorded user.
     pub fn last(&self) -> Stream {
-        let inner = self.inner.lock();
-        inner.users.iter().max_by_key(|(_, g)| *g).map(|(s, _)| s.clone()).expect("never empty")
+        self.inner.lock().latest.0.clone()
     }
 
     /// How many streams may still have work on the memory.
     pub fn users(&self) -> usize {
-        self.inner.lock().users.len()
+        1 + self.inner.lock().others.len()
+    }
+}
+
+/// A [`StreamOrder::queue_on`] in progress: its users stay locked until the closure has
+/// returned, failed or unwound, and then record the stream (whatever the closure queued before
+/// it stopped is waited for by later users).
+struct Queuing<'o> {
+    inner: MutexGuard<'o, Users>,
+    holder: &'o AtomicUsize,
+    stream: &'o Stream,
+    /// The users were locked since the waits, so every entry recorded so far was waited for.
+    waited_before: u64,
+}
+
+impl Drop for Queuing<'_> {
+    fn drop(&mut self) {
+        self.holder.store(0, Ordering::Relaxed);
+        self.inner.record(self.stream, self.waited_before);
     }
 }
 
@@ -241,19 +374,6 @@ impl Drop for OrderTicket<'_> {
         if let Some(i) = inner.pending.iter().position(|s| s == self.stream) {
             inner.pending.swap_remove(i);
         }
-        let generation = inner.next_gen;
-        inner.next_gen += 1;
-        // Entries this stream was ordered after, and that nobody recorded again since, are covered
-        // by this stream from now on.
-        let (stream, waited_before) = (self.stream, self.waited_before);
-        // The common case, one stream using the memory again: only its generation changes.
-        if let [(only, g)] = inner.users.as_mut_slice()
-            && only == stream
-        {
-            *g = generation;
-            return;
-        }
-        inner.users.retain(|(s, g)| s != stream && *g >= waited_before);
-        inner.users.push((stream.clone(), generation));
+        inner.record(self.stream, self.waited_before);
     }
 }

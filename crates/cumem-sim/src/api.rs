@@ -33,27 +33,57 @@ impl Fail {
 /// Result of an API body.
 pub(crate) type ApiResult = Result<(), Fail>;
 
-/// The calling thread's OS thread id.
-pub(crate) fn os_tid() -> u64 {
-    thread_local! {
-        // A thread's id never changes: one system call per thread, not one per driver call.
-        // SAFETY: gettid has no preconditions.
-        static TID: u64 = (unsafe { libc::gettid() }) as u64;
-    }
-    TID.with(|t| *t)
-}
-
-thread_local! {
+/// What the call wrapper keeps per thread, in one thread-local so that a call reaches it once
+/// (each thread-local of a shared library is a `__tls_get_addr` call). Nothing in it needs
+/// dropping, so it stays usable while the thread's other thread-locals are destroyed.
+struct ApiThread {
+    /// The OS thread id, fetched on first use (0 until then): one system call per thread, not
+    /// one per driver call.
+    tid: Cell<u64>,
     /// The exported function this thread is executing and its OS thread id (empty name outside
     /// calls): stream operations remember who enqueued them, to name it in violations detected
     /// when they run.
-    static CALLER: Cell<(&'static str, u64)> = const { Cell::new(("", 0)) };
+    caller: Cell<(&'static str, u64)>,
+    /// Set while the host-callback thread runs a `cuLaunchHostFunc` function.
+    in_host_fn: Cell<bool>,
+}
+
+thread_local! {
+    static THREAD: ApiThread = const {
+        ApiThread { tid: Cell::new(0), caller: Cell::new(("", 0)), in_host_fn: Cell::new(false) }
+    };
+}
+
+impl ApiThread {
+    fn tid(&self) -> u64 {
+        match self.tid.get() {
+            0 => {
+                // SAFETY: gettid has no preconditions.
+                let tid = (unsafe { libc::gettid() }) as u64;
+                self.tid.set(tid);
+                tid
+            }
+            tid => tid,
+        }
+    }
+}
+
+/// The calling thread's OS thread id.
+pub(crate) fn os_tid() -> u64 {
+    THREAD.with(ApiThread::tid)
+}
+
+/// Marks the calling thread as running a host function (`true`) or not any more.
+pub(crate) fn set_in_host_fn(running: bool) {
+    THREAD.with(|t| t.in_host_fn.set(running));
 }
 
 /// The exported function the calling thread is inside (`""` outside any) and the thread's OS id.
 pub(crate) fn caller() -> (&'static str, u64) {
-    let (name, tid) = CALLER.with(Cell::get);
-    if tid == 0 { (name, os_tid()) } else { (name, tid) }
+    THREAD.with(|t| {
+        let (name, tid) = t.caller.get();
+        if tid == 0 { (name, t.tid()) } else { (name, tid) }
+    })
 }
 
 /// Whether a call may proceed before `cuInit`.
@@ -67,11 +97,13 @@ pub(crate) enum Init {
 
 /// Runs `body` as the exported function `name`.
 pub(crate) fn call(name: &'static str, init: Init, body: impl FnOnce() -> ApiResult) -> CUresult {
-    let tid = os_tid();
+    let (tid, outer, in_host_fn) = THREAD.with(|t| {
+        let tid = t.tid();
+        (tid, t.caller.replace((name, tid)), t.in_host_fn.get())
+    });
     crate::calls::count(name, tid);
-    let outer = CALLER.with(|c| c.replace((name, tid)));
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        if crate::context::IN_HOST_FN.with(|f| f.get()) {
+        if in_host_fn {
             return Err(Fail::misuse(
                 CUresult::CUDA_ERROR_NOT_PERMITTED,
                 "CUDA call from inside a host function (cuLaunchHostFunc)",
@@ -85,7 +117,7 @@ pub(crate) fn call(name: &'static str, init: Init, body: impl FnOnce() -> ApiRes
         }
         body()
     }));
-    CALLER.with(|c| c.set(outer));
+    THREAD.with(|t| t.caller.set(outer));
     let fail = match outcome {
         Ok(Ok(())) => return CUresult::CUDA_SUCCESS,
         Ok(Err(fail)) => fail,

@@ -3,22 +3,133 @@
 //!
 //! Every call is counted on entry to the call wrapper, before fault injection and `cuInit`
 //! checks: a call that fails, or is faulted, still reached the driver.
+//!
+//! Counting must not cost more than the thread-local read that a real driver's cheapest calls
+//! (`cuCtxGetCurrent`) are: a process-wide lock taken by every call of every thread made each
+//! call pay two atomic read-modify-writes and a hash of the name, and made threads that only query
+//! their own state contend. So each thread counts in counters only it writes, found by the address
+//! of the name (the literal each exported function passes); the process-wide list is locked only
+//! the first time a thread calls a function, and by [`total`].
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-/// `(exported symbol, OS thread id) -> calls`.
-static COUNTS: Mutex<Option<HashMap<(&'static str, u64), u64>>> = Mutex::new(None);
+/// One thread's calls of one function. Written by that thread only (a load and a store, no
+/// read-modify-write), read by anyone.
+type Counter = Arc<AtomicU64>;
 
-/// Counts one call of `function` on thread `os_tid`.
+/// Every counter made: (exported symbol, OS thread id, calls). A thread whose id the OS reuses
+/// after another one exited gets counters of its own, so that each has one writer forever;
+/// [`total`] adds them up.
+static COUNTERS: Mutex<Vec<(&'static str, u64, Counter)>> = Mutex::new(Vec::new());
+
+/// A name by its address and length (a literal that is a prefix of another may share its
+/// address).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct NameKey(usize, usize);
+
+impl std::hash::Hash for NameKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_usize(self.0 ^ self.1.rotate_left(48));
+    }
+}
+
+/// Spreads a [`NameKey`]'s one word over all 64 bits: addresses are already distinct keys, so
+/// SipHash's work is not needed.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (self.0.rotate_left(5) ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+thread_local! {
+    /// The calling thread's counters by the address and length of the name passed.
+    static MINE: RefCell<HashMap<NameKey, Counter, BuildHasherDefault<AddressHasher>>> =
+        RefCell::new(HashMap::default());
+}
+
+/// A new counter of `function` on `os_tid`, listed for [`total`].
+fn register(function: &'static str, os_tid: u64) -> Counter {
+    let counter = Counter::default();
+    COUNTERS.lock().push((function, os_tid, counter.clone()));
+    counter
+}
+
+/// Counts one call of `function` on thread `os_tid` (the calling thread).
 pub(crate) fn count(function: &'static str, os_tid: u64) {
-    *COUNTS.lock().get_or_insert_with(HashMap::new).entry((function, os_tid)).or_insert(0) += 1;
+    let bump = |c: &AtomicU64| c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    let key = NameKey(function.as_ptr() as usize, function.len());
+    let counted = MINE.try_with(|mine| {
+        let mut mine = mine.borrow_mut();
+        let counter = mine.entry(key).or_insert_with(|| register(function, os_tid));
+        bump(counter);
+    });
+    if counted.is_err() {
+        // The thread is exiting and its table is gone (a destructor calling the driver): count
+        // in a counter of its own, as a new thread would.
+        bump(&register(function, os_tid));
+    }
 }
 
 /// Calls of `function` so far: on thread `os_tid`, or on every thread for 0.
 pub(crate) fn total(function: &str, os_tid: u64) -> u64 {
-    COUNTS.lock().as_ref().map_or(0, |m| {
-        m.iter().filter(|((f, t), _)| *f == function && (os_tid == 0 || *t == os_tid)).map(|(_, n)| n).sum()
-    })
+    COUNTERS
+        .lock()
+        .iter()
+        .filter(|(f, t, _)| *f == function && (os_tid == 0 || *t == os_tid))
+        .map(|(_, _, n)| n.load(Ordering::Relaxed))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_per_thread_and_in_total() {
+        let name: &'static str = "cumemSimTestOnlyCall";
+        let me = crate::api::os_tid();
+        count(name, me);
+        count(name, me);
+        let other = std::thread::spawn(move || {
+            let tid = crate::api::os_tid();
+            count(name, tid);
+            tid
+        })
+        .join()
+        .unwrap();
+        assert_eq!(total(name, me), 2);
+        assert_eq!(total(name, other), 1);
+        assert_eq!(total(name, 0), 3);
+        assert_eq!(total("cumemSimNeverCalled", 0), 0);
+    }
+
+    #[test]
+    fn the_same_name_at_another_address_counts_together() {
+        // Two literals with the same text may live at two addresses: both count as one function.
+        let a: &'static str = "cumemSimTestTwin";
+        let b: &'static str = Box::leak(String::from("cumemSimTestTwin").into_boxed_str());
+        let me = crate::api::os_tid();
+        count(a, me);
+        count(b, me);
+        assert_eq!(total("cumemSimTestTwin", me), 2);
+    }
 }

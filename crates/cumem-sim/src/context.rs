@@ -11,7 +11,7 @@
 //! belongs to a context but any context can use it (unified addressing): copies and frees do not
 //! check the owner.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 
 use cudarc::driver::sys::CUresult;
 
@@ -58,8 +58,6 @@ const DEFAULT_LIMITS: Limits = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0];
 thread_local! {
     /// The calling thread's context stack; the top is current.
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-    /// Set while the host-callback thread runs a `cuLaunchHostFunc` function.
-    pub(crate) static IN_HOST_FN: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The calling thread's current context handle.

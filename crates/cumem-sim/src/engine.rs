@@ -44,12 +44,12 @@ pub(crate) fn start() -> Result<(), String> {
         .name("cumem-sim-hostfn".into())
         .spawn(move || {
             while let Ok(job) = rx.recv() {
-                crate::context::IN_HOST_FN.with(|f| f.set(true));
+                crate::api::set_in_host_fn(true);
                 let f = job.f;
                 // SAFETY: the program passed `f` and `data` to cuLaunchHostFunc, promising that
                 // calling `f(data)` once, in stream order, is valid.
                 let _ = std::panic::catch_unwind(|| unsafe { f(job.data as *mut c_void) });
-                crate::context::IN_HOST_FN.with(|f| f.set(false));
+                crate::api::set_in_host_fn(false);
                 let mut g = SIM.st.lock();
                 finish(&mut g, job.sid);
             }

@@ -413,6 +413,10 @@ impl Error {
 /// `CUDA_SUCCESS` is `Ok(())`; everything else is the matching [`Error`].
 #[inline]
 pub fn check(code: CUresult, ctx: ErrorContext) -> Result<()> {
+    // Success answered inline: every driver call of a hot path goes through here.
+    if code == CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
     match Error::from_code(code, ctx) {
         None => Ok(()),
         Some(e) => Err(e),

@@ -90,7 +90,8 @@ impl<T> DeviceBuffer<T> {
     where
         T: AnyBitPattern,
     {
-        Self::new_in(&Self::current(stream)?, stream, len)
+        // SAFETY: any bytes are a valid T.
+        unsafe { Self::uninit_layout_in(Self::current(stream)?, stream, len, align_of::<T>()) }
     }
 
     /// Allocates without initialising.
@@ -104,7 +105,7 @@ impl<T> DeviceBuffer<T> {
         len: usize,
     ) -> Result<Self> {
         // SAFETY: forwarded contract.
-        unsafe { Self::uninit_layout_in(resource, stream, len, align_of::<T>()) }
+        unsafe { Self::uninit_layout_in(resource.clone().into_dyn_resource(), stream, len, align_of::<T>()) }
     }
 
     /// Allocates without initialising, at an address that is a multiple of `align` (a power of
@@ -119,14 +120,18 @@ impl<T> DeviceBuffer<T> {
         align: usize,
     ) -> Result<Self> {
         check_alignment(align)?;
+        let resource = resource.clone().into_dyn_resource();
         // SAFETY: forwarded contract.
         unsafe { Self::uninit_layout_in(resource, stream, len, align.max(align_of::<T>())) }
     }
 
+    /// Takes the resource by value, so that the constructors without `_in` hand over the `Arc`
+    /// they looked up instead of cloning it once more.
+    ///
     /// # Safety
     /// 1. As for [`DeviceBuffer::uninit_in`]; `align` is a power of two.
-    unsafe fn uninit_layout_in<R: DeviceResource + ?Sized + 'static>(
-        resource: &Arc<R>,
+    unsafe fn uninit_layout_in(
+        resource: Arc<dyn DeviceResource>,
         stream: &Stream,
         len: usize,
         align: usize,
@@ -151,7 +156,7 @@ impl<T> DeviceBuffer<T> {
             token: alloc.token,
             len,
             layout,
-            resource: resource.clone().into_dyn_resource(),
+            resource,
             order: StreamOrder::new(stream),
             _marker: PhantomData,
         })
@@ -222,7 +227,12 @@ impl<T> DeviceBuffer<T> {
     where
         T: Zeroable,
     {
-        Self::zeroed_aligned_in(&Self::current(stream)?, stream, len, align)
+        check_alignment(align)?;
+        // SAFETY: every byte is written with zero below, and all-zero is a valid T.
+        let buf = unsafe {
+            Self::uninit_layout_in(Self::current(stream)?, stream, len, align.max(align_of::<T>()))?
+        };
+        buf.zero(stream)
     }
 
     /// Queues zeroing the whole (fresh) allocation on `stream`.
@@ -241,7 +251,9 @@ impl<T> DeviceBuffer<T> {
     where
         T: Zeroable,
     {
-        Self::zeroed_in(&Self::current(stream)?, stream, len)
+        // SAFETY: every byte is written with zero below, and all-zero is a valid T.
+        let buf = unsafe { Self::uninit_layout_in(Self::current(stream)?, stream, len, align_of::<T>())? };
+        buf.zero(stream)
     }
 
     /// A buffer from `resource` holding a copy of `data`. `data` may be reused as soon as this returns.
@@ -451,7 +463,7 @@ impl<T> fmt::Debug for DeviceBuffer<T> {
 impl<T> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         if let Some(layout) = self.layout {
-            let stream = match self.order.join() {
+            let stream = match self.order.join_mut() {
                 Ok(stream) => stream,
                 Err(e) => {
                     // No stream is known to follow every use: returning the memory could hand it to
@@ -465,7 +477,7 @@ impl<T> Drop for DeviceBuffer<T> {
             // and are returned once; every use of the memory was queued through `order`, and
             // `stream` is ordered after all of them; the buffer is going away, so nothing refers to
             // the memory afterwards.
-            unsafe { self.resource.deallocate(alloc, layout, &stream) };
+            unsafe { self.resource.deallocate(alloc, layout, stream) };
         }
     }
 }

@@ -7,8 +7,10 @@
 //! one door: [`DeviceSlice::on`] / [`DeviceSliceMut::on`] return a guard holding the raw device
 //! pointer and the stream to queue the work on. Taking the guard orders the stream after the
 //! memory's earlier users; dropping it orders the memory's later users (another stream, host
-//! access, the free) after everything queued on that stream meanwhile. cumem's own copies use the
-//! same door. See `docs/safety.md` for a kernel launched through it.
+//! access, the free) after everything queued on that stream meanwhile. Work queued inside one call
+//! can use the scoped form of the door, [`DeviceSlice::queue_on`] / [`DeviceSliceMut::queue_on`]
+//! (the same ordering, cheaper), as cumem's own copies do. See `docs/safety.md` for a kernel
+//! launched through it.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -241,6 +243,27 @@ impl<'a, T> DeviceSlice<'a, T> {
         Ok(OnStream { ptr: self.ptr, len: self.len, ticket, _marker: PhantomData })
     }
 
+    /// Runs `queue`, which queues device work reading the memory on `stream` and returns, with
+    /// the ordering of [`DeviceSlice::on`] and the guard's life being the call: `queue` gets the
+    /// device address. Cheaper than the guard (one lock, see [`StreamOrder::queue_on`]) but
+    /// `queue` must not use the same memory through cumem (`NotPermitted` on this thread).
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use cumem_core::{DeviceBuffer, Device, Stream};
+    /// let ctx = Device::get(0)?.context()?;
+    /// let (a, b) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
+    /// let buf = DeviceBuffer::from_slice(&a, &[1u32, 2, 3])?;
+    /// let view = buf.as_slice();
+    /// let ptr = view.queue_on(&b, |ptr| Ok(ptr))?; // b waited for the upload on a
+    /// assert_eq!(ptr, buf.device_ptr());
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn queue_on<R>(&self, stream: &Stream, queue: impl FnOnce(CUdeviceptr) -> Result<R>) -> Result<R> {
+        check_stream(self.ctx, stream)?;
+        self.order.queue_on(stream, || queue(self.ptr))
+    }
+
     /// Reinterprets the view as values of `U`; the byte length must be a multiple of `U`'s size
     /// and the address aligned for `U`.
     pub fn cast<U: Pod>(&self) -> Result<DeviceSlice<'a, U>>
@@ -298,6 +321,34 @@ impl<'a, T> DeviceSliceMut<'a, T> {
         check_stream(self.ctx, stream)?;
         let ticket = self.order.use_on(stream)?;
         Ok(OnStreamMut { ptr: self.ptr, len: self.len, ticket, _marker: PhantomData })
+    }
+
+    /// Runs `queue`, which queues device work reading or writing the memory on `stream` and
+    /// returns: [`DeviceSlice::queue_on`] with exclusive access.
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use cumem_core::{DeviceBuffer, Device, Stream};
+    /// let stream = Stream::non_blocking(&Device::get(0)?.context()?)?;
+    /// let mut buf = DeviceBuffer::<u8>::zeroed(&stream, 64)?;
+    /// let mut view = buf.as_mut_slice();
+    /// let bytes = view.bytes();
+    /// view.queue_on(&stream, |ptr| {
+    ///     // SAFETY: the range is the view's, and the memset is queued on the stream ordered for it.
+    ///     let code = unsafe { cumem_core::sys::cuMemsetD8Async(ptr, 7, bytes, stream.raw()) };
+    ///     assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+    ///     Ok(())
+    /// })?; // the buffer's later users are ordered after the memset
+    /// assert_eq!(buf.to_vec()?, [7; 64]);
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn queue_on<R>(
+        &mut self,
+        stream: &Stream,
+        queue: impl FnOnce(CUdeviceptr) -> Result<R>,
+    ) -> Result<R> {
+        check_stream(self.ctx, stream)?;
+        self.order.queue_on(stream, || queue(self.ptr))
     }
 
     /// Like [`DeviceSliceMut::on`], consuming the view to keep its lifetime.

@@ -1,0 +1,101 @@
+//! cumem asks the driver which context is current before every call and caches nothing, so user
+//! code that changes the thread's current context behind its back (raw `cuCtxSetCurrent`,
+//! `cuCtxPushCurrent`, or nothing current at all) cannot make a queued copy run in the wrong
+//! context or lose its ordering: a copy on one stream still waits for work held back on another.
+//!
+//! The gated test is `#[serial]` and the others `#[parallel]`: see `common` for why.
+
+mod common;
+
+use std::time::Duration;
+
+use cumem_copy::StreamCopy;
+use cumem_core::sys::{self, CUcontext, CUresult};
+use cumem_core::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
+use cumem_sys::testing;
+use serial_test::{parallel, serial};
+
+fn ctx() -> Context {
+    testing::init();
+    Device::get(0).unwrap().context().unwrap()
+}
+
+fn current() -> CUcontext {
+    let mut c = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { sys::cuCtxGetCurrent(&mut c) }, CUresult::CUDA_SUCCESS);
+    c
+}
+
+fn set_current(c: CUcontext) {
+    // SAFETY: `c` is NULL or a live context handle.
+    assert_eq!(unsafe { sys::cuCtxSetCurrent(c) }, CUresult::CUDA_SUCCESS);
+}
+
+/// Another context than `ctx` to make current behind cumem's back: device 1's primary context
+/// when there is a second device, else none at all.
+fn another(ctx: &Context) -> (Option<Context>, CUcontext) {
+    match Device::get(1).and_then(|d| d.context()) {
+        Ok(other) if other != *ctx => {
+            let raw = other.raw();
+            (Some(other), raw)
+        }
+        _ => (None, std::ptr::null_mut()),
+    }
+}
+
+#[test]
+#[serial] // holds a gate
+fn copies_stay_ordered_when_user_code_changes_the_current_context_between_them() {
+    let ctx = ctx();
+    let (_keep, other) = another(&ctx);
+    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let mut buf = DeviceBuffer::<u32>::zeroed(&b, 512).unwrap();
+    b.synchronize().unwrap();
+    let mut first = PinnedBuffer::<u32>::zeroed(&ctx, 512).unwrap();
+    let mut second = PinnedBuffer::<u32>::zeroed(&ctx, 512).unwrap();
+    let gate = common::hold(&a);
+    a.fill(&mut buf, 9u32).unwrap(); // held back
+    set_current(std::ptr::null_mut());
+    b.copy_d2h(&buf, &mut first).unwrap(); // on b: must bind its context and wait for a
+    assert_eq!(current(), ctx.raw(), "the copy did not make its own context current");
+    set_current(other);
+    b.copy_d2h(&buf, &mut second).unwrap();
+    assert_eq!(current(), ctx.raw());
+    let opener = gate.release_after(Duration::from_millis(100));
+    let seen = (first.as_slice().unwrap().to_vec(), second.as_slice().unwrap().to_vec());
+    opener.join().unwrap();
+    assert!(seen.0.iter().all(|&v| v == 9), "the copy after a NULL context ran before the fill on a");
+    assert!(seen.1.iter().all(|&v| v == 9), "the copy after another context ran before the fill on a");
+}
+
+#[test]
+#[parallel]
+fn every_kind_of_queued_call_works_after_the_context_was_popped_or_pushed() {
+    let ctx = ctx();
+    let (_keep, other) = another(&ctx);
+    // As an address: a raw handle cannot cross into the thread below.
+    let other = other as usize;
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let src = PinnedBuffer::from_slice(&ctx, &[4u16; 300]).unwrap();
+    let mut dev = DeviceBuffer::<u16>::zeroed(&stream, 300).unwrap();
+    let mut back = PinnedBuffer::<u16>::zeroed(&ctx, 300).unwrap();
+    // A thread of its own: what it leaves current concerns nobody else.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            set_current(std::ptr::null_mut());
+            stream.copy_h2d(&src, &mut dev).unwrap();
+            if other != 0 {
+                // SAFETY: a live context handle (`_keep` retains it); popped again below.
+                let code = unsafe { sys::cuCtxPushCurrent_v2(other as CUcontext) };
+                assert_eq!(code, CUresult::CUDA_SUCCESS);
+            }
+            stream.memset_d16(&mut dev.slice_mut(100..200).unwrap(), 7).unwrap();
+            set_current(std::ptr::null_mut());
+            stream.copy_d2h(&dev, &mut back).unwrap();
+            assert_eq!(current(), ctx.raw());
+        });
+    });
+    let expected: Vec<u16> = (0..300).map(|i| if (100..200).contains(&i) { 7 } else { 4 }).collect();
+    assert_eq!(back.as_slice().unwrap(), &expected[..]);
+}
