@@ -84,7 +84,9 @@ fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
         return;
     }
     testing::init();
-    let path = std::env::temp_dir().join(format!("cumem-ipc-vmm-{}.sock", std::process::id()));
+    // The process id and the time: runs in other containers sharing /tmp have their own ids.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let path = std::env::temp_dir().join(format!("cumem-ipc-vmm-{}-{nanos}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
@@ -99,6 +101,10 @@ fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
     ok(unsafe { cu::cuMemCreate(&mut h, G, &prop(), 0) });
     let va = map_rw(h);
     write(va, &(0..G).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+    // A pageable copy may return before its DMA lands (§6): the child reads as soon as it has the
+    // descriptor.
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuCtxSynchronize() });
     let mut fd: i32 = -1;
     // SAFETY: POSIX_FD writes an int into `fd`.
     ok(unsafe {
