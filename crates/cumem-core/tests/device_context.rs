@@ -60,8 +60,9 @@ fn capabilities_come_from_attributes() {
 #[test]
 fn a_device_without_a_capability_says_not_supported() {
     init();
-    if cumem_core::Device::count().unwrap() < 2 || testing::sim_control().is_none() {
-        return; // needs the simulator's second device, configured without managed memory and pools
+    if testing::sim_control().is_none() {
+        testing::skip("needs the simulator's device 1, configured without managed memory and pools");
+        return;
     }
     let caps = Device::get(1).unwrap().capabilities().unwrap();
     assert!(!caps.managed_memory && !caps.memory_pools);
