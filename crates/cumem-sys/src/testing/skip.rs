@@ -76,15 +76,20 @@ pub fn skip(why: impl std::fmt::Display) {
         "{test} would be skipped on the simulator ({why}): configure the simulator it needs, nothing is \
          skipped there"
     );
+    report(&test, &why.to_string(), std::env::var_os(SKIP_LOG_ENV).as_deref());
+}
+
+/// Writes the skip's line to stderr and, when `log` names a file, appends `<test>\t<why>` to it.
+fn report(test: &str, why: &str, log: Option<&std::ffi::OsStr>) {
     // Straight to the stream: `eprintln!` is captured by the test harness and shown only on failure.
     let _ = writeln!(std::io::stderr(), "skipped: {test}: {why}");
-    if let Some(path) = std::env::var_os(SKIP_LOG_ENV) {
+    if let Some(path) = log {
         let line = format!("{test}\t{why}\n");
         // One `write` of a short line in append mode: lines from parallel tests do not interleave.
         let written = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&path)
+            .open(path)
             .and_then(|mut f| f.write_all(line.as_bytes()));
         if let Err(e) = written {
             let _ = writeln!(std::io::stderr(), "could not log the skip to {}: {e}", path.to_string_lossy());
@@ -96,5 +101,26 @@ fn driver_name() -> &'static str {
     match driver::current() {
         Some(DriverKind::Simulator) => "the simulator",
         _ => "the real driver",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reported_skip_is_appended_to_the_log_one_line_each() {
+        let path = std::env::temp_dir().join(format!("cumem-skip-log-{}.txt", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        report("peer::two", "needs 2 devices, the real driver has 1", Some(path.as_os_str()));
+        report("vmm::three", "needs a device without virtual memory management", Some(path.as_os_str()));
+        report("not::logged", "no log named", None);
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            text,
+            "peer::two\tneeds 2 devices, the real driver has 1\n\
+             vmm::three\tneeds a device without virtual memory management\n"
+        );
     }
 }
