@@ -1,8 +1,10 @@
 //! Project automation. `cargo xtask <task>`:
 //!
 //! - `ci`: format check, clippy `-D warnings`, build, docs with warnings denied, every test and
-//!   doctest on the simulator with the simulator's leak check at the end of each test binary, and
-//!   the quickstart example and the demo on the simulator (what CI runs);
+//!   doctest on the simulator with the simulator's leak check at the end of each test binary (a
+//!   test that would skip fails there: `cumem_sys::testing::skip` refuses the simulator, which has
+//!   every device the tests configure), and the quickstart example and the demo on the simulator
+//!   (what CI runs);
 //! - `test`: the tests only, on the simulator;
 //! - `gpu-test`: on the real driver, fails saying "no GPU" where there is none. Builds the test
 //!   binaries once (`cargo test --no-run`), leaving out the packages whose tests are not for a GPU
