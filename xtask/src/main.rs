@@ -1,8 +1,10 @@
 //! Project automation. `cargo xtask <task>`:
 //!
 //! - `ci`: format check, clippy `-D warnings`, build, docs with warnings denied, every test and
-//!   doctest on the simulator with the simulator's leak check at the end of each test binary, and
-//!   the quickstart example and the demo on the simulator (what CI runs);
+//!   doctest on the simulator with the simulator's leak check at the end of each test binary (a
+//!   test that would skip fails there: `cumem_sys::testing::skip` refuses the simulator, which has
+//!   every device the tests configure), and the quickstart example and the demo on the simulator
+//!   (what CI runs);
 //! - `test`: the tests only, on the simulator;
 //! - `gpu-test`: on the real driver, fails saying "no GPU" where there is none. Builds the test
 //!   binaries once (`cargo test --no-run`), leaving out the packages whose tests are not for a GPU
@@ -11,7 +13,10 @@
 //!   binary that exceeds it is killed and reported as hung); then, where compute-sanitizer is
 //!   installed (`PATH`, `$CUDA_HOME/bin`, `/usr/local/cuda/bin`), runs memcheck with a full leak
 //!   check on each binary, with API error reports off (the tests provoke driver errors on
-//!   purpose); a binary that makes no CUDA call is skipped, saying so;
+//!   purpose); a binary that makes no CUDA call is skipped, saying so. Tests that skip on this
+//!   machine (fewer devices than they need, a simulator-only check) say so through
+//!   `cumem_sys::testing::skip`, which appends to the file named by `CUMEM_TEST_SKIP_LOG`; the
+//!   summary lists every skipped test and why (on the simulator a skip fails the test instead);
 //! - `bench [pool | transfer]`: the allocator table (ns per alloc+free and the ratios between
 //!   allocators) or the transfer table (copies, memsets and allocation paths against the same raw
 //!   driver calls, then the message-channel table: messages/s and latency per strategy for 64 B
@@ -191,11 +196,20 @@ fn gpu_test() -> Result {
         binaries.len()
     );
     let mut failed = Vec::new();
+    let mut skipped = Vec::new();
+    let skip_log = std::env::temp_dir().join(format!("xtask-gpu-test-skips-{}.log", std::process::id()));
     for b in &binaries {
         let started = Instant::now();
+        let _ = std::fs::remove_file(&skip_log);
         let mut cmd = Command::new(&b.path);
-        cmd.env("CUMEM_DRIVER", "real");
-        let verdict = match run_limited(&mut cmd, limit, false)? {
+        cmd.env("CUMEM_DRIVER", "real").env(SKIP_LOG_ENV, &skip_log);
+        let outcome = run_limited(&mut cmd, limit, false)?;
+        let skips = read_skips(&skip_log, &b.name);
+        let _ = std::fs::remove_file(&skip_log);
+        let skip_note =
+            if skips.is_empty() { String::new() } else { format!(", {} test(s) skipped", skips.len()) };
+        skipped.extend(skips);
+        let verdict = match outcome {
             Outcome::Exited(status, _) if status.success() => "ok".to_string(),
             Outcome::Exited(status, _) => {
                 failed.push(format!("{} ({status})", b.name));
@@ -206,7 +220,18 @@ fn gpu_test() -> Result {
                 format!("HUNG: killed after {limit:?}")
             }
         };
-        eprintln!("    {}: {verdict} in {:.1?}", b.name, started.elapsed());
+        eprintln!("    {}: {verdict} in {:.1?}{skip_note}", b.name, started.elapsed());
+    }
+    if skipped.is_empty() {
+        eprintln!("==> no test skipped");
+    } else {
+        eprintln!(
+            "==> {} test(s) skipped on this machine (they pass without running their checks):",
+            skipped.len()
+        );
+        for s in &skipped {
+            eprintln!("    skipped: {s}");
+        }
     }
     match find_sanitizer() {
         Some(sanitizer) => {
@@ -238,6 +263,22 @@ fn gpu_test() -> Result {
         None => eprintln!("    compute-sanitizer not found; skipped memcheck"),
     }
     if failed.is_empty() { Ok(()) } else { Err(format!("on the real driver: {}", failed.join(", "))) }
+}
+
+/// The variable naming the file to which `cumem_sys::testing::skip` appends `<test>\t<why>`
+/// (`cumem_sys::testing::SKIP_LOG_ENV`; xtask does not depend on cumem-sys).
+const SKIP_LOG_ENV: &str = "CUMEM_TEST_SKIP_LOG";
+
+/// The skips `binary` logged to `path`, as `binary: test: why` (none when it logged nothing).
+fn read_skips(path: &Path, binary: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| match l.split_once('\t') {
+            Some((test, why)) => format!("{binary}: {test}: {why}"),
+            None => format!("{binary}: {l}"),
+        })
+        .collect()
 }
 
 /// One test executable built by `cargo test --no-run`.
@@ -416,6 +457,22 @@ mod tests {
 
     fn exit(code: i32) -> ExitStatus {
         ExitStatus::from_raw(code << 8)
+    }
+
+    #[test]
+    fn skips_are_listed_per_binary_with_their_test_and_reason() {
+        let path = std::env::temp_dir().join(format!("xtask-skips-test-{}.log", std::process::id()));
+        assert!(read_skips(&path, "cumem-peer/peer").is_empty(), "no file: nothing skipped");
+        std::fs::write(&path, "two_devices\tneeds 2 devices, the real driver has 1\n\nodd line\n").unwrap();
+        let skips = read_skips(&path, "cumem-peer/peer");
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            skips,
+            [
+                "cumem-peer/peer: two_devices: needs 2 devices, the real driver has 1",
+                "cumem-peer/peer: odd line"
+            ]
+        );
     }
 
     #[test]

@@ -205,7 +205,7 @@ fn bad_input_is_a_typed_error_before_any_copy() {
         ring.copy_d2h(&stream, &dev, &mut [0u32; 7]),
         Err(Error::LengthMismatch { expected: 7, actual: 8 })
     ));
-    if Device::count().unwrap() >= 2 {
+    if testing::needs_devices(2) {
         let other = Stream::new(&Device::get(1).unwrap().context().unwrap()).unwrap();
         assert!(matches!(
             ring.copy_h2d(&other, &[1u32; 8], &mut dev),
@@ -242,7 +242,9 @@ impl tracing::Subscriber for PanicOnWarn {
 #[serial] // holds a gate
 fn a_panic_after_a_chunk_copy_is_queued_leaves_the_chunk_guarded() {
     let (ctx, stream) = setup();
-    let Some(ctl) = testing::sim_control() else { return };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
     let mut ring = ring(&ctx, 256, 2);
     let first = pattern::<u8>(256, 1);
     let second = pattern::<u8>(256, 2);
@@ -288,7 +290,9 @@ fn a_panic_after_a_chunk_copy_is_queued_leaves_the_chunk_guarded() {
 #[parallel]
 fn a_chunk_event_that_cannot_be_recorded_fails_the_call_and_the_ring_recovers() {
     let (ctx, stream) = setup();
-    let Some(ctl) = testing::sim_control() else { return };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
     let mut ring = ring(&ctx, 256, 2);
     let first = pattern::<u8>(1024, 3);
     let second = pattern::<u8>(1024, 4);

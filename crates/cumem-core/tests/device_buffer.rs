@@ -93,7 +93,9 @@ fn more_than_the_device_has_is_out_of_memory() {
 #[test]
 fn an_injected_allocation_failure_surfaces_as_out_of_memory_and_leaks_nothing() {
     let s = stream();
-    let Some(ctl) = testing::sim_control() else { return };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
     let rule = ctl.inject_fault(FaultRule {
         function: "cuMemAlloc_v2".into(),
         nth: 2,
@@ -260,7 +262,7 @@ fn larger_alignments_are_honoured_by_the_driver_resource() {
 #[test]
 fn a_resource_of_another_device_is_refused() {
     let s = stream();
-    if Device::count().unwrap() < 2 {
+    if !testing::needs_devices(2) {
         return;
     }
     let other = Arc::new(DriverResource::new(&Device::get(1).unwrap().context().unwrap()));

@@ -24,10 +24,14 @@ fn ctx(ordinal: usize) -> Option<Context> {
 /// that lacks them.
 fn limited() -> Option<Context> {
     testing::init_with(SIM);
-    Device::all().unwrap().into_iter().find_map(|d| {
+    let found = Device::all().unwrap().into_iter().find_map(|d| {
         let caps = d.capabilities().unwrap();
         (!caps.host_mapping && !caps.host_register).then(|| d.context().unwrap())
-    })
+    });
+    if found.is_none() {
+        testing::skip("needs a device without host mapping and registration (the simulator's device 1)");
+    }
+    found
 }
 
 #[test]

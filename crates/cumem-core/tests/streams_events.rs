@@ -9,6 +9,7 @@ fn ctx() -> cumem_core::Context {
 }
 
 #[test]
+#[serial_test::parallel]
 fn streams_are_created_with_their_options() {
     let ctx = ctx();
     let blocking = Stream::new(&ctx).unwrap();
@@ -33,6 +34,7 @@ fn streams_are_created_with_their_options() {
 }
 
 #[test]
+#[serial_test::parallel]
 fn dropping_a_stream_destroys_it() {
     let ctx = ctx();
     let s = Stream::new(&ctx).unwrap();
@@ -50,6 +52,7 @@ fn dropping_a_stream_destroys_it() {
 }
 
 #[test]
+#[serial_test::parallel]
 fn events_record_query_and_synchronize() {
     let ctx = ctx();
     let stream = Stream::new(&ctx).unwrap();
@@ -65,6 +68,7 @@ fn events_record_query_and_synchronize() {
 }
 
 #[test]
+#[serial_test::parallel]
 fn elapsed_time_needs_timed_recorded_events() {
     let ctx = ctx();
     let stream = Stream::new(&ctx).unwrap();
@@ -83,9 +87,10 @@ fn elapsed_time_needs_timed_recorded_events() {
 }
 
 #[test]
+#[serial_test::parallel]
 fn recording_on_another_devices_stream_is_wrong_device() {
     let ctx = ctx();
-    if Device::count().unwrap() < 2 {
+    if !testing::needs_devices(2) {
         return;
     }
     let other = Device::get(1).unwrap().context().unwrap();
@@ -95,6 +100,7 @@ fn recording_on_another_devices_stream_is_wrong_device() {
 }
 
 #[test]
+#[serial_test::parallel]
 fn wait_orders_one_stream_after_another() {
     let ctx = ctx();
     let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
@@ -110,9 +116,10 @@ fn wait_orders_one_stream_after_another() {
 }
 
 #[test]
+#[serial_test::parallel]
 fn a_refusal_of_device_work_names_the_memorys_device_not_the_streams() {
     testing::init();
-    if Device::count().unwrap() < 2 {
+    if !testing::needs_devices(2) {
         return;
     }
     let (mem_dev, other) = (Device::get(0).unwrap(), Device::get(1).unwrap());

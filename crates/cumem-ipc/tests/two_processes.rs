@@ -46,7 +46,9 @@ fn a_child_process_reads_the_parents_buffer_and_the_parent_sees_the_childs_write
         return;
     }
     testing::init();
-    let path = std::env::temp_dir().join(format!("cumem-ipc-test-{}.sock", std::process::id()));
+    // The process id and the time: runs in other containers sharing /tmp have their own ids.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let path = std::env::temp_dir().join(format!("cumem-ipc-test-{}-{nanos}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())

@@ -94,7 +94,7 @@ fn shareable_context() -> Option<Context> {
     let device = Device::get(0).unwrap();
     let posix = device.attribute(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED).unwrap();
     if !device.capabilities().unwrap().virtual_memory || posix == 0 {
-        eprintln!("skipped: device 0 cannot export VMM memory as POSIX file descriptors");
+        testing::skip("device 0 cannot export VMM memory as POSIX file descriptors");
         return None;
     }
     Some(device.context().unwrap())
@@ -108,7 +108,9 @@ fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
     }
     testing::init();
     let Some(ctx) = shareable_context() else { return };
-    let path = std::env::temp_dir().join(format!("cumem-ipc-vmm-{}.sock", std::process::id()));
+    // The process id and the time: runs in other containers sharing /tmp have their own ids.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let path = std::env::temp_dir().join(format!("cumem-ipc-vmm-{}-{nanos}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
     let mut reap = Reap(Some(

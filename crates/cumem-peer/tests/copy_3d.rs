@@ -13,9 +13,7 @@ use serial_test::{parallel, serial};
 /// Streams on the first `n` devices, or `None` (with a message) when there are fewer.
 fn streams(n: usize) -> Option<Vec<Stream>> {
     testing::init_with("devices=3,peer=0-1,latency_us=2000");
-    let count = Device::count().unwrap();
-    if count < n {
-        eprintln!("skipped: this test needs {n} devices and the driver has {count}");
+    if !testing::needs_devices(n) {
         return None;
     }
     Some((0..n).map(|d| Stream::non_blocking(&Device::get(d).unwrap().context().unwrap()).unwrap()).collect())

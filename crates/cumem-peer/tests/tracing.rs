@@ -50,8 +50,7 @@ impl Subscriber for Capture {
 #[test]
 fn a_staged_copy_is_reported_with_its_devices_and_bytes() {
     testing::init_with("devices=3,peer=0-1");
-    if Device::count().unwrap() < 3 {
-        eprintln!("skipped: this test needs 3 devices and the driver has {}", Device::count().unwrap());
+    if !testing::needs_devices(3) {
         return;
     }
     let ctx: Vec<_> = (0..3).map(|d| Device::get(d).unwrap().context().unwrap()).collect();

@@ -29,7 +29,9 @@ fn driver_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Erro
 #[serial_test::parallel]
 fn an_upstream_failure_carries_the_drivers_error() {
     testing::init();
-    let Some(ctl) = testing::sim_control() else { return };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
     let ctx = Device::get(0).unwrap().context().unwrap();
     let upstream = DeviceUpstream::new(Arc::new(DriverResource::new(&ctx)));
     let pool = CachingPool::new(upstream, HostOrdering::new(), PoolConfig::default());
@@ -49,7 +51,9 @@ fn an_upstream_failure_carries_the_drivers_error() {
 #[serial_test::parallel]
 fn a_failed_stream_wait_reaches_the_caller_as_the_drivers_error() {
     testing::init();
-    let Some(ctl) = testing::sim_control() else { return };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
     let ctx = Device::get(0).unwrap().context().unwrap();
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let resource = pool.clone();

@@ -20,7 +20,9 @@ mod gate;
 fn a_failed_synchronize_at_drop_leaks_the_mapped_chunks_under_queued_work() {
     testing::init_with("latency_us=500");
     // Injecting the failure needs the simulator.
-    let Some(ctl) = testing::sim_control() else { return };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
     let ctx = Device::get(0).unwrap().context().unwrap();
     if !ctx.device().capabilities().unwrap().virtual_memory {
         return;

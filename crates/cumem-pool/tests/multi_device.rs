@@ -22,7 +22,7 @@ const B: u32 = 0xBBBB_BBBB;
 /// Devices 0 and 1; `None` on a machine with one GPU (the tests need two devices).
 fn contexts() -> Option<(Context, Context)> {
     testing::init_with("devices=2,latency_us=200,dev0.memory=67108864");
-    (Device::count().unwrap() >= 2)
+    testing::needs_devices(2)
         .then(|| (Device::get(0).unwrap().context().unwrap(), Device::get(1).unwrap().context().unwrap()))
 }
 

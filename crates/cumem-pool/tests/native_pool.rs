@@ -102,7 +102,8 @@ fn the_release_threshold_is_honoured_at_synchronisation() {
 #[test]
 fn a_device_without_pools_is_not_supported_before_any_driver_call() {
     let _ = ctx();
-    if Device::count().unwrap() < 2 || testing::sim_control().is_none() {
+    if testing::sim_control().is_none() {
+        testing::skip("needs the simulator's device 1, configured without memory pools");
         return;
     }
     let ctx1 = Device::get(1).unwrap().context().unwrap();

@@ -28,7 +28,7 @@ const REAL_DRIVER_SLACK_PERCENT: usize = 1;
 /// the simulator has devices: the test would share a device and its free-memory readings).
 fn ctx(device: usize) -> Option<Context> {
     testing::init_with(SIM);
-    (device < Device::count().unwrap()).then(|| Device::get(device).unwrap().context().unwrap())
+    testing::needs_devices(device + 1).then(|| Device::get(device).unwrap().context().unwrap())
 }
 
 /// Bytes the driver charges for the memory it took between two `cuMemGetInfo` readings.

@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use cudarc::driver::sys::{self as cu, CUevent, CUresult, CUstream};
+use serial_test::{parallel, serial};
 
 const NON_BLOCKING: u32 = 1;
 const DISABLE_TIMING: u32 = 2;
@@ -60,6 +61,7 @@ fn release(events: &[CUevent], s: CUstream) {
 }
 
 #[test]
+#[parallel]
 fn complete_events_give_success_and_a_non_negative_time() {
     bind(0);
     let (start, end, s) = completed_pair();
@@ -71,6 +73,7 @@ fn complete_events_give_success_and_a_non_negative_time() {
 }
 
 #[test]
+#[parallel]
 fn the_same_event_twice_gives_zero() {
     bind(0);
     let (start, end, s) = completed_pair();
@@ -79,6 +82,7 @@ fn the_same_event_twice_gives_zero() {
 }
 
 #[test]
+#[parallel]
 fn a_null_out_pointer_is_invalid_handle() {
     bind(0);
     let (start, end, s) = completed_pair();
@@ -97,6 +101,7 @@ fn a_null_out_pointer_is_invalid_handle() {
 }
 
 #[test]
+#[parallel]
 fn a_disable_timing_event_is_invalid_handle_in_either_place() {
     bind(0);
     let (start, end, s) = completed_pair();
@@ -111,6 +116,7 @@ fn a_disable_timing_event_is_invalid_handle_in_either_place() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: a free elsewhere (implicit synchronisation) would wait for it
 fn a_never_recorded_event_is_invalid_handle_even_beside_a_pending_one() {
     bind(0);
     let (start, end, s) = completed_pair();
@@ -130,6 +136,7 @@ fn a_never_recorded_event_is_invalid_handle_even_beside_a_pending_one() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: a free elsewhere (implicit synchronisation) would wait for it
 fn a_recording_not_yet_complete_is_not_ready_then_success() {
     bind(0);
     let (start, end, s) = completed_pair();
@@ -148,6 +155,7 @@ fn a_recording_not_yet_complete_is_not_ready_then_success() {
 }
 
 #[test]
+#[parallel]
 fn dead_and_null_handles_are_invalid_handle() {
     bind(0);
     let (start, end, s) = completed_pair();
@@ -164,6 +172,7 @@ fn dead_and_null_handles_are_invalid_handle() {
 }
 
 #[test]
+#[parallel]
 fn events_of_different_contexts_are_invalid_handle() {
     bind(1);
     let other_stream = stream(NON_BLOCKING);

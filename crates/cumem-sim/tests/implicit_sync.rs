@@ -36,8 +36,9 @@ fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Recei
 extern "C" fn nothing(_: *mut c_void) {}
 
 #[test]
+#[serial_test::serial] // holds a stream with a gate
 fn a_thread_in_cu_mem_free_holds_back_queueing_calls_but_not_queries() {
-    bind(0);
+    let ctl = bind(0);
     let n = 4096;
     let held = stream(NON_BLOCKING);
     let other = stream(NON_BLOCKING) as usize;
@@ -46,8 +47,17 @@ fn a_thread_in_cu_mem_free_holds_back_queueing_calls_but_not_queries() {
     let host = pinned(n) as usize;
     let gate = Gate::block(held);
 
+    let frees = ctl.calls("cuMemFree_v2");
     // SAFETY: plain FFI call with live handles and valid out-pointers.
     let free = on_thread(move || unsafe { cu::cuMemFree_v2(idle) });
+    // On a loaded machine the thread may start late: the calls below test what happens while it
+    // waits in cuMemFree, so it must have entered it first (the pause then covers the step from
+    // entry to holding the device).
+    let entered = std::time::Instant::now();
+    while ctl.calls("cuMemFree_v2") == frees {
+        assert!(entered.elapsed() < LIMIT, "the thread never called cuMemFree");
+        std::thread::yield_now();
+    }
     assert!(free.recv_timeout(PAUSE).is_err(), "cuMemFree waits for the stream held by the host function");
 
     let held_handle = held as usize;

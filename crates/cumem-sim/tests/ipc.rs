@@ -59,7 +59,9 @@ fn exporter() {
         return;
     }
     let ctl = bind(0);
-    let path = std::env::temp_dir().join(format!("cumem-sim-ipc-{}.sock", std::process::id()));
+    // The process id and the time: runs in other containers sharing /tmp have their own ids.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let path = std::env::temp_dir().join(format!("cumem-sim-ipc-{}-{nanos}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())

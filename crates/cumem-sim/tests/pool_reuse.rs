@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use cudarc::driver::sys::{self as cu, CUdeviceptr, CUevent, CUmemPool_attribute, CUmemoryPool, CUstream};
+use serial_test::{parallel, serial};
 
 use CUmemPool_attribute::*;
 
@@ -87,6 +88,7 @@ fn memset8(p: CUdeviceptr, v: u8, n: u64, s: CUstream) {
 }
 
 #[test]
+#[parallel]
 fn the_smallest_free_block_that_fits_is_reused_and_the_counters_follow() {
     bind(0);
     let pool = keeping_pool();
@@ -125,6 +127,7 @@ fn the_smallest_free_block_that_fits_is_reused_and_the_counters_follow() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: a free elsewhere (implicit synchronisation) would wait for it
 fn an_event_makes_reusable_only_the_frees_recorded_before_it() {
     bind(0);
     let pool = keeping_pool();
@@ -159,6 +162,7 @@ fn an_event_makes_reusable_only_the_frees_recorded_before_it() {
 }
 
 #[test]
+#[serial] // holds a stream with a gate: a free elsewhere (implicit synchronisation) would wait for it
 fn completed_frees_become_reusable_one_by_one_in_their_streams_order() {
     bind(0);
     let pool = keeping_pool();
@@ -202,6 +206,7 @@ fn completed_frees_become_reusable_one_by_one_in_their_streams_order() {
 /// A completed free next to a pending one of the same stream: neither fits alone, together they
 /// do, and the pool reuses them (with their bytes) rather than growing.
 #[test]
+#[serial] // holds a stream with a gate: a free elsewhere (implicit synchronisation) would wait for it
 fn neighbouring_frees_of_different_kinds_are_reused_together_before_the_pool_grows() {
     bind(0);
     let pool = keeping_pool();

@@ -150,7 +150,9 @@ fn another_process_maps_the_exported_memory() {
         return;
     }
     let ctl = bind(0);
-    let path = std::env::temp_dir().join(format!("cumem-sim-shareable-{}.sock", std::process::id()));
+    // The process id and the time: runs in other containers sharing /tmp have their own ids.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let path = std::env::temp_dir().join(format!("cumem-sim-shareable-{}-{nanos}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
@@ -163,6 +165,10 @@ fn another_process_maps_the_exported_memory() {
     let data: Vec<u8> = (0..G).map(|i| (i % 253) as u8).collect();
     // SAFETY: `data` is readable for G bytes.
     ok(unsafe { cu::cuMemcpyHtoD_v2(va, data.as_ptr().cast(), G) });
+    // A pageable copy may return before its DMA lands (§6): the importer reads as soon as it has
+    // the descriptor.
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuCtxSynchronize() });
     let (r, fd) = export(h);
     ok(r);
     let (mut sock, _) = listener.accept().unwrap();
@@ -208,6 +214,10 @@ fn importer() {
     assert_eq!(read_back(va, G), expected, "the importer does not read the exporter's bytes");
     // SAFETY: plain FFI call on a read-write mapping.
     ok(unsafe { cu::cuMemsetD8_v2(va, 0xC3, G) });
+    // A device memset returns before it runs (§6): done before the unmap, and before the exporter
+    // is told to look.
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuCtxSynchronize() });
     unmap_release(va, h);
     let report = ctl.live_report();
     assert!(report.physical.is_empty() && report.mappings.is_empty(), "{report}");

@@ -9,6 +9,10 @@
 //! `#[parallel]`: host functions of all streams share one thread, and a real driver lets a free
 //! that waits for a held stream block every other thread's work (see [`Gate`]).
 //!
+//! A test that needs more devices than the machine has skips through [`needs_devices`] (or
+//! [`skip`]), which says so and is counted by `cargo xtask gpu-test`; on the simulator it fails
+//! instead, so that nothing is skipped there.
+//!
 //! ```
 //! let kind = cumem_sys::testing::init();
 //! assert_eq!(cumem_sys::driver::current(), Some(kind));
@@ -21,8 +25,12 @@ use std::time::Duration;
 use crate::driver::{self, DriverChoice, DriverKind};
 use crate::sys;
 
-/// The simulator configuration every test process starts from: two devices, so multi-device
-/// code paths run, and the leak check at exit.
+mod skip;
+pub use skip::{SKIP_LOG_ENV, device_count, needs_devices, skip};
+
+/// The simulator configuration every test process starts from: the leak check at exit (and the
+/// simulator's default of two devices, so multi-device code paths run; a test that needs more
+/// passes `devices=N` to [`init_with`], and [`needs_devices`] refuses to skip on the simulator).
 pub const DEFAULT_SIM_CONFIG: &str = "leak_check=1";
 
 /// Selects the test driver (the simulator unless `CUMEM_DRIVER` says otherwise) and initialises it.

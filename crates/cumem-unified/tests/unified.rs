@@ -219,7 +219,9 @@ fn attachment_modes_are_honoured() {
 #[parallel]
 fn devices_without_concurrent_access_keep_the_attach_rules() {
     let Some((device, ctx)) = device_where(|c| c.managed_memory && !c.concurrent_managed_access) else {
-        return;
+        return testing::skip(
+            "needs a managed-memory device without concurrent access (the simulator's device 2)",
+        );
     };
     let stream = Stream::non_blocking(&ctx).unwrap();
     let data = pattern(2048);
@@ -266,7 +268,9 @@ fn devices_without_concurrent_access_keep_the_attach_rules() {
 #[test]
 #[parallel]
 fn devices_without_managed_memory_are_not_supported_before_any_driver_call() {
-    let Some((device, ctx)) = device_where(|c| !c.managed_memory) else { return };
+    let Some((device, ctx)) = device_where(|c| !c.managed_memory) else {
+        return testing::skip("needs a device without managed memory (the simulator's device 1)");
+    };
     let stream = Stream::new(&ctx).unwrap();
     let ctl = testing::sim_control();
     let rule = ctl.as_ref().map(|ctl| {
@@ -351,7 +355,9 @@ fn unified_buffers_round_trip_bitwise_in_every_direction(
     };
     let Some((_, ctx)) = found else {
         assert!(matches!(access, Access::NotConcurrent), "a managed-memory device");
-        return;
+        return testing::skip(
+            "needs a managed-memory device without concurrent access (the simulator's device 2)",
+        );
     };
     let stream = Stream::non_blocking(&ctx).unwrap();
     let data = pattern(N);

@@ -157,8 +157,12 @@ extern "C" fn wait_gate(data: *mut c_void) {
 }
 
 impl Gate {
-    /// Enqueues the gate on `s`.
+    /// Enqueues the gate on `s`. The calling test must be `#[serial]` (checked).
     pub fn block(s: CUstream) -> Gate {
+        assert!(
+            serial_test::is_locked_serially(None),
+            "a test that holds a stream must be #[serial] and the others of its binary #[parallel]"
+        );
         let inner: Arc<GateInner> = Arc::new((Mutex::new(false), Condvar::new()));
         let raw = Arc::into_raw(Arc::clone(&inner)) as *mut c_void;
         // SAFETY: `wait_gate(raw)` is valid to call once on any thread.

@@ -20,13 +20,27 @@ pub fn init() {
 /// to check).
 pub fn vmm_device() -> Option<Device> {
     init();
-    Device::all().unwrap().into_iter().find(|d| d.capabilities().unwrap().virtual_memory)
+    skipped_unless(
+        Device::all().unwrap().into_iter().find(|d| d.capabilities().unwrap().virtual_memory),
+        "a device with virtual memory management",
+    )
+}
+
+/// `found`, reporting a skip (`cumem_sys::testing::skip`) when the machine has no `what`.
+fn skipped_unless(found: Option<Device>, what: &str) -> Option<Device> {
+    if found.is_none() {
+        testing::skip(format_args!("needs {what}"));
+    }
+    found
 }
 
 /// A device without VMM, if the machine has one (the simulator always does).
 pub fn device_without_vmm() -> Option<Device> {
     init();
-    Device::all().unwrap().into_iter().find(|d| !d.capabilities().unwrap().virtual_memory)
+    skipped_unless(
+        Device::all().unwrap().into_iter().find(|d| !d.capabilities().unwrap().virtual_memory),
+        "a device without virtual memory management (the simulator's device 3)",
+    )
 }
 
 /// A VMM-capable device other than `owner` that cannot access `owner`'s memory.
@@ -38,10 +52,13 @@ pub fn non_peer_of(owner: Device) -> Option<Device> {
         assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
         v != 0
     };
-    Device::all()
-        .unwrap()
-        .into_iter()
-        .find(|&d| d != owner && d.capabilities().unwrap().virtual_memory && !can(d))
+    skipped_unless(
+        Device::all()
+            .unwrap()
+            .into_iter()
+            .find(|&d| d != owner && d.capabilities().unwrap().virtual_memory && !can(d)),
+        "a second VMM device without peer access (the simulator's device 2)",
+    )
 }
 
 /// A VMM-capable device other than `owner` that can access `owner`'s memory.
@@ -53,10 +70,13 @@ pub fn peer_of(owner: Device) -> Option<Device> {
         assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
         v != 0
     };
-    Device::all()
-        .unwrap()
-        .into_iter()
-        .find(|&d| d != owner && d.capabilities().unwrap().virtual_memory && can(d))
+    skipped_unless(
+        Device::all()
+            .unwrap()
+            .into_iter()
+            .find(|&d| d != owner && d.capabilities().unwrap().virtual_memory && can(d)),
+        "a second VMM device with peer access (the simulator's device 1)",
+    )
 }
 
 /// The minimum granularity of `device`.
