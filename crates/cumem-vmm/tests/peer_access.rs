@@ -31,7 +31,7 @@ fn trio() -> Option<(Device, Device, Device)> {
             return Some((owner, peer, stranger));
         }
     }
-    eprintln!("skipped: needs a device with a VMM peer and a VMM device that cannot reach it");
+    cumem_sys::testing::skip("needs a device with a VMM peer and a VMM device that cannot reach it");
     None
 }
 
@@ -176,7 +176,7 @@ fn a_stranger_pair_of_its_own_shares_within_the_pair() {
         .into_iter()
         .find(|&d| d != stranger && can(d, stranger) && d.capabilities().unwrap().virtual_memory)
     else {
-        eprintln!("skipped: device {} has no VMM peer", stranger.ordinal());
+        cumem_sys::testing::skip(format_args!("device {} has no VMM peer", stranger.ordinal()));
         return;
     };
     let ctx = stranger.context().unwrap();
