@@ -374,6 +374,8 @@ fn an_import_of_a_block_its_exporter_freed_is_refused() {
     let (r, ip) = import_ptr(imported, data);
     ok(r);
     ok(free_async(ip));
+    // The importer's free is complete before the exporter frees.
+    sync();
     ok(free_async(p));
     assert_eq!(import_ptr(imported, data).0, CUresult::CUDA_ERROR_INVALID_VALUE, "a freed block");
     // Reallocated at the same place but not exported again: still refused.
@@ -418,6 +420,46 @@ fn imports_of_many_blocks_one_after_another_are_all_counted() {
     }
     assert_eq!(early_frees(ctl), BLOCKS, "every early free is reported");
     ctl.clear_violations();
+    destroy_pool(imported);
+    destroy_pool(pool);
+    sync();
+    let report = ctl.live_report();
+    assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
+}
+
+/// The importer's `cuMemFreeAsync` ends its import when the free executes, not at the call: the
+/// exporter freeing the block before then is reported (the driver requires the importer's free
+/// to be complete first); once it has executed, it is not.
+#[test]
+#[serial]
+fn a_queued_free_of_an_import_ends_it_when_it_executes() {
+    let ctl = bind(0);
+    ctl.clear_violations();
+    let (pool, imported) = pool_and_import();
+    let s = stream(1); // CU_STREAM_NON_BLOCKING
+    for complete_first in [false, true] {
+        let (r, p) = alloc_from(pool, 4096);
+        ok(r);
+        let (r, data) = export_ptr(p);
+        ok(r);
+        let (r, ip) = import_ptr(imported, data);
+        ok(r);
+        let gate = Gate::block(s);
+        // SAFETY: plain FFI call; `s` is live.
+        ok(unsafe { cu::cuMemFreeAsync(ip, s) });
+        if complete_first {
+            gate.open();
+            // SAFETY: plain FFI call; `s` is live.
+            ok(unsafe { cu::cuStreamSynchronize(s) });
+        }
+        ok(free_async(p));
+        let expected = usize::from(!complete_first);
+        assert_eq!(early_frees(ctl), expected, "{:#?}", ctl.violations_on_this_thread());
+        drop(gate);
+        sync();
+        ctl.clear_violations();
+    }
+    destroy(s);
     destroy_pool(imported);
     destroy_pool(pool);
     sync();

@@ -72,7 +72,8 @@ pub(crate) struct SharedPool {
     /// The file's header page, mapped: its slots count the live imports of each block, across
     /// every process that imported the pool.
     header: Arc<Backing>,
-    /// In an imported pool: the pointers imported through it, by their address here, each with
+    /// In an imported pool: the pointers imported through it, by their allocation's buffer id
+    /// (an address may be reused before a stream-ordered free of the import executes), each with
     /// its count in the header (`None`: not tracked, the slots were full). A destroyed imported
     /// pool waits for all of them.
     imports: BTreeMap<u64, Option<ImportTicket>>,
@@ -499,10 +500,10 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
         }
     };
     let base = st.devices[device].va.allocate(e.bytes, 512).ok_or_else(oom)?;
-    let shared = st.pools.get_mut(&h).and_then(|p| p.shared.as_mut()).expect("looked up above");
-    shared.imports.insert(base, ticket);
     let buffer_id = st.next_buffer_id;
     st.next_buffer_id += 1;
+    let shared = st.pools.get_mut(&h).and_then(|p| p.shared.as_mut()).expect("looked up above");
+    shared.imports.insert(buffer_id, ticket);
     st.allocs.insert(
         base,
         Arc::new(Allocation {
@@ -522,11 +523,13 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
     Ok(base)
 }
 
-/// Ends the count of an imported pointer being freed (`a`, of kind `PoolImport`), and lets its
-/// imported pool go if it was destroyed and this was its last import.
+/// Ends the count of an imported pointer whose free takes effect (`a`, of kind `PoolImport`: at
+/// `cuMemFree`, or when the engine reaches a `cuMemFreeAsync`, since the driver requires the
+/// importer's free to be complete before the exporter frees), and lets its imported pool go if
+/// it was destroyed and this was its last import.
 pub(crate) fn forget_import(st: &mut State, a: &Allocation) {
     if let Some(shared) = st.pools.get_mut(&a.pool).and_then(|p| p.shared.as_mut()) {
-        shared.imports.remove(&a.base);
+        shared.imports.remove(&a.buffer_id);
     }
     super::settle(st, a.pool);
 }
