@@ -234,3 +234,15 @@ pub(crate) fn pointer_pool(dptr: CUdeviceptr) -> Result<sys::CUmemoryPool> {
     check(code, Ctx::op("cuPointerGetAttribute(MEMPOOL_HANDLE)"))?;
     Ok(pool)
 }
+
+/// Whether device `dev` has read-write access to `pool` (`cuMemPoolGetAccess`): true on the
+/// pool's resident device, and on others `cuMemPoolSetAccess` gave it.
+pub(crate) fn pool_device_can_read_write(pool: sys::CUmemoryPool, dev: sys::CUdevice) -> Result<bool> {
+    let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    let mut location =
+        sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
+    // SAFETY: `flags` is a valid out-pointer, `location` valid for the call; `pool` is live.
+    let code = unsafe { sys::cuMemPoolGetAccess(&mut flags, pool, &mut location) };
+    check(code, Ctx::op("cuMemPoolGetAccess").device(dev))?;
+    Ok(flags == sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+}

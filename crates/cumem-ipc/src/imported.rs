@@ -8,6 +8,7 @@ use bytemuck::Pod;
 use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Stream, StreamOrder};
 use cumem_sys::sys::CUdeviceptr;
 
+use crate::ffi::POOL_EXPORT_SIZE;
 use crate::imported_pool::PoolHandle;
 use crate::{ffi, live_imports};
 
@@ -17,8 +18,11 @@ pub(crate) enum Source {
     IpcHandle,
     /// `cuMemPoolImportPointer`: freed with `cuMemFree`; the imported pool is kept alive until then.
     Pool {
-        /// Held, never read: the pool must not be destroyed before its imported pointers.
-        _pool: Arc<PoolHandle>,
+        /// The pool must not be destroyed before its imported pointers; forgotten (never
+        /// destroyed) when the import is leaked.
+        pool: Arc<PoolHandle>,
+        /// The export's bytes, claimed in `live_imports` until the import is freed.
+        export: [u8; POOL_EXPORT_SIZE],
     },
 }
 
@@ -99,10 +103,12 @@ impl<T: Pod> ImportedBuffer<T> {
 
     /// An exclusive view: within this process nothing else uses the memory while it lives.
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
-        // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away, and no
-        // other `ImportedBuffer` maps it in this context (`IpcMemHandle::open` and
-        // `ImportedPool::import_pointer` claim it in `live_imports` and refuse a second import of
-        // the same address while this one lives).
+        // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away; no
+        // other `ImportedBuffer` maps the memory in this process (`IpcMemHandle::open` claims its
+        // (context, address), `ImportedPool::import_pointer` the export's bytes, in
+        // `live_imports`, and both refuse a second import while this one lives); the exporting
+        // process's own uses, when it imports its own buffer, are ordered with this one's
+        // (safety item 3 of `ImportedPool::import_pointer`), as are other processes' (item 2).
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
 }
@@ -113,10 +119,12 @@ impl<T> Drop for ImportedBuffer<T> {
             // Work on the memory may still be queued: closing would unmap it under that work.
             // Leak the import instead (it stays claimed, so it is not opened again here).
             tracing::warn!(error = %e, bytes = self.len * std::mem::size_of::<T>(), "cumem-ipc: waiting for an import's work failed; leaking the import");
+            self.leak_source();
             return;
         }
         if let Err(e) = self.ctx.bind() {
             tracing::warn!(error = %e, "cumem-ipc: cannot bind the import's context; the import stays open");
+            self.leak_source();
             return;
         }
         live_imports::release(self.ctx.raw(), self.base);
@@ -128,13 +136,24 @@ impl<T> Drop for ImportedBuffer<T> {
                     tracing::warn!(error = %e, "cumem-ipc: cuIpcCloseMemHandle failed");
                 }
             }
-            Source::Pool { .. } => {
+            Source::Pool { export, .. } => {
                 // SAFETY: `base` came from `pool_import_pointer`, is freed only here, no view
                 // outlives `self`, and the work that used it has completed (synchronised above).
                 if let Err(e) = unsafe { ffi::mem_free(self.base) } {
                     tracing::warn!(error = %e, "cumem-ipc: freeing an imported pool pointer failed");
                 }
+                live_imports::release_pool_export(export);
             }
+        }
+    }
+}
+
+impl<T> ImportedBuffer<T> {
+    /// For a leaked import: keeps its imported pool alive for the rest of the process (destroying
+    /// it would end the import under work that may still use it).
+    fn leak_source(&mut self) {
+        if let Source::Pool { pool, .. } = std::mem::replace(&mut self.source, Source::IpcHandle) {
+            std::mem::forget(pool);
         }
     }
 }

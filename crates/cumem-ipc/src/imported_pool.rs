@@ -5,7 +5,8 @@
 //! ([`fd_passing::recv_fds`](crate::fd_passing::recv_fds)), the pointer bytes over any channel.
 //! The complete two-process example is the test `crates/cumem-ipc/tests/pool_two_processes.rs`;
 //! in one process it looks like this (the driver documents no refusal of a same-process import,
-//! and the simulator allows it):
+//! and the simulator allows it; a second import of the same export while the first lives is
+//! refused with [`Error::AlreadyMapped`](cumem_core::Error::AlreadyMapped)):
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -24,7 +25,8 @@
 //! // The importing side:
 //! let imported = ImportedPool::from_fd(&device, &fd)?;
 //! let export = PoolPointerExport::from_bytes(&wire)?;
-//! // SAFETY: `buf` outlives the import (dropped first below) and nothing else writes it meanwhile.
+//! // SAFETY: `buf` outlives the import (dropped first below), and the exporter's own uses of it
+// (the fill, synchronised above) are complete before the import is used.
 //! let view = unsafe { imported.import_pointer::<u32>(&export, &stream)? };
 //! assert_eq!(view.as_slice().to_vec()?, data);
 //! drop(view); // every importer frees before the exporter frees
@@ -78,15 +80,33 @@ pub struct ImportedPool {
 
 impl ImportedPool {
     /// Imports the pool whose descriptor `fd` is (from [`ShareablePool::export_fd`](crate::ShareablePool::export_fd),
-    /// received over a Unix socket) on `device`, in its primary context. The caller keeps `fd`
-    /// (close it once imported). A descriptor that is not an exported pool gives
+    /// received over a Unix socket) for use on `device`, in its primary context. The caller keeps
+    /// `fd` (close it once imported). A descriptor that is not an exported pool gives
     /// [`Error::InvalidValue`]; a device without memory pools, [`Error::NotSupported`].
+    ///
+    /// An imported pool lives on the device the exporter created it on; `device` must be that
+    /// device, or one the exporter gave read-write access to the pool with `cuMemPoolSetAccess`
+    /// (this crate does not call it: the exporter's program does, on the pool's
+    /// [`raw`](crate::ShareablePool::raw) handle, before importers use other devices). Any other
+    /// device gives [`Error::WrongDevice`] (`expected`: the first device with read-write access,
+    /// -1 if none is found), since its streams could not use the imported memory.
     pub fn from_fd(device: &Device, fd: impl AsFd) -> Result<ImportedPool> {
         device.capabilities()?.require(Feature::MemoryPools)?;
         let ctx = device.context()?;
         ctx.bind()?;
         let raw = ffi::pool_import_fd(fd.as_fd())?;
-        Ok(ImportedPool { inner: Arc::new(PoolHandle { ctx, raw }) })
+        // Destroys the import on every error path below.
+        let pool = ImportedPool { inner: Arc::new(PoolHandle { ctx, raw }) };
+        if !ffi::pool_device_can_read_write(raw, device.raw())? {
+            let expected = (0..Device::count()?)
+                .find(|&d| {
+                    Device::get(d)
+                        .is_ok_and(|dev| ffi::pool_device_can_read_write(raw, dev.raw()).unwrap_or(false))
+                })
+                .map_or(-1, |d| d as i32);
+            return Err(Error::WrongDevice { expected, actual: device.ordinal() as i32 });
+        }
+        Ok(pool)
     }
 
     /// The driver's handle of the imported pool; valid while `self` lives.
@@ -106,8 +126,10 @@ impl ImportedPool {
     /// Bytes exported from another pool, or memory the exporter already freed, give the driver's
     /// [`Error::InvalidValue`]; a size that is not a whole number of `T`s or an offset not
     /// aligned for `T`, [`Error::Misaligned`]; a buffer outside the allocation the driver maps,
-    /// [`Error::InvalidValue`]. Importing memory that is already imported here (the driver
-    /// returning the address of a live [`ImportedBuffer`]) gives [`Error::AlreadyMapped`].
+    /// [`Error::InvalidValue`]. Importing an export that is already imported in this process
+    /// (through any [`ImportedPool`], in any context) while that [`ImportedBuffer`] lives, or the
+    /// driver returning the address of a live [`ImportedBuffer`], gives [`Error::AlreadyMapped`]:
+    /// two imports of the same memory would give safe code two exclusive views of it.
     ///
     /// # Safety
     ///
@@ -121,6 +143,13 @@ impl ImportedPool {
     /// 2. Other processes' accesses to the memory are ordered with this process's, through an
     ///    [`IpcEvent`](crate::IpcEvent) or the program's own protocol: no other process writes
     ///    it while this one reads or writes it, nor reads it while this one writes it.
+    /// 3. When this process is the exporter (it imports its own buffer), its own uses of the
+    ///    exported buffer are ordered with the import's the same way: while the returned
+    ///    [`ImportedBuffer`] lives, the exporting [`DeviceBuffer`](cumem_core::DeviceBuffer) is
+    ///    not written while the import is read or written, nor read while the import is written
+    ///    (synchronise its [`order`](cumem_core::DeviceBuffer::order) before using the import,
+    ///    and the import's before using it again). Its stream order and the import's are
+    ///    separate: nothing orders them for you.
     ///
     /// Safe code cannot import a pointer:
     ///
@@ -159,15 +188,32 @@ impl ImportedPool {
             });
         };
         ctx.bind()?;
-        let base = ffi::pool_import_pointer(self.inner.raw, export.raw())?;
+        let raw = export.raw();
+        let already = || {
+            Error::AlreadyMapped {
+            ctx: ErrorContext::op(
+                "ImportedPool::import_pointer (already imported in this process; drop the other ImportedBuffer first)",
+            )
+            .bytes(export.bytes()),
+        }
+        };
+        if !live_imports::claim_pool_export(&raw) {
+            return Err(already());
+        }
+        let base = match ffi::pool_import_pointer(self.inner.raw, raw) {
+            Ok(base) => base,
+            Err(e) => {
+                live_imports::release_pool_export(&raw);
+                return Err(e);
+            }
+        };
         if !live_imports::claim(ctx.raw(), base) {
-            // The address belongs to a live import here; freeing it would free that one.
-            return Err(Error::AlreadyMapped {
-                ctx: ErrorContext::op(
-                    "ImportedPool::import_pointer (already imported in this context; drop the other ImportedBuffer first)",
-                )
-                .bytes(export.bytes()),
-            });
+            // The address belongs to a live import here (of another export: the same one was
+            // refused above). Freeing the new import would free that one, if the driver counts
+            // imports of one address as one mapping; not freeing it leaks at most one import
+            // until the process ends, which is the safe side.
+            live_imports::release_pool_export(&raw);
+            return Err(already());
         }
         // Built before any further fallible step, so that every error path below frees the import
         // (by dropping it). The pointer wraps rather than panics on a forged offset; it is used
@@ -177,7 +223,7 @@ impl ImportedPool {
             base.wrapping_add(offset),
             export.bytes() / size,
             stream,
-            Source::Pool { _pool: Arc::clone(&self.inner) },
+            Source::Pool { pool: Arc::clone(&self.inner), export: raw },
         );
         let (_, mapped) = ffi::address_range(base)?;
         if end > mapped as u64 {

@@ -1,7 +1,11 @@
-//! The imports open in this process, keyed by (context, base), so that one import is never opened
-//! twice: the driver answers a second open of a live import in the same context with the same
-//! address, and two [`ImportedBuffer`](crate::ImportedBuffer)s with separate stream orders over
-//! it would give safe code two exclusive views of the same memory.
+//! The imports open in this process, so that one import is never opened twice: two
+//! [`ImportedBuffer`](crate::ImportedBuffer)s with separate stream orders over the same memory
+//! would give safe code two exclusive views of it. Legacy IPC imports are keyed by (context,
+//! base): the driver answers a second open of a live import in the same context with the same
+//! address. Pool pointer imports are keyed by the export's bytes, which name the pool and the
+//! allocation: the driver may map a second import of the same export at a new address (the
+//! simulator does), and a second import through another handle of the same imported pool, or in
+//! another context, maps the same bytes too.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -14,7 +18,10 @@ use std::sync::Mutex;
 
 use cumem_sys::sys::{CUcontext, CUdeviceptr};
 
+use crate::ffi::POOL_EXPORT_SIZE;
+
 static LIVE: Mutex<BTreeSet<(usize, CUdeviceptr)>> = Mutex::new(BTreeSet::new());
+static LIVE_POOL_EXPORTS: Mutex<BTreeSet<[u8; POOL_EXPORT_SIZE]>> = Mutex::new(BTreeSet::new());
 
 fn live() -> std::sync::MutexGuard<'static, BTreeSet<(usize, CUdeviceptr)>> {
     // The set stays consistent through a panic elsewhere (each change is one insert or remove).
@@ -31,4 +38,20 @@ pub(crate) fn claim(ctx: CUcontext, base: CUdeviceptr) -> bool {
 /// open racing with the close keeps the mapping alive.
 pub(crate) fn release(ctx: CUcontext, base: CUdeviceptr) {
     live().remove(&(ctx as usize, base));
+}
+
+fn live_pool_exports() -> std::sync::MutexGuard<'static, BTreeSet<[u8; POOL_EXPORT_SIZE]>> {
+    // As `live`: each change is one insert or remove.
+    LIVE_POOL_EXPORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Records an import of the pool pointer export `raw` (the driver's bytes); false when one is
+/// already live in this process (any context, any handle of the imported pool).
+pub(crate) fn claim_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) -> bool {
+    live_pool_exports().insert(*raw)
+}
+
+/// Forgets the import of `raw`, once it is freed (or was never made).
+pub(crate) fn release_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) {
+    live_pool_exports().remove(raw);
 }

@@ -7,9 +7,10 @@
 //! A capability is advertised only when every entry point behind it is exported and modelled
 //! (`tests/capabilities.rs` checks this against the built library): VMM is (1, as on the H100),
 //! and pool handle types are POSIX_FD only (1; the H100 reports 9, POSIX_FD and FABRIC, but
-//! fabric pools are not modelled); the H100 also reports RDMA, IPC events, multicast, stream
-//! memory operations, CUDA arrays, cooperative and cluster launches, but the simulator exports
-//! none of their calls, so they are 0 here until the calls exist.
+//! fabric pools are not modelled); IPC events are 1, as on the H100 (`cuIpcGetEventHandle` and
+//! `cuIpcOpenEventHandle` are modelled across processes). The H100 also reports RDMA, multicast,
+//! stream memory operations, CUDA arrays, cooperative and cluster launches, but the simulator
+//! exports none of their calls, so they are 0 here until the calls exist.
 
 /// One past the largest attribute number (`CU_DEVICE_ATTRIBUTE_MAX` in CUDA 12.8).
 pub(crate) const ATTRIBUTE_LIMIT: usize = 144;

@@ -201,6 +201,9 @@ fn engine_loop() {
                 // The stream-ordered free takes effect now; anything still queued elsewhere that
                 // touches this memory runs after its free.
                 alloc.mark_freed(Freed::StreamOrdered { stream: sid });
+                if alloc.kind == AllocKind::PoolImport {
+                    crate::pool::shared::forget_import(&mut g, &alloc);
+                }
                 finish(&mut g, sid);
             }
             Work::Prefetch { base, buffer_id, first, last, loc } => {

@@ -231,7 +231,10 @@ impl State {
             // An import is charged nothing (`charged` is 0).
             AllocKind::PoolImport => {
                 self.devices[a.device as usize].va.release(a.base);
-                crate::pool::shared::forget_import(self, a);
+                // A stream-ordered free ends the import when it executes (`Work::Free`).
+                if tag.is_none() {
+                    crate::pool::shared::forget_import(self, a);
+                }
             }
             AllocKind::Device | AllocKind::Pitched | AllocKind::IpcImport => {
                 let dev = &mut self.devices[a.device as usize];

@@ -15,7 +15,8 @@ use std::ffi::c_void;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::Command;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 use common::*;
 use cudarc::driver::sys::{self as cu, CUdeviceptr, CUmemPoolPtrExportData, CUmemoryPool, CUresult};
@@ -25,6 +26,51 @@ const CHILD_ENV: &str = "CUMEM_SIM_POOL_EXPORT_CHILD";
 const BYTES: usize = 3 << 20;
 const POSIX_FD: u32 = 1;
 const FABRIC: u32 = 8;
+/// How long either process waits for the other before failing (a stuck process would otherwise
+/// hang the test).
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// The child process, killed and reaped if the parent fails before waiting for it.
+struct Reap(Option<Child>);
+
+impl Reap {
+    fn finish(mut self) {
+        let status = self.0.take().unwrap().wait().unwrap();
+        assert!(status.success(), "importer failed: {status}");
+    }
+}
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The child's connection, within `WATCHDOG`; fails at once if the child exits first.
+fn accept(listener: &UnixListener, child: &mut Reap) -> UnixStream {
+    listener.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + WATCHDOG;
+    loop {
+        match listener.accept() {
+            Ok((sock, _)) => {
+                sock.set_nonblocking(false).unwrap();
+                sock.set_read_timeout(Some(WATCHDOG)).unwrap();
+                return sock;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Some(status) = child.0.as_mut().unwrap().try_wait().unwrap() {
+                    panic!("the importer exited before connecting: {status}");
+                }
+                assert!(Instant::now() < deadline, "the importer did not connect within {WATCHDOG:?}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
 
 fn pattern() -> Vec<u8> {
     (0..BYTES).map(|i| (i * 13 + i / 509) as u8).collect()
@@ -300,6 +346,163 @@ fn export_codes_and_an_import_in_the_same_process() {
     assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
 }
 
+/// Exports and imports a new POSIX_FD pool in this process: `(pool, imported pool)`.
+fn pool_and_import() -> (CUmemoryPool, CUmemoryPool) {
+    let pool = create(POSIX_FD);
+    let (r, fd) = export(pool, POSIX_FD, 0);
+    ok(r);
+    let (r, imported) = import(fd, POSIX_FD, 0);
+    ok(r);
+    close_fd(fd);
+    (pool, imported)
+}
+
+fn early_frees(ctl: &cumem_sim::Control) -> usize {
+    ctl.violations_on_this_thread().iter().filter(|v| v.message.contains("freed by its exporter")).count()
+}
+
+#[test]
+#[serial]
+fn an_import_of_a_block_its_exporter_freed_is_refused() {
+    let ctl = bind(0);
+    ctl.clear_violations();
+    let (pool, imported) = pool_and_import();
+    let (r, p) = alloc_from(pool, 4096);
+    ok(r);
+    let (r, data) = export_ptr(p);
+    ok(r);
+    let (r, ip) = import_ptr(imported, data);
+    ok(r);
+    ok(free_async(ip));
+    // The importer's free is complete before the exporter frees.
+    sync();
+    ok(free_async(p));
+    assert_eq!(import_ptr(imported, data).0, CUresult::CUDA_ERROR_INVALID_VALUE, "a freed block");
+    // Reallocated at the same place but not exported again: still refused.
+    let (r, again) = alloc_from(pool, 4096);
+    ok(r);
+    assert_eq!(again, p, "the pool reuses the block");
+    assert_eq!(import_ptr(imported, data).0, CUresult::CUDA_ERROR_INVALID_VALUE, "not exported again");
+    ok(free_async(again));
+    assert_eq!(early_frees(ctl), 0, "{:#?}", ctl.violations_on_this_thread());
+    destroy_pool(imported);
+    destroy_pool(pool);
+    sync();
+    let report = ctl.live_report();
+    assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
+}
+
+/// The header's slots hold the blocks exported or imported at once, not every block ever
+/// imported: hundreds of blocks imported one after another are all counted.
+#[test]
+#[serial]
+fn imports_of_many_blocks_one_after_another_are_all_counted() {
+    const BLOCKS: usize = 300;
+    let ctl = bind(0);
+    ctl.clear_violations();
+    let (pool, imported) = pool_and_import();
+    // Allocated first, so that every block has its own offset in the pool file.
+    let blocks: Vec<CUdeviceptr> = (0..BLOCKS)
+        .map(|_| {
+            let (r, p) = alloc_from(pool, 512);
+            ok(r);
+            p
+        })
+        .collect();
+    for &p in &blocks {
+        let (r, data) = export_ptr(p);
+        ok(r);
+        let (r, ip) = import_ptr(imported, data);
+        ok(r);
+        // Freed by the exporter while imported: reported, for the last block as for the first.
+        ok(free_async(p));
+        ok(free_async(ip));
+    }
+    assert_eq!(early_frees(ctl), BLOCKS, "every early free is reported");
+    ctl.clear_violations();
+    destroy_pool(imported);
+    destroy_pool(pool);
+    sync();
+    let report = ctl.live_report();
+    assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
+}
+
+/// The importer's `cuMemFreeAsync` ends its import when the free executes, not at the call: the
+/// exporter freeing the block before then is reported (the driver requires the importer's free
+/// to be complete first); once it has executed, it is not.
+#[test]
+#[serial]
+fn a_queued_free_of_an_import_ends_it_when_it_executes() {
+    let ctl = bind(0);
+    ctl.clear_violations();
+    let (pool, imported) = pool_and_import();
+    let s = stream(1); // CU_STREAM_NON_BLOCKING
+    for complete_first in [false, true] {
+        let (r, p) = alloc_from(pool, 4096);
+        ok(r);
+        let (r, data) = export_ptr(p);
+        ok(r);
+        let (r, ip) = import_ptr(imported, data);
+        ok(r);
+        let gate = Gate::block(s);
+        // SAFETY: plain FFI call; `s` is live.
+        ok(unsafe { cu::cuMemFreeAsync(ip, s) });
+        if complete_first {
+            gate.open();
+            // SAFETY: plain FFI call; `s` is live.
+            ok(unsafe { cu::cuStreamSynchronize(s) });
+        }
+        ok(free_async(p));
+        let expected = usize::from(!complete_first);
+        assert_eq!(early_frees(ctl), expected, "{:#?}", ctl.violations_on_this_thread());
+        drop(gate);
+        sync();
+        ctl.clear_violations();
+    }
+    destroy(s);
+    destroy_pool(imported);
+    destroy_pool(pool);
+    sync();
+    let report = ctl.live_report();
+    assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
+}
+
+/// More blocks held at once than the header has slots: the imports beyond are allowed (not
+/// counted), and a destroyed imported pool still waits for them.
+#[test]
+#[serial]
+fn an_untracked_import_keeps_its_destroyed_imported_pool() {
+    const BLOCKS: usize = 520;
+    let ctl = bind(0);
+    let (pool, imported) = pool_and_import();
+    let blocks: Vec<(CUdeviceptr, [u8; 64])> = (0..BLOCKS)
+        .map(|_| {
+            let (r, p) = alloc_from(pool, 512);
+            ok(r);
+            let (r, data) = export_ptr(p);
+            ok(r);
+            (p, data)
+        })
+        .collect();
+    let (r, ip) = import_ptr(imported, blocks[BLOCKS - 1].1);
+    ok(r);
+    // The pool stays (out of the report, as a destroyed pool) until the import is freed; a
+    // program cannot tell, the import maps the bytes either way.
+    destroy_pool(imported);
+    sync();
+    assert_eq!(read_back(ip, 512), read_back(blocks[BLOCKS - 1].0, 512));
+    ok(free_async(ip));
+    sync();
+    assert!(!ctl.live_report().contains_pool(imported as u64));
+    for (p, _) in blocks {
+        ok(free_async(p));
+    }
+    destroy_pool(pool);
+    sync();
+    let report = ctl.live_report();
+    assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
+}
+
 #[test]
 #[serial]
 fn another_process_imports_the_pool_and_a_pointer() {
@@ -310,11 +513,13 @@ fn another_process_imports_the_pool_and_a_pointer() {
     let path = std::env::temp_dir().join(format!("cumem-sim-pool-export-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["importer", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, &path)
-        .spawn()
-        .unwrap();
+    let mut child = Reap(Some(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["importer", "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, &path)
+            .spawn()
+            .unwrap(),
+    ));
     let pool = create(POSIX_FD);
     // A first allocation, so that the exported one does not start at the pool file's first chunk.
     let (r, first) = alloc_from(pool, 4096);
@@ -333,7 +538,7 @@ fn another_process_imports_the_pool_and_a_pointer() {
     ok(r);
     let (r, early_data) = export_ptr(early);
     ok(r);
-    let (mut sock, _) = listener.accept().unwrap();
+    let mut sock = accept(&listener, &mut child);
     sock.write_all(format!("{} {fd}\n", std::process::id()).as_bytes()).unwrap();
     sock.write_all(&data).unwrap();
     sock.write_all(&early_data).unwrap();
@@ -351,8 +556,7 @@ fn another_process_imports_the_pool_and_a_pointer() {
     ok(free_async(early));
     assert_eq!(early_frees(), 1, "{:#?}", ctl.violations_on_this_thread());
     sock.write_all(b"X").unwrap();
-    let status = child.wait().unwrap();
-    assert!(status.success(), "importer failed: {status}");
+    child.finish();
     close_fd(fd);
     ok(free_async(first));
     destroy_pool(pool);
@@ -370,6 +574,7 @@ fn importer() {
     };
     let ctl = bind(0);
     let mut sock = UnixStream::connect(path).unwrap();
+    sock.set_read_timeout(Some(WATCHDOG)).unwrap();
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while sock.read_exact(&mut byte).is_ok() && byte[0] != b'\n' {

@@ -20,13 +20,18 @@
 //! memory and their allocation path has no extra syscall or lock.
 //!
 //! The driver's contract puts the burden on the program: every importer frees an imported
-//! pointer before the exporter frees it. The header page counts live imports per block (slots of
-//! `(offset, count)` updated atomically by every process that maps the file), so the exporter's
-//! free of a block that is still imported somewhere is recorded as a violation; the free still
-//! succeeds and the pool may hand the same bytes to a new allocation while the importer maps them
-//! (as on a GPU). A chunk released back to the device has its pages punched out of the file: an
-//! importer that still maps them reads zeros from then on, never a fault. Imports beyond the
-//! header's slots (252 distinct blocks at once) are not counted.
+//! pointer before the exporter frees it. The header page keeps a slot per exported block: one
+//! word packing the block's offset, whether the exporter still holds it (set by
+//! `cuMemPoolExportPointer`, cleared by the exporter's free) and its live imports, updated with
+//! compare-and-swap by every process that maps the file, and emptied when the block is neither
+//! held nor imported. So an import of a block the exporter already freed is refused with
+//! `INVALID_VALUE`, and the exporter's free of a block that is still imported somewhere is
+//! recorded as a violation; the free still succeeds and the pool may hand the same bytes to a new
+//! allocation while the importer maps them (as on a GPU). A chunk released back to the device has
+//! its pages punched out of the file: an importer that still maps them reads zeros from then on,
+//! never a fault. More than 504 exported blocks held or imported at once overflow the slots: the
+//! simulator says so once on stderr, from then on the pool's untracked blocks are neither checked
+//! at import nor counted (an imported pool still waits for its untracked imports before going).
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -67,25 +72,114 @@ pub(crate) struct SharedPool {
     /// The file's header page, mapped: its slots count the live imports of each block, across
     /// every process that imported the pool.
     header: Arc<Backing>,
-    /// In an imported pool: the pointers imported through it, by their address here (each holds
-    /// one count in the header until it is freed).
-    imports: BTreeMap<u64, ImportTicket>,
+    /// In an imported pool: the pointers imported through it, by their allocation's buffer id
+    /// (an address may be reused before a stream-ordered free of the import executes), each with
+    /// its count in the header (`None`: not tracked, the slots were full). A destroyed imported
+    /// pool waits for all of them.
+    imports: BTreeMap<u64, Option<ImportTicket>>,
 }
 
-/// First byte of the import slots in the header page.
+/// Byte of the header page holding the overflow flag: non-zero once a block could not get a
+/// slot (its imports are then not checked nor counted).
+const OVERFLOW_AT: usize = 16;
+/// First byte of the block slots in the header page.
 const SLOTS_AT: usize = 64;
-/// Import slots: `(block offset, live imports)`, two `u64`s each; offset 0 is an empty slot (no
-/// block starts there: the header page does).
-const SLOTS: usize = (PAGE as usize - SLOTS_AT) / 16;
+/// Block slots, one `u64` each: `KEY` bits (the block's offset / `KEY_GRANULE`; 0: an empty slot,
+/// no block starts at offset 0, the header page does), `HELD` (the exporter has not freed it),
+/// `COUNT` bits (live imports, in every process).
+const SLOTS: usize = (PAGE as usize - SLOTS_AT) / 8;
+const COUNT: u64 = (1 << 23) - 1;
+const HELD: u64 = 1 << 23;
+const KEY_SHIFT: u32 = 24;
+/// Pool blocks start at multiples of this in the file (chunks are page aligned, blocks 512).
+const KEY_GRANULE: u64 = super::GRANULE;
 
-fn slot(header: &Backing, i: usize) -> (&AtomicU64, &AtomicU64) {
-    debug_assert!(i < SLOTS);
+/// The key bits of the block at `offset`, or `None` when it does not fit a slot word.
+fn key_of(offset: u64) -> Option<u64> {
+    let k = offset / KEY_GRANULE;
+    (offset.is_multiple_of(KEY_GRANULE) && k != 0 && k < 1 << (64 - KEY_SHIFT)).then_some(k << KEY_SHIFT)
+}
+
+fn word(header: &Backing, at: usize) -> &AtomicU64 {
+    debug_assert!(at.is_multiple_of(8) && at + 8 <= PAGE as usize);
     // SAFETY: the header page is PAGE bytes, page aligned and mapped for as long as `header`;
-    // slot `i` lies inside it, 8-byte aligned; every process touches these words only atomically.
-    unsafe {
-        let at = header.as_ptr().add(SLOTS_AT + 16 * i).cast::<u64>();
-        (AtomicU64::from_ptr(at), AtomicU64::from_ptr(at.add(1)))
+    // `at` lies inside it, 8-byte aligned; every process touches these words only atomically.
+    unsafe { AtomicU64::from_ptr(header.as_ptr().add(at).cast::<u64>()) }
+}
+
+fn slot(header: &Backing, i: usize) -> &AtomicU64 {
+    debug_assert!(i < SLOTS);
+    word(header, SLOTS_AT + 8 * i)
+}
+
+/// The slot holding `key`, if any.
+fn find(header: &Backing, key: u64) -> Option<usize> {
+    (0..SLOTS).find(|&i| slot(header, i).load(Ordering::SeqCst) & !(HELD | COUNT) == key)
+}
+
+/// Applies `f` to the word of slot `i` while it still holds `key`, atomically: `Some(old)`, or
+/// `None` when the slot was emptied (or reused) meanwhile. `f` returns `None` to leave it as is.
+fn update(header: &Backing, i: usize, key: u64, f: impl Fn(u64) -> Option<u64>) -> Option<u64> {
+    let w = slot(header, i);
+    let mut old = w.load(Ordering::SeqCst);
+    loop {
+        if old & !(HELD | COUNT) != key {
+            return None;
+        }
+        let Some(new) = f(old) else { return Some(old) };
+        match w.compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return Some(old),
+            Err(now) => old = now,
+        }
     }
+}
+
+/// A word with neither `HELD` nor a count is an empty slot.
+fn settled(w: u64) -> u64 {
+    if w & (HELD | COUNT) == 0 { 0 } else { w }
+}
+
+/// Records that a block could not be tracked, and says so once per process (the pool's checks
+/// are weaker from then on; a program exporting this many blocks at once is not misusing
+/// anything).
+fn overflow(header: &Backing) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    word(header, OVERFLOW_AT).store(1, Ordering::SeqCst);
+    if !SAID.swap(true, Ordering::SeqCst) {
+        eprintln!(
+            "cumem-sim: more than {SLOTS} exported pool blocks are held or imported at once; the \
+             imports of the blocks beyond that are not checked against the exporter's frees"
+        );
+    }
+}
+
+/// Marks the block at `offset` as held by the exporter (called by `cuMemPoolExportPointer`, in
+/// the exporting process only, under the simulator's lock: so no two slots get the same key).
+fn mark_held(header: &Backing, offset: u64) {
+    let Some(key) = key_of(offset) else { return overflow(header) };
+    loop {
+        if let Some(i) = find(header, key) {
+            if update(header, i, key, |w| Some(w | HELD)).is_some() {
+                return;
+            }
+            // Emptied by an importer's last free meanwhile: claim a slot afresh.
+            continue;
+        }
+        let claimed = (0..SLOTS).any(|i| {
+            slot(header, i).compare_exchange(0, key | HELD, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+        });
+        if !claimed {
+            overflow(header);
+        }
+        return;
+    }
+}
+
+/// Clears the exporter's hold of the block at `offset` (its free); the imports still live.
+fn release_hold(header: &Backing, offset: u64) -> u64 {
+    let Some(key) = key_of(offset) else { return 0 };
+    let Some(i) = find(header, key) else { return 0 };
+    update(header, i, key, |w| Some(settled(w & !HELD))).map_or(0, |old| old & COUNT)
 }
 
 /// One live import of a block, counted in the pool file's header until dropped.
@@ -93,30 +187,49 @@ fn slot(header: &Backing, i: usize) -> (&AtomicU64, &AtomicU64) {
 struct ImportTicket {
     header: Arc<Backing>,
     slot: usize,
+    key: u64,
+}
+
+/// What an import of a block finds in the header.
+enum Take {
+    Counted(ImportTicket),
+    /// The slots overflowed: the import is allowed but not counted.
+    Untracked,
+    /// The exporter freed the block (or never exported it).
+    Dead,
 }
 
 impl ImportTicket {
-    /// Counts an import of the block at `offset`; `None` when every slot holds another block
-    /// (the import is then not tracked: the exporter's free cannot report it).
-    fn take(header: &Arc<Backing>, offset: u64) -> Option<Self> {
-        for i in 0..SLOTS {
-            let (key, count) = slot(header, i);
-            let found = match key.compare_exchange(0, offset, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => true,
-                Err(current) => current == offset,
-            };
-            if found {
-                count.fetch_add(1, Ordering::SeqCst);
-                return Some(Self { header: Arc::clone(header), slot: i });
+    /// Counts an import of the block at `offset` if the exporter still holds it.
+    fn take(header: &Arc<Backing>, offset: u64) -> Take {
+        let untracked = || {
+            if word(header, OVERFLOW_AT).load(Ordering::SeqCst) != 0 {
+                overflow(header);
+                Take::Untracked
+            } else {
+                Take::Dead
             }
+        };
+        let Some(key) = key_of(offset) else { return untracked() };
+        let Some(i) = find(header, key) else { return untracked() };
+        let held = |w: u64| (w & HELD != 0 && w & COUNT < COUNT).then_some(w + 1);
+        match update(header, i, key, held) {
+            Some(old) if old & HELD != 0 && old & COUNT < COUNT => {
+                Take::Counted(Self { header: Arc::clone(header), slot: i, key })
+            }
+            Some(old) if old & HELD != 0 => {
+                overflow(header);
+                Take::Untracked
+            }
+            // Freed by the exporter (its slot may still count others' imports), or emptied.
+            _ => Take::Dead,
         }
-        None
     }
 }
 
 impl Drop for ImportTicket {
     fn drop(&mut self) {
-        slot(&self.header, self.slot).1.fetch_sub(1, Ordering::SeqCst);
+        update(&self.header, self.slot, self.key, |w| Some(settled(w - 1)));
     }
 }
 
@@ -333,6 +446,7 @@ pub(crate) fn export_pointer(dptr: u64) -> Result<[u8; EXPORT_SIZE], Fail> {
     let shared = exportable(pool, a.pool)?;
     let (&chunk_base, chunk) = pool.chunks.range(..=dptr).next_back().expect("a pool block lies in a chunk");
     let offset = chunk.file_offset + (dptr - chunk_base);
+    mark_held(&shared.header, offset);
     Ok(PtrExport { pid: std::process::id(), ino: shared.ino, offset, bytes: a.bytes }.encode())
 }
 
@@ -374,14 +488,22 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
     let pages = Arc::new(Backing::from_file_at(&shared.file, first, map_len).ok_or_else(oom)?);
     let backing = Backing::view(&pages, (e.offset - first) as usize, e.bytes as usize).ok_or_else(oom)?;
     let device = pool.device;
-    let ticket = ImportTicket::take(&shared.header, e.offset);
+    let ticket = match ImportTicket::take(&shared.header, e.offset) {
+        Take::Counted(t) => Some(t),
+        Take::Untracked => None,
+        Take::Dead => {
+            return Err(invalid(format!(
+                "the exporter (process {2}) already freed the block [{0:#x}, +{1}) of the pool \
+                 file: an exported pointer is imported only while the exporter holds it",
+                e.offset, e.bytes, e.pid
+            )));
+        }
+    };
     let base = st.devices[device].va.allocate(e.bytes, 512).ok_or_else(oom)?;
-    if let Some(ticket) = ticket {
-        let shared = st.pools.get_mut(&h).and_then(|p| p.shared.as_mut()).expect("looked up above");
-        shared.imports.insert(base, ticket);
-    }
     let buffer_id = st.next_buffer_id;
     st.next_buffer_id += 1;
+    let shared = st.pools.get_mut(&h).and_then(|p| p.shared.as_mut()).expect("looked up above");
+    shared.imports.insert(buffer_id, ticket);
     st.allocs.insert(
         base,
         Arc::new(Allocation {
@@ -401,11 +523,13 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
     Ok(base)
 }
 
-/// Ends the count of an imported pointer being freed (`a`, of kind `PoolImport`), and lets its
-/// imported pool go if it was destroyed and this was its last import.
+/// Ends the count of an imported pointer whose free takes effect (`a`, of kind `PoolImport`: at
+/// `cuMemFree`, or when the engine reaches a `cuMemFreeAsync`, since the driver requires the
+/// importer's free to be complete before the exporter frees), and lets its imported pool go if
+/// it was destroyed and this was its last import.
 pub(crate) fn forget_import(st: &mut State, a: &Allocation) {
     if let Some(shared) = st.pools.get_mut(&a.pool).and_then(|p| p.shared.as_mut()) {
-        shared.imports.remove(&a.base);
+        shared.imports.remove(&a.buffer_id);
     }
     super::settle(st, a.pool);
 }
@@ -415,18 +539,14 @@ pub(crate) fn has_imports(pool: &Pool) -> bool {
     pool.shared.as_ref().is_some_and(|s| !s.imports.is_empty())
 }
 
-/// Records a violation when the exporter frees the allocation at `base` of exportable pool
-/// `pool` while imports of it live in any process (the driver requires every importer to free
+/// Ends the exporter's hold of the allocation at `base` of exportable pool `pool` (later imports
+/// of it are refused), and records a violation when imports of it live in any process (the driver requires every importer to free
 /// first; a GPU would hand the memory to the pool's next allocation under the importer).
 pub(crate) fn report_live_imports(pool: &Pool, base: u64) {
     let Some(shared) = pool.shared.as_ref().filter(|s| !s.imported) else { return };
     let Some((&chunk_base, chunk)) = pool.chunks.range(..=base).next_back() else { return };
     let offset = chunk.file_offset + (base - chunk_base);
-    let live: u64 = (0..SLOTS)
-        .map(|i| slot(&shared.header, i))
-        .filter(|(key, _)| key.load(Ordering::SeqCst) == offset)
-        .map(|(_, count)| count.load(Ordering::SeqCst))
-        .sum();
+    let live = release_hold(&shared.header, offset);
     if live == 0 {
         return;
     }
