@@ -1,8 +1,10 @@
 //! A VMM allocation crosses processes as a POSIX descriptor sent with `fd_passing`
 //! (`SCM_RIGHTS`): the parent creates shareable physical memory, maps and fills it, exports the
 //! descriptor and sends it with the memory's size to a child (this binary again, running only
-//! `child_side`); the child imports and maps it, checks the bytes and writes new ones; the parent
-//! sees them. Everything goes through cumem-vmm's types (`PhysicalMemory::export_fd` /
+//! `child_side`) together with an interprocess event; the child imports and maps it, checks the
+//! bytes, queues a write of new ones behind a gate, records the event after it and says so; the
+//! parent waits on the event and must then see the child's bytes (the gate opens a while later, so
+//! a parent that did not wait would read the old ones). Everything goes through cumem-vmm's types (`PhysicalMemory::export_fd` /
 //! `import_fd`). Both processes end with a clean live report (and the leak check at exit).
 //!
 //! Neither side can hang the suite: the parent polls for the child's connection while checking
@@ -15,16 +17,19 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use cumem_core::{Context, Device};
+use cumem_copy::StreamCopy;
+use cumem_core::{Context, Device, PinnedBuffer, Stream};
 use cumem_ipc::fd_passing::{recv_fds, send_fds};
+use cumem_ipc::{IpcEvent, IpcEventHandle};
 use cumem_sys::testing;
 use cumem_vmm::{Access, Granularity, HandleTypes, PhysicalMemory, VirtualRange};
 use serial_test::serial;
 
 const CHILD_ENV: &str = "CUMEM_IPC_VMM_CHILD";
-/// The message that carries the descriptor: this tag, then the memory's size (u64, little endian).
+/// The message that carries the descriptor: this tag, the memory's size (u64, little endian), then
+/// the interprocess event's handle.
 const TAG: &[u8; 4] = b"vmm:";
-const HEADER: usize = TAG.len() + 8;
+const HEADER: usize = TAG.len() + 8 + IpcEventHandle::ENCODED_LEN;
 
 /// Far longer than any step takes, even on a loaded machine: a step that has not happened by then
 /// never will (a child that died, or one stuck in a call).
@@ -131,16 +136,20 @@ fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
         mapping.order().synchronize().unwrap();
 
         let fd = memory.export_fd().unwrap();
+        let event = IpcEvent::new(&ctx).unwrap();
         let sock = accept_from(&listener, &mut reap);
         let mut header = TAG.to_vec();
         header.extend_from_slice(&(memory.bytes() as u64).to_le_bytes());
+        header.extend_from_slice(&event.handle().unwrap().to_bytes());
         send_fds(&sock, &header, &[fd.as_fd()]).unwrap();
         drop(fd); // the child holds its own copy, and its import its own reference
         let mut note = [0u8; 1];
         if let Err(e) = (&sock).read_exact(&mut note) {
             panic!("no word from the child within {WATCHDOG:?} (it died, or is stuck in a call): {e}");
         }
-        assert_eq!(&note, b"W", "the child failed");
+        assert_eq!(&note, b"R", "the child failed before recording");
+        // The child's write is still held behind its gate: only the event orders it before the read.
+        event.synchronize().unwrap();
         let seen = mapping.as_slice::<u8>().unwrap().to_vec().unwrap();
         assert!(seen.iter().all(|&b| b == 0x3C), "the parent does not see the child's write");
         reap.finish();
@@ -165,11 +174,13 @@ fn child_side() {
     // A stream socket may split the header; the descriptor came with its first byte.
     (&sock).read_exact(&mut header[n..]).unwrap();
     assert_eq!((&header[..TAG.len()], fds.len()), (&TAG[..], 1));
-    let bytes = u64::from_le_bytes(header[TAG.len()..].try_into().unwrap()) as usize;
+    let bytes = u64::from_le_bytes(header[TAG.len()..TAG.len() + 8].try_into().unwrap()) as usize;
+    let event_bytes: [u8; IpcEventHandle::ENCODED_LEN] = header[TAG.len() + 8..].try_into().unwrap();
     let ctx = Device::get(0).unwrap().context().unwrap();
     {
         // SAFETY: the two processes take turns: the parent finished its write before sending the
-        // descriptor and reads again only after this side's write has finished and it said so.
+        // descriptor and reads again only after waiting on the event this side records after its
+        // write.
         let memory = unsafe { PhysicalMemory::import_fd(&ctx, &fds[0], bytes) }.unwrap();
         drop(fds);
         assert!(memory.is_imported());
@@ -178,11 +189,23 @@ fn child_side() {
         mapping.set_access(&[(ctx.device(), Access::ReadWrite)]).unwrap();
         let seen = mapping.as_slice::<u8>().unwrap().to_vec().unwrap();
         assert!(seen == parent_bytes(bytes), "the child does not read the parent's bytes");
-        cumem_copy::copy_h2d(&vec![0x3Cu8; bytes], &mut mapping.as_mut_slice::<u8>().unwrap()).unwrap();
-        // As in the parent: the write must have landed before the parent is told to look.
-        mapping.order().synchronize().unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let event = IpcEventHandle::from_bytes(&event_bytes).unwrap().open(&ctx).unwrap();
+        let mut host = PinnedBuffer::<u8>::zeroed(&ctx, bytes).unwrap();
+        host.as_mut_slice().unwrap().fill(0x3C);
+        ctx.bind().unwrap();
+        // SAFETY: `stream` is alive (owned here), and its context was just made current.
+        let gate = unsafe { testing::hold(stream.raw()) };
+        stream.copy_h2d(&host, &mut mapping.as_mut_slice::<u8>().unwrap()).unwrap();
+        event.record(&stream).unwrap();
+        // Said while the write is still held: the parent must wait on the event, not on this word.
+        std::io::Write::write_all(&mut &sock, b"R").unwrap();
+        let opener = gate.release_after(Duration::from_millis(200));
+        stream.synchronize().unwrap();
+        opener.join().unwrap();
+        drop(event);
+        drop(host);
     }
-    std::io::Write::write_all(&mut &sock, b"W").unwrap();
     drop(ctx);
     assert_clean();
 }
