@@ -441,9 +441,17 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
         }
         guards[i].set(kind).remove(addr);
         // The pieces around the new gap go to the arena that grows the segment, so that mapping
-        // the gap again joins them: after the synchronisation they are safe for every stream.
-        let owner = segs.expandable.segs.get(&seg.base).map_or(i, |e| e.owner.0);
-        let set = guards[if owner < guards.len() { owner } else { i }].set(kind);
+        // the gap again joins them: after the synchronisation they are safe for every stream. A
+        // vacated arena (its stream retired by a sweep) keeps them out of reach of migration, which
+        // never takes from one: they stay where they were then.
+        let owner = segs
+            .expandable
+            .segs
+            .get(&seg.base)
+            .map(|e| e.owner.0)
+            .filter(|&o| guards.get(o).is_some_and(|g| g.stream.is_some()))
+            .unwrap_or(i);
+        let set = guards[owner].set(kind);
         if addr < bottom {
             set.insert(addr, bottom - addr, seg);
         }
