@@ -263,7 +263,12 @@ pub(crate) fn grow(
             // A block larger than the configured reservation gets a reservation of its own size.
             // `need` covers the block at any chunk-aligned base (alignment padding included).
             let Some(len) = req.need.max(wanted).checked_next_multiple_of(chunk).map(|l| l.max(chunk)) else {
-                return Ok(Grown::OutOfAddressSpace { reservation: u64::MAX });
+                if req.need.checked_next_multiple_of(chunk).is_none() {
+                    return Err(PoolError::SizeOverflow { requested: req.requested });
+                }
+                // The configured size rounds past the end of the address space: no upstream can
+                // reserve it, so it is reported as the size refused.
+                return Ok(Grown::OutOfAddressSpace { reservation: wanted });
             };
             let base = match up.reserve(len as usize) {
                 Ok(base) => base,

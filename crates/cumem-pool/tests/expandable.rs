@@ -428,3 +428,18 @@ fn pieces_around_a_hole_of_a_retired_streams_segment_stay_reachable() {
     assert_eq!((p.upstream().live_bytes(), p.upstream().reservations().len()), (0, 0));
     assert!(p.upstream().violations().is_empty(), "{:?}", p.upstream().violations());
 }
+
+/// A configured reservation that rounds past the end of the address space is reported as that
+/// size refused (not as an overflowed number), and the pool still serves nothing it cannot map.
+#[test]
+fn a_reservation_too_large_for_the_address_space_names_its_size() {
+    let config = PoolConfig { expandable_reservation_bytes: Some(usize::MAX - 1), ..expandable() };
+    let p = CachingPool::new(Arc::new(HostUpstream::new(1 << 30)), Arc::new(HostOrdering::new()), config);
+    match p.allocate(MIB, 512, 0).unwrap_err() {
+        PoolError::AddressSpaceExhausted { reservation_bytes, segments: 0, mapped: 0, .. } => {
+            assert_eq!(reservation_bytes, (usize::MAX - 1) as u64)
+        }
+        other => panic!("expected an address-space error, got {other:?}"),
+    }
+    assert!(p.upstream().reservations().is_empty());
+}
