@@ -87,21 +87,22 @@ impl DeviceExpandable {
         Ok(DeviceExpandable { ctx: ctx.clone(), chunk, reservation, access, state: Mutex::default() })
     }
 
-    /// Maps one chunk of new physical memory at `offset` of `range`, read-write for the device and
-    /// its peers. On an error after the mapping was made, the mapping comes back with the error, so
-    /// that the caller unmaps it where it can see the result.
+    /// Maps one chunk of new physical memory at `offset` of `range` and pushes it onto `made`, then
+    /// makes it read-write for the device and its peers. A mapping whose access fails stays in
+    /// `made`, for the caller to unmap where it sees the result.
     fn map_chunk(
         &self,
         range: &Arc<VirtualRange>,
         offset: usize,
-    ) -> std::result::Result<SharedMapping, (Option<SharedMapping>, cumem_core::Error)> {
-        let memory = PhysicalMemory::new(&self.ctx, self.chunk).map_err(|e| (None, e))?;
-        let mut mapping = range.map_shared(offset, &memory).map_err(|e| (None, e))?;
-        if let Err(e) = mapping.set_access(&self.access) {
-            return Err((Some(mapping), e));
-        }
+        made: &mut Vec<(u64, SharedMapping)>,
+    ) -> Result<()> {
+        let memory = PhysicalMemory::new(&self.ctx, self.chunk)?;
+        made.push((range.base() + offset as u64, range.map_shared(offset, &memory)?));
         // `memory` is released here: the mapping keeps the physical memory until it is unmapped.
-        Ok(mapping)
+        match made.last_mut() {
+            Some((_, mapping)) => mapping.set_access(&self.access),
+            None => Ok(()),
+        }
     }
 
     /// Unmaps the stray chunks in `[lo, hi)` (see [`State::stray`]); a failure keeps that chunk.
@@ -161,22 +162,18 @@ impl ExpandableUpstream for DeviceExpandable {
         let mut made = Vec::with_capacity(bytes / self.chunk);
         for offset in (0..bytes).step_by(self.chunk) {
             let at = (addr - base) as usize + offset;
-            match self.map_chunk(&range, at) {
-                Ok(mapping) => made.push((addr + offset as u64, mapping)),
-                Err((half, error)) => {
-                    made.extend(half.map(|m| (addr + offset as u64, m)));
-                    // What this call mapped is unmapped again (contract item 3); a chunk whose
-                    // unmap fails is kept as a stray rather than dropped, where a second failure
-                    // would only be logged and the driver would keep a chunk the pool counts as
-                    // unmapped, refusing the next map there.
-                    while let Some((at, mapping)) = made.pop() {
-                        if let Err((mapping, e)) = mapping.unmap() {
-                            tracing::warn!(at, error = %e, "undoing a failed map: unmap failed; retried later");
-                            s.stray.insert(at, mapping);
-                        }
+            if let Err(error) = self.map_chunk(&range, at, &mut made) {
+                // What this call mapped is unmapped again (contract item 3); a chunk whose
+                // unmap fails is kept as a stray rather than dropped, where a second failure
+                // would only be logged and the driver would keep a chunk the pool counts as
+                // unmapped, refusing the next map there.
+                while let Some((at, mapping)) = made.pop() {
+                    if let Err((mapping, e)) = mapping.unmap() {
+                        tracing::warn!(at, error = %e, "undoing a failed map: unmap failed; retried later");
+                        s.stray.insert(at, mapping);
                     }
-                    return Err(UpstreamError::Driver(error));
                 }
+                return Err(UpstreamError::Driver(error));
             }
         }
         s.chunks.extend(made);
