@@ -230,7 +230,8 @@ fn fit_in_gap(set: &FreeSet, seg: Seg, (lo, hi): (u64, u64), req: &Request, chun
 
 /// Serves `req` by growing one of arena `arena`'s expandable segments of the request's kind: maps
 /// the unmapped chunks where the fewest serve it together with the free ranges of `set` (the arena's
-/// free set of that kind) around them, lowest address first among equals, and takes the block there.
+/// free set of that kind) around them, among equals the oldest reservation first and the lowest gap
+/// in it, and takes the block there.
 /// When no segment has room, reserves another one of `reservation` bytes (at least the block).
 ///
 /// The caller holds the arena's lock (`set`) and the segment registry (`segs`).
