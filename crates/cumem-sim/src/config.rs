@@ -4,8 +4,9 @@
 //! A specification is a comma-separated list of `key=value` entries. Global keys: `devices`,
 //! `memory`, `latency_us`, `leak_check`, `name`, `peer`, `vmm_space`, and any device attribute by
 //! its lower-case name (applied to every device). `devN.<key>` overrides `memory`, `name`,
-//! `vmm_space` or an attribute for one device. `peer` takes pairs `a-b` (both directions) or `a>b` (one direction), separated by commas
-//! (an entry without `=` continues the `peer` list), or `all` / `none`. Later entries win.
+//! `vmm_space` or an attribute for one device. `peer` takes pairs `a-b` (both directions) or `a>b`
+//! (one direction), separated by commas (an entry without `=` continues the `peer` list), or `all` /
+//! `none`. Later entries win.
 
 use std::collections::BTreeMap;
 
