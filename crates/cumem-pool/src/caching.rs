@@ -170,7 +170,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// # Errors
     /// [`PoolError::ZeroSize`], [`PoolError::InvalidAlignment`], [`PoolError::AlignmentTooLarge`],
     /// [`PoolError::SizeOverflow`] for bad input; [`PoolError::OutOfMemory`] with a report when the
-    /// upstream is exhausted after the ladder; [`PoolError::Upstream`] / [`PoolError::Ordering`] /
+    /// upstream is exhausted after the ladder; [`PoolError::AddressSpaceExhausted`] when, with
+    /// [expandable segments](crate::expandable), no segment has room and the upstream refuses
+    /// another reservation; [`PoolError::Upstream`] / [`PoolError::Ordering`] /
     /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails.
     #[inline]
     pub fn allocate(&self, bytes: usize, align: usize, stream: O::Stream) -> Result<Block, PoolError> {
@@ -219,8 +221,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         Ok(())
     }
 
-    /// Releases every fully free segment to the upstream (synchronising first if there is one), after
-    /// retiring the streams only the ordering still holds.
+    /// Releases every fully free segment to the upstream and, with [expandable
+    /// segments](crate::expandable), unmaps every whole free chunk (releasing a reservation left
+    /// with nothing mapped), synchronising first if there is anything to release, after retiring
+    /// the streams only the ordering still holds.
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
@@ -228,8 +232,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.trim_to(0)
     }
 
-    /// Releases fully free segments, largest first, until at most `keep` bytes are cached. Does
-    /// nothing (and does not synchronise) when that is already so or no segment is fully free.
+    /// Releases fully free segments, largest first, then unmaps whole free chunks of expandable
+    /// segments, highest address first, until at most `keep` bytes are cached. Does nothing (and
+    /// does not synchronise) when that is already so or nothing is releasable (no segment fully
+    /// free, no whole chunk free).
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
@@ -250,7 +256,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Synchronises all streams (`ordering.synchronize()`), then applies the release threshold: when
     /// more than [`PoolConfig::release_threshold`] bytes are cached, cached memory of all streams is
-    /// coalesced and fully free segments are released until at most the threshold is cached.
+    /// coalesced and fully free segments are released (whole free chunks of expandable segments
+    /// unmapped) until at most the threshold is cached.
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails.

@@ -120,10 +120,22 @@ fn pool_error(e: PoolError, bytes: usize) -> Error {
         }
         PoolError::AddressSpaceExhausted { reservation_bytes, .. } => {
             tracing::warn!(%e, "caching pool: out of address space");
-            Error::LimitExceeded {
-                what: "bytes of address space per expandable segment (the driver refused another \
-                       reservation: set PoolConfig::expandable_reservation_bytes lower)",
-                limit: usize::try_from(reservation_bytes).unwrap_or(usize::MAX),
+            // The error's text reads "limit reached: at most {limit} {what}": `what` says that
+            // the number is the size of the reservation refused, not a cap on segments.
+            match usize::try_from(reservation_bytes) {
+                Ok(limit) => Error::LimitExceeded {
+                    what: "bytes: a reservation of that many bytes of address space for a new \
+                           expandable segment was refused (no segment had room); set \
+                           PoolConfig::expandable_reservation_bytes lower",
+                    limit,
+                },
+                // A reservation past a 32-bit address space cannot be named in a `usize`.
+                Err(_) => Error::LimitExceeded {
+                    what: "bytes (the address space): a larger reservation for a new expandable \
+                           segment was refused (no segment had room); set \
+                           PoolConfig::expandable_reservation_bytes lower",
+                    limit: usize::MAX,
+                },
             }
         }
         PoolError::MisalignedSegment { addr } => Error::Misaligned {

@@ -6,7 +6,9 @@
 //! (`cuCtxEnablePeerAccess` does not cover mapped memory; PyTorch grants the same), so any whole
 //! chunk can be unmapped on its own; the physical handle is released right after mapping, so `cuMemUnmap` frees the memory. By default
 //! each segment reserves the device's memory size of address space, as PyTorch does. The memory comes
-//! from the device directly, not from the resource the pool takes segments from.
+//! from the device directly, not from the resource the pool takes segments from. A failed `map`
+//! unmaps what it mapped; a chunk whose unmap fails then is kept and unmapped again before anything
+//! is mapped over it, so the driver's mappings and the pool's agree where the pool grows.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -54,6 +56,10 @@ struct State {
     ranges: BTreeMap<u64, Arc<VirtualRange>>,
     /// Mapped chunks by address; dropping one unmaps it.
     chunks: BTreeMap<u64, SharedMapping>,
+    /// Chunks of a failed `map` whose rollback could not unmap them: still mapped in the driver,
+    /// unmapped in the pool's books. Unmapped again before anything is mapped over them (mapping
+    /// over a mapped chunk is refused) and before their reservation goes; never handed out.
+    stray: BTreeMap<u64, SharedMapping>,
 }
 
 impl DeviceExpandable {
@@ -81,14 +87,36 @@ impl DeviceExpandable {
         Ok(DeviceExpandable { ctx: ctx.clone(), chunk, reservation, access, state: Mutex::default() })
     }
 
-    /// Maps one chunk of new physical memory at `offset` of `range`, read-write for the device and
-    /// its peers.
-    fn map_chunk(&self, range: &Arc<VirtualRange>, offset: usize) -> Result<SharedMapping> {
+    /// Maps one chunk of new physical memory at `offset` of `range` and pushes it onto `made`, then
+    /// makes it read-write for the device and its peers. A mapping whose access fails stays in
+    /// `made`, for the caller to unmap where it sees the result.
+    fn map_chunk(
+        &self,
+        range: &Arc<VirtualRange>,
+        offset: usize,
+        made: &mut Vec<(u64, SharedMapping)>,
+    ) -> Result<()> {
         let memory = PhysicalMemory::new(&self.ctx, self.chunk)?;
-        let mut mapping = range.map_shared(offset, &memory)?;
-        mapping.set_access(&self.access)?;
+        made.push((range.base() + offset as u64, range.map_shared(offset, &memory)?));
         // `memory` is released here: the mapping keeps the physical memory until it is unmapped.
-        Ok(mapping)
+        match made.last_mut() {
+            Some((_, mapping)) => mapping.set_access(&self.access),
+            None => Ok(()),
+        }
+    }
+
+    /// Unmaps the stray chunks in `[lo, hi)` (see [`State::stray`]); a failure keeps that chunk.
+    fn unmap_strays(s: &mut State, lo: u64, hi: u64) -> Result<()> {
+        let at: Vec<u64> = s.stray.range(lo..hi).map(|(&a, _)| a).collect();
+        for a in at {
+            if let Some(mapping) = s.stray.remove(&a)
+                && let Err((mapping, e)) = mapping.unmap()
+            {
+                s.stray.insert(a, mapping);
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -100,6 +128,7 @@ impl std::fmt::Debug for DeviceExpandable {
             .field("chunk", &self.chunk)
             .field("reservations", &s.ranges.len())
             .field("mapped_chunks", &s.chunks.len())
+            .field("stray_chunks", &s.stray.len())
             .finish()
     }
 }
@@ -128,11 +157,24 @@ impl ExpandableUpstream for DeviceExpandable {
             return Err(UpstreamError::Other(0));
         };
         let range = range.clone();
+        // Nothing is mapped here in the pool's books; a stray chunk is, in the driver's.
+        Self::unmap_strays(&mut s, addr, addr + bytes as u64).map_err(UpstreamError::Driver)?;
         let mut made = Vec::with_capacity(bytes / self.chunk);
         for offset in (0..bytes).step_by(self.chunk) {
             let at = (addr - base) as usize + offset;
-            // On failure `made` drops: what this call mapped is unmapped again (contract item 3).
-            made.push((addr + offset as u64, self.map_chunk(&range, at).map_err(UpstreamError::Driver)?));
+            if let Err(error) = self.map_chunk(&range, at, &mut made) {
+                // What this call mapped is unmapped again (contract item 3); a chunk whose
+                // unmap fails is kept as a stray rather than dropped, where a second failure
+                // would only be logged and the driver would keep a chunk the pool counts as
+                // unmapped, refusing the next map there.
+                while let Some((at, mapping)) = made.pop() {
+                    if let Err((mapping, e)) = mapping.unmap() {
+                        tracing::warn!(at, error = %e, "undoing a failed map: unmap failed; retried later");
+                        s.stray.insert(at, mapping);
+                    }
+                }
+                return Err(UpstreamError::Driver(error));
+            }
         }
         s.chunks.extend(made);
         Ok(())
@@ -166,7 +208,12 @@ impl ExpandableUpstream for DeviceExpandable {
     }
 
     fn release(&self, base: u64, bytes: usize) {
-        let Some(range) = self.state.lock().ranges.remove(&base) else {
+        let mut s = self.state.lock();
+        // The pool synchronised: nothing uses the reservation, strays never were handed out.
+        if let Err(e) = Self::unmap_strays(&mut s, base, base.saturating_add(bytes as u64)) {
+            tracing::warn!(base, error = %e, "unmapping a stray chunk failed; unmapped when the upstream drops");
+        }
+        let Some(range) = s.ranges.remove(&base) else {
             tracing::warn!(base, bytes, "releasing a reservation this upstream did not make; ignored");
             return;
         };
@@ -180,8 +227,8 @@ impl ExpandableUpstream for DeviceExpandable {
     }
 
     fn abandon(&self) {
-        let State { ranges, chunks } = std::mem::take(&mut *self.state.lock());
-        if ranges.is_empty() && chunks.is_empty() {
+        let State { ranges, chunks, stray } = std::mem::take(&mut *self.state.lock());
+        if ranges.is_empty() && chunks.is_empty() && stray.is_empty() {
             return;
         }
         tracing::warn!(
@@ -191,6 +238,7 @@ impl ExpandableUpstream for DeviceExpandable {
         );
         // Forgotten, not dropped: a dropped mapping unmaps at once, under whatever still runs.
         std::mem::forget(chunks);
+        std::mem::forget(stray);
         std::mem::forget(ranges);
     }
 }

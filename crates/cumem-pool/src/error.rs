@@ -88,6 +88,7 @@ impl Eq for UpstreamError {}
 
 /// Failure of a [`CachingPool`](crate::CachingPool) operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PoolError {
     /// A zero-byte allocation was requested.
     #[error("zero-size allocation requested")]

@@ -230,7 +230,8 @@ fn fit_in_gap(set: &FreeSet, seg: Seg, (lo, hi): (u64, u64), req: &Request, chun
 
 /// Serves `req` by growing one of arena `arena`'s expandable segments of the request's kind: maps
 /// the unmapped chunks where the fewest serve it together with the free ranges of `set` (the arena's
-/// free set of that kind) around them, lowest address first among equals, and takes the block there.
+/// free set of that kind) around them, among equals the oldest reservation first and the lowest gap
+/// in it, and takes the block there.
 /// When no segment has room, reserves another one of `reservation` bytes (at least the block).
 ///
 /// The caller holds the arena's lock (`set`) and the segment registry (`segs`).
@@ -263,7 +264,12 @@ pub(crate) fn grow(
             // A block larger than the configured reservation gets a reservation of its own size.
             // `need` covers the block at any chunk-aligned base (alignment padding included).
             let Some(len) = req.need.max(wanted).checked_next_multiple_of(chunk).map(|l| l.max(chunk)) else {
-                return Ok(Grown::OutOfAddressSpace { reservation: u64::MAX });
+                if req.need.checked_next_multiple_of(chunk).is_none() {
+                    return Err(PoolError::SizeOverflow { requested: req.requested });
+                }
+                // The configured size rounds past the end of the address space: no upstream can
+                // reserve it, so it is reported as the size refused.
+                return Ok(Grown::OutOfAddressSpace { reservation: wanted });
             };
             let base = match up.reserve(len as usize) {
                 Ok(base) => base,
@@ -441,9 +447,17 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
         }
         guards[i].set(kind).remove(addr);
         // The pieces around the new gap go to the arena that grows the segment, so that mapping
-        // the gap again joins them: after the synchronisation they are safe for every stream.
-        let owner = segs.expandable.segs.get(&seg.base).map_or(i, |e| e.owner.0);
-        let set = guards[if owner < guards.len() { owner } else { i }].set(kind);
+        // the gap again joins them: after the synchronisation they are safe for every stream. A
+        // vacated arena (its stream retired by a sweep) keeps them out of reach of migration, which
+        // never takes from one: they stay where they were then.
+        let owner = segs
+            .expandable
+            .segs
+            .get(&seg.base)
+            .map(|e| e.owner.0)
+            .filter(|&o| guards.get(o).is_some_and(|g| g.stream.is_some()))
+            .unwrap_or(i);
+        let set = guards[owner].set(kind);
         if addr < bottom {
             set.insert(addr, bottom - addr, seg);
         }

@@ -2,7 +2,8 @@
 //! chunk boundaries keep their data bitwise, trim unmaps whole chunks and the driver's free memory
 //! rises by exactly what it reports, memory moves between streams only behind an event, a device
 //! without virtual memory management falls back to segments, a failed unmap keeps its chunk mapped
-//! and cached, and nothing is left in the live report.
+//! and cached, a chunk a failed map could not undo is unmapped before growth maps there again, and
+//! nothing is left in the live report.
 //! Every test reads the device's free memory or holds a stream, so all are `#[serial]`.
 
 use std::sync::Arc;
@@ -232,6 +233,49 @@ fn a_failed_unmap_keeps_the_chunk_mapped_and_the_segment_grows_above_it() {
     let report = pool.trim().unwrap();
     assert_eq!((report.released_bytes, report.released_segments), (4 * c, 1));
     assert_eq!(pool.stats().reserved_bytes, 0);
+    drop((pool, stream));
+    assert_clean();
+}
+
+#[test]
+#[serial]
+fn a_chunk_whose_rollback_unmap_failed_is_unmapped_before_growth_maps_there_again() {
+    let Some(ctx) = vmm_ctx() else { return };
+    // Injecting the failures needs the simulator.
+    let Some(ctl) = testing::sim_control() else { return };
+    let c = chunk(&ctx);
+    let pool = expandable_pool(&ctx);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let a = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, c as usize).unwrap();
+    let base = a.device_ptr();
+    // Growing by two chunks: the second map fails, and undoing the first one's fails too.
+    let rules = [("cuMemMap", 2), ("cuMemUnmap", 1)].map(|(function, nth)| {
+        ctl.inject_fault(FaultRule {
+            function: function.into(),
+            nth,
+            code: CUresult::CUDA_ERROR_UNKNOWN,
+            times: 1,
+            this_thread_only: true,
+        })
+    });
+    let n = (2 * c) as usize / 4;
+    let err = DeviceBuffer::<u32>::new_in(&pool, &stream, n).unwrap_err();
+    for rule in rules {
+        ctl.remove_fault(rule);
+    }
+    assert!(matches!(err, cumem_core::Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. }), "{err:?}");
+    assert_eq!(pool.pool().segments(), vec![(base, c)]);
+    // The same growth again: the chunk left mapped is unmapped first, then both are mapped.
+    let data: Vec<u32> = (0..n as u32).map(|k| k.wrapping_mul(2_654_435_761)).collect();
+    let mut b = DeviceBuffer::<u32>::new_in(&pool, &stream, n).unwrap();
+    assert_eq!(b.device_ptr(), base + c);
+    stream.synchronize().unwrap();
+    copy_h2d(&data, &mut b).unwrap();
+    assert_eq!(b.to_vec().unwrap(), data);
+    assert_eq!(pool.stats().reserved_bytes, 3 * c);
+    drop((a, b));
+    let report = pool.trim().unwrap();
+    assert_eq!((report.released_bytes, report.released_segments), (3 * c, 1));
     drop((pool, stream));
     assert_clean();
 }

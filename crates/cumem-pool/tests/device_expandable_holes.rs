@@ -218,6 +218,10 @@ fn a_refused_reservation_is_an_address_space_error() {
         Error::LimitExceeded { what, limit } => {
             assert_eq!(*limit, 4 * c as usize);
             assert!(what.contains("expandable_reservation_bytes"), "{err}");
+            assert!(
+                err.to_string().contains(&format!("at most {} bytes: a reservation of that many", 4 * c)),
+                "{err}"
+            );
         }
         other => panic!("expected an address-space limit, got {other:?}"),
     }

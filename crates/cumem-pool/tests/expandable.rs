@@ -3,14 +3,16 @@
 //! too), a hole is mapped again where growth needs the fewest chunks, a full segment is followed by
 //! a second reservation and a refused one is an address-space error, each stream grows its own
 //! segment, memory still moves between streams only behind a wait, the out-of-memory ladder unmaps
-//! other streams' free tails and grows from its segment's free tail wherever it is cached, and an
-//! upstream without mapping falls back to segments.
+//! other streams' free tails and grows from its segment's free tail wherever it is cached, the
+//! pieces around a hole in a retired stream's segment stay reachable, and an upstream without
+//! mapping falls back to segments.
 //! (The model tests in `model.rs` and `faults.rs` run every invariant with expandable segments too.)
 
 use std::sync::Arc;
 
 use cumem_pool::{
-    CachingPool, HostOrdering, HostUpstream, PoolConfig, PoolError, TrimReport, Upstream, UpstreamError,
+    CachingPool, HostOrdering, HostUpstream, Ordering, PoolConfig, PoolError, TrimReport, Upstream,
+    UpstreamError,
 };
 
 const MIB: usize = 1 << 20;
@@ -357,4 +359,87 @@ fn a_refused_reservation_is_reported_as_address_space_exhaustion() {
     p.trim().unwrap();
     assert_eq!((up.live_bytes(), up.reservations().len()), (0, 0));
     assert!(up.violations().is_empty(), "{:?}", up.violations());
+}
+
+/// An ordering that retires the streams a test marks as dropped, under the name [`RETIRED`].
+#[derive(Debug, Default)]
+struct Retiring {
+    dropped: parking_lot::Mutex<Vec<u32>>,
+    waits: parking_lot::Mutex<Vec<(u32, u32)>>,
+}
+
+const RETIRED: u32 = u32::MAX;
+
+impl Ordering for Retiring {
+    type Stream = u32;
+    fn wait(&self, waiter: u32, on: u32) -> Result<(), UpstreamError> {
+        self.waits.lock().push((waiter, on));
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<(), UpstreamError> {
+        Ok(())
+    }
+    fn retired_stream(&self) -> Option<u32> {
+        Some(RETIRED)
+    }
+    fn orphans(&self) -> Vec<u32> {
+        self.dropped.lock().clone()
+    }
+    fn retire(&self, stream: u32) -> Result<(), UpstreamError> {
+        self.dropped.lock().retain(|&s| s != stream);
+        Ok(())
+    }
+}
+
+/// Trim retires a dropped stream (its arena is vacated, its free memory goes under the retired
+/// name) and then unmaps a hole in the segment that stream grew: the free pieces on either side
+/// stay reachable, so another stream takes one (behind a wait) instead of mapping more.
+#[test]
+fn pieces_around_a_hole_of_a_retired_streams_segment_stay_reachable() {
+    let config = PoolConfig { expandable_reservation_bytes: Some(16 << 20), ..expandable() };
+    let ordering = Arc::new(Retiring::default());
+    let p = CachingPool::new(Arc::new(HostUpstream::new(1 << 30)), ordering.clone(), config);
+    // Stream 1 grows [0, 2.5) [2.5, 11) [11, 15) MiB of its segment (1 MiB free above); stream 3
+    // holds 2 whole chunks of its own.
+    let (a, b, c) = (
+        p.allocate(5 * MIB / 2, 512, 1).unwrap(),
+        p.allocate(17 * MIB / 2, 512, 1).unwrap(),
+        p.allocate(4 * MIB, 512, 1).unwrap(),
+    );
+    let base = a.addr();
+    let x = p.allocate(4 * MIB, 512, 3).unwrap();
+    p.deallocate(b, 1).unwrap();
+    ordering.dropped.lock().push(1);
+    // [4, 10) is unmapped; [2.5, 4) and [10, 11) stay cached, under the retired name.
+    assert_eq!(p.trim().unwrap().released_bytes, 6 << 20);
+    assert!(ordering.dropped.lock().is_empty(), "stream 1 was not retired");
+    let reserved = p.stats().reserved_bytes;
+    let waits = ordering.waits.lock().len();
+    // 1.5 MiB on stream 3 (a large block, like the pieces): the piece below the hole, behind a wait.
+    let y = p.allocate(3 * MIB / 2, 512, 3).unwrap();
+    assert_eq!(y.addr(), base + (5 << 19), "a piece next to the hole was out of reach");
+    assert_eq!(p.stats().reserved_bytes, reserved);
+    assert_eq!(ordering.waits.lock()[waits..], [(3, RETIRED)]);
+    p.validate().unwrap();
+    for blk in [a, c, x, y] {
+        p.deallocate(blk, 3).unwrap();
+    }
+    p.trim().unwrap();
+    assert_eq!((p.upstream().live_bytes(), p.upstream().reservations().len()), (0, 0));
+    assert!(p.upstream().violations().is_empty(), "{:?}", p.upstream().violations());
+}
+
+/// A configured reservation that rounds past the end of the address space is reported as that
+/// size refused (not as an overflowed number), and the pool still serves nothing it cannot map.
+#[test]
+fn a_reservation_too_large_for_the_address_space_names_its_size() {
+    let config = PoolConfig { expandable_reservation_bytes: Some(usize::MAX - 1), ..expandable() };
+    let p = CachingPool::new(Arc::new(HostUpstream::new(1 << 30)), Arc::new(HostOrdering::new()), config);
+    match p.allocate(MIB, 512, 0).unwrap_err() {
+        PoolError::AddressSpaceExhausted { reservation_bytes, segments: 0, mapped: 0, .. } => {
+            assert_eq!(reservation_bytes, (usize::MAX - 1) as u64)
+        }
+        other => panic!("expected an address-space error, got {other:?}"),
+    }
+    assert!(p.upstream().reservations().is_empty());
 }

@@ -163,6 +163,8 @@ pub(crate) const ATTRIBUTES: &[(u32, &str, i32)] = &[
 pub(crate) const PCI_BUS_ID: u32 = 33;
 /// Board group id: each simulated device is its own board.
 pub(crate) const MULTI_GPU_BOARD_GROUP_ID: u32 = 85;
+/// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
+pub(crate) const VMM: u32 = 102;
 
 /// Looks an attribute up by its configuration key (accepting the bindings' alias name).
 pub(crate) fn by_name(key: &str) -> Option<u32> {

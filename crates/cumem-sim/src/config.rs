@@ -2,10 +2,11 @@
 //! describes.
 //!
 //! A specification is a comma-separated list of `key=value` entries. Global keys: `devices`,
-//! `memory`, `latency_us`, `leak_check`, `name`, `peer`, and any device attribute by its lower-case
-//! name (applied to every device). `devN.<key>` overrides `memory`, `name` or an attribute for one
-//! device. `peer` takes pairs `a-b` (both directions) or `a>b` (one direction), separated by commas
-//! (an entry without `=` continues the `peer` list), or `all` / `none`. Later entries win.
+//! `memory`, `latency_us`, `leak_check`, `name`, `peer`, `vmm_space`, and any device attribute by
+//! its lower-case name (applied to every device). `devN.<key>` overrides `memory`, `name`,
+//! `vmm_space` or an attribute for one device. `peer` takes pairs `a-b` (both directions) or `a>b`
+//! (one direction), separated by commas (an entry without `=` continues the `peer` list), or `all` /
+//! `none`. Later entries win.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +24,7 @@ struct DeviceOverride {
     memory: Option<u64>,
     name: Option<String>,
     attrs: BTreeMap<u32, i32>,
+    vmm_space: Option<u64>,
 }
 
 /// The merged configuration (defaults, then `CUMEM_SIM`, then `cumemSimConfigure` calls).
@@ -37,6 +39,9 @@ pub(crate) struct Config {
     per_device: BTreeMap<usize, DeviceOverride>,
     /// `None` = every device can access every other device.
     peer: Option<Vec<(usize, usize)>>,
+    /// `vmm_space`: each VMM device's address space for reservations; `None` = sized to share the
+    /// host's address space (see `crate::vmm::space_bytes`).
+    vmm_space: Option<u64>,
 }
 
 /// The description of one simulated device, produced at `cuInit`.
@@ -45,6 +50,8 @@ pub(crate) struct DeviceSpec {
     pub(crate) name: String,
     pub(crate) memory: u64,
     pub(crate) attrs: Vec<Option<i32>>,
+    /// Bytes of address space for its `cuMemAddressReserve` ranges (0 without VMM).
+    pub(crate) vmm_space: u64,
 }
 
 impl Default for Config {
@@ -58,6 +65,7 @@ impl Default for Config {
             attrs: BTreeMap::new(),
             per_device: BTreeMap::new(),
             peer: None,
+            vmm_space: None,
         }
     }
 }
@@ -117,6 +125,15 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
         other => return Err(format!("unknown size unit `{other}` in `{text}`")),
     };
     n.checked_mul(mul).ok_or_else(|| format!("size `{text}` overflows"))
+}
+
+/// A `vmm_space` value: a non-zero multiple of the VMM granularity.
+fn parse_space(text: &str) -> Result<u64, String> {
+    let bytes = parse_size(text)?;
+    if bytes == 0 || !bytes.is_multiple_of(crate::vmm::GRANULARITY) {
+        return Err(format!("vmm_space `{text}` is not a non-zero multiple of 2 MiB"));
+    }
+    Ok(bytes)
 }
 
 fn parse_bool(text: &str) -> Result<bool, String> {
@@ -193,6 +210,7 @@ impl Config {
             "leak_check" => self.leak_check = parse_bool(value)?,
             "name" => self.name = Some(value.to_string()),
             "peer" => self.peer = parse_peer(value)?,
+            "vmm_space" => self.vmm_space = Some(parse_space(value)?),
             _ => {
                 if let Some(rest) = key.strip_prefix("dev")
                     && let Some((idx, sub)) = rest.split_once('.')
@@ -205,6 +223,7 @@ impl Config {
                     match sub {
                         "memory" => over.memory = Some(parse_size(value)?),
                         "name" => over.name = Some(value.to_string()),
+                        "vmm_space" => over.vmm_space = Some(parse_space(value)?),
                         attr => {
                             let n = attributes::by_name(attr)
                                 .ok_or_else(|| format!("unknown device attribute `{attr}`"))?;
@@ -230,7 +249,8 @@ impl Config {
         {
             return Err(format!("peer pair {a}-{b} names a device that does not exist"));
         }
-        Ok((0..self.devices)
+        let vmm = |attrs: &[Option<i32>]| attrs[attributes::VMM as usize] == Some(1);
+        let mut specs: Vec<DeviceSpec> = (0..self.devices)
             .map(|i| {
                 let over = self.per_device.get(&i).cloned().unwrap_or_default();
                 let mut attrs = attributes::default_table(i);
@@ -241,9 +261,16 @@ impl Config {
                     .name
                     .or_else(|| self.name.clone())
                     .unwrap_or_else(|| format!("cumem-sim H100-like device {i}"));
-                DeviceSpec { name, memory: over.memory.unwrap_or(self.memory), attrs }
+                DeviceSpec { name, memory: over.memory.unwrap_or(self.memory), attrs, vmm_space: 0 }
             })
-            .collect())
+            .collect();
+        // Sized once for all devices, so that no device's space depends on which used VMM first.
+        let vmm_devices = specs.iter().filter(|s| vmm(&s.attrs)).count();
+        let space = self.vmm_space.unwrap_or_else(|| crate::vmm::space_bytes(vmm_devices));
+        for (i, s) in specs.iter_mut().enumerate().filter(|(_, s)| vmm(&s.attrs)) {
+            s.vmm_space = self.per_device.get(&i).and_then(|o| o.vmm_space).unwrap_or(space);
+        }
+        Ok(specs)
     }
 
     /// Whether device `a` can access device `b`'s memory (never itself).
@@ -277,6 +304,28 @@ mod tests {
         assert_eq!(specs[1].attrs[83], Some(0));
         assert_eq!(specs[0].attrs[83], Some(1));
         assert_eq!(c.latency_us, 50);
+    }
+
+    /// Every VMM device's space is sized at once from how many there are (so no device's size
+    /// depends on which reserved first): 16 TiB up to three, an equal share of 48 TiB beyond;
+    /// `vmm_space` and `devN.vmm_space` force a size; a device without VMM gets none.
+    #[test]
+    fn vmm_spaces_share_the_host_address_space() {
+        let spaces = |spec: &str| {
+            let mut c = Config::default();
+            c.apply(spec, false).unwrap();
+            c.device_specs().unwrap().iter().map(|s| s.vmm_space).collect::<Vec<_>>()
+        };
+        const T: u64 = 1 << 40;
+        assert_eq!(spaces("devices=3"), vec![16 * T; 3]);
+        assert_eq!(spaces("devices=4"), vec![12 * T; 4]);
+        assert_eq!(spaces("devices=5,dev4.vmm=0"), vec![12 * T, 12 * T, 12 * T, 12 * T, 0]);
+        assert_eq!(spaces("devices=64")[63], 768 << 30);
+        assert_eq!(spaces("devices=2,vmm_space=64GiB,dev1.vmm_space=1TiB"), vec![64 << 30, T]);
+        let mut c = Config::default();
+        for bad in ["vmm_space=0", "vmm_space=3MiB", "dev0.vmm_space=1KiB"] {
+            assert!(c.apply(bad, false).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -258,7 +258,8 @@ impl State {
     /// Builds the device table at `cuInit`; an error string if address space cannot be reserved.
     pub(crate) fn install(&mut self, specs: Vec<DeviceSpec>, peer: Vec<Vec<bool>>) -> Result<(), String> {
         let mut devices = Vec::with_capacity(specs.len());
-        for spec in specs {
+        for (d, spec) in specs.into_iter().enumerate() {
+            self.vmm.plan(d, spec.vmm_space);
             // Room for fragmentation and guard gaps, without committing anything.
             let span = spec.memory.saturating_mul(4).max(64 << 30).next_multiple_of(1 << 30);
             let va = AddressSpace::reserve(span).ok_or("cannot reserve device address space")?;

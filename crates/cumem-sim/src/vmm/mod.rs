@@ -2,9 +2,9 @@
 //! the rules shared by its parts.
 //!
 //! A reservation is a range of a device's simulated VMM address space (never a host address): a
-//! `PROT_NONE` range of its own, made at the device's first reservation and much larger than the
-//! device's memory (programs reserve generously, as the GPU's address space allows), beside the
-//! range `cuMemAlloc` carves from. It has a private `PROT_NONE` host view of the same length,
+//! `PROT_NONE` range of its own, sized at `cuInit` ([`space_bytes`], or the `vmm_space` key) and made
+//! at the device's first reservation, much larger than the device's memory (programs reserve
+//! generously, as the GPU's address space allows), beside the range `cuMemAlloc` carves from. It has a private `PROT_NONE` host view of the same length,
 //! device address `base + k` standing at view byte `k`. Physical memory is a
 //! memory file, charged to its device's capacity at creation. Mapping it maps the file into the
 //! view at the mapping's place, so adjacent mappings backed by different physical allocations
@@ -49,7 +49,32 @@ use crate::state::State;
 pub(crate) const GRANULARITY: u64 = 2 << 20;
 
 /// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
-const ATTR_VMM: u32 = 102;
+const ATTR_VMM: u32 = crate::attributes::VMM;
+
+/// The most address space one device's reservations get: 16 TiB.
+const MAX_SPACE: u64 = 16 << 40;
+
+/// Host addresses all VMM spaces may take together: 96 of x86-64's 128 TiB of user address space,
+/// the rest left to everything else in the process (`cuMemAlloc`'s ranges, the heap, libraries).
+const SPACE_BUDGET: u64 = 96 << 40;
+
+/// The smallest space the simulator falls back to where the kernel refuses the planned one.
+const MIN_SPACE: u64 = 64 << 30;
+
+/// The address space each of `vmm_devices` devices gets for its reservations, decided at `cuInit`
+/// for all of them at once: 16 TiB, or an equal share of the budget where that many devices would
+/// pass it (each space costs twice its size in host addresses: the range and its host view).
+///
+/// A GPU process reserves from the host's whole user address space (47 bits, 128 TiB on x86-64,
+/// shared by its devices), so programs that reserve generously, such as PyTorch's expandable
+/// segments (the device's memory per stream and kind) or cumem-vmm's `GrowableBuffer` (twice the
+/// device's memory), meet `OUT_OF_MEMORY` there only beyond tens of terabytes of reservations (an
+/// inference from the address-space size, not a measurement); 1 TiB here refused them after a few
+/// dozen reservations.
+pub(crate) fn space_bytes(vmm_devices: usize) -> u64 {
+    let share = SPACE_BUDGET / 2 / (vmm_devices.max(1) as u64);
+    (share.min(MAX_SPACE) / GRANULARITY * GRANULARITY).max(GRANULARITY)
+}
 
 /// `CU_MEM_ACCESS_FLAGS_PROT_READ`.
 pub(crate) const PROT_READ: u64 = 1;
@@ -75,24 +100,20 @@ pub(crate) struct Space {
 }
 
 impl Space {
-    /// A space of at least 16 TiB and 32 times `memory`, or less (down to 64 GiB) where the kernel
-    /// refuses that much address space (it costs twice that in host addresses: the range and its
-    /// host view). A GPU process has the whole user address space of the host for reservations
-    /// (47 bits, 128 TiB on x86-64, shared by its devices): programs that reserve generously, such
-    /// as PyTorch's expandable segments (1.125 times the device's memory per stream) or NCCL's
-    /// pools (twice the device's memory each, tens of TiB observed), run into its limit only
-    /// beyond tens of terabytes; 1 TiB here refused them after a few dozen reservations.
-    fn new(memory: u64) -> Option<Self> {
-        let mut len = memory.saturating_mul(32).max(16 << 40).next_multiple_of(1 << 30);
+    /// A space of `len` bytes, or less (a quarter at a time, down to 64 GiB or `len` if smaller)
+    /// where the kernel refuses that much address space (a `ulimit -v`, a host with fewer
+    /// address bits): it costs twice its size in host addresses, the range and its host view.
+    fn new(len: u64) -> Option<Self> {
+        let mut len = len;
         loop {
             let made = AddressSpace::reserve(len).and_then(|va| {
                 let host = Backing::reserved(usize::try_from(len).ok()?)?;
                 Some(Space { base: va.range().0, va, host: Arc::new(host) })
             });
-            if made.is_some() || len <= 64 << 30 {
+            if made.is_some() || len <= MIN_SPACE {
                 return made;
             }
-            len /= 4;
+            len = (len / 4 / GRANULARITY * GRANULARITY).max(MIN_SPACE);
         }
     }
 }
@@ -134,6 +155,10 @@ pub(crate) struct Vmm {
     pub(crate) mappings: BTreeMap<u64, Mapping>,
     /// VMM address spaces by device ordinal.
     pub(crate) spaces: BTreeMap<usize, Space>,
+    /// The size of each device's space, planned at `cuInit`; 0 once the kernel refused even the
+    /// smallest (remembered: trying again would repeat the failing mappings, under the state lock,
+    /// at every `cuMemAddressReserve`).
+    planned: BTreeMap<usize, u64>,
     next_handle: u64,
 }
 
@@ -145,6 +170,7 @@ impl Vmm {
             physical: BTreeMap::new(),
             mappings: BTreeMap::new(),
             spaces: BTreeMap::new(),
+            planned: BTreeMap::new(),
             next_handle: 0,
         }
     }
@@ -160,11 +186,26 @@ impl Vmm {
         self.spaces.values().any(|s| s.va.contains(addr))
     }
 
-    /// Device `d`'s VMM address space, made on first use; `None` if the kernel refuses.
-    pub(crate) fn space(&mut self, d: usize, memory: u64) -> Option<&mut Space> {
+    /// Records the size of device `d`'s space (at `cuInit`).
+    pub(crate) fn plan(&mut self, d: usize, bytes: u64) {
+        self.planned.insert(d, bytes);
+    }
+
+    /// Device `d`'s VMM address space, made on first use; `None` if the kernel refused it.
+    pub(crate) fn space(&mut self, d: usize) -> Option<&mut Space> {
         match self.spaces.entry(d) {
             std::collections::btree_map::Entry::Occupied(e) => Some(e.into_mut()),
-            std::collections::btree_map::Entry::Vacant(e) => Some(e.insert(Space::new(memory)?)),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let planned = self.planned.get(&d).copied().unwrap_or(0);
+                if planned == 0 {
+                    return None;
+                }
+                let Some(space) = Space::new(planned) else {
+                    self.planned.insert(d, 0);
+                    return None;
+                };
+                Some(e.insert(space))
+            }
         }
     }
 

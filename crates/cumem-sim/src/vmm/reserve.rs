@@ -34,8 +34,7 @@ pub(crate) fn address_reserve(size: usize, alignment: usize, addr: u64, flags: u
     }
     let align = (alignment as u64).max(GRANULARITY);
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-    let memory = st.devices[d].total;
-    let va = &mut st.vmm.space(d, memory).ok_or_else(oom)?.va;
+    let va = &mut st.vmm.space(d).ok_or_else(oom)?.va;
     // The hint is honoured only where it is aligned and free; otherwise it is ignored.
     let base = if addr != 0 && addr.is_multiple_of(align) && va.claim(addr, size) {
         addr
