@@ -296,8 +296,10 @@ impl StreamOrder {
     /// waiting, since the thread holding that other lock may be waiting for this one. Work that
     /// needs other cumem memory takes the guard of [`StreamOrder::use_on`] (for views,
     /// [`DeviceSlice::on`](crate::DeviceSlice::on)), which holds no lock while the work is queued.
-    /// Another thread using this memory waits until `queue` returns. Dropping a ticket of this
-    /// order inside `queue` is recorded when `queue` returns. Refusals are as in
+    /// (A memory kind whose drop must wait through such a lock, e.g. a pinned buffer, leaks its
+    /// memory with a warning when dropped inside `queue`.) Another thread using this memory waits
+    /// until `queue` returns. Dropping a ticket of this order inside `queue` is recorded when
+    /// `queue` returns. Refusals are as in
     /// [`StreamOrder::use_on`].
     ///
     /// The lock also covers `queue`'s driver calls, which the driver itself may hold back (an
