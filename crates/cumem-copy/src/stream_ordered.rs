@@ -106,8 +106,8 @@ impl StreamCopy for Stream {
         }
         // The host side is tracked first and the device side inside its closure: the host
         // tracker's lock may be held while the device memory's order is locked, never the reverse
-        // (orders lock nothing of the host's), so two copies in opposite directions between two
-        // memories that are both cannot deadlock.
+        // (the closure below locks nothing, and `queue_on` refuses any cumem lock taken inside a
+        // closure), so two copies in opposite directions between two memories cannot deadlock.
         let bytes = dst.bytes();
         let mut dst = dst;
         let enqueue = |from: *const T, _| {

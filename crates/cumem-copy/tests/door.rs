@@ -106,11 +106,11 @@ fn the_scoped_door_refuses_the_same_memory_inside_and_records_a_failed_queue() {
     // Using the memory again inside would wait for itself: refused, and the outer use goes on.
     let inside = view.queue_on(&b, |_| Ok(view.to_vec()));
     assert!(matches!(inside, Ok(Err(Error::NotPermitted { .. }))), "{inside:?}");
-    assert_eq!(buf.order().last(), b);
+    assert_eq!(buf.order().last().unwrap(), b);
     // A closure that fails may have queued something first: its stream is recorded all the same.
     let failed: Result<(), Error> = view.queue_on(&a, |_| Err(Error::ZeroSize { what: "test" }));
     assert!(matches!(failed, Err(Error::ZeroSize { .. })));
-    assert_eq!(buf.order().last(), a);
+    assert_eq!(buf.order().last().unwrap(), a);
     assert_eq!(buf.to_vec().unwrap(), [1, 2, 3]);
     let other_thread = std::thread::scope(|s| s.spawn(|| view.to_vec()).join().unwrap());
     assert_eq!(other_thread.unwrap(), [1, 2, 3]);
@@ -129,4 +129,87 @@ fn the_door_refuses_a_stream_of_another_device() {
     assert!(matches!(buf.on(&other), Err(Error::WrongDevice { expected: 0, actual: 1 })));
     assert!(matches!(buf.on_mut(&other), Err(Error::WrongDevice { expected: 0, actual: 1 })));
     assert_eq!(buf.to_vec().unwrap(), vec![0; 16]);
+}
+
+#[test]
+#[parallel]
+fn the_scoped_door_refuses_other_cumem_memory_inside() {
+    let ctx = ctx();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let a = DeviceBuffer::<u32>::from_slice(&s, &[1, 2, 3]).unwrap();
+    let b = DeviceBuffer::<u32>::from_slice(&s, &[4, 5, 6]).unwrap();
+    let mut pinned = PinnedBuffer::<u32>::zeroed(&ctx, 3).unwrap();
+    let view = a.as_slice();
+    // Waiting for another memory's lock inside could deadlock with a thread copying the other way
+    // (it holds that lock and waits for `a`'s order): refused on the spot, whoever holds it.
+    let copy = view.queue_on(&s, |_| Ok(s.copy_d2h(&b, &mut pinned)));
+    assert!(matches!(copy, Ok(Err(Error::NotPermitted { .. }))), "{copy:?}");
+    let read = view.queue_on(&s, |_| Ok(pinned.as_slice().map(<[u32]>::to_vec)));
+    assert!(matches!(read, Ok(Err(Error::NotPermitted { .. }))), "{read:?}");
+    let door = view.queue_on(&s, |_| Ok(b.on(&s).map(|on| on.len())));
+    assert!(matches!(door, Ok(Err(Error::NotPermitted { .. }))), "{door:?}");
+    // Outside a closure everything works again.
+    s.copy_d2h(&b, &mut pinned).unwrap();
+    assert_eq!(pinned.as_slice().unwrap(), &[4, 5, 6][..]);
+    assert_eq!(a.to_vec().unwrap(), [1, 2, 3]);
+}
+
+#[test]
+#[parallel]
+fn crossing_copies_whose_closures_use_the_other_memory_do_not_deadlock() {
+    let ctx = ctx();
+    let (s, t) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let a = DeviceBuffer::<u32>::from_slice(&s, &[1; 64]).unwrap();
+    let b = DeviceBuffer::<u32>::from_slice(&s, &[2; 64]).unwrap();
+    s.synchronize().unwrap();
+    let barrier = std::sync::Barrier::new(2);
+    // Each thread locks one order and, inside, uses the other: without the refusal both would wait
+    // for each other forever once both are inside.
+    let cross = |mine: &DeviceBuffer<u32>, other: &DeviceBuffer<u32>, stream: &Stream| {
+        let mut host = PinnedBuffer::<u32>::zeroed(&ctx, 64).unwrap();
+        let inside = mine.as_slice().queue_on(stream, |_| {
+            barrier.wait();
+            Ok(stream.copy_d2h(other, &mut host))
+        });
+        assert!(matches!(inside, Ok(Err(Error::NotPermitted { .. }))), "{inside:?}");
+    };
+    std::thread::scope(|scope| {
+        let one = scope.spawn(|| cross(&a, &b, &s));
+        cross(&b, &a, &t);
+        one.join().unwrap();
+    });
+    assert_eq!((a.to_vec().unwrap(), b.to_vec().unwrap()), (vec![1; 64], vec![2; 64]));
+}
+
+#[test]
+#[serial] // holds a gate
+fn a_closure_that_unwinds_after_queueing_a_copy_leaves_the_host_waiting_for_it() {
+    let ctx = ctx();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&s, 256).unwrap();
+    let mut src = PinnedBuffer::<u32>::zeroed(&ctx, 256).unwrap();
+    src.as_mut_slice().unwrap().fill(1);
+    s.synchronize().unwrap();
+    let gate = common::hold(&s);
+    let unwound: std::thread::Result<Result<(), Error>> =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let enqueue = |from: *const u32, len: usize| {
+                dst.as_mut_slice().queue_on(&s, |to| {
+                    ctx.bind()?;
+                    // SAFETY: `from` is the pinned buffer's 256 values, kept unwritten by its tracker
+                    // until the copy completes; `to` is the view's 256 values, ordered on `s`.
+                    let code = unsafe { sys::cuMemcpyHtoDAsync_v2(to, from.cast(), len * 4, s.raw()) };
+                    assert_eq!(code, CUresult::CUDA_SUCCESS);
+                    panic!("after queueing the copy");
+                })
+            };
+            // SAFETY: `enqueue` queues one copy on `s` reading the 256 values it is given.
+            unsafe { src.device_read(&s, enqueue) }
+        }));
+    assert!(unwound.is_err());
+    let opener = gate.release_after(Duration::from_millis(100));
+    // The host write must wait for the held copy, which would otherwise read the new values.
+    src.as_mut_slice().unwrap().fill(9);
+    opener.join().unwrap();
+    assert_eq!(dst.to_vec().unwrap(), vec![1; 256], "the host wrote the source before the copy read it");
 }

@@ -46,6 +46,7 @@
 
 use parking_lot::Mutex;
 
+use crate::order::{queuing_on_this_thread, used_inside_queue_on};
 use crate::{Result, Stream, StreamOrder};
 
 /// How device work reached the memory through its stream order (views and order-tracked hooks).
@@ -111,6 +112,15 @@ pub struct HostAccess {
 }
 
 impl HostAccess {
+    /// Locks the pending work, or answers `NotPermitted` inside a [`StreamOrder::queue_on`]
+    /// closure: a copy may hold this lock while it waits for that closure's order.
+    fn lock_pending(&self) -> Result<parking_lot::MutexGuard<'_, Pending>> {
+        if queuing_on_this_thread() {
+            return Err(used_inside_queue_on());
+        }
+        Ok(self.pending.lock())
+    }
+
     /// A tracker that remembers the streams of queued operations.
     pub fn new() -> Self {
         HostAccess::default()
@@ -208,11 +218,11 @@ impl HostAccess {
             // Refuse first, then wait (without holding `pending`, which views need): work that
             // slipped in between would otherwise run under the host's borrow.
             order.exclude_device(true)?;
-            let mut pending = self.pending.lock();
+            let mut pending = self.lock_pending()?;
             pending.ordered = pending.ordered.min(OrderedUse::Read);
             return Ok(());
         }
-        let mut pending = self.pending.lock();
+        let mut pending = self.lock_pending()?;
         pending.wait_write()?;
         if pending.ordered == OrderedUse::Write {
             self.sync_order()?;
@@ -226,7 +236,7 @@ impl HostAccess {
 
     /// Blocks until no device work uses the memory.
     pub fn wait_idle(&self) -> Result<()> {
-        let mut pending = self.pending.lock();
+        let mut pending = self.lock_pending()?;
         pending.wait_all()?;
         if pending.ordered != OrderedUse::None {
             self.sync_order()?;
@@ -259,21 +269,22 @@ impl HostAccess {
         len: usize,
         enqueue: impl FnOnce(*const T, usize) -> Result<R>,
     ) -> Result<R> {
-        let mut pending = self.pending.lock();
+        let mut pending = self.lock_pending()?;
+        // Tracked before `enqueue` runs: it may queue work and then fail or unwind, and host
+        // access must still wait for that work (waiting for a stream with nothing queued costs
+        // only the wait).
         if let Some(order) = &self.order {
             let _ticket = order.use_on(stream)?;
-            let out = enqueue(ptr, len)?;
             pending.ordered = pending.ordered.max(OrderedUse::Read);
-            return Ok(out);
+            return enqueue(ptr, len);
         }
         if let Some(write) = &pending.write {
             stream.wait_for(write)?;
         }
-        let out = enqueue(ptr, len)?;
         if !pending.reads.contains(stream) {
             pending.reads.push(stream.clone());
         }
-        Ok(out)
+        enqueue(ptr, len)
     }
 
     /// Queues device work that writes the memory on `stream`, ordered after all pending device
@@ -294,11 +305,11 @@ impl HostAccess {
         // `&mut self`: no shared host borrow is alive (safety contract 1), so device work may run.
         self.end_host_reads();
         let pending = self.pending.get_mut();
+        // Tracked before `enqueue` runs, as in `device_read`.
         if let Some(order) = &self.order {
             let _ticket = order.use_on(stream)?;
-            let out = enqueue(ptr, len)?;
             pending.ordered = OrderedUse::Write;
-            return Ok(out);
+            return enqueue(ptr, len);
         }
         // Wait for everything before forgetting anything: a failed wait leaves the streams tracked.
         if let Some(write) = &pending.write {
@@ -307,14 +318,13 @@ impl HostAccess {
         for read in &pending.reads {
             stream.wait_for(read)?;
         }
-        let out = enqueue(ptr, len)?;
-        // The work on `stream` is ordered after every earlier read and write (the waits above),
-        // so `stream` alone stands for all of them from now on.
+        // `stream` is ordered after every earlier read and write (the waits above), so it alone
+        // stands for all of them, and for whatever `enqueue` queues, however it ends.
         pending.reads.clear();
         if pending.write.as_ref() != Some(stream) {
             pending.write = Some(stream.clone());
         }
-        Ok(out)
+        enqueue(ptr, len)
     }
 }
 

@@ -16,7 +16,9 @@
 //! Work queued inside one call (cumem's own copies and memsets) uses [`StreamOrder::queue_on`]
 //! instead of a ticket: the users stay locked while the closure queues the work and record the
 //! stream when it returns, one lock and unlock in all where a ticket takes two, and no handle is
-//! cloned: a queued copy's ordering costs little more than the driver call itself.
+//! cloned: a queued copy's ordering costs little more than the driver call itself. Its closure
+//! is for driver calls only: any cumem lock taken inside it (another order, a host tracker) is
+//! refused with `NotPermitted`, since waiting there could close a cycle with another thread.
 //!
 //! Code outside cumem that queues work on device memory (a kernel) uses the door on views and
 //! buffers instead, [`DeviceSlice::on`](crate::DeviceSlice::on) and friends, whose guard holds
@@ -36,6 +38,7 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cumem_sys::ErrorContext;
@@ -52,6 +55,23 @@ fn thread_mark() -> usize {
     MARK.with(|m| std::ptr::from_ref(m) as usize)
 }
 
+thread_local! {
+    /// How many [`StreamOrder::queue_on`] closures the calling thread is running (each holding its
+    /// order's lock). While it is not zero the thread must not wait for any other cumem lock: a
+    /// thread holding that lock may be waiting for this one's order (a copy in the other direction).
+    static QUEUING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is inside a [`StreamOrder::queue_on`] closure.
+pub(crate) fn queuing_on_this_thread() -> bool {
+    QUEUING.with(Cell::get) > 0
+}
+
+/// The refusal of cumem memory used inside a [`StreamOrder::queue_on`] closure.
+pub(crate) fn used_inside_queue_on() -> Error {
+    Error::NotPermitted { ctx: ErrorContext::op("using cumem memory inside a StreamOrder::queue_on closure") }
+}
+
 /// The streams that may have work pending on a piece of device memory.
 #[derive(Debug)]
 pub struct StreamOrder {
@@ -59,6 +79,10 @@ pub struct StreamOrder {
     /// The thread running [`StreamOrder::queue_on`]'s closure (its [`thread_mark`]; 0: none),
     /// which holds `inner`: that thread locking `inner` again would wait for itself.
     holder: AtomicUsize,
+    /// What a `Drop` on the holding thread could not apply because `inner` was held by that very
+    /// thread (a ticket dropped inside the closure): applied when the closure's lock is released.
+    /// Only the holder writes it, so it is never contended.
+    deferred: Mutex<Vec<Deferred>>,
     /// The ordinal of the memory's device (the device of the stream it was first used on), named
     /// by refusals.
     device: i32,
@@ -122,6 +146,32 @@ impl Users {
     }
 }
 
+/// Bookkeeping of a `Drop` that found the users locked by its own thread.
+#[derive(Debug)]
+enum Deferred {
+    /// An [`OrderTicket`] dropped: its stream, and what it waited for.
+    Ticket(Stream, u64),
+    /// A [`ScopedExclusion`] ended.
+    EndScope,
+}
+
+impl Users {
+    fn apply(&mut self, deferred: Deferred) {
+        match deferred {
+            Deferred::Ticket(stream, waited_before) => self.end_ticket(&stream, waited_before),
+            Deferred::EndScope => self.excluded.scoped = self.excluded.scoped.saturating_sub(1),
+        }
+    }
+
+    fn end_ticket(&mut self, stream: &Stream, waited_before: u64) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(i) = self.pending.iter().position(|s| s == stream) {
+            self.pending.swap_remove(i);
+        }
+        self.record(stream, waited_before);
+    }
+}
+
 /// Host reads that device work must not overlap.
 #[derive(Debug, Default, Clone, Copy)]
 struct Exclusion {
@@ -165,6 +215,7 @@ impl StreamOrder {
         StreamOrder {
             device: stream.context().device().ordinal() as i32,
             holder: AtomicUsize::new(0),
+            deferred: Mutex::new(Vec::new()),
             inner: Mutex::new(Users {
                 latest: (stream.clone(), 0),
                 others: Vec::new(),
@@ -182,19 +233,31 @@ impl StreamOrder {
         Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: Some(self.device) }
     }
 
-    /// Locks the users, or answers `NotPermitted` when the calling thread holds them already:
-    /// inside [`StreamOrder::queue_on`]'s closure, where waiting would wait for itself. Checked
-    /// only when the lock is taken, so it costs the uncontended path nothing.
+    /// Locks the users, or answers `NotPermitted` when the calling thread is inside a
+    /// [`StreamOrder::queue_on`] closure (of any order): locking this order's users again would
+    /// wait for itself, and waiting for another order's could wait for a thread that waits for
+    /// this one (two copies crossing between two memories).
     fn lock(&self) -> Result<MutexGuard<'_, Users>> {
-        if let Some(inner) = self.inner.try_lock() {
-            return Ok(inner);
-        }
-        if self.holder.load(Ordering::Relaxed) == thread_mark() {
-            return Err(Error::NotPermitted {
-                ctx: ErrorContext::op("using memory inside its own StreamOrder::queue_on"),
-            });
+        if queuing_on_this_thread() {
+            return Err(used_inside_queue_on());
         }
         Ok(self.inner.lock())
+    }
+
+    /// Runs `change` on the users from a `Drop`, which must neither fail nor wait for itself:
+    /// when the calling thread holds them (inside `queue_on`'s closure), the change is left in
+    /// `deferred` for that call to apply when it releases them.
+    fn change_from_drop(&self, change: Deferred) {
+        if let Some(mut inner) = self.inner.try_lock() {
+            return inner.apply(change);
+        }
+        if self.holder.load(Ordering::Relaxed) == thread_mark() {
+            self.deferred.lock().push(change);
+            return;
+        }
+        // Held by another thread, which never waits for a lock while holding this one (`lock`
+        // refuses that), so this wait ends.
+        self.inner.lock().apply(change);
     }
 
     /// Orders `stream` after all work queued so far on the memory by its recorded users. Queue the
@@ -226,10 +289,22 @@ impl StreamOrder {
     /// when it fails: whatever it queued is waited for). The same ordering as a ticket at a
     /// third of the bookkeeping: one lock and unlock, no ticket to track, no handle to clone.
     ///
-    /// The users stay locked while `queue` runs, so `queue` must not use the same memory through
-    /// cumem: such a use on this thread answers `NotPermitted` instead of waiting for itself (but
-    /// dropping a ticket of this order inside `queue` would wait forever), and one on another
-    /// thread waits until `queue` returns. Refusals are as in [`StreamOrder::use_on`].
+    /// The users stay locked while `queue` runs, so `queue` is for raw driver work on `stream`
+    /// only (a kernel launch, another library's call), never for other cumem memory: any use of
+    /// cumem memory or host-memory trackers from inside `queue` (this memory's or another's: a
+    /// copy, a view's door, a host borrow of pinned memory) answers `NotPermitted` instead of
+    /// waiting, since the thread holding that other lock may be waiting for this one. Work that
+    /// needs other cumem memory takes the guard of [`StreamOrder::use_on`] (for views,
+    /// [`DeviceSlice::on`](crate::DeviceSlice::on)), which holds no lock while the work is queued.
+    /// (A memory kind whose drop must wait through such a lock, e.g. a pinned buffer, leaks its
+    /// memory with a warning when dropped inside `queue`.) Another thread using this memory waits
+    /// until `queue` returns. Dropping a ticket of this order inside `queue` is recorded when
+    /// `queue` returns. Refusals are as in
+    /// [`StreamOrder::use_on`].
+    ///
+    /// The lock also covers `queue`'s driver calls, which the driver itself may hold back (an
+    /// asynchronous copy waits while another thread is inside `cuMemFree`), so other threads
+    /// using the memory wait for those too.
     ///
     /// ```
     /// # cumem_sys::testing::init();
@@ -250,7 +325,8 @@ impl StreamOrder {
         }
         inner.order_after_users(stream)?;
         self.holder.store(thread_mark(), Ordering::Relaxed);
-        let _queuing = Queuing { waited_before: inner.next_gen, inner, holder: &self.holder, stream };
+        QUEUING.with(|q| q.set(q.get() + 1));
+        let _queuing = Queuing { waited_before: inner.next_gen, inner, order: self, stream };
         queue()
     }
 
@@ -325,14 +401,16 @@ impl StreamOrder {
         Ok(())
     }
 
-    /// The most recently recorded user.
-    pub fn last(&self) -> Stream {
-        self.inner.lock().latest.0.clone()
+    /// The most recently recorded user. `NotPermitted` inside a [`StreamOrder::queue_on`]
+    /// closure, as every use of the order there.
+    pub fn last(&self) -> Result<Stream> {
+        Ok(self.lock()?.latest.0.clone())
     }
 
-    /// How many streams may still have work on the memory.
-    pub fn users(&self) -> usize {
-        1 + self.inner.lock().others.len()
+    /// How many streams may still have work on the memory. `NotPermitted` inside a
+    /// [`StreamOrder::queue_on`] closure, as every use of the order there.
+    pub fn users(&self) -> Result<usize> {
+        Ok(1 + self.lock()?.others.len())
     }
 }
 
@@ -341,7 +419,7 @@ impl StreamOrder {
 /// it stopped is waited for by later users).
 struct Queuing<'o> {
     inner: MutexGuard<'o, Users>,
-    holder: &'o AtomicUsize,
+    order: &'o StreamOrder,
     stream: &'o Stream,
     /// The users were locked since the waits, so every entry recorded so far was waited for.
     waited_before: u64,
@@ -349,7 +427,12 @@ struct Queuing<'o> {
 
 impl Drop for Queuing<'_> {
     fn drop(&mut self) {
-        self.holder.store(0, Ordering::Relaxed);
+        QUEUING.with(|q| q.set(q.get().saturating_sub(1)));
+        self.order.holder.store(0, Ordering::Relaxed);
+        // Tickets dropped inside the closure recorded their streams before this one returns.
+        for change in std::mem::take(&mut *self.order.deferred.lock()) {
+            self.inner.apply(change);
+        }
         self.inner.record(self.stream, self.waited_before);
     }
 }
@@ -362,18 +445,19 @@ pub(crate) struct ScopedExclusion<'a> {
 
 impl Drop for ScopedExclusion<'_> {
     fn drop(&mut self) {
-        let mut inner = self.order.inner.lock();
-        inner.excluded.scoped = inner.excluded.scoped.saturating_sub(1);
+        // Never meets its own thread's `queue_on` of this order (which refuses to start while a
+        // scoped exclusion is alive), but deferring is as safe as waiting would be.
+        self.order.change_from_drop(Deferred::EndScope);
     }
 }
 
 impl Drop for OrderTicket<'_> {
     fn drop(&mut self) {
-        let mut inner = self.order.inner.lock();
-        inner.in_flight -= 1;
-        if let Some(i) = inner.pending.iter().position(|s| s == self.stream) {
-            inner.pending.swap_remove(i);
+        if let Some(mut inner) = self.order.inner.try_lock() {
+            return inner.end_ticket(self.stream, self.waited_before);
         }
-        inner.record(self.stream, self.waited_before);
+        // Contended, or dropped inside this thread's own `queue_on` closure: the rare paths
+        // clone the stream.
+        self.order.change_from_drop(Deferred::Ticket(self.stream.clone(), self.waited_before));
     }
 }

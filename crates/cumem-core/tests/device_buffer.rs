@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cumem_core::sys::CUresult;
 use cumem_core::{
     AllocLayout, Allocation, AsDeviceSlice, AsDeviceSliceMut, Context, Device, DeviceBuffer, DeviceResource,
-    DriverResource, Error, Stream, StreamOrder,
+    DriverResource, Error, HostAccess, Stream, StreamOrder,
 };
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
@@ -236,8 +236,8 @@ fn buffers_return_memory_to_their_resource_on_the_last_stream() {
     let c = DeviceBuffer::from_slice_in(&resource, &s, &[9u8; 100]).unwrap();
     assert_eq!(counting.live.load(Ordering::SeqCst), 3);
     assert!(std::ptr::addr_eq(Arc::as_ptr(a.resource()), Arc::as_ptr(&resource)));
-    assert_eq!(a.order().last(), s);
-    assert!(c.order().last().is_legacy(), "the upload ran on the legacy stream");
+    assert_eq!(a.order().last().unwrap(), s);
+    assert!(c.order().last().unwrap().is_legacy(), "the upload ran on the legacy stream");
     drop((a, b));
     assert_eq!(counting.freed_on_legacy.load(Ordering::SeqCst), 0);
     drop(c);
@@ -277,11 +277,15 @@ fn a_later_use_is_ordered_after_earlier_ones_and_covers_them() {
     let s = stream();
     let t = Stream::non_blocking(s.context()).unwrap();
     let order = StreamOrder::new(&s);
-    assert_eq!((order.last(), order.users()), (s.clone(), 1));
+    assert_eq!((order.last().unwrap(), order.users().unwrap()), (s.clone(), 1));
     drop(order.use_on(&t).unwrap());
-    assert_eq!((order.last(), order.users()), (t.clone(), 1), "t waited for s, so t alone stands for both");
+    assert_eq!(
+        (order.last().unwrap(), order.users().unwrap()),
+        (t.clone(), 1),
+        "t waited for s, so t alone stands for both"
+    );
     drop(order.use_on(&t).unwrap());
-    assert_eq!(order.users(), 1);
+    assert_eq!(order.users().unwrap(), 1);
 }
 
 #[test]
@@ -294,9 +298,27 @@ fn uses_in_flight_on_two_streams_at_once_are_both_tracked() {
     let on_b = order.use_on(&b).unwrap();
     drop(on_a);
     drop(on_b);
-    assert_eq!(order.users(), 2, "b was not ordered after a's work, so both must be waited for");
+    assert_eq!(order.users().unwrap(), 2, "b was not ordered after a's work, so both must be waited for");
     let joined = order.join().unwrap();
     assert_eq!(joined, b);
-    assert_eq!(order.users(), 1);
+    assert_eq!(order.users().unwrap(), 1);
     order.synchronize().unwrap();
+}
+
+#[test]
+fn a_ticket_dropped_inside_queue_on_of_its_order_is_recorded_when_the_closure_returns() {
+    let s = stream();
+    let (a, b) = (Stream::non_blocking(s.context()).unwrap(), Stream::non_blocking(s.context()).unwrap());
+    // An exclusive tracker's host read refuses while a ticket is in flight, which shows the count.
+    let access = HostAccess::with_exclusive_order(&s);
+    let order = access.order().unwrap();
+    let ticket = order.use_on(&b).unwrap();
+    let inside = order.queue_on(&a, move || {
+        drop(ticket); // the order is locked by this very thread: must neither hang nor be lost
+        Ok(order.users())
+    });
+    assert!(matches!(inside, Ok(Err(Error::NotPermitted { .. }))), "{inside:?}");
+    // Neither a nor b waited for the other's work, so both are users; a returned last.
+    assert_eq!((order.last().unwrap(), order.users().unwrap()), (a, 2));
+    access.wait_writes().expect("the ticket is no longer in flight");
 }

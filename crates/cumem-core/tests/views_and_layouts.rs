@@ -41,7 +41,7 @@ fn view_accessors_describe_the_viewed_memory() {
     assert_eq!((v.len(), v.bytes(), v.is_empty()), (16, 64, false));
     assert_eq!(v.device_ptr(), base + 32);
     assert_eq!(v.context(), s.context());
-    assert_eq!(v.order().last(), buf.order().last());
+    assert_eq!(v.order().last().unwrap(), buf.order().last().unwrap());
     assert_eq!(v.cast::<u8>().unwrap().len(), 64);
     assert_eq!(v.chunks(5).unwrap().map(|c| c.len()).sum::<usize>(), 16);
     assert!(format!("{v:?}").contains("len: 16"));

@@ -245,8 +245,12 @@ impl<'a, T> DeviceSlice<'a, T> {
 
     /// Runs `queue`, which queues device work reading the memory on `stream` and returns, with
     /// the ordering of [`DeviceSlice::on`] and the guard's life being the call: `queue` gets the
-    /// device address. Cheaper than the guard (one lock, see [`StreamOrder::queue_on`]) but
-    /// `queue` must not use the same memory through cumem (`NotPermitted` on this thread).
+    /// device address. Cheaper than the guard (one lock, see [`StreamOrder::queue_on`]), but the
+    /// memory's order stays locked while `queue` runs, so `queue` is for raw driver work on
+    /// `stream` only (a kernel, another library): any use of cumem memory inside it, this
+    /// memory's or another's (a copy, another view's door, a host borrow of pinned memory),
+    /// answers `NotPermitted`, since waiting there could deadlock with a thread copying the other
+    /// way. Work that needs other cumem memory takes the guard of [`DeviceSlice::on`] instead.
     ///
     /// ```
     /// # cumem_sys::testing::init();
@@ -324,7 +328,8 @@ impl<'a, T> DeviceSliceMut<'a, T> {
     }
 
     /// Runs `queue`, which queues device work reading or writing the memory on `stream` and
-    /// returns: [`DeviceSlice::queue_on`] with exclusive access.
+    /// returns: [`DeviceSlice::queue_on`] with exclusive access, and the same rule: raw driver
+    /// work only, no cumem memory inside `queue` (`NotPermitted`; use [`DeviceSliceMut::on`]).
     ///
     /// ```
     /// # cumem_sys::testing::init();
