@@ -117,7 +117,7 @@ pub trait ExpandableUpstream: Send + Sync {
 /// work of every retired stream", and forgets them. The defaults retire nothing (host models).
 pub trait Ordering: Send + Sync {
     /// A stream handle.
-    type Stream: Copy + Eq + Hash + Send + Sync + Debug;
+    type Stream: Copy + Eq + Hash + Send + Sync + Debug + 'static;
     /// Makes all work enqueued on `waiter` from now on wait for all work enqueued on `on` so far
     /// (event record on `on` + stream wait on `waiter`).
     ///
