@@ -209,7 +209,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         if req.bin != 0
             && let Some(e) = g.bins.pop(req.bin)
         {
-            return Ok(self.finish(arena, g, &req, e.addr, e.seg));
+            return Ok(self.finish(g, &req, e.addr, e.seg));
         }
         self.allocate_slow(arena, g, stream, req)
     }
@@ -244,7 +244,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             None => self.arena_slow(stream),
         };
         match found {
-            Some((arena, g)) => Self::free_into(arena, g, block),
+            Some((_, g)) => self.free_into(g, block),
             None => self.free_untracked_stream(block, stream),
         }
         Ok(())
@@ -305,13 +305,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let mut s = PoolStats::default();
         let (mut bytes, mut count, mut requested) = (0i64, 0i64, 0i64);
         for a in self.arenas.iter() {
-            let g = a.inner.lock();
-            bytes += a.counters.bytes();
-            count += a.counters.count();
-            requested += g.requested;
-            s.allocations_total += g.allocations;
-            s.histogram.add(&g.histogram);
-            s.largest_free_block = s.largest_free_block.max(g.largest());
+            s.largest_free_block = s.largest_free_block.max(a.inner.lock().largest());
         }
         {
             let caches = self.caches.lock();
@@ -419,23 +413,32 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     // ----- internals -----
 
-    /// Accounts an allocation in `arena` and builds the block.
+    /// Lets go of the arena (its guard `g`), counts the allocation and builds the block.
     #[inline]
-    fn finish(
-        &self,
-        arena: &Arena<O::Stream>,
-        mut g: MutexGuard<'_, ArenaInner<O::Stream>>,
-        req: &Request,
-        addr: u64,
-        seg: Seg,
-    ) -> Block {
-        g.note_alloc(req.requested);
-        let breach = arena.counters.add(req.size as i64, 1);
+    fn finish<G>(&self, g: G, req: &Request, addr: u64, seg: Seg) -> Block {
         drop(g);
+        self.count_alloc(req.size, req.requested);
+        self.block(req, addr, seg)
+    }
+
+    /// Counts an allocation in this thread's counters (see [`crate::stats`]).
+    #[inline]
+    fn count_alloc(&self, size: u64, requested: usize) {
+        let breach = match self.caches.with_own(|c| c.count_alloc(size, requested)) {
+            Some(breach) => breach,
+            None => self.caches.count_slow(size as i64, requested as i64),
+        };
         if breach {
             self.rebalance();
         }
-        self.block(req, addr, seg)
+    }
+
+    /// Counts a free in this thread's counters.
+    #[inline]
+    fn count_free(&self, size: u64, requested: usize) {
+        if self.caches.with_own(|c| c.count_free(size, requested)).is_none() {
+            self.caches.count_slow(-(size as i64), -(requested as i64));
+        }
     }
 
     #[inline]
@@ -449,20 +452,16 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.peaks.rebalance(self.all_counters(&caches));
     }
 
-    /// Every live counter: the arenas', the thread caches' and those of exited threads' caches.
+    /// Every live counter: the threads' and that of exited threads.
     fn all_counters<'a>(
         &'a self,
         caches: &'a [std::sync::Arc<ThreadCache<O::Stream>>],
     ) -> impl Iterator<Item = &'a crate::stats::Counters> + Clone {
-        self.arenas
-            .iter()
-            .map(|a| &a.counters)
-            .chain(caches.iter().map(|c| &c.counters.counters))
-            .chain(std::iter::once(&self.caches.folded.counters))
+        caches.iter().map(|c| &c.counters.counters).chain(std::iter::once(&self.caches.folded.counters))
     }
 
-    /// Live bytes: the arenas' and the thread caches' counts. Takes the registry's lock (after
-    /// any arena lock the caller holds).
+    /// Live bytes: the threads' counts. Takes the registry's lock (after any arena lock the
+    /// caller holds).
     fn live_bytes(&self) -> i64 {
         let caches = self.caches.lock();
         self.all_counters(&caches).map(|c| c.bytes()).sum()
@@ -477,7 +476,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             match self.caches.with_own(|c| c.put(e, block.size, block.requested)) {
                 Some(Some(evicted)) => {
                     if !evicted.is_empty() {
-                        self.cache_entries(evicted, true);
+                        self.cache_entries(evicted);
                     }
                     return true;
                 }
@@ -496,7 +495,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// over the caches of exited threads. Call with no lock held.
     fn flush_thread_caches(&self) {
         let entries = self.caches.drain_all();
-        self.cache_entries(entries, false);
+        self.cache_entries(entries);
         // Folded caches' limits are gone: recompute every limit from the sums.
         self.rebalance();
     }
@@ -505,33 +504,29 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     fn flush_own_cache(&self) -> bool {
         match self.caches.with_own(|c| c.take_all()) {
             Some(entries) if !entries.is_empty() => {
-                self.cache_entries(entries, true);
+                self.cache_entries(entries);
                 true
             }
             _ => false,
         }
     }
 
-    /// Files thread-cached blocks in their streams' arenas (as binned blocks, counted as cached
-    /// already). `owner`: the calling thread's own cache gave them, so the counts move with them
-    /// (the arenas are debited, the cache credited) and no counter drifts. Call with no lock held.
-    fn cache_entries(&self, mut entries: Vec<Entry<O::Stream>>, owner: bool) {
-        if entries.is_empty() {
-            return;
-        }
-        entries.sort_by_key(|e| {
-            use std::hash::{BuildHasher, BuildHasherDefault};
-            BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(e.stream)
-        });
-        let (mut moved_bytes, mut moved_count) = (0i64, 0i64);
+    /// Files thread-cached blocks (counted as cached already) in their streams' arenas' free
+    /// ranges, coalescing. Call with no lock held.
+    fn cache_entries(&self, mut entries: Vec<Entry<O::Stream>>) {
         let mut i = 0;
         while i < entries.len() {
+            // Gather the entries of one stream at `i..n` (few entries, usually one stream).
             let stream = entries[i].stream;
-            let n = entries[i..].iter().take_while(|e| e.stream == stream).count();
-            let group = &entries[i..i + n];
-            i += n;
-            let bytes: i64 = group.iter().map(|e| bin_bytes(e.bin as usize) as i64).sum();
-            let count = group.len() as i64;
+            let mut n = i + 1;
+            for k in n..entries.len() {
+                if entries[k].stream == stream {
+                    entries.swap(n, k);
+                    n += 1;
+                }
+            }
+            let group = &entries[i..n];
+            i = n;
             let arena = match self.arenas.lock_or_insert(stream) {
                 Some(found) => Some(found),
                 None if self.order_untracked(stream) => {
@@ -540,27 +535,17 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 // Not ordered: the blocks stay out of every arena, cached but never reused.
                 None => None,
             };
-            let Some((arena, mut g)) = arena else { continue };
+            let Some((_, mut g)) = arena else { continue };
+            // The free ranges, not the bins: the thread caches serve repeated sizes, and what
+            // they let go of is older; binned, it would be coalesced only when the arena runs dry.
             for e in group {
-                g.bins.push(e.bin as usize, BinEntry { addr: e.addr, seg: e.seg });
+                g.small.insert(e.addr, bin_bytes(e.bin as usize) as u64, e.seg);
             }
-            if owner {
-                arena.counters.add(-bytes, -count);
-                moved_bytes += bytes;
-                moved_count += count;
-            }
-        }
-        if owner
-            && moved_count > 0
-            && self.caches.with_own(|c| c.credit(moved_bytes, moved_count)) == Some(true)
-        {
-            self.rebalance();
         }
     }
 
     #[inline(always)]
-    fn free_into(arena: &Arena<O::Stream>, mut g: MutexGuard<'_, ArenaInner<O::Stream>>, block: Block) {
-        g.requested -= block.requested as i64;
+    fn free_into(&self, mut g: MutexGuard<'_, ArenaInner<O::Stream>>, block: Block) {
         // A large request served from a small segment under memory pressure has no bin.
         if block.kind == Kind::Small && block.size <= SMALL_LIMIT as u64 {
             let bin = bin_of(block.size as usize);
@@ -568,7 +553,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         } else {
             g.set(block.kind).insert(block.addr, block.size, block.seg);
         }
-        arena.counters.add(-(block.size as i64), -1);
+        drop(g);
+        self.count_free(block.size, block.requested);
     }
 
     /// The arena table is full of streams in use: `stream` allocates from the first arena, after
@@ -600,7 +586,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         // Position 0: the arena of retired streams where there is one, else the first stream's.
         if let Some(arena) = self.arenas.iter().next() {
-            Self::free_into(arena, arena.inner.lock(), block);
+            self.free_into(arena.inner.lock(), block);
         }
     }
 
@@ -680,9 +666,6 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 let Some(&i) = positions.get(&stream) else { continue };
                 let Some((from, to)) = two_mut(guards, i, ri) else { continue };
                 from.move_into(to);
-                let (bytes, count) = (arenas[i].counters.bytes(), arenas[i].counters.count());
-                arenas[i].counters.add(-bytes, -count);
-                arenas[ri].counters.add(bytes, count);
                 self.arenas.remove(st, arenas[i], &mut guards[i]);
             }
             self.rebalance();
@@ -700,12 +683,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         req: Request,
     ) -> Result<Block, PoolError> {
         if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
-            return Ok(self.finish(arena, g, &req, addr, seg));
+            return Ok(self.finish(g, &req, addr, seg));
         }
         if req.kind == Kind::Small && g.bins.bytes() > 0 {
             g.flush_bins();
             if let Some((addr, seg)) = g.small.take(req.size, req.align) {
-                return Ok(self.finish(arena, g, &req, addr, seg));
+                return Ok(self.finish(g, &req, addr, seg));
             }
         }
         drop(g);
@@ -730,30 +713,30 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             // Only memory of this stream's own arena is safe without a wait (a shared arena is not).
             if g.stream == Some(stream) {
                 if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
-                    return Ok(self.finish(arena, g, &req, addr, seg));
+                    return Ok(self.finish(g, &req, addr, seg));
                 }
                 if req.kind == Kind::Small && g.bins.bytes() > 0 {
                     g.flush_bins();
                     if let Some((addr, seg)) = g.small.take(req.size, req.align) {
-                        return Ok(self.finish(arena, g, &req, addr, seg));
+                        return Ok(self.finish(g, &req, addr, seg));
                     }
                 }
             }
         }
         if let Some((addr, seg)) = self.migrate(arena, stream, &req)? {
-            return Ok(self.finish(arena, arena.inner.lock(), &req, addr, seg));
+            return Ok(self.finish((), &req, addr, seg));
         }
         if let Some(up) = self.expandable() {
             let mut g = arena.inner.lock();
             let grown = expandable::grow(up, &mut self.segments.lock(), g.set(req.kind), arena.index, &req)?;
             if let Some((addr, seg)) = grown {
-                return Ok(self.finish(arena, g, &req, addr, seg));
+                return Ok(self.finish(g, &req, addr, seg));
             }
         } else if let Some(seg) = self.grow(req.kind, req.need, false)? {
             let mut g = arena.inner.lock();
             g.set(req.kind).insert(seg.base, seg.len, seg);
             if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
-                return Ok(self.finish(arena, g, &req, addr, seg));
+                return Ok(self.finish(g, &req, addr, seg));
             }
         }
         self.oom_ladder(arena, &req)
@@ -865,12 +848,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         }
         if let Some((addr, seg, kind)) = found {
-            guards[ti].note_alloc(req.requested);
-            let breach = to.counters.add(req.size as i64, 1);
             drop(guards);
-            if breach {
-                self.rebalance();
-            }
+            self.count_alloc(req.size, req.requested);
             return Ok(Block { kind, ..self.block(req, addr, seg) });
         }
         let allocated = self.live_bytes().max(0) as u64;

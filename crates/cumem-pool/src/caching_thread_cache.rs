@@ -35,7 +35,7 @@
 //! ```
 
 use std::any::Any;
-use std::cell::{RefCell, UnsafeCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::sync::Arc;
 use std::sync::atomic::{
     AtomicBool, AtomicI64, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
@@ -199,7 +199,8 @@ impl<S: Copy + Eq> ThreadCache<S> {
         let (addr, seg) = self
             .owned(|s| {
                 let i = s.entries.iter().rposition(|e| e.bin == bin && e.stream == stream)?;
-                let e = s.entries.remove(i);
+                // Usually the newest entry: a pop, without `remove`'s move of the tail.
+                let e = if i + 1 == s.entries.len() { s.entries.pop()? } else { s.entries.remove(i) };
                 s.bytes -= size;
                 Some((e.addr, e.seg))
             })
@@ -225,10 +226,16 @@ impl<S: Copy + Eq> ThreadCache<S> {
         Some(evicted)
     }
 
-    /// Credits `bytes` and `count` of blocks this cache handed to the arenas (which the caller
-    /// debited first), as the owner; true when a peak limit was crossed.
-    pub(crate) fn credit(&self, bytes: i64, count: i64) -> bool {
-        self.counters.counters.add(bytes, count)
+    /// Counts an allocation from an arena, as the owner; true when a peak limit was crossed.
+    #[inline]
+    pub(crate) fn count_alloc(&self, size: u64, requested: usize) -> bool {
+        self.counters.alloc(size, requested)
+    }
+
+    /// Counts a free to an arena, as the owner.
+    #[inline]
+    pub(crate) fn count_free(&self, size: u64, requested: usize) {
+        self.counters.free(size, requested)
     }
 
     /// Takes every entry, as the owner (empty while a flusher holds them).
@@ -279,11 +286,19 @@ impl<S: Copy + Eq + Send + Sync + 'static> Held for ThreadCache<S> {
 /// A cache in the thread-local list; dropping it (thread exit) leaves the cache to its pool.
 struct Slot {
     key: u64,
+    /// The `ThreadCache<S>` of the pool with this key (`cache`'s own address).
+    typed: *const (),
     cache: Arc<dyn Held>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        // The fast lookup must not name a cache this thread no longer holds.
+        let _ = LAST.try_with(|last| {
+            if last.get().0 == self.key {
+                last.set((0, std::ptr::null()));
+            }
+        });
         self.cache.orphan();
     }
 }
@@ -291,6 +306,9 @@ impl Drop for Slot {
 thread_local! {
     /// This thread's caches, one per pool it freed memory to.
     static HELD: RefCell<Vec<Slot>> = const { RefCell::new(Vec::new()) };
+    /// The key and `typed` pointer of the slot used last: the fast path's lookup, a plain
+    /// thread-local load (no destructor, no borrow flag). Cleared before its slot is dropped.
+    static LAST: Cell<(u64, *const ())> = const { Cell::new((0, std::ptr::null())) };
 }
 
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
@@ -321,13 +339,33 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
     /// Runs `f` on this thread's cache for the pool, if it has one.
     #[inline(always)]
     pub(crate) fn with_own<R>(&self, f: impl FnOnce(&ThreadCache<S>) -> R) -> Option<R> {
-        HELD.try_with(|held| {
-            let held = held.try_borrow().ok()?;
-            let slot = held.iter().find(|s| s.key == self.key)?;
-            slot.cache.any().downcast_ref::<ThreadCache<S>>().map(f)
-        })
-        .ok()
-        .flatten()
+        let (key, typed) = LAST.get();
+        if key == self.key {
+            // SAFETY: `LAST` names a slot this thread's `HELD` holds (a slot clears it before it
+            // is dropped), whose `Arc` keeps the cache alive for this call (slots are dropped only
+            // by this thread, never during `f`, which does not touch the thread-local list); keys
+            // are unique per pool, and the slot with this pool's key was made by this pool's
+            // `register`, with this pool's stream type.
+            return Some(f(unsafe { &*typed.cast::<ThreadCache<S>>() }));
+        }
+        self.with_own_slow(f)
+    }
+
+    /// [`with_own`](Self::with_own) when the last cache used was another pool's.
+    #[inline(never)]
+    fn with_own_slow<R>(&self, f: impl FnOnce(&ThreadCache<S>) -> R) -> Option<R> {
+        let cache: *const ThreadCache<S> = HELD
+            .try_with(|held| {
+                let held = held.try_borrow().ok()?;
+                let slot = held.iter().find(|s| s.key == self.key)?;
+                let cache = slot.cache.any().downcast_ref::<ThreadCache<S>>()?;
+                LAST.set((self.key, slot.typed));
+                Some(std::ptr::from_ref(cache))
+            })
+            .ok()
+            .flatten()?;
+        // SAFETY: as in `with_own`: the slot's `Arc` (held by this thread) keeps it alive.
+        Some(f(unsafe { &*cache }))
     }
 
     /// Gives this thread a cache for the pool (and forgets caches of dropped pools); false when the
@@ -339,7 +377,8 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
             .try_with(|held| {
                 let Ok(mut held) = held.try_borrow_mut() else { return false };
                 held.retain(|s| !s.cache.dead());
-                held.push(Slot { key: self.key, cache: cache.clone() });
+                let typed = Arc::as_ptr(&cache).cast::<()>();
+                held.push(Slot { key: self.key, typed, cache: cache.clone() });
                 true
             })
             .unwrap_or(false);
@@ -352,6 +391,33 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
     /// The caches, locked (lock order: after the table and arena locks).
     pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<Arc<ThreadCache<S>>>> {
         self.caches.lock()
+    }
+
+    /// Counts an allocation (`bytes` > 0) or a free (`bytes` < 0) for a thread that has no cache
+    /// and cannot make one (it is exiting), in [`folded`](Self::folded) under the lock; true
+    /// when a peak limit was crossed. A thread that can make one gets one first.
+    #[cold]
+    pub(crate) fn count_slow(&self, bytes: i64, requested: i64) -> bool {
+        if self.register() {
+            let counted = self.with_own(|c| {
+                if bytes > 0 {
+                    c.count_alloc(bytes as u64, requested as usize)
+                } else {
+                    c.count_free(bytes.unsigned_abs(), requested.unsigned_abs() as usize);
+                    false
+                }
+            });
+            if let Some(breach) = counted {
+                return breach;
+            }
+        }
+        let _caches = self.caches.lock();
+        if bytes > 0 {
+            self.folded.alloc(bytes as u64, requested as usize)
+        } else {
+            self.folded.free(bytes.unsigned_abs(), requested.unsigned_abs() as usize);
+            false
+        }
     }
 
     /// Whether a thread with a cache exited since the last [`drain_all`](Self::drain_all).
