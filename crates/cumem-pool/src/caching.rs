@@ -36,10 +36,10 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::arena::{Arena, ArenaInner};
 use crate::bins::BinEntry;
 use crate::block::Request;
-use crate::caching_thread_cache::{Entry, Registry, THREAD_CACHE_MAX_BLOCK, ThreadCache};
+use crate::caching_thread_cache::{Entry, Put, Registry, THREAD_CACHE_MAX_BLOCK, ThreadCache};
 use crate::free_set::Seg;
 use crate::segment::Segments;
-use crate::size_class::{Kind, QUANTUM, SMALL_LIMIT, bin_bytes, bin_of};
+use crate::size_class::{FINE_LIMIT, Kind, QUANTUM, SMALL_LIMIT, bin_bytes, bin_of};
 use crate::stats::{Peaks, PoolStats};
 use crate::table::{ArenaTable, TableState};
 use crate::{
@@ -188,8 +188,25 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails.
     #[inline]
     pub fn allocate(&self, bytes: usize, align: usize, stream: O::Stream) -> Result<Block, PoolError> {
+        // The thread cache first, for the common request (at most 64 KiB, default alignment)
+        // without building the full request.
+        if (1..=FINE_LIMIT).contains(&bytes)
+            && align.is_power_of_two()
+            && align <= QUANTUM
+            && let Some(Some((addr, seg, breach))) = self.caches.with_own(|c| {
+                let bin = bytes.div_ceil(QUANTUM);
+                c.take(stream, bin as u32, (bin * QUANTUM) as u64, bytes)
+            })
+        {
+            if breach {
+                self.rebalance();
+            }
+            let size = (bytes.div_ceil(QUANTUM) * QUANTUM) as u64;
+            return Ok(Block { addr, requested: bytes, size, seg, kind: Kind::Small, pool: self.id });
+        }
         let req = Request::new(bytes, align)?;
         if req.bin != 0
+            && req.size > FINE_LIMIT as u64
             && req.size <= THREAD_CACHE_MAX_BLOCK as u64
             && let Some(Some((addr, seg, breach))) =
                 self.caches.with_own(|c| c.take(stream, req.bin as u32, req.size, req.requested))
@@ -472,15 +489,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     #[inline]
     fn free_to_thread_cache(&self, block: &Block, stream: O::Stream) -> bool {
         let e = Entry { stream, bin: bin_of(block.size as usize) as u32, addr: block.addr, seg: block.seg };
-        for _ in 0..2 {
+        for _ in 0..3 {
             match self.caches.with_own(|c| c.put(e, block.size, block.requested)) {
-                Some(Some(evicted)) => {
-                    if !evicted.is_empty() {
-                        self.cache_entries(evicted);
-                    }
-                    return true;
+                Some(Put::Kept) => return true,
+                Some(Put::Declined) => return false,
+                Some(Put::Full) => {
+                    let evicted = self.caches.with_own(|c| c.evict()).unwrap_or_default();
+                    self.cache_entries(evicted);
                 }
-                Some(None) => return false,
                 None => {
                     if !self.caches.register() {
                         return false;
@@ -511,15 +527,16 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
     }
 
-    /// Files thread-cached blocks (counted as cached already) in their streams' arenas' free
-    /// ranges, coalescing. Call with no lock held.
+    /// Files thread-cached blocks (counted as cached already) in their streams' arenas' bins.
+    /// Call with no lock held.
     fn cache_entries(&self, mut entries: Vec<Entry<O::Stream>>) {
         let mut i = 0;
         while i < entries.len() {
             // Gather the entries of one stream at `i..n` (few entries, usually one stream).
             let stream = entries[i].stream;
-            let mut n = i + 1;
-            for k in n..entries.len() {
+            let first_other = i + 1;
+            let mut n = first_other;
+            for k in first_other..entries.len() {
                 if entries[k].stream == stream {
                     entries.swap(n, k);
                     n += 1;
@@ -536,10 +553,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 None => None,
             };
             let Some((_, mut g)) = arena else { continue };
-            // The free ranges, not the bins: the thread caches serve repeated sizes, and what
-            // they let go of is older; binned, it would be coalesced only when the arena runs dry.
             for e in group {
-                g.small.insert(e.addr, bin_bytes(e.bin as usize) as u64, e.seg);
+                g.bins.push(e.bin as usize, BinEntry { addr: e.addr, seg: e.seg });
             }
         }
     }

@@ -7,7 +7,7 @@
 //! goes through the stream's arena, where migration orders the taker after the freeing stream.
 //!
 //! Each cache holds at most [`THREAD_CACHE_BLOCKS`] blocks and [`THREAD_CACHE_BYTES`] bytes; when
-//! full, its older half goes to the streams' arenas. A thread's own cache goes to the arenas before
+//! full, its older three quarters go to the streams' arenas. A thread's own cache goes to the arenas before
 //! its allocation migrates memory from another stream or grows the pool; every cache (other
 //! threads' too) goes there before `trim`, the release threshold, the out-of-memory ladder, a sweep
 //! of dropped streams, `validate` and `cached_ranges`. A thread that exits leaves its cache to the
@@ -68,6 +68,39 @@ struct Slots<S> {
     /// Oldest first.
     entries: Vec<Entry<S>>,
     bytes: u64,
+    /// Bit `bin % 64` set when an entry of size class `bin` may be held: a miss (most requests
+    /// of varied sizes) skips the scan. Stale bits only cost a scan; rebuilt when entries leave.
+    classes: u64,
+    /// Blocks taken back since the cache last filled up.
+    hits: u32,
+    /// Frees still to send straight to the arenas: a cache that filled up without serving a
+    /// single request (every size different) only adds a copy to each free for a while.
+    bypass: u32,
+}
+
+/// What [`ThreadCache::put`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Put {
+    /// Kept (and counted).
+    Kept,
+    /// Not kept: the cache is full; [`ThreadCache::evict`] makes room.
+    Full,
+    /// Not kept: the caller frees to the arena (the cache is being flushed, or bypassed).
+    Declined,
+}
+
+/// How many frees skip a cache that filled up without a hit.
+const BYPASS_FREES: u32 = 256;
+
+impl<S> Slots<S> {
+    fn rebuild_classes(&mut self) {
+        self.classes = self.entries.iter().fold(0, |m, e| m | class_bit(e.bin));
+    }
+}
+
+#[inline(always)]
+fn class_bit(bin: u32) -> u64 {
+    1 << (bin % 64)
 }
 
 /// Live counts of the blocks a thread cache handed out and took back: written by one thread at a
@@ -171,7 +204,13 @@ impl<S: Copy + Eq> ThreadCache<S> {
             orphaned: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             orphans,
-            slots: UnsafeCell::new(Slots { entries: Vec::with_capacity(THREAD_CACHE_BLOCKS), bytes: 0 }),
+            slots: UnsafeCell::new(Slots {
+                entries: Vec::with_capacity(THREAD_CACHE_BLOCKS),
+                bytes: 0,
+                classes: 0,
+                hits: 0,
+                bypass: 0,
+            }),
             counters: CacheCounters::default(),
         }
     }
@@ -198,32 +237,57 @@ impl<S: Copy + Eq> ThreadCache<S> {
     pub(crate) fn take(&self, stream: S, bin: u32, size: u64, requested: usize) -> Option<(u64, Seg, bool)> {
         let (addr, seg) = self
             .owned(|s| {
+                if s.classes & class_bit(bin) == 0 {
+                    return None;
+                }
                 let i = s.entries.iter().rposition(|e| e.bin == bin && e.stream == stream)?;
                 // Usually the newest entry: a pop, without `remove`'s move of the tail.
                 let e = if i + 1 == s.entries.len() { s.entries.pop()? } else { s.entries.remove(i) };
                 s.bytes -= size;
+                s.hits += 1;
                 Some((e.addr, e.seg))
             })
             .flatten()?;
         Some((addr, seg, self.counters.alloc(size, requested)))
     }
 
-    /// Keeps a freed block of `size` bytes as the owner and counts its free. `None`: the cache is
-    /// being flushed, the caller frees to the arena. Else the entries pushed out to make room,
-    /// oldest first (usually none).
+    /// Keeps a freed block of `size` bytes as the owner and counts its free.
     #[inline]
-    pub(crate) fn put(&self, e: Entry<S>, size: u64, requested: usize) -> Option<Vec<Entry<S>>> {
-        let evicted = self.owned(|s| {
-            let mut evicted = Vec::new();
-            if s.entries.len() == THREAD_CACHE_BLOCKS || s.bytes + size > THREAD_CACHE_BYTES {
-                evicted = evict_half(s);
+    pub(crate) fn put(&self, e: Entry<S>, size: u64, requested: usize) -> Put {
+        let put = self
+            .owned(|s| {
+                if s.bypass > 0 {
+                    s.bypass -= 1;
+                    return Put::Declined;
+                }
+                if s.entries.len() == THREAD_CACHE_BLOCKS || s.bytes + size > THREAD_CACHE_BYTES {
+                    return Put::Full;
+                }
+                s.entries.push(e);
+                s.bytes += size;
+                s.classes |= class_bit(e.bin);
+                Put::Kept
+            })
+            .unwrap_or(Put::Declined);
+        if put == Put::Kept {
+            self.counters.free(size, requested);
+        }
+        put
+    }
+
+    /// Makes room in a full cache, as the owner: returns the older entries (oldest first), which
+    /// the caller files in the arenas. A cache that served nothing since it last filled up is
+    /// bypassed for the next frees.
+    #[cold]
+    pub(crate) fn evict(&self) -> Vec<Entry<S>> {
+        self.owned(|s| {
+            if s.hits == 0 {
+                s.bypass = BYPASS_FREES;
             }
-            s.entries.push(e);
-            s.bytes += size;
-            evicted
-        })?;
-        self.counters.free(size, requested);
-        Some(evicted)
+            s.hits = 0;
+            evict_older(s)
+        })
+        .unwrap_or_default()
     }
 
     /// Counts an allocation from an arena, as the owner; true when a peak limit was crossed.
@@ -242,17 +306,18 @@ impl<S: Copy + Eq> ThreadCache<S> {
     pub(crate) fn take_all(&self) -> Vec<Entry<S>> {
         self.owned(|s| {
             s.bytes = 0;
+            s.classes = 0;
             std::mem::take(&mut s.entries)
         })
         .unwrap_or_default()
     }
 }
 
-/// Removes the older half of the entries (at least enough bytes for one more block of the largest
-/// size kept).
+/// Removes the older three quarters of the entries (at least enough bytes for one more block of
+/// the largest size kept): the newest, likeliest to be asked for again, stay.
 #[cold]
-fn evict_half<S>(s: &mut Slots<S>) -> Vec<Entry<S>> {
-    let mut n = s.entries.len().div_ceil(2);
+fn evict_older<S>(s: &mut Slots<S>) -> Vec<Entry<S>> {
+    let mut n = (s.entries.len() * 3).div_ceil(4);
     let mut freed: u64 =
         s.entries[..n].iter().map(|e| crate::size_class::bin_bytes(e.bin as usize) as u64).sum();
     while n < s.entries.len() && s.bytes - freed + THREAD_CACHE_MAX_BLOCK as u64 > THREAD_CACHE_BYTES {
@@ -260,7 +325,9 @@ fn evict_half<S>(s: &mut Slots<S>) -> Vec<Entry<S>> {
         n += 1;
     }
     s.bytes -= freed;
-    s.entries.drain(..n).collect()
+    let evicted = s.entries.drain(..n).collect();
+    s.rebuild_classes();
+    evicted
 }
 
 /// What the thread-local list holds: any pool's cache, whatever its stream type.
@@ -456,6 +523,7 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
                 let slots = unsafe { &mut *c.slots.get() };
                 out.append(&mut slots.entries);
                 slots.bytes = 0;
+                slots.classes = 0;
             }
             c.revoked.store(false, Release);
         }
