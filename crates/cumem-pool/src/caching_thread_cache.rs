@@ -7,14 +7,15 @@
 //! goes through the stream's arena, where migration orders the taker after the freeing stream.
 //!
 //! Each cache holds at most [`THREAD_CACHE_BLOCKS`] blocks and [`THREAD_CACHE_BYTES`] bytes; when
-//! full, its older three quarters go to the streams' arenas. A thread's own cache goes to the arenas before
+//! full, its older three quarters go to the streams' arenas' bins (and a cache that filled up
+//! without serving a single request is bypassed for the next frees). A thread's own cache goes to the arenas before
 //! its allocation migrates memory from another stream or grows the pool; every cache (other
 //! threads' too) goes there before `trim`, the release threshold, the out-of-memory ladder, a sweep
 //! of dropped streams, `validate` and `cached_ranges`. A thread that exits leaves its cache to the
 //! pool, which takes it at its next slow path. Statistics count a thread-cached block as cached
 //! (reserved, not live): each cache has its own counters, summed on read like the arenas'.
 //!
-//! Another thread takes a cache's blocks through the [asymmetric fence](crate::caching_fence): the
+//! Another thread takes a cache's blocks through an asymmetric fence: the
 //! owner marks itself busy, fences (a compiler fence where the process uses `membarrier`) and checks
 //! that the cache is not revoked; the flusher revokes, fences heavily and waits until the owner is
 //! not busy. The owner's fast path has no atomic read-modify-write.
