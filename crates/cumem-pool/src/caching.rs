@@ -251,6 +251,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         if block.kind == Kind::Small
             && block.size <= THREAD_CACHE_MAX_BLOCK as u64
+            && self.config.thread_cache
             && self.retired != Some(stream)
             && self.free_to_thread_cache(&block, stream)
         {
@@ -544,7 +545,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
             let group = &entries[i..n];
             i = n;
-            let arena = match self.arenas.lock_or_insert(stream) {
+            // Never an arena for a stream that has none (any more): a sweep may have retired it
+            // since the blocks were cached, and an arena made now would never be swept again.
+            // Ordered behind every stream instead, the blocks go to position 0 (as a free on a
+            // stream beyond the table does).
+            let arena = match self.arenas.lock(stream) {
                 Some(found) => Some(found),
                 None if self.order_untracked(stream) => {
                     self.arenas.iter().next().map(|a| (a, a.inner.lock()))

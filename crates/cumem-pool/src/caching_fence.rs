@@ -12,7 +12,10 @@
 //! use a sequentially consistent fence, which is correct and costs one fence per operation.
 //!
 //! The mode is chosen once, by [`init`], which every pool calls when it is created; the fast path
-//! only loads a byte that was written before the pool could be shared.
+//! only loads a byte that was written before the pool could be shared. Under Miri, and when the
+//! environment variable `CUMEM_POOL_THREAD_CACHE_FENCES` is `1` at the first pool's creation, the
+//! fence mode is used even where `membarrier` exists (Miri models no system call; the variable lets
+//! the tests run the portable mode on Linux).
 //!
 //! ```text
 //! owner (every operation)            flusher (trim, ladder, sweep)
@@ -33,13 +36,17 @@ const MEMBARRIER: u8 = 1;
 /// No `membarrier`: both sides use a `SeqCst` fence.
 const FENCES: u8 = 2;
 
+/// Set to `1`: fences on both sides even where `membarrier` exists.
+const FORCE_FENCES: &str = "CUMEM_POOL_THREAD_CACHE_FENCES";
+
 static MODE: AtomicU8 = AtomicU8::new(UNDECIDED);
 static INIT: Once = Once::new();
 
 /// Chooses the mode (once per process). Call it before a thread cache is shared between threads.
 pub(crate) fn init() {
     INIT.call_once(|| {
-        let mode = if register_membarrier() { MEMBARRIER } else { FENCES };
+        let forced = cfg!(miri) || std::env::var_os(FORCE_FENCES).is_some_and(|v| v == "1");
+        let mode = if !forced && register_membarrier() { MEMBARRIER } else { FENCES };
         tracing::debug!(membarrier = mode == MEMBARRIER, "thread-cache fence mode");
         MODE.store(mode, Ordering::Release);
     });
@@ -70,7 +77,13 @@ pub(crate) fn heavy() -> bool {
     true
 }
 
-#[cfg(target_os = "linux")]
+/// Whether [`init`] chose the `membarrier` mode.
+#[cfg(test)]
+fn uses_membarrier() -> bool {
+    MODE.load(Ordering::Acquire) == MEMBARRIER
+}
+
+#[cfg(all(target_os = "linux", not(miri)))]
 mod sys {
     /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` from `linux/membarrier.h`.
     const PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
@@ -98,22 +111,22 @@ mod sys {
     }
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", not(miri)))]
 fn register_membarrier() -> bool {
     sys::register()
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", not(miri)))]
 fn expedited_barrier() -> bool {
     sys::barrier()
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(any(not(target_os = "linux"), miri))]
 fn register_membarrier() -> bool {
     false
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(any(not(target_os = "linux"), miri))]
 fn expedited_barrier() -> bool {
     true
 }
@@ -124,6 +137,16 @@ mod tests {
 
     use super::*;
 
+    /// Sets the stop flag when dropped, so a side that panics stops the other instead of leaving
+    /// it spinning (the scope then re-raises the panic: the test fails rather than hangs).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Dekker's pattern under the asymmetric fence: the owner and the flusher never both enter.
     #[test]
     fn owner_and_flusher_exclude_each_other() {
@@ -133,6 +156,7 @@ mod tests {
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
+                let _stop = StopOnDrop(&stop);
                 while !stop.load(Ordering::Relaxed) {
                     busy.store(true, Ordering::Relaxed);
                     light();
@@ -144,21 +168,27 @@ mod tests {
                     busy.store(false, Ordering::Release);
                 }
             });
-            // Until both sides went through often (the owner thread may start late).
+            let _stop = StopOnDrop(&stop);
+            // Until both sides went through often (the owner thread may start late), or the owner
+            // stopped (it panicked: the scope reports it).
             let mut rounds = 0;
-            while rounds < 2000 || entered.load(Ordering::Relaxed) < 2000 {
+            while (rounds < 2000 || entered.load(Ordering::Relaxed) < 2000) && !stop.load(Ordering::Relaxed) {
                 rounds += 1;
                 revoked.store(true, Ordering::Relaxed);
                 assert!(heavy());
-                while busy.load(Ordering::Acquire) {
+                while busy.load(Ordering::Acquire) && !stop.load(Ordering::Relaxed) {
                     std::hint::spin_loop();
                 }
                 assert_eq!(inside.fetch_add(1, Ordering::Relaxed), 0, "flusher met the owner");
                 inside.fetch_sub(1, Ordering::Relaxed);
                 revoked.store(false, Ordering::Release);
             }
-            stop.store(true, Ordering::Relaxed);
         });
-        assert!(entered.load(Ordering::Relaxed) > 0);
+        assert!(entered.load(Ordering::Relaxed) >= 2000);
+        // The mode the tests asked for is the one in use (the CI runs the caches in both).
+        let forced = std::env::var_os(FORCE_FENCES).is_some_and(|v| v == "1");
+        if forced || cfg!(miri) {
+            assert!(!uses_membarrier());
+        }
     }
 }

@@ -225,11 +225,11 @@ impl<S: Copy + Eq> ThreadCache<S> {
             self.busy.store(false, Release);
             return None;
         }
+        // Clears busy even if `f` panics: a flusher waiting for it holds the registry's mutex.
+        let _leave = Leave(&self.busy);
         // SAFETY: busy is set and revoked was seen clear after the fence: no flusher uses the
         // slots until busy is cleared (see the `Sync` impl), and only the owner thread calls this.
-        let r = f(unsafe { &mut *self.slots.get() });
-        self.busy.store(false, Release);
-        Some(r)
+        Some(f(unsafe { &mut *self.slots.get() }))
     }
 
     /// Takes a block of size class `bin` (`size` bytes) freed on `stream`, as the owner, and counts
@@ -281,14 +281,16 @@ impl<S: Copy + Eq> ThreadCache<S> {
     /// bypassed for the next frees.
     #[cold]
     pub(crate) fn evict(&self) -> Vec<Entry<S>> {
+        // Allocated before the owner's window: nothing in it allocates (a flusher may be waiting).
+        let mut out = Vec::with_capacity(THREAD_CACHE_BLOCKS);
         self.owned(|s| {
             if s.hits == 0 {
                 s.bypass = BYPASS_FREES;
             }
             s.hits = 0;
-            evict_older(s)
-        })
-        .unwrap_or_default()
+            evict_older(s, &mut out);
+        });
+        out
     }
 
     /// Counts an allocation from an arena, as the owner; true when a peak limit was crossed.
@@ -303,21 +305,33 @@ impl<S: Copy + Eq> ThreadCache<S> {
         self.counters.free(size, requested)
     }
 
-    /// Takes every entry, as the owner (empty while a flusher holds them).
+    /// Takes every entry, as the owner (empty while a flusher holds them). The cache keeps its
+    /// capacity, so its next `put` does not allocate.
     pub(crate) fn take_all(&self) -> Vec<Entry<S>> {
+        let mut out = Vec::with_capacity(THREAD_CACHE_BLOCKS);
         self.owned(|s| {
             s.bytes = 0;
             s.classes = 0;
-            std::mem::take(&mut s.entries)
-        })
-        .unwrap_or_default()
+            out.extend(s.entries.drain(..));
+        });
+        out
+    }
+}
+
+/// Clears the owner's busy flag when the owner's window ends, by return or by unwinding.
+struct Leave<'a>(&'a AtomicBool);
+
+impl Drop for Leave<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.0.store(false, Release);
     }
 }
 
 /// Removes the older three quarters of the entries (at least enough bytes for one more block of
 /// the largest size kept): the newest, likeliest to be asked for again, stay.
 #[cold]
-fn evict_older<S>(s: &mut Slots<S>) -> Vec<Entry<S>> {
+fn evict_older<S>(s: &mut Slots<S>, out: &mut Vec<Entry<S>>) {
     let mut n = (s.entries.len() * 3).div_ceil(4);
     let mut freed: u64 =
         s.entries[..n].iter().map(|e| crate::size_class::bin_bytes(e.bin as usize) as u64).sum();
@@ -326,9 +340,9 @@ fn evict_older<S>(s: &mut Slots<S>) -> Vec<Entry<S>> {
         n += 1;
     }
     s.bytes -= freed;
-    let evicted = s.entries.drain(..n).collect();
+    // `out` has room for every entry: no allocation inside the owner's window.
+    out.extend(s.entries.drain(..n));
     s.rebuild_classes();
-    evicted
 }
 
 /// What the thread-local list holds: any pool's cache, whatever its stream type.
@@ -499,8 +513,8 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
     /// them. The caller then returns the entries to the arenas.
     pub(crate) fn drain_all(&self) -> Vec<Entry<S>> {
         let mut caches = self.caches.lock();
-        self.orphans.store(false, Relaxed);
         if caches.is_empty() {
+            self.orphans.store(false, Relaxed);
             return Vec::new();
         }
         for c in caches.iter() {
@@ -529,8 +543,12 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
             c.revoked.store(false, Release);
         }
         if !fenced {
+            // The exited threads' caches were not taken: the next slow path tries again.
             return out;
         }
+        // Cleared before the caches are examined (under the lock): a thread exiting from now on
+        // sets it again, and one that exited before is folded below.
+        self.orphans.store(false, Relaxed);
         caches.retain(|c| {
             if !c.orphaned.load(Acquire) {
                 return true;

@@ -56,6 +56,11 @@ pub struct PoolConfig {
     /// [`ExpandableUpstream`](crate::ExpandableUpstream) operations (a device with virtual memory
     /// management); without them the pool warns once and takes segments. Default `false`.
     pub expandable_segments: bool,
+    /// Keep recently freed small blocks in per-thread caches (the lock-free fast path, see
+    /// [`caching_thread_cache`](crate::caching_thread_cache)). Each thread that frees to the pool
+    /// may hold up to 2 MiB there, which other threads and streams cannot use until a flush; with
+    /// `false` every free goes to the stream's arena. Default `true`.
+    pub thread_cache: bool,
 }
 
 impl Default for PoolConfig {
@@ -66,6 +71,7 @@ impl Default for PoolConfig {
             growth: Growth::Exact,
             release_threshold: usize::MAX,
             expandable_segments: false,
+            thread_cache: true,
         }
     }
 }

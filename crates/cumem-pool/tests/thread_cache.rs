@@ -47,6 +47,147 @@ fn a_thread_cached_block_is_cached_not_live_and_comes_back_on_its_stream() {
 
 #[test]
 #[parallel]
+fn with_the_thread_cache_off_a_freed_block_goes_to_the_streams_arena() {
+    for thread_cache in [true, false] {
+        let pool = CachingPool::new(
+            HostUpstream::new(1 << 30),
+            HostOrdering::new(),
+            PoolConfig { thread_cache, ..PoolConfig::default() },
+        );
+        let addr = std::thread::scope(|s| {
+            s.spawn(|| {
+                let a = pool.allocate(300, 1, 1).unwrap();
+                let addr = a.addr();
+                pool.deallocate(a, 1).unwrap();
+                addr
+            })
+            .join()
+            .unwrap()
+        });
+        // With the cache on, the freeing thread's cache kept the block (the pool takes it at a
+        // later flush) and this thread gets the rest of the segment; with it off, the stream's
+        // arena had the block.
+        let b = pool.allocate(300, 1, 1).unwrap();
+        assert_eq!(b.addr() == addr, !thread_cache, "thread_cache: {thread_cache}");
+        let s = pool.stats();
+        assert_eq!((s.current_bytes, s.current_count, s.reserved_bytes), (512, 1, 2 << 20));
+        pool.deallocate(b, 1).unwrap();
+        pool.validate().unwrap();
+        assert_eq!(pool.trim().unwrap().released_bytes, 2 << 20);
+        assert!(pool.upstream().violations().is_empty(), "{:?}", pool.upstream().violations());
+    }
+}
+
+/// Streams that retire when the program drops them (as the driver's ordering does), on the host.
+#[derive(Debug, Default)]
+struct Dropping {
+    dropped: parking_lot::Mutex<Vec<u32>>,
+}
+
+impl cumem_pool::Ordering for Dropping {
+    type Stream = u32;
+    fn wait(&self, _: u32, _: u32) -> Result<(), cumem_pool::UpstreamError> {
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<(), cumem_pool::UpstreamError> {
+        Ok(())
+    }
+    fn retired_stream(&self) -> Option<u32> {
+        Some(0)
+    }
+    fn orphans(&self) -> Vec<u32> {
+        self.dropped.lock().clone()
+    }
+    fn retire(&self, stream: u32) -> Result<(), cumem_pool::UpstreamError> {
+        self.dropped.lock().retain(|&s| s != stream);
+        Ok(())
+    }
+}
+
+/// The pool's arena count, as its `Debug` output reports it.
+fn streams_in_table<U: cumem_pool::Upstream, O: cumem_pool::Ordering>(pool: &CachingPool<U, O>) -> usize {
+    let text = format!("{pool:?}");
+    let at = text.find("streams: ").expect("Debug names the streams") + "streams: ".len();
+    text[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+#[test]
+#[parallel]
+fn blocks_cached_for_a_stream_retired_meanwhile_do_not_bring_its_arena_back() {
+    let pool = CachingPool::new(HostUpstream::new(1 << 30), Dropping::default(), PoolConfig::default());
+    let empty = streams_in_table(&pool);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Short-lived streams, never named again: each one's block goes to this thread's
+            // cache, and the stream is dropped while a trim on the other thread may be sweeping.
+            for stream in 1..=20_000u32 {
+                let b = pool.allocate(512 * (1 + stream as usize % 20), 1, stream).unwrap();
+                pool.deallocate(b, stream).unwrap();
+                pool.ordering().dropped.lock().push(stream);
+            }
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            pool.trim().unwrap();
+        }
+    });
+    // Every stream was dropped: once this trim has swept them, only the retired streams' arena
+    // is left (an arena made for a stream after its retirement would never be swept).
+    pool.trim().unwrap();
+    assert_eq!(streams_in_table(&pool), empty);
+    pool.validate().unwrap();
+    assert_eq!(pool.stats().current_bytes, 0);
+    assert!(pool.upstream().violations().is_empty(), "{:?}", pool.upstream().violations());
+}
+
+#[test]
+#[parallel]
+fn stats_validate_and_trim_on_one_thread_while_another_allocates_and_frees() {
+    let pool = host_pool();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut live = Vec::new();
+            for i in 0..50_000usize {
+                live.push(pool.allocate(512 * (1 + i % 37), 1, 3).unwrap());
+                if i % 3 != 0 {
+                    pool.deallocate(live.swap_remove(i % live.len()), 3).unwrap();
+                }
+                if live.len() > 64 {
+                    for b in live.drain(..) {
+                        pool.deallocate(b, 3).unwrap();
+                    }
+                }
+            }
+            for b in live {
+                pool.deallocate(b, 3).unwrap();
+            }
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let mut rounds = 0u32;
+        while !done.load(std::sync::atomic::Ordering::Relaxed) || rounds < 10 {
+            rounds += 1;
+            let s = pool.stats();
+            assert!(s.current_bytes <= s.reserved_bytes, "{s:?}");
+            // The structure holds at any time; the byte balance only at rest (documented): the
+            // other thread may count or cache a block between validate's flush and its locks.
+            if let Err(e) = pool.validate() {
+                assert!(e.contains(" + live ") && e.contains("!= reserved"), "{e}");
+            }
+            pool.trim().unwrap();
+        }
+    });
+    pool.validate().unwrap();
+    let s = pool.stats();
+    assert_eq!((s.current_bytes, s.current_count, s.allocations_total), (0, 0, 50_000));
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().live_bytes(), 0);
+    assert!(pool.upstream().violations().is_empty(), "{:?}", pool.upstream().violations());
+}
+
+#[test]
+#[parallel]
 fn peaks_stay_exact_when_blocks_move_between_thread_cache_and_arena() {
     let pool = host_pool();
     let mut peak = 0u64;
