@@ -312,7 +312,7 @@ impl<S: Copy + Eq> ThreadCache<S> {
         self.owned(|s| {
             s.bytes = 0;
             s.classes = 0;
-            out.extend(s.entries.drain(..));
+            out.append(&mut s.entries);
         });
         out
     }
