@@ -62,13 +62,15 @@ fn pool_config() -> impl Strategy<Value = PoolConfig> {
         prop::option::of(prop::sample::select(vec![8usize << 20, 32 << 20])),
         prop::sample::select(vec![0usize, 4 << 20, usize::MAX]),
         prop::bool::weighted(0.3),
+        prop::bool::weighted(0.8),
     )
-        .prop_map(|(small, large, doubling, threshold, expandable_segments)| PoolConfig {
+        .prop_map(|(small, large, doubling, threshold, expandable_segments, thread_cache)| PoolConfig {
             small_segment_bytes: small,
             large_segment_bytes: large,
             growth: doubling.map_or(Growth::Exact, |max| Growth::Doubling { max }),
             release_threshold: threshold,
             expandable_segments,
+            thread_cache,
         })
 }
 
