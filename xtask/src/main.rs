@@ -3,8 +3,8 @@
 //! - `ci`: format check, clippy `-D warnings`, build, docs with warnings denied, every test and
 //!   doctest on the simulator with the simulator's leak check at the end of each test binary (a
 //!   test that would skip fails there: `cumem_sys::testing::skip` refuses the simulator, which has
-//!   every device the tests configure), and the quickstart example and the demo on the simulator
-//!   (what CI runs);
+//!   every device the tests configure), the caching pool's thread-cache tests again in fence mode,
+//!   and the quickstart example and the demo on the simulator (what CI runs);
 //! - `test`: the tests only, on the simulator;
 //! - `gpu-test`: on the real driver, fails saying "no GPU" where there is none. Builds the test
 //!   binaries once (`cargo test --no-run`), leaving out the packages whose tests are not for a GPU
@@ -88,6 +88,15 @@ fn ci() -> Result {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     test_on_simulator()?;
+    // The caching pool's thread caches once more with fences on both sides, the mode of systems
+    // without `membarrier` (chosen once per process, so a run of its own).
+    run(
+        "thread caches in fence mode",
+        cargo()
+            .args(["test", "--locked", "-q", "-p", "cumem-pool", "--lib", "--test", "thread_cache"])
+            .env("CUMEM_DRIVER", "sim")
+            .env("CUMEM_POOL_THREAD_CACHE_FENCES", "1"),
+    )?;
     run(
         "example quickstart (simulator)",
         cargo()

@@ -2,8 +2,8 @@
 //!
 //! Everything in an arena was last used on (freed on, or migrated to) the arena's stream, so an
 //! allocation on that stream may take it at once: stream order protects it. The arena holds the
-//! front-cache [`Bins`] and one [`FreeSet`] per segment kind behind its own mutex, plus counters that
-//! other threads read without the lock. Arenas of different streams share nothing on the fast path.
+//! front-cache [`Bins`] and one [`FreeSet`] per segment kind behind its own mutex. Arenas of
+//! different streams share nothing; live counts are kept per thread (see [`crate::stats`]).
 //!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
@@ -25,7 +25,6 @@ use parking_lot::Mutex;
 use crate::bins::Bins;
 use crate::free_set::FreeSet;
 use crate::size_class::Kind;
-use crate::stats::{Counters, Histogram};
 
 /// One stream's arena. Aligned to two cache lines so that arenas of different streams never share one.
 ///
@@ -39,20 +38,13 @@ pub(crate) struct Arena<S> {
     pub hash: AtomicU64,
     /// Position in the pool's arena list (lock order).
     pub index: usize,
-    /// The arena's stream, free memory and statistics.
+    /// The arena's stream and free memory.
     pub inner: Mutex<ArenaInner<S>>,
-    /// Live bytes and blocks attributed to this arena, readable without the lock.
-    pub counters: Counters,
 }
 
 impl<S> Arena<S> {
     pub(crate) fn new(index: usize) -> Self {
-        Arena {
-            hash: AtomicU64::new(0),
-            index,
-            inner: Mutex::new(ArenaInner::new()),
-            counters: Counters::default(),
-        }
+        Arena { hash: AtomicU64::new(0), index, inner: Mutex::new(ArenaInner::new()) }
     }
 }
 
@@ -67,12 +59,6 @@ pub(crate) struct ArenaInner<S> {
     pub small: FreeSet,
     /// Free ranges of large segments.
     pub large: FreeSet,
-    /// Requested bytes of live blocks attributed to this arena (may be negative per arena).
-    pub requested: i64,
-    /// Successful allocations on this arena's stream.
-    pub allocations: u64,
-    /// Requested sizes of those allocations.
-    pub histogram: Histogram,
 }
 
 impl<S> ArenaInner<S> {
@@ -82,14 +68,11 @@ impl<S> ArenaInner<S> {
             bins: Bins::default(),
             small: FreeSet::default(),
             large: FreeSet::default(),
-            requested: 0,
-            allocations: 0,
-            histogram: Histogram::default(),
         }
     }
 
-    /// Moves everything this arena caches and counts into `to` (a retired stream's arena into the
-    /// arena of retired streams), leaving it empty.
+    /// Moves everything this arena caches into `to` (a retired stream's arena into the arena of
+    /// retired streams), leaving it empty.
     pub(crate) fn move_into(&mut self, to: &mut ArenaInner<S>) {
         self.flush_bins();
         for kind in [Kind::Small, Kind::Large] {
@@ -97,9 +80,6 @@ impl<S> ArenaInner<S> {
                 to.set(kind).insert(addr, len, seg);
             }
         }
-        to.requested += std::mem::take(&mut self.requested);
-        to.allocations += std::mem::take(&mut self.allocations);
-        to.histogram.add(&std::mem::take(&mut self.histogram));
     }
     /// The free set of a segment kind.
     #[inline]
@@ -121,13 +101,5 @@ impl<S> ArenaInner<S> {
     /// The largest cached block.
     pub(crate) fn largest(&self) -> u64 {
         self.bins.largest().max(self.small.largest()).max(self.large.largest())
-    }
-
-    /// Records a successful allocation's request.
-    #[inline]
-    pub(crate) fn note_alloc(&mut self, requested: usize) {
-        self.requested += requested as i64;
-        self.allocations += 1;
-        self.histogram.0[Histogram::bucket(requested)] += 1;
     }
 }

@@ -1,13 +1,16 @@
 //! The caching pool: per-stream arenas, cross-stream migration, the out-of-memory ladder and trim.
 //!
-//! An allocation on stream `T` tries, in order: `T`'s front-cache bin for its size class (O(1)); a
-//! best fit in `T`'s free ranges (O(log n)); the same after flushing `T`'s bins; *migration*: a best
+//! An allocation on stream `T` tries, in order: the calling thread's cache of blocks freed on `T`
+//! (no lock, see [`caching_thread_cache`](crate::caching_thread_cache)); `T`'s front-cache bin for
+//! its size class (O(1)); a best fit in `T`'s free ranges (O(log n)); the same after flushing `T`'s
+//! bins; the same after moving this thread's cache to the arenas; *migration*: a best
 //! fit taken from another stream `S`'s arena, after `ordering.wait(T, S)`; a new segment from the
 //! upstream; and finally the out-of-memory ladder (synchronise, coalesce all cached memory across
 //! streams and retry, including memory of the other segment kind; release every fully free segment
 //! and retry the upstream with the minimal segment; report). The ladder holds every arena lock while
 //! it runs, including during the synchronisation. A free on stream
-//! `S` puts the block into `S`'s arena, whichever stream allocated it.
+//! `S` keeps a small block in the calling thread's cache under `S`, else puts the block into `S`'s
+//! arena, whichever stream allocated it.
 //!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
@@ -33,9 +36,10 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::arena::{Arena, ArenaInner};
 use crate::bins::BinEntry;
 use crate::block::Request;
+use crate::caching_thread_cache::{Entry, Put, Registry, THREAD_CACHE_MAX_BLOCK, ThreadCache};
 use crate::free_set::Seg;
 use crate::segment::Segments;
-use crate::size_class::{Kind, QUANTUM, SMALL_LIMIT, bin_of};
+use crate::size_class::{FINE_LIMIT, Kind, QUANTUM, SMALL_LIMIT, bin_bytes, bin_of};
 use crate::stats::{Peaks, PoolStats};
 use crate::table::{ArenaTable, TableState};
 use crate::{
@@ -67,7 +71,8 @@ pub struct TrimReport {
 /// A caching memory pool over an [`Upstream`], with stream-ordered reuse through an [`Ordering`].
 ///
 /// # Stream safety
-/// A block freed on stream `S` is reused at once by allocations on `S`. It is given to another stream
+/// A block freed on stream `S` is reused at once by allocations on `S` (from the freeing thread's
+/// cache or `S`'s arena). It is given to another stream
 /// `T` only after `ordering.wait(T, S)` was called following the free (lazily, when `T` needs the
 /// memory), or after `ordering.synchronize()` returned following the free. Segments are returned to the
 /// upstream only after `ordering.synchronize()` following every free in them.
@@ -83,20 +88,27 @@ pub struct TrimReport {
 /// The first [`STREAM_ARENAS`] streams in use at once get an arena each (see
 /// [`with_stream_arenas`](Self::with_stream_arenas)); beyond that, when no dropped stream can be
 /// retired to make room, a stream shares the first arena: it allocates from it after waiting for
-/// that arena's stream, and its frees first order the memory for everyone (an event through
-/// `retire` where the ordering retires streams, else a synchronisation). Slower, never an error.
+/// that arena's stream, and its frees (when they reach the arenas rather than the thread's cache)
+/// first order the memory for everyone (an event through `retire` where the ordering retires
+/// streams, else a synchronisation). Slower, never an error.
 ///
 /// # Locking
-/// Each stream's arena has its own mutex; the fast path takes only that one and looks the arena up
-/// without locking. Migration locks one other arena at a time. The ladder, `trim`, `synchronize`,
-/// `validate` and sweeps take the table's mutex, then lock arenas in position order, then the
-/// segment registry; `stats` locks arenas one at a time.
+/// The fast path (a thread-cache hit) takes no lock. Each stream's arena has its own mutex; an
+/// arena allocation or free takes only that one and looks the arena up without locking. Migration
+/// locks one other arena at a time. The ladder, `trim`, `synchronize`, `validate` and sweeps first
+/// flush the thread caches (under the cache registry's mutex alone), then take the table's mutex,
+/// lock arenas in position order, then the segment registry; `stats` locks arenas one at a time.
+/// The cache registry's mutex comes after arena locks.
 pub struct CachingPool<U: Upstream, O: Ordering> {
     id: u32,
     upstream: U,
     ordering: O,
     config: PoolConfig,
     arenas: ArenaTable<O::Stream>,
+    /// Per-thread caches of recently freed small blocks (the fast path).
+    caches: Registry<O::Stream>,
+    /// The ordering's name for retired streams (no allocation ever uses it).
+    retired: Option<O::Stream>,
     segments: Mutex<Segments>,
     peaks: Peaks,
 }
@@ -137,6 +149,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             upstream,
             ordering,
             arenas,
+            caches: Registry::new(),
+            retired,
             config,
             segments: Mutex::new(Segments::default()),
             peaks: Peaks::default(),
@@ -176,7 +190,34 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails.
     #[inline]
     pub fn allocate(&self, bytes: usize, align: usize, stream: O::Stream) -> Result<Block, PoolError> {
+        // The thread cache first, for the common request (at most 64 KiB, default alignment)
+        // without building the full request.
+        if (1..=FINE_LIMIT).contains(&bytes)
+            && align.is_power_of_two()
+            && align <= QUANTUM
+            && let Some(Some((addr, seg, breach))) = self.caches.with_own(|c| {
+                let bin = bytes.div_ceil(QUANTUM);
+                c.take(stream, bin as u32, (bin * QUANTUM) as u64, bytes)
+            })
+        {
+            if breach {
+                self.rebalance();
+            }
+            let size = (bytes.div_ceil(QUANTUM) * QUANTUM) as u64;
+            return Ok(Block { addr, requested: bytes, size, seg, kind: Kind::Small, pool: self.id });
+        }
         let req = Request::new(bytes, align)?;
+        if req.bin != 0
+            && req.size > FINE_LIMIT as u64
+            && req.size <= THREAD_CACHE_MAX_BLOCK as u64
+            && let Some(Some((addr, seg, breach))) =
+                self.caches.with_own(|c| c.take(stream, req.bin as u32, req.size, req.requested))
+        {
+            if breach {
+                self.rebalance();
+            }
+            return Ok(self.block(&req, addr, seg));
+        }
         let (arena, mut g) = match self.arenas.lock(stream) {
             Some(found) => found,
             None => match self.arena_slow(stream) {
@@ -187,7 +228,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         if req.bin != 0
             && let Some(e) = g.bins.pop(req.bin)
         {
-            return Ok(self.finish(arena, g, &req, e.addr, e.seg));
+            return Ok(self.finish(g, &req, e.addr, e.seg));
         }
         self.allocate_slow(arena, g, stream, req)
     }
@@ -210,12 +251,20 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             tracing::warn!(addr = block.addr, "deallocate: block belongs to another pool");
             return Err(ForeignBlock(block));
         }
+        if block.kind == Kind::Small
+            && block.size <= THREAD_CACHE_MAX_BLOCK as u64
+            && self.config.thread_cache
+            && self.retired != Some(stream)
+            && self.free_to_thread_cache(&block, stream)
+        {
+            return Ok(());
+        }
         let found = match self.arenas.lock(stream) {
             Some(found) => Some(found),
             None => self.arena_slow(stream),
         };
         match found {
-            Some((arena, g)) => Self::free_into(arena, g, block),
+            Some((_, g)) => self.free_into(g, block),
             None => self.free_untracked_stream(block, stream),
         }
         Ok(())
@@ -241,6 +290,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
     pub fn trim_to(&self, keep: usize) -> Result<TrimReport, PoolError> {
         let _span = tracing::debug_span!("trim", device = self.upstream.device(), keep).entered();
+        self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         self.sweep(&mut st, &mut guards);
         for g in guards.iter_mut() {
@@ -267,6 +317,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.ordering.synchronize().map_err(PoolError::Ordering)?;
             return Ok(TrimReport::default());
         }
+        self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         self.sweep(&mut st, &mut guards);
         self.ordering.synchronize().map_err(PoolError::Ordering)?;
@@ -279,14 +330,18 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let mut s = PoolStats::default();
         let (mut bytes, mut count, mut requested) = (0i64, 0i64, 0i64);
         for a in self.arenas.iter() {
-            let g = a.inner.lock();
-            bytes += a.counters.bytes();
-            count += a.counters.count();
-            requested += g.requested;
-            s.allocations_total += g.allocations;
-            s.histogram.add(&g.histogram);
-            s.largest_free_block = s.largest_free_block.max(g.largest());
+            s.largest_free_block = s.largest_free_block.max(a.inner.lock().largest());
         }
+        {
+            let caches = self.caches.lock();
+            for c in caches.iter().map(|c| &c.counters).chain(std::iter::once(&self.caches.folded)) {
+                bytes += c.counters.bytes();
+                count += c.counters.count();
+                c.add_to(&mut requested, &mut s.allocations_total, &mut s.histogram);
+            }
+        }
+        let in_threads = self.caches.largest(|bin| bin_bytes(bin as usize) as u64);
+        s.largest_free_block = s.largest_free_block.max(in_threads);
         let (peak_bytes, peak_count) = self.peaks.get();
         s.current_bytes = bytes.max(0) as u64;
         s.current_count = count.max(0) as u64;
@@ -307,7 +362,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Resets `peak_bytes`, `peak_count` and `peak_reserved_bytes` to the current values.
     pub fn reset_peaks(&self) {
-        self.peaks.reset(self.arenas.iter().map(|a| &a.counters));
+        {
+            let caches = self.caches.lock();
+            self.peaks.reset(self.all_counters(&caches));
+        }
         let mut segs = self.segments.lock();
         segs.peak_reserved = segs.reserved;
     }
@@ -324,6 +382,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Every cached (free or binned) block of every stream as `(addr, len)`, in address order.
     pub fn cached_ranges(&self) -> Vec<(u64, u64)> {
+        self.flush_thread_caches();
         let mut out = vec![];
         for g in self.lock_all().1 {
             out.extend(
@@ -341,6 +400,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// # Errors
     /// A description of the first inconsistency found.
     pub fn validate(&self) -> Result<(), String> {
+        self.flush_thread_caches();
         let (_st, guards) = self.lock_all();
         let segs = self.segments.lock();
         let mut items: Vec<(u64, u64, Seg, Kind)> = vec![];
@@ -365,7 +425,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             end = addr + len;
         }
         let cached: u64 = items.iter().map(|x| x.1).sum();
-        let live: i64 = self.arenas.iter().map(|a| a.counters.bytes()).sum();
+        let live = self.live_bytes();
         let seg_total: u64 = segs.map.values().map(|&(l, _)| l).sum::<u64>() + segs.expandable.mapped();
         if seg_total != segs.reserved {
             return Err(format!("segments sum to {seg_total} but reserved is {}", segs.reserved));
@@ -378,23 +438,32 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     // ----- internals -----
 
-    /// Accounts an allocation in `arena` and builds the block.
+    /// Lets go of the arena (its guard `g`), counts the allocation and builds the block.
     #[inline]
-    fn finish(
-        &self,
-        arena: &Arena<O::Stream>,
-        mut g: MutexGuard<'_, ArenaInner<O::Stream>>,
-        req: &Request,
-        addr: u64,
-        seg: Seg,
-    ) -> Block {
-        g.note_alloc(req.requested);
-        let breach = arena.counters.add(req.size as i64, 1);
+    fn finish<G>(&self, g: G, req: &Request, addr: u64, seg: Seg) -> Block {
         drop(g);
+        self.count_alloc(req.size, req.requested);
+        self.block(req, addr, seg)
+    }
+
+    /// Counts an allocation in this thread's counters (see [`crate::stats`]).
+    #[inline]
+    fn count_alloc(&self, size: u64, requested: usize) {
+        let breach = match self.caches.with_own(|c| c.count_alloc(size, requested)) {
+            Some(breach) => breach,
+            None => self.caches.count_slow(size as i64, requested as i64),
+        };
         if breach {
             self.rebalance();
         }
-        self.block(req, addr, seg)
+    }
+
+    /// Counts a free in this thread's counters.
+    #[inline]
+    fn count_free(&self, size: u64, requested: usize) {
+        if self.caches.with_own(|c| c.count_free(size, requested)).is_none() {
+            self.caches.count_slow(-(size as i64), -(requested as i64));
+        }
     }
 
     #[inline]
@@ -404,12 +473,106 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     #[cold]
     fn rebalance(&self) {
-        self.peaks.rebalance(self.arenas.iter().map(|a| &a.counters));
+        let caches = self.caches.lock();
+        self.peaks.rebalance(self.all_counters(&caches));
+    }
+
+    /// Every live counter: the threads' and that of exited threads.
+    fn all_counters<'a>(
+        &'a self,
+        caches: &'a [std::sync::Arc<ThreadCache<O::Stream>>],
+    ) -> impl Iterator<Item = &'a crate::stats::Counters> + Clone {
+        caches.iter().map(|c| &c.counters.counters).chain(std::iter::once(&self.caches.folded.counters))
+    }
+
+    /// Live bytes: the threads' counts. Takes the registry's lock (after any arena lock the
+    /// caller holds).
+    fn live_bytes(&self) -> i64 {
+        let caches = self.caches.lock();
+        self.all_counters(&caches).map(|c| c.bytes()).sum()
+    }
+
+    /// Keeps a freed small block in this thread's cache; false when it cannot (the thread is
+    /// exiting, or another thread is flushing the cache): the caller frees to the arena.
+    #[inline]
+    fn free_to_thread_cache(&self, block: &Block, stream: O::Stream) -> bool {
+        let e = Entry { stream, bin: bin_of(block.size as usize) as u32, addr: block.addr, seg: block.seg };
+        for _ in 0..3 {
+            match self.caches.with_own(|c| c.put(e, block.size, block.requested)) {
+                Some(Put::Kept) => return true,
+                Some(Put::Declined) => return false,
+                Some(Put::Full) => {
+                    let evicted = self.caches.with_own(|c| c.evict()).unwrap_or_default();
+                    self.cache_entries(evicted);
+                }
+                None => {
+                    if !self.caches.register() {
+                        return false;
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Moves every thread cache's blocks (other threads' too) to their streams' arenas and takes
+    /// over the caches of exited threads. Call with no lock held.
+    fn flush_thread_caches(&self) {
+        let entries = self.caches.drain_all();
+        self.cache_entries(entries);
+        // Folded caches' limits are gone: recompute every limit from the sums.
+        self.rebalance();
+    }
+
+    /// Moves this thread's own cache to the arenas; whether it held anything.
+    fn flush_own_cache(&self) -> bool {
+        match self.caches.with_own(|c| c.take_all()) {
+            Some(entries) if !entries.is_empty() => {
+                self.cache_entries(entries);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Files thread-cached blocks (counted as cached already) in their streams' arenas' bins.
+    /// Call with no lock held.
+    fn cache_entries(&self, mut entries: Vec<Entry<O::Stream>>) {
+        let mut i = 0;
+        while i < entries.len() {
+            // Gather the entries of one stream at `i..n` (few entries, usually one stream).
+            let stream = entries[i].stream;
+            let first_other = i + 1;
+            let mut n = first_other;
+            for k in first_other..entries.len() {
+                if entries[k].stream == stream {
+                    entries.swap(n, k);
+                    n += 1;
+                }
+            }
+            let group = &entries[i..n];
+            i = n;
+            // Never an arena for a stream that has none (any more): a sweep may have retired it
+            // since the blocks were cached, and an arena made now would never be swept again.
+            // Ordered behind every stream instead, the blocks go to position 0 (as a free on a
+            // stream beyond the table does).
+            let arena = match self.arenas.lock(stream) {
+                Some(found) => Some(found),
+                None if self.order_untracked(stream) => {
+                    self.arenas.iter().next().map(|a| (a, a.inner.lock()))
+                }
+                // Not ordered: the blocks stay out of every arena, cached but never reused.
+                None => None,
+            };
+            let Some((_, mut g)) = arena else { continue };
+            for e in group {
+                g.bins.push(e.bin as usize, BinEntry { addr: e.addr, seg: e.seg });
+            }
+        }
     }
 
     #[inline(always)]
-    fn free_into(arena: &Arena<O::Stream>, mut g: MutexGuard<'_, ArenaInner<O::Stream>>, block: Block) {
-        g.requested -= block.requested as i64;
+    fn free_into(&self, mut g: MutexGuard<'_, ArenaInner<O::Stream>>, block: Block) {
         // A large request served from a small segment under memory pressure has no bin.
         if block.kind == Kind::Small && block.size <= SMALL_LIMIT as u64 {
             let bin = bin_of(block.size as usize);
@@ -417,7 +580,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         } else {
             g.set(block.kind).insert(block.addr, block.size, block.seg);
         }
-        arena.counters.add(-(block.size as i64), -1);
+        drop(g);
+        self.count_free(block.size, block.requested);
     }
 
     /// The arena table is full of streams in use: `stream` allocates from the first arena, after
@@ -444,19 +608,30 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     #[cold]
     fn free_untracked_stream(&self, block: Block, stream: O::Stream) {
         tracing::debug!(arenas = self.arenas.capacity(), "deallocate on a stream beyond the arena table");
+        if !self.order_untracked(stream) {
+            return;
+        }
+        // Position 0: the arena of retired streams where there is one, else the first stream's.
+        if let Some(arena) = self.arenas.iter().next() {
+            self.free_into(arena.inner.lock(), block);
+        }
+    }
+
+    /// Makes memory freed on `stream` (which has no arena) safe for every stream: an event through
+    /// `retire` where the ordering retires streams, else a synchronisation. False (logged) when
+    /// that failed: the memory must then not be reused.
+    #[cold]
+    fn order_untracked(&self, stream: O::Stream) -> bool {
         let ordered = if self.ordering.retired_stream().is_some() {
             self.ordering.retire(stream)
         } else {
             self.ordering.synchronize()
         };
         if let Err(e) = ordered {
-            tracing::warn!(error = %e, addr = block.addr, "ordering the free failed; block leaked");
-            return;
+            tracing::warn!(error = %e, ?stream, "ordering a free on a stream without an arena failed; memory leaked");
+            return false;
         }
-        // Position 0: the arena of retired streams where there is one, else the first stream's.
-        if let Some(arena) = self.arenas.iter().next() {
-            Self::free_into(arena, arena.inner.lock(), block);
-        }
+        true
     }
 
     /// The arena of a stream new to the pool (or one the lock-free lookup missed); when the table
@@ -483,6 +658,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// sweep made cannot be taken by another stream first.
     #[cold]
     fn sweep_and_insert(&self, stream: O::Stream) -> Option<crate::table::Locked<'_, O::Stream>> {
+        // Blocks thread-cached for a dropped stream go to its arena before the sweep retires it.
+        self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         self.sweep(&mut st, &mut guards);
         drop(guards);
@@ -516,9 +693,6 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 let Some(&i) = positions.get(&stream) else { continue };
                 let Some((from, to)) = two_mut(guards, i, ri) else { continue };
                 from.move_into(to);
-                let (bytes, count) = (arenas[i].counters.bytes(), arenas[i].counters.count());
-                arenas[i].counters.add(-bytes, -count);
-                arenas[ri].counters.add(bytes, count);
                 self.arenas.remove(st, arenas[i], &mut guards[i]);
             }
             self.rebalance();
@@ -536,12 +710,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         req: Request,
     ) -> Result<Block, PoolError> {
         if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
-            return Ok(self.finish(arena, g, &req, addr, seg));
+            return Ok(self.finish(g, &req, addr, seg));
         }
         if req.kind == Kind::Small && g.bins.bytes() > 0 {
             g.flush_bins();
             if let Some((addr, seg)) = g.small.take(req.size, req.align) {
-                return Ok(self.finish(arena, g, &req, addr, seg));
+                return Ok(self.finish(g, &req, addr, seg));
             }
         }
         drop(g);
@@ -553,8 +727,31 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             bytes = req.requested
         )
         .entered();
+        // Blocks thread caches hold are invisible to migration and growth: this thread's go to
+        // their arenas first, and every cache when a thread exited since the last flush.
+        let flushed = if self.caches.orphans_pending() {
+            self.flush_thread_caches();
+            true
+        } else {
+            self.flush_own_cache()
+        };
+        if flushed {
+            let mut g = arena.inner.lock();
+            // Only memory of this stream's own arena is safe without a wait (a shared arena is not).
+            if g.stream == Some(stream) {
+                if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
+                    return Ok(self.finish(g, &req, addr, seg));
+                }
+                if req.kind == Kind::Small && g.bins.bytes() > 0 {
+                    g.flush_bins();
+                    if let Some((addr, seg)) = g.small.take(req.size, req.align) {
+                        return Ok(self.finish(g, &req, addr, seg));
+                    }
+                }
+            }
+        }
         if let Some((addr, seg)) = self.migrate(arena, stream, &req)? {
-            return Ok(self.finish(arena, arena.inner.lock(), &req, addr, seg));
+            return Ok(self.finish((), &req, addr, seg));
         }
         if let Some(up) = self.expandable() {
             let mut g = arena.inner.lock();
@@ -568,13 +765,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 reservation,
             )?;
             if let expandable::Grown::Block(addr, seg) = grown {
-                return Ok(self.finish(arena, g, &req, addr, seg));
+                return Ok(self.finish(g, &req, addr, seg));
             }
         } else if let Some(seg) = self.grow(req.kind, req.need, false)? {
             let mut g = arena.inner.lock();
             g.set(req.kind).insert(seg.base, seg.len, seg);
             if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
-                return Ok(self.finish(arena, g, &req, addr, seg));
+                return Ok(self.finish(g, &req, addr, seg));
             }
         }
         self.oom_ladder(arena, &req)
@@ -650,6 +847,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let _span =
             tracing::debug_span!("oom_ladder", device = self.upstream.device(), bytes = req.requested)
                 .entered();
+        self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         self.segments.lock().oom_ladders += 1;
         self.sweep(&mut st, &mut guards);
@@ -692,15 +890,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         }
         if let Some((addr, seg, kind)) = found {
-            guards[ti].note_alloc(req.requested);
-            let breach = to.counters.add(req.size as i64, 1);
             drop(guards);
-            if breach {
-                self.rebalance();
-            }
+            self.count_alloc(req.size, req.requested);
             return Ok(Block { kind, ..self.block(req, addr, seg) });
         }
-        let allocated = self.arenas.iter().map(|a| a.counters.bytes()).sum::<i64>().max(0) as u64;
+        let allocated = self.live_bytes().max(0) as u64;
         let largest = guards.iter().map(|g| g.largest()).max().unwrap_or(0);
         let mut segs = self.segments.lock();
         segs.oom_errors += 1;
@@ -733,7 +927,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 
     fn cached_estimate(&self) -> u64 {
-        let live: i64 = self.arenas.iter().map(|a| a.counters.bytes()).sum();
+        let live = self.live_bytes();
         self.segments.lock().reserved.saturating_sub(live.max(0) as u64)
     }
 
@@ -764,7 +958,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Releases fully free segments, largest first, while more than `keep` bytes are cached. The
     /// caller holds all arena locks and has synchronised after every free in them.
     fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> TrimReport {
-        let live: i64 = self.arenas.iter().map(|a| a.counters.bytes()).sum();
+        let live = self.live_bytes();
         let mut segs = self.segments.lock();
         let mut cached = segs.reserved.saturating_sub(live.max(0) as u64);
         let mut candidates = vec![];
@@ -851,11 +1045,16 @@ fn two_mut<T>(v: &mut [T], i: usize, j: usize) -> Option<(&mut T, &mut T)> {
 
 impl<U: Upstream, O: Ordering> Drop for CachingPool<U, O> {
     fn drop(&mut self) {
+        let live: i64 = {
+            let caches = self.caches.lock();
+            self.all_counters(&caches).map(|c| c.count()).sum()
+        };
+        // Threads forget their caches of this pool (whose blocks the segments below take along).
+        self.caches.kill();
         let segs = std::mem::take(self.segments.get_mut());
         if segs.map.is_empty() && segs.expandable.segs.is_empty() {
             return;
         }
-        let live: i64 = self.arenas.iter().map(|a| a.counters.count()).sum();
         if live > 0 {
             tracing::warn!(live, "caching pool dropped with live blocks; releasing their segments anyway");
         }

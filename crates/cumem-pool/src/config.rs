@@ -63,6 +63,11 @@ pub struct PoolConfig {
     /// it when reservations fail ([`PoolError::AddressSpaceExhausted`](crate::PoolError::AddressSpaceExhausted)),
     /// e.g. with many pools or streams per device. Default `None`.
     pub expandable_reservation_bytes: Option<usize>,
+    /// Keep recently freed small blocks in per-thread caches (the lock-free fast path, see
+    /// [`caching_thread_cache`](crate::caching_thread_cache)). Each thread that frees to the pool
+    /// may hold up to 2 MiB there, which other threads and streams cannot use until a flush; with
+    /// `false` every free goes to the stream's arena. Default `true`.
+    pub thread_cache: bool,
 }
 
 impl Default for PoolConfig {
@@ -74,6 +79,7 @@ impl Default for PoolConfig {
             release_threshold: usize::MAX,
             expandable_segments: false,
             expandable_reservation_bytes: None,
+            thread_cache: true,
         }
     }
 }

@@ -18,6 +18,10 @@
 //! `oom_ladder`, `trim`) with `device`, `stream` and `bytes` fields; each allocation and free of a
 //! [`CachingResource`] is a `trace` event with the same fields.
 //!
+//! API change with the per-thread caches ([`caching_thread_cache`]): [`Ordering::Stream`] must be
+//! `'static` (a thread-local list holds each pool's cache, whatever its stream type); every
+//! stream handle in the workspace already was. [`PoolConfig::thread_cache`] turns the caches off.
+//!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
 //!
@@ -35,7 +39,9 @@ pub mod arena;
 pub mod bins;
 pub mod block;
 pub mod caching;
+mod caching_fence;
 pub mod caching_resource;
+pub mod caching_thread_cache;
 pub mod config;
 pub mod default_resource;
 pub mod device_expandable;

@@ -1,11 +1,15 @@
 //! Pool statistics, and how they are kept without a shared counter on the fast path.
 //!
-//! Each arena counts its own allocations under its own lock; [`CachingPool::stats`] sums the arenas
-//! on read. Peaks need a global view, which a shared atomic would give at the price of a cache line
-//! bouncing between cores on every operation. Instead each arena has a *limit*: as long as every arena
-//! stays under its limit, the sum of the arenas cannot exceed the recorded peak, because the limits
-//! sum to at most that peak. Only an arena that crosses its limit takes the peak lock, sums all arenas,
-//! records a new peak if there is one and hands out the remaining slack as new limits. Peaks are
+//! Each thread counts its own allocations and frees (whichever arena or thread cache they use) in
+//! counters only it writes, with plain loads and stores; [`CachingPool::stats`] sums the threads'
+//! counters on read (and those of exited threads, folded into one). Counting per thread rather than
+//! per stream keeps an alloc+free pair in one counter when the free goes to the thread's cache and
+//! the next allocation to an arena. Peaks need a global view, which a shared atomic would give at
+//! the price of a cache line bouncing between cores (and an atomic read-modify-write) on every
+//! operation. Instead each counter has a *limit*: as long as every counter stays under its limit,
+//! the sum cannot exceed the recorded peak, because the limits sum to at most that peak. Only a
+//! counter that crosses its limit takes the peak lock, sums all counters, records a new peak if
+//! there is one and hands out the remaining slack as new limits. Peaks are
 //! therefore exact whenever pool operations do not overlap in time (each one happens before the next);
 //! under true concurrency a transient peak can be missed by the bytes of the racing operations.
 //!
@@ -57,15 +61,10 @@ impl Histogram {
     pub fn nonzero(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.0.iter().enumerate().filter(|&(_, &c)| c > 0).map(|(i, &c)| (1u64 << i, c))
     }
-    pub(crate) fn add(&mut self, other: &Histogram) {
-        for (a, b) in self.0.iter_mut().zip(other.0.iter()) {
-            *a += b;
-        }
-    }
 }
 
 /// A snapshot of a pool's statistics. Byte counts of blocks are size-class rounded unless named
-/// `requested`. Under concurrent use the fields are read one arena at a time, so they need not be
+/// `requested`. Under concurrent use the fields are read one counter at a time, so they need not be
 /// mutually consistent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PoolStats {
@@ -122,7 +121,7 @@ impl PoolStats {
     }
 }
 
-/// Per-arena live counters, written only under the arena's lock and read by anyone.
+/// Live counters, written by one thread at a time (their thread) and read by anyone.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     bytes: AtomicI64,
@@ -132,8 +131,8 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    /// Adds to the counters (caller holds the arena lock). Returns whether a limit was crossed, in
-    /// which case the caller must call [`Peaks::rebalance`].
+    /// Adds to the counters (the caller is their only writer). Returns whether a limit was crossed,
+    /// in which case the caller must call [`Peaks::rebalance`].
     #[inline]
     pub(crate) fn add(&self, bytes: i64, count: i64) -> bool {
         let b = self.bytes.load(Relaxed) + bytes;
@@ -159,7 +158,7 @@ pub(crate) struct Peaks {
 }
 
 impl Peaks {
-    /// Sums all arenas, records a new peak if there is one and redistributes the slack as limits.
+    /// Sums all counters, records a new peak if there is one and redistributes the slack as limits.
     pub(crate) fn rebalance<'a>(&self, all: impl Iterator<Item = &'a Counters> + Clone) {
         let mut st = self.state.lock();
         let (n, b, c) =

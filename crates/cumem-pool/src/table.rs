@@ -16,8 +16,10 @@
 //! let pool = CachingPool::with_stream_arenas(up, HostOrdering::new(), PoolConfig::default(), 2);
 //! let a = pool.allocate(512, 1, 1).unwrap();
 //! let b = pool.allocate(512, 1, 2).unwrap();
-//! let c = pool.allocate(512, 1, 3).unwrap(); // a third stream shares the first arena
-//! pool.deallocate(c, 3).unwrap(); // ... and its free synchronises (this ordering retires nothing)
+//! // A third stream shares the first arena, and its free synchronises (this ordering retires
+//! // nothing); a block too large for the thread cache, which would keep it under stream 3.
+//! let c = pool.allocate(1 << 20, 1, 3).unwrap();
+//! pool.deallocate(c, 3).unwrap();
 //! assert_eq!(pool.ordering().synchronizations(), 1);
 //! # pool.deallocate(a, 1).unwrap();
 //! # pool.deallocate(b, 2).unwrap();

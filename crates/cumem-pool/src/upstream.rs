@@ -117,8 +117,13 @@ pub trait ExpandableUpstream: Send + Sync {
 /// memory under [`retired_stream`](Self::retired_stream), a stream name that stands for "after the
 /// work of every retired stream", and forgets them. The defaults retire nothing (host models).
 pub trait Ordering: Send + Sync {
-    /// A stream handle.
-    type Stream: Copy + Eq + Hash + Send + Sync + Debug;
+    /// A stream handle. A key must never be reused for another stream, not even after the
+    /// stream was dropped and retired: thread caches and arenas file freed blocks by key, and a
+    /// thread cache may still hold blocks under a retired key, which a reused key would hand to
+    /// the new stream without ordering it after the old one's work ([`StreamKey`](crate::stream_ordering::StreamKey)
+    /// uses the driver-independent, never-reused stream id). `'static` because each thread
+    /// keeps its caches of every pool in one list.
+    type Stream: Copy + Eq + Hash + Send + Sync + Debug + 'static;
     /// Makes all work enqueued on `waiter` from now on wait for all work enqueued on `on` so far
     /// (event record on `on` + stream wait on `waiter`).
     ///

@@ -17,7 +17,7 @@ fn config(expandable_segments: bool) -> PoolConfig {
         // Every `Sync` releases what it can, so later steps grow the pool again.
         release_threshold: 0,
         expandable_segments,
-        expandable_reservation_bytes: None,
+        ..PoolConfig::default()
     }
 }
 
