@@ -66,15 +66,19 @@ fn pool_config() -> impl Strategy<Value = PoolConfig> {
         prop::option::of(prop::sample::select(vec![4usize << 20, 16 << 20])),
         prop::bool::weighted(0.8),
     )
-        .prop_map(|(small, large, doubling, threshold, expandable_segments, reservation, thread_cache)| PoolConfig {
-            small_segment_bytes: small,
-            large_segment_bytes: large,
-            growth: doubling.map_or(Growth::Exact, |max| Growth::Doubling { max }),
-            release_threshold: threshold,
-            expandable_segments,
-            expandable_reservation_bytes: reservation,
-            thread_cache,
-        })
+        .prop_map(
+            |(small, large, doubling, threshold, expandable_segments, reservation, thread_cache)| {
+                PoolConfig {
+                    small_segment_bytes: small,
+                    large_segment_bytes: large,
+                    growth: doubling.map_or(Growth::Exact, |max| Growth::Doubling { max }),
+                    release_threshold: threshold,
+                    expandable_segments,
+                    expandable_reservation_bytes: reservation,
+                    thread_cache,
+                }
+            },
+        )
 }
 
 fn run(capacity: usize, config: PoolConfig, ops: &[Op]) {
