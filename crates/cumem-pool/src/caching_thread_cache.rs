@@ -354,8 +354,11 @@ trait Held: Send + Sync {
 
 impl<S: Copy + Eq + Send + Sync + 'static> Held for ThreadCache<S> {
     fn orphan(&self) {
-        self.orphaned.store(true, Release);
-        self.orphans.store(true, Release);
+        // SeqCst with the drainer's clear-then-check below: two stores against a store and a
+        // load (store buffering), so weaker orderings could let the drainer miss this cache while
+        // its clear hides the flag from the next drain.
+        self.orphaned.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.orphans.store(true, std::sync::atomic::Ordering::SeqCst);
     }
     fn dead(&self) -> bool {
         self.dead.load(Acquire)
@@ -548,9 +551,9 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
         }
         // Cleared before the caches are examined (under the lock): a thread exiting from now on
         // sets it again, and one that exited before is folded below.
-        self.orphans.store(false, Relaxed);
+        self.orphans.store(false, std::sync::atomic::Ordering::SeqCst);
         caches.retain(|c| {
-            if !c.orphaned.load(Acquire) {
+            if !c.orphaned.load(std::sync::atomic::Ordering::SeqCst) {
                 return true;
             }
             // The owner is gone (it wrote its counts before orphaning, released by the flag).
