@@ -11,16 +11,15 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Child, Command};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cumem_copy::StreamCopy;
 use cumem_core::{Device, DeviceBuffer, DriverResource, Error, Feature, PinnedBuffer, Stream};
 use cumem_ipc::fd_passing::{anonymous_file, recv_fds, send_fds};
 use cumem_ipc::{ImportedPool, IpcEvent, IpcEventHandle, IpcMemHandle, PoolPointerExport, ShareablePool};
 use cumem_sys::testing;
+use cumem_sys::testing::child_process::{ChildTest, connect_to_parent, expect};
 use serial_test::serial;
 
 /// Set (to the socket path) in the child process.
@@ -46,60 +45,6 @@ fn assert_clean_report() {
     }
 }
 
-/// How long either process waits for the other before failing (a stuck process would otherwise
-/// hang the test).
-const WATCHDOG: Duration = Duration::from_secs(60);
-
-fn expect(sock: &mut UnixStream, what: &[u8; 1]) {
-    let mut got = [0u8; 1];
-    if let Err(e) = sock.read_exact(&mut got) {
-        panic!("no {:?} from the other process within {WATCHDOG:?}: {e}", what[0] as char);
-    }
-    assert_eq!(&got, what, "the child failed");
-}
-
-/// The child process, killed and reaped if the parent fails before waiting for it.
-struct Reap(Option<Child>);
-
-impl Reap {
-    fn finish(mut self) {
-        let status = self.0.take().unwrap().wait().unwrap();
-        assert!(status.success(), "child failed: {status}");
-    }
-}
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// The child's connection, within `WATCHDOG`; fails at once if the child exits first.
-fn accept(listener: &UnixListener, child: &mut Reap) -> UnixStream {
-    listener.set_nonblocking(true).unwrap();
-    let deadline = Instant::now() + WATCHDOG;
-    loop {
-        match listener.accept() {
-            Ok((sock, _)) => {
-                sock.set_nonblocking(false).unwrap();
-                sock.set_read_timeout(Some(WATCHDOG)).unwrap();
-                return sock;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if let Some(status) = child.0.as_mut().unwrap().try_wait().unwrap() {
-                    panic!("the child exited before connecting: {status}");
-                }
-                assert!(Instant::now() < deadline, "the child did not connect within {WATCHDOG:?}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    }
-}
-
 #[test]
 #[serial]
 fn a_child_imports_a_pool_pointer_reads_the_parents_bytes_and_the_parent_sees_the_childs_write() {
@@ -107,16 +52,7 @@ fn a_child_imports_a_pool_pointer_reads_the_parents_bytes_and_the_parent_sees_th
         return;
     }
     testing::init_with(SIM_CONFIG);
-    let path = std::env::temp_dir().join(format!("cumem-ipc-pool-test-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).unwrap();
-    let mut child = Reap(Some(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["child_side", "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, &path)
-            .spawn()
-            .unwrap(),
-    ));
+    let (child, mut sock) = ChildTest::spawn("child_side", CHILD_ENV);
     {
         let ctx = Device::get(0).unwrap().context().unwrap();
         let stream = Stream::new(&ctx).unwrap();
@@ -132,7 +68,6 @@ fn a_child_imports_a_pool_pointer_reads_the_parents_bytes_and_the_parent_sees_th
         let event = IpcEvent::new(&ctx).unwrap();
         // The child reads at once: the fill must be complete before the export leaves.
         buf.order().synchronize().unwrap();
-        let mut sock = accept(&listener, &mut child);
         let mut header = Vec::with_capacity(HEADER);
         header.extend_from_slice(&export.to_bytes());
         header.extend_from_slice(&event.handle().unwrap().to_bytes());
@@ -157,7 +92,6 @@ fn a_child_imports_a_pool_pointer_reads_the_parents_bytes_and_the_parent_sees_th
             assert!(early.is_empty(), "the parent freed the buffer while the child held it: {early:#?}");
         }
     }
-    let _ = std::fs::remove_file(&path);
     assert_clean_report();
 }
 
@@ -188,12 +122,10 @@ fn misuse_on_the_exporting_side(pool: &ShareablePool, ctx: &cumem_core::Context,
 #[test]
 #[serial]
 fn child_side() {
-    let Some(path) = std::env::var_os(CHILD_ENV) else {
+    let Some(mut sock) = connect_to_parent(CHILD_ENV) else {
         return;
     };
     testing::init_with(SIM_CONFIG);
-    let mut sock = UnixStream::connect(path).unwrap();
-    sock.set_read_timeout(Some(WATCHDOG)).unwrap();
     let mut header = [0u8; HEADER];
     let (n, fds) = recv_fds(&sock, &mut header, 1).unwrap();
     // A stream socket may split the header; the descriptor came with its first byte.

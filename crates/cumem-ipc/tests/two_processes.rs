@@ -7,8 +7,6 @@
 //! Both processes end with a clean live report (the leak check at exit also enforces it).
 
 use std::io::{Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +16,7 @@ use cumem_ipc::{IpcEvent, IpcEventHandle, IpcMemHandle};
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::sys::CUresult;
 use cumem_sys::testing;
+use cumem_sys::testing::child_process::{ChildTest, connect_to_parent, expect};
 use serial_test::serial;
 
 /// Set (to the socket path) in the child process.
@@ -46,16 +45,7 @@ fn a_child_process_reads_the_parents_buffer_and_the_parent_sees_the_childs_write
         return;
     }
     testing::init();
-    // The process id and the time: runs in other containers sharing /tmp have their own ids.
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let path = std::env::temp_dir().join(format!("cumem-ipc-test-{}-{nanos}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["child_side", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, &path)
-        .spawn()
-        .unwrap();
+    let (child, mut sock) = ChildTest::spawn("child_side", CHILD_ENV);
     {
         let ctx = Device::get(0).unwrap().context().unwrap();
         let stream = Stream::new(&ctx).unwrap();
@@ -66,21 +56,16 @@ fn a_child_process_reads_the_parents_buffer_and_the_parent_sees_the_childs_write
         let event = IpcEvent::new(&ctx).unwrap();
         // The child reads at once: the fill must be complete before the handle leaves.
         buf.order().synchronize().unwrap();
-        let (mut sock, _) = listener.accept().unwrap();
         sock.write_all(&handle.to_bytes()).unwrap();
         sock.write_all(&event.handle().unwrap().to_bytes()).unwrap();
-        let mut note = [0u8; 1];
-        sock.read_exact(&mut note).unwrap();
-        assert_eq!(&note, b"R", "the child failed before recording");
+        expect(&mut sock, b"R");
         event.synchronize().unwrap();
         let seen = buf.to_vec().unwrap();
         let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
         assert!(seen == expected, "the parent does not see the child's bytes after the event");
         // The child closes its import before it exits; only then may the buffer go.
-        let status = child.wait().unwrap();
-        assert!(status.success(), "child failed: {status}");
+        child.finish();
     }
-    let _ = std::fs::remove_file(&path);
     assert_clean_report();
 }
 
@@ -88,11 +73,10 @@ fn a_child_process_reads_the_parents_buffer_and_the_parent_sees_the_childs_write
 #[test]
 #[serial]
 fn child_side() {
-    let Some(path) = std::env::var_os(CHILD_ENV) else {
+    let Some(mut sock) = connect_to_parent(CHILD_ENV) else {
         return;
     };
     testing::init();
-    let mut sock = UnixStream::connect(path).unwrap();
     let mut mem = [0u8; IpcMemHandle::ENCODED_LEN];
     let mut ev = [0u8; IpcEventHandle::ENCODED_LEN];
     sock.read_exact(&mut mem).unwrap();

@@ -7,21 +7,19 @@
 //! a parent that did not wait would read the old ones). Everything goes through cumem-vmm's types (`PhysicalMemory::export_fd` /
 //! `import_fd`). Both processes end with a clean live report (and the leak check at exit).
 //!
-//! Neither side can hang the suite: the parent polls for the child's connection while checking
-//! that the child is still alive, every read has a deadline, and a parent that fails kills its
-//! child.
+//! Neither side can hang the suite (`cumem_sys::testing::child_process` puts a deadline on every
+//! step).
 
-use std::io::{ErrorKind, Read};
+use std::io::Read;
 use std::os::fd::AsFd;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cumem_copy::StreamCopy;
 use cumem_core::{Context, Device, PinnedBuffer, Stream};
 use cumem_ipc::fd_passing::{recv_fds, send_fds};
 use cumem_ipc::{IpcEvent, IpcEventHandle};
 use cumem_sys::testing;
+use cumem_sys::testing::child_process::{ChildTest, connect_to_parent, expect};
 use cumem_vmm::{Access, Granularity, HandleTypes, PhysicalMemory, VirtualRange};
 use serial_test::serial;
 
@@ -30,57 +28,6 @@ const CHILD_ENV: &str = "CUMEM_IPC_VMM_CHILD";
 /// the interprocess event's handle.
 const TAG: &[u8; 4] = b"vmm:";
 const HEADER: usize = TAG.len() + 8 + IpcEventHandle::ENCODED_LEN;
-
-/// Far longer than any step takes, even on a loaded machine: a step that has not happened by then
-/// never will (a child that died, or one stuck in a call).
-const WATCHDOG: Duration = Duration::from_secs(120);
-
-/// The child process, killed if the parent fails before waiting for it (a child stuck in a call
-/// would otherwise outlive the test).
-struct Reap(Option<Child>);
-
-impl Reap {
-    fn child(&mut self) -> &mut Child {
-        self.0.as_mut().expect("waited for already")
-    }
-
-    fn finish(mut self) {
-        let status = self.0.take().expect("waited for already").wait().unwrap();
-        assert!(status.success(), "child failed: {status}");
-    }
-}
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// The child's connection: a blocking `accept` would wait forever for a child that died before
-/// connecting, so the listener is polled, with the child's liveness checked between polls.
-fn accept_from(listener: &UnixListener, reap: &mut Reap) -> UnixStream {
-    listener.set_nonblocking(true).unwrap();
-    let deadline = Instant::now() + WATCHDOG;
-    let sock = loop {
-        match listener.accept() {
-            Ok((sock, _)) => break sock,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if let Some(status) = reap.child().try_wait().unwrap() {
-                    panic!("the child exited before connecting: {status}");
-                }
-                assert!(Instant::now() < deadline, "the child did not connect within {WATCHDOG:?}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    };
-    sock.set_nonblocking(false).unwrap();
-    sock.set_read_timeout(Some(WATCHDOG)).unwrap();
-    sock
-}
 
 fn parent_bytes(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8).collect()
@@ -113,18 +60,7 @@ fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
     }
     testing::init();
     let Some(ctx) = shareable_context() else { return };
-    // The process id and the time: runs in other containers sharing /tmp have their own ids.
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let path = std::env::temp_dir().join(format!("cumem-ipc-vmm-{}-{nanos}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).unwrap();
-    let mut reap = Reap(Some(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["child_side", "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, &path)
-            .spawn()
-            .unwrap(),
-    ));
+    let (child, sock) = ChildTest::spawn("child_side", CHILD_ENV);
     {
         let g = Granularity::with_handle_types(ctx.device(), HandleTypes::POSIX_FD).unwrap().minimum;
         let memory = PhysicalMemory::with_handle_types(&ctx, g, HandleTypes::POSIX_FD).unwrap();
@@ -137,24 +73,18 @@ fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
 
         let fd = memory.export_fd().unwrap();
         let event = IpcEvent::new(&ctx).unwrap();
-        let sock = accept_from(&listener, &mut reap);
         let mut header = TAG.to_vec();
         header.extend_from_slice(&(memory.bytes() as u64).to_le_bytes());
         header.extend_from_slice(&event.handle().unwrap().to_bytes());
         send_fds(&sock, &header, &[fd.as_fd()]).unwrap();
         drop(fd); // the child holds its own copy, and its import its own reference
-        let mut note = [0u8; 1];
-        if let Err(e) = (&sock).read_exact(&mut note) {
-            panic!("no word from the child within {WATCHDOG:?} (it died, or is stuck in a call): {e}");
-        }
-        assert_eq!(&note, b"R", "the child failed before recording");
+        expect(&mut &sock, b"R");
         // The child's write is still held behind its gate: only the event orders it before the read.
         event.synchronize().unwrap();
         let seen = mapping.as_slice::<u8>().unwrap().to_vec().unwrap();
         assert!(seen.iter().all(|&b| b == 0x3C), "the parent does not see the child's write");
-        reap.finish();
+        child.finish();
     }
-    let _ = std::fs::remove_file(&path);
     drop(ctx);
     assert_clean();
 }
@@ -163,12 +93,10 @@ fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
 #[test]
 #[serial]
 fn child_side() {
-    let Some(path) = std::env::var_os(CHILD_ENV) else {
+    let Some(sock) = connect_to_parent(CHILD_ENV) else {
         return;
     };
     testing::init();
-    let sock = UnixStream::connect(path).unwrap();
-    sock.set_read_timeout(Some(WATCHDOG)).unwrap();
     let mut header = [0u8; HEADER];
     let (n, fds) = recv_fds(&sock, &mut header, 1).unwrap();
     // A stream socket may split the header; the descriptor came with its first byte.

@@ -17,12 +17,12 @@ mod common;
 
 use std::ffi::c_void;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Child, Command, Stdio};
+use std::os::unix::net::UnixStream;
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::time::{Duration, Instant};
 
+use common::child_process::{ChildTest, WATCHDOG, connect_to_parent, expect};
 use common::*;
 use cudarc::driver::sys::{self as cu, CUevent, CUipcEventHandle, CUresult, CUstream};
 use serial_test::serial;
@@ -31,10 +31,6 @@ const CHILD_ENV: &str = "CUMEM_SIM_IPC_EVENTS_CHILD";
 /// `CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS`.
 const IPC_FLAGS: u32 = 2 | 4;
 const NON_BLOCKING: u32 = 1;
-/// Far longer than any step takes: a read that waits this long means the other process is stuck.
-const WATCHDOG: Duration = Duration::from_secs(120);
-/// How often the parent looks for its child's connection or exit.
-const LOOK: Duration = Duration::from_millis(10);
 const N: usize = 64;
 /// Recordings of one interprocess event that may be incomplete at once: the shared page's slots.
 const PAGE_SLOTS: usize = 510;
@@ -145,106 +141,6 @@ fn note(sock: &mut UnixStream, what: &[u8; 1]) {
     sock.write_all(what).unwrap();
 }
 
-fn expect(sock: &mut UnixStream, what: &[u8; 1]) {
-    let mut got = [0u8; 1];
-    if let Err(e) = sock.read_exact(&mut got) {
-        panic!("no {:?} from the other process within {WATCHDOG:?} (stuck in a call?): {e}", what[0] as char);
-    }
-    assert_eq!(&got, what, "the other process failed");
-}
-
-/// The child process, killed if the parent test fails before waiting for it (a child stuck in a
-/// call would otherwise outlive the test).
-struct Reap(Option<Child>);
-
-impl Reap {
-    /// The child's exit: it must succeed within [`WATCHDOG`] (a child stuck after its last
-    /// handshake is killed by `Drop` when this fails).
-    fn finish(mut self) {
-        let deadline = Instant::now() + WATCHDOG;
-        loop {
-            if let Some(status) = self.0.as_mut().unwrap().try_wait().unwrap() {
-                self.0 = None;
-                assert!(status.success(), "child failed: {status}");
-                return;
-            }
-            assert!(Instant::now() < deadline, "the child did not exit within {WATCHDOG:?}");
-            std::thread::sleep(LOOK);
-        }
-    }
-
-    /// The child's exit status, if it has exited.
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.0.as_mut().unwrap().try_wait().unwrap()
-    }
-}
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// The socket file, removed however `spawn` ends.
-struct SocketFile(std::path::PathBuf);
-
-impl Drop for SocketFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Spawns `child` (a test of this binary) and returns the connection to it. The listener does not
-/// block: a child that exits before connecting (it failed, or its name matched no test) or never
-/// connects fails the test within [`WATCHDOG`] instead of hanging it.
-fn spawn(child: &str) -> (Reap, UnixStream) {
-    spawn_with(child, Stdio::inherit())
-}
-
-/// [`spawn`], with the child's stderr sent where `stderr` says.
-fn spawn_with(child: &str, stderr: Stdio) -> (Reap, UnixStream) {
-    let path = std::env::temp_dir().join(format!("cumem-sim-ipc-ev-{}-{child}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).unwrap();
-    let file = SocketFile(path);
-    listener.set_nonblocking(true).unwrap();
-    let mut reap = Reap(Some(
-        Command::new(std::env::current_exe().unwrap())
-            .args([child, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, &file.0)
-            .stderr(stderr)
-            .spawn()
-            .unwrap(),
-    ));
-    let deadline = Instant::now() + WATCHDOG;
-    let sock = loop {
-        match listener.accept() {
-            Ok((sock, _)) => break sock,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("accepting {child}'s connection: {e}"),
-        }
-        if let Some(status) = reap.exited() {
-            panic!("{child} exited ({status}) without connecting");
-        }
-        assert!(Instant::now() < deadline, "{child} did not connect within {WATCHDOG:?}");
-        std::thread::sleep(LOOK);
-    };
-    sock.set_nonblocking(false).unwrap();
-    sock.set_read_timeout(Some(WATCHDOG)).unwrap();
-    (reap, sock)
-}
-
-/// The connection to the parent, in a child process (`None` in the parent).
-fn connect() -> Option<UnixStream> {
-    let path = std::env::var_os(CHILD_ENV)?;
-    let sock = UnixStream::connect(path).unwrap();
-    sock.set_read_timeout(Some(WATCHDOG)).unwrap();
-    Some(sock)
-}
-
 fn receive_handle(sock: &mut UnixStream) -> [u8; 64] {
     let mut raw = [0u8; 64];
     sock.read_exact(&mut raw).unwrap();
@@ -269,7 +165,7 @@ fn wait_on_another_process_recording_is_queued() {
     let gate = Gate::block(s);
     record(ev, s);
     assert_eq!(query_event(ev), CUresult::CUDA_ERROR_NOT_READY);
-    let (reap, mut sock) = spawn("child_queues_wait");
+    let (reap, mut sock) = ChildTest::spawn("child_queues_wait", CHILD_ENV);
     sock.write_all(&export(ev)).unwrap();
     // The child has queued its wait and work behind it, and returned.
     expect(&mut sock, b"Q");
@@ -301,7 +197,7 @@ fn wait_on_another_process_recording_is_queued() {
 #[test]
 #[serial]
 fn child_queues_wait() {
-    let Some(mut sock) = connect() else {
+    let Some(mut sock) = connect_to_parent(CHILD_ENV) else {
         return;
     };
     let ctl = bind(0);
@@ -353,7 +249,7 @@ fn a_later_recording_completing_first_does_not_release_a_wait() {
     let s = stream(NON_BLOCKING);
     let gate = Gate::block(s);
     record(ev, s);
-    let (reap, mut sock) = spawn("child_out_of_order");
+    let (reap, mut sock) = ChildTest::spawn("child_out_of_order", CHILD_ENV);
     sock.write_all(&export(ev)).unwrap();
     expect(&mut sock, b"C");
     // The child's recording completed; the parent's is still gated.
@@ -372,7 +268,7 @@ fn a_later_recording_completing_first_does_not_release_a_wait() {
 #[test]
 #[serial]
 fn child_out_of_order() {
-    let Some(mut sock) = connect() else {
+    let Some(mut sock) = connect_to_parent(CHILD_ENV) else {
         return;
     };
     let ctl = bind(0);
@@ -439,8 +335,8 @@ fn a_wait_stuck_on_another_process_says_so_once() {
     let s = stream(NON_BLOCKING);
     let gate = Gate::block(s);
     record(ev, s);
-    let (mut reap, mut sock) = spawn_with("child_fills_the_page", Stdio::piped());
-    let stderr = lines(reap.0.as_mut().unwrap().stderr.take().unwrap());
+    let (mut reap, mut sock) = ChildTest::spawn_with("child_fills_the_page", CHILD_ENV, Stdio::piped());
+    let stderr = lines(reap.take_stderr().unwrap());
     sock.write_all(&export(ev)).unwrap();
     expect(&mut sock, b"F");
     let is_record_note =
@@ -475,7 +371,7 @@ fn a_wait_stuck_on_another_process_says_so_once() {
 #[test]
 #[serial]
 fn child_fills_the_page() {
-    let Some(mut sock) = connect() else {
+    let Some(mut sock) = connect_to_parent(CHILD_ENV) else {
         return;
     };
     let ctl = bind(0);

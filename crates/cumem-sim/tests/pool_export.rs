@@ -14,10 +14,8 @@ mod common;
 use std::ffi::c_void;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
 
+use common::child_process::{ChildTest, connect_to_parent, expect};
 use common::*;
 use cudarc::driver::sys::{self as cu, CUdeviceptr, CUmemPoolPtrExportData, CUmemoryPool, CUresult};
 use serial_test::serial;
@@ -26,52 +24,6 @@ const CHILD_ENV: &str = "CUMEM_SIM_POOL_EXPORT_CHILD";
 const BYTES: usize = 3 << 20;
 const POSIX_FD: u32 = 1;
 const FABRIC: u32 = 8;
-/// How long either process waits for the other before failing (a stuck process would otherwise
-/// hang the test).
-const WATCHDOG: Duration = Duration::from_secs(60);
-
-/// The child process, killed and reaped if the parent fails before waiting for it.
-struct Reap(Option<Child>);
-
-impl Reap {
-    fn finish(mut self) {
-        let status = self.0.take().unwrap().wait().unwrap();
-        assert!(status.success(), "importer failed: {status}");
-    }
-}
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// The child's connection, within `WATCHDOG`; fails at once if the child exits first.
-fn accept(listener: &UnixListener, child: &mut Reap) -> UnixStream {
-    listener.set_nonblocking(true).unwrap();
-    let deadline = Instant::now() + WATCHDOG;
-    loop {
-        match listener.accept() {
-            Ok((sock, _)) => {
-                sock.set_nonblocking(false).unwrap();
-                sock.set_read_timeout(Some(WATCHDOG)).unwrap();
-                return sock;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if let Some(status) = child.0.as_mut().unwrap().try_wait().unwrap() {
-                    panic!("the importer exited before connecting: {status}");
-                }
-                assert!(Instant::now() < deadline, "the importer did not connect within {WATCHDOG:?}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    }
-}
-
 fn pattern() -> Vec<u8> {
     (0..BYTES).map(|i| (i * 13 + i / 509) as u8).collect()
 }
@@ -510,16 +462,7 @@ fn another_process_imports_the_pool_and_a_pointer() {
         return;
     }
     let ctl = bind(0);
-    let path = std::env::temp_dir().join(format!("cumem-sim-pool-export-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).unwrap();
-    let mut child = Reap(Some(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["importer", "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, &path)
-            .spawn()
-            .unwrap(),
-    ));
+    let (child, mut sock) = ChildTest::spawn("importer", CHILD_ENV);
     let pool = create(POSIX_FD);
     // A first allocation, so that the exported one does not start at the pool file's first chunk.
     let (r, first) = alloc_from(pool, 4096);
@@ -538,13 +481,10 @@ fn another_process_imports_the_pool_and_a_pointer() {
     ok(r);
     let (r, early_data) = export_ptr(early);
     ok(r);
-    let mut sock = accept(&listener, &mut child);
     sock.write_all(format!("{} {fd}\n", std::process::id()).as_bytes()).unwrap();
     sock.write_all(&data).unwrap();
     sock.write_all(&early_data).unwrap();
-    let mut note = [0u8; 1];
-    sock.read_exact(&mut note).unwrap();
-    assert_eq!(&note, b"W", "the importer failed");
+    expect(&mut sock, b"W");
     assert_eq!(read_back(p, BYTES), vec![0x5A; BYTES], "the exporter does not see the importer's write");
     // The importer freed its import of `p` before saying so; it still holds `early`: the
     // exporter's free of `early` is reported, its free of `p` is not.
@@ -561,7 +501,6 @@ fn another_process_imports_the_pool_and_a_pointer() {
     ok(free_async(first));
     destroy_pool(pool);
     sync();
-    let _ = std::fs::remove_file(&path);
     let report = ctl.live_report();
     assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
 }
@@ -569,12 +508,10 @@ fn another_process_imports_the_pool_and_a_pointer() {
 #[test]
 #[serial]
 fn importer() {
-    let Some(path) = std::env::var_os(CHILD_ENV) else {
+    let Some(mut sock) = connect_to_parent(CHILD_ENV) else {
         return;
     };
     let ctl = bind(0);
-    let mut sock = UnixStream::connect(path).unwrap();
-    sock.set_read_timeout(Some(WATCHDOG)).unwrap();
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while sock.read_exact(&mut byte).is_ok() && byte[0] != b'\n' {

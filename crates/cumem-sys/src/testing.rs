@@ -25,6 +25,8 @@ use std::time::Duration;
 use crate::driver::{self, DriverChoice, DriverKind};
 use crate::sys;
 
+#[cfg(unix)]
+pub mod child_process;
 mod skip;
 pub use skip::{SKIP_LOG_ENV, device_count, needs_devices, skip};
 

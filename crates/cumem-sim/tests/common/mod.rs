@@ -2,6 +2,11 @@
 //! cudarc call, configure it, `cuInit`, retain primary contexts; plus small helpers.
 #![allow(dead_code)]
 
+/// The two-process harness of `cumem_sys::testing`, which this crate cannot depend on (it sits
+/// below `cumem-sys`); the file uses only `std`.
+#[path = "../../../cumem-sys/src/testing/child_process.rs"]
+pub mod child_process;
+
 use std::ffi::c_void;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
