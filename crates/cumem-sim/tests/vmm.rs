@@ -380,12 +380,19 @@ fn retain_returns_the_mapped_handle_with_a_reference_and_the_properties() {
     // SAFETY: valid out-pointer.
     ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut p, h) });
     assert_eq!(p.type_, cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+    assert_eq!(p.location.type_, cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
     assert_eq!(p.location.id, 0);
+    assert_eq!(p.requestedHandleTypes, cu::CUmemAllocationHandleType(0));
     ok(release(h));
     ok(unmap(va, G));
-    // The retained reference still holds the memory.
+    // The retained reference still holds the memory, and its properties.
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut p, h) });
     ok(release(h));
     assert_eq!(release(h), CUresult::CUDA_ERROR_INVALID_VALUE);
+    // SAFETY: valid out-pointer; a handle whose last reference is gone.
+    let r = unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut p, h) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "properties of a freed handle");
     free_va(va, G);
     // SAFETY: valid out-pointer; an address no mapping covers.
     let r = unsafe { cu::cuMemRetainAllocationHandle(&mut again, va as *mut _) };
@@ -515,6 +522,16 @@ fn a_device_without_vmm_reports_zero_and_refuses() {
         )
     });
     assert_eq!(v, 0);
+    let mut g = 0;
+    // SAFETY: valid pointers.
+    let r = unsafe {
+        cu::cuMemGetAllocationGranularity(
+            &mut g,
+            &prop(3),
+            cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    };
+    assert_eq!((r, g), (CUresult::CUDA_ERROR_NOT_SUPPORTED, 0), "granularity on a device without VMM");
     assert_eq!(try_create(G, &prop(3)).0, CUresult::CUDA_ERROR_NOT_SUPPORTED);
     assert_eq!(try_reserve(G, 0, 0).0, CUresult::CUDA_ERROR_NOT_SUPPORTED);
     bind(0);
