@@ -16,11 +16,18 @@ use cumem_vmm::{Access, Granularity, HandleTypes, PhysicalMemory, ReserveOptions
 use serial_test::{parallel, serial};
 
 #[test]
-#[parallel]
+#[serial] // ends by reading the whole live report, which parallel tests would fill
 fn reserve_map_access_write_read_unmap_release() {
     let Some(device) = vmm_device() else { return };
     let ctx = device.context().unwrap();
     let g = granule(device);
+    if let Some(ctl) = cumem_sys::testing::sim_control() {
+        let report = ctl.live_report();
+        assert!(
+            report.reservations.is_empty() && report.physical.is_empty() && report.mappings.is_empty(),
+            "left by an earlier test: {report}"
+        );
+    }
     let range = VirtualRange::reserve(&ctx, 4 * g).unwrap();
     assert_eq!(range.base() % g as u64, 0, "the base of a reservation is aligned to the granularity");
     assert_ne!(sim_reserved(range.base()), Some(false));
@@ -76,6 +83,11 @@ fn reserve_map_access_write_read_unmap_release() {
     assert_eq!(sim_mapped_bytes(base, size).unwrap_or(0), 0);
     drop(range);
     assert_ne!(sim_reserved(base), Some(true), "the reservation outlived its VirtualRange");
+    drop((stream, host));
+    if let Some(ctl) = cumem_sys::testing::sim_control() {
+        let report = ctl.live_report();
+        assert!(report.is_clean(), "the life cycle left: {report}");
+    }
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 
