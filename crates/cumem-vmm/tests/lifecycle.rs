@@ -91,6 +91,46 @@ fn reserve_map_access_write_read_unmap_release() {
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 
+/// What the driver says of an address inside a mapping made through cumem's types. On a GPU too
+/// (`cargo xtask gpu-test`): §17 saw `cuMemGetAddressRange` give the mapping and the memory type
+/// DEVICE; the other attributes are §9's reading of the documentation and reports, listed in
+/// `docs/vmm.md` ("To verify on a GPU").
+#[test]
+#[parallel]
+fn the_driver_reports_a_mapped_address_as_its_mapping_inside_its_reservation() {
+    use cumem_core::sys::{self, CUpointer_attribute as P, CUresult};
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = VirtualRange::reserve(&ctx, 4 * g).unwrap();
+    let mut mapping = range.map(g, &PhysicalMemory::new(&ctx, 2 * g).unwrap()).unwrap();
+    let inside = mapping.device_ptr() + g as u64 + 77;
+    ctx.bind().unwrap();
+    // Every attribute asked for here is at most 8 bytes: read into a zeroed u64, whatever its width.
+    let attribute = |attr: P| {
+        let mut v = 0u64;
+        // SAFETY: `v` has room for the attribute; `inside` is a mapped address of the current context.
+        let code = unsafe { sys::cuPointerGetAttribute((&raw mut v).cast(), attr, inside) };
+        assert_eq!(code, CUresult::CUDA_SUCCESS, "{attr:?}");
+        v
+    };
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: valid out-pointers; `inside` is mapped.
+    let code = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, inside) };
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+    assert_eq!((base, size), (mapping.device_ptr(), 2 * g), "the mapping, not the reservation");
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE), 2, "CU_MEMORYTYPE_DEVICE");
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR), range.base(), "the reservation");
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_RANGE_SIZE), 4 * g as u64);
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR), mapping.device_ptr());
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_MAPPING_SIZE), 2 * g as u64);
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_MAPPED), 1);
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS), 0, "no access yet");
+    mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    ctx.bind().unwrap();
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS), 3, "PROT_READWRITE");
+}
+
 #[test]
 #[parallel]
 fn unmapped_space_can_be_mapped_again() {
