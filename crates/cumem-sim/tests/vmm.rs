@@ -243,6 +243,20 @@ fn no_access_before_set_access() {
         "the refusal is recorded as misuse"
     );
     assert_eq!(write(va, &[1, 2, 3]), CUresult::CUDA_ERROR_INVALID_VALUE);
+    // Reading is refused too, into the host and into other device memory.
+    let mut back = [0u8; 4];
+    // SAFETY: `back` has 4 bytes.
+    let r = unsafe { cu::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), va, 4) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "a read before cuMemSetAccess");
+    let (other, h2) = (reserve(G), create(G));
+    ok(map(other, G, h2));
+    rw(other, G);
+    // SAFETY: plain FFI call; the destination is mapped and writable.
+    let r = unsafe { cu::cuMemcpyDtoD_v2(other, va, 16) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "a device copy out of it");
+    ok(unmap(other, G));
+    ok(release(h2));
+    free_va(other, G);
     ok(set_access(va, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ));
     assert_eq!(memset(va, 1, 16), CUresult::CUDA_ERROR_INVALID_VALUE, "read-only mapping");
     assert_eq!(read_back(va, 4).len(), 4);
