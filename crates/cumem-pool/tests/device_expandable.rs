@@ -1,5 +1,6 @@
 //! The caching pool with expandable segments on the device (issue 10, item 3): blocks laid across
-//! chunk boundaries keep their data bitwise, trim unmaps whole chunks and the driver's free memory
+//! chunk boundaries keep their data bitwise, growth maps chunks and takes no upstream block, trim
+//! unmaps whole chunks and the driver's free memory
 //! rises by exactly what it reports, memory moves between streams only behind an event, a device
 //! without virtual memory management falls back to segments, a failed unmap keeps its chunk mapped
 //! and cached, a chunk a failed map could not undo is unmapped before growth maps there again, and
@@ -108,10 +109,18 @@ fn trim_unmaps_whole_chunks_and_the_driver_sees_exactly_them() {
     let pool = expandable_pool(&ctx);
     let stream = Stream::non_blocking(&ctx).unwrap();
     let free_at_start = ctx.mem_info().unwrap().free;
+    let ctl = testing::sim_control();
+    let calls = |f: &str| ctl.as_ref().map(|ctl| ctl.calls_on_this_thread(f));
+    const UPSTREAM: [&str; 3] = ["cuMemAlloc_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"];
+    let upstream_before = UPSTREAM.map(calls);
+    let (creates, maps) = (calls("cuMemCreate"), calls("cuMemMap"));
     // 1.25 chunks, then 2.5 chunks: 4 chunks mapped.
     let a = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, (5 * c / 4) as usize).unwrap();
     let b = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, (5 * c / 2) as usize).unwrap();
     assert_eq!(b.device_ptr(), a.device_ptr() + 5 * c / 4);
+    // Grown by mapping chunks, not by taking blocks from upstream.
+    assert_eq!(UPSTREAM.map(calls), upstream_before, "{UPSTREAM:?}");
+    assert_eq!((calls("cuMemCreate"), calls("cuMemMap")), (creates.map(|n| n + 4), maps.map(|n| n + 4)));
     assert_eq!(pool.stats().reserved_bytes, 4 * c);
     assert_eq!(free_at_start - ctx.mem_info().unwrap().free, 4 * c as usize, "charged when mapped");
     drop(b);

@@ -243,6 +243,20 @@ fn no_access_before_set_access() {
         "the refusal is recorded as misuse"
     );
     assert_eq!(write(va, &[1, 2, 3]), CUresult::CUDA_ERROR_INVALID_VALUE);
+    // Reading is refused too, into the host and into other device memory.
+    let mut back = [0u8; 4];
+    // SAFETY: `back` has 4 bytes.
+    let r = unsafe { cu::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), va, 4) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "a read before cuMemSetAccess");
+    let (other, h2) = (reserve(G), create(G));
+    ok(map(other, G, h2));
+    rw(other, G);
+    // SAFETY: plain FFI call; the destination is mapped and writable.
+    let r = unsafe { cu::cuMemcpyDtoD_v2(other, va, 16) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "a device copy out of it");
+    ok(unmap(other, G));
+    ok(release(h2));
+    free_va(other, G);
     ok(set_access(va, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ));
     assert_eq!(memset(va, 1, 16), CUresult::CUDA_ERROR_INVALID_VALUE, "read-only mapping");
     assert_eq!(read_back(va, 4).len(), 4);
@@ -380,12 +394,19 @@ fn retain_returns_the_mapped_handle_with_a_reference_and_the_properties() {
     // SAFETY: valid out-pointer.
     ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut p, h) });
     assert_eq!(p.type_, cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+    assert_eq!(p.location.type_, cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
     assert_eq!(p.location.id, 0);
+    assert_eq!(p.requestedHandleTypes, cu::CUmemAllocationHandleType(0));
     ok(release(h));
     ok(unmap(va, G));
-    // The retained reference still holds the memory.
+    // The retained reference still holds the memory, and its properties.
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut p, h) });
     ok(release(h));
     assert_eq!(release(h), CUresult::CUDA_ERROR_INVALID_VALUE);
+    // SAFETY: valid out-pointer; a handle whose last reference is gone.
+    let r = unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut p, h) };
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "properties of a freed handle");
     free_va(va, G);
     // SAFETY: valid out-pointer; an address no mapping covers.
     let r = unsafe { cu::cuMemRetainAllocationHandle(&mut again, va as *mut _) };
@@ -515,6 +536,16 @@ fn a_device_without_vmm_reports_zero_and_refuses() {
         )
     });
     assert_eq!(v, 0);
+    let mut g = 0;
+    // SAFETY: valid pointers.
+    let r = unsafe {
+        cu::cuMemGetAllocationGranularity(
+            &mut g,
+            &prop(3),
+            cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    };
+    assert_eq!((r, g), (CUresult::CUDA_ERROR_NOT_SUPPORTED, 0), "granularity on a device without VMM");
     assert_eq!(try_create(G, &prop(3)).0, CUresult::CUDA_ERROR_NOT_SUPPORTED);
     assert_eq!(try_reserve(G, 0, 0).0, CUresult::CUDA_ERROR_NOT_SUPPORTED);
     bind(0);

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{VMM_CALLS, granule, hold, misuse_here, pattern, without_calls};
+use common::{granule, hold, misuse_here, pattern, without_any_call, without_calls};
 use cumem_core::sys::{self, CUresult};
 use cumem_core::{Context, Device, Error, Feature, Stream};
 use cumem_sys::testing;
@@ -148,7 +148,8 @@ fn a_device_that_cannot_reach_the_buffer_is_refused_before_anything_is_reserved(
     let Some((owner, peer, stranger)) = trio() else { return };
     let stream = Stream::non_blocking(&owner.context().unwrap()).unwrap();
     let g = granule(owner);
-    without_calls(VMM_CALLS, || {
+    // Asking the driver whether each device reaches the owner is the one call.
+    without_any_call(&["cuDeviceCanAccessPeer"], || {
         for devices in [vec![stranger], vec![peer, stranger]] {
             let config = GrowableConfig::default().chunk_bytes(g).accessible_from(&devices);
             let e = GrowableBuffer::<u8>::with_config(&stream, g, config).unwrap_err();
@@ -216,7 +217,7 @@ fn set_access_sets_each_listed_device_and_refuses_a_stranger_before_the_driver()
     assert_eq!(read_as(&peer.context().unwrap(), mapping.device_ptr(), g / 4).unwrap(), data);
 
     // A list with a device that cannot reach the memory changes nobody's access.
-    without_calls(&["cuMemSetAccess"], || {
+    without_any_call(&["cuDeviceCanAccessPeer"], || {
         let e = mapping.set_access(&[(peer, Access::ReadWrite), (stranger, Access::Read)]).unwrap_err();
         assert!(
             matches!(e, Error::NotSupported { feature: Feature::PeerAccess, device: Some(d) } if d == stranger.raw()),

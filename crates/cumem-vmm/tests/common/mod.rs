@@ -101,6 +101,30 @@ pub fn without_calls<R>(entry_points: &[&str], body: impl FnOnce() -> R) -> R {
     out
 }
 
+/// Every entry point the simulator exports, by symbol.
+fn every_entry_point() -> impl Iterator<Item = &'static str> {
+    cumem_sim::exports::proc_address::VERSIONS.iter().map(|&(_, _, symbol)| symbol)
+}
+
+/// Runs `body` and asserts that it made no driver call at all on this thread, except to the
+/// queries in `allowed` (on the simulator, whose per-entry-point call counts are compared for every
+/// symbol it exports; on a real driver it only runs it). Stricter than [`without_calls`]: a
+/// refusal "before any driver call" must not bind a context, allocate or ask the driver to judge.
+pub fn without_any_call<R>(allowed: &[&str], body: impl FnOnce() -> R) -> R {
+    let before: Vec<(&str, Option<u64>)> = every_entry_point().map(|n| (n, calls(n))).collect();
+    let out = body();
+    let made: Vec<String> = before
+        .into_iter()
+        .filter(|(name, _)| !allowed.contains(name))
+        .filter_map(|(name, before)| {
+            let after = calls(name);
+            (after != before).then(|| format!("{name} ×{}", after.unwrap_or(0) - before.unwrap_or(0)))
+        })
+        .collect();
+    assert!(made.is_empty(), "driver calls made: {made:?}");
+    out
+}
+
 /// Every VMM entry point cumem calls.
 pub const VMM_CALLS: &[&str] = &[
     "cuMemGetAllocationGranularity",
