@@ -405,6 +405,11 @@ impl<T: Pod> RingChannel<T> {
     }
 
     /// The kernel's arguments for this channel (device addresses and geometry).
+    ///
+    /// A kernel launched with them is outside cumem's tracking (its launch is `unsafe`): it must
+    /// follow the ring protocol (`docs/channels.md`, "Soundness") and have returned before the
+    /// channel drops, since dropping frees the ring's memory. Close the channel
+    /// ([`close`](Self::close)) and wait for the kernel's stream first.
     pub fn ring_args(&self) -> RingArgs {
         let (slots, control) = self.storage.device_ptrs();
         RingArgs { control, slots, capacity: self.capacity, message_size: size_of::<T>() as u64 }

@@ -1,9 +1,9 @@
 //! The C header a kernel includes (`include/cumem_channel.h`) describes the same bytes as the Rust
 //! types: a program compiled here with the system compilers, as C11 and as C++17 (the language a
 //! CUDA kernel is written in), prints every `offsetof` and `sizeof`, and each must equal the Rust
-//! side's. The kernel skeleton of `docs/channels.md` is compiled against the header too (syntax
-//! only, with CUDA's keywords stubbed: no CUDA toolkit here), so a field it reads that the header
-//! lacks, or a header C++ cannot parse, fails here.
+//! side's. The C struct `docs/channels.md` shows must be the header's text, and the guide's kernel
+//! skeleton is compiled against the header (syntax only, with CUDA's keywords stubbed: no CUDA
+//! toolkit here), so a field it reads that the header lacks, or a header C++ cannot parse, fails.
 
 use std::mem::{align_of, size_of};
 use std::path::{Path, PathBuf};
@@ -115,13 +115,31 @@ fn cpp_struct_offsets_match_the_rust_layout() {
     assert_eq!(layout_printed_by("c++", &["-std=c++17", "-x", "c++"]), expected());
 }
 
-#[test]
-fn the_docs_kernel_skeleton_reads_the_header() {
+/// The first fenced block of `docs/channels.md` in `lang`.
+fn docs_block(lang: &str) -> String {
     let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/channels.md");
     let text = std::fs::read_to_string(&docs).expect("docs/channels.md");
-    let start = text.find("```cpp\n").expect("docs/channels.md has a ```cpp kernel skeleton") + 7;
-    let len = text[start..].find("```").expect("the skeleton's fence is closed");
-    let kernel = &text[start..start + len];
+    let fence = format!("```{lang}\n");
+    let start = text.find(&fence).unwrap_or_else(|| panic!("docs/channels.md has a {fence}")) + fence.len();
+    let len = text[start..].find("```").expect("the block's fence is closed");
+    text[start..start + len].to_string()
+}
+
+#[test]
+fn the_docs_c_struct_is_the_headers() {
+    let block = docs_block("c");
+    let body = block.trim_start().split_once('\n').map(|(first, rest)| {
+        assert!(first.starts_with("//"), "the block opens with a comment on the alignment macro");
+        rest
+    });
+    let body = body.expect("the C block has a struct after its comment").trim_end();
+    assert!(body.starts_with("struct cumem_control_block {"), "{body}");
+    assert!(C_HEADER.contains(body), "docs/channels.md shows another C struct than the header's:\n{body}");
+}
+
+#[test]
+fn the_docs_kernel_skeleton_reads_the_header() {
+    let kernel = &docs_block("cpp");
     assert!(kernel.contains("#include \"cumem_channel.h\""), "the skeleton includes the header");
     let dir = scratch("kernel");
     let (stubs, source) = (dir.join("cuda_stubs.h"), dir.join("kernel.cu"));
