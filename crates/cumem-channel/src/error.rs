@@ -79,6 +79,15 @@ pub enum ChannelError {
         /// The channel's device ordinal.
         channel: usize,
     },
+    /// A [`SlotPool`](crate::SlotPool)'s slots (one, or the prefilled ones together) would exceed
+    /// the largest allocation Rust allows.
+    #[error("a slot pool of {max_idle} slots of {slot_len} values is larger than any allocation")]
+    SlotTooLarge {
+        /// Values per slot asked for.
+        slot_len: usize,
+        /// Slots to prefill asked for.
+        max_idle: usize,
+    },
     /// The operation belongs to the other direction (sending on a device→host channel, …).
     #[error("`{operation}` is not available on a {direction} channel")]
     WrongDirection {

@@ -176,7 +176,7 @@ fn four_kib_messages_come_back_in_pooled_batches() {
         let (mut ch, mut dev) = channel::<[u64; 512]>(Direction::DeviceToHost, 6, strategy);
         let msgs: Vec<[u64; 512]> = (0..5u64).map(|i| std::array::from_fn(|j| i * 1000 + j as u64)).collect();
         assert_eq!(dev.produce(&mut ch, &msgs), 5);
-        let pool = SlotPool::new(2, 2);
+        let pool = SlotPool::new(2, 2).unwrap();
         let mut got = Vec::new();
         while let Some(batch) = ch.poll_batch(&pool).unwrap() {
             assert!(batch.len() <= 2);
@@ -230,4 +230,17 @@ fn unified_rings_are_prefetched_to_the_consumers_side() {
     assert_eq!(got, [7, 8]);
     ctx.synchronize().unwrap();
     assert_eq!(last_prefetch(&ctx, slots, 2 * 8), -1, "slots to be read come to the host first");
+}
+
+#[test]
+fn a_slot_pool_larger_than_memory_is_an_error() {
+    for (slot_len, max_idle) in [(usize::MAX, 1), (usize::MAX / 8, 0), (1 << 40, 1 << 30)] {
+        let err = SlotPool::<u64>::new(slot_len, max_idle).unwrap_err();
+        assert!(
+            matches!(err, ChannelError::SlotTooLarge { slot_len: l, max_idle: m } if (l, m) == (slot_len, max_idle)),
+            "{err}"
+        );
+    }
+    let pool = SlotPool::<u64>::new(4, 0).unwrap();
+    assert_eq!((pool.acquire().len(), pool.stats().misses), (4, 1));
 }
