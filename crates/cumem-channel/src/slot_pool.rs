@@ -74,7 +74,7 @@ impl<T: Zeroable + Copy> SlotPool<T> {
     /// largest allocation Rust allows (`isize::MAX` bytes).
     pub fn new(slot_len: usize, max_idle: usize) -> Result<Self, ChannelError> {
         let total = slot_len.checked_mul(size_of::<T>()).and_then(|b| b.checked_mul(max_idle.max(1)));
-        if !total.is_some_and(|t| t <= isize::MAX as usize) {
+        if total.is_none_or(|t| t > isize::MAX as usize) {
             return Err(ChannelError::SlotTooLarge { slot_len, max_idle });
         }
         let free = (0..max_idle).map(|_| Self::fresh(slot_len)).collect();
