@@ -1,6 +1,6 @@
 /* The control block of a cumem ring channel, as a CUDA C++ kernel (or C host code) sees it.
  * It mirrors `cumem_channel::ControlBlock` (#[repr(C, align(128))]) byte for byte; the crate's
- * tests compile this header and compare every offset with the Rust struct.
+ * tests compile this header as C11 and as C++17 and compare every offset with the Rust struct.
  *
  * Each field written by one side lives alone on its own 128-byte line (a GPU L2 line, two CPU
  * lines), so a producer and a consumer never write the same line. Positions are monotonic message
@@ -11,13 +11,20 @@
 
 #include <stdint.h>
 
+/* C11 spells the alignment `_Alignas`, C++ (and so CUDA C++) `alignas`. */
+#ifdef __cplusplus
+#define CUMEM_CHANNEL_ALIGNAS(n) alignas(n)
+#else
+#define CUMEM_CHANNEL_ALIGNAS(n) _Alignas(n)
+#endif
+
 #define CUMEM_CHANNEL_LINE 128
 #define CUMEM_CHANNEL_FLAG_CLOSED 1u
 #define CUMEM_CHANNEL_FLAG_DEVICE_TO_HOST 2u
 
 struct cumem_control_block {
     /* Consumer's line: messages consumed so far (written by the consumer only). */
-    _Alignas(128) uint64_t head;
+    CUMEM_CHANNEL_ALIGNAS(128) uint64_t head;
     uint8_t pad_head[120];
     /* Producer's line: messages published so far (written by the producer only, after the slots). */
     uint64_t tail;

@@ -69,6 +69,25 @@ pub enum ChannelError {
         /// The channel's device ordinal.
         channel: usize,
     },
+    /// The [`VisibilityReport`](crate::VisibilityReport) given to
+    /// [`RingChannel::new_checked`](crate::RingChannel::new_checked) is about another device than
+    /// the channel's stream.
+    #[error("the visibility report is about device {report}, the channel is on device {channel}")]
+    ReportForOtherDevice {
+        /// The report's device ordinal.
+        report: usize,
+        /// The channel's device ordinal.
+        channel: usize,
+    },
+    /// A [`SlotPool`](crate::SlotPool)'s slots (one, or the prefilled ones together) would exceed
+    /// the largest allocation Rust allows.
+    #[error("a slot pool of {max_idle} slots of {slot_len} values is larger than any allocation")]
+    SlotTooLarge {
+        /// Values per slot asked for.
+        slot_len: usize,
+        /// Slots to prefill asked for.
+        max_idle: usize,
+    },
     /// The operation belongs to the other direction (sending on a device→host channel, …).
     #[error("`{operation}` is not available on a {direction} channel")]
     WrongDirection {

@@ -4,7 +4,8 @@
 //! A producer and a consumer that write the same cache line make it bounce between host and device
 //! (or between SMs) on every message. Every field of the control block that one side writes sits
 //! alone on its own [`CONTROL_LINE`]-byte line (128 bytes: a GPU L2 line, two CPU lines). Sizes and
-//! offsets are checked at compile time here, and the crate's tests compile the C header and compare.
+//! offsets are checked at compile time here, and the crate's tests compile the C header as C11 and
+//! as C++17 and compare.
 //!
 //! ```
 //! use cumem_channel::{CacheLineAligned, CacheLineAligned128, ControlBlock, CONTROL_OFFSETS};
@@ -103,8 +104,9 @@ aligned_wrapper!(CacheLineAligned128);
 /// | 408    | `flags`            | the host ([`FLAG_CLOSED`], [`FLAG_DEVICE_TO_HOST`]) |
 ///
 /// ```c
+/// // CUMEM_CHANNEL_ALIGNAS is `alignas` in C++ (CUDA C++) and `_Alignas` in C11.
 /// struct cumem_control_block {
-///     _Alignas(128) uint64_t head;  uint8_t pad_head[120];
+///     CUMEM_CHANNEL_ALIGNAS(128) uint64_t head; uint8_t pad_head[120];
 ///     uint64_t tail;                uint8_t pad_tail[120];
 ///     uint64_t sequence;            uint8_t pad_sequence[120];
 ///     uint64_t capacity;

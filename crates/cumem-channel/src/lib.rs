@@ -46,3 +46,8 @@ pub use visibility::{MemoryVisibility, Platform, VisibilityReport};
 
 /// The C header with [`ControlBlock`] and [`RingArgs`] as C structs, for kernels to include.
 pub const C_HEADER: &str = include_str!("../include/cumem_channel.h");
+
+// The guide's examples run as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/channels.md")]
+struct GuideExamples;

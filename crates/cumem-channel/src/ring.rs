@@ -155,12 +155,36 @@ impl<T: Pod> RingChannel<T> {
         strategy: TransferStrategy,
     ) -> Result<Self, ChannelError> {
         let report = VisibilityReport::detect(stream.context().device())?;
-        Self::new_checked(stream, direction, capacity, strategy, &report)
+        Self::build(stream, direction, capacity, strategy, &report)
     }
 
-    /// [`RingChannel::new`], checking the strategy against `report` (read for another platform
-    /// string, for instance) instead of detecting it.
+    /// [`RingChannel::new`] with the platform taken from `report` (read for another kernel string,
+    /// for instance) instead of `/proc`.
+    ///
+    /// The strategy must pass both `report` and the device's own attributes read again under
+    /// `report`'s platform: a report can make the check stricter, never looser (its fields are
+    /// public, and a strategy the device cannot run would have the host touch memory the device
+    /// does not share). `report` must be about `stream`'s device (`ReportForOtherDevice`).
     pub fn new_checked(
+        stream: &Stream,
+        direction: Direction,
+        capacity: usize,
+        strategy: TransferStrategy,
+        report: &VisibilityReport,
+    ) -> Result<Self, ChannelError> {
+        let device = stream.context().device();
+        if report.device != device {
+            return Err(ChannelError::ReportForOtherDevice {
+                report: report.device.ordinal(),
+                channel: device.ordinal(),
+            });
+        }
+        strategy.check_against(report)?;
+        let own = VisibilityReport::decide(device, report.platform)?;
+        Self::build(stream, direction, capacity, strategy, &own)
+    }
+
+    fn build(
         stream: &Stream,
         direction: Direction,
         capacity: usize,
@@ -381,6 +405,11 @@ impl<T: Pod> RingChannel<T> {
     }
 
     /// The kernel's arguments for this channel (device addresses and geometry).
+    ///
+    /// A kernel launched with them is outside cumem's tracking (its launch is `unsafe`): it must
+    /// follow the ring protocol (`docs/channels.md`, "Soundness") and have returned before the
+    /// channel drops, since dropping frees the ring's memory. Close the channel
+    /// ([`close`](Self::close)) and wait for the kernel's stream first.
     pub fn ring_args(&self) -> RingArgs {
         let (slots, control) = self.storage.device_ptrs();
         RingArgs { control, slots, capacity: self.capacity, message_size: size_of::<T>() as u64 }

@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use cumem_channel::SlotPool;
-//! let pool = SlotPool::<u32>::new(256, 2);
+//! let pool = SlotPool::<u32>::new(256, 2)?;
 //! let a = pool.acquire();           // prefilled: a hit
 //! let b = pool.acquire();           // a hit
 //! let c = pool.acquire();           // empty: a miss, allocated
@@ -15,6 +15,8 @@
 //! drop((a, b, c));                  // two returned, the third discarded (max_idle = 2)
 //! let s = pool.stats();
 //! assert_eq!((s.hits, s.misses, s.returns, s.discarded), (2, 1, 2, 1));
+//! assert!(SlotPool::<u64>::new(usize::MAX / 4, 1).is_err()); // more bytes than memory can hold
+//! # Ok::<(), cumem_channel::ChannelError>(())
 //! ```
 
 use std::ops::{Deref, DerefMut};
@@ -22,6 +24,8 @@ use std::sync::Arc;
 
 use bytemuck::Zeroable;
 use parking_lot::Mutex;
+
+use crate::ChannelError;
 
 /// Counters of a [`SlotPool`], by value.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -65,15 +69,22 @@ impl<T> Clone for SlotPool<T> {
 
 impl<T: Zeroable + Copy> SlotPool<T> {
     /// A pool of slots of `slot_len` values, prefilled with `max_idle` free slots (the most it keeps).
-    pub fn new(slot_len: usize, max_idle: usize) -> Self {
+    ///
+    /// `SlotTooLarge` if one slot, or the `max_idle` prefilled ones together, would exceed the
+    /// largest allocation Rust allows (`isize::MAX` bytes).
+    pub fn new(slot_len: usize, max_idle: usize) -> Result<Self, ChannelError> {
+        let total = slot_len.checked_mul(size_of::<T>()).and_then(|b| b.checked_mul(max_idle.max(1)));
+        if total.is_none_or(|t| t > isize::MAX as usize) {
+            return Err(ChannelError::SlotTooLarge { slot_len, max_idle });
+        }
         let free = (0..max_idle).map(|_| Self::fresh(slot_len)).collect();
-        SlotPool {
+        Ok(SlotPool {
             shared: Arc::new(Shared {
                 slot_len,
                 max_idle,
                 state: Mutex::new(State { free, stats: SlotPoolStats::default() }),
             }),
-        }
+        })
     }
 
     fn fresh(slot_len: usize) -> Box<[T]> {

@@ -123,7 +123,7 @@ impl VisibilityReport {
         Self::decide(device, Platform::from_os_string(os_release))
     }
 
-    fn decide(device: Device, platform: Platform) -> Result<VisibilityReport, ChannelError> {
+    pub(crate) fn decide(device: Device, platform: Platform) -> Result<VisibilityReport, ChannelError> {
         let caps = device.capabilities()?;
         let coherence = ffi::coherence_attributes(device)?;
         // Without mapped memory, nothing but copies reaches the device while a kernel runs (managed

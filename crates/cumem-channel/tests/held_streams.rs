@@ -1,8 +1,10 @@
 //! Ordering between the host and device work it did not wait for, shown with held streams: a
 //! queued flush returns while its copies cannot run, and the device side still reads exactly what
 //! was published once they do; device work the host has not seen complete is waited for before
-//! the host reads the ring, whatever the strategy; and a persistent kernel occupying the stream the
-//! channel was made on never blocks the host's flushes and reads. Every test here holds a stream,
+//! the host reads the ring, whatever the strategy; a device side that moves a position before its
+//! slot work is done (the slots on one stream, the position on another) still cannot make the host
+//! read slots it is writing or overwrite slots it is reading; and a persistent kernel occupying the
+//! stream the channel was made on never blocks the host's flushes and reads. Every test here holds a stream,
 //! so every test is `#[serial]` (see `cumem_sys::testing::Gate`).
 
 mod common;
@@ -10,9 +12,10 @@ mod common;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{DevicePlayer, native};
+use common::{DevicePlayer, HEAD, TAIL, native};
 use cumem_channel::{Direction, Poll, RingChannel, TransferStrategy};
-use cumem_core::{Device, Stream};
+use cumem_copy::StreamCopy;
+use cumem_core::{Context, Device, PinnedBuffer, Stream};
 use cumem_sys::testing::{self, Gate};
 use serial_test::serial;
 
@@ -126,5 +129,87 @@ fn a_kernel_running_on_the_channels_stream_never_blocks_the_host() {
         let _ = open.send(());
         kernel.join().unwrap();
         assert!(kernel_still_running, "{kind}: the host waited for the persistent kernel's stream");
+    }
+}
+
+fn every_strategy(ctx: &Context) -> [TransferStrategy; 4] {
+    [
+        TransferStrategy::Sync,
+        TransferStrategy::Async { stream: Stream::non_blocking(ctx).unwrap() },
+        TransferStrategy::Unified,
+        TransferStrategy::MappedPolling { interval: Duration::from_micros(2) },
+    ]
+}
+
+/// Queues a copy of `word` (allocated before any stream is held: freeing or allocating pinned
+/// memory waits for held streams) into control word `index` on `stream`.
+fn write_word<T: bytemuck::Pod>(
+    ch: &mut RingChannel<T>,
+    stream: &Stream,
+    index: usize,
+    word: &PinnedBuffer<u64>,
+) {
+    let mut side = ch.device_side();
+    stream.copy_h2d(word, &mut side.control.slice_mut(index..index + 1).unwrap()).unwrap();
+}
+
+#[test]
+#[serial]
+fn the_host_never_reads_slots_the_device_is_still_writing() {
+    testing::init_with(SIM);
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    for strategy in every_strategy(&ctx) {
+        let kind = strategy.kind();
+        let stream = Stream::non_blocking(&ctx).unwrap();
+        let mut ch =
+            RingChannel::<u32>::new_checked(&stream, Direction::DeviceToHost, 4, strategy, &native(device))
+                .unwrap();
+        let (slow, fast) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+        let msgs = PinnedBuffer::from_slice(&ctx, &[5u32, 6, 7, 0]).unwrap();
+        let tail = PinnedBuffer::from_slice(&ctx, &[3u64]).unwrap();
+        stream.synchronize().unwrap();
+        let gate = hold(&slow);
+        // The device writes the slots on a held stream and publishes `tail` on another, which
+        // runs at once: the position says three messages while their bytes have not landed.
+        slow.copy_h2d(&msgs, &mut ch.device_side().slots).unwrap();
+        write_word(&mut ch, &fast, TAIL, &tail);
+        let opener = gate.release_after(Duration::from_millis(50));
+        let mut got = Vec::new();
+        assert_eq!(ch.poll_from_device(&mut got).unwrap(), Poll::Received(3), "{kind}");
+        assert_eq!(got, [5, 6, 7], "{kind}: the host read slots before the device's write landed");
+        opener.join().unwrap();
+    }
+}
+
+#[test]
+#[serial]
+fn the_host_never_overwrites_slots_the_device_is_still_reading() {
+    testing::init_with(SIM);
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    for strategy in every_strategy(&ctx) {
+        let kind = strategy.kind();
+        let stream = Stream::non_blocking(&ctx).unwrap();
+        let mut ch =
+            RingChannel::<u32>::new_checked(&stream, Direction::HostToDevice, 4, strategy, &native(device))
+                .unwrap();
+        let (slow, fast) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+        let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+        let head = PinnedBuffer::from_slice(&ctx, &[4u64]).unwrap();
+        assert_eq!(ch.send_batch(&[1, 2, 3, 4]).unwrap(), 4);
+        assert_eq!(ch.flush_to_device().unwrap(), 4);
+        stream.synchronize().unwrap();
+        let gate = hold(&slow);
+        // The device reads the slots on a held stream but gives them back (`head`) on another,
+        // which runs at once: the host sees four free slots while their old bytes are being read.
+        slow.copy_d2h(&ch.device_side().slots, &mut seen).unwrap();
+        write_word(&mut ch, &fast, HEAD, &head);
+        let opener = gate.release_after(Duration::from_millis(50));
+        ch.refresh().unwrap();
+        assert_eq!(ch.send_batch(&[5, 6, 7, 8]).unwrap(), 4, "{kind}: the device gave every slot back");
+        assert_eq!(ch.flush_to_device().unwrap(), 4);
+        assert_eq!(seen.to_vec().unwrap(), [1, 2, 3, 4], "{kind}: the host overwrote slots being read");
+        opener.join().unwrap();
     }
 }

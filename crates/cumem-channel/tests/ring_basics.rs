@@ -1,7 +1,8 @@
 //! A ring's guarantees one by one, for every strategy: batches that straddle the end land in order,
 //! a full ring refuses and then recovers without losing anything, positions in the control block
 //! are what the C layout says, a device side that breaks the protocol is an error, and big
-//! (4 KiB) messages come back through pooled batches.
+//! (4 KiB) messages come back through pooled batches, and unified rings are prefetched to the
+//! consumer's side (the driver's `LAST_PREFETCH_LOCATION`).
 
 mod common;
 
@@ -175,7 +176,7 @@ fn four_kib_messages_come_back_in_pooled_batches() {
         let (mut ch, mut dev) = channel::<[u64; 512]>(Direction::DeviceToHost, 6, strategy);
         let msgs: Vec<[u64; 512]> = (0..5u64).map(|i| std::array::from_fn(|j| i * 1000 + j as u64)).collect();
         assert_eq!(dev.produce(&mut ch, &msgs), 5);
-        let pool = SlotPool::new(2, 2);
+        let pool = SlotPool::new(2, 2).unwrap();
         let mut got = Vec::new();
         while let Some(batch) = ch.poll_batch(&pool).unwrap() {
             assert!(batch.len() <= 2);
@@ -187,4 +188,59 @@ fn four_kib_messages_come_back_in_pooled_batches() {
         assert_eq!((p.hits, p.misses, p.returns, p.discarded, p.idle), (3, 0, 3, 0, 2), "{kind}");
         assert_eq!(ch.stats().bytes_received, 5 * 4096);
     }
+}
+
+/// The managed range's `LAST_PREFETCH_LOCATION` as the driver reports it (a device ordinal, -1 for
+/// the host, -2 when never prefetched or mixed).
+fn last_prefetch(ctx: &Context, ptr: u64, bytes: usize) -> i32 {
+    use cumem_sys::sys;
+    ctx.bind().unwrap();
+    let mut location = 0i32;
+    // SAFETY: `location` is valid for the 4 bytes the driver is told it may write; the range is
+    // only looked up.
+    let code = unsafe {
+        sys::cuMemRangeGetAttribute(
+            (&mut location as *mut i32).cast(),
+            size_of::<i32>(),
+            sys::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
+            ptr,
+            bytes,
+        )
+    };
+    assert_eq!(code, sys::CUresult::CUDA_SUCCESS);
+    location
+}
+
+#[test]
+fn unified_rings_are_prefetched_to_the_consumers_side() {
+    let (d, ctx, _) = setup();
+    let (mut to_device, mut dev) = channel::<u64>(Direction::HostToDevice, 4, TransferStrategy::Unified);
+    let slots = to_device.ring_args().slots;
+    assert_eq!(to_device.send_batch(&[1, 2, 3]).unwrap(), 3);
+    to_device.flush_to_device().unwrap();
+    ctx.synchronize().unwrap(); // the prefetch runs on the channel's own stream
+    assert_eq!(last_prefetch(&ctx, slots, 4 * 8), d.ordinal() as i32, "published slots go to the device");
+    assert_eq!(dev.consume(&mut to_device, 8), [1, 2, 3]);
+
+    let (mut from_device, mut dev) = channel::<u64>(Direction::DeviceToHost, 4, TransferStrategy::Unified);
+    let slots = from_device.ring_args().slots;
+    assert_eq!(dev.produce(&mut from_device, &[7, 8]), 2);
+    let mut got = Vec::new();
+    assert_eq!(from_device.poll_from_device(&mut got).unwrap(), Poll::Received(2));
+    assert_eq!(got, [7, 8]);
+    ctx.synchronize().unwrap();
+    assert_eq!(last_prefetch(&ctx, slots, 2 * 8), -1, "slots to be read come to the host first");
+}
+
+#[test]
+fn a_slot_pool_larger_than_memory_is_an_error() {
+    for (slot_len, max_idle) in [(usize::MAX, 1), (usize::MAX / 8, 0), (1 << 40, 1 << 30)] {
+        let err = SlotPool::<u64>::new(slot_len, max_idle).unwrap_err();
+        assert!(
+            matches!(err, ChannelError::SlotTooLarge { slot_len: l, max_idle: m } if (l, m) == (slot_len, max_idle)),
+            "{err}"
+        );
+    }
+    let pool = SlotPool::<u64>::new(4, 0).unwrap();
+    assert_eq!((pool.acquire().len(), pool.stats().misses), (4, 1));
 }

@@ -172,7 +172,7 @@ fn device_to_host(kind: usize, capacity: usize, ops: Vec<DeviceOp>) {
     )
     .unwrap();
     let mut dev = DevicePlayer::<Msg>::new(&Stream::non_blocking(&ctx).unwrap(), capacity);
-    let pool = SlotPool::<Msg>::new(3, 1);
+    let pool = SlotPool::<Msg>::new(3, 1).unwrap();
 
     let mut in_ring: VecDeque<Msg> = VecDeque::new();
     let (mut next, mut produced, mut received, mut empty) =

@@ -165,3 +165,64 @@ fn bad_geometry_is_an_error() {
         Err(ChannelError::ZeroSizedMessage)
     ));
 }
+
+#[test]
+fn a_report_about_another_device_is_refused() {
+    if !sim_only() {
+        return;
+    }
+    // Device 0 may share managed memory with a running kernel, device 1 (WSL2-like) may not: a
+    // report of device 0 must not let a unified ring onto device 1.
+    let s1 = Stream::non_blocking(&device(1).context().unwrap()).unwrap();
+    let report0 = VisibilityReport::detect_with_os(device(0), NATIVE).unwrap();
+    let err =
+        RingChannel::<u64>::new_checked(&s1, Direction::HostToDevice, 4, TransferStrategy::Unified, &report0)
+            .unwrap_err();
+    assert!(matches!(err, ChannelError::ReportForOtherDevice { report: 0, channel: 1 }), "{err}");
+}
+
+#[test]
+fn a_report_edited_to_allow_more_is_checked_against_the_device() {
+    if !sim_only() {
+        return;
+    }
+    let d1 = device(1);
+    let s1 = Stream::non_blocking(&d1.context().unwrap()).unwrap();
+    let mut loose = VisibilityReport::detect_with_os(d1, NATIVE).unwrap();
+    loose.concurrent_managed_access = true;
+    loose.visibility = MemoryVisibility::SystemScope;
+    assert!(TransferStrategy::Unified.check_against(&loose).is_ok(), "the edited report alone allows it");
+    for strategy in [TransferStrategy::Unified, TransferStrategy::MappedPolling { interval: Duration::ZERO }]
+    {
+        let kind = strategy.kind();
+        let err =
+            RingChannel::<u64>::new_checked(&s1, Direction::DeviceToHost, 4, strategy, &loose).unwrap_err();
+        assert!(matches!(err, ChannelError::Unsupported { device: 1, .. }), "{kind}: {err}");
+    }
+    // A stricter report is honoured: device 0 maps host memory, the report says it does not.
+    let s0 = Stream::non_blocking(&device(0).context().unwrap()).unwrap();
+    let mut strict = VisibilityReport::detect_with_os(device(0), NATIVE).unwrap();
+    strict.host_mapping = false;
+    let err = RingChannel::<u64>::new_checked(
+        &s0,
+        Direction::HostToDevice,
+        4,
+        TransferStrategy::MappedPolling { interval: Duration::ZERO },
+        &strict,
+    )
+    .unwrap_err();
+    assert!(matches!(err, ChannelError::Unsupported { reason: Refusal::NoHostMapping, .. }), "{err}");
+}
+
+#[test]
+fn detection_reads_this_machines_kernel_string() {
+    let d = device(0);
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .or_else(|_| std::fs::read_to_string("/proc/version"))
+        .unwrap_or_default();
+    let platform = Platform::from_os_string(&release);
+    assert_eq!(Platform::detect(), platform);
+    let report = VisibilityReport::detect(d).unwrap();
+    assert_eq!(report, VisibilityReport::detect_with_os(d, &release).unwrap());
+    assert_eq!(MemoryVisibility::detect(d).unwrap(), report.visibility);
+}

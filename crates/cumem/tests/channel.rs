@@ -1,6 +1,8 @@
 //! The facade re-exports the channel crate (feature `channel`): a ring made through `cumem` alone
 //! publishes what was sent where the device reads it.
 
+#![cfg(feature = "channel")]
+
 use cumem::channel::{Direction, RingChannel, SendStatus, TransferStrategy};
 use cumem::{Device, Stream};
 
