@@ -30,6 +30,10 @@ fn strategies(ctx: &Context) -> Vec<(&'static str, Arc<dyn DeviceResource>)> {
     ]
 }
 
+/// `fixtures/rmm_log.csv` is written as RMM's `logging_resource_adaptor` prints a log: its header
+/// `Thread,Time,Action,Pointer,Size,Stream`, then rows of the spdlog pattern `%t,%H:%M:%S.%f,`
+/// followed by `allocate,%p,%zu,%s` (`(nil)` for a failed allocation's pointer, `0` for the default
+/// stream, OS thread ids); two threads, the default stream and one created stream.
 #[test]
 #[serial]
 fn a_log_in_rmms_format_replays() {
