@@ -309,6 +309,7 @@ fn draw(svg: &std::path::Path, simulated: bool, bandwidth: &[Bandwidth]) -> Resu
                 .filter(|b| b.kind == kind)
                 .map(|b| ((b.bytes as f64).log2(), b.gb_per_s))
                 .collect(),
+            dashed: false,
         })
         .collect();
     let title = format!("copy bandwidth by size{}", if simulated { " (simulated, not a GPU)" } else { "" });

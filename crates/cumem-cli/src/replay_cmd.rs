@@ -166,7 +166,8 @@ fn to_json(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, Repla
 }
 
 /// Live and reserved MiB over the trace's rows: one reserved line per strategy, and the live line
-/// once when every strategy made the same allocations (otherwise one each, lighter).
+/// (dashed, over the reserved ones) once when every strategy made the same allocations (otherwise one
+/// each, lighter).
 fn draw(svg: &Path, log: &Path, simulated: bool, results: &[(Strategy, ReplayReport)]) -> Result<(), String> {
     const MIB: f64 = (1 << 20) as f64;
     let line = |r: &ReplayReport, live: bool| -> Vec<(f64, f64)> {
@@ -184,6 +185,7 @@ fn draw(svg: &Path, log: &Path, simulated: bool, results: &[(Strategy, ReplayRep
             label: "live (requested)".into(),
             color: RGBColor(0x40, 0x40, 0x40),
             points: line(first, true),
+            dashed: true,
         });
     } else {
         for (strategy, r) in results {
@@ -193,6 +195,7 @@ fn draw(svg: &Path, log: &Path, simulated: bool, results: &[(Strategy, ReplayRep
                 label: format!("{} live", strategy.name()),
                 color: RGBColor(tint(red), tint(green), tint(blue)),
                 points: line(r, true),
+                dashed: true,
             });
         }
     }
@@ -201,6 +204,7 @@ fn draw(svg: &Path, log: &Path, simulated: bool, results: &[(Strategy, ReplayRep
             label: format!("{} reserved", strategy.name()),
             color: strategy.color(),
             points: line(r, false),
+            dashed: false,
         });
     }
     let title = format!(
