@@ -158,6 +158,7 @@ fn to_json(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, Repla
                 })).collect::<Vec<_>>(),
                 "samples": r.samples.iter().map(|s| json!({
                     "row": s.row, "time": s.time, "live_bytes": s.live_bytes, "reserved_bytes": s.reserved_bytes,
+                    "fragmentation": s.fragmentation(),
                 })).collect::<Vec<_>>(),
             })
         })

@@ -194,6 +194,13 @@ fn replay_json_parses_and_agrees_between_strategies() {
         assert_eq!(samples.len(), 12);
         let sampled_peak = samples.iter().map(|x| x["reserved_bytes"].as_u64().unwrap()).max();
         assert_eq!(sampled_peak, Some(peak_reserved), "{s}");
+        for x in samples {
+            let (live, reserved) = (x["live_bytes"].as_f64().unwrap(), x["reserved_bytes"].as_f64().unwrap());
+            let expected = if reserved == 0.0 { 0.0 } else { 1.0 - live.min(reserved) / reserved };
+            // Within an ulp or so: serde_json's default float parsing is not exact to the last bit.
+            let got = x["fragmentation"].as_f64().unwrap();
+            assert!((got - expected).abs() < 1e-12, "fragmentation over time: {x}");
+        }
     }
 }
 

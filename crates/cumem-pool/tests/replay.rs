@@ -206,6 +206,22 @@ fn reserved_bytes_are_the_devices_used_memory() {
     assert_eq!(driver.peak_live_bytes, 9 << 20);
     assert!(driver.peak_reserved_bytes >= 12 << 20, "{driver:?}");
     assert_eq!(driver.samples.last().unwrap().reserved_bytes, 0, "cuMemFree gave everything back");
+    // Fragmentation over time: the share of reserved memory not live, after every row.
+    let over_time: Vec<(usize, usize, f64)> = driver
+        .samples
+        .iter()
+        .map(|s| (s.live_bytes >> 20, s.reserved_bytes >> 20, s.fragmentation()))
+        .collect();
+    if testing::sim_control().is_some() {
+        assert_eq!(
+            over_time,
+            [(3, 4, 0.25), (6, 8, 0.25), (9, 12, 0.25), (6, 8, 0.25), (3, 4, 0.25), (0, 0, 0.0)],
+            "the simulator charges whole 2 MiB granules"
+        );
+    } else {
+        assert_eq!(over_time.len(), 6);
+        assert!(over_time.iter().all(|&(_, _, f)| (0.0..1.0).contains(&f)), "{over_time:?}");
+    }
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let cached = replay(&pool, &rows).unwrap();
     assert_eq!(cached.samples.last().unwrap().reserved_bytes as u64, pool.stats().reserved_bytes);
