@@ -83,7 +83,7 @@ fn print_table(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, R
         if simulated { " (simulated: latencies are the simulator's, not a GPU's)" } else { "" }
     );
     say!(
-        "{:<10} {:>11} {:>13} {:>14} {:>10} {:>10} {:>10} {:>10} {:>7}",
+        "{:<w$} {:>11} {:>13} {:>14} {:>10} {:>10} {:>10} {:>10} {:>7}",
         "strategy",
         "peak live",
         "peak reserved",
@@ -92,11 +92,12 @@ fn print_table(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, R
         "alloc p99",
         "free p50",
         "free p99",
-        "failed"
+        "failed",
+        w = Strategy::NAME_WIDTH
     );
     for (strategy, r) in results {
         say!(
-            "{:<10} {:>11} {:>13} {:>14.3} {:>8}µs {:>8}µs {:>8}µs {:>8}µs {:>7}",
+            "{:<w$} {:>11} {:>13} {:>14.3} {:>8}µs {:>8}µs {:>8}µs {:>8}µs {:>7}",
             strategy.name(),
             human(r.peak_live_bytes),
             human(r.peak_reserved_bytes),
@@ -105,7 +106,8 @@ fn print_table(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, R
             micros(r.allocate.p99_ns),
             micros(r.free.p50_ns),
             micros(r.free.p99_ns),
-            r.failed_allocations
+            r.failed_allocations,
+            w = Strategy::NAME_WIDTH
         );
     }
     let skipped = [
