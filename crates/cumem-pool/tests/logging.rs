@@ -188,15 +188,22 @@ fn more_rows_than_the_queue_holds_are_all_written_in_order() {
     }
 }
 
+/// What a [`Writers`] output received: the bytes, and the name of the thread of each `write` call.
+#[derive(Clone, Default)]
+struct Written {
+    bytes: Vec<u8>,
+    writers: Vec<Option<String>>,
+}
+
 /// An output that notes which thread made each `write` call.
 #[derive(Clone, Default)]
-struct Writers(Arc<Mutex<(Vec<u8>, Vec<Option<String>>)>>);
+struct Writers(Arc<Mutex<Written>>);
 
 impl Write for Writers {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut seen = self.0.lock();
-        seen.0.extend_from_slice(buf);
-        seen.1.push(std::thread::current().name().map(String::from));
+        seen.bytes.extend_from_slice(buf);
+        seen.writers.push(std::thread::current().name().map(String::from));
         Ok(buf.len())
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -215,7 +222,7 @@ fn rows_are_written_by_the_background_thread_in_buffered_batches() {
     }
     assert_eq!(log.io_errors(), 0);
     log.flush().unwrap();
-    let (bytes, writers) = out.0.lock().clone();
+    let Written { bytes, writers } = out.0.lock().clone();
     assert_eq!(parse_trace(bytes.as_slice()).unwrap().len(), 2000, "every row was written");
     let here = std::thread::current().name().map(String::from);
     assert!(
