@@ -372,3 +372,21 @@ fn progress_reaches_the_last_row_when_the_tick_does_not_divide_the_trace() {
     assert!(done.windows(2).all(|w| w[0] < w[1]), "{done:?}");
     assert_eq!(report.freed_at_end, 1);
 }
+
+/// RMM's adaptor logs the time of day (`%H:%M:%S.%f`): sample times of a log that runs past
+/// midnight go on from the day before instead of jumping back.
+#[test]
+#[serial]
+fn sample_times_go_on_past_midnight() {
+    let ctx = ctx();
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+               7,23:59:59.500000,allocate,0x7f0000000000,4096,0\n\
+               7,23:59:59.900000,allocate,0x7f0000001000,4096,0\n\
+               7,00:00:00.100000,free,0x7f0000000000,4096,0\n\
+               7,00:00:00.300000,free,0x7f0000001000,4096,0\n";
+    let trace = parse_trace(log.as_bytes()).unwrap();
+    let report = replay(&Arc::new(DriverResource::new(&ctx)), &trace).unwrap();
+    let times: Vec<f64> = report.samples.iter().map(|s| (s.time * 10.0).round() / 10.0).collect();
+    assert_eq!(times, [0.0, 0.4, 0.6, 0.8]);
+    assert_eq!((report.peak_live_bytes, report.frees), (8192, 2));
+}
