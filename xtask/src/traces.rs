@@ -21,7 +21,8 @@ use std::path::Path;
 
 use cumem_pool::trace_format::{TraceAction, TraceRecord, write_header};
 
-/// A thread id as RMM logs them (a `pthread_t`, which is an address on Linux).
+/// The first thread's id. RMM logs spdlog's `%t` (the OS thread id); any integer serves, since a
+/// replay only needs the rows of one thread to share it.
 const THREAD_BASE: u64 = 140_245_167_736_640;
 /// Where the synthetic address space starts (a typical device address on Linux).
 const ADDRESS_BASE: u64 = 0x7f3a_4000_0000;

@@ -263,15 +263,24 @@ fn print_tables(simulated: bool, sizes: &[usize], bandwidth: &[Bandwidth], laten
     }
     say!("");
     say!("allocate + free of 256 B .. 1 MiB, ns per pair{calls_note}");
-    say!("{:<10} {:>8} {:>10} {:>10} {:>10}", "strategy", "pairs", "mean", "p50", "p99");
+    say!(
+        "{:<w$} {:>8} {:>10} {:>10} {:>10}",
+        "strategy",
+        "pairs",
+        "mean",
+        "p50",
+        "p99",
+        w = Strategy::NAME_WIDTH
+    );
     for l in latency {
         say!(
-            "{:<10} {:>8} {:>10.0} {:>10} {:>10}",
+            "{:<w$} {:>8} {:>10.0} {:>10} {:>10}",
             l.strategy.name(),
             l.pairs,
             l.mean_ns,
             l.p50_ns,
-            l.p99_ns
+            l.p99_ns,
+            w = Strategy::NAME_WIDTH
         );
     }
 }
@@ -309,6 +318,7 @@ fn draw(svg: &std::path::Path, simulated: bool, bandwidth: &[Bandwidth]) -> Resu
                 .filter(|b| b.kind == kind)
                 .map(|b| ((b.bytes as f64).log2(), b.gb_per_s))
                 .collect(),
+            dashed: false,
         })
         .collect();
     let title = format!("copy bandwidth by size{}", if simulated { " (simulated, not a GPU)" } else { "" });

@@ -12,6 +12,9 @@ pub struct Series {
     pub color: RGBColor,
     /// Points in data coordinates, in drawing order.
     pub points: Vec<(f64, f64)>,
+    /// Drawn dashed and thinner, over the solid lines, so that a solid line it coincides with still
+    /// shows through its gaps.
+    pub dashed: bool,
 }
 
 /// What the axes say and how their ticks read.
@@ -80,13 +83,21 @@ fn draw(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), Box<dyn s
         .x_label_formatter(axes.x_ticks)
         .y_label_formatter(axes.y_ticks)
         .draw()?;
-    for s in series {
-        let style = ShapeStyle { color: s.color.to_rgba(), filled: false, stroke_width: 3 };
-        chart
-            .draw_series(LineSeries::new(
-                s.points.iter().copied().filter(|p| p.0.is_finite() && p.1.is_finite()),
-                style,
-            ))?
+    // Solid lines first, dashed ones over them: a dashed line that lies on a solid one (live bytes
+    // on a strategy that reserves no more) stays visible, and so does the solid line in its gaps.
+    for s in series.iter().filter(|s| !s.dashed).chain(series.iter().filter(|s| s.dashed)) {
+        let finite = s.points.iter().copied().filter(|p| p.0.is_finite() && p.1.is_finite());
+        let style = ShapeStyle {
+            color: s.color.to_rgba(),
+            filled: false,
+            stroke_width: if s.dashed { 2 } else { 3 },
+        };
+        let drawn = if s.dashed {
+            chart.draw_series(DashedLineSeries::new(finite, 10, 6, style))?
+        } else {
+            chart.draw_series(LineSeries::new(finite, style))?
+        };
+        drawn
             .label(s.label.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
     }

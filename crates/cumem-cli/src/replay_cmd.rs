@@ -83,7 +83,7 @@ fn print_table(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, R
         if simulated { " (simulated: latencies are the simulator's, not a GPU's)" } else { "" }
     );
     say!(
-        "{:<10} {:>11} {:>13} {:>14} {:>10} {:>10} {:>10} {:>10} {:>7}",
+        "{:<w$} {:>11} {:>13} {:>14} {:>10} {:>10} {:>10} {:>10} {:>7}",
         "strategy",
         "peak live",
         "peak reserved",
@@ -92,11 +92,12 @@ fn print_table(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, R
         "alloc p99",
         "free p50",
         "free p99",
-        "failed"
+        "failed",
+        w = Strategy::NAME_WIDTH
     );
     for (strategy, r) in results {
         say!(
-            "{:<10} {:>11} {:>13} {:>14.3} {:>8}µs {:>8}µs {:>8}µs {:>8}µs {:>7}",
+            "{:<w$} {:>11} {:>13} {:>14.3} {:>8}µs {:>8}µs {:>8}µs {:>8}µs {:>7}",
             strategy.name(),
             human(r.peak_live_bytes),
             human(r.peak_reserved_bytes),
@@ -105,7 +106,8 @@ fn print_table(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, R
             micros(r.allocate.p99_ns),
             micros(r.free.p50_ns),
             micros(r.free.p99_ns),
-            r.failed_allocations
+            r.failed_allocations,
+            w = Strategy::NAME_WIDTH
         );
     }
     let skipped = [
@@ -158,6 +160,7 @@ fn to_json(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, Repla
                 })).collect::<Vec<_>>(),
                 "samples": r.samples.iter().map(|s| json!({
                     "row": s.row, "time": s.time, "live_bytes": s.live_bytes, "reserved_bytes": s.reserved_bytes,
+                    "fragmentation": s.fragmentation(),
                 })).collect::<Vec<_>>(),
             })
         })
@@ -166,7 +169,8 @@ fn to_json(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, Repla
 }
 
 /// Live and reserved MiB over the trace's rows: one reserved line per strategy, and the live line
-/// once when every strategy made the same allocations (otherwise one each, lighter).
+/// (dashed, over the reserved ones) once when every strategy made the same allocations (otherwise one
+/// each, lighter).
 fn draw(svg: &Path, log: &Path, simulated: bool, results: &[(Strategy, ReplayReport)]) -> Result<(), String> {
     const MIB: f64 = (1 << 20) as f64;
     let line = |r: &ReplayReport, live: bool| -> Vec<(f64, f64)> {
@@ -184,6 +188,7 @@ fn draw(svg: &Path, log: &Path, simulated: bool, results: &[(Strategy, ReplayRep
             label: "live (requested)".into(),
             color: RGBColor(0x40, 0x40, 0x40),
             points: line(first, true),
+            dashed: true,
         });
     } else {
         for (strategy, r) in results {
@@ -193,6 +198,7 @@ fn draw(svg: &Path, log: &Path, simulated: bool, results: &[(Strategy, ReplayRep
                 label: format!("{} live", strategy.name()),
                 color: RGBColor(tint(red), tint(green), tint(blue)),
                 points: line(r, true),
+                dashed: true,
             });
         }
     }
@@ -201,6 +207,7 @@ fn draw(svg: &Path, log: &Path, simulated: bool, results: &[(Strategy, ReplayRep
             label: format!("{} reserved", strategy.name()),
             color: strategy.color(),
             points: line(r, false),
+            dashed: false,
         });
     }
     let title = format!(

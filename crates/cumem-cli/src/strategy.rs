@@ -29,6 +29,9 @@ impl Strategy {
     pub const ALL: [Strategy; 4] =
         [Strategy::Caching, Strategy::CachingExpandable, Strategy::Native, Strategy::Driver];
 
+    /// The width of the longest [`name`](Strategy::name), for the tables' first column.
+    pub const NAME_WIDTH: usize = 18;
+
     /// The name used on the command line, in tables and in JSON.
     pub fn name(self) -> &'static str {
         match self {
@@ -60,5 +63,16 @@ impl Strategy {
             Strategy::Native => RGBColor(0xd6, 0x27, 0x28),
             Strategy::Driver => RGBColor(0x2c, 0xa0, 0x2c),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Strategy;
+
+    #[test]
+    fn every_name_fits_the_tables_first_column() {
+        let longest = Strategy::ALL.iter().map(|s| s.name().len()).max().unwrap();
+        assert_eq!(longest, Strategy::NAME_WIDTH);
     }
 }

@@ -82,6 +82,10 @@ fn pixels_near(svg: &Path, colors: &[(u8, u8, u8)]) -> Vec<usize> {
         .collect()
 }
 
+/// The colour of the live-bytes line in `replay_cmd.rs` (drawn once when every strategy made the
+/// same allocations, as on every committed trace).
+const LIVE_COLOR: (u8, u8, u8) = (0x40, 0x40, 0x40);
+
 /// The strategies' colours in `strategy.rs`.
 const STRATEGY_COLORS: [(&str, (u8, u8, u8)); 4] = [
     ("caching", (0x1f, 0x77, 0xb4)),
@@ -112,6 +116,19 @@ fn every_committed_trace_replays_and_each_strategy_is_drawn() {
         for ((name, _), count) in STRATEGY_COLORS.iter().zip(counts) {
             // The legend's sample line alone is about 24×3 pixels; a drawn series is far more.
             assert!(count > 300, "{trace}: {name}'s series is not drawn ({count} pixels of its colour)");
+        }
+        // Live against reserved: the live line is drawn too, the axes say what they measure and
+        // the legend names every line.
+        let live = pixels_near(&svg, &[LIVE_COLOR])[0];
+        assert!(live > 300, "{trace}: the live series is not drawn ({live} pixels)");
+        let text = std::fs::read_to_string(&svg).unwrap();
+        for label in ["trace row (allocations and frees, in log order)", "MiB", "live (requested)"]
+            .into_iter()
+            .map(String::from)
+            .chain(STRATEGY_COLORS.iter().map(|(name, _)| format!("{name} reserved")))
+        {
+            // plotters writes each text element's content on a line of its own.
+            assert!(text.lines().any(|l| l.trim() == label), "{trace}: no text `{label}` in the chart");
         }
         std::fs::remove_file(&svg).unwrap();
     }
@@ -177,6 +194,13 @@ fn replay_json_parses_and_agrees_between_strategies() {
         assert_eq!(samples.len(), 12);
         let sampled_peak = samples.iter().map(|x| x["reserved_bytes"].as_u64().unwrap()).max();
         assert_eq!(sampled_peak, Some(peak_reserved), "{s}");
+        for x in samples {
+            let (live, reserved) = (x["live_bytes"].as_f64().unwrap(), x["reserved_bytes"].as_f64().unwrap());
+            let expected = if reserved == 0.0 { 0.0 } else { 1.0 - live.min(reserved) / reserved };
+            // Within an ulp or so: serde_json's default float parsing is not exact to the last bit.
+            let got = x["fragmentation"].as_f64().unwrap();
+            assert!((got - expected).abs() < 1e-12, "fragmentation over time: {x}");
+        }
     }
 }
 
@@ -251,4 +275,62 @@ fn bad_input_is_an_error_that_says_what() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("buddy"));
     let out = cumem(&["bench", "--max-size", "12"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--max-size"));
+}
+
+/// The bar's exact command for each committed trace: `--pool caching,native,driver --svg t.svg`
+/// exits 0 with a row per strategy giving reserved ÷ live, and each strategy's line is drawn.
+#[test]
+fn the_bars_replay_command_exits_0_on_every_trace() {
+    for trace in ["training", "inference", "random"] {
+        let svg = scratch(&format!("bar-{trace}.svg"));
+        let log = repo(&format!("traces/{trace}.csv"));
+        let out = cumem(&[
+            "replay",
+            log.to_str().unwrap(),
+            "--pool",
+            "caching,native,driver",
+            "--svg",
+            svg.to_str().unwrap(),
+        ]);
+        let table = succeeded(&out);
+        let header = table.lines().find(|l| l.starts_with("strategy")).expect("a table header");
+        let column =
+            header.split_whitespace().position(|c| c == "reserved÷live").expect("a reserved÷live column");
+        for name in ["caching", "native", "driver"] {
+            let row = table.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap();
+            // Each of the two byte columns before it is a number and a unit, as each header is two words.
+            let ratio: f64 = row.split_whitespace().nth(column).unwrap().parse().unwrap();
+            assert!(ratio >= 1.0, "{trace}: {name} reserves less than it holds live? {row}");
+        }
+        let counts = pixels_near(&svg, &[STRATEGY_COLORS[0].1, STRATEGY_COLORS[2].1, STRATEGY_COLORS[3].1]);
+        assert!(counts.iter().all(|&c| c > 300), "{trace}: {counts:?}");
+        assert_eq!(pixels_near(&svg, &[STRATEGY_COLORS[1].1])[0], 0, "caching-expandable was not asked for");
+        std::fs::remove_file(&svg).unwrap();
+    }
+}
+
+/// On a terminal the long commands draw a progress bar on stderr: run under `script`, which gives
+/// the command a pseudo-terminal, the bar's count of trace rows (`{pos}/{len}`) appears. (The tests
+/// above check that no bar is drawn when stderr is not a terminal.)
+#[test]
+fn a_progress_bar_is_drawn_on_a_terminal() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: `script` (util-linux) is not installed, so no pseudo-terminal to run under");
+        return;
+    }
+    let log = repo("traces/training.csv");
+    let rows = std::fs::read_to_string(&log).unwrap().lines().count() - 1;
+    let command =
+        format!("{} --driver sim replay {} --pool caching", env!("CARGO_BIN_EXE_cumem"), log.display());
+    let out = Command::new("script")
+        .args(["-q", "-e", "-c", &command, "/dev/null"])
+        .env("TERM", "xterm")
+        .env("CUMEM_SIM", "leak_check=1")
+        .env_remove("CUMEM_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("script runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "cumem under script failed ({}):\n{text}", out.status);
+    assert!(text.contains(&format!("/{rows}")), "no bar counting the {rows} rows on the terminal:\n{text}");
 }

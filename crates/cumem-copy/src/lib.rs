@@ -14,8 +14,8 @@
 //!   [`StagingRing::copy_d2h`]; see [`staging`] for the rules that make it sound);
 //! - [`Profiler`] ([`profile`]) observes copies on a stream or everywhere and reports kind, count,
 //!   bytes, device time and throughput per size class; off, it costs a copy one relaxed atomic
-//!   load. Every copy also emits a `trace` event (fields `device`, `stream`, `bytes`, `kind`), and
-//!   every staged copy a `debug` span.
+//!   load. Every copy also runs inside a `trace` span `copy` (fields `device`, `stream`, `bytes`,
+//!   `kind`), and every staged copy inside a `debug` span `staged_copy`.
 //!
 //! ```
 //! # cumem_sys::testing::init();

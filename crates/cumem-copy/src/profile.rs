@@ -505,8 +505,8 @@ impl Drop for Observing {
     }
 }
 
-/// Runs `copy`, which queues one copy of `bytes` bytes on `stream` (or runs it there), traced
-/// and, when a profiler observes `stream`, bracketed by timed events.
+/// Runs `copy`, which queues one copy of `bytes` bytes on `stream` (or runs it there), inside a
+/// `trace` span and, when a profiler observes `stream`, bracketed by timed events.
 #[inline]
 pub(crate) fn around<R>(
     stream: &Stream,
@@ -514,13 +514,16 @@ pub(crate) fn around<R>(
     bytes: usize,
     copy: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
-    tracing::trace!(
+    // A span, not an event, so that whatever the copy logs (a driver error, the profiler's
+    // warning) carries its fields; the fields are computed only when the span is enabled.
+    let _span = tracing::trace_span!(
+        "copy",
         device = stream.context().device().ordinal(),
         stream = stream.id(),
         bytes,
         kind = kind.name(),
-        "copy"
-    );
+    )
+    .entered();
     if !active() {
         return copy();
     }

@@ -237,3 +237,42 @@ fn a_report_waiting_for_a_held_copy_does_not_block_copies_on_other_streams() {
     let r = profiler.report().unwrap();
     assert_eq!((r.total(CopyKind::HostToDevice).count, r.total(CopyKind::Memset).count), (1, 1));
 }
+
+/// Timed events are recorded only for observed copies: with no profiler attached, or one attached
+/// to another stream, a copy records only the events it records anyway (the same number in both);
+/// observed, exactly two more per copy.
+#[test]
+#[parallel]
+fn timed_events_are_recorded_only_while_the_copy_is_observed() {
+    let (ctx, stream) = setup();
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("counts driver calls: simulator only");
+    };
+    let host = PinnedBuffer::from_slice(&ctx, &[6u8; 256]).unwrap();
+    let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 256).unwrap();
+    let other = Stream::non_blocking(&ctx).unwrap();
+    let profiler = Profiler::new();
+    let mut records_for = |copies: usize| {
+        let before = ctl.calls_on_this_thread("cuEventRecord");
+        for _ in 0..copies {
+            stream.copy_h2d(&host, &mut dev).unwrap();
+        }
+        ctl.calls_on_this_thread("cuEventRecord") - before
+    };
+    let off = records_for(10);
+    let elsewhere = {
+        let _on = profiler.observe(&other);
+        records_for(10)
+    };
+    let observed = {
+        let _on = profiler.observe(&stream);
+        records_for(10)
+    };
+    let after = records_for(10);
+    assert_eq!(elsewhere, off, "a profiler on another stream records nothing for this one");
+    assert_eq!(observed, off + 2 * 10, "a start and an end event per observed copy");
+    assert_eq!(after, off, "nothing once the guard is gone");
+    let r = profiler.report().unwrap();
+    assert_eq!((r.total(CopyKind::HostToDevice).count, r.total(CopyKind::HostToDevice).bytes), (10, 2560));
+    assert_eq!(dev.to_vec().unwrap(), vec![6u8; 256]);
+}

@@ -2,7 +2,7 @@
 //! matters to the ring (empty, one element, around one chunk, many chunks, chunks that split
 //! elements), the overlap of host fills with queued copies shown by ordering (a gate holds the
 //! stream, so the copies of earlier chunks are certainly still queued while later ones are
-//! filled), and the soundness rules: the caller's slice is free on return, a chunk is never
+//! filled; downloads of every chunk are queued before the first is copied out), and the soundness rules: the caller's slice is free on return, a chunk is never
 //! overwritten while a copy still reads it (the simulator starts work 20 ms late, so an early
 //! reuse would upload the wrong bytes), and dropping the ring waits before freeing; a panic
 //! between queueing a chunk's copy and recording its event leaves the chunk guarded.
@@ -150,6 +150,49 @@ fn chunk_k_plus_1_is_filled_while_chunk_k_is_still_queued_and_the_source_is_free
     data.fill(0);
     gate.release();
     assert_eq!(dev.to_vec().unwrap(), expected);
+}
+
+/// Device→host overlaps the other way round: the ring queues the download of every chunk it has
+/// before it waits for the first, so while the host copies chunk *k* out to the caller's slice the
+/// downloads of the chunks after it are queued or running. With the stream held, all four
+/// downloads are queued and the call is still waiting for the first: nothing was copied out yet.
+#[test]
+#[serial] // holds a gate, and counts a driver call process-wide
+fn every_chunks_download_is_queued_before_the_first_is_copied_out() {
+    let (ctx, stream) = setup();
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("counts driver calls: simulator only");
+    };
+    let mut ring = ring(&ctx, 256, 4);
+    let data = pattern::<u8>(1024, 5); // four chunks
+    let dev = DeviceBuffer::<u8>::from_slice(&stream, &data).unwrap();
+    stream.synchronize().unwrap();
+    let mut back = vec![0u8; 1024];
+    let before = ctl.calls("cuMemcpyDtoHAsync_v2");
+    let gate = hold(&stream);
+    let (queued, returned_early, stats) = std::thread::scope(|scope| {
+        let copying = scope.spawn(|| {
+            ring.copy_d2h(&stream, &dev, &mut back).unwrap();
+            ring.stats()
+        });
+        // A bound so that a ring that waits after each download fails here instead of hanging.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut queued = 0;
+        while std::time::Instant::now() < deadline {
+            queued = ctl.calls("cuMemcpyDtoHAsync_v2") - before;
+            if queued >= 4 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let returned_early = copying.is_finished();
+        gate.release();
+        (queued, returned_early, copying.join().unwrap())
+    });
+    assert_eq!(queued, 4, "every chunk's download was queued while the first had not run");
+    assert!(!returned_early, "the call waited for the held downloads");
+    assert_eq!((stats.chunks, stats.bytes), (4, 1024));
+    assert_eq!(back, data);
 }
 
 #[test]

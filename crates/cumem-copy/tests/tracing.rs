@@ -1,6 +1,7 @@
-//! Tracing of copies: every copy emits a `trace` event (and every staged copy a `debug` span) with
-//! the fields a user filters on: device, stream, bytes, kind. A capturing subscriber shows it, and
-//! shows that nothing at `warn` or above is emitted on the happy path.
+//! Tracing of copies: every copy runs inside a `trace` span `copy` (and every staged copy inside a
+//! `debug` span `staged_copy`, around its chunks' spans) with the fields a user filters on: device,
+//! stream, bytes, kind. A capturing subscriber shows it, and shows that nothing at `info` or above
+//! is emitted on the happy path.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -89,7 +90,7 @@ fn copies_are_traced_with_device_stream_bytes_and_kind_and_nothing_above_debug()
     let records = capture.0.records.lock().unwrap().clone();
     let loud: Vec<_> = records.iter().filter(|r| r.level <= Level::INFO).collect();
     assert!(loud.is_empty(), "info or louder on the happy path: {loud:?}");
-    let copies: Vec<_> = records.iter().filter(|r| r.field("message") == Some("copy")).collect();
+    let copies: Vec<_> = records.iter().filter(|r| r.field("span") == Some("copy")).collect();
     let kinds: Vec<_> = copies.iter().map(|r| r.field("kind").unwrap()).collect();
     // The pinned upload, the memset, the blocking upload, then the staged download's two chunks.
     assert_eq!(kinds, ["h2d", "memset", "h2d", "d2h", "d2h"], "{copies:?}");

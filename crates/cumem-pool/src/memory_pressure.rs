@@ -1,9 +1,11 @@
-//! A memory-pressure monitor: watches a device's free memory and a pool's reserved bytes against
-//! thresholds and, when one is crossed, calls back and/or trims the pool.
+//! A memory-pressure monitor: watches a device's free memory and the reserved bytes of any number
+//! of pools against thresholds and, when one is crossed, calls back and/or trims pools.
 //!
 //! A threshold is *crossed* when a reading goes past it after one that did not (the first reading
 //! counts as coming from the safe side), so a program under lasting pressure is told once, not on
-//! every reading; it is told again after the reading came back. [`check`](MemoryPressureMonitor::check)
+//! every reading; it is told again after the reading came back. Each watched pool has its own
+//! threshold; with trimming on, a pool over its threshold is trimmed, and low free memory trims every
+//! watched pool (each pool at most once per reading). [`check`](MemoryPressureMonitor::check)
 //! takes one reading on the calling thread; [`spawn`](MemoryPressureMonitor::spawn) takes one per
 //! interval on a background thread until its handle is dropped. Trimming a [`CachingResource`]
 //! waits for the streams that used its cached memory; a [`NativePoolResource`] releases what its
@@ -22,7 +24,7 @@
 //! drop(DeviceBuffer::<u8>::zeroed_in(&stats, &stream, 6 << 20)?); // cached by the pool
 //! let events = monitor.check()?;
 //! assert_eq!(events.len(), 1);
-//! assert!(matches!(events[0].pressure, Pressure::PoolReserved { threshold, .. } if threshold == 4 << 20));
+//! assert!(matches!(events[0].pressure, Pressure::PoolReserved { pool: 0, threshold, .. } if threshold == 4 << 20));
 //! assert!(events[0].released_bytes >= 6 << 20);
 //! assert_eq!(pool.stats().reserved_bytes, 0);
 //! assert_eq!(stats.counters().total_bytes, 6 << 20);
@@ -89,8 +91,11 @@ pub enum Pressure {
         /// The threshold it fell below.
         threshold: usize,
     },
-    /// The watched pool's reserved bytes rose above `threshold`.
+    /// A watched pool's reserved bytes rose above `threshold`.
     PoolReserved {
+        /// Which pool: its position among the [`watch_pool`](MemoryPressureMonitor::watch_pool)
+        /// calls, from 0.
+        pool: usize,
         /// Reserved bytes read.
         reserved: u64,
         /// The threshold it rose above.
@@ -103,22 +108,32 @@ pub enum Pressure {
 pub struct PressureEvent {
     /// What was crossed.
     pub pressure: Pressure,
-    /// Bytes the watched pool released in response (0 without [`trim_on_pressure`](MemoryPressureMonitor::trim_on_pressure)).
+    /// Bytes the pools trimmed for this crossing released (0 without
+    /// [`trim_on_pressure`](MemoryPressureMonitor::trim_on_pressure), and for a crossing whose pools
+    /// an earlier crossing of the same reading already trimmed).
     pub released_bytes: u64,
 }
 
 /// The callback of [`MemoryPressureMonitor::on_pressure`].
 type Callback = dyn Fn(&PressureEvent) + Send + Sync;
 
-/// Watches free device memory and a pool's reserved bytes; see the [module docs](self).
+/// Watches free device memory and pools' reserved bytes; see the [module docs](self).
 pub struct MemoryPressureMonitor {
     ctx: Context,
     min_free: Option<usize>,
-    pool: Option<(Arc<dyn TrimmablePool>, u64)>,
+    /// The watched pools with their thresholds, in the order they were added.
+    pools: Vec<(Arc<dyn TrimmablePool>, u64)>,
     trim: bool,
     callback: Option<Box<Callback>>,
-    /// Whether each threshold (free, reserved) was past at the last reading.
-    past: Mutex<[bool; 2]>,
+    /// Whether free memory, then each pool, was past its threshold at the last reading.
+    past: Mutex<Past>,
+}
+
+/// What the last reading found past its threshold.
+#[derive(Debug, Default)]
+struct Past {
+    free: bool,
+    pools: Vec<bool>,
 }
 
 impl MemoryPressureMonitor {
@@ -127,10 +142,10 @@ impl MemoryPressureMonitor {
         MemoryPressureMonitor {
             ctx: ctx.clone(),
             min_free: None,
-            pool: None,
+            pools: Vec::new(),
             trim: false,
             callback: None,
-            past: Mutex::new([false; 2]),
+            past: Mutex::new(Past::default()),
         }
     }
 
@@ -140,13 +155,17 @@ impl MemoryPressureMonitor {
         self
     }
 
-    /// Watches `pool`, reporting when it holds more than `max_reserved` bytes.
+    /// Also watches `pool`, reporting when it holds more than `max_reserved` bytes. Call it once per
+    /// pool; each is named in its events by its position among these calls
+    /// ([`Pressure::PoolReserved::pool`]).
     pub fn watch_pool(mut self, pool: Arc<dyn TrimmablePool>, max_reserved: u64) -> Self {
-        self.pool = Some((pool, max_reserved));
+        self.pools.push((pool, max_reserved));
+        self.past.get_mut().pools.push(false);
         self
     }
 
-    /// On any crossing, returns the watched pool's unused memory to the device.
+    /// On a crossing, returns unused memory to the device: a pool over its threshold trims itself,
+    /// low free memory trims every watched pool.
     ///
     /// Trimming a caching pool waits for every stream the pool has served while holding the pool's
     /// locks (as PyTorch's `empty_cache` does), so the pool's allocations wait for that too: do not
@@ -172,43 +191,53 @@ impl MemoryPressureMonitor {
         // crossing that this reading would otherwise have reported.
         let free =
             self.min_free.map(|threshold| self.ctx.mem_info().map(|info| (info, threshold))).transpose()?;
-        let reserved = match &self.pool {
-            Some((pool, threshold)) => Some((pool.reserved_bytes()?, *threshold)),
-            None => None,
-        };
+        let reserved = self
+            .pools
+            .iter()
+            .map(|(pool, threshold)| Ok((pool.reserved_bytes()?, *threshold)))
+            .collect::<Result<Vec<_>>>()?;
         let mut found = Vec::new();
         let mut past = self.past.lock();
         if let Some((info, threshold)) = free {
             let now = info.free < threshold;
-            if now && !past[0] {
+            if now && !past.free {
                 found.push(Pressure::LowFreeMemory { free: info.free, total: info.total, threshold });
             }
-            past[0] = now;
+            past.free = now;
         }
-        if let Some((reserved, threshold)) = reserved {
+        for (pool, ((reserved, threshold), was)) in reserved.into_iter().zip(&mut past.pools).enumerate() {
             let now = reserved > threshold;
-            if now && !past[1] {
-                found.push(Pressure::PoolReserved { reserved, threshold });
+            if now && !*was {
+                found.push(Pressure::PoolReserved { pool, reserved, threshold });
             }
-            past[1] = now;
+            *was = now;
         }
         drop(past);
+        let device = self.ctx.device().ordinal();
+        let mut trimmed = vec![false; self.pools.len()];
         let mut events = Vec::with_capacity(found.len());
-        for (i, pressure) in found.into_iter().enumerate() {
-            let device = self.ctx.device().ordinal();
+        for pressure in found {
             tracing::debug!(device, ?pressure, "memory pressure");
-            // One trim answers every crossing of this reading. A failed trim still reports the
-            // crossing (with nothing released): it has been remembered and would not come again.
-            let released_bytes = match (&self.pool, self.trim && i == 0) {
-                (Some((pool, _)), true) => {
-                    let _span = tracing::debug_span!("pressure_trim", device).entered();
-                    pool.release_unused().unwrap_or_else(|e| {
-                        tracing::warn!(device, error = %e, "memory pressure: trimming the pool failed");
+            // Each pool is trimmed at most once per reading, for the first crossing that calls for
+            // it. A failed trim still reports the crossing (with nothing released): it has been
+            // remembered and would not come again.
+            let mut released_bytes = 0;
+            if self.trim {
+                for (index, (pool, _)) in self.pools.iter().enumerate() {
+                    let wanted = match pressure {
+                        Pressure::LowFreeMemory { .. } => true,
+                        Pressure::PoolReserved { pool, .. } => pool == index,
+                    };
+                    if !wanted || std::mem::replace(&mut trimmed[index], true) {
+                        continue;
+                    }
+                    let _span = tracing::debug_span!("pressure_trim", device, pool = index).entered();
+                    released_bytes += pool.release_unused().unwrap_or_else(|e| {
+                        tracing::warn!(device, pool = index, error = %e, "memory pressure: trimming a pool failed");
                         0
-                    })
+                    });
                 }
-                _ => 0,
-            };
+            }
             let event = PressureEvent { pressure, released_bytes };
             if let Some(callback) = &self.callback {
                 callback(&event);
@@ -250,7 +279,7 @@ impl fmt::Debug for MemoryPressureMonitor {
         f.debug_struct("MemoryPressureMonitor")
             .field("device", &self.ctx.device().ordinal())
             .field("min_free", &self.min_free)
-            .field("pool", &self.pool)
+            .field("pools", &self.pools)
             .field("trim", &self.trim)
             .finish_non_exhaustive()
     }

@@ -51,6 +51,9 @@ use cumem_core::{AllocLayout, Allocation, Context, DeviceResource, Result, Strea
 
 use crate::trace_format::{TraceAction, TraceRecord};
 
+/// Seconds in a day, for logs whose time is the time of day.
+const DAY: f64 = 86_400.0;
+
 /// The alignment every replayed allocation asks for: RMM's default, which its logs were made with.
 pub const REPLAY_ALIGNMENT: usize = 256;
 
@@ -109,7 +112,8 @@ impl Default for ReplayOptions {
 pub struct Sample {
     /// The row's index in the trace (0 is the first row after the header).
     pub row: usize,
-    /// The row's logged time, in seconds since the trace's first row.
+    /// The row's logged time, in seconds since the trace's first row (a time of day that starts
+    /// again after midnight counts on from the day before).
     pub time: f64,
     /// Bytes of the replay's live allocations (as requested).
     pub live_bytes: usize,
@@ -324,7 +328,13 @@ impl<R: DeviceResource + ?Sized> Replayer<'_, R> {
         let stride = trace.len().div_ceil(options.max_samples.max(1)).max(1);
         let tick = (trace.len() / 100).max(1);
         let start_time = trace.first().map_or(0.0, |r| r.time);
+        // RMM's adaptor logs the time of day: a log that runs past midnight starts again from 0.
+        let (mut previous, mut days) = (start_time, 0.0);
         for (index, row) in trace.iter().enumerate() {
+            if row.time + days < previous - DAY / 2.0 {
+                days += DAY;
+            }
+            previous = row.time + days;
             let stream = &streams[&StreamKey::of(row)];
             match row.action {
                 TraceAction::AllocateFailure => self.report.skipped_failed_rows += 1,
@@ -335,7 +345,7 @@ impl<R: DeviceResource + ?Sized> Replayer<'_, R> {
                 let reserved = self.reserved()?;
                 self.report.samples.push(Sample {
                     row: index,
-                    time: row.time - start_time,
+                    time: row.time + days - start_time,
                     live_bytes: self.live_bytes,
                     reserved_bytes: reserved,
                 });

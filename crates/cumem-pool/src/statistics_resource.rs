@@ -10,15 +10,17 @@
 //! # cumem_sys::testing::init();
 //! use std::sync::Arc;
 //! use cumem_core::{Device, DeviceBuffer, DriverResource, Stream};
-//! use cumem_pool::StatisticsResource;
+//! use cumem_pool::{LimitingResource, StatisticsResource};
 //! let ctx = Device::get(0)?.context()?;
 //! let stream = Stream::new(&ctx)?;
-//! let stats = Arc::new(StatisticsResource::new(Arc::new(DriverResource::new(&ctx))));
+//! // Statistics over a 1 MiB cap over the driver (adaptors stack in any order).
+//! let capped = Arc::new(LimitingResource::new(Arc::new(DriverResource::new(&ctx)), 1 << 20));
+//! let stats = Arc::new(StatisticsResource::new(capped.clone()));
 //! let a = DeviceBuffer::<u8>::zeroed_in(&stats, &stream, 1000)?;
 //! let (b, inner) = stats.with_scope(|| DeviceBuffer::<u8>::zeroed_in(&stats, &stream, 24));
 //! let b = b?;
 //! assert_eq!((inner.current_bytes, inner.peak_bytes, inner.total_count), (24, 24, 1));
-//! assert_eq!(stats.counters().current_bytes, 1024);
+//! assert_eq!((stats.counters().current_bytes, capped.used()), (1024, 1024));
 //! drop((a, b));
 //! assert_eq!((stats.counters().current_bytes, stats.counters().peak_bytes), (0, 1024));
 //! # Ok::<(), cumem_core::Error>(())

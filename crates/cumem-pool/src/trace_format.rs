@@ -2,10 +2,17 @@
 //! `logging_resource_adaptor` writes it, so that logs move between RMM and cumem in both directions.
 //!
 //! The header is `Thread,Time,Action,Pointer,Size,Stream`. A row names the thread (an integer), the
-//! time (seconds, as RMM writes it: either seconds since the epoch with a fraction, or the older
-//! `HH:MM:SS.ffffff` time of day), the action (`allocate`, `free`/`deallocate`, or the failure of
-//! either), the device pointer and stream in hexadecimal, and the size in bytes. Reading accepts every
-//! form RMM has written; writing always uses the epoch form and `allocate`/`free`.
+//! time, the action (`allocate`, `free`, or `allocate failure`), the device pointer and stream in
+//! hexadecimal, and the size in bytes.
+//!
+//! RMM's adaptor (`logging_resource_adaptor_impl.cpp`) writes each row through the spdlog pattern
+//! `%t,%H:%M:%S.%f,%v` and the message `allocate,%p,%zu,%s`: the OS thread id, the time of day to
+//! the microsecond, the pointer as C's `%p` prints it (`(nil)` for the null pointer of a failed
+//! allocation) and the stream as a C++ stream prints a pointer (`0` for the default stream, `0x…`
+//! otherwise). Its user guide shows seconds since the epoch and the older word `deallocate`.
+//! Reading accepts all of these (RMM's own replay parser maps `(nil)` to 0 as well); writing uses
+//! seconds since the epoch (a time of day wraps at midnight), `allocate`/`free`/`allocate failure`
+//! and `0x`-prefixed pointers and streams, which RMM's replay parser reads.
 //!
 //! ```
 //! use cumem_pool::trace_format::{TraceAction, TraceRecord, parse_trace, write_header};
@@ -171,8 +178,12 @@ pub fn parse_trace(input: impl BufRead) -> Result<Vec<TraceRecord>, TraceParseEr
     Ok(records)
 }
 
-/// Decimal, or hexadecimal with a `0x` prefix (RMM writes pointers and streams that way).
+/// Decimal, or hexadecimal with a `0x` prefix (RMM writes pointers and streams that way), or C's
+/// `%p` of a null pointer, `(nil)` (RMM's pointer of a failed allocation, as glibc prints it).
 fn parse_integer(text: &str) -> Option<u64> {
+    if text == "(nil)" {
+        return Some(0);
+    }
     match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16).ok(),
         None => text.parse().ok(),
@@ -214,6 +225,28 @@ mod tests {
         assert_eq!(rows[0].stream, 0x7f8a_3800_1020);
         assert_eq!((rows[1].action, rows[1].time), (TraceAction::Free, 10.0 * 3600.0 + 30.0 * 60.0 + 45.5));
         assert_eq!((rows[2].action, rows[2].size), (TraceAction::AllocateFailure, 1 << 40));
+    }
+
+    /// Rows exactly as RMM's adaptor writes them: `%t,%H:%M:%S.%f,` then `allocate,%p,%zu,%s`, where
+    /// `%p` of the failed allocation's null pointer is glibc's `(nil)` and the default stream is
+    /// printed by a C++ stream as `0`.
+    #[test]
+    fn reads_rows_as_rmms_adaptor_prints_them() {
+        let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+                   48213,11:05:51.539463,allocate,0x7f3a52000000,1048576,0\n\
+                   48213,11:05:51.539470,allocate failure,(nil),1099511627776,0x55d0c8a1b2c0\n\
+                   48213,11:05:51.539501,free,0x7f3a52000000,1048576,0\n";
+        let rows = parse_trace(log.as_bytes()).unwrap();
+        let seen: Vec<_> = rows.iter().map(|r| (r.thread, r.action, r.pointer, r.size, r.stream)).collect();
+        assert_eq!(
+            seen,
+            [
+                (48213, TraceAction::Allocate, 0x7f3a_5200_0000, 1 << 20, 0),
+                (48213, TraceAction::AllocateFailure, 0, 1 << 40, 0x55d0_c8a1_b2c0),
+                (48213, TraceAction::Free, 0x7f3a_5200_0000, 1 << 20, 0),
+            ]
+        );
+        assert_eq!(rows[0].time, 11.0 * 3600.0 + 5.0 * 60.0 + 51.539463);
     }
 
     #[test]

@@ -187,3 +187,48 @@ fn more_rows_than_the_queue_holds_are_all_written_in_order() {
         assert_eq!((pair[1].action, pair[1].pointer), (TraceAction::Free, *ptr));
     }
 }
+
+/// What a [`Writers`] output received: the bytes, and the name of the thread of each `write` call.
+#[derive(Clone, Default)]
+struct Written {
+    bytes: Vec<u8>,
+    writers: Vec<Option<String>>,
+}
+
+/// An output that notes which thread made each `write` call.
+#[derive(Clone, Default)]
+struct Writers(Arc<Mutex<Written>>);
+
+impl Write for Writers {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut seen = self.0.lock();
+        seen.bytes.extend_from_slice(buf);
+        seen.writers.push(std::thread::current().name().map(String::from));
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+#[parallel]
+fn rows_are_written_by_the_background_thread_in_buffered_batches() {
+    let (s, _, pool) = pool();
+    let out = Writers::default();
+    let log = Arc::new(LoggingResource::new(pool, out.clone()).unwrap());
+    for i in 0..1000 {
+        drop(DeviceBuffer::<u8>::zeroed_in(&log, &s, 100 + i).unwrap());
+    }
+    assert_eq!(log.io_errors(), 0);
+    log.flush().unwrap();
+    let Written { bytes, writers } = out.0.lock().clone();
+    assert_eq!(parse_trace(bytes.as_slice()).unwrap().len(), 2000, "every row was written");
+    let here = std::thread::current().name().map(String::from);
+    assert!(
+        writers.iter().all(|w| w.as_deref() == Some("cumem-log-writer") && *w != here),
+        "only the writer thread writes: {writers:?}"
+    );
+    // About 100 KB of rows through a 64 KiB buffer: a handful of writes, not one per row.
+    assert!(writers.len() <= 8, "{} writes for 2000 rows ({} bytes)", writers.len(), bytes.len());
+}

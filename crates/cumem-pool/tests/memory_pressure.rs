@@ -1,5 +1,6 @@
 //! The memory-pressure monitor on a simulated device of known size: crossings of the free-memory
 //! and reserved-bytes thresholds are seen by value, once per crossing, and trimming answers them.
+//! Several pools are watched at once, each against its own threshold.
 //! Each test owns one device, so the free-memory readings are its own.
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use cumem_sys::testing;
 use parking_lot::Mutex;
 use serial_test::parallel;
 
-const SIM: &str = "devices=4,memory=64MiB";
+const SIM: &str = "devices=5,memory=64MiB";
 const MIB: usize = 1 << 20;
 
 /// Device `device`'s context; `None` (said on stderr) on a machine with fewer devices, where the
@@ -79,7 +80,7 @@ fn a_caching_pool_over_its_threshold_is_trimmed() {
     assert!(reserved > 8 * MIB as u64, "reserved {reserved}");
     let events = monitor.check().unwrap();
     assert_eq!(events.len(), 1);
-    assert_eq!(events[0].pressure, Pressure::PoolReserved { reserved, threshold: 8 * MIB as u64 });
+    assert_eq!(events[0].pressure, Pressure::PoolReserved { pool: 0, reserved, threshold: 8 * MIB as u64 });
     let after = pool.stats().reserved_bytes;
     assert_eq!(events[0].released_bytes, reserved - after, "what the pool released");
     assert!(after <= 8 * MIB as u64, "the kept buffer's segment stays: {after}");
@@ -108,7 +109,7 @@ fn a_native_pool_over_its_threshold_is_trimmed() {
     assert_eq!(
         events,
         [PressureEvent {
-            pressure: Pressure::PoolReserved { reserved, threshold: 4 * MIB as u64 },
+            pressure: Pressure::PoolReserved { pool: 0, reserved, threshold: 4 * MIB as u64 },
             released_bytes: reserved,
         }]
     );
@@ -135,4 +136,62 @@ fn a_background_monitor_reports_a_crossing() {
     drop(handle); // stops and joins the thread
     drop(a);
     assert!(rx.try_recv().is_err(), "one crossing, one event");
+}
+
+#[test]
+#[parallel]
+fn each_watched_pool_has_its_own_threshold_and_low_free_memory_trims_them_all() {
+    let Some(ctx) = ctx(4) else { return };
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let (first, second) = (
+        Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default())),
+        Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default())),
+    );
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    drop(DeviceBuffer::<u8>::zeroed_in(&first, &s, 12 * MIB).unwrap());
+    drop(DeviceBuffer::<u8>::zeroed_in(&second, &s, 3 * MIB).unwrap());
+    let (first_reserved, second_reserved) = (first.stats().reserved_bytes, second.stats().reserved_bytes);
+    assert!(first_reserved > 0 && second_reserved > 0, "both pools cache what was freed");
+    // The first pool is one byte over its threshold, the second exactly at its own.
+    let monitor = MemoryPressureMonitor::new(&ctx)
+        .watch_pool(first.clone(), first_reserved - 1)
+        .watch_pool(second.clone(), second_reserved)
+        .trim_on_pressure()
+        .on_pressure(move |e| record.lock().push(*e));
+    let events = monitor.check().unwrap();
+    assert_eq!(
+        events,
+        [PressureEvent {
+            pressure: Pressure::PoolReserved {
+                pool: 0,
+                reserved: first_reserved,
+                threshold: first_reserved - 1
+            },
+            released_bytes: first_reserved,
+        }]
+    );
+    assert_eq!(*seen.lock(), events);
+    assert_eq!(first.stats().reserved_bytes, 0, "the pool over its threshold was trimmed");
+    assert_eq!(second.stats().reserved_bytes, second_reserved, "the pool at its threshold was not");
+
+    // Low free memory trims every watched pool, once each, for the one crossing.
+    drop(DeviceBuffer::<u8>::zeroed_in(&first, &s, 12 * MIB).unwrap());
+    let first_reserved = first.stats().reserved_bytes;
+    let free = ctx.mem_info().unwrap().free;
+    let low = MemoryPressureMonitor::new(&ctx)
+        .min_free_bytes(free + 1)
+        .watch_pool(first.clone(), 0)
+        .watch_pool(second.clone(), 0)
+        .trim_on_pressure();
+    let events = low.check().unwrap();
+    assert_eq!(events.len(), 3, "low free memory, then each pool over 0: {events:?}");
+    assert!(matches!(events[0].pressure, Pressure::LowFreeMemory { threshold, .. } if threshold == free + 1));
+    assert_eq!(events[0].released_bytes, first_reserved + second_reserved, "both pools gave back all");
+    assert!(
+        matches!(events[1].pressure, Pressure::PoolReserved { pool: 0, .. })
+            && matches!(events[2].pressure, Pressure::PoolReserved { pool: 1, .. })
+    );
+    assert_eq!((events[1].released_bytes, events[2].released_bytes), (0, 0), "already trimmed");
+    assert_eq!((first.stats().reserved_bytes, second.stats().reserved_bytes), (0, 0));
 }

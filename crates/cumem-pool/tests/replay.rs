@@ -30,6 +30,10 @@ fn strategies(ctx: &Context) -> Vec<(&'static str, Arc<dyn DeviceResource>)> {
     ]
 }
 
+/// `fixtures/rmm_log.csv` is written as RMM's `logging_resource_adaptor` prints a log: its header
+/// `Thread,Time,Action,Pointer,Size,Stream`, then rows of the spdlog pattern `%t,%H:%M:%S.%f,`
+/// followed by `allocate,%p,%zu,%s` (`(nil)` for a failed allocation's pointer, `0` for the default
+/// stream, OS thread ids); two threads, the default stream and one created stream.
 #[test]
 #[serial]
 fn a_log_in_rmms_format_replays() {
@@ -202,6 +206,22 @@ fn reserved_bytes_are_the_devices_used_memory() {
     assert_eq!(driver.peak_live_bytes, 9 << 20);
     assert!(driver.peak_reserved_bytes >= 12 << 20, "{driver:?}");
     assert_eq!(driver.samples.last().unwrap().reserved_bytes, 0, "cuMemFree gave everything back");
+    // Fragmentation over time: the share of reserved memory not live, after every row.
+    let over_time: Vec<(usize, usize, f64)> = driver
+        .samples
+        .iter()
+        .map(|s| (s.live_bytes >> 20, s.reserved_bytes >> 20, s.fragmentation()))
+        .collect();
+    if testing::sim_control().is_some() {
+        assert_eq!(
+            over_time,
+            [(3, 4, 0.25), (6, 8, 0.25), (9, 12, 0.25), (6, 8, 0.25), (3, 4, 0.25), (0, 0, 0.0)],
+            "the simulator charges whole 2 MiB granules"
+        );
+    } else {
+        assert_eq!(over_time.len(), 6);
+        assert!(over_time.iter().all(|&(_, _, f)| (0.0..1.0).contains(&f)), "{over_time:?}");
+    }
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let cached = replay(&pool, &rows).unwrap();
     assert_eq!(cached.samples.last().unwrap().reserved_bytes as u64, pool.stats().reserved_bytes);
@@ -351,4 +371,22 @@ fn progress_reaches_the_last_row_when_the_tick_does_not_divide_the_trace() {
     assert_eq!(done.last(), Some(&301), "{done:?}");
     assert!(done.windows(2).all(|w| w[0] < w[1]), "{done:?}");
     assert_eq!(report.freed_at_end, 1);
+}
+
+/// RMM's adaptor logs the time of day (`%H:%M:%S.%f`): sample times of a log that runs past
+/// midnight go on from the day before instead of jumping back.
+#[test]
+#[serial]
+fn sample_times_go_on_past_midnight() {
+    let ctx = ctx();
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+               7,23:59:59.500000,allocate,0x7f0000000000,4096,0\n\
+               7,23:59:59.900000,allocate,0x7f0000001000,4096,0\n\
+               7,00:00:00.100000,free,0x7f0000000000,4096,0\n\
+               7,00:00:00.300000,free,0x7f0000001000,4096,0\n";
+    let trace = parse_trace(log.as_bytes()).unwrap();
+    let report = replay(&Arc::new(DriverResource::new(&ctx)), &trace).unwrap();
+    let times: Vec<f64> = report.samples.iter().map(|s| (s.time * 10.0).round() / 10.0).collect();
+    assert_eq!(times, [0.0, 0.4, 0.6, 0.8]);
+    assert_eq!((report.peak_live_bytes, report.frees), (8192, 2));
 }
