@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cumem_copy::StreamCopy;
 use cumem_core::sys::{self, CUresult};
-use cumem_core::{Device, DeviceBuffer, Error, PinnedBuffer, Stream};
+use cumem_core::{Device, DeviceBuffer, Error, HostAccess, MappedBuffer, PinnedBuffer, Stream};
 use cumem_sys::testing;
 use serial_test::{parallel, serial};
 
@@ -212,4 +212,129 @@ fn a_closure_that_unwinds_after_queueing_a_copy_leaves_the_host_waiting_for_it()
     src.as_mut_slice().unwrap().fill(9);
     opener.join().unwrap();
     assert_eq!(dst.to_vec().unwrap(), vec![1; 256], "the host wrote the source before the copy read it");
+}
+
+/// How long a test that would deadlock without the fix may take before it fails instead.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// Runs `test` on a thread of its own and fails if it has not returned within [`WATCHDOG`]: a
+/// deadlock then fails the test (leaving its threads behind) instead of hanging the run.
+fn within_watchdog(what: &str, test: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        test();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(WATCHDOG) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("deadlock: {what} had not returned after {WATCHDOG:?}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
+    }
+}
+
+#[test]
+#[parallel]
+fn guards_of_other_memory_dropped_inside_crossing_closures_do_not_deadlock() {
+    within_watchdog("two closures each dropping a guard of the other's memory", || {
+        let ctx = ctx();
+        let (s, t) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+        let a = DeviceBuffer::<u32>::from_slice(&s, &[1; 64]).unwrap();
+        let b = DeviceBuffer::<u32>::from_slice(&s, &[2; 64]).unwrap();
+        s.synchronize().unwrap();
+        let barrier = std::sync::Barrier::new(2);
+        // Each thread holds a guard of the other memory and drops it inside its own closure, once
+        // both closures hold their orders: a drop that waited for the other order's lock would
+        // wait for a thread that waits for this one. (Both guards are taken before either closure
+        // starts, as taking one waits for a closure holding its order.)
+        let cross = |mine: &DeviceBuffer<u32>, other: &DeviceBuffer<u32>, stream: &Stream| {
+            let guard = other.on(stream).unwrap();
+            barrier.wait();
+            mine.as_slice()
+                .queue_on(stream, |_| {
+                    barrier.wait();
+                    drop(guard);
+                    Ok(())
+                })
+                .unwrap();
+        };
+        std::thread::scope(|scope| {
+            let one = scope.spawn(|| cross(&a, &b, &s));
+            cross(&b, &a, &t);
+            one.join().unwrap();
+        });
+        // The dropped guards were recorded all the same: each memory has both streams as users
+        // (a lost drop would leave one).
+        assert_eq!((a.order().users().unwrap(), b.order().users().unwrap()), (2, 2));
+        assert_eq!((a.to_vec().unwrap(), b.to_vec().unwrap()), (vec![1; 64], vec![2; 64]));
+    });
+}
+
+#[test]
+#[parallel]
+fn a_view_of_mapped_memory_taken_inside_a_closure_does_not_wait_for_its_tracker() {
+    within_watchdog(
+        "a mapped view taken inside a closure while a copy from it waits for that closure",
+        || {
+            let ctx = ctx();
+            let (s, t) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+            let mapped = MappedBuffer::from_slice(&ctx, &[7u32; 64]).unwrap();
+            let mut dst = DeviceBuffer::<u32>::zeroed(&s, 128).unwrap();
+            s.synchronize().unwrap();
+            let barrier = std::sync::Barrier::new(2);
+            {
+                let (mut left, mut right) = dst.split_at_mut(64).unwrap();
+                std::thread::scope(|scope| {
+                    let inside = scope.spawn(|| {
+                        left.queue_on(&s, |_| {
+                            barrier.wait();
+                            // Lets the other thread lock the mapped buffer's tracker (the copy's host
+                            // side) and wait for this order (its device side) before the view asks
+                            // the tracker; the test passes whatever the interleaving.
+                            std::thread::sleep(Duration::from_millis(100));
+                            Ok(mapped.as_device_slice().len())
+                        })
+                    });
+                    barrier.wait();
+                    t.copy_h2d(&mapped, &mut right).unwrap();
+                    assert_eq!(inside.join().unwrap().unwrap(), 64);
+                });
+            }
+            assert_eq!(dst.to_vec().unwrap(), [vec![0; 64], vec![7; 64]].concat());
+        },
+    );
+}
+
+#[test]
+#[parallel]
+fn a_host_tracker_asked_whether_idle_inside_a_closure_does_not_wait_for_its_lock() {
+    within_watchdog("is_idle inside a closure while a tracked read waits for that closure", || {
+        let ctx = ctx();
+        let (s, t) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+        let mut dst = DeviceBuffer::<u32>::zeroed(&s, 128).unwrap();
+        s.synchronize().unwrap();
+        let host = [0u32; 64];
+        let access = HostAccess::new();
+        let barrier = std::sync::Barrier::new(2);
+        let (mut left, mut right) = dst.split_at_mut(64).unwrap();
+        std::thread::scope(|scope| {
+            let inside = scope.spawn(|| {
+                left.queue_on(&s, |_| {
+                    barrier.wait();
+                    // As above: lets the other thread hold the tracker's lock and wait for this
+                    // order first.
+                    std::thread::sleep(Duration::from_millis(100));
+                    Ok(access.is_idle())
+                })
+            });
+            barrier.wait();
+            let enqueue = |_: *const u32, _| right.queue_on(&t, |_| Ok(()));
+            // SAFETY: `enqueue` queues nothing, so it reads nothing; `host` outlives the tracker.
+            unsafe { access.device_read(&t, host.as_ptr(), host.len(), enqueue).unwrap() };
+            inside.join().unwrap().unwrap();
+        });
+        access.wait_idle().unwrap();
+        assert!(access.is_idle());
+    });
 }

@@ -67,6 +67,13 @@ impl Context {
         self.inner.raw.0
     }
 
+    /// Whether this context is the calling thread's current one (one `cuCtxGetCurrent`; no
+    /// cache, as in [`Context::bind`]).
+    #[inline]
+    pub fn is_current(&self) -> Result<bool> {
+        Ok(ffi::ctx_get_current()? == self.raw())
+    }
+
     /// Makes this context current on the calling thread.
     ///
     /// Asks the driver which context is current first (a thread-local read in the driver, much
@@ -77,7 +84,7 @@ impl Context {
     /// finds cumem's context current afterwards.
     #[inline]
     pub fn bind(&self) -> Result<()> {
-        if ffi::ctx_get_current()? == self.raw() {
+        if self.is_current()? {
             return Ok(());
         }
         ffi::ctx_set_current(self.raw())

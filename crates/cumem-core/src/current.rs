@@ -35,9 +35,11 @@
 //! else holds returns its cached memory to the driver: leak checkers (the simulator's,
 //! compute-sanitizer's) then see only the memory the program itself still holds.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{Arc, Once, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Once, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::RwLock;
@@ -148,6 +150,67 @@ type Slots = Vec<Option<Arc<dyn DeviceResource>>>;
 
 static CURRENT: RwLock<Slots> = RwLock::new(Vec::new());
 
+/// Bumped under `CURRENT`'s write lock by every change of a slot, so that a thread's cached
+/// lookup ([`LAST`]) knows it may be stale: a lookup needs no lock while nothing changed.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// What a lookup found for one device.
+struct LastLookup {
+    /// [`GENERATION`] when it was found (read under `CURRENT`'s lock).
+    generation: u64,
+    /// The device's ordinal (`usize::MAX`: nothing looked up yet).
+    device: usize,
+    /// The resource, weakly: a thread's cache must not keep a resource alive once it is replaced
+    /// or released (its cached memory would stay reserved, and reported as leaked at exit).
+    resource: Option<Weak<dyn DeviceResource>>,
+}
+
+thread_local! {
+    /// The calling thread's last lookup of a current resource: the default path looks the
+    /// resource up on every allocation, and a lock's two read-modify-writes cost more than
+    /// checking a generation (the weak handle's upgrade is the one read-modify-write left, the
+    /// same as cloning the `Arc`).
+    static LAST: RefCell<LastLookup> =
+        const { RefCell::new(LastLookup { generation: 0, device: usize::MAX, resource: None }) };
+}
+
+/// Takes `CURRENT` for a change: every change goes through here, so cached lookups see it.
+fn change_slots() -> parking_lot::RwLockWriteGuard<'static, Slots> {
+    let slots = CURRENT.write();
+    // Bumped before the change is made, under the lock: a lookup that reads the new generation
+    // and then the slots (under the read lock) sees the change, and one that read the old
+    // generation before it is ordered before the change (it returns the resource current then).
+    GENERATION.fetch_add(1, Ordering::Release);
+    slots
+}
+
+/// The cached lookup of device `i`, if nothing changed since it was made.
+fn cached(i: usize) -> Option<Arc<dyn DeviceResource>> {
+    let generation = GENERATION.load(Ordering::Acquire);
+    LAST.try_with(|last| {
+        let last = last.borrow();
+        if last.generation == generation && last.device == i {
+            last.resource.as_ref().and_then(Weak::upgrade)
+        } else {
+            None
+        }
+    })
+    .ok()
+    .flatten()
+}
+
+/// Remembers a lookup of device `i` made under `CURRENT`'s lock (so `GENERATION` is that of
+/// `resource`).
+fn remember(i: usize, resource: &Arc<dyn DeviceResource>) {
+    let generation = GENERATION.load(Ordering::Acquire);
+    // A thread whose locals are being destroyed looks up without the cache.
+    let _ = LAST.try_with(|last| {
+        if let Ok(mut last) = last.try_borrow_mut() {
+            *last = LastLookup { generation, device: i, resource: Some(Arc::downgrade(resource)) };
+        }
+    });
+}
+
 /// Puts `resource` in slot `i`, returning what was there.
 fn replace(
     slots: &mut Slots,
@@ -166,10 +229,17 @@ fn replace(
 /// The current resource of `ctx`'s device, made on first use.
 pub(crate) fn current_for(ctx: &Context) -> Result<Arc<dyn DeviceResource>> {
     let i = ctx.device().ordinal();
-    if let Some(Some(resource)) = CURRENT.read().get(i) {
-        return Ok(resource.clone());
+    if let Some(resource) = cached(i) {
+        return Ok(resource);
     }
-    let mut slots = CURRENT.write();
+    {
+        let slots = CURRENT.read();
+        if let Some(Some(resource)) = slots.get(i) {
+            remember(i, resource);
+            return Ok(resource.clone());
+        }
+    }
+    let mut slots = change_slots();
     if let Some(Some(resource)) = slots.get(i) {
         return Ok(resource.clone());
     }
@@ -205,7 +275,7 @@ where
 {
     check_device(device, &*resource)?;
     let resource = resource.into_dyn_resource();
-    let previous = replace(&mut CURRENT.write(), device.ordinal(), Some(resource));
+    let previous = replace(&mut change_slots(), device.ordinal(), Some(resource));
     Ok(previous)
 }
 
@@ -225,7 +295,7 @@ where
 /// allocation. Buffers still alive keep their resources alive; a pool nothing else holds returns
 /// its memory to the driver now. Returns how many resources were let go.
 pub fn reset_current_resources() -> usize {
-    let taken: Slots = std::mem::take(&mut *CURRENT.write());
+    let taken: Slots = std::mem::take(&mut *change_slots());
     // Dropped outside the lock: a pool's drop may wait for streams.
     taken.into_iter().flatten().count()
 }
@@ -246,7 +316,7 @@ impl fmt::Debug for CurrentResourceGuard {
 impl Drop for CurrentResourceGuard {
     fn drop(&mut self) {
         let previous = self.previous.take();
-        let replaced = replace(&mut CURRENT.write(), self.device.ordinal(), previous);
+        let replaced = replace(&mut change_slots(), self.device.ordinal(), previous);
         drop(replaced);
     }
 }
@@ -278,6 +348,7 @@ extern "C" fn at_exit() {
             tracing::warn!("the current resources are locked at exit; their cached memory is not returned");
             return;
         };
+        GENERATION.fetch_add(1, Ordering::Release);
         let taken = std::mem::take(&mut *slots);
         drop(slots);
         if taken.iter().all(Option::is_none) {

@@ -44,6 +44,8 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use parking_lot::Mutex;
 
 use crate::order::{queuing_on_this_thread, used_inside_queue_on};
@@ -61,6 +63,46 @@ enum OrderedUse {
     Write,
 }
 
+/// An [`OrderedUse`] that views raise without the tracker's lock.
+///
+/// Handing out a view must not wait for the lock: it may be asked for inside a
+/// [`StreamOrder::queue_on`] closure while another thread holds the lock and waits for that
+/// closure's order (a copy from this memory into the closure's). Raising and lowering are single
+/// atomic read-modify-writes (`fetch_max`, `fetch_min`), so no update is lost, and the updates
+/// made concurrently commute: views taken through `&self` only ever raise to `Read`, and
+/// `max(min(x, Read), Read) == min(max(x, Read), Read)`, so a shared view taken while a host wait
+/// lowers `Write` to `Read` leaves `Read` whichever comes first. A raise to `Write` needs
+/// exclusive access to the owner (an exclusive view), so no host wait runs meanwhile. The waits
+/// still read and lower it under the lock, as before, so they are ordered among themselves.
+#[derive(Debug, Default)]
+struct OrderedCell(AtomicU8);
+
+impl OrderedCell {
+    fn from_u8(value: u8) -> OrderedUse {
+        match value {
+            0 => OrderedUse::None,
+            1 => OrderedUse::Read,
+            _ => OrderedUse::Write,
+        }
+    }
+
+    fn get(&self) -> OrderedUse {
+        Self::from_u8(self.0.load(Ordering::Acquire))
+    }
+
+    fn raise(&self, to: OrderedUse) {
+        self.0.fetch_max(to as u8, Ordering::AcqRel);
+    }
+
+    fn lower(&self, to: OrderedUse) {
+        self.0.fetch_min(to as u8, Ordering::AcqRel);
+    }
+
+    fn set(&mut self, to: OrderedUse) {
+        *self.0.get_mut() = to as u8;
+    }
+}
+
 /// Device work still using the memory.
 ///
 /// Invariant: every device operation on the memory that the host has not seen complete was queued
@@ -74,7 +116,6 @@ struct Pending {
     reads: Vec<Stream>,
     /// The stream of the last device write.
     write: Option<Stream>,
-    ordered: OrderedUse,
 }
 
 impl Pending {
@@ -106,6 +147,8 @@ impl Pending {
 #[derive(Debug, Default)]
 pub struct HostAccess {
     pending: Mutex<Pending>,
+    /// How device work reached the memory through `order` since the host last waited for it.
+    ordered: OrderedCell,
     order: Option<StreamOrder>,
     /// Host reads must not overlap any device work (see [`HostAccess::with_exclusive_order`]).
     exclusive: bool,
@@ -129,7 +172,12 @@ impl HostAccess {
     /// A tracker that orders all device work through a [`StreamOrder`] first used on `stream`, for
     /// memory that is also used through device views.
     pub fn with_order(stream: &Stream) -> Self {
-        HostAccess { pending: Mutex::default(), order: Some(StreamOrder::new(stream)), exclusive: false }
+        HostAccess {
+            pending: Mutex::default(),
+            ordered: OrderedCell::default(),
+            order: Some(StreamOrder::new(stream)),
+            exclusive: false,
+        }
     }
 
     /// Like [`HostAccess::with_order`], for memory that the host must not read while any device
@@ -181,18 +229,24 @@ impl HostAccess {
     /// and returns the order the view must use. `None` for event-tracked memory, which has no views.
     ///
     /// The view's work is queued after this call; host access later synchronises the order's last
-    /// stream, which covers it.
+    /// stream, which covers it. Never waits (no lock: it may be called inside a
+    /// [`StreamOrder::queue_on`] closure). Hand out an exclusive view (`write`) only with exclusive
+    /// access to the owner, when no host access can run meanwhile.
     pub fn view_order(&self, write: bool) -> Option<&StreamOrder> {
         let order = self.order.as_ref()?;
-        let mut pending = self.pending.lock();
-        pending.ordered = pending.ordered.max(if write { OrderedUse::Write } else { OrderedUse::Read });
+        self.ordered.raise(if write { OrderedUse::Write } else { OrderedUse::Read });
         Some(order)
     }
 
-    /// Whether no device work is known to be pending (without asking the driver).
+    /// Whether no device work is known to be pending (without asking the driver). Never waits:
+    /// while another thread holds the tracker (tracking or waiting for work), the answer is
+    /// `false`, as nothing is known to be idle then; so it may be asked inside a
+    /// [`StreamOrder::queue_on`] closure.
     pub fn is_idle(&self) -> bool {
-        let pending = self.pending.lock();
-        pending.reads.is_empty() && pending.write.is_none() && pending.ordered == OrderedUse::None
+        let Some(pending) = self.pending.try_lock() else {
+            return false;
+        };
+        pending.reads.is_empty() && pending.write.is_none() && self.ordered.get() == OrderedUse::None
     }
 
     fn sync_order(&self) -> Result<()> {
@@ -218,18 +272,18 @@ impl HostAccess {
             // Refuse first, then wait (without holding `pending`, which views need): work that
             // slipped in between would otherwise run under the host's borrow.
             order.exclude_device(true)?;
-            let mut pending = self.lock_pending()?;
-            pending.ordered = pending.ordered.min(OrderedUse::Read);
+            let _pending = self.lock_pending()?;
+            self.ordered.lower(OrderedUse::Read);
             return Ok(());
         }
         let mut pending = self.lock_pending()?;
         pending.wait_write()?;
-        if pending.ordered == OrderedUse::Write {
+        if self.ordered.get() == OrderedUse::Write {
             self.sync_order()?;
             // Every write queued so far is done. Shared views may still be alive and queue reads
             // through the order without telling this tracker, so only an exclusive wait may
             // forget about device reads.
-            pending.ordered = OrderedUse::Read;
+            self.ordered.lower(OrderedUse::Read);
         }
         Ok(())
     }
@@ -238,10 +292,10 @@ impl HostAccess {
     pub fn wait_idle(&self) -> Result<()> {
         let mut pending = self.lock_pending()?;
         pending.wait_all()?;
-        if pending.ordered != OrderedUse::None {
+        if self.ordered.get() != OrderedUse::None {
             self.sync_order()?;
             // As in `wait_writes`: a live shared view may still queue reads.
-            pending.ordered = pending.ordered.min(OrderedUse::Read);
+            self.ordered.lower(OrderedUse::Read);
         }
         Ok(())
     }
@@ -250,7 +304,7 @@ impl HostAccess {
     /// once the device is done the tracker can forget every use.
     pub fn wait_idle_exclusive(&mut self) -> Result<()> {
         self.wait_idle()?;
-        self.pending.get_mut().ordered = OrderedUse::None;
+        self.ordered.set(OrderedUse::None);
         self.end_host_reads();
         Ok(())
     }
@@ -275,7 +329,7 @@ impl HostAccess {
         // only the wait).
         if let Some(order) = &self.order {
             let _ticket = order.use_on(stream)?;
-            pending.ordered = pending.ordered.max(OrderedUse::Read);
+            self.ordered.raise(OrderedUse::Read);
             return enqueue(ptr, len);
         }
         if let Some(write) = &pending.write {
@@ -308,7 +362,7 @@ impl HostAccess {
         // Tracked before `enqueue` runs, as in `device_read`.
         if let Some(order) = &self.order {
             let _ticket = order.use_on(stream)?;
-            pending.ordered = OrderedUse::Write;
+            self.ordered.set(OrderedUse::Write);
             return enqueue(ptr, len);
         }
         // Wait for everything before forgetting anything: a failed wait leaves the streams tracked.

@@ -39,21 +39,12 @@
 //! ```
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cumem_sys::ErrorContext;
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::{Error, Feature, Result, Stream};
-
-/// A number that names the calling thread while it lives: the address of one of its
-/// thread-locals (never 0).
-fn thread_mark() -> usize {
-    thread_local! {
-        static MARK: u8 = const { 0 };
-    }
-    MARK.with(|m| std::ptr::from_ref(m) as usize)
-}
 
 thread_local! {
     /// How many [`StreamOrder::queue_on`] closures the calling thread is running (each holding its
@@ -76,13 +67,18 @@ pub(crate) fn used_inside_queue_on() -> Error {
 #[derive(Debug)]
 pub struct StreamOrder {
     inner: Mutex<Users>,
-    /// The thread running [`StreamOrder::queue_on`]'s closure (its [`thread_mark`]; 0: none),
-    /// which holds `inner`: that thread locking `inner` again would wait for itself.
-    holder: AtomicUsize,
-    /// What a `Drop` on the holding thread could not apply because `inner` was held by that very
-    /// thread (a ticket dropped inside the closure): applied when the closure's lock is released.
-    /// Only the holder writes it, so it is never contended.
+    /// What a `Drop` could not apply because `inner` was held while the dropping thread was inside
+    /// a [`StreamOrder::queue_on`] closure (of this order or another), where it must not wait for
+    /// `inner`: the holder may be waiting for that closure's order. Applied by whoever locks
+    /// `inner` next (every acquisition drains it, see [`StreamOrder::drained`], and so does the
+    /// owner's `join_mut`), so nobody reads the users without it. A leaf lock:
+    /// held only to push or to take the list, never while waiting for anything else.
     deferred: Mutex<Vec<Deferred>>,
+    /// Whether `deferred` may hold something: set under its lock after a push, cleared under it
+    /// by the drain, so an acquisition of `inner` with nothing deferred costs one load. A change
+    /// pushed before a thread locks `inner` (happens-before) is seen by it: it reads `true`, or a
+    /// later `false` stored by a drain that applied the change under `inner` before it got it.
+    has_deferred: AtomicBool,
     /// The ordinal of the memory's device (the device of the stream it was first used on), named
     /// by refusals.
     device: i32,
@@ -214,8 +210,8 @@ impl StreamOrder {
     pub fn new(stream: &Stream) -> Self {
         StreamOrder {
             device: stream.context().device().ordinal() as i32,
-            holder: AtomicUsize::new(0),
             deferred: Mutex::new(Vec::new()),
+            has_deferred: AtomicBool::new(false),
             inner: Mutex::new(Users {
                 latest: (stream.clone(), 0),
                 others: Vec::new(),
@@ -241,23 +237,51 @@ impl StreamOrder {
         if queuing_on_this_thread() {
             return Err(used_inside_queue_on());
         }
-        Ok(self.inner.lock())
+        Ok(self.drained(self.inner.lock()))
     }
 
-    /// Runs `change` on the users from a `Drop`, which must neither fail nor wait for itself:
-    /// when the calling thread holds them (inside `queue_on`'s closure), the change is left in
-    /// `deferred` for that call to apply when it releases them.
-    fn change_from_drop(&self, change: Deferred) {
-        if let Some(mut inner) = self.inner.try_lock() {
-            return inner.apply(change);
+    /// The users just locked, with every change deferred by a `Drop` applied (see `deferred`).
+    #[inline]
+    fn drained<'o>(&'o self, mut inner: MutexGuard<'o, Users>) -> MutexGuard<'o, Users> {
+        if self.has_deferred.load(Ordering::Acquire) {
+            self.apply_deferred(&mut inner);
         }
-        if self.holder.load(Ordering::Relaxed) == thread_mark() {
-            self.deferred.lock().push(change);
+        inner
+    }
+
+    #[cold]
+    fn apply_deferred(&self, inner: &mut Users) {
+        let changes = {
+            let mut deferred = self.deferred.lock();
+            self.has_deferred.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *deferred)
+        };
+        // Applied without holding `deferred` (a stream handle dropped here may call the driver).
+        for change in changes {
+            inner.apply(change);
+        }
+    }
+
+    /// Runs `change` on the users from a `Drop`, which must neither fail nor wait for a lock
+    /// inside a closure: when the users are held and the calling thread is inside a
+    /// [`StreamOrder::queue_on`] closure (this order's, whose lock it holds itself, or another's,
+    /// whose holder may be waiting for the other order, or be inside a closure dropping a ticket
+    /// of that order: two threads crossing), the change is left in `deferred` for whoever locks
+    /// the users next.
+    fn change_from_drop(&self, change: Deferred) {
+        if let Some(inner) = self.inner.try_lock() {
+            return self.drained(inner).apply(change);
+        }
+        if queuing_on_this_thread() {
+            let mut deferred = self.deferred.lock();
+            deferred.push(change);
+            self.has_deferred.store(true, Ordering::Release);
             return;
         }
-        // Held by another thread, which never waits for a lock while holding this one (`lock`
-        // refuses that), so this wait ends.
-        self.inner.lock().apply(change);
+        // Outside any closure this thread holds no order's lock, and a thread holding this one
+        // never waits for another cumem lock while holding it (`lock` refuses that inside a
+        // closure, and drops there defer), so this wait ends.
+        self.drained(self.inner.lock()).apply(change);
     }
 
     /// Orders `stream` after all work queued so far on the memory by its recorded users. Queue the
@@ -298,9 +322,11 @@ impl StreamOrder {
     /// [`DeviceSlice::on`](crate::DeviceSlice::on)), which holds no lock while the work is queued.
     /// (A memory kind whose drop must wait through such a lock, e.g. a pinned buffer, leaks its
     /// memory with a warning when dropped inside `queue`.) Another thread using this memory waits
-    /// until `queue` returns. Dropping a ticket of this order inside `queue` is recorded when
-    /// `queue` returns. Refusals are as in
-    /// [`StreamOrder::use_on`].
+    /// until `queue` returns. A ticket (or a view's guard) dropped inside `queue` never waits
+    /// either: if its order is locked (this one, or another that a thread crossing this one holds
+    /// in its own closure), its stream is recorded by the next lock of that order (the closure
+    /// holding it applies it when it returns, if it came in time), before anyone reads that
+    /// order's users again. Refusals are as in [`StreamOrder::use_on`].
     ///
     /// The lock also covers `queue`'s driver calls, which the driver itself may hold back (an
     /// asynchronous copy waits while another thread is inside `cuMemFree`), so other threads
@@ -324,7 +350,6 @@ impl StreamOrder {
             return Err(self.refusal());
         }
         inner.order_after_users(stream)?;
-        self.holder.store(thread_mark(), Ordering::Relaxed);
         QUEUING.with(|q| q.set(q.get() + 1));
         let _queuing = Queuing { waited_before: inner.next_gen, inner, order: self, stream };
         queue()
@@ -377,6 +402,14 @@ impl StreamOrder {
     /// [`StreamOrder::join`] for an owner with exclusive access (the memory's drop): no lock, and
     /// the stream is lent rather than cloned.
     pub fn join_mut(&mut self) -> Result<&Stream> {
+        // Changes deferred by drops (exclusive access: none is being pushed now) first.
+        if *self.has_deferred.get_mut() {
+            *self.has_deferred.get_mut() = false;
+            let changes = std::mem::take(self.deferred.get_mut());
+            for change in changes {
+                self.inner.get_mut().apply(change);
+            }
+        }
         Self::join_users(self.inner.get_mut())
     }
 
@@ -428,10 +461,10 @@ struct Queuing<'o> {
 impl Drop for Queuing<'_> {
     fn drop(&mut self) {
         QUEUING.with(|q| q.set(q.get().saturating_sub(1)));
-        self.order.holder.store(0, Ordering::Relaxed);
-        // Tickets dropped inside the closure recorded their streams before this one returns.
-        for change in std::mem::take(&mut *self.order.deferred.lock()) {
-            self.inner.apply(change);
+        // Tickets dropped inside the closure (by this thread, or by another thread's closure
+        // while this one held the users) recorded their streams before this one returns.
+        if self.order.has_deferred.load(Ordering::Acquire) {
+            self.order.apply_deferred(&mut self.inner);
         }
         self.inner.record(self.stream, self.waited_before);
     }
@@ -453,11 +486,10 @@ impl Drop for ScopedExclusion<'_> {
 
 impl Drop for OrderTicket<'_> {
     fn drop(&mut self) {
-        if let Some(mut inner) = self.order.inner.try_lock() {
-            return inner.end_ticket(self.stream, self.waited_before);
+        if let Some(inner) = self.order.inner.try_lock() {
+            return self.order.drained(inner).end_ticket(self.stream, self.waited_before);
         }
-        // Contended, or dropped inside this thread's own `queue_on` closure: the rare paths
-        // clone the stream.
+        // Contended, or dropped inside a `queue_on` closure: the rare paths clone the stream.
         self.order.change_from_drop(Deferred::Ticket(self.stream.clone(), self.waited_before));
     }
 }

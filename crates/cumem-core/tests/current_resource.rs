@@ -117,6 +117,30 @@ fn set_current_resource_changes_what_new_buffers_use_and_old_ones_keep_theirs() 
 
 #[test]
 #[serial]
+fn a_change_made_on_another_thread_is_seen_at_once_and_no_lookup_keeps_the_replaced_resource() {
+    let device = device();
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let first = Counting::new(stream.context());
+    let second = Counting::new(stream.context());
+    let before = cumem_core::set_current_resource(&device, first.clone()).unwrap();
+    // This thread looks `first` up (and may remember the lookup).
+    drop(DeviceBuffer::<u8>::zeroed(&stream, 16).unwrap());
+    assert_eq!(first.total(), 1);
+    std::thread::scope(|s| {
+        s.spawn(|| drop(cumem_core::set_current_resource(&device, second.clone()).unwrap()));
+    });
+    drop(DeviceBuffer::<u8>::zeroed(&stream, 16).unwrap());
+    assert_eq!((first.total(), second.total()), (1, 1), "the change was not seen");
+    assert_eq!(Arc::strong_count(&first), 1, "something still holds the replaced resource");
+    match before {
+        Some(before) => drop(cumem_core::set_current_resource(&device, before).unwrap()),
+        None => drop(cumem_core::reset_current_resources()),
+    }
+    assert_eq!(Arc::strong_count(&second), 1, "something still holds the released resource");
+}
+
+#[test]
+#[serial]
 fn a_scoped_override_is_undone_when_its_guard_drops_even_in_a_panic() {
     let device = device();
     let stream = Stream::new(&device.context().unwrap()).unwrap();

@@ -23,6 +23,41 @@ use crate::{MemPool, ffi};
 /// The alignment pool allocations are known to have without padding.
 const POOL_ALIGNMENT: usize = 256;
 
+/// Runs `call`, a `cuMemAllocFromPoolAsync` or `cuMemFreeAsync` on `stream`, first without making
+/// `ctx` current, and again after binding it if that fails while another context (or none) is
+/// current: binding costs a `cuCtxGetCurrent` per call, as much as a tenth of the call itself.
+///
+/// Why every outcome on a real driver is right:
+/// - Both calls name everything they act on: the pool (hence the device whose memory is
+///   allocated), the pointer, and the stream (hence the context and device the work is ordered
+///   in). The current context only resolves a special stream handle (NULL, `CU_STREAM_LEGACY`,
+///   `CU_STREAM_PER_THREAD`: the current context's default streams), and the header lists
+///   `INVALID_CONTEXT` for these calls only for the default stream with no context current
+///   (driver-api.md G2). So a special handle is never passed unbound: the first try happens only
+///   for a created stream, whose work cannot land anywhere else whatever is current.
+/// - A failed call did nothing (errors from these calls are reported before any work is queued;
+///   a sticky error fails the retry the same way), so trying again after binding cannot do the
+///   work twice; if the right context was current already, the failure stands without a retry
+///   (an out-of-memory answer, an injected fault), as it would have with the bind first.
+/// - A driver that checks the stream against the current context (not documented, not observed)
+///   fails the first try with some error; the retry, bound as before, then gives the answer the
+///   bound call always gave.
+fn unbound_first<T>(ctx: &Context, stream: &Stream, call: impl Fn() -> Result<T>) -> Result<T> {
+    // NULL, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) resolve through the current context.
+    if stream.raw() as usize > 2 {
+        match call() {
+            Ok(done) => return Ok(done),
+            Err(e) => {
+                if ctx.is_current()? {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    ctx.bind()?;
+    call()
+}
+
 /// A [`MemPool`] serving [`DeviceResource`] requests.
 ///
 /// Alignments above 256 bytes first try the exact size and keep it when the pool's address is
@@ -64,8 +99,9 @@ unsafe impl DeviceResource for NativePoolResource {
         let layout = AllocLayout::new(layout.bytes, layout.align)?;
         let ctx = self.pool.context();
         let device = ctx.device().ordinal() as i32;
-        ctx.bind()?;
-        let exact = ffi::mem_alloc_from_pool_async(layout.bytes, self.pool.raw(), stream.raw(), device)?;
+        let exact = unbound_first(ctx, stream, || {
+            ffi::mem_alloc_from_pool_async(layout.bytes, self.pool.raw(), stream.raw(), device)
+        })?;
         if layout.align <= POOL_ALIGNMENT || exact.is_multiple_of(layout.align as u64) {
             return Ok(Allocation { ptr: exact, token: [exact, 0] });
         }
@@ -73,25 +109,28 @@ unsafe impl DeviceResource for NativePoolResource {
         // padded request at once) and pad.
         // SAFETY: `exact` was allocated on `stream` just above, is freed once, and was never handed
         // out, so no work uses it.
-        unsafe { ffi::mem_free_async(exact, stream.raw()) }.inspect_err(|e| {
+        let freed = unbound_first(ctx, stream, || unsafe { ffi::mem_free_async(exact, stream.raw()) });
+        freed.inspect_err(|e| {
             tracing::warn!(ptr = exact, error = %e, "freeing a misaligned trial block failed; it stays in the pool");
         })?;
         let padded = layout
             .bytes
             .checked_add(layout.align - POOL_ALIGNMENT)
             .ok_or(Error::SizeOverflow { count: layout.bytes, elem_size: 1 })?;
-        let base = ffi::mem_alloc_from_pool_async(padded, self.pool.raw(), stream.raw(), device)?;
+        let base = unbound_first(ctx, stream, || {
+            ffi::mem_alloc_from_pool_async(padded, self.pool.raw(), stream.raw(), device)
+        })?;
         Ok(Allocation { ptr: base.next_multiple_of(layout.align as u64), token: [base, 0] })
     }
 
     unsafe fn deallocate(&self, allocation: Allocation, _layout: AllocLayout, stream: &Stream) {
         // The token holds the base the pool returned (the address itself unless padded).
         let (ptr, base) = (allocation.ptr, allocation.token[0]);
-        let result = self.pool.context().bind().and_then(|()| {
-            // SAFETY: `base` came from cuMemAllocFromPoolAsync (caller's item 1) and every use of it is
-            // ordered before work queued on `stream` next (item 2).
-            unsafe { ffi::mem_free_async(base, stream.raw()) }
-        });
+        // SAFETY: `base` came from cuMemAllocFromPoolAsync (caller's item 1), is freed once (a
+        // failed try frees nothing), and every use of it is ordered before work queued on
+        // `stream` next (item 2).
+        let result =
+            unbound_first(self.pool.context(), stream, || unsafe { ffi::mem_free_async(base, stream.raw()) });
         if let Err(e) = result {
             tracing::warn!(ptr, error = %e, "cuMemFreeAsync failed; the memory stays in the pool");
         }

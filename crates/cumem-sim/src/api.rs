@@ -9,7 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use cudarc::driver::sys::CUresult;
 
 use crate::violation::{self, Violation};
-use crate::{errors, fault, state};
+use crate::{calls, errors, fault, state};
 
 /// Why a call failed; `message: Some` marks misuse to be recorded as a violation.
 #[derive(Debug)]
@@ -46,11 +46,26 @@ struct ApiThread {
     caller: Cell<(&'static str, u64)>,
     /// Set while the host-callback thread runs a `cuLaunchHostFunc` function.
     in_host_fn: Cell<bool>,
+    /// The call counters this thread used last, by the address and length of the function's name
+    /// (direct-mapped: a call of a function used recently finds its counter in one probe, without
+    /// the counting table's own thread-local, hash and borrow).
+    recent: [Cell<RecentCounter>; RECENT],
 }
+
+/// A slot of [`ApiThread::recent`]: a name's address and length, and its counter.
+type RecentCounter = (usize, usize, Option<calls::Counter>);
+
+/// Slots in [`ApiThread::recent`]: more than the calls a hot loop makes.
+const RECENT: usize = 16;
 
 thread_local! {
     static THREAD: ApiThread = const {
-        ApiThread { tid: Cell::new(0), caller: Cell::new(("", 0)), in_host_fn: Cell::new(false) }
+        ApiThread {
+            tid: Cell::new(0),
+            caller: Cell::new(("", 0)),
+            in_host_fn: Cell::new(false),
+            recent: [const { Cell::new((0, 0, None)) }; RECENT],
+        }
     };
 }
 
@@ -65,6 +80,22 @@ impl ApiThread {
             }
             tid => tid,
         }
+    }
+
+    /// Counts one call of `name` by this thread (whose OS id is `tid`).
+    #[inline]
+    fn count(&self, name: &'static str, tid: u64) {
+        let (address, len) = (name.as_ptr() as usize, name.len());
+        let slot = &self.recent[((address >> 3) ^ len) % RECENT];
+        let counter = match slot.get() {
+            (a, l, Some(counter)) if (a, l) == (address, len) => counter,
+            _ => {
+                let counter = calls::counter(name, tid);
+                slot.set((address, len, Some(counter)));
+                counter
+            }
+        };
+        calls::bump(counter);
     }
 }
 
@@ -99,9 +130,9 @@ pub(crate) enum Init {
 pub(crate) fn call(name: &'static str, init: Init, body: impl FnOnce() -> ApiResult) -> CUresult {
     let (tid, outer, in_host_fn) = THREAD.with(|t| {
         let tid = t.tid();
+        t.count(name, tid);
         (tid, t.caller.replace((name, tid)), t.in_host_fn.get())
     });
-    crate::calls::count(name, tid);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         if in_host_fn {
             return Err(Fail::misuse(

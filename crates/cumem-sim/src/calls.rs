@@ -9,19 +9,21 @@
 //! call pay two atomic read-modify-writes and a hash of the name, and made threads that only query
 //! their own state contend. So each thread counts in counters only it writes, found by the address
 //! of the name (the literal each exported function passes); the process-wide list is locked only
-//! the first time a thread calls a function, and by [`total`].
+//! the first time a thread calls a function, and by [`total`]. The call wrapper keeps the counters
+//! it used last in its own thread-local ([`counter`] hands out `'static` references), so a call
+//! of a recently used function skips even this thread's table.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
 /// One thread's calls of one function. Written by that thread only (a load and a store, no
-/// read-modify-write), read by anyone.
-type Counter = Arc<AtomicU64>;
+/// read-modify-write), read by anyone. Never freed: [`COUNTERS`] lists every one for the life of
+/// the process anyway, and a `'static` reference can be cached without a lifetime to track.
+pub(crate) type Counter = &'static AtomicU64;
 
 /// Every counter made: (exported symbol, OS thread id, calls). A thread whose id the OS reuses
 /// after another one exited gets counters of its own, so that each has one writer forever;
@@ -68,25 +70,31 @@ thread_local! {
 
 /// A new counter of `function` on `os_tid`, listed for [`total`].
 fn register(function: &'static str, os_tid: u64) -> Counter {
-    let counter = Counter::default();
-    COUNTERS.lock().push((function, os_tid, counter.clone()));
+    let counter: Counter = Box::leak(Box::default());
+    COUNTERS.lock().push((function, os_tid, counter));
     counter
 }
 
-/// Counts one call of `function` on thread `os_tid` (the calling thread).
-pub(crate) fn count(function: &'static str, os_tid: u64) {
-    let bump = |c: &AtomicU64| c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+/// The calling thread's counter of `function` (`os_tid`: the calling thread's id). Only the
+/// calling thread may [`bump`] it.
+pub(crate) fn counter(function: &'static str, os_tid: u64) -> Counter {
     let key = NameKey(function.as_ptr() as usize, function.len());
-    let counted = MINE.try_with(|mine| {
-        let mut mine = mine.borrow_mut();
-        let counter = mine.entry(key).or_insert_with(|| register(function, os_tid));
-        bump(counter);
-    });
-    if counted.is_err() {
-        // The thread is exiting and its table is gone (a destructor calling the driver): count
-        // in a counter of its own, as a new thread would.
-        bump(&register(function, os_tid));
-    }
+    MINE.try_with(|mine| *mine.borrow_mut().entry(key).or_insert_with(|| register(function, os_tid)))
+        // The thread is exiting and its table is gone (a destructor calling the driver): a
+        // counter of its own, as a new thread would get.
+        .unwrap_or_else(|_| register(function, os_tid))
+}
+
+/// Counts one call in a counter of the calling thread's (see [`counter`]): its only writer.
+#[inline]
+pub(crate) fn bump(counter: Counter) {
+    counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
+/// Counts one call of `function` on thread `os_tid` (the calling thread).
+#[cfg(test)]
+fn count(function: &'static str, os_tid: u64) {
+    bump(counter(function, os_tid));
 }
 
 /// Calls of `function` so far: on thread `os_tid`, or on every thread for 0.
