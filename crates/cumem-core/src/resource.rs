@@ -148,7 +148,35 @@ unsafe impl DeviceResource for DriverResource {
         &self.ctx
     }
 
-    fn allocate(&self, layout: AllocLayout, _stream: &Stream) -> Result<Allocation> {
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
+        let allocation = self.allocate_bound(layout)?;
+        // Fields are evaluated only when trace is enabled for this target.
+        tracing::trace!(
+            device = self.ctx.device().ordinal(),
+            stream = stream.id(),
+            bytes = layout.bytes,
+            ptr = allocation.ptr,
+            "allocate"
+        );
+        Ok(allocation)
+    }
+
+    unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {
+        tracing::trace!(
+            device = self.ctx.device().ordinal(),
+            stream = stream.id(),
+            bytes = layout.bytes,
+            ptr = allocation.ptr,
+            "free"
+        );
+        // SAFETY: the caller's contract, passed on unchanged.
+        unsafe { self.free_after(allocation, layout, stream) }
+    }
+}
+
+impl DriverResource {
+    /// `cuMemAlloc` in this resource's context, padded where the driver's alignment falls short.
+    fn allocate_bound(&self, layout: AllocLayout) -> Result<Allocation> {
         let layout = AllocLayout::new(layout.bytes, layout.align)?;
         let device = self.ctx.device().ordinal() as i32;
         self.ctx.bind()?;
@@ -181,7 +209,13 @@ unsafe impl DeviceResource for DriverResource {
         Ok(Allocation { ptr: base.next_multiple_of(layout.align as u64), token: [base, 0] })
     }
 
-    unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {
+    /// Frees `allocation` once `stream`'s work is done.
+    ///
+    /// # Safety
+    /// 1. The [`DeviceResource::deallocate`] contract: `allocation` came from this resource's
+    ///    `allocate` with `layout`, and every use of it is ordered before work queued on `stream`
+    ///    next.
+    unsafe fn free_after(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {
         let ptr = allocation.ptr;
         // The driver only says cuMemFree *may* wait for the device; every use of the memory is
         // ordered before work queued on `stream` next (caller's item 2), so waiting for `stream`

@@ -85,6 +85,15 @@ impl NativePoolResource {
     }
 }
 
+impl NativePoolResource {
+    /// One trace event per allocation or free, with the fields the other resources give (read
+    /// only when trace is enabled for this target).
+    #[inline]
+    fn trace(device: i32, stream: &Stream, bytes: usize, ptr: u64, what: &'static str) {
+        tracing::trace!(device, stream = stream.id(), bytes, ptr, "{what}");
+    }
+}
+
 // SAFETY: cuMemAllocFromPoolAsync returns fresh memory usable in order on the stream, aligned to
 // 256 bytes. A larger alignment is served by an exact-size block whose address is checked, or by
 // padding `align - 256` bytes and rounding the 256-aligned base up (which stays inside the block);
@@ -103,6 +112,7 @@ unsafe impl DeviceResource for NativePoolResource {
             ffi::mem_alloc_from_pool_async(layout.bytes, self.pool.raw(), stream.raw(), device)
         })?;
         if layout.align <= POOL_ALIGNMENT || exact.is_multiple_of(layout.align as u64) {
+            Self::trace(device, stream, layout.bytes, exact, "allocate");
             return Ok(Allocation { ptr: exact, token: [exact, 0] });
         }
         // Not aligned enough: give the trial back in stream order (the pool can reuse it for the
@@ -120,12 +130,15 @@ unsafe impl DeviceResource for NativePoolResource {
         let base = unbound_first(ctx, stream, || {
             ffi::mem_alloc_from_pool_async(padded, self.pool.raw(), stream.raw(), device)
         })?;
-        Ok(Allocation { ptr: base.next_multiple_of(layout.align as u64), token: [base, 0] })
+        let ptr = base.next_multiple_of(layout.align as u64);
+        Self::trace(device, stream, layout.bytes, ptr, "allocate");
+        Ok(Allocation { ptr, token: [base, 0] })
     }
 
-    unsafe fn deallocate(&self, allocation: Allocation, _layout: AllocLayout, stream: &Stream) {
+    unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {
         // The token holds the base the pool returned (the address itself unless padded).
         let (ptr, base) = (allocation.ptr, allocation.token[0]);
+        Self::trace(self.pool.context().device().ordinal() as i32, stream, layout.bytes, ptr, "free");
         // SAFETY: `base` came from cuMemAllocFromPoolAsync (caller's item 1), is freed once (a
         // failed try frees nothing), and every use of it is ordered before work queued on
         // `stream` next (item 2).

@@ -12,14 +12,15 @@ use capture::{Capture, Seen};
 use cumem_copy::StreamCopy;
 use cumem_core::{Device, DeviceBuffer, DriverResource, Error, Stream};
 use cumem_pool::{
-    CachingResource, FailureCallbackResource, LimitingResource, LoggingResource, MemoryPressureMonitor,
-    PoolConfig, StatisticsResource, TrackingResource,
+    CachingResource, FailureCallbackResource, LimitingResource, LoggingResource, MemPool, MemPoolOptions,
+    MemoryPressureMonitor, NativePoolResource, PoolConfig, StatisticsResource, TrackingResource,
 };
 use cumem_sys::testing;
 use serial_test::parallel;
 use tracing::Level;
 
 const MIB: usize = 1 << 20;
+const CACHING: &str = "cumem_pool::caching_resource";
 
 fn spans<'a>(seen: &'a [Seen], name: &str) -> Vec<&'a Seen> {
     seen.iter().filter(|s| s.span && s.name == name).collect()
@@ -27,6 +28,11 @@ fn spans<'a>(seen: &'a [Seen], name: &str) -> Vec<&'a Seen> {
 
 fn events<'a>(seen: &'a [Seen], message: &str) -> Vec<&'a Seen> {
     seen.iter().filter(|s| !s.span && s.name == message).collect()
+}
+
+/// The events of one resource's module (the caching pool's upstream traces its own).
+fn events_of<'a>(seen: &'a [Seen], target: &str, message: &str) -> Vec<&'a Seen> {
+    events(seen, message).into_iter().filter(|s| s.target == target).collect()
 }
 
 #[test]
@@ -47,14 +53,16 @@ fn segment_growth_migration_and_trim_open_spans_with_device_stream_and_bytes() {
         assert_eq!((span.field("device"), span.field("bytes")), (Some("0"), Some("3145728")));
     }
     assert_ne!(slow[0].field("stream"), slow[1].field("stream"), "each names its own stream");
-    let allocations = events(&seen, "allocate");
+    let allocations = events_of(&seen, CACHING, "allocate");
     assert_eq!(allocations.len(), 2, "one trace event per allocation");
     for (event, span) in allocations.iter().zip(&slow) {
         assert_eq!(event.level, Level::TRACE);
         assert_eq!((event.field("device"), event.field("bytes")), (Some("0"), Some("3145728")));
         assert_eq!(event.field("stream"), span.field("stream"));
     }
-    assert_eq!(events(&seen, "free").len(), 2);
+    assert_eq!(events_of(&seen, CACHING, "free").len(), 2);
+    // The one segment the pool grew came from the driver, which says so too.
+    assert_eq!(events_of(&seen, "cumem_core::resource", "allocate").len(), 1, "{seen:#?}");
     let grow = spans(&seen, "grow");
     assert_eq!(grow.len(), 1, "{seen:#?}");
     assert_eq!(grow[0].level, Level::DEBUG);
@@ -81,6 +89,40 @@ fn segment_growth_migration_and_trim_open_spans_with_device_stream_and_bytes() {
         "the one segment went back"
     );
     assert_eq!(released[0].scope.get("keep").map(String::as_str), Some("0"), "inside the trim span");
+}
+
+/// The driver's resources trace each allocation and free as the caching pool does: a user
+/// filtering on device, stream and bytes sees every allocator.
+#[test]
+#[parallel]
+fn the_driver_and_native_pool_resources_trace_each_allocation_and_free() {
+    testing::init();
+    let ctx = Device::get(0).unwrap().context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let driver = Arc::new(DriverResource::new(&ctx));
+    let native = Arc::new(NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default()).unwrap()));
+    let ((), seen) = Capture::run(|| {
+        drop(DeviceBuffer::<u8>::zeroed_in(&driver, &stream, 5000).unwrap());
+        drop(DeviceBuffer::<u8>::zeroed_in(&native, &stream, 7000).unwrap());
+        // Over-aligned: the native pool pads, and traces the address it hands out.
+        drop(DeviceBuffer::<u8>::zeroed_aligned_in(&native, &stream, 64, 4096).unwrap());
+    });
+    let stream_id = stream.id().to_string();
+    for (what, want) in [("allocate", ["5000", "7000", "64"]), ("free", ["5000", "7000", "64"])] {
+        let got = events(&seen, what);
+        assert_eq!(got.len(), 3, "{what}: {seen:#?}");
+        assert_eq!(got[0].target, "cumem_core::resource");
+        assert!(got[1..].iter().all(|e| e.target == "cumem_pool::native_resource"), "{got:#?}");
+        for (event, bytes) in got.iter().zip(want) {
+            assert_eq!(event.level, Level::TRACE);
+            assert_eq!(
+                (event.field("device"), event.field("stream"), event.field("bytes")),
+                (Some("0"), Some(stream_id.as_str()), Some(bytes)),
+                "{what}"
+            );
+            assert!(event.field("ptr").is_some_and(|p| p != "0"), "{what}: {event:?}");
+        }
+    }
 }
 
 #[test]

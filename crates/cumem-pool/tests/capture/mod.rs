@@ -18,6 +18,8 @@ pub struct Seen {
     /// Whether it was a span (else an event).
     pub span: bool,
     pub level: Level,
+    /// The module that emitted it (a user's filter names it: `cumem_pool::caching_resource=trace`).
+    pub target: String,
     /// The span's name, or the event's message.
     pub name: String,
     /// Its own fields (`message` excluded).
@@ -90,6 +92,7 @@ where
         self.seen.lock().push(Seen {
             span: true,
             level: *attrs.metadata().level(),
+            target: attrs.metadata().target().to_string(),
             name: attrs.metadata().name().to_string(),
             fields: fields.0,
             scope,
@@ -104,6 +107,7 @@ where
         self.seen.lock().push(Seen {
             span: false,
             level: *event.metadata().level(),
+            target: event.metadata().target().to_string(),
             name: fields.1.unwrap_or_default(),
             fields: fields.0,
             scope,
