@@ -391,3 +391,21 @@ fn malformed_traces_name_their_line_or_replay_counting_what_was_skipped() {
         assert_eq!(counts, [1, 1, 12, 1, 1, 1, 1, 1, 0], "{}", s["strategy"]);
     }
 }
+
+/// `--svg` naming the trace itself (a slip of the shell's completion) is refused before the chart
+/// file is created, so the trace is left as it was; it used to be truncated and overwritten.
+#[test]
+fn a_chart_path_that_names_the_trace_is_refused_and_the_trace_kept() {
+    let log = scratch("own-chart.csv");
+    let text =
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,4096,0x0\n1,0.2,free,0x10,4096,0x0\n";
+    std::fs::write(&log, text).unwrap();
+    // The same file by another spelling of its path.
+    let dir = log.parent().unwrap();
+    let aliased = dir.join(".").join(log.file_name().unwrap());
+    let out = cumem(&["replay", log.to_str().unwrap(), "--svg", aliased.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("names the trace"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), text, "the trace is untouched");
+    std::fs::remove_file(&log).unwrap();
+}
