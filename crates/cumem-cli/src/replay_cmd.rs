@@ -34,6 +34,14 @@ pub fn run(args: &ReplayArgs, simulated: bool) -> Result<(), Failure> {
     let trace = parse_trace(BufReader::new(file))
         .map_err(|e| Failure::Input(format!("{}: {e}", args.log.display())))?;
     if let Some(svg) = &args.svg {
+        // The chart is created (truncating the file) before anything is replayed: a chart path
+        // that names the trace itself would destroy the user's log.
+        if std::fs::canonicalize(svg).ok() == Some(std::fs::canonicalize(&args.log).unwrap_or_default()) {
+            return Err(Failure::Input(format!(
+                "--svg {} names the trace being replayed; choose another file for the chart",
+                svg.display()
+            )));
+        }
         chart::check_writable(svg).map_err(Failure::Input)?;
     }
     let ctx = Device::get(0)?.context()?;

@@ -334,3 +334,78 @@ fn a_progress_bar_is_drawn_on_a_terminal() {
     assert!(out.status.success(), "cumem under script failed ({}):\n{text}", out.status);
     assert!(text.contains(&format!("/{rows}")), "no bar counting the {rows} rows on the terminal:\n{text}");
 }
+
+/// Malformed traces: a row that does not parse (bytes that are not UTF-8 included) fails with its
+/// line number and a non-zero exit; rows that parse but make no sense together (a free before its
+/// allocation, a pointer allocated twice, zero and impossible sizes) replay, and `--json` counts
+/// each kind of skipped row by value, the same for every strategy.
+#[test]
+fn malformed_traces_name_their_line_or_replay_counting_what_was_skipped() {
+    const HEADER: &[u8] = b"Thread,Time,Action,Pointer,Size,Stream\n";
+    let unreadable: [(&[u8], &str); 4] = [
+        (b"1,0.5,allocate,0x10,12,0x0\n\xff\xfe,0.6,free,0x10,12,0x0\n", "line 3: the line is not UTF-8"),
+        (b"1,0.5,allocate,0x10,-12,0x0\n", "line 2: the size"),
+        (b"1,inf,allocate,0x10,12,0x0\n", "line 2: the time"),
+        (b"1,0.5,allocate,0xg0,12,0x0\n", "line 2: the pointer"),
+    ];
+    for (i, (rows, says)) in unreadable.into_iter().enumerate() {
+        let bad = scratch(&format!("malformed-{i}.csv"));
+        std::fs::write(&bad, [HEADER, rows].concat()).unwrap();
+        let out = cumem(&["replay", bad.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "expected `{says}`:\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        std::fs::remove_file(&bad).unwrap();
+    }
+
+    let odd = scratch("odd.csv");
+    let rows = b"1,0.1,free,0x10,12,0x0\n\
+                 1,0.2,allocate,0x10,12,0x0\n\
+                 1,0.3,allocate,0x10,24,0x0\n\
+                 1,0.4,allocate,0x20,0,0x0\n\
+                 1,0.5,allocate,0x30,1099511627776,0x7\n\
+                 1,0.6,allocate failure,(nil),5,0x0\n\
+                 1,0.7,free,0x10,12,0x0\n";
+    std::fs::write(&odd, [HEADER, rows].concat()).unwrap();
+    let json: Value = serde_json::from_str(&succeeded(&cumem(&["replay", odd.to_str().unwrap(), "--json"])))
+        .expect("--json prints JSON");
+    std::fs::remove_file(&odd).unwrap();
+    let strategies = json["strategies"].as_array().unwrap();
+    assert_eq!(strategies.len(), 4);
+    for s in strategies {
+        let counts: Vec<u64> = [
+            "allocations",
+            "frees",
+            "peak_live_bytes",
+            "skipped_unknown_frees",
+            "skipped_duplicate_pointers",
+            "skipped_zero_sizes",
+            "failed_allocations",
+            "skipped_failed_rows",
+            "freed_at_end",
+        ]
+        .iter()
+        .map(|k| s[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {s}")))
+        .collect();
+        // One 12-byte allocation made and freed; the 1 TiB one refused by the device.
+        assert_eq!(counts, [1, 1, 12, 1, 1, 1, 1, 1, 0], "{}", s["strategy"]);
+    }
+}
+
+/// `--svg` naming the trace itself (a slip of the shell's completion) is refused before the chart
+/// file is created, so the trace is left as it was; it used to be truncated and overwritten.
+#[test]
+fn a_chart_path_that_names_the_trace_is_refused_and_the_trace_kept() {
+    let log = scratch("own-chart.csv");
+    let text =
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,4096,0x0\n1,0.2,free,0x10,4096,0x0\n";
+    std::fs::write(&log, text).unwrap();
+    // The same file by another spelling of its path.
+    let dir = log.parent().unwrap();
+    let aliased = dir.join(".").join(log.file_name().unwrap());
+    let out = cumem(&["replay", log.to_str().unwrap(), "--svg", aliased.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("names the trace"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), text, "the trace is untouched");
+    std::fs::remove_file(&log).unwrap();
+}

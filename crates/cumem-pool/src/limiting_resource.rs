@@ -93,6 +93,18 @@ impl<R: DeviceResource + ?Sized> LimitingResource<R> {
     }
 }
 
+/// Gives `bytes` of the budget back when dropped: on every way out of a request except success.
+struct Refund<'a> {
+    used: &'a AtomicUsize,
+    bytes: usize,
+}
+
+impl Drop for Refund<'_> {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 // SAFETY: forwards every request it lets through unchanged to the wrapped resource, which upholds
 // the contract; refusing a request hands out nothing.
 unsafe impl<R: DeviceResource + ?Sized> DeviceResource for LimitingResource<R> {
@@ -104,9 +116,12 @@ unsafe impl<R: DeviceResource + ?Sized> DeviceResource for LimitingResource<R> {
         if let Err(used) = self.reserve(layout.bytes) {
             return Err(self.over_limit(layout.bytes, used));
         }
-        self.inner.allocate(layout, stream).inspect_err(|_| {
-            self.used.fetch_sub(layout.bytes, Ordering::AcqRel);
-        })
+        // Given back unless the wrapped resource hands out the memory: when it fails, and when it
+        // panics (a failure callback below that panics), so the budget never shrinks for good.
+        let refund = Refund { used: &self.used, bytes: layout.bytes };
+        let allocation = self.inner.allocate(layout, stream)?;
+        std::mem::forget(refund);
+        Ok(allocation)
     }
 
     unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {

@@ -9,7 +9,9 @@
 //! growing the queue without bound or losing rows a replay needs.
 //! [`flush`](LoggingResource::flush) waits until every row pushed so far is written and flushed;
 //! dropping the adaptor does the same. An I/O error is logged (`tracing::warn`, once per run of
-//! failures) and counted, never raised in the program's allocations.
+//! failures) and counted, never raised in the program's allocations; should the writer thread
+//! stop (an output whose `write` panics), later rows are dropped and counted the same way, so the
+//! queue never grows without bound.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -77,8 +79,10 @@ struct State {
     flushes_done: u64,
     /// The outcome of the writer's last flush, as kind and message (an `io::Error` is not `Clone`).
     last_flush: Option<(io::ErrorKind, String)>,
-    /// Writes and flushes that failed.
+    /// Writes and flushes that failed, and rows dropped because the writer had stopped.
     io_errors: u64,
+    /// Rows dropped because the writer had stopped.
+    lost_rows: u64,
     /// The writer sleeps without a timeout until a row arrives.
     writer_idle: bool,
     writer_gone: bool,
@@ -140,7 +144,9 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
         }
     }
 
-    /// Writes and flushes that failed so far (each run of failures is logged with `tracing::warn`).
+    /// Writes and flushes that failed so far (each run of failures is logged with `tracing::warn`),
+    /// and rows dropped unwritten because the writer thread had stopped (it panicked in the
+    /// output's `write`): each of those counts as one failed write.
     pub fn io_errors(&self) -> u64 {
         self.queue.state.lock().io_errors
     }
@@ -159,11 +165,26 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
         if st.rows.len() >= QUEUE && !st.writer_gone {
             self.wait_for_room(&mut st);
         }
+        if st.writer_gone {
+            // Nobody will write it: keeping it would grow the queue for as long as the program
+            // runs. It counts as a failed write instead.
+            Self::lose(&mut st);
+            return;
+        }
         st.rows.push(record);
         if st.writer_idle || st.rows.len() == WAKE_AT {
             st.writer_idle = false;
             self.queue.wake.notify_one();
         }
+    }
+
+    #[cold]
+    fn lose(st: &mut State) {
+        if st.lost_rows == 0 {
+            tracing::warn!("the allocation log writer has stopped; rows are being lost");
+        }
+        st.lost_rows += 1;
+        st.io_errors += 1;
     }
 
     #[cold]

@@ -248,7 +248,10 @@ impl MemoryPressureMonitor {
     }
 
     /// Checks every `interval` on a background thread until the handle is dropped. A failed
-    /// reading is logged (`tracing::warn`, once per run of failures) and the thread carries on.
+    /// reading is logged (`tracing::warn`, once per run of failures) and the thread carries on;
+    /// so does a reading whose callback panicked (logged with `tracing::warn` each time; that
+    /// reading's later crossings are not reported). The callback may drop the handle itself: the
+    /// thread then ends after the callback returns, without being waited for.
     ///
     /// # Errors
     /// The thread could not be started.
@@ -257,13 +260,19 @@ impl MemoryPressureMonitor {
         let thread = std::thread::Builder::new().name("cumem-pressure".into()).spawn(move || {
             let mut failing = false;
             loop {
-                match self.check() {
-                    Ok(_) => failing = false,
-                    Err(e) if !failing => {
+                // A callback that panics must not end the monitoring for the rest of the run:
+                // what a reading remembers is complete before any callback runs, so the next
+                // reading starts from a consistent state.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.check())) {
+                    Ok(Ok(_)) => failing = false,
+                    Ok(Err(e)) if !failing => {
                         failing = true;
                         tracing::warn!(error = %e, "memory pressure monitor: a reading failed");
                     }
-                    Err(_) => {}
+                    Ok(Err(_)) => {}
+                    Err(_) => {
+                        tracing::warn!("memory pressure monitor: a callback panicked; monitoring goes on")
+                    }
                 }
                 if !matches!(stopped.recv_timeout(interval), Err(mpsc::RecvTimeoutError::Timeout)) {
                     return;
@@ -295,9 +304,14 @@ pub struct MonitorHandle {
 impl Drop for MonitorHandle {
     fn drop(&mut self) {
         drop(self.stop.take());
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
+        let Some(thread) = self.thread.take() else { return };
+        if thread.thread().id() == std::thread::current().id() {
+            // Dropped by a callback on the monitor's own thread: joining it here would join
+            // itself (a panic). The stop channel is closed, so the thread ends once the callback
+            // returns.
+            return;
+        }
+        if thread.join().is_err() {
             tracing::warn!("the memory pressure monitor thread panicked");
         }
     }

@@ -145,8 +145,22 @@ pub enum TraceParseError {
 /// # Errors
 /// [`TraceParseError`] naming the first line that does not parse.
 pub fn parse_trace(input: impl BufRead) -> Result<Vec<TraceRecord>, TraceParseError> {
-    let mut lines = input.lines();
-    let header = lines.next().transpose()?.unwrap_or_default();
+    let mut lines = input.split(b'\n').map(|bytes| {
+        // Lines are read as bytes, so that one that is not UTF-8 is named by its number rather
+        // than ending the read with an I/O error; a `\r` before the newline is dropped, as
+        // `BufRead::lines` does.
+        bytes.map(|mut b| {
+            if b.last() == Some(&b'\r') {
+                b.pop();
+            }
+            String::from_utf8(b).map_err(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+        })
+    });
+    let header = match lines.next().transpose()? {
+        None => String::new(),
+        Some(Ok(header)) => header,
+        Some(Err(found)) => return Err(TraceParseError::Header { found }),
+    };
     let columns: Vec<String> = header.split(',').map(|c| c.trim().to_ascii_lowercase()).collect();
     let expected: Vec<String> = HEADER.split(',').map(str::to_ascii_lowercase).collect();
     if columns != expected {
@@ -154,11 +168,16 @@ pub fn parse_trace(input: impl BufRead) -> Result<Vec<TraceRecord>, TraceParseEr
     }
     let mut records = Vec::new();
     for (index, line) in lines.enumerate() {
-        let line = line?;
+        let number = index + 2;
+        let line = match line? {
+            Ok(line) => line,
+            Err(text) => {
+                return Err(TraceParseError::Row { line: number, reason: "the line is not UTF-8", text });
+            }
+        };
         if line.trim().is_empty() {
             continue;
         }
-        let number = index + 2;
         let row = |reason| TraceParseError::Row { line: number, reason, text: line.clone() };
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
         let [thread, time, action, pointer, size, stream] = fields[..] else {
@@ -261,6 +280,24 @@ mod tests {
         }
         assert!(matches!(parse_trace("a,b\n".as_bytes()), Err(TraceParseError::Header { .. })));
         assert!(matches!(parse_trace("".as_bytes()), Err(TraceParseError::Header { .. })));
+    }
+
+    /// Bytes that are not UTF-8 (a binary file, a log cut mid-character) name their line like
+    /// any other bad row, instead of ending the read with a bare I/O error.
+    #[test]
+    fn a_line_that_is_not_utf8_is_named_by_its_number() {
+        let log = b"Thread,Time,Action,Pointer,Size,Stream\r\n1,0.5,allocate,0x10,12,0x0\r\n\xff\xfe,0.6,free,0x10,12,0x0\n";
+        match parse_trace(&log[..]) {
+            Err(TraceParseError::Row { line: 3, reason, text }) => {
+                assert!(reason.contains("UTF-8"), "{reason}");
+                assert!(text.ends_with(",0.6,free,0x10,12,0x0"), "{text}");
+            }
+            other => panic!("expected a row error on line 3, got {other:?}"),
+        }
+        assert!(matches!(parse_trace(&b"\xffThread,Time\n"[..]), Err(TraceParseError::Header { .. })));
+        // Windows line ends read as before.
+        let crlf = "Thread,Time,Action,Pointer,Size,Stream\r\n1,0.5,allocate,0x10,12,0x0\r\n";
+        assert_eq!(parse_trace(crlf.as_bytes()).unwrap()[0].stream, 0);
     }
 
     #[test]

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cumem_core::{Device, DeviceBuffer, Error, Stream};
-use cumem_pool::{CachingResource, LimitingResource, PoolConfig, StatisticsResource};
+use cumem_pool::{
+    CachingResource, FailureCallbackResource, LimitingResource, PoolConfig, StatisticsResource,
+};
 use cumem_sys::testing;
 use serial_test::parallel;
 
@@ -67,4 +69,24 @@ fn threads_together_never_pass_the_cap() {
     assert!(peak.load(Ordering::Relaxed) <= 64 * 1000);
     assert!(stats.counters().peak_bytes <= 64 * 1000, "the resource below never held more");
     assert_eq!((capped.used(), stats.counters().current_bytes), (0, 0));
+}
+
+/// A request that panics below the cap (here a failure callback that panics) gives its bytes of
+/// the budget back, like one that fails: the cap is not lowered for good by a panic someone
+/// caught.
+#[test]
+#[parallel]
+fn a_panic_below_the_cap_gives_the_budget_back() {
+    let (s, stats, tight) = setup(100);
+    let panicking =
+        Arc::new(FailureCallbackResource::new(tight, 3, |_| panic!("the callback panicked (on purpose)")));
+    let capped = Arc::new(LimitingResource::new(panicking, 10_000));
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        DeviceBuffer::<u8>::zeroed_in(&capped, &s, 1000).map(drop)
+    }));
+    assert!(caught.is_err(), "the callback's panic reaches the caller");
+    assert_eq!(capped.used(), 0, "the panicked request's bytes are back in the budget");
+    let full = DeviceBuffer::<u8>::zeroed_in(&capped, &s, 100).unwrap();
+    assert_eq!((capped.used(), stats.counters().current_bytes), (100, 100));
+    drop(full);
 }

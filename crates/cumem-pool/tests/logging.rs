@@ -164,6 +164,37 @@ fn a_failing_output_is_counted_not_raised() {
     drop(log); // the last flush fails too, and is only logged
 }
 
+/// An output whose every write panics, which stops the writer thread at its first row.
+struct Panics;
+
+impl Write for Panics {
+    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+        panic!("the output panicked (on purpose)")
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Once the writer has stopped, rows are dropped and counted, not queued for nobody: a long
+/// program with a dead writer would otherwise grow the queue for every allocation it makes.
+#[test]
+#[parallel]
+fn rows_after_the_writer_stopped_are_counted_as_lost_not_queued() {
+    let (s, _, pool) = pool();
+    let log = Arc::new(LoggingResource::new(pool, Panics).unwrap());
+    // The header's write panics: `flush` returns once the writer is gone, whatever the timing.
+    let err = log.flush().expect_err("the writer has stopped");
+    assert!(err.to_string().contains("stopped"), "{err}");
+    assert_eq!(log.io_errors(), 0);
+    for i in 0..100 {
+        let buf = DeviceBuffer::<u8>::zeroed_in(&log, &s, 1 + i).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), vec![0; 1 + i], "allocations work on");
+    }
+    assert_eq!(log.io_errors(), 200, "each allocate and free row is lost, and counted");
+    drop(log); // joins the panicked writer: logged, not raised
+}
+
 #[test]
 #[parallel]
 fn more_rows_than_the_queue_holds_are_all_written_in_order() {

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use cumem_core::{Context, Device, DeviceBuffer, DriverResource, Stream};
 use cumem_pool::{
-    CachingResource, MemPool, MemPoolOptions, MemoryPressureMonitor, NativePoolResource, PoolConfig,
-    Pressure, PressureEvent,
+    CachingResource, MemPool, MemPoolOptions, MemoryPressureMonitor, MonitorHandle, NativePoolResource,
+    PoolConfig, Pressure, PressureEvent, TrimmablePool,
 };
 use cumem_sys::testing;
 use parking_lot::Mutex;
@@ -194,4 +194,68 @@ fn each_watched_pool_has_its_own_threshold_and_low_free_memory_trims_them_all() 
     );
     assert_eq!((events[1].released_bytes, events[2].released_bytes), (0, 0), "already trimmed");
     assert_eq!((first.stats().reserved_bytes, second.stats().reserved_bytes), (0, 0));
+}
+
+/// A pool whose readings the test scripts: each reading takes the next value (0 once the script
+/// is used up), so a background monitor sees a given sequence of crossings whatever its timing.
+#[derive(Debug, Default)]
+struct Scripted(Mutex<std::collections::VecDeque<u64>>);
+
+impl TrimmablePool for Scripted {
+    fn reserved_bytes(&self) -> cumem_core::Result<u64> {
+        Ok(self.0.lock().pop_front().unwrap_or(0))
+    }
+    fn release_unused(&self) -> cumem_core::Result<u64> {
+        Ok(0)
+    }
+}
+
+/// A callback that panics is logged and the background monitor goes on: the next crossing is
+/// still reported (the thread used to die with the panic, and every later crossing went unseen).
+#[test]
+#[parallel]
+fn a_background_monitor_outlives_a_callback_that_panics() {
+    let Some(ctx) = ctx(0) else { return };
+    let pool = Arc::new(Scripted(Mutex::new([200, 0, 300].into())));
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let calls = Mutex::new(0);
+    let monitor = Arc::new(MemoryPressureMonitor::new(&ctx).watch_pool(pool, 100).on_pressure(move |e| {
+        let mut calls = calls.lock();
+        *calls += 1;
+        if *calls == 1 {
+            panic!("the pressure callback panicked (on purpose)");
+        }
+        let _ = tx.lock().send(*e);
+    }));
+    let handle = monitor.spawn(Duration::from_millis(1)).unwrap();
+    // Generous: only a dead monitor takes this long; nothing here measures speed.
+    let event = rx.recv_timeout(Duration::from_secs(60)).expect("the second crossing is reported");
+    assert!(matches!(event.pressure, Pressure::PoolReserved { pool: 0, reserved: 300, threshold: 100 }));
+    drop(handle);
+}
+
+/// The callback may drop the monitor's own handle (a program that stops monitoring once told):
+/// the drop returns instead of joining its own thread, which panicked.
+#[test]
+#[parallel]
+fn a_callback_may_drop_its_own_monitors_handle() {
+    let Some(ctx) = ctx(0) else { return };
+    let pool = Arc::new(Scripted(Mutex::new([200].into())));
+    let handle_slot: Arc<Mutex<Option<MonitorHandle>>> = Arc::default();
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let slot = handle_slot.clone();
+    let monitor = Arc::new(MemoryPressureMonitor::new(&ctx).watch_pool(pool, 100).on_pressure(move |_| {
+        // Taken out of the lock first: the handle's drop must not run under the test's lock.
+        let handle = slot.lock().take();
+        drop(handle);
+        let _ = tx.lock().send(());
+    }));
+    // Held under the lock until stored, so the callback cannot look before the handle is there.
+    let mut guard = handle_slot.lock();
+    *guard = Some(monitor.spawn(Duration::from_millis(1)).unwrap());
+    drop(guard);
+    rx.recv_timeout(Duration::from_secs(60)).expect("the callback dropped the handle and went on");
+    assert!(handle_slot.lock().is_none());
 }

@@ -87,3 +87,41 @@ fn without_sites_it_still_tracks_size_and_stream_and_stacks_under_a_cap() {
     drop(a);
     assert_eq!(tracker.live_count(), 0);
 }
+
+/// A free of memory the tracker never handed out (allocated from the pool directly) is forwarded
+/// and warned about, and leaves the tracker's own records alone; threads allocating and freeing
+/// through one tracker at once leave it empty.
+#[test]
+#[parallel]
+fn an_unknown_free_warns_and_forwards_and_threads_share_one_tracker() {
+    let (s, pool) = pool();
+    let tracker = Arc::new(TrackingResource::new(pool.clone()));
+    let kept = DeviceBuffer::<u8>::zeroed_in(&tracker, &s, 300).unwrap();
+    let layout = AllocLayout::new(700, 256).unwrap();
+    let stranger = pool.allocate(layout, &s).unwrap();
+    let ptr = stranger.ptr;
+    let ((), seen) = Capture::run(|| {
+        // SAFETY: allocated from `pool` (which the tracker forwards to) with `layout` on `s`,
+        // never used, and freed once.
+        unsafe { tracker.deallocate(stranger, layout, &s) };
+    });
+    let warnings: Vec<_> = seen.iter().filter(|e| !e.span && e.level == Level::WARN).collect();
+    assert_eq!(warnings.len(), 1, "{seen:#?}");
+    assert_eq!(warnings[0].field("ptr"), Some(ptr.to_string().as_str()));
+    assert_eq!((tracker.live_count(), tracker.live_bytes()), (1, 300), "its own record is untouched");
+    assert_eq!(pool.stats().requested_bytes, 300, "the free reached the pool");
+
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (tracker, s) = (&tracker, &s);
+            scope.spawn(move || {
+                for i in 0..200 {
+                    drop(DeviceBuffer::<u8>::zeroed_in(tracker, s, 1 + (i * 13 + t) % 5000).unwrap());
+                }
+            });
+        }
+    });
+    assert_eq!(tracker.report().allocations.iter().map(|a| a.ptr).collect::<Vec<_>>(), [kept.device_ptr()]);
+    drop(kept);
+    assert_eq!(tracker.live_count(), 0);
+}
