@@ -198,6 +198,19 @@ impl<T: Pod> RingChannel<T> {
             return Err(ChannelError::ZeroSizedMessage);
         }
         strategy.check_against(report)?;
+        // Both checks come before any allocation: a ring the host cannot stage must be an error,
+        // not an abort after its device memory was taken.
+        let message_size = size_of::<T>();
+        let too_large = || ChannelError::CapacityTooLarge { capacity, message_size };
+        if capacity.checked_mul(message_size).is_none_or(|bytes| bytes > isize::MAX as usize) {
+            return Err(too_large());
+        }
+        // Only a host→device channel stages messages; it never grows past `capacity`, so sends
+        // never allocate.
+        let mut staged = Vec::new();
+        if direction == Direction::HostToDevice {
+            staged.try_reserve_exact(capacity).map_err(|_| too_large())?;
+        }
         let interval_ns = match &strategy {
             TransferStrategy::MappedPolling { interval } => {
                 u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX)
@@ -217,7 +230,7 @@ impl<T: Pod> RingChannel<T> {
             kind: strategy.kind(),
             capacity: capacity as u64,
             storage,
-            staged: Vec::with_capacity(capacity),
+            staged,
             position: 0,
             known_head: 0,
             sequence: 0,
@@ -361,7 +374,11 @@ impl<T: Pod> RingChannel<T> {
         self.poll_at_most(out, usize::MAX)
     }
 
-    /// As [`RingChannel::poll_from_device`], receiving at most `max` messages.
+    /// As [`RingChannel::poll_from_device`], receiving at most `max` messages (`Empty` when `max`
+    /// is 0).
+    ///
+    /// `HostMemory` if `out` cannot grow by the messages available; on any error nothing is
+    /// received: `out` keeps what it held and the messages stay in the ring for the next poll.
     pub fn poll_at_most(&mut self, out: &mut Vec<T>, max: usize) -> Result<Poll, ChannelError> {
         self.require(Direction::DeviceToHost, "poll_from_device")?;
         self.stats.polls += 1;
@@ -371,6 +388,8 @@ impl<T: Pod> RingChannel<T> {
             return Ok(Poll::Empty);
         }
         let from = out.len();
+        out.try_reserve(n)
+            .map_err(|_| ChannelError::HostMemory { bytes: n.saturating_mul(size_of::<T>()) })?;
         out.resize(from + n, T::zeroed());
         if let Err(e) = self.receive(&mut out[from..]) {
             // Nothing was received: `out` keeps only what it held.

@@ -51,7 +51,9 @@ pub enum TransferStrategy {
     /// A ring in mapped page-locked memory that the other side polls every `interval`: no copies at
     /// all. Needs host mapping and system-scope coherence.
     MappedPolling {
-        /// How long the polling side waits between looks (stored in the control block).
+        /// How long the polling side waits between looks (stored in the control block as
+        /// `poll_interval_ns`). `Duration::ZERO` is valid: the polling side spins without
+        /// sleeping. An interval past `u64::MAX` nanoseconds (584 years) is stored as `u64::MAX`.
         interval: Duration,
     },
 }
