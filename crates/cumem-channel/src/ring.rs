@@ -327,6 +327,10 @@ impl<T: Pod> RingChannel<T> {
 
     /// Publishes every staged message: writes their slots (wrapping at the end), then `tail`, then
     /// `sequence`. Returns how many were published.
+    ///
+    /// On an error before `tail` is written nothing is published: every message stays staged and
+    /// the next flush writes them again. An error writing `sequence` comes after they were
+    /// published: they are counted as sent and no longer staged ([`staged`](Self::staged) is 0).
     pub fn flush_to_device(&mut self) -> Result<usize, ChannelError> {
         self.require(Direction::HostToDevice, "flush_to_device")?;
         let n = self.staged.len();
@@ -334,16 +338,21 @@ impl<T: Pod> RingChannel<T> {
             return Ok(0);
         }
         let start = (self.position % self.capacity) as usize;
+        // Rewriting these slots after a failure is harmless: no consumer reads past `tail`.
         self.storage.write_slots(start, &self.staged)?;
         let tail = self.position + n as u64;
         self.storage.write_word(TAIL_WORD, tail)?;
-        self.storage.write_word(SEQUENCE_WORD, self.sequence + 1)?;
+        // Published: the device may consume them now, so the host's state must say so before
+        // anything else can fail (else a later `head` past `position` reads as a protocol breach,
+        // and the next flush rewrites slots the device may be reading).
         self.position = tail;
         self.sequence += 1;
         self.staged.clear();
         self.stats.messages_sent += n as u64;
         self.stats.bytes_sent += (n * size_of::<T>()) as u64;
         self.stats.flushes += 1;
+        // After a failure here, the next flush writes the full count again.
+        self.storage.write_word(SEQUENCE_WORD, self.sequence)?;
         Ok(n)
     }
 
