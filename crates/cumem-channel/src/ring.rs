@@ -425,8 +425,16 @@ impl<T: Pod> RingChannel<T> {
     }
 
     /// Tells the device side to stop: sets [`FLAG_CLOSED`](crate::FLAG_CLOSED) in `flags`, after
-    /// everything published.
+    /// everything published. A host→device channel first publishes what is staged
+    /// ([`flush_to_device`](Self::flush_to_device)), so nothing a send accepted is lost.
+    ///
+    /// A consumer that sees `FLAG_CLOSED` must read `tail` once more and drain up to it before it
+    /// stops: the last publish may have landed between its previous read of `tail` and its read
+    /// of `flags` (the kernel skeleton in `docs/channels.md` does).
     pub fn close(&mut self) -> Result<(), ChannelError> {
+        if self.direction == Direction::HostToDevice {
+            self.flush_to_device()?;
+        }
         let flags = if self.direction == Direction::DeviceToHost { FLAG_DEVICE_TO_HOST } else { 0 };
         self.storage.write_word(FLAGS_WORD, flags | FLAG_CLOSED)?;
         Ok(())
