@@ -86,7 +86,7 @@ pub struct ChannelStats {
     pub bytes_received: u64,
     /// Flushes that published at least one message.
     pub flushes: u64,
-    /// Polls, empty or not.
+    /// Polls that returned, empty or not (a poll that failed received nothing and is not counted).
     pub polls: u64,
     /// Polls that found nothing.
     pub empty_polls: u64,
@@ -143,7 +143,9 @@ pub struct DeviceSide<'a, T> {
 impl<T: Pod> RingChannel<T> {
     /// A channel of `capacity` messages on `stream`'s device, its memory allocated as `strategy`
     /// calls for, after checking that the device and platform can run it (`Unsupported` otherwise,
-    /// before any allocation).
+    /// before any allocation). A capacity of 0 (`ZeroCapacity`), a zero-sized `T`
+    /// (`ZeroSizedMessage`) and a ring larger than one allocation may be or than the host can
+    /// stage (`CapacityTooLarge`) are refused before any allocation too.
     ///
     /// `Async` and `Unified` rings do their work on streams of their own (the strategy's copies
     /// stream, a prefetch stream), never after `stream`: a persistent kernel may be launched on
@@ -372,6 +374,7 @@ impl<T: Pod> RingChannel<T> {
         // Gives the slots back only after they were read.
         self.storage.write_word(HEAD_WORD, head)?;
         self.position = head;
+        self.stats.polls += 1;
         self.stats.messages_received += out.len() as u64;
         self.stats.bytes_received += std::mem::size_of_val(out) as u64;
         Ok(())
@@ -390,9 +393,9 @@ impl<T: Pod> RingChannel<T> {
     /// received: `out` keeps what it held and the messages stay in the ring for the next poll.
     pub fn poll_at_most(&mut self, out: &mut Vec<T>, max: usize) -> Result<Poll, ChannelError> {
         self.require(Direction::DeviceToHost, "poll_from_device")?;
-        self.stats.polls += 1;
         let n = (self.available()? as usize).min(max);
         if n == 0 {
+            self.stats.polls += 1;
             self.stats.empty_polls += 1;
             return Ok(Poll::Empty);
         }
@@ -412,9 +415,9 @@ impl<T: Pod> RingChannel<T> {
     /// pool is warm); `None` if the device published nothing.
     pub fn poll_batch(&mut self, pool: &SlotPool<T>) -> Result<Option<Slot<T>>, ChannelError> {
         self.require(Direction::DeviceToHost, "poll_batch")?;
-        self.stats.polls += 1;
         let n = (self.available()? as usize).min(pool.slot_len());
         if n == 0 {
+            self.stats.polls += 1;
             self.stats.empty_polls += 1;
             return Ok(None);
         }

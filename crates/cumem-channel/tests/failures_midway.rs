@@ -132,5 +132,6 @@ fn a_poll_that_fails_receives_nothing_and_loses_nothing() {
         assert_eq!(got, [99, 1, 2, 3], "{kind}");
         let stats = ch.stats();
         assert_eq!((stats.messages_received, stats.bytes_received), (3, 12), "{kind}");
+        assert_eq!((stats.polls, stats.empty_polls), (1, 0), "{kind}: the failed poll counted");
     }
 }
