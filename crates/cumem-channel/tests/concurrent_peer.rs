@@ -13,7 +13,7 @@ mod common;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{FLAGS, HEAD, TAIL, native};
 use cumem_channel::{Direction, FLAG_CLOSED, RingArgs, RingChannel, SendStatus, TransferStrategy};
@@ -101,7 +101,10 @@ fn a_spinning_peer_and_the_host_exchange_every_message_whole() {
         let (rx, tx) = (to.ring_args(), from.ring_args());
         let kernel = std::thread::spawn(move || peer(rx, tx, || ()));
         let (mut next, mut got) = (0u64, Vec::new());
+        // A lost message would leave this loop waiting for ever: fail instead (not a timing check).
+        let give_up = Instant::now() + Duration::from_secs(60);
         while (got.len() as u64) < MESSAGES {
+            assert!(Instant::now() < give_up, "{kind}: {} of {MESSAGES} replies, then none", got.len());
             while next < MESSAGES {
                 match to.send(message(next)).unwrap() {
                     SendStatus::Sent => next += 1,
