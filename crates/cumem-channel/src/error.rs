@@ -115,6 +115,13 @@ pub enum ChannelError {
         /// The refused operation.
         operation: &'static str,
     },
+    /// The channel was closed ([`RingChannel::close`](crate::RingChannel::close)): its consumer
+    /// stops once drained, so it takes no more messages.
+    #[error("`{operation}` on a closed channel")]
+    Closed {
+        /// The refused operation.
+        operation: &'static str,
+    },
     /// The other side wrote positions that no correct peer writes (a consumer ahead of the
     /// producer, or more messages in flight than slots): the channel refuses to read garbage.
     #[error("the device side broke the ring protocol: head {head}, tail {tail}, capacity {capacity}")]

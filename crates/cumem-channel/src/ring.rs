@@ -114,6 +114,8 @@ pub struct RingChannel<T: Pod> {
     /// Host→device: the consumer's `head` as last read.
     known_head: u64,
     sequence: u64,
+    /// `close` has set `FLAG_CLOSED`: the consumer stops once drained, so nothing more is sent.
+    closed: bool,
     stats: ChannelStats,
 }
 
@@ -126,6 +128,7 @@ impl<T: Pod> fmt::Debug for RingChannel<T> {
             .field("staged", &self.staged.len())
             .field("position", &self.position)
             .field("known_head", &self.known_head)
+            .field("closed", &self.closed)
             .finish()
     }
 }
@@ -236,6 +239,7 @@ impl<T: Pod> RingChannel<T> {
             position: 0,
             known_head: 0,
             sequence: 0,
+            closed: false,
             stats: ChannelStats::default(),
         })
     }
@@ -263,6 +267,16 @@ impl<T: Pod> RingChannel<T> {
     /// Messages accepted by sends and not yet flushed.
     pub fn staged(&self) -> usize {
         self.staged.len()
+    }
+
+    /// As `require` for the host→device sends, which a closed channel refuses: its consumer
+    /// stops once it has drained, so a message sent now would never be read.
+    fn require_open(&self, operation: &'static str) -> Result<(), ChannelError> {
+        self.require(Direction::HostToDevice, operation)?;
+        if self.closed {
+            return Err(ChannelError::Closed { operation });
+        }
+        Ok(())
     }
 
     fn require(&self, direction: Direction, operation: &'static str) -> Result<(), ChannelError> {
@@ -295,7 +309,7 @@ impl<T: Pod> RingChannel<T> {
 
     /// Stages `msg` if a slot is free as far as the host last knew (no driver call), else `Full`.
     pub fn try_send(&mut self, msg: T) -> Result<SendStatus, ChannelError> {
-        self.require(Direction::HostToDevice, "try_send")?;
+        self.require_open("try_send")?;
         if self.free() == 0 {
             self.stats.full += 1;
             return Ok(SendStatus::Full);
@@ -307,7 +321,7 @@ impl<T: Pod> RingChannel<T> {
     /// Stages `msg`; when the ring looks full, first reads how far the device has consumed (one
     /// read of `head`) and answers `Full` only if it is still full.
     pub fn send(&mut self, msg: T) -> Result<SendStatus, ChannelError> {
-        self.require(Direction::HostToDevice, "send")?;
+        self.require_open("send")?;
         if self.free() == 0 {
             self.refresh()?;
         }
@@ -317,7 +331,7 @@ impl<T: Pod> RingChannel<T> {
     /// Stages as many of `msgs` as fit (reading `head` once if they do not all fit at first) and
     /// returns how many; the rest were refused and are counted as full.
     pub fn send_batch(&mut self, msgs: &[T]) -> Result<usize, ChannelError> {
-        self.require(Direction::HostToDevice, "send_batch")?;
+        self.require_open("send_batch")?;
         if self.free() < msgs.len() as u64 {
             self.refresh()?;
         }
@@ -433,13 +447,15 @@ impl<T: Pod> RingChannel<T> {
     ///
     /// A consumer that sees `FLAG_CLOSED` must read `tail` once more and drain up to it before it
     /// stops: the last publish may have landed between its previous read of `tail` and its read
-    /// of `flags` (the kernel skeleton in `docs/channels.md` does).
+    /// of `flags` (the kernel skeleton in `docs/channels.md` does). Sends after a close are
+    /// refused (`Closed`); a device→host channel may still be polled, to drain it.
     pub fn close(&mut self) -> Result<(), ChannelError> {
         if self.direction == Direction::HostToDevice {
             self.flush_to_device()?;
         }
         let flags = if self.direction == Direction::DeviceToHost { FLAG_DEVICE_TO_HOST } else { 0 };
         self.storage.write_word(FLAGS_WORD, flags | FLAG_CLOSED)?;
+        self.closed = true;
         Ok(())
     }
 
