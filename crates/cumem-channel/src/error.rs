@@ -58,6 +58,21 @@ pub enum ChannelError {
     /// A ring needs at least one slot.
     #[error("a ring channel needs a capacity of at least 1 message")]
     ZeroCapacity,
+    /// The ring's slots (`capacity` messages of `message_size` bytes) are more bytes than one
+    /// allocation may hold, or than the host can reserve for staging them; nothing was allocated.
+    #[error("a ring of {capacity} messages of {message_size} bytes is larger than memory can hold")]
+    CapacityTooLarge {
+        /// Messages asked for.
+        capacity: usize,
+        /// Bytes per message.
+        message_size: usize,
+    },
+    /// The host could not reserve memory for the messages received; nothing was received.
+    #[error("could not reserve {bytes} bytes of host memory for received messages")]
+    HostMemory {
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// Messages must have a size: a zero-sized `T` carries nothing.
     #[error("a ring channel cannot carry zero-sized messages")]
     ZeroSizedMessage,
@@ -80,19 +95,30 @@ pub enum ChannelError {
         channel: usize,
     },
     /// A [`SlotPool`](crate::SlotPool)'s slots (one, or the prefilled ones together) would exceed
-    /// the largest allocation Rust allows.
-    #[error("a slot pool of {max_idle} slots of {slot_len} values is larger than any allocation")]
+    /// the largest allocation Rust allows, or the host cannot allocate them; nothing was kept.
+    #[error("a slot pool of {max_idle} slots of {slot_len} values is larger than memory can hold")]
     SlotTooLarge {
         /// Values per slot asked for.
         slot_len: usize,
         /// Slots to prefill asked for.
         max_idle: usize,
     },
+    /// A [`SlotPool`](crate::SlotPool) needs slots of at least one value: a batch read into an
+    /// empty slot would receive nothing, for ever.
+    #[error("a slot pool needs slots of at least one value")]
+    EmptySlots,
     /// The operation belongs to the other direction (sending on a device→host channel, …).
     #[error("`{operation}` is not available on a {direction} channel")]
     WrongDirection {
         /// The channel's direction.
         direction: Direction,
+        /// The refused operation.
+        operation: &'static str,
+    },
+    /// The channel was closed ([`RingChannel::close`](crate::RingChannel::close)): its consumer
+    /// stops once drained, so it takes no more messages.
+    #[error("`{operation}` on a closed channel")]
+    Closed {
         /// The refused operation.
         operation: &'static str,
     },

@@ -86,7 +86,7 @@ pub struct ChannelStats {
     pub bytes_received: u64,
     /// Flushes that published at least one message.
     pub flushes: u64,
-    /// Polls, empty or not.
+    /// Polls that returned, empty or not (a poll that failed received nothing and is not counted).
     pub polls: u64,
     /// Polls that found nothing.
     pub empty_polls: u64,
@@ -114,6 +114,8 @@ pub struct RingChannel<T: Pod> {
     /// Host→device: the consumer's `head` as last read.
     known_head: u64,
     sequence: u64,
+    /// `close` has set `FLAG_CLOSED`: the consumer stops once drained, so nothing more is sent.
+    closed: bool,
     stats: ChannelStats,
 }
 
@@ -126,6 +128,7 @@ impl<T: Pod> fmt::Debug for RingChannel<T> {
             .field("staged", &self.staged.len())
             .field("position", &self.position)
             .field("known_head", &self.known_head)
+            .field("closed", &self.closed)
             .finish()
     }
 }
@@ -143,7 +146,9 @@ pub struct DeviceSide<'a, T> {
 impl<T: Pod> RingChannel<T> {
     /// A channel of `capacity` messages on `stream`'s device, its memory allocated as `strategy`
     /// calls for, after checking that the device and platform can run it (`Unsupported` otherwise,
-    /// before any allocation).
+    /// before any allocation). A capacity of 0 (`ZeroCapacity`), a zero-sized `T`
+    /// (`ZeroSizedMessage`) and a ring larger than one allocation may be or than the host can
+    /// stage (`CapacityTooLarge`) are refused before any allocation too.
     ///
     /// `Async` and `Unified` rings do their work on streams of their own (the strategy's copies
     /// stream, a prefetch stream), never after `stream`: a persistent kernel may be launched on
@@ -198,6 +203,19 @@ impl<T: Pod> RingChannel<T> {
             return Err(ChannelError::ZeroSizedMessage);
         }
         strategy.check_against(report)?;
+        // Both checks come before any allocation: a ring the host cannot stage must be an error,
+        // not an abort after its device memory was taken.
+        let message_size = size_of::<T>();
+        let too_large = || ChannelError::CapacityTooLarge { capacity, message_size };
+        if capacity.checked_mul(message_size).is_none_or(|bytes| bytes > isize::MAX as usize) {
+            return Err(too_large());
+        }
+        // Only a host→device channel stages messages; it never grows past `capacity`, so sends
+        // never allocate.
+        let mut staged = Vec::new();
+        if direction == Direction::HostToDevice {
+            staged.try_reserve_exact(capacity).map_err(|_| too_large())?;
+        }
         let interval_ns = match &strategy {
             TransferStrategy::MappedPolling { interval } => {
                 u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX)
@@ -217,10 +235,11 @@ impl<T: Pod> RingChannel<T> {
             kind: strategy.kind(),
             capacity: capacity as u64,
             storage,
-            staged: Vec::with_capacity(capacity),
+            staged,
             position: 0,
             known_head: 0,
             sequence: 0,
+            closed: false,
             stats: ChannelStats::default(),
         })
     }
@@ -248,6 +267,16 @@ impl<T: Pod> RingChannel<T> {
     /// Messages accepted by sends and not yet flushed.
     pub fn staged(&self) -> usize {
         self.staged.len()
+    }
+
+    /// As `require` for the host→device sends, which a closed channel refuses: its consumer
+    /// stops once it has drained, so a message sent now would never be read.
+    fn require_open(&self, operation: &'static str) -> Result<(), ChannelError> {
+        self.require(Direction::HostToDevice, operation)?;
+        if self.closed {
+            return Err(ChannelError::Closed { operation });
+        }
+        Ok(())
     }
 
     fn require(&self, direction: Direction, operation: &'static str) -> Result<(), ChannelError> {
@@ -280,7 +309,7 @@ impl<T: Pod> RingChannel<T> {
 
     /// Stages `msg` if a slot is free as far as the host last knew (no driver call), else `Full`.
     pub fn try_send(&mut self, msg: T) -> Result<SendStatus, ChannelError> {
-        self.require(Direction::HostToDevice, "try_send")?;
+        self.require_open("try_send")?;
         if self.free() == 0 {
             self.stats.full += 1;
             return Ok(SendStatus::Full);
@@ -292,7 +321,7 @@ impl<T: Pod> RingChannel<T> {
     /// Stages `msg`; when the ring looks full, first reads how far the device has consumed (one
     /// read of `head`) and answers `Full` only if it is still full.
     pub fn send(&mut self, msg: T) -> Result<SendStatus, ChannelError> {
-        self.require(Direction::HostToDevice, "send")?;
+        self.require_open("send")?;
         if self.free() == 0 {
             self.refresh()?;
         }
@@ -302,7 +331,7 @@ impl<T: Pod> RingChannel<T> {
     /// Stages as many of `msgs` as fit (reading `head` once if they do not all fit at first) and
     /// returns how many; the rest were refused and are counted as full.
     pub fn send_batch(&mut self, msgs: &[T]) -> Result<usize, ChannelError> {
-        self.require(Direction::HostToDevice, "send_batch")?;
+        self.require_open("send_batch")?;
         if self.free() < msgs.len() as u64 {
             self.refresh()?;
         }
@@ -314,6 +343,10 @@ impl<T: Pod> RingChannel<T> {
 
     /// Publishes every staged message: writes their slots (wrapping at the end), then `tail`, then
     /// `sequence`. Returns how many were published.
+    ///
+    /// On an error before `tail` is written nothing is published: every message stays staged and
+    /// the next flush writes them again. An error writing `sequence` comes after they were
+    /// published: they are counted as sent and no longer staged ([`staged`](Self::staged) is 0).
     pub fn flush_to_device(&mut self) -> Result<usize, ChannelError> {
         self.require(Direction::HostToDevice, "flush_to_device")?;
         let n = self.staged.len();
@@ -321,16 +354,21 @@ impl<T: Pod> RingChannel<T> {
             return Ok(0);
         }
         let start = (self.position % self.capacity) as usize;
+        // Rewriting these slots after a failure is harmless: no consumer reads past `tail`.
         self.storage.write_slots(start, &self.staged)?;
         let tail = self.position + n as u64;
         self.storage.write_word(TAIL_WORD, tail)?;
-        self.storage.write_word(SEQUENCE_WORD, self.sequence + 1)?;
+        // Published: the device may consume them now, so the host's state must say so before
+        // anything else can fail (else a later `head` past `position` reads as a protocol breach,
+        // and the next flush rewrites slots the device may be reading).
         self.position = tail;
         self.sequence += 1;
         self.staged.clear();
         self.stats.messages_sent += n as u64;
         self.stats.bytes_sent += (n * size_of::<T>()) as u64;
         self.stats.flushes += 1;
+        // After a failure here, the next flush writes the full count again.
+        self.storage.write_word(SEQUENCE_WORD, self.sequence)?;
         Ok(n)
     }
 
@@ -350,6 +388,7 @@ impl<T: Pod> RingChannel<T> {
         // Gives the slots back only after they were read.
         self.storage.write_word(HEAD_WORD, head)?;
         self.position = head;
+        self.stats.polls += 1;
         self.stats.messages_received += out.len() as u64;
         self.stats.bytes_received += std::mem::size_of_val(out) as u64;
         Ok(())
@@ -361,16 +400,22 @@ impl<T: Pod> RingChannel<T> {
         self.poll_at_most(out, usize::MAX)
     }
 
-    /// As [`RingChannel::poll_from_device`], receiving at most `max` messages.
+    /// As [`RingChannel::poll_from_device`], receiving at most `max` messages (`Empty` when `max`
+    /// is 0).
+    ///
+    /// `HostMemory` if `out` cannot grow by the messages available; on any error nothing is
+    /// received: `out` keeps what it held and the messages stay in the ring for the next poll.
     pub fn poll_at_most(&mut self, out: &mut Vec<T>, max: usize) -> Result<Poll, ChannelError> {
         self.require(Direction::DeviceToHost, "poll_from_device")?;
-        self.stats.polls += 1;
         let n = (self.available()? as usize).min(max);
         if n == 0 {
+            self.stats.polls += 1;
             self.stats.empty_polls += 1;
             return Ok(Poll::Empty);
         }
         let from = out.len();
+        out.try_reserve(n)
+            .map_err(|_| ChannelError::HostMemory { bytes: n.saturating_mul(size_of::<T>()) })?;
         out.resize(from + n, T::zeroed());
         if let Err(e) = self.receive(&mut out[from..]) {
             // Nothing was received: `out` keeps only what it held.
@@ -384,9 +429,9 @@ impl<T: Pod> RingChannel<T> {
     /// pool is warm); `None` if the device published nothing.
     pub fn poll_batch(&mut self, pool: &SlotPool<T>) -> Result<Option<Slot<T>>, ChannelError> {
         self.require(Direction::DeviceToHost, "poll_batch")?;
-        self.stats.polls += 1;
         let n = (self.available()? as usize).min(pool.slot_len());
         if n == 0 {
+            self.stats.polls += 1;
             self.stats.empty_polls += 1;
             return Ok(None);
         }
@@ -397,10 +442,20 @@ impl<T: Pod> RingChannel<T> {
     }
 
     /// Tells the device side to stop: sets [`FLAG_CLOSED`](crate::FLAG_CLOSED) in `flags`, after
-    /// everything published.
+    /// everything published. A host→device channel first publishes what is staged
+    /// ([`flush_to_device`](Self::flush_to_device)), so nothing a send accepted is lost.
+    ///
+    /// A consumer that sees `FLAG_CLOSED` must read `tail` once more and drain up to it before it
+    /// stops: the last publish may have landed between its previous read of `tail` and its read
+    /// of `flags` (the kernel skeleton in `docs/channels.md` does). Sends after a close are
+    /// refused (`Closed`); a device→host channel may still be polled, to drain it.
     pub fn close(&mut self) -> Result<(), ChannelError> {
+        if self.direction == Direction::HostToDevice {
+            self.flush_to_device()?;
+        }
         let flags = if self.direction == Direction::DeviceToHost { FLAG_DEVICE_TO_HOST } else { 0 };
         self.storage.write_word(FLAGS_WORD, flags | FLAG_CLOSED)?;
+        self.closed = true;
         Ok(())
     }
 

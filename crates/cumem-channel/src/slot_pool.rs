@@ -70,14 +70,28 @@ impl<T> Clone for SlotPool<T> {
 impl<T: Zeroable + Copy> SlotPool<T> {
     /// A pool of slots of `slot_len` values, prefilled with `max_idle` free slots (the most it keeps).
     ///
-    /// `SlotTooLarge` if one slot, or the `max_idle` prefilled ones together, would exceed the
-    /// largest allocation Rust allows (`isize::MAX` bytes).
+    /// `EmptySlots` if `slot_len` is 0. `SlotTooLarge` if one slot, or the `max_idle` prefilled
+    /// ones together, would exceed the largest allocation Rust allows (`isize::MAX` bytes) or
+    /// cannot be allocated now: an error, never an abort.
     pub fn new(slot_len: usize, max_idle: usize) -> Result<Self, ChannelError> {
+        if slot_len == 0 {
+            return Err(ChannelError::EmptySlots);
+        }
+        let too_large = || ChannelError::SlotTooLarge { slot_len, max_idle };
         let total = slot_len.checked_mul(size_of::<T>()).and_then(|b| b.checked_mul(max_idle.max(1)));
         if total.is_none_or(|t| t > isize::MAX as usize) {
-            return Err(ChannelError::SlotTooLarge { slot_len, max_idle });
+            return Err(too_large());
         }
-        let free = (0..max_idle).map(|_| Self::fresh(slot_len)).collect();
+        let mut free = Vec::new();
+        free.try_reserve_exact(max_idle).map_err(|_| too_large())?;
+        for _ in 0..max_idle {
+            free.push(Self::try_fresh(slot_len).ok_or_else(too_large)?);
+        }
+        if max_idle == 0 {
+            // Nothing prefilled: still find out now whether one slot can be had at all, rather
+            // than at the first `acquire`, which cannot fail.
+            Vec::<T>::new().try_reserve_exact(slot_len).map_err(|_| too_large())?;
+        }
         Ok(SlotPool {
             shared: Arc::new(Shared {
                 slot_len,
@@ -89,6 +103,13 @@ impl<T: Zeroable + Copy> SlotPool<T> {
 
     fn fresh(slot_len: usize) -> Box<[T]> {
         vec![T::zeroed(); slot_len].into_boxed_slice()
+    }
+
+    fn try_fresh(slot_len: usize) -> Option<Box<[T]>> {
+        let mut slot = Vec::new();
+        slot.try_reserve_exact(slot_len).ok()?;
+        slot.resize(slot_len, T::zeroed());
+        Some(slot.into_boxed_slice())
     }
 
     /// Values per slot.

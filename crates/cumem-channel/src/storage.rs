@@ -156,7 +156,8 @@ impl<T: Pod> Storage<T> {
                 // was allocated) and host-accessible, and lives as long as `self`, borrowed here.
                 // Device work cumem knows of is done (waited for above); a kernel outside it reads
                 // only slots below the `tail` it acquired, and these lie past the published `tail`
-                // (which the `Release` store after this call publishes).
+                // (which the `Release` store after this call publishes) and before the `head` the
+                // host last acquired plus `cap` (their previous messages were consumed).
                 unsafe { copy_to_slots(managed_ptr(slots.device_ptr()), start, data, cap) };
                 for (at, len) in pieces.into_iter().filter(|p| p.1 > 0) {
                     slots.prefetch_range(at..at + len, Location::Device(*device), prefetches)?;
@@ -347,7 +348,9 @@ unsafe fn store_word(word: *mut u64, value: u64) {
 /// # Safety
 /// 1. `base` points to `cap` host-accessible slots, aligned for T, allocated for the call.
 /// 2. Nothing reads or writes the slots written (`data.len() <= cap` of them from `start`) during
-///    the call: by the protocol a consumer reads them only after the `tail` published after it.
+///    the call: by the protocol a consumer reads them only after the `tail` published after it,
+///    and had finished reading their previous messages before it released the `head` the host
+///    acquired past them (the host reuses no slot beyond the `head` it last read).
 unsafe fn copy_to_slots<T: Pod>(base: *mut T, start: usize, data: &[T], cap: usize) {
     let mut from = 0;
     for (at, len) in segments(start, data.len(), cap).into_iter().filter(|p| p.1 > 0) {

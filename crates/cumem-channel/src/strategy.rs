@@ -1,12 +1,17 @@
 //! How messages cross between host and device: four strategies, each refused up front on a device
 //! or platform that cannot run it.
 //!
-//! | strategy          | ring lives in        | host side                                   | device side        |
-//! |-------------------|----------------------|---------------------------------------------|--------------------|
-//! | `Sync`            | device memory        | blocking copies                             | plain loads        |
-//! | `Async { stream }`| device memory        | copies queued on `stream` from pinned memory| plain loads        |
-//! | `Unified`         | managed memory       | writes, then prefetch to the consumer       | plain loads        |
-//! | `MappedPolling`   | mapped pinned memory | writes in place; the kernel polls           | volatile loads     |
+//! | strategy          | ring lives in        | host side                                   |
+//! |-------------------|----------------------|---------------------------------------------|
+//! | `Sync`            | device memory        | blocking copies                             |
+//! | `Async { stream }`| device memory        | copies queued on `stream` from pinned memory|
+//! | `Unified`         | managed memory       | writes, then prefetch to the consumer       |
+//! | `MappedPolling`   | mapped pinned memory | writes in place; the kernel polls           |
+//!
+//! Whatever the strategy, a kernel reads and writes `head` and `tail` with acquire loads and
+//! release stores at system scope (`ld.acquire.sys`, `st.release.sys`) and the slots with plain
+//! accesses between them: a plain or `volatile` load of `tail` would not order the slot reads
+//! after it (`docs/channels.md` has the skeleton).
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -51,7 +56,9 @@ pub enum TransferStrategy {
     /// A ring in mapped page-locked memory that the other side polls every `interval`: no copies at
     /// all. Needs host mapping and system-scope coherence.
     MappedPolling {
-        /// How long the polling side waits between looks (stored in the control block).
+        /// How long the polling side waits between looks (stored in the control block as
+        /// `poll_interval_ns`). `Duration::ZERO` is valid: the polling side spins without
+        /// sleeping. An interval past `u64::MAX` nanoseconds (584 years) is stored as `u64::MAX`.
         interval: Duration,
     },
 }

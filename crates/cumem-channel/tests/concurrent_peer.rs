@@ -12,12 +12,14 @@ mod common;
 
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use common::{FLAGS, HEAD, TAIL, native};
 use cumem_channel::{Direction, FLAG_CLOSED, RingArgs, RingChannel, SendStatus, TransferStrategy};
 use cumem_core::{Device, Stream};
 use cumem_sys::testing;
+use serial_test::serial;
 
 type Msg = [u64; 3];
 
@@ -39,17 +41,23 @@ fn word(control: u64, index: usize) -> &'static AtomicU64 {
     unsafe { AtomicU64::from_ptr(base.add(index)) }
 }
 
-/// The kernel: consumes requests from `rx`, answers each on `tx`, returns when `rx` is closed
-/// and drained.
-fn peer(rx: RingArgs, tx: RingArgs) {
+/// The kernel (the loop of the skeleton in `docs/channels.md`): consumes requests from `rx`,
+/// answers each on `tx`, returns when `rx` is closed and drained. `at_empty` runs each time it
+/// found the ring empty, before it reads `flags`.
+fn peer(rx: RingArgs, tx: RingArgs, mut at_empty: impl FnMut()) {
     let requests: *const Msg = ptr::with_exposed_provenance(rx.slots as usize);
     let replies: *mut Msg = ptr::with_exposed_provenance_mut(tx.slots as usize);
     let (mut head, mut out_tail) = (0u64, 0u64);
     loop {
         let tail = word(rx.control, TAIL).load(Ordering::Acquire);
         if head == tail {
+            at_empty();
             if word(rx.control, FLAGS).load(Ordering::Acquire) & FLAG_CLOSED != 0 {
-                return;
+                // The host's last publish may have landed after the `tail` read above: drain it.
+                if word(rx.control, TAIL).load(Ordering::Acquire) == head {
+                    return;
+                }
+                continue;
             }
             std::thread::yield_now();
             continue;
@@ -73,6 +81,7 @@ fn peer(rx: RingArgs, tx: RingArgs) {
 }
 
 #[test]
+#[serial] // each test ends with an empty live report
 fn a_spinning_peer_and_the_host_exchange_every_message_whole() {
     testing::init_with("devices=1");
     let device = Device::get(0).unwrap();
@@ -90,9 +99,12 @@ fn a_spinning_peer_and_the_host_exchange_every_message_whole() {
             RingChannel::<Msg>::new_checked(&stream, Direction::DeviceToHost, 4, strategy, &report).unwrap();
         stream.synchronize().unwrap();
         let (rx, tx) = (to.ring_args(), from.ring_args());
-        let kernel = std::thread::spawn(move || peer(rx, tx));
+        let kernel = std::thread::spawn(move || peer(rx, tx, || ()));
         let (mut next, mut got) = (0u64, Vec::new());
+        // A lost message would leave this loop waiting for ever: fail instead (not a timing check).
+        let give_up = Instant::now() + Duration::from_secs(60);
         while (got.len() as u64) < MESSAGES {
+            assert!(Instant::now() < give_up, "{kind}: {} of {MESSAGES} replies, then none", got.len());
             while next < MESSAGES {
                 match to.send(message(next)).unwrap() {
                     SendStatus::Sent => next += 1,
@@ -111,6 +123,77 @@ fn a_spinning_peer_and_the_host_exchange_every_message_whole() {
         assert_eq!(from.stats().messages_received, MESSAGES, "{kind}");
     }
     drop(ctx);
-    let report = testing::sim_control().unwrap().live_report();
+    assert_live_report_is_clean();
+}
+
+/// Messages published right before `close` (by an explicit flush, or by `close` itself) reach a
+/// kernel that had just found the ring empty and reads `flags` only after the close: it drains
+/// them before it returns.
+#[test]
+#[serial]
+fn messages_sent_right_before_close_are_drained() {
+    testing::init_with("devices=1");
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    let strategies =
+        [TransferStrategy::Unified, TransferStrategy::MappedPolling { interval: Duration::ZERO }];
+    for strategy in strategies {
+        for flush_first in [true, false] {
+            let kind = strategy.kind();
+            let stream = Stream::non_blocking(&ctx).unwrap();
+            let report = native(device);
+            let mut to = RingChannel::<Msg>::new_checked(
+                &stream,
+                Direction::HostToDevice,
+                4,
+                strategy.clone(),
+                &report,
+            )
+            .unwrap();
+            let mut from = RingChannel::<Msg>::new_checked(
+                &stream,
+                Direction::DeviceToHost,
+                4,
+                strategy.clone(),
+                &report,
+            )
+            .unwrap();
+            stream.synchronize().unwrap();
+            let (rx, tx) = (to.ring_args(), from.ring_args());
+            let (found_empty, wait_for_it) = mpsc::channel::<()>();
+            let (go, held) = mpsc::channel::<()>();
+            let mut first = true;
+            // The kernel finds the ring empty once, then waits there for the host's close.
+            let kernel = std::thread::spawn(move || {
+                peer(rx, tx, move || {
+                    if std::mem::take(&mut first) {
+                        found_empty.send(()).unwrap();
+                        held.recv().unwrap();
+                    }
+                })
+            });
+            wait_for_it.recv().unwrap();
+            let msgs: Vec<Msg> = (0..3).map(message).collect();
+            assert_eq!(to.send_batch(&msgs).unwrap(), 3);
+            if flush_first {
+                assert_eq!(to.flush_to_device().unwrap(), 3);
+            }
+            to.close().unwrap();
+            assert_eq!(to.staged(), 0, "{kind}: close left messages staged");
+            go.send(()).unwrap();
+            kernel.join().unwrap();
+            let mut got = Vec::new();
+            from.poll_from_device(&mut got).unwrap();
+            let expected: Vec<Msg> = msgs.into_iter().map(reply).collect();
+            assert_eq!(got, expected, "{kind} (flushed first: {flush_first}): the kernel stopped early");
+        }
+    }
+    drop(ctx);
+    assert_live_report_is_clean();
+}
+
+fn assert_live_report_is_clean() {
+    let Some(ctl) = testing::sim_control() else { return };
+    let report = ctl.live_report();
     assert!(report.allocations.is_empty(), "leaked: {:?}", report.allocations);
 }

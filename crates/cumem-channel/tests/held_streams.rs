@@ -4,7 +4,9 @@
 //! the host reads the ring, whatever the strategy; a device side that moves a position before its
 //! slot work is done (the slots on one stream, the position on another) still cannot make the host
 //! read slots it is writing or overwrite slots it is reading; and a persistent kernel occupying the
-//! stream the channel was made on never blocks the host's flushes and reads. Every test here holds a stream,
+//! stream the channel was made on never blocks the host's flushes and reads; and dropping a channel
+//! while device work on its ring is held waits for that work (or orders the free after it), for
+//! every strategy and direction, with no violation in the simulator's log. Every test here holds a stream,
 //! so every test is `#[serial]` (see `cumem_sys::testing::Gate`).
 
 mod common;
@@ -211,5 +213,51 @@ fn the_host_never_overwrites_slots_the_device_is_still_reading() {
         assert_eq!(ch.flush_to_device().unwrap(), 4);
         assert_eq!(seen.to_vec().unwrap(), [1, 2, 3, 4], "{kind}: the host overwrote slots being read");
         opener.join().unwrap();
+    }
+}
+
+#[test]
+#[serial]
+fn dropping_a_channel_waits_for_device_work_on_its_ring() {
+    testing::init_with(SIM);
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    let ctl = testing::sim_control();
+    for dir in [Direction::HostToDevice, Direction::DeviceToHost] {
+        for strategy in every_strategy(&ctx) {
+            let kind = strategy.kind();
+            let stream = Stream::non_blocking(&ctx).unwrap();
+            let mut ch = RingChannel::<u32>::new_checked(&stream, dir, 4, strategy, &native(device)).unwrap();
+            let slow = Stream::non_blocking(&ctx).unwrap();
+            let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+            let late = PinnedBuffer::from_slice(&ctx, &[9u32; 4]).unwrap();
+            if dir == Direction::HostToDevice {
+                assert_eq!(ch.send_batch(&[1, 2, 3, 4]).unwrap(), 4);
+                assert_eq!(ch.flush_to_device().unwrap(), 4);
+            }
+            stream.synchronize().unwrap();
+            let before = ctl.as_ref().map_or(0, |c| c.violations().len());
+            let gate = hold(&slow);
+            // Device work on the ring that cannot run yet: a read of the slots (host→device) or
+            // a write into them (device→host), queued through the channel's device views.
+            if dir == Direction::HostToDevice {
+                slow.copy_d2h(&ch.device_side().slots, &mut seen).unwrap();
+            } else {
+                slow.copy_h2d(&late, &mut ch.device_side().slots).unwrap();
+            }
+            let opener = gate.release_after(Duration::from_millis(50));
+            // The ring's memory may go back only after that work: dropping waits for it, or
+            // orders the free after it, never frees under it.
+            drop(ch);
+            opener.join().unwrap();
+            slow.synchronize().unwrap();
+            if dir == Direction::HostToDevice {
+                assert_eq!(seen.to_vec().unwrap(), [1, 2, 3, 4], "{kind}: read the ring after it was freed");
+            }
+            if let Some(ctl) = &ctl {
+                let after = ctl.violations();
+                assert_eq!(after.len(), before, "{kind} {dir}: {:?}", &after[before..]);
+            }
+        }
     }
 }

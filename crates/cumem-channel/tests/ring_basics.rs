@@ -140,6 +140,28 @@ fn the_control_block_starts_as_the_layout_says_and_close_sets_the_flag() {
 }
 
 #[test]
+fn close_publishes_what_is_staged_and_then_takes_nothing_more() {
+    let (_, ctx, _) = setup();
+    for strategy in strategies(&ctx) {
+        let kind = strategy.kind();
+        let (mut ch, mut dev) = channel::<u32>(Direction::HostToDevice, 4, strategy);
+        assert_eq!(ch.send_batch(&[1, 2]).unwrap(), 2);
+        ch.close().unwrap();
+        let words = dev.control(&mut ch);
+        assert_eq!((words[TAIL], words[FLAGS]), (2, FLAG_CLOSED), "{kind}: closed before publishing");
+        for refused in [ch.try_send(3).map(|_| ()), ch.send(3).map(|_| ()), ch.send_batch(&[3]).map(|_| ())] {
+            assert!(matches!(refused, Err(ChannelError::Closed { .. })), "{kind}: {refused:?}");
+        }
+        assert_eq!(ch.flush_to_device().unwrap(), 0);
+        assert_eq!(dev.consume(&mut ch, 8), [1, 2], "{kind}");
+        let stats = ch.stats();
+        assert_eq!((stats.messages_sent, stats.full), (2, 0), "{kind}");
+        ch.close().unwrap(); // closing again changes nothing
+        assert_eq!(dev.control(&mut ch)[FLAGS], FLAG_CLOSED);
+    }
+}
+
+#[test]
 fn a_device_side_that_breaks_the_protocol_is_an_error() {
     let (d, ctx, s) = setup();
     for strategy in strategies(&ctx) {
@@ -148,7 +170,7 @@ fn a_device_side_that_breaks_the_protocol_is_an_error() {
             RingChannel::<u32>::new_checked(&s, Direction::HostToDevice, 4, strategy, &native(d)).unwrap();
         let mut dev = DevicePlayer::<u32>::new(&s, 4);
         // A consumer claiming more than was published.
-        assert_eq!(dev.produce_word(&mut ch, HEAD, 9), ());
+        dev.produce_word(&mut ch, HEAD, 9);
         let err = ch.refresh().unwrap_err();
         assert!(matches!(err, ChannelError::Protocol { head: 9, tail: 0, capacity: 4 }), "{kind}: {err}");
         // Operations of the other direction are refused by name.
