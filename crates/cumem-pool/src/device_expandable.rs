@@ -151,6 +151,12 @@ impl ExpandableUpstream for DeviceExpandable {
     }
 
     fn map(&self, addr: u64, bytes: usize) -> std::result::Result<(), UpstreamError> {
+        // `reservation` is the device's memory rounded up to a chunk: no more than that can ever
+        // be mapped at once, and finding out chunk by chunk would create (and undo) one physical
+        // allocation per chunk of the device's memory first.
+        if bytes > self.reservation {
+            return Err(UpstreamError::OutOfMemory);
+        }
         let mut s = self.state.lock();
         let Some((&base, range)) = s.ranges.range(..=addr).next_back() else {
             tracing::warn!(addr, bytes, "mapping outside every reservation of this upstream; refused");

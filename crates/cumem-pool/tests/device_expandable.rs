@@ -140,6 +140,27 @@ fn trim_unmaps_whole_chunks_and_the_driver_sees_exactly_them() {
     assert_clean();
 }
 
+/// A request larger than the device is out of memory at once: no chunk is created and undone
+/// for it (one per chunk of the device's memory), and the pool serves the next request.
+#[test]
+#[serial]
+fn a_request_larger_than_the_device_is_refused_without_mapping_anything() {
+    let Some(ctx) = vmm_ctx() else { return };
+    let pool = expandable_pool(&ctx);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let ctl = testing::sim_control();
+    let calls = |f: &str| ctl.as_ref().map(|ctl| ctl.calls_on_this_thread(f));
+    let (creates, maps) = (calls("cuMemCreate"), calls("cuMemMap"));
+    let total = ctx.device().total_memory().unwrap();
+    let refused = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, total + 1);
+    assert!(matches!(refused, Err(cumem_core::Error::OutOfMemory { .. })), "{refused:?}");
+    assert_eq!((calls("cuMemCreate"), calls("cuMemMap")), (creates, maps), "chunks were made for it");
+    assert_eq!(pool.stats().reserved_bytes, 0);
+    let served = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, MIB).unwrap();
+    drop((served, pool, stream));
+    assert_clean();
+}
+
 #[test]
 #[serial]
 fn another_stream_gets_freed_memory_only_after_the_work_on_it() {
