@@ -423,7 +423,10 @@ impl<T> fmt::Debug for PitchedBuffer<T> {
 impl<T> Drop for PitchedBuffer<T> {
     fn drop(&mut self) {
         let Some(layout) = self.layout else { return };
-        let stream = match self.order.join() {
+        // `join_mut`, not `join`: exclusive access needs no lock, so a drop inside a
+        // `StreamOrder::queue_on` closure (where locking an order is refused) frees the memory
+        // instead of leaking it.
+        let stream = match self.order.join_mut() {
             Ok(stream) => stream,
             Err(e) => {
                 // No stream is known to follow every use: returning the memory could hand it to
@@ -436,6 +439,6 @@ impl<T> Drop for PitchedBuffer<T> {
         // returned once, unchanged;
         // every use of it went through `order`, and `stream` is ordered after all of them; no view
         // outlives `self`.
-        unsafe { self.resource.deallocate(Allocation { ptr: self.ptr, token: self.token }, layout, &stream) };
+        unsafe { self.resource.deallocate(Allocation { ptr: self.ptr, token: self.token }, layout, stream) };
     }
 }

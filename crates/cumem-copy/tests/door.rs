@@ -338,3 +338,29 @@ fn a_host_tracker_asked_whether_idle_inside_a_closure_does_not_wait_for_its_lock
         assert!(access.is_idle());
     });
 }
+
+#[test]
+#[parallel]
+fn a_pitched_buffer_dropped_inside_a_closure_returns_its_memory() {
+    within_watchdog("a pitched buffer dropped inside a closure", || {
+        let ctx = ctx();
+        let Some(ctl) = testing::sim_control() else {
+            return testing::skip("reads the live report: simulator only");
+        };
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let buf = DeviceBuffer::<u32>::zeroed(&s, 64).unwrap();
+        // From the driver, so that its free shows in the live report at once (no cache between).
+        let driver = std::sync::Arc::new(cumem_core::DriverResource::new(&ctx));
+        let pitched = cumem_copy::PitchedBuffer::<u32>::zeroed_in(&driver, &s, 16, 4).unwrap();
+        let ptr = pitched.device_ptr();
+        // The drop has exclusive access to its order, so it needs no lock, which a closure refuses.
+        buf.as_slice()
+            .queue_on(&s, |_| {
+                drop(pitched);
+                Ok(())
+            })
+            .unwrap();
+        s.synchronize().unwrap();
+        assert!(!ctl.live_report().contains_ptr(ptr), "leaked instead of freed");
+    });
+}

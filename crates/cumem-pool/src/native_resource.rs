@@ -35,20 +35,31 @@ const POOL_ALIGNMENT: usize = 256;
 ///   `INVALID_CONTEXT` for these calls only for the default stream with no context current
 ///   (driver-api.md G2). So a special handle is never passed unbound: the first try happens only
 ///   for a created stream, whose work cannot land anywhere else whatever is current.
-/// - A failed call did nothing (errors from these calls are reported before any work is queued;
-///   a sticky error fails the retry the same way), so trying again after binding cannot do the
-///   work twice; if the right context was current already, the failure stands without a retry
-///   (an out-of-memory answer, an injected fault), as it would have with the bind first.
+/// - Only a failure that a context check gives is tried again: `INVALID_CONTEXT`,
+///   `CONTEXT_IS_DESTROYED` and `INVALID_HANDLE` come from the checks that precede all work
+///   (driver-api.md G3), so that call did nothing and the retry cannot do the work twice. Any
+///   other failure stands, as it would have with the bind first: both calls carry `\notefnerr`
+///   ("may also return error codes from previous, asynchronous launches"), and nothing says such
+///   an answer comes before the work, so a `cuMemFreeAsync` answering one may have freed the
+///   block, and freeing it again could free the block the pool has handed out since (to another
+///   stream, another thread). If the right context was current already, no failure is retried.
 /// - A driver that checks the stream against the current context (not documented, not observed)
-///   fails the first try with some error; the retry, bound as before, then gives the answer the
-///   bound call always gave.
+///   fails the first try with one of those check errors; the retry, bound as before, then gives
+///   the answer the bound call always gave.
 fn unbound_first<T>(ctx: &Context, stream: &Stream, call: impl Fn() -> Result<T>) -> Result<T> {
     // NULL, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) resolve through the current context.
     if stream.raw() as usize > 2 {
         match call() {
             Ok(done) => return Ok(done),
             Err(e) => {
-                if ctx.is_current()? {
+                let from_a_check = matches!(
+                    e,
+                    Error::InvalidContext { .. }
+                        | Error::ContextIsDestroyed { .. }
+                        | Error::InvalidHandle { .. }
+                );
+                // Unknown whether our context was current (the question failed): the answer stands.
+                if !from_a_check || ctx.is_current().unwrap_or(true) {
                     return Err(e);
                 }
             }

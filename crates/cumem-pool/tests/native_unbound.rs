@@ -1,7 +1,8 @@
 //! `NativePoolResource` calls the pool on a created stream without making its context current
 //! first (the stream and the pool name everything the call acts on), and binds and calls again
-//! only when the first try failed while another context, or none, was current: a failure with
-//! the right context current stands, exactly as it would have with the bind first.
+//! only when the first try failed with a context check's error while another context, or none,
+//! was current: any other failure, and a failure with the right context current, stands, exactly
+//! as it would have with the bind first.
 
 use cumem_core::sys::CUresult;
 use cumem_core::{AllocLayout, Device, DeviceResource, Error, Stream};
@@ -102,4 +103,75 @@ fn a_failure_with_no_context_current_is_tried_again_bound() {
         });
     });
     stream.synchronize().unwrap();
+}
+
+#[test]
+fn a_free_failing_with_an_error_no_context_check_gives_is_not_tried_again() {
+    // `cuMemFreeAsync` may answer an error of earlier asynchronous work (`\notefnerr`) without
+    // saying whether it freed the block; freeing it again could free a block the pool has handed
+    // out since. Only a context check's answer (which precedes all work) is tried again bound.
+    let ctx = ctx();
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let pool = NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default()).unwrap());
+    let a = std::thread::scope(|s| {
+        s.spawn(|| {
+            assert!(current().is_null());
+            let a = pool.allocate(layout(), &stream).unwrap();
+            let rule = ctl.inject_fault(FaultRule {
+                function: "cuMemFreeAsync".into(),
+                nth: 1,
+                code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+                times: 1,
+                this_thread_only: true,
+            });
+            // SAFETY: `a` came from `pool` with this layout and nothing uses it; the free fails
+            // (injected), so it is freed once more below.
+            unsafe { pool.deallocate(a, layout(), &stream) };
+            ctl.remove_fault(rule);
+            assert_eq!(ctl.calls_on_this_thread("cuMemFreeAsync"), 1, "not tried again");
+            assert!(current().is_null(), "nothing was bound");
+            a
+        })
+        .join()
+        .unwrap()
+    });
+    stream.synchronize().unwrap();
+    assert!(ctl.live_report().contains_ptr(a.ptr), "the failed free left the block allocated");
+    // SAFETY: the failed free above freed nothing (the fault was injected before any work).
+    unsafe { pool.deallocate(a, layout(), &stream) };
+    stream.synchronize().unwrap();
+    assert!(!ctl.live_report().contains_ptr(a.ptr));
+}
+
+#[test]
+fn an_invalid_handle_answer_with_no_context_current_is_tried_again_bound() {
+    let ctx = ctx();
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let pool = NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default()).unwrap());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = pool.allocate(layout(), &stream).unwrap();
+            // What a driver resolving the stream through the current context might answer.
+            let rule = ctl.inject_fault(FaultRule {
+                function: "cuMemFreeAsync".into(),
+                nth: 1,
+                code: CUresult::CUDA_ERROR_INVALID_HANDLE,
+                times: 1,
+                this_thread_only: true,
+            });
+            // SAFETY: `a` came from `pool` with this layout and nothing uses it.
+            unsafe { pool.deallocate(a, layout(), &stream) };
+            ctl.remove_fault(rule);
+            assert_eq!(ctl.calls_on_this_thread("cuMemFreeAsync"), 2, "tried again");
+            assert_eq!(current(), ctx.raw(), "bound for the second try");
+            stream.synchronize().unwrap();
+            assert!(!ctl.live_report().contains_ptr(a.ptr), "freed by the second try");
+        });
+    });
 }
