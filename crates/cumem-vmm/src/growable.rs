@@ -289,7 +289,7 @@ impl<T> GrowableBuffer<T> {
             return Ok(());
         }
         // Work queued through any view may still touch the chunks about to go.
-        self.order.synchronize()?;
+        self.order.join_mut()?.synchronize()?;
         while self.chunks.len() > keep {
             let Some(chunk) = self.chunks.pop() else { break };
             // The driver frees the memory with its last mapping.
@@ -590,7 +590,10 @@ impl<T> Drop for GrowableBuffer<T> {
         if self.chunks.is_empty() {
             return;
         }
-        if let Err(e) = self.order.synchronize() {
+        // `join_mut` (exclusive, no lock) and a wait on the stream it returns, not
+        // `StreamOrder::synchronize`, whose lock is refused inside a `StreamOrder::queue_on`
+        // closure: a buffer dropped there returns its memory instead of leaking it.
+        if let Err(e) = self.order.join_mut().and_then(Stream::synchronize) {
             // Unmapping under pending work would fault it: leak the chunks and the reservation.
             tracing::warn!(bytes = self.mapped_bytes(), error = %e, "waiting for work on a GrowableBuffer failed; leaking its memory");
             std::mem::forget(std::mem::take(&mut self.chunks));
