@@ -111,6 +111,8 @@ impl<T: Pod> ImportedBuffer<T> {
         // (safety item 3 of `ImportedPool::import_pointer`), as are other processes' (item 2).
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
+
+    cumem_core::device_view_methods!();
 }
 
 impl<T> Drop for ImportedBuffer<T> {
