@@ -53,6 +53,11 @@ fn a_second_import_of_a_live_import_is_refused() {
         let through_other = unsafe { other.import_pointer::<u32>(&export, &stream) };
         assert!(matches!(through_other, Err(Error::AlreadyMapped { .. })), "{through_other:?}");
         assert_eq!(first.as_slice().to_vec().unwrap(), data);
+        // An import offers a device buffer's view vocabulary.
+        assert_eq!(first.slice(4000..).unwrap().to_vec().unwrap(), data[4000..]);
+        let (head, tail) = first.split_at(96).unwrap();
+        assert_eq!((head.len(), tail.len()), (96, 4000));
+        assert!(matches!(first.chunks(0), Err(Error::ZeroSize { .. })), "a chunk of no values");
         drop(first);
         // SAFETY: as above.
         let again = unsafe { other.import_pointer::<u32>(&export, &stream) }.unwrap();
