@@ -64,3 +64,10 @@ pub use stream::{Stream, StreamOptions, StreamTail};
 
 /// The raw driver bindings, for code that needs a call cumem does not wrap.
 pub use cumem_sys::sys;
+
+/// What [`device_view_methods!`] names in the crates that invoke it; not part of the stable
+/// interface.
+#[doc(hidden)]
+pub mod __private {
+    pub use bytemuck::AnyBitPattern;
+}

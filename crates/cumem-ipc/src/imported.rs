@@ -111,11 +111,16 @@ impl<T: Pod> ImportedBuffer<T> {
         // (safety item 3 of `ImportedPool::import_pointer`), as are other processes' (item 2).
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
+
+    cumem_core::device_view_methods!();
 }
 
 impl<T> Drop for ImportedBuffer<T> {
     fn drop(&mut self) {
-        if let Err(e) = self.order.synchronize() {
+        // `join_mut` (exclusive, no lock) and a wait on the one stream it returns, not
+        // `StreamOrder::synchronize`, whose lock is refused inside a `StreamOrder::queue_on`
+        // closure: dropped there, the import is closed instead of leaked.
+        if let Err(e) = self.order.join_mut().and_then(Stream::synchronize) {
             // Work on the memory may still be queued: closing would unmap it under that work.
             // Leak the import instead (it stays claimed, so it is not opened again here).
             tracing::warn!(error = %e, bytes = self.len * std::mem::size_of::<T>(), "cumem-ipc: waiting for an import's work failed; leaking the import");

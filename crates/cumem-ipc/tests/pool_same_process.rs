@@ -2,10 +2,12 @@
 //! the first lives is refused with [`Error::AlreadyMapped`] (through the same or another
 //! [`ImportedPool`] of the pool), and allowed again once the first is dropped; an export whose
 //! buffer the exporter already freed is refused; the pool imported for a device without access to
-//! it is [`Error::WrongDevice`]; an import leaked by its drop keeps its imported pool. The process
-//! ends with a clean live report.
+//! it is [`Error::WrongDevice`]; an import leaked by its drop keeps its imported pool; an import
+//! dropped inside a `queue_on` closure is freed, not leaked. The process ends with a clean live
+//! report.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use cumem_core::{Device, DeviceBuffer, Error, Stream};
 use cumem_ipc::{ImportedPool, ShareablePool};
@@ -51,6 +53,11 @@ fn a_second_import_of_a_live_import_is_refused() {
         let through_other = unsafe { other.import_pointer::<u32>(&export, &stream) };
         assert!(matches!(through_other, Err(Error::AlreadyMapped { .. })), "{through_other:?}");
         assert_eq!(first.as_slice().to_vec().unwrap(), data);
+        // An import offers a device buffer's view vocabulary.
+        assert_eq!(first.slice(4000..).unwrap().to_vec().unwrap(), data[4000..]);
+        let (head, tail) = first.split_at(96).unwrap();
+        assert_eq!((head.len(), tail.len()), (96, 4000));
+        assert!(matches!(first.chunks(0), Err(Error::ZeroSize { .. })), "a chunk of no values");
         drop(first);
         // SAFETY: as above.
         let again = unsafe { other.import_pointer::<u32>(&export, &stream) }.unwrap();
@@ -168,5 +175,65 @@ fn a_leaked_import_keeps_its_imported_pool() {
         assert_eq!(unsafe { sys::cuMemPoolDestroy(raw_pool) }, CUresult::CUDA_SUCCESS);
         drop(buf);
     }
+    assert_clean_report();
+}
+
+/// How long a test that could deadlock may run before it counts as deadlocked.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// Runs `test` on a thread of its own and fails if it has not returned within [`WATCHDOG`].
+fn within_watchdog(what: &str, test: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        test();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(WATCHDOG) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("deadlock: {what} had not returned after {WATCHDOG:?}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
+    }
+}
+
+#[test]
+#[serial]
+fn an_import_dropped_inside_a_closure_is_freed_with_its_pool() {
+    testing::init_with(SIM_CONFIG);
+    if testing::sim_control().is_none() {
+        return testing::skip("reads the live report: simulator only");
+    }
+    within_watchdog("an import dropped inside a closure", || {
+        let Some(ctl) = testing::sim_control() else { return };
+        let device = Device::get(0).unwrap();
+        let ctx = device.context().unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
+        let buf = DeviceBuffer::<u32>::zeroed_in(&pool, &stream, 1024).unwrap();
+        buf.order().synchronize().unwrap();
+        let export = pool.export_pointer(&buf).unwrap();
+        let fd = pool.export_fd().unwrap();
+        let imported = ImportedPool::from_fd(&device, &fd).unwrap();
+        drop(fd);
+        let raw_pool = imported.raw() as u64;
+        // SAFETY: `buf` outlives the import (dropped after it, inside the closure below); nothing
+        // writes it meanwhile.
+        let import = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
+        let ptr = import.device_ptr();
+        assert_eq!(import.as_slice().to_vec().unwrap(), vec![0; 1024]);
+        // The imported pool now goes with the import.
+        drop(imported);
+        // The drop has exclusive access to its order, so it needs no lock, which a closure refuses.
+        buf.as_slice()
+            .queue_on(&stream, |_| {
+                drop(import);
+                Ok(())
+            })
+            .unwrap();
+        let report = ctl.live_report();
+        assert!(!report.contains_ptr(ptr), "the import leaked instead of being freed:\n{report}");
+        assert!(!report.pools.iter().any(|p| p.handle == raw_pool), "its imported pool leaked:\n{report}");
+    });
     assert_clean_report();
 }

@@ -41,14 +41,13 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::ops::RangeBounds;
 use std::sync::Arc;
 
-use bytemuck::{AnyBitPattern, NoUninit, Zeroable};
+use bytemuck::{NoUninit, Zeroable};
 use cumem_core::sys::CUdeviceptr;
 use cumem_core::{
-    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, Context, Device, DeviceSlice, DeviceSliceMut, Error,
-    ErrorContext, HostMemory, OnStream, OnStreamMut, Result, Stream, StreamOrder, blocking_host_copy,
+    AsDeviceSlice, AsDeviceSliceMut, Context, Device, DeviceSlice, DeviceSliceMut, Error, ErrorContext,
+    HostMemory, OnStream, OnStreamMut, Result, Stream, StreamOrder, blocking_host_copy,
 };
 
 use crate::ffi::{self, Fill};
@@ -289,7 +288,7 @@ impl<T> GrowableBuffer<T> {
             return Ok(());
         }
         // Work queued through any view may still touch the chunks about to go.
-        self.order.synchronize()?;
+        self.order.join_mut()?.synchronize()?;
         while self.chunks.len() > keep {
             let Some(chunk) = self.chunks.pop() else { break };
             // The driver frees the memory with its last mapping.
@@ -434,45 +433,7 @@ impl<T> GrowableBuffer<T> {
         unsafe { DeviceSliceMut::from_raw_parts(self.device_ptr(), self.len, &self.order, &self.ctx) }
     }
 
-    /// A shared view of `range`.
-    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
-        self.as_slice().slice(range)
-    }
-
-    /// An exclusive view of `range`.
-    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
-        self.as_mut_slice().into_slice_mut(range)
-    }
-
-    /// Shared views of `[0, mid)` and `[mid, len)`.
-    pub fn split_at(&self, mid: usize) -> Result<(DeviceSlice<'_, T>, DeviceSlice<'_, T>)> {
-        self.as_slice().split_at(mid)
-    }
-
-    /// Exclusive views of `[0, mid)` and `[mid, len)`.
-    pub fn split_at_mut(&mut self, mid: usize) -> Result<(DeviceSliceMut<'_, T>, DeviceSliceMut<'_, T>)> {
-        self.as_mut_slice().into_split_at_mut(mid)
-    }
-
-    /// Shared views of `chunk` values each (the last may be shorter).
-    pub fn chunks(&self, chunk: usize) -> Result<Chunks<'_, T>> {
-        self.as_slice().chunks(chunk)
-    }
-
-    /// Exclusive views of `chunk` values each (the last may be shorter).
-    pub fn chunks_mut(&mut self, chunk: usize) -> Result<ChunksMut<'_, T>> {
-        self.as_mut_slice().into_chunks_mut(chunk)
-    }
-
-    /// The values on `stream`, for device work that only reads them (see [`DeviceSlice::on`]).
-    pub fn on<'s>(&'s self, stream: &'s Stream) -> Result<OnStream<'s, T>> {
-        self.as_slice().on(stream)
-    }
-
-    /// The values on `stream`, for device work that writes them (see [`DeviceSliceMut::on`]).
-    pub fn on_mut<'s>(&'s mut self, stream: &'s Stream) -> Result<OnStreamMut<'s, T>> {
-        self.as_mut_slice().into_on(stream)
-    }
+    cumem_core::device_view_methods!();
 
     /// The values on `stream`, a stream of a device in [`GrowableBuffer::access`] (the buffer's own
     /// or a peer of [`GrowableConfig::accessible_from`]), for device work there that only reads
@@ -518,14 +479,6 @@ impl<T> GrowableBuffer<T> {
             ctx: ErrorContext::op("GrowableBuffer::on_peer (the stream's device is not in accessible_from)")
                 .device(device.raw()),
         })
-    }
-
-    /// Copies the values to a new `Vec`, after all work queued on the buffer so far.
-    pub fn to_vec(&self) -> Result<Vec<T>>
-    where
-        T: AnyBitPattern,
-    {
-        self.as_slice().to_vec()
     }
 }
 
@@ -590,7 +543,10 @@ impl<T> Drop for GrowableBuffer<T> {
         if self.chunks.is_empty() {
             return;
         }
-        if let Err(e) = self.order.synchronize() {
+        // `join_mut` (exclusive, no lock) and a wait on the stream it returns, not
+        // `StreamOrder::synchronize`, whose lock is refused inside a `StreamOrder::queue_on`
+        // closure: a buffer dropped there returns its memory instead of leaking it.
+        if let Err(e) = self.order.join_mut().and_then(Stream::synchronize) {
             // Unmapping under pending work would fault it: leak the chunks and the reservation.
             tracing::warn!(bytes = self.mapped_bytes(), error = %e, "waiting for work on a GrowableBuffer failed; leaking its memory");
             std::mem::forget(std::mem::take(&mut self.chunks));

@@ -216,7 +216,7 @@ impl<R: RangeHolder> MappingIn<R> {
             crate::access::require_reach(device, owner)?;
         }
         if *self.viewed.get_mut() {
-            self.order.synchronize()?;
+            self.order.join_mut()?.synchronize()?;
         }
         let raw: Vec<_> = access.iter().map(|&(d, a)| (d.raw(), a.flags())).collect();
         self.ctx.bind()?;
@@ -276,7 +276,10 @@ impl<R: RangeHolder> MappingIn<R> {
     /// On an error nothing was unmapped.
     fn unmap_in_place(&mut self) -> Result<()> {
         if *self.viewed.get_mut() {
-            self.order.synchronize()?;
+            // `join_mut` (exclusive, no lock) and a wait on the stream it returns, not
+            // `StreamOrder::synchronize`, whose lock is refused inside a `StreamOrder::queue_on`
+            // closure: a mapping dropped there is unmapped instead of leaked.
+            self.order.join_mut()?.synchronize()?;
         }
         let ptr = self.device_ptr();
         self.range.context().bind()?;

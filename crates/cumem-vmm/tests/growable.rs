@@ -364,3 +364,29 @@ fn a_2d_copy_crosses_the_boundary_between_chunks() {
         assert!(v[at + width..at + pitch].iter().all(|&x| x == 0), "row {row}: the padding was written");
     }
 }
+
+#[test]
+#[parallel]
+fn a_buffer_dropped_inside_a_closure_returns_its_memory() {
+    within_watchdog("a GrowableBuffer dropped inside a closure", || {
+        let Some(device) = vmm_device() else { return };
+        let ctx = device.context().unwrap();
+        let g = granule(device);
+        let stream = Stream::non_blocking(&ctx).unwrap();
+        let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config(g)).unwrap();
+        buf.extend_from_slice(&pattern(g / 4, 1)).unwrap();
+        let (base, size) = (buf.device_ptr(), buf.range().size());
+        let other = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+        // The drop has exclusive access to its order, so it needs no lock, which a closure refuses.
+        other
+            .as_slice()
+            .queue_on(&stream, |_| {
+                drop(buf);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(sim_mapped_bytes(base, size).unwrap_or(0), 0, "leaked instead of unmapped");
+        assert_ne!(sim_reserved(base), Some(true), "the reservation leaked");
+        assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    });
+}

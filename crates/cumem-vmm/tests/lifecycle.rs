@@ -418,3 +418,32 @@ fn granularity_is_per_device_and_handle_types() {
         }
     }
 }
+
+#[test]
+#[parallel]
+fn a_viewed_mapping_dropped_inside_a_closure_is_unmapped() {
+    within_watchdog("a mapping dropped inside a closure", || {
+        let Some(device) = vmm_device() else { return };
+        let ctx = device.context().unwrap();
+        let g = granule(device);
+        let range = VirtualRange::reserve(&ctx, g).unwrap();
+        let memory = PhysicalMemory::new(&ctx, g).unwrap();
+        let mut mapping = range.map(0, &memory).unwrap();
+        drop(memory);
+        mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+        let stream = Stream::non_blocking(&ctx).unwrap();
+        // Work through a view: the unmap must wait for it, which it does without the order's lock.
+        stream.fill(&mut mapping.as_mut_slice::<u32>().unwrap(), 7u32).unwrap();
+        let other = cumem_core::DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+        other
+            .as_slice()
+            .queue_on(&stream, |_| {
+                drop(mapping);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(range.mapped_bytes(), 0, "leaked instead of unmapped");
+        assert_eq!(sim_mapped_bytes(range.base(), range.size()).unwrap_or(0), 0);
+        assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    });
+}

@@ -21,16 +21,12 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::ops::RangeBounds;
 use std::sync::Arc;
 
 use bytemuck::{AnyBitPattern, NoUninit, Pod, Zeroable};
 use cumem_sys::sys::CUdeviceptr;
 
-use crate::buffer::view::{
-    AsDeviceSlice, AsDeviceSliceMut, Chunks, ChunksMut, DeviceSlice, DeviceSliceMut, OnStream, OnStreamMut,
-    cast_parts,
-};
+use crate::buffer::view::{AsDeviceSlice, AsDeviceSliceMut, DeviceSlice, DeviceSliceMut, cast_parts};
 use crate::{
     AllocLayout, Allocation, Context, DeviceResource, Error, Feature, Result, Stream, StreamOrder, ffi,
 };
@@ -366,55 +362,7 @@ impl<T> DeviceBuffer<T> {
         DeviceSliceMut::from_parts(self.ptr, self.len, &self.order, self.resource.context())
     }
 
-    /// The whole buffer on `stream`, for device work that only reads it and that cumem does not
-    /// queue itself; see [`DeviceSlice::on`].
-    pub fn on<'s>(&'s self, stream: &'s Stream) -> Result<OnStream<'s, T>> {
-        self.as_slice().on(stream)
-    }
-
-    /// The whole buffer on `stream`, for device work that writes it and that cumem does not
-    /// queue itself; see [`DeviceSliceMut::on`].
-    pub fn on_mut<'s>(&'s mut self, stream: &'s Stream) -> Result<OnStreamMut<'s, T>> {
-        self.as_mut_slice().into_on(stream)
-    }
-
-    /// A shared view of `range`.
-    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
-        self.as_slice().slice(range)
-    }
-
-    /// An exclusive view of `range`.
-    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
-        self.as_mut_slice().into_slice_mut(range)
-    }
-
-    /// Shared views of `[0, mid)` and `[mid, len)`.
-    pub fn split_at(&self, mid: usize) -> Result<(DeviceSlice<'_, T>, DeviceSlice<'_, T>)> {
-        self.as_slice().split_at(mid)
-    }
-
-    /// Exclusive views of `[0, mid)` and `[mid, len)`.
-    pub fn split_at_mut(&mut self, mid: usize) -> Result<(DeviceSliceMut<'_, T>, DeviceSliceMut<'_, T>)> {
-        self.as_mut_slice().into_split_at_mut(mid)
-    }
-
-    /// Shared views of `chunk` elements each (the last may be shorter).
-    pub fn chunks(&self, chunk: usize) -> Result<Chunks<'_, T>> {
-        self.as_slice().chunks(chunk)
-    }
-
-    /// Exclusive views of `chunk` elements each (the last may be shorter).
-    pub fn chunks_mut(&mut self, chunk: usize) -> Result<ChunksMut<'_, T>> {
-        self.as_mut_slice().into_chunks_mut(chunk)
-    }
-
-    /// Copies the contents to a new `Vec`, after all work queued on the buffer so far.
-    pub fn to_vec(&self) -> Result<Vec<T>>
-    where
-        T: AnyBitPattern,
-    {
-        crate::buffer::view::read_to_vec(self.ptr, self.len, &self.order, self.resource.context())
-    }
+    crate::device_view_methods!();
 
     /// Reinterprets the buffer as values of `U`, keeping the allocation. The byte length must be a
     /// multiple of `U`'s size and the address aligned for `U`.
