@@ -185,8 +185,11 @@ fn bytes_moved(work: &Work) -> Option<usize> {
 }
 
 /// A batch ends before it would exceed either bound: past them, the first operations'
-/// completion would wait too long for the last ones' bytes.
-const BATCH_OPS: usize = 256;
+/// completion would wait too long for the last ones' bytes, and the lock is held while a batch is
+/// picked (one look at the queues per operation), so the count also bounds how long an API call
+/// waits for it. 32 already spreads the lock round trips over enough operations that they no
+/// longer show in a profile of small queued copies.
+const BATCH_OPS: usize = 32;
 const BATCH_BYTES: usize = 1 << 20;
 
 /// One byte-moving operation taken for a batch.
