@@ -2,7 +2,11 @@
 //!
 //! One engine thread picks, among the streams whose head operation may start (its stream idle,
 //! its dependencies complete, its latency elapsed), the operation enqueued first, and moves its
-//! bytes with the state lock released, so long copies do not stall API calls. The latency is a
+//! bytes with the state lock released, so long copies do not stall API calls. Operations that only
+//! move bytes run in batches: after picking one, the engine keeps picking as if the picked ones
+//! were complete, while the next pick also only moves bytes (up to a bound), then runs the batch
+//! in that order with one release of the lock and one wake-up of the waiters, where one pick per
+//! look made every small copy pay for two lock round trips. The latency is a
 //! delay, not a throughput limit, so queued operations pipeline. Host functions are handed to a
 //! separate callback thread, one for all streams (as on an H100, §17 of the driver reference),
 //! which keeps their stream busy until they return while other streams carry on. A stream wait
@@ -113,51 +117,172 @@ fn use_after_free(api: &'static str, tid: u64, a: &Allocation, how: &Freed) -> V
     }
 }
 
+/// What one look at the queues found: the operation to run next (its sequence number and
+/// stream), and when to look again if nothing is ready.
+struct Pick {
+    best: Option<(u64, u64)>,
+    wake: Option<Instant>,
+}
+
+/// Among the streams whose head operation may start at `now`, the one enqueued first.
+fn pick(st: &State, now: Instant) -> Pick {
+    let mut best: Option<(u64, u64)> = None;
+    let mut wake: Option<Instant> = None;
+    for (&sid, s) in &st.streams {
+        if s.running.is_some() {
+            continue;
+        }
+        let Some(op) = s.queue.front() else { continue };
+        if !op.deps.iter().all(|&(d, q)| done_through(&st.streams, d, q)) {
+            continue;
+        }
+        if let Some(r) = &op.remote
+            && !r.page.is_done(r.ticket)
+        {
+            // A process that exited with that recording queued never publishes it: the wait
+            // is unbounded, and says so once when it has lasted long (see `Stall`).
+            let mut stall = r.stall.get().unwrap_or_else(crate::ipc::event::Stall::new);
+            stall.check(|| {
+                format!(
+                    "stream {sid:#x} has waited {} s for recording {} of interprocess event {:#x}, \
+                     made in another process; if that process exited with it queued, nothing \
+                     completes it and the stream's later work waits forever",
+                    crate::ipc::event::STALL_NOTE.as_secs(),
+                    r.ticket,
+                    r.event
+                )
+            });
+            r.stall.set(Some(stall));
+            // No call in this process will say when the other process publishes: look again
+            // soon, with the lock released meanwhile like any other wait.
+            let poll = now + crate::ipc::event::POLL;
+            wake = Some(wake.map_or(poll, |w| w.min(poll)));
+            continue;
+        }
+        if op.ready_at <= now {
+            if best.is_none_or(|(seq, _)| op.seq < seq) {
+                best = Some((op.seq, sid));
+            }
+        } else {
+            wake = Some(wake.map_or(op.ready_at, |w| w.min(op.ready_at)));
+        }
+    }
+    Pick { best, wake }
+}
+
+/// The bytes `work` moves, or `None` if it does more than move bytes (what the engine runs with
+/// the state lock released is only byte moves).
+fn bytes_moved(work: &Work) -> Option<usize> {
+    match work {
+        Work::Copy { len, .. } => Some(*len),
+        Work::Fill { width, count, .. } => Some(width * count),
+        Work::Rows { rows, len, .. } => Some(rows.len() * len),
+        Work::FillRows { rows, width, count, .. } => Some(rows.len() * width * count),
+        Work::Marker { .. } | Work::Nop | Work::Free { .. } | Work::Prefetch { .. } | Work::HostFn { .. } => {
+            None
+        }
+    }
+}
+
+/// A batch ends before it would exceed either bound: past them, the first operations'
+/// completion would wait too long for the last ones' bytes, and the lock is held while a batch is
+/// picked (one look at the queues per operation), so the count also bounds how long an API call
+/// waits for it. 32 already spreads the lock round trips over enough operations that they no
+/// longer show in a profile of small queued copies.
+const BATCH_OPS: usize = 32;
+const BATCH_BYTES: usize = 1 << 20;
+
+/// One byte-moving operation taken for a batch.
+struct Taken {
+    sid: u64,
+    seq: u64,
+    api: &'static str,
+    tid: u64,
+    work: Work,
+}
+
+/// Takes the operation at the head of stream `sid` (picked, and only moving bytes) and then,
+/// while the next operation the engine would pick at `now` were the taken ones complete also only
+/// moves bytes, that one too: the operations one pick per look would run, in the same order, for
+/// one release of the lock. Each taken stream is left running from its first taken operation, so
+/// that every taken operation reads as incomplete until [`finish_batch`].
+fn take_batch(st: &mut State, now: Instant, sid: u64) -> Vec<Taken> {
+    let mut batch: Vec<Taken> = Vec::new();
+    let mut bytes = 0usize;
+    let mut next = Some(sid);
+    // The lock is held throughout, so nobody sees the streams in between: a taken operation is
+    // off its queue and its stream not yet marked running, which reads as complete, so that what
+    // follows or depends on it can be picked next.
+    while let Some(sid) = next {
+        let s = st.streams.get_mut(&sid).expect("picked stream exists");
+        let op = s.queue.pop_front().expect("picked stream has a head");
+        bytes += bytes_moved(&op.work).unwrap_or(0);
+        batch.push(Taken { sid, seq: op.seq, api: op.api, tid: op.tid, work: op.work });
+        if batch.len() >= BATCH_OPS {
+            break;
+        }
+        next = pick(st, now).best.map(|(_, sid)| sid).filter(|sid| {
+            st.streams[sid]
+                .queue
+                .front()
+                .and_then(|op| bytes_moved(&op.work))
+                .is_some_and(|b| bytes.saturating_add(b) <= BATCH_BYTES)
+        });
+    }
+    for t in &batch {
+        let s = st.streams.get_mut(&t.sid).expect("a stream with a running operation stays");
+        if s.running.is_none() {
+            s.running = Some(t.seq);
+        }
+    }
+    batch
+}
+
+/// Moves the bytes of a batch's operations, in order, with the state lock released, then marks
+/// their streams idle.
+fn run_batch(g: &mut MutexGuard<'_, State>, batch: Vec<Taken>) {
+    let mut done: Vec<u64> = batch.iter().map(|t| t.sid).collect();
+    done.sort_unstable();
+    done.dedup();
+    MutexGuard::unlocked(g, || {
+        for Taken { api, tid, work, .. } in batch {
+            // A panic here would kill the engine and hang every waiter; contain it.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(&work)));
+            // The bytes have moved. A free that took effect before this point was not ordered
+            // after the operation: report the use after free.
+            for a in work.touched() {
+                if let Some(how) = a.freed.get() {
+                    violation::record(use_after_free(api, tid, a, how));
+                }
+            }
+            drop(work);
+        }
+    });
+    finish_batch(g, &done);
+}
+
+/// Marks a batch's streams idle (see [`finish`]) and wakes everyone once.
+fn finish_batch(st: &mut State, sids: &[u64]) {
+    for &sid in sids {
+        let remove = match st.streams.get_mut(&sid) {
+            Some(s) => {
+                s.running = None;
+                s.destroyed && s.queue.is_empty()
+            }
+            None => false,
+        };
+        if remove {
+            st.streams.remove(&sid);
+        }
+    }
+    SIM.changed.notify_all();
+}
+
 fn engine_loop() {
     let mut g = SIM.st.lock();
     loop {
         let now = Instant::now();
-        let mut best: Option<(u64, u64)> = None;
-        let mut wake: Option<Instant> = None;
-        for (&sid, s) in &g.streams {
-            if s.running.is_some() {
-                continue;
-            }
-            let Some(op) = s.queue.front() else { continue };
-            if !op.deps.iter().all(|&(d, q)| done_through(&g.streams, d, q)) {
-                continue;
-            }
-            if let Some(r) = &op.remote
-                && !r.page.is_done(r.ticket)
-            {
-                // A process that exited with that recording queued never publishes it: the wait
-                // is unbounded, and says so once when it has lasted long (see `Stall`).
-                let mut stall = r.stall.get().unwrap_or_else(crate::ipc::event::Stall::new);
-                stall.check(|| {
-                    format!(
-                        "stream {sid:#x} has waited {} s for recording {} of interprocess event {:#x}, \
-                         made in another process; if that process exited with it queued, nothing \
-                         completes it and the stream's later work waits forever",
-                        crate::ipc::event::STALL_NOTE.as_secs(),
-                        r.ticket,
-                        r.event
-                    )
-                });
-                r.stall.set(Some(stall));
-                // No call in this process will say when the other process publishes: look again
-                // soon, with the lock released meanwhile like any other wait.
-                let poll = now + crate::ipc::event::POLL;
-                wake = Some(wake.map_or(poll, |w| w.min(poll)));
-                continue;
-            }
-            if op.ready_at <= now {
-                if best.is_none_or(|(seq, _)| op.seq < seq) {
-                    best = Some((op.seq, sid));
-                }
-            } else {
-                wake = Some(wake.map_or(op.ready_at, |w| w.min(op.ready_at)));
-            }
-        }
+        let Pick { best, wake } = pick(&g, now);
         let Some((_, sid)) = best else {
             match wake {
                 Some(t) => {
@@ -172,6 +297,11 @@ fn engine_loop() {
             ENGINE_WAKE.store(ENGINE_BUSY, Ordering::Relaxed);
             continue;
         };
+        if g.streams[&sid].queue.front().is_some_and(|op| bytes_moved(&op.work).is_some()) {
+            let batch = take_batch(&mut g, now, sid);
+            run_batch(&mut g, batch);
+            continue;
+        }
         let op = {
             let s = g.streams.get_mut(&sid).expect("picked stream exists");
             let op = s.queue.pop_front().expect("picked stream has a head");
@@ -214,21 +344,9 @@ fn engine_loop() {
                 }
                 finish(&mut g, sid);
             }
-            work => {
-                let (api, tid) = (op.api, op.tid);
-                MutexGuard::unlocked(&mut g, || {
-                    // A panic here would kill the engine and hang every waiter; contain it.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(&work)));
-                    // The bytes have moved. A free that took effect before this point was not
-                    // ordered after the operation: report the use after free.
-                    for a in work.touched() {
-                        if let Some(how) = a.freed.get() {
-                            violation::record(use_after_free(api, tid, a, how));
-                        }
-                    }
-                    drop(work);
-                });
-                finish(&mut g, sid);
+            // Taken above in a batch; alone, it runs as a batch of one.
+            work @ (Work::Copy { .. } | Work::Fill { .. } | Work::Rows { .. } | Work::FillRows { .. }) => {
+                run_batch(&mut g, vec![Taken { sid, seq: op.seq, api: op.api, tid: op.tid, work }]);
             }
         }
     }

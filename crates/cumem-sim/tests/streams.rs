@@ -465,3 +465,52 @@ fn per_thread_stream_and_stream_properties() {
     assert!(read_back(d, 16).iter().all(|&b| b == 2));
     dfree(d);
 }
+
+#[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
+fn copies_that_become_ready_together_keep_stream_and_legacy_order() {
+    bind(0);
+    const N: usize = 300;
+    let d1 = dalloc(4);
+    let d2 = dalloc(4);
+    let scratch = dalloc(1);
+    let src = pinned(4);
+    let out = pinned(4);
+    let slots = pinned(N);
+    poke(src, 4, 7);
+    poke(out, 4, 0);
+    poke(slots, N, 0xff);
+    let blocking = stream(0);
+    let null: CUstream = std::ptr::null_mut();
+    // Everything below is queued behind the gate, so it all becomes ready at once when the gate
+    // opens and the engine takes it together: each copy must still see the one before it.
+    let gate = Gate::block(blocking);
+    // SAFETY: live allocations of the sizes given; synchronised before they are read or freed.
+    unsafe {
+        for i in 0..N {
+            ok(cu::cuMemsetD8Async(scratch, i as u8, 1, blocking));
+            ok(cu::cuMemcpyDtoHAsync_v2(slots.add(i).cast(), scratch, 1, blocking));
+        }
+        ok(cu::cuMemcpyHtoDAsync_v2(d1, src.cast(), 4, blocking));
+        // Queued on the legacy stream: after the blocking stream's copy above, by the legacy rules
+        // alone (no event between them).
+        ok(cu::cuMemcpyDtoDAsync_v2(d2, d1, 4, null));
+        // And back on the blocking stream: after the legacy stream's copy.
+        ok(cu::cuMemcpyDtoHAsync_v2(out.cast(), d2, 4, blocking));
+    }
+    gate.open();
+    sync(blocking);
+    assert_eq!(peek(out, 4), vec![7; 4], "a copy ran before the copy it depends on");
+    let seen = peek(slots, N);
+    assert!(
+        seen.iter().enumerate().all(|(i, &b)| b == i as u8),
+        "copies on one stream ran out of order: {seen:?}"
+    );
+    destroy(blocking);
+    pfree(slots);
+    pfree(out);
+    pfree(src);
+    dfree(scratch);
+    dfree(d2);
+    dfree(d1);
+}
