@@ -16,7 +16,8 @@
 //!
 //! const CHILD_ENV: &str = "MY_TEST_CHILD";
 //!
-//! #[test]
+//! // In a test binary both are `#[test]` functions: the parent's half returns at once in the
+//! // child, the child's half in the parent.
 //! fn parent() {
 //!     if std::env::var_os(CHILD_ENV).is_some() {
 //!         return;
@@ -26,17 +27,19 @@
 //!     child.finish();
 //! }
 //!
-//! #[test]
 //! fn child() {
 //!     let Some(mut sock) = connect_to_parent(CHILD_ENV) else { return };
 //!     sock.write_all(b"R").unwrap();
 //! }
+//! # parent();
+//! # child();
 //! ```
 
 use std::io::{ErrorKind, Read};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How long either process waits for the other (to connect, to say something, to exit) before the
@@ -71,22 +74,26 @@ impl ChildTest {
     /// # Panics
     /// As [`spawn`](Self::spawn).
     pub fn spawn_with(name: &str, env: &str, stderr: Stdio) -> (ChildTest, UnixStream) {
-        // The process id and the time: runs in other containers that share /tmp have their own
-        // process ids, and one test may spawn several children.
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let socket =
-            std::env::temp_dir().join(format!("cumem-test-{}-{nanos}-{name}.sock", std::process::id()));
+        // The process id, the time and a count: runs in other containers that share /tmp have
+        // their own process ids, and one test binary may spawn several children at once. Short,
+        // since a socket's path must fit in 108 bytes whatever TMPDIR is.
+        static SPAWNED: AtomicU32 = AtomicU32::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
+        let socket = std::env::temp_dir().join(format!("cumem-{}-{nanos:x}-{n}.sock", std::process::id()));
         let _ = std::fs::remove_file(&socket);
         let listener = UnixListener::bind(&socket).expect("bind the test's socket");
+        // Removes the socket file however the rest ends, before a `ChildTest` owns it too.
+        let mut test = ChildTest { child: None, socket, name: name.to_string() };
         listener.set_nonblocking(true).expect("a non-blocking listener");
         let exe = std::env::current_exe().expect("the test binary's path");
         let child = Command::new(exe)
             .args([name, "--exact", "--nocapture", "--test-threads=1"])
-            .env(env, &socket)
+            .env(env, &test.socket)
             .stderr(stderr)
             .spawn()
             .expect("start the child process");
-        let mut test = ChildTest { child: Some(child), socket, name: name.to_string() };
+        test.child = Some(child);
         let deadline = Instant::now() + WATCHDOG;
         let sock = loop {
             match listener.accept() {
@@ -95,7 +102,11 @@ impl ChildTest {
                 Err(e) => panic!("accepting {name}'s connection: {e}"),
             }
             if let Some(status) = test.exited() {
-                panic!("{name} exited ({status}) without connecting");
+                // It may have connected (and said its piece) between the two looks.
+                match listener.accept() {
+                    Ok((sock, _)) => break sock,
+                    Err(_) => panic!("{name} exited ({status}) without connecting"),
+                }
             }
             assert!(Instant::now() < deadline, "{name} did not connect within {WATCHDOG:?}");
             std::thread::sleep(LOOK);
