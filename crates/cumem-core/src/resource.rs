@@ -212,13 +212,14 @@ impl DriverResource {
     /// Frees `allocation` once `stream`'s work is done.
     ///
     /// # Safety
-    /// 1. The [`DeviceResource::deallocate`] contract: `allocation` came from this resource's
-    ///    `allocate` with `layout`, and every use of it is ordered before work queued on `stream`
-    ///    next.
+    /// 1. The caller upholds items 1–3 of [`DeviceResource::deallocate`] for these arguments:
+    ///    `allocation` came from this resource's `allocate` with `layout` and is returned once,
+    ///    every use of it is ordered before work queued on `stream` next, and no Rust value
+    ///    refers to it any more.
     unsafe fn free_after(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {
         let ptr = allocation.ptr;
         // The driver only says cuMemFree *may* wait for the device; every use of the memory is
-        // ordered before work queued on `stream` next (caller's item 2), so waiting for `stream`
+        // ordered before work queued on `stream` next (deallocate's item 2), so waiting for `stream`
         // is what makes the free safe. If that fails, leaking is the safe answer.
         if let Err(e) = stream.synchronize() {
             tracing::warn!(ptr, bytes = layout.bytes, error = %e, "waiting for the last stream failed; leaking");
@@ -227,8 +228,9 @@ impl DriverResource {
         // The token of an over-aligned allocation holds the base cuMemAlloc returned.
         let base = if layout.align <= DRIVER_ALIGNMENT { ptr } else { allocation.token[0] };
         let result = self.ctx.bind().and_then(|()| {
-            // SAFETY: `base` is the address cuMemAlloc returned for this allocation (caller's item 1),
-            // no Rust value uses it any more (item 3), and the work using it has completed (above).
+            // SAFETY: `base` is the address cuMemAlloc returned for this allocation, freed once
+            // (deallocate's item 1), no Rust value uses it any more (its item 3), and the work
+            // using it has completed (above).
             unsafe { ffi::mem_free(base) }
         });
         if let Err(e) = result {

@@ -45,6 +45,8 @@ pub struct DeviceExpandable {
     ctx: Context,
     chunk: usize,
     reservation: usize,
+    /// The device's memory: the most one `map` can ever get.
+    device_bytes: usize,
     /// The device and its peers, read-write: every mapping's access list.
     access: Vec<(Device, Access)>,
     state: Mutex<State>,
@@ -72,7 +74,8 @@ impl DeviceExpandable {
         let granularity = Granularity::of(ctx.device())?;
         // The pool needs 512-byte aligned chunks; every real granularity is far coarser.
         let chunk = granularity.recommended.max(SEGMENT_ALIGN).next_power_of_two();
-        let reservation = ctx.device().total_memory()?.next_multiple_of(chunk).max(chunk);
+        let device_bytes = ctx.device().total_memory()?;
+        let reservation = device_bytes.next_multiple_of(chunk).max(chunk);
         let own = ctx.device();
         let mut access = vec![(own, Access::ReadWrite)];
         for d in Device::all()? {
@@ -84,7 +87,14 @@ impl DeviceExpandable {
                 access.push((d, Access::ReadWrite));
             }
         }
-        Ok(DeviceExpandable { ctx: ctx.clone(), chunk, reservation, access, state: Mutex::default() })
+        Ok(DeviceExpandable {
+            ctx: ctx.clone(),
+            chunk,
+            reservation,
+            device_bytes,
+            access,
+            state: Mutex::default(),
+        })
     }
 
     /// Maps one chunk of new physical memory at `offset` of `range` and pushes it onto `made`, then
@@ -151,10 +161,9 @@ impl ExpandableUpstream for DeviceExpandable {
     }
 
     fn map(&self, addr: u64, bytes: usize) -> std::result::Result<(), UpstreamError> {
-        // `reservation` is the device's memory rounded up to a chunk: no more than that can ever
-        // be mapped at once, and finding out chunk by chunk would create (and undo) one physical
-        // allocation per chunk of the device's memory first.
-        if bytes > self.reservation {
+        // No more than the device's memory can ever be mapped at once, and finding out chunk by
+        // chunk would create (and undo) one physical allocation per chunk of the device first.
+        if bytes > self.device_bytes {
             return Err(UpstreamError::OutOfMemory);
         }
         let mut s = self.state.lock();

@@ -53,10 +53,23 @@ const STREAM_PER_THREAD: u64 = 0x2;
 /// per-thread default stream (handle `CU_STREAM_PER_THREAD`, one stream per thread under one
 /// handle) by its thread, with the top bit set. Two words: the pool compares and hashes a key on
 /// every allocation and free.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct StreamKey {
     ctx: u64,
     id: u64,
+}
+
+/// The stream's [`Stream::id`] (0 for the legacy stream), as `DriverResource` and
+/// `NativePoolResource` trace it, so one `stream=` filter matches every allocator's events; a
+/// per-thread default stream's key says so, with its thread's tag.
+impl std::fmt::Debug for StreamKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.id & PER_THREAD_KEY != 0 {
+            write!(f, "per-thread-{}", self.id & !PER_THREAD_KEY)
+        } else {
+            write!(f, "{}", self.id)
+        }
+    }
 }
 
 /// The bit of [`StreamKey::id`] marking a per-thread default stream's key (stream ids are a

@@ -101,14 +101,19 @@ fn the_driver_and_native_pool_resources_trace_each_allocation_and_free() {
     let stream = Stream::non_blocking(&ctx).unwrap();
     let driver = Arc::new(DriverResource::new(&ctx));
     let native = Arc::new(NativePoolResource::new(MemPool::create(&ctx, MemPoolOptions::default()).unwrap()));
-    let ((), seen) = Capture::run(|| {
+    let (padded, seen) = Capture::run(|| {
         drop(DeviceBuffer::<u8>::zeroed_in(&driver, &stream, 5000).unwrap());
-        drop(DeviceBuffer::<u8>::zeroed_in(&native, &stream, 7000).unwrap());
-        // Over-aligned: the native pool pads, and traces the address it hands out.
-        drop(DeviceBuffer::<u8>::zeroed_aligned_in(&native, &stream, 64, 4096).unwrap());
+        let kept = DeviceBuffer::<u8>::zeroed_in(&native, &stream, 7000).unwrap();
+        // Over-aligned, while the first block is still held (so the trial lands past it, not at
+        // the pool's aligned start): the native pool pads, and traces the address it hands out.
+        let padded = DeviceBuffer::<u8>::zeroed_aligned_in(&native, &stream, 64, 4096).unwrap();
+        let at = padded.device_ptr();
+        drop(padded);
+        drop(kept);
+        at
     });
     let stream_id = stream.id().to_string();
-    for (what, want) in [("allocate", ["5000", "7000", "64"]), ("free", ["5000", "7000", "64"])] {
+    for (what, want) in [("allocate", ["5000", "7000", "64"]), ("free", ["5000", "64", "7000"])] {
         let got = events(&seen, what);
         assert_eq!(got.len(), 3, "{what}: {seen:#?}");
         assert_eq!(got[0].target, "cumem_core::resource");
@@ -122,7 +127,31 @@ fn the_driver_and_native_pool_resources_trace_each_allocation_and_free() {
             );
             assert!(event.field("ptr").is_some_and(|p| p != "0"), "{what}: {event:?}");
         }
+        let padded_event = got.iter().find(|e| e.field("bytes") == Some("64")).unwrap();
+        assert_eq!(
+            padded_event.field("ptr"),
+            Some(padded.to_string().as_str()),
+            "{what}: the address handed out"
+        );
     }
+}
+
+/// The caching pool names streams as the driver's resources do: one `stream=` filter matches all.
+#[test]
+#[parallel]
+fn the_caching_pool_names_a_stream_as_the_other_resources_do() {
+    testing::init();
+    let ctx = Device::get(0).unwrap().context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+    let ((), seen) = Capture::run(|| drop(DeviceBuffer::<u8>::zeroed_in(&pool, &stream, 4096).unwrap()));
+    let id = stream.id().to_string();
+    for what in ["allocate", "free"] {
+        let got = events_of(&seen, CACHING, what);
+        assert_eq!(got.len(), 1, "{what}: {seen:#?}");
+        assert_eq!(got[0].field("stream"), Some(id.as_str()), "{what}");
+    }
+    assert_eq!(spans(&seen, "allocate_slow")[0].field("stream"), Some(id.as_str()));
 }
 
 #[test]
