@@ -217,6 +217,7 @@ fn take_batch(st: &mut State, now: Instant, sid: u64) -> Vec<Taken> {
         let s = st.streams.get_mut(&sid).expect("picked stream exists");
         let op = s.queue.pop_front().expect("picked stream has a head");
         bytes += bytes_moved(&op.work).unwrap_or(0);
+        st.in_flight.push((sid, op.api, op.work.spans()));
         batch.push(Taken { sid, seq: op.seq, api: op.api, tid: op.tid, work: op.work });
         if batch.len() >= BATCH_OPS {
             break;
@@ -263,6 +264,7 @@ fn run_batch(g: &mut MutexGuard<'_, State>, batch: Vec<Taken>) {
 
 /// Marks a batch's streams idle (see [`finish`]) and wakes everyone once.
 fn finish_batch(st: &mut State, sids: &[u64]) {
+    st.in_flight.clear();
     for &sid in sids {
         let remove = match st.streams.get_mut(&sid) {
             Some(s) => {

@@ -54,6 +54,9 @@ impl Device {
     }
 }
 
+/// One operation of the engine's batch: its stream, its enqueueing call and its byte spans.
+pub(crate) type InFlight = (u64, &'static str, Vec<(u64, u64)>);
+
 /// Everything behind the lock.
 pub(crate) struct State {
     pub(crate) devices: Vec<Device>,
@@ -80,6 +83,11 @@ pub(crate) struct State {
     pub(crate) peer_access: std::collections::BTreeSet<(u64, u64)>,
     /// Allocations imported from other processes (`cuIpcOpenMemHandle`).
     pub(crate) ipc: crate::ipc::Imports,
+    /// The engine's current batch (see `engine::take_batch`): each operation's stream, enqueueing
+    /// call and byte spans. Off their queues while their bytes move with the lock released, they
+    /// must still be found by the checks for work queued over memory about to change
+    /// (`vmm::pending`).
+    pub(crate) in_flight: Vec<InFlight>,
     pub(crate) next_handle: u64,
     pub(crate) next_seq: u64,
     pub(crate) next_buffer_id: u64,
@@ -122,6 +130,7 @@ pub(crate) static SIM: Sim = Sim {
         vmm: crate::vmm::Vmm::new(),
         peer_access: std::collections::BTreeSet::new(),
         ipc: crate::ipc::Imports { by_base: BTreeMap::new() },
+        in_flight: Vec::new(),
         next_handle: 1,
         next_seq: 0,
         next_buffer_id: 1,

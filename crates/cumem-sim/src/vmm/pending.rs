@@ -12,15 +12,18 @@ use crate::violation::{self, Violation};
 /// The enqueueing call of the first operation not yet started, on a stream of `device` (any
 /// device for `None`), that touches `[lo, hi)`, and the stream it is on.
 fn queued_over(st: &State, device: Option<usize>, lo: u64, hi: u64) -> Option<(&'static str, u64)> {
-    st.streams.iter().filter(|(_, s)| device.is_none_or(|d| s.device == d)).find_map(|(&sid, s)| {
-        s.queue.iter().find_map(|op| {
-            op.work
-                .spans()
-                .into_iter()
-                .any(|(addr, len)| addr < hi && lo < addr.saturating_add(len))
-                .then_some((op.api, sid))
-        })
-    })
+    let over =
+        |spans: &[(u64, u64)]| spans.iter().any(|&(addr, len)| addr < hi && lo < addr.saturating_add(len));
+    let on_device = |sid: u64| device.is_none_or(|d| st.streams.get(&sid).is_some_and(|s| s.device == d));
+    // The engine's batch first: taken off their queues, its operations may not have started.
+    let batched = st.in_flight.iter().find(|(sid, _, spans)| on_device(*sid) && over(spans));
+    if let Some(&(sid, api, _)) = batched {
+        return Some((api, sid));
+    }
+    st.streams
+        .iter()
+        .filter(|(_, s)| device.is_none_or(|d| s.device == d))
+        .find_map(|(&sid, s)| s.queue.iter().find_map(|op| over(&op.work.spans()).then_some((op.api, sid))))
 }
 
 /// Records a violation for the calling thread's `what` if queued work of `device` (any for
