@@ -198,6 +198,9 @@ impl<R: RangeHolder> MappingIn<R> {
 
     /// The stream order that the views' work goes through.
     pub fn order(&self) -> &StreamOrder {
+        // Work may be queued through the order itself (`use_on`, `queue_on` with `device_ptr`),
+        // without a view: the unmap and `set_access` must wait for it too.
+        self.viewed.store(true, Ordering::Relaxed);
         &self.order
     }
 

@@ -362,6 +362,38 @@ fn changing_access_and_unmapping_wait_for_work_queued_through_views() {
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 
+/// Work queued through the mapping's order itself (the raw door, no typed view taken) is waited
+/// for before the unmap too.
+#[test]
+#[serial] // holds a gate
+fn unmapping_waits_for_work_queued_through_the_order_without_a_view() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let range = VirtualRange::reserve(&ctx, g).unwrap();
+    let mut mapping = range.map(0, &PhysicalMemory::new(&ctx, g).unwrap()).unwrap();
+    mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let (ptr, bytes) = (mapping.device_ptr(), g);
+    let gate = hold(&stream);
+    mapping
+        .order()
+        .queue_on(&stream, || {
+            ctx.bind()?;
+            // SAFETY: `ptr` is the mapping's base, `bytes` its size, read-write for this device,
+            // and the order keeps the mapping until the memset completes.
+            let code = unsafe { cumem_core::sys::cuMemsetD8Async(ptr, 0x33, bytes, stream.raw()) };
+            assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+            Ok(())
+        })
+        .unwrap();
+    let opener = gate.release_after(Duration::from_millis(50));
+    drop(mapping);
+    opener.join().unwrap();
+    assert_eq!(range.mapped_bytes(), 0);
+    assert!(misuse_here().is_empty(), "unmapped under the queued memset: {:?}", misuse_here());
+}
+
 #[test]
 #[parallel]
 fn a_device_without_vmm_is_refused_before_any_vmm_call() {
