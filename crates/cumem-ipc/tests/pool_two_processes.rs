@@ -19,7 +19,7 @@ use cumem_core::{Device, DeviceBuffer, DriverResource, Error, Feature, PinnedBuf
 use cumem_ipc::fd_passing::{anonymous_file, recv_fds, send_fds};
 use cumem_ipc::{ImportedPool, IpcEvent, IpcEventHandle, IpcMemHandle, PoolPointerExport, ShareablePool};
 use cumem_sys::testing;
-use cumem_sys::testing::child_process::{ChildTest, connect_to_parent, expect};
+use cumem_sys::testing::child_process::{ChildTest, Watchdog, connect_to_parent, expect};
 use serial_test::serial;
 
 /// Set (to the socket path) in the child process.
@@ -75,7 +75,11 @@ fn a_child_imports_a_pool_pointer_reads_the_parents_bytes_and_the_parent_sees_th
         // The child holds its own descriptor of the pool now.
         drop(fd);
         expect(&mut sock, b"R");
-        event.synchronize().unwrap();
+        {
+            // The event completes only when the child's recording does: no deadline of its own.
+            let _dog = Watchdog::arm("waiting on the child's interprocess event");
+            event.synchronize().unwrap();
+        }
         let seen = buf.to_vec().unwrap();
         let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
         assert!(seen == expected, "the parent does not see the child's bytes after the event");

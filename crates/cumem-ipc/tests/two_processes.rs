@@ -16,7 +16,7 @@ use cumem_ipc::{IpcEvent, IpcEventHandle, IpcMemHandle};
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::sys::CUresult;
 use cumem_sys::testing;
-use cumem_sys::testing::child_process::{ChildTest, connect_to_parent, expect};
+use cumem_sys::testing::child_process::{ChildTest, Watchdog, connect_to_parent, expect};
 use serial_test::serial;
 
 /// Set (to the socket path) in the child process.
@@ -59,7 +59,11 @@ fn a_child_process_reads_the_parents_buffer_and_the_parent_sees_the_childs_write
         sock.write_all(&handle.to_bytes()).unwrap();
         sock.write_all(&event.handle().unwrap().to_bytes()).unwrap();
         expect(&mut sock, b"R");
-        event.synchronize().unwrap();
+        {
+            // The event completes only when the child's recording does: no deadline of its own.
+            let _dog = Watchdog::arm("waiting on the child's interprocess event");
+            event.synchronize().unwrap();
+        }
         let seen = buf.to_vec().unwrap();
         let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
         assert!(seen == expected, "the parent does not see the child's bytes after the event");

@@ -19,7 +19,7 @@ use cumem_core::{Context, Device, PinnedBuffer, Stream};
 use cumem_ipc::fd_passing::{recv_fds, send_fds};
 use cumem_ipc::{IpcEvent, IpcEventHandle};
 use cumem_sys::testing;
-use cumem_sys::testing::child_process::{ChildTest, connect_to_parent, expect};
+use cumem_sys::testing::child_process::{ChildTest, Watchdog, connect_to_parent, expect};
 use cumem_vmm::{Access, Granularity, HandleTypes, PhysicalMemory, VirtualRange};
 use serial_test::serial;
 
@@ -80,7 +80,11 @@ fn a_vmm_descriptor_sent_over_a_socket_maps_the_same_memory_in_a_child() {
         drop(fd); // the child holds its own copy, and its import its own reference
         expect(&mut &sock, b"R");
         // The child's write is still held behind its gate: only the event orders it before the read.
-        event.synchronize().unwrap();
+        {
+            // The event completes only when the child's recording does: no deadline of its own.
+            let _dog = Watchdog::arm("waiting on the child's interprocess event");
+            event.synchronize().unwrap();
+        }
         let seen = mapping.as_slice::<u8>().unwrap().to_vec().unwrap();
         assert!(seen.iter().all(|&b| b == 0x3C), "the parent does not see the child's write");
         child.finish();

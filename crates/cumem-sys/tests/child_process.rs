@@ -92,3 +92,15 @@ fn child_waits_forever() {
     // killing it), or the read times out: never longer than the harness's watchdog.
     let _ = std::io::Read::read(&mut sock, &mut [0u8; 1]);
 }
+
+/// A disarmed watchdog's thread ends at once (a drop that waited out the deadline would hold
+/// every guarded wait for two minutes).
+#[test]
+fn a_dropped_watchdog_stops_its_thread_at_once() {
+    if !is_parent() {
+        return;
+    }
+    let t = std::time::Instant::now();
+    drop(cumem_sys::testing::child_process::Watchdog::arm("nothing"));
+    assert!(t.elapsed() < std::time::Duration::from_secs(60), "the drop waited for the deadline");
+}

@@ -174,6 +174,50 @@ impl Drop for ChildTest {
     }
 }
 
+/// Aborts the whole test process if it is still alive after [`WATCHDOG`]: for a wait that has no
+/// deadline of its own (a driver call that waits on the other process's work), where a stuck wait
+/// would otherwise hang CI. Dropping it disarms it.
+pub struct Watchdog {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Arms a watchdog for `what` (said on stderr if it fires).
+    ///
+    /// # Panics
+    /// If the watchdog's thread cannot be started.
+    pub fn arm(what: &str) -> Watchdog {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (seen, what) = (done.clone(), what.to_string());
+        let thread = std::thread::Builder::new()
+            .name("cumem-test-watchdog".into())
+            .spawn(move || {
+                let deadline = Instant::now() + WATCHDOG;
+                while !seen.load(Ordering::Acquire) {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        eprintln!("{what}: still waiting after {WATCHDOG:?}; aborting the test process");
+                        std::process::abort();
+                    }
+                    std::thread::park_timeout(left);
+                }
+            })
+            .expect("start the watchdog");
+        Watchdog { done, thread: Some(thread) }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
 /// In the child: the connection to the parent (reads time out after [`WATCHDOG`]), or `None` when
 /// this process is not a child (the variable `env` is not set), in which case the child's test
 /// returns at once.
