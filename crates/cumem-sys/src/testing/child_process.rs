@@ -35,7 +35,7 @@
 //! # child();
 //! ```
 
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
@@ -197,7 +197,12 @@ impl Watchdog {
                 while !seen.load(Ordering::Acquire) {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        eprintln!("{what}: still waiting after {WATCHDOG:?}; aborting the test process");
+                        // Straight to the stream: the test harness captures `eprintln!`, and an
+                        // abort never shows what it captured.
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "{what}: still waiting after {WATCHDOG:?}; aborting the test process"
+                        );
                         std::process::abort();
                     }
                     std::thread::park_timeout(left);
