@@ -12,6 +12,7 @@ use cumem_copy::StreamCopy;
 use cumem_core::sys::{self, CUresult};
 use cumem_core::{Device, DeviceBuffer, Error, HostAccess, MappedBuffer, PinnedBuffer, Stream};
 use cumem_sys::testing;
+use cumem_sys::testing::within_watchdog;
 use serial_test::{parallel, serial};
 
 fn ctx() -> cumem_core::Context {
@@ -212,26 +213,6 @@ fn a_closure_that_unwinds_after_queueing_a_copy_leaves_the_host_waiting_for_it()
     src.as_mut_slice().unwrap().fill(9);
     opener.join().unwrap();
     assert_eq!(dst.to_vec().unwrap(), vec![1; 256], "the host wrote the source before the copy read it");
-}
-
-/// How long a test that would deadlock without the fix may take before it fails instead.
-const WATCHDOG: Duration = Duration::from_secs(60);
-
-/// Runs `test` on a thread of its own and fails if it has not returned within [`WATCHDOG`]: a
-/// deadlock then fails the test (leaving its threads behind) instead of hanging the run.
-fn within_watchdog(what: &str, test: impl FnOnce() + Send + 'static) {
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        test();
-        let _ = done.send(());
-    });
-    match finished.recv_timeout(WATCHDOG) {
-        Ok(()) => {}
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("deadlock: {what} had not returned after {WATCHDOG:?}")
-        }
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
-    }
 }
 
 #[test]

@@ -7,13 +7,13 @@
 //! report.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use cumem_core::{Device, DeviceBuffer, Error, Stream};
 use cumem_ipc::{ImportedPool, ShareablePool};
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::sys::{self, CUresult};
 use cumem_sys::testing;
+use cumem_sys::testing::within_watchdog;
 use serial_test::serial;
 
 /// Two devices, for the import on a device without access to the pool.
@@ -176,25 +176,6 @@ fn a_leaked_import_keeps_its_imported_pool() {
         drop(buf);
     }
     assert_clean_report();
-}
-
-/// How long a test that could deadlock may run before it counts as deadlocked.
-const WATCHDOG: Duration = Duration::from_secs(60);
-
-/// Runs `test` on a thread of its own and fails if it has not returned within [`WATCHDOG`].
-fn within_watchdog(what: &str, test: impl FnOnce() + Send + 'static) {
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        test();
-        let _ = done.send(());
-    });
-    match finished.recv_timeout(WATCHDOG) {
-        Ok(()) => {}
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("deadlock: {what} had not returned after {WATCHDOG:?}")
-        }
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
-    }
 }
 
 #[test]

@@ -326,6 +326,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 
     /// A snapshot of the statistics (summed over arenas on read).
+    ///
+    /// Exact at rest. While other threads allocate and free, it is read without stopping them:
+    /// each thread counts a free just after the block is back in its cache or arena, so a trim in
+    /// between can release the block's segment first, and a snapshot may then show live bytes
+    /// above the reserved ones for that moment.
     pub fn stats(&self) -> PoolStats {
         let mut s = PoolStats::default();
         let (mut bytes, mut count, mut requested) = (0i64, 0i64, 0i64);

@@ -168,8 +168,10 @@ fn stats_validate_and_trim_on_one_thread_while_another_allocates_and_frees() {
         let mut rounds = 0u32;
         while !done.load(std::sync::atomic::Ordering::Relaxed) || rounds < 10 {
             rounds += 1;
-            let s = pool.stats();
-            assert!(s.current_bytes <= s.reserved_bytes, "{s:?}");
+            // Reading the statistics meanwhile is safe; their balance (live ≤ reserved) holds only
+            // at rest (documented on `stats`): a free is counted just after its block is back, so
+            // a trim in between may release the segment first. Checked after the loop.
+            let _ = pool.stats();
             // The structure holds at any time; the byte balance only at rest (documented): the
             // other thread may count or cache a block between validate's flush and its locks.
             if let Err(e) = pool.validate() {

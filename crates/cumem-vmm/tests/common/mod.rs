@@ -4,6 +4,8 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 use cumem_core::{Device, Stream};
+#[allow(unused_imports)] // Not every test binary that includes this module uses it.
+pub use cumem_sys::testing::within_watchdog;
 use cumem_sys::testing::{self, Gate};
 use cumem_vmm::Granularity;
 
@@ -175,24 +177,4 @@ pub fn hold(stream: &Stream) -> Gate {
 /// Values that differ from each other and from their index, so misplaced or stale data shows.
 pub fn pattern(n: usize, seed: u32) -> Vec<u32> {
     (0..n as u32).map(|i| (i ^ seed).wrapping_mul(2_654_435_761).wrapping_add(seed)).collect()
-}
-
-/// How long a test that could deadlock may run before it counts as deadlocked.
-pub const WATCHDOG: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Runs `test` on a thread of its own and fails if it has not returned within [`WATCHDOG`]: a
-/// deadlock fails the test instead of hanging the run.
-pub fn within_watchdog(what: &str, test: impl FnOnce() + Send + 'static) {
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        test();
-        let _ = done.send(());
-    });
-    match finished.recv_timeout(WATCHDOG) {
-        Ok(()) => {}
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("deadlock: {what} had not returned after {WATCHDOG:?}")
-        }
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
-    }
 }
