@@ -81,8 +81,11 @@ fn allocated_sizes(trace: &[TraceRecord]) -> Vec<usize> {
 #[serial]
 fn a_workload_logged_through_the_logging_adaptor_replays_the_same() {
     let ctx = ctx();
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let (first, second) = (dir.join("round-trip-first.csv"), dir.join("round-trip-second.csv"));
+    // The system's temporary directory, not CARGO_TARGET_TMPDIR: that is a path on the machine that
+    // built the test, which a test binary run elsewhere (on a GPU machine) does not have.
+    let dir = std::env::temp_dir();
+    let name = |which: &str| dir.join(format!("cumem-replay-{}-{which}.csv", std::process::id()));
+    let (first, second) = (name("first"), name("second"));
     let streams = [Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap()];
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let logged = Arc::new(LoggingResource::to_file(pool, &first).unwrap());

@@ -18,6 +18,14 @@ fn pool() -> (Stream, Arc<CachingResource>) {
     (Stream::non_blocking(&ctx).unwrap(), Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default())))
 }
 
+/// Whether a backtrace taken here names the functions of this binary. It does not when the binary
+/// was stripped (the GPU packer strips the test binaries it ships): a site is still captured then,
+/// but its frames have no names to check.
+#[inline(never)]
+fn symbols_resolve() -> bool {
+    std::backtrace::Backtrace::force_capture().to_string().contains("symbols_resolve")
+}
+
 #[test]
 #[parallel]
 fn a_leaked_allocation_is_reported_with_its_size_and_site() {
@@ -32,15 +40,17 @@ fn a_leaked_allocation_is_reported_with_its_size_and_site() {
     assert_eq!((live.ptr, live.bytes, live.stream), (leaked.device_ptr(), 12_345, s.raw() as usize as u64));
     let site = live.site_text().expect("sites are captured");
     let first_frame = site.lines().next().unwrap();
-    assert!(
-        first_frame.contains("a_leaked_allocation_is_reported_with_its_size_and_site"),
-        "the site starts at this test function: {site}"
-    );
     let text = report.to_string();
     assert!(text.starts_with("1 live allocations, 12345 bytes\n"), "{text}");
     assert!(text.contains(&format!("{:#x}: 12345 bytes", leaked.device_ptr())), "{text}");
-    assert!(text.contains("a_leaked_allocation_is_reported_with_its_size_and_site"), "{text}");
-    assert!(text.contains("tests/tracking.rs"), "the site names this file: {text}");
+    if symbols_resolve() {
+        assert!(
+            first_frame.contains("a_leaked_allocation_is_reported_with_its_size_and_site"),
+            "the site starts at this test function: {site}"
+        );
+        assert!(text.contains("a_leaked_allocation_is_reported_with_its_size_and_site"), "{text}");
+        assert!(text.contains("tests/tracking.rs"), "the site names this file: {text}");
+    }
     drop(leaked);
     assert_eq!((tracker.live_count(), tracker.live_bytes()), (0, 0));
     assert!(tracker.report().allocations.is_empty());
@@ -65,11 +75,13 @@ fn dropping_the_adaptor_with_live_allocations_warns_with_the_report() {
     let w = warnings[0];
     assert_eq!((w.field("count"), w.field("bytes")), (Some("1"), Some("4000")));
     assert!(w.name.contains("4000 bytes"), "{}", w.name);
-    assert!(
-        w.name.contains("dropping_the_adaptor_with_live_allocations_warns_with_the_report"),
-        "{}",
-        w.name
-    );
+    if symbols_resolve() {
+        assert!(
+            w.name.contains("dropping_the_adaptor_with_live_allocations_warns_with_the_report"),
+            "{}",
+            w.name
+        );
+    }
 }
 
 #[test]
