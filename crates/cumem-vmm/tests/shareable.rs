@@ -50,8 +50,16 @@ fn an_import_maps_the_same_bytes_as_the_exported_memory() {
     // Read back from the memory: an H100 reports no handle types for an import (2026-11-23).
     assert_eq!(imported.handle_types(), HandleTypes::NONE, "read back from the memory");
     assert_eq!(exported.handle_types(), HandleTypes::POSIX_FD);
-    // A descriptor outlives the exporter's object: this one is imported after it is gone.
-    let spare_fd = exported.export_fd().unwrap();
+    // An import is not exported again (the driver refuses it, observed on an H100, 2026-11-23),
+    // so cumem refuses it first; a second import comes from the exporter.
+    without_any_call(&[], || {
+        let e = imported.export_fd().unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidValue { ctx } if ctx.op.contains("cannot be exported again")),
+            "{e}"
+        );
+    });
+    let again = import(&ctx, exported.export_fd().unwrap(), 2 * g).unwrap();
 
     // Both mapped at once, in two places of one range.
     let range = VirtualRange::reserve(&ctx, 4 * g).unwrap();
@@ -81,16 +89,7 @@ fn an_import_maps_the_same_bytes_as_the_exported_memory() {
     drop(exported);
     assert_eq!(b.as_slice::<u32>().unwrap().slice(..g / 4).unwrap().to_vec().unwrap(), data[..g / 4]);
 
-    // An import is not exported again (the driver refuses it, observed on an H100, 2026-11-23),
-    // so cumem refuses it first.
-    without_any_call(&[], || {
-        let e = imported.export_fd().unwrap_err();
-        assert!(
-            matches!(e, Error::InvalidValue { ctx } if ctx.op.contains("cannot be exported again")),
-            "{e}"
-        );
-    });
-    let again = import(&ctx, spare_fd, 2 * g).unwrap();
+    // The second import maps the bytes too, with the exporter's object gone.
     let mut c = range.map(0, &again).unwrap();
     c.set_access(&[(device, Access::Read)]).unwrap();
     assert_eq!(c.as_slice::<u32>().unwrap().slice(..g / 4).unwrap().to_vec().unwrap(), data[..g / 4]);
