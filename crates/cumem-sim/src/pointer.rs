@@ -19,6 +19,9 @@ pub(crate) fn address_range(ptr: u64) -> Result<(u64, u64), Fail> {
     let st = SIM.st.lock();
     context::require(&st)?;
     let a = st.find_alloc(ptr).ok_or(Fail::quiet(CUresult::CUDA_ERROR_NOT_FOUND))?;
+    if !crate::vmm::address_range_found(&st, a) {
+        return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_FOUND));
+    }
     Ok((a.base, a.bytes))
 }
 

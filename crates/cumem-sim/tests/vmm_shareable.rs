@@ -1,5 +1,7 @@
 //! VMM shareable handles (POSIX descriptors) through the raw C API: an import in the same process
-//! is a new handle over the same bytes with the creation properties (§17); another process that
+//! is a new handle over the same bytes with the creation's type and location but no handle types,
+//! which cannot be exported again and maps only whole (§17, and observed on an H100, 2026-11-23);
+//! another process that
 //! gets the descriptor (here by opening `/proc/<pid>/fd/<n>`, the same file a `SCM_RIGHTS`
 //! transfer would give it) maps the exporter's bytes and the exporter sees its write; imports are
 //! charged to no capacity; each misuse gives the observed code; both live reports end clean.
@@ -109,7 +111,32 @@ fn an_import_in_the_same_process_is_a_new_handle_over_the_same_bytes() {
     let mut got: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointer.
     ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut got, h2) });
-    assert_eq!((got.requestedHandleTypes.0, got.location.id), (1, 0));
+    // Observed on an H100, 2026-11-23: the created handle reports POSIX_FD, the import 0 (same
+    // type and location), and the import cannot be exported again (the fd is not written).
+    assert_eq!((got.requestedHandleTypes.0, got.location.id), (0, 0), "an import has no handle types");
+    assert_eq!(got.type_, cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut got, h) });
+    assert_eq!(got.requestedHandleTypes.0, 1, "the created handle keeps POSIX_FD");
+    assert_eq!(export(h2), (CUresult::CUDA_ERROR_INVALID_VALUE, -7), "an import is not exported again");
+    let again = export(h);
+    ok(again.0);
+    // SAFETY: the descriptor was just returned to us.
+    unsafe { libc::close(again.1) };
+    // Observed on an H100, 2026-11-23: an import maps only whole, like created memory.
+    let mut va = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAddressReserve(&mut va, 2 * G, 0, 0, 0) });
+    // SAFETY: plain FFI calls on the reservation just made.
+    unsafe {
+        assert_eq!(
+            cu::cuMemMap(va, 2 * G, 0, h2, 0),
+            CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            "more than the import"
+        );
+        assert_eq!(cu::cuMemMap(va, G, G, h2, 0), CUresult::CUDA_ERROR_NOT_SUPPORTED, "at an offset");
+        ok(cu::cuMemAddressFree(va, 2 * G));
+    }
     let (a, b) = (map_rw(h), map_rw(h2));
     // SAFETY: plain FFI call on a read-write mapping.
     ok(unsafe { cu::cuMemsetD8_v2(a, 0x5A, G) });

@@ -152,10 +152,10 @@ pub(crate) fn properties(handle: CUmemGenericAllocationHandle) -> Result<(CUdevi
 
 /// # Safety
 /// 1. `[ptr, ptr + size)` lies inside one live reservation and nothing is mapped there.
-/// 2. `handle` is a live allocation. It should hold at least `size` bytes; for an import, whose
-///    size the importer states, the driver refuses a larger `size` (`offset + size` must lie
-///    within the allocation, `driver-api.md` §17, still to verify on a GPU), so a wrong size is
-///    an error, not a mapping past the memory.
+/// 2. `handle` is a live allocation. It should hold exactly `size` bytes; for an import, whose
+///    size the importer states, the driver refuses any other `size` (it maps only a whole
+///    allocation at offset 0: `NOT_SUPPORTED`, observed on an H100, 2026-11-23), so a wrong size
+///    is an error, not a mapping past the memory.
 pub(crate) unsafe fn map(ptr: CUdeviceptr, size: usize, handle: CUmemGenericAllocationHandle) -> Result<()> {
     probe::require("cuMemMap")?;
     // SAFETY: guaranteed by the caller.

@@ -52,7 +52,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytemuck::AnyBitPattern;
 use cumem_core::sys::CUdeviceptr;
 use cumem_core::{
-    Context, Device, DeviceSlice, DeviceSliceMut, Error, ErrorContext, Result, Stream, StreamOrder,
+    Context, Device, DeviceSlice, DeviceSliceMut, Error, ErrorContext, Feature, Result, Stream, StreamOrder,
 };
 
 use crate::{Access, HandleTypes, PhysicalMemory, VirtualRange, ffi};
@@ -109,12 +109,16 @@ pub struct MappingIn<R: RangeHolder> {
 }
 
 impl<R: RangeHolder> MappingIn<R> {
-    /// Maps all of `memory` at `offset` bytes into `range`.
+    /// Maps all of `memory` at `offset` bytes into `range`. Always all of it: the driver maps
+    /// only a whole allocation (observed on an H100, 2026-11-23), so there is no way to ask for a
+    /// part.
     ///
     /// Refused before any driver call: `offset` not a multiple of the minimum granularity of the
     /// range's or the memory's device (`Misaligned`); `[offset, offset + memory.bytes())` not
     /// wholly inside the range (`OutOfRange`); any of it mapped already, or `memory` mapped
-    /// already anywhere (`AlreadyMapped`).
+    /// already anywhere (`AlreadyMapped`). An import whose
+    /// [`import_fd`](PhysicalMemory::import_fd) size is not the exported memory's is refused by
+    /// the driver, reported as `InvalidValue` naming that size (and nothing is mapped).
     pub fn new(range: R, offset: usize, memory: &PhysicalMemory) -> Result<Self> {
         range.granularity().check("mapping offset", offset as u64)?;
         memory.granularity().check("mapping offset", offset as u64)?;
@@ -134,12 +138,13 @@ impl<R: RangeHolder> MappingIn<R> {
             // checked by the claim, which every mapping of this range takes first). `memory` is a
             // live allocation, mapped through no other mapping of this object (its flag, just
             // claimed), of `size` bytes when this process created it; an import's size is its
-            // caller's word, which the driver checks: `cuMemMap` refuses `offset + size` past the
-            // allocation (INVALID_VALUE, §17, still to verify on a GPU: docs/vmm.md), and a
-            // smaller size maps a prefix of it. (An import is another object over the same bytes:
-            // see `as_slice` on why the views stay sound.)
+            // caller's word, which the driver checks: it maps only a whole allocation and answers
+            // NOT_SUPPORTED to any other size (observed on an H100, 2026-11-23), so a wrong size
+            // maps nothing. (An import is another object over the same bytes: see `as_slice` on
+            // why the views stay sound.)
             unsafe { ffi::map(ptr, size, memory.raw()) }
         });
+        let mapped = mapped.map_err(|e| wrong_import_size(e, memory));
         if let Err(e) = mapped {
             range.unclaim(offset, size);
             memory_mapped.store(false, Ordering::Release);
@@ -314,6 +319,25 @@ impl<R: RangeHolder> MappingIn<R> {
         }
         self.viewed.store(true, Ordering::Relaxed);
         Ok(self.size / size_of::<T>())
+    }
+}
+
+/// The driver's `NOT_SUPPORTED` from `cuMemMap` of an import, as the error it most likely is: the
+/// size given to [`PhysicalMemory::import_fd`] is not the exported memory's (the driver maps only
+/// a whole allocation, and this process cannot ask the memory's size). Other errors pass through.
+fn wrong_import_size(e: Error, memory: &PhysicalMemory) -> Error {
+    match e {
+        Error::NotSupported { feature: Feature::Driver("cuMemMap"), .. } if memory.is_imported() => {
+            Error::InvalidValue {
+                ctx: ErrorContext::op(
+                    "VirtualRange::map (cuMemMap maps only a whole allocation: the size given to \
+                     PhysicalMemory::import_fd is not the exported memory's size)",
+                )
+                .bytes(memory.bytes())
+                .device(memory.device().raw()),
+            }
+        }
+        e => e,
     }
 }
 

@@ -33,6 +33,7 @@
 //!     let imported = unsafe { PhysicalMemory::import_fd(&ctx, &fd, sg)? }; // what that process does
 //!     assert!(imported.is_imported() && !shared.is_imported());
 //!     assert_ne!(imported.raw(), shared.raw()); // a second handle to the same bytes
+//!     assert!(imported.export_fd().is_err()); // an import is not exported again
 //! }
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
@@ -98,9 +99,20 @@ impl PhysicalMemory {
     /// process to [import](PhysicalMemory::import_fd). Each call gives a new descriptor; closing
     /// it (dropping the `OwnedFd`) does not affect the memory or earlier imports.
     ///
-    /// Memory created without [`HandleTypes::POSIX_FD`] gives `InvalidValue` (the driver's answer,
-    /// `driver-api.md` §17) before any driver call.
+    /// Refused with `InvalidValue` (the driver's answer) before any driver call: memory created
+    /// without [`HandleTypes::POSIX_FD`] (`driver-api.md` §17), and an import (observed on an
+    /// H100, 2026-11-23: an imported handle has no handle types and its export is refused; send
+    /// the descriptor you imported from instead).
     pub fn export_fd(&self) -> Result<OwnedFd> {
+        if self.imported {
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op(
+                    "PhysicalMemory::export_fd (an import has no handle types and cannot be exported again)",
+                )
+                .bytes(self.bytes)
+                .device(self.device().raw()),
+            });
+        }
         if !self.handle_types().contains(HandleTypes::POSIX_FD) {
             return Err(Error::InvalidValue {
                 ctx: ErrorContext::op(
@@ -119,11 +131,13 @@ impl PhysicalMemory {
     /// convenient, the import holds its own reference to the memory.
     ///
     /// A descriptor does not say how large the memory is and the driver has no query for it, so
-    /// `bytes` is the exporter's [`PhysicalMemory::bytes`], sent along with the descriptor. A
-    /// smaller multiple of the granularity imports a prefix; a larger size than the memory has is
-    /// refused by the driver when the memory is mapped (`InvalidValue`: `cuMemMap` requires
-    /// `offset + size` within the allocation, `driver-api.md` §17; see `docs/vmm.md` on what is
-    /// still to verify on a GPU).
+    /// `bytes` is the exporter's [`PhysicalMemory::bytes`], sent along with the descriptor, and it
+    /// must be exactly that. The import itself cannot tell a wrong size: it is found when the
+    /// memory is mapped, because the driver maps only a whole allocation (observed on an H100,
+    /// 2026-11-23: `cuMemMap` of a prefix, or of more than the memory holds, is `NOT_SUPPORTED`
+    /// for created and imported memory alike). [`VirtualRange::map`](crate::VirtualRange::map)
+    /// reports that answer for an import as `InvalidValue` naming the size given here, and maps
+    /// nothing.
     ///
     /// Refused before any driver call: zero bytes (`ZeroSize`), a device without VMM
     /// (`NotSupported { feature: VirtualMemory }`) or without POSIX descriptor handles
@@ -131,7 +145,9 @@ impl PhysicalMemory {
     /// granularity (`Misaligned`). A descriptor the driver does not recognise as exported memory
     /// gives its error (`InvalidValue` on the simulator); memory on a device other than `ctx`'s,
     /// `WrongDevice` (the import is released again). The device and handle types are read from the
-    /// memory (`cuMemGetAllocationPropertiesFromHandle`), so the import may be exported in turn.
+    /// memory (`cuMemGetAllocationPropertiesFromHandle`): an import reports no handle types
+    /// (observed on an H100, 2026-11-23), so [`PhysicalMemory::handle_types`] is
+    /// [`HandleTypes::NONE`] and [`PhysicalMemory::export_fd`] refuses it.
     ///
     /// # Safety
     /// The import and the exporter's memory are the same bytes behind two objects, and each of
@@ -204,7 +220,7 @@ impl PhysicalMemory {
         &self.ctx
     }
 
-    /// The handle types it may be exported as.
+    /// The handle types it may be exported as (none for an import: the driver reports none).
     pub fn handle_types(&self) -> HandleTypes {
         self.granularity.handle_types
     }

@@ -91,10 +91,10 @@ fn reserve_map_access_write_read_unmap_release() {
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 
-/// What the driver says of an address inside a mapping made through cumem's types. On a GPU too
-/// (`cargo xtask gpu-test`): §17 saw `cuMemGetAddressRange` give the mapping and the memory type
-/// DEVICE; the other attributes are §9's reading of the documentation and reports, listed in
-/// `docs/vmm.md` ("To verify on a GPU").
+/// What the driver says of an address inside a mapping made through cumem's types, as observed on
+/// an H100 (2026-11-23; runs on a GPU too, `cargo xtask gpu-test`): `cuMemGetAddressRange` finds
+/// nothing until the device has access, then the mapping; `cuPointerGetAttribute` answers before
+/// access already, with the reservation as the range and the mapping as the mapping.
 #[test]
 #[parallel]
 fn the_driver_reports_a_mapped_address_as_its_mapping_inside_its_reservation() {
@@ -114,11 +114,14 @@ fn the_driver_reports_a_mapped_address_as_its_mapping_inside_its_reservation() {
         assert_eq!(code, CUresult::CUDA_SUCCESS, "{attr:?}");
         v
     };
-    let (mut base, mut size) = (0, 0);
-    // SAFETY: valid out-pointers; `inside` is mapped.
-    let code = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, inside) };
-    assert_eq!(code, CUresult::CUDA_SUCCESS);
-    assert_eq!((base, size), (mapping.device_ptr(), 2 * g), "the mapping, not the reservation");
+    let address_range = |p| {
+        let (mut base, mut size) = (0, 0);
+        // SAFETY: valid out-pointers.
+        let code = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, p) };
+        (code, base, size)
+    };
+    assert_eq!(address_range(inside), (CUresult::CUDA_ERROR_NOT_FOUND, 0, 0), "before cuMemSetAccess");
+    assert_eq!(address_range(range.base()), (CUresult::CUDA_ERROR_NOT_FOUND, 0, 0), "reserved, unmapped");
     assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE), 2, "CU_MEMORYTYPE_DEVICE");
     assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR), range.base(), "the reservation");
     assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_RANGE_SIZE), 4 * g as u64);
@@ -126,9 +129,14 @@ fn the_driver_reports_a_mapped_address_as_its_mapping_inside_its_reservation() {
     assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_MAPPING_SIZE), 2 * g as u64);
     assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_MAPPED), 1);
     assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS), 0, "no access yet");
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES), 0, "created with none");
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL), device.ordinal() as u64);
+    assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_IS_MANAGED), 0);
     mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
     ctx.bind().unwrap();
     assert_eq!(attribute(P::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS), 3, "PROT_READWRITE");
+    let found = (CUresult::CUDA_SUCCESS, mapping.device_ptr(), 2 * g);
+    assert_eq!(address_range(inside), found, "the mapping, not the reservation");
 }
 
 #[test]

@@ -10,12 +10,15 @@
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, OnceLock};
 
+use cudarc::driver::sys::CUresult;
+
 use super::{GRANULARITY, Mapping, invalid, physical, require_vmm};
 use crate::api::Fail;
 use crate::memory::{AllocKind, Allocation, Backing, Freed};
 use crate::state::SIM;
 
-/// `cuMemMap`: binds `[offset, offset + size)` of `handle` to `[ptr, ptr + size)`.
+/// `cuMemMap`: binds the whole of `handle` (`offset` 0, `size` its size: anything else is
+/// `NOT_SUPPORTED`, as observed) to `[ptr, ptr + size)`.
 pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
     let (size, offset) = (size as u64, offset as u64);
@@ -36,15 +39,6 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
              (size non-zero)"
         )));
     }
-    // Documented: "offset ... currently must be zero".
-    if offset != 0 {
-        return Err(invalid(format!("offset {offset} must be 0")));
-    }
-    if offset.checked_add(size).is_none_or(|e| e > phys_size) {
-        return Err(invalid(format!(
-            "[{offset}, +{size}) overruns the {phys_size}-byte allocation {handle:#x}"
-        )));
-    }
     let Some((rbase, r)) = st.vmm.reservation_of(ptr) else {
         return Err(invalid(format!("{ptr:#x} is not inside a reservation")));
     };
@@ -62,6 +56,20 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     if let Some(m) = overlap {
         return Err(invalid(format!("[{ptr:#x}, +{size}) overlaps the mapping at {m:#x}")));
     }
+    // Observed on an H100, 2026-11-23: aligned arguments that do not map exactly the whole
+    // allocation (a prefix, a non-zero offset, more than it holds), created or imported alike,
+    // give NOT_SUPPORTED (the documentation only says the offset "currently must be zero").
+    // Checked last: every such case was measured onto free space inside a reservation, and the
+    // INVALID_VALUE answers of §17 (onto a mapped range, past the reservation) stay theirs.
+    if (offset, size) != (0, phys_size) {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            format!(
+                "[{offset}, +{size}) is not the whole {phys_size}-byte allocation {handle:#x}: \
+                 cuMemMap maps a whole allocation at offset 0"
+            ),
+        ));
+    }
     let space = &st.vmm.spaces[&r.device];
     let (view, at) = (Arc::clone(&space.host), (ptr - space.base) as usize);
     // SAFETY: `[at, at + size)` is the reservation's part of its device's view (checked above)
@@ -78,7 +86,7 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(Fail::quiet(cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        return Err(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
     }
     let backing = Backing::view(&view, at, size as usize).expect("inside the device's view");
     let buffer_id = st.next_buffer_id;

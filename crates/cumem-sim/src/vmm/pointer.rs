@@ -2,7 +2,9 @@
 //! (reference §9): RANGE_START_ADDR/RANGE_SIZE name the reservation, MAPPING_BASE_ADDR/
 //! MAPPING_SIZE the mapping, ALLOWED_HANDLE_TYPES the creation's requested handle types and
 //! ACCESS_FLAGS the current device's access. `cuMemGetAddressRange` answers the mapping (as
-//! observed), which needs nothing here.
+//! observed), but only once some device may access it: observed on an H100, 2026-11-23, it is
+//! `NOT_FOUND` before `cuMemSetAccess` (while `cuPointerGetAttribute` already answers every
+//! attribute, ACCESS_FLAGS 0).
 
 use super::State;
 use crate::memory::Allocation;
@@ -23,4 +25,12 @@ pub(crate) fn attribute(
         16 => Some(AttrValue::U32(device.and_then(|d| m.access.get(&d)).copied().unwrap_or(0) as u32)),
         _ => None,
     }
+}
+
+/// Whether `cuMemGetAddressRange` finds allocation `a`: anything but a mapping that grants no
+/// device any access (observed on an H100, 2026-11-23: `NOT_FOUND` before `cuMemSetAccess`,
+/// the mapping after it). A mapping that only another device may access was not measured; it
+/// counts as found.
+pub(crate) fn address_range_found(st: &State, a: &Allocation) -> bool {
+    st.vmm.mappings.get(&a.base).is_none_or(|m| m.access.values().any(|&f| f != 0))
 }

@@ -68,8 +68,8 @@ fn read_trailer(file: BorrowedFd<'_>) -> Option<(u64, AllocationProp)> {
 
 /// `cuMemExportToShareableHandle` for POSIX descriptors: a new close-on-exec descriptor of the
 /// memory of `handle`, which must have been created with POSIX_FD among its handle types
-/// (`INVALID_VALUE` otherwise, as observed); other handle types and non-zero flags give
-/// `INVALID_VALUE`.
+/// (`INVALID_VALUE` otherwise, as observed; an import has none, observed on an H100,
+/// 2026-11-23); other handle types and non-zero flags give `INVALID_VALUE`.
 pub(crate) fn export_fd(handle: u64, handle_type: u32, flags: u64) -> Result<i32, Fail> {
     let st = SIM.st.lock();
     let Some(p) = st.vmm.physical.get(&handle).filter(|p| p.refs > 0) else {
@@ -82,9 +82,12 @@ pub(crate) fn export_fd(handle: u64, handle_type: u32, flags: u64) -> Result<i32
         return Err(invalid(format!("handle type {handle_type:#x}: only POSIX_FD (1) is exported")));
     }
     if p.prop.handle_types & POSIX_FD == 0 {
-        return Err(invalid(format!(
-            "{handle:#x} was created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"
-        )));
+        let why = if p.charged {
+            "was created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"
+        } else {
+            "is an import (an imported handle has no handle types and is not exported again)"
+        };
+        return Err(invalid(format!("{handle:#x} {why}")));
     }
     // SAFETY: `p.file` is open; F_DUPFD_CLOEXEC returns a new descriptor or -1.
     let fd = unsafe { libc::fcntl(p.file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
@@ -95,7 +98,10 @@ pub(crate) fn export_fd(handle: u64, handle_type: u32, flags: u64) -> Result<i32
 }
 
 /// `cuMemImportFromShareableHandle` for POSIX descriptors: new physical memory (a new handle,
-/// even in the exporting process) over the memory file `fd` names; the caller keeps `fd`.
+/// even in the exporting process) over the memory file `fd` names; the caller keeps `fd`. The
+/// import's properties are the creation's with requestedHandleTypes 0: observed on an H100,
+/// 2026-11-23, `cuMemGetAllocationPropertiesFromHandle` answers 0 for an imported handle, and
+/// exporting it again is `INVALID_VALUE`.
 /// Observed on an H100: fd −1 → `UNKNOWN`; a multi-bit type → `INVALID_VALUE`; FABRIC without
 /// fabric → `NOT_SUPPORTED`. A descriptor that is not an exported simulator allocation gives
 /// `INVALID_VALUE`; a device the importer does not have, `INVALID_DEVICE`.
@@ -135,6 +141,7 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32) -> Result<u64, Fail> {
     // SAFETY: `dup` was just created and is owned by nothing else.
     let file = unsafe { OwnedFd::from_raw_fd(dup) };
     let handle = st.vmm.new_handle();
+    let prop = AllocationProp { handle_types: 0, ..prop };
     st.vmm
         .physical
         .insert(handle, Physical { size, device, prop, refs: 1, mappings: 0, file, charged: false });
