@@ -330,8 +330,9 @@ fn wrong_import_size(e: Error, memory: &PhysicalMemory) -> Error {
         Error::NotSupported { feature: Feature::Driver("cuMemMap"), .. } if memory.is_imported() => {
             Error::InvalidValue {
                 ctx: ErrorContext::op(
-                    "VirtualRange::map (cuMemMap maps only a whole allocation: the size given to \
-                     PhysicalMemory::import_fd is not the exported memory's size)",
+                    "VirtualRange::map (driver: CUDA_ERROR_NOT_SUPPORTED; cuMemMap maps only a whole \
+                     allocation, so most likely the size given to PhysicalMemory::import_fd is not the \
+                     exported memory's size)",
                 )
                 .bytes(memory.bytes())
                 .device(memory.device().raw()),

@@ -158,6 +158,10 @@ impl PhysicalMemory {
     ///    side to look, or an interprocess event), so that no access through one mapping races
     ///    with an access through another while a view or guard of either is alive: kernels
     ///    reached through a guard rely on its exclusivity as much as cumem's own copies do.
+    /// 2. `bytes` is the exporter's [`PhysicalMemory::bytes`]: the process cannot ask the driver the
+    ///    memory's size, and a larger `bytes` is kept from mapping past the memory only by the
+    ///    driver's refusal of a map that is not the whole allocation (observed on an H100's driver,
+    ///    580.159.04, 2026-11-23; reported as `InvalidValue` by [`VirtualRange::map`](crate::VirtualRange::map)).
     ///
     /// Freeing is not the caller's concern: each side holds its own reference, so neither side's
     /// drop frees memory that the other still maps.

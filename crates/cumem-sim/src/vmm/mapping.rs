@@ -59,8 +59,10 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     // Observed on an H100, 2026-11-23: aligned arguments that do not map exactly the whole
     // allocation (a prefix, a non-zero offset, more than it holds), created or imported alike,
     // give NOT_SUPPORTED (the documentation only says the offset "currently must be zero").
-    // Checked last: every such case was measured onto free space inside a reservation, and the
-    // INVALID_VALUE answers of §17 (onto a mapped range, past the reservation) stay theirs.
+    // Checked last: every such case was measured onto free space inside a reservation, so the
+    // INVALID_VALUE answers for a range already mapped (§17) or past the reservation (the
+    // documentation) stay theirs. Which code wins when a map is both was not measured
+    // (docs/vmm.md, "To verify on a GPU").
     if (offset, size) != (0, phys_size) {
         return Err(Fail::misuse(
             CUresult::CUDA_ERROR_NOT_SUPPORTED,
