@@ -24,6 +24,7 @@
 //! ```
 
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cumem_core::sys::{CUdevice_attribute, CUmemoryPool};
 use cumem_core::{
@@ -53,6 +54,9 @@ const POSIX_FD_BIT: i32 = 1;
 pub struct ShareablePool {
     ctx: Context,
     raw: RawPool,
+    /// The pool was exported once (`cuMemPoolExportToShareableHandle`): only then does the
+    /// driver export its pointers (see [`ShareablePool::export_pointer`]).
+    exported: AtomicBool,
 }
 
 struct RawPool(CUmemoryPool);
@@ -87,7 +91,7 @@ impl ShareablePool {
         }
         ctx.bind()?;
         let raw = ffi::pool_create_shareable(device.raw(), max_size.unwrap_or(0))?;
-        Ok(ShareablePool { ctx: ctx.clone(), raw: RawPool(raw) })
+        Ok(ShareablePool { ctx: ctx.clone(), raw: RawPool(raw), exported: AtomicBool::new(false) })
     }
 
     /// The driver's handle; valid while `self` lives.
@@ -100,7 +104,29 @@ impl ShareablePool {
     /// is fine: the receiver holds its own copy.
     pub fn export_fd(&self) -> Result<OwnedFd> {
         self.ctx.bind()?;
-        ffi::pool_export_fd(self.raw.0)
+        let fd = ffi::pool_export_fd(self.raw.0)?;
+        self.exported.store(true, Ordering::Release);
+        Ok(fd)
+    }
+
+    /// Exports the pool once if it never was, so that its pointers export.
+    ///
+    /// A real driver refuses `cuMemPoolExportPointer` (INVALID_VALUE) until the pool itself was
+    /// exported with `cuMemPoolExportToShareableHandle`, once, before or after the allocation (an
+    /// H100, 2026-11-23), but nothing makes a caller send the pool before its pointers. Done
+    /// lazily rather than at creation, so that a pool whose pointers are never exported costs no
+    /// descriptor and cannot fail for lack of one; the descriptor is closed at once (the export
+    /// is what counts, not the open descriptor: on the H100, pointers allocated before and after
+    /// an export whose descriptor was already closed exported). Two threads may both get here and both export:
+    /// each closes its own descriptor, and a second export is as harmless as the user's calls of
+    /// `export_fd`, so no lock. A failure leaves the flag unset: the next call tries again.
+    fn ensure_exported(&self) -> Result<()> {
+        if self.exported.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        drop(ffi::pool_export_fd(self.raw.0)?);
+        self.exported.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// The bytes that name `buf` for another process that imported this pool. `buf` must have
@@ -108,6 +134,11 @@ impl ShareablePool {
     /// caching pool, `cuMemAlloc` memory) gives [`Error::InvalidValue`]. The importer may read as
     /// soon as it imports: synchronise `buf.order()` (or record an
     /// [`IpcEvent`](crate::IpcEvent)) after writing and before sending.
+    ///
+    /// It may come before, after or without any [`ShareablePool::export_fd`]: the driver exports
+    /// pointers only of a pool that was exported, so the first call on a pool never exported
+    /// exports it once (a descriptor made and closed at once); an error of that export is
+    /// returned as is.
     pub fn export_pointer<T>(&self, buf: &DeviceBuffer<T>) -> Result<PoolPointerExport> {
         self.ctx.bind()?;
         let not_ours = || Error::InvalidValue {
@@ -121,6 +152,7 @@ impl ShareablePool {
         if ffi::pointer_pool(base)? != self.raw.0 {
             return Err(not_ours());
         }
+        self.ensure_exported()?;
         let raw = ffi::pool_export_pointer(base)?;
         let offset = buf.device_ptr() - base;
         debug_assert!(offset as usize + buf.bytes() <= size, "a buffer lies inside its allocation");

@@ -3,7 +3,8 @@
 //! [`ImportedPool`] of the pool), and allowed again once the first is dropped; an export whose
 //! buffer the exporter already freed is refused; the pool imported for a device without access to
 //! it is [`Error::WrongDevice`]; an import leaked by its drop keeps its imported pool; an import
-//! dropped inside a `queue_on` closure is freed, not leaked. The process ends with a clean live
+//! dropped inside a `queue_on` closure is freed, not leaked; a pointer exports before the pool
+//! was ever exported (by hand), also from two threads at once. The process ends with a clean live
 //! report.
 
 use std::sync::Arc;
@@ -71,6 +72,67 @@ fn a_second_import_of_a_live_import_is_refused() {
                 .filter(|v| v.message.contains("freed by its exporter"))
                 .collect();
             assert!(early.is_empty(), "{early:#?}");
+        }
+    }
+    assert_clean_report();
+}
+
+/// A pointer exported before anything else (no `export_fd` ever, then from two threads at once
+/// on another fresh pool) exports: a GPU driver refuses pointers of a pool never exported (an
+/// H100, 2026-11-23), so `export_pointer` exports the pool itself first. The export imports and
+/// reads the exporter's bytes.
+#[test]
+#[serial]
+fn a_pointer_exports_before_the_pool_does() {
+    testing::init_with(SIM_CONFIG);
+    {
+        let device = Device::get(0).unwrap();
+        let ctx = device.context().unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
+        let data: Vec<u32> = (0..1000).map(|i| i * 7 + 3).collect();
+        let buf = DeviceBuffer::from_slice_in(&pool, &stream, &data).unwrap();
+        buf.order().synchronize().unwrap();
+        let export = pool.export_pointer(&buf).unwrap();
+        assert_eq!(export.bytes(), 4000);
+        // Exported again, and the pool afterwards, as before.
+        assert_eq!(pool.export_pointer(&buf).unwrap(), export);
+        let fd = pool.export_fd().unwrap();
+        let imported = ImportedPool::from_fd(&device, &fd).unwrap();
+        drop(fd);
+        // SAFETY: `buf` outlives the import (dropped after it); its fill completed above and
+        // nothing writes it while the import lives.
+        let import = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
+        assert_eq!(import.as_slice().to_vec().unwrap(), data);
+        drop(import);
+        drop(buf);
+
+        // Two threads export the first pointers of a fresh pool at once.
+        let fresh = Arc::new(ShareablePool::new(&ctx).unwrap());
+        let bufs: Vec<_> =
+            (0..2).map(|_| DeviceBuffer::<u32>::zeroed_in(&fresh, &stream, 256).unwrap()).collect();
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|scope| {
+            let exports: Vec<_> = bufs
+                .iter()
+                .map(|b| {
+                    let (fresh, barrier) = (&fresh, &barrier);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        fresh.export_pointer(b)
+                    })
+                })
+                .collect();
+            for e in exports {
+                let e = e.join().unwrap();
+                assert!(matches!(&e, Ok(e) if e.bytes() == 1024), "{e:?}");
+            }
+        });
+        drop(bufs);
+        if let Some(ctl) = testing::sim_control() {
+            let refused: Vec<_> =
+                ctl.violations().into_iter().filter(|v| v.function == "cuMemPoolExportPointer").collect();
+            assert!(refused.is_empty(), "{refused:#?}");
         }
     }
     assert_clean_report();

@@ -298,6 +298,95 @@ fn export_codes_and_an_import_in_the_same_process() {
     assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
 }
 
+/// A pool's pointers export only once the pool itself was exported (observed on an H100,
+/// 2026-11-23): before, `cuMemPoolExportPointer` gives INVALID_VALUE; after one
+/// `cuMemPoolExportToShareableHandle` (its descriptor closed at once), pointers allocated before
+/// and after it export, also before the allocating stream was synchronised; an interior pointer
+/// still does not.
+#[test]
+#[serial]
+fn pointers_export_only_after_the_pool_was_exported_once() {
+    let ctl = bind(0);
+    let pool = create(POSIX_FD);
+    let (r, before) = alloc_from(pool, 16384);
+    ok(r);
+    sync();
+    assert_eq!(export_ptr(before).0, CUresult::CUDA_ERROR_INVALID_VALUE, "the pool was never exported");
+    let (r, fd) = export(pool, POSIX_FD, 0);
+    ok(r);
+    close_fd(fd);
+    ok(export_ptr(before).0);
+    // Not synchronised: the allocation is still queued on the legacy stream.
+    let (r, after) = alloc_from(pool, 16384);
+    ok(r);
+    ok(export_ptr(after).0);
+    assert_eq!(export_ptr(after + 256).0, CUresult::CUDA_ERROR_INVALID_VALUE, "an interior pointer");
+    ok(free_async(before));
+    ok(free_async(after));
+    destroy_pool(pool);
+    sync();
+    let report = ctl.live_report();
+    assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
+}
+
+fn attr_u64(attribute: cu::CUpointer_attribute, p: CUdeviceptr) -> u64 {
+    let mut v = u64::MAX;
+    // SAFETY: a u64 out-value, the size of every attribute read with it here.
+    ok(unsafe { cu::cuPointerGetAttribute((&mut v as *mut u64).cast(), attribute, p) });
+    v
+}
+
+fn attr_u32(attribute: cu::CUpointer_attribute, p: CUdeviceptr) -> u32 {
+    let mut v = u32::MAX;
+    // SAFETY: a u32 out-value, the size of every attribute read with it here.
+    ok(unsafe { cu::cuPointerGetAttribute((&mut v as *mut u32).cast(), attribute, p) });
+    v
+}
+
+/// What `cuPointerGetAttribute` says of a pool allocation (observed on an H100, 2026-11-23):
+/// RANGE_* are the allocation (the bytes asked for), MAPPING_* the pool's 32 MiB chunk holding
+/// it, ALLOWED_HANDLE_TYPES the pool's handle types, MEMPOOL_HANDLE the pool.
+#[test]
+#[serial]
+fn pointer_attributes_of_a_pool_allocation() {
+    use cu::CUpointer_attribute::*;
+    let ctl = bind(0);
+    let shared = create(POSIX_FD);
+    let plain = create(0);
+    let (r, a) = alloc_from(shared, 16384);
+    ok(r);
+    let (r, p) = alloc_from(shared, 1000);
+    ok(r);
+    let (r, q) = alloc_from(plain, 1000);
+    ok(r);
+    sync();
+    for (ptr, pool, types) in [(p, shared, POSIX_FD), (q, plain, 0)] {
+        let inside = ptr + 100;
+        assert_eq!(attr_u64(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, inside), ptr, "the allocation");
+        assert_eq!(attr_u64(CU_POINTER_ATTRIBUTE_RANGE_SIZE, inside), 1000, "the bytes asked for");
+        let chunk = attr_u64(CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, inside);
+        assert_eq!(attr_u64(CU_POINTER_ATTRIBUTE_MAPPING_SIZE, inside), 32 << 20, "the pool's chunk");
+        assert!(chunk <= ptr && ptr + 1000 <= chunk + (32 << 20), "{chunk:#x} holds {ptr:#x}");
+        assert_eq!(attr_u32(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, inside), types);
+        assert_eq!(attr_u64(CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, inside), pool as u64);
+        assert_eq!(attr_u32(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, inside), 3);
+        assert_eq!(attr_u32(CU_POINTER_ATTRIBUTE_MAPPED, inside), 1);
+    }
+    assert_eq!(
+        attr_u64(CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, a),
+        attr_u64(CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, p),
+        "both blocks lie in one chunk"
+    );
+    for ptr in [a, p, q] {
+        ok(free_async(ptr));
+    }
+    destroy_pool(shared);
+    destroy_pool(plain);
+    sync();
+    let report = ctl.live_report();
+    assert!(report.allocations.is_empty() && report.user_pools().next().is_none(), "{report}");
+}
+
 /// Exports and imports a new POSIX_FD pool in this process: `(pool, imported pool)`.
 fn pool_and_import() -> (CUmemoryPool, CUmemoryPool) {
     let pool = create(POSIX_FD);

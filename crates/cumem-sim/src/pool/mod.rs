@@ -292,6 +292,14 @@ fn place(st: &State, pool: &Pool, need: u64, sid: u64) -> Result<Placement, Fail
     Err(oom())
 }
 
+/// `(base, size)` of the chunk of its pool that holds pool allocation `a`, if the pool still
+/// has it.
+pub(crate) fn chunk_of(st: &State, a: &Allocation) -> Option<(u64, u64)> {
+    let pool = st.pools.get(&a.pool)?;
+    let (&base, chunk) = pool.chunks.range(..=a.base).next_back()?;
+    (a.base < base + chunk.size).then_some((base, chunk.size))
+}
+
 /// Allocates `bytes` (> 0) from pool `handle` for stream `sid` (a resolved stream id); returns
 /// the address. The allocation belongs to the stream's context.
 pub(crate) fn allocate(st: &mut State, handle: u64, bytes: u64, sid: u64) -> Result<u64, Fail> {

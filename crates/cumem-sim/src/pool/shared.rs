@@ -16,6 +16,10 @@
 //!                                                             block's pages, a `pool_import`
 //! ```
 //!
+//! As on an H100 (observed 2026-11-23), a pool's pointers export only once the pool itself was
+//! exported (`cuMemPoolExportToShareableHandle`, at least once, before or after the allocation):
+//! until then `cuMemPoolExportPointer` gives `INVALID_VALUE`.
+//!
 //! Pools created without handle types never touch any of this: their chunks stay anonymous
 //! memory and their allocation path has no extra syscall or lock.
 //!
@@ -69,6 +73,9 @@ pub(crate) struct SharedPool {
     next_offset: u64,
     /// Imported from another process: pointers are imported through it, never allocated.
     pub(crate) imported: bool,
+    /// Exported once with `cuMemPoolExportToShareableHandle`: only then are its pointers
+    /// exported (observed on an H100, 2026-11-23; the descriptor need not stay open).
+    exported: bool,
     /// The file's header page, mapped: its slots count the live imports of each block, across
     /// every process that imported the pool.
     header: Arc<Backing>,
@@ -278,7 +285,15 @@ impl SharedPool {
     fn open(file: OwnedFd, imported: bool) -> Option<Self> {
         let (ino, _) = stat(file.as_fd())?;
         let header = Arc::new(Backing::from_file_at(&file, 0, PAGE as usize)?);
-        Some(Self { file, ino, next_offset: PAGE, imported, header, imports: BTreeMap::new() })
+        Some(Self {
+            file,
+            ino,
+            next_offset: PAGE,
+            imported,
+            exported: false,
+            header,
+            imports: BTreeMap::new(),
+        })
     }
 
     /// A new chunk of `size` bytes at the end of the file: its mapping and file offset.
@@ -326,7 +341,7 @@ fn exportable(pool: &Pool, h: u64) -> Result<&SharedPool, Fail> {
 /// the pool's memory file per call. A dead handle, non-zero flags, a type other than POSIX_FD,
 /// or a pool created without it (a default pool, say) give `INVALID_VALUE`.
 pub(crate) fn export_fd(h: u64, handle_type: u32, flags: u64) -> Result<i32, Fail> {
-    let st = SIM.st.lock();
+    let mut st = SIM.st.lock();
     let h = lookup(&st, h)?;
     if flags != 0 {
         return Err(invalid(format!("cuMemPoolExportToShareableHandle flags {flags:#x} must be 0")));
@@ -336,6 +351,9 @@ pub(crate) fn export_fd(h: u64, handle_type: u32, flags: u64) -> Result<i32, Fai
     }
     let shared = exportable(&st.pools[&h], h)?;
     let file = dup(shared.file.as_fd()).ok_or(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY))?;
+    if let Some(shared) = st.pools.get_mut(&h).and_then(|p| p.shared.as_mut()) {
+        shared.exported = true;
+    }
     // The caller owns the new descriptor from here on.
     Ok(std::os::fd::IntoRawFd::into_raw_fd(file))
 }
@@ -421,9 +439,11 @@ impl PtrExport {
 }
 
 /// `cuMemPoolExportPointer`: the 64 bytes naming the allocation that starts at `dptr`, which
-/// must be a live allocation of a pool created with POSIX_FD handle types. Anything else (other
-/// memory, a pool without handle types, an imported pointer, an interior pointer: a simulator
-/// choice, the driver's answer is not documented) gives `INVALID_VALUE`.
+/// must be a live allocation of a pool created with POSIX_FD handle types and exported at least
+/// once with `cuMemPoolExportToShareableHandle` (before or after the allocation). Anything else
+/// (other memory, a pool without handle types, a pool never exported, an imported pointer, an
+/// interior pointer) gives `INVALID_VALUE`: the never-exported pool and the interior pointer as
+/// observed on an H100, 2026-11-23.
 pub(crate) fn export_pointer(dptr: u64) -> Result<[u8; EXPORT_SIZE], Fail> {
     let st = SIM.st.lock();
     let a = match st.find_alloc(dptr) {
@@ -444,6 +464,13 @@ pub(crate) fn export_pointer(dptr: u64) -> Result<[u8; EXPORT_SIZE], Fail> {
     };
     let pool = st.pools.get(&a.pool).ok_or_else(|| invalid(format!("{dptr:#x}: its pool is gone")))?;
     let shared = exportable(pool, a.pool)?;
+    if !shared.exported {
+        return Err(invalid(format!(
+            "pool {:#x} was never exported with cuMemPoolExportToShareableHandle: its pointers are \
+             exported only after the pool was, once",
+            a.pool
+        )));
+    }
     let (&chunk_base, chunk) = pool.chunks.range(..=dptr).next_back().expect("a pool block lies in a chunk");
     let offset = chunk.file_offset + (dptr - chunk_base);
     mark_held(&shared.header, offset);
