@@ -73,9 +73,9 @@ impl Endpoint {
 /// (a pinned address as the "device" end), `cuMemcpyDtoHAsync` mapped → pinned, `cuMemcpyDtoDAsync`
 /// mapped → mapped and `cuMemcpyAsync` pinned → mapped all blocked in the call until the host
 /// function returned, then returned with the bytes copied; with one end in device memory the same
-/// calls, and memsets of mapped memory, returned at once. The driver copies such a pair on the
-/// calling thread after the stream's earlier work; here it is queued and waited for, which a
-/// program cannot tell apart: the call returns after the same work, with the same bytes. The wait
+/// calls, and memsets of mapped memory, returned at once. Which thread moves the bytes on a GPU
+/// was not observed (the calling thread, presumably); here the copy is queued and waited for, which
+/// a program cannot tell apart: the call returns after the same work, with the same bytes. The wait
 /// does not hold the device (`crate::hold`): nothing observed says it does, and it waits for one
 /// stream's work, not the device's, like the synchronous copies.
 fn async_waits<'a>(
