@@ -7,28 +7,26 @@
 //! stream the channel was made on never blocks the host's flushes and reads; and dropping a channel
 //! while device work on its ring is held waits for that work (or orders the free after it), for
 //! every strategy and direction, with no violation in the simulator's log. Every test here holds a stream,
-//! so every test is `#[serial]` (see `cumem_sys::testing::Gate`).
+//! so every test is `#[serial]` (see `cumem_sys::testing::Gate`), and every gate opens by itself at
+//! a deadline (`common::hold`), so that a call waiting for the held stream fails the test instead
+//! of hanging the run.
+//!
+//! The device's work on a held stream always has one end in device memory: a copy between two
+//! host memories (pinned memory and a mapped ring) is synchronous on a GPU (observed on an H100,
+//! 2026-11-23) and would wait in the call for the gate that only the next statement opens.
 
 mod common;
 
-use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{DevicePlayer, HEAD, TAIL, native};
+use common::{DevicePlayer, HEAD, TAIL, hold, native};
 use cumem_channel::{Direction, Poll, RingChannel, TransferStrategy};
 use cumem_copy::StreamCopy;
-use cumem_core::{Context, Device, PinnedBuffer, Stream};
-use cumem_sys::testing::{self, Gate};
+use cumem_core::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
+use cumem_sys::testing;
 use serial_test::serial;
 
 const SIM: &str = "devices=2,latency_us=2000";
-
-fn hold(stream: &Stream) -> Gate {
-    assert!(serial_test::is_locked_serially(None), "a test that holds a stream must be #[serial]");
-    stream.context().bind().unwrap();
-    // SAFETY: `stream` is alive (borrowed), and its context was just made current.
-    unsafe { testing::hold(stream.raw()) }
-}
 
 #[test]
 #[serial]
@@ -57,7 +55,7 @@ fn a_queued_flush_returns_while_its_copies_are_held_and_arrives_whole() {
     let opener = gate.release_after(Duration::from_millis(50));
     // The device side's reads on its own stream are ordered after the held copies.
     assert_eq!(dev.consume(&mut ch, 8), msgs);
-    opener.join().unwrap();
+    opener.join();
 }
 
 #[test]
@@ -88,7 +86,7 @@ fn the_host_waits_for_device_publishes_it_has_not_seen_complete() {
         // so the host sees all three, never an empty ring or stale slots.
         assert_eq!(ch.poll_from_device(&mut got).unwrap(), Poll::Received(3), "{kind}");
         assert_eq!(got, [5, 6, 7], "{kind}");
-        opener.join().unwrap();
+        opener.join();
     }
 }
 
@@ -111,14 +109,9 @@ fn a_kernel_running_on_the_channels_stream_never_blocks_the_host() {
                 .unwrap();
         let mut dev = DevicePlayer::<u64>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
         // The persistent kernel, launched on `stream` right after the channel was made (nothing
-        // synchronised `stream`) and never finishing while the host works. The gate opens by
-        // itself after 5 s only so that a regression fails instead of hanging.
-        let gate = hold(&stream);
-        let (open, opened) = mpsc::channel::<()>();
-        let kernel = std::thread::spawn(move || {
-            let _ = opened.recv_timeout(Duration::from_secs(5));
-            gate.release();
-        });
+        // synchronised `stream`) and never finishing while the host works. Its gate opens by
+        // itself at the deadline only so that a regression fails instead of hanging.
+        let kernel = hold(&stream);
         assert_eq!(ch.send_batch(&[1, 2, 3]).unwrap(), 3);
         assert_eq!(ch.flush_to_device().unwrap(), 3);
         assert_eq!(dev.consume(&mut ch, 8), [1, 2, 3], "{kind}");
@@ -127,10 +120,7 @@ fn a_kernel_running_on_the_channels_stream_never_blocks_the_host() {
         assert_eq!(ch.flush_to_device().unwrap(), 4);
         ch.refresh().unwrap();
         // Everything above returned while the kernel still held its stream.
-        let kernel_still_running = !kernel.is_finished();
-        let _ = open.send(());
-        kernel.join().unwrap();
-        assert!(kernel_still_running, "{kind}: the host waited for the persistent kernel's stream");
+        assert!(kernel.release(), "{kind}: the host waited for the persistent kernel's stream");
     }
 }
 
@@ -143,16 +133,17 @@ fn every_strategy(ctx: &Context) -> [TransferStrategy; 4] {
     ]
 }
 
-/// Queues a copy of `word` (allocated before any stream is held: freeing or allocating pinned
-/// memory waits for held streams) into control word `index` on `stream`.
+/// Queues a copy of `word` (device memory, as a kernel's register would be; allocated before any
+/// stream is held: allocating or freeing may wait for held streams) into control word `index` on
+/// `stream`.
 fn write_word<T: bytemuck::Pod>(
     ch: &mut RingChannel<T>,
     stream: &Stream,
     index: usize,
-    word: &PinnedBuffer<u64>,
+    word: &DeviceBuffer<u64>,
 ) {
     let mut side = ch.device_side();
-    stream.copy_h2d(word, &mut side.control.slice_mut(index..index + 1).unwrap()).unwrap();
+    stream.copy_d2d(word, &mut side.control.slice_mut(index..index + 1).unwrap()).unwrap();
 }
 
 #[test]
@@ -168,19 +159,19 @@ fn the_host_never_reads_slots_the_device_is_still_writing() {
             RingChannel::<u32>::new_checked(&stream, Direction::DeviceToHost, 4, strategy, &native(device))
                 .unwrap();
         let (slow, fast) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
-        let msgs = PinnedBuffer::from_slice(&ctx, &[5u32, 6, 7, 0]).unwrap();
-        let tail = PinnedBuffer::from_slice(&ctx, &[3u64]).unwrap();
+        let msgs = DeviceBuffer::from_slice(&slow, &[5u32, 6, 7, 0]).unwrap();
+        let tail = DeviceBuffer::from_slice(&fast, &[3u64]).unwrap();
         stream.synchronize().unwrap();
         let gate = hold(&slow);
         // The device writes the slots on a held stream and publishes `tail` on another, which
         // runs at once: the position says three messages while their bytes have not landed.
-        slow.copy_h2d(&msgs, &mut ch.device_side().slots).unwrap();
+        slow.copy_d2d(&msgs, &mut ch.device_side().slots).unwrap();
         write_word(&mut ch, &fast, TAIL, &tail);
         let opener = gate.release_after(Duration::from_millis(50));
         let mut got = Vec::new();
         assert_eq!(ch.poll_from_device(&mut got).unwrap(), Poll::Received(3), "{kind}");
         assert_eq!(got, [5, 6, 7], "{kind}: the host read slots before the device's write landed");
-        opener.join().unwrap();
+        opener.join();
     }
 }
 
@@ -197,22 +188,24 @@ fn the_host_never_overwrites_slots_the_device_is_still_reading() {
             RingChannel::<u32>::new_checked(&stream, Direction::HostToDevice, 4, strategy, &native(device))
                 .unwrap();
         let (slow, fast) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
-        let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 4).unwrap();
-        let head = PinnedBuffer::from_slice(&ctx, &[4u64]).unwrap();
+        let mut seen = DeviceBuffer::<u32>::zeroed(&slow, 4).unwrap();
+        let mut seen_host = PinnedBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+        let head = DeviceBuffer::from_slice(&fast, &[4u64]).unwrap();
         assert_eq!(ch.send_batch(&[1, 2, 3, 4]).unwrap(), 4);
         assert_eq!(ch.flush_to_device().unwrap(), 4);
         stream.synchronize().unwrap();
         let gate = hold(&slow);
         // The device reads the slots on a held stream but gives them back (`head`) on another,
         // which runs at once: the host sees four free slots while their old bytes are being read.
-        slow.copy_d2h(&ch.device_side().slots, &mut seen).unwrap();
+        slow.copy_d2d(&ch.device_side().slots, &mut seen).unwrap();
         write_word(&mut ch, &fast, HEAD, &head);
         let opener = gate.release_after(Duration::from_millis(50));
         ch.refresh().unwrap();
         assert_eq!(ch.send_batch(&[5, 6, 7, 8]).unwrap(), 4, "{kind}: the device gave every slot back");
         assert_eq!(ch.flush_to_device().unwrap(), 4);
-        assert_eq!(seen.to_vec().unwrap(), [1, 2, 3, 4], "{kind}: the host overwrote slots being read");
-        opener.join().unwrap();
+        opener.join();
+        slow.copy_d2h(&seen, &mut seen_host).unwrap();
+        assert_eq!(seen_host.to_vec().unwrap(), [1, 2, 3, 4], "{kind}: the host overwrote slots being read");
     }
 }
 
@@ -229,8 +222,9 @@ fn dropping_a_channel_waits_for_device_work_on_its_ring() {
             let stream = Stream::non_blocking(&ctx).unwrap();
             let mut ch = RingChannel::<u32>::new_checked(&stream, dir, 4, strategy, &native(device)).unwrap();
             let slow = Stream::non_blocking(&ctx).unwrap();
-            let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 4).unwrap();
-            let late = PinnedBuffer::from_slice(&ctx, &[9u32; 4]).unwrap();
+            let mut seen = DeviceBuffer::<u32>::zeroed(&slow, 4).unwrap();
+            let mut seen_host = PinnedBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+            let late = DeviceBuffer::from_slice(&slow, &[9u32; 4]).unwrap();
             if dir == Direction::HostToDevice {
                 assert_eq!(ch.send_batch(&[1, 2, 3, 4]).unwrap(), 4);
                 assert_eq!(ch.flush_to_device().unwrap(), 4);
@@ -241,18 +235,23 @@ fn dropping_a_channel_waits_for_device_work_on_its_ring() {
             // Device work on the ring that cannot run yet: a read of the slots (host→device) or
             // a write into them (device→host), queued through the channel's device views.
             if dir == Direction::HostToDevice {
-                slow.copy_d2h(&ch.device_side().slots, &mut seen).unwrap();
+                slow.copy_d2d(&ch.device_side().slots, &mut seen).unwrap();
             } else {
-                slow.copy_h2d(&late, &mut ch.device_side().slots).unwrap();
+                slow.copy_d2d(&late, &mut ch.device_side().slots).unwrap();
             }
             let opener = gate.release_after(Duration::from_millis(50));
             // The ring's memory may go back only after that work: dropping waits for it, or
             // orders the free after it, never frees under it.
             drop(ch);
-            opener.join().unwrap();
+            opener.join();
             slow.synchronize().unwrap();
             if dir == Direction::HostToDevice {
-                assert_eq!(seen.to_vec().unwrap(), [1, 2, 3, 4], "{kind}: read the ring after it was freed");
+                slow.copy_d2h(&seen, &mut seen_host).unwrap();
+                assert_eq!(
+                    seen_host.to_vec().unwrap(),
+                    [1, 2, 3, 4],
+                    "{kind}: read the ring after it was freed"
+                );
             }
             if let Some(ctl) = &ctl {
                 let after = ctl.violations();

@@ -18,7 +18,10 @@
 //!   memory is ordered on the stream like any queued copy (later work on it waits).
 //! - [`StagingRing::copy_d2h`] returns once the destination slice holds the data.
 //!
-//! Neither touches the caller's slice after it returns. [`StagingRing::stats`] says how many
+//! Neither touches the caller's slice after it returns. The device side should be device memory:
+//! a chunk's copy into or out of the device view of mapped memory is a copy between two host
+//! memories, which the driver runs synchronously (see [`StreamCopy`](crate::StreamCopy)), so it
+//! gets no overlap; copy into mapped memory from the host directly instead. [`StagingRing::stats`] says how many
 //! chunks were copied and how often a chunk was filled (or emptied) while the neighbouring
 //! chunk's copy was still in flight, which is the overlap this module exists for.
 //!

@@ -9,6 +9,16 @@
 //! used on another stream is waited for first. 2D/3D copies and 2D memsets are here too (see
 //! [`Copy2D`]).
 //!
+//! A copy between two host memories is not queued: when both ends are host memory (a
+//! [`PinnedBuffer`](cumem_core::PinnedBuffer) or [`HostRegistered`](cumem_core::HostRegistered)
+//! and the device view of a [`MappedBuffer`](cumem_core::MappedBuffer), or two mapped views), the
+//! driver waits in the call for the stream's earlier work, copies on the calling thread and
+//! returns with the bytes in place (observed on an H100, 2026-11-23; the simulator does the same).
+//! Such a copy on a stream that a kernel or a host function occupies therefore blocks the caller
+//! until that work is done. To keep it queued, go through device memory (pinned → device and
+//! device → mapped are both queued), or write mapped memory from the host directly. Copies with
+//! one end in device memory (a mapped view included) and memsets of mapped memory stay queued.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_core::{DeviceBuffer, Device, PinnedBuffer, Stream};

@@ -6,7 +6,10 @@
 //! synchronous calls touching host memory return once complete; device-to-device copies and
 //! device memsets are queued on the legacy stream and return at once; asynchronous calls on pinned
 //! or device memory run later on the stream; an asynchronous copy *from* pageable memory stages
-//! the bytes before returning, and one *into* pageable memory waits for its completion.
+//! the bytes before returning, and one *into* pageable memory waits for its completion; an
+//! asynchronous copy between two host memories (pinned, mapped, registered or pageable, whichever
+//! address names them) waits for the stream's earlier work and its own completion, as observed on
+//! an H100 (`async_waits`).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -52,6 +55,36 @@ impl Endpoint {
     fn is_pageable(&self) -> bool {
         matches!(self, Endpoint::Pageable(_))
     }
+
+    /// Host memory: pageable, or page-locked (pinned, mapped, registered) whichever address names
+    /// it. Managed memory is not: it migrates, and no copy of it was observed.
+    fn is_host(&self) -> bool {
+        match self {
+            Endpoint::Pageable(_) => true,
+            Endpoint::Mem(a, ..) => a.kind.pinned(),
+        }
+    }
+}
+
+/// Whether an asynchronous copy returns only when complete: one into pageable memory (driver
+/// documentation), and one whose source and destination are both host memory. The latter was
+/// observed on an H100, 2026-11-23: with the stream held by a blocking host function,
+/// `cuMemcpyHtoDAsync` pinned → mapped (its device pointer), pageable → mapped and pinned → pinned
+/// (a pinned address as the "device" end), `cuMemcpyDtoHAsync` mapped → pinned, `cuMemcpyDtoDAsync`
+/// mapped → mapped and `cuMemcpyAsync` pinned → mapped all blocked in the call until the host
+/// function returned, then returned with the bytes copied; with one end in device memory the same
+/// calls, and memsets of mapped memory, returned at once. Which thread moves the bytes on a GPU
+/// was not observed (the calling thread, presumably); here the copy is queued and waited for, which
+/// a program cannot tell apart: the call returns after the same work, with the same bytes. The wait
+/// does not hold the device (`crate::hold`): nothing observed says it does, and it waits for one
+/// stream's work, not the device's, like the synchronous copies.
+fn async_waits<'a>(
+    dst: impl IntoIterator<Item = &'a Endpoint>,
+    src: impl IntoIterator<Item = &'a Endpoint>,
+) -> bool {
+    let dst: Vec<&Endpoint> = dst.into_iter().collect();
+    dst.iter().any(|e| e.is_pageable())
+        || (dst.iter().all(|e| e.is_host()) && src.into_iter().all(Endpoint::is_host))
 }
 
 /// Where a copy reads from.
@@ -214,9 +247,9 @@ pub(crate) unsafe fn memcpy(
     let s = resolve(&g, src, len, src_role, "source")?;
     let wait = match stream {
         None => !(d.is_device() && s.is_device()),
-        Some(_) => d.is_pageable(),
+        Some(_) => async_waits([&d], [&s]),
     };
-    let source = if stream.is_some() && s.is_pageable() && !d.is_pageable() {
+    let source = if !wait && s.is_pageable() {
         // SAFETY: the caller guarantees the pageable source is readable for `len` bytes; it is
         // staged now so the program may reuse it as soon as the call returns.
         Source::Staged(unsafe { std::slice::from_raw_parts(s.ptr(), len) }.to_vec())
@@ -537,12 +570,11 @@ pub(crate) unsafe fn memcpy_3d(c: Copy3D, stream: Option<CUstream>) -> Result<()
         writable(&g, e, *addr, c.width)?;
     }
     let all_device = src.iter().chain(&dst).all(|(_, e)| e.is_device());
-    let dst_pageable = dst.iter().any(|(_, e)| e.is_pageable());
     let wait = match stream {
         None => !all_device,
-        Some(_) => dst_pageable,
+        Some(_) => async_waits(dst.iter().map(|(_, e)| e), src.iter().map(|(_, e)| e)),
     };
-    let stage = stream.is_some() && !dst_pageable;
+    let stage = !wait;
     let mut staged = Vec::new();
     let rows = dst
         .into_iter()

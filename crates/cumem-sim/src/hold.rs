@@ -16,7 +16,10 @@
 //! or allocate". Not gated, as observed or as the documentation gives no reason to: queries and
 //! synchronisations, stream and event destruction, `cuMemHostRegister`, the stream-ordered
 //! allocator (`cuMemAllocAsync` observed; `cuMemFreeAsync` unobserved, kept with it), and the
-//! implicitly synchronising calls themselves (each drains on its own).
+//! implicitly synchronising calls themselves (each drains on its own). An asynchronous copy between
+//! two host memories waits for its own stream's earlier work (`crate::copy`, observed) without
+//! holding the device: it is gated like any copy, but nothing observed says that other threads'
+//! calls wait for it, and it waits for one stream, not the device.
 
 use cudarc::driver::sys::CUstream;
 use parking_lot::MutexGuard;

@@ -2,13 +2,28 @@
 //! no kernels): reads the control block and slots through the channel's device views, writes its
 //! own position back. Work on this stream is ordered with the channel's accesses only by cumem's
 //! stream orders and host-access tracking, so a missing wait shows up as lost or stale messages.
+//!
+//! The player goes through device memory, as a kernel does: every copy it queues has one end in a
+//! small device buffer of its own (ring view → device → pinned to read, pinned → device → ring view
+//! to write). A copy between two host memories (a pinned buffer and a mapped ring) would be
+//! synchronous on a GPU (observed on an H100, 2026-11-23): it waits in the call for the stream's
+//! earlier work, so on a held stream it would block the test before the statement that opens the
+//! gate. Copies with a device end stay queued.
+//!
+//! [`hold`] holds a stream with a gate that opens by itself after [`HOLD_DEADLINE`], so that a call
+//! that waits for the held stream while the test holds it fails the test instead of hanging it.
 
 #![allow(dead_code)]
+
+use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use bytemuck::Pod;
 use cumem_channel::{ControlBlock, RingChannel, VisibilityReport};
 use cumem_copy::StreamCopy;
-use cumem_core::{Device, PinnedBuffer, Stream};
+use cumem_core::{Device, DeviceBuffer, PinnedBuffer, Stream};
+use cumem_sys::testing;
 
 pub const HEAD: usize = ControlBlock::HEAD_WORD;
 pub const TAIL: usize = ControlBlock::TAIL_WORD;
@@ -25,6 +40,10 @@ pub struct DevicePlayer<T: Pod> {
     control: PinnedBuffer<u64>,
     slots: PinnedBuffer<T>,
     word: PinnedBuffer<u64>,
+    /// The device memory every copy goes through (see the module docs).
+    on_device_control: DeviceBuffer<u64>,
+    on_device_slots: DeviceBuffer<T>,
+    on_device_word: DeviceBuffer<u64>,
 }
 
 impl<T: Pod> DevicePlayer<T> {
@@ -35,14 +54,24 @@ impl<T: Pod> DevicePlayer<T> {
             control: PinnedBuffer::zeroed(ctx, ControlBlock::WORDS).unwrap(),
             slots: PinnedBuffer::zeroed(ctx, capacity).unwrap(),
             word: PinnedBuffer::zeroed(ctx, 1).unwrap(),
+            on_device_control: DeviceBuffer::zeroed(stream, ControlBlock::WORDS).unwrap(),
+            on_device_slots: DeviceBuffer::zeroed(stream, capacity).unwrap(),
+            on_device_word: DeviceBuffer::zeroed(stream, 1).unwrap(),
         }
     }
 
     /// The control block as the device sees it now.
     pub fn control(&mut self, ch: &mut RingChannel<T>) -> Vec<u64> {
         let side = ch.device_side();
-        self.stream.copy_d2h(&side.control, &mut self.control).unwrap();
+        self.stream.copy_d2d(&side.control, &mut self.on_device_control).unwrap();
+        self.stream.copy_d2h(&self.on_device_control, &mut self.control).unwrap();
         self.control.to_vec().unwrap()
+    }
+
+    /// Queues a copy of the player's slot mirror into the ring's slots, through device memory.
+    fn publish_mirror(&mut self, ch: &mut RingChannel<T>) {
+        self.stream.copy_h2d(&self.slots, &mut self.on_device_slots).unwrap();
+        self.stream.copy_d2d(&self.on_device_slots, &mut ch.device_side().slots).unwrap();
     }
 
     /// Writes control word `index` from the device side (to play a misbehaving device).
@@ -52,8 +81,10 @@ impl<T: Pod> DevicePlayer<T> {
 
     fn write_word(&mut self, ch: &mut RingChannel<T>, index: usize, value: u64) {
         self.word.as_mut_slice().unwrap()[0] = value;
+        self.stream.copy_h2d(&self.word, &mut self.on_device_word).unwrap();
         let mut side = ch.device_side();
-        self.stream.copy_h2d(&self.word, &mut side.control.slice_mut(index..index + 1).unwrap()).unwrap();
+        let mut target = side.control.slice_mut(index..index + 1).unwrap();
+        self.stream.copy_d2d(&self.on_device_word, &mut target).unwrap();
     }
 
     /// Consumes up to `max` published messages of a host→device channel, in order.
@@ -67,7 +98,8 @@ impl<T: Pod> DevicePlayer<T> {
             return Vec::new();
         }
         let side = ch.device_side();
-        self.stream.copy_d2h(&side.slots, &mut self.slots).unwrap();
+        self.stream.copy_d2d(&side.slots, &mut self.on_device_slots).unwrap();
+        self.stream.copy_d2h(&self.on_device_slots, &mut self.slots).unwrap();
         let slots = self.slots.to_vec().unwrap();
         let got = (head..head + n).map(|p| slots[(p % cap) as usize]).collect();
         self.write_word(ch, HEAD, head + n);
@@ -83,7 +115,7 @@ impl<T: Pod> DevicePlayer<T> {
         for (i, m) in msgs.iter().enumerate() {
             mirror[((tail + i as u64) % cap) as usize] = *m;
         }
-        self.stream.copy_h2d(&self.slots, &mut ch.device_side().slots).unwrap();
+        self.publish_mirror(ch);
         self.write_word(ch, TAIL, tail + msgs.len() as u64);
     }
 
@@ -103,8 +135,79 @@ impl<T: Pod> DevicePlayer<T> {
         for (i, m) in msgs[..n as usize].iter().enumerate() {
             mirror[((tail + i as u64) % cap) as usize] = *m;
         }
-        self.stream.copy_h2d(&self.slots, &mut ch.device_side().slots).unwrap();
+        self.publish_mirror(ch);
         self.write_word(ch, TAIL, tail + n);
         n as usize
+    }
+}
+
+/// How long [`hold`] keeps a stream held at most: far longer than any step of these tests takes,
+/// so only a call that waits for the held stream while the test still holds it (which would hang
+/// without the deadline) gets there; the test then fails.
+pub const HOLD_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A stream held by a gate (`cumem_sys::testing::hold`) that opens by itself at [`HOLD_DEADLINE`].
+#[must_use = "the stream is held until released, or until the deadline"]
+pub struct Held {
+    open: Sender<Duration>,
+    opener: JoinHandle<bool>,
+}
+
+/// Holds `stream` (see `cumem_sys::testing::Gate`: the calling test must be `#[serial]`).
+pub fn hold(stream: &Stream) -> Held {
+    assert!(serial_test::is_locked_serially(None), "a test that holds a stream must be #[serial]");
+    stream.context().bind().unwrap();
+    // SAFETY: `stream` is alive (borrowed), and its context was just made current.
+    let gate = unsafe { testing::hold(stream.raw()) };
+    let (open, told) = channel::<Duration>();
+    let opener = std::thread::spawn(move || {
+        let in_time = match told.recv_timeout(HOLD_DEADLINE) {
+            Ok(delay) => {
+                std::thread::sleep(delay);
+                true
+            }
+            // Dropped unreleased (the test panicked): open at once.
+            Err(RecvTimeoutError::Disconnected) => true,
+            Err(RecvTimeoutError::Timeout) => false,
+        };
+        gate.release();
+        in_time
+    });
+    Held { open, opener }
+}
+
+impl Held {
+    /// Opens the gate now; `false` if the deadline had opened it already (something the test
+    /// called waited for the held stream).
+    pub fn release(self) -> bool {
+        self.release_after(Duration::ZERO).in_time()
+    }
+
+    /// Opens the gate from another thread after `delay`, while the calling thread goes on to block
+    /// in a call that must wait for the held stream.
+    pub fn release_after(self, delay: Duration) -> Opening {
+        let _ = self.open.send(delay);
+        Opening(self.opener)
+    }
+}
+
+/// A gate being opened ([`Held::release_after`]).
+#[must_use = "join it to know the gate was opened by the test, not by its deadline"]
+pub struct Opening(JoinHandle<bool>);
+
+impl Opening {
+    /// Waits until the gate is open; `false` if the deadline opened it.
+    pub fn in_time(self) -> bool {
+        self.0.join().unwrap()
+    }
+
+    /// Waits until the gate is open, and fails the test if the deadline opened it.
+    #[track_caller]
+    pub fn join(self) {
+        assert!(
+            self.in_time(),
+            "the held stream's gate was opened by its {HOLD_DEADLINE:?} deadline: a call the test made \
+             while holding it waited for it"
+        );
     }
 }

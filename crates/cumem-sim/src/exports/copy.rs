@@ -25,6 +25,8 @@ pub unsafe extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, byte_count
 
 /// `CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)`. Direction is inferred from the addresses (UVA).
 /// Every address is bounds-checked against its allocation before anything is queued.
+/// Between two host memories (pinned, mapped, registered, pageable) it returns only after the
+/// stream's earlier work and the copy, as on an H100 (`copy::async_waits`).
 ///
 /// # Safety
 /// 1. Host (non-CUDA) addresses are valid for `byte_count` bytes of reading (source) or writing
@@ -98,6 +100,8 @@ pub unsafe extern "C" fn cuMemcpyDtoD_v2(
 
 /// `CUresult cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)` (symbol `cuMemcpyHtoDAsync_v2`). Pinned sources are read when the copy runs; pageable sources are staged before returning.
 /// Every address is bounds-checked against its allocation before anything is queued.
+/// Between two host memories (pinned, mapped, registered, pageable) it returns only after the
+/// stream's earlier work and the copy, as on an H100 (`copy::async_waits`).
 ///
 /// # Safety
 /// 1. Host (non-CUDA) addresses are valid for `byte_count` bytes of reading (source) or writing
@@ -117,6 +121,8 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
 
 /// `CUresult cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)` (symbol `cuMemcpyDtoHAsync_v2`). Pinned destinations are written when the copy runs; pageable destinations before returning.
 /// Every address is bounds-checked against its allocation before anything is queued.
+/// Between two host memories (pinned, mapped, registered, pageable) it returns only after the
+/// stream's earlier work and the copy, as on an H100 (`copy::async_waits`).
 ///
 /// # Safety
 /// 1. Host (non-CUDA) addresses are valid for `byte_count` bytes of reading (source) or writing
@@ -136,6 +142,8 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
 
 /// `CUresult cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)` (symbol `cuMemcpyDtoDAsync_v2`). Runs in stream order.
 /// Every address is bounds-checked against its allocation before anything is queued.
+/// Between two host memories (pinned, mapped, registered, pageable) it returns only after the
+/// stream's earlier work and the copy, as on an H100 (`copy::async_waits`).
 ///
 /// # Safety
 /// 1. Host (non-CUDA) addresses are valid for `byte_count` bytes of reading (source) or writing
