@@ -15,7 +15,9 @@
 //! driver waits in the call for the stream's earlier work, copies on the calling thread and
 //! returns with the bytes in place (observed on an H100, 2026-11-23; the simulator does the same).
 //! Such a copy on a stream that a kernel or a host function occupies therefore blocks the caller
-//! until that work is done. To keep it queued, go through device memory (pinned → device and
+//! until that work is done; meanwhile the copy keeps both buffers' cumem bookkeeping locked (their
+//! stream orders and host-access trackers), so another thread that uses either buffer waits too.
+//! To keep it queued, go through device memory (pinned → device and
 //! device → mapped are both queued), or write mapped memory from the host directly. Copies with
 //! one end in device memory (a mapped view included) and memsets of mapped memory stay queued.
 //!

@@ -74,8 +74,11 @@ impl Endpoint {
 /// mapped → mapped and `cuMemcpyAsync` pinned → mapped all blocked in the call until the host
 /// function returned, then returned with the bytes copied; with one end in device memory the same
 /// calls, and memsets of mapped memory, returned at once. Which thread moves the bytes on a GPU
-/// was not observed (the calling thread, presumably); here the copy is queued and waited for, which
-/// a program cannot tell apart: the call returns after the same work, with the same bytes. The wait
+/// was not observed (the calling thread, presumably); here the copy is queued and waited for: the
+/// call returns after the same work, with the same bytes, but work another thread queues on the
+/// same stream meanwhile runs after the copy here, where on a GPU it might run first. The 2D/3D,
+/// peer, per-thread, batch and legacy-stream forms, and registered memory, follow the same rule
+/// unobserved (they share this path). The wait
 /// does not hold the device (`crate::hold`): nothing observed says it does, and it waits for one
 /// stream's work, not the device's, like the synchronous copies.
 fn async_waits<'a>(
