@@ -19,6 +19,8 @@
 //! ```
 
 use std::ffi::c_void;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -98,6 +100,10 @@ pub fn sim_control() -> Option<cumem_sim::control::Control> {
 ///
 /// Declare the gate in a local *after* the buffers it holds work for: on a panic it is dropped,
 /// so opened, before their drops wait for the stream.
+///
+/// A gate opens by itself after [`GATE_DEADLINE`] and then fails the test at [`Gate::release`]
+/// (a drop only reports it on stderr): a gated test that waits for its own held stream fails
+/// instead of hanging.
 #[must_use = "the stream is held until the gate is released or dropped"]
 pub struct Gate {
     state: Arc<GateState>,
@@ -106,7 +112,15 @@ pub struct Gate {
 struct GateState {
     open: Mutex<bool>,
     cv: Condvar,
+    /// Set when the deadline, not the test, opened the gate.
+    expired: AtomicBool,
 }
+
+/// How long a [`Gate`] stays closed at most. Past it the gate opens by itself, says so on stderr,
+/// and [`Gate::release`] fails the test: a test whose own call waits for the stream it holds
+/// fails instead of hanging its binary (four did hang on an H100, 2026-11-23, when a copy the
+/// simulator queued turned out to wait in the call on a GPU).
+pub const GATE_DEADLINE: Duration = Duration::from_secs(60);
 
 impl GateState {
     fn open(&self) {
@@ -118,12 +132,30 @@ impl GateState {
 impl Gate {
     /// Opens the gate: the held stream carries on. Does not wait for the stream, so that whatever
     /// the test calls next is what has to wait.
+    ///
+    /// # Panics
+    /// If the gate's deadline ([`GATE_DEADLINE`], or the one given to [`hold_for`]) opened it
+    /// first: something the test called while holding the stream waited for it.
+    #[track_caller]
     pub fn release(self) {
+        // Read under the lock that the deadline's thread sets it under: either it opened the gate
+        // first, or this does and it will not.
+        let expired = {
+            let mut open = self.state.open.lock().unwrap_or_else(PoisonError::into_inner);
+            *open = true;
+            self.state.cv.notify_all();
+            self.state.expired.load(Ordering::Relaxed)
+        };
         drop(self);
+        assert!(
+            !expired,
+            "the gate was opened by its deadline: a call the test made while holding the stream waited for it"
+        );
     }
 
     /// Opens the gate from another thread after `delay`, while the calling thread goes on to block
-    /// in a call that must wait for the held stream (the returned handle is joined afterwards).
+    /// in a call that must wait for the held stream (the returned handle is joined afterwards; it
+    /// carries [`Gate::release`]'s panic if the deadline opened the gate first).
     pub fn release_after(self, delay: Duration) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
             std::thread::sleep(delay);
@@ -170,7 +202,21 @@ unsafe extern "C" fn wait_at_gate(user: *mut c_void) {
 /// # Panics
 /// If the driver refuses to queue the host function.
 pub unsafe fn hold(stream: sys::CUstream) -> Gate {
-    let state = Arc::new(GateState { open: Mutex::new(false), cv: Condvar::new() });
+    // SAFETY: the caller's promises (1, 2) are `hold_for`'s.
+    unsafe { hold_for(stream, GATE_DEADLINE) }
+}
+
+/// [`hold`] with a deadline other than [`GATE_DEADLINE`] (for the tests of the deadline itself).
+///
+/// # Safety
+/// 1. `stream` is a live stream handle, or null for the legacy stream of the current context.
+/// 2. The stream's context is current on the calling thread.
+///
+/// # Panics
+/// If the driver refuses to queue the host function.
+pub unsafe fn hold_for(stream: sys::CUstream, deadline: Duration) -> Gate {
+    let state =
+        Arc::new(GateState { open: Mutex::new(false), cv: Condvar::new(), expired: AtomicBool::new(false) });
     let user = Arc::into_raw(state.clone()).cast_mut().cast::<c_void>();
     // SAFETY: the caller promises a live stream of the current context (1, 2); the callback only
     // waits on the state, and owns the count passed to it; a driver is loaded, since the caller
@@ -181,5 +227,28 @@ pub unsafe fn hold(stream: sys::CUstream) -> Gate {
         drop(unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) });
         panic!("cuLaunchHostFunc failed: {code:?}");
     }
+    let watched = Arc::clone(&state);
+    let test = std::thread::current().name().unwrap_or("<unnamed thread>").to_owned();
+    // Without its thread a gate has no deadline, as before; the test still runs.
+    let _ = std::thread::Builder::new().name("cumem-gate-deadline".into()).spawn(move || {
+        let open = watched.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let (open, _) = watched
+            .cv
+            .wait_timeout_while(open, deadline, |open| !*open)
+            .unwrap_or_else(PoisonError::into_inner);
+        if !*open {
+            let mut open = open;
+            *open = true;
+            watched.expired.store(true, Ordering::Relaxed);
+            watched.cv.notify_all();
+            drop(open);
+            // Straight to the stream: the harness captures `eprintln!` and a hung test shows nothing.
+            let _ = writeln!(
+                std::io::stderr(),
+                "{test}: a held stream's gate was opened by its {deadline:?} deadline (a call made while \
+                 holding it waited for it)"
+            );
+        }
+    });
     Gate { state }
 }

@@ -143,8 +143,9 @@ impl<T: Pod> DevicePlayer<T> {
 
 /// How long [`hold`] keeps a stream held at most: far longer than any step of these tests takes,
 /// so only a call that waits for the held stream while the test still holds it (which would hang
-/// without the deadline) gets there; the test then fails.
-pub const HOLD_DEADLINE: Duration = Duration::from_secs(60);
+/// without the deadline) gets there; the test then fails. Shorter than the gate's own deadline
+/// (`cumem_sys::testing::GATE_DEADLINE`), so that this one, with its clearer message, comes first.
+pub const HOLD_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A stream held by a gate (`cumem_sys::testing::hold`) that opens by itself at [`HOLD_DEADLINE`].
 #[must_use = "the stream is held until released, or until the deadline"]
