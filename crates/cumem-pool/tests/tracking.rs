@@ -18,12 +18,19 @@ fn pool() -> (Stream, Arc<CachingResource>) {
     (Stream::non_blocking(&ctx).unwrap(), Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default())))
 }
 
-/// Whether a backtrace taken here names the functions of this binary. It does not when the binary
-/// was stripped (the GPU packer strips the test binaries it ships): a site is still captured then,
-/// but its frames have no names to check.
+/// Whether a backtrace taken here names the functions and files of this binary. It does not when
+/// the binary was stripped (the GPU packer strips the test binaries it ships): a site is still
+/// captured then, but its frames have no names to check. On the simulator (CI, debug builds with
+/// symbols) it must: otherwise the name checks would stop running unnoticed.
 #[inline(never)]
 fn symbols_resolve() -> bool {
-    std::backtrace::Backtrace::force_capture().to_string().contains("symbols_resolve")
+    let trace = std::backtrace::Backtrace::force_capture().to_string();
+    let resolved = trace.contains("symbols_resolve") && trace.contains("tracking.rs");
+    assert!(
+        resolved || testing::sim_control().is_none(),
+        "backtraces do not name this test's functions and file: the site checks cannot run"
+    );
+    resolved
 }
 
 #[test]

@@ -72,7 +72,8 @@ pub fn sim_control() -> Option<cumem_sim::control::Control> {
     (driver::current()? == DriverKind::Simulator).then(cumem_sim::control::Control::attach).flatten()
 }
 
-/// Holds a stream at the point [`hold`] queued it, until the gate is released or dropped.
+/// Holds a stream at the point [`hold`] queued it, until the gate is released or dropped, or its
+/// deadline passes.
 ///
 /// A gate is a host function that blocks until the test opens it: everything queued on the stream
 /// after it has certainly not run while the gate is closed, whatever the machine's load, so a test
@@ -101,10 +102,11 @@ pub fn sim_control() -> Option<cumem_sim::control::Control> {
 /// Declare the gate in a local *after* the buffers it holds work for: on a panic it is dropped,
 /// so opened, before their drops wait for the stream.
 ///
-/// A gate opens by itself after [`GATE_DEADLINE`] and then fails the test at [`Gate::release`]
-/// (a drop only reports it on stderr): a gated test that waits for its own held stream fails
-/// instead of hanging.
-#[must_use = "the stream is held until the gate is released or dropped"]
+/// A gate opens by itself after [`GATE_DEADLINE`], saying so on stderr, and then fails the test
+/// at [`Gate::release`]: a gated test that waits for its own held stream fails instead of
+/// hanging. End a gated test's hold with `release()` (or `release_after`, joined): a dropped gate
+/// only opens, so an expired one dropped without `release()` fails nothing.
+#[must_use = "the stream is held until the gate is released or dropped, or its deadline passes"]
 pub struct Gate {
     state: Arc<GateState>,
 }

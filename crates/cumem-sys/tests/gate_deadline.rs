@@ -34,14 +34,19 @@ fn a_gate_the_test_waits_for_opens_at_its_deadline_and_fails_the_release() {
 
     // The test waits for the stream it holds: the deadline lets it go, and the release fails.
     let deadline = Duration::from_millis(200);
+    // Taken before the hold: the deadline counts from inside `hold_for`.
+    let waited = Instant::now();
     // SAFETY: as above.
     let gate = unsafe { testing::hold_for(stream, deadline) };
-    let waited = Instant::now();
     // The wait a gated test must never make; without the deadline it would never return.
-    let raw = stream as usize;
+    let (raw, raw_ctx) = (stream as usize, ctx as usize);
     testing::within_watchdog("synchronize under the gate", move || {
-        // SAFETY: a live stream (destroyed only below, after this returns).
-        ok(unsafe { sys::cuStreamSynchronize(raw as sys::CUstream) }, "synchronize under the gate");
+        // SAFETY: the retained primary context and a live stream of it (both released only below,
+        // after this returns); the watchdog's thread makes the context current first.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(raw_ctx as sys::CUcontext), "cuCtxSetCurrent on the watchdog's thread");
+            ok(sys::cuStreamSynchronize(raw as sys::CUstream), "synchronize under the gate");
+        }
     });
     assert!(waited.elapsed() >= deadline, "the gate opened before its deadline");
     let released = catch_unwind(AssertUnwindSafe(|| gate.release()));

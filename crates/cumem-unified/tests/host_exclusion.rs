@@ -123,7 +123,7 @@ fn without_concurrent_access_a_host_read_refuses_device_reads_through_shared_vie
             // driver faults the host there, and so does the simulator.
             let queued = stream.copy_d2d(&view, &mut dst);
             assert_eq!(host, &data[..]);
-            drop(gate);
+            gate.release();
             assert!(queued.as_ref().is_err_and(|e| refused_on(e, device)), "{queued:?}");
             // The blocking form too (after the gate: a copy of managed memory is synchronous).
             let blocking = cumem_copy::copy_d2d(&view, &mut dst);
@@ -282,7 +282,7 @@ fn without_concurrent_access_a_blocking_copy_from_a_shared_host_slice_is_refused
             // Had the copy been queued (behind the gate), the device would own the memory now and
             // this read would fault, on the real driver as on the simulator.
             assert_eq!(host, &data[..]);
-            drop(gate);
+            gate.release();
             copier.join().unwrap()
         });
         assert!(copied.as_ref().is_err_and(|e| refused_on(e, device)), "{copied:?}");
