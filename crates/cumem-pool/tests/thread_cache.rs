@@ -118,7 +118,7 @@ fn blocks_cached_for_a_stream_retired_meanwhile_do_not_bring_its_arena_back() {
     let empty = streams_in_table(&pool);
     let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
-        s.spawn(|| {
+        let churn = s.spawn(|| {
             // Short-lived streams, never named again: each one's block goes to this thread's
             // cache, and the stream is dropped while a trim on the other thread may be sweeping.
             for stream in 1..=20_000u32 {
@@ -131,6 +131,10 @@ fn blocks_cached_for_a_stream_retired_meanwhile_do_not_bring_its_arena_back() {
         while !done.load(std::sync::atomic::Ordering::Relaxed) {
             pool.trim().unwrap();
         }
+        // Joined by hand: the scope's own wait ends when the closure returns, before the thread's
+        // exit hands its cache back, which would then race with the final trim below (seen once,
+        // as one arena more than expected, in a CI fence-mode run).
+        churn.join().unwrap();
     });
     // Every stream was dropped: once this trim has swept them, only the retired streams' arena
     // is left (an arena made for a stream after its retirement would never be swept).
