@@ -69,6 +69,12 @@ pub(crate) fn start() -> Result<(), String> {
 
 /// Marks the running operation of `sid` complete and wakes everyone.
 fn finish(st: &mut State, sid: u64) {
+    mark_idle(st, sid);
+    SIM.changed.notify_all();
+}
+
+/// Marks `sid` as running nothing; a destroyed stream whose queue is empty goes away.
+fn mark_idle(st: &mut State, sid: u64) {
     let remove = match st.streams.get_mut(&sid) {
         Some(s) => {
             s.running = None;
@@ -79,7 +85,6 @@ fn finish(st: &mut State, sid: u64) {
     if remove {
         st.streams.remove(&sid);
     }
-    SIM.changed.notify_all();
 }
 
 /// The violation for an operation enqueued by `api` on thread `tid` that touched `a` after its free
@@ -266,16 +271,7 @@ fn run_batch(g: &mut MutexGuard<'_, State>, batch: Vec<Taken>) {
 fn finish_batch(st: &mut State, sids: &[u64]) {
     st.in_flight.clear();
     for &sid in sids {
-        let remove = match st.streams.get_mut(&sid) {
-            Some(s) => {
-                s.running = None;
-                s.destroyed && s.queue.is_empty()
-            }
-            None => false,
-        };
-        if remove {
-            st.streams.remove(&sid);
-        }
+        mark_idle(st, sid);
     }
     SIM.changed.notify_all();
 }
