@@ -55,7 +55,7 @@ fn a_queued_flush_returns_while_its_copies_are_held_and_arrives_whole() {
     let opener = gate.release_after(Duration::from_millis(50));
     // The device side's reads on its own stream are ordered after the held copies.
     assert_eq!(dev.consume(&mut ch, 8), msgs);
-    opener.join();
+    opener.join().unwrap();
 }
 
 #[test]
@@ -86,7 +86,7 @@ fn the_host_waits_for_device_publishes_it_has_not_seen_complete() {
         // so the host sees all three, never an empty ring or stale slots.
         assert_eq!(ch.poll_from_device(&mut got).unwrap(), Poll::Received(3), "{kind}");
         assert_eq!(got, [5, 6, 7], "{kind}");
-        opener.join();
+        opener.join().unwrap();
     }
 }
 
@@ -120,7 +120,8 @@ fn a_kernel_running_on_the_channels_stream_never_blocks_the_host() {
         assert_eq!(ch.flush_to_device().unwrap(), 4);
         ch.refresh().unwrap();
         // Everything above returned while the kernel still held its stream.
-        assert!(kernel.release(), "{kind}: the host waited for the persistent kernel's stream");
+        let in_time = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernel.release())).is_ok();
+        assert!(in_time, "{kind}: the host waited for the persistent kernel's stream");
     }
 }
 
@@ -171,7 +172,7 @@ fn the_host_never_reads_slots_the_device_is_still_writing() {
         let mut got = Vec::new();
         assert_eq!(ch.poll_from_device(&mut got).unwrap(), Poll::Received(3), "{kind}");
         assert_eq!(got, [5, 6, 7], "{kind}: the host read slots before the device's write landed");
-        opener.join();
+        opener.join().unwrap();
     }
 }
 
@@ -203,7 +204,7 @@ fn the_host_never_overwrites_slots_the_device_is_still_reading() {
         ch.refresh().unwrap();
         assert_eq!(ch.send_batch(&[5, 6, 7, 8]).unwrap(), 4, "{kind}: the device gave every slot back");
         assert_eq!(ch.flush_to_device().unwrap(), 4);
-        opener.join();
+        opener.join().unwrap();
         slow.copy_d2h(&seen, &mut seen_host).unwrap();
         assert_eq!(seen_host.to_vec().unwrap(), [1, 2, 3, 4], "{kind}: the host overwrote slots being read");
     }
@@ -243,7 +244,7 @@ fn dropping_a_channel_waits_for_device_work_on_its_ring() {
             // The ring's memory may go back only after that work: dropping waits for it, or
             // orders the free after it, never frees under it.
             drop(ch);
-            opener.join();
+            opener.join().unwrap();
             slow.synchronize().unwrap();
             if dir == Direction::HostToDevice {
                 slow.copy_d2h(&seen, &mut seen_host).unwrap();

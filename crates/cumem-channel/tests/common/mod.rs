@@ -15,8 +15,6 @@
 
 #![allow(dead_code)]
 
-use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytemuck::Pod;
@@ -143,72 +141,15 @@ impl<T: Pod> DevicePlayer<T> {
 
 /// How long [`hold`] keeps a stream held at most: far longer than any step of these tests takes,
 /// so only a call that waits for the held stream while the test still holds it (which would hang
-/// without the deadline) gets there; the test then fails. Shorter than the gate's own deadline
-/// (`cumem_sys::testing::GATE_DEADLINE`), so that this one, with its clearer message, comes first.
+/// without the deadline) gets there; the gate then opens, and its release fails the test.
 pub const HOLD_DEADLINE: Duration = Duration::from_secs(30);
 
-/// A stream held by a gate (`cumem_sys::testing::hold`) that opens by itself at [`HOLD_DEADLINE`].
-#[must_use = "the stream is held until released, or until the deadline"]
-pub struct Held {
-    open: Sender<Duration>,
-    opener: JoinHandle<bool>,
-}
-
-/// Holds `stream` (see `cumem_sys::testing::Gate`: the calling test must be `#[serial]`).
-pub fn hold(stream: &Stream) -> Held {
+/// Holds `stream` until the gate is released, or for [`HOLD_DEADLINE`] at most (see
+/// `cumem_sys::testing::Gate`: the calling test must be `#[serial]`, and ends its hold with
+/// `release()`, or `release_after` and a join of its handle, which fail if the deadline came first).
+pub fn hold(stream: &Stream) -> testing::Gate {
     assert!(serial_test::is_locked_serially(None), "a test that holds a stream must be #[serial]");
     stream.context().bind().unwrap();
     // SAFETY: `stream` is alive (borrowed), and its context was just made current.
-    let gate = unsafe { testing::hold(stream.raw()) };
-    let (open, told) = channel::<Duration>();
-    let opener = std::thread::spawn(move || {
-        let in_time = match told.recv_timeout(HOLD_DEADLINE) {
-            Ok(delay) => {
-                std::thread::sleep(delay);
-                true
-            }
-            // Dropped unreleased (the test panicked): open at once.
-            Err(RecvTimeoutError::Disconnected) => true,
-            Err(RecvTimeoutError::Timeout) => false,
-        };
-        gate.release();
-        in_time
-    });
-    Held { open, opener }
-}
-
-impl Held {
-    /// Opens the gate now; `false` if the deadline had opened it already (something the test
-    /// called waited for the held stream).
-    pub fn release(self) -> bool {
-        self.release_after(Duration::ZERO).in_time()
-    }
-
-    /// Opens the gate from another thread after `delay`, while the calling thread goes on to block
-    /// in a call that must wait for the held stream.
-    pub fn release_after(self, delay: Duration) -> Opening {
-        let _ = self.open.send(delay);
-        Opening(self.opener)
-    }
-}
-
-/// A gate being opened ([`Held::release_after`]).
-#[must_use = "join it to know the gate was opened by the test, not by its deadline"]
-pub struct Opening(JoinHandle<bool>);
-
-impl Opening {
-    /// Waits until the gate is open; `false` if the deadline opened it.
-    pub fn in_time(self) -> bool {
-        self.0.join().unwrap()
-    }
-
-    /// Waits until the gate is open, and fails the test if the deadline opened it.
-    #[track_caller]
-    pub fn join(self) {
-        assert!(
-            self.in_time(),
-            "the held stream's gate was opened by its {HOLD_DEADLINE:?} deadline: a call the test made \
-             while holding it waited for it"
-        );
-    }
+    unsafe { testing::hold_for(stream.raw(), HOLD_DEADLINE) }
 }
