@@ -45,10 +45,9 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     // Check order: measured (second run that day) is that this rule comes before the
     // reservation and overlap checks below: a partial map onto an existing mapping, running
     // past the reservation's end or starting just past it is NOT_SUPPORTED, not INVALID_VALUE
-    // (only a whole allocation meets those checks). Still the
-    // simulator's choice: the argument checks above (handle, flags, alignment, all
-    // INVALID_VALUE, §17) coming first; no map that failed one of them and was partial too was
-    // measured.
+    // (only a whole allocation meets those checks). Still the simulator's choice: the argument
+    // checks above (handle, flags, alignment, all INVALID_VALUE, §17) coming first; no map that
+    // failed one of them and was partial too was measured.
     if (offset, size) != (0, phys_size) {
         return Err(Fail::misuse(
             CUresult::CUDA_ERROR_NOT_SUPPORTED,
