@@ -4,7 +4,8 @@
 //! another process that
 //! gets the descriptor (here by opening `/proc/<pid>/fd/<n>`, the same file a `SCM_RIGHTS`
 //! transfer would give it) maps the exporter's bytes and the exporter sees its write; imports are
-//! charged to no capacity; each misuse gives the observed code; both live reports end clean.
+//! charged to no capacity; each misuse gives the observed code (a descriptor that is not exported
+//! memory: UNKNOWN, observed on an H100 2026-11-23); both live reports end clean.
 
 mod common;
 
@@ -151,11 +152,8 @@ fn an_import_in_the_same_process_is_a_new_handle_over_the_same_bytes() {
     assert_eq!(export(plain).0, CUresult::CUDA_ERROR_INVALID_VALUE, "created without POSIX_FD");
     // SAFETY: plain FFI call.
     ok(unsafe { cu::cuMemRelease(plain) });
-    assert_eq!(import(-1, 1).0, CUresult::CUDA_ERROR_UNKNOWN);
     assert_eq!(import(0, 3).0, CUresult::CUDA_ERROR_INVALID_VALUE, "a multi-bit type");
     assert_eq!(import(0, 8).0, CUresult::CUDA_ERROR_NOT_SUPPORTED, "fabric without fabric");
-    let not_ours = std::fs::File::open("/proc/self/stat").unwrap();
-    assert_eq!(import(not_ours.as_raw_fd(), 1).0, CUresult::CUDA_ERROR_INVALID_VALUE);
     let shareable = create(1);
     // SAFETY: a NULL out-pointer is what is tested.
     let r = unsafe {
@@ -168,6 +166,118 @@ fn an_import_in_the_same_process_is_a_new_handle_over_the_same_bytes() {
     assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE);
     // SAFETY: plain FFI call.
     ok(unsafe { cu::cuMemRelease(shareable) });
+}
+
+/// Observed on an H100, 2026-11-23 (second run): importing a descriptor that is not exported
+/// memory is UNKNOWN, whatever it is: a regular file, `/dev/null`, a closed descriptor number, −1.
+#[test]
+#[serial]
+fn a_descriptor_that_is_not_exported_memory_is_unknown() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let ctl = bind(0);
+    let path = std::env::temp_dir().join(format!("cumem-sim-not-exported-{}", std::process::id()));
+    let mut file =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    file.write_all(&[0u8; 4096]).unwrap();
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let proc_stat = std::fs::File::open("/proc/self/stat").unwrap();
+    // A number no descriptor of this process has.
+    // SAFETY: F_GETFD only asks about the number; it changes nothing.
+    let closed = (1000..).find(|&n| unsafe { libc::fcntl(n, libc::F_GETFD) } == -1).unwrap();
+    for (what, fd) in [
+        ("a 4 KiB regular file", file.as_raw_fd()),
+        ("/dev/null", null.as_raw_fd()),
+        ("/proc/self/stat", proc_stat.as_raw_fd()),
+        ("a closed descriptor number", closed),
+        ("-1", -1),
+    ] {
+        assert_eq!(import(fd, 1), (CUresult::CUDA_ERROR_UNKNOWN, 0), "{what}");
+    }
+    let refused = ctl
+        .violations_on_this_thread()
+        .iter()
+        .filter(|v| {
+            v.function == "cuMemImportFromShareableHandle" && v.message.contains("not memory exported")
+        })
+        .count();
+    assert_eq!(refused, 5, "each refusal is recorded as misuse");
+    assert!(ctl.live_report().physical.is_empty(), "a refused import left a handle behind");
+}
+
+/// Observed on an H100, 2026-11-23 (second run): the mapping of an import answers the pointer
+/// queries as created memory's does, with ALLOWED_HANDLE_TYPES 0 (the import's handle types),
+/// where the mapping of the created POSIX_FD memory answers 1; `cuMemGetAddressRange` finds
+/// neither before access.
+#[test]
+#[serial]
+fn the_mapping_of_an_import_reports_no_handle_types() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    bind(0);
+    let h = create(1);
+    let (r, fd) = export(h);
+    ok(r);
+    let (r, imported) = import(fd, 1);
+    ok(r);
+    let mut va = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAddressReserve(&mut va, 2 * G, 0, 0, 0) });
+    let g = G as u64;
+    // SAFETY: plain FFI calls on the reservation just made.
+    unsafe {
+        ok(cu::cuMemMap(va, G, 0, imported, 0));
+        ok(cu::cuMemMap(va + g, G, 0, h, 0));
+    }
+    use cu::CUpointer_attribute::*;
+    let attr = |a: cu::CUpointer_attribute, p: CUdeviceptr| {
+        let mut v = 0u64;
+        // SAFETY: an 8-byte out-value holds every attribute asked for here.
+        ok(unsafe { cu::cuPointerGetAttribute((&mut v as *mut u64).cast(), a, p) });
+        v
+    };
+    let found = |p: CUdeviceptr| {
+        let (mut base, mut size) = (0, 0);
+        // SAFETY: valid out-pointers.
+        unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, p) }
+    };
+    let inside = va + 77;
+    assert_eq!(found(inside), CUresult::CUDA_ERROR_NOT_FOUND, "before access");
+    let before = [
+        attr(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, inside) as u32,
+        attr(CU_POINTER_ATTRIBUTE_MAPPED, inside) as u32,
+        attr(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, inside) as u32,
+        attr(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, inside) as u32,
+        attr(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, inside) as u32,
+        attr(CU_POINTER_ATTRIBUTE_IS_MANAGED, inside) as u32,
+    ];
+    assert_eq!(before, [2, 1, 0, 0, 0, 0], "type, mapped, access, handle types, device, managed");
+    assert_eq!(attr(CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, inside), 0);
+    assert_eq!(attr(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, inside), va, "the reservation");
+    assert_eq!(attr(CU_POINTER_ATTRIBUTE_RANGE_SIZE, inside), 2 * g);
+    assert_eq!(attr(CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, inside), va, "the mapping");
+    assert_eq!(attr(CU_POINTER_ATTRIBUTE_MAPPING_SIZE, inside), g);
+    let desc = cu::CUmemAccessDesc {
+        location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+        flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: one valid descriptor.
+    ok(unsafe { cu::cuMemSetAccess(va, 2 * G, &desc, 1) });
+    assert_eq!(found(inside), CUresult::CUDA_SUCCESS, "after access");
+    assert_eq!(attr(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, inside) as u32, 3);
+    assert_eq!(attr(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, inside) as u32, 0, "the import's");
+    assert_eq!(attr(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, inside + g) as u32, 1, "the created memory's");
+    // SAFETY: plain FFI calls on the mappings and reservation made above; `fd` is ours.
+    unsafe {
+        ok(cu::cuMemUnmap(va, 2 * G));
+        ok(cu::cuMemAddressFree(va, 2 * G));
+        ok(cu::cuMemRelease(imported));
+        ok(cu::cuMemRelease(h));
+        libc::close(fd);
+    }
 }
 
 #[test]

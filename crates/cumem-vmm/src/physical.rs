@@ -142,9 +142,10 @@ impl PhysicalMemory {
     /// Refused before any driver call: zero bytes (`ZeroSize`), a device without VMM
     /// (`NotSupported { feature: VirtualMemory }`) or without POSIX descriptor handles
     /// (`NotSupported { feature: ShareableHandle(..) }`), a size that is not a multiple of the
-    /// granularity (`Misaligned`). A descriptor the driver does not recognise as exported memory
-    /// gives its error (`InvalidValue` on the simulator); memory on a device other than `ctx`'s,
-    /// `WrongDevice` (the import is released again). The device and handle types are read from the
+    /// granularity (`Misaligned`). A descriptor that is not exported memory (a regular file,
+    /// `/dev/null`, …) is `InvalidValue` naming `cuMemImportFromShareableHandle` (the driver
+    /// answers `CUDA_ERROR_UNKNOWN`, observed on an H100, 2026-11-23, which is translated);
+    /// memory on a device other than `ctx`'s, `WrongDevice` (the import is released again). The device and handle types are read from the
     /// memory (`cuMemGetAllocationPropertiesFromHandle`): an import reports no handle types
     /// (observed on an H100, 2026-11-23), so [`PhysicalMemory::handle_types`] is
     /// [`HandleTypes::NONE`] and [`PhysicalMemory::export_fd`] refuses it.

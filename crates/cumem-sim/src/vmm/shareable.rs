@@ -102,9 +102,10 @@ pub(crate) fn export_fd(handle: u64, handle_type: u32, flags: u64) -> Result<i32
 /// import's properties are the creation's with requestedHandleTypes 0: observed on an H100,
 /// 2026-11-23, `cuMemGetAllocationPropertiesFromHandle` answers 0 for an imported handle, and
 /// exporting it again is `INVALID_VALUE`.
-/// Observed on an H100: fd −1 → `UNKNOWN`; a multi-bit type → `INVALID_VALUE`; FABRIC without
-/// fabric → `NOT_SUPPORTED`. A descriptor that is not an exported simulator allocation gives
-/// `INVALID_VALUE`; a device the importer does not have, `INVALID_DEVICE`.
+/// Observed on an H100: a multi-bit type → `INVALID_VALUE`; FABRIC without fabric →
+/// `NOT_SUPPORTED`; a descriptor that is not exported memory → `UNKNOWN` (2026-11-23, second
+/// run: a regular file, `/dev/null`, a closed descriptor number and −1 alike). A device the
+/// importer does not have gives `INVALID_DEVICE`.
 pub(crate) fn import_fd(fd: i32, handle_type: u32) -> Result<u64, Fail> {
     if handle_type == FABRIC {
         return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_SUPPORTED));
@@ -112,16 +113,20 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32) -> Result<u64, Fail> {
     if handle_type != POSIX_FD {
         return Err(invalid(format!("handle type {handle_type:#x}: only POSIX_FD (1) is imported")));
     }
+    let not_exported = |why: &str| {
+        Fail::misuse(
+            CUresult::CUDA_ERROR_UNKNOWN,
+            format!("file descriptor {fd} {why}: not memory exported by cuMemExportToShareableHandle"),
+        )
+    };
     if fd < 0 {
-        return Err(Fail::misuse(CUresult::CUDA_ERROR_UNKNOWN, format!("file descriptor {fd}")));
+        return Err(not_exported("is negative"));
     }
     // SAFETY: the caller's descriptor is only borrowed for this call; a closed number makes
     // fstat fail below.
     let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
     let Some((size, prop)) = read_trailer(borrowed) else {
-        return Err(invalid(format!(
-            "file descriptor {fd} is not memory exported by cuMemExportToShareableHandle"
-        )));
+        return Err(not_exported("is closed or names another file"));
     };
     let mut st = SIM.st.lock();
     let device = usize::try_from(prop.location.id)
