@@ -106,10 +106,11 @@ impl<T: Pod> ImportedBuffer<T> {
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
         // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away; no
         // other `ImportedBuffer` maps the memory in this process (`IpcMemHandle::open` claims its
-        // (context, address), `ImportedPool::import_pointer` the export's bytes and the
-        // address, in `live_imports`, and both refuse a second import while this one lives); the exporting
-        // process's own uses, when it imports its own buffer, are ordered with this one's
-        // (safety item 3 of `ImportedPool::import_pointer`), as are other processes' (item 2).
+        // (context, address), `ImportedPool::import_pointer` the export's bytes and the address,
+        // in `live_imports`, and both refuse a second import while this one lives); the
+        // exporting process's own uses, when it imports its own buffer, are ordered with this
+        // one's (safety item 3 of `ImportedPool::import_pointer`), as are other processes' (item
+        // 2).
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
 

@@ -222,7 +222,9 @@ impl ImportedPool {
             // import's but name the same allocation: the same bytes were refused above). It does
             // not count imports of one address (an H100, 2026-11-23): this is that import's
             // mapping, and a cuMemFree here would unmap it under its `ImportedBuffer`. Nothing
-            // to free, nothing leaks.
+            // to free (unless this raced with that import's drop, between its free and its
+            // release of the address: then a new mapping is left to the process's end, the safe
+            // side).
             live_imports::release_pool_export(&raw);
             return Err(already());
         }

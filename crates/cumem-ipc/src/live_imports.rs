@@ -4,12 +4,12 @@
 //! base): the driver answers a second open of a live import in the same context with the same
 //! address. Pool pointer imports are keyed by the export's bytes, which name the pool and the
 //! allocation, so that a second import of them is refused before the driver is asked; and by
-//! their address too (in any context: an address names one mapping in the process), because the driver answers a second `cuMemPoolImportPointer` of a live
-//! import with the same address and does not count it: the first `cuMemFree` unmaps it, the next
-//! gives INVALID_VALUE (an H100, 2026-11-23; the simulator does the same). So an import whose
-//! address is already claimed here (export bytes that differ but name the same allocation) is
-//! refused and never freed: freeing it would unmap the live one, and leaving it frees nothing
-//! twice, since it is the same mapping.
+//! their address too (in any context: an address names one mapping in the process), because the
+//! driver answers a second `cuMemPoolImportPointer` of a live import with the same address and
+//! does not count it: the first `cuMemFree` unmaps it, the next gives INVALID_VALUE (an H100,
+//! 2026-11-23; the simulator does the same). So an import whose address is already claimed here
+//! (export bytes that differ but name the same allocation) is refused and never freed: freeing it
+//! would unmap the live one, and not freeing it leaks nothing, since it is the same mapping.
 //!
 //! ```
 //! # cumem_sys::testing::init();

@@ -310,8 +310,8 @@ pub unsafe extern "C" fn cuMemPoolExportToShareableHandle(
 /// CUmemAllocationHandleType handleType, unsigned long long flags)`: for POSIX_FD, `handle` is
 /// the descriptor itself (cast to a pointer), which the caller keeps. The pool handle (a new one,
 /// or that of a live import of the same pool in this process, whose imports are then counted:
-/// each is destroyed once, as on an H100) is for `cuMemPoolImportPointer` only (allocating from it or making it a device's pool gives
-/// `INVALID_VALUE`); destroy it with `cuMemPoolDestroy`. Another type → `NOT_SUPPORTED`; NULL
+/// each is destroyed once, as on an H100) is for `cuMemPoolImportPointer` only (allocating from
+/// it or making it a device's pool gives `INVALID_VALUE`); destroy it with `cuMemPoolDestroy`. Another type → `NOT_SUPPORTED`; NULL
 /// `pool_out`, flags ≠ 0 or a descriptor that is not an exported pool → `INVALID_VALUE`; a
 /// negative descriptor → `UNKNOWN`.
 ///

@@ -39,9 +39,9 @@
 //! of a block that is still imported somewhere, are recorded as violations; both calls succeed
 //! (an H100 imported a freed block with SUCCESS in the exporting process, 2026-11-23; another
 //! process is assumed to get the same answer, not measured), and the pool may hand the same bytes
-//! to a new allocation while the importer maps them (as on a GPU). A chunk released back to the device has
-//! its pages punched out of the file: an importer that still maps them reads zeros from then on,
-//! never a fault. More than 504 exported blocks held or imported at once overflow the slots: the
+//! to a new allocation while the importer maps them (as on a GPU). A chunk released back to the
+//! device has its pages punched out of the file: an importer that still maps them reads zeros from
+//! then on, never a fault. More than 504 exported blocks held or imported at once overflow the slots: the
 //! simulator says so once on stderr, from then on the pool's untracked blocks are neither checked
 //! at import nor counted (an imported pool still waits for its untracked imports before going).
 
