@@ -21,7 +21,8 @@ pub(crate) enum Source {
         /// The pool must not be destroyed before its imported pointers; forgotten (never
         /// destroyed) when the import is leaked.
         pool: Arc<PoolHandle>,
-        /// The export's bytes, claimed in `live_imports` until the import is freed.
+        /// The export's bytes, claimed in `live_imports` (with the import's address) until the
+        /// import is freed.
         export: [u8; POOL_EXPORT_SIZE],
     },
 }
@@ -105,10 +106,11 @@ impl<T: Pod> ImportedBuffer<T> {
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
         // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away; no
         // other `ImportedBuffer` maps the memory in this process (`IpcMemHandle::open` claims its
-        // (context, address), `ImportedPool::import_pointer` the export's bytes, in
-        // `live_imports`, and both refuse a second import while this one lives); the exporting
-        // process's own uses, when it imports its own buffer, are ordered with this one's
-        // (safety item 3 of `ImportedPool::import_pointer`), as are other processes' (item 2).
+        // (context, address), `ImportedPool::import_pointer` the export's bytes and the address,
+        // in `live_imports`, and both refuse a second import while this one lives); the
+        // exporting process's own uses, when it imports its own buffer, are ordered with this
+        // one's (safety item 3 of `ImportedPool::import_pointer`), as are other processes' (item
+        // 2).
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
 
@@ -132,9 +134,9 @@ impl<T> Drop for ImportedBuffer<T> {
             self.leak_source();
             return;
         }
-        live_imports::release(self.ctx.raw(), self.base);
         match &self.source {
             Source::IpcHandle => {
+                live_imports::release(self.ctx.raw(), self.base);
                 // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives
                 // `self`.
                 if let Err(e) = unsafe { ffi::mem_close(self.base) } {
@@ -147,6 +149,8 @@ impl<T> Drop for ImportedBuffer<T> {
                 if let Err(e) = unsafe { ffi::mem_free(self.base) } {
                     tracing::warn!(error = %e, "cumem-ipc: freeing an imported pool pointer failed");
                 }
+                // Released after the free: the driver does not count imports of one address.
+                live_imports::release_pool_address(self.base);
                 live_imports::release_pool_export(export);
             }
         }

@@ -4,9 +4,9 @@
 //! The importing side of a pool export: the descriptor arrives over a Unix socket
 //! ([`fd_passing::recv_fds`](crate::fd_passing::recv_fds)), the pointer bytes over any channel.
 //! The complete two-process example is the test `crates/cumem-ipc/tests/pool_two_processes.rs`;
-//! in one process it looks like this (the driver documents no refusal of a same-process import,
-//! and the simulator allows it; a second import of the same export while the first lives is
-//! refused with [`Error::AlreadyMapped`](cumem_core::Error::AlreadyMapped)):
+//! in one process it looks like this (an H100 imports a pool and its pointers in the exporting
+//! process, 2026-11-23, as the simulator does; a second import of the same export while the first
+//! lives is refused with [`Error::AlreadyMapped`](cumem_core::Error::AlreadyMapped)):
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -84,6 +84,12 @@ impl ImportedPool {
     /// `fd` (close it once imported). A descriptor that is not an exported pool gives
     /// [`Error::InvalidValue`]; a device without memory pools, [`Error::NotSupported`].
     ///
+    /// Importing a pool that this process already imported (and whose [`ImportedPool`] or
+    /// imported buffers still live) gives a second `ImportedPool` with the same
+    /// [`raw`](Self::raw) handle: the driver returns the live import's handle and counts the
+    /// imports (an H100, 2026-11-23), so each `ImportedPool` destroys it once and the handle
+    /// lives until the last one goes.
+    ///
     /// An imported pool lives on the device the exporter created it on; `device` must be that
     /// device, or one the exporter gave read-write access to the pool with `cuMemPoolSetAccess`
     /// (this crate does not call it: the exporter's program does, on the pool's
@@ -123,13 +129,17 @@ impl ImportedPool {
     /// `stream` (a stream of the pool's context, else [`Error::WrongDevice`]). The returned
     /// buffer frees the import when dropped, after waiting for this process's work on it.
     ///
-    /// Bytes exported from another pool, or memory the exporter already freed, give the driver's
-    /// [`Error::InvalidValue`]; a size that is not a whole number of `T`s or an offset not
-    /// aligned for `T`, [`Error::Misaligned`]; a buffer outside the allocation the driver maps,
-    /// [`Error::InvalidValue`]. Importing an export that is already imported in this process
-    /// (through any [`ImportedPool`], in any context) while that [`ImportedBuffer`] lives, or the
-    /// driver returning the address of a live [`ImportedBuffer`], gives [`Error::AlreadyMapped`]:
-    /// two imports of the same memory would give safe code two exclusive views of it.
+    /// Bytes exported from another pool give the driver's [`Error::InvalidValue`]; a size that is
+    /// not a whole number of `T`s or an offset not aligned for `T`, [`Error::Misaligned`]; a
+    /// buffer outside the allocation the driver maps, [`Error::InvalidValue`]. Memory the
+    /// exporter already freed is *not* refused: the driver maps it (an H100 answered SUCCESS in
+    /// the exporting process, 2026-11-23), which is why safety item 1 below is the caller's.
+    /// Importing an export that is already imported in this process (through any
+    /// [`ImportedPool`], in any context) while that [`ImportedBuffer`] lives, or the driver
+    /// returning the address of a live [`ImportedBuffer`] (it does for a second import of the
+    /// same allocation, without counting it), gives [`Error::AlreadyMapped`] and leaves the live
+    /// import as it was: two imports of the same memory would give safe code two exclusive views
+    /// of it.
     ///
     /// # Safety
     ///
@@ -207,11 +217,14 @@ impl ImportedPool {
                 return Err(e);
             }
         };
-        if !live_imports::claim(ctx.raw(), base) {
-            // The address belongs to a live import here (of another export: the same one was
-            // refused above). Freeing the new import would free that one, if the driver counts
-            // imports of one address as one mapping; not freeing it leaks at most one import
-            // until the process ends, which is the safe side.
+        if !live_imports::claim_pool_address(base) {
+            // The driver returned a live import's address (export bytes that differ from that
+            // import's but name the same allocation: the same bytes were refused above). It does
+            // not count imports of one address (an H100, 2026-11-23): this is that import's
+            // mapping, and a cuMemFree here would unmap it under its `ImportedBuffer`. Nothing
+            // to free (unless this raced with that import's drop, between its free and its
+            // release of the address: then a new mapping is left to the process's end, the safe
+            // side).
             live_imports::release_pool_export(&raw);
             return Err(already());
         }

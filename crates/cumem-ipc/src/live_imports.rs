@@ -3,9 +3,13 @@
 //! would give safe code two exclusive views of it. Legacy IPC imports are keyed by (context,
 //! base): the driver answers a second open of a live import in the same context with the same
 //! address. Pool pointer imports are keyed by the export's bytes, which name the pool and the
-//! allocation: the driver may map a second import of the same export at a new address (the
-//! simulator does), and a second import through another handle of the same imported pool, or in
-//! another context, maps the same bytes too.
+//! allocation, so that a second import of them is refused before the driver is asked; and by
+//! their address too (in any context: an address names one mapping in the process), because the
+//! driver answers a second `cuMemPoolImportPointer` of a live import with the same address and
+//! does not count it: the first `cuMemFree` unmaps it, the next gives INVALID_VALUE (an H100,
+//! 2026-11-23; the simulator does the same). So an import whose address is already claimed here
+//! (export bytes that differ but name the same allocation) is refused and never freed: freeing it
+//! would unmap the live one, and not freeing it leaks nothing, since it is the same mapping.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -22,6 +26,7 @@ use crate::ffi::POOL_EXPORT_SIZE;
 
 static LIVE: Mutex<BTreeSet<(usize, CUdeviceptr)>> = Mutex::new(BTreeSet::new());
 static LIVE_POOL_EXPORTS: Mutex<BTreeSet<[u8; POOL_EXPORT_SIZE]>> = Mutex::new(BTreeSet::new());
+static LIVE_POOL_ADDRESSES: Mutex<BTreeSet<CUdeviceptr>> = Mutex::new(BTreeSet::new());
 
 fn live() -> std::sync::MutexGuard<'static, BTreeSet<(usize, CUdeviceptr)>> {
     // The set stays consistent through a panic elsewhere (each change is one insert or remove).
@@ -54,4 +59,21 @@ pub(crate) fn claim_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) -> bool {
 /// Forgets the import of `raw`, once it is freed (or was never made).
 pub(crate) fn release_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) {
     live_pool_exports().remove(raw);
+}
+
+fn live_pool_addresses() -> std::sync::MutexGuard<'static, BTreeSet<CUdeviceptr>> {
+    // As `live`: each change is one insert or remove.
+    LIVE_POOL_ADDRESSES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Records the imported pool pointer at `base`; false when a live import here already has that
+/// address (the driver's answer to a second import of the same allocation: the same mapping).
+pub(crate) fn claim_pool_address(base: CUdeviceptr) -> bool {
+    live_pool_addresses().insert(base)
+}
+
+/// Forgets the imported pool pointer at `base`, once it is freed: not before, since imports are
+/// not counted and a second import claimed meanwhile would be unmapped by that free.
+pub(crate) fn release_pool_address(base: CUdeviceptr) {
+    live_pool_addresses().remove(&base);
 }

@@ -115,14 +115,12 @@ pub(crate) fn pointer_attribute(
         9 => U32(a.device as u32),
         10 => U32(u32::from(matches!(a.kind, AllocKind::Device | AllocKind::Pitched))),
         15 => U32(u32::from(device_only)),
-        // MAPPING_BASE_ADDR / MAPPING_SIZE of a pool block: the pool's chunk that holds it, while
-        // RANGE_* stay the block (observed on an H100, 2026-11-23).
-        18 | 19 if a.kind == AllocKind::Pool => match crate::pool::chunk_of(st, a) {
-            Some((base, _)) if attribute == 19 => U64(base),
-            Some((_, size)) => U64(size),
-            None if attribute == 19 => U64(a.base),
-            None => U64(a.bytes),
-        },
+        // MAPPING_BASE_ADDR / MAPPING_SIZE of a pool block or an imported one: the 32 MiB piece
+        // holding the address, while RANGE_* stay the block (observed on an H100, 2026-11-23).
+        18 | 19 if matches!(a.kind, AllocKind::Pool | AllocKind::PoolImport) => {
+            let (base, size) = crate::pool::mapping(st, a, ptr);
+            U64(if attribute == 19 { base } else { size })
+        }
         11 | 19 => U64(a.base),
         12 | 18 => U64(a.bytes),
         13 => U32(1),

@@ -539,7 +539,7 @@ fn trim_releases_free_chunks_down_to_the_minimum() {
     bind(0);
     let pool = keeping_pool(0, 0);
     let s = stream(0);
-    // Each 40 MiB request gets its own 40 MiB chunk.
+    // Each 40 MiB request gets its own chunk of two 32 MiB pieces.
     let a = alloc_from(pool, 40 << 20, s);
     let b = alloc_from(pool, 40 << 20, s);
     let c = alloc_from(pool, 1024, s);
@@ -590,6 +590,105 @@ fn max_size_caps_the_pool() {
     sync(s);
     destroy(s);
     destroy_pool(pool);
+}
+
+fn mapping(p: CUdeviceptr) -> (u64, u64) {
+    use CUpointer_attribute::*;
+    let (mut base, mut size) = (0u64, 0u64);
+    // SAFETY: u64 out-values for two 8-byte attributes.
+    unsafe {
+        ok(cu::cuPointerGetAttribute((&raw mut base).cast(), CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, p));
+        ok(cu::cuPointerGetAttribute((&raw mut size).cast(), CU_POINTER_ATTRIBUTE_MAPPING_SIZE, p));
+    }
+    (base, size)
+}
+
+fn address_range(p: CUdeviceptr) -> (u64, usize) {
+    let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: valid out-pointers.
+    ok(unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, p) });
+    (base, size)
+}
+
+/// `maxSize` is a whole number of 32 MiB chunks, rounded up (an H100, 2026-11-23): a 4 MiB
+/// pool holds 8 MiB, and 3+3 MiB in one 32 MiB reservation, but not 20+20 MiB nor 40 MiB; a
+/// 40 MiB pool holds 30+30 MiB in 64 MiB; a 64 MiB pool refuses a third 30 MiB.
+#[test]
+#[parallel]
+fn max_size_is_rounded_up_to_whole_32_mib_chunks() {
+    let ctl = bind(0);
+    let s = stream(1);
+    let cases: [(usize, &[usize], usize, u64); 6] = [
+        (4, &[8], 1, 32),
+        (4, &[3, 3], 2, 32),
+        (4, &[20, 20], 1, 32),
+        (4, &[40], 0, 0),
+        (40, &[30, 30], 2, 64),
+        (64, &[30, 30, 30], 2, 64),
+    ];
+    for (max, sizes, fit, reserved) in cases {
+        let pool = keeping_pool(0, max << 20);
+        let mut live = Vec::new();
+        for (i, &mib) in sizes.iter().enumerate() {
+            let r = try_alloc_from(pool, mib << 20, s);
+            if i < fit {
+                live.push(r.unwrap_or_else(|e| panic!("maxSize {max} MiB: {sizes:?} MiB, #{i}: {e:?}")));
+            } else {
+                assert_eq!(
+                    r,
+                    Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+                    "maxSize {max} MiB: {sizes:?} MiB, #{i}"
+                );
+            }
+        }
+        let got = get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+        assert_eq!(got, reserved * MIB, "maxSize {max} MiB: {sizes:?} MiB");
+        for p in live {
+            free_async(p, s);
+        }
+        sync(s);
+        destroy_pool(pool);
+    }
+    assert!(!ctl.violations_on_this_thread().iter().any(|v| v.code_name == "CUDA_ERROR_OUT_OF_MEMORY"));
+    destroy(s);
+}
+
+/// MAPPING_BASE_ADDR / MAPPING_SIZE of a pool address are the 32 MiB-aligned 32 MiB piece holding
+/// it, for small and large allocations and pools with a small `maxSize` alike; RANGE_* and
+/// `cuMemGetAddressRange` are the allocation (an H100, 2026-11-23).
+#[test]
+#[parallel]
+fn the_mapping_of_a_pool_address_is_the_32_mib_piece_holding_it() {
+    use CUpointer_attribute::*;
+    bind(0);
+    let s = stream(1);
+    let chunk = 32 * MIB;
+    for (max, sizes) in [(0, &[1000, 40 << 20, 100 << 20][..]), (4 << 20, &[1000, 8 << 20][..])] {
+        let pool = keeping_pool(0, max);
+        let ptrs: Vec<CUdeviceptr> = sizes.iter().map(|&b| alloc_from(pool, b, s)).collect();
+        for (&p, &bytes) in ptrs.iter().zip(sizes) {
+            assert_eq!(address_range(p + 100), (p, bytes), "the allocation");
+            let mut start = 0u64;
+            // SAFETY: a u64 out-value for an 8-byte attribute.
+            ok(unsafe {
+                cu::cuPointerGetAttribute((&raw mut start).cast(), CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p)
+            });
+            assert_eq!(start, p);
+            for inside in [p, p + bytes as u64 / 2, p + bytes as u64 - 1] {
+                assert_eq!(
+                    mapping(inside),
+                    (inside & !(chunk - 1), chunk),
+                    "{bytes} B at {p:#x}, at {inside:#x}"
+                );
+            }
+        }
+        for p in ptrs {
+            free_async(p, s);
+        }
+        sync(s);
+        destroy_pool(pool);
+    }
+    destroy(s);
 }
 
 #[test]

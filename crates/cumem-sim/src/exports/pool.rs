@@ -308,9 +308,10 @@ pub unsafe extern "C" fn cuMemPoolExportToShareableHandle(
 
 /// `CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
 /// CUmemAllocationHandleType handleType, unsigned long long flags)`: for POSIX_FD, `handle` is
-/// the descriptor itself (cast to a pointer), which the caller keeps. The new pool is for
-/// `cuMemPoolImportPointer` only (allocating from it or making it a device's pool gives
-/// `INVALID_VALUE`); destroy it with `cuMemPoolDestroy`. Another type → `NOT_SUPPORTED`; NULL
+/// the descriptor itself (cast to a pointer), which the caller keeps. The pool handle (a new one,
+/// or that of a live import of the same pool in this process, whose imports are then counted:
+/// each is destroyed once, as on an H100) is for `cuMemPoolImportPointer` only (allocating from
+/// it or making it a device's pool gives `INVALID_VALUE`); destroy it with `cuMemPoolDestroy`. Another type → `NOT_SUPPORTED`; NULL
 /// `pool_out`, flags ≠ 0 or a descriptor that is not an exported pool → `INVALID_VALUE`; a
 /// negative descriptor → `UNKNOWN`.
 ///
@@ -359,11 +360,13 @@ pub unsafe extern "C" fn cuMemPoolExportPointer(
 
 /// `CUresult cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
 /// CUmemPoolPtrExportData *shareData)`: maps the exported allocation, through `pool` (this
-/// process's import of the exporting pool), at a new address of this process (listed as a
-/// `pool_import` in the live report until freed with `cuMemFree`/`cuMemFreeAsync`, which every
-/// importer must do before the exporter frees it). No current context → `INVALID_CONTEXT`; NULL
-/// pointers, a pool that was not imported, bytes no `cuMemPoolExportPointer` wrote, or a pointer
-/// of another pool → `INVALID_VALUE`.
+/// process's import of the exporting pool), at a new 32 MiB-aligned address of this process
+/// (listed as a `pool_import` in the live report until freed with `cuMemFree`/`cuMemFreeAsync`,
+/// which every importer must do before the exporter frees it). A block with a live import here
+/// gives that import's address, not counted (one free ends it), as on an H100; a block the
+/// exporter already freed is mapped too (SUCCESS, as on an H100) and recorded as a violation.
+/// No current context → `INVALID_CONTEXT`; NULL pointers, a pool that was not imported, bytes no
+/// `cuMemPoolExportPointer` wrote, or a pointer of another pool → `INVALID_VALUE`.
 ///
 /// # Safety
 /// 1. `ptr_out` is NULL or valid for writing a `CUdeviceptr`; `share_data` is NULL or valid for

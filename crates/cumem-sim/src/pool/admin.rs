@@ -99,10 +99,15 @@ pub(crate) fn create(st: &mut State, p: &PoolProps) -> Result<u64, Fail> {
 }
 
 /// `cuMemPoolDestroy`: the handle dies at once, the memory when the last allocation is freed; a
-/// device whose current pool it was goes back to its default pool.
+/// device whose current pool it was goes back to its default pool. An imported pool's handle
+/// dies with the destroy of its last import in this process (imports of one pool share it).
 pub(crate) fn destroy(st: &mut State, h: u64) -> ApiResult {
     let h = lookup(st, h)?;
     let p = st.pools.get_mut(&h).expect("looked up");
+    if let Some(shared) = p.shared.as_mut().filter(|s| s.imported && s.opens > 1) {
+        shared.opens -= 1;
+        return Ok(());
+    }
     if p.is_default {
         return Err(Fail::misuse(
             CUresult::CUDA_ERROR_INVALID_VALUE,

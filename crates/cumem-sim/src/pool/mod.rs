@@ -1,9 +1,14 @@
 //! Stream-ordered memory pools (`cuMemAllocAsync`, `cuMemPool*`).
 //!
 //! A pool reserves *chunks* of device address space, charged against the device's capacity (so
-//! `cuMemGetInfo` sees reservations as used): 32 MiB, or the request rounded up to 2 MiB if that is
-//! larger (or if 32 MiB would exceed the pool's `maxSize` or the device's free capacity). A chunk
-//! is partitioned into blocks; allocations are rounded up to 512 bytes.
+//! `cuMemGetInfo` sees reservations as used): 32 MiB, or the request rounded up to a multiple of
+//! 32 MiB if that is larger, each aligned to 32 MiB; only when the device's free capacity cannot
+//! hold that, the request rounded up to 2 MiB (not measured). `maxSize` is rounded up to a multiple
+//! of 32 MiB (an H100, 2026-11-23: a 4 MiB `maxSize` held 3+3 MiB in one 32 MiB reservation, a
+//! 40 MiB one 30+30 MiB in 64 MiB). A chunk is partitioned into blocks; allocations are rounded up
+//! to 512 bytes. `MAPPING_BASE_ADDR`/`MAPPING_SIZE` of a pool address are the 32 MiB-aligned
+//! 32 MiB piece of its chunk holding it (see [`mapping`]); the H100 packs a large allocation
+//! across neighbouring 32 MiB chunks, the simulator gives it a chunk of its own.
 //!
 //! ```text
 //! cuMemAllocAsync(p, 4096, S)  ->  allocate: place() picks a free block S may use, the free map
@@ -62,10 +67,11 @@ use crate::stream::{StreamKind, done_through, enqueue};
 
 /// Allocation granule inside a pool.
 pub(crate) const GRANULE: u64 = 512;
-/// Default chunk size.
+/// The driver's reservation granule: chunk sizes and `maxSize` are multiples of it, chunks and
+/// imported pointers are aligned to it, and it is the `MAPPING_SIZE` of a pool address.
 pub(crate) const CHUNK: u64 = 32 << 20;
-/// Chunk size and alignment granule.
-pub(crate) const CHUNK_ALIGN: u64 = 2 << 20;
+/// Granule of the smaller chunk taken when the device cannot hold a whole one.
+pub(crate) const SMALL_CHUNK_GRANULE: u64 = 2 << 20;
 
 /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
 pub(crate) const PROT_READWRITE: u32 = 3;
@@ -89,7 +95,8 @@ pub(crate) struct Pool {
     /// Destroyed by the program while allocations were outstanding: the handle is dead, the
     /// memory goes away when the last allocation has been freed.
     pub(crate) destroyed: bool,
-    /// 0 = no limit but the device's capacity.
+    /// 0 = no limit but the device's capacity; else the `maxSize` asked for rounded up to a
+    /// multiple of [`CHUNK`].
     pub(crate) max_size: u64,
     pub(crate) follow_event_deps: bool,
     pub(crate) opportunistic: bool,
@@ -111,13 +118,14 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// A pool with the driver's default attributes.
+    /// A pool with the driver's default attributes, reserving at most `max_size` (0: no limit)
+    /// rounded up to a multiple of [`CHUNK`].
     pub(crate) fn new(device: usize, is_default: bool, max_size: u64) -> Self {
         Self {
             device,
             is_default,
             destroyed: false,
-            max_size,
+            max_size: max_size.checked_next_multiple_of(CHUNK).unwrap_or(u64::MAX),
             follow_event_deps: true,
             opportunistic: true,
             internal_deps: true,
@@ -267,14 +275,17 @@ fn place(st: &State, pool: &Pool, need: u64, sid: u64) -> Result<Placement, Fail
         return Ok(Placement::Blocks { addr, wait: None });
     }
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-    let min = need.checked_next_multiple_of(CHUNK_ALIGN).ok_or_else(oom)?;
+    let whole = need.checked_next_multiple_of(CHUNK).ok_or_else(oom)?;
+    let small = need.checked_next_multiple_of(SMALL_CHUNK_GRANULE).ok_or_else(oom)?;
     let dev = &st.devices[pool.device];
     let room_dev = dev.total - dev.used;
     let room_pool = if pool.max_size == 0 { u64::MAX } else { pool.max_size.saturating_sub(pool.reserved) };
-    let room = room_dev.min(room_pool);
-    let size = if min.max(CHUNK) <= room { min.max(CHUNK) } else { min };
-    if size <= room {
-        return Ok(Placement::Grow(size));
+    if whole <= room_dev.min(room_pool) {
+        return Ok(Placement::Grow(whole));
+    }
+    // Only the device's capacity may shrink a chunk: `maxSize` counts whole chunks.
+    if whole <= room_pool && small <= room_dev {
+        return Ok(Placement::Grow(small));
     }
     if pool.internal_deps {
         let mut best: Option<(u64, u64, u64, u64)> = None;
@@ -294,10 +305,26 @@ fn place(st: &State, pool: &Pool, need: u64, sid: u64) -> Result<Placement, Fail
 
 /// `(base, size)` of the chunk of its pool that holds pool allocation `a`, if the pool still
 /// has it.
-pub(crate) fn chunk_of(st: &State, a: &Allocation) -> Option<(u64, u64)> {
+fn chunk_of(st: &State, a: &Allocation) -> Option<(u64, u64)> {
     let pool = st.pools.get(&a.pool)?;
     let (&base, chunk) = pool.chunks.range(..=a.base).next_back()?;
     (a.base < base + chunk.size).then_some((base, chunk.size))
+}
+
+/// `MAPPING_BASE_ADDR` / `MAPPING_SIZE` of address `ptr` in pool allocation or imported pool
+/// pointer `a`: the 32 MiB-aligned 32 MiB piece holding `ptr`, whatever the allocation's size, as
+/// an H100 answered for every pool (with or without handle types or `maxSize`) and for an
+/// imported pointer (whose address was 32 MiB aligned), 2026-11-23. A smaller chunk (the device
+/// had no room for 32 MiB) is its own mapping.
+pub(crate) fn mapping(st: &State, a: &Allocation, ptr: u64) -> (u64, u64) {
+    let window = ptr & !(CHUNK - 1);
+    let (lo, hi) = match a.kind {
+        AllocKind::Pool => chunk_of(st, a).map_or((a.base, a.base + a.bytes), |(b, s)| (b, b + s)),
+        // An import reserves whole 32 MiB pieces from its 32 MiB-aligned base.
+        _ => (a.base, a.base + a.bytes.next_multiple_of(CHUNK)),
+    };
+    let base = window.max(lo);
+    (base, (window + CHUNK).min(hi) - base)
 }
 
 /// Allocates `bytes` (> 0) from pool `handle` for stream `sid` (a resolved stream id); returns
@@ -331,7 +358,7 @@ fn allocate_in(
             };
             let backing = Arc::new(backing.ok_or_else(oom)?);
             let dev = &mut st.devices[pool.device];
-            let base = dev.va.allocate(size, CHUNK_ALIGN).ok_or_else(oom)?;
+            let base = dev.va.allocate(size, CHUNK).ok_or_else(oom)?;
             dev.used += size;
             pool.reserved += size;
             pool.reserved_high = pool.reserved_high.max(pool.reserved);

@@ -20,6 +20,13 @@
 //! exported (`cuMemPoolExportToShareableHandle`, at least once, before or after the allocation):
 //! until then `cuMemPoolExportPointer` gives `INVALID_VALUE`.
 //!
+//! Within one importing process, as on an H100 (2026-11-23): importing a pool that already has a
+//! live import here gives that import's handle again, and destroys are counted (the handle lives
+//! until each import was destroyed); importing a pointer that already has a live import here gives
+//! the same address, and pointer imports are not counted (the first `cuMemFree` unmaps it, a
+//! second gives `INVALID_VALUE`). An imported pointer sits at a 32 MiB-aligned address of its own,
+//! and its `MAPPING_SIZE` is 32 MiB.
+//!
 //! Pools created without handle types never touch any of this: their chunks stay anonymous
 //! memory and their allocation path has no extra syscall or lock.
 //!
@@ -28,12 +35,13 @@
 //! word packing the block's offset, whether the exporter still holds it (set by
 //! `cuMemPoolExportPointer`, cleared by the exporter's free) and its live imports, updated with
 //! compare-and-swap by every process that maps the file, and emptied when the block is neither
-//! held nor imported. So an import of a block the exporter already freed is refused with
-//! `INVALID_VALUE`, and the exporter's free of a block that is still imported somewhere is
-//! recorded as a violation; the free still succeeds and the pool may hand the same bytes to a new
-//! allocation while the importer maps them (as on a GPU). A chunk released back to the device has
-//! its pages punched out of the file: an importer that still maps them reads zeros from then on,
-//! never a fault. More than 504 exported blocks held or imported at once overflow the slots: the
+//! held nor imported. So an import of a block the exporter already freed, and the exporter's free
+//! of a block that is still imported somewhere, are recorded as violations; both calls succeed
+//! (an H100 imported a freed block with SUCCESS in the exporting process, 2026-11-23; another
+//! process is assumed to get the same answer, not measured), and the pool may hand the same bytes
+//! to a new allocation while the importer maps them (as on a GPU). A chunk released back to the
+//! device has its pages punched out of the file: an importer that still maps them reads zeros from
+//! then on, never a fault. More than 504 exported blocks held or imported at once overflow the slots: the
 //! simulator says so once on stderr, from then on the pool's untracked blocks are neither checked
 //! at import nor counted (an imported pool still waits for its untracked imports before going).
 
@@ -73,6 +81,9 @@ pub(crate) struct SharedPool {
     next_offset: u64,
     /// Imported from another process: pointers are imported through it, never allocated.
     pub(crate) imported: bool,
+    /// Of an imported pool: its imports in this process not yet destroyed (each import of the
+    /// same pool while one lives gives the same handle; `cuMemPoolDestroy` counts them down).
+    pub(crate) opens: u32,
     /// Exported once with `cuMemPoolExportToShareableHandle`: only then are its pointers
     /// exported (observed on an H100, 2026-11-23; the descriptor need not stay open).
     exported: bool,
@@ -84,6 +95,9 @@ pub(crate) struct SharedPool {
     /// its count in the header (`None`: not tracked, the slots were full). A destroyed imported
     /// pool waits for all of them.
     imports: BTreeMap<u64, Option<ImportTicket>>,
+    /// In an imported pool: `(file offset, bytes)` of each block imported here -> `(address,
+    /// buffer id)` of its import, which a second import of the block returns while it lives.
+    mapped: BTreeMap<(u64, u64), (u64, u64)>,
 }
 
 /// Byte of the header page holding the overflow flag: non-zero once a block could not get a
@@ -290,9 +304,11 @@ impl SharedPool {
             ino,
             next_offset: PAGE,
             imported,
+            opens: 1,
             exported: false,
             header,
             imports: BTreeMap::new(),
+            mapped: BTreeMap::new(),
         })
     }
 
@@ -358,8 +374,9 @@ pub(crate) fn export_fd(h: u64, handle_type: u32, flags: u64) -> Result<i32, Fai
     Ok(std::os::fd::IntoRawFd::into_raw_fd(file))
 }
 
-/// `cuMemPoolImportFromShareableHandle` for POSIX descriptors: a new pool handle of this process
-/// over the pool file `fd` names (the caller keeps `fd`), for importing pointers only. Another
+/// `cuMemPoolImportFromShareableHandle` for POSIX descriptors: a pool handle of this process
+/// over the pool file `fd` names (the caller keeps `fd`), for importing pointers only: a new one,
+/// or the live import's of the same pool (counted: each import is destroyed once). Another
 /// handle type → `NOT_SUPPORTED` (as observed); flags ≠ 0 → `INVALID_VALUE`; a negative
 /// descriptor → `UNKNOWN` (what the H100 answered for `cuMemImportFromShareableHandle(-1)`, the
 /// same descriptor path); a descriptor that is not an exported pool → `INVALID_VALUE`; a device
@@ -386,7 +403,7 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32, flags: u64) -> Result<u64, Fa
     if n != header.len() as isize || &header[..8] != FILE_MAGIC {
         return Err(not_pool());
     }
-    stat(borrowed).ok_or_else(not_pool)?;
+    let (ino, _) = stat(borrowed).ok_or_else(not_pool)?;
     let device = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes")) as usize;
     let mut st = SIM.st.lock();
     if device >= st.devices.len() {
@@ -396,6 +413,14 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32, flags: u64) -> Result<u64, Fa
         ));
     }
     supported(&st, device)?;
+    let live = st.pools.iter_mut().find_map(|(&h, p)| {
+        let s = p.shared.as_mut().filter(|s| !p.destroyed && s.imported && s.ino == ino)?;
+        Some((h, s))
+    });
+    if let Some((h, shared)) = live {
+        shared.opens += 1;
+        return Ok(h);
+    }
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     let file = dup(borrowed).ok_or_else(oom)?;
     let mut pool = Pool::new(device, false, 0);
@@ -478,7 +503,9 @@ pub(crate) fn export_pointer(dptr: u64) -> Result<[u8; EXPORT_SIZE], Fail> {
 }
 
 /// `cuMemPoolImportPointer`: maps the block `data` names through the imported pool `h` into
-/// the current context's address space; free it with `cuMemFree` or `cuMemFreeAsync`. No
+/// the current context's address space, at a 32 MiB-aligned address; free it with `cuMemFree` or
+/// `cuMemFreeAsync`. A block with a live import here gives that import's address (one mapping,
+/// freed once). A block the exporter already freed is mapped too, and recorded as a violation. No
 /// current context → `INVALID_CONTEXT`; a dead handle, a pool that was not imported, bytes no
 /// `cuMemPoolExportPointer` wrote, or a pointer of another pool → `INVALID_VALUE`.
 pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fail> {
@@ -509,6 +536,11 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
             e.offset, e.bytes
         )));
     };
+    if let Some(&(base, id)) = shared.mapped.get(&(e.offset, e.bytes))
+        && st.allocs.get(&base).is_some_and(|a| a.buffer_id == id)
+    {
+        return Ok(base);
+    }
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     let first = e.offset / PAGE * PAGE;
     let map_len = usize::try_from(end.next_multiple_of(PAGE) - first).map_err(|_| oom())?;
@@ -519,18 +551,17 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
         Take::Counted(t) => Some(t),
         Take::Untracked => None,
         Take::Dead => {
-            return Err(invalid(format!(
-                "the exporter (process {2}) already freed the block [{0:#x}, +{1}) of the pool \
-                 file: an exported pointer is imported only while the exporter holds it",
-                e.offset, e.bytes, e.pid
-            )));
+            import_of_freed_block(&e);
+            None
         }
     };
-    let base = st.devices[device].va.allocate(e.bytes, 512).ok_or_else(oom)?;
+    let reserve = e.bytes.checked_next_multiple_of(super::CHUNK).ok_or_else(oom)?;
+    let base = st.devices[device].va.allocate(reserve, super::CHUNK).ok_or_else(oom)?;
     let buffer_id = st.next_buffer_id;
     st.next_buffer_id += 1;
     let shared = st.pools.get_mut(&h).and_then(|p| p.shared.as_mut()).expect("looked up above");
     shared.imports.insert(buffer_id, ticket);
+    shared.mapped.insert((e.offset, e.bytes), (base, buffer_id));
     st.allocs.insert(
         base,
         Arc::new(Allocation {
@@ -550,6 +581,25 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
     Ok(base)
 }
 
+/// Records the import of a block its exporter no longer holds (freed, or never exported): the
+/// driver maps it, but the pool may hand its bytes to the next allocation under the import.
+fn import_of_freed_block(e: &PtrExport) {
+    let (function, os_tid) = crate::api::caller();
+    let ok = CUresult::CUDA_SUCCESS;
+    violation::record(Violation {
+        function: function.to_string(),
+        code: ok as u32,
+        code_name: crate::errors::name_str(ok).to_string(),
+        message: format!(
+            "imported the pool block [{:#x}, +{}) that its exporter (process {}) already freed: it \
+             is mapped, but the pool may hand these bytes to its next allocation while they are \
+             imported (the exporter must keep a block until every importer has freed it)",
+            e.offset, e.bytes, e.pid
+        ),
+        os_tid,
+    });
+}
+
 /// Ends the count of an imported pointer whose free takes effect (`a`, of kind `PoolImport`: at
 /// `cuMemFree`, or when the engine reaches a `cuMemFreeAsync`, since the driver requires the
 /// importer's free to be complete before the exporter frees), and lets its imported pool go if
@@ -557,6 +607,7 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
 pub(crate) fn forget_import(st: &mut State, a: &Allocation) {
     if let Some(shared) = st.pools.get_mut(&a.pool).and_then(|p| p.shared.as_mut()) {
         shared.imports.remove(&a.buffer_id);
+        shared.mapped.retain(|_, &mut (_, id)| id != a.buffer_id);
     }
     super::settle(st, a.pool);
 }
