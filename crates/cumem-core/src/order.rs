@@ -16,7 +16,9 @@
 //! Work queued inside one call (cumem's own copies and memsets) uses [`StreamOrder::queue_on`]
 //! instead of a ticket: the users stay locked while the closure queues the work and record the
 //! stream when it returns, one lock and unlock in all where a ticket takes two, and no handle is
-//! cloned: a queued copy's ordering costs little more than the driver call itself. Its closure
+//! cloned: a queued copy's ordering costs little more than the driver call itself. An owner with
+//! exclusive access to the order (a `&mut DeviceBuffer`'s view) uses
+//! [`StreamOrder::queue_on_mut`], the same without the lock. Its closure
 //! is for driver calls only: any cumem lock taken inside it (another order, a host tracker) is
 //! refused with `NotPermitted`, since waiting there could close a cycle with another thread.
 //!

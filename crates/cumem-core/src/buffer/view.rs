@@ -398,6 +398,9 @@ impl<'a, T> DeviceSliceMut<'a, T> {
     /// Runs `queue`, which queues device work reading or writing the memory on `stream` and
     /// returns: [`DeviceSlice::queue_on`] with exclusive access, and the same rule: raw driver
     /// work only, no cumem memory inside `queue` (`NotPermitted`; use [`DeviceSliceMut::on`]).
+    /// A view of a whole `DeviceBuffer` (or a reborrow or single sub-view of one) takes no lock
+    /// here: the buffer's exclusive borrow already proves that nothing else reaches its order
+    /// (see [`StreamOrder::queue_on_mut`]); the halves of a split and chunks lock.
     ///
     /// ```
     /// # cumem_sys::testing::init();
