@@ -114,3 +114,64 @@ fn the_exclusive_path_refuses_as_the_locked_one() {
     assert_eq!(buf.order().last().unwrap(), t);
     assert_eq!((buf.to_vec().unwrap(), other.to_vec().unwrap()), (vec![1, 2, 3], vec![4, 5, 6]));
 }
+
+#[test]
+#[serial] // holds a gate
+fn a_device_copy_into_an_exclusive_borrow_waits_for_earlier_work_on_it() {
+    let ctx = ctx();
+    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let src = DeviceBuffer::<u32>::from_slice(&b, &[8; 1024]).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&a, 1024).unwrap();
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    let gate = common::hold(&a);
+    a.fill(&mut dst, 1u32).unwrap(); // held back on `a`
+    b.copy_d2d(&src, &mut dst).unwrap(); // `&mut dst`: no lock; must wait for the fill
+    let opener = gate.release_after(Duration::from_millis(100));
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    opener.join().unwrap();
+    assert!(dst.to_vec().unwrap().iter().all(|&v| v == 8), "the copy on b ran before the fill on a");
+}
+
+#[test]
+#[serial] // holds a gate
+fn a_device_copy_waits_for_earlier_writes_of_its_source() {
+    let ctx = ctx();
+    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let mut src = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
+    b.synchronize().unwrap();
+    let gate = common::hold(&a);
+    a.fill(&mut src, 8u32).unwrap(); // held back on `a`
+    b.copy_d2d(&src, &mut dst).unwrap(); // only the source's guard tells `b` about `a`
+    let opener = gate.release_after(Duration::from_millis(100));
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    opener.join().unwrap();
+    assert!(
+        dst.to_vec().unwrap().iter().all(|&v| v == 8),
+        "the copy on b read the source before the fill on a"
+    );
+}
+
+#[test]
+#[serial] // holds a gate
+fn a_device_copy_between_the_halves_of_one_buffer_is_queued_in_order() {
+    let ctx = ctx();
+    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
+    b.synchronize().unwrap();
+    let gate = common::hold(&a);
+    a.fill(&mut buf.slice_mut(..512).unwrap(), 6u32).unwrap(); // one sub-view: no lock; held back
+    {
+        // The source's guard and the destination's scoped door share one order: the guard holds
+        // no lock, so the door is not refused.
+        let (left, mut right) = buf.split_at_mut(512).unwrap();
+        b.copy_d2d(&left, &mut right).unwrap(); // must wait for the fill on `a`
+    }
+    let opener = gate.release_after(Duration::from_millis(100));
+    let data = buf.to_vec().unwrap(); // waits for both streams
+    opener.join().unwrap();
+    assert!(data.iter().all(|&v| v == 6), "the copy on b read the source before the fill on a");
+}
