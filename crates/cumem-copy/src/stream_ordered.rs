@@ -174,15 +174,25 @@ impl StreamCopy for Stream {
         if dst.bytes() == 0 {
             return Ok(());
         }
-        let from = src.on(self)?;
+        // The source through a guard, which holds no lock while the copy is queued, so that the
+        // destination can take the scoped door (no lock at all through `&mut` of a buffer) even
+        // when both are views of one buffer (two halves of a split, whose order the guard
+        // shares): a scoped door taken inside another would be refused.
+        let source = src.on(self)?;
+        let (from, bytes) = (source.device_ptr(), dst.bytes());
         let mut dst = dst;
-        let to = dst.on(self)?;
-        self.context().bind()?;
-        // SAFETY: both ranges are device memory of `bytes` bytes, ordered on `self`; `dst` is
-        // exclusively borrowed, so the ranges do not overlap.
-        profile::around(self, CopyKind::DeviceToDevice, to.bytes(), || unsafe {
-            ffi::dtod_async(to.device_ptr(), from.device_ptr(), to.bytes(), self.raw())
-        })
+        let queued = dst.queue_on(self, |to| {
+            self.context().bind()?;
+            // SAFETY: both ranges are device memory of `bytes` bytes, ordered on `self` (the
+            // source's guard lives until after the copy is queued); `dst` is exclusively
+            // borrowed, so the ranges do not overlap.
+            profile::around(self, CopyKind::DeviceToDevice, bytes, || unsafe {
+                ffi::dtod_async(to, from, bytes, self.raw())
+            })
+        });
+        // Recorded as a user of the source once the copy is queued (or failed to be).
+        drop(source);
+        queued
     }
 
     fn fill<T: Pod>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: T) -> Result<()> {

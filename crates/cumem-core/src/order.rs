@@ -16,7 +16,9 @@
 //! Work queued inside one call (cumem's own copies and memsets) uses [`StreamOrder::queue_on`]
 //! instead of a ticket: the users stay locked while the closure queues the work and record the
 //! stream when it returns, one lock and unlock in all where a ticket takes two, and no handle is
-//! cloned: a queued copy's ordering costs little more than the driver call itself. Its closure
+//! cloned: a queued copy's ordering costs little more than the driver call itself. An owner with
+//! exclusive access to the order (a `&mut DeviceBuffer`'s view) uses
+//! [`StreamOrder::queue_on_mut`], the same without the lock. Its closure
 //! is for driver calls only: any cumem lock taken inside it (another order, a host tracker) is
 //! refused with `NotPermitted`, since waiting there could close a cycle with another thread.
 //!
@@ -71,7 +73,7 @@ pub struct StreamOrder {
     /// a [`StreamOrder::queue_on`] closure (of this order or another), where it must not wait for
     /// `inner`: the holder may be waiting for that closure's order. Applied by whoever locks
     /// `inner` next (every acquisition drains it, see [`StreamOrder::drained`], and so does the
-    /// owner's `join_mut`), so nobody reads the users without it. A leaf lock:
+    /// owner's exclusive access, `users_mut`), so nobody reads the users without it. A leaf lock:
     /// held only to push or to take the list, never while waiting for anything else.
     deferred: Mutex<Vec<Deferred>>,
     /// Whether `deferred` may hold something: set under its lock after a push, cleared under it
@@ -226,7 +228,7 @@ impl StreamOrder {
     /// Device work and host reads that must not overlap (see [`StreamOrder::use_on`]): refused on
     /// the memory's device.
     fn refusal(&self) -> Error {
-        Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: Some(self.device) }
+        refusal_on(self.device)
     }
 
     /// Locks the users, or answers `NotPermitted` when the calling thread is inside a
@@ -355,6 +357,70 @@ impl StreamOrder {
         queue()
     }
 
+    /// [`StreamOrder::queue_on`] for an owner with exclusive access to the order: the same
+    /// ordering, the same refusals (`NotPermitted` inside any `queue_on` closure, and any cumem
+    /// lock taken inside `queue` refused as there), and no lock: nothing else can reach the users
+    /// while `&mut self` is held.
+    ///
+    /// This is what an exclusive view made from an owner that holds its order by value uses
+    /// ([`DeviceBuffer::as_mut_slice`](crate::DeviceBuffer::as_mut_slice), and a single sub-view
+    /// of it); views that may be used from two threads at once (the halves of a split, chunks)
+    /// use the locked form.
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use cumem_core::{Device, Error, Stream, StreamOrder};
+    /// let ctx = Device::get(0)?.context()?;
+    /// let (a, b) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
+    /// let mut order = StreamOrder::new(&a);
+    /// order.queue_on_mut(&b, || Ok(()))?; // b waited for a
+    /// assert_eq!(order.join()?, b);
+    /// let other = StreamOrder::new(&a);
+    /// let inside = order.queue_on_mut(&b, || other.queue_on(&a, || Ok(())));
+    /// assert!(matches!(inside, Err(Error::NotPermitted { .. })));
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn queue_on_mut<R>(&mut self, stream: &Stream, queue: impl FnOnce() -> Result<R>) -> Result<R> {
+        // No lock is taken here, so none could close a cycle; the refusal is kept anyway so that
+        // the rule stays one rule (no cumem memory used inside a closure), whichever form a view
+        // holds.
+        if queuing_on_this_thread() {
+            return Err(used_inside_queue_on());
+        }
+        let device = self.device;
+        // Why no lock is needed. Everything that reads or changes the users borrows the order:
+        // views, tickets and scoped exclusions hold `&StreamOrder`, a `queue_on` in progress holds
+        // it and its lock, and an owner that shares its order with anything else (a host tracker,
+        // `HostAccess::with_order`) hands out only `&StreamOrder`. `&mut self` proves that none of
+        // them is alive, on any thread, and that whatever they did happened before this call
+        // (the borrow could not end otherwise): a ticket dropped on another thread has applied
+        // its change or left it in `deferred` (drained below); one that was forgotten left its
+        // stream in `pending` and its count in `in_flight`, read here exactly as `queue_on` reads
+        // them. Nothing can take the lock or push to `deferred` while `queue` runs either: that
+        // needs `&StreamOrder`, and `queue` cannot make one (`self` is borrowed).
+        let inner = self.users_mut();
+        if inner.excluded.active() {
+            return Err(refusal_on(device));
+        }
+        inner.order_after_users(stream)?;
+        QUEUING.with(|q| q.set(q.get() + 1));
+        let _queuing = QueuingMut { waited_before: inner.next_gen, inner, stream };
+        queue()
+    }
+
+    /// The users, for an owner with exclusive access: no lock, and the changes deferred by drops
+    /// applied first (exclusive access: none is being pushed now).
+    fn users_mut(&mut self) -> &mut Users {
+        if *self.has_deferred.get_mut() {
+            *self.has_deferred.get_mut() = false;
+            let changes = std::mem::take(self.deferred.get_mut());
+            for change in changes {
+                self.inner.get_mut().apply(change);
+            }
+        }
+        self.inner.get_mut()
+    }
+
     /// Refuses device work from now on (`open_ended`: until [`StreamOrder::end_open_exclusion`];
     /// otherwise until the returned guard is dropped), then waits until all work queued so far has
     /// completed.
@@ -402,15 +468,7 @@ impl StreamOrder {
     /// [`StreamOrder::join`] for an owner with exclusive access (the memory's drop): no lock, and
     /// the stream is lent rather than cloned.
     pub fn join_mut(&mut self) -> Result<&Stream> {
-        // Changes deferred by drops (exclusive access: none is being pushed now) first.
-        if *self.has_deferred.get_mut() {
-            *self.has_deferred.get_mut() = false;
-            let changes = std::mem::take(self.deferred.get_mut());
-            for change in changes {
-                self.inner.get_mut().apply(change);
-            }
-        }
-        Self::join_users(self.inner.get_mut())
+        Self::join_users(self.users_mut())
     }
 
     fn join_users(inner: &mut Users) -> Result<&Stream> {
@@ -468,6 +526,27 @@ impl Drop for Queuing<'_> {
         }
         self.inner.record(self.stream, self.waited_before);
     }
+}
+
+/// A [`StreamOrder::queue_on_mut`] in progress: as [`Queuing`], holding the users through the
+/// owner's exclusive borrow instead of a lock. Nothing can be deferred meanwhile (deferring needs
+/// `&StreamOrder`), so there is nothing to drain when it ends.
+struct QueuingMut<'o> {
+    inner: &'o mut Users,
+    stream: &'o Stream,
+    waited_before: u64,
+}
+
+impl Drop for QueuingMut<'_> {
+    fn drop(&mut self) {
+        QUEUING.with(|q| q.set(q.get().saturating_sub(1)));
+        self.inner.record(self.stream, self.waited_before);
+    }
+}
+
+/// Device work and host reads that must not overlap: refused on the memory's `device`.
+fn refusal_on(device: i32) -> Error {
+    Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: Some(device) }
 }
 
 /// One scoped exclusion begun by [`StreamOrder::exclude_device`]; dropping it ends it.

@@ -359,7 +359,10 @@ impl<T> DeviceBuffer<T> {
 
     /// An exclusive view of the whole buffer.
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
-        DeviceSliceMut::from_parts(self.ptr, self.len, &self.order, self.resource.context())
+        // The buffer holds its order by value and lends it to nothing but its views (no host
+        // tracker, no resource keeps it), so while this view lives it is the only way to the
+        // order: work queued through it needs no lock (see `StreamOrder::queue_on_mut`).
+        DeviceSliceMut::from_parts_exclusive(self.ptr, self.len, &mut self.order, self.resource.context())
     }
 
     crate::device_view_methods!();

@@ -47,9 +47,57 @@ pub struct DeviceSlice<'a, T> {
 pub struct DeviceSliceMut<'a, T> {
     ptr: CUdeviceptr,
     len: usize,
-    order: &'a StreamOrder,
+    order: ViewOrder<'a>,
     ctx: &'a Context,
     _marker: PhantomData<&'a mut [T]>,
+}
+
+/// How an exclusive view reaches its memory's order.
+///
+/// `Exclusive` when the view is the only way to the order for its whole life: made from an owner
+/// that holds its order by value and shares it with nothing (`DeviceBuffer::as_mut_slice`), or
+/// passed on from such a view to exactly one other (a reborrow, one sub-view), never to two. Work
+/// queued through it then skips the order's lock ([`StreamOrder::queue_on_mut`]). Views that can
+/// exist side by side (the halves of a split, chunks) get `Shared`, and lock: two of them may be
+/// used from two threads at once.
+enum ViewOrder<'a> {
+    Shared(&'a StreamOrder),
+    Exclusive(&'a mut StreamOrder),
+}
+
+impl<'a> ViewOrder<'a> {
+    fn get(&self) -> &StreamOrder {
+        match self {
+            ViewOrder::Shared(order) => order,
+            ViewOrder::Exclusive(order) => order,
+        }
+    }
+
+    /// The same access for a shorter life; the original is unusable meanwhile.
+    fn reborrow(&mut self) -> ViewOrder<'_> {
+        match self {
+            ViewOrder::Shared(order) => ViewOrder::Shared(order),
+            ViewOrder::Exclusive(order) => ViewOrder::Exclusive(order),
+        }
+    }
+
+    /// Shared access for the whole life, for views that may be duplicated.
+    fn into_shared(self) -> &'a StreamOrder {
+        match self {
+            ViewOrder::Shared(order) => order,
+            ViewOrder::Exclusive(order) => order,
+        }
+    }
+
+    /// [`StreamOrder::queue_on`], without the lock where the access is exclusive.
+    fn queue_on<R>(&mut self, stream: &Stream, queue: impl FnOnce() -> Result<R>) -> Result<R> {
+        match self {
+            ViewOrder::Shared(order) => order.queue_on(stream, queue),
+            // The borrow checker's proof that nothing else reaches the order while the view
+            // lives, spelled out where the lock is skipped, in `StreamOrder::queue_on_mut`.
+            ViewOrder::Exclusive(order) => order.queue_on_mut(stream, queue),
+        }
+    }
 }
 
 impl<T> Clone for DeviceSlice<'_, T> {
@@ -146,7 +194,7 @@ macro_rules! common_view_methods {
 
         /// The stream-order tracker of the owning buffer.
         pub fn order(&self) -> &StreamOrder {
-            self.order
+            self.order_ref()
         }
 
         /// Copies the contents to a new `Vec`, after all work queued on the memory so far.
@@ -154,7 +202,7 @@ macro_rules! common_view_methods {
         where
             T: AnyBitPattern,
         {
-            read_to_vec(self.ptr, self.len, self.order, self.ctx)
+            read_to_vec(self.ptr, self.len, self.order_ref(), self.ctx)
         }
     };
 }
@@ -163,6 +211,10 @@ impl<'a, T> DeviceSlice<'a, T> {
     /// Assembles a view from its parts; the safe constructors are on the buffers.
     pub(crate) fn from_parts(ptr: CUdeviceptr, len: usize, order: &'a StreamOrder, ctx: &'a Context) -> Self {
         DeviceSlice { ptr, len, order, ctx, _marker: PhantomData }
+    }
+
+    fn order_ref(&self) -> &StreamOrder {
+        self.order
     }
 
     /// A shared view of memory owned elsewhere, for crates that add memory kinds (managed,
@@ -280,8 +332,24 @@ impl<'a, T> DeviceSlice<'a, T> {
 }
 
 impl<'a, T> DeviceSliceMut<'a, T> {
+    /// A view through an order that other views may share (see `ViewOrder`).
     pub(crate) fn from_parts(ptr: CUdeviceptr, len: usize, order: &'a StreamOrder, ctx: &'a Context) -> Self {
-        DeviceSliceMut { ptr, len, order, ctx, _marker: PhantomData }
+        DeviceSliceMut { ptr, len, order: ViewOrder::Shared(order), ctx, _marker: PhantomData }
+    }
+
+    /// A view that is the only way to `order` while it lives: for owners that hold their order
+    /// by value and share it with nothing else (never an order inside a host tracker).
+    pub(crate) fn from_parts_exclusive(
+        ptr: CUdeviceptr,
+        len: usize,
+        order: &'a mut StreamOrder,
+        ctx: &'a Context,
+    ) -> Self {
+        DeviceSliceMut { ptr, len, order: ViewOrder::Exclusive(order), ctx, _marker: PhantomData }
+    }
+
+    fn order_ref(&self) -> &StreamOrder {
+        self.order.get()
     }
 
     /// An exclusive view of memory owned elsewhere, for crates that add memory kinds.
@@ -323,13 +391,16 @@ impl<'a, T> DeviceSliceMut<'a, T> {
     /// ```
     pub fn on<'s>(&'s mut self, stream: &'s Stream) -> Result<OnStreamMut<'s, T>> {
         check_stream(self.ctx, stream)?;
-        let ticket = self.order.use_on(stream)?;
+        let ticket = self.order.get().use_on(stream)?;
         Ok(OnStreamMut { ptr: self.ptr, len: self.len, ticket, _marker: PhantomData })
     }
 
     /// Runs `queue`, which queues device work reading or writing the memory on `stream` and
     /// returns: [`DeviceSlice::queue_on`] with exclusive access, and the same rule: raw driver
     /// work only, no cumem memory inside `queue` (`NotPermitted`; use [`DeviceSliceMut::on`]).
+    /// A view of a whole `DeviceBuffer` (or a reborrow or single sub-view of one) takes no lock
+    /// here: the buffer's exclusive borrow already proves that nothing else reaches its order
+    /// (see [`StreamOrder::queue_on_mut`]); the halves of a split and chunks lock.
     ///
     /// ```
     /// # cumem_sys::testing::init();
@@ -353,7 +424,8 @@ impl<'a, T> DeviceSliceMut<'a, T> {
         queue: impl FnOnce(CUdeviceptr) -> Result<R>,
     ) -> Result<R> {
         check_stream(self.ctx, stream)?;
-        self.order.queue_on(stream, || queue(self.ptr))
+        let ptr = self.ptr;
+        self.order.queue_on(stream, || queue(ptr))
     }
 
     /// Like [`DeviceSliceMut::on`], consuming the view to keep its lifetime.
@@ -362,18 +434,26 @@ impl<'a, T> DeviceSliceMut<'a, T> {
         'a: 's,
     {
         check_stream(self.ctx, stream)?;
-        let ticket = self.order.use_on(stream)?;
+        let ticket = self.order.into_shared().use_on(stream)?;
         Ok(OnStreamMut { ptr: self.ptr, len: self.len, ticket, _marker: PhantomData })
     }
 
     /// A shared view of the same memory.
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
-        DeviceSlice::from_parts(self.ptr, self.len, self.order, self.ctx)
+        DeviceSlice::from_parts(self.ptr, self.len, self.order.get(), self.ctx)
     }
 
     /// A shorter-lived exclusive view of the same memory.
     pub fn reborrow(&mut self) -> DeviceSliceMut<'_, T> {
-        DeviceSliceMut::from_parts(self.ptr, self.len, self.order, self.ctx)
+        // One view replaces another for a while (`self` is unusable meanwhile), so an exclusive
+        // order stays exclusive.
+        DeviceSliceMut {
+            ptr: self.ptr,
+            len: self.len,
+            order: self.order.reborrow(),
+            ctx: self.ctx,
+            _marker: PhantomData,
+        }
     }
 
     /// A shared sub-view.
@@ -409,7 +489,14 @@ impl<'a, T> DeviceSliceMut<'a, T> {
     /// Like [`DeviceSliceMut::slice_mut`], consuming the view to keep its lifetime.
     pub fn into_slice_mut(self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'a, T>> {
         let (start, end) = resolve_range(range, self.len)?;
-        Ok(DeviceSliceMut::from_parts(offset::<T>(self.ptr, start), end - start, self.order, self.ctx))
+        // One sub-view replaces the view, which is consumed: the order stays as exclusive as it was.
+        Ok(DeviceSliceMut {
+            ptr: offset::<T>(self.ptr, start),
+            len: end - start,
+            order: self.order,
+            ctx: self.ctx,
+            _marker: PhantomData,
+        })
     }
 
     /// Like [`DeviceSliceMut::split_at_mut`], consuming the view to keep its lifetime.
@@ -417,10 +504,12 @@ impl<'a, T> DeviceSliceMut<'a, T> {
         if mid > self.len {
             return Err(Error::OutOfRange { start: mid, end: mid, len: self.len });
         }
-        // The two halves cover disjoint memory, so two exclusive views are sound.
+        // The two halves cover disjoint memory, so two exclusive views are sound; they share the
+        // order, and may be used from two threads at once, so neither may skip its lock.
+        let order = self.order.into_shared();
         Ok((
-            DeviceSliceMut::from_parts(self.ptr, mid, self.order, self.ctx),
-            DeviceSliceMut::from_parts(offset::<T>(self.ptr, mid), self.len - mid, self.order, self.ctx),
+            DeviceSliceMut::from_parts(self.ptr, mid, order, self.ctx),
+            DeviceSliceMut::from_parts(offset::<T>(self.ptr, mid), self.len - mid, order, self.ctx),
         ))
     }
 
@@ -429,10 +518,11 @@ impl<'a, T> DeviceSliceMut<'a, T> {
         if chunk == 0 {
             return Err(Error::ZeroSize { what: "chunk size" });
         }
+        // The chunks share the order and may be used from several threads: the locked form.
         Ok(ChunksMut {
             ptr: self.ptr,
             len: self.len,
-            order: self.order,
+            order: self.order.into_shared(),
             ctx: self.ctx,
             chunk,
             _marker: PhantomData,
