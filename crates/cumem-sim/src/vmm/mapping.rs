@@ -66,10 +66,11 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     // Not the H100's answer (docs/vmm.md, "Observed on a GPU"; 2026-11-23, second run): it
     // accepted a whole allocation that starts inside a reservation and runs past its end (onto
     // reserved but unmapped space of a neighbouring reservation; 4 granules at the last granule
-    // too), and refused it (INVALID_VALUE) only where the overhang was mapped: its rule looks like "starts inside a reservation, overlaps no mapping". Accepting
-    // it here would put memory at addresses another reservation holds, aliasing space its owner
-    // takes for its own and unmapped (what freeing that neighbour does then was not measured),
-    // so the simulator refuses it.
+    // too), and refused it (INVALID_VALUE) only where the overhang was mapped: its rule looks
+    // like "starts inside a reservation, overlaps no mapping". Accepting it here would put
+    // memory at addresses another reservation holds, aliasing space its owner takes for its own
+    // and unmapped (what freeing that neighbour does then was not measured), so the simulator
+    // refuses it.
     if size > r.size - (ptr - rbase) {
         return Err(invalid(format!(
             "[{ptr:#x}, +{size}) runs past the end of the reservation [{rbase:#x}, +{}) (the H100 \
