@@ -312,6 +312,8 @@ fn misuse_codes_as_observed() {
     // The simulator's choice, not the H100's: it accepted this whole allocation running past the
     // reservation's end (see `whole_allocations_outside_a_reservation_are_refused`).
     assert_eq!(map(va + 3 * G as u64, 2 * G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "past the reservation");
+    // The simulator's own answer: this handle value crashed the H100's driver (SIGSEGV,
+    // 2026-11-23, second run), so nothing here was observed.
     assert_eq!(map(va, G, 0xdead_0000), CUresult::CUDA_ERROR_INVALID_VALUE, "not a handle");
     ok(map(va, 2 * G, h));
     assert_eq!(map(va + G as u64, 2 * G, h), CUresult::CUDA_ERROR_INVALID_VALUE, "already mapped");
@@ -553,10 +555,12 @@ fn a_mapping_is_always_a_whole_allocation() {
     free_va(va, 4 * G);
 }
 
-/// Observed on an H100, 2026-11-23 (second run): the whole-allocation rule is checked before the
-/// range's: a map that is partial and also overlaps a mapping, runs past the reservation's end or
-/// starts just past it is NOT_SUPPORTED, not INVALID_VALUE; the whole allocation over a mapping is
-/// INVALID_VALUE.
+/// Observed on an H100, 2026-11-23 (second run): the whole-allocation rule is checked after the
+/// handle, flags and zero-size checks and before anything about the address: a map that is partial
+/// and also misaligned (address, size or offset), overlaps a mapping, runs past the reservation's
+/// end, starts just past it or lies outside every reservation is NOT_SUPPORTED, not INVALID_VALUE.
+/// A partial map with flags, handle 0 or size 0 stays INVALID_VALUE, and so do the whole
+/// allocation at a misaligned address or over a mapping.
 #[test]
 #[parallel]
 fn a_partial_map_is_not_supported_wherever_it_goes() {
@@ -564,11 +568,24 @@ fn a_partial_map_is_not_supported_wherever_it_goes() {
     let va = reserve(4 * G);
     let (one, two) = (create(G), create(2 * G));
     ok(map(va, G, one));
-    let map_at = |at: CUdeviceptr, size: usize, offset: usize, h: u64| {
+    let map_with = |at: CUdeviceptr, size: usize, offset: usize, h: u64, flags: u64| {
         // SAFETY: plain FFI call.
-        unsafe { cu::cuMemMap(at, size, offset, h, 0) }
+        unsafe { cu::cuMemMap(at, size, offset, h, flags) }
     };
+    let map_at = |at, size, offset, h| map_with(at, size, offset, h, 0);
     let (g, not_supported) = (G as u64, CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    let (page, invalid) = (4096usize, CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(map_at(va + 4096, G, 0, two), not_supported, "a prefix at a misaligned address");
+    assert_eq!(map_at(va + 4096, 2 * G, 0, one), not_supported, "more than the memory, misaligned");
+    assert_eq!(map_at((1 << 40) + 4096, G, 0, two), not_supported, "a prefix, misaligned, nowhere reserved");
+    assert_eq!(map_at(va + 2 * g, G + page, 0, one), not_supported, "a misaligned size past the memory");
+    assert_eq!(map_at(va + 2 * g, 2 * G + page, 0, two), not_supported, "a misaligned size past the memory");
+    assert_eq!(map_at(va + 2 * g, G, page, two), not_supported, "a misaligned offset");
+    assert_eq!(map_with(va + 2 * g, G, 0, two, 1), invalid, "a prefix with flags");
+    assert_eq!(map_with(va + 4096, G, 0, two, 1), invalid, "a misaligned prefix with flags");
+    assert_eq!(map_at(va + 2 * g, G, 0, 0), invalid, "a prefix of handle 0");
+    assert_eq!(map_at(va + 2 * g, 0, 0, two), invalid, "size 0");
+    assert_eq!(map_at(va + 2 * g + 4096, 2 * G, 0, two), invalid, "the whole of it, misaligned");
     assert_eq!(map_at(va, G, 0, two), not_supported, "a prefix over the mapping");
     assert_eq!(map_at(va, G, G, two), not_supported, "an offset over the mapping");
     assert_eq!(map_at(va, 2 * G, 0, one), not_supported, "more than the memory, over the mapping");
@@ -587,6 +604,12 @@ fn a_partial_map_is_not_supported_wherever_it_goes() {
             && v.message.contains("2097152")),
         "a partial map is recorded as such"
     );
+    assert!(
+        ctl.violations_on_this_thread()
+            .iter()
+            .any(|v| v.function == "cuMemMap" && v.message.contains("is not a multiple of the granularity")),
+        "the misaligned whole allocation is recorded as such"
+    );
     ok(unmap(va, G));
     ok(release(one));
     ok(release(two));
@@ -594,17 +617,20 @@ fn a_partial_map_is_not_supported_wherever_it_goes() {
 }
 
 /// Observed on an H100, 2026-11-23 (second run): a whole allocation mapped at addresses no
-/// reservation holds (just past one, far past, just before, at 1 TiB) is INVALID_VALUE. One answer
-/// here is the simulator's own: the H100 accepted a whole allocation starting inside a reservation
-/// and running past its end (seen twice); what the overhang maps onto is unknown, and accepting it
-/// here could map over a neighbouring reservation, so the simulator refuses it (docs/vmm.md).
+/// reservation holds (just past one, far past, just before, at 1 TiB) is INVALID_VALUE, and so is
+/// one starting inside a reservation whose overhang is mapped memory of a neighbouring one. The
+/// rest here is the simulator's own answer: the H100 accepted a whole allocation starting inside a
+/// reservation and running past its end (2 granules at the last granule, also where the overhang
+/// was a reserved, unmapped neighbour; 4 granules at the last granule), as if
+/// its rule were "starts inside a reservation, overlaps no mapping". That maps memory at addresses
+/// a neighbouring reservation holds, which the simulator refuses (docs/vmm.md).
 /// Serial: the addresses around the reservation must belong to no other test's reservation.
 #[test]
 #[serial]
 fn whole_allocations_outside_a_reservation_are_refused() {
     bind(0);
     let va = reserve(4 * G);
-    let (one, two) = (create(G), create(2 * G));
+    let (one, two, four) = (create(G), create(2 * G), create(4 * G));
     let g = G as u64;
     let invalid = CUresult::CUDA_ERROR_INVALID_VALUE;
     assert_eq!(map(va + 4 * g, G, one), invalid, "just past the reservation");
@@ -616,8 +642,22 @@ fn whole_allocations_outside_a_reservation_are_refused() {
         invalid,
         "starting inside, running past the end (the H100 accepted it)"
     );
-    ok(release(one));
-    ok(release(two));
+    assert_eq!(map(va + 3 * g, 4 * G, four), invalid, "4 granules at the last one (the H100 accepted it)");
+    let (r, next) = try_reserve(G, 0, va + 4 * g);
+    ok(r);
+    assert_eq!(next, va + 4 * g, "the neighbour was not reserved where asked");
+    assert_eq!(
+        map(va + 3 * g, 2 * G, two),
+        invalid,
+        "running into a reserved, unmapped neighbour (the H100 accepted it)"
+    );
+    ok(map(next, G, one));
+    assert_eq!(map(va + 3 * g, 2 * G, two), invalid, "running into a mapped neighbour (as observed)");
+    ok(unmap(next, G));
+    free_va(next, G);
+    for h in [one, two, four] {
+        ok(release(h));
+    }
     free_va(va, 4 * G);
 }
 

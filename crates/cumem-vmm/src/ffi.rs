@@ -115,10 +115,8 @@ pub(crate) fn export_fd(handle: CUmemGenericAllocationHandle) -> Result<OwnedFd>
 }
 
 /// A new handle (one reference, released with `release`) of the memory exported as `fd`
-/// (`cuMemImportFromShareableHandle`); `fd` stays the caller's. A descriptor that is not exported
-/// memory is `InvalidValue`: the driver's own answer is `CUDA_ERROR_UNKNOWN` (observed on an H100,
-/// 2026-11-23, for a regular file, `/dev/null`, a closed number and −1 alike), which says nothing
-/// a caller could match on, while the cause is a bad argument.
+/// (`cuMemImportFromShareableHandle`); `fd` stays the caller's. The driver's codes pass through
+/// unchanged (`PhysicalMemory::import_fd` says what its `CUDA_ERROR_UNKNOWN` most likely means).
 pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<CUmemGenericAllocationHandle> {
     probe::require("cuMemImportFromShareableHandle")?;
     let mut handle = 0;
@@ -132,14 +130,6 @@ pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<CUmemGenericAllocationHand
             CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
         )
     };
-    if code == sys::CUresult::CUDA_ERROR_UNKNOWN {
-        return Err(Error::InvalidValue {
-            ctx: Ctx::op(
-                "cuMemImportFromShareableHandle (driver: CUDA_ERROR_UNKNOWN; the descriptor is not memory \
-                 exported by cuMemExportToShareableHandle)",
-            ),
-        });
-    }
     check(code, Ctx::op("cuMemImportFromShareableHandle"))?;
     Ok(handle)
 }

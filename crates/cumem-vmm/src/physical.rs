@@ -39,11 +39,11 @@
 //! ```
 
 use std::fmt;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cumem_core::sys::CUmemGenericAllocationHandle;
+use cumem_core::sys::{CUmemGenericAllocationHandle, CUresult};
 use cumem_core::{Context, Device, Error, ErrorContext, Result};
 
 use crate::{Granularity, HandleTypes, ffi};
@@ -71,8 +71,9 @@ impl PhysicalMemory {
     ///
     /// Refused before any VMM call: a device without VMM (`NotSupported { feature:
     /// VirtualMemory }`), a handle type the device cannot export (`NotSupported { feature:
-    /// ShareableHandle(name) }`, from its attributes), zero bytes (`ZeroSize`), a size that is not a multiple of the minimum
-    /// granularity for these handle types (`Misaligned`). The device's capacity is charged now.
+    /// ShareableHandle(name) }`, from its attributes), zero bytes (`ZeroSize`), a size that is
+    /// not a multiple of the minimum granularity for these handle types (`Misaligned`). The
+    /// device's capacity is charged now.
     pub fn with_handle_types(
         ctx: &Context,
         bytes: usize,
@@ -142,13 +143,26 @@ impl PhysicalMemory {
     /// Refused before any driver call: zero bytes (`ZeroSize`), a device without VMM
     /// (`NotSupported { feature: VirtualMemory }`) or without POSIX descriptor handles
     /// (`NotSupported { feature: ShareableHandle(..) }`), a size that is not a multiple of the
-    /// granularity (`Misaligned`). A descriptor that is not exported memory (a regular file,
-    /// `/dev/null`, …) is `InvalidValue` naming `cuMemImportFromShareableHandle` (the driver
-    /// answers `CUDA_ERROR_UNKNOWN`, observed on an H100, 2026-11-23, which is translated);
-    /// memory on a device other than `ctx`'s, `WrongDevice` (the import is released again). The device and handle types are read from the
-    /// memory (`cuMemGetAllocationPropertiesFromHandle`): an import reports no handle types
-    /// (observed on an H100, 2026-11-23), so [`PhysicalMemory::handle_types`] is
-    /// [`HandleTypes::NONE`] and [`PhysicalMemory::export_fd`] refuses it.
+    /// granularity (`Misaligned`), and descriptor 0 (`InvalidValue` naming
+    /// `PhysicalMemory::import_fd`): the driver takes a descriptor of 0 for a NULL handle and
+    /// answers `INVALID_VALUE` whatever it names, exported memory too (observed on an H100,
+    /// 2026-11-23, second run), so memory received as descriptor 0 must be moved to another
+    /// number (`dup`) before it is imported.
+    ///
+    /// A descriptor that is not exported memory (a regular file, `/dev/null`, a pipe, a socket,
+    /// a closed number) is `InvalidValue` naming `cuMemImportFromShareableHandle`: the driver
+    /// answers `CUDA_ERROR_UNKNOWN` for each (observed on an H100, 2026-11-23, second run), which
+    /// a caller could not match on, and that is its most likely cause, so cumem translates it and
+    /// says so in the message. The error's [`Error::code`] is therefore `CUDA_ERROR_INVALID_VALUE`
+    /// while the driver said `CUDA_ERROR_UNKNOWN`: cumem's [`Error`] carries a driver code other
+    /// than its variant's only as [`Error::Cuda`], which would hide the likely cause, so the
+    /// message names the driver's code instead.
+    ///
+    /// Memory on a device other than `ctx`'s is `WrongDevice` (the import is released again). The
+    /// device and handle types are read from the memory
+    /// (`cuMemGetAllocationPropertiesFromHandle`): an import reports no handle types (observed on
+    /// an H100, 2026-11-23), so [`PhysicalMemory::handle_types`] is [`HandleTypes::NONE`] and
+    /// [`PhysicalMemory::export_fd`] refuses it.
     ///
     /// # Safety
     /// The import and the exporter's memory are the same bytes behind two objects, and each of
@@ -162,7 +176,8 @@ impl PhysicalMemory {
     /// 2. `bytes` is the exporter's [`PhysicalMemory::bytes`]: the process cannot ask the driver the
     ///    memory's size, and a larger `bytes` is kept from mapping past the memory only by the
     ///    driver's refusal of a map that is not the whole allocation (observed on an H100's driver,
-    ///    580.159.04, 2026-11-23; reported as `InvalidValue` by [`VirtualRange::map`](crate::VirtualRange::map)).
+    ///    580.159.04, 2026-11-23; reported as `InvalidValue` by
+    ///    [`VirtualRange::map`](crate::VirtualRange::map)).
     ///
     /// Freeing is not the caller's concern: each side holds its own reference, so neither side's
     /// drop frees memory that the other still maps.
@@ -173,8 +188,18 @@ impl PhysicalMemory {
         let device = ctx.device();
         let shareable = Granularity::with_handle_types(device, HandleTypes::POSIX_FD)?;
         shareable.check("imported physical allocation size", bytes as u64)?;
+        if fd.as_fd().as_raw_fd() == 0 {
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op(
+                    "PhysicalMemory::import_fd (descriptor 0: the driver takes it for a NULL handle and \
+                     refuses it whatever it names; dup it to another number first)",
+                )
+                .bytes(bytes)
+                .device(device.raw()),
+            });
+        }
         ctx.bind()?;
-        let handle = ffi::import_fd(fd.as_fd())?;
+        let handle = ffi::import_fd(fd.as_fd()).map_err(|e| not_exported_memory(e, device))?;
         let described = ffi::properties(handle).and_then(|(on, types)| {
             if on != device.raw() {
                 return Err(Error::WrongDevice { expected: device.raw(), actual: on });
@@ -249,6 +274,23 @@ impl PhysicalMemory {
     /// if a mapping of it exists already.
     pub(crate) fn claim_mapping(&self) -> Option<Arc<AtomicBool>> {
         (!self.mapped.swap(true, Ordering::AcqRel)).then(|| Arc::clone(&self.mapped))
+    }
+}
+
+/// The driver's `CUDA_ERROR_UNKNOWN` from `cuMemImportFromShareableHandle`, as the error it most
+/// likely is: the descriptor is not exported memory (the H100 answered `UNKNOWN` for a regular
+/// file, `/dev/null`, a pipe, a socket, a closed number and −1 alike, 2026-11-23). Other errors
+/// pass through.
+fn not_exported_memory(e: Error, device: Device) -> Error {
+    match e {
+        Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. } => Error::InvalidValue {
+            ctx: ErrorContext::op(
+                "cuMemImportFromShareableHandle (driver: CUDA_ERROR_UNKNOWN, its answer for a descriptor \
+                 that is not exported memory (the likely cause))",
+            )
+            .device(device.raw()),
+        },
+        e => e,
     }
 }
 

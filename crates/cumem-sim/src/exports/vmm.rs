@@ -111,10 +111,10 @@ pub extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult
 
 /// `CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle
 /// handle, unsigned long long flags)`: maps a whole allocation onto unmapped space of one
-/// reservation, with no access until `cuMemSetAccess`. A released handle, flags, unaligned
-/// arguments are `INVALID_VALUE`; then anything but the whole allocation at offset 0 is
-/// `NOT_SUPPORTED` (as observed, also where the range overlaps or leaves the reservation); then
-/// a range outside one reservation or over a mapping is `INVALID_VALUE`.
+/// reservation, with no access until `cuMemSetAccess`. A released handle, flags and size 0 are
+/// `INVALID_VALUE`; then anything but the whole allocation at offset 0 is `NOT_SUPPORTED` (as
+/// observed, also where the map is misaligned, overlaps or leaves the reservation); then an
+/// unaligned address, a range outside one reservation or over a mapping is `INVALID_VALUE`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemMap(
     ptr: CUdeviceptr,
@@ -245,9 +245,10 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
 /// `CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
 /// CUmemAllocationHandleType shHandleType)`: for POSIX_FD, `osHandle` is the descriptor itself
 /// (cast to a pointer), which the caller keeps. Returns a new handle (one reference, released with
-/// `cuMemRelease`), even in the exporting process. A descriptor that is not exported memory (−1,
-/// closed, a regular file, `/dev/null`) → `UNKNOWN` (as observed); FABRIC → `NOT_SUPPORTED`;
-/// another type → `INVALID_VALUE`.
+/// `cuMemRelease`), even in the exporting process. As observed: WIN32, WIN32_KMT and FABRIC →
+/// `NOT_SUPPORTED`; another type but POSIX_FD → `INVALID_VALUE`; descriptor 0 → `INVALID_VALUE`
+/// (a NULL `osHandle`, even where 0 is exported memory); a descriptor that is not exported memory
+/// (−1, closed, a regular file, `/dev/null`, a pipe, a socket) → `UNKNOWN`.
 ///
 /// # Safety
 /// 1. `handle` is NULL or valid for writing a `CUmemGenericAllocationHandle`.

@@ -18,10 +18,12 @@ use crate::memory::{AllocKind, Allocation, Backing, Freed};
 use crate::state::SIM;
 
 /// `cuMemMap`: binds the whole of `handle` (`offset` 0, `size` its size: anything else is
-/// `NOT_SUPPORTED`, as observed, before any check of where it goes) to `[ptr, ptr + size)`.
+/// `NOT_SUPPORTED`, as observed, before the address is looked at) to `[ptr, ptr + size)`.
 pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
     let (size, offset) = (size as u64, offset as u64);
+    // A handle value that was never one crashed the H100's driver (SIGSEGV, 2026-11-23, second
+    // run); INVALID_VALUE for it is the simulator's own answer. A released one is §17's.
     let Some(p) = st.vmm.physical.get(&handle) else {
         return Err(invalid(format!("{handle:#x} is not a live allocation handle")));
     };
@@ -33,21 +35,17 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
     if flags != 0 {
         return Err(invalid(format!("cuMemMap flags {flags:#x} must be 0")));
     }
-    if size == 0 || [ptr, size, offset].iter().any(|v| !v.is_multiple_of(GRANULARITY)) {
-        return Err(invalid(format!(
-            "address {ptr:#x}, size {size} and offset {offset} must be multiples of the granularity {GRANULARITY} \
-             (size non-zero)"
-        )));
+    if size == 0 {
+        return Err(invalid("cuMemMap of 0 bytes"));
     }
-    // Observed on an H100, 2026-11-23: aligned arguments that do not map exactly the whole
-    // allocation (a prefix, a non-zero offset, more than it holds), created or imported alike,
-    // give NOT_SUPPORTED (the documentation only says the offset "currently must be zero").
-    // Check order: measured (second run that day) is that this rule comes before the
-    // reservation and overlap checks below: a partial map onto an existing mapping, running
-    // past the reservation's end or starting just past it is NOT_SUPPORTED, not INVALID_VALUE
-    // (only a whole allocation meets those checks). Still the simulator's choice: the argument
-    // checks above (handle, flags, alignment, all INVALID_VALUE, §17) coming first; no map that
-    // failed one of them and was partial too was measured.
+    // Observed on an H100, 2026-11-23: anything but exactly the whole allocation at offset 0 (a
+    // prefix, a non-zero offset, more than it holds), created or imported alike, is
+    // NOT_SUPPORTED (the documentation only says the offset "currently must be zero"). The
+    // second run that day placed the rule: after the handle, flags and zero-size checks (each
+    // INVALID_VALUE also for a partial map), before everything about the address: a partial map
+    // that is misaligned (address, size or offset, at 4096), outside any reservation, past a
+    // reservation's end or over a mapping is NOT_SUPPORTED too. (A vmm-less device was not
+    // measured: its NOT_SUPPORTED is the documentation's, §9, and it comes first either way.)
     if (offset, size) != (0, phys_size) {
         return Err(Fail::misuse(
             CUresult::CUDA_ERROR_NOT_SUPPORTED,
@@ -57,17 +55,26 @@ pub(crate) fn map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
             ),
         ));
     }
+    // The whole allocation's size and offset 0 are granularity multiples: only the address is
+    // left to check (a whole allocation at a misaligned address: INVALID_VALUE, as observed).
+    if !ptr.is_multiple_of(GRANULARITY) {
+        return Err(invalid(format!("address {ptr:#x} is not a multiple of the granularity {GRANULARITY}")));
+    }
     let Some((rbase, r)) = st.vmm.reservation_of(ptr) else {
         return Err(invalid(format!("{ptr:#x} is not inside a reservation")));
     };
-    // Not the H100's answer in one case (docs/vmm.md, "Observed on a GPU"): it accepted a whole
-    // allocation that starts inside a reservation and runs past its end (2026-11-23, seen
-    // twice), while refusing every map that starts outside one. What the overhang maps onto is
-    // unknown, and here it could alias the neighbouring reservation's view, so the simulator
-    // keeps refusing it.
+    // Not the H100's answer (docs/vmm.md, "Observed on a GPU"; 2026-11-23, second run): it
+    // accepted a whole allocation that starts inside a reservation and runs past its end (onto
+    // reserved but unmapped space of a neighbouring reservation; 4 granules at the last granule
+    // too), and refused it (INVALID_VALUE) only where the overhang was mapped: its rule looks
+    // like "starts inside a reservation, overlaps no mapping". Accepting it here would put
+    // memory at addresses another reservation holds, aliasing space its owner takes for its own
+    // and unmapped (what freeing that neighbour does then was not measured), so the simulator
+    // refuses it.
     if size > r.size - (ptr - rbase) {
         return Err(invalid(format!(
-            "[{ptr:#x}, +{size}) runs past the end of the reservation [{rbase:#x}, +{})",
+            "[{ptr:#x}, +{size}) runs past the end of the reservation [{rbase:#x}, +{}) (the H100 \
+             maps it into the neighbouring addresses; the simulator refuses)",
             r.size
         )));
     }

@@ -8,7 +8,7 @@
 //! is new physical memory of the importer (its own handle, one reference, charged to nothing);
 //! the kernel frees the bytes when every process has released its handle and unmapped them.
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use cudarc::driver::sys::CUresult;
 
@@ -22,6 +22,10 @@ pub(super) const TRAILER: u64 = 4096;
 const MAGIC: &[u8; 8] = b"cumemvmm";
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
 const POSIX_FD: u32 = 0x1;
+/// `CU_MEM_HANDLE_TYPE_WIN32`.
+const WIN32: u32 = 0x2;
+/// `CU_MEM_HANDLE_TYPE_WIN32_KMT`.
+const WIN32_KMT: u32 = 0x4;
 /// `CU_MEM_HANDLE_TYPE_FABRIC`.
 const FABRIC: u32 = 0x8;
 
@@ -44,19 +48,22 @@ pub(super) fn write_trailer(file: &OwnedFd, size: u64, prop: &AllocationProp) ->
     (n == page.len() as isize).then_some(())
 }
 
-/// The memory size and properties a simulator memory file carries, or `None` for any other file.
-fn read_trailer(file: BorrowedFd<'_>) -> Option<(u64, AllocationProp)> {
+/// The memory size and properties a simulator memory file carries, or `None` for any other file
+/// and for a number that is no open descriptor.
+fn read_trailer(fd: RawFd) -> Option<(u64, AllocationProp)> {
     // SAFETY: `stat` is plain data, fully written by a successful fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `file` is open and `st` a valid out-pointer.
-    if unsafe { libc::fstat(file.as_raw_fd(), &mut st) } != 0 {
+    // SAFETY: `st` is a valid out-pointer. `fd` is any number: fstat of one that is not open
+    // fails with EBADF and touches no memory but `st`.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
         return None;
     }
     let size = u64::try_from(st.st_size).ok()?.checked_sub(TRAILER)?;
     let mut page = [0u8; 8 + size_of::<AllocationProp>()];
-    // SAFETY: `page` is writable for its length; `file` is open.
-    let n =
-        unsafe { libc::pread(file.as_raw_fd(), page.as_mut_ptr().cast(), page.len(), size as libc::off_t) };
+    // SAFETY: `page` is writable for its length. Should another thread have closed `fd` since
+    // the fstat (the caller's race), pread fails with EBADF or reads another file, whose bytes
+    // land in `page` and fail the magic check.
+    let n = unsafe { libc::pread(fd, page.as_mut_ptr().cast(), page.len(), size as libc::off_t) };
     if n != page.len() as isize || &page[..8] != MAGIC {
         return None;
     }
@@ -102,16 +109,23 @@ pub(crate) fn export_fd(handle: u64, handle_type: u32, flags: u64) -> Result<i32
 /// import's properties are the creation's with requestedHandleTypes 0: observed on an H100,
 /// 2026-11-23, `cuMemGetAllocationPropertiesFromHandle` answers 0 for an imported handle, and
 /// exporting it again is `INVALID_VALUE`.
-/// Observed on an H100: a multi-bit type → `INVALID_VALUE`; FABRIC without fabric →
-/// `NOT_SUPPORTED`; a descriptor that is not exported memory → `UNKNOWN` (2026-11-23, second
-/// run: a regular file, `/dev/null`, a closed descriptor number and −1 alike). A device the
-/// importer does not have gives `INVALID_DEVICE`.
+/// Observed on an H100 (2026-11-23, second run), in this order: WIN32 (2), WIN32_KMT (4) and
+/// FABRIC without fabric → `NOT_SUPPORTED` (with any descriptor, −1 too); 0 or a multi-bit type
+/// → `INVALID_VALUE`; descriptor 0 → `INVALID_VALUE` whatever it is, exported memory too (the
+/// driver reads it as a NULL `osHandle`); a descriptor that is not exported memory → `UNKNOWN`
+/// (a regular file, `/dev/null`, a pipe, a socket, a closed descriptor number and −1 alike). A
+/// device the importer does not have gives `INVALID_DEVICE`.
 pub(crate) fn import_fd(fd: i32, handle_type: u32) -> Result<u64, Fail> {
-    if handle_type == FABRIC {
+    if matches!(handle_type, WIN32 | WIN32_KMT | FABRIC) {
         return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_SUPPORTED));
     }
     if handle_type != POSIX_FD {
         return Err(invalid(format!("handle type {handle_type:#x}: only POSIX_FD (1) is imported")));
+    }
+    if fd == 0 {
+        return Err(invalid(
+            "descriptor 0: osHandle is NULL (the driver refuses descriptor 0 whatever it names)",
+        ));
     }
     let not_exported = |why: &str| {
         Fail::misuse(
@@ -122,10 +136,7 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32) -> Result<u64, Fail> {
     if fd < 0 {
         return Err(not_exported("is negative"));
     }
-    // SAFETY: the caller's descriptor is only borrowed for this call; a closed number makes
-    // fstat fail below.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    let Some((size, prop)) = read_trailer(borrowed) else {
+    let Some((size, prop)) = read_trailer(fd) else {
         return Err(not_exported("is closed or names another file"));
     };
     let mut st = SIM.st.lock();
@@ -138,7 +149,8 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32) -> Result<u64, Fail> {
             format!("the exported memory is on device {}", prop.location.id),
         ));
     };
-    // SAFETY: `fd` is open (fstat succeeded); F_DUPFD_CLOEXEC returns a new descriptor or -1.
+    // SAFETY: F_DUPFD_CLOEXEC on any number returns a new descriptor or -1 (EBADF, should the
+    // caller have closed `fd` since the trailer was read); it touches no memory.
     let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if dup < 0 {
         return Err(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
