@@ -144,13 +144,17 @@ impl<T> Drop for ImportedBuffer<T> {
                 }
             }
             Source::Pool { export, .. } => {
+                // The free and the release of the address under one guard: the driver does not
+                // count imports of one address, so an import between them would get this
+                // mapping's address back for a new mapping (see `live_imports::pool_addresses`).
+                let mut addresses = live_imports::pool_addresses();
                 // SAFETY: `base` came from `pool_import_pointer`, is freed only here, no view
                 // outlives `self`, and the work that used it has completed (synchronised above).
                 if let Err(e) = unsafe { ffi::mem_free(self.base) } {
                     tracing::warn!(error = %e, "cumem-ipc: freeing an imported pool pointer failed");
                 }
-                // Released after the free: the driver does not count imports of one address.
-                live_imports::release_pool_address(self.base);
+                addresses.remove(&self.base);
+                drop(addresses);
                 live_imports::release_pool_export(export);
             }
         }

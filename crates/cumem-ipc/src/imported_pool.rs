@@ -34,8 +34,9 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
+use std::collections::BTreeMap;
 use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use bytemuck::Pod;
 use cumem_core::sys::CUmemoryPool;
@@ -44,11 +45,14 @@ use cumem_core::{Context, Device, Error, ErrorContext, Feature, Result, Stream};
 use crate::imported::Source;
 use crate::{ImportedBuffer, PoolPointerExport, ffi, live_imports};
 
-/// The imported pool itself, destroyed when the [`ImportedPool`] and every buffer imported through
-/// it are gone.
+/// The imported pool itself: one per driver handle, shared by every [`ImportedPool`] the driver
+/// gave that handle, destroyed once per import when they and every buffer imported through them
+/// are gone.
 pub(crate) struct PoolHandle {
-    ctx: Context,
     raw: CUmemoryPool,
+    /// The context of each `ImportedPool::from_fd` that returned this handle: the driver counts
+    /// pool imports, so the handle is destroyed once for each.
+    opens: Mutex<Vec<Context>>,
 }
 
 // SAFETY: a CUmemoryPool is an opaque handle the driver lets any thread use; it is never
@@ -57,17 +61,41 @@ unsafe impl Send for PoolHandle {}
 // SAFETY: as above; the driver synchronises its own use of the handle.
 unsafe impl Sync for PoolHandle {}
 
+/// The imported pools of this process, by raw handle. The driver answers an import of a pool
+/// that has a live import here with the same handle (an H100, 2026-11-23, also in a second
+/// context), and refuses `cuMemPoolDestroy` while pointers imported through it live, without
+/// counting that destroy (same H100, second run): so the imports share one [`PoolHandle`], whose
+/// destroys wait for the last imported buffer. Its lock is held across the driver's import and
+/// the lookup, and across the destroys, so that an import racing with the last drop either joins
+/// the handle before it goes or gets a new one after.
+static IMPORTED_POOLS: Mutex<BTreeMap<usize, Weak<PoolHandle>>> = Mutex::new(BTreeMap::new());
+
+fn imported_pools() -> MutexGuard<'static, BTreeMap<usize, Weak<PoolHandle>>> {
+    // The table stays consistent through a panic elsewhere (each change is one insert or remove).
+    IMPORTED_POOLS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl Drop for PoolHandle {
     fn drop(&mut self) {
-        if let Err(e) = self.ctx.bind() {
-            tracing::warn!(error = %e, "cumem-ipc: cannot bind an imported pool's context; it leaks");
-            return;
+        let mut table = imported_pools();
+        // An import that raced with the last `Arc` going got this handle again and a new entry:
+        // it keeps its own count, and its entry stays.
+        if table.get(&(self.raw as usize)).is_some_and(|w| std::ptr::eq(w.as_ptr(), self)) {
+            table.remove(&(self.raw as usize));
         }
-        // SAFETY: imported in `ImportedPool::from_fd`, destroyed only here, after the last
-        // imported buffer (each holds this handle) was freed.
-        if let Err(e) = unsafe { ffi::pool_destroy(self.raw) } {
-            tracing::warn!(error = %e, "cumem-ipc: destroying an imported pool failed");
+        let opens = std::mem::take(self.opens.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        for ctx in opens {
+            if let Err(e) = ctx.bind() {
+                tracing::warn!(error = %e, "cumem-ipc: cannot bind an imported pool's context; one import leaks");
+                continue;
+            }
+            // SAFETY: imported (once per entry of `opens`) in `ImportedPool::from_fd`, destroyed
+            // only here, after the last imported buffer (each holds this handle) was freed.
+            if let Err(e) = unsafe { ffi::pool_destroy(self.raw) } {
+                tracing::warn!(error = %e, "cumem-ipc: destroying an imported pool failed");
+            }
         }
+        drop(table);
     }
 }
 
@@ -76,6 +104,9 @@ impl Drop for PoolHandle {
 /// while imported buffers live is fine: the pool goes with the last of them.
 pub struct ImportedPool {
     inner: Arc<PoolHandle>,
+    /// The context this import was made in (another `ImportedPool` of the same handle may have
+    /// another).
+    ctx: Context,
 }
 
 impl ImportedPool {
@@ -87,22 +118,43 @@ impl ImportedPool {
     /// Importing a pool that this process already imported (and whose [`ImportedPool`] or
     /// imported buffers still live) gives a second `ImportedPool` with the same
     /// [`raw`](Self::raw) handle: the driver returns the live import's handle and counts the
-    /// imports (an H100, 2026-11-23), so each `ImportedPool` destroys it once and the handle
-    /// lives until the last one goes.
+    /// imports (an H100, 2026-11-23, also for an import in another context). The driver refuses
+    /// to destroy an imported pool while pointers imported through it live (and does not count
+    /// the refused destroy), so the handle is destroyed once per import only when every
+    /// `ImportedPool` of it and every buffer imported through them are gone.
     ///
     /// An imported pool lives on the device the exporter created it on; `device` must be that
-    /// device, or one the exporter gave read-write access to the pool with `cuMemPoolSetAccess`
-    /// (this crate does not call it: the exporter's program does, on the pool's
-    /// [`raw`](crate::ShareablePool::raw) handle, before importers use other devices). Any other
-    /// device gives [`Error::WrongDevice`] (`expected`: the first device with read-write access,
-    /// -1 if none is found), since its streams could not use the imported memory.
+    /// device, or one given read-write access to the imported pool with `cuMemPoolSetAccess`
+    /// (this crate does not call it: the program does, on the [`raw`](Self::raw) handle of an
+    /// earlier import of the pool on its own device; whether the exporter's grant on its
+    /// [`ShareablePool::raw`](crate::ShareablePool::raw) reaches importers is not on record, and
+    /// the simulator keeps access per pool handle, so it does not). Any other device gives
+    /// [`Error::WrongDevice`] (`expected`: the first device with read-write access, -1 if none is
+    /// found), since its streams could not use the imported memory.
     pub fn from_fd(device: &Device, fd: impl AsFd) -> Result<ImportedPool> {
         device.capabilities()?.require(Feature::MemoryPools)?;
         let ctx = device.context()?;
         ctx.bind()?;
-        let raw = ffi::pool_import_fd(fd.as_fd())?;
-        // Destroys the import on every error path below.
-        let pool = ImportedPool { inner: Arc::new(PoolHandle { ctx, raw }) };
+        let inner = {
+            let mut table = imported_pools();
+            let raw = ffi::pool_import_fd(fd.as_fd())?;
+            match table.get(&(raw as usize)).and_then(Weak::upgrade) {
+                Some(inner) => {
+                    inner.opens.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(ctx.clone());
+                    inner
+                }
+                None => {
+                    let inner = Arc::new(PoolHandle { raw, opens: Mutex::new(vec![ctx.clone()]) });
+                    table.insert(raw as usize, Arc::downgrade(&inner));
+                    inner
+                }
+            }
+            // The table's lock is released here: dropping the last `Arc` below takes it.
+        };
+        let raw = inner.raw;
+        // Counts this import for destruction on every error path below (with the handle's last
+        // user).
+        let pool = ImportedPool { inner, ctx };
         if !ffi::pool_device_can_read_write(raw, device.raw())? {
             let expected = (0..Device::count()?)
                 .find(|&d| {
@@ -122,7 +174,7 @@ impl ImportedPool {
 
     /// The context the pool was imported in.
     pub fn context(&self) -> &Context {
-        &self.inner.ctx
+        &self.ctx
     }
 
     /// Imports the exported buffer as `bytes() / size_of::<T>()` elements whose first use is on
@@ -136,10 +188,12 @@ impl ImportedPool {
     /// the exporting process, 2026-11-23), which is why safety item 1 below is the caller's.
     /// Importing an export that is already imported in this process (through any
     /// [`ImportedPool`], in any context) while that [`ImportedBuffer`] lives, or the driver
-    /// returning the address of a live [`ImportedBuffer`] (it does for a second import of the
-    /// same allocation, without counting it), gives [`Error::AlreadyMapped`] and leaves the live
-    /// import as it was: two imports of the same memory would give safe code two exclusive views
-    /// of it.
+    /// returning the address of a live [`ImportedBuffer`], gives [`Error::AlreadyMapped`] and
+    /// leaves the live import as it was: two imports of the same memory would give safe code two
+    /// exclusive views of it. The driver does return that address, without counting the import,
+    /// for a second import of the same allocation: with the same bytes (exporting a pointer twice
+    /// gives the same bytes), with bytes that differ (the last byte flipped), and from a second
+    /// context (an H100, 2026-11-23, second run).
     ///
     /// # Safety
     ///
@@ -173,7 +227,7 @@ impl ImportedPool {
         export: &PoolPointerExport,
         stream: &Stream,
     ) -> Result<ImportedBuffer<T>> {
-        let ctx = &self.inner.ctx;
+        let ctx = &self.ctx;
         if stream.context() != ctx {
             return Err(Error::WrongDevice {
                 expected: ctx.device().ordinal() as i32,
@@ -210,24 +264,30 @@ impl ImportedPool {
         if !live_imports::claim_pool_export(&raw) {
             return Err(already());
         }
-        let base = match ffi::pool_import_pointer(self.inner.raw, raw) {
-            Ok(base) => base,
-            Err(e) => {
+        let base = {
+            // The import and the claim of its address under one guard, as the free and the
+            // release in `ImportedBuffer`'s drop: no other import or free comes between them.
+            let mut addresses = live_imports::pool_addresses();
+            let base = match ffi::pool_import_pointer(self.inner.raw, raw) {
+                Ok(base) => base,
+                Err(e) => {
+                    drop(addresses);
+                    live_imports::release_pool_export(&raw);
+                    return Err(e);
+                }
+            };
+            if !addresses.insert(base) {
+                // The driver returned a live import's address (export bytes that differ from
+                // that import's but name the same allocation: the same bytes were refused
+                // above). It does not count imports of one address (an H100, 2026-11-23): this
+                // is that import's mapping, and a cuMemFree here would unmap it under its
+                // `ImportedBuffer`. Nothing to free.
+                drop(addresses);
                 live_imports::release_pool_export(&raw);
-                return Err(e);
+                return Err(already());
             }
+            base
         };
-        if !live_imports::claim_pool_address(base) {
-            // The driver returned a live import's address (export bytes that differ from that
-            // import's but name the same allocation: the same bytes were refused above). It does
-            // not count imports of one address (an H100, 2026-11-23): this is that import's
-            // mapping, and a cuMemFree here would unmap it under its `ImportedBuffer`. Nothing
-            // to free (unless this raced with that import's drop, between its free and its
-            // release of the address: then a new mapping is left to the process's end, the safe
-            // side).
-            live_imports::release_pool_export(&raw);
-            return Err(already());
-        }
         // Built before any further fallible step, so that every error path below frees the import
         // (by dropping it). The pointer wraps rather than panics on a forged offset; it is used
         // only once the range check below has passed.
@@ -254,7 +314,7 @@ impl ImportedPool {
 impl std::fmt::Debug for ImportedPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImportedPool")
-            .field("device", &self.inner.ctx.device().ordinal())
+            .field("device", &self.ctx.device().ordinal())
             .field("raw", &self.inner.raw)
             .finish()
     }

@@ -7,9 +7,12 @@
 //! their address too (in any context: an address names one mapping in the process), because the
 //! driver answers a second `cuMemPoolImportPointer` of a live import with the same address and
 //! does not count it: the first `cuMemFree` unmaps it, the next gives INVALID_VALUE (an H100,
-//! 2026-11-23; the simulator does the same). So an import whose address is already claimed here
-//! (export bytes that differ but name the same allocation) is refused and never freed: freeing it
-//! would unmap the live one, and not freeing it leaks nothing, since it is the same mapping.
+//! 2026-11-23; the simulator does the same). On the same H100 (2026-11-23, second run), exporting
+//! one pointer twice gave identical bytes; an import in a second context while the first lived
+//! gave the same address; and export bytes with their last byte flipped imported with SUCCESS at
+//! the live import's address: bytes that differ can name the same allocation. So an import whose
+//! address is already claimed here is refused and never freed: freeing it would unmap the live
+//! one, and not freeing it leaks nothing, since it is the same mapping.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -61,19 +64,12 @@ pub(crate) fn release_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) {
     live_pool_exports().remove(raw);
 }
 
-fn live_pool_addresses() -> std::sync::MutexGuard<'static, BTreeSet<CUdeviceptr>> {
+/// The addresses of the live pool pointer imports in this process. An import claims its address
+/// and a free releases it under this guard, held across the driver's `cuMemPoolImportPointer` and
+/// `cuMemFree`: otherwise an import could get an address between another import's free and its
+/// release (and be refused, leaving a new mapping behind), or between another's import and its
+/// claim (and wrap that mapping as its own). Taken before the exports' lock, never after it.
+pub(crate) fn pool_addresses() -> std::sync::MutexGuard<'static, BTreeSet<CUdeviceptr>> {
     // As `live`: each change is one insert or remove.
     LIVE_POOL_ADDRESSES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Records the imported pool pointer at `base`; false when a live import here already has that
-/// address (the driver's answer to a second import of the same allocation: the same mapping).
-pub(crate) fn claim_pool_address(base: CUdeviceptr) -> bool {
-    live_pool_addresses().insert(base)
-}
-
-/// Forgets the imported pool pointer at `base`, once it is freed: not before, since imports are
-/// not counted and a second import claimed meanwhile would be unmapped by that free.
-pub(crate) fn release_pool_address(base: CUdeviceptr) {
-    live_pool_addresses().remove(&base);
 }

@@ -79,8 +79,10 @@ impl ShareablePool {
     /// A new pool on `ctx`'s device that reserves at most `max_size` bytes (`None`: the device's
     /// memory), rounded up by the driver to a multiple of 32 MiB: the pool reserves device memory
     /// in 32 MiB chunks, so a 4 MiB limit still holds 3 + 3 MiB in one 32 MiB chunk (observed on
-    /// an H100, 2026-11-23; the simulator does the same). Use a multiple of 32 MiB for an exact
-    /// cap.
+    /// an H100, 2026-11-23, on pools *without* handle types; for these POSIX_FD pools it is
+    /// assumed, not measured; the simulator rounds the same way for both, and does not pack an
+    /// allocation across chunks as the H100 does, so a limited pool may run out earlier there).
+    /// Use a multiple of 32 MiB for an exact cap.
     pub fn with_max_size(ctx: &Context, max_size: Option<usize>) -> Result<ShareablePool> {
         let device = ctx.device();
         device.capabilities()?.require(Feature::MemoryPools)?;

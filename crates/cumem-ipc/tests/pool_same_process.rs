@@ -1,13 +1,14 @@
 //! One process imports buffers of its own [`ShareablePool`]: a second import of an export while
 //! the first lives is refused with [`Error::AlreadyMapped`] (through the same or another
 //! [`ImportedPool`] of the pool, which shares the first's driver handle, each destroyed once), and
-//! allowed again once the first is dropped; a second import that the driver maps at the live
-//! import's address is refused without disturbing the first; an export whose buffer the exporter
-//! already freed imports (as on an H100) and the simulator reports it; the pool imported for a
-//! device without access to it is [`Error::WrongDevice`]; an import leaked by its drop keeps its imported pool; an import
-//! dropped inside a `queue_on` closure is freed, not leaked; a pointer exports before the pool
-//! was ever exported (by hand), also from two threads at once. The process ends with a clean live
-//! report.
+//! allowed again once the first is dropped; an `ImportedPool` dropped while buffers imported
+//! through another of the same handle live does not leak the handle; a second import that the
+//! driver maps at the live import's address is refused without disturbing the first, also from
+//! another device's context; an export whose buffer the exporter already freed imports (as on an
+//! H100) and the simulator reports it; the pool imported for a device without access to it is
+//! [`Error::WrongDevice`]; an import leaked by its drop keeps its imported pool; an import dropped
+//! inside a `queue_on` closure is freed, not leaked; a pointer exports before the pool was ever
+//! exported (by hand), also from two threads at once. The process ends with a clean live report.
 
 use std::sync::Arc;
 
@@ -27,6 +28,40 @@ fn assert_clean_report() {
         let report = ctl.live_report();
         assert!(report.is_clean(), "live report not clean:\n{report}");
     }
+}
+
+/// On the simulator: no refused destroy of an imported pool (one destroyed under its imports),
+/// no refused or doubled free of an imported pointer, no exporter's free under a live import.
+fn assert_no_refused_destroys_or_frees() {
+    if let Some(ctl) = testing::sim_control() {
+        let wrong: Vec<_> = ctl
+            .violations()
+            .into_iter()
+            .filter(|v| {
+                v.message.contains("freed by its exporter")
+                    || ["cuMemPoolDestroy", "cuMemFree_v2"].contains(&v.function.as_str())
+            })
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+}
+
+/// Gives `device` read-write access to the (imported) pool `pool`; false on a real driver that
+/// refuses it (no peer access between the devices).
+fn grant_read_write(pool: sys::CUmemoryPool, device: i32) -> bool {
+    let desc = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: one valid descriptor for the call; `pool` is a live pool handle.
+    let code = unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) };
+    if testing::sim_control().is_some() {
+        assert_eq!(code, CUresult::CUDA_SUCCESS);
+    }
+    code == CUresult::CUDA_SUCCESS
 }
 
 #[test]
@@ -82,32 +117,78 @@ fn a_second_import_of_a_live_import_is_refused() {
         drop(through_other);
         drop(other);
         drop(buf);
+        assert_no_refused_destroys_or_frees();
+    }
+    assert_clean_report();
+}
+
+/// Two `ImportedPool`s of one driver handle; the second is dropped while a buffer imported
+/// through the first lives. The driver refuses to destroy an imported pool while pointers
+/// imported through it live, and does not count that refusal (an H100, 2026-11-23, second run):
+/// a destroy at that drop would leave the handle imported once too often, forever. The handle is
+/// destroyed once per import when the last buffer and `ImportedPool` are gone.
+#[test]
+#[serial]
+fn an_imported_pool_dropped_while_anothers_imports_live_is_not_leaked() {
+    testing::init_with(SIM_CONFIG);
+    if let Some(ctl) = testing::sim_control() {
+        ctl.clear_violations();
+    }
+    {
+        let device = Device::get(0).unwrap();
+        let ctx = device.context().unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
+        let data: Vec<u32> = (0..1024).map(|i| i * 3 + 1).collect();
+        let buf = DeviceBuffer::from_slice_in(&pool, &stream, &data).unwrap();
+        buf.order().synchronize().unwrap();
+        let export = pool.export_pointer(&buf).unwrap();
+        let fd = pool.export_fd().unwrap();
+        let imported = ImportedPool::from_fd(&device, &fd).unwrap();
+        let other = ImportedPool::from_fd(&device, &fd).unwrap();
+        drop(fd);
+        assert_eq!(other.raw(), imported.raw());
+        let raw_pool = imported.raw() as u64;
+        // SAFETY: `buf` outlives the import (dropped after it); its fill completed above and
+        // nothing writes it while the import lives.
+        let import = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
+        drop(other);
+        drop(imported);
+        assert_eq!(import.as_slice().to_vec().unwrap(), data, "the pool is still imported");
         if let Some(ctl) = testing::sim_control() {
-            let wrong: Vec<_> = ctl
-                .violations()
-                .into_iter()
-                .filter(|v| {
-                    v.message.contains("freed by its exporter")
-                        || ["cuMemPoolDestroy", "cuMemFree_v2"].contains(&v.function.as_str())
-                })
-                .collect();
-            assert!(wrong.is_empty(), "{wrong:#?}");
+            assert!(
+                ctl.live_report().pools.iter().any(|p| p.handle == raw_pool),
+                "destroyed under its import"
+            );
         }
+        drop(import);
+        if let Some(ctl) = testing::sim_control() {
+            let report = ctl.live_report();
+            assert!(
+                !report.pools.iter().any(|p| p.handle == raw_pool),
+                "the imported pool leaked:\n{report}"
+            );
+        }
+        drop(buf);
+        assert_no_refused_destroys_or_frees();
     }
     assert_clean_report();
 }
 
 /// A second import that the driver maps at a live import's address (export bytes that differ but
-/// name the same allocation: on the simulator, bytes its export data does not use) is refused with
-/// `AlreadyMapped` and not freed: the driver does not count imports of one address (an H100,
-/// 2026-11-23), so a free would unmap the first import under its `ImportedBuffer`. The first
-/// import's bytes still round-trip, its drop frees it once, and nothing leaks.
+/// name the same allocation: the last of the driver's 64 bytes flipped, which an H100 imported with
+/// SUCCESS at the live import's address, 2026-11-23, second run; the simulator does not read that
+/// byte) is refused with `AlreadyMapped` and not freed: the driver does not count imports of one
+/// address (an H100, 2026-11-23), so a free would unmap the first import under its
+/// `ImportedBuffer`. The first import's bytes still round-trip, its drop frees it once, and
+/// nothing leaks.
 #[test]
 #[serial]
 fn an_import_at_a_live_imports_address_leaves_it_alone() {
     testing::init_with(SIM_CONFIG);
-    // Which bytes of the driver's export data do not name the allocation is the simulator's own.
-    let Some(ctl) = testing::sim_control() else { return };
+    if let Some(ctl) = testing::sim_control() {
+        ctl.clear_violations();
+    }
     {
         let device = Device::get(0).unwrap();
         let ctx = device.context().unwrap();
@@ -120,13 +201,12 @@ fn an_import_at_a_live_imports_address_leaves_it_alone() {
         let fd = pool.export_fd().unwrap();
         let imported = ImportedPool::from_fd(&device, &fd).unwrap();
         drop(fd);
-        // The last byte of the driver's 64 (after the 8-byte tag): unused by the simulator.
+        // The last byte of the driver's 64 (after the 8-byte tag).
         let mut other_wire = wire;
         other_wire[8 + 63] ^= 0xFF;
         let export = PoolPointerExport::from_bytes(&wire).unwrap();
         let same_allocation = PoolPointerExport::from_bytes(&other_wire).unwrap();
         assert_ne!(export, same_allocation);
-        ctl.clear_violations();
         // SAFETY: `buf` outlives both imports (dropped after them) and nothing writes it while
         // they live; its fill completed above.
         let mut first = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
@@ -144,9 +224,74 @@ fn an_import_at_a_live_imports_address_leaves_it_alone() {
         let again = unsafe { imported.import_pointer::<u32>(&same_allocation, &stream) }.unwrap();
         drop(again);
         drop(buf);
-        let frees: Vec<_> =
-            ctl.violations().into_iter().filter(|v| v.function.starts_with("cuMemFree")).collect();
-        assert!(frees.is_empty(), "every import was freed once: {frees:#?}");
+        if let Some(ctl) = testing::sim_control() {
+            let frees: Vec<_> =
+                ctl.violations().into_iter().filter(|v| v.function.starts_with("cuMemFree")).collect();
+            assert!(frees.is_empty(), "every import was freed once: {frees:#?}");
+        }
+    }
+    assert_clean_report();
+}
+
+/// As above, from another device's context: device 1, given read-write access to the imported
+/// pool, imports the pool again (the driver gives the live import's handle, counted, as an H100
+/// did in a second context, 2026-11-23, second run) and then the flipped bytes. The driver maps
+/// them at the live import's address (the H100 did so in a second context): the address is
+/// claimed in the process, not per context, so this is refused too. The claim is released only
+/// after the first import's free, so the bytes import in the other context once it is dropped.
+/// The first `ImportedPool` is dropped while that import lives: the handle is destroyed twice,
+/// once per context, after it.
+#[test]
+#[serial]
+fn an_import_at_a_live_imports_address_in_another_context_is_refused() {
+    testing::init_with(SIM_CONFIG);
+    if Device::count().unwrap() < 2 {
+        return testing::skip("needs a second device");
+    }
+    if let Some(ctl) = testing::sim_control() {
+        ctl.clear_violations();
+    }
+    {
+        let device = Device::get(0).unwrap();
+        let ctx = device.context().unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
+        let data: Vec<u32> = (0..2048).map(|i| i * 17 + 5).collect();
+        let buf = DeviceBuffer::from_slice_in(&pool, &stream, &data).unwrap();
+        buf.order().synchronize().unwrap();
+        let wire = pool.export_pointer(&buf).unwrap().to_bytes();
+        let fd = pool.export_fd().unwrap();
+        let imported = ImportedPool::from_fd(&device, &fd).unwrap();
+        // Granted on the imported handle: the simulator keeps access per pool handle (whether an
+        // exporter's grant reaches its importers is not on record).
+        if !grant_read_write(imported.raw(), 1) {
+            return testing::skip("device 1 cannot be given access to device 0's pool");
+        }
+        let there = ImportedPool::from_fd(&Device::get(1).unwrap(), &fd).unwrap();
+        drop(fd);
+        assert_eq!(there.raw(), imported.raw(), "the live import's handle");
+        assert_ne!(there.context(), imported.context());
+        let there_stream = Stream::new(there.context()).unwrap();
+        let mut other_wire = wire;
+        other_wire[8 + 63] ^= 0xFF;
+        let export = PoolPointerExport::from_bytes(&wire).unwrap();
+        let same_allocation = PoolPointerExport::from_bytes(&other_wire).unwrap();
+        // SAFETY: `buf` outlives every import (dropped after them) and nothing writes it while
+        // they live; its fill completed above.
+        let first = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
+        // SAFETY: as above.
+        let second = unsafe { there.import_pointer::<u32>(&same_allocation, &there_stream) };
+        assert!(matches!(second, Err(Error::AlreadyMapped { .. })), "{second:?}");
+        assert_eq!(first.as_slice().to_vec().unwrap(), data, "the first import is still mapped");
+        drop(first);
+        // SAFETY: as above.
+        let again = unsafe { there.import_pointer::<u32>(&same_allocation, &there_stream) }.unwrap();
+        drop(imported);
+        assert_eq!(again.as_slice().to_vec().unwrap(), data);
+        drop(again);
+        drop(there);
+        drop(buf);
+        assert_no_refused_destroys_or_frees();
     }
     assert_clean_report();
 }

@@ -78,7 +78,9 @@ pub struct MemPoolOptions {
     /// by the driver to a multiple of 32 MiB: the pool reserves device memory in 32 MiB chunks,
     /// so a 4 MiB limit still holds 3 + 3 MiB (or one 20 MiB buffer) in one 32 MiB chunk, and a
     /// 40 MiB limit holds 30 + 30 MiB in 64 MiB (observed on an H100, 2026-11-23; the simulator
-    /// does the same). To cap a pool at an exact size, use a multiple of 32 MiB.
+    /// rounds the same way, but does not pack an allocation across chunks as the H100 does, so a
+    /// limited pool may run out earlier there). To cap a pool at an exact size, use a multiple of
+    /// 32 MiB.
     pub max_size: Option<usize>,
     /// Bytes of unused memory to keep across synchronisations (0 returns everything).
     pub release_threshold: u64,

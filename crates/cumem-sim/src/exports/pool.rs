@@ -111,8 +111,9 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 
 /// `CUresult cuMemPoolDestroy(CUmemoryPool pool)`: the handle dies at once; with allocations
 /// outstanding the memory is released when they have been freed (the driver's documented
-/// behaviour). A device's current pool reverts to its default pool. Default pools and dead
-/// handles give `INVALID_VALUE`.
+/// behaviour). A device's current pool reverts to its default pool. Default pools, dead handles
+/// and imported pools with live imported pointers (as on an H100; the imports are not counted
+/// down) give `INVALID_VALUE`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     api::call("cuMemPoolDestroy", Init::Required, || pool::destroy(&mut SIM.st.lock(), pool as u64))
@@ -311,9 +312,10 @@ pub unsafe extern "C" fn cuMemPoolExportToShareableHandle(
 /// the descriptor itself (cast to a pointer), which the caller keeps. The pool handle (a new one,
 /// or that of a live import of the same pool in this process, whose imports are then counted:
 /// each is destroyed once, as on an H100) is for `cuMemPoolImportPointer` only (allocating from
-/// it or making it a device's pool gives `INVALID_VALUE`); destroy it with `cuMemPoolDestroy`. Another type → `NOT_SUPPORTED`; NULL
-/// `pool_out`, flags ≠ 0 or a descriptor that is not an exported pool → `INVALID_VALUE`; a
-/// negative descriptor → `UNKNOWN`.
+/// it or making it a device's pool gives `INVALID_VALUE`); destroy it with `cuMemPoolDestroy`,
+/// once its imported pointers are freed (before that → `INVALID_VALUE`, as on an H100). Another
+/// type → `NOT_SUPPORTED`; NULL `pool_out`, flags ≠ 0 or a descriptor that is not an exported pool
+/// → `INVALID_VALUE`; a negative descriptor → `UNKNOWN`.
 ///
 /// # Safety
 /// 1. `pool_out` is NULL or valid for writing a `CUmemoryPool`.
@@ -364,7 +366,8 @@ pub unsafe extern "C" fn cuMemPoolExportPointer(
 /// (listed as a `pool_import` in the live report until freed with `cuMemFree`/`cuMemFreeAsync`,
 /// which every importer must do before the exporter frees it). A block with a live import here
 /// gives that import's address, not counted (one free ends it), as on an H100; a block the
-/// exporter already freed is mapped too (SUCCESS, as on an H100) and recorded as a violation.
+/// exporter already freed is mapped too (SUCCESS, as on an H100) and recorded as a violation, as
+/// is a block never exported or a forged offset inside the pool file (a GPU's answer unknown).
 /// No current context → `INVALID_CONTEXT`; NULL pointers, a pool that was not imported, bytes no
 /// `cuMemPoolExportPointer` wrote, or a pointer of another pool → `INVALID_VALUE`.
 ///

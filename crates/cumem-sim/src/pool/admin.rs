@@ -101,9 +101,19 @@ pub(crate) fn create(st: &mut State, p: &PoolProps) -> Result<u64, Fail> {
 /// `cuMemPoolDestroy`: the handle dies at once, the memory when the last allocation is freed; a
 /// device whose current pool it was goes back to its default pool. An imported pool's handle
 /// dies with the destroy of its last import in this process (imports of one pool share it).
+/// An imported pool with live imported pointers is not destroyed: `INVALID_VALUE`, and its imports
+/// are not counted down (an H100, 2026-11-23, second run, with one import or two; after the
+/// `cuMemFree` of the pointer the destroys succeed). An import whose `cuMemFreeAsync` has not
+/// executed yet counts as live here (unmeasured).
 pub(crate) fn destroy(st: &mut State, h: u64) -> ApiResult {
     let h = lookup(st, h)?;
     let p = st.pools.get_mut(&h).expect("looked up");
+    if p.shared.as_ref().is_some_and(|s| s.imported) && super::shared::has_imports(p) {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            format!("imported pool {h:#x} still has imported pointers: free them (cuMemFree) first"),
+        ));
+    }
     if let Some(shared) = p.shared.as_mut().filter(|s| s.imported && s.opens > 1) {
         shared.opens -= 1;
         return Ok(());

@@ -314,8 +314,9 @@ fn chunk_of(st: &State, a: &Allocation) -> Option<(u64, u64)> {
 /// `MAPPING_BASE_ADDR` / `MAPPING_SIZE` of address `ptr` in pool allocation or imported pool
 /// pointer `a`: the 32 MiB-aligned 32 MiB piece holding `ptr`, whatever the allocation's size, as
 /// an H100 answered for every pool (with or without handle types or `maxSize`) and for an
-/// imported pointer (whose address was 32 MiB aligned), 2026-11-23. A smaller chunk (the device
-/// had no room for 32 MiB) is its own mapping.
+/// imported pointer (whose address was 32 MiB aligned), 2026-11-23, asked at allocation starts
+/// only (interior addresses follow the same rule here, unmeasured). A smaller chunk (the device
+/// had no room for 32 MiB) is its own mapping (unmeasured).
 pub(crate) fn mapping(st: &State, a: &Allocation, ptr: u64) -> (u64, u64) {
     let window = ptr & !(CHUNK - 1);
     let (lo, hi) = match a.kind {

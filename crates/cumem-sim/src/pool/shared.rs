@@ -43,7 +43,7 @@
 //! device has its pages punched out of the file: an importer that still maps them reads zeros from
 //! then on, never a fault. More than 504 exported blocks held or imported at once overflow the slots: the
 //! simulator says so once on stderr, from then on the pool's untracked blocks are neither checked
-//! at import nor counted (an imported pool still waits for its untracked imports before going).
+//! at import nor counted (an imported pool still refuses to be destroyed while they live).
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -92,8 +92,8 @@ pub(crate) struct SharedPool {
     header: Arc<Backing>,
     /// In an imported pool: the pointers imported through it, by their allocation's buffer id
     /// (an address may be reused before a stream-ordered free of the import executes), each with
-    /// its count in the header (`None`: not tracked, the slots were full). A destroyed imported
-    /// pool waits for all of them.
+    /// its count in the header (`None`: not tracked, the slots were full). An imported pool is not
+    /// destroyed while any of them lives (`cuMemPoolDestroy` gives `INVALID_VALUE`).
     imports: BTreeMap<u64, Option<ImportTicket>>,
     /// In an imported pool: `(file offset, bytes)` of each block imported here -> `(address,
     /// buffer id)` of its import, which a second import of the block returns while it lives.
@@ -505,7 +505,9 @@ pub(crate) fn export_pointer(dptr: u64) -> Result<[u8; EXPORT_SIZE], Fail> {
 /// `cuMemPoolImportPointer`: maps the block `data` names through the imported pool `h` into
 /// the current context's address space, at a 32 MiB-aligned address; free it with `cuMemFree` or
 /// `cuMemFreeAsync`. A block with a live import here gives that import's address (one mapping,
-/// freed once). A block the exporter already freed is mapped too, and recorded as a violation. No
+/// freed once). A block the exporter already freed is mapped too, and recorded as a violation
+/// (SUCCESS, as on an H100); so is a block never exported, or a forged offset inside the pool file
+/// (what a GPU answers for those is not on record). No
 /// current context → `INVALID_CONTEXT`; a dead handle, a pool that was not imported, bytes no
 /// `cuMemPoolExportPointer` wrote, or a pointer of another pool → `INVALID_VALUE`.
 pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fail> {
@@ -581,8 +583,9 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
     Ok(base)
 }
 
-/// Records the import of a block its exporter no longer holds (freed, or never exported): the
-/// driver maps it, but the pool may hand its bytes to the next allocation under the import.
+/// Records the import of a block its exporter does not hold (freed, never exported, or a forged
+/// offset): the driver maps it, but the pool may hand its bytes to the next allocation under the
+/// import.
 fn import_of_freed_block(e: &PtrExport) {
     let (function, os_tid) = crate::api::caller();
     let ok = CUresult::CUDA_SUCCESS;
@@ -591,9 +594,10 @@ fn import_of_freed_block(e: &PtrExport) {
         code: ok as u32,
         code_name: crate::errors::name_str(ok).to_string(),
         message: format!(
-            "imported the pool block [{:#x}, +{}) that its exporter (process {}) already freed: it \
-             is mapped, but the pool may hand these bytes to its next allocation while they are \
-             imported (the exporter must keep a block until every importer has freed it)",
+            "imported the pool block [{:#x}, +{}) that its exporter (process {}) already freed or \
+             never exported: it is mapped, but the pool may hand these bytes to its next allocation \
+             while they are imported (the exporter must keep a block until every importer has freed \
+             it)",
             e.offset, e.bytes, e.pid
         ),
         os_tid,
@@ -612,14 +616,16 @@ pub(crate) fn forget_import(st: &mut State, a: &Allocation) {
     super::settle(st, a.pool);
 }
 
-/// Whether an imported pool still has imported pointers (a destroyed one waits for them).
+/// Whether an imported pool still has imported pointers (it cannot be destroyed until they are
+/// freed).
 pub(crate) fn has_imports(pool: &Pool) -> bool {
     pool.shared.as_ref().is_some_and(|s| !s.imports.is_empty())
 }
 
 /// Ends the exporter's hold of the allocation at `base` of exportable pool `pool` (later imports
-/// of it are refused), and records a violation when imports of it live in any process (the driver requires every importer to free
-/// first; a GPU would hand the memory to the pool's next allocation under the importer).
+/// of it are still mapped, and recorded as violations), and records a violation when imports of
+/// it live in any process (the driver requires every importer to free first; a GPU would hand the
+/// memory to the pool's next allocation under the importer).
 pub(crate) fn report_live_imports(pool: &Pool, base: u64) {
     let Some(shared) = pool.shared.as_ref().filter(|s| !s.imported) else { return };
     let Some((&chunk_base, chunk)) = pool.chunks.range(..=base).next_back() else { return };
