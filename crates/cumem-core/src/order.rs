@@ -129,9 +129,12 @@ impl Users {
             stream.wait_for(user)?;
         }
         for (i, ticket) in self.pending.iter().enumerate() {
-            // One wait per stream: several tickets on one stream are common (each copy's
-            // source guard), and each wait records that stream's marker again.
-            if !self.pending[..i].contains(ticket) {
+            // One wait per stream: a ticket's stream is often a user already, or the stream of
+            // another ticket, and each wait records that stream's marker again.
+            let waited = *ticket == self.latest.0
+                || self.others.iter().any(|(user, _)| user == ticket)
+                || self.pending[..i].contains(ticket);
+            if !waited {
                 stream.wait_for(ticket)?;
             }
         }
