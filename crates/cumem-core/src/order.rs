@@ -49,9 +49,10 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::{Error, Feature, Result, Stream};
 
 thread_local! {
-    /// How many [`StreamOrder::queue_on`] closures the calling thread is running (each holding its
-    /// order's lock). While it is not zero the thread must not wait for any other cumem lock: a
-    /// thread holding that lock may be waiting for this one's order (a copy in the other direction).
+    /// How many [`StreamOrder::queue_on`] and [`StreamOrder::queue_on_mut`] closures the calling
+    /// thread is running (each holding its order's lock, or its owner's exclusive borrow). While it
+    /// is not zero the thread must not wait for any other cumem lock: a thread holding that lock
+    /// may be waiting for a locked closure's order (a copy in the other direction).
     static QUEUING: Cell<usize> = const { Cell::new(0) };
 }
 
@@ -122,7 +123,9 @@ impl Users {
     /// race with every later use on another stream. The cost falls on a ticket that is merely
     /// still held (another thread queueing through a guard right now): `stream` also waits for
     /// the work queued on that ticket's stream so far, which the two uses may not need (the halves
-    /// of a split). What a held ticket queues afterwards is covered when it is dropped.
+    /// of a split), so work queued there before must not itself wait for the other use (a kernel
+    /// polling for it would never see it). What a held ticket queues afterwards is covered when it
+    /// is dropped.
     fn order_after_users(&self, stream: &Stream) -> Result<()> {
         stream.wait_for(&self.latest.0)?;
         for (user, _) in &self.others {
@@ -211,7 +214,7 @@ impl Exclusion {
 pub struct OrderTicket<'a> {
     order: &'a StreamOrder,
     /// Borrowed, not cloned: a ticket that is forgotten leaks nothing (its stream is kept, for the
-    /// free and host access to wait for, in the order's `pending` list).
+    /// free, host access and later device work to wait for, in the order's `pending` list).
     stream: &'a Stream,
     /// Every entry recorded before this generation was waited for by `use_on` (generations only
     /// grow, and an entry recorded again gets a new one), so this is all the ticket must remember.
