@@ -45,6 +45,57 @@ fn work_queued_through_the_door_orders_later_users_on_other_streams() {
     assert!(data.iter().all(|&v| v == 5), "the copy on b ran before the work queued through the door on a");
 }
 
+/// Queues a memset of 5s on `a` through the door of `buf` and forgets the guard instead of
+/// dropping it: its stream is never recorded as a user, only kept as pending.
+fn memset_through_a_forgotten_guard(ctx: &cumem_core::Context, buf: &mut DeviceBuffer<u32>, a: &Stream) {
+    let on = buf.on_mut(a).unwrap();
+    ctx.bind().unwrap();
+    // SAFETY: the range is the guard's, queued on the guard's stream while it lives (it is
+    // forgotten, never dropped, so it lives on as far as the order can tell).
+    let code = unsafe { sys::cuMemsetD32Async(on.device_ptr(), 5, on.len(), on.stream().raw()) };
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+    std::mem::forget(on);
+}
+
+#[test]
+#[serial] // holds a gate
+fn a_write_through_an_exclusive_borrow_waits_for_a_forgotten_guards_stream() {
+    let ctx = ctx();
+    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    // Made on `b`, so that only the forgotten guard's pending stream can tell `b` about `a`.
+    let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
+    b.synchronize().unwrap();
+    let gate = common::hold(&a);
+    memset_through_a_forgotten_guard(&ctx, &mut buf, &a); // held back on `a`
+    b.memset_d8(&mut buf, 9).unwrap(); // `&mut buf`: no lock; must wait for `a`
+    let opener = gate.release_after(Duration::from_millis(100));
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    opener.join().unwrap();
+    let data = buf.to_vec().unwrap();
+    assert!(
+        data.iter().all(|&v| v == 0x0909_0909),
+        "the memset on b ran before the work of the forgotten guard on a"
+    );
+}
+
+#[test]
+#[serial] // holds a gate
+fn a_read_through_the_locked_door_waits_for_a_forgotten_guards_stream() {
+    let ctx = ctx();
+    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
+    b.synchronize().unwrap();
+    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 1024).unwrap();
+    let gate = common::hold(&a);
+    memset_through_a_forgotten_guard(&ctx, &mut buf, &a); // held back on `a`
+    b.copy_d2h(&buf, &mut seen).unwrap(); // a shared view: the locked door; must wait for `a`
+    let opener = gate.release_after(Duration::from_millis(100));
+    let data = seen.as_slice().unwrap().to_vec(); // waits for `b`, hence for `a`
+    opener.join().unwrap();
+    assert!(data.iter().all(|&v| v == 5), "the copy on b ran before the work of the forgotten guard on a");
+}
+
 #[test]
 #[serial] // holds a gate
 fn a_shared_guard_orders_its_stream_after_earlier_writes() {

@@ -49,9 +49,10 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::{Error, Feature, Result, Stream};
 
 thread_local! {
-    /// How many [`StreamOrder::queue_on`] closures the calling thread is running (each holding its
-    /// order's lock). While it is not zero the thread must not wait for any other cumem lock: a
-    /// thread holding that lock may be waiting for this one's order (a copy in the other direction).
+    /// How many [`StreamOrder::queue_on`] and [`StreamOrder::queue_on_mut`] closures the calling
+    /// thread is running (each holding its order's lock, or its owner's exclusive borrow). While it
+    /// is not zero the thread must not wait for any other cumem lock: a thread holding that lock
+    /// may be waiting for a locked closure's order (a copy in the other direction).
     static QUEUING: Cell<usize> = const { Cell::new(0) };
 }
 
@@ -100,8 +101,8 @@ struct Users {
     in_flight: usize,
     /// The stream of each such ticket (one entry per ticket). Work queued through a ticket is
     /// covered by the users only once the ticket is dropped; a ticket that never is
-    /// (`mem::forget`) keeps its stream here, so that the free, `synchronize` and the host still
-    /// wait for it.
+    /// (`mem::forget`) keeps its stream here, so that the free, `synchronize`, the host and
+    /// later device work on any stream (`order_after_users`) still wait for it.
     pending: Vec<Stream>,
     /// Why device work is refused for now: the host may be reading the memory, and its device
     /// cannot run work on it meanwhile (managed memory without concurrent managed access).
@@ -114,11 +115,31 @@ impl Users {
         std::iter::once(&self.latest.0).chain(self.others.iter().map(|(s, _)| s)).chain(&self.pending)
     }
 
-    /// Makes `stream` wait for every recorded user.
+    /// Makes `stream` wait for every recorded user, and for the stream of every ticket not
+    /// dropped yet.
+    ///
+    /// The tickets' streams are waited for because a ticket that is forgotten (`mem::forget` of a
+    /// view's guard) is never recorded: its work, queued before its borrow ended, would otherwise
+    /// race with every later use on another stream. The cost falls on a ticket that is merely
+    /// still held (another thread queueing through a guard right now): `stream` also waits for
+    /// the work queued on that ticket's stream so far, which the two uses may not need (the halves
+    /// of a split), so work queued there before must not itself wait for the other use (a kernel
+    /// polling for it would never see it). What a held ticket queues afterwards is covered when it
+    /// is dropped.
     fn order_after_users(&self, stream: &Stream) -> Result<()> {
         stream.wait_for(&self.latest.0)?;
         for (user, _) in &self.others {
             stream.wait_for(user)?;
+        }
+        for (i, ticket) in self.pending.iter().enumerate() {
+            // One wait per stream: a ticket's stream is often a user already, or the stream of
+            // another ticket, and each wait records that stream's marker again.
+            let waited = *ticket == self.latest.0
+                || self.others.iter().any(|(user, _)| user == ticket)
+                || self.pending[..i].contains(ticket);
+            if !waited {
+                stream.wait_for(ticket)?;
+            }
         }
         Ok(())
     }
@@ -193,7 +214,7 @@ impl Exclusion {
 pub struct OrderTicket<'a> {
     order: &'a StreamOrder,
     /// Borrowed, not cloned: a ticket that is forgotten leaks nothing (its stream is kept, for the
-    /// free and host access to wait for, in the order's `pending` list).
+    /// free, host access and later device work to wait for, in the order's `pending` list).
     stream: &'a Stream,
     /// Every entry recorded before this generation was waited for by `use_on` (generations only
     /// grow, and an entry recorded again gets a new one), so this is all the ticket must remember.
@@ -286,8 +307,10 @@ impl StreamOrder {
         self.drained(self.inner.lock()).apply(change);
     }
 
-    /// Orders `stream` after all work queued so far on the memory by its recorded users. Queue the
-    /// work on `stream` while holding the returned ticket.
+    /// Orders `stream` after all work queued so far on the memory by its recorded users, and by
+    /// the streams of tickets handed out and not dropped (a ticket that was forgotten is never
+    /// recorded; one still held on another thread costs a wait that may not be needed). Queue
+    /// the work on `stream` while holding the returned ticket.
     ///
     /// While the host may be reading memory whose device cannot run work on it at the same time
     /// (see [`HostAccess::with_exclusive_order`](crate::HostAccess::with_exclusive_order)), device

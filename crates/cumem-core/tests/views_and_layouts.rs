@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use cumem_core::{Capabilities, Device, DeviceBuffer, DriverResource, Error, Stream};
+use cumem_core::{
+    Capabilities, Device, DeviceBuffer, DeviceSlice, DeviceSliceMut, DriverResource, Error, Stream,
+};
 use cumem_sys::testing;
 
 fn stream() -> Stream {
@@ -30,6 +32,22 @@ fn uninit_buffers_become_valid_once_written() {
     }
     assert_eq!(buf.to_vec().unwrap(), vec![0x5555_5555; 64]);
     assert_eq!(buf.as_mut_slice().len(), 64);
+}
+
+#[test]
+fn views_stay_send_sync_and_covariant_in_their_lifetime() {
+    // Public API: an exclusive view (whichever way it reaches its order) may be sent to and
+    // shared with scoped threads, and passed where a shorter-lived view is expected.
+    fn send_sync<V: Send + Sync>() {}
+    send_sync::<DeviceSlice<'static, u32>>();
+    send_sync::<DeviceSliceMut<'static, u32>>();
+    fn shorten<'long: 'short, 'short>(view: DeviceSliceMut<'long, u32>) -> DeviceSliceMut<'short, u32> {
+        view
+    }
+    let s = stream();
+    let mut buf = DeviceBuffer::<u32>::from_slice(&s, &[1, 2, 3, 4]).unwrap();
+    let view = shorten(buf.as_mut_slice());
+    assert_eq!(view.to_vec().unwrap(), [1, 2, 3, 4]);
 }
 
 #[test]
