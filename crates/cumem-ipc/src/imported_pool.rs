@@ -26,7 +26,7 @@
 //! let imported = ImportedPool::from_fd(&device, &fd)?;
 //! let export = PoolPointerExport::from_bytes(&wire)?;
 //! // SAFETY: `buf` outlives the import (dropped first below), and the exporter's own uses of it
-// (the fill, synchronised above) are complete before the import is used.
+//! // (the fill, synchronised above) are complete before the import is used.
 //! let view = unsafe { imported.import_pointer::<u32>(&export, &stream)? };
 //! assert_eq!(view.as_slice().to_vec()?, data);
 //! drop(view); // every importer frees before the exporter frees
@@ -66,8 +66,13 @@ unsafe impl Sync for PoolHandle {}
 /// context), and refuses `cuMemPoolDestroy` while pointers imported through it live, without
 /// counting that destroy (same H100, second run): so the imports share one [`PoolHandle`], whose
 /// destroys wait for the last imported buffer. Its lock is held across the driver's import and
-/// the lookup, and across the destroys, so that an import racing with the last drop either joins
-/// the handle before it goes or gets a new one after.
+/// the lookup, and across the destroys, so that an import and the destroys never interleave. An
+/// import can still come between the last `Arc` of a handle going and that handle's `Drop`
+/// taking the lock: it gets the same driver handle (counted once more), cannot upgrade the dying
+/// entry, and so makes a new one, through which pointers may be imported before the old `Drop`
+/// runs. That `Drop` then hands its imports to the new entry instead of destroying them (the
+/// driver would refuse, uncounted, under the new entry's imported pointers): one driver object,
+/// one count, destroyed by whichever entry goes last.
 static IMPORTED_POOLS: Mutex<BTreeMap<usize, Weak<PoolHandle>>> = Mutex::new(BTreeMap::new());
 
 fn imported_pools() -> MutexGuard<'static, BTreeMap<usize, Weak<PoolHandle>>> {
@@ -77,20 +82,43 @@ fn imported_pools() -> MutexGuard<'static, BTreeMap<usize, Weak<PoolHandle>>> {
 
 impl Drop for PoolHandle {
     fn drop(&mut self) {
+        #[cfg(test)]
+        tests::before_table_lock();
+        let key = self.raw as usize;
         let mut table = imported_pools();
-        // An import that raced with the last `Arc` going got this handle again and a new entry:
-        // it keeps its own count, and its entry stays.
-        if table.get(&(self.raw as usize)).is_some_and(|w| std::ptr::eq(w.as_ptr(), self)) {
-            table.remove(&(self.raw as usize));
-        }
         let opens = std::mem::take(self.opens.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        let heir = match table.get(&key) {
+            Some(entry) if std::ptr::eq(entry.as_ptr(), self) => {
+                table.remove(&key);
+                None
+            }
+            // An import came between the last `Arc` going and this lock: the driver gave it this
+            // handle (counting it) and it made a new entry, which may already have imported
+            // pointers. A destroy now would be refused and not counted, leaking this handle's
+            // imports for good; the new entry, being the same driver object, takes them over.
+            // (An entry that no longer upgrades is dropping too and waits for this lock; no
+            // pointer imported through it lives, so destroying here is sound.)
+            Some(entry) => entry.upgrade(),
+            None => None,
+        };
+        if let Some(heir) = heir {
+            heir.opens.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).extend(opens);
+            // The heir may be dropped here if its last user went meanwhile: its `Drop` takes the
+            // table's lock, so release it first.
+            drop(table);
+            drop(heir);
+            return;
+        }
         for ctx in opens {
             if let Err(e) = ctx.bind() {
                 tracing::warn!(error = %e, "cumem-ipc: cannot bind an imported pool's context; one import leaks");
                 continue;
             }
-            // SAFETY: imported (once per entry of `opens`) in `ImportedPool::from_fd`, destroyed
-            // only here, after the last imported buffer (each holds this handle) was freed.
+            // SAFETY: imported (once per entry of `opens`, including those a dropped entry of the
+            // same handle handed to this one) in `ImportedPool::from_fd`, destroyed only here,
+            // once no entry of the handle lives, so after the last imported buffer (each holds
+            // its entry) was freed; the table's lock keeps a new import from coming between the
+            // check above and these destroys.
             if let Err(e) = unsafe { ffi::pool_destroy(self.raw) } {
                 tracing::warn!(error = %e, "cumem-ipc: destroying an imported pool failed");
             }
@@ -317,5 +345,95 @@ impl std::fmt::Debug for ImportedPool {
             .field("device", &self.ctx.device().ordinal())
             .field("raw", &self.inner.raw)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The window between a handle's last `Arc` going and its `Drop` taking the table's lock,
+    //! made to happen deterministically: a hook runs at the start of `Drop`, on the dropping
+    //! thread, where another thread's import would otherwise have to land by chance.
+
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    use cumem_core::{Device, DeviceBuffer, Stream};
+    use cumem_sys::testing;
+
+    use super::ImportedPool;
+    use crate::{ImportedBuffer, ShareablePool};
+
+    thread_local! {
+        static HOOK: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+    }
+
+    /// Runs (once) the hook set on this thread, before `PoolHandle::drop` takes the table's lock.
+    pub(super) fn before_table_lock() {
+        if let Some(hook) = HOOK.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
+    }
+
+    /// The last `ImportedPool` of a handle is dropped; before its `Drop` takes the table's lock,
+    /// the same pool is imported again (the driver gives the same handle, counted) and a pointer
+    /// imported through the new entry. The old entry's imports must not be destroyed under that
+    /// pointer (refused and uncounted: a leak): when the new entry and its pointer go, the handle
+    /// is gone, and no destroy was refused.
+    #[test]
+    fn an_import_between_the_last_drop_and_its_destroys_does_not_leak_the_handle() {
+        testing::init();
+        if let Some(ctl) = testing::sim_control() {
+            ctl.clear_violations();
+        }
+        {
+            let device = Device::get(0).unwrap();
+            let ctx = device.context().unwrap();
+            let stream = Stream::new(&ctx).unwrap();
+            let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
+            let data: Vec<u32> = (0..1024).map(|i| i * 5 + 2).collect();
+            let buf = DeviceBuffer::from_slice_in(&pool, &stream, &data).unwrap();
+            buf.order().synchronize().unwrap();
+            let export = pool.export_pointer(&buf).unwrap();
+            let fd = pool.export_fd().unwrap();
+            let first = ImportedPool::from_fd(&device, &fd).unwrap();
+            let raw_pool = first.raw();
+
+            type Late = (ImportedPool, ImportedBuffer<u32>);
+            let late: Rc<RefCell<Option<Late>>> = Rc::default();
+            let (late_in, stream_in) = (Rc::clone(&late), stream.clone());
+            let fd_in = fd.try_clone().unwrap();
+            HOOK.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move || {
+                    let again = ImportedPool::from_fd(&device, &fd_in).unwrap();
+                    assert_eq!(again.raw(), raw_pool, "the driver gives the live import's handle");
+                    // SAFETY: `buf` outlives the import (dropped after it below); its fill
+                    // completed above and nothing writes it while the import lives.
+                    let import = unsafe { again.import_pointer::<u32>(&export, &stream_in) }.unwrap();
+                    *late_in.borrow_mut() = Some((again, import));
+                }))
+            });
+            drop(first);
+            let (again, import) = late.borrow_mut().take().expect("the hook ran");
+            drop(fd);
+            assert_eq!(import.as_slice().to_vec().unwrap(), data, "the pool is still imported");
+            drop(again);
+            drop(import);
+            if let Some(ctl) = testing::sim_control() {
+                let report = ctl.live_report();
+                assert!(
+                    !report.pools.iter().any(|p| p.handle == raw_pool as u64),
+                    "the imported pool leaked:\n{report}"
+                );
+                let refused: Vec<_> =
+                    ctl.violations().into_iter().filter(|v| v.function == "cuMemPoolDestroy").collect();
+                assert!(refused.is_empty(), "{refused:#?}");
+            }
+            drop(buf);
+        }
+        if let Some(ctl) = testing::sim_control() {
+            let report = ctl.live_report();
+            assert!(report.is_clean(), "live report not clean:\n{report}");
+        }
     }
 }
