@@ -11,7 +11,8 @@
 //!
 //! Waiting for a user costs one `cuEventRecord` of that stream's own marker event and one
 //! `cuStreamWaitEvent`; a stream that is already the only user waits for nothing, so work queued
-//! again and again on one stream makes no ordering call at all.
+//! again and again on one stream makes no ordering call at all (unless a guard on another stream
+//! is held or was forgotten).
 //!
 //! Work queued inside one call (cumem's own copies and memsets) uses [`StreamOrder::queue_on`]
 //! instead of a ticket: the users stay locked while the closure queues the work and record the
@@ -121,11 +122,21 @@ impl Users {
     /// The tickets' streams are waited for because a ticket that is forgotten (`mem::forget` of a
     /// view's guard) is never recorded: its work, queued before its borrow ended, would otherwise
     /// race with every later use on another stream. The cost falls on a ticket that is merely
-    /// still held (another thread queueing through a guard right now): `stream` also waits for
-    /// the work queued on that ticket's stream so far, which the two uses may not need (the halves
-    /// of a split), so work queued there before must not itself wait for the other use (a kernel
-    /// polling for it would never see it). What a held ticket queues afterwards is covered when it
-    /// is dropped.
+    /// still held: `stream` also waits for the work queued on that ticket's stream so far, which
+    /// the two uses may not need (the halves of a split). What a held ticket queues afterwards is
+    /// covered when it is dropped. Where that cost lands:
+    ///
+    /// - another thread queueing through a guard right now: work queued there before must not
+    ///   itself wait for this use (a kernel polling for it would never see it);
+    /// - the same thread: `let g = left.on(&t)?;` and then a use of the right half on `u` makes
+    ///   `u` wait for `t`;
+    /// - two readers: shared guards on two streams wait for each other's work so far;
+    /// - the host: a blocking call on the other half (`to_vec`, blocking copies, a pinned→mapped
+    ///   asynchronous copy, which an H100 showed blocking) waits for the held guard's stream; if
+    ///   that stream's work waits on the host (a host function, `cuStreamWaitValue` on a flag the
+    ///   host sets later), the thread deadlocks;
+    /// - forgotten guards, forever: each later use on another stream pays one record and one wait
+    ///   per forgotten guard's stream.
     fn order_after_users(&self, stream: &Stream) -> Result<()> {
         stream.wait_for(&self.latest.0)?;
         for (user, _) in &self.others {
