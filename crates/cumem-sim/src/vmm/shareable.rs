@@ -8,7 +8,7 @@
 //! is new physical memory of the importer (its own handle, one reference, charged to nothing);
 //! the kernel frees the bytes when every process has released its handle and unmapped them.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::sys::CUresult;
 
@@ -48,22 +48,22 @@ pub(super) fn write_trailer(file: &OwnedFd, size: u64, prop: &AllocationProp) ->
     (n == page.len() as isize).then_some(())
 }
 
-/// The memory size and properties a simulator memory file carries, or `None` for any other file
-/// and for a number that is no open descriptor.
-fn read_trailer(fd: RawFd) -> Option<(u64, AllocationProp)> {
+/// The memory size and properties a simulator memory file carries, or `None` for any other file.
+/// `file` is this simulator's own duplicate, so the file checked is the file kept: a descriptor
+/// number the caller closes (and the process reuses) meanwhile changes nothing here.
+fn read_trailer(file: &OwnedFd) -> Option<(u64, AllocationProp)> {
     // SAFETY: `stat` is plain data, fully written by a successful fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is a valid out-pointer. `fd` is any number: fstat of one that is not open
-    // fails with EBADF and touches no memory but `st`.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+    // SAFETY: `st` is a valid out-pointer; `file` is open.
+    if unsafe { libc::fstat(file.as_raw_fd(), &mut st) } != 0 {
         return None;
     }
     let size = u64::try_from(st.st_size).ok()?.checked_sub(TRAILER)?;
     let mut page = [0u8; 8 + size_of::<AllocationProp>()];
-    // SAFETY: `page` is writable for its length. Should another thread have closed `fd` since
-    // the fstat (the caller's race), pread fails with EBADF or reads another file, whose bytes
-    // land in `page` and fail the magic check.
-    let n = unsafe { libc::pread(fd, page.as_mut_ptr().cast(), page.len(), size as libc::off_t) };
+    // SAFETY: `page` is writable for its length; `file` is open and owned here, so no other
+    // thread can close it under the call.
+    let n =
+        unsafe { libc::pread(file.as_raw_fd(), page.as_mut_ptr().cast(), page.len(), size as libc::off_t) };
     if n != page.len() as isize || &page[..8] != MAGIC {
         return None;
     }
@@ -109,11 +109,13 @@ pub(crate) fn export_fd(handle: u64, handle_type: u32, flags: u64) -> Result<i32
 /// import's properties are the creation's with requestedHandleTypes 0: observed on an H100,
 /// 2026-11-23, `cuMemGetAllocationPropertiesFromHandle` answers 0 for an imported handle, and
 /// exporting it again is `INVALID_VALUE`.
-/// Observed on an H100 (2026-11-23, second run), in this order: WIN32 (2), WIN32_KMT (4) and
-/// FABRIC without fabric → `NOT_SUPPORTED` (with any descriptor, −1 too); 0 or a multi-bit type
-/// → `INVALID_VALUE`; descriptor 0 → `INVALID_VALUE` whatever it is, exported memory too (the
-/// driver reads it as a NULL `osHandle`); a descriptor that is not exported memory → `UNKNOWN`
-/// (a regular file, `/dev/null`, a pipe, a socket, a closed descriptor number and −1 alike). A
+/// Observed on an H100 (2026-11-23, second run): WIN32 (2), WIN32_KMT (4) and FABRIC without
+/// fabric → `NOT_SUPPORTED` (WIN32 and WIN32_KMT measured with descriptor −1 only); 0 or a
+/// multi-bit type → `INVALID_VALUE` (with −1, and with 0, which is `INVALID_VALUE` either way);
+/// descriptor 0 → `INVALID_VALUE` whatever it is, exported memory too (the driver reads it as a
+/// NULL `osHandle`); a descriptor that is not exported memory → `UNKNOWN` (a regular file,
+/// `/dev/null`, a pipe, a socket, a closed descriptor number and −1 alike). The simulator checks
+/// the type first, so WIN32 with descriptor 0 → `NOT_SUPPORTED`: its choice, unmeasured. A
 /// device the importer does not have gives `INVALID_DEVICE`.
 pub(crate) fn import_fd(fd: i32, handle_type: u32) -> Result<u64, Fail> {
     if matches!(handle_type, WIN32 | WIN32_KMT | FABRIC) {
@@ -136,8 +138,23 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32) -> Result<u64, Fail> {
     if fd < 0 {
         return Err(not_exported("is negative"));
     }
-    let Some((size, prop)) = read_trailer(fd) else {
-        return Err(not_exported("is closed or names another file"));
+    // Duplicated first, so that the file whose trailer is read is the file kept, whatever the
+    // caller does with the number meanwhile.
+    // SAFETY: F_DUPFD_CLOEXEC on any number returns a new descriptor or -1; it touches no memory.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(match std::io::Error::last_os_error().raw_os_error() {
+            // A closed number: the H100 answered UNKNOWN, as for any descriptor that is not
+            // exported memory.
+            Some(libc::EBADF) => not_exported("is closed"),
+            // Out of descriptors.
+            _ => Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+        });
+    }
+    // SAFETY: `dup` was just created and is owned by nothing else.
+    let file = unsafe { OwnedFd::from_raw_fd(dup) };
+    let Some((size, prop)) = read_trailer(&file) else {
+        return Err(not_exported("names another file"));
     };
     let mut st = SIM.st.lock();
     let device = usize::try_from(prop.location.id)
@@ -149,14 +166,6 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32) -> Result<u64, Fail> {
             format!("the exported memory is on device {}", prop.location.id),
         ));
     };
-    // SAFETY: F_DUPFD_CLOEXEC on any number returns a new descriptor or -1 (EBADF, should the
-    // caller have closed `fd` since the trailer was read); it touches no memory.
-    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if dup < 0 {
-        return Err(Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
-    }
-    // SAFETY: `dup` was just created and is owned by nothing else.
-    let file = unsafe { OwnedFd::from_raw_fd(dup) };
     let handle = st.vmm.new_handle();
     let prop = AllocationProp { handle_types: 0, ..prop };
     st.vmm
