@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use cumem_core::{Device, DeviceBuffer, Error, Stream};
+use cumem_core::{Context, Device, DeviceBuffer, Error, Stream};
 use cumem_ipc::{ImportedPool, PoolPointerExport, ShareablePool};
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::sys::{self, CUresult};
@@ -64,19 +64,35 @@ fn grant_read_write(pool: sys::CUmemoryPool, device: i32) -> bool {
     code == CUresult::CUDA_SUCCESS
 }
 
+/// The exporting side of most tests: device 0's context and a stream on it, a fresh
+/// [`ShareablePool`], a buffer of it holding `data` (its fill completed), and the buffer's export.
+struct Exported {
+    device: Device,
+    ctx: Context,
+    stream: Stream,
+    pool: Arc<ShareablePool>,
+    buf: DeviceBuffer<u32>,
+    export: PoolPointerExport,
+}
+
+fn exported(data: &[u32]) -> Exported {
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
+    let buf = DeviceBuffer::from_slice_in(&pool, &stream, data).unwrap();
+    buf.order().synchronize().unwrap();
+    let export = pool.export_pointer(&buf).unwrap();
+    Exported { device, ctx, stream, pool, buf, export }
+}
+
 #[test]
 #[serial]
 fn a_second_import_of_a_live_import_is_refused() {
     testing::init_with(SIM_CONFIG);
     {
-        let device = Device::get(0).unwrap();
-        let ctx = device.context().unwrap();
-        let stream = Stream::new(&ctx).unwrap();
-        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
         let data: Vec<u32> = (0..4096).map(|i| i ^ 0x5A5A).collect();
-        let buf = DeviceBuffer::from_slice_in(&pool, &stream, &data).unwrap();
-        buf.order().synchronize().unwrap();
-        let export = pool.export_pointer(&buf).unwrap();
+        let Exported { device, ctx: _ctx, stream, pool, buf, export } = exported(&data);
         let fd = pool.export_fd().unwrap();
         let imported = ImportedPool::from_fd(&device, &fd).unwrap();
         let other = ImportedPool::from_fd(&device, &fd).unwrap();
@@ -135,14 +151,8 @@ fn an_imported_pool_dropped_while_anothers_imports_live_is_not_leaked() {
         ctl.clear_violations();
     }
     {
-        let device = Device::get(0).unwrap();
-        let ctx = device.context().unwrap();
-        let stream = Stream::new(&ctx).unwrap();
-        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
         let data: Vec<u32> = (0..1024).map(|i| i * 3 + 1).collect();
-        let buf = DeviceBuffer::from_slice_in(&pool, &stream, &data).unwrap();
-        buf.order().synchronize().unwrap();
-        let export = pool.export_pointer(&buf).unwrap();
+        let Exported { device, ctx: _ctx, stream, pool, buf, export } = exported(&data);
         let fd = pool.export_fd().unwrap();
         let imported = ImportedPool::from_fd(&device, &fd).unwrap();
         let other = ImportedPool::from_fd(&device, &fd).unwrap();
@@ -190,14 +200,9 @@ fn an_import_at_a_live_imports_address_leaves_it_alone() {
         ctl.clear_violations();
     }
     {
-        let device = Device::get(0).unwrap();
-        let ctx = device.context().unwrap();
-        let stream = Stream::new(&ctx).unwrap();
-        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
         let data: Vec<u32> = (0..2048).map(|i| i * 31 + 9).collect();
-        let buf = DeviceBuffer::from_slice_in(&pool, &stream, &data).unwrap();
-        buf.order().synchronize().unwrap();
-        let wire = pool.export_pointer(&buf).unwrap().to_bytes();
+        let Exported { device, ctx: _ctx, stream, pool, buf, export } = exported(&data);
+        let wire = export.to_bytes();
         let fd = pool.export_fd().unwrap();
         let imported = ImportedPool::from_fd(&device, &fd).unwrap();
         drop(fd);
@@ -252,14 +257,9 @@ fn an_import_at_a_live_imports_address_in_another_context_is_refused() {
         ctl.clear_violations();
     }
     {
-        let device = Device::get(0).unwrap();
-        let ctx = device.context().unwrap();
-        let stream = Stream::new(&ctx).unwrap();
-        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
         let data: Vec<u32> = (0..2048).map(|i| i * 17 + 5).collect();
-        let buf = DeviceBuffer::from_slice_in(&pool, &stream, &data).unwrap();
-        buf.order().synchronize().unwrap();
-        let wire = pool.export_pointer(&buf).unwrap().to_bytes();
+        let Exported { device, ctx: _ctx, stream, pool, buf, export } = exported(&data);
+        let wire = export.to_bytes();
         let fd = pool.export_fd().unwrap();
         let imported = ImportedPool::from_fd(&device, &fd).unwrap();
         // Granted on the imported handle: the simulator keeps access per pool handle (whether an
@@ -305,14 +305,8 @@ fn an_import_at_a_live_imports_address_in_another_context_is_refused() {
 fn a_pointer_exports_before_the_pool_does() {
     testing::init_with(SIM_CONFIG);
     {
-        let device = Device::get(0).unwrap();
-        let ctx = device.context().unwrap();
-        let stream = Stream::new(&ctx).unwrap();
-        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
         let data: Vec<u32> = (0..1000).map(|i| i * 7 + 3).collect();
-        let buf = DeviceBuffer::from_slice_in(&pool, &stream, &data).unwrap();
-        buf.order().synchronize().unwrap();
-        let export = pool.export_pointer(&buf).unwrap();
+        let Exported { device, ctx, stream, pool, buf, export } = exported(&data);
         assert_eq!(export.bytes(), 4000);
         // Exported again, and the pool afterwards, as before.
         assert_eq!(pool.export_pointer(&buf).unwrap(), export);
@@ -368,12 +362,7 @@ fn an_export_of_a_freed_buffer_imports_and_is_reported() {
     // record.
     let Some(ctl) = testing::sim_control() else { return };
     {
-        let device = Device::get(0).unwrap();
-        let ctx = device.context().unwrap();
-        let stream = Stream::new(&ctx).unwrap();
-        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
-        let buf = DeviceBuffer::<u32>::zeroed_in(&pool, &stream, 1024).unwrap();
-        let export = pool.export_pointer(&buf).unwrap();
+        let Exported { device, ctx: _ctx, stream, pool, buf, export } = exported(&[0; 1024]);
         let fd = pool.export_fd().unwrap();
         let imported = ImportedPool::from_fd(&device, &fd).unwrap();
         drop(fd);
@@ -420,13 +409,7 @@ fn a_leaked_import_keeps_its_imported_pool() {
     testing::init_with(SIM_CONFIG);
     let Some(ctl) = testing::sim_control() else { return };
     {
-        let device = Device::get(0).unwrap();
-        let ctx = device.context().unwrap();
-        let stream = Stream::new(&ctx).unwrap();
-        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
-        let buf = DeviceBuffer::<u32>::zeroed_in(&pool, &stream, 1024).unwrap();
-        buf.order().synchronize().unwrap();
-        let export = pool.export_pointer(&buf).unwrap();
+        let Exported { device, ctx, stream, pool, buf, export } = exported(&[0; 1024]);
         let fd = pool.export_fd().unwrap();
         let imported = ImportedPool::from_fd(&device, &fd).unwrap();
         drop(fd);
@@ -472,13 +455,7 @@ fn an_import_dropped_inside_a_closure_is_freed_with_its_pool() {
     }
     within_watchdog("an import dropped inside a closure", || {
         let Some(ctl) = testing::sim_control() else { return };
-        let device = Device::get(0).unwrap();
-        let ctx = device.context().unwrap();
-        let stream = Stream::new(&ctx).unwrap();
-        let pool = Arc::new(ShareablePool::new(&ctx).unwrap());
-        let buf = DeviceBuffer::<u32>::zeroed_in(&pool, &stream, 1024).unwrap();
-        buf.order().synchronize().unwrap();
-        let export = pool.export_pointer(&buf).unwrap();
+        let Exported { device, ctx: _ctx, stream, pool, buf, export } = exported(&[0; 1024]);
         let fd = pool.export_fd().unwrap();
         let imported = ImportedPool::from_fd(&device, &fd).unwrap();
         drop(fd);
