@@ -15,33 +15,20 @@ use cumem_sys::testing;
 use cumem_sys::testing::within_watchdog;
 use serial_test::{parallel, serial};
 
-fn ctx() -> cumem_core::Context {
-    testing::init();
-    Device::get(0).unwrap().context().unwrap()
-}
-
 #[test]
 #[serial] // holds a gate
 fn work_queued_through_the_door_orders_later_users_on_other_streams() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
     // Made on `b`, so that only the door can tell `b` about the work on `a`.
-    let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
-    b.synchronize().unwrap();
-    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 1024).unwrap();
-    let gate = common::hold(&a);
-    {
+    let data = common::seen_on_b_after_held_work_on_a(&ctx, &a, &b, |buf| {
         let on = buf.on_mut(&a).unwrap();
         assert_eq!((on.len(), on.bytes(), on.stream()), (1024, 4096, &a));
         ctx.bind().unwrap();
         // SAFETY: the range is the guard's (1024 u32s), queued on the guard's stream while it lives.
         let code = unsafe { sys::cuMemsetD32Async(on.device_ptr(), 5, on.len(), on.stream().raw()) };
         assert_eq!(code, CUresult::CUDA_SUCCESS);
-    } // the buffer's later users now wait for `a`, whose memset is still held back
-    b.copy_d2h(&buf, &mut seen).unwrap(); // on `b`: must wait for `a`
-    let opener = gate.release_after(Duration::from_millis(100));
-    let data = seen.as_slice().unwrap().to_vec(); // waits for `b`, hence for `a`
-    opener.join().unwrap();
+    }); // the buffer's later users waited for `a`, whose memset was held back
     assert!(data.iter().all(|&v| v == 5), "the copy on b ran before the work queued through the door on a");
 }
 
@@ -60,18 +47,15 @@ fn memset_through_a_forgotten_guard(ctx: &cumem_core::Context, buf: &mut DeviceB
 #[test]
 #[serial] // holds a gate
 fn a_write_through_an_exclusive_borrow_waits_for_a_forgotten_guards_stream() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
     // Made on `b`, so that only the forgotten guard's pending stream can tell `b` about `a`.
     let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
     b.synchronize().unwrap();
-    let gate = common::hold(&a);
-    memset_through_a_forgotten_guard(&ctx, &mut buf, &a); // held back on `a`
-    b.memset_d8(&mut buf, 9).unwrap(); // `&mut buf`: no lock; must wait for `a`
-    let opener = gate.release_after(Duration::from_millis(100));
-    a.synchronize().unwrap();
-    b.synchronize().unwrap();
-    opener.join().unwrap();
+    common::with_a_held(&a, &b, || {
+        memset_through_a_forgotten_guard(&ctx, &mut buf, &a); // held back on `a`
+        b.memset_d8(&mut buf, 9).unwrap(); // `&mut buf`: no lock; must wait for `a`
+    });
     let data = buf.to_vec().unwrap();
     assert!(
         data.iter().all(|&v| v == 0x0909_0909),
@@ -82,25 +66,20 @@ fn a_write_through_an_exclusive_borrow_waits_for_a_forgotten_guards_stream() {
 #[test]
 #[serial] // holds a gate
 fn a_read_through_the_locked_door_waits_for_a_forgotten_guards_stream() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
-    let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
-    b.synchronize().unwrap();
-    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 1024).unwrap();
-    let gate = common::hold(&a);
-    memset_through_a_forgotten_guard(&ctx, &mut buf, &a); // held back on `a`
-    b.copy_d2h(&buf, &mut seen).unwrap(); // a shared view: the locked door; must wait for `a`
-    let opener = gate.release_after(Duration::from_millis(100));
-    let data = seen.as_slice().unwrap().to_vec(); // waits for `b`, hence for `a`
-    opener.join().unwrap();
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
+    // The copy on `b` takes a shared view: the locked door.
+    let data = common::seen_on_b_after_held_work_on_a(&ctx, &a, &b, |buf| {
+        memset_through_a_forgotten_guard(&ctx, buf, &a);
+    });
     assert!(data.iter().all(|&v| v == 5), "the copy on b ran before the work of the forgotten guard on a");
 }
 
 #[test]
 #[serial] // holds a gate
 fn a_shared_guard_orders_its_stream_after_earlier_writes() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
     let mut buf = DeviceBuffer::<u32>::zeroed(&a, 256).unwrap();
     let mut out = PinnedBuffer::<u32>::zeroed(&ctx, 256).unwrap();
     let host = out.as_mut_slice().unwrap().as_mut_ptr();
@@ -125,34 +104,28 @@ fn a_shared_guard_orders_its_stream_after_earlier_writes() {
 #[test]
 #[serial] // holds a gate
 fn work_queued_through_the_scoped_door_orders_later_users_on_other_streams() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
-    let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
-    b.synchronize().unwrap();
-    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 1024).unwrap();
-    let gate = common::hold(&a);
-    let mut view = buf.as_mut_slice();
-    let len = view.len();
-    view.queue_on(&a, |ptr| {
-        ctx.bind()?;
-        // SAFETY: the range is the view's (1024 u32s), queued on the stream ordered for it.
-        let code = unsafe { sys::cuMemsetD32Async(ptr, 5, len, a.raw()) };
-        assert_eq!(code, CUresult::CUDA_SUCCESS);
-        Ok(())
-    })
-    .unwrap(); // the buffer's later users now wait for `a`, whose memset is still held back
-    b.copy_d2h(&buf, &mut seen).unwrap(); // on `b`: must wait for `a`
-    let opener = gate.release_after(Duration::from_millis(100));
-    let data = seen.as_slice().unwrap().to_vec();
-    opener.join().unwrap();
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
+    let data = common::seen_on_b_after_held_work_on_a(&ctx, &a, &b, |buf| {
+        let mut view = buf.as_mut_slice();
+        let len = view.len();
+        view.queue_on(&a, |ptr| {
+            ctx.bind()?;
+            // SAFETY: the range is the view's (1024 u32s), queued on the stream ordered for it.
+            let code = unsafe { sys::cuMemsetD32Async(ptr, 5, len, a.raw()) };
+            assert_eq!(code, CUresult::CUDA_SUCCESS);
+            Ok(())
+        })
+        .unwrap(); // the buffer's later users now wait for `a`, whose memset is still held back
+    });
     assert!(data.iter().all(|&v| v == 5), "the copy on b ran before the work queued through the scoped door");
 }
 
 #[test]
 #[parallel]
 fn the_scoped_door_refuses_the_same_memory_inside_and_records_a_failed_queue() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
     let buf = DeviceBuffer::<u32>::from_slice(&a, &[1, 2, 3]).unwrap();
     let view = buf.as_slice();
     // Using the memory again inside would wait for itself: refused, and the outer use goes on.
@@ -171,7 +144,7 @@ fn the_scoped_door_refuses_the_same_memory_inside_and_records_a_failed_queue() {
 #[test]
 #[parallel]
 fn the_door_refuses_a_stream_of_another_device() {
-    let ctx = ctx();
+    let ctx = common::ctx();
     if !testing::needs_devices(2) {
         return;
     }
@@ -186,7 +159,7 @@ fn the_door_refuses_a_stream_of_another_device() {
 #[test]
 #[parallel]
 fn the_scoped_door_refuses_other_cumem_memory_inside() {
-    let ctx = ctx();
+    let ctx = common::ctx();
     let s = Stream::non_blocking(&ctx).unwrap();
     let a = DeviceBuffer::<u32>::from_slice(&s, &[1, 2, 3]).unwrap();
     let b = DeviceBuffer::<u32>::from_slice(&s, &[4, 5, 6]).unwrap();
@@ -209,8 +182,8 @@ fn the_scoped_door_refuses_other_cumem_memory_inside() {
 #[test]
 #[parallel]
 fn crossing_copies_whose_closures_use_the_other_memory_do_not_deadlock() {
-    let ctx = ctx();
-    let (s, t) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (s, t) = common::two_streams(&ctx);
     let a = DeviceBuffer::<u32>::from_slice(&s, &[1; 64]).unwrap();
     let b = DeviceBuffer::<u32>::from_slice(&s, &[2; 64]).unwrap();
     s.synchronize().unwrap();
@@ -236,7 +209,7 @@ fn crossing_copies_whose_closures_use_the_other_memory_do_not_deadlock() {
 #[test]
 #[serial] // holds a gate
 fn a_closure_that_unwinds_after_queueing_a_copy_leaves_the_host_waiting_for_it() {
-    let ctx = ctx();
+    let ctx = common::ctx();
     let s = Stream::non_blocking(&ctx).unwrap();
     let mut dst = DeviceBuffer::<u32>::zeroed(&s, 256).unwrap();
     let mut src = PinnedBuffer::<u32>::zeroed(&ctx, 256).unwrap();
@@ -270,8 +243,8 @@ fn a_closure_that_unwinds_after_queueing_a_copy_leaves_the_host_waiting_for_it()
 #[parallel]
 fn guards_of_other_memory_dropped_inside_crossing_closures_do_not_deadlock() {
     within_watchdog("two closures each dropping a guard of the other's memory", || {
-        let ctx = ctx();
-        let (s, t) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+        let ctx = common::ctx();
+        let (s, t) = common::two_streams(&ctx);
         let a = DeviceBuffer::<u32>::from_slice(&s, &[1; 64]).unwrap();
         let b = DeviceBuffer::<u32>::from_slice(&s, &[2; 64]).unwrap();
         s.synchronize().unwrap();
@@ -309,8 +282,8 @@ fn a_view_of_mapped_memory_taken_inside_a_closure_does_not_wait_for_its_tracker(
     within_watchdog(
         "a mapped view taken inside a closure while a copy from it waits for that closure",
         || {
-            let ctx = ctx();
-            let (s, t) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+            let ctx = common::ctx();
+            let (s, t) = common::two_streams(&ctx);
             let mapped = MappedBuffer::from_slice(&ctx, &[7u32; 64]).unwrap();
             let mut dst = DeviceBuffer::<u32>::zeroed(&s, 128).unwrap();
             s.synchronize().unwrap();
@@ -342,8 +315,8 @@ fn a_view_of_mapped_memory_taken_inside_a_closure_does_not_wait_for_its_tracker(
 #[parallel]
 fn a_host_tracker_asked_whether_idle_inside_a_closure_does_not_wait_for_its_lock() {
     within_watchdog("is_idle inside a closure while a tracked read waits for that closure", || {
-        let ctx = ctx();
-        let (s, t) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+        let ctx = common::ctx();
+        let (s, t) = common::two_streams(&ctx);
         let mut dst = DeviceBuffer::<u32>::zeroed(&s, 128).unwrap();
         s.synchronize().unwrap();
         let host = [0u32; 64];
@@ -375,7 +348,7 @@ fn a_host_tracker_asked_whether_idle_inside_a_closure_does_not_wait_for_its_lock
 #[parallel]
 fn a_pitched_buffer_dropped_inside_a_closure_returns_its_memory() {
     within_watchdog("a pitched buffer dropped inside a closure", || {
-        let ctx = ctx();
+        let ctx = common::ctx();
         let Some(ctl) = testing::sim_control() else {
             return testing::skip("reads the live report: simulator only");
         };

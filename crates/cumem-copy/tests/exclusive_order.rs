@@ -11,34 +11,26 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use cumem_copy::StreamCopy;
-use cumem_core::{Device, DeviceBuffer, Error, PinnedBuffer, Stream};
-use cumem_sys::testing;
+use cumem_core::{DeviceBuffer, Error, PinnedBuffer, Stream};
 use serial_test::{parallel, serial};
-
-fn ctx() -> cumem_core::Context {
-    testing::init();
-    Device::get(0).unwrap().context().unwrap()
-}
 
 #[test]
 #[serial] // holds a gate
 fn a_memset_through_an_exclusive_borrow_waits_for_a_copy_on_another_stream() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
     let src = PinnedBuffer::from_slice(&ctx, &[5u8; 4096]).unwrap();
     let mut buf = DeviceBuffer::<u8>::zeroed(&a, 4096).unwrap();
     a.synchronize().unwrap();
-    let gate = common::hold(&a);
-    a.copy_h2d(&src, &mut buf).unwrap(); // held back on `a`
-    // Through `&mut buf` (no lock): `b` must wait for the copy, or the copy lands last.
-    b.memset_d8(&mut buf, 9).unwrap();
-    // Through one exclusive sub-view (no lock either), on `b` again: ordered after the memset.
-    b.memset_d8(&mut buf.slice_mut(..16).unwrap(), 7).unwrap();
-    let opener = gate.release_after(Duration::from_millis(100));
-    // Both streams, not the buffer's order: the order could only tell what it was told.
-    a.synchronize().unwrap();
-    b.synchronize().unwrap();
-    opener.join().unwrap();
+    // Waited for on both streams, not the buffer's order: the order could only tell what it was
+    // told.
+    common::with_a_held(&a, &b, || {
+        a.copy_h2d(&src, &mut buf).unwrap(); // held back on `a`
+        // Through `&mut buf` (no lock): `b` must wait for the copy, or the copy lands last.
+        b.memset_d8(&mut buf, 9).unwrap();
+        // Through one exclusive sub-view (no lock either), on `b` again: ordered after the memset.
+        b.memset_d8(&mut buf.slice_mut(..16).unwrap(), 7).unwrap();
+    });
     let data = buf.to_vec().unwrap();
     assert_eq!(data[..16], [7; 16], "the sub-view's memset ran before the copy on a");
     assert!(data[16..].iter().all(|&v| v == 9), "the memset on b ran before the copy on a");
@@ -47,26 +39,20 @@ fn a_memset_through_an_exclusive_borrow_waits_for_a_copy_on_another_stream() {
 #[test]
 #[serial] // holds a gate
 fn a_copy_on_another_stream_waits_for_work_queued_through_an_exclusive_borrow() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
     // Made on `b`, so that only the exclusive path's record can tell `b` about the work on `a`.
-    let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
-    b.synchronize().unwrap();
-    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx, 1024).unwrap();
-    let gate = common::hold(&a);
-    a.fill(&mut buf, 5u32).unwrap(); // `&mut buf`: no lock; held back on `a`
-    b.copy_d2h(&buf, &mut seen).unwrap(); // on `b`: must wait for `a`
-    let opener = gate.release_after(Duration::from_millis(100));
-    let data = seen.as_slice().unwrap().to_vec(); // waits for `b`, hence for `a`
-    opener.join().unwrap();
+    let data = common::seen_on_b_after_held_work_on_a(&ctx, &a, &b, |buf| {
+        a.fill(buf, 5u32).unwrap(); // `&mut DeviceBuffer`: no lock
+    });
     assert!(data.iter().all(|&v| v == 5), "the copy on b ran before the fill through &mut buf on a");
 }
 
 #[test]
 #[serial] // holds a gate
 fn halves_used_from_two_threads_on_two_streams_are_both_waited_for_by_the_host() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
     let left_src = PinnedBuffer::from_slice(&ctx, &[3u32; 512]).unwrap();
     let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
     b.synchronize().unwrap();
@@ -96,7 +82,7 @@ fn halves_used_from_two_threads_on_two_streams_are_both_waited_for_by_the_host()
 #[test]
 #[parallel]
 fn the_exclusive_path_refuses_as_the_locked_one() {
-    let ctx = ctx();
+    let ctx = common::ctx();
     let s = Stream::non_blocking(&ctx).unwrap();
     let mut buf = DeviceBuffer::<u32>::from_slice(&s, &[1, 2, 3]).unwrap();
     let other = DeviceBuffer::<u32>::from_slice(&s, &[4, 5, 6]).unwrap();
@@ -118,37 +104,31 @@ fn the_exclusive_path_refuses_as_the_locked_one() {
 #[test]
 #[serial] // holds a gate
 fn a_device_copy_into_an_exclusive_borrow_waits_for_earlier_work_on_it() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
     let src = DeviceBuffer::<u32>::from_slice(&b, &[8; 1024]).unwrap();
     let mut dst = DeviceBuffer::<u32>::zeroed(&a, 1024).unwrap();
     a.synchronize().unwrap();
     b.synchronize().unwrap();
-    let gate = common::hold(&a);
-    a.fill(&mut dst, 1u32).unwrap(); // held back on `a`
-    b.copy_d2d(&src, &mut dst).unwrap(); // `&mut dst`: no lock; must wait for the fill
-    let opener = gate.release_after(Duration::from_millis(100));
-    a.synchronize().unwrap();
-    b.synchronize().unwrap();
-    opener.join().unwrap();
+    common::with_a_held(&a, &b, || {
+        a.fill(&mut dst, 1u32).unwrap(); // held back on `a`
+        b.copy_d2d(&src, &mut dst).unwrap(); // `&mut dst`: no lock; must wait for the fill
+    });
     assert!(dst.to_vec().unwrap().iter().all(|&v| v == 8), "the copy on b ran before the fill on a");
 }
 
 #[test]
 #[serial] // holds a gate
 fn a_device_copy_waits_for_earlier_writes_of_its_source() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
     let mut src = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
     let mut dst = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
     b.synchronize().unwrap();
-    let gate = common::hold(&a);
-    a.fill(&mut src, 8u32).unwrap(); // held back on `a`
-    b.copy_d2d(&src, &mut dst).unwrap(); // only the source's guard tells `b` about `a`
-    let opener = gate.release_after(Duration::from_millis(100));
-    a.synchronize().unwrap();
-    b.synchronize().unwrap();
-    opener.join().unwrap();
+    common::with_a_held(&a, &b, || {
+        a.fill(&mut src, 8u32).unwrap(); // held back on `a`
+        b.copy_d2d(&src, &mut dst).unwrap(); // only the source's guard tells `b` about `a`
+    });
     assert!(
         dst.to_vec().unwrap().iter().all(|&v| v == 8),
         "the copy on b read the source before the fill on a"
@@ -158,8 +138,8 @@ fn a_device_copy_waits_for_earlier_writes_of_its_source() {
 #[test]
 #[serial] // holds a gate
 fn a_device_copy_between_the_halves_of_one_buffer_is_queued_in_order() {
-    let ctx = ctx();
-    let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let ctx = common::ctx();
+    let (a, b) = common::two_streams(&ctx);
     let mut buf = DeviceBuffer::<u32>::zeroed(&b, 1024).unwrap();
     b.synchronize().unwrap();
     let gate = common::hold(&a);
