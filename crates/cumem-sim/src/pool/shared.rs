@@ -587,21 +587,13 @@ pub(crate) fn import_pointer(h: u64, data: &[u8; EXPORT_SIZE]) -> Result<u64, Fa
 /// offset): the driver maps it, but the pool may hand its bytes to the next allocation under the
 /// import.
 fn import_of_freed_block(e: &PtrExport) {
-    let (function, os_tid) = crate::api::caller();
-    let ok = CUresult::CUDA_SUCCESS;
-    violation::record(Violation {
-        function: function.to_string(),
-        code: ok as u32,
-        code_name: crate::errors::name_str(ok).to_string(),
-        message: format!(
-            "imported the pool block [{:#x}, +{}) that its exporter (process {}) already freed or \
-             never exported: it is mapped, but the pool may hand these bytes to its next allocation \
-             while they are imported (the exporter must keep a block until every importer has freed \
-             it)",
-            e.offset, e.bytes, e.pid
-        ),
-        os_tid,
-    });
+    record_answered_with_success(format!(
+        "imported the pool block [{:#x}, +{}) that its exporter (process {}) already freed or \
+         never exported: it is mapped, but the pool may hand these bytes to its next allocation \
+         while they are imported (the exporter must keep a block until every importer has freed \
+         it)",
+        e.offset, e.bytes, e.pid
+    ));
 }
 
 /// Ends the count of an imported pointer whose free takes effect (`a`, of kind `PoolImport`: at
@@ -634,17 +626,23 @@ pub(crate) fn report_live_imports(pool: &Pool, base: u64) {
     if live == 0 {
         return;
     }
+    record_answered_with_success(format!(
+        "pool allocation {base:#x} freed by its exporter while {live} import(s) of it \
+         (cuMemPoolImportPointer) are live: every importer must free it first; the pool may \
+         hand these bytes to its next allocation while they are still imported"
+    ));
+}
+
+/// Records a misuse in the calling API function that the driver answers with SUCCESS (it maps or
+/// frees all the same), so that only the violation log tells of it.
+fn record_answered_with_success(message: String) {
     let (function, os_tid) = crate::api::caller();
     let ok = CUresult::CUDA_SUCCESS;
     violation::record(Violation {
         function: function.to_string(),
         code: ok as u32,
         code_name: crate::errors::name_str(ok).to_string(),
-        message: format!(
-            "pool allocation {base:#x} freed by its exporter while {live} import(s) of it \
-             (cuMemPoolImportPointer) are live: every importer must free it first; the pool may \
-             hand these bytes to its next allocation while they are still imported"
-        ),
+        message,
         os_tid,
     });
 }
