@@ -48,6 +48,14 @@ fn export(h: u64) -> (CUresult, i32) {
     (r, fd)
 }
 
+/// POSIX_FD memory made here, and its exported descriptor.
+fn create_exported() -> (u64, i32) {
+    let h = create(1);
+    let (r, fd) = export(h);
+    ok(r);
+    (h, fd)
+}
+
 fn import(fd: i32, ty: u32) -> (CUresult, u64) {
     let mut h = 0;
     // SAFETY: valid out-pointer; the descriptor travels by value.
@@ -86,6 +94,18 @@ fn unmap_release(va: CUdeviceptr, h: u64) {
     }
 }
 
+/// Releases `imported` (unmapped), an import of the descriptor `fd`, then the exported `h`
+/// (unmapped), and closes `fd`.
+fn release_exported(imported: u64, h: u64, fd: i32) {
+    // SAFETY: plain FFI calls on handles that nothing maps any more; `fd` is the caller's, not
+    // used after.
+    unsafe {
+        ok(cu::cuMemRelease(imported));
+        ok(cu::cuMemRelease(h));
+        libc::close(fd);
+    }
+}
+
 fn free_bytes() -> usize {
     let (mut free, mut total) = (0, 0);
     // SAFETY: valid out-pointers.
@@ -100,9 +120,7 @@ fn an_import_in_the_same_process_is_a_new_handle_over_the_same_bytes() {
         return;
     }
     bind(0);
-    let h = create(1);
-    let (r, fd) = export(h);
-    ok(r);
+    let (h, fd) = create_exported();
     assert!(fd >= 0);
     let before = free_bytes();
     let (r, h2) = import(fd, 1);
@@ -238,9 +256,7 @@ fn descriptor_0_is_invalid_value_even_when_it_is_exported_memory() {
         return;
     }
     let ctl = bind(0);
-    let h = create(1);
-    let (r, fd) = export(h);
-    ok(r);
+    let (h, fd) = create_exported();
     // SAFETY: duplicates whatever descriptor 0 is (stdin) to put it back below; -1 if none.
     let saved = unsafe { libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 3) };
     // SAFETY: `fd` is ours; no test reads stdin, and it is restored before any assertion.
@@ -267,12 +283,7 @@ fn descriptor_0_is_invalid_value_even_when_it_is_exported_memory() {
     );
     let (r, imported) = import(fd, 1);
     ok(r);
-    // SAFETY: plain FFI calls on handles made here; `fd` is ours.
-    unsafe {
-        ok(cu::cuMemRelease(imported));
-        ok(cu::cuMemRelease(h));
-        libc::close(fd);
-    }
+    release_exported(imported, h, fd);
 }
 
 /// Observed on an H100, 2026-11-23 (second run): the mapping of an import answers the pointer
@@ -286,9 +297,7 @@ fn the_mapping_of_an_import_reports_no_handle_types() {
         return;
     }
     bind(0);
-    let h = create(1);
-    let (r, fd) = export(h);
-    ok(r);
+    let (h, fd) = create_exported();
     let (r, imported) = import(fd, 1);
     ok(r);
     let mut va = 0;
@@ -338,14 +347,12 @@ fn the_mapping_of_an_import_reports_no_handle_types() {
     assert_eq!(attr(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, inside) as u32, 3);
     assert_eq!(attr(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, inside) as u32, 0, "the import's");
     assert_eq!(attr(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, inside + g) as u32, 1, "the created memory's");
-    // SAFETY: plain FFI calls on the mappings and reservation made above; `fd` is ours.
+    // SAFETY: plain FFI calls on the mappings and reservation made above.
     unsafe {
         ok(cu::cuMemUnmap(va, 2 * G));
         ok(cu::cuMemAddressFree(va, 2 * G));
-        ok(cu::cuMemRelease(imported));
-        ok(cu::cuMemRelease(h));
-        libc::close(fd);
     }
+    release_exported(imported, h, fd);
 }
 
 #[test]
