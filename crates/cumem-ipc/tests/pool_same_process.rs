@@ -86,6 +86,20 @@ fn exported(data: &[u32]) -> Exported {
     Exported { device, ctx, stream, pool, buf, export }
 }
 
+/// Imports `pool` for `device` through a descriptor that is closed again at once.
+fn import_pool(device: &Device, pool: &ShareablePool) -> ImportedPool {
+    let fd = pool.export_fd().unwrap();
+    ImportedPool::from_fd(device, &fd).unwrap()
+}
+
+/// Starts the simulator (or the driver) with an empty violation log.
+fn init_with_no_violations() {
+    testing::init_with(SIM_CONFIG);
+    if let Some(ctl) = testing::sim_control() {
+        ctl.clear_violations();
+    }
+}
+
 #[test]
 #[serial]
 fn a_second_import_of_a_live_import_is_refused() {
@@ -146,10 +160,7 @@ fn a_second_import_of_a_live_import_is_refused() {
 #[test]
 #[serial]
 fn an_imported_pool_dropped_while_anothers_imports_live_is_not_leaked() {
-    testing::init_with(SIM_CONFIG);
-    if let Some(ctl) = testing::sim_control() {
-        ctl.clear_violations();
-    }
+    init_with_no_violations();
     {
         let data: Vec<u32> = (0..1024).map(|i| i * 3 + 1).collect();
         let Exported { device, ctx: _ctx, stream, pool, buf, export } = exported(&data);
@@ -195,17 +206,12 @@ fn an_imported_pool_dropped_while_anothers_imports_live_is_not_leaked() {
 #[test]
 #[serial]
 fn an_import_at_a_live_imports_address_leaves_it_alone() {
-    testing::init_with(SIM_CONFIG);
-    if let Some(ctl) = testing::sim_control() {
-        ctl.clear_violations();
-    }
+    init_with_no_violations();
     {
         let data: Vec<u32> = (0..2048).map(|i| i * 31 + 9).collect();
         let Exported { device, ctx: _ctx, stream, pool, buf, export } = exported(&data);
         let wire = export.to_bytes();
-        let fd = pool.export_fd().unwrap();
-        let imported = ImportedPool::from_fd(&device, &fd).unwrap();
-        drop(fd);
+        let imported = import_pool(&device, &pool);
         // The last byte of the driver's 64 (after the 8-byte tag).
         let mut other_wire = wire;
         other_wire[8 + 63] ^= 0xFF;
@@ -310,9 +316,7 @@ fn a_pointer_exports_before_the_pool_does() {
         assert_eq!(export.bytes(), 4000);
         // Exported again, and the pool afterwards, as before.
         assert_eq!(pool.export_pointer(&buf).unwrap(), export);
-        let fd = pool.export_fd().unwrap();
-        let imported = ImportedPool::from_fd(&device, &fd).unwrap();
-        drop(fd);
+        let imported = import_pool(&device, &pool);
         // SAFETY: `buf` outlives the import (dropped after it); its fill completed above and
         // nothing writes it while the import lives.
         let import = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
@@ -363,9 +367,7 @@ fn an_export_of_a_freed_buffer_imports_and_is_reported() {
     let Some(ctl) = testing::sim_control() else { return };
     {
         let Exported { device, ctx: _ctx, stream, pool, buf, export } = exported(&[0; 1024]);
-        let fd = pool.export_fd().unwrap();
-        let imported = ImportedPool::from_fd(&device, &fd).unwrap();
-        drop(fd);
+        let imported = import_pool(&device, &pool);
         drop(buf);
         ctl.clear_violations();
         // SAFETY: deliberately broken (item 1: the buffer is gone); nothing reads or writes the
@@ -410,9 +412,7 @@ fn a_leaked_import_keeps_its_imported_pool() {
     let Some(ctl) = testing::sim_control() else { return };
     {
         let Exported { device, ctx, stream, pool, buf, export } = exported(&[0; 1024]);
-        let fd = pool.export_fd().unwrap();
-        let imported = ImportedPool::from_fd(&device, &fd).unwrap();
-        drop(fd);
+        let imported = import_pool(&device, &pool);
         let raw_pool = imported.raw();
         // SAFETY: `buf` outlives the import (freed by hand below before `buf` drops); nothing
         // writes it meanwhile.
@@ -456,9 +456,7 @@ fn an_import_dropped_inside_a_closure_is_freed_with_its_pool() {
     within_watchdog("an import dropped inside a closure", || {
         let Some(ctl) = testing::sim_control() else { return };
         let Exported { device, ctx: _ctx, stream, pool, buf, export } = exported(&[0; 1024]);
-        let fd = pool.export_fd().unwrap();
-        let imported = ImportedPool::from_fd(&device, &fd).unwrap();
-        drop(fd);
+        let imported = import_pool(&device, &pool);
         let raw_pool = imported.raw() as u64;
         // SAFETY: `buf` outlives the import (dropped after it, inside the closure below); nothing
         // writes it meanwhile.
