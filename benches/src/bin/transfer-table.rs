@@ -5,6 +5,10 @@
 //! the message-channel table only; `--runs N` takes the best of N timed runs instead of 15 (more
 //! on a loaded machine).
 //!
+//! The small queued calls are timed twice: with the synchronisation after them (which measures the
+//! device instead whenever it runs them more slowly than they are queued), and alone, queued
+//! behind a gate (a host function that holds the stream closed until the timing has ended).
+//!
 //! Two more tables follow the main one: the profiling hooks (`cumem_copy::Profiler`) off vs on for
 //! the same copies, with the cost of the off check alone, and large copies of pageable memory,
 //! blocking vs staged through a `cumem_copy::StagingRing` vs pinned.
@@ -92,16 +96,30 @@ fn batch(stream: &Stream, n: u32, call: &mut dyn FnMut() -> Result<()>) -> Resul
     })
 }
 
+/// How a batch of `n` calls is timed: [`batch`] or [`gated`].
+type Timing = fn(&Stream, u32, &mut dyn FnMut() -> Result<()>) -> Result<Duration>;
+
+/// µs per call of `raw` and of `cumem`, batches of `n` timed by `timing`.
+fn us_per_call(
+    stream: &Stream,
+    n: u32,
+    timing: Timing,
+    mut raw: impl FnMut() -> Result<()>,
+    mut cumem: impl FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
+    let (a, b) = medians(|| timing(stream, n, &mut raw), || timing(stream, n, &mut cumem))?;
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / f64::from(n);
+    Ok((us(a), us(b)))
+}
+
 /// µs per queued call of `raw` and of `cumem`: `n` calls queued, then one synchronisation.
 fn per_call_us(
     stream: &Stream,
     n: u32,
-    mut raw: impl FnMut() -> Result<()>,
-    mut cumem: impl FnMut() -> Result<()>,
+    raw: impl FnMut() -> Result<()>,
+    cumem: impl FnMut() -> Result<()>,
 ) -> Result<(f64, f64)> {
-    let (a, b) = medians(|| batch(stream, n, &mut raw), || batch(stream, n, &mut cumem))?;
-    let us = |d: Duration| d.as_secs_f64() * 1e6 / f64::from(n);
-    Ok((us(a), us(b)))
+    us_per_call(stream, n, batch, raw, cumem)
 }
 
 /// A raw call that queues or runs one operation; panics on failure (see [`ok`]).
@@ -181,7 +199,88 @@ fn small_calls(ctx: &Context, stream: &Stream, rows: &mut Vec<Row>) -> Result<()
             stream.memset_d8(&mut dev, 1)
         })?,
     );
+    // The same calls alone. The rows above time the calls and the synchronisation after them,
+    // so when the device (or the simulator's engine thread) runs the copies more slowly than the
+    // host queues them, they measure the device and the ratio tends to 1 whatever the calls cost.
+    // Here the stream is held closed by a gate while the calls are timed.
+    push(
+        "4 B copy_h2d, the calls alone (stream gated; raw: cuMemcpyHtoDAsync_v2)",
+        gated_call_us(
+            stream,
+            GATED,
+            raw!("HtoDAsync", sys::cuMemcpyHtoDAsync_v2(d, h.cast(), 4, s)),
+            || stream.copy_h2d(&host, &mut dev),
+        )?,
+    );
+    push(
+        "4 B copy_d2h, the calls alone (stream gated; raw: cuMemcpyDtoHAsync_v2)",
+        gated_call_us(
+            stream,
+            GATED,
+            raw!("DtoHAsync", sys::cuMemcpyDtoHAsync_v2(b.cast(), d, 4, s)),
+            || stream.copy_d2h(&dev, &mut back),
+        )?,
+    );
+    push(
+        "4 B memset_d8, the calls alone (stream gated; raw: cuMemsetD8Async)",
+        gated_call_us(stream, GATED, raw!("MemsetD8Async", sys::cuMemsetD8Async(d, 1, 4, s)), || {
+            stream.memset_d8(&mut dev, 1)
+        })?,
+    );
     Ok(())
+}
+
+/// Calls per gated batch: few enough that a real driver's queue does not fill up (it would block
+/// the calls until the gate opens).
+const GATED: u32 = 500;
+
+/// A gate: a host function queued on a stream that returns only once the host opens it, so that
+/// nothing queued after it runs while the gate is closed.
+struct Gate {
+    open: parking_lot::Mutex<bool>,
+    opened: parking_lot::Condvar,
+}
+
+/// The host function of a [`Gate`]: waits until it is opened.
+unsafe extern "C" fn wait_for_gate(gate: *mut std::ffi::c_void) {
+    // SAFETY: `gate` is the `Arc<Gate>` that `gated` passed, kept alive until the stream is idle.
+    let gate = unsafe { &*gate.cast::<Gate>() };
+    let mut open = gate.open.lock();
+    while !*open {
+        gate.opened.wait(&mut open);
+    }
+}
+
+/// Times `n` calls of `call` queued behind a closed gate, then opens it and waits for the stream.
+fn gated(stream: &Stream, n: u32, call: &mut dyn FnMut() -> Result<()>) -> Result<Duration> {
+    let gate = Arc::new(Gate { open: parking_lot::Mutex::new(false), opened: parking_lot::Condvar::new() });
+    let data = Arc::as_ptr(&gate).cast_mut().cast();
+    // SAFETY: `wait_for_gate` only reads the gate, which `gate` keeps alive until the stream has
+    // run it (the synchronisation below, also on the error paths, which open the gate first).
+    ok(unsafe { sys::cuLaunchHostFunc(stream.raw(), Some(wait_for_gate), data) }, "cuLaunchHostFunc");
+    let t = Instant::now();
+    let mut result = Ok(());
+    for _ in 0..n {
+        result = call();
+        if result.is_err() {
+            break;
+        }
+    }
+    let elapsed = t.elapsed();
+    *gate.open.lock() = true;
+    gate.opened.notify_all();
+    stream.synchronize()?;
+    result.map(|()| elapsed)
+}
+
+/// µs per call of `raw` and of `cumem`, the calls alone: `n` of them queued behind a [`Gate`].
+fn gated_call_us(
+    stream: &Stream,
+    n: u32,
+    raw: impl FnMut() -> Result<()>,
+    cumem: impl FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
+    us_per_call(stream, n, gated, raw, cumem)
 }
 
 fn bandwidth(ctx: &Context, stream: &Stream, rows: &mut Vec<Row>, sizes: &[usize]) -> Result<()> {
