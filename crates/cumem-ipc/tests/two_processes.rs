@@ -96,7 +96,9 @@ fn child_side() {
         // The same memory twice in one context would be two exclusive views of it.
         // SAFETY: as above.
         assert!(matches!(unsafe { handle.open::<u32>(&stream) }, Err(Error::AlreadyMapped { .. })));
-        let event = IpcEventHandle::from_bytes(&ev).unwrap().open(&ctx).unwrap();
+        // SAFETY: the parent drops its event only after this process has exited (`child.finish`),
+        // so after this import and its work; the bytes are its `IpcEvent::handle`, unaltered.
+        let event = unsafe { IpcEventHandle::from_bytes(&ev).unwrap().open(&ctx) }.unwrap();
         let got = import.as_slice().to_vec().unwrap();
         let expected: Vec<u32> = (0..LEN).map(parent_pattern).collect();
         assert!(got == expected, "the child does not read the parent's bytes");
