@@ -21,7 +21,9 @@ unsafe impl Send for RawEvent {}
 // SAFETY: as above; the driver synchronises its own use of the handle.
 unsafe impl Sync for RawEvent {}
 
-/// An exported [`IpcEvent`], as bytes another process can receive.
+/// An exported [`IpcEvent`], as bytes another process can receive. Opening them
+/// ([`IpcEventHandle::open`]) is `unsafe`: the imported event is usable only while the exporter's
+/// lives.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct IpcEventHandle {
     raw: [u8; HANDLE_SIZE],
@@ -135,8 +137,33 @@ impl IpcEventHandle {
     }
 
     /// Opens the exported event in `ctx`. In the exporting process the driver answers
-    /// [`Error::InvalidContext`].
-    pub fn open(&self, ctx: &Context) -> Result<IpcEvent> {
+    /// [`Error::InvalidContext`]; bytes that name no event, [`Error::InvalidValue`] (the
+    /// simulator's answer; on a GPU what a forged handle does is undocumented). Dropping the
+    /// returned [`IpcEvent`] destroys this process's import only; the exporter's event lives on.
+    ///
+    /// # Safety
+    ///
+    /// The driver documents that operating on an imported event after the exported event was
+    /// destroyed (`cuEventDestroy`) is undefined behaviour, and nothing here can see the other
+    /// process's event, so the caller promises:
+    ///
+    /// 1. The exporting [`IpcEvent`] outlives the returned one and every operation on it
+    ///    ([`IpcEvent::record`], [`IpcEvent::synchronize`], [`IpcEvent::query`],
+    ///    [`IpcEvent::wait_on`], and work queued on a stream behind a `wait_on`): the exporter
+    ///    drops its event only after this process says it dropped its import and that work
+    ///    completed.
+    /// 2. The bytes came from [`IpcEvent::handle`] of that event (through
+    ///    [`IpcEventHandle::to_bytes`] / [`IpcEventHandle::from_bytes`]), unaltered: bytes made
+    ///    up or changed reach the driver unchecked.
+    ///
+    /// Safe code cannot open an event:
+    ///
+    /// ```compile_fail,E0133
+    /// fn open_it(handle: &cumem_ipc::IpcEventHandle, ctx: &cumem_core::Context) {
+    ///     let _ = handle.open(ctx);
+    /// }
+    /// ```
+    pub unsafe fn open(&self, ctx: &Context) -> Result<IpcEvent> {
         ctx.bind()?;
         Ok(IpcEvent { ctx: ctx.clone(), raw: RawEvent(ffi::event_open(self.raw)?) })
     }

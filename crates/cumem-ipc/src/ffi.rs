@@ -153,7 +153,14 @@ pub(crate) fn pool_export_fd(pool: sys::CUmemoryPool) -> Result<std::os::fd::Own
     // SAFETY: `fd` is a valid out-pointer for the `int` POSIX_FD writes; `pool` is a live handle.
     let code = unsafe { sys::cuMemPoolExportToShareableHandle((&raw mut fd).cast(), pool, POSIX_FD, 0) };
     check(code, Ctx::op("cuMemPoolExportToShareableHandle"))?;
-    // SAFETY: on success the driver wrote a new descriptor that nothing else owns.
+    if fd < 0 {
+        // A driver that reported success without a descriptor: nothing to own or close, and an
+        // `OwnedFd` of -1 is undefined behaviour.
+        return Err(cumem_sys::Error::InvalidHandle {
+            ctx: Ctx::op("cuMemPoolExportToShareableHandle (no descriptor)"),
+        });
+    }
+    // SAFETY: on success the driver wrote a new descriptor (checked above) that nothing else owns.
     Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 

@@ -10,12 +10,16 @@ use cumem_sys::sys::CUdeviceptr;
 
 use crate::ffi::POOL_EXPORT_SIZE;
 use crate::imported_pool::PoolHandle;
+use crate::live_imports::LegacyTicket;
 use crate::{ffi, live_imports};
 
 /// How an import ends.
 pub(crate) enum Source {
-    /// `cuIpcOpenMemHandle`: closed with `cuIpcCloseMemHandle`.
-    IpcHandle,
+    /// `cuIpcOpenMemHandle`: closed with `cuIpcCloseMemHandle`; its claim in `live_imports` is
+    /// released first.
+    IpcHandle(LegacyTicket),
+    /// A leaked import: nothing to end.
+    Leaked,
     /// `cuMemPoolImportPointer`: freed with `cuMemFree`; the imported pool is kept alive until then.
     Pool {
         /// The pool must not be destroyed before its imported pointers; forgotten (never
@@ -36,6 +40,16 @@ pub(crate) enum Source {
 /// [`ImportedPool::import_pointer`](crate::ImportedPool::import_pointer) promised: the exporter
 /// keeps the memory alive and to this buffer until the import is dropped, and other processes'
 /// accesses are ordered with this one's.
+///
+/// Dropping an import of a pool pointer frees it with `cuMemFree`, which is synchronous: on an
+/// H100 (driver-api.md §17) it waits for every stream of the context while one of them runs a
+/// blocked host function, even for an idle allocation, and it does so while holding this
+/// process's lock of imported pool addresses (the free and the release of the address must not be
+/// split, see `live_imports`). So such a drop can wait on unrelated work of the context (a held
+/// stream, a `queue_on` closure blocked on something), and meanwhile every other pool pointer
+/// import and free in the process waits on that lock. Do not drop one while a host function of
+/// its context waits for this thread. (A legacy import's `cuIpcCloseMemHandle` takes no such
+/// lock.)
 pub struct ImportedBuffer<T> {
     /// What the driver mapped (the whole exported allocation), closed on drop.
     base: CUdeviceptr,
@@ -105,12 +119,14 @@ impl<T: Pod> ImportedBuffer<T> {
     /// An exclusive view: within this process nothing else uses the memory while it lives.
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
         // SAFETY: as `as_slice`; `&mut self` keeps every other view of this import away; no
-        // other `ImportedBuffer` maps the memory in this process (`IpcMemHandle::open` claims its
-        // (context, address), `ImportedPool::import_pointer` the export's bytes and the address,
-        // in `live_imports`, and both refuse a second import while this one lives); the
-        // exporting process's own uses, when it imports its own buffer, are ordered with this
-        // one's (safety item 3 of `ImportedPool::import_pointer`), as are other processes' (item
-        // 2).
+        // other `ImportedBuffer` of this process covers these bytes: `IpcMemHandle::open` claims
+        // the handle's bytes with the range of the allocation this buffer covers, in every
+        // context, and the address the driver mapped, refusing an overlapping range of either
+        // while this import lives (bytes that differ but name the same allocation, opened in
+        // another context, are excluded by its safety item 3); `ImportedPool::import_pointer`
+        // claims the export's bytes and the address, process-wide. The exporting process's own
+        // uses, when it imports its own pool buffer, are ordered with this one's (safety item 3
+        // of `ImportedPool::import_pointer`), as are other processes' (item 2 of both).
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, &self.order, &self.ctx) }
     }
 
@@ -135,8 +151,9 @@ impl<T> Drop for ImportedBuffer<T> {
             return;
         }
         match &self.source {
-            Source::IpcHandle => {
-                live_imports::release(self.ctx.raw(), self.base);
+            Source::Leaked => {}
+            Source::IpcHandle(ticket) => {
+                live_imports::release(*ticket);
                 // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives
                 // `self`.
                 if let Err(e) = unsafe { ffi::mem_close(self.base) } {
@@ -165,7 +182,7 @@ impl<T> ImportedBuffer<T> {
     /// For a leaked import: keeps its imported pool alive for the rest of the process (destroying
     /// it would end the import under work that may still use it).
     fn leak_source(&mut self) {
-        if let Source::Pool { pool, .. } = std::mem::replace(&mut self.source, Source::IpcHandle) {
+        if let Source::Pool { pool, .. } = std::mem::replace(&mut self.source, Source::Leaked) {
             std::mem::forget(pool);
         }
     }

@@ -211,7 +211,8 @@ impl ImportedPool {
     ///
     /// Bytes exported from another pool give the driver's [`Error::InvalidValue`]; a size that is
     /// not a whole number of `T`s or an offset not aligned for `T`, [`Error::Misaligned`]; a
-    /// buffer outside the allocation the driver maps, [`Error::InvalidValue`]. Memory the
+    /// buffer outside the allocation the driver maps, [`Error::InvalidValue`]; an imported address
+    /// not aligned for `T`, [`Error::Misaligned`] (the import is freed again). Memory the
     /// exporter already freed is *not* refused: the driver maps it (an H100 answered SUCCESS in
     /// the exporting process, 2026-11-23), which is why safety item 1 below is the caller's.
     /// Importing an export that is already imported in this process (through any
@@ -319,9 +320,10 @@ impl ImportedPool {
         // Built before any further fallible step, so that every error path below frees the import
         // (by dropping it). The pointer wraps rather than panics on a forged offset; it is used
         // only once the range check below has passed.
+        let ptr = base.wrapping_add(offset);
         let import = ImportedBuffer::new(
             base,
-            base.wrapping_add(offset),
+            ptr,
             export.bytes() / size,
             stream,
             Source::Pool { pool: Arc::clone(&self.inner), export: raw },
@@ -334,6 +336,11 @@ impl ImportedPool {
                 )
                 .bytes(export.bytes()),
             });
+        }
+        // The offset is aligned, but the driver's address need not be for a `T` aligned beyond
+        // what it guarantees (imports are 32 MiB aligned on an H100; a type may ask for more).
+        if !ptr.is_multiple_of(align) {
+            return Err(Error::Misaligned { what: "imported address", value: ptr, align });
         }
         Ok(import)
     }

@@ -16,7 +16,8 @@
 //! processes).
 //!
 //! The memory stays the exporter's: it must outlive every import (keep the buffer until the
-//! importers say they closed it), which is why [`IpcMemHandle::open`] is `unsafe`. The complete
+//! importers say they closed it), which is why [`IpcMemHandle::open`] is `unsafe`; an exported
+//! event likewise outlives its imports ([`IpcEventHandle::open`] is `unsafe`). The complete
 //! two-process example is the test
 //! `crates/cumem-ipc/tests/two_processes.rs`; the handle round trip looks like this:
 //!

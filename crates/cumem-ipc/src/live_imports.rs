@@ -1,8 +1,22 @@
-//! The imports open in this process, so that one import is never opened twice: two
-//! [`ImportedBuffer`](crate::ImportedBuffer)s with separate stream orders over the same memory
-//! would give safe code two exclusive views of it. Legacy IPC imports are keyed by (context,
-//! base): the driver answers a second open of a live import in the same context with the same
-//! address. Pool pointer imports are keyed by the export's bytes, which name the pool and the
+//! The imports open in this process, so that no memory is opened twice: two
+//! [`ImportedBuffer`](crate::ImportedBuffer)s with separate stream orders over the same bytes
+//! would give safe code two exclusive views of them.
+//!
+//! Legacy IPC imports are claimed by the handle's 64 driver bytes and the range of the exported
+//! allocation the buffer covers, across all contexts: the driver lets one context per device open
+//! a handle, so with a primary context per device a stream on device 0 and one on device 1 could
+//! otherwise both open it, as two mappings of the same memory. Only overlapping ranges are
+//! refused, so that two buffers of one allocation (blocks of one caching-pool segment) import
+//! together: each open is counted by the driver (a second open in the same context returns the
+//! live mapping's address and one more reference, driver-api.md §12; the simulator counts the
+//! same) and each [`ImportedBuffer`](crate::ImportedBuffer) closes its own. The claim also keeps
+//! the address the driver mapped, so that bytes which differ but name the same allocation, opened
+//! in the same context, are caught there (the driver returns the live mapping) and the refused
+//! open is closed once, leaving the live one mapped. Differing bytes opened in *another* context
+//! map elsewhere and cannot be recognised here: safety item 3 of
+//! [`IpcMemHandle::open`](crate::IpcMemHandle::open).
+//!
+//! Pool pointer imports are keyed by the export's bytes, which name the pool and the
 //! allocation, so that a second import of them is refused before the driver is asked; and by
 //! their address too (in any context: an address names one mapping in the process), because the
 //! driver answers a second `cuMemPoolImportPointer` of a live import with the same address and
@@ -16,40 +30,96 @@
 //!
 //! ```
 //! # cumem_sys::testing::init();
-//! // `IpcMemHandle::open` claims the import here; a second open of it is `Error::AlreadyMapped`
-//! // (see `crates/cumem-ipc/tests/two_processes.rs`).
+//! // `IpcMemHandle::open` claims its range of the allocation here; a second open of an
+//! // overlapping range, in any context, is `Error::AlreadyMapped` (see
+//! // `crates/cumem-ipc/tests/two_processes.rs`).
 //! ```
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::sync::Mutex;
 
-use cumem_sys::sys::{CUcontext, CUdeviceptr};
+use cumem_sys::sys::CUdeviceptr;
 
-use crate::ffi::POOL_EXPORT_SIZE;
+use crate::ffi::{HANDLE_SIZE, POOL_EXPORT_SIZE};
 
-static LIVE: Mutex<BTreeSet<(usize, CUdeviceptr)>> = Mutex::new(BTreeSet::new());
+/// One live legacy import.
+struct LegacyClaim {
+    /// The driver's handle bytes.
+    handle: [u8; HANDLE_SIZE],
+    /// The bytes of the exported allocation the buffer covers.
+    range: Range<u64>,
+    /// Where the driver mapped the allocation here; `None` while the open is in flight.
+    base: Option<CUdeviceptr>,
+}
+
+struct LegacyTable {
+    next: u64,
+    claims: BTreeMap<u64, LegacyClaim>,
+}
+
+static LEGACY: Mutex<LegacyTable> = Mutex::new(LegacyTable { next: 1, claims: BTreeMap::new() });
 static LIVE_POOL_EXPORTS: Mutex<BTreeSet<[u8; POOL_EXPORT_SIZE]>> = Mutex::new(BTreeSet::new());
 static LIVE_POOL_ADDRESSES: Mutex<BTreeSet<CUdeviceptr>> = Mutex::new(BTreeSet::new());
 
-fn live() -> std::sync::MutexGuard<'static, BTreeSet<(usize, CUdeviceptr)>> {
-    // The set stays consistent through a panic elsewhere (each change is one insert or remove).
-    LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+fn legacy() -> std::sync::MutexGuard<'static, LegacyTable> {
+    // The table stays consistent through a panic elsewhere (each change is one insert, update or
+    // remove).
+    LEGACY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Records the import at `base` in `ctx`; false when it is already live (opened by another
-/// [`ImportedBuffer`](crate::ImportedBuffer) that has not been dropped).
-pub(crate) fn claim(ctx: CUcontext, base: CUdeviceptr) -> bool {
-    live().insert((ctx as usize, base))
+fn overlap(a: &Range<u64>, b: &Range<u64>) -> bool {
+    a.start < b.end && b.start < a.end
 }
 
-/// Forgets the import at `base` in `ctx`, before it is closed: the driver counts opens, so an
-/// open racing with the close keeps the mapping alive.
-pub(crate) fn release(ctx: CUcontext, base: CUdeviceptr) {
-    live().remove(&(ctx as usize, base));
+/// A live legacy import's claim, released when its [`ImportedBuffer`](crate::ImportedBuffer)
+/// closes the import (kept for good when the import is leaked, so it is not opened again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LegacyTicket(u64);
+
+/// Claims `range` of the allocation `handle` names, before the driver is asked; `None` when a
+/// live import of the same bytes (in any context) covers part of it.
+pub(crate) fn claim_handle(handle: &[u8; HANDLE_SIZE], range: Range<u64>) -> Option<LegacyTicket> {
+    let mut table = legacy();
+    if table.claims.values().any(|c| &c.handle == handle && overlap(&c.range, &range)) {
+        return None;
+    }
+    let id = table.next;
+    table.next += 1;
+    table.claims.insert(id, LegacyClaim { handle: *handle, range, base: None });
+    Some(LegacyTicket(id))
+}
+
+/// Records that the driver mapped `ticket`'s open at `base`. False, and the claim forgotten, when
+/// a live import mapped at `base` through other bytes covers part of its range: the driver
+/// answered an open of that import's allocation, in its context, with its mapping.
+pub(crate) fn place(ticket: LegacyTicket, base: CUdeviceptr) -> bool {
+    let mut table = legacy();
+    let Some(range) = table.claims.get(&ticket.0).map(|c| c.range.clone()) else {
+        return false;
+    };
+    let clash = table
+        .claims
+        .iter()
+        .any(|(&id, c)| id != ticket.0 && c.base == Some(base) && overlap(&c.range, &range));
+    if clash {
+        table.claims.remove(&ticket.0);
+        return false;
+    }
+    if let Some(claim) = table.claims.get_mut(&ticket.0) {
+        claim.base = Some(base);
+    }
+    true
+}
+
+/// Forgets `ticket`'s import, before it is closed: the driver counts opens, so an open racing with
+/// the close keeps the mapping alive.
+pub(crate) fn release(ticket: LegacyTicket) {
+    legacy().claims.remove(&ticket.0);
 }
 
 fn live_pool_exports() -> std::sync::MutexGuard<'static, BTreeSet<[u8; POOL_EXPORT_SIZE]>> {
-    // As `live`: each change is one insert or remove.
+    // As `legacy`: each change is one insert or remove.
     LIVE_POOL_EXPORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
@@ -70,6 +140,6 @@ pub(crate) fn release_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) {
 /// release (and be refused, leaving a new mapping behind), or between another's import and its
 /// claim (and wrap that mapping as its own). Taken before the exports' lock, never after it.
 pub(crate) fn pool_addresses() -> std::sync::MutexGuard<'static, BTreeSet<CUdeviceptr>> {
-    // As `live`: each change is one insert or remove.
+    // As `legacy`: each change is one insert or remove.
     LIVE_POOL_ADDRESSES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

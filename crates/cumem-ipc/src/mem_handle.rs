@@ -46,7 +46,7 @@ impl IpcMemHandle {
         Ok(IpcMemHandle { raw, offset: buf.device_ptr() - base, bytes: buf.bytes() as u64 })
     }
 
-    /// Size in bytes of the exported allocation.
+    /// Size in bytes of the exported buffer (not of the allocation holding it).
     pub fn bytes(&self) -> usize {
         self.bytes as usize
     }
@@ -78,9 +78,13 @@ impl IpcMemHandle {
     /// driver answers [`Error::InvalidContext`]; for memory already freed, [`Error::InvalidValue`]
     /// (also for a handle whose buffer does not lie inside the allocation the driver maps); a size
     /// that is not a whole number of `T`s, or an offset not aligned for `T`, gives
-    /// [`Error::Misaligned`]. Opening memory that is already open here (through another live
-    /// [`ImportedBuffer`] in the same context) gives [`Error::AlreadyMapped`]: the driver would
-    /// return the same address, and two imports would be two exclusive views of the same memory.
+    /// [`Error::Misaligned`], as does an address the driver mapped that is not aligned for `T`
+    /// (the import is closed again). Opening bytes that are already open here, through another
+    /// live [`ImportedBuffer`] of the same handle whose range of the allocation overlaps this
+    /// one's, in any context (another device's too), gives [`Error::AlreadyMapped`]: two imports
+    /// would be two exclusive views of the same memory. Disjoint ranges of one allocation (two
+    /// buffers of one caching-pool segment) open together; the driver counts the opens and each
+    /// import closes its own.
     ///
     /// # Safety
     ///
@@ -94,6 +98,13 @@ impl IpcMemHandle {
     /// 2. Other processes' accesses to the memory are ordered with this process's, through an
     ///    [`IpcEvent`](crate::IpcEvent) or the program's own protocol: no other process writes
     ///    it while this one reads or writes it, nor reads it while this one writes it.
+    /// 3. The 64 driver bytes are those [`IpcMemHandle::export`] gave, unaltered, and no other
+    ///    handle of the same allocation with different driver bytes is open in this process in
+    ///    another context while the returned [`ImportedBuffer`] lives. An open of the same bytes
+    ///    is refused in every context, and one the driver maps at a live import's address (the
+    ///    same context) too, but differing bytes that name the same allocation map elsewhere in
+    ///    another context and cannot be recognised. (Exporting one buffer twice gives the same
+    ///    bytes on the simulator; on a GPU it is not on record.)
     ///
     /// Safe code cannot open an import:
     ///
@@ -119,31 +130,36 @@ impl IpcMemHandle {
             });
         };
         stream.context().bind()?;
-        let base = ffi::mem_open(self.raw)?;
-        if !live_imports::claim(stream.context().raw(), base) {
+        let already = || Error::AlreadyMapped {
+            ctx: ErrorContext::op(
+                "IpcMemHandle::open (already open in this process; drop the other ImportedBuffer first)",
+            )
+            .bytes(self.bytes()),
+        };
+        let Some(ticket) = live_imports::claim_handle(&self.raw, self.offset..end) else {
+            return Err(already());
+        };
+        let base = match ffi::mem_open(self.raw) {
+            Ok(base) => base,
+            Err(e) => {
+                live_imports::release(ticket);
+                return Err(e);
+            }
+        };
+        if !live_imports::place(ticket, base) {
             // The driver counted this open: undo it, leaving the live import as it was.
             // SAFETY: `base` was opened just above and nothing else holds this open.
             if let Err(e) = unsafe { ffi::mem_close(base) } {
                 tracing::warn!(error = %e, "cumem-ipc: closing a refused second open failed");
             }
-            return Err(Error::AlreadyMapped {
-                ctx: ErrorContext::op(
-                    "IpcMemHandle::open (already open in this context; drop the other ImportedBuffer first)",
-                )
-                .bytes(self.bytes()),
-            });
+            return Err(already());
         }
         // Built before any further fallible step, so that every error path below closes the
         // import (by dropping it). The pointer wraps rather than panics on a forged offset; it is
-        // used only once the range check below has passed, and then `base + offset` lies inside
+        // used only once the checks below have passed, and then `base + offset` lies inside
         // the mapping.
-        let import = ImportedBuffer::new(
-            base,
-            base.wrapping_add(self.offset),
-            self.bytes() / size,
-            stream,
-            Source::IpcHandle,
-        );
+        let ptr = base.wrapping_add(self.offset);
+        let import = ImportedBuffer::new(base, ptr, self.bytes() / size, stream, Source::IpcHandle(ticket));
         let (_, mapped) = ffi::address_range(base)?;
         if end > mapped as u64 {
             // Dropping `import` closes what was opened.
@@ -151,6 +167,11 @@ impl IpcMemHandle {
                 ctx: ErrorContext::op("IpcMemHandle::open (buffer outside the exported allocation)")
                     .bytes(self.bytes()),
             });
+        }
+        // The offset is aligned, but the driver's address need not be for a `T` aligned beyond
+        // what it guarantees (a `#[repr(align(4096))]` type, say).
+        if !ptr.is_multiple_of(align) {
+            return Err(Error::Misaligned { what: "imported address", value: ptr, align });
         }
         Ok(import)
     }

@@ -175,9 +175,19 @@ unsafe impl DeviceResource for ShareablePool {
         &self.ctx
     }
 
+    /// A stream of another context gives [`Error::WrongDevice`] (`DeviceBuffer`'s constructors
+    /// check it too; a direct call through the trait does not go through them).
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         let layout = AllocLayout::new(layout.bytes, layout.align)?;
         let device = self.ctx.device().ordinal() as i32;
+        if stream.context() != &self.ctx {
+            // The driver would queue the allocation on a stream of another context, for memory
+            // of this pool's device: work on that stream would use memory of another device.
+            return Err(Error::WrongDevice {
+                expected: device,
+                actual: stream.context().device().ordinal() as i32,
+            });
+        }
         self.ctx.bind()?;
         let exact = ffi::mem_alloc_from_pool_async(layout.bytes, self.raw.0, stream.raw(), device)?;
         if layout.align <= POOL_ALIGNMENT || exact.is_multiple_of(layout.align as u64) {

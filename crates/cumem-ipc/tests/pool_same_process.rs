@@ -8,11 +8,13 @@
 //! H100) and the simulator reports it; the pool imported for a device without access to it is
 //! [`Error::WrongDevice`]; an import leaked by its drop keeps its imported pool; an import dropped
 //! inside a `queue_on` closure is freed, not leaked; a pointer exports before the pool was ever
-//! exported (by hand), also from two threads at once. The process ends with a clean live report.
+//! exported (by hand), also from two threads at once; an import at an address misaligned for its
+//! type is refused and freed; a direct `DeviceResource::allocate` with a stream of another
+//! device is `WrongDevice`. The process ends with a clean live report.
 
 use std::sync::Arc;
 
-use cumem_core::{Context, Device, DeviceBuffer, Error, Stream};
+use cumem_core::{AllocLayout, Context, Device, DeviceBuffer, DeviceResource, Error, Stream};
 use cumem_ipc::{ImportedPool, PoolPointerExport, ShareablePool};
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::sys::{self, CUresult};
@@ -476,5 +478,76 @@ fn an_import_dropped_inside_a_closure_is_freed_with_its_pool() {
         assert!(!report.contains_ptr(ptr), "the import leaked instead of being freed:\n{report}");
         assert!(!report.pools.iter().any(|p| p.handle == raw_pool), "its imported pool leaked:\n{report}");
     });
+    assert_clean_report();
+}
+
+/// A `T` aligned more than the 32 MiB the simulator (and an H100) aligns a pointer import to.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(67108864))]
+struct Aligned64MiB([u8; 64 << 20]);
+
+/// An aligned offset does not make an aligned address. The simulator places a 64 MiB import at
+/// the next 32 MiB boundary after the previous one and its guard gap, 96 MiB on: of two
+/// imports in a row, one lies at an odd multiple of 32 MiB, which must be refused with
+/// `Error::Misaligned` and freed, not handed out misaligned.
+#[test]
+#[serial]
+fn an_import_at_an_address_misaligned_for_t_is_refused_and_freed() {
+    init_with_no_violations();
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("relies on the simulator's address placement");
+    };
+    {
+        let device = Device::get(0).unwrap();
+        let stream = Stream::new(&device.context().unwrap()).unwrap();
+        let pool = Arc::new(ShareablePool::new(stream.context()).unwrap());
+        let buf = DeviceBuffer::<Aligned64MiB>::zeroed_in(&pool, &stream, 1).unwrap();
+        buf.order().synchronize().unwrap();
+        let export = pool.export_pointer(&buf).unwrap();
+        let imported = import_pool(&device, &pool);
+        let mut refused = false;
+        for _ in 0..2 {
+            // SAFETY: `buf` outlives the imports (dropped after them) and nothing writes it.
+            match unsafe { imported.import_pointer::<Aligned64MiB>(&export, &stream) } {
+                Ok(import) => {
+                    assert_eq!(import.device_ptr() % (64 << 20), 0, "an import misaligned for its type")
+                }
+                Err(Error::Misaligned { what: "imported address", value, .. }) => {
+                    assert_eq!(value % (64 << 20), 32 << 20);
+                    let report = ctl.live_report();
+                    assert!(
+                        !report.allocations.iter().any(|a| a.kind == "pool_import"),
+                        "left imported:\n{report}"
+                    );
+                    refused = true;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert!(refused, "no import landed at an odd multiple of 32 MiB");
+        drop(imported);
+        drop(buf);
+        assert_no_refused_destroys_or_frees();
+    }
+    assert_clean_report();
+}
+
+/// `DeviceBuffer`'s constructors check the stream's context against the resource's; a direct call
+/// through the trait must check it too, rather than queue the pool's memory on another device's
+/// stream.
+#[test]
+#[serial]
+fn a_direct_allocation_on_another_devices_stream_is_wrong_device() {
+    init_with_no_violations();
+    if !testing::needs_devices(2) {
+        return;
+    }
+    {
+        let pool = ShareablePool::new(&Device::get(0).unwrap().context().unwrap()).unwrap();
+        let other = Stream::new(&Device::get(1).unwrap().context().unwrap()).unwrap();
+        let layout = AllocLayout::new(4096, 256).unwrap();
+        let answered = pool.allocate(layout, &other);
+        assert!(matches!(answered, Err(Error::WrongDevice { expected: 0, actual: 1 })), "{answered:?}");
+    }
     assert_clean_report();
 }

@@ -148,7 +148,9 @@ fn child_side() {
         // touches it again only after waiting on the event recorded after this process's write.
         let mut import = unsafe { pool.import_pointer::<u32>(&export, &stream) }.unwrap();
         assert_eq!(import.len(), LEN);
-        let event = IpcEventHandle::from_bytes(event_bytes).unwrap().open(&ctx).unwrap();
+        // SAFETY: the parent drops its event only after this process has exited (`child.finish`),
+        // so after this import and its work; the bytes are its `IpcEvent::handle`, unaltered.
+        let event = unsafe { IpcEventHandle::from_bytes(event_bytes).unwrap().open(&ctx) }.unwrap();
         let got = import.as_slice().to_vec().unwrap();
         let expected: Vec<u32> = (0..LEN).map(parent_pattern).collect();
         assert!(got == expected, "the child does not read the parent's bytes");

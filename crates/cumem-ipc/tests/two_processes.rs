@@ -4,6 +4,9 @@
 //! queues a write of new ones behind a gate on its stream, records the event and says so; the
 //! gate opens a while later. The parent waits on the event and must then read the child's bytes:
 //! a parent that did not wait would read its own bytes, since the write is still held.
+//! The child also checks the registry of open imports: a second open is refused in the same
+//! context and on another device, disjoint ranges of the allocation open together, forged
+//! offsets and sizes and an address misaligned for `T` are refused without leaving an import.
 //! Both processes end with a clean live report (the leak check at exit also enforces it).
 
 use std::io::{Read, Write};
@@ -96,7 +99,9 @@ fn child_side() {
         // The same memory twice in one context would be two exclusive views of it.
         // SAFETY: as above.
         assert!(matches!(unsafe { handle.open::<u32>(&stream) }, Err(Error::AlreadyMapped { .. })));
-        let event = IpcEventHandle::from_bytes(&ev).unwrap().open(&ctx).unwrap();
+        // SAFETY: the parent drops its event only after this process has exited (`child.finish`),
+        // so after this import and its work; the bytes are its `IpcEvent::handle`, unaltered.
+        let event = unsafe { IpcEventHandle::from_bytes(&ev).unwrap().open(&ctx) }.unwrap();
         let got = import.as_slice().to_vec().unwrap();
         let expected: Vec<u32> = (0..LEN).map(parent_pattern).collect();
         assert!(got == expected, "the child does not read the parent's bytes");
@@ -119,6 +124,9 @@ fn child_side() {
         drop(host);
         opener.join().unwrap();
         forged_handles_are_refused_without_leaving_an_import(&mem, &stream);
+        another_device_cannot_open_what_one_device_has_open(&handle, &stream);
+        disjoint_ranges_of_one_allocation_open_together(&mem, &stream);
+        an_import_at_an_address_misaligned_for_t_is_refused_and_closed(&handle, &stream);
         an_import_whose_work_cannot_be_waited_for_is_leaked_not_closed(&handle, &stream);
     }
     assert_clean_report();
@@ -156,6 +164,99 @@ fn forged_handles_are_refused_without_leaving_an_import(
             "an import was left open:\n{report}"
         );
     }
+}
+
+/// `Error::AlreadyMapped` for an `ImportedBuffer` of `handle`, from the open under test.
+fn assert_already_mapped(opened: Result<cumem_ipc::ImportedBuffer<u32>, Error>) {
+    assert!(matches!(opened, Err(Error::AlreadyMapped { .. })), "{opened:?}");
+}
+
+/// The number of legacy imports in the simulator's live report (0 on a real driver).
+fn open_imports() -> usize {
+    testing::sim_control()
+        .map_or(0, |ctl| ctl.live_report().allocations.iter().filter(|a| a.kind == "ipc_import").count())
+}
+
+/// The driver lets one context per device open a handle: with a primary context per device, a
+/// stream on device 1 could open what a stream on device 0 has open, as a second mapping of the
+/// same bytes with its own stream order. The claim covers every context, so that open is refused
+/// before the driver is asked.
+fn another_device_cannot_open_what_one_device_has_open(handle: &IpcMemHandle, stream: &Stream) {
+    if !testing::needs_devices(2) {
+        return;
+    }
+    let other = Stream::new(&Device::get(1).unwrap().context().unwrap()).unwrap();
+    // SAFETY: the parent keeps the buffer until this process exits and no longer touches it.
+    let import = unsafe { handle.open::<u32>(stream) }.unwrap();
+    // SAFETY: as above; the open is refused, so nothing is accessed.
+    assert_already_mapped(unsafe { handle.open::<u32>(&other) });
+    assert_eq!(open_imports(), usize::from(testing::sim_control().is_some()), "one mapping, device 0's");
+    drop(import);
+    if testing::sim_control().is_some() {
+        // Once the first is closed, device 1 may open it (on a GPU that needs peer access).
+        // SAFETY: as above.
+        let on_other = unsafe { handle.open::<u32>(&other) }.unwrap();
+        let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
+        assert!(on_other.as_slice().to_vec().unwrap() == expected, "device 1 reads other bytes");
+    }
+    assert_eq!(open_imports(), 0, "an import was left open");
+}
+
+/// Two buffers of one allocation (blocks of one caching-pool segment) share the driver's handle
+/// and differ in their range: both open together, in one mapping the driver counts twice, and
+/// each closes its own open; a range overlapping a live one is refused.
+fn disjoint_ranges_of_one_allocation_open_together(mem: &[u8; IpcMemHandle::ENCODED_LEN], stream: &Stream) {
+    let half = (LEN * 4 / 2) as u64;
+    let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
+    // SAFETY: the parent keeps the buffer until this process exits and no longer touches it; the
+    // two imports cover disjoint bytes.
+    let low = unsafe { forged(mem, 0, half).open::<u32>(stream) }.unwrap();
+    // SAFETY: as above.
+    let high = unsafe { forged(mem, half, half).open::<u32>(stream) }.unwrap();
+    assert_eq!(high.device_ptr() - low.device_ptr(), half, "one mapping");
+    // SAFETY: as above; the open is refused, so nothing is accessed.
+    assert_already_mapped(unsafe { forged(mem, half / 2, half).open::<u32>(stream) });
+    assert!(high.as_slice().to_vec().unwrap() == expected[LEN / 2..], "the upper half");
+    drop(low);
+    // The mapping outlives the first close: the driver counted two opens.
+    assert!(high.as_slice().to_vec().unwrap() == expected[LEN / 2..], "the upper half after a close");
+    drop(high);
+    assert_eq!(open_imports(), 0, "an import was left open");
+}
+
+/// A `T` aligned more than the 512 bytes the simulator aligns an import to.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(1024))]
+struct Aligned1024([u8; 1024]);
+
+/// An aligned offset does not make an aligned address: the driver's own alignment may be less
+/// than a `T` asks for. The simulator hands out addresses next-fit, so an import of this handle
+/// (20 KiB with its guard gap) after a 512-byte allocation (4.5 KiB) lands 512 bytes off the
+/// previous import's alignment: within two tries one import is at an odd multiple of 512, which
+/// must be refused with `Error::Misaligned` and closed, not handed out misaligned.
+fn an_import_at_an_address_misaligned_for_t_is_refused_and_closed(handle: &IpcMemHandle, stream: &Stream) {
+    if testing::sim_control().is_none() {
+        return testing::skip("relies on the simulator's address placement");
+    }
+    let driver = Arc::new(DriverResource::new(stream.context()));
+    let mut fillers = Vec::new();
+    for _ in 0..2 {
+        // SAFETY: the parent keeps the buffer until this process exits and no longer touches it.
+        match unsafe { handle.open::<Aligned1024>(stream) } {
+            Ok(import) => {
+                assert_eq!(import.device_ptr() % 1024, 0, "an import misaligned for its type");
+                drop(import);
+                fillers.push(DeviceBuffer::<u8>::zeroed_in(&driver, stream, 512).unwrap());
+            }
+            Err(Error::Misaligned { what: "imported address", value, align: 1024 }) => {
+                assert_eq!(value % 1024, 512);
+                assert_eq!(open_imports(), 0, "the refused import was left open");
+                return;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    panic!("no import landed at an odd multiple of 512 bytes");
 }
 
 /// Closing an import while its work may still run would unmap memory under that work: when waiting

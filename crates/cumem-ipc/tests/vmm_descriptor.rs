@@ -122,7 +122,9 @@ fn child_side() {
         let seen = mapping.as_slice::<u8>().unwrap().to_vec().unwrap();
         assert!(seen == parent_bytes(bytes), "the child does not read the parent's bytes");
         let stream = Stream::new(&ctx).unwrap();
-        let event = IpcEventHandle::from_bytes(&event_bytes).unwrap().open(&ctx).unwrap();
+        // SAFETY: the parent drops its event only after this process has exited (`child.finish`),
+        // so after this import and its work; the bytes are its `IpcEvent::handle`, unaltered.
+        let event = unsafe { IpcEventHandle::from_bytes(&event_bytes).unwrap().open(&ctx) }.unwrap();
         let mut host = PinnedBuffer::<u8>::zeroed(&ctx, bytes).unwrap();
         host.as_mut_slice().unwrap().fill(0x3C);
         ctx.bind().unwrap();

@@ -4,18 +4,29 @@
 //! accessors first wait for the device work that uses it: every device use goes through the
 //! buffer's stream order (copies through its device views, prefetches, attachments), and
 //! [`UnifiedBuffer::as_slice`] waits for pending writes, [`UnifiedBuffer::as_mut_slice`] for
-//! everything. On devices without concurrent managed access the attachment rules hold as well:
-//! memory attached globally needs the whole device idle before the host touches it, memory
-//! attached to one stream needs that stream idle, memory attached to the host needs nothing more.
+//! everything. On devices with concurrent managed access that is all: the rules are those of
+//! pinned memory, host reads and device reads may overlap.
 //!
-//! On such a device the host must not touch managed memory while device work uses it at all, reads
-//! included (the real driver faults the host's access), so shared access is exclusive with device
-//! work there: [`UnifiedBuffer::as_slice`] waits for every device use, and from then on device work
-//! through shared views ([`UnifiedBuffer::as_device_slice`]) is refused with `NotSupported {
-//! feature: ConcurrentManagedAccess }` until an exclusive access proves the host's borrow is over
-//! (any `&mut self` method, e.g. [`UnifiedBuffer::end_host_reads`]). [`UnifiedBuffer::to_vec`]
-//! refuses device work only while it copies. On devices with concurrent managed access the rules
-//! are those of pinned memory: host reads and device reads may overlap.
+//! On a device without concurrent managed access the host must not touch managed memory while
+//! device work that may use it runs at all, reads included (the real driver faults the host's
+//! access). Which work that is depends on the attachment: for memory attached globally, *any*
+//! work of the device (another buffer's copy, a user's kernel), for memory attached to one stream,
+//! any work on that stream; memory attached to the host, none. The buffer sees only its own work,
+//! so a borrow whose end it cannot see is handed out only where the attachment keeps other work
+//! out: [`UnifiedBuffer::as_slice`] and [`UnifiedBuffer::as_mut_slice`] give `NotSupported {
+//! feature: ConcurrentManagedAccess }` for memory attached globally or to a stream there, and the
+//! scoped accessors ([`UnifiedBuffer::with_host_slice`], [`UnifiedBuffer::with_host_slice_mut`],
+//! [`UnifiedBuffer::to_vec`]) serve instead: they wait for the device (or the stream) to be idle,
+//! keep the buffer's own device work out while the closure runs, and end when it returns. That
+//! no *other* device work starts meanwhile (another thread's, or the closure's own) remains the
+//! program's duty: cumem cannot refuse work it does not queue.
+//!
+//! For memory attached to the host, [`UnifiedBuffer::as_slice`] waits for every device use of
+//! the buffer, and from then on device work through shared views
+//! ([`UnifiedBuffer::as_device_slice`]) is refused with `NotSupported { feature:
+//! ConcurrentManagedAccess }` until an exclusive access proves the host's borrow is over (any
+//! `&mut self` method, e.g. [`UnifiedBuffer::end_host_reads`]); the scoped accessors refuse it only
+//! while they run.
 //!
 //! A device without managed memory gives `NotSupported { feature: ManagedMemory }` before any
 //! driver call.
@@ -117,7 +128,7 @@ impl<T: Copy> UnifiedBuffer<T> {
         T: Zeroable,
     {
         let mut buf = Self::alloc(stream, len, attach)?;
-        buf.as_mut_slice()?.fill(T::zeroed());
+        buf.with_host_slice_mut(|values| values.fill(T::zeroed()))?;
         Ok(buf)
     }
 
@@ -129,7 +140,7 @@ impl<T: Copy> UnifiedBuffer<T> {
     /// A managed copy of `data` with an initial attachment (see [`UnifiedBuffer::zeroed_attached`]).
     pub fn from_slice_attached(stream: &Stream, data: &[T], attach: Attach) -> Result<Self> {
         let mut buf = Self::alloc(stream, data.len(), attach)?;
-        buf.as_mut_slice()?.copy_from_slice(data);
+        buf.with_host_slice_mut(|values| values.copy_from_slice(data))?;
         Ok(buf)
     }
 }
@@ -237,20 +248,39 @@ impl<T> UnifiedBuffer<T> {
         }
     }
 
+    /// Refuses a host borrow whose end the buffer cannot see where other device work may fault
+    /// the host's access: on a device without concurrent managed access, memory attached
+    /// globally (any work of the device) or to a stream (any work on it).
+    fn require_unscoped_host_access(&self) -> Result<()> {
+        if self.caps.concurrent_managed_access || self.ptr == 0 || self.attach == Attach::Host {
+            return Ok(());
+        }
+        Err(Error::NotSupported {
+            feature: Feature::ConcurrentManagedAccess,
+            device: Some(self.ctx.device().raw()),
+        })
+    }
+
     /// The values, after the device work that writes them has completed.
     ///
-    /// On a device without concurrent managed access, after all device work that uses them, and
-    /// device work through shared views is refused from then on (`NotSupported { feature:
-    /// ConcurrentManagedAccess }`) until an exclusive access such as
-    /// [`UnifiedBuffer::end_host_reads`]: the returned borrow does not say when it ends.
+    /// On a device without concurrent managed access: memory attached globally or to a stream
+    /// gives `NotSupported { feature: ConcurrentManagedAccess }` (other device work would fault
+    /// the host's reads while the borrow lives, and nothing here sees when it ends: use
+    /// [`UnifiedBuffer::with_host_slice`] or [`UnifiedBuffer::to_vec`]); memory attached to the
+    /// host is returned after all device work of the buffer, and device work through shared
+    /// views is refused from then on (`NotSupported { feature: ConcurrentManagedAccess }`) until
+    /// an exclusive access such as [`UnifiedBuffer::end_host_reads`]: the returned borrow does not
+    /// say when it ends.
     pub fn as_slice(&self) -> Result<&[T]> {
+        self.require_unscoped_host_access()?;
         self.access.wait_writes()?;
         self.wait_attachment()?;
         // SAFETY: the memory holds `len` initialised values (written at construction) and is
         // host-accessible; no device work writes it any more (waited for above), and new device
         // writes need `&mut self`, which cannot coexist with the returned borrow. Without
-        // concurrent managed access no device work uses it at all, and the tracker refuses new
-        // work until `&mut self` proves the borrow over.
+        // concurrent managed access the memory is attached to the host (checked above), so no
+        // other device work may use it; the buffer's own work has completed, and the tracker
+        // refuses new work until `&mut self` proves the borrow over.
         Ok(unsafe { self.host_slice() })
     }
 
@@ -265,27 +295,68 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// The values for writing, after all device work that uses them has completed.
+    ///
+    /// On a device without concurrent managed access, memory attached globally or to a stream
+    /// gives `NotSupported { feature: ConcurrentManagedAccess }`, as for
+    /// [`UnifiedBuffer::as_slice`]: use [`UnifiedBuffer::with_host_slice_mut`].
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.require_unscoped_host_access()?;
+        // SAFETY: the host access is allowed for as long as the borrow may live (checked above).
+        unsafe { self.host_slice_mut() }
+    }
+
+    /// # Safety
+    /// 1. On a device without concurrent managed access, no device work but the buffer's own may
+    ///    use the memory while the returned borrow lives (what the attachment allows).
+    unsafe fn host_slice_mut(&mut self) -> Result<&mut [T]> {
         self.access.wait_idle_exclusive()?;
         self.wait_attachment()?;
-        // SAFETY: as in `as_slice`; no device work uses the values, and new work needs a borrow of
-        // `self`, which cannot coexist with the returned one.
+        // SAFETY: as in `as_slice`; no device work of the buffer uses the values, and new work
+        // needs a borrow of `self`, which cannot coexist with the returned one; other device work
+        // is the caller's (item 1).
         Ok(unsafe { std::slice::from_raw_parts_mut(self.host_ptr(), self.len) })
     }
 
-    /// A copy of the values, after the device work that writes them (on a device without
-    /// concurrent managed access, after all device work, which is refused only while copying).
+    /// Runs `f` on the values, after the device work that writes them (on a device without
+    /// concurrent managed access, after all device work of the buffer, and after the whole device,
+    /// or the attached stream, is idle), and returns what it returns. The buffer's own device work
+    /// is refused while `f` runs.
+    ///
+    /// On a device without concurrent managed access the program must start no other device work
+    /// that may use the memory while `f` runs (any work of the device for memory attached
+    /// globally, any on the attached stream for memory attached to one): the driver would fault
+    /// the host's reads. cumem cannot refuse work it does not queue; it refuses only the buffer's
+    /// own. On other devices (and for memory attached to the host) there is no such duty.
+    pub fn with_host_slice<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        self.access.read_scoped(|| {
+            self.wait_attachment()?;
+            // SAFETY: `read_scoped` waited for the device writes (for all device work of the
+            // buffer, refused until this closure returns, on a device without concurrent managed
+            // access, where `wait_attachment` also waited for the device or the stream); the
+            // borrow ends inside the closure, during which other device work is the program's
+            // documented duty.
+            Ok(f(unsafe { self.host_slice() }))
+        })?
+    }
+
+    /// Runs `f` on the values for writing, after all device work that uses them (on a device
+    /// without concurrent managed access, after the whole device, or the attached stream, is
+    /// idle), and returns what it returns. The program's duty while `f` runs is that of
+    /// [`UnifiedBuffer::with_host_slice`].
+    pub fn with_host_slice_mut<R>(&mut self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        // SAFETY: the borrow ends when `f` returns, and other device work meanwhile is the
+        // program's documented duty (item 1).
+        Ok(f(unsafe { self.host_slice_mut() }?))
+    }
+
+    /// A copy of the values, after the device work that writes them; see
+    /// [`UnifiedBuffer::with_host_slice`], which it runs (the same duty on a device without
+    /// concurrent managed access, only while it copies).
     pub fn to_vec(&self) -> Result<Vec<T>>
     where
         T: Copy,
     {
-        self.access.read_scoped(|| {
-            self.wait_attachment()?;
-            // SAFETY: `read_scoped` waited for the device writes (for all device work, refused
-            // until this closure returns, on a device without concurrent managed access), and the
-            // borrow ends inside the closure.
-            Ok(unsafe { self.host_slice() }.to_vec())
-        })?
+        self.with_host_slice(<[T]>::to_vec)
     }
 
     /// Ends the host reads begun by [`UnifiedBuffer::as_slice`]: `&mut self` proves that no borrow

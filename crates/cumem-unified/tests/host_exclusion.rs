@@ -113,7 +113,8 @@ fn without_concurrent_access_a_host_read_refuses_device_reads_through_shared_vie
     in_child("without_concurrent_access_a_host_read_refuses_device_reads_through_shared_views", || {
         let Some((device, _, stream)) = device(false) else { return };
         let data = pattern(4096);
-        let mut buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+        // Attached to the host: the only attachment whose host borrows outlive a call there.
+        let mut buf = UnifiedBuffer::from_slice_attached(&stream, &data, Attach::Host).unwrap();
         let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 4096).unwrap();
         {
             let view = buf.as_device_slice();
@@ -207,7 +208,7 @@ fn without_concurrent_access_a_host_read_while_a_ticket_is_held_is_refused_not_w
     let Some((device, ctx, stream)) = device(false) else { return };
     let refused = without_hanging("a host read while this thread holds a ticket", move || {
         let data = pattern(1024);
-        let mut buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+        let mut buf = UnifiedBuffer::from_slice_attached(&stream, &data, Attach::Host).unwrap();
         let (slice, vec) = {
             let view = buf.as_device_slice();
             // Work is being queued (by this very thread): waiting for it would wait forever.
@@ -271,7 +272,7 @@ fn without_concurrent_access_a_blocking_copy_from_a_shared_host_slice_is_refused
     in_child("without_concurrent_access_a_blocking_copy_from_a_shared_host_slice_is_refused", || {
         let Some((device, ctx, stream)) = device(false) else { return };
         let data = pattern(4096);
-        let buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+        let buf = UnifiedBuffer::from_slice_attached(&stream, &data, Attach::Host).unwrap();
         let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 4096).unwrap();
         let host = buf.as_slice().unwrap();
         let legacy = Stream::legacy(&ctx);
@@ -295,7 +296,7 @@ fn without_concurrent_access_a_blocking_copy_from_a_shared_host_slice_is_refused
             Copy2D::new(64, 64),
         );
         assert!(two_d.as_ref().is_err_and(|e| refused_on(e, device)), "{two_d:?}");
-        let mut out = UnifiedBuffer::<u32>::zeroed(&stream, 4096).unwrap();
+        let mut out = UnifiedBuffer::<u32>::zeroed_attached(&stream, 4096, Attach::Host).unwrap();
         let back = cumem_copy::copy_d2h(&dst, out.as_mut_slice().unwrap());
         assert!(back.as_ref().is_err_and(|e| refused_on(e, device)), "{back:?}");
         assert_eq!(host, &data[..]);

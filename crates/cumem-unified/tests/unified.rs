@@ -228,10 +228,10 @@ fn devices_without_concurrent_access_keep_the_attach_rules() {
     let mut buf = UnifiedBuffer::<u32>::zeroed(&stream, 2048).unwrap();
     let src = DeviceBuffer::from_slice(&stream, &data).unwrap();
     stream.copy_d2d(&src, &mut buf).unwrap();
-    // Globally attached: the host read waits for the device (all of it), and sees the copy.
-    assert_eq!(buf.as_slice().unwrap(), &data[..]);
+    // Globally attached: the scoped host read waits for the device (all of it), and sees the copy.
+    buf.with_host_slice(|host| assert_eq!(host, &data[..])).unwrap();
     buf.attach(&stream, Attach::Single(stream.clone())).unwrap();
-    buf.as_mut_slice().unwrap()[0] = 1;
+    buf.with_host_slice_mut(|host| host[0] = 1).unwrap();
     assert_eq!(buf.to_vec().unwrap()[0], 1);
     // Placing pages on, or prefetching to, a device that cannot fault is not supported, before any
     // driver call; hints that name the host are fine.
@@ -263,6 +263,53 @@ fn devices_without_concurrent_access_keep_the_attach_rules() {
     }
     buf.set_policy(MigrationPolicy::PreferHost).unwrap();
     assert_eq!(buf.attributes().unwrap().preferred_location, Some(Location::Host));
+}
+
+/// On a device without concurrent managed access, any device work (for memory attached globally)
+/// or any work on the attached stream (attached to one) faults the host's access to the memory,
+/// and the buffer sees only its own work: a host borrow that outlives the call is refused there
+/// (`NotSupported { feature: ConcurrentManagedAccess }`, before any wait), and the scoped
+/// accessors serve instead. Memory attached to the host lends borrows, since no device work may
+/// use it; so does every attachment on a device with concurrent access.
+#[test]
+#[parallel]
+fn without_concurrent_access_only_host_attached_memory_lends_host_borrows() {
+    let Some((device, ctx)) = device_where(|c| c.managed_memory && !c.concurrent_managed_access) else {
+        return testing::skip(
+            "needs a managed-memory device without concurrent access (the simulator's device 2)",
+        );
+    };
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let data = pattern(1024);
+    let refused = |e: Error| matches!(e, Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: Some(d) } if d == device.ordinal() as i32);
+    let mut global = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+    assert!(refused(global.as_slice().unwrap_err()));
+    assert!(refused(global.as_mut_slice().unwrap_err()));
+    assert_eq!(global.with_host_slice(<[u32]>::to_vec).unwrap(), data);
+    // The buffer's own device work is refused while a scoped read runs.
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    global
+        .with_host_slice(|_| {
+            let queued = stream.copy_d2d(&global.as_device_slice(), &mut dst);
+            assert!(queued.is_err_and(refused), "device work during a scoped host read");
+        })
+        .unwrap();
+    stream.copy_d2d(&global.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+    global.with_host_slice_mut(|host| host[1] = 7).unwrap();
+    assert_eq!(global.to_vec().unwrap()[..2], [data[0], 7]);
+    global.attach(&stream, Attach::Single(stream.clone())).unwrap();
+    assert!(refused(global.as_slice().unwrap_err()));
+    assert!(refused(global.as_mut_slice().unwrap_err()));
+    assert_eq!(global.to_vec().unwrap()[..2], [data[0], 7]);
+    global.attach(&stream, Attach::Host).unwrap();
+    global.as_mut_slice().unwrap()[0] = 9;
+    assert_eq!(global.as_slice().unwrap()[..2], [9, 7]);
+    // A device with concurrent access lends borrows of globally attached memory.
+    let (_, _, concurrent) = full();
+    let mut lent = UnifiedBuffer::from_slice(&concurrent, &data).unwrap();
+    lent.as_mut_slice().unwrap()[0] = 3;
+    assert_eq!(lent.as_slice().unwrap()[..2], [3, data[1]]);
 }
 
 #[test]
@@ -377,7 +424,7 @@ fn unified_buffers_round_trip_bitwise_in_every_direction(
         Direction::DeviceIn => {
             cumem_copy::copy_h2d(&other, &mut dev).unwrap();
             cumem_copy::copy_d2d(&dev, &mut unified).unwrap();
-            assert_eq!(unified.as_slice().unwrap(), &other[..]);
+            unified.with_host_slice(|host| assert_eq!(host, &other[..])).unwrap();
         }
         Direction::DeviceOut => {
             cumem_copy::copy_d2d(&unified, &mut dev).unwrap();
@@ -386,11 +433,11 @@ fn unified_buffers_round_trip_bitwise_in_every_direction(
         Direction::QueuedIn => {
             cumem_copy::copy_h2d(&other, &mut dev).unwrap();
             stream.copy_d2d(&dev, &mut unified).unwrap();
-            assert_eq!(unified.as_slice().unwrap(), &other[..]); // waits for the copy
+            unified.with_host_slice(|host| assert_eq!(host, &other[..])).unwrap(); // waits for the copy
         }
         Direction::QueuedOut => {
             stream.copy_d2d(&unified, &mut dev).unwrap();
-            unified.as_mut_slice().unwrap().fill(0); // must not overtake the device's read
+            unified.with_host_slice_mut(|host| host.fill(0)).unwrap(); // must not overtake the device's read
             assert_eq!(dev.to_vec().unwrap(), data);
             assert_eq!(unified.to_vec().unwrap(), vec![0; N]);
         }
