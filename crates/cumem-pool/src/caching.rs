@@ -88,7 +88,8 @@ pub struct TrimReport {
 /// The first [`STREAM_ARENAS`] streams in use at once get an arena each (see
 /// [`with_stream_arenas`](Self::with_stream_arenas)); beyond that, when no dropped stream can be
 /// retired to make room, a stream shares the first arena: it allocates from it after waiting for
-/// that arena's stream, and its frees (when they reach the arenas rather than the thread's cache)
+/// that arena's stream, under the arena's lock (memory freed into the arena while it grows the pool
+/// is not taken without another wait; the new segment needs none), and its frees (when they reach the arenas rather than the thread's cache)
 /// first order the memory for everyone (an event through `retire` where the ordering retires
 /// streams, else a synchronisation). Slower, never an error.
 ///
@@ -760,6 +761,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         if let Some(up) = self.expandable() {
             let mut g = arena.inner.lock();
+            // Growth joins the free ranges around a gap, and a shared arena may have taken memory
+            // freed after this stream's wait since the lock was let go: wait again, under the lock.
+            if let Some(owner) = g.stream.filter(|&owner| owner != stream) {
+                self.ordering.wait(stream, owner).map_err(PoolError::Ordering)?;
+            }
             let reservation = self.config.expandable_reservation_bytes;
             let grown = expandable::grow(
                 up,
@@ -774,8 +780,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         } else if let Some(seg) = self.grow(req.kind, req.need, false)? {
             let mut g = arena.inner.lock();
-            g.set(req.kind).insert(seg.base, seg.len, seg);
-            if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
+            let set = g.set(req.kind);
+            set.insert(seg.base, seg.len, seg);
+            // From the new segment only: a shared arena may have taken memory freed after this
+            // stream's wait since the lock was let go, and best fit could prefer it.
+            if let Some((addr, seg)) = set.take_at(seg.base, req.size, req.align) {
                 return Ok(self.finish(g, &req, addr, seg));
             }
         }
