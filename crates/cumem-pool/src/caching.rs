@@ -90,10 +90,11 @@ pub struct TrimReport {
 /// The first [`STREAM_ARENAS`] streams in use at once get an arena each (see
 /// [`with_stream_arenas`](Self::with_stream_arenas)); beyond that, when no dropped stream can be
 /// retired to make room, a stream shares the first arena: it allocates from it after waiting for
-/// that arena's stream, under the arena's lock (memory freed into the arena while it grows the pool
-/// is not taken without another wait; the new segment needs none), and its frees (when they reach the arenas rather than the thread's cache)
-/// first order the memory for everyone (an event through `retire` where the ordering retires
-/// streams, else a synchronisation). Slower, never an error.
+/// that arena's stream, under the arena's lock (memory freed into the arena while it grows the
+/// pool is not taken without another wait; the new segment needs none), and its frees (when they
+/// reach the arenas rather than the thread's cache) first order the memory for everyone (an event
+/// through `retire` where the ordering retires streams, else a synchronisation). Slower, never an
+/// error.
 ///
 /// # Locking
 /// The fast path (a thread-cache hit) takes no lock. Each stream's arena has its own mutex; an
