@@ -33,7 +33,9 @@
 //!
 //! At process exit the registry lets go of the current resources, so that a caching pool nothing
 //! else holds returns its cached memory to the driver: leak checkers (the simulator's,
-//! compute-sanitizer's) then see only the memory the program itself still holds.
+//! compute-sanitizer's) then see only the memory the program itself still holds. The exit waits
+//! for that at most 2 seconds (device work that never finishes must not hang it); past that the
+//! memory is left to the driver, and the release goes on beside the rest of the exit.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -283,13 +285,42 @@ where
 /// through it), then restores the previous one. Meant for tests; the resource is process-wide,
 /// so tests that override it must not run beside tests that allocate on the same device (mark
 /// them `#[serial]`).
+///
+/// Overrides of one device nest like a stack, whatever order their guards drop in: a guard dropped
+/// while a later override of the device is still alive changes nothing current (the later one hands
+/// what was current before both back when it drops). A guard restores nothing when its resource is
+/// no longer current because something else replaced it ([`set_current_resource`],
+/// [`reset_current_resources`]): that change stands.
 pub fn scoped_current_resource<R>(device: &Device, resource: Arc<R>) -> Result<CurrentResourceGuard>
 where
     R: DeviceResource + ?Sized + 'static,
 {
-    let previous = set_current_resource(device, resource)?;
-    Ok(CurrentResourceGuard { device: *device, previous })
+    check_device(device, &*resource)?;
+    let resource = resource.into_dyn_resource();
+    let installed = Arc::downgrade(&resource);
+    let id = NEXT_SCOPE.fetch_add(1, Ordering::Relaxed);
+    // The scopes' lock first, then the slots' (as the guard's drop takes them).
+    let mut scopes = SCOPES.lock();
+    let previous = replace(&mut change_slots(), device.ordinal(), Some(resource));
+    scopes.push(Scope { id, device: device.ordinal(), installed, previous });
+    Ok(CurrentResourceGuard { device: *device, id })
 }
+
+/// A live scoped override, in the order made.
+struct Scope {
+    /// The guard's id.
+    id: u64,
+    device: usize,
+    /// The resource the override made current (weak: the slot holds it while it is current).
+    installed: Weak<dyn DeviceResource>,
+    /// What to make current again when this override ends on top of its device's stack.
+    previous: Option<Arc<dyn DeviceResource>>,
+}
+
+/// Every live scoped override, oldest first.
+static SCOPES: parking_lot::Mutex<Vec<Scope>> = parking_lot::Mutex::new(Vec::new());
+
+static NEXT_SCOPE: AtomicU64 = AtomicU64::new(0);
 
 /// Lets go of every device's current resource: each device makes a fresh default on its next
 /// allocation. Buffers still alive keep their resources alive; a pool nothing else holds returns
@@ -304,7 +335,8 @@ pub fn reset_current_resources() -> usize {
 #[must_use = "the previous resource is restored when the guard drops"]
 pub struct CurrentResourceGuard {
     device: Device,
-    previous: Option<Arc<dyn DeviceResource>>,
+    /// Its entry in [`SCOPES`].
+    id: u64,
 }
 
 impl fmt::Debug for CurrentResourceGuard {
@@ -315,9 +347,30 @@ impl fmt::Debug for CurrentResourceGuard {
 
 impl Drop for CurrentResourceGuard {
     fn drop(&mut self) {
-        let previous = self.previous.take();
-        let replaced = replace(&mut change_slots(), self.device.ordinal(), previous);
-        drop(replaced);
+        let mut scopes = SCOPES.lock();
+        let Some(at) = scopes.iter().position(|s| s.id == self.id) else {
+            tracing::warn!(device = self.device.ordinal(), "a scoped resource override was already undone");
+            return;
+        };
+        let mut ended = scopes.remove(at);
+        // Resources are dropped after the locks are let go: a pool's drop may wait for streams.
+        let released = match scopes[at..].iter_mut().find(|s| s.device == ended.device) {
+            // A later override of the device is still alive: it restores, when it ends, what was
+            // current before this one.
+            Some(later) => std::mem::replace(&mut later.previous, ended.previous.take()),
+            None => {
+                let mut slots = change_slots();
+                let current = slots.get(ended.device).and_then(Option::as_ref);
+                if current.is_some_and(|c| std::ptr::addr_eq(Arc::as_ptr(c), ended.installed.as_ptr())) {
+                    replace(&mut slots, ended.device, ended.previous.take())
+                } else {
+                    // Replaced meanwhile by something other than an override: that change stands.
+                    ended.previous.take()
+                }
+            }
+        };
+        drop(scopes);
+        drop(released);
     }
 }
 
@@ -341,6 +394,11 @@ fn release_at_exit() {
 ///
 /// The drops run on a thread of their own: by the time exit handlers run, the exiting thread's
 /// thread-locals are gone, and a driver may keep per-thread state (the current context) in them.
+/// The exit waits for that thread at most [`EXIT_WAIT`]; after that it goes on and the thread is
+/// not stopped: it may still be waiting for the device, or returning memory (`cuMemFree`), while
+/// later exit handlers and the driver's own teardown run. Its driver calls then fail (each failure
+/// is logged, never a panic) or the process ends under it; either way the driver reclaims the
+/// memory at process end, as it does for anything else not returned.
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         // A thread that exits the process while holding the lock must not hang the exit.

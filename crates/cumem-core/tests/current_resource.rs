@@ -166,6 +166,38 @@ fn a_scoped_override_is_undone_when_its_guard_drops_even_in_a_panic() {
 
 #[test]
 #[serial]
+fn scoped_overrides_dropped_out_of_order_restore_what_was_current_before_both() {
+    let device = device();
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let outer = cumem_core::current_resource(&device).unwrap();
+    let (a, b) = (Counting::new(stream.context()), Counting::new(stream.context()));
+    let first = cumem_core::scoped_current_resource(&device, a.clone()).unwrap();
+    let second = cumem_core::scoped_current_resource(&device, b.clone()).unwrap();
+    // The inner override stays current while it lives, whichever scope ends first.
+    drop(first);
+    assert!(is_current(&device, &b));
+    drop(second);
+    assert!(Arc::ptr_eq(&cumem_core::current_resource(&device).unwrap(), &outer));
+    assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b)), (1, 1), "the registry let go of both");
+}
+
+#[test]
+#[serial]
+fn a_scoped_override_replaced_meanwhile_leaves_the_replacement_current() {
+    let device = device();
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let before = cumem_core::current_resource(&device).unwrap();
+    let (scoped, set) = (Counting::new(stream.context()), Counting::new(stream.context()));
+    let guard = cumem_core::scoped_current_resource(&device, scoped.clone()).unwrap();
+    drop(cumem_core::set_current_resource(&device, set.clone()).unwrap());
+    drop(guard);
+    assert!(is_current(&device, &set), "the guard undid a change it did not make");
+    drop(cumem_core::set_current_resource(&device, before).unwrap());
+    assert_eq!((Arc::strong_count(&scoped), Arc::strong_count(&set)), (1, 1));
+}
+
+#[test]
+#[serial]
 fn a_resource_of_another_device_is_wrong_device_and_changes_nothing() {
     let device = device();
     if !testing::needs_devices(2) {

@@ -40,6 +40,11 @@ use crate::ffi;
 struct Held {
     guards: usize,
     owned: bool,
+    /// The pair's contexts, kept while the entry lives (past the last guard when its disable
+    /// failed): the key is their handles, which must not be released and reused by another
+    /// context meanwhile, or a guard for that one would join this stale entry without enabling.
+    /// (`Device::context` keeps primary contexts retained anyway; this does not rely on it.)
+    _contexts: (Context, Context),
 }
 
 /// Enabled pairs by (accessing context, peer context) handle.
@@ -79,7 +84,7 @@ impl PeerAccess {
                 }
                 Err(e) => return Err(e),
             };
-            pairs.insert(key(from, to), Held { guards: 1, owned });
+            pairs.insert(key(from, to), Held { guards: 1, owned, _contexts: (from.clone(), to.clone()) });
         }
         Ok(PeerAccess { from: from.clone(), to: to.clone() })
     }

@@ -7,8 +7,10 @@
 //! fit taken from another stream `S`'s arena, after `ordering.wait(T, S)`; a new segment from the
 //! upstream; and finally the out-of-memory ladder (synchronise, coalesce all cached memory across
 //! streams and retry, including memory of the other segment kind; release every fully free segment
-//! and retry the upstream with the minimal segment; report). The ladder holds every arena lock while
-//! it runs, including during the synchronisation. A free on stream
+//! and retry the upstream with the minimal segment; report). The ladder holds every arena lock from
+//! before its synchronisation until it has decided what to release; it gives segments back and asks
+//! the upstream for the minimal one with no lock held (the upstream may run user code that frees
+//! into this pool or trims it). A free on stream
 //! `S` keeps a small block in the calling thread's cache under `S`, else puts the block into `S`'s
 //! arena, whichever stream allocated it.
 //!
@@ -88,9 +90,11 @@ pub struct TrimReport {
 /// The first [`STREAM_ARENAS`] streams in use at once get an arena each (see
 /// [`with_stream_arenas`](Self::with_stream_arenas)); beyond that, when no dropped stream can be
 /// retired to make room, a stream shares the first arena: it allocates from it after waiting for
-/// that arena's stream, and its frees (when they reach the arenas rather than the thread's cache)
-/// first order the memory for everyone (an event through `retire` where the ordering retires
-/// streams, else a synchronisation). Slower, never an error.
+/// that arena's stream, under the arena's lock (memory freed into the arena while it grows the
+/// pool is not taken without another wait; the new segment needs none), and its frees (when they
+/// reach the arenas rather than the thread's cache) first order the memory for everyone (an event
+/// through `retire` where the ordering retires streams, else a synchronisation). Slower, never an
+/// error.
 ///
 /// # Locking
 /// The fast path (a thread-cache hit) takes no lock. Each stream's arena has its own mutex; an
@@ -98,7 +102,10 @@ pub struct TrimReport {
 /// locks one other arena at a time. The ladder, `trim`, `synchronize`, `validate` and sweeps first
 /// flush the thread caches (under the cache registry's mutex alone), then take the table's mutex,
 /// lock arenas in position order, then the segment registry; `stats` locks arenas one at a time.
-/// The cache registry's mutex comes after arena locks.
+/// The cache registry's mutex comes after arena locks. The upstream's `allocate` and `deallocate`
+/// are called with no lock held (segments to release are first taken out of the arenas and the
+/// books, under the locks, after the synchronisation); an expandable upstream's `map` and `unmap`
+/// are called under the locks (they are the driver's own calls).
 pub struct CachingPool<U: Upstream, O: Ordering> {
     id: u32,
     upstream: U,
@@ -301,7 +308,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         self.ordering.synchronize().map_err(PoolError::Ordering)?;
         consolidate(&mut guards);
-        Ok(self.release(&mut guards, keep as u64))
+        let (report, unlinked) = self.release(&mut guards, keep as u64);
+        drop((guards, st));
+        self.give_back(unlinked);
+        Ok(report)
     }
 
     /// Synchronises all streams (`ordering.synchronize()`), then applies the release threshold: when
@@ -322,7 +332,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.sweep(&mut st, &mut guards);
         self.ordering.synchronize().map_err(PoolError::Ordering)?;
         consolidate(&mut guards);
-        Ok(self.release(&mut guards, threshold))
+        let (report, unlinked) = self.release(&mut guards, threshold);
+        drop((guards, st));
+        self.give_back(unlinked);
+        Ok(report)
     }
 
     /// A snapshot of the statistics (summed over arenas on read).
@@ -760,6 +773,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         if let Some(up) = self.expandable() {
             let mut g = arena.inner.lock();
+            // Growth joins the free ranges around a gap, and a shared arena may have taken memory
+            // freed after this stream's wait since the lock was let go: wait again, under the lock.
+            if let Some(owner) = g.stream.filter(|&owner| owner != stream) {
+                self.ordering.wait(stream, owner).map_err(PoolError::Ordering)?;
+            }
             let reservation = self.config.expandable_reservation_bytes;
             let grown = expandable::grow(
                 up,
@@ -774,8 +792,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         } else if let Some(seg) = self.grow(req.kind, req.need, false)? {
             let mut g = arena.inner.lock();
-            g.set(req.kind).insert(seg.base, seg.len, seg);
-            if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
+            let set = g.set(req.kind);
+            set.insert(seg.base, seg.len, seg);
+            // From the new segment only: a shared arena may have taken memory freed after this
+            // stream's wait since the lock was let go, and best fit could prefer it.
+            if let Some((addr, seg)) = set.take_at(seg.base, req.size, req.align) {
                 return Ok(self.finish(g, &req, addr, seg));
             }
         }
@@ -847,6 +868,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// The out-of-memory ladder: synchronise, coalesce all cached memory, retry; release every fully
     /// free segment, retry the upstream; report.
+    ///
+    /// Segments are given back, and a new one asked for, with no lock held: the upstream may run
+    /// user code (a [`FailureCallbackResource`](crate::FailureCallbackResource)'s callback) that
+    /// frees into this pool or trims it, and `cuMemFree` waits for the whole device.
     #[cold]
     fn oom_ladder(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Block, PoolError> {
         let _span =
@@ -876,31 +901,47 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         }
         if found.is_none() {
-            self.release(&mut guards, 0);
+            let (_, unlinked) = self.release(&mut guards, 0);
             if let Some(up) = self.expandable() {
+                // Mapping is the driver's own call (no user code), and joins the free ranges around
+                // a gap, which are safe without a wait only while the locks taken before the
+                // synchronisation are held.
                 let mut segs = self.segments.lock();
                 expandable::gather(&segs, &mut guards, ti, req.kind);
                 let reservation = self.config.expandable_reservation_bytes;
-                match expandable::grow(up, &mut segs, guards[ti].set(req.kind), ti, req, reservation)? {
+                let grown = expandable::grow(up, &mut segs, guards[ti].set(req.kind), ti, req, reservation);
+                drop(segs);
+                drop((guards, st));
+                self.give_back(unlinked);
+                match grown? {
                     expandable::Grown::Block(addr, seg) => found = Some((addr, seg, req.kind)),
                     expandable::Grown::OutOfAddressSpace { reservation } => {
                         no_address_space = Some(reservation)
                     }
                     expandable::Grown::OutOfMemory => {}
                 }
-            } else if let Some(seg) = self.grow(req.kind, req.need, true)? {
-                let set = guards[ti].set(req.kind);
-                set.insert(seg.base, seg.len, seg);
-                found = set.take(req.size, req.align).map(|(addr, seg)| (addr, seg, req.kind));
+            } else {
+                drop((guards, st));
+                self.give_back(unlinked);
+                if let Some(seg) = self.grow(req.kind, req.need, true)? {
+                    // Memory freed into the arena since the locks were let go is not ordered for
+                    // this stream (the arena may be shared): only the new segment serves it.
+                    let mut g = to.inner.lock();
+                    let set = g.set(req.kind);
+                    set.insert(seg.base, seg.len, seg);
+                    found =
+                        set.take_at(seg.base, req.size, req.align).map(|(addr, seg)| (addr, seg, req.kind));
+                }
             }
+        } else {
+            drop((guards, st));
         }
         if let Some((addr, seg, kind)) = found {
-            drop(guards);
             self.count_alloc(req.size, req.requested);
             return Ok(Block { kind, ..self.block(req, addr, seg) });
         }
         let allocated = self.live_bytes().max(0) as u64;
-        let largest = guards.iter().map(|g| g.largest()).max().unwrap_or(0);
+        let largest = self.arenas.iter().map(|a| a.inner.lock().largest()).max().unwrap_or(0);
         let mut segs = self.segments.lock();
         segs.oom_errors += 1;
         if let Some(reservation_bytes) = no_address_space {
@@ -960,9 +1001,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         false
     }
 
-    /// Releases fully free segments, largest first, while more than `keep` bytes are cached. The
-    /// caller holds all arena locks and has synchronised after every free in them.
-    fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> TrimReport {
+    /// Releases fully free segments, largest first, while more than `keep` bytes are cached: takes
+    /// them out of the arenas and the books and returns them as `(addr, len)` for
+    /// [`give_back`](Self::give_back) once no lock is held (nothing can reach them any more), then
+    /// unmaps whole free chunks of expandable segments. The caller holds all arena locks and has
+    /// synchronised after every free in them.
+    fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> (TrimReport, Vec<(u64, u64)>) {
         let live = self.live_bytes();
         let mut segs = self.segments.lock();
         let mut cached = segs.reserved.saturating_sub(live.max(0) as u64);
@@ -978,12 +1022,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         candidates.sort_unstable_by_key(|c| std::cmp::Reverse((c.0, c.1)));
         let mut report = TrimReport::default();
+        let mut unlinked = vec![];
         for (len, addr, i, kind) in candidates {
             if cached <= keep {
                 break;
             }
             guards[i].set(kind).remove(addr);
-            self.upstream.deallocate(addr, len as usize);
+            unlinked.push((addr, len));
             segs.remove(addr);
             cached = cached.saturating_sub(len);
             report.released_segments += 1;
@@ -1001,7 +1046,16 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 "segments released"
             );
         }
-        report
+        (report, unlinked)
+    }
+
+    /// Returns segments [`release`](Self::release) took out to the upstream. Call with no lock
+    /// held: `cuMemFree` waits for the whole device, host functions included, and an upstream may
+    /// run user code.
+    fn give_back(&self, unlinked: Vec<(u64, u64)>) {
+        for (addr, len) in unlinked {
+            self.upstream.deallocate(addr, len as usize);
+        }
     }
 }
 

@@ -74,13 +74,13 @@ impl CachingResource {
     /// Waits for every stream that used cached memory (on whichever device) and returns every
     /// fully free cached segment to the upstream; streams the program dropped are forgotten.
     pub fn trim(&self) -> Result<TrimReport> {
-        self.pool.trim().map_err(|e| pool_error(e, 0))
+        self.pool.trim().map_err(|e| pool_error(e, "CachingPool::trim", 0))
     }
 
     /// Waits for every stream that used cached memory (on whichever device) and releases cached
     /// segments down to the release threshold.
     pub fn synchronize(&self) -> Result<TrimReport> {
-        self.pool.synchronize().map_err(|e| pool_error(e, 0))
+        self.pool.synchronize().map_err(|e| pool_error(e, "CachingPool::synchronize", 0))
     }
 
     fn device(&self) -> usize {
@@ -93,13 +93,18 @@ impl CachingResource {
     }
 }
 
-fn pool_error(e: PoolError, bytes: usize) -> Error {
-    let ctx = ErrorContext::op("CachingPool::allocate").bytes(bytes);
+/// The error a user sees for `e`, met by the pool operation `op` (for `bytes` bytes).
+fn pool_error(e: PoolError, op: &'static str, bytes: usize) -> Error {
+    let ctx = ErrorContext::op(op).bytes(bytes);
     match e {
         PoolError::ZeroSize => Error::ZeroSize { what: "allocation size" },
         PoolError::SizeOverflow { requested } => Error::SizeOverflow { count: requested, elem_size: 1 },
-        PoolError::InvalidAlignment { align } | PoolError::AlignmentTooLarge { align, .. } => {
+        PoolError::InvalidAlignment { align } => {
             Error::Misaligned { what: "alignment", value: align as u64, align: 2 }
+        }
+        // A power of two, only larger than the pool serves: as `DeviceBuffer` reports one.
+        PoolError::AlignmentTooLarge { align, .. } => {
+            Error::NotSupported { feature: Feature::Alignment(align), device: None }
         }
         PoolError::OutOfMemory { requested, allocated, reserved, free_cached, largest_free_block } => {
             let report = MemoryReport {
@@ -173,8 +178,10 @@ unsafe impl DeviceResource for CachingResource {
             return Err(per_thread_refused(stream));
         }
         let key = self.ordering.register(stream);
-        let block =
-            self.pool.allocate(layout.bytes, layout.align, key).map_err(|e| pool_error(e, layout.bytes))?;
+        let block = self
+            .pool
+            .allocate(layout.bytes, layout.align, key)
+            .map_err(|e| pool_error(e, "CachingPool::allocate", layout.bytes))?;
         // Fields are evaluated only when trace is enabled for this target: the fast path pays a
         // load and a branch.
         tracing::trace!(device = self.device(), stream = ?key, bytes = layout.bytes, ptr = block.addr(), "allocate");

@@ -4,7 +4,10 @@
 //!
 //! Only [`Error::OutOfMemory`] reaches the callback; every other error is returned at once. The
 //! callback runs on the allocating thread, with no lock of the adaptor held, so it may free memory
-//! through the same adaptor.
+//! through the same adaptor. As the upstream of a [`CachingResource`](crate::CachingResource) it
+//! runs with no lock of that pool held either (the pool calls its upstream with none), so it may
+//! also drop buffers of that pool or trim it (an allocation from that pool inside the callback may
+//! reach the callback again, recursively).
 //!
 //! ```
 //! # cumem_sys::testing::init();

@@ -148,10 +148,11 @@ pub trait Ordering: Send + Sync {
     }
     /// Retires `stream` (one of [`orphans`](Self::orphans), or a live stream whose free the pool
     /// has no arena for): from now on `wait(t, retired_stream)` and
-    /// [`synchronize`](Self::synchronize) also cover the work queued on `stream` so far, and the
-    /// ordering forgets `stream` (a live one is named again when next used). The pool calls it for
-    /// orphans with every arena lock held, before it moves the stream's cached memory under the
-    /// retired name.
+    /// [`synchronize`](Self::synchronize) also cover the work queued on `stream` so far. The
+    /// ordering may then forget a dropped `stream`; a live one must stay usable, as the waiter or
+    /// the waited-for stream of later calls ([`StreamOrdering`](crate::StreamOrdering) forgets a
+    /// dropped stream and keeps a live one's tail). The pool calls it for orphans with every arena
+    /// lock held, before it moves the stream's cached memory under the retired name.
     ///
     /// # Errors
     /// Any failure of the underlying event operation; the stream is then kept.

@@ -73,3 +73,26 @@ fn a_failed_stream_wait_reaches_the_caller_as_the_drivers_error() {
     pool.trim().unwrap();
     assert_eq!(pool.stats().reserved_bytes, 0);
 }
+
+#[test]
+#[serial_test::parallel]
+fn an_alignment_beyond_the_pools_reads_as_not_supported() {
+    use cumem_core::{AllocLayout, DeviceResource, Feature};
+    testing::init();
+    let ctx = Device::get(0).unwrap().context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let pool = CachingResource::with_driver(&ctx, PoolConfig::default());
+    let too_large = cumem_pool::MAX_ALIGN * 2;
+    let layout = AllocLayout::new(4096, too_large).unwrap();
+    let err = pool.allocate(layout, &stream).unwrap_err();
+    assert!(
+        matches!(err, Error::NotSupported { feature: Feature::Alignment(a), .. } if a == too_large),
+        "{err:?}"
+    );
+    // The largest alignment the pool serves is served.
+    let layout = AllocLayout::new(4096, cumem_pool::MAX_ALIGN).unwrap();
+    let a = pool.allocate(layout, &stream).unwrap();
+    assert_eq!(a.ptr % cumem_pool::MAX_ALIGN as u64, 0);
+    // SAFETY: allocated just above with this layout on this stream, never used, freed once.
+    unsafe { pool.deallocate(a, layout, &stream) };
+}

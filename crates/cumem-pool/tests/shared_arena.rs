@@ -1,0 +1,111 @@
+//! A stream beyond the arena table shares the first arena: it may take that arena's memory only
+//! after waiting for its stream. Memory that enters the arena while such a stream grows the pool
+//! (a free on the arena's stream after the wait) must not be handed to it without another wait.
+//! Checked on the vector-clock model, with segments and with expandable segments.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{CheckedUpstream, Clock, ModelOrdering};
+use cumem_pool::{Block, CachingPool, ExpandableUpstream, HostUpstream, PoolConfig, Upstream, UpstreamError};
+use parking_lot::Mutex;
+
+type Hook = Box<dyn FnOnce() + Send>;
+
+/// [`CheckedUpstream`] that runs a hook, once, on the first call it gets after being armed: how a
+/// test makes another thread's free land while an allocation is between its wait and its growth,
+/// deterministically (the pool holds no lock when it first asks its upstream anything there).
+struct HookedUpstream {
+    inner: CheckedUpstream,
+    hook: Mutex<Option<Hook>>,
+}
+
+impl HookedUpstream {
+    fn fire(&self) {
+        let hook = self.hook.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+}
+
+impl Upstream for HookedUpstream {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        self.fire();
+        self.inner.allocate(bytes)
+    }
+    fn deallocate(&self, addr: u64, bytes: usize) {
+        self.inner.deallocate(addr, bytes)
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        self.fire();
+        self.inner.expandable()
+    }
+}
+
+type Pool = CachingPool<HookedUpstream, ModelOrdering>;
+
+/// A pool whose one arena is stream 0's: every other stream shares it.
+fn one_arena_pool(config: PoolConfig) -> (Arc<Pool>, Arc<Mutex<Clock>>) {
+    let clock = Arc::new(Mutex::new(Clock::default()));
+    let up = HookedUpstream {
+        inner: CheckedUpstream { host: HostUpstream::new(1 << 30), clock: clock.clone() },
+        hook: Mutex::new(None),
+    };
+    (Arc::new(CachingPool::with_stream_arenas(up, ModelOrdering(clock.clone()), config, 1)), clock)
+}
+
+fn alloc(pool: &Pool, clock: &Mutex<Clock>, bytes: usize, stream: u8) -> Block {
+    let b = pool.allocate(bytes, 512, stream).unwrap();
+    clock.lock().record_alloc(b.addr(), b.rounded_size() as u64, stream);
+    b
+}
+
+fn free(pool: &Pool, clock: &Mutex<Clock>, b: Block, stream: u8) {
+    clock.lock().record_free(b.addr(), b.rounded_size() as u64, stream);
+    pool.deallocate(b, stream).unwrap();
+}
+
+/// Stream 0 holds `x` (and `rest`, so that its arena is empty); stream 1 asks for `x`'s size, and
+/// stream 0 frees `x` just after stream 1 waited for it and before stream 1 grows the pool.
+fn free_lands_while_a_sharing_stream_grows(config: PoolConfig, x_bytes: usize, rest_bytes: usize) {
+    let (pool, clock) = one_arena_pool(config);
+    let x = alloc(&pool, &clock, x_bytes, 0);
+    let rest = (rest_bytes > 0).then(|| alloc(&pool, &clock, rest_bytes, 0));
+    let x_addr = x.addr();
+    let (p, c) = (Arc::downgrade(&pool), clock.clone());
+    *pool.upstream().hook.lock() = Some(Box::new(move || {
+        let pool = p.upgrade().unwrap();
+        free(&pool, &c, x, 0);
+    }));
+    let waits_before = clock.lock().waits;
+    let t = alloc(&pool, &clock, x_bytes, 1);
+    assert!(pool.upstream().hook.lock().is_none(), "the hook ran during the allocation");
+    assert!(clock.lock().waits > waits_before, "the sharing stream waited for stream 0");
+    let violations = clock.lock().violations.clone();
+    assert!(violations.is_empty(), "stream 1 got {:#x} (x at {x_addr:#x}): {violations:#?}", t.addr());
+    free(&pool, &clock, t, 1);
+    if let Some(rest) = rest {
+        free(&pool, &clock, rest, 0);
+    }
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().inner.host.live_bytes(), 0);
+    assert!(pool.upstream().inner.host.violations().is_empty());
+    assert!(clock.lock().violations.is_empty());
+}
+
+#[test]
+fn a_sharing_stream_takes_no_block_freed_after_its_wait_from_a_segment() {
+    // A 20 MiB segment: x is 4 MiB, the other 16 MiB stay live. The new segment is 20 MiB, so a
+    // best fit over the whole arena would prefer x.
+    free_lands_while_a_sharing_stream_grows(PoolConfig::default(), 4 << 20, 16 << 20);
+}
+
+#[test]
+fn a_sharing_stream_grows_no_expandable_segment_into_a_block_freed_after_its_wait() {
+    // x fills the first 2 MiB chunk; growth from the gap above it would start at x's free range.
+    let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+    free_lands_while_a_sharing_stream_grows(config, 2 << 20, 0);
+}
