@@ -6,7 +6,9 @@
 //! through their stream order, host kinds through their pending-work tracker — and queues one
 //! driver call. The blocking forms ([`copy_2d`], [`copy_3d`]) run on the legacy stream and accept
 //! pageable slices; the queued forms ([`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d), …) do
-//! not, because the copy may run after the call returns.
+//! not, because the copy may run after the call returns. A blocking 2D copy between two device
+//! sides uses `cuMemcpy2DUnaligned`, so any pitch works; its queued form may be refused on a GPU
+//! for pitches `cuMemAllocPitch` would not choose (see [`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d)).
 //!
 //! ```
 //! # cumem_sys::testing::init();

@@ -83,6 +83,15 @@ pub trait StreamCopy {
 
     /// Queues a 2D copy between page-locked host memory and device memory (any direction).
     /// Extents are checked against both sides first (see [`Copy2D`]).
+    ///
+    /// Between two device sides this is `cuMemcpy2DAsync`, which the CUDA documentation says may
+    /// fail (`InvalidValue`) for intra-device copies whose pitches were not computed by
+    /// `cuMemAllocPitch`, and which has no unaligned form. [`PitchedBuffer`](crate::PitchedBuffer)
+    /// pitches are laid out as `cuMemAllocPitch` lays them out (multiples of
+    /// [`PITCHED_ROW_ALIGNMENT`](crate::PITCHED_ROW_ALIGNMENT)); a device view wrapped in
+    /// [`Pitched`](crate::Pitched) with any other pitch may be refused on a GPU (the simulator
+    /// accepts every pitch, as the documentation allows). The blocking [`copy_2d`](crate::copy_2d)
+    /// uses `cuMemcpy2DUnaligned` for device-to-device copies and has no such restriction.
     fn copy_2d<T: Pod>(
         &self,
         src: &impl QueuedSrc<T>,
