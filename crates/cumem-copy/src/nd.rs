@@ -281,6 +281,13 @@ pub(crate) fn fill_2d_on<T: Pod>(
     let mut view = dst.view_mut();
     validate::on_stream_device(stream, view.context())?;
     let size = size_of::<T>();
+    // A view is only as aligned as `T` (a `[u8; 4]` view may start at any byte), and the driver
+    // needs every row aligned to the memset width: refused here, as the 1D memset does. Rows
+    // start at the base plus multiples of `size` (pitch and x are counted in elements), so the
+    // base is the only address to check.
+    if view.device_ptr() % size as u64 != 0 {
+        return Err(Error::Misaligned { what: "memset address", value: view.device_ptr(), align: size as u64 });
+    }
     let pitch_bytes = bytes(g.pitch, size)?;
     let start = bytes(rect.y, pitch_bytes)?
         .checked_add(bytes(rect.x, size)?)
@@ -289,7 +296,8 @@ pub(crate) fn fill_2d_on<T: Pod>(
     stream.context().bind()?;
     // SAFETY: the rectangle was checked to lie inside the view (rows of `width` elements from
     // `start`, `pitch_bytes` apart); the view is exclusively borrowed device memory ordered on
-    // `stream`; its address and the pitch are multiples of T's size, which is the memset width.
+    // `stream`; its address was checked above to be a multiple of T's size, which is the memset
+    // width, and the pitch and `start` are multiples of it (counted in elements of T).
     profile::around(stream, CopyKind::Memset, rect.width * rect.height * size, || unsafe {
         ffi::memset_2d_async(
             on.device_ptr() + start as u64,

@@ -108,7 +108,9 @@ pub trait StreamCopy {
     ) -> Result<()>;
 
     /// Queues setting every element of `rect` in pitched device memory to `value` (`cuMemsetD2D*`;
-    /// `T` must be 1, 2 or 4 bytes wide).
+    /// `T` must be 1, 2 or 4 bytes wide, and the view must start at an address that is a multiple
+    /// of that width: `Misaligned { what: "memset address" }` otherwise, before any driver call, as
+    /// for the 1D memsets).
     fn fill_2d<T: Pod>(&self, dst: &mut Pitched<DeviceSliceMut<'_, T>>, value: T, rect: Rect2D)
     -> Result<()>;
 }
