@@ -286,7 +286,11 @@ pub(crate) fn fill_2d_on<T: Pod>(
     // start at the base plus multiples of `size` (pitch and x are counted in elements), so the
     // base is the only address to check.
     if view.device_ptr() % size as u64 != 0 {
-        return Err(Error::Misaligned { what: "memset address", value: view.device_ptr(), align: size as u64 });
+        return Err(Error::Misaligned {
+            what: "memset address",
+            value: view.device_ptr(),
+            align: size as u64,
+        });
     }
     let pitch_bytes = bytes(g.pitch, size)?;
     let start = bytes(rect.y, pitch_bytes)?

@@ -253,8 +253,11 @@ fn a_blocking_device_to_device_2d_copy_takes_pitches_that_alloc_pitch_would_not_
             this_thread_only: true,
         })
     });
-    let copied =
-        copy_2d(&Pitched::new(src.as_slice(), 6), &mut Pitched::new(dst.as_mut_slice(), 5), Copy2D::new(4, 3));
+    let copied = copy_2d(
+        &Pitched::new(src.as_slice(), 6),
+        &mut Pitched::new(dst.as_mut_slice(), 5),
+        Copy2D::new(4, 3),
+    );
     if let (Some(ctl), Some(rule)) = (&ctl, refusal) {
         ctl.remove_fault(rule);
     }

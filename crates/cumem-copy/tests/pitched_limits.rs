@@ -115,9 +115,8 @@ fn a_2d_memset_starting_where_its_width_does_not_divide_is_refused_before_the_dr
     // SAFETY: bytes 1..33 lie inside `buf`, live device memory of the stream's context, which
     // outlives the view and is not otherwise used while it lives; its upload completed above, and
     // the view's only work is ordered through `order`.
-    let view = unsafe {
-        DeviceSliceMut::<[u8; 4]>::from_raw_parts(buf.device_ptr() + 1, 8, &order, buf.context())
-    };
+    let view =
+        unsafe { DeviceSliceMut::<[u8; 4]>::from_raw_parts(buf.device_ptr() + 1, 8, &order, buf.context()) };
     let mut rows = Pitched::new(view, 4);
     assert!(matches!(
         stream.fill_2d(&mut rows, [1u8; 4], Rect2D::new(4, 2)),
