@@ -561,10 +561,18 @@ impl StreamOrder {
         Ok(self.lock()?.latest.0.clone())
     }
 
-    /// How many streams may still have work on the memory. `NotPermitted` inside a
+    /// How many streams may still have work on the memory: the recorded users and the streams of
+    /// tickets not dropped (held, or forgotten), each stream counted once. `NotPermitted` inside a
     /// [`StreamOrder::queue_on`] closure, as every use of the order there.
     pub fn users(&self) -> Result<usize> {
-        Ok(1 + self.lock()?.others.len())
+        let inner = self.lock()?;
+        let mut seen: Vec<&Stream> = Vec::new();
+        for stream in inner.all() {
+            if !seen.contains(&stream) {
+                seen.push(stream);
+            }
+        }
+        Ok(seen.len())
     }
 }
 
