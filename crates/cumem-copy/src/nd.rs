@@ -268,9 +268,7 @@ pub(crate) fn fill_2d_on<T: Pod>(
         [b] => Width::W8(b),
         [a, b] => Width::W16(u16::from_ne_bytes([a, b])),
         [a, b, c, d] => Width::W32(u32::from_ne_bytes([a, b, c, d])),
-        ref other => {
-            return Err(Error::Misaligned { what: "fill element size", value: other.len() as u64, align: 4 });
-        }
+        ref other => return Err(crate::stream_ordered::fill_width_refused(other.len())),
     };
     if rect.width == 0 || rect.height == 0 {
         return Ok(());
