@@ -283,7 +283,7 @@ pub(crate) fn fill_2d_on<T: Pod>(
     // needs every row aligned to the memset width: refused here, as the 1D memset does. Rows
     // start at the base plus multiples of `size` (pitch and x are counted in elements), so the
     // base is the only address to check.
-    if view.device_ptr() % size as u64 != 0 {
+    if !view.device_ptr().is_multiple_of(size as u64) {
         return Err(Error::Misaligned {
             what: "memset address",
             value: view.device_ptr(),

@@ -149,7 +149,7 @@ fn registering_cuda_memory_is_refused() {
 #[test]
 fn a_plain_slice_is_copied_only_once_the_driver_says_it_is_not_managed() {
     let ctx = ctx(0).unwrap();
-    let data = vec![1u8; 16];
+    let data = [1u8; 16];
     let mut runs = 0;
     // Pageable memory the driver does not know: its INVALID_VALUE means "not managed".
     blocking_host_copy(&ctx, data.as_ptr().cast(), || {
