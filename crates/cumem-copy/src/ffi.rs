@@ -101,6 +101,12 @@ pub(crate) unsafe fn memset_async(dst: CUdeviceptr, value: Width, n: usize, stre
 
 /// A 2D copy; blocking (legacy stream) when `stream` is `None`.
 ///
+/// A blocking copy between two device sides goes through `cuMemcpy2DUnaligned`: the driver
+/// documents that `cuMemcpy2D` may refuse (`INVALID_VALUE`) an intra-device copy whose pitches
+/// did not come from `cuMemAllocPitch`, and a device view's pitch is whatever the caller chose;
+/// the unaligned form has no such restriction. The queued form has no unaligned twin, so
+/// `cuMemcpy2DAsync` keeps that caveat (documented on `StreamCopy::copy_2d`).
+///
 /// # Safety
 /// 1. Every row the parameters name lies inside memory of the named kind that the copy may read
 ///    (source) or write (destination), with no other access during the copy.
@@ -108,9 +114,14 @@ pub(crate) unsafe fn memset_async(dst: CUdeviceptr, value: Width, n: usize, stre
 ///    the copy completes on `stream`; device memory is usable by work on `stream`.
 pub(crate) unsafe fn memcpy_2d(p: &sys::CUDA_MEMCPY2D, stream: Option<CUstream>) -> Result<()> {
     let bytes = p.WidthInBytes.saturating_mul(p.Height);
+    let device = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    let intra_device = p.srcMemoryType == device && p.dstMemoryType == device;
     // SAFETY: guaranteed by the caller; `p` is a valid parameter block.
     unsafe {
         match stream {
+            None if intra_device => {
+                check(sys::cuMemcpy2DUnaligned_v2(p), Ctx::op("cuMemcpy2DUnaligned_v2").bytes(bytes))
+            }
             None => check(sys::cuMemcpy2D_v2(p), Ctx::op("cuMemcpy2D_v2").bytes(bytes)),
             Some(s) => check(sys::cuMemcpy2DAsync_v2(p, s), Ctx::op("cuMemcpy2DAsync_v2").bytes(bytes)),
         }

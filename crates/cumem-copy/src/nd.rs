@@ -6,7 +6,9 @@
 //! through their stream order, host kinds through their pending-work tracker — and queues one
 //! driver call. The blocking forms ([`copy_2d`], [`copy_3d`]) run on the legacy stream and accept
 //! pageable slices; the queued forms ([`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d), …) do
-//! not, because the copy may run after the call returns.
+//! not, because the copy may run after the call returns. A blocking 2D copy between two device
+//! sides uses `cuMemcpy2DUnaligned`, so any pitch works; its queued form may be refused on a GPU
+//! for pitches `cuMemAllocPitch` would not choose (see [`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d)).
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -266,9 +268,7 @@ pub(crate) fn fill_2d_on<T: Pod>(
         [b] => Width::W8(b),
         [a, b] => Width::W16(u16::from_ne_bytes([a, b])),
         [a, b, c, d] => Width::W32(u32::from_ne_bytes([a, b, c, d])),
-        ref other => {
-            return Err(Error::Misaligned { what: "fill element size", value: other.len() as u64, align: 4 });
-        }
+        ref other => return Err(crate::stream_ordered::fill_width_refused(other.len())),
     };
     if rect.width == 0 || rect.height == 0 {
         return Ok(());
@@ -279,6 +279,17 @@ pub(crate) fn fill_2d_on<T: Pod>(
     let mut view = dst.view_mut();
     validate::on_stream_device(stream, view.context())?;
     let size = size_of::<T>();
+    // A view is only as aligned as `T` (a `[u8; 4]` view may start at any byte), and the driver
+    // needs every row aligned to the memset width: refused here, as the 1D memset does. Rows
+    // start at the base plus multiples of `size` (pitch and x are counted in elements), so the
+    // base is the only address to check.
+    if !view.device_ptr().is_multiple_of(size as u64) {
+        return Err(Error::Misaligned {
+            what: "memset address",
+            value: view.device_ptr(),
+            align: size as u64,
+        });
+    }
     let pitch_bytes = bytes(g.pitch, size)?;
     let start = bytes(rect.y, pitch_bytes)?
         .checked_add(bytes(rect.x, size)?)
@@ -287,7 +298,8 @@ pub(crate) fn fill_2d_on<T: Pod>(
     stream.context().bind()?;
     // SAFETY: the rectangle was checked to lie inside the view (rows of `width` elements from
     // `start`, `pitch_bytes` apart); the view is exclusively borrowed device memory ordered on
-    // `stream`; its address and the pitch are multiples of T's size, which is the memset width.
+    // `stream`; its address was checked above to be a multiple of T's size, which is the memset
+    // width, and the pitch and `start` are multiples of it (counted in elements of T).
     profile::around(stream, CopyKind::Memset, rect.width * rect.height * size, || unsafe {
         ffi::memset_2d_async(
             on.device_ptr() + start as u64,

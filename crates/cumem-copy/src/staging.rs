@@ -178,7 +178,9 @@ impl StagingRing {
     ///
     /// Returns once `src` has been read completely (it may be reused at once); the device copies
     /// may still be running, ordered on `stream` like any queued copy. `stream` and `dst` must
-    /// belong to the ring's device (`WrongDevice`).
+    /// belong to the ring's device (`WrongDevice`). After a failed call whose copies could not be
+    /// waited for, the chunks may still be in use: each later call tries that wait again first,
+    /// and answers `NotReady` (copying nothing) while it fails.
     pub fn copy_h2d<T: NoUninit>(
         &mut self,
         stream: &Stream,
@@ -232,7 +234,8 @@ impl StagingRing {
     /// Copies device memory `src` into `dst` (same length) on `stream`, through the ring.
     ///
     /// Queued after the work already ordered on `src`; returns once `dst` holds the data. `stream`
-    /// and `src` must belong to the ring's device (`WrongDevice`).
+    /// and `src` must belong to the ring's device (`WrongDevice`); `NotReady` as for
+    /// [`StagingRing::copy_h2d`].
     pub fn copy_d2h<T: AnyBitPattern>(
         &mut self,
         stream: &Stream,
@@ -300,8 +303,10 @@ impl StagingRing {
 
     fn check(&mut self, stream: &Stream, memory: &Context) -> Result<()> {
         if !self.wait_unguarded() {
-            return Err(Error::InvalidHandle {
-                ctx: cumem_sys::ErrorContext::op("StagingRing (a failed copy left its chunks in use)"),
+            // The chunks may still be read or written by a copy nothing could wait for: the ring
+            // is not ready for another call until that wait succeeds (tried again each call).
+            return Err(Error::NotReady {
+                ctx: cumem_sys::ErrorContext::op("StagingRing (a failed copy may still use its chunks)"),
             });
         }
         validate::same_device(&self.ctx, stream.context())?;

@@ -66,7 +66,8 @@ pub trait StreamCopy {
     /// Queues a device-to-device copy (same length, same device).
     fn copy_d2d<T>(&self, src: &impl AsDeviceSlice<T>, dst: &mut impl AsDeviceSliceMut<T>) -> Result<()>;
 
-    /// Queues setting every element of `dst` to `value`; `T` must be 1, 2 or 4 bytes wide.
+    /// Queues setting every element of `dst` to `value`; `T` must be 1, 2 or 4 bytes wide
+    /// (`InvalidValue` otherwise, before any driver call).
     fn fill<T: Pod>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: T) -> Result<()>;
 
     /// Queues setting every byte of `dst` to `value`. `T: AnyBitPattern` because the bytes written
@@ -83,6 +84,15 @@ pub trait StreamCopy {
 
     /// Queues a 2D copy between page-locked host memory and device memory (any direction).
     /// Extents are checked against both sides first (see [`Copy2D`]).
+    ///
+    /// Between two device sides this is `cuMemcpy2DAsync`, which the CUDA documentation says may
+    /// fail (`InvalidValue`) for intra-device copies whose pitches were not computed by
+    /// `cuMemAllocPitch`, and which has no unaligned form. [`PitchedBuffer`](crate::PitchedBuffer)
+    /// pitches are laid out as `cuMemAllocPitch` lays them out (multiples of
+    /// [`PITCHED_ROW_ALIGNMENT`](crate::PITCHED_ROW_ALIGNMENT)); a device view wrapped in
+    /// [`Pitched`](crate::Pitched) with any other pitch may be refused on a GPU (the simulator
+    /// accepts every pitch, as the documentation allows). The blocking [`copy_2d`](crate::copy_2d)
+    /// uses `cuMemcpy2DUnaligned` for device-to-device copies and has no such restriction.
     fn copy_2d<T: Pod>(
         &self,
         src: &impl QueuedSrc<T>,
@@ -98,8 +108,10 @@ pub trait StreamCopy {
         extent: Copy3D,
     ) -> Result<()>;
 
-    /// Queues setting every element of `rect` in pitched device memory to `value` (`cuMemsetD2D*`;
-    /// `T` must be 1, 2 or 4 bytes wide).
+    /// Queues setting every element of `rect` in pitched device memory to `value`
+    /// (`cuMemsetD2D*`). `T` must be 1, 2 or 4 bytes wide (`InvalidValue` otherwise), and the view
+    /// must start at an address that is a multiple of that width (`Misaligned { what: "memset
+    /// address" }` otherwise); both are checked before any driver call, as for the 1D memsets.
     fn fill_2d<T: Pod>(&self, dst: &mut Pitched<DeviceSliceMut<'_, T>>, value: T, rect: Rect2D)
     -> Result<()>;
 }
@@ -201,7 +213,7 @@ impl StreamCopy for Stream {
             [b] => self.memset_d8(dst, b),
             [a, b] => self.memset_d16(dst, u16::from_ne_bytes([a, b])),
             [a, b, c, d] => self.memset_d32(dst, u32::from_ne_bytes([a, b, c, d])),
-            _ => Err(Error::Misaligned { what: "fill element size", value: bytes.len() as u64, align: 4 }),
+            _ => Err(fill_width_refused(bytes.len())),
         }
     }
 
@@ -242,6 +254,14 @@ impl StreamCopy for Stream {
         rect: Rect2D,
     ) -> Result<()> {
         nd::fill_2d_on(self, dst, value, rect)
+    }
+}
+
+/// The refusal of a fill whose element is not 1, 2 or 4 bytes wide: the driver's memsets store
+/// only those widths, and the request is a bad argument rather than a misaligned address.
+pub(crate) fn fill_width_refused(size: usize) -> Error {
+    Error::InvalidValue {
+        ctx: cumem_sys::ErrorContext::op("fill: the element must be 1, 2 or 4 bytes wide").bytes(size),
     }
 }
 

@@ -234,6 +234,42 @@ fn pitched_buffers_have_aligned_rows_and_row_views() {
 }
 
 #[test]
+fn a_blocking_device_to_device_2d_copy_takes_pitches_that_alloc_pitch_would_not_choose() {
+    let (_ctx, stream) = setup();
+    // 3 rows of 4 values, 6 apart in the source and 5 in the destination.
+    let src_data = pattern(18, 5);
+    let src = DeviceBuffer::from_slice(&stream, &src_data).unwrap();
+    let mut dst = DeviceBuffer::from_slice(&stream, &[SENTINEL; 15]).unwrap();
+    // The CUDA documentation lets `cuMemcpy2D` refuse such pitches between two device sides; the
+    // simulator accepts them, so here it refuses every `cuMemcpy2D` of this thread, as a driver
+    // may: the copy must not depend on it.
+    let ctl = testing::sim_control();
+    let refusal = ctl.as_ref().map(|ctl| {
+        ctl.inject_fault(FaultRule {
+            function: "cuMemcpy2D_v2".into(),
+            nth: 1,
+            code: CUresult::CUDA_ERROR_INVALID_VALUE,
+            times: 0,
+            this_thread_only: true,
+        })
+    });
+    let copied = copy_2d(
+        &Pitched::new(src.as_slice(), 6),
+        &mut Pitched::new(dst.as_mut_slice(), 5),
+        Copy2D::new(4, 3),
+    );
+    if let (Some(ctl), Some(rule)) = (&ctl, refusal) {
+        ctl.remove_fault(rule);
+    }
+    copied.unwrap();
+    let mut expected = [SENTINEL; 15];
+    for y in 0..3 {
+        expected[y * 5..y * 5 + 4].copy_from_slice(&src_data[y * 6..y * 6 + 4]);
+    }
+    assert_eq!(dst.to_vec().unwrap(), expected);
+}
+
+#[test]
 fn memset_2d_touches_only_its_rectangle() {
     let (_ctx, stream) = setup();
     let mut img = PitchedBuffer::<u8>::zeroed(&stream, 40, 6).unwrap();
@@ -256,7 +292,7 @@ fn memset_2d_touches_only_its_rectangle() {
     let mut wide = PitchedBuffer::<u64>::zeroed(&stream, 4, 4).unwrap();
     assert!(matches!(
         stream.fill_2d(&mut wide.as_pitched_mut(), 1u64, Rect2D::new(1, 1)),
-        Err(Error::Misaligned { what: "fill element size", .. })
+        Err(Error::InvalidValue { .. })
     ));
     assert!(matches!(
         stream.fill_2d(&mut words.as_pitched_mut(), 1u32, Rect2D::new(4, 1).at(7, 0)),

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use cumem_copy::StreamCopy;
 use cumem_core::sys::{self, CUresult};
-use cumem_core::{Device, DeviceBuffer, Error, HostAccess, MappedBuffer, PinnedBuffer, Stream};
+use cumem_core::{
+    Device, DeviceBuffer, Error, HostAccess, HostRegistered, MappedBuffer, PinnedBuffer, Stream,
+};
 use cumem_sys::testing;
 use cumem_sys::testing::within_watchdog;
 use serial_test::{parallel, serial};
@@ -367,5 +369,86 @@ fn a_pitched_buffer_dropped_inside_a_closure_returns_its_memory() {
             .unwrap();
         s.synchronize().unwrap();
         assert!(!ctl.live_report().contains_ptr(ptr), "leaked instead of freed");
+    });
+}
+
+#[test]
+#[serial] // holds a gate
+fn host_memory_written_inside_a_closure_waits_for_its_copies_without_a_lock() {
+    let ctx = common::ctx();
+    let (s, t) = common::two_streams(&ctx);
+    let buf = DeviceBuffer::<u32>::zeroed(&s, 16).unwrap();
+    let src = DeviceBuffer::from_slice(&t, &[7u32; 64]).unwrap();
+    let mut pinned = PinnedBuffer::<u32>::zeroed(&ctx, 64).unwrap();
+    let mut mapped = MappedBuffer::<u32>::zeroed(&ctx, 64).unwrap();
+    let gate = common::hold(&t);
+    t.copy_d2h(&src, &mut pinned).unwrap(); // tracked by stream
+    t.copy_d2h(&src, &mut mapped).unwrap(); // tracked by the mapped buffer's stream order
+    let opener = gate.release_after(Duration::from_millis(100));
+    // `&mut` proves nothing else reaches the trackers: waiting needs no lock, which a closure
+    // refuses, and the borrows see the copies' values once the gate opens.
+    let seen = buf
+        .as_slice()
+        .queue_on(&s, |_| {
+            let p = pinned.as_mut_slice()?.to_vec();
+            let m = mapped.as_mut_slice()?.to_vec();
+            Ok((p, m))
+        })
+        .unwrap();
+    opener.join().unwrap();
+    assert_eq!(seen, (vec![7; 64], vec![7; 64]));
+}
+
+#[test]
+#[parallel]
+fn host_memory_dropped_inside_a_closure_is_freed_once_its_copies_are_done() {
+    within_watchdog("host memory dropped inside a closure", || {
+        let ctx = common::ctx();
+        let Some(ctl) = testing::sim_control() else {
+            return testing::skip("reads the live report: simulator only");
+        };
+        let (s, t) = common::two_streams(&ctx);
+        let buf = DeviceBuffer::<u32>::zeroed(&s, 16).unwrap();
+        let mut dst = DeviceBuffer::<u32>::zeroed(&t, 64).unwrap();
+        let pinned = PinnedBuffer::from_slice(&ctx, &[3u32; 64]).unwrap();
+        let mapped = MappedBuffer::from_slice(&ctx, &[4u32; 64]).unwrap();
+        t.copy_h2d(&pinned, &mut dst).unwrap(); // a pending read of the pinned buffer
+        t.copy_d2d(&mapped.as_device_slice(), &mut dst).unwrap(); // and of the mapped one
+        let (p, m) = (pinned.as_ptr() as u64, mapped.as_ptr() as u64);
+        buf.as_slice()
+            .queue_on(&s, |_| {
+                drop(pinned);
+                drop(mapped);
+                Ok(())
+            })
+            .unwrap();
+        let live = ctl.live_report();
+        assert!(!live.contains_ptr(p) && !live.contains_ptr(m), "leaked instead of freed:\n{live}");
+        assert_eq!(dst.to_vec().unwrap(), [4; 64]);
+    });
+}
+
+#[test]
+#[parallel]
+fn a_registration_scoped_inside_a_closure_answers_what_its_body_answered() {
+    within_watchdog("a registration scoped inside a closure", || {
+        let ctx = common::ctx();
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let buf = DeviceBuffer::<u8>::zeroed(&s, 16).unwrap();
+        let mut v = vec![0u8; 4096];
+        let base = v.as_ptr() as u64;
+        let got = buf
+            .as_slice()
+            .queue_on(&s, |_| {
+                HostRegistered::scope(&ctx, &mut v, |reg| {
+                    reg.as_mut_slice()?[0] = 9;
+                    Ok(reg.len())
+                })
+            })
+            .unwrap();
+        assert_eq!((got, v[0]), (4096, 9));
+        if let Some(ctl) = testing::sim_control() {
+            assert!(!ctl.live_report().contains_registration(base), "still registered");
+        }
     });
 }

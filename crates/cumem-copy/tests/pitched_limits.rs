@@ -1,10 +1,11 @@
 //! Limits of pitched arrays and memsets that must be checked before the driver sees them (issue 7,
 //! item 8): element types aligned beyond what pitched rows guarantee, rows wider than the device's
-//! MAX_PITCH, and empty memsets at addresses no width divides.
+//! MAX_PITCH, empty memsets at addresses no width divides, and 2D memsets whose rows start at
+//! addresses the width does not divide.
 
 use bytemuck::{Pod, Zeroable};
-use cumem_copy::{PitchedBuffer, StreamCopy};
-use cumem_core::{Device, DeviceBuffer, Error, Feature, Stream};
+use cumem_copy::{Pitched, PitchedBuffer, Rect2D, StreamCopy};
+use cumem_core::{Device, DeviceBuffer, DeviceSliceMut, Error, Feature, Stream, StreamOrder};
 use cumem_sys::testing;
 
 /// Device 1 has a MAX_PITCH of 4 KiB, so a realistic row can be too wide for it.
@@ -101,4 +102,26 @@ fn empty_memsets_are_no_ops_wherever_they_start() {
     stream.fill(&mut words.slice_mut(3..3).unwrap(), 1u16).unwrap();
     assert_eq!(words.to_vec().unwrap(), [9u16; 8]);
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial_test::parallel]
+fn a_2d_memset_starting_where_its_width_does_not_divide_is_refused_before_the_driver() {
+    let stream = stream_on(0).unwrap();
+    let buf = DeviceBuffer::from_slice(&stream, &[7u8; 64]).unwrap();
+    stream.synchronize().unwrap();
+    let order = StreamOrder::new(&stream);
+    // `[u8; 4]` is aligned to 1, so a view of it may start at any byte; its fill is 4 bytes wide.
+    // SAFETY: bytes 1..33 lie inside `buf`, live device memory of the stream's context, which
+    // outlives the view and is not otherwise used while it lives; its upload completed above, and
+    // the view's only work is ordered through `order`.
+    let view =
+        unsafe { DeviceSliceMut::<[u8; 4]>::from_raw_parts(buf.device_ptr() + 1, 8, &order, buf.context()) };
+    let mut rows = Pitched::new(view, 4);
+    assert!(matches!(
+        stream.fill_2d(&mut rows, [1u8; 4], Rect2D::new(4, 2)),
+        Err(Error::Misaligned { what: "memset address", align: 4, .. })
+    ));
+    assert!(misuse_here().is_empty(), "reached the driver as misuse: {:?}", misuse_here());
+    assert_eq!(buf.to_vec().unwrap(), [7u8; 64]);
 }

@@ -375,3 +375,37 @@ fn a_chunk_event_that_cannot_be_recorded_fails_the_call_and_the_ring_recovers() 
     let mine = ctl.violations_on_this_thread();
     assert!(mine.is_empty(), "{mine:?}");
 }
+
+#[test]
+#[parallel]
+fn a_ring_whose_failed_copy_cannot_be_waited_for_is_not_ready_until_it_can() {
+    let (ctx, stream) = setup();
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
+    let mut ring = ring(&ctx, 256, 2);
+    let data = pattern::<u8>(1024, 5);
+    let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 1024).unwrap();
+    stream.synchronize().unwrap();
+    // A chunk's copy is queued, its event cannot be recorded, and the stream cannot be waited
+    // for either: nothing says when the chunk is free again.
+    let fault = |function: &str, times| {
+        ctl.inject_fault(FaultRule {
+            function: function.into(),
+            nth: 1,
+            code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+            times,
+            this_thread_only: true,
+        })
+    };
+    let (record, sync) = (fault("cuEventRecord", 1), fault("cuStreamSynchronize", 0));
+    assert!(ring.copy_h2d(&stream, &data, &mut dev).is_err());
+    ctl.remove_fault(record);
+    let refused = ring.copy_h2d(&stream, &data, &mut dev);
+    assert!(matches!(refused, Err(Error::NotReady { .. })), "{refused:?}");
+    ctl.remove_fault(sync);
+    // Once the wait succeeds the ring works again.
+    ring.copy_h2d(&stream, &data, &mut dev).unwrap();
+    assert_eq!(dev.to_vec().unwrap(), data);
+    assert_eq!(ring.stats().calls, 1);
+}

@@ -2,8 +2,9 @@
 //!
 //! CUDA's current context is per-thread state, so a buffer dropped on a thread that never touched
 //! CUDA would otherwise fail with `INVALID_CONTEXT`. Every owning cumem type therefore keeps its
-//! [`Context`] alive and binds it before calling the driver. The primary context is released when
-//! the last owner goes away.
+//! [`Context`] alive and binds it before calling the driver. [`Device::context`] retains each
+//! device's primary context once and keeps it in a process-wide cache, so it stays retained for
+//! the life of the process (as the CUDA runtime keeps it), not only while owners are alive.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -21,7 +22,8 @@ use cumem_sys::sys::CUcontext;
 
 use crate::{Device, Result, Stream, ffi};
 
-/// A device's primary context, retained for as long as any clone lives.
+/// A device's primary context, retained for as long as any clone lives (and [`Device::context`]
+/// keeps one for the life of the process).
 #[derive(Clone)]
 pub struct Context {
     inner: Arc<Inner>,

@@ -265,8 +265,11 @@ pub(crate) unsafe fn mem_host_unregister(p: *mut c_void) -> Result<()> {
 }
 
 /// Whether `ptr` is managed memory (`CU_POINTER_ATTRIBUTE_IS_MANAGED`). An address the driver
-/// does not know (plain pageable host memory) is not: the driver answers it with an error.
-pub(crate) fn pointer_is_managed(ptr: CUdeviceptr) -> bool {
+/// does not know (plain pageable host memory) is not: the driver answers it with
+/// `CUDA_ERROR_INVALID_VALUE` (`driver-api.md` §5). Any other error is passed on: it says
+/// nothing about the memory, and a managed slice taken for a pageable one would be copied
+/// unsoundly.
+pub(crate) fn pointer_is_managed(ptr: CUdeviceptr) -> Result<bool> {
     // Wider than the driver's answer and zeroed, so whatever width it writes reads back right.
     let mut v: u64 = 0;
     // SAFETY: `v` is valid for writes of 8 bytes, more than the attribute's size; the driver only
@@ -278,7 +281,11 @@ pub(crate) fn pointer_is_managed(ptr: CUdeviceptr) -> bool {
             ptr,
         )
     };
-    code == sys::CUresult::CUDA_SUCCESS && v != 0
+    if code == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+        return Ok(false);
+    }
+    check(code, Ctx::op("cuPointerGetAttribute(IS_MANAGED)"))?;
+    Ok(v != 0)
 }
 
 /// The ordinal of the device whose context allocated the memory at `ptr`.

@@ -300,13 +300,33 @@ impl HostAccess {
         Ok(())
     }
 
-    /// [`wait_idle`](Self::wait_idle) for an owner with exclusive access: no view can be alive, so
-    /// once the device is done the tracker can forget every use.
-    pub fn wait_idle_exclusive(&mut self) -> Result<()> {
-        self.wait_idle()?;
+    /// [`wait_idle`](Self::wait_idle) for an owner with exclusive access (its drop, a `&mut [T]`
+    /// host borrow): no view or shared host borrow can be alive, so once the device is done the
+    /// tracker forgets every use and ends a refusal of device work begun by host reads.
+    ///
+    /// Takes no lock: `&mut self` proves no other thread reaches the tracker (nobody holds its
+    /// lock while waiting for another), and the stream order is synchronised with
+    /// [`StreamOrder::synchronize_mut`]. So unlike `wait_idle` it is not refused inside a
+    /// [`StreamOrder::queue_on`] closure, and with nothing pending it returns at once. With work
+    /// pending it synchronises the streams of that work, there too while the closure's order stays
+    /// locked: that ends unless the work waited for itself waits on the host for something the
+    /// calling thread holds (a host function that uses the locked memory), the caveat of waiting
+    /// for whole streams in the module docs.
+    pub fn wait_idle_mut(&mut self) -> Result<()> {
+        self.pending.get_mut().wait_all()?;
+        if let Some(order) = &mut self.order
+            && self.ordered.get() != OrderedUse::None
+        {
+            order.synchronize_mut()?;
+        }
         self.ordered.set(OrderedUse::None);
         self.end_host_reads();
         Ok(())
+    }
+
+    /// The same as [`wait_idle_mut`](Self::wait_idle_mut) (its earlier name).
+    pub fn wait_idle_exclusive(&mut self) -> Result<()> {
+        self.wait_idle_mut()
     }
 
     /// Queues device work that reads the memory on `stream`, ordered after pending device writes,

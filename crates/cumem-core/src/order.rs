@@ -21,7 +21,9 @@
 //! exclusive access to the order (a `&mut DeviceBuffer`'s view) uses
 //! [`StreamOrder::queue_on_mut`], the same without the lock. Its closure
 //! is for driver calls only: any cumem lock taken inside it (another order, a host tracker) is
-//! refused with `NotPermitted`, since waiting there could close a cycle with another thread.
+//! refused with `NotPermitted`, since waiting there could close a cycle with another thread (on
+//! the calling thread only: another thread that the closure waits for is not refused, and
+//! deadlocks if it takes such a lock).
 //!
 //! Code outside cumem that queues work on device memory (a kernel) uses the door on views and
 //! buffers instead, [`DeviceSlice::on`](crate::DeviceSlice::on) and friends, whose guard holds
@@ -352,17 +354,27 @@ impl StreamOrder {
     /// The users stay locked while `queue` runs, so `queue` is for raw driver work on `stream`
     /// only (a kernel launch, another library's call), never for other cumem memory: any use of
     /// cumem memory or host-memory trackers from inside `queue` (this memory's or another's: a
-    /// copy, a view's door, a host borrow of pinned memory) answers `NotPermitted` instead of
+    /// copy, a view's door, a shared host borrow of pinned memory) answers `NotPermitted` instead of
     /// waiting, since the thread holding that other lock may be waiting for this one. Work that
     /// needs other cumem memory takes the guard of [`StreamOrder::use_on`] (for views,
     /// [`DeviceSlice::on`](crate::DeviceSlice::on)), which holds no lock while the work is queued.
-    /// (A memory kind whose drop must wait through such a lock, e.g. a pinned buffer, leaks its
-    /// memory with a warning when dropped inside `queue`.) Another thread using this memory waits
-    /// until `queue` returns. A ticket (or a view's guard) dropped inside `queue` never waits
-    /// either: if its order is locked (this one, or another that a thread crossing this one holds
-    /// in its own closure), its stream is recorded by the next lock of that order (the closure
-    /// holding it applies it when it returns, if it came in time), before anyone reads that
-    /// order's users again. Refusals are as in [`StreamOrder::use_on`].
+    /// What needs exclusive access to other memory takes no order's or tracker's lock and is not
+    /// refused: dropping a device, pitched, pinned or mapped buffer, ending a `HostRegistered`
+    /// scope, an exclusive host borrow (`as_mut_slice`) of pinned memory (see
+    /// [`HostAccess::wait_idle_mut`](crate::HostAccess::wait_idle_mut): those that wait for device
+    /// work do so with this order still locked). A memory kind whose drop must still wait through
+    /// a lock leaks its memory with a warning when dropped inside `queue`. Another thread using
+    /// this memory waits until `queue` returns. A ticket (or a view's guard) dropped inside
+    /// `queue` never waits either: if its order is locked (this one, or another that a thread
+    /// crossing this one holds in its own closure), its stream is recorded by the next lock of
+    /// that order (the closure holding it applies it when it returns, if it came in time), before
+    /// anyone reads that order's users again. Refusals are as in [`StreamOrder::use_on`].
+    ///
+    /// The refusal is per thread: it knows which thread runs `queue`, not what that thread waits
+    /// for. A thread that `queue` starts or waits for (a scoped thread, a pool's worker) and that
+    /// uses this memory, or any cumem memory another thread may be copying to or from this one,
+    /// waits for a lock that `queue` holds until that thread is done: a deadlock, not
+    /// `NotPermitted`. Keep other threads' cumem work out of `queue` too.
     ///
     /// The lock also covers `queue`'s driver calls, which the driver itself may hold back (an
     /// asynchronous copy waits while another thread is inside `cuMemFree`), so other threads
@@ -526,16 +538,41 @@ impl StreamOrder {
         Ok(())
     }
 
+    /// [`StreamOrder::synchronize`] for an owner with exclusive access (the memory's drop, an
+    /// exclusive host borrow): no lock, so it is not refused inside a [`StreamOrder::queue_on`]
+    /// closure. `&mut self` proves no ticket, view or closure of this order is alive (see
+    /// [`StreamOrder::queue_on_mut`]), so every user was recorded or left its stream pending, and
+    /// no thread can be holding this order's lock while it waits for the caller.
+    ///
+    /// It still blocks, and inside a closure it blocks while the closure's own order stays
+    /// locked: other threads using that order wait meanwhile, and if the work waited for itself
+    /// waits on the host (a host function, a stream memory operation) for something that needs
+    /// that order or this thread, it never ends.
+    pub fn synchronize_mut(&mut self) -> Result<()> {
+        for user in self.users_mut().all() {
+            user.synchronize()?;
+        }
+        Ok(())
+    }
+
     /// The most recently recorded user. `NotPermitted` inside a [`StreamOrder::queue_on`]
     /// closure, as every use of the order there.
     pub fn last(&self) -> Result<Stream> {
         Ok(self.lock()?.latest.0.clone())
     }
 
-    /// How many streams may still have work on the memory. `NotPermitted` inside a
+    /// How many streams may still have work on the memory: the recorded users and the streams of
+    /// tickets not dropped (held, or forgotten), each stream counted once. `NotPermitted` inside a
     /// [`StreamOrder::queue_on`] closure, as every use of the order there.
     pub fn users(&self) -> Result<usize> {
-        Ok(1 + self.lock()?.others.len())
+        let inner = self.lock()?;
+        let mut seen: Vec<&Stream> = Vec::new();
+        for stream in inner.all() {
+            if !seen.contains(&stream) {
+                seen.push(stream);
+            }
+        }
+        Ok(seen.len())
     }
 }
 

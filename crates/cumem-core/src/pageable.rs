@@ -29,6 +29,8 @@ use crate::{Context, Device, Error, Feature, Result, Stream, ffi};
 /// slice at `host`, so that it is sound when that slice is managed memory.
 ///
 /// - Not managed (the usual case, one pointer-attribute query): runs `copy` and returns its answer.
+/// - The driver cannot say (the query fails other than with `INVALID_VALUE`, its answer for memory
+///   it does not know): that error, before `copy` runs.
 /// - Managed, and the memory's device or `ctx`'s device lacks concurrent managed access:
 ///   `NotSupported { feature: ConcurrentManagedAccess, device }` (naming the first of those that
 ///   lacks it) before `copy` runs, since device work on the memory would keep the host out of it
@@ -41,7 +43,7 @@ pub fn blocking_host_copy<R>(
     copy: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
     ctx.bind()?;
-    if !ffi::pointer_is_managed(host as usize as u64) {
+    if !ffi::pointer_is_managed(host as usize as u64)? {
         return copy();
     }
     let memory_device = ffi::pointer_device_ordinal(host as usize as u64)?;

@@ -289,6 +289,23 @@ fn a_later_use_is_ordered_after_earlier_ones_and_covers_them() {
 }
 
 #[test]
+fn the_stream_of_a_ticket_not_dropped_counts_as_a_user() {
+    let s = stream();
+    let c = Stream::non_blocking(s.context()).unwrap();
+    let order = StreamOrder::new(&s);
+    let held = order.use_on(&c).unwrap();
+    assert_eq!(order.users().unwrap(), 2, "c may be queueing work on the memory");
+    drop(held);
+    assert_eq!(order.users().unwrap(), 1, "c waited for s, so c alone stands for both");
+    // A forgotten ticket is never recorded: its stream stays a user (counted once, however many).
+    std::mem::forget(order.use_on(&s).unwrap());
+    std::mem::forget(order.use_on(&s).unwrap());
+    std::mem::forget(order.use_on(&c).unwrap());
+    assert_eq!(order.users().unwrap(), 2);
+    order.synchronize().unwrap();
+}
+
+#[test]
 fn uses_in_flight_on_two_streams_at_once_are_both_tracked() {
     let s = stream();
     let (a, b) = (Stream::non_blocking(s.context()).unwrap(), Stream::non_blocking(s.context()).unwrap());

@@ -7,7 +7,7 @@
 use cumem_core::sys::{self, CUresult};
 use cumem_core::{
     Context, Device, DeviceBuffer, Error, Feature, HostRegistered, MappedBuffer, PinnedBuffer, PinnedFlags,
-    RegisterFlags, Stream,
+    RegisterFlags, Stream, blocking_host_copy,
 };
 use cumem_sys::testing;
 
@@ -144,6 +144,39 @@ fn registering_cuda_memory_is_refused() {
     let alias = unsafe { std::slice::from_raw_parts_mut(pinned.as_ptr().cast_mut(), 4096) };
     let err = HostRegistered::scope(&ctx, alias, |_| Ok(())).unwrap_err();
     assert!(matches!(err, Error::InvalidValue { .. }), "{err}");
+}
+
+#[test]
+fn a_plain_slice_is_copied_only_once_the_driver_says_it_is_not_managed() {
+    let ctx = ctx(0).unwrap();
+    let data = [1u8; 16];
+    let mut runs = 0;
+    // Pageable memory the driver does not know: its INVALID_VALUE means "not managed".
+    blocking_host_copy(&ctx, data.as_ptr().cast(), || {
+        runs += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(runs, 1);
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
+    // Any other failure says nothing about the memory, which may be managed: no copy.
+    let rule = ctl.inject_fault(cumem_sys::sim_control::FaultRule {
+        function: "cuPointerGetAttribute".into(),
+        nth: 1,
+        code: CUresult::CUDA_ERROR_DEINITIALIZED,
+        times: 1,
+        this_thread_only: true,
+    });
+    let err = blocking_host_copy(&ctx, data.as_ptr().cast(), || {
+        runs += 1;
+        Ok(())
+    })
+    .unwrap_err();
+    ctl.remove_fault(rule);
+    assert!(matches!(err, Error::Deinitialized { .. }), "{err}");
+    assert_eq!(runs, 1, "copied although the driver could not say whether the slice is managed");
 }
 
 #[test]

@@ -5,8 +5,8 @@
 //! give it back, but not in how the host reaches it: a pointer to `len` values, and a
 //! [`HostAccess`] tracker that every host access waits on first. That part lives here once, with
 //! its `unsafe` blocks; each kind keeps its own constructor, `Drop` and public methods, which
-//! delegate to the span. The span frees nothing: its owner waits for [`HostSpan::wait_idle`] in
-//! its `Drop` before it frees or returns the memory.
+//! delegate to the span. The span frees nothing: its owner waits for [`HostSpan::wait_idle_mut`]
+//! in its `Drop` before it frees or returns the memory.
 
 use std::ptr::NonNull;
 
@@ -34,7 +34,7 @@ impl<T> HostSpan<T> {
     ///    writes for as long as the span lives (any aligned pointer will do when they take no bytes).
     /// 2. While the span lives, the values are used only through it.
     /// 3. The owner frees or gives back the memory only once no device work queued through the
-    ///    span can still use it: after [`HostSpan::wait_idle`] has succeeded (or a wait that covers
+    ///    span can still use it: after [`HostSpan::wait_idle_mut`] has succeeded (or a wait that covers
     ///    more, such as synchronising the whole context).
     pub(crate) unsafe fn new(ptr: NonNull<T>, len: usize, access: HostAccess) -> Self {
         HostSpan { ptr, len, access }
@@ -76,7 +76,7 @@ impl<T> HostSpan<T> {
 
     /// The values for writing, after all pending device work on them has completed.
     pub(crate) fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.access.wait_idle_exclusive()?;
+        self.access.wait_idle_mut()?;
         // SAFETY: as in `as_slice`; no device work uses the values any more, and new device work
         // needs a borrow of `self`, which cannot coexist with the returned one.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
@@ -93,6 +93,13 @@ impl<T> HostSpan<T> {
     /// Blocks until no device work uses the values.
     pub(crate) fn wait_idle(&self) -> Result<()> {
         self.access.wait_idle()
+    }
+
+    /// [`HostSpan::wait_idle`] for the owner with exclusive access (its drop): takes no lock, so
+    /// it also works inside a [`StreamOrder::queue_on`](crate::StreamOrder::queue_on) closure
+    /// (see [`HostAccess::wait_idle_mut`]).
+    pub(crate) fn wait_idle_mut(&mut self) -> Result<()> {
+        self.access.wait_idle_mut()
     }
 
     /// The pending-work tracker.

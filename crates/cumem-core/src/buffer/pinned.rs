@@ -1,10 +1,13 @@
 //! `PinnedBuffer<T>`: page-locked host memory that asynchronous copies can use safely.
 //!
 //! The device may read or write a pinned buffer long after the call that queued the copy has
-//! returned. The buffer therefore keeps the events of device work still using it, and every host
-//! access waits for them first: reading waits for pending device writes, writing waits for pending
-//! device reads and writes, and dropping waits for everything before the memory is freed. This is
-//! what makes `cumem-copy`'s asynchronous copies safe functions.
+//! returned. The buffer therefore remembers the streams of device work still using it (the stream
+//! of the last write and of the reads since; no event is recorded per copy), and every host access
+//! first synchronises those streams: reading waits for the last device write's stream, writing for
+//! every tracked stream, and dropping for all of them before the memory is freed. A whole stream
+//! is waited for, so a host access also waits for whatever was queued on it later, and must not be
+//! what later work on that stream waits for (see [`HostAccess`](crate::HostAccess)). This is what
+//! makes `cumem-copy`'s asynchronous copies safe functions.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -159,7 +162,7 @@ impl<T: Copy> PinnedBuffer<T> {
         };
         // SAFETY: `ptr` is aligned and holds `len` values that `init` initialised (or takes no
         // bytes); the buffer owns the allocation, uses it only through the span, and its `Drop`
-        // frees it only after `wait_idle` has succeeded.
+        // frees it only after `wait_idle_mut` has succeeded.
         let span = unsafe { HostSpan::new(ptr, len, access) };
         Ok(PinnedBuffer { span, allocated, flags, ctx: ctx.clone() })
     }
@@ -228,8 +231,8 @@ impl<T> PinnedBuffer<T> {
     /// Queues device work that reads the buffer on `stream`.
     ///
     /// `stream` is first ordered after any pending device write; `enqueue` receives the host
-    /// pointer and length and queues the work; an event recorded after it makes later host writes
-    /// (and the buffer's drop) wait for the read.
+    /// pointer and length and queues the work; `stream` is tracked as a reader, so later host
+    /// writes (and the buffer's drop) synchronise it, which covers the read.
     ///
     /// # Safety
     /// 1. `enqueue` queues work on `stream` only, and that work only reads, at most `len` values
@@ -245,8 +248,8 @@ impl<T> PinnedBuffer<T> {
 
     /// Queues device work that writes the buffer on `stream`.
     ///
-    /// `stream` is first ordered after all pending device reads and writes; an event recorded after
-    /// the work makes every later host access (and the drop) wait for it.
+    /// `stream` is first ordered after all pending device reads and writes and tracked as the
+    /// writer, so every later host access (and the drop) synchronises it, which covers the work.
     ///
     /// # Safety
     /// 1. `enqueue` queues work on `stream` only, writing at most `len` values through the pointer
@@ -299,7 +302,9 @@ impl<T> fmt::Debug for PinnedBuffer<T> {
 
 impl<T> Drop for PinnedBuffer<T> {
     fn drop(&mut self) {
-        if let Err(e) = self.wait_idle() {
+        // Lock-free (exclusive access), so a buffer dropped inside another memory's `queue_on`
+        // closure is still freed when its work is done.
+        if let Err(e) = self.span.wait_idle_mut() {
             // Freeing memory that the device may still write would be unsound: leak it instead.
             tracing::warn!(error = %e, bytes = self.bytes(), "waiting for device work on a pinned buffer failed; leaking it");
             return;

@@ -4,8 +4,11 @@
 //! asynchronous copies can use it without a staging copy. The registration borrows the slice
 //! exclusively, tracks device work like a [`PinnedBuffer`](crate::PinnedBuffer) (host access waits
 //! for it), and on drop waits for that work and unregisters the range. Registering a range that
-//! overlaps a registered one is `HostMemoryAlreadyRegistered`; a device without host registration
-//! gives `NotSupported { feature: HostRegister }` before any driver call.
+//! overlaps a registered one is `HostMemoryAlreadyRegistered`; the driver pins whole pages, so on
+//! a GPU two disjoint slices that share a page may collide too (whether they do is not settled,
+//! `driver-api.md` §15; the simulator compares bytes): register page-aligned slices, or one slice
+//! around both, where that matters. A device without host registration gives `NotSupported {
+//! feature: HostRegister }` before any driver call.
 //!
 //! The memory is the caller's, so it must not be handed back while the device may still use it,
 //! even if the registration is leaked (`mem::forget` ends the borrow without running `Drop`). The
@@ -92,7 +95,9 @@ impl<T> HostRegistered<'_, T> {
         // borrow of `data` ends; `f` only gets a reference to it.
         let mut reg = unsafe { HostRegistered::with_flags(ctx, data, flags)? };
         let out = f(&mut reg);
-        let waited = reg.wait_idle();
+        // Lock-free (exclusive access), so a scope inside another memory's `queue_on` closure
+        // returns what `f` returned rather than a refusal of the wait.
+        let waited = reg.span.wait_idle_mut();
         drop(reg);
         let out = out?;
         waited.map(|()| out)
@@ -132,7 +137,7 @@ impl<'a, T> HostRegistered<'a, T> {
         }
         // SAFETY: the slice is borrowed exclusively for `'a` and initialised; it is used only through
         // the span, and `Drop` (which the caller promises runs before `'a` ends) hands it back only
-        // after `wait_idle` (or, failing that, a context synchronisation) has succeeded.
+        // after `wait_idle_mut` (or, failing that, a context synchronisation) has succeeded.
         let span = unsafe { HostSpan::new(ptr, len, HostAccess::new()) };
         Ok(HostRegistered { span, registered, flags, ctx: ctx.clone(), _borrow: PhantomData })
     }
@@ -230,7 +235,7 @@ impl<T> fmt::Debug for HostRegistered<'_, T> {
 
 impl<T> Drop for HostRegistered<'_, T> {
     fn drop(&mut self) {
-        if let Err(e) = self.span.wait_idle() {
+        if let Err(e) = self.span.wait_idle_mut() {
             // The memory goes back to its owner when this returns, so it cannot be leaked like a
             // pinned buffer: wait for the whole context instead, and if even that fails, stop the
             // process rather than let the device write memory that safe code may use again.

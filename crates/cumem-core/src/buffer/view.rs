@@ -300,9 +300,12 @@ impl<'a, T> DeviceSlice<'a, T> {
     /// device address. Cheaper than the guard (one lock, see [`StreamOrder::queue_on`]), but the
     /// memory's order stays locked while `queue` runs, so `queue` is for raw driver work on
     /// `stream` only (a kernel, another library): any use of cumem memory inside it, this
-    /// memory's or another's (a copy, another view's door, a host borrow of pinned memory),
+    /// memory's or another's (a copy, another view's door, a shared host borrow of pinned memory),
     /// answers `NotPermitted`, since waiting there could deadlock with a thread copying the other
-    /// way. Work that needs other cumem memory takes the guard of [`DeviceSlice::on`] instead.
+    /// way (what has exclusive access to other memory, such as its drop, is not refused: see
+    /// [`StreamOrder::queue_on`]). Work that needs other cumem memory takes the guard of
+    /// [`DeviceSlice::on`] instead. The refusal is per thread: another thread that `queue` waits
+    /// for (a scoped thread) and that uses this memory deadlocks instead.
     ///
     /// ```
     /// # cumem_sys::testing::init();
