@@ -34,8 +34,9 @@
 //! At process exit the registry lets go of the current resources, so that a caching pool nothing
 //! else holds returns its cached memory to the driver: leak checkers (the simulator's,
 //! compute-sanitizer's) then see only the memory the program itself still holds. The exit waits
-//! for that at most 2 seconds in all, lock included (device work that never finishes must not hang it); past that the
-//! memory is left to the driver, and the release goes on beside the rest of the exit.
+//! for that at most 2 seconds in all, the registry's lock included (device work that never
+//! finishes must not hang it); past that the memory is left to the driver, and the release goes on
+//! beside the rest of the exit.
 
 use std::cell::RefCell;
 use std::fmt;
