@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::arena::{Arena, ArenaInner};
 use crate::bins::BinEntry;
@@ -117,7 +117,58 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
     /// The ordering's name for retired streams (no allocation ever uses it).
     retired: Option<O::Stream>,
     segments: Mutex<Segments>,
+    /// Segments taken out of the books but not yet back with the upstream.
+    returning: Returning,
     peaks: Peaks,
+}
+
+/// Segments [`release`](CachingPool::release) took out of the books whose upstream free has not
+/// finished yet: a ladder that finds nothing to release and cannot grow waits for them and retries,
+/// since the memory is about to be back with the upstream (before frees were made with no lock
+/// held, it would have waited for the locks instead).
+#[derive(Default)]
+struct Returning {
+    /// Bytes in flight, and how many segment frees have finished.
+    state: Mutex<(u64, u64)>,
+    done: Condvar,
+}
+
+thread_local! {
+    /// How many `give_back`s (of any pool) this thread is inside: an upstream free that uses a
+    /// pool must not wait for the frees in flight, its own among them.
+    static GIVING_BACK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+impl Returning {
+    fn start(&self, bytes: u64) {
+        self.state.lock().0 += bytes;
+    }
+
+    fn finish(&self, bytes: u64) {
+        let mut st = self.state.lock();
+        st.0 -= bytes;
+        st.1 += 1;
+        drop(st);
+        self.done.notify_all();
+    }
+
+    /// How many segment frees have finished so far.
+    fn finished(&self) -> u64 {
+        self.state.lock().1
+    }
+
+    /// After a failed growth: waits (no lock of the pool held) for the frees in flight, unless this
+    /// thread is inside one; whether a free finished since `seen` (from [`finished`](Self::finished)
+    /// before the growth), so that growing again may succeed.
+    fn wait_for_frees(&self, seen: u64) -> bool {
+        let mut st = self.state.lock();
+        if GIVING_BACK.with(|g| g.get()) == 0 {
+            while st.0 > 0 {
+                self.done.wait(&mut st);
+            }
+        }
+        st.1 != seen
+    }
 }
 
 impl<U: Upstream, O: Ordering> fmt::Debug for CachingPool<U, O> {
@@ -160,6 +211,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             retired,
             config,
             segments: Mutex::new(Segments::default()),
+            returning: Returning::default(),
             peaks: Peaks::default(),
         }
     }
@@ -923,7 +975,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             } else {
                 drop((guards, st));
                 self.give_back(unlinked);
-                if let Some(seg) = self.grow(req.kind, req.need, true)? {
+                let seen = self.returning.finished();
+                let mut grown = self.grow(req.kind, req.need, true)?;
+                // Another thread's release may have taken segments out before this ladder locked
+                // the arenas, and not returned them yet: wait for that, then try once more.
+                if grown.is_none() && self.returning.wait_for_frees(seen) {
+                    grown = self.grow(req.kind, req.need, true)?;
+                }
+                if let Some(seg) = grown {
                     // Memory freed into the arena since the locks were let go is not ordered for
                     // this stream (the arena may be shared): only the new segment serves it.
                     let mut g = to.inner.lock();
@@ -1030,6 +1089,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             guards[i].set(kind).remove(addr);
             unlinked.push((addr, len));
             segs.remove(addr);
+            self.returning.start(len);
             cached = cached.saturating_sub(len);
             report.released_segments += 1;
             report.released_bytes += len;
@@ -1053,8 +1113,28 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// held: `cuMemFree` waits for the whole device, host functions included, and an upstream may
     /// run user code.
     fn give_back(&self, unlinked: Vec<(u64, u64)>) {
+        /// Ends the free in flight even if the upstream panics, so that no ladder waits forever.
+        struct Giving<'a> {
+            returning: &'a Returning,
+            left: u64,
+        }
+        impl Drop for Giving<'_> {
+            fn drop(&mut self) {
+                GIVING_BACK.with(|g| g.set(g.get() - 1));
+                if self.left > 0 {
+                    self.returning.finish(self.left);
+                }
+            }
+        }
+        if unlinked.is_empty() {
+            return;
+        }
+        GIVING_BACK.with(|g| g.set(g.get() + 1));
+        let mut giving = Giving { returning: &self.returning, left: unlinked.iter().map(|u| u.1).sum() };
         for (addr, len) in unlinked {
             self.upstream.deallocate(addr, len as usize);
+            giving.left -= len;
+            self.returning.finish(len);
         }
     }
 }
