@@ -395,7 +395,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Exact at rest. While other threads allocate and free, it is read without stopping them:
     /// each thread counts a free just after the block is back in its cache or arena, so a trim in
     /// between can release the block's segment first, and a snapshot may then show live bytes
-    /// above the reserved ones for that moment.
+    /// above the reserved ones for that moment. A released segment leaves `reserved_bytes` (and
+    /// counts in `upstream_frees`) when it is taken out of the books, under the locks, and reaches
+    /// the upstream only after them: for that moment the upstream holds more than the snapshot
+    /// says.
     pub fn stats(&self) -> PoolStats {
         let mut s = PoolStats::default();
         let (mut bytes, mut count, mut requested) = (0i64, 0i64, 0i64);
