@@ -8,9 +8,11 @@
 //! upstream; and finally the out-of-memory ladder (synchronise, coalesce all cached memory across
 //! streams and retry, including memory of the other segment kind; release every fully free segment
 //! and retry the upstream with the minimal segment; report). The ladder holds every arena lock from
-//! before its synchronisation until it has decided what to release; it gives segments back and asks
-//! the upstream for the minimal one with no lock held (the upstream may run user code that frees
-//! into this pool or trims it). A free on stream
+//! before its synchronisation until it has decided what to release; with segments, it gives them
+//! back and asks the upstream for the minimal one with no lock held (the upstream may run user
+//! code that frees into this pool or trims it). With [expandable segments](crate::expandable) the
+//! driver's mapping calls (reserve, map, unmap, release) run under the locks (see "Locking" on
+//! [`CachingPool`]). A free on stream
 //! `S` keeps a small block in the calling thread's cache under `S`, else puts the block into `S`'s
 //! arena, whichever stream allocated it.
 //!
@@ -103,9 +105,11 @@ pub struct TrimReport {
 /// flush the thread caches (under the cache registry's mutex alone), then take the table's mutex,
 /// lock arenas in position order, then the segment registry; `stats` locks arenas one at a time.
 /// The cache registry's mutex comes after arena locks. The upstream's `allocate` and `deallocate`
-/// are called with no lock held (segments to release are first taken out of the arenas and the
-/// books, under the locks, after the synchronisation); an expandable upstream's `map` and `unmap`
-/// are called under the locks (they are the driver's own calls).
+/// (segment upstreams) are called with no lock held (segments to release are first taken out of
+/// the arenas and the books, under the locks, after the synchronisation). With expandable
+/// segments, these run under the arena locks and the segment registry: [`Upstream::expandable`]
+/// and the [`ExpandableUpstream`]'s `reserve`, `map`, `unmap` and `release` (the driver's own
+/// calls; such an upstream must not call into the pool, see its contract).
 pub struct CachingPool<U: Upstream, O: Ordering> {
     id: u32,
     upstream: U,
@@ -924,9 +928,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// The out-of-memory ladder: synchronise, coalesce all cached memory, retry; release every fully
     /// free segment, retry the upstream; report.
     ///
-    /// Segments are given back, and a new one asked for, with no lock held: the upstream may run
-    /// user code (a [`FailureCallbackResource`](crate::FailureCallbackResource)'s callback) that
-    /// frees into this pool or trims it, and `cuMemFree` waits for the whole device.
+    /// With a segment upstream, segments are given back, and a new one asked for, with no lock
+    /// held: the upstream may run user code (a
+    /// [`FailureCallbackResource`](crate::FailureCallbackResource)'s callback) that frees into this
+    /// pool or trims it, and `cuMemFree` waits for the whole device. With expandable segments the
+    /// ladder maps under the locks taken before its synchronisation (the free ranges it joins are
+    /// safe without a wait only while they are held); its own release then holds no plain segment
+    /// (the pool takes none with expandable segments), and the upstream's mapping calls must not
+    /// call into the pool.
     #[cold]
     fn oom_ladder(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Block, PoolError> {
         let _span =
@@ -958,6 +967,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         if found.is_none() {
             let (_, unlinked) = self.release(&mut guards, 0);
             if let Some(up) = self.expandable() {
+                // Plain segments unlinked here would be freed only after the mapping below, too
+                // late to help it; there are none: with expandable segments the pool never takes
+                // a plain segment (`grow` is not called), so `unlinked` is empty.
                 // Mapping is the driver's own call (no user code), and joins the free ranges around
                 // a gap, which are safe without a wait only while the locks taken before the
                 // synchronisation are held.
