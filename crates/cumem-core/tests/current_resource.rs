@@ -230,9 +230,13 @@ fn a_reset_between_overrides_stands_whichever_guards_drop_first() {
         cumem_core::reset_current_resources();
         let guard_c = cumem_core::scoped_current_resource(&device, c.clone()).unwrap();
         if b_first {
-            (drop(guard_b), drop(guard_c), drop(guard_a));
+            drop(guard_b);
+            drop(guard_c);
+            drop(guard_a);
         } else {
-            (drop(guard_a), drop(guard_c), drop(guard_b));
+            drop(guard_a);
+            drop(guard_c);
+            drop(guard_b);
         }
         assert_eq!(Arc::strong_count(&outer), 1, "b_first = {b_first}: the resource from before A came back");
         assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b), Arc::strong_count(&c)), (1, 1, 1));
