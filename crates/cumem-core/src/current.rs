@@ -34,15 +34,16 @@
 //! At process exit the registry lets go of the current resources, so that a caching pool nothing
 //! else holds returns its cached memory to the driver: leak checkers (the simulator's,
 //! compute-sanitizer's) then see only the memory the program itself still holds. The exit waits
-//! for that at most 2 seconds (device work that never finishes must not hang it); past that the
-//! memory is left to the driver, and the release goes on beside the rest of the exit.
+//! for that at most 2 seconds in all, the registry's lock included (device work that never
+//! finishes must not hang it); past that the memory is left to the driver, and the release goes on
+//! beside the rest of the exit.
 
 use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
@@ -287,10 +288,12 @@ where
 /// them `#[serial]`).
 ///
 /// Overrides of one device nest like a stack, whatever order their guards drop in: a guard dropped
-/// while a later override of the device is still alive changes nothing current (the later one hands
-/// what was current before both back when it drops). A guard restores nothing when its resource is
-/// no longer current because something else replaced it ([`set_current_resource`],
-/// [`reset_current_resources`]): that change stands.
+/// while a later override of the device is still alive changes nothing current, and when the
+/// later override was made directly on top of it, the later one restores what was current before
+/// both when it drops. A change made by other means ([`set_current_resource`],
+/// [`reset_current_resources`]) stands whichever order the guards drop in: a guard restores nothing
+/// when its resource is no longer current, and an override made after such a change restores that
+/// change, never what an earlier override replaced.
 pub fn scoped_current_resource<R>(device: &Device, resource: Arc<R>) -> Result<CurrentResourceGuard>
 where
     R: DeviceResource + ?Sized + 'static,
@@ -355,9 +358,21 @@ impl Drop for CurrentResourceGuard {
         let mut ended = scopes.remove(at);
         // Resources are dropped after the locks are let go: a pool's drop may wait for streams.
         let released = match scopes[at..].iter_mut().find(|s| s.device == ended.device) {
-            // A later override of the device is still alive: it restores, when it ends, what was
-            // current before this one.
-            Some(later) => std::mem::replace(&mut later.previous, ended.previous.take()),
+            // A later override of the device is still alive. If it was made on top of this one, it
+            // restores, when it ends, what was current before this one; if something else replaced
+            // this override before the later one was made, that change stands and what this one
+            // would have restored is let go.
+            Some(later) => {
+                let on_top = later
+                    .previous
+                    .as_ref()
+                    .is_some_and(|p| std::ptr::addr_eq(Arc::as_ptr(p), ended.installed.as_ptr()));
+                if on_top {
+                    std::mem::replace(&mut later.previous, ended.previous.take())
+                } else {
+                    ended.previous.take()
+                }
+            }
             None => {
                 let mut slots = change_slots();
                 let current = slots.get(ended.device).and_then(Option::as_ref);
@@ -374,10 +389,11 @@ impl Drop for CurrentResourceGuard {
     }
 }
 
-/// Registers, once, the exit handler that lets go of the current resources.
-/// How long the exit handler waits for the current resources to return their memory.
+/// How long the exit handler waits, in all, for the registry's lock and for the current resources
+/// to return their memory.
 const EXIT_WAIT: Duration = Duration::from_secs(2);
 
+/// Registers, once, the exit handler that lets go of the current resources.
 fn release_at_exit() {
     static REGISTERED: Once = Once::new();
     REGISTERED.call_once(|| {
@@ -401,8 +417,10 @@ fn release_at_exit() {
 /// memory at process end, as it does for anything else not returned.
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        // One deadline for the lock and the release, so the exit waits at most EXIT_WAIT in all.
+        let deadline = Instant::now() + EXIT_WAIT;
         // A thread that exits the process while holding the lock must not hang the exit.
-        let Some(mut slots) = CURRENT.try_write_for(Duration::from_secs(2)) else {
+        let Some(mut slots) = CURRENT.try_write_until(deadline) else {
             tracing::warn!("the current resources are locked at exit; their cached memory is not returned");
             return;
         };
@@ -423,7 +441,7 @@ extern "C" fn at_exit() {
         });
         match spawned {
             Ok(_) => {
-                if done_rx.recv_timeout(EXIT_WAIT).is_err() {
+                if done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_err() {
                     tracing::warn!(
                         wait_s = EXIT_WAIT.as_secs(),
                         "device work still pending at exit; the current resources' cached memory is left to the driver"

@@ -181,6 +181,72 @@ fn scoped_overrides_dropped_out_of_order_restore_what_was_current_before_both() 
     assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b)), (1, 1), "the registry let go of both");
 }
 
+/// Override A, `set_current_resource(X)`, override B: X stands whichever guard drops first (the
+/// reviewer's first example; dropping A first used to hand B what was current before A).
+#[test]
+#[serial]
+fn a_change_between_two_overrides_stands_whichever_guard_drops_first() {
+    let device = device();
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let outer = cumem_core::current_resource(&device).unwrap();
+    for a_first in [false, true] {
+        let (a, x, b) = (
+            Counting::new(stream.context()),
+            Counting::new(stream.context()),
+            Counting::new(stream.context()),
+        );
+        let guard_a = cumem_core::scoped_current_resource(&device, a.clone()).unwrap();
+        drop(cumem_core::set_current_resource(&device, x.clone()).unwrap());
+        let guard_b = cumem_core::scoped_current_resource(&device, b.clone()).unwrap();
+        if a_first {
+            drop(guard_a);
+            assert!(is_current(&device, &b));
+            drop(guard_b);
+        } else {
+            drop(guard_b);
+            assert!(is_current(&device, &x));
+            drop(guard_a);
+        }
+        assert!(is_current(&device, &x), "a_first = {a_first}: the change between the overrides was undone");
+        drop(cumem_core::set_current_resource(&device, outer.clone()).unwrap());
+        assert_eq!((Arc::strong_count(&a), Arc::strong_count(&x), Arc::strong_count(&b)), (1, 1, 1));
+    }
+}
+
+/// Overrides A and B, `reset_current_resources()`, override C: after all three guards drop, in
+/// either of two orders, no resource is current (the reviewer's second example; dropping B, C, A
+/// used to bring back what was current before A).
+#[test]
+#[serial]
+fn a_reset_between_overrides_stands_whichever_guards_drop_first() {
+    let device = device();
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let outer = cumem_core::current_resource(&device).unwrap();
+    for b_first in [true, false] {
+        let counting = || Counting::new(stream.context());
+        let (a, b, c) = (counting(), counting(), counting());
+        let guard_a = cumem_core::scoped_current_resource(&device, a.clone()).unwrap();
+        let guard_b = cumem_core::scoped_current_resource(&device, b.clone()).unwrap();
+        cumem_core::reset_current_resources();
+        let guard_c = cumem_core::scoped_current_resource(&device, c.clone()).unwrap();
+        if b_first {
+            drop(guard_b);
+            drop(guard_c);
+            drop(guard_a);
+        } else {
+            drop(guard_a);
+            drop(guard_c);
+            drop(guard_b);
+        }
+        assert_eq!(Arc::strong_count(&outer), 1, "b_first = {b_first}: the resource from before A came back");
+        assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b), Arc::strong_count(&c)), (1, 1, 1));
+        let fresh = cumem_core::current_resource(&device).unwrap();
+        assert!((*fresh).as_any().is::<DriverResource>(), "{fresh:?}");
+        assert!(!Arc::ptr_eq(&fresh, &outer));
+        drop(cumem_core::set_current_resource(&device, outer.clone()).unwrap());
+    }
+}
+
 #[test]
 #[serial]
 fn a_scoped_override_replaced_meanwhile_leaves_the_replacement_current() {

@@ -8,9 +8,11 @@
 //! upstream; and finally the out-of-memory ladder (synchronise, coalesce all cached memory across
 //! streams and retry, including memory of the other segment kind; release every fully free segment
 //! and retry the upstream with the minimal segment; report). The ladder holds every arena lock from
-//! before its synchronisation until it has decided what to release; it gives segments back and asks
-//! the upstream for the minimal one with no lock held (the upstream may run user code that frees
-//! into this pool or trims it). A free on stream
+//! before its synchronisation until it has decided what to release; with segments, it gives them
+//! back and asks the upstream for the minimal one with no lock held (the upstream may run user
+//! code that frees into this pool or trims it). With [expandable segments](crate::expandable) the
+//! driver's mapping calls (reserve, map, unmap, release) run under the locks (see "Locking" on
+//! [`CachingPool`]). A free on stream
 //! `S` keeps a small block in the calling thread's cache under `S`, else puts the block into `S`'s
 //! arena, whichever stream allocated it.
 //!
@@ -33,7 +35,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::arena::{Arena, ArenaInner};
 use crate::bins::BinEntry;
@@ -103,9 +105,11 @@ pub struct TrimReport {
 /// flush the thread caches (under the cache registry's mutex alone), then take the table's mutex,
 /// lock arenas in position order, then the segment registry; `stats` locks arenas one at a time.
 /// The cache registry's mutex comes after arena locks. The upstream's `allocate` and `deallocate`
-/// are called with no lock held (segments to release are first taken out of the arenas and the
-/// books, under the locks, after the synchronisation); an expandable upstream's `map` and `unmap`
-/// are called under the locks (they are the driver's own calls).
+/// (segment upstreams) are called with no lock held (segments to release are first taken out of
+/// the arenas and the books, under the locks, after the synchronisation). With expandable
+/// segments, these run under the arena locks and the segment registry: [`Upstream::expandable`]
+/// and the [`ExpandableUpstream`]'s `reserve`, `map`, `unmap` and `release` (the driver's own
+/// calls; such an upstream must not call into the pool, see its contract).
 pub struct CachingPool<U: Upstream, O: Ordering> {
     id: u32,
     upstream: U,
@@ -117,7 +121,58 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
     /// The ordering's name for retired streams (no allocation ever uses it).
     retired: Option<O::Stream>,
     segments: Mutex<Segments>,
+    /// Segments taken out of the books but not yet back with the upstream.
+    returning: Returning,
     peaks: Peaks,
+}
+
+/// Segments [`release`](CachingPool::release) took out of the books whose upstream free has not
+/// finished yet: a ladder that finds nothing to release and cannot grow waits for them and retries,
+/// since the memory is about to be back with the upstream (before frees were made with no lock
+/// held, it would have waited for the locks instead).
+#[derive(Default)]
+struct Returning {
+    /// Bytes in flight, and how many segment frees have finished.
+    state: Mutex<(u64, u64)>,
+    done: Condvar,
+}
+
+thread_local! {
+    /// How many `give_back`s (of any pool) this thread is inside: an upstream free that uses a
+    /// pool must not wait for the frees in flight, its own among them.
+    static GIVING_BACK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+impl Returning {
+    fn start(&self, bytes: u64) {
+        self.state.lock().0 += bytes;
+    }
+
+    fn finish(&self, bytes: u64) {
+        let mut st = self.state.lock();
+        st.0 -= bytes;
+        st.1 += 1;
+        drop(st);
+        self.done.notify_all();
+    }
+
+    /// How many segment frees have finished so far.
+    fn finished(&self) -> u64 {
+        self.state.lock().1
+    }
+
+    /// After a failed growth: waits (no lock of the pool held) for the frees in flight, unless this
+    /// thread is inside one; whether a free finished since `seen` (from [`finished`](Self::finished)
+    /// before the growth), so that growing again may succeed.
+    fn wait_for_frees(&self, seen: u64) -> bool {
+        let mut st = self.state.lock();
+        if GIVING_BACK.with(|g| g.get()) == 0 {
+            while st.0 > 0 {
+                self.done.wait(&mut st);
+            }
+        }
+        st.1 != seen
+    }
 }
 
 impl<U: Upstream, O: Ordering> fmt::Debug for CachingPool<U, O> {
@@ -160,6 +215,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             retired,
             config,
             segments: Mutex::new(Segments::default()),
+            returning: Returning::default(),
             peaks: Peaks::default(),
         }
     }
@@ -343,7 +399,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Exact at rest. While other threads allocate and free, it is read without stopping them:
     /// each thread counts a free just after the block is back in its cache or arena, so a trim in
     /// between can release the block's segment first, and a snapshot may then show live bytes
-    /// above the reserved ones for that moment.
+    /// above the reserved ones for that moment. A released segment leaves `reserved_bytes` (and
+    /// counts in `upstream_frees`) when it is taken out of the books, under the locks, and reaches
+    /// the upstream only after them: for that moment the upstream holds more than the snapshot
+    /// says.
     pub fn stats(&self) -> PoolStats {
         let mut s = PoolStats::default();
         let (mut bytes, mut count, mut requested) = (0i64, 0i64, 0i64);
@@ -869,9 +928,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// The out-of-memory ladder: synchronise, coalesce all cached memory, retry; release every fully
     /// free segment, retry the upstream; report.
     ///
-    /// Segments are given back, and a new one asked for, with no lock held: the upstream may run
-    /// user code (a [`FailureCallbackResource`](crate::FailureCallbackResource)'s callback) that
-    /// frees into this pool or trims it, and `cuMemFree` waits for the whole device.
+    /// With a segment upstream, segments are given back, and a new one asked for, with no lock
+    /// held: the upstream may run user code (a
+    /// [`FailureCallbackResource`](crate::FailureCallbackResource)'s callback) that frees into this
+    /// pool or trims it, and `cuMemFree` waits for the whole device. With expandable segments the
+    /// ladder maps under the locks taken before its synchronisation (the free ranges it joins are
+    /// safe without a wait only while they are held); its own release then holds no plain segment
+    /// (the pool takes none with expandable segments), and the upstream's mapping calls must not
+    /// call into the pool.
     #[cold]
     fn oom_ladder(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Block, PoolError> {
         let _span =
@@ -903,6 +967,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         if found.is_none() {
             let (_, unlinked) = self.release(&mut guards, 0);
             if let Some(up) = self.expandable() {
+                // Plain segments unlinked here would be freed only after the mapping below, too
+                // late to help it; there are none: with expandable segments the pool never takes
+                // a plain segment (`grow` is not called), so `unlinked` is empty.
                 // Mapping is the driver's own call (no user code), and joins the free ranges around
                 // a gap, which are safe without a wait only while the locks taken before the
                 // synchronisation are held.
@@ -923,7 +990,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             } else {
                 drop((guards, st));
                 self.give_back(unlinked);
-                if let Some(seg) = self.grow(req.kind, req.need, true)? {
+                let seen = self.returning.finished();
+                let mut grown = self.grow(req.kind, req.need, true)?;
+                // Another thread's release may have taken segments out before this ladder locked
+                // the arenas, and not returned them yet: wait for that, then try once more.
+                if grown.is_none() && self.returning.wait_for_frees(seen) {
+                    grown = self.grow(req.kind, req.need, true)?;
+                }
+                if let Some(seg) = grown {
                     // Memory freed into the arena since the locks were let go is not ordered for
                     // this stream (the arena may be shared): only the new segment serves it.
                     let mut g = to.inner.lock();
@@ -1030,6 +1104,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             guards[i].set(kind).remove(addr);
             unlinked.push((addr, len));
             segs.remove(addr);
+            self.returning.start(len);
             cached = cached.saturating_sub(len);
             report.released_segments += 1;
             report.released_bytes += len;
@@ -1053,8 +1128,28 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// held: `cuMemFree` waits for the whole device, host functions included, and an upstream may
     /// run user code.
     fn give_back(&self, unlinked: Vec<(u64, u64)>) {
+        /// Ends the free in flight even if the upstream panics, so that no ladder waits forever.
+        struct Giving<'a> {
+            returning: &'a Returning,
+            left: u64,
+        }
+        impl Drop for Giving<'_> {
+            fn drop(&mut self) {
+                GIVING_BACK.with(|g| g.set(g.get() - 1));
+                if self.left > 0 {
+                    self.returning.finish(self.left);
+                }
+            }
+        }
+        if unlinked.is_empty() {
+            return;
+        }
+        GIVING_BACK.with(|g| g.set(g.get() + 1));
+        let mut giving = Giving { returning: &self.returning, left: unlinked.iter().map(|u| u.1).sum() };
         for (addr, len) in unlinked {
             self.upstream.deallocate(addr, len as usize);
+            giving.left -= len;
+            self.returning.finish(len);
         }
     }
 }

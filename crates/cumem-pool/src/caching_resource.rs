@@ -43,7 +43,10 @@ pub struct CachingResource {
 impl CachingResource {
     /// A caching pool over `upstream` (segments are taken from it and returned to it). With
     /// [`PoolConfig::expandable_segments`], the pool maps memory of `upstream`'s device instead
-    /// (where the device has virtual memory management; else it warns and takes segments).
+    /// (where the device has virtual memory management; else it warns and takes segments), and
+    /// `upstream` is not asked for memory at all: an adaptor there (a
+    /// [`FailureCallbackResource`](crate::FailureCallbackResource), a
+    /// [`LimitingResource`](crate::LimitingResource)) does not see the mapping.
     pub fn new(upstream: Arc<dyn DeviceResource>, config: PoolConfig) -> Self {
         let ordering = Arc::new(StreamOrdering::new(upstream.context()));
         let upstream = if config.expandable_segments {

@@ -114,6 +114,9 @@ pub enum PoolError {
         max: usize,
     },
     /// The upstream is out of memory even after the pool released its cache and synchronised.
+    ///
+    /// The report's figures are read after the ladder let go of the pool's locks, one at a time:
+    /// under concurrent use they describe nearby moments, not one, and need not add up.
     #[error(
         "out of memory: requested {}; {} allocated, {} reserved, {} cached (largest free block {})",
         Bytes(*requested as u64), Bytes(*allocated), Bytes(*reserved), Bytes(*free_cached),

@@ -4,10 +4,13 @@
 //!
 //! Only [`Error::OutOfMemory`] reaches the callback; every other error is returned at once. The
 //! callback runs on the allocating thread, with no lock of the adaptor held, so it may free memory
-//! through the same adaptor. As the upstream of a [`CachingResource`](crate::CachingResource) it
-//! runs with no lock of that pool held either (the pool calls its upstream with none), so it may
-//! also drop buffers of that pool or trim it (an allocation from that pool inside the callback may
-//! reach the callback again, recursively).
+//! through the same adaptor. As the upstream of a [`CachingResource`](crate::CachingResource) that
+//! takes segments it runs with no lock of that pool held either (the pool calls a segment upstream
+//! with none), so it may also drop buffers of that pool or trim it (an allocation from that pool
+//! inside the callback may reach the callback again, recursively). With
+//! [`PoolConfig::expandable_segments`](crate::PoolConfig::expandable_segments) the pool maps the
+//! device's memory itself rather than allocating from this adaptor, so the callback is not
+//! consulted when mapping runs out of memory (the pool's own out-of-memory ladder still runs).
 //!
 //! ```
 //! # cumem_sys::testing::init();

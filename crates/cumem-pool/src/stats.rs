@@ -78,7 +78,9 @@ pub struct PoolStats {
     pub peak_count: u64,
     /// Sum of the requested (unrounded) sizes of live blocks.
     pub requested_bytes: u64,
-    /// Bytes held from the upstream (sum of live segments).
+    /// Bytes held from the upstream (sum of live segments). A segment being released leaves this
+    /// count before the upstream gets it back (it is taken out under the pool's locks and freed
+    /// after them), so for that moment the upstream may hold more than this says.
     pub reserved_bytes: u64,
     /// Highest `reserved_bytes` since creation or the last peak reset.
     pub peak_reserved_bytes: u64,
@@ -93,7 +95,8 @@ pub struct PoolStats {
     /// Successful upstream allocations since creation.
     pub upstream_allocations: u64,
     /// Segments returned to the upstream since creation, and unmaps of expandable segments' chunks
-    /// (one chunk each).
+    /// (one chunk each). A segment is counted when it is taken out of the books, just before its
+    /// upstream free (see `reserved_bytes`).
     pub upstream_frees: u64,
     /// Times the out-of-memory ladder ran (cache released, synchronised, retried).
     pub oom_ladders: u64,

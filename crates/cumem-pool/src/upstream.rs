@@ -78,6 +78,9 @@ pub trait Upstream: Send + Sync {
 ///    chunks it did not unmap stay mapped (and usable); the pool passes one chunk at a time where it
 ///    must know which, and keeps a chunk that failed mapped and cached.
 /// 5. `release(base, bytes)` receives exactly a reservation `reserve` returned, with nothing mapped.
+/// 6. No method, nor the owning [`Upstream::expandable`], calls into the pool it serves (allocates
+///    from it, frees into it, trims it, reads its statistics): the pool calls them while holding its
+///    arena locks and its segment registry, so such a call would deadlock.
 pub trait ExpandableUpstream: Send + Sync {
     /// The mapping granularity in bytes: physical memory is mapped and unmapped in whole chunks.
     fn chunk_bytes(&self) -> usize;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use common::{CheckedUpstream, Clock, ModelOrdering};
 use cumem_pool::{Block, CachingPool, ExpandableUpstream, HostUpstream, PoolConfig, Upstream, UpstreamError};
@@ -16,9 +16,13 @@ type Hook = Box<dyn FnOnce() + Send>;
 /// [`CheckedUpstream`] that runs a hook, once, on the first call it gets after being armed: how a
 /// test makes another thread's free land while an allocation is between its wait and its growth,
 /// deterministically (the pool holds no lock when it first asks its upstream anything there).
+///
+/// With `until_ladder` set, it refuses memory until that pool's out-of-memory ladder runs, and the
+/// hook runs only from an allocation (so in the ladder's growth, which holds no lock).
 struct HookedUpstream {
     inner: CheckedUpstream,
     hook: Mutex<Option<Hook>>,
+    until_ladder: OnceLock<Weak<Pool>>,
 }
 
 impl HookedUpstream {
@@ -32,6 +36,11 @@ impl HookedUpstream {
 
 impl Upstream for HookedUpstream {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        if let Some(pool) = self.until_ladder.get().and_then(Weak::upgrade)
+            && pool.stats().oom_ladders == 0
+        {
+            return Err(UpstreamError::OutOfMemory);
+        }
         self.fire();
         self.inner.allocate(bytes)
     }
@@ -39,7 +48,9 @@ impl Upstream for HookedUpstream {
         self.inner.deallocate(addr, bytes)
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
-        self.fire();
+        if self.until_ladder.get().is_none() {
+            self.fire();
+        }
         self.inner.expandable()
     }
 }
@@ -52,6 +63,7 @@ fn one_arena_pool(config: PoolConfig) -> (Arc<Pool>, Arc<Mutex<Clock>>) {
     let up = HookedUpstream {
         inner: CheckedUpstream { host: HostUpstream::new(1 << 30), clock: clock.clone() },
         hook: Mutex::new(None),
+        until_ladder: OnceLock::new(),
     };
     (Arc::new(CachingPool::with_stream_arenas(up, ModelOrdering(clock.clone()), config, 1)), clock)
 }
@@ -108,4 +120,36 @@ fn a_sharing_stream_grows_no_expandable_segment_into_a_block_freed_after_its_wai
     // x fills the first 2 MiB chunk; growth from the gap above it would start at x's free range.
     let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
     free_lands_while_a_sharing_stream_grows(config, 2 << 20, 0);
+}
+
+/// The ladder grows with no lock held, then serves the request: for a sharing stream only from the
+/// new segment. Stream 0 frees an exact fit for the request during that growth, after the ladder's
+/// synchronisation and the sharing stream's wait; a best fit over the arena would take it.
+#[test]
+fn the_ladder_serves_a_sharing_stream_only_from_its_new_segment() {
+    let (pool, clock) = one_arena_pool(PoolConfig::default());
+    // A 20 MiB segment all live: x (3 MiB) and the rest. The ladder's minimal segment is 4 MiB, so
+    // x is the better fit for a 3 MiB request.
+    let x = alloc(&pool, &clock, 3 << 20, 0);
+    let rest = alloc(&pool, &clock, 17 << 20, 0);
+    let x_addr = x.addr();
+    let (p, c) = (Arc::downgrade(&pool), clock.clone());
+    *pool.upstream().hook.lock() = Some(Box::new(move || {
+        let pool = p.upgrade().unwrap();
+        free(&pool, &c, x, 0);
+    }));
+    pool.upstream().until_ladder.set(Arc::downgrade(&pool)).unwrap();
+    let t = alloc(&pool, &clock, 3 << 20, 1);
+    assert!(pool.upstream().hook.lock().is_none(), "the hook ran during the ladder's growth");
+    assert_eq!(pool.stats().oom_ladders, 1);
+    let violations = clock.lock().violations.clone();
+    assert!(violations.is_empty(), "stream 1 got {:#x} (x at {x_addr:#x}): {violations:#?}", t.addr());
+    assert_ne!(t.addr(), x_addr);
+    free(&pool, &clock, t, 1);
+    free(&pool, &clock, rest, 0);
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().inner.host.live_bytes(), 0);
+    assert!(pool.upstream().inner.host.violations().is_empty());
+    assert!(clock.lock().violations.is_empty());
 }

@@ -1,0 +1,105 @@
+//! A ladder must not report out-of-memory while another thread's release is still returning
+//! memory to the upstream: segments leave the books under the locks but reach the upstream only
+//! after the locks are let go. Here one thread's trim is held inside the upstream's free until
+//! another thread's ladder has failed to grow once; the ladder must wait for that free and retry,
+//! not fail. Under a watchdog, since a wrong wait hangs rather than fails.
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use cumem_pool::{
+    CachingPool, ExpandableUpstream, HostOrdering, HostUpstream, PoolConfig, PoolError, Upstream,
+    UpstreamError,
+};
+use cumem_sys::testing::within_watchdog;
+use parking_lot::{Condvar, Mutex};
+
+type Pool = CachingPool<GatedUpstream, HostOrdering>;
+
+#[derive(Default)]
+struct Gate {
+    /// The trim's free has started (and is held).
+    freeing: bool,
+    /// The ladder's growth failed while the free was held.
+    ladder_failed: bool,
+}
+
+/// A host upstream whose first free waits until a ladder's growth has failed.
+struct GatedUpstream {
+    host: HostUpstream,
+    pool: OnceLock<Weak<Pool>>,
+    gate: Mutex<Gate>,
+    changed: Condvar,
+}
+
+impl Upstream for GatedUpstream {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        let r = self.host.allocate(bytes);
+        let in_ladder = self.pool.get().and_then(Weak::upgrade).is_some_and(|p| p.stats().oom_ladders > 0);
+        if r.is_err() && in_ladder {
+            self.gate.lock().ladder_failed = true;
+            self.changed.notify_all();
+        }
+        r
+    }
+    fn deallocate(&self, addr: u64, bytes: usize) {
+        let mut gate = self.gate.lock();
+        if !gate.freeing {
+            gate.freeing = true;
+            self.changed.notify_all();
+            while !gate.ladder_failed {
+                self.changed.wait(&mut gate);
+            }
+        }
+        drop(gate);
+        self.host.deallocate(addr, bytes)
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        None
+    }
+}
+
+#[test]
+fn a_ladder_waits_for_memory_another_thread_is_returning() {
+    within_watchdog("a ladder racing another thread's release", || {
+        // Room for the 20 MiB segment and 4 MiB more: stream 2's 22 MiB request fits only once
+        // the trim has returned the segment.
+        let up = GatedUpstream {
+            host: HostUpstream::new(24 << 20),
+            pool: OnceLock::new(),
+            gate: Mutex::new(Gate::default()),
+            changed: Condvar::new(),
+        };
+        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), PoolConfig::default()));
+        pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
+        let big = pool.allocate(4 << 20, 512, 1).unwrap();
+        pool.deallocate(big, 1).unwrap();
+        assert_eq!(pool.stats().reserved_bytes, 20 << 20);
+        let trimmer = {
+            let pool = pool.clone();
+            std::thread::spawn(move || pool.trim().unwrap())
+        };
+        {
+            let mut gate = pool.upstream().gate.lock();
+            while !gate.freeing {
+                pool.upstream().changed.wait(&mut gate);
+            }
+        }
+        // The segment is out of the books but not back with the upstream yet.
+        let larger = pool.allocate(22 << 20, 512, 2);
+        let report = trimmer.join().unwrap();
+        assert_eq!(report.released_bytes, 20 << 20);
+        let larger = match larger {
+            Ok(b) => b,
+            Err(e @ PoolError::OutOfMemory { .. }) => {
+                panic!("out of memory while memory was on its way back: {e}")
+            }
+            Err(e) => panic!("{e}"),
+        };
+        assert!(pool.upstream().gate.lock().ladder_failed);
+        assert_eq!(pool.stats().oom_ladders, 1);
+        pool.deallocate(larger, 2).unwrap();
+        pool.validate().unwrap();
+        pool.trim().unwrap();
+        assert_eq!(pool.upstream().host.live_bytes(), 0);
+    });
+}
