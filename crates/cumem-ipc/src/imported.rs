@@ -150,10 +150,10 @@ impl<T> Drop for ImportedBuffer<T> {
             self.leak_source();
             return;
         }
-        match &self.source {
+        match std::mem::replace(&mut self.source, Source::Leaked) {
             Source::Leaked => {}
             Source::IpcHandle(ticket) => {
-                live_imports::release(*ticket);
+                live_imports::release(ticket);
                 // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives
                 // `self`.
                 if let Err(e) = unsafe { ffi::mem_close(self.base) } {
@@ -172,7 +172,7 @@ impl<T> Drop for ImportedBuffer<T> {
                 }
                 addresses.remove(&self.base);
                 drop(addresses);
-                live_imports::release_pool_export(export);
+                live_imports::release_pool_export(&export);
             }
         }
     }
