@@ -47,9 +47,12 @@ pub(crate) enum Source {
 /// process's lock of imported pool addresses (the free and the release of the address must not be
 /// split, see `live_imports`). So such a drop can wait on unrelated work of the context (a held
 /// stream, a `queue_on` closure blocked on something), and meanwhile every other pool pointer
-/// import and free in the process waits on that lock. Do not drop one while a host function of
-/// its context waits for this thread. (A legacy import's `cuIpcCloseMemHandle` takes no such
-/// lock.)
+/// import and free in the process waits on that lock. That makes a deadlock across threads: a
+/// host function of context C waits for thread B; B imports or drops any pool pointer and blocks
+/// on the lock; thread A holds the lock inside `cuMemFree` on C, waiting for that host function.
+/// So no thread that a host function waits for may import or drop a pool pointer while another
+/// thread (or it) could be freeing one in that host function's context. (A legacy import's last
+/// `cuIpcCloseMemHandle` may wait for the device's work too, but holds no lock of cumem's.)
 pub struct ImportedBuffer<T> {
     /// What the driver mapped (the whole exported allocation), closed on drop.
     base: CUdeviceptr,
@@ -150,10 +153,10 @@ impl<T> Drop for ImportedBuffer<T> {
             self.leak_source();
             return;
         }
-        match &self.source {
+        match std::mem::replace(&mut self.source, Source::Leaked) {
             Source::Leaked => {}
             Source::IpcHandle(ticket) => {
-                live_imports::release(*ticket);
+                live_imports::release(ticket);
                 // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives
                 // `self`.
                 if let Err(e) = unsafe { ffi::mem_close(self.base) } {
@@ -172,7 +175,7 @@ impl<T> Drop for ImportedBuffer<T> {
                 }
                 addresses.remove(&self.base);
                 drop(addresses);
-                live_imports::release_pool_export(export);
+                live_imports::release_pool_export(&export);
             }
         }
     }

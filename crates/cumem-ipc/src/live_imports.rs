@@ -68,13 +68,15 @@ fn legacy() -> std::sync::MutexGuard<'static, LegacyTable> {
     LEGACY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Whether `a` and `b` share a byte (an empty range shares none).
 fn overlap(a: &Range<u64>, b: &Range<u64>) -> bool {
-    a.start < b.end && b.start < a.end
+    !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
 }
 
 /// A live legacy import's claim, released when its [`ImportedBuffer`](crate::ImportedBuffer)
 /// closes the import (kept for good when the import is leaked, so it is not opened again).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Not `Copy`: released once, by value.
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct LegacyTicket(u64);
 
 /// Claims `range` of the allocation `handle` names, before the driver is asked; `None` when a
@@ -93,7 +95,7 @@ pub(crate) fn claim_handle(handle: &[u8; HANDLE_SIZE], range: Range<u64>) -> Opt
 /// Records that the driver mapped `ticket`'s open at `base`. False, and the claim forgotten, when
 /// a live import mapped at `base` through other bytes covers part of its range: the driver
 /// answered an open of that import's allocation, in its context, with its mapping.
-pub(crate) fn place(ticket: LegacyTicket, base: CUdeviceptr) -> bool {
+pub(crate) fn place(ticket: &LegacyTicket, base: CUdeviceptr) -> bool {
     let mut table = legacy();
     let Some(range) = table.claims.get(&ticket.0).map(|c| c.range.clone()) else {
         return false;
@@ -142,4 +144,19 @@ pub(crate) fn release_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) {
 pub(crate) fn pool_addresses() -> std::sync::MutexGuard<'static, BTreeSet<CUdeviceptr>> {
     // As `legacy`: each change is one insert or remove.
     LIVE_POOL_ADDRESSES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlap;
+
+    #[test]
+    fn ranges_overlap_only_where_they_share_a_byte() {
+        assert!(overlap(&(0..8), &(4..12)));
+        assert!(overlap(&(4..5), &(0..8)));
+        assert!(!overlap(&(0..4), &(4..8)), "adjacent");
+        assert!(!overlap(&(4..4), &(0..8)), "an empty range inside another");
+        assert!(!overlap(&(0..8), &(4..4)));
+        assert!(!overlap(&(4..4), &(4..4)));
+    }
 }

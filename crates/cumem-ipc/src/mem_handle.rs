@@ -146,7 +146,7 @@ impl IpcMemHandle {
                 return Err(e);
             }
         };
-        if !live_imports::place(ticket, base) {
+        if !live_imports::place(&ticket, base) {
             // The driver counted this open: undo it, leaving the live import as it was.
             // SAFETY: `base` was opened just above and nothing else holds this open.
             if let Err(e) = unsafe { ffi::mem_close(base) } {

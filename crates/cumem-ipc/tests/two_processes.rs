@@ -126,6 +126,7 @@ fn child_side() {
         forged_handles_are_refused_without_leaving_an_import(&mem, &stream);
         another_device_cannot_open_what_one_device_has_open(&handle, &stream);
         disjoint_ranges_of_one_allocation_open_together(&mem, &stream);
+        other_driver_bytes_for_one_allocation_cannot_map_it_twice(&mem, &stream);
         an_import_at_an_address_misaligned_for_t_is_refused_and_closed(&handle, &stream);
         an_import_whose_work_cannot_be_waited_for_is_leaked_not_closed(&handle, &stream);
     }
@@ -220,6 +221,48 @@ fn disjoint_ranges_of_one_allocation_open_together(mem: &[u8; IpcMemHandle::ENCO
     drop(low);
     // The mapping outlives the first close: the driver counted two opens.
     assert!(high.as_slice().to_vec().unwrap() == expected[LEN / 2..], "the upper half after a close");
+    drop(high);
+    assert_eq!(open_imports(), 0, "an import was left open");
+}
+
+/// `mem` with a byte of the driver's handle changed that the simulator does not read (48..64): the
+/// same allocation under other bytes, as two exports of it might be on a real driver.
+fn other_bytes(mem: &[u8; IpcMemHandle::ENCODED_LEN]) -> [u8; IpcMemHandle::ENCODED_LEN] {
+    let mut other = *mem;
+    other[63] ^= 0xff;
+    other
+}
+
+/// The claim by handle bytes cannot see that other bytes name the same allocation; the driver's
+/// answer can: it maps the second open in the same context at the live import's address. That
+/// open is refused with `AlreadyMapped` and closed once, leaving the live import's mapping (the
+/// driver counted two opens); a disjoint range under the other bytes opens beside it.
+fn other_driver_bytes_for_one_allocation_cannot_map_it_twice(
+    mem: &[u8; IpcMemHandle::ENCODED_LEN],
+    stream: &Stream,
+) {
+    if testing::sim_control().is_none() {
+        return testing::skip("relies on the simulator ignoring handle bytes 48..64");
+    }
+    let whole = (LEN * 4) as u64;
+    let half = whole / 2;
+    let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
+    let other = other_bytes(mem);
+    // SAFETY: the parent keeps the buffer until this process exits and no longer touches it.
+    let import = unsafe { forged(mem, 0, whole).open::<u32>(stream) }.unwrap();
+    // SAFETY: as above; the open is refused, so nothing is accessed.
+    assert_already_mapped(unsafe { forged(&other, half, half).open::<u32>(stream) });
+    assert_eq!(open_imports(), 1, "the refused open was not closed, or closed the live import");
+    assert!(import.as_slice().to_vec().unwrap() == expected, "the live import after the refusal");
+    drop(import);
+    assert_eq!(open_imports(), 0, "an import was left open");
+    // SAFETY: as above; the two imports cover disjoint bytes.
+    let low = unsafe { forged(mem, 0, half).open::<u32>(stream) }.unwrap();
+    // SAFETY: as above.
+    let high = unsafe { forged(&other, half, half).open::<u32>(stream) }.unwrap();
+    assert!(low.as_slice().to_vec().unwrap() == expected[..LEN / 2], "the lower half");
+    assert!(high.as_slice().to_vec().unwrap() == expected[LEN / 2..], "the upper half");
+    drop(low);
     drop(high);
     assert_eq!(open_imports(), 0, "an import was left open");
 }

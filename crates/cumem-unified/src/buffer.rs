@@ -12,14 +12,13 @@
 //! access). Which work that is depends on the attachment: for memory attached globally, *any*
 //! work of the device (another buffer's copy, a user's kernel), for memory attached to one stream,
 //! any work on that stream; memory attached to the host, none. The buffer sees only its own work,
-//! so a borrow whose end it cannot see is handed out only where the attachment keeps other work
-//! out: [`UnifiedBuffer::as_slice`] and [`UnifiedBuffer::as_mut_slice`] give `NotSupported {
-//! feature: ConcurrentManagedAccess }` for memory attached globally or to a stream there, and the
-//! scoped accessors ([`UnifiedBuffer::with_host_slice`], [`UnifiedBuffer::with_host_slice_mut`],
-//! [`UnifiedBuffer::to_vec`]) serve instead: they wait for the device (or the stream) to be idle,
-//! keep the buffer's own device work out while the closure runs, and end when it returns. That
-//! no *other* device work starts meanwhile (another thread's, or the closure's own) remains the
-//! program's duty: cumem cannot refuse work it does not queue.
+//! so host access there is handed out only where the attachment keeps other work out: every host
+//! accessor ([`UnifiedBuffer::as_slice`], [`UnifiedBuffer::as_mut_slice`], the scoped
+//! [`UnifiedBuffer::with_host_slice`], [`UnifiedBuffer::with_host_slice_mut`] and
+//! [`UnifiedBuffer::to_vec`]) gives `NotSupported { feature: ConcurrentManagedAccess }` for memory
+//! attached globally or to a stream there: attach it to the host first ([`UnifiedBuffer::attach`]),
+//! or read it through a device copy. The constructors write such memory while it is attached to
+//! the host, then attach it as asked.
 //!
 //! For memory attached to the host, [`UnifiedBuffer::as_slice`] waits for every device use of
 //! the buffer, and from then on device work through shared views
@@ -37,6 +36,7 @@
 //! use cumem_unified::UnifiedBuffer;
 //! let stream = Stream::new(&Device::get(0)?.context()?)?;
 //! let mut buf = UnifiedBuffer::from_slice(&stream, &[1u32, 2, 3])?;
+//! // Device 0 has concurrent managed access; without it, globally attached memory refuses this.
 //! buf.as_mut_slice()?[2] = 30;                         // the host writes managed memory directly
 //! assert_eq!(buf.as_device_slice().to_vec()?, [1, 2, 30]); // a device-side read of the same bytes
 //! # Ok::<(), cumem_core::Error>(())
@@ -127,9 +127,7 @@ impl<T: Copy> UnifiedBuffer<T> {
     where
         T: Zeroable,
     {
-        let mut buf = Self::alloc(stream, len, attach)?;
-        buf.with_host_slice_mut(|values| values.fill(T::zeroed()))?;
-        Ok(buf)
+        Self::filled_by(stream, len, attach, |values| values.fill(T::zeroed()))
     }
 
     /// A managed copy of `data`, attached globally.
@@ -139,8 +137,21 @@ impl<T: Copy> UnifiedBuffer<T> {
 
     /// A managed copy of `data` with an initial attachment (see [`UnifiedBuffer::zeroed_attached`]).
     pub fn from_slice_attached(stream: &Stream, data: &[T], attach: Attach) -> Result<Self> {
-        let mut buf = Self::alloc(stream, data.len(), attach)?;
-        buf.with_host_slice_mut(|values| values.copy_from_slice(data))?;
+        Self::filled_by(stream, data.len(), attach, |values| values.copy_from_slice(data))
+    }
+
+    /// Allocates, writes the values with `fill` on the host, then attaches as asked. On a device
+    /// without concurrent managed access the memory is allocated attached to the host, where no
+    /// device work may fault the host's writes (not even work the buffer cannot see), and
+    /// attached as asked on `stream` afterwards.
+    fn filled_by(stream: &Stream, len: usize, attach: Attach, fill: impl FnOnce(&mut [T])) -> Result<Self> {
+        let host_first = !stream.context().device().capabilities()?.concurrent_managed_access;
+        let initial = if host_first && attach == Attach::Global { Attach::Host } else { attach.clone() };
+        let mut buf = Self::alloc(stream, len, initial)?;
+        buf.with_host_slice_mut(fill)?;
+        if buf.attach != attach {
+            buf.attach(stream, attach)?;
+        }
         Ok(buf)
     }
 }
@@ -265,8 +276,8 @@ impl<T> UnifiedBuffer<T> {
     ///
     /// On a device without concurrent managed access: memory attached globally or to a stream
     /// gives `NotSupported { feature: ConcurrentManagedAccess }` (other device work would fault
-    /// the host's reads while the borrow lives, and nothing here sees when it ends: use
-    /// [`UnifiedBuffer::with_host_slice`] or [`UnifiedBuffer::to_vec`]); memory attached to the
+    /// the host's reads while the borrow lives: attach the memory to the host first, or read it
+    /// through a device copy); memory attached to the
     /// host is returned after all device work of the buffer, and device work through shared
     /// views is refused from then on (`NotSupported { feature: ConcurrentManagedAccess }`) until
     /// an exclusive access such as [`UnifiedBuffer::end_host_reads`]: the returned borrow does not
@@ -298,7 +309,7 @@ impl<T> UnifiedBuffer<T> {
     ///
     /// On a device without concurrent managed access, memory attached globally or to a stream
     /// gives `NotSupported { feature: ConcurrentManagedAccess }`, as for
-    /// [`UnifiedBuffer::as_slice`]: use [`UnifiedBuffer::with_host_slice_mut`].
+    /// [`UnifiedBuffer::as_slice`].
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
         self.require_unscoped_host_access()?;
         // SAFETY: the host access is allowed for as long as the borrow may live (checked above).
@@ -318,40 +329,38 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// Runs `f` on the values, after the device work that writes them (on a device without
-    /// concurrent managed access, after all device work of the buffer, and after the whole device,
-    /// or the attached stream, is idle), and returns what it returns. The buffer's own device work
-    /// is refused while `f` runs.
+    /// concurrent managed access, after all device work of the buffer), and returns what it
+    /// returns. The buffer's own device work is refused while `f` runs.
     ///
-    /// On a device without concurrent managed access the program must start no other device work
-    /// that may use the memory while `f` runs (any work of the device for memory attached
-    /// globally, any on the attached stream for memory attached to one): the driver would fault
-    /// the host's reads. cumem cannot refuse work it does not queue; it refuses only the buffer's
-    /// own. On other devices (and for memory attached to the host) there is no such duty.
+    /// On a device without concurrent managed access, memory attached globally or to a stream
+    /// gives `NotSupported { feature: ConcurrentManagedAccess }`, as [`UnifiedBuffer::as_slice`]
+    /// does: work the buffer cannot see (another thread's copy, work on a clone of the attached
+    /// stream, the closure's own) would fault the host's reads, and cumem cannot refuse work it
+    /// does not queue. Attach the memory to the host first ([`UnifiedBuffer::attach`] with
+    /// [`Attach::Host`]), or read it through a device copy ([`UnifiedBuffer::as_device_slice`]).
     pub fn with_host_slice<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        self.require_unscoped_host_access()?;
         self.access.read_scoped(|| {
-            self.wait_attachment()?;
             // SAFETY: `read_scoped` waited for the device writes (for all device work of the
             // buffer, refused until this closure returns, on a device without concurrent managed
-            // access, where `wait_attachment` also waited for the device or the stream); the
-            // borrow ends inside the closure, during which other device work is the program's
-            // documented duty.
+            // access, where the memory is attached to the host (checked above), so no other
+            // device work may use it); the borrow ends inside the closure.
             Ok(f(unsafe { self.host_slice() }))
         })?
     }
 
-    /// Runs `f` on the values for writing, after all device work that uses them (on a device
-    /// without concurrent managed access, after the whole device, or the attached stream, is
-    /// idle), and returns what it returns. The program's duty while `f` runs is that of
-    /// [`UnifiedBuffer::with_host_slice`].
+    /// Runs `f` on the values for writing, after all device work that uses them, and returns what
+    /// it returns. Refused as [`UnifiedBuffer::with_host_slice`] is.
     pub fn with_host_slice_mut<R>(&mut self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
-        // SAFETY: the borrow ends when `f` returns, and other device work meanwhile is the
-        // program's documented duty (item 1).
+        self.require_unscoped_host_access()?;
+        // SAFETY: the host access is allowed while `f` runs (checked above); the borrow ends when
+        // `f` returns.
         Ok(f(unsafe { self.host_slice_mut() }?))
     }
 
     /// A copy of the values, after the device work that writes them; see
-    /// [`UnifiedBuffer::with_host_slice`], which it runs (the same duty on a device without
-    /// concurrent managed access, only while it copies).
+    /// [`UnifiedBuffer::with_host_slice`], which it runs (and which refuses memory attached
+    /// globally or to a stream on a device without concurrent managed access).
     pub fn to_vec(&self) -> Result<Vec<T>>
     where
         T: Copy,

@@ -228,11 +228,14 @@ fn devices_without_concurrent_access_keep_the_attach_rules() {
     let mut buf = UnifiedBuffer::<u32>::zeroed(&stream, 2048).unwrap();
     let src = DeviceBuffer::from_slice(&stream, &data).unwrap();
     stream.copy_d2d(&src, &mut buf).unwrap();
-    // Globally attached: the scoped host read waits for the device (all of it), and sees the copy.
+    // Attached to the host (after the copy, in stream order), the host reads what the copy wrote.
+    buf.attach(&stream, Attach::Host).unwrap();
     buf.with_host_slice(|host| assert_eq!(host, &data[..])).unwrap();
-    buf.attach(&stream, Attach::Single(stream.clone())).unwrap();
     buf.with_host_slice_mut(|host| host[0] = 1).unwrap();
-    assert_eq!(buf.to_vec().unwrap()[0], 1);
+    buf.attach(&stream, Attach::Single(stream.clone())).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 2048).unwrap();
+    stream.copy_d2d(&buf, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap()[..2], [1, data[1]]);
     // Placing pages on, or prefetching to, a device that cannot fault is not supported, before any
     // driver call; hints that name the host are fine.
     let ctl = testing::sim_control();
@@ -267,10 +270,10 @@ fn devices_without_concurrent_access_keep_the_attach_rules() {
 
 /// On a device without concurrent managed access, any device work (for memory attached globally)
 /// or any work on the attached stream (attached to one) faults the host's access to the memory,
-/// and the buffer sees only its own work: a host borrow that outlives the call is refused there
-/// (`NotSupported { feature: ConcurrentManagedAccess }`, before any wait), and the scoped
-/// accessors serve instead. Memory attached to the host lends borrows, since no device work may
-/// use it; so does every attachment on a device with concurrent access.
+/// and the buffer sees only its own work: every host access is refused there (`NotSupported {
+/// feature: ConcurrentManagedAccess }`, before any wait), scoped or not, while the constructors
+/// still write it (through a host attachment). Memory attached to the host lends borrows, since no
+/// device work may use it; so does every attachment on a device with concurrent access.
 #[test]
 #[parallel]
 fn without_concurrent_access_only_host_attached_memory_lends_host_borrows() {
@@ -283,26 +286,34 @@ fn without_concurrent_access_only_host_attached_memory_lends_host_borrows() {
     let data = pattern(1024);
     let refused = |e: Error| matches!(e, Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: Some(d) } if d == device.ordinal() as i32);
     let mut global = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+    assert_eq!(global.attachment(), &Attach::Global);
     assert!(refused(global.as_slice().unwrap_err()));
     assert!(refused(global.as_mut_slice().unwrap_err()));
-    assert_eq!(global.with_host_slice(<[u32]>::to_vec).unwrap(), data);
-    // The buffer's own device work is refused while a scoped read runs.
+    assert!(refused(global.with_host_slice(<[u32]>::len).unwrap_err()));
+    assert!(refused(global.with_host_slice_mut(|host| host[1] = 7).unwrap_err()));
+    assert!(refused(global.to_vec().unwrap_err()));
+    // The constructor wrote the values; a device copy reads them.
     let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    stream.copy_d2d(&global.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+    let zeroed = UnifiedBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    assert_eq!(zeroed.attachment(), &Attach::Global);
+    stream.copy_d2d(&zeroed.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), vec![0; 1024]);
+    global.attach(&stream, Attach::Single(stream.clone())).unwrap();
+    assert!(refused(global.as_slice().unwrap_err()));
+    assert!(refused(global.as_mut_slice().unwrap_err()));
+    assert!(refused(global.to_vec().unwrap_err()));
+    global.attach(&stream, Attach::Host).unwrap();
+    global.with_host_slice_mut(|host| host[1] = 7).unwrap();
+    assert_eq!(global.to_vec().unwrap()[..2], [data[0], 7]);
+    // The buffer's own device work is refused while a scoped read runs.
     global
         .with_host_slice(|_| {
             let queued = stream.copy_d2d(&global.as_device_slice(), &mut dst);
             assert!(queued.is_err_and(refused), "device work during a scoped host read");
         })
         .unwrap();
-    stream.copy_d2d(&global.as_device_slice(), &mut dst).unwrap();
-    assert_eq!(dst.to_vec().unwrap(), data);
-    global.with_host_slice_mut(|host| host[1] = 7).unwrap();
-    assert_eq!(global.to_vec().unwrap()[..2], [data[0], 7]);
-    global.attach(&stream, Attach::Single(stream.clone())).unwrap();
-    assert!(refused(global.as_slice().unwrap_err()));
-    assert!(refused(global.as_mut_slice().unwrap_err()));
-    assert_eq!(global.to_vec().unwrap()[..2], [data[0], 7]);
-    global.attach(&stream, Attach::Host).unwrap();
     global.as_mut_slice().unwrap()[0] = 9;
     assert_eq!(global.as_slice().unwrap()[..2], [9, 7]);
     // A device with concurrent access lends borrows of globally attached memory.
@@ -310,6 +321,7 @@ fn without_concurrent_access_only_host_attached_memory_lends_host_borrows() {
     let mut lent = UnifiedBuffer::from_slice(&concurrent, &data).unwrap();
     lent.as_mut_slice().unwrap()[0] = 3;
     assert_eq!(lent.as_slice().unwrap()[..2], [3, data[1]]);
+    assert_eq!(lent.with_host_slice(<[u32]>::to_vec).unwrap()[..2], [3, data[1]]);
 }
 
 #[test]
@@ -411,9 +423,17 @@ fn unified_buffers_round_trip_bitwise_in_every_direction(
     let other: Vec<u32> = data.iter().map(|v| !v).collect();
     let mut unified = UnifiedBuffer::from_slice(&stream, &data).unwrap();
     let mut dev = DeviceBuffer::<u32>::zeroed(&stream, N).unwrap();
+    // Without concurrent access the host may touch only memory attached to the host; the attach
+    // is queued on the buffer's stream, after the copies that use it.
+    let to_host = |unified: &mut UnifiedBuffer<u32>| {
+        if matches!(access, Access::NotConcurrent) {
+            unified.attach(&stream, Attach::Host).unwrap();
+        }
+    };
     match direction {
         Direction::Upload => {
             cumem_copy::copy_h2d(&other, &mut unified).unwrap();
+            to_host(&mut unified);
             assert_eq!(unified.to_vec().unwrap(), other);
         }
         Direction::Download => {
@@ -424,6 +444,7 @@ fn unified_buffers_round_trip_bitwise_in_every_direction(
         Direction::DeviceIn => {
             cumem_copy::copy_h2d(&other, &mut dev).unwrap();
             cumem_copy::copy_d2d(&dev, &mut unified).unwrap();
+            to_host(&mut unified);
             unified.with_host_slice(|host| assert_eq!(host, &other[..])).unwrap();
         }
         Direction::DeviceOut => {
@@ -433,10 +454,12 @@ fn unified_buffers_round_trip_bitwise_in_every_direction(
         Direction::QueuedIn => {
             cumem_copy::copy_h2d(&other, &mut dev).unwrap();
             stream.copy_d2d(&dev, &mut unified).unwrap();
+            to_host(&mut unified);
             unified.with_host_slice(|host| assert_eq!(host, &other[..])).unwrap(); // waits for the copy
         }
         Direction::QueuedOut => {
             stream.copy_d2d(&unified, &mut dev).unwrap();
+            to_host(&mut unified);
             unified.with_host_slice_mut(|host| host.fill(0)).unwrap(); // must not overtake the device's read
             assert_eq!(dev.to_vec().unwrap(), data);
             assert_eq!(unified.to_vec().unwrap(), vec![0; N]);
