@@ -401,7 +401,7 @@ fn host_memory_written_inside_a_closure_waits_for_its_copies_without_a_lock() {
 
 #[test]
 #[parallel]
-fn host_memory_dropped_inside_a_closure_is_freed_once_its_copies_are_done() {
+fn host_memory_dropped_inside_a_closure_is_freed_not_leaked() {
     within_watchdog("host memory dropped inside a closure", || {
         let ctx = common::ctx();
         let Some(ctl) = testing::sim_control() else {

@@ -113,7 +113,7 @@ fn a_2d_memset_starting_where_its_width_does_not_divide_is_refused_before_the_dr
     let order = StreamOrder::new(&stream);
     // `[u8; 4]` is aligned to 1, so a view of it may start at any byte; its fill is 4 bytes wide.
     // SAFETY: bytes 1..33 lie inside `buf`, live device memory of the stream's context, which
-    // outlives the view and is not otherwise used while it lives; its upload completed above, and
+    // outlives the view and is not otherwise written while it lives (the last line only reads it); its upload completed above, and
     // the view's only work is ordered through `order`.
     let view =
         unsafe { DeviceSliceMut::<[u8; 4]>::from_raw_parts(buf.device_ptr() + 1, 8, &order, buf.context()) };

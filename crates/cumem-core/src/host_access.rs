@@ -304,8 +304,8 @@ impl HostAccess {
     /// host borrow): no view or shared host borrow can be alive, so once the device is done the
     /// tracker forgets every use and ends a refusal of device work begun by host reads.
     ///
-    /// Takes no lock: `&mut self` proves no other thread reaches the tracker (nobody holds its
-    /// lock while waiting for another), and the stream order is synchronised with
+    /// Takes no lock: `&mut self` proves that no other thread holds or can take the tracker's lock,
+    /// and the stream order is synchronised with
     /// [`StreamOrder::synchronize_mut`]. So unlike `wait_idle` it is not refused inside a
     /// [`StreamOrder::queue_on`] closure, and with nothing pending it returns at once. With work
     /// pending it synchronises the streams of that work, there too while the closure's order stays
@@ -322,11 +322,6 @@ impl HostAccess {
         self.ordered.set(OrderedUse::None);
         self.end_host_reads();
         Ok(())
-    }
-
-    /// The same as [`wait_idle_mut`](Self::wait_idle_mut) (its earlier name).
-    pub fn wait_idle_exclusive(&mut self) -> Result<()> {
-        self.wait_idle_mut()
     }
 
     /// Queues device work that reads the memory on `stream`, ordered after pending device writes,

@@ -320,7 +320,7 @@ impl<T> UnifiedBuffer<T> {
     /// 1. On a device without concurrent managed access, no device work but the buffer's own may
     ///    use the memory while the returned borrow lives (what the attachment allows).
     unsafe fn host_slice_mut(&mut self) -> Result<&mut [T]> {
-        self.access.wait_idle_exclusive()?;
+        self.access.wait_idle_mut()?;
         self.wait_attachment()?;
         // SAFETY: as in `as_slice`; no device work of the buffer uses the values, and new work
         // needs a borrow of `self`, which cannot coexist with the returned one; other device work
@@ -617,7 +617,9 @@ impl<T> Drop for UnifiedBuffer<T> {
         if self.ptr == 0 {
             return;
         }
-        if let Err(e) = self.access.wait_idle() {
+        // Without the tracker's lock (`&mut self`), so that a drop inside a `queue_on` closure frees
+        // the buffer instead of being refused and leaking it.
+        if let Err(e) = self.access.wait_idle_mut() {
             // Freeing memory that the device may still use would be unsound: leak it instead.
             tracing::warn!(error = %e, bytes = self.bytes(), "waiting for device work on a unified buffer failed; leaking it");
             return;

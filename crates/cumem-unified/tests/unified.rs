@@ -466,3 +466,29 @@ fn unified_buffers_round_trip_bitwise_in_every_direction(
         }
     }
 }
+
+#[test]
+#[parallel]
+fn a_buffer_dropped_inside_a_closure_is_freed_once_its_work_is_done() {
+    let (_, _, stream) = full();
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("reads the live report: simulator only");
+    };
+    let unified = UnifiedBuffer::from_slice(&stream, &[5u32; 64]).unwrap();
+    let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+    stream.copy_d2d(&unified, &mut dev).unwrap(); // pending device work on the unified buffer
+    let ptr = unified.device_ptr();
+    let other = DeviceBuffer::<u32>::zeroed(&stream, 16).unwrap();
+    // The drop waits without the tracker's lock (`&mut`), which a closure would refuse: it frees
+    // the memory instead of leaking it.
+    other
+        .as_slice()
+        .queue_on(&stream, |_| {
+            drop(unified);
+            Ok(())
+        })
+        .unwrap();
+    let live = ctl.live_report();
+    assert!(!live.contains_ptr(ptr), "leaked instead of freed:\n{live}");
+    assert_eq!(dev.to_vec().unwrap(), [5; 64]);
+}
