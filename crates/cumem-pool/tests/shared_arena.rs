@@ -81,6 +81,15 @@ fn free(pool: &Pool, clock: &Mutex<Clock>, b: Block, stream: u8) {
 
 /// Stream 0 holds `x` (and `rest`, so that its arena is empty); stream 1 asks for `x`'s size, and
 /// stream 0 frees `x` just after stream 1 waited for it and before stream 1 grows the pool.
+/// The pool's books hold, and once trimmed nothing is left upstream and nothing was misused.
+fn ends_clean(pool: &Pool, clock: &Mutex<Clock>) {
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().inner.host.live_bytes(), 0);
+    assert!(pool.upstream().inner.host.violations().is_empty());
+    assert!(clock.lock().violations.is_empty());
+}
+
 fn free_lands_while_a_sharing_stream_grows(config: PoolConfig, x_bytes: usize, rest_bytes: usize) {
     let (pool, clock) = one_arena_pool(config);
     let x = alloc(&pool, &clock, x_bytes, 0);
@@ -101,11 +110,7 @@ fn free_lands_while_a_sharing_stream_grows(config: PoolConfig, x_bytes: usize, r
     if let Some(rest) = rest {
         free(&pool, &clock, rest, 0);
     }
-    pool.validate().unwrap();
-    pool.trim().unwrap();
-    assert_eq!(pool.upstream().inner.host.live_bytes(), 0);
-    assert!(pool.upstream().inner.host.violations().is_empty());
-    assert!(clock.lock().violations.is_empty());
+    ends_clean(&pool, &clock);
 }
 
 #[test]
@@ -147,9 +152,5 @@ fn the_ladder_serves_a_sharing_stream_only_from_its_new_segment() {
     assert_ne!(t.addr(), x_addr);
     free(&pool, &clock, t, 1);
     free(&pool, &clock, rest, 0);
-    pool.validate().unwrap();
-    pool.trim().unwrap();
-    assert_eq!(pool.upstream().inner.host.live_bytes(), 0);
-    assert!(pool.upstream().inner.host.violations().is_empty());
-    assert!(clock.lock().violations.is_empty());
+    ends_clean(&pool, &clock);
 }
