@@ -41,18 +41,19 @@ pub(crate) enum Source {
 /// keeps the memory alive and to this buffer until the import is dropped, and other processes'
 /// accesses are ordered with this one's.
 ///
-/// Dropping an import of a pool pointer frees it with `cuMemFree`, which is synchronous: on an
-/// H100 (driver-api.md §17) it waits for every stream of the context while one of them runs a
-/// blocked host function, even for an idle allocation, and it does so while holding this
-/// process's lock of imported pool addresses (the free and the release of the address must not be
-/// split, see `live_imports`). So such a drop can wait on unrelated work of the context (a held
-/// stream, a `queue_on` closure blocked on something), and meanwhile every other pool pointer
-/// import and free in the process waits on that lock. That makes a deadlock across threads: a
-/// host function of context C waits for thread B; B imports or drops any pool pointer and blocks
-/// on the lock; thread A holds the lock inside `cuMemFree` on C, waiting for that host function.
-/// So no thread that a host function waits for may import or drop a pool pointer while another
-/// thread (or it) could be freeing one in that host function's context. (A legacy import's last
-/// `cuIpcCloseMemHandle` may wait for the device's work too, but holds no lock of cumem's.)
+/// Dropping an import of a pool pointer frees it with `cuMemFree`, which is synchronous: on an H100
+/// (driver-api.md §17) `cuMemFree` waits for every stream of the context while one of them runs a
+/// blocked host function, even for an idle allocation (measured for `cuMemAlloc` memory; for an
+/// imported pool pointer it is not on record). So such a drop can wait on unrelated work of its
+/// context (a held stream, a `queue_on` closure blocked on something). It holds no lock of cumem's
+/// while it frees, so other threads' pool pointer imports and drops go on, in any context, with one
+/// exception: an import that the driver answers with the address of an import being freed (an
+/// import of the same allocation through export bytes that differ, while the first import's drop
+/// frees it) waits for that free to return and imports again (see `live_imports`). So a thread that
+/// a host function of context C waits for must not import a pointer of an allocation whose import
+/// in C another thread may be dropping (an import of the same export's bytes is refused with
+/// `AlreadyMapped` until that drop returns, without waiting). (A legacy import's last
+/// `cuIpcCloseMemHandle` may wait for the device's work too, and holds no lock of cumem's either.)
 pub struct ImportedBuffer<T> {
     /// What the driver mapped (the whole exported allocation), closed on drop.
     base: CUdeviceptr,
@@ -164,17 +165,22 @@ impl<T> Drop for ImportedBuffer<T> {
                 }
             }
             Source::Pool { export, .. } => {
-                // The free and the release of the address under one guard: the driver does not
-                // count imports of one address, so an import between them would get this
-                // mapping's address back for a new mapping (see `live_imports::pool_addresses`).
-                let mut addresses = live_imports::pool_addresses();
+                // A tombstone rather than the addresses' lock across the free, which may wait on
+                // unrelated work of the context (driver-api.md §17): an import the driver answers
+                // with this address meanwhile waits for the tombstone and imports again, since it
+                // cannot tell this mapping from a fresh one at the same address (see
+                // `live_imports`). Every other import and free goes on.
+                let freeing = live_imports::start_free(self.base);
+                #[cfg(test)]
+                tests::while_freeing();
                 // SAFETY: `base` came from `pool_import_pointer`, is freed only here, no view
                 // outlives `self`, and the work that used it has completed (synchronised above).
                 if let Err(e) = unsafe { ffi::mem_free(self.base) } {
                     tracing::warn!(error = %e, "cumem-ipc: freeing an imported pool pointer failed");
                 }
-                addresses.remove(&self.base);
-                drop(addresses);
+                drop(freeing);
+                // After the tombstone: until the drop returns, an import of the same bytes is
+                // refused, as while the buffer lived.
                 live_imports::release_pool_export(&export);
             }
         }
@@ -194,5 +200,217 @@ impl<T> ImportedBuffer<T> {
 impl<T> std::fmt::Debug for ImportedBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImportedBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A pool pointer import's drop whose `cuMemFree` waits. On an H100 a `cuMemFree` waits while
+    //! a stream of the context runs a blocked host function (driver-api.md §17); the simulator
+    //! does not make a free of pool memory wait (the brief: `cuMemFree` of pool memory does not
+    //! synchronise, [H:8617]; what a GPU does for an imported pool pointer is not on record). So
+    //! a hook holds the drop where it calls `cuMemFree`, on the dropping thread only, for as long
+    //! as the test says: the rest of the process sees what it would see of a free that waits.
+
+    use std::cell::RefCell;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+    use std::time::{Duration, Instant};
+
+    use cumem_core::{Device, DeviceBuffer, Stream};
+    use cumem_sys::testing;
+    use serial_test::serial;
+
+    use crate::live_imports::tests::TOMBSTONE_WAITS;
+    use crate::{ImportedPool, PoolPointerExport, ShareablePool};
+
+    thread_local! {
+        static WHILE_FREEING: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+    }
+
+    /// How long a step another thread waits for may take at most before the test gives up on it.
+    const PATIENCE: Duration = Duration::from_secs(60);
+    /// How long an import and drop that must not wait for the held free may take.
+    const QUICK: Duration = Duration::from_secs(5);
+
+    /// Runs (once) the hook set on this thread, where a pool pointer import's drop calls
+    /// `cuMemFree`.
+    pub(super) fn while_freeing() {
+        if let Some(hook) = WHILE_FREEING.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
+    }
+
+    /// Holds the next pool pointer free of the calling thread: it says so on `arrived`, then
+    /// waits until `open` sends or is dropped (or [`PATIENCE`] passes, so that nothing hangs).
+    fn hold_next_free(arrived: Sender<()>, open: Receiver<()>) {
+        WHILE_FREEING.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                let _ = arrived.send(());
+                let _ = open.recv_timeout(PATIENCE);
+            }))
+        });
+    }
+
+    /// A buffer of a fresh shareable pool on `ordinal`, holding `data` (its fill completed), its
+    /// export, and the pool imported for the same device.
+    struct Exported {
+        stream: Stream,
+        buf: DeviceBuffer<u32>,
+        export: PoolPointerExport,
+        imported: ImportedPool,
+    }
+
+    fn exported(ordinal: usize, data: &[u32]) -> Exported {
+        let device = Device::get(ordinal).unwrap();
+        let stream = Stream::new(&device.context().unwrap()).unwrap();
+        let pool = Arc::new(ShareablePool::new(stream.context()).unwrap());
+        let buf = DeviceBuffer::from_slice_in(&pool, &stream, data).unwrap();
+        buf.order().synchronize().unwrap();
+        let export = pool.export_pointer(&buf).unwrap();
+        let fd = pool.export_fd().unwrap();
+        let imported = ImportedPool::from_fd(&device, &fd).unwrap();
+        Exported { stream, buf, export, imported }
+    }
+
+    fn init_with_no_violations() {
+        testing::init();
+        if let Some(ctl) = testing::sim_control() {
+            ctl.clear_violations();
+        }
+    }
+
+    /// On the simulator: every imported pointer was freed once, none under its exporter's free.
+    fn assert_every_import_freed_once() {
+        if let Some(ctl) = testing::sim_control() {
+            let wrong: Vec<_> = ctl
+                .violations()
+                .into_iter()
+                .filter(|v| {
+                    v.function.starts_with("cuMemFree") || v.message.contains("freed by its exporter")
+                })
+                .collect();
+            assert!(wrong.is_empty(), "{wrong:#?}");
+        }
+    }
+
+    fn assert_clean_report() {
+        if let Some(ctl) = testing::sim_control() {
+            let report = ctl.live_report();
+            assert!(report.is_clean(), "live report not clean:\n{report}");
+        }
+    }
+
+    /// Thread A drops an import of device 0's pool pointer, whose free is held. Meanwhile another
+    /// thread imports a pointer of another pool (on device 1 when there is one; the held free is
+    /// the hook's, so device 0 would show the same), reads it and drops it: neither waits for A's
+    /// free, which used to run under the process's lock of imported pool addresses.
+    #[test]
+    #[serial]
+    fn a_held_pool_pointer_free_does_not_hold_up_other_imports_and_drops() {
+        init_with_no_violations();
+        {
+            let held_data: Vec<u32> = (0..1024).map(|i| i * 3 + 1).collect();
+            let other_data: Vec<u32> = (0..2048).map(|i| i ^ 0x3C3C).collect();
+            let held = exported(0, &held_data);
+            let other = exported(if Device::count().unwrap() > 1 { 1 } else { 0 }, &other_data);
+            // SAFETY: `held.buf` outlives the import (dropped after it below); its fill completed
+            // above and nothing writes it while the import lives.
+            let import = unsafe { held.imported.import_pointer::<u32>(&held.export, &held.stream) }.unwrap();
+            assert_eq!(import.as_slice().to_vec().unwrap(), held_data);
+            let (arrived_tx, arrived) = channel();
+            let (open, open_rx) = channel::<()>();
+            let answered = std::thread::scope(|scope| {
+                scope.spawn(move || {
+                    hold_next_free(arrived_tx, open_rx);
+                    drop(import);
+                });
+                arrived.recv_timeout(PATIENCE).expect("the drop reached its free");
+                let (done_tx, done) = channel();
+                let other = &other;
+                scope.spawn(move || {
+                    // SAFETY: `other.buf` outlives the import (dropped at once); its fill completed
+                    // above and nothing writes it.
+                    let import =
+                        unsafe { other.imported.import_pointer::<u32>(&other.export, &other.stream) };
+                    let read = import.and_then(|import| import.as_slice().to_vec());
+                    let _ = done_tx.send(read);
+                });
+                let answered = done.recv_timeout(QUICK);
+                // Opened in every case, so that a waiting import finishes and the scope ends.
+                drop(open);
+                answered
+            });
+            match answered {
+                Ok(read) => assert_eq!(read.unwrap(), other_data),
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("another pool's import and drop waited {QUICK:?} for a held free")
+                }
+                Err(RecvTimeoutError::Disconnected) => panic!("the other import panicked (see above)"),
+            }
+            drop(other);
+            drop(held);
+            assert_every_import_freed_once();
+        }
+        assert_clean_report();
+    }
+
+    /// While thread A's drop of an import holds its free, another thread imports bytes that name
+    /// the same allocation (the last of the driver's 64 bytes flipped: an H100 mapped them at the
+    /// live import's address, 2026-11-23; the simulator does too). The driver answers with the
+    /// address being freed, so the import waits for that free and imports again, getting a
+    /// mapping of its own: it reads and writes the exporter's bytes, and its drop frees it once.
+    /// (The other order, the free returning before the import and the driver placing a fresh
+    /// mapping at the freed address, is not driven here: the simulator places each import at a
+    /// new address.)
+    #[test]
+    #[serial]
+    fn an_import_answered_with_an_address_being_freed_imports_again() {
+        init_with_no_violations();
+        {
+            let data: Vec<u32> = (0..4096).map(|i| i * 7 + 5).collect();
+            let Exported { stream, buf, export, imported } = exported(0, &data);
+            let mut wire = export.to_bytes();
+            wire[8 + 63] ^= 0xFF;
+            let same_allocation = PoolPointerExport::from_bytes(&wire).unwrap();
+            // SAFETY: `buf` outlives both imports (dropped after them); its fill completed above,
+            // and it is read only after the second import's write has completed (`to_vec` waits).
+            let first = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
+            let freed_at = first.device_ptr();
+            let (arrived_tx, arrived) = channel();
+            let (open, open_rx) = channel::<()>();
+            let waits_before = TOMBSTONE_WAITS.load(Ordering::SeqCst);
+            let (waited, second) = std::thread::scope(|scope| {
+                scope.spawn(move || {
+                    hold_next_free(arrived_tx, open_rx);
+                    drop(first);
+                });
+                arrived.recv_timeout(PATIENCE).expect("the drop reached its free");
+                let (imported, stream, same_allocation) = (&imported, &stream, &same_allocation);
+                let second = scope.spawn(move || {
+                    // SAFETY: as above.
+                    unsafe { imported.import_pointer::<u32>(same_allocation, stream) }
+                });
+                let start = Instant::now();
+                while TOMBSTONE_WAITS.load(Ordering::SeqCst) == waits_before && start.elapsed() < PATIENCE {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let waited = TOMBSTONE_WAITS.load(Ordering::SeqCst) > waits_before;
+                drop(open);
+                (waited, second.join().unwrap())
+            });
+            assert!(waited, "the import did not wait for the free of {freed_at:#x}");
+            let mut second = second.unwrap();
+            assert_eq!(second.as_slice().to_vec().unwrap(), data, "a mapping of its own");
+            let ones = vec![1u32; data.len()];
+            cumem_copy::copy_h2d(&ones, &mut second.as_mut_slice()).unwrap();
+            drop(second);
+            assert_eq!(buf.to_vec().unwrap(), ones, "the import wrote the exporter's bytes");
+            drop(imported);
+            drop(buf);
+            assert_every_import_freed_once();
+        }
+        assert_clean_report();
     }
 }

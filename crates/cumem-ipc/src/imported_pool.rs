@@ -43,6 +43,7 @@ use cumem_core::sys::CUmemoryPool;
 use cumem_core::{Context, Device, Error, ErrorContext, Feature, Result, Stream};
 
 use crate::imported::Source;
+use crate::live_imports::AddressClaim;
 use crate::{ImportedBuffer, PoolPointerExport, ffi, live_imports};
 
 /// The imported pool itself: one per driver handle, shared by every [`ImportedPool`] the driver
@@ -293,10 +294,10 @@ impl ImportedPool {
         if !live_imports::claim_pool_export(&raw) {
             return Err(already());
         }
-        let base = {
-            // The import and the claim of its address under one guard, as the free and the
-            // release in `ImportedBuffer`'s drop: no other import or free comes between them.
-            let mut addresses = live_imports::pool_addresses();
+        // The import and the claim of its address under one guard: no other import comes between
+        // them, and no drop takes the address off the live set meanwhile (see `live_imports`).
+        let mut addresses = live_imports::pool_addresses();
+        let base = loop {
             let base = match ffi::pool_import_pointer(self.inner.raw, raw) {
                 Ok(base) => base,
                 Err(e) => {
@@ -305,18 +306,27 @@ impl ImportedPool {
                     return Err(e);
                 }
             };
-            if !addresses.insert(base) {
-                // The driver returned a live import's address (export bytes that differ from
-                // that import's but name the same allocation: the same bytes were refused
-                // above). It does not count imports of one address (an H100, 2026-11-23): this
-                // is that import's mapping, and a cuMemFree here would unmap it under its
-                // `ImportedBuffer`. Nothing to free.
-                drop(addresses);
-                live_imports::release_pool_export(&raw);
-                return Err(already());
+            match addresses.claim(base) {
+                AddressClaim::Claimed => break base,
+                AddressClaim::Live => {
+                    // The driver returned a live import's address (export bytes that differ from
+                    // that import's but name the same allocation: the same bytes were refused
+                    // above). It does not count imports of one address (an H100, 2026-11-23):
+                    // this is that import's mapping, and a cuMemFree here would unmap it under its
+                    // `ImportedBuffer`. Nothing to free.
+                    drop(addresses);
+                    live_imports::release_pool_export(&raw);
+                    return Err(already());
+                }
+                // The address of an import whose drop is freeing it: this is either that mapping
+                // (uncounted, about to be unmapped) or a fresh one the driver placed there after
+                // the free. Once the free has returned, a second import owns exactly one mapping
+                // either way (the fresh one, answered again uncounted, or a new one), so the first
+                // answer is not freed: it is gone, or it is the second.
+                AddressClaim::Freeing => addresses = addresses.wait_freed(base),
             }
-            base
         };
+        drop(addresses);
         // Built before any further fallible step, so that every error path below frees the import
         // (by dropping it). The pointer wraps rather than panics on a forged offset; it is used
         // only once the range check below has passed.
@@ -388,6 +398,7 @@ mod tests {
     /// pointer (refused and uncounted: a leak): when the new entry and its pointer go, the handle
     /// is gone, and no destroy was refused.
     #[test]
+    #[serial_test::serial]
     fn an_import_between_the_last_drop_and_its_destroys_does_not_leak_the_handle() {
         testing::init();
         if let Some(ctl) = testing::sim_control() {

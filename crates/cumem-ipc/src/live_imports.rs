@@ -28,6 +28,32 @@
 //! address is already claimed here is refused and never freed: freeing it would unmap the live
 //! one, and not freeing it leaks nothing, since it is the same mapping.
 //!
+//! An import claims its address under the addresses' lock, held across its
+//! `cuMemPoolImportPointer`, so that no other import or free comes between the driver's answer and
+//! the claim. A free does not hold that lock across its `cuMemFree`, which is synchronous (on an
+//! H100 a `cuMemFree` of `cuMemAlloc` memory waits while any stream of the context runs a blocked
+//! host function, driver-api.md §17; for an imported pool pointer that is not on record): every
+//! import and free of the process would wait behind it, in any context.
+//! Instead the drop moves its address from the live set to the freeing set (a tombstone) under
+//! the lock, frees with no lock of cumem's held, and removes the tombstone under the lock again,
+//! waking the imports that wait for it. An import that the driver answers with an address being
+//! freed cannot tell which mapping it got: the one about to be unmapped (before the free: the
+//! driver returned it uncounted, so it owns nothing) or a fresh one that the driver happened to
+//! place at the same address (after the free: it owns that one). So it waits, releasing the lock,
+//! until that tombstone is gone, and imports again. By then the old mapping is gone: the driver
+//! answers with its fresh mapping if it made one (again uncounted: the two answers are one mapping,
+//! so nothing is freed, and freeing the first would unmap the second), or maps anew; either way the
+//! import owns exactly one mapping, whose address it checks again like any other. Only an import
+//! that gets the address of an import being freed waits for that free; every other import and
+//! free goes on. (Should that second import fail, the first answer is not freed either: it may be
+//! the mapping that was just unmapped, whose address may since belong to someone else; at worst one
+//! mapping leaks, never one freed twice.)
+//!
+//! Lock order: the addresses' lock and the exports' lock are never held together (each is
+//! released before the other is taken); the legacy table's lock is independent of both. A drop
+//! releases its export's bytes only after its address's tombstone is gone, so an import of the
+//! same bytes is refused (`AlreadyMapped`) until the drop has returned, as before it started.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! // `IpcMemHandle::open` claims its range of the allocation here; a second open of an
@@ -37,7 +63,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use cumem_sys::sys::CUdeviceptr;
 
@@ -60,7 +86,18 @@ struct LegacyTable {
 
 static LEGACY: Mutex<LegacyTable> = Mutex::new(LegacyTable { next: 1, claims: BTreeMap::new() });
 static LIVE_POOL_EXPORTS: Mutex<BTreeSet<[u8; POOL_EXPORT_SIZE]>> = Mutex::new(BTreeSet::new());
-static LIVE_POOL_ADDRESSES: Mutex<BTreeSet<CUdeviceptr>> = Mutex::new(BTreeSet::new());
+static POOL_ADDRESSES: Mutex<AddressTable> =
+    Mutex::new(AddressTable { live: BTreeSet::new(), freeing: BTreeSet::new() });
+/// Notified when a tombstone is removed from `POOL_ADDRESSES`.
+static FREED: Condvar = Condvar::new();
+
+/// The addresses of this process's pool pointer imports.
+struct AddressTable {
+    /// Claimed by a live import, which frees it on drop.
+    live: BTreeSet<CUdeviceptr>,
+    /// Tombstones: taken off `live` by a drop whose `cuMemFree` may not have returned yet.
+    freeing: BTreeSet<CUdeviceptr>,
+}
 
 fn legacy() -> std::sync::MutexGuard<'static, LegacyTable> {
     // The table stays consistent through a panic elsewhere (each change is one insert, update or
@@ -120,7 +157,7 @@ pub(crate) fn release(ticket: LegacyTicket) {
     legacy().claims.remove(&ticket.0);
 }
 
-fn live_pool_exports() -> std::sync::MutexGuard<'static, BTreeSet<[u8; POOL_EXPORT_SIZE]>> {
+fn live_pool_exports() -> MutexGuard<'static, BTreeSet<[u8; POOL_EXPORT_SIZE]>> {
     // As `legacy`: each change is one insert or remove.
     LIVE_POOL_EXPORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -136,19 +173,86 @@ pub(crate) fn release_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) {
     live_pool_exports().remove(raw);
 }
 
-/// The addresses of the live pool pointer imports in this process. An import claims its address
-/// and a free releases it under this guard, held across the driver's `cuMemPoolImportPointer` and
-/// `cuMemFree`: otherwise an import could get an address between another import's free and its
-/// release (and be refused, leaving a new mapping behind), or between another's import and its
-/// claim (and wrap that mapping as its own). Taken before the exports' lock, never after it.
-pub(crate) fn pool_addresses() -> std::sync::MutexGuard<'static, BTreeSet<CUdeviceptr>> {
-    // As `legacy`: each change is one insert or remove.
-    LIVE_POOL_ADDRESSES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+fn address_table() -> MutexGuard<'static, AddressTable> {
+    // As `legacy`: each change is one insert or remove, or one move between the two sets.
+    POOL_ADDRESSES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What an import's address is in this process (see [`PoolAddresses::claim`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum AddressClaim {
+    /// Claimed for the import: no other import of this process is mapped there.
+    Claimed,
+    /// A live import's address: the driver returned that import's mapping, uncounted. Not to be
+    /// freed.
+    Live,
+    /// The address of an import being freed: wait with [`PoolAddresses::wait_freed`] and import
+    /// again. Not to be freed (it may be the mapping about to be unmapped).
+    Freeing,
+}
+
+/// The addresses' lock, held by an import across `cuMemPoolImportPointer` and the claim of the
+/// address it gets (see the module docs).
+pub(crate) struct PoolAddresses(MutexGuard<'static, AddressTable>);
+
+/// Takes the addresses' lock. Not to be held while the exports' lock is taken.
+pub(crate) fn pool_addresses() -> PoolAddresses {
+    PoolAddresses(address_table())
+}
+
+impl PoolAddresses {
+    /// Claims `base`, which the driver just returned for an import, unless another import has it.
+    pub(crate) fn claim(&mut self, base: CUdeviceptr) -> AddressClaim {
+        if self.0.freeing.contains(&base) {
+            AddressClaim::Freeing
+        } else if self.0.live.insert(base) {
+            AddressClaim::Claimed
+        } else {
+            AddressClaim::Live
+        }
+    }
+
+    /// Waits, the lock released meanwhile, until `base` is no longer being freed.
+    pub(crate) fn wait_freed(self, base: CUdeviceptr) -> PoolAddresses {
+        #[cfg(test)]
+        tests::TOMBSTONE_WAITS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let table = FREED
+            .wait_while(self.0, |table| table.freeing.contains(&base))
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        PoolAddresses(table)
+    }
+}
+
+/// An imported pool pointer's address while its `cuMemFree` runs: a tombstone that imports
+/// answered with this address wait for. Dropping it (after the free returned, or on a panic)
+/// removes the tombstone and wakes them.
+pub(crate) struct FreeingAddress(CUdeviceptr);
+
+/// Moves `base` from the live addresses to the freeing ones, before its `cuMemFree`; the lock is
+/// released on return, so the free runs without it.
+pub(crate) fn start_free(base: CUdeviceptr) -> FreeingAddress {
+    let mut table = address_table();
+    table.live.remove(&base);
+    table.freeing.insert(base);
+    FreeingAddress(base)
+}
+
+impl Drop for FreeingAddress {
+    fn drop(&mut self) {
+        address_table().freeing.remove(&self.0);
+        FREED.notify_all();
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::sync::atomic::AtomicUsize;
+
     use super::overlap;
+
+    /// How many times an import has started waiting for a tombstone, so that a test can open the
+    /// free it waits for only once it does.
+    pub(crate) static TOMBSTONE_WAITS: AtomicUsize = AtomicUsize::new(0);
 
     #[test]
     fn ranges_overlap_only_where_they_share_a_byte() {
