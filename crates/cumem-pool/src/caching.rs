@@ -31,9 +31,10 @@
 //! assert_eq!((report.released_bytes, pool.upstream().live_bytes()), (2 << 20, 0));
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
@@ -127,15 +128,32 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
 }
 
 /// Segments [`release`](CachingPool::release) took out of the books whose upstream free has not
-/// finished yet: a ladder that finds nothing to release and cannot grow waits for them and retries,
-/// since the memory is about to be back with the upstream (before frees were made with no lock
-/// held, it would have waited for the locks instead).
+/// finished yet. A segment ladder whose growth failed waits for the frees that were in flight at
+/// that moment (each free is a ticket; later frees are not waited for, so threads trimming back to
+/// back cannot keep it waiting), for at most [`RETURN_WAIT`], and, if one of them finished, asks
+/// the upstream once more: that memory is about to be back with the upstream (before frees were
+/// made with no lock held, the ladder would have waited for the locks instead).
 #[derive(Default)]
 struct Returning {
-    /// Bytes in flight, and how many segment frees have finished.
-    state: Mutex<(u64, u64)>,
+    state: Mutex<ReturningState>,
     done: Condvar,
 }
+
+#[derive(Default)]
+struct ReturningState {
+    /// The ticket the next free gets.
+    next: u64,
+    /// Tickets of the frees in flight.
+    in_flight: BTreeSet<u64>,
+    /// How many frees have finished so far.
+    finished: u64,
+}
+
+/// How long a ladder whose growth failed waits for the frees in flight then. Bounded because a
+/// free may wait for the allocating thread itself: `cuMemFree` waits for the whole device, host
+/// functions included (driver brief §17), and a host function may wait for something the
+/// allocating thread does after its allocation returns. Past it the ladder reports out of memory.
+const RETURN_WAIT: Duration = Duration::from_secs(1);
 
 thread_local! {
     /// How many `give_back`s (of any pool) this thread is inside: an upstream free that uses a
@@ -144,34 +162,48 @@ thread_local! {
 }
 
 impl Returning {
-    fn start(&self, bytes: u64) {
-        self.state.lock().0 += bytes;
+    /// A free is in flight: its ticket.
+    fn start(&self) -> u64 {
+        let mut st = self.state.lock();
+        let ticket = st.next;
+        st.next += 1;
+        st.in_flight.insert(ticket);
+        ticket
     }
 
-    fn finish(&self, bytes: u64) {
+    fn finish(&self, ticket: u64) {
         let mut st = self.state.lock();
-        st.0 -= bytes;
-        st.1 += 1;
+        if st.in_flight.remove(&ticket) {
+            st.finished += 1;
+        }
         drop(st);
         self.done.notify_all();
     }
 
     /// How many segment frees have finished so far.
     fn finished(&self) -> u64 {
-        self.state.lock().1
+        self.state.lock().finished
     }
 
-    /// After a failed growth: waits (no lock of the pool held) for the frees in flight, unless this
-    /// thread is inside one; whether a free finished since `seen` (from [`finished`](Self::finished)
-    /// before the growth), so that growing again may succeed.
+    /// After a failed growth: waits (no lock of the pool held), for at most [`RETURN_WAIT`], for
+    /// the frees in flight now, unless this thread is inside one; whether a free finished since
+    /// `seen` (from [`finished`](Self::finished) before the growth), so that growing again may
+    /// succeed.
     fn wait_for_frees(&self, seen: u64) -> bool {
         let mut st = self.state.lock();
         if GIVING_BACK.with(|g| g.get()) == 0 {
-            while st.0 > 0 {
-                self.done.wait(&mut st);
+            let started = st.next;
+            let deadline = Instant::now() + RETURN_WAIT;
+            while st.in_flight.first().is_some_and(|&t| t < started) {
+                if self.done.wait_until(&mut st, deadline).timed_out() {
+                    tracing::debug!(
+                        "segment frees still in flight after {RETURN_WAIT:?}; not waiting longer"
+                    );
+                    break;
+                }
             }
         }
-        st.1 != seen
+        st.finished != seen
     }
 }
 
@@ -993,7 +1025,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 let seen = self.returning.finished();
                 let mut grown = self.grow(req.kind, req.need, true)?;
                 // Another thread's release may have taken segments out before this ladder locked
-                // the arenas, and not returned them yet: wait for that, then try once more.
+                // the arenas, and not returned them yet: wait for the frees in flight now (for a
+                // bounded time: such a free may wait for this very thread), then try once more.
                 if grown.is_none() && self.returning.wait_for_frees(seen) {
                     grown = self.grow(req.kind, req.need, true)?;
                 }
@@ -1080,7 +1113,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [`give_back`](Self::give_back) once no lock is held (nothing can reach them any more), then
     /// unmaps whole free chunks of expandable segments. The caller holds all arena locks and has
     /// synchronised after every free in them.
-    fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> (TrimReport, Vec<(u64, u64)>) {
+    fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> (TrimReport, Vec<(u64, u64, u64)>) {
         let live = self.live_bytes();
         let mut segs = self.segments.lock();
         let mut cached = segs.reserved.saturating_sub(live.max(0) as u64);
@@ -1102,9 +1135,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 break;
             }
             guards[i].set(kind).remove(addr);
-            unlinked.push((addr, len));
             segs.remove(addr);
-            self.returning.start(len);
+            unlinked.push((addr, len, self.returning.start()));
             cached = cached.saturating_sub(len);
             report.released_segments += 1;
             report.released_bytes += len;
@@ -1127,17 +1159,17 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Returns segments [`release`](Self::release) took out to the upstream. Call with no lock
     /// held: `cuMemFree` waits for the whole device, host functions included, and an upstream may
     /// run user code.
-    fn give_back(&self, unlinked: Vec<(u64, u64)>) {
-        /// Ends the free in flight even if the upstream panics, so that no ladder waits forever.
+    fn give_back(&self, unlinked: Vec<(u64, u64, u64)>) {
+        /// Ends the frees in flight even if the upstream panics, so that no ladder waits for them.
         struct Giving<'a> {
             returning: &'a Returning,
-            left: u64,
+            left: Vec<u64>,
         }
         impl Drop for Giving<'_> {
             fn drop(&mut self) {
                 GIVING_BACK.with(|g| g.set(g.get() - 1));
-                if self.left > 0 {
-                    self.returning.finish(self.left);
+                for &ticket in &self.left {
+                    self.returning.finish(ticket);
                 }
             }
         }
@@ -1145,11 +1177,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             return;
         }
         GIVING_BACK.with(|g| g.set(g.get() + 1));
-        let mut giving = Giving { returning: &self.returning, left: unlinked.iter().map(|u| u.1).sum() };
-        for (addr, len) in unlinked {
+        let mut giving =
+            Giving { returning: &self.returning, left: unlinked.iter().rev().map(|u| u.2).collect() };
+        for (addr, len, ticket) in unlinked {
             self.upstream.deallocate(addr, len as usize);
-            giving.left -= len;
-            self.returning.finish(len);
+            giving.left.pop();
+            self.returning.finish(ticket);
         }
     }
 }

@@ -2,9 +2,12 @@
 //! memory to the upstream: segments leave the books under the locks but reach the upstream only
 //! after the locks are let go. Here one thread's trim is held inside the upstream's free until
 //! another thread's ladder has failed to grow once; the ladder must wait for that free and retry,
-//! not fail. Under a watchdog, since a wrong wait hangs rather than fails.
+//! not fail. Under a watchdog, since a wrong wait hangs rather than fails. The wait is bounded:
+//! a free that itself waits for the allocating thread (as `cuMemFree` waits for a host function)
+//! must not hang the allocation, which reports out of memory instead.
 
 use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
 
 use cumem_pool::{
     CachingPool, ExpandableUpstream, HostOrdering, HostUpstream, PoolConfig, PoolError, Upstream,
@@ -102,4 +105,85 @@ fn a_ladder_waits_for_memory_another_thread_is_returning() {
         pool.trim().unwrap();
         assert_eq!(pool.upstream().host.live_bytes(), 0);
     });
+}
+
+/// A host upstream whose first free is held until the test says the allocating thread has
+/// returned: a stand-in for `cuMemFree` waiting for a host function that waits for something that
+/// thread does after its allocation.
+struct HeldUpstream {
+    host: HostUpstream,
+    /// (the free has started, the allocating thread has returned)
+    gate: Mutex<(bool, bool)>,
+    changed: Condvar,
+}
+
+impl Upstream for HeldUpstream {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        self.host.allocate(bytes)
+    }
+    fn deallocate(&self, addr: u64, bytes: usize) {
+        let mut gate = self.gate.lock();
+        if !gate.0 {
+            gate.0 = true;
+            self.changed.notify_all();
+            while !gate.1 {
+                self.changed.wait(&mut gate);
+            }
+        }
+        drop(gate);
+        self.host.deallocate(addr, bytes)
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        None
+    }
+}
+
+impl HeldUpstream {
+    fn let_go(&self) {
+        self.gate.lock().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+#[test]
+fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
+    let pool = Arc::new(CachingPool::new(
+        HeldUpstream { host: HostUpstream::new(24 << 20), gate: Mutex::default(), changed: Condvar::new() },
+        HostOrdering::new(),
+        PoolConfig::default(),
+    ));
+    let big = pool.allocate(4 << 20, 512, 1).unwrap();
+    pool.deallocate(big, 1).unwrap();
+    let trimmer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.trim().unwrap())
+    };
+    {
+        let mut gate = pool.upstream().gate.lock();
+        while !gate.0 {
+            pool.upstream().changed.wait(&mut gate);
+        }
+    }
+    // The trim's free is held until this allocation has returned; it needs that free's memory.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let allocating = {
+        let pool = pool.clone();
+        std::thread::spawn(move || tx.send(pool.allocate(22 << 20, 512, 2).map(|b| b.addr())).unwrap())
+    };
+    let result = rx.recv_timeout(Duration::from_secs(20));
+    pool.upstream().let_go();
+    let result = result.expect("the allocation was still waiting for a free that waits for it");
+    assert!(
+        matches!(result, Err(PoolError::OutOfMemory { requested, .. }) if requested == 22 << 20),
+        "{result:?}"
+    );
+    allocating.join().unwrap();
+    assert_eq!(trimmer.join().unwrap().released_bytes, 20 << 20);
+    // The memory is back now.
+    let larger = pool.allocate(22 << 20, 512, 2).unwrap();
+    pool.deallocate(larger, 2).unwrap();
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().host.live_bytes(), 0);
+    assert!(pool.upstream().host.violations().is_empty());
 }
