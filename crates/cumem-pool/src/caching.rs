@@ -207,6 +207,45 @@ impl Returning {
     }
 }
 
+/// Segments [`release`](CachingPool::release) took out of the books, on their way to the upstream
+/// ([`give_back`](CachingPool::give_back)). Each one counts as a free in flight from the moment it
+/// leaves the books; whatever is dropped here without having been freed (a panic on the way) stops
+/// counting, so that no ladder waits for it. Such a segment is leaked: the pool no longer knows
+/// it, and the upstream keeps it.
+struct InFlight<'a> {
+    returning: &'a Returning,
+    /// `(addr, len, ticket)`; those before `freed` are back with the upstream.
+    segs: Vec<(u64, u64, u64)>,
+    freed: usize,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(returning: &'a Returning) -> Self {
+        Self { returning, segs: Vec::new(), freed: 0 }
+    }
+
+    fn push(&mut self, addr: u64, len: u64) {
+        let ticket = self.returning.start();
+        self.segs.push((addr, len, ticket));
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let left = &self.segs[self.freed..];
+        if !left.is_empty() {
+            tracing::warn!(
+                segments = left.len(),
+                bytes = left.iter().map(|s| s.1).sum::<u64>(),
+                "segments taken out of the pool were not given back (a panic on the way); leaking them"
+            );
+        }
+        for &(_, _, ticket) in left {
+            self.returning.finish(ticket);
+        }
+    }
+}
+
 impl<U: Upstream, O: Ordering> fmt::Debug for CachingPool<U, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CachingPool")
@@ -1113,7 +1152,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [`give_back`](Self::give_back) once no lock is held (nothing can reach them any more), then
     /// unmaps whole free chunks of expandable segments. The caller holds all arena locks and has
     /// synchronised after every free in them.
-    fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> (TrimReport, Vec<(u64, u64, u64)>) {
+    fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> (TrimReport, InFlight<'_>) {
         let live = self.live_bytes();
         let mut segs = self.segments.lock();
         let mut cached = segs.reserved.saturating_sub(live.max(0) as u64);
@@ -1129,14 +1168,15 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         candidates.sort_unstable_by_key(|c| std::cmp::Reverse((c.0, c.1)));
         let mut report = TrimReport::default();
-        let mut unlinked = vec![];
+        // From here on a panic must not leave frees counted as in flight.
+        let mut unlinked = InFlight::new(&self.returning);
         for (len, addr, i, kind) in candidates {
             if cached <= keep {
                 break;
             }
             guards[i].set(kind).remove(addr);
             segs.remove(addr);
-            unlinked.push((addr, len, self.returning.start()));
+            unlinked.push(addr, len);
             cached = cached.saturating_sub(len);
             report.released_segments += 1;
             report.released_bytes += len;
@@ -1159,29 +1199,23 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Returns segments [`release`](Self::release) took out to the upstream. Call with no lock
     /// held: `cuMemFree` waits for the whole device, host functions included, and an upstream may
     /// run user code.
-    fn give_back(&self, unlinked: Vec<(u64, u64, u64)>) {
-        /// Ends the frees in flight even if the upstream panics, so that no ladder waits for them.
-        struct Giving<'a> {
-            returning: &'a Returning,
-            left: Vec<u64>,
-        }
-        impl Drop for Giving<'_> {
+    fn give_back(&self, mut unlinked: InFlight<'_>) {
+        /// This thread is inside a `give_back` until dropped, even if the upstream panics.
+        struct Giving;
+        impl Drop for Giving {
             fn drop(&mut self) {
                 GIVING_BACK.with(|g| g.set(g.get() - 1));
-                for &ticket in &self.left {
-                    self.returning.finish(ticket);
-                }
             }
         }
-        if unlinked.is_empty() {
+        if unlinked.segs.is_empty() {
             return;
         }
         GIVING_BACK.with(|g| g.set(g.get() + 1));
-        let mut giving =
-            Giving { returning: &self.returning, left: unlinked.iter().rev().map(|u| u.2).collect() };
-        for (addr, len, ticket) in unlinked {
+        let _giving = Giving;
+        while let Some(&(addr, len, ticket)) = unlinked.segs.get(unlinked.freed) {
             self.upstream.deallocate(addr, len as usize);
-            giving.left.pop();
+            // Only now: if the upstream panics, `unlinked`'s drop settles this free too.
+            unlinked.freed += 1;
             self.returning.finish(ticket);
         }
     }

@@ -5,9 +5,11 @@
 //! not fail. Under a watchdog, since a wrong wait hangs rather than fails. The wait is bounded:
 //! a free that itself waits for the allocating thread (as `cuMemFree` waits for a host function)
 //! must not hang the allocation, which reports out of memory instead.
+//! A release that panics (here in a tracing subscriber) before its frees are made must not leave
+//! them counted as in flight.
 
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cumem_pool::{
     CachingPool, ExpandableUpstream, HostOrdering, HostUpstream, PoolConfig, PoolError, Upstream,
@@ -186,4 +188,54 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
     pool.trim().unwrap();
     assert_eq!(pool.upstream().host.live_bytes(), 0);
     assert!(pool.upstream().host.violations().is_empty());
+}
+
+/// A tracing layer that panics on the pool's "segments released" event: the release has taken
+/// segments out of the books and not given them back yet.
+struct PanicOnRelease;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnRelease {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        if m.0.contains("segments released") {
+            panic!("a subscriber panics on {:?}", m.0);
+        }
+    }
+}
+
+#[test]
+fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let pool =
+        Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), PoolConfig::default()));
+    let big = pool.allocate(4 << 20, 512, 1).unwrap();
+    pool.deallocate(big, 1).unwrap();
+    let trimmer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let subscriber = tracing_subscriber::registry().with(PanicOnRelease);
+            tracing::subscriber::with_default(subscriber, || pool.trim())
+        })
+    };
+    assert!(trimmer.join().is_err(), "the trim was to panic");
+    // The segment left the books and never reached the upstream (leaked): nothing is on its way
+    // back, so the ladder reports out of memory at once. 1 s is the pool's bound on that wait: a
+    // free counted as in flight forever makes the ladder wait all of it.
+    let started = Instant::now();
+    let err = pool.allocate(22 << 20, 512, 2).unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 22 << 20), "{err:?}");
+    assert!(took < Duration::from_secs(1), "the ladder waited {took:?} for a free that was never made");
+    assert_eq!(pool.stats().reserved_bytes, 0);
+    assert_eq!(pool.upstream().live_bytes(), 20 << 20);
+    pool.validate().unwrap();
 }
