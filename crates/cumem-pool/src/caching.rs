@@ -31,7 +31,7 @@
 //! assert_eq!((report.released_bytes, pool.upstream().live_bytes()), (2 << 20, 0));
 //! ```
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -145,8 +145,10 @@ struct Returning {
 struct ReturningState {
     /// The ticket the next free gets.
     next: u64,
-    /// Tickets of the frees in flight.
-    in_flight: BTreeSet<u64>,
+    /// The frees in flight: ticket → bytes.
+    in_flight: BTreeMap<u64, u64>,
+    /// Their bytes in all.
+    bytes: u64,
     /// How many frees have finished so far.
     finished: u64,
 }
@@ -164,18 +166,20 @@ thread_local! {
 }
 
 impl Returning {
-    /// A free is in flight: its ticket.
-    fn start(&self) -> u64 {
+    /// A free of `bytes` is in flight: its ticket.
+    fn start(&self, bytes: u64) -> u64 {
         let mut st = self.state.lock();
         let ticket = st.next;
         st.next += 1;
-        st.in_flight.insert(ticket);
+        st.in_flight.insert(ticket, bytes);
+        st.bytes += bytes;
         ticket
     }
 
     fn finish(&self, ticket: u64) {
         let mut st = self.state.lock();
-        if st.in_flight.remove(&ticket) {
+        if let Some(bytes) = st.in_flight.remove(&ticket) {
+            st.bytes -= bytes;
             st.finished += 1;
         }
         drop(st);
@@ -196,7 +200,7 @@ impl Returning {
         if GIVING_BACK.with(|g| g.get()) == 0 {
             let started = st.next;
             let deadline = Instant::now() + RETURN_WAIT;
-            while st.in_flight.first().is_some_and(|&t| t < started) {
+            while st.in_flight.first_key_value().is_some_and(|(&t, _)| t < started) {
                 if self.done.wait_until(&mut st, deadline).timed_out() {
                     tracing::debug!(
                         "segment frees still in flight after {RETURN_WAIT:?}; not waiting longer"
@@ -227,7 +231,7 @@ impl<'a> InFlight<'a> {
     }
 
     fn push(&mut self, addr: u64, len: u64) {
-        let ticket = self.returning.start();
+        let ticket = self.returning.start(len);
         self.segs.push((addr, len, ticket));
     }
 }
@@ -505,6 +509,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         s.segments = (segs.map.len() + segs.expandable.segs.len()) as u64;
         s.upstream_allocations = segs.upstream_allocations;
         s.upstream_frees = segs.upstream_frees;
+        // Under the segments' lock, as `release` counts a segment out of them (the same order):
+        // a segment is in `reserved_bytes` or here, never in neither while it is on its way.
+        s.returning_bytes = self.returning.state.lock().bytes;
         s.oom_ladders = segs.oom_ladders;
         s.oom_errors = segs.oom_errors;
         s
