@@ -31,7 +31,7 @@
 //! assert_eq!((report.released_bytes, pool.upstream().live_bytes()), (2 << 20, 0));
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::{Duration, Instant};
