@@ -278,7 +278,9 @@ where
 {
     check_device(device, &*resource)?;
     let resource = resource.into_dyn_resource();
-    let previous = replace(&mut change_slots(), device.ordinal(), Some(resource));
+    let mut slots = change_slots();
+    *epoch(&mut EPOCHS.lock(), device.ordinal()) += 1;
+    let previous = replace(&mut slots, device.ordinal(), Some(resource));
     Ok(previous)
 }
 
@@ -291,9 +293,10 @@ where
 /// while a later override of the device is still alive changes nothing current, and when the
 /// later override was made directly on top of it, the later one restores what was current before
 /// both when it drops. A change made by other means ([`set_current_resource`],
-/// [`reset_current_resources`]) stands whichever order the guards drop in: a guard restores nothing
-/// when its resource is no longer current, and an override made after such a change restores that
-/// change, never what an earlier override replaced.
+/// [`reset_current_resources`]) stands whichever order the guards drop in, even one that makes an
+/// earlier override's own resource current again: a guard restores nothing when its resource is no
+/// longer current, and an override made after such a change restores that change, never what an
+/// earlier override replaced.
 pub fn scoped_current_resource<R>(device: &Device, resource: Arc<R>) -> Result<CurrentResourceGuard>
 where
     R: DeviceResource + ?Sized + 'static,
@@ -304,8 +307,10 @@ where
     let id = NEXT_SCOPE.fetch_add(1, Ordering::Relaxed);
     // The scopes' lock first, then the slots' (as the guard's drop takes them).
     let mut scopes = SCOPES.lock();
-    let previous = replace(&mut change_slots(), device.ordinal(), Some(resource));
-    scopes.push(Scope { id, device: device.ordinal(), installed, previous });
+    let mut slots = change_slots();
+    let epoch = *epoch(&mut EPOCHS.lock(), device.ordinal());
+    let previous = replace(&mut slots, device.ordinal(), Some(resource));
+    scopes.push(Scope { id, device: device.ordinal(), installed, previous, epoch });
     Ok(CurrentResourceGuard { device: *device, id })
 }
 
@@ -318,6 +323,8 @@ struct Scope {
     installed: Weak<dyn DeviceResource>,
     /// What to make current again when this override ends on top of its device's stack.
     previous: Option<Arc<dyn DeviceResource>>,
+    /// The device's [`EPOCHS`] entry when the override was made.
+    epoch: u64,
 }
 
 /// Every live scoped override, oldest first.
@@ -325,11 +332,29 @@ static SCOPES: parking_lot::Mutex<Vec<Scope>> = parking_lot::Mutex::new(Vec::new
 
 static NEXT_SCOPE: AtomicU64 = AtomicU64::new(0);
 
+/// Per device ordinal: how many changes other than overrides ([`set_current_resource`],
+/// [`reset_current_resources`]) it has seen. An override made on top of another one has the same
+/// epoch; one made after such a change has not, even when the change made the earlier override's
+/// very resource current again. Locked under `CURRENT`'s write lock only.
+static EPOCHS: parking_lot::Mutex<Vec<u64>> = parking_lot::Mutex::new(Vec::new());
+
+/// Device `i`'s entry of [`EPOCHS`].
+fn epoch(epochs: &mut Vec<u64>, i: usize) -> &mut u64 {
+    if epochs.len() <= i {
+        epochs.resize(i + 1, 0);
+    }
+    &mut epochs[i]
+}
+
 /// Lets go of every device's current resource: each device makes a fresh default on its next
 /// allocation. Buffers still alive keep their resources alive; a pool nothing else holds returns
 /// its memory to the driver now. Returns how many resources were let go.
 pub fn reset_current_resources() -> usize {
-    let taken: Slots = std::mem::take(&mut *change_slots());
+    let mut slots = change_slots();
+    // Every device a live override was made on has an entry (made with the override).
+    EPOCHS.lock().iter_mut().for_each(|e| *e += 1);
+    let taken: Slots = std::mem::take(&mut *slots);
+    drop(slots);
     // Dropped outside the lock: a pool's drop may wait for streams.
     taken.into_iter().flatten().count()
 }
@@ -361,12 +386,14 @@ impl Drop for CurrentResourceGuard {
             // A later override of the device is still alive. If it was made on top of this one, it
             // restores, when it ends, what was current before this one; if something else replaced
             // this override before the later one was made, that change stands and what this one
-            // would have restored is let go.
+            // would have restored is let go. The epoch tells the two apart when the change made
+            // this override's own resource current again.
             Some(later) => {
-                let on_top = later
-                    .previous
-                    .as_ref()
-                    .is_some_and(|p| std::ptr::addr_eq(Arc::as_ptr(p), ended.installed.as_ptr()));
+                let on_top = later.epoch == ended.epoch
+                    && later
+                        .previous
+                        .as_ref()
+                        .is_some_and(|p| std::ptr::addr_eq(Arc::as_ptr(p), ended.installed.as_ptr()));
                 if on_top {
                     std::mem::replace(&mut later.previous, ended.previous.take())
                 } else {

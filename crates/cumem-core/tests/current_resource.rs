@@ -213,6 +213,29 @@ fn a_change_between_two_overrides_stands_whichever_guard_drops_first() {
     }
 }
 
+/// Override A of R, `set_current_resource(X)`, `set_current_resource(R)`, override B: B was made
+/// after a change, not on top of A, though A's resource is current again. Dropping A then B leaves
+/// R current, as `set_current_resource` made it (B used to restore what was current before A).
+#[test]
+#[serial]
+fn an_override_made_after_a_change_back_to_an_earlier_overrides_resource_restores_that_change() {
+    let device = device();
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let outer = cumem_core::current_resource(&device).unwrap();
+    let (r, x, s) =
+        (Counting::new(stream.context()), Counting::new(stream.context()), Counting::new(stream.context()));
+    let guard_a = cumem_core::scoped_current_resource(&device, r.clone()).unwrap();
+    drop(cumem_core::set_current_resource(&device, x.clone()).unwrap());
+    drop(cumem_core::set_current_resource(&device, r.clone()).unwrap());
+    let guard_b = cumem_core::scoped_current_resource(&device, s.clone()).unwrap();
+    drop(guard_a);
+    assert!(is_current(&device, &s));
+    drop(guard_b);
+    assert!(is_current(&device, &r), "the change back to R was undone");
+    drop(cumem_core::set_current_resource(&device, outer.clone()).unwrap());
+    assert_eq!((Arc::strong_count(&r), Arc::strong_count(&x), Arc::strong_count(&s)), (1, 1, 1));
+}
+
 /// Overrides A and B, `reset_current_resources()`, override C: after all three guards drop, in
 /// either of two orders, no resource is current (the reviewer's second example; dropping B, C, A
 /// used to bring back what was current before A).

@@ -57,8 +57,8 @@
 //! ```
 //! # cumem_sys::testing::init();
 //! // `IpcMemHandle::open` claims its range of the allocation here; a second open of an
-//! // overlapping range, in any context, is `Error::AlreadyMapped` (see
-//! // `crates/cumem-ipc/tests/two_processes.rs`).
+//! // overlapping, non-empty range of the same bytes, in any context, is `Error::AlreadyMapped`
+//! // (see `crates/cumem-ipc/tests/two_processes.rs`).
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};

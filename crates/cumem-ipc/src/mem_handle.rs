@@ -100,11 +100,12 @@ impl IpcMemHandle {
     ///    it while this one reads or writes it, nor reads it while this one writes it.
     /// 3. The 64 driver bytes are those [`IpcMemHandle::export`] gave, unaltered, and no other
     ///    handle of the same allocation with different driver bytes is open in this process in
-    ///    another context while the returned [`ImportedBuffer`] lives. An open of the same bytes
-    ///    is refused in every context, and one the driver maps at a live import's address (the
-    ///    same context) too, but differing bytes that name the same allocation map elsewhere in
-    ///    another context and cannot be recognised. (Exporting one buffer twice gives the same
-    ///    bytes on the simulator; on a GPU it is not on record.)
+    ///    another context while the returned [`ImportedBuffer`] lives. An open of an overlapping,
+    ///    non-empty range of the same bytes is refused in every context (an empty range overlaps
+    ///    nothing and opens any number of times), and one the driver maps at a live import's
+    ///    address (the same context) too, but differing bytes that name the same allocation map
+    ///    elsewhere in another context and cannot be recognised. (Exporting one buffer twice gives
+    ///    the same bytes on the simulator; on a GPU it is not on record.)
     ///
     /// Safe code cannot open an import:
     ///

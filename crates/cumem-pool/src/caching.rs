@@ -31,9 +31,10 @@
 //! assert_eq!((report.released_bytes, pool.upstream().live_bytes()), (2 << 20, 0));
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
@@ -127,15 +128,36 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
 }
 
 /// Segments [`release`](CachingPool::release) took out of the books whose upstream free has not
-/// finished yet: a ladder that finds nothing to release and cannot grow waits for them and retries,
-/// since the memory is about to be back with the upstream (before frees were made with no lock
-/// held, it would have waited for the locks instead).
+/// finished yet. A ladder without expandable segments whose growth fails (after it has given its
+/// own released segments back) waits for the frees in flight at that moment (each free is a
+/// ticket; later frees are not waited for, so threads trimming back to back cannot keep it
+/// waiting), for at most [`RETURN_WAIT`], and asks the upstream once more if a free finished since
+/// it asked: that memory is about to be back with the upstream (before frees were made with no
+/// lock held, the ladder would have waited for the locks instead). A ladder with expandable
+/// segments never waits, and neither does one run from inside an upstream free.
 #[derive(Default)]
 struct Returning {
-    /// Bytes in flight, and how many segment frees have finished.
-    state: Mutex<(u64, u64)>,
+    state: Mutex<ReturningState>,
     done: Condvar,
 }
+
+#[derive(Default)]
+struct ReturningState {
+    /// The ticket the next free gets.
+    next: u64,
+    /// The frees in flight: ticket → bytes.
+    in_flight: BTreeMap<u64, u64>,
+    /// Their bytes in all.
+    bytes: u64,
+    /// How many frees have finished so far.
+    finished: u64,
+}
+
+/// How long a ladder whose growth failed waits for the frees in flight then. Bounded because a
+/// free may wait for the allocating thread itself: `cuMemFree` waits for the whole device, host
+/// functions included (driver brief §17), and a host function may wait for something the
+/// allocating thread does after its allocation returns. Past it the ladder reports out of memory.
+const RETURN_WAIT: Duration = Duration::from_secs(1);
 
 thread_local! {
     /// How many `give_back`s (of any pool) this thread is inside: an upstream free that uses a
@@ -144,34 +166,89 @@ thread_local! {
 }
 
 impl Returning {
-    fn start(&self, bytes: u64) {
-        self.state.lock().0 += bytes;
+    /// A free of `bytes` is in flight: its ticket.
+    fn start(&self, bytes: u64) -> u64 {
+        let mut st = self.state.lock();
+        let ticket = st.next;
+        st.next += 1;
+        st.in_flight.insert(ticket, bytes);
+        st.bytes += bytes;
+        ticket
     }
 
-    fn finish(&self, bytes: u64) {
+    fn finish(&self, ticket: u64) {
         let mut st = self.state.lock();
-        st.0 -= bytes;
-        st.1 += 1;
+        if let Some(bytes) = st.in_flight.remove(&ticket) {
+            st.bytes -= bytes;
+            st.finished += 1;
+        }
         drop(st);
         self.done.notify_all();
     }
 
     /// How many segment frees have finished so far.
     fn finished(&self) -> u64 {
-        self.state.lock().1
+        self.state.lock().finished
     }
 
-    /// After a failed growth: waits (no lock of the pool held) for the frees in flight, unless this
-    /// thread is inside one; whether a free finished since `seen` (from [`finished`](Self::finished)
-    /// before the growth), so that growing again may succeed.
+    /// After a failed growth: waits (no lock of the pool held), for at most [`RETURN_WAIT`], for
+    /// the frees in flight now, unless this thread is inside one; whether a free finished since
+    /// `seen` (from [`finished`](Self::finished) before the growth), so that growing again may
+    /// succeed.
     fn wait_for_frees(&self, seen: u64) -> bool {
         let mut st = self.state.lock();
         if GIVING_BACK.with(|g| g.get()) == 0 {
-            while st.0 > 0 {
-                self.done.wait(&mut st);
+            let started = st.next;
+            let deadline = Instant::now() + RETURN_WAIT;
+            while st.in_flight.first_key_value().is_some_and(|(&t, _)| t < started) {
+                if self.done.wait_until(&mut st, deadline).timed_out() {
+                    tracing::debug!(
+                        "segment frees still in flight after {RETURN_WAIT:?}; not waiting longer"
+                    );
+                    break;
+                }
             }
         }
-        st.1 != seen
+        st.finished != seen
+    }
+}
+
+/// Segments [`release`](CachingPool::release) took out of the books, on their way to the upstream
+/// ([`give_back`](CachingPool::give_back)). Each one counts as a free in flight from the moment it
+/// leaves the books; whatever is dropped here without having been freed (a panic on the way) stops
+/// counting, so that no ladder waits for it. Such a segment is leaked: the pool no longer knows
+/// it, and the upstream keeps it.
+struct InFlight<'a> {
+    returning: &'a Returning,
+    /// `(addr, len, ticket)`; those before `freed` are back with the upstream.
+    segs: Vec<(u64, u64, u64)>,
+    freed: usize,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(returning: &'a Returning) -> Self {
+        Self { returning, segs: Vec::new(), freed: 0 }
+    }
+
+    fn push(&mut self, addr: u64, len: u64) {
+        let ticket = self.returning.start(len);
+        self.segs.push((addr, len, ticket));
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let left = &self.segs[self.freed..];
+        if !left.is_empty() {
+            tracing::warn!(
+                segments = left.len(),
+                bytes = left.iter().map(|s| s.1).sum::<u64>(),
+                "segments taken out of the pool were not given back (a panic on the way); leaking them"
+            );
+        }
+        for &(_, _, ticket) in left {
+            self.returning.finish(ticket);
+        }
     }
 }
 
@@ -432,6 +509,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         s.segments = (segs.map.len() + segs.expandable.segs.len()) as u64;
         s.upstream_allocations = segs.upstream_allocations;
         s.upstream_frees = segs.upstream_frees;
+        // Under the segments' lock, as `release` counts a segment out of them (the same order):
+        // a segment is in `reserved_bytes` or here, never in neither while it is on its way.
+        s.returning_bytes = self.returning.state.lock().bytes;
         s.oom_ladders = segs.oom_ladders;
         s.oom_errors = segs.oom_errors;
         s
@@ -993,7 +1073,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 let seen = self.returning.finished();
                 let mut grown = self.grow(req.kind, req.need, true)?;
                 // Another thread's release may have taken segments out before this ladder locked
-                // the arenas, and not returned them yet: wait for that, then try once more.
+                // the arenas, and not returned them yet: wait for the frees in flight now (for a
+                // bounded time: such a free may wait for this very thread), then try once more.
                 if grown.is_none() && self.returning.wait_for_frees(seen) {
                     grown = self.grow(req.kind, req.need, true)?;
                 }
@@ -1080,7 +1161,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [`give_back`](Self::give_back) once no lock is held (nothing can reach them any more), then
     /// unmaps whole free chunks of expandable segments. The caller holds all arena locks and has
     /// synchronised after every free in them.
-    fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> (TrimReport, Vec<(u64, u64)>) {
+    fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> (TrimReport, InFlight<'_>) {
         let live = self.live_bytes();
         let mut segs = self.segments.lock();
         let mut cached = segs.reserved.saturating_sub(live.max(0) as u64);
@@ -1096,15 +1177,15 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         candidates.sort_unstable_by_key(|c| std::cmp::Reverse((c.0, c.1)));
         let mut report = TrimReport::default();
-        let mut unlinked = vec![];
+        // From here on a panic must not leave frees counted as in flight.
+        let mut unlinked = InFlight::new(&self.returning);
         for (len, addr, i, kind) in candidates {
             if cached <= keep {
                 break;
             }
             guards[i].set(kind).remove(addr);
-            unlinked.push((addr, len));
             segs.remove(addr);
-            self.returning.start(len);
+            unlinked.push(addr, len);
             cached = cached.saturating_sub(len);
             report.released_segments += 1;
             report.released_bytes += len;
@@ -1127,29 +1208,24 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Returns segments [`release`](Self::release) took out to the upstream. Call with no lock
     /// held: `cuMemFree` waits for the whole device, host functions included, and an upstream may
     /// run user code.
-    fn give_back(&self, unlinked: Vec<(u64, u64)>) {
-        /// Ends the free in flight even if the upstream panics, so that no ladder waits forever.
-        struct Giving<'a> {
-            returning: &'a Returning,
-            left: u64,
-        }
-        impl Drop for Giving<'_> {
+    fn give_back(&self, mut unlinked: InFlight<'_>) {
+        /// This thread is inside a `give_back` until dropped, even if the upstream panics.
+        struct Giving;
+        impl Drop for Giving {
             fn drop(&mut self) {
                 GIVING_BACK.with(|g| g.set(g.get() - 1));
-                if self.left > 0 {
-                    self.returning.finish(self.left);
-                }
             }
         }
-        if unlinked.is_empty() {
+        if unlinked.segs.is_empty() {
             return;
         }
         GIVING_BACK.with(|g| g.set(g.get() + 1));
-        let mut giving = Giving { returning: &self.returning, left: unlinked.iter().map(|u| u.1).sum() };
-        for (addr, len) in unlinked {
+        let _giving = Giving;
+        while let Some(&(addr, len, ticket)) = unlinked.segs.get(unlinked.freed) {
             self.upstream.deallocate(addr, len as usize);
-            giving.left -= len;
-            self.returning.finish(len);
+            // Only now: if the upstream panics, `unlinked`'s drop settles this free too.
+            unlinked.freed += 1;
+            self.returning.finish(ticket);
         }
     }
 }

@@ -98,6 +98,11 @@ pub struct PoolStats {
     /// (one chunk each). A segment is counted when it is taken out of the books, just before its
     /// upstream free (see `reserved_bytes`).
     pub upstream_frees: u64,
+    /// Bytes of segments taken out of the books (no longer in `reserved_bytes`) whose upstream
+    /// free has not returned yet: what the upstream still holds beyond `reserved_bytes`. Zero
+    /// whenever no release or trim is under way; a segment lost to a panic on its way back is
+    /// leaked (logged) and not counted here.
+    pub returning_bytes: u64,
     /// Times the out-of-memory ladder ran (cache released, synchronised, retried).
     pub oom_ladders: u64,
     /// Allocations that failed with [`PoolError::OutOfMemory`](crate::PoolError::OutOfMemory).

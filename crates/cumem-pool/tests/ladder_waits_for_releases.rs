@@ -2,9 +2,14 @@
 //! memory to the upstream: segments leave the books under the locks but reach the upstream only
 //! after the locks are let go. Here one thread's trim is held inside the upstream's free until
 //! another thread's ladder has failed to grow once; the ladder must wait for that free and retry,
-//! not fail. Under a watchdog, since a wrong wait hangs rather than fails.
+//! not fail. Under a watchdog, since a wrong wait hangs rather than fails. The wait is bounded:
+//! a free that itself waits for the allocating thread (as `cuMemFree` waits for a host function)
+//! must not hang the allocation, which reports out of memory instead.
+//! A release that panics (here in a tracing subscriber) before its frees are made must not leave
+//! them counted as in flight.
 
 use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
 
 use cumem_pool::{
     CachingPool, ExpandableUpstream, HostOrdering, HostUpstream, PoolConfig, PoolError, Upstream,
@@ -85,6 +90,8 @@ fn a_ladder_waits_for_memory_another_thread_is_returning() {
             }
         }
         // The segment is out of the books but not back with the upstream yet.
+        let stats = pool.stats();
+        assert_eq!((stats.reserved_bytes, stats.returning_bytes), (0, 20 << 20));
         let larger = pool.allocate(22 << 20, 512, 2);
         let report = trimmer.join().unwrap();
         assert_eq!(report.released_bytes, 20 << 20);
@@ -97,9 +104,138 @@ fn a_ladder_waits_for_memory_another_thread_is_returning() {
         };
         assert!(pool.upstream().gate.lock().ladder_failed);
         assert_eq!(pool.stats().oom_ladders, 1);
+        assert_eq!(pool.stats().returning_bytes, 0);
         pool.deallocate(larger, 2).unwrap();
         pool.validate().unwrap();
         pool.trim().unwrap();
         assert_eq!(pool.upstream().host.live_bytes(), 0);
     });
+}
+
+/// A host upstream whose first free is held until the test says the allocating thread has
+/// returned: a stand-in for `cuMemFree` waiting for a host function that waits for something that
+/// thread does after its allocation.
+struct HeldUpstream {
+    host: HostUpstream,
+    /// (the free has started, the allocating thread has returned)
+    gate: Mutex<(bool, bool)>,
+    changed: Condvar,
+}
+
+impl Upstream for HeldUpstream {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        self.host.allocate(bytes)
+    }
+    fn deallocate(&self, addr: u64, bytes: usize) {
+        let mut gate = self.gate.lock();
+        if !gate.0 {
+            gate.0 = true;
+            self.changed.notify_all();
+            while !gate.1 {
+                self.changed.wait(&mut gate);
+            }
+        }
+        drop(gate);
+        self.host.deallocate(addr, bytes)
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        None
+    }
+}
+
+impl HeldUpstream {
+    fn let_go(&self) {
+        self.gate.lock().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+#[test]
+fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
+    let pool = Arc::new(CachingPool::new(
+        HeldUpstream { host: HostUpstream::new(24 << 20), gate: Mutex::default(), changed: Condvar::new() },
+        HostOrdering::new(),
+        PoolConfig::default(),
+    ));
+    let big = pool.allocate(4 << 20, 512, 1).unwrap();
+    pool.deallocate(big, 1).unwrap();
+    let trimmer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.trim().unwrap())
+    };
+    {
+        let mut gate = pool.upstream().gate.lock();
+        while !gate.0 {
+            pool.upstream().changed.wait(&mut gate);
+        }
+    }
+    // The trim's free is held until this allocation has returned; it needs that free's memory.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let allocating = {
+        let pool = pool.clone();
+        std::thread::spawn(move || tx.send(pool.allocate(22 << 20, 512, 2).map(|b| b.addr())).unwrap())
+    };
+    let result = rx.recv_timeout(Duration::from_secs(20));
+    pool.upstream().let_go();
+    let result = result.expect("the allocation was still waiting for a free that waits for it");
+    assert!(
+        matches!(result, Err(PoolError::OutOfMemory { requested, .. }) if requested == 22 << 20),
+        "{result:?}"
+    );
+    allocating.join().unwrap();
+    assert_eq!(trimmer.join().unwrap().released_bytes, 20 << 20);
+    // The memory is back now.
+    let larger = pool.allocate(22 << 20, 512, 2).unwrap();
+    pool.deallocate(larger, 2).unwrap();
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().host.live_bytes(), 0);
+    assert!(pool.upstream().host.violations().is_empty());
+}
+
+/// A tracing layer that panics on the pool's "segments released" event: the release has taken
+/// segments out of the books and not given them back yet.
+struct PanicOnRelease;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnRelease {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        if m.0.contains("segments released") {
+            panic!("a subscriber panics on {:?}", m.0);
+        }
+    }
+}
+
+#[test]
+fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let pool =
+        Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), PoolConfig::default()));
+    let big = pool.allocate(4 << 20, 512, 1).unwrap();
+    pool.deallocate(big, 1).unwrap();
+    let trimmer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let subscriber = tracing_subscriber::registry().with(PanicOnRelease);
+            tracing::subscriber::with_default(subscriber, || pool.trim())
+        })
+    };
+    assert!(trimmer.join().is_err(), "the trim was to panic");
+    // The segment left the books and never reached the upstream (leaked): nothing is on its way
+    // back (a free counted as in flight forever would make every later ladder wait for it).
+    assert_eq!(pool.stats().returning_bytes, 0, "a free that was never made is still counted in flight");
+    let err = pool.allocate(22 << 20, 512, 2).unwrap_err();
+    assert!(matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 22 << 20), "{err:?}");
+    assert_eq!(pool.stats().reserved_bytes, 0);
+    assert_eq!(pool.upstream().live_bytes(), 20 << 20);
+    pool.validate().unwrap();
 }
