@@ -235,9 +235,10 @@ mod tests {
     const QUICK: Duration = Duration::from_secs(5);
 
     /// Runs (once) the hook set on this thread, where a pool pointer import's drop calls
-    /// `cuMemFree`.
+    /// `cuMemFree`. A drop during the thread's teardown, once the hook's slot is gone, runs none
+    /// (`try_with`: `with` would panic in that drop).
     pub(super) fn while_freeing() {
-        if let Some(hook) = WHILE_FREEING.with(|h| h.borrow_mut().take()) {
+        if let Some(hook) = WHILE_FREEING.try_with(|h| h.borrow_mut().take()).ok().flatten() {
             hook();
         }
     }

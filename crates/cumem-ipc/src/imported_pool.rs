@@ -386,8 +386,10 @@ mod tests {
     }
 
     /// Runs (once) the hook set on this thread, before `PoolHandle::drop` takes the table's lock.
+    /// A drop during the thread's teardown, once the hook's slot is gone, runs none (`try_with`:
+    /// `with` would panic in that drop).
     pub(super) fn before_table_lock() {
-        if let Some(hook) = HOOK.with(|h| h.borrow_mut().take()) {
+        if let Some(hook) = HOOK.try_with(|h| h.borrow_mut().take()).ok().flatten() {
             hook();
         }
     }
