@@ -362,9 +362,10 @@ mod tests {
     /// live import's address, 2026-11-23; the simulator does too). The driver answers with the
     /// address being freed, so the import waits for that free and imports again, getting a
     /// mapping of its own: it reads and writes the exporter's bytes, and its drop frees it once.
-    /// (The other order, the free returning before the import and the driver placing a fresh
-    /// mapping at the freed address, is not driven here: the simulator places each import at a
-    /// new address.)
+    /// Meanwhile an import of the same bytes as the one being dropped is refused at once
+    /// (`AlreadyMapped`): the drop releases them only after its free. (The other order, the free
+    /// returning before the import and the driver placing a fresh mapping at the freed address, is
+    /// not driven here: the simulator places each import at a new address.)
     #[test]
     #[serial]
     fn an_import_answered_with_an_address_being_freed_imports_again() {
@@ -372,37 +373,70 @@ mod tests {
         {
             let data: Vec<u32> = (0..4096).map(|i| i * 7 + 5).collect();
             let Exported { stream, buf, export, imported } = exported(0, &data);
+            let imported = Arc::new(imported);
             let mut wire = export.to_bytes();
             wire[8 + 63] ^= 0xFF;
             let same_allocation = PoolPointerExport::from_bytes(&wire).unwrap();
-            // SAFETY: `buf` outlives both imports (dropped after them); its fill completed above,
+            // SAFETY: `buf` outlives every import (dropped after them); its fill completed above,
             // and it is read only after the second import's write has completed (`to_vec` waits).
             let first = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
             let freed_at = first.device_ptr();
             let (arrived_tx, arrived) = channel();
             let (open, open_rx) = channel::<()>();
             let waits_before = TOMBSTONE_WAITS.load(Ordering::SeqCst);
-            let (waited, second) = std::thread::scope(|scope| {
+            let (same_bytes, waited, second) = std::thread::scope(|scope| {
                 scope.spawn(move || {
                     hold_next_free(arrived_tx, open_rx);
                     drop(first);
                 });
                 arrived.recv_timeout(PATIENCE).expect("the drop reached its free");
-                let (imported, stream, same_allocation) = (&imported, &stream, &same_allocation);
-                let second = scope.spawn(move || {
+                let (done_tx, done) = channel();
+                let (imported_ref, stream_ref, export_ref) = (&*imported, &stream, &export);
+                scope.spawn(move || {
+                    // SAFETY: as above; an import made here is dropped at once.
+                    let import = unsafe { imported_ref.import_pointer::<u32>(export_ref, stream_ref) };
+                    let _ = done_tx.send(import.map(drop));
+                });
+                let same_bytes = match done.recv_timeout(QUICK) {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        // Opened, so that the waiting import and the scope finish.
+                        drop(open);
+                        panic!("an import of the bytes being dropped did not answer within {QUICK:?}: {e:?}");
+                    }
+                };
+                // Not scoped: should the import never wake, the test fails after PATIENCE instead
+                // of waiting for it at the end of the scope.
+                let (imported, stream) = (Arc::clone(&imported), stream.clone());
+                let second = std::thread::spawn(move || {
                     // SAFETY: as above.
-                    unsafe { imported.import_pointer::<u32>(same_allocation, stream) }
+                    unsafe { imported.import_pointer::<u32>(&same_allocation, &stream) }
                 });
                 let start = Instant::now();
-                while TOMBSTONE_WAITS.load(Ordering::SeqCst) == waits_before && start.elapsed() < PATIENCE {
+                while TOMBSTONE_WAITS.load(Ordering::SeqCst) == waits_before
+                    && !second.is_finished()
+                    && start.elapsed() < PATIENCE
+                {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 let waited = TOMBSTONE_WAITS.load(Ordering::SeqCst) > waits_before;
                 drop(open);
-                (waited, second.join().unwrap())
+                (same_bytes, waited, second)
             });
+            assert!(
+                matches!(same_bytes, Err(cumem_core::Error::AlreadyMapped { .. })),
+                "an import of the bytes being dropped: {same_bytes:?}"
+            );
             assert!(waited, "the import did not wait for the free of {freed_at:#x}");
-            let mut second = second.unwrap();
+            let start = Instant::now();
+            while !second.is_finished() {
+                assert!(
+                    start.elapsed() < PATIENCE,
+                    "the import waited {PATIENCE:?} after the free of {freed_at:#x} returned"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut second = second.join().unwrap().unwrap();
             assert_eq!(second.as_slice().to_vec().unwrap(), data, "a mapping of its own");
             let ones = vec![1u32; data.len()];
             cumem_copy::copy_h2d(&ones, &mut second.as_mut_slice()).unwrap();
