@@ -45,14 +45,21 @@ pub(crate) enum Source {
 /// (driver-api.md §17) `cuMemFree` waits for every stream of the context while one of them runs a
 /// blocked host function, even for an idle allocation (measured for `cuMemAlloc` memory; for an
 /// imported pool pointer it is not on record). So such a drop can wait on unrelated work of its
-/// context (a held stream, a `queue_on` closure blocked on something). It holds no lock of cumem's
-/// while it frees, so other threads' pool pointer imports and drops go on, in any context, with one
-/// exception: an import that the driver answers with the address of an import being freed (an
-/// import of the same allocation through export bytes that differ, while the first import's drop
-/// frees it) waits for that free to return and imports again (see `live_imports`). So a thread that
-/// a host function of context C waits for must not import a pointer of an allocation whose import
-/// in C another thread may be dropping (an import of the same export's bytes is refused with
-/// `AlreadyMapped` until that drop returns, without waiting). (A legacy import's last
+/// context (a held stream, a `queue_on` closure blocked on something). While it waits, other
+/// threads' calls in its context C may wait too: on that H100 a waiting free held up the context's
+/// allocations and queued work, another pool pointer drop in C waits in its own `cuMemFree` for
+/// the same work, and whether
+/// an import's `cuMemPoolImportPointer` in C waits behind the free is not on record. The drop holds
+/// no lock of cumem's while it frees, nor does an import across its driver call, so pool pointer
+/// imports and drops in other contexts go on, with one exception: an import (in any context) that
+/// the driver answers with the address of an import being freed (an import of the same allocation
+/// through export bytes that differ, while the first import's drop frees it) waits for that free
+/// to return and imports again (see `live_imports`). So a thread that a host function of context C
+/// waits for must not drop a pool pointer import of C (its free waits for the host function), and,
+/// while another thread may be dropping one, must not import a pointer in C (the driver's import
+/// may wait for that free) nor import one of the allocation being freed, in any context (it waits
+/// for that free). An import of the same export's bytes as the one being dropped does not wait: it
+/// is refused with `AlreadyMapped` until that drop returns. (A legacy import's last
 /// `cuIpcCloseMemHandle` may wait for the device's work too, and holds no lock of cumem's either.)
 pub struct ImportedBuffer<T> {
     /// What the driver mapped (the whole exported allocation), closed on drop.
@@ -169,7 +176,7 @@ impl<T> Drop for ImportedBuffer<T> {
                 // unrelated work of the context (driver-api.md §17): an import the driver answers
                 // with this address meanwhile waits for the tombstone and imports again, since it
                 // cannot tell this mapping from a fresh one at the same address (see
-                // `live_imports`). Every other import and free goes on.
+                // `live_imports`). Every other import and free goes on, as far as cumem's locks go.
                 let freeing = live_imports::start_free(self.base);
                 #[cfg(test)]
                 tests::while_freeing();
@@ -204,13 +211,16 @@ impl<T> std::fmt::Debug for ImportedBuffer<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! A pool pointer import's drop whose `cuMemFree` waits. On an H100 a `cuMemFree` waits while
     //! a stream of the context runs a blocked host function (driver-api.md §17); the simulator
     //! does not make a free of pool memory wait (the brief: `cuMemFree` of pool memory does not
     //! synchronise, [H:8617]; what a GPU does for an imported pool pointer is not on record). So
     //! a hook holds the drop where it calls `cuMemFree`, on the dropping thread only, for as long
     //! as the test says: the rest of the process sees what it would see of a free that waits.
+    //! Another holds an import between the driver's answer and the claim of its address, where an
+    //! import whose `cuMemPoolImportPointer` waits (behind a free of its context, say) would be,
+    //! and where a free may return between the two.
 
     use std::cell::RefCell;
     use std::sync::Arc;
@@ -222,11 +232,12 @@ mod tests {
     use cumem_sys::testing;
     use serial_test::serial;
 
-    use crate::live_imports::tests::TOMBSTONE_WAITS;
+    use crate::live_imports::tests::{FREED_IN_WINDOW, TOMBSTONE_WAITS};
     use crate::{ImportedPool, PoolPointerExport, ShareablePool};
 
     thread_local! {
         static WHILE_FREEING: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+        static AFTER_ANSWER: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
     }
 
     /// How long a step another thread waits for may take at most before the test gives up on it.
@@ -235,22 +246,40 @@ mod tests {
     const QUICK: Duration = Duration::from_secs(5);
 
     /// Runs (once) the hook set on this thread, where a pool pointer import's drop calls
-    /// `cuMemFree`.
+    /// `cuMemFree`. A drop during the thread's teardown, once the hook's slot is gone, runs none
+    /// (`try_with`: `with` would panic in that drop).
     pub(super) fn while_freeing() {
-        if let Some(hook) = WHILE_FREEING.with(|h| h.borrow_mut().take()) {
+        if let Some(hook) = WHILE_FREEING.try_with(|h| h.borrow_mut().take()).ok().flatten() {
             hook();
         }
     }
 
-    /// Holds the next pool pointer free of the calling thread: it says so on `arrived`, then
-    /// waits until `open` sends or is dropped (or [`PATIENCE`] passes, so that nothing hangs).
+    /// Runs (once) the hook set on this thread, where a pool pointer import has the driver's
+    /// answer and has not claimed its address yet.
+    pub(crate) fn after_import_answer() {
+        if let Some(hook) = AFTER_ANSWER.try_with(|h| h.borrow_mut().take()).ok().flatten() {
+            hook();
+        }
+    }
+
+    /// A hook that says it runs on `arrived`, then waits until `open` sends or is dropped (or
+    /// [`PATIENCE`] passes, so that nothing hangs).
+    fn hold(arrived: Sender<()>, open: Receiver<()>) -> Box<dyn FnOnce()> {
+        Box::new(move || {
+            let _ = arrived.send(());
+            let _ = open.recv_timeout(PATIENCE);
+        })
+    }
+
+    /// Holds the next pool pointer free of the calling thread (see [`hold`]).
     fn hold_next_free(arrived: Sender<()>, open: Receiver<()>) {
-        WHILE_FREEING.with(|h| {
-            *h.borrow_mut() = Some(Box::new(move || {
-                let _ = arrived.send(());
-                let _ = open.recv_timeout(PATIENCE);
-            }))
-        });
+        WHILE_FREEING.with(|h| *h.borrow_mut() = Some(hold(arrived, open)));
+    }
+
+    /// Holds the next pool pointer import of the calling thread once the driver has answered,
+    /// before the claim of its address (see [`hold`]).
+    fn hold_next_answer(arrived: Sender<()>, open: Receiver<()>) {
+        AFTER_ANSWER.with(|h| *h.borrow_mut() = Some(hold(arrived, open)));
     }
 
     /// A buffer of a fresh shareable pool on `ordinal`, holding `data` (its fill completed), its
@@ -361,15 +390,106 @@ mod tests {
     /// live import's address, 2026-11-23; the simulator does too). The driver answers with the
     /// address being freed, so the import waits for that free and imports again, getting a
     /// mapping of its own: it reads and writes the exporter's bytes, and its drop frees it once.
-    /// (The other order, the free returning before the import and the driver placing a fresh
-    /// mapping at the freed address, is not driven here: the simulator places each import at a
-    /// new address.)
+    /// Meanwhile an import of the same bytes as the one being dropped is refused at once
+    /// (`AlreadyMapped`): the drop releases them only after its free. (The other order, the free
+    /// returning before the import and the driver placing a fresh mapping at the freed address, is
+    /// not driven here: the simulator places each import at a new address.)
     #[test]
     #[serial]
     fn an_import_answered_with_an_address_being_freed_imports_again() {
         init_with_no_violations();
         {
             let data: Vec<u32> = (0..4096).map(|i| i * 7 + 5).collect();
+            let Exported { stream, buf, export, imported } = exported(0, &data);
+            let imported = Arc::new(imported);
+            let mut wire = export.to_bytes();
+            wire[8 + 63] ^= 0xFF;
+            let same_allocation = PoolPointerExport::from_bytes(&wire).unwrap();
+            // SAFETY: `buf` outlives every import (dropped after them); its fill completed above,
+            // and it is read only after the second import's write has completed (`to_vec` waits).
+            let first = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
+            let freed_at = first.device_ptr();
+            let (arrived_tx, arrived) = channel();
+            let (open, open_rx) = channel::<()>();
+            let waits_before = TOMBSTONE_WAITS.load(Ordering::SeqCst);
+            let (same_bytes, waited, second) = std::thread::scope(|scope| {
+                scope.spawn(move || {
+                    hold_next_free(arrived_tx, open_rx);
+                    drop(first);
+                });
+                arrived.recv_timeout(PATIENCE).expect("the drop reached its free");
+                let (done_tx, done) = channel();
+                let (imported_ref, stream_ref, export_ref) = (&*imported, &stream, &export);
+                scope.spawn(move || {
+                    // SAFETY: as above; an import made here is dropped at once.
+                    let import = unsafe { imported_ref.import_pointer::<u32>(export_ref, stream_ref) };
+                    let _ = done_tx.send(import.map(drop));
+                });
+                let same_bytes = match done.recv_timeout(QUICK) {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        // Opened, so that the waiting import and the scope finish.
+                        drop(open);
+                        panic!("an import of the bytes being dropped did not answer within {QUICK:?}: {e:?}");
+                    }
+                };
+                // Not scoped: should the import never wake, the test fails after PATIENCE instead
+                // of waiting for it at the end of the scope.
+                let (imported, stream) = (Arc::clone(&imported), stream.clone());
+                let second = std::thread::spawn(move || {
+                    // SAFETY: as above.
+                    unsafe { imported.import_pointer::<u32>(&same_allocation, &stream) }
+                });
+                let start = Instant::now();
+                while TOMBSTONE_WAITS.load(Ordering::SeqCst) == waits_before
+                    && !second.is_finished()
+                    && start.elapsed() < PATIENCE
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let waited = TOMBSTONE_WAITS.load(Ordering::SeqCst) > waits_before;
+                drop(open);
+                (same_bytes, waited, second)
+            });
+            assert!(
+                matches!(same_bytes, Err(cumem_core::Error::AlreadyMapped { .. })),
+                "an import of the bytes being dropped: {same_bytes:?}"
+            );
+            assert!(waited, "the import did not wait for the free of {freed_at:#x}");
+            let start = Instant::now();
+            while !second.is_finished() {
+                assert!(
+                    start.elapsed() < PATIENCE,
+                    "the import waited {PATIENCE:?} after the free of {freed_at:#x} returned"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut second = second.join().unwrap().unwrap();
+            assert_eq!(second.as_slice().to_vec().unwrap(), data, "a mapping of its own");
+            let ones = vec![1u32; data.len()];
+            cumem_copy::copy_h2d(&ones, &mut second.as_mut_slice()).unwrap();
+            drop(second);
+            assert_eq!(buf.to_vec().unwrap(), ones, "the import wrote the exporter's bytes");
+            drop(imported);
+            drop(buf);
+            assert_every_import_freed_once();
+        }
+        assert_clean_report();
+    }
+
+    /// Another thread's import of bytes that name a live import's allocation (the last byte
+    /// flipped) is answered with the live import's address and held before it claims it;
+    /// meanwhile the live import is dropped and its free returns. The answer may be the mapping
+    /// that free unmapped, so the import imports again and gets a mapping of its own: it reads and
+    /// writes the exporter's bytes, and its drop frees it once. (An import that claimed the answer
+    /// would hold an unmapped address: on the simulator it fails, `NotFound`, and frees that
+    /// address a second time.)
+    #[test]
+    #[serial]
+    fn an_import_answered_before_a_free_returns_imports_again() {
+        init_with_no_violations();
+        {
+            let data: Vec<u32> = (0..4096).map(|i| i * 11 + 3).collect();
             let Exported { stream, buf, export, imported } = exported(0, &data);
             let mut wire = export.to_bytes();
             wire[8 + 63] ^= 0xFF;
@@ -380,27 +500,20 @@ mod tests {
             let freed_at = first.device_ptr();
             let (arrived_tx, arrived) = channel();
             let (open, open_rx) = channel::<()>();
-            let waits_before = TOMBSTONE_WAITS.load(Ordering::SeqCst);
-            let (waited, second) = std::thread::scope(|scope| {
-                scope.spawn(move || {
-                    hold_next_free(arrived_tx, open_rx);
-                    drop(first);
-                });
-                arrived.recv_timeout(PATIENCE).expect("the drop reached its free");
+            let again_before = FREED_IN_WINDOW.load(Ordering::SeqCst);
+            let second = std::thread::scope(|scope| {
                 let (imported, stream, same_allocation) = (&imported, &stream, &same_allocation);
                 let second = scope.spawn(move || {
+                    hold_next_answer(arrived_tx, open_rx);
                     // SAFETY: as above.
                     unsafe { imported.import_pointer::<u32>(same_allocation, stream) }
                 });
-                let start = Instant::now();
-                while TOMBSTONE_WAITS.load(Ordering::SeqCst) == waits_before && start.elapsed() < PATIENCE {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                let waited = TOMBSTONE_WAITS.load(Ordering::SeqCst) > waits_before;
+                let reached = arrived.recv_timeout(PATIENCE);
+                drop(first);
                 drop(open);
-                (waited, second.join().unwrap())
+                reached.expect("the import reached its claim");
+                second.join().unwrap()
             });
-            assert!(waited, "the import did not wait for the free of {freed_at:#x}");
             let mut second = second.unwrap();
             assert_eq!(second.as_slice().to_vec().unwrap(), data, "a mapping of its own");
             let ones = vec![1u32; data.len()];
@@ -409,6 +522,65 @@ mod tests {
             assert_eq!(buf.to_vec().unwrap(), ones, "the import wrote the exporter's bytes");
             drop(imported);
             drop(buf);
+            assert_every_import_freed_once();
+            assert!(
+                FREED_IN_WINDOW.load(Ordering::SeqCst) > again_before,
+                "the import claimed the address {freed_at:#x} freed under its answer"
+            );
+        }
+        assert_clean_report();
+    }
+
+    /// An import held between the driver's answer and its claim (where one whose
+    /// `cuMemPoolImportPointer` waits behind a free of its context would be) holds up no other
+    /// thread's import, read and drop of another pool's pointer; it then completes.
+    #[test]
+    #[serial]
+    fn an_import_in_flight_does_not_hold_up_other_imports_and_drops() {
+        init_with_no_violations();
+        {
+            let held_data: Vec<u32> = (0..1024).map(|i| i * 13 + 1).collect();
+            let other_data: Vec<u32> = (0..2048).map(|i| i ^ 0x5A5A).collect();
+            let held = exported(0, &held_data);
+            let other = exported(if Device::count().unwrap() > 1 { 1 } else { 0 }, &other_data);
+            let (arrived_tx, arrived) = channel();
+            let (open, open_rx) = channel::<()>();
+            let (answered, slow) = std::thread::scope(|scope| {
+                let held = &held;
+                let slow = scope.spawn(move || {
+                    hold_next_answer(arrived_tx, open_rx);
+                    // SAFETY: `held.buf` outlives the import (dropped at once); its fill completed
+                    // above and nothing writes it.
+                    let import = unsafe { held.imported.import_pointer::<u32>(&held.export, &held.stream) };
+                    import.and_then(|import| import.as_slice().to_vec())
+                });
+                let reached = arrived.recv_timeout(PATIENCE);
+                let (done_tx, done) = channel();
+                let other = &other;
+                scope.spawn(move || {
+                    // SAFETY: `other.buf` outlives the import (dropped at once); its fill completed
+                    // above and nothing writes it.
+                    let import =
+                        unsafe { other.imported.import_pointer::<u32>(&other.export, &other.stream) };
+                    let read = import.and_then(|import| import.as_slice().to_vec());
+                    let _ = done_tx.send(read);
+                });
+                let answered = done.recv_timeout(QUICK);
+                // Opened in every case, so that a waiting import finishes and the scope ends.
+                drop(open);
+                reached.expect("the import reached its claim");
+                (answered, slow.join().unwrap())
+            });
+            match answered {
+                Ok(read) => assert_eq!(read.unwrap(), other_data),
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("another pool's import and drop waited {QUICK:?} for an import in flight")
+                }
+                Err(RecvTimeoutError::Disconnected) => panic!("the other import panicked (see above)"),
+            }
+            assert_eq!(slow.unwrap(), held_data, "the held import completed");
+            drop(other);
+            drop(held);
             assert_every_import_freed_once();
         }
         assert_clean_report();

@@ -294,19 +294,23 @@ impl ImportedPool {
         if !live_imports::claim_pool_export(&raw) {
             return Err(already());
         }
-        // The import and the claim of its address under one guard: no other import comes between
-        // them, and no drop takes the address off the live set meanwhile (see `live_imports`).
-        let mut addresses = live_imports::pool_addresses();
+        // No lock of cumem's across the driver's import, which may wait behind a `cuMemFree` of
+        // the context (driver-api.md §17: there a free holds up the context's allocations; for
+        // this call that is not on record): a window records the frees that return meanwhile,
+        // and an answer whose address one of them freed is not trusted (see `live_imports`).
         let base = loop {
+            let window = live_imports::open_import_window();
             let base = match ffi::pool_import_pointer(self.inner.raw, raw) {
                 Ok(base) => base,
                 Err(e) => {
-                    drop(addresses);
+                    drop(window);
                     live_imports::release_pool_export(&raw);
                     return Err(e);
                 }
             };
-            match addresses.claim(base) {
+            #[cfg(test)]
+            crate::imported::tests::after_import_answer();
+            match window.claim(base) {
                 AddressClaim::Claimed => break base,
                 AddressClaim::Live => {
                     // The driver returned a live import's address (export bytes that differ from
@@ -314,19 +318,17 @@ impl ImportedPool {
                     // above). It does not count imports of one address (an H100, 2026-11-23):
                     // this is that import's mapping, and a cuMemFree here would unmap it under its
                     // `ImportedBuffer`. Nothing to free.
-                    drop(addresses);
                     live_imports::release_pool_export(&raw);
                     return Err(already());
                 }
-                // The address of an import whose drop is freeing it: this is either that mapping
-                // (uncounted, about to be unmapped) or a fresh one the driver placed there after
-                // the free. Once the free has returned, a second import owns exactly one mapping
-                // either way (the fresh one, answered again uncounted, or a new one), so the first
-                // answer is not freed: it is gone, or it is the second.
-                AddressClaim::Freeing => addresses = addresses.wait_freed(base),
+                // A free of this address overlapped the driver's answer: the answer is either the
+                // mapping that free unmapped (uncounted, owning nothing) or a fresh one the driver
+                // placed there after it. Once the free has returned, a second import owns exactly
+                // one mapping either way (the fresh one, answered again uncounted, or a new one),
+                // so the first answer is not freed: it is gone, or it is the second.
+                AddressClaim::Again => {}
             }
         };
-        drop(addresses);
         // Built before any further fallible step, so that every error path below frees the import
         // (by dropping it). The pointer wraps rather than panics on a forged offset; it is used
         // only once the range check below has passed.
@@ -386,8 +388,10 @@ mod tests {
     }
 
     /// Runs (once) the hook set on this thread, before `PoolHandle::drop` takes the table's lock.
+    /// A drop during the thread's teardown, once the hook's slot is gone, runs none (`try_with`:
+    /// `with` would panic in that drop).
     pub(super) fn before_table_lock() {
-        if let Some(hook) = HOOK.with(|h| h.borrow_mut().take()) {
+        if let Some(hook) = HOOK.try_with(|h| h.borrow_mut().take()).ok().flatten() {
             hook();
         }
     }

@@ -28,26 +28,42 @@
 //! address is already claimed here is refused and never freed: freeing it would unmap the live
 //! one, and not freeing it leaks nothing, since it is the same mapping.
 //!
-//! An import claims its address under the addresses' lock, held across its
-//! `cuMemPoolImportPointer`, so that no other import or free comes between the driver's answer and
-//! the claim. A free does not hold that lock across its `cuMemFree`, which is synchronous (on an
-//! H100 a `cuMemFree` of `cuMemAlloc` memory waits while any stream of the context runs a blocked
-//! host function, driver-api.md §17; for an imported pool pointer that is not on record): every
-//! import and free of the process would wait behind it, in any context.
-//! Instead the drop moves its address from the live set to the freeing set (a tombstone) under
-//! the lock, frees with no lock of cumem's held, and removes the tombstone under the lock again,
-//! waking the imports that wait for it. An import that the driver answers with an address being
-//! freed cannot tell which mapping it got: the one about to be unmapped (before the free: the
-//! driver returned it uncounted, so it owns nothing) or a fresh one that the driver happened to
-//! place at the same address (after the free: it owns that one). So it waits, releasing the lock,
-//! until that tombstone is gone, and imports again. By then the old mapping is gone: the driver
-//! answers with its fresh mapping if it made one (again uncounted: the two answers are one mapping,
-//! so nothing is freed, and freeing the first would unmap the second), or maps anew; either way the
-//! import owns exactly one mapping, whose address it checks again like any other. Only an import
-//! that gets the address of an import being freed waits for that free; every other import and
-//! free goes on. (Should that second import fail, the first answer is not freed either: it may be
-//! the mapping that was just unmapped, whose address may since belong to someone else; at worst one
-//! mapping leaks, never one freed twice.)
+//! Neither an import nor a free holds a lock of cumem's across its driver call. A `cuMemFree` is
+//! synchronous (on an H100 a `cuMemFree` of `cuMemAlloc` memory waits while any stream of the
+//! context runs a blocked host function, and meanwhile holds up the context's allocations and
+//! queued work, driver-api.md §17; for an imported pool pointer that is not on record), and whether
+//! `cuMemPoolImportPointer` waits behind a free of its context is not on record either: under a
+//! lock, every import and free of the process would wait behind such a call, in any context.
+//! Instead a drop moves its address from the live set to the freeing set (a tombstone) under the
+//! addresses' lock, frees with no lock held, and removes the tombstone under the lock again,
+//! counting the free's return and waking the imports that wait for it. An import opens a *window*
+//! under the lock before asking the driver (noting how many frees have returned) and closes it
+//! under the lock when it claims its answer's address; a free that returns while a window is open
+//! is recorded against its address. So every free of an address that overlapped an import's driver
+//! call, or ran between the answer and the claim, is seen at the claim: still running (its
+//! tombstone) or returned since the window opened (its record). Such an answer cannot be trusted:
+//! it is either the mapping that free unmaps (answered before the free: the driver returned it
+//! uncounted, so the import owns nothing) or a fresh one that the driver placed at the same address
+//! (after the free: the import owns that one). So the import waits, releasing the lock, until that
+//! free has returned (where it has not yet), and imports again in a new window. By then the old
+//! mapping is gone: the driver answers with its fresh mapping if it made one (again uncounted: the
+//! two answers are one mapping, so nothing is freed, and freeing the first would unmap the second),
+//! or maps anew; either way the import owns exactly one mapping, whose address it checks again like
+//! any other. (Such an answer is retried even where a live import now has the address: that import
+//! may have been mapped there after the free, of another allocation.) An answer that no free
+//! overlapped is a mapping that stayed mapped from the answer to the claim: at a live import's
+//! address it is that import's mapping (two imports in flight may be answered with one mapping, one
+//! of them uncounted: the first to claim it owns it), refused and not freed; elsewhere the import
+//! claims it, and it stays mapped until that import's drop frees it (cumem frees no address it has
+//! not claimed). Only an import that the driver answers with the address of an import being freed
+//! waits for that free; every other import and free goes on, as far as cumem's locks go (the driver
+//! may hold up calls of the freeing context, above). (Should that second import fail, the first
+//! answer is not freed either: it may be the mapping that was just unmapped, whose address may
+//! since belong to someone else. At worst one mapping leaks, never one freed twice; the imported
+//! pool's later `cuMemPoolDestroy` is then refused (the driver refuses it while pointers imported
+//! through the pool are mapped), so the pool's handle leaks too, and the exporter's eventual free
+//! meets an import still mapped here, which the driver asks importers not to leave. That is no
+//! memory-safety issue for this process: nothing in it wraps that mapping.)
 //!
 //! Lock order: the addresses' lock and the exports' lock are never held together (each is
 //! released before the other is taken); the legacy table's lock is independent of both. A drop
@@ -86,8 +102,11 @@ struct LegacyTable {
 
 static LEGACY: Mutex<LegacyTable> = Mutex::new(LegacyTable { next: 1, claims: BTreeMap::new() });
 static LIVE_POOL_EXPORTS: Mutex<BTreeSet<[u8; POOL_EXPORT_SIZE]>> = Mutex::new(BTreeSet::new());
-static POOL_ADDRESSES: Mutex<AddressTable> =
-    Mutex::new(AddressTable { live: BTreeSet::new(), freeing: BTreeSet::new() });
+static POOL_ADDRESSES: Mutex<AddressTable> = Mutex::new(AddressTable {
+    live: BTreeSet::new(),
+    freeing: BTreeSet::new(),
+    ends: FreeEnds { count: 0, at: BTreeMap::new(), windows: BTreeMap::new() },
+});
 /// Notified when a tombstone is removed from `POOL_ADDRESSES`.
 static FREED: Condvar = Condvar::new();
 
@@ -97,6 +116,8 @@ struct AddressTable {
     live: BTreeSet<CUdeviceptr>,
     /// Tombstones: taken off `live` by a drop whose `cuMemFree` may not have returned yet.
     freeing: BTreeSet<CUdeviceptr>,
+    /// When frees returned, relative to the imports in flight.
+    ends: FreeEnds,
 }
 
 fn legacy() -> std::sync::MutexGuard<'static, LegacyTable> {
@@ -173,59 +194,111 @@ pub(crate) fn release_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) {
     live_pool_exports().remove(raw);
 }
 
+/// Which frees returned while an import's `cuMemPoolImportPointer` was in flight.
+struct FreeEnds {
+    /// How many pool pointer frees have returned (tombstones removed), ever.
+    count: u64,
+    /// For an address freed while a window was open: the `count` its last free's return made.
+    at: BTreeMap<CUdeviceptr, u64>,
+    /// The open windows: the `count` each saw when it opened, with how many opened at it.
+    windows: BTreeMap<u64, usize>,
+}
+
+impl FreeEnds {
+    fn close(&mut self, opened_at: u64) {
+        if let Some(n) = self.windows.get_mut(&opened_at) {
+            *n -= 1;
+            if *n == 0 {
+                self.windows.remove(&opened_at);
+            }
+        }
+        // An end at or before the oldest open window's start is no window's concern, nor that of
+        // a window opened later (it sees a `count` at least as large).
+        match self.windows.keys().next() {
+            None => self.at.clear(),
+            Some(&oldest) => self.at.retain(|_, end| *end > oldest),
+        }
+    }
+}
+
 fn address_table() -> MutexGuard<'static, AddressTable> {
-    // As `legacy`: each change is one insert or remove, or one move between the two sets.
+    // As `legacy`: each change is one insert or remove, or one move between the two sets, or one
+    // count with the entries it orders.
     POOL_ADDRESSES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// What an import's address is in this process (see [`PoolAddresses::claim`]).
+/// What an import's address is in this process (see [`ImportWindow::claim`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum AddressClaim {
-    /// Claimed for the import: no other import of this process is mapped there.
+    /// Claimed for the import: the driver's answer is a mapping that stays until the import frees
+    /// it, and no other import of this process is mapped there.
     Claimed,
     /// A live import's address: the driver returned that import's mapping, uncounted. Not to be
     /// freed.
     Live,
-    /// The address of an import being freed: wait with [`PoolAddresses::wait_freed`] and import
-    /// again. Not to be freed (it may be the mapping about to be unmapped).
-    Freeing,
+    /// A free of this address overlapped the window (ran during the driver's call, or between its
+    /// answer and the claim): the answer may be the mapping that free unmapped. Not to be freed;
+    /// import again, in a new window. When the free had not returned yet, `claim` waited for it.
+    Again,
 }
 
-/// The addresses' lock, held by an import across `cuMemPoolImportPointer` and the claim of the
-/// address it gets (see the module docs).
-pub(crate) struct PoolAddresses(MutexGuard<'static, AddressTable>);
-
-/// Takes the addresses' lock. Not to be held while the exports' lock is taken.
-pub(crate) fn pool_addresses() -> PoolAddresses {
-    PoolAddresses(address_table())
+/// An import's `cuMemPoolImportPointer` in flight, between [`open_import_window`] and
+/// [`ImportWindow::claim`]: no lock of cumem's is held meanwhile (see the module docs). Dropped
+/// without a claim (the driver refused the import), it closes.
+pub(crate) struct ImportWindow {
+    /// `FreeEnds::count` when it opened.
+    opened_at: u64,
 }
 
-impl PoolAddresses {
-    /// Claims `base`, which the driver just returned for an import, unless another import has it.
-    pub(crate) fn claim(&mut self, base: CUdeviceptr) -> AddressClaim {
-        if self.0.freeing.contains(&base) {
-            AddressClaim::Freeing
-        } else if self.0.live.insert(base) {
-            AddressClaim::Claimed
-        } else {
-            AddressClaim::Live
+/// Opens a window for one `cuMemPoolImportPointer`: every pool pointer free that returns from now
+/// on until the claim is recorded against the address it freed.
+pub(crate) fn open_import_window() -> ImportWindow {
+    let mut table = address_table();
+    let opened_at = table.ends.count;
+    *table.ends.windows.entry(opened_at).or_default() += 1;
+    ImportWindow { opened_at }
+}
+
+impl ImportWindow {
+    /// Claims `base`, which the driver answered in this window, unless another import has it or a
+    /// free of it overlapped the window. Returns [`AddressClaim::Again`] only once no free of `base`
+    /// is running (waiting, with no lock held, for one that is).
+    pub(crate) fn claim(self, base: CUdeviceptr) -> AddressClaim {
+        let opened_at = self.opened_at;
+        std::mem::forget(self);
+        let mut table = address_table();
+        // Read before the window closes, which may forget the entry.
+        let freed_in_window = table.ends.at.get(&base).is_some_and(|&end| end > opened_at);
+        table.ends.close(opened_at);
+        if table.freeing.contains(&base) {
+            #[cfg(test)]
+            tests::TOMBSTONE_WAITS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _table = FREED
+                .wait_while(table, |table| table.freeing.contains(&base))
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            return AddressClaim::Again;
         }
+        // Checked before `live`: a live import at `base` may have been mapped there after the
+        // free, of another allocation, while the answer was the unmapped one.
+        if freed_in_window {
+            #[cfg(test)]
+            tests::FREED_IN_WINDOW.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return AddressClaim::Again;
+        }
+        if table.live.insert(base) { AddressClaim::Claimed } else { AddressClaim::Live }
     }
+}
 
-    /// Waits, the lock released meanwhile, until `base` is no longer being freed.
-    pub(crate) fn wait_freed(self, base: CUdeviceptr) -> PoolAddresses {
-        #[cfg(test)]
-        tests::TOMBSTONE_WAITS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let table = FREED
-            .wait_while(self.0, |table| table.freeing.contains(&base))
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        PoolAddresses(table)
+impl Drop for ImportWindow {
+    fn drop(&mut self) {
+        address_table().ends.close(self.opened_at);
     }
 }
 
 /// An imported pool pointer's address while its `cuMemFree` runs: a tombstone that imports
 /// answered with this address wait for. Dropping it (after the free returned, or on a panic)
-/// removes the tombstone and wakes them.
+/// removes the tombstone, records the return for the imports in flight, and wakes the imports
+/// waiting.
 pub(crate) struct FreeingAddress(CUdeviceptr);
 
 /// Moves `base` from the live addresses to the freeing ones, before its `cuMemFree`; the lock is
@@ -239,7 +312,14 @@ pub(crate) fn start_free(base: CUdeviceptr) -> FreeingAddress {
 
 impl Drop for FreeingAddress {
     fn drop(&mut self) {
-        address_table().freeing.remove(&self.0);
+        let mut table = address_table();
+        table.freeing.remove(&self.0);
+        table.ends.count += 1;
+        if !table.ends.windows.is_empty() {
+            let end = table.ends.count;
+            table.ends.at.insert(self.0, end);
+        }
+        drop(table);
         FREED.notify_all();
     }
 }
@@ -253,6 +333,9 @@ pub(crate) mod tests {
     /// How many times an import has started waiting for a tombstone, so that a test can open the
     /// free it waits for only once it does.
     pub(crate) static TOMBSTONE_WAITS: AtomicUsize = AtomicUsize::new(0);
+    /// How many times an import has been answered with an address whose free returned between
+    /// the driver's answer (or the call's start) and the claim.
+    pub(crate) static FREED_IN_WINDOW: AtomicUsize = AtomicUsize::new(0);
 
     #[test]
     fn ranges_overlap_only_where_they_share_a_byte() {
