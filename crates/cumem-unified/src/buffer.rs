@@ -90,9 +90,32 @@ pub struct UnifiedBuffer<T> {
     /// Device work on the memory, ordered through a stream order that the device views share
     /// (exclusive with host reads on devices without concurrent managed access).
     access: HostAccess,
+    /// The attachment the user asked for (scoped host accesses restore it when they end).
     attach: Attach,
+    /// The stream the buffer was allocated on: where scoped host accesses attach memory that is
+    /// attached globally to the host and back.
+    home: Stream,
+    /// Scoped host accesses that attached the memory to the host for their duration.
+    visits: Mutex<Visits>,
     policy: Mutex<MigrationPolicy>,
     _marker: PhantomData<T>,
+}
+
+/// The scoped host accesses ([`UnifiedBuffer::with_host_slice`] and friends) in progress that
+/// attached the memory to the host temporarily (a device without concurrent managed access, memory
+/// attached globally or to a stream).
+#[derive(Debug, Default)]
+struct Visits {
+    /// How many are inside: the first attaches the memory to the host, the last restores the
+    /// attachment. Changed, and the attachments queued and waited for, under the lock, so a
+    /// reader never runs before the host attachment has taken effect, and never after the
+    /// restore was queued.
+    inside: usize,
+    /// A restore failed: the memory may still be attached to the host, or attachments may still be
+    /// queued on the visit stream, although `attach` names another attachment. Device work through
+    /// the buffer is refused meanwhile (an open-ended exclusion), until a restore succeeds and an
+    /// exclusive access lifts the refusal.
+    stranded: bool,
 }
 
 // SAFETY: the buffer owns its memory like a `Vec<T>`; host access goes through `&self`/`&mut self`
@@ -200,6 +223,8 @@ impl<T> UnifiedBuffer<T> {
                 HostAccess::with_exclusive_order(stream)
             },
             attach,
+            home: stream.clone(),
+            visits: Mutex::new(Visits::default()),
             policy: Mutex::new(MigrationPolicy::OnDemand),
             _marker: PhantomData,
         })
@@ -237,7 +262,9 @@ impl<T> UnifiedBuffer<T> {
         &self.caps
     }
 
-    /// The current attachment.
+    /// The attachment last asked for (at allocation or with [`UnifiedBuffer::attach`]). On a device
+    /// without concurrent managed access the scoped host accessors attach memory attached globally
+    /// or to a stream to the host while they run, and restore this attachment before they return.
     pub fn attachment(&self) -> &Attach {
         &self.attach
     }
@@ -259,17 +286,112 @@ impl<T> UnifiedBuffer<T> {
         }
     }
 
+    /// Whether other device work may fault the host's access to the memory: on a device without
+    /// concurrent managed access, memory attached globally (any work of the device) or to a stream
+    /// (any work on it). Host access there needs the memory attached to the host for its duration.
+    fn host_access_needs_host_attachment(&self) -> bool {
+        !self.caps.concurrent_managed_access && self.ptr != 0 && self.attach != Attach::Host
+    }
+
     /// Refuses a host borrow whose end the buffer cannot see where other device work may fault
-    /// the host's access: on a device without concurrent managed access, memory attached
-    /// globally (any work of the device) or to a stream (any work on it).
+    /// the host's access (see [`Self::host_access_needs_host_attachment`]): the buffer could not
+    /// restore the attachment when the borrow ends.
     fn require_unscoped_host_access(&self) -> Result<()> {
-        if self.caps.concurrent_managed_access || self.ptr == 0 || self.attach == Attach::Host {
+        if !self.host_access_needs_host_attachment() {
             return Ok(());
         }
         Err(Error::NotSupported {
             feature: Feature::ConcurrentManagedAccess,
             device: Some(self.ctx.device().raw()),
         })
+    }
+
+    /// The stream a scoped host access attaches the memory to the host on, and restores the
+    /// attachment on: the attached stream (which alone may use memory attached to it, and whose
+    /// work the attachment is ordered after), or the buffer's own.
+    fn visit_stream(&self) -> &Stream {
+        match &self.attach {
+            Attach::Single(stream) => stream,
+            Attach::Global | Attach::Host => &self.home,
+        }
+    }
+
+    /// Queues attaching the memory with `flags` on the visit stream (the whole allocation: the
+    /// driver takes length 0 or the full size only).
+    fn queue_visit_attach(&self, flags: u32) -> Result<()> {
+        self.ctx.bind()?;
+        ffi::stream_attach_mem_async(self.visit_stream().raw(), self.ptr, flags)
+    }
+
+    /// Queues the user's attachment again on the visit stream and waits for it to take effect.
+    /// Waited for rather than ordered through the stream order: the visit stream is not recorded
+    /// there (recording needs a ticket, which the exclusion of device work refuses), so later
+    /// device work on other streams would not wait for the restore otherwise.
+    fn restore_attachment(&self) -> Result<()> {
+        self.queue_visit_attach(self.attach.flags())?;
+        self.visit_stream().synchronize()
+    }
+
+    /// [`Self::restore_attachment`] at the end of a scoped host access (or after a failed start).
+    /// If it fails, the memory is left stranded: device work through the buffer is refused (an
+    /// open-ended exclusion, which needs no ticket to be held: the caller's scoped exclusion
+    /// keeps them out) until a later restore succeeds and an exclusive access lifts it.
+    fn restore_or_strand(&self, visits: &mut Visits) -> Result<()> {
+        match self.restore_attachment() {
+            Ok(()) => {
+                visits.stranded = false;
+                Ok(())
+            }
+            Err(e) => {
+                visits.stranded = true;
+                // The exclusion begins before this wait (and stays if the wait fails).
+                if let Err(wait) = self.access.wait_writes() {
+                    tracing::warn!(error = %wait, "waiting for device work on a stranded unified buffer failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Restores the attachment that a failed scoped host access left stranded, before an exclusive
+    /// access lets device work through again.
+    fn settle(&mut self) -> Result<()> {
+        if !self.visits.get_mut().stranded {
+            return Ok(());
+        }
+        self.restore_attachment()?;
+        self.visits.get_mut().stranded = false;
+        Ok(())
+    }
+
+    /// Ends the refusal of device work begun by host reads (`&mut self`: no borrow of them is
+    /// alive), unless the attachment is stranded and cannot be restored yet.
+    fn end_host_reads_settled(&mut self) {
+        match self.settle() {
+            Ok(()) => self.access.end_host_reads(),
+            Err(e) => {
+                tracing::warn!(error = %e, "restoring a unified buffer's attachment failed; its device work stays refused");
+            }
+        }
+    }
+
+    /// Runs `access`, a host access that ends when it returns, with the memory attached to the
+    /// host (see [`Self::host_access_needs_host_attachment`]).
+    ///
+    /// `read_scoped` first refuses the buffer's device work and waits for all of it; then the
+    /// first of the scoped accesses in progress queues `CU_MEM_ATTACH_HOST` on the visit stream
+    /// and waits for it (no device work may use host-attached memory, so none can fault the
+    /// host's access from then on), and the last one queues the user's attachment again and
+    /// waits for it, before the refusal of device work ends. A failure to attach runs nothing
+    /// and returns the error, with the attachment restored (or stranded, see `Visits`); a
+    /// failure to restore returns the error after `access` ran (its result is dropped).
+    fn with_host_attachment<R>(&self, access: impl FnOnce() -> R) -> Result<R> {
+        self.access.read_scoped(|| {
+            let visit = Visit::enter(self)?;
+            let value = access();
+            visit.leave()?;
+            Ok(value)
+        })?
     }
 
     /// The values, after the device work that writes them has completed.
@@ -339,7 +461,15 @@ impl<T> UnifiedBuffer<T> {
     /// does not queue. Attach the memory to the host first ([`UnifiedBuffer::attach`] with
     /// [`Attach::Host`]), or read it through a device copy ([`UnifiedBuffer::as_device_slice`]).
     pub fn with_host_slice<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
-        self.require_unscoped_host_access()?;
+        if self.host_access_needs_host_attachment() {
+            return self.with_host_attachment(|| {
+                // SAFETY: `with_host_attachment` waited for all device work of the buffer and
+                // refuses more until this closure returns, and the memory is attached to the host
+                // until then, so no other device work may use it either; the borrow ends inside
+                // the closure.
+                f(unsafe { self.host_slice() })
+            });
+        }
         self.access.read_scoped(|| {
             // SAFETY: `read_scoped` waited for the device writes (for all device work of the
             // buffer, refused until this closure returns, on a device without concurrent managed
@@ -350,11 +480,23 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// Runs `f` on the values for writing, after all device work that uses them, and returns what
-    /// it returns. Refused as [`UnifiedBuffer::with_host_slice`] is.
+    /// it returns. On a device without concurrent managed access the memory is attached to the
+    /// host while `f` runs, as for [`UnifiedBuffer::with_host_slice`].
     pub fn with_host_slice_mut<R>(&mut self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
-        self.require_unscoped_host_access()?;
-        // SAFETY: the host access is allowed while `f` runs (checked above); the borrow ends when
-        // `f` returns.
+        if self.host_access_needs_host_attachment() {
+            // `&mut self`: no host borrow from `as_slice` is alive.
+            self.settle()?;
+            self.access.end_host_reads();
+            let (ptr, len) = (self.host_ptr(), self.len);
+            return self.with_host_attachment(|| {
+                // SAFETY: as in `with_host_slice`; the values are initialised, aligned and
+                // host-accessible (attached to the host), and `&mut self` excludes every other
+                // Rust reference to them until the borrow ends inside the closure.
+                f(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+            });
+        }
+        // SAFETY: the host access is allowed while `f` runs (the attachment keeps other device
+        // work out); the borrow ends when `f` returns.
         Ok(f(unsafe { self.host_slice_mut() }?))
     }
 
@@ -373,7 +515,7 @@ impl<T> UnifiedBuffer<T> {
     /// concurrent managed access. Every other `&mut self` method does the same; on other devices
     /// this does nothing.
     pub fn end_host_reads(&mut self) {
-        self.access.end_host_reads();
+        self.end_host_reads_settled();
     }
 
     /// Blocks until no device work uses the buffer.
@@ -396,7 +538,7 @@ impl<T> UnifiedBuffer<T> {
     /// An exclusive device view of the whole buffer, for copies and memsets that write it.
     pub fn as_device_slice_mut(&mut self) -> DeviceSliceMut<'_, T> {
         // `&mut self`: no host borrow from `as_slice` is alive.
-        self.access.end_host_reads();
+        self.end_host_reads_settled();
         let order = self.access.view_order(true).expect(ORDERED);
         // SAFETY: as in `as_device_slice`; the view borrows `self` exclusively.
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, order, &self.ctx) }
@@ -420,14 +562,17 @@ impl<T> UnifiedBuffer<T> {
                 });
             }
         }
-        // `&mut self`: no host borrow from `as_slice` is alive.
-        self.access.end_host_reads();
         if stream.context() != &self.ctx {
             return Err(Error::WrongDevice {
                 expected: self.ctx.device().ordinal() as i32,
                 actual: stream.context().device().ordinal() as i32,
             });
         }
+        // A stranded attachment is restored first: its attachments queued on the visit stream
+        // would otherwise race with this one.
+        self.settle()?;
+        // `&mut self`: no host borrow from `as_slice` is alive.
+        self.access.end_host_reads();
         if self.ptr != 0 {
             let order = self.access.view_order(true).expect(ORDERED);
             let _ticket = order.use_on(stream)?;
@@ -560,6 +705,62 @@ impl<T> UnifiedBuffer<T> {
     /// The hints in effect on the whole buffer.
     pub fn attributes(&self) -> Result<RangeAttributes> {
         self.range_attributes(..)
+    }
+}
+
+/// One scoped host access inside [`UnifiedBuffer::with_host_attachment`]: counted in the buffer's
+/// `visits`, and left (the attachment restored by the last one out) when it ends, on a panic too.
+struct Visit<'a, T> {
+    buf: &'a UnifiedBuffer<T>,
+    left: bool,
+}
+
+impl<'a, T> Visit<'a, T> {
+    /// Counts one scoped access in; the first attaches the memory to the host and waits for that.
+    /// The caller has refused the buffer's device work and waited for all of it.
+    fn enter(buf: &'a UnifiedBuffer<T>) -> Result<Self> {
+        // Held across the waits below: the next access must not read before the attachment has
+        // taken effect. A thread inside a `queue_on` closure never gets here (`read_scoped`
+        // refuses it first), so no closure's order is locked while this lock is waited for.
+        let mut visits = buf.visits.lock();
+        if visits.inside == 0 {
+            // Nothing queued when this fails: the attachment is as it was.
+            buf.queue_visit_attach(CUmemAttach_flags::CU_MEM_ATTACH_HOST as u32)?;
+            if let Err(e) = buf.visit_stream().synchronize() {
+                // The host attachment is queued and may take effect: queue the user's again.
+                if let Err(restore) = buf.restore_or_strand(&mut visits) {
+                    tracing::warn!(error = %restore, "restoring a unified buffer's attachment failed; its device work is refused");
+                }
+                return Err(e);
+            }
+        }
+        visits.inside += 1;
+        Ok(Visit { buf, left: false })
+    }
+
+    /// Counts the access out; the last one restores the attachment (see `restore_or_strand`).
+    fn leave(mut self) -> Result<()> {
+        self.left = true;
+        self.buf.leave_visit()
+    }
+}
+
+impl<T> Drop for Visit<'_, T> {
+    fn drop(&mut self) {
+        // Only when the access unwound (`leave` sets `left`).
+        if !self.left
+            && let Err(e) = self.buf.leave_visit()
+        {
+            tracing::warn!(error = %e, "restoring a unified buffer's attachment failed; its device work is refused");
+        }
+    }
+}
+
+impl<T> UnifiedBuffer<T> {
+    fn leave_visit(&self) -> Result<()> {
+        let mut visits = self.visits.lock();
+        visits.inside -= 1;
+        if visits.inside == 0 { self.restore_or_strand(&mut visits) } else { Ok(()) }
     }
 }
 

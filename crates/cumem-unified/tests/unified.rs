@@ -270,10 +270,11 @@ fn devices_without_concurrent_access_keep_the_attach_rules() {
 
 /// On a device without concurrent managed access, any device work (for memory attached globally)
 /// or any work on the attached stream (attached to one) faults the host's access to the memory,
-/// and the buffer sees only its own work: every host access is refused there (`NotSupported {
-/// feature: ConcurrentManagedAccess }`, before any wait), scoped or not, while the constructors
-/// still write it (through a host attachment). Memory attached to the host lends borrows, since no
-/// device work may use it; so does every attachment on a device with concurrent access.
+/// and the buffer sees only its own work: borrows whose end it cannot see are refused there
+/// (`NotSupported { feature: ConcurrentManagedAccess }`, before any wait), while the scoped
+/// accessors attach the memory to the host for their duration (the tests below) and the
+/// constructors write it through a host attachment. Memory attached to the host lends borrows,
+/// since no device work may use it; so does every attachment on a device with concurrent access.
 #[test]
 #[parallel]
 fn without_concurrent_access_only_host_attached_memory_lends_host_borrows() {
@@ -289,9 +290,6 @@ fn without_concurrent_access_only_host_attached_memory_lends_host_borrows() {
     assert_eq!(global.attachment(), &Attach::Global);
     assert!(refused(global.as_slice().unwrap_err()));
     assert!(refused(global.as_mut_slice().unwrap_err()));
-    assert!(refused(global.with_host_slice(<[u32]>::len).unwrap_err()));
-    assert!(refused(global.with_host_slice_mut(|host| host[1] = 7).unwrap_err()));
-    assert!(refused(global.to_vec().unwrap_err()));
     // The constructor wrote the values; a device copy reads them.
     let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
     stream.copy_d2d(&global.as_device_slice(), &mut dst).unwrap();
@@ -303,7 +301,6 @@ fn without_concurrent_access_only_host_attached_memory_lends_host_borrows() {
     global.attach(&stream, Attach::Single(stream.clone())).unwrap();
     assert!(refused(global.as_slice().unwrap_err()));
     assert!(refused(global.as_mut_slice().unwrap_err()));
-    assert!(refused(global.to_vec().unwrap_err()));
     global.attach(&stream, Attach::Host).unwrap();
     global.with_host_slice_mut(|host| host[1] = 7).unwrap();
     assert_eq!(global.to_vec().unwrap()[..2], [data[0], 7]);
@@ -492,4 +489,261 @@ fn a_buffer_dropped_inside_a_closure_is_freed_not_leaked() {
     let live = ctl.live_report();
     assert!(!live.contains_ptr(ptr), "leaked instead of freed:\n{live}");
     assert_eq!(dev.to_vec().unwrap(), [5; 64]);
+}
+
+/// `CU_MEM_ATTACH_GLOBAL`, `CU_MEM_ATTACH_HOST`, `CU_MEM_ATTACH_SINGLE`.
+const GLOBAL: u32 = 1;
+const HOST: u32 = 2;
+const SINGLE: u32 = 4;
+
+const NEEDS_NOT_CONCURRENT: &str =
+    "needs a managed-memory device without concurrent access (the simulator's device 2)";
+
+/// A managed-memory device without concurrent access (the simulator's device 2), and a stream on it.
+fn not_concurrent() -> Option<(Device, Stream)> {
+    let (device, ctx) = device_where(|c| c.managed_memory && !c.concurrent_managed_access)?;
+    Some((device, Stream::non_blocking(&ctx).unwrap()))
+}
+
+/// A buffer of `data` attached globally, or (`single`) to `stream`.
+fn attached(stream: &Stream, data: &[u32], single: bool) -> UnifiedBuffer<u32> {
+    let mut buf = UnifiedBuffer::from_slice(stream, data).unwrap();
+    if single {
+        buf.attach(stream, Attach::Single(stream.clone())).unwrap();
+    }
+    buf
+}
+
+/// The `CU_MEM_ATTACH_*` flags of `attach`.
+fn flags_of(attach: &Attach) -> u32 {
+    match attach {
+        Attach::Global => GLOBAL,
+        Attach::Host => HOST,
+        Attach::Single(_) => SINGLE,
+    }
+}
+
+/// The simulator's record of the managed allocation at `ptr`: its current `CU_MEM_ATTACH_*`
+/// flags, and the stream of its latest `cuStreamAttachMemAsync`. (The real driver reports no
+/// attachment: no pointer or range attribute names it.)
+fn attachment_in_sim(ctl: &cumem_sys::sim_control::Control, ptr: u64) -> (u32, Option<u64>) {
+    let live = ctl.live_report();
+    let alloc = live.allocations.iter().find(|a| a.ptr == ptr).expect("a live managed allocation");
+    (alloc.attach.expect("managed allocations report their attachment"), alloc.attach_stream)
+}
+
+/// The refusal of device work and host borrows that must not overlap on `device`.
+fn refused_on(device: Device) -> impl Fn(Error) -> bool {
+    move |e| matches!(e, Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: Some(d) } if d == device.ordinal() as i32)
+}
+
+/// Waits until `count` reaches `n` (5 s at most, then panics: a rendezvous that never comes).
+fn meet(count: &std::sync::atomic::AtomicUsize, n: usize) {
+    use std::sync::atomic::Ordering;
+    count.fetch_add(1, Ordering::SeqCst);
+    let start = std::time::Instant::now();
+    while count.load(Ordering::SeqCst) < n {
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "the other reader never came");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// On a device without concurrent managed access, the scoped accessors of memory attached globally
+/// or to a stream attach it to the host while they run (after the buffer's device work: the
+/// stream runs 20 ms late, so a missing wait reads stale data), and restore the attachment after:
+/// the data round-trips, the attachment afterwards is the one asked for (`attachment()` and the
+/// simulator's record agree), device work goes on, and the unscoped borrows stay refused.
+#[rstest]
+#[parallel]
+fn scoped_host_access_attaches_to_the_host_and_back(#[values(false, true)] single: bool) {
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let sim = testing::sim_control();
+    let data = pattern(4096);
+    let other: Vec<u32> = data.iter().map(|v| !v).collect();
+    let mut buf = attached(&stream, &data, single);
+    let original = buf.attachment().clone();
+    let ptr = buf.device_ptr();
+    let src = DeviceBuffer::from_slice(&stream, &other).unwrap();
+    stream.copy_d2d(&src, &mut buf).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), other, "to_vec waits for the queued copy");
+    buf.with_host_slice(|host| {
+        assert_eq!(host, &other[..]);
+        if let Some(ctl) = &sim {
+            assert_eq!(attachment_in_sim(ctl, ptr).0, HOST, "read while attached to the host");
+        }
+    })
+    .unwrap();
+    buf.with_host_slice_mut(|host| {
+        host[0] = 7;
+        host[4095] = 9;
+        if let Some(ctl) = &sim {
+            assert_eq!(attachment_in_sim(ctl, ptr).0, HOST, "written while attached to the host");
+        }
+    })
+    .unwrap();
+    let mut expected = other.clone();
+    expected[0] = 7;
+    expected[4095] = 9;
+    assert_eq!(buf.to_vec().unwrap(), expected);
+    assert_eq!(buf.attachment(), &original);
+    if let Some(ctl) = &sim {
+        let (flags, on) = attachment_in_sim(ctl, ptr);
+        assert_eq!(flags, flags_of(&original), "the attachment is restored");
+        if single {
+            assert_eq!(on, Some(stream.raw() as u64), "attached to its stream again");
+        }
+    }
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 4096).unwrap();
+    stream.copy_d2d(&buf, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), expected, "device work goes on after the scoped accesses");
+    let refused = refused_on(device);
+    assert!(refused(buf.as_slice().unwrap_err()));
+    assert!(refused(buf.as_mut_slice().unwrap_err()));
+}
+
+/// Concurrent scoped readers on two threads share one temporary host attachment: the first in
+/// attaches, the last out restores (two `cuStreamAttachMemAsync` calls in all), every reader sees
+/// the memory attached to the host, and the buffer's device work stays refused until the last
+/// reader has left, which the first one to leave must not cut short.
+#[rstest]
+#[parallel]
+fn concurrent_scoped_readers_attach_once_and_restore_once(#[values(false, true)] single: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("counts driver calls: simulator only");
+    };
+    let data = pattern(2048);
+    let buf = attached(&stream, &data, single);
+    let ptr = buf.device_ptr();
+    let attaches = || {
+        ctl.calls_on_this_thread("cuStreamAttachMemAsync") + ctl.calls_on_this_thread("cuStreamAttachMemAsync_ptsz")
+    };
+    let (inside, first_left) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let refused = refused_on(device);
+    let total: u64 = std::thread::scope(|s| {
+        let readers: Vec<_> = (0..2)
+            .map(|i| {
+                let (buf, data, inside, first_left, refused) = (&buf, &data, &inside, &first_left, &refused);
+                let (ctl, attaches, stream) = (&ctl, &attaches, &stream);
+                s.spawn(move || {
+                    let mut dst = DeviceBuffer::<u32>::zeroed(stream, 2048).unwrap();
+                    let before = attaches();
+                    buf.with_host_slice(|host| {
+                        meet(inside, 2); // both readers are inside at once
+                        assert_eq!(host, &data[..]);
+                        assert_eq!(attachment_in_sim(ctl, ptr).0, HOST);
+                        if i == 1 {
+                            // Reader 0 has left; this one still reads.
+                            let start = std::time::Instant::now();
+                            while !first_left.load(Ordering::SeqCst) {
+                                assert!(start.elapsed().as_secs() < 5, "reader 0 never left");
+                                std::thread::sleep(std::time::Duration::from_millis(1));
+                            }
+                            assert_eq!(attachment_in_sim(ctl, ptr).0, HOST, "restored under a reader");
+                            assert_eq!(host, &data[..]);
+                            let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
+                            assert!(queued.is_err_and(refused), "device work while a reader is inside");
+                        }
+                    })
+                    .unwrap();
+                    if i == 0 {
+                        first_left.store(true, Ordering::SeqCst);
+                    }
+                    attaches() - before
+                })
+            })
+            .collect();
+        readers.into_iter().map(|r| r.join().unwrap()).sum()
+    });
+    assert_eq!(total, 2, "one attach to the host and one restore, for both readers");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, flags_of(buf.attachment()));
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 2048).unwrap();
+    stream.copy_d2d(&buf, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data, "device work goes on once both have left");
+}
+
+/// A scoped access whose closure panics restores the attachment while unwinding: the buffer's
+/// device work goes on, and the next scoped access attaches to the host again.
+#[rstest]
+#[parallel]
+fn a_panicking_scoped_access_restores_the_attachment(#[values(false, true)] single: bool) {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let Some((_, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("reads the simulator's record of the attachment: simulator only");
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    let read = catch_unwind(AssertUnwindSafe(|| buf.with_host_slice(|_| panic!("a reader panics"))));
+    assert!(read.is_err());
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "restored by the unwinding reader");
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    stream.copy_d2d(&buf, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+    let write = catch_unwind(AssertUnwindSafe(|| {
+        buf.with_host_slice_mut(|host| {
+            host[0] = 1;
+            panic!("a writer panics")
+        })
+    }));
+    assert!(write.is_err());
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "restored by the unwinding writer");
+    buf.with_host_slice(|host| {
+        assert_eq!(attachment_in_sim(&ctl, ptr).0, HOST, "attached again by the next reader");
+        assert_eq!((host[0], host[1]), (1, data[1]));
+    })
+    .unwrap();
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original);
+}
+
+/// A failed attach to the host (an injected `cuStreamAttachMemAsync` failure), or a failed wait
+/// for it (an injected `cuStreamSynchronize` failure), returns the driver's error without running
+/// the closure, and leaves the attachment as it was: device work and later accesses go on.
+#[rstest]
+#[parallel]
+fn a_failed_host_attachment_runs_nothing_and_keeps_the_attachment(
+    #[values(false, true)] single: bool,
+    #[values("cuStreamAttachMemAsync", "cuStreamSynchronize")] failing: &str,
+) {
+    let Some((_, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    // The attach to the host is the first call of either kind inside a scoped access, after the
+    // waits for the buffer's device work: count them in one access to find its place.
+    let before = (ctl.calls_on_this_thread("cuStreamSynchronize"), ctl.calls_on_this_thread(failing));
+    assert_eq!(buf.to_vec().unwrap(), data);
+    let syncs = ctl.calls_on_this_thread("cuStreamSynchronize") - before.0;
+    assert!(syncs >= 2, "waits for the attachment and for its restore");
+    let nth = if failing == "cuStreamSynchronize" { syncs - 1 } else { 1 };
+    let rule = ctl.inject_fault(FaultRule {
+        function: failing.into(),
+        nth,
+        code: CUresult::CUDA_ERROR_UNKNOWN,
+        times: 1,
+        this_thread_only: true,
+    });
+    let mut ran = false;
+    let err = buf.with_host_slice(|_| ran = true).unwrap_err();
+    ctl.remove_fault(rule);
+    assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. }), "{err:?}");
+    assert!(!ran, "the closure must not run without the host attachment");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "the attachment is as it was");
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    stream.copy_d2d(&buf, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data, "device work goes on");
+    assert_eq!(buf.to_vec().unwrap(), data);
 }
