@@ -12,20 +12,31 @@
 //! access). Which work that is depends on the attachment: for memory attached globally, *any*
 //! work of the device (another buffer's copy, a user's kernel), for memory attached to one stream,
 //! any work on that stream; memory attached to the host, none. The buffer sees only its own work,
-//! so host access there is handed out only where the attachment keeps other work out: every host
-//! accessor ([`UnifiedBuffer::as_slice`], [`UnifiedBuffer::as_mut_slice`], the scoped
-//! [`UnifiedBuffer::with_host_slice`], [`UnifiedBuffer::with_host_slice_mut`] and
-//! [`UnifiedBuffer::to_vec`]) gives `NotSupported { feature: ConcurrentManagedAccess }` for memory
-//! attached globally or to a stream there: attach it to the host first ([`UnifiedBuffer::attach`]),
-//! or read it through a device copy. The constructors write such memory while it is attached to
-//! the host, then attach it as asked.
+//! so host access there is handed out only while the attachment keeps other work out:
+//!
+//! - borrows whose end the buffer cannot see ([`UnifiedBuffer::as_slice`],
+//!   [`UnifiedBuffer::as_mut_slice`]) give `NotSupported { feature: ConcurrentManagedAccess }` for
+//!   memory attached globally or to a stream: attach it to the host first
+//!   ([`UnifiedBuffer::attach`]), or use a scoped accessor;
+//! - the scoped accessors ([`UnifiedBuffer::with_host_slice`],
+//!   [`UnifiedBuffer::with_host_slice_mut`] and [`UnifiedBuffer::to_vec`]) attach such memory to
+//!   the host while they run: after waiting for all of the buffer's device work, they queue
+//!   `cuStreamAttachMemAsync(CU_MEM_ATTACH_HOST)` on the attached stream (or, for memory attached
+//!   globally, on the stream the buffer was allocated on) and wait for it, run the closure, then
+//!   queue the attachment asked for again on that stream and wait for it. Concurrent scoped
+//!   readers share one host attachment: the first in attaches, the last out restores (on a panic
+//!   too). [`UnifiedBuffer::attachment`] always names the attachment asked for.
+//!
+//! The constructors write such memory while it is attached to the host, then attach it as asked.
 //!
 //! For memory attached to the host, [`UnifiedBuffer::as_slice`] waits for every device use of
 //! the buffer, and from then on device work through shared views
 //! ([`UnifiedBuffer::as_device_slice`]) is refused with `NotSupported { feature:
 //! ConcurrentManagedAccess }` until an exclusive access proves the host's borrow is over (any
 //! `&mut self` method, e.g. [`UnifiedBuffer::end_host_reads`]); the scoped accessors refuse it only
-//! while they run.
+//! while they run. If restoring an attachment fails, the error is returned and the buffer's device
+//! work stays refused (the memory may still be attached to the host) until an exclusive access
+//! restores it.
 //!
 //! A device without managed memory gives `NotSupported { feature: ManagedMemory }` before any
 //! driver call.
@@ -123,7 +134,8 @@ struct Visits {
 unsafe impl<T: Send> Send for UnifiedBuffer<T> {}
 // SAFETY: shared access only hands out `&[T]` (after waiting for device writes; on devices without
 // concurrent managed access after waiting for all device work, and refusing device work while the
-// borrow may live) and shared device views (reads), like `&Vec<T>`.
+// borrow may live) and shared device views (reads), like `&Vec<T>`. The temporary host attachment
+// of concurrent scoped readers is counted under a lock (`visits`).
 unsafe impl<T: Sync> Sync for UnifiedBuffer<T> {}
 
 /// A byte range of one buffer, with what is needed to queue hints and prefetches on it.
@@ -398,8 +410,9 @@ impl<T> UnifiedBuffer<T> {
     ///
     /// On a device without concurrent managed access: memory attached globally or to a stream
     /// gives `NotSupported { feature: ConcurrentManagedAccess }` (other device work would fault
-    /// the host's reads while the borrow lives: attach the memory to the host first, or read it
-    /// through a device copy); memory attached to the
+    /// the host's reads while the borrow lives, and the buffer could not restore the attachment
+    /// when it ends: attach the memory to the host first, or use
+    /// [`UnifiedBuffer::with_host_slice`], which attaches it for its duration); memory attached to the
     /// host is returned after all device work of the buffer, and device work through shared
     /// views is refused from then on (`NotSupported { feature: ConcurrentManagedAccess }`) until
     /// an exclusive access such as [`UnifiedBuffer::end_host_reads`]: the returned borrow does not
@@ -454,12 +467,30 @@ impl<T> UnifiedBuffer<T> {
     /// concurrent managed access, after all device work of the buffer), and returns what it
     /// returns. The buffer's own device work is refused while `f` runs.
     ///
-    /// On a device without concurrent managed access, memory attached globally or to a stream
-    /// gives `NotSupported { feature: ConcurrentManagedAccess }`, as [`UnifiedBuffer::as_slice`]
-    /// does: work the buffer cannot see (another thread's copy, work on a clone of the attached
-    /// stream, the closure's own) would fault the host's reads, and cumem cannot refuse work it
-    /// does not queue. Attach the memory to the host first ([`UnifiedBuffer::attach`] with
-    /// [`Attach::Host`]), or read it through a device copy ([`UnifiedBuffer::as_device_slice`]).
+    /// On a device without concurrent managed access, memory attached globally or to a stream is
+    /// attached to the host while `f` runs: work the buffer cannot see (another thread's copy,
+    /// work on a clone of the attached stream, the closure's own) would otherwise fault the host's
+    /// reads, and no device work may use memory attached to the host. After all of the buffer's
+    /// device work has completed, `cuStreamAttachMemAsync(CU_MEM_ATTACH_HOST)` is queued on the
+    /// attached stream (memory attached globally: on the stream the buffer was allocated on) and
+    /// waited for; after `f`, the attachment asked for ([`UnifiedBuffer::attachment`]) is queued
+    /// again on that stream and waited for (by the last of concurrent scoped readers, which share
+    /// one host attachment; on a panic too). Errors:
+    ///
+    /// - the attach or its wait fails: the error, without running `f`; the attachment is restored
+    ///   (or, if that fails too, stranded as below);
+    /// - the restore fails: the error after `f` ran (its result is dropped); the memory may stay
+    ///   attached to the host, so the buffer's device work is refused (`NotSupported { feature:
+    ///   ConcurrentManagedAccess }`) until an exclusive access ([`UnifiedBuffer::end_host_reads`],
+    ///   a device view for writing, [`UnifiedBuffer::attach`], [`UnifiedBuffer::with_host_slice_mut`])
+    ///   restores it;
+    /// - inside a [`StreamOrder::queue_on`](cumem_core::StreamOrder::queue_on) closure:
+    ///   `NotPermitted`, as every use of cumem memory there;
+    /// - while device work is being queued through the buffer (a view's guard is held, perhaps by
+    ///   the calling thread): `NotSupported { feature: ConcurrentManagedAccess }`, never waited for.
+    ///
+    /// The waits synchronise whole streams: work queued on them that waits on the host for
+    /// something the calling thread holds never ends.
     pub fn with_host_slice<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         if self.host_access_needs_host_attachment() {
             return self.with_host_attachment(|| {
@@ -480,8 +511,10 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// Runs `f` on the values for writing, after all device work that uses them, and returns what
-    /// it returns. On a device without concurrent managed access the memory is attached to the
-    /// host while `f` runs, as for [`UnifiedBuffer::with_host_slice`].
+    /// it returns. On a device without concurrent managed access memory attached globally or to a
+    /// stream is attached to the host while `f` runs, with the errors of
+    /// [`UnifiedBuffer::with_host_slice`] (an attachment left stranded by a failed restore is
+    /// restored first).
     pub fn with_host_slice_mut<R>(&mut self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
         if self.host_access_needs_host_attachment() {
             // `&mut self`: no host borrow from `as_slice` is alive.
@@ -501,8 +534,9 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// A copy of the values, after the device work that writes them; see
-    /// [`UnifiedBuffer::with_host_slice`], which it runs (and which refuses memory attached
-    /// globally or to a stream on a device without concurrent managed access).
+    /// [`UnifiedBuffer::with_host_slice`], which it runs (and which attaches memory attached
+    /// globally or to a stream to the host while it copies, on a device without concurrent managed
+    /// access).
     pub fn to_vec(&self) -> Result<Vec<T>>
     where
         T: Copy,
@@ -513,7 +547,8 @@ impl<T> UnifiedBuffer<T> {
     /// Ends the host reads begun by [`UnifiedBuffer::as_slice`]: `&mut self` proves that no borrow
     /// it returned is alive, so shared device views may queue work again on a device without
     /// concurrent managed access. Every other `&mut self` method does the same; on other devices
-    /// this does nothing.
+    /// this does nothing. If a scoped host access failed to restore the attachment, this restores
+    /// it first (queued on its stream and waited for); while that fails, device work stays refused.
     pub fn end_host_reads(&mut self) {
         self.end_host_reads_settled();
     }
@@ -547,7 +582,8 @@ impl<T> UnifiedBuffer<T> {
     /// Queues attaching the buffer on `stream` (`cuStreamAttachMemAsync`), in order after the work
     /// that uses it. [`Attach::Single`] names the stream that may use it (and must be of this
     /// context, and not the legacy stream: `InvalidValue` before any driver call); host access then
-    /// waits for that stream on devices without concurrent managed access.
+    /// waits for that stream on devices without concurrent managed access. An attachment that a
+    /// scoped host access failed to restore is restored first (its error is returned).
     pub fn attach(&mut self, stream: &Stream, attach: Attach) -> Result<()> {
         if let Attach::Single(s) = &attach {
             if s != stream {

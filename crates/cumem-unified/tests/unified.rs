@@ -621,7 +621,8 @@ fn concurrent_scoped_readers_attach_once_and_restore_once(#[values(false, true)]
     let buf = attached(&stream, &data, single);
     let ptr = buf.device_ptr();
     let attaches = || {
-        ctl.calls_on_this_thread("cuStreamAttachMemAsync") + ctl.calls_on_this_thread("cuStreamAttachMemAsync_ptsz")
+        ctl.calls_on_this_thread("cuStreamAttachMemAsync")
+            + ctl.calls_on_this_thread("cuStreamAttachMemAsync_ptsz")
     };
     let (inside, first_left) = (AtomicUsize::new(0), AtomicBool::new(false));
     let refused = refused_on(device);
@@ -745,5 +746,54 @@ fn a_failed_host_attachment_runs_nothing_and_keeps_the_attachment(
     let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
     stream.copy_d2d(&buf, &mut dst).unwrap();
     assert_eq!(dst.to_vec().unwrap(), data, "device work goes on");
+    assert_eq!(buf.to_vec().unwrap(), data);
+}
+
+/// A failed restore (an injected failure of the second `cuStreamAttachMemAsync` of a scoped
+/// access) returns the error after the closure ran and leaves the memory attached to the host:
+/// the buffer's device work is refused from then on, through shared and exclusive views alike,
+/// until an exclusive access restores the attachment (`end_host_reads` tries again).
+#[rstest]
+#[parallel]
+fn a_failed_restore_refuses_device_work_until_the_attachment_is_restored(
+    #[values(false, true)] single: bool,
+) {
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    let refused = refused_on(device);
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    let src = DeviceBuffer::from_slice(&stream, &data).unwrap();
+    // From the second call on (the restore), every attach fails until the rule is removed.
+    let rule = ctl.inject_fault(FaultRule {
+        function: "cuStreamAttachMemAsync".into(),
+        nth: 2,
+        code: CUresult::CUDA_ERROR_UNKNOWN,
+        times: 0,
+        this_thread_only: true,
+    });
+    let mut read = Vec::new();
+    let err = buf.with_host_slice(|host| read = host.to_vec()).unwrap_err();
+    assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. }), "{err:?}");
+    assert_eq!(read, data, "the closure ran");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, HOST, "stranded on the host");
+    assert_eq!(buf.attachment(), &if single { Attach::Single(stream.clone()) } else { Attach::Global });
+    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
+    assert!(queued.is_err_and(&refused), "device reads of memory stranded on the host");
+    buf.end_host_reads(); // the restore fails again
+    let queued = stream.copy_d2d(&src, &mut buf);
+    assert!(queued.is_err_and(&refused), "device writes of memory stranded on the host");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, HOST);
+    ctl.remove_fault(rule);
+    buf.end_host_reads(); // restores the attachment, then lets device work through
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "restored");
+    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
     assert_eq!(buf.to_vec().unwrap(), data);
 }
