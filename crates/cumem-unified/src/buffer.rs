@@ -561,7 +561,8 @@ impl<T> UnifiedBuffer<T> {
 
     /// A shared device view of the whole buffer, for copies that read it. On a device without
     /// concurrent managed access its work is refused while the host may be reading the buffer (see
-    /// [`UnifiedBuffer::as_slice`]).
+    /// [`UnifiedBuffer::as_slice`]), and while a failed restore may have left the memory attached
+    /// to the host (see [`UnifiedBuffer::with_host_slice`]).
     pub fn as_device_slice(&self) -> DeviceSlice<'_, T> {
         let order = self.access.view_order(false).expect(ORDERED);
         // SAFETY: the memory is a live managed allocation of `len` initialised values of this
