@@ -523,8 +523,9 @@ fn flags_of(attach: &Attach) -> u32 {
     }
 }
 
-/// The simulator's record of the managed allocation at `ptr`: its current `CU_MEM_ATTACH_*`
-/// flags, and the stream of its latest `cuStreamAttachMemAsync`. (The real driver reports no
+/// The simulator's record of the managed allocation at `ptr`: the `CU_MEM_ATTACH_*` flags and the
+/// stream of its latest `cuStreamAttachMemAsync`, recorded when it was called (not when it took
+/// effect: the fault tests show the waits). (The real driver reports no
 /// attachment: no pointer or range attribute names it.)
 fn attachment_in_sim(ctl: &cumem_sys::sim_control::Control, ptr: u64) -> (u32, Option<u64>) {
     let live = ctl.live_report();
@@ -705,15 +706,50 @@ fn a_panicking_scoped_access_restores_the_attachment(#[values(false, true)] sing
     assert_eq!(attachment_in_sim(&ctl, ptr).0, original);
 }
 
+/// Runs `access`, counting the `cuStreamAttachMemAsync` and `cuStreamSynchronize` calls it makes
+/// on this thread: `(its value, attaches, syncs)`.
+fn counted<R>(ctl: &cumem_sys::sim_control::Control, access: impl FnOnce() -> R) -> (R, u64, u64) {
+    let attaches = || {
+        ctl.calls_on_this_thread("cuStreamAttachMemAsync")
+            + ctl.calls_on_this_thread("cuStreamAttachMemAsync_ptsz")
+    };
+    let syncs = || {
+        ctl.calls_on_this_thread("cuStreamSynchronize") + ctl.calls_on_this_thread("cuStreamSynchronize_ptsz")
+    };
+    let before = (attaches(), syncs());
+    let value = access();
+    (value, attaches() - before.0, syncs() - before.1)
+}
+
+/// Fails the `nth` next call of `function` on this thread once, with `CUDA_ERROR_UNKNOWN`.
+fn fail_once(
+    ctl: &cumem_sys::sim_control::Control,
+    function: &str,
+    nth: u64,
+) -> cumem_sys::sim_control::FaultId {
+    ctl.inject_fault(FaultRule {
+        function: function.into(),
+        nth,
+        code: CUresult::CUDA_ERROR_UNKNOWN,
+        times: 1,
+        this_thread_only: true,
+    })
+}
+
+fn is_unknown(e: &Error) -> bool {
+    matches!(e, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. })
+}
+
 /// A failed attach to the host (an injected `cuStreamAttachMemAsync` failure), or a failed wait
-/// for it (an injected `cuStreamSynchronize` failure), returns the driver's error without running
-/// the closure, and leaves the attachment as it was: device work and later accesses go on.
+/// for it (an injected failure of the first `cuStreamSynchronize` after it), returns the driver's
+/// error without running the closure, and leaves the attachment as it was (the failed wait's
+/// access queues the restore: two attach calls in all): device work and later accesses go on. The
+/// wait for the attachment is the first sync after the waits an access makes before attaching,
+/// which an access whose attach call fails counts; a missing wait moves the failure to the
+/// restore's wait, after the closure ran.
 #[rstest]
 #[parallel]
-fn a_failed_host_attachment_runs_nothing_and_keeps_the_attachment(
-    #[values(false, true)] single: bool,
-    #[values("cuStreamAttachMemAsync", "cuStreamSynchronize")] failing: &str,
-) {
+fn a_failed_host_attachment_runs_nothing_and_keeps_the_attachment(#[values(false, true)] single: bool) {
     let Some((_, stream)) = not_concurrent() else {
         return testing::skip(NEEDS_NOT_CONCURRENT);
     };
@@ -723,30 +759,77 @@ fn a_failed_host_attachment_runs_nothing_and_keeps_the_attachment(
     let data = pattern(1024);
     let buf = attached(&stream, &data, single);
     let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
-    // The attach to the host is the first call of either kind inside a scoped access, after the
-    // waits for the buffer's device work: count them in one access to find its place.
-    let before = (ctl.calls_on_this_thread("cuStreamSynchronize"), ctl.calls_on_this_thread(failing));
-    assert_eq!(buf.to_vec().unwrap(), data);
-    let syncs = ctl.calls_on_this_thread("cuStreamSynchronize") - before.0;
-    assert!(syncs >= 2, "waits for the attachment and for its restore");
-    let nth = if failing == "cuStreamSynchronize" { syncs - 1 } else { 1 };
-    let rule = ctl.inject_fault(FaultRule {
-        function: failing.into(),
-        nth,
-        code: CUresult::CUDA_ERROR_UNKNOWN,
-        times: 1,
-        this_thread_only: true,
-    });
-    let mut ran = false;
-    let err = buf.with_host_slice(|_| ran = true).unwrap_err();
-    ctl.remove_fault(rule);
-    assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. }), "{err:?}");
-    assert!(!ran, "the closure must not run without the host attachment");
-    assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "the attachment is as it was");
     let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
-    stream.copy_d2d(&buf, &mut dst).unwrap();
-    assert_eq!(dst.to_vec().unwrap(), data, "device work goes on");
-    assert_eq!(buf.to_vec().unwrap(), data);
+    let mut goes_on = || {
+        assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "the attachment is as it was");
+        stream.copy_d2d(&buf, &mut dst).unwrap();
+        assert_eq!(dst.to_vec().unwrap(), data, "device work goes on");
+        assert_eq!(buf.to_vec().unwrap(), data);
+    };
+    let mut ran = false;
+    let rule = fail_once(&ctl, "cuStreamAttachMemAsync", 1);
+    let (result, attaches, syncs_before_attach) = counted(&ctl, || buf.with_host_slice(|_| ran = true));
+    ctl.remove_fault(rule);
+    assert!(result.is_err_and(|e| is_unknown(&e)));
+    assert!(!ran, "the closure must not run without the host attachment");
+    assert_eq!(attaches, 1, "a failed attach queues nothing to restore");
+    goes_on();
+    let rule = fail_once(&ctl, "cuStreamSynchronize", syncs_before_attach + 1);
+    let (result, attaches, _) = counted(&ctl, || buf.with_host_slice(|_| ran = true));
+    ctl.remove_fault(rule);
+    assert!(result.is_err_and(|e| is_unknown(&e)));
+    assert!(!ran, "the closure must not run before the host attachment took effect");
+    assert_eq!(attaches, 2, "the attach to the host and the restore");
+    goes_on();
+}
+
+/// A scoped access of `buf` whose restore's wait (its last `cuStreamSynchronize`, counted in a
+/// whole access first) fails: the error is returned after the closure ran, and the buffer is
+/// stranded. Returns what the closure read.
+fn strand_by_failed_restore_wait(
+    ctl: &cumem_sys::sim_control::Control,
+    buf: &UnifiedBuffer<u32>,
+) -> Vec<u32> {
+    let (read, attaches, syncs) = counted(ctl, || buf.to_vec().unwrap());
+    assert_eq!(attaches, 2, "the attach to the host and the restore");
+    let rule = fail_once(ctl, "cuStreamSynchronize", syncs);
+    let mut ran = Vec::new();
+    let (result, attaches, _) = counted(ctl, || buf.with_host_slice(|host| ran = host.to_vec()));
+    ctl.remove_fault(rule);
+    assert!(result.is_err_and(|e| is_unknown(&e)));
+    assert_eq!(ran, read, "the closure ran before the restore");
+    assert_eq!(attaches, 2, "the attach to the host and the restore");
+    ran
+}
+
+/// A failed wait for the restore (an injected failure of the last `cuStreamSynchronize` of a
+/// scoped access) returns the error after the closure ran and strands the buffer: its device work
+/// is refused until a later access restores the attachment (`end_host_reads` queues it again,
+/// one attach call), after which device work goes on. A missing wait moves the failure to the
+/// attach's wait, before the closure.
+#[rstest]
+#[parallel]
+fn a_failed_wait_for_the_restore_strands_the_buffer(#[values(false, true)] single: bool) {
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    assert_eq!(strand_by_failed_restore_wait(&ctl, &buf), data);
+    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
+    assert!(queued.is_err_and(refused_on(device)), "device work of a stranded buffer");
+    let ((), attaches, _) = counted(&ctl, || buf.end_host_reads());
+    assert_eq!(attaches, 1, "the exclusive access restores the attachment");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original);
+    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data, "device work goes on once restored");
+    let ((), attaches, _) = counted(&ctl, || buf.end_host_reads());
+    assert_eq!(attaches, 0, "restored once");
 }
 
 /// A failed restore (an injected failure of the second `cuStreamAttachMemAsync` of a scoped
