@@ -34,9 +34,11 @@
 //! ([`UnifiedBuffer::as_device_slice`]) is refused with `NotSupported { feature:
 //! ConcurrentManagedAccess }` until an exclusive access proves the host's borrow is over (any
 //! `&mut self` method, e.g. [`UnifiedBuffer::end_host_reads`]); the scoped accessors refuse it only
-//! while they run. If restoring an attachment fails, the error is returned and the buffer's device
-//! work stays refused (the memory may still be attached to the host) until an exclusive access
-//! restores it.
+//! while they run. If restoring an attachment fails, the error is returned and the buffer is
+//! *stranded*: the memory may still be attached to the host, so its device work is refused until an
+//! exclusive access (which restores the attachment first, and keeps refusing while that fails). A
+//! later scoped access that succeeds, a shared one included, restores the attachment too (as it
+//! ends), but device work stays refused until an exclusive access.
 //!
 //! A device without managed memory gives `NotSupported { feature: ManagedMemory }` before any
 //! driver call.
@@ -276,7 +278,8 @@ impl<T> UnifiedBuffer<T> {
 
     /// The attachment last asked for (at allocation or with [`UnifiedBuffer::attach`]). On a device
     /// without concurrent managed access the scoped host accessors attach memory attached globally
-    /// or to a stream to the host while they run, and restore this attachment before they return.
+    /// or to a stream to the host while they run, and restore this attachment before they return,
+    /// unless the restore fails (see [`UnifiedBuffer::with_host_slice`]).
     pub fn attachment(&self) -> &Attach {
         &self.attach
     }
@@ -479,11 +482,14 @@ impl<T> UnifiedBuffer<T> {
     ///
     /// - the attach or its wait fails: the error, without running `f`; the attachment is restored
     ///   (or, if that fails too, stranded as below);
-    /// - the restore fails: the error after `f` ran (its result is dropped); the memory may stay
-    ///   attached to the host, so the buffer's device work is refused (`NotSupported { feature:
-    ///   ConcurrentManagedAccess }`) until an exclusive access ([`UnifiedBuffer::end_host_reads`],
-    ///   a device view for writing, [`UnifiedBuffer::attach`], [`UnifiedBuffer::with_host_slice_mut`])
-    ///   restores it;
+    /// - the restore fails: the error after `f` ran (its result is dropped); the buffer is
+    ///   stranded: the memory may stay attached to the host, so the buffer's device work is refused
+    ///   (`NotSupported { feature: ConcurrentManagedAccess }`) until an exclusive access
+    ///   ([`UnifiedBuffer::end_host_reads`], a device view for writing, [`UnifiedBuffer::attach`],
+    ///   [`UnifiedBuffer::with_host_slice_mut`]), which restores the attachment first (and keeps
+    ///   refusing while that fails). A later scoped access that succeeds, a shared one included,
+    ///   restores the attachment too (as it ends), but device work stays refused until an exclusive
+    ///   access;
     /// - inside a [`StreamOrder::queue_on`](cumem_core::StreamOrder::queue_on) closure:
     ///   `NotPermitted`, as every use of cumem memory there;
     /// - while device work is being queued through the buffer (a view's guard is held, perhaps by

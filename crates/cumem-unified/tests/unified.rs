@@ -880,3 +880,32 @@ fn a_failed_restore_refuses_device_work_until_the_attachment_is_restored(
     assert_eq!(dst.to_vec().unwrap(), data);
     assert_eq!(buf.to_vec().unwrap(), data);
 }
+
+/// A later shared scoped access that succeeds restores a stranded attachment as it ends (two
+/// attach calls, and an exclusive access has none left to make), but the buffer's device work
+/// stays refused until an exclusive access.
+#[rstest]
+#[parallel]
+fn a_later_reader_restores_a_stranded_attachment(#[values(false, true)] single: bool) {
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    strand_by_failed_restore_wait(&ctl, &buf);
+    let (read, attaches, _) = counted(&ctl, || buf.to_vec().unwrap());
+    assert_eq!(read, data);
+    assert_eq!(attaches, 2, "the attach to the host and the restore");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original);
+    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
+    assert!(queued.is_err_and(refused_on(device)), "refused until an exclusive access");
+    let ((), attaches, _) = counted(&ctl, || buf.end_host_reads());
+    assert_eq!(attaches, 0, "the reader restored the attachment");
+    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+}
