@@ -22,10 +22,10 @@
 //!   [`UnifiedBuffer::with_host_slice_mut`] and [`UnifiedBuffer::to_vec`]) attach such memory to
 //!   the host while they run: after waiting for all of the buffer's device work, they queue
 //!   `cuStreamAttachMemAsync(CU_MEM_ATTACH_HOST)` on the attached stream (or, for memory attached
-//!   globally, on the stream the buffer was allocated on) and wait for it, run the closure, then
-//!   queue the attachment asked for again on that stream and wait for it. Concurrent scoped
-//!   readers share one host attachment: the first in attaches, the last out restores (on a panic
-//!   too). [`UnifiedBuffer::attachment`] always names the attachment asked for.
+//!   globally, on a private non-blocking stream the buffer creates on first use) and wait for
+//!   it, run the closure, then queue the attachment asked for again on that stream and wait for
+//!   it. Concurrent scoped readers share one host attachment: the first in attaches, the last out
+//!   restores (on a panic too). [`UnifiedBuffer::attachment`] always names the attachment asked for.
 //!
 //! The constructors write such memory while it is attached to the host, then attach it as asked.
 //!
@@ -59,6 +59,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
 use bytemuck::Zeroable;
 use cumem_core::sys::{CUdeviceptr, CUmem_advise, CUmem_range_attribute, CUmemAttach_flags};
@@ -105,9 +106,10 @@ pub struct UnifiedBuffer<T> {
     access: HostAccess,
     /// The attachment the user asked for (scoped host accesses restore it when they end).
     attach: Attach,
-    /// The stream the buffer was allocated on: where scoped host accesses attach memory that is
-    /// attached globally to the host and back.
-    home: Stream,
+    /// A private non-blocking stream of the context, created by the first scoped host access that
+    /// attaches globally attached memory to the host: where it, and its restore, are queued and
+    /// waited for, behind no one else's work (the access has waited for the buffer's own).
+    visit_home: OnceLock<Stream>,
     /// Scoped host accesses that attached the memory to the host for their duration.
     visits: Mutex<Visits>,
     policy: Mutex<MigrationPolicy>,
@@ -237,7 +239,7 @@ impl<T> UnifiedBuffer<T> {
                 HostAccess::with_exclusive_order(stream)
             },
             attach,
-            home: stream.clone(),
+            visit_home: OnceLock::new(),
             visits: Mutex::new(Visits::default()),
             policy: Mutex::new(MigrationPolicy::OnDemand),
             _marker: PhantomData,
@@ -323,19 +325,29 @@ impl<T> UnifiedBuffer<T> {
 
     /// The stream a scoped host access attaches the memory to the host on, and restores the
     /// attachment on: the attached stream (which alone may use memory attached to it, and whose
-    /// work the attachment is ordered after), or the buffer's own.
-    fn visit_stream(&self) -> &Stream {
+    /// work the attachment is ordered after), or, for memory attached globally, a private stream
+    /// created on first use (any stream of the context will do once the buffer's own work has
+    /// completed; a private one makes the waits for the attachments wait for nothing else).
+    fn visit_stream(&self) -> Result<&Stream> {
         match &self.attach {
-            Attach::Single(stream) => stream,
-            Attach::Global | Attach::Host => &self.home,
+            Attach::Single(stream) => Ok(stream),
+            Attach::Global | Attach::Host => {
+                if let Some(stream) = self.visit_home.get() {
+                    return Ok(stream);
+                }
+                // Created under the `visits` lock or with `&mut self`: never twice at once.
+                let stream = Stream::non_blocking(&self.ctx)?;
+                Ok(self.visit_home.get_or_init(|| stream))
+            }
         }
     }
 
     /// Queues attaching the memory with `flags` on the visit stream (the whole allocation: the
     /// driver takes length 0 or the full size only).
     fn queue_visit_attach(&self, flags: u32) -> Result<()> {
+        let stream = self.visit_stream()?;
         self.ctx.bind()?;
-        ffi::stream_attach_mem_async(self.visit_stream().raw(), self.ptr, flags)
+        ffi::stream_attach_mem_async(stream.raw(), self.ptr, flags)
     }
 
     /// Queues the user's attachment again on the visit stream and waits for it to take effect.
@@ -344,7 +356,7 @@ impl<T> UnifiedBuffer<T> {
     /// device work on other streams would not wait for the restore otherwise.
     fn restore_attachment(&self) -> Result<()> {
         self.queue_visit_attach(self.attach.flags())?;
-        self.visit_stream().synchronize()
+        self.visit_stream()?.synchronize()
     }
 
     /// [`Self::restore_attachment`] at the end of a scoped host access (or after a failed start).
@@ -475,8 +487,9 @@ impl<T> UnifiedBuffer<T> {
     /// work on a clone of the attached stream, the closure's own) would otherwise fault the host's
     /// reads, and no device work may use memory attached to the host. After all of the buffer's
     /// device work has completed, `cuStreamAttachMemAsync(CU_MEM_ATTACH_HOST)` is queued on the
-    /// attached stream (memory attached globally: on the stream the buffer was allocated on) and
-    /// waited for; after `f`, the attachment asked for ([`UnifiedBuffer::attachment`]) is queued
+    /// attached stream (memory attached globally: on a private non-blocking stream of the buffer,
+    /// created on first use, so the waits wait for nothing else; its creation's error is returned
+    /// without running `f`) and waited for; after `f`, the attachment asked for ([`UnifiedBuffer::attachment`]) is queued
     /// again on that stream and waited for (by the last of concurrent scoped readers, which share
     /// one host attachment; on a panic too). Errors:
     ///
@@ -495,7 +508,8 @@ impl<T> UnifiedBuffer<T> {
     /// - while device work is being queued through the buffer (a view's guard is held, perhaps by
     ///   the calling thread): `NotSupported { feature: ConcurrentManagedAccess }`, never waited for.
     ///
-    /// The waits synchronise whole streams: work queued on them that waits on the host for
+    /// For memory attached to a stream the waits synchronise that whole stream (other scoped
+    /// accesses of the buffer wait meanwhile): work queued on it that waits on the host for
     /// something the calling thread holds never ends.
     pub fn with_host_slice<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         if self.host_access_needs_host_attachment() {
@@ -769,7 +783,8 @@ impl<'a, T> Visit<'a, T> {
         if visits.inside == 0 {
             // Nothing queued when this fails: the attachment is as it was.
             buf.queue_visit_attach(CUmemAttach_flags::CU_MEM_ATTACH_HOST as u32)?;
-            if let Err(e) = buf.visit_stream().synchronize() {
+            // The stream exists: the attach above was queued on it.
+            if let Err(e) = buf.visit_stream().and_then(Stream::synchronize) {
                 // The host attachment is queued and may take effect: queue the user's again.
                 if let Err(restore) = buf.restore_or_strand(&mut visits) {
                     tracing::warn!(error = %restore, "restoring a unified buffer's attachment failed; its device work is refused");

@@ -909,3 +909,26 @@ fn a_later_reader_restores_a_stranded_attachment(#[values(false, true)] single: 
     stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
     assert_eq!(dst.to_vec().unwrap(), data);
 }
+
+/// Memory attached globally is attached to the host and back on a private stream: a scoped access
+/// waits for the buffer's own work (last on another stream), but not for unrelated work held on
+/// the stream the buffer was allocated on (held here with a gate, whose deadline fails the test if
+/// the access waited).
+#[test]
+#[serial] // holds a gate
+fn a_scoped_access_of_globally_attached_memory_waits_for_no_unrelated_work() {
+    let Some((_, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, false);
+    let other = Stream::non_blocking(stream.context()).unwrap();
+    let src = DeviceBuffer::from_slice(&other, &data).unwrap();
+    other.copy_d2d(&src, &mut buf).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), data, "the buffer's own work has completed");
+    stream.context().bind().unwrap();
+    // SAFETY: `stream` is alive, its context was just made current; the test is #[serial].
+    let gate = unsafe { testing::hold_for(stream.raw(), std::time::Duration::from_secs(2)) };
+    assert_eq!(buf.to_vec().unwrap(), data);
+    gate.release();
+}
