@@ -883,9 +883,23 @@ impl<T> Drop for UnifiedBuffer<T> {
             tracing::warn!(error = %e, bytes = self.bytes(), "waiting for device work on a unified buffer failed; leaking it");
             return;
         }
+        if self.visits.get_mut().stranded {
+            // A failed restore may have left attachments queued on the visit stream, which the
+            // stream order does not record (so the wait above did not cover them): the free must
+            // not overtake them.
+            let visit = match &self.attach {
+                Attach::Single(stream) => Some(stream),
+                Attach::Global | Attach::Host => self.visit_home.get(),
+            };
+            if let Some(Err(e)) = visit.map(Stream::synchronize) {
+                tracing::warn!(error = %e, bytes = self.bytes(), "waiting for a stranded unified buffer's attachments failed; leaking it");
+                return;
+            }
+        }
         let result = self.ctx.bind().and_then(|()| {
             // SAFETY: `ptr` came from cuMemAllocManaged, is freed once, and no device work or Rust
-            // reference uses it any more (waited for above; `&mut self`); cuMemFree also waits.
+            // reference uses it any more (waited for above; `&mut self`), nor any attachment a
+            // failed restore left queued (the visit stream, waited for above); cuMemFree also waits.
             unsafe { ffi::mem_free(self.ptr) }
         });
         if let Err(e) = result {

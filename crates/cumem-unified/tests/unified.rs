@@ -932,3 +932,29 @@ fn a_scoped_access_of_globally_attached_memory_waits_for_no_unrelated_work() {
     assert_eq!(buf.to_vec().unwrap(), data);
     gate.release();
 }
+
+/// A stranded buffer's drop waits for the attachments a failed restore may have left queued on
+/// the visit stream (one more `cuStreamSynchronize` than the drop of a twin that is not stranded)
+/// before it frees the memory: nothing is leaked.
+#[rstest]
+#[parallel]
+fn a_stranded_buffer_is_freed_after_its_queued_attachments(#[values(false, true)] single: bool) {
+    let Some((_, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let (stranded, twin) = (attached(&stream, &data, single), attached(&stream, &data, single));
+    let ptrs = [stranded.device_ptr(), twin.device_ptr()];
+    strand_by_failed_restore_wait(&ctl, &stranded);
+    assert_eq!(twin.to_vec().unwrap(), data);
+    let ((), _, twin_syncs) = counted(&ctl, || drop(twin));
+    let ((), _, syncs) = counted(&ctl, || drop(stranded));
+    assert_eq!(syncs, twin_syncs + 1, "the drop waits for the visit stream");
+    let live = ctl.live_report();
+    for ptr in ptrs {
+        assert!(!live.contains_ptr(ptr), "leaked instead of freed:\n{live}");
+    }
+}
