@@ -958,3 +958,45 @@ fn a_stranded_buffer_is_freed_after_its_queued_attachments(#[values(false, true)
         assert!(!live.contains_ptr(ptr), "leaked instead of freed:\n{live}");
     }
 }
+
+/// `attach` on a stranded buffer restores the stranded attachment first (two attach calls: the
+/// restore, then the one asked for); while the restore fails it returns the error and attaches
+/// nothing, and device work stays refused.
+#[rstest]
+#[parallel]
+fn attach_restores_a_stranded_attachment_first(#[values(false, true)] single: bool) {
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), buf.attachment().clone());
+    let target = if single { Attach::Global } else { Attach::Single(stream.clone()) };
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    strand_by_failed_restore_wait(&ctl, &buf);
+    let rule = ctl.inject_fault(FaultRule {
+        function: "cuStreamAttachMemAsync".into(),
+        nth: 1,
+        code: CUresult::CUDA_ERROR_UNKNOWN,
+        times: 0,
+        this_thread_only: true,
+    });
+    let (result, attaches, _) = counted(&ctl, || buf.attach(&stream, target.clone()));
+    ctl.remove_fault(rule);
+    assert!(result.is_err_and(|e| is_unknown(&e)));
+    assert_eq!(attaches, 1, "the failed restore only");
+    assert_eq!(buf.attachment(), &original);
+    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
+    assert!(queued.is_err_and(refused_on(device)), "still stranded");
+    let (result, attaches, _) = counted(&ctl, || buf.attach(&stream, target.clone()));
+    result.unwrap();
+    assert_eq!(attaches, 2, "the restore, then the attachment asked for");
+    assert_eq!(buf.attachment(), &target);
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, flags_of(&target));
+    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+    assert_eq!(buf.to_vec().unwrap(), data);
+}
