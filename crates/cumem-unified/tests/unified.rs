@@ -928,7 +928,7 @@ fn a_scoped_access_of_globally_attached_memory_waits_for_no_unrelated_work() {
     assert_eq!(buf.to_vec().unwrap(), data, "the buffer's own work has completed");
     stream.context().bind().unwrap();
     // SAFETY: `stream` is alive, its context was just made current; the test is #[serial].
-    let gate = unsafe { testing::hold_for(stream.raw(), std::time::Duration::from_secs(2)) };
+    let gate = unsafe { testing::hold_for(stream.raw(), std::time::Duration::from_secs(5)) };
     assert_eq!(buf.to_vec().unwrap(), data);
     gate.release();
 }
