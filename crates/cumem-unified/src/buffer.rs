@@ -489,9 +489,9 @@ impl<T> UnifiedBuffer<T> {
     /// device work has completed, `cuStreamAttachMemAsync(CU_MEM_ATTACH_HOST)` is queued on the
     /// attached stream (memory attached globally: on a private non-blocking stream of the buffer,
     /// created on first use, so the waits wait for nothing else; its creation's error is returned
-    /// without running `f`) and waited for; after `f`, the attachment asked for ([`UnifiedBuffer::attachment`]) is queued
-    /// again on that stream and waited for (by the last of concurrent scoped readers, which share
-    /// one host attachment; on a panic too). Errors:
+    /// without running `f`) and waited for; after `f`, the attachment asked for
+    /// ([`UnifiedBuffer::attachment`]) is queued again on that stream and waited for (by the last
+    /// of concurrent scoped readers, which share one host attachment; on a panic too). Errors:
     ///
     /// - the attach or its wait fails: the error, without running `f`; the attachment is restored
     ///   (or, if that fails too, stranded as below);
