@@ -145,7 +145,9 @@ pub(crate) fn prefetch(
     Ok(())
 }
 
-/// `cuStreamAttachMemAsync`: records the attachment and its stream, in stream order.
+/// `cuStreamAttachMemAsync`: queues a no-op on the stream, and records the attachment and its
+/// stream at once, not in stream order (the real driver applies it once the stream's earlier work
+/// has completed), so the record shows that the call was made, not that it took effect.
 pub(crate) fn attach(h_stream: CUstream, dptr: u64, length: usize, flags: u32) -> ApiResult {
     let mut st = SIM.st.lock();
     let sid = crate::hold::resolve_gated(&mut st, h_stream)?;

@@ -12,20 +12,33 @@
 //! access). Which work that is depends on the attachment: for memory attached globally, *any*
 //! work of the device (another buffer's copy, a user's kernel), for memory attached to one stream,
 //! any work on that stream; memory attached to the host, none. The buffer sees only its own work,
-//! so host access there is handed out only where the attachment keeps other work out: every host
-//! accessor ([`UnifiedBuffer::as_slice`], [`UnifiedBuffer::as_mut_slice`], the scoped
-//! [`UnifiedBuffer::with_host_slice`], [`UnifiedBuffer::with_host_slice_mut`] and
-//! [`UnifiedBuffer::to_vec`]) gives `NotSupported { feature: ConcurrentManagedAccess }` for memory
-//! attached globally or to a stream there: attach it to the host first ([`UnifiedBuffer::attach`]),
-//! or read it through a device copy. The constructors write such memory while it is attached to
-//! the host, then attach it as asked.
+//! so host access there is handed out only while the attachment keeps other work out:
+//!
+//! - borrows whose end the buffer cannot see ([`UnifiedBuffer::as_slice`],
+//!   [`UnifiedBuffer::as_mut_slice`]) give `NotSupported { feature: ConcurrentManagedAccess }` for
+//!   memory attached globally or to a stream: attach it to the host first
+//!   ([`UnifiedBuffer::attach`]), or use a scoped accessor;
+//! - the scoped accessors ([`UnifiedBuffer::with_host_slice`],
+//!   [`UnifiedBuffer::with_host_slice_mut`] and [`UnifiedBuffer::to_vec`]) attach such memory to
+//!   the host while they run: after waiting for all of the buffer's device work, they queue
+//!   `cuStreamAttachMemAsync(CU_MEM_ATTACH_HOST)` on the attached stream (or, for memory attached
+//!   globally, on a private non-blocking stream the buffer creates on first use) and wait for
+//!   it, run the closure, then queue the attachment asked for again on that stream and wait for
+//!   it. Concurrent scoped readers share one host attachment: the first in attaches, the last out
+//!   restores (on a panic too). [`UnifiedBuffer::attachment`] always names the attachment asked for.
+//!
+//! The constructors write such memory while it is attached to the host, then attach it as asked.
 //!
 //! For memory attached to the host, [`UnifiedBuffer::as_slice`] waits for every device use of
 //! the buffer, and from then on device work through shared views
 //! ([`UnifiedBuffer::as_device_slice`]) is refused with `NotSupported { feature:
 //! ConcurrentManagedAccess }` until an exclusive access proves the host's borrow is over (any
 //! `&mut self` method, e.g. [`UnifiedBuffer::end_host_reads`]); the scoped accessors refuse it only
-//! while they run.
+//! while they run. If restoring an attachment fails, the error is returned and the buffer is
+//! *stranded*: the memory may still be attached to the host, so its device work is refused until an
+//! exclusive access (which restores the attachment first, and keeps refusing while that fails). A
+//! later scoped access that succeeds, a shared one included, restores the attachment too (as it
+//! ends), but device work stays refused until an exclusive access.
 //!
 //! A device without managed memory gives `NotSupported { feature: ManagedMemory }` before any
 //! driver call.
@@ -46,6 +59,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
 use bytemuck::Zeroable;
 use cumem_core::sys::{CUdeviceptr, CUmem_advise, CUmem_range_attribute, CUmemAttach_flags};
@@ -90,9 +104,33 @@ pub struct UnifiedBuffer<T> {
     /// Device work on the memory, ordered through a stream order that the device views share
     /// (exclusive with host reads on devices without concurrent managed access).
     access: HostAccess,
+    /// The attachment the user asked for (scoped host accesses restore it when they end).
     attach: Attach,
+    /// A private non-blocking stream of the context, created by the first scoped host access that
+    /// attaches globally attached memory to the host: where it, and its restore, are queued and
+    /// waited for, behind no one else's work (the access has waited for the buffer's own).
+    visit_home: OnceLock<Stream>,
+    /// Scoped host accesses that attached the memory to the host for their duration.
+    visits: Mutex<Visits>,
     policy: Mutex<MigrationPolicy>,
     _marker: PhantomData<T>,
+}
+
+/// The scoped host accesses ([`UnifiedBuffer::with_host_slice`] and friends) in progress that
+/// attached the memory to the host temporarily (a device without concurrent managed access, memory
+/// attached globally or to a stream).
+#[derive(Debug, Default)]
+struct Visits {
+    /// How many are inside: the first attaches the memory to the host, the last restores the
+    /// attachment. Changed, and the attachments queued and waited for, under the lock, so a
+    /// reader never runs before the host attachment has taken effect, and never after the
+    /// restore was queued.
+    inside: usize,
+    /// A restore failed: the memory may still be attached to the host, or attachments may still be
+    /// queued on the visit stream, although `attach` names another attachment. Device work through
+    /// the buffer is refused meanwhile (an open-ended exclusion), until a restore succeeds and an
+    /// exclusive access lifts the refusal.
+    stranded: bool,
 }
 
 // SAFETY: the buffer owns its memory like a `Vec<T>`; host access goes through `&self`/`&mut self`
@@ -100,7 +138,8 @@ pub struct UnifiedBuffer<T> {
 unsafe impl<T: Send> Send for UnifiedBuffer<T> {}
 // SAFETY: shared access only hands out `&[T]` (after waiting for device writes; on devices without
 // concurrent managed access after waiting for all device work, and refusing device work while the
-// borrow may live) and shared device views (reads), like `&Vec<T>`.
+// borrow may live) and shared device views (reads), like `&Vec<T>`. The temporary host attachment
+// of concurrent scoped readers is counted under a lock (`visits`).
 unsafe impl<T: Sync> Sync for UnifiedBuffer<T> {}
 
 /// A byte range of one buffer, with what is needed to queue hints and prefetches on it.
@@ -200,6 +239,8 @@ impl<T> UnifiedBuffer<T> {
                 HostAccess::with_exclusive_order(stream)
             },
             attach,
+            visit_home: OnceLock::new(),
+            visits: Mutex::new(Visits::default()),
             policy: Mutex::new(MigrationPolicy::OnDemand),
             _marker: PhantomData,
         })
@@ -237,7 +278,10 @@ impl<T> UnifiedBuffer<T> {
         &self.caps
     }
 
-    /// The current attachment.
+    /// The attachment last asked for (at allocation or with [`UnifiedBuffer::attach`]). On a device
+    /// without concurrent managed access the scoped host accessors attach memory attached globally
+    /// or to a stream to the host while they run, and restore this attachment before they return,
+    /// unless the restore fails (see [`UnifiedBuffer::with_host_slice`]).
     pub fn attachment(&self) -> &Attach {
         &self.attach
     }
@@ -259,11 +303,18 @@ impl<T> UnifiedBuffer<T> {
         }
     }
 
+    /// Whether other device work may fault the host's access to the memory: on a device without
+    /// concurrent managed access, memory attached globally (any work of the device) or to a stream
+    /// (any work on it). Host access there needs the memory attached to the host for its duration.
+    fn host_access_needs_host_attachment(&self) -> bool {
+        !self.caps.concurrent_managed_access && self.ptr != 0 && self.attach != Attach::Host
+    }
+
     /// Refuses a host borrow whose end the buffer cannot see where other device work may fault
-    /// the host's access: on a device without concurrent managed access, memory attached
-    /// globally (any work of the device) or to a stream (any work on it).
+    /// the host's access (see [`Self::host_access_needs_host_attachment`]): the buffer could not
+    /// restore the attachment when the borrow ends.
     fn require_unscoped_host_access(&self) -> Result<()> {
-        if self.caps.concurrent_managed_access || self.ptr == 0 || self.attach == Attach::Host {
+        if !self.host_access_needs_host_attachment() {
             return Ok(());
         }
         Err(Error::NotSupported {
@@ -272,12 +323,111 @@ impl<T> UnifiedBuffer<T> {
         })
     }
 
+    /// The stream a scoped host access attaches the memory to the host on, and restores the
+    /// attachment on: the attached stream (which alone may use memory attached to it, and whose
+    /// work the attachment is ordered after), or, for memory attached globally, a private stream
+    /// created on first use (any stream of the context will do once the buffer's own work has
+    /// completed; a private one makes the waits for the attachments wait for nothing else).
+    fn visit_stream(&self) -> Result<&Stream> {
+        match &self.attach {
+            Attach::Single(stream) => Ok(stream),
+            Attach::Global | Attach::Host => {
+                if let Some(stream) = self.visit_home.get() {
+                    return Ok(stream);
+                }
+                // Created under the `visits` lock or with `&mut self`: never twice at once.
+                let stream = Stream::non_blocking(&self.ctx)?;
+                Ok(self.visit_home.get_or_init(|| stream))
+            }
+        }
+    }
+
+    /// Queues attaching the memory with `flags` on the visit stream (the whole allocation: the
+    /// driver takes length 0 or the full size only).
+    fn queue_visit_attach(&self, flags: u32) -> Result<()> {
+        let stream = self.visit_stream()?;
+        self.ctx.bind()?;
+        ffi::stream_attach_mem_async(stream.raw(), self.ptr, flags)
+    }
+
+    /// Queues the user's attachment again on the visit stream and waits for it to take effect.
+    /// Waited for rather than ordered through the stream order: the visit stream is not recorded
+    /// there (recording needs a ticket, which the exclusion of device work refuses), so later
+    /// device work on other streams would not wait for the restore otherwise.
+    fn restore_attachment(&self) -> Result<()> {
+        self.queue_visit_attach(self.attach.flags())?;
+        self.visit_stream()?.synchronize()
+    }
+
+    /// [`Self::restore_attachment`] at the end of a scoped host access (or after a failed start).
+    /// If it fails, the memory is left stranded: device work through the buffer is refused (an
+    /// open-ended exclusion, which needs no ticket to be held: the caller's scoped exclusion
+    /// keeps them out) until a later restore succeeds and an exclusive access lifts it.
+    fn restore_or_strand(&self, visits: &mut Visits) -> Result<()> {
+        match self.restore_attachment() {
+            Ok(()) => {
+                visits.stranded = false;
+                Ok(())
+            }
+            Err(e) => {
+                visits.stranded = true;
+                // The exclusion begins before this wait (and stays if the wait fails).
+                if let Err(wait) = self.access.wait_writes() {
+                    tracing::warn!(error = %wait, "waiting for device work on a stranded unified buffer failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Restores the attachment that a failed scoped host access left stranded, before an exclusive
+    /// access lets device work through again.
+    fn settle(&mut self) -> Result<()> {
+        if !self.visits.get_mut().stranded {
+            return Ok(());
+        }
+        self.restore_attachment()?;
+        self.visits.get_mut().stranded = false;
+        Ok(())
+    }
+
+    /// Ends the refusal of device work begun by host reads (`&mut self`: no borrow of them is
+    /// alive), unless the attachment is stranded and cannot be restored yet.
+    fn end_host_reads_settled(&mut self) {
+        match self.settle() {
+            Ok(()) => self.access.end_host_reads(),
+            Err(e) => {
+                tracing::warn!(error = %e, "restoring a unified buffer's attachment failed; its device work stays refused");
+            }
+        }
+    }
+
+    /// Runs `access`, a host access that ends when it returns, with the memory attached to the
+    /// host (see [`Self::host_access_needs_host_attachment`]).
+    ///
+    /// `read_scoped` first refuses the buffer's device work and waits for all of it; then the
+    /// first of the scoped accesses in progress queues `CU_MEM_ATTACH_HOST` on the visit stream
+    /// and waits for it (no device work may use host-attached memory, so none can fault the
+    /// host's access from then on), and the last one queues the user's attachment again and
+    /// waits for it, before the refusal of device work ends. A failure to attach runs nothing
+    /// and returns the error, with the attachment restored (or stranded, see `Visits`); a
+    /// failure to restore returns the error after `access` ran (its result is dropped).
+    fn with_host_attachment<R>(&self, access: impl FnOnce() -> R) -> Result<R> {
+        self.access.read_scoped(|| {
+            let visit = Visit::enter(self)?;
+            let value = access();
+            visit.leave()?;
+            Ok(value)
+        })?
+    }
+
     /// The values, after the device work that writes them has completed.
     ///
     /// On a device without concurrent managed access: memory attached globally or to a stream
     /// gives `NotSupported { feature: ConcurrentManagedAccess }` (other device work would fault
-    /// the host's reads while the borrow lives: attach the memory to the host first, or read it
-    /// through a device copy); memory attached to the
+    /// the host's reads while the borrow lives, and the buffer could not restore the attachment
+    /// when it ends: attach the memory to the host first, or use
+    /// [`UnifiedBuffer::with_host_slice`], which attaches it for its duration); memory attached to the
     /// host is returned after all device work of the buffer, and device work through shared
     /// views is refused from then on (`NotSupported { feature: ConcurrentManagedAccess }`) until
     /// an exclusive access such as [`UnifiedBuffer::end_host_reads`]: the returned borrow does not
@@ -332,14 +482,45 @@ impl<T> UnifiedBuffer<T> {
     /// concurrent managed access, after all device work of the buffer), and returns what it
     /// returns. The buffer's own device work is refused while `f` runs.
     ///
-    /// On a device without concurrent managed access, memory attached globally or to a stream
-    /// gives `NotSupported { feature: ConcurrentManagedAccess }`, as [`UnifiedBuffer::as_slice`]
-    /// does: work the buffer cannot see (another thread's copy, work on a clone of the attached
-    /// stream, the closure's own) would fault the host's reads, and cumem cannot refuse work it
-    /// does not queue. Attach the memory to the host first ([`UnifiedBuffer::attach`] with
-    /// [`Attach::Host`]), or read it through a device copy ([`UnifiedBuffer::as_device_slice`]).
+    /// On a device without concurrent managed access, memory attached globally or to a stream is
+    /// attached to the host while `f` runs: work the buffer cannot see (another thread's copy,
+    /// work on a clone of the attached stream, the closure's own) would otherwise fault the host's
+    /// reads, and no device work may use memory attached to the host. After all of the buffer's
+    /// device work has completed, `cuStreamAttachMemAsync(CU_MEM_ATTACH_HOST)` is queued on the
+    /// attached stream (memory attached globally: on a private non-blocking stream of the buffer,
+    /// created on first use, so the waits wait for nothing else; its creation's error is returned
+    /// without running `f`) and waited for; after `f`, the attachment asked for
+    /// ([`UnifiedBuffer::attachment`]) is queued again on that stream and waited for (by the last
+    /// of concurrent scoped readers, which share one host attachment; on a panic too). Errors:
+    ///
+    /// - the attach or its wait fails: the error, without running `f`; the attachment is restored
+    ///   (or, if that fails too, stranded as below);
+    /// - the restore fails: the error after `f` ran (its result is dropped); the buffer is
+    ///   stranded: the memory may stay attached to the host, so the buffer's device work is refused
+    ///   (`NotSupported { feature: ConcurrentManagedAccess }`) until an exclusive access
+    ///   ([`UnifiedBuffer::end_host_reads`], a device view for writing, [`UnifiedBuffer::attach`],
+    ///   [`UnifiedBuffer::with_host_slice_mut`]), which restores the attachment first (and keeps
+    ///   refusing while that fails). A later scoped access that succeeds, a shared one included,
+    ///   restores the attachment too (as it ends), but device work stays refused until an exclusive
+    ///   access;
+    /// - inside a [`StreamOrder::queue_on`](cumem_core::StreamOrder::queue_on) closure:
+    ///   `NotPermitted`, as every use of cumem memory there;
+    /// - while device work is being queued through the buffer (a view's guard is held, perhaps by
+    ///   the calling thread): `NotSupported { feature: ConcurrentManagedAccess }`, never waited for.
+    ///
+    /// For memory attached to a stream the waits synchronise that whole stream (other scoped
+    /// accesses of the buffer wait meanwhile): work queued on it that waits on the host for
+    /// something the calling thread holds never ends.
     pub fn with_host_slice<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
-        self.require_unscoped_host_access()?;
+        if self.host_access_needs_host_attachment() {
+            return self.with_host_attachment(|| {
+                // SAFETY: `with_host_attachment` waited for all device work of the buffer and
+                // refuses more until this closure returns, and the memory is attached to the host
+                // until then, so no other device work may use it either; the borrow ends inside
+                // the closure.
+                f(unsafe { self.host_slice() })
+            });
+        }
         self.access.read_scoped(|| {
             // SAFETY: `read_scoped` waited for the device writes (for all device work of the
             // buffer, refused until this closure returns, on a device without concurrent managed
@@ -350,17 +531,32 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// Runs `f` on the values for writing, after all device work that uses them, and returns what
-    /// it returns. Refused as [`UnifiedBuffer::with_host_slice`] is.
+    /// it returns. On a device without concurrent managed access memory attached globally or to a
+    /// stream is attached to the host while `f` runs, with the errors of
+    /// [`UnifiedBuffer::with_host_slice`] (an attachment left stranded by a failed restore is
+    /// restored first).
     pub fn with_host_slice_mut<R>(&mut self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
-        self.require_unscoped_host_access()?;
-        // SAFETY: the host access is allowed while `f` runs (checked above); the borrow ends when
-        // `f` returns.
+        if self.host_access_needs_host_attachment() {
+            // `&mut self`: no host borrow from `as_slice` is alive.
+            self.settle()?;
+            self.access.end_host_reads();
+            let (ptr, len) = (self.host_ptr(), self.len);
+            return self.with_host_attachment(|| {
+                // SAFETY: as in `with_host_slice`; the values are initialised, aligned and
+                // host-accessible (attached to the host), and `&mut self` excludes every other
+                // Rust reference to them until the borrow ends inside the closure.
+                f(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+            });
+        }
+        // SAFETY: the host access is allowed while `f` runs (the attachment keeps other device
+        // work out); the borrow ends when `f` returns.
         Ok(f(unsafe { self.host_slice_mut() }?))
     }
 
     /// A copy of the values, after the device work that writes them; see
-    /// [`UnifiedBuffer::with_host_slice`], which it runs (and which refuses memory attached
-    /// globally or to a stream on a device without concurrent managed access).
+    /// [`UnifiedBuffer::with_host_slice`], which it runs (and which attaches memory attached
+    /// globally or to a stream to the host while it copies, on a device without concurrent managed
+    /// access).
     pub fn to_vec(&self) -> Result<Vec<T>>
     where
         T: Copy,
@@ -371,9 +567,10 @@ impl<T> UnifiedBuffer<T> {
     /// Ends the host reads begun by [`UnifiedBuffer::as_slice`]: `&mut self` proves that no borrow
     /// it returned is alive, so shared device views may queue work again on a device without
     /// concurrent managed access. Every other `&mut self` method does the same; on other devices
-    /// this does nothing.
+    /// this does nothing. If a scoped host access failed to restore the attachment, this restores
+    /// it first (queued on its stream and waited for); while that fails, device work stays refused.
     pub fn end_host_reads(&mut self) {
-        self.access.end_host_reads();
+        self.end_host_reads_settled();
     }
 
     /// Blocks until no device work uses the buffer.
@@ -384,7 +581,8 @@ impl<T> UnifiedBuffer<T> {
 
     /// A shared device view of the whole buffer, for copies that read it. On a device without
     /// concurrent managed access its work is refused while the host may be reading the buffer (see
-    /// [`UnifiedBuffer::as_slice`]).
+    /// [`UnifiedBuffer::as_slice`]), and while a failed restore may have left the memory attached
+    /// to the host (see [`UnifiedBuffer::with_host_slice`]).
     pub fn as_device_slice(&self) -> DeviceSlice<'_, T> {
         let order = self.access.view_order(false).expect(ORDERED);
         // SAFETY: the memory is a live managed allocation of `len` initialised values of this
@@ -396,7 +594,7 @@ impl<T> UnifiedBuffer<T> {
     /// An exclusive device view of the whole buffer, for copies and memsets that write it.
     pub fn as_device_slice_mut(&mut self) -> DeviceSliceMut<'_, T> {
         // `&mut self`: no host borrow from `as_slice` is alive.
-        self.access.end_host_reads();
+        self.end_host_reads_settled();
         let order = self.access.view_order(true).expect(ORDERED);
         // SAFETY: as in `as_device_slice`; the view borrows `self` exclusively.
         unsafe { DeviceSliceMut::from_raw_parts(self.ptr, self.len, order, &self.ctx) }
@@ -405,7 +603,8 @@ impl<T> UnifiedBuffer<T> {
     /// Queues attaching the buffer on `stream` (`cuStreamAttachMemAsync`), in order after the work
     /// that uses it. [`Attach::Single`] names the stream that may use it (and must be of this
     /// context, and not the legacy stream: `InvalidValue` before any driver call); host access then
-    /// waits for that stream on devices without concurrent managed access.
+    /// waits for that stream on devices without concurrent managed access. An attachment that a
+    /// scoped host access failed to restore is restored first (its error is returned).
     pub fn attach(&mut self, stream: &Stream, attach: Attach) -> Result<()> {
         if let Attach::Single(s) = &attach {
             if s != stream {
@@ -420,14 +619,17 @@ impl<T> UnifiedBuffer<T> {
                 });
             }
         }
-        // `&mut self`: no host borrow from `as_slice` is alive.
-        self.access.end_host_reads();
         if stream.context() != &self.ctx {
             return Err(Error::WrongDevice {
                 expected: self.ctx.device().ordinal() as i32,
                 actual: stream.context().device().ordinal() as i32,
             });
         }
+        // A stranded attachment is restored first: its attachments queued on the visit stream
+        // would otherwise race with this one.
+        self.settle()?;
+        // `&mut self`: no host borrow from `as_slice` is alive.
+        self.access.end_host_reads();
         if self.ptr != 0 {
             let order = self.access.view_order(true).expect(ORDERED);
             let _ticket = order.use_on(stream)?;
@@ -563,6 +765,63 @@ impl<T> UnifiedBuffer<T> {
     }
 }
 
+/// One scoped host access inside [`UnifiedBuffer::with_host_attachment`]: counted in the buffer's
+/// `visits`, and left (the attachment restored by the last one out) when it ends, on a panic too.
+struct Visit<'a, T> {
+    buf: &'a UnifiedBuffer<T>,
+    left: bool,
+}
+
+impl<'a, T> Visit<'a, T> {
+    /// Counts one scoped access in; the first attaches the memory to the host and waits for that.
+    /// The caller has refused the buffer's device work and waited for all of it.
+    fn enter(buf: &'a UnifiedBuffer<T>) -> Result<Self> {
+        // Held across the waits below: the next access must not read before the attachment has
+        // taken effect. A thread inside a `queue_on` closure never gets here (`read_scoped`
+        // refuses it first), so no closure's order is locked while this lock is waited for.
+        let mut visits = buf.visits.lock();
+        if visits.inside == 0 {
+            // Nothing queued when this fails: the attachment is as it was.
+            buf.queue_visit_attach(CUmemAttach_flags::CU_MEM_ATTACH_HOST as u32)?;
+            // The stream exists: the attach above was queued on it.
+            if let Err(e) = buf.visit_stream().and_then(Stream::synchronize) {
+                // The host attachment is queued and may take effect: queue the user's again.
+                if let Err(restore) = buf.restore_or_strand(&mut visits) {
+                    tracing::warn!(error = %restore, "restoring a unified buffer's attachment failed; its device work is refused");
+                }
+                return Err(e);
+            }
+        }
+        visits.inside += 1;
+        Ok(Visit { buf, left: false })
+    }
+
+    /// Counts the access out; the last one restores the attachment (see `restore_or_strand`).
+    fn leave(mut self) -> Result<()> {
+        self.left = true;
+        self.buf.leave_visit()
+    }
+}
+
+impl<T> Drop for Visit<'_, T> {
+    fn drop(&mut self) {
+        // Only when the access unwound (`leave` sets `left`).
+        if !self.left
+            && let Err(e) = self.buf.leave_visit()
+        {
+            tracing::warn!(error = %e, "restoring a unified buffer's attachment failed; its device work is refused");
+        }
+    }
+}
+
+impl<T> UnifiedBuffer<T> {
+    fn leave_visit(&self) -> Result<()> {
+        let mut visits = self.visits.lock();
+        visits.inside -= 1;
+        if visits.inside == 0 { self.restore_or_strand(&mut visits) } else { Ok(()) }
+    }
+}
+
 /// Every unified buffer's tracker is created with a stream order (`alloc`), so views always get one.
 const ORDERED: &str = "a UnifiedBuffer's tracker always has a stream order";
 
@@ -624,9 +883,23 @@ impl<T> Drop for UnifiedBuffer<T> {
             tracing::warn!(error = %e, bytes = self.bytes(), "waiting for device work on a unified buffer failed; leaking it");
             return;
         }
+        if self.visits.get_mut().stranded {
+            // A failed restore may have left attachments queued on the visit stream, which the
+            // stream order does not record (so the wait above did not cover them): the free must
+            // not overtake them.
+            let visit = match &self.attach {
+                Attach::Single(stream) => Some(stream),
+                Attach::Global | Attach::Host => self.visit_home.get(),
+            };
+            if let Some(Err(e)) = visit.map(Stream::synchronize) {
+                tracing::warn!(error = %e, bytes = self.bytes(), "waiting for a stranded unified buffer's attachments failed; leaking it");
+                return;
+            }
+        }
         let result = self.ctx.bind().and_then(|()| {
             // SAFETY: `ptr` came from cuMemAllocManaged, is freed once, and no device work or Rust
-            // reference uses it any more (waited for above; `&mut self`); cuMemFree also waits.
+            // reference uses it any more (waited for above; `&mut self`), nor any attachment a
+            // failed restore left queued (the visit stream, waited for above); cuMemFree also waits.
             unsafe { ffi::mem_free(self.ptr) }
         });
         if let Err(e) = result {

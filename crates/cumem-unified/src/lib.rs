@@ -3,8 +3,9 @@
 //! Managed memory has one address on the host and on every device, and the driver migrates its
 //! pages to whichever processor touches them. [`UnifiedBuffer`] owns such an allocation: host
 //! access first waits for the device work that uses it (and, on devices without concurrent
-//! managed access, for what its attachment requires; there, the host reads and writes only
-//! memory attached to the host, see [`UnifiedBuffer::with_host_slice`]), and
+//! managed access, for what its attachment requires; there, the host reads and writes memory
+//! only while it is attached to the host, which the scoped accessors arrange for their duration,
+//! see [`UnifiedBuffer::with_host_slice`]), and
 //! device views make it usable in every cumem copy. Hints ([`Advice`], [`MigrationPolicy`]) and prefetches ([`PrefetchPlan`]) tell the
 //! driver where pages should be; [`RangeAttributes`] reads back what is in effect. The CUDA 12.2
 //! location-based entry points are used when the driver has them, the older device-ordinal ones

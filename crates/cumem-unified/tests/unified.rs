@@ -270,10 +270,11 @@ fn devices_without_concurrent_access_keep_the_attach_rules() {
 
 /// On a device without concurrent managed access, any device work (for memory attached globally)
 /// or any work on the attached stream (attached to one) faults the host's access to the memory,
-/// and the buffer sees only its own work: every host access is refused there (`NotSupported {
-/// feature: ConcurrentManagedAccess }`, before any wait), scoped or not, while the constructors
-/// still write it (through a host attachment). Memory attached to the host lends borrows, since no
-/// device work may use it; so does every attachment on a device with concurrent access.
+/// and the buffer sees only its own work: borrows whose end it cannot see are refused there
+/// (`NotSupported { feature: ConcurrentManagedAccess }`, before any wait), while the scoped
+/// accessors attach the memory to the host for their duration (the tests below) and the
+/// constructors write it through a host attachment. Memory attached to the host lends borrows,
+/// since no device work may use it; so does every attachment on a device with concurrent access.
 #[test]
 #[parallel]
 fn without_concurrent_access_only_host_attached_memory_lends_host_borrows() {
@@ -289,9 +290,6 @@ fn without_concurrent_access_only_host_attached_memory_lends_host_borrows() {
     assert_eq!(global.attachment(), &Attach::Global);
     assert!(refused(global.as_slice().unwrap_err()));
     assert!(refused(global.as_mut_slice().unwrap_err()));
-    assert!(refused(global.with_host_slice(<[u32]>::len).unwrap_err()));
-    assert!(refused(global.with_host_slice_mut(|host| host[1] = 7).unwrap_err()));
-    assert!(refused(global.to_vec().unwrap_err()));
     // The constructor wrote the values; a device copy reads them.
     let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
     stream.copy_d2d(&global.as_device_slice(), &mut dst).unwrap();
@@ -303,7 +301,6 @@ fn without_concurrent_access_only_host_attached_memory_lends_host_borrows() {
     global.attach(&stream, Attach::Single(stream.clone())).unwrap();
     assert!(refused(global.as_slice().unwrap_err()));
     assert!(refused(global.as_mut_slice().unwrap_err()));
-    assert!(refused(global.to_vec().unwrap_err()));
     global.attach(&stream, Attach::Host).unwrap();
     global.with_host_slice_mut(|host| host[1] = 7).unwrap();
     assert_eq!(global.to_vec().unwrap()[..2], [data[0], 7]);
@@ -492,4 +489,514 @@ fn a_buffer_dropped_inside_a_closure_is_freed_not_leaked() {
     let live = ctl.live_report();
     assert!(!live.contains_ptr(ptr), "leaked instead of freed:\n{live}");
     assert_eq!(dev.to_vec().unwrap(), [5; 64]);
+}
+
+/// `CU_MEM_ATTACH_GLOBAL`, `CU_MEM_ATTACH_HOST`, `CU_MEM_ATTACH_SINGLE`.
+const GLOBAL: u32 = 1;
+const HOST: u32 = 2;
+const SINGLE: u32 = 4;
+
+const NEEDS_NOT_CONCURRENT: &str =
+    "needs a managed-memory device without concurrent access (the simulator's device 2)";
+
+/// A managed-memory device without concurrent access (the simulator's device 2), and a stream on it.
+fn not_concurrent() -> Option<(Device, Stream)> {
+    let (device, ctx) = device_where(|c| c.managed_memory && !c.concurrent_managed_access)?;
+    Some((device, Stream::non_blocking(&ctx).unwrap()))
+}
+
+/// A buffer of `data` attached globally, or (`single`) to `stream`.
+fn attached(stream: &Stream, data: &[u32], single: bool) -> UnifiedBuffer<u32> {
+    let mut buf = UnifiedBuffer::from_slice(stream, data).unwrap();
+    if single {
+        buf.attach(stream, Attach::Single(stream.clone())).unwrap();
+    }
+    buf
+}
+
+/// The `CU_MEM_ATTACH_*` flags of `attach`.
+fn flags_of(attach: &Attach) -> u32 {
+    match attach {
+        Attach::Global => GLOBAL,
+        Attach::Host => HOST,
+        Attach::Single(_) => SINGLE,
+    }
+}
+
+/// The simulator's record of the managed allocation at `ptr`: the `CU_MEM_ATTACH_*` flags and the
+/// stream of its latest `cuStreamAttachMemAsync`, recorded when it was called (not when it took
+/// effect: the fault tests show the waits). (The real driver reports no
+/// attachment: no pointer or range attribute names it.)
+fn attachment_in_sim(ctl: &cumem_sys::sim_control::Control, ptr: u64) -> (u32, Option<u64>) {
+    let live = ctl.live_report();
+    let alloc = live.allocations.iter().find(|a| a.ptr == ptr).expect("a live managed allocation");
+    (alloc.attach.expect("managed allocations report their attachment"), alloc.attach_stream)
+}
+
+/// The refusal of device work and host borrows that must not overlap on `device`.
+fn refused_on(device: Device) -> impl Fn(Error) -> bool {
+    move |e| matches!(e, Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: Some(d) } if d == device.ordinal() as i32)
+}
+
+/// Waits until `count` reaches `n` (5 s at most, then panics: a rendezvous that never comes).
+fn meet(count: &std::sync::atomic::AtomicUsize, n: usize) {
+    use std::sync::atomic::Ordering;
+    count.fetch_add(1, Ordering::SeqCst);
+    let start = std::time::Instant::now();
+    while count.load(Ordering::SeqCst) < n {
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "the other reader never came");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// On a device without concurrent managed access, the scoped accessors of memory attached globally
+/// or to a stream attach it to the host while they run (after the buffer's device work: the
+/// stream runs 20 ms late, so a missing wait reads stale data), and restore the attachment after:
+/// the data round-trips, the attachment afterwards is the one asked for (`attachment()` and the
+/// simulator's record agree), device work goes on, and the unscoped borrows stay refused.
+#[rstest]
+#[parallel]
+fn scoped_host_access_attaches_to_the_host_and_back(#[values(false, true)] single: bool) {
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let sim = testing::sim_control();
+    let data = pattern(4096);
+    let other: Vec<u32> = data.iter().map(|v| !v).collect();
+    let mut buf = attached(&stream, &data, single);
+    let original = buf.attachment().clone();
+    let ptr = buf.device_ptr();
+    let src = DeviceBuffer::from_slice(&stream, &other).unwrap();
+    stream.copy_d2d(&src, &mut buf).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), other, "to_vec waits for the queued copy");
+    buf.with_host_slice(|host| {
+        assert_eq!(host, &other[..]);
+        if let Some(ctl) = &sim {
+            assert_eq!(attachment_in_sim(ctl, ptr).0, HOST, "read while attached to the host");
+        }
+    })
+    .unwrap();
+    buf.with_host_slice_mut(|host| {
+        host[0] = 7;
+        host[4095] = 9;
+        if let Some(ctl) = &sim {
+            assert_eq!(attachment_in_sim(ctl, ptr).0, HOST, "written while attached to the host");
+        }
+    })
+    .unwrap();
+    let mut expected = other.clone();
+    expected[0] = 7;
+    expected[4095] = 9;
+    assert_eq!(buf.to_vec().unwrap(), expected);
+    assert_eq!(buf.attachment(), &original);
+    if let Some(ctl) = &sim {
+        let (flags, on) = attachment_in_sim(ctl, ptr);
+        assert_eq!(flags, flags_of(&original), "the attachment is restored");
+        if single {
+            assert_eq!(on, Some(stream.raw() as u64), "attached to its stream again");
+        }
+    }
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 4096).unwrap();
+    stream.copy_d2d(&buf, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), expected, "device work goes on after the scoped accesses");
+    let refused = refused_on(device);
+    assert!(refused(buf.as_slice().unwrap_err()));
+    assert!(refused(buf.as_mut_slice().unwrap_err()));
+}
+
+/// Concurrent scoped readers on two threads share one temporary host attachment: the first in
+/// attaches, the last out restores (two `cuStreamAttachMemAsync` calls in all), every reader sees
+/// the memory attached to the host, and the buffer's device work stays refused until the last
+/// reader has left, which the first one to leave must not cut short.
+#[rstest]
+#[parallel]
+fn concurrent_scoped_readers_attach_once_and_restore_once(#[values(false, true)] single: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("counts driver calls: simulator only");
+    };
+    let data = pattern(2048);
+    let buf = attached(&stream, &data, single);
+    let ptr = buf.device_ptr();
+    let attaches = || {
+        ctl.calls_on_this_thread("cuStreamAttachMemAsync")
+            + ctl.calls_on_this_thread("cuStreamAttachMemAsync_ptsz")
+    };
+    let (inside, first_left) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let refused = refused_on(device);
+    let total: u64 = std::thread::scope(|s| {
+        let readers: Vec<_> = (0..2)
+            .map(|i| {
+                let (buf, data, inside, first_left, refused) = (&buf, &data, &inside, &first_left, &refused);
+                let (ctl, attaches, stream) = (&ctl, &attaches, &stream);
+                s.spawn(move || {
+                    let mut dst = DeviceBuffer::<u32>::zeroed(stream, 2048).unwrap();
+                    let before = attaches();
+                    buf.with_host_slice(|host| {
+                        meet(inside, 2); // both readers are inside at once
+                        assert_eq!(host, &data[..]);
+                        assert_eq!(attachment_in_sim(ctl, ptr).0, HOST);
+                        if i == 1 {
+                            // Reader 0 has left; this one still reads.
+                            let start = std::time::Instant::now();
+                            while !first_left.load(Ordering::SeqCst) {
+                                assert!(start.elapsed().as_secs() < 5, "reader 0 never left");
+                                std::thread::sleep(std::time::Duration::from_millis(1));
+                            }
+                            assert_eq!(attachment_in_sim(ctl, ptr).0, HOST, "restored under a reader");
+                            assert_eq!(host, &data[..]);
+                            let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
+                            assert!(queued.is_err_and(refused), "device work while a reader is inside");
+                        }
+                    })
+                    .unwrap();
+                    if i == 0 {
+                        first_left.store(true, Ordering::SeqCst);
+                    }
+                    attaches() - before
+                })
+            })
+            .collect();
+        readers.into_iter().map(|r| r.join().unwrap()).sum()
+    });
+    assert_eq!(total, 2, "one attach to the host and one restore, for both readers");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, flags_of(buf.attachment()));
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 2048).unwrap();
+    stream.copy_d2d(&buf, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data, "device work goes on once both have left");
+}
+
+/// A scoped access whose closure panics restores the attachment while unwinding: the buffer's
+/// device work goes on, and the next scoped access attaches to the host again.
+#[rstest]
+#[parallel]
+fn a_panicking_scoped_access_restores_the_attachment(#[values(false, true)] single: bool) {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let Some((_, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("reads the simulator's record of the attachment: simulator only");
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    let read = catch_unwind(AssertUnwindSafe(|| buf.with_host_slice(|_| panic!("a reader panics"))));
+    assert!(read.is_err());
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "restored by the unwinding reader");
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    stream.copy_d2d(&buf, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+    let write = catch_unwind(AssertUnwindSafe(|| {
+        buf.with_host_slice_mut(|host| {
+            host[0] = 1;
+            panic!("a writer panics")
+        })
+    }));
+    assert!(write.is_err());
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "restored by the unwinding writer");
+    buf.with_host_slice(|host| {
+        assert_eq!(attachment_in_sim(&ctl, ptr).0, HOST, "attached again by the next reader");
+        assert_eq!((host[0], host[1]), (1, data[1]));
+    })
+    .unwrap();
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original);
+}
+
+/// Runs `access`, counting the `cuStreamAttachMemAsync` and `cuStreamSynchronize` calls it makes
+/// on this thread: `(its value, attaches, syncs)`.
+fn counted<R>(ctl: &cumem_sys::sim_control::Control, access: impl FnOnce() -> R) -> (R, u64, u64) {
+    let attaches = || {
+        ctl.calls_on_this_thread("cuStreamAttachMemAsync")
+            + ctl.calls_on_this_thread("cuStreamAttachMemAsync_ptsz")
+    };
+    let syncs = || {
+        ctl.calls_on_this_thread("cuStreamSynchronize") + ctl.calls_on_this_thread("cuStreamSynchronize_ptsz")
+    };
+    let before = (attaches(), syncs());
+    let value = access();
+    (value, attaches() - before.0, syncs() - before.1)
+}
+
+/// Fails the `nth` next call of `function` on this thread once, with `CUDA_ERROR_UNKNOWN`.
+fn fail_once(
+    ctl: &cumem_sys::sim_control::Control,
+    function: &str,
+    nth: u64,
+) -> cumem_sys::sim_control::FaultId {
+    ctl.inject_fault(FaultRule {
+        function: function.into(),
+        nth,
+        code: CUresult::CUDA_ERROR_UNKNOWN,
+        times: 1,
+        this_thread_only: true,
+    })
+}
+
+fn is_unknown(e: &Error) -> bool {
+    matches!(e, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. })
+}
+
+/// A failed attach to the host (an injected `cuStreamAttachMemAsync` failure), or a failed wait
+/// for it (an injected failure of the first `cuStreamSynchronize` after it), returns the driver's
+/// error without running the closure, and leaves the attachment as it was (the failed wait's
+/// access queues the restore: two attach calls in all): device work and later accesses go on. The
+/// wait for the attachment is the first sync after the waits an access makes before attaching,
+/// which an access whose attach call fails counts; a missing wait moves the failure to the
+/// restore's wait, after the closure ran.
+#[rstest]
+#[parallel]
+fn a_failed_host_attachment_runs_nothing_and_keeps_the_attachment(#[values(false, true)] single: bool) {
+    let Some((_, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    let mut goes_on = || {
+        assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "the attachment is as it was");
+        stream.copy_d2d(&buf, &mut dst).unwrap();
+        assert_eq!(dst.to_vec().unwrap(), data, "device work goes on");
+        assert_eq!(buf.to_vec().unwrap(), data);
+    };
+    let mut ran = false;
+    let rule = fail_once(&ctl, "cuStreamAttachMemAsync", 1);
+    let (result, attaches, syncs_before_attach) = counted(&ctl, || buf.with_host_slice(|_| ran = true));
+    ctl.remove_fault(rule);
+    assert!(result.is_err_and(|e| is_unknown(&e)));
+    assert!(!ran, "the closure must not run without the host attachment");
+    assert_eq!(attaches, 1, "a failed attach queues nothing to restore");
+    goes_on();
+    let rule = fail_once(&ctl, "cuStreamSynchronize", syncs_before_attach + 1);
+    let (result, attaches, _) = counted(&ctl, || buf.with_host_slice(|_| ran = true));
+    ctl.remove_fault(rule);
+    assert!(result.is_err_and(|e| is_unknown(&e)));
+    assert!(!ran, "the closure must not run before the host attachment took effect");
+    assert_eq!(attaches, 2, "the attach to the host and the restore");
+    goes_on();
+}
+
+/// A scoped access of `buf` whose restore's wait (its last `cuStreamSynchronize`, counted in a
+/// whole access first) fails: the error is returned after the closure ran, and the buffer is
+/// stranded. Returns what the closure read.
+fn strand_by_failed_restore_wait(
+    ctl: &cumem_sys::sim_control::Control,
+    buf: &UnifiedBuffer<u32>,
+) -> Vec<u32> {
+    let (read, attaches, syncs) = counted(ctl, || buf.to_vec().unwrap());
+    assert_eq!(attaches, 2, "the attach to the host and the restore");
+    let rule = fail_once(ctl, "cuStreamSynchronize", syncs);
+    let mut ran = Vec::new();
+    let (result, attaches, _) = counted(ctl, || buf.with_host_slice(|host| ran = host.to_vec()));
+    ctl.remove_fault(rule);
+    assert!(result.is_err_and(|e| is_unknown(&e)));
+    assert_eq!(ran, read, "the closure ran before the restore");
+    assert_eq!(attaches, 2, "the attach to the host and the restore");
+    ran
+}
+
+/// A failed wait for the restore (an injected failure of the last `cuStreamSynchronize` of a
+/// scoped access) returns the error after the closure ran and strands the buffer: its device work
+/// is refused until a later access restores the attachment (`end_host_reads` queues it again,
+/// one attach call), after which device work goes on. A missing wait moves the failure to the
+/// attach's wait, before the closure.
+#[rstest]
+#[parallel]
+fn a_failed_wait_for_the_restore_strands_the_buffer(#[values(false, true)] single: bool) {
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    assert_eq!(strand_by_failed_restore_wait(&ctl, &buf), data);
+    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
+    assert!(queued.is_err_and(refused_on(device)), "device work of a stranded buffer");
+    let ((), attaches, _) = counted(&ctl, || buf.end_host_reads());
+    assert_eq!(attaches, 1, "the exclusive access restores the attachment");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original);
+    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data, "device work goes on once restored");
+    let ((), attaches, _) = counted(&ctl, || buf.end_host_reads());
+    assert_eq!(attaches, 0, "restored once");
+}
+
+/// A failed restore (an injected failure of the second `cuStreamAttachMemAsync` of a scoped
+/// access) returns the error after the closure ran and leaves the memory attached to the host:
+/// the buffer's device work is refused from then on, through shared and exclusive views alike,
+/// until an exclusive access restores the attachment (`end_host_reads` tries again).
+#[rstest]
+#[parallel]
+fn a_failed_restore_refuses_device_work_until_the_attachment_is_restored(
+    #[values(false, true)] single: bool,
+) {
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    let refused = refused_on(device);
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    let src = DeviceBuffer::from_slice(&stream, &data).unwrap();
+    // From the second call on (the restore), every attach fails until the rule is removed.
+    let rule = ctl.inject_fault(FaultRule {
+        function: "cuStreamAttachMemAsync".into(),
+        nth: 2,
+        code: CUresult::CUDA_ERROR_UNKNOWN,
+        times: 0,
+        this_thread_only: true,
+    });
+    let mut read = Vec::new();
+    let err = buf.with_host_slice(|host| read = host.to_vec()).unwrap_err();
+    assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. }), "{err:?}");
+    assert_eq!(read, data, "the closure ran");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, HOST, "stranded on the host");
+    assert_eq!(buf.attachment(), &if single { Attach::Single(stream.clone()) } else { Attach::Global });
+    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
+    assert!(queued.is_err_and(&refused), "device reads of memory stranded on the host");
+    buf.end_host_reads(); // the restore fails again
+    let queued = stream.copy_d2d(&src, &mut buf);
+    assert!(queued.is_err_and(&refused), "device writes of memory stranded on the host");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, HOST);
+    ctl.remove_fault(rule);
+    buf.end_host_reads(); // restores the attachment, then lets device work through
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "restored");
+    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+    assert_eq!(buf.to_vec().unwrap(), data);
+}
+
+/// A later shared scoped access that succeeds restores a stranded attachment as it ends (two
+/// attach calls, and an exclusive access has none left to make), but the buffer's device work
+/// stays refused until an exclusive access.
+#[rstest]
+#[parallel]
+fn a_later_reader_restores_a_stranded_attachment(#[values(false, true)] single: bool) {
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    strand_by_failed_restore_wait(&ctl, &buf);
+    let (read, attaches, _) = counted(&ctl, || buf.to_vec().unwrap());
+    assert_eq!(read, data);
+    assert_eq!(attaches, 2, "the attach to the host and the restore");
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, original);
+    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
+    assert!(queued.is_err_and(refused_on(device)), "refused until an exclusive access");
+    let ((), attaches, _) = counted(&ctl, || buf.end_host_reads());
+    assert_eq!(attaches, 0, "the reader restored the attachment");
+    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+}
+
+/// Memory attached globally is attached to the host and back on a private stream: a scoped access
+/// waits for the buffer's own work (last on another stream), but not for unrelated work held on
+/// the stream the buffer was allocated on (held here with a gate, whose deadline fails the test if
+/// the access waited).
+#[test]
+#[serial] // holds a gate
+fn a_scoped_access_of_globally_attached_memory_waits_for_no_unrelated_work() {
+    let Some((_, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, false);
+    let other = Stream::non_blocking(stream.context()).unwrap();
+    let src = DeviceBuffer::from_slice(&other, &data).unwrap();
+    other.copy_d2d(&src, &mut buf).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), data, "the buffer's own work has completed");
+    stream.context().bind().unwrap();
+    // SAFETY: `stream` is alive, its context was just made current; the test is #[serial].
+    let gate = unsafe { testing::hold_for(stream.raw(), std::time::Duration::from_secs(5)) };
+    assert_eq!(buf.to_vec().unwrap(), data);
+    gate.release();
+}
+
+/// A stranded buffer's drop waits for the attachments a failed restore may have left queued on
+/// the visit stream (one more `cuStreamSynchronize` than the drop of a twin that is not stranded)
+/// before it frees the memory: nothing is leaked.
+#[rstest]
+#[parallel]
+fn a_stranded_buffer_is_freed_after_its_queued_attachments(#[values(false, true)] single: bool) {
+    let Some((_, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let (stranded, twin) = (attached(&stream, &data, single), attached(&stream, &data, single));
+    let ptrs = [stranded.device_ptr(), twin.device_ptr()];
+    strand_by_failed_restore_wait(&ctl, &stranded);
+    assert_eq!(twin.to_vec().unwrap(), data);
+    let ((), _, twin_syncs) = counted(&ctl, || drop(twin));
+    let ((), _, syncs) = counted(&ctl, || drop(stranded));
+    assert_eq!(syncs, twin_syncs + 1, "the drop waits for the visit stream");
+    let live = ctl.live_report();
+    for ptr in ptrs {
+        assert!(!live.contains_ptr(ptr), "leaked instead of freed:\n{live}");
+    }
+}
+
+/// `attach` on a stranded buffer restores the stranded attachment first (two attach calls: the
+/// restore, then the one asked for); while the restore fails it returns the error and attaches
+/// nothing, and device work stays refused.
+#[rstest]
+#[parallel]
+fn attach_restores_a_stranded_attachment_first(#[values(false, true)] single: bool) {
+    let Some((device, stream)) = not_concurrent() else {
+        return testing::skip(NEEDS_NOT_CONCURRENT);
+    };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver failures: simulator only");
+    };
+    let data = pattern(1024);
+    let mut buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), buf.attachment().clone());
+    let target = if single { Attach::Global } else { Attach::Single(stream.clone()) };
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    strand_by_failed_restore_wait(&ctl, &buf);
+    let rule = ctl.inject_fault(FaultRule {
+        function: "cuStreamAttachMemAsync".into(),
+        nth: 1,
+        code: CUresult::CUDA_ERROR_UNKNOWN,
+        times: 0,
+        this_thread_only: true,
+    });
+    let (result, attaches, _) = counted(&ctl, || buf.attach(&stream, target.clone()));
+    ctl.remove_fault(rule);
+    assert!(result.is_err_and(|e| is_unknown(&e)));
+    assert_eq!(attaches, 1, "the failed restore only");
+    assert_eq!(buf.attachment(), &original);
+    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
+    assert!(queued.is_err_and(refused_on(device)), "still stranded");
+    let (result, attaches, _) = counted(&ctl, || buf.attach(&stream, target.clone()));
+    result.unwrap();
+    assert_eq!(attaches, 2, "the restore, then the attachment asked for");
+    assert_eq!(buf.attachment(), &target);
+    assert_eq!(attachment_in_sim(&ctl, ptr).0, flags_of(&target));
+    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+    assert_eq!(buf.to_vec().unwrap(), data);
 }
