@@ -508,9 +508,12 @@ impl<T> UnifiedBuffer<T> {
     /// - while device work is being queued through the buffer (a view's guard is held, perhaps by
     ///   the calling thread): `NotSupported { feature: ConcurrentManagedAccess }`, never waited for.
     ///
-    /// For memory attached to a stream the waits synchronise that whole stream (other scoped
-    /// accesses of the buffer wait meanwhile): work queued on it that waits on the host for
-    /// something the calling thread holds never ends.
+    /// The waits synchronise whole streams: every stream the buffer's device work used (as on any
+    /// device), and for memory attached to a stream that whole stream, twice (other scoped
+    /// accesses of the buffer wait meanwhile). Work queued on them that waits on the host for
+    /// something the calling thread holds never ends. Dropping a buffer whose restore failed
+    /// (stranded) waits for the attached stream first, and leaks the memory with a warning if that
+    /// wait fails.
     pub fn with_host_slice<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         if self.host_access_needs_host_attachment() {
             return self.with_host_attachment(|| {
