@@ -239,15 +239,22 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let left = &self.segs[self.freed..];
-        if !left.is_empty() {
+        if left.is_empty() {
+            return;
+        }
+        // Settled before anything is logged: a subscriber may panic on the event.
+        for &(_, _, ticket) in left {
+            self.returning.finish(ticket);
+        }
+        // Segments are left only when a panic cut `release` or `give_back` short, so this runs
+        // while unwinding: a subscriber that panicked now would abort the process, and the panic
+        // itself is reported anyway.
+        if !std::thread::panicking() {
             tracing::warn!(
                 segments = left.len(),
                 bytes = left.iter().map(|s| s.1).sum::<u64>(),
-                "segments taken out of the pool were not given back (a panic on the way); leaking them"
+                "segments taken out of the pool were not given back; leaking them"
             );
-        }
-        for &(_, _, ticket) in left {
-            self.returning.finish(ticket);
         }
     }
 }

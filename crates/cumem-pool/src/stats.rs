@@ -101,7 +101,7 @@ pub struct PoolStats {
     /// Bytes of segments taken out of the books (no longer in `reserved_bytes`) whose upstream
     /// free has not returned yet: what the upstream still holds beyond `reserved_bytes`. Zero
     /// whenever no release or trim is under way; a segment lost to a panic on its way back is
-    /// leaked (logged) and not counted here.
+    /// leaked (the panic is what reports it) and not counted here.
     pub returning_bytes: u64,
     /// Times the out-of-memory ladder ran (cache released, synchronised, retried).
     pub oom_ladders: u64,

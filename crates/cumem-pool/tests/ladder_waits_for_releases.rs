@@ -6,7 +6,7 @@
 //! a free that itself waits for the allocating thread (as `cuMemFree` waits for a host function)
 //! must not hang the allocation, which reports out of memory instead.
 //! A release that panics (here in a tracing subscriber) before its frees are made must not leave
-//! them counted as in flight.
+//! them counted as in flight, nor panic again while unwinding (in a child process: that aborts).
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -193,9 +193,11 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
     assert!(pool.upstream().host.violations().is_empty());
 }
 
-/// A tracing layer that panics on the pool's "segments released" event: the release has taken
-/// segments out of the books and not given them back yet.
-struct PanicOnRelease;
+/// A tracing layer that panics on the pool's "segments released" event (the release has taken
+/// segments out of the books and not given them back yet) and, with `on_warn`, on every warning.
+struct PanicOnRelease {
+    on_warn: bool,
+}
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnRelease {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
@@ -209,7 +211,9 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnRelease {
         }
         let mut m = Message(String::new());
         event.record(&mut m);
-        if m.0.contains("segments released") {
+        if m.0.contains("segments released")
+            || (self.on_warn && *event.metadata().level() == tracing::Level::WARN)
+        {
             panic!("a subscriber panics on {:?}", m.0);
         }
     }
@@ -225,7 +229,7 @@ fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
     let trimmer = {
         let pool = pool.clone();
         std::thread::spawn(move || {
-            let subscriber = tracing_subscriber::registry().with(PanicOnRelease);
+            let subscriber = tracing_subscriber::registry().with(PanicOnRelease { on_warn: false });
             tracing::subscriber::with_default(subscriber, || pool.trim())
         })
     };
@@ -238,4 +242,58 @@ fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
     assert_eq!(pool.stats().reserved_bytes, 0);
     assert_eq!(pool.upstream().live_bytes(), 20 << 20);
     pool.validate().unwrap();
+}
+
+const CHILD: &str = "CUMEM_TEST_LADDER_PANIC_CHILD";
+
+/// The child's half of the next test: a release that panics under a subscriber that also panics
+/// on every warning.
+#[test]
+fn panicking_release_child() {
+    use tracing_subscriber::layer::SubscriberExt;
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let pool =
+        Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), PoolConfig::default()));
+    let big = pool.allocate(4 << 20, 512, 1).unwrap();
+    pool.deallocate(big, 1).unwrap();
+    let trimmer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let subscriber = tracing_subscriber::registry().with(PanicOnRelease { on_warn: true });
+            tracing::subscriber::with_default(subscriber, || pool.trim())
+        })
+    };
+    assert!(trimmer.join().is_err(), "the trim was to panic");
+    assert_eq!(pool.stats().returning_bytes, 0, "a free that was never made is still counted in flight");
+}
+
+/// What the pool does while a panic unwinds through a release must not panic again (that aborts
+/// the process), even under a subscriber that panics on warnings.
+#[test]
+fn a_release_that_panics_does_not_abort_the_process_under_a_subscriber_that_panics_on_warnings() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "panicking_release_child", "--test-threads=1"])
+        .env(CHILD, "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            child.kill().unwrap();
+            let _ = child.wait();
+            panic!("the child never exited");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "the child failed (a panic while unwinding aborts): {status:?}");
 }
