@@ -197,19 +197,24 @@ impl Returning {
     /// succeed.
     fn wait_for_frees(&self, seen: u64) -> bool {
         let mut st = self.state.lock();
+        let mut timed_out = false;
         if GIVING_BACK.with(|g| g.get()) == 0 {
             let started = st.next;
             let deadline = Instant::now() + RETURN_WAIT;
             while st.in_flight.first_key_value().is_some_and(|(&t, _)| t < started) {
                 if self.done.wait_until(&mut st, deadline).timed_out() {
-                    tracing::debug!(
-                        "segment frees still in flight after {RETURN_WAIT:?}; not waiting longer"
-                    );
+                    timed_out = true;
                     break;
                 }
             }
         }
-        st.finished != seen
+        let finished = st.finished != seen;
+        // Logged with the lock let go: a subscriber may read the pool's stats, which take it.
+        drop(st);
+        if timed_out {
+            tracing::debug!("segment frees still in flight after {RETURN_WAIT:?}; not waiting longer");
+        }
+        finished
     }
 }
 

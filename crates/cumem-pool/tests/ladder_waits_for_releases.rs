@@ -170,10 +170,22 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
         }
     }
     // The trim's free is held until this allocation has returned; it needs that free's memory.
+    // Its thread's subscriber reads the pool's stats when the ladder gives up waiting (which must
+    // not find the pool's locks held by that very thread).
     let (tx, rx) = std::sync::mpsc::channel();
     let allocating = {
         let pool = pool.clone();
-        std::thread::spawn(move || tx.send(pool.allocate(22 << 20, 512, 2).map(|b| b.addr())).unwrap())
+        std::thread::spawn(move || {
+            use tracing_subscriber::layer::SubscriberExt;
+            let reader = pool.clone();
+            let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+                if m.contains("still in flight") {
+                    drop(reader.stats());
+                }
+            }));
+            let r = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
+            tx.send(r.map(|b| b.addr())).unwrap()
+        })
     };
     let result = rx.recv_timeout(Duration::from_secs(20));
     pool.upstream().let_go();
@@ -199,22 +211,39 @@ struct PanicOnRelease {
     on_warn: bool,
 }
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnRelease {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message(String);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" {
-                    self.0 = format!("{value:?}");
-                }
+/// An event's message.
+fn message(event: &tracing::Event<'_>) -> String {
+    struct Message(String);
+    impl tracing::field::Visit for Message {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = format!("{value:?}");
             }
         }
-        let mut m = Message(String::new());
-        event.record(&mut m);
-        if m.0.contains("segments released")
+    }
+    let mut m = Message(String::new());
+    event.record(&mut m);
+    m.0
+}
+
+/// A tracing layer that calls its function with every event's message.
+struct OnEvent<F>(F);
+
+impl<S: tracing::Subscriber, F: Fn(&str) + Send + Sync + 'static> tracing_subscriber::Layer<S>
+    for OnEvent<F>
+{
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        (self.0)(&message(event))
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnRelease {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let m = message(event);
+        if m.contains("segments released")
             || (self.on_warn && *event.metadata().level() == tracing::Level::WARN)
         {
-            panic!("a subscriber panics on {:?}", m.0);
+            panic!("a subscriber panics on {m:?}");
         }
     }
 }
