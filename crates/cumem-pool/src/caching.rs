@@ -149,7 +149,7 @@ struct ReturningState {
     in_flight: BTreeMap<u64, u64>,
     /// Their bytes in all.
     bytes: u64,
-    /// How many frees have finished so far.
+    /// How many frees have returned their memory so far (leaked segments do not count).
     finished: u64,
 }
 
@@ -176,17 +176,19 @@ impl Returning {
         ticket
     }
 
-    fn finish(&self, ticket: u64) {
+    /// The free with `ticket` is over: the segment is back with the upstream if `freed`, else
+    /// leaked (a panic cut it short), which brings no memory back for a ladder to retry with.
+    fn finish(&self, ticket: u64, freed: bool) {
         let mut st = self.state.lock();
         if let Some(bytes) = st.in_flight.remove(&ticket) {
             st.bytes -= bytes;
-            st.finished += 1;
+            st.finished += u64::from(freed);
         }
         drop(st);
         self.done.notify_all();
     }
 
-    /// How many segment frees have finished so far.
+    /// How many segment frees have returned their memory to the upstream so far.
     fn finished(&self) -> u64 {
         self.state.lock().finished
     }
@@ -249,7 +251,7 @@ impl Drop for InFlight<'_> {
         }
         // Settled before anything is logged: a subscriber may panic on the event.
         for &(_, _, ticket) in left {
-            self.returning.finish(ticket);
+            self.returning.finish(ticket, false);
         }
         // Segments are left only when a panic cut `release` or `give_back` short, so this runs
         // while unwinding: a subscriber that panicked now would abort the process, and the panic
@@ -1237,7 +1239,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.upstream.deallocate(addr, len as usize);
             // Only now: if the upstream panics, `unlinked`'s drop settles this free too.
             unlinked.freed += 1;
-            self.returning.finish(ticket);
+            self.returning.finish(ticket, true);
         }
     }
 }

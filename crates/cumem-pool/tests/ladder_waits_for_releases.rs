@@ -7,6 +7,7 @@
 //! must not hang the allocation, which reports out of memory instead.
 //! A release that panics (here in a tracing subscriber) before its frees are made must not leave
 //! them counted as in flight, nor panic again while unwinding (in a child process: that aborts).
+//! A free that panics leaks its segment: a ladder waiting for it must not ask the upstream again.
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -325,4 +326,82 @@ fn a_release_that_panics_does_not_abort_the_process_under_a_subscriber_that_pani
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "the child failed (a panic while unwinding aborts): {status:?}");
+}
+
+/// A host upstream whose first free panics once a ladder's growth has failed (the segment is
+/// leaked), counting the allocations asked for during ladders.
+struct PanickingFreeUpstream {
+    host: HostUpstream,
+    pool: OnceLock<Weak<PanickingPool>>,
+    gate: Mutex<Gate>,
+    changed: Condvar,
+    ladder_allocations: std::sync::atomic::AtomicU32,
+}
+
+type PanickingPool = CachingPool<PanickingFreeUpstream, HostOrdering>;
+
+impl Upstream for PanickingFreeUpstream {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        let r = self.host.allocate(bytes);
+        let in_ladder = self.pool.get().and_then(Weak::upgrade).is_some_and(|p| p.stats().oom_ladders > 0);
+        if in_ladder {
+            self.ladder_allocations.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if r.is_err() {
+                self.gate.lock().ladder_failed = true;
+                self.changed.notify_all();
+            }
+        }
+        r
+    }
+    fn deallocate(&self, _: u64, _: usize) {
+        let mut gate = self.gate.lock();
+        gate.freeing = true;
+        self.changed.notify_all();
+        while !gate.ladder_failed {
+            self.changed.wait(&mut gate);
+        }
+        panic!("the upstream's free panics");
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        None
+    }
+}
+
+#[test]
+fn a_ladder_does_not_retry_for_a_free_that_panicked() {
+    within_watchdog("a ladder racing a free that panics", || {
+        let up = PanickingFreeUpstream {
+            host: HostUpstream::new(24 << 20),
+            pool: OnceLock::new(),
+            gate: Mutex::new(Gate::default()),
+            changed: Condvar::new(),
+            ladder_allocations: Default::default(),
+        };
+        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), PoolConfig::default()));
+        pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
+        let big = pool.allocate(4 << 20, 512, 1).unwrap();
+        pool.deallocate(big, 1).unwrap();
+        let trimmer = {
+            let pool = pool.clone();
+            std::thread::spawn(move || pool.trim())
+        };
+        {
+            let mut gate = pool.upstream().gate.lock();
+            while !gate.freeing {
+                pool.upstream().changed.wait(&mut gate);
+            }
+        }
+        let err = pool.allocate(22 << 20, 512, 2).unwrap_err();
+        assert!(matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 22 << 20), "{err:?}");
+        assert!(trimmer.join().is_err(), "the trim was to panic");
+        // The free that panicked brought no memory back: asking the upstream again is pointless.
+        assert_eq!(
+            pool.upstream().ladder_allocations.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the ladder asked the upstream again after a free that leaked its segment"
+        );
+        assert_eq!(pool.stats().returning_bytes, 0);
+        assert_eq!(pool.upstream().host.live_bytes(), 20 << 20);
+        pool.validate().unwrap();
+    });
 }
