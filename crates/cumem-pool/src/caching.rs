@@ -238,6 +238,8 @@ impl<'a> InFlight<'a> {
     }
 
     fn push(&mut self, addr: u64, len: u64) {
+        // Room first: a ticket not in `segs` would never be settled.
+        self.segs.reserve(1);
         let ticket = self.returning.start(len);
         self.segs.push((addr, len, ticket));
     }
