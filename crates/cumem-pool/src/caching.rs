@@ -129,9 +129,9 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
 
 /// Segments [`release`](CachingPool::release) took out of the books whose upstream free has not
 /// finished yet. A ladder without expandable segments whose growth fails (after it has given its
-/// own released segments back) waits for the frees in flight at that moment (each free is a
-/// ticket; later frees are not waited for, so threads trimming back to back cannot keep it
-/// waiting), for at most [`RETURN_WAIT`], and asks the upstream once more if a free finished since
+/// own released segments back) waits for the frees in flight when it starts waiting (each free
+/// is a ticket; frees started later are not waited for, so threads trimming back to back cannot
+/// keep it waiting), for at most [`RETURN_WAIT`], and asks the upstream once more if a free finished since
 /// it asked: that memory is about to be back with the upstream (before frees were made with no
 /// lock held, the ladder would have waited for the locks instead). A ladder with expandable
 /// segments never waits, and neither does one run from inside an upstream free.
