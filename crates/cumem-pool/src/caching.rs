@@ -131,8 +131,8 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
 /// finished yet. A ladder without expandable segments whose growth fails (after it has given its
 /// own released segments back) waits for the frees in flight when it starts waiting (each free
 /// is a ticket; frees started later are not waited for, so threads trimming back to back cannot
-/// keep it waiting), for at most [`RETURN_WAIT`], and asks the upstream once more if a free finished since
-/// it asked: that memory is about to be back with the upstream (before frees were made with no
+/// keep it waiting), for at most [`PoolConfig::oom_free_wait`], and asks the upstream once more if
+/// a free returned memory since it asked: that memory is about to be back with the upstream (before frees were made with no
 /// lock held, the ladder would have waited for the locks instead). A ladder with expandable
 /// segments never waits, and neither does one run from inside an upstream free.
 #[derive(Default)]
@@ -152,12 +152,6 @@ struct ReturningState {
     /// How many frees have returned their memory so far (leaked segments do not count).
     finished: u64,
 }
-
-/// How long a ladder whose growth failed waits for the frees in flight then. Bounded because a
-/// free may wait for the allocating thread itself: `cuMemFree` waits for the whole device, host
-/// functions included (driver brief §17), and a host function may wait for something the
-/// allocating thread does after its allocation returns. Past it the ladder reports out of memory.
-const RETURN_WAIT: Duration = Duration::from_secs(1);
 
 thread_local! {
     /// How many `give_back`s (of any pool) this thread is inside: an upstream free that uses a
@@ -193,20 +187,30 @@ impl Returning {
         self.state.lock().finished
     }
 
-    /// After a failed growth: waits (no lock of the pool held), for at most [`RETURN_WAIT`], for
-    /// the frees in flight now, unless this thread is inside one; whether a free finished since
+    /// After a failed growth: waits (no lock of the pool held), for at most `wait`, for the frees
+    /// in flight now, unless this thread is inside one; whether a free returned memory since
     /// `seen` (from [`finished`](Self::finished) before the growth), so that growing again may
     /// succeed.
-    fn wait_for_frees(&self, seen: u64) -> bool {
+    ///
+    /// Bounded because a free may wait for the allocating thread itself: `cuMemFree` waits for
+    /// the whole device, host functions included (driver brief §17), and a host function may wait
+    /// for something the allocating thread does after its allocation returns.
+    fn wait_for_frees(&self, seen: u64, wait: Duration) -> bool {
         let mut st = self.state.lock();
         let mut timed_out = false;
         if GIVING_BACK.with(|g| g.get()) == 0 {
             let started = st.next;
-            let deadline = Instant::now() + RETURN_WAIT;
+            // `None` (past what an `Instant` can hold): no bound.
+            let deadline = Instant::now().checked_add(wait);
             while st.in_flight.first_key_value().is_some_and(|(&t, _)| t < started) {
-                if self.done.wait_until(&mut st, deadline).timed_out() {
-                    timed_out = true;
-                    break;
+                match deadline {
+                    Some(deadline) => {
+                        if self.done.wait_until(&mut st, deadline).timed_out() {
+                            timed_out = true;
+                            break;
+                        }
+                    }
+                    None => self.done.wait(&mut st),
                 }
             }
         }
@@ -214,7 +218,7 @@ impl Returning {
         // Logged with the lock let go: a subscriber may read the pool's stats, which take it.
         drop(st);
         if timed_out {
-            tracing::debug!("segment frees still in flight after {RETURN_WAIT:?}; not waiting longer");
+            tracing::debug!("segment frees still in flight after {wait:?}; not waiting longer");
         }
         finished
     }
@@ -1091,7 +1095,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 // Another thread's release may have taken segments out before this ladder locked
                 // the arenas, and not returned them yet: wait for the frees in flight now (for a
                 // bounded time: such a free may wait for this very thread), then try once more.
-                if grown.is_none() && self.returning.wait_for_frees(seen) {
+                if grown.is_none() && self.returning.wait_for_frees(seen, self.config.oom_free_wait) {
                     grown = self.grow(req.kind, req.need, true)?;
                 }
                 if let Some(seg) = grown {

@@ -2,9 +2,10 @@
 //! memory to the upstream: segments leave the books under the locks but reach the upstream only
 //! after the locks are let go. Here one thread's trim is held inside the upstream's free until
 //! another thread's ladder has failed to grow once; the ladder must wait for that free and retry,
-//! not fail. Under a watchdog, since a wrong wait hangs rather than fails. The wait is bounded:
-//! a free that itself waits for the allocating thread (as `cuMemFree` waits for a host function)
-//! must not hang the allocation, which reports out of memory instead.
+//! not fail. Under a watchdog, since a wrong wait hangs rather than fails. The wait is bounded
+//! (`PoolConfig::oom_free_wait`): a free that itself waits for the allocating thread (as
+//! `cuMemFree` waits for a host function) must not hang the allocation, which reports out of
+//! memory instead.
 //! A release that panics (here in a tracing subscriber) before its frees are made must not leave
 //! them counted as in flight, nor panic again while unwinding (in a child process: that aborts).
 //! A free that panics leaks its segment: a ladder waiting for it must not ask the upstream again.
@@ -75,7 +76,10 @@ fn a_ladder_waits_for_memory_another_thread_is_returning() {
             gate: Mutex::new(Gate::default()),
             changed: Condvar::new(),
         };
-        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), PoolConfig::default()));
+        // Long enough for the trim to finish its free once let go on any machine (a ladder that
+        // gives up first reports out of memory), and below the watchdog.
+        let config = PoolConfig { oom_free_wait: Duration::from_secs(30), ..PoolConfig::default() };
+        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
         pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
         let big = pool.allocate(4 << 20, 512, 1).unwrap();
         pool.deallocate(big, 1).unwrap();
@@ -156,7 +160,8 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
     let pool = Arc::new(CachingPool::new(
         HeldUpstream { host: HostUpstream::new(24 << 20), gate: Mutex::default(), changed: Condvar::new() },
         HostOrdering::new(),
-        PoolConfig::default(),
+        // The bound itself is under test: short, far below the guard below.
+        PoolConfig { oom_free_wait: Duration::from_millis(100), ..PoolConfig::default() },
     ));
     let big = pool.allocate(4 << 20, 512, 1).unwrap();
     pool.deallocate(big, 1).unwrap();
@@ -404,4 +409,14 @@ fn a_ladder_does_not_retry_for_a_free_that_panicked() {
         assert_eq!(pool.upstream().host.live_bytes(), 20 << 20);
         pool.validate().unwrap();
     });
+}
+
+#[test]
+fn an_unbounded_wait_with_no_free_in_flight_reports_out_of_memory() {
+    let config = PoolConfig { oom_free_wait: Duration::MAX, ..PoolConfig::default() };
+    let pool = CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), config);
+    let err = pool.allocate(32 << 20, 512, 1).unwrap_err();
+    assert!(matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 32 << 20), "{err:?}");
+    assert_eq!(pool.stats().oom_ladders, 1);
+    assert_eq!(pool.upstream().live_bytes(), 0);
 }
