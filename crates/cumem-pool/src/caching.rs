@@ -196,31 +196,43 @@ impl Returning {
     /// the whole device, host functions included (driver brief §17), and a host function may wait
     /// for something the allocating thread does after its allocation returns.
     fn wait_for_frees(&self, seen: u64, wait: Duration) -> bool {
+        if GIVING_BACK.with(|g| g.get()) == 0 {
+            self.wait_for_in_flight(wait);
+        }
+        self.state.lock().finished != seen
+    }
+
+    /// Waits, for at most `wait`, until the frees in flight now are over.
+    fn wait_for_in_flight(&self, wait: Duration) {
+        let (started, frees, bytes) = {
+            let st = self.state.lock();
+            (st.next, st.in_flight.len(), st.bytes)
+        };
+        if frees == 0 {
+            return;
+        }
+        // Logged with the lock let go, here and below: a subscriber may read the pool's stats,
+        // which take it. The frees waited for are fixed already (tickets below `started`).
+        tracing::debug!(frees, bytes, "waiting for segment frees in flight");
+        // `None` (past what an `Instant` can hold): no bound.
+        let deadline = Instant::now().checked_add(wait);
         let mut st = self.state.lock();
         let mut timed_out = false;
-        if GIVING_BACK.with(|g| g.get()) == 0 {
-            let started = st.next;
-            // `None` (past what an `Instant` can hold): no bound.
-            let deadline = Instant::now().checked_add(wait);
-            while st.in_flight.first_key_value().is_some_and(|(&t, _)| t < started) {
-                match deadline {
-                    Some(deadline) => {
-                        if self.done.wait_until(&mut st, deadline).timed_out() {
-                            timed_out = true;
-                            break;
-                        }
+        while st.in_flight.first_key_value().is_some_and(|(&t, _)| t < started) {
+            match deadline {
+                Some(deadline) => {
+                    if self.done.wait_until(&mut st, deadline).timed_out() {
+                        timed_out = true;
+                        break;
                     }
-                    None => self.done.wait(&mut st),
                 }
+                None => self.done.wait(&mut st),
             }
         }
-        let finished = st.finished != seen;
-        // Logged with the lock let go: a subscriber may read the pool's stats, which take it.
         drop(st);
         if timed_out {
             tracing::debug!("segment frees still in flight after {wait:?}; not waiting longer");
         }
-        finished
     }
 }
 

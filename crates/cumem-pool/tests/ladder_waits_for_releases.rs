@@ -9,7 +9,10 @@
 //! A release that panics (here in a tracing subscriber) before its frees are made must not leave
 //! them counted as in flight, nor panic again while unwinding (in a child process: that aborts).
 //! A free that panics leaks its segment: a ladder waiting for it must not ask the upstream again.
+//! A ladder waits only for the frees in flight when it starts waiting: one that started later and
+//! is held until the ladder returns must not keep it waiting (here with no bound at all).
 
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -411,12 +414,121 @@ fn a_ladder_does_not_retry_for_a_free_that_panicked() {
     });
 }
 
+/// A host upstream that holds the frees of the segments the test names until it lets them go.
+struct HoldingUpstream {
+    host: HostUpstream,
+    /// Segment base → (its free has started, it may finish).
+    held: Mutex<std::collections::HashMap<u64, (bool, bool)>>,
+    changed: Condvar,
+}
+
+impl Upstream for HoldingUpstream {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        self.host.allocate(bytes)
+    }
+    fn deallocate(&self, addr: u64, bytes: usize) {
+        let mut held = self.held.lock();
+        if let Some(h) = held.get_mut(&addr) {
+            h.0 = true;
+            self.changed.notify_all();
+            while !held[&addr].1 {
+                self.changed.wait(&mut held);
+            }
+        }
+        drop(held);
+        self.host.deallocate(addr, bytes)
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        None
+    }
+}
+
+impl HoldingUpstream {
+    /// The free of the segment at `addr` is to be held.
+    fn hold(&self, addr: u64) {
+        self.held.lock().insert(addr, (false, false));
+    }
+
+    /// Waits until the free of the segment at `addr` has started.
+    fn wait_for_free(&self, addr: u64) {
+        let mut held = self.held.lock();
+        while !held[&addr].0 {
+            self.changed.wait(&mut held);
+        }
+    }
+
+    fn let_go(&self, addr: u64) {
+        self.held.lock().get_mut(&addr).unwrap().1 = true;
+        self.changed.notify_all();
+    }
+}
+
 #[test]
-fn an_unbounded_wait_with_no_free_in_flight_reports_out_of_memory() {
-    let config = PoolConfig { oom_free_wait: Duration::MAX, ..PoolConfig::default() };
-    let pool = CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), config);
-    let err = pool.allocate(32 << 20, 512, 1).unwrap_err();
-    assert!(matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 32 << 20), "{err:?}");
-    assert_eq!(pool.stats().oom_ladders, 1);
-    assert_eq!(pool.upstream().live_bytes(), 0);
+fn a_ladder_does_not_wait_for_frees_that_start_after_it_waits() {
+    use tracing_subscriber::layer::SubscriberExt;
+    // No bound: a ladder that waits for the later free waits until the guard below lets it go.
+    let config = PoolConfig { oom_free_wait: Duration::MAX, thread_cache: false, ..PoolConfig::default() };
+    let up = HoldingUpstream {
+        host: HostUpstream::new(24 << 20),
+        held: Mutex::default(),
+        changed: Condvar::new(),
+    };
+    let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
+    // Segment A (20 MiB, cached) and segment B (2 MiB, holding a live small block): 2 MiB left.
+    let a = pool.allocate(4 << 20, 512, 1).unwrap();
+    let seg_a = pool.segments()[0].0;
+    pool.deallocate(a, 1).unwrap();
+    let small = pool.allocate(4096, 512, 1).unwrap();
+    let seg_b = pool.segments().into_iter().map(|s| s.0).find(|&s| s != seg_a).unwrap();
+    pool.upstream().hold(seg_a);
+    pool.upstream().hold(seg_b);
+    // A's free starts, and is held.
+    let trim_a = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.trim().unwrap())
+    };
+    pool.upstream().wait_for_free(seg_a);
+    // A ladder for 22 MiB (which fits once A is back) fails to grow and waits for A's free.
+    let (waiting_tx, waiting) = std::sync::mpsc::channel();
+    let waiting_tx = Mutex::new(waiting_tx);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ladder = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+                if m.contains("waiting for segment frees") {
+                    waiting_tx.lock().send(()).unwrap();
+                }
+            }));
+            let r = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
+            tx.send(r).unwrap()
+        })
+    };
+    waiting.recv_timeout(Duration::from_secs(20)).expect("the ladder never waited for A's free");
+    // Then B's free starts, and is held until the ladder has returned.
+    pool.deallocate(small, 1).unwrap();
+    let trim_b = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.trim().unwrap())
+    };
+    pool.upstream().wait_for_free(seg_b);
+    pool.upstream().let_go(seg_a);
+    let result = rx.recv_timeout(Duration::from_secs(20));
+    pool.upstream().let_go(seg_b);
+    let block = match result {
+        Ok(r) => r.unwrap(),
+        Err(RecvTimeoutError::Timeout) => {
+            panic!("the ladder was still waiting after A's free: it waits for B's, which started later")
+        }
+        Err(RecvTimeoutError::Disconnected) => panic!("the ladder panicked (see above)"),
+    };
+    ladder.join().unwrap();
+    assert_eq!(trim_a.join().unwrap().released_bytes, 20 << 20);
+    assert_eq!(trim_b.join().unwrap().released_bytes, 2 << 20);
+    assert_eq!(pool.stats().returning_bytes, 0);
+    pool.deallocate(block, 2).unwrap();
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().host.live_bytes(), 0);
+    assert!(pool.upstream().host.violations().is_empty());
 }
