@@ -510,8 +510,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// between can release the block's segment first, and a snapshot may then show live bytes
     /// above the reserved ones for that moment. A released segment leaves `reserved_bytes` (and
     /// counts in `upstream_frees`) when it is taken out of the books, under the locks, and reaches
-    /// the upstream only after them: for that moment the upstream holds more than the snapshot
-    /// says.
+    /// the upstream only after them: for that moment it counts in
+    /// [`returning_bytes`](PoolStats::returning_bytes) instead (a snapshot counts it in exactly one
+    /// of the two).
     pub fn stats(&self) -> PoolStats {
         let mut s = PoolStats::default();
         let (mut bytes, mut count, mut requested) = (0i64, 0i64, 0i64);

@@ -80,7 +80,9 @@ pub struct PoolStats {
     pub requested_bytes: u64,
     /// Bytes held from the upstream (sum of live segments). A segment being released leaves this
     /// count before the upstream gets it back (it is taken out under the pool's locks and freed
-    /// after them), so for that moment the upstream may hold more than this says.
+    /// after them); until then it counts in [`returning_bytes`](Self::returning_bytes), so the
+    /// upstream holds `reserved_bytes + returning_bytes` of the pool's memory (and any segment a
+    /// panic leaked on its way back).
     pub reserved_bytes: u64,
     /// Highest `reserved_bytes` since creation or the last peak reset.
     pub peak_reserved_bytes: u64,
