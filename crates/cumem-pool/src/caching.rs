@@ -129,10 +129,10 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
 
 /// Segments [`release`](CachingPool::release) took out of the books whose upstream free has not
 /// finished yet. A ladder without expandable segments whose growth fails (after it has given its
-/// own released segments back) waits for the frees in flight at that moment (each free is a
-/// ticket; later frees are not waited for, so threads trimming back to back cannot keep it
-/// waiting), for at most [`RETURN_WAIT`], and asks the upstream once more if a free finished since
-/// it asked: that memory is about to be back with the upstream (before frees were made with no
+/// own released segments back) waits for the frees in flight when it starts waiting (each free
+/// is a ticket; frees started later are not waited for, so threads trimming back to back cannot
+/// keep it waiting), for at most [`PoolConfig::oom_free_wait`], and asks the upstream once more if
+/// a free returned memory since it asked: that memory is about to be back with the upstream (before frees were made with no
 /// lock held, the ladder would have waited for the locks instead). A ladder with expandable
 /// segments never waits, and neither does one run from inside an upstream free.
 #[derive(Default)]
@@ -149,15 +149,9 @@ struct ReturningState {
     in_flight: BTreeMap<u64, u64>,
     /// Their bytes in all.
     bytes: u64,
-    /// How many frees have finished so far.
+    /// How many frees have returned their memory so far (leaked segments do not count).
     finished: u64,
 }
-
-/// How long a ladder whose growth failed waits for the frees in flight then. Bounded because a
-/// free may wait for the allocating thread itself: `cuMemFree` waits for the whole device, host
-/// functions included (driver brief §17), and a host function may wait for something the
-/// allocating thread does after its allocation returns. Past it the ladder reports out of memory.
-const RETURN_WAIT: Duration = Duration::from_secs(1);
 
 thread_local! {
     /// How many `give_back`s (of any pool) this thread is inside: an upstream free that uses a
@@ -176,40 +170,69 @@ impl Returning {
         ticket
     }
 
-    fn finish(&self, ticket: u64) {
+    /// The free with `ticket` is over: the segment is back with the upstream if `freed`, else
+    /// leaked (a panic cut it short), which brings no memory back for a ladder to retry with.
+    fn finish(&self, ticket: u64, freed: bool) {
         let mut st = self.state.lock();
         if let Some(bytes) = st.in_flight.remove(&ticket) {
             st.bytes -= bytes;
-            st.finished += 1;
+            st.finished += u64::from(freed);
         }
         drop(st);
         self.done.notify_all();
     }
 
-    /// How many segment frees have finished so far.
+    /// How many segment frees have returned their memory to the upstream so far.
     fn finished(&self) -> u64 {
         self.state.lock().finished
     }
 
-    /// After a failed growth: waits (no lock of the pool held), for at most [`RETURN_WAIT`], for
-    /// the frees in flight now, unless this thread is inside one; whether a free finished since
+    /// After a failed growth: waits (no lock of the pool held), for at most `wait`, for the frees
+    /// in flight now, unless this thread is inside one; whether a free returned memory since
     /// `seen` (from [`finished`](Self::finished) before the growth), so that growing again may
     /// succeed.
-    fn wait_for_frees(&self, seen: u64) -> bool {
-        let mut st = self.state.lock();
+    ///
+    /// Bounded because a free may wait for the allocating thread itself: `cuMemFree` waits for
+    /// the whole device, host functions included (driver brief §17), and a host function may wait
+    /// for something the allocating thread does after its allocation returns.
+    fn wait_for_frees(&self, seen: u64, wait: Duration) -> bool {
         if GIVING_BACK.with(|g| g.get()) == 0 {
-            let started = st.next;
-            let deadline = Instant::now() + RETURN_WAIT;
-            while st.in_flight.first_key_value().is_some_and(|(&t, _)| t < started) {
-                if self.done.wait_until(&mut st, deadline).timed_out() {
-                    tracing::debug!(
-                        "segment frees still in flight after {RETURN_WAIT:?}; not waiting longer"
-                    );
-                    break;
+            self.wait_for_in_flight(wait);
+        }
+        self.state.lock().finished != seen
+    }
+
+    /// Waits, for at most `wait`, until the frees in flight now are over.
+    fn wait_for_in_flight(&self, wait: Duration) {
+        let (started, frees, bytes) = {
+            let st = self.state.lock();
+            (st.next, st.in_flight.len(), st.bytes)
+        };
+        if frees == 0 {
+            return;
+        }
+        // Logged with the lock let go, here and below: a subscriber may read the pool's stats,
+        // which take it. The frees waited for are fixed already (tickets below `started`).
+        tracing::debug!(frees, bytes, "waiting for segment frees in flight");
+        // `None` (past what an `Instant` can hold): no bound.
+        let deadline = Instant::now().checked_add(wait);
+        let mut st = self.state.lock();
+        let mut timed_out = false;
+        while st.in_flight.first_key_value().is_some_and(|(&t, _)| t < started) {
+            match deadline {
+                Some(deadline) => {
+                    if self.done.wait_until(&mut st, deadline).timed_out() {
+                        timed_out = true;
+                        break;
+                    }
                 }
+                None => self.done.wait(&mut st),
             }
         }
-        st.finished != seen
+        drop(st);
+        if timed_out {
+            tracing::debug!("segment frees still in flight after {wait:?}; not waiting longer");
+        }
     }
 }
 
@@ -231,6 +254,8 @@ impl<'a> InFlight<'a> {
     }
 
     fn push(&mut self, addr: u64, len: u64) {
+        // Room first: a ticket not in `segs` would never be settled.
+        self.segs.reserve(1);
         let ticket = self.returning.start(len);
         self.segs.push((addr, len, ticket));
     }
@@ -239,15 +264,22 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let left = &self.segs[self.freed..];
-        if !left.is_empty() {
+        if left.is_empty() {
+            return;
+        }
+        // Settled before anything is logged: a subscriber may panic on the event.
+        for &(_, _, ticket) in left {
+            self.returning.finish(ticket, false);
+        }
+        // Segments are left only when a panic cut `release` or `give_back` short, so this runs
+        // while unwinding: a subscriber that panicked now would abort the process, and the panic
+        // itself is reported anyway.
+        if !std::thread::panicking() {
             tracing::warn!(
                 segments = left.len(),
                 bytes = left.iter().map(|s| s.1).sum::<u64>(),
-                "segments taken out of the pool were not given back (a panic on the way); leaking them"
+                "segments taken out of the pool were not given back; leaking them"
             );
-        }
-        for &(_, _, ticket) in left {
-            self.returning.finish(ticket);
         }
     }
 }
@@ -478,8 +510,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// between can release the block's segment first, and a snapshot may then show live bytes
     /// above the reserved ones for that moment. A released segment leaves `reserved_bytes` (and
     /// counts in `upstream_frees`) when it is taken out of the books, under the locks, and reaches
-    /// the upstream only after them: for that moment the upstream holds more than the snapshot
-    /// says.
+    /// the upstream only after them: for that moment it counts in
+    /// [`returning_bytes`](PoolStats::returning_bytes) instead (a snapshot counts it in exactly one
+    /// of the two).
     pub fn stats(&self) -> PoolStats {
         let mut s = PoolStats::default();
         let (mut bytes, mut count, mut requested) = (0i64, 0i64, 0i64);
@@ -1075,7 +1108,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 // Another thread's release may have taken segments out before this ladder locked
                 // the arenas, and not returned them yet: wait for the frees in flight now (for a
                 // bounded time: such a free may wait for this very thread), then try once more.
-                if grown.is_none() && self.returning.wait_for_frees(seen) {
+                if grown.is_none() && self.returning.wait_for_frees(seen, self.config.oom_free_wait) {
                     grown = self.grow(req.kind, req.need, true)?;
                 }
                 if let Some(seg) = grown {
@@ -1225,7 +1258,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.upstream.deallocate(addr, len as usize);
             // Only now: if the upstream panics, `unlinked`'s drop settles this free too.
             unlinked.freed += 1;
-            self.returning.finish(ticket);
+            self.returning.finish(ticket, true);
         }
     }
 }

@@ -19,6 +19,8 @@
 //! assert_eq!(c.large_segment_bytes, 20 << 20);
 //! ```
 
+use std::time::Duration;
+
 /// Large segments are multiples of this.
 pub const LARGE_ROUNDING: usize = 2 << 20;
 
@@ -68,6 +70,18 @@ pub struct PoolConfig {
     /// may hold up to 2 MiB there, which other threads and streams cannot use until a flush; with
     /// `false` every free goes to the stream's arena. Default `true`.
     pub thread_cache: bool,
+    /// How long an allocation under memory pressure waits for memory other threads are returning
+    /// before it reports [`PoolError::OutOfMemory`](crate::PoolError::OutOfMemory). When the pool
+    /// cannot grow even after releasing its own cached segments, segments that other threads'
+    /// `trim`, `synchronize` or out-of-memory ladders took out of the pool may still be on their
+    /// way back to the upstream (their `cuMemFree` has not returned). The allocation waits, up to
+    /// this long, for the frees already in flight when it starts waiting (frees started later are
+    /// not waited for), and asks the upstream once more if one of them returned memory. The bound
+    /// matters because such a free may itself wait for the allocating thread (`cuMemFree` waits
+    /// for the whole device, host functions included). `Duration::ZERO`: no waiting;
+    /// `Duration::MAX`: no bound. Not used with expandable segments (their ladder never waits).
+    /// Default 1 s.
+    pub oom_free_wait: Duration,
 }
 
 impl Default for PoolConfig {
@@ -80,6 +94,7 @@ impl Default for PoolConfig {
             expandable_segments: false,
             expandable_reservation_bytes: None,
             thread_cache: true,
+            oom_free_wait: Duration::from_secs(1),
         }
     }
 }

@@ -80,7 +80,9 @@ pub struct PoolStats {
     pub requested_bytes: u64,
     /// Bytes held from the upstream (sum of live segments). A segment being released leaves this
     /// count before the upstream gets it back (it is taken out under the pool's locks and freed
-    /// after them), so for that moment the upstream may hold more than this says.
+    /// after them); until then it counts in [`returning_bytes`](Self::returning_bytes), so the
+    /// upstream holds `reserved_bytes + returning_bytes` of the pool's memory (and any segment a
+    /// panic leaked on its way back).
     pub reserved_bytes: u64,
     /// Highest `reserved_bytes` since creation or the last peak reset.
     pub peak_reserved_bytes: u64,
@@ -101,7 +103,7 @@ pub struct PoolStats {
     /// Bytes of segments taken out of the books (no longer in `reserved_bytes`) whose upstream
     /// free has not returned yet: what the upstream still holds beyond `reserved_bytes`. Zero
     /// whenever no release or trim is under way; a segment lost to a panic on its way back is
-    /// leaked (logged) and not counted here.
+    /// leaked (the panic is what reports it) and not counted here.
     pub returning_bytes: u64,
     /// Times the out-of-memory ladder ran (cache released, synchronised, retried).
     pub oom_ladders: u64,

@@ -2,12 +2,17 @@
 //! memory to the upstream: segments leave the books under the locks but reach the upstream only
 //! after the locks are let go. Here one thread's trim is held inside the upstream's free until
 //! another thread's ladder has failed to grow once; the ladder must wait for that free and retry,
-//! not fail. Under a watchdog, since a wrong wait hangs rather than fails. The wait is bounded:
-//! a free that itself waits for the allocating thread (as `cuMemFree` waits for a host function)
-//! must not hang the allocation, which reports out of memory instead.
+//! not fail. Under a watchdog, since a wrong wait hangs rather than fails. The wait is bounded
+//! (`PoolConfig::oom_free_wait`): a free that itself waits for the allocating thread (as
+//! `cuMemFree` waits for a host function) must not hang the allocation, which reports out of
+//! memory instead.
 //! A release that panics (here in a tracing subscriber) before its frees are made must not leave
-//! them counted as in flight.
+//! them counted as in flight, nor panic again while unwinding (in a child process: that aborts).
+//! A free that panics leaks its segment: a ladder waiting for it must not ask the upstream again.
+//! A ladder waits only for the frees in flight when it starts waiting: one that started later and
+//! is held until the ladder returns must not keep it waiting (here with no bound at all).
 
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -74,7 +79,10 @@ fn a_ladder_waits_for_memory_another_thread_is_returning() {
             gate: Mutex::new(Gate::default()),
             changed: Condvar::new(),
         };
-        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), PoolConfig::default()));
+        // Long enough for the trim to finish its free once let go on any machine (a ladder that
+        // gives up first reports out of memory), and below the watchdog.
+        let config = PoolConfig { oom_free_wait: Duration::from_secs(30), ..PoolConfig::default() };
+        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
         pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
         let big = pool.allocate(4 << 20, 512, 1).unwrap();
         pool.deallocate(big, 1).unwrap();
@@ -155,7 +163,8 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
     let pool = Arc::new(CachingPool::new(
         HeldUpstream { host: HostUpstream::new(24 << 20), gate: Mutex::default(), changed: Condvar::new() },
         HostOrdering::new(),
-        PoolConfig::default(),
+        // The bound itself is under test: short, far below the guard below.
+        PoolConfig { oom_free_wait: Duration::from_millis(100), ..PoolConfig::default() },
     ));
     let big = pool.allocate(4 << 20, 512, 1).unwrap();
     pool.deallocate(big, 1).unwrap();
@@ -170,10 +179,22 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
         }
     }
     // The trim's free is held until this allocation has returned; it needs that free's memory.
+    // Its thread's subscriber reads the pool's stats when the ladder gives up waiting (which must
+    // not find the pool's locks held by that very thread).
     let (tx, rx) = std::sync::mpsc::channel();
     let allocating = {
         let pool = pool.clone();
-        std::thread::spawn(move || tx.send(pool.allocate(22 << 20, 512, 2).map(|b| b.addr())).unwrap())
+        std::thread::spawn(move || {
+            use tracing_subscriber::layer::SubscriberExt;
+            let reader = pool.clone();
+            let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+                if m.contains("still in flight") {
+                    let _ = reader.stats();
+                }
+            }));
+            let r = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
+            tx.send(r.map(|b| b.addr())).unwrap()
+        })
     };
     let result = rx.recv_timeout(Duration::from_secs(20));
     pool.upstream().let_go();
@@ -193,24 +214,45 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
     assert!(pool.upstream().host.violations().is_empty());
 }
 
-/// A tracing layer that panics on the pool's "segments released" event: the release has taken
-/// segments out of the books and not given them back yet.
-struct PanicOnRelease;
+/// A tracing layer that panics on the pool's "segments released" event (the release has taken
+/// segments out of the books and not given them back yet) and, with `on_warn`, on every warning.
+struct PanicOnRelease {
+    on_warn: bool,
+}
+
+/// An event's message.
+fn message(event: &tracing::Event<'_>) -> String {
+    struct Message(String);
+    impl tracing::field::Visit for Message {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = format!("{value:?}");
+            }
+        }
+    }
+    let mut m = Message(String::new());
+    event.record(&mut m);
+    m.0
+}
+
+/// A tracing layer that calls its function with every event's message.
+struct OnEvent<F>(F);
+
+impl<S: tracing::Subscriber, F: Fn(&str) + Send + Sync + 'static> tracing_subscriber::Layer<S>
+    for OnEvent<F>
+{
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        (self.0)(&message(event))
+    }
+}
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnRelease {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message(String);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" {
-                    self.0 = format!("{value:?}");
-                }
-            }
-        }
-        let mut m = Message(String::new());
-        event.record(&mut m);
-        if m.0.contains("segments released") {
-            panic!("a subscriber panics on {:?}", m.0);
+        let m = message(event);
+        if m.contains("segments released")
+            || (self.on_warn && *event.metadata().level() == tracing::Level::WARN)
+        {
+            panic!("a subscriber panics on {m:?}");
         }
     }
 }
@@ -225,7 +267,7 @@ fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
     let trimmer = {
         let pool = pool.clone();
         std::thread::spawn(move || {
-            let subscriber = tracing_subscriber::registry().with(PanicOnRelease);
+            let subscriber = tracing_subscriber::registry().with(PanicOnRelease { on_warn: false });
             tracing::subscriber::with_default(subscriber, || pool.trim())
         })
     };
@@ -238,4 +280,255 @@ fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
     assert_eq!(pool.stats().reserved_bytes, 0);
     assert_eq!(pool.upstream().live_bytes(), 20 << 20);
     pool.validate().unwrap();
+}
+
+const CHILD: &str = "CUMEM_TEST_LADDER_PANIC_CHILD";
+
+/// The child's half of the next test: a release that panics under a subscriber that also panics
+/// on every warning.
+#[test]
+fn panicking_release_child() {
+    use tracing_subscriber::layer::SubscriberExt;
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let pool =
+        Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), PoolConfig::default()));
+    let big = pool.allocate(4 << 20, 512, 1).unwrap();
+    pool.deallocate(big, 1).unwrap();
+    let trimmer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let subscriber = tracing_subscriber::registry().with(PanicOnRelease { on_warn: true });
+            tracing::subscriber::with_default(subscriber, || pool.trim())
+        })
+    };
+    assert!(trimmer.join().is_err(), "the trim was to panic");
+    assert_eq!(pool.stats().returning_bytes, 0, "a free that was never made is still counted in flight");
+}
+
+/// What the pool does while a panic unwinds through a release must not panic again (that aborts
+/// the process), even under a subscriber that panics on warnings.
+#[test]
+fn a_release_that_panics_does_not_abort_the_process_under_a_subscriber_that_panics_on_warnings() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "panicking_release_child", "--test-threads=1"])
+        .env(CHILD, "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            child.kill().unwrap();
+            let _ = child.wait();
+            panic!("the child never exited");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "the child failed (a panic while unwinding aborts): {status:?}");
+}
+
+/// A host upstream whose first free panics once a ladder's growth has failed (the segment is
+/// leaked), counting the allocations asked for during ladders.
+struct PanickingFreeUpstream {
+    host: HostUpstream,
+    pool: OnceLock<Weak<PanickingPool>>,
+    gate: Mutex<Gate>,
+    changed: Condvar,
+    ladder_allocations: std::sync::atomic::AtomicU32,
+}
+
+type PanickingPool = CachingPool<PanickingFreeUpstream, HostOrdering>;
+
+impl Upstream for PanickingFreeUpstream {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        let r = self.host.allocate(bytes);
+        let in_ladder = self.pool.get().and_then(Weak::upgrade).is_some_and(|p| p.stats().oom_ladders > 0);
+        if in_ladder {
+            self.ladder_allocations.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if r.is_err() {
+                self.gate.lock().ladder_failed = true;
+                self.changed.notify_all();
+            }
+        }
+        r
+    }
+    fn deallocate(&self, _: u64, _: usize) {
+        let mut gate = self.gate.lock();
+        gate.freeing = true;
+        self.changed.notify_all();
+        while !gate.ladder_failed {
+            self.changed.wait(&mut gate);
+        }
+        panic!("the upstream's free panics");
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        None
+    }
+}
+
+#[test]
+fn a_ladder_does_not_retry_for_a_free_that_panicked() {
+    within_watchdog("a ladder racing a free that panics", || {
+        let up = PanickingFreeUpstream {
+            host: HostUpstream::new(24 << 20),
+            pool: OnceLock::new(),
+            gate: Mutex::new(Gate::default()),
+            changed: Condvar::new(),
+            ladder_allocations: Default::default(),
+        };
+        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), PoolConfig::default()));
+        pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
+        let big = pool.allocate(4 << 20, 512, 1).unwrap();
+        pool.deallocate(big, 1).unwrap();
+        let trimmer = {
+            let pool = pool.clone();
+            std::thread::spawn(move || pool.trim())
+        };
+        {
+            let mut gate = pool.upstream().gate.lock();
+            while !gate.freeing {
+                pool.upstream().changed.wait(&mut gate);
+            }
+        }
+        let err = pool.allocate(22 << 20, 512, 2).unwrap_err();
+        assert!(matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 22 << 20), "{err:?}");
+        assert!(trimmer.join().is_err(), "the trim was to panic");
+        // The free that panicked brought no memory back: asking the upstream again is pointless.
+        assert_eq!(
+            pool.upstream().ladder_allocations.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the ladder asked the upstream again after a free that leaked its segment"
+        );
+        assert_eq!(pool.stats().returning_bytes, 0);
+        assert_eq!(pool.upstream().host.live_bytes(), 20 << 20);
+        pool.validate().unwrap();
+    });
+}
+
+/// A host upstream that holds the frees of the segments the test names until it lets them go.
+struct HoldingUpstream {
+    host: HostUpstream,
+    /// Segment base → (its free has started, it may finish).
+    held: Mutex<std::collections::HashMap<u64, (bool, bool)>>,
+    changed: Condvar,
+}
+
+impl Upstream for HoldingUpstream {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        self.host.allocate(bytes)
+    }
+    fn deallocate(&self, addr: u64, bytes: usize) {
+        let mut held = self.held.lock();
+        if let Some(h) = held.get_mut(&addr) {
+            h.0 = true;
+            self.changed.notify_all();
+            while !held[&addr].1 {
+                self.changed.wait(&mut held);
+            }
+        }
+        drop(held);
+        self.host.deallocate(addr, bytes)
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        None
+    }
+}
+
+impl HoldingUpstream {
+    /// The free of the segment at `addr` is to be held.
+    fn hold(&self, addr: u64) {
+        self.held.lock().insert(addr, (false, false));
+    }
+
+    /// Waits until the free of the segment at `addr` has started.
+    fn wait_for_free(&self, addr: u64) {
+        let mut held = self.held.lock();
+        while !held[&addr].0 {
+            self.changed.wait(&mut held);
+        }
+    }
+
+    fn let_go(&self, addr: u64) {
+        self.held.lock().get_mut(&addr).unwrap().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+#[test]
+fn a_ladder_does_not_wait_for_frees_that_start_after_it_waits() {
+    use tracing_subscriber::layer::SubscriberExt;
+    // No bound: a ladder that waits for the later free waits until the guard below lets it go.
+    let config = PoolConfig { oom_free_wait: Duration::MAX, thread_cache: false, ..PoolConfig::default() };
+    let up = HoldingUpstream {
+        host: HostUpstream::new(24 << 20),
+        held: Mutex::default(),
+        changed: Condvar::new(),
+    };
+    let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
+    // Segment A (20 MiB, cached) and segment B (2 MiB, holding a live small block): 2 MiB left.
+    let a = pool.allocate(4 << 20, 512, 1).unwrap();
+    let seg_a = pool.segments()[0].0;
+    pool.deallocate(a, 1).unwrap();
+    let small = pool.allocate(4096, 512, 1).unwrap();
+    let seg_b = pool.segments().into_iter().map(|s| s.0).find(|&s| s != seg_a).unwrap();
+    pool.upstream().hold(seg_a);
+    pool.upstream().hold(seg_b);
+    // A's free starts, and is held.
+    let trim_a = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.trim().unwrap())
+    };
+    pool.upstream().wait_for_free(seg_a);
+    // A ladder for 22 MiB (which fits once A is back) fails to grow and waits for A's free.
+    let (waiting_tx, waiting) = std::sync::mpsc::channel();
+    let waiting_tx = Mutex::new(waiting_tx);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ladder = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+                if m.contains("waiting for segment frees") {
+                    waiting_tx.lock().send(()).unwrap();
+                }
+            }));
+            let r = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
+            tx.send(r).unwrap()
+        })
+    };
+    waiting.recv_timeout(Duration::from_secs(20)).expect("the ladder never waited for A's free");
+    // Then B's free starts, and is held until the ladder has returned.
+    pool.deallocate(small, 1).unwrap();
+    let trim_b = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.trim().unwrap())
+    };
+    pool.upstream().wait_for_free(seg_b);
+    pool.upstream().let_go(seg_a);
+    let result = rx.recv_timeout(Duration::from_secs(20));
+    pool.upstream().let_go(seg_b);
+    let block = match result {
+        Ok(r) => r.unwrap(),
+        Err(RecvTimeoutError::Timeout) => {
+            panic!("the ladder was still waiting after A's free: it waits for B's, which started later")
+        }
+        Err(RecvTimeoutError::Disconnected) => panic!("the ladder panicked (see above)"),
+    };
+    ladder.join().unwrap();
+    assert_eq!(trim_a.join().unwrap().released_bytes, 20 << 20);
+    assert_eq!(trim_b.join().unwrap().released_bytes, 2 << 20);
+    assert_eq!(pool.stats().returning_bytes, 0);
+    pool.deallocate(block, 2).unwrap();
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().host.live_bytes(), 0);
+    assert!(pool.upstream().host.violations().is_empty());
 }

@@ -76,6 +76,7 @@ fn pool_config() -> impl Strategy<Value = PoolConfig> {
                     expandable_segments,
                     expandable_reservation_bytes: reservation,
                     thread_cache,
+                    ..PoolConfig::default()
                 }
             },
         )
