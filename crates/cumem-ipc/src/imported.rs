@@ -8,9 +8,8 @@ use bytemuck::Pod;
 use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Stream, StreamOrder};
 use cumem_sys::sys::CUdeviceptr;
 
-use crate::ffi::POOL_EXPORT_SIZE;
 use crate::imported_pool::PoolHandle;
-use crate::live_imports::LegacyTicket;
+use crate::live_imports::{LegacyTicket, PoolExportClaim};
 use crate::{ffi, live_imports};
 
 /// How an import ends.
@@ -25,9 +24,9 @@ pub(crate) enum Source {
         /// The pool must not be destroyed before its imported pointers; forgotten (never
         /// destroyed) when the import is leaked.
         pool: Arc<PoolHandle>,
-        /// The export's bytes, claimed in `live_imports` (with the import's address) until the
-        /// import is freed.
-        export: [u8; POOL_EXPORT_SIZE],
+        /// The claim of the export's bytes in `live_imports` (the address is claimed there too),
+        /// released once the import is freed; forgotten (kept for good) when the import is leaked.
+        export: PoolExportClaim,
     },
 }
 
@@ -187,8 +186,9 @@ impl<T> Drop for ImportedBuffer<T> {
                 }
                 drop(freeing);
                 // After the tombstone: until the drop returns, an import of the same bytes is
-                // refused, as while the buffer lived.
-                live_imports::release_pool_export(&export);
+                // refused, as while the buffer lived. (On a panic in between, `freeing`, declared
+                // later, is dropped first too.)
+                drop(export);
             }
         }
     }
@@ -198,8 +198,10 @@ impl<T> ImportedBuffer<T> {
     /// For a leaked import: keeps its imported pool alive for the rest of the process (destroying
     /// it would end the import under work that may still use it).
     fn leak_source(&mut self) {
-        if let Source::Pool { pool, .. } = std::mem::replace(&mut self.source, Source::Leaked) {
+        if let Source::Pool { pool, export } = std::mem::replace(&mut self.source, Source::Leaked) {
             std::mem::forget(pool);
+            // The address stays claimed too: the import is still mapped.
+            std::mem::forget(export);
         }
     }
 }
@@ -617,6 +619,37 @@ pub(crate) mod tests {
             assert_eq!(slow.unwrap(), held_data, "the held import completed");
             drop(other);
             drop(held);
+            assert_every_import_freed_once();
+        }
+        assert_clean_report();
+    }
+
+    /// An import that panics after claiming the export's bytes (here in a hook, once the driver
+    /// has answered) releases them while unwinding: the same bytes import afterwards, and that
+    /// import reads the exporter's data. (The panicked import's answer stays mapped, unclaimed;
+    /// the driver answers the next import with that mapping, uncounted, and its drop frees it.)
+    #[test]
+    #[serial]
+    fn a_panicking_import_releases_the_export_bytes() {
+        init_with_no_violations();
+        {
+            let data: Vec<u32> = (0..1024).map(|i| i * 17 + 9).collect();
+            let Exported { stream, buf, export, imported } = exported(0, &data);
+            AFTER_ANSWER
+                .with(|h| *h.borrow_mut() = Some(Box::new(|| panic!("an import panics after the answer"))));
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                // SAFETY: `buf` outlives the import (dropped after it below); its fill completed
+                // above and nothing writes it while the import lives.
+                unsafe { imported.import_pointer::<u32>(&export, &stream) }.map(drop)
+            }));
+            assert!(panicked.is_err(), "the hook panicked");
+            // SAFETY: as above.
+            let again = unsafe { imported.import_pointer::<u32>(&export, &stream) }
+                .expect("the export's bytes were released by the panicking import");
+            assert_eq!(again.as_slice().to_vec().unwrap(), data);
+            drop(again);
+            drop(imported);
+            drop(buf);
             assert_every_import_freed_once();
         }
         assert_clean_report();

@@ -291,9 +291,11 @@ impl ImportedPool {
             .bytes(export.bytes()),
         }
         };
-        if !live_imports::claim_pool_export(&raw) {
+        // Released when dropped: on every error path below, or by the import's drop (after its
+        // address's tombstone is gone).
+        let Some(claim) = live_imports::claim_pool_export(&raw) else {
             return Err(already());
-        }
+        };
         // No lock of cumem's across the driver's import, which may wait behind a `cuMemFree` of
         // the context (driver-api.md §17: there a free holds up the context's allocations; for
         // this call that is not on record): a window records the frees that return meanwhile,
@@ -304,7 +306,7 @@ impl ImportedPool {
                 Ok(base) => base,
                 Err(e) => {
                     drop(window);
-                    live_imports::release_pool_export(&raw);
+                    drop(claim);
                     return Err(e);
                 }
             };
@@ -318,7 +320,7 @@ impl ImportedPool {
                     // above). It does not count imports of one address (an H100, 2026-11-23):
                     // this is that import's mapping, and a cuMemFree here would unmap it under its
                     // `ImportedBuffer`. Nothing to free.
-                    live_imports::release_pool_export(&raw);
+                    drop(claim);
                     return Err(already());
                 }
                 // A free of this address overlapped the driver's answer: the answer is either the
@@ -338,7 +340,7 @@ impl ImportedPool {
             ptr,
             export.bytes() / size,
             stream,
-            Source::Pool { pool: Arc::clone(&self.inner), export: raw },
+            Source::Pool { pool: Arc::clone(&self.inner), export: claim },
         );
         let (_, mapped) = ffi::address_range(base)?;
         if end > mapped as u64 {

@@ -183,15 +183,23 @@ fn live_pool_exports() -> MutexGuard<'static, BTreeSet<[u8; POOL_EXPORT_SIZE]>> 
     LIVE_POOL_EXPORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Records an import of the pool pointer export `raw` (the driver's bytes); false when one is
-/// already live in this process (any context, any handle of the imported pool).
-pub(crate) fn claim_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) -> bool {
-    live_pool_exports().insert(*raw)
+/// An import's claim of a pool pointer export's bytes, from before the driver is asked until the
+/// import is freed (or was never made): dropping it releases the bytes, on every path out of an
+/// import, a panic included. A leaked import forgets it, keeping the bytes claimed for good.
+pub(crate) struct PoolExportClaim([u8; POOL_EXPORT_SIZE]);
+
+/// Claims the pool pointer export `raw` (the driver's bytes) for an import; `None` when an import
+/// of them is already live in this process (any context, any handle of the imported pool).
+pub(crate) fn claim_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) -> Option<PoolExportClaim> {
+    // The lock is released before a claim exists: dropping one takes it.
+    let claimed = live_pool_exports().insert(*raw);
+    if claimed { Some(PoolExportClaim(*raw)) } else { None }
 }
 
-/// Forgets the import of `raw`, once it is freed (or was never made).
-pub(crate) fn release_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) {
-    live_pool_exports().remove(raw);
+impl Drop for PoolExportClaim {
+    fn drop(&mut self) {
+        live_pool_exports().remove(&self.0);
+    }
 }
 
 /// Which frees returned while an import's `cuMemPoolImportPointer` was in flight.
