@@ -39,9 +39,12 @@
 //! counting the free's return and waking the imports that wait for it. An import opens a *window*
 //! under the lock before asking the driver (noting how many frees have returned) and closes it
 //! under the lock when it claims its answer's address; a free that returns while a window is open
-//! is recorded against its address. So every free of an address that overlapped an import's driver
-//! call, or ran between the answer and the claim, is seen at the claim: still running (its
-//! tombstone) or returned since the window opened (its record). Such an answer cannot be trusted:
+//! is recorded against its address. A record is kept while a window that opened before that return
+//! is open: while one import's `cuMemPoolImportPointer` stalls, the records grow by one per
+//! distinct address freed meanwhile, and are pruned when it closes (all but those a window still
+//! open needs). So every free of an address that overlapped an import's driver call, or ran between
+//! the answer and the claim, is seen at the claim: still running (its tombstone) or returned since
+//! the window opened (its record). Such an answer cannot be trusted:
 //! it is either the mapping that free unmaps (answered before the free: the driver returned it
 //! uncounted, so the import owns nothing) or a fresh one that the driver placed at the same address
 //! (after the free: the import owns that one). So the import waits, releasing the lock, until that
@@ -207,6 +210,7 @@ struct FreeEnds {
     /// How many pool pointer frees have returned (tombstones removed), ever.
     count: u64,
     /// For an address freed while a window was open: the `count` its last free's return made.
+    /// Grows while a window stays open (a stalled import); `close` prunes it.
     at: BTreeMap<CUdeviceptr, u64>,
     /// The open windows: the `count` each saw when it opened, with how many opened at it.
     windows: BTreeMap<u64, usize>,
