@@ -59,7 +59,11 @@ pub(crate) enum Source {
 /// may wait for that free) nor import one of the allocation being freed, in any context (it waits
 /// for that free). An import of the same export's bytes as the one being dropped does not wait: it
 /// is refused with `AlreadyMapped` until that drop returns. (A legacy import's last
-/// `cuIpcCloseMemHandle` may wait for the device's work too, and holds no lock of cumem's either.)
+/// `cuIpcCloseMemHandle` may wait for the device's work too, and holds no lock of cumem's either.
+/// A drop that ends an imported pool's last user destroys the pool under the process's lock of
+/// imported pools, which [`ImportedPool::from_fd`](crate::ImportedPool::from_fd) holds across its
+/// import too: should either driver call wait behind a free of its context, which is not on
+/// record, every such drop and `from_fd` waits behind it.)
 pub struct ImportedBuffer<T> {
     /// What the driver mapped (the whole exported allocation), closed on drop.
     base: CUdeviceptr,

@@ -73,7 +73,10 @@ unsafe impl Sync for PoolHandle {}
 /// entry, and so makes a new one, through which pointers may be imported before the old `Drop`
 /// runs. That `Drop` then hands its imports to the new entry instead of destroying them (the
 /// driver would refuse, uncounted, under the new entry's imported pointers): one driver object,
-/// one count, destroyed by whichever entry goes last.
+/// one count, destroyed by whichever entry goes last. Whether `cuMemPoolImportFromShareableHandle`
+/// or `cuMemPoolDestroy` waits behind a `cuMemFree` of its context is not on record: if one does,
+/// every `from_fd` and every destroying drop of the process, in any context, waits behind that
+/// free (docs/ipc.md says so; the lock is kept since the interleaving above is what it prevents).
 static IMPORTED_POOLS: Mutex<BTreeMap<usize, Weak<PoolHandle>>> = Mutex::new(BTreeMap::new());
 
 fn imported_pools() -> MutexGuard<'static, BTreeMap<usize, Weak<PoolHandle>>> {
