@@ -8,9 +8,8 @@ use bytemuck::Pod;
 use cumem_core::{Context, DeviceSlice, DeviceSliceMut, Stream, StreamOrder};
 use cumem_sys::sys::CUdeviceptr;
 
-use crate::ffi::POOL_EXPORT_SIZE;
 use crate::imported_pool::PoolHandle;
-use crate::live_imports::LegacyTicket;
+use crate::live_imports::{LegacyTicket, PoolExportClaim};
 use crate::{ffi, live_imports};
 
 /// How an import ends.
@@ -25,9 +24,9 @@ pub(crate) enum Source {
         /// The pool must not be destroyed before its imported pointers; forgotten (never
         /// destroyed) when the import is leaked.
         pool: Arc<PoolHandle>,
-        /// The export's bytes, claimed in `live_imports` (with the import's address) until the
-        /// import is freed.
-        export: [u8; POOL_EXPORT_SIZE],
+        /// The claim of the export's bytes in `live_imports` (the address is claimed there too),
+        /// released once the import is freed; forgotten (kept for good) when the import is leaked.
+        export: PoolExportClaim,
     },
 }
 
@@ -60,7 +59,11 @@ pub(crate) enum Source {
 /// may wait for that free) nor import one of the allocation being freed, in any context (it waits
 /// for that free). An import of the same export's bytes as the one being dropped does not wait: it
 /// is refused with `AlreadyMapped` until that drop returns. (A legacy import's last
-/// `cuIpcCloseMemHandle` may wait for the device's work too, and holds no lock of cumem's either.)
+/// `cuIpcCloseMemHandle` may wait for the device's work too, and holds no lock of cumem's either.
+/// A drop that ends an imported pool's last user destroys the pool under the process's lock of
+/// imported pools, which [`ImportedPool::from_fd`](crate::ImportedPool::from_fd) holds across its
+/// import too: should either driver call wait behind a free of its context, which is not on
+/// record, every such drop and `from_fd` waits behind it.)
 pub struct ImportedBuffer<T> {
     /// What the driver mapped (the whole exported allocation), closed on drop.
     base: CUdeviceptr,
@@ -187,8 +190,9 @@ impl<T> Drop for ImportedBuffer<T> {
                 }
                 drop(freeing);
                 // After the tombstone: until the drop returns, an import of the same bytes is
-                // refused, as while the buffer lived.
-                live_imports::release_pool_export(&export);
+                // refused, as while the buffer lived. (On a panic in between, `freeing`, declared
+                // later, is dropped first too.)
+                drop(export);
             }
         }
     }
@@ -198,8 +202,10 @@ impl<T> ImportedBuffer<T> {
     /// For a leaked import: keeps its imported pool alive for the rest of the process (destroying
     /// it would end the import under work that may still use it).
     fn leak_source(&mut self) {
-        if let Source::Pool { pool, .. } = std::mem::replace(&mut self.source, Source::Leaked) {
+        if let Source::Pool { pool, export } = std::mem::replace(&mut self.source, Source::Leaked) {
             std::mem::forget(pool);
+            // The address stays claimed too: the import is still mapped.
+            std::mem::forget(export);
         }
     }
 }
@@ -224,7 +230,7 @@ pub(crate) mod tests {
 
     use std::cell::RefCell;
     use std::sync::Arc;
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
     use std::time::{Duration, Instant};
 
@@ -242,8 +248,9 @@ pub(crate) mod tests {
 
     /// How long a step another thread waits for may take at most before the test gives up on it.
     const PATIENCE: Duration = Duration::from_secs(60);
-    /// How long an import and drop that must not wait for the held free may take.
-    const QUICK: Duration = Duration::from_secs(5);
+    /// How long a hold lasts when the test never opens it: longer than the test waits for any
+    /// answer, so that an answer that came while the hold held shows that it did not wait for it.
+    const HOLD_LIMIT: Duration = Duration::from_secs(2 * PATIENCE.as_secs());
 
     /// Runs (once) the hook set on this thread, where a pool pointer import's drop calls
     /// `cuMemFree`. A drop during the thread's teardown, once the hook's slot is gone, runs none
@@ -262,24 +269,71 @@ pub(crate) mod tests {
         }
     }
 
-    /// A hook that says it runs on `arrived`, then waits until `open` sends or is dropped (or
-    /// [`PATIENCE`] passes, so that nothing hangs).
-    fn hold(arrived: Sender<()>, open: Receiver<()>) -> Box<dyn FnOnce()> {
-        Box::new(move || {
-            let _ = arrived.send(());
-            let _ = open.recv_timeout(PATIENCE);
-        })
+    /// The test's side of a hold of another thread's step: `arrived` answers once the thread
+    /// reaches it; dropping the hold lets the thread go on.
+    struct Hold {
+        arrived: Receiver<()>,
+        /// Dropped with the hold, which opens it.
+        _open: Sender<()>,
+        /// Set once the held thread goes on (opened, or after [`HOLD_LIMIT`]).
+        released: Arc<AtomicBool>,
     }
 
-    /// Holds the next pool pointer free of the calling thread (see [`hold`]).
-    fn hold_next_free(arrived: Sender<()>, open: Receiver<()>) {
-        WHILE_FREEING.with(|h| *h.borrow_mut() = Some(hold(arrived, open)));
+    /// The held thread's side of a [`Hold`], made into a hook by [`hold_next_free`] or
+    /// [`hold_next_answer`].
+    struct Held {
+        arrived: Sender<()>,
+        open: Receiver<()>,
+        released: Arc<AtomicBool>,
+    }
+
+    fn hold() -> (Hold, Held) {
+        let ((arrived_tx, arrived), (open, open_rx)) = (channel(), channel());
+        let released = Arc::new(AtomicBool::new(false));
+        (
+            Hold { arrived, _open: open, released: Arc::clone(&released) },
+            Held { arrived: arrived_tx, open: open_rx, released },
+        )
+    }
+
+    impl Held {
+        /// A hook that says it runs on `arrived`, then waits until the test opens the hold (or
+        /// [`HOLD_LIMIT`] passes, so that nothing hangs) and says it went on.
+        fn into_hook(self) -> Box<dyn FnOnce()> {
+            Box::new(move || {
+                let _ = self.arrived.send(());
+                let _ = self.open.recv_timeout(HOLD_LIMIT);
+                self.released.store(true, Ordering::SeqCst);
+            })
+        }
+    }
+
+    /// Waits up to [`PATIENCE`] for another thread's answer while `hold` holds, without opening
+    /// it: an answer that comes while the held step has not gone on shows that the thread did not
+    /// wait for that step, however long it took. `Err` says why not (the caller opens the hold
+    /// before failing, so that nothing waits for [`HOLD_LIMIT`]).
+    fn answer_while_held<A>(done: &Receiver<A>, hold: &Hold) -> Result<A, String> {
+        let answer = done.recv_timeout(PATIENCE);
+        let released = hold.released.load(Ordering::SeqCst);
+        match answer {
+            Ok(answer) if !released => Ok(answer),
+            Ok(_) => Err("answered only once the held step had gone on: it waited".into()),
+            Err(RecvTimeoutError::Timeout) => {
+                Err(format!("did not answer within {PATIENCE:?} while the step was held: it waits"))
+            }
+            Err(RecvTimeoutError::Disconnected) => Err("panicked (see above)".into()),
+        }
+    }
+
+    /// Holds the next pool pointer free of the calling thread (see [`Held::into_hook`]).
+    fn hold_next_free(held: Held) {
+        WHILE_FREEING.with(|h| *h.borrow_mut() = Some(held.into_hook()));
     }
 
     /// Holds the next pool pointer import of the calling thread once the driver has answered,
-    /// before the claim of its address (see [`hold`]).
-    fn hold_next_answer(arrived: Sender<()>, open: Receiver<()>) {
-        AFTER_ANSWER.with(|h| *h.borrow_mut() = Some(hold(arrived, open)));
+    /// before the claim of its address (see [`Held::into_hook`]).
+    fn hold_next_answer(held: Held) {
+        AFTER_ANSWER.with(|h| *h.borrow_mut() = Some(held.into_hook()));
     }
 
     /// A buffer of a fresh shareable pool on `ordinal`, holding `data` (its fill completed), its
@@ -348,14 +402,13 @@ pub(crate) mod tests {
             // above and nothing writes it while the import lives.
             let import = unsafe { held.imported.import_pointer::<u32>(&held.export, &held.stream) }.unwrap();
             assert_eq!(import.as_slice().to_vec().unwrap(), held_data);
-            let (arrived_tx, arrived) = channel();
-            let (open, open_rx) = channel::<()>();
+            let (hold, step) = hold();
             let answered = std::thread::scope(|scope| {
                 scope.spawn(move || {
-                    hold_next_free(arrived_tx, open_rx);
+                    hold_next_free(step);
                     drop(import);
                 });
-                arrived.recv_timeout(PATIENCE).expect("the drop reached its free");
+                hold.arrived.recv_timeout(PATIENCE).expect("the drop reached its free");
                 let (done_tx, done) = channel();
                 let other = &other;
                 scope.spawn(move || {
@@ -366,18 +419,14 @@ pub(crate) mod tests {
                     let read = import.and_then(|import| import.as_slice().to_vec());
                     let _ = done_tx.send(read);
                 });
-                let answered = done.recv_timeout(QUICK);
+                let answered = answer_while_held(&done, &hold);
                 // Opened in every case, so that a waiting import finishes and the scope ends.
-                drop(open);
+                drop(hold);
                 answered
             });
-            match answered {
-                Ok(read) => assert_eq!(read.unwrap(), other_data),
-                Err(RecvTimeoutError::Timeout) => {
-                    panic!("another pool's import and drop waited {QUICK:?} for a held free")
-                }
-                Err(RecvTimeoutError::Disconnected) => panic!("the other import panicked (see above)"),
-            }
+            let read = answered
+                .unwrap_or_else(|why| panic!("another pool's import and drop, with a free held: {why}"));
+            assert_eq!(read.unwrap(), other_data);
             drop(other);
             drop(held);
             assert_every_import_freed_once();
@@ -409,15 +458,14 @@ pub(crate) mod tests {
             // and it is read only after the second import's write has completed (`to_vec` waits).
             let first = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
             let freed_at = first.device_ptr();
-            let (arrived_tx, arrived) = channel();
-            let (open, open_rx) = channel::<()>();
+            let (hold, step) = hold();
             let waits_before = TOMBSTONE_WAITS.load(Ordering::SeqCst);
             let (same_bytes, waited, second) = std::thread::scope(|scope| {
                 scope.spawn(move || {
-                    hold_next_free(arrived_tx, open_rx);
+                    hold_next_free(step);
                     drop(first);
                 });
-                arrived.recv_timeout(PATIENCE).expect("the drop reached its free");
+                hold.arrived.recv_timeout(PATIENCE).expect("the drop reached its free");
                 let (done_tx, done) = channel();
                 let (imported_ref, stream_ref, export_ref) = (&*imported, &stream, &export);
                 scope.spawn(move || {
@@ -425,12 +473,12 @@ pub(crate) mod tests {
                     let import = unsafe { imported_ref.import_pointer::<u32>(export_ref, stream_ref) };
                     let _ = done_tx.send(import.map(drop));
                 });
-                let same_bytes = match done.recv_timeout(QUICK) {
+                let same_bytes = match answer_while_held(&done, &hold) {
                     Ok(answer) => answer,
-                    Err(e) => {
+                    Err(why) => {
                         // Opened, so that the waiting import and the scope finish.
-                        drop(open);
-                        panic!("an import of the bytes being dropped did not answer within {QUICK:?}: {e:?}");
+                        drop(hold);
+                        panic!("an import of the bytes being dropped, while its free is held: {why}");
                     }
                 };
                 // Not scoped: should the import never wake, the test fails after PATIENCE instead
@@ -448,7 +496,7 @@ pub(crate) mod tests {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 let waited = TOMBSTONE_WAITS.load(Ordering::SeqCst) > waits_before;
-                drop(open);
+                drop(hold);
                 (same_bytes, waited, second)
             });
             assert!(
@@ -498,19 +546,18 @@ pub(crate) mod tests {
             // and it is read only after the second import's write has completed (`to_vec` waits).
             let first = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
             let freed_at = first.device_ptr();
-            let (arrived_tx, arrived) = channel();
-            let (open, open_rx) = channel::<()>();
+            let (hold, step) = hold();
             let again_before = FREED_IN_WINDOW.load(Ordering::SeqCst);
             let second = std::thread::scope(|scope| {
                 let (imported, stream, same_allocation) = (&imported, &stream, &same_allocation);
                 let second = scope.spawn(move || {
-                    hold_next_answer(arrived_tx, open_rx);
+                    hold_next_answer(step);
                     // SAFETY: as above.
                     unsafe { imported.import_pointer::<u32>(same_allocation, stream) }
                 });
-                let reached = arrived.recv_timeout(PATIENCE);
+                let reached = hold.arrived.recv_timeout(PATIENCE);
                 drop(first);
-                drop(open);
+                drop(hold);
                 reached.expect("the import reached its claim");
                 second.join().unwrap()
             });
@@ -543,18 +590,17 @@ pub(crate) mod tests {
             let other_data: Vec<u32> = (0..2048).map(|i| i ^ 0x5A5A).collect();
             let held = exported(0, &held_data);
             let other = exported(if Device::count().unwrap() > 1 { 1 } else { 0 }, &other_data);
-            let (arrived_tx, arrived) = channel();
-            let (open, open_rx) = channel::<()>();
+            let (hold, step) = hold();
             let (answered, slow) = std::thread::scope(|scope| {
                 let held = &held;
                 let slow = scope.spawn(move || {
-                    hold_next_answer(arrived_tx, open_rx);
+                    hold_next_answer(step);
                     // SAFETY: `held.buf` outlives the import (dropped at once); its fill completed
                     // above and nothing writes it.
                     let import = unsafe { held.imported.import_pointer::<u32>(&held.export, &held.stream) };
                     import.and_then(|import| import.as_slice().to_vec())
                 });
-                let reached = arrived.recv_timeout(PATIENCE);
+                let reached = hold.arrived.recv_timeout(PATIENCE);
                 let (done_tx, done) = channel();
                 let other = &other;
                 scope.spawn(move || {
@@ -565,22 +611,49 @@ pub(crate) mod tests {
                     let read = import.and_then(|import| import.as_slice().to_vec());
                     let _ = done_tx.send(read);
                 });
-                let answered = done.recv_timeout(QUICK);
+                let answered = answer_while_held(&done, &hold);
                 // Opened in every case, so that a waiting import finishes and the scope ends.
-                drop(open);
+                drop(hold);
                 reached.expect("the import reached its claim");
                 (answered, slow.join().unwrap())
             });
-            match answered {
-                Ok(read) => assert_eq!(read.unwrap(), other_data),
-                Err(RecvTimeoutError::Timeout) => {
-                    panic!("another pool's import and drop waited {QUICK:?} for an import in flight")
-                }
-                Err(RecvTimeoutError::Disconnected) => panic!("the other import panicked (see above)"),
-            }
+            let read = answered
+                .unwrap_or_else(|why| panic!("another pool's import and drop, with an import held: {why}"));
+            assert_eq!(read.unwrap(), other_data);
             assert_eq!(slow.unwrap(), held_data, "the held import completed");
             drop(other);
             drop(held);
+            assert_every_import_freed_once();
+        }
+        assert_clean_report();
+    }
+
+    /// An import that panics after claiming the export's bytes (here in a hook, once the driver
+    /// has answered) releases them while unwinding: the same bytes import afterwards, and that
+    /// import reads the exporter's data. (The panicked import's answer stays mapped, unclaimed;
+    /// the driver answers the next import with that mapping, uncounted, and its drop frees it.)
+    #[test]
+    #[serial]
+    fn a_panicking_import_releases_the_export_bytes() {
+        init_with_no_violations();
+        {
+            let data: Vec<u32> = (0..1024).map(|i| i * 17 + 9).collect();
+            let Exported { stream, buf, export, imported } = exported(0, &data);
+            AFTER_ANSWER
+                .with(|h| *h.borrow_mut() = Some(Box::new(|| panic!("an import panics after the answer"))));
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                // SAFETY: `buf` outlives the import (dropped after it below); its fill completed
+                // above and nothing writes it while the import lives.
+                unsafe { imported.import_pointer::<u32>(&export, &stream) }.map(drop)
+            }));
+            assert!(panicked.is_err(), "the hook panicked");
+            // SAFETY: as above.
+            let again = unsafe { imported.import_pointer::<u32>(&export, &stream) }
+                .expect("the export's bytes were released by the panicking import");
+            assert_eq!(again.as_slice().to_vec().unwrap(), data);
+            drop(again);
+            drop(imported);
+            drop(buf);
             assert_every_import_freed_once();
         }
         assert_clean_report();

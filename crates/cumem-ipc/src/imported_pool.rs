@@ -73,7 +73,10 @@ unsafe impl Sync for PoolHandle {}
 /// entry, and so makes a new one, through which pointers may be imported before the old `Drop`
 /// runs. That `Drop` then hands its imports to the new entry instead of destroying them (the
 /// driver would refuse, uncounted, under the new entry's imported pointers): one driver object,
-/// one count, destroyed by whichever entry goes last.
+/// one count, destroyed by whichever entry goes last. Whether `cuMemPoolImportFromShareableHandle`
+/// or `cuMemPoolDestroy` waits behind a `cuMemFree` of its context is not on record: if one does,
+/// every `from_fd` and every destroying drop of the process, in any context, waits behind that
+/// free (docs/ipc.md says so; the lock is kept since the interleaving above is what it prevents).
 static IMPORTED_POOLS: Mutex<BTreeMap<usize, Weak<PoolHandle>>> = Mutex::new(BTreeMap::new());
 
 fn imported_pools() -> MutexGuard<'static, BTreeMap<usize, Weak<PoolHandle>>> {
@@ -291,9 +294,11 @@ impl ImportedPool {
             .bytes(export.bytes()),
         }
         };
-        if !live_imports::claim_pool_export(&raw) {
+        // Released when dropped: on every error path below, or by the import's drop (after its
+        // address's tombstone is gone).
+        let Some(claim) = live_imports::claim_pool_export(&raw) else {
             return Err(already());
-        }
+        };
         // No lock of cumem's across the driver's import, which may wait behind a `cuMemFree` of
         // the context (driver-api.md §17: there a free holds up the context's allocations; for
         // this call that is not on record): a window records the frees that return meanwhile,
@@ -304,7 +309,7 @@ impl ImportedPool {
                 Ok(base) => base,
                 Err(e) => {
                     drop(window);
-                    live_imports::release_pool_export(&raw);
+                    drop(claim);
                     return Err(e);
                 }
             };
@@ -318,7 +323,7 @@ impl ImportedPool {
                     // above). It does not count imports of one address (an H100, 2026-11-23):
                     // this is that import's mapping, and a cuMemFree here would unmap it under its
                     // `ImportedBuffer`. Nothing to free.
-                    live_imports::release_pool_export(&raw);
+                    drop(claim);
                     return Err(already());
                 }
                 // A free of this address overlapped the driver's answer: the answer is either the
@@ -338,7 +343,7 @@ impl ImportedPool {
             ptr,
             export.bytes() / size,
             stream,
-            Source::Pool { pool: Arc::clone(&self.inner), export: raw },
+            Source::Pool { pool: Arc::clone(&self.inner), export: claim },
         );
         let (_, mapped) = ffi::address_range(base)?;
         if end > mapped as u64 {

@@ -39,9 +39,12 @@
 //! counting the free's return and waking the imports that wait for it. An import opens a *window*
 //! under the lock before asking the driver (noting how many frees have returned) and closes it
 //! under the lock when it claims its answer's address; a free that returns while a window is open
-//! is recorded against its address. So every free of an address that overlapped an import's driver
-//! call, or ran between the answer and the claim, is seen at the claim: still running (its
-//! tombstone) or returned since the window opened (its record). Such an answer cannot be trusted:
+//! is recorded against its address. A record is kept while a window that opened before that return
+//! is open: while one import's `cuMemPoolImportPointer` stalls, the records grow by one per
+//! distinct address freed meanwhile, and are pruned when it closes (all but those a window still
+//! open needs). So every free of an address that overlapped an import's driver call, or ran between
+//! the answer and the claim, is seen at the claim: still running (its tombstone) or returned since
+//! the window opened (its record). Such an answer cannot be trusted:
 //! it is either the mapping that free unmaps (answered before the free: the driver returned it
 //! uncounted, so the import owns nothing) or a fresh one that the driver placed at the same address
 //! (after the free: the import owns that one). So the import waits, releasing the lock, until that
@@ -183,15 +186,23 @@ fn live_pool_exports() -> MutexGuard<'static, BTreeSet<[u8; POOL_EXPORT_SIZE]>> 
     LIVE_POOL_EXPORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Records an import of the pool pointer export `raw` (the driver's bytes); false when one is
-/// already live in this process (any context, any handle of the imported pool).
-pub(crate) fn claim_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) -> bool {
-    live_pool_exports().insert(*raw)
+/// An import's claim of a pool pointer export's bytes, from before the driver is asked until the
+/// import is freed (or was never made): dropping it releases the bytes, on every path out of an
+/// import, a panic included. A leaked import forgets it, keeping the bytes claimed for good.
+pub(crate) struct PoolExportClaim([u8; POOL_EXPORT_SIZE]);
+
+/// Claims the pool pointer export `raw` (the driver's bytes) for an import; `None` when an import
+/// of them is already live in this process (any context, any handle of the imported pool).
+pub(crate) fn claim_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) -> Option<PoolExportClaim> {
+    // The lock is released before a claim exists: dropping one takes it.
+    let claimed = live_pool_exports().insert(*raw);
+    if claimed { Some(PoolExportClaim(*raw)) } else { None }
 }
 
-/// Forgets the import of `raw`, once it is freed (or was never made).
-pub(crate) fn release_pool_export(raw: &[u8; POOL_EXPORT_SIZE]) {
-    live_pool_exports().remove(raw);
+impl Drop for PoolExportClaim {
+    fn drop(&mut self) {
+        live_pool_exports().remove(&self.0);
+    }
 }
 
 /// Which frees returned while an import's `cuMemPoolImportPointer` was in flight.
@@ -199,12 +210,34 @@ struct FreeEnds {
     /// How many pool pointer frees have returned (tombstones removed), ever.
     count: u64,
     /// For an address freed while a window was open: the `count` its last free's return made.
+    /// Grows while a window stays open (a stalled import); `close` prunes it.
     at: BTreeMap<CUdeviceptr, u64>,
     /// The open windows: the `count` each saw when it opened, with how many opened at it.
     windows: BTreeMap<u64, usize>,
 }
 
 impl FreeEnds {
+    /// Opens a window: returns the `count` it starts at.
+    fn open(&mut self) -> u64 {
+        let opened_at = self.count;
+        *self.windows.entry(opened_at).or_default() += 1;
+        opened_at
+    }
+
+    /// Counts a free of `base` that returned, recorded against `base` while a window is open.
+    fn returned(&mut self, base: CUdeviceptr) {
+        self.count += 1;
+        if !self.windows.is_empty() {
+            self.at.insert(base, self.count);
+        }
+    }
+
+    /// Whether a free of `base` returned since the window that opened at `opened_at` (still open)
+    /// did.
+    fn freed_since(&self, base: CUdeviceptr, opened_at: u64) -> bool {
+        self.at.get(&base).is_some_and(|&end| end > opened_at)
+    }
+
     fn close(&mut self, opened_at: u64) {
         if let Some(n) = self.windows.get_mut(&opened_at) {
             *n -= 1;
@@ -253,10 +286,7 @@ pub(crate) struct ImportWindow {
 /// Opens a window for one `cuMemPoolImportPointer`: every pool pointer free that returns from now
 /// on until the claim is recorded against the address it freed.
 pub(crate) fn open_import_window() -> ImportWindow {
-    let mut table = address_table();
-    let opened_at = table.ends.count;
-    *table.ends.windows.entry(opened_at).or_default() += 1;
-    ImportWindow { opened_at }
+    ImportWindow { opened_at: address_table().ends.open() }
 }
 
 impl ImportWindow {
@@ -268,7 +298,7 @@ impl ImportWindow {
         std::mem::forget(self);
         let mut table = address_table();
         // Read before the window closes, which may forget the entry.
-        let freed_in_window = table.ends.at.get(&base).is_some_and(|&end| end > opened_at);
+        let freed_in_window = table.ends.freed_since(base, opened_at);
         table.ends.close(opened_at);
         if table.freeing.contains(&base) {
             #[cfg(test)]
@@ -314,11 +344,7 @@ impl Drop for FreeingAddress {
     fn drop(&mut self) {
         let mut table = address_table();
         table.freeing.remove(&self.0);
-        table.ends.count += 1;
-        if !table.ends.windows.is_empty() {
-            let end = table.ends.count;
-            table.ends.at.insert(self.0, end);
-        }
+        table.ends.returned(self.0);
         drop(table);
         FREED.notify_all();
     }
@@ -326,9 +352,12 @@ impl Drop for FreeingAddress {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::collections::BTreeMap;
     use std::sync::atomic::AtomicUsize;
 
-    use super::overlap;
+    use cumem_sys::sys::CUdeviceptr;
+
+    use super::{FreeEnds, address_table, open_import_window, overlap, start_free};
 
     /// How many times an import has started waiting for a tombstone, so that a test can open the
     /// free it waits for only once it does.
@@ -345,5 +374,64 @@ pub(crate) mod tests {
         assert!(!overlap(&(4..4), &(0..8)), "an empty range inside another");
         assert!(!overlap(&(0..8), &(4..4)));
         assert!(!overlap(&(4..4), &(4..4)));
+    }
+
+    fn no_ends() -> FreeEnds {
+        FreeEnds { count: 0, at: BTreeMap::new(), windows: BTreeMap::new() }
+    }
+
+    /// W1 opens; a free of `a` returns; W2 opens after it and closes. W1 must still see that free
+    /// (its answer may be the mapping the free unmapped): closing W2 prunes only what no open
+    /// window can see.
+    #[test]
+    fn a_window_sees_a_free_that_returned_in_it_after_a_later_window_closes() {
+        let a: CUdeviceptr = 0x1000;
+        let mut ends = no_ends();
+        let w1 = ends.open();
+        assert_eq!(w1, 0);
+        ends.returned(a);
+        assert_eq!(ends.at.get(&a), Some(&1), "the return is recorded while W1 is open");
+        let w2 = ends.open();
+        assert_eq!(w2, 1);
+        assert!(!ends.freed_since(a, w2), "the free returned before W2 opened");
+        ends.close(w2);
+        assert!(ends.freed_since(a, w1), "W1 lost the free of {a:#x} that returned in it");
+        ends.close(w1);
+        assert!(ends.at.is_empty() && ends.windows.is_empty(), "no window open, nothing kept");
+    }
+
+    /// A return that only a closed window could see is forgotten when it closes, while a later
+    /// window stays open: `at` does not keep it for as long as some window is open.
+    #[test]
+    fn a_free_no_open_window_can_see_is_pruned() {
+        let (a, b): (CUdeviceptr, CUdeviceptr) = (0x1000, 0x2000);
+        let mut ends = no_ends();
+        let w1 = ends.open();
+        ends.returned(a);
+        let w2 = ends.open();
+        ends.returned(b);
+        ends.close(w1);
+        assert_eq!(ends.at.keys().copied().collect::<Vec<_>>(), [b], "only W2's concern is kept");
+        assert!(ends.freed_since(b, w2));
+        ends.close(w2);
+        assert!(ends.at.is_empty() && ends.windows.is_empty());
+    }
+
+    /// A window dropped without a claim (the driver refused the import) closes: a free that
+    /// returned in it is not kept, nor the window.
+    #[test]
+    #[serial_test::serial]
+    fn a_window_dropped_without_a_claim_leaves_nothing_behind() {
+        // No import lives at this address: the imports of this binary's tests are on the
+        // simulator, which places them elsewhere, and they are `serial` too.
+        let a: CUdeviceptr = 0xdead_0000;
+        let window = open_import_window();
+        drop(start_free(a));
+        assert!(address_table().ends.at.contains_key(&a), "the return is recorded while the window is open");
+        drop(window);
+        let table = address_table();
+        assert!(table.ends.windows.is_empty(), "windows left open: {:?}", table.ends.windows);
+        assert!(table.ends.at.is_empty(), "returns kept: {:?}", table.ends.at);
+        assert!(!table.freeing.contains(&a) && !table.live.contains(&a));
     }
 }
