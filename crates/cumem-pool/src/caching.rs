@@ -475,6 +475,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         consolidate(&mut guards);
         let (report, unlinked) = self.release(&mut guards, keep as u64);
         drop((guards, st));
+        Self::log_released(&report);
         self.give_back(unlinked);
         Ok(report)
     }
@@ -499,6 +500,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         consolidate(&mut guards);
         let (report, unlinked) = self.release(&mut guards, threshold);
         drop((guards, st));
+        Self::log_released(&report);
         self.give_back(unlinked);
         Ok(report)
     }
@@ -1078,7 +1080,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         }
         if found.is_none() {
-            let (_, unlinked) = self.release(&mut guards, 0);
+            let (released, unlinked) = self.release(&mut guards, 0);
             if let Some(up) = self.expandable() {
                 // Plain segments unlinked here would be freed only after the mapping below, too
                 // late to help it; there are none: with expandable segments the pool never takes
@@ -1092,6 +1094,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 let grown = expandable::grow(up, &mut segs, guards[ti].set(req.kind), ti, req, reservation);
                 drop(segs);
                 drop((guards, st));
+                Self::log_released(&released);
                 self.give_back(unlinked);
                 match grown? {
                     expandable::Grown::Block(addr, seg) => found = Some((addr, seg, req.kind)),
@@ -1102,6 +1105,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 }
             } else {
                 drop((guards, st));
+                Self::log_released(&released);
                 self.give_back(unlinked);
                 let seen = self.returning.finished();
                 let mut grown = self.grow(req.kind, req.need, true)?;
@@ -1140,6 +1144,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 reserved_address_space: segs.expandable.segs.values().map(|e| e.len).sum(),
                 mapped: segs.expandable.mapped(),
             };
+            // Logged with the lock let go, as below: a subscriber may read the pool's stats.
+            drop(segs);
             tracing::warn!(%err, "caching pool out of address space");
             return Err(err);
         }
@@ -1150,6 +1156,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             free_cached: segs.reserved.saturating_sub(allocated),
             largest_free_block: largest,
         };
+        drop(segs);
         tracing::warn!(%err, "caching pool out of memory");
         Err(err)
     }
@@ -1228,6 +1235,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             report.released_segments += r.released_segments;
             report.released_bytes += r.released_bytes;
         }
+        (report, unlinked)
+    }
+
+    /// Logs what a [`release`](Self::release) took out. Call with no lock of the pool held (a
+    /// subscriber may read the pool's stats, which take them) and before
+    /// [`give_back`](Self::give_back), with the segments still in their [`InFlight`]: a subscriber
+    /// that panics here leaves them to its drop, which settles them.
+    fn log_released(report: &TrimReport) {
         if report.released_segments > 0 {
             tracing::debug!(
                 released_bytes = report.released_bytes,
@@ -1235,7 +1250,6 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 "segments released"
             );
         }
-        (report, unlinked)
     }
 
     /// Returns segments [`release`](Self::release) took out to the upstream. Call with no lock

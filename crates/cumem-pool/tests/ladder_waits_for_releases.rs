@@ -282,6 +282,65 @@ fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
     pool.validate().unwrap();
 }
 
+/// The pool's release and out-of-memory events are logged with its locks let go: a subscriber that
+/// reads the pool's stats on them (which take those locks) must not deadlock. Under a bound, since
+/// a deadlock hangs rather than fails.
+#[test]
+fn a_subscriber_that_reads_stats_on_release_and_oom_events_does_not_deadlock() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let config = PoolConfig { release_threshold: 0, ..PoolConfig::default() };
+    let pool = Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), config));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let reader = pool.clone();
+            let seen = Arc::new(Mutex::new((0u32, 0u32)));
+            let counts = seen.clone();
+            let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+                if m.contains("segments released") {
+                    let _ = reader.stats();
+                    counts.lock().0 += 1;
+                } else if m.contains("caching pool out of memory") {
+                    let _ = reader.stats();
+                    counts.lock().1 += 1;
+                }
+            }));
+            tracing::subscriber::with_default(subscriber, || {
+                // Released by `trim`, by `synchronize` (threshold 0), then by a ladder (22 MiB
+                // fits only without the cached 20 MiB segment), which then fails once more.
+                let b = pool.allocate(4 << 20, 512, 1).unwrap();
+                pool.deallocate(b, 1).unwrap();
+                assert_eq!(pool.trim().unwrap().released_bytes, 20 << 20);
+                let b = pool.allocate(4 << 20, 512, 1).unwrap();
+                pool.deallocate(b, 1).unwrap();
+                assert_eq!(pool.synchronize().unwrap().released_bytes, 20 << 20);
+                let b = pool.allocate(4 << 20, 512, 1).unwrap();
+                pool.deallocate(b, 1).unwrap();
+                let larger = pool.allocate(22 << 20, 512, 2).unwrap();
+                let err = pool.allocate(22 << 20, 512, 2).unwrap_err();
+                assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err:?}");
+                pool.deallocate(larger, 2).unwrap();
+            });
+            tx.send(*seen.lock()).unwrap()
+        })
+    };
+    let seen = match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(seen) => seen,
+        Err(RecvTimeoutError::Timeout) => {
+            panic!("deadlocked: an event was logged with the pool's locks held")
+        }
+        Err(RecvTimeoutError::Disconnected) => panic!("the worker panicked (see above)"),
+    };
+    worker.join().unwrap();
+    assert_eq!(seen, (3, 1), "(segments released, out of memory) events seen");
+    assert_eq!(pool.stats().oom_ladders, 2);
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().live_bytes(), 0);
+    assert!(pool.upstream().violations().is_empty());
+}
+
 const CHILD: &str = "CUMEM_TEST_LADDER_PANIC_CHILD";
 
 /// The child's half of the next test: a release that panics under a subscriber that also panics
