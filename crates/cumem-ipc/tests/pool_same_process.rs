@@ -448,6 +448,65 @@ fn a_leaked_import_keeps_its_imported_pool() {
     assert_clean_report();
 }
 
+/// A tracing layer that panics on every warning.
+struct PanicOnWarn;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnWarn {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            panic!("a subscriber panics on a warning");
+        }
+    }
+}
+
+/// As above, under a subscriber that panics on the drop's warning: the import is leaked before
+/// the warning, so the panic drops nothing that would destroy its imported pool under it.
+#[test]
+#[serial]
+fn a_leaked_import_keeps_its_imported_pool_under_a_subscriber_that_panics() {
+    use tracing_subscriber::layer::SubscriberExt;
+    init_with_no_violations();
+    let Some(ctl) = testing::sim_control() else { return };
+    {
+        let Exported { device, ctx, stream, pool, buf, export } = exported(&[0; 1024]);
+        let imported = import_pool(&device, &pool);
+        let raw_pool = imported.raw();
+        // SAFETY: `buf` outlives the import (freed by hand below before `buf` drops); nothing
+        // writes it meanwhile.
+        let import = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
+        let ptr = import.device_ptr();
+        drop(imported);
+        let rule = ctl.inject_fault(FaultRule {
+            function: "cuStreamSynchronize".into(),
+            nth: 1,
+            code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+            times: 1,
+            this_thread_only: true,
+        });
+        let subscriber = tracing_subscriber::registry().with(PanicOnWarn);
+        let dropped = tracing::subscriber::with_default(subscriber, || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(import)))
+        });
+        ctl.remove_fault(rule);
+        assert!(dropped.is_err(), "the subscriber was to panic on the drop's warning");
+        let report = ctl.live_report();
+        assert!(report.contains_ptr(ptr), "the import is leaked:\n{report}");
+        assert!(
+            report.pools.iter().any(|p| p.handle == raw_pool as u64 && p.imported),
+            "its imported pool was destroyed under it:\n{report}"
+        );
+        assert_no_refused_destroys_or_frees();
+        // What the process would leak until exit, ended by hand so the report ends clean.
+        ctx.bind().unwrap();
+        // SAFETY: the leaked import's address, freed once; nothing uses it any more.
+        assert_eq!(unsafe { sys::cuMemFree_v2(ptr) }, CUresult::CUDA_SUCCESS);
+        // SAFETY: the leaked pool handle, destroyed once, after its only import.
+        assert_eq!(unsafe { sys::cuMemPoolDestroy(raw_pool) }, CUresult::CUDA_SUCCESS);
+        drop(buf);
+    }
+    assert_clean_report();
+}
+
 #[test]
 #[serial]
 fn an_import_dropped_inside_a_closure_is_freed_with_its_pool() {
