@@ -444,7 +444,10 @@ fn a_ladder_does_not_retry_for_a_free_that_panicked() {
             changed: Condvar::new(),
             ladder_allocations: Default::default(),
         };
-        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), PoolConfig::default()));
+        // No bound: with one, a free that panics only after it would go undetected (the ladder
+        // would give up first). The free always ends (it panics).
+        let config = PoolConfig { oom_free_wait: Duration::MAX, ..PoolConfig::default() };
+        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
         pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
         let big = pool.allocate(4 << 20, 512, 1).unwrap();
         pool.deallocate(big, 1).unwrap();
