@@ -376,10 +376,16 @@ fn a_release_that_panics_does_not_abort_the_process_under_a_subscriber_that_pani
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "panicking_release_child", "--test-threads=1"])
         .env(CHILD, "1")
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    // Read on a thread of its own: a child blocked on a full pipe would never exit.
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut out).map(|_| out)
+    });
     let start = std::time::Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -393,6 +399,9 @@ fn a_release_that_panics_does_not_abort_the_process_under_a_subscriber_that_pani
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "the child failed (a panic while unwinding aborts): {status:?}");
+    // A filter that matches nothing runs no test and succeeds too.
+    let out = reader.join().unwrap().unwrap();
+    assert!(out.contains("1 passed"), "the child did not run exactly its one test:\n{out}");
 }
 
 /// A host upstream whose first free panics once a ladder's growth has failed (the segment is
