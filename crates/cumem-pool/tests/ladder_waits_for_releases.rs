@@ -187,18 +187,22 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
         std::thread::spawn(move || {
             use tracing_subscriber::layer::SubscriberExt;
             let reader = pool.clone();
+            let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = fired.clone();
             let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
                 if m.contains("still in flight") {
                     let _ = reader.stats();
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
             }));
             let r = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
-            tx.send(r.map(|b| b.addr())).unwrap()
+            tx.send((r.map(|b| b.addr()), fired.load(std::sync::atomic::Ordering::SeqCst))).unwrap()
         })
     };
     let result = rx.recv_timeout(Duration::from_secs(20));
     pool.upstream().let_go();
-    let result = result.expect("the allocation was still waiting for a free that waits for it");
+    let (result, fired) = result.expect("the allocation was still waiting for a free that waits for it");
+    assert!(fired, "the ladder never logged that it gave up waiting");
     assert!(
         matches!(result, Err(PoolError::OutOfMemory { requested, .. }) if requested == 22 << 20),
         "{result:?}"
