@@ -208,7 +208,8 @@ impl Returning {
             let st = self.state.lock();
             (st.next, st.in_flight.len(), st.bytes)
         };
-        if frees == 0 {
+        // `Duration::ZERO`: no waiting, and nothing to say about it.
+        if frees == 0 || wait.is_zero() {
             return;
         }
         // Logged with the lock let go, here and below: a subscriber may read the pool's stats,

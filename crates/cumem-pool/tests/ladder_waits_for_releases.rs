@@ -11,6 +11,8 @@
 //! A free that panics leaks its segment: a ladder waiting for it must not ask the upstream again.
 //! A ladder waits only for the frees in flight when it starts waiting: one that started later and
 //! is held until the ladder returns must not keep it waiting (here with no bound at all).
+//! With `oom_free_wait` zero a ladder does not wait, and logs no wait. Release and out-of-memory
+//! events are logged with the pool's locks let go (a subscriber may read its stats).
 
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, OnceLock, Weak};
@@ -216,6 +218,45 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
     pool.trim().unwrap();
     assert_eq!(pool.upstream().host.live_bytes(), 0);
     assert!(pool.upstream().host.violations().is_empty());
+}
+
+/// `oom_free_wait: Duration::ZERO` is no waiting: a ladder with a free in flight reports out of
+/// memory at once, and logs no wait it does not make.
+#[test]
+fn a_ladder_with_a_zero_free_wait_does_not_wait() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let pool = Arc::new(CachingPool::new(
+        HeldUpstream { host: HostUpstream::new(24 << 20), gate: Mutex::default(), changed: Condvar::new() },
+        HostOrdering::new(),
+        PoolConfig { oom_free_wait: Duration::ZERO, ..PoolConfig::default() },
+    ));
+    let big = pool.allocate(4 << 20, 512, 1).unwrap();
+    pool.deallocate(big, 1).unwrap();
+    let trimmer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.trim().unwrap())
+    };
+    {
+        let mut gate = pool.upstream().gate.lock();
+        while !gate.0 {
+            pool.upstream().changed.wait(&mut gate);
+        }
+    }
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let seen = waits.clone();
+    let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+        if m.contains("waiting for segment frees") || m.contains("still in flight") {
+            seen.lock().push(m.to_string());
+        }
+    }));
+    let result = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
+    pool.upstream().let_go();
+    assert!(matches!(result, Err(PoolError::OutOfMemory { requested, .. }) if requested == 22 << 20), "{result:?}");
+    assert_eq!(trimmer.join().unwrap().released_bytes, 20 << 20);
+    assert!(waits.lock().is_empty(), "a ladder that does not wait logged waits: {:?}", waits.lock());
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().host.live_bytes(), 0);
 }
 
 /// A tracing layer that panics on the pool's "segments released" event (the release has taken
