@@ -268,20 +268,13 @@ impl Drop for InFlight<'_> {
         if left.is_empty() {
             return;
         }
-        // Settled before anything is logged: a subscriber may panic on the event.
+        // Settled, so that no ladder waits for them.
         for &(_, _, ticket) in left {
             self.returning.finish(ticket, false);
         }
-        // Segments are left only when a panic cut `release` or `give_back` short, so this runs
-        // while unwinding: a subscriber that panicked now would abort the process, and the panic
-        // itself is reported anyway.
-        if !std::thread::panicking() {
-            tracing::warn!(
-                segments = left.len(),
-                bytes = left.iter().map(|s| s.1).sum::<u64>(),
-                "segments taken out of the pool were not given back; leaking them"
-            );
-        }
+        // Nothing is logged: segments are left only when a panic cut `release`, its caller or
+        // `give_back` short, so this runs while unwinding, where a subscriber that panicked would
+        // abort the process, and the panic itself is reported anyway.
     }
 }
 
