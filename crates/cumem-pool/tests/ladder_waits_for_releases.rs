@@ -251,7 +251,10 @@ fn a_ladder_with_a_zero_free_wait_does_not_wait() {
     }));
     let result = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
     pool.upstream().let_go();
-    assert!(matches!(result, Err(PoolError::OutOfMemory { requested, .. }) if requested == 22 << 20), "{result:?}");
+    assert!(
+        matches!(result, Err(PoolError::OutOfMemory { requested, .. }) if requested == 22 << 20),
+        "{result:?}"
+    );
     assert_eq!(trimmer.join().unwrap().released_bytes, 20 << 20);
     assert!(waits.lock().is_empty(), "a ladder that does not wait logged waits: {:?}", waits.lock());
     pool.validate().unwrap();
