@@ -154,14 +154,17 @@ impl<T> Drop for ImportedBuffer<T> {
         // closure: dropped there, the import is closed instead of leaked.
         if let Err(e) = self.order.join_mut().and_then(Stream::synchronize) {
             // Work on the memory may still be queued: closing would unmap it under that work.
-            // Leak the import instead (it stays claimed, so it is not opened again here).
-            tracing::warn!(error = %e, bytes = self.len * std::mem::size_of::<T>(), "cumem-ipc: waiting for an import's work failed; leaking the import");
+            // Leak the import instead (it stays claimed, so it is not opened again here). Leaked
+            // before logging, here and below: a subscriber that panics on the warning would
+            // otherwise drop the source normally (releasing the claim, destroying an imported pool
+            // under the mapping).
             self.leak_source();
+            tracing::warn!(error = %e, bytes = self.len * std::mem::size_of::<T>(), "cumem-ipc: waiting for an import's work failed; leaking the import");
             return;
         }
         if let Err(e) = self.ctx.bind() {
-            tracing::warn!(error = %e, "cumem-ipc: cannot bind the import's context; the import stays open");
             self.leak_source();
+            tracing::warn!(error = %e, "cumem-ipc: cannot bind the import's context; the import stays open");
             return;
         }
         match std::mem::replace(&mut self.source, Source::Leaked) {

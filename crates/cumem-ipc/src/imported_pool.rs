@@ -113,9 +113,13 @@ impl Drop for PoolHandle {
             drop(heir);
             return;
         }
+        // Logged once the table's lock is let go: a subscriber may import or drop a pool, which
+        // takes it.
+        let mut bind_errors = Vec::new();
+        let mut destroy_errors = Vec::new();
         for ctx in opens {
             if let Err(e) = ctx.bind() {
-                tracing::warn!(error = %e, "cumem-ipc: cannot bind an imported pool's context; one import leaks");
+                bind_errors.push(e);
                 continue;
             }
             // SAFETY: imported (once per entry of `opens`, including those a dropped entry of the
@@ -124,10 +128,16 @@ impl Drop for PoolHandle {
             // its entry) was freed; the table's lock keeps a new import from coming between the
             // check above and these destroys.
             if let Err(e) = unsafe { ffi::pool_destroy(self.raw) } {
-                tracing::warn!(error = %e, "cumem-ipc: destroying an imported pool failed");
+                destroy_errors.push(e);
             }
         }
         drop(table);
+        for e in bind_errors {
+            tracing::warn!(error = %e, "cumem-ipc: cannot bind an imported pool's context; one import leaks");
+        }
+        for e in destroy_errors {
+            tracing::warn!(error = %e, "cumem-ipc: destroying an imported pool failed");
+        }
     }
 }
 

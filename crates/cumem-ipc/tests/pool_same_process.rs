@@ -6,7 +6,9 @@
 //! driver maps at the live import's address is refused without disturbing the first, also from
 //! another device's context; an export whose buffer the exporter already freed imports (as on an
 //! H100) and the simulator reports it; the pool imported for a device without access to it is
-//! [`Error::WrongDevice`]; an import leaked by its drop keeps its imported pool; an import dropped
+//! [`Error::WrongDevice`]; an import leaked by its drop keeps its imported pool (also when a
+//! subscriber panics on the drop's warning); a failed destroy's warning is logged with the
+//! imported-pools lock let go (a subscriber may import); an import dropped
 //! inside a `queue_on` closure is freed, not leaked; a pointer exports before the pool was ever
 //! exported (by hand), also from two threads at once; an import at an address misaligned for its
 //! type is refused and freed; a direct `DeviceResource::allocate` with a stream of another
@@ -446,6 +448,133 @@ fn a_leaked_import_keeps_its_imported_pool() {
         drop(buf);
     }
     assert_clean_report();
+}
+
+/// A tracing layer that panics on every warning.
+struct PanicOnWarn;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnWarn {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            panic!("a subscriber panics on a warning");
+        }
+    }
+}
+
+/// As above, under a subscriber that panics on the drop's warning: the import is leaked before
+/// the warning, so the panic drops nothing that would destroy its imported pool under it.
+#[test]
+#[serial]
+fn a_leaked_import_keeps_its_imported_pool_under_a_subscriber_that_panics() {
+    use tracing_subscriber::layer::SubscriberExt;
+    init_with_no_violations();
+    let Some(ctl) = testing::sim_control() else { return };
+    {
+        let Exported { device, ctx, stream, pool, buf, export } = exported(&[0; 1024]);
+        let imported = import_pool(&device, &pool);
+        let raw_pool = imported.raw();
+        // SAFETY: `buf` outlives the import (freed by hand below before `buf` drops); nothing
+        // writes it meanwhile.
+        let import = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
+        let ptr = import.device_ptr();
+        drop(imported);
+        let rule = ctl.inject_fault(FaultRule {
+            function: "cuStreamSynchronize".into(),
+            nth: 1,
+            code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+            times: 1,
+            this_thread_only: true,
+        });
+        let subscriber = tracing_subscriber::registry().with(PanicOnWarn);
+        let dropped = tracing::subscriber::with_default(subscriber, || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(import)))
+        });
+        ctl.remove_fault(rule);
+        assert!(dropped.is_err(), "the subscriber was to panic on the drop's warning");
+        let report = ctl.live_report();
+        assert!(report.contains_ptr(ptr), "the import is leaked:\n{report}");
+        assert!(
+            report.pools.iter().any(|p| p.handle == raw_pool as u64 && p.imported),
+            "its imported pool was destroyed under it:\n{report}"
+        );
+        assert_no_refused_destroys_or_frees();
+        // What the process would leak until exit, ended by hand so the report ends clean.
+        ctx.bind().unwrap();
+        // SAFETY: the leaked import's address, freed once; nothing uses it any more.
+        assert_eq!(unsafe { sys::cuMemFree_v2(ptr) }, CUresult::CUDA_SUCCESS);
+        // SAFETY: the leaked pool handle, destroyed once, after its only import.
+        assert_eq!(unsafe { sys::cuMemPoolDestroy(raw_pool) }, CUresult::CUDA_SUCCESS);
+        drop(buf);
+    }
+    assert_clean_report();
+}
+
+/// An imported pool whose destroy fails warns with the imported-pools lock let go: a subscriber
+/// that imports a pool on the warning (which takes that lock) must not deadlock. Under a bound,
+/// since a deadlock hangs rather than fails.
+#[test]
+#[serial]
+fn a_subscriber_that_imports_on_a_failed_destroys_warning_does_not_deadlock() {
+    use tracing_subscriber::layer::SubscriberExt;
+    init_with_no_violations();
+    if testing::sim_control().is_none() {
+        return testing::skip("injects faults: simulator only");
+    }
+    {
+        let Exported { device, ctx, stream: _stream, pool, buf, export: _export } = exported(&[0; 1024]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dropping = {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                let ctl = testing::sim_control().unwrap();
+                let imported = import_pool(&device, &pool);
+                let raw_pool = imported.raw() as usize;
+                let reimported = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let flag = reimported.clone();
+                let subscriber = tracing_subscriber::registry().with(OnWarn(move || {
+                    drop(import_pool(&device, &pool));
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                }));
+                let rule = ctl.inject_fault(FaultRule {
+                    function: "cuMemPoolDestroy".into(),
+                    nth: 1,
+                    code: CUresult::CUDA_ERROR_INVALID_VALUE,
+                    times: 1,
+                    this_thread_only: true,
+                });
+                tracing::subscriber::with_default(subscriber, || drop(imported));
+                ctl.remove_fault(rule);
+                tx.send((raw_pool, reimported.load(std::sync::atomic::Ordering::SeqCst))).unwrap();
+            })
+        };
+        let (raw_pool, reimported) = match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+            Ok(r) => r,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("deadlocked: the warning was logged with the imported-pools lock held")
+            }
+            Err(e) => panic!("the dropping thread panicked (see above): {e}"),
+        };
+        dropping.join().unwrap();
+        assert!(reimported, "the failed destroy did not warn");
+        // The destroy that failed leaves the handle, ended by hand so the report ends clean.
+        ctx.bind().unwrap();
+        // SAFETY: the imported pool whose destroy failed, destroyed once; nothing imported
+        // through it lives.
+        assert_eq!(unsafe { sys::cuMemPoolDestroy(raw_pool as sys::CUmemoryPool) }, CUresult::CUDA_SUCCESS);
+        drop(buf);
+    }
+    assert_clean_report();
+}
+
+/// A tracing layer that calls its function on every warning.
+struct OnWarn<F>(F);
+
+impl<S: tracing::Subscriber, F: Fn() + Send + Sync + 'static> tracing_subscriber::Layer<S> for OnWarn<F> {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            (self.0)()
+        }
+    }
 }
 
 #[test]

@@ -208,7 +208,8 @@ impl Returning {
             let st = self.state.lock();
             (st.next, st.in_flight.len(), st.bytes)
         };
-        if frees == 0 {
+        // `Duration::ZERO`: no waiting, and nothing to say about it.
+        if frees == 0 || wait.is_zero() {
             return;
         }
         // Logged with the lock let go, here and below: a subscriber may read the pool's stats,
@@ -267,20 +268,13 @@ impl Drop for InFlight<'_> {
         if left.is_empty() {
             return;
         }
-        // Settled before anything is logged: a subscriber may panic on the event.
+        // Settled, so that no ladder waits for them.
         for &(_, _, ticket) in left {
             self.returning.finish(ticket, false);
         }
-        // Segments are left only when a panic cut `release` or `give_back` short, so this runs
-        // while unwinding: a subscriber that panicked now would abort the process, and the panic
-        // itself is reported anyway.
-        if !std::thread::panicking() {
-            tracing::warn!(
-                segments = left.len(),
-                bytes = left.iter().map(|s| s.1).sum::<u64>(),
-                "segments taken out of the pool were not given back; leaking them"
-            );
-        }
+        // Nothing is logged: segments are left only when a panic cut `release`, its caller or
+        // `give_back` short, so this runs while unwinding, where a subscriber that panicked would
+        // abort the process, and the panic itself is reported anyway.
     }
 }
 
@@ -475,6 +469,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         consolidate(&mut guards);
         let (report, unlinked) = self.release(&mut guards, keep as u64);
         drop((guards, st));
+        Self::log_released(&report);
         self.give_back(unlinked);
         Ok(report)
     }
@@ -499,6 +494,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         consolidate(&mut guards);
         let (report, unlinked) = self.release(&mut guards, threshold);
         drop((guards, st));
+        Self::log_released(&report);
         self.give_back(unlinked);
         Ok(report)
     }
@@ -1078,7 +1074,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         }
         if found.is_none() {
-            let (_, unlinked) = self.release(&mut guards, 0);
+            let (released, unlinked) = self.release(&mut guards, 0);
             if let Some(up) = self.expandable() {
                 // Plain segments unlinked here would be freed only after the mapping below, too
                 // late to help it; there are none: with expandable segments the pool never takes
@@ -1092,6 +1088,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 let grown = expandable::grow(up, &mut segs, guards[ti].set(req.kind), ti, req, reservation);
                 drop(segs);
                 drop((guards, st));
+                Self::log_released(&released);
                 self.give_back(unlinked);
                 match grown? {
                     expandable::Grown::Block(addr, seg) => found = Some((addr, seg, req.kind)),
@@ -1102,6 +1099,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 }
             } else {
                 drop((guards, st));
+                Self::log_released(&released);
                 self.give_back(unlinked);
                 let seen = self.returning.finished();
                 let mut grown = self.grow(req.kind, req.need, true)?;
@@ -1140,6 +1138,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 reserved_address_space: segs.expandable.segs.values().map(|e| e.len).sum(),
                 mapped: segs.expandable.mapped(),
             };
+            // Logged with the lock let go, as below: a subscriber may read the pool's stats.
+            drop(segs);
             tracing::warn!(%err, "caching pool out of address space");
             return Err(err);
         }
@@ -1150,6 +1150,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             free_cached: segs.reserved.saturating_sub(allocated),
             largest_free_block: largest,
         };
+        drop(segs);
         tracing::warn!(%err, "caching pool out of memory");
         Err(err)
     }
@@ -1228,6 +1229,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             report.released_segments += r.released_segments;
             report.released_bytes += r.released_bytes;
         }
+        (report, unlinked)
+    }
+
+    /// Logs what a [`release`](Self::release) took out. Call with no lock of the pool held (a
+    /// subscriber may read the pool's stats, which take them) and before
+    /// [`give_back`](Self::give_back), with the segments still in their [`InFlight`]: a subscriber
+    /// that panics here leaves them to its drop, which settles them.
+    fn log_released(report: &TrimReport) {
         if report.released_segments > 0 {
             tracing::debug!(
                 released_bytes = report.released_bytes,
@@ -1235,7 +1244,6 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 "segments released"
             );
         }
-        (report, unlinked)
     }
 
     /// Returns segments [`release`](Self::release) took out to the upstream. Call with no lock

@@ -11,6 +11,8 @@
 //! A free that panics leaks its segment: a ladder waiting for it must not ask the upstream again.
 //! A ladder waits only for the frees in flight when it starts waiting: one that started later and
 //! is held until the ladder returns must not keep it waiting (here with no bound at all).
+//! With `oom_free_wait` zero a ladder does not wait, and logs no wait. Release and out-of-memory
+//! events are logged with the pool's locks let go (a subscriber may read its stats).
 
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, OnceLock, Weak};
@@ -187,18 +189,22 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
         std::thread::spawn(move || {
             use tracing_subscriber::layer::SubscriberExt;
             let reader = pool.clone();
+            let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = fired.clone();
             let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
                 if m.contains("still in flight") {
                     let _ = reader.stats();
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
             }));
             let r = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
-            tx.send(r.map(|b| b.addr())).unwrap()
+            tx.send((r.map(|b| b.addr()), fired.load(std::sync::atomic::Ordering::SeqCst))).unwrap()
         })
     };
     let result = rx.recv_timeout(Duration::from_secs(20));
     pool.upstream().let_go();
-    let result = result.expect("the allocation was still waiting for a free that waits for it");
+    let (result, fired) = result.expect("the allocation was still waiting for a free that waits for it");
+    assert!(fired, "the ladder never logged that it gave up waiting");
     assert!(
         matches!(result, Err(PoolError::OutOfMemory { requested, .. }) if requested == 22 << 20),
         "{result:?}"
@@ -212,6 +218,48 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
     pool.trim().unwrap();
     assert_eq!(pool.upstream().host.live_bytes(), 0);
     assert!(pool.upstream().host.violations().is_empty());
+}
+
+/// `oom_free_wait: Duration::ZERO` is no waiting: a ladder with a free in flight reports out of
+/// memory at once, and logs no wait it does not make.
+#[test]
+fn a_ladder_with_a_zero_free_wait_does_not_wait() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let pool = Arc::new(CachingPool::new(
+        HeldUpstream { host: HostUpstream::new(24 << 20), gate: Mutex::default(), changed: Condvar::new() },
+        HostOrdering::new(),
+        PoolConfig { oom_free_wait: Duration::ZERO, ..PoolConfig::default() },
+    ));
+    let big = pool.allocate(4 << 20, 512, 1).unwrap();
+    pool.deallocate(big, 1).unwrap();
+    let trimmer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.trim().unwrap())
+    };
+    {
+        let mut gate = pool.upstream().gate.lock();
+        while !gate.0 {
+            pool.upstream().changed.wait(&mut gate);
+        }
+    }
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let seen = waits.clone();
+    let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+        if m.contains("waiting for segment frees") || m.contains("still in flight") {
+            seen.lock().push(m.to_string());
+        }
+    }));
+    let result = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
+    pool.upstream().let_go();
+    assert!(
+        matches!(result, Err(PoolError::OutOfMemory { requested, .. }) if requested == 22 << 20),
+        "{result:?}"
+    );
+    assert_eq!(trimmer.join().unwrap().released_bytes, 20 << 20);
+    assert!(waits.lock().is_empty(), "a ladder that does not wait logged waits: {:?}", waits.lock());
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().host.live_bytes(), 0);
 }
 
 /// A tracing layer that panics on the pool's "segments released" event (the release has taken
@@ -282,6 +330,65 @@ fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
     pool.validate().unwrap();
 }
 
+/// The pool's release and out-of-memory events are logged with its locks let go: a subscriber that
+/// reads the pool's stats on them (which take those locks) must not deadlock. Under a bound, since
+/// a deadlock hangs rather than fails.
+#[test]
+fn a_subscriber_that_reads_stats_on_release_and_oom_events_does_not_deadlock() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let config = PoolConfig { release_threshold: 0, ..PoolConfig::default() };
+    let pool = Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), config));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let reader = pool.clone();
+            let seen = Arc::new(Mutex::new((0u32, 0u32)));
+            let counts = seen.clone();
+            let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+                if m.contains("segments released") {
+                    let _ = reader.stats();
+                    counts.lock().0 += 1;
+                } else if m.contains("caching pool out of memory") {
+                    let _ = reader.stats();
+                    counts.lock().1 += 1;
+                }
+            }));
+            tracing::subscriber::with_default(subscriber, || {
+                // Released by `trim`, by `synchronize` (threshold 0), then by a ladder (22 MiB
+                // fits only without the cached 20 MiB segment), which then fails once more.
+                let b = pool.allocate(4 << 20, 512, 1).unwrap();
+                pool.deallocate(b, 1).unwrap();
+                assert_eq!(pool.trim().unwrap().released_bytes, 20 << 20);
+                let b = pool.allocate(4 << 20, 512, 1).unwrap();
+                pool.deallocate(b, 1).unwrap();
+                assert_eq!(pool.synchronize().unwrap().released_bytes, 20 << 20);
+                let b = pool.allocate(4 << 20, 512, 1).unwrap();
+                pool.deallocate(b, 1).unwrap();
+                let larger = pool.allocate(22 << 20, 512, 2).unwrap();
+                let err = pool.allocate(22 << 20, 512, 2).unwrap_err();
+                assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err:?}");
+                pool.deallocate(larger, 2).unwrap();
+            });
+            tx.send(*seen.lock()).unwrap()
+        })
+    };
+    let seen = match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(seen) => seen,
+        Err(RecvTimeoutError::Timeout) => {
+            panic!("deadlocked: an event was logged with the pool's locks held")
+        }
+        Err(RecvTimeoutError::Disconnected) => panic!("the worker panicked (see above)"),
+    };
+    worker.join().unwrap();
+    assert_eq!(seen, (3, 1), "(segments released, out of memory) events seen");
+    assert_eq!(pool.stats().oom_ladders, 2);
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().live_bytes(), 0);
+    assert!(pool.upstream().violations().is_empty());
+}
+
 const CHILD: &str = "CUMEM_TEST_LADDER_PANIC_CHILD";
 
 /// The child's half of the next test: a release that panics under a subscriber that also panics
@@ -317,10 +424,16 @@ fn a_release_that_panics_does_not_abort_the_process_under_a_subscriber_that_pani
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "panicking_release_child", "--test-threads=1"])
         .env(CHILD, "1")
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    // Read on a thread of its own: a child blocked on a full pipe would never exit.
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut out).map(|_| out)
+    });
     let start = std::time::Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -334,6 +447,9 @@ fn a_release_that_panics_does_not_abort_the_process_under_a_subscriber_that_pani
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "the child failed (a panic while unwinding aborts): {status:?}");
+    // A filter that matches nothing runs no test and succeeds too.
+    let out = reader.join().unwrap().unwrap();
+    assert!(out.contains("1 passed"), "the child did not run exactly its one test:\n{out}");
 }
 
 /// A host upstream whose first free panics once a ladder's growth has failed (the segment is
@@ -385,7 +501,10 @@ fn a_ladder_does_not_retry_for_a_free_that_panicked() {
             changed: Condvar::new(),
             ladder_allocations: Default::default(),
         };
-        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), PoolConfig::default()));
+        // No bound: with one, a free that panics only after it would go undetected (the ladder
+        // would give up first). The free always ends (it panics).
+        let config = PoolConfig { oom_free_wait: Duration::MAX, ..PoolConfig::default() };
+        let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
         pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
         let big = pool.allocate(4 << 20, 512, 1).unwrap();
         pool.deallocate(big, 1).unwrap();

@@ -512,7 +512,9 @@ impl<T> UnifiedBuffer<T> {
     /// device), and for memory attached to a stream that whole stream, twice (other scoped
     /// accesses of the buffer wait meanwhile). Work queued on them that waits on the host for
     /// something the calling thread holds never ends. Dropping a buffer whose restore failed
-    /// (stranded) waits for the attached stream first, and leaks the memory with a warning if that
+    /// (stranded) first waits for the buffer's device work (as every drop does), then for the
+    /// stream the attachments were queued on (the attached stream; otherwise, for memory attached
+    /// globally or to the host, the buffer's private visit stream), and leaks the memory with a warning if either
     /// wait fails.
     pub fn with_host_slice<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         if self.host_access_needs_host_attachment() {

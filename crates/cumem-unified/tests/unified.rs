@@ -977,11 +977,17 @@ fn a_stranded_buffer_whose_wait_fails_is_leaked_not_freed(#[values(false, true)]
     };
     let data = pattern(1024);
     let (stranded, twin) = (attached(&stream, &data, single), attached(&stream, &data, single));
-    let ptr = stranded.device_ptr();
+    let control = attached(&stream, &data, single);
+    let (ptr, control_ptr) = (stranded.device_ptr(), control.device_ptr());
     strand_by_failed_restore_wait(&ctl, &stranded);
+    strand_by_failed_restore_wait(&ctl, &control);
     assert_eq!(twin.to_vec().unwrap(), data);
     let ((), _, twin_syncs) = counted(&ctl, || drop(twin));
-    // The stranded drop makes one more wait than its twin's, the last: the visit stream's.
+    // The stranded drop makes one more wait than its twin's, the last: the visit stream's (so
+    // that the failure injected below hits that wait, as a fault-free stranded drop shows).
+    let ((), _, control_syncs) = counted(&ctl, || drop(control));
+    assert_eq!(control_syncs, twin_syncs + 1, "a stranded drop waits once more, for the visit stream");
+    assert!(!ctl.live_report().contains_ptr(control_ptr), "a fault-free stranded drop leaked");
     let rule = fail_once(&ctl, "cuStreamSynchronize", twin_syncs + 1);
     drop(stranded);
     ctl.remove_fault(rule);
