@@ -360,6 +360,67 @@ pub(crate) mod tests {
         Exported { stream, buf, export, imported }
     }
 
+    /// Exports of `held_data` on device 0 and of `other_data` from another pool (on device 1 when
+    /// there is one; a test holds the import or free of `held`'s pointer, which device 0 would
+    /// show the same).
+    fn held_and_other(held_data: &[u32], other_data: &[u32]) -> (Exported, Exported) {
+        (exported(0, held_data), exported(if Device::count().unwrap() > 1 { 1 } else { 0 }, other_data))
+    }
+
+    /// Imports, reads and drops `other`'s pointer on a thread of `scope` while `hold` holds
+    /// another thread, then opens `hold` (in every case, so that a waiting import finishes and
+    /// the scope ends): the read, or why it did not come while held.
+    fn other_import_while_held<'scope>(
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        other: &'scope Exported,
+        hold: Hold,
+    ) -> Result<cumem_core::Result<Vec<u32>>, String> {
+        let (done_tx, done) = channel();
+        scope.spawn(move || {
+            // SAFETY: `other.buf` outlives the import (dropped at once); its fill completed above
+            // and nothing writes it.
+            let import = unsafe { other.imported.import_pointer::<u32>(&other.export, &other.stream) };
+            let read = import.and_then(|import| import.as_slice().to_vec());
+            let _ = done_tx.send(read);
+        });
+        let answered = answer_while_held(&done, &hold);
+        drop(hold);
+        answered
+    }
+
+    /// Bytes that name `export`'s allocation but differ from it (the last of the driver's 64 bytes
+    /// flipped: an H100 mapped them at the live import's address, 2026-11-23; the simulator does
+    /// too).
+    fn same_allocation_as(export: &PoolPointerExport) -> PoolPointerExport {
+        let mut wire = export.to_bytes();
+        wire[8 + 63] ^= 0xFF;
+        PoolPointerExport::from_bytes(&wire).unwrap()
+    }
+
+    /// `import` is a mapping of its own of the exporter's `buf`, which holds `data`: it reads
+    /// `data`, and what it writes (then drops it) the exporter reads.
+    #[track_caller]
+    fn assert_reads_and_writes_the_exporters_bytes(
+        mut import: crate::ImportedBuffer<u32>,
+        buf: &DeviceBuffer<u32>,
+        data: &[u32],
+    ) {
+        assert_eq!(import.as_slice().to_vec().unwrap(), data, "a mapping of its own");
+        let ones = vec![1u32; data.len()];
+        cumem_copy::copy_h2d(&ones, &mut import.as_mut_slice()).unwrap();
+        drop(import);
+        assert_eq!(buf.to_vec().unwrap(), ones, "the import wrote the exporter's bytes");
+    }
+
+    /// Runs `test` with the simulator's violation log cleared, then checks that every import it
+    /// made was freed once and that the live report is clean.
+    fn checked(test: impl FnOnce()) {
+        init_with_no_violations();
+        test();
+        assert_every_import_freed_once();
+        assert_clean_report();
+    }
+
     fn init_with_no_violations() {
         testing::init();
         if let Some(ctl) = testing::sim_control() {
@@ -395,12 +456,10 @@ pub(crate) mod tests {
     #[test]
     #[serial]
     fn a_held_pool_pointer_free_does_not_hold_up_other_imports_and_drops() {
-        init_with_no_violations();
-        {
+        checked(|| {
             let held_data: Vec<u32> = (0..1024).map(|i| i * 3 + 1).collect();
             let other_data: Vec<u32> = (0..2048).map(|i| i ^ 0x3C3C).collect();
-            let held = exported(0, &held_data);
-            let other = exported(if Device::count().unwrap() > 1 { 1 } else { 0 }, &other_data);
+            let (held, other) = held_and_other(&held_data, &other_data);
             // SAFETY: `held.buf` outlives the import (dropped after it below); its fill completed
             // above and nothing writes it while the import lives.
             let import = unsafe { held.imported.import_pointer::<u32>(&held.export, &held.stream) }.unwrap();
@@ -412,29 +471,14 @@ pub(crate) mod tests {
                     drop(import);
                 });
                 hold.arrived.recv_timeout(PATIENCE).expect("the drop reached its free");
-                let (done_tx, done) = channel();
-                let other = &other;
-                scope.spawn(move || {
-                    // SAFETY: `other.buf` outlives the import (dropped at once); its fill completed
-                    // above and nothing writes it.
-                    let import =
-                        unsafe { other.imported.import_pointer::<u32>(&other.export, &other.stream) };
-                    let read = import.and_then(|import| import.as_slice().to_vec());
-                    let _ = done_tx.send(read);
-                });
-                let answered = answer_while_held(&done, &hold);
-                // Opened in every case, so that a waiting import finishes and the scope ends.
-                drop(hold);
-                answered
+                other_import_while_held(scope, &other, hold)
             });
             let read = answered
                 .unwrap_or_else(|why| panic!("another pool's import and drop, with a free held: {why}"));
             assert_eq!(read.unwrap(), other_data);
             drop(other);
             drop(held);
-            assert_every_import_freed_once();
-        }
-        assert_clean_report();
+        });
     }
 
     /// While thread A's drop of an import holds its free, another thread imports bytes that name
@@ -449,14 +493,11 @@ pub(crate) mod tests {
     #[test]
     #[serial]
     fn an_import_answered_with_an_address_being_freed_imports_again() {
-        init_with_no_violations();
-        {
+        checked(|| {
             let data: Vec<u32> = (0..4096).map(|i| i * 7 + 5).collect();
             let Exported { stream, buf, export, imported } = exported(0, &data);
             let imported = Arc::new(imported);
-            let mut wire = export.to_bytes();
-            wire[8 + 63] ^= 0xFF;
-            let same_allocation = PoolPointerExport::from_bytes(&wire).unwrap();
+            let same_allocation = same_allocation_as(&export);
             // SAFETY: `buf` outlives every import (dropped after them); its fill completed above,
             // and it is read only after the second import's write has completed (`to_vec` waits).
             let first = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
@@ -515,17 +556,10 @@ pub(crate) mod tests {
                 );
                 std::thread::sleep(Duration::from_millis(1));
             }
-            let mut second = second.join().unwrap().unwrap();
-            assert_eq!(second.as_slice().to_vec().unwrap(), data, "a mapping of its own");
-            let ones = vec![1u32; data.len()];
-            cumem_copy::copy_h2d(&ones, &mut second.as_mut_slice()).unwrap();
-            drop(second);
-            assert_eq!(buf.to_vec().unwrap(), ones, "the import wrote the exporter's bytes");
+            assert_reads_and_writes_the_exporters_bytes(second.join().unwrap().unwrap(), &buf, &data);
             drop(imported);
             drop(buf);
-            assert_every_import_freed_once();
-        }
-        assert_clean_report();
+        });
     }
 
     /// Another thread's import of bytes that name a live import's allocation (the last byte
@@ -538,13 +572,10 @@ pub(crate) mod tests {
     #[test]
     #[serial]
     fn an_import_answered_before_a_free_returns_imports_again() {
-        init_with_no_violations();
-        {
+        checked(|| {
             let data: Vec<u32> = (0..4096).map(|i| i * 11 + 3).collect();
             let Exported { stream, buf, export, imported } = exported(0, &data);
-            let mut wire = export.to_bytes();
-            wire[8 + 63] ^= 0xFF;
-            let same_allocation = PoolPointerExport::from_bytes(&wire).unwrap();
+            let same_allocation = same_allocation_as(&export);
             // SAFETY: `buf` outlives both imports (dropped after them); its fill completed above,
             // and it is read only after the second import's write has completed (`to_vec` waits).
             let first = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
@@ -564,21 +595,14 @@ pub(crate) mod tests {
                 reached.expect("the import reached its claim");
                 second.join().unwrap()
             });
-            let mut second = second.unwrap();
-            assert_eq!(second.as_slice().to_vec().unwrap(), data, "a mapping of its own");
-            let ones = vec![1u32; data.len()];
-            cumem_copy::copy_h2d(&ones, &mut second.as_mut_slice()).unwrap();
-            drop(second);
-            assert_eq!(buf.to_vec().unwrap(), ones, "the import wrote the exporter's bytes");
+            assert_reads_and_writes_the_exporters_bytes(second.unwrap(), &buf, &data);
             drop(imported);
             drop(buf);
-            assert_every_import_freed_once();
             assert!(
                 FREED_IN_WINDOW.load(Ordering::SeqCst) > again_before,
                 "the import claimed the address {freed_at:#x} freed under its answer"
             );
-        }
-        assert_clean_report();
+        });
     }
 
     /// An import held between the driver's answer and its claim (where one whose
@@ -587,12 +611,10 @@ pub(crate) mod tests {
     #[test]
     #[serial]
     fn an_import_in_flight_does_not_hold_up_other_imports_and_drops() {
-        init_with_no_violations();
-        {
+        checked(|| {
             let held_data: Vec<u32> = (0..1024).map(|i| i * 13 + 1).collect();
             let other_data: Vec<u32> = (0..2048).map(|i| i ^ 0x5A5A).collect();
-            let held = exported(0, &held_data);
-            let other = exported(if Device::count().unwrap() > 1 { 1 } else { 0 }, &other_data);
+            let (held, other) = held_and_other(&held_data, &other_data);
             let (hold, step) = hold();
             let (answered, slow) = std::thread::scope(|scope| {
                 let held = &held;
@@ -604,19 +626,7 @@ pub(crate) mod tests {
                     import.and_then(|import| import.as_slice().to_vec())
                 });
                 let reached = hold.arrived.recv_timeout(PATIENCE);
-                let (done_tx, done) = channel();
-                let other = &other;
-                scope.spawn(move || {
-                    // SAFETY: `other.buf` outlives the import (dropped at once); its fill completed
-                    // above and nothing writes it.
-                    let import =
-                        unsafe { other.imported.import_pointer::<u32>(&other.export, &other.stream) };
-                    let read = import.and_then(|import| import.as_slice().to_vec());
-                    let _ = done_tx.send(read);
-                });
-                let answered = answer_while_held(&done, &hold);
-                // Opened in every case, so that a waiting import finishes and the scope ends.
-                drop(hold);
+                let answered = other_import_while_held(scope, &other, hold);
                 reached.expect("the import reached its claim");
                 (answered, slow.join().unwrap())
             });
@@ -626,9 +636,7 @@ pub(crate) mod tests {
             assert_eq!(slow.unwrap(), held_data, "the held import completed");
             drop(other);
             drop(held);
-            assert_every_import_freed_once();
-        }
-        assert_clean_report();
+        });
     }
 
     /// An import that panics after claiming the export's bytes (here in a hook, once the driver
@@ -638,8 +646,7 @@ pub(crate) mod tests {
     #[test]
     #[serial]
     fn a_panicking_import_releases_the_export_bytes() {
-        init_with_no_violations();
-        {
+        checked(|| {
             let data: Vec<u32> = (0..1024).map(|i| i * 17 + 9).collect();
             let Exported { stream, buf, export, imported } = exported(0, &data);
             AFTER_ANSWER
@@ -657,8 +664,6 @@ pub(crate) mod tests {
             drop(again);
             drop(imported);
             drop(buf);
-            assert_every_import_freed_once();
-        }
-        assert_clean_report();
+        });
     }
 }

@@ -407,6 +407,41 @@ fn a_pool_imported_for_a_device_without_access_is_wrong_device() {
     assert_clean_report();
 }
 
+/// Fails the next `cuStreamSynchronize` on this thread once, with `CUDA_ERROR_LAUNCH_FAILED`: the
+/// wait of an import's drop.
+fn fail_the_next_sync(ctl: &cumem_sys::sim_control::Control) -> cumem_sys::sim_control::FaultId {
+    ctl.inject_fault(FaultRule {
+        function: "cuStreamSynchronize".into(),
+        nth: 1,
+        code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        times: 1,
+        this_thread_only: true,
+    })
+}
+
+/// The import at `ptr` is leaked, and its imported pool `raw_pool` is still live (`why` not).
+#[track_caller]
+fn assert_leaked_with_its_pool(
+    ctl: &cumem_sys::sim_control::Control,
+    ptr: u64,
+    raw_pool: sys::CUmemoryPool,
+    why: &str,
+) {
+    let report = ctl.live_report();
+    assert!(report.contains_ptr(ptr), "the import is leaked:\n{report}");
+    assert!(report.pools.iter().any(|p| p.handle == raw_pool as u64 && p.imported), "{why}:\n{report}");
+}
+
+/// Frees by hand, in `ctx`, the leaked import at `ptr` and then its imported pool `raw_pool`: what
+/// the process would leak until exit, ended so that the report ends clean.
+fn free_the_leaked(ctx: &Context, ptr: u64, raw_pool: sys::CUmemoryPool) {
+    ctx.bind().unwrap();
+    // SAFETY: the leaked import's address, freed once; nothing uses it any more.
+    assert_eq!(unsafe { sys::cuMemFree_v2(ptr) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: the leaked pool handle, destroyed once, after its only import.
+    assert_eq!(unsafe { sys::cuMemPoolDestroy(raw_pool) }, CUresult::CUDA_SUCCESS);
+}
+
 /// An import whose drop cannot wait for its work is leaked, and its imported pool with it: the
 /// pool is not destroyed under the live import.
 #[test]
@@ -424,27 +459,11 @@ fn a_leaked_import_keeps_its_imported_pool() {
         let ptr = import.device_ptr();
         assert_eq!(import.as_slice().to_vec().unwrap(), vec![0; 1024]);
         drop(imported);
-        let rule = ctl.inject_fault(FaultRule {
-            function: "cuStreamSynchronize".into(),
-            nth: 1,
-            code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
-            times: 1,
-            this_thread_only: true,
-        });
+        let rule = fail_the_next_sync(&ctl);
         drop(import);
         ctl.remove_fault(rule);
-        let report = ctl.live_report();
-        assert!(report.contains_ptr(ptr), "the import is leaked:\n{report}");
-        assert!(
-            report.pools.iter().any(|p| p.handle == raw_pool as u64 && p.imported),
-            "its imported pool is not destroyed:\n{report}"
-        );
-        // What the process would leak until exit, ended by hand so the report ends clean.
-        ctx.bind().unwrap();
-        // SAFETY: the leaked import's address, freed once; nothing uses it any more.
-        assert_eq!(unsafe { sys::cuMemFree_v2(ptr) }, CUresult::CUDA_SUCCESS);
-        // SAFETY: the leaked pool handle, destroyed once, after its only import.
-        assert_eq!(unsafe { sys::cuMemPoolDestroy(raw_pool) }, CUresult::CUDA_SUCCESS);
+        assert_leaked_with_its_pool(&ctl, ptr, raw_pool, "its imported pool is not destroyed");
+        free_the_leaked(&ctx, ptr, raw_pool);
         drop(buf);
     }
     assert_clean_report();
@@ -478,32 +497,16 @@ fn a_leaked_import_keeps_its_imported_pool_under_a_subscriber_that_panics() {
         let import = unsafe { imported.import_pointer::<u32>(&export, &stream) }.unwrap();
         let ptr = import.device_ptr();
         drop(imported);
-        let rule = ctl.inject_fault(FaultRule {
-            function: "cuStreamSynchronize".into(),
-            nth: 1,
-            code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
-            times: 1,
-            this_thread_only: true,
-        });
+        let rule = fail_the_next_sync(&ctl);
         let subscriber = tracing_subscriber::registry().with(PanicOnWarn);
         let dropped = tracing::subscriber::with_default(subscriber, || {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(import)))
         });
         ctl.remove_fault(rule);
         assert!(dropped.is_err(), "the subscriber was to panic on the drop's warning");
-        let report = ctl.live_report();
-        assert!(report.contains_ptr(ptr), "the import is leaked:\n{report}");
-        assert!(
-            report.pools.iter().any(|p| p.handle == raw_pool as u64 && p.imported),
-            "its imported pool was destroyed under it:\n{report}"
-        );
+        assert_leaked_with_its_pool(&ctl, ptr, raw_pool, "its imported pool was destroyed under it");
         assert_no_refused_destroys_or_frees();
-        // What the process would leak until exit, ended by hand so the report ends clean.
-        ctx.bind().unwrap();
-        // SAFETY: the leaked import's address, freed once; nothing uses it any more.
-        assert_eq!(unsafe { sys::cuMemFree_v2(ptr) }, CUresult::CUDA_SUCCESS);
-        // SAFETY: the leaked pool handle, destroyed once, after its only import.
-        assert_eq!(unsafe { sys::cuMemPoolDestroy(raw_pool) }, CUresult::CUDA_SUCCESS);
+        free_the_leaked(&ctx, ptr, raw_pool);
         drop(buf);
     }
     assert_clean_report();

@@ -35,6 +35,14 @@ struct Gate {
     ladder_failed: bool,
 }
 
+/// Waits on `changed` until `done` holds for what `mutex` guards.
+fn wait_until<T>(mutex: &Mutex<T>, changed: &Condvar, done: impl Fn(&T) -> bool) {
+    let mut guard = mutex.lock();
+    while !done(&guard) {
+        changed.wait(&mut guard);
+    }
+}
+
 /// A host upstream whose first free waits until a ladder's growth has failed.
 struct GatedUpstream {
     host: HostUpstream,
@@ -93,12 +101,7 @@ fn a_ladder_waits_for_memory_another_thread_is_returning() {
             let pool = pool.clone();
             std::thread::spawn(move || pool.trim().unwrap())
         };
-        {
-            let mut gate = pool.upstream().gate.lock();
-            while !gate.freeing {
-                pool.upstream().changed.wait(&mut gate);
-            }
-        }
+        wait_until(&pool.upstream().gate, &pool.upstream().changed, |gate| gate.freeing);
         // The segment is out of the books but not back with the upstream yet.
         let stats = pool.stats();
         assert_eq!((stats.reserved_bytes, stats.returning_bytes), (0, 20 << 20));
@@ -305,8 +308,11 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnRelease {
     }
 }
 
-#[test]
-fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
+/// A 24 MiB host pool caching a 20 MiB segment (a 4 MiB block allocated and freed), trimmed on
+/// another thread under [`PanicOnRelease`] (`on_warn`): the trim panics, and the segment left the
+/// books and never reached the upstream (leaked), so nothing is on its way back (a free counted as
+/// in flight forever would make every later ladder wait for it).
+fn after_a_panicking_trim(on_warn: bool) -> Arc<CachingPool<HostUpstream, HostOrdering>> {
     use tracing_subscriber::layer::SubscriberExt;
     let pool =
         Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), PoolConfig::default()));
@@ -315,14 +321,18 @@ fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
     let trimmer = {
         let pool = pool.clone();
         std::thread::spawn(move || {
-            let subscriber = tracing_subscriber::registry().with(PanicOnRelease { on_warn: false });
+            let subscriber = tracing_subscriber::registry().with(PanicOnRelease { on_warn });
             tracing::subscriber::with_default(subscriber, || pool.trim())
         })
     };
     assert!(trimmer.join().is_err(), "the trim was to panic");
-    // The segment left the books and never reached the upstream (leaked): nothing is on its way
-    // back (a free counted as in flight forever would make every later ladder wait for it).
     assert_eq!(pool.stats().returning_bytes, 0, "a free that was never made is still counted in flight");
+    pool
+}
+
+#[test]
+fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
+    let pool = after_a_panicking_trim(false);
     let err = pool.allocate(22 << 20, 512, 2).unwrap_err();
     assert!(matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 22 << 20), "{err:?}");
     assert_eq!(pool.stats().reserved_bytes, 0);
@@ -395,23 +405,10 @@ const CHILD: &str = "CUMEM_TEST_LADDER_PANIC_CHILD";
 /// on every warning.
 #[test]
 fn panicking_release_child() {
-    use tracing_subscriber::layer::SubscriberExt;
     if std::env::var_os(CHILD).is_none() {
         return;
     }
-    let pool =
-        Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), PoolConfig::default()));
-    let big = pool.allocate(4 << 20, 512, 1).unwrap();
-    pool.deallocate(big, 1).unwrap();
-    let trimmer = {
-        let pool = pool.clone();
-        std::thread::spawn(move || {
-            let subscriber = tracing_subscriber::registry().with(PanicOnRelease { on_warn: true });
-            tracing::subscriber::with_default(subscriber, || pool.trim())
-        })
-    };
-    assert!(trimmer.join().is_err(), "the trim was to panic");
-    assert_eq!(pool.stats().returning_bytes, 0, "a free that was never made is still counted in flight");
+    after_a_panicking_trim(true);
 }
 
 /// What the pool does while a panic unwinds through a release must not panic again (that aborts
@@ -478,12 +475,9 @@ impl Upstream for PanickingFreeUpstream {
         r
     }
     fn deallocate(&self, _: u64, _: usize) {
-        let mut gate = self.gate.lock();
-        gate.freeing = true;
+        self.gate.lock().freeing = true;
         self.changed.notify_all();
-        while !gate.ladder_failed {
-            self.changed.wait(&mut gate);
-        }
+        wait_until(&self.gate, &self.changed, |gate| gate.ladder_failed);
         panic!("the upstream's free panics");
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
@@ -512,12 +506,7 @@ fn a_ladder_does_not_retry_for_a_free_that_panicked() {
             let pool = pool.clone();
             std::thread::spawn(move || pool.trim())
         };
-        {
-            let mut gate = pool.upstream().gate.lock();
-            while !gate.freeing {
-                pool.upstream().changed.wait(&mut gate);
-            }
-        }
+        wait_until(&pool.upstream().gate, &pool.upstream().changed, |gate| gate.freeing);
         let err = pool.allocate(22 << 20, 512, 2).unwrap_err();
         assert!(matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 22 << 20), "{err:?}");
         assert!(trimmer.join().is_err(), "the trim was to panic");

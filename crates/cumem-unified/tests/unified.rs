@@ -4,7 +4,7 @@
 use cumem_copy::StreamCopy;
 use cumem_core::sys::CUresult;
 use cumem_core::{Context, Device, DeviceBuffer, Error, Feature, Stream};
-use cumem_sys::sim_control::FaultRule;
+use cumem_sys::sim_control::{Control, FaultRule};
 use cumem_sys::testing;
 use cumem_sys::testing::Gate;
 use cumem_unified::{Advice, Attach, Location, MigrationPolicy, PrefetchPlan, UnifiedBuffer};
@@ -499,10 +499,81 @@ const SINGLE: u32 = 4;
 const NEEDS_NOT_CONCURRENT: &str =
     "needs a managed-memory device without concurrent access (the simulator's device 2)";
 
-/// A managed-memory device without concurrent access (the simulator's device 2), and a stream on it.
+/// A managed-memory device without concurrent access (the simulator's device 2), and a stream on it;
+/// `None` (the test skipped) where there is none.
 fn not_concurrent() -> Option<(Device, Stream)> {
-    let (device, ctx) = device_where(|c| c.managed_memory && !c.concurrent_managed_access)?;
+    let Some((device, ctx)) = device_where(|c| c.managed_memory && !c.concurrent_managed_access) else {
+        testing::skip(NEEDS_NOT_CONCURRENT);
+        return None;
+    };
     Some((device, Stream::non_blocking(&ctx).unwrap()))
+}
+
+/// [`not_concurrent`] and the simulator's control, for the tests that read the simulator's records
+/// or inject faults; `None` (the test skipped, saying `why` it needs the simulator) where either is
+/// missing.
+fn not_concurrent_on_sim(why: &str) -> Option<(Device, Stream, Control)> {
+    let (device, stream) = not_concurrent()?;
+    let Some(ctl) = testing::sim_control() else {
+        testing::skip(why);
+        return None;
+    };
+    Some((device, stream, ctl))
+}
+
+/// What most tests of a device without concurrent managed access start from.
+struct Setup {
+    device: Device,
+    stream: Stream,
+    ctl: Control,
+    /// What `buf` holds.
+    data: Vec<u32>,
+    /// 1024 values attached globally, or (`single`) to `stream`.
+    buf: UnifiedBuffer<u32>,
+    /// `buf`'s address.
+    ptr: u64,
+    /// `buf`'s `CU_MEM_ATTACH_*` flags.
+    original: u32,
+    /// Where device work copies `buf` to.
+    dst: DeviceBuffer<u32>,
+}
+
+/// The [`Setup`] of a test that needs the simulator (`why`); `None` where the test is skipped.
+fn setup(single: bool, why: &str) -> Option<Setup> {
+    let (device, stream, ctl) = not_concurrent_on_sim(why)?;
+    let data = pattern(1024);
+    let buf = attached(&stream, &data, single);
+    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
+    let dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
+    Some(Setup { device, stream, ctl, data, buf, ptr, original, dst })
+}
+
+const INJECTS: &str = "injects driver failures: simulator only";
+
+/// Device work that reads `buf` on `stream` (into `dst`) is refused on `device`.
+#[track_caller]
+fn assert_device_reads_refused(
+    device: Device,
+    stream: &Stream,
+    buf: &UnifiedBuffer<u32>,
+    dst: &mut DeviceBuffer<u32>,
+    why: &str,
+) {
+    let queued = stream.copy_d2d(&buf.as_device_slice(), dst);
+    assert!(queued.is_err_and(refused_on(device)), "{why}");
+}
+
+/// Device work that reads `buf` on `stream` goes on: `dst` receives `data`.
+#[track_caller]
+fn assert_device_reads_go_on(
+    stream: &Stream,
+    buf: &UnifiedBuffer<u32>,
+    dst: &mut DeviceBuffer<u32>,
+    data: &[u32],
+    why: &str,
+) {
+    stream.copy_d2d(&buf.as_device_slice(), dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data, "{why}");
 }
 
 /// A buffer of `data` attached globally, or (`single`) to `stream`.
@@ -527,7 +598,7 @@ fn flags_of(attach: &Attach) -> u32 {
 /// stream of its latest `cuStreamAttachMemAsync`, recorded when it was called (not when it took
 /// effect: the fault tests show the waits). (The real driver reports no
 /// attachment: no pointer or range attribute names it.)
-fn attachment_in_sim(ctl: &cumem_sys::sim_control::Control, ptr: u64) -> (u32, Option<u64>) {
+fn attachment_in_sim(ctl: &Control, ptr: u64) -> (u32, Option<u64>) {
     let live = ctl.live_report();
     let alloc = live.allocations.iter().find(|a| a.ptr == ptr).expect("a live managed allocation");
     (alloc.attach.expect("managed allocations report their attachment"), alloc.attach_stream)
@@ -557,9 +628,7 @@ fn meet(count: &std::sync::atomic::AtomicUsize, n: usize) {
 #[rstest]
 #[parallel]
 fn scoped_host_access_attaches_to_the_host_and_back(#[values(false, true)] single: bool) {
-    let Some((device, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
-    };
+    let Some((device, stream)) = not_concurrent() else { return };
     let sim = testing::sim_control();
     let data = pattern(4096);
     let other: Vec<u32> = data.iter().map(|v| !v).collect();
@@ -612,11 +681,8 @@ fn scoped_host_access_attaches_to_the_host_and_back(#[values(false, true)] singl
 #[parallel]
 fn concurrent_scoped_readers_attach_once_and_restore_once(#[values(false, true)] single: bool) {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    let Some((device, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
-    };
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("counts driver calls: simulator only");
+    let Some((device, stream, ctl)) = not_concurrent_on_sim("counts driver calls: simulator only") else {
+        return;
     };
     let data = pattern(2048);
     let buf = attached(&stream, &data, single);
@@ -675,19 +741,13 @@ fn concurrent_scoped_readers_attach_once_and_restore_once(#[values(false, true)]
 #[parallel]
 fn a_panicking_scoped_access_restores_the_attachment(#[values(false, true)] single: bool) {
     use std::panic::{AssertUnwindSafe, catch_unwind};
-    let Some((_, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
+    let why = "reads the simulator's record of the attachment: simulator only";
+    let Some(Setup { stream, ctl, data, mut buf, ptr, original, mut dst, .. }) = setup(single, why) else {
+        return;
     };
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("reads the simulator's record of the attachment: simulator only");
-    };
-    let data = pattern(1024);
-    let mut buf = attached(&stream, &data, single);
-    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
     let read = catch_unwind(AssertUnwindSafe(|| buf.with_host_slice(|_| panic!("a reader panics"))));
     assert!(read.is_err());
     assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "restored by the unwinding reader");
-    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
     stream.copy_d2d(&buf, &mut dst).unwrap();
     assert_eq!(dst.to_vec().unwrap(), data);
     let write = catch_unwind(AssertUnwindSafe(|| {
@@ -708,7 +768,7 @@ fn a_panicking_scoped_access_restores_the_attachment(#[values(false, true)] sing
 
 /// Runs `access`, counting the `cuStreamAttachMemAsync` and `cuStreamSynchronize` calls it makes
 /// on this thread: `(its value, attaches, syncs)`.
-fn counted<R>(ctl: &cumem_sys::sim_control::Control, access: impl FnOnce() -> R) -> (R, u64, u64) {
+fn counted<R>(ctl: &Control, access: impl FnOnce() -> R) -> (R, u64, u64) {
     let attaches = || {
         ctl.calls_on_this_thread("cuStreamAttachMemAsync")
             + ctl.calls_on_this_thread("cuStreamAttachMemAsync_ptsz")
@@ -722,18 +782,21 @@ fn counted<R>(ctl: &cumem_sys::sim_control::Control, access: impl FnOnce() -> R)
 }
 
 /// Fails the `nth` next call of `function` on this thread once, with `CUDA_ERROR_UNKNOWN`.
-fn fail_once(
-    ctl: &cumem_sys::sim_control::Control,
-    function: &str,
-    nth: u64,
-) -> cumem_sys::sim_control::FaultId {
-    ctl.inject_fault(FaultRule {
-        function: function.into(),
-        nth,
-        code: CUresult::CUDA_ERROR_UNKNOWN,
-        times: 1,
-        this_thread_only: true,
-    })
+fn fail_once(ctl: &Control, function: &str, nth: u64) -> cumem_sys::sim_control::FaultId {
+    fail(ctl, function, nth, 1)
+}
+
+/// Fails the `nth` next call of `function` on this thread, and every later one until the rule is
+/// removed, with `CUDA_ERROR_UNKNOWN`.
+fn fail_from(ctl: &Control, function: &str, nth: u64) -> cumem_sys::sim_control::FaultId {
+    fail(ctl, function, nth, 0)
+}
+
+/// Fails the `nth` next call of `function` on this thread with `CUDA_ERROR_UNKNOWN`, `times` times
+/// (0: until the rule is removed).
+fn fail(ctl: &Control, function: &str, nth: u64, times: u64) -> cumem_sys::sim_control::FaultId {
+    let code = CUresult::CUDA_ERROR_UNKNOWN;
+    ctl.inject_fault(FaultRule { function: function.into(), nth, code, times, this_thread_only: true })
 }
 
 fn is_unknown(e: &Error) -> bool {
@@ -750,34 +813,29 @@ fn is_unknown(e: &Error) -> bool {
 #[rstest]
 #[parallel]
 fn a_failed_host_attachment_runs_nothing_and_keeps_the_attachment(#[values(false, true)] single: bool) {
-    let Some((_, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
+    let Some(Setup { stream, ctl, data, buf, ptr, original, mut dst, .. }) = setup(single, INJECTS) else {
+        return;
     };
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("injects driver failures: simulator only");
-    };
-    let data = pattern(1024);
-    let buf = attached(&stream, &data, single);
-    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
-    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
     let mut goes_on = || {
         assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "the attachment is as it was");
         stream.copy_d2d(&buf, &mut dst).unwrap();
         assert_eq!(dst.to_vec().unwrap(), data, "device work goes on");
         assert_eq!(buf.to_vec().unwrap(), data);
     };
-    let mut ran = false;
-    let rule = fail_once(&ctl, "cuStreamAttachMemAsync", 1);
-    let (result, attaches, syncs_before_attach) = counted(&ctl, || buf.with_host_slice(|_| ran = true));
-    ctl.remove_fault(rule);
-    assert!(result.is_err_and(|e| is_unknown(&e)));
+    // A scoped read with the `nth` next call of `function` failed: `(ran, attaches, syncs)`.
+    let failed_read = |function: &str, nth: u64| {
+        let mut ran = false;
+        let rule = fail_once(&ctl, function, nth);
+        let (result, attaches, syncs) = counted(&ctl, || buf.with_host_slice(|_| ran = true));
+        ctl.remove_fault(rule);
+        assert!(result.is_err_and(|e| is_unknown(&e)));
+        (ran, attaches, syncs)
+    };
+    let (ran, attaches, syncs_before_attach) = failed_read("cuStreamAttachMemAsync", 1);
     assert!(!ran, "the closure must not run without the host attachment");
     assert_eq!(attaches, 1, "a failed attach queues nothing to restore");
     goes_on();
-    let rule = fail_once(&ctl, "cuStreamSynchronize", syncs_before_attach + 1);
-    let (result, attaches, _) = counted(&ctl, || buf.with_host_slice(|_| ran = true));
-    ctl.remove_fault(rule);
-    assert!(result.is_err_and(|e| is_unknown(&e)));
+    let (ran, attaches, _) = failed_read("cuStreamSynchronize", syncs_before_attach + 1);
     assert!(!ran, "the closure must not run before the host attachment took effect");
     assert_eq!(attaches, 2, "the attach to the host and the restore");
     goes_on();
@@ -786,10 +844,7 @@ fn a_failed_host_attachment_runs_nothing_and_keeps_the_attachment(#[values(false
 /// A scoped access of `buf` whose restore's wait (its last `cuStreamSynchronize`, counted in a
 /// whole access first) fails: the error is returned after the closure ran, and the buffer is
 /// stranded. Returns what the closure read.
-fn strand_by_failed_restore_wait(
-    ctl: &cumem_sys::sim_control::Control,
-    buf: &UnifiedBuffer<u32>,
-) -> Vec<u32> {
+fn strand_by_failed_restore_wait(ctl: &Control, buf: &UnifiedBuffer<u32>) -> Vec<u32> {
     let (read, attaches, syncs) = counted(ctl, || buf.to_vec().unwrap());
     assert_eq!(attaches, 2, "the attach to the host and the restore");
     let rule = fail_once(ctl, "cuStreamSynchronize", syncs);
@@ -810,24 +865,16 @@ fn strand_by_failed_restore_wait(
 #[rstest]
 #[parallel]
 fn a_failed_wait_for_the_restore_strands_the_buffer(#[values(false, true)] single: bool) {
-    let Some((device, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
+    let Some(Setup { device, stream, ctl, data, mut buf, ptr, original, mut dst }) = setup(single, INJECTS)
+    else {
+        return;
     };
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("injects driver failures: simulator only");
-    };
-    let data = pattern(1024);
-    let mut buf = attached(&stream, &data, single);
-    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
-    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
     assert_eq!(strand_by_failed_restore_wait(&ctl, &buf), data);
-    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
-    assert!(queued.is_err_and(refused_on(device)), "device work of a stranded buffer");
+    assert_device_reads_refused(device, &stream, &buf, &mut dst, "device work of a stranded buffer");
     let ((), attaches, _) = counted(&ctl, || buf.end_host_reads());
     assert_eq!(attaches, 1, "the exclusive access restores the attachment");
     assert_eq!(attachment_in_sim(&ctl, ptr).0, original);
-    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
-    assert_eq!(dst.to_vec().unwrap(), data, "device work goes on once restored");
+    assert_device_reads_go_on(&stream, &buf, &mut dst, &data, "device work goes on once restored");
     let ((), attaches, _) = counted(&ctl, || buf.end_host_reads());
     assert_eq!(attaches, 0, "restored once");
 }
@@ -841,34 +888,27 @@ fn a_failed_wait_for_the_restore_strands_the_buffer(#[values(false, true)] singl
 fn a_failed_restore_refuses_device_work_until_the_attachment_is_restored(
     #[values(false, true)] single: bool,
 ) {
-    let Some((device, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
+    let Some(Setup { device, stream, ctl, data, mut buf, ptr, original, mut dst }) = setup(single, INJECTS)
+    else {
+        return;
     };
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("injects driver failures: simulator only");
-    };
-    let data = pattern(1024);
-    let mut buf = attached(&stream, &data, single);
-    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
     let refused = refused_on(device);
-    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
     let src = DeviceBuffer::from_slice(&stream, &data).unwrap();
     // From the second call on (the restore), every attach fails until the rule is removed.
-    let rule = ctl.inject_fault(FaultRule {
-        function: "cuStreamAttachMemAsync".into(),
-        nth: 2,
-        code: CUresult::CUDA_ERROR_UNKNOWN,
-        times: 0,
-        this_thread_only: true,
-    });
+    let rule = fail_from(&ctl, "cuStreamAttachMemAsync", 2);
     let mut read = Vec::new();
     let err = buf.with_host_slice(|host| read = host.to_vec()).unwrap_err();
     assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. }), "{err:?}");
     assert_eq!(read, data, "the closure ran");
     assert_eq!(attachment_in_sim(&ctl, ptr).0, HOST, "stranded on the host");
     assert_eq!(buf.attachment(), &if single { Attach::Single(stream.clone()) } else { Attach::Global });
-    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
-    assert!(queued.is_err_and(&refused), "device reads of memory stranded on the host");
+    assert_device_reads_refused(
+        device,
+        &stream,
+        &buf,
+        &mut dst,
+        "device reads of memory stranded on the host",
+    );
     buf.end_host_reads(); // the restore fails again
     let queued = stream.copy_d2d(&src, &mut buf);
     assert!(queued.is_err_and(&refused), "device writes of memory stranded on the host");
@@ -876,8 +916,7 @@ fn a_failed_restore_refuses_device_work_until_the_attachment_is_restored(
     ctl.remove_fault(rule);
     buf.end_host_reads(); // restores the attachment, then lets device work through
     assert_eq!(attachment_in_sim(&ctl, ptr).0, original, "restored");
-    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
-    assert_eq!(dst.to_vec().unwrap(), data);
+    assert_device_reads_go_on(&stream, &buf, &mut dst, &data, "device work goes on once restored");
     assert_eq!(buf.to_vec().unwrap(), data);
 }
 
@@ -887,27 +926,19 @@ fn a_failed_restore_refuses_device_work_until_the_attachment_is_restored(
 #[rstest]
 #[parallel]
 fn a_later_reader_restores_a_stranded_attachment(#[values(false, true)] single: bool) {
-    let Some((device, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
+    let Some(Setup { device, stream, ctl, data, mut buf, ptr, original, mut dst }) = setup(single, INJECTS)
+    else {
+        return;
     };
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("injects driver failures: simulator only");
-    };
-    let data = pattern(1024);
-    let mut buf = attached(&stream, &data, single);
-    let (ptr, original) = (buf.device_ptr(), flags_of(buf.attachment()));
-    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
     strand_by_failed_restore_wait(&ctl, &buf);
     let (read, attaches, _) = counted(&ctl, || buf.to_vec().unwrap());
     assert_eq!(read, data);
     assert_eq!(attaches, 2, "the attach to the host and the restore");
     assert_eq!(attachment_in_sim(&ctl, ptr).0, original);
-    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
-    assert!(queued.is_err_and(refused_on(device)), "refused until an exclusive access");
+    assert_device_reads_refused(device, &stream, &buf, &mut dst, "refused until an exclusive access");
     let ((), attaches, _) = counted(&ctl, || buf.end_host_reads());
     assert_eq!(attaches, 0, "the reader restored the attachment");
-    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
-    assert_eq!(dst.to_vec().unwrap(), data);
+    assert_device_reads_go_on(&stream, &buf, &mut dst, &data, "device work goes on once restored");
 }
 
 /// Memory attached globally is attached to the host and back on a private non-blocking stream: a
@@ -919,9 +950,7 @@ fn a_later_reader_restores_a_stranded_attachment(#[values(false, true)] single: 
 fn a_scoped_access_of_globally_attached_memory_waits_for_no_unrelated_work(
     #[values(false, true)] legacy: bool,
 ) {
-    let Some((_, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
-    };
+    let Some((_, stream)) = not_concurrent() else { return };
     let data = pattern(1024);
     let mut buf = attached(&stream, &data, false);
     let other = Stream::non_blocking(stream.context()).unwrap();
@@ -943,12 +972,7 @@ fn a_scoped_access_of_globally_attached_memory_waits_for_no_unrelated_work(
 #[rstest]
 #[parallel]
 fn a_stranded_buffer_is_freed_after_its_queued_attachments(#[values(false, true)] single: bool) {
-    let Some((_, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
-    };
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("injects driver failures: simulator only");
-    };
+    let Some((_, stream, ctl)) = not_concurrent_on_sim(INJECTS) else { return };
     let data = pattern(1024);
     let (stranded, twin) = (attached(&stream, &data, single), attached(&stream, &data, single));
     let ptrs = [stranded.device_ptr(), twin.device_ptr()];
@@ -969,12 +993,7 @@ fn a_stranded_buffer_is_freed_after_its_queued_attachments(#[values(false, true)
 #[rstest]
 #[parallel]
 fn a_stranded_buffer_whose_wait_fails_is_leaked_not_freed(#[values(false, true)] single: bool) {
-    let Some((_, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
-    };
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("injects driver failures: simulator only");
-    };
+    let Some((_, stream, ctl)) = not_concurrent_on_sim(INJECTS) else { return };
     let data = pattern(1024);
     let (stranded, twin) = (attached(&stream, &data, single), attached(&stream, &data, single));
     let control = attached(&stream, &data, single);
@@ -1005,38 +1024,24 @@ fn a_stranded_buffer_whose_wait_fails_is_leaked_not_freed(#[values(false, true)]
 #[rstest]
 #[parallel]
 fn attach_restores_a_stranded_attachment_first(#[values(false, true)] single: bool) {
-    let Some((device, stream)) = not_concurrent() else {
-        return testing::skip(NEEDS_NOT_CONCURRENT);
+    let Some(Setup { device, stream, ctl, data, mut buf, ptr, mut dst, .. }) = setup(single, INJECTS) else {
+        return;
     };
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("injects driver failures: simulator only");
-    };
-    let data = pattern(1024);
-    let mut buf = attached(&stream, &data, single);
-    let (ptr, original) = (buf.device_ptr(), buf.attachment().clone());
+    let original = buf.attachment().clone();
     let target = if single { Attach::Global } else { Attach::Single(stream.clone()) };
-    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
     strand_by_failed_restore_wait(&ctl, &buf);
-    let rule = ctl.inject_fault(FaultRule {
-        function: "cuStreamAttachMemAsync".into(),
-        nth: 1,
-        code: CUresult::CUDA_ERROR_UNKNOWN,
-        times: 0,
-        this_thread_only: true,
-    });
+    let rule = fail_from(&ctl, "cuStreamAttachMemAsync", 1);
     let (result, attaches, _) = counted(&ctl, || buf.attach(&stream, target.clone()));
     ctl.remove_fault(rule);
     assert!(result.is_err_and(|e| is_unknown(&e)));
     assert_eq!(attaches, 1, "the failed restore only");
     assert_eq!(buf.attachment(), &original);
-    let queued = stream.copy_d2d(&buf.as_device_slice(), &mut dst);
-    assert!(queued.is_err_and(refused_on(device)), "still stranded");
+    assert_device_reads_refused(device, &stream, &buf, &mut dst, "still stranded");
     let (result, attaches, _) = counted(&ctl, || buf.attach(&stream, target.clone()));
     result.unwrap();
     assert_eq!(attaches, 2, "the restore, then the attachment asked for");
     assert_eq!(buf.attachment(), &target);
     assert_eq!(attachment_in_sim(&ctl, ptr).0, flags_of(&target));
-    stream.copy_d2d(&buf.as_device_slice(), &mut dst).unwrap();
-    assert_eq!(dst.to_vec().unwrap(), data);
+    assert_device_reads_go_on(&stream, &buf, &mut dst, &data, "device work goes on once restored");
     assert_eq!(buf.to_vec().unwrap(), data);
 }
