@@ -1003,6 +1003,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             g.set(req.kind).insert(addr, req.size, seg);
             return Err(PoolError::Ordering(e));
         }
+        // Logged with the lock let go (no other lock of the pool is held here): a subscriber may
+        // read `stats()`, which takes every arena's lock.
+        drop(g);
         tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
         Ok(Some((addr, seg)))
     }

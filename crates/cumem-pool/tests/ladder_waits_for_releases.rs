@@ -340,6 +340,49 @@ fn a_release_that_panics_leaves_no_free_for_a_ladder_to_wait_for() {
     pool.validate().unwrap();
 }
 
+/// A cross-stream migration is logged with the arena's lock let go: a subscriber that reads the
+/// pool's stats on it must not deadlock (under a bound, since a deadlock hangs rather than fails).
+#[test]
+fn a_subscriber_that_reads_stats_on_a_migration_does_not_deadlock() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let pool =
+        Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), PoolConfig::default()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let reader = pool.clone();
+            let seen = Arc::new(Mutex::new(0u32));
+            let counts = seen.clone();
+            let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+                if m.contains("cross-stream migration") {
+                    let _ = reader.stats();
+                    *counts.lock() += 1;
+                }
+            }));
+            tracing::subscriber::with_default(subscriber, || {
+                // Stream 1's cached 4 MiB block serves stream 2 (only 4 MiB of upstream left).
+                let b = pool.allocate(4 << 20, 512, 1).unwrap();
+                pool.deallocate(b, 1).unwrap();
+                let b = pool.allocate(4 << 20, 512, 2).unwrap();
+                pool.deallocate(b, 2).unwrap();
+            });
+            tx.send(*seen.lock()).unwrap()
+        })
+    };
+    let seen = match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(seen) => seen,
+        Err(RecvTimeoutError::Timeout) => panic!("deadlocked: the migration was logged under a lock"),
+        Err(RecvTimeoutError::Disconnected) => panic!("the worker panicked (see above)"),
+    };
+    worker.join().unwrap();
+    assert_eq!(seen, 1, "migration events seen");
+    assert_eq!(pool.stats().upstream_allocations, 1, "served by migration, not growth");
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().live_bytes(), 0);
+}
+
 /// The pool's release and out-of-memory events are logged with its locks let go: a subscriber that
 /// reads the pool's stats on them (which take those locks) must not deadlock. Under a bound, since
 /// a deadlock hangs rather than fails.
