@@ -329,16 +329,19 @@ impl<T> UnifiedBuffer<T> {
     /// created on first use (any stream of the context will do once the buffer's own work has
     /// completed; a private one makes the waits for the attachments wait for nothing else).
     fn visit_stream(&self) -> Result<&Stream> {
+        if let Some(stream) = self.visit_stream_made() {
+            return Ok(stream);
+        }
+        // Created under the `visits` lock or with `&mut self`: never twice at once.
+        let stream = Stream::non_blocking(&self.ctx)?;
+        Ok(self.visit_home.get_or_init(|| stream))
+    }
+
+    /// The visit stream if there is one yet (the private one is made on the first visit).
+    fn visit_stream_made(&self) -> Option<&Stream> {
         match &self.attach {
-            Attach::Single(stream) => Ok(stream),
-            Attach::Global | Attach::Host => {
-                if let Some(stream) = self.visit_home.get() {
-                    return Ok(stream);
-                }
-                // Created under the `visits` lock or with `&mut self`: never twice at once.
-                let stream = Stream::non_blocking(&self.ctx)?;
-                Ok(self.visit_home.get_or_init(|| stream))
-            }
+            Attach::Single(stream) => Some(stream),
+            Attach::Global | Attach::Host => self.visit_home.get(),
         }
     }
 
@@ -892,11 +895,7 @@ impl<T> Drop for UnifiedBuffer<T> {
             // A failed restore may have left attachments queued on the visit stream, which the
             // stream order does not record (so the wait above did not cover them): the free must
             // not overtake them.
-            let visit = match &self.attach {
-                Attach::Single(stream) => Some(stream),
-                Attach::Global | Attach::Host => self.visit_home.get(),
-            };
-            if let Some(Err(e)) = visit.map(Stream::synchronize) {
+            if let Some(Err(e)) = self.visit_stream_made().map(Stream::synchronize) {
                 tracing::warn!(error = %e, bytes = self.bytes(), "waiting for a stranded unified buffer's attachments failed; leaking it");
                 return;
             }
