@@ -12,6 +12,9 @@
 //! pair the driver refuses (no peer link, or the same device) is a typed error:
 //! `PeerAccessUnsupported`.
 //!
+//! The adoption (`debug`) and a failed disable (`warn`) are logged with the registry's lock let
+//! go, so a tracing subscriber may call [`PeerAccess::is_enabled`] on them.
+//!
 //! Peer copies do not need enabled access (the driver copies between devices either way); it is
 //! what lets device code on one device dereference another device's pointers.
 //!
@@ -66,25 +69,33 @@ impl PeerAccess {
     /// enablement another guard already holds. `PeerAccessUnsupported` when the devices have no
     /// peer link or are the same device.
     pub fn enable(from: &Context, to: &Context) -> Result<PeerAccess> {
-        let mut registry = REGISTRY.lock();
-        let pairs = registry.get_or_insert_with(HashMap::new);
-        if let Some(held) = pairs.get_mut(&key(from, to)) {
-            held.guards += 1;
-        } else {
-            from.bind()?;
-            let owned = match ffi::enable_peer_access(to.raw()) {
-                Ok(()) => true,
-                Err(Error::PeerAccessAlreadyEnabled { .. }) => {
-                    tracing::debug!(
-                        from = from.device().ordinal(),
-                        to = to.device().ordinal(),
-                        "peer access was already enabled outside cumem; adopted, never disabled by cumem"
-                    );
-                    false
-                }
-                Err(e) => return Err(e),
-            };
-            pairs.insert(key(from, to), Held { guards: 1, owned, _contexts: (from.clone(), to.clone()) });
+        let adopted = {
+            // The driver call stays under the lock: it is what keeps two threads enabling one
+            // pair from both calling the driver (the second would see "already enabled" and adopt
+            // cumem's own enablement, never to disable it). Nothing is logged under it: a
+            // subscriber may call back into the registry (`is_enabled`), which would deadlock.
+            let mut registry = REGISTRY.lock();
+            let pairs = registry.get_or_insert_with(HashMap::new);
+            if let Some(held) = pairs.get_mut(&key(from, to)) {
+                held.guards += 1;
+                false
+            } else {
+                from.bind()?;
+                let owned = match ffi::enable_peer_access(to.raw()) {
+                    Ok(()) => true,
+                    Err(Error::PeerAccessAlreadyEnabled { .. }) => false,
+                    Err(e) => return Err(e),
+                };
+                pairs.insert(key(from, to), Held { guards: 1, owned, _contexts: (from.clone(), to.clone()) });
+                !owned
+            }
+        };
+        if adopted {
+            tracing::debug!(
+                from = from.device().ordinal(),
+                to = to.device().ordinal(),
+                "peer access was already enabled outside cumem; adopted, never disabled by cumem"
+            );
         }
         Ok(PeerAccess { from: from.clone(), to: to.clone() })
     }
@@ -111,33 +122,41 @@ impl PeerAccess {
 
 impl Drop for PeerAccess {
     fn drop(&mut self) {
-        let mut registry = REGISTRY.lock();
-        let Some(pairs) = registry.as_mut() else { return };
-        let k = key(&self.from, &self.to);
-        let Some(held) = pairs.get_mut(&k) else { return };
-        held.guards -= 1;
-        if held.guards > 0 {
-            return;
-        }
-        if !held.owned {
-            pairs.remove(&k);
-            return;
-        }
-        // The entry goes only once the driver has disabled the pair: a pair whose disable failed
-        // is still enabled, and still cumem's, so the next guard joins it (rather than adopting
-        // it as enabled elsewhere, never to disable it) and its last drop tries again.
-        let result = self.from.bind().and_then(|()| ffi::disable_peer_access(self.to.raw()));
-        match result {
-            Ok(()) => {
-                pairs.remove(&k);
+        // Decided under the lock, logged and dropped after it: a subscriber may call back into the
+        // registry, and the removed entry's contexts may call the driver (and log) as they go.
+        let (removed, failed) = {
+            let mut registry = REGISTRY.lock();
+            let Some(pairs) = registry.as_mut() else { return };
+            let k = key(&self.from, &self.to);
+            let Some(held) = pairs.get_mut(&k) else { return };
+            held.guards -= 1;
+            if held.guards > 0 {
+                return;
             }
-            Err(e) => tracing::warn!(
+            if !held.owned {
+                (pairs.remove(&k), None)
+            } else {
+                // The disable stays under the lock, so that a guard enabling the pair meanwhile
+                // either joins this entry before it or enables afresh after it, never racing it.
+                // The entry goes only once the driver has disabled the pair: a pair whose disable
+                // failed is still enabled, and still cumem's, so the next guard joins it (rather
+                // than adopting it as enabled elsewhere, never to disable it) and its last drop
+                // tries again.
+                match self.from.bind().and_then(|()| ffi::disable_peer_access(self.to.raw())) {
+                    Ok(()) => (pairs.remove(&k), None),
+                    Err(e) => (None, Some(e)),
+                }
+            }
+        };
+        if let Some(e) = failed {
+            tracing::warn!(
                 from = self.from.device().ordinal(),
                 to = self.to.device().ordinal(),
                 error = %e,
                 "disabling peer access failed; the pair stays enabled, and the next guard's last drop retries"
-            ),
+            );
         }
+        drop(removed);
     }
 }
 

@@ -1,0 +1,161 @@
+//! Peer access logs with its registry's lock let go: a tracing subscriber may ask
+//! `PeerAccess::is_enabled` from inside an event (here, on every event) without deadlocking the
+//! thread that logs. The events are the adoption of a pair enabled outside cumem (`debug`) and a
+//! failed disable when the last guard drops (`warn`, the failure injected: simulator only). Each
+//! test runs under a watchdog, since the bug hangs rather than fails.
+
+use std::sync::{Arc, Mutex};
+
+use cumem_core::{Context, Device};
+use cumem_peer::PeerAccess;
+use cumem_sys::sim_control::FaultRule;
+use cumem_sys::sys::{self, CUresult};
+use cumem_sys::testing::{self, within_watchdog};
+use serial_test::serial;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata, Subscriber};
+
+const SIM: &str = "devices=2,peer=0-1";
+
+/// One event: its level, its fields as text, and what `is_enabled` answered from inside it.
+#[derive(Debug, Clone)]
+struct Seen {
+    level: Level,
+    fields: Vec<(String, String)>,
+    enabled: bool,
+}
+
+impl Seen {
+    fn field(&self, name: &str) -> Option<&str> {
+        self.fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A subscriber that asks the registry about (`from`, `to`) on every event it receives.
+#[derive(Clone)]
+struct AsksRegistry {
+    from: Context,
+    to: Context,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl AsksRegistry {
+    fn new(from: &Context, to: &Context) -> Self {
+        AsksRegistry { from: from.clone(), to: to.clone(), seen: Arc::default() }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+struct Fields<'a>(&'a mut Vec<(String, String)>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.push((field.name().to_string(), format!("{value:?}")));
+    }
+}
+
+impl Subscriber for AsksRegistry {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let enabled = PeerAccess::is_enabled(&self.from, &self.to);
+        let mut fields = Vec::new();
+        event.record(&mut Fields(&mut fields));
+        self.seen.lock().unwrap().push(Seen { level: *event.metadata().level(), fields, enabled });
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+/// The primary contexts of devices 0 and 1, or `None` (with a message) when they have no link.
+fn pair() -> Option<(Context, Context)> {
+    testing::init_with(SIM);
+    if !testing::needs_devices(2) {
+        return None;
+    }
+    let (a, b) = (Device::get(0).unwrap().context().unwrap(), Device::get(1).unwrap().context().unwrap());
+    if !cumem_peer::Topology::probe().unwrap().can_access(0, 1) {
+        testing::skip("devices 0 and 1 have no peer link");
+        return None;
+    }
+    Some((a, b))
+}
+
+/// `cuCtxDisablePeerAccess` from `from` to `to`, behind cumem's back.
+fn raw_disable(from: &Context, to: &Context) -> CUresult {
+    from.bind().unwrap();
+    // SAFETY: plain FFI call with a live context current.
+    unsafe { sys::cuCtxDisablePeerAccess(to.raw()) }
+}
+
+#[test]
+#[serial] // enables and disables peer access between devices 0 and 1
+fn adopting_a_pair_logs_to_a_subscriber_that_asks_the_registry() {
+    let Some((a, b)) = pair() else { return };
+    within_watchdog("enable adopting a pair, with a subscriber asking is_enabled", move || {
+        a.bind().unwrap();
+        // SAFETY: plain FFI call with a live context current.
+        let outside = unsafe { sys::cuCtxEnablePeerAccess(b.raw(), 0) };
+        assert_eq!(outside, CUresult::CUDA_SUCCESS);
+        let subscriber = AsksRegistry::new(&a, &b);
+        let guard =
+            tracing::subscriber::with_default(subscriber.clone(), || PeerAccess::enable(&a, &b)).unwrap();
+        let seen = subscriber.seen();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].level, Level::DEBUG);
+        assert_eq!((seen[0].field("from"), seen[0].field("to")), (Some("0"), Some("1")), "{seen:?}");
+        assert!(seen[0].enabled, "the adopted pair was not registered when its event came: {seen:?}");
+        // The last guard of an adopted pair leaves it enabled, and logs nothing.
+        tracing::subscriber::with_default(subscriber.clone(), || drop(guard));
+        assert_eq!(subscriber.seen().len(), 1, "{:?}", subscriber.seen());
+        assert!(!PeerAccess::is_enabled(&a, &b));
+        assert_eq!(raw_disable(&a, &b), CUresult::CUDA_SUCCESS, "cumem disabled a pair it adopted");
+    });
+}
+
+#[test]
+#[serial] // enables and disables peer access between devices 0 and 1
+fn a_failed_disable_logs_to_a_subscriber_that_asks_the_registry() {
+    let Some((a, b)) = pair() else { return };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects a driver fault: simulator only");
+    };
+    within_watchdog("a failed disable, with a subscriber asking is_enabled", move || {
+        let guard = PeerAccess::enable(&a, &b).unwrap();
+        let subscriber = AsksRegistry::new(&a, &b);
+        // Thread-scoped: only this drop's disable fails.
+        let rule = ctl.inject_fault(FaultRule {
+            function: "cuCtxDisablePeerAccess".into(),
+            nth: 1,
+            code: CUresult::CUDA_ERROR_LAUNCH_FAILED,
+            times: 1,
+            this_thread_only: true,
+        });
+        tracing::subscriber::with_default(subscriber.clone(), || drop(guard));
+        ctl.remove_fault(rule);
+        let seen = subscriber.seen();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].level, Level::WARN);
+        assert_eq!((seen[0].field("from"), seen[0].field("to")), (Some("0"), Some("1")), "{seen:?}");
+        assert!(seen[0].field("error").is_some_and(|e| e.contains("LAUNCH_FAILED")), "{seen:?}");
+        assert!(seen[0].enabled, "the pair whose disable failed left the registry: {seen:?}");
+        // Still cumem's: the next last guard disables it.
+        drop(PeerAccess::enable(&a, &b).unwrap());
+        assert!(!PeerAccess::is_enabled(&a, &b));
+        assert_eq!(
+            raw_disable(&a, &b),
+            CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED,
+            "cumem left the pair enabled"
+        );
+    });
+}
