@@ -51,7 +51,7 @@ use cumem_core::{
 };
 
 use crate::ffi::{self, Fill};
-use crate::{Access, Granularity, PhysicalMemory, SharedMapping, VirtualRange};
+use crate::{Access, Granularity, PhysicalMemory, ReserveOptions, SharedMapping, VirtualRange};
 
 /// How much address space a [`GrowableBuffer`] reserves, the size of the chunks it maps, and which
 /// other devices may access them.
@@ -127,6 +127,10 @@ impl<T> GrowableBuffer<T> {
     /// granularity (`Misaligned`), a capacity beyond the reservation (`LimitExceeded`), a device
     /// in [`GrowableConfig::accessible_from`] without VMM or that cannot access this device's
     /// memory (`NotSupported { feature: VirtualMemory | PeerAccess, device }`).
+    ///
+    /// A `T` aligned to more than the granularity gets a reservation whose base is aligned to
+    /// `align_of::<T>()` ([`ReserveOptions::alignment`]); a base the driver placed otherwise is
+    /// `Misaligned` (and nothing stays reserved).
     pub fn with_config(stream: &Stream, capacity: usize, config: GrowableConfig) -> Result<Self> {
         let ctx = stream.context().clone();
         let granularity = Granularity::of(ctx.device())?;
@@ -159,7 +163,17 @@ impl<T> GrowableBuffer<T> {
         if wanted > reserve {
             return Err(beyond_reservation(reserve));
         }
-        let range = Arc::new(VirtualRange::reserve(&ctx, reserve)?);
+        let range = Arc::new(VirtualRange::reserve_with(&ctx, reserve, reserve_options::<T>(&granularity))?);
+        // Every value lies at the base plus whole values, so the views are aligned for T exactly
+        // when the base is; the driver's word on the alignment asked for is checked, not trusted.
+        let align = align_of::<T>() as u64;
+        if !range.base().is_multiple_of(align) {
+            return Err(Error::Misaligned {
+                what: "GrowableBuffer reservation base",
+                value: range.base(),
+                align,
+            });
+        }
         let mut buf = GrowableBuffer {
             range,
             chunks: Vec::new(),
@@ -421,7 +435,7 @@ impl<T> GrowableBuffer<T> {
     /// A shared view of the values.
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
         // SAFETY: `[base, base + bytes)` is mapped (len ≤ capacity), read-write for the buffer's
-        // device, aligned for T (the range base is granularity-aligned), holds `len` values of T
+        // device, aligned for T (`with_config` checked the base), holds `len` values of T
         // written through fills and copies, and stays mapped while the view borrows `self`
         // (unmapping needs `&mut self`); all device work goes through `order`.
         unsafe { DeviceSlice::from_raw_parts(self.device_ptr(), self.len, &self.order, &self.ctx) }
@@ -485,6 +499,17 @@ impl<T> GrowableBuffer<T> {
 /// `count` values of `T` in bytes.
 fn bytes_for<T>(count: usize) -> Result<usize> {
     count.checked_mul(size_of::<T>()).ok_or(Error::SizeOverflow { count, elem_size: size_of::<T>() })
+}
+
+/// How to reserve for values of `T`: the driver's default base (aligned to the granularity) unless
+/// `T` needs more.
+fn reserve_options<T>(granularity: &Granularity) -> ReserveOptions {
+    let align = align_of::<T>();
+    if align > granularity.minimum {
+        ReserveOptions::default().alignment(align)
+    } else {
+        ReserveOptions::default()
+    }
 }
 
 fn beyond_reservation(reserve: usize) -> Error {

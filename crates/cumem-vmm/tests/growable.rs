@@ -301,6 +301,34 @@ fn bad_configurations_are_refused_before_the_driver() {
     assert_eq!(buf.len(), 0);
 }
 
+/// Aligned to 32 granules of 2 MiB: a base aligned to the granularity alone would misplace it.
+#[repr(C, align(67108864))]
+struct Overaligned(#[allow(dead_code)] u8);
+
+#[test]
+#[parallel]
+fn a_type_aligned_past_the_granularity_gets_a_base_aligned_for_it() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let align = align_of::<Overaligned>();
+    assert!(align > g);
+    let config = GrowableConfig::default().chunk_bytes(g).reserve_bytes(2 * align);
+    // Several, so that no base passes by being aligned by chance.
+    let bufs: Vec<_> = (0..4)
+        .map(|_| GrowableBuffer::<Overaligned>::with_config(&stream, 0, config.clone()).unwrap())
+        .collect();
+    for buf in &bufs {
+        assert_eq!(buf.device_ptr() % align as u64, 0, "{buf:?} is not aligned for its values");
+        assert_eq!(buf.as_slice().device_ptr(), buf.device_ptr());
+        assert_eq!(buf.max_capacity(), 2);
+    }
+    // An ordinary type keeps the driver's placement: aligned to the granularity.
+    let plain = GrowableBuffer::<u64>::with_config(&stream, 0, config).unwrap();
+    assert_eq!(plain.device_ptr() % g as u64, 0);
+}
+
 #[test]
 #[parallel]
 fn the_default_reservation_is_a_multiple_of_the_device_memory() {
