@@ -283,3 +283,21 @@ pub(crate) unsafe fn htod_async(
     let code = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream) };
     check(code, Ctx::op("cuMemcpyHtoDAsync_v2").bytes(bytes))
 }
+
+/// Queues a copy of `bytes` bytes from device memory to device memory on `stream`.
+///
+/// # Safety
+/// 1. `[src, src + bytes)` and `[dst, dst + bytes)` are device memory that do not overlap, both
+///    ordered on `stream`: the source's bytes are written before the copy, and nothing else uses
+///    the destination until it completes.
+/// 2. The bytes copied are valid for the values stored at the destination.
+pub(crate) unsafe fn dtod_async(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    let code = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) };
+    check(code, Ctx::op("cuMemcpyDtoDAsync_v2").bytes(bytes))
+}

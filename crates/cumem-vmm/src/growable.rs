@@ -8,9 +8,10 @@
 //! past the reservation is an error ([`Error::LimitExceeded`]) and never a silent move.
 //!
 //! Device work is ordered like a [`DeviceBuffer`](cumem_core::DeviceBuffer)'s: every view shares
-//! the buffer's [`StreamOrder`], fills are queued on the stream the buffer was created on, and
-//! chunks are unmapped (by `shrink_to_fit` and the drop) only after the work that uses the buffer
-//! has completed.
+//! the buffer's [`StreamOrder`], fills are queued on the stream the buffer was created on (all but
+//! one case, a value of many different words: see [`GrowableBuffer::resize`]), and chunks are
+//! unmapped (by `shrink_to_fit` and the drop) only after the work that uses the buffer has
+//! completed.
 //!
 //! Other devices can be given read-write access with [`GrowableConfig::accessible_from`]: every
 //! chunk gets it as it is mapped, the first ones and those mapped by later growth alike, so a peer
@@ -51,7 +52,7 @@ use cumem_core::{
 };
 
 use crate::ffi::{self, Fill};
-use crate::{Access, Granularity, PhysicalMemory, SharedMapping, VirtualRange};
+use crate::{Access, Granularity, PhysicalMemory, ReserveOptions, SharedMapping, VirtualRange};
 
 /// How much address space a [`GrowableBuffer`] reserves, the size of the chunks it maps, and which
 /// other devices may access them.
@@ -127,6 +128,10 @@ impl<T> GrowableBuffer<T> {
     /// granularity (`Misaligned`), a capacity beyond the reservation (`LimitExceeded`), a device
     /// in [`GrowableConfig::accessible_from`] without VMM or that cannot access this device's
     /// memory (`NotSupported { feature: VirtualMemory | PeerAccess, device }`).
+    ///
+    /// A `T` aligned to more than the granularity gets a reservation whose base is aligned to
+    /// `align_of::<T>()` ([`ReserveOptions::alignment`]); a base the driver placed otherwise is
+    /// `Misaligned` (and nothing stays reserved).
     pub fn with_config(stream: &Stream, capacity: usize, config: GrowableConfig) -> Result<Self> {
         let ctx = stream.context().clone();
         let granularity = Granularity::of(ctx.device())?;
@@ -159,7 +164,17 @@ impl<T> GrowableBuffer<T> {
         if wanted > reserve {
             return Err(beyond_reservation(reserve));
         }
-        let range = Arc::new(VirtualRange::reserve(&ctx, reserve)?);
+        let range = Arc::new(VirtualRange::reserve_with(&ctx, reserve, reserve_options::<T>(&granularity))?);
+        // Every value lies at the base plus whole values, so the views are aligned for T exactly
+        // when the base is; the driver's word on the alignment asked for is checked, not trusted.
+        let align = align_of::<T>() as u64;
+        if !range.base().is_multiple_of(align) {
+            return Err(Error::Misaligned {
+                what: "GrowableBuffer reservation base",
+                value: range.base(),
+                align,
+            });
+        }
         let mut buf = GrowableBuffer {
             range,
             chunks: Vec::new(),
@@ -301,7 +316,17 @@ impl<T> GrowableBuffer<T> {
         Ok(())
     }
 
-    /// Resizes to `new_len` values; new ones are set to `value` on the buffer's stream.
+    /// Resizes to `new_len` values; new ones are set to `value` by work queued on the buffer's
+    /// stream after the buffer's earlier work, and the call does not wait for it.
+    ///
+    /// A value whose bytes repeat every 1, 2 or 4 bytes (zero, `u8`/`u16`/`u32` values, …) is
+    /// one memset. Any other is written once, by a memset per run of equal 4-byte words (2- or
+    /// 1-byte for a size that is no multiple of 4), then doubled: each device-to-device copy
+    /// duplicates the values set so far, so `n` new values take about `log2(n)` copies and the
+    /// host holds none of them. A value that needs more than 16 of those memsets is instead
+    /// copied from the host by one blocking copy of that single value (on the legacy stream,
+    /// after the buffer's earlier work, which the call then waits for); the doubling that follows
+    /// is queued as above.
     pub fn resize(&mut self, new_len: usize, value: T) -> Result<()>
     where
         T: NoUninit,
@@ -316,7 +341,7 @@ impl<T> GrowableBuffer<T> {
         Ok(())
     }
 
-    /// Resizes to `new_len` values; new ones are zeroed on the buffer's stream.
+    /// Resizes to `new_len` values; new ones are zeroed by a memset queued on the buffer's stream.
     pub fn resize_zeroed(&mut self, new_len: usize) -> Result<()>
     where
         T: NoUninit + Zeroable,
@@ -324,30 +349,59 @@ impl<T> GrowableBuffer<T> {
         self.resize(new_len, T::zeroed())
     }
 
-    /// Sets `[len, new_len)` (mapped already) to `value`: queued memsets where the value's bytes
-    /// repeat with a width the driver fills (1, 2 or 4 bytes), a blocking copy otherwise.
+    /// Sets `[len, new_len)` (mapped already) to `value`, queued on the buffer's stream. A value
+    /// whose bytes repeat with a width the driver fills (1, 2 or 4 bytes) is one memset. Any other
+    /// is written once, then doubled: each device-to-device copy duplicates the values written so
+    /// far into the next range (disjoint from them), so the host holds no more than the one value
+    /// however many are set. The first value takes a memset per run of equal words, or, past
+    /// [`SEED_MEMSETS`] of them, one blocking copy of that value from the host.
     fn fill_tail(&mut self, new_len: usize, value: T) -> Result<()>
     where
         T: NoUninit,
     {
         let count = new_len - self.len;
-        let ptr = self.device_ptr() + self.bytes() as u64;
         let bytes = bytemuck::bytes_of(&value);
-        if let Some((fill, n)) = memset_for(bytes, count) {
-            let stream = self.stream.clone();
-            // SAFETY: `[len, new_len)` is mapped, read-write for this device, aligned for T (a
-            // chunk-aligned base plus whole values) and exclusively ours (`&mut self`); the view
-            // is ordered through `order`. Its old bytes are not read before the memset overwrites
-            // them with valid values of T.
-            let mut tail = unsafe { DeviceSliceMut::<T>::from_raw_parts(ptr, count, &self.order, &self.ctx) };
-            let on = tail.on(&stream)?;
-            self.ctx.bind()?;
+        let whole = memset_for(bytes, count);
+        let seed = if whole.is_some() { Some(Vec::new()) } else { seed_memsets(bytes) };
+        if seed.is_none() {
+            // Ordered through `order`, so the copies queued below on the stream come after it.
+            self.copy_into_tail(std::slice::from_ref(&value))?;
+        }
+        let ptr = self.device_ptr() + self.bytes() as u64;
+        let stream = self.stream.clone();
+        // SAFETY: `[len, new_len)` is mapped, read-write for this device, aligned for T (the base
+        // is, checked by `with_config`, plus whole values) and exclusively ours (`&mut self`); the
+        // view is ordered through `order`. Its old bytes are not read before the memsets and
+        // copies below overwrite them with valid values of T: each copy reads only values that
+        // were written before it on the stream (or by the blocking copy, ordered before it).
+        let mut tail = unsafe { DeviceSliceMut::<T>::from_raw_parts(ptr, count, &self.order, &self.ctx) };
+        let on = tail.on(&stream)?;
+        self.ctx.bind()?;
+        let to = on.device_ptr();
+        if let Some((fill, n)) = whole {
             // SAFETY: the range is the guard's, ordered on `stream`; every byte written is a
             // byte of `value`, at its own offset in each value, so each value becomes `value`.
-            return unsafe { ffi::memset_async(on.device_ptr(), fill, n, stream.raw()) };
+            return unsafe { ffi::memset_async(to, fill, n, stream.raw()) };
         }
-        let host = vec![value; count];
-        self.copy_into_tail(&host)
+        for (offset, fill, n) in seed.unwrap_or_default() {
+            // SAFETY: `[offset, offset + n * width)` lies in the first value of the guard's range,
+            // ordered on `stream`. It is aligned to the width: the width divides the value's size,
+            // so it divides `offset` and the value's address (the granularity-aligned base plus
+            // whole values). Each word written is the value's own at that offset, so the first
+            // value becomes `value`.
+            unsafe { ffi::memset_async(to + offset as u64, fill, n, stream.raw())? };
+        }
+        let size = size_of::<T>();
+        let mut done = 1;
+        while done < count {
+            let n = done.min(count - done);
+            // SAFETY: source `[0, n)` and destination `[done, done + n)` (in values) lie in the
+            // guard's range, ordered on `stream`, and do not overlap (`n ≤ done`); the source holds
+            // `value` in each place, written earlier on `stream` or before the guard was taken.
+            unsafe { ffi::dtod_async(to + (done * size) as u64, to, n * size, stream.raw())? };
+            done += n;
+        }
+        Ok(())
     }
 
     /// Copies `src` into the mapped values right after the last one, blocking until it is done.
@@ -421,7 +475,7 @@ impl<T> GrowableBuffer<T> {
     /// A shared view of the values.
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
         // SAFETY: `[base, base + bytes)` is mapped (len ≤ capacity), read-write for the buffer's
-        // device, aligned for T (the range base is granularity-aligned), holds `len` values of T
+        // device, aligned for T (`with_config` checked the base), holds `len` values of T
         // written through fills and copies, and stays mapped while the view borrows `self`
         // (unmapping needs `&mut self`); all device work goes through `order`.
         unsafe { DeviceSlice::from_raw_parts(self.device_ptr(), self.len, &self.order, &self.ctx) }
@@ -487,11 +541,49 @@ fn bytes_for<T>(count: usize) -> Result<usize> {
     count.checked_mul(size_of::<T>()).ok_or(Error::SizeOverflow { count, elem_size: size_of::<T>() })
 }
 
+/// How to reserve for values of `T`: the driver's default base (aligned to the granularity) unless
+/// `T` needs more.
+fn reserve_options<T>(granularity: &Granularity) -> ReserveOptions {
+    let align = align_of::<T>();
+    if align > granularity.minimum {
+        ReserveOptions::default().alignment(align)
+    } else {
+        ReserveOptions::default()
+    }
+}
+
 fn beyond_reservation(reserve: usize) -> Error {
     Error::LimitExceeded {
         what: "bytes in this GrowableBuffer's reservation (reserve a larger one)",
         limit: reserve,
     }
+}
+
+/// The most memsets that write the first value of a fill that is not one memset; a value whose
+/// words change more often is copied from the host instead.
+const SEED_MEMSETS: usize = 16;
+
+/// Memsets that write one value whose bytes are `value`, at an address that is a multiple of its
+/// size: `(byte offset, fill, words)` per run of equal words of the widest width (4, 2 or 1 bytes)
+/// that divides the size. `None` if that takes more than [`SEED_MEMSETS`].
+fn seed_memsets(value: &[u8]) -> Option<Vec<(usize, Fill, usize)>> {
+    let width = [4, 2].into_iter().find(|&w| value.len().is_multiple_of(w)).unwrap_or(1);
+    let mut runs: Vec<(usize, &[u8], usize)> = Vec::new();
+    for (i, word) in value.chunks_exact(width).enumerate() {
+        let full = runs.len() == SEED_MEMSETS;
+        match runs.last_mut() {
+            Some((_, last, n)) if *last == word => *n += 1,
+            _ if full => return None,
+            _ => runs.push((i * width, word, 1)),
+        }
+    }
+    let fill = |word: &[u8]| match *word {
+        [a] => Some(Fill::W8(a)),
+        [a, b] => Some(Fill::W16(u16::from_ne_bytes([a, b]))),
+        [a, b, c, d] => Some(Fill::W32(u32::from_ne_bytes([a, b, c, d]))),
+        _ => None,
+    };
+    runs.into_iter().map(|(offset, word, n)| Some((offset, fill(word)?, n))).collect()
 }
 
 /// The memset that writes `count` copies of the value whose bytes are `value`, and how many
@@ -572,5 +664,35 @@ mod tests {
         assert!(matches!(memset_for(&eight, 2), Some((Fill::W32(_), 4))));
         assert!(memset_for(&[1, 2, 3], 4).is_none());
         assert!(memset_for(&1u64.to_ne_bytes(), 4).is_none());
+    }
+
+    /// The `(offset, fill, words)` triples of a seed, as comparable numbers.
+    fn seed(value: &[u8]) -> Option<Vec<(usize, u32, usize)>> {
+        let word = |f: Fill| match f {
+            Fill::W8(v) => u32::from(v),
+            Fill::W16(v) => u32::from(v),
+            Fill::W32(v) => v,
+        };
+        seed_memsets(value).map(|runs| runs.into_iter().map(|(o, f, n)| (o, word(f), n)).collect())
+    }
+
+    #[test]
+    fn a_seed_is_one_memset_per_run_of_the_widest_words() {
+        let one = 1.0f64.to_ne_bytes();
+        let (lo, hi) = (
+            u32::from_ne_bytes(one[..4].try_into().unwrap()),
+            u32::from_ne_bytes(one[4..].try_into().unwrap()),
+        );
+        assert_eq!(seed(&one), Some(vec![(0, lo, 1), (4, hi, 1)]));
+        assert_eq!(seed(&[1, 2, 3]), Some(vec![(0, 1, 1), (1, 2, 1), (2, 3, 1)]));
+        let halves = [1, 2, 1, 2, 5, 6];
+        let (a, b) = (u16::from_ne_bytes([1, 2]), u16::from_ne_bytes([5, 6]));
+        assert_eq!(seed(&halves), Some(vec![(0, a.into(), 2), (4, b.into(), 1)]));
+        let words = |n: u32| (0..n).flat_map(|i| (i + 1).to_ne_bytes()).collect::<Vec<u8>>();
+        assert_eq!(seed(&words(SEED_MEMSETS as u32)).map(|s| s.len()), Some(SEED_MEMSETS));
+        assert_eq!(seed(&words(SEED_MEMSETS as u32 + 1)), None);
+        let mut repeated = words(3);
+        repeated.extend([0; 400]); // a long run of zero words is one memset
+        assert_eq!(seed(&repeated), Some(vec![(0, 1, 1), (4, 2, 1), (8, 3, 1), (12, 0, 100)]));
     }
 }

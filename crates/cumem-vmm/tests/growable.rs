@@ -4,8 +4,11 @@
 
 mod common;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::time::Duration;
 
+use bytemuck::Zeroable;
 use common::*;
 use cumem_copy::{Copy2D, Pitched, StreamCopy};
 use cumem_core::sys::CUresult;
@@ -13,6 +16,70 @@ use cumem_core::{DeviceBuffer, Error, PinnedBuffer, Stream};
 use cumem_sim::FaultRule;
 use cumem_vmm::{GrowableBuffer, GrowableConfig};
 use serial_test::{parallel, serial};
+
+/// Records, per thread, the largest single allocation, so that a test can bound what a call holds
+/// on the host.
+struct LargestAllocation;
+
+thread_local! {
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(bytes: usize) {
+    // `try_with`: the allocator also serves a thread's teardown, after its locals are gone.
+    let _ = LARGEST.try_with(|l| l.set(l.get().max(bytes)));
+}
+
+// SAFETY: every call goes to the system allocator unchanged; the bookkeeping reads a size and sets
+// a thread-local `Cell` of a const initialiser, which allocates nothing.
+unsafe impl GlobalAlloc for LargestAllocation {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: LargestAllocation = LargestAllocation;
+
+/// The largest single allocation `body` made on this thread.
+fn largest_allocation_in(body: impl FnOnce()) -> usize {
+    LARGEST.with(|l| l.set(0));
+    body();
+    LARGEST.with(Cell::get)
+}
+
+/// What a fill may hold on the host, however many values it sets.
+const HOST_BOUND: usize = 64 << 10;
+
+/// Twelve bytes whose 1-, 2- and 4-byte words all differ: no single memset writes it.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct Triple {
+    a: u32,
+    b: f32,
+    c: u32,
+}
+
+const TRIPLE: Triple = Triple { a: 0x0102_0304, b: -1.5, c: 0xA5A5_0F0F };
 
 /// One chunk per granule, so that 64 steps map 64 chunks.
 fn config(g: usize) -> GrowableConfig {
@@ -224,6 +291,90 @@ fn resize_fills_new_values_of_every_width() {
 
 #[test]
 #[parallel]
+fn resize_with_a_value_no_memset_writes_holds_no_tail_on_the_host() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+
+    let third = -1.0f64 / 3.0;
+    let mut floats = GrowableBuffer::<f64>::with_config(&stream, 0, config(g)).unwrap();
+    floats.resize(3, 2.5).unwrap();
+    let n = 5 * g / 8 + 3; // odd, over six chunks
+    floats.reserve(n - 3).unwrap(); // maps now, so that only the fill is measured
+    let largest = largest_allocation_in(|| floats.resize(n, third).unwrap());
+    assert!(largest <= HOST_BOUND, "the fill of {} bytes allocated {largest} bytes on the host", n * 8);
+    let bits: Vec<u64> = floats.to_vec().unwrap().iter().map(|v| v.to_bits()).collect();
+    assert_eq!(bits.len(), n);
+    assert!(bits[..3].iter().all(|&b| b == 2.5f64.to_bits()));
+    assert!(bits[3..].iter().all(|&b| b == third.to_bits()), "a filled value is not bitwise -1/3");
+
+    let mut triples = GrowableBuffer::<Triple>::with_config(&stream, 0, config(g)).unwrap();
+    triples.extend_from_slice(&[Triple::zeroed(); 1]).unwrap();
+    let n = 3 * g / size_of::<Triple>() + 7; // odd, over four chunks
+    triples.reserve(n - 1).unwrap();
+    let largest = largest_allocation_in(|| triples.resize(n, TRIPLE).unwrap());
+    assert!(largest <= HOST_BOUND, "the fill of {} bytes allocated {largest} bytes on the host", n * 12);
+    let v = triples.to_vec().unwrap();
+    assert_eq!(v.len(), n);
+    assert_eq!(v[0], Triple::zeroed());
+    let want = bytemuck::bytes_of(&TRIPLE);
+    assert!(v[1..].iter().all(|t| bytemuck::bytes_of(t) == want), "a filled value is not bitwise TRIPLE");
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
+fn resize_with_a_value_of_many_different_words_copies_one_value_and_doubles_it() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    // 24 different words: too many memsets for one value, so it comes from the host.
+    let value: [u32; 24] = std::array::from_fn(|i| (i as u32 + 1).wrapping_mul(0x9E37_79B9));
+    let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
+    let n = 2 * g / size_of::<[u32; 24]>() + 5; // odd, over three chunks
+    buf.reserve(n).unwrap();
+    let largest = largest_allocation_in(|| buf.resize(n, value).unwrap());
+    assert!(largest <= HOST_BOUND, "the fill of {} bytes allocated {largest} bytes on the host", n * 96);
+    let v = buf.to_vec().unwrap();
+    assert_eq!(v.len(), n);
+    assert!(v.iter().all(|x| *x == value), "a filled value differs");
+    buf.resize(n + 1, value).unwrap(); // a single value: the copy alone
+    assert_eq!(buf.slice(n - 1..).unwrap().to_vec().unwrap(), [value; 2]);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial] // holds a gate
+fn resize_with_a_value_no_memset_writes_is_queued_on_the_buffers_stream() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let earlier = Stream::non_blocking(&ctx).unwrap();
+    let n = g / 8; // one chunk of f64
+    let mut buf = GrowableBuffer::<f64>::with_config(&stream, 0, config(g)).unwrap();
+    buf.resize_zeroed(n).unwrap();
+    buf.reserve(2 * n).unwrap();
+    let gate = hold(&earlier);
+    // Earlier work on the buffer, held behind the gate: the fill is ordered after it, and must be
+    // queued behind it rather than waited for.
+    earlier.memset_d8(&mut buf.slice_mut(..).unwrap(), 0x40).unwrap();
+    buf.resize(3 * n - 1, 0.1).unwrap();
+    assert!(
+        !stream.query().unwrap(),
+        "resize waited for its fill instead of queueing it on the buffer's stream"
+    );
+    gate.release();
+    let bits: Vec<u64> = buf.to_vec().unwrap().iter().map(|v| v.to_bits()).collect();
+    assert!(bits[..n].iter().all(|&b| b == 0x4040_4040_4040_4040), "the earlier memset was lost");
+    assert!(bits[n..].iter().all(|&b| b == 0.1f64.to_bits()), "a filled value is not bitwise 0.1");
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
 fn views_work_with_the_copies_and_memsets_of_cumem_copy() {
     let Some(device) = vmm_device() else { return };
     let ctx = device.context().unwrap();
@@ -299,6 +450,34 @@ fn bad_configurations_are_refused_before_the_driver() {
         }
     });
     assert_eq!(buf.len(), 0);
+}
+
+/// Aligned to 32 granules of 2 MiB: a base aligned to the granularity alone would misplace it.
+#[repr(C, align(67108864))]
+struct Overaligned(#[allow(dead_code)] u8);
+
+#[test]
+#[parallel]
+fn a_type_aligned_past_the_granularity_gets_a_base_aligned_for_it() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let align = align_of::<Overaligned>();
+    assert!(align > g);
+    let config = GrowableConfig::default().chunk_bytes(g).reserve_bytes(2 * align);
+    // Several, so that no base passes by being aligned by chance.
+    let bufs: Vec<_> = (0..4)
+        .map(|_| GrowableBuffer::<Overaligned>::with_config(&stream, 0, config.clone()).unwrap())
+        .collect();
+    for buf in &bufs {
+        assert_eq!(buf.device_ptr() % align as u64, 0, "{buf:?} is not aligned for its values");
+        assert_eq!(buf.as_slice().device_ptr(), buf.device_ptr());
+        assert_eq!(buf.max_capacity(), 2);
+    }
+    // An ordinary type keeps the driver's placement: aligned to the granularity.
+    let plain = GrowableBuffer::<u64>::with_config(&stream, 0, config).unwrap();
+    assert_eq!(plain.device_ptr() % g as u64, 0);
 }
 
 #[test]
