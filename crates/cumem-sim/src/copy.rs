@@ -123,12 +123,16 @@ pub(crate) enum Work {
         /// when the marker runs even if the event was destroyed meanwhile.
         shared: Option<(std::sync::Arc<crate::ipc::event::SharedEvent>, u64)>,
     },
-    /// Only orders (stream waits, allocator waits, attachments).
+    /// Only orders (stream waits, allocator waits).
     Nop,
     /// `cuMemFreeAsync`: when reached in stream order, the allocation's free takes effect.
     Free { alloc: Arc<Allocation> },
     /// Records the last prefetch location of pages `first..=last` of a managed allocation.
     Prefetch { base: u64, buffer_id: u64, first: u64, last: u64, loc: crate::managed::Loc },
+    /// `cuStreamAttachMemAsync`: when reached in stream order, the managed allocation at `base`
+    /// (if it is still the one numbered `buffer_id`) takes the attachment `flags` to the stream
+    /// the operation runs on.
+    Attach { base: u64, buffer_id: u64, flags: u32 },
     /// `cuLaunchHostFunc`.
     HostFn { f: unsafe extern "C" fn(*mut c_void), data: usize },
 }
@@ -336,6 +340,7 @@ impl Work {
             | Work::Nop
             | Work::Free { .. }
             | Work::Prefetch { .. }
+            | Work::Attach { .. }
             | Work::HostFn { .. } => {}
         }
         out
@@ -376,6 +381,7 @@ impl Work {
             | Work::Nop
             | Work::Free { .. }
             | Work::Prefetch { .. }
+            | Work::Attach { .. }
             | Work::HostFn { .. } => {}
         }
         out
@@ -434,8 +440,12 @@ pub(crate) fn execute(work: &Work) {
                 fill(dst, *value, *width, *count);
             }
         }
-        Work::Marker { .. } | Work::Nop | Work::Free { .. } | Work::HostFn { .. } | Work::Prefetch { .. } => {
-        }
+        Work::Marker { .. }
+        | Work::Nop
+        | Work::Free { .. }
+        | Work::HostFn { .. }
+        | Work::Prefetch { .. }
+        | Work::Attach { .. } => {}
     }
 }
 

@@ -183,9 +183,12 @@ fn bytes_moved(work: &Work) -> Option<usize> {
         Work::Fill { width, count, .. } => Some(width * count),
         Work::Rows { rows, len, .. } => Some(rows.len() * len),
         Work::FillRows { rows, width, count, .. } => Some(rows.len() * width * count),
-        Work::Marker { .. } | Work::Nop | Work::Free { .. } | Work::Prefetch { .. } | Work::HostFn { .. } => {
-            None
-        }
+        Work::Marker { .. }
+        | Work::Nop
+        | Work::Free { .. }
+        | Work::Prefetch { .. }
+        | Work::Attach { .. }
+        | Work::HostFn { .. } => None,
     }
 }
 
@@ -339,6 +342,22 @@ fn engine_loop() {
                     && let Some(m) = g.managed.get_mut(&base)
                 {
                     m.update(first, last, |h| h.last_prefetch = Some(loc));
+                }
+                finish(&mut g, sid);
+            }
+            Work::Attach { base, buffer_id, flags } => {
+                // The allocation may have been freed (and its address reused) while this waited
+                // in the queue: then the attachment has nothing left to apply to.
+                let destroyed = g.streams.get(&sid).is_some_and(|s| s.destroyed);
+                if g.allocs.get(&base).is_some_and(|a| a.buffer_id == buffer_id)
+                    && let Some(m) = g.managed.get_mut(&base)
+                {
+                    m.attach_to(flags, sid);
+                    // `cuStreamDestroy` reverted what was attached to the stream when it was
+                    // called; what reaches the stream after it is reverted here instead.
+                    if destroyed {
+                        m.stream_destroyed();
+                    }
                 }
                 finish(&mut g, sid);
             }

@@ -1,6 +1,6 @@
 //! Managed-memory hints: advice, prefetches and stream attachment, recorded per page (see
 //! `managed.rs` for the state) and read back by `cuMemRangeGetAttribute(s)`. Hints never change
-//! data or access.
+//! data or access. Prefetches and attachments are stream operations: recorded when they run.
 
 use cudarc::driver::sys::{CUdevice, CUresult, CUstream};
 
@@ -145,9 +145,10 @@ pub(crate) fn prefetch(
     Ok(())
 }
 
-/// `cuStreamAttachMemAsync`: queues a no-op on the stream, and records the attachment and its
-/// stream at once, not in stream order (the real driver applies it once the stream's earlier work
-/// has completed), so the record shows that the call was made, not that it took effect.
+/// `cuStreamAttachMemAsync`: checks the call now, and queues the attachment, which takes effect
+/// (what `Managed::attach`/`stream` and the live report show) when the stream's earlier work has
+/// completed, as the driver documents ("a stream-ordered operation ... will only take effect when
+/// previous work in stream has completed"). The attachment names the stream it was queued on.
 pub(crate) fn attach(h_stream: CUstream, dptr: u64, length: usize, flags: u32) -> ApiResult {
     let mut st = SIM.st.lock();
     let sid = crate::hold::resolve_gated(&mut st, h_stream)?;
@@ -171,10 +172,7 @@ pub(crate) fn attach(h_stream: CUstream, dptr: u64, length: usize, flags: u32) -
     if length != 0 && length as u64 != a.bytes {
         return bad(format!("length {length} must be 0 or the allocation's size {}", a.bytes));
     }
-    enqueue(&mut st, sid, Work::Nop, Vec::new());
-    let m = st.managed.get_mut(&dptr).expect("managed allocations have state");
-    m.attach = flags;
-    m.stream = sid;
+    enqueue(&mut st, sid, Work::Attach { base: dptr, buffer_id: a.buffer_id, flags }, Vec::new());
     Ok(())
 }
 

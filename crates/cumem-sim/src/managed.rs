@@ -22,6 +22,8 @@ use crate::state::State;
 
 /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`.
 const ATTR_CONCURRENT_MANAGED_ACCESS: u32 = 89;
+/// `CU_MEM_ATTACH_SINGLE`.
+const ATTACH_SINGLE: u32 = 4;
 
 /// The host's mapping of a managed allocation, protected while device work uses the memory.
 pub(crate) struct HostView {
@@ -129,9 +131,11 @@ pub(crate) struct PageHints {
 pub(crate) struct Managed {
     /// `CU_MEM_ATTACH_*` of the allocation (what a SINGLE attachment reverts to).
     pub(crate) initial_attach: u32,
-    /// `CU_MEM_ATTACH_*` of the latest attachment.
+    /// `CU_MEM_ATTACH_*` in effect: the allocation's, or that of the latest
+    /// `cuStreamAttachMemAsync` to have run in its stream's order (calls still queued do not count).
     pub(crate) attach: u32,
-    /// Stream of the latest `cuStreamAttachMemAsync` (0 = none).
+    /// Stream of the attachment in effect (0 = none: the allocation's own, or its stream was
+    /// destroyed).
     pub(crate) stream: u64,
     pages: u64,
     hints: Vec<PageHints>,
@@ -150,6 +154,21 @@ impl Managed {
             hints: Vec::new(),
             host,
         }
+    }
+
+    /// A `cuStreamAttachMemAsync` of `flags` on `stream` takes effect (in stream order).
+    pub(crate) fn attach_to(&mut self, flags: u32, stream: u64) {
+        self.attach = flags;
+        self.stream = stream;
+    }
+
+    /// The stream of the latest attachment is destroyed: a SINGLE attachment reverts to the
+    /// allocation's flags, and no stream is named any more.
+    pub(crate) fn stream_destroyed(&mut self) {
+        if self.attach == ATTACH_SINGLE {
+            self.attach = self.initial_attach;
+        }
+        self.stream = 0;
     }
 
     /// Applies `f` to the hints of pages `first..=last`.

@@ -24,11 +24,13 @@ pub struct LiveAllocation {
     /// The pool of a `pool` allocation (for `pool_import`: the imported pool it came through).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<u64>,
-    /// The current `CU_MEM_ATTACH_*` flags of a `managed` allocation.
+    /// The `CU_MEM_ATTACH_*` flags in effect for a `managed` allocation: a
+    /// `cuStreamAttachMemAsync` counts once it has run in its stream's order, not when called.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attach: Option<u32>,
-    /// The stream of a managed allocation's latest `cuStreamAttachMemAsync` (its internal id;
-    /// equal to the `CUstream` handle for user streams).
+    /// The stream of the attachment in effect for a managed allocation (its internal id; equal
+    /// to the `CUstream` handle for user streams); `None` before any attachment has taken effect
+    /// and once that stream is destroyed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attach_stream: Option<u64>,
 }

@@ -167,12 +167,10 @@ pub(crate) fn destroy(h_stream: CUstream) -> Result<(), Fail> {
     }
     let mut st = SIM.st.lock();
     let id = resolve(&mut st, h_stream)?;
-    // SINGLE attachments to this stream revert to the allocation's default association.
+    // SINGLE attachments to this stream revert to the allocation's default association (those
+    // still queued on it revert when they run: `Work::Attach`).
     for m in st.managed.values_mut().filter(|m| m.stream == id) {
-        if m.attach == 4 {
-            m.attach = m.initial_attach;
-        }
-        m.stream = 0;
+        m.stream_destroyed();
     }
     let s = st.streams.get_mut(&id).expect("resolved stream exists");
     s.destroyed = true;

@@ -49,6 +49,22 @@ fn loc(kind: cu::CUmemLocationType, id: i32) -> cu::CUmemLocation {
     cu::CUmemLocation { type_: kind, id }
 }
 
+/// The live report's attachment of the managed allocation at `p`: `(flags, stream)`.
+fn attachment(ctl: &cumem_sim::control::Control, p: CUdeviceptr) -> (Option<u32>, Option<u64>) {
+    let a = ctl.live_report().allocations.into_iter().find(|a| a.ptr == p).expect("listed");
+    (a.attach, a.attach_stream)
+}
+
+fn attach(s: cu::CUstream, p: CUdeviceptr, flags: u32) -> CUresult {
+    // SAFETY: plain FFI call; the simulator checks the stream and the pointer.
+    unsafe { cu::cuStreamAttachMemAsync(s, p, 0, flags) }
+}
+
+fn sync(s: cu::CUstream) {
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+}
+
 #[test]
 #[parallel]
 fn allocation_rules() {
@@ -182,15 +198,97 @@ fn attach_rules_and_reversion() {
         assert_eq!(cu::cuStreamAttachMemAsync(s, d, 0, HOST), e, "not managed");
         dfree(d);
         ok(cu::cuStreamAttachMemAsync(s, p, 2 * PAGE, SINGLE));
-        let a = ctl.live_report().allocations.into_iter().find(|a| a.ptr == p).unwrap();
-        assert_eq!((a.attach, a.attach_stream), (Some(SINGLE), Some(s as u64)));
+        sync(s);
+        assert_eq!(attachment(ctl, p), (Some(SINGLE), Some(s as u64)));
         ok(cu::cuStreamAttachMemAsync(std::ptr::null_mut(), p, 0, HOST));
         ok(cu::cuStreamAttachMemAsync(s, p, 0, SINGLE));
+        sync(s);
     }
     destroy(s);
-    let a = ctl.live_report().allocations.into_iter().find(|a| a.ptr == p).unwrap();
-    assert_eq!((a.attach, a.attach_stream), (Some(GLOBAL), None), "SINGLE reverts when its stream dies");
+    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "SINGLE reverts when its stream dies");
     dfree(p);
+}
+
+/// An attachment is a stream operation (the driver documents that it "will only take effect when
+/// previous work in stream has completed"): queued behind held work, it has not taken effect,
+/// and it has once the stream has been synchronised. One still queued when its stream is
+/// destroyed reverts when it runs, as one that had run would have at the destruction.
+#[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
+fn an_attachment_takes_effect_in_stream_order() {
+    let ctl = bind(0);
+    let p = managed(PAGE);
+    let s = stream(0);
+    let gate = Gate::block(s);
+    ok(attach(s, p, HOST));
+    settle();
+    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "queued behind the gate: not in effect");
+    // Later work of the stream does not overtake it either.
+    ok(attach(s, p, SINGLE));
+    settle();
+    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "still queued");
+    gate.open();
+    sync(s);
+    assert_eq!(attachment(ctl, p), (Some(SINGLE), Some(s as u64)), "both ran, in order");
+
+    // Queued on a stream destroyed before it runs.
+    let t = stream(0);
+    let gate = Gate::block(t);
+    ok(attach(t, p, HOST));
+    ok(attach(t, p, SINGLE));
+    destroy(t);
+    assert_eq!(attachment(ctl, p), (Some(SINGLE), Some(s as u64)), "the queued attachments have not run");
+    gate.open();
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuCtxSynchronize() });
+    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "SINGLE to a destroyed stream reverts");
+    destroy(s);
+    dfree(p);
+}
+
+/// An attachment still queued when its allocation is freed (here by destroying the allocation's
+/// context, which waits for that context's work only) does nothing when it runs: the engine
+/// carries on, and a new allocation at the same address keeps its own attachment.
+#[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
+fn an_attachment_queued_for_a_freed_allocation_leaves_its_address_alone() {
+    // The new allocation lands at the freed address when nothing else has mapped memory in
+    // between, which another thread of the process (the test harness's) can do, rarely: try again.
+    let reused = (0..8).any(|_| stale_attach_on_a_new_allocation(bind(0)));
+    assert!(reused, "no new managed allocation reused the freed address in 8 tries");
+}
+
+/// One try of the test above: whether the new allocation reused the freed address (every
+/// assertion holds either way).
+fn stale_attach_on_a_new_allocation(ctl: &cumem_sim::control::Control) -> bool {
+    let mut c: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; device 2 has no context of the shared setup.
+    ok(unsafe { cu::cuCtxCreate_v2(&mut c, 0, 2) });
+    let n = 3 * PAGE;
+    let p = managed(n);
+    let mut popped: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuCtxPopCurrent_v2(&mut popped) });
+    assert_eq!(popped, c);
+    let s = stream(0);
+    let gate = Gate::block(s);
+    ok(attach(s, p, SINGLE));
+    // SAFETY: a context this function created; nothing of it is current.
+    ok(unsafe { cu::cuCtxDestroy_v2(c) });
+    assert!(ctl.live_report().allocations.iter().all(|a| a.ptr != p), "freed with its context");
+    let mut q = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocManaged(&mut q, n, HOST) });
+    gate.open();
+    sync(s);
+    assert_eq!(attachment(ctl, q), (Some(HOST), None), "the stale attachment left the new allocation alone");
+    // The engine still runs the stream's work.
+    ok(attach(s, q, GLOBAL));
+    sync(s);
+    assert_eq!(attachment(ctl, q), (Some(GLOBAL), Some(s as u64)));
+    destroy(s);
+    dfree(q);
+    q == p
 }
 
 #[test]

@@ -595,9 +595,9 @@ fn flags_of(attach: &Attach) -> u32 {
 }
 
 /// The simulator's record of the managed allocation at `ptr`: the `CU_MEM_ATTACH_*` flags and the
-/// stream of its latest `cuStreamAttachMemAsync`, recorded when it was called (not when it took
-/// effect: the fault tests show the waits). (The real driver reports no
-/// attachment: no pointer or range attribute names it.)
+/// stream of the attachment in effect, which a `cuStreamAttachMemAsync` changes only once it has
+/// run in its stream's order (so a caller that queued one waits for its stream first). (The real
+/// driver reports no attachment: no pointer or range attribute names it.)
 fn attachment_in_sim(ctl: &Control, ptr: u64) -> (u32, Option<u64>) {
     let live = ctl.live_report();
     let alloc = live.allocations.iter().find(|a| a.ptr == ptr).expect("a live managed allocation");
@@ -1041,6 +1041,8 @@ fn attach_restores_a_stranded_attachment_first(#[values(false, true)] single: bo
     result.unwrap();
     assert_eq!(attaches, 2, "the restore, then the attachment asked for");
     assert_eq!(buf.attachment(), &target);
+    // `attach` queues the attachment (in stream order, like the driver call) without waiting.
+    stream.synchronize().unwrap();
     assert_eq!(attachment_in_sim(&ctl, ptr).0, flags_of(&target));
     assert_device_reads_go_on(&stream, &buf, &mut dst, &data, "device work goes on once restored");
     assert_eq!(buf.to_vec().unwrap(), data);

@@ -195,11 +195,12 @@ pub unsafe extern "C" fn cuMemRangeGetAttributes(
 }
 
 /// `CUresult cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, size_t length, unsigned
-/// flags)`: records the attachment (GLOBAL, HOST or SINGLE, exactly one) and its stream, in
-/// stream order (a queued operation), visible in the live report. `dptr` must be the base of a
-/// managed allocation and `length` 0 or its size; SINGLE on the NULL/legacy stream gives
-/// `INVALID_VALUE`. A SINGLE attachment reverts to the allocation's flags when its stream is
-/// destroyed. Access restrictions implied by the attachment are not enforced.
+/// flags)`: queues the attachment (GLOBAL, HOST or SINGLE, exactly one) on the stream; it takes
+/// effect, and shows in the live report with that stream, once the stream's earlier work has
+/// completed. The arguments are checked at the call: `dptr` must be the base of a managed
+/// allocation and `length` 0 or its size; SINGLE on the NULL/legacy stream gives `INVALID_VALUE`.
+/// A SINGLE attachment reverts to the allocation's flags when its stream is destroyed (one still
+/// queued then, when it runs). Access restrictions implied by the attachment are not enforced.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamAttachMemAsync(
     h_stream: CUstream,
