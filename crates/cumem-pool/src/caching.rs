@@ -1102,6 +1102,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 let mut segs = self.segments.lock();
                 expandable::gather(&segs, &mut guards, ti, req.kind);
                 let reservation = self.config.expandable_reservation_bytes;
+                // Growth's events after the release's: logged in the order they happened.
+                let mut grown_notes = expandable::Notes::default();
                 let grown = expandable::grow(
                     up,
                     &mut segs,
@@ -1109,19 +1111,28 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     ti,
                     req,
                     reservation,
-                    &mut notes,
+                    &mut grown_notes,
                 );
                 drop(segs);
                 drop((guards, st));
+                // The block, taken out of the free set, is counted live before anything is logged:
+                // a subscriber that panics then leaks a block still counted (as in
+                // `allocate_slow`), not a range neither cached nor live.
+                let block = match grown {
+                    Ok(expandable::Grown::Block(addr, seg)) => Ok(Some(self.finish((), req, addr, seg))),
+                    Ok(expandable::Grown::OutOfAddressSpace { reservation }) => {
+                        no_address_space = Some(reservation);
+                        Ok(None)
+                    }
+                    Ok(expandable::Grown::OutOfMemory) => Ok(None),
+                    Err(e) => Err(e),
+                };
                 notes.log();
                 Self::log_released(&released);
+                grown_notes.log();
                 self.give_back(unlinked);
-                match grown? {
-                    expandable::Grown::Block(addr, seg) => found = Some((addr, seg, req.kind)),
-                    expandable::Grown::OutOfAddressSpace { reservation } => {
-                        no_address_space = Some(reservation)
-                    }
-                    expandable::Grown::OutOfMemory => {}
+                if let Some(block) = block? {
+                    return Ok(block);
                 }
             } else {
                 drop((guards, st));

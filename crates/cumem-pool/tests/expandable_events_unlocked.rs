@@ -1,10 +1,14 @@
 //! The expandable segments' events are logged with the pool's locks let go: a subscriber that
 //! reads the pool's stats on them (which take those locks) must not deadlock, whether a stream's
 //! reservation filled up (in growth and in the out-of-memory ladder) or unmapping a free chunk
-//! failed (in a trim and in the ladder; on the device through the simulator's fault injection).
-//! The work runs on a thread, waited for under a bound, since a deadlock hangs rather than fails.
+//! failed (in a trim, the release threshold and the ladder; on the device through the
+//! simulator's fault injection). The work runs on a thread, waited for under a bound, since a
+//! deadlock hangs rather than fails. The ladder logs in the order things happened, and a
+//! subscriber that panics on its events leaves the books consistent.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
@@ -23,6 +27,7 @@ use tracing_subscriber::layer::SubscriberExt;
 const MIB: usize = 1 << 20;
 const RESERVING: &str = "expandable segments full: reserving another";
 const UNMAP_FAILED: &str = "unmapping a free chunk failed; kept cached";
+const RELEASED: &str = "segments released";
 
 type Pool = CachingPool<HostUpstream, HostOrdering>;
 
@@ -86,11 +91,13 @@ fn reading_stats_on<T: Send + 'static>(
 /// A 10 MiB host pool of 4 MiB reservations: stream 0 fills its reservation with one 4 MiB block;
 /// stream 1 maps 4 MiB for a 2.5 MiB and a 1.5 MiB block and frees the first, caching one whole
 /// free chunk that no 4 MiB request fits. Another 4 MiB on stream 0 then needs a new reservation
-/// and, first, the ladder's unmapping of that chunk. Returns the pool and the two live blocks.
-fn full_reservation_and_a_free_chunk() -> (Arc<Pool>, [cumem_pool::Block; 2]) {
+/// and, first, the ladder's unmapping of that chunk. Returns the pool (of release threshold
+/// `release_threshold`) and the two live blocks.
+fn full_reservation_and_a_free_chunk(release_threshold: usize) -> (Arc<Pool>, [cumem_pool::Block; 2]) {
     let config = PoolConfig {
         expandable_segments: true,
         expandable_reservation_bytes: Some(4 * MIB),
+        release_threshold,
         ..PoolConfig::default()
     };
     let pool = Arc::new(CachingPool::new(HostUpstream::new(10 * MIB), HostOrdering::new(), config));
@@ -123,7 +130,7 @@ fn clean_up(pool: &Pool, blocks: [cumem_pool::Block; 2], extra: Option<cumem_poo
 /// memory, and the ladder unmaps stream 1's free chunk, reserves again (logged) and maps.
 #[test]
 fn a_subscriber_that_reads_stats_when_a_reservation_fills_up_does_not_deadlock() {
-    let (pool, blocks) = full_reservation_and_a_free_chunk();
+    let (pool, blocks) = full_reservation_and_a_free_chunk(usize::MAX);
     let (reader, p) = (pool.clone(), pool.clone());
     let (grown, seen) =
         reading_stats_on(RESERVING, move || reader.stats(), move || p.allocate(4 * MIB, 512, 0));
@@ -141,7 +148,7 @@ fn a_subscriber_that_reads_stats_when_a_reservation_fills_up_does_not_deadlock()
 /// reports out of memory); a third try succeeds.
 #[test]
 fn a_subscriber_that_reads_stats_when_an_unmap_fails_does_not_deadlock() {
-    let (pool, blocks) = full_reservation_and_a_free_chunk();
+    let (pool, blocks) = full_reservation_and_a_free_chunk(usize::MAX);
     let (reader, p) = (pool.clone(), pool.clone());
     let (results, seen) = reading_stats_on(
         UNMAP_FAILED,
@@ -165,6 +172,104 @@ fn a_subscriber_that_reads_stats_when_an_unmap_fails_does_not_deadlock() {
     let grown = pool.allocate(4 * MIB, 512, 0).unwrap();
     assert_eq!((pool.stats().reserved_bytes, pool.stats().oom_ladders), (10 << 20, 2));
     clean_up(&pool, blocks, Some(grown));
+}
+
+/// The release threshold (0 here) unmaps the free chunk when the pool synchronises: that unmap
+/// fails once (nothing released), and the next synchronisation unmaps it.
+#[test]
+fn a_subscriber_that_reads_stats_when_the_release_threshold_cannot_unmap_does_not_deadlock() {
+    let (pool, blocks) = full_reservation_and_a_free_chunk(0);
+    let (reader, p) = (pool.clone(), pool.clone());
+    let (report, seen) = reading_stats_on(
+        UNMAP_FAILED,
+        move || reader.stats(),
+        move || {
+            let up = p.upstream();
+            up.fail_unmap(up.unmap_calls(), UpstreamError::Other(1));
+            p.synchronize()
+        },
+    );
+    assert_eq!(report.unwrap(), TrimReport::default(), "the one free chunk stayed mapped");
+    let seen: Vec<(u64, u64, u64)> =
+        seen.iter().map(|s| (s.segments, s.reserved_bytes, s.current_bytes)).collect();
+    assert_eq!(seen, [(2, 8 << 20, 11 << 19)], "(segments, reserved bytes, live bytes) at the event");
+    let report = pool.synchronize().unwrap();
+    assert_eq!((report.released_bytes, report.released_segments), (2 << 20, 0));
+    assert_eq!(pool.stats().reserved_bytes, 6 << 20);
+    clean_up(&pool, blocks, None);
+}
+
+/// The messages of the events named in `wanted` that `work` logs, in the order logged.
+fn events_of<T>(wanted: &'static [&'static str], work: impl FnOnce() -> T) -> (T, Vec<&'static str>) {
+    let seen = Arc::new(Mutex::new(vec![]));
+    let log = seen.clone();
+    let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+        if let Some(&w) = wanted.iter().find(|&&w| w == m) {
+            log.lock().push(w);
+        }
+    }));
+    let out = tracing::subscriber::with_default(subscriber, work);
+    let seen = std::mem::take(&mut *seen.lock());
+    (out, seen)
+}
+
+/// Stream 0's 4 MiB reservation is full and stream 1's is entirely free (a 4 MiB block freed), in
+/// a 10 MiB pool: a 6 MiB block on stream 0 fits neither, and growth's new reservation finds
+/// 2 MiB to map. The ladder releases stream 1's reservation, then reserves again: its events say
+/// so in that order.
+#[test]
+fn the_ladder_logs_its_release_before_the_reservation_it_made_room_for() {
+    let config = PoolConfig {
+        expandable_segments: true,
+        expandable_reservation_bytes: Some(4 * MIB),
+        ..PoolConfig::default()
+    };
+    let pool = CachingPool::new(HostUpstream::new(10 * MIB), HostOrdering::new(), config);
+    let full = pool.allocate(4 * MIB, 512, 0).unwrap();
+    let freed = pool.allocate(4 * MIB, 512, 1).unwrap();
+    pool.deallocate(freed, 1).unwrap();
+    let (grown, seen) = events_of(&[RESERVING, RELEASED], || pool.allocate(6 * MIB, 512, 0));
+    let grown = grown.unwrap();
+    assert_eq!(seen, [RESERVING, RELEASED, RESERVING], "growth's try, then the ladder's release and try");
+    let s = pool.stats();
+    assert_eq!((s.segments, s.reserved_bytes, s.current_bytes, s.oom_ladders), (2, 10 << 20, 10 << 20, 1));
+    pool.deallocate(full, 0).unwrap();
+    pool.deallocate(grown, 0).unwrap();
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!((pool.stats().reserved_bytes, pool.upstream().live_bytes()), (0, 0));
+    assert!(pool.upstream().reservations().is_empty());
+    assert!(pool.upstream().violations().is_empty(), "{:?}", pool.upstream().violations());
+}
+
+/// A subscriber panics on the ladder's "reserving another" (the second, after growth's): the
+/// block the ladder took is counted live before it is logged, so the panic leaks a block the
+/// books still count (cached plus live is what is reserved), not a range neither cached nor live.
+#[test]
+fn a_subscriber_that_panics_in_the_ladder_leaves_the_books_consistent() {
+    let (pool, [full, kept]) = full_reservation_and_a_free_chunk(usize::MAX);
+    let reserving = AtomicUsize::new(0);
+    let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
+        if m == RESERVING && reserving.fetch_add(1, Ordering::Relaxed) == 1 {
+            panic!("a subscriber panics on the ladder's new reservation");
+        }
+    }));
+    let caught = tracing::subscriber::with_default(subscriber, || {
+        catch_unwind(AssertUnwindSafe(|| pool.allocate(4 * MIB, 512, 0)))
+    });
+    assert!(caught.is_err(), "the subscriber's panic reached the caller");
+    pool.validate().unwrap();
+    let s = pool.stats();
+    assert_eq!((s.segments, s.reserved_bytes, s.current_bytes, s.oom_ladders), (3, 10 << 20, 19 << 19, 1));
+    pool.deallocate(full, 0).unwrap();
+    pool.deallocate(kept, 1).unwrap();
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    // The leaked block keeps its chunks mapped; the rest went back.
+    let s = pool.stats();
+    assert_eq!((s.segments, s.reserved_bytes, s.current_bytes), (1, 4 << 20, 4 << 20));
+    assert_eq!(pool.upstream().live_bytes(), 4 << 20);
+    assert!(pool.upstream().violations().is_empty(), "{:?}", pool.upstream().violations());
 }
 
 /// On the device: the simulator fails the trim's second `cuMemUnmap` (the middle chunk of three,
