@@ -467,8 +467,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         self.ordering.synchronize().map_err(PoolError::Ordering)?;
         consolidate(&mut guards);
-        let (report, unlinked) = self.release(&mut guards, keep as u64);
+        let mut notes = expandable::Notes::default();
+        let (report, unlinked) = self.release(&mut guards, keep as u64, &mut notes);
         drop((guards, st));
+        notes.log();
         Self::log_released(&report);
         self.give_back(unlinked);
         Ok(report)
@@ -492,8 +494,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.sweep(&mut st, &mut guards);
         self.ordering.synchronize().map_err(PoolError::Ordering)?;
         consolidate(&mut guards);
-        let (report, unlinked) = self.release(&mut guards, threshold);
+        let mut notes = expandable::Notes::default();
+        let (report, unlinked) = self.release(&mut guards, threshold, &mut notes);
         drop((guards, st));
+        notes.log();
         Self::log_released(&report);
         self.give_back(unlinked);
         Ok(report)
@@ -947,6 +951,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 self.ordering.wait(stream, owner).map_err(PoolError::Ordering)?;
             }
             let reservation = self.config.expandable_reservation_bytes;
+            let mut notes = expandable::Notes::default();
             let grown = expandable::grow(
                 up,
                 &mut self.segments.lock(),
@@ -954,10 +959,18 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 arena.index,
                 &req,
                 reservation,
-            )?;
-            if let expandable::Grown::Block(addr, seg) = grown {
-                return Ok(self.finish(g, &req, addr, seg));
+                &mut notes,
+            );
+            // Logged with the locks let go (the registry's went with the statement): a subscriber
+            // may read `stats()`, which takes them.
+            if let Ok(expandable::Grown::Block(addr, seg)) = grown {
+                let block = self.finish(g, &req, addr, seg);
+                notes.log();
+                return Ok(block);
             }
+            drop(g);
+            notes.log();
+            grown?;
         } else if let Some(seg) = self.grow(req.kind, req.need, false)? {
             let mut g = arena.inner.lock();
             let set = g.set(req.kind);
@@ -1077,7 +1090,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         }
         if found.is_none() {
-            let (released, unlinked) = self.release(&mut guards, 0);
+            let mut notes = expandable::Notes::default();
+            let (released, unlinked) = self.release(&mut guards, 0, &mut notes);
             if let Some(up) = self.expandable() {
                 // Plain segments unlinked here would be freed only after the mapping below, too
                 // late to help it; there are none: with expandable segments the pool never takes
@@ -1088,20 +1102,41 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 let mut segs = self.segments.lock();
                 expandable::gather(&segs, &mut guards, ti, req.kind);
                 let reservation = self.config.expandable_reservation_bytes;
-                let grown = expandable::grow(up, &mut segs, guards[ti].set(req.kind), ti, req, reservation);
+                // Growth's events after the release's: logged in the order they happened.
+                let mut grown_notes = expandable::Notes::default();
+                let grown = expandable::grow(
+                    up,
+                    &mut segs,
+                    guards[ti].set(req.kind),
+                    ti,
+                    req,
+                    reservation,
+                    &mut grown_notes,
+                );
                 drop(segs);
                 drop((guards, st));
-                Self::log_released(&released);
-                self.give_back(unlinked);
-                match grown? {
-                    expandable::Grown::Block(addr, seg) => found = Some((addr, seg, req.kind)),
-                    expandable::Grown::OutOfAddressSpace { reservation } => {
-                        no_address_space = Some(reservation)
+                // The block, taken out of the free set, is counted live before anything is logged:
+                // a subscriber that panics then leaks a block still counted (as in
+                // `allocate_slow`), not a range neither cached nor live.
+                let block = match grown {
+                    Ok(expandable::Grown::Block(addr, seg)) => Ok(Some(self.finish((), req, addr, seg))),
+                    Ok(expandable::Grown::OutOfAddressSpace { reservation }) => {
+                        no_address_space = Some(reservation);
+                        Ok(None)
                     }
-                    expandable::Grown::OutOfMemory => {}
+                    Ok(expandable::Grown::OutOfMemory) => Ok(None),
+                    Err(e) => Err(e),
+                };
+                notes.log();
+                Self::log_released(&released);
+                grown_notes.log();
+                self.give_back(unlinked);
+                if let Some(block) = block? {
+                    return Ok(block);
                 }
             } else {
                 drop((guards, st));
+                notes.log();
                 Self::log_released(&released);
                 self.give_back(unlinked);
                 let seen = self.returning.finished();
@@ -1197,8 +1232,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// them out of the arenas and the books and returns them as `(addr, len)` for
     /// [`give_back`](Self::give_back) once no lock is held (nothing can reach them any more), then
     /// unmaps whole free chunks of expandable segments. The caller holds all arena locks and has
-    /// synchronised after every free in them.
-    fn release(&self, guards: &mut Guards<'_, O::Stream>, keep: u64) -> (TrimReport, InFlight<'_>) {
+    /// synchronised after every free in them; it logs `notes` once it has let them go, before
+    /// [`log_released`](Self::log_released).
+    fn release(
+        &self,
+        guards: &mut Guards<'_, O::Stream>,
+        keep: u64,
+        notes: &mut expandable::Notes,
+    ) -> (TrimReport, InFlight<'_>) {
         let live = self.live_bytes();
         let mut segs = self.segments.lock();
         let mut cached = segs.reserved.saturating_sub(live.max(0) as u64);
@@ -1228,7 +1269,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             report.released_bytes += len;
         }
         if let Some(up) = self.upstream.expandable() {
-            let r = expandable::shrink(up, &mut segs, guards, &mut cached, keep);
+            let r = expandable::shrink(up, &mut segs, guards, &mut cached, keep, notes);
             report.released_segments += r.released_segments;
             report.released_bytes += r.released_bytes;
         }

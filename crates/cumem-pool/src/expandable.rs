@@ -63,7 +63,7 @@ use crate::block::Request;
 use crate::free_set::{FreeSet, Seg};
 use crate::segment::Segments;
 use crate::size_class::{Kind, align_up_u64};
-use crate::{ExpandableUpstream, PoolError, TrimReport};
+use crate::{ExpandableUpstream, PoolError, TrimReport, UpstreamError};
 
 /// One expandable segment: a reservation and which chunks of it are mapped.
 #[derive(Debug, Clone)]
@@ -96,11 +96,11 @@ impl Expandable {
         self.mapped += hi - lo;
     }
 
-    /// Records `[lo, hi)`, which lies inside one run, as unmapped.
-    fn unmark(&mut self, lo: u64, hi: u64) {
+    /// Records `[lo, hi)`, which lies inside one run, as unmapped; false (nothing recorded) when
+    /// it does not.
+    fn unmark(&mut self, lo: u64, hi: u64) -> bool {
         let Some((&s, &e)) = self.runs.range(..=lo).next_back().filter(|r| hi <= *r.1) else {
-            tracing::warn!(lo, hi, "expandable segment: unmarking space that is not mapped");
-            return;
+            return false;
         };
         self.runs.remove(&s);
         if s < lo {
@@ -110,6 +110,7 @@ impl Expandable {
             self.runs.insert(hi, e);
         }
         self.mapped -= hi - lo;
+        true
     }
 
     /// Whether `[lo, hi)` lies inside one mapped run.
@@ -183,6 +184,43 @@ impl Registry {
     }
 }
 
+/// An event of the expandable segments, kept until the pool's locks are let go.
+#[derive(Debug)]
+enum Note {
+    /// Every segment the growing arena owns of a kind was full: another range was reserved.
+    Reserving { base: u64, len: u64 },
+    /// Unmapping the free chunk at `addr` failed: it stays mapped, counted and cached.
+    UnmapFailed { addr: u64, error: UpstreamError },
+    /// The books disagree: `[lo, hi)` was to be unmarked but is not inside one mapped run.
+    NotMapped { lo: u64, hi: u64 },
+}
+
+/// The events that [`grow`] and [`shrink`] emit, collected while they run under the pool's locks
+/// and emitted by [`log`](Self::log) once those are let go: a subscriber may read the pool's
+/// stats, which take the same locks (under them it deadlocked), and one that panics must not cut
+/// short an update of the books.
+#[derive(Debug, Default)]
+pub(crate) struct Notes(Vec<Note>);
+
+impl Notes {
+    /// Emits the events, in the order they happened. Call with no lock of the pool held.
+    pub fn log(self) {
+        for note in self.0 {
+            match note {
+                Note::Reserving { base, len } => {
+                    tracing::debug!(base, len, "expandable segments full: reserving another")
+                }
+                Note::UnmapFailed { addr, error } => {
+                    tracing::warn!(addr, %error, "unmapping a free chunk failed; kept cached")
+                }
+                Note::NotMapped { lo, hi } => {
+                    tracing::warn!(lo, hi, "expandable segment: unmarking space that is not mapped")
+                }
+            }
+        }
+    }
+}
+
 /// What [`grow`] made of a request.
 #[derive(Debug)]
 pub(crate) enum Grown {
@@ -234,7 +272,8 @@ fn fit_in_gap(set: &FreeSet, seg: Seg, (lo, hi): (u64, u64), req: &Request, chun
 /// in it, and takes the block there.
 /// When no segment has room, reserves another one of `reservation` bytes (at least the block).
 ///
-/// The caller holds the arena's lock (`set`) and the segment registry (`segs`).
+/// The caller holds the arena's lock (`set`) and the segment registry (`segs`), and logs `notes`
+/// once it has let them go (whatever the result).
 pub(crate) fn grow(
     up: &dyn ExpandableUpstream,
     segs: &mut Segments,
@@ -242,6 +281,7 @@ pub(crate) fn grow(
     arena: usize,
     req: &Request,
     reservation: Option<usize>,
+    notes: &mut Notes,
 ) -> Result<Grown, PoolError> {
     let chunk = up.chunk_bytes() as u64;
     let owner = (arena, req.kind);
@@ -281,7 +321,7 @@ pub(crate) fn grow(
                 return Err(PoolError::MisalignedSegment { addr: base });
             }
             if segs.expandable.owned.contains_key(&owner) {
-                tracing::debug!(base, len, "expandable segments full: reserving another");
+                notes.0.push(Note::Reserving { base, len });
             }
             let kind = req.kind;
             let e = Expandable { len, runs: BTreeMap::new(), mapped: 0, kind, owner };
@@ -409,13 +449,15 @@ pub(crate) fn releasable<S, G: Deref<Target = ArenaInner<S>>>(
 /// Unmaps whole free chunks of every expandable segment, wherever they are, from the highest
 /// address down, while more than `keep` bytes are cached (`cached` is updated), then releases the
 /// reservations left with nothing mapped. The caller holds every arena lock, has consolidated the
-/// cached memory (so a free stretch is one range) and synchronised after every free in it.
+/// cached memory (so a free stretch is one range) and synchronised after every free in it; it logs
+/// `notes` once it has let the locks go.
 pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
     up: &dyn ExpandableUpstream,
     segs: &mut Segments,
     guards: &mut [G],
     cached: &mut u64,
     keep: u64,
+    notes: &mut Notes,
 ) -> TrimReport {
     let chunk = up.chunk_bytes() as u64;
     let mut report = TrimReport::default();
@@ -435,7 +477,7 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
         let mut bottom = hi;
         while bottom > target {
             if let Err(error) = up.unmap(bottom - chunk, chunk as usize) {
-                tracing::warn!(addr = bottom - chunk, %error, "unmapping a free chunk failed; kept cached");
+                notes.0.push(Note::UnmapFailed { addr: bottom - chunk, error });
                 break;
             }
             bottom -= chunk;
@@ -464,8 +506,10 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
         if hi < end {
             set.insert(hi, end - hi, seg);
         }
-        if let Some(e) = segs.expandable.segs.get_mut(&seg.base) {
-            e.unmark(bottom, hi);
+        if let Some(e) = segs.expandable.segs.get_mut(&seg.base)
+            && !e.unmark(bottom, hi)
+        {
+            notes.0.push(Note::NotMapped { lo: bottom, hi });
         }
         segs.reserved -= bytes;
         *cached = cached.saturating_sub(bytes);
