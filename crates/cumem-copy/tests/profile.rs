@@ -38,6 +38,8 @@ fn a_profiled_workload_reports_kinds_counts_and_bytes_by_value() {
     let mut d_big2 = DeviceBuffer::<u8>::zeroed(&stream, 100 << 10).unwrap();
     let mut back = PinnedBuffer::<u32>::zeroed(&ctx, 16).unwrap();
     let mut img = PitchedBuffer::<u16>::zeroed(&stream, 32, 8).unwrap();
+    // Zeroed before observing: its memset would count too.
+    let mut img2 = img_copy(&stream);
     let other = Stream::non_blocking(&ctx).unwrap();
 
     let profiler = Profiler::new();
@@ -51,7 +53,7 @@ fn a_profiled_workload_reports_kinds_counts_and_bytes_by_value() {
         stream.memset_d32(&mut d_small, 7).unwrap();
         stream.fill_2d(&mut img.as_pitched_mut(), 3u16, Rect2D::new(32, 8)).unwrap();
         stream
-            .copy_2d(&img.as_pitched(), &mut img_copy(&stream).as_pitched_mut(), Copy2D::new(32, 8))
+            .copy_2d(&img.as_pitched(), &mut img2.as_pitched_mut(), Copy2D::new(32, 8))
             .unwrap();
         // Another stream is not observed.
         other.copy_h2d(&big, &mut d_big2).unwrap();
@@ -275,4 +277,27 @@ fn timed_events_are_recorded_only_while_the_copy_is_observed() {
     let r = profiler.report().unwrap();
     assert_eq!((r.total(CopyKind::HostToDevice).count, r.total(CopyKind::HostToDevice).bytes), (10, 2560));
     assert_eq!(dev.to_vec().unwrap(), vec![6u8; 256]);
+}
+
+/// `PitchedBuffer::zeroed` and `zeroed_3d` clear their allocation with a memset that a profiler
+/// attached to the stream counts, padding included, like every other memset of the crate.
+#[test]
+#[parallel]
+fn the_memset_of_a_zeroed_pitched_buffer_is_profiled() {
+    let (_ctx, stream) = setup();
+    let profiler = Profiler::new();
+    let (flat, cube) = {
+        let _on = profiler.observe(&stream);
+        (
+            PitchedBuffer::<u16>::zeroed(&stream, 32, 8).unwrap(),
+            PitchedBuffer::<u32>::zeroed_3d(&stream, 5, 3, 2).unwrap(),
+        )
+    };
+    let r = profiler.report().unwrap();
+    let memset = r.total(CopyKind::Memset);
+    let expected = flat.pitch_bytes() * 8 + cube.pitch_bytes() * 3 * 2;
+    assert_eq!((memset.count, memset.bytes), (2, expected as u64), "{r}");
+    assert_eq!(r.rows().count(), 1, "nothing but the two memsets: {r}");
+    assert_eq!(flat.to_vec().unwrap(), vec![0u16; 32 * 8]);
+    assert_eq!(cube.to_vec().unwrap(), vec![0u32; 5 * 3 * 2]);
 }
