@@ -108,6 +108,11 @@ pub fn init() -> Result<DriverKind> {
 
 /// Selects, loads and initialises a driver. Succeeds again for a compatible choice; a request for
 /// a different kind than the one already in use is an [`Error::DriverSelection`].
+///
+/// A selection that fails before the chosen library's `cuInit` ran (no library found, a library
+/// that is not the kind asked for, a bad simulator configuration) leaves nothing in use: a later
+/// call may choose again, for example the simulator after `Real` found no driver. Once `cuInit`
+/// has run, its outcome is final for the process, failure included: every later call returns it.
 pub fn select(choice: DriverChoice) -> Result<DriverKind> {
     select_with_sim_config(choice, None)
 }
@@ -127,14 +132,17 @@ pub fn select_with_sim_config(choice: DriverChoice, sim_config: Option<&str>) ->
             }),
         };
     }
-    let outcome = load(choice, sim_config).and_then(|loaded| {
-        // SAFETY: a driver library is loaded and cudarc will resolve `libcuda.so` to it (checked in
-        // `load`); cuInit takes no pointers.
-        check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit"))?;
+    // Not remembered: the chosen library was not initialised, so nothing is in use yet.
+    let loaded = load(choice, sim_config)?;
+    // SAFETY: a driver library is loaded and cudarc will resolve `libcuda.so` to it (checked in
+    // `load`); cuInit takes no pointers.
+    let outcome = check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit")).map(|()| {
         tracing::info!(driver = %loaded.description, "CUDA driver initialised");
-        Ok(loaded)
+        loaded
     });
     let kind = outcome.as_ref().map(|l| l.kind).map_err(Clone::clone);
+    // Remembered either way: the library has initialised (or failed to), and choosing another
+    // one now could leave two drivers live in the process.
     let _ = LOADED.set(outcome);
     kind
 }
