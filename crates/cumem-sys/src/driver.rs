@@ -12,7 +12,10 @@
 //! | `sim` | the simulator, from `CUMEM_SIM_LIB` or found beside the program |
 //!
 //! The real driver is never replaced silently: once a library is chosen, asking for the other kind
-//! is an [`Error::DriverSelection`].
+//! is an [`Error::DriverSelection`]; and `real` when `libcuda.so` resolves to cumem-sim (already
+//! loaded, or first on the library path) is [`Error::DriverNotFound`], not the simulator. A
+//! selection that fails before the chosen library was initialised is not remembered (see
+//! [`select`]).
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -212,7 +215,10 @@ fn load_real() -> Result<Loaded> {
         open_first(&names).ok_or_else(|| Error::DriverNotFound { searched: names.join(", ") })?;
     let (kind, description) = describe(&lib, &name);
     if kind == DriverKind::Simulator {
-        tracing::warn!("the library found as the real CUDA driver is cumem-sim ({name})");
+        // cudarc would resolve every call to it: the real driver cannot be used in this process.
+        return Err(Error::DriverNotFound {
+            searched: format!("{name} (it resolves to cumem-sim, not the CUDA driver)"),
+        });
     }
     Ok(Loaded { kind, description, lib })
 }
