@@ -123,7 +123,39 @@ pub fn select(choice: DriverChoice) -> Result<DriverKind> {
 /// Like [`select`], and if the simulator is chosen and not yet initialised, passes `sim_config`
 /// (the `CUMEM_SIM` syntax, e.g. `"devices=2,memory=1GiB"`) to it before `cuInit`.
 pub fn select_with_sim_config(choice: DriverChoice, sim_config: Option<&str>) -> Result<DriverKind> {
-    let _guard = SELECTING.lock().unwrap_or_else(|p| p.into_inner());
+    let mut notes = Vec::new();
+    let kind = {
+        let _guard = SELECTING.lock().unwrap_or_else(|p| p.into_inner());
+        select_locked(choice, sim_config, &mut notes)
+    };
+    // Logged with the lock let go: a subscriber may call `init()`, which takes it.
+    for note in notes {
+        note.emit();
+    }
+    kind
+}
+
+/// What a selection logs, kept until [`SELECTING`] is let go.
+enum Note {
+    /// `Auto` found no usable real driver and tries the simulator.
+    NoRealDriver(Error),
+    /// The chosen driver's `cuInit` succeeded.
+    Initialised(String),
+}
+
+impl Note {
+    fn emit(self) {
+        match self {
+            Note::NoRealDriver(real_err) => {
+                tracing::debug!(%real_err, "no usable CUDA driver; trying the simulator")
+            }
+            Note::Initialised(driver) => tracing::info!(%driver, "CUDA driver initialised"),
+        }
+    }
+}
+
+/// [`select_with_sim_config`] with [`SELECTING`] held.
+fn select_locked(choice: DriverChoice, sim_config: Option<&str>, notes: &mut Vec<Note>) -> Result<DriverKind> {
     if let Some(done) = LOADED.get() {
         let kind = done.as_ref().map(|l| l.kind).map_err(Clone::clone)?;
         return match (choice, kind) {
@@ -136,11 +168,11 @@ pub fn select_with_sim_config(choice: DriverChoice, sim_config: Option<&str>) ->
         };
     }
     // Not remembered: the chosen library was not initialised, so nothing is in use yet.
-    let loaded = load(choice, sim_config)?;
+    let loaded = load(choice, sim_config, notes)?;
     // SAFETY: a driver library is loaded and cudarc will resolve `libcuda.so` to it (checked in
     // `load`); cuInit takes no pointers.
     let outcome = check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit")).map(|()| {
-        tracing::info!(driver = %loaded.description, "CUDA driver initialised");
+        notes.push(Note::Initialised(loaded.description.clone()));
         loaded
     });
     let kind = outcome.as_ref().map(|l| l.kind).map_err(Clone::clone);
@@ -165,14 +197,14 @@ pub(crate) fn library() -> Option<&'static Library> {
     LOADED.get()?.as_ref().ok().map(|l| &l.lib)
 }
 
-fn load(choice: DriverChoice, sim_config: Option<&str>) -> Result<Loaded> {
+fn load(choice: DriverChoice, sim_config: Option<&str>, notes: &mut Vec<Note>) -> Result<Loaded> {
     match choice {
         DriverChoice::Real => load_real(),
         DriverChoice::Simulator => load_simulator(sim_config),
         DriverChoice::Auto => match probe_real() {
             Ok(real) => Ok(real),
             Err(real_err) => {
-                tracing::debug!(%real_err, "no usable CUDA driver; trying the simulator");
+                notes.push(Note::NoRealDriver(real_err.clone()));
                 load_simulator(sim_config).map_err(|sim_err| match sim_err {
                     Error::DriverNotFound { searched } => {
                         Error::DriverNotFound { searched: format!("{searched}; real driver: {real_err}") }
