@@ -1,0 +1,49 @@
+//! The `cumem` binary's driver choice as a user meets it: with no `--driver`, the automatic choice
+//! runs (on the simulator where there is no GPU) and line one of stdout says which driver is in
+//! use. Each run has the simulator's leak check on, so a leaking command exits non-zero.
+
+use std::process::{Command, Output};
+
+/// Runs `cumem` with `args` only: no `--driver`, no `CUMEM_DRIVER`, plus `env`.
+fn cumem(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cumem"))
+        .args(args)
+        .env_remove("CUMEM_DRIVER")
+        .env_remove("CUMEM_LOG")
+        .env("CUMEM_SIM", "leak_check=1")
+        .envs(env.iter().copied())
+        .output()
+        .expect("the cumem binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Line one of a successful run's stdout: the banner naming the driver in use.
+fn banner_of(out: &Output) -> String {
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "cumem failed ({}):\n{stderr}", out.status);
+    stdout.lines().next().unwrap_or_default().to_owned()
+}
+
+/// The automatic choice: the simulator where there is no GPU (its banner names cumem-sim), the
+/// GPU driver where there is one (its banner names the CUDA driver). Either way line one says so.
+fn assert_names_the_driver(banner: &str) {
+    let simulated = banner.starts_with("cumem: running on the simulator, not a GPU (cumem-sim (");
+    let real = banner.starts_with("cumem: running on the GPU driver (CUDA driver (");
+    assert!(simulated || real, "line one is not a banner naming the driver in use: {banner:?}");
+}
+
+#[test]
+fn without_driver_the_automatic_choice_runs_and_line_one_names_it() {
+    let demo = cumem(&["demo", "--elements", "1000"], &[]);
+    let banner = banner_of(&demo);
+    assert_names_the_driver(&banner);
+    let stdout = text(&demo.stdout);
+    assert!(stdout.contains("verify   all 1000 elements match"), "{stdout}");
+
+    let info = cumem(&["info"], &[]);
+    assert_eq!(banner_of(&info), banner, "info and demo chose the same driver");
+    assert!(text(&info.stdout).contains("device 0: "), "{}", text(&info.stdout));
+}
