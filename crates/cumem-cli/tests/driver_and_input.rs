@@ -1,6 +1,8 @@
-//! The `cumem` binary's driver choice as a user meets it: with no `--driver`, the automatic choice
-//! runs (on the simulator where there is no GPU) and line one of stdout says which driver is in
-//! use. Each run has the simulator's leak check on, so a leaking command exits non-zero.
+//! The `cumem` binary's driver choice and input checks as a user meets them: with no `--driver`,
+//! the automatic choice runs (on the simulator where there is no GPU) and line one of stdout says
+//! which driver is in use; a `demo --elements` too large for the demo is an input error before
+//! anything is allocated. Each run has the simulator's leak check on, so a leaking command exits
+//! non-zero.
 
 use std::process::{Command, Output};
 
@@ -46,4 +48,20 @@ fn without_driver_the_automatic_choice_runs_and_line_one_names_it() {
     let info = cumem(&["info"], &[]);
     assert_eq!(banner_of(&info), banner, "info and demo chose the same driver");
     assert!(text(&info.stdout).contains("device 0: "), "{}", text(&info.stdout));
+}
+
+#[test]
+fn demo_elements_too_many_for_the_demo_are_an_input_error() {
+    // u32::MAX values are the most the demo numbers; 2^62 elements of 4 bytes overflow usize.
+    for elements in ["4611686018427387904", "4294967296"] {
+        let out = cumem(&["--driver", "sim", "demo", "--elements", elements], &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{elements}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{elements}: {stderr}");
+        assert!(
+            stderr.contains(&format!("cumem: error: --elements {elements} is more than the demo's 4294967295 values")),
+            "{elements}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "nothing ran: {}", text(&out.stdout));
+    }
 }
