@@ -153,8 +153,13 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Cuda(Error::DriverNotFound { .. })) => {
-            eprintln!("cumem: error: no CUDA driver found (use --driver sim to run on the simulator)");
+        Err(Failure::Cuda(e @ Error::DriverNotFound { .. })) => {
+            // The error names what was searched; the simulator is a way out only if it was not
+            // what failed.
+            eprintln!("cumem: error: {e}");
+            if choice != DriverChoice::Simulator {
+                eprintln!("cumem: use --driver sim to run on the simulator");
+            }
             ExitCode::FAILURE
         }
         Err(Failure::Cuda(e)) => {

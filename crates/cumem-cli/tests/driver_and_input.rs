@@ -1,8 +1,9 @@
 //! The `cumem` binary's driver choice and input checks as a user meets them: with no `--driver`,
 //! the automatic choice runs (on the simulator where there is no GPU) and line one of stdout says
-//! which driver is in use; a `demo --elements` too large for the demo is an input error before
-//! anything is allocated. Each run has the simulator's leak check on, so a leaking command exits
-//! non-zero.
+//! which driver is in use; a driver that cannot be found is reported with what was searched, and
+//! the simulator is suggested only when it was not the one asked for; a `demo --elements` too large
+//! for the demo is an input error before anything is allocated. Each run has the simulator's leak
+//! check on, so a leaking command exits non-zero.
 
 use std::process::{Command, Output};
 
@@ -48,6 +49,25 @@ fn without_driver_the_automatic_choice_runs_and_line_one_names_it() {
     let info = cumem(&["info"], &[]);
     assert_eq!(banner_of(&info), banner, "info and demo chose the same driver");
     assert!(text(&info.stdout).contains("device 0: "), "{}", text(&info.stdout));
+}
+
+#[test]
+fn a_missing_driver_is_reported_with_what_was_searched() {
+    let missing = "/nonexistent/libcumem_sim.so";
+    let out = cumem(&["--driver", "sim", "info"], &[("CUMEM_SIM_LIB", missing)]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no CUDA driver found") && stderr.contains(missing), "{stderr}");
+    assert!(!stderr.contains("--driver sim"), "the simulator was what failed, yet it is suggested: {stderr}");
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+
+    // Where the real driver is missing too (no GPU here), the simulator is the way out.
+    let out = cumem(&["--driver", "real", "info"], &[]);
+    if !out.status.success() {
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("no CUDA driver found (looked for libcuda.so"), "{stderr}");
+        assert!(stderr.contains("use --driver sim"), "{stderr}");
+    }
 }
 
 #[test]
