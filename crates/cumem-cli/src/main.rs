@@ -219,7 +219,8 @@ struct DemoSize {
 /// Checks `--elements` before anything is allocated: the demo numbers its values with `u32`, and
 /// a buffer's bytes must fit `usize`.
 fn demo_size(elements: usize) -> Result<DemoSize, Failure> {
-    let too_many = || Failure::Input(format!("--elements {elements} is more than the demo's {} values", u32::MAX));
+    let too_many =
+        || Failure::Input(format!("--elements {elements} is more than the demo's {} values", u32::MAX));
     if u32::try_from(elements).is_err() {
         return Err(too_many());
     }

@@ -79,7 +79,9 @@ fn demo_elements_too_many_for_the_demo_are_an_input_error() {
         assert_eq!(out.status.code(), Some(1), "{elements}: {stderr}");
         assert!(!stderr.contains("panicked"), "{elements}: {stderr}");
         assert!(
-            stderr.contains(&format!("cumem: error: --elements {elements} is more than the demo's 4294967295 values")),
+            stderr.contains(&format!(
+                "cumem: error: --elements {elements} is more than the demo's 4294967295 values"
+            )),
             "{elements}: {stderr}"
         );
         assert!(out.stdout.is_empty(), "nothing ran: {}", text(&out.stdout));

@@ -52,9 +52,7 @@ fn a_profiled_workload_reports_kinds_counts_and_bytes_by_value() {
         stream.copy_d2d(&d_big, &mut d_big2).unwrap();
         stream.memset_d32(&mut d_small, 7).unwrap();
         stream.fill_2d(&mut img.as_pitched_mut(), 3u16, Rect2D::new(32, 8)).unwrap();
-        stream
-            .copy_2d(&img.as_pitched(), &mut img2.as_pitched_mut(), Copy2D::new(32, 8))
-            .unwrap();
+        stream.copy_2d(&img.as_pitched(), &mut img2.as_pitched_mut(), Copy2D::new(32, 8)).unwrap();
         // Another stream is not observed.
         other.copy_h2d(&big, &mut d_big2).unwrap();
     }

@@ -155,7 +155,11 @@ impl Note {
 }
 
 /// [`select_with_sim_config`] with [`SELECTING`] held.
-fn select_locked(choice: DriverChoice, sim_config: Option<&str>, notes: &mut Vec<Note>) -> Result<DriverKind> {
+fn select_locked(
+    choice: DriverChoice,
+    sim_config: Option<&str>,
+    notes: &mut Vec<Note>,
+) -> Result<DriverKind> {
     if let Some(done) = LOADED.get() {
         let kind = done.as_ref().map(|l| l.kind).map_err(Clone::clone)?;
         return match (choice, kind) {

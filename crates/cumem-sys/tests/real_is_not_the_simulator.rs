@@ -4,12 +4,14 @@
 //! remembered: the same process then selects the simulator. One test, in a binary of its own: the
 //! driver is chosen once per process.
 
-use cumem_sys::driver::{self, DriverChoice, DriverKind, DRIVER_ENV};
+use cumem_sys::driver::{self, DRIVER_ENV, DriverChoice, DriverKind};
 use cumem_sys::{Error, testing};
 
 #[test]
 fn real_refuses_a_libcuda_that_is_the_simulator_and_the_simulator_can_still_be_chosen() {
-    if std::env::var(DRIVER_ENV).is_ok_and(|v| v.parse::<DriverChoice>().ok() != Some(DriverChoice::Simulator)) {
+    if std::env::var(DRIVER_ENV)
+        .is_ok_and(|v| v.parse::<DriverChoice>().ok() != Some(DriverChoice::Simulator))
+    {
         testing::init();
         return testing::skip("selects the simulator itself: not under CUMEM_DRIVER=real");
     }

@@ -63,7 +63,10 @@ fn a_subscriber_calling_init_during_selection_gets_the_driver_in_use() {
         let seen = subscriber.0.lock().unwrap().clone();
         let last = seen.last().expect("the selection logged");
         assert_eq!((last.level, last.message.as_str()), (Level::INFO, "CUDA driver initialised"), "{seen:?}");
-        assert!(seen.iter().all(|s| s.init == Some(kind)), "init() answered differently inside an event: {seen:?}");
+        assert!(
+            seen.iter().all(|s| s.init == Some(kind)),
+            "init() answered differently inside an event: {seen:?}"
+        );
         assert_eq!(driver::init().unwrap(), kind);
     });
 }
