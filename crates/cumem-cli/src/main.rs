@@ -128,8 +128,9 @@ fn main() -> ExitCode {
                 info().map_err(Failure::from)
             }
             Command::Demo { elements } => {
+                let size = demo_size(elements)?;
                 say!("{}", banner(kind));
-                demo(elements).map_err(Failure::from)
+                demo(size).map_err(Failure::from)
             }
             Command::Replay { log, pools, svg, json } => {
                 // JSON owns stdout, so that it parses as a whole.
@@ -152,8 +153,13 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Cuda(Error::DriverNotFound { .. })) => {
-            eprintln!("cumem: error: no CUDA driver found (use --driver sim to run on the simulator)");
+        Err(Failure::Cuda(e @ Error::DriverNotFound { .. })) => {
+            // The error names what was searched; the simulator is a way out only if it was not
+            // what failed.
+            eprintln!("cumem: error: {e}");
+            if choice != DriverChoice::Simulator {
+                eprintln!("cumem: use --driver sim to run on the simulator");
+            }
             ExitCode::FAILURE
         }
         Err(Failure::Cuda(e)) => {
@@ -204,15 +210,33 @@ fn info() -> Result<()> {
     Ok(())
 }
 
-fn demo(elements: usize) -> Result<()> {
+/// The demo's buffers: `elements` values of `u32`, `bytes` bytes each.
+struct DemoSize {
+    elements: usize,
+    bytes: usize,
+}
+
+/// Checks `--elements` before anything is allocated: the demo numbers its values with `u32`, and
+/// a buffer's bytes must fit `usize`.
+fn demo_size(elements: usize) -> Result<DemoSize, Failure> {
+    let too_many =
+        || Failure::Input(format!("--elements {elements} is more than the demo's {} values", u32::MAX));
+    if u32::try_from(elements).is_err() {
+        return Err(too_many());
+    }
+    let bytes = elements.checked_mul(size_of::<u32>()).ok_or_else(too_many)?;
+    Ok(DemoSize { elements, bytes })
+}
+
+fn demo(size: DemoSize) -> Result<()> {
+    let DemoSize { elements, bytes } = size;
     let ctx = Device::get(0)?.context()?;
     let before = ctx.mem_info()?;
     say!("device 0: {} ({} free of {})", ctx.device().name()?, human(before.free), human(before.total));
-    let bytes = elements * size_of::<u32>();
     let started = Instant::now();
     {
         let stream = Stream::non_blocking(&ctx)?;
-        let data: Vec<u32> = (0..elements as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        let data: Vec<u32> = (0..=u32::MAX).take(elements).map(|i| i.wrapping_mul(2_654_435_761)).collect();
         let host = PinnedBuffer::from_slice(&ctx, &data)?;
         say!("pinned   {} of host memory", human(bytes));
 

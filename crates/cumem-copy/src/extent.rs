@@ -4,8 +4,10 @@
 //! driver call each side is checked against its memory: a row segment reaching beyond the pitch
 //! (or the row width, for pitched buffers),
 //! rows beyond the rows per slice or the memory, and slices beyond the memory are
-//! `OutOfRange { start, end, len }` (in the unit of the offending axis); a zero pitch or slice
-//! height is `ZeroSize`; sizes that overflow are `SizeOverflow`.
+//! `OutOfRange { start, end, len }` (in the unit of the offending axis); an offset plus extent that
+//! overflows `usize` (`x + width`, `y + height`, `z + depth`) is `OutOfRange` too, with
+//! `end: usize::MAX`; a zero pitch or slice height is `ZeroSize`; a byte count that overflows
+//! (elements × element size) is `SizeOverflow`.
 //!
 //! ```
 //! use cumem_copy::{Copy2D, Copy3D, Rect2D};

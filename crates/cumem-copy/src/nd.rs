@@ -10,6 +10,16 @@
 //! sides uses `cuMemcpy2DUnaligned`, so any pitch works; its queued form may be refused on a GPU
 //! for pitches `cuMemAllocPitch` would not choose (see [`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d)).
 //!
+//! A blocking copy whose source is a shared page-locked host kind (a `Pitched<&H>` of a
+//! [`PinnedBuffer`](cumem_core::PinnedBuffer), [`MappedBuffer`](cumem_core::MappedBuffer) or
+//! [`HostRegistered`](cumem_core::HostRegistered)) keeps that buffer's host-access tracker locked
+//! for the whole call, and the call is synchronous on the legacy stream, which first waits for the
+//! work already queued on every blocking stream of the context. Another thread that reads the
+//! buffer on the host, or queues work that uses it, meanwhile waits until the copy returns. To keep
+//! the lock short, queue the copy ([`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d), …) on a
+//! non-blocking stream: then only a copy between two host sides waits in the call (see the module
+//! docs of `stream_ordered`).
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use cumem_copy::{Copy3D, Pitched, PitchedBuffer, StreamCopy};
@@ -47,12 +57,20 @@ enum Mode<'s> {
 
 /// Copies a 2D region from `src` to `dst`, blocking: a host destination holds the values and a
 /// host source may be reused when this returns. Either side may be pageable.
+///
+/// A shared page-locked host source (a `Pitched<&H>` of a pinned, mapped or registered buffer)
+/// keeps its host-access tracker locked until the copy returns, which is after the work already
+/// queued on every blocking stream of the context (the legacy stream waits for it): another
+/// thread that reads that buffer on the host, or queues work with it, waits meanwhile. The queued
+/// form ([`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d)) on a non-blocking stream holds the
+/// lock only while it queues the copy (unless the other side is host memory too: the driver then
+/// copies in the call).
 pub fn copy_2d<T: Pod>(src: &impl CopySrc<T>, dst: &mut impl CopyDst<T>, extent: Copy2D) -> Result<()> {
     run(Mode::Blocking, src, dst, &extent.as_3d(), false)
 }
 
-/// Copies a 3D box from `src` to `dst`, blocking (see [`copy_2d`]). Both sides need their rows per
-/// slice ([`Pitched::with_height`]).
+/// Copies a 3D box from `src` to `dst`, blocking (see [`copy_2d`], whose note on page-locked host
+/// sources holds here too). Both sides need their rows per slice ([`Pitched::with_height`]).
 pub fn copy_3d<T: Pod>(src: &impl CopySrc<T>, dst: &mut impl CopyDst<T>, extent: Copy3D) -> Result<()> {
     run(Mode::Blocking, src, dst, &extent, true)
 }

@@ -44,6 +44,7 @@ use cumem_sys::sys::{CUdevice_attribute, CUdeviceptr};
 
 use crate::extent::{Copy3D, bytes};
 use crate::ffi::{self, Width};
+use crate::profile::{self, CopyKind};
 use crate::region::Pitched;
 
 /// The alignment, in bytes, that every row of a pitched allocation has: the base is allocated
@@ -173,9 +174,12 @@ impl<T> PitchedBuffer<T> {
         if buf.ptr != 0 {
             stream.context().bind()?;
             let all = bytes(buf.len(), size_of::<T>())?;
-            // SAFETY: the range is exactly this fresh allocation (pitch × rows bytes), usable on
-            // `stream`; all-zero bytes are a valid T.
-            unsafe { ffi::memset_async(buf.ptr, Width::W8(0), all, stream.raw())? };
+            // Profiled like every other memset of this crate.
+            profile::around(stream, CopyKind::Memset, all, || {
+                // SAFETY: the range is exactly this fresh allocation (pitch × rows bytes), usable
+                // on `stream`; all-zero bytes are a valid T.
+                unsafe { ffi::memset_async(buf.ptr, Width::W8(0), all, stream.raw()) }
+            })?;
         }
         Ok(buf)
     }

@@ -427,19 +427,28 @@ impl Profiler {
 
     fn finish(&self, stream: &Stream, kind: CopyKind, bytes: usize, (start, end): (Event, Event), ok: bool) {
         let recorded = ok && end.record(stream).is_ok();
-        let mut state = self.state();
-        if recorded {
-            state.pending.push_back(Pending { kind, bytes, start, end });
-            if state.pending.len() > state.fold_at {
-                if let Err(e) = fold(&mut state) {
-                    tracing::warn!(error = %e, "reading a profiled copy's events failed");
+        let folded = {
+            let mut state = self.state();
+            if recorded {
+                state.pending.push_back(Pending { kind, bytes, start, end });
+                if state.pending.len() > state.fold_at {
+                    let folded = fold(&mut state);
+                    state.fold_at = FOLD_AT.max(2 * state.pending.len());
+                    folded
+                } else {
+                    Ok(())
                 }
-                state.fold_at = FOLD_AT.max(2 * state.pending.len());
+            } else {
+                // The start event may still be pending on the stream: recording it again later is
+                // fine, a pair is only read after its end event was recorded after it.
+                state.pool.push((start, end));
+                Ok(())
             }
-        } else {
-            // The start event may still be pending on the stream: recording it again later is
-            // fine, a pair is only read after its end event was recorded after it.
-            state.pool.push((start, end));
+        };
+        // Logged with the state's lock let go: a subscriber may read this profiler (`report`,
+        // `pending_copies`) and would otherwise wait for itself.
+        if let Err(e) = folded {
+            tracing::warn!(error = %e, "reading a profiled copy's events failed");
         }
     }
 }

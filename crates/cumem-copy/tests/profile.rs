@@ -38,6 +38,8 @@ fn a_profiled_workload_reports_kinds_counts_and_bytes_by_value() {
     let mut d_big2 = DeviceBuffer::<u8>::zeroed(&stream, 100 << 10).unwrap();
     let mut back = PinnedBuffer::<u32>::zeroed(&ctx, 16).unwrap();
     let mut img = PitchedBuffer::<u16>::zeroed(&stream, 32, 8).unwrap();
+    // Zeroed before observing: its memset would count too.
+    let mut img2 = img_copy(&stream);
     let other = Stream::non_blocking(&ctx).unwrap();
 
     let profiler = Profiler::new();
@@ -50,9 +52,7 @@ fn a_profiled_workload_reports_kinds_counts_and_bytes_by_value() {
         stream.copy_d2d(&d_big, &mut d_big2).unwrap();
         stream.memset_d32(&mut d_small, 7).unwrap();
         stream.fill_2d(&mut img.as_pitched_mut(), 3u16, Rect2D::new(32, 8)).unwrap();
-        stream
-            .copy_2d(&img.as_pitched(), &mut img_copy(&stream).as_pitched_mut(), Copy2D::new(32, 8))
-            .unwrap();
+        stream.copy_2d(&img.as_pitched(), &mut img2.as_pitched_mut(), Copy2D::new(32, 8)).unwrap();
         // Another stream is not observed.
         other.copy_h2d(&big, &mut d_big2).unwrap();
     }
@@ -275,4 +275,110 @@ fn timed_events_are_recorded_only_while_the_copy_is_observed() {
     let r = profiler.report().unwrap();
     assert_eq!((r.total(CopyKind::HostToDevice).count, r.total(CopyKind::HostToDevice).bytes), (10, 2560));
     assert_eq!(dev.to_vec().unwrap(), vec![6u8; 256]);
+}
+
+/// `PitchedBuffer::zeroed` and `zeroed_3d` clear their allocation with a memset that a profiler
+/// attached to the stream counts, padding included, like every other memset of the crate.
+#[test]
+#[parallel]
+fn the_memset_of_a_zeroed_pitched_buffer_is_profiled() {
+    let (_ctx, stream) = setup();
+    let profiler = Profiler::new();
+    let (flat, cube) = {
+        let _on = profiler.observe(&stream);
+        (
+            PitchedBuffer::<u16>::zeroed(&stream, 32, 8).unwrap(),
+            PitchedBuffer::<u32>::zeroed_3d(&stream, 5, 3, 2).unwrap(),
+        )
+    };
+    let r = profiler.report().unwrap();
+    let memset = r.total(CopyKind::Memset);
+    let expected = flat.pitch_bytes() * 8 + cube.pitch_bytes() * 3 * 2;
+    assert_eq!((memset.count, memset.bytes), (2, expected as u64), "{r}");
+    assert_eq!(r.rows().count(), 1, "nothing but the two memsets: {r}");
+    assert_eq!(flat.to_vec().unwrap(), vec![0u16; 32 * 8]);
+    assert_eq!(cube.to_vec().unwrap(), vec![0u32; 5 * 3 * 2]);
+}
+
+/// A subscriber that reads the profiler (`pending_copies`) from inside every event it receives.
+#[derive(Clone)]
+struct ReadsProfiler {
+    profiler: Profiler,
+    /// Each `warn` event's message, with the pending count read from inside it.
+    warnings: std::sync::Arc<std::sync::Mutex<Vec<(String, usize)>>>,
+}
+
+struct Message<'a>(&'a mut String);
+
+impl tracing::field::Visit for Message<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            *self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for ReadsProfiler {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let pending = self.profiler.pending_copies();
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut message = String::new();
+            event.record(&mut Message(&mut message));
+            self.warnings.lock().unwrap().push((message, pending));
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// When folding completed copies fails (here `cuEventElapsedTime`, injected), the profiler warns
+/// with its lock let go: a subscriber that reads the profiler from inside the warning gets an
+/// answer instead of deadlocking the copying thread. Under a watchdog, since the bug hangs.
+#[test]
+#[parallel]
+fn a_failed_fold_warns_to_a_subscriber_that_reads_the_profiler() {
+    let (_ctx, stream) = setup();
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects a driver fault: simulator only");
+    };
+    testing::within_watchdog("a failed fold, with a subscriber reading the profiler", move || {
+        let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 64).unwrap();
+        let profiler = Profiler::new();
+        let subscriber = ReadsProfiler { profiler: profiler.clone(), warnings: Default::default() };
+        // More than the 1024 pending copies past which recording a copy folds the completed ones.
+        const COPIES: usize = 1025;
+        {
+            let _on = profiler.observe(&stream);
+            for _ in 0..COPIES - 1 {
+                stream.memset_d8(&mut dev, 1).unwrap();
+            }
+            // Every copy so far completes, so that the fold reads (and fails on) their times.
+            stream.synchronize().unwrap();
+            let rule = ctl.inject_fault(cumem_sys::sim_control::FaultRule {
+                function: "cuEventElapsedTime".into(),
+                nth: 1,
+                code: cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
+                times: 0,
+                this_thread_only: true,
+            });
+            tracing::subscriber::with_default(subscriber.clone(), || stream.memset_d8(&mut dev, 2).unwrap());
+            ctl.remove_fault(rule);
+        }
+        let warnings = subscriber.warnings.lock().unwrap().clone();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].0.contains("reading a profiled copy's events failed"), "{warnings:?}");
+        assert_eq!(warnings[0].1, COPIES, "every copy whose time could not be read stays pending");
+        let r = profiler.report().unwrap();
+        assert_eq!(r.total(CopyKind::Memset).count, COPIES as u64, "{r}");
+        assert_eq!(profiler.pending_copies(), 0);
+        assert_eq!(dev.to_vec().unwrap(), vec![2u8; 64]);
+    });
 }

@@ -12,7 +12,10 @@
 //! | `sim` | the simulator, from `CUMEM_SIM_LIB` or found beside the program |
 //!
 //! The real driver is never replaced silently: once a library is chosen, asking for the other kind
-//! is an [`Error::DriverSelection`].
+//! is an [`Error::DriverSelection`]; and `real` when `libcuda.so` resolves to cumem-sim (already
+//! loaded, or first on the library path) is [`Error::DriverNotFound`], not the simulator. A
+//! selection that fails before the chosen library was initialised is not remembered (see
+//! [`select`]).
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -108,6 +111,11 @@ pub fn init() -> Result<DriverKind> {
 
 /// Selects, loads and initialises a driver. Succeeds again for a compatible choice; a request for
 /// a different kind than the one already in use is an [`Error::DriverSelection`].
+///
+/// A selection that fails before the chosen library's `cuInit` ran (no library found, a library
+/// that is not the kind asked for, a bad simulator configuration) leaves nothing in use: a later
+/// call may choose again, for example the simulator after `Real` found no driver. Once `cuInit`
+/// has run, its outcome is final for the process, failure included: every later call returns it.
 pub fn select(choice: DriverChoice) -> Result<DriverKind> {
     select_with_sim_config(choice, None)
 }
@@ -115,7 +123,43 @@ pub fn select(choice: DriverChoice) -> Result<DriverKind> {
 /// Like [`select`], and if the simulator is chosen and not yet initialised, passes `sim_config`
 /// (the `CUMEM_SIM` syntax, e.g. `"devices=2,memory=1GiB"`) to it before `cuInit`.
 pub fn select_with_sim_config(choice: DriverChoice, sim_config: Option<&str>) -> Result<DriverKind> {
-    let _guard = SELECTING.lock().unwrap_or_else(|p| p.into_inner());
+    let mut notes = Vec::new();
+    let kind = {
+        let _guard = SELECTING.lock().unwrap_or_else(|p| p.into_inner());
+        select_locked(choice, sim_config, &mut notes)
+    };
+    // Logged with the lock let go: a subscriber may call `init()`, which takes it.
+    for note in notes {
+        note.emit();
+    }
+    kind
+}
+
+/// What a selection logs, kept until [`SELECTING`] is let go.
+enum Note {
+    /// `Auto` found no usable real driver and tries the simulator.
+    NoRealDriver(Error),
+    /// The chosen driver's `cuInit` succeeded.
+    Initialised(String),
+}
+
+impl Note {
+    fn emit(self) {
+        match self {
+            Note::NoRealDriver(real_err) => {
+                tracing::debug!(%real_err, "no usable CUDA driver; trying the simulator")
+            }
+            Note::Initialised(driver) => tracing::info!(%driver, "CUDA driver initialised"),
+        }
+    }
+}
+
+/// [`select_with_sim_config`] with [`SELECTING`] held.
+fn select_locked(
+    choice: DriverChoice,
+    sim_config: Option<&str>,
+    notes: &mut Vec<Note>,
+) -> Result<DriverKind> {
     if let Some(done) = LOADED.get() {
         let kind = done.as_ref().map(|l| l.kind).map_err(Clone::clone)?;
         return match (choice, kind) {
@@ -127,14 +171,17 @@ pub fn select_with_sim_config(choice: DriverChoice, sim_config: Option<&str>) ->
             }),
         };
     }
-    let outcome = load(choice, sim_config).and_then(|loaded| {
-        // SAFETY: a driver library is loaded and cudarc will resolve `libcuda.so` to it (checked in
-        // `load`); cuInit takes no pointers.
-        check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit"))?;
-        tracing::info!(driver = %loaded.description, "CUDA driver initialised");
-        Ok(loaded)
+    // Not remembered: the chosen library was not initialised, so nothing is in use yet.
+    let loaded = load(choice, sim_config, notes)?;
+    // SAFETY: a driver library is loaded and cudarc will resolve `libcuda.so` to it (checked in
+    // `load`); cuInit takes no pointers.
+    let outcome = check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit")).map(|()| {
+        notes.push(Note::Initialised(loaded.description.clone()));
+        loaded
     });
     let kind = outcome.as_ref().map(|l| l.kind).map_err(Clone::clone);
+    // Remembered either way: the library has initialised (or failed to), and choosing another
+    // one now could leave two drivers live in the process.
     let _ = LOADED.set(outcome);
     kind
 }
@@ -154,14 +201,14 @@ pub(crate) fn library() -> Option<&'static Library> {
     LOADED.get()?.as_ref().ok().map(|l| &l.lib)
 }
 
-fn load(choice: DriverChoice, sim_config: Option<&str>) -> Result<Loaded> {
+fn load(choice: DriverChoice, sim_config: Option<&str>, notes: &mut Vec<Note>) -> Result<Loaded> {
     match choice {
         DriverChoice::Real => load_real(),
         DriverChoice::Simulator => load_simulator(sim_config),
         DriverChoice::Auto => match probe_real() {
             Ok(real) => Ok(real),
             Err(real_err) => {
-                tracing::debug!(%real_err, "no usable CUDA driver; trying the simulator");
+                notes.push(Note::NoRealDriver(real_err.clone()));
                 load_simulator(sim_config).map_err(|sim_err| match sim_err {
                     Error::DriverNotFound { searched } => {
                         Error::DriverNotFound { searched: format!("{searched}; real driver: {real_err}") }
@@ -204,7 +251,10 @@ fn load_real() -> Result<Loaded> {
         open_first(&names).ok_or_else(|| Error::DriverNotFound { searched: names.join(", ") })?;
     let (kind, description) = describe(&lib, &name);
     if kind == DriverKind::Simulator {
-        tracing::warn!("the library found as the real CUDA driver is cumem-sim ({name})");
+        // cudarc would resolve every call to it: the real driver cannot be used in this process.
+        return Err(Error::DriverNotFound {
+            searched: format!("{name} (it resolves to cumem-sim, not the CUDA driver)"),
+        });
     }
     Ok(Loaded { kind, description, lib })
 }

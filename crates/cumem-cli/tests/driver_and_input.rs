@@ -1,0 +1,89 @@
+//! The `cumem` binary's driver choice and input checks as a user meets them: with no `--driver`,
+//! the automatic choice runs (on the simulator where there is no GPU) and line one of stdout says
+//! which driver is in use; a driver that cannot be found is reported with what was searched, and
+//! the simulator is suggested only when it was not the one asked for; a `demo --elements` too large
+//! for the demo is an input error before anything is allocated. Each run has the simulator's leak
+//! check on, so a leaking command exits non-zero.
+
+use std::process::{Command, Output};
+
+/// Runs `cumem` with `args` only: no `--driver`, no `CUMEM_DRIVER`, plus `env`.
+fn cumem(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cumem"))
+        .args(args)
+        .env_remove("CUMEM_DRIVER")
+        .env_remove("CUMEM_LOG")
+        .env("CUMEM_SIM", "leak_check=1")
+        .envs(env.iter().copied())
+        .output()
+        .expect("the cumem binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Line one of a successful run's stdout: the banner naming the driver in use.
+fn banner_of(out: &Output) -> String {
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "cumem failed ({}):\n{stderr}", out.status);
+    stdout.lines().next().unwrap_or_default().to_owned()
+}
+
+/// The automatic choice: the simulator where there is no GPU (its banner names cumem-sim), the
+/// GPU driver where there is one (its banner names the CUDA driver). Either way line one says so.
+fn assert_names_the_driver(banner: &str) {
+    let simulated = banner.starts_with("cumem: running on the simulator, not a GPU (cumem-sim (");
+    let real = banner.starts_with("cumem: running on the GPU driver (CUDA driver (");
+    assert!(simulated || real, "line one is not a banner naming the driver in use: {banner:?}");
+}
+
+#[test]
+fn without_driver_the_automatic_choice_runs_and_line_one_names_it() {
+    let demo = cumem(&["demo", "--elements", "1000"], &[]);
+    let banner = banner_of(&demo);
+    assert_names_the_driver(&banner);
+    let stdout = text(&demo.stdout);
+    assert!(stdout.contains("verify   all 1000 elements match"), "{stdout}");
+
+    let info = cumem(&["info"], &[]);
+    assert_eq!(banner_of(&info), banner, "info and demo chose the same driver");
+    assert!(text(&info.stdout).contains("device 0: "), "{}", text(&info.stdout));
+}
+
+#[test]
+fn a_missing_driver_is_reported_with_what_was_searched() {
+    let missing = "/nonexistent/libcumem_sim.so";
+    let out = cumem(&["--driver", "sim", "info"], &[("CUMEM_SIM_LIB", missing)]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no CUDA driver found") && stderr.contains(missing), "{stderr}");
+    assert!(!stderr.contains("--driver sim"), "the simulator was what failed, yet it is suggested: {stderr}");
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+
+    // Where the real driver is missing too (no GPU here), the simulator is the way out.
+    let out = cumem(&["--driver", "real", "info"], &[]);
+    if !out.status.success() {
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("no CUDA driver found (looked for libcuda.so"), "{stderr}");
+        assert!(stderr.contains("use --driver sim"), "{stderr}");
+    }
+}
+
+#[test]
+fn demo_elements_too_many_for_the_demo_are_an_input_error() {
+    // u32::MAX values are the most the demo numbers; 2^62 elements of 4 bytes overflow usize.
+    for elements in ["4611686018427387904", "4294967296"] {
+        let out = cumem(&["--driver", "sim", "demo", "--elements", elements], &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{elements}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{elements}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "cumem: error: --elements {elements} is more than the demo's 4294967295 values"
+            )),
+            "{elements}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "nothing ran: {}", text(&out.stdout));
+    }
+}

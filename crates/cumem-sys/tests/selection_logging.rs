@@ -1,0 +1,72 @@
+//! Selection logs with its lock let go: a tracing subscriber that calls `driver::init()` from
+//! inside the events of a selection gets the driver in use instead of deadlocking the selecting
+//! thread. In a binary of its own (the driver is chosen once per process), under a watchdog since
+//! the bug hangs rather than fails.
+
+use std::sync::{Arc, Mutex};
+
+use cumem_sys::driver::{self, DriverChoice, DriverKind};
+use cumem_sys::testing::{self, within_watchdog};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata, Subscriber};
+
+/// One event: its level, its message, and what `driver::init()` answered from inside it.
+#[derive(Debug, Clone)]
+struct Seen {
+    level: Level,
+    message: String,
+    init: Option<DriverKind>,
+}
+
+#[derive(Clone, Default)]
+struct CallsInit(Arc<Mutex<Vec<Seen>>>);
+
+struct Message<'a>(&'a mut String);
+
+impl Visit for Message<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            *self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl Subscriber for CallsInit {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let init = driver::init().ok();
+        let mut message = String::new();
+        event.record(&mut Message(&mut message));
+        self.0.lock().unwrap().push(Seen { level: *event.metadata().level(), message, init });
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+#[test]
+fn a_subscriber_calling_init_during_selection_gets_the_driver_in_use() {
+    within_watchdog("a selection, with a subscriber calling driver::init", || {
+        let subscriber = CallsInit::default();
+        // `Auto` also logs that no real driver was usable, where there is none.
+        let kind = tracing::subscriber::with_default(subscriber.clone(), || {
+            driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
+        })
+        .unwrap();
+        let seen = subscriber.0.lock().unwrap().clone();
+        let last = seen.last().expect("the selection logged");
+        assert_eq!((last.level, last.message.as_str()), (Level::INFO, "CUDA driver initialised"), "{seen:?}");
+        assert!(
+            seen.iter().all(|s| s.init == Some(kind)),
+            "init() answered differently inside an event: {seen:?}"
+        );
+        assert_eq!(driver::init().unwrap(), kind);
+    });
+}
