@@ -73,7 +73,8 @@ fn finish(st: &mut State, sid: u64) {
     SIM.changed.notify_all();
 }
 
-/// Marks `sid` as running nothing; a destroyed stream whose queue is empty goes away.
+/// Marks `sid` as running nothing; a destroyed stream whose queue is empty goes away (see
+/// [`crate::stream::remove_drained`]).
 fn mark_idle(st: &mut State, sid: u64) {
     let remove = match st.streams.get_mut(&sid) {
         Some(s) => {
@@ -83,7 +84,7 @@ fn mark_idle(st: &mut State, sid: u64) {
         None => false,
     };
     if remove {
-        st.streams.remove(&sid);
+        crate::stream::remove_drained(st, sid);
     }
 }
 
@@ -347,17 +348,12 @@ fn engine_loop() {
             }
             Work::Attach { base, buffer_id, flags } => {
                 // The allocation may have been freed (and its address reused) while this waited
-                // in the queue: then the attachment has nothing left to apply to.
-                let destroyed = g.streams.get(&sid).is_some_and(|s| s.destroyed);
+                // in the queue: then the attachment has nothing left to apply to. On a destroyed
+                // stream it still takes effect; the revert waits for the stream to drain.
                 if g.allocs.get(&base).is_some_and(|a| a.buffer_id == buffer_id)
                     && let Some(m) = g.managed.get_mut(&base)
                 {
                     m.attach_to(flags, sid);
-                    // `cuStreamDestroy` reverted what was attached to the stream when it was
-                    // called; what reaches the stream after it is reverted here instead.
-                    if destroyed {
-                        m.stream_destroyed();
-                    }
                 }
                 finish(&mut g, sid);
             }

@@ -135,7 +135,7 @@ pub(crate) struct Managed {
     /// `cuStreamAttachMemAsync` to have run in its stream's order (calls still queued do not count).
     pub(crate) attach: u32,
     /// Stream of the attachment in effect (0 = none: the allocation's own, or its stream was
-    /// destroyed).
+    /// destroyed and has drained).
     pub(crate) stream: u64,
     pages: u64,
     hints: Vec<PageHints>,
@@ -162,8 +162,8 @@ impl Managed {
         self.stream = stream;
     }
 
-    /// The stream of the latest attachment is destroyed: a SINGLE attachment reverts to the
-    /// allocation's flags, and no stream is named any more.
+    /// The stream of the latest attachment is destroyed and its work has all completed: a SINGLE
+    /// attachment reverts to the allocation's flags, and no stream is named any more.
     pub(crate) fn stream_destroyed(&mut self) {
         if self.attach == ATTACH_SINGLE {
             self.attach = self.initial_attach;

@@ -156,7 +156,7 @@ pub(crate) fn create(flags: u32, priority: i32) -> Result<u64, Fail> {
 }
 
 /// `cuStreamDestroy`: the handle dies now; queued work still runs, and the stream goes away
-/// when it has drained.
+/// (its SINGLE attachments reverting) when it has drained.
 pub(crate) fn destroy(h_stream: CUstream) -> Result<(), Fail> {
     let v = h_stream as u64;
     if matches!(v, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
@@ -167,17 +167,22 @@ pub(crate) fn destroy(h_stream: CUstream) -> Result<(), Fail> {
     }
     let mut st = SIM.st.lock();
     let id = resolve(&mut st, h_stream)?;
-    // SINGLE attachments to this stream revert to the allocation's default association (those
-    // still queued on it revert when they run: `Work::Attach`).
-    for m in st.managed.values_mut().filter(|m| m.stream == id) {
-        m.stream_destroyed();
-    }
     let s = st.streams.get_mut(&id).expect("resolved stream exists");
     s.destroyed = true;
     if s.pending() == 0 {
-        st.streams.remove(&id);
+        remove_drained(&mut st, id);
     }
     Ok(())
+}
+
+/// Removes destroyed stream `id`, whose work has all completed. Only now do attachments to it
+/// revert to the allocation's default association: the driver documents that destruction is
+/// asynchronous and the revert "won't happen until all work in the stream has completed".
+pub(crate) fn remove_drained(st: &mut State, id: u64) {
+    st.streams.remove(&id);
+    for m in st.managed.values_mut().filter(|m| m.stream == id) {
+        m.stream_destroyed();
+    }
 }
 
 /// `cuStreamSynchronize`: waits for everything queued so far, then lets the device's pools

@@ -212,7 +212,7 @@ fn attach_rules_and_reversion() {
 /// An attachment is a stream operation (the driver documents that it "will only take effect when
 /// previous work in stream has completed"): queued behind held work, it has not taken effect,
 /// and it has once the stream has been synchronised. One still queued when its stream is
-/// destroyed reverts when it runs, as one that had run would have at the destruction.
+/// destroyed runs, and reverts once that stream has drained.
 #[test]
 #[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn an_attachment_takes_effect_in_stream_order() {
@@ -242,6 +242,88 @@ fn an_attachment_takes_effect_in_stream_order() {
     // SAFETY: plain FFI call.
     ok(unsafe { cu::cuCtxSynchronize() });
     assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "SINGLE to a destroyed stream reverts");
+    destroy(s);
+    dfree(p);
+}
+
+/// The live report's attachment of `p` once it differs from `from` (a bounded wait: the engine
+/// runs the work a gate let through on its own thread).
+fn attachment_change(
+    ctl: &cumem_sim::control::Control,
+    p: CUdeviceptr,
+    from: (Option<u32>, Option<u64>),
+) -> (Option<u32>, Option<u64>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = attachment(ctl, p);
+        if now != from || std::time::Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Stream destruction is asynchronous: the driver documents that a SINGLE attachment's revert to
+/// the allocation's default association "won't happen until all work in the stream has
+/// completed". A stream destroyed with work still held on it keeps its attachment until the
+/// work drains.
+#[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
+fn a_single_attachment_reverts_once_its_destroyed_stream_drains() {
+    let ctl = bind(0);
+    let p = managed(PAGE);
+    let t = stream(0);
+    ok(attach(t, p, SINGLE));
+    sync(t);
+    assert_eq!(attachment(ctl, p), (Some(SINGLE), Some(t as u64)));
+    let gate = Gate::block(t);
+    destroy(t);
+    settle();
+    assert_eq!(
+        attachment(ctl, p),
+        (Some(SINGLE), Some(t as u64)),
+        "the destroyed stream's work has not completed: still attached"
+    );
+    gate.open();
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuCtxSynchronize() });
+    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "drained: back to the allocation's flags");
+    dfree(p);
+}
+
+/// An attachment queued on a stream destroyed before it runs takes effect when it runs, and
+/// reverts only once the work queued after it has completed too.
+#[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
+fn a_queued_single_attachment_on_a_destroyed_stream_reverts_after_the_later_work() {
+    let ctl = bind(0);
+    let p = managed(PAGE);
+    // An attachment to another stream first, so that the queued one running is observable
+    // whether or not it reverts at once.
+    let s = stream(0);
+    ok(attach(s, p, HOST));
+    sync(s);
+    let before = (Some(HOST), Some(s as u64));
+    assert_eq!(attachment(ctl, p), before);
+    let t = stream(0);
+    let first = Gate::block(t);
+    ok(attach(t, p, SINGLE));
+    let second = Gate::block(t);
+    destroy(t);
+    settle();
+    assert_eq!(attachment(ctl, p), before, "queued behind the first gate: not run");
+    first.open();
+    assert_eq!(
+        attachment_change(ctl, p, before),
+        (Some(SINGLE), Some(t as u64)),
+        "it ran; the work after it has not completed: no revert yet"
+    );
+    settle();
+    assert_eq!(attachment(ctl, p), (Some(SINGLE), Some(t as u64)), "still held by the second gate");
+    second.open();
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuCtxSynchronize() });
+    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "drained: back to the allocation's flags");
     destroy(s);
     dfree(p);
 }

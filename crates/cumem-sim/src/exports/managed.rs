@@ -199,8 +199,8 @@ pub unsafe extern "C" fn cuMemRangeGetAttributes(
 /// effect, and shows in the live report with that stream, once the stream's earlier work has
 /// completed. The arguments are checked at the call: `dptr` must be the base of a managed
 /// allocation and `length` 0 or its size; SINGLE on the NULL/legacy stream gives `INVALID_VALUE`.
-/// A SINGLE attachment reverts to the allocation's flags when its stream is destroyed (one still
-/// queued then, when it runs). Access restrictions implied by the attachment are not enforced.
+/// A SINGLE attachment reverts to the allocation's flags once its stream is destroyed and has
+/// drained. Access restrictions implied by the attachment are not enforced.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamAttachMemAsync(
     h_stream: CUstream,
