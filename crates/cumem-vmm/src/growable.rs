@@ -8,10 +8,10 @@
 //! past the reservation is an error ([`Error::LimitExceeded`]) and never a silent move.
 //!
 //! Device work is ordered like a [`DeviceBuffer`](cumem_core::DeviceBuffer)'s: every view shares
-//! the buffer's [`StreamOrder`], fills are queued on the stream the buffer was created on (all but
-//! one case, a value of many different words: see [`GrowableBuffer::resize`]), and chunks are
-//! unmapped (by `shrink_to_fit` and the drop) only after the work that uses the buffer has
-//! completed.
+//! the buffer's [`StreamOrder`], fills are queued on the stream the buffer was created on without
+//! the call waiting for them (one exception, a change of a value of many different words: see
+//! [`GrowableBuffer::resize`]), and chunks are unmapped (by `shrink_to_fit` and the drop) only
+//! after the work that uses the buffer has completed.
 //!
 //! Other devices can be given read-write access with [`GrowableConfig::accessible_from`]: every
 //! chunk gets it as it is mapped, the first ones and those mapped by later growth alike, so a peer
@@ -48,7 +48,7 @@ use bytemuck::{NoUninit, Zeroable};
 use cumem_core::sys::CUdeviceptr;
 use cumem_core::{
     AsDeviceSlice, AsDeviceSliceMut, Context, Device, DeviceSlice, DeviceSliceMut, Error, ErrorContext,
-    HostMemory, OnStream, OnStreamMut, Result, Stream, StreamOrder, blocking_host_copy,
+    HostMemory, OnStream, OnStreamMut, PinnedBuffer, Result, Stream, StreamOrder, blocking_host_copy,
 };
 
 use crate::ffi::{self, Fill};
@@ -107,6 +107,10 @@ pub struct GrowableBuffer<T> {
     /// Where fills are queued: the stream the buffer was created on.
     stream: Stream,
     order: StreamOrder,
+    /// Page-locked memory for one value, from which a fill of a value of many different words
+    /// copies the first (see [`stage`]); allocated by the first such fill. Its own drop waits for
+    /// the copies that read it before freeing it; the buffer's drop takes it first (see `Drop`).
+    staging: Option<PinnedBuffer<T>>,
     _marker: PhantomData<T>,
 }
 
@@ -184,6 +188,7 @@ impl<T> GrowableBuffer<T> {
             ctx,
             stream: stream.clone(),
             order: StreamOrder::new(stream),
+            staging: None,
             _marker: PhantomData,
         };
         buf.map_up_to(wanted)?;
@@ -317,16 +322,21 @@ impl<T> GrowableBuffer<T> {
     }
 
     /// Resizes to `new_len` values; new ones are set to `value` by work queued on the buffer's
-    /// stream after the buffer's earlier work, and the call does not wait for it.
+    /// stream after the buffer's earlier work (on whatever stream it was queued).
     ///
     /// A value whose bytes repeat every 1, 2 or 4 bytes (zero, `u8`/`u16`/`u32` values, …) is
     /// one memset. Any other is written once, by a memset per run of equal 4-byte words (2- or
     /// 1-byte for a size that is no multiple of 4), then doubled: each device-to-device copy
     /// duplicates the values set so far, so `n` new values take about `log2(n)` copies and the
     /// host holds none of them. A value that needs more than 16 of those memsets is instead
-    /// copied from the host by one blocking copy of that single value (on the legacy stream,
-    /// after the buffer's earlier work, which the call then waits for); the doubling that follows
-    /// is queued as above.
+    /// written by one copy queued from page-locked staging memory for one value, which the buffer
+    /// allocates with the first such fill and keeps until its drop; the doubling follows as above.
+    ///
+    /// The call does not wait for the device (nor for other streams: nothing goes through the
+    /// legacy stream), with one exception: a fill of such a value that differs from the one
+    /// staged rewrites the staging memory, and first waits for the copies queued from it by
+    /// synchronising the buffer's stream, that is for all the work queued on that stream so far.
+    /// Do not change such a value while that stream waits for the calling thread: that deadlocks.
     pub fn resize(&mut self, new_len: usize, value: T) -> Result<()>
     where
         T: NoUninit,
@@ -351,10 +361,9 @@ impl<T> GrowableBuffer<T> {
 
     /// Sets `[len, new_len)` (mapped already) to `value`, queued on the buffer's stream. A value
     /// whose bytes repeat with a width the driver fills (1, 2 or 4 bytes) is one memset. Any other
-    /// is written once, then doubled: each device-to-device copy duplicates the values written so
-    /// far into the next range (disjoint from them), so the host holds no more than the one value
-    /// however many are set. The first value takes a memset per run of equal words, or, past
-    /// [`SEED_MEMSETS`] of them, one blocking copy of that value from the host.
+    /// is written once, then doubled (see [`doubling`]), so the host holds no more than the one
+    /// value however many are set. The first value takes a memset per run of equal words, or,
+    /// past [`SEED_MEMSETS`] of them, one copy queued from the staging memory (see [`stage`]).
     fn fill_tail(&mut self, new_len: usize, value: T) -> Result<()>
     where
         T: NoUninit,
@@ -362,18 +371,19 @@ impl<T> GrowableBuffer<T> {
         let count = new_len - self.len;
         let bytes = bytemuck::bytes_of(&value);
         let whole = memset_for(bytes, count);
-        let seed = if whole.is_some() { Some(Vec::new()) } else { seed_memsets(bytes) };
-        if seed.is_none() {
-            // Ordered through `order`, so the copies queued below on the stream come after it.
-            self.copy_into_tail(std::slice::from_ref(&value))?;
-        }
+        let memsets = if whole.is_some() { None } else { seed_memsets(bytes) };
         let ptr = self.device_ptr() + self.bytes() as u64;
         let stream = self.stream.clone();
+        // Staged before the guard is taken: rewriting the staging memory may wait.
+        let staged = match (&whole, &memsets) {
+            (None, None) => Some(stage(&mut self.staging, &self.ctx, value)?),
+            _ => None,
+        };
         // SAFETY: `[len, new_len)` is mapped, read-write for this device, aligned for T (the base
         // is, checked by `with_config`, plus whole values) and exclusively ours (`&mut self`); the
         // view is ordered through `order`. Its old bytes are not read before the memsets and
         // copies below overwrite them with valid values of T: each copy reads only values that
-        // were written before it on the stream (or by the blocking copy, ordered before it).
+        // were written before it on the stream.
         let mut tail = unsafe { DeviceSliceMut::<T>::from_raw_parts(ptr, count, &self.order, &self.ctx) };
         let on = tail.on(&stream)?;
         self.ctx.bind()?;
@@ -383,7 +393,19 @@ impl<T> GrowableBuffer<T> {
             // byte of `value`, at its own offset in each value, so each value becomes `value`.
             return unsafe { ffi::memset_async(to, fill, n, stream.raw()) };
         }
-        for (offset, fill, n) in seed.unwrap_or_default() {
+        let size = size_of::<T>();
+        if let Some(staging) = staged {
+            let enqueue = |from: *const T, _| {
+                // SAFETY: `from` is the staging memory, page-locked and holding one value, which
+                // its tracker keeps alive and unwritten until the copy completes; `[to, to +
+                // size)` is the first value of the guard's range, ordered on `stream`.
+                unsafe { ffi::htod_async(to, from.cast(), size, stream.raw()) }
+            };
+            // SAFETY: `enqueue` queues one copy on `stream` that reads one value, the staging
+            // memory's length.
+            unsafe { HostMemory::device_read(staging, &stream, enqueue)? };
+        }
+        for (offset, fill, n) in memsets.unwrap_or_default() {
             // SAFETY: `[offset, offset + n * width)` lies in the first value of the guard's range,
             // ordered on `stream`. It is aligned to the width: the width divides the value's size,
             // so it divides `offset` and the value's address (the granularity-aligned base plus
@@ -391,15 +413,13 @@ impl<T> GrowableBuffer<T> {
             // value becomes `value`.
             unsafe { ffi::memset_async(to + offset as u64, fill, n, stream.raw())? };
         }
-        let size = size_of::<T>();
-        let mut done = 1;
-        while done < count {
-            let n = done.min(count - done);
+        for (n, done) in doubling(count) {
             // SAFETY: source `[0, n)` and destination `[done, done + n)` (in values) lie in the
-            // guard's range, ordered on `stream`, and do not overlap (`n ≤ done`); the source holds
-            // `value` in each place, written earlier on `stream` or before the guard was taken.
+            // guard's range (`done + n ≤ count`), ordered on `stream`, and do not overlap (`n ≤
+            // done`); the source holds `value` in each place, written earlier on `stream` (the
+            // first value above, the others by the earlier copies, which covered `[1, done)`).
+            // `doubling`'s unit test checks those bounds for many counts.
             unsafe { ffi::dtod_async(to + (done * size) as u64, to, n * size, stream.raw())? };
-            done += n;
         }
         Ok(())
     }
@@ -560,7 +580,7 @@ fn beyond_reservation(reserve: usize) -> Error {
 }
 
 /// The most memsets that write the first value of a fill that is not one memset; a value whose
-/// words change more often is copied from the host instead.
+/// words change more often is copied from the staging memory instead (see [`stage`]).
 const SEED_MEMSETS: usize = 16;
 
 /// Memsets that write one value whose bytes are `value`, at an address that is a multiple of its
@@ -584,6 +604,43 @@ fn seed_memsets(value: &[u8]) -> Option<Vec<(usize, Fill, usize)>> {
         _ => None,
     };
     runs.into_iter().map(|(offset, word, n)| Some((offset, fill(word)?, n))).collect()
+}
+
+/// The device-to-device copies that fill `count` values once the first is written:
+/// `(n, done)` copies values `[0, n)` to `[done, done + n)`. Each copy doubles the values written
+/// so far (`n = done`) until the last, which takes what is left, so `count` values take about
+/// `log2(count)` copies. Every copy has `1 ≤ n ≤ done` (its source, written already, does not
+/// overlap its destination) and `done + n ≤ count`, and the destinations follow each other to
+/// cover `[1, count)` exactly.
+fn doubling(count: usize) -> impl Iterator<Item = (usize, usize)> {
+    let first = (count > 1).then_some((1, 1));
+    std::iter::successors(first, move |&(n, done)| {
+        let done = done + n;
+        (done < count).then(|| (done.min(count - done), done))
+    })
+}
+
+/// The staging memory in `slot`, holding `value`: page-locked memory for one value, allocated on
+/// first use and kept for the buffer's later fills. Rewriting it goes through its host API, whose
+/// tracker first waits for the copies queued from it before (by synchronising the stream they
+/// were queued on: the buffer's). A value equal to the one staged is not rewritten, so it waits
+/// for nothing.
+fn stage<'a, T: NoUninit>(
+    slot: &'a mut Option<PinnedBuffer<T>>,
+    ctx: &Context,
+    value: T,
+) -> Result<&'a PinnedBuffer<T>> {
+    let staging = match slot.take() {
+        Some(staging) => staging,
+        None => PinnedBuffer::from_slice(ctx, std::slice::from_ref(&value))?,
+    };
+    let staging = slot.insert(staging);
+    // Reading waits only for device writes, and the device only ever reads the staging memory.
+    let staged = staging.as_slice()?.first().map(bytemuck::bytes_of) == Some(bytemuck::bytes_of(&value));
+    if !staged && let Some(first) = staging.as_mut_slice()?.first_mut() {
+        *first = value;
+    }
+    Ok(staging)
 }
 
 /// The memset that writes `count` copies of the value whose bytes are `value`, and how many
@@ -632,6 +689,10 @@ impl<T> fmt::Debug for GrowableBuffer<T> {
 
 impl<T> Drop for GrowableBuffer<T> {
     fn drop(&mut self) {
+        // Taken first, on every path: its drop waits (without a lock, so inside a
+        // `StreamOrder::queue_on` closure too) for the copies that read it, then frees it, or
+        // leaks it with a warning should that wait fail; it never panics.
+        drop(self.staging.take());
         if self.chunks.is_empty() {
             return;
         }
@@ -694,5 +755,35 @@ mod tests {
         let mut repeated = words(3);
         repeated.extend([0; 400]); // a long run of zero words is one memset
         assert_eq!(seed(&repeated), Some(vec![(0, 1, 1), (4, 2, 1), (8, 3, 1), (12, 0, 100)]));
+    }
+
+    /// Checks every copy of `doubling(count)` against the bounds `fill_tail`'s SAFETY comment
+    /// relies on, and that the destinations cover `[1, count)` exactly; returns how many copies.
+    fn check_doubling(count: usize) -> usize {
+        let mut end = 1; // values `[0, end)` are written
+        let mut copies = 0;
+        for (n, done) in doubling(count) {
+            assert!(n >= 1, "count {count}: an empty copy at {done}");
+            assert_eq!(done, end, "count {count}: a copy to {done} leaves a gap or overlaps the last");
+            assert!(n <= done, "count {count}: source [0, {n}) overlaps destination [{done}, +{n})");
+            assert!(
+                done.checked_add(n).is_some_and(|e| e <= count),
+                "count {count}: [{done}, +{n}) is out of bounds"
+            );
+            end = done + n;
+            copies += 1;
+        }
+        assert_eq!(end, count.max(1), "count {count}: the copies stop at {end}");
+        copies
+    }
+
+    #[test]
+    fn doubling_copies_stay_in_bounds_do_not_overlap_and_cover_the_tail() {
+        let large = [1 << 20, (1 << 20) + 1, (1 << 32) - 1, 1 << 40, (1 << 40) + 12345, usize::MAX / 3];
+        for count in (0..=1000).chain(large).chain([usize::MAX - 1, usize::MAX]) {
+            // Doubling: ⌈log2(count)⌉ copies.
+            let want = if count <= 1 { 0 } else { (usize::BITS - (count - 1).leading_zeros()) as usize };
+            assert_eq!(check_doubling(count), want, "count {count}");
+        }
     }
 }

@@ -14,6 +14,7 @@ use cumem_copy::{Copy2D, Pitched, StreamCopy};
 use cumem_core::sys::CUresult;
 use cumem_core::{DeviceBuffer, Error, PinnedBuffer, Stream};
 use cumem_sim::FaultRule;
+use cumem_sys::testing::Gate;
 use cumem_vmm::{GrowableBuffer, GrowableConfig};
 use serial_test::{parallel, serial};
 
@@ -80,6 +81,49 @@ struct Triple {
 }
 
 const TRIPLE: Triple = Triple { a: 0x0102_0304, b: -1.5, c: 0xA5A5_0F0F };
+
+/// Twenty-four different words: more runs than the memsets that may write one value.
+fn words24(seed: u32) -> [u32; 24] {
+    std::array::from_fn(|i| (i as u32 + seed).wrapping_mul(0x9E37_79B9))
+}
+
+/// 4 KiB of different words.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct Page([u32; 1024]);
+
+/// How long a call that queues its work may take before the test takes it for waiting.
+const QUEUED_CALL: Duration = Duration::from_secs(10);
+
+/// Runs `call` on a thread of its own while `gate` holds a stream, and returns what it returns
+/// with the gate still closed. A call that has not returned within [`QUEUED_CALL`] waits for the
+/// held stream: the gate is then opened (so that the call finishes and the thread is joined) and
+/// the test fails, naming `what`.
+fn returns_while_held<R: Send>(gate: Gate, what: &str, call: impl FnOnce() -> R + Send) -> (R, Gate) {
+    std::thread::scope(|s| {
+        let (done, returned) = std::sync::mpsc::channel();
+        let worker = s.spawn(move || {
+            let out = call();
+            let _ = done.send(());
+            out
+        });
+        // A panic in `call` drops the sender: `Disconnected` at once, and the join passes it on.
+        let gate = returned.recv_timeout(QUEUED_CALL).is_ok().then_some(gate);
+        let out = worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let Some(gate) = gate else {
+            panic!(
+                "{what} had not returned after {QUEUED_CALL:?}: it waited for a held stream instead of queueing its work"
+            );
+        };
+        (out, gate)
+    })
+}
+
+/// Live page-locked allocations of `bytes` bytes (`None` on a real driver).
+fn pinned_allocations_of(bytes: usize) -> Option<usize> {
+    let report = cumem_sys::testing::sim_control()?.live_report();
+    Some(report.allocations.iter().filter(|a| a.kind == "pinned_host" && a.bytes == bytes as u64).count())
+}
 
 /// One chunk per granule, so that 64 steps map 64 chunks.
 fn config(g: usize) -> GrowableConfig {
@@ -330,7 +374,7 @@ fn resize_with_a_value_of_many_different_words_copies_one_value_and_doubles_it()
     let ctx = device.context().unwrap();
     let g = granule(device);
     let stream = Stream::non_blocking(&ctx).unwrap();
-    // 24 different words: too many memsets for one value, so it comes from the host.
+    // 24 different words: too many memsets for one value, so it is copied from staging memory.
     let value: [u32; 24] = std::array::from_fn(|i| (i as u32 + 1).wrapping_mul(0x9E37_79B9));
     let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
     let n = 2 * g / size_of::<[u32; 24]>() + 5; // odd, over three chunks
@@ -361,7 +405,9 @@ fn resize_with_a_value_no_memset_writes_is_queued_on_the_buffers_stream() {
     // Earlier work on the buffer, held behind the gate: the fill is ordered after it, and must be
     // queued behind it rather than waited for.
     earlier.memset_d8(&mut buf.slice_mut(..).unwrap(), 0x40).unwrap();
-    buf.resize(3 * n - 1, 0.1).unwrap();
+    let ((), gate) = returns_while_held(gate, "resize with a value no memset writes", || {
+        buf.resize(3 * n - 1, 0.1).unwrap()
+    });
     assert!(
         !stream.query().unwrap(),
         "resize waited for its fill instead of queueing it on the buffer's stream"
@@ -371,6 +417,94 @@ fn resize_with_a_value_no_memset_writes_is_queued_on_the_buffers_stream() {
     assert!(bits[..n].iter().all(|&b| b == 0x4040_4040_4040_4040), "the earlier memset was lost");
     assert!(bits[n..].iter().all(|&b| b == 0.1f64.to_bits()), "a filled value is not bitwise 0.1");
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial] // holds a gate
+fn resize_with_a_value_of_many_different_words_does_not_wait_for_other_blocking_streams() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    // Ordered with the legacy stream, and nothing to do with the buffers: held throughout.
+    let unrelated = Stream::new(&ctx).unwrap();
+    let words = words24(1);
+    let page = Page(std::array::from_fn(|i| (i as u32).wrapping_mul(0x0101_0011) ^ 0x5A5A_0000));
+    let mut small = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
+    let mut large = GrowableBuffer::<Page>::with_config(&stream, 0, config(g)).unwrap();
+    let (n_small, n_large) = (g / 96 + 3, 2 * g / 4096 + 1); // past a chunk's end, odd
+    let gate = hold(&unrelated);
+    let ((), gate) = returns_while_held(gate, "resize with values of 24 and 1024 different words", || {
+        small.resize(n_small, words).unwrap();
+        large.resize(n_large, page).unwrap();
+    });
+    gate.release();
+    stream.synchronize().unwrap();
+    let v = small.to_vec().unwrap();
+    assert_eq!(v.len(), n_small);
+    let want = bytemuck::bytes_of(&words);
+    assert!(v.iter().all(|x| bytemuck::bytes_of(x) == want), "a filled [u32; 24] is not bitwise the value");
+    let v = large.to_vec().unwrap();
+    assert_eq!(v.len(), n_large);
+    let want = bytemuck::bytes_of(&page);
+    assert!(v.iter().all(|x| bytemuck::bytes_of(x) == want), "a filled 4 KiB value is not bitwise the value");
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial] // holds a gate
+fn a_new_value_of_many_words_waits_for_the_copies_of_the_last_one() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let (a, b) = (words24(1), words24(100));
+    let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
+    let n = g / 96 + 1;
+    buf.reserve(3 * n).unwrap();
+    let gate = hold(&stream);
+    // The buffer's own stream is held: the copies that read the staged value have not run.
+    let ((), gate) = returns_while_held(gate, "a first fill", || buf.resize(n, a).unwrap());
+    // The same value is staged already: nothing to rewrite, nothing to wait for.
+    let ((), gate) = returns_while_held(gate, "a fill of the staged value", || buf.resize(2 * n, a).unwrap());
+    // Another value rewrites the staging memory, which must wait for the copies queued above
+    // (they would read the new value): opened from another thread while it waits.
+    let opener = gate.release_after(Duration::from_millis(50));
+    buf.resize(3 * n, b).unwrap();
+    opener.join().unwrap();
+    let v = buf.to_vec().unwrap();
+    assert_eq!(v.len(), 3 * n);
+    assert!(v[..2 * n].iter().all(|x| *x == a), "a value was overwritten before its copies ran");
+    assert!(v[2 * n..].iter().all(|x| *x == b), "a filled value differs");
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial] // counts the live page-locked allocations, which parallel tests would change
+fn a_buffer_dropped_inside_a_closure_frees_its_staging_memory() {
+    within_watchdog("a GrowableBuffer with a staged value dropped inside a closure", || {
+        let Some(device) = vmm_device() else { return };
+        let ctx = device.context().unwrap();
+        let g = granule(device);
+        let stream = Stream::non_blocking(&ctx).unwrap();
+        let before = pinned_allocations_of(96);
+        let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
+        buf.resize(g / 96 + 1, words24(7)).unwrap();
+        assert_eq!(pinned_allocations_of(96), before.map(|n| n + 1), "no staging memory for the value");
+        let (base, size) = (buf.device_ptr(), buf.range().size());
+        let other = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+        // The staging memory's drop, like the buffer's, waits without a lock, which a closure refuses.
+        other
+            .as_slice()
+            .queue_on(&stream, |_| {
+                drop(buf);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(pinned_allocations_of(96), before, "the staging memory leaked");
+        assert_eq!(sim_mapped_bytes(base, size).unwrap_or(0), 0, "leaked instead of unmapped");
+        assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    });
 }
 
 #[test]
