@@ -443,6 +443,13 @@ impl<T> GrowableBuffer<T> {
     }
 
     /// Appends a copy of `src`, growing as needed; returns once `src` may be reused.
+    ///
+    /// `src` is pageable memory, so this is a blocking copy on the legacy stream
+    /// (`cuMemcpyHtoD`): it waits for the buffer's earlier work and, as everything on the legacy
+    /// stream does, for the work already queued on the context's blocking streams (a blocking
+    /// stream held by a host function that waits for this thread deadlocks it). To queue the copy
+    /// on a stream instead, copy from page-locked memory with
+    /// [`extend_from_host`](Self::extend_from_host).
     pub fn extend_from_slice(&mut self, src: &[T]) -> Result<()>
     where
         T: NoUninit,
