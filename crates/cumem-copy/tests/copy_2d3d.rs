@@ -227,9 +227,11 @@ fn pitched_buffers_have_aligned_rows_and_row_views() {
     let empty = PitchedBuffer::<u8>::zeroed(&stream, 0, 5).unwrap();
     assert!(empty.is_empty() && empty.to_vec().unwrap().is_empty());
     if let Some(ctl) = testing::sim_control() {
-        let ptr = img.device_ptr();
+        // By id: another test's allocation may take the freed address.
+        let id = ctl.live_report().id_of(img.device_ptr()).expect("live");
         drop(img);
-        assert!(!ctl.live_report().contains_ptr(ptr));
+        let live = ctl.live_report();
+        assert!(!live.contains_allocation(id), "leaked instead of freed:\n{live}");
     }
 }
 
@@ -423,6 +425,7 @@ fn a_pitched_buffer_whose_work_cannot_be_waited_for_is_leaked_not_freed() {
     let mut img = PitchedBuffer::<u32>::zeroed(&stream, 16, 4).unwrap();
     stream.fill_2d(&mut img.as_pitched_mut(), 7u32, Rect2D::new(16, 4)).unwrap();
     let ptr = img.device_ptr();
+    let id = ctl.live_report().id_of(ptr).expect("live");
     let rule = ctl.inject_fault(FaultRule {
         function: "cuStreamSynchronize".into(),
         nth: 1,
@@ -432,7 +435,8 @@ fn a_pitched_buffer_whose_work_cannot_be_waited_for_is_leaked_not_freed() {
     });
     drop(img); // cannot know the fill is done: must not free under it
     ctl.remove_fault(rule);
-    assert!(ctl.live_report().contains_ptr(ptr), "freed although its work was not known to be done");
+    let live = ctl.live_report();
+    assert!(live.contains_allocation(id), "freed although its work was not known to be done:\n{live}");
     // Reclaim the leak, so the simulator's leak check at exit stays quiet.
     stream.synchronize().unwrap();
     stream.context().bind().unwrap();
@@ -440,5 +444,6 @@ fn a_pitched_buffer_whose_work_cannot_be_waited_for_is_leaked_not_freed() {
     // the pools), whose 512-byte request the driver served exactly (its addresses are 512-aligned):
     // nothing refers to it any more and its work has completed (synchronised just above).
     assert_eq!(unsafe { cumem_core::sys::cuMemFree_v2(ptr) }, CUresult::CUDA_SUCCESS);
-    assert!(!ctl.live_report().contains_ptr(ptr));
+    let live = ctl.live_report();
+    assert!(!live.contains_allocation(id), "still live after cuMemFree:\n{live}");
 }

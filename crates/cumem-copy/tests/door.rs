@@ -359,7 +359,7 @@ fn a_pitched_buffer_dropped_inside_a_closure_returns_its_memory() {
         // From the driver, so that its free shows in the live report at once (no cache between).
         let driver = std::sync::Arc::new(cumem_core::DriverResource::new(&ctx));
         let pitched = cumem_copy::PitchedBuffer::<u32>::zeroed_in(&driver, &s, 16, 4).unwrap();
-        let ptr = pitched.device_ptr();
+        let id = ctl.live_report().id_of(pitched.device_ptr()).expect("live");
         // The drop has exclusive access to its order, so it needs no lock, which a closure refuses.
         buf.as_slice()
             .queue_on(&s, |_| {
@@ -368,7 +368,8 @@ fn a_pitched_buffer_dropped_inside_a_closure_returns_its_memory() {
             })
             .unwrap();
         s.synchronize().unwrap();
-        assert!(!ctl.live_report().contains_ptr(ptr), "leaked instead of freed");
+        let live = ctl.live_report();
+        assert!(!live.contains_allocation(id), "leaked instead of freed:\n{live}");
     });
 }
 
@@ -414,7 +415,8 @@ fn host_memory_dropped_inside_a_closure_is_freed_not_leaked() {
         let mapped = MappedBuffer::from_slice(&ctx, &[4u32; 64]).unwrap();
         t.copy_h2d(&pinned, &mut dst).unwrap(); // a pending read of the pinned buffer
         t.copy_d2d(&mapped.as_device_slice(), &mut dst).unwrap(); // and of the mapped one
-        let (p, m) = (pinned.as_ptr() as u64, mapped.as_ptr() as u64);
+        let before = ctl.live_report();
+        let [p, m] = [pinned.as_ptr(), mapped.as_ptr()].map(|ptr| before.id_of(ptr as u64).expect("live"));
         buf.as_slice()
             .queue_on(&s, |_| {
                 drop(pinned);
@@ -423,7 +425,10 @@ fn host_memory_dropped_inside_a_closure_is_freed_not_leaked() {
             })
             .unwrap();
         let live = ctl.live_report();
-        assert!(!live.contains_ptr(p) && !live.contains_ptr(m), "leaked instead of freed:\n{live}");
+        assert!(
+            !live.contains_allocation(p) && !live.contains_allocation(m),
+            "leaked instead of freed:\n{live}"
+        );
         assert_eq!(dst.to_vec().unwrap(), [4; 64]);
     });
 }

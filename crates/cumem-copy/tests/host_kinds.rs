@@ -268,20 +268,22 @@ every_host_kind! {
     fn every_kind_waits_for_a_pending_download_before_it_is_released(#[case] kind: Kind) {
         let (ctx, stream) = setup();
         let dev = DeviceBuffer::from_slice(&stream, &[3u64; N]).unwrap();
+        // The freed allocation's id (its address may be handed out again at once), while live.
+        let id_of = |ptr: *const u64| testing::sim_control().map(|c| c.live_report().id_of(ptr as u64).expect("live"));
         let released = match kind {
             Kind::Pinned(flags) => {
                 let mut host = PinnedBuffer::<u64>::zeroed_with_flags(&ctx, N, flags).unwrap();
                 stream.copy_d2h(&dev, &mut host).unwrap();
-                let ptr = host.as_ptr() as u64;
+                let id = id_of(host.as_ptr());
                 drop(host); // must not free the memory under the pending copy
-                ptr
+                id
             }
             Kind::Mapped => {
                 let mut host = MappedBuffer::<u64>::zeroed(&ctx, N).unwrap();
                 stream.copy_d2h(&dev, &mut host).unwrap();
-                let ptr = host.as_ptr() as u64;
+                let id = id_of(host.as_ptr());
                 drop(host);
-                ptr
+                id
             }
             Kind::Registered(flags) => {
                 let mut storage = vec![0u64; N + 512];
@@ -294,12 +296,13 @@ every_host_kind! {
                 if let Some(ctl) = testing::sim_control() {
                     assert!(!ctl.live_report().contains_registration(base), "unregistered at the scope's end");
                 }
-                base
+                None // a registration, not an allocation: checked just above
             }
         };
         stream.synchronize().unwrap();
         if let Some(ctl) = testing::sim_control() {
-            assert!(!ctl.live_report().contains_ptr(released));
+            let live = ctl.live_report();
+            assert!(released.is_none_or(|id| !live.contains_allocation(id)), "leaked instead of freed:\n{live}");
             let v = ctl.violations();
             assert!(v.iter().all(|v| !v.function.contains("Memcpy")), "{v:?}");
         }

@@ -56,9 +56,11 @@ fn mapped_memory_is_shared_between_host_and_device() {
     assert_eq!(code, CUresult::CUDA_SUCCESS);
     assert_eq!(dptr, mapped.device_ptr());
     if let Some(ctl) = testing::sim_control() {
-        let host = mapped.as_ptr() as u64;
+        // By id: another test's pinned allocation may take the freed address at once.
+        let id = ctl.live_report().id_of(mapped.as_ptr() as u64).expect("live");
         drop(mapped);
-        assert!(!ctl.live_report().contains_ptr(host));
+        let live = ctl.live_report();
+        assert!(!live.contains_allocation(id), "leaked instead of freed:\n{live}");
     }
 }
 

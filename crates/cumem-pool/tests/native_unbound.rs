@@ -120,6 +120,8 @@ fn a_free_failing_with_an_error_no_context_check_gives_is_not_tried_again() {
         s.spawn(|| {
             assert!(current().is_null());
             let a = pool.allocate(layout(), &stream).unwrap();
+            // By id: once freed, its address may be another test's allocation.
+            let id = ctl.live_report().id_of(a.ptr).expect("live");
             let rule = ctl.inject_fault(FaultRule {
                 function: "cuMemFreeAsync".into(),
                 nth: 1,
@@ -133,17 +135,20 @@ fn a_free_failing_with_an_error_no_context_check_gives_is_not_tried_again() {
             ctl.remove_fault(rule);
             assert_eq!(ctl.calls_on_this_thread("cuMemFreeAsync"), 1, "not tried again");
             assert!(current().is_null(), "nothing was bound");
-            a
+            (a, id)
         })
         .join()
         .unwrap()
     });
     stream.synchronize().unwrap();
-    assert!(ctl.live_report().contains_ptr(a.ptr), "the failed free left the block allocated");
+    let (a, id) = a;
+    let live = ctl.live_report();
+    assert!(live.contains_allocation(id), "the failed free left the block allocated:\n{live}");
     // SAFETY: the failed free above freed nothing (the fault was injected before any work).
     unsafe { pool.deallocate(a, layout(), &stream) };
     stream.synchronize().unwrap();
-    assert!(!ctl.live_report().contains_ptr(a.ptr));
+    let live = ctl.live_report();
+    assert!(!live.contains_allocation(id), "leaked instead of freed:\n{live}");
 }
 
 #[test]
@@ -157,6 +162,7 @@ fn an_invalid_handle_answer_with_no_context_current_is_tried_again_bound() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let a = pool.allocate(layout(), &stream).unwrap();
+            let id = ctl.live_report().id_of(a.ptr).expect("live");
             // What a driver resolving the stream through the current context might answer.
             let rule = ctl.inject_fault(FaultRule {
                 function: "cuMemFreeAsync".into(),
@@ -171,7 +177,8 @@ fn an_invalid_handle_answer_with_no_context_current_is_tried_again_bound() {
             assert_eq!(ctl.calls_on_this_thread("cuMemFreeAsync"), 2, "tried again");
             assert_eq!(current(), ctx.raw(), "bound for the second try");
             stream.synchronize().unwrap();
-            assert!(!ctl.live_report().contains_ptr(a.ptr), "freed by the second try");
+            let live = ctl.live_report();
+            assert!(!live.contains_allocation(id), "freed by the second try:\n{live}");
         });
     });
 }

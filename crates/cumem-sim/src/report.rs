@@ -13,6 +13,13 @@ pub struct LiveAllocation {
     /// (cuMemAllocHost / cuMemHostAlloc), `ipc_import` (cuIpcOpenMemHandle) or `pool_import`
     /// (cuMemPoolImportPointer).
     pub kind: String,
+    /// The simulator's number for this allocation (what `CU_POINTER_ATTRIBUTE_BUFFER_ID`
+    /// reports), unique among all allocations of every kind the process ever made. Addresses are
+    /// not: a freed allocation's address is soon handed out again (managed and pinned host memory
+    /// come from the host's allocator), so "this allocation was freed" is a question about its
+    /// id, not its address. `0` in reports written before ids were listed.
+    #[serde(default)]
+    pub id: u64,
     /// The allocation's base address (device/UVA address).
     pub ptr: u64,
     /// Requested size in bytes.
@@ -212,8 +219,38 @@ impl LiveReport {
     }
 
     /// Whether a live allocation starts at `ptr`.
+    ///
+    /// Any allocation: after a free, another (from another thread, or a later call) may start at
+    /// the same address, so to check that one allocation was freed take its id while it is live
+    /// ([`allocation_at`](Self::allocation_at)) and ask
+    /// [`contains_allocation`](Self::contains_allocation).
     pub fn contains_ptr(&self, ptr: u64) -> bool {
         self.allocations.iter().any(|a| a.ptr == ptr)
+    }
+
+    /// The live allocation that starts at `ptr`, if any; its [`id`](LiveAllocation::id)
+    /// identifies it after its address has been reused.
+    pub fn allocation_at(&self, ptr: u64) -> Option<&LiveAllocation> {
+        self.allocations.iter().find(|a| a.ptr == ptr)
+    }
+
+    /// The live allocation whose bytes include `ptr` (for an address inside an allocation, such
+    /// as an aligned pointer into a larger block), if any.
+    pub fn allocation_containing(&self, ptr: u64) -> Option<&LiveAllocation> {
+        self.allocations.iter().find(|a| a.ptr <= ptr && ptr - a.ptr < a.bytes.max(1))
+    }
+
+    /// The id of the live allocation that starts at `ptr`, if any (see
+    /// [`allocation_at`](Self::allocation_at)).
+    pub fn id_of(&self, ptr: u64) -> Option<u64> {
+        self.allocation_at(ptr).map(|a| a.id)
+    }
+
+    /// Whether the allocation numbered `id` (a [`LiveAllocation::id`] from an earlier report) is
+    /// still live. Unlike [`contains_ptr`](Self::contains_ptr) this stays `false` once it is
+    /// freed, whatever is allocated at its address afterwards.
+    pub fn contains_allocation(&self, id: u64) -> bool {
+        id != 0 && self.allocations.iter().any(|a| a.id == id)
     }
 
     /// Whether a live stream has this handle value.
@@ -246,8 +283,8 @@ impl std::fmt::Display for LiveReport {
         for a in &self.allocations {
             write!(
                 f,
-                "  {} {:#x} ({} bytes) on device {} (context {:#x})",
-                a.kind, a.ptr, a.bytes, a.device, a.context
+                "  {} #{} {:#x} ({} bytes) on device {} (context {:#x})",
+                a.kind, a.id, a.ptr, a.bytes, a.device, a.context
             )?;
             match a.pool {
                 Some(p) => writeln!(f, " from pool {p:#x}")?,
@@ -303,5 +340,23 @@ impl std::fmt::Display for LiveReport {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report written before allocations carried ids still parses; its allocations are found by
+    /// address, and no id names them.
+    #[test]
+    fn a_report_without_ids_parses_and_names_no_allocation_by_id() {
+        let json = r#"{"allocations":[{"kind":"managed","ptr":4096,"bytes":64,"device":0,"context":1}],
+            "streams":[],"events":[],"pools":[],"mappings":[],"registrations":[],"contexts":[]}"#;
+        let r: LiveReport = serde_json::from_str(json).unwrap();
+        assert_eq!(r.id_of(4096), Some(0));
+        assert!(r.contains_ptr(4096) && !r.contains_allocation(0));
+        assert_eq!(r.allocation_containing(4096 + 63).map(|a| a.ptr), Some(4096));
+        assert!(r.allocation_containing(4096 + 64).is_none());
     }
 }

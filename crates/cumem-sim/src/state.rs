@@ -307,6 +307,7 @@ impl State {
                 .filter(|a| !matches!(a.kind, AllocKind::Registered | AllocKind::Vmm))
                 .map(|a| LiveAllocation {
                     kind: a.kind.report_name().to_string(),
+                    id: a.buffer_id,
                     ptr: a.base,
                     bytes: a.bytes,
                     device: a.device,

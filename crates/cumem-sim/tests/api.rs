@@ -482,7 +482,7 @@ fn primary_context_release_to_zero_frees_everything_it_owns() {
         ok(cu::cuEventCreate(&mut e, 0));
         ok(cu::cuMemsetD8Async(p, 1, 1 << 20, s));
         let report = ctl.live_report();
-        assert!(report.contains_ptr(p) && report.contains_ptr(h as u64));
+        let (p_id, h_id) = (report.id_of(p).expect("listed"), report.id_of(h as u64).expect("listed"));
         assert!(report.contains_stream(s as u64) && report.contains_event(e as u64));
         assert!(report.contexts.iter().any(|c| c.device == 2 && c.retain_count == 1));
 
@@ -497,7 +497,7 @@ fn primary_context_release_to_zero_frees_everything_it_owns() {
         .unwrap();
         let report = ctl.live_report();
         assert!(!report.allocations.iter().any(|a| a.device == 2), "device 2 still owns memory:\n{report}");
-        assert!(!report.contains_ptr(p));
+        assert!(!report.contains_allocation(p_id) && !report.contains_allocation(h_id), "{report}");
         assert!(!report.contains_stream(s as u64) && !report.contains_event(e as u64));
         assert!(!report.contexts.iter().any(|c| c.device == 2));
         ok(cu::cuDevicePrimaryCtxGetState(2, &mut flags, &mut active));

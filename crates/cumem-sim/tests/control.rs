@@ -24,13 +24,16 @@ fn live_report_lists_and_then_drops_resources() {
     assert!(r.contexts.iter().any(|c| c.device == 0 && c.retain_count >= 1));
     assert!(!r.is_clean());
     assert!(r.to_string().contains("pinned_host"));
+    assert_ne!(a.id, p.id, "each allocation has its own id");
+    let (d_id, h_id) = (a.id, p.id);
     // SAFETY: handles from this test.
     ok(unsafe { cu::cuEventDestroy_v2(e) });
     destroy(s);
     pfree(h);
     dfree(d);
     let r = ctl.live_report();
-    assert!(!r.contains_ptr(d) && !r.contains_ptr(h as u64));
+    // By id: another test's allocation may already have a freed address.
+    assert!(!r.contains_allocation(d_id) && !r.contains_allocation(h_id), "{r}");
     assert!(!r.contains_stream(s as u64) && !r.contains_event(e as u64));
 }
 
@@ -178,4 +181,89 @@ fn every_required_symbol_is_exported() {
     // SAFETY: plain FFI call through cudarc's loader.
     ok(unsafe { cu::cuDriverGetVersion(&mut v) });
     assert_eq!(v, 12080);
+}
+
+/// Every kind of allocation draws its id from one count: device, pitched, pool, managed and
+/// pinned host allocations made side by side all have different ids (imports: ipc.rs and
+/// pool_export.rs), each found again by its address while live.
+#[test]
+fn every_kind_of_allocation_has_its_own_id() {
+    let ctl = bind(0);
+    let d = dalloc(4096);
+    let (mut pitched, mut pitch) = (0, 0);
+    let mut managed = 0;
+    let mut pool = 0;
+    let s = stream(0);
+    // SAFETY: valid out-pointers; `s` is a live stream of the current context.
+    unsafe {
+        ok(cu::cuMemAllocPitch_v2(&mut pitched, &mut pitch, 100, 4, 4));
+        ok(cu::cuMemAllocManaged(&mut managed, 4096, 1));
+        ok(cu::cuMemAllocAsync(&mut pool, 4096, s));
+    }
+    let h = pinned(4096) as u64;
+    let r = ctl.live_report();
+    let kinds =
+        [(d, "device"), (pitched, "pitched"), (pool, "pool"), (managed, "managed"), (h, "pinned_host")];
+    let ids: Vec<u64> = kinds
+        .iter()
+        .map(|&(ptr, kind)| {
+            let a = r.allocation_at(ptr).unwrap_or_else(|| panic!("{kind} {ptr:#x} not listed:\n{r}"));
+            assert_eq!(a.kind, kind);
+            assert_eq!(r.id_of(ptr), Some(a.id));
+            assert!(r.contains_allocation(a.id));
+            a.id
+        })
+        .collect();
+    let mut distinct = ids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), ids.len(), "ids {ids:?}:\n{r}");
+    assert!(!ids.contains(&0), "0 means a report without ids: {ids:?}");
+    // SAFETY: allocations made above, unused.
+    unsafe {
+        ok(cu::cuMemFreeAsync(pool, s));
+        ok(cu::cuStreamSynchronize(s));
+        ok(cu::cuMemFree_v2(managed));
+        ok(cu::cuMemFree_v2(pitched));
+    }
+    pfree(h as *mut u8);
+    dfree(d);
+    destroy(s);
+    let r = ctl.live_report();
+    assert!(ids.iter().all(|&id| !r.contains_allocation(id)), "{r}");
+}
+
+/// A freed allocation's address is soon handed out again (managed memory is a host mapping, so
+/// the kernel usually returns the same address for the same size at once): the new allocation
+/// there has another id, and the old id is no longer live although its address is.
+#[test]
+fn an_allocation_at_a_reused_address_has_a_new_id() {
+    let ctl = bind(0);
+    const BYTES: usize = 1 << 16;
+    let managed = || {
+        let mut p = 0;
+        // SAFETY: valid out-pointer.
+        ok(unsafe { cu::cuMemAllocManaged(&mut p, BYTES, 1) });
+        p
+    };
+    // Another test's mapping may take the freed address first: try again a bounded number of times.
+    for _ in 0..100 {
+        let old = managed();
+        let old_id = ctl.live_report().id_of(old).expect("listed");
+        dfree(old);
+        let new = managed();
+        if new != old {
+            dfree(new);
+            continue;
+        }
+        let r = ctl.live_report();
+        let new_id = r.id_of(new).expect("listed");
+        assert_ne!(new_id, old_id, "the same id for two allocations:\n{r}");
+        assert!(r.contains_ptr(old), "the new allocation is at the old address");
+        assert!(!r.contains_allocation(old_id), "the freed allocation still counts as live:\n{r}");
+        assert!(r.contains_allocation(new_id));
+        dfree(new);
+        return;
+    }
+    panic!("no managed allocation was handed a freed address in 100 tries");
 }

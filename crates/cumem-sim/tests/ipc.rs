@@ -147,6 +147,8 @@ fn importer() {
     let imports: Vec<_> = report.allocations.iter().filter(|a| a.kind == "ipc_import").collect();
     assert_eq!(imports.len(), 1, "{report}");
     assert_eq!((imports[0].ptr, imports[0].bytes), (p, BYTES as u64));
+    let id = imports[0].id;
+    assert!(id != 0 && report.allocations.iter().filter(|a| a.id == id).count() == 1, "{report}");
     assert_eq!(read_back(p, BYTES), pattern(), "the importer does not read the exporter's bytes");
     // SAFETY: plain FFI call on the imported range.
     ok(unsafe { cu::cuMemsetD8_v2(p, 0xAB, BYTES) });
@@ -158,10 +160,12 @@ fn importer() {
     // The exporter freed its allocation; the import keeps the memory until it is closed.
     assert_eq!(read_back(p, BYTES), vec![0xAB; BYTES]);
     ok(close(p));
-    assert!(ctl.live_report().contains_ptr(p), "one open is left");
+    let live = ctl.live_report();
+    assert!(live.contains_allocation(id), "one open is left:\n{live}");
     ok(close(p));
     assert_eq!(close(p), CUresult::CUDA_ERROR_INVALID_VALUE, "closing more often than opening");
-    assert!(!ctl.live_report().contains_ptr(p));
+    let live = ctl.live_report();
+    assert!(!live.contains_allocation(id), "closed as often as opened:\n{live}");
     assert_eq!(try_open(&h, 1).0, CUresult::CUDA_ERROR_INVALID_VALUE, "the exported memory is gone");
     // SAFETY: plain FFI call.
     ok(unsafe { cu::cuCtxSynchronize() });

@@ -238,6 +238,11 @@ fn export_codes_and_an_import_in_the_same_process() {
         (listed.kind.as_str(), listed.bytes, listed.pool),
         ("pool_import", BYTES as u64, Some(imported as u64))
     );
+    // Its own id, not the exported block's (live in this process too).
+    assert!(
+        listed.id != 0 && report.allocations.iter().filter(|a| a.id == listed.id).count() == 1,
+        "{report}"
+    );
     // Freed with cuMemFree; once.
     // SAFETY: plain FFI calls.
     ok(unsafe { cu::cuMemFree_v2(ip) });
@@ -246,9 +251,11 @@ fn export_codes_and_an_import_in_the_same_process() {
     // Or with cuMemFreeAsync.
     let (r, ip) = import_ptr(imported, data);
     ok(r);
+    let id = ctl.live_report().id_of(ip).expect("the import is listed");
     ok(free_async(ip));
     sync();
-    assert!(!ctl.live_report().contains_ptr(ip));
+    let live = ctl.live_report();
+    assert!(!live.contains_allocation(id), "{live}");
 
     // The exporter freeing a block while an import of it lives is reported (importers free
     // first); freeing after the importers is not.

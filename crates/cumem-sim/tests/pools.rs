@@ -717,9 +717,11 @@ fn destroy_with_outstanding_allocations_defers_the_release() {
     assert!(!report.contains_pool(pool as u64));
     let a = report.allocations.iter().find(|a| a.ptr == p).expect("still live");
     assert_eq!((a.kind.as_str(), a.pool), ("pool", Some(pool as u64)));
+    let id = a.id;
     free_async(p, s);
     sync(s);
-    assert!(!ctl.live_report().contains_ptr(p));
+    let live = ctl.live_report();
+    assert!(!live.contains_allocation(id), "{live}");
     destroy(s);
 }
 

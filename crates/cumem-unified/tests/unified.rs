@@ -81,10 +81,12 @@ fn data_round_trips_host_to_unified_to_device_to_host() {
     assert_eq!(early::<u32>(back.device_ptr()), 0, "the copy ran while the stream was held");
     gate.release(); // does not wait: `as_slice` has to
     assert_eq!(back.as_slice().unwrap(), &data[..]); // waits for the copy
-    let ptr = back.device_ptr();
+    // By id: another test's allocation may take the freed address.
+    let id = testing::sim_control().map(|ctl| ctl.live_report().id_of(back.device_ptr()).expect("live"));
     drop(back);
-    if let Some(ctl) = testing::sim_control() {
-        assert!(!ctl.live_report().contains_ptr(ptr));
+    if let (Some(ctl), Some(id)) = (testing::sim_control(), id) {
+        let live = ctl.live_report();
+        assert!(!live.contains_allocation(id), "leaked instead of freed:\n{live}");
     }
 }
 
@@ -474,7 +476,7 @@ fn a_buffer_dropped_inside_a_closure_is_freed_not_leaked() {
     let unified = UnifiedBuffer::from_slice(&stream, &[5u32; 64]).unwrap();
     let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
     stream.copy_d2d(&unified, &mut dev).unwrap(); // pending device work on the unified buffer
-    let ptr = unified.device_ptr();
+    let id = ctl.live_report().id_of(unified.device_ptr()).expect("live");
     let other = DeviceBuffer::<u32>::zeroed(&stream, 16).unwrap();
     // The drop waits without the tracker's lock (`&mut`), which a closure would refuse: it frees
     // the memory instead of leaking it. (The copy's result does not show that wait: `cuMemFree`
@@ -487,7 +489,7 @@ fn a_buffer_dropped_inside_a_closure_is_freed_not_leaked() {
         })
         .unwrap();
     let live = ctl.live_report();
-    assert!(!live.contains_ptr(ptr), "leaked instead of freed:\n{live}");
+    assert!(!live.contains_allocation(id), "leaked instead of freed:\n{live}");
     assert_eq!(dev.to_vec().unwrap(), [5; 64]);
 }
 
@@ -975,15 +977,17 @@ fn a_stranded_buffer_is_freed_after_its_queued_attachments(#[values(false, true)
     let Some((_, stream, ctl)) = not_concurrent_on_sim(INJECTS) else { return };
     let data = pattern(1024);
     let (stranded, twin) = (attached(&stream, &data, single), attached(&stream, &data, single));
-    let ptrs = [stranded.device_ptr(), twin.device_ptr()];
+    // By id: another test's managed allocation may take a freed address at once.
+    let before = ctl.live_report();
+    let ids = [stranded.device_ptr(), twin.device_ptr()].map(|ptr| before.id_of(ptr).expect("live"));
     strand_by_failed_restore_wait(&ctl, &stranded);
     assert_eq!(twin.to_vec().unwrap(), data);
     let ((), _, twin_syncs) = counted(&ctl, || drop(twin));
     let ((), _, syncs) = counted(&ctl, || drop(stranded));
     assert_eq!(syncs, twin_syncs + 1, "the drop waits for the visit stream");
     let live = ctl.live_report();
-    for ptr in ptrs {
-        assert!(!live.contains_ptr(ptr), "leaked instead of freed:\n{live}");
+    for id in ids {
+        assert!(!live.contains_allocation(id), "leaked instead of freed:\n{live}");
     }
 }
 
@@ -998,6 +1002,8 @@ fn a_stranded_buffer_whose_wait_fails_is_leaked_not_freed(#[values(false, true)]
     let (stranded, twin) = (attached(&stream, &data, single), attached(&stream, &data, single));
     let control = attached(&stream, &data, single);
     let (ptr, control_ptr) = (stranded.device_ptr(), control.device_ptr());
+    let before = ctl.live_report();
+    let (id, control_id) = (before.id_of(ptr).expect("live"), before.id_of(control_ptr).expect("live"));
     strand_by_failed_restore_wait(&ctl, &stranded);
     strand_by_failed_restore_wait(&ctl, &control);
     assert_eq!(twin.to_vec().unwrap(), data);
@@ -1006,11 +1012,16 @@ fn a_stranded_buffer_whose_wait_fails_is_leaked_not_freed(#[values(false, true)]
     // that the failure injected below hits that wait, as a fault-free stranded drop shows).
     let ((), _, control_syncs) = counted(&ctl, || drop(control));
     assert_eq!(control_syncs, twin_syncs + 1, "a stranded drop waits once more, for the visit stream");
-    assert!(!ctl.live_report().contains_ptr(control_ptr), "a fault-free stranded drop leaked");
+    let live = ctl.live_report();
+    assert!(!live.contains_allocation(control_id), "a fault-free stranded drop leaked:\n{live}");
     let rule = fail_once(&ctl, "cuStreamSynchronize", twin_syncs + 1);
     drop(stranded);
     ctl.remove_fault(rule);
-    assert!(ctl.live_report().contains_ptr(ptr), "freed although its queued attachments were not waited for");
+    let live = ctl.live_report();
+    assert!(
+        live.contains_allocation(id),
+        "freed although its queued attachments were not waited for:\n{live}"
+    );
     stream.context().bind().unwrap();
     stream.synchronize().unwrap();
     // SAFETY: `ptr` is the managed allocation the dropped buffer leaked; nothing else uses or
