@@ -37,7 +37,7 @@ pub struct LiveAllocation {
     pub attach: Option<u32>,
     /// The stream of the attachment in effect for a managed allocation (its internal id; equal
     /// to the `CUstream` handle for user streams); `None` before any attachment has taken effect
-    /// and once that stream is destroyed.
+    /// and once that stream is destroyed and its work has drained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attach_stream: Option<u64>,
 }
