@@ -154,11 +154,16 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Cuda(e @ Error::DriverNotFound { .. })) => {
-            // The error names what was searched; the simulator is a way out only if it was not
-            // what failed.
+            // The error names what was searched. `--driver sim` is a way out only where the
+            // simulator was not tried: `auto` tried it already, and could not find it.
             eprintln!("cumem: error: {e}");
-            if choice != DriverChoice::Simulator {
-                eprintln!("cumem: use --driver sim to run on the simulator");
+            match choice {
+                DriverChoice::Real => eprintln!("cumem: use --driver sim to run on the simulator"),
+                DriverChoice::Auto => eprintln!(
+                    "cumem: to run on the simulator, set {} to the path of its library (libcumem_sim.so)",
+                    driver::SIM_LIB_ENV
+                ),
+                DriverChoice::Simulator => {}
             }
             ExitCode::FAILURE
         }

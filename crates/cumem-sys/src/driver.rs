@@ -14,8 +14,8 @@
 //! The real driver is never replaced silently: once a library is chosen, asking for the other kind
 //! is an [`Error::DriverSelection`]; and `real` when `libcuda.so` resolves to cumem-sim (already
 //! loaded, or first on the library path) is [`Error::DriverNotFound`], not the simulator. A
-//! selection that fails before the chosen library was initialised is not remembered (see
-//! [`select`]).
+//! selection that fails before any driver's `cuInit` ran is not remembered; once one has run, the
+//! outcome is final (see [`select`]).
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -112,10 +112,13 @@ pub fn init() -> Result<DriverKind> {
 /// Selects, loads and initialises a driver. Succeeds again for a compatible choice; a request for
 /// a different kind than the one already in use is an [`Error::DriverSelection`].
 ///
-/// A selection that fails before the chosen library's `cuInit` ran (no library found, a library
-/// that is not the kind asked for, a bad simulator configuration) leaves nothing in use: a later
-/// call may choose again, for example the simulator after `Real` found no driver. Once `cuInit`
-/// has run, its outcome is final for the process, failure included: every later call returns it.
+/// A selection that fails before any driver's `cuInit` ran (no library found, a library that is
+/// not the kind asked for, a bad simulator configuration) leaves nothing in use: a later call may
+/// choose again, for example the simulator after `Real` found no driver. Once a `cuInit` has run,
+/// the outcome is final for the process, failure included: every later call returns it. That
+/// counts `Auto`'s probe of the real driver: when the real driver's `cuInit` ran there (and it
+/// then had no device, or failed) and the simulator cannot be loaded after it, that failure is
+/// final too.
 pub fn select(choice: DriverChoice) -> Result<DriverKind> {
     select_with_sim_config(choice, None)
 }
@@ -141,6 +144,10 @@ enum Note {
     NoRealDriver(Error),
     /// The chosen driver's `cuInit` succeeded.
     Initialised(String),
+    /// The chosen driver's `cuInit` failed: the failure is final for the process.
+    InitFailed { driver: String, err: Error },
+    /// `Auto` ran the real driver's `cuInit` and then could not load the simulator: final too.
+    AutoFailed(Error),
 }
 
 impl Note {
@@ -150,6 +157,12 @@ impl Note {
                 tracing::debug!(%real_err, "no usable CUDA driver; trying the simulator")
             }
             Note::Initialised(driver) => tracing::info!(%driver, "CUDA driver initialised"),
+            Note::InitFailed { driver, err } => {
+                tracing::warn!(%driver, %err, "CUDA driver initialisation failed; final for this process")
+            }
+            Note::AutoFailed(err) => {
+                tracing::warn!(%err, "no usable CUDA driver nor simulator; final for this process")
+            }
         }
     }
 }
@@ -171,14 +184,30 @@ fn select_locked(
             }),
         };
     }
-    // Not remembered: the chosen library was not initialised, so nothing is in use yet.
-    let loaded = load(choice, sim_config, notes)?;
+    let loaded = match load(choice, sim_config, notes) {
+        Ok(loaded) => loaded,
+        // Not remembered: no library was initialised, so nothing is in use yet.
+        Err(Failed { err, after_init: false }) => return Err(err),
+        // Remembered: retrying would load the real driver and run its `cuInit` again on every
+        // call, only to fail the same way.
+        Err(Failed { err, after_init: true }) => {
+            notes.push(Note::AutoFailed(err.clone()));
+            let _ = LOADED.set(Err(err.clone()));
+            return Err(err);
+        }
+    };
     // SAFETY: a driver library is loaded and cudarc will resolve `libcuda.so` to it (checked in
     // `load`); cuInit takes no pointers.
-    let outcome = check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit")).map(|()| {
-        notes.push(Note::Initialised(loaded.description.clone()));
-        loaded
-    });
+    let outcome = match check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit")) {
+        Ok(()) => {
+            notes.push(Note::Initialised(loaded.description.clone()));
+            Ok(loaded)
+        }
+        Err(err) => {
+            notes.push(Note::InitFailed { driver: loaded.description.clone(), err: err.clone() });
+            Err(err)
+        }
+    };
     let kind = outcome.as_ref().map(|l| l.kind).map_err(Clone::clone);
     // Remembered either way: the library has initialised (or failed to), and choosing another
     // one now could leave two drivers live in the process.
@@ -201,19 +230,39 @@ pub(crate) fn library() -> Option<&'static Library> {
     LOADED.get()?.as_ref().ok().map(|l| &l.lib)
 }
 
-fn load(choice: DriverChoice, sim_config: Option<&str>, notes: &mut Vec<Note>) -> Result<Loaded> {
+/// Why [`load`] found no library to initialise, and whether a `cuInit` ran on the way (`Auto`'s
+/// probe of the real driver), which makes the failure final.
+struct Failed {
+    err: Error,
+    after_init: bool,
+}
+
+impl From<Error> for Failed {
+    fn from(err: Error) -> Self {
+        Failed { err, after_init: false }
+    }
+}
+
+fn load(
+    choice: DriverChoice,
+    sim_config: Option<&str>,
+    notes: &mut Vec<Note>,
+) -> std::result::Result<Loaded, Failed> {
     match choice {
-        DriverChoice::Real => load_real(),
-        DriverChoice::Simulator => load_simulator(sim_config),
+        DriverChoice::Real => Ok(load_real()?),
+        DriverChoice::Simulator => Ok(load_simulator(sim_config)?),
         DriverChoice::Auto => match probe_real() {
             Ok(real) => Ok(real),
-            Err(real_err) => {
+            Err(Failed { err: real_err, after_init }) => {
                 notes.push(Note::NoRealDriver(real_err.clone()));
-                load_simulator(sim_config).map_err(|sim_err| match sim_err {
-                    Error::DriverNotFound { searched } => {
-                        Error::DriverNotFound { searched: format!("{searched}; real driver: {real_err}") }
-                    }
-                    other => other,
+                load_simulator(sim_config).map_err(|sim_err| Failed {
+                    err: match sim_err {
+                        Error::DriverNotFound { searched } => {
+                            Error::DriverNotFound { searched: format!("{searched}; real driver: {real_err}") }
+                        }
+                        other => other,
+                    },
+                    after_init,
                 })
             }
         },
@@ -259,8 +308,9 @@ fn load_real() -> Result<Loaded> {
     Ok(Loaded { kind, description, lib })
 }
 
-/// Loads the real driver only if it initialises and sees at least one device.
-fn probe_real() -> Result<Loaded> {
+/// Loads the real driver only if it initialises and sees at least one device; a failure says
+/// whether the driver's `cuInit` ran.
+fn probe_real() -> std::result::Result<Loaded, Failed> {
     let loaded = load_real()?;
     type InitFn = unsafe extern "C" fn(u32) -> sys::CUresult;
     type CountFn = unsafe extern "C" fn(*mut i32) -> sys::CUresult;
@@ -273,17 +323,19 @@ fn probe_real() -> Result<Loaded> {
     let (Ok(init), Ok(count)) = (init, count) else {
         return Err(Error::DriverNotFound {
             searched: format!("{} (not a CUDA driver)", loaded.description),
-        });
+        }
+        .into());
     };
     let mut n = 0;
     // SAFETY: resolved from the loaded library with its documented signature; no pointers.
-    check(unsafe { init(0) }, ErrorContext::op("cuInit"))?;
-    // SAFETY: as above; `n` is a valid out-pointer.
-    check(unsafe { count(&mut n) }, ErrorContext::op("cuDeviceGetCount"))?;
-    if n < 1 {
-        return Err(Error::NoDevice { ctx: ErrorContext::op("cuDeviceGetCount") });
-    }
-    Ok(loaded)
+    let initialised = check(unsafe { init(0) }, ErrorContext::op("cuInit"))
+        // SAFETY: as above; `n` is a valid out-pointer.
+        .and_then(|()| check(unsafe { count(&mut n) }, ErrorContext::op("cuDeviceGetCount")))
+        .and_then(|()| match n {
+            1.. => Ok(loaded),
+            _ => Err(Error::NoDevice { ctx: ErrorContext::op("cuDeviceGetCount") }),
+        });
+    initialised.map_err(|err| Failed { err, after_init: true })
 }
 
 fn simulator_path() -> Option<std::path::PathBuf> {

@@ -9,9 +9,9 @@ use cumem_sys::{Error, testing};
 
 #[test]
 fn real_refuses_a_libcuda_that_is_the_simulator_and_the_simulator_can_still_be_chosen() {
-    if std::env::var(DRIVER_ENV)
-        .is_ok_and(|v| v.parse::<DriverChoice>().ok() != Some(DriverChoice::Simulator))
-    {
+    // Under `real` the simulator is not to be used; under `auto` (or unset, or `sim`) it runs: it
+    // selects the simulator explicitly, whether or not the machine has a GPU.
+    if std::env::var(DRIVER_ENV).is_ok_and(|v| v.parse::<DriverChoice>().ok() == Some(DriverChoice::Real)) {
         testing::init();
         return testing::skip("selects the simulator itself: not under CUMEM_DRIVER=real");
     }
@@ -26,7 +26,9 @@ fn real_refuses_a_libcuda_that_is_the_simulator_and_the_simulator_can_still_be_c
     );
     assert_eq!(driver::current(), None, "nothing is in use after a refused selection");
 
-    assert_eq!(testing::init(), DriverKind::Simulator, "the refusal was remembered");
+    let chosen = driver::select_with_sim_config(DriverChoice::Simulator, Some(testing::DEFAULT_SIM_CONFIG));
+    assert_eq!(chosen.unwrap(), DriverKind::Simulator, "the refusal was remembered");
+    assert_eq!(testing::init(), DriverKind::Simulator);
     assert!(driver::description().unwrap().contains("cumem-sim"));
     assert!(matches!(driver::select(DriverChoice::Real), Err(Error::DriverSelection { .. })));
     drop(sim);

@@ -7,9 +7,9 @@ use cumem_sys::{Error, testing};
 
 #[test]
 fn a_refused_simulator_configuration_leaves_the_choice_open() {
-    if std::env::var(DRIVER_ENV)
-        .is_ok_and(|v| v.parse::<DriverChoice>().ok() != Some(DriverChoice::Simulator))
-    {
+    // Under `real` the simulator is not to be used; under `auto` (or unset, or `sim`) it runs: it
+    // selects the simulator explicitly, whether or not the machine has a GPU.
+    if std::env::var(DRIVER_ENV).is_ok_and(|v| v.parse::<DriverChoice>().ok() == Some(DriverChoice::Real)) {
         testing::init();
         return testing::skip("selects the simulator itself: not under CUMEM_DRIVER=real");
     }
@@ -21,7 +21,9 @@ fn a_refused_simulator_configuration_leaves_the_choice_open() {
     assert_eq!(driver::current(), None, "a refused selection put nothing in use");
     assert_eq!(driver::description(), None);
 
-    assert_eq!(testing::init(), DriverKind::Simulator, "the failure was remembered");
+    let good = driver::select_with_sim_config(DriverChoice::Simulator, Some(testing::DEFAULT_SIM_CONFIG));
+    assert_eq!(good.unwrap(), DriverKind::Simulator, "the failure was remembered");
+    assert_eq!(testing::init(), DriverKind::Simulator);
     assert_eq!(driver::init().unwrap(), DriverKind::Simulator);
     assert!(testing::sim_control().is_some());
 }

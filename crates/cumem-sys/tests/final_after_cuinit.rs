@@ -1,0 +1,178 @@
+//! Once a driver's `cuInit` has run, the selection's outcome is final for the process, failure
+//! included, and the failure is logged. Shown with a stand-in `libcuda.so` whose `cuInit` says
+//! `CUDA_ERROR_NO_DEVICE` (as the real driver does on a machine with no visible device), found
+//! first on `LD_LIBRARY_PATH`: each case runs in a child process of its own (the driver is chosen
+//! once per process, and the library path is read at process start).
+//! - `Real`: the stand-in's `cuInit` fails; the failure is logged as a warning and every later
+//!   selection returns it.
+//! - `Auto`: the probe runs the stand-in's `cuInit`, then the simulator cannot be used (its
+//!   configuration is refused); that failure is remembered, so a later selection neither probes
+//!   the real driver again nor takes the simulator.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use cumem_sys::driver::{self, DRIVER_ENV, DriverChoice};
+use cumem_sys::{Error, testing};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata, Subscriber};
+
+/// Set in a child process, to the case it runs.
+const CHILD_ENV: &str = "CUMEM_TEST_FINAL_AFTER_CUINIT";
+
+/// The stand-in driver: every call says `CUDA_ERROR_NO_DEVICE` (100).
+const STAND_IN: &str = r#"
+#[no_mangle]
+pub extern "C" fn cuInit(_flags: u32) -> i32 { 100 }
+#[no_mangle]
+pub extern "C" fn cuDeviceGetCount(_count: *mut i32) -> i32 { 100 }
+"#;
+
+/// Builds the stand-in as `libcuda.so` in a directory of its own (with the `rustc` that builds
+/// the tests), and returns the directory; `None` where no `rustc` can be run (the GPU machine,
+/// which gets the test binaries without a toolchain).
+fn stand_in_dir(case: &str) -> Option<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("cumem-final-after-cuinit-{}-{case}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("stand_in.rs");
+    std::fs::write(&src, STAND_IN).unwrap();
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = match Command::new(rustc)
+        .args(["--edition", "2021", "--crate-type", "cdylib", "--crate-name", "cuda", "-o"])
+        .arg(dir.join("libcuda.so"))
+        .arg(&src)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return None;
+        }
+        Err(e) => panic!("running rustc: {e}"),
+    };
+    assert!(out.status.success(), "building the stand-in: {}", String::from_utf8_lossy(&out.stderr));
+    Some(dir)
+}
+
+/// Runs `test` of this binary in a child process with the stand-in first on the library path.
+fn run_child(test: &str, case: &str) {
+    let Some(dir) = stand_in_dir(case) else {
+        testing::skip("no rustc to build the stand-in libcuda.so (a machine without a Rust toolchain)");
+        return;
+    };
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, case)
+        .env("LD_LIBRARY_PATH", &dir)
+        .env_remove(DRIVER_ENV)
+        .output()
+        .expect("the test binary runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "child {case} failed ({}):\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains("1 passed"), "the child ran no test:\n{stdout}");
+}
+
+fn is_child(case: &str) -> bool {
+    std::env::var(CHILD_ENV).is_ok_and(|c| c == case)
+}
+
+/// Every event: its level and message.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<(Level, String)>>>);
+
+struct Message<'a>(&'a mut String);
+
+impl Visit for Message<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            *self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl Subscriber for Events {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut message = String::new();
+        event.record(&mut Message(&mut message));
+        self.0.lock().unwrap().push((*event.metadata().level(), message));
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+#[test]
+fn real_whose_cuinit_fails_is_logged_and_final() {
+    run_child("child_real", "real");
+    testing::init();
+}
+
+#[test]
+fn auto_failing_after_the_real_cuinit_ran_is_final() {
+    run_child("child_auto", "auto");
+    testing::init();
+}
+
+#[test]
+fn child_real() {
+    if !is_child("real") {
+        return;
+    }
+    let events = Events::default();
+    let failed = tracing::subscriber::with_default(events.clone(), || driver::select(DriverChoice::Real));
+    assert!(matches!(&failed, Err(Error::NoDevice { ctx }) if ctx.op == "cuInit"), "{failed:?}");
+    let seen = events.0.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|(level, message)| *level == Level::WARN
+            && message.starts_with("CUDA driver initialisation failed")),
+        "the failed cuInit was not logged: {seen:?}"
+    );
+    assert_eq!(driver::current(), None);
+    let again = driver::select_with_sim_config(DriverChoice::Simulator, Some(testing::DEFAULT_SIM_CONFIG));
+    assert!(matches!(&again, Err(Error::NoDevice { ctx }) if ctx.op == "cuInit"), "{again:?}");
+    assert!(matches!(driver::init(), Err(Error::NoDevice { .. })));
+}
+
+#[test]
+fn child_auto() {
+    if !is_child("auto") {
+        return;
+    }
+    let events = Events::default();
+    let first = tracing::subscriber::with_default(events.clone(), || {
+        driver::select_with_sim_config(DriverChoice::Auto, Some("no_such_key=1"))
+    });
+    let first = first.expect_err("the simulator's configuration is refused");
+    assert!(matches!(&first, Error::InvalidValue { ctx } if ctx.op == "cumemSimConfigure"), "{first:?}");
+    assert_eq!(driver::current(), None);
+
+    // A configuration the simulator takes changes nothing now: the failure was final.
+    let again = tracing::subscriber::with_default(events.clone(), || {
+        driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
+    });
+    assert_eq!(again.map_err(|e| e.to_string()), Err(first.to_string()));
+    let sim = driver::select_with_sim_config(DriverChoice::Simulator, Some(testing::DEFAULT_SIM_CONFIG));
+    assert_eq!(sim.map_err(|e| e.to_string()), Err(first.to_string()));
+    assert_eq!(driver::init().map_err(|e| e.to_string()), Err(first.to_string()));
+    assert_eq!(driver::current(), None);
+
+    let seen = events.0.lock().unwrap().clone();
+    let probes =
+        seen.iter().filter(|(_, message)| message.starts_with("no usable CUDA driver; trying")).count();
+    assert_eq!(probes, 1, "the real driver was probed again: {seen:?}");
+    assert!(
+        seen.iter().any(|(level, message)| *level == Level::WARN
+            && message.starts_with("no usable CUDA driver nor simulator")),
+        "the final failure was not logged: {seen:?}"
+    );
+}
