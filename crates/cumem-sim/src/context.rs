@@ -161,7 +161,17 @@ fn destroy_owned(g: &mut parking_lot::MutexGuard<'_, State>, ctx: u64) {
             g.forget(&a, None);
         }
     }
-    g.streams.retain(|_, s| !(s.ctx == ctx && s.kind != StreamKind::Legacy));
+    // Through `remove_drained`, like any drained destroyed stream: another context's managed
+    // memory may be attached to one of these, and must not keep naming a stream that is gone.
+    let streams: Vec<u64> = g
+        .streams
+        .iter()
+        .filter(|(_, s)| s.ctx == ctx && s.kind != StreamKind::Legacy)
+        .map(|(&id, _)| id)
+        .collect();
+    for id in streams {
+        crate::stream::remove_drained(g, id);
+    }
     g.per_thread.retain(|(c, _), _| *c != ctx);
     g.events.retain(|_, e| e.ctx != ctx);
     // Peer access is lost with either context of the pair.
@@ -236,7 +246,8 @@ pub(crate) fn destroy(h: u64) -> Result<(), Fail> {
     c.destroyed = true;
     let legacy = c.legacy;
     destroy_owned(&mut st, h);
-    st.streams.remove(&legacy);
+    // Drained above; GLOBAL and HOST attachments may name it too.
+    crate::stream::remove_drained(&mut st, legacy);
     st.limits.remove(&h);
     drop(st);
     if current() == Some(h) {

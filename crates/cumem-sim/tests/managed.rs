@@ -328,6 +328,42 @@ fn a_queued_single_attachment_on_a_destroyed_stream_reverts_after_the_later_work
     dfree(p);
 }
 
+/// Destroying a context removes its streams, drained, as a drained destroyed stream goes: managed
+/// memory of another context on the same device attached to one of them no longer names it, and
+/// a SINGLE attachment reverts to the allocation's flags. Its legacy stream too, to which a HOST
+/// attachment was made.
+#[test]
+#[parallel]
+fn destroying_a_context_reverts_attachments_to_its_streams() {
+    let ctl = bind(0);
+    let single = managed(PAGE);
+    let host = managed(PAGE);
+    let mut c: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the new context on device 0 is pushed onto this thread's stack.
+    ok(unsafe { cu::cuCtxCreate_v2(&mut c, 0, 0) });
+    let s = stream(0);
+    // CU_STREAM_LEGACY: the legacy stream of the current context, the created one.
+    let legacy_stream = 1 as cu::CUstream;
+    ok(attach(legacy_stream, host, HOST));
+    sync(legacy_stream);
+    let legacy = attachment(ctl, host).1;
+    assert!(legacy.is_some(), "the HOST attachment names the created context's legacy stream");
+    let mut popped: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuCtxPopCurrent_v2(&mut popped) });
+    assert_eq!(popped, c);
+    // Memory of the primary context, attached to a stream of the created one.
+    ok(attach(s, single, SINGLE));
+    sync(s);
+    assert_eq!(attachment(ctl, single), (Some(SINGLE), Some(s as u64)));
+    // SAFETY: a context this test created; not current on this thread.
+    ok(unsafe { cu::cuCtxDestroy_v2(c) });
+    assert_eq!(attachment(ctl, single), (Some(GLOBAL), None), "the stream went with its context");
+    assert_eq!(attachment(ctl, host), (Some(HOST), None), "the legacy stream went with its context");
+    dfree(single);
+    dfree(host);
+}
+
 /// An attachment still queued when its allocation is freed (here by destroying the allocation's
 /// context, which waits for that context's work only) does nothing when it runs: the engine
 /// carries on, and a new allocation at the same address keeps its own attachment.

@@ -107,10 +107,12 @@ pub struct GrowableBuffer<T> {
     /// Where fills are queued: the stream the buffer was created on.
     stream: Stream,
     order: StreamOrder,
-    /// Page-locked memory for one value, from which a fill of a value of many different words
-    /// copies the first (see [`stage`]); allocated by the first such fill. Its own drop waits for
-    /// the copies that read it before freeing it; the buffer's drop takes it first (see `Drop`).
-    staging: Option<PinnedBuffer<T>>,
+    /// Page-locked memory for the bytes of one value, from which a fill of a value of many
+    /// different words copies the first (see [`stage`]); allocated by the first such fill. Bytes,
+    /// not a `T`: page-locked memory is aligned to a page only, and `T` may be aligned to more.
+    /// Its own drop waits for the copies that read it before freeing it; the buffer's drop takes
+    /// it first (see `Drop`).
+    staging: Option<PinnedBuffer<u8>>,
     _marker: PhantomData<T>,
 }
 
@@ -329,14 +331,19 @@ impl<T> GrowableBuffer<T> {
     /// 1-byte for a size that is no multiple of 4), then doubled: each device-to-device copy
     /// duplicates the values set so far, so `n` new values take about `log2(n)` copies and the
     /// host holds none of them. A value that needs more than 16 of those memsets is instead
-    /// written by one copy queued from page-locked staging memory for one value, which the buffer
-    /// allocates with the first such fill and keeps until its drop; the doubling follows as above.
+    /// written by one copy queued from page-locked staging memory that holds its bytes; the
+    /// doubling follows as above. The buffer allocates that memory (`size_of::<T>()` bytes, one
+    /// `cuMemHostAlloc`) with the first such fill and keeps it, page-locked, until its drop, which
+    /// frees it; a type of any alignment is staged alike.
     ///
-    /// The call does not wait for the device (nor for other streams: nothing goes through the
-    /// legacy stream), with one exception: a fill of such a value that differs from the one
-    /// staged rewrites the staging memory, and first waits for the copies queued from it by
-    /// synchronising the buffer's stream, that is for all the work queued on that stream so far.
-    /// Do not change such a value while that stream waits for the calling thread: that deadlocks.
+    /// The call does not wait for the device, with one exception: a fill of such a value that
+    /// differs from the one staged rewrites the staging memory, and first waits for the copies
+    /// queued from it by synchronising the buffer's stream, that is for all the work queued on
+    /// that stream so far. Do not change such a value while that stream waits for the calling
+    /// thread: that deadlocks. No fill queues work on another stream or the legacy stream, so
+    /// none waits for other streams' work through stream order; whether the first such fill's
+    /// `cuMemHostAlloc` waits by itself for a stream that a host function holds is unmeasured
+    /// (`docs/vmm.md`, "To verify on a GPU").
     pub fn resize(&mut self, new_len: usize, value: T) -> Result<()>
     where
         T: NoUninit,
@@ -395,13 +402,14 @@ impl<T> GrowableBuffer<T> {
         }
         let size = size_of::<T>();
         if let Some(staging) = staged {
-            let enqueue = |from: *const T, _| {
-                // SAFETY: `from` is the staging memory, page-locked and holding one value, which
-                // its tracker keeps alive and unwritten until the copy completes; `[to, to +
-                // size)` is the first value of the guard's range, ordered on `stream`.
+            let enqueue = |from: *const u8, _| {
+                // SAFETY: `from` is the staging memory, page-locked and holding the `size` bytes
+                // of `value`, which its tracker keeps alive and unwritten until the copy
+                // completes; `[to, to + size)` is the first value of the guard's range, ordered
+                // on `stream`. The copy moves bytes, so the staging memory's alignment is moot.
                 unsafe { ffi::htod_async(to, from.cast(), size, stream.raw()) }
             };
-            // SAFETY: `enqueue` queues one copy on `stream` that reads one value, the staging
+            // SAFETY: `enqueue` queues one copy on `stream` that reads `size` bytes, the staging
             // memory's length.
             unsafe { HostMemory::device_read(staging, &stream, enqueue)? };
         }
@@ -627,25 +635,26 @@ fn doubling(count: usize) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
-/// The staging memory in `slot`, holding `value`: page-locked memory for one value, allocated on
-/// first use and kept for the buffer's later fills. Rewriting it goes through its host API, whose
-/// tracker first waits for the copies queued from it before (by synchronising the stream they
-/// were queued on: the buffer's). A value equal to the one staged is not rewritten, so it waits
-/// for nothing.
+/// The staging memory in `slot`, holding the bytes of `value`: page-locked memory of
+/// `size_of::<T>()` bytes, allocated on first use and kept for the buffer's later fills. Bytes,
+/// so that a `T` aligned to more than the page that page-locked memory is aligned to is staged
+/// too. Rewriting it goes through its host API, whose tracker first waits for the copies queued
+/// from it before (by synchronising the stream they were queued on: the buffer's). A value
+/// equal to the one staged is not rewritten, so it waits for nothing.
 fn stage<'a, T: NoUninit>(
-    slot: &'a mut Option<PinnedBuffer<T>>,
+    slot: &'a mut Option<PinnedBuffer<u8>>,
     ctx: &Context,
     value: T,
-) -> Result<&'a PinnedBuffer<T>> {
+) -> Result<&'a PinnedBuffer<u8>> {
+    let bytes = bytemuck::bytes_of(&value);
     let staging = match slot.take() {
         Some(staging) => staging,
-        None => PinnedBuffer::from_slice(ctx, std::slice::from_ref(&value))?,
+        None => PinnedBuffer::from_slice(ctx, bytes)?,
     };
     let staging = slot.insert(staging);
     // Reading waits only for device writes, and the device only ever reads the staging memory.
-    let staged = staging.as_slice()?.first().map(bytemuck::bytes_of) == Some(bytemuck::bytes_of(&value));
-    if !staged && let Some(first) = staging.as_mut_slice()?.first_mut() {
-        *first = value;
+    if staging.as_slice()? != bytes {
+        staging.as_mut_slice()?.copy_from_slice(bytes);
     }
     Ok(staging)
 }

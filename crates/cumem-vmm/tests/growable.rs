@@ -92,6 +92,12 @@ fn words24(seed: u32) -> [u32; 24] {
 #[repr(C)]
 struct Page([u32; 1024]);
 
+/// 64 KiB of different words, aligned to 64 KiB: more than page-locked memory, which is aligned
+/// to a page, is aligned to.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(65536))]
+struct Aligned64K([u32; 16384]);
+
 /// How long a call that queues its work may take before the test takes it for waiting.
 const QUEUED_CALL: Duration = Duration::from_secs(10);
 
@@ -477,6 +483,100 @@ fn a_new_value_of_many_words_waits_for_the_copies_of_the_last_one() {
     assert!(v[..2 * n].iter().all(|x| *x == a), "a value was overwritten before its copies ran");
     assert!(v[2 * n..].iter().all(|x| *x == b), "a filled value differs");
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+/// Addresses of the live page-locked allocations of `bytes` bytes (empty on a real driver).
+fn pinned_addresses_of(bytes: usize) -> Vec<u64> {
+    let Some(ctl) = cumem_sys::testing::sim_control() else { return Vec::new() };
+    let report = ctl.live_report();
+    report
+        .allocations
+        .iter()
+        .filter(|a| a.kind == "pinned_host" && a.bytes == bytes as u64)
+        .map(|a| a.ptr)
+        .collect()
+}
+
+#[test]
+#[parallel]
+fn a_value_aligned_past_a_page_is_staged_and_filled() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let size = size_of::<Aligned64K>();
+    // Page-locked memory is aligned to a page, and to 64 KiB only by chance (adjacent blocks of
+    // 64 KiB alike): buffers until one's staging memory is not aligned for the type, each after
+    // a page of page-locked memory kept live, which moves the next block by a page.
+    let (mut kept, mut spacers, mut misaligned) = (Vec::new(), Vec::new(), false);
+    for seed in 0..16u32 {
+        spacers.push(PinnedBuffer::<u8>::zeroed(&ctx, 4096).unwrap());
+        let before = pinned_addresses_of(size);
+        let value = Aligned64K(std::array::from_fn(|i| (i as u32 + seed).wrapping_mul(0x9E37_79B9) ^ seed));
+        let mut buf = GrowableBuffer::<Aligned64K>::with_config(&stream, 0, config(g)).unwrap();
+        let n = 2 * g / size + 3; // odd, over three chunks
+        buf.resize(n, value).unwrap();
+        buf.resize(n + 1, value).unwrap(); // the staged value again: the copy alone
+        let v = buf.to_vec().unwrap();
+        assert_eq!(v.len(), n + 1);
+        let want = bytemuck::bytes_of(&value);
+        assert!(v.iter().all(|x| bytemuck::bytes_of(x) == want), "a filled value is not bitwise the value");
+        let staged = pinned_addresses_of(size).into_iter().filter(|p| !before.contains(p));
+        misaligned |= staged.into_iter().any(|p| p % size as u64 != 0);
+        kept.push(buf);
+        if misaligned {
+            break;
+        }
+    }
+    if cumem_sys::testing::sim_control().is_some() {
+        assert!(misaligned, "no staging memory was misaligned for the type: the test proved nothing");
+    }
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[serial] // holds a gate, and injects a fault that a parallel test's copy could meet
+fn a_failed_staged_copy_keeps_the_earlier_copies_tracked() {
+    let Some(device) = vmm_device() else { return };
+    let Some(ctl) = cumem_sys::testing::sim_control() else {
+        return cumem_sys::testing::skip("injects driver faults: simulator only");
+    };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let (a, b) = (words24(3), words24(300));
+    let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
+    let n = g / 96 + 1;
+    buf.reserve(3 * n).unwrap();
+    let gate = hold(&stream);
+    // Queued behind the gate: its copy from the staging memory has not run.
+    let ((), gate) = returns_while_held(gate, "a first fill", || buf.resize(n, a).unwrap());
+    // The next fill of the staged value fails at its copy, its first device work.
+    let (e, gate) = returns_while_held(gate, "a fill whose copy fails", || {
+        let fault = ctl.inject_fault(FaultRule {
+            function: "cuMemcpyHtoDAsync_v2".into(),
+            nth: 1,
+            code: CUresult::CUDA_ERROR_INVALID_VALUE,
+            times: 1,
+            this_thread_only: true,
+        });
+        let e = buf.resize(2 * n, a).unwrap_err();
+        ctl.remove_fault(fault);
+        e
+    });
+    assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
+    assert_eq!(buf.len(), n, "a failed fill adds no values");
+    // Another value rewrites the staging memory: the error must not have made it forget the
+    // first fill's copy, still held, which would then read the new value.
+    let opener = gate.release_after(Duration::from_millis(50));
+    buf.resize(2 * n, b).unwrap();
+    opener.join().unwrap();
+    let v = buf.to_vec().unwrap();
+    assert_eq!(v.len(), 2 * n);
+    assert!(v[..n].iter().all(|x| *x == a), "the first fill's copy read the value staged after it");
+    assert!(v[n..].iter().all(|x| *x == b), "a filled value differs");
+    let bad = misuse_here();
+    assert!(bad.is_empty(), "{bad:?}");
 }
 
 #[test]
