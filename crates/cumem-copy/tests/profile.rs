@@ -10,6 +10,10 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
+
+use common::{OnEvent, message};
+
 use cumem_copy::{
     Copy2D, CopyKind, PitchedBuffer, Profiler, Rect2D, SizeClass, StagingConfig, StagingRing, StreamCopy,
     copy_d2h, copy_h2d, profile,
@@ -25,6 +29,16 @@ fn setup() -> (Context, Stream) {
     let ctx = Device::get(0).unwrap().context().unwrap();
     let stream = Stream::non_blocking(&ctx).unwrap();
     (ctx, stream)
+}
+
+/// [`setup`] and the simulator's control; `None` on a real driver, the test skipped for `why`.
+fn sim_setup(why: &str) -> Option<(Context, Stream, cumem_sim::control::Control)> {
+    let (ctx, stream) = setup();
+    let Some(ctl) = testing::sim_control() else {
+        testing::skip(why);
+        return None;
+    };
+    Some((ctx, stream, ctl))
 }
 
 #[test]
@@ -244,10 +258,7 @@ fn a_report_waiting_for_a_held_copy_does_not_block_copies_on_other_streams() {
 #[test]
 #[parallel]
 fn timed_events_are_recorded_only_while_the_copy_is_observed() {
-    let (ctx, stream) = setup();
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("counts driver calls: simulator only");
-    };
+    let Some((ctx, stream, ctl)) = sim_setup("counts driver calls: simulator only") else { return };
     let host = PinnedBuffer::from_slice(&ctx, &[6u8; 256]).unwrap();
     let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 256).unwrap();
     let other = Stream::non_blocking(&ctx).unwrap();
@@ -300,59 +311,28 @@ fn the_memset_of_a_zeroed_pitched_buffer_is_profiled() {
     assert_eq!(cube.to_vec().unwrap(), vec![0u32; 5 * 3 * 2]);
 }
 
-/// A subscriber that reads the profiler (`pending_copies`) from inside every event it receives.
-#[derive(Clone)]
-struct ReadsProfiler {
-    profiler: Profiler,
-    /// Each `warn` event's message, with the pending count read from inside it.
-    warnings: std::sync::Arc<std::sync::Mutex<Vec<(String, usize)>>>,
-}
-
-struct Message<'a>(&'a mut String);
-
-impl tracing::field::Visit for Message<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            *self.0 = format!("{value:?}");
-        }
-    }
-}
-
-impl tracing::Subscriber for ReadsProfiler {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let pending = self.profiler.pending_copies();
-        if *event.metadata().level() == tracing::Level::WARN {
-            let mut message = String::new();
-            event.record(&mut Message(&mut message));
-            self.warnings.lock().unwrap().push((message, pending));
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// When folding completed copies fails (here `cuEventElapsedTime`, injected), the profiler warns
 /// with its lock let go: a subscriber that reads the profiler from inside the warning gets an
 /// answer instead of deadlocking the copying thread. Under a watchdog, since the bug hangs.
 #[test]
 #[parallel]
 fn a_failed_fold_warns_to_a_subscriber_that_reads_the_profiler() {
-    let (_ctx, stream) = setup();
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("injects a driver fault: simulator only");
-    };
+    let Some((_ctx, stream, ctl)) = sim_setup("injects a driver fault: simulator only") else { return };
     testing::within_watchdog("a failed fold, with a subscriber reading the profiler", move || {
         let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 64).unwrap();
         let profiler = Profiler::new();
-        let subscriber = ReadsProfiler { profiler: profiler.clone(), warnings: Default::default() };
+        // Each `warn` event's message, with the pending count read from inside it (every event
+        // reads the profiler).
+        let warnings = Arc::new(Mutex::new(Vec::<(String, usize)>::new()));
+        let subscriber = {
+            let (profiler, warnings) = (profiler.clone(), warnings.clone());
+            OnEvent(move |event: &tracing::Event<'_>| {
+                let pending = profiler.pending_copies();
+                if *event.metadata().level() == tracing::Level::WARN {
+                    warnings.lock().unwrap().push((message(event), pending));
+                }
+            })
+        };
         // More than the 1024 pending copies past which recording a copy folds the completed ones.
         const COPIES: usize = 1025;
         {
@@ -369,10 +349,10 @@ fn a_failed_fold_warns_to_a_subscriber_that_reads_the_profiler() {
                 times: 0,
                 this_thread_only: true,
             });
-            tracing::subscriber::with_default(subscriber.clone(), || stream.memset_d8(&mut dev, 2).unwrap());
+            tracing::subscriber::with_default(subscriber, || stream.memset_d8(&mut dev, 2).unwrap());
             ctl.remove_fault(rule);
         }
-        let warnings = subscriber.warnings.lock().unwrap().clone();
+        let warnings = warnings.lock().unwrap().clone();
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].0.contains("reading a profiled copy's events failed"), "{warnings:?}");
         assert_eq!(warnings[0].1, COPIES, "every copy whose time could not be read stays pending");

@@ -14,7 +14,7 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use bytemuck::Pod;
-use common::hold;
+use common::{OnEvent, hold};
 use cumem_copy::{MAX_FILL_THREADS, Profiler, StagingConfig, StagingRing, StreamCopy};
 use cumem_core::sys::CUresult;
 use cumem_core::{Context, Device, DeviceBuffer, Error, Stream};
@@ -259,28 +259,6 @@ fn bad_input_is_a_typed_error_before_any_copy() {
     assert_eq!(dev.to_vec().unwrap(), [5; 8]);
 }
 
-/// Panics on the first `warn` event it sees (on the thread it is the default of), then ignores
-/// everything: a subscriber that misbehaves once.
-struct PanicOnWarn(std::sync::atomic::AtomicBool);
-
-impl tracing::Subscriber for PanicOnWarn {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        if *event.metadata().level() == tracing::Level::WARN && !self.0.swap(true, Ordering::Relaxed) {
-            panic!("subscriber panics on a warning");
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 #[test]
 #[serial] // holds a gate
 fn a_panic_after_a_chunk_copy_is_queued_leaves_the_chunk_guarded() {
@@ -310,7 +288,14 @@ fn a_panic_after_a_chunk_copy_is_queued_leaves_the_chunk_guarded() {
         times: 1,
         this_thread_only: true,
     });
-    let subscriber = PanicOnWarn(Default::default());
+    // Panics on the first `warn` event it sees, then ignores everything: a subscriber that
+    // misbehaves once.
+    let panicked_once = std::sync::atomic::AtomicBool::new(false);
+    let subscriber = OnEvent(move |event: &tracing::Event<'_>| {
+        if *event.metadata().level() == tracing::Level::WARN && !panicked_once.swap(true, Ordering::Relaxed) {
+            panic!("subscriber panics on a warning");
+        }
+    });
     let panicked = tracing::subscriber::with_default(subscriber, || {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ring.copy_h2d(&stream, &first, &mut dev)))
     });

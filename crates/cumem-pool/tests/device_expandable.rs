@@ -14,9 +14,11 @@ use cumem_copy::{StreamCopy, copy_h2d};
 use cumem_core::sys::CUresult;
 use cumem_core::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
 use cumem_pool::{CachingResource, PoolConfig};
-use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
 use serial_test::serial;
+
+mod common;
+use common::fails_once_on_this_thread;
 
 const MIB: usize = 1 << 20;
 
@@ -236,13 +238,7 @@ fn a_failed_unmap_keeps_the_chunk_mapped_and_the_segment_grows_above_it() {
     let base = a.device_ptr();
     drop(a);
     // The second unmap (the middle chunk; trim goes from the top) fails once.
-    let rule = ctl.inject_fault(FaultRule {
-        function: "cuMemUnmap".into(),
-        nth: 2,
-        code: CUresult::CUDA_ERROR_UNKNOWN,
-        times: 1,
-        this_thread_only: true,
-    });
+    let rule = ctl.inject_fault(fails_once_on_this_thread("cuMemUnmap", 2));
     let before = ctx.mem_info().unwrap().free;
     let report = pool.trim().unwrap();
     ctl.remove_fault(rule);
@@ -279,15 +275,8 @@ fn a_chunk_whose_rollback_unmap_failed_is_unmapped_before_growth_maps_there_agai
     let a = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, c as usize).unwrap();
     let base = a.device_ptr();
     // Growing by two chunks: the second map fails, and undoing the first one's fails too.
-    let rules = [("cuMemMap", 2), ("cuMemUnmap", 1)].map(|(function, nth)| {
-        ctl.inject_fault(FaultRule {
-            function: function.into(),
-            nth,
-            code: CUresult::CUDA_ERROR_UNKNOWN,
-            times: 1,
-            this_thread_only: true,
-        })
-    });
+    let rules = [("cuMemMap", 2), ("cuMemUnmap", 1)]
+        .map(|(function, nth)| ctl.inject_fault(fails_once_on_this_thread(function, nth)));
     let n = (2 * c) as usize / 4;
     let err = DeviceBuffer::<u32>::new_in(&pool, &stream, n).unwrap_err();
     for rule in rules {

@@ -9,20 +9,20 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::RecvTimeoutError;
-use std::time::Duration;
 
-use cumem_core::sys::CUresult;
 use cumem_core::{Device, DeviceBuffer, Stream};
 use cumem_pool::{
     CachingPool, CachingResource, HostOrdering, HostUpstream, PoolConfig, PoolError, PoolStats, TrimReport,
     UpstreamError,
 };
-use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
 use parking_lot::Mutex;
 use serial_test::serial;
 use tracing_subscriber::layer::SubscriberExt;
+
+mod common;
+use common::events::{OnEvent, on_a_thread_within_20s};
+use common::fails_once_on_this_thread;
 
 const MIB: usize = 1 << 20;
 const RESERVING: &str = "expandable segments full: reserving another";
@@ -30,32 +30,6 @@ const UNMAP_FAILED: &str = "unmapping a free chunk failed; kept cached";
 const RELEASED: &str = "segments released";
 
 type Pool = CachingPool<HostUpstream, HostOrdering>;
-
-/// The message of an event.
-fn message(event: &tracing::Event<'_>) -> String {
-    struct Message(String);
-    impl tracing::field::Visit for Message {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "message" {
-                self.0 = format!("{value:?}");
-            }
-        }
-    }
-    let mut m = Message(String::new());
-    event.record(&mut m);
-    m.0
-}
-
-/// A tracing layer that calls its function with every event's message.
-struct OnEvent<F>(F);
-
-impl<S: tracing::Subscriber, F: Fn(&str) + Send + Sync + 'static> tracing_subscriber::Layer<S>
-    for OnEvent<F>
-{
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        (self.0)(&message(event))
-    }
-}
 
 /// Runs `work` on a thread under a subscriber that reads `stats` on every event named `wanted`;
 /// what `work` returned and the stats read on each such event. Panics if the work does not end
@@ -65,8 +39,7 @@ fn reading_stats_on<T: Send + 'static>(
     stats: impl Fn() -> PoolStats + Send + Sync + 'static,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> (T, Vec<PoolStats>) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let worker = std::thread::spawn(move || {
+    on_a_thread_within_20s(&format!("deadlocked: {wanted:?} was logged under a lock"), move || {
         let seen = Arc::new(Mutex::new(vec![]));
         let read = seen.clone();
         let subscriber = tracing_subscriber::registry().with(OnEvent(move |m: &str| {
@@ -77,15 +50,24 @@ fn reading_stats_on<T: Send + 'static>(
         }));
         let out = tracing::subscriber::with_default(subscriber, work);
         let seen = std::mem::take(&mut *seen.lock());
-        tx.send((out, seen)).unwrap()
-    });
-    let out = match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok(out) => out,
-        Err(RecvTimeoutError::Timeout) => panic!("deadlocked: {wanted:?} was logged under a lock"),
-        Err(RecvTimeoutError::Disconnected) => panic!("the worker panicked (see above)"),
-    };
-    worker.join().unwrap();
-    out
+        (out, seen)
+    })
+}
+
+/// [`reading_stats_on`] for a host pool: `work` gets the pool, and the subscriber reads its stats.
+fn reading_pool_stats_on<T: Send + 'static>(
+    wanted: &'static str,
+    pool: &Arc<Pool>,
+    work: impl FnOnce(&Pool) -> T + Send + 'static,
+) -> (T, Vec<PoolStats>) {
+    let (reader, p) = (pool.clone(), pool.clone());
+    reading_stats_on(wanted, move || reader.stats(), move || work(&p))
+}
+
+/// The pool's next unmap of a chunk fails.
+fn fail_next_unmap(pool: &Pool) {
+    let up = pool.upstream();
+    up.fail_unmap(up.unmap_calls(), UpstreamError::Other(1));
 }
 
 /// A 10 MiB host pool of 4 MiB reservations: stream 0 fills its reservation with one 4 MiB block;
@@ -131,9 +113,7 @@ fn clean_up(pool: &Pool, blocks: [cumem_pool::Block; 2], extra: Option<cumem_poo
 #[test]
 fn a_subscriber_that_reads_stats_when_a_reservation_fills_up_does_not_deadlock() {
     let (pool, blocks) = full_reservation_and_a_free_chunk(usize::MAX);
-    let (reader, p) = (pool.clone(), pool.clone());
-    let (grown, seen) =
-        reading_stats_on(RESERVING, move || reader.stats(), move || p.allocate(4 * MIB, 512, 0));
+    let (grown, seen) = reading_pool_stats_on(RESERVING, &pool, |p| p.allocate(4 * MIB, 512, 0));
     let grown = grown.unwrap();
     let seen: Vec<(u64, u64)> = seen.iter().map(|s| (s.segments, s.reserved_bytes)).collect();
     // In growth the new reservation went back with nothing mapped; in the ladder it stays, mapped,
@@ -149,19 +129,13 @@ fn a_subscriber_that_reads_stats_when_a_reservation_fills_up_does_not_deadlock()
 #[test]
 fn a_subscriber_that_reads_stats_when_an_unmap_fails_does_not_deadlock() {
     let (pool, blocks) = full_reservation_and_a_free_chunk(usize::MAX);
-    let (reader, p) = (pool.clone(), pool.clone());
-    let (results, seen) = reading_stats_on(
-        UNMAP_FAILED,
-        move || reader.stats(),
-        move || {
-            let up = p.upstream();
-            up.fail_unmap(up.unmap_calls(), UpstreamError::Other(1));
-            let trimmed = p.trim();
-            up.fail_unmap(up.unmap_calls(), UpstreamError::Other(1));
-            let failed = p.allocate(4 * MIB, 512, 0);
-            (trimmed, failed)
-        },
-    );
+    let (results, seen) = reading_pool_stats_on(UNMAP_FAILED, &pool, |p| {
+        fail_next_unmap(p);
+        let trimmed = p.trim();
+        fail_next_unmap(p);
+        let failed = p.allocate(4 * MIB, 512, 0);
+        (trimmed, failed)
+    });
     assert_eq!(results.0.unwrap(), TrimReport::default(), "the one free chunk stayed mapped");
     let err = results.1.unwrap_err();
     assert!(matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 4 * MIB), "{err:?}");
@@ -179,16 +153,10 @@ fn a_subscriber_that_reads_stats_when_an_unmap_fails_does_not_deadlock() {
 #[test]
 fn a_subscriber_that_reads_stats_when_the_release_threshold_cannot_unmap_does_not_deadlock() {
     let (pool, blocks) = full_reservation_and_a_free_chunk(0);
-    let (reader, p) = (pool.clone(), pool.clone());
-    let (report, seen) = reading_stats_on(
-        UNMAP_FAILED,
-        move || reader.stats(),
-        move || {
-            let up = p.upstream();
-            up.fail_unmap(up.unmap_calls(), UpstreamError::Other(1));
-            p.synchronize()
-        },
-    );
+    let (report, seen) = reading_pool_stats_on(UNMAP_FAILED, &pool, |p| {
+        fail_next_unmap(p);
+        p.synchronize()
+    });
     assert_eq!(report.unwrap(), TrimReport::default(), "the one free chunk stayed mapped");
     let seen: Vec<(u64, u64, u64)> =
         seen.iter().map(|s| (s.segments, s.reserved_bytes, s.current_bytes)).collect();
@@ -300,13 +268,7 @@ fn a_subscriber_that_reads_stats_when_a_device_unmap_fails_does_not_deadlock() {
         move || reader.stats(),
         move || {
             let ctl = testing::sim_control().expect("the simulator, checked above");
-            let rule = ctl.inject_fault(FaultRule {
-                function: "cuMemUnmap".into(),
-                nth: 2,
-                code: CUresult::CUDA_ERROR_UNKNOWN,
-                times: 1,
-                this_thread_only: true,
-            });
+            let rule = ctl.inject_fault(fails_once_on_this_thread("cuMemUnmap", 2));
             let report = p.trim();
             ctl.remove_fault(rule);
             report

@@ -25,6 +25,9 @@ use cumem_pool::{
 use cumem_sys::testing::within_watchdog;
 use parking_lot::{Condvar, Mutex};
 
+mod common;
+use common::events::{OnEvent, message, on_a_thread_within_20s};
+
 type Pool = CachingPool<GatedUpstream, HostOrdering>;
 
 #[derive(Default)]
@@ -271,32 +274,6 @@ struct PanicOnRelease {
     on_warn: bool,
 }
 
-/// An event's message.
-fn message(event: &tracing::Event<'_>) -> String {
-    struct Message(String);
-    impl tracing::field::Visit for Message {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "message" {
-                self.0 = format!("{value:?}");
-            }
-        }
-    }
-    let mut m = Message(String::new());
-    event.record(&mut m);
-    m.0
-}
-
-/// A tracing layer that calls its function with every event's message.
-struct OnEvent<F>(F);
-
-impl<S: tracing::Subscriber, F: Fn(&str) + Send + Sync + 'static> tracing_subscriber::Layer<S>
-    for OnEvent<F>
-{
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        (self.0)(&message(event))
-    }
-}
-
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnRelease {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         let m = message(event);
@@ -347,10 +324,9 @@ fn a_subscriber_that_reads_stats_on_a_migration_does_not_deadlock() {
     use tracing_subscriber::layer::SubscriberExt;
     let pool =
         Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), PoolConfig::default()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let worker = {
+    let seen = {
         let pool = pool.clone();
-        std::thread::spawn(move || {
+        on_a_thread_within_20s("deadlocked: the migration was logged under a lock", move || {
             let reader = pool.clone();
             let seen = Arc::new(Mutex::new(0u32));
             let counts = seen.clone();
@@ -367,15 +343,9 @@ fn a_subscriber_that_reads_stats_on_a_migration_does_not_deadlock() {
                 let b = pool.allocate(4 << 20, 512, 2).unwrap();
                 pool.deallocate(b, 2).unwrap();
             });
-            tx.send(*seen.lock()).unwrap()
+            *seen.lock()
         })
     };
-    let seen = match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok(seen) => seen,
-        Err(RecvTimeoutError::Timeout) => panic!("deadlocked: the migration was logged under a lock"),
-        Err(RecvTimeoutError::Disconnected) => panic!("the worker panicked (see above)"),
-    };
-    worker.join().unwrap();
     assert_eq!(seen, 1, "migration events seen");
     assert_eq!(pool.stats().upstream_allocations, 1, "served by migration, not growth");
     pool.validate().unwrap();
@@ -391,10 +361,9 @@ fn a_subscriber_that_reads_stats_on_release_and_oom_events_does_not_deadlock() {
     use tracing_subscriber::layer::SubscriberExt;
     let config = PoolConfig { release_threshold: 0, ..PoolConfig::default() };
     let pool = Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), config));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let worker = {
+    let seen = {
         let pool = pool.clone();
-        std::thread::spawn(move || {
+        on_a_thread_within_20s("deadlocked: an event was logged with the pool's locks held", move || {
             let reader = pool.clone();
             let seen = Arc::new(Mutex::new((0u32, 0u32)));
             let counts = seen.clone();
@@ -423,17 +392,9 @@ fn a_subscriber_that_reads_stats_on_release_and_oom_events_does_not_deadlock() {
                 assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err:?}");
                 pool.deallocate(larger, 2).unwrap();
             });
-            tx.send(*seen.lock()).unwrap()
+            *seen.lock()
         })
     };
-    let seen = match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok(seen) => seen,
-        Err(RecvTimeoutError::Timeout) => {
-            panic!("deadlocked: an event was logged with the pool's locks held")
-        }
-        Err(RecvTimeoutError::Disconnected) => panic!("the worker panicked (see above)"),
-    };
-    worker.join().unwrap();
     assert_eq!(seen, (3, 1), "(segments released, out of memory) events seen");
     assert_eq!(pool.stats().oom_ladders, 2);
     pool.validate().unwrap();

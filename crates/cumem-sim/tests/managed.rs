@@ -65,6 +65,37 @@ fn sync(s: cu::CUstream) {
     ok(unsafe { cu::cuStreamSynchronize(s) });
 }
 
+/// Attaches `p` to `s` with `flags` and waits for the stream: the live report names both.
+#[track_caller]
+fn attach_synced(ctl: &cumem_sim::control::Control, s: cu::CUstream, p: CUdeviceptr, flags: u32) {
+    ok(attach(s, p, flags));
+    sync(s);
+    assert_eq!(attachment(ctl, p), (Some(flags), Some(s as u64)));
+}
+
+/// The live report's attachment of `p` is `want` after the engine has had time to run what it
+/// could (work held by a gate stays queued).
+#[track_caller]
+fn assert_settled(
+    ctl: &cumem_sim::control::Control,
+    p: CUdeviceptr,
+    want: (Option<u32>, Option<u64>),
+    why: &str,
+) {
+    settle();
+    assert_eq!(attachment(ctl, p), want, "{why}");
+}
+
+/// Opens `gate`, waits for the current context's work, and checks that `p` is back to its
+/// allocation's flags (GLOBAL, no stream).
+#[track_caller]
+fn open_drain_and_assert_reverted(ctl: &cumem_sim::control::Control, p: CUdeviceptr, gate: Gate, why: &str) {
+    gate.open();
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuCtxSynchronize() });
+    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "{why}");
+}
+
 #[test]
 #[parallel]
 fn allocation_rules() {
@@ -221,12 +252,10 @@ fn an_attachment_takes_effect_in_stream_order() {
     let s = stream(0);
     let gate = Gate::block(s);
     ok(attach(s, p, HOST));
-    settle();
-    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "queued behind the gate: not in effect");
+    assert_settled(ctl, p, (Some(GLOBAL), None), "queued behind the gate: not in effect");
     // Later work of the stream does not overtake it either.
     ok(attach(s, p, SINGLE));
-    settle();
-    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "still queued");
+    assert_settled(ctl, p, (Some(GLOBAL), None), "still queued");
     gate.open();
     sync(s);
     assert_eq!(attachment(ctl, p), (Some(SINGLE), Some(s as u64)), "both ran, in order");
@@ -238,10 +267,7 @@ fn an_attachment_takes_effect_in_stream_order() {
     ok(attach(t, p, SINGLE));
     destroy(t);
     assert_eq!(attachment(ctl, p), (Some(SINGLE), Some(s as u64)), "the queued attachments have not run");
-    gate.open();
-    // SAFETY: plain FFI call.
-    ok(unsafe { cu::cuCtxSynchronize() });
-    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "SINGLE to a destroyed stream reverts");
+    open_drain_and_assert_reverted(ctl, p, gate, "SINGLE to a destroyed stream reverts");
     destroy(s);
     dfree(p);
 }
@@ -273,21 +299,16 @@ fn a_single_attachment_reverts_once_its_destroyed_stream_drains() {
     let ctl = bind(0);
     let p = managed(PAGE);
     let t = stream(0);
-    ok(attach(t, p, SINGLE));
-    sync(t);
-    assert_eq!(attachment(ctl, p), (Some(SINGLE), Some(t as u64)));
+    attach_synced(ctl, t, p, SINGLE);
     let gate = Gate::block(t);
     destroy(t);
-    settle();
-    assert_eq!(
-        attachment(ctl, p),
+    assert_settled(
+        ctl,
+        p,
         (Some(SINGLE), Some(t as u64)),
-        "the destroyed stream's work has not completed: still attached"
+        "the destroyed stream's work has not completed: still attached",
     );
-    gate.open();
-    // SAFETY: plain FFI call.
-    ok(unsafe { cu::cuCtxSynchronize() });
-    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "drained: back to the allocation's flags");
+    open_drain_and_assert_reverted(ctl, p, gate, "drained: back to the allocation's flags");
     dfree(p);
 }
 
@@ -301,29 +322,22 @@ fn a_queued_single_attachment_on_a_destroyed_stream_reverts_after_the_later_work
     // An attachment to another stream first, so that the queued one running is observable
     // whether or not it reverts at once.
     let s = stream(0);
-    ok(attach(s, p, HOST));
-    sync(s);
+    attach_synced(ctl, s, p, HOST);
     let before = (Some(HOST), Some(s as u64));
-    assert_eq!(attachment(ctl, p), before);
     let t = stream(0);
     let first = Gate::block(t);
     ok(attach(t, p, SINGLE));
     let second = Gate::block(t);
     destroy(t);
-    settle();
-    assert_eq!(attachment(ctl, p), before, "queued behind the first gate: not run");
+    assert_settled(ctl, p, before, "queued behind the first gate: not run");
     first.open();
     assert_eq!(
         attachment_change(ctl, p, before),
         (Some(SINGLE), Some(t as u64)),
         "it ran; the work after it has not completed: no revert yet"
     );
-    settle();
-    assert_eq!(attachment(ctl, p), (Some(SINGLE), Some(t as u64)), "still held by the second gate");
-    second.open();
-    // SAFETY: plain FFI call.
-    ok(unsafe { cu::cuCtxSynchronize() });
-    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "drained: back to the allocation's flags");
+    assert_settled(ctl, p, (Some(SINGLE), Some(t as u64)), "still held by the second gate");
+    open_drain_and_assert_reverted(ctl, p, second, "drained: back to the allocation's flags");
     destroy(s);
     dfree(p);
 }
@@ -353,9 +367,7 @@ fn destroying_a_context_reverts_attachments_to_its_streams() {
     ok(unsafe { cu::cuCtxPopCurrent_v2(&mut popped) });
     assert_eq!(popped, c);
     // Memory of the primary context, attached to a stream of the created one.
-    ok(attach(s, single, SINGLE));
-    sync(s);
-    assert_eq!(attachment(ctl, single), (Some(SINGLE), Some(s as u64)));
+    attach_synced(ctl, s, single, SINGLE);
     // SAFETY: a context this test created; not current on this thread.
     ok(unsafe { cu::cuCtxDestroy_v2(c) });
     assert_eq!(attachment(ctl, single), (Some(GLOBAL), None), "the stream went with its context");
@@ -401,9 +413,7 @@ fn stale_attach_on_a_new_allocation(ctl: &cumem_sim::control::Control) -> bool {
     sync(s);
     assert_eq!(attachment(ctl, q), (Some(HOST), None), "the stale attachment left the new allocation alone");
     // The engine still runs the stream's work.
-    ok(attach(s, q, GLOBAL));
-    sync(s);
-    assert_eq!(attachment(ctl, q), (Some(GLOBAL), Some(s as u64)));
+    attach_synced(ctl, s, q, GLOBAL);
     destroy(s);
     dfree(q);
     q == p

@@ -2,6 +2,8 @@
 //! and a harness that drives a pool and a reference model side by side and checks every invariant.
 #![allow(dead_code, missing_docs)]
 
+pub mod events;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -463,5 +465,18 @@ impl Harness {
         assert_eq!(self.host().live_bytes(), 0);
         assert!(self.pool.segments().is_empty());
         assert!(self.host().reservations().is_empty(), "reservations left: {:?}", self.host().reservations());
+    }
+}
+
+/// A simulator fault that fails the `nth` next call of `function` made on this thread, once, with
+/// `CUDA_ERROR_UNKNOWN`.
+pub fn fails_once_on_this_thread(function: &str, nth: u64) -> cumem_sys::sim_control::FaultRule {
+    cumem_sys::sim_control::FaultRule {
+        this_thread_only: true,
+        ..cumem_sys::sim_control::FaultRule::nth_call(
+            function,
+            nth,
+            cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
+        )
     }
 }
