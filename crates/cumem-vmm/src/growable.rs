@@ -383,7 +383,7 @@ impl<T> GrowableBuffer<T> {
         let stream = self.stream.clone();
         // Staged before the guard is taken: rewriting the staging memory may wait.
         let staged = match (&whole, &memsets) {
-            (None, None) => Some(stage(&mut self.staging, &self.ctx, value)?),
+            (None, None) => Some(stage(&mut self.staging, &self.ctx, bytes)?),
             _ => None,
         };
         // SAFETY: `[len, new_len)` is mapped, read-write for this device, aligned for T (the base
@@ -635,18 +635,17 @@ fn doubling(count: usize) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
-/// The staging memory in `slot`, holding the bytes of `value`: page-locked memory of
+/// The staging memory in `slot`, holding `bytes` (a value's): page-locked memory of
 /// `size_of::<T>()` bytes, allocated on first use and kept for the buffer's later fills. Bytes,
 /// so that a `T` aligned to more than the page that page-locked memory is aligned to is staged
 /// too. Rewriting it goes through its host API, whose tracker first waits for the copies queued
 /// from it before (by synchronising the stream they were queued on: the buffer's). A value
 /// equal to the one staged is not rewritten, so it waits for nothing.
-fn stage<'a, T: NoUninit>(
+fn stage<'a>(
     slot: &'a mut Option<PinnedBuffer<u8>>,
     ctx: &Context,
-    value: T,
+    bytes: &[u8],
 ) -> Result<&'a PinnedBuffer<u8>> {
-    let bytes = bytemuck::bytes_of(&value);
     let staging = match slot.take() {
         Some(staging) => staging,
         None => PinnedBuffer::from_slice(ctx, bytes)?,
