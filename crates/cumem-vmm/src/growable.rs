@@ -339,11 +339,20 @@ impl<T> GrowableBuffer<T> {
     /// The call does not wait for the device, with one exception: a fill of such a value that
     /// differs from the one staged rewrites the staging memory, and first waits for the copies
     /// queued from it by synchronising the buffer's stream, that is for all the work queued on
-    /// that stream so far. Do not change such a value while that stream waits for the calling
-    /// thread: that deadlocks. No fill queues work on another stream or the legacy stream, so
-    /// none waits for other streams' work through stream order; whether the first such fill's
-    /// `cuMemHostAlloc` waits by itself for a stream that a host function holds is unmeasured
-    /// (`docs/vmm.md`, "To verify on a GPU").
+    /// that stream so far and what that work waits for: the buffer's earlier work on other
+    /// streams, and through the legacy stream's implicit order, for a buffer on the legacy stream
+    /// the earlier work of the context's blocking streams, for one on a blocking stream the
+    /// legacy stream's earlier work. Do not change such a value while one of those streams waits
+    /// for the calling thread: that deadlocks. No fill queues work on another stream or the
+    /// legacy stream, so none waits for other streams' work through stream order; whether the
+    /// first such fill's `cuMemHostAlloc`, or the mapping of new chunks (`cuMemCreate`,
+    /// `cuMemMap`, `cuMemSetAccess`), waits by itself for a stream that a host function holds is
+    /// unmeasured (`docs/vmm.md`, "To verify on a GPU").
+    ///
+    /// Inside a [`StreamOrder::queue_on`] closure a fill of a value that needs the staging memory
+    /// is `NotPermitted`, even of the value staged already (reading the staging memory takes a
+    /// lock that the closure refuses); `len` is then unchanged and the chunks mapped to grow stay
+    /// mapped. Memset fills work there.
     pub fn resize(&mut self, new_len: usize, value: T) -> Result<()>
     where
         T: NoUninit,

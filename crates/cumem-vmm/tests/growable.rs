@@ -439,8 +439,14 @@ fn resize_with_a_value_of_many_different_words_does_not_wait_for_other_blocking_
     let mut small = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
     let mut large = GrowableBuffer::<Page>::with_config(&stream, 0, config(g)).unwrap();
     let (n_small, n_large) = (g / 96 + 3, 2 * g / 4096 + 1); // past a chunk's end, odd
+    // Mapped before the gate, so that the staging memory's `cuMemHostAlloc` is the only driver
+    // call in the held window that a held stream might hold up.
+    small.reserve(n_small).unwrap();
+    large.reserve(n_large).unwrap();
     let gate = hold(&unrelated);
-    let ((), gate) = returns_while_held(gate, "resize with values of 24 and 1024 different words", || {
+    let what = "the first fills of values of 24 and 1024 different words (their cuMemHostAlloc) \
+                while an unrelated blocking stream was held";
+    let ((), gate) = returns_while_held(gate, what, || {
         small.resize(n_small, words).unwrap();
         large.resize(n_large, page).unwrap();
     });
