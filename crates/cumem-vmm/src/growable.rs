@@ -349,10 +349,9 @@ impl<T> GrowableBuffer<T> {
     /// `cuMemMap`, `cuMemSetAccess`), waits by itself for a stream that a host function holds is
     /// unmeasured (`docs/vmm.md`, "To verify on a GPU").
     ///
-    /// Inside a [`StreamOrder::queue_on`] closure a fill of a value that needs the staging memory
-    /// is `NotPermitted`, even of the value staged already (reading the staging memory takes a
-    /// lock that the closure refuses); `len` is then unchanged and the chunks mapped to grow stay
-    /// mapped. Memset fills work there.
+    /// Inside a [`StreamOrder::queue_on`] closure a fill is `NotPermitted`, as device work on cumem
+    /// memory is there, whatever the value (the value staged already too); `len` is then unchanged
+    /// and the chunks mapped to grow stay mapped.
     pub fn resize(&mut self, new_len: usize, value: T) -> Result<()>
     where
         T: NoUninit,

@@ -615,6 +615,39 @@ fn a_buffer_dropped_inside_a_closure_frees_its_staging_memory() {
 
 #[test]
 #[parallel]
+fn fills_inside_a_queue_on_closure_are_refused_and_keep_the_length() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let value = words24(3);
+    let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
+    buf.resize(1, value).unwrap(); // staged
+    let n = g / 96 + 2; // past the first chunk
+    let other = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+    other
+        .as_slice()
+        .queue_on(&stream, |_| {
+            // Even of the value staged, which is not rewritten.
+            let refused = buf.resize(n, value);
+            assert!(matches!(refused, Err(Error::NotPermitted { .. })), "{refused:?}");
+            let refused = buf.resize_zeroed(n);
+            assert!(matches!(refused, Err(Error::NotPermitted { .. })), "{refused:?}");
+            assert_eq!(buf.len(), 1, "a refused fill changed the length");
+            assert!(buf.capacity() >= n, "the chunks mapped to grow were not kept");
+            Ok(())
+        })
+        .unwrap();
+    buf.resize_zeroed(n).unwrap();
+    let v = buf.to_vec().unwrap();
+    assert_eq!(v.len(), n);
+    assert_eq!(v[0], value, "the first value changed");
+    assert!(v[1..].iter().all(|x| *x == [0; 24]), "a zeroed value is not zero");
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+#[test]
+#[parallel]
 fn views_work_with_the_copies_and_memsets_of_cumem_copy() {
     let Some(device) = vmm_device() else { return };
     let ctx = device.context().unwrap();
