@@ -90,6 +90,9 @@ impl PeerAccess {
                 !owned
             }
         };
+        // Built before the event: a subscriber that panics on it drops the guard, whose `Drop`
+        // takes back the registry entry counted above instead of leaving it counted forever.
+        let guard = PeerAccess { from: from.clone(), to: to.clone() };
         if adopted {
             tracing::debug!(
                 from = from.device().ordinal(),
@@ -97,7 +100,7 @@ impl PeerAccess {
                 "peer access was already enabled outside cumem; adopted, never disabled by cumem"
             );
         }
-        Ok(PeerAccess { from: from.clone(), to: to.clone() })
+        Ok(guard)
     }
 
     /// Whether cumem holds access from `from` to `to` enabled: a guard lives, or the last guard's

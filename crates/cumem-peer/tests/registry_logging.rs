@@ -159,3 +159,43 @@ fn a_failed_disable_logs_to_a_subscriber_that_asks_the_registry() {
         );
     });
 }
+
+/// A subscriber that panics on every event.
+struct Panics;
+
+impl Subscriber for Panics {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, _: &Event<'_>) {
+        panic!("a subscriber that panics on every event");
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+#[test]
+#[serial] // enables and disables peer access between devices 0 and 1
+fn a_subscriber_panicking_on_the_adoption_event_leaves_no_pair_registered() {
+    let Some((a, b)) = pair() else { return };
+    within_watchdog("enable adopting a pair, with a subscriber that panics", move || {
+        a.bind().unwrap();
+        // SAFETY: plain FFI call with a live context current.
+        let outside = unsafe { sys::cuCtxEnablePeerAccess(b.raw(), 0) };
+        assert_eq!(outside, CUresult::CUDA_SUCCESS);
+        let enabled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tracing::subscriber::with_default(Panics, || PeerAccess::enable(&a, &b))
+        }));
+        assert!(enabled.is_err(), "the subscriber did not panic on the adoption event");
+        assert!(!PeerAccess::is_enabled(&a, &b), "the guard lost to the panic is still counted");
+        // A later guard is the pair's only one: its drop leaves the registry empty.
+        drop(PeerAccess::enable(&a, &b).unwrap());
+        assert!(!PeerAccess::is_enabled(&a, &b), "a guard lost to the panic is still counted");
+        assert_eq!(raw_disable(&a, &b), CUresult::CUDA_SUCCESS, "cumem disabled a pair it adopted");
+    });
+}

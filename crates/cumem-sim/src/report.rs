@@ -17,7 +17,8 @@ pub struct LiveAllocation {
     /// reports), unique among all allocations of every kind the process ever made. Addresses are
     /// not: a freed allocation's address is soon handed out again (managed and pinned host memory
     /// come from the host's allocator), so "this allocation was freed" is a question about its
-    /// id, not its address. `0` in reports written before ids were listed.
+    /// id, not its address. `0` in reports written before ids were listed, for which
+    /// [`LiveReport::id_of`] answers `None`.
     #[serde(default)]
     pub id: u64,
     /// The allocation's base address (device/UVA address).
@@ -241,9 +242,11 @@ impl LiveReport {
     }
 
     /// The id of the live allocation that starts at `ptr`, if any (see
-    /// [`allocation_at`](Self::allocation_at)).
+    /// [`allocation_at`](Self::allocation_at)). `None` too when the allocation has no id (`0`, a
+    /// report written before ids were listed): [`contains_allocation`](Self::contains_allocation)
+    /// is `false` for `0`, so a "freed" check by that id would pass whether or not it was freed.
     pub fn id_of(&self, ptr: u64) -> Option<u64> {
-        self.allocation_at(ptr).map(|a| a.id)
+        self.allocation_at(ptr).map(|a| a.id).filter(|&id| id != 0)
     }
 
     /// Whether the allocation numbered `id` (a [`LiveAllocation::id`] from an earlier report) is
@@ -354,7 +357,9 @@ mod tests {
         let json = r#"{"allocations":[{"kind":"managed","ptr":4096,"bytes":64,"device":0,"context":1}],
             "streams":[],"events":[],"pools":[],"mappings":[],"registrations":[],"contexts":[]}"#;
         let r: LiveReport = serde_json::from_str(json).unwrap();
-        assert_eq!(r.id_of(4096), Some(0));
+        assert_eq!(r.allocation_at(4096).map(|a| a.id), Some(0));
+        // No id to check "freed" by: `contains_allocation(0)` would say freed while it is live.
+        assert_eq!(r.id_of(4096), None);
         assert!(r.contains_ptr(4096) && !r.contains_allocation(0));
         assert_eq!(r.allocation_containing(4096 + 63).map(|a| a.ptr), Some(4096));
         assert!(r.allocation_containing(4096 + 64).is_none());

@@ -113,8 +113,12 @@ pub fn init() -> Result<DriverKind> {
 /// a different kind than the one already in use is an [`Error::DriverSelection`].
 ///
 /// A selection that fails before any driver's `cuInit` ran (no library found, a library that is
-/// not the kind asked for, a bad simulator configuration) leaves nothing in use: a later call may
-/// choose again, for example the simulator after `Real` found no driver. Once a `cuInit` has run,
+/// not the kind asked for, a bad simulator configuration) leaves no driver in use: a later call may
+/// choose again, for example the simulator after `Real` found no driver. A library that it loaded
+/// may stay mapped all the same (the dynamic loader need not unload it on its last close): after a
+/// `Simulator` selection that loaded cumem-sim and then failed, `libcuda.so` may still resolve to
+/// it, and a later `Real` is then refused as [`Error::DriverNotFound`] (it resolves to cumem-sim).
+/// Once a `cuInit` has run,
 /// the outcome is final for the process, failure included: every later call returns it. That
 /// counts `Auto`'s probe of the real driver: when the real driver's `cuInit` ran there (and it
 /// then had no device, or failed) and the simulator cannot be loaded after it, that failure is

@@ -55,7 +55,10 @@ impl Subscriber for CallsInit {
 fn a_subscriber_calling_init_during_selection_gets_the_driver_in_use() {
     within_watchdog("a selection, with a subscriber calling driver::init", || {
         let subscriber = CallsInit::default();
-        // `Auto` also logs that no real driver was usable, where there is none.
+        // `Auto` whatever `CUMEM_DRIVER` says: it also logs that no real driver was usable, where
+        // there is none. The events come once the selection is made, and `init()` reads
+        // `CUMEM_DRIVER` only while none is, so on a GPU machine with `CUMEM_DRIVER=sim` this
+        // selects the real driver and `init()` answers it too.
         let kind = tracing::subscriber::with_default(subscriber.clone(), || {
             driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
         })

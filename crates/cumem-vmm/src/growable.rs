@@ -339,11 +339,19 @@ impl<T> GrowableBuffer<T> {
     /// The call does not wait for the device, with one exception: a fill of such a value that
     /// differs from the one staged rewrites the staging memory, and first waits for the copies
     /// queued from it by synchronising the buffer's stream, that is for all the work queued on
-    /// that stream so far. Do not change such a value while that stream waits for the calling
-    /// thread: that deadlocks. No fill queues work on another stream or the legacy stream, so
-    /// none waits for other streams' work through stream order; whether the first such fill's
-    /// `cuMemHostAlloc` waits by itself for a stream that a host function holds is unmeasured
-    /// (`docs/vmm.md`, "To verify on a GPU").
+    /// that stream so far and what that work waits for: the buffer's earlier work on other
+    /// streams, and through the legacy stream's implicit order, for a buffer on the legacy stream
+    /// the earlier work of the context's blocking streams, for one on a blocking stream the
+    /// legacy stream's earlier work. Do not change such a value while one of those streams waits
+    /// for the calling thread: that deadlocks. No fill queues work on another stream or the
+    /// legacy stream, so none waits for other streams' work through stream order; whether the
+    /// first such fill's `cuMemHostAlloc`, or the mapping of new chunks (`cuMemCreate`,
+    /// `cuMemMap`, `cuMemSetAccess`), waits by itself for a stream that a host function holds is
+    /// unmeasured (`docs/vmm.md`, "To verify on a GPU").
+    ///
+    /// Inside a [`StreamOrder::queue_on`] closure a fill is `NotPermitted`, as device work on cumem
+    /// memory is there, whatever the value (the value staged already too); `len` is then unchanged
+    /// and the chunks mapped to grow stay mapped.
     pub fn resize(&mut self, new_len: usize, value: T) -> Result<()>
     where
         T: NoUninit,
@@ -383,7 +391,7 @@ impl<T> GrowableBuffer<T> {
         let stream = self.stream.clone();
         // Staged before the guard is taken: rewriting the staging memory may wait.
         let staged = match (&whole, &memsets) {
-            (None, None) => Some(stage(&mut self.staging, &self.ctx, value)?),
+            (None, None) => Some(stage(&mut self.staging, &self.ctx, bytes)?),
             _ => None,
         };
         // SAFETY: `[len, new_len)` is mapped, read-write for this device, aligned for T (the base
@@ -635,18 +643,17 @@ fn doubling(count: usize) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
-/// The staging memory in `slot`, holding the bytes of `value`: page-locked memory of
+/// The staging memory in `slot`, holding `bytes` (a value's): page-locked memory of
 /// `size_of::<T>()` bytes, allocated on first use and kept for the buffer's later fills. Bytes,
 /// so that a `T` aligned to more than the page that page-locked memory is aligned to is staged
 /// too. Rewriting it goes through its host API, whose tracker first waits for the copies queued
 /// from it before (by synchronising the stream they were queued on: the buffer's). A value
 /// equal to the one staged is not rewritten, so it waits for nothing.
-fn stage<'a, T: NoUninit>(
+fn stage<'a>(
     slot: &'a mut Option<PinnedBuffer<u8>>,
     ctx: &Context,
-    value: T,
+    bytes: &[u8],
 ) -> Result<&'a PinnedBuffer<u8>> {
-    let bytes = bytemuck::bytes_of(&value);
     let staging = match slot.take() {
         Some(staging) => staging,
         None => PinnedBuffer::from_slice(ctx, bytes)?,

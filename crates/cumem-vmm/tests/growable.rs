@@ -439,8 +439,14 @@ fn resize_with_a_value_of_many_different_words_does_not_wait_for_other_blocking_
     let mut small = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
     let mut large = GrowableBuffer::<Page>::with_config(&stream, 0, config(g)).unwrap();
     let (n_small, n_large) = (g / 96 + 3, 2 * g / 4096 + 1); // past a chunk's end, odd
+    // Mapped before the gate, so that the staging memory's `cuMemHostAlloc` is the only driver
+    // call in the held window that a held stream might hold up.
+    small.reserve(n_small).unwrap();
+    large.reserve(n_large).unwrap();
     let gate = hold(&unrelated);
-    let ((), gate) = returns_while_held(gate, "resize with values of 24 and 1024 different words", || {
+    let what = "the first fills of values of 24 and 1024 different words (their cuMemHostAlloc) \
+                while an unrelated blocking stream was held";
+    let ((), gate) = returns_while_held(gate, what, || {
         small.resize(n_small, words).unwrap();
         large.resize(n_large, page).unwrap();
     });
@@ -605,6 +611,39 @@ fn a_buffer_dropped_inside_a_closure_frees_its_staging_memory() {
         assert_eq!(sim_mapped_bytes(base, size).unwrap_or(0), 0, "leaked instead of unmapped");
         assert!(misuse_here().is_empty(), "{:?}", misuse_here());
     });
+}
+
+#[test]
+#[parallel]
+fn fills_inside_a_queue_on_closure_are_refused_and_keep_the_length() {
+    let Some(device) = vmm_device() else { return };
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let value = words24(3);
+    let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
+    buf.resize(1, value).unwrap(); // staged
+    let n = g / 96 + 2; // past the first chunk
+    let other = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+    other
+        .as_slice()
+        .queue_on(&stream, |_| {
+            // Even of the value staged, which is not rewritten.
+            let refused = buf.resize(n, value);
+            assert!(matches!(refused, Err(Error::NotPermitted { .. })), "{refused:?}");
+            let refused = buf.resize_zeroed(n);
+            assert!(matches!(refused, Err(Error::NotPermitted { .. })), "{refused:?}");
+            assert_eq!(buf.len(), 1, "a refused fill changed the length");
+            assert!(buf.capacity() >= n, "the chunks mapped to grow were not kept");
+            Ok(())
+        })
+        .unwrap();
+    buf.resize_zeroed(n).unwrap();
+    let v = buf.to_vec().unwrap();
+    assert_eq!(v.len(), n);
+    assert_eq!(v[0], value, "the first value changed");
+    assert!(v[1..].iter().all(|x| *x == [0; 24]), "a zeroed value is not zero");
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 
 #[test]
