@@ -104,6 +104,15 @@ fn pair() -> Option<(Context, Context)> {
     Some((a, b))
 }
 
+/// `cuCtxEnablePeerAccess` from `from` to `to`, behind cumem's back; it must succeed.
+#[track_caller]
+fn enable_outside_cumem(from: &Context, to: &Context) {
+    from.bind().unwrap();
+    // SAFETY: plain FFI call with a live context current.
+    let outside = unsafe { sys::cuCtxEnablePeerAccess(to.raw(), 0) };
+    assert_eq!(outside, CUresult::CUDA_SUCCESS);
+}
+
 /// `cuCtxDisablePeerAccess` from `from` to `to`, behind cumem's back.
 fn raw_disable(from: &Context, to: &Context) -> CUresult {
     from.bind().unwrap();
@@ -116,10 +125,7 @@ fn raw_disable(from: &Context, to: &Context) -> CUresult {
 fn adopting_a_pair_logs_to_a_subscriber_that_asks_the_registry() {
     let Some((a, b)) = pair() else { return };
     within_watchdog("enable adopting a pair, with a subscriber asking is_enabled", move || {
-        a.bind().unwrap();
-        // SAFETY: plain FFI call with a live context current.
-        let outside = unsafe { sys::cuCtxEnablePeerAccess(b.raw(), 0) };
-        assert_eq!(outside, CUresult::CUDA_SUCCESS);
+        enable_outside_cumem(&a, &b);
         let subscriber = AsksRegistry::new(&a, &b);
         let guard = tracing::subscriber::with_default(subscriber.subscriber(), || PeerAccess::enable(&a, &b))
             .unwrap();
@@ -183,10 +189,7 @@ fn panics() -> OnEvent<impl Fn(&Event<'_>) + Send + Sync + 'static> {
 fn a_subscriber_panicking_on_the_adoption_event_leaves_no_pair_registered() {
     let Some((a, b)) = pair() else { return };
     within_watchdog("enable adopting a pair, with a subscriber that panics", move || {
-        a.bind().unwrap();
-        // SAFETY: plain FFI call with a live context current.
-        let outside = unsafe { sys::cuCtxEnablePeerAccess(b.raw(), 0) };
-        assert_eq!(outside, CUresult::CUDA_SUCCESS);
+        enable_outside_cumem(&a, &b);
         let enabled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             tracing::subscriber::with_default(panics(), || PeerAccess::enable(&a, &b))
         }));

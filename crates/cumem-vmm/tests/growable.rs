@@ -156,6 +156,19 @@ fn assert_filled<T: bytemuck::Pod>(v: &[T], n: usize, value: &T, what: &str) {
     assert!(v.iter().all(|x| bytemuck::bytes_of(x) == want), "{what}");
 }
 
+/// Drops `buf` inside a `queue_on` closure on `stream`, where no lock may be taken.
+#[track_caller]
+fn drop_inside_a_closure<T>(stream: &Stream, buf: GrowableBuffer<T>) {
+    let other = DeviceBuffer::<u32>::zeroed(stream, 64).unwrap();
+    other
+        .as_slice()
+        .queue_on(stream, |_| {
+            drop(buf);
+            Ok(())
+        })
+        .unwrap();
+}
+
 /// One chunk per granule, so that 64 steps map 64 chunks.
 fn config(g: usize) -> GrowableConfig {
     GrowableConfig::default().chunk_bytes(g).reserve_bytes(80 * g)
@@ -587,15 +600,8 @@ fn a_buffer_dropped_inside_a_closure_frees_its_staging_memory() {
         buf.resize(g / 96 + 1, words24(7)).unwrap();
         assert_eq!(pinned_allocations_of(96), before.map(|n| n + 1), "no staging memory for the value");
         let (base, size) = (buf.device_ptr(), buf.range().size());
-        let other = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
         // The staging memory's drop, like the buffer's, waits without a lock, which a closure refuses.
-        other
-            .as_slice()
-            .queue_on(&stream, |_| {
-                drop(buf);
-                Ok(())
-            })
-            .unwrap();
+        drop_inside_a_closure(&stream, buf);
         assert_eq!(pinned_allocations_of(96), before, "the staging memory leaked");
         assert_eq!(sim_mapped_bytes(base, size).unwrap_or(0), 0, "leaked instead of unmapped");
         assert_no_misuse();
@@ -799,15 +805,8 @@ fn a_buffer_dropped_inside_a_closure_returns_its_memory() {
         let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config(g)).unwrap();
         buf.extend_from_slice(&pattern(g / 4, 1)).unwrap();
         let (base, size) = (buf.device_ptr(), buf.range().size());
-        let other = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
         // The drop has exclusive access to its order, so it needs no lock, which a closure refuses.
-        other
-            .as_slice()
-            .queue_on(&stream, |_| {
-                drop(buf);
-                Ok(())
-            })
-            .unwrap();
+        drop_inside_a_closure(&stream, buf);
         assert_eq!(sim_mapped_bytes(base, size).unwrap_or(0), 0, "leaked instead of unmapped");
         assert_ne!(sim_reserved(base), Some(true), "the reservation leaked");
         assert_no_misuse();
