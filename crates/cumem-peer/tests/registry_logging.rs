@@ -58,7 +58,23 @@ impl Visit for Fields<'_> {
     }
 }
 
-impl Subscriber for AsksRegistry {
+impl AsksRegistry {
+    /// A subscriber that records every event here, with what `is_enabled` answered inside it.
+    fn subscriber(&self) -> OnEvent<impl Fn(&Event<'_>) + Send + Sync + 'static> {
+        let this = self.clone();
+        OnEvent(move |event: &Event<'_>| {
+            let enabled = PeerAccess::is_enabled(&this.from, &this.to);
+            let mut fields = Vec::new();
+            event.record(&mut Fields(&mut fields));
+            this.seen.lock().unwrap().push(Seen { level: *event.metadata().level(), fields, enabled });
+        })
+    }
+}
+
+/// A subscriber that hands every event to its function and has no spans.
+struct OnEvent<F>(F);
+
+impl<F: Fn(&Event<'_>) + 'static> Subscriber for OnEvent<F> {
     fn enabled(&self, _: &Metadata<'_>) -> bool {
         true
     }
@@ -68,10 +84,7 @@ impl Subscriber for AsksRegistry {
     fn record(&self, _: &Id, _: &Record<'_>) {}
     fn record_follows_from(&self, _: &Id, _: &Id) {}
     fn event(&self, event: &Event<'_>) {
-        let enabled = PeerAccess::is_enabled(&self.from, &self.to);
-        let mut fields = Vec::new();
-        event.record(&mut Fields(&mut fields));
-        self.seen.lock().unwrap().push(Seen { level: *event.metadata().level(), fields, enabled });
+        (self.0)(event)
     }
     fn enter(&self, _: &Id) {}
     fn exit(&self, _: &Id) {}
@@ -91,6 +104,15 @@ fn pair() -> Option<(Context, Context)> {
     Some((a, b))
 }
 
+/// `cuCtxEnablePeerAccess` from `from` to `to`, behind cumem's back; it must succeed.
+#[track_caller]
+fn enable_outside_cumem(from: &Context, to: &Context) {
+    from.bind().unwrap();
+    // SAFETY: plain FFI call with a live context current.
+    let outside = unsafe { sys::cuCtxEnablePeerAccess(to.raw(), 0) };
+    assert_eq!(outside, CUresult::CUDA_SUCCESS);
+}
+
 /// `cuCtxDisablePeerAccess` from `from` to `to`, behind cumem's back.
 fn raw_disable(from: &Context, to: &Context) -> CUresult {
     from.bind().unwrap();
@@ -103,20 +125,17 @@ fn raw_disable(from: &Context, to: &Context) -> CUresult {
 fn adopting_a_pair_logs_to_a_subscriber_that_asks_the_registry() {
     let Some((a, b)) = pair() else { return };
     within_watchdog("enable adopting a pair, with a subscriber asking is_enabled", move || {
-        a.bind().unwrap();
-        // SAFETY: plain FFI call with a live context current.
-        let outside = unsafe { sys::cuCtxEnablePeerAccess(b.raw(), 0) };
-        assert_eq!(outside, CUresult::CUDA_SUCCESS);
+        enable_outside_cumem(&a, &b);
         let subscriber = AsksRegistry::new(&a, &b);
-        let guard =
-            tracing::subscriber::with_default(subscriber.clone(), || PeerAccess::enable(&a, &b)).unwrap();
+        let guard = tracing::subscriber::with_default(subscriber.subscriber(), || PeerAccess::enable(&a, &b))
+            .unwrap();
         let seen = subscriber.seen();
         assert_eq!(seen.len(), 1, "{seen:?}");
         assert_eq!(seen[0].level, Level::DEBUG);
         assert_eq!((seen[0].field("from"), seen[0].field("to")), (Some("0"), Some("1")), "{seen:?}");
         assert!(seen[0].enabled, "the adopted pair was not registered when its event came: {seen:?}");
         // The last guard of an adopted pair leaves it enabled, and logs nothing.
-        tracing::subscriber::with_default(subscriber.clone(), || drop(guard));
+        tracing::subscriber::with_default(subscriber.subscriber(), || drop(guard));
         assert_eq!(subscriber.seen().len(), 1, "{:?}", subscriber.seen());
         assert!(!PeerAccess::is_enabled(&a, &b));
         assert_eq!(raw_disable(&a, &b), CUresult::CUDA_SUCCESS, "cumem disabled a pair it adopted");
@@ -141,7 +160,7 @@ fn a_failed_disable_logs_to_a_subscriber_that_asks_the_registry() {
             times: 1,
             this_thread_only: true,
         });
-        tracing::subscriber::with_default(subscriber.clone(), || drop(guard));
+        tracing::subscriber::with_default(subscriber.subscriber(), || drop(guard));
         ctl.remove_fault(rule);
         let seen = subscriber.seen();
         assert_eq!(seen.len(), 1, "{seen:?}");
@@ -161,22 +180,8 @@ fn a_failed_disable_logs_to_a_subscriber_that_asks_the_registry() {
 }
 
 /// A subscriber that panics on every event.
-struct Panics;
-
-impl Subscriber for Panics {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, _: &Event<'_>) {
-        panic!("a subscriber that panics on every event");
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
+fn panics() -> OnEvent<impl Fn(&Event<'_>) + Send + Sync + 'static> {
+    OnEvent(|_: &Event<'_>| panic!("a subscriber that panics on every event"))
 }
 
 #[test]
@@ -184,12 +189,9 @@ impl Subscriber for Panics {
 fn a_subscriber_panicking_on_the_adoption_event_leaves_no_pair_registered() {
     let Some((a, b)) = pair() else { return };
     within_watchdog("enable adopting a pair, with a subscriber that panics", move || {
-        a.bind().unwrap();
-        // SAFETY: plain FFI call with a live context current.
-        let outside = unsafe { sys::cuCtxEnablePeerAccess(b.raw(), 0) };
-        assert_eq!(outside, CUresult::CUDA_SUCCESS);
+        enable_outside_cumem(&a, &b);
         let enabled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            tracing::subscriber::with_default(Panics, || PeerAccess::enable(&a, &b))
+            tracing::subscriber::with_default(panics(), || PeerAccess::enable(&a, &b))
         }));
         assert!(enabled.is_err(), "the subscriber did not panic on the adoption event");
         assert!(!PeerAccess::is_enabled(&a, &b), "the guard lost to the panic is still counted");

@@ -12,7 +12,7 @@ use bytemuck::Zeroable;
 use common::*;
 use cumem_copy::{Copy2D, Pitched, StreamCopy};
 use cumem_core::sys::CUresult;
-use cumem_core::{DeviceBuffer, Error, PinnedBuffer, Stream};
+use cumem_core::{Context, DeviceBuffer, Error, PinnedBuffer, Stream};
 use cumem_sim::FaultRule;
 use cumem_sys::testing::Gate;
 use cumem_vmm::{GrowableBuffer, GrowableConfig};
@@ -131,6 +131,44 @@ fn pinned_allocations_of(bytes: usize) -> Option<usize> {
     Some(report.allocations.iter().filter(|a| a.kind == "pinned_host" && a.bytes == bytes as u64).count())
 }
 
+/// A context on a device with VMM support, its granularity and a non-blocking stream (`None`
+/// where no device has VMM support).
+#[track_caller]
+fn vmm_setup() -> Option<(Context, usize, Stream)> {
+    let device = vmm_device()?;
+    let ctx = device.context().unwrap();
+    let g = granule(device);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    Some((ctx, g, stream))
+}
+
+/// No misuse of the driver reported on this thread.
+#[track_caller]
+fn assert_no_misuse() {
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+}
+
+/// `v` holds `n` values, each bitwise `value`; `what` is the message should one differ.
+#[track_caller]
+fn assert_filled<T: bytemuck::Pod>(v: &[T], n: usize, value: &T, what: &str) {
+    assert_eq!(v.len(), n);
+    let want = bytemuck::bytes_of(value);
+    assert!(v.iter().all(|x| bytemuck::bytes_of(x) == want), "{what}");
+}
+
+/// Drops `buf` inside a `queue_on` closure on `stream`, where no lock may be taken.
+#[track_caller]
+fn drop_inside_a_closure<T>(stream: &Stream, buf: GrowableBuffer<T>) {
+    let other = DeviceBuffer::<u32>::zeroed(stream, 64).unwrap();
+    other
+        .as_slice()
+        .queue_on(stream, |_| {
+            drop(buf);
+            Ok(())
+        })
+        .unwrap();
+}
+
 /// One chunk per granule, so that 64 steps map 64 chunks.
 fn config(g: usize) -> GrowableConfig {
     GrowableConfig::default().chunk_bytes(g).reserve_bytes(80 * g)
@@ -171,16 +209,13 @@ fn grows_from_nothing_to_64_chunks_without_moving() {
         }
         assert!(buf.to_vec().unwrap() == expected, "step {step}: earlier data changed");
     }
-    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_no_misuse();
 }
 
 #[test]
 #[serial] // reads the device's free memory, which other tests' allocations would move
 fn shrink_to_fit_returns_whole_chunks_to_the_device() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((ctx, g, stream)) = vmm_setup() else { return };
     let mut buf = GrowableBuffer::<u8>::with_config(&stream, 0, config(g)).unwrap();
     buf.resize(10 * g, 3).unwrap();
     assert_eq!(buf.mapped_bytes(), 10 * g);
@@ -241,10 +276,7 @@ fn a_failed_unmap_is_reported_and_its_chunk_stays_mapped() {
 #[test]
 #[serial] // holds a gate
 fn shrink_to_fit_waits_for_work_on_the_chunks_it_unmaps() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((ctx, g, stream)) = vmm_setup() else { return };
     let other = Stream::non_blocking(&ctx).unwrap();
     let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config(g)).unwrap();
     let data = pattern(g / 2, 7); // two chunks
@@ -258,7 +290,7 @@ fn shrink_to_fit_waits_for_work_on_the_chunks_it_unmaps() {
     opener.join().unwrap();
     assert_eq!(buf.mapped_bytes(), g);
     assert_eq!(copy.to_vec().unwrap(), data[g / 4..]);
-    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_no_misuse();
 }
 
 #[test]
@@ -299,16 +331,13 @@ fn extend_from_host_is_queued_on_its_stream_after_the_buffers_earlier_work() {
     assert_eq!(buf.mapped_bytes(), 2 * g, "the append reused the mapped chunk");
     drop(buf);
     watchdog.join().unwrap();
-    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_no_misuse();
 }
 
 #[test]
 #[parallel]
 fn resize_fills_new_values_of_every_width() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((_ctx, g, stream)) = vmm_setup() else { return };
 
     let mut bytes = GrowableBuffer::<u8>::with_config(&stream, 0, config(g)).unwrap();
     bytes.resize(3, 0xEE).unwrap();
@@ -342,10 +371,7 @@ fn resize_fills_new_values_of_every_width() {
 #[test]
 #[parallel]
 fn resize_with_a_value_no_memset_writes_holds_no_tail_on_the_host() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((_ctx, g, stream)) = vmm_setup() else { return };
 
     let third = -1.0f64 / 3.0;
     let mut floats = GrowableBuffer::<f64>::with_config(&stream, 0, config(g)).unwrap();
@@ -370,16 +396,13 @@ fn resize_with_a_value_no_memset_writes_holds_no_tail_on_the_host() {
     assert_eq!(v[0], Triple::zeroed());
     let want = bytemuck::bytes_of(&TRIPLE);
     assert!(v[1..].iter().all(|t| bytemuck::bytes_of(t) == want), "a filled value is not bitwise TRIPLE");
-    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_no_misuse();
 }
 
 #[test]
 #[parallel]
 fn resize_with_a_value_of_many_different_words_copies_one_value_and_doubles_it() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((_ctx, g, stream)) = vmm_setup() else { return };
     // 24 different words: too many memsets for one value, so it is copied from staging memory.
     let value: [u32; 24] = std::array::from_fn(|i| (i as u32 + 1).wrapping_mul(0x9E37_79B9));
     let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
@@ -392,16 +415,13 @@ fn resize_with_a_value_of_many_different_words_copies_one_value_and_doubles_it()
     assert!(v.iter().all(|x| *x == value), "a filled value differs");
     buf.resize(n + 1, value).unwrap(); // a single value: the copy alone
     assert_eq!(buf.slice(n - 1..).unwrap().to_vec().unwrap(), [value; 2]);
-    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_no_misuse();
 }
 
 #[test]
 #[serial] // holds a gate
 fn resize_with_a_value_no_memset_writes_is_queued_on_the_buffers_stream() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((ctx, g, stream)) = vmm_setup() else { return };
     let earlier = Stream::non_blocking(&ctx).unwrap();
     let n = g / 8; // one chunk of f64
     let mut buf = GrowableBuffer::<f64>::with_config(&stream, 0, config(g)).unwrap();
@@ -422,16 +442,13 @@ fn resize_with_a_value_no_memset_writes_is_queued_on_the_buffers_stream() {
     let bits: Vec<u64> = buf.to_vec().unwrap().iter().map(|v| v.to_bits()).collect();
     assert!(bits[..n].iter().all(|&b| b == 0x4040_4040_4040_4040), "the earlier memset was lost");
     assert!(bits[n..].iter().all(|&b| b == 0.1f64.to_bits()), "a filled value is not bitwise 0.1");
-    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_no_misuse();
 }
 
 #[test]
 #[serial] // holds a gate
 fn resize_with_a_value_of_many_different_words_does_not_wait_for_other_blocking_streams() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((ctx, g, stream)) = vmm_setup() else { return };
     // Ordered with the legacy stream, and nothing to do with the buffers: held throughout.
     let unrelated = Stream::new(&ctx).unwrap();
     let words = words24(1);
@@ -453,23 +470,16 @@ fn resize_with_a_value_of_many_different_words_does_not_wait_for_other_blocking_
     gate.release();
     stream.synchronize().unwrap();
     let v = small.to_vec().unwrap();
-    assert_eq!(v.len(), n_small);
-    let want = bytemuck::bytes_of(&words);
-    assert!(v.iter().all(|x| bytemuck::bytes_of(x) == want), "a filled [u32; 24] is not bitwise the value");
+    assert_filled(&v, n_small, &words, "a filled [u32; 24] is not bitwise the value");
     let v = large.to_vec().unwrap();
-    assert_eq!(v.len(), n_large);
-    let want = bytemuck::bytes_of(&page);
-    assert!(v.iter().all(|x| bytemuck::bytes_of(x) == want), "a filled 4 KiB value is not bitwise the value");
-    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_filled(&v, n_large, &page, "a filled 4 KiB value is not bitwise the value");
+    assert_no_misuse();
 }
 
 #[test]
 #[serial] // holds a gate
 fn a_new_value_of_many_words_waits_for_the_copies_of_the_last_one() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((_ctx, g, stream)) = vmm_setup() else { return };
     let (a, b) = (words24(1), words24(100));
     let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
     let n = g / 96 + 1;
@@ -488,7 +498,7 @@ fn a_new_value_of_many_words_waits_for_the_copies_of_the_last_one() {
     assert_eq!(v.len(), 3 * n);
     assert!(v[..2 * n].iter().all(|x| *x == a), "a value was overwritten before its copies ran");
     assert!(v[2 * n..].iter().all(|x| *x == b), "a filled value differs");
-    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_no_misuse();
 }
 
 /// Addresses of the live page-locked allocations of `bytes` bytes (empty on a real driver).
@@ -506,10 +516,7 @@ fn pinned_addresses_of(bytes: usize) -> Vec<u64> {
 #[test]
 #[parallel]
 fn a_value_aligned_past_a_page_is_staged_and_filled() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((ctx, g, stream)) = vmm_setup() else { return };
     let size = size_of::<Aligned64K>();
     // Page-locked memory is aligned to a page, and to 64 KiB only by chance (adjacent blocks of
     // 64 KiB alike): buffers until one's staging memory is not aligned for the type, each after
@@ -524,9 +531,7 @@ fn a_value_aligned_past_a_page_is_staged_and_filled() {
         buf.resize(n, value).unwrap();
         buf.resize(n + 1, value).unwrap(); // the staged value again: the copy alone
         let v = buf.to_vec().unwrap();
-        assert_eq!(v.len(), n + 1);
-        let want = bytemuck::bytes_of(&value);
-        assert!(v.iter().all(|x| bytemuck::bytes_of(x) == want), "a filled value is not bitwise the value");
+        assert_filled(&v, n + 1, &value, "a filled value is not bitwise the value");
         let staged = pinned_addresses_of(size).into_iter().filter(|p| !before.contains(p));
         misaligned |= staged.into_iter().any(|p| p % size as u64 != 0);
         kept.push(buf);
@@ -537,7 +542,7 @@ fn a_value_aligned_past_a_page_is_staged_and_filled() {
     if cumem_sys::testing::sim_control().is_some() {
         assert!(misaligned, "no staging memory was misaligned for the type: the test proved nothing");
     }
-    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_no_misuse();
 }
 
 #[test]
@@ -589,37 +594,24 @@ fn a_failed_staged_copy_keeps_the_earlier_copies_tracked() {
 #[serial] // counts the live page-locked allocations, which parallel tests would change
 fn a_buffer_dropped_inside_a_closure_frees_its_staging_memory() {
     within_watchdog("a GrowableBuffer with a staged value dropped inside a closure", || {
-        let Some(device) = vmm_device() else { return };
-        let ctx = device.context().unwrap();
-        let g = granule(device);
-        let stream = Stream::non_blocking(&ctx).unwrap();
+        let Some((_ctx, g, stream)) = vmm_setup() else { return };
         let before = pinned_allocations_of(96);
         let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
         buf.resize(g / 96 + 1, words24(7)).unwrap();
         assert_eq!(pinned_allocations_of(96), before.map(|n| n + 1), "no staging memory for the value");
         let (base, size) = (buf.device_ptr(), buf.range().size());
-        let other = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
         // The staging memory's drop, like the buffer's, waits without a lock, which a closure refuses.
-        other
-            .as_slice()
-            .queue_on(&stream, |_| {
-                drop(buf);
-                Ok(())
-            })
-            .unwrap();
+        drop_inside_a_closure(&stream, buf);
         assert_eq!(pinned_allocations_of(96), before, "the staging memory leaked");
         assert_eq!(sim_mapped_bytes(base, size).unwrap_or(0), 0, "leaked instead of unmapped");
-        assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+        assert_no_misuse();
     });
 }
 
 #[test]
 #[parallel]
 fn fills_inside_a_queue_on_closure_are_refused_and_keep_the_length() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((_ctx, g, stream)) = vmm_setup() else { return };
     let value = words24(3);
     let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
     buf.resize(1, value).unwrap(); // staged
@@ -643,16 +635,13 @@ fn fills_inside_a_queue_on_closure_are_refused_and_keep_the_length() {
     assert_eq!(v.len(), n);
     assert_eq!(v[0], value, "the first value changed");
     assert!(v[1..].iter().all(|x| *x == [0; 24]), "a zeroed value is not zero");
-    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    assert_no_misuse();
 }
 
 #[test]
 #[parallel]
 fn views_work_with_the_copies_and_memsets_of_cumem_copy() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((ctx, g, stream)) = vmm_setup() else { return };
     let other = Stream::non_blocking(&ctx).unwrap();
     let n = g / 4 + 100; // spans two chunks
     let mut buf = GrowableBuffer::<u32>::with_config(&stream, n, config(g)).unwrap();
@@ -673,10 +662,7 @@ fn views_work_with_the_copies_and_memsets_of_cumem_copy() {
 #[test]
 #[parallel]
 fn growing_past_the_reservation_is_an_error_that_maps_nothing() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((_ctx, g, stream)) = vmm_setup() else { return };
     let small = GrowableConfig::default().chunk_bytes(g).reserve_bytes(2 * g);
     let mut buf = GrowableBuffer::<u8>::with_config(&stream, 0, small.clone()).unwrap();
     assert_eq!(buf.max_capacity(), 2 * g);
@@ -732,10 +718,7 @@ struct Overaligned(#[allow(dead_code)] u8);
 #[test]
 #[parallel]
 fn a_type_aligned_past_the_granularity_gets_a_base_aligned_for_it() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((_ctx, g, stream)) = vmm_setup() else { return };
     let align = align_of::<Overaligned>();
     assert!(align > g);
     let config = GrowableConfig::default().chunk_bytes(g).reserve_bytes(2 * align);
@@ -793,10 +776,7 @@ fn buffers_and_mappings_cross_threads() {
 #[test]
 #[parallel]
 fn a_2d_copy_crosses_the_boundary_between_chunks() {
-    let Some(device) = vmm_device() else { return };
-    let ctx = device.context().unwrap();
-    let g = granule(device);
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some((ctx, g, stream)) = vmm_setup() else { return };
     // Rows of 1000 values, 1024 apart, placed so that one row straddles the first chunk's end.
     let (pitch, width, height) = (1024, 1000, 8);
     let start = g / 4 - 4 * pitch - 500;
@@ -821,24 +801,14 @@ fn a_2d_copy_crosses_the_boundary_between_chunks() {
 #[parallel]
 fn a_buffer_dropped_inside_a_closure_returns_its_memory() {
     within_watchdog("a GrowableBuffer dropped inside a closure", || {
-        let Some(device) = vmm_device() else { return };
-        let ctx = device.context().unwrap();
-        let g = granule(device);
-        let stream = Stream::non_blocking(&ctx).unwrap();
+        let Some((_ctx, g, stream)) = vmm_setup() else { return };
         let mut buf = GrowableBuffer::<u32>::with_config(&stream, 0, config(g)).unwrap();
         buf.extend_from_slice(&pattern(g / 4, 1)).unwrap();
         let (base, size) = (buf.device_ptr(), buf.range().size());
-        let other = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
         // The drop has exclusive access to its order, so it needs no lock, which a closure refuses.
-        other
-            .as_slice()
-            .queue_on(&stream, |_| {
-                drop(buf);
-                Ok(())
-            })
-            .unwrap();
+        drop_inside_a_closure(&stream, buf);
         assert_eq!(sim_mapped_bytes(base, size).unwrap_or(0), 0, "leaked instead of unmapped");
         assert_ne!(sim_reserved(base), Some(true), "the reservation leaked");
-        assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+        assert_no_misuse();
     });
 }
