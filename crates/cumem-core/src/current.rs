@@ -445,13 +445,17 @@ const EXIT_WAIT: Duration = Duration::from_secs(2);
 /// Registers, once, the exit handler that lets go of the current resources.
 fn release_at_exit() {
     static REGISTERED: Once = Once::new();
+    let mut failed = false;
     REGISTERED.call_once(|| {
         // SAFETY: `at_exit` is a plain `extern "C" fn()` of this crate, which is linked into the
         // program for its whole life; it never unwinds (it catches panics).
-        if unsafe { libc::atexit(at_exit) } != 0 {
-            tracing::warn!("registering the exit handler failed; cached memory stays reserved until exit");
-        }
+        failed = unsafe { libc::atexit(at_exit) } != 0;
     });
+    // Logged outside `call_once`: a subscriber that allocates calls back in here, and a
+    // reentrant `call_once` would wait for itself.
+    if failed {
+        tracing::warn!("registering the exit handler failed; cached memory stays reserved until exit");
+    }
 }
 
 /// Drops the registry's resources at exit, after `main`, before the driver's own teardown (the
