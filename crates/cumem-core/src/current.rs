@@ -41,7 +41,7 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -115,20 +115,29 @@ pub fn install_default_factory(factory: DefaultResourceFactory) -> bool {
 /// An unknown value is logged as a warning and the default is used.
 pub fn default_allocator() -> AllocatorKind {
     static KIND: OnceLock<AllocatorKind> = OnceLock::new();
-    *KIND.get_or_init(|| {
-        let fallback = if FACTORY.get().is_some() { AllocatorKind::Caching } else { AllocatorKind::Driver };
-        match std::env::var(ALLOCATOR_ENV) {
-            Ok(value) => value.parse().unwrap_or_else(|_| {
-                tracing::warn!(%value, default = %fallback, "unknown CUMEM_ALLOCATOR (expected caching, native or driver); using the default");
-                fallback
-            }),
-            Err(std::env::VarError::NotPresent) => fallback,
-            Err(std::env::VarError::NotUnicode(value)) => {
-                tracing::warn!(?value, default = %fallback, "CUMEM_ALLOCATOR is not UTF-8; using the default");
-                fallback
-            }
-        }
-    })
+    if let Some(kind) = KIND.get() {
+        return *kind;
+    }
+    let fallback = if FACTORY.get().is_some() { AllocatorKind::Caching } else { AllocatorKind::Driver };
+    let (kind, bad) = match std::env::var(ALLOCATOR_ENV) {
+        Ok(value) => match value.parse() {
+            Ok(kind) => (kind, None),
+            Err(_) => (fallback, Some(format!("{value:?}"))),
+        },
+        Err(std::env::VarError::NotPresent) => (fallback, None),
+        Err(std::env::VarError::NotUnicode(value)) => (fallback, Some(format!("{value:?}"))),
+    };
+    let mut first = false;
+    let kind = *KIND.get_or_init(|| {
+        first = true;
+        kind
+    });
+    // Logged after the kind is stored, not inside `get_or_init`: a subscriber that allocates
+    // calls back in here, and a reentrant `get_or_init` would wait for itself.
+    if let (true, Some(value)) = (first, bad) {
+        tracing::warn!(%value, default = %fallback, "unknown CUMEM_ALLOCATOR (expected caching, native or driver, in UTF-8); using the default");
+    }
+    kind
 }
 
 fn make_default(ctx: &Context) -> Result<Arc<dyn DeviceResource>> {
@@ -139,10 +148,12 @@ fn make_default(ctx: &Context) -> Result<Arc<dyn DeviceResource>> {
     match FACTORY.get() {
         Some(factory) => factory(kind, ctx),
         None => {
-            static WARNED: Once = Once::new();
-            WARNED.call_once(|| {
+            // Not a `Once`: a subscriber that allocates calls back in here from the warning, and
+            // a reentrant `call_once` would wait for itself.
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
                 tracing::warn!(%kind, "CUMEM_ALLOCATOR names a pool, but cumem-pool is not linked; using cuMemAlloc");
-            });
+            }
             Ok(Arc::new(DriverResource::new(ctx)))
         }
     }
@@ -214,15 +225,13 @@ fn remember(i: usize, resource: &Arc<dyn DeviceResource>) {
     });
 }
 
-/// Puts `resource` in slot `i`, returning what was there.
+/// Puts `resource` in slot `i`, returning what was there. A caller that installs a resource has
+/// called [`release_at_exit`] before taking the lock (it may log).
 fn replace(
     slots: &mut Slots,
     i: usize,
     resource: Option<Arc<dyn DeviceResource>>,
 ) -> Option<Arc<dyn DeviceResource>> {
-    if resource.is_some() {
-        release_at_exit();
-    }
     if slots.len() <= i {
         slots.resize(i + 1, None);
     }
@@ -242,14 +251,23 @@ pub(crate) fn current_for(ctx: &Context) -> Result<Arc<dyn DeviceResource>> {
             return Ok(resource.clone());
         }
     }
+    // Made before the lock is taken: choosing the kind and making the resource may log (and run
+    // the installed factory), and a subscriber that looks a resource up would otherwise wait for
+    // the lock its own thread holds. Two threads' first allocations may both make one; the first
+    // installed is the one both use, so they still share one pool.
+    default_allocator();
+    let made = make_default(ctx)?;
+    release_at_exit();
     let mut slots = change_slots();
-    if let Some(Some(resource)) = slots.get(i) {
-        return Ok(resource.clone());
+    if let Some(Some(installed)) = slots.get(i) {
+        let installed = installed.clone();
+        drop(slots);
+        // Dropped outside the lock: a pool's drop may wait for streams, or log.
+        drop(made);
+        return Ok(installed);
     }
-    // Made under the lock, so that two threads' first allocations share one pool.
-    let resource = make_default(ctx)?;
-    replace(&mut slots, i, Some(resource.clone()));
-    Ok(resource)
+    replace(&mut slots, i, Some(made.clone()));
+    Ok(made)
 }
 
 /// The resource that `device`'s constructors without `_in` allocate from (made on first use: see
@@ -278,6 +296,7 @@ where
 {
     check_device(device, &*resource)?;
     let resource = resource.into_dyn_resource();
+    release_at_exit();
     let mut slots = change_slots();
     *epoch(&mut EPOCHS.lock(), device.ordinal()) += 1;
     let previous = replace(&mut slots, device.ordinal(), Some(resource));
@@ -305,6 +324,7 @@ where
     let resource = resource.into_dyn_resource();
     let installed = Arc::downgrade(&resource);
     let id = NEXT_SCOPE.fetch_add(1, Ordering::Relaxed);
+    release_at_exit();
     // The scopes' lock first, then the slots' (as the guard's drop takes them).
     let mut scopes = SCOPES.lock();
     let mut slots = change_slots();
@@ -377,6 +397,8 @@ impl Drop for CurrentResourceGuard {
     fn drop(&mut self) {
         let mut scopes = SCOPES.lock();
         let Some(at) = scopes.iter().position(|s| s.id == self.id) else {
+            // Logged after the lock is let go: a subscriber may look a resource up.
+            drop(scopes);
             tracing::warn!(device = self.device.ordinal(), "a scoped resource override was already undone");
             return;
         };
@@ -423,13 +445,17 @@ const EXIT_WAIT: Duration = Duration::from_secs(2);
 /// Registers, once, the exit handler that lets go of the current resources.
 fn release_at_exit() {
     static REGISTERED: Once = Once::new();
+    let mut failed = false;
     REGISTERED.call_once(|| {
         // SAFETY: `at_exit` is a plain `extern "C" fn()` of this crate, which is linked into the
         // program for its whole life; it never unwinds (it catches panics).
-        if unsafe { libc::atexit(at_exit) } != 0 {
-            tracing::warn!("registering the exit handler failed; cached memory stays reserved until exit");
-        }
+        failed = unsafe { libc::atexit(at_exit) } != 0;
     });
+    // Logged outside `call_once`: a subscriber that allocates calls back in here, and a
+    // reentrant `call_once` would wait for itself.
+    if failed {
+        tracing::warn!("registering the exit handler failed; cached memory stays reserved until exit");
+    }
 }
 
 /// Drops the registry's resources at exit, after `main`, before the driver's own teardown (the

@@ -273,6 +273,25 @@ fn a_resource_of_another_device_is_refused() {
 }
 
 #[test]
+fn an_empty_buffer_with_a_resource_of_another_device_is_refused_too() {
+    let s = stream();
+    if !testing::needs_devices(2) {
+        return;
+    }
+    let other = Arc::new(DriverResource::new(&Device::get(1).unwrap().context().unwrap()));
+    assert!(matches!(
+        DeviceBuffer::<u8>::new_in(&other, &s, 0),
+        Err(Error::WrongDevice { expected: 1, actual: 0 })
+    ));
+    let here = Arc::new(DriverResource::new(s.context()));
+    let there = Stream::new(&Device::get(1).unwrap().context().unwrap()).unwrap();
+    assert!(matches!(
+        DeviceBuffer::<u32>::zeroed_in(&here, &there, 0),
+        Err(Error::WrongDevice { expected: 0, actual: 1 })
+    ));
+}
+
+#[test]
 fn a_later_use_is_ordered_after_earlier_ones_and_covers_them() {
     let s = stream();
     let t = Stream::non_blocking(s.context()).unwrap();

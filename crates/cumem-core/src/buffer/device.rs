@@ -33,7 +33,9 @@ use crate::{
 
 /// The largest alignment the `*_aligned*` constructors accept: 64 KiB, the largest page size of the
 /// platforms CUDA runs on (4 KiB on x86-64, up to 64 KiB on aarch64 and ppc64le). Resources serve
-/// alignments above their native one by over-allocating, so this also bounds the waste per buffer.
+/// alignments above their native one by over-allocating, so this also bounds the waste of a buffer
+/// made by a `*_aligned*` constructor; the other constructors ask for `align_of::<T>()`, which is
+/// not checked against it (a `T` aligned above it over-allocates by up to its alignment).
 pub const MAX_ALIGNMENT: usize = 64 * 1024;
 
 /// Checks a requested alignment: a power of two, at most [`MAX_ALIGNMENT`].
@@ -135,16 +137,17 @@ impl<T> DeviceBuffer<T> {
         let bytes = len
             .checked_mul(size_of::<T>())
             .ok_or(crate::Error::SizeOverflow { count: len, elem_size: size_of::<T>() })?;
+        // Checked for empty buffers too: an empty buffer still frees and orders on `stream`.
+        if resource.context() != stream.context() {
+            return Err(crate::Error::WrongDevice {
+                expected: resource.context().device().ordinal() as i32,
+                actual: stream.context().device().ordinal() as i32,
+            });
+        }
         let (alloc, layout) = if bytes == 0 {
             (Allocation::from_ptr(0), None)
         } else {
             let layout = AllocLayout::new(bytes, align)?;
-            if resource.context() != stream.context() {
-                return Err(crate::Error::WrongDevice {
-                    expected: resource.context().device().ordinal() as i32,
-                    actual: stream.context().device().ordinal() as i32,
-                });
-            }
             (resource.allocate(layout, stream)?, Some(layout))
         };
         Ok(DeviceBuffer {

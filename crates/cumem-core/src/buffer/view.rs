@@ -144,8 +144,13 @@ pub(crate) fn read_to_vec<T: AnyBitPattern>(
     order: &StreamOrder,
     ctx: &Context,
 ) -> Result<Vec<T>> {
-    let mut out = Vec::<T>::with_capacity(len);
     let bytes = len * size_of::<T>();
+    let mut out = Vec::<T>::new();
+    // Reserved fallibly: a view larger than the host can hold is an error, not an abort.
+    out.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
+        ctx: cumem_sys::ErrorContext::op("read_to_vec: host Vec").bytes(bytes),
+        report: None,
+    })?;
     if bytes > 0 {
         // Synchronous copies run on the legacy stream and are complete on return.
         let legacy = Stream::legacy(ctx);

@@ -1,0 +1,105 @@
+//! A device's first allocation makes its default resource; what that logs (here: a pool named by
+//! `CUMEM_ALLOCATOR` in a program without `cumem-pool`, or an unknown allocator) reaches a subscriber that may itself look
+//! a current resource up, and must not wait for a lock its own thread holds.
+//!
+//! Each warning is logged once per process, so the check runs in a child process of its own.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cumem_core::{Device, DeviceBuffer, Stream};
+use cumem_sys::testing;
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+const CHILD: &str = "CUMEM_TEST_DEFAULT_LOGGING_CHILD";
+
+/// Looks device 0's current resource up inside every warning, as a subscriber that reports
+/// memory use might.
+struct LooksUp {
+    looked_up: AtomicBool,
+}
+
+impl Subscriber for LooksUp {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        if *event.metadata().level() == tracing::Level::WARN && !self.looked_up.swap(true, Ordering::SeqCst) {
+            let device = Device::get(0).unwrap();
+            cumem_core::current_resource(&device).unwrap();
+        }
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+/// The child's half: the first allocation of device 0, with the subscriber above.
+#[test]
+fn logging_child() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    testing::init();
+    let subscriber = std::sync::Arc::new(LooksUp { looked_up: AtomicBool::new(false) });
+    tracing::subscriber::with_default(subscriber.clone(), || {
+        let ctx = Device::get(0).unwrap().context().unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let buf = DeviceBuffer::from_slice(&stream, &[5u32; 64]).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), [5; 64]);
+    });
+    assert!(subscriber.looked_up.load(Ordering::SeqCst), "no warning was logged");
+}
+
+#[test]
+fn a_subscriber_that_looks_up_a_resource_inside_the_pool_not_linked_warning_does_not_hang() {
+    if std::env::var_os(CHILD).is_none() {
+        run_child("caching");
+    }
+}
+
+#[test]
+fn a_subscriber_that_looks_up_a_resource_inside_the_unknown_allocator_warning_does_not_hang() {
+    if std::env::var_os(CHILD).is_none() {
+        run_child("bogus");
+    }
+}
+
+/// Runs [`logging_child`] with `CUMEM_ALLOCATOR` set to `allocator`.
+fn run_child(allocator: &str) {
+    testing::init();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "logging_child", "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1")
+        .env(cumem_core::ALLOCATOR_ENV, allocator)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Watchdog: a deadlock shows as a child that never exits.
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            child.kill().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = child.wait_with_output().unwrap();
+    let log =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(
+        status.is_some(),
+        "the first allocation hung: the subscriber waited for the registry's lock\n{log}"
+    );
+    assert!(status.unwrap().success(), "{log}");
+    assert!(log.contains("1 passed"), "the child ran no test:\n{log}");
+}
