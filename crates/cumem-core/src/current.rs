@@ -256,7 +256,12 @@ pub(crate) fn current_for(ctx: &Context) -> Result<Arc<dyn DeviceResource>> {
     // the lock its own thread holds. Two threads' first allocations may both make one; the first
     // installed is the one both use, so they still share one pool.
     default_allocator();
-    let made = make_default(ctx)?;
+    let made = match make_default(ctx) {
+        Ok(made) => made,
+        // Another thread may have installed one meanwhile (a `set_current_resource`, or a first
+        // use whose factory succeeded): that one serves this allocation too.
+        Err(e) => return CURRENT.read().get(i).cloned().flatten().ok_or(e),
+    };
     release_at_exit();
     let mut slots = change_slots();
     if let Some(Some(installed)) = slots.get(i) {

@@ -73,12 +73,16 @@ fn a_subscriber_that_looks_up_a_resource_inside_the_unknown_allocator_warning_do
 /// Runs [`logging_child`] with `CUMEM_ALLOCATOR` set to `allocator`.
 fn run_child(allocator: &str) {
     testing::init();
+    let path = std::env::temp_dir().join(format!("cumem-default-logging-{}-{allocator}", std::process::id()));
+    let out = std::fs::File::create(&path).unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "logging_child", "--test-threads=1", "--nocapture"])
         .env(CHILD, "1")
         .env(cumem_core::ALLOCATOR_ENV, allocator)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        // Files, not pipes: a child that writes more than a pipe holds would block on it and
+        // look hung.
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
         .spawn()
         .unwrap();
     // Watchdog: a deadlock shows as a child that never exits.
@@ -93,9 +97,9 @@ fn run_child(allocator: &str) {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let output = child.wait_with_output().unwrap();
-    let log =
-        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    child.wait().unwrap();
+    let log = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
+    let _ = std::fs::remove_file(&path);
     assert!(
         status.is_some(),
         "the first allocation hung: the subscriber waited for the registry's lock\n{log}"
