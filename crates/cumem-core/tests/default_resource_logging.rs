@@ -9,35 +9,9 @@ use std::time::{Duration, Instant};
 
 use cumem_core::{Device, DeviceBuffer, Stream};
 use cumem_sys::testing;
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Metadata, Subscriber};
+use tracing::Event;
 
 const CHILD: &str = "CUMEM_TEST_DEFAULT_LOGGING_CHILD";
-
-/// Looks device 0's current resource up inside every warning, as a subscriber that reports
-/// memory use might.
-struct LooksUp {
-    looked_up: AtomicBool,
-}
-
-impl Subscriber for LooksUp {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        if *event.metadata().level() == tracing::Level::WARN && !self.looked_up.swap(true, Ordering::SeqCst) {
-            let device = Device::get(0).unwrap();
-            cumem_core::current_resource(&device).unwrap();
-        }
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
 
 /// The child's half: the first allocation of device 0, with the subscriber above.
 #[test]
@@ -46,14 +20,23 @@ fn logging_child() {
         return;
     }
     testing::init();
-    let subscriber = std::sync::Arc::new(LooksUp { looked_up: AtomicBool::new(false) });
-    tracing::subscriber::with_default(subscriber.clone(), || {
+    // Looks device 0's current resource up inside the first warning, as a subscriber that reports
+    // memory use might.
+    let looked_up = std::sync::Arc::new(AtomicBool::new(false));
+    let seen = looked_up.clone();
+    let subscriber = testing::OnEvent(move |event: &Event<'_>| {
+        if *event.metadata().level() == tracing::Level::WARN && !seen.swap(true, Ordering::SeqCst) {
+            let device = Device::get(0).unwrap();
+            cumem_core::current_resource(&device).unwrap();
+        }
+    });
+    tracing::subscriber::with_default(subscriber, || {
         let ctx = Device::get(0).unwrap().context().unwrap();
         let stream = Stream::new(&ctx).unwrap();
         let buf = DeviceBuffer::from_slice(&stream, &[5u32; 64]).unwrap();
         assert_eq!(buf.to_vec().unwrap(), [5; 64]);
     });
-    assert!(subscriber.looked_up.load(Ordering::SeqCst), "no warning was logged");
+    assert!(looked_up.load(Ordering::SeqCst), "no warning was logged");
 }
 
 #[test]

@@ -10,11 +10,10 @@ use cumem_core::{Context, Device};
 use cumem_peer::PeerAccess;
 use cumem_sys::sim_control::FaultRule;
 use cumem_sys::sys::{self, CUresult};
-use cumem_sys::testing::{self, within_watchdog};
+use cumem_sys::testing::{self, OnEvent, within_watchdog};
 use serial_test::serial;
 use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Level, Metadata, Subscriber};
+use tracing::{Event, Level};
 
 const SIM: &str = "devices=2,peer=0-1";
 
@@ -69,25 +68,6 @@ impl AsksRegistry {
             this.seen.lock().unwrap().push(Seen { level: *event.metadata().level(), fields, enabled });
         })
     }
-}
-
-/// A subscriber that hands every event to its function and has no spans.
-struct OnEvent<F>(F);
-
-impl<F: Fn(&Event<'_>) + 'static> Subscriber for OnEvent<F> {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        (self.0)(event)
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
 }
 
 /// The primary contexts of devices 0 and 1, or `None` (with a message) when they have no link.

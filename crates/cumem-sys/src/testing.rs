@@ -30,8 +30,10 @@ use crate::sys;
 #[cfg(unix)]
 pub mod child_process;
 mod deadline;
+mod events;
 mod skip;
 pub use deadline::{DEADLOCK_WATCHDOG, within_watchdog};
+pub use events::{OnEvent, event_message};
 pub use skip::{SKIP_LOG_ENV, device_count, needs_devices, skip};
 
 /// The simulator configuration every test process starts from: the leak check at exit (and the

@@ -14,10 +14,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use cumem_sys::driver::{self, DRIVER_ENV, DriverChoice};
+use cumem_sys::testing::{OnEvent, event_message};
 use cumem_sys::{Error, testing};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Level, Metadata, Subscriber};
+use tracing::{Event, Level};
 
 /// Set in a child process, to the case it runs.
 const CHILD_ENV: &str = "CUMEM_TEST_FINAL_AFTER_CUINIT";
@@ -83,32 +82,14 @@ fn is_child(case: &str) -> bool {
 #[derive(Clone, Default)]
 struct Events(Arc<Mutex<Vec<(Level, String)>>>);
 
-struct Message<'a>(&'a mut String);
-
-impl Visit for Message<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            *self.0 = format!("{value:?}");
-        }
+impl Events {
+    /// A subscriber that records every event here.
+    fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+        let seen = self.0.clone();
+        OnEvent(move |event: &Event<'_>| {
+            seen.lock().unwrap().push((*event.metadata().level(), event_message(event)))
+        })
     }
-}
-
-impl Subscriber for Events {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        let mut message = String::new();
-        event.record(&mut Message(&mut message));
-        self.0.lock().unwrap().push((*event.metadata().level(), message));
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
 }
 
 #[test]
@@ -135,7 +116,8 @@ fn child_real() {
         return;
     }
     let events = Events::default();
-    let failed = tracing::subscriber::with_default(events.clone(), || driver::select(DriverChoice::Real));
+    let failed =
+        tracing::subscriber::with_default(events.subscriber(), || driver::select(DriverChoice::Real));
     assert!(matches!(&failed, Err(Error::NoDevice { ctx }) if ctx.op == "cuInit"), "{failed:?}");
     let seen = events.0.lock().unwrap().clone();
     assert!(
@@ -155,7 +137,7 @@ fn child_auto() {
         return;
     }
     let events = Events::default();
-    let first = tracing::subscriber::with_default(events.clone(), || {
+    let first = tracing::subscriber::with_default(events.subscriber(), || {
         driver::select_with_sim_config(DriverChoice::Auto, Some("no_such_key=1"))
     });
     let first = first.expect_err("the simulator's configuration is refused");
@@ -163,7 +145,7 @@ fn child_auto() {
     assert_eq!(driver::current(), None);
 
     // A configuration the simulator takes changes nothing now: the failure was final.
-    let again = tracing::subscriber::with_default(events.clone(), || {
+    let again = tracing::subscriber::with_default(events.subscriber(), || {
         driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
     });
     assert_eq!(again.map_err(|e| e.to_string()), Err(first.to_string()));

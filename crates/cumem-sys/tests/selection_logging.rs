@@ -6,10 +6,8 @@
 use std::sync::{Arc, Mutex};
 
 use cumem_sys::driver::{self, DriverChoice, DriverKind};
-use cumem_sys::testing::{self, within_watchdog};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Level, Metadata, Subscriber};
+use cumem_sys::testing::{self, OnEvent, event_message, within_watchdog};
+use tracing::{Event, Level};
 
 /// One event: its level, its message, and what `driver::init()` answered from inside it.
 #[derive(Debug, Clone)]
@@ -22,33 +20,19 @@ struct Seen {
 #[derive(Clone, Default)]
 struct CallsInit(Arc<Mutex<Vec<Seen>>>);
 
-struct Message<'a>(&'a mut String);
-
-impl Visit for Message<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            *self.0 = format!("{value:?}");
-        }
+impl CallsInit {
+    /// A subscriber that records every event here, with what `driver::init()` answered inside it.
+    fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+        let seen = self.0.clone();
+        OnEvent(move |event: &Event<'_>| {
+            let init = driver::init().ok();
+            seen.lock().unwrap().push(Seen {
+                level: *event.metadata().level(),
+                message: event_message(event),
+                init,
+            });
+        })
     }
-}
-
-impl Subscriber for CallsInit {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        let init = driver::init().ok();
-        let mut message = String::new();
-        event.record(&mut Message(&mut message));
-        self.0.lock().unwrap().push(Seen { level: *event.metadata().level(), message, init });
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
 }
 
 #[test]
@@ -59,7 +43,7 @@ fn a_subscriber_calling_init_during_selection_gets_the_driver_in_use() {
         // there is none. The events come once the selection is made, and `init()` reads
         // `CUMEM_DRIVER` only while none is, so on a GPU machine with `CUMEM_DRIVER=sim` this
         // selects the real driver and `init()` answers it too.
-        let kind = tracing::subscriber::with_default(subscriber.clone(), || {
+        let kind = tracing::subscriber::with_default(subscriber.subscriber(), || {
             driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
         })
         .unwrap();

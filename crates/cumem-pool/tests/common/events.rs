@@ -5,20 +5,9 @@
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
-/// The message of an event.
-pub fn message(event: &tracing::Event<'_>) -> String {
-    struct Message(String);
-    impl tracing::field::Visit for Message {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "message" {
-                self.0 = format!("{value:?}");
-            }
-        }
-    }
-    let mut m = Message(String::new());
-    event.record(&mut m);
-    m.0
-}
+// Not every test binary that includes this module watches events.
+#[allow(unused_imports)]
+pub use cumem_sys::testing::event_message as message;
 
 /// A tracing layer that calls its function with every event's message.
 pub struct OnEvent<F>(pub F);
