@@ -943,6 +943,52 @@ fn a_later_reader_restores_a_stranded_attachment(#[values(false, true)] single: 
     assert_device_reads_go_on(&stream, &buf, &mut dst, &data, "device work goes on once restored");
 }
 
+/// A scoped access whose wait for the host attachment fails (an injected failure of that
+/// `cuStreamSynchronize`) and whose restore fails too (every attach from the second on) logs the
+/// failed restore with the buffer's `visits` lock let go: a subscriber that reads the buffer from
+/// inside the warning (which locks it again, on the same thread) gets an answer instead of hanging
+/// the thread. Under a watchdog, since the bug hangs rather than fails.
+#[rstest]
+#[parallel]
+fn a_failed_restore_is_logged_to_a_subscriber_that_reads_the_buffer(#[values(false, true)] single: bool) {
+    use std::sync::{Arc, Mutex};
+    testing::within_watchdog(
+        "a scoped read whose restore fails, with a subscriber reading the buffer",
+        move || {
+            let Some(Setup { ctl, data, buf, .. }) = setup(single, INJECTS) else { return };
+            let buf = Arc::new(buf);
+            // The wait for the host attachment: the one before the restore's, the last of an access.
+            let ((), _, syncs) = counted(&ctl, || assert_eq!(buf.to_vec().unwrap(), data));
+            let inner: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+            let subscriber = {
+                let (buf, inner) = (Arc::clone(&buf), Arc::clone(&inner));
+                testing::OnEvent(move |event: &tracing::Event<'_>| {
+                    let message = testing::event_message(event);
+                    if message.contains("restoring") {
+                        // Every attach fails on this thread: the read is refused, not hung.
+                        let read = buf.to_vec();
+                        inner.lock().unwrap().push((message, read.is_err_and(|e| is_unknown(&e))));
+                    }
+                })
+            };
+            let waits = fail_once(&ctl, "cuStreamSynchronize", syncs - 1);
+            let attaches = fail_from(&ctl, "cuStreamAttachMemAsync", 2);
+            let mut ran = false;
+            let result =
+                tracing::subscriber::with_default(subscriber, || buf.with_host_slice(|_| ran = true));
+            ctl.remove_fault(attaches);
+            ctl.remove_fault(waits);
+            assert!(result.is_err_and(|e| is_unknown(&e)), "the wait's error");
+            assert!(!ran, "the closure must not run without the host attachment");
+            let inner = inner.lock().unwrap().clone();
+            assert_eq!(inner.len(), 1, "one failed restore logged: {inner:?}");
+            assert!(inner[0].1, "the read inside the event failed to attach: {inner:?}");
+            // Stranded, and a later reader restores the attachment.
+            assert_eq!(buf.to_vec().unwrap(), data);
+        },
+    );
+}
+
 /// Memory attached globally is attached to the host and back on a private non-blocking stream: a
 /// scoped access waits for the buffer's own work (last on another stream), but not for unrelated
 /// work held on the stream the buffer was allocated on, nor on the legacy stream (held here with a
