@@ -723,7 +723,9 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// Queues migrating the whole buffer to `to` on `stream`, in order after the work that uses it.
-    /// The stream's device (and a device destination) need concurrent managed access.
+    /// The stream's device (and a device destination) need concurrent managed access. A prefetch
+    /// changes no data: exclusive host access and [`UnifiedBuffer::wait_idle`] wait for it, shared
+    /// host reads do not (see [`PrefetchPlan`](crate::PrefetchPlan)).
     pub fn prefetch(&self, to: Location, stream: &Stream) -> Result<()> {
         crate::PrefetchPlan::new().with(self, to).execute(stream)
     }

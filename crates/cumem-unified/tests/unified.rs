@@ -176,7 +176,7 @@ fn every_migration_policy_reads_back_as_the_location_it_names() {
 
 #[test]
 #[serial]
-fn prefetch_plans_run_on_a_stream_and_host_access_waits_for_them() {
+fn prefetch_plans_run_on_a_stream() {
     let (device, _, stream) = full();
     let data = pattern(GRANULE_U32);
     let a = UnifiedBuffer::from_slice(&stream, &data).unwrap();
@@ -197,6 +197,52 @@ fn prefetch_plans_run_on_a_stream_and_host_access_waits_for_them() {
     stream.synchronize().unwrap();
     assert_eq!(a.attributes().unwrap().last_prefetch_location, Some(Location::Host));
     b.prefetch_range(..1, Location::Device(device), &stream).unwrap();
+}
+
+/// Opens `gate` from another thread after 100 ms, having set the returned flag first: a call that
+/// returns with the flag set waited for the held stream (a call that did not wait returns at once).
+fn open_later(gate: Gate) -> (std::sync::Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<()>) {
+    let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&opened);
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        gate.release();
+    });
+    (opened, opener)
+}
+
+/// A prefetch changes no data, so on a device with concurrent managed access shared host reads
+/// (`as_slice`, `to_vec`, `with_host_slice`) do not wait for it (a wait would hold until the
+/// gate's deadline, which fails `release`), while exclusive host access (`as_mut_slice`) and
+/// `wait_idle` do: they return only after the gate in front of the prefetch has opened.
+#[test]
+#[serial] // holds a gate
+fn shared_reads_do_not_wait_for_a_prefetch_exclusive_access_and_wait_idle_do() {
+    use std::sync::atomic::Ordering;
+    let (device, _, stream) = full();
+    let data = pattern(4096);
+    let mut buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+    stream.context().bind().unwrap();
+    // SAFETY: `stream` is alive (borrowed), its context was just made current; the test is
+    // #[serial].
+    let gate = unsafe { testing::hold_for(stream.raw(), std::time::Duration::from_secs(10)) };
+    buf.prefetch(Location::Device(device), &stream).unwrap();
+    assert_eq!(buf.as_slice().unwrap(), &data[..]);
+    assert_eq!(buf.to_vec().unwrap(), data);
+    buf.with_host_slice(|host| assert_eq!(host, &data[..])).unwrap();
+    let (opened, opener) = open_later(gate);
+    buf.wait_idle().unwrap();
+    assert!(opened.load(Ordering::SeqCst), "wait_idle returned before the prefetch ran");
+    opener.join().unwrap();
+    let gate = hold(&stream);
+    buf.prefetch(Location::Host, &stream).unwrap();
+    let (opened, opener) = open_later(gate);
+    let host = buf.as_mut_slice().unwrap();
+    assert!(opened.load(Ordering::SeqCst), "as_mut_slice returned before the prefetch ran");
+    host[0] = 7;
+    opener.join().unwrap();
+    assert_eq!(buf.to_vec().unwrap()[..2], [7, data[1]]);
 }
 
 #[test]
