@@ -699,11 +699,31 @@ impl<T> UnifiedBuffer<T> {
 
     /// Applies a migration policy to the whole buffer: removes the read-mostly and preferred-location
     /// hints, then sets the policy's (checked for support before any hint changes).
+    ///
+    /// If a driver call fails, its error is returned and the hints of the policy in effect before
+    /// ([`UnifiedBuffer::policy`], which still names it) are set again (a hint set with
+    /// [`UnifiedBuffer::advise`] outside a policy stays removed). Should that fail too, both
+    /// hints are removed once more and the policy becomes [`MigrationPolicy::OnDemand`] (no hints);
+    /// only if even that fails does [`UnifiedBuffer::policy`] name a policy whose hints may be in
+    /// effect only in part ([`UnifiedBuffer::attributes`] reads back what is).
     pub fn set_policy(&self, policy: MigrationPolicy) -> Result<()> {
         if let Some(l) = policy.preferred_location() {
             l.require_concurrent()?;
         }
         let mut current = self.policy.lock();
+        if let Err(e) = self.apply_policy(policy) {
+            // Back to a state `policy()` names truly; the first error is the one worth returning.
+            if self.apply_policy(*current).is_err() && self.apply_policy(MigrationPolicy::OnDemand).is_ok() {
+                *current = MigrationPolicy::OnDemand;
+            }
+            return Err(e);
+        }
+        *current = policy;
+        Ok(())
+    }
+
+    /// Removes the read-mostly and preferred-location hints, then sets `policy`'s.
+    fn apply_policy(&self, policy: MigrationPolicy) -> Result<()> {
         self.unadvise(Advice::ReadMostly)?;
         self.unadvise(Advice::PreferredLocation(Location::Host))?;
         if policy.read_mostly() {
@@ -712,7 +732,6 @@ impl<T> UnifiedBuffer<T> {
         if let Some(l) = policy.preferred_location() {
             self.advise(Advice::PreferredLocation(l))?;
         }
-        *current = policy;
         Ok(())
     }
 

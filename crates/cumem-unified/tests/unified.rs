@@ -174,6 +174,29 @@ fn every_migration_policy_reads_back_as_the_location_it_names() {
     assert_eq!(MigrationPolicy::PreferHost.preferred_location(), Some(Location::Host));
 }
 
+/// A policy change whose last hint fails to be set (an injected failure of the third advise call:
+/// after both hints were removed) returns the error and puts the previous policy's hints back:
+/// `policy()` and the hints read back both still name the previous policy.
+#[test]
+#[serial]
+fn a_policy_change_that_fails_keeps_the_previous_policy() {
+    let (_, _, stream) = full();
+    let Some(ctl) = testing::sim_control() else { return testing::skip(INJECTS) };
+    let buf = UnifiedBuffer::<f32>::zeroed(&stream, GRANULE_U32).unwrap();
+    buf.set_policy(MigrationPolicy::PreferHost).unwrap();
+    // Remove the old hints (two calls), set read-mostly (the third, failed).
+    let rules = ["cuMemAdvise", "cuMemAdvise_v2"].map(|f| fail_once(&ctl, f, 3));
+    let result = buf.set_policy(MigrationPolicy::ReadMostly);
+    rules.into_iter().for_each(|r| ctl.remove_fault(r));
+    assert!(result.is_err_and(|e| is_unknown(&e)), "the driver's error");
+    assert_eq!(buf.policy(), MigrationPolicy::PreferHost);
+    let a = buf.attributes().unwrap();
+    assert_eq!((a.preferred_location, a.read_mostly), (Some(Location::Host), false), "{a:?}");
+    buf.set_policy(MigrationPolicy::ReadMostly).unwrap();
+    let a = buf.attributes().unwrap();
+    assert_eq!((a.preferred_location, a.read_mostly), (None, true), "{a:?}");
+}
+
 #[test]
 #[serial]
 fn prefetch_plans_run_on_a_stream() {
