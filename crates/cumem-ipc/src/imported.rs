@@ -170,6 +170,9 @@ impl<T> Drop for ImportedBuffer<T> {
         match std::mem::replace(&mut self.source, Source::Leaked) {
             Source::Leaked => {}
             Source::IpcHandle(ticket) => {
+                // Released before the close, with no tombstone: the driver counts opens, so an
+                // open of the allocation that races with the close keeps its own reference
+                // (see `live_imports::release`).
                 live_imports::release(ticket);
                 // SAFETY: `base` came from `mem_open`, is closed only here, and no view outlives
                 // `self`.

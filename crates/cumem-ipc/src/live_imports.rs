@@ -177,6 +177,18 @@ pub(crate) fn place(ticket: &LegacyTicket, base: CUdeviceptr) -> bool {
 
 /// Forgets `ticket`'s import, before it is closed: the driver counts opens, so an open racing with
 /// the close keeps the mapping alive.
+///
+/// No tombstone is kept while the close runs (unlike a pool pointer's free, see the module docs),
+/// and none is needed: an open in the import's context that the driver answers with its mapping,
+/// through the same bytes or through differing bytes of the same allocation, before the close,
+/// holds one more reference (driver-api.md §12; the simulator counts the same), so the close only
+/// takes back the closing import's and the mapping stays with the new one ([`place`] claims it
+/// like any other); one answered after the close gets a mapping of its own. An open in another
+/// context maps elsewhere, which the close does not touch. The closing import lends no view any
+/// more (its drop has `&mut self`), so the two never overlap in safe code. A tombstone would not
+/// protect more: were such opens not counted, the refused open in [`place`]'s caller, closed once,
+/// would unmap the live import as well, and waiting for the tombstone would accept an answer
+/// that the close had unmapped.
 pub(crate) fn release(ticket: LegacyTicket) {
     legacy().claims.remove(&ticket.0);
 }

@@ -366,19 +366,21 @@ impl<T> UnifiedBuffer<T> {
     /// If it fails, the memory is left stranded: device work through the buffer is refused (an
     /// open-ended exclusion, which needs no ticket to be held: the caller's scoped exclusion
     /// keeps them out) until a later restore succeeds and an exclusive access lifts it.
-    fn restore_or_strand(&self, visits: &mut Visits) -> Result<()> {
+    ///
+    /// Called under the `visits` lock, so it logs nothing: a subscriber may use the buffer from
+    /// inside the event (a scoped read locks `visits` again, on this thread). The caller logs what
+    /// the returned [`Stranded`] holds once the lock is let go.
+    fn restore_or_strand(&self, visits: &mut Visits) -> std::result::Result<(), Box<Stranded>> {
         match self.restore_attachment() {
             Ok(()) => {
                 visits.stranded = false;
                 Ok(())
             }
-            Err(e) => {
+            Err(error) => {
                 visits.stranded = true;
                 // The exclusion begins before this wait (and stays if the wait fails).
-                if let Err(wait) = self.access.wait_writes() {
-                    tracing::warn!(error = %wait, "waiting for device work on a stranded unified buffer failed");
-                }
-                Err(e)
+                let wait = self.access.wait_writes().err();
+                Err(Box::new(Stranded { error, wait }))
             }
         }
     }
@@ -697,11 +699,31 @@ impl<T> UnifiedBuffer<T> {
 
     /// Applies a migration policy to the whole buffer: removes the read-mostly and preferred-location
     /// hints, then sets the policy's (checked for support before any hint changes).
+    ///
+    /// If a driver call fails, its error is returned and the hints of the policy in effect before
+    /// ([`UnifiedBuffer::policy`], which still names it) are set again (a hint set with
+    /// [`UnifiedBuffer::advise`] outside a policy stays removed). Should that fail too, both
+    /// hints are removed once more and the policy becomes [`MigrationPolicy::OnDemand`] (no hints);
+    /// only if even that fails does [`UnifiedBuffer::policy`] name a policy whose hints may be in
+    /// effect only in part ([`UnifiedBuffer::attributes`] reads back what is).
     pub fn set_policy(&self, policy: MigrationPolicy) -> Result<()> {
         if let Some(l) = policy.preferred_location() {
             l.require_concurrent()?;
         }
         let mut current = self.policy.lock();
+        if let Err(e) = self.apply_policy(policy) {
+            // Back to a state `policy()` names truly; the first error is the one worth returning.
+            if self.apply_policy(*current).is_err() && self.apply_policy(MigrationPolicy::OnDemand).is_ok() {
+                *current = MigrationPolicy::OnDemand;
+            }
+            return Err(e);
+        }
+        *current = policy;
+        Ok(())
+    }
+
+    /// Removes the read-mostly and preferred-location hints, then sets `policy`'s.
+    fn apply_policy(&self, policy: MigrationPolicy) -> Result<()> {
         self.unadvise(Advice::ReadMostly)?;
         self.unadvise(Advice::PreferredLocation(Location::Host))?;
         if policy.read_mostly() {
@@ -710,7 +732,6 @@ impl<T> UnifiedBuffer<T> {
         if let Some(l) = policy.preferred_location() {
             self.advise(Advice::PreferredLocation(l))?;
         }
-        *current = policy;
         Ok(())
     }
 
@@ -721,7 +742,9 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// Queues migrating the whole buffer to `to` on `stream`, in order after the work that uses it.
-    /// The stream's device (and a device destination) need concurrent managed access.
+    /// The stream's device (and a device destination) need concurrent managed access. A prefetch
+    /// changes no data: exclusive host access and [`UnifiedBuffer::wait_idle`] wait for it, shared
+    /// host reads do not (see [`PrefetchPlan`](crate::PrefetchPlan)).
     pub fn prefetch(&self, to: Location, stream: &Stream) -> Result<()> {
         crate::PrefetchPlan::new().with(self, to).execute(stream)
     }
@@ -794,8 +817,11 @@ impl<'a, T> Visit<'a, T> {
             // The stream exists: the attach above was queued on it.
             if let Err(e) = buf.visit_stream().and_then(Stream::synchronize) {
                 // The host attachment is queued and may take effect: queue the user's again.
-                if let Err(restore) = buf.restore_or_strand(&mut visits) {
-                    tracing::warn!(error = %restore, "restoring a unified buffer's attachment failed; its device work is refused");
+                let restore = buf.restore_or_strand(&mut visits);
+                // Logged without the lock (see `restore_or_strand`).
+                drop(visits);
+                if let Err(stranded) = restore {
+                    stranded.log();
                 }
                 return Err(e);
             }
@@ -823,11 +849,44 @@ impl<T> Drop for Visit<'_, T> {
 }
 
 impl<T> UnifiedBuffer<T> {
+    /// Counts a scoped access out; the last one restores the attachment. Returns the restore's
+    /// error, after logging (with the `visits` lock let go) a failed wait that came with it.
     fn leave_visit(&self) -> Result<()> {
-        let mut visits = self.visits.lock();
-        visits.inside -= 1;
-        if visits.inside == 0 { self.restore_or_strand(&mut visits) } else { Ok(()) }
+        let restore = {
+            let mut visits = self.visits.lock();
+            visits.inside -= 1;
+            if visits.inside == 0 { self.restore_or_strand(&mut visits) } else { Ok(()) }
+        };
+        restore.map_err(|stranded| {
+            if let Some(wait) = &stranded.wait {
+                log_stranded_wait(wait);
+            }
+            let Stranded { error, .. } = *stranded;
+            error
+        })
     }
+}
+
+/// A failed restore (`UnifiedBuffer::restore_or_strand`): its error, and the error of the wait
+/// for the buffer's device work that followed, if that failed too. Logged or returned by the
+/// caller once the `visits` lock is let go.
+struct Stranded {
+    error: Error,
+    wait: Option<Error>,
+}
+
+impl Stranded {
+    /// Logs both errors (a failed start of a scoped access returns its own error instead).
+    fn log(self) {
+        tracing::warn!(error = %self.error, "restoring a unified buffer's attachment failed; its device work is refused");
+        if let Some(wait) = &self.wait {
+            log_stranded_wait(wait);
+        }
+    }
+}
+
+fn log_stranded_wait(wait: &Error) {
+    tracing::warn!(error = %wait, "waiting for device work on a stranded unified buffer failed");
 }
 
 /// Every unified buffer's tracker is created with a stream order (`alloc`), so views always get one.

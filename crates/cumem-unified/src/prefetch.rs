@@ -3,8 +3,13 @@
 //! Before a phase of work, a program often knows which buffers (or parts of them) the next
 //! processor will touch. A plan collects those ranges and destinations, checks them all (ranges,
 //! devices, capabilities) and only then queues one prefetch per entry, each ordered after the work
-//! that already uses its buffer. Host access to a buffer then waits for its prefetch, like for any
-//! other device work on it.
+//! that already uses its buffer. A prefetch is recorded as a device read of its range: it moves
+//! pages but changes no data, so shared host reads ([`UnifiedBuffer::as_slice`],
+//! [`UnifiedBuffer::with_host_slice`], [`UnifiedBuffer::to_vec`]) need not wait for it and do not,
+//! while exclusive host access ([`UnifiedBuffer::as_mut_slice`],
+//! [`UnifiedBuffer::with_host_slice_mut`]) and [`UnifiedBuffer::wait_idle`] wait for it, like for
+//! any other device work on the buffer. (Prefetching needs concurrent managed access, where host
+//! and device reads may overlap.)
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -111,8 +116,9 @@ impl<'a> PrefetchPlan<'a> {
             if span.bytes == 0 {
                 continue;
             }
-            // A prefetch reads nothing and writes nothing the host can see, but it must not run
-            // before the work that fills the range, and host access should wait for it.
+            // A prefetch changes no data the host can see, but it must not run before the work
+            // that fills the range, and exclusive host access (a write) and `wait_idle` must wait
+            // for it: recorded as a read, which shared host reads need not wait for.
             let _ticket = match span.access.view_order(false) {
                 Some(order) => Some(order.use_on(stream)?),
                 None => None,

@@ -174,9 +174,32 @@ fn every_migration_policy_reads_back_as_the_location_it_names() {
     assert_eq!(MigrationPolicy::PreferHost.preferred_location(), Some(Location::Host));
 }
 
+/// A policy change whose last hint fails to be set (an injected failure of the third advise call:
+/// after both hints were removed) returns the error and puts the previous policy's hints back:
+/// `policy()` and the hints read back both still name the previous policy.
 #[test]
 #[serial]
-fn prefetch_plans_run_on_a_stream_and_host_access_waits_for_them() {
+fn a_policy_change_that_fails_keeps_the_previous_policy() {
+    let (_, _, stream) = full();
+    let Some(ctl) = testing::sim_control() else { return testing::skip(INJECTS) };
+    let buf = UnifiedBuffer::<f32>::zeroed(&stream, GRANULE_U32).unwrap();
+    buf.set_policy(MigrationPolicy::PreferHost).unwrap();
+    // Remove the old hints (two calls), set read-mostly (the third, failed).
+    let rules = ["cuMemAdvise", "cuMemAdvise_v2"].map(|f| fail_once(&ctl, f, 3));
+    let result = buf.set_policy(MigrationPolicy::ReadMostly);
+    rules.into_iter().for_each(|r| ctl.remove_fault(r));
+    assert!(result.is_err_and(|e| is_unknown(&e)), "the driver's error");
+    assert_eq!(buf.policy(), MigrationPolicy::PreferHost);
+    let a = buf.attributes().unwrap();
+    assert_eq!((a.preferred_location, a.read_mostly), (Some(Location::Host), false), "{a:?}");
+    buf.set_policy(MigrationPolicy::ReadMostly).unwrap();
+    let a = buf.attributes().unwrap();
+    assert_eq!((a.preferred_location, a.read_mostly), (None, true), "{a:?}");
+}
+
+#[test]
+#[serial]
+fn prefetch_plans_run_on_a_stream() {
     let (device, _, stream) = full();
     let data = pattern(GRANULE_U32);
     let a = UnifiedBuffer::from_slice(&stream, &data).unwrap();
@@ -197,6 +220,52 @@ fn prefetch_plans_run_on_a_stream_and_host_access_waits_for_them() {
     stream.synchronize().unwrap();
     assert_eq!(a.attributes().unwrap().last_prefetch_location, Some(Location::Host));
     b.prefetch_range(..1, Location::Device(device), &stream).unwrap();
+}
+
+/// Opens `gate` from another thread after 100 ms, having set the returned flag first: a call that
+/// returns with the flag set waited for the held stream (a call that did not wait returns at once).
+fn open_later(gate: Gate) -> (std::sync::Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<()>) {
+    let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&opened);
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        gate.release();
+    });
+    (opened, opener)
+}
+
+/// A prefetch changes no data, so on a device with concurrent managed access shared host reads
+/// (`as_slice`, `to_vec`, `with_host_slice`) do not wait for it (a wait would hold until the
+/// gate's deadline, which fails `release`), while exclusive host access (`as_mut_slice`) and
+/// `wait_idle` do: they return only after the gate in front of the prefetch has opened.
+#[test]
+#[serial] // holds a gate
+fn shared_reads_do_not_wait_for_a_prefetch_exclusive_access_and_wait_idle_do() {
+    use std::sync::atomic::Ordering;
+    let (device, _, stream) = full();
+    let data = pattern(4096);
+    let mut buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+    stream.context().bind().unwrap();
+    // SAFETY: `stream` is alive (borrowed), its context was just made current; the test is
+    // #[serial].
+    let gate = unsafe { testing::hold_for(stream.raw(), std::time::Duration::from_secs(10)) };
+    buf.prefetch(Location::Device(device), &stream).unwrap();
+    assert_eq!(buf.as_slice().unwrap(), &data[..]);
+    assert_eq!(buf.to_vec().unwrap(), data);
+    buf.with_host_slice(|host| assert_eq!(host, &data[..])).unwrap();
+    let (opened, opener) = open_later(gate);
+    buf.wait_idle().unwrap();
+    assert!(opened.load(Ordering::SeqCst), "wait_idle returned before the prefetch ran");
+    opener.join().unwrap();
+    let gate = hold(&stream);
+    buf.prefetch(Location::Host, &stream).unwrap();
+    let (opened, opener) = open_later(gate);
+    let host = buf.as_mut_slice().unwrap();
+    assert!(opened.load(Ordering::SeqCst), "as_mut_slice returned before the prefetch ran");
+    host[0] = 7;
+    opener.join().unwrap();
+    assert_eq!(buf.to_vec().unwrap()[..2], [7, data[1]]);
 }
 
 #[test]
@@ -941,6 +1010,52 @@ fn a_later_reader_restores_a_stranded_attachment(#[values(false, true)] single: 
     let ((), attaches, _) = counted(&ctl, || buf.end_host_reads());
     assert_eq!(attaches, 0, "the reader restored the attachment");
     assert_device_reads_go_on(&stream, &buf, &mut dst, &data, "device work goes on once restored");
+}
+
+/// A scoped access whose wait for the host attachment fails (an injected failure of that
+/// `cuStreamSynchronize`) and whose restore fails too (every attach from the second on) logs the
+/// failed restore with the buffer's `visits` lock let go: a subscriber that reads the buffer from
+/// inside the warning (which locks it again, on the same thread) gets an answer instead of hanging
+/// the thread. Under a watchdog, since the bug hangs rather than fails.
+#[rstest]
+#[parallel]
+fn a_failed_restore_is_logged_to_a_subscriber_that_reads_the_buffer(#[values(false, true)] single: bool) {
+    use std::sync::{Arc, Mutex};
+    testing::within_watchdog(
+        "a scoped read whose restore fails, with a subscriber reading the buffer",
+        move || {
+            let Some(Setup { ctl, data, buf, .. }) = setup(single, INJECTS) else { return };
+            let buf = Arc::new(buf);
+            // The wait for the host attachment: the one before the restore's, the last of an access.
+            let ((), _, syncs) = counted(&ctl, || assert_eq!(buf.to_vec().unwrap(), data));
+            let inner: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+            let subscriber = {
+                let (buf, inner) = (Arc::clone(&buf), Arc::clone(&inner));
+                testing::OnEvent(move |event: &tracing::Event<'_>| {
+                    let message = testing::event_message(event);
+                    if message.contains("restoring") {
+                        // Every attach fails on this thread: the read is refused, not hung.
+                        let read = buf.to_vec();
+                        inner.lock().unwrap().push((message, read.is_err_and(|e| is_unknown(&e))));
+                    }
+                })
+            };
+            let waits = fail_once(&ctl, "cuStreamSynchronize", syncs - 1);
+            let attaches = fail_from(&ctl, "cuStreamAttachMemAsync", 2);
+            let mut ran = false;
+            let result =
+                tracing::subscriber::with_default(subscriber, || buf.with_host_slice(|_| ran = true));
+            ctl.remove_fault(attaches);
+            ctl.remove_fault(waits);
+            assert!(result.is_err_and(|e| is_unknown(&e)), "the wait's error");
+            assert!(!ran, "the closure must not run without the host attachment");
+            let inner = inner.lock().unwrap().clone();
+            assert_eq!(inner.len(), 1, "one failed restore logged: {inner:?}");
+            assert!(inner[0].1, "the read inside the event failed to attach: {inner:?}");
+            // Stranded, and a later reader restores the attachment.
+            assert_eq!(buf.to_vec().unwrap(), data);
+        },
+    );
 }
 
 /// Memory attached globally is attached to the host and back on a private non-blocking stream: a
