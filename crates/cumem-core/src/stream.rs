@@ -302,7 +302,7 @@ impl Stream {
 
     /// Records a new (untimed) event after everything queued so far.
     pub fn record(&self) -> Result<Event> {
-        let event = Event::new(&self.inner.ctx)?;
+        let mut event = Event::new(&self.inner.ctx)?;
         event.record(self)?;
         Ok(event)
     }

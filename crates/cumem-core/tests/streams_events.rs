@@ -56,7 +56,7 @@ fn dropping_a_stream_destroys_it() {
 fn events_record_query_and_synchronize() {
     let ctx = ctx();
     let stream = Stream::new(&ctx).unwrap();
-    let e = Event::new(&ctx).unwrap();
+    let mut e = Event::new(&ctx).unwrap();
     assert!(e.query().unwrap(), "a never-recorded event is complete");
     let _buf = DeviceBuffer::<u8>::zeroed(&stream, 1 << 20).unwrap();
     e.record(&stream).unwrap();
@@ -72,14 +72,14 @@ fn events_record_query_and_synchronize() {
 fn elapsed_time_needs_timed_recorded_events() {
     let ctx = ctx();
     let stream = Stream::new(&ctx).unwrap();
-    let (start, end) = (Event::timed(&ctx).unwrap(), Event::timed(&ctx).unwrap());
+    let (mut start, mut end) = (Event::timed(&ctx).unwrap(), Event::timed(&ctx).unwrap());
     start.record(&stream).unwrap();
     let _buf = DeviceBuffer::<u8>::zeroed(&stream, 1 << 20).unwrap();
     end.record(&stream).unwrap();
     end.synchronize().unwrap();
     let d = end.elapsed_since(&start).unwrap();
     assert!(d.as_secs_f64() >= 0.0 && d.as_secs_f64() < 60.0);
-    let untimed = Event::new(&ctx).unwrap();
+    let mut untimed = Event::new(&ctx).unwrap();
     untimed.record(&stream).unwrap();
     assert!(matches!(end.elapsed_since(&untimed), Err(Error::InvalidHandle { .. })));
     let never = Event::timed(&ctx).unwrap();
@@ -94,7 +94,7 @@ fn recording_on_another_devices_stream_is_wrong_device() {
         return;
     }
     let other = Device::get(1).unwrap().context().unwrap();
-    let e = Event::new(&ctx).unwrap();
+    let mut e = Event::new(&ctx).unwrap();
     let s = Stream::new(&other).unwrap();
     assert!(matches!(e.record(&s), Err(Error::WrongDevice { expected: 0, actual: 1 })));
 }
