@@ -149,17 +149,10 @@ impl StreamTail {
 
     /// Blocks until all the stream's work queued so far (if dropped: ever) has completed.
     pub fn synchronize(&self) -> Result<()> {
-        let retired = {
-            let st = self.state.lock();
-            if let Some(raw) = st.raw {
-                // Held while waiting: the stream's drop waits for the lock rather than destroying
-                // the handle under this call.
-                self.ctx.bind()?;
-                return ffi::stream_synchronize(raw.0);
-            }
-            st.retired.clone()
-        };
-        match retired {
+        // The wait happens with the tail unlocked: an event recorded under the lock (so the stream
+        // is not destroyed meanwhile) stands for the work, and the stream's drop, `is_alive` and
+        // `after_work` on other threads need not wait for the stream's work to finish.
+        match self.after_work()? {
             Some(event) => event.synchronize(),
             None => Ok(()),
         }
@@ -353,20 +346,35 @@ impl Drop for Inner {
         // Someone (a cache) keeps the tail: leave it an event standing for all the stream's work.
         // Nobody can clone the tail any more (that needs the stream), so a count of 1 stays 1.
         if Arc::strong_count(&self.tail) > 1 {
-            let mut st = self.tail.state.lock();
+            // Recorded (or the stream synchronised) before the tail is locked: the driver may hold
+            // `cuEventRecord` back (behind another thread's `cuMemFree`, §17 of the driver brief)
+            // and the fallback waits for all the stream's work, and neither should keep other
+            // threads out of the tail meanwhile. The handle stays valid without the lock: only this
+            // drop destroys it, after publishing below that the stream is gone, so a concurrent
+            // `after_work` or `wait` (which use the handle under the lock) either ran before that
+            // or sees `raw == None`.
             let recorded =
                 Event::new(&self.ctx).and_then(|e| ffi::event_record(e.raw(), self.raw.0).map(|()| e));
-            match recorded {
-                Ok(event) => st.retired = Some(Arc::new(event)),
-                Err(e) => {
+            let (retired, failures) = match recorded {
+                Ok(event) => (Some(Arc::new(event)), None),
+                Err(record) => {
                     // Without the event, waiters would have nothing to wait on: finish the work now.
-                    tracing::warn!(error = %e, "recording a dropped stream's last event failed; synchronising it");
-                    if let Err(e) = self.ctx.bind().and_then(|()| ffi::stream_synchronize(self.raw.0)) {
-                        tracing::warn!(error = %e, "synchronising a dropped stream failed");
-                    }
+                    let sync = self.ctx.bind().and_then(|()| ffi::stream_synchronize(self.raw.0));
+                    (None, Some((record, sync.err())))
+                }
+            };
+            {
+                let mut st = self.tail.state.lock();
+                st.retired = retired;
+                st.raw = None;
+            }
+            // Logged with the tail unlocked: a subscriber may use it (`is_alive`, `synchronize`).
+            if let Some((record, sync)) = failures {
+                tracing::warn!(error = %record, "recording a dropped stream's last event failed; synchronising it");
+                if let Some(e) = sync {
+                    tracing::warn!(error = %e, "synchronising a dropped stream failed");
                 }
             }
-            st.raw = None;
         }
         let result = self.ctx.bind().and_then(|()| {
             // SAFETY: this stream was created by `stream_create`, and this is the last owner.

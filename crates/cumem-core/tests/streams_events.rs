@@ -175,3 +175,75 @@ fn a_dropped_stream_s_tail_stands_for_its_work() {
     drop(legacy);
     assert!(legacy_tail.is_alive() && legacy_tail.is_legacy());
 }
+
+/// A simulator fault that fails the next call of `function` on this thread, once.
+fn fail_next_on_this_thread(function: &str) -> cumem_sys::sim_control::FaultRule {
+    cumem_sys::sim_control::FaultRule {
+        this_thread_only: true,
+        ..cumem_sys::sim_control::FaultRule::nth_call(function, 1, cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN)
+    }
+}
+
+/// A stream's drop logs with its tail unlocked: a subscriber that asks the tail something from
+/// the warning of a failed retired event gets an answer (the stream already gone) instead of
+/// waiting for the drop that called it.
+#[test]
+#[serial_test::serial] // injects faults on this thread only, but keeps the fault counts simple
+fn a_stream_drop_warns_with_its_tail_unlocked() {
+    let ctx = ctx();
+    if testing::sim_control().is_none() {
+        return testing::skip("injects driver faults: simulator only");
+    }
+    testing::within_watchdog("a subscriber asking the tail from a stream drop's warning", move || {
+        let ctl = testing::sim_control().unwrap();
+        let a = Stream::non_blocking(&ctx).unwrap();
+        let tail = a.tail().clone();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (asked, noted) = (tail.clone(), seen.clone());
+        let subscriber = testing::OnEvent(move |e: &tracing::Event<'_>| {
+            let message = testing::event_message(e);
+            if message.contains("dropped stream") {
+                noted.lock().unwrap().push((message, asked.is_alive()));
+            }
+        });
+        let rule = ctl.inject_fault(fail_next_on_this_thread("cuEventRecord"));
+        tracing::subscriber::with_default(subscriber, || drop(a));
+        ctl.remove_fault(rule);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            [("recording a dropped stream's last event failed; synchronising it".to_string(), false)]
+        );
+        // The drop synchronised the stream instead: nothing of it is pending.
+        assert!(tail.retired().is_none());
+        tail.synchronize().unwrap();
+    });
+}
+
+/// `StreamTail::synchronize` waits with the tail unlocked: while it waits for a held stream,
+/// another thread can still ask the tail whether the stream lives.
+#[test]
+#[serial_test::serial] // holds a gate
+fn a_tail_s_synchronize_waits_with_the_tail_unlocked() {
+    use std::time::Duration;
+    let ctx = ctx();
+    let a = Stream::non_blocking(&ctx).unwrap();
+    let tail = a.tail().clone();
+    ctx.bind().unwrap();
+    // SAFETY: `a` is alive and its context current.
+    let gate = unsafe { testing::hold(a.raw()) };
+    let waiter = {
+        let tail = tail.clone();
+        std::thread::spawn(move || tail.synchronize())
+    };
+    // Time for the waiter to reach its wait (were it holding the lock, the check below hangs).
+    std::thread::sleep(Duration::from_millis(200));
+    let asked = tail.clone();
+    testing::within_watchdog("asking a tail whether it lives while it is being synchronised", move || {
+        assert!(asked.is_alive());
+    });
+    assert!(!waiter.is_finished(), "the waiter returned while the stream was held");
+    gate.release();
+    waiter.join().unwrap().unwrap();
+    drop(a);
+}
