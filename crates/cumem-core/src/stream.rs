@@ -318,6 +318,24 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Lets go of this handle; when it was the stream's last, hands the stream back instead of
+    /// destroying it here, so that a caller holding a lock can destroy it after releasing the lock
+    /// (the destruction calls the driver and may log, and a subscriber may take that lock).
+    pub(crate) fn release(self) -> Option<LastStream> {
+        Arc::into_inner(self.inner).map(LastStream)
+    }
+}
+
+/// A stream whose last handle was let go of ([`Stream::release`]): destroyed when dropped.
+pub(crate) struct LastStream(#[allow(dead_code)] Inner);
+
+impl fmt::Debug for LastStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LastStream").field("id", &self.0.id).finish()
+    }
+}
+
 impl PartialEq for Stream {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

@@ -247,3 +247,40 @@ fn a_tail_s_synchronize_waits_with_the_tail_unlocked() {
     waiter.join().unwrap().unwrap();
     drop(a);
 }
+
+/// A stream whose last handle an order lets go of (its user covered by a later one) is destroyed
+/// with the order unlocked: a subscriber that asks the order something from the destroyed
+/// stream's warning gets an answer instead of waiting for the thread that holds the order.
+#[test]
+#[serial_test::serial] // injects faults on this thread only, but keeps the fault counts simple
+fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
+    let ctx = ctx();
+    if testing::sim_control().is_none() {
+        return testing::skip("injects driver faults: simulator only");
+    }
+    testing::within_watchdog("a subscriber asking an order from a dropped user's warning", move || {
+        let ctl = testing::sim_control().unwrap();
+        let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+        // A shared tail makes the drop record a retired event, which is made to fail and warn.
+        let tail = a.tail().clone();
+        let order = std::sync::Arc::new(cumem_core::StreamOrder::new(&a));
+        drop(a); // the order holds a's last handle
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (asked, noted) = (order.clone(), seen.clone());
+        let subscriber = testing::OnEvent(move |e: &tracing::Event<'_>| {
+            let message = testing::event_message(e);
+            if message.contains("dropped stream") {
+                noted.lock().unwrap().push((message, asked.users().unwrap()));
+            }
+        });
+        let ticket = order.use_on(&b).unwrap(); // b waits for a
+        let rule = ctl.inject_fault(fail_next_on_this_thread("cuEventRecord"));
+        // Recording b covers a: the order lets go of a, its last handle.
+        tracing::subscriber::with_default(subscriber, || drop(ticket));
+        ctl.remove_fault(rule);
+        assert!(!tail.is_alive(), "a was destroyed");
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen, [("recording a dropped stream's last event failed; synchronising it".to_string(), 1)]);
+        assert_eq!(order.join().unwrap(), b);
+    });
+}
