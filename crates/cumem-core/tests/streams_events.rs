@@ -284,3 +284,41 @@ fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
         assert_eq!(order.join().unwrap(), b);
     });
 }
+
+/// A host wait does not keep the tracker locked: while `wait_idle` waits for a held read stream,
+/// another thread tracks a new read on that same stream; that read, queued after the wait began,
+/// is still tracked once the wait returns.
+#[test]
+#[serial_test::serial] // holds a gate
+fn a_host_wait_leaves_the_tracker_unlocked_and_keeps_reads_queued_meanwhile() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    /// The memory the device "reads" (the closures queue nothing).
+    static DATA: [u8; 16] = [7; 16];
+    let ctx = ctx();
+    let r = Stream::non_blocking(&ctx).unwrap();
+    let access = Arc::new(cumem_core::HostAccess::new());
+    // SAFETY: `DATA` lives forever and the closure queues nothing.
+    unsafe { access.device_read(&r, DATA.as_ptr(), DATA.len(), |_, _| Ok(())).unwrap() };
+    ctx.bind().unwrap();
+    // SAFETY: `r` is alive and its context current. Longer than the watchdog: were the tracker
+    // locked, the read below must not be let through by the gate opening on its own.
+    let gate = unsafe { testing::hold_for(r.raw(), 2 * testing::DEADLOCK_WATCHDOG) };
+    let waiter = {
+        let access = access.clone();
+        std::thread::spawn(move || access.wait_idle())
+    };
+    // Time for the waiter to reach its wait (were it holding the lock, the read below hangs).
+    std::thread::sleep(Duration::from_millis(200));
+    let (reader, stream) = (access.clone(), r.clone());
+    testing::within_watchdog("tracking a read while a host wait waits", move || {
+        // SAFETY: as above.
+        unsafe { reader.device_read(&stream, DATA.as_ptr(), DATA.len(), |_, _| Ok(())).unwrap() };
+    });
+    assert!(!waiter.is_finished(), "the wait returned while the read stream was held");
+    gate.release();
+    waiter.join().unwrap().unwrap();
+    assert!(!access.is_idle(), "the read tracked during the wait was forgotten");
+    access.wait_idle().unwrap();
+    assert!(access.is_idle());
+}
