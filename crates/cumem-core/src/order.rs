@@ -372,6 +372,8 @@ impl StreamOrder {
     /// Conversely, such host reads are refused with the same error while a ticket is held (work
     /// may be being queued): queue the work and drop the ticket before reading on the host. A
     /// ticket that is never dropped (`mem::forget`) keeps refusing them.
+    ///
+    /// On success, `stream`'s context is current on the calling thread, ready for the work.
     pub fn use_on<'s>(&'s self, stream: &'s Stream) -> Result<OrderTicket<'s>> {
         // Waiting under the lock keeps the set from changing between the waits and the snapshot
         // of what was waited for.
@@ -380,6 +382,9 @@ impl StreamOrder {
             return Err(self.refusal());
         }
         inner.order_after_users(stream)?;
+        // The work is queued right after, perhaps by raw driver calls on a thread where no
+        // context (or another) is current.
+        stream.context().bind()?;
         inner.in_flight += 1;
         inner.pending.push(stream.clone());
         Ok(OrderTicket { order: self, stream, waited_before: inner.next_gen })
@@ -408,6 +413,7 @@ impl StreamOrder {
     /// crossing this one holds in its own closure), its stream is recorded by the next lock of
     /// that order (the closure holding it applies it when it returns, if it came in time), before
     /// anyone reads that order's users again. Refusals are as in [`StreamOrder::use_on`].
+    /// `queue` runs with `stream`'s context current on the calling thread.
     ///
     /// The refusal is per thread: it knows which thread runs `queue`, not what that thread waits
     /// for. A thread that `queue` starts or waits for (a scoped thread, a pool's worker) and that
@@ -437,6 +443,8 @@ impl StreamOrder {
             return Err(self.refusal());
         }
         inner.order_after_users(stream)?;
+        // `queue` makes raw driver calls, perhaps on a thread where no context is current.
+        stream.context().bind()?;
         QUEUING.with(|q| q.set(q.get() + 1));
         let _queuing = Queuing { waited_before: inner.next_gen, inner, order: self, stream };
         queue()
@@ -488,6 +496,8 @@ impl StreamOrder {
             return Err(refusal_on(device));
         }
         inner.order_after_users(stream)?;
+        // As in `queue_on`.
+        stream.context().bind()?;
         QUEUING.with(|q| q.set(q.get() + 1));
         let _queuing = QueuingMut { waited_before: inner.next_gen, inner, stream };
         queue()
