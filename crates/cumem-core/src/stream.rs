@@ -31,7 +31,7 @@ use cumem_sys::sys::{CUstream, CUstream_flags};
 use parking_lot::Mutex;
 
 use crate::marker::Marker;
-use crate::{Context, Event, Result, ffi};
+use crate::{Context, Error, Event, Result, ffi};
 
 /// Options for [`Stream::with_options`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -90,6 +90,10 @@ struct TailState {
     /// Recorded by the stream's drop just before `cuStreamDestroy`; `None` while the stream lives,
     /// and after a drop that could not record it (it synchronised the stream instead).
     retired: Option<Arc<Event>>,
+    /// Set by a drop that could neither record `retired` nor synchronise the stream: the error of
+    /// that synchronisation. Nothing then tells when the stream's work ends, so `after_work` and
+    /// `synchronize` answer it rather than "nothing pending".
+    poisoned: Option<Error>,
 }
 
 impl StreamTail {
@@ -116,8 +120,16 @@ impl StreamTail {
     /// An event after all the stream's work so far: recorded now while the stream lives, its
     /// retired event once it is dropped; `None` when nothing of it can still be pending (it was
     /// synchronised at its end).
+    ///
+    /// When the stream's drop could neither record the retired event nor synchronise the stream,
+    /// its work may still be running and nothing can stand for it: the answer is then, on every
+    /// call, the error that synchronisation failed with (as the driver reported it, e.g. a sticky
+    /// `IllegalAddress`, whose context is unusable anyway).
     pub fn after_work(&self) -> Result<Option<Arc<Event>>> {
         let st = self.state.lock();
+        if let Some(e) = &st.poisoned {
+            return Err(e.clone());
+        }
         match st.raw {
             // Under the lock, so the stream cannot be destroyed between the event's creation and
             // its record.
@@ -131,7 +143,7 @@ impl StreamTail {
     }
 
     /// The retired event (`None` while the stream lives, or when its drop synchronised it
-    /// instead).
+    /// instead, or could do neither: [`StreamTail::after_work`] tells these apart).
     pub fn retired(&self) -> Option<Arc<Event>> {
         self.state.lock().retired.clone()
     }
@@ -147,7 +159,9 @@ impl StreamTail {
         Ok(())
     }
 
-    /// Blocks until all the stream's work queued so far (if dropped: ever) has completed.
+    /// Blocks until all the stream's work queued so far (if dropped: ever) has completed. Fails
+    /// as [`StreamTail::after_work`] does when the stream's drop could neither record its retired
+    /// event nor synchronise it.
     pub fn synchronize(&self) -> Result<()> {
         // The wait happens with the tail unlocked: an event recorded under the lock (so the stream
         // is not destroyed meanwhile) stands for the work, and the stream's drop, `is_alive` and
@@ -227,7 +241,7 @@ impl Stream {
             ctx: ctx.clone(),
             id,
             legacy,
-            state: Mutex::new(TailState { raw: Some(raw), retired: None }),
+            state: Mutex::new(TailState { raw: Some(raw), retired: None, poisoned: None }),
         })
     }
 
@@ -384,6 +398,7 @@ impl Drop for Inner {
             {
                 let mut st = self.tail.state.lock();
                 st.retired = retired;
+                st.poisoned = failures.as_ref().and_then(|(_, sync)| sync.clone());
                 st.raw = None;
             }
             // Logged with the tail unlocked: a subscriber may use it (`is_alive`, `synchronize`).

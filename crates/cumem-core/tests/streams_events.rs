@@ -322,3 +322,31 @@ fn a_host_wait_leaves_the_tracker_unlocked_and_keeps_reads_queued_meanwhile() {
     access.wait_idle().unwrap();
     assert!(access.is_idle());
 }
+
+/// A stream whose drop could neither record its retired event nor synchronise it leaves a tail
+/// that says so: `after_work` and `synchronize` fail with the synchronisation's error, rather
+/// than claiming that nothing of the stream is pending.
+#[test]
+#[serial_test::serial] // injects faults on this thread only, but keeps the fault counts simple
+fn a_tail_whose_stream_could_not_be_retired_fails() {
+    let ctx = ctx();
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
+    let a = Stream::non_blocking(&ctx).unwrap();
+    let tail = a.tail().clone();
+    let record = ctl.inject_fault(fail_next_on_this_thread("cuEventRecord"));
+    let sync = ctl.inject_fault(fail_next_on_this_thread("cuStreamSynchronize"));
+    drop(a);
+    ctl.remove_fault(record);
+    ctl.remove_fault(sync);
+    assert!(!tail.is_alive() && tail.retired().is_none());
+    for answer in [tail.after_work().map(drop), tail.synchronize()] {
+        let err = answer.expect_err("nothing stands for the dropped stream's work");
+        assert_eq!(err.code(), Some(cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN), "{err}");
+        assert!(err.to_string().contains("cuStreamSynchronize"), "{err}");
+    }
+    // Nothing to order: the stream takes no more work.
+    let b = Stream::non_blocking(&ctx).unwrap();
+    tail.wait(&b.record().unwrap()).unwrap();
+}
