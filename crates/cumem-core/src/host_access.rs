@@ -236,7 +236,23 @@ impl HostAccess {
         }
     }
 
-    /// The stream order, when the tracker has one.
+    /// The stream order, when the tracker has one, for what does not queue device work on the
+    /// memory: waiting for it ([`StreamOrder::synchronize`], [`StreamOrder::join`]), asking about
+    /// it ([`StreamOrder::last`], [`StreamOrder::users`]).
+    ///
+    /// Device work on the memory goes through [`HostAccess::view_order`] (or the hooks,
+    /// [`HostAccess::device_read`] and [`HostAccess::device_write`]), never through this order's
+    /// tickets or `queue_on`: this accessor does not tell the tracker, so host access does not
+    /// know to wait for that work. [`HostAccess::wait_writes`] synchronises the order only after
+    /// an exclusive view (a write) was handed out, so a write queued through this order is not
+    /// waited for before a shared host borrow, and [`HostAccess::wait_idle`] skips the order
+    /// while no view was handed out since the owner last waited with exclusive access
+    /// ([`HostAccess::wait_idle_mut`]).
+    ///
+    /// It does not raise the tracker's state itself because it cannot know what the caller
+    /// queues: raising to "read" would still miss writes, and raising to "write" through `&self`
+    /// could be undone by a host wait on another thread lowering it after its synchronisation
+    /// (only an exclusive view, with `&mut` access to the owner, may raise it to "write").
     pub fn order(&self) -> Option<&StreamOrder> {
         self.order.as_ref()
     }
