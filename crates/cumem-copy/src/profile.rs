@@ -425,7 +425,14 @@ impl Profiler {
         Ok((start, end))
     }
 
-    fn finish(&self, stream: &Stream, kind: CopyKind, bytes: usize, (start, mut end): (Event, Event), ok: bool) {
+    fn finish(
+        &self,
+        stream: &Stream,
+        kind: CopyKind,
+        bytes: usize,
+        (start, mut end): (Event, Event),
+        ok: bool,
+    ) {
         let recorded = ok && end.record(stream).is_ok();
         let folded = {
             let mut state = self.state();

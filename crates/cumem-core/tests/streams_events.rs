@@ -180,7 +180,11 @@ fn a_dropped_stream_s_tail_stands_for_its_work() {
 fn fail_next_on_this_thread(function: &str) -> cumem_sys::sim_control::FaultRule {
     cumem_sys::sim_control::FaultRule {
         this_thread_only: true,
-        ..cumem_sys::sim_control::FaultRule::nth_call(function, 1, cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN)
+        ..cumem_sys::sim_control::FaultRule::nth_call(
+            function,
+            1,
+            cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
+        )
     }
 }
 
@@ -280,7 +284,10 @@ fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
         ctl.remove_fault(rule);
         assert!(!tail.is_alive(), "a was destroyed");
         let seen = seen.lock().unwrap().clone();
-        assert_eq!(seen, [("recording a dropped stream's last event failed; synchronising it".to_string(), 1)]);
+        assert_eq!(
+            seen,
+            [("recording a dropped stream's last event failed; synchronising it".to_string(), 1)]
+        );
         assert_eq!(order.join().unwrap(), b);
     });
 }

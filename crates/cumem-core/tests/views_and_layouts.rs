@@ -118,7 +118,8 @@ fn raw_work_through_a_door_runs_on_a_fresh_thread() {
             let mut view = buf.as_mut_slice();
             let on = view.on(&s).unwrap();
             // SAFETY: the guard's 256 bytes, ordered on its stream.
-            let code = unsafe { cumem_core::sys::cuMemsetD8Async(on.device_ptr(), 0xCD, 256, on.stream().raw()) };
+            let code =
+                unsafe { cumem_core::sys::cuMemsetD8Async(on.device_ptr(), 0xCD, 256, on.stream().raw()) };
             assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
         }
         buf
