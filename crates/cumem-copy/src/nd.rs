@@ -312,8 +312,8 @@ pub(crate) fn fill_2d_on<T: Pod>(
     let start = bytes(rect.y, pitch_bytes)?
         .checked_add(bytes(rect.x, size)?)
         .ok_or(Error::SizeOverflow { count: rect.y, elem_size: pitch_bytes })?;
+    // `on` made the stream's context current.
     let on = view.on(stream)?;
-    stream.context().bind()?;
     // SAFETY: the rectangle was checked to lie inside the view (rows of `width` elements from
     // `start`, `pitch_bytes` apart); the view is exclusively borrowed device memory ordered on
     // `stream`; its address was checked above to be a multiple of T's size, which is the memset

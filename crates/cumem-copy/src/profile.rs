@@ -414,7 +414,7 @@ impl Profiler {
             let i = state.pool.iter().rposition(|(s, _)| s.context() == ctx);
             i.map(|i| state.pool.swap_remove(i))
         };
-        let (start, end) = match pair {
+        let (mut start, end) = match pair {
             Some(p) => p,
             None => new_pair(ctx)?,
         };
@@ -425,7 +425,14 @@ impl Profiler {
         Ok((start, end))
     }
 
-    fn finish(&self, stream: &Stream, kind: CopyKind, bytes: usize, (start, end): (Event, Event), ok: bool) {
+    fn finish(
+        &self,
+        stream: &Stream,
+        kind: CopyKind,
+        bytes: usize,
+        (start, mut end): (Event, Event),
+        ok: bool,
+    ) {
         let recorded = ok && end.record(stream).is_ok();
         let folded = {
             let mut state = self.state();

@@ -136,7 +136,6 @@ impl StreamCopy for Stream {
         let mut dst = dst;
         let enqueue = |from: *const T, _| {
             dst.queue_on(self, |to| {
-                self.context().bind()?;
                 // SAFETY: `from` is page-locked memory of `bytes` bytes kept alive and unwritten
                 // until the copy completes; `to` is exclusively borrowed device memory, ordered on
                 // `self`.
@@ -165,7 +164,6 @@ impl StreamCopy for Stream {
         // Host side first, device side inside (see `copy_h2d`).
         let enqueue = |to: *mut T, _| {
             src.queue_on(self, |from| {
-                self.context().bind()?;
                 // SAFETY: `to` is page-locked memory of `bytes` bytes that the host will not touch
                 // until the copy completes; `from` is device memory ordered on `self`.
                 profile::around(self, CopyKind::DeviceToHost, bytes, || unsafe {
@@ -194,7 +192,6 @@ impl StreamCopy for Stream {
         let (from, bytes) = (source.device_ptr(), dst.bytes());
         let mut dst = dst;
         let queued = dst.queue_on(self, |to| {
-            self.context().bind()?;
             // SAFETY: both ranges are device memory of `bytes` bytes, ordered on `self` (the
             // source's guard lives until after the copy is queued); `dst` is exclusively
             // borrowed, so the ranges do not overlap.
@@ -294,7 +291,6 @@ fn memset<T: AnyBitPattern>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>,
     let bytes = dst.bytes();
     let mut dst = dst;
     dst.queue_on(stream, |to| {
-        stream.context().bind()?;
         // SAFETY: the range is exclusively borrowed device memory of `bytes` bytes, aligned to
         // the width (checked above), ordered on `stream`.
         profile::around(stream, CopyKind::Memset, bytes, || unsafe {

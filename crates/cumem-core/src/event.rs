@@ -5,7 +5,7 @@
 //! use cumem_core::{Device, Event, Stream};
 //! let ctx = Device::get(0)?.context()?;
 //! let stream = Stream::new(&ctx)?;
-//! let (start, end) = (Event::timed(&ctx)?, Event::timed(&ctx)?);
+//! let (mut start, mut end) = (Event::timed(&ctx)?, Event::timed(&ctx)?);
 //! start.record(&stream)?;
 //! end.record(&stream)?;
 //! end.synchronize()?;
@@ -63,7 +63,24 @@ impl Event {
     }
 
     /// Captures everything queued on `stream` so far. The stream must belong to the event's context.
-    pub fn record(&self, stream: &Stream) -> Result<()> {
+    ///
+    /// Takes `&mut self`: recording moves what the event stands for, so only its owner may do it.
+    /// An event shared through an `Arc` (a [`StreamTail`](crate::StreamTail)'s ticket or retired
+    /// event, which a pool keeps as the proof that a stream's work on a block is done) can then
+    /// only be waited on, queried or synchronised: if any holder could record it again on an idle
+    /// stream, the others would see it complete while the work it stood for still runs.
+    ///
+    /// ```compile_fail
+    /// # cumem_sys::testing::init();
+    /// use std::sync::Arc;
+    /// use cumem_core::{Device, Event, Stream};
+    /// let ctx = Device::get(0)?.context()?;
+    /// let stream = Stream::new(&ctx)?;
+    /// let shared: Arc<Event> = Arc::new(Event::new(&ctx)?);
+    /// shared.record(&stream)?; // cannot borrow data in an `Arc` as mutable
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn record(&mut self, stream: &Stream) -> Result<()> {
         if stream.context() != &self.ctx {
             return Err(Error::WrongDevice {
                 expected: self.ctx.device().ordinal() as i32,

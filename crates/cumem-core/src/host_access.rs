@@ -112,31 +112,47 @@ impl OrderedCell {
 #[derive(Debug, Default)]
 struct Pending {
     /// The streams of device reads since the last write (each at most once; the `Vec` keeps its
-    /// capacity, so tracking the same streams again allocates nothing).
-    reads: Vec<Stream>,
+    /// capacity, so tracking the same streams again allocates nothing), each with the number of
+    /// its latest read (see `reads_queued`).
+    reads: Vec<(Stream, u64)>,
     /// The stream of the last device write.
     write: Option<Stream>,
+    /// How many device reads were tracked: a read stream is forgotten after a wait only if it
+    /// took no read since the wait's snapshot (its number is unchanged).
+    reads_queued: u64,
 }
 
 impl Pending {
-    /// Blocks until the last device write has completed.
-    fn wait_write(&mut self) -> Result<()> {
+    /// Blocks until every device read and write has completed. A failed wait leaves the streams
+    /// not yet waited for tracked. For an owner with exclusive access (no lock held).
+    fn wait_all(&mut self) -> Result<()> {
         if let Some(write) = &self.write {
             write.synchronize()?;
             self.write = None;
         }
-        Ok(())
-    }
-
-    /// Blocks until every device read and write has completed. A failed wait leaves the streams
-    /// not yet waited for tracked.
-    fn wait_all(&mut self) -> Result<()> {
-        self.wait_write()?;
-        while let Some(read) = self.reads.last() {
+        while let Some((read, _)) = self.reads.last() {
             read.synchronize()?;
             self.reads.pop();
         }
         Ok(())
+    }
+
+    /// Forgets what a wait without the lock saw complete: the write stream if it is still the one
+    /// waited for, and each read stream waited for that took no read since the snapshot. Returns
+    /// the handles let go of, for the caller to drop once it has unlocked (a stream's last handle
+    /// calls the driver and may log when dropped).
+    fn forget(&mut self, write: Option<&Stream>, reads: &[(Stream, u64)]) -> (Option<Stream>, Vec<Stream>) {
+        let write = match (write, &self.write) {
+            (Some(waited), Some(tracked)) if waited == tracked => self.write.take(),
+            _ => None,
+        };
+        let mut gone = Vec::new();
+        for waited in reads {
+            if let Some(i) = self.reads.iter().position(|tracked| tracked == waited) {
+                gone.push(self.reads.swap_remove(i).0);
+            }
+        }
+        (write, gone)
     }
 }
 
@@ -220,7 +236,23 @@ impl HostAccess {
         }
     }
 
-    /// The stream order, when the tracker has one.
+    /// The stream order, when the tracker has one, for what does not queue device work on the
+    /// memory: waiting for it ([`StreamOrder::synchronize`], [`StreamOrder::join`]), asking about
+    /// it ([`StreamOrder::last`], [`StreamOrder::users`]).
+    ///
+    /// Device work on the memory goes through [`HostAccess::view_order`] (or the hooks,
+    /// [`HostAccess::device_read`] and [`HostAccess::device_write`]), never through this order's
+    /// tickets or `queue_on`: this accessor does not tell the tracker, so host access does not
+    /// know to wait for that work. [`HostAccess::wait_writes`] synchronises the order only after
+    /// an exclusive view (a write) was handed out, so a write queued through this order is not
+    /// waited for before a shared host borrow, and [`HostAccess::wait_idle`] skips the order
+    /// while no view was handed out since the owner last waited with exclusive access
+    /// ([`HostAccess::wait_idle_mut`]).
+    ///
+    /// It does not raise the tracker's state itself because it cannot know what the caller
+    /// queues: raising to "read" would still miss writes, and raising to "write" through `&self`
+    /// could be undone by a host wait on another thread lowering it after its synchronisation
+    /// (only an exclusive view, with `&mut` access to the owner, may raise it to "write").
     pub fn order(&self) -> Option<&StreamOrder> {
         self.order.as_ref()
     }
@@ -264,6 +296,8 @@ impl HostAccess {
     /// waiting while device work is being queued through the order (an [`OrderTicket`] is held,
     /// perhaps by the calling thread): waiting for it could wait forever.
     ///
+    /// The tracker is not locked while it waits: copies from the memory on other threads go on.
+    ///
     /// [`OrderTicket`]: crate::OrderTicket
     pub fn wait_writes(&self) -> Result<()> {
         if let Some(order) = &self.order
@@ -276,8 +310,7 @@ impl HostAccess {
             self.ordered.lower(OrderedUse::Read);
             return Ok(());
         }
-        let mut pending = self.lock_pending()?;
-        pending.wait_write()?;
+        self.wait_unlocked(false)?;
         if self.ordered.get() == OrderedUse::Write {
             self.sync_order()?;
             // Every write queued so far is done. Shared views may still be alive and queue reads
@@ -288,16 +321,62 @@ impl HostAccess {
         Ok(())
     }
 
-    /// Blocks until no device work uses the memory.
+    /// Blocks until no device work uses the memory. The tracker is not locked while it waits.
     pub fn wait_idle(&self) -> Result<()> {
-        let mut pending = self.lock_pending()?;
-        pending.wait_all()?;
+        self.wait_unlocked(true)?;
         if self.ordered.get() != OrderedUse::None {
             self.sync_order()?;
             // As in `wait_writes`: a live shared view may still queue reads.
             self.ordered.lower(OrderedUse::Read);
         }
         Ok(())
+    }
+
+    /// Waits for the tracked write stream (and the read streams, with `reads`) with the tracker
+    /// unlocked, then forgets what it saw complete. A failed wait leaves what it did not see
+    /// complete tracked.
+    ///
+    /// What may happen while it waits, through `&self` only (a device write, which replaces
+    /// `write` and clears `reads`, takes `&mut self`, so it cannot; neither can `wait_idle_mut`):
+    /// - a device read on a stream not tracked yet: it is added to `reads`, which the snapshot
+    ///   does not hold, so it stays tracked;
+    /// - a device read on a read stream of the snapshot: its work may be queued after the wait
+    ///   began and not be covered by it; it renumbers the stream's entry, so `forget` keeps it;
+    /// - a device read on the write stream: it is tracked in `reads` too, and forgetting `write`
+    ///   leaves it there;
+    /// - another wait: both wait, and whichever forgets first removes the entries (the other finds
+    ///   them gone or renumbered, and removes nothing it did not see complete).
+    fn wait_unlocked(&self, reads: bool) -> Result<()> {
+        let (write, reads) = {
+            let pending = self.lock_pending()?;
+            let reads = if reads { pending.reads.clone() } else { Vec::new() };
+            (pending.write.clone(), reads)
+        };
+        let mut result = Ok(());
+        let mut waited_write = None;
+        if let Some(write) = &write {
+            result = write.synchronize();
+            if result.is_ok() {
+                waited_write = Some(write);
+            }
+        }
+        // The reads in the order `wait_all` waits for them; on a failure, those seen complete
+        // are still forgotten.
+        let mut done = reads.len();
+        if result.is_ok() {
+            for (i, (read, _)) in reads.iter().enumerate().rev() {
+                if let Err(e) = read.synchronize() {
+                    result = Err(e);
+                    break;
+                }
+                done = i;
+            }
+        }
+        if waited_write.is_some() || done < reads.len() {
+            // Dropped after the lock is released (see `Pending::forget`).
+            let _gone = self.lock_pending()?.forget(waited_write, &reads[done..]);
+        }
+        result
     }
 
     /// [`wait_idle`](Self::wait_idle) for an owner with exclusive access (its drop, a `&mut [T]`
@@ -350,8 +429,11 @@ impl HostAccess {
         if let Some(write) = &pending.write {
             stream.wait_for(write)?;
         }
-        if !pending.reads.contains(stream) {
-            pending.reads.push(stream.clone());
+        pending.reads_queued += 1;
+        let number = pending.reads_queued;
+        match pending.reads.iter_mut().find(|(s, _)| s == stream) {
+            Some(entry) => entry.1 = number,
+            None => pending.reads.push((stream.clone(), number)),
         }
         enqueue(ptr, len)
     }
@@ -384,7 +466,7 @@ impl HostAccess {
         if let Some(write) = &pending.write {
             stream.wait_for(write)?;
         }
-        for read in &pending.reads {
+        for (read, _) in &pending.reads {
             stream.wait_for(read)?;
         }
         // `stream` is ordered after every earlier read and write (the waits above), so it alone

@@ -44,11 +44,14 @@
 //! ```
 
 use std::cell::Cell;
+use std::mem::ManuallyDrop;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cumem_sys::ErrorContext;
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::stream::LastStream;
 use crate::{Error, Feature, Result, Stream};
 
 thread_local! {
@@ -110,6 +113,18 @@ struct Users {
     /// Why device work is refused for now: the host may be reading the memory, and its device
     /// cannot run work on it meanwhile (managed memory without concurrent managed access).
     excluded: Exclusion,
+    /// Streams whose last handle the bookkeeping let go of, destroyed once the users are unlocked
+    /// ([`Locked`]) or, for an owner with exclusive access, right away: a stream's drop calls the
+    /// driver and may log, and a subscriber may use this order. Empty (no heap) unless a stream
+    /// was actually let go of for good, which costs driver calls anyway.
+    dead: Vec<LastStream>,
+}
+
+/// Lets go of `stream`, keeping it in `dead` when it was the last handle.
+fn bury(dead: &mut Vec<LastStream>, stream: Stream) {
+    if let Some(last) = stream.release() {
+        dead.push(last);
+    }
 }
 
 impl Users {
@@ -166,14 +181,31 @@ impl Users {
             // The common case, one stream using the memory again: only its generation changes.
             self.latest.1 = generation;
             if !self.others.is_empty() {
-                self.others.retain(|(s, g)| s != stream && *g >= waited_before);
+                self.forget_others(stream, waited_before);
             }
             return;
         }
         let previous = std::mem::replace(&mut self.latest, (stream.clone(), generation));
-        self.others.retain(|(s, g)| s != stream && *g >= waited_before);
+        self.forget_others(stream, waited_before);
         if previous.1 >= waited_before {
             self.others.push(previous);
+        } else {
+            bury(&mut self.dead, previous.0);
+        }
+    }
+
+    /// Drops from `others` `stream` and every entry recorded before `waited_before` (covered by a
+    /// stream that waited for them), burying them (order does not matter among `others`).
+    fn forget_others(&mut self, stream: &Stream, waited_before: u64) {
+        let mut i = 0;
+        while i < self.others.len() {
+            let (s, g) = &self.others[i];
+            if s == stream || *g < waited_before {
+                let (gone, _) = self.others.swap_remove(i);
+                bury(&mut self.dead, gone);
+            } else {
+                i += 1;
+            }
         }
     }
 }
@@ -190,7 +222,10 @@ enum Deferred {
 impl Users {
     fn apply(&mut self, deferred: Deferred) {
         match deferred {
-            Deferred::Ticket(stream, waited_before) => self.end_ticket(&stream, waited_before),
+            Deferred::Ticket(stream, waited_before) => {
+                self.end_ticket(&stream, waited_before);
+                bury(&mut self.dead, stream);
+            }
             Deferred::EndScope => self.excluded.scoped = self.excluded.scoped.saturating_sub(1),
         }
     }
@@ -198,7 +233,8 @@ impl Users {
     fn end_ticket(&mut self, stream: &Stream, waited_before: u64) {
         self.in_flight = self.in_flight.saturating_sub(1);
         if let Some(i) = self.pending.iter().position(|s| s == stream) {
-            self.pending.swap_remove(i);
+            let ticket = self.pending.swap_remove(i);
+            bury(&mut self.dead, ticket);
         }
         self.record(stream, waited_before);
     }
@@ -255,6 +291,7 @@ impl StreamOrder {
                 in_flight: 0,
                 pending: Vec::new(),
                 excluded: Exclusion::default(),
+                dead: Vec::new(),
             }),
         }
     }
@@ -269,7 +306,7 @@ impl StreamOrder {
     /// [`StreamOrder::queue_on`] closure (of any order): locking this order's users again would
     /// wait for itself, and waiting for another order's could wait for a thread that waits for
     /// this one (two copies crossing between two memories).
-    fn lock(&self) -> Result<MutexGuard<'_, Users>> {
+    fn lock(&self) -> Result<Locked<'_>> {
         if queuing_on_this_thread() {
             return Err(used_inside_queue_on());
         }
@@ -278,7 +315,8 @@ impl StreamOrder {
 
     /// The users just locked, with every change deferred by a `Drop` applied (see `deferred`).
     #[inline]
-    fn drained<'o>(&'o self, mut inner: MutexGuard<'o, Users>) -> MutexGuard<'o, Users> {
+    fn drained<'o>(&'o self, inner: MutexGuard<'o, Users>) -> Locked<'o> {
+        let mut inner = Locked { guard: ManuallyDrop::new(inner) };
         if self.has_deferred.load(Ordering::Acquire) {
             self.apply_deferred(&mut inner);
         }
@@ -292,7 +330,8 @@ impl StreamOrder {
             self.has_deferred.store(false, Ordering::Relaxed);
             std::mem::take(&mut *deferred)
         };
-        // Applied without holding `deferred` (a stream handle dropped here may call the driver).
+        // Applied without holding `deferred`; the streams let go of are destroyed once `inner` is
+        // unlocked too (see `Users::dead`).
         for change in changes {
             inner.apply(change);
         }
@@ -333,6 +372,8 @@ impl StreamOrder {
     /// Conversely, such host reads are refused with the same error while a ticket is held (work
     /// may be being queued): queue the work and drop the ticket before reading on the host. A
     /// ticket that is never dropped (`mem::forget`) keeps refusing them.
+    ///
+    /// On success, `stream`'s context is current on the calling thread, ready for the work.
     pub fn use_on<'s>(&'s self, stream: &'s Stream) -> Result<OrderTicket<'s>> {
         // Waiting under the lock keeps the set from changing between the waits and the snapshot
         // of what was waited for.
@@ -341,6 +382,9 @@ impl StreamOrder {
             return Err(self.refusal());
         }
         inner.order_after_users(stream)?;
+        // The work is queued right after, perhaps by raw driver calls on a thread where no
+        // context (or another) is current.
+        stream.context().bind()?;
         inner.in_flight += 1;
         inner.pending.push(stream.clone());
         Ok(OrderTicket { order: self, stream, waited_before: inner.next_gen })
@@ -369,6 +413,7 @@ impl StreamOrder {
     /// crossing this one holds in its own closure), its stream is recorded by the next lock of
     /// that order (the closure holding it applies it when it returns, if it came in time), before
     /// anyone reads that order's users again. Refusals are as in [`StreamOrder::use_on`].
+    /// `queue` runs with `stream`'s context current on the calling thread.
     ///
     /// The refusal is per thread: it knows which thread runs `queue`, not what that thread waits
     /// for. A thread that `queue` starts or waits for (a scoped thread, a pool's worker) and that
@@ -398,6 +443,8 @@ impl StreamOrder {
             return Err(self.refusal());
         }
         inner.order_after_users(stream)?;
+        // `queue` makes raw driver calls, perhaps on a thread where no context is current.
+        stream.context().bind()?;
         QUEUING.with(|q| q.set(q.get() + 1));
         let _queuing = Queuing { waited_before: inner.next_gen, inner, order: self, stream };
         queue()
@@ -449,6 +496,8 @@ impl StreamOrder {
             return Err(refusal_on(device));
         }
         inner.order_after_users(stream)?;
+        // As in `queue_on`.
+        stream.context().bind()?;
         QUEUING.with(|q| q.set(q.get() + 1));
         let _queuing = QueuingMut { waited_before: inner.next_gen, inner, stream };
         queue()
@@ -464,7 +513,10 @@ impl StreamOrder {
                 self.inner.get_mut().apply(change);
             }
         }
-        self.inner.get_mut()
+        let users = self.inner.get_mut();
+        // Exclusive access: no lock is held, so streams let go of are destroyed now.
+        users.dead.clear();
+        users
     }
 
     /// Refuses device work from now on (`open_ended`: until [`StreamOrder::end_open_exclusion`];
@@ -514,7 +566,11 @@ impl StreamOrder {
     /// [`StreamOrder::join`] for an owner with exclusive access (the memory's drop): no lock, and
     /// the stream is lent rather than cloned.
     pub fn join_mut(&mut self) -> Result<&Stream> {
-        Self::join_users(self.users_mut())
+        let users = self.users_mut();
+        Self::join_users(users)?;
+        // Exclusive access: no lock is held, so streams let go of are destroyed now.
+        users.dead.clear();
+        Ok(&users.latest.0)
     }
 
     fn join_users(inner: &mut Users) -> Result<&Stream> {
@@ -522,7 +578,9 @@ impl StreamOrder {
         for user in inner.others.iter().map(|(s, _)| s).chain(&inner.pending) {
             latest.wait_for(user)?;
         }
-        inner.others.clear();
+        for (gone, _) in inner.others.drain(..) {
+            bury(&mut inner.dead, gone);
+        }
         inner.latest.1 = inner.next_gen;
         inner.next_gen += 1;
         Ok(&inner.latest.0)
@@ -580,7 +638,7 @@ impl StreamOrder {
 /// returned, failed or unwound, and then record the stream (whatever the closure queued before
 /// it stopped is waited for by later users).
 struct Queuing<'o> {
-    inner: MutexGuard<'o, Users>,
+    inner: Locked<'o>,
     order: &'o StreamOrder,
     stream: &'o Stream,
     /// The users were locked since the waits, so every entry recorded so far was waited for.
@@ -612,6 +670,43 @@ impl Drop for QueuingMut<'_> {
     fn drop(&mut self) {
         QUEUING.with(|q| q.set(q.get().saturating_sub(1)));
         self.inner.record(self.stream, self.waited_before);
+        // Exclusive access: no lock is held, so streams let go of are destroyed now.
+        self.inner.dead.clear();
+    }
+}
+
+/// The users, locked. Streams the bookkeeping let go of for good (`Users::dead`) are destroyed
+/// when it unlocks them, after the lock is released.
+struct Locked<'o> {
+    guard: ManuallyDrop<MutexGuard<'o, Users>>,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Users;
+    fn deref(&self) -> &Users {
+        &self.guard
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Users {
+        &mut self.guard
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // Empty (nothing allocated, nothing to drop) unless a stream was let go of for good.
+        let dead = std::mem::take(&mut self.guard.dead);
+        // SAFETY: the guard is dropped here once, and `self.guard` is not used afterwards.
+        unsafe { ManuallyDrop::drop(&mut self.guard) };
+        drop(dead);
+    }
+}
+
+impl std::fmt::Debug for Locked<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.guard.fmt(f)
     }
 }
 

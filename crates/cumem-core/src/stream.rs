@@ -31,7 +31,7 @@ use cumem_sys::sys::{CUstream, CUstream_flags};
 use parking_lot::Mutex;
 
 use crate::marker::Marker;
-use crate::{Context, Event, Result, ffi};
+use crate::{Context, Error, Event, Result, ffi};
 
 /// Options for [`Stream::with_options`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -90,6 +90,10 @@ struct TailState {
     /// Recorded by the stream's drop just before `cuStreamDestroy`; `None` while the stream lives,
     /// and after a drop that could not record it (it synchronised the stream instead).
     retired: Option<Arc<Event>>,
+    /// Set by a drop that could neither record `retired` nor synchronise the stream: the error of
+    /// that synchronisation. Nothing then tells when the stream's work ends, so `after_work` and
+    /// `synchronize` answer it rather than "nothing pending".
+    poisoned: Option<Error>,
 }
 
 impl StreamTail {
@@ -116,8 +120,16 @@ impl StreamTail {
     /// An event after all the stream's work so far: recorded now while the stream lives, its
     /// retired event once it is dropped; `None` when nothing of it can still be pending (it was
     /// synchronised at its end).
+    ///
+    /// When the stream's drop could neither record the retired event nor synchronise the stream,
+    /// its work may still be running and nothing can stand for it: the answer is then, on every
+    /// call, the error that synchronisation failed with (as the driver reported it, e.g. a sticky
+    /// `IllegalAddress`, whose context is unusable anyway).
     pub fn after_work(&self) -> Result<Option<Arc<Event>>> {
         let st = self.state.lock();
+        if let Some(e) = &st.poisoned {
+            return Err(e.clone());
+        }
         match st.raw {
             // Under the lock, so the stream cannot be destroyed between the event's creation and
             // its record.
@@ -131,7 +143,7 @@ impl StreamTail {
     }
 
     /// The retired event (`None` while the stream lives, or when its drop synchronised it
-    /// instead).
+    /// instead, or could do neither: [`StreamTail::after_work`] tells these apart).
     pub fn retired(&self) -> Option<Arc<Event>> {
         self.state.lock().retired.clone()
     }
@@ -147,19 +159,14 @@ impl StreamTail {
         Ok(())
     }
 
-    /// Blocks until all the stream's work queued so far (if dropped: ever) has completed.
+    /// Blocks until all the stream's work queued so far (if dropped: ever) has completed. Fails
+    /// as [`StreamTail::after_work`] does when the stream's drop could neither record its retired
+    /// event nor synchronise it.
     pub fn synchronize(&self) -> Result<()> {
-        let retired = {
-            let st = self.state.lock();
-            if let Some(raw) = st.raw {
-                // Held while waiting: the stream's drop waits for the lock rather than destroying
-                // the handle under this call.
-                self.ctx.bind()?;
-                return ffi::stream_synchronize(raw.0);
-            }
-            st.retired.clone()
-        };
-        match retired {
+        // The wait happens with the tail unlocked: an event recorded under the lock (so the stream
+        // is not destroyed meanwhile) stands for the work, and the stream's drop, `is_alive` and
+        // `after_work` on other threads need not wait for the stream's work to finish.
+        match self.after_work()? {
             Some(event) => event.synchronize(),
             None => Ok(()),
         }
@@ -234,7 +241,7 @@ impl Stream {
             ctx: ctx.clone(),
             id,
             legacy,
-            state: Mutex::new(TailState { raw: Some(raw), retired: None }),
+            state: Mutex::new(TailState { raw: Some(raw), retired: None, poisoned: None }),
         })
     }
 
@@ -302,7 +309,7 @@ impl Stream {
 
     /// Records a new (untimed) event after everything queued so far.
     pub fn record(&self) -> Result<Event> {
-        let event = Event::new(&self.inner.ctx)?;
+        let mut event = Event::new(&self.inner.ctx)?;
         event.record(self)?;
         Ok(event)
     }
@@ -322,6 +329,24 @@ impl Stream {
             }
             ffi::stream_wait_event(self.raw(), event)
         })
+    }
+}
+
+impl Stream {
+    /// Lets go of this handle; when it was the stream's last, hands the stream back instead of
+    /// destroying it here, so that a caller holding a lock can destroy it after releasing the lock
+    /// (the destruction calls the driver and may log, and a subscriber may take that lock).
+    pub(crate) fn release(self) -> Option<LastStream> {
+        Arc::into_inner(self.inner).map(LastStream)
+    }
+}
+
+/// A stream whose last handle was let go of ([`Stream::release`]): destroyed when dropped.
+pub(crate) struct LastStream(#[allow(dead_code)] Inner);
+
+impl fmt::Debug for LastStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LastStream").field("id", &self.0.id).finish()
     }
 }
 
@@ -353,20 +378,36 @@ impl Drop for Inner {
         // Someone (a cache) keeps the tail: leave it an event standing for all the stream's work.
         // Nobody can clone the tail any more (that needs the stream), so a count of 1 stays 1.
         if Arc::strong_count(&self.tail) > 1 {
-            let mut st = self.tail.state.lock();
+            // Recorded (or the stream synchronised) before the tail is locked: the driver may hold
+            // `cuEventRecord` back (behind another thread's `cuMemFree`, §17 of the driver brief)
+            // and the fallback waits for all the stream's work, and neither should keep other
+            // threads out of the tail meanwhile. The handle stays valid without the lock: only this
+            // drop destroys it, after publishing below that the stream is gone, so a concurrent
+            // `after_work` or `wait` (which use the handle under the lock) either ran before that
+            // or sees `raw == None`.
             let recorded =
                 Event::new(&self.ctx).and_then(|e| ffi::event_record(e.raw(), self.raw.0).map(|()| e));
-            match recorded {
-                Ok(event) => st.retired = Some(Arc::new(event)),
-                Err(e) => {
+            let (retired, failures) = match recorded {
+                Ok(event) => (Some(Arc::new(event)), None),
+                Err(record) => {
                     // Without the event, waiters would have nothing to wait on: finish the work now.
-                    tracing::warn!(error = %e, "recording a dropped stream's last event failed; synchronising it");
-                    if let Err(e) = self.ctx.bind().and_then(|()| ffi::stream_synchronize(self.raw.0)) {
-                        tracing::warn!(error = %e, "synchronising a dropped stream failed");
-                    }
+                    let sync = self.ctx.bind().and_then(|()| ffi::stream_synchronize(self.raw.0));
+                    (None, Some((record, sync.err())))
+                }
+            };
+            {
+                let mut st = self.tail.state.lock();
+                st.retired = retired;
+                st.poisoned = failures.as_ref().and_then(|(_, sync)| sync.clone());
+                st.raw = None;
+            }
+            // Logged with the tail unlocked: a subscriber may use it (`is_alive`, `synchronize`).
+            if let Some((record, sync)) = failures {
+                tracing::warn!(error = %record, "recording a dropped stream's last event failed; synchronising it");
+                if let Some(e) = sync {
+                    tracing::warn!(error = %e, "synchronising a dropped stream failed");
                 }
             }
-            st.raw = None;
         }
         let result = self.ctx.bind().and_then(|()| {
             // SAFETY: this stream was created by `stream_create`, and this is the last owner.

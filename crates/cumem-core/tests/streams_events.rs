@@ -56,7 +56,7 @@ fn dropping_a_stream_destroys_it() {
 fn events_record_query_and_synchronize() {
     let ctx = ctx();
     let stream = Stream::new(&ctx).unwrap();
-    let e = Event::new(&ctx).unwrap();
+    let mut e = Event::new(&ctx).unwrap();
     assert!(e.query().unwrap(), "a never-recorded event is complete");
     let _buf = DeviceBuffer::<u8>::zeroed(&stream, 1 << 20).unwrap();
     e.record(&stream).unwrap();
@@ -72,14 +72,14 @@ fn events_record_query_and_synchronize() {
 fn elapsed_time_needs_timed_recorded_events() {
     let ctx = ctx();
     let stream = Stream::new(&ctx).unwrap();
-    let (start, end) = (Event::timed(&ctx).unwrap(), Event::timed(&ctx).unwrap());
+    let (mut start, mut end) = (Event::timed(&ctx).unwrap(), Event::timed(&ctx).unwrap());
     start.record(&stream).unwrap();
     let _buf = DeviceBuffer::<u8>::zeroed(&stream, 1 << 20).unwrap();
     end.record(&stream).unwrap();
     end.synchronize().unwrap();
     let d = end.elapsed_since(&start).unwrap();
     assert!(d.as_secs_f64() >= 0.0 && d.as_secs_f64() < 60.0);
-    let untimed = Event::new(&ctx).unwrap();
+    let mut untimed = Event::new(&ctx).unwrap();
     untimed.record(&stream).unwrap();
     assert!(matches!(end.elapsed_since(&untimed), Err(Error::InvalidHandle { .. })));
     let never = Event::timed(&ctx).unwrap();
@@ -94,7 +94,7 @@ fn recording_on_another_devices_stream_is_wrong_device() {
         return;
     }
     let other = Device::get(1).unwrap().context().unwrap();
-    let e = Event::new(&ctx).unwrap();
+    let mut e = Event::new(&ctx).unwrap();
     let s = Stream::new(&other).unwrap();
     assert!(matches!(e.record(&s), Err(Error::WrongDevice { expected: 0, actual: 1 })));
 }
@@ -174,4 +174,186 @@ fn a_dropped_stream_s_tail_stands_for_its_work() {
     let legacy_tail = legacy.tail().clone();
     drop(legacy);
     assert!(legacy_tail.is_alive() && legacy_tail.is_legacy());
+}
+
+/// A simulator fault that fails the next call of `function` on this thread, once.
+fn fail_next_on_this_thread(function: &str) -> cumem_sys::sim_control::FaultRule {
+    cumem_sys::sim_control::FaultRule {
+        this_thread_only: true,
+        ..cumem_sys::sim_control::FaultRule::nth_call(
+            function,
+            1,
+            cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
+        )
+    }
+}
+
+/// A stream's drop logs with its tail unlocked: a subscriber that asks the tail something from
+/// the warning of a failed retired event gets an answer (the stream already gone) instead of
+/// waiting for the drop that called it.
+#[test]
+#[serial_test::serial] // injects faults on this thread only, but keeps the fault counts simple
+fn a_stream_drop_warns_with_its_tail_unlocked() {
+    let ctx = ctx();
+    if testing::sim_control().is_none() {
+        return testing::skip("injects driver faults: simulator only");
+    }
+    testing::within_watchdog("a subscriber asking the tail from a stream drop's warning", move || {
+        let ctl = testing::sim_control().unwrap();
+        let a = Stream::non_blocking(&ctx).unwrap();
+        let tail = a.tail().clone();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (asked, noted) = (tail.clone(), seen.clone());
+        let subscriber = testing::OnEvent(move |e: &tracing::Event<'_>| {
+            let message = testing::event_message(e);
+            if message.contains("dropped stream") {
+                noted.lock().unwrap().push((message, asked.is_alive()));
+            }
+        });
+        let rule = ctl.inject_fault(fail_next_on_this_thread("cuEventRecord"));
+        tracing::subscriber::with_default(subscriber, || drop(a));
+        ctl.remove_fault(rule);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            [("recording a dropped stream's last event failed; synchronising it".to_string(), false)]
+        );
+        // The drop synchronised the stream instead: nothing of it is pending.
+        assert!(tail.retired().is_none());
+        tail.synchronize().unwrap();
+    });
+}
+
+/// `StreamTail::synchronize` waits with the tail unlocked: while it waits for a held stream,
+/// another thread can still ask the tail whether the stream lives.
+#[test]
+#[serial_test::serial] // holds a gate
+fn a_tail_s_synchronize_waits_with_the_tail_unlocked() {
+    use std::time::Duration;
+    let ctx = ctx();
+    let a = Stream::non_blocking(&ctx).unwrap();
+    let tail = a.tail().clone();
+    ctx.bind().unwrap();
+    // SAFETY: `a` is alive and its context current.
+    let gate = unsafe { testing::hold(a.raw()) };
+    let waiter = {
+        let tail = tail.clone();
+        std::thread::spawn(move || tail.synchronize())
+    };
+    // Time for the waiter to reach its wait (were it holding the lock, the check below hangs).
+    std::thread::sleep(Duration::from_millis(200));
+    let asked = tail.clone();
+    testing::within_watchdog("asking a tail whether it lives while it is being synchronised", move || {
+        assert!(asked.is_alive());
+    });
+    assert!(!waiter.is_finished(), "the waiter returned while the stream was held");
+    gate.release();
+    waiter.join().unwrap().unwrap();
+    drop(a);
+}
+
+/// A stream whose last handle an order lets go of (its user covered by a later one) is destroyed
+/// with the order unlocked: a subscriber that asks the order something from the destroyed
+/// stream's warning gets an answer instead of waiting for the thread that holds the order.
+#[test]
+#[serial_test::serial] // injects faults on this thread only, but keeps the fault counts simple
+fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
+    let ctx = ctx();
+    if testing::sim_control().is_none() {
+        return testing::skip("injects driver faults: simulator only");
+    }
+    testing::within_watchdog("a subscriber asking an order from a dropped user's warning", move || {
+        let ctl = testing::sim_control().unwrap();
+        let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+        // A shared tail makes the drop record a retired event, which is made to fail and warn.
+        let tail = a.tail().clone();
+        let order = std::sync::Arc::new(cumem_core::StreamOrder::new(&a));
+        drop(a); // the order holds a's last handle
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (asked, noted) = (order.clone(), seen.clone());
+        let subscriber = testing::OnEvent(move |e: &tracing::Event<'_>| {
+            let message = testing::event_message(e);
+            if message.contains("dropped stream") {
+                noted.lock().unwrap().push((message, asked.users().unwrap()));
+            }
+        });
+        let ticket = order.use_on(&b).unwrap(); // b waits for a
+        let rule = ctl.inject_fault(fail_next_on_this_thread("cuEventRecord"));
+        // Recording b covers a: the order lets go of a, its last handle.
+        tracing::subscriber::with_default(subscriber, || drop(ticket));
+        ctl.remove_fault(rule);
+        assert!(!tail.is_alive(), "a was destroyed");
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            [("recording a dropped stream's last event failed; synchronising it".to_string(), 1)]
+        );
+        assert_eq!(order.join().unwrap(), b);
+    });
+}
+
+/// A host wait does not keep the tracker locked: while `wait_idle` waits for a held read stream,
+/// another thread tracks a new read on that same stream; that read, queued after the wait began,
+/// is still tracked once the wait returns.
+#[test]
+#[serial_test::serial] // holds a gate
+fn a_host_wait_leaves_the_tracker_unlocked_and_keeps_reads_queued_meanwhile() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    /// The memory the device "reads" (the closures queue nothing).
+    static DATA: [u8; 16] = [7; 16];
+    let ctx = ctx();
+    let r = Stream::non_blocking(&ctx).unwrap();
+    let access = Arc::new(cumem_core::HostAccess::new());
+    // SAFETY: `DATA` lives forever and the closure queues nothing.
+    unsafe { access.device_read(&r, DATA.as_ptr(), DATA.len(), |_, _| Ok(())).unwrap() };
+    ctx.bind().unwrap();
+    // SAFETY: `r` is alive and its context current. Longer than the watchdog: were the tracker
+    // locked, the read below must not be let through by the gate opening on its own.
+    let gate = unsafe { testing::hold_for(r.raw(), 2 * testing::DEADLOCK_WATCHDOG) };
+    let waiter = {
+        let access = access.clone();
+        std::thread::spawn(move || access.wait_idle())
+    };
+    // Time for the waiter to reach its wait (were it holding the lock, the read below hangs).
+    std::thread::sleep(Duration::from_millis(200));
+    let (reader, stream) = (access.clone(), r.clone());
+    testing::within_watchdog("tracking a read while a host wait waits", move || {
+        // SAFETY: as above.
+        unsafe { reader.device_read(&stream, DATA.as_ptr(), DATA.len(), |_, _| Ok(())).unwrap() };
+    });
+    assert!(!waiter.is_finished(), "the wait returned while the read stream was held");
+    gate.release();
+    waiter.join().unwrap().unwrap();
+    assert!(!access.is_idle(), "the read tracked during the wait was forgotten");
+    access.wait_idle().unwrap();
+    assert!(access.is_idle());
+}
+
+/// A stream whose drop could neither record its retired event nor synchronise it leaves a tail
+/// that says so: `after_work` and `synchronize` fail with the synchronisation's error, rather
+/// than claiming that nothing of the stream is pending.
+#[test]
+#[serial_test::serial] // injects faults on this thread only, but keeps the fault counts simple
+fn a_tail_whose_stream_could_not_be_retired_fails() {
+    let ctx = ctx();
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
+    let a = Stream::non_blocking(&ctx).unwrap();
+    let tail = a.tail().clone();
+    let record = ctl.inject_fault(fail_next_on_this_thread("cuEventRecord"));
+    let sync = ctl.inject_fault(fail_next_on_this_thread("cuStreamSynchronize"));
+    drop(a);
+    ctl.remove_fault(record);
+    ctl.remove_fault(sync);
+    assert!(!tail.is_alive() && tail.retired().is_none());
+    for answer in [tail.after_work().map(drop), tail.synchronize()] {
+        let err = answer.expect_err("nothing stands for the dropped stream's work");
+        assert_eq!(err.code(), Some(cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN), "{err}");
+        assert!(err.to_string().contains("cuStreamSynchronize"), "{err}");
+    }
+    // Nothing to order: the stream takes no more work.
+    let b = Stream::non_blocking(&ctx).unwrap();
+    tail.wait(&b.record().unwrap()).unwrap();
 }

@@ -89,3 +89,42 @@ fn capabilities_can_be_queried_directly() {
     let d = Device::get(0).unwrap();
     assert_eq!(Capabilities::query(d).unwrap(), d.capabilities().unwrap());
 }
+
+/// The doors make the stream's context current: on a thread that never bound one, a raw memset
+/// queued through `queue_on` (or a guard from `on`) runs, and its bytes round-trip.
+#[test]
+fn raw_work_through_a_door_runs_on_a_fresh_thread() {
+    let s = stream();
+    let mut buf = DeviceBuffer::<u8>::zeroed(&s, 256).unwrap();
+    let worker = s.clone();
+    let buf = std::thread::spawn(move || {
+        // Used on `worker` already: the door waits for nothing, so nothing else binds a context.
+        let code = buf
+            .as_mut_slice()
+            .queue_on(&worker, |ptr| {
+                // SAFETY: `ptr` is the buffer's 256 bytes, ordered on `worker`.
+                Ok(unsafe { cumem_core::sys::cuMemsetD8Async(ptr, 0xAB, 256, worker.raw()) })
+            })
+            .unwrap();
+        assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+        buf
+    })
+    .join()
+    .unwrap();
+    assert_eq!(buf.to_vec().unwrap(), [0xAB; 256]);
+    let buf = std::thread::spawn(move || {
+        let mut buf = buf;
+        {
+            let mut view = buf.as_mut_slice();
+            let on = view.on(&s).unwrap();
+            // SAFETY: the guard's 256 bytes, ordered on its stream.
+            let code =
+                unsafe { cumem_core::sys::cuMemsetD8Async(on.device_ptr(), 0xCD, 256, on.stream().raw()) };
+            assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+        }
+        buf
+    })
+    .join()
+    .unwrap();
+    assert_eq!(buf.to_vec().unwrap(), [0xCD; 256]);
+}
