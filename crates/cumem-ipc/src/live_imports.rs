@@ -181,7 +181,9 @@ pub(crate) fn place(ticket: &LegacyTicket, base: CUdeviceptr) -> bool {
 /// No tombstone is kept while the close runs (unlike a pool pointer's free, see the module docs),
 /// and none is needed: an open in the import's context that the driver answers with its mapping,
 /// through the same bytes or through differing bytes of the same allocation, before the close,
-/// holds one more reference (driver-api.md §12; the simulator counts the same), so the close only
+/// holds one more reference (driver-api.md §12 records the count for opening the same handle
+/// again; that differing bytes of one allocation count the same is what the simulator does, not
+/// yet checked on a GPU: see docs/ipc.md), so the close only
 /// takes back the closing import's and the mapping stays with the new one ([`place`] claims it
 /// like any other); one answered after the close gets a mapping of its own. An open in another
 /// context maps elsewhere, which the close does not touch. The closing import lends no view any

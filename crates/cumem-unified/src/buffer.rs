@@ -701,25 +701,50 @@ impl<T> UnifiedBuffer<T> {
     /// hints, then sets the policy's (checked for support before any hint changes).
     ///
     /// If a driver call fails, its error is returned and the hints of the policy in effect before
-    /// ([`UnifiedBuffer::policy`], which still names it) are set again (a hint set with
-    /// [`UnifiedBuffer::advise`] outside a policy stays removed). Should that fail too, both
-    /// hints are removed once more and the policy becomes [`MigrationPolicy::OnDemand`] (no hints);
-    /// only if even that fails does [`UnifiedBuffer::policy`] name a policy whose hints may be in
-    /// effect only in part ([`UnifiedBuffer::attributes`] reads back what is).
+    /// ([`UnifiedBuffer::policy`], which still names it) are set again (a read-mostly or
+    /// preferred-location hint set with [`UnifiedBuffer::advise`] outside a policy stays removed;
+    /// accessed-by hints are never touched). Should that fail too, both hints are removed once
+    /// more and the policy becomes [`MigrationPolicy::OnDemand`] (no read-mostly or preferred
+    /// location); only if even that fails does [`UnifiedBuffer::policy`] name a policy whose hints
+    /// may be in effect only in part ([`UnifiedBuffer::attributes`] reads back what is). Either
+    /// fallback's failure is logged (`warn`).
     pub fn set_policy(&self, policy: MigrationPolicy) -> Result<()> {
         if let Some(l) = policy.preferred_location() {
             l.require_concurrent()?;
         }
         let mut current = self.policy.lock();
-        if let Err(e) = self.apply_policy(policy) {
-            // Back to a state `policy()` names truly; the first error is the one worth returning.
-            if self.apply_policy(*current).is_err() && self.apply_policy(MigrationPolicy::OnDemand).is_ok() {
+        let Err(e) = self.apply_policy(policy) else {
+            *current = policy;
+            return Ok(());
+        };
+        // Back to a state `policy()` names truly; the first error is the one returned, the
+        // fallbacks' are logged once the lock is let go (a subscriber may ask for the policy).
+        let previous = *current;
+        let fallback = self.apply_policy(previous).err().map(|restore| {
+            let cleared = self.apply_policy(MigrationPolicy::OnDemand).err();
+            if cleared.is_none() {
                 *current = MigrationPolicy::OnDemand;
             }
-            return Err(e);
+            (restore, cleared)
+        });
+        drop(current);
+        if let Some((restore, cleared)) = fallback {
+            match cleared {
+                None => tracing::warn!(
+                    error = %restore,
+                    ?previous,
+                    "restoring the previous migration policy's hints failed; the buffer is now OnDemand"
+                ),
+                Some(cleared) => tracing::warn!(
+                    error = %restore,
+                    clearing = %cleared,
+                    ?previous,
+                    "restoring the previous migration policy's hints and clearing them both failed; \
+                     the policy reported may be in effect only in part"
+                ),
+            }
         }
-        *current = policy;
-        Ok(())
+        Err(e)
     }
 
     /// Removes the read-mostly and preferred-location hints, then sets `policy`'s.

@@ -5,8 +5,9 @@
 //! devices, capabilities) and only then queues one prefetch per entry, each ordered after the work
 //! that already uses its buffer. A prefetch is recorded as a device read of its range: it moves
 //! pages but changes no data, so shared host reads ([`UnifiedBuffer::as_slice`],
-//! [`UnifiedBuffer::with_host_slice`], [`UnifiedBuffer::to_vec`]) need not wait for it and do not,
-//! while exclusive host access ([`UnifiedBuffer::as_mut_slice`],
+//! [`UnifiedBuffer::with_host_slice`], [`UnifiedBuffer::to_vec`]) need not wait for it and do not
+//! (unless they wait for an earlier device write, which synchronises every stream that used the
+//! buffer, the prefetch's included), while exclusive host access ([`UnifiedBuffer::as_mut_slice`],
 //! [`UnifiedBuffer::with_host_slice_mut`]) and [`UnifiedBuffer::wait_idle`] wait for it, like for
 //! any other device work on the buffer. (Prefetching needs concurrent managed access, where host
 //! and device reads may overlap.)

@@ -199,6 +199,41 @@ fn a_policy_change_that_fails_keeps_the_previous_policy() {
 
 #[test]
 #[serial]
+fn a_policy_change_whose_restore_fails_too_falls_back_to_on_demand_and_says_so() {
+    use std::sync::{Arc, Mutex};
+    let (_, _, stream) = full();
+    let Some(ctl) = testing::sim_control() else { return testing::skip(INJECTS) };
+    let buf = UnifiedBuffer::<f32>::zeroed(&stream, GRANULE_U32).unwrap();
+    buf.set_policy(MigrationPolicy::PreferHost).unwrap();
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    let seen = warnings.clone();
+    let subscriber = testing::OnEvent(move |event: &tracing::Event<'_>| {
+        if *event.metadata().level() == tracing::Level::WARN {
+            seen.lock().unwrap().push(testing::event_message(event));
+        }
+    });
+    // Read-mostly's third call fails; the restore of PreferHost (calls 4-6) fails at its
+    // advise (the sixth); clearing both hints (calls 7 and 8) works.
+    let rules: Vec<_> = ["cuMemAdvise", "cuMemAdvise_v2"]
+        .into_iter()
+        .flat_map(|f| [fail_once(&ctl, f, 3), fail_once(&ctl, f, 6)])
+        .collect();
+    let result =
+        tracing::subscriber::with_default(subscriber, || buf.set_policy(MigrationPolicy::ReadMostly));
+    rules.into_iter().for_each(|r| ctl.remove_fault(r));
+    assert!(result.is_err_and(|e| is_unknown(&e)), "the first error is returned");
+    assert_eq!(buf.policy(), MigrationPolicy::OnDemand);
+    let a = buf.attributes().unwrap();
+    assert_eq!((a.preferred_location, a.read_mostly), (None, false), "{a:?}");
+    let warnings = warnings.lock().unwrap();
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("now OnDemand"),
+        "one warning names the fallback: {warnings:?}"
+    );
+}
+
+#[test]
+#[serial]
 fn prefetch_plans_run_on_a_stream() {
     let (device, _, stream) = full();
     let data = pattern(GRANULE_U32);
