@@ -1,7 +1,8 @@
 //! Streams: ordered queues of device work.
 //!
 //! A [`Stream`] is a cheap, clonable handle; the driver stream is destroyed when the last clone is
-//! dropped (the driver lets pending work finish first). [`Stream::legacy`] names the context's
+//! dropped (the driver lets pending work finish first), or, if a cache is in the middle of a call
+//! on it through its [`StreamTail`] then, when that call returns. [`Stream::legacy`] names the context's
 //! legacy default stream, which implicitly synchronises with every blocking stream.
 //!
 //! Every stream has a [`StreamTail`], a small shared object that outlives it: a cache that must
@@ -51,7 +52,9 @@ pub struct Stream {
 struct Inner {
     ctx: Context,
     raw: RawStream,
-    owned: bool,
+    /// Destroys the driver stream when the last holder lets go: this handle, or a tail user
+    /// in the middle of a driver call on the stream (see [`StreamTail`]).
+    handle: Arc<OwnedStream>,
     options: StreamOptions,
     /// See [`Stream::id`].
     id: u64,
@@ -85,8 +88,12 @@ pub struct StreamTail {
 }
 
 struct TailState {
-    /// The stream's handle while it lives.
-    raw: Option<RawStream>,
+    /// The stream's handle while it lives. A tail user clones it under the lock and makes its
+    /// driver call with the lock released: the clone keeps the driver stream from being destroyed
+    /// meanwhile (the last holder destroys it), and nobody waits for the lock while the driver
+    /// holds a call back (`cuEventRecord` waits behind another thread's `cuMemFree`, §17 of the
+    /// driver brief).
+    raw: Option<Arc<OwnedStream>>,
     /// Recorded by the stream's drop just before `cuStreamDestroy`; `None` while the stream lives,
     /// and after a drop that could not record it (it synchronised the stream instead).
     retired: Option<Arc<Event>>,
@@ -126,20 +133,23 @@ impl StreamTail {
     /// call, the error that synchronisation failed with (as the driver reported it, e.g. a sticky
     /// `IllegalAddress`, whose context is unusable anyway).
     pub fn after_work(&self) -> Result<Option<Arc<Event>>> {
-        let st = self.state.lock();
-        if let Some(e) = &st.poisoned {
-            return Err(e.clone());
-        }
-        match st.raw {
-            // Under the lock, so the stream cannot be destroyed between the event's creation and
-            // its record.
-            Some(raw) => {
-                let event = Event::new(&self.ctx)?;
-                ffi::event_record(event.raw(), raw.0)?;
-                Ok(Some(Arc::new(event)))
+        let handle = {
+            let st = self.state.lock();
+            if let Some(e) = &st.poisoned {
+                return Err(e.clone());
             }
-            None => Ok(st.retired.clone()),
-        }
+            match &st.raw {
+                Some(handle) => handle.clone(),
+                None => return Ok(st.retired.clone()),
+            }
+        };
+        // Unlocked: `handle` keeps the driver stream alive until the record is queued. An event
+        // recorded after the stream's drop published its retired event stands for the same work
+        // (nothing can be queued on a dropped stream). When `handle` is the stream's last holder,
+        // the stream is destroyed as it goes, here, with no lock held.
+        let event = Event::new(&self.ctx)?;
+        ffi::event_record(event.raw(), handle.raw.0)?;
+        Ok(Some(Arc::new(event)))
     }
 
     /// The retired event (`None` while the stream lives, or when its drop synchronised it
@@ -151,10 +161,11 @@ impl StreamTail {
     /// Makes the stream's work queued from now on wait for `event`; nothing when the stream is
     /// gone (no new work can be queued on it).
     pub fn wait(&self, event: &Event) -> Result<()> {
-        let st = self.state.lock();
-        if let Some(raw) = st.raw {
+        // The handle is cloned under the lock and used without it (see `TailState::raw`).
+        let handle = self.state.lock().raw.clone();
+        if let Some(handle) = handle {
             self.ctx.bind()?;
-            ffi::stream_wait_event(raw.0, event.raw())?;
+            ffi::stream_wait_event(handle.raw.0, event.raw())?;
         }
         Ok(())
     }
@@ -163,9 +174,9 @@ impl StreamTail {
     /// as [`StreamTail::after_work`] does when the stream's drop could neither record its retired
     /// event nor synchronise it.
     pub fn synchronize(&self) -> Result<()> {
-        // The wait happens with the tail unlocked: an event recorded under the lock (so the stream
-        // is not destroyed meanwhile) stands for the work, and the stream's drop, `is_alive` and
-        // `after_work` on other threads need not wait for the stream's work to finish.
+        // The wait happens with the tail unlocked: an event recorded after the work stands for
+        // it, and the stream's drop, `is_alive` and `after_work` on other threads need not wait
+        // for the stream's work to finish.
         match self.after_work()? {
             Some(event) => event.synchronize(),
             None => Ok(()),
@@ -184,6 +195,30 @@ static NEXT_STREAM_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct RawStream(CUstream);
+
+/// A driver stream and whether cumem created it: one that was is destroyed when the last
+/// holder of this lets go (the legacy stream never is).
+struct OwnedStream {
+    ctx: Context,
+    raw: RawStream,
+    owned: bool,
+}
+
+impl Drop for OwnedStream {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: this stream was created by `stream_create`, and this is its last holder:
+            // every `Stream` handle and every tail user's clone of it are gone.
+            unsafe { ffi::stream_destroy(self.raw.0) }
+        });
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "destroying a stream failed");
+        }
+    }
+}
 
 // SAFETY: a CUstream is an opaque handle usable from any thread; cumem never dereferences it.
 unsafe impl Send for RawStream {}
@@ -207,12 +242,13 @@ impl Stream {
         let flags = if options.non_blocking { CUstream_flags::CU_STREAM_NON_BLOCKING as u32 } else { 0 };
         let raw = ffi::stream_create(flags, options.priority)?;
         let id = NEXT_STREAM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tail = Stream::new_tail(ctx, RawStream(raw), id, false);
+        let handle = Arc::new(OwnedStream { ctx: ctx.clone(), raw: RawStream(raw), owned: true });
+        let tail = Stream::new_tail(ctx, &handle, id, false);
         Ok(Stream {
             inner: Arc::new(Inner {
                 ctx: ctx.clone(),
                 raw: RawStream(raw),
-                owned: true,
+                handle,
                 options,
                 id,
                 marker: Marker::default(),
@@ -223,25 +259,27 @@ impl Stream {
 
     /// The legacy default stream of `ctx` (the NULL stream).
     pub fn legacy(ctx: &Context) -> Stream {
+        let raw = RawStream(std::ptr::null_mut());
+        let handle = Arc::new(OwnedStream { ctx: ctx.clone(), raw, owned: false });
         Stream {
             inner: Arc::new(Inner {
                 ctx: ctx.clone(),
-                raw: RawStream(std::ptr::null_mut()),
-                owned: false,
+                raw,
+                tail: Stream::new_tail(ctx, &handle, 0, true),
+                handle,
                 options: StreamOptions::default(),
                 id: 0,
                 marker: Marker::default(),
-                tail: Stream::new_tail(ctx, RawStream(std::ptr::null_mut()), 0, true),
             }),
         }
     }
 
-    fn new_tail(ctx: &Context, raw: RawStream, id: u64, legacy: bool) -> Arc<StreamTail> {
+    fn new_tail(ctx: &Context, handle: &Arc<OwnedStream>, id: u64, legacy: bool) -> Arc<StreamTail> {
         Arc::new(StreamTail {
             ctx: ctx.clone(),
             id,
             legacy,
-            state: Mutex::new(TailState { raw: Some(raw), retired: None, poisoned: None }),
+            state: Mutex::new(TailState { raw: Some(handle.clone()), retired: None, poisoned: None }),
         })
     }
 
@@ -372,7 +410,7 @@ impl fmt::Debug for Stream {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.marker.destroy(&self.ctx);
-        if !self.owned {
+        if !self.handle.owned {
             return;
         }
         // Someone (a cache) keeps the tail: leave it an event standing for all the stream's work.
@@ -381,10 +419,8 @@ impl Drop for Inner {
             // Recorded (or the stream synchronised) before the tail is locked: the driver may hold
             // `cuEventRecord` back (behind another thread's `cuMemFree`, §17 of the driver brief)
             // and the fallback waits for all the stream's work, and neither should keep other
-            // threads out of the tail meanwhile. The handle stays valid without the lock: only this
-            // drop destroys it, after publishing below that the stream is gone, so a concurrent
-            // `after_work` or `wait` (which use the handle under the lock) either ran before that
-            // or sees `raw == None`.
+            // threads out of the tail meanwhile. The driver stream lives on while `self.handle`
+            // or a tail user's clone of it does (see `TailState::raw`).
             let recorded =
                 Event::new(&self.ctx).and_then(|e| ffi::event_record(e.raw(), self.raw.0).map(|()| e));
             let (retired, failures) = match recorded {
@@ -395,12 +431,15 @@ impl Drop for Inner {
                     (None, Some((record, sync.err())))
                 }
             };
-            {
+            let published = {
                 let mut st = self.tail.state.lock();
                 st.retired = retired;
                 st.poisoned = failures.as_ref().and_then(|(_, sync)| sync.clone());
-                st.raw = None;
-            }
+                st.raw.take()
+            };
+            // Not the last holder (`self.handle` is one), but let go of with the tail unlocked all
+            // the same.
+            drop(published);
             // Logged with the tail unlocked: a subscriber may use it (`is_alive`, `synchronize`).
             if let Some((record, sync)) = failures {
                 tracing::warn!(error = %record, "recording a dropped stream's last event failed; synchronising it");
@@ -409,12 +448,7 @@ impl Drop for Inner {
                 }
             }
         }
-        let result = self.ctx.bind().and_then(|()| {
-            // SAFETY: this stream was created by `stream_create`, and this is the last owner.
-            unsafe { ffi::stream_destroy(self.raw.0) }
-        });
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "destroying a stream failed");
-        }
+        // `self.handle` goes with the fields: the stream is destroyed then, unless a tail user is
+        // in the middle of a call on it (that user's clone destroys it as it goes).
     }
 }

@@ -252,6 +252,41 @@ fn a_tail_s_synchronize_waits_with_the_tail_unlocked() {
     drop(a);
 }
 
+/// A tail's record that the driver holds back (`cuEventCreate`/`cuEventRecord` wait while another
+/// thread's `cuMemFree` waits for a held stream: §17 of the driver brief) leaves the tail
+/// unlocked: another thread can still ask whether the stream lives.
+#[test]
+#[serial_test::serial] // holds a gate
+fn a_tail_s_record_held_back_by_the_driver_leaves_the_tail_unlocked() {
+    use std::time::Duration;
+    let ctx = ctx();
+    let a = Stream::non_blocking(&ctx).unwrap();
+    let tail = a.tail().clone();
+    let held = Stream::non_blocking(&ctx).unwrap();
+    let driver = std::sync::Arc::new(cumem_core::DriverResource::new(&ctx));
+    let buffer = DeviceBuffer::<u8>::new_in(&driver, &a, 4096).unwrap();
+    ctx.bind().unwrap();
+    // SAFETY: `held` is alive and its context current.
+    let gate = unsafe { testing::hold(held.raw()) };
+    // Its `cuMemFree` waits for the held stream, and holds the device meanwhile.
+    let freeing = std::thread::spawn(move || drop(buffer));
+    std::thread::sleep(Duration::from_millis(200));
+    let recording = {
+        let tail = tail.clone();
+        std::thread::spawn(move || tail.after_work().map(|event| event.is_some()))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let asked = tail.clone();
+    testing::within_watchdog("asking a tail whether it lives while its record is held back", move || {
+        assert!(asked.is_alive());
+    });
+    assert!(!recording.is_finished(), "the record returned while the device was held");
+    gate.release();
+    freeing.join().unwrap();
+    assert!(recording.join().unwrap().unwrap(), "a live stream's tail records an event");
+    drop(a);
+}
+
 /// A stream whose last handle an order lets go of (its user covered by a later one) is destroyed
 /// with the order unlocked: a subscriber that asks the order something from the destroyed
 /// stream's warning gets an answer instead of waiting for the thread that holds the order.
