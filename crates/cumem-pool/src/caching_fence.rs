@@ -44,12 +44,19 @@ static INIT: Once = Once::new();
 
 /// Chooses the mode (once per process). Call it before a thread cache is shared between threads.
 pub(crate) fn init() {
+    let mut chosen = None;
     INIT.call_once(|| {
         let forced = cfg!(miri) || std::env::var_os(FORCE_FENCES).is_some_and(|v| v == "1");
         let mode = if !forced && register_membarrier() { MEMBARRIER } else { FENCES };
-        tracing::debug!(membarrier = mode == MEMBARRIER, "thread-cache fence mode");
         MODE.store(mode, Ordering::Release);
+        chosen = Some(mode);
     });
+    // Logged once the `Once` is complete: a subscriber that makes a pool on this event (one that
+    // allocates, or looks the current pool up) calls `init` again, which would wait for itself
+    // inside `call_once`.
+    if let Some(mode) = chosen {
+        tracing::debug!(membarrier = mode == MEMBARRIER, "thread-cache fence mode");
+    }
 }
 
 /// The owner's store→load fence (see the module documentation).
