@@ -458,18 +458,25 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let _span = tracing::debug_span!("trim", device = self.upstream.device(), keep).entered();
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
-        self.sweep(&mut st, &mut guards);
+        let unretired = self.sweep(&mut st, &mut guards);
         for g in guards.iter_mut() {
             g.flush_bins();
         }
         if !self.releasable(&guards, keep as u64) {
+            drop((guards, st));
+            unretired.log();
             return Ok(TrimReport::default());
         }
-        self.ordering.synchronize().map_err(PoolError::Ordering)?;
+        if let Err(e) = self.ordering.synchronize() {
+            drop((guards, st));
+            unretired.log();
+            return Err(PoolError::Ordering(e));
+        }
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, keep as u64, &mut notes);
         drop((guards, st));
+        unretired.log();
         notes.log();
         Self::log_released(&report);
         self.give_back(unlinked);
@@ -491,12 +498,17 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
-        self.sweep(&mut st, &mut guards);
-        self.ordering.synchronize().map_err(PoolError::Ordering)?;
+        let unretired = self.sweep(&mut st, &mut guards);
+        if let Err(e) = self.ordering.synchronize() {
+            drop((guards, st));
+            unretired.log();
+            return Err(PoolError::Ordering(e));
+        }
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, threshold, &mut notes);
         drop((guards, st));
+        unretired.log();
         notes.log();
         Self::log_released(&report);
         self.give_back(unlinked);
@@ -851,22 +863,32 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         // Blocks thread-cached for a dropped stream go to its arena before the sweep retires it.
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
-        self.sweep(&mut st, &mut guards);
+        let unretired = self.sweep(&mut st, &mut guards);
         drop(guards);
-        self.arenas.insert_locked(&mut st, stream)
+        let found = self.arenas.insert_locked(&mut st, stream);
+        if unretired.is_empty() {
+            return found;
+        }
+        // Logged with no lock held (a subscriber may read the pool's stats); the stream's arena,
+        // inserted above, is looked up again afterwards (or inserted, if the table was full).
+        drop((found, st));
+        unretired.log();
+        self.arenas.lock_or_insert(stream)
     }
 
     /// Retires orphaned streams: the ordering records that their work so far must precede any reuse
     /// of memory cached under the retired name and forgets them; their arenas' memory and counts
     /// move to the retired streams' arena, and their arenas are vacated for other streams. The
-    /// caller holds the table's mutex and every arena lock.
-    fn sweep(&self, st: &mut TableState, guards: &mut Guards<'_, O::Stream>) {
+    /// caller holds the table's mutex and every arena lock, and logs the streams that could not be
+    /// retired once it has let go of them.
+    fn sweep(&self, st: &mut TableState, guards: &mut Guards<'_, O::Stream>) -> Unretired<O::Stream> {
+        let mut unretired = Unretired(Vec::new());
         self.arenas.sweep_done(st);
         let Some(retired) = self.ordering.retired_stream() else {
             st.sweep_at = usize::MAX; // this ordering never retires a stream
-            return;
+            return unretired;
         };
-        let Some(ri) = guards.iter().position(|g| g.stream == Some(retired)) else { return };
+        let Some(ri) = guards.iter().position(|g| g.stream == Some(retired)) else { return unretired };
         let orphans = self.ordering.orphans();
         if !orphans.is_empty() {
             let positions: HashMap<O::Stream, usize> =
@@ -877,7 +899,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     continue;
                 }
                 if let Err(e) = self.ordering.retire(stream) {
-                    tracing::warn!(error = %e, ?stream, "retiring a dropped stream failed; kept");
+                    unretired.0.push((stream, e));
                     continue;
                 }
                 let Some(&i) = positions.get(&stream) else { continue };
@@ -888,6 +910,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.rebalance();
         }
         st.sweep_at = (2 * st.live).max(crate::table::SWEEP_MIN).min(self.arenas.capacity());
+        unretired
     }
 
     #[cold]
@@ -1069,8 +1092,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         self.segments.lock().oom_ladders += 1;
-        self.sweep(&mut st, &mut guards);
-        self.ordering.synchronize().map_err(PoolError::Ordering)?;
+        let unretired = self.sweep(&mut st, &mut guards);
+        if let Err(e) = self.ordering.synchronize() {
+            drop((guards, st));
+            unretired.log();
+            return Err(PoolError::Ordering(e));
+        }
         // After the synchronisation every cached byte is safe for every stream.
         consolidate(&mut guards);
         let ti = to.index;
@@ -1127,6 +1154,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     Ok(expandable::Grown::OutOfMemory) => Ok(None),
                     Err(e) => Err(e),
                 };
+                unretired.log();
                 notes.log();
                 Self::log_released(&released);
                 grown_notes.log();
@@ -1136,6 +1164,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 }
             } else {
                 drop((guards, st));
+                unretired.log();
                 notes.log();
                 Self::log_released(&released);
                 self.give_back(unlinked);
@@ -1159,6 +1188,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         } else {
             drop((guards, st));
+            unretired.log();
         }
         if let Some((addr, seg, kind)) = found {
             self.count_alloc(req.size, req.requested);
@@ -1311,6 +1341,25 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             // Only now: if the upstream panics, `unlinked`'s drop settles this free too.
             unlinked.freed += 1;
             self.returning.finish(ticket, true);
+        }
+    }
+}
+
+/// Dropped streams a sweep could not retire (each kept, with its arena), logged by
+/// [`log`](Self::log) once the pool's locks are let go: a subscriber may read the pool's stats,
+/// which take them.
+#[must_use = "log them once the locks are let go"]
+struct Unretired<S>(Vec<(S, crate::UpstreamError)>);
+
+impl<S: fmt::Debug> Unretired<S> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Warns about each stream. Call with no lock of the pool held.
+    fn log(self) {
+        for (stream, e) in self.0 {
+            tracing::warn!(error = %e, ?stream, "retiring a dropped stream failed; kept");
         }
     }
 }
