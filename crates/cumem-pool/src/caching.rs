@@ -462,7 +462,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         for g in guards.iter_mut() {
             g.flush_bins();
         }
-        if !self.releasable(&guards, keep as u64) {
+        let stranded = self.segments.lock().stranded_bytes > 0;
+        if !stranded && !self.releasable(&guards, keep as u64) {
             drop((guards, st));
             unretired.log();
             return Ok(TrimReport::default());
@@ -472,6 +473,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             unretired.log();
             return Err(PoolError::Ordering(e));
         }
+        self.reclaim_stranded(&mut guards);
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, keep as u64, &mut notes);
@@ -504,6 +506,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             unretired.log();
             return Err(PoolError::Ordering(e));
         }
+        self.reclaim_stranded(&mut guards);
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, threshold, &mut notes);
@@ -551,6 +554,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         s.reserved_bytes = segs.reserved;
         s.peak_reserved_bytes = segs.peak_reserved;
         s.cached_bytes = segs.reserved.saturating_sub(s.current_bytes);
+        s.stranded_bytes = segs.stranded_bytes;
         s.segments = (segs.map.len() + segs.expandable.segs.len()) as u64;
         s.upstream_allocations = segs.upstream_allocations;
         s.upstream_frees = segs.upstream_frees;
@@ -582,15 +586,18 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         out
     }
 
-    /// Every cached (free or binned) block of every stream as `(addr, len)`, in address order.
+    /// Every cached (free or binned) block of every stream as `(addr, len)`, in address order,
+    /// stranded ones included (see [`PoolStats::stranded_bytes`]).
     pub fn cached_ranges(&self) -> Vec<(u64, u64)> {
         self.flush_thread_caches();
         let mut out = vec![];
-        for g in self.lock_all().1 {
+        let (_st, guards) = self.lock_all();
+        for g in &guards {
             out.extend(
                 g.small.ranges().chain(g.large.ranges()).chain(g.bins.entries()).map(|(a, l, _)| (a, l)),
             );
         }
+        out.extend(self.segments.lock().stranded.iter().map(|&(a, l, _, _)| (a, l)));
         out.sort_unstable();
         out
     }
@@ -611,6 +618,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             g.large.check()?;
             items.extend(g.small.ranges().chain(g.bins.entries()).map(|(a, l, s)| (a, l, s, Kind::Small)));
             items.extend(g.large.ranges().map(|(a, l, s)| (a, l, s, Kind::Large)));
+        }
+        items.extend(segs.stranded.iter().copied());
+        if segs.stranded.iter().map(|x| x.1).sum::<u64>() != segs.stranded_bytes {
+            return Err(format!("stranded blocks do not sum to {}", segs.stranded_bytes));
         }
         items.sort_unstable_by_key(|x| x.0);
         let mut end = 0;
@@ -763,13 +774,41 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 None if self.order_untracked(stream) => {
                     self.arenas.iter().next().map(|a| (a, a.inner.lock()))
                 }
-                // Not ordered: the blocks stay out of every arena, cached but never reused.
-                None => None,
+                // Not ordered: no stream may reuse the blocks until the pool has synchronised.
+                None => {
+                    self.strand(
+                        group.iter().map(|e| (e.addr, bin_bytes(e.bin as usize) as u64, e.seg, Kind::Small)),
+                    );
+                    continue;
+                }
             };
             let Some((_, mut g)) = arena else { continue };
             for e in group {
                 g.bins.push(e.bin as usize, BinEntry { addr: e.addr, seg: e.seg });
             }
+        }
+    }
+
+    /// Keeps cached blocks that no stream may reuse yet (see [`Segments::stranded`](crate::segment::Segments::stranded)) out of every
+    /// arena. Call with no arena lock held.
+    #[cold]
+    fn strand(&self, blocks: impl IntoIterator<Item = (u64, u64, Seg, Kind)>) {
+        let mut segs = self.segments.lock();
+        for b in blocks {
+            segs.stranded_bytes += b.1;
+            segs.stranded.push(b);
+        }
+    }
+
+    /// Returns the stranded blocks to the cache (the first arena; `consolidate` spreads them)
+    /// once a synchronisation has made them safe for every stream. The caller holds every arena
+    /// lock, taken before that synchronisation succeeded.
+    fn reclaim_stranded(&self, guards: &mut Guards<'_, O::Stream>) {
+        let Some(g) = guards.first_mut() else { return };
+        let mut segs = self.segments.lock();
+        segs.stranded_bytes = 0;
+        for (addr, len, seg, kind) in segs.stranded.drain(..) {
+            g.set(kind).insert(addr, len, seg);
         }
     }
 
@@ -811,6 +850,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     fn free_untracked_stream(&self, block: Block, stream: O::Stream) {
         tracing::debug!(arenas = self.arenas.capacity(), "deallocate on a stream beyond the arena table");
         if !self.order_untracked(stream) {
+            self.strand([(block.addr, block.size, block.seg, block.kind)]);
+            self.count_free(block.size, block.requested);
             return;
         }
         // Position 0: the arena of retired streams where there is one, else the first stream's.
@@ -821,7 +862,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Makes memory freed on `stream` (which has no arena) safe for every stream: an event through
     /// `retire` where the ordering retires streams, else a synchronisation. False (logged) when
-    /// that failed: the memory must then not be reused.
+    /// that failed: the memory must then not be reused before the pool synchronises (the caller
+    /// [strands](Self::strand) it).
     #[cold]
     fn order_untracked(&self, stream: O::Stream) -> bool {
         let ordered = if self.ordering.retired_stream().is_some() {
@@ -830,7 +872,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.ordering.synchronize()
         };
         if let Err(e) = ordered {
-            tracing::warn!(error = %e, ?stream, "ordering a free on a stream without an arena failed; memory leaked");
+            tracing::warn!(
+                error = %e,
+                ?stream,
+                "ordering a free on a stream without an arena failed; memory kept aside until the pool synchronises"
+            );
             return false;
         }
         true
@@ -1099,6 +1145,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             return Err(PoolError::Ordering(e));
         }
         // After the synchronisation every cached byte is safe for every stream.
+        self.reclaim_stranded(&mut guards);
         consolidate(&mut guards);
         let ti = to.index;
         let other = match req.kind {
