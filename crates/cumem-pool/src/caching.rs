@@ -438,8 +438,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Releases every fully free segment to the upstream and, with [expandable
     /// segments](crate::expandable), unmaps every whole free chunk (releasing a reservation left
-    /// with nothing mapped), synchronising first if there is anything to release, after retiring
-    /// the streams only the ordering still holds.
+    /// with nothing mapped), synchronising first if there is anything to release (or
+    /// [stranded](PoolStats::stranded_bytes) memory to return to the cache), after retiring the
+    /// streams only the ordering still holds. With nothing to release it returns an empty report
+    /// at once, without synchronising.
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
@@ -450,7 +452,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Releases fully free segments, largest first, then unmaps whole free chunks of expandable
     /// segments, highest address first, until at most `keep` bytes are cached. Does nothing (and
     /// does not synchronise) when that is already so or nothing is releasable (no segment fully
-    /// free, no whole chunk free).
+    /// free, no whole chunk free), unless memory is stranded (then it synchronises, which returns
+    /// that memory to the cache).
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
