@@ -1057,42 +1057,43 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 
     /// Takes a best fit from another stream's arena and orders `to` (serving `stream`) after that
-    /// arena's stream.
+    /// arena's stream. Arenas are tried from the best fit found by a scan; one that changed since
+    /// (vacated, reused, or its fit taken) gives way to the next best.
     fn migrate(
         &self,
         to: &Arena<O::Stream>,
         stream: O::Stream,
         req: &Request,
     ) -> Result<Option<(u64, Seg)>, PoolError> {
-        let mut best: Option<(&Arena<O::Stream>, u64)> = None;
+        let mut fits: Vec<(u64, &Arena<O::Stream>)> = Vec::new();
         for a in self.arenas.iter().filter(|a| a.index != to.index) {
             let mut g = a.inner.lock();
             if req.kind == Kind::Small {
                 g.flush_bins();
             }
-            if let Some(len) = g.set(req.kind).fit_len(req.size, req.align)
-                && best.is_none_or(|(_, l)| len < l)
-            {
-                best = Some((a, len));
+            if let Some(len) = g.set(req.kind).fit_len(req.size, req.align) {
+                fits.push((len, a));
             }
         }
-        let Some((from, _)) = best else { return Ok(None) };
-        // The arena may have been vacated or reused since: its stream is read under the lock, which
-        // is held through the wait so the stream cannot be retired in between.
-        let mut g = from.inner.lock();
-        let Some(from_stream) = g.stream else { return Ok(None) };
-        let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) else {
-            return Ok(None);
-        };
-        if let Err(e) = self.ordering.wait(stream, from_stream) {
-            g.set(req.kind).insert(addr, req.size, seg);
-            return Err(PoolError::Ordering(e));
+        // Stable: among equal fits, the scan's order (the first found wins, as it always did).
+        fits.sort_by_key(|&(len, _)| len);
+        for (_, from) in fits {
+            // The arena may have been vacated or reused since: its stream is read under the lock,
+            // which is held through the wait so the stream cannot be retired in between.
+            let mut g = from.inner.lock();
+            let Some(from_stream) = g.stream else { continue };
+            let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) else { continue };
+            if let Err(e) = self.ordering.wait(stream, from_stream) {
+                g.set(req.kind).insert(addr, req.size, seg);
+                return Err(PoolError::Ordering(e));
+            }
+            // Logged with the lock let go (no other lock of the pool is held here): a subscriber
+            // may read `stats()`, which takes every arena's lock.
+            drop(g);
+            tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
+            return Ok(Some((addr, seg)));
         }
-        // Logged with the lock let go (no other lock of the pool is held here): a subscriber may
-        // read `stats()`, which takes every arena's lock.
-        drop(g);
-        tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
-        Ok(Some((addr, seg)))
+        Ok(None)
     }
 
     /// Takes a new segment from the upstream for a free range of `need` bytes: the growth policy's
