@@ -438,8 +438,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Releases every fully free segment to the upstream and, with [expandable
     /// segments](crate::expandable), unmaps every whole free chunk (releasing a reservation left
-    /// with nothing mapped), synchronising first if there is anything to release, after retiring
-    /// the streams only the ordering still holds.
+    /// with nothing mapped), synchronising first if there is anything to release (or
+    /// [stranded](PoolStats::stranded_bytes) memory to return to the cache), after retiring the
+    /// streams only the ordering still holds. With nothing to release it returns an empty report
+    /// at once, without synchronising.
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
@@ -450,7 +452,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Releases fully free segments, largest first, then unmaps whole free chunks of expandable
     /// segments, highest address first, until at most `keep` bytes are cached. Does nothing (and
     /// does not synchronise) when that is already so or nothing is releasable (no segment fully
-    /// free, no whole chunk free).
+    /// free, no whole chunk free), unless memory is stranded (then it synchronises, which returns
+    /// that memory to the cache).
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
@@ -458,18 +461,27 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let _span = tracing::debug_span!("trim", device = self.upstream.device(), keep).entered();
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
-        self.sweep(&mut st, &mut guards);
+        let unretired = self.sweep(&mut st, &mut guards);
         for g in guards.iter_mut() {
             g.flush_bins();
         }
-        if !self.releasable(&guards, keep as u64) {
+        let stranded = self.segments.lock().stranded_bytes > 0;
+        if !stranded && !self.releasable(&guards, keep as u64) {
+            drop((guards, st));
+            unretired.log();
             return Ok(TrimReport::default());
         }
-        self.ordering.synchronize().map_err(PoolError::Ordering)?;
+        if let Err(e) = self.ordering.synchronize() {
+            drop((guards, st));
+            unretired.log();
+            return Err(PoolError::Ordering(e));
+        }
+        self.reclaim_stranded(&mut guards);
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, keep as u64, &mut notes);
         drop((guards, st));
+        unretired.log();
         notes.log();
         Self::log_released(&report);
         self.give_back(unlinked);
@@ -491,12 +503,18 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
-        self.sweep(&mut st, &mut guards);
-        self.ordering.synchronize().map_err(PoolError::Ordering)?;
+        let unretired = self.sweep(&mut st, &mut guards);
+        if let Err(e) = self.ordering.synchronize() {
+            drop((guards, st));
+            unretired.log();
+            return Err(PoolError::Ordering(e));
+        }
+        self.reclaim_stranded(&mut guards);
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, threshold, &mut notes);
         drop((guards, st));
+        unretired.log();
         notes.log();
         Self::log_released(&report);
         self.give_back(unlinked);
@@ -539,6 +557,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         s.reserved_bytes = segs.reserved;
         s.peak_reserved_bytes = segs.peak_reserved;
         s.cached_bytes = segs.reserved.saturating_sub(s.current_bytes);
+        s.stranded_bytes = segs.stranded_bytes;
         s.segments = (segs.map.len() + segs.expandable.segs.len()) as u64;
         s.upstream_allocations = segs.upstream_allocations;
         s.upstream_frees = segs.upstream_frees;
@@ -570,15 +589,18 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         out
     }
 
-    /// Every cached (free or binned) block of every stream as `(addr, len)`, in address order.
+    /// Every cached (free or binned) block of every stream as `(addr, len)`, in address order,
+    /// stranded ones included (see [`PoolStats::stranded_bytes`]).
     pub fn cached_ranges(&self) -> Vec<(u64, u64)> {
         self.flush_thread_caches();
         let mut out = vec![];
-        for g in self.lock_all().1 {
+        let (_st, guards) = self.lock_all();
+        for g in &guards {
             out.extend(
                 g.small.ranges().chain(g.large.ranges()).chain(g.bins.entries()).map(|(a, l, _)| (a, l)),
             );
         }
+        out.extend(self.segments.lock().stranded.iter().map(|&(a, l, _, _)| (a, l)));
         out.sort_unstable();
         out
     }
@@ -599,6 +621,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             g.large.check()?;
             items.extend(g.small.ranges().chain(g.bins.entries()).map(|(a, l, s)| (a, l, s, Kind::Small)));
             items.extend(g.large.ranges().map(|(a, l, s)| (a, l, s, Kind::Large)));
+        }
+        items.extend(segs.stranded.iter().copied());
+        if segs.stranded.iter().map(|x| x.1).sum::<u64>() != segs.stranded_bytes {
+            return Err(format!("stranded blocks do not sum to {}", segs.stranded_bytes));
         }
         items.sort_unstable_by_key(|x| x.0);
         let mut end = 0;
@@ -751,13 +777,41 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 None if self.order_untracked(stream) => {
                     self.arenas.iter().next().map(|a| (a, a.inner.lock()))
                 }
-                // Not ordered: the blocks stay out of every arena, cached but never reused.
-                None => None,
+                // Not ordered: no stream may reuse the blocks until the pool has synchronised.
+                None => {
+                    self.strand(
+                        group.iter().map(|e| (e.addr, bin_bytes(e.bin as usize) as u64, e.seg, Kind::Small)),
+                    );
+                    continue;
+                }
             };
             let Some((_, mut g)) = arena else { continue };
             for e in group {
                 g.bins.push(e.bin as usize, BinEntry { addr: e.addr, seg: e.seg });
             }
+        }
+    }
+
+    /// Keeps cached blocks that no stream may reuse yet (see [`Segments::stranded`](crate::segment::Segments::stranded)) out of every
+    /// arena. Call with no arena lock held.
+    #[cold]
+    fn strand(&self, blocks: impl IntoIterator<Item = (u64, u64, Seg, Kind)>) {
+        let mut segs = self.segments.lock();
+        for b in blocks {
+            segs.stranded_bytes += b.1;
+            segs.stranded.push(b);
+        }
+    }
+
+    /// Returns the stranded blocks to the cache (the first arena; `consolidate` spreads them)
+    /// once a synchronisation has made them safe for every stream. The caller holds every arena
+    /// lock, taken before that synchronisation succeeded.
+    fn reclaim_stranded(&self, guards: &mut Guards<'_, O::Stream>) {
+        let Some(g) = guards.first_mut() else { return };
+        let mut segs = self.segments.lock();
+        segs.stranded_bytes = 0;
+        for (addr, len, seg, kind) in segs.stranded.drain(..) {
+            g.set(kind).insert(addr, len, seg);
         }
     }
 
@@ -799,6 +853,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     fn free_untracked_stream(&self, block: Block, stream: O::Stream) {
         tracing::debug!(arenas = self.arenas.capacity(), "deallocate on a stream beyond the arena table");
         if !self.order_untracked(stream) {
+            self.strand([(block.addr, block.size, block.seg, block.kind)]);
+            self.count_free(block.size, block.requested);
             return;
         }
         // Position 0: the arena of retired streams where there is one, else the first stream's.
@@ -809,7 +865,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Makes memory freed on `stream` (which has no arena) safe for every stream: an event through
     /// `retire` where the ordering retires streams, else a synchronisation. False (logged) when
-    /// that failed: the memory must then not be reused.
+    /// that failed: the memory must then not be reused before the pool synchronises (the caller
+    /// [strands](Self::strand) it).
     #[cold]
     fn order_untracked(&self, stream: O::Stream) -> bool {
         let ordered = if self.ordering.retired_stream().is_some() {
@@ -818,7 +875,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.ordering.synchronize()
         };
         if let Err(e) = ordered {
-            tracing::warn!(error = %e, ?stream, "ordering a free on a stream without an arena failed; memory leaked");
+            tracing::warn!(
+                error = %e,
+                ?stream,
+                "ordering a free on a stream without an arena failed; memory kept aside until the pool synchronises"
+            );
             return false;
         }
         true
@@ -851,22 +912,32 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         // Blocks thread-cached for a dropped stream go to its arena before the sweep retires it.
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
-        self.sweep(&mut st, &mut guards);
+        let unretired = self.sweep(&mut st, &mut guards);
         drop(guards);
-        self.arenas.insert_locked(&mut st, stream)
+        let found = self.arenas.insert_locked(&mut st, stream);
+        if unretired.is_empty() {
+            return found;
+        }
+        // Logged with no lock held (a subscriber may read the pool's stats); the stream's arena,
+        // inserted above, is looked up again afterwards (or inserted, if the table was full).
+        drop((found, st));
+        unretired.log();
+        self.arenas.lock_or_insert(stream)
     }
 
     /// Retires orphaned streams: the ordering records that their work so far must precede any reuse
     /// of memory cached under the retired name and forgets them; their arenas' memory and counts
     /// move to the retired streams' arena, and their arenas are vacated for other streams. The
-    /// caller holds the table's mutex and every arena lock.
-    fn sweep(&self, st: &mut TableState, guards: &mut Guards<'_, O::Stream>) {
+    /// caller holds the table's mutex and every arena lock, and logs the streams that could not be
+    /// retired once it has let go of them.
+    fn sweep(&self, st: &mut TableState, guards: &mut Guards<'_, O::Stream>) -> Unretired<O::Stream> {
+        let mut unretired = Unretired(Vec::new());
         self.arenas.sweep_done(st);
         let Some(retired) = self.ordering.retired_stream() else {
             st.sweep_at = usize::MAX; // this ordering never retires a stream
-            return;
+            return unretired;
         };
-        let Some(ri) = guards.iter().position(|g| g.stream == Some(retired)) else { return };
+        let Some(ri) = guards.iter().position(|g| g.stream == Some(retired)) else { return unretired };
         let orphans = self.ordering.orphans();
         if !orphans.is_empty() {
             let positions: HashMap<O::Stream, usize> =
@@ -877,7 +948,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     continue;
                 }
                 if let Err(e) = self.ordering.retire(stream) {
-                    tracing::warn!(error = %e, ?stream, "retiring a dropped stream failed; kept");
+                    unretired.0.push((stream, e));
                     continue;
                 }
                 let Some(&i) = positions.get(&stream) else { continue };
@@ -888,6 +959,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.rebalance();
         }
         st.sweep_at = (2 * st.live).max(crate::table::SWEEP_MIN).min(self.arenas.capacity());
+        unretired
     }
 
     #[cold]
@@ -985,42 +1057,43 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 
     /// Takes a best fit from another stream's arena and orders `to` (serving `stream`) after that
-    /// arena's stream.
+    /// arena's stream. Arenas are tried from the best fit found by a scan; one that changed since
+    /// (vacated, reused, or its fit taken) gives way to the next best.
     fn migrate(
         &self,
         to: &Arena<O::Stream>,
         stream: O::Stream,
         req: &Request,
     ) -> Result<Option<(u64, Seg)>, PoolError> {
-        let mut best: Option<(&Arena<O::Stream>, u64)> = None;
+        let mut fits: Vec<(u64, &Arena<O::Stream>)> = Vec::new();
         for a in self.arenas.iter().filter(|a| a.index != to.index) {
             let mut g = a.inner.lock();
             if req.kind == Kind::Small {
                 g.flush_bins();
             }
-            if let Some(len) = g.set(req.kind).fit_len(req.size, req.align)
-                && best.is_none_or(|(_, l)| len < l)
-            {
-                best = Some((a, len));
+            if let Some(len) = g.set(req.kind).fit_len(req.size, req.align) {
+                fits.push((len, a));
             }
         }
-        let Some((from, _)) = best else { return Ok(None) };
-        // The arena may have been vacated or reused since: its stream is read under the lock, which
-        // is held through the wait so the stream cannot be retired in between.
-        let mut g = from.inner.lock();
-        let Some(from_stream) = g.stream else { return Ok(None) };
-        let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) else {
-            return Ok(None);
-        };
-        if let Err(e) = self.ordering.wait(stream, from_stream) {
-            g.set(req.kind).insert(addr, req.size, seg);
-            return Err(PoolError::Ordering(e));
+        // Stable: among equal fits, the scan's order (the first found wins, as it always did).
+        fits.sort_by_key(|&(len, _)| len);
+        for (_, from) in fits {
+            // The arena may have been vacated or reused since: its stream is read under the lock,
+            // which is held through the wait so the stream cannot be retired in between.
+            let mut g = from.inner.lock();
+            let Some(from_stream) = g.stream else { continue };
+            let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) else { continue };
+            if let Err(e) = self.ordering.wait(stream, from_stream) {
+                g.set(req.kind).insert(addr, req.size, seg);
+                return Err(PoolError::Ordering(e));
+            }
+            // Logged with the lock let go (no other lock of the pool is held here): a subscriber
+            // may read `stats()`, which takes every arena's lock.
+            drop(g);
+            tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
+            return Ok(Some((addr, seg)));
         }
-        // Logged with the lock let go (no other lock of the pool is held here): a subscriber may
-        // read `stats()`, which takes every arena's lock.
-        drop(g);
-        tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
-        Ok(Some((addr, seg)))
+        Ok(None)
     }
 
     /// Takes a new segment from the upstream for a free range of `need` bytes: the growth policy's
@@ -1069,9 +1142,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         self.segments.lock().oom_ladders += 1;
-        self.sweep(&mut st, &mut guards);
-        self.ordering.synchronize().map_err(PoolError::Ordering)?;
+        let unretired = self.sweep(&mut st, &mut guards);
+        if let Err(e) = self.ordering.synchronize() {
+            drop((guards, st));
+            unretired.log();
+            return Err(PoolError::Ordering(e));
+        }
         // After the synchronisation every cached byte is safe for every stream.
+        self.reclaim_stranded(&mut guards);
         consolidate(&mut guards);
         let ti = to.index;
         let other = match req.kind {
@@ -1127,6 +1205,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     Ok(expandable::Grown::OutOfMemory) => Ok(None),
                     Err(e) => Err(e),
                 };
+                unretired.log();
                 notes.log();
                 Self::log_released(&released);
                 grown_notes.log();
@@ -1136,6 +1215,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 }
             } else {
                 drop((guards, st));
+                unretired.log();
                 notes.log();
                 Self::log_released(&released);
                 self.give_back(unlinked);
@@ -1159,6 +1239,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         } else {
             drop((guards, st));
+            unretired.log();
         }
         if let Some((addr, seg, kind)) = found {
             self.count_alloc(req.size, req.requested);
@@ -1311,6 +1392,25 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             // Only now: if the upstream panics, `unlinked`'s drop settles this free too.
             unlinked.freed += 1;
             self.returning.finish(ticket, true);
+        }
+    }
+}
+
+/// Dropped streams a sweep could not retire (each kept, with its arena), logged by
+/// [`log`](Self::log) once the pool's locks are let go: a subscriber may read the pool's stats,
+/// which take them.
+#[must_use = "log them once the locks are let go"]
+struct Unretired<S>(Vec<(S, crate::UpstreamError)>);
+
+impl<S: fmt::Debug> Unretired<S> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Warns about each stream. Call with no lock of the pool held.
+    fn log(self) {
+        for (stream, e) in self.0 {
+            tracing::warn!(error = %e, ?stream, "retiring a dropped stream failed; kept");
         }
     }
 }

@@ -44,12 +44,19 @@ static INIT: Once = Once::new();
 
 /// Chooses the mode (once per process). Call it before a thread cache is shared between threads.
 pub(crate) fn init() {
+    let mut chosen = None;
     INIT.call_once(|| {
         let forced = cfg!(miri) || std::env::var_os(FORCE_FENCES).is_some_and(|v| v == "1");
         let mode = if !forced && register_membarrier() { MEMBARRIER } else { FENCES };
-        tracing::debug!(membarrier = mode == MEMBARRIER, "thread-cache fence mode");
         MODE.store(mode, Ordering::Release);
+        chosen = Some(mode);
     });
+    // Logged once the `Once` is complete: a subscriber that makes a pool on this event (one that
+    // allocates, or looks the current pool up) calls `init` again, which would wait for itself
+    // inside `call_once`.
+    if let Some(mode) = chosen {
+        tracing::debug!(membarrier = mode == MEMBARRIER, "thread-cache fence mode");
+    }
 }
 
 /// The owner's store→load fence (see the module documentation).
@@ -65,16 +72,31 @@ pub(crate) fn light() {
 /// The flusher's store→load fence: orders this thread's earlier stores before its later loads and
 /// forces a full barrier on every thread of the process that uses [`light`]. `false` when the
 /// barrier could not be made (a registered `membarrier` failed, which the kernel does not do): the
-/// flusher must then leave the caches alone, since an owner may be inside unseen.
+/// flusher must then leave the caches alone, since an owner may be inside unseen, and call
+/// [`warn_unfenced`] once it has let go of its locks.
 #[must_use]
 pub(crate) fn heavy() -> bool {
     fence(Ordering::SeqCst);
-    if MODE.load(Ordering::Acquire) == MEMBARRIER && !expedited_barrier() {
-        tracing::warn!("membarrier failed after registration; thread caches not flushed");
+    if barrier_failed() {
         return false;
     }
     fence(Ordering::SeqCst);
     true
+}
+
+/// Logs a [`heavy`] that failed. Not logged by `heavy` itself: its callers hold the registry's
+/// lock, which a subscriber reading the pool's statistics would wait for.
+#[cold]
+pub(crate) fn warn_unfenced() {
+    tracing::warn!("membarrier failed after registration; thread caches not flushed");
+}
+
+fn barrier_failed() -> bool {
+    #[cfg(test)]
+    if tests::BARRIER_FAILS.get() {
+        return true;
+    }
+    MODE.load(Ordering::Acquire) == MEMBARRIER && !expedited_barrier()
 }
 
 /// Whether [`init`] chose the `membarrier` mode.
@@ -132,10 +154,16 @@ fn expedited_barrier() -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::cell::Cell;
     use std::sync::atomic::{AtomicBool, AtomicU64};
 
     use super::*;
+
+    thread_local! {
+        /// Makes this thread's [`heavy`] fail, as a registered `membarrier` that failed would.
+        pub(crate) static BARRIER_FAILS: Cell<bool> = const { Cell::new(false) };
+    }
 
     /// Sets the stop flag when dropped, so a side that panics stops the other instead of leaving
     /// it spinning (the scope then re-raises the panic: the test fails rather than hangs).

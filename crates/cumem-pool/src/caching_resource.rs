@@ -74,8 +74,10 @@ impl CachingResource {
         self.pool.reset_peaks()
     }
 
-    /// Waits for every stream that used cached memory (on whichever device) and returns every
-    /// fully free cached segment to the upstream; streams the program dropped are forgotten.
+    /// Returns every fully free cached segment to the upstream (with expandable segments, every
+    /// whole free chunk), after waiting for every stream that used cached memory (on whichever
+    /// device); streams the program dropped are forgotten. When nothing can be released it returns
+    /// an empty report at once and waits for no stream: it is not a way to synchronise.
     pub fn trim(&self) -> Result<TrimReport> {
         self.pool.trim().map_err(|e| pool_error(e, "CachingPool::trim", 0))
     }

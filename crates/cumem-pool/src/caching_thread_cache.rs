@@ -547,6 +547,8 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
         }
         if !fenced {
             // The exited threads' caches were not taken: the next slow path tries again.
+            drop(caches);
+            caching_fence::warn_unfenced();
             return out;
         }
         // Cleared before the caches are examined (under the lock): a thread exiting from now on
@@ -586,6 +588,10 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
             }
             c.revoked.store(false, Release);
         }
+        drop(caches);
+        if !fenced {
+            caching_fence::warn_unfenced();
+        }
         largest
     }
 
@@ -594,5 +600,39 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
         for c in self.caches.lock().drain(..) {
             c.dead.store(true, Release);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::caching_fence::tests::BARRIER_FAILS;
+
+    /// A flush whose barrier failed warns once the registry's lock is let go: a subscriber that
+    /// reads the pool's statistics on that warning (which takes the lock) does not wait for itself.
+    #[test]
+    fn a_failed_barrier_is_logged_with_the_registry_unlocked() {
+        let registry = Arc::new(Registry::<u32>::new());
+        assert!(registry.register());
+        let unlocked = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let subscriber = {
+            let (registry, unlocked) = (registry.clone(), unlocked.clone());
+            cumem_sys::testing::OnEvent(move |event: &tracing::Event<'_>| {
+                let message = cumem_sys::testing::event_message(event);
+                if message == "membarrier failed after registration; thread caches not flushed" {
+                    unlocked.lock().push(registry.caches.try_lock().is_some());
+                }
+            })
+        };
+        BARRIER_FAILS.set(true);
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(registry.drain_all().is_empty());
+            assert_eq!(registry.largest(|_| 1), 0);
+        });
+        BARRIER_FAILS.set(false);
+        assert_eq!(*unlocked.lock(), [true, true], "drain_all, then largest, warned unlocked");
+        registry.kill();
     }
 }

@@ -168,7 +168,13 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
         if st.writer_gone {
             // Nobody will write it: keeping it would grow the queue for as long as the program
             // runs. It counts as a failed write instead.
-            Self::lose(&mut st);
+            let first = Self::lose(&mut st);
+            drop(st);
+            if first {
+                // Not under the queue's lock: a subscriber may call `io_errors`, `flush` or
+                // allocate through this adaptor.
+                tracing::warn!("the allocation log writer has stopped; rows are being lost");
+            }
             return;
         }
         st.rows.push(record);
@@ -178,13 +184,13 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
         }
     }
 
+    /// Counts a row dropped unwritten; true for the first, which the caller warns about once it
+    /// has let go of the queue's lock.
     #[cold]
-    fn lose(st: &mut State) {
-        if st.lost_rows == 0 {
-            tracing::warn!("the allocation log writer has stopped; rows are being lost");
-        }
+    fn lose(st: &mut State) -> bool {
         st.lost_rows += 1;
         st.io_errors += 1;
+        st.lost_rows == 1
     }
 
     #[cold]

@@ -35,6 +35,12 @@ pub(crate) struct Segments {
     next_large: usize,
     /// Expandable segments (their mapped bytes are in `reserved`; they are not in `map`).
     pub expandable: crate::expandable::Registry,
+    /// Blocks freed on a stream the pool could not order its later users behind (an ordering
+    /// failure), as `(addr, len, seg, kind)`: counted as cached, in no arena (nothing reuses them)
+    /// until a synchronisation under the pool's locks makes them safe for every stream.
+    pub stranded: Vec<(u64, u64, Seg, Kind)>,
+    /// Bytes in `stranded`.
+    pub stranded_bytes: u64,
 }
 
 impl Segments {

@@ -2,9 +2,20 @@
 //! peak, a size histogram, in nested scopes.
 //!
 //! Wrap any [`DeviceResource`] and allocate through the wrapper; the wrapped resource does the
-//! work. Scopes (as RMM's `push_counters`/`pop_counters`) measure a region of a program: a pushed
-//! scope starts from zero, and when popped its counts are folded into the scope below (peaks by
-//! maximum), so outer scopes still see everything.
+//! work. [`counters`](StatisticsResource::counters) on a thread with no scope open gives everything
+//! that went through the adaptor, from every thread.
+//!
+//! Scopes (as RMM's `push_counters`/`pop_counters`) measure a region of a program: the code one
+//! thread runs between opening a scope and closing it. A scope starts from zero and counts the
+//! allocations and frees **its own thread** makes through the adaptor while it is open (a free of
+//! memory allocated before it takes its `current_bytes` below zero); scopes of one thread nest,
+//! and what an inner scope counts, its outer scopes and the adaptor's totals count too (peaks
+//! included: an outer scope's peak is its own highest level). Threads have scopes of their own:
+//! scopes that overlap in time on different threads never see each other's allocations, however
+//! they interleave, and closing one closes nothing another thread opened. Work a region hands to
+//! other threads (a `std::thread::scope`, a thread pool) is therefore not in its scope; those
+//! threads count it in their own scopes and in the totals. A scope a thread leaves open when it
+//! exits is never closed.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -27,6 +38,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cumem_core::{AllocLayout, Allocation, Context, DeviceResource, Result, Stream};
 use parking_lot::Mutex;
@@ -87,33 +99,57 @@ impl ScopeCounters {
         self.current_bytes -= bytes as i64;
         self.current_count -= 1;
     }
-
-    /// Folds an inner scope into this one: its activity happened inside this scope.
-    fn absorb(&mut self, inner: &ScopeCounters) {
-        self.peak_bytes = self.peak_bytes.max(self.current_bytes + inner.peak_bytes);
-        self.peak_count = self.peak_count.max(self.current_count + inner.peak_count);
-        self.current_bytes += inner.current_bytes;
-        self.current_count += inner.current_count;
-        self.total_bytes += inner.total_bytes;
-        self.total_count += inner.total_count;
-        for (a, b) in self.histogram.iter_mut().zip(inner.histogram.iter()) {
-            *a += b;
-        }
-    }
 }
 
 /// Counts allocations made through it, then forwards them to the wrapped resource.
 #[derive(Debug)]
 pub struct StatisticsResource {
     inner: Arc<dyn DeviceResource>,
-    /// The scope stack; the bottom scope lives as long as the adaptor.
-    scopes: Mutex<Vec<ScopeCounters>>,
+    counts: Mutex<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    /// Everything that went through the adaptor, from every thread.
+    total: ScopeCounters,
+    /// The open scopes of each thread that has some, innermost last (a few threads at most, so a
+    /// list: no hashing on the allocation path).
+    scopes: Vec<(u64, Vec<ScopeCounters>)>,
+}
+
+/// A number naming the calling thread, never reused; `None` once its thread-local storage is
+/// gone (a buffer dropped by another thread-local's destructor), which has no scopes then.
+fn thread_key() -> Option<u64> {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static KEY: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    KEY.try_with(|k| *k).ok()
+}
+
+impl Counts {
+    /// The calling thread's open scopes, if it has any.
+    fn mine(&mut self) -> Option<&mut Vec<ScopeCounters>> {
+        if self.scopes.is_empty() {
+            return None;
+        }
+        let me = thread_key()?;
+        self.scopes.iter_mut().find(|(t, _)| *t == me).map(|(_, stack)| stack)
+    }
+
+    /// Applies `f` to the totals and to every scope the calling thread has open.
+    fn count(&mut self, f: impl Fn(&mut ScopeCounters)) {
+        f(&mut self.total);
+        if let Some(stack) = self.mine() {
+            stack.iter_mut().for_each(f);
+        }
+    }
 }
 
 impl StatisticsResource {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn DeviceResource>) -> Self {
-        StatisticsResource { inner, scopes: Mutex::new(vec![ScopeCounters::default()]) }
+        StatisticsResource { inner, counts: Mutex::new(Counts::default()) }
     }
 
     /// The wrapped resource.
@@ -121,34 +157,54 @@ impl StatisticsResource {
         &self.inner
     }
 
-    /// The counts of the innermost scope.
+    /// The counts of the calling thread's innermost open scope; with none open, the counts of
+    /// everything that went through the adaptor.
     pub fn counters(&self) -> ScopeCounters {
-        *self.scopes.lock().last().expect("the bottom scope is never popped")
-    }
-
-    /// Starts a new innermost scope, counting from zero; returns its depth (1 for the first).
-    pub fn push_scope(&self) -> usize {
-        let mut scopes = self.scopes.lock();
-        scopes.push(ScopeCounters::default());
-        scopes.len() - 1
-    }
-
-    /// Ends the innermost scope and returns its counts, which are folded into the scope below.
-    /// `None` if no scope was pushed.
-    pub fn pop_scope(&self) -> Option<ScopeCounters> {
-        let mut scopes = self.scopes.lock();
-        if scopes.len() == 1 {
-            return None;
+        let mut counts = self.counts.lock();
+        match counts.mine().and_then(|stack| stack.last()) {
+            Some(scope) => *scope,
+            None => counts.total,
         }
-        let inner = scopes.pop()?;
-        scopes.last_mut()?.absorb(&inner);
-        Some(inner)
     }
 
-    /// Runs `f` in a new scope and returns its result with the scope's counts.
+    /// Opens a new innermost scope on the calling thread, counting from zero; returns how many
+    /// scopes the thread has open with it (1 for the first). On a thread that is exiting (in a
+    /// thread-local's destructor) no scope opens and 0 is returned.
+    pub fn push_scope(&self) -> usize {
+        let Some(me) = thread_key() else { return 0 };
+        let mut counts = self.counts.lock();
+        if let Some(stack) = counts.mine() {
+            stack.push(ScopeCounters::default());
+            return stack.len();
+        }
+        counts.scopes.push((me, vec![ScopeCounters::default()]));
+        1
+    }
+
+    /// Closes the calling thread's innermost scope and returns its counts (which its outer scopes
+    /// and the totals already hold). `None` if the thread has no scope open.
+    pub fn pop_scope(&self) -> Option<ScopeCounters> {
+        let me = thread_key()?;
+        let mut counts = self.counts.lock();
+        let at = counts.scopes.iter().position(|(t, _)| *t == me)?;
+        let stack = &mut counts.scopes[at].1;
+        let scope = stack.pop();
+        if stack.is_empty() {
+            counts.scopes.swap_remove(at);
+        }
+        scope
+    }
+
+    /// How many scopes the calling thread has open.
+    fn depth(&self) -> usize {
+        self.counts.lock().mine().map_or(0, |stack| stack.len())
+    }
+
+    /// Runs `f` in a new scope of the calling thread and returns its result with the scope's
+    /// counts: what this thread allocated and freed through the adaptor while `f` ran.
     ///
-    /// The scope (and any scope `f` pushed and left open) is closed even if `f` panics: its counts
-    /// are then folded into the scope below, so buffers allocated before or inside it stay counted.
+    /// The scope (and any scope `f` opened and left open) is closed even if `f` panics; buffers
+    /// allocated inside it stay counted in the outer scopes and the totals.
     pub fn with_scope<R>(&self, f: impl FnOnce() -> R) -> (R, ScopeCounters) {
         let guard = ScopeGuard { stats: self, depth: self.push_scope(), armed: true };
         let out = f();
@@ -157,14 +213,13 @@ impl StatisticsResource {
     }
 }
 
-/// Closes the scopes opened since `depth` when dropped, so that unwinding out of
-/// [`StatisticsResource::with_scope`] leaves the stack as it found it.
+/// Closes the calling thread's scopes opened since `depth` when dropped, so that unwinding out of
+/// [`StatisticsResource::with_scope`] leaves the thread's scopes as it found them.
 struct ScopeGuard<'a> {
     stats: &'a StatisticsResource,
-    /// Depth of the scope `with_scope` pushed: it and everything above it are closed.
+    /// Depth of the scope `with_scope` opened: it and everything above it are closed.
     depth: usize,
-    /// Cleared by [`close`](Self::close), so the drop after a normal return pops nothing (not
-    /// even a scope another thread pushed in between).
+    /// Cleared by [`close`](Self::close), so the drop after a normal return closes nothing.
     armed: bool,
 }
 
@@ -175,11 +230,12 @@ impl ScopeGuard<'_> {
         self.pop_to_depth()
     }
 
-    /// Pops every scope at or above `depth` and returns the counts of the one at `depth`.
+    /// Closes every scope of this thread at or above `depth` and returns the counts of the one at
+    /// `depth`.
     fn pop_to_depth(&self) -> ScopeCounters {
         let mut counters = ScopeCounters::default();
-        // Each pop folds the popped scope into the one below; the last one popped is ours.
-        while self.stats.scopes.lock().len() > self.depth {
+        // The last one closed is ours.
+        while self.stats.depth() >= self.depth {
             match self.stats.pop_scope() {
                 Some(c) => counters = c,
                 None => break,
@@ -191,7 +247,7 @@ impl ScopeGuard<'_> {
 
 impl Drop for ScopeGuard<'_> {
     fn drop(&mut self) {
-        // Only while unwinding out of `f`: close the scopes the panic left open. Popping cannot
+        // Only while unwinding out of `f`: close the scopes the panic left open. Closing cannot
         // panic (no indexing, no unwrap), so this never aborts an unwinding thread.
         if self.armed {
             self.pop_to_depth();
@@ -207,16 +263,12 @@ unsafe impl DeviceResource for StatisticsResource {
 
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         let ptr = self.inner.allocate(layout, stream)?;
-        if let Some(top) = self.scopes.lock().last_mut() {
-            top.on_alloc(layout.bytes);
-        }
+        self.counts.lock().count(|scope| scope.on_alloc(layout.bytes));
         Ok(ptr)
     }
 
     unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {
-        if let Some(top) = self.scopes.lock().last_mut() {
-            top.on_free(layout.bytes);
-        }
+        self.counts.lock().count(|scope| scope.on_free(layout.bytes));
         // SAFETY: forwarded unchanged from our caller, who upholds the contract.
         unsafe { self.inner.deallocate(allocation, layout, stream) }
     }
@@ -234,21 +286,5 @@ mod tests {
         assert_eq!(ScopeCounters::bucket(4), 2);
         assert_eq!(ScopeCounters::bucket(5), 3);
         assert_eq!(ScopeCounters::bucket(1 << 20), 20);
-    }
-
-    #[test]
-    fn inner_scopes_fold_into_outer_ones() {
-        let mut outer = ScopeCounters::default();
-        outer.on_alloc(100);
-        let mut inner = ScopeCounters::default();
-        inner.on_alloc(50);
-        inner.on_alloc(30);
-        inner.on_free(50);
-        inner.on_free(100); // frees memory from before the scope
-        outer.absorb(&inner);
-        assert_eq!((outer.current_bytes, outer.current_count), (30, 1));
-        assert_eq!(outer.peak_bytes, 180);
-        assert_eq!((outer.total_bytes, outer.total_count), (180, 3));
-        assert_eq!(inner.current_bytes, -70);
     }
 }

@@ -179,3 +179,18 @@ fn drop_returns_every_segment_even_with_live_blocks() {
     assert_eq!((up.live_bytes(), ord.synchronizations()), (0, 1));
     assert!(up.violations().is_empty());
 }
+
+/// As documented: a trim with nothing to release waits for no stream; one with a free segment
+/// synchronises first.
+#[test]
+fn a_trim_with_nothing_to_release_does_not_synchronise() {
+    let pool = host_pool(1 << 30, PoolConfig::default());
+    let block = pool.allocate(1000, 256, 0).unwrap();
+    let syncs = pool.ordering().synchronizations();
+    assert_eq!(pool.trim().unwrap(), TrimReport::default());
+    assert_eq!(pool.ordering().synchronizations(), syncs, "nothing to release: no synchronisation");
+    pool.deallocate(block, 0).unwrap();
+    let report = pool.trim().unwrap();
+    assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
+    assert_eq!(pool.ordering().synchronizations(), syncs + 1);
+}

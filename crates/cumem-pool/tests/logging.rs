@@ -195,6 +195,44 @@ fn rows_after_the_writer_stopped_are_counted_as_lost_not_queued() {
     drop(log); // joins the panicked writer: logged, not raised
 }
 
+/// The "rows are being lost" warning is logged with no lock of the adaptor held: a subscriber that
+/// reads the adaptor's error count, flushes it or allocates through it on that event goes on.
+#[test]
+#[parallel]
+fn a_subscriber_that_uses_the_adaptor_inside_the_lost_rows_warning_does_not_hang() {
+    let (s, _, pool) = pool();
+    let ctx = Device::get(0).unwrap().context().unwrap();
+    let log = Arc::new(LoggingResource::new(pool, Panics).unwrap());
+    log.flush().expect_err("the writer has stopped");
+    testing::within_watchdog("a row lost under a subscriber that uses the adaptor", move || {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = {
+            let (log, seen) = (log.clone(), seen.clone());
+            testing::OnEvent(move |event: &tracing::Event<'_>| {
+                if testing::event_message(event)
+                    == "the allocation log writer has stopped; rows are being lost"
+                {
+                    let errors = log.io_errors();
+                    assert!(log.flush().is_err());
+                    let stream = Stream::new(&ctx).unwrap();
+                    let buf = DeviceBuffer::<u8>::zeroed_in(&log, &stream, 10).unwrap();
+                    assert_eq!(buf.to_vec().unwrap(), [0; 10]);
+                    drop(buf);
+                    seen.lock().push(errors);
+                }
+            })
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            let buf = DeviceBuffer::<u8>::zeroed_in(&log, &s, 100).unwrap();
+            assert_eq!(buf.to_vec().unwrap(), vec![0; 100]);
+        });
+        // Warned once, at the first lost row, which was already counted.
+        assert_eq!(*seen.lock(), [1]);
+        // The buffer's allocate and free, and the subscriber's.
+        assert_eq!(log.io_errors(), 4);
+    });
+}
+
 #[test]
 #[parallel]
 fn more_rows_than_the_queue_holds_are_all_written_in_order() {

@@ -57,6 +57,62 @@ fn scopes_nest_and_fold_into_their_parent() {
     assert_eq!(stats.counters().current_bytes, 0);
 }
 
+/// Two threads whose scopes overlap in time: each scope counts its own thread's allocations, by
+/// value, and closing one leaves the other open.
+#[test]
+fn scopes_of_threads_that_overlap_count_their_own_thread() {
+    let (s, stats, r) = setup();
+    // A side that fails leaves the other waiting at a barrier: the watchdog turns that into a
+    // failure.
+    testing::within_watchdog("threads with overlapping scopes", move || overlapping_scopes(&s, &stats, &r));
+}
+
+fn overlapping_scopes(s: &Stream, stats: &StatisticsResource, r: &Arc<StatisticsResource>) {
+    let steps = std::sync::Barrier::new(2);
+    let ((a_buf, a), (b_buf, b)) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| {
+            stats.with_scope(|| {
+                steps.wait(); // 1: both scopes open
+                let x = DeviceBuffer::<u8>::zeroed_in(r, s, 1000).unwrap();
+                steps.wait(); // 2: A allocated
+                steps.wait(); // 3: B allocated
+                x
+            })
+        });
+        let b = scope.spawn(|| {
+            let out = stats.with_scope(|| {
+                steps.wait(); // 1
+                steps.wait(); // 2
+                let y = DeviceBuffer::<u32>::zeroed_in(r, s, 750).unwrap();
+                steps.wait(); // 3
+                steps.wait(); // 4: A's scope closed
+                assert_eq!(stats.counters().current_bytes, 3000, "B's scope is still open");
+                drop(DeviceBuffer::<u8>::zeroed_in(r, s, 24).unwrap());
+                y
+            });
+            assert!(stats.pop_scope().is_none(), "B closed only its own scope");
+            out
+        });
+        let a = a.join().unwrap();
+        steps.wait(); // 4
+        assert!(stats.pop_scope().is_none(), "A's scope closed nothing of this thread");
+        (a, b.join().unwrap())
+    });
+    let by_value = |c: &ScopeCounters| {
+        (c.current_bytes, c.current_count, c.peak_bytes, c.peak_count, c.total_bytes, c.total_count)
+    };
+    assert_eq!(by_value(&a), (1000, 1, 1000, 1, 1000, 1), "A's scope");
+    assert_eq!(a.histogram[ScopeCounters::bucket(1000)], 1);
+    assert_eq!(a.histogram.iter().sum::<u64>(), 1);
+    assert_eq!(by_value(&b), (3000, 1, 3024, 2, 3024, 2), "B's scope");
+    assert_eq!((b.histogram[ScopeCounters::bucket(3000)], b.histogram[ScopeCounters::bucket(24)]), (1, 1));
+    assert_eq!(b.histogram.iter().sum::<u64>(), 2);
+    // The totals saw both threads.
+    assert_eq!(by_value(&stats.counters()), (4000, 2, 4024, 3, 4024, 3));
+    drop((a_buf, b_buf));
+    assert_eq!(stats.counters().current_bytes, 0);
+}
+
 #[test]
 fn wraps_a_pool_as_well_as_the_driver() {
     testing::init();
