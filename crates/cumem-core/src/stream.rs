@@ -98,8 +98,9 @@ struct TailState {
     /// and after a drop that could not record it (it synchronised the stream instead).
     retired: Option<Arc<Event>>,
     /// Set by a drop that could neither record `retired` nor synchronise the stream: the error of
-    /// that synchronisation. Nothing then tells when the stream's work ends, so `after_work` and
-    /// `synchronize` answer it rather than "nothing pending".
+    /// that synchronisation. Nothing then tells when the stream's work ends, so `after_work`
+    /// answers it rather than "nothing pending", until `synchronize` has synchronised the context
+    /// (which covers the work) and cleared it.
     poisoned: Option<Error>,
 }
 
@@ -129,9 +130,10 @@ impl StreamTail {
     /// synchronised at its end).
     ///
     /// When the stream's drop could neither record the retired event nor synchronise the stream,
-    /// its work may still be running and nothing can stand for it: the answer is then, on every
-    /// call, the error that synchronisation failed with (as the driver reported it, e.g. a sticky
-    /// `IllegalAddress`, whose context is unusable anyway).
+    /// its work may still be running and nothing can stand for it: the answer is then the error
+    /// that synchronisation failed with (as the driver reported it, e.g. a sticky
+    /// `IllegalAddress`, whose context is unusable anyway), until a
+    /// [`StreamTail::synchronize`] waits the work out.
     pub fn after_work(&self) -> Result<Option<Arc<Event>>> {
         let handle = {
             let st = self.state.lock();
@@ -170,13 +172,22 @@ impl StreamTail {
         Ok(())
     }
 
-    /// Blocks until all the stream's work queued so far (if dropped: ever) has completed. Fails
-    /// as [`StreamTail::after_work`] does when the stream's drop could neither record its retired
-    /// event nor synchronise it.
+    /// Blocks until all the stream's work queued so far (if dropped: ever) has completed.
+    ///
+    /// When the stream's drop could neither record its retired event nor synchronise it, this
+    /// synchronises the whole context instead (`cuCtxSynchronize`, which waits for the work of
+    /// destroyed streams too): once that succeeds, nothing of the stream is pending any more, and
+    /// [`StreamTail::after_work`] answers `None` from then on. Its error is returned otherwise.
     pub fn synchronize(&self) -> Result<()> {
-        // The wait happens with the tail unlocked: an event recorded after the work stands for
+        // The waits happen with the tail unlocked: an event recorded after the work stands for
         // it, and the stream's drop, `is_alive` and `after_work` on other threads need not wait
         // for the stream's work to finish.
+        let unknown = self.state.lock().poisoned.is_some();
+        if unknown {
+            self.ctx.synchronize()?;
+            self.state.lock().poisoned = None;
+            return Ok(());
+        }
         match self.after_work()? {
             Some(event) => event.synchronize(),
             None => Ok(()),

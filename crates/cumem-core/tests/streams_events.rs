@@ -383,11 +383,19 @@ fn a_tail_whose_stream_could_not_be_retired_fails() {
     ctl.remove_fault(record);
     ctl.remove_fault(sync);
     assert!(!tail.is_alive() && tail.retired().is_none());
-    for answer in [tail.after_work().map(drop), tail.synchronize()] {
-        let err = answer.expect_err("nothing stands for the dropped stream's work");
+    for _ in 0..2 {
+        let err = tail.after_work().map(drop).expect_err("nothing stands for the dropped stream's work");
         assert_eq!(err.code(), Some(cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN), "{err}");
         assert!(err.to_string().contains("cuStreamSynchronize"), "{err}");
     }
+    // A synchronisation of the context covers the work: nothing is pending afterwards.
+    let ctx_syncs = ctl.inject_fault(fail_next_on_this_thread("cuCtxSynchronize"));
+    let err = tail.synchronize().expect_err("the context's synchronisation failed");
+    assert!(err.to_string().contains("cuCtxSynchronize"), "{err}");
+    ctl.remove_fault(ctx_syncs);
+    assert!(tail.after_work().is_err(), "a failed wait cleared nothing");
+    tail.synchronize().unwrap();
+    assert!(tail.after_work().unwrap().is_none());
     // Nothing to order: the stream takes no more work.
     let b = Stream::non_blocking(&ctx).unwrap();
     tail.wait(&b.record().unwrap()).unwrap();

@@ -276,7 +276,10 @@ impl Ordering for StreamOrdering {
         // A live stream (a caller retiring one the program still uses) gets its event now.
         // Cloned, not taken: a `wait` that looked the tail up before this still finds the event.
         let alive = tail.is_alive();
-        let event = if alive { tail.after_work()? } else { tail.retired() };
+        // A dropped stream's tail answers its retired event, `None` when its drop synchronised
+        // it, or an error when its drop could do neither: then nothing tells when its work ends,
+        // and the stream stays unretired (its memory is reused by no other stream).
+        let event = tail.after_work()?;
         if let Some(event) = event {
             let mut events = self.retired.lock();
             Self::prune(&mut events);

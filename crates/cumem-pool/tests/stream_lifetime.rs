@@ -82,19 +82,50 @@ fn ten_thousand_streams_created_and_dropped_leave_nothing_alive() {
 #[test]
 #[serial_test::serial]
 fn memory_of_a_dropped_stream_is_reused_only_after_its_work() {
-    reused_only_after_its_work(false);
+    reused_only_after_its_work(A::Dropped);
 }
 
 #[test]
 #[serial_test::serial]
 fn memory_of_a_live_stream_is_reused_by_another_only_after_its_work() {
-    reused_only_after_its_work(true);
+    reused_only_after_its_work(A::Kept);
+}
+
+/// `a`'s drop can neither record its retired event nor synchronise it: nothing tells when its
+/// work ends, so its memory must not go to another stream (a sweep that took "no retired event"
+/// for "nothing pending" handed the block over at once).
+#[test]
+#[serial_test::serial]
+fn memory_of_a_dropped_stream_that_could_not_be_retired_is_not_reused() {
+    ctx();
+    if testing::sim_control().is_none() {
+        return testing::skip("injects driver faults: simulator only");
+    }
+    reused_only_after_its_work(A::DroppedUnretired);
+}
+
+/// What becomes of stream `a` in [`reused_only_after_its_work`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum A {
+    Kept,
+    Dropped,
+    /// Dropped, with its retired event's record and the fallback synchronisation failed.
+    DroppedUnretired,
+}
+
+/// Fails the next call of `function` on this thread.
+fn fail_next_on_this_thread(function: &str) -> cumem_sys::sim_control::FaultRule {
+    cumem_sys::sim_control::FaultRule {
+        this_thread_only: true,
+        ..cumem_sys::sim_control::FaultRule::nth_call(function, 1, sys::CUresult::CUDA_ERROR_UNKNOWN)
+    }
 }
 
 /// Stream `a` frees a block while its read of it is held back by a gate; `b` takes the block
-/// (from `a`'s free list: an event recorded on `a` now if `keep_a`, else the event `a`'s drop
-/// recorded) and overwrites it. The read must still see `a`'s data.
-fn reused_only_after_its_work(keep_a: bool) {
+/// (from `a`'s free list: an event recorded on `a` now if it is kept, else the event `a`'s drop
+/// recorded) and overwrites it. The read must still see `a`'s data. When nothing stands for `a`'s
+/// work, `b` must not get the block at all (or gets an error).
+fn reused_only_after_its_work(what: A) {
     let ctx = ctx();
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
     let resource = pool.clone();
@@ -124,15 +155,38 @@ fn reused_only_after_its_work(keep_a: bool) {
         }
         x_addr = x.device_ptr();
         drop(x);
-        if keep_a {
-            kept = Some(a);
+        match what {
+            A::Kept => kept = Some(a),
+            // `a` is dropped with its read still pending (the driver lets the work finish).
+            A::Dropped => drop(a),
+            A::DroppedUnretired => {
+                let ctl = testing::sim_control().expect("checked by the caller");
+                let faults = ["cuEventRecord", "cuStreamSynchronize"]
+                    .map(|f| ctl.inject_fault(fail_next_on_this_thread(f)));
+                drop(a);
+                faults.into_iter().for_each(|f| ctl.remove_fault(f));
+                // A trim that releases nothing still sweeps: `a` is found dropped and retired.
+                pool.pool().trim_to(usize::MAX).unwrap();
+            }
         }
-        // Otherwise `a` is dropped with its read still pending (the driver lets the work finish).
     }
     let b = Stream::non_blocking(&ctx).unwrap();
-    let mut y = DeviceBuffer::<u32>::zeroed_in(&resource, &b, N).unwrap();
-    assert_eq!(y.device_ptr(), x_addr, "b did not get a's block: the test would prove nothing");
-    b.fill(&mut y, 0xBBBB_BBBB).unwrap();
+    let y = match DeviceBuffer::<u32>::zeroed_in(&resource, &b, N) {
+        Ok(mut y) => {
+            if what == A::DroppedUnretired {
+                assert_ne!(y.device_ptr(), x_addr, "b got the block of a stream whose work nothing covers");
+            } else {
+                assert_eq!(y.device_ptr(), x_addr, "b did not get a's block: the test would prove nothing");
+            }
+            b.fill(&mut y, 0xBBBB_BBBB).unwrap();
+            Some(y)
+        }
+        // Refusing is right too when nothing stands for `a`'s work.
+        Err(e) => {
+            assert!(what == A::DroppedUnretired, "{e}");
+            None
+        }
+    };
     opener.join().unwrap();
     b.synchronize().unwrap();
     ctx.synchronize().unwrap(); // a's read, on a stream no longer alive
