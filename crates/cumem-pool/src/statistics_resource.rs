@@ -14,8 +14,12 @@
 //! scopes that overlap in time on different threads never see each other's allocations, however
 //! they interleave, and closing one closes nothing another thread opened. Work a region hands to
 //! other threads (a `std::thread::scope`, a thread pool) is therefore not in its scope; those
-//! threads count it in their own scopes and in the totals. A scope a thread leaves open when it
-//! exits is never closed.
+//! threads count it in their own scopes and in the totals. A buffer allocated in a scope on one
+//! thread and freed on another stays in the first scope's `current_bytes` and takes the other
+//! thread's open scopes below zero (the totals are right). An async task that moves between
+//! threads at an `.await` cannot keep a scope open across it, nor can a thread-pool task that
+//! opens a scope in one job and closes it in another: a scope is opened and closed on one thread.
+//! The scopes a thread leaves open go with it when it exits.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -37,6 +41,7 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -53,7 +58,8 @@ pub struct ScopeCounters {
     pub current_bytes: i64,
     /// Highest `current_bytes` seen.
     pub peak_bytes: i64,
-    /// Allocations not yet freed.
+    /// Allocations not yet freed (negative, as `current_bytes`, if the scope freed allocations made
+    /// before it or on another thread).
     pub current_count: i64,
     /// Highest `current_count` seen.
     pub peak_count: i64,
@@ -105,51 +111,51 @@ impl ScopeCounters {
 #[derive(Debug)]
 pub struct StatisticsResource {
     inner: Arc<dyn DeviceResource>,
-    counts: Mutex<Counts>,
-}
-
-#[derive(Debug, Default)]
-struct Counts {
+    /// Names this adaptor's scopes in each thread's [`SCOPES`].
+    id: u64,
     /// Everything that went through the adaptor, from every thread.
-    total: ScopeCounters,
-    /// The open scopes of each thread that has some, innermost last (a few threads at most, so a
-    /// list: no hashing on the allocation path).
-    scopes: Vec<(u64, Vec<ScopeCounters>)>,
+    total: Mutex<ScopeCounters>,
 }
 
-/// A number naming the calling thread, never reused; `None` once its thread-local storage is
-/// gone (a buffer dropped by another thread-local's destructor), which has no scopes then.
-fn thread_key() -> Option<u64> {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    thread_local! {
-        static KEY: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    KEY.try_with(|k| *k).ok()
-}
+/// The next [`StatisticsResource::id`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-impl Counts {
-    /// The calling thread's open scopes, if it has any.
-    fn mine(&mut self) -> Option<&mut Vec<ScopeCounters>> {
-        if self.scopes.is_empty() {
-            return None;
-        }
-        let me = thread_key()?;
-        self.scopes.iter_mut().find(|(t, _)| *t == me).map(|(_, stack)| stack)
-    }
+/// One thread's open scopes of one adaptor (by its id), innermost last.
+type Stack = (u64, Vec<ScopeCounters>);
 
-    /// Applies `f` to the totals and to every scope the calling thread has open.
-    fn count(&mut self, f: impl Fn(&mut ScopeCounters)) {
-        f(&mut self.total);
-        if let Some(stack) = self.mine() {
-            stack.iter_mut().for_each(f);
-        }
-    }
+thread_local! {
+    /// The calling thread's open scopes, per adaptor: only the thread itself opens, counts into,
+    /// reads and closes them, so they need no lock, and they go with the thread (a few adaptors
+    /// at most, so a list: no hashing on the allocation path).
+    static SCOPES: RefCell<Vec<Stack>> = const { RefCell::new(Vec::new()) };
 }
 
 impl StatisticsResource {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn DeviceResource>) -> Self {
-        StatisticsResource { inner, counts: Mutex::new(Counts::default()) }
+        StatisticsResource { inner, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), total: Mutex::default() }
+    }
+
+    /// `f` of the calling thread's open scopes of this adaptor; `R::default()` when it has none
+    /// open, or once its thread-local storage is gone (a buffer dropped by another thread-local's
+    /// destructor: the thread has no scopes any more).
+    fn with_mine<R: Default>(&self, f: impl FnOnce(&mut Vec<ScopeCounters>) -> R) -> R {
+        SCOPES
+            .try_with(|scopes| {
+                // Never borrowed across a call out of this module, so the borrow does not fail.
+                let mut scopes = scopes.try_borrow_mut().ok()?;
+                let (_, stack) = scopes.iter_mut().find(|(id, _)| *id == self.id)?;
+                Some(f(stack))
+            })
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Applies `f` to the totals and to every scope the calling thread has open.
+    fn count(&self, f: impl Fn(&mut ScopeCounters)) {
+        f(&mut self.total.lock());
+        self.with_mine(|stack| stack.iter_mut().for_each(&f));
     }
 
     /// The wrapped resource.
@@ -160,44 +166,51 @@ impl StatisticsResource {
     /// The counts of the calling thread's innermost open scope; with none open, the counts of
     /// everything that went through the adaptor.
     pub fn counters(&self) -> ScopeCounters {
-        let mut counts = self.counts.lock();
-        match counts.mine().and_then(|stack| stack.last()) {
-            Some(scope) => *scope,
-            None => counts.total,
-        }
+        self.with_mine(|stack| stack.last().copied()).unwrap_or_else(|| *self.total.lock())
     }
 
     /// Opens a new innermost scope on the calling thread, counting from zero; returns how many
-    /// scopes the thread has open with it (1 for the first). On a thread that is exiting (in a
-    /// thread-local's destructor) no scope opens and 0 is returned.
+    /// scopes the thread has open with it (1 for the first). On a thread whose thread-local
+    /// storage is being destroyed (in a thread-local's destructor, once the scopes' own storage
+    /// is gone) no scope opens and 0 is returned.
     pub fn push_scope(&self) -> usize {
-        let Some(me) = thread_key() else { return 0 };
-        let mut counts = self.counts.lock();
-        if let Some(stack) = counts.mine() {
-            stack.push(ScopeCounters::default());
-            return stack.len();
-        }
-        counts.scopes.push((me, vec![ScopeCounters::default()]));
-        1
+        let pushed = SCOPES.try_with(|scopes| {
+            let Ok(mut scopes) = scopes.try_borrow_mut() else { return 0 };
+            match scopes.iter_mut().find(|(id, _)| *id == self.id) {
+                Some((_, stack)) => {
+                    stack.push(ScopeCounters::default());
+                    stack.len()
+                }
+                None => {
+                    scopes.push((self.id, vec![ScopeCounters::default()]));
+                    1
+                }
+            }
+        });
+        pushed.unwrap_or(0)
     }
 
     /// Closes the calling thread's innermost scope and returns its counts (which its outer scopes
     /// and the totals already hold). `None` if the thread has no scope open.
     pub fn pop_scope(&self) -> Option<ScopeCounters> {
-        let me = thread_key()?;
-        let mut counts = self.counts.lock();
-        let at = counts.scopes.iter().position(|(t, _)| *t == me)?;
-        let stack = &mut counts.scopes[at].1;
-        let scope = stack.pop();
-        if stack.is_empty() {
-            counts.scopes.swap_remove(at);
-        }
-        scope
+        SCOPES
+            .try_with(|scopes| {
+                let mut scopes = scopes.try_borrow_mut().ok()?;
+                let at = scopes.iter().position(|(id, _)| *id == self.id)?;
+                let stack = &mut scopes[at].1;
+                let scope = stack.pop();
+                if stack.is_empty() {
+                    scopes.swap_remove(at);
+                }
+                scope
+            })
+            .ok()
+            .flatten()
     }
 
     /// How many scopes the calling thread has open.
     fn depth(&self) -> usize {
-        self.counts.lock().mine().map_or(0, |stack| stack.len())
+        self.with_mine(|stack| stack.len())
     }
 
     /// Runs `f` in a new scope of the calling thread and returns its result with the scope's
@@ -263,12 +276,12 @@ unsafe impl DeviceResource for StatisticsResource {
 
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         let ptr = self.inner.allocate(layout, stream)?;
-        self.counts.lock().count(|scope| scope.on_alloc(layout.bytes));
+        self.count(|scope| scope.on_alloc(layout.bytes));
         Ok(ptr)
     }
 
     unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {
-        self.counts.lock().count(|scope| scope.on_free(layout.bytes));
+        self.count(|scope| scope.on_free(layout.bytes));
         // SAFETY: forwarded unchanged from our caller, who upholds the contract.
         unsafe { self.inner.deallocate(allocation, layout, stream) }
     }
