@@ -471,12 +471,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             unretired.log();
             return Ok(TrimReport::default());
         }
+        let covered = self.stranded_count();
         if let Err(e) = self.ordering.synchronize() {
             drop((guards, st));
             unretired.log();
             return Err(PoolError::Ordering(e));
         }
-        self.reclaim_stranded(&mut guards);
+        self.reclaim_stranded(&mut guards, covered);
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, keep as u64, &mut notes);
@@ -497,19 +498,21 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [`PoolError::Ordering`] when synchronising fails.
     pub fn synchronize(&self) -> Result<TrimReport, PoolError> {
         let threshold = self.config.release_threshold as u64;
-        if self.cached_estimate() <= threshold {
+        // Stranded memory takes the slow path: the synchronisation there returns it to the cache.
+        if self.cached_estimate() <= threshold && self.segments.lock().stranded_bytes == 0 {
             self.ordering.synchronize().map_err(PoolError::Ordering)?;
             return Ok(TrimReport::default());
         }
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         let unretired = self.sweep(&mut st, &mut guards);
+        let covered = self.stranded_count();
         if let Err(e) = self.ordering.synchronize() {
             drop((guards, st));
             unretired.log();
             return Err(PoolError::Ordering(e));
         }
-        self.reclaim_stranded(&mut guards);
+        self.reclaim_stranded(&mut guards, covered);
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, threshold, &mut notes);
@@ -803,14 +806,24 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
     }
 
-    /// Returns the stranded blocks to the cache (the first arena; `consolidate` spreads them)
-    /// once a synchronisation has made them safe for every stream. The caller holds every arena
-    /// lock, taken before that synchronisation succeeded.
-    fn reclaim_stranded(&self, guards: &mut Guards<'_, O::Stream>) {
+    /// How many blocks are stranded now: those a synchronisation that starts next covers.
+    fn stranded_count(&self) -> usize {
+        self.segments.lock().stranded.len()
+    }
+
+    /// Returns the first `covered` stranded blocks to the cache (the first arena; `consolidate`
+    /// spreads them) once a synchronisation has made them safe for every stream: `covered` is
+    /// [`stranded_count`](Self::stranded_count) taken before that synchronisation started. Blocks
+    /// stranded meanwhile (by a free on another thread: `strand` takes no arena lock) may be
+    /// under work queued after the synchronisation looked at their stream, so they stay
+    /// stranded. The caller holds the table's mutex, so nothing else removes stranded blocks.
+    fn reclaim_stranded(&self, guards: &mut Guards<'_, O::Stream>, covered: usize) {
         let Some(g) = guards.first_mut() else { return };
         let mut segs = self.segments.lock();
-        segs.stranded_bytes = 0;
-        for (addr, len, seg, kind) in segs.stranded.drain(..) {
+        let covered = covered.min(segs.stranded.len());
+        let reclaimed: Vec<_> = segs.stranded.drain(..covered).collect();
+        for (addr, len, seg, kind) in reclaimed {
+            segs.stranded_bytes -= len;
             g.set(kind).insert(addr, len, seg);
         }
     }
@@ -1143,13 +1156,15 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let (mut st, mut guards) = self.lock_all();
         self.segments.lock().oom_ladders += 1;
         let unretired = self.sweep(&mut st, &mut guards);
+        let covered = self.stranded_count();
         if let Err(e) = self.ordering.synchronize() {
             drop((guards, st));
             unretired.log();
             return Err(PoolError::Ordering(e));
         }
-        // After the synchronisation every cached byte is safe for every stream.
-        self.reclaim_stranded(&mut guards);
+        // After the synchronisation every cached byte is safe for every stream (of the stranded
+        // ones, those stranded before it started).
+        self.reclaim_stranded(&mut guards, covered);
         consolidate(&mut guards);
         let ti = to.index;
         let other = match req.kind {

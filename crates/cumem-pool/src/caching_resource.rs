@@ -76,8 +76,9 @@ impl CachingResource {
 
     /// Returns every fully free cached segment to the upstream (with expandable segments, every
     /// whole free chunk), after waiting for every stream that used cached memory (on whichever
-    /// device); streams the program dropped are forgotten. When nothing can be released it returns
-    /// an empty report at once and waits for no stream: it is not a way to synchronise.
+    /// device); streams the program dropped are forgotten. When nothing can be released and no
+    /// memory is [stranded](crate::PoolStats::stranded_bytes) it returns an empty report at once
+    /// and waits for no stream: it is not a way to synchronise.
     pub fn trim(&self) -> Result<TrimReport> {
         self.pool.trim().map_err(|e| pool_error(e, "CachingPool::trim", 0))
     }

@@ -90,8 +90,8 @@ pub struct PoolStats {
     pub cached_bytes: u64,
     /// Of `cached_bytes`, bytes freed on a stream the pool could not order other streams behind
     /// (the ordering failed: logged): they are reused by no stream, nor released, until `trim`,
-    /// the release threshold or the out-of-memory ladder has synchronised, which makes them safe
-    /// for every stream and returns them to the cache.
+    /// `synchronize` or the out-of-memory ladder has synchronised, which makes them safe for
+    /// every stream and returns them to the cache.
     pub stranded_bytes: u64,
     /// The largest contiguous cached block (free range or binned block) of any stream.
     pub largest_free_block: u64,

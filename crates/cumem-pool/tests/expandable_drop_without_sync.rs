@@ -40,16 +40,19 @@ fn a_failed_synchronize_at_drop_leaks_the_mapped_chunks_under_queued_work() {
     let gate = gate::hold(&stream);
     stream.copy_d2h(&buf, &mut seen).unwrap(); // queued behind the gate
     drop(buf);
-    // Every stream synchronisation on this thread fails while the pool is dropped.
-    let rule = ctl.inject_fault(FaultRule {
-        function: "cuStreamSynchronize".into(),
-        nth: 1,
-        code: CUresult::CUDA_ERROR_UNKNOWN,
-        times: 0,
-        this_thread_only: true,
+    // Every synchronisation on this thread fails while the pool is dropped (a stream's tail
+    // waits on an event it records; a stream itself is synchronised).
+    let rules = ["cuStreamSynchronize", "cuEventSynchronize"].map(|function| {
+        ctl.inject_fault(FaultRule {
+            function: function.into(),
+            nth: 1,
+            code: CUresult::CUDA_ERROR_UNKNOWN,
+            times: 0,
+            this_thread_only: true,
+        })
     });
     drop(pool);
-    ctl.remove_fault(rule);
+    rules.into_iter().for_each(|rule| ctl.remove_fault(rule));
     gate.release();
     stream.synchronize().unwrap();
     assert!(seen.to_vec().unwrap().iter().all(|&v| v == 0x5A5A_A5A5), "the copy read unmapped memory");
