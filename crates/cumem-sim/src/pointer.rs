@@ -82,6 +82,8 @@ pub(crate) fn pointer_attribute(
     batch: bool,
 ) -> Result<AttrValue, Fail> {
     use AttrValue::{U32, U64};
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`.
+    const ATTR_GPU_DIRECT_RDMA_SUPPORTED: u32 = 116;
     if a.kind == AllocKind::Vmm {
         let device = context::current().and_then(|c| st.ctx_device(c));
         if let Some(v) = crate::vmm::pointer_attribute(st, a, attribute, device) {
@@ -114,7 +116,12 @@ pub(crate) fn pointer_attribute(
         7 | 20 => U64(a.buffer_id),
         9 => U32(a.device as u32),
         10 => U32(u32::from(matches!(a.kind, AllocKind::Device | AllocKind::Pitched))),
-        15 => U32(u32::from(device_only)),
+        // Device memory is RDMA-capable exactly where the device reports GPU_DIRECT_RDMA_SUPPORTED
+        // (VMM mappings answer from their creation flags, in `vmm::pointer_attribute`).
+        15 => U32(u32::from(
+            device_only
+                && st.devices[a.device as usize].attr(ATTR_GPU_DIRECT_RDMA_SUPPORTED).unwrap_or(0) != 0,
+        )),
         // MAPPING_BASE_ADDR / MAPPING_SIZE of a pool block or an imported one: the 32 MiB piece
         // holding the address, while RANGE_* stay the block (observed on an H100, 2026-11-23).
         18 | 19 if matches!(a.kind, AllocKind::Pool | AllocKind::PoolImport) => {

@@ -469,6 +469,8 @@ fn address_range_of_a_mapped_address_is_the_mapping() {
     assert_eq!((base, size), (va + G as u64, 2 * G));
     assert_eq!(attr32(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, inside), 0);
     assert_eq!(attr32(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, inside), 0);
+    // Not created gpuDirectRDMACapable (nor could it be: GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 0).
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, inside), 0);
     ok(unmap(va, 3 * G));
     ok(release(a));
     ok(release(b));

@@ -10,6 +10,9 @@ use super::State;
 use crate::memory::Allocation;
 use crate::pointer::AttrValue;
 
+/// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
+const ATTR_RDMA_WITH_VMM: u32 = 110;
+
 /// The answer for `attribute` at `ptr` in mapping `a`, where it is VMM-specific.
 pub(crate) fn attribute(
     st: &State,
@@ -23,6 +26,13 @@ pub(crate) fn attribute(
         12 => Some(AttrValue::U64(st.vmm.reservations.get(&m.reservation)?.size)),
         14 => Some(AttrValue::U32(st.vmm.physical.get(&m.handle)?.prop.handle_types)),
         16 => Some(AttrValue::U32(device.and_then(|d| m.access.get(&d)).copied().unwrap_or(0) as u32)),
+        // IS_GPU_DIRECT_RDMA_CAPABLE: created with `allocFlags.gpuDirectRDMACapable` on a device
+        // reporting GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED.
+        15 => {
+            let p = st.vmm.physical.get(&m.handle)?;
+            let capable = st.devices[p.device].attr(ATTR_RDMA_WITH_VMM).unwrap_or(0) != 0;
+            Some(AttrValue::U32(u32::from(capable && p.prop.gpu_direct_rdma_capable != 0)))
+        }
         _ => None,
     }
 }
