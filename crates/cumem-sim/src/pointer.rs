@@ -172,19 +172,26 @@ pub(crate) fn attributes(attrs: &[u32], ptr: u64) -> Result<Vec<AttrValue>, Fail
         values.push(match a {
             Some(a) => pointer_attribute(&st, a, attr, ptr, true)?,
             None if attr == 5 => pointer_attribute_p2p()?,
-            None => unknown_pointer_attribute(attr, ptr),
+            None => match crate::vmm::unmapped_attribute(&st, ptr, attr, true) {
+                Some(v) => v?,
+                None => unknown_pointer_attribute(attr, ptr),
+            },
         });
     }
     Ok(values)
 }
 
-/// `cuPointerGetAttribute`: one value; unknown pointers give `INVALID_VALUE` (quietly: a probe),
+/// `cuPointerGetAttribute`: one value; unknown pointers give `INVALID_VALUE` (quietly: a probe;
+/// reserved but unmapped VMM addresses are known, see `vmm::unmapped_attribute`),
 /// DEVICE_POINTER needs a current context.
 pub(crate) fn attribute(attribute: u32, ptr: u64) -> Result<AttrValue, Fail> {
     let st = SIM.st.lock();
     if attribute == 3 {
         context::require(&st)?;
     }
-    let a = st.find_alloc(ptr).ok_or(Fail::quiet(CUresult::CUDA_ERROR_INVALID_VALUE))?;
-    pointer_attribute(&st, a, attribute, ptr, false)
+    match st.find_alloc(ptr) {
+        Some(a) => pointer_attribute(&st, a, attribute, ptr, false),
+        None => crate::vmm::unmapped_attribute(&st, ptr, attribute, false)
+            .unwrap_or(Err(Fail::quiet(CUresult::CUDA_ERROR_INVALID_VALUE))),
+    }
 }

@@ -948,3 +948,66 @@ fn unmapping_or_taking_access_away_under_queued_work_is_reported() {
     free_va(va, G);
     free_va(other, G);
 }
+
+/// A reserved but unmapped address is known to pointer queries: the reservation as
+/// RANGE_START_ADDR/RANGE_SIZE with MAPPED 0 (§5, §9 [E:DALI#3064], which reads those three through
+/// the batch form); `cuMemGetAddressRange` still does not find it (observed on an H100). Once the
+/// reservation is freed the address is unknown again.
+#[test]
+#[serial] // after the free it checks that no reservation holds the address any more
+fn a_reserved_unmapped_address_reports_its_reservation_unmapped() {
+    use cu::CUpointer_attribute::*;
+    bind(0);
+    let va = reserve(3 * G);
+    let h = create(G);
+    ok(map(va + G as u64, G, h));
+    let single32 = |a: cu::CUpointer_attribute, p: CUdeviceptr| {
+        let mut v = u32::MAX;
+        // SAFETY: a 4-byte out-value for an int-sized attribute.
+        let r = unsafe { cu::cuPointerGetAttribute((&mut v as *mut u32).cast(), a, p) };
+        (r, v)
+    };
+    let single64 = |a: cu::CUpointer_attribute, p: CUdeviceptr| {
+        let mut v = u64::MAX;
+        // SAFETY: an 8-byte out-value for a pointer-sized attribute.
+        let r = unsafe { cu::cuPointerGetAttribute((&mut v as *mut u64).cast(), a, p) };
+        (r, v)
+    };
+    let batch = |p: CUdeviceptr| {
+        let (mut start, mut size, mut mapped) = (0u64, 0u64, 7u32);
+        let mut attrs = [
+            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            CU_POINTER_ATTRIBUTE_MAPPED,
+        ];
+        let mut data: [*mut std::ffi::c_void; 3] = [
+            (&mut start as *mut u64).cast(),
+            (&mut size as *mut u64).cast(),
+            (&mut mapped as *mut u32).cast(),
+        ];
+        // SAFETY: three attributes with out-values of their sizes.
+        let r = unsafe { cu::cuPointerGetAttributes(3, attrs.as_mut_ptr(), data.as_mut_ptr(), p) };
+        (r, start, size, mapped)
+    };
+    let s = CUresult::CUDA_SUCCESS;
+    let unmapped = va + 100;
+    assert_eq!(batch(unmapped), (s, va, 3 * G as u64, 0), "before the mapping");
+    assert_eq!(batch(va + 2 * G as u64 + 5), (s, va, 3 * G as u64, 0), "after the mapping");
+    assert_eq!(batch(va + G as u64 + 5), (s, va, 3 * G as u64, 1), "inside the mapping");
+    assert_eq!(single64(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, unmapped), (s, va));
+    assert_eq!(single64(CU_POINTER_ATTRIBUTE_RANGE_SIZE, unmapped), (s, 3 * G as u64));
+    assert_eq!(single32(CU_POINTER_ATTRIBUTE_MAPPED, unmapped), (s, 0));
+    assert_eq!(single32(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, unmapped), (s, 2), "DEVICE [I]");
+    assert_eq!(single32(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, unmapped), (s, 0), "[I]");
+    assert_eq!(single32(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, unmapped), (s, 0), "[I]");
+    let (mut base, mut size) = (1, 1);
+    // SAFETY: valid out-pointers.
+    let r = unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, unmapped) };
+    assert_eq!((r, base, size), (CUresult::CUDA_ERROR_NOT_FOUND, 1, 1));
+    ok(unmap(va + G as u64, G));
+    ok(release(h));
+    free_va(va, 3 * G);
+    assert_eq!(single32(CU_POINTER_ATTRIBUTE_MAPPED, unmapped).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+    let (r, _, _, mapped) = batch(unmapped);
+    assert_eq!((r, mapped), (s, 0), "unknown memory: the batch form's defaults");
+}
