@@ -407,6 +407,7 @@ fn retain_returns_the_mapped_handle_with_a_reference_and_the_properties() {
     assert_eq!(p.location.type_, cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
     assert_eq!(p.location.id, 0);
     assert_eq!(p.requestedHandleTypes, cu::CUmemAllocationHandleType(0));
+    assert_eq!((p.allocFlags.compressionType, p.allocFlags.gpuDirectRDMACapable), (0, 0));
     ok(release(h));
     ok(unmap(va, G));
     // The retained reference still holds the memory, and its properties.
@@ -1010,4 +1011,33 @@ fn a_reserved_unmapped_address_reports_its_reservation_unmapped() {
     assert_eq!(single32(CU_POINTER_ATTRIBUTE_MAPPED, unmapped).0, CUresult::CUDA_ERROR_INVALID_VALUE);
     let (r, _, _, mapped) = batch(unmapped);
     assert_eq!((r, mapped), (s, 0), "unknown memory: the batch form's defaults");
+}
+
+/// `allocFlags.compressionType` and `gpuDirectRDMACapable` are hints: on a device without
+/// GENERIC_COMPRESSION_SUPPORTED / GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (both 0 here) the
+/// creation succeeds without them, and the handle's properties say so.
+#[test]
+#[parallel]
+fn allocation_hints_the_device_cannot_grant_are_cleared() {
+    bind(0);
+    // SAFETY: plain FFI call with an integer attribute number.
+    let get: unsafe extern "C" fn(*mut std::ffi::c_int, u32, std::ffi::c_int) -> CUresult =
+        unsafe { raw("cuDeviceGetAttribute") };
+    for attr in [107, 110] {
+        let mut v = -1;
+        // SAFETY: valid out-pointer.
+        ok(unsafe { get(&mut v, attr, 0) });
+        assert_eq!(v, 0, "attribute {attr}");
+    }
+    let mut p = prop(0);
+    p.allocFlags.compressionType = 1; // CU_MEM_ALLOCATION_COMP_GENERIC
+    p.allocFlags.gpuDirectRDMACapable = 1;
+    let (r, h) = try_create(G, &p);
+    ok(r);
+    // SAFETY: an all-zero CUmemAllocationProp is a valid value.
+    let mut got: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut got, h) });
+    assert_eq!((got.allocFlags.compressionType, got.allocFlags.gpuDirectRDMACapable), (0, 0));
+    ok(release(h));
 }
