@@ -9,8 +9,10 @@
 //! and pool handle types are POSIX_FD only (1; the H100 reports 9, POSIX_FD and FABRIC, but
 //! fabric pools are not modelled); IPC events are 1, as on the H100 (`cuIpcGetEventHandle` and
 //! `cuIpcOpenEventHandle` are modelled across processes). The H100 also reports RDMA, multicast,
-//! stream memory operations, CUDA arrays, cooperative and cluster launches, but the simulator
-//! exports none of their calls, so they are 0 here until the calls exist.
+//! stream memory operations, CUDA arrays, cooperative and cluster launches, texture gather,
+//! access policy windows, memory synchronisation domains and unified function pointers, but the
+//! simulator exports none of their calls (no stream attributes, textures, modules or launches),
+//! so they are 0 here until the calls exist.
 
 /// One past the largest attribute number (`CU_DEVICE_ATTRIBUTE_MAX` in CUDA 12.8).
 pub(crate) const ATTRIBUTE_LIMIT: usize = 144;
@@ -60,7 +62,8 @@ pub(crate) const ATTRIBUTES: &[(u32, &str, i32)] = &[
     (41, "unified_addressing", 1),
     (42, "maximum_texture1d_layered_width", 32768),
     (43, "maximum_texture1d_layered_layers", 2048),
-    (44, "can_tex2d_gather", 1),
+    // No texture objects or references are exported (cuTexObjectCreate): not advertised.
+    (44, "can_tex2d_gather", 0),
     (45, "maximum_texture2d_gather_width", 32768),
     (46, "maximum_texture2d_gather_height", 32768),
     (47, "maximum_texture3d_width_alternate", 8192),
@@ -125,7 +128,9 @@ pub(crate) const ATTRIBUTES: &[(u32, &str, i32)] = &[
     (106, "max_blocks_per_multiprocessor", 32),
     (107, "generic_compression_supported", 0),
     (108, "max_persisting_l2_cache_size", 51380224),
-    (109, "max_access_policy_window_size", 134213632),
+    // Access policy windows are set through cuStreamSetAttribute / cuLaunchKernelEx, neither of
+    // which is exported: not advertised (the H100 reports 134213632).
+    (109, "max_access_policy_window_size", 0),
     (110, "gpu_direct_rdma_with_cuda_vmm_supported", 0),
     (111, "reserved_shared_memory_per_block", 1024),
     (112, "sparse_cuda_array_supported", 0),
@@ -142,10 +147,13 @@ pub(crate) const ATTRIBUTES: &[(u32, &str, i32)] = &[
     (123, "can_use_stream_wait_value_nor", 0),
     (124, "dma_buf_supported", 0),
     (125, "ipc_event_supported", 1),
-    (126, "mem_sync_domain_count", 4),
+    // Memory synchronisation domains are chosen through launch or stream attributes
+    // (cuLaunchKernelEx, cuStreamSetAttribute), neither exported: not advertised (the H100: 4).
+    (126, "mem_sync_domain_count", 0),
     (127, "tensor_map_access_supported", 0),
     (128, "handle_type_fabric_supported", 0),
-    (129, "unified_function_pointers", 1),
+    // A property of kernel code; no module or launch call is exported: not advertised.
+    (129, "unified_function_pointers", 0),
     (130, "numa_config", 0),
     (131, "numa_id", -1),
     (132, "multicast_supported", 0),

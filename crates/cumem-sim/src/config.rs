@@ -151,6 +151,25 @@ fn parse_int(text: &str) -> Result<i32, String> {
     parsed.ok().and_then(|v| i32::try_from(v).ok()).ok_or_else(|| format!("`{text}` is not a 32-bit integer"))
 }
 
+/// Attributes whose only modelled value is their default: the simulator's address space is
+/// unified (41), and a registered range's device address is its host address (91). Describing a
+/// device without them would need a separate device alias for registered memory and a split
+/// address space, which the simulator does not implement, so such a configuration is refused
+/// rather than answered while behaving otherwise.
+const FIXED_ATTRIBUTES: &[(u32, i32)] = &[(41, 1), (91, 1)];
+
+/// Parses the value of attribute `n` (configured as `key`), refusing values the simulator would
+/// only report without behaving accordingly.
+fn attribute_value(n: u32, key: &str, value: &str) -> Result<i32, String> {
+    let v = parse_int(value)?;
+    match FIXED_ATTRIBUTES.iter().find(|&&(fixed, _)| fixed == n) {
+        Some(&(_, only)) if v != only => {
+            Err(format!("`{key}={v}` is not simulated: the simulator implements only {key}={only}"))
+        }
+        _ => Ok(v),
+    }
+}
+
 fn parse_peer(text: &str) -> Result<Option<Vec<(usize, usize)>>, String> {
     match text {
         "all" => return Ok(None),
@@ -227,13 +246,13 @@ impl Config {
                         attr => {
                             let n = attributes::by_name(attr)
                                 .ok_or_else(|| format!("unknown device attribute `{attr}`"))?;
-                            over.attrs.insert(n, parse_int(value)?);
+                            over.attrs.insert(n, attribute_value(n, attr, value)?);
                         }
                     }
                     return Ok(());
                 }
                 let n = attributes::by_name(key).ok_or_else(|| format!("unknown key `{key}`"))?;
-                self.attrs.insert(n, parse_int(value)?);
+                self.attrs.insert(n, attribute_value(n, key, value)?);
             }
         }
         Ok(())
@@ -354,6 +373,9 @@ mod tests {
         assert!(c.apply("latency_us=7,memory=12parsecs", false).is_err());
         assert!(c.apply("dev5.memory=1GiB", false).is_err());
         assert!(c.apply("no_such_attribute=1", false).is_err());
+        assert!(c.apply("unified_addressing=0", false).is_err());
+        assert!(c.apply("dev0.can_use_host_pointer_for_registered_mem=0", false).is_err());
+        c.apply("can_use_host_pointer_for_registered_mem=1,dev0.unified_addressing=1", false).unwrap();
         assert_eq!(c.latency_us, 200);
         assert!(c.apply("devices=4", true).is_err());
         c.apply("latency_us=9,leak_check=1", true).unwrap();

@@ -148,7 +148,10 @@ pub(crate) enum Role {
     Unified,
 }
 
-fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<Endpoint, Fail> {
+/// Resolves one endpoint of an operation queued on a stream of device `dev`: VMM mappings are
+/// checked against `dev`'s access, since the device that runs the work is the stream's, not the
+/// calling thread's current context's.
+fn resolve(st: &State, dev: usize, addr: u64, len: usize, role: Role, what: &str) -> Result<Endpoint, Fail> {
     if addr == 0 {
         return Err(Fail::misuse(
             CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -165,7 +168,7 @@ fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<
         if a.kind == AllocKind::Vmm {
             // Adjacent mappings of one reservation are one range (observed): the host view is
             // contiguous across them, so the endpoint may run past this mapping's end.
-            crate::vmm::check_span(st, issuing_device(st, a), addr, len as u64, false)?;
+            crate::vmm::check_span(st, dev, addr, len as u64, false)?;
         } else if !a.contains_range(addr, len as u64) {
             return Err(Fail::misuse(
                 CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -195,17 +198,12 @@ fn resolve(st: &State, addr: u64, len: usize, role: Role, what: &str) -> Result<
     Ok(Endpoint::Pageable(addr as usize))
 }
 
-/// The device whose access to a VMM mapping a copy or memset needs: the issuing context's.
-fn issuing_device(st: &State, a: &Allocation) -> usize {
-    crate::context::current().and_then(|c| st.ctx_device(c)).unwrap_or(a.device as usize)
-}
-
 /// Refuses writes into memory registered with `CU_MEMHOSTREGISTER_READ_ONLY`, and into VMM
-/// mappings the issuing device may only read.
-fn writable(st: &State, e: &Endpoint, addr: u64, len: usize) -> Result<(), Fail> {
+/// mappings device `dev` (the device of the stream the write is queued on) may only read.
+fn writable(st: &State, dev: usize, e: &Endpoint, addr: u64, len: usize) -> Result<(), Fail> {
     match e {
         Endpoint::Mem(a, ..) if a.kind == AllocKind::Vmm => {
-            crate::vmm::check_span(st, issuing_device(st, a), addr, len as u64, true)
+            crate::vmm::check_span(st, dev, addr, len as u64, true)
         }
         Endpoint::Mem(a, ..)
             if a.kind == AllocKind::Registered && a.host_flags & crate::memory::REGISTER_READ_ONLY != 0 =>
@@ -249,9 +247,10 @@ pub(crate) unsafe fn memcpy(
     if len == 0 {
         return Ok(());
     }
-    let d = resolve(&g, dst, len, dst_role, "destination")?;
-    writable(&g, &d, dst, len)?;
-    let s = resolve(&g, src, len, src_role, "source")?;
+    let dev = g.streams[&sid].device;
+    let d = resolve(&g, dev, dst, len, dst_role, "destination")?;
+    writable(&g, dev, &d, dst, len)?;
+    let s = resolve(&g, dev, src, len, src_role, "source")?;
     let wait = match stream {
         None => !(d.is_device() && s.is_device()),
         Some(_) => async_waits([&d], [&s]),
@@ -295,8 +294,9 @@ pub(crate) fn memset(
             format!("{count} elements of {width} bytes overflow"),
         )
     })?;
-    let d = resolve(&g, dst, bytes, Role::Device, "destination")?;
-    writable(&g, &d, dst, bytes)?;
+    let dev = g.streams[&sid].device;
+    let d = resolve(&g, dev, dst, bytes, Role::Device, "destination")?;
+    writable(&g, dev, &d, dst, bytes)?;
     let wait = stream.is_none() && !d.is_device();
     let seq = enqueue(&mut g, sid, Work::Fill { dst: d, value, width, count }, Vec::new());
     if wait {
@@ -488,6 +488,7 @@ fn bad(m: String) -> Fail {
 /// The rows of one side, each resolved against the allocation containing it.
 fn side_rows(
     st: &State,
+    dev: usize,
     c: &Copy3D,
     s: &Side,
     what: &str,
@@ -531,7 +532,7 @@ fn side_rows(
                 Some(a) if a.contains_range(row, c.width as u64) => {
                     Endpoint::Mem(Arc::clone(a), (row - a.base) as usize, None)
                 }
-                _ => resolve(st, row, c.width, role, &format!("{what} row (z {z}, y {y})"))?,
+                _ => resolve(st, dev, row, c.width, role, &format!("{what} row (z {z}, y {y})"))?,
             };
             if let Endpoint::Mem(a, ..) = &e {
                 last = Some(Arc::clone(a));
@@ -577,10 +578,10 @@ pub(crate) unsafe fn memcpy_3d(c: Copy3D, stream: Option<CUstream>) -> Result<()
     }
     let dev = g.streams[&sid].device;
     let max_pitch = g.devices[dev].attr(11).unwrap_or(i32::MAX) as u64;
-    let src = side_rows(&g, &c, &c.src, "src", max_pitch)?;
-    let dst = side_rows(&g, &c, &c.dst, "dst", max_pitch)?;
+    let src = side_rows(&g, dev, &c, &c.src, "src", max_pitch)?;
+    let dst = side_rows(&g, dev, &c, &c.dst, "dst", max_pitch)?;
     for (addr, e) in &dst {
-        writable(&g, e, *addr, c.width)?;
+        writable(&g, dev, e, *addr, c.width)?;
     }
     let all_device = src.iter().chain(&dst).all(|(_, e)| e.is_device());
     let wait = match stream {
@@ -638,14 +639,15 @@ pub(crate) fn memset_2d(
             "dstPitch {pitch} must hold a row of {row_bytes} bytes and be a multiple of {width}"
         )));
     }
+    let dev = g.streams[&sid].device;
     let mut rows = Vec::with_capacity(height);
     for y in 0..height {
         let row = (y as u64)
             .checked_mul(pitch as u64)
             .and_then(|o| o.checked_add(dst))
             .ok_or_else(|| bad("row address overflows".into()))?;
-        let e = resolve(&g, row, row_bytes, Role::Device, &format!("destination row {y}"))?;
-        writable(&g, &e, row, row_bytes)?;
+        let e = resolve(&g, dev, row, row_bytes, Role::Device, &format!("destination row {y}"))?;
+        writable(&g, dev, &e, row, row_bytes)?;
         rows.push(e);
     }
     let wait = stream.is_none() && !rows.iter().all(Endpoint::is_device);

@@ -34,6 +34,7 @@ mod lifecycle;
 mod locate;
 mod managed;
 mod memory;
+mod order;
 mod peer;
 mod pointer;
 mod pool;

@@ -82,6 +82,8 @@ pub(crate) fn pointer_attribute(
     batch: bool,
 ) -> Result<AttrValue, Fail> {
     use AttrValue::{U32, U64};
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`.
+    const ATTR_GPU_DIRECT_RDMA_SUPPORTED: u32 = 116;
     if a.kind == AllocKind::Vmm {
         let device = context::current().and_then(|c| st.ctx_device(c));
         if let Some(v) = crate::vmm::pointer_attribute(st, a, attribute, device) {
@@ -114,7 +116,12 @@ pub(crate) fn pointer_attribute(
         7 | 20 => U64(a.buffer_id),
         9 => U32(a.device as u32),
         10 => U32(u32::from(matches!(a.kind, AllocKind::Device | AllocKind::Pitched))),
-        15 => U32(u32::from(device_only)),
+        // Device memory is RDMA-capable exactly where the device reports GPU_DIRECT_RDMA_SUPPORTED
+        // (VMM mappings answer from their creation flags, in `vmm::pointer_attribute`).
+        15 => U32(u32::from(
+            device_only
+                && st.devices[a.device as usize].attr(ATTR_GPU_DIRECT_RDMA_SUPPORTED).unwrap_or(0) != 0,
+        )),
         // MAPPING_BASE_ADDR / MAPPING_SIZE of a pool block or an imported one: the 32 MiB piece
         // holding the address, while RANGE_* stay the block (observed on an H100, 2026-11-23).
         18 | 19 if matches!(a.kind, AllocKind::Pool | AllocKind::PoolImport) => {
@@ -165,19 +172,26 @@ pub(crate) fn attributes(attrs: &[u32], ptr: u64) -> Result<Vec<AttrValue>, Fail
         values.push(match a {
             Some(a) => pointer_attribute(&st, a, attr, ptr, true)?,
             None if attr == 5 => pointer_attribute_p2p()?,
-            None => unknown_pointer_attribute(attr, ptr),
+            None => match crate::vmm::unmapped_attribute(&st, ptr, attr, true) {
+                Some(v) => v?,
+                None => unknown_pointer_attribute(attr, ptr),
+            },
         });
     }
     Ok(values)
 }
 
-/// `cuPointerGetAttribute`: one value; unknown pointers give `INVALID_VALUE` (quietly: a probe),
+/// `cuPointerGetAttribute`: one value; unknown pointers give `INVALID_VALUE` (quietly: a probe;
+/// reserved but unmapped VMM addresses are known, see `vmm::unmapped_attribute`),
 /// DEVICE_POINTER needs a current context.
 pub(crate) fn attribute(attribute: u32, ptr: u64) -> Result<AttrValue, Fail> {
     let st = SIM.st.lock();
     if attribute == 3 {
         context::require(&st)?;
     }
-    let a = st.find_alloc(ptr).ok_or(Fail::quiet(CUresult::CUDA_ERROR_INVALID_VALUE))?;
-    pointer_attribute(&st, a, attribute, ptr, false)
+    match st.find_alloc(ptr) {
+        Some(a) => pointer_attribute(&st, a, attribute, ptr, false),
+        None => crate::vmm::unmapped_attribute(&st, ptr, attribute, false)
+            .unwrap_or(Err(Fail::quiet(CUresult::CUDA_ERROR_INVALID_VALUE))),
+    }
 }

@@ -91,6 +91,8 @@ pub(crate) struct State {
     pub(crate) next_handle: u64,
     pub(crate) next_seq: u64,
     pub(crate) next_buffer_id: u64,
+    /// Pool allocations whose stream order the host has not yet observed (`crate::order`).
+    pub(crate) pool_order: crate::order::Pending,
 }
 
 /// The process-wide simulator.
@@ -134,6 +136,7 @@ pub(crate) static SIM: Sim = Sim {
         next_handle: 1,
         next_seq: 0,
         next_buffer_id: 1,
+        pool_order: BTreeMap::new(),
     }),
     changed: Condvar::new(),
     initialized: AtomicBool::new(false),
@@ -250,7 +253,10 @@ impl State {
                 dev.used -= a.charged;
                 dev.va.release(a.base);
             }
-            AllocKind::Pool => crate::pool::release_block(self, a, tag),
+            AllocKind::Pool => {
+                crate::order::forget(self, a.buffer_id);
+                crate::pool::release_block(self, a, tag)
+            }
             AllocKind::Managed => {
                 self.managed.remove(&a.base);
             }

@@ -204,7 +204,11 @@ pub(crate) fn query(h_stream: CUstream) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
     let id = resolve(&mut st, h_stream)?;
     let targets = sync_targets(&st, id);
-    if targets_done(&st, &targets) { Ok(()) } else { Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_READY)) }
+    if !targets_done(&st, &targets) {
+        return Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_READY));
+    }
+    crate::order::observed(&mut st, &targets);
+    Ok(())
 }
 
 /// `cuStreamWaitEvent`: later work of the stream waits for the event's captured work (the
@@ -288,6 +292,7 @@ fn enqueue_after(
     mut deps: Vec<(u64, u64)>,
     remote: Option<RemoteWait>,
 ) -> u64 {
+    crate::order::check(st, sid, &work);
     st.next_seq += 1;
     let seq = st.next_seq;
     let (ctx, device, kind, blocking) = {
@@ -371,4 +376,5 @@ pub(crate) fn wait_for(g: &mut MutexGuard<'_, State>, targets: &[(u64, u64)]) {
     while !targets_done(g, targets) {
         SIM.changed.wait(g);
     }
+    crate::order::observed(g, targets);
 }

@@ -340,6 +340,8 @@ fn pinned_memory_flags_and_pointer_attributes() {
         assert_eq!(attr_u32(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, h as u64), (CUresult::CUDA_SUCCESS, 1));
         assert_eq!(attr_u32(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d), (CUresult::CUDA_SUCCESS, 0));
         assert_eq!(attr_u32(CU_POINTER_ATTRIBUTE_IS_MANAGED, d), (CUresult::CUDA_SUCCESS, 0));
+        // GPU_DIRECT_RDMA_SUPPORTED (116) is 0 on the simulated devices, so no memory is RDMA-capable.
+        assert_eq!(attr_u32(CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, d), (CUresult::CUDA_SUCCESS, 0));
         assert_eq!(attr_u64(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d + 999), (CUresult::CUDA_SUCCESS, d));
         assert_eq!(attr_u64(CU_POINTER_ATTRIBUTE_RANGE_SIZE, d + 1), (CUresult::CUDA_SUCCESS, 1000));
         assert_eq!(attr_u64(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, d + 8), (CUresult::CUDA_SUCCESS, d + 8));

@@ -32,6 +32,7 @@ const BEHIND: &[(u32, &str, &[&str])] = &[
         "STREAM_PRIORITIES_SUPPORTED",
         &["cuStreamCreateWithPriority", "cuCtxGetStreamPriorityRange", "cuStreamGetPriority"],
     ),
+    (44, "CAN_TEX2D_GATHER", &["cuTexObjectCreate", "cuTexObjectDestroy"]),
     (83, "MANAGED_MEMORY", &["cuMemAllocManaged", "cuStreamAttachMemAsync"]),
     (
         89,
@@ -85,6 +86,8 @@ const BEHIND: &[(u32, &str, &[&str])] = &[
         &["cuMemExportToShareableHandle", "cuMemImportFromShareableHandle"],
     ),
     (107, "GENERIC_COMPRESSION_SUPPORTED", &["cuMemCreate", "cuMemMap"]),
+    (108, "MAX_PERSISTING_L2_CACHE_SIZE", &["cuCtxSetLimit", "cuCtxGetLimit"]),
+    (109, "MAX_ACCESS_POLICY_WINDOW_SIZE", &["cuStreamSetAttribute", "cuStreamGetAttribute"]),
     (110, "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED", &["cuMemCreate", "cuMemMap"]),
     (112, "SPARSE_CUDA_ARRAY_SUPPORTED", &["cuArrayCreate_v2", "cuMemMapArrayAsync"]),
     (113, "READ_ONLY_HOST_REGISTER_SUPPORTED", &["cuMemHostRegister_v2"]),
@@ -130,12 +133,14 @@ const BEHIND: &[(u32, &str, &[&str])] = &[
     (123, "CAN_USE_STREAM_WAIT_VALUE_NOR", &["cuStreamWaitValue32_v2"]),
     (124, "DMA_BUF_SUPPORTED", &["cuMemGetHandleForAddressRange"]),
     (125, "IPC_EVENT_SUPPORTED", &["cuIpcGetEventHandle", "cuIpcOpenEventHandle"]),
+    (126, "MEM_SYNC_DOMAIN_COUNT", &["cuLaunchKernelEx", "cuStreamSetAttribute"]),
     (127, "TENSOR_MAP_ACCESS_SUPPORTED", &["cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col"]),
     (
         128,
         "HANDLE_TYPE_FABRIC_SUPPORTED",
         &["cuMemExportToShareableHandle", "cuMemImportFromShareableHandle"],
     ),
+    (129, "UNIFIED_FUNCTION_POINTERS", &["cuModuleLoadData", "cuLaunchKernel"]),
     (132, "MULTICAST_SUPPORTED", &["cuMulticastCreate", "cuMulticastAddDevice", "cuMulticastBindMem"]),
 ];
 

@@ -143,6 +143,21 @@ fn importer() {
     let (r, again) = try_open(&h, 1);
     ok(r);
     assert_eq!(again, p, "a second open in the same context returns the same address");
+    // One context per device per process (§12): another context of device 0 may not open it
+    // (the code is not on record: ALREADY_MAPPED is the simulator's guess), one of device 1 may.
+    let mut other: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the new context becomes current.
+    ok(unsafe { cu::cuCtxCreate_v2(&mut other, 0, 0) });
+    assert_eq!(try_open(&h, 1).0, CUresult::CUDA_ERROR_ALREADY_MAPPED, "a second context of device 0");
+    // SAFETY: the context created above, destroyed once (it held nothing).
+    ok(unsafe { cu::cuCtxDestroy_v2(other) });
+    bind(1);
+    let (r, on_1) = try_open(&h, 1);
+    ok(r);
+    assert_ne!(on_1, p);
+    assert_eq!(read_back(on_1, 16), pattern()[..16].to_vec(), "device 1's import reads the bytes");
+    ok(close(on_1));
+    bind(0);
     let report = ctl.live_report();
     let imports: Vec<_> = report.allocations.iter().filter(|a| a.kind == "ipc_import").collect();
     assert_eq!(imports.len(), 1, "{report}");

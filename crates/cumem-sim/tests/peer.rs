@@ -344,3 +344,78 @@ fn a_vmm_mapping_is_accessible_from_a_linked_device_only() {
         ok(cu::cuMemAddressFree(va, g));
     }
 }
+
+/// Access to a VMM mapping is the access of the device that runs the work: the device of the
+/// stream a memset or copy is queued on, not the device of the calling thread's current context
+/// (§9: access is granted per device; work runs on its stream's device).
+#[test]
+#[parallel]
+fn vmm_access_is_checked_against_the_streams_device_not_the_current_contexts() {
+    contexts();
+    // SAFETY: an all-zero CUmemAllocationProp is valid (every enum has a 0 variant).
+    let mut prop: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+    let g = 2 << 20;
+    let (mut va, mut h) = (0, 0);
+    bind(0);
+    // SAFETY: valid out-pointers and property.
+    unsafe {
+        ok(cu::cuMemAddressReserve(&mut va, g, 0, 0, 0));
+        ok(cu::cuMemCreate(&mut h, g, &prop, 0));
+        ok(cu::cuMemMap(va, g, 0, h, 0));
+    }
+    let grant = |dev: i32, flags| {
+        let desc = cu::CUmemAccessDesc {
+            location: cu::CUmemLocation {
+                type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: dev,
+            },
+            flags,
+        };
+        // SAFETY: one valid descriptor.
+        ok(unsafe { cu::cuMemSetAccess(va, g, &desc, 1) });
+    };
+    bind(1);
+    let s1 = stream(0);
+    bind(0);
+    let s0 = stream(0);
+    let memset_on = |s| {
+        // SAFETY: plain FFI call.
+        let r = unsafe { cu::cuMemsetD8Async(va, 0x5a, 4096, s) };
+        // SAFETY: plain FFI call.
+        ok(unsafe { cu::cuStreamSynchronize(s) });
+        r
+    };
+
+    // Device 0 only: device 0's context is current, but device 1 runs the work.
+    grant(0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    grant(1, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    assert_eq!(memset_on(s1), CUresult::CUDA_ERROR_INVALID_VALUE, "device 1 has no access");
+    ok(memset_on(s0));
+
+    // Device 1 only: the same call from device 0's context runs on device 1, which may write.
+    grant(1, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    grant(0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    ok(memset_on(s1));
+    assert_eq!(memset_on(s0), CUresult::CUDA_ERROR_INVALID_VALUE, "device 0 has no access");
+
+    // Read back on device 1's stream, which may read.
+    let mut back = vec![0u8; 4096];
+    // SAFETY: `back` is writable for its length; the stream is synchronised before it is read.
+    unsafe {
+        ok(cu::cuMemcpyDtoHAsync_v2(back.as_mut_ptr().cast(), va, 4096, s1));
+        ok(cu::cuStreamSynchronize(s1));
+    }
+    assert!(back.iter().all(|&b| b == 0x5a));
+    destroy(s0);
+    bind(1);
+    destroy(s1);
+    bind(0);
+    // SAFETY: tearing down what was made above.
+    unsafe {
+        ok(cu::cuMemUnmap(va, g));
+        ok(cu::cuMemRelease(h));
+        ok(cu::cuMemAddressFree(va, g));
+    }
+}

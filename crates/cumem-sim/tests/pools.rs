@@ -1063,3 +1063,85 @@ fn a_block_handed_on_through_an_event_dependency_is_intact() {
     assert!(seen.iter().all(|&x| x == 0xAA), "A read {:#x} instead of its own data", seen[0]);
     assert!(uses_after_free(ctl).is_empty(), "{:#?}", uses_after_free(ctl));
 }
+
+/// A pool allocation may be used by work ordered after it in stream order or after the host
+/// synchronised with it (§8.1). The driver returns no error for a use on another stream that is
+/// neither; the simulator logs it (code SUCCESS), once per allocation, naming the call.
+#[test]
+#[parallel]
+fn a_pool_allocation_used_on_another_stream_before_it_is_ordered_is_logged() {
+    let ctl = bind(0);
+    let (a, b) = (stream(1), stream(1)); // non-blocking: no implicit ordering between them
+    // (call, address) of each logged use (addresses are reused: they are checked step by step).
+    let unordered = || -> Vec<(String, String)> {
+        ctl.violations_on_this_thread()
+            .into_iter()
+            .filter(|v| {
+                v.code_name == "CUDA_SUCCESS" && v.message.contains("before its allocation is ordered")
+            })
+            .map(|v| (v.function, v.message.split(' ').nth(2).unwrap_or_default().to_string()))
+            .collect()
+    };
+    let alloc_on = |s: CUstream| {
+        let mut p = 0;
+        // SAFETY: valid out-pointer and live stream.
+        ok(unsafe { cu::cuMemAllocAsync(&mut p, 4096, s) });
+        p
+    };
+    let memset_on = |p: CUdeviceptr, s: CUstream| {
+        // SAFETY: plain FFI call on a live allocation and stream.
+        ok(unsafe { cu::cuMemsetD8Async(p, 1, 4096, s) })
+    };
+    let free_on = |p: CUdeviceptr, s: CUstream| {
+        // SAFETY: plain FFI call on a live pool allocation and stream.
+        ok(unsafe { cu::cuMemFreeAsync(p, s) })
+    };
+    let sync = |s: CUstream| {
+        // SAFETY: plain FFI call on a live stream.
+        ok(unsafe { cu::cuStreamSynchronize(s) })
+    };
+
+    // Unordered: allocated on `a`, used on `b` at once; logged once.
+    let p = alloc_on(a);
+    memset_on(p, b);
+    memset_on(p, b);
+    free_on(p, b);
+    let memset = ("cuMemsetD8Async".to_string(), format!("{p:#x}"));
+    assert_eq!(unordered(), vec![memset.clone()]);
+    sync(b);
+
+    // Ordered by an event recorded after the allocation.
+    let q = alloc_on(a);
+    let mut e: CUevent = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; live event and streams.
+    unsafe {
+        ok(cu::cuEventCreate(&mut e, 2));
+        ok(cu::cuEventRecord(e, a));
+        ok(cu::cuStreamWaitEvent(b, e, 0));
+    }
+    memset_on(q, b);
+    free_on(q, b);
+    sync(b);
+    // Observed by the host: the allocating stream was synchronised.
+    let r = alloc_on(a);
+    sync(a);
+    memset_on(r, b);
+    free_on(r, b);
+    sync(b);
+    // Same stream: always ordered.
+    let s = alloc_on(a);
+    memset_on(s, a);
+    free_on(s, a);
+    sync(a);
+    assert_eq!(unordered(), vec![memset.clone()], "ordered uses are not logged");
+    // A free on another stream is a use too.
+    let t = alloc_on(a);
+    free_on(t, b);
+    assert_eq!(unordered(), vec![memset, ("cuMemFreeAsync".to_string(), format!("{t:#x}"))]);
+    sync(a);
+    sync(b);
+    // SAFETY: a live event, destroyed once.
+    ok(unsafe { cu::cuEventDestroy_v2(e) });
+    destroy(a);
+    destroy(b);
+}

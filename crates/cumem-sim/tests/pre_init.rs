@@ -8,11 +8,26 @@ use std::ffi::{c_char, c_void};
 
 use common::load;
 use cudarc::driver::sys::{self as cu, CUresult};
+use cumem_sim::control::ControlError;
 
 #[test]
 fn everything_but_version_and_error_strings_needs_cu_init() {
     let ctl = load();
-    ctl.configure("leak_check=1,devices=2").unwrap();
+    // Attributes whose other value the simulator does not implement are refused, not answered.
+    for spec in [
+        "unified_addressing=0",
+        "dev1.unified_addressing=0",
+        "can_use_host_pointer_for_registered_mem=0",
+        "dev0.can_use_host_pointer_for_registered_mem=0",
+    ] {
+        assert_eq!(
+            ctl.configure(spec),
+            Err(ControlError::Rejected(CUresult::CUDA_ERROR_INVALID_VALUE)),
+            "{spec}"
+        );
+    }
+    ctl.configure("leak_check=1,devices=2,unified_addressing=1,can_use_host_pointer_for_registered_mem=1")
+        .unwrap();
     let ni = CUresult::CUDA_ERROR_NOT_INITIALIZED;
     // SAFETY: valid out-pointers throughout; the simulator must not write them.
     unsafe {

@@ -407,6 +407,7 @@ fn retain_returns_the_mapped_handle_with_a_reference_and_the_properties() {
     assert_eq!(p.location.type_, cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
     assert_eq!(p.location.id, 0);
     assert_eq!(p.requestedHandleTypes, cu::CUmemAllocationHandleType(0));
+    assert_eq!((p.allocFlags.compressionType, p.allocFlags.gpuDirectRDMACapable), (0, 0));
     ok(release(h));
     ok(unmap(va, G));
     // The retained reference still holds the memory, and its properties.
@@ -469,6 +470,8 @@ fn address_range_of_a_mapped_address_is_the_mapping() {
     assert_eq!((base, size), (va + G as u64, 2 * G));
     assert_eq!(attr32(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, inside), 0);
     assert_eq!(attr32(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, inside), 0);
+    // Not created gpuDirectRDMACapable (nor could it be: GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 0).
+    assert_eq!(attr32(CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, inside), 0);
     ok(unmap(va, 3 * G));
     ok(release(a));
     ok(release(b));
@@ -945,4 +948,96 @@ fn unmapping_or_taking_access_away_under_queued_work_is_reported() {
     ok(release(h2));
     free_va(va, G);
     free_va(other, G);
+}
+
+/// A reserved but unmapped address is known to pointer queries: the reservation as
+/// RANGE_START_ADDR/RANGE_SIZE with MAPPED 0 (§5, §9 [E:DALI#3064], which reads those three through
+/// the batch form); `cuMemGetAddressRange` still does not find it (observed on an H100). Once the
+/// reservation is freed the address is unknown again.
+#[test]
+#[serial] // after the free it checks that no reservation holds the address any more
+fn a_reserved_unmapped_address_reports_its_reservation_unmapped() {
+    use cu::CUpointer_attribute::*;
+    bind(0);
+    let va = reserve(3 * G);
+    let h = create(G);
+    ok(map(va + G as u64, G, h));
+    let single32 = |a: cu::CUpointer_attribute, p: CUdeviceptr| {
+        let mut v = u32::MAX;
+        // SAFETY: a 4-byte out-value for an int-sized attribute.
+        let r = unsafe { cu::cuPointerGetAttribute((&mut v as *mut u32).cast(), a, p) };
+        (r, v)
+    };
+    let single64 = |a: cu::CUpointer_attribute, p: CUdeviceptr| {
+        let mut v = u64::MAX;
+        // SAFETY: an 8-byte out-value for a pointer-sized attribute.
+        let r = unsafe { cu::cuPointerGetAttribute((&mut v as *mut u64).cast(), a, p) };
+        (r, v)
+    };
+    let batch = |p: CUdeviceptr| {
+        let (mut start, mut size, mut mapped) = (0u64, 0u64, 7u32);
+        let mut attrs = [
+            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            CU_POINTER_ATTRIBUTE_MAPPED,
+        ];
+        let mut data: [*mut std::ffi::c_void; 3] = [
+            (&mut start as *mut u64).cast(),
+            (&mut size as *mut u64).cast(),
+            (&mut mapped as *mut u32).cast(),
+        ];
+        // SAFETY: three attributes with out-values of their sizes.
+        let r = unsafe { cu::cuPointerGetAttributes(3, attrs.as_mut_ptr(), data.as_mut_ptr(), p) };
+        (r, start, size, mapped)
+    };
+    let s = CUresult::CUDA_SUCCESS;
+    let unmapped = va + 100;
+    assert_eq!(batch(unmapped), (s, va, 3 * G as u64, 0), "before the mapping");
+    assert_eq!(batch(va + 2 * G as u64 + 5), (s, va, 3 * G as u64, 0), "after the mapping");
+    assert_eq!(batch(va + G as u64 + 5), (s, va, 3 * G as u64, 1), "inside the mapping");
+    assert_eq!(single64(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, unmapped), (s, va));
+    assert_eq!(single64(CU_POINTER_ATTRIBUTE_RANGE_SIZE, unmapped), (s, 3 * G as u64));
+    assert_eq!(single32(CU_POINTER_ATTRIBUTE_MAPPED, unmapped), (s, 0));
+    assert_eq!(single32(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, unmapped), (s, 2), "DEVICE [I]");
+    assert_eq!(single32(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, unmapped), (s, 0), "[I]");
+    assert_eq!(single32(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, unmapped), (s, 0), "[I]");
+    let (mut base, mut size) = (1, 1);
+    // SAFETY: valid out-pointers.
+    let r = unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, unmapped) };
+    assert_eq!((r, base, size), (CUresult::CUDA_ERROR_NOT_FOUND, 1, 1));
+    ok(unmap(va + G as u64, G));
+    ok(release(h));
+    free_va(va, 3 * G);
+    assert_eq!(single32(CU_POINTER_ATTRIBUTE_MAPPED, unmapped).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+    let (r, _, _, mapped) = batch(unmapped);
+    assert_eq!((r, mapped), (s, 0), "unknown memory: the batch form's defaults");
+}
+
+/// `allocFlags.compressionType` and `gpuDirectRDMACapable` are hints: on a device without
+/// GENERIC_COMPRESSION_SUPPORTED / GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (both 0 here) the
+/// creation succeeds without them, and the handle's properties say so.
+#[test]
+#[parallel]
+fn allocation_hints_the_device_cannot_grant_are_cleared() {
+    bind(0);
+    // SAFETY: plain FFI call with an integer attribute number.
+    let get: unsafe extern "C" fn(*mut std::ffi::c_int, u32, std::ffi::c_int) -> CUresult =
+        unsafe { raw("cuDeviceGetAttribute") };
+    for attr in [107, 110] {
+        let mut v = -1;
+        // SAFETY: valid out-pointer.
+        ok(unsafe { get(&mut v, attr, 0) });
+        assert_eq!(v, 0, "attribute {attr}");
+    }
+    let mut p = prop(0);
+    p.allocFlags.compressionType = 1; // CU_MEM_ALLOCATION_COMP_GENERIC
+    p.allocFlags.gpuDirectRDMACapable = 1;
+    let (r, h) = try_create(G, &p);
+    ok(r);
+    // SAFETY: an all-zero CUmemAllocationProp is a valid value.
+    let mut got: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut got, h) });
+    assert_eq!((got.allocFlags.compressionType, got.allocFlags.gpuDirectRDMACapable), (0, 0));
+    ok(release(h));
 }

@@ -116,8 +116,14 @@ pub extern "C" fn cuEventRecordWithFlags(h_event: CUevent, h_stream: CUstream, f
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(h_event: CUevent) -> CUresult {
     api::call("cuEventQuery", Init::Required, || {
-        let st = SIM.st.lock();
-        if lookup(&st, h_event)?.complete(&st) {
+        let mut st = SIM.st.lock();
+        let e = lookup(&st, h_event)?;
+        if e.complete(&st) {
+            // The host has seen the recorded work complete (an interprocess event's remote
+            // recording orders nothing of this process).
+            if let Some(r) = e.record.filter(|_| e.remote_ticket().is_none()) {
+                crate::order::observed(&mut st, &[r]);
+            }
             Ok(())
         } else {
             Err(Fail::quiet(CUresult::CUDA_ERROR_NOT_READY))

@@ -56,7 +56,8 @@ pub(crate) fn get_handle(dptr: u64) -> Result<[u8; SIZE], Fail> {
 
 /// `cuIpcOpenMemHandle_v2`: maps another process's exported allocation into the current
 /// context and returns its address here. Opening the same handle again in the same context
-/// counts one more open and returns the same address. No current context, or the exporting
+/// counts one more open and returns the same address; opening it in a second context of the same
+/// device while the first holds it gives `ALREADY_MAPPED` [I]. No current context, or the exporting
 /// process itself, gives `INVALID_CONTEXT`; bytes no simulator exported, memory already gone or
 /// undefined flags give `INVALID_VALUE`.
 pub(crate) fn open(bytes: &[u8; SIZE], flags: u32) -> Result<u64, Fail> {
@@ -79,6 +80,20 @@ pub(crate) fn open(bytes: &[u8; SIZE], flags: u32) -> Result<u64, Fail> {
     if let Some(base) = again {
         st.ipc.by_base.get_mut(&base).expect("just found").refs += 1;
         return Ok(base);
+    }
+    // A handle may be opened by one context per device per process (§12). The code for a second
+    // context is not on record: ALREADY_MAPPED [I], the code UCX handles for a handle already
+    // opened in the process (ucx#3192, "Element already exists").
+    let elsewhere = st.ipc.by_base.iter().any(|(base, i)| {
+        i.key == key && i.ctx != ctx && st.ctx_device(i.ctx) == Some(d) && st.allocs.contains_key(base)
+    });
+    if elsewhere {
+        return Err(Fail::misuse(
+            CUresult::CUDA_ERROR_ALREADY_MAPPED,
+            format!(
+                "this handle is already open in another context of device {d}: a process may open it in one context per device"
+            ),
+        ));
     }
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     let len = usize::try_from(handle.size).map_err(|_| oom())?;

@@ -398,6 +398,7 @@ fn allocate_in(
             freed: OnceLock::new(),
         }),
     );
+    crate::order::placed(st, buffer_id, addr, sid);
     Ok(addr)
 }
 

@@ -13,8 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use cudarc::driver::sys::{self as cu, CUcontext, CUdeviceptr, CUresult, CUstream};
 use cumem_sim::control::Control;
 
-/// Devices: 0 general, 1 small (OOM tests; no concurrent managed access; registered memory gets
-/// a device alias distinct from the host address), 2 reserved for the context-reset test (and
+/// Devices: 0 general, 1 small (OOM tests; no concurrent managed access), 2 reserved for the context-reset test (and
 /// exclusive uses), 3 without managed memory, host mapping, pools, host registration or VMM.
 pub const CONFIG: &str = "leak_check=1,devices=4,memory=4GiB,latency_us=200,dev1.memory=64MiB,\
                           dev1.concurrent_managed_access=0,\

@@ -1,0 +1,154 @@
+//! Stream order of pool allocations (reference §8.1): memory from `cuMemAllocAsync` /
+//! `cuMemAllocFromPoolAsync` may be used by work ordered after the allocation in stream order,
+//! or after the host has synchronised with it. The driver checks neither and returns no error,
+//! so a use on another stream that is neither is recorded as a violation (code `CUDA_SUCCESS`)
+//! when its work is enqueued; each allocation is reported at most once.
+//!
+//! An allocation is *placed* on its stream after that stream's last operation at the call
+//! (`prior`, which includes the wait the pool may have inserted to reuse freed memory). Work on
+//! stream `t` is ordered after it when `t` waited for an operation of the stream at or after
+//! `prior` (a recorded dependency, `cuStreamWaitEvent`), when the legacy stream's implicit
+//! synchronisation orders the two streams, or transitively through other streams' recorded
+//! waits (an over-approximation: a stream's waits are taken as they are now, not as they were
+//! at the wait, so a late dependency may hide a violation but never invents one). The host has
+//! observed it once a synchronisation or successful query covering an operation of the stream at
+//! or after `prior` happened after the allocation (stream, event, context synchronisation, the
+//! waits of synchronous calls and of device drains). Observed allocations are forgotten.
+
+use std::collections::BTreeMap;
+
+use cudarc::driver::sys::CUresult;
+
+use crate::copy::Work;
+use crate::memory::AllocKind;
+use crate::state::State;
+use crate::stream::StreamKind;
+use crate::violation::{self, Violation};
+
+/// A pool allocation the host has not yet observed.
+pub(crate) struct Placed {
+    /// The stream it was allocated on.
+    stream: u64,
+    /// That stream's last operation when the allocation was made.
+    prior: u64,
+    /// The allocation's address, for the message.
+    base: u64,
+}
+
+/// Unobserved pool allocations by BUFFER_ID.
+pub(crate) type Pending = BTreeMap<u64, Placed>;
+
+/// Records pool allocation `buffer_id` at `base`, just made on stream `sid`.
+pub(crate) fn placed(st: &mut State, buffer_id: u64, base: u64, sid: u64) {
+    let prior = st.streams.get(&sid).map_or(0, |s| s.last_seq);
+    st.pool_order.insert(buffer_id, Placed { stream: sid, prior, base });
+}
+
+/// Forgets an allocation being freed.
+pub(crate) fn forget(st: &mut State, buffer_id: u64) {
+    st.pool_order.remove(&buffer_id);
+}
+
+/// The host has seen every operation `(stream, seq)` in `targets` complete (and everything each
+/// of them was ordered after).
+pub(crate) fn observed(st: &mut State, targets: &[(u64, u64)]) {
+    if st.pool_order.is_empty() || targets.is_empty() {
+        return;
+    }
+    let seen: Vec<u64> = st
+        .pool_order
+        .iter()
+        .filter(|(_, p)| {
+            // A destroyed allocating stream can no longer be named in a synchronisation: any
+            // later one is taken to cover it (lenient: never a false report).
+            !st.streams.contains_key(&p.stream)
+                || targets.iter().any(|&(s, q)| {
+                    if s == p.stream { q >= p.prior } else { ordered(st, s, p.stream, p.prior.max(1), false) }
+                })
+        })
+        .map(|(&id, _)| id)
+        .collect();
+    for id in seen {
+        st.pool_order.remove(&id);
+    }
+}
+
+/// Whether stream `t` is ordered after operation `seq` of stream `f`: directly (`now`: work
+/// enqueued on `t` from now on, which the legacy stream's implicit synchronisation orders too;
+/// otherwise only `t`'s recorded waits count), or through other streams' recorded waits.
+fn ordered(st: &State, t: u64, f: u64, seq: u64, now: bool) -> bool {
+    let waited = |u: u64| st.streams.get(&u).and_then(|s| s.waits.get(&f)).copied().unwrap_or(0);
+    let direct = if now { crate::pool::ordered_through(st, t, f) } else { waited(t) };
+    if direct >= seq {
+        return true;
+    }
+    let Some(ts) = st.streams.get(&t) else { return false };
+    let mut next: Vec<u64> = ts.waits.keys().copied().collect();
+    if now {
+        // Work enqueued on `t` now waits for what the legacy stream's implicit synchronisation
+        // orders before it: the legacy stream's, or the context's blocking streams', work so far.
+        if ts.kind == StreamKind::Legacy {
+            next.extend(
+                st.streams
+                    .iter()
+                    .filter(|(_, o)| o.ctx == ts.ctx && o.kind != StreamKind::Legacy && o.blocking())
+                    .map(|(&id, _)| id),
+            );
+        } else if ts.blocking() {
+            next.push(st.legacy_stream(ts.ctx, ts.device));
+        }
+    }
+    let mut seen = vec![t, f];
+    next.retain(|v| !seen.contains(v));
+    seen.extend(&next);
+    while let Some(u) = next.pop() {
+        if waited(u) >= seq {
+            return true;
+        }
+        let Some(us) = st.streams.get(&u) else { continue };
+        for &v in us.waits.keys() {
+            if !seen.contains(&v) {
+                seen.push(v);
+                next.push(v);
+            }
+        }
+    }
+    false
+}
+
+/// Checks `work`, about to be enqueued on stream `sid`, against the stream order of the pool
+/// allocations it touches (or frees), recording a violation for each one not ordered.
+pub(crate) fn check(st: &mut State, sid: u64, work: &Work) {
+    if st.pool_order.is_empty() {
+        return;
+    }
+    let mut allocs = work.touched();
+    if let Work::Free { alloc } = work {
+        allocs.push(alloc);
+    }
+    let mut late = Vec::new();
+    for a in allocs.into_iter().filter(|a| a.kind == AllocKind::Pool) {
+        let Some(p) = st.pool_order.get(&a.buffer_id) else { continue };
+        if p.stream != sid && !ordered(st, sid, p.stream, p.prior.max(1), true) {
+            late.push((a.buffer_id, p.base, p.stream));
+        }
+    }
+    if late.is_empty() {
+        return;
+    }
+    let (function, os_tid) = crate::api::caller();
+    for (id, base, stream) in late {
+        st.pool_order.remove(&id);
+        violation::record(Violation {
+            function: function.to_string(),
+            code: CUresult::CUDA_SUCCESS as u32,
+            code_name: "CUDA_SUCCESS".to_string(),
+            message: format!(
+                "pool allocation {base:#x} (made on stream {stream:#x}) is used on stream {sid:#x} before its \
+                 allocation is ordered: no event wait or synchronisation orders it after the allocation \
+                 (§8.1; the driver returns no error, the memory may not be valid yet)"
+            ),
+            os_tid,
+        });
+    }
+}
