@@ -73,7 +73,8 @@ enum OrderedUse {
 /// `max(min(x, Read), Read) == min(max(x, Read), Read)`, so a shared view taken while a host wait
 /// lowers `Write` to `Read` leaves `Read` whichever comes first. A raise to `Write` needs
 /// exclusive access to the owner (an exclusive view), so no host wait runs meanwhile. The waits
-/// still read and lower it under the lock, as before, so they are ordered among themselves.
+/// of shared host access lower it after their synchronisation without the lock (two of them
+/// lowering concurrently commute as well).
 #[derive(Debug, Default)]
 struct OrderedCell(AtomicU8);
 
@@ -243,8 +244,9 @@ impl HostAccess {
     /// Device work on the memory goes through [`HostAccess::view_order`] (or the hooks,
     /// [`HostAccess::device_read`] and [`HostAccess::device_write`]), never through this order's
     /// tickets or `queue_on`: this accessor does not tell the tracker, so host access does not
-    /// know to wait for that work. [`HostAccess::wait_writes`] synchronises the order only after
-    /// an exclusive view (a write) was handed out, so a write queued through this order is not
+    /// know to wait for that work. [`HostAccess::wait_writes`] of a tracker that is not exclusive
+    /// synchronises the order only after an exclusive view (a write) was handed out, so a write
+    /// queued through this order is not
     /// waited for before a shared host borrow, and [`HostAccess::wait_idle`] skips the order
     /// while no view was handed out since the owner last waited with exclusive access
     /// ([`HostAccess::wait_idle_mut`]).

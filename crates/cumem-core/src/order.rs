@@ -382,12 +382,16 @@ impl StreamOrder {
             return Err(self.refusal());
         }
         inner.order_after_users(stream)?;
-        // The work is queued right after, perhaps by raw driver calls on a thread where no
-        // context (or another) is current.
-        stream.context().bind()?;
         inner.in_flight += 1;
         inner.pending.push(stream.clone());
-        Ok(OrderTicket { order: self, stream, waited_before: inner.next_gen })
+        let ticket = OrderTicket { order: self, stream, waited_before: inner.next_gen };
+        // Unlocking may destroy a stream the order let go of, which binds that stream's context.
+        drop(inner);
+        // The work is queued right after, perhaps by raw driver calls on a thread where no
+        // context (or another) is current. On failure the ticket's drop records the stream as a
+        // user that queued nothing.
+        stream.context().bind()?;
+        Ok(ticket)
     }
 
     /// Runs `queue`, which queues work on the memory on `stream` and returns, ordered as
@@ -445,8 +449,8 @@ impl StreamOrder {
         inner.order_after_users(stream)?;
         // `queue` makes raw driver calls, perhaps on a thread where no context is current.
         stream.context().bind()?;
-        QUEUING.with(|q| q.set(q.get() + 1));
-        let _queuing = Queuing { waited_before: inner.next_gen, inner, order: self, stream };
+        let _queuing =
+            Queuing { waited_before: inner.next_gen, inner, order: self, stream, _refusal: Refusal::raise() };
         queue()
     }
 
@@ -498,8 +502,8 @@ impl StreamOrder {
         inner.order_after_users(stream)?;
         // As in `queue_on`.
         stream.context().bind()?;
-        QUEUING.with(|q| q.set(q.get() + 1));
-        let _queuing = QueuingMut { waited_before: inner.next_gen, inner, stream };
+        let _queuing =
+            QueuingMut { waited_before: inner.next_gen, inner, stream, _refusal: Refusal::raise() };
         queue()
     }
 
@@ -643,11 +647,31 @@ struct Queuing<'o> {
     stream: &'o Stream,
     /// The users were locked since the waits, so every entry recorded so far was waited for.
     waited_before: u64,
+    /// Declared after `inner`, so dropped after it: the streams the bookkeeping let go of are
+    /// destroyed (when `inner` unlocks) while cumem locks are still refused on this thread. A
+    /// stream's drop may log, and a subscriber that takes a lock this thread holds around the
+    /// closure (a host tracker's, in a copy) is refused then instead of waiting for itself.
+    _refusal: Refusal,
+}
+
+/// Refuses cumem locks on this thread while it lives (see [`queuing_on_this_thread`]).
+struct Refusal;
+
+impl Refusal {
+    fn raise() -> Refusal {
+        QUEUING.with(|q| q.set(q.get() + 1));
+        Refusal
+    }
+}
+
+impl Drop for Refusal {
+    fn drop(&mut self) {
+        QUEUING.with(|q| q.set(q.get().saturating_sub(1)));
+    }
 }
 
 impl Drop for Queuing<'_> {
     fn drop(&mut self) {
-        QUEUING.with(|q| q.set(q.get().saturating_sub(1)));
         // Tickets dropped inside the closure (by this thread, or by another thread's closure
         // while this one held the users) recorded their streams before this one returns.
         if self.order.has_deferred.load(Ordering::Acquire) {
@@ -664,13 +688,16 @@ struct QueuingMut<'o> {
     inner: &'o mut Users,
     stream: &'o Stream,
     waited_before: u64,
+    /// Lowered after the drop has destroyed the streams let go of (see `Queuing::_refusal`).
+    _refusal: Refusal,
 }
 
 impl Drop for QueuingMut<'_> {
     fn drop(&mut self) {
-        QUEUING.with(|q| q.set(q.get().saturating_sub(1)));
         self.inner.record(self.stream, self.waited_before);
-        // Exclusive access: no lock is held, so streams let go of are destroyed now.
+        // Exclusive access: the order holds no lock, so the streams let go of are destroyed now,
+        // while cumem locks are still refused on this thread (`_refusal` goes after this; see
+        // `Queuing::_refusal`).
         self.inner.dead.clear();
     }
 }

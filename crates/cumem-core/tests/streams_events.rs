@@ -327,6 +327,61 @@ fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
     });
 }
 
+/// As above, with a host tracker's lock held around the order's closure (a copy from pinned memory
+/// does that): the stream the order lets go of is destroyed while cumem locks are still refused on
+/// this thread, so a subscriber that asks the tracker from the stream's warning is refused instead
+/// of waiting for the lock its own thread holds.
+#[test]
+#[serial_test::serial] // injects faults on this thread only, but keeps the fault counts simple
+fn a_stream_let_go_of_inside_a_tracked_copy_is_destroyed_while_locks_are_refused() {
+    use std::sync::{Arc, Mutex};
+    static DATA: [u8; 16] = [3; 16];
+    let ctx = ctx();
+    if testing::sim_control().is_none() {
+        return testing::skip("injects driver faults: simulator only");
+    }
+    testing::within_watchdog(
+        "a subscriber asking a host tracker from a dropped stream's warning",
+        move || {
+            let ctl = testing::sim_control().unwrap();
+            let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+            let tail = a.tail().clone();
+            let order = cumem_core::StreamOrder::new(&a);
+            drop(a); // the order holds a's last handle
+            let access = Arc::new(cumem_core::HostAccess::new());
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let (asked, noted) = (access.clone(), seen.clone());
+            let subscriber = testing::OnEvent(move |e: &tracing::Event<'_>| {
+                if testing::event_message(e).contains("dropped stream") {
+                    let refused = matches!(asked.wait_writes(), Err(Error::NotPermitted { .. }));
+                    noted.lock().unwrap().push(refused);
+                }
+            });
+            // The first record on this thread is a's marker (b waits for it); the second, a's retired
+            // event when the order lets go of a, fails and warns.
+            let rule = ctl.inject_fault(cumem_sys::sim_control::FaultRule {
+                this_thread_only: true,
+                ..cumem_sys::sim_control::FaultRule::nth_call(
+                    "cuEventRecord",
+                    2,
+                    cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
+                )
+            });
+            tracing::subscriber::with_default(subscriber, || {
+                // SAFETY: `DATA` lives forever and the closure queues nothing.
+                unsafe {
+                    access.device_read(&b, DATA.as_ptr(), DATA.len(), |_, _| order.queue_on(&b, || Ok(())))
+                }
+            })
+            .unwrap();
+            ctl.remove_fault(rule);
+            assert!(!tail.is_alive(), "a was destroyed");
+            assert_eq!(*seen.lock().unwrap(), [true], "the subscriber was refused, once");
+            access.wait_writes().unwrap();
+        },
+    );
+}
+
 /// A host wait does not keep the tracker locked: while `wait_idle` waits for a held read stream,
 /// another thread tracks a new read on that same stream; that read, queued after the wait began,
 /// is still tracked once the wait returns.

@@ -97,6 +97,7 @@ fn raw_work_through_a_door_runs_on_a_fresh_thread() {
     let s = stream();
     let mut buf = DeviceBuffer::<u8>::zeroed(&s, 256).unwrap();
     let worker = s.clone();
+    let last = s.clone();
     let buf = std::thread::spawn(move || {
         // Used on `worker` already: the door waits for nothing, so nothing else binds a context.
         let code = buf
@@ -127,4 +128,24 @@ fn raw_work_through_a_door_runs_on_a_fresh_thread() {
     .join()
     .unwrap();
     assert_eq!(buf.to_vec().unwrap(), [0xCD; 256]);
+    // The halves of a split share the order through its lock (`StreamOrder::queue_on`).
+    let worker = last;
+    let buf = std::thread::spawn(move || {
+        let mut buf = buf;
+        let mut whole = buf.as_mut_slice();
+        let (mut low, _) = whole.split_at_mut(128).unwrap();
+        let code = low
+            .queue_on(&worker, |ptr| {
+                // SAFETY: `ptr` is the low half's 128 bytes, ordered on `worker`.
+                Ok(unsafe { cumem_core::sys::cuMemsetD8Async(ptr, 0xEF, 128, worker.raw()) })
+            })
+            .unwrap();
+        assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+        drop(whole);
+        buf
+    })
+    .join()
+    .unwrap();
+    let bytes = buf.to_vec().unwrap();
+    assert!(bytes[..128].iter().all(|&b| b == 0xEF) && bytes[128..].iter().all(|&b| b == 0xCD));
 }
