@@ -339,7 +339,7 @@ impl<R: DeviceResource + ?Sized> Replayer<'_, R> {
             match row.action {
                 TraceAction::AllocateFailure => self.report.skipped_failed_rows += 1,
                 TraceAction::Allocate => self.allocate(row, stream)?,
-                TraceAction::Free => self.free(row, stream),
+                TraceAction::Free => self.free(row, stream, streams),
             }
             if index % stride == stride - 1 || index + 1 == trace.len() {
                 let reserved = self.reserved()?;
@@ -397,15 +397,28 @@ impl<R: DeviceResource + ?Sized> Replayer<'_, R> {
         Ok(())
     }
 
-    fn free(&mut self, row: &TraceRecord, stream: &Stream) {
+    fn free(&mut self, row: &TraceRecord, stream: &Stream, streams: &HashMap<StreamKey, Stream>) {
         let Some(live) = self.live.remove(&row.pointer) else {
             self.report.skipped_unknown_frees += 1;
             return;
         };
+        // The allocation itself is placed in its stream's order (a stream-ordered pool's memory is
+        // usable only after it there): a free logged on another stream is ordered after it, as the
+        // logged program must have ordered it. Should that fail, the free goes to the allocating
+        // stream, which follows its own allocation.
+        let allocated_on = &streams[&live.stream];
+        let stream = match stream.wait_for(allocated_on) {
+            Ok(()) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "ordering a replayed free after its allocation failed");
+                allocated_on
+            }
+        };
         let started = Instant::now();
         // SAFETY: `live.allocation` came from `resource.allocate` with `live.layout` and is freed
         // once (it was just removed from the live table); the replay queued no work on the memory,
-        // so any stream follows every use of it, and no Rust value refers to it.
+        // and `stream` is (or waits for) the stream it was allocated on, so it follows every use
+        // of it, and no Rust value refers to it.
         unsafe { self.resource.deallocate(live.allocation, live.layout, stream) };
         self.free_nanos.push(started.elapsed().as_nanos() as u64);
         self.live_bytes -= live.size;
