@@ -132,16 +132,17 @@ fn raw_work_through_a_door_runs_on_a_fresh_thread() {
     let worker = last;
     let buf = std::thread::spawn(move || {
         let mut buf = buf;
-        let mut whole = buf.as_mut_slice();
-        let (mut low, _) = whole.split_at_mut(128).unwrap();
-        let code = low
-            .queue_on(&worker, |ptr| {
-                // SAFETY: `ptr` is the low half's 128 bytes, ordered on `worker`.
-                Ok(unsafe { cumem_core::sys::cuMemsetD8Async(ptr, 0xEF, 128, worker.raw()) })
-            })
-            .unwrap();
-        assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
-        drop(whole);
+        {
+            let mut whole = buf.as_mut_slice();
+            let (mut low, _) = whole.split_at_mut(128).unwrap();
+            let code = low
+                .queue_on(&worker, |ptr| {
+                    // SAFETY: `ptr` is the low half's 128 bytes, ordered on `worker`.
+                    Ok(unsafe { cumem_core::sys::cuMemsetD8Async(ptr, 0xEF, 128, worker.raw()) })
+                })
+                .unwrap();
+            assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+        }
         buf
     })
     .join()
