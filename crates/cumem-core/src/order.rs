@@ -727,7 +727,13 @@ impl Drop for Locked<'_> {
         let dead = std::mem::take(&mut self.guard.dead);
         // SAFETY: the guard is dropped here once, and `self.guard` is not used afterwards.
         unsafe { ManuallyDrop::drop(&mut self.guard) };
-        drop(dead);
+        if !dead.is_empty() {
+            // A caller may hold another cumem lock around this one (a host tracker's, around a
+            // ticket): while the streams are destroyed (which may log), cumem locks are refused on
+            // this thread, so a subscriber is refused instead of waiting for its own thread.
+            let _refusal = Refusal::raise();
+            drop(dead);
+        }
     }
 }
 

@@ -288,8 +288,9 @@ fn a_tail_s_record_held_back_by_the_driver_leaves_the_tail_unlocked() {
 }
 
 /// A stream whose last handle an order lets go of (its user covered by a later one) is destroyed
-/// with the order unlocked: a subscriber that asks the order something from the destroyed
-/// stream's warning gets an answer instead of waiting for the thread that holds the order.
+/// with the order unlocked and cumem locks refused on the thread: a subscriber that asks the
+/// order something from the destroyed stream's warning is answered (refused) instead of waiting
+/// for the thread that holds the order.
 #[test]
 #[serial_test::serial] // injects faults on this thread only, but keeps the fault counts simple
 fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
@@ -309,7 +310,10 @@ fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
         let subscriber = testing::OnEvent(move |e: &tracing::Event<'_>| {
             let message = testing::event_message(e);
             if message.contains("dropped stream") {
-                noted.lock().unwrap().push((message, asked.users().unwrap()));
+                // Answered at once: refused (a caller may hold another cumem lock around the
+                // order's, e.g. a host tracker's), not left waiting for this thread.
+                let refused = matches!(asked.users(), Err(Error::NotPermitted { .. }));
+                noted.lock().unwrap().push((message, refused));
             }
         });
         let ticket = order.use_on(&b).unwrap(); // b waits for a
@@ -321,7 +325,7 @@ fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
         let seen = seen.lock().unwrap().clone();
         assert_eq!(
             seen,
-            [("recording a dropped stream's last event failed; synchronising it".to_string(), 1)]
+            [("recording a dropped stream's last event failed; synchronising it".to_string(), true)]
         );
         assert_eq!(order.join().unwrap(), b);
     });
@@ -378,6 +382,56 @@ fn a_stream_let_go_of_inside_a_tracked_copy_is_destroyed_while_locks_are_refused
             assert!(!tail.is_alive(), "a was destroyed");
             assert_eq!(*seen.lock().unwrap(), [true], "the subscriber was refused, once");
             access.wait_writes().unwrap();
+        },
+    );
+}
+
+/// As above, through a ticket: a tracker that orders device work through a stream order (mapped
+/// memory's does) holds its lock while the ticket's drop lets go of the stream.
+#[test]
+#[serial_test::serial] // injects faults on this thread only, but keeps the fault counts simple
+fn a_stream_let_go_of_by_a_ticket_inside_a_tracked_read_is_destroyed_while_locks_are_refused() {
+    use std::sync::{Arc, Mutex};
+    static DATA: [u8; 16] = [5; 16];
+    let ctx = ctx();
+    if testing::sim_control().is_none() {
+        return testing::skip("injects driver faults: simulator only");
+    }
+    testing::within_watchdog(
+        "a subscriber reading through a tracker from a dropped stream's warning",
+        move || {
+            let ctl = testing::sim_control().unwrap();
+            let (a, b) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+            let tail = a.tail().clone();
+            let access = Arc::new(cumem_core::HostAccess::with_order(&a));
+            drop(a); // the tracker's order holds a's last handle
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let (asked, noted, on) = (access.clone(), seen.clone(), b.clone());
+            let subscriber = testing::OnEvent(move |e: &tracing::Event<'_>| {
+                if testing::event_message(e).contains("dropped stream") {
+                    // SAFETY: `DATA` lives forever and the closure queues nothing.
+                    let read = unsafe { asked.device_read(&on, DATA.as_ptr(), DATA.len(), |_, _| Ok(())) };
+                    noted.lock().unwrap().push(matches!(read, Err(Error::NotPermitted { .. })));
+                }
+            });
+            // The first record on this thread is a's marker (b waits for it); the second, a's retired
+            // event when the ticket's drop lets go of a, fails and warns.
+            let rule = ctl.inject_fault(cumem_sys::sim_control::FaultRule {
+                this_thread_only: true,
+                ..cumem_sys::sim_control::FaultRule::nth_call(
+                    "cuEventRecord",
+                    2,
+                    cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
+                )
+            });
+            tracing::subscriber::with_default(subscriber, || {
+                // SAFETY: `DATA` lives forever and the closure queues nothing.
+                unsafe { access.device_read(&b, DATA.as_ptr(), DATA.len(), |_, _| Ok(())) }
+            })
+            .unwrap();
+            ctl.remove_fault(rule);
+            assert!(!tail.is_alive(), "a was destroyed");
+            assert_eq!(*seen.lock().unwrap(), [true], "the subscriber was refused, once");
         },
     );
 }

@@ -19,7 +19,8 @@
 //! thread's open scopes below zero (the totals are right). An async task that moves between
 //! threads at an `.await` cannot keep a scope open across it, nor can a thread-pool task that
 //! opens a scope in one job and closes it in another: a scope is opened and closed on one thread.
-//! The scopes a thread leaves open go with it when it exits.
+//! The scopes a thread leaves open go with it when it exits (or with the adaptor, if the thread
+//! drops it).
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -223,6 +224,18 @@ impl StatisticsResource {
         let out = f();
         let counters = guard.close();
         (out, counters)
+    }
+}
+
+impl Drop for StatisticsResource {
+    fn drop(&mut self) {
+        // The dropping thread's scopes of this adaptor go now; another thread's go when it exits
+        // (nothing reads them any more: ids are never reused).
+        let _ = SCOPES.try_with(|scopes| {
+            if let Ok(mut scopes) = scopes.try_borrow_mut() {
+                scopes.retain(|(id, _)| *id != self.id);
+            }
+        });
     }
 }
 

@@ -218,8 +218,8 @@ impl Ordering for StreamOrdering {
         // first: a key no longer held is covered by the list.
         let on = if on == StreamKey::RETIRED { None } else { self.streams.read().get(&on).cloned() };
         match on {
-            // One tail locked at a time: the event is recorded (or the retired one taken) under
-            // `on`'s lock, the wait queued under the waiter's.
+            // No tail is locked across a driver call: the event is recorded (or the retired one
+            // taken) through `on`, then the wait queued through the waiter.
             Some(on) => {
                 if let Some(event) = on.after_work()? {
                     w.wait(&event)?;
@@ -271,8 +271,10 @@ impl Ordering for StreamOrdering {
     }
 
     fn retire(&self, key: StreamKey) -> Result<(), UpstreamError> {
-        let mut streams = self.streams.write();
-        let Some(tail) = streams.get(&key) else { return Ok(()) };
+        // Asked with the map unlocked: `after_work` makes driver calls that may wait (behind
+        // another thread's `cuMemFree`, §17 of the driver brief) and may destroy the stream as its
+        // handle's last holder, and every allocation on a stream new to the pool reads the map.
+        let Some(tail) = self.streams.read().get(&key).cloned() else { return Ok(()) };
         // A live stream (a caller retiring one the program still uses) gets its event now.
         // Cloned, not taken: a `wait` that looked the tail up before this still finds the event.
         let alive = tail.is_alive();
@@ -291,8 +293,13 @@ impl Ordering for StreamOrdering {
             // stream is dropped), and keep every thread's registration cache valid.
             return Ok(());
         }
-        streams.remove(&key);
-        self.generation.fetch_add(1, AtomicOrdering::Release);
+        // Removed only now that its event is listed: a `wait` that finds the key gone is covered
+        // by the list. (Keys are never reused, so the entry is still this tail's, or already gone
+        // by a concurrent retirement of the same stream.)
+        let mut streams = self.streams.write();
+        if streams.remove(&key).is_some() {
+            self.generation.fetch_add(1, AtomicOrdering::Release);
+        }
         Ok(())
     }
 }
