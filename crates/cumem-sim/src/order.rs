@@ -4,16 +4,17 @@
 //! so a use on another stream that is neither is recorded as a violation (code `CUDA_SUCCESS`)
 //! when its work is enqueued; each allocation is reported at most once.
 //!
-//! An allocation is *placed* on its stream after that stream's last operation at the call
-//! (`prior`, which includes the wait the pool may have inserted to reuse freed memory). Work on
-//! stream `t` is ordered after it when `t` waited for an operation of the stream at or after
-//! `prior` (a recorded dependency, `cuStreamWaitEvent`), when the legacy stream's implicit
-//! synchronisation orders the two streams, or transitively through other streams' recorded
-//! waits (an over-approximation: a stream's waits are taken as they are now, not as they were
-//! at the wait, so a late dependency may hide a violation but never invents one). The host has
-//! observed it once a synchronisation or successful query covering an operation of the stream at
-//! or after `prior` happened after the allocation (stream, event, context synchronisation, the
-//! waits of synchronous calls and of device drains). Observed allocations are forgotten.
+//! An allocation is *placed* on its stream with a sequence number of its own, after the stream's
+//! operations so far (which include the wait the pool may have inserted to reuse freed memory),
+//! with no operation queued for it. Work on stream `t` is ordered after it when `t` waited for an
+//! operation of the stream enqueued after the allocation (a recorded dependency,
+//! `cuStreamWaitEvent`), when the legacy stream's implicit synchronisation orders the two
+//! streams, or transitively through other streams' recorded waits (an over-approximation: a
+//! stream's waits are taken as they are now, not as they were at the wait, so a late dependency
+//! may hide a violation but never invents one). The host has observed it once a synchronisation
+//! or successful query covering it (an operation of the stream enqueued after it, or the stream's
+//! whole queue) happened after the allocation (stream, event, context synchronisation, the waits
+//! of synchronous calls and of device drains). Observed allocations are forgotten.
 
 use std::collections::BTreeMap;
 
@@ -29,8 +30,8 @@ use crate::violation::{self, Violation};
 pub(crate) struct Placed {
     /// The stream it was allocated on.
     stream: u64,
-    /// That stream's last operation when the allocation was made.
-    prior: u64,
+    /// The allocation's own sequence number on that stream.
+    seq: u64,
     /// The allocation's address, for the message.
     base: u64,
 }
@@ -39,9 +40,20 @@ pub(crate) struct Placed {
 pub(crate) type Pending = BTreeMap<u64, Placed>;
 
 /// Records pool allocation `buffer_id` at `base`, just made on stream `sid`.
+///
+/// The allocation takes a sequence number of its own on the stream, with no operation queued
+/// for it: only what is recorded (or synchronised) after the call orders it. The stream's last
+/// operation before it would not do: an event recorded before the allocation and waited for
+/// afterwards orders nothing after it (§8.1).
 pub(crate) fn placed(st: &mut State, buffer_id: u64, base: u64, sid: u64) {
-    let prior = st.streams.get(&sid).map_or(0, |s| s.last_seq);
-    st.pool_order.insert(buffer_id, Placed { stream: sid, prior, base });
+    st.next_seq += 1;
+    let seq = st.next_seq;
+    if let Some(s) = st.streams.get_mut(&sid) {
+        // `done_through` and `sync_targets` take a sequence number without an operation as
+        // complete once everything queued before it is.
+        s.last_seq = seq;
+    }
+    st.pool_order.insert(buffer_id, Placed { stream: sid, seq, base });
 }
 
 /// Forgets an allocation being freed.
@@ -63,7 +75,7 @@ pub(crate) fn observed(st: &mut State, targets: &[(u64, u64)]) {
             // later one is taken to cover it (lenient: never a false report).
             !st.streams.contains_key(&p.stream)
                 || targets.iter().any(|&(s, q)| {
-                    if s == p.stream { q >= p.prior } else { ordered(st, s, p.stream, p.prior.max(1), false) }
+                    if s == p.stream { q >= p.seq } else { ordered(st, s, p.stream, p.seq, false) }
                 })
         })
         .map(|(&id, _)| id)
@@ -129,7 +141,7 @@ pub(crate) fn check(st: &mut State, sid: u64, work: &Work) {
     let mut late = Vec::new();
     for a in allocs.into_iter().filter(|a| a.kind == AllocKind::Pool) {
         let Some(p) = st.pool_order.get(&a.buffer_id) else { continue };
-        if p.stream != sid && !ordered(st, sid, p.stream, p.prior.max(1), true) {
+        if p.stream != sid && !ordered(st, sid, p.stream, p.seq, true) {
             late.push((a.buffer_id, p.base, p.stream));
         }
     }

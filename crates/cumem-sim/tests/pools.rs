@@ -1145,3 +1145,75 @@ fn a_pool_allocation_used_on_another_stream_before_it_is_ordered_is_logged() {
     destroy(a);
     destroy(b);
 }
+
+/// The violations "used before its allocation is ordered" logged on this thread.
+fn unordered_uses(ctl: &cumem_sim::Control) -> Vec<cumem_sim::Violation> {
+    ctl.violations_on_this_thread()
+        .into_iter()
+        .filter(|v| v.code_name == "CUDA_SUCCESS" && v.message.contains("before its allocation is ordered"))
+        .collect()
+}
+
+fn alloc_async(s: CUstream) -> CUdeviceptr {
+    let mut p = 0;
+    // SAFETY: valid out-pointer and live stream.
+    ok(unsafe { cu::cuMemAllocAsync(&mut p, 4096, s) });
+    p
+}
+
+fn memset_async(p: CUdeviceptr, s: CUstream) {
+    // SAFETY: plain FFI call on a live allocation and stream.
+    ok(unsafe { cu::cuMemsetD8Async(p, 7, 4096, s) });
+}
+
+fn record(e: CUevent, s: CUstream) {
+    // SAFETY: plain FFI call on a live event and stream.
+    ok(unsafe { cu::cuEventRecord(e, s) });
+}
+
+fn wait_event(s: CUstream, e: CUevent) {
+    // SAFETY: plain FFI call on a live stream and event.
+    ok(unsafe { cu::cuStreamWaitEvent(s, e, 0) });
+}
+
+fn destroy_event(e: CUevent) {
+    // SAFETY: a live event, destroyed once.
+    ok(unsafe { cu::cuEventDestroy_v2(e) });
+}
+
+/// An event recorded before the allocation does not order it, neither for a stream that waits
+/// for it nor for the host that synchronises with it.
+#[test]
+#[parallel]
+fn an_event_recorded_before_a_pool_allocation_does_not_order_it() {
+    let ctl = bind(0);
+    let (a, b) = (stream(1), stream(1));
+    let e = event();
+    let before = alloc_async(a);
+    memset_async(before, a);
+    record(e, a);
+    let p = alloc_async(a);
+    wait_event(b, e);
+    memset_async(p, b);
+    let logged = unordered_uses(ctl);
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert!(logged[0].message.contains(&format!("{p:#x}")), "{logged:?}");
+    sync(b);
+
+    let q = alloc_async(a);
+    // SAFETY: a live event.
+    ok(unsafe { cu::cuEventSynchronize(e) });
+    memset_async(q, b);
+    let logged = unordered_uses(ctl);
+    assert_eq!(logged.len(), 2, "{logged:?}");
+    assert!(logged[1].message.contains(&format!("{q:#x}")), "{logged:?}");
+    sync(b);
+    sync(a);
+    free_async(before, a);
+    free_async(p, a);
+    free_async(q, a);
+    sync(a);
+    destroy_event(e);
+    destroy(a);
+    destroy(b);
+}
