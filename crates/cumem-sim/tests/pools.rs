@@ -1181,6 +1181,64 @@ fn destroy_event(e: CUevent) {
     ok(unsafe { cu::cuEventDestroy_v2(e) });
 }
 
+/// Work on the legacy stream is ordered after the blocking streams' work so far, even when that
+/// work (here only the allocation itself) has already completed; a blocking stream's later work is
+/// ordered after it in turn.
+#[test]
+#[parallel]
+fn a_pool_allocation_ordered_through_the_legacy_stream_is_not_logged() {
+    let ctl = bind(0);
+    let (a, b) = (stream(0), stream(0));
+    let p = alloc_async(a);
+    settle();
+    memset_async(p, std::ptr::null_mut());
+    memset_async(p, b);
+    free_async(p, b);
+    sync(b);
+    assert!(unordered_uses(ctl).is_empty(), "{:?}", unordered_uses(ctl));
+    destroy(a);
+    destroy(b);
+}
+
+/// A synchronous copy waits for the legacy stream, which waited for the blocking allocating
+/// stream: the host has observed the allocation, any stream may use it.
+#[test]
+#[parallel]
+fn a_pool_allocation_observed_through_a_synchronous_copy_is_not_logged() {
+    let ctl = bind(0);
+    let (a, b) = (stream(0), stream(1));
+    let p = alloc_async(a);
+    settle();
+    assert_eq!(read_back(p, 16).len(), 16);
+    memset_async(p, b);
+    free_async(p, b);
+    sync(b);
+    assert!(unordered_uses(ctl).is_empty(), "{:?}", unordered_uses(ctl));
+    destroy(a);
+    destroy(b);
+}
+
+/// An event recorded on the legacy stream after the allocation on a blocking stream orders the
+/// streams that wait for it.
+#[test]
+#[parallel]
+fn a_pool_allocation_ordered_by_an_event_on_the_legacy_stream_is_not_logged() {
+    let ctl = bind(0);
+    let (a, b) = (stream(0), stream(1));
+    let e = event();
+    let p = alloc_async(a);
+    settle();
+    record(e, std::ptr::null_mut());
+    wait_event(b, e);
+    memset_async(p, b);
+    free_async(p, b);
+    sync(b);
+    assert!(unordered_uses(ctl).is_empty(), "{:?}", unordered_uses(ctl));
+    destroy_event(e);
+    destroy(a);
+    destroy(b);
+}
+
 /// An event recorded before the allocation does not order it, neither for a stream that waits
 /// for it nor for the host that synchronises with it.
 #[test]
