@@ -34,6 +34,9 @@ pub(crate) struct Placed {
     seq: u64,
     /// The allocation's address, for the message.
     base: u64,
+    /// The recorded waits of streams destroyed and drained since the allocation: a chain of event
+    /// waits through such a stream still orders later work (or the host) after the allocation.
+    gone: BTreeMap<u64, BTreeMap<u64, u64>>,
 }
 
 /// Unobserved pool allocations by BUFFER_ID.
@@ -53,7 +56,19 @@ pub(crate) fn placed(st: &mut State, buffer_id: u64, base: u64, sid: u64) {
         // complete once everything queued before it is.
         s.last_seq = seq;
     }
-    st.pool_order.insert(buffer_id, Placed { stream: sid, seq, base });
+    st.pool_order.insert(buffer_id, Placed { stream: sid, seq, base, gone: BTreeMap::new() });
+}
+
+/// Keeps the recorded waits of stream `sid`, destroyed and drained, about to be removed, for the
+/// allocations still pending (streams are never renamed: a handle is not reused).
+pub(crate) fn stream_gone(st: &mut State, sid: u64) {
+    let Some(s) = st.streams.get(&sid) else { return };
+    if s.waits.is_empty() {
+        return;
+    }
+    for p in st.pool_order.values_mut() {
+        p.gone.insert(sid, s.waits.clone());
+    }
 }
 
 /// Forgets an allocation being freed.
@@ -75,7 +90,7 @@ pub(crate) fn observed(st: &mut State, targets: &[(u64, u64)]) {
             // later one is taken to cover it (lenient: never a false report).
             !st.streams.contains_key(&p.stream)
                 || targets.iter().any(|&(s, q)| {
-                    if s == p.stream { q >= p.seq } else { ordered(st, s, p.stream, p.seq, false) }
+                    if s == p.stream { q >= p.seq } else { ordered(st, p, s, false) }
                 })
         })
         .map(|(&id, _)| id)
@@ -85,18 +100,20 @@ pub(crate) fn observed(st: &mut State, targets: &[(u64, u64)]) {
     }
 }
 
-/// Whether stream `t` is ordered after operation `seq` of stream `f`: directly (`now`: work
-/// enqueued on `t` from now on, which the legacy stream's implicit synchronisation orders too;
-/// otherwise only `t`'s recorded waits count), or through other streams' recorded waits.
-fn ordered(st: &State, t: u64, f: u64, seq: u64, now: bool) -> bool {
-    let waited = |u: u64| st.streams.get(&u).and_then(|s| s.waits.get(&f)).copied().unwrap_or(0);
+/// Whether stream `t` is ordered after allocation `p`: directly (`now`: work enqueued on `t`
+/// from now on, which the legacy stream's implicit synchronisation orders too; otherwise only
+/// `t`'s recorded waits count), or through other streams' recorded waits (those of streams
+/// destroyed since the allocation included).
+fn ordered(st: &State, p: &Placed, t: u64, now: bool) -> bool {
+    let (f, seq) = (p.stream, p.seq);
+    let waits_of = |u: u64| st.streams.get(&u).map(|s| &s.waits).or_else(|| p.gone.get(&u));
+    let waited = |u: u64| waits_of(u).and_then(|w| w.get(&f)).copied().unwrap_or(0);
     let direct = if now { crate::pool::ordered_through(st, t, f) } else { waited(t) };
     if direct >= seq {
         return true;
     }
-    let Some(ts) = st.streams.get(&t) else { return false };
-    let mut next: Vec<u64> = ts.waits.keys().copied().collect();
-    if now {
+    let mut next: Vec<u64> = waits_of(t).map(|w| w.keys().copied().collect()).unwrap_or_default();
+    if now && let Some(ts) = st.streams.get(&t) {
         // Work enqueued on `t` now waits for what the legacy stream's implicit synchronisation
         // orders before it: the legacy stream's, or the context's blocking streams', work so far.
         if ts.kind == StreamKind::Legacy {
@@ -117,8 +134,8 @@ fn ordered(st: &State, t: u64, f: u64, seq: u64, now: bool) -> bool {
         if waited(u) >= seq {
             return true;
         }
-        let Some(us) = st.streams.get(&u) else { continue };
-        for &v in us.waits.keys() {
+        let Some(uw) = waits_of(u) else { continue };
+        for &v in uw.keys() {
             if !seen.contains(&v) {
                 seen.push(v);
                 next.push(v);
@@ -141,7 +158,7 @@ pub(crate) fn check(st: &mut State, sid: u64, work: &Work) {
     let mut late = Vec::new();
     for a in allocs.into_iter().filter(|a| a.kind == AllocKind::Pool) {
         let Some(p) = st.pool_order.get(&a.buffer_id) else { continue };
-        if p.stream != sid && !ordered(st, sid, p.stream, p.seq, true) {
+        if p.stream != sid && !ordered(st, p, sid, true) {
             late.push((a.buffer_id, p.base, p.stream));
         }
     }

@@ -181,6 +181,7 @@ pub(crate) fn destroy(h_stream: CUstream) -> Result<(), Fail> {
 /// revert to the allocation's default association: the driver documents that destruction is
 /// asynchronous and the revert "won't happen until all work in the stream has completed".
 pub(crate) fn remove_drained(st: &mut State, id: u64) {
+    crate::order::stream_gone(st, id);
     st.streams.remove(&id);
     for m in st.managed.values_mut().filter(|m| m.stream == id) {
         m.stream_destroyed();

@@ -1239,6 +1239,51 @@ fn a_pool_allocation_ordered_by_an_event_on_the_legacy_stream_is_not_logged() {
     destroy(b);
 }
 
+/// The chain allocation → E1 → stream C → E2 → host holds after C was destroyed and drained.
+#[test]
+#[parallel]
+fn a_pool_allocation_ordered_through_a_destroyed_stream_is_not_logged() {
+    let ctl = bind(0);
+    let (a, b, c) = (stream(1), stream(1), stream(1));
+    let (e1, e2) = (event(), event());
+    let p = alloc_async(a);
+    record(e1, a);
+    wait_event(c, e1);
+    record(e2, c);
+    destroy(c);
+    // SAFETY: a live event.
+    ok(unsafe { cu::cuEventSynchronize(e2) });
+    memset_async(p, b);
+    free_async(p, b);
+    sync(b);
+    assert!(unordered_uses(ctl).is_empty(), "{:?}", unordered_uses(ctl));
+    destroy_event(e1);
+    destroy_event(e2);
+    destroy(a);
+    destroy(b);
+}
+
+/// A stream that waits for an event recorded after the allocation is ordered after it, also once
+/// the allocating stream was destroyed and has drained.
+#[test]
+#[parallel]
+fn a_pool_allocation_of_a_destroyed_stream_ordered_by_its_event_is_not_logged() {
+    let ctl = bind(0);
+    let (a, b) = (stream(1), stream(1));
+    let e = event();
+    let p = alloc_async(a);
+    record(e, a);
+    destroy(a);
+    settle();
+    wait_event(b, e);
+    memset_async(p, b);
+    free_async(p, b);
+    sync(b);
+    assert!(unordered_uses(ctl).is_empty(), "{:?}", unordered_uses(ctl));
+    destroy_event(e);
+    destroy(b);
+}
+
 /// An event recorded before the allocation does not order it, neither for a stream that waits
 /// for it nor for the host that synchronises with it.
 #[test]
