@@ -82,6 +82,10 @@ pub(crate) fn observed(st: &mut State, targets: &[(u64, u64)]) {
     if st.pool_order.is_empty() || targets.is_empty() {
         return;
     }
+    // One walk per (target stream, allocating stream), not per allocation: a synchronisation
+    // with many allocations pending on a few streams stays cheap. Allocations that kept a
+    // destroyed stream's waits walk on their own.
+    let mut through: BTreeMap<(u64, u64), u64> = BTreeMap::new();
     let seen: Vec<u64> = st
         .pool_order
         .iter()
@@ -90,7 +94,16 @@ pub(crate) fn observed(st: &mut State, targets: &[(u64, u64)]) {
             // later one is taken to cover it (lenient: never a false report).
             !st.streams.contains_key(&p.stream)
                 || targets.iter().any(|&(s, q)| {
-                    if s == p.stream { q >= p.seq } else { ordered(st, p, s, false) }
+                    if s == p.stream {
+                        q >= p.seq
+                    } else if p.gone.is_empty() {
+                        *through
+                            .entry((s, p.stream))
+                            .or_insert_with(|| reach(st, &p.gone, p.stream, s, false))
+                            >= p.seq
+                    } else {
+                        ordered(st, p, s, false)
+                    }
                 })
         })
         .map(|(&id, _)| id)
@@ -100,17 +113,21 @@ pub(crate) fn observed(st: &mut State, targets: &[(u64, u64)]) {
     }
 }
 
-/// Whether stream `t` is ordered after allocation `p`: directly (`now`: work enqueued on `t`
-/// from now on, which the legacy stream's implicit synchronisation orders too; otherwise only
-/// `t`'s recorded waits count), or through other streams' recorded waits (those of streams
-/// destroyed since the allocation included).
+/// Whether stream `t` is ordered after allocation `p` (see [`reach`]).
 fn ordered(st: &State, p: &Placed, t: u64, now: bool) -> bool {
-    let (f, seq) = (p.stream, p.seq);
-    let waits_of = |u: u64| st.streams.get(&u).map(|s| &s.waits).or_else(|| p.gone.get(&u));
+    reach(st, &p.gone, p.stream, t, now) >= p.seq
+}
+
+/// The highest operation of stream `f` that stream `t` is ordered after: directly (`now`: work
+/// enqueued on `t` from now on, which the legacy stream's implicit synchronisation orders too;
+/// otherwise only `t`'s recorded waits count), or through other streams' recorded waits
+/// (`gone`: those of streams destroyed since, kept by the allocation).
+fn reach(st: &State, gone: &BTreeMap<u64, BTreeMap<u64, u64>>, f: u64, t: u64, now: bool) -> u64 {
+    let waits_of = |u: u64| st.streams.get(&u).map(|s| &s.waits).or_else(|| gone.get(&u));
     let waited = |u: u64| waits_of(u).and_then(|w| w.get(&f)).copied().unwrap_or(0);
-    let direct = if now { crate::pool::ordered_through(st, t, f) } else { waited(t) };
-    if direct >= seq {
-        return true;
+    let mut best = if now { crate::pool::ordered_through(st, t, f) } else { waited(t) };
+    if best == u64::MAX {
+        return best;
     }
     let mut next: Vec<u64> = waits_of(t).map(|w| w.keys().copied().collect()).unwrap_or_default();
     if now && let Some(ts) = st.streams.get(&t) {
@@ -131,9 +148,7 @@ fn ordered(st: &State, p: &Placed, t: u64, now: bool) -> bool {
     next.retain(|v| !seen.contains(v));
     seen.extend(&next);
     while let Some(u) = next.pop() {
-        if waited(u) >= seq {
-            return true;
-        }
+        best = best.max(waited(u));
         let Some(uw) = waits_of(u) else { continue };
         for &v in uw.keys() {
             if !seen.contains(&v) {
@@ -142,7 +157,7 @@ fn ordered(st: &State, p: &Placed, t: u64, now: bool) -> bool {
             }
         }
     }
-    false
+    best
 }
 
 /// Checks `work`, about to be enqueued on stream `sid`, against the stream order of the pool
