@@ -69,12 +69,14 @@ pub(crate) struct Stream {
     pub(crate) queue: VecDeque<Op>,
     /// Sequence number of the operation currently executing.
     pub(crate) running: Option<u64>,
-    /// Sequence number of the last operation enqueued (0 = none yet).
+    /// Sequence number of the last operation enqueued, or of a later pool allocation made on the
+    /// stream, which takes one without queueing an operation (0 = none yet).
     pub(crate) last_seq: u64,
     /// Destroyed by the program; kept until its queue drains.
     pub(crate) destroyed: bool,
     /// Other stream -> highest sequence number of it that this stream's later work waits for
-    /// (recorded dependencies: event waits, legacy-stream synchronisation, allocator waits).
+    /// (recorded dependencies: event waits, allocator waits, and the legacy-stream synchronisation,
+    /// also with work that had completed).
     pub(crate) waits: BTreeMap<u64, u64>,
 }
 
@@ -179,6 +181,7 @@ pub(crate) fn destroy(h_stream: CUstream) -> Result<(), Fail> {
 /// revert to the allocation's default association: the driver documents that destruction is
 /// asynchronous and the revert "won't happen until all work in the stream has completed".
 pub(crate) fn remove_drained(st: &mut State, id: u64) {
+    crate::order::stream_gone(st, id);
     st.streams.remove(&id);
     for m in st.managed.values_mut().filter(|m| m.stream == id) {
         m.stream_destroyed();
@@ -299,6 +302,11 @@ fn enqueue_after(
         let s = &st.streams[&sid];
         (s.ctx, s.device, s.kind, s.blocking())
     };
+    // The legacy stream's implicit synchronisation, edge by edge. Each is recorded in `waits`
+    // even when that work has completed (the pool-ordering check follows these edges: work
+    // already done is still ordered before this operation), but only unfinished work becomes an
+    // engine dependency.
+    let mut implicit = Vec::new();
     match kind {
         StreamKind::Legacy => {
             for (&id, other) in &st.streams {
@@ -307,9 +315,8 @@ fn enqueue_after(
                     && other.kind != StreamKind::Legacy
                     && other.blocking()
                     && other.last_seq > 0
-                    && !done_through(&st.streams, id, other.last_seq)
                 {
-                    deps.push((id, other.last_seq));
+                    implicit.push((id, other.last_seq));
                 }
             }
         }
@@ -317,16 +324,16 @@ fn enqueue_after(
             let legacy = st.legacy_stream(ctx, device);
             if let Some(l) = st.streams.get(&legacy)
                 && l.last_seq > 0
-                && !done_through(&st.streams, legacy, l.last_seq)
             {
-                deps.push((legacy, l.last_seq));
+                implicit.push((legacy, l.last_seq));
             }
         }
         _ => {}
     }
+    deps.extend(implicit.iter().copied().filter(|&(id, q)| !done_through(&st.streams, id, q)));
     let ready_at = Instant::now() + Duration::from_micros(latency_us());
     let s = st.streams.get_mut(&sid).expect("enqueue on a live stream");
-    for &(d, q) in &deps {
+    for &(d, q) in deps.iter().chain(&implicit) {
         let w = s.waits.entry(d).or_insert(0);
         *w = (*w).max(q);
     }

@@ -1145,3 +1145,178 @@ fn a_pool_allocation_used_on_another_stream_before_it_is_ordered_is_logged() {
     destroy(a);
     destroy(b);
 }
+
+/// The violations "used before its allocation is ordered" logged on this thread.
+fn unordered_uses(ctl: &cumem_sim::Control) -> Vec<cumem_sim::Violation> {
+    ctl.violations_on_this_thread()
+        .into_iter()
+        .filter(|v| v.code_name == "CUDA_SUCCESS" && v.message.contains("before its allocation is ordered"))
+        .collect()
+}
+
+fn alloc_async(s: CUstream) -> CUdeviceptr {
+    let mut p = 0;
+    // SAFETY: valid out-pointer and live stream.
+    ok(unsafe { cu::cuMemAllocAsync(&mut p, 4096, s) });
+    p
+}
+
+fn memset_async(p: CUdeviceptr, s: CUstream) {
+    // SAFETY: plain FFI call on a live allocation and stream.
+    ok(unsafe { cu::cuMemsetD8Async(p, 7, 4096, s) });
+}
+
+fn record(e: CUevent, s: CUstream) {
+    // SAFETY: plain FFI call on a live event and stream.
+    ok(unsafe { cu::cuEventRecord(e, s) });
+}
+
+fn wait_event(s: CUstream, e: CUevent) {
+    // SAFETY: plain FFI call on a live stream and event.
+    ok(unsafe { cu::cuStreamWaitEvent(s, e, 0) });
+}
+
+fn destroy_event(e: CUevent) {
+    // SAFETY: a live event, destroyed once.
+    ok(unsafe { cu::cuEventDestroy_v2(e) });
+}
+
+/// Work on the legacy stream is ordered after the blocking streams' work so far, even when that
+/// work (here only the allocation itself) has already completed; a blocking stream's later work is
+/// ordered after it in turn.
+#[test]
+#[parallel]
+fn a_pool_allocation_ordered_through_the_legacy_stream_is_not_logged() {
+    let ctl = bind(0);
+    let (a, b) = (stream(0), stream(0));
+    let p = alloc_async(a);
+    settle();
+    memset_async(p, std::ptr::null_mut());
+    memset_async(p, b);
+    free_async(p, b);
+    sync(b);
+    assert!(unordered_uses(ctl).is_empty(), "{:?}", unordered_uses(ctl));
+    destroy(a);
+    destroy(b);
+}
+
+/// A synchronous copy waits for the legacy stream, which waited for the blocking allocating
+/// stream: the host has observed the allocation, any stream may use it.
+#[test]
+#[parallel]
+fn a_pool_allocation_observed_through_a_synchronous_copy_is_not_logged() {
+    let ctl = bind(0);
+    let (a, b) = (stream(0), stream(1));
+    let p = alloc_async(a);
+    settle();
+    assert_eq!(read_back(p, 16).len(), 16);
+    memset_async(p, b);
+    free_async(p, b);
+    sync(b);
+    assert!(unordered_uses(ctl).is_empty(), "{:?}", unordered_uses(ctl));
+    destroy(a);
+    destroy(b);
+}
+
+/// An event recorded on the legacy stream after the allocation on a blocking stream orders the
+/// streams that wait for it.
+#[test]
+#[parallel]
+fn a_pool_allocation_ordered_by_an_event_on_the_legacy_stream_is_not_logged() {
+    let ctl = bind(0);
+    let (a, b) = (stream(0), stream(1));
+    let e = event();
+    let p = alloc_async(a);
+    settle();
+    record(e, std::ptr::null_mut());
+    wait_event(b, e);
+    memset_async(p, b);
+    free_async(p, b);
+    sync(b);
+    assert!(unordered_uses(ctl).is_empty(), "{:?}", unordered_uses(ctl));
+    destroy_event(e);
+    destroy(a);
+    destroy(b);
+}
+
+/// The chain allocation → E1 → stream C → E2 → host holds after C was destroyed and drained.
+#[test]
+#[parallel]
+fn a_pool_allocation_ordered_through_a_destroyed_stream_is_not_logged() {
+    let ctl = bind(0);
+    let (a, b, c) = (stream(1), stream(1), stream(1));
+    let (e1, e2) = (event(), event());
+    let p = alloc_async(a);
+    record(e1, a);
+    wait_event(c, e1);
+    record(e2, c);
+    destroy(c);
+    // SAFETY: a live event.
+    ok(unsafe { cu::cuEventSynchronize(e2) });
+    memset_async(p, b);
+    free_async(p, b);
+    sync(b);
+    assert!(unordered_uses(ctl).is_empty(), "{:?}", unordered_uses(ctl));
+    destroy_event(e1);
+    destroy_event(e2);
+    destroy(a);
+    destroy(b);
+}
+
+/// A stream that waits for an event recorded after the allocation is ordered after it, also once
+/// the allocating stream was destroyed and has drained.
+#[test]
+#[parallel]
+fn a_pool_allocation_of_a_destroyed_stream_ordered_by_its_event_is_not_logged() {
+    let ctl = bind(0);
+    let (a, b) = (stream(1), stream(1));
+    let e = event();
+    let p = alloc_async(a);
+    record(e, a);
+    destroy(a);
+    settle();
+    wait_event(b, e);
+    memset_async(p, b);
+    free_async(p, b);
+    sync(b);
+    assert!(unordered_uses(ctl).is_empty(), "{:?}", unordered_uses(ctl));
+    destroy_event(e);
+    destroy(b);
+}
+
+/// An event recorded before the allocation does not order it, neither for a stream that waits
+/// for it nor for the host that synchronises with it.
+#[test]
+#[parallel]
+fn an_event_recorded_before_a_pool_allocation_does_not_order_it() {
+    let ctl = bind(0);
+    let (a, b) = (stream(1), stream(1));
+    let e = event();
+    let before = alloc_async(a);
+    memset_async(before, a);
+    record(e, a);
+    let p = alloc_async(a);
+    wait_event(b, e);
+    memset_async(p, b);
+    let logged = unordered_uses(ctl);
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert!(logged[0].message.contains(&format!("{p:#x}")), "{logged:?}");
+    sync(b);
+
+    let q = alloc_async(a);
+    // SAFETY: a live event.
+    ok(unsafe { cu::cuEventSynchronize(e) });
+    memset_async(q, b);
+    let logged = unordered_uses(ctl);
+    assert_eq!(logged.len(), 2, "{logged:?}");
+    assert!(logged[1].message.contains(&format!("{q:#x}")), "{logged:?}");
+    sync(b);
+    sync(a);
+    free_async(before, a);
+    free_async(p, a);
+    free_async(q, a);
+    sync(a);
+    destroy_event(e);
+    destroy(a);
+    destroy(b);
+}

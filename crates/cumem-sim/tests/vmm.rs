@@ -1013,12 +1013,14 @@ fn a_reserved_unmapped_address_reports_its_reservation_unmapped() {
     assert_eq!((r, mapped), (s, 0), "unknown memory: the batch form's defaults");
 }
 
-/// `allocFlags.compressionType` and `gpuDirectRDMACapable` are hints: on a device without
-/// GENERIC_COMPRESSION_SUPPORTED / GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (both 0 here) the
-/// creation succeeds without them, and the handle's properties say so.
+/// `allocFlags.compressionType` is a request: on a device without GENERIC_COMPRESSION_SUPPORTED (0
+/// here) the creation succeeds without it and the handle's properties say so.
+/// `gpuDirectRDMACapable` stays as created in the handle's properties (§9), while the pointer
+/// attribute IS_GPU_DIRECT_RDMA_CAPABLE of a mapping answers 0 on a device without
+/// GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (0 here).
 #[test]
 #[parallel]
-fn allocation_hints_the_device_cannot_grant_are_cleared() {
+fn compression_the_device_cannot_grant_is_cleared_and_rdma_is_kept_as_requested() {
     bind(0);
     // SAFETY: plain FFI call with an integer attribute number.
     let get: unsafe extern "C" fn(*mut std::ffi::c_int, u32, std::ffi::c_int) -> CUresult =
@@ -1038,6 +1040,20 @@ fn allocation_hints_the_device_cannot_grant_are_cleared() {
     let mut got: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointer.
     ok(unsafe { cu::cuMemGetAllocationPropertiesFromHandle(&mut got, h) });
-    assert_eq!((got.allocFlags.compressionType, got.allocFlags.gpuDirectRDMACapable), (0, 0));
+    assert_eq!((got.allocFlags.compressionType, got.allocFlags.gpuDirectRDMACapable), (0, 1));
+    let va = reserve(G);
+    ok(map(va, G, h));
+    let mut rdma = u32::MAX;
+    // SAFETY: a 4-byte out-value for an int-sized attribute.
+    ok(unsafe {
+        cu::cuPointerGetAttribute(
+            (&mut rdma as *mut u32).cast(),
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+            va,
+        )
+    });
+    assert_eq!(rdma, 0, "the device cannot do RDMA on VMM memory");
+    ok(unmap(va, G));
+    free_va(va, G);
     ok(release(h));
 }

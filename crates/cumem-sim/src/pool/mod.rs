@@ -149,13 +149,15 @@ impl Pool {
 
 /// The highest operation of stream `f` that work enqueued on stream `t` from now on is ordered
 /// after (`u64::MAX`: all of them, by being the same stream or through the legacy stream's
-/// implicit synchronisation; 0: none).
+/// implicit synchronisation; 0: none). A destroyed, drained `f` orders what `t` recorded
+/// waiting for.
 pub(crate) fn ordered_through(st: &State, t: u64, f: u64) -> u64 {
     if t == f {
         return u64::MAX;
     }
-    let (Some(ts), Some(fs)) = (st.streams.get(&t), st.streams.get(&f)) else {
-        return 0;
+    let Some(ts) = st.streams.get(&t) else { return 0 };
+    let Some(fs) = st.streams.get(&f) else {
+        return ts.waits.get(&f).copied().unwrap_or(0);
     };
     let implicit = ts.ctx == fs.ctx
         && ((ts.kind == StreamKind::Legacy && fs.kind != StreamKind::Legacy && fs.blocking())

@@ -27,8 +27,6 @@ const ATTR_POSIX_FD: u32 = 103;
 const ATTR_FABRIC: u32 = 128;
 /// `CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED`.
 const ATTR_GENERIC_COMPRESSION: u32 = 107;
-/// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
-const ATTR_RDMA_WITH_VMM: u32 = 110;
 
 /// `cuMemGetAllocationGranularity`: 2 MiB for both MINIMUM (0) and RECOMMENDED (1), as observed.
 pub(crate) fn granularity(prop: &AllocationProp, option: u32) -> Result<u64, Fail> {
@@ -97,17 +95,15 @@ pub(crate) fn create(size: usize, prop: &AllocationProp, flags: u64) -> Result<u
         )));
     }
     check_handle_types(&st, d, prop.handle_types)?;
-    // `allocFlags.compressionType` and `gpuDirectRDMACapable` are allocation hints (CUmemAllocationProp
-    // docs: the program checks `cuMemGetAllocationPropertiesFromHandle` for what it got; reference §9
-    // calls them optional): a device without the capability (GENERIC_COMPRESSION_SUPPORTED,
-    // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) grants neither, so the handle reports them cleared.
+    // `allocFlags.compressionType` is a request: the CUmemAllocationProp docs tell the program to
+    // check the handle's properties for the compression it got, so a device without
+    // GENERIC_COMPRESSION_SUPPORTED reports it cleared (how the driver reports it is a guess [I]).
+    // `gpuDirectRDMACapable` is kept as requested: the handle's properties are the create-time
+    // ones (§9, §17), and the pointer attribute IS_GPU_DIRECT_RDMA_CAPABLE already answers 0 on a
+    // device without GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED.
     let mut prop = *prop;
-    let lacks = |attr: u32| st.devices[d].attr(attr).unwrap_or(0) == 0;
-    if lacks(ATTR_GENERIC_COMPRESSION) {
+    if st.devices[d].attr(ATTR_GENERIC_COMPRESSION).unwrap_or(0) == 0 {
         prop.compression_type = 0;
-    }
-    if lacks(ATTR_RDMA_WITH_VMM) {
-        prop.gpu_direct_rdma_capable = 0;
     }
     let prop = &prop;
     let oom = || Fail::quiet(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
