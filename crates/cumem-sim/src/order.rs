@@ -144,15 +144,14 @@ fn reach(st: &State, gone: &BTreeMap<u64, BTreeMap<u64, u64>>, f: u64, t: u64, n
             next.push(st.legacy_stream(ts.ctx, ts.device));
         }
     }
-    let mut seen = vec![t, f];
-    next.retain(|v| !seen.contains(v));
-    seen.extend(&next);
+    // A set: with many streams (each ever waited for stays a key) a list made the walk quadratic.
+    let mut seen: std::collections::HashSet<u64> = [t, f].into_iter().collect();
+    next.retain(|&v| seen.insert(v));
     while let Some(u) = next.pop() {
         best = best.max(waited(u));
         let Some(uw) = waits_of(u) else { continue };
         for &v in uw.keys() {
-            if !seen.contains(&v) {
-                seen.push(v);
+            if seen.insert(v) {
                 next.push(v);
             }
         }

@@ -1068,7 +1068,7 @@ fn a_block_handed_on_through_an_event_dependency_is_intact() {
 /// synchronised with it (§8.1). The driver returns no error for a use on another stream that is
 /// neither; the simulator logs it (code SUCCESS), once per allocation, naming the call.
 #[test]
-#[parallel]
+#[serial] // counts its violations: a parallel test draining the device would observe its allocations
 fn a_pool_allocation_used_on_another_stream_before_it_is_ordered_is_logged() {
     let ctl = bind(0);
     let (a, b) = (stream(1), stream(1)); // non-blocking: no implicit ordering between them
@@ -1287,7 +1287,7 @@ fn a_pool_allocation_of_a_destroyed_stream_ordered_by_its_event_is_not_logged() 
 /// An event recorded before the allocation does not order it, neither for a stream that waits
 /// for it nor for the host that synchronises with it.
 #[test]
-#[parallel]
+#[serial] // counts its violations: a parallel test draining the device would observe its allocations
 fn an_event_recorded_before_a_pool_allocation_does_not_order_it() {
     let ctl = bind(0);
     let (a, b) = (stream(1), stream(1));
