@@ -62,14 +62,21 @@ thread_local! {
     static QUEUING: Cell<usize> = const { Cell::new(0) };
 }
 
-/// Whether the calling thread is inside a [`StreamOrder::queue_on`] closure.
+/// Whether the calling thread is inside a [`StreamOrder::queue_on`] closure, or destroying streams
+/// an order let go of (a stream's drop may log, and the thread may hold another cumem lock around
+/// the order's: a host tracker's).
 pub(crate) fn queuing_on_this_thread() -> bool {
     QUEUING.with(Cell::get) > 0
 }
 
-/// The refusal of cumem memory used inside a [`StreamOrder::queue_on`] closure.
+/// The refusal of cumem memory used inside a [`StreamOrder::queue_on`] closure, or while the
+/// thread destroys streams an order let go of (from a subscriber of what their drop logs).
 pub(crate) fn used_inside_queue_on() -> Error {
-    Error::NotPermitted { ctx: ErrorContext::op("using cumem memory inside a StreamOrder::queue_on closure") }
+    Error::NotPermitted {
+        ctx: ErrorContext::op(
+            "using cumem memory inside a StreamOrder::queue_on closure (or while an order destroys a stream it let go of)",
+        ),
+    }
 }
 
 /// The streams that may have work pending on a piece of device memory.
@@ -114,8 +121,9 @@ struct Users {
     /// cannot run work on it meanwhile (managed memory without concurrent managed access).
     excluded: Exclusion,
     /// Streams whose last handle the bookkeeping let go of, destroyed once the users are unlocked
-    /// ([`Locked`]) or, for an owner with exclusive access, right away: a stream's drop calls the
-    /// driver and may log, and a subscriber may use this order. Empty (no heap) unless a stream
+    /// ([`Locked`]) or, for an owner with exclusive access, right away, with cumem locks refused
+    /// on the thread meanwhile: a stream's drop calls the driver and may log, and a subscriber
+    /// that used this order (or a lock held around it) would wait for its own thread. Empty (no heap) unless a stream
     /// was actually let go of for good, which costs driver calls anyway.
     dead: Vec<LastStream>,
 }
@@ -303,7 +311,8 @@ impl StreamOrder {
     }
 
     /// Locks the users, or answers `NotPermitted` when the calling thread is inside a
-    /// [`StreamOrder::queue_on`] closure (of any order): locking this order's users again would
+    /// [`StreamOrder::queue_on`] closure (of any order) or destroying streams an order let go of
+    /// (a subscriber of what their drop logs): locking this order's users again would
     /// wait for itself, and waiting for another order's could wait for a thread that waits for
     /// this one (two copies crossing between two memories).
     fn lock(&self) -> Result<Locked<'_>> {
@@ -519,7 +528,7 @@ impl StreamOrder {
         }
         let users = self.inner.get_mut();
         // Exclusive access: no lock is held, so streams let go of are destroyed now.
-        users.dead.clear();
+        destroy_let_go(&mut users.dead);
         users
     }
 
@@ -573,7 +582,7 @@ impl StreamOrder {
         let users = self.users_mut();
         Self::join_users(users)?;
         // Exclusive access: no lock is held, so streams let go of are destroyed now.
-        users.dead.clear();
+        destroy_let_go(&mut users.dead);
         Ok(&users.latest.0)
     }
 
@@ -654,6 +663,16 @@ struct Queuing<'o> {
     _refusal: Refusal,
 }
 
+/// Destroys the streams an order let go of, with cumem locks refused on this thread meanwhile: a
+/// caller may hold another cumem lock around the order's (a host tracker's, around a ticket), and
+/// a stream's drop may log, so a subscriber is refused instead of waiting for its own thread.
+fn destroy_let_go(dead: &mut Vec<LastStream>) {
+    if !dead.is_empty() {
+        let _refusal = Refusal::raise();
+        dead.clear();
+    }
+}
+
 /// Refuses cumem locks on this thread while it lives (see [`queuing_on_this_thread`]).
 struct Refusal;
 
@@ -727,13 +746,8 @@ impl Drop for Locked<'_> {
         let dead = std::mem::take(&mut self.guard.dead);
         // SAFETY: the guard is dropped here once, and `self.guard` is not used afterwards.
         unsafe { ManuallyDrop::drop(&mut self.guard) };
-        if !dead.is_empty() {
-            // A caller may hold another cumem lock around this one (a host tracker's, around a
-            // ticket): while the streams are destroyed (which may log), cumem locks are refused on
-            // this thread, so a subscriber is refused instead of waiting for its own thread.
-            let _refusal = Refusal::raise();
-            drop(dead);
-        }
+        let mut dead = dead;
+        destroy_let_go(&mut dead);
     }
 }
 

@@ -313,7 +313,9 @@ fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
                 // Answered at once: refused (a caller may hold another cumem lock around the
                 // order's, e.g. a host tracker's), not left waiting for this thread.
                 let refused = matches!(asked.users(), Err(Error::NotPermitted { .. }));
-                noted.lock().unwrap().push((message, refused));
+                // Another thread is not refused: its answer shows the order is unlocked.
+                let elsewhere = std::thread::scope(|s| s.spawn(|| asked.users().ok()).join().unwrap());
+                noted.lock().unwrap().push((message, refused, elsewhere));
             }
         });
         let ticket = order.use_on(&b).unwrap(); // b waits for a
@@ -325,7 +327,7 @@ fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
         let seen = seen.lock().unwrap().clone();
         assert_eq!(
             seen,
-            [("recording a dropped stream's last event failed; synchronising it".to_string(), true)]
+            [("recording a dropped stream's last event failed; synchronising it".to_string(), true, Some(1))]
         );
         assert_eq!(order.join().unwrap(), b);
     });

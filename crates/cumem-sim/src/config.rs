@@ -156,7 +156,10 @@ fn parse_int(text: &str) -> Result<i32, String> {
 /// device without them would need a separate device alias for registered memory and a split
 /// address space, which the simulator does not implement, so such a configuration is refused
 /// rather than answered while behaving otherwise.
-const FIXED_ATTRIBUTES: &[(u32, i32)] = &[(41, 1), (91, 1)];
+/// Likewise texture gather (44), the persisting-L2 access policy window (109), memory
+/// synchronisation domains (126) and unified function pointers (129) stay 0: none of their entry
+/// points is exported.
+const FIXED_ATTRIBUTES: &[(u32, i32)] = &[(41, 1), (44, 0), (91, 1), (109, 0), (126, 0), (129, 0)];
 
 /// Parses the value of attribute `n` (configured as `key`), refusing values the simulator would
 /// only report without behaving accordingly.
@@ -375,7 +378,16 @@ mod tests {
         assert!(c.apply("no_such_attribute=1", false).is_err());
         assert!(c.apply("unified_addressing=0", false).is_err());
         assert!(c.apply("dev0.can_use_host_pointer_for_registered_mem=0", false).is_err());
+        for unexported in [
+            "can_tex2d_gather=1",
+            "dev1.max_access_policy_window_size=4096",
+            "mem_sync_domain_count=4",
+            "unified_function_pointers=1",
+        ] {
+            assert!(c.apply(unexported, false).is_err(), "{unexported}");
+        }
         c.apply("can_use_host_pointer_for_registered_mem=1,dev0.unified_addressing=1", false).unwrap();
+        c.apply("can_tex2d_gather=0", false).unwrap();
         assert_eq!(c.latency_us, 200);
         assert!(c.apply("devices=4", true).is_err());
         c.apply("latency_us=9,leak_check=1", true).unwrap();

@@ -1185,7 +1185,7 @@ fn destroy_event(e: CUevent) {
 /// work (here only the allocation itself) has already completed; a blocking stream's later work is
 /// ordered after it in turn.
 #[test]
-#[parallel]
+#[serial] // a parallel test's device drain would observe its allocation: the check would not be exercised
 fn a_pool_allocation_ordered_through_the_legacy_stream_is_not_logged() {
     let ctl = bind(0);
     let (a, b) = (stream(0), stream(0));
@@ -1203,7 +1203,7 @@ fn a_pool_allocation_ordered_through_the_legacy_stream_is_not_logged() {
 /// A synchronous copy waits for the legacy stream, which waited for the blocking allocating
 /// stream: the host has observed the allocation, any stream may use it.
 #[test]
-#[parallel]
+#[serial] // a parallel test's device drain would observe its allocation: the check would not be exercised
 fn a_pool_allocation_observed_through_a_synchronous_copy_is_not_logged() {
     let ctl = bind(0);
     let (a, b) = (stream(0), stream(1));
@@ -1221,7 +1221,7 @@ fn a_pool_allocation_observed_through_a_synchronous_copy_is_not_logged() {
 /// An event recorded on the legacy stream after the allocation on a blocking stream orders the
 /// streams that wait for it.
 #[test]
-#[parallel]
+#[serial] // a parallel test's device drain would observe its allocation: the check would not be exercised
 fn a_pool_allocation_ordered_by_an_event_on_the_legacy_stream_is_not_logged() {
     let ctl = bind(0);
     let (a, b) = (stream(0), stream(1));
@@ -1241,7 +1241,7 @@ fn a_pool_allocation_ordered_by_an_event_on_the_legacy_stream_is_not_logged() {
 
 /// The chain allocation → E1 → stream C → E2 → host holds after C was destroyed and drained.
 #[test]
-#[parallel]
+#[serial] // a parallel test's device drain would observe its allocation: the check would not be exercised
 fn a_pool_allocation_ordered_through_a_destroyed_stream_is_not_logged() {
     let ctl = bind(0);
     let (a, b, c) = (stream(1), stream(1), stream(1));
@@ -1266,7 +1266,7 @@ fn a_pool_allocation_ordered_through_a_destroyed_stream_is_not_logged() {
 /// A stream that waits for an event recorded after the allocation is ordered after it, also once
 /// the allocating stream was destroyed and has drained.
 #[test]
-#[parallel]
+#[serial] // a parallel test's device drain would observe its allocation: the check would not be exercised
 fn a_pool_allocation_of_a_destroyed_stream_ordered_by_its_event_is_not_logged() {
     let ctl = bind(0);
     let (a, b) = (stream(1), stream(1));
