@@ -471,13 +471,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             unretired.log();
             return Ok(TrimReport::default());
         }
-        let covered = self.stranded_count();
-        if let Err(e) = self.ordering.synchronize() {
+        if let Err(e) = self.synchronize_reclaiming(&mut guards) {
             drop((guards, st));
             unretired.log();
             return Err(PoolError::Ordering(e));
         }
-        self.reclaim_stranded(&mut guards, covered);
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, keep as u64, &mut notes);
@@ -506,13 +504,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         let unretired = self.sweep(&mut st, &mut guards);
-        let covered = self.stranded_count();
-        if let Err(e) = self.ordering.synchronize() {
+        if let Err(e) = self.synchronize_reclaiming(&mut guards) {
             drop((guards, st));
             unretired.log();
             return Err(PoolError::Ordering(e));
         }
-        self.reclaim_stranded(&mut guards, covered);
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, threshold, &mut notes);
@@ -809,6 +805,16 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// How many blocks are stranded now: those a synchronisation that starts next covers.
     fn stranded_count(&self) -> usize {
         self.segments.lock().stranded.len()
+    }
+
+    /// Synchronises the ordering, then returns to the cache the blocks stranded before it started
+    /// (see [`reclaim_stranded`](Self::reclaim_stranded)). The caller holds the table's mutex and
+    /// every arena lock.
+    fn synchronize_reclaiming(&self, guards: &mut Guards<'_, O::Stream>) -> Result<(), crate::UpstreamError> {
+        let covered = self.stranded_count();
+        self.ordering.synchronize()?;
+        self.reclaim_stranded(guards, covered);
+        Ok(())
     }
 
     /// Returns the first `covered` stranded blocks to the cache (the first arena; `consolidate`
@@ -1156,15 +1162,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let (mut st, mut guards) = self.lock_all();
         self.segments.lock().oom_ladders += 1;
         let unretired = self.sweep(&mut st, &mut guards);
-        let covered = self.stranded_count();
-        if let Err(e) = self.ordering.synchronize() {
+        // After the synchronisation every cached byte is safe for every stream (of the stranded
+        // ones, those stranded before it started, which it returns to the cache).
+        if let Err(e) = self.synchronize_reclaiming(&mut guards) {
             drop((guards, st));
             unretired.log();
             return Err(PoolError::Ordering(e));
         }
-        // After the synchronisation every cached byte is safe for every stream (of the stranded
-        // ones, those stranded before it started).
-        self.reclaim_stranded(&mut guards, covered);
         consolidate(&mut guards);
         let ti = to.index;
         let other = match req.kind {
