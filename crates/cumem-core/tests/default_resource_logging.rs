@@ -5,7 +5,7 @@
 //! Each warning is logged once per process, so the check runs in a child process of its own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cumem_core::{Device, DeviceBuffer, Stream};
 use cumem_sys::testing;
@@ -56,37 +56,17 @@ fn a_subscriber_that_looks_up_a_resource_inside_the_unknown_allocator_warning_do
 /// Runs [`logging_child`] with `CUMEM_ALLOCATOR` set to `allocator`.
 fn run_child(allocator: &str) {
     testing::init();
-    let path = std::env::temp_dir().join(format!("cumem-default-logging-{}-{allocator}", std::process::id()));
-    let out = std::fs::File::create(&path).unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "logging_child", "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
-        .env(cumem_core::ALLOCATOR_ENV, allocator)
-        // Files, not pipes: a child that writes more than a pipe holds would block on it and
-        // look hung.
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap();
-    // Watchdog: a deadlock shows as a child that never exits.
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            child.kill().unwrap();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    child.wait().unwrap();
-    let log = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
-    let _ = std::fs::remove_file(&path);
+    let child = testing::child_process::run_child_test(
+        "logging_child",
+        &[(CHILD, "1"), (cumem_core::ALLOCATOR_ENV, allocator)],
+        &[],
+        Duration::from_secs(30),
+    );
+    let log = child.log;
     assert!(
-        status.is_some(),
+        child.status.is_some(),
         "the first allocation hung: the subscriber waited for the registry's lock\n{log}"
     );
-    assert!(status.unwrap().success(), "{log}");
+    assert!(child.status.unwrap().success(), "{log}");
     assert!(log.contains("1 passed"), "the child ran no test:\n{log}");
 }

@@ -2,7 +2,7 @@
 //! exits: returning the current caching pool's memory at exit waits for its streams only for a
 //! bounded time.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cumem_core::{Device, DeviceBuffer, Stream};
 use cumem_sys::testing;
@@ -40,26 +40,13 @@ fn a_process_with_hung_device_work_still_exits() {
         testing::skip("a child that exits with a host function that never returns: simulator only");
         return;
     }
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "exit_child", "--test-threads=1"])
-        .env(CHILD, "1")
-        .env_remove("CUMEM_ALLOCATOR")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            child.kill().unwrap();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = testing::child_process::run_child_test(
+        "exit_child",
+        &[(CHILD, "1")],
+        &["CUMEM_ALLOCATOR"],
+        Duration::from_secs(30),
+    )
+    .status;
     // The exit code itself may be the simulator's leak check (the held stream is live at exit).
     assert!(status.is_some(), "the process never exited: the release at exit waits for the hung stream");
 }

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cumem_core::{Device, DeviceBuffer, Stream};
 use cumem_pool::{CachingResource, PoolConfig};
@@ -58,31 +58,13 @@ fn a_subscriber_that_allocates_inside_the_fence_mode_event_does_not_hang() {
         return;
     }
     testing::init();
-    let path = std::env::temp_dir().join(format!("cumem-fence-mode-logging-{}", std::process::id()));
-    let out = std::fs::File::create(&path).unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "fence_mode_child", "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
-        // Files, not pipes: a child that writes more than a pipe holds would block and look hung.
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap();
-    // Watchdog: a deadlock shows as a child that never exits.
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            child.kill().unwrap();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    child.wait().unwrap();
-    let log = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
-    let _ = std::fs::remove_file(&path);
+    let child = testing::child_process::run_child_test(
+        "fence_mode_child",
+        &[(CHILD, "1")],
+        &[],
+        Duration::from_secs(30),
+    );
+    let (status, log) = (child.status, child.log);
     assert!(
         status.is_some(),
         "the first pool hung: the subscriber's pool waited for the fence-mode choice\n{log}"

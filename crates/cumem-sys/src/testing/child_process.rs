@@ -251,3 +251,59 @@ pub fn expect(sock: &mut impl Read, what: &[u8; 1]) {
     }
     assert_eq!(&got, what, "the other process failed (it said {:?})", got[0] as char);
 }
+
+/// How a child test run by [`run_child_test`] ended.
+#[derive(Debug)]
+pub struct ChildOutcome {
+    /// Its exit status; `None` when it was still running at the deadline and was killed (a hang).
+    pub status: Option<ExitStatus>,
+    /// Everything it wrote to stdout and stderr.
+    pub log: String,
+}
+
+/// Runs the test `name` of this test binary alone (`--exact`, one thread, output shown) in a child
+/// process with the variables `set` set and those in `unset` removed, and waits for it, killing it
+/// once `deadline` has passed: for tests whose failure is a hang of the whole process (a deadlock
+/// in a once-per-process initialiser, an exit that never comes). Its output goes to a file, not a
+/// pipe, which a chatty child could fill and then block on, looking hung.
+///
+/// # Panics
+/// If the output file cannot be made or read, or the child cannot be started or reaped.
+pub fn run_child_test(name: &str, set: &[(&str, &str)], unset: &[&str], deadline: Duration) -> ChildOutcome {
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "cumem-child-{}-{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed),
+        name
+    ));
+    let out = std::fs::File::create(&path).expect("a file for the child's output");
+    let mut command = Command::new(std::env::current_exe().expect("this test binary"));
+    command.args(["--exact", name, "--test-threads=1", "--nocapture"]);
+    for (key, value) in set {
+        command.env(key, value);
+    }
+    for key in unset {
+        command.env_remove(key);
+    }
+    let mut child = command
+        .stdout(out.try_clone().expect("the output file, again"))
+        .stderr(out)
+        .spawn()
+        .expect("the child test starts");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the child's state") {
+            break Some(status);
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(LOOK);
+    };
+    child.wait().expect("the child is reaped");
+    let log = String::from_utf8_lossy(&std::fs::read(&path).expect("the child's output")).into_owned();
+    let _ = std::fs::remove_file(&path);
+    ChildOutcome { status, log }
+}
