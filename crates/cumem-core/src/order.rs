@@ -123,7 +123,10 @@ struct Users {
     /// Streams whose last handle the bookkeeping let go of, destroyed once the users are unlocked
     /// ([`Locked`]) or, for an owner with exclusive access, right away, with cumem locks refused
     /// on the thread meanwhile: a stream's drop calls the driver and may log, and a subscriber
-    /// that used this order (or a lock held around it) would wait for its own thread. Empty (no heap) unless a stream
+    /// that used this order (or a lock held around it) would wait for its own thread. (An owner
+    /// with exclusive access holds no such lock; its paths refuse too only so that a subscriber
+    /// sees one behaviour. The streams an owner's order still names when it is dropped go without
+    /// a refusal.) Empty (no heap) unless a stream
     /// was actually let go of for good, which costs driver calls anyway.
     dead: Vec<LastStream>,
 }
