@@ -178,11 +178,16 @@ fn a_dropped_stream_s_tail_stands_for_its_work() {
 
 /// A simulator fault that fails the next call of `function` on this thread, once.
 fn fail_next_on_this_thread(function: &str) -> cumem_sys::sim_control::FaultRule {
+    fail_nth_on_this_thread(function, 1)
+}
+
+/// Fails the `nth` next call of `function` on this thread (`CUDA_ERROR_UNKNOWN`).
+fn fail_nth_on_this_thread(function: &str, nth: u64) -> cumem_sys::sim_control::FaultRule {
     cumem_sys::sim_control::FaultRule {
         this_thread_only: true,
         ..cumem_sys::sim_control::FaultRule::nth_call(
             function,
-            1,
+            nth,
             cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
         )
     }
@@ -365,14 +370,7 @@ fn a_stream_let_go_of_inside_a_tracked_copy_is_destroyed_while_locks_are_refused
             });
             // The first record on this thread is a's marker (b waits for it); the second, a's retired
             // event when the order lets go of a, fails and warns.
-            let rule = ctl.inject_fault(cumem_sys::sim_control::FaultRule {
-                this_thread_only: true,
-                ..cumem_sys::sim_control::FaultRule::nth_call(
-                    "cuEventRecord",
-                    2,
-                    cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
-                )
-            });
+            let rule = ctl.inject_fault(fail_nth_on_this_thread("cuEventRecord", 2));
             tracing::subscriber::with_default(subscriber, || {
                 // SAFETY: `DATA` lives forever and the closure queues nothing.
                 unsafe {
@@ -418,14 +416,7 @@ fn a_stream_let_go_of_by_a_ticket_inside_a_tracked_read_is_destroyed_while_locks
             });
             // The first record on this thread is a's marker (b waits for it); the second, a's retired
             // event when the ticket's drop lets go of a, fails and warns.
-            let rule = ctl.inject_fault(cumem_sys::sim_control::FaultRule {
-                this_thread_only: true,
-                ..cumem_sys::sim_control::FaultRule::nth_call(
-                    "cuEventRecord",
-                    2,
-                    cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
-                )
-            });
+            let rule = ctl.inject_fault(fail_nth_on_this_thread("cuEventRecord", 2));
             tracing::subscriber::with_default(subscriber, || {
                 // SAFETY: `DATA` lives forever and the closure queues nothing.
                 unsafe { access.device_read(&b, DATA.as_ptr(), DATA.len(), |_, _| Ok(())) }
