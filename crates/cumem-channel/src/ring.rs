@@ -354,21 +354,27 @@ impl<T: Pod> RingChannel<T> {
             return Ok(0);
         }
         let start = (self.position % self.capacity) as usize;
+        let tail = self.position + n as u64;
+        let sequence = self.sequence + 1;
+        // Every host write first, every copy after: with queued copies a host write waits for the
+        // copies stream, which must then hold the previous flush's copies only, not this one's
+        // (see `storage::STAGED_WORDS`). Staging publishes nothing.
+        self.storage.stage_word(TAIL_WORD, tail)?;
+        self.storage.stage_word(SEQUENCE_WORD, sequence)?;
         // Rewriting these slots after a failure is harmless: no consumer reads past `tail`.
         self.storage.write_slots(start, &self.staged)?;
-        let tail = self.position + n as u64;
-        self.storage.write_word(TAIL_WORD, tail)?;
+        self.storage.publish_word(TAIL_WORD, tail)?;
         // Published: the device may consume them now, so the host's state must say so before
         // anything else can fail (else a later `head` past `position` reads as a protocol breach,
         // and the next flush rewrites slots the device may be reading).
         self.position = tail;
-        self.sequence += 1;
+        self.sequence = sequence;
         self.staged.clear();
         self.stats.messages_sent += n as u64;
         self.stats.bytes_sent += (n * size_of::<T>()) as u64;
         self.stats.flushes += 1;
         // After a failure here, the next flush writes the full count again.
-        self.storage.write_word(SEQUENCE_WORD, self.sequence)?;
+        self.storage.publish_word(SEQUENCE_WORD, sequence)?;
         Ok(n)
     }
 
