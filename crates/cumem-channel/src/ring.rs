@@ -167,9 +167,14 @@ impl<T: Pod> RingChannel<T> {
     /// for instance) instead of `/proc`.
     ///
     /// The strategy must pass both `report` and the device's own attributes read again under
-    /// `report`'s platform: a report can make the check stricter, never looser (its fields are
-    /// public, and a strategy the device cannot run would have the host touch memory the device
-    /// does not share). `report` must be about `stream`'s device (`ReportForOtherDevice`).
+    /// `report`'s platform. The platform is trusted as given (choosing it is what this function is
+    /// for), so it is the one thing a report may loosen: a native-Linux report on a WSL2 host
+    /// admits `MappedPolling` where [`new`](Self::new) refuses it, if the device reports host
+    /// mapping and concurrent managed access (WSL2 devices report no concurrent managed access);
+    /// the caller vouches that the platform is right. The report's device fields can only make
+    /// the check stricter (they are public, and a strategy the device cannot run would have the
+    /// host touch memory the device does not share). `report` must be about `stream`'s device
+    /// (`ReportForOtherDevice`).
     pub fn new_checked(
         stream: &Stream,
         direction: Direction,
