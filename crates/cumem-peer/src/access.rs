@@ -76,6 +76,10 @@ impl PeerAccess {
             // pair from both calling the driver (the second would see "already enabled" and adopt
             // cumem's own enablement, never to disable it). Nothing is logged under it: a
             // subscriber may call back into the registry (`is_enabled`), which would deadlock.
+            // Unmeasured: whether the driver call can wait for other streams' host functions, as
+            // `cuMemFree` does (driver-api.md §17). If it can, a held stream holds up every guard's
+            // enable, drop and `is_enabled` in the process while it waits, and a host function
+            // that touches the registry deadlocks (docs/multi-gpu.md, "To verify on a GPU").
             let mut registry = REGISTRY.lock();
             let pairs = registry.get_or_insert_with(HashMap::new);
             if let Some(held) = pairs.get_mut(&key(from, to)) {
@@ -146,10 +150,11 @@ impl Drop for PeerAccess {
                 // The entry goes only once the driver has disabled the pair: a pair whose disable
                 // failed is still enabled, and still cumem's, so the next guard joins it (rather
                 // than adopting it as enabled elsewhere, never to disable it) and its last drop
-                // tries again.
-                // A pair the driver says is not enabled was disabled outside cumem (a raw
-                // `cuCtxDisablePeerAccess`): that is the state this drop wants, so the entry goes
-                // too, or it would say `is_enabled` forever and no later guard would enable again.
+                // tries again. A pair the driver says is not enabled was disabled outside cumem (a
+                // raw `cuCtxDisablePeerAccess`): that is the state this drop wants, so the entry
+                // goes too, or it would say `is_enabled` forever and no later guard would enable
+                // again. Whether the disable can wait for host functions is unmeasured, as for the
+                // enable in `PeerAccess::enable`.
                 match self.from.bind().and_then(|()| ffi::disable_peer_access(self.to.raw())) {
                     Ok(()) => (pairs.remove(&k), None, false),
                     Err(Error::PeerAccessNotEnabled { .. }) => (pairs.remove(&k), None, true),
