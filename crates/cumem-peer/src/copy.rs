@@ -15,8 +15,10 @@
 //!
 //! A queued copy between devices without a link returns a [`PeerCopy`] holding its page-locked
 //! staging buffer. Dropping it synchronises the two streams the staging copies ran on (`stream`
-//! and the other device's legacy stream), everything queued on them so far included: drop it
-//! before queuing work there that waits on the host, or keep it until that work has ended.
+//! and the other device's legacy stream), everything queued on them so far included, and then
+//! frees the staging memory with `cuMemFreeHost`, which waits while a host function holds *any*
+//! stream (§17 of the driver brief): drop it before queuing work that waits on the host, or keep it
+//! until that work has ended.
 //!
 //! ```
 //! # cumem_sys::testing::init_with("devices=3,peer=0-1");
@@ -54,10 +56,13 @@ pub enum PeerPath {
 /// What a peer copy did. A queued staged copy owns its pinned staging memory, which must outlive
 /// the copies through it: dropping the `PeerCopy` synchronises both streams those copies ran on
 /// (the stream the copy was queued on and the other device's legacy stream), so it waits for
-/// everything queued on either of them so far, not only for the copy. Drop it before queuing work
-/// there that waits on the host (a kernel polling a host flag, a host function waiting for this
-/// thread), or keep it until that work has ended: dropped in between, it waits for that work,
-/// which waits for the host, and neither ends.
+/// everything queued on either of them so far, not only for the copy (on the legacy stream, that
+/// includes the device's earlier blocking-stream work). It then frees the staging memory with
+/// `cuMemFreeHost`, which waits while a host function holds any stream of any device (§17 of the
+/// driver brief). Drop it before queuing work that waits on the host (a kernel polling a host
+/// flag, a host function waiting for this thread), on whatever stream, or keep it until that work
+/// has ended: dropped in between, it waits for that work, which waits for the host, and neither
+/// ends.
 #[must_use = "says which path the copy took; dropping a queued staged copy waits for its streams"]
 pub struct PeerCopy {
     path: PeerPath,
