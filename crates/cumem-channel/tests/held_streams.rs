@@ -118,6 +118,55 @@ fn a_later_queued_flush_waits_for_the_previous_flush_only_never_its_own_copies()
     assert_live_report_is_clean();
 }
 
+/// How long a flush that must wait for the held stream is given to (wrongly) return before the
+/// gate opens: a flush that did not wait returns within microseconds.
+const MUST_WAIT: Duration = Duration::from_millis(300);
+
+#[test]
+#[serial]
+fn a_later_queued_flush_waits_for_the_previous_flushs_copies_before_rewriting_their_staging() {
+    testing::init_with(SIM);
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let copies = Stream::non_blocking(&ctx).unwrap();
+    let mut ch = RingChannel::<[u64; 3]>::new_checked(
+        &stream,
+        Direction::HostToDevice,
+        4,
+        TransferStrategy::Async { stream: copies.clone() },
+        &native(device),
+    )
+    .unwrap();
+    let mut dev = DevicePlayer::<[u64; 3]>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
+    stream.synchronize().unwrap();
+    let first = [0x8000_0000_0000_0001, u64::MAX, 0x7ff8_dead_beef_0001];
+    let second = [0x0123_4567_89ab_cdef, 0, !0x0123_4567_89ab_cdef];
+    let gate = hold(&copies);
+    assert_eq!(ch.send(first).unwrap(), SendStatus::Sent);
+    // The first flush's copies stay held on `copies`, reading the staging buffers.
+    assert_eq!(ch.flush_to_device().unwrap(), 1);
+    let (done, flushed) = std::sync::mpsc::channel();
+    let flusher = std::thread::spawn(move || {
+        assert_eq!(ch.send(second).unwrap(), SendStatus::Sent);
+        let n = ch.flush_to_device().unwrap();
+        done.send(()).unwrap();
+        (ch, n)
+    });
+    // Rewriting the staging now would change what the held copies deliver: the flush must wait.
+    let returned_early = flushed.recv_timeout(MUST_WAIT).is_ok();
+    gate.release();
+    let (mut ch, n) = flusher.join().unwrap();
+    assert!(!returned_early, "the second flush rewrote the staging its predecessor's held copies read");
+    assert_eq!(n, 1);
+    assert_eq!(dev.consume(&mut ch, 8), [first, second]);
+    let words = dev.control(&mut ch);
+    assert_eq!((words[HEAD], words[TAIL], words[SEQUENCE]), (2, 2, 2));
+    drop(ch);
+    drop(dev);
+    assert_live_report_is_clean();
+}
+
 #[test]
 #[serial]
 fn the_host_waits_for_device_publishes_it_has_not_seen_complete() {
