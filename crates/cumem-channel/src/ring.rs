@@ -167,9 +167,14 @@ impl<T: Pod> RingChannel<T> {
     /// for instance) instead of `/proc`.
     ///
     /// The strategy must pass both `report` and the device's own attributes read again under
-    /// `report`'s platform: a report can make the check stricter, never looser (its fields are
-    /// public, and a strategy the device cannot run would have the host touch memory the device
-    /// does not share). `report` must be about `stream`'s device (`ReportForOtherDevice`).
+    /// `report`'s platform. The platform is trusted as given (choosing it is what this function is
+    /// for), so it is the one thing a report may loosen: a native-Linux report on a WSL2 host
+    /// admits `MappedPolling` where [`new`](Self::new) refuses it, if the device reports host
+    /// mapping and concurrent managed access (WSL2 devices report no concurrent managed access);
+    /// the caller vouches that the platform is right. The report's device fields can only make
+    /// the check stricter (they are public, and a strategy the device cannot run would have the
+    /// host touch memory the device does not share). `report` must be about `stream`'s device
+    /// (`ReportForOtherDevice`).
     pub fn new_checked(
         stream: &Stream,
         direction: Direction,
@@ -354,21 +359,27 @@ impl<T: Pod> RingChannel<T> {
             return Ok(0);
         }
         let start = (self.position % self.capacity) as usize;
+        let tail = self.position + n as u64;
+        let sequence = self.sequence + 1;
+        // Every host write first, every copy after: with queued copies a host write waits for the
+        // copies stream, which must then hold the previous flush's copies only, not this one's
+        // (see `storage::STAGED_WORDS`). Staging publishes nothing.
+        self.storage.stage_word(TAIL_WORD, tail)?;
+        self.storage.stage_word(SEQUENCE_WORD, sequence)?;
         // Rewriting these slots after a failure is harmless: no consumer reads past `tail`.
         self.storage.write_slots(start, &self.staged)?;
-        let tail = self.position + n as u64;
-        self.storage.write_word(TAIL_WORD, tail)?;
+        self.storage.publish_word(TAIL_WORD, tail)?;
         // Published: the device may consume them now, so the host's state must say so before
         // anything else can fail (else a later `head` past `position` reads as a protocol breach,
         // and the next flush rewrites slots the device may be reading).
         self.position = tail;
-        self.sequence += 1;
+        self.sequence = sequence;
         self.staged.clear();
         self.stats.messages_sent += n as u64;
         self.stats.bytes_sent += (n * size_of::<T>()) as u64;
         self.stats.flushes += 1;
         // After a failure here, the next flush writes the full count again.
-        self.storage.write_word(SEQUENCE_WORD, self.sequence)?;
+        self.storage.publish_word(SEQUENCE_WORD, sequence)?;
         Ok(n)
     }
 

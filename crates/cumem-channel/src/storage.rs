@@ -28,6 +28,13 @@ pub(crate) fn segments(start: usize, len: usize, cap: usize) -> [(usize, usize);
 
 /// The control words the host writes, each with its own page-locked staging word so that queuing
 /// one never waits for the copy of another.
+///
+/// A host write into a staging buffer synchronises the whole copies stream its last copy was
+/// queued on (`PinnedBuffer` tracks streams, not copies), so it waits for everything queued there
+/// since, the flush's own slot copies included if they were queued first. A flush therefore writes
+/// every staging buffer it uses before it queues any copy ([`Storage::stage_word`], then
+/// [`Storage::write_slots`], then [`Storage::publish_word`]): it waits for the previous flush's
+/// copies only, never its own.
 const STAGED_WORDS: [usize; 4] = [HEAD_WORD, TAIL_WORD, SEQUENCE_WORD, FLAGS_WORD];
 
 // One per channel, made once and never moved in a loop: boxing the big variant would only add a
@@ -132,7 +139,8 @@ impl<T: Pod> Storage<T> {
                 }
             }
             Storage::Async { stream, slots, stage, .. } => {
-                // Waits for the copies of the previous flush out of the stage, then fills it.
+                // Waits for the copies of the previous flush out of the stage, then fills it (the
+                // caller stages any control word before this queues the slot copies).
                 let host = stage.as_mut_slice()?;
                 let mut from = 0;
                 for (at, len) in pieces.into_iter().filter(|p| p.1 > 0) {
@@ -259,14 +267,30 @@ impl<T: Pod> Storage<T> {
     /// before: for rings both sides address, a `Release` store, so a device that acquires the value
     /// sees the slots written before it.
     pub(crate) fn write_word(&mut self, index: usize, value: u64) -> Result<()> {
+        self.stage_word(index, value)?;
+        self.publish_word(index, value)
+    }
+
+    /// For queued copies, puts `value` into control word `index`'s page-locked staging word, which
+    /// waits for the copies queued so far on the copies stream (see [`STAGED_WORDS`]); nothing for
+    /// the other strategies. [`Storage::publish_word`] with the same value writes the word.
+    pub(crate) fn stage_word(&mut self, index: usize, value: u64) -> Result<()> {
+        debug_assert!(index < CONTROL_WORDS);
+        if let Storage::Async { words_out, .. } = self {
+            words_out[staged_word(index)].as_mut_slice()?[0] = value;
+        }
+        Ok(())
+    }
+
+    /// Writes control word `index` as [`Storage::write_word`] does, for queued copies by queuing
+    /// the copy of the staging word that [`Storage::stage_word`] filled with `value` (it does not
+    /// touch the staging word, so it waits for nothing).
+    pub(crate) fn publish_word(&mut self, index: usize, value: u64) -> Result<()> {
         debug_assert!(index < CONTROL_WORDS);
         match self {
             Storage::Sync { control, .. } => copy_h2d(&[value], &mut control.slice_mut(index..index + 1)?),
             Storage::Async { stream, control, words_out, .. } => {
-                let slot = STAGED_WORDS.iter().position(|&w| w == index).unwrap_or(0);
-                let staged = &mut words_out[slot];
-                staged.as_mut_slice()?[0] = value;
-                stream.copy_h2d(&*staged, &mut control.slice_mut(index..index + 1)?)
+                stream.copy_h2d(&words_out[staged_word(index)], &mut control.slice_mut(index..index + 1)?)
             }
             Storage::Unified { control, .. } => {
                 control.wait_idle()?;
@@ -310,6 +334,11 @@ impl<T: Pod> Storage<T> {
             Storage::Mapped { slots, control } => (slots.device_ptr(), control.device_ptr()),
         }
     }
+}
+
+/// Which of `Storage::Async`'s `words_out` stages control word `index`.
+fn staged_word(index: usize) -> usize {
+    STAGED_WORDS.iter().position(|&w| w == index).unwrap_or(0)
 }
 
 /// The host address of managed memory at device address `addr` (managed memory has one address

@@ -42,7 +42,10 @@ pub enum TransferStrategy {
     /// the stream the ring was made on.
     Sync,
     /// Copies queued on `stream` from page-locked staging into a ring in device memory: the host
-    /// does not wait for a flush, only for reads of the device's positions. The ring is allocated
+    /// does not wait for a flush's copies, only for reads of the device's positions and, in the
+    /// next flush, for the previous flush's copies out of the staging it reuses (all of `stream`
+    /// queued up to then: a copy queued there by someone else is waited for too, and so is device
+    /// work on the ring that those copies were ordered after). The ring is allocated
     /// and initialised on `stream` too, so a persistent kernel may run beside it on any other
     /// non-blocking stream (not on `stream`, whose copies must be able to run).
     Async {

@@ -1,6 +1,6 @@
 //! Ordering between the host and device work it did not wait for, shown with held streams: a
-//! queued flush returns while its copies cannot run, and the device side still reads exactly what
-//! was published once they do; device work the host has not seen complete is waited for before
+//! queued flush returns while its copies cannot run (a later flush too: it waits for the previous
+//! flush's copies only), and the device side still reads exactly what was published once they do; device work the host has not seen complete is waited for before
 //! the host reads the ring, whatever the strategy; a device side that moves a position before its
 //! slot work is done (the slots on one stream, the position on another) still cannot make the host
 //! read slots it is writing or overwrite slots it is reading; and a persistent kernel occupying the
@@ -19,8 +19,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{DevicePlayer, HEAD, TAIL, hold, native};
-use cumem_channel::{Direction, Poll, RingChannel, TransferStrategy};
+use common::{DevicePlayer, HEAD, SEQUENCE, TAIL, hold, native};
+use cumem_channel::{Direction, Poll, RingChannel, SendStatus, TransferStrategy};
 use cumem_copy::StreamCopy;
 use cumem_core::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
 use cumem_sys::testing;
@@ -56,6 +56,115 @@ fn a_queued_flush_returns_while_its_copies_are_held_and_arrives_whole() {
     // The device side's reads on its own stream are ordered after the held copies.
     assert_eq!(dev.consume(&mut ch, 8), msgs);
     opener.join().unwrap();
+}
+
+/// How long a flush that must not wait for the held stream gets before the test calls it a wait:
+/// far longer than a flush takes (a few driver calls), far shorter than the gate's deadline.
+const NO_WAIT: Duration = Duration::from_secs(5);
+
+#[test]
+#[serial]
+fn a_later_queued_flush_waits_for_the_previous_flush_only_never_its_own_copies() {
+    testing::init_with(SIM);
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let copies = Stream::non_blocking(&ctx).unwrap();
+    let mut ch = RingChannel::<[u64; 3]>::new_checked(
+        &stream,
+        Direction::HostToDevice,
+        4,
+        TransferStrategy::Async { stream: copies.clone() },
+        &native(device),
+    )
+    .unwrap();
+    let mut dev = DevicePlayer::<[u64; 3]>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
+    // Bit patterns no arithmetic slip reproduces: the comparisons below are bitwise.
+    let first = [0x8000_0000_0000_0001, u64::MAX, 0x7ff8_dead_beef_0001];
+    let second = [0x0123_4567_89ab_cdef, 0, !0x0123_4567_89ab_cdef];
+    assert_eq!(ch.send(first).unwrap(), SendStatus::Sent);
+    assert_eq!(ch.flush_to_device().unwrap(), 1);
+    assert_eq!(dev.consume(&mut ch, 8), [first]);
+    copies.synchronize().unwrap();
+    dev.stream.synchronize().unwrap();
+    let mut seen = DeviceBuffer::<[u64; 3]>::zeroed(&dev.stream, 4).unwrap();
+    dev.stream.synchronize().unwrap();
+    // The copies stream itself cannot be held: the second flush must wait for the first one's
+    // copies out of the staging buffers, which synchronises it. Instead the device side reads the
+    // slots on a held stream, so the second flush's slot copies (ordered after that read by the
+    // slots' stream order) are queued on `copies` behind the gate, and anything that synchronises
+    // `copies` after queuing them waits for the gate.
+    let gate = hold(&dev.stream);
+    dev.stream.copy_d2d(&ch.device_side().slots, &mut seen).unwrap();
+    let (done, flushed) = std::sync::mpsc::channel();
+    let flusher = std::thread::spawn(move || {
+        assert_eq!(ch.send(second).unwrap(), SendStatus::Sent);
+        let n = ch.flush_to_device().unwrap();
+        done.send(()).unwrap();
+        (ch, n)
+    });
+    let in_time = flushed.recv_timeout(NO_WAIT).is_ok();
+    gate.release();
+    let (mut ch, n) = flusher.join().unwrap();
+    assert!(in_time, "the second flush waited for its own copies");
+    assert_eq!(n, 1);
+    // Once the gate is open the copies run, and the device side sees both messages whole.
+    assert_eq!(dev.consume(&mut ch, 8), [second]);
+    let words = dev.control(&mut ch);
+    assert_eq!((words[HEAD], words[TAIL], words[SEQUENCE]), (2, 2, 2));
+    drop(ch);
+    drop(dev);
+    drop(seen);
+    assert_live_report_is_clean();
+}
+
+/// How long a flush that must wait for the held stream is given to (wrongly) return before the
+/// gate opens: a flush that did not wait returns within microseconds.
+const MUST_WAIT: Duration = Duration::from_millis(300);
+
+#[test]
+#[serial]
+fn a_later_queued_flush_waits_for_the_previous_flushs_copies_before_rewriting_their_staging() {
+    testing::init_with(SIM);
+    let device = Device::get(0).unwrap();
+    let ctx = device.context().unwrap();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let copies = Stream::non_blocking(&ctx).unwrap();
+    let mut ch = RingChannel::<[u64; 3]>::new_checked(
+        &stream,
+        Direction::HostToDevice,
+        4,
+        TransferStrategy::Async { stream: copies.clone() },
+        &native(device),
+    )
+    .unwrap();
+    let mut dev = DevicePlayer::<[u64; 3]>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
+    stream.synchronize().unwrap();
+    let first = [0x8000_0000_0000_0001, u64::MAX, 0x7ff8_dead_beef_0001];
+    let second = [0x0123_4567_89ab_cdef, 0, !0x0123_4567_89ab_cdef];
+    let gate = hold(&copies);
+    assert_eq!(ch.send(first).unwrap(), SendStatus::Sent);
+    // The first flush's copies stay held on `copies`, reading the staging buffers.
+    assert_eq!(ch.flush_to_device().unwrap(), 1);
+    let (done, flushed) = std::sync::mpsc::channel();
+    let flusher = std::thread::spawn(move || {
+        assert_eq!(ch.send(second).unwrap(), SendStatus::Sent);
+        let n = ch.flush_to_device().unwrap();
+        done.send(()).unwrap();
+        (ch, n)
+    });
+    // Rewriting the staging now would change what the held copies deliver: the flush must wait.
+    let returned_early = flushed.recv_timeout(MUST_WAIT).is_ok();
+    gate.release();
+    let (mut ch, n) = flusher.join().unwrap();
+    assert!(!returned_early, "the second flush rewrote the staging its predecessor's held copies read");
+    assert_eq!(n, 1);
+    assert_eq!(dev.consume(&mut ch, 8), [first, second]);
+    let words = dev.control(&mut ch);
+    assert_eq!((words[HEAD], words[TAIL], words[SEQUENCE]), (2, 2, 2));
+    drop(ch);
+    drop(dev);
+    assert_live_report_is_clean();
 }
 
 #[test]
@@ -260,4 +369,12 @@ fn dropping_a_channel_waits_for_device_work_on_its_ring() {
             }
         }
     }
+}
+
+/// Nothing a test here made outlives it (the streams and contexts aside, which the simulator keeps
+/// for the process).
+fn assert_live_report_is_clean() {
+    let Some(ctl) = testing::sim_control() else { return };
+    let report = ctl.live_report();
+    assert!(report.allocations.is_empty(), "leaked: {:?}", report.allocations);
 }

@@ -8,12 +8,14 @@
 //! outside owner stays free to disable it, even while guards live, so a guard for an adopted pair
 //! does not promise the access lasts (and [`PeerAccess::is_enabled`] may then be stale). When
 //! the last guard's disable fails, the pair stays registered as cumem's, and the next guard's
-//! last drop tries again. A
+//! last drop tries again; when it fails because the pair is not enabled (someone disabled it
+//! outside cumem while guards lived), the pair is forgotten, and the next guard enables it again.
+//! A
 //! pair the driver refuses (no peer link, or the same device) is a typed error:
 //! `PeerAccessUnsupported`.
 //!
-//! The adoption (`debug`) and a failed disable (`warn`) are logged with the registry's lock let
-//! go, so a tracing subscriber may call [`PeerAccess::is_enabled`] on them.
+//! The adoption (`debug`), a failed disable and a pair found disabled outside cumem (`warn`) are
+//! logged with the registry's lock let go, so a tracing subscriber may call [`PeerAccess::is_enabled`] on them.
 //!
 //! Peer copies do not need enabled access (the driver copies between devices either way); it is
 //! what lets device code on one device dereference another device's pointers.
@@ -74,6 +76,10 @@ impl PeerAccess {
             // pair from both calling the driver (the second would see "already enabled" and adopt
             // cumem's own enablement, never to disable it). Nothing is logged under it: a
             // subscriber may call back into the registry (`is_enabled`), which would deadlock.
+            // Unmeasured: whether the driver call can wait for other streams' host functions, as
+            // `cuMemFree` does (driver-api.md §17). If it can, a held stream holds up every guard's
+            // enable, drop and `is_enabled` in the process while it waits, and a host function
+            // that touches the registry deadlocks (docs/multi-gpu.md, "To verify on a GPU").
             let mut registry = REGISTRY.lock();
             let pairs = registry.get_or_insert_with(HashMap::new);
             if let Some(held) = pairs.get_mut(&key(from, to)) {
@@ -127,7 +133,7 @@ impl Drop for PeerAccess {
     fn drop(&mut self) {
         // Decided under the lock, logged and dropped after it: a subscriber may call back into the
         // registry, and the removed entry's contexts may call the driver (and log) as they go.
-        let (removed, failed) = {
+        let (removed, failed, gone_already) = {
             let mut registry = REGISTRY.lock();
             let Some(pairs) = registry.as_mut() else { return };
             let k = key(&self.from, &self.to);
@@ -137,20 +143,32 @@ impl Drop for PeerAccess {
                 return;
             }
             if !held.owned {
-                (pairs.remove(&k), None)
+                (pairs.remove(&k), None, false)
             } else {
                 // The disable stays under the lock, so that a guard enabling the pair meanwhile
                 // either joins this entry before it or enables afresh after it, never racing it.
                 // The entry goes only once the driver has disabled the pair: a pair whose disable
                 // failed is still enabled, and still cumem's, so the next guard joins it (rather
                 // than adopting it as enabled elsewhere, never to disable it) and its last drop
-                // tries again.
+                // tries again. A pair the driver says is not enabled was disabled outside cumem (a
+                // raw `cuCtxDisablePeerAccess`): that is the state this drop wants, so the entry
+                // goes too, or it would say `is_enabled` forever and no later guard would enable
+                // again. Whether the disable can wait for host functions is unmeasured, as for the
+                // enable in `PeerAccess::enable`.
                 match self.from.bind().and_then(|()| ffi::disable_peer_access(self.to.raw())) {
-                    Ok(()) => (pairs.remove(&k), None),
-                    Err(e) => (None, Some(e)),
+                    Ok(()) => (pairs.remove(&k), None, false),
+                    Err(Error::PeerAccessNotEnabled { .. }) => (pairs.remove(&k), None, true),
+                    Err(e) => (None, Some(e), false),
                 }
             }
         };
+        if gone_already {
+            tracing::warn!(
+                from = self.from.device().ordinal(),
+                to = self.to.device().ordinal(),
+                "peer access held by cumem was disabled outside cumem while guards lived; forgotten"
+            );
+        }
         if let Some(e) = failed {
             tracing::warn!(
                 from = self.from.device().ordinal(),

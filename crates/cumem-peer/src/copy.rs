@@ -13,6 +13,13 @@
 //! side is ordered through that device's legacy stream (waiting on events, both directions), so
 //! synchronising `stream` completes the copy.
 //!
+//! A queued copy between devices without a link returns a [`PeerCopy`] holding its page-locked
+//! staging buffer. Dropping it synchronises the two streams the staging copies ran on (`stream`
+//! and the other device's legacy stream), everything queued on them so far included, and then
+//! frees the staging memory with `cuMemFreeHost`, which waits while a host function holds *any*
+//! stream (§17 of the driver brief): drop it before queuing work that waits on the host, or keep it
+//! until that work has ended.
+//!
 //! ```
 //! # cumem_sys::testing::init_with("devices=3,peer=0-1");
 //! use cumem_core::{Device, DeviceBuffer, Stream};
@@ -46,14 +53,21 @@ pub enum PeerPath {
     Staged,
 }
 
-/// What a peer copy did. A queued staged copy owns its pinned staging memory: dropping the
-/// `PeerCopy` waits until the device is done with it (drop it after queueing what comes next, or
-/// keep it as long as the copy may run).
-#[must_use = "says which path the copy took; dropping a queued staged copy waits for it"]
+/// What a peer copy did. A queued staged copy owns its pinned staging memory, which must outlive
+/// the copies through it: dropping the `PeerCopy` synchronises both streams those copies ran on
+/// (the stream the copy was queued on and the other device's legacy stream), so it waits for
+/// everything queued on either of them so far, not only for the copy (on the legacy stream, that
+/// includes the device's earlier blocking-stream work). It then frees the staging memory with
+/// `cuMemFreeHost`, which waits while a host function holds any stream of any device (§17 of the
+/// driver brief). Drop it before queuing work that waits on the host (a kernel polling a host
+/// flag, a host function waiting for this thread), on whatever stream, or keep it until that work
+/// has ended: dropped in between, it waits for that work, which waits for the host, and neither
+/// ends.
+#[must_use = "says which path the copy took; dropping a queued staged copy waits for its streams"]
 pub struct PeerCopy {
     path: PeerPath,
     bytes: usize,
-    /// The pinned buffer of a queued staged copy, whose drop waits for the device.
+    /// The pinned buffer of a queued staged copy, whose drop synchronises the copies' two streams.
     staging: Option<Box<dyn Any + Send + Sync>>,
 }
 

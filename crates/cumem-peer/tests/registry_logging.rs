@@ -1,7 +1,8 @@
 //! Peer access logs with its registry's lock let go: a tracing subscriber may ask
 //! `PeerAccess::is_enabled` from inside an event (here, on every event) without deadlocking the
-//! thread that logs. The events are the adoption of a pair enabled outside cumem (`debug`) and a
-//! failed disable when the last guard drops (`warn`, the failure injected: simulator only). Each
+//! thread that logs. The events are the adoption of a pair enabled outside cumem (`debug`), a
+//! failed disable when the last guard drops (`warn`, the failure injected: simulator only) and a
+//! pair found disabled outside cumem when the last guard drops (`warn`). Each
 //! test runs under a watchdog, since the bug hangs rather than fails.
 
 use std::sync::{Arc, Mutex};
@@ -150,6 +151,43 @@ fn a_failed_disable_logs_to_a_subscriber_that_asks_the_registry() {
         assert!(seen[0].enabled, "the pair whose disable failed left the registry: {seen:?}");
         // Still cumem's: the next last guard disables it.
         drop(PeerAccess::enable(&a, &b).unwrap());
+        assert!(!PeerAccess::is_enabled(&a, &b));
+        assert_eq!(
+            raw_disable(&a, &b),
+            CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED,
+            "cumem left the pair enabled"
+        );
+    });
+}
+
+#[test]
+#[serial] // enables and disables peer access between devices 0 and 1
+fn a_pair_disabled_outside_cumem_is_forgotten_by_its_last_guard_and_enabled_by_the_next() {
+    let Some((a, b)) = pair() else { return };
+    within_watchdog("a pair disabled outside cumem, with a subscriber asking is_enabled", move || {
+        let guard = PeerAccess::enable(&a, &b).unwrap();
+        assert_eq!(raw_disable(&a, &b), CUresult::CUDA_SUCCESS, "cumem did not enable the pair");
+        let subscriber = AsksRegistry::new(&a, &b);
+        // Its disable finds the pair not enabled: the state it wanted.
+        tracing::subscriber::with_default(subscriber.subscriber(), || drop(guard));
+        let seen = subscriber.seen();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].level, Level::WARN);
+        assert_eq!((seen[0].field("from"), seen[0].field("to")), (Some("0"), Some("1")), "{seen:?}");
+        assert!(!seen[0].enabled, "the pair disabled outside cumem is still registered: {seen:?}");
+        assert!(!PeerAccess::is_enabled(&a, &b));
+        // The next guard enables the pair again, in the driver too.
+        let again = PeerAccess::enable(&a, &b).unwrap();
+        assert!(PeerAccess::is_enabled(&a, &b));
+        a.bind().unwrap();
+        // SAFETY: plain FFI call with a live context current.
+        let enabled = unsafe { sys::cuCtxEnablePeerAccess(b.raw(), 0) };
+        assert_eq!(
+            enabled,
+            CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+            "the next guard did not enable"
+        );
+        drop(again);
         assert!(!PeerAccess::is_enabled(&a, &b));
         assert_eq!(
             raw_disable(&a, &b),
