@@ -59,7 +59,9 @@ pub use event::Event;
 pub use host_access::{HostAccess, HostMemory};
 pub use order::{OrderTicket, StreamOrder};
 pub use pageable::blocking_host_copy;
-pub use resource::{AllocLayout, Allocation, DRIVER_ALIGNMENT, DeviceResource, DriverResource};
+pub use resource::{
+    AllocLayout, Allocation, DRIVER_ALIGNMENT, DeviceResource, DriverResource, check_power_of_two,
+};
 pub use stream::{Stream, StreamOptions, StreamTail};
 
 /// The raw driver bindings, for code that needs a call cumem does not wrap.

@@ -34,15 +34,28 @@ pub struct AllocLayout {
     pub align: usize,
 }
 
+/// Checks that an alignment is a power of two: zero is `ZeroSize`, any other value that is not a
+/// power of two is `InvalidValue` naming it (it is not "misaligned": no multiple would make it
+/// valid).
+pub fn check_power_of_two(align: usize) -> Result<()> {
+    if align == 0 {
+        return Err(Error::ZeroSize { what: "alignment" });
+    }
+    if !align.is_power_of_two() {
+        return Err(Error::InvalidValue {
+            ctx: crate::ErrorContext::op("an alignment that is not a power of two").bytes(align),
+        });
+    }
+    Ok(())
+}
+
 impl AllocLayout {
     /// A layout, checked: `bytes` must be non-zero and `align` a power of two.
     pub fn new(bytes: usize, align: usize) -> Result<Self> {
         if bytes == 0 {
             return Err(Error::ZeroSize { what: "allocation size" });
         }
-        if !align.is_power_of_two() {
-            return Err(Error::Misaligned { what: "alignment", value: align as u64, align: 2 });
-        }
+        check_power_of_two(align)?;
         Ok(AllocLayout { bytes, align })
     }
 

@@ -73,9 +73,12 @@ fn aligned_buffers_round_trip_bitwise() {
 #[test]
 fn bad_alignments_are_errors_by_variant() {
     let (stream, resource) = setup();
-    for bad in [0, 3, 384, 1000] {
+    let err = DeviceBuffer::<u8>::zeroed_aligned_in(&resource, &stream, 64, 0).unwrap_err();
+    assert!(matches!(err, Error::ZeroSize { what: "alignment" }), "0: {err}");
+    for bad in [3, 384, 1000] {
         let err = DeviceBuffer::<u8>::zeroed_aligned_in(&resource, &stream, 64, bad).unwrap_err();
-        assert!(matches!(err, Error::Misaligned { what: "alignment", .. }), "{bad}: {err}");
+        assert!(matches!(&err, Error::InvalidValue { ctx } if ctx.bytes == Some(bad)), "{bad}: {err}");
+        assert!(err.to_string().contains("not a power of two"), "{bad}: {err}");
     }
     let err = DeviceBuffer::<u8>::zeroed_aligned_in(&resource, &stream, 64, MAX_ALIGNMENT * 2).unwrap_err();
     assert!(

@@ -78,7 +78,8 @@ fn sizes_that_overflow_are_errors() {
         Err(Error::SizeOverflow { elem_size: 8, .. })
     ));
     assert!(matches!(AllocLayout::new(0, 8), Err(Error::ZeroSize { .. })));
-    assert!(matches!(AllocLayout::new(8, 3), Err(Error::Misaligned { what: "alignment", .. })));
+    assert!(matches!(AllocLayout::new(8, 3), Err(Error::InvalidValue { .. })));
+    assert!(matches!(AllocLayout::new(8, 0), Err(Error::ZeroSize { what: "alignment" })));
     assert_eq!(AllocLayout::array::<u32>(3).unwrap(), AllocLayout { bytes: 12, align: 4 });
 }
 

@@ -105,9 +105,11 @@ fn pool_error(e: PoolError, op: &'static str, bytes: usize) -> Error {
     match e {
         PoolError::ZeroSize => Error::ZeroSize { what: "allocation size" },
         PoolError::SizeOverflow { requested } => Error::SizeOverflow { count: requested, elem_size: 1 },
-        PoolError::InvalidAlignment { align } => {
-            Error::Misaligned { what: "alignment", value: align as u64, align: 2 }
-        }
+        // As `AllocLayout::new` reports it (a `DeviceResource` called with a hand-made layout).
+        PoolError::InvalidAlignment { align } => match cumem_core::check_power_of_two(align) {
+            Err(e) => e,
+            Ok(()) => Error::InvalidValue { ctx },
+        },
         // A power of two, only larger than the pool serves: as `DeviceBuffer` reports one.
         PoolError::AlignmentTooLarge { align, .. } => {
             Error::NotSupported { feature: Feature::Alignment(align), device: None }

@@ -40,9 +40,7 @@ pub const MAX_ALIGNMENT: usize = 64 * 1024;
 
 /// Checks a requested alignment: a power of two, at most [`MAX_ALIGNMENT`].
 fn check_alignment(align: usize) -> Result<()> {
-    if !align.is_power_of_two() {
-        return Err(Error::Misaligned { what: "alignment", value: align as u64, align: 2 });
-    }
+    crate::resource::check_power_of_two(align)?;
     if align > MAX_ALIGNMENT {
         return Err(Error::NotSupported { feature: Feature::Alignment(align), device: None });
     }
@@ -191,8 +189,8 @@ impl<T> DeviceBuffer<T> {
     }
 
     /// `len` zeroed values from `resource` at an address that is a multiple of `align` (a power of
-    /// two up to [`MAX_ALIGNMENT`]: `Misaligned` if it is not a power of two, `NotSupported` if it
-    /// is larger). Works with any resource: resources serve large alignments by over-allocating.
+    /// two up to [`MAX_ALIGNMENT`]: `ZeroSize` for 0, `InvalidValue` for another value that is not
+    /// a power of two, `NotSupported` for a larger one). Works with any resource: resources serve large alignments by over-allocating.
     ///
     /// ```
     /// # cumem_sys::testing::init();
