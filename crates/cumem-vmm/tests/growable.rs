@@ -14,7 +14,6 @@ use cumem_copy::{Copy2D, Pitched, StreamCopy};
 use cumem_core::sys::CUresult;
 use cumem_core::{Context, DeviceBuffer, Error, PinnedBuffer, Stream};
 use cumem_sim::FaultRule;
-use cumem_sys::testing::Gate;
 use cumem_vmm::{GrowableBuffer, GrowableConfig};
 use serial_test::{parallel, serial};
 
@@ -97,33 +96,6 @@ struct Page([u32; 1024]);
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(65536))]
 struct Aligned64K([u32; 16384]);
-
-/// How long a call that queues its work may take before the test takes it for waiting.
-const QUEUED_CALL: Duration = Duration::from_secs(10);
-
-/// Runs `call` on a thread of its own while `gate` holds a stream, and returns what it returns
-/// with the gate still closed. A call that has not returned within [`QUEUED_CALL`] waits for the
-/// held stream: the gate is then opened (so that the call finishes and the thread is joined) and
-/// the test fails, naming `what`.
-fn returns_while_held<R: Send>(gate: Gate, what: &str, call: impl FnOnce() -> R + Send) -> (R, Gate) {
-    std::thread::scope(|s| {
-        let (done, returned) = std::sync::mpsc::channel();
-        let worker = s.spawn(move || {
-            let out = call();
-            let _ = done.send(());
-            out
-        });
-        // A panic in `call` drops the sender: `Disconnected` at once, and the join passes it on.
-        let gate = returned.recv_timeout(QUEUED_CALL).is_ok().then_some(gate);
-        let out = worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        let Some(gate) = gate else {
-            panic!(
-                "{what} had not returned after {QUEUED_CALL:?}: it waited for a held stream instead of queueing its work"
-            );
-        };
-        (out, gate)
-    })
-}
 
 /// Live page-locked allocations of `bytes` bytes (`None` on a real driver).
 fn pinned_allocations_of(bytes: usize) -> Option<usize> {
