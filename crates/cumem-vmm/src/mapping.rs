@@ -13,8 +13,8 @@
 //! non-blocking stream and the unmap after it wait for that work alone, never for the context's
 //! blocking streams (as an order started on the legacy stream would make them).
 //!
-//! Refused before any driver call, each with its own error: an offset that is not a multiple of
-//! the granularity (`Misaligned`), memory that does not fit wholly inside the range (`OutOfRange`),
+//! Refused before any driver call, each with its own error: an offset, or an address, that is not
+//! a multiple of the granularity (`Misaligned`), memory that does not fit wholly inside the range (`OutOfRange`),
 //! a mapping over mapped space or of physical memory that is mapped already (`AlreadyMapped`: a
 //! second mapping would be a second view of the same bytes, with its own stream order, and the
 //! exclusive views and guards of each would no longer be exclusive), access for a device that
@@ -118,15 +118,19 @@ impl<R: RangeHolder> MappingIn<R> {
     /// only a whole allocation (observed on an H100, 2026-11-23), so there is no way to ask for a
     /// part.
     ///
-    /// Refused before any driver call: `offset` not a multiple of the minimum granularity of the
-    /// range's or the memory's device (`Misaligned`); `[offset, offset + memory.bytes())` not
+    /// Refused before any driver call: `offset`, or the address it gives (the range's base plus
+    /// `offset`), not a multiple of the minimum granularity of the range's or the memory's device
+    /// (`Misaligned`, `what` "mapping offset" or "mapping address"); `[offset, offset + memory.bytes())` not
     /// wholly inside the range (`OutOfRange`); any of it mapped already, or `memory` mapped
     /// already anywhere (`AlreadyMapped`). An import whose
     /// [`import_fd`](PhysicalMemory::import_fd) size is not the exported memory's is refused by
     /// the driver, reported as `InvalidValue` naming that size (and nothing is mapped).
     pub fn new(range: R, offset: usize, memory: &PhysicalMemory) -> Result<Self> {
-        range.granularity().check("mapping offset", offset as u64)?;
-        memory.granularity().check("mapping offset", offset as u64)?;
+        let ptr = check_placement(
+            [range.granularity().minimum, memory.granularity().minimum],
+            range.base(),
+            offset,
+        )?;
         let size = memory.bytes();
         let Some(memory_mapped) = memory.claim_mapping() else {
             return Err(Error::AlreadyMapped {
@@ -137,7 +141,6 @@ impl<R: RangeHolder> MappingIn<R> {
             memory_mapped.store(false, Ordering::Release);
             return Err(e);
         }
-        let ptr = range.base() + offset as u64;
         let mapped = range.context().bind().and_then(|()| {
             // SAFETY: the span lies inside the live reservation and nothing is mapped there (both
             // checked by the claim, which every mapping of this range takes first). `memory` is a
@@ -352,6 +355,25 @@ impl<R: RangeHolder> MappingIn<R> {
     }
 }
 
+/// The address of a mapping at `offset` of a range based at `base`, refused with `Misaligned`
+/// unless the offset, and then the address, are multiples of each of `granularities` (the minimum
+/// of the range's device and of the memory's, which may differ). The base is the driver's choice:
+/// a driver that honoured an alignment below a granularity, or a device of a coarser granularity
+/// than the range's, leaves an aligned offset at a misaligned address.
+fn check_placement(granularities: [usize; 2], base: CUdeviceptr, offset: usize) -> Result<CUdeviceptr> {
+    let misaligned = |what, value: u64, g: usize| {
+        (!value.is_multiple_of(g as u64)).then_some(Error::Misaligned { what, value, align: g as u64 })
+    };
+    // Wrapping: an offset past the range is refused by the claim, after this; and a sum of
+    // multiples of a power of two stays one modulo 2^64.
+    let ptr = base.wrapping_add(offset as u64);
+    let first = granularities
+        .iter()
+        .find_map(|&g| misaligned("mapping offset", offset as u64, g))
+        .or_else(|| granularities.iter().find_map(|&g| misaligned("mapping address", ptr, g)));
+    first.map_or(Ok(ptr), Err)
+}
+
 /// The driver's `NOT_SUPPORTED` from `cuMemMap` of an import, as the error it most likely is: the
 /// size given to [`PhysicalMemory::import_fd`] is not the exported memory's (the driver maps only
 /// a whole allocation, and this process cannot ask the memory's size). Other errors pass through.
@@ -391,5 +413,31 @@ impl<R: RangeHolder> Drop for MappingIn<R> {
             // Unmapping under pending work would fault it: keep the mapping (and its range).
             tracing::warn!(ptr = self.device_ptr(), size = self.size, error = %e, "unmapping failed; the mapping is leaked");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mapping_is_placed_only_at_an_offset_and_an_address_aligned_to_both_granularities() {
+        let g = 2 << 20;
+        assert_eq!(check_placement([g, g], 8 * g as u64, 3 * g).unwrap(), 11 * g as u64);
+        let e = check_placement([g, g], 8 * g as u64, g / 2).unwrap_err();
+        assert!(
+            matches!(e, Error::Misaligned { what: "mapping offset", value, .. } if value == g as u64 / 2),
+            "{e}"
+        );
+        // Memory of a device with a coarser granularity than the range's: the offset is aligned
+        // to both, the address (a base aligned to the range's only) is not.
+        let e = check_placement([g, 2 * g], 3 * g as u64, 2 * g).unwrap_err();
+        assert!(
+            matches!(e, Error::Misaligned { what: "mapping address", value, align } if value == 5 * g as u64 && align == 2 * g as u64),
+            "{e}"
+        );
+        // A base the driver aligned to less than the granularity asked for.
+        let e = check_placement([g, g], g as u64 + 4096, 0).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "mapping address", .. }), "{e}");
     }
 }

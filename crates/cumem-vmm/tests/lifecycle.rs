@@ -210,6 +210,16 @@ fn a_fixed_address_hint_and_an_alignment_are_passed_on() {
     let g = granule(device);
     let aligned = VirtualRange::reserve_with(&ctx, g, ReserveOptions::default().alignment(4 * g)).unwrap();
     assert_eq!(aligned.base() % (4 * g) as u64, 0);
+    // An alignment below the granularity is asked for as the granularity: the base, and so every
+    // mapping at an aligned offset, is aligned to it whatever the driver makes of small alignments.
+    for small in [4096, g / 2] {
+        let range =
+            VirtualRange::reserve_with(&ctx, 2 * g, ReserveOptions::default().alignment(small)).unwrap();
+        assert_eq!(range.base() % g as u64, 0, "alignment {small}");
+        let mut mapping = range.map(g, &PhysicalMemory::new(&ctx, g).unwrap()).unwrap();
+        mapping.set_access(&[(device, Access::ReadWrite)]).unwrap();
+        assert_eq!(mapping.device_ptr() % g as u64, 0);
+    }
     // Ask for the addresses just past a reservation that is then freed: the hint may be honoured
     // or not (a driver's choice), but the range must be usable wherever it lands.
     let probe = VirtualRange::reserve(&ctx, 2 * g).unwrap();
@@ -237,8 +247,10 @@ fn misuse_of_reservations_and_physical_memory_is_refused_before_the_driver() {
         assert!(matches!(e, Error::Misaligned { what: "reservation size", .. }), "{e}");
         let e = VirtualRange::reserve(&ctx, 0).unwrap_err();
         assert!(matches!(e, Error::ZeroSize { .. }), "{e}");
+        // Not a power of two: named as it is, not as a multiple of anything.
         let e = VirtualRange::reserve_with(&ctx, g, ReserveOptions::default().alignment(3 * g)).unwrap_err();
-        assert!(matches!(e, Error::Misaligned { what: "reservation alignment", .. }), "{e}");
+        assert!(matches!(&e, Error::InvalidValue { ctx } if ctx.bytes == Some(3 * g)), "{e}");
+        assert!(e.to_string().contains("not a power of two"), "{e}");
         let e =
             VirtualRange::reserve_with(&ctx, g, ReserveOptions::default().address(g as u64 / 2)).unwrap_err();
         assert!(matches!(e, Error::Misaligned { what: "reservation address", .. }), "{e}");
