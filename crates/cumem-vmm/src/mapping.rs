@@ -14,11 +14,11 @@
 //! blocking streams (as an order started on the legacy stream would make them).
 //!
 //! Refused before any driver call, each with its own error: an offset, or an address, that is not
-//! a multiple of the granularity (`Misaligned`), memory that does not fit wholly inside the range (`OutOfRange`),
-//! a mapping over mapped space or of physical memory that is mapped already (`AlreadyMapped`: a
-//! second mapping would be a second view of the same bytes, with its own stream order, and the
-//! exclusive views and guards of each would no longer be exclusive), access for a device that
-//! cannot reach the memory (`NotSupported { feature: PeerAccess }`).
+//! a multiple of the granularity (`Misaligned`), memory that does not fit wholly inside the range
+//! (`OutOfRange`), a mapping over mapped space or of physical memory that is mapped already
+//! (`AlreadyMapped`: a second mapping would be a second view of the same bytes, with its own
+//! stream order, and the exclusive views and guards of each would no longer be exclusive), access
+//! for a device that cannot reach the memory (`NotSupported { feature: PeerAccess }`).
 //!
 //! That refusal covers one [`PhysicalMemory`] object. Shareable memory is where it ends: an
 //! import ([`PhysicalMemory::import_fd`]) is a second object over the same bytes, here or in
@@ -120,9 +120,9 @@ impl<R: RangeHolder> MappingIn<R> {
     ///
     /// Refused before any driver call: `offset`, or the address it gives (the range's base plus
     /// `offset`), not a multiple of the minimum granularity of the range's or the memory's device
-    /// (`Misaligned`, `what` "mapping offset" or "mapping address"); `[offset, offset + memory.bytes())` not
-    /// wholly inside the range (`OutOfRange`); any of it mapped already, or `memory` mapped
-    /// already anywhere (`AlreadyMapped`). An import whose
+    /// (`Misaligned`, `what` "mapping offset" or "mapping address"); `[offset, offset +
+    /// memory.bytes())` not wholly inside the range (`OutOfRange`); any of it mapped already, or
+    /// `memory` mapped already anywhere (`AlreadyMapped`). An import whose
     /// [`import_fd`](PhysicalMemory::import_fd) size is not the exported memory's is refused by
     /// the driver, reported as `InvalidValue` naming that size (and nothing is mapped).
     pub fn new(range: R, offset: usize, memory: &PhysicalMemory) -> Result<Self> {
