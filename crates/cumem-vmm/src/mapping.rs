@@ -9,9 +9,12 @@
 //! views ([`MappingIn::as_slice`], [`MappingIn::as_mut_slice`]) are ordinary cumem device views
 //! and work with every copy and memset of `cumem-copy`; the work queued through them is tracked by
 //! the mapping's stream order, and the mapping waits for it before it unmaps. That order starts on
-//! a non-blocking stream of the mapping's own, on which nothing is ever queued, so work queued on a
-//! non-blocking stream and the unmap after it wait for that work alone, never for the context's
-//! blocking streams (as an order started on the legacy stream would make them).
+//! a non-blocking stream of the mapping's own, on which cumem queues no work, so work queued on a
+//! non-blocking stream and the unmap after it wait for that work alone, not for the context's
+//! blocking streams (as an order started on the legacy stream would make them). A blocking copy
+//! through a view is the exception: it runs on the legacy stream, which then stands among the
+//! mapping's users, so the next use on another stream, and the unmap, wait for whatever the
+//! blocking streams had queued before it.
 //!
 //! Refused before any driver call, each with its own error: an offset, or an address, that is not
 //! a multiple of the granularity (`Misaligned`), memory that does not fit wholly inside the range
@@ -210,8 +213,10 @@ impl<R: RangeHolder> MappingIn<R> {
     /// [`MappingIn::set_access`] wait for. Work may be queued through it directly (`use_on`,
     /// `queue_on` with [`MappingIn::device_ptr`]); it is waited for as the views' work is.
     ///
-    /// Its first call (or first view) starts it on a new non-blocking stream of the mapping's own,
-    /// on which nothing is ever queued: a first use on a stream then waits for nothing. If that
+    /// Its first call (or first view) starts it on a new non-blocking stream of the mapping's own
+    /// (a `cuStreamCreate`; the stream lives until the order lets go of it, at the first use on
+    /// another stream), on which cumem queues no work: a first use on a stream then waits for
+    /// nothing. If that
     /// stream cannot be created here (the driver refuses, which this infallible accessor cannot
     /// report), the order starts on the legacy stream instead, logged with `tracing::warn!`:
     /// still correct, but a first use then waits for the work queued so far on the context's
@@ -281,6 +286,9 @@ impl<R: RangeHolder> MappingIn<R> {
     ///
     /// Needs read access for the memory's device (`NotPermitted` otherwise, before any copy could
     /// fault) and a sized `T` whose alignment divides the granularity (`ZeroSize`, `Misaligned`).
+    /// The first view (or [`MappingIn::order`]) creates the order's stream (`cuStreamCreate`),
+    /// whose error it returns; like any stream creation, it may wait while another thread is in
+    /// `cuMemFree` (§17 of the driver brief).
     pub fn as_slice<T: AnyBitPattern>(&self) -> Result<DeviceSlice<'_, T>> {
         let len = self.view_len::<T>(self.own_access.can_read())?;
         let order = self.started_order()?;
