@@ -8,14 +8,20 @@
 //! A new mapping is inaccessible until [`MappingIn::set_access`] grants a device access. Its typed
 //! views ([`MappingIn::as_slice`], [`MappingIn::as_mut_slice`]) are ordinary cumem device views
 //! and work with every copy and memset of `cumem-copy`; the work queued through them is tracked by
-//! the mapping's stream order, and the mapping waits for it before it unmaps.
+//! the mapping's stream order, and the mapping waits for it before it unmaps. That order starts on
+//! a non-blocking stream of the mapping's own, on which cumem queues no work, so work queued on a
+//! non-blocking stream and the unmap after it wait for that work alone, not for the context's
+//! blocking streams (as an order started on the legacy stream would make them). A blocking copy
+//! through a view is the exception: it runs on the legacy stream, which then stands among the
+//! mapping's users, so the next use on another stream, and the unmap, wait for whatever the
+//! blocking streams had queued before it.
 //!
-//! Refused before any driver call, each with its own error: an offset that is not a multiple of
-//! the granularity (`Misaligned`), memory that does not fit wholly inside the range (`OutOfRange`),
-//! a mapping over mapped space or of physical memory that is mapped already (`AlreadyMapped`: a
-//! second mapping would be a second view of the same bytes, with its own stream order, and the
-//! exclusive views and guards of each would no longer be exclusive), access for a device that
-//! cannot reach the memory (`NotSupported { feature: PeerAccess }`).
+//! Refused before any driver call, each with its own error: an offset, or an address, that is not
+//! a multiple of the granularity (`Misaligned`), memory that does not fit wholly inside the range
+//! (`OutOfRange`), a mapping over mapped space or of physical memory that is mapped already
+//! (`AlreadyMapped`: a second mapping would be a second view of the same bytes, with its own
+//! stream order, and the exclusive views and guards of each would no longer be exclusive), access
+//! for a device that cannot reach the memory (`NotSupported { feature: PeerAccess }`).
 //!
 //! That refusal covers one [`PhysicalMemory`] object. Shareable memory is where it ends: an
 //! import ([`PhysicalMemory::import_fd`]) is a second object over the same bytes, here or in
@@ -46,8 +52,8 @@
 
 use std::fmt;
 use std::ops::Deref;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytemuck::AnyBitPattern;
 use cumem_core::sys::CUdeviceptr;
@@ -98,10 +104,12 @@ pub struct MappingIn<R: RangeHolder> {
     handle_types: HandleTypes,
     /// The access of the memory's own device, as last set (views need it).
     own_access: Access,
-    /// Device work through the views; starts with the legacy stream, which blocking copies use.
-    order: StreamOrder,
-    /// Whether a view was ever handed out, so that unmapping must first wait for its work.
-    viewed: AtomicBool,
+    /// Device work through the views, started by the first view (or [`MappingIn::order`]) on a
+    /// non-blocking stream of the mapping's own: unset while nothing can have used the mapping, so
+    /// that a mapping never viewed (a growable buffer's chunk) costs no stream and its unmap
+    /// waits for nothing. Not the legacy stream: its marker comes after all the work of the
+    /// context's blocking streams, which the first use, and so the unmap, would wait for.
+    order: OnceLock<StreamOrder>,
     /// The physical memory's "mapped" flag, cleared once this mapping is gone.
     memory_mapped: Arc<AtomicBool>,
     /// Unmapped by [`MappingIn::unmap`] already: nothing left for `Drop`.
@@ -113,15 +121,19 @@ impl<R: RangeHolder> MappingIn<R> {
     /// only a whole allocation (observed on an H100, 2026-11-23), so there is no way to ask for a
     /// part.
     ///
-    /// Refused before any driver call: `offset` not a multiple of the minimum granularity of the
-    /// range's or the memory's device (`Misaligned`); `[offset, offset + memory.bytes())` not
-    /// wholly inside the range (`OutOfRange`); any of it mapped already, or `memory` mapped
-    /// already anywhere (`AlreadyMapped`). An import whose
+    /// Refused before any driver call: `offset`, or the address it gives (the range's base plus
+    /// `offset`), not a multiple of the minimum granularity of the range's or the memory's device
+    /// (`Misaligned`, `what` "mapping offset" or "mapping address"); `[offset, offset +
+    /// memory.bytes())` not wholly inside the range (`OutOfRange`); any of it mapped already, or
+    /// `memory` mapped already anywhere (`AlreadyMapped`). An import whose
     /// [`import_fd`](PhysicalMemory::import_fd) size is not the exported memory's is refused by
     /// the driver, reported as `InvalidValue` naming that size (and nothing is mapped).
     pub fn new(range: R, offset: usize, memory: &PhysicalMemory) -> Result<Self> {
-        range.granularity().check("mapping offset", offset as u64)?;
-        memory.granularity().check("mapping offset", offset as u64)?;
+        let ptr = check_placement(
+            [range.granularity().minimum, memory.granularity().minimum],
+            range.base(),
+            offset,
+        )?;
         let size = memory.bytes();
         let Some(memory_mapped) = memory.claim_mapping() else {
             return Err(Error::AlreadyMapped {
@@ -132,7 +144,6 @@ impl<R: RangeHolder> MappingIn<R> {
             memory_mapped.store(false, Ordering::Release);
             return Err(e);
         }
-        let ptr = range.base() + offset as u64;
         let mapped = range.context().bind().and_then(|()| {
             // SAFETY: the span lies inside the live reservation and nothing is mapped there (both
             // checked by the claim, which every mapping of this range takes first). `memory` is a
@@ -150,17 +161,14 @@ impl<R: RangeHolder> MappingIn<R> {
             memory_mapped.store(false, Ordering::Release);
             return Err(e);
         }
-        let ctx = memory.context().clone();
-        let order = StreamOrder::new(&Stream::legacy(&ctx));
         Ok(MappingIn {
             range,
             offset,
             size,
-            ctx,
+            ctx: memory.context().clone(),
             handle_types: memory.handle_types(),
             own_access: Access::None,
-            order,
-            viewed: AtomicBool::new(false),
+            order: OnceLock::new(),
             memory_mapped,
             unmapped: false,
         })
@@ -201,12 +209,45 @@ impl<R: RangeHolder> MappingIn<R> {
         self.handle_types
     }
 
-    /// The stream order that the views' work goes through.
+    /// The stream order that the views' work goes through, which the unmap and
+    /// [`MappingIn::set_access`] wait for. Work may be queued through it directly (`use_on`,
+    /// `queue_on` with [`MappingIn::device_ptr`]); it is waited for as the views' work is.
+    ///
+    /// Its first call (or first view) starts it on a new non-blocking stream of the mapping's own
+    /// (a `cuStreamCreate`; the stream lives until the order lets go of it, at the first use on
+    /// another stream), on which cumem queues no work: a first use on a stream then waits for
+    /// nothing. If that
+    /// stream cannot be created here (the driver refuses, which this infallible accessor cannot
+    /// report), the order starts on the legacy stream instead, logged with `tracing::warn!`:
+    /// still correct, but a first use then waits for the work queued so far on the context's
+    /// blocking streams. A view taken first reports that failure instead.
     pub fn order(&self) -> &StreamOrder {
-        // Work may be queued through the order itself (`use_on`, `queue_on` with `device_ptr`),
-        // without a view: the unmap and `set_access` must wait for it too.
-        self.viewed.store(true, Ordering::Relaxed);
-        &self.order
+        match self.started_order() {
+            Ok(order) => order,
+            Err(e) => {
+                tracing::warn!(ptr = self.device_ptr(), error = %e, "no stream for the mapping's order; it starts on the legacy stream");
+                self.order.get_or_init(|| StreamOrder::new(&Stream::legacy(&self.ctx)))
+            }
+        }
+    }
+
+    /// The order, started on a new non-blocking stream if nothing has used the mapping yet.
+    fn started_order(&self) -> Result<&StreamOrder> {
+        if let Some(order) = self.order.get() {
+            return Ok(order);
+        }
+        // Two threads viewing the mapping at once may both create one: the loser's is destroyed.
+        let idle = Stream::non_blocking(&self.ctx)?;
+        Ok(self.order.get_or_init(|| StreamOrder::new(&idle)))
+    }
+
+    /// Waits for the device work queued through the views and the order (none if it was never
+    /// started). Exclusive, so without the order's lock: see `unmap_in_place`.
+    fn wait_for_users(&mut self) -> Result<()> {
+        match self.order.get_mut() {
+            Some(order) => order.join_mut()?.synchronize(),
+            None => Ok(()),
+        }
     }
 
     /// Sets each device's access to the whole mapping (`cuMemSetAccess`), after the device work
@@ -223,9 +264,7 @@ impl<R: RangeHolder> MappingIn<R> {
         for &(device, _) in access {
             crate::access::require_reach(device, owner)?;
         }
-        if *self.viewed.get_mut() {
-            self.order.join_mut()?.synchronize()?;
-        }
+        self.wait_for_users()?;
         let raw: Vec<_> = access.iter().map(|&(d, a)| (d.raw(), a.flags())).collect();
         self.ctx.bind()?;
         ffi::set_access(self.device_ptr(), self.size, &raw)?;
@@ -247,8 +286,12 @@ impl<R: RangeHolder> MappingIn<R> {
     ///
     /// Needs read access for the memory's device (`NotPermitted` otherwise, before any copy could
     /// fault) and a sized `T` whose alignment divides the granularity (`ZeroSize`, `Misaligned`).
+    /// The first view (or [`MappingIn::order`]) creates the order's stream (`cuStreamCreate`),
+    /// whose error it returns; like any stream creation, it may wait while another thread is in
+    /// `cuMemFree` (§17 of the driver brief).
     pub fn as_slice<T: AnyBitPattern>(&self) -> Result<DeviceSlice<'_, T>> {
         let len = self.view_len::<T>(self.own_access.can_read())?;
+        let order = self.started_order()?;
         // SAFETY: the mapping is `size` bytes of device memory of `ctx`'s device, readable by it
         // (checked), granularity-aligned (so aligned for T, checked), any bytes are a valid T, and
         // it stays mapped while the view borrows `self`; this physical memory object is mapped
@@ -258,15 +301,16 @@ impl<R: RangeHolder> MappingIn<R> {
         // process), whose work this order does not see: the caller of the `unsafe`
         // `PhysicalMemory::import_fd` promised to order every access across the mappings, so
         // none races with this view's (item 1 of its safety list).
-        Ok(unsafe { DeviceSlice::from_raw_parts(self.device_ptr(), len, &self.order, &self.ctx) })
+        Ok(unsafe { DeviceSlice::from_raw_parts(self.device_ptr(), len, order, &self.ctx) })
     }
 
     /// The whole mapping as values of `T`, for copies and memsets that write it (needs read-write
     /// access for the memory's device; see [`MappingIn::as_slice`]).
     pub fn as_mut_slice<T: AnyBitPattern>(&mut self) -> Result<DeviceSliceMut<'_, T>> {
         let len = self.view_len::<T>(self.own_access.can_write())?;
+        let order = self.started_order()?;
         // SAFETY: as in `as_slice`, with write access checked; the view borrows `self` exclusively.
-        Ok(unsafe { DeviceSliceMut::from_raw_parts(self.device_ptr(), len, &self.order, &self.ctx) })
+        Ok(unsafe { DeviceSliceMut::from_raw_parts(self.device_ptr(), len, order, &self.ctx) })
     }
 
     /// Unmaps now (`cuMemUnmap`), after the device work queued through its views has completed,
@@ -283,12 +327,10 @@ impl<R: RangeHolder> MappingIn<R> {
     /// Waits for the views' work, unmaps, and returns the claims on the range and the memory.
     /// On an error nothing was unmapped.
     fn unmap_in_place(&mut self) -> Result<()> {
-        if *self.viewed.get_mut() {
-            // `join_mut` (exclusive, no lock) and a wait on the stream it returns, not
-            // `StreamOrder::synchronize`, whose lock is refused inside a `StreamOrder::queue_on`
-            // closure: a mapping dropped there is unmapped instead of leaked.
-            self.order.join_mut()?.synchronize()?;
-        }
+        // `join_mut` (exclusive, no lock) and a wait on the stream it returns, not
+        // `StreamOrder::synchronize`, whose lock is refused inside a `StreamOrder::queue_on`
+        // closure: a mapping dropped there is unmapped instead of leaked.
+        self.wait_for_users()?;
         let ptr = self.device_ptr();
         self.range.context().bind()?;
         // SAFETY: `[ptr, ptr + size)` is exactly the mapping made in `new`, unmapped only here
@@ -317,9 +359,27 @@ impl<R: RangeHolder> MappingIn<R> {
                 ctx: ErrorContext::op("mapping view (set access for its device first)"),
             });
         }
-        self.viewed.store(true, Ordering::Relaxed);
         Ok(self.size / size_of::<T>())
     }
+}
+
+/// The address of a mapping at `offset` of a range based at `base`, refused with `Misaligned`
+/// unless the offset, and then the address, are multiples of each of `granularities` (the minimum
+/// of the range's device and of the memory's, which may differ). The base is the driver's choice:
+/// a driver that honoured an alignment below a granularity, or a device of a coarser granularity
+/// than the range's, leaves an aligned offset at a misaligned address.
+fn check_placement(granularities: [usize; 2], base: CUdeviceptr, offset: usize) -> Result<CUdeviceptr> {
+    let misaligned = |what, value: u64, g: usize| {
+        (!value.is_multiple_of(g as u64)).then_some(Error::Misaligned { what, value, align: g as u64 })
+    };
+    // Wrapping: an offset past the range is refused by the claim, after this; and a sum of
+    // multiples of a power of two stays one modulo 2^64.
+    let ptr = base.wrapping_add(offset as u64);
+    let first = granularities
+        .iter()
+        .find_map(|&g| misaligned("mapping offset", offset as u64, g))
+        .or_else(|| granularities.iter().find_map(|&g| misaligned("mapping address", ptr, g)));
+    first.map_or(Ok(ptr), Err)
 }
 
 /// The driver's `NOT_SUPPORTED` from `cuMemMap` of an import, as the error it most likely is: the
@@ -361,5 +421,31 @@ impl<R: RangeHolder> Drop for MappingIn<R> {
             // Unmapping under pending work would fault it: keep the mapping (and its range).
             tracing::warn!(ptr = self.device_ptr(), size = self.size, error = %e, "unmapping failed; the mapping is leaked");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mapping_is_placed_only_at_an_offset_and_an_address_aligned_to_both_granularities() {
+        let g = 2 << 20;
+        assert_eq!(check_placement([g, g], 8 * g as u64, 3 * g).unwrap(), 11 * g as u64);
+        let e = check_placement([g, g], 8 * g as u64, g / 2).unwrap_err();
+        assert!(
+            matches!(e, Error::Misaligned { what: "mapping offset", value, .. } if value == g as u64 / 2),
+            "{e}"
+        );
+        // Memory of a device with a coarser granularity than the range's: the offset is aligned
+        // to both, the address (a base aligned to the range's only) is not.
+        let e = check_placement([g, 2 * g], 3 * g as u64, 2 * g).unwrap_err();
+        assert!(
+            matches!(e, Error::Misaligned { what: "mapping address", value, align } if value == 5 * g as u64 && align == 2 * g as u64),
+            "{e}"
+        );
+        // A base the driver aligned to less than the granularity asked for.
+        let e = check_placement([g, g], g as u64 + 4096, 0).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "mapping address", .. }), "{e}");
     }
 }

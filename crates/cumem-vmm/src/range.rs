@@ -38,7 +38,9 @@ use crate::{Granularity, PhysicalMemory, SharedMapping, ffi};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReserveOptions {
     /// Alignment of the base address: 0 for the driver's default (the granularity), else a power
-    /// of two.
+    /// of two. One below the minimum granularity is asked for as the granularity: every mapping
+    /// lands at a multiple of it from the base, so a base aligned to less would misalign them all,
+    /// and a driver may honour a smaller alignment where the simulator does not.
     pub alignment: usize,
     /// An address to place the range at, a multiple of the granularity. Only a hint: the driver
     /// may place the range elsewhere if that address is taken; read [`VirtualRange::base`].
@@ -46,7 +48,8 @@ pub struct ReserveOptions {
 }
 
 impl ReserveOptions {
-    /// Asks for a base aligned to `alignment` (a power of two).
+    /// Asks for a base aligned to `alignment` (a power of two; at least the granularity is asked
+    /// for, see [`ReserveOptions::alignment`](ReserveOptions#structfield.alignment)).
     pub fn alignment(mut self, alignment: usize) -> Self {
         self.alignment = alignment;
         self
@@ -80,27 +83,24 @@ impl VirtualRange {
     ///
     /// Refused before any driver call: a device without VMM (`NotSupported { feature:
     /// VirtualMemory }`), a zero size (`ZeroSize`), a size or address hint that is not a multiple
-    /// of the minimum granularity, or an alignment that is not a power of two (`Misaligned`).
+    /// of the minimum granularity (`Misaligned`), an alignment that is not a power of two
+    /// (`InvalidValue`, naming it in bytes). A non-zero alignment below the granularity is raised
+    /// to the granularity, so the base is a multiple of it whatever the driver does with small
+    /// alignments.
     pub fn reserve_with(ctx: &Context, size: usize, options: ReserveOptions) -> Result<VirtualRange> {
         let granularity = Granularity::of(ctx.device())?;
         if size == 0 {
             return Err(Error::ZeroSize { what: "reservation size" });
         }
         granularity.check("reservation size", size as u64)?;
-        if options.alignment != 0 && !options.alignment.is_power_of_two() {
-            return Err(Error::Misaligned {
-                what: "reservation alignment",
-                value: options.alignment as u64,
-                align: 2,
-            });
-        }
+        let alignment = alignment_to_ask(options.alignment, granularity.minimum)?;
         let hint = options.address.unwrap_or(0);
         granularity.check("reservation address", hint)?;
         if hint.checked_add(size as u64).is_none() {
             return Err(Error::OutOfRange { start: hint as usize, end: usize::MAX, len: size });
         }
         ctx.bind()?;
-        let base = ffi::address_reserve(size, options.alignment, hint)?;
+        let base = ffi::address_reserve(size, alignment, hint)?;
         Ok(VirtualRange {
             ctx: ctx.clone(),
             base,
@@ -170,6 +170,23 @@ impl VirtualRange {
     }
 }
 
+/// The alignment to pass to `cuMemAddressReserve` for `alignment` asked for on a device of
+/// minimum granularity `granularity` (a power of two): 0 (the driver's default, the granularity)
+/// stays, one below the granularity is raised to it, a power of two above it stays; anything else
+/// is `InvalidValue` naming it.
+fn alignment_to_ask(alignment: usize, granularity: usize) -> Result<usize> {
+    if alignment == 0 {
+        return Ok(0);
+    }
+    if !alignment.is_power_of_two() {
+        return Err(Error::InvalidValue {
+            ctx: ErrorContext::op("VirtualRange::reserve_with (the alignment is not a power of two)")
+                .bytes(alignment),
+        });
+    }
+    Ok(alignment.max(granularity))
+}
+
 impl fmt::Debug for VirtualRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VirtualRange")
@@ -197,5 +214,28 @@ impl Drop for VirtualRange {
         if let Err(e) = result {
             tracing::warn!(base = self.base, size = self.size, error = %e, "cuMemAddressFree failed; the reservation is leaked");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_alignment_below_the_granularity_is_asked_for_as_the_granularity() {
+        let g = 2 << 20;
+        assert_eq!(alignment_to_ask(0, g).unwrap(), 0, "the driver's default");
+        for small in [1, 4096, g / 2] {
+            assert_eq!(alignment_to_ask(small, g).unwrap(), g, "{small}");
+        }
+        assert_eq!(alignment_to_ask(g, g).unwrap(), g);
+        assert_eq!(alignment_to_ask(32 * g, g).unwrap(), 32 * g);
+    }
+
+    #[test]
+    fn an_alignment_that_is_not_a_power_of_two_is_an_invalid_value_naming_it() {
+        let e = alignment_to_ask(3 << 21, 2 << 20).unwrap_err();
+        assert!(matches!(e, Error::InvalidValue { ctx } if ctx.bytes == Some(3 << 21)), "{e}");
+        assert!(e.to_string().contains("not a power of two"), "{e}");
     }
 }

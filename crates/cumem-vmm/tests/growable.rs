@@ -14,7 +14,6 @@ use cumem_copy::{Copy2D, Pitched, StreamCopy};
 use cumem_core::sys::CUresult;
 use cumem_core::{Context, DeviceBuffer, Error, PinnedBuffer, Stream};
 use cumem_sim::FaultRule;
-use cumem_sys::testing::Gate;
 use cumem_vmm::{GrowableBuffer, GrowableConfig};
 use serial_test::{parallel, serial};
 
@@ -97,33 +96,6 @@ struct Page([u32; 1024]);
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(65536))]
 struct Aligned64K([u32; 16384]);
-
-/// How long a call that queues its work may take before the test takes it for waiting.
-const QUEUED_CALL: Duration = Duration::from_secs(10);
-
-/// Runs `call` on a thread of its own while `gate` holds a stream, and returns what it returns
-/// with the gate still closed. A call that has not returned within [`QUEUED_CALL`] waits for the
-/// held stream: the gate is then opened (so that the call finishes and the thread is joined) and
-/// the test fails, naming `what`.
-fn returns_while_held<R: Send>(gate: Gate, what: &str, call: impl FnOnce() -> R + Send) -> (R, Gate) {
-    std::thread::scope(|s| {
-        let (done, returned) = std::sync::mpsc::channel();
-        let worker = s.spawn(move || {
-            let out = call();
-            let _ = done.send(());
-            out
-        });
-        // A panic in `call` drops the sender: `Disconnected` at once, and the join passes it on.
-        let gate = returned.recv_timeout(QUEUED_CALL).is_ok().then_some(gate);
-        let out = worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        let Some(gate) = gate else {
-            panic!(
-                "{what} had not returned after {QUEUED_CALL:?}: it waited for a held stream instead of queueing its work"
-            );
-        };
-        (out, gate)
-    })
-}
 
 /// Live page-locked allocations of `bytes` bytes (`None` on a real driver).
 fn pinned_allocations_of(bytes: usize) -> Option<usize> {
@@ -212,6 +184,20 @@ fn grows_from_nothing_to_64_chunks_without_moving() {
     assert_no_misuse();
 }
 
+/// Asserts, on the simulator, that the device's free memory rose by exactly `expected` bytes from
+/// `before` to `after` (`what` freed them). On a GPU another process may allocate or free between
+/// the two reads, so neither the size of the change nor its sign is guaranteed, and nothing is
+/// checked (the buffer's own mapped bytes still are).
+fn assert_free_memory_rose(before: usize, after: usize, expected: usize, what: &str) {
+    if cumem_sys::testing::sim_control().is_none() {
+        return;
+    }
+    let rise = after.checked_sub(before).unwrap_or_else(|| {
+        panic!("{what}: free memory fell by {} bytes instead of rising by {expected}", before - after)
+    });
+    assert_eq!(rise, expected, "{what}: free memory must rise by exactly the bytes unmapped");
+}
+
 #[test]
 #[serial] // reads the device's free memory, which other tests' allocations would move
 fn shrink_to_fit_returns_whole_chunks_to_the_device() {
@@ -225,14 +211,14 @@ fn shrink_to_fit_returns_whole_chunks_to_the_device() {
     buf.shrink_to_fit().unwrap();
     let after = ctx.mem_info().unwrap().free;
     assert_eq!(buf.mapped_bytes(), 4 * g);
-    assert_eq!(after - before, 6 * g, "free memory rises by exactly the six chunks unmapped");
+    assert_free_memory_rose(before, after, 6 * g, "the six chunks unmapped");
     if let Some(mapped) = sim_mapped_bytes(buf.device_ptr(), buf.range().size()) {
         assert_eq!(mapped, 4 * g as u64);
     }
     assert!(buf.to_vec().unwrap().iter().all(|&v| v == 3));
     buf.clear();
     buf.shrink_to_fit().unwrap();
-    assert_eq!(ctx.mem_info().unwrap().free - after, 4 * g);
+    assert_free_memory_rose(after, ctx.mem_info().unwrap().free, 4 * g, "the last four chunks unmapped");
     assert_eq!(buf.mapped_bytes(), 0);
     // And it grows again at the same address.
     let base = buf.device_ptr();
@@ -484,10 +470,12 @@ fn a_new_value_of_many_words_waits_for_the_copies_of_the_last_one() {
     let mut buf = GrowableBuffer::<[u32; 24]>::with_config(&stream, 0, config(g)).unwrap();
     let n = g / 96 + 1;
     buf.reserve(3 * n).unwrap();
+    // The first fill allocates the staging memory (`cuMemHostAlloc`): before the gate, since
+    // whether that call waits for a held stream on a GPU is unmeasured (see docs/vmm.md).
+    buf.resize(n, a).unwrap();
     let gate = hold(&stream);
-    // The buffer's own stream is held: the copies that read the staged value have not run.
-    let ((), gate) = returns_while_held(gate, "a first fill", || buf.resize(n, a).unwrap());
-    // The same value is staged already: nothing to rewrite, nothing to wait for.
+    // The same value is staged already: nothing to rewrite, nothing to wait for. The buffer's own
+    // stream is held: the copies that read the staged value have not run.
     let ((), gate) = returns_while_held(gate, "a fill of the staged value", || buf.resize(2 * n, a).unwrap());
     // Another value rewrites the staging memory, which must wait for the copies queued above
     // (they would read the new value): opened from another thread while it waits.

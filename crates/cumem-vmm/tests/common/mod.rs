@@ -6,6 +6,8 @@
 use cumem_core::{Device, Stream};
 #[allow(unused_imports)] // Not every test binary that includes this module uses it.
 pub use cumem_sys::testing::within_watchdog;
+use std::time::Duration;
+
 use cumem_sys::testing::{self, Gate};
 use cumem_vmm::Granularity;
 
@@ -177,4 +179,31 @@ pub fn hold(stream: &Stream) -> Gate {
 /// Values that differ from each other and from their index, so misplaced or stale data shows.
 pub fn pattern(n: usize, seed: u32) -> Vec<u32> {
     (0..n as u32).map(|i| (i ^ seed).wrapping_mul(2_654_435_761).wrapping_add(seed)).collect()
+}
+
+/// How long a call that queues its work may take before the test takes it for waiting.
+pub const QUEUED_CALL: Duration = Duration::from_secs(10);
+
+/// Runs `call` on a thread of its own while `gate` holds a stream, and returns what it returns
+/// with the gate still closed. A call that has not returned within [`QUEUED_CALL`] waits for the
+/// held stream: the gate is then opened (so that the call finishes and the thread is joined) and
+/// the test fails, naming `what`.
+pub fn returns_while_held<R: Send>(gate: Gate, what: &str, call: impl FnOnce() -> R + Send) -> (R, Gate) {
+    std::thread::scope(|s| {
+        let (done, returned) = std::sync::mpsc::channel();
+        let worker = s.spawn(move || {
+            let out = call();
+            let _ = done.send(());
+            out
+        });
+        // A panic in `call` drops the sender: `Disconnected` at once, and the join passes it on.
+        let gate = returned.recv_timeout(QUEUED_CALL).is_ok().then_some(gate);
+        let out = worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let Some(gate) = gate else {
+            panic!(
+                "{what} had not returned after {QUEUED_CALL:?}: it waited for a held stream instead of queueing its work"
+            );
+        };
+        (out, gate)
+    })
 }
