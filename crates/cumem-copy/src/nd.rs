@@ -201,7 +201,8 @@ fn run<T: Pod>(
     };
     // SAFETY: `enqueue` queues exactly one copy on `stream` that reads `src` and writes `dst` only
     // inside their checked geometries; `T: Pod`, so any bytes copied are valid values. Pageable
-    // sides can only reach here in blocking mode (the queued entry points require `Queued*`).
+    // sides can only reach here in blocking mode (the queued entry points require `Queued*`,
+    // sealed by `sealed::Queued`, which this crate implements for no pageable side).
     unsafe { src.with_read(&stream, |s| dst.with_write(&stream, |d| enqueue(s, d))) }
 }
 
