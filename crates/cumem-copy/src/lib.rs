@@ -15,7 +15,10 @@
 //! - [`Profiler`] ([`profile`]) observes copies on a stream or everywhere and reports kind, count,
 //!   bytes, device time and throughput per size class; off, it costs a copy one relaxed atomic
 //!   load. Every copy also runs inside a `trace` span `copy` (fields `device`, `stream`, `bytes`,
-//!   `kind`), and every staged copy inside a `debug` span `staged_copy`.
+//!   `kind`), and every staged copy inside a `debug` span `staged_copy`. The span is made and
+//!   entered before the copy takes any cumem lock or binds its context, and the profiler's
+//!   warnings are logged after the copy has let go of its locks: a subscriber may use the same
+//!   buffers from another thread and wait for it.
 //!
 //! ```
 //! # cumem_sys::testing::init();

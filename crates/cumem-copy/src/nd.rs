@@ -164,7 +164,12 @@ fn run<T: Pod>(
         Mode::Blocking => None,
         Mode::Queued(s) => Some(s.raw()),
     };
-    let enqueue = |s: Mem, d: Mem| -> Result<()> {
+    let kind = if three_d { CopyKind::Copy3D } else { CopyKind::Copy2D };
+    let moved = width_bytes.saturating_mul(b.height).saturating_mul(if three_d { b.depth } else { 1 });
+    // Traced before the sides take their locks and before the context is bound; what it logs is
+    // logged after both sides let go (see `profile::CopyTrace`).
+    let mut trace = profile::begin(&stream, kind, moved);
+    let mut enqueue = |s: Mem, d: Mem| -> Result<()> {
         let (src_host, dst_host) = (host_side(s), host_side(d));
         let s = place(s, sg, b.src_x, b.src_y, b.src_z)?;
         let d = place(d, dg, b.dst_x, b.dst_y, b.dst_z)?;
@@ -184,9 +189,7 @@ fn run<T: Pod>(
             }
         };
         let ctx = stream.context();
-        let kind = if three_d { CopyKind::Copy3D } else { CopyKind::Copy2D };
-        let moved = width_bytes.saturating_mul(b.height).saturating_mul(if three_d { b.depth } else { 1 });
-        let copy = || profile::around(&stream, kind, moved, copy);
+        let mut copy = || trace.around(&stream, copy);
         match (mode, src_host, dst_host) {
             (Mode::Queued(_), ..) | (Mode::Blocking, None, None) => copy(),
             // A host side given as a plain slice may be managed memory, which the driver uses as
@@ -313,13 +316,15 @@ pub(crate) fn fill_2d_on<T: Pod>(
     let start = bytes(rect.y, pitch_bytes)?
         .checked_add(bytes(rect.x, size)?)
         .ok_or(Error::SizeOverflow { count: rect.y, elem_size: pitch_bytes })?;
+    // Traced before `on` takes the view's order and binds the context (see `profile::CopyTrace`).
+    let mut trace = profile::begin(stream, CopyKind::Memset, rect.width * rect.height * size);
     // `on` made the stream's context current.
     let on = view.on(stream)?;
     // SAFETY: the rectangle was checked to lie inside the view (rows of `width` elements from
     // `start`, `pitch_bytes` apart); the view is exclusively borrowed device memory ordered on
     // `stream`; its address was checked above to be a multiple of T's size, which is the memset
     // width, and the pitch and `start` are multiples of it (counted in elements of T).
-    profile::around(stream, CopyKind::Memset, rect.width * rect.height * size, || unsafe {
+    trace.around(stream, || unsafe {
         ffi::memset_2d_async(
             on.device_ptr() + start as u64,
             pitch_bytes,
