@@ -1,7 +1,8 @@
 //! 2D and 3D copies (`cuMemcpy2D`/`cuMemcpy3D` and their async forms) and 2D memsets.
 //!
 //! One engine serves every pair of sides ([`Pitched`](crate::Pitched) host slices, host kinds,
-//! device views, [`PitchedBuffer`](crate::PitchedBuffer)s): it checks the extents against both
+//! device views, [`PitchedBuffer`](crate::PitchedBuffer)s; a blocking copy needs a device side,
+//! see [`copy_2d`]): it checks the extents against both
 //! sides (errors by variant, see [`Copy2D`]), then lets each side order the copy — device views
 //! through their stream order, host kinds through their pending-work tracker — and queues one
 //! driver call. The blocking forms ([`copy_2d`], [`copy_3d`]) run on the legacy stream and accept
@@ -56,7 +57,11 @@ enum Mode<'s> {
 }
 
 /// Copies a 2D region from `src` to `dst`, blocking: a host destination holds the values and a
-/// host source may be reused when this returns. Either side may be pageable.
+/// host source may be reused when this returns. Either side may be pageable, but at least one
+/// must be device memory (a device view or a [`PitchedBuffer`](crate::PitchedBuffer)'s): a copy
+/// between two host sides has no context to run in and is refused with `InvalidValue` before any
+/// driver call (queue it with [`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d) between
+/// page-locked kinds, or copy on the host).
 ///
 /// A shared page-locked host source (a `Pitched<&H>` of a pinned, mapped or registered buffer)
 /// keeps its host-access tracker locked until the copy returns, which is after the work already
@@ -69,8 +74,8 @@ pub fn copy_2d<T: Pod>(src: &impl CopySrc<T>, dst: &mut impl CopyDst<T>, extent:
     run(Mode::Blocking, src, dst, &extent.as_3d(), false)
 }
 
-/// Copies a 3D box from `src` to `dst`, blocking (see [`copy_2d`], whose note on page-locked host
-/// sources holds here too). Both sides need their rows per slice ([`Pitched::with_height`]).
+/// Copies a 3D box from `src` to `dst`, blocking (see [`copy_2d`], whose notes on two host sides
+/// and on page-locked host sources hold here too). Both sides need their rows per slice ([`Pitched::with_height`]).
 pub fn copy_3d<T: Pod>(src: &impl CopySrc<T>, dst: &mut impl CopyDst<T>, extent: Copy3D) -> Result<()> {
     run(Mode::Blocking, src, dst, &extent, true)
 }
@@ -138,9 +143,12 @@ fn run<T: Pod>(
         Mode::Blocking => match dc.or(sc) {
             Some(ctx) => Stream::legacy(ctx),
             None => {
-                // A host-to-host copy has no device, hence no context to run in.
-                return Err(Error::InvalidContext {
-                    ctx: ErrorContext::op("2D/3D copy between two host sides"),
+                // A host-to-host copy has no device, hence no context (nor legacy stream) to run
+                // in: a bad pair of arguments, refused before any driver call.
+                return Err(Error::InvalidValue {
+                    ctx: ErrorContext::op(
+                        "blocking 2D/3D copy between two host sides (one must be device memory)",
+                    ),
                 });
             }
         },
