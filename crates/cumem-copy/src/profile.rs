@@ -531,7 +531,11 @@ pub(crate) struct CopyTrace {
     /// What profiling this copy could not do, logged on drop (no allocation unless something
     /// failed).
     missed: Vec<Missed>,
-    // Last: dropped, hence exited, after the misses are logged inside it.
+    /// The profilers that observed the copy, kept so that the last handle of one let go meanwhile
+    /// by another thread is dropped here, after the copy's locks (a profiler's drop destroys its
+    /// events, which may log). Empty, unallocated, when nothing observes the copy.
+    observers: Vec<Profiler>,
+    /// Left when the trace is dropped, after `Drop::drop` has logged the misses inside it.
     _span: tracing::span::EnteredSpan,
 }
 
@@ -557,7 +561,7 @@ pub(crate) fn begin(stream: &Stream, kind: CopyKind, bytes: usize) -> CopyTrace 
         kind = kind.name(),
     )
     .entered();
-    CopyTrace { kind, bytes, missed: Vec::new(), _span: span }
+    CopyTrace { kind, bytes, missed: Vec::new(), observers: Vec::new(), _span: span }
 }
 
 impl CopyTrace {
@@ -568,7 +572,7 @@ impl CopyTrace {
         if !active() {
             return copy();
         }
-        observed(stream, self.kind, self.bytes, &mut self.missed, copy)
+        observed(stream, self.kind, self.bytes, &mut self.missed, &mut self.observers, copy)
     }
 }
 
@@ -590,6 +594,7 @@ fn observed<R>(
     kind: CopyKind,
     bytes: usize,
     missed: &mut Vec<Missed>,
+    observers: &mut Vec<Profiler>,
     copy: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
     let key = StreamKey::of(stream);
@@ -612,5 +617,7 @@ fn observed<R>(
             missed.push(Missed::Fold(e));
         }
     }
+    // Dropped with the trace, after the locks: see `CopyTrace::observers`.
+    observers.extend(profilers);
     out
 }

@@ -328,6 +328,10 @@ impl StagingRing {
     fn slot(&mut self, k: usize) -> Result<usize> {
         let slot = self.slot_of(k);
         if slot == self.chunks.len() {
+            // Bound right before the call: the previous chunk's span has just been left, and a
+            // subscriber's code that ran there may have made another context current (or none);
+            // the memory belongs to the context current at `cuMemHostAlloc`.
+            self.ctx.bind()?;
             let ptr = ffi::host_alloc(self.config.chunk_bytes)?;
             let done = match Event::new(&self.ctx) {
                 Ok(e) => e,

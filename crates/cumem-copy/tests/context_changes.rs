@@ -163,3 +163,49 @@ fn a_subscriber_that_changes_the_current_context_on_entering_a_copy_changes_no_c
     assert_eq!(buf.to_vec().unwrap(), expected);
     assert_eq!(img.unwrap().to_vec().unwrap(), vec![0u32; 8 * 4]);
 }
+
+/// A subscriber that runs its function whenever a span is left.
+struct OnExit<F>(F);
+
+impl<F: Fn() + Send + Sync + 'static> tracing::Subscriber for OnExit<F> {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {
+        (self.0)()
+    }
+}
+
+/// A staged copy leaves each chunk's span before it allocates the next chunk's page-locked memory
+/// (which belongs to the context current at `cuMemHostAlloc`): a subscriber that leaves no context
+/// current there cannot make that allocation fail, or land in another context.
+#[test]
+#[parallel]
+fn a_subscriber_that_unbinds_the_context_on_leaving_a_chunk_changes_no_staged_copy() {
+    let ctx = ctx();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let src: Vec<u32> = (0..1000u32).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
+    let mut dev = DeviceBuffer::<u32>::zeroed(&stream, src.len()).unwrap();
+    let mut back = vec![0u32; src.len()];
+    // 1,000 words in 1 KiB chunks: four pieces each way, through two chunks made on first use.
+    let config = cumem_copy::StagingConfig { chunk_bytes: 1024, chunks: 2 };
+    let subscriber = OnExit(|| set_current(std::ptr::null_mut()));
+    let (up, down) = tracing::subscriber::with_default(subscriber, || {
+        let mut up_ring = cumem_copy::StagingRing::with_config(&ctx, config).unwrap();
+        let up = up_ring.copy_h2d(&stream, &src, &mut dev);
+        let mut down_ring = cumem_copy::StagingRing::with_config(&ctx, config).unwrap();
+        let down = down_ring.copy_d2h(&stream, &dev, &mut back);
+        (up, down)
+    });
+    up.unwrap();
+    down.unwrap();
+    assert_eq!(back, src);
+    assert_eq!(dev.to_vec().unwrap(), src);
+}
