@@ -38,15 +38,16 @@ pub fn copy_h2d<T: NoUninit>(src: &[T], dst: &mut impl AsDeviceSliceMut<T>) -> R
         return Ok(());
     }
     let ctx = dst.context().clone();
-    let mut dst = dst;
     let legacy = Stream::legacy(&ctx);
+    // Traced before `on` binds the context: a subscriber's code (which may bind another one)
+    // runs on entering the span, not between the bind and the driver call on the legacy stream.
+    let mut trace = profile::begin(&legacy, CopyKind::HostToDevice, dst.bytes());
+    let mut dst = dst;
     let on = dst.on(&legacy)?;
     blocking_host_copy(&ctx, src.as_ptr().cast(), || {
         // SAFETY: `src` is initialised (NoUninit) and valid for `bytes` bytes; `dst` is device
         // memory of exactly that size, exclusively borrowed, ordered on the legacy stream.
-        profile::around(&legacy, CopyKind::HostToDevice, on.bytes(), || unsafe {
-            ffi::htod(on.device_ptr(), src.as_ptr().cast(), on.bytes())
-        })
+        trace.around(&legacy, || unsafe { ffi::htod(on.device_ptr(), src.as_ptr().cast(), on.bytes()) })
     })
 }
 
@@ -59,14 +60,14 @@ pub fn copy_d2h<T: AnyBitPattern>(src: &impl AsDeviceSlice<T>, dst: &mut [T]) ->
     }
     let ctx = src.context();
     let legacy = Stream::legacy(ctx);
+    // Traced before `on` binds the context (see `copy_h2d`).
+    let mut trace = profile::begin(&legacy, CopyKind::DeviceToHost, src.bytes());
     let on = src.on(&legacy)?;
     blocking_host_copy(ctx, dst.as_ptr().cast(), || {
         // SAFETY: `dst` is valid for `bytes` bytes of writes and any bytes are a valid T; the copy
         // is complete when `blocking_host_copy` returns; `src` is device memory of that size,
         // ordered on the legacy stream.
-        profile::around(&legacy, CopyKind::DeviceToHost, on.bytes(), || unsafe {
-            ffi::dtoh(dst.as_mut_ptr().cast(), on.device_ptr(), on.bytes())
-        })
+        trace.around(&legacy, || unsafe { ffi::dtoh(dst.as_mut_ptr().cast(), on.device_ptr(), on.bytes()) })
     })
 }
 
@@ -81,13 +82,13 @@ pub fn copy_d2d<T>(src: &impl AsDeviceSlice<T>, dst: &mut impl AsDeviceSliceMut<
     }
     let ctx = dst.context().clone();
     let legacy = Stream::legacy(&ctx);
+    // Traced before the views bind the context (see `copy_h2d`).
+    let mut trace = profile::begin(&legacy, CopyKind::DeviceToDevice, dst.bytes());
     let from = src.on(&legacy)?;
     let mut dst = dst;
     let to = dst.on(&legacy)?;
     ctx.bind()?;
     // SAFETY: both ranges are device memory of `bytes` bytes on the same device, ordered on the
     // legacy stream; `dst` is exclusively borrowed, so it does not overlap `src`.
-    profile::around(&legacy, CopyKind::DeviceToDevice, to.bytes(), || unsafe {
-        ffi::dtod(to.device_ptr(), from.device_ptr(), to.bytes())
-    })
+    trace.around(&legacy, || unsafe { ffi::dtod(to.device_ptr(), from.device_ptr(), to.bytes()) })
 }

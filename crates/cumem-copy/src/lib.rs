@@ -3,9 +3,11 @@
 //! Two families: [`copy_h2d`]/[`copy_d2h`]/[`copy_d2d`] (and [`copy_2d`]/[`copy_3d`]) block the
 //! host and take ordinary slices; [`StreamCopy`] queues copies and memsets on a stream and, for
 //! host memory, takes page-locked kinds ([`HostMemory`](cumem_core::HostMemory): pinned, mapped,
-//! registered) that cannot be read, written or freed by the host until the device is done with
-//! them. 2D/3D copies work between any of these and device views or [`PitchedBuffer`]s, with
-//! extents checked before the driver is called. Host→device needs `T: NoUninit`, device→host
+//! registered) whose trackers make the host wait for the queued copies: reading the host data
+//! waits for a queued device write into it, writing it waits for queued device reads and writes,
+//! and freeing it waits for both; a queued device read does not hold up host reads. 2D/3D copies
+//! work between any of these and device views or [`PitchedBuffer`]s (a blocking one needs a
+//! device side), with extents checked before the driver is called. Host→device needs `T: NoUninit`, device→host
 //! `T: AnyBitPattern`; lengths must match; out-of-range views are refused before any driver call.
 //!
 //! Two more tools sit beside the copies:
@@ -15,7 +17,10 @@
 //! - [`Profiler`] ([`profile`]) observes copies on a stream or everywhere and reports kind, count,
 //!   bytes, device time and throughput per size class; off, it costs a copy one relaxed atomic
 //!   load. Every copy also runs inside a `trace` span `copy` (fields `device`, `stream`, `bytes`,
-//!   `kind`), and every staged copy inside a `debug` span `staged_copy`.
+//!   `kind`), and every staged copy inside a `debug` span `staged_copy`. The span is made and
+//!   entered before the copy takes any cumem lock or binds its context, and the profiler's
+//!   warnings are logged after the copy has let go of its locks: a subscriber may use the same
+//!   buffers from another thread and wait for it.
 //!
 //! ```
 //! # cumem_sys::testing::init();

@@ -1,7 +1,8 @@
 //! 2D and 3D copies (`cuMemcpy2D`/`cuMemcpy3D` and their async forms) and 2D memsets.
 //!
 //! One engine serves every pair of sides ([`Pitched`](crate::Pitched) host slices, host kinds,
-//! device views, [`PitchedBuffer`](crate::PitchedBuffer)s): it checks the extents against both
+//! device views, [`PitchedBuffer`](crate::PitchedBuffer)s; a blocking copy needs a device side,
+//! see [`copy_2d`]): it checks the extents against both
 //! sides (errors by variant, see [`Copy2D`]), then lets each side order the copy — device views
 //! through their stream order, host kinds through their pending-work tracker — and queues one
 //! driver call. The blocking forms ([`copy_2d`], [`copy_3d`]) run on the legacy stream and accept
@@ -56,7 +57,11 @@ enum Mode<'s> {
 }
 
 /// Copies a 2D region from `src` to `dst`, blocking: a host destination holds the values and a
-/// host source may be reused when this returns. Either side may be pageable.
+/// host source may be reused when this returns. Either side may be pageable, but at least one
+/// must be device memory (a device view or a [`PitchedBuffer`](crate::PitchedBuffer)'s): a copy
+/// between two host sides has no context to run in and is refused with `InvalidValue` before any
+/// driver call (queue it with [`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d) between
+/// page-locked kinds, or copy on the host).
 ///
 /// A shared page-locked host source (a `Pitched<&H>` of a pinned, mapped or registered buffer)
 /// keeps its host-access tracker locked until the copy returns, which is after the work already
@@ -69,8 +74,8 @@ pub fn copy_2d<T: Pod>(src: &impl CopySrc<T>, dst: &mut impl CopyDst<T>, extent:
     run(Mode::Blocking, src, dst, &extent.as_3d(), false)
 }
 
-/// Copies a 3D box from `src` to `dst`, blocking (see [`copy_2d`], whose note on page-locked host
-/// sources holds here too). Both sides need their rows per slice ([`Pitched::with_height`]).
+/// Copies a 3D box from `src` to `dst`, blocking (see [`copy_2d`], whose notes on two host sides
+/// and on page-locked host sources hold here too). Both sides need their rows per slice ([`Pitched::with_height`]).
 pub fn copy_3d<T: Pod>(src: &impl CopySrc<T>, dst: &mut impl CopyDst<T>, extent: Copy3D) -> Result<()> {
     run(Mode::Blocking, src, dst, &extent, true)
 }
@@ -138,9 +143,12 @@ fn run<T: Pod>(
         Mode::Blocking => match dc.or(sc) {
             Some(ctx) => Stream::legacy(ctx),
             None => {
-                // A host-to-host copy has no device, hence no context to run in.
-                return Err(Error::InvalidContext {
-                    ctx: ErrorContext::op("2D/3D copy between two host sides"),
+                // A host-to-host copy has no device, hence no context (nor legacy stream) to run
+                // in: a bad pair of arguments, refused before any driver call.
+                return Err(Error::InvalidValue {
+                    ctx: ErrorContext::op(
+                        "blocking 2D/3D copy between two host sides (one must be device memory)",
+                    ),
                 });
             }
         },
@@ -164,7 +172,12 @@ fn run<T: Pod>(
         Mode::Blocking => None,
         Mode::Queued(s) => Some(s.raw()),
     };
-    let enqueue = |s: Mem, d: Mem| -> Result<()> {
+    let kind = if three_d { CopyKind::Copy3D } else { CopyKind::Copy2D };
+    let moved = width_bytes.saturating_mul(b.height).saturating_mul(if three_d { b.depth } else { 1 });
+    // Traced before the sides take their locks and before the context is bound; what it logs is
+    // logged after both sides let go (see `profile::CopyTrace`).
+    let mut trace = profile::begin(&stream, kind, moved);
+    let mut enqueue = |s: Mem, d: Mem| -> Result<()> {
         let (src_host, dst_host) = (host_side(s), host_side(d));
         let s = place(s, sg, b.src_x, b.src_y, b.src_z)?;
         let d = place(d, dg, b.dst_x, b.dst_y, b.dst_z)?;
@@ -184,9 +197,7 @@ fn run<T: Pod>(
             }
         };
         let ctx = stream.context();
-        let kind = if three_d { CopyKind::Copy3D } else { CopyKind::Copy2D };
-        let moved = width_bytes.saturating_mul(b.height).saturating_mul(if three_d { b.depth } else { 1 });
-        let copy = || profile::around(&stream, kind, moved, copy);
+        let mut copy = || trace.around(&stream, copy);
         match (mode, src_host, dst_host) {
             (Mode::Queued(_), ..) | (Mode::Blocking, None, None) => copy(),
             // A host side given as a plain slice may be managed memory, which the driver uses as
@@ -201,7 +212,8 @@ fn run<T: Pod>(
     };
     // SAFETY: `enqueue` queues exactly one copy on `stream` that reads `src` and writes `dst` only
     // inside their checked geometries; `T: Pod`, so any bytes copied are valid values. Pageable
-    // sides can only reach here in blocking mode (the queued entry points require `Queued*`).
+    // sides can only reach here in blocking mode (the queued entry points require `Queued*`,
+    // sealed by `sealed::Queued`, which this crate implements for no pageable side).
     unsafe { src.with_read(&stream, |s| dst.with_write(&stream, |d| enqueue(s, d))) }
 }
 
@@ -312,13 +324,15 @@ pub(crate) fn fill_2d_on<T: Pod>(
     let start = bytes(rect.y, pitch_bytes)?
         .checked_add(bytes(rect.x, size)?)
         .ok_or(Error::SizeOverflow { count: rect.y, elem_size: pitch_bytes })?;
+    // Traced before `on` takes the view's order and binds the context (see `profile::CopyTrace`).
+    let mut trace = profile::begin(stream, CopyKind::Memset, rect.width * rect.height * size);
     // `on` made the stream's context current.
     let on = view.on(stream)?;
     // SAFETY: the rectangle was checked to lie inside the view (rows of `width` elements from
     // `start`, `pitch_bytes` apart); the view is exclusively borrowed device memory ordered on
     // `stream`; its address was checked above to be a multiple of T's size, which is the memset
     // width, and the pitch and `start` are multiples of it (counted in elements of T).
-    profile::around(stream, CopyKind::Memset, rect.width * rect.height * size, || unsafe {
+    trace.around(stream, || unsafe {
         ffi::memset_2d_async(
             on.device_ptr() + start as u64,
             pitch_bytes,

@@ -172,10 +172,12 @@ impl<T> PitchedBuffer<T> {
     {
         let buf = Self::alloc(resource, stream, width, height, depth)?;
         if buf.ptr != 0 {
-            stream.context().bind()?;
             let all = bytes(buf.len(), size_of::<T>())?;
-            // Profiled like every other memset of this crate.
-            profile::around(stream, CopyKind::Memset, all, || {
+            // Traced and profiled like every other memset of this crate, the span entered before
+            // the context is bound (see `profile::CopyTrace`).
+            let mut trace = profile::begin(stream, CopyKind::Memset, all);
+            stream.context().bind()?;
+            trace.around(stream, || {
                 // SAFETY: the range is exactly this fresh allocation (pitch × rows bytes), usable
                 // on `stream`; all-zero bytes are a valid T.
                 unsafe { ffi::memset_async(buf.ptr, Width::W8(0), all, stream.raw()) }

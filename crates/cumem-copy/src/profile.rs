@@ -425,6 +425,9 @@ impl Profiler {
         Ok((start, end))
     }
 
+    /// Records `end` for this copy and keeps the pair pending (back to the pool when the copy
+    /// failed); returns a failure to fold completed copies, for the caller to log once the copy
+    /// has let go of its locks, this profiler's included (a subscriber may read the profiler).
     fn finish(
         &self,
         stream: &Stream,
@@ -432,30 +435,23 @@ impl Profiler {
         bytes: usize,
         (start, mut end): (Event, Event),
         ok: bool,
-    ) {
+    ) -> Result<()> {
         let recorded = ok && end.record(stream).is_ok();
-        let folded = {
-            let mut state = self.state();
-            if recorded {
-                state.pending.push_back(Pending { kind, bytes, start, end });
-                if state.pending.len() > state.fold_at {
-                    let folded = fold(&mut state);
-                    state.fold_at = FOLD_AT.max(2 * state.pending.len());
-                    folded
-                } else {
-                    Ok(())
-                }
+        let mut state = self.state();
+        if recorded {
+            state.pending.push_back(Pending { kind, bytes, start, end });
+            if state.pending.len() > state.fold_at {
+                let folded = fold(&mut state);
+                state.fold_at = FOLD_AT.max(2 * state.pending.len());
+                folded
             } else {
-                // The start event may still be pending on the stream: recording it again later is
-                // fine, a pair is only read after its end event was recorded after it.
-                state.pool.push((start, end));
                 Ok(())
             }
-        };
-        // Logged with the state's lock let go: a subscriber may read this profiler (`report`,
-        // `pending_copies`) and would otherwise wait for itself.
-        if let Err(e) = folded {
-            tracing::warn!(error = %e, "reading a profiled copy's events failed");
+        } else {
+            // The start event may still be pending on the stream: recording it again later is
+            // fine, a pair is only read after its end event was recorded after it.
+            state.pool.push((start, end));
+            Ok(())
         }
     }
 }
@@ -521,18 +517,43 @@ impl Drop for Observing {
     }
 }
 
-/// Runs `copy`, which queues one copy of `bytes` bytes on `stream` (or runs it there), inside a
-/// `trace` span and, when a profiler observes `stream`, bracketed by timed events.
-#[inline]
-pub(crate) fn around<R>(
-    stream: &Stream,
+/// One copy's tracing and profiling. [`begin`] creates and enters its `trace` span `copy` before
+/// the copy takes any cumem lock (a buffer's stream order, a host kind's tracker), and the
+/// profiler's failures are kept until it is dropped, after those locks are let go: a subscriber
+/// runs arbitrary code (it may hand the record to a thread that copies to or from the same buffer
+/// and wait for that thread), so none of it may run while the copy holds a lock. For the same
+/// reason the span is entered before the copy binds its context: a subscriber that binds another
+/// one on enter cannot make the driver call run there.
+#[must_use = "the copy's span lasts only while this lives"]
+pub(crate) struct CopyTrace {
     kind: CopyKind,
     bytes: usize,
-    copy: impl FnOnce() -> Result<R>,
-) -> Result<R> {
+    /// What profiling this copy could not do, logged on drop (no allocation unless something
+    /// failed).
+    missed: Vec<Missed>,
+    /// The profilers that observed the copy, kept so that the last handle of one let go meanwhile
+    /// by another thread is dropped here, after the copy's locks (a profiler's drop destroys its
+    /// events, which may log). Empty, unallocated, when nothing observes the copy.
+    observers: Vec<Profiler>,
+    /// Left when the trace is dropped, after `Drop::drop` has logged the misses inside it.
+    _span: tracing::span::EnteredSpan,
+}
+
+/// A profiling failure, kept to be logged once the copy has let go of its locks.
+enum Missed {
+    /// A profiler could not record the copy's start: the copy is not counted.
+    Start(cumem_core::Error),
+    /// Folding completed copies into a report failed (they stay pending).
+    Fold(cumem_core::Error),
+}
+
+/// Starts tracing a copy of `bytes` bytes of `kind` on `stream`: call it before taking any lock
+/// and before binding the context, and keep the result until those locks are let go.
+#[inline]
+pub(crate) fn begin(stream: &Stream, kind: CopyKind, bytes: usize) -> CopyTrace {
     // A span, not an event, so that whatever the copy logs (a driver error, the profiler's
     // warning) carries its fields; the fields are computed only when the span is enabled.
-    let _span = tracing::trace_span!(
+    let span = tracing::trace_span!(
         "copy",
         device = stream.context().device().ordinal(),
         stream = stream.id(),
@@ -540,15 +561,42 @@ pub(crate) fn around<R>(
         kind = kind.name(),
     )
     .entered();
-    if !active() {
-        return copy();
+    CopyTrace { kind, bytes, missed: Vec::new(), observers: Vec::new(), _span: span }
+}
+
+impl CopyTrace {
+    /// Runs `copy`, which queues this copy on `stream` (or runs it there), bracketed by timed
+    /// events when a profiler observes `stream`. Logs nothing: it may run under cumem's locks.
+    #[inline]
+    pub(crate) fn around<R>(&mut self, stream: &Stream, copy: impl FnOnce() -> Result<R>) -> Result<R> {
+        if !active() {
+            return copy();
+        }
+        observed(stream, self.kind, self.bytes, &mut self.missed, &mut self.observers, copy)
     }
-    observed(stream, kind, bytes, copy)
+}
+
+impl Drop for CopyTrace {
+    fn drop(&mut self) {
+        for missed in self.missed.drain(..) {
+            match missed {
+                Missed::Start(e) => tracing::warn!(error = %e, "profiling a copy failed; it is not counted"),
+                Missed::Fold(e) => tracing::warn!(error = %e, "reading a profiled copy's events failed"),
+            }
+        }
+    }
 }
 
 #[cold]
 #[inline(never)]
-fn observed<R>(stream: &Stream, kind: CopyKind, bytes: usize, copy: impl FnOnce() -> Result<R>) -> Result<R> {
+fn observed<R>(
+    stream: &Stream,
+    kind: CopyKind,
+    bytes: usize,
+    missed: &mut Vec<Missed>,
+    observers: &mut Vec<Profiler>,
+    copy: impl FnOnce() -> Result<R>,
+) -> Result<R> {
     let key = StreamKey::of(stream);
     if !watched(key) {
         return copy();
@@ -560,12 +608,16 @@ fn observed<R>(stream: &Stream, kind: CopyKind, bytes: usize, copy: impl FnOnce(
         // Profiling must never fail a copy: a profiler that cannot record misses this one.
         match p.start(stream) {
             Ok(pair) => started.push((p, pair)),
-            Err(e) => tracing::warn!(error = %e, "profiling a copy failed; it is not counted"),
+            Err(e) => missed.push(Missed::Start(e)),
         }
     }
     let out = copy();
     for (p, pair) in started {
-        p.finish(stream, kind, bytes, pair, out.is_ok());
+        if let Err(e) = p.finish(stream, kind, bytes, pair, out.is_ok()) {
+            missed.push(Missed::Fold(e));
+        }
     }
+    // Dropped with the trace, after the locks: see `CopyTrace::observers`.
+    observers.extend(profilers);
     out
 }

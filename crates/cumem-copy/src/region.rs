@@ -96,7 +96,8 @@ pub(crate) mod sealed {
         ///
         /// # Safety
         /// 1. `f` queues work on `stream` only, reading only inside the geometry.
-        /// 2. Host memory (`Mem::Host`) of pageable sides may only be used by blocking copies.
+        /// 2. Host memory (`Mem::Host`) of pageable sides may only be used by blocking copies
+        ///    (the queued entry points take only sides that implement the sealed [`Queued`]).
         unsafe fn with_read<R>(&self, stream: &Stream, f: impl FnOnce(Mem) -> Result<R>) -> Result<R>;
     }
 
@@ -113,6 +114,12 @@ pub(crate) mod sealed {
         /// 2. As item 2 of [`Src::with_read`].
         unsafe fn with_write<R>(&mut self, stream: &Stream, f: impl FnOnce(Mem) -> Result<R>) -> Result<R>;
     }
+
+    /// The seal of [`QueuedSrc`](super::QueuedSrc) and [`QueuedDst`](super::QueuedDst): a side
+    /// whose memory stays valid and ordered while a queued copy uses it. Only this crate can
+    /// implement it, so that no other crate can let pageable memory (`&[T]`, `&mut [T]`, which
+    /// may be managed memory the queued copy would race with) into a queued copy.
+    pub trait Queued<T> {}
 }
 
 /// A side a 2D/3D copy can read: a [`Pitched`] wrapper of a slice, a host kind or a device view.
@@ -122,10 +129,28 @@ pub trait CopySrc<T>: sealed::Src<T> {}
 pub trait CopyDst<T>: sealed::Dst<T> {}
 
 /// A readable side that stays valid while a queued copy uses it (not pageable memory).
-pub trait QueuedSrc<T>: CopySrc<T> {}
+///
+/// Sealed: implemented by this crate for [`Pitched`] host kinds and device views only. A queued
+/// copy skips the waits a blocking copy makes for pageable (possibly managed) memory, so another
+/// crate may not add a side, not even for its own element type:
+///
+/// ```compile_fail,E0277
+/// use cumem_copy::{CopySrc, Pitched, QueuedSrc};
+/// struct Px(u32);
+/// impl<'a> QueuedSrc<Px> for Pitched<&'a [Px]> {} // refused: `sealed::Queued` is private
+/// ```
+pub trait QueuedSrc<T>: CopySrc<T> + sealed::Queued<T> {}
 
 /// A writable side that stays valid while a queued copy uses it (not pageable memory).
-pub trait QueuedDst<T>: CopyDst<T> {}
+///
+/// Sealed, as [`QueuedSrc`]:
+///
+/// ```compile_fail,E0277
+/// use cumem_copy::{CopyDst, Pitched, QueuedDst};
+/// struct Px(u32);
+/// impl<'a> QueuedDst<Px> for Pitched<&'a mut [Px]> {} // refused: `sealed::Queued` is private
+/// ```
+pub trait QueuedDst<T>: CopyDst<T> + sealed::Queued<T> {}
 
 fn geometry<M>(p: &Pitched<M>, len: usize) -> Geometry {
     Geometry { len, pitch: p.pitch, width: p.width.map_or(p.pitch, |w| w.min(p.pitch)), height: p.height }
@@ -188,6 +213,7 @@ impl<T, H: HostMemory<T>> sealed::Src<T> for Pitched<&H> {
     }
 }
 impl<T, H: HostMemory<T>> CopySrc<T> for Pitched<&H> {}
+impl<T, H: HostMemory<T>> sealed::Queued<T> for Pitched<&H> {}
 impl<T, H: HostMemory<T>> QueuedSrc<T> for Pitched<&H> {}
 
 impl<T, H: HostMemory<T>> sealed::Src<T> for Pitched<&mut H> {
@@ -203,6 +229,7 @@ impl<T, H: HostMemory<T>> sealed::Src<T> for Pitched<&mut H> {
     }
 }
 impl<T, H: HostMemory<T>> CopySrc<T> for Pitched<&mut H> {}
+impl<T, H: HostMemory<T>> sealed::Queued<T> for Pitched<&mut H> {}
 impl<T, H: HostMemory<T>> QueuedSrc<T> for Pitched<&mut H> {}
 
 impl<T, H: HostMemory<T>> sealed::Dst<T> for Pitched<&mut H> {
@@ -239,6 +266,7 @@ macro_rules! device_source {
             }
         }
         impl<T> CopySrc<T> for Pitched<$view<'_, T>> {}
+        impl<T> sealed::Queued<T> for Pitched<$view<'_, T>> {}
         impl<T> QueuedSrc<T> for Pitched<$view<'_, T>> {}
     };
 }

@@ -219,7 +219,11 @@ impl StagingRing {
             let to = base + (k * self.config.chunk_bytes) as u64;
             let from = self.chunks[slot].ptr.as_ptr();
             self.unguarded = Some(stream.clone());
-            profile::around(stream, CopyKind::HostToDevice, piece.len(), || {
+            let mut trace = profile::begin(stream, CopyKind::HostToDevice, piece.len());
+            // Bound again after entering the chunk's span, whose subscriber may bind another
+            // context (see `profile::CopyTrace`).
+            self.ctx.bind()?;
+            trace.around(stream, || {
                 // SAFETY: `from` is pinned memory holding `piece.len()` bytes that stay unwritten
                 // until the chunk's event (recorded next) completes; `to..to + len` lies inside
                 // `dst`, exclusively borrowed and ordered on `stream` by `on`.
@@ -267,7 +271,10 @@ impl StagingRing {
             let slot = ring.slot(k)?;
             let (to, from, len) = (ring.chunks[slot].ptr, base + (k * chunk_bytes) as u64, len_of(k));
             ring.unguarded = Some(stream.clone());
-            profile::around(stream, CopyKind::DeviceToHost, len, || {
+            let mut trace = profile::begin(stream, CopyKind::DeviceToHost, len);
+            // Bound again after entering the chunk's span (see `copy_h2d`).
+            ring.ctx.bind()?;
+            trace.around(stream, || {
                 // SAFETY: `to` is pinned memory of `chunk_bytes >= len` bytes that the host does
                 // not touch until the chunk's event (recorded next) completes; `from..from + len`
                 // lies inside `src`, ordered on `stream` by `on`.
@@ -321,6 +328,10 @@ impl StagingRing {
     fn slot(&mut self, k: usize) -> Result<usize> {
         let slot = self.slot_of(k);
         if slot == self.chunks.len() {
+            // Bound right before the call: the previous chunk's span has just been left, and a
+            // subscriber's code that ran there may have made another context current (or none);
+            // the memory belongs to the context current at `cuMemHostAlloc`.
+            self.ctx.bind()?;
             let ptr = ffi::host_alloc(self.config.chunk_bytes)?;
             let done = match Event::new(&self.ctx) {
                 Ok(e) => e,

@@ -134,14 +134,14 @@ impl StreamCopy for Stream {
         // closure), so two copies in opposite directions between two memories cannot deadlock.
         let bytes = dst.bytes();
         let mut dst = dst;
+        // Traced before any lock is taken, and what it logs is logged after they are let go.
+        let mut trace = profile::begin(self, CopyKind::HostToDevice, bytes);
         let enqueue = |from: *const T, _| {
             dst.queue_on(self, |to| {
                 // SAFETY: `from` is page-locked memory of `bytes` bytes kept alive and unwritten
                 // until the copy completes; `to` is exclusively borrowed device memory, ordered on
                 // `self`.
-                profile::around(self, CopyKind::HostToDevice, bytes, || unsafe {
-                    ffi::htod_async(to, from.cast(), bytes, self.raw())
-                })
+                trace.around(self, || unsafe { ffi::htod_async(to, from.cast(), bytes, self.raw()) })
             })
         };
         // SAFETY: `enqueue` queues one copy on `self` that reads exactly `len` values from the
@@ -161,14 +161,14 @@ impl StreamCopy for Stream {
             return Ok(());
         }
         let bytes = src.bytes();
+        // Traced outside the locks (see `copy_h2d`).
+        let mut trace = profile::begin(self, CopyKind::DeviceToHost, bytes);
         // Host side first, device side inside (see `copy_h2d`).
         let enqueue = |to: *mut T, _| {
             src.queue_on(self, |from| {
                 // SAFETY: `to` is page-locked memory of `bytes` bytes that the host will not touch
                 // until the copy completes; `from` is device memory ordered on `self`.
-                profile::around(self, CopyKind::DeviceToHost, bytes, || unsafe {
-                    ffi::dtoh_async(to.cast(), from, bytes, self.raw())
-                })
+                trace.around(self, || unsafe { ffi::dtoh_async(to.cast(), from, bytes, self.raw()) })
             })
         };
         // SAFETY: `enqueue` queues one copy on `self` writing exactly `len` values of `T` (any
@@ -188,6 +188,8 @@ impl StreamCopy for Stream {
         // destination can take the scoped door (no lock at all through `&mut` of a buffer) even
         // when both are views of one buffer (two halves of a split, whose order the guard
         // shares): a scoped door taken inside another would be refused.
+        // Traced outside the locks (see `copy_h2d`).
+        let mut trace = profile::begin(self, CopyKind::DeviceToDevice, dst.bytes());
         let source = src.on(self)?;
         let (from, bytes) = (source.device_ptr(), dst.bytes());
         let mut dst = dst;
@@ -195,9 +197,7 @@ impl StreamCopy for Stream {
             // SAFETY: both ranges are device memory of `bytes` bytes, ordered on `self` (the
             // source's guard lives until after the copy is queued); `dst` is exclusively
             // borrowed, so the ranges do not overlap.
-            profile::around(self, CopyKind::DeviceToDevice, bytes, || unsafe {
-                ffi::dtod_async(to, from, bytes, self.raw())
-            })
+            trace.around(self, || unsafe { ffi::dtod_async(to, from, bytes, self.raw()) })
         });
         // Recorded as a user of the source once the copy is queued (or failed to be).
         drop(source);
@@ -290,11 +290,11 @@ fn memset<T: AnyBitPattern>(stream: &Stream, dst: &mut impl AsDeviceSliceMut<T>,
     }
     let bytes = dst.bytes();
     let mut dst = dst;
+    // Traced outside the locks (see `copy_h2d`).
+    let mut trace = profile::begin(stream, CopyKind::Memset, bytes);
     dst.queue_on(stream, |to| {
         // SAFETY: the range is exclusively borrowed device memory of `bytes` bytes, aligned to
         // the width (checked above), ordered on `stream`.
-        profile::around(stream, CopyKind::Memset, bytes, || unsafe {
-            ffi::memset_async(to, value, bytes / width, stream.raw())
-        })
+        trace.around(stream, || unsafe { ffi::memset_async(to, value, bytes / width, stream.raw()) })
     })
 }

@@ -347,10 +347,21 @@ fn impossible_extents_are_errors_by_variant_before_any_driver_call() {
         Copy2D::new(1, 1),
     ));
     assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
-    // Devices must match the stream; host-to-host copies have no device.
+    // Devices must match the stream; blocking host-to-host copies have no device: a bad pair of
+    // arguments, the destination untouched.
     let mut other = vec![0u32; 64];
     let e = check(copy_2d(&host, &mut Pitched::new(&mut other[..], 8), Copy2D::new(8, 8)));
-    assert!(matches!(e, Error::InvalidContext { .. }), "{e}");
+    assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
+    let mut pinned_dst = PinnedBuffer::<u32>::zeroed(&ctx, 64).unwrap();
+    let e = check(copy_3d(
+        &host.with_height(8),
+        &mut Pitched::new(&mut pinned_dst, 8).with_height(8),
+        Copy3D::new(8, 8, 1),
+    ));
+    assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
+    assert_eq!(other, [0; 64]);
+    assert_eq!(pinned_dst.as_slice().unwrap(), &[0; 64]);
+    let host = Pitched::new(&src[..], 8);
     if testing::needs_devices(2) {
         let s1 = Stream::new(&Device::get(1).unwrap().context().unwrap()).unwrap();
         let pinned = PinnedBuffer::from_slice(&ctx, &src).unwrap();

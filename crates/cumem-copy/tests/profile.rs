@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use common::{OnEvent, message};
 
 use cumem_copy::{
-    Copy2D, CopyKind, PitchedBuffer, Profiler, Rect2D, SizeClass, StagingConfig, StagingRing, StreamCopy,
-    copy_d2h, copy_h2d, profile,
+    Copy2D, CopyKind, Pitched, PitchedBuffer, Profiler, Rect2D, SizeClass, StagingConfig, StagingRing,
+    StreamCopy, copy_d2h, copy_h2d, profile,
 };
 use cumem_core::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
 use cumem_sys::testing;
@@ -361,4 +361,79 @@ fn a_failed_fold_warns_to_a_subscriber_that_reads_the_profiler() {
         assert_eq!(profiler.pending_copies(), 0);
         assert_eq!(dev.to_vec().unwrap(), vec![2u8; 64]);
     });
+}
+
+/// A profiling failure (here `cuEventRecord` of the profiler's start event, injected) is logged
+/// once the copy has let go of cumem's locks: a subscriber that, on the warning, copies from the
+/// same pinned buffer on another thread and waits for that thread would otherwise wait for the
+/// copying thread's own lock on the buffer's tracker. Both the 1D and the 2D path; under a
+/// watchdog, since the bug hangs.
+#[test]
+#[parallel]
+fn a_profiling_failure_is_logged_after_the_copy_let_go_of_the_buffers_locks() {
+    let Some((ctx, stream, ctl)) = sim_setup("injects a driver fault: simulator only") else { return };
+    testing::within_watchdog(
+        "a profiling failure logged to a subscriber that copies the same buffer",
+        move || {
+            let host = Arc::new(PinnedBuffer::from_slice(&ctx, &(0..256u32).collect::<Vec<_>>()).unwrap());
+            let other = Stream::non_blocking(&ctx).unwrap();
+            // Each warning's message, and what the other thread's copy of the same buffer saw.
+            let seen = Arc::new(Mutex::new(Vec::<(String, Vec<u32>)>::new()));
+            let subscriber = {
+                let (host, seen) = (host.clone(), seen.clone());
+                OnEvent(move |event: &tracing::Event<'_>| {
+                    if *event.metadata().level() != tracing::Level::WARN {
+                        return;
+                    }
+                    let copied = std::thread::scope(|s| {
+                        s.spawn(|| {
+                            let mut dev = DeviceBuffer::<u32>::zeroed(&other, 256).unwrap();
+                            other.copy_h2d(&*host, &mut dev).unwrap();
+                            dev.to_vec().unwrap()
+                        })
+                        .join()
+                        .unwrap()
+                    });
+                    seen.lock().unwrap().push((message(event), copied));
+                })
+            };
+            let mut flat = DeviceBuffer::<u32>::zeroed(&stream, 256).unwrap();
+            let mut img = DeviceBuffer::<u32>::zeroed(&stream, 256).unwrap();
+            let profiler = Profiler::new();
+            let _on = profiler.observe(&stream);
+            let start_fails = || {
+                ctl.inject_fault(cumem_sys::sim_control::FaultRule {
+                    function: "cuEventRecord".into(),
+                    nth: 1,
+                    code: cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
+                    times: 1,
+                    this_thread_only: true,
+                })
+            };
+            tracing::subscriber::with_default(subscriber, || {
+                let rule = start_fails();
+                stream.copy_h2d(&*host, &mut flat).unwrap();
+                ctl.remove_fault(rule);
+                let rule = start_fails();
+                let (src, mut dst) = (Pitched::new(&*host, 16), Pitched::new(img.as_mut_slice(), 16));
+                stream.copy_2d(&src, &mut dst, Copy2D::new(16, 16)).unwrap();
+                ctl.remove_fault(rule);
+            });
+            let expected: Vec<u32> = (0..256).collect();
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(seen.len(), 2, "one warning per copy: {seen:?}");
+            for (message, copied) in &seen {
+                assert!(message.contains("profiling a copy failed"), "{message}");
+                assert_eq!(copied, &expected);
+            }
+            assert_eq!(flat.to_vec().unwrap(), expected);
+            assert_eq!(img.to_vec().unwrap(), expected);
+            let r = profiler.report().unwrap();
+            assert_eq!(
+                (r.total(CopyKind::HostToDevice).count, r.total(CopyKind::Copy2D).count),
+                (0, 0),
+                "{r}"
+            );
+        },
+    );
 }

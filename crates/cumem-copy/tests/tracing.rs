@@ -1,12 +1,13 @@
 //! Tracing of copies: every copy runs inside a `trace` span `copy` (and every staged copy inside a
 //! `debug` span `staged_copy`, around its chunks' spans) with the fields a user filters on: device,
 //! stream, bytes, kind. A capturing subscriber shows it, and shows that nothing at `info` or above
-//! is emitted on the happy path.
+//! is emitted on the happy path. The span is made before the copy locks its buffers, so a
+//! subscriber may use them from another thread.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cumem_copy::{Profiler, StagingConfig, StagingRing, StreamCopy, copy_h2d};
+use cumem_copy::{Copy2D, Pitched, Profiler, StagingConfig, StagingRing, StreamCopy, copy_h2d};
 use cumem_core::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use cumem_sys::testing;
 use tracing::field::{Field, Visit};
@@ -106,4 +107,67 @@ fn copies_are_traced_with_device_stream_bytes_and_kind_and_nothing_above_debug()
         (staged.field("kind"), staged.field("bytes"), staged.field("stream")),
         (Some("d2h"), Some("64"), Some(id.as_str()))
     );
+}
+
+/// A subscriber that hands the name of every new span to its function.
+struct OnSpan<F>(F);
+
+impl<F: Fn(&'static str) + Send + Sync + 'static> Subscriber for OnSpan<F> {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, span: &Attributes<'_>) -> Id {
+        (self.0)(span.metadata().name());
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, _: &Event<'_>) {}
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+/// The `copy` span is made before the copy takes its buffers' locks (here a pinned source's
+/// tracker): a subscriber that, on the span, copies from the same buffer on another thread and
+/// waits for it gets its copy instead of deadlocking the copying thread. The 1D and the 2D path;
+/// under a watchdog, since the bug hangs.
+#[test]
+fn a_copys_span_is_made_before_the_copy_locks_its_buffers() {
+    testing::init_with("devices=2,latency_us=2000");
+    testing::within_watchdog("a subscriber that copies the same buffer when a copy's span is made", || {
+        let ctx = Device::get(0).unwrap().context().unwrap();
+        let (stream, other) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+        let host = Arc::new(PinnedBuffer::from_slice(&ctx, &(0..256u32).collect::<Vec<_>>()).unwrap());
+        // What the other thread's copy of the same buffer saw, once per `copy` span.
+        let seen = Arc::new(Mutex::new(Vec::<Vec<u32>>::new()));
+        let subscriber = {
+            let (host, seen) = (host.clone(), seen.clone());
+            OnSpan(move |name| {
+                if name != "copy" {
+                    return;
+                }
+                let copied = std::thread::scope(|s| {
+                    s.spawn(|| {
+                        let mut dev = DeviceBuffer::<u32>::zeroed(&other, 256).unwrap();
+                        other.copy_h2d(&*host, &mut dev).unwrap();
+                        dev.to_vec().unwrap()
+                    })
+                    .join()
+                    .unwrap()
+                });
+                seen.lock().unwrap().push(copied);
+            })
+        };
+        let mut flat = DeviceBuffer::<u32>::zeroed(&stream, 256).unwrap();
+        let mut img = DeviceBuffer::<u32>::zeroed(&stream, 256).unwrap();
+        tracing::subscriber::with_default(subscriber, || {
+            stream.copy_h2d(&*host, &mut flat).unwrap();
+            let (src, mut dst) = (Pitched::new(&*host, 16), Pitched::new(img.as_mut_slice(), 16));
+            stream.copy_2d(&src, &mut dst, Copy2D::new(16, 16)).unwrap();
+        });
+        let expected: Vec<u32> = (0..256).collect();
+        assert_eq!(*seen.lock().unwrap(), vec![expected.clone(); 2], "one copy per span");
+        assert_eq!(flat.to_vec().unwrap(), expected);
+        assert_eq!(img.to_vec().unwrap(), expected);
+    });
 }
