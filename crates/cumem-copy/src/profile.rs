@@ -528,15 +528,21 @@ impl Drop for Observing {
 pub(crate) struct CopyTrace {
     kind: CopyKind,
     bytes: usize,
-    /// What profiling this copy could not do, logged on drop (no allocation unless something
-    /// failed).
-    missed: Vec<Missed>,
-    /// The profilers that observed the copy, kept so that the last handle of one let go meanwhile
-    /// by another thread is dropped here, after the copy's locks (a profiler's drop destroys its
-    /// events, which may log). Empty, unallocated, when nothing observes the copy.
-    observers: Vec<Profiler>,
+    /// What an observed copy leaves for the drop; `None`, one word to check, for every copy no
+    /// profiler observes (the hot path).
+    observed: Option<Box<Observed>>,
     /// Left when the trace is dropped, after `Drop::drop` has logged the misses inside it.
     _span: tracing::span::EnteredSpan,
+}
+
+/// What a copy that profilers observed leaves for its trace's drop, after the copy's locks.
+#[derive(Default)]
+struct Observed {
+    /// What profiling this copy could not do, logged on drop.
+    missed: Vec<Missed>,
+    /// The profilers that observed the copy, kept so that the last handle of one let go meanwhile
+    /// by another thread is dropped here (a profiler's drop destroys its events, which may log).
+    profilers: Vec<Profiler>,
 }
 
 /// A profiling failure, kept to be logged once the copy has let go of its locks.
@@ -561,7 +567,7 @@ pub(crate) fn begin(stream: &Stream, kind: CopyKind, bytes: usize) -> CopyTrace 
         kind = kind.name(),
     )
     .entered();
-    CopyTrace { kind, bytes, missed: Vec::new(), observers: Vec::new(), _span: span }
+    CopyTrace { kind, bytes, observed: None, _span: span }
 }
 
 impl CopyTrace {
@@ -572,17 +578,27 @@ impl CopyTrace {
         if !active() {
             return copy();
         }
-        observed(stream, self.kind, self.bytes, &mut self.missed, &mut self.observers, copy)
+        observed(stream, self.kind, self.bytes, &mut self.observed, copy)
     }
 }
 
 impl Drop for CopyTrace {
+    #[inline]
     fn drop(&mut self) {
-        for missed in self.missed.drain(..) {
-            match missed {
-                Missed::Start(e) => tracing::warn!(error = %e, "profiling a copy failed; it is not counted"),
-                Missed::Fold(e) => tracing::warn!(error = %e, "reading a profiled copy's events failed"),
-            }
+        if let Some(observed) = self.observed.take() {
+            log_missed(*observed);
+        }
+    }
+}
+
+/// Logs what an observed copy missed, then lets go of its profilers (inside the copy's span).
+#[cold]
+#[inline(never)]
+fn log_missed(observed: Observed) {
+    for missed in observed.missed {
+        match missed {
+            Missed::Start(e) => tracing::warn!(error = %e, "profiling a copy failed; it is not counted"),
+            Missed::Fold(e) => tracing::warn!(error = %e, "reading a profiled copy's events failed"),
         }
     }
 }
@@ -593,8 +609,7 @@ fn observed<R>(
     stream: &Stream,
     kind: CopyKind,
     bytes: usize,
-    missed: &mut Vec<Missed>,
-    observers: &mut Vec<Profiler>,
+    kept: &mut Option<Box<Observed>>,
     copy: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
     let key = StreamKey::of(stream);
@@ -603,6 +618,7 @@ fn observed<R>(
     }
     let profilers: Vec<Profiler> =
         registry().observers.iter().filter(|(_, t, _)| t.matches(key)).map(|(_, _, p)| p.clone()).collect();
+    let mut missed = Vec::new();
     let mut started = Vec::with_capacity(profilers.len());
     for p in &profilers {
         // Profiling must never fail a copy: a profiler that cannot record misses this one.
@@ -617,7 +633,9 @@ fn observed<R>(
             missed.push(Missed::Fold(e));
         }
     }
-    // Dropped with the trace, after the locks: see `CopyTrace::observers`.
-    observers.extend(profilers);
+    // Dropped with the trace, after the locks: see `Observed::profilers`.
+    let observed = kept.get_or_insert_with(Box::default);
+    observed.missed.extend(missed);
+    observed.profilers.extend(profilers);
     out
 }
