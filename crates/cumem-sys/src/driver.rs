@@ -13,7 +13,10 @@
 //!
 //! The real driver is never replaced silently: once a library is chosen, asking for the other kind
 //! is an [`Error::DriverSelection`]; and `real` when `libcuda.so` resolves to cumem-sim (already
-//! loaded, or first on the library path) is [`Error::DriverNotFound`], not the simulator. A
+//! loaded, or first on the library path) is [`Error::DriverNotFound`], not the simulator. cudarc
+//! keeps the first library it opened for the process, so a library that cudarc does not call
+//! through (another crate made it open a driver before cumem chose) is refused too, as an
+//! [`Error::DriverSelection`]. A
 //! selection that fails before any driver's `cuInit` ran is not remembered; once one has run, the
 //! outcome is final (see [`select`]).
 //!
@@ -200,8 +203,8 @@ fn select_locked(
             return Err(err);
         }
     };
-    // SAFETY: a driver library is loaded and cudarc will resolve `libcuda.so` to it (checked in
-    // `load`); cuInit takes no pointers.
+    // SAFETY: `load` checked that the library cudarc calls through (its own handle, `sys::culib`)
+    // is the one it loaded, a CUDA driver or cumem-sim; cuInit takes no pointers.
     let outcome = match check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit")) {
         Ok(()) => {
             notes.push(Note::Initialised(loaded.description.clone()));
@@ -253,10 +256,18 @@ fn load(
     notes: &mut Vec<Note>,
 ) -> std::result::Result<Loaded, Failed> {
     match choice {
-        DriverChoice::Real => Ok(load_real()?),
+        DriverChoice::Real => {
+            let real = load_real()?;
+            check_cudarc_calls(&real)?;
+            Ok(real)
+        }
         DriverChoice::Simulator => Ok(load_simulator(sim_config)?),
         DriverChoice::Auto => match probe_real() {
-            Ok(real) => Ok(real),
+            // The probe ran the driver's `cuInit`: a refusal now is final.
+            Ok(real) => match check_cudarc_calls(&real) {
+                Ok(()) => Ok(real),
+                Err(err) => Err(Failed { err, after_init: true }),
+            },
             Err(Failed { err: real_err, after_init }) => {
                 notes.push(Note::NoRealDriver(real_err.clone()));
                 load_simulator(sim_config).map_err(|sim_err| Failed {
@@ -367,22 +378,61 @@ fn load_simulator(sim_config: Option<&str>) -> Result<Loaded> {
     if !has_symbol(&lib, SIM_MARKER) {
         return Err(Error::DriverSelection { reason: format!("{shown} is not cumem-sim") });
     }
-    // cudarc opens `libcuda.so` by name; make sure that name now means the simulator, so the real
-    // driver is never used behind the simulator's back (or the other way round).
-    // SAFETY: as above; this only takes another reference to an already loaded object.
-    let by_name = unsafe { Library::new("libcuda.so") }.map_err(|e| Error::DriverSelection {
-        reason: format!("{shown} was loaded but `libcuda.so` does not resolve to it: {e}"),
-    })?;
-    if !has_symbol(&by_name, SIM_MARKER) {
+    let loaded = Loaded { kind: DriverKind::Simulator, description: format!("cumem-sim ({shown})"), lib };
+    // So that the real driver is never called behind the simulator's back.
+    check_cudarc_calls(&loaded)?;
+    if let Some(config) = sim_config {
+        configure_simulator(&loaded.lib, config)?;
+    }
+    Ok(loaded)
+}
+
+/// Checks that the library cudarc calls through is `loaded`'s: cudarc opens its own handle by
+/// name (`libcuda.so` first) on first use and keeps it for the process (`sys::culib`), whatever
+/// cumem loaded since. Once another crate has made cudarc open the real driver, selecting the
+/// simulator must fail rather than report the simulator while every call goes to the GPU (and
+/// the other way round).
+fn check_cudarc_calls(loaded: &Loaded) -> Result<()> {
+    // SAFETY: opens and closes cudarc's candidate names in cudarc's order, which runs a library's
+    // initialisers if the name loads one from disk; cudarc's first call would open the same.
+    if !unsafe { sys::is_culib_present() } {
         return Err(Error::DriverSelection {
-            reason: "another libcuda.so is already loaded in this process; select the simulator before any CUDA call"
-                .into(),
+            reason: format!(
+                "{} was loaded, but cudarc finds no driver library by name (libcuda.so)",
+                loaded.description
+            ),
         });
     }
-    if let Some(config) = sim_config {
-        configure_simulator(&lib, config)?;
+    // SAFETY: one of cudarc's candidate names opens (checked just above), so `culib` finds a
+    // library rather than panicking; if it opened one before, it returns that handle.
+    let theirs = unsafe { sys::culib() };
+    if same_library(theirs, &loaded.lib) {
+        return Ok(());
     }
-    Ok(Loaded { kind: DriverKind::Simulator, description: format!("cumem-sim ({shown})"), lib })
+    let (kind, _) = describe(theirs, "");
+    let what = match kind {
+        DriverKind::Simulator => "cumem-sim",
+        DriverKind::Real => "another libcuda.so",
+    };
+    Err(Error::DriverSelection {
+        reason: format!(
+            "{} was loaded, but cudarc already calls {what}: select the driver before any other CUDA \
+             use in the process",
+            loaded.description
+        ),
+    })
+}
+
+/// Whether two handles are the same library: both resolve `cuInit` to the same address (the
+/// dynamic loader gives one object one handle, however it was named).
+fn same_library(a: &Library, b: &Library) -> bool {
+    // SAFETY: only the symbols' addresses are compared; neither is called or dereferenced.
+    unsafe {
+        match (a.get::<*const ()>("cuInit"), b.get::<*const ()>("cuInit")) {
+            (Ok(x), Ok(y)) => *x == *y,
+            _ => false,
+        }
+    }
 }
 
 fn configure_simulator(lib: &Library, config: &str) -> Result<()> {
