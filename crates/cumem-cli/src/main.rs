@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use cumem::copy::{StreamCopy, copy_d2d};
 use cumem::driver::{self, DriverChoice, DriverKind};
 use cumem::prelude::*;
@@ -33,18 +33,25 @@ use units::human;
 #[derive(Parser)]
 #[command(name = "cumem", version, about = "Type-safe CUDA memory management: info, demo, replay and bench")]
 struct Cli {
-    /// Which driver to use: the real one, the simulator, or the real one when present.
-    #[arg(long, value_enum, env = "CUMEM_DRIVER", default_value = "auto", global = true)]
-    driver: DriverArg,
+    /// Which driver to use: auto (the real one when present, else the simulator), real, or sim.
+    /// Read as the library reads CUMEM_DRIVER: any case, and `cuda` or `simulator` too.
+    #[arg(
+        long,
+        value_name = "auto|real|sim",
+        value_parser = parse_driver,
+        env = "CUMEM_DRIVER",
+        default_value = "auto",
+        global = true
+    )]
+    driver: DriverChoice,
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum DriverArg {
-    Auto,
-    Real,
-    Sim,
+/// `--driver` and `CUMEM_DRIVER` go through the library's own parser, so that a value one accepts
+/// the other does too.
+fn parse_driver(value: &str) -> Result<DriverChoice, String> {
+    value.parse().map_err(|e: Error| e.to_string())
 }
 
 #[derive(Subcommand)]
@@ -115,11 +122,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let choice = match cli.driver {
-        DriverArg::Auto => DriverChoice::Auto,
-        DriverArg::Real => DriverChoice::Real,
-        DriverArg::Sim => DriverChoice::Simulator,
-    };
+    let choice = cli.driver;
     let result = driver::select(choice).map_err(Failure::from).and_then(|kind| {
         let simulated = kind == DriverKind::Simulator;
         match cli.command {

@@ -173,3 +173,27 @@ fn demo_elements_too_many_for_the_demo_are_an_input_error() {
         assert!(out.stdout.is_empty(), "nothing ran: {}", text(&out.stdout));
     }
 }
+
+#[test]
+fn driver_names_are_read_as_the_library_reads_cumem_driver() {
+    // The library takes any case and the aliases `simulator` and `cuda`: so does `--driver`, and
+    // `CUMEM_DRIVER` read by the binary.
+    for name in ["sim", "Sim", "SIMULATOR", "simulator"] {
+        let by_flag = cumem(&["--driver", name, "info"], &[]);
+        assert!(banner_of(&by_flag).starts_with("cumem: running on the simulator"), "--driver {name}");
+        let by_env = cumem(&["info"], &[("CUMEM_DRIVER", name)]);
+        assert!(banner_of(&by_env).starts_with("cumem: running on the simulator"), "CUMEM_DRIVER={name}");
+    }
+    // The real driver by another spelling is the real driver: found and used, or reported missing
+    // (exit 1), never a usage error (exit 2).
+    for name in ["Real", "cuda", "CUDA"] {
+        let out = cumem(&["--driver", name, "info"], &[]);
+        if !out.status.success() {
+            assert_clean_failure(&out);
+        }
+    }
+    let out = cumem(&["--driver", "gpu9", "info"], &[]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("unknown driver \"gpu9\" (expected auto, real or sim)"), "{stderr}");
+}
