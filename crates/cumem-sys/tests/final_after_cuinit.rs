@@ -9,12 +9,12 @@
 //!   configuration is refused); that failure is remembered, so a later selection neither probes
 //!   the real driver again nor takes the simulator.
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cumem_sys::driver::{self, DRIVER_ENV, DriverChoice};
-use cumem_sys::testing::{OnEvent, event_message};
+use cumem_sys::testing::child_process::run_child_test;
+use cumem_sys::testing::{OnEvent, event_message, stand_in};
 use cumem_sys::{Error, testing};
 use tracing::{Event, Level};
 
@@ -29,49 +29,27 @@ pub extern "C" fn cuInit(_flags: u32) -> i32 { 100 }
 pub extern "C" fn cuDeviceGetCount(_count: *mut i32) -> i32 { 100 }
 "#;
 
-/// Builds the stand-in as `libcuda.so` in a directory of its own (with the `rustc` that builds
-/// the tests), and returns the directory; `None` where no `rustc` can be run (the GPU machine,
-/// which gets the test binaries without a toolchain).
-fn stand_in_dir(case: &str) -> Option<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("cumem-final-after-cuinit-{}-{case}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("stand_in.rs");
-    std::fs::write(&src, STAND_IN).unwrap();
-    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    let out = match Command::new(rustc)
-        .args(["--edition", "2021", "--crate-type", "cdylib", "--crate-name", "cuda", "-o"])
-        .arg(dir.join("libcuda.so"))
-        .arg(&src)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let _ = std::fs::remove_dir_all(&dir);
-            return None;
-        }
-        Err(e) => panic!("running rustc: {e}"),
-    };
-    assert!(out.status.success(), "building the stand-in: {}", String::from_utf8_lossy(&out.stderr));
-    Some(dir)
-}
-
-/// Runs `test` of this binary in a child process with the stand-in first on the library path.
+/// Runs `test` of this binary in a child process with the stand-in (built as `libcuda.so` into a
+/// directory of its own) first on the library path, within a deadline: a selection that hangs
+/// fails the test instead of hanging the run.
 fn run_child(test: &str, case: &str) {
-    let Some(dir) = stand_in_dir(case) else {
+    let Some(dir) = stand_in::build(&format!("final-after-cuinit-{case}"), STAND_IN, "libcuda.so", &[])
+    else {
         testing::skip("no rustc to build the stand-in libcuda.so (a machine without a Rust toolchain)");
         return;
     };
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, case)
-        .env("LD_LIBRARY_PATH", &dir)
-        .env_remove(DRIVER_ENV)
-        .output()
-        .expect("the test binary runs");
+    let outcome = run_child_test(
+        test,
+        &[(CHILD_ENV, case), ("LD_LIBRARY_PATH", dir.to_str().expect("a UTF-8 temporary directory"))],
+        &[DRIVER_ENV],
+        Duration::from_secs(120),
+    );
     let _ = std::fs::remove_dir_all(&dir);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "child {case} failed ({}):\n{stdout}\n{stderr}", out.status);
-    assert!(stdout.contains("1 passed"), "the child ran no test:\n{stdout}");
+    let Some(status) = outcome.status else {
+        panic!("child {case} was still running after its deadline:\n{}", outcome.log);
+    };
+    assert!(status.success(), "child {case} failed ({status}):\n{}", outcome.log);
+    assert!(outcome.log.contains("1 passed"), "the child ran no test:\n{}", outcome.log);
 }
 
 fn is_child(case: &str) -> bool {
