@@ -295,8 +295,10 @@ fn has_symbol(lib: &Library, name: &str) -> bool {
 
 fn open_first(names: &[String]) -> Option<(Library, String)> {
     names.iter().find_map(|name| {
-        // SAFETY: opening a driver library runs its initialisers; the CUDA driver and cumem-sim
-        // have no initialisers that require anything of the caller.
+        // SAFETY: opening a library runs its initialisers, whatever file the name resolves to on
+        // this machine's library path (which the user controls, as for the program's own
+        // dependencies): the CUDA driver's and cumem-sim's require nothing of the caller; the
+        // file is checked to be a driver only after they ran.
         unsafe { Library::new(name.as_str()) }.ok().map(|lib| (lib, name.clone()))
     })
 }
@@ -372,7 +374,9 @@ fn load_simulator(sim_config: Option<&str>) -> Result<Loaded> {
         searched: format!("cumem-sim (set {SIM_LIB_ENV}, or enable the `sim` feature)"),
     })?;
     let shown = path.display().to_string();
-    // SAFETY: cumem-sim's initialisers only set up its own state.
+    // SAFETY: opening the file runs its initialisers before the marker check below can refuse it:
+    // the path is cumem-sim's own build or the one the user named in `CUMEM_SIM_LIB`, trusted as
+    // any library the program loads; cumem-sim's initialisers only set up its own state.
     let lib = unsafe { Library::new(&path) }
         .map_err(|e| Error::DriverNotFound { searched: format!("{shown}: {e}") })?;
     if !has_symbol(&lib, SIM_MARKER) {
@@ -393,8 +397,10 @@ fn load_simulator(sim_config: Option<&str>) -> Result<Loaded> {
 /// simulator must fail rather than report the simulator while every call goes to the GPU (and
 /// the other way round).
 fn check_cudarc_calls(loaded: &Loaded) -> Result<()> {
-    // SAFETY: opens and closes cudarc's candidate names in cudarc's order, which runs a library's
-    // initialisers if the name loads one from disk; cudarc's first call would open the same.
+    // SAFETY: opens and closes cudarc's candidate names in cudarc's order. A name that matches a
+    // library already loaded only takes another reference to it; one that does not loads a file
+    // from the library path and runs its initialisers, as `open_first` may, and as cudarc's own
+    // first call would.
     if !unsafe { sys::is_culib_present() } {
         return Err(Error::DriverSelection {
             reason: format!(
