@@ -369,10 +369,23 @@ fn simulator_path() -> Option<std::path::PathBuf> {
     }
 }
 
+/// What [`load_simulator`] looked for when it found no simulator library, and the way out that
+/// applies to this build.
+fn simulator_not_found() -> String {
+    if cfg!(feature = "sim") {
+        // Built with the simulator, but its library is not where a cargo build puts it (an
+        // installed binary, a copied program).
+        format!(
+            "cumem-sim: no libcumem_sim.so beside the program or in its build directory \
+             (set {SIM_LIB_ENV} to the library's path)"
+        )
+    } else {
+        format!("cumem-sim (set {SIM_LIB_ENV} to the library's path, or build with cumem's `sim` feature)")
+    }
+}
+
 fn load_simulator(sim_config: Option<&str>) -> Result<Loaded> {
-    let path = simulator_path().ok_or_else(|| Error::DriverNotFound {
-        searched: format!("cumem-sim (set {SIM_LIB_ENV}, or enable the `sim` feature)"),
-    })?;
+    let path = simulator_path().ok_or_else(|| Error::DriverNotFound { searched: simulator_not_found() })?;
     let shown = path.display().to_string();
     // SAFETY: opening the file runs its initialisers before the marker check below can refuse it:
     // the path is cumem-sim's own build or the one the user named in `CUMEM_SIM_LIB`, trusted as
@@ -467,5 +480,15 @@ mod tests {
         assert_eq!("REAL".parse::<DriverChoice>().unwrap(), DriverChoice::Real);
         assert_eq!("sim".parse::<DriverChoice>().unwrap(), DriverChoice::Simulator);
         assert!(matches!("gpu9".parse::<DriverChoice>(), Err(Error::DriverSelection { .. })));
+    }
+
+    #[test]
+    fn a_missing_simulator_is_explained_for_the_build_at_hand() {
+        let said = simulator_not_found();
+        assert!(said.contains(SIM_LIB_ENV), "{said}");
+        // This crate's tests are built with `sim`: the feature is there, the file is not.
+        assert!(cfg!(feature = "sim"));
+        assert!(said.contains("no libcumem_sim.so beside the program"), "{said}");
+        assert!(!said.contains("feature"), "the `sim` feature is enabled, yet asked for: {said}");
     }
 }
