@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use cumem::copy::{StreamCopy, copy_d2d};
 use cumem::driver::{self, DriverChoice, DriverKind};
 use cumem::prelude::*;
-use cumem::{DriverResource, ErrorContext};
+use cumem::DriverResource;
 
 /// Prints a line to stdout; a closed pipe (`cumem info | head`) is not an error worth a panic.
 macro_rules! say {
@@ -108,6 +108,9 @@ pub enum Failure {
     Cuda(Error),
     /// A file that cannot be read, a trace that does not parse, a chart that cannot be written.
     Input(String),
+    /// Every call succeeded, yet the data read back is not what was written: a bug in cumem or
+    /// the driver, not a driver refusal.
+    WrongData(String),
 }
 
 impl From<Error> for Failure {
@@ -133,7 +136,7 @@ fn main() -> ExitCode {
             Command::Demo { elements } => {
                 let size = demo_size(elements)?;
                 say!("{}", banner(kind));
-                demo(size).map_err(Failure::from)
+                demo(size)
             }
             Command::Replay { log, pools, svg, json } => {
                 // JSON owns stdout, so that it parses as a whole.
@@ -174,7 +177,7 @@ fn main() -> ExitCode {
             eprintln!("cumem: error: {e}");
             ExitCode::FAILURE
         }
-        Err(Failure::Input(e)) => {
+        Err(Failure::Input(e) | Failure::WrongData(e)) => {
             eprintln!("cumem: error: {e}");
             ExitCode::FAILURE
         }
@@ -236,7 +239,7 @@ fn demo_size(elements: usize) -> Result<DemoSize, Failure> {
     Ok(DemoSize { elements, bytes })
 }
 
-fn demo(size: DemoSize) -> Result<()> {
+fn demo(size: DemoSize) -> Result<(), Failure> {
     let DemoSize { elements, bytes } = size;
     let ctx = Device::get(0)?.context()?;
     let before = ctx.mem_info()?;
@@ -271,9 +274,13 @@ fn demo(size: DemoSize) -> Result<()> {
         stream.copy_d2h(&b, &mut back)?;
         say!("download {} device -> pinned host, queued", human(bytes));
         let seen = back.as_slice()?; // waits for the download, nothing else
-        let ok = seen[..half] == data[..half] && seen[half..].iter().all(|&v| v == u32::MAX);
-        if !ok {
-            return Err(Error::InvalidValue { ctx: ErrorContext::op("demo verification") });
+        let expected = |i: usize| if i < half { data[i] } else { u32::MAX };
+        if let Some(i) = (0..elements).find(|&i| seen[i] != expected(i)) {
+            return Err(Failure::WrongData(format!(
+                "the demo read back wrong data: element {i} is {:#010x}, expected {:#010x}",
+                seen[i],
+                expected(i)
+            )));
         }
         say!("verify   all {elements} elements match (first half copied, second half filled)");
     }
