@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
+use cumem::DriverResource;
 use cumem::copy::{StreamCopy, copy_d2d};
 use cumem::driver::{self, DriverChoice, DriverKind};
 use cumem::prelude::*;
-use cumem::DriverResource;
 
 /// Prints a line to stdout; a closed pipe (`cumem info | head`) is not an error worth a panic.
 macro_rules! say {

@@ -89,6 +89,11 @@ fn assert_clean_failure(out: &Output) {
 /// its own, which is returned for `LD_LIBRARY_PATH`; `None` where no `rustc` can be run (the GPU
 /// machine, which gets the test binaries without a toolchain).
 fn driver_without_devices(name: &str) -> Option<std::path::PathBuf> {
+    stand_in(name, "libcuda.so", &[])
+}
+
+/// [`driver_without_devices`] built as `file`, with `link_args` passed to the linker.
+fn stand_in(name: &str, file: &str, link_args: &[&str]) -> Option<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!("cumem-cli-no-device-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("stand_in.rs");
@@ -101,8 +106,9 @@ fn driver_without_devices(name: &str) -> Option<std::path::PathBuf> {
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let out = match Command::new(rustc)
         .args(["--edition", "2021", "--crate-type", "cdylib", "--crate-name", "cuda", "-o"])
-        .arg(dir.join("libcuda.so"))
+        .arg(dir.join(file))
         .arg(&src)
+        .args(link_args.iter().map(|arg| format!("-Clink-arg=-Wl,{arg}")))
         .output()
     {
         Ok(out) => out,
@@ -154,6 +160,28 @@ fn a_driver_without_devices_fails_cleanly_and_the_hint_fits_the_choice() {
     );
     assert!(stderr.contains("set CUMEM_SIM_LIB to the path of its library"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn auto_runs_on_the_simulator_after_a_driver_without_devices_that_stays_loaded() {
+    // As a driver install has it: `libcuda.so.1`, and `libcuda.so` linking to it. The stand-in is
+    // built not to unload on its last close (as the real driver may not), so a probe that opened
+    // it as `libcuda.so` would leave that name meaning it, and the simulator could not be chosen.
+    let Some(dir) = stand_in("stays-loaded", "libcuda.so.1", &["-z,nodelete"]) else {
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            b"skipped: auto_runs_on_the_simulator_after_a_driver_without_devices_that_stays_loaded: no \
+              rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)\n",
+        );
+        return;
+    };
+    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).unwrap();
+    // No CUMEM_SIM_LIB: the simulator is found beside the program, as a user's build has it.
+    let out = cumem(&["info"], &[("LD_LIBRARY_PATH", dir.to_str().unwrap())]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let banner = banner_of(&out);
+    assert!(banner.starts_with("cumem: running on the simulator, not a GPU (cumem-sim ("), "{banner}");
+    assert!(text(&out.stdout).contains("device 0: "), "{}", text(&out.stdout));
 }
 
 #[test]

@@ -311,13 +311,18 @@ fn describe(lib: &Library, name: &str) -> (DriverKind, String) {
     }
 }
 
+/// The real driver by cudarc's names, in cudarc's order: the library cudarc opens too.
 fn load_real() -> Result<Loaded> {
-    let names = real_candidates();
+    open_real(&real_candidates())
+}
+
+/// The first of `names` that opens, refused if it is cumem-sim.
+fn open_real(names: &[String]) -> Result<Loaded> {
     let (lib, name) =
-        open_first(&names).ok_or_else(|| Error::DriverNotFound { searched: names.join(", ") })?;
+        open_first(names).ok_or_else(|| Error::DriverNotFound { searched: names.join(", ") })?;
     let (kind, description) = describe(&lib, &name);
     if kind == DriverKind::Simulator {
-        // cudarc would resolve every call to it: the real driver cannot be used in this process.
+        // cumem-sim under the driver's name: the real driver is not to be had by this name.
         return Err(Error::DriverNotFound {
             searched: format!("{name} (it resolves to cumem-sim, not the CUDA driver)"),
         });
@@ -325,10 +330,52 @@ fn load_real() -> Result<Loaded> {
     Ok(Loaded { kind, description, lib })
 }
 
+/// The names `Auto`'s probe opens the real driver by: the versioned `libcuda.so.1` first, then
+/// cudarc's names.
+///
+/// A probe that fails may leave the driver loaded (its last close need not unload it). Had it
+/// been opened as `libcuda.so`, the loader would keep answering that name with it: cudarc's
+/// `dlopen("libcuda.so")` would then find the real driver, not cumem-sim (glibc answers a name
+/// with the first loaded object that was opened by it or has it as its soname; cumem-sim, opened
+/// by path after the probe, has it only as its soname), and the simulator could never be
+/// selected. Opened as `libcuda.so.1` (its soname), it holds no other name. A driver found only
+/// as `libcuda.so` still takes the name (a stand-in; every driver install has the versioned
+/// name).
+fn probe_candidates() -> Vec<String> {
+    let mut names = vec!["libcuda.so.1".to_string()];
+    names.extend(real_candidates().into_iter().filter(|n| n != "libcuda.so.1"));
+    names
+}
+
+/// Whether `libcuda.so` names a library already loaded in this process, and it is cumem-sim:
+/// then cudarc calls the simulator, and probing the real driver could only end in a refusal.
+/// Loads nothing.
+fn libcuda_is_loaded_simulator() -> bool {
+    #[cfg(unix)]
+    {
+        // SAFETY: `RTLD_NOLOAD` only looks the name up among loaded libraries: no file is opened
+        // and no initialiser runs.
+        let lib = unsafe {
+            libloading::os::unix::Library::open(Some("libcuda.so"), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+        };
+        lib.is_ok_and(|lib| has_symbol(&Library::from(lib), SIM_MARKER))
+    }
+    #[cfg(not(unix))]
+    {
+        false
+    }
+}
+
 /// Loads the real driver only if it initialises and sees at least one device; a failure says
 /// whether the driver's `cuInit` ran.
 fn probe_real() -> std::result::Result<Loaded, Failed> {
-    let loaded = load_real()?;
+    if libcuda_is_loaded_simulator() {
+        return Err(Error::DriverNotFound {
+            searched: "libcuda.so (it resolves to cumem-sim, already loaded)".into(),
+        }
+        .into());
+    }
+    let loaded = open_real(&probe_candidates())?;
     type InitFn = unsafe extern "C" fn(u32) -> sys::CUresult;
     type CountFn = unsafe extern "C" fn(*mut i32) -> sys::CUresult;
     // SAFETY: `cuInit` and `cuDeviceGetCount` have these C signatures in every driver since CUDA 2.0.

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use cumem_sys::driver::{self, DRIVER_ENV, DriverChoice};
+use cumem_sys::driver::{self, DRIVER_ENV, DriverChoice, DriverKind};
 use cumem_sys::testing::child_process::run_child_test;
 use cumem_sys::testing::{self, stand_in};
 use cumem_sys::{Error, sys};
@@ -24,34 +24,68 @@ pub extern "C" fn cuInit(_flags: u32) -> i32 { 0 }
 pub extern "C" fn cuDeviceGetCount(count: *mut i32) -> i32 { unsafe { *count = 1 }; 0 }
 "#;
 
-#[test]
-fn the_simulator_is_refused_when_cudarc_already_calls_another_driver() {
+/// Runs the child test `case` with the stand-in on the library path; `false` when it cannot run
+/// here (said as a skip).
+fn run_child(case: &str) -> bool {
     // The child selects the simulator: it must be found beside the tests.
     if !cumem_sim::library_path().is_some_and(|p| p.is_file()) {
-        return testing::skip("the simulator library cannot be found (CUMEM_SIM_LIB, or beside the tests)");
+        testing::skip("the simulator library cannot be found (CUMEM_SIM_LIB, or beside the tests)");
+        return false;
     }
     // Versioned name only, as a driver-only install has it: cudarc reaches it after `libcuda.so`.
-    let Some(dir) = stand_in::build("cudarc-handle", STAND_IN, "libcuda.so.1", &[]) else {
-        return testing::skip(
-            "no rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)",
-        );
+    let Some(dir) = stand_in::build(&format!("cudarc-handle-{case}"), STAND_IN, "libcuda.so.1", &[]) else {
+        testing::skip("no rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)");
+        return false;
     };
     let outcome = run_child_test(
-        "child",
-        &[(CHILD_ENV, "1"), ("LD_LIBRARY_PATH", dir.to_str().unwrap())],
+        case,
+        &[(CHILD_ENV, case), ("LD_LIBRARY_PATH", dir.to_str().unwrap())],
         &[DRIVER_ENV],
         Duration::from_secs(120),
     );
     let _ = std::fs::remove_dir_all(&dir);
     let status = outcome.status.expect("the child finished within its deadline");
-    assert!(status.success(), "the child failed ({status}):\n{}", outcome.log);
-    assert!(outcome.log.contains("1 passed"), "the child ran no test:\n{}", outcome.log);
+    assert!(status.success(), "the child {case} failed ({status}):\n{}", outcome.log);
+    assert!(outcome.log.contains("1 passed"), "the child {case} ran no test:\n{}", outcome.log);
+    true
+}
+
+fn is_child(case: &str) -> bool {
+    std::env::var(CHILD_ENV).is_ok_and(|c| c == case)
+}
+
+#[test]
+fn the_simulator_is_refused_when_cudarc_already_calls_another_driver() {
+    run_child("child");
+    testing::init();
+}
+
+/// A program that loaded cumem-sim itself has `libcuda.so` meaning the simulator: `Auto` takes it
+/// without running a real driver found by its versioned name (whose selection cudarc, calling the
+/// simulator, would refuse).
+#[test]
+fn auto_takes_the_simulator_a_program_loaded_before_probing_the_real_driver() {
+    run_child("child_auto");
     testing::init();
 }
 
 #[test]
+fn child_auto() {
+    if !is_child("child_auto") {
+        return;
+    }
+    let path = cumem_sim::library_path().expect("the simulator library is built beside the tests");
+    // SAFETY: cumem-sim's initialisers only set up its own state; nothing is called through it.
+    let sim = unsafe { libloading::Library::new(&path) }.unwrap();
+    let chosen = driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG));
+    assert_eq!(chosen.unwrap(), DriverKind::Simulator);
+    assert!(driver::description().unwrap().contains("cumem-sim"));
+    drop(sim);
+}
+
+#[test]
 fn child() {
-    if std::env::var_os(CHILD_ENV).is_none() {
+    if !is_child("child") {
         return;
     }
     // What any crate calling cudarc before cumem does: cudarc opens its library (the stand-in,
