@@ -35,7 +35,7 @@ use std::sync::{Mutex, OnceLock};
 
 use libloading::Library;
 
-use crate::error::{Error, ErrorContext, Result, check};
+use crate::error::{Error, ErrorContext, Result, check, check_raw};
 use crate::sys;
 
 /// Which driver library to use.
@@ -376,8 +376,10 @@ fn probe_real() -> std::result::Result<Loaded, Failed> {
         .into());
     }
     let loaded = open_real(&probe_candidates())?;
-    type InitFn = unsafe extern "C" fn(u32) -> sys::CUresult;
-    type CountFn = unsafe extern "C" fn(*mut i32) -> sys::CUresult;
+    // The result as the C `int` it is: a driver newer than cudarc's bindings may return a code that
+    // `sys::CUresult` has no variant for, which read as that enum would be undefined behaviour.
+    type InitFn = unsafe extern "C" fn(u32) -> i32;
+    type CountFn = unsafe extern "C" fn(*mut i32) -> i32;
     // SAFETY: `cuInit` and `cuDeviceGetCount` have these C signatures in every driver since CUDA 2.0.
     let (init, count) = unsafe {
         let init = loaded.lib.get::<InitFn>("cuInit").map(|s| *s);
@@ -392,9 +394,9 @@ fn probe_real() -> std::result::Result<Loaded, Failed> {
     };
     let mut n = 0;
     // SAFETY: resolved from the loaded library with its documented signature; no pointers.
-    let initialised = check(unsafe { init(0) }, ErrorContext::op("cuInit"))
+    let initialised = check_raw(unsafe { init(0) }, ErrorContext::op("cuInit"))
         // SAFETY: as above; `n` is a valid out-pointer.
-        .and_then(|()| check(unsafe { count(&mut n) }, ErrorContext::op("cuDeviceGetCount")))
+        .and_then(|()| check_raw(unsafe { count(&mut n) }, ErrorContext::op("cuDeviceGetCount")))
         .and_then(|()| match n {
             1.. => Ok(loaded),
             _ => Err(Error::NoDevice { ctx: ErrorContext::op("cuDeviceGetCount") }),
@@ -502,7 +504,8 @@ fn same_library(a: &Library, b: &Library) -> bool {
 }
 
 fn configure_simulator(lib: &Library, config: &str) -> Result<()> {
-    type ConfigureFn = unsafe extern "C" fn(*const std::ffi::c_char) -> sys::CUresult;
+    // An `int`, as in `probe_real`.
+    type ConfigureFn = unsafe extern "C" fn(*const std::ffi::c_char) -> i32;
     let spec = std::ffi::CString::new(config)
         .map_err(|_| Error::InvalidValue { ctx: ErrorContext::op("cumemSimConfigure") })?;
     // SAFETY: `cumemSimConfigure` is part of cumem-sim's control ABI with this signature; `spec` is a
@@ -512,7 +515,7 @@ fn configure_simulator(lib: &Library, config: &str) -> Result<()> {
             feature: crate::Feature::Symbol("cumemSimConfigure"),
             device: None,
         })?;
-        check(f(spec.as_ptr()), ErrorContext::op("cumemSimConfigure"))
+        check_raw(f(spec.as_ptr()), ErrorContext::op("cumemSimConfigure"))
     }
 }
 
