@@ -537,7 +537,7 @@ mod tests {
         let said = simulator_not_found();
         assert!(said.contains(SIM_LIB_ENV), "{said}");
         // This crate's tests are built with `sim`: the feature is there, the file is not.
-        assert!(cfg!(feature = "sim"));
+        const { assert!(cfg!(feature = "sim")) };
         assert!(said.contains("no libcumem_sim.so beside the program"), "{said}");
         assert!(!said.contains("feature"), "the `sim` feature is enabled, yet asked for: {said}");
     }
