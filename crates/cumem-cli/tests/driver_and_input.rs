@@ -84,25 +84,38 @@ fn assert_clean_failure(out: &Output) {
     assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
 }
 
-/// A stand-in `libcuda.so` whose `cuInit` says `CUDA_ERROR_NO_DEVICE`, as the real driver does
-/// where no device is visible; built (with the `rustc` that builds the tests) into a directory of
-/// its own, which is returned for `LD_LIBRARY_PATH`; `None` where no `rustc` can be run (the GPU
-/// machine, which gets the test binaries without a toolchain).
+/// A stand-in driver whose `cuInit` says `CUDA_ERROR_NO_DEVICE`, as the real driver does where no
+/// device is visible; built (with the `rustc` that builds the tests) into a directory of its own as
+/// a driver install has it (`libcuda.so.1`, and `libcuda.so` linking to it: `auto` probes
+/// `libcuda.so.1` first, and must find the stand-in, not this machine's own driver), which is
+/// returned for `LD_LIBRARY_PATH`; `None` where no `rustc` can be run (the GPU machine, which gets
+/// the test binaries without a toolchain).
 fn driver_without_devices(name: &str) -> Option<std::path::PathBuf> {
-    stand_in(name, "libcuda.so", &[])
+    stand_in(name, &[])
 }
 
-/// [`driver_without_devices`] built as `file`, with `link_args` passed to the linker.
-fn stand_in(name: &str, file: &str, link_args: &[&str]) -> Option<std::path::PathBuf> {
+/// The stand-in of [`driver_without_devices`]: every call says `CUDA_ERROR_NO_DEVICE`.
+const NO_DEVICE: &str = "#[no_mangle] pub extern \"C\" fn cuInit(_flags: u32) -> i32 { 100 }\n\
+                         #[no_mangle] pub extern \"C\" fn cuDeviceGetCount(_n: *mut i32) -> i32 { 100 }\n";
+
+/// [`driver_without_devices`], with `link_args` passed to the linker.
+fn stand_in(name: &str, link_args: &[&str]) -> Option<std::path::PathBuf> {
+    build(name, NO_DEVICE, "libcuda.so.1", &["libcuda.so"], link_args)
+}
+
+/// `source` built as `file` into a directory of its own, with a link to it under each of `links`
+/// and `link_args` passed to the linker; `None` where no `rustc` can be run.
+fn build(
+    name: &str,
+    source: &str,
+    file: &str,
+    links: &[&str],
+    link_args: &[&str],
+) -> Option<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!("cumem-cli-no-device-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("stand_in.rs");
-    std::fs::write(
-        &src,
-        "#[no_mangle] pub extern \"C\" fn cuInit(_flags: u32) -> i32 { 100 }\n\
-         #[no_mangle] pub extern \"C\" fn cuDeviceGetCount(_n: *mut i32) -> i32 { 100 }\n",
-    )
-    .unwrap();
+    std::fs::write(&src, source).unwrap();
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let out = match Command::new(rustc)
         .args(["--edition", "2021", "--crate-type", "cdylib", "--crate-name", "cuda", "-o"])
@@ -119,6 +132,9 @@ fn stand_in(name: &str, file: &str, link_args: &[&str]) -> Option<std::path::Pat
         Err(e) => panic!("running rustc: {e}"),
     };
     assert!(out.status.success(), "building the stand-in: {}", text(&out.stderr));
+    for link in links {
+        std::os::unix::fs::symlink(file, dir.join(link)).unwrap();
+    }
     Some(dir)
 }
 
@@ -130,7 +146,7 @@ fn a_driver_without_devices_fails_cleanly_and_the_hint_fits_the_choice() {
         let _ = std::io::Write::write_all(
             &mut std::io::stderr(),
             b"skipped: a_driver_without_devices_fails_cleanly_and_the_hint_fits_the_choice: no rustc \
-              to build the stand-in libcuda.so (a machine without a Rust toolchain)\n",
+              to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)\n",
         );
         return;
     };
@@ -167,7 +183,7 @@ fn auto_runs_on_the_simulator_after_a_driver_without_devices_that_stays_loaded()
     // As a driver install has it: `libcuda.so.1`, and `libcuda.so` linking to it. The stand-in is
     // built not to unload on its last close (as the real driver may not), so a probe that opened
     // it as `libcuda.so` would leave that name meaning it, and the simulator could not be chosen.
-    let Some(dir) = stand_in("stays-loaded", "libcuda.so.1", &["-z,nodelete"]) else {
+    let Some(dir) = stand_in("stays-loaded", &["-z,nodelete"]) else {
         let _ = std::io::Write::write_all(
             &mut std::io::stderr(),
             b"skipped: auto_runs_on_the_simulator_after_a_driver_without_devices_that_stays_loaded: no \
@@ -175,13 +191,45 @@ fn auto_runs_on_the_simulator_after_a_driver_without_devices_that_stays_loaded()
         );
         return;
     };
-    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).unwrap();
     // No CUMEM_SIM_LIB: the simulator is found beside the program, as a user's build has it.
     let out = cumem(&["info"], &[("LD_LIBRARY_PATH", dir.to_str().unwrap())]);
     let _ = std::fs::remove_dir_all(&dir);
     let banner = banner_of(&out);
     assert!(banner.starts_with("cumem: running on the simulator, not a GPU (cumem-sim ("), "{banner}");
     assert!(text(&out.stdout).contains("device 0: "), "{}", text(&out.stdout));
+}
+
+#[test]
+fn auto_warns_of_a_stub_libcuda_first_on_the_library_path_and_runs_on_the_simulator() {
+    // A GPU machine with a CUDA toolkit's `stubs` directory before the driver's on the library
+    // path: the driver is found as `libcuda.so.1`, but cudarc would open the stub as `libcuda.so`.
+    let stub = "#[no_mangle] pub extern \"C\" fn cuInit(_flags: u32) -> i32 { 34 }\n";
+    let driver = "#[no_mangle] pub extern \"C\" fn cuInit(_flags: u32) -> i32 { 0 }\n\
+                  #[no_mangle] pub extern \"C\" fn cuDeviceGetCount(n: *mut i32) -> i32 { unsafe { *n = 1 }; 0 }\n";
+    let (Some(stubs), Some(drivers)) =
+        (build("stubs", stub, "libcuda.so", &[], &[]), build("driver", driver, "libcuda.so.1", &[], &[]))
+    else {
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            b"skipped: auto_warns_of_a_stub_libcuda_first_on_the_library_path_and_runs_on_the_simulator: \
+              no rustc to build the stand-ins (a machine without a Rust toolchain)\n",
+        );
+        return;
+    };
+    let path = format!("{}:{}", stubs.display(), drivers.display());
+    let out = cumem(&["info"], &[("LD_LIBRARY_PATH", &path), ("CUMEM_LOG", "warn")]);
+    let stub_file = stubs.join("libcuda.so");
+    let _ = std::fs::remove_dir_all(&stubs);
+    let _ = std::fs::remove_dir_all(&drivers);
+    let banner = banner_of(&out);
+    assert!(banner.starts_with("cumem: running on the simulator, not a GPU (cumem-sim ("), "{banner}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("the CUDA driver is not used")
+            && stderr.contains(&format!("cudarc would call {}", stub_file.display()))
+            && stderr.contains("off LD_LIBRARY_PATH"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -16,9 +16,12 @@
 //! loaded, or first on the library path) is [`Error::DriverNotFound`], not the simulator. cudarc
 //! keeps the first library it opened for the process, so a library that cudarc does not call
 //! through (another crate made it open a driver before cumem chose) is refused too, as an
-//! [`Error::DriverSelection`]. A
-//! selection that fails before any driver's `cuInit` ran is not remembered; once one has run, the
-//! outcome is final (see [`select`]).
+//! [`Error::DriverSelection`]. `auto` compares before it initialises anything: where the driver
+//! it found (as `libcuda.so.1`) is not the file cudarc would open as `libcuda.so` (a CUDA
+//! toolkit's `stubs` directory first on `LD_LIBRARY_PATH`), the driver's `cuInit` is not run,
+//! a warning names the file cudarc would call, and the simulator is used as where no driver is
+//! found. A selection that fails before any driver's `cuInit` ran is not remembered; once one has
+//! run, the outcome is final (see [`select`]), and that library is never unloaded.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -35,7 +38,7 @@ use std::sync::{Mutex, OnceLock};
 
 use libloading::Library;
 
-use crate::error::{Error, ErrorContext, Result, check, check_raw};
+use crate::error::{Error, ErrorContext, Result, check_raw};
 use crate::sys;
 
 /// Which driver library to use.
@@ -117,11 +120,13 @@ pub fn init() -> Result<DriverKind> {
 ///
 /// A selection that fails before any driver's `cuInit` ran (no library found, a library that is
 /// not the kind asked for, a bad simulator configuration) leaves no driver in use: a later call may
-/// choose again, for example the simulator after `Real` found no driver. A library that it loaded
-/// may stay mapped all the same (the dynamic loader need not unload it on its last close): after a
-/// `Simulator` selection that loaded cumem-sim and then failed, `libcuda.so` may still resolve to
-/// it, and a later `Real` is then refused as [`Error::DriverNotFound`] (it resolves to cumem-sim).
-/// Once a `cuInit` has run,
+/// choose again, for example the simulator after `Real` found no driver. A refused simulator
+/// configuration is found before cudarc is asked for its library, so cudarc opens nothing for it.
+/// But a library such a selection loaded may stay mapped, and cumem-sim always does (it is
+/// linked never to unload): after any `Simulator` selection that loaded it and failed,
+/// `libcuda.so` resolves to cumem-sim for the rest of the process, so a later `Real` is
+/// [`Error::DriverNotFound`] (it resolves to cumem-sim) and `Auto` chooses the simulator. Once a
+/// `cuInit` has run,
 /// the outcome is final for the process, failure included: every later call returns it. That
 /// counts `Auto`'s probe of the real driver: when the real driver's `cuInit` ran there (and it
 /// then had no device, or failed) and the simulator cannot be loaded after it, that failure is
@@ -149,6 +154,8 @@ pub fn select_with_sim_config(choice: DriverChoice, sim_config: Option<&str>) ->
 enum Note {
     /// `Auto` found no usable real driver and tries the simulator.
     NoRealDriver(Error),
+    /// `Auto` found a real driver but cudarc would call another file: the driver is not used.
+    Shadowed(String),
     /// The chosen driver's `cuInit` succeeded.
     Initialised(String),
     /// The chosen driver's `cuInit` failed: the failure is final for the process.
@@ -162,6 +169,9 @@ impl Note {
         match self {
             Note::NoRealDriver(real_err) => {
                 tracing::debug!(%real_err, "no usable CUDA driver; trying the simulator")
+            }
+            Note::Shadowed(reason) => {
+                tracing::warn!(%reason, "the CUDA driver is not used (not initialised); trying the simulator")
             }
             Note::Initialised(driver) => tracing::info!(%driver, "CUDA driver initialised"),
             Note::InitFailed { driver, err } => {
@@ -203,15 +213,26 @@ fn select_locked(
             return Err(err);
         }
     };
-    // SAFETY: `load` checked that the library cudarc calls through (its own handle, `sys::culib`)
-    // is the one it loaded, a CUDA driver or cumem-sim; cuInit takes no pointers.
-    let outcome = match check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit")) {
+    // Through the loaded library and as the C `int` it returns (see `InitFn`), not cudarc's
+    // `sys::cuInit`, whose `CUresult` cannot hold a code newer than the bindings; `load` checked
+    // that cudarc calls this same library, so cudarc's later calls see it initialised.
+    // SAFETY: `cuInit` has this C signature in every driver and in cumem-sim.
+    let init = match unsafe { loaded.lib.get::<InitFn>("cuInit") } {
+        Ok(init) => *init,
+        // Not reached (the check of cudarc's handle compares `cuInit`), and nothing ran yet.
+        Err(_) => {
+            return Err(Error::DriverSelection { reason: format!("{} has no cuInit", loaded.description) });
+        }
+    };
+    // SAFETY: resolved from the loaded library, which stays mapped while `init` runs; no pointers.
+    let outcome = match check_raw(unsafe { init(0) }, ErrorContext::op("cuInit")) {
         Ok(()) => {
             notes.push(Note::Initialised(loaded.description.clone()));
             Ok(loaded)
         }
         Err(err) => {
             notes.push(Note::InitFailed { driver: loaded.description.clone(), err: err.clone() });
+            keep_mapped(loaded.lib);
             Err(err)
         }
     };
@@ -262,11 +283,16 @@ fn load(
             Ok(real)
         }
         DriverChoice::Simulator => Ok(load_simulator(sim_config)?),
-        DriverChoice::Auto => match probe_real() {
-            // The probe ran the driver's `cuInit`: a refusal now is final.
+        DriverChoice::Auto => match probe_real(notes) {
+            // The probe ran the driver's `cuInit` (after comparing with what cudarc would open, so
+            // a refusal here means the loader answered `libcuda.so` otherwise than foreseen): a
+            // refusal now is final, and the initialised driver stays mapped.
             Ok(real) => match check_cudarc_calls(&real) {
                 Ok(()) => Ok(real),
-                Err(err) => Err(Failed { err, after_init: true }),
+                Err(err) => {
+                    keep_mapped(real.lib);
+                    Err(Failed { err, after_init: true })
+                }
             },
             Err(Failed { err: real_err, after_init }) => {
                 notes.push(Note::NoRealDriver(real_err.clone()));
@@ -333,7 +359,8 @@ fn open_real(names: &[String]) -> Result<Loaded> {
 /// The names `Auto`'s probe opens the real driver by: the versioned `libcuda.so.1` first, then
 /// cudarc's names.
 ///
-/// A probe that fails may leave the driver loaded (its last close need not unload it). Had it
+/// A probe that ran the driver's `cuInit` and found no device leaves the driver loaded (see
+/// [`keep_mapped`]; a driver may also never unload on its last close). Had it
 /// been opened as `libcuda.so`, the loader would keep answering that name with it: cudarc's
 /// `dlopen("libcuda.so")` would then find the real driver, not cumem-sim (glibc answers a name
 /// with the first loaded object that was opened by it or has it as its soname; cumem-sim, opened
@@ -347,38 +374,152 @@ fn probe_candidates() -> Vec<String> {
     names
 }
 
-/// Whether `libcuda.so` names a library already loaded in this process, and it is cumem-sim:
-/// then cudarc calls the simulator, and probing the real driver could only end in a refusal.
-/// Loads nothing.
-fn libcuda_is_loaded_simulator() -> bool {
+/// `cuInit` as every driver and cumem-sim export it. The result is read as the C `int` it is: a
+/// driver newer than cudarc's bindings may return a code that `sys::CUresult` has no variant for,
+/// which read as that enum would be undefined behaviour.
+type InitFn = unsafe extern "C" fn(u32) -> i32;
+
+/// Leaves a library whose `cuInit` ran mapped for the rest of the process. NVIDIA's driver starts
+/// threads in `cuInit`; unloading it under them could crash the process.
+fn keep_mapped(lib: Library) {
+    std::mem::forget(lib);
+}
+
+/// What cudarc's first name, `libcuda.so`, will open, found without loading a file by that name:
+/// a driver loaded (and never unloaded) under that name would keep answering it after a probe that
+/// found no device, and cumem-sim could then never be cudarc's library.
+enum CudarcTarget {
+    /// A library already loaded answers the name (cudarc's own handle, or one the program loaded).
+    Loaded(Library),
+    /// Nothing loaded answers it, and this file is the first by that name in a directory of
+    /// `LD_LIBRARY_PATH`, which the loader searches before its cache and the system directories.
+    OnLibraryPath(std::path::PathBuf),
+    /// Neither: the loader's cache or the system directories answer, where a driver install puts
+    /// `libcuda.so` beside `libcuda.so.1`. (A program built with an `RPATH`, searched before
+    /// `LD_LIBRARY_PATH`, is not foreseen: the check of cudarc's handle after `cuInit` catches it.)
+    Unforeseen,
+}
+
+fn cudarc_target() -> CudarcTarget {
+    let Some(first) = real_candidates().into_iter().next() else {
+        return CudarcTarget::Unforeseen;
+    };
     #[cfg(unix)]
     {
-        // SAFETY: `RTLD_NOLOAD` only looks the name up among loaded libraries: no file is opened
-        // and no initialiser runs.
+        // SAFETY: `RTLD_NOLOAD` maps nothing and runs no initialiser. glibc may still search the
+        // library path and open a file of that name to compare its identity with the loaded
+        // libraries (adding the name to the one it matches, which is what cudarc's open would
+        // find anyway); it never maps that file.
         let lib = unsafe {
-            libloading::os::unix::Library::open(Some("libcuda.so"), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+            libloading::os::unix::Library::open(Some(first.as_str()), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
         };
-        lib.is_ok_and(|lib| has_symbol(&Library::from(lib), SIM_MARKER))
+        if let Ok(lib) = lib {
+            return CudarcTarget::Loaded(Library::from(lib));
+        }
+    }
+    let dirs = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    // glibc separates the directories with `:` or `;`, and reads an empty one as the working
+    // directory.
+    dirs.split([':', ';'])
+        .map(|dir| std::path::Path::new(if dir.is_empty() { "." } else { dir }).join(&first))
+        .find(|path| path.is_file())
+        .map_or(CudarcTarget::Unforeseen, CudarcTarget::OnLibraryPath)
+}
+
+/// The file a loaded library was mapped from (as the loader found it), found by its `cuInit`.
+fn file_of(lib: &Library) -> Option<std::path::PathBuf> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: only the symbol's address is taken; it is not called or dereferenced.
+        let addr = unsafe { lib.get::<*const ()>("cuInit") }.ok().map(|s| *s)?;
+        let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+        // SAFETY: `addr` lies in a library that `lib` keeps mapped; `dladdr` only reads the
+        // loader's tables and writes `info`, valid for writes.
+        if unsafe { libc::dladdr(addr.cast(), info.as_mut_ptr()) } == 0 {
+            return None;
+        }
+        // SAFETY: `dladdr` succeeded, so it filled `info`.
+        let info = unsafe { info.assume_init() };
+        if info.dli_fname.is_null() {
+            return None;
+        }
+        // SAFETY: `dli_fname` is the loader's NUL-terminated name of the object, alive while `lib`
+        // keeps it mapped; it is copied at once.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+        Some(std::ffi::OsStr::from_bytes(name.to_bytes()).into())
     }
     #[cfg(not(unix))]
     {
-        false
+        let _ = lib;
+        None
+    }
+}
+
+/// Whether two paths are one file, by device and inode after following links, as the dynamic
+/// loader tells a file it already loaded. `None` where either cannot be read.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> Option<bool> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let (a, b) = (std::fs::metadata(a).ok()?, std::fs::metadata(b).ok()?);
+        Some(a.dev() == b.dev() && a.ino() == b.ino())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (a, b);
+        None
+    }
+}
+
+/// Why cudarc would not call `probe`, the real driver found by [`probe_candidates`], if `target`
+/// says so; `None` where it would, or where that cannot be told before `cuInit`.
+fn shadowed(target: &CudarcTarget, probe: &Loaded) -> Option<String> {
+    match target {
+        CudarcTarget::Loaded(theirs) if same_library(theirs, &probe.lib) => None,
+        CudarcTarget::Loaded(theirs) => {
+            let file = file_of(theirs).map_or_else(|| "a library".into(), |f| f.display().to_string());
+            Some(format!("cudarc would call {file}, already loaded as libcuda.so, not {}", probe.description))
+        }
+        CudarcTarget::OnLibraryPath(file) => {
+            let ours = file_of(&probe.lib)?;
+            (same_file(file, &ours) == Some(false)).then(|| {
+                format!(
+                    "cudarc would call {}, the first libcuda.so in a directory of LD_LIBRARY_PATH, not \
+                     {} at {}: take that directory (a CUDA toolkit's stubs?) off LD_LIBRARY_PATH to \
+                     use the GPU",
+                    file.display(),
+                    probe.description,
+                    ours.display()
+                )
+            })
+        }
+        CudarcTarget::Unforeseen => None,
     }
 }
 
 /// Loads the real driver only if it initialises and sees at least one device; a failure says
-/// whether the driver's `cuInit` ran.
-fn probe_real() -> std::result::Result<Loaded, Failed> {
-    if libcuda_is_loaded_simulator() {
+/// whether the driver's `cuInit` ran. Its `cuInit` runs only once the driver is known to be the
+/// library cudarc will call (as far as that can be told first, see [`CudarcTarget`]).
+fn probe_real(notes: &mut Vec<Note>) -> std::result::Result<Loaded, Failed> {
+    let target = cudarc_target();
+    if let CudarcTarget::Loaded(theirs) = &target
+        && has_symbol(theirs, SIM_MARKER)
+    {
+        // cudarc calls the simulator (a program loaded it): probing the real driver could only
+        // end in a refusal.
         return Err(Error::DriverNotFound {
             searched: "libcuda.so (it resolves to cumem-sim, already loaded)".into(),
         }
         .into());
     }
     let loaded = open_real(&probe_candidates())?;
-    // The result as the C `int` it is: a driver newer than cudarc's bindings may return a code that
-    // `sys::CUresult` has no variant for, which read as that enum would be undefined behaviour.
-    type InitFn = unsafe extern "C" fn(u32) -> i32;
+    if let Some(reason) = shadowed(&target, &loaded) {
+        notes.push(Note::Shadowed(reason.clone()));
+        // Dropped uninitialised: nothing of it ran but its initialisers.
+        return Err(Error::DriverSelection { reason }.into());
+    }
+    drop(target);
     type CountFn = unsafe extern "C" fn(*mut i32) -> i32;
     // SAFETY: `cuInit` and `cuDeviceGetCount` have these C signatures in every driver since CUDA 2.0.
     let (init, count) = unsafe {
@@ -398,10 +539,16 @@ fn probe_real() -> std::result::Result<Loaded, Failed> {
         // SAFETY: as above; `n` is a valid out-pointer.
         .and_then(|()| check_raw(unsafe { count(&mut n) }, ErrorContext::op("cuDeviceGetCount")))
         .and_then(|()| match n {
-            1.. => Ok(loaded),
+            1.. => Ok(()),
             _ => Err(Error::NoDevice { ctx: ErrorContext::op("cuDeviceGetCount") }),
         });
-    initialised.map_err(|err| Failed { err, after_init: true })
+    match initialised {
+        Ok(()) => Ok(loaded),
+        Err(err) => {
+            keep_mapped(loaded.lib);
+            Err(Failed { err, after_init: true })
+        }
+    }
 }
 
 fn simulator_path() -> Option<std::path::PathBuf> {
@@ -444,12 +591,14 @@ fn load_simulator(sim_config: Option<&str>) -> Result<Loaded> {
     if !has_symbol(&lib, SIM_MARKER) {
         return Err(Error::DriverSelection { reason: format!("{shown} is not cumem-sim") });
     }
+    // Before cudarc is asked for its library (which it then keeps): a refused configuration
+    // leaves cudarc as it was.
+    if let Some(config) = sim_config {
+        configure_simulator(&lib, config)?;
+    }
     let loaded = Loaded { kind: DriverKind::Simulator, description: format!("cumem-sim ({shown})"), lib };
     // So that the real driver is never called behind the simulator's back.
     check_cudarc_calls(&loaded)?;
-    if let Some(config) = sim_config {
-        configure_simulator(&loaded.lib, config)?;
-    }
     Ok(loaded)
 }
 
@@ -482,10 +631,11 @@ fn check_cudarc_calls(loaded: &Loaded) -> Result<()> {
         DriverKind::Simulator => "cumem-sim",
         DriverKind::Real => "another libcuda.so",
     };
+    let file = file_of(theirs).map_or_else(String::new, |f| format!(" ({})", f.display()));
     Err(Error::DriverSelection {
         reason: format!(
-            "{} was loaded, but cudarc already calls {what}: select the driver before any other CUDA \
-             use in the process",
+            "{} was loaded, but cudarc already calls {what}{file}: select the driver before any \
+             other CUDA use in the process, with no other libcuda.so first on the library path",
             loaded.description
         ),
     })

@@ -379,9 +379,9 @@ impl Error {
 
     /// The driver code this error stands for: the code the driver returned, or, for a refusal of
     /// cumem's own that carries a driver-named variant, the code that variant names (for example
-    /// `InvalidValue` for an argument cumem checks before calling the driver, `NotReady` for a
-    /// staging ring whose failed copy may still use its chunks, `InvalidContext` for a 2D/3D copy
-    /// with no device side, `OutOfMemory` for an allocation that returned no memory). So `Some`
+    /// `InvalidValue` for an argument cumem checks before calling the driver, a 2D/3D copy with
+    /// no device side among them, `NotReady` for a staging ring whose failed copy may still use
+    /// its chunks, `OutOfMemory` for an allocation that returned no memory). So `Some`
     /// does not prove that the driver returned the code.
     /// `None` for cumem's own variants (`DriverNotFound`, `SizeOverflow`, `OutOfRange`, …) and for
     /// `NotSupported` of anything but a driver refusal.

@@ -32,6 +32,7 @@ pub mod child_process;
 mod deadline;
 mod events;
 mod skip;
+#[cfg(unix)]
 pub mod stand_in;
 pub use deadline::{DEADLOCK_WATCHDOG, within_watchdog};
 pub use events::{OnEvent, event_message};

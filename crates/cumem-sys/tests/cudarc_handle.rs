@@ -5,11 +5,12 @@
 //! `libcuda.so.1` (every call succeeds) found on `LD_LIBRARY_PATH`, in a child process of its own
 //! (the library path is read at process start, and the driver is chosen once per process).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cumem_sys::driver::{self, DRIVER_ENV, DriverChoice, DriverKind};
 use cumem_sys::testing::child_process::run_child_test;
-use cumem_sys::testing::{self, stand_in};
+use cumem_sys::testing::{self, OnEvent, stand_in};
 use cumem_sys::{Error, sys};
 
 /// Set in the child process.
@@ -33,21 +34,121 @@ fn run_child(case: &str) -> bool {
         return false;
     }
     // Versioned name only, as a driver-only install has it: cudarc reaches it after `libcuda.so`.
-    let Some(dir) = stand_in::build(&format!("cudarc-handle-{case}"), STAND_IN, "libcuda.so.1", &[]) else {
+    let Some(dir) = stand_in::build(&format!("cudarc-handle-{case}"), STAND_IN, "libcuda.so.1", &[], &[])
+    else {
         testing::skip("no rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)");
         return false;
     };
-    let outcome = run_child_test(
-        case,
-        &[(CHILD_ENV, case), ("LD_LIBRARY_PATH", dir.to_str().unwrap())],
-        &[DRIVER_ENV],
-        Duration::from_secs(120),
-    );
+    run_child_with(case, &[("LD_LIBRARY_PATH", dir.to_str().unwrap())]);
     let _ = std::fs::remove_dir_all(&dir);
+    true
+}
+
+/// Runs the child test `case` with `env` set, and checks that it passed.
+fn run_child_with(case: &str, env: &[(&str, &str)]) {
+    let mut set = vec![(CHILD_ENV, case)];
+    set.extend_from_slice(env);
+    let outcome = run_child_test(case, &set, &[DRIVER_ENV], Duration::from_secs(120));
     let status = outcome.status.expect("the child finished within its deadline");
     assert!(status.success(), "the child {case} failed ({status}):\n{}", outcome.log);
     assert!(outcome.log.contains("1 passed"), "the child {case} ran no test:\n{}", outcome.log);
-    true
+}
+
+/// A CUDA toolkit's stub `libcuda.so`, for linking without a driver: every call says
+/// `CUDA_ERROR_STUB_LIBRARY` (34).
+const STUB: &str = r#"
+#[no_mangle]
+pub extern "C" fn cuInit(_flags: u32) -> i32 { 34 }
+#[no_mangle]
+pub extern "C" fn cuDeviceGetCount(_count: *mut i32) -> i32 { 34 }
+"#;
+
+/// Where the driver behind the stub writes when its `cuInit` runs: set in the child.
+const INITIALISED_ENV: &str = "CUMEM_TEST_STAND_IN_INITIALISED";
+
+/// A driver with one device, whose `cuInit` writes the file `INITIALISED_ENV` names.
+const DRIVER: &str = r#"
+#[no_mangle]
+pub extern "C" fn cuInit(_flags: u32) -> i32 {
+    if let Some(path) = std::env::var_os("CUMEM_TEST_STAND_IN_INITIALISED") {
+        let _ = std::fs::write(path, b"cuInit ran");
+    }
+    0
+}
+#[no_mangle]
+pub extern "C" fn cuDeviceGetCount(count: *mut i32) -> i32 { unsafe { *count = 1 }; 0 }
+"#;
+
+/// A stubs directory before the driver's on `LD_LIBRARY_PATH` (as a build setup may leave it on a
+/// GPU machine): `auto` finds the driver as `libcuda.so.1`, but cudarc, opening `libcuda.so`, would
+/// call the stub. The driver is not initialised; a warning names the stub and the library path;
+/// the simulator is used, as where no driver is found.
+#[test]
+fn auto_leaves_a_driver_that_cudarc_would_not_call_uninitialised_and_uses_the_simulator() {
+    if !cumem_sim::library_path().is_some_and(|p| p.is_file()) {
+        return testing::skip("the simulator library cannot be found (CUMEM_SIM_LIB, or beside the tests)");
+    }
+    let (Some(stubs), Some(driver)) = (
+        stand_in::build("cudarc-handle-stubs", STUB, "libcuda.so", &[], &[]),
+        stand_in::build("cudarc-handle-driver", DRIVER, "libcuda.so.1", &[], &[]),
+    ) else {
+        return testing::skip("no rustc to build the stand-ins (a machine without a Rust toolchain)");
+    };
+    let initialised = driver.join("initialised");
+    let path = format!("{}:{}", stubs.display(), driver.display());
+    run_child_with(
+        "child_stubs",
+        &[("LD_LIBRARY_PATH", &path), (INITIALISED_ENV, initialised.to_str().unwrap())],
+    );
+    let ran = initialised.exists();
+    let _ = std::fs::remove_dir_all(&stubs);
+    let _ = std::fs::remove_dir_all(&driver);
+    assert!(!ran, "the driver's cuInit ran, though cudarc would call the stub");
+    testing::init();
+}
+
+#[test]
+fn child_stubs() {
+    if !is_child("child_stubs") {
+        return;
+    }
+    // Every event, with all its fields.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = {
+        let seen = seen.clone();
+        OnEvent(move |event: &tracing::Event<'_>| {
+            struct Fields(String);
+            impl tracing::field::Visit for Fields {
+                fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                    self.0 += &format!(" {}={value:?}", field.name());
+                }
+            }
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            seen.lock().unwrap().push((*event.metadata().level(), fields.0));
+        })
+    };
+    let chosen = tracing::subscriber::with_default(subscriber, || {
+        driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
+    });
+    assert_eq!(chosen.map_err(|e| e.to_string()), Ok(DriverKind::Simulator));
+    assert!(driver::description().unwrap().contains("cumem-sim"));
+    // SAFETY: a driver is selected, so cudarc finds a library; only a symbol's presence is checked.
+    let calls_the_simulator = unsafe { sys::culib().get::<*const ()>(b"cumemSimVersion") }.is_ok();
+    assert!(calls_the_simulator, "cudarc does not call cumem-sim");
+
+    let stub =
+        std::env::var("LD_LIBRARY_PATH").unwrap().split(':').next().unwrap().to_owned() + "/libcuda.so";
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|(level, fields)| *level == tracing::Level::WARN
+            && fields.contains(&stub)
+            && fields.contains("LD_LIBRARY_PATH")
+            && fields.contains("not used")),
+        "no warning names the stub {stub} and the library path: {seen:?}"
+    );
+    let initialised = std::env::var_os(INITIALISED_ENV).unwrap();
+    assert!(!std::path::Path::new(&initialised).exists(), "the driver's cuInit ran");
 }
 
 fn is_child(case: &str) -> bool {
@@ -101,4 +202,43 @@ fn child() {
         "{chosen:?}"
     );
     assert_eq!(driver::current(), None, "a refused selection put nothing in use");
+}
+
+/// A simulator selection refused for its configuration asks cudarc for nothing, but cumem-sim,
+/// linked never to unload, stays loaded as `libcuda.so`: a later `Real` is refused as
+/// `DriverNotFound`, though a driver is on the library path, and so is cudarc kept from calling
+/// the simulator for it.
+#[test]
+fn real_after_a_refused_simulator_configuration_is_not_found() {
+    if !cumem_sim::library_path().is_some_and(|p| p.is_file()) {
+        return testing::skip("the simulator library cannot be found (CUMEM_SIM_LIB, or beside the tests)");
+    }
+    let Some(dir) =
+        stand_in::build("cudarc-handle-refused-config", STAND_IN, "libcuda.so.1", &["libcuda.so"], &[])
+    else {
+        return testing::skip(
+            "no rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)",
+        );
+    };
+    run_child_with("child_refused_config", &[("LD_LIBRARY_PATH", dir.to_str().unwrap())]);
+    let _ = std::fs::remove_dir_all(&dir);
+    testing::init();
+}
+
+#[test]
+fn child_refused_config() {
+    if !is_child("child_refused_config") {
+        return;
+    }
+    let refused = driver::select_with_sim_config(DriverChoice::Simulator, Some("no_such_key=1"));
+    assert!(
+        matches!(&refused, Err(Error::InvalidValue { ctx }) if ctx.op == "cumemSimConfigure"),
+        "{refused:?}"
+    );
+    let real = driver::select(DriverChoice::Real);
+    assert!(
+        matches!(&real, Err(Error::DriverNotFound { searched }) if searched.contains("resolves to cumem-sim")),
+        "{real:?}"
+    );
+    assert_eq!(driver::current(), None);
 }

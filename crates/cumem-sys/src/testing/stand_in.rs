@@ -4,7 +4,8 @@
 //!
 //! ```no_run
 //! let source = "#[no_mangle] pub extern \"C\" fn cuInit(_flags: u32) -> i32 { 100 }";
-//! if let Some(dir) = cumem_sys::testing::stand_in::build("doc", source, "libcuda.so", &[]) {
+//! // As a driver install has it: `libcuda.so.1`, and `libcuda.so` linking to it.
+//! if let Some(dir) = cumem_sys::testing::stand_in::build("doc", source, "libcuda.so.1", &["libcuda.so"], &[]) {
 //!     // run a child with LD_LIBRARY_PATH=dir, then remove dir
 //!     let _ = std::fs::remove_dir_all(dir);
 //! }
@@ -14,14 +15,25 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// Builds `source` (Rust, edition 2021) as a `cdylib` named `file_name` into a fresh directory
-/// whose name carries `tag` and this process's id, passing each of `link_args` to the linker
-/// (`-z,nodelete` makes a library that stays loaded after its last close, as NVIDIA's driver may),
-/// and returns the directory. `None` where no `rustc` can be run (the GPU machine, which gets the
-/// test binaries without a toolchain): the caller skips.
+/// whose name carries `tag` and this process's id, with a symbolic link to it under each name of
+/// `links`, passing each of `link_args` to the linker (`-z,nodelete` makes a library that stays
+/// loaded after its last close, as NVIDIA's driver may), and returns the directory. `None` where no
+/// `rustc` can be run (the GPU machine, which gets the test binaries without a toolchain): the
+/// caller skips.
+///
+/// A stand-in for the driver is best built as `libcuda.so.1` with a `libcuda.so` link: `auto`
+/// probes `libcuda.so.1` first, so a stand-in found only as `libcuda.so` would leave the probe
+/// to the machine's own driver, if it has one.
 ///
 /// # Panics
 /// If the directory cannot be written or `rustc` fails on the source.
-pub fn build(tag: &str, source: &str, file_name: &str, link_args: &[&str]) -> Option<PathBuf> {
+pub fn build(
+    tag: &str,
+    source: &str,
+    file_name: &str,
+    links: &[&str],
+    link_args: &[&str],
+) -> Option<PathBuf> {
     let dir = std::env::temp_dir().join(format!("cumem-stand-in-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory for the stand-in");
     let src = dir.join("stand_in.rs");
@@ -42,5 +54,8 @@ pub fn build(tag: &str, source: &str, file_name: &str, link_args: &[&str]) -> Op
         Err(e) => panic!("running rustc: {e}"),
     };
     assert!(out.status.success(), "building the stand-in: {}", String::from_utf8_lossy(&out.stderr));
+    for link in links {
+        std::os::unix::fs::symlink(file_name, dir.join(link)).expect("a link to the stand-in");
+    }
     Some(dir)
 }
