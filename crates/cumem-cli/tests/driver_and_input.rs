@@ -103,8 +103,9 @@ fn stand_in(name: &str, link_args: &[&str]) -> Option<std::path::PathBuf> {
     build(name, NO_DEVICE, "libcuda.so.1", &["libcuda.so"], link_args)
 }
 
-/// `source` built as `file` into a directory of its own, with a link to it under each of `links`
-/// and `link_args` passed to the linker; `None` where no `rustc` can be run.
+/// `source` built as `file` into a directory of its own (one left by an earlier run is replaced),
+/// with a link to it under each of `links` and `link_args` passed to the linker; `None` where no
+/// `rustc` can be run.
 fn build(
     name: &str,
     source: &str,
@@ -113,6 +114,13 @@ fn build(
     link_args: &[&str],
 ) -> Option<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!("cumem-cli-no-device-{}-{name}", std::process::id()));
+    // Left by an earlier run that failed before removing it (a process id comes round again): its
+    // links would make `symlink` fail.
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("removing the stand-in directory {}: {e}", dir.display()),
+    }
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("stand_in.rs");
     std::fs::write(&src, source).unwrap();
@@ -230,6 +238,47 @@ fn auto_warns_of_a_stub_libcuda_first_on_the_library_path_and_runs_on_the_simula
             && stderr.contains("off LD_LIBRARY_PATH"),
         "{stderr}"
     );
+}
+
+#[test]
+fn auto_takes_a_stub_libcuda_alone_on_the_library_path_for_no_driver() {
+    // A build machine with no driver and a CUDA toolkit's `stubs` directory on the library path:
+    // the stub has only the name `libcuda.so`, and every call says `CUDA_ERROR_STUB_LIBRARY`. It is
+    // no driver: `auto` neither initialises it nor keeps it loaded under the name cudarc opens.
+    let stub = "#[no_mangle] pub extern \"C\" fn cuInit(_flags: u32) -> i32 { 34 }\n\
+                #[no_mangle] pub extern \"C\" fn cuDeviceGetCount(_n: *mut i32) -> i32 { 34 }\n";
+    let Some(stubs) = build("stub-alone", stub, "libcuda.so", &[], &[]) else {
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            b"skipped: auto_takes_a_stub_libcuda_alone_on_the_library_path_for_no_driver: no rustc to \
+              build the stand-in (a machine without a Rust toolchain)\n",
+        );
+        return;
+    };
+    // No CUMEM_SIM_LIB: the simulator is found beside the program, as a user's build has it.
+    let out = cumem(&["info"], &[("LD_LIBRARY_PATH", stubs.to_str().unwrap())]);
+    let _ = std::fs::remove_dir_all(&stubs);
+    let banner = banner_of(&out);
+    assert!(banner.starts_with("cumem: running on the simulator, not a GPU (cumem-sim ("), "{banner}");
+    assert!(text(&out.stdout).contains("device 0: "), "{}", text(&out.stdout));
+}
+
+#[test]
+fn a_stand_in_directory_left_by_an_earlier_run_is_replaced() {
+    let Some(left) = build("left", NO_DEVICE, "libcuda.so.1", &["libcuda.so"], &[]) else {
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            b"skipped: a_stand_in_directory_left_by_an_earlier_run_is_replaced: no rustc to build the \
+              stand-in (a machine without a Rust toolchain)\n",
+        );
+        return;
+    };
+    std::fs::write(left.join("stale"), b"from an earlier run").unwrap();
+    let dir = build("left", NO_DEVICE, "libcuda.so.1", &["libcuda.so"], &[]).expect("rustc ran before");
+    assert_eq!(dir, left);
+    assert!(dir.join("libcuda.so").is_file(), "the link to the new stand-in is missing");
+    assert!(!dir.join("stale").exists(), "the earlier run's directory was kept");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //!
 //! | `CUMEM_DRIVER` | meaning |
 //! |---|---|
-//! | `auto` (default) | the real driver when one loads and sees a device, else the simulator |
+//! | `auto` (default) | the real driver when `libcuda.so.1` loads and sees a device, else the simulator; the simulator too, with a warning, where the `libcuda.so` cudarc would call is another file (a stub) |
 //! | `real` | the real driver, or [`Error::DriverNotFound`] |
 //! | `sim` | the simulator, from `CUMEM_SIM_LIB` or found beside the program |
 //!
@@ -16,8 +16,10 @@
 //! loaded, or first on the library path) is [`Error::DriverNotFound`], not the simulator. cudarc
 //! keeps the first library it opened for the process, so a library that cudarc does not call
 //! through (another crate made it open a driver before cumem chose) is refused too, as an
-//! [`Error::DriverSelection`]. `auto` compares before it initialises anything: where the driver
-//! it found (as `libcuda.so.1`) is not the file cudarc would open as `libcuda.so` (a CUDA
+//! [`Error::DriverSelection`]. `auto` looks for the real driver only as `libcuda.so.1`, which every
+//! driver install has: a `libcuda.so` alone (a CUDA toolkit's `stubs` directory on a machine with
+//! no driver) counts as no driver, though `real` opens it. And it compares before it initialises
+//! anything: where the driver it found is not the file cudarc would open as `libcuda.so` (a CUDA
 //! toolkit's `stubs` directory first on `LD_LIBRARY_PATH`), the driver's `cuInit` is not run,
 //! a warning names the file cudarc would call, and the simulator is used as where no driver is
 //! found. A selection that fails before any driver's `cuInit` ran is not remembered; once one has
@@ -44,7 +46,9 @@ use crate::sys;
 /// Which driver library to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriverChoice {
-    /// The real driver when one is present and sees a device, else the simulator.
+    /// The real driver when it is present as `libcuda.so.1` and sees a device, else the simulator;
+    /// the simulator too, with a warning, where the `libcuda.so` cudarc would call is not that
+    /// driver (a CUDA toolkit's stub).
     Auto,
     /// The real driver only.
     Real,
@@ -126,11 +130,11 @@ pub fn init() -> Result<DriverKind> {
 /// linked never to unload): after any `Simulator` selection that loaded it and failed,
 /// `libcuda.so` resolves to cumem-sim for the rest of the process, so a later `Real` is
 /// [`Error::DriverNotFound`] (it resolves to cumem-sim) and `Auto` chooses the simulator. Once a
-/// `cuInit` has run,
-/// the outcome is final for the process, failure included: every later call returns it. That
-/// counts `Auto`'s probe of the real driver: when the real driver's `cuInit` ran there (and it
-/// then had no device, or failed) and the simulator cannot be loaded after it, that failure is
-/// final too.
+/// `cuInit` has run, the outcome is final for the process, failure included: every later call
+/// returns it. That counts `Auto`'s probe of the real driver: when the real driver's `cuInit` ran
+/// there and it then had no device, or failed, and the simulator cannot be loaded after it, that
+/// failure is final too; so is a driver that initialised but turned out not to be the library
+/// cudarc calls (the simulator is then not tried).
 pub fn select(choice: DriverChoice) -> Result<DriverKind> {
     select_with_sim_config(choice, None)
 }
@@ -160,8 +164,12 @@ enum Note {
     Initialised(String),
     /// The chosen driver's `cuInit` failed: the failure is final for the process.
     InitFailed { driver: String, err: Error },
-    /// `Auto` ran the real driver's `cuInit` and then could not load the simulator: final too.
-    AutoFailed(Error),
+    /// `Auto` ran the real driver's `cuInit`, which failed or found no device, and then could not
+    /// load the simulator: final too.
+    SimulatorAfterProbeFailed(Error),
+    /// `Auto` initialised the real driver, and then found that cudarc calls another library: the
+    /// simulator is not tried, and that is final too.
+    ProbedDriverRefused(Error),
 }
 
 impl Note {
@@ -171,14 +179,20 @@ impl Note {
                 tracing::debug!(%real_err, "no usable CUDA driver; trying the simulator")
             }
             Note::Shadowed(reason) => {
-                tracing::warn!(%reason, "the CUDA driver is not used (not initialised); trying the simulator")
+                tracing::warn!(
+                    %reason,
+                    "the CUDA driver is not used (not initialised), since cudarc would call another libcuda.so; trying the simulator"
+                )
             }
             Note::Initialised(driver) => tracing::info!(%driver, "CUDA driver initialised"),
             Note::InitFailed { driver, err } => {
                 tracing::warn!(%driver, %err, "CUDA driver initialisation failed; final for this process")
             }
-            Note::AutoFailed(err) => {
+            Note::SimulatorAfterProbeFailed(err) => {
                 tracing::warn!(%err, "no usable CUDA driver nor simulator; final for this process")
+            }
+            Note::ProbedDriverRefused(err) => {
+                tracing::warn!(%err, "the CUDA driver was initialised, but cudarc calls another library; final for this process")
             }
         }
     }
@@ -208,7 +222,6 @@ fn select_locked(
         // Remembered: retrying would load the real driver and run its `cuInit` again on every
         // call, only to fail the same way.
         Err(Failed { err, after_init: true }) => {
-            notes.push(Note::AutoFailed(err.clone()));
             let _ = LOADED.set(Err(err.clone()));
             return Err(err);
         }
@@ -291,19 +304,23 @@ fn load(
                 Ok(()) => Ok(real),
                 Err(err) => {
                     keep_mapped(real.lib);
+                    notes.push(Note::ProbedDriverRefused(err.clone()));
                     Err(Failed { err, after_init: true })
                 }
             },
             Err(Failed { err: real_err, after_init }) => {
                 notes.push(Note::NoRealDriver(real_err.clone()));
-                load_simulator(sim_config).map_err(|sim_err| Failed {
-                    err: match sim_err {
+                load_simulator(sim_config).map_err(|sim_err| {
+                    let err = match sim_err {
                         Error::DriverNotFound { searched } => {
                             Error::DriverNotFound { searched: format!("{searched}; real driver: {real_err}") }
                         }
                         other => other,
-                    },
-                    after_init,
+                    };
+                    if after_init {
+                        notes.push(Note::SimulatorAfterProbeFailed(err.clone()));
+                    }
+                    Failed { err, after_init }
                 })
             }
         },
@@ -356,23 +373,18 @@ fn open_real(names: &[String]) -> Result<Loaded> {
     Ok(Loaded { kind, description, lib })
 }
 
-/// The names `Auto`'s probe opens the real driver by: the versioned `libcuda.so.1` first, then
-/// cudarc's names.
+/// The name `Auto`'s probe opens the real driver by: `libcuda.so.1`, the soname, which every
+/// NVIDIA driver install has. A file found only as `libcuda.so` is taken for no driver (a CUDA
+/// toolkit's `stubs` directory has only that name; `Real` still opens it).
 ///
 /// A probe that ran the driver's `cuInit` and found no device leaves the driver loaded (see
-/// [`keep_mapped`]; a driver may also never unload on its last close). Had it
-/// been opened as `libcuda.so`, the loader would keep answering that name with it: cudarc's
-/// `dlopen("libcuda.so")` would then find the real driver, not cumem-sim (glibc answers a name
-/// with the first loaded object that was opened by it or has it as its soname; cumem-sim, opened
-/// by path after the probe, has it only as its soname), and the simulator could never be
-/// selected. Opened as `libcuda.so.1` (its soname), it holds no other name. A driver found only
-/// as `libcuda.so` still takes the name (a stand-in; every driver install has the versioned
-/// name).
-fn probe_candidates() -> Vec<String> {
-    let mut names = vec!["libcuda.so.1".to_string()];
-    names.extend(real_candidates().into_iter().filter(|n| n != "libcuda.so.1"));
-    names
-}
+/// [`keep_mapped`]; a driver may also never unload on its last close). Had it been opened as
+/// `libcuda.so`, the loader would keep answering that name with it: cudarc's `dlopen("libcuda.so")`
+/// would then find it, not cumem-sim (glibc answers a name with the first loaded object that was
+/// opened by it or has it as its soname; cumem-sim, opened by path after the probe, has it only as
+/// its soname), and the simulator could never be selected. Opened as `libcuda.so.1`, it holds no
+/// other name.
+const PROBE_NAME: &str = "libcuda.so.1";
 
 /// `cuInit` as every driver and cumem-sim export it. The result is read as the C `int` it is: a
 /// driver newer than cudarc's bindings may return a code that `sys::CUresult` has no variant for,
@@ -396,7 +408,8 @@ enum CudarcTarget {
     OnLibraryPath(std::path::PathBuf),
     /// Neither: the loader's cache or the system directories answer, where a driver install puts
     /// `libcuda.so` beside `libcuda.so.1`. (A program built with an `RPATH`, searched before
-    /// `LD_LIBRARY_PATH`, is not foreseen: the check of cudarc's handle after `cuInit` catches it.)
+    /// `LD_LIBRARY_PATH`, or a directory of it named through `$ORIGIN` or another token that glibc
+    /// expands, is not foreseen: the check of cudarc's handle after `cuInit` catches it.)
     Unforeseen,
 }
 
@@ -407,9 +420,13 @@ fn cudarc_target() -> CudarcTarget {
     #[cfg(unix)]
     {
         // SAFETY: `RTLD_NOLOAD` maps nothing and runs no initialiser. glibc may still search the
-        // library path and open a file of that name to compare its identity with the loaded
-        // libraries (adding the name to the one it matches, which is what cudarc's open would
-        // find anyway); it never maps that file.
+        // library path and open a file of that name to compare it with the loaded libraries; one
+        // that is the same file gets the name added, and is answered. That name stays: where a
+        // driver was already loaded as `libcuda.so.1` (by libcudart, or a program linked with
+        // `-lcuda`) and the `libcuda.so` found links to it, `libcuda.so` means that driver from
+        // now on, so a simulator loaded after a probe that found no device is refused, where
+        // cudarc's own open would have found the simulator (by its soname) first. It never maps
+        // the file.
         let lib = unsafe {
             libloading::os::unix::Library::open(Some(first.as_str()), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
         };
@@ -417,13 +434,19 @@ fn cudarc_target() -> CudarcTarget {
             return CudarcTarget::Loaded(Library::from(lib));
         }
     }
-    let dirs = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-    // glibc separates the directories with `:` or `;`, and reads an empty one as the working
-    // directory.
-    dirs.split([':', ';'])
-        .map(|dir| std::path::Path::new(if dir.is_empty() { "." } else { dir }).join(&first))
-        .find(|path| path.is_file())
+    first_on_library_path(std::env::var_os("LD_LIBRARY_PATH").as_deref(), &first)
         .map_or(CudarcTarget::Unforeseen, CudarcTarget::OnLibraryPath)
+}
+
+/// The first file called `name` in a directory of `library_path` (the value of `LD_LIBRARY_PATH`),
+/// as glibc searches it: unset or empty, the variable is ignored; within a value, directories are
+/// separated by `:` or `;`, and an empty one is the working directory. A value that is not UTF-8
+/// is not read (`None`, as where nothing is found).
+fn first_on_library_path(library_path: Option<&std::ffi::OsStr>, name: &str) -> Option<std::path::PathBuf> {
+    let dirs = library_path.filter(|v| !v.is_empty())?.to_str()?;
+    dirs.split([':', ';'])
+        .map(|dir| std::path::Path::new(if dir.is_empty() { "." } else { dir }).join(name))
+        .find(|path| path.is_file())
 }
 
 /// The file a loaded library was mapped from (as the loader found it), found by its `cuInit`.
@@ -472,7 +495,7 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> Option<bool> {
     }
 }
 
-/// Why cudarc would not call `probe`, the real driver found by [`probe_candidates`], if `target`
+/// Why cudarc would not call `probe`, the real driver found as [`PROBE_NAME`], if `target`
 /// says so; `None` where it would, or where that cannot be told before `cuInit`.
 fn shadowed(target: &CudarcTarget, probe: &Loaded) -> Option<String> {
     match target {
@@ -513,7 +536,7 @@ fn probe_real(notes: &mut Vec<Note>) -> std::result::Result<Loaded, Failed> {
         }
         .into());
     }
-    let loaded = open_real(&probe_candidates())?;
+    let loaded = open_real(&[PROBE_NAME.to_string()])?;
     if let Some(reason) = shadowed(&target, &loaded) {
         notes.push(Note::Shadowed(reason.clone()));
         // Dropped uninitialised: nothing of it ran but its initialisers.
@@ -690,5 +713,19 @@ mod tests {
         const { assert!(cfg!(feature = "sim")) };
         assert!(said.contains("no libcumem_sim.so beside the program"), "{said}");
         assert!(!said.contains("feature"), "the `sim` feature is enabled, yet asked for: {said}");
+    }
+
+    #[test]
+    fn an_unset_or_empty_library_path_is_not_searched() {
+        // Tests run in the crate's directory, which holds `Cargo.toml`: glibc finds a file there
+        // through an empty directory of a set `LD_LIBRARY_PATH`, never through an unset or empty
+        // variable.
+        let name = "Cargo.toml";
+        assert!(std::path::Path::new(name).is_file());
+        assert_eq!(first_on_library_path(None, name), None);
+        assert_eq!(first_on_library_path(Some("".as_ref()), name), None);
+        assert_eq!(first_on_library_path(Some("/nonexistent".as_ref()), name), None);
+        let found = first_on_library_path(Some("/nonexistent::".as_ref()), name);
+        assert_eq!(found, Some(std::path::Path::new(".").join(name)));
     }
 }

@@ -144,11 +144,93 @@ fn child_stubs() {
         seen.iter().any(|(level, fields)| *level == tracing::Level::WARN
             && fields.contains(&stub)
             && fields.contains("LD_LIBRARY_PATH")
-            && fields.contains("not used")),
+            && fields.contains("the CUDA driver is not used")
+            && fields.contains("cudarc would call another libcuda.so")),
         "no warning names the stub {stub} and the library path: {seen:?}"
     );
     let initialised = std::env::var_os(INITIALISED_ENV).unwrap();
     assert!(!std::path::Path::new(&initialised).exists(), "the driver's cuInit ran");
+}
+
+/// A `libcuda.so` that `auto` cannot foresee: a stubs directory named on `LD_LIBRARY_PATH` through
+/// `$ORIGIN` (which glibc expands and cumem does not read; a program's `RPATH` is the same case).
+/// The driver, found as `libcuda.so.1`, is initialised, and only then is cudarc found to call the
+/// stub: the selection is refused, finally, and the warning says so, not that the simulator was
+/// tried.
+#[test]
+fn auto_refusing_an_initialised_driver_says_the_simulator_was_not_tried() {
+    let (Some(stubs), Some(driver)) = (
+        stand_in::build("cudarc-handle-unforeseen-stubs", STUB, "libcuda.so", &[], &[]),
+        stand_in::build("cudarc-handle-unforeseen-driver", DRIVER, "libcuda.so.1", &[], &[]),
+    ) else {
+        return testing::skip("no rustc to build the stand-ins (a machine without a Rust toolchain)");
+    };
+    // From the test binary's directory up to `/` (`..` there stays at `/`), then down to `stubs`.
+    let exe_dir = std::env::current_exe().unwrap().parent().unwrap().to_owned();
+    let up = "/..".repeat(exe_dir.components().count());
+    let path = format!("$ORIGIN{up}{}:{}", stubs.display(), driver.display());
+    let initialised = driver.join("initialised");
+    run_child_with(
+        "child_unforeseen",
+        &[("LD_LIBRARY_PATH", &path), (INITIALISED_ENV, initialised.to_str().unwrap())],
+    );
+    let ran = initialised.exists();
+    let _ = std::fs::remove_dir_all(&stubs);
+    let _ = std::fs::remove_dir_all(&driver);
+    assert!(ran, "the driver's cuInit did not run: the stub was foreseen after all");
+    testing::init();
+}
+
+#[test]
+fn child_unforeseen() {
+    if !is_child("child_unforeseen") {
+        return;
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = {
+        let seen = seen.clone();
+        OnEvent(move |event: &tracing::Event<'_>| {
+            seen.lock().unwrap().push((*event.metadata().level(), testing::event_message(event)))
+        })
+    };
+    let chosen = tracing::subscriber::with_default(subscriber, || {
+        driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
+    });
+    assert!(
+        matches!(&chosen, Err(Error::DriverSelection { reason }) if reason.contains("cudarc already calls another libcuda.so")),
+        "{chosen:?}"
+    );
+    let again = driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG));
+    assert_eq!(again.map_err(|e| e.to_string()), chosen.map_err(|e| e.to_string()), "not final");
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|(level, message)| *level == tracing::Level::WARN
+            && message.starts_with("the CUDA driver was initialised, but cudarc calls another library")),
+        "the refusal was not logged as such: {seen:?}"
+    );
+    assert!(
+        !seen.iter().any(|(_, message)| message.contains("simulator")),
+        "the simulator was never tried, yet a message names it: {seen:?}"
+    );
+}
+
+/// A stand-in directory left by an earlier run under the same name (a test that failed before
+/// removing it, a process id come round again) is replaced, not a panic on its links.
+#[test]
+fn a_stand_in_directory_left_by_an_earlier_run_is_replaced() {
+    let build = || stand_in::build("cudarc-handle-left", STAND_IN, "libcuda.so.1", &["libcuda.so"], &[]);
+    let Some(left) = build() else {
+        return testing::skip(
+            "no rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)",
+        );
+    };
+    std::fs::write(left.join("stale"), b"from an earlier run").unwrap();
+    let dir = build().expect("rustc ran the first time");
+    assert_eq!(dir, left);
+    assert!(dir.join("libcuda.so").is_file(), "the link to the new stand-in is missing");
+    assert!(!dir.join("stale").exists(), "the earlier run's directory was kept");
+    let _ = std::fs::remove_dir_all(&dir);
+    testing::init();
 }
 
 fn is_child(case: &str) -> bool {

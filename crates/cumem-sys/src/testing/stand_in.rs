@@ -15,15 +15,15 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// Builds `source` (Rust, edition 2021) as a `cdylib` named `file_name` into a fresh directory
-/// whose name carries `tag` and this process's id, with a symbolic link to it under each name of
-/// `links`, passing each of `link_args` to the linker (`-z,nodelete` makes a library that stays
-/// loaded after its last close, as NVIDIA's driver may), and returns the directory. `None` where no
-/// `rustc` can be run (the GPU machine, which gets the test binaries without a toolchain): the
-/// caller skips.
+/// whose name carries `tag` and this process's id (one left by an earlier run is replaced), with a
+/// symbolic link to it under each name of `links`, passing each of `link_args` to the linker
+/// (`-z,nodelete` makes a library that stays loaded after its last close, as NVIDIA's driver may),
+/// and returns the directory. `None` where no `rustc` can be run (the GPU machine, which gets the
+/// test binaries without a toolchain): the caller skips.
 ///
-/// A stand-in for the driver is best built as `libcuda.so.1` with a `libcuda.so` link: `auto`
-/// probes `libcuda.so.1` first, so a stand-in found only as `libcuda.so` would leave the probe
-/// to the machine's own driver, if it has one.
+/// A stand-in for the driver is best built as `libcuda.so.1` with a `libcuda.so` link, as a
+/// driver install has it: `auto` probes only `libcuda.so.1`, and cudarc opens `libcuda.so` first;
+/// a stand-in found only as `libcuda.so` is a CUDA toolkit's stub to `auto`.
 ///
 /// # Panics
 /// If the directory cannot be written or `rustc` fails on the source.
@@ -35,6 +35,13 @@ pub fn build(
     link_args: &[&str],
 ) -> Option<PathBuf> {
     let dir = std::env::temp_dir().join(format!("cumem-stand-in-{}-{tag}", std::process::id()));
+    // Left by an earlier run that failed before removing it (a process id comes round again):
+    // its links would make `symlink` fail.
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("removing the stand-in directory {}: {e}", dir.display()),
+    }
     std::fs::create_dir_all(&dir).expect("a directory for the stand-in");
     let src = dir.join("stand_in.rs");
     std::fs::write(&src, source).expect("the stand-in's source");
