@@ -86,8 +86,8 @@ fn assert_clean_failure(out: &Output) {
 
 /// A stand-in driver whose `cuInit` says `CUDA_ERROR_NO_DEVICE`, as the real driver does where no
 /// device is visible; built (with the `rustc` that builds the tests) into a directory of its own as
-/// a driver install has it (`libcuda.so.1`, and `libcuda.so` linking to it: `auto` probes
-/// `libcuda.so.1` first, and must find the stand-in, not this machine's own driver), which is
+/// a driver install has it (`libcuda.so.1`, and `libcuda.so` linking to it: `auto` probes only
+/// `libcuda.so.1`, and must find the stand-in, not this machine's own driver), which is
 /// returned for `LD_LIBRARY_PATH`; `None` where no `rustc` can be run (the GPU machine, which gets
 /// the test binaries without a toolchain).
 fn driver_without_devices(name: &str) -> Option<std::path::PathBuf> {

@@ -175,6 +175,17 @@ enum Note {
 impl Note {
     fn emit(self) {
         match self {
+            // A stub's `cuInit` (the toolkit's `stubs` folder first on the library path, perhaps
+            // with a `libcuda.so.1` link added) would otherwise hide a GPU machine's driver with
+            // nothing but a debug line.
+            Note::NoRealDriver(real_err)
+                if real_err.code() == Some(sys::CUresult::CUDA_ERROR_STUB_LIBRARY) =>
+            {
+                tracing::warn!(
+                    %real_err,
+                    "the libcuda.so.1 found is the CUDA toolkit's stub, not a driver (take its folder off                      LD_LIBRARY_PATH to use a GPU); trying the simulator"
+                )
+            }
             Note::NoRealDriver(real_err) => {
                 tracing::debug!(%real_err, "no usable CUDA driver; trying the simulator")
             }
