@@ -116,16 +116,36 @@ fn ci() -> Result {
 fn test_on_simulator() -> Result {
     let started = Instant::now();
     eprintln!("==> cargo test (simulator, leak check at exit of every test binary)");
-    let output = cargo()
+    let mut child = cargo()
         .args(["test", "--workspace", "--locked"])
         .env("CUMEM_DRIVER", "sim")
         .env("CUMEM_SIM", "leak_check=1")
         .stdout(Stdio::inherit())
         .stderr(Stdio::piped())
-        .output()
+        .spawn()
         .map_err(|e| format!("cargo test: could not start: {e}"))?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    eprint!("{stderr}");
+    // Each line is shown as it comes (which binary runs now, so that a hang shows where) and kept
+    // for the leak check's count below.
+    let mut stderr = String::new();
+    let mut pipe = std::io::BufReader::new(child.stderr.take().expect("stderr is piped"));
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match std::io::BufRead::read_until(&mut pipe, b'\n', &mut line) {
+            Ok(0) => break,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                eprint!("{text}");
+                stderr.push_str(&text);
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("cargo test: reading its output: {e}"));
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| format!("cargo test: waiting for it: {e}"))?;
     let passed = stderr.lines().filter(|l| l.starts_with("cumem-sim: leak check passed")).count();
     let leaks: Vec<&str> = stderr.lines().filter(|l| l.starts_with("cumem-sim: LEAK")).collect();
     eprintln!(
@@ -141,8 +161,8 @@ fn test_on_simulator() -> Result {
             leaks.join("\n")
         ));
     }
-    if !output.status.success() {
-        return Err(format!("cargo test failed ({})", output.status));
+    if !status.success() {
+        return Err(format!("cargo test failed ({status})"));
     }
     if passed == 0 {
         return Err("no test process reported the simulator's leak check".into());

@@ -6,11 +6,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use cumem::DriverResource;
 use cumem::copy::{StreamCopy, copy_d2d};
 use cumem::driver::{self, DriverChoice, DriverKind};
 use cumem::prelude::*;
-use cumem::{DriverResource, ErrorContext};
 
 /// Prints a line to stdout; a closed pipe (`cumem info | head`) is not an error worth a panic.
 macro_rules! say {
@@ -33,18 +33,26 @@ use units::human;
 #[derive(Parser)]
 #[command(name = "cumem", version, about = "Type-safe CUDA memory management: info, demo, replay and bench")]
 struct Cli {
-    /// Which driver to use: the real one, the simulator, or the real one when present.
-    #[arg(long, value_enum, env = "CUMEM_DRIVER", default_value = "auto", global = true)]
-    driver: DriverArg,
+    /// Which driver to use: auto (the real one when it sees a device and is the libcuda.so cudarc
+    /// would call, else the simulator), real, or sim.
+    /// Read as the library reads CUMEM_DRIVER: any case, and `cuda` or `simulator` too.
+    #[arg(
+        long,
+        value_name = "auto|real|sim",
+        value_parser = parse_driver,
+        env = "CUMEM_DRIVER",
+        default_value = "auto",
+        global = true
+    )]
+    driver: DriverChoice,
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum DriverArg {
-    Auto,
-    Real,
-    Sim,
+/// `--driver` and `CUMEM_DRIVER` go through the library's own parser, so that a value one accepts
+/// the other does too.
+fn parse_driver(value: &str) -> Result<DriverChoice, String> {
+    value.parse().map_err(|e: Error| e.to_string())
 }
 
 #[derive(Subcommand)]
@@ -101,6 +109,9 @@ pub enum Failure {
     Cuda(Error),
     /// A file that cannot be read, a trace that does not parse, a chart that cannot be written.
     Input(String),
+    /// Every call succeeded, yet the data read back is not what was written: a bug in cumem or
+    /// the driver, not a driver refusal.
+    WrongData(String),
 }
 
 impl From<Error> for Failure {
@@ -115,11 +126,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let choice = match cli.driver {
-        DriverArg::Auto => DriverChoice::Auto,
-        DriverArg::Real => DriverChoice::Real,
-        DriverArg::Sim => DriverChoice::Simulator,
-    };
+    let choice = cli.driver;
     let result = driver::select(choice).map_err(Failure::from).and_then(|kind| {
         let simulated = kind == DriverKind::Simulator;
         match cli.command {
@@ -130,7 +137,7 @@ fn main() -> ExitCode {
             Command::Demo { elements } => {
                 let size = demo_size(elements)?;
                 say!("{}", banner(kind));
-                demo(size).map_err(Failure::from)
+                demo(size)
             }
             Command::Replay { log, pools, svg, json } => {
                 // JSON owns stdout, so that it parses as a whole.
@@ -171,7 +178,7 @@ fn main() -> ExitCode {
             eprintln!("cumem: error: {e}");
             ExitCode::FAILURE
         }
-        Err(Failure::Input(e)) => {
+        Err(Failure::Input(e) | Failure::WrongData(e)) => {
             eprintln!("cumem: error: {e}");
             ExitCode::FAILURE
         }
@@ -233,7 +240,7 @@ fn demo_size(elements: usize) -> Result<DemoSize, Failure> {
     Ok(DemoSize { elements, bytes })
 }
 
-fn demo(size: DemoSize) -> Result<()> {
+fn demo(size: DemoSize) -> Result<(), Failure> {
     let DemoSize { elements, bytes } = size;
     let ctx = Device::get(0)?.context()?;
     let before = ctx.mem_info()?;
@@ -268,9 +275,13 @@ fn demo(size: DemoSize) -> Result<()> {
         stream.copy_d2h(&b, &mut back)?;
         say!("download {} device -> pinned host, queued", human(bytes));
         let seen = back.as_slice()?; // waits for the download, nothing else
-        let ok = seen[..half] == data[..half] && seen[half..].iter().all(|&v| v == u32::MAX);
-        if !ok {
-            return Err(Error::InvalidValue { ctx: ErrorContext::op("demo verification") });
+        let expected = |i: usize| if i < half { data[i] } else { u32::MAX };
+        if let Some(i) = (0..elements).find(|&i| seen[i] != expected(i)) {
+            return Err(Failure::WrongData(format!(
+                "the demo read back wrong data: element {i} is {:#010x}, expected {:#010x}",
+                seen[i],
+                expected(i)
+            )));
         }
         say!("verify   all {elements} elements match (first half copied, second half filled)");
     }

@@ -7,15 +7,23 @@
 //!
 //! | `CUMEM_DRIVER` | meaning |
 //! |---|---|
-//! | `auto` (default) | the real driver when one loads and sees a device, else the simulator |
+//! | `auto` (default) | the real driver when `libcuda.so.1` loads and sees a device, else the simulator; the simulator too, with a warning, where the `libcuda.so` cudarc would call is another file (a stub) |
 //! | `real` | the real driver, or [`Error::DriverNotFound`] |
 //! | `sim` | the simulator, from `CUMEM_SIM_LIB` or found beside the program |
 //!
 //! The real driver is never replaced silently: once a library is chosen, asking for the other kind
 //! is an [`Error::DriverSelection`]; and `real` when `libcuda.so` resolves to cumem-sim (already
-//! loaded, or first on the library path) is [`Error::DriverNotFound`], not the simulator. A
-//! selection that fails before any driver's `cuInit` ran is not remembered; once one has run, the
-//! outcome is final (see [`select`]).
+//! loaded, or first on the library path) is [`Error::DriverNotFound`], not the simulator. cudarc
+//! keeps the first library it opened for the process, so a library that cudarc does not call
+//! through (another crate made it open a driver before cumem chose) is refused too, as an
+//! [`Error::DriverSelection`]. `auto` looks for the real driver only as `libcuda.so.1`, which every
+//! driver install has: a `libcuda.so` alone (a CUDA toolkit's `stubs` directory on a machine with
+//! no driver) counts as no driver, though `real` opens it. And it compares before it initialises
+//! anything: where the driver it found is not the file cudarc would open as `libcuda.so` (a CUDA
+//! toolkit's `stubs` directory first on `LD_LIBRARY_PATH`), the driver's `cuInit` is not run,
+//! a warning names the file cudarc would call, and the simulator is used as where no driver is
+//! found. A selection that fails before any driver's `cuInit` ran is not remembered; once one has
+//! run, the outcome is final (see [`select`]), and that library is never unloaded.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -32,13 +40,15 @@ use std::sync::{Mutex, OnceLock};
 
 use libloading::Library;
 
-use crate::error::{Error, ErrorContext, Result, check};
+use crate::error::{Error, ErrorContext, Result, check_raw};
 use crate::sys;
 
 /// Which driver library to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriverChoice {
-    /// The real driver when one is present and sees a device, else the simulator.
+    /// The real driver when it is present as `libcuda.so.1` and sees a device, else the simulator;
+    /// the simulator too, with a warning, where the `libcuda.so` cudarc would call is not that
+    /// driver (a CUDA toolkit's stub).
     Auto,
     /// The real driver only.
     Real,
@@ -114,15 +124,17 @@ pub fn init() -> Result<DriverKind> {
 ///
 /// A selection that fails before any driver's `cuInit` ran (no library found, a library that is
 /// not the kind asked for, a bad simulator configuration) leaves no driver in use: a later call may
-/// choose again, for example the simulator after `Real` found no driver. A library that it loaded
-/// may stay mapped all the same (the dynamic loader need not unload it on its last close): after a
-/// `Simulator` selection that loaded cumem-sim and then failed, `libcuda.so` may still resolve to
-/// it, and a later `Real` is then refused as [`Error::DriverNotFound`] (it resolves to cumem-sim).
-/// Once a `cuInit` has run,
-/// the outcome is final for the process, failure included: every later call returns it. That
-/// counts `Auto`'s probe of the real driver: when the real driver's `cuInit` ran there (and it
-/// then had no device, or failed) and the simulator cannot be loaded after it, that failure is
-/// final too.
+/// choose again, for example the simulator after `Real` found no driver. A refused simulator
+/// configuration is found before cudarc is asked for its library, so cudarc opens nothing for it.
+/// But a library such a selection loaded may stay mapped, and cumem-sim always does (it is
+/// linked never to unload): after any `Simulator` selection that loaded it and failed,
+/// `libcuda.so` resolves to cumem-sim for the rest of the process, so a later `Real` is
+/// [`Error::DriverNotFound`] (it resolves to cumem-sim) and `Auto` chooses the simulator. Once a
+/// `cuInit` has run, the outcome is final for the process, failure included: every later call
+/// returns it. That counts `Auto`'s probe of the real driver: when the real driver's `cuInit` ran
+/// there and it then had no device, or failed, and the simulator cannot be loaded after it, that
+/// failure is final too; so is a driver that initialised but turned out not to be the library
+/// cudarc calls (the simulator is then not tried).
 pub fn select(choice: DriverChoice) -> Result<DriverKind> {
     select_with_sim_config(choice, None)
 }
@@ -146,26 +158,52 @@ pub fn select_with_sim_config(choice: DriverChoice, sim_config: Option<&str>) ->
 enum Note {
     /// `Auto` found no usable real driver and tries the simulator.
     NoRealDriver(Error),
+    /// `Auto` found a real driver but cudarc would call another file: the driver is not used.
+    Shadowed(String),
     /// The chosen driver's `cuInit` succeeded.
     Initialised(String),
     /// The chosen driver's `cuInit` failed: the failure is final for the process.
     InitFailed { driver: String, err: Error },
-    /// `Auto` ran the real driver's `cuInit` and then could not load the simulator: final too.
-    AutoFailed(Error),
+    /// `Auto` ran the real driver's `cuInit`, which failed or found no device, and then could not
+    /// load the simulator: final too.
+    SimulatorAfterProbeFailed(Error),
+    /// `Auto` initialised the real driver, and then found that cudarc calls another library: the
+    /// simulator is not tried, and that is final too.
+    ProbedDriverRefused(Error),
 }
 
 impl Note {
     fn emit(self) {
         match self {
+            // A stub's `cuInit` (the toolkit's `stubs` folder first on the library path, perhaps
+            // with a `libcuda.so.1` link added) would otherwise hide a GPU machine's driver with
+            // nothing but a debug line.
+            Note::NoRealDriver(real_err)
+                if real_err.code() == Some(sys::CUresult::CUDA_ERROR_STUB_LIBRARY) =>
+            {
+                tracing::warn!(
+                    %real_err,
+                    "the libcuda.so.1 found is the CUDA toolkit's stub, not a driver (take its folder off                      LD_LIBRARY_PATH to use a GPU); trying the simulator"
+                )
+            }
             Note::NoRealDriver(real_err) => {
                 tracing::debug!(%real_err, "no usable CUDA driver; trying the simulator")
+            }
+            Note::Shadowed(reason) => {
+                tracing::warn!(
+                    %reason,
+                    "the CUDA driver is not used (not initialised), since cudarc would call another libcuda.so; trying the simulator"
+                )
             }
             Note::Initialised(driver) => tracing::info!(%driver, "CUDA driver initialised"),
             Note::InitFailed { driver, err } => {
                 tracing::warn!(%driver, %err, "CUDA driver initialisation failed; final for this process")
             }
-            Note::AutoFailed(err) => {
+            Note::SimulatorAfterProbeFailed(err) => {
                 tracing::warn!(%err, "no usable CUDA driver nor simulator; final for this process")
+            }
+            Note::ProbedDriverRefused(err) => {
+                tracing::warn!(%err, "the CUDA driver was initialised, but cudarc calls another library; final for this process")
             }
         }
     }
@@ -195,20 +233,30 @@ fn select_locked(
         // Remembered: retrying would load the real driver and run its `cuInit` again on every
         // call, only to fail the same way.
         Err(Failed { err, after_init: true }) => {
-            notes.push(Note::AutoFailed(err.clone()));
             let _ = LOADED.set(Err(err.clone()));
             return Err(err);
         }
     };
-    // SAFETY: a driver library is loaded and cudarc will resolve `libcuda.so` to it (checked in
-    // `load`); cuInit takes no pointers.
-    let outcome = match check(unsafe { sys::cuInit(0) }, ErrorContext::op("cuInit")) {
+    // Through the loaded library and as the C `int` it returns (see `InitFn`), not cudarc's
+    // `sys::cuInit`, whose `CUresult` cannot hold a code newer than the bindings; `load` checked
+    // that cudarc calls this same library, so cudarc's later calls see it initialised.
+    // SAFETY: `cuInit` has this C signature in every driver and in cumem-sim.
+    let init = match unsafe { loaded.lib.get::<InitFn>("cuInit") } {
+        Ok(init) => *init,
+        // Not reached (the check of cudarc's handle compares `cuInit`), and nothing ran yet.
+        Err(_) => {
+            return Err(Error::DriverSelection { reason: format!("{} has no cuInit", loaded.description) });
+        }
+    };
+    // SAFETY: resolved from the loaded library, which stays mapped while `init` runs; no pointers.
+    let outcome = match check_raw(unsafe { init(0) }, ErrorContext::op("cuInit")) {
         Ok(()) => {
             notes.push(Note::Initialised(loaded.description.clone()));
             Ok(loaded)
         }
         Err(err) => {
             notes.push(Note::InitFailed { driver: loaded.description.clone(), err: err.clone() });
+            keep_mapped(loaded.lib);
             Err(err)
         }
     };
@@ -253,20 +301,37 @@ fn load(
     notes: &mut Vec<Note>,
 ) -> std::result::Result<Loaded, Failed> {
     match choice {
-        DriverChoice::Real => Ok(load_real()?),
+        DriverChoice::Real => {
+            let real = load_real()?;
+            check_cudarc_calls(&real)?;
+            Ok(real)
+        }
         DriverChoice::Simulator => Ok(load_simulator(sim_config)?),
-        DriverChoice::Auto => match probe_real() {
-            Ok(real) => Ok(real),
+        DriverChoice::Auto => match probe_real(notes) {
+            // The probe ran the driver's `cuInit` (after comparing with what cudarc would open, so
+            // a refusal here means the loader answered `libcuda.so` otherwise than foreseen): a
+            // refusal now is final, and the initialised driver stays mapped.
+            Ok(real) => match check_cudarc_calls(&real) {
+                Ok(()) => Ok(real),
+                Err(err) => {
+                    keep_mapped(real.lib);
+                    notes.push(Note::ProbedDriverRefused(err.clone()));
+                    Err(Failed { err, after_init: true })
+                }
+            },
             Err(Failed { err: real_err, after_init }) => {
                 notes.push(Note::NoRealDriver(real_err.clone()));
-                load_simulator(sim_config).map_err(|sim_err| Failed {
-                    err: match sim_err {
+                load_simulator(sim_config).map_err(|sim_err| {
+                    let err = match sim_err {
                         Error::DriverNotFound { searched } => {
                             Error::DriverNotFound { searched: format!("{searched}; real driver: {real_err}") }
                         }
                         other => other,
-                    },
-                    after_init,
+                    };
+                    if after_init {
+                        notes.push(Note::SimulatorAfterProbeFailed(err.clone()));
+                    }
+                    Failed { err, after_init }
                 })
             }
         },
@@ -284,8 +349,10 @@ fn has_symbol(lib: &Library, name: &str) -> bool {
 
 fn open_first(names: &[String]) -> Option<(Library, String)> {
     names.iter().find_map(|name| {
-        // SAFETY: opening a driver library runs its initialisers; the CUDA driver and cumem-sim
-        // have no initialisers that require anything of the caller.
+        // SAFETY: opening a library runs its initialisers, whatever file the name resolves to on
+        // this machine's library path (which the user controls, as for the program's own
+        // dependencies): the CUDA driver's and cumem-sim's require nothing of the caller; the
+        // file is checked to be a driver only after they ran.
         unsafe { Library::new(name.as_str()) }.ok().map(|lib| (lib, name.clone()))
     })
 }
@@ -298,13 +365,18 @@ fn describe(lib: &Library, name: &str) -> (DriverKind, String) {
     }
 }
 
+/// The real driver by cudarc's names, in cudarc's order: the library cudarc opens too.
 fn load_real() -> Result<Loaded> {
-    let names = real_candidates();
+    open_real(&real_candidates())
+}
+
+/// The first of `names` that opens, refused if it is cumem-sim.
+fn open_real(names: &[String]) -> Result<Loaded> {
     let (lib, name) =
-        open_first(&names).ok_or_else(|| Error::DriverNotFound { searched: names.join(", ") })?;
+        open_first(names).ok_or_else(|| Error::DriverNotFound { searched: names.join(", ") })?;
     let (kind, description) = describe(&lib, &name);
     if kind == DriverKind::Simulator {
-        // cudarc would resolve every call to it: the real driver cannot be used in this process.
+        // cumem-sim under the driver's name: the real driver is not to be had by this name.
         return Err(Error::DriverNotFound {
             searched: format!("{name} (it resolves to cumem-sim, not the CUDA driver)"),
         });
@@ -312,12 +384,177 @@ fn load_real() -> Result<Loaded> {
     Ok(Loaded { kind, description, lib })
 }
 
+/// The name `Auto`'s probe opens the real driver by: `libcuda.so.1`, the soname, which every
+/// NVIDIA driver install has. A file found only as `libcuda.so` is taken for no driver (a CUDA
+/// toolkit's `stubs` directory has only that name; `Real` still opens it).
+///
+/// A probe that ran the driver's `cuInit` and found no device leaves the driver loaded (see
+/// [`keep_mapped`]; a driver may also never unload on its last close). Had it been opened as
+/// `libcuda.so`, the loader would keep answering that name with it: cudarc's `dlopen("libcuda.so")`
+/// would then find it, not cumem-sim (glibc answers a name with the first loaded object that was
+/// opened by it or has it as its soname; cumem-sim, opened by path after the probe, has it only as
+/// its soname), and the simulator could never be selected. Opened as `libcuda.so.1`, it holds no
+/// other name.
+const PROBE_NAME: &str = "libcuda.so.1";
+
+/// `cuInit` as every driver and cumem-sim export it. The result is read as the C `int` it is: a
+/// driver newer than cudarc's bindings may return a code that `sys::CUresult` has no variant for,
+/// which read as that enum would be undefined behaviour.
+type InitFn = unsafe extern "C" fn(u32) -> i32;
+
+/// Leaves a library whose `cuInit` ran mapped for the rest of the process. NVIDIA's driver starts
+/// threads in `cuInit`; unloading it under them could crash the process.
+fn keep_mapped(lib: Library) {
+    std::mem::forget(lib);
+}
+
+/// What cudarc's first name, `libcuda.so`, will open, found without loading a file by that name:
+/// a driver loaded (and never unloaded) under that name would keep answering it after a probe that
+/// found no device, and cumem-sim could then never be cudarc's library.
+enum CudarcTarget {
+    /// A library already loaded answers the name (cudarc's own handle, or one the program loaded).
+    Loaded(Library),
+    /// Nothing loaded answers it, and this file is the first by that name in a directory of
+    /// `LD_LIBRARY_PATH`, which the loader searches before its cache and the system directories.
+    OnLibraryPath(std::path::PathBuf),
+    /// Neither: the loader's cache or the system directories answer, where a driver install puts
+    /// `libcuda.so` beside `libcuda.so.1`. (A program built with an `RPATH`, searched before
+    /// `LD_LIBRARY_PATH`, or a directory of it named through `$ORIGIN` or another token that glibc
+    /// expands, is not foreseen: the check of cudarc's handle after `cuInit` catches it.)
+    Unforeseen,
+}
+
+fn cudarc_target() -> CudarcTarget {
+    let Some(first) = real_candidates().into_iter().next() else {
+        return CudarcTarget::Unforeseen;
+    };
+    #[cfg(unix)]
+    {
+        // SAFETY: `RTLD_NOLOAD` maps nothing and runs no initialiser. glibc may still search the
+        // library path and open a file of that name to compare it with the loaded libraries; one
+        // that is the same file gets the name added, and is answered. That name stays: where a
+        // driver was already loaded as `libcuda.so.1` (by libcudart, or a program linked with
+        // `-lcuda`) and the `libcuda.so` found links to it, `libcuda.so` means that driver from
+        // now on, so a simulator loaded after a probe that found no device is refused, where
+        // cudarc's own open would have found the simulator (by its soname) first. It never maps
+        // the file.
+        let lib = unsafe {
+            libloading::os::unix::Library::open(Some(first.as_str()), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+        };
+        if let Ok(lib) = lib {
+            return CudarcTarget::Loaded(Library::from(lib));
+        }
+    }
+    first_on_library_path(std::env::var_os("LD_LIBRARY_PATH").as_deref(), &first)
+        .map_or(CudarcTarget::Unforeseen, CudarcTarget::OnLibraryPath)
+}
+
+/// The first file called `name` in a directory of `library_path` (the value of `LD_LIBRARY_PATH`),
+/// as glibc searches it: unset or empty, the variable is ignored; within a value, directories are
+/// separated by `:` or `;`, and an empty one is the working directory. A value that is not UTF-8
+/// is not read (`None`, as where nothing is found).
+fn first_on_library_path(library_path: Option<&std::ffi::OsStr>, name: &str) -> Option<std::path::PathBuf> {
+    let dirs = library_path.filter(|v| !v.is_empty())?.to_str()?;
+    dirs.split([':', ';'])
+        .map(|dir| std::path::Path::new(if dir.is_empty() { "." } else { dir }).join(name))
+        .find(|path| path.is_file())
+}
+
+/// The file a loaded library was mapped from (as the loader found it), found by its `cuInit`.
+fn file_of(lib: &Library) -> Option<std::path::PathBuf> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: only the symbol's address is taken; it is not called or dereferenced.
+        let addr = unsafe { lib.get::<*const ()>("cuInit") }.ok().map(|s| *s)?;
+        let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+        // SAFETY: `addr` lies in a library that `lib` keeps mapped; `dladdr` only reads the
+        // loader's tables and writes `info`, valid for writes.
+        if unsafe { libc::dladdr(addr.cast(), info.as_mut_ptr()) } == 0 {
+            return None;
+        }
+        // SAFETY: `dladdr` succeeded, so it filled `info`.
+        let info = unsafe { info.assume_init() };
+        if info.dli_fname.is_null() {
+            return None;
+        }
+        // SAFETY: `dli_fname` is the loader's NUL-terminated name of the object, alive while `lib`
+        // keeps it mapped; it is copied at once.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+        Some(std::ffi::OsStr::from_bytes(name.to_bytes()).into())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = lib;
+        None
+    }
+}
+
+/// Whether two paths are one file, by device and inode after following links, as the dynamic
+/// loader tells a file it already loaded. `None` where either cannot be read.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> Option<bool> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let (a, b) = (std::fs::metadata(a).ok()?, std::fs::metadata(b).ok()?);
+        Some(a.dev() == b.dev() && a.ino() == b.ino())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (a, b);
+        None
+    }
+}
+
+/// Why cudarc would not call `probe`, the real driver found as [`PROBE_NAME`], if `target`
+/// says so; `None` where it would, or where that cannot be told before `cuInit`.
+fn shadowed(target: &CudarcTarget, probe: &Loaded) -> Option<String> {
+    match target {
+        CudarcTarget::Loaded(theirs) if same_library(theirs, &probe.lib) => None,
+        CudarcTarget::Loaded(theirs) => {
+            let file = file_of(theirs).map_or_else(|| "a library".into(), |f| f.display().to_string());
+            Some(format!("cudarc would call {file}, already loaded as libcuda.so, not {}", probe.description))
+        }
+        CudarcTarget::OnLibraryPath(file) => {
+            let ours = file_of(&probe.lib)?;
+            (same_file(file, &ours) == Some(false)).then(|| {
+                format!(
+                    "cudarc would call {}, the first libcuda.so in a directory of LD_LIBRARY_PATH, not \
+                     {} at {}: take that directory (a CUDA toolkit's stubs?) off LD_LIBRARY_PATH to \
+                     use the GPU",
+                    file.display(),
+                    probe.description,
+                    ours.display()
+                )
+            })
+        }
+        CudarcTarget::Unforeseen => None,
+    }
+}
+
 /// Loads the real driver only if it initialises and sees at least one device; a failure says
-/// whether the driver's `cuInit` ran.
-fn probe_real() -> std::result::Result<Loaded, Failed> {
-    let loaded = load_real()?;
-    type InitFn = unsafe extern "C" fn(u32) -> sys::CUresult;
-    type CountFn = unsafe extern "C" fn(*mut i32) -> sys::CUresult;
+/// whether the driver's `cuInit` ran. Its `cuInit` runs only once the driver is known to be the
+/// library cudarc will call (as far as that can be told first, see [`CudarcTarget`]).
+fn probe_real(notes: &mut Vec<Note>) -> std::result::Result<Loaded, Failed> {
+    let target = cudarc_target();
+    if let CudarcTarget::Loaded(theirs) = &target
+        && has_symbol(theirs, SIM_MARKER)
+    {
+        // cudarc calls the simulator (a program loaded it): probing the real driver could only
+        // end in a refusal.
+        return Err(Error::DriverNotFound {
+            searched: "libcuda.so (it resolves to cumem-sim, already loaded)".into(),
+        }
+        .into());
+    }
+    let loaded = open_real(&[PROBE_NAME.to_string()])?;
+    if let Some(reason) = shadowed(&target, &loaded) {
+        notes.push(Note::Shadowed(reason.clone()));
+        // Dropped uninitialised: nothing of it ran but its initialisers.
+        return Err(Error::DriverSelection { reason }.into());
+    }
+    drop(target);
+    type CountFn = unsafe extern "C" fn(*mut i32) -> i32;
     // SAFETY: `cuInit` and `cuDeviceGetCount` have these C signatures in every driver since CUDA 2.0.
     let (init, count) = unsafe {
         let init = loaded.lib.get::<InitFn>("cuInit").map(|s| *s);
@@ -332,14 +569,20 @@ fn probe_real() -> std::result::Result<Loaded, Failed> {
     };
     let mut n = 0;
     // SAFETY: resolved from the loaded library with its documented signature; no pointers.
-    let initialised = check(unsafe { init(0) }, ErrorContext::op("cuInit"))
+    let initialised = check_raw(unsafe { init(0) }, ErrorContext::op("cuInit"))
         // SAFETY: as above; `n` is a valid out-pointer.
-        .and_then(|()| check(unsafe { count(&mut n) }, ErrorContext::op("cuDeviceGetCount")))
+        .and_then(|()| check_raw(unsafe { count(&mut n) }, ErrorContext::op("cuDeviceGetCount")))
         .and_then(|()| match n {
-            1.. => Ok(loaded),
+            1.. => Ok(()),
             _ => Err(Error::NoDevice { ctx: ErrorContext::op("cuDeviceGetCount") }),
         });
-    initialised.map_err(|err| Failed { err, after_init: true })
+    match initialised {
+        Ok(()) => Ok(loaded),
+        Err(err) => {
+            keep_mapped(loaded.lib);
+            Err(Failed { err, after_init: true })
+        }
+    }
 }
 
 fn simulator_path() -> Option<std::path::PathBuf> {
@@ -356,37 +599,97 @@ fn simulator_path() -> Option<std::path::PathBuf> {
     }
 }
 
+/// What [`load_simulator`] looked for when it found no simulator library, and the way out that
+/// applies to this build.
+fn simulator_not_found() -> String {
+    if cfg!(feature = "sim") {
+        // Built with the simulator, but its library is not where a cargo build puts it (an
+        // installed binary, a copied program).
+        format!(
+            "cumem-sim: no libcumem_sim.so beside the program or in its build directory \
+             (set {SIM_LIB_ENV} to the library's path)"
+        )
+    } else {
+        format!("cumem-sim (set {SIM_LIB_ENV} to the library's path, or build with cumem's `sim` feature)")
+    }
+}
+
 fn load_simulator(sim_config: Option<&str>) -> Result<Loaded> {
-    let path = simulator_path().ok_or_else(|| Error::DriverNotFound {
-        searched: format!("cumem-sim (set {SIM_LIB_ENV}, or enable the `sim` feature)"),
-    })?;
+    let path = simulator_path().ok_or_else(|| Error::DriverNotFound { searched: simulator_not_found() })?;
     let shown = path.display().to_string();
-    // SAFETY: cumem-sim's initialisers only set up its own state.
+    // SAFETY: opening the file runs its initialisers before the marker check below can refuse it:
+    // the path is cumem-sim's own build or the one the user named in `CUMEM_SIM_LIB`, trusted as
+    // any library the program loads; cumem-sim's initialisers only set up its own state.
     let lib = unsafe { Library::new(&path) }
         .map_err(|e| Error::DriverNotFound { searched: format!("{shown}: {e}") })?;
     if !has_symbol(&lib, SIM_MARKER) {
         return Err(Error::DriverSelection { reason: format!("{shown} is not cumem-sim") });
     }
-    // cudarc opens `libcuda.so` by name; make sure that name now means the simulator, so the real
-    // driver is never used behind the simulator's back (or the other way round).
-    // SAFETY: as above; this only takes another reference to an already loaded object.
-    let by_name = unsafe { Library::new("libcuda.so") }.map_err(|e| Error::DriverSelection {
-        reason: format!("{shown} was loaded but `libcuda.so` does not resolve to it: {e}"),
-    })?;
-    if !has_symbol(&by_name, SIM_MARKER) {
-        return Err(Error::DriverSelection {
-            reason: "another libcuda.so is already loaded in this process; select the simulator before any CUDA call"
-                .into(),
-        });
-    }
+    // Before cudarc is asked for its library (which it then keeps): a refused configuration
+    // leaves cudarc as it was.
     if let Some(config) = sim_config {
         configure_simulator(&lib, config)?;
     }
-    Ok(Loaded { kind: DriverKind::Simulator, description: format!("cumem-sim ({shown})"), lib })
+    let loaded = Loaded { kind: DriverKind::Simulator, description: format!("cumem-sim ({shown})"), lib };
+    // So that the real driver is never called behind the simulator's back.
+    check_cudarc_calls(&loaded)?;
+    Ok(loaded)
+}
+
+/// Checks that the library cudarc calls through is `loaded`'s: cudarc opens its own handle by
+/// name (`libcuda.so` first) on first use and keeps it for the process (`sys::culib`), whatever
+/// cumem loaded since. Once another crate has made cudarc open the real driver, selecting the
+/// simulator must fail rather than report the simulator while every call goes to the GPU (and
+/// the other way round).
+fn check_cudarc_calls(loaded: &Loaded) -> Result<()> {
+    // SAFETY: opens and closes cudarc's candidate names in cudarc's order. A name that matches a
+    // library already loaded only takes another reference to it; one that does not loads a file
+    // from the library path and runs its initialisers, as `open_first` may, and as cudarc's own
+    // first call would.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::DriverSelection {
+            reason: format!(
+                "{} was loaded, but cudarc finds no driver library by name (libcuda.so)",
+                loaded.description
+            ),
+        });
+    }
+    // SAFETY: one of cudarc's candidate names opens (checked just above), so `culib` finds a
+    // library rather than panicking; if it opened one before, it returns that handle.
+    let theirs = unsafe { sys::culib() };
+    if same_library(theirs, &loaded.lib) {
+        return Ok(());
+    }
+    let (kind, _) = describe(theirs, "");
+    let what = match kind {
+        DriverKind::Simulator => "cumem-sim",
+        DriverKind::Real => "another libcuda.so",
+    };
+    let file = file_of(theirs).map_or_else(String::new, |f| format!(" ({})", f.display()));
+    Err(Error::DriverSelection {
+        reason: format!(
+            "{} was loaded, but cudarc already calls {what}{file}: select the driver before any \
+             other CUDA use in the process, with no other libcuda.so first on the library path",
+            loaded.description
+        ),
+    })
+}
+
+/// Whether two handles are the same library: both resolve `cuInit` to the same address (the
+/// dynamic loader gives one object one handle, however it was named).
+fn same_library(a: &Library, b: &Library) -> bool {
+    // SAFETY: only the symbols' addresses are compared; neither is called or dereferenced.
+    unsafe {
+        match (a.get::<*const ()>("cuInit"), b.get::<*const ()>("cuInit")) {
+            (Ok(x), Ok(y)) => *x == *y,
+            _ => false,
+        }
+    }
 }
 
 fn configure_simulator(lib: &Library, config: &str) -> Result<()> {
-    type ConfigureFn = unsafe extern "C" fn(*const std::ffi::c_char) -> sys::CUresult;
+    // An `int`, as in `probe_real`.
+    type ConfigureFn = unsafe extern "C" fn(*const std::ffi::c_char) -> i32;
     let spec = std::ffi::CString::new(config)
         .map_err(|_| Error::InvalidValue { ctx: ErrorContext::op("cumemSimConfigure") })?;
     // SAFETY: `cumemSimConfigure` is part of cumem-sim's control ABI with this signature; `spec` is a
@@ -396,7 +699,7 @@ fn configure_simulator(lib: &Library, config: &str) -> Result<()> {
             feature: crate::Feature::Symbol("cumemSimConfigure"),
             device: None,
         })?;
-        check(f(spec.as_ptr()), ErrorContext::op("cumemSimConfigure"))
+        check_raw(f(spec.as_ptr()), ErrorContext::op("cumemSimConfigure"))
     }
 }
 
@@ -411,5 +714,29 @@ mod tests {
         assert_eq!("REAL".parse::<DriverChoice>().unwrap(), DriverChoice::Real);
         assert_eq!("sim".parse::<DriverChoice>().unwrap(), DriverChoice::Simulator);
         assert!(matches!("gpu9".parse::<DriverChoice>(), Err(Error::DriverSelection { .. })));
+    }
+
+    #[test]
+    fn a_missing_simulator_is_explained_for_the_build_at_hand() {
+        let said = simulator_not_found();
+        assert!(said.contains(SIM_LIB_ENV), "{said}");
+        // This crate's tests are built with `sim`: the feature is there, the file is not.
+        const { assert!(cfg!(feature = "sim")) };
+        assert!(said.contains("no libcumem_sim.so beside the program"), "{said}");
+        assert!(!said.contains("feature"), "the `sim` feature is enabled, yet asked for: {said}");
+    }
+
+    #[test]
+    fn an_unset_or_empty_library_path_is_not_searched() {
+        // Tests run in the crate's directory, which holds `Cargo.toml`: glibc finds a file there
+        // through an empty directory of a set `LD_LIBRARY_PATH`, never through an unset or empty
+        // variable.
+        let name = "Cargo.toml";
+        assert!(std::path::Path::new(name).is_file());
+        assert_eq!(first_on_library_path(None, name), None);
+        assert_eq!(first_on_library_path(Some("".as_ref()), name), None);
+        assert_eq!(first_on_library_path(Some("/nonexistent".as_ref()), name), None);
+        let found = first_on_library_path(Some("/nonexistent::".as_ref()), name);
+        assert_eq!(found, Some(std::path::Path::new(".").join(name)));
     }
 }

@@ -379,9 +379,9 @@ impl Error {
 
     /// The driver code this error stands for: the code the driver returned, or, for a refusal of
     /// cumem's own that carries a driver-named variant, the code that variant names (for example
-    /// `InvalidValue` for an argument cumem checks before calling the driver, `NotReady` for a
-    /// staging ring whose failed copy may still use its chunks, `InvalidContext` for a 2D/3D copy
-    /// with no device side, `OutOfMemory` for an allocation that returned no memory). So `Some`
+    /// `InvalidValue` for an argument cumem checks before calling the driver, a 2D/3D copy with
+    /// no device side among them, `NotReady` for a staging ring whose failed copy may still use
+    /// its chunks, `OutOfMemory` for an allocation that returned no memory). So `Some`
     /// does not prove that the driver returned the code.
     /// `None` for cumem's own variants (`DriverNotFound`, `SizeOverflow`, `OutOfRange`, …) and for
     /// `NotSupported` of anything but a driver refusal.
@@ -430,9 +430,80 @@ pub fn check(code: CUresult, ctx: ErrorContext) -> Result<()> {
     }
 }
 
+/// [`check`] for a code read as the C `int` it is, from an entry point cumem calls through a
+/// function pointer of its own: a code that `CUresult` (cudarc's CUDA 12.8 enum) has no variant for,
+/// as a newer driver may return, is `CUDA_ERROR_UNKNOWN` instead of an invalid enum value.
+pub(crate) fn check_raw(code: i32, ctx: ErrorContext) -> Result<()> {
+    check(code_from_raw(code).unwrap_or(CUresult::CUDA_ERROR_UNKNOWN), ctx)
+}
+
+/// The `CUresult` whose value is `raw`, if cudarc's enum has one.
+fn code_from_raw(raw: i32) -> Option<CUresult> {
+    KNOWN_CODES.iter().copied().find(|&c| c as i32 == raw)
+}
+
+use CUresult as C;
+/// Every variant of cudarc's `CUresult` for the `cuda-12080` bindings, copied from them. A variant
+/// missing here reads as `CUDA_ERROR_UNKNOWN`, never as an invalid value.
+#[rustfmt::skip]
+const KNOWN_CODES: [CUresult; 100] = [
+    C::CUDA_SUCCESS, C::CUDA_ERROR_INVALID_VALUE, C::CUDA_ERROR_OUT_OF_MEMORY, C::CUDA_ERROR_NOT_INITIALIZED,
+    C::CUDA_ERROR_DEINITIALIZED, C::CUDA_ERROR_PROFILER_DISABLED, C::CUDA_ERROR_PROFILER_NOT_INITIALIZED,
+    C::CUDA_ERROR_PROFILER_ALREADY_STARTED, C::CUDA_ERROR_PROFILER_ALREADY_STOPPED,
+    C::CUDA_ERROR_STUB_LIBRARY, C::CUDA_ERROR_DEVICE_UNAVAILABLE, C::CUDA_ERROR_NO_DEVICE,
+    C::CUDA_ERROR_INVALID_DEVICE, C::CUDA_ERROR_DEVICE_NOT_LICENSED, C::CUDA_ERROR_INVALID_IMAGE,
+    C::CUDA_ERROR_INVALID_CONTEXT, C::CUDA_ERROR_CONTEXT_ALREADY_CURRENT, C::CUDA_ERROR_MAP_FAILED,
+    C::CUDA_ERROR_UNMAP_FAILED, C::CUDA_ERROR_ARRAY_IS_MAPPED, C::CUDA_ERROR_ALREADY_MAPPED,
+    C::CUDA_ERROR_NO_BINARY_FOR_GPU, C::CUDA_ERROR_ALREADY_ACQUIRED, C::CUDA_ERROR_NOT_MAPPED,
+    C::CUDA_ERROR_NOT_MAPPED_AS_ARRAY, C::CUDA_ERROR_NOT_MAPPED_AS_POINTER, C::CUDA_ERROR_ECC_UNCORRECTABLE,
+    C::CUDA_ERROR_UNSUPPORTED_LIMIT, C::CUDA_ERROR_CONTEXT_ALREADY_IN_USE,
+    C::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, C::CUDA_ERROR_INVALID_PTX, C::CUDA_ERROR_INVALID_GRAPHICS_CONTEXT,
+    C::CUDA_ERROR_NVLINK_UNCORRECTABLE, C::CUDA_ERROR_JIT_COMPILER_NOT_FOUND,
+    C::CUDA_ERROR_UNSUPPORTED_PTX_VERSION, C::CUDA_ERROR_JIT_COMPILATION_DISABLED,
+    C::CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY, C::CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC, C::CUDA_ERROR_CONTAINED,
+    C::CUDA_ERROR_INVALID_SOURCE, C::CUDA_ERROR_FILE_NOT_FOUND, C::CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND,
+    C::CUDA_ERROR_SHARED_OBJECT_INIT_FAILED, C::CUDA_ERROR_OPERATING_SYSTEM, C::CUDA_ERROR_INVALID_HANDLE,
+    C::CUDA_ERROR_ILLEGAL_STATE, C::CUDA_ERROR_LOSSY_QUERY, C::CUDA_ERROR_NOT_FOUND, C::CUDA_ERROR_NOT_READY,
+    C::CUDA_ERROR_ILLEGAL_ADDRESS, C::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, C::CUDA_ERROR_LAUNCH_TIMEOUT,
+    C::CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING, C::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+    C::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, C::CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE,
+    C::CUDA_ERROR_CONTEXT_IS_DESTROYED, C::CUDA_ERROR_ASSERT, C::CUDA_ERROR_TOO_MANY_PEERS,
+    C::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, C::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+    C::CUDA_ERROR_HARDWARE_STACK_ERROR, C::CUDA_ERROR_ILLEGAL_INSTRUCTION, C::CUDA_ERROR_MISALIGNED_ADDRESS,
+    C::CUDA_ERROR_INVALID_ADDRESS_SPACE, C::CUDA_ERROR_INVALID_PC, C::CUDA_ERROR_LAUNCH_FAILED,
+    C::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, C::CUDA_ERROR_TENSOR_MEMORY_LEAK, C::CUDA_ERROR_NOT_PERMITTED,
+    C::CUDA_ERROR_NOT_SUPPORTED, C::CUDA_ERROR_SYSTEM_NOT_READY, C::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+    C::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, C::CUDA_ERROR_MPS_CONNECTION_FAILED,
+    C::CUDA_ERROR_MPS_RPC_FAILURE, C::CUDA_ERROR_MPS_SERVER_NOT_READY, C::CUDA_ERROR_MPS_MAX_CLIENTS_REACHED,
+    C::CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED, C::CUDA_ERROR_MPS_CLIENT_TERMINATED,
+    C::CUDA_ERROR_CDP_NOT_SUPPORTED, C::CUDA_ERROR_CDP_VERSION_MISMATCH,
+    C::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, C::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+    C::CUDA_ERROR_STREAM_CAPTURE_MERGE, C::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+    C::CUDA_ERROR_STREAM_CAPTURE_UNJOINED, C::CUDA_ERROR_STREAM_CAPTURE_ISOLATION,
+    C::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, C::CUDA_ERROR_CAPTURED_EVENT,
+    C::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, C::CUDA_ERROR_TIMEOUT, C::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+    C::CUDA_ERROR_EXTERNAL_DEVICE, C::CUDA_ERROR_INVALID_CLUSTER_SIZE, C::CUDA_ERROR_FUNCTION_NOT_LOADED,
+    C::CUDA_ERROR_INVALID_RESOURCE_TYPE, C::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION,
+    C::CUDA_ERROR_KEY_ROTATION, C::CUDA_ERROR_UNKNOWN,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn raw_codes_outside_the_bindings_read_as_unknown() {
+        // Codes of CUDA 13 drivers that the 12.8 enum lacks, and codes no driver returns.
+        for raw in [36, 47, 227, 917, 918, 919, -1, i32::MAX] {
+            let err = check_raw(raw, ErrorContext::op("cuInit")).unwrap_err();
+            assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. }), "{raw}: {err:?}");
+        }
+        assert!(check_raw(0, ErrorContext::op("cuInit")).is_ok());
+        assert!(matches!(check_raw(100, ErrorContext::op("cuInit")), Err(Error::NoDevice { .. })));
+        for code in KNOWN_CODES {
+            assert_eq!(code_from_raw(code as i32), Some(code));
+        }
+    }
 
     #[test]
     fn every_code_round_trips_through_the_error() {

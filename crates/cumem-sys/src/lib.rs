@@ -28,6 +28,11 @@ pub use error::{Error, ErrorContext, Feature, MemoryReport, Result, check};
 ///
 /// Every function here is `unsafe` and panics inside cudarc if no driver library has been loaded:
 /// call [`driver::init`] first (the safe cumem types do).
+///
+/// Each returns `CUresult`, an enum of the codes of CUDA 12.8: a newer driver's code that the enum
+/// lacks (CUDA 13 added some) is undefined behaviour once returned, a risk cumem's own function
+/// pointers avoid by reading an `int` but these bindings keep (`docs/safety.md`, *Driver codes
+/// newer than the bindings*).
 pub use cudarc::driver::sys;
 
 #[cfg(feature = "sim")]

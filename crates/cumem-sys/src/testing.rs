@@ -32,6 +32,8 @@ pub mod child_process;
 mod deadline;
 mod events;
 mod skip;
+#[cfg(unix)]
+pub mod stand_in;
 pub use deadline::{DEADLOCK_WATCHDOG, within_watchdog};
 pub use events::{OnEvent, event_message};
 pub use skip::{SKIP_LOG_ENV, device_count, needs_devices, skip};
@@ -182,9 +184,13 @@ impl Drop for Gate {
 }
 
 /// The host function of a gate: blocks the host-function thread until the gate opens.
+///
+/// # Safety
+/// 1. `user` is a count of an `Arc<GateState>` leaked with `Arc::into_raw` for this call alone
+///    (as [`hold_for`] passes it), and the driver calls this once for it.
 unsafe extern "C" fn wait_at_gate(user: *mut c_void) {
-    // SAFETY: `user` is the count of the `Arc<GateState>` that `hold` leaked for this call, which
-    // runs once: reclaiming it here keeps the state alive until the callback has returned.
+    // SAFETY: `user` is a leaked count of an `Arc<GateState>`, ours alone to reclaim (1):
+    // reclaiming it here keeps the state alive until the callback has returned.
     let state = unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) };
     let mut open = state.open.lock().unwrap_or_else(PoisonError::into_inner);
     while !*open {

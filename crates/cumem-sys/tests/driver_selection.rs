@@ -50,6 +50,27 @@ fn the_simulator_control_interface_is_reachable_on_the_simulator() {
         return;
     }
     let ctl = testing::sim_control().expect("the simulator is loaded");
-    let report = ctl.live_report();
-    assert!(report.contexts.iter().all(|c| c.retain_count > 0));
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-pointer; device 0 exists on the simulator.
+    let code = unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, 0) };
+    cumem_sys::check(code, ErrorContext::op("cuDevicePrimaryCtxRetain")).unwrap();
+    let listed = ctl.live_report().contexts.into_iter().find(|c| c.handle == ctx as u64);
+    // The only context of this binary: no other test here retains one.
+    // SAFETY: releases the retain just taken.
+    let code = unsafe { sys::cuDevicePrimaryCtxRelease_v2(0) };
+    cumem_sys::check(code, ErrorContext::op("cuDevicePrimaryCtxRelease_v2")).unwrap();
+    let listed = listed.expect("the retained primary context is in the live report");
+    assert_eq!((listed.device, listed.retain_count, listed.primary), (0, 1, true));
+    assert!(
+        ctl.live_report().contexts.iter().all(|c| c.handle != ctx as u64),
+        "a released primary context is still listed as live"
+    );
+}
+
+#[test]
+fn cudarc_calls_the_library_that_was_selected() {
+    let kind = testing::init();
+    // SAFETY: a driver is selected, so cudarc has its library; only a symbol's presence is read.
+    let marked = unsafe { sys::culib().get::<*const ()>(b"cumemSimVersion").is_ok() };
+    assert_eq!(marked, kind == DriverKind::Simulator, "cudarc calls a library other than {kind:?}");
 }

@@ -1,25 +1,33 @@
 //! Once a driver's `cuInit` has run, the selection's outcome is final for the process, failure
-//! included, and the failure is logged. Shown with a stand-in `libcuda.so` whose `cuInit` says
-//! `CUDA_ERROR_NO_DEVICE` (as the real driver does on a machine with no visible device), found
-//! first on `LD_LIBRARY_PATH`: each case runs in a child process of its own (the driver is chosen
-//! once per process, and the library path is read at process start).
+//! included, and the failure is logged; and the library stays loaded (NVIDIA's driver starts
+//! threads in `cuInit`, which unloading it could crash), which only the `Auto` case can show:
+//! after `Real`, cudarc holds a reference of its own (the check of its handle, before `cuInit`,
+//! opened it), so the library could not be unloaded even if cumem let its handle go. Shown with a stand-in driver whose
+//! `cuInit` says `CUDA_ERROR_NO_DEVICE` (as the real driver does on a machine with no visible
+//! device), found first on `LD_LIBRARY_PATH` as a driver install has it (`libcuda.so.1`, and
+//! `libcuda.so` linking to it), which writes a file when it is unloaded: each case runs in a child
+//! process of its own (the driver is chosen once per process, and the library path is read at
+//! process start).
 //! - `Real`: the stand-in's `cuInit` fails; the failure is logged as a warning and every later
 //!   selection returns it.
 //! - `Auto`: the probe runs the stand-in's `cuInit`, then the simulator cannot be used (its
 //!   configuration is refused); that failure is remembered, so a later selection neither probes
 //!   the real driver again nor takes the simulator.
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cumem_sys::driver::{self, DRIVER_ENV, DriverChoice};
-use cumem_sys::testing::{OnEvent, event_message};
-use cumem_sys::{Error, testing};
+use cumem_sys::testing::child_process::run_child_test;
+use cumem_sys::testing::{OnEvent, event_message, stand_in};
+use cumem_sys::{Error, sys, testing};
 use tracing::{Event, Level};
 
 /// Set in a child process, to the case it runs.
 const CHILD_ENV: &str = "CUMEM_TEST_FINAL_AFTER_CUINIT";
+
+/// Where the stand-in writes when it is unloaded: set in a child process.
+const UNLOADED_ENV: &str = "CUMEM_TEST_STAND_IN_UNLOADED";
 
 /// The stand-in driver: every call says `CUDA_ERROR_NO_DEVICE` (100).
 const STAND_IN: &str = r#"
@@ -29,49 +37,69 @@ pub extern "C" fn cuInit(_flags: u32) -> i32 { 100 }
 pub extern "C" fn cuDeviceGetCount(_count: *mut i32) -> i32 { 100 }
 "#;
 
-/// Builds the stand-in as `libcuda.so` in a directory of its own (with the `rustc` that builds
-/// the tests), and returns the directory; `None` where no `rustc` can be run (the GPU machine,
-/// which gets the test binaries without a toolchain).
-fn stand_in_dir(case: &str) -> Option<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("cumem-final-after-cuinit-{}-{case}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("stand_in.rs");
-    std::fs::write(&src, STAND_IN).unwrap();
-    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    let out = match Command::new(rustc)
-        .args(["--edition", "2021", "--crate-type", "cdylib", "--crate-name", "cuda", "-o"])
-        .arg(dir.join("libcuda.so"))
-        .arg(&src)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let _ = std::fs::remove_dir_all(&dir);
-            return None;
-        }
-        Err(e) => panic!("running rustc: {e}"),
-    };
-    assert!(out.status.success(), "building the stand-in: {}", String::from_utf8_lossy(&out.stderr));
-    Some(dir)
+/// Added to every stand-in: a destructor, run when the library is unloaded (by its last close, or
+/// at the process's exit), that writes the file `UNLOADED_ENV` names.
+const ON_UNLOAD: &str = r#"
+#[used]
+#[link_section = ".fini_array"]
+static ON_UNLOAD: extern "C" fn() = on_unload;
+extern "C" fn on_unload() {
+    if let Some(path) = std::env::var_os("CUMEM_TEST_STAND_IN_UNLOADED") {
+        let _ = std::fs::write(path, b"unloaded");
+    }
+}
+"#;
+
+/// Runs `test` of this binary in a child process with the stand-in (built as `libcuda.so.1`, with
+/// a `libcuda.so` link, into a directory of its own) first on the library path, within a deadline:
+/// a selection that hangs fails the test instead of hanging the run.
+fn run_child(test: &str, case: &str) {
+    run_child_with(test, case, STAND_IN);
 }
 
-/// Runs `test` of this binary in a child process with the stand-in first on the library path.
-fn run_child(test: &str, case: &str) {
-    let Some(dir) = stand_in_dir(case) else {
-        testing::skip("no rustc to build the stand-in libcuda.so (a machine without a Rust toolchain)");
+/// [`run_child`] with the stand-in built from `source`.
+fn run_child_with(test: &str, case: &str, source: &str) {
+    let Some(dir) = stand_in::build(
+        &format!("final-after-cuinit-{case}"),
+        &format!("{source}{ON_UNLOAD}"),
+        "libcuda.so.1",
+        &["libcuda.so"],
+        &[],
+    ) else {
+        testing::skip("no rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)");
         return;
     };
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, case)
-        .env("LD_LIBRARY_PATH", &dir)
-        .env_remove(DRIVER_ENV)
-        .output()
-        .expect("the test binary runs");
+    let unloaded = dir.join("unloaded");
+    let outcome = run_child_test(
+        test,
+        &[
+            (CHILD_ENV, case),
+            ("LD_LIBRARY_PATH", dir.to_str().expect("a UTF-8 temporary directory")),
+            (UNLOADED_ENV, unloaded.to_str().expect("a UTF-8 temporary directory")),
+        ],
+        &[DRIVER_ENV],
+        Duration::from_secs(120),
+    );
+    // The child found no such file before it ended; its exit ran the destructor, so the file
+    // shows that the check in the child could see an unload.
+    let destructor_ran = unloaded.is_file();
     let _ = std::fs::remove_dir_all(&dir);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "child {case} failed ({}):\n{stdout}\n{stderr}", out.status);
-    assert!(stdout.contains("1 passed"), "the child ran no test:\n{stdout}");
+    let Some(status) = outcome.status else {
+        panic!("child {case} was still running after its deadline:\n{}", outcome.log);
+    };
+    assert!(status.success(), "child {case} failed ({status}):\n{}", outcome.log);
+    assert!(outcome.log.contains("1 passed"), "the child ran no test:\n{}", outcome.log);
+    assert!(destructor_ran, "the stand-in's destructor never ran, not even at the child's exit");
+}
+
+/// In a child: the stand-in, whose `cuInit` ran, has not been unloaded. Meaningful only where
+/// cumem's handle is the only one (`Auto`'s probe, before cudarc is asked for its library).
+fn assert_stand_in_still_loaded() {
+    let unloaded = std::env::var_os(UNLOADED_ENV).expect("set for the child");
+    assert!(
+        !std::path::Path::new(&unloaded).exists(),
+        "the driver whose cuInit ran was unloaded (its destructor wrote {unloaded:?})"
+    );
 }
 
 fn is_child(case: &str) -> bool {
@@ -131,6 +159,34 @@ fn child_real() {
     assert!(matches!(driver::init(), Err(Error::NoDevice { .. })));
 }
 
+/// A driver newer than cudarc's bindings (CUDA 12.8) whose `cuInit` fails with a code they do not
+/// know (36, `CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER` of CUDA 13): read as the C `int` it is, the
+/// code is `CUDA_ERROR_UNKNOWN`, not a `CUresult` that has no such variant.
+const NEWER_DRIVER: &str = r#"
+#[no_mangle]
+pub extern "C" fn cuInit(_flags: u32) -> i32 { 36 }
+#[no_mangle]
+pub extern "C" fn cuDeviceGetCount(_count: *mut i32) -> i32 { 36 }
+"#;
+
+#[test]
+fn real_whose_cuinit_returns_a_code_newer_than_the_bindings_is_unknown() {
+    run_child_with("child_real_newer", "real-newer", NEWER_DRIVER);
+    testing::init();
+}
+
+#[test]
+fn child_real_newer() {
+    if !is_child("real-newer") {
+        return;
+    }
+    let failed = driver::select(DriverChoice::Real);
+    assert!(
+        matches!(&failed, Err(Error::Cuda { code: sys::CUresult::CUDA_ERROR_UNKNOWN, ctx }) if ctx.op == "cuInit"),
+        "{failed:?}"
+    );
+}
+
 #[test]
 fn child_auto() {
     if !is_child("auto") {
@@ -143,6 +199,7 @@ fn child_auto() {
     let first = first.expect_err("the simulator's configuration is refused");
     assert!(matches!(&first, Error::InvalidValue { ctx } if ctx.op == "cumemSimConfigure"), "{first:?}");
     assert_eq!(driver::current(), None);
+    assert_stand_in_still_loaded();
 
     // A configuration the simulator takes changes nothing now: the failure was final.
     let again = tracing::subscriber::with_default(events.subscriber(), || {

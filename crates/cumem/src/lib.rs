@@ -96,6 +96,11 @@ pub mod driver {
     pub use cumem_sys::probe::{driver_version, has_symbol};
 
     /// Selects the bundled simulated driver for this process (before any other CUDA call).
+    ///
+    /// # Errors
+    /// `DriverSelection` if another driver is in use already, including one that cudarc opened
+    /// for another crate's CUDA call before this one; `DriverNotFound` if the simulator's library
+    /// cannot be found (set `CUMEM_SIM_LIB` to its path).
     #[cfg(feature = "sim")]
     pub fn use_simulator() -> crate::Result<DriverKind> {
         select(DriverChoice::Simulator)
