@@ -34,7 +34,8 @@ use units::human;
 #[command(name = "cumem", version, about = "Type-safe CUDA memory management: info, demo, replay and bench")]
 struct Cli {
     /// Which driver to use: auto (the real one when it sees a device and is the libcuda.so cudarc
-    /// would call, else the simulator), real, or sim.
+    /// would call, else the simulator; a mismatch seen only after the driver's cuInit is an error),
+    /// real, or sim.
     /// Read as the library reads CUMEM_DRIVER: any case, and `cuda` or `simulator` too.
     #[arg(
         long,

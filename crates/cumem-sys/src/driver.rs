@@ -7,7 +7,7 @@
 //!
 //! | `CUMEM_DRIVER` | meaning |
 //! |---|---|
-//! | `auto` (default) | the real driver when `libcuda.so.1` loads and sees a device, else the simulator; the simulator too, with a warning, where the `libcuda.so` cudarc would call is another file (a stub) |
+//! | `auto` (default) | the real driver when `libcuda.so.1` loads and sees a device, else the simulator; the simulator too, with a warning, where the `libcuda.so` cudarc would call is another file (a stub) found before `cuInit` (already loaded, or first on `LD_LIBRARY_PATH`); one found only after it (`RPATH`, `$ORIGIN`) is a final [`Error::DriverSelection`] |
 //! | `real` | the real driver, or [`Error::DriverNotFound`] |
 //! | `sim` | the simulator, from `CUMEM_SIM_LIB` or found beside the program |
 //!
@@ -48,7 +48,9 @@ use crate::sys;
 pub enum DriverChoice {
     /// The real driver when it is present as `libcuda.so.1` and sees a device, else the simulator;
     /// the simulator too, with a warning, where the `libcuda.so` cudarc would call is not that
-    /// driver (a CUDA toolkit's stub).
+    /// driver (a CUDA toolkit's stub) and that is seen before `cuInit` (a library already loaded
+    /// under that name, or the first on `LD_LIBRARY_PATH`); seen only after it (an `RPATH`, a
+    /// `$ORIGIN`), the selection is a final [`Error::DriverSelection`] instead.
     Auto,
     /// The real driver only.
     Real,
@@ -183,7 +185,8 @@ impl Note {
             {
                 tracing::warn!(
                     %real_err,
-                    "the libcuda.so.1 found is the CUDA toolkit's stub, not a driver (take its folder off                      LD_LIBRARY_PATH to use a GPU); trying the simulator"
+                    "the libcuda.so.1 found is the CUDA toolkit's stub, not a driver (take its folder off \
+                     LD_LIBRARY_PATH to use a GPU); trying the simulator"
                 )
             }
             Note::NoRealDriver(real_err) => {

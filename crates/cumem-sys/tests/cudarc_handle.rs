@@ -152,6 +152,54 @@ fn child_stubs() {
     assert!(!std::path::Path::new(&initialised).exists(), "the driver's cuInit ran");
 }
 
+/// A stubs directory whose stub is also linked as `libcuda.so.1` (as some container images make
+/// it), first on `LD_LIBRARY_PATH`: `auto` takes it for the driver, and its `cuInit` says
+/// `CUDA_ERROR_STUB_LIBRARY`. A warning says it is a stub and how to reach the GPU, and the
+/// simulator is used (cudarc, opening `libcuda.so`, gets cumem-sim by its soname).
+#[test]
+fn auto_warns_of_a_stub_found_as_the_driver_and_uses_the_simulator() {
+    if !cumem_sim::library_path().is_some_and(|p| p.is_file()) {
+        return testing::skip("the simulator library cannot be found (CUMEM_SIM_LIB, or beside the tests)");
+    }
+    let Some(stubs) = stand_in::build("cudarc-handle-stub-so1", STUB, "libcuda.so.1", &["libcuda.so"], &[])
+    else {
+        return testing::skip("no rustc to build the stand-ins (a machine without a Rust toolchain)");
+    };
+    run_child_with("child_stub_as_driver", &[("LD_LIBRARY_PATH", stubs.to_str().unwrap())]);
+    let _ = std::fs::remove_dir_all(&stubs);
+    testing::init();
+}
+
+#[test]
+fn child_stub_as_driver() {
+    if !is_child("child_stub_as_driver") {
+        return;
+    }
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = {
+        let warnings = warnings.clone();
+        OnEvent(move |event: &tracing::Event<'_>| {
+            if *event.metadata().level() == tracing::Level::WARN {
+                warnings.lock().unwrap().push(cumem_sys::testing::event_message(event));
+            }
+        })
+    };
+    let chosen = tracing::subscriber::with_default(subscriber, || {
+        driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
+    });
+    assert_eq!(chosen.map_err(|e| e.to_string()), Ok(DriverKind::Simulator));
+    // SAFETY: a driver is selected, so cudarc finds a library; only a symbol's presence is checked.
+    let calls_the_simulator = unsafe { sys::culib().get::<*const ()>(b"cumemSimVersion") }.is_ok();
+    assert!(calls_the_simulator, "cudarc does not call cumem-sim");
+    let warnings = warnings.lock().unwrap().clone();
+    assert!(
+        warnings.iter().any(|m| m
+            == "the libcuda.so.1 found is the CUDA toolkit's stub, not a driver (take its folder off \
+                LD_LIBRARY_PATH to use a GPU); trying the simulator"),
+        "no warning says the driver found is a stub: {warnings:?}"
+    );
+}
+
 /// A `libcuda.so` that `auto` cannot foresee: a stubs directory named on `LD_LIBRARY_PATH` through
 /// `$ORIGIN` (which glibc expands and cumem does not read; a program's `RPATH` is the same case).
 /// The driver, found as `libcuda.so.1`, is initialised, and only then is cudarc found to call the

@@ -288,7 +288,8 @@ impl<R: RangeHolder> MappingIn<R> {
     /// fault) and a sized `T` whose alignment divides the granularity (`ZeroSize`, `Misaligned`).
     /// The first view (or [`MappingIn::order`]) creates the order's stream (`cuStreamCreate`),
     /// whose error it returns; like any stream creation, it may wait while another thread is in
-    /// `cuMemFree` (§17 of the driver brief).
+    /// `cuMemFree` (§17 of the driver brief), so take the first view outside another memory's
+    /// `queue_on` closure, whose order stays locked while it waits.
     pub fn as_slice<T: AnyBitPattern>(&self) -> Result<DeviceSlice<'_, T>> {
         let len = self.view_len::<T>(self.own_access.can_read())?;
         let order = self.started_order()?;
