@@ -28,15 +28,24 @@ use serial_test::serial;
 
 const SIM: &str = "devices=2,latency_us=2000";
 
-#[test]
-#[serial]
-fn a_queued_flush_returns_while_its_copies_are_held_and_arrives_whole() {
+/// A host-to-device ring of four `[u64; 3]` slots whose flushes queue their copies on `copies`,
+/// and a device side reading it on a stream of its own.
+struct AsyncRing {
+    ctx: Context,
+    /// The stream the ring was made on.
+    stream: Stream,
+    copies: Stream,
+    ch: RingChannel<[u64; 3]>,
+    dev: DevicePlayer<[u64; 3]>,
+}
+
+fn async_ring() -> AsyncRing {
     testing::init_with(SIM);
     let device = Device::get(0).unwrap();
     let ctx = device.context().unwrap();
     let stream = Stream::non_blocking(&ctx).unwrap();
     let copies = Stream::non_blocking(&ctx).unwrap();
-    let mut ch = RingChannel::<[u64; 3]>::new_checked(
+    let ch = RingChannel::<[u64; 3]>::new_checked(
         &stream,
         Direction::HostToDevice,
         4,
@@ -44,7 +53,14 @@ fn a_queued_flush_returns_while_its_copies_are_held_and_arrives_whole() {
         &native(device),
     )
     .unwrap();
-    let mut dev = DevicePlayer::<[u64; 3]>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
+    let dev = DevicePlayer::<[u64; 3]>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
+    AsyncRing { ctx, stream, copies, ch, dev }
+}
+
+#[test]
+#[serial]
+fn a_queued_flush_returns_while_its_copies_are_held_and_arrives_whole() {
+    let AsyncRing { ctx: _ctx, stream, copies, mut ch, mut dev } = async_ring();
     // The ring's first use on `copies` happens under the gate: order the allocation first.
     stream.synchronize().unwrap();
     let msgs: Vec<[u64; 3]> = (0..4u64).map(|i| [i, i * i, !i]).collect();
@@ -65,20 +81,7 @@ const NO_WAIT: Duration = Duration::from_secs(5);
 #[test]
 #[serial]
 fn a_later_queued_flush_waits_for_the_previous_flush_only_never_its_own_copies() {
-    testing::init_with(SIM);
-    let device = Device::get(0).unwrap();
-    let ctx = device.context().unwrap();
-    let stream = Stream::non_blocking(&ctx).unwrap();
-    let copies = Stream::non_blocking(&ctx).unwrap();
-    let mut ch = RingChannel::<[u64; 3]>::new_checked(
-        &stream,
-        Direction::HostToDevice,
-        4,
-        TransferStrategy::Async { stream: copies.clone() },
-        &native(device),
-    )
-    .unwrap();
-    let mut dev = DevicePlayer::<[u64; 3]>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
+    let AsyncRing { ctx: _ctx, stream: _stream, copies, mut ch, mut dev } = async_ring();
     // Bit patterns no arithmetic slip reproduces: the comparisons below are bitwise.
     let first = [0x8000_0000_0000_0001, u64::MAX, 0x7ff8_dead_beef_0001];
     let second = [0x0123_4567_89ab_cdef, 0, !0x0123_4567_89ab_cdef];
@@ -125,20 +128,7 @@ const MUST_WAIT: Duration = Duration::from_millis(300);
 #[test]
 #[serial]
 fn a_later_queued_flush_waits_for_the_previous_flushs_copies_before_rewriting_their_staging() {
-    testing::init_with(SIM);
-    let device = Device::get(0).unwrap();
-    let ctx = device.context().unwrap();
-    let stream = Stream::non_blocking(&ctx).unwrap();
-    let copies = Stream::non_blocking(&ctx).unwrap();
-    let mut ch = RingChannel::<[u64; 3]>::new_checked(
-        &stream,
-        Direction::HostToDevice,
-        4,
-        TransferStrategy::Async { stream: copies.clone() },
-        &native(device),
-    )
-    .unwrap();
-    let mut dev = DevicePlayer::<[u64; 3]>::new(&Stream::non_blocking(&ctx).unwrap(), 4);
+    let AsyncRing { ctx: _ctx, stream, copies, mut ch, mut dev } = async_ring();
     stream.synchronize().unwrap();
     let first = [0x8000_0000_0000_0001, u64::MAX, 0x7ff8_dead_beef_0001];
     let second = [0x0123_4567_89ab_cdef, 0, !0x0123_4567_89ab_cdef];

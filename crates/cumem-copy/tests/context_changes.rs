@@ -102,10 +102,17 @@ fn every_kind_of_queued_call_works_after_the_context_was_popped_or_pushed() {
     assert_eq!(back.as_slice().unwrap(), &expected[..]);
 }
 
-/// A subscriber that runs its function whenever a span is entered.
-struct OnEnter<F>(F);
+/// When [`OnSpanEdge`] runs its function.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Edge {
+    Enter,
+    Exit,
+}
 
-impl<F: Fn() + Send + Sync + 'static> tracing::Subscriber for OnEnter<F> {
+/// A subscriber that runs its function whenever a span is entered, or whenever one is left.
+struct OnSpanEdge<F>(Edge, F);
+
+impl<F: Fn() + Send + Sync + 'static> tracing::Subscriber for OnSpanEdge<F> {
     fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
         true
     }
@@ -116,9 +123,15 @@ impl<F: Fn() + Send + Sync + 'static> tracing::Subscriber for OnEnter<F> {
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, _: &tracing::Event<'_>) {}
     fn enter(&self, _: &tracing::span::Id) {
-        (self.0)()
+        if self.0 == Edge::Enter {
+            (self.1)()
+        }
     }
-    fn exit(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {
+        if self.0 == Edge::Exit {
+            (self.1)()
+        }
+    }
 }
 
 /// Blocking copies run on the legacy stream of whatever context is current at the driver call,
@@ -141,7 +154,7 @@ fn a_subscriber_that_changes_the_current_context_on_entering_a_copy_changes_no_c
     a.fill(&mut buf, 9u32).unwrap(); // held back
     // The blocking copies below wait for the fill, so the gate opens on its own.
     let opener = gate.release_after(Duration::from_millis(100));
-    let subscriber = OnEnter(move || set_current(other as CUcontext));
+    let subscriber = OnSpanEdge(Edge::Enter, move || set_current(other as CUcontext));
     let (h2d, two_d, d2h, img) = tracing::subscriber::with_default(subscriber, || {
         let h2d = copy_h2d(&[5u32; 512], &mut buf);
         let sixes = [6u32; 256];
@@ -164,25 +177,6 @@ fn a_subscriber_that_changes_the_current_context_on_entering_a_copy_changes_no_c
     assert_eq!(img.unwrap().to_vec().unwrap(), vec![0u32; 8 * 4]);
 }
 
-/// A subscriber that runs its function whenever a span is left.
-struct OnExit<F>(F);
-
-impl<F: Fn() + Send + Sync + 'static> tracing::Subscriber for OnExit<F> {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {}
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {
-        (self.0)()
-    }
-}
-
 /// A staged copy leaves each chunk's span before it allocates the next chunk's page-locked memory
 /// (which belongs to the context current at `cuMemHostAlloc`): a subscriber that leaves no context
 /// current there cannot make that allocation fail, or land in another context.
@@ -196,7 +190,7 @@ fn a_subscriber_that_unbinds_the_context_on_leaving_a_chunk_changes_no_staged_co
     let mut back = vec![0u32; src.len()];
     // 1,000 words in 1 KiB chunks: four pieces each way, through two chunks made on first use.
     let config = cumem_copy::StagingConfig { chunk_bytes: 1024, chunks: 2 };
-    let subscriber = OnExit(|| set_current(std::ptr::null_mut()));
+    let subscriber = OnSpanEdge(Edge::Exit, || set_current(std::ptr::null_mut()));
     let (up, down) = tracing::subscriber::with_default(subscriber, || {
         let mut up_ring = cumem_copy::StagingRing::with_config(&ctx, config).unwrap();
         let up = up_ring.copy_h2d(&stream, &src, &mut dev);

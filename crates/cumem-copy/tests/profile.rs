@@ -385,15 +385,7 @@ fn a_profiling_failure_is_logged_after_the_copy_let_go_of_the_buffers_locks() {
                     if *event.metadata().level() != tracing::Level::WARN {
                         return;
                     }
-                    let copied = std::thread::scope(|s| {
-                        s.spawn(|| {
-                            let mut dev = DeviceBuffer::<u32>::zeroed(&other, 256).unwrap();
-                            other.copy_h2d(&*host, &mut dev).unwrap();
-                            dev.to_vec().unwrap()
-                        })
-                        .join()
-                        .unwrap()
-                    });
+                    let copied = common::copied_on_another_thread(&other, &host);
                     seen.lock().unwrap().push((message(event), copied));
                 })
             };

@@ -4,6 +4,8 @@
 //! is emitted on the happy path. The span is made before the copy locks its buffers, so a
 //! subscriber may use them from another thread.
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -146,15 +148,7 @@ fn a_copys_span_is_made_before_the_copy_locks_its_buffers() {
                 if name != "copy" {
                     return;
                 }
-                let copied = std::thread::scope(|s| {
-                    s.spawn(|| {
-                        let mut dev = DeviceBuffer::<u32>::zeroed(&other, 256).unwrap();
-                        other.copy_h2d(&*host, &mut dev).unwrap();
-                        dev.to_vec().unwrap()
-                    })
-                    .join()
-                    .unwrap()
-                });
+                let copied = common::copied_on_another_thread(&other, &host);
                 seen.lock().unwrap().push(copied);
             })
         };

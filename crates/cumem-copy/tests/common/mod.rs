@@ -87,3 +87,18 @@ pub fn hold(stream: &Stream) -> Gate {
 // Not every test binary that includes this module watches events.
 #[allow(unused_imports)]
 pub use cumem_sys::testing::{OnEvent, event_message as message};
+
+/// What a copy of `host` into a new device buffer on `stream` reads, made on another thread and
+/// joined: a subscriber's code that must not deadlock with a copy of the same buffer holding its
+/// locks on this thread.
+pub fn copied_on_another_thread(stream: &Stream, host: &PinnedBuffer<u32>) -> Vec<u32> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut dev = DeviceBuffer::<u32>::zeroed(stream, host.len()).unwrap();
+            stream.copy_h2d(host, &mut dev).unwrap();
+            dev.to_vec().unwrap()
+        })
+        .join()
+        .unwrap()
+    })
+}
