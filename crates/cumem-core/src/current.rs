@@ -427,10 +427,16 @@ impl Drop for CurrentResourceGuard {
                     ended.previous.take()
                 }
             }
+            // No later override: restore unless something other than an override changed the
+            // device meanwhile; the epoch tells when that change made this override's own
+            // resource current again (the pointer alone cannot).
             None => {
                 let mut slots = change_slots();
+                let unchanged = *epoch(&mut EPOCHS.lock(), ended.device) == ended.epoch;
                 let current = slots.get(ended.device).and_then(Option::as_ref);
-                if current.is_some_and(|c| std::ptr::addr_eq(Arc::as_ptr(c), ended.installed.as_ptr())) {
+                if unchanged
+                    && current.is_some_and(|c| std::ptr::addr_eq(Arc::as_ptr(c), ended.installed.as_ptr()))
+                {
                     replace(&mut slots, ended.device, ended.previous.take())
                 } else {
                     // Replaced meanwhile by something other than an override: that change stands.

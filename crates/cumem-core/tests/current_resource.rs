@@ -236,6 +236,29 @@ fn an_override_made_after_a_change_back_to_an_earlier_overrides_resource_restore
     assert_eq!((Arc::strong_count(&r), Arc::strong_count(&x), Arc::strong_count(&s)), (1, 1, 1));
 }
 
+/// Override A of R, then `set_current_resource(R)` again (directly, or by way of X): with no later
+/// override alive, dropping A leaves R current, as `set_current_resource` made it; the guard used
+/// to find its own resource current and restore what was current before it.
+#[test]
+#[serial]
+fn a_guard_does_not_undo_a_change_back_to_its_own_resource() {
+    let device = device();
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    let outer = cumem_core::current_resource(&device).unwrap();
+    for through_x in [false, true] {
+        let (r, x) = (Counting::new(stream.context()), Counting::new(stream.context()));
+        let guard = cumem_core::scoped_current_resource(&device, r.clone()).unwrap();
+        if through_x {
+            drop(cumem_core::set_current_resource(&device, x.clone()).unwrap());
+        }
+        drop(cumem_core::set_current_resource(&device, r.clone()).unwrap());
+        drop(guard);
+        assert!(is_current(&device, &r), "through_x = {through_x}: the change back to R was undone");
+        drop(cumem_core::set_current_resource(&device, outer.clone()).unwrap());
+        assert_eq!((Arc::strong_count(&r), Arc::strong_count(&x)), (1, 1));
+    }
+}
+
 /// Overrides A and B, `reset_current_resources()`, override C: after all three guards drop, in
 /// either of two orders, no resource is current (the reviewer's second example; dropping B, C, A
 /// used to bring back what was current before A).

@@ -76,6 +76,11 @@ pub struct HostRegistered<'a, T> {
 impl<T> HostRegistered<'_, T> {
     /// Registers `data` with default flags, runs `f` with the registration, then waits for all
     /// device work on it and unregisters it.
+    ///
+    /// The borrow of `data` ends when this returns, so the device must be done with it by then:
+    /// when neither waiting for the tracked work nor synchronising the context succeeds (a sticky
+    /// error left by some kernel), nothing proves it is, and the process aborts (logged with
+    /// `tracing::error!` first) rather than hand the slice back to code that could free it.
     pub fn scope<R>(
         ctx: &Context,
         data: &mut [T],
