@@ -103,6 +103,8 @@ pub(crate) struct Sim {
     pub(crate) initialized: AtomicBool,
     pub(crate) latency_us: AtomicU64,
     pub(crate) leak_check: AtomicBool,
+    /// `schedule=reversed` is in force (see `crate::config::Schedule`).
+    pub(crate) reversed: AtomicBool,
     /// Pre-init `cumemSimConfigure` specifications, applied after `CUMEM_SIM` at `cuInit`;
     /// after `cuInit`, the merged configuration.
     pub(crate) config: Mutex<ConfigSlot>,
@@ -142,6 +144,7 @@ pub(crate) static SIM: Sim = Sim {
     initialized: AtomicBool::new(false),
     latency_us: AtomicU64::new(200),
     leak_check: AtomicBool::new(false),
+    reversed: AtomicBool::new(false),
     config: Mutex::new(ConfigSlot::Pending(Vec::new())),
 };
 
