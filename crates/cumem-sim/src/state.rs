@@ -242,6 +242,7 @@ impl State {
         if tag.is_none() {
             a.mark_freed(Freed::AtCall { api: crate::api::caller().0 });
         }
+        crate::sync_memops::forget(a.buffer_id);
         match a.kind {
             // An import is charged nothing (`charged` is 0).
             AllocKind::PoolImport => {

@@ -37,7 +37,8 @@ pub const STREAM_PRIORITY_RANGE: (i32, i32) = (0, -5);
 pub(crate) enum StreamKind {
     /// The legacy default stream of a context (`NULL` / `CU_STREAM_LEGACY`).
     Legacy,
-    /// `CU_STREAM_PER_THREAD` for one thread: blocking, but never waited on by other streams.
+    /// `CU_STREAM_PER_THREAD` for one thread: blocking, so it waits for, and is waited for by, the
+    /// legacy stream (driver brief §7.1); no other stream synchronises with it implicitly.
     PerThread,
     /// Created by `cuStreamCreate*`.
     User,
