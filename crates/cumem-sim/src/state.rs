@@ -70,7 +70,8 @@ pub(crate) struct State {
     pub(crate) managed: BTreeMap<u64, Managed>,
     /// Memory pools (default pools included), keyed by handle.
     pub(crate) pools: BTreeMap<u64, Pool>,
-    /// (context, OS thread) -> hidden stream standing for `CU_STREAM_PER_THREAD`.
+    /// (context, thread key) -> hidden stream standing for `CU_STREAM_PER_THREAD` (the key is
+    /// unique to one thread, see `crate::stream::thread_key`; its entries go when it exits).
     pub(crate) per_thread: BTreeMap<(u64, u64), u64>,
     /// Contexts made by `cuCtxCreate`, destroyed ones included (their handles are never reused,
     /// so a stale handle keeps its "destroyed" answer).
