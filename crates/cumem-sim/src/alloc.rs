@@ -359,6 +359,7 @@ pub(crate) fn unregister(p: u64) -> ApiResult {
     match st.allocs.get(&addr) {
         Some(now) if Arc::ptr_eq(now, &a) => {
             st.allocs.remove(&addr);
+            crate::sync_memops::forget(a.buffer_id);
             Ok(())
         }
         _ => Err(Fail::misuse(

@@ -2,8 +2,8 @@
 //! describes.
 //!
 //! A specification is a comma-separated list of `key=value` entries. Global keys: `devices`,
-//! `memory`, `latency_us`, `leak_check`, `name`, `peer`, `vmm_space`, and any device attribute by
-//! its lower-case name (applied to every device). `devN.<key>` overrides `memory`, `name`,
+//! `memory`, `latency_us`, `leak_check`, `schedule`, `name`, `peer`, `vmm_space`, and any device
+//! attribute by its lower-case name (applied to every device). `devN.<key>` overrides `memory`, `name`,
 //! `vmm_space` or an attribute for one device. `peer` takes pairs `a-b` (both directions) or `a>b`
 //! (one direction), separated by commas (an entry without `=` continues the `peer` list), or `all` /
 //! `none`. Later entries win.
@@ -13,10 +13,33 @@ use std::collections::BTreeMap;
 use crate::attributes;
 
 /// Keys that may still change after `cuInit` (they do not alter the device table).
-const RUNTIME_KEYS: &[&str] = &["latency_us", "leak_check"];
+const RUNTIME_KEYS: &[&str] = &["latency_us", "leak_check", "schedule"];
 
 /// Largest device count the simulator accepts.
 pub(crate) const MAX_DEVICES: usize = 64;
+
+/// Which operation the engine starts first among the heads of streams that may all start now
+/// (`schedule`). Dependencies decide what may start; this only breaks the tie between independent
+/// streams, which a GPU does not order at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum Schedule {
+    /// `enqueued`: the one enqueued first, so independent streams run in enqueue order.
+    #[default]
+    Enqueued,
+    /// `reversed`: the one enqueued last, so that a test run under it finds work that relies on
+    /// enqueue order instead of on a dependency.
+    Reversed,
+}
+
+impl Schedule {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.to_ascii_lowercase().as_str() {
+            "enqueued" => Ok(Schedule::Enqueued),
+            "reversed" => Ok(Schedule::Reversed),
+            _ => Err(format!("`{text}` is not a schedule (`enqueued` or `reversed`)")),
+        }
+    }
+}
 
 /// Per-device overrides collected from `devN.*` keys.
 #[derive(Clone, Debug, Default)]
@@ -34,6 +57,7 @@ pub(crate) struct Config {
     pub(crate) memory: u64,
     pub(crate) latency_us: u64,
     pub(crate) leak_check: bool,
+    pub(crate) schedule: Schedule,
     name: Option<String>,
     attrs: BTreeMap<u32, i32>,
     per_device: BTreeMap<usize, DeviceOverride>,
@@ -61,6 +85,7 @@ impl Default for Config {
             memory: 16 << 30,
             latency_us: 200,
             leak_check: false,
+            schedule: Schedule::Enqueued,
             name: None,
             attrs: BTreeMap::new(),
             per_device: BTreeMap::new(),
@@ -230,6 +255,7 @@ impl Config {
                 self.latency_us = value.parse().map_err(|_| format!("`{value}` is not microseconds"))?
             }
             "leak_check" => self.leak_check = parse_bool(value)?,
+            "schedule" => self.schedule = Schedule::parse(value)?,
             "name" => self.name = Some(value.to_string()),
             "peer" => self.peer = parse_peer(value)?,
             "vmm_space" => self.vmm_space = Some(parse_space(value)?),
@@ -392,5 +418,24 @@ mod tests {
         assert!(c.apply("devices=4", true).is_err());
         c.apply("latency_us=9,leak_check=1", true).unwrap();
         assert!(c.leak_check);
+    }
+
+    /// `schedule` takes `enqueued` or `reversed` (any case), also after `cuInit`; any other value
+    /// is refused like any bad value, leaving the whole specification unapplied.
+    #[test]
+    fn schedule_is_a_runtime_key_with_two_values() {
+        let mut c = Config::default();
+        assert_eq!(c.schedule, Schedule::Enqueued);
+        c.apply("schedule=reversed", true).unwrap();
+        assert_eq!(c.schedule, Schedule::Reversed);
+        c.apply("schedule=Enqueued", true).unwrap();
+        assert_eq!(c.schedule, Schedule::Enqueued);
+        for bad in ["schedule=random", "schedule=", "latency_us=3,schedule=newest"] {
+            assert!(c.apply(bad, true).is_err(), "{bad}");
+            assert!(c.apply(bad, false).is_err(), "{bad}");
+        }
+        assert_eq!((c.schedule, c.latency_us), (Schedule::Enqueued, 200));
+        c.apply("devices=1,schedule=reversed", false).unwrap();
+        assert_eq!(c.schedule, Schedule::Reversed);
     }
 }

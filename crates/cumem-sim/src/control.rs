@@ -145,7 +145,7 @@ impl Control {
     }
 
     /// Applies a configuration in the `CUMEM_SIM` syntax (all keys before `cuInit`; only
-    /// `latency_us` and `leak_check` after).
+    /// `latency_us`, `leak_check` and `schedule` after).
     pub fn configure(&self, spec: &str) -> Result<(), ControlError> {
         let c = CString::new(spec).map_err(|_| ControlError::NulInSpec)?;
         // SAFETY: `c` is NUL-terminated and outlives the call.

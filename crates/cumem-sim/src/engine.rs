@@ -1,7 +1,8 @@
 //! The engine: the thread that executes every stream's queue, and the thread host functions run on.
 //!
 //! One engine thread picks, among the streams whose head operation may start (its stream idle,
-//! its dependencies complete, its latency elapsed), the operation enqueued first, and moves its
+//! its dependencies complete, its latency elapsed), the operation enqueued first (with
+//! `schedule=reversed`, the one enqueued last: see `crate::config::Schedule`), and moves its
 //! bytes with the state lock released, so long copies do not stall API calls. Operations that only
 //! move bytes run in batches: after picking one, the engine keeps picking as if the picked ones
 //! were complete, while the next pick also only moves bytes (up to a bound), then runs the batch
@@ -124,16 +125,23 @@ fn use_after_free(api: &'static str, tid: u64, a: &Allocation, how: &Freed) -> V
 }
 
 /// What one look at the queues found: the operation to run next (its sequence number and
-/// stream), and when to look again if nothing is ready.
+/// stream), when to look again if nothing is ready, and stall notes to print once the state lock
+/// is released (see `crate::ipc::event::say`).
 struct Pick {
     best: Option<(u64, u64)>,
     wake: Option<Instant>,
+    notes: Vec<String>,
 }
 
-/// Among the streams whose head operation may start at `now`, the one enqueued first.
+/// Among the streams whose head operation may start at `now`, the one enqueued first, or last
+/// under `schedule=reversed`. Either way each stream's own queue stays FIFO and every dependency
+/// is honoured: only the order among independent streams' ready heads changes, which a GPU does
+/// not promise.
 fn pick(st: &State, now: Instant) -> Pick {
+    let newest = SIM.reversed.load(Ordering::Relaxed);
     let mut best: Option<(u64, u64)> = None;
     let mut wake: Option<Instant> = None;
+    let mut notes = Vec::new();
     for (&sid, s) in &st.streams {
         if s.running.is_some() {
             continue;
@@ -148,7 +156,7 @@ fn pick(st: &State, now: Instant) -> Pick {
             // A process that exited with that recording queued never publishes it: the wait
             // is unbounded, and says so once when it has lasted long (see `Stall`).
             let mut stall = r.stall.get().unwrap_or_else(crate::ipc::event::Stall::new);
-            stall.check(|| {
+            notes.extend(stall.check(|| {
                 format!(
                     "stream {sid:#x} has waited {} s for recording {} of interprocess event {:#x}, \
                      made in another process; if that process exited with it queued, nothing \
@@ -157,7 +165,7 @@ fn pick(st: &State, now: Instant) -> Pick {
                     r.ticket,
                     r.event
                 )
-            });
+            }));
             r.stall.set(Some(stall));
             // No call in this process will say when the other process publishes: look again
             // soon, with the lock released meanwhile like any other wait.
@@ -166,14 +174,14 @@ fn pick(st: &State, now: Instant) -> Pick {
             continue;
         }
         if op.ready_at <= now {
-            if best.is_none_or(|(seq, _)| op.seq < seq) {
+            if best.is_none_or(|(seq, _)| if newest { op.seq > seq } else { op.seq < seq }) {
                 best = Some((op.seq, sid));
             }
         } else {
             wake = Some(wake.map_or(op.ready_at, |w| w.min(op.ready_at)));
         }
     }
-    Pick { best, wake }
+    Pick { best, wake, notes }
 }
 
 /// The bytes `work` moves, or `None` if it does more than move bytes (what the engine runs with
@@ -215,8 +223,10 @@ struct Taken {
 /// moves bytes, that one too: the operations one pick per look would run, in the same order, for
 /// one release of the lock. Each taken stream is left running from its first taken operation, so
 /// that every taken operation reads as incomplete until [`finish_batch`].
-fn take_batch(st: &mut State, now: Instant, sid: u64) -> Vec<Taken> {
+/// Also returns the stall notes its looks produced, to print with the lock released.
+fn take_batch(st: &mut State, now: Instant, sid: u64) -> (Vec<Taken>, Vec<String>) {
     let mut batch: Vec<Taken> = Vec::new();
+    let mut notes = Vec::new();
     let mut bytes = 0usize;
     let mut next = Some(sid);
     // The lock is held throughout, so nobody sees the streams in between: a taken operation is
@@ -231,7 +241,9 @@ fn take_batch(st: &mut State, now: Instant, sid: u64) -> Vec<Taken> {
         if batch.len() >= BATCH_OPS {
             break;
         }
-        next = pick(st, now).best.map(|(_, sid)| sid).filter(|sid| {
+        let look = pick(st, now);
+        notes.extend(look.notes);
+        next = look.best.map(|(_, sid)| sid).filter(|sid| {
             st.streams[sid]
                 .queue
                 .front()
@@ -245,16 +257,17 @@ fn take_batch(st: &mut State, now: Instant, sid: u64) -> Vec<Taken> {
             s.running = Some(t.seq);
         }
     }
-    batch
+    (batch, notes)
 }
 
-/// Moves the bytes of a batch's operations, in order, with the state lock released, then marks
-/// their streams idle.
-fn run_batch(g: &mut MutexGuard<'_, State>, batch: Vec<Taken>) {
+/// Moves the bytes of a batch's operations, in order, with the state lock released (printing
+/// `notes` meanwhile), then marks their streams idle.
+fn run_batch(g: &mut MutexGuard<'_, State>, batch: Vec<Taken>, notes: Vec<String>) {
     let mut done: Vec<u64> = batch.iter().map(|t| t.sid).collect();
     done.sort_unstable();
     done.dedup();
     MutexGuard::unlocked(g, || {
+        notes.iter().for_each(crate::ipc::event::say);
         for Taken { api, tid, work, .. } in batch {
             // A panic here would kill the engine and hang every waiter; contain it.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(&work)));
@@ -284,7 +297,12 @@ fn engine_loop() {
     let mut g = SIM.st.lock();
     loop {
         let now = Instant::now();
-        let Pick { best, wake } = pick(&g, now);
+        let Pick { best, wake, notes } = pick(&g, now);
+        if !notes.is_empty() {
+            // Printed unlocked; the queues may change meanwhile, so look again afterwards.
+            MutexGuard::unlocked(&mut g, || notes.iter().for_each(crate::ipc::event::say));
+            continue;
+        }
         let Some((_, sid)) = best else {
             match wake {
                 Some(t) => {
@@ -300,8 +318,8 @@ fn engine_loop() {
             continue;
         };
         if g.streams[&sid].queue.front().is_some_and(|op| bytes_moved(&op.work).is_some()) {
-            let batch = take_batch(&mut g, now, sid);
-            run_batch(&mut g, batch);
+            let (batch, notes) = take_batch(&mut g, now, sid);
+            run_batch(&mut g, batch, notes);
             continue;
         }
         let op = {
@@ -359,7 +377,11 @@ fn engine_loop() {
             }
             // Taken above in a batch; alone, it runs as a batch of one.
             work @ (Work::Copy { .. } | Work::Fill { .. } | Work::Rows { .. } | Work::FillRows { .. }) => {
-                run_batch(&mut g, vec![Taken { sid, seq: op.seq, api: op.api, tid: op.tid, work }]);
+                run_batch(
+                    &mut g,
+                    vec![Taken { sid, seq: op.seq, api: op.api, tid: op.tid, work }],
+                    Vec::new(),
+                );
             }
         }
     }

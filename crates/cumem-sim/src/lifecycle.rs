@@ -2,14 +2,15 @@
 //! at `cuInit`, the engine started, the exit leak check registered.
 //!
 //! Configuration comes from the defaults, then `CUMEM_SIM`, then every `cumemSimConfigure` call
-//! made before `cuInit`; after `cuInit` only the runtime keys (`latency_us`, `leak_check`) change.
+//! made before `cuInit`; after `cuInit` only the runtime keys (`latency_us`, `leak_check`,
+//! `schedule`) change.
 
 use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys::CUresult;
 
 use crate::api::Fail;
-use crate::config::Config;
+use crate::config::{Config, Schedule};
 use crate::state::{ConfigSlot, SIM};
 use crate::{engine, leak};
 
@@ -47,6 +48,7 @@ pub(crate) fn initialize() -> Result<(), Fail> {
     engine::start().map_err(|e| Fail::misuse(CUresult::CUDA_ERROR_UNKNOWN, e))?;
     SIM.latency_us.store(cfg.latency_us, Ordering::Relaxed);
     SIM.leak_check.store(cfg.leak_check, Ordering::Release);
+    SIM.reversed.store(cfg.schedule == Schedule::Reversed, Ordering::Relaxed);
     if cfg.leak_check {
         leak::register();
     }
@@ -72,6 +74,7 @@ pub(crate) fn configure(spec: &str) -> Result<(), String> {
     };
     SIM.latency_us.store(cfg.latency_us, Ordering::Relaxed);
     SIM.leak_check.store(cfg.leak_check, Ordering::Release);
+    SIM.reversed.store(cfg.schedule == Schedule::Reversed, Ordering::Relaxed);
     if cfg.leak_check {
         leak::register();
     }

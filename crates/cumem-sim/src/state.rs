@@ -70,7 +70,8 @@ pub(crate) struct State {
     pub(crate) managed: BTreeMap<u64, Managed>,
     /// Memory pools (default pools included), keyed by handle.
     pub(crate) pools: BTreeMap<u64, Pool>,
-    /// (context, OS thread) -> hidden stream standing for `CU_STREAM_PER_THREAD`.
+    /// (context, thread key) -> hidden stream standing for `CU_STREAM_PER_THREAD` (the key is
+    /// unique to one thread, see `crate::stream::thread_key`; its entries go when it exits).
     pub(crate) per_thread: BTreeMap<(u64, u64), u64>,
     /// Contexts made by `cuCtxCreate`, destroyed ones included (their handles are never reused,
     /// so a stale handle keeps its "destroyed" answer).
@@ -103,6 +104,8 @@ pub(crate) struct Sim {
     pub(crate) initialized: AtomicBool,
     pub(crate) latency_us: AtomicU64,
     pub(crate) leak_check: AtomicBool,
+    /// `schedule=reversed` is in force (see `crate::config::Schedule`).
+    pub(crate) reversed: AtomicBool,
     /// Pre-init `cumemSimConfigure` specifications, applied after `CUMEM_SIM` at `cuInit`;
     /// after `cuInit`, the merged configuration.
     pub(crate) config: Mutex<ConfigSlot>,
@@ -142,6 +145,7 @@ pub(crate) static SIM: Sim = Sim {
     initialized: AtomicBool::new(false),
     latency_us: AtomicU64::new(200),
     leak_check: AtomicBool::new(false),
+    reversed: AtomicBool::new(false),
     config: Mutex::new(ConfigSlot::Pending(Vec::new())),
 };
 
@@ -239,6 +243,7 @@ impl State {
         if tag.is_none() {
             a.mark_freed(Freed::AtCall { api: crate::api::caller().0 });
         }
+        crate::sync_memops::forget(a.buffer_id);
         match a.kind {
             // An import is charged nothing (`charged` is 0).
             AllocKind::PoolImport => {

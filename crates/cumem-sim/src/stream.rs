@@ -37,7 +37,8 @@ pub const STREAM_PRIORITY_RANGE: (i32, i32) = (0, -5);
 pub(crate) enum StreamKind {
     /// The legacy default stream of a context (`NULL` / `CU_STREAM_LEGACY`).
     Legacy,
-    /// `CU_STREAM_PER_THREAD` for one thread: blocking, but never waited on by other streams.
+    /// `CU_STREAM_PER_THREAD` for one thread: blocking, so it waits for, and is waited for by, the
+    /// legacy stream (driver brief §7.1); no other stream synchronises with it implicitly.
     PerThread,
     /// Created by `cuStreamCreate*`.
     User,
@@ -120,7 +121,7 @@ pub(crate) fn resolve(st: &mut State, h: CUstream) -> Result<u64, Fail> {
         }
         STREAM_PER_THREAD => {
             let (ctx, d) = context::current_ctx(st)?;
-            let key = (ctx, crate::api::os_tid());
+            let key = (ctx, thread_key());
             if let Some(&id) = st.per_thread.get(&key) {
                 return Ok(id);
             }
@@ -137,6 +138,63 @@ pub(crate) fn resolve(st: &mut State, h: CUstream) -> Result<u64, Fail> {
             )),
         },
     }
+}
+
+/// The next [`thread_key`] handed out (0 means "none yet").
+static NEXT_THREAD_KEY: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's key for its per-thread streams (0 until its first use). Not the OS thread
+    /// id: the kernel hands a dead thread's id to a later thread, which would then inherit the
+    /// dead thread's stream, with its queue and recorded waits.
+    static THREAD_KEY: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Retires the thread's per-thread streams when the thread exits (see [`Retire`]).
+    static RETIRE: Retire = const { Retire };
+}
+
+/// Dropped at thread exit: the thread's per-thread streams are destroyed like a user stream
+/// (they go away once their queued work has run), so `State::streams` does not grow with every
+/// thread that ever used one. Locking the state here cannot deadlock: a thread's locals are
+/// destroyed after everything it ran has returned, so it holds no lock, and no holder of the
+/// state lock waits for a thread to exit.
+struct Retire;
+
+impl Drop for Retire {
+    fn drop(&mut self) {
+        let key = THREAD_KEY.with(|k| k.replace(0));
+        if key == 0 {
+            return;
+        }
+        let mut st = SIM.st.lock();
+        let mut ids = Vec::new();
+        st.per_thread.retain(|&(_, k), &mut id| {
+            if k == key {
+                ids.push(id);
+            }
+            k != key
+        });
+        for id in ids {
+            let Some(s) = st.streams.get_mut(&id) else { continue };
+            s.destroyed = true;
+            if s.pending() == 0 {
+                remove_drained(&mut st, id);
+            }
+        }
+    }
+}
+
+/// The calling thread's key in `State::per_thread`: unique in the process, never reused.
+fn thread_key() -> u64 {
+    THREAD_KEY.with(|k| {
+        if k.get() == 0 {
+            k.set(NEXT_THREAD_KEY.fetch_add(1, Ordering::Relaxed));
+            // Touching it arms its destructor. A driver call made from another thread-local's
+            // destructor after this one ran finds it gone: that thread's new stream then stays
+            // until its context is destroyed.
+            let _ = RETIRE.try_with(|_| ());
+        }
+        k.get()
+    })
 }
 
 /// `cuStreamCreate*`: a user stream of the current context (`flags`: 0 or NON_BLOCKING; the

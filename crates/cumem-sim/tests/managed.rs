@@ -558,3 +558,50 @@ fn prefetch_is_a_stream_operation() {
     destroy(s);
     dfree(p);
 }
+
+/// A thread's per-thread stream is its own and ends with it (it is not keyed by the OS thread
+/// id, which a later thread may be given): once the thread has exited and the stream's queued
+/// work has run, the stream is gone, so memory attached SINGLE to it reverts to its allocation's
+/// association, as with a destroyed stream. The work still runs after the thread's exit.
+#[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
+fn a_per_thread_stream_ends_after_its_thread_and_its_work() {
+    let ctl = bind(0);
+    let p = managed(PAGE);
+    let d = dalloc(4);
+    let held = stream(0);
+    let gate = Gate::block(held);
+    let mut opened: cu::CUevent = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; handles from this test.
+    unsafe {
+        ok(cu::cuEventCreate(&mut opened, 0));
+        ok(cu::cuEventRecord(opened, held));
+    }
+    let opened_addr = opened as usize;
+    std::thread::spawn(move || {
+        bind(0);
+        let per_thread = 0x2 as cu::CUstream; // CU_STREAM_PER_THREAD
+        ok(attach(per_thread, p, SINGLE));
+        // SAFETY: a live event and a live 4-byte allocation.
+        unsafe {
+            ok(cu::cuStreamWaitEvent(per_thread, opened_addr as cu::CUevent, 0));
+            ok(cu::cuMemsetD32Async(d, 7, 1, per_thread));
+        }
+    })
+    .join()
+    .unwrap();
+    settle();
+    let (flags, stream) = attachment(ctl, p);
+    assert_eq!(flags, Some(SINGLE), "the exited thread's stream still has work queued");
+    assert!(stream.is_some());
+    gate.open();
+    // The legacy stream waits for the per-thread stream (a blocking stream), also after its thread.
+    sync(std::ptr::null_mut());
+    assert_eq!(read_back(d, 4), 7u32.to_le_bytes());
+    assert_eq!(attachment(ctl, p), (Some(GLOBAL), None), "the per-thread stream is gone");
+    // SAFETY: plain FFI call.
+    ok(unsafe { cu::cuEventDestroy_v2(opened) });
+    destroy(held);
+    dfree(d);
+    dfree(p);
+}

@@ -214,7 +214,8 @@ fn stream_wait_event_orders_work_across_streams() {
 /// device memset, i.e. legacy-stream work, ordered only against *blocking* streams. An event
 /// between two non-blocking streams does not order it. Here a blocking stream finishes right
 /// after s1's memset, so the legacy fill becomes runnable between that memset and s2's copy;
-/// the engine starts runnable work in the order it was queued, so the fill lands in that window
+/// the engine starts runnable work in the order it was queued (by default: `schedule=enqueued`;
+/// under `schedule=reversed` this test's assertion does not hold), so the fill lands in that window
 /// every time (a GPU may land it either side of the copy): s2 honours its wait and still copies
 /// the fill's 1s. In the flaky run, another test's gated blocking stream played this part.
 #[test]

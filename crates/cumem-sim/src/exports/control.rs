@@ -19,7 +19,8 @@ pub extern "C" fn cumemSimVersion() -> c_int {
 }
 
 /// `CUresult cumemSimConfigure(const char *spec)`: applies a specification in the `CUMEM_SIM`
-/// syntax. Before `cuInit` every key is accepted; afterwards only `latency_us` and `leak_check`.
+/// syntax. Before `cuInit` every key is accepted; afterwards only `latency_us`, `leak_check` and
+/// `schedule`.
 /// Bad syntax or a refused key gives `INVALID_VALUE` and changes nothing.
 ///
 /// # Safety

@@ -71,7 +71,7 @@ fn record(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> api::ApiResult
             // A recording whose process exited with its marker queued is never published, so
             // this wait is unbounded (see `Stall`).
             None => {
-                stall.check(|| {
+                let note = stall.check(|| {
                     format!(
                         "cuEventRecord on interprocess event {eid:#x} has waited {} s for room: its \
                          shared page holds {} incomplete recordings, the oldest recording {}; if the \
@@ -82,7 +82,10 @@ fn record(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> api::ApiResult
                         page.oldest_pending()
                     )
                 });
-                parking_lot::MutexGuard::unlocked(&mut st, || std::thread::sleep(crate::ipc::event::POLL))
+                parking_lot::MutexGuard::unlocked(&mut st, || {
+                    note.iter().for_each(crate::ipc::event::say);
+                    std::thread::sleep(crate::ipc::event::POLL);
+                })
             }
         }
     };

@@ -51,7 +51,9 @@ pub(crate) const STALL_NOTE: Duration = Duration::from_secs(5);
 /// A wait for a recording only another process can complete: a process that exited with that
 /// recording's marker still queued never publishes it, and nothing here can tell a slow process
 /// from a dead one (the driver would not either), so the wait stays unbounded; once it has lasted
-/// [`STALL_NOTE`] it prints one line on stderr, so a hung program says why.
+/// [`STALL_NOTE`] it prints one line on stderr, so a hung program says why. The line is printed
+/// with the state lock released ([`say`]): a stderr pipe nobody reads would otherwise stall the
+/// engine and every API call behind the lock.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Stall {
     since: Instant,
@@ -64,13 +66,22 @@ impl Stall {
         Stall { since: Instant::now(), noted: false }
     }
 
-    /// Prints `what()` once, when the wait has lasted [`STALL_NOTE`].
-    pub(crate) fn check(&mut self, what: impl FnOnce() -> String) {
+    /// `what()`, once, when the wait has lasted [`STALL_NOTE`]: for the caller to [`say`] once it
+    /// has released the state lock.
+    #[must_use]
+    pub(crate) fn check(&mut self, what: impl FnOnce() -> String) -> Option<String> {
         if !self.noted && self.since.elapsed() >= STALL_NOTE {
             self.noted = true;
-            eprintln!("cumem-sim: {}", what());
+            return Some(what());
         }
+        None
     }
+}
+
+/// Prints a note from [`Stall::check`] on stderr. Call it without the state lock: the write may
+/// block for as long as nobody drains the pipe.
+pub(crate) fn say(note: impl std::fmt::Display) {
+    eprintln!("cumem-sim: {note}");
 }
 
 /// A queued stream wait for another process's recording of an interprocess event.
@@ -201,7 +212,7 @@ pub(crate) fn wait_ticket(
 ) {
     let mut stall = Stall::new();
     while !shared.is_done(ticket) {
-        stall.check(|| {
+        let note = stall.check(|| {
             format!(
                 "cuEventSynchronize on interprocess event {:#x} has waited {} s for recording {ticket}, \
                  made in another process; if that process exited with it queued, nothing completes \
@@ -210,7 +221,10 @@ pub(crate) fn wait_ticket(
                 STALL_NOTE.as_secs()
             )
         });
-        parking_lot::MutexGuard::unlocked(g, || std::thread::sleep(POLL));
+        parking_lot::MutexGuard::unlocked(g, || {
+            note.iter().for_each(say);
+            std::thread::sleep(POLL);
+        });
     }
 }
 

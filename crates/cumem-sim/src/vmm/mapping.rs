@@ -194,6 +194,7 @@ pub(crate) fn unmap(ptr: u64, size: usize) -> Result<(), Fail> {
         let _ = p;
         if let Some(a) = st.allocs.remove(&base) {
             a.mark_freed(Freed::AtCall { api: crate::api::caller().0 });
+            crate::sync_memops::forget(a.buffer_id);
         }
         if let Some(p) = st.vmm.physical.get_mut(&m.handle) {
             p.mappings -= 1;
