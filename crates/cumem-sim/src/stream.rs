@@ -165,7 +165,12 @@ impl Drop for Retire {
         if key == 0 {
             return;
         }
-        let mut st = SIM.st.lock();
+        // Bounded, as the exit's leak check is: a process forked while another thread held the
+        // lock has it held for good, and its exit must not hang here (the streams then stay,
+        // as in the case below of a first use after this ran).
+        let Some(mut st) = SIM.st.try_lock_for(std::time::Duration::from_secs(2)) else {
+            return;
+        };
         let mut ids = Vec::new();
         st.per_thread.retain(|&(_, k), &mut id| {
             if k == key {
@@ -442,4 +447,21 @@ pub(crate) fn wait_for(g: &mut MutexGuard<'_, State>, targets: &[(u64, u64)]) {
         SIM.changed.wait(g);
     }
     crate::order::observed(g, targets);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thread_key;
+
+    /// Keys are never reused: a thread started after another one exited (which the OS may give the
+    /// same thread id) gets a key of its own, so it cannot inherit the first thread's per-thread
+    /// stream.
+    #[test]
+    fn threads_one_after_another_get_different_keys() {
+        let first = std::thread::spawn(thread_key).join().unwrap();
+        let second = std::thread::spawn(thread_key).join().unwrap();
+        assert_ne!(first, 0);
+        assert_ne!(first, second);
+        assert_ne!(thread_key(), first);
+    }
 }

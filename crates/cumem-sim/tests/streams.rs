@@ -222,8 +222,9 @@ fn stream_wait_event_orders_work_across_streams() {
 #[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn legacy_stream_work_is_not_ordered_by_an_event_between_non_blocking_streams() {
     // Device 1: no other test of this binary queues work there, so nothing but `blocking`
-    // holds the legacy fill back.
-    bind(1);
+    // holds the legacy fill back. The default schedule, whatever `CUMEM_SIM` says: the window
+    // the fill lands in is the enqueue order's.
+    bind(1).configure("schedule=enqueued").unwrap();
     let n = 512;
     let d = dalloc(n);
     let h = pinned(n);
