@@ -91,7 +91,8 @@ fn ci() -> Result {
     // The library's tests once more with the simulator starting, among streams that do not wait
     // for each other, the work queued last first: by default it starts them in the order they were
     // queued, which a GPU does not promise, so a missing wait between streams would go unseen.
-    // The simulator's own tests are left out (some check its default order); doctests too.
+    // The simulator's own tests (which set the schedule each checks), cumem-sys's (driver
+    // selection) and the CLI's are left out; doctests too.
     test_on_simulator(
         "cargo test (library crates, simulator starting independent streams' newest work first)",
         &[
