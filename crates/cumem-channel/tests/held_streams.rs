@@ -99,16 +99,7 @@ fn a_later_queued_flush_waits_for_the_previous_flush_only_never_its_own_copies()
     // `copies` after queuing them waits for the gate.
     let gate = hold(&dev.stream);
     dev.stream.copy_d2d(&ch.device_side().slots, &mut seen).unwrap();
-    let (done, flushed) = std::sync::mpsc::channel();
-    let flusher = std::thread::spawn(move || {
-        assert_eq!(ch.send(second).unwrap(), SendStatus::Sent);
-        let n = ch.flush_to_device().unwrap();
-        done.send(()).unwrap();
-        (ch, n)
-    });
-    let in_time = flushed.recv_timeout(NO_WAIT).is_ok();
-    gate.release();
-    let (mut ch, n) = flusher.join().unwrap();
+    let (in_time, mut ch, n) = flush_on_a_thread(ch, second, NO_WAIT, gate);
     assert!(in_time, "the second flush waited for its own copies");
     assert_eq!(n, 1);
     // Once the gate is open the copies run, and the device side sees both messages whole.
@@ -119,6 +110,27 @@ fn a_later_queued_flush_waits_for_the_previous_flush_only_never_its_own_copies()
     drop(dev);
     drop(seen);
     assert_live_report_is_clean();
+}
+
+/// Sends `msg` and flushes it on another thread while `gate` holds a stream: whether the flush
+/// returned within `within`, then, with the gate released, the channel and what the flush sent.
+fn flush_on_a_thread(
+    mut ch: RingChannel<[u64; 3]>,
+    msg: [u64; 3],
+    within: Duration,
+    gate: testing::Gate,
+) -> (bool, RingChannel<[u64; 3]>, usize) {
+    let (done, flushed) = std::sync::mpsc::channel();
+    let flusher = std::thread::spawn(move || {
+        assert_eq!(ch.send(msg).unwrap(), SendStatus::Sent);
+        let n = ch.flush_to_device().unwrap();
+        done.send(()).unwrap();
+        (ch, n)
+    });
+    let returned = flushed.recv_timeout(within).is_ok();
+    gate.release();
+    let (ch, n) = flusher.join().unwrap();
+    (returned, ch, n)
 }
 
 /// How long a flush that must wait for the held stream is given to (wrongly) return before the
@@ -136,17 +148,8 @@ fn a_later_queued_flush_waits_for_the_previous_flushs_copies_before_rewriting_th
     assert_eq!(ch.send(first).unwrap(), SendStatus::Sent);
     // The first flush's copies stay held on `copies`, reading the staging buffers.
     assert_eq!(ch.flush_to_device().unwrap(), 1);
-    let (done, flushed) = std::sync::mpsc::channel();
-    let flusher = std::thread::spawn(move || {
-        assert_eq!(ch.send(second).unwrap(), SendStatus::Sent);
-        let n = ch.flush_to_device().unwrap();
-        done.send(()).unwrap();
-        (ch, n)
-    });
     // Rewriting the staging now would change what the held copies deliver: the flush must wait.
-    let returned_early = flushed.recv_timeout(MUST_WAIT).is_ok();
-    gate.release();
-    let (mut ch, n) = flusher.join().unwrap();
+    let (returned_early, mut ch, n) = flush_on_a_thread(ch, second, MUST_WAIT, gate);
     assert!(!returned_early, "the second flush rewrote the staging its predecessor's held copies read");
     assert_eq!(n, 1);
     assert_eq!(dev.consume(&mut ch, 8), [first, second]);
