@@ -6,13 +6,13 @@
 use std::ffi::c_void;
 
 use cumem_sys::sys::{self, CUdeviceptr, CUstream};
-use cumem_sys::{ErrorContext as Ctx, Result, check};
+use cumem_sys::{ErrorContext as Ctx, Result, api, check};
 
 /// # Safety
 /// 1. `src` is valid for reads of `bytes` bytes; `[dst, dst + bytes)` is device memory.
 pub(crate) unsafe fn htod(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(unsafe { sys::cuMemcpyHtoD_v2(dst, src, bytes) }, Ctx::op("cuMemcpyHtoD_v2").bytes(bytes))
+    check(unsafe { api::cuMemcpyHtoD_v2(dst, src, bytes) }, Ctx::op("cuMemcpyHtoD_v2").bytes(bytes))
 }
 
 /// # Safety
@@ -20,14 +20,14 @@ pub(crate) unsafe fn htod(dst: CUdeviceptr, src: *const c_void, bytes: usize) ->
 /// 2. `[src, src + bytes)` is device memory.
 pub(crate) unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(unsafe { sys::cuMemcpyDtoH_v2(dst, src, bytes) }, Ctx::op("cuMemcpyDtoH_v2").bytes(bytes))
+    check(unsafe { api::cuMemcpyDtoH_v2(dst, src, bytes) }, Ctx::op("cuMemcpyDtoH_v2").bytes(bytes))
 }
 
 /// # Safety
 /// 1. Both ranges are device memory of `bytes` bytes.
 pub(crate) unsafe fn dtod(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(unsafe { sys::cuMemcpyDtoD_v2(dst, src, bytes) }, Ctx::op("cuMemcpyDtoD_v2").bytes(bytes))
+    check(unsafe { api::cuMemcpyDtoD_v2(dst, src, bytes) }, Ctx::op("cuMemcpyDtoD_v2").bytes(bytes))
 }
 
 /// # Safety
@@ -40,7 +40,7 @@ pub(crate) unsafe fn htod_async(
     stream: CUstream,
 ) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let code = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream) };
+    let code = unsafe { api::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream) };
     check(code, Ctx::op("cuMemcpyHtoDAsync_v2").bytes(bytes))
 }
 
@@ -55,7 +55,7 @@ pub(crate) unsafe fn dtoh_async(
     stream: CUstream,
 ) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let code = unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream) };
+    let code = unsafe { api::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream) };
     check(code, Ctx::op("cuMemcpyDtoHAsync_v2").bytes(bytes))
 }
 
@@ -68,7 +68,7 @@ pub(crate) unsafe fn dtod_async(
     stream: CUstream,
 ) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let code = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) };
+    let code = unsafe { api::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) };
     check(code, Ctx::op("cuMemcpyDtoDAsync_v2").bytes(bytes))
 }
 
@@ -87,13 +87,13 @@ pub(crate) unsafe fn memset_async(dst: CUdeviceptr, value: Width, n: usize, stre
     unsafe {
         match value {
             Width::W8(v) => {
-                check(sys::cuMemsetD8Async(dst, v, n, stream), Ctx::op("cuMemsetD8Async").bytes(n))
+                check(api::cuMemsetD8Async(dst, v, n, stream), Ctx::op("cuMemsetD8Async").bytes(n))
             }
             Width::W16(v) => {
-                check(sys::cuMemsetD16Async(dst, v, n, stream), Ctx::op("cuMemsetD16Async").bytes(n * 2))
+                check(api::cuMemsetD16Async(dst, v, n, stream), Ctx::op("cuMemsetD16Async").bytes(n * 2))
             }
             Width::W32(v) => {
-                check(sys::cuMemsetD32Async(dst, v, n, stream), Ctx::op("cuMemsetD32Async").bytes(n * 4))
+                check(api::cuMemsetD32Async(dst, v, n, stream), Ctx::op("cuMemsetD32Async").bytes(n * 4))
             }
         }
     }
@@ -120,10 +120,10 @@ pub(crate) unsafe fn memcpy_2d(p: &sys::CUDA_MEMCPY2D, stream: Option<CUstream>)
     unsafe {
         match stream {
             None if intra_device => {
-                check(sys::cuMemcpy2DUnaligned_v2(p), Ctx::op("cuMemcpy2DUnaligned_v2").bytes(bytes))
+                check(api::cuMemcpy2DUnaligned_v2(p), Ctx::op("cuMemcpy2DUnaligned_v2").bytes(bytes))
             }
-            None => check(sys::cuMemcpy2D_v2(p), Ctx::op("cuMemcpy2D_v2").bytes(bytes)),
-            Some(s) => check(sys::cuMemcpy2DAsync_v2(p, s), Ctx::op("cuMemcpy2DAsync_v2").bytes(bytes)),
+            None => check(api::cuMemcpy2D_v2(p), Ctx::op("cuMemcpy2D_v2").bytes(bytes)),
+            Some(s) => check(api::cuMemcpy2DAsync_v2(p, s), Ctx::op("cuMemcpy2DAsync_v2").bytes(bytes)),
         }
     }
 }
@@ -137,8 +137,8 @@ pub(crate) unsafe fn memcpy_3d(p: &sys::CUDA_MEMCPY3D, stream: Option<CUstream>)
     // SAFETY: guaranteed by the caller; `p` is a valid parameter block.
     unsafe {
         match stream {
-            None => check(sys::cuMemcpy3D_v2(p), Ctx::op("cuMemcpy3D_v2").bytes(bytes)),
-            Some(s) => check(sys::cuMemcpy3DAsync_v2(p, s), Ctx::op("cuMemcpy3DAsync_v2").bytes(bytes)),
+            None => check(api::cuMemcpy3D_v2(p), Ctx::op("cuMemcpy3D_v2").bytes(bytes)),
+            Some(s) => check(api::cuMemcpy3DAsync_v2(p, s), Ctx::op("cuMemcpy3DAsync_v2").bytes(bytes)),
         }
     }
 }
@@ -161,15 +161,15 @@ pub(crate) unsafe fn memset_2d_async(
     unsafe {
         match value {
             Width::W8(v) => check(
-                sys::cuMemsetD2D8Async(dst, pitch, v, width, height, stream),
+                api::cuMemsetD2D8Async(dst, pitch, v, width, height, stream),
                 Ctx::op("cuMemsetD2D8Async").bytes(width * height),
             ),
             Width::W16(v) => check(
-                sys::cuMemsetD2D16Async(dst, pitch, v, width, height, stream),
+                api::cuMemsetD2D16Async(dst, pitch, v, width, height, stream),
                 Ctx::op("cuMemsetD2D16Async").bytes(width * height * 2),
             ),
             Width::W32(v) => check(
-                sys::cuMemsetD2D32Async(dst, pitch, v, width, height, stream),
+                api::cuMemsetD2D32Async(dst, pitch, v, width, height, stream),
                 Ctx::op("cuMemsetD2D32Async").bytes(width * height * 4),
             ),
         }
@@ -181,7 +181,7 @@ pub(crate) unsafe fn memset_2d_async(
 pub(crate) fn host_alloc(bytes: usize) -> Result<std::ptr::NonNull<u8>> {
     let mut p = std::ptr::null_mut();
     // SAFETY: `p` is a valid out-pointer.
-    check(unsafe { sys::cuMemHostAlloc(&mut p, bytes, 0) }, Ctx::op("cuMemHostAlloc").bytes(bytes))?;
+    check(unsafe { api::cuMemHostAlloc(&mut p, bytes, 0) }, Ctx::op("cuMemHostAlloc").bytes(bytes))?;
     std::ptr::NonNull::new(p.cast::<u8>())
         .ok_or(cumem_sys::Error::OutOfMemory { ctx: Ctx::op("cuMemHostAlloc").bytes(bytes), report: None })
 }
@@ -191,5 +191,5 @@ pub(crate) fn host_alloc(bytes: usize) -> Result<std::ptr::NonNull<u8>> {
 /// 2. No device work and no Rust reference still uses the memory.
 pub(crate) unsafe fn host_free(p: std::ptr::NonNull<u8>) -> Result<()> {
     // SAFETY: guaranteed by the caller (items 1 and 2).
-    check(unsafe { sys::cuMemFreeHost(p.as_ptr().cast()) }, Ctx::op("cuMemFreeHost"))
+    check(unsafe { api::cuMemFreeHost(p.as_ptr().cast()) }, Ctx::op("cuMemFreeHost"))
 }

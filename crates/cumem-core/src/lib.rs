@@ -64,8 +64,14 @@ pub use resource::{
 };
 pub use stream::{Stream, StreamOptions, StreamTail};
 
-/// The raw driver bindings, for code that needs a call cumem does not wrap.
+/// The raw driver bindings, for code that needs a call cumem does not wrap: their types, and
+/// entry points whose `CUresult` a newer driver's code would make undefined behaviour (see
+/// [`api`]).
 pub use cumem_sys::sys;
+
+/// The driver entry points cumem calls, each returning its code as an `int` ([`Code`](api::Code)),
+/// which any driver's code is: prefer them to [`sys`]'s for the calls they cover.
+pub use cumem_sys::api;
 
 /// What [`device_view_methods!`] names in the crates that invoke it; not part of the stable
 /// interface.

@@ -6,13 +6,13 @@
 use std::ffi::c_int;
 
 use cumem_sys::sys::{self, CUcontext, CUdevice, CUdevice_P2PAttribute, CUdeviceptr, CUstream};
-use cumem_sys::{ErrorContext as Ctx, Result, check};
+use cumem_sys::{ErrorContext as Ctx, Result, api, check};
 
 /// `cuDeviceCanAccessPeer`: whether `dev` can access `peer`'s memory (0 for `dev == peer`).
 pub(crate) fn can_access_peer(dev: CUdevice, peer: CUdevice) -> Result<bool> {
     let mut can: c_int = 0;
     // SAFETY: `can` is a valid out-pointer; the driver checks the ordinals.
-    check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, peer) }, Ctx::op("cuDeviceCanAccessPeer"))?;
+    check(unsafe { api::cuDeviceCanAccessPeer(&mut can, dev, peer) }, Ctx::op("cuDeviceCanAccessPeer"))?;
     Ok(can != 0)
 }
 
@@ -20,7 +20,7 @@ pub(crate) fn can_access_peer(dev: CUdevice, peer: CUdevice) -> Result<bool> {
 pub(crate) fn p2p_attribute(attr: CUdevice_P2PAttribute, src: CUdevice, dst: CUdevice) -> Result<i32> {
     let mut value: c_int = 0;
     // SAFETY: `value` is a valid out-pointer; the driver checks the ordinals.
-    let code = unsafe { sys::cuDeviceGetP2PAttribute(&mut value, attr, src, dst) };
+    let code = unsafe { api::cuDeviceGetP2PAttribute(&mut value, attr, src, dst) };
     check(code, Ctx::op("cuDeviceGetP2PAttribute"))?;
     Ok(value)
 }
@@ -28,13 +28,13 @@ pub(crate) fn p2p_attribute(attr: CUdevice_P2PAttribute, src: CUdevice, dst: CUd
 /// `cuCtxEnablePeerAccess(peer, 0)` from the current context.
 pub(crate) fn enable_peer_access(peer: CUcontext) -> Result<()> {
     // SAFETY: plain FFI call; the driver checks the handle.
-    check(unsafe { sys::cuCtxEnablePeerAccess(peer, 0) }, Ctx::op("cuCtxEnablePeerAccess"))
+    check(unsafe { api::cuCtxEnablePeerAccess(peer, 0) }, Ctx::op("cuCtxEnablePeerAccess"))
 }
 
 /// `cuCtxDisablePeerAccess(peer)` from the current context.
 pub(crate) fn disable_peer_access(peer: CUcontext) -> Result<()> {
     // SAFETY: plain FFI call; the driver checks the handle.
-    check(unsafe { sys::cuCtxDisablePeerAccess(peer) }, Ctx::op("cuCtxDisablePeerAccess"))
+    check(unsafe { api::cuCtxDisablePeerAccess(peer) }, Ctx::op("cuCtxDisablePeerAccess"))
 }
 
 /// `cuMemcpyPeerAsync`.
@@ -51,7 +51,7 @@ pub(crate) unsafe fn memcpy_peer_async(
     stream: CUstream,
 ) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let code = unsafe { sys::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, bytes, stream) };
+    let code = unsafe { api::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, bytes, stream) };
     check(code, Ctx::op("cuMemcpyPeerAsync").bytes(bytes))
 }
 
@@ -67,7 +67,7 @@ pub(crate) unsafe fn memcpy_peer(
     bytes: usize,
 ) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let code = unsafe { sys::cuMemcpyPeer(dst, dst_ctx, src, src_ctx, bytes) };
+    let code = unsafe { api::cuMemcpyPeer(dst, dst_ctx, src, src_ctx, bytes) };
     check(code, Ctx::op("cuMemcpyPeer").bytes(bytes))
 }
 
@@ -80,6 +80,6 @@ pub(crate) unsafe fn memcpy_peer(
 pub(crate) unsafe fn memcpy_3d_peer_async(p: &sys::CUDA_MEMCPY3D_PEER, stream: CUstream) -> Result<()> {
     let bytes = p.WidthInBytes.saturating_mul(p.Height).saturating_mul(p.Depth);
     // SAFETY: guaranteed by the caller; `p` is a valid parameter block.
-    let code = unsafe { sys::cuMemcpy3DPeerAsync(p, stream) };
+    let code = unsafe { api::cuMemcpy3DPeerAsync(p, stream) };
     check(code, Ctx::op("cuMemcpy3DPeerAsync").bytes(bytes))
 }

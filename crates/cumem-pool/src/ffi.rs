@@ -5,16 +5,16 @@
 use std::ffi::c_void;
 
 use cumem_core::sys::{
-    self, CUdevice, CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
-    CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream,
+    CUdevice, CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType,
+    CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream,
 };
 use cumem_core::{ErrorContext as Ctx, Result};
-use cumem_sys::check;
+use cumem_sys::{api, check};
 
 pub(crate) fn default_mem_pool(dev: CUdevice) -> Result<CUmemoryPool> {
     let mut pool = std::ptr::null_mut();
     // SAFETY: `pool` is a valid out-pointer.
-    let code = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, dev) };
+    let code = unsafe { api::cuDeviceGetDefaultMemPool(&mut pool, dev) };
     check(code, Ctx::op("cuDeviceGetDefaultMemPool").device(dev))?;
     Ok(pool)
 }
@@ -22,14 +22,14 @@ pub(crate) fn default_mem_pool(dev: CUdevice) -> Result<CUmemoryPool> {
 pub(crate) fn current_mem_pool(dev: CUdevice) -> Result<CUmemoryPool> {
     let mut pool = std::ptr::null_mut();
     // SAFETY: `pool` is a valid out-pointer.
-    let code = unsafe { sys::cuDeviceGetMemPool(&mut pool, dev) };
+    let code = unsafe { api::cuDeviceGetMemPool(&mut pool, dev) };
     check(code, Ctx::op("cuDeviceGetMemPool").device(dev))?;
     Ok(pool)
 }
 
 pub(crate) fn set_current_mem_pool(dev: CUdevice, pool: CUmemoryPool) -> Result<()> {
     // SAFETY: `pool` is a live pool handle of `dev`.
-    let code = unsafe { sys::cuDeviceSetMemPool(dev, pool) };
+    let code = unsafe { api::cuDeviceSetMemPool(dev, pool) };
     check(code, Ctx::op("cuDeviceSetMemPool").device(dev))
 }
 
@@ -42,7 +42,7 @@ pub(crate) fn mem_pool_create(dev: CUdevice, max_size: usize) -> Result<CUmemory
     props.maxSize = max_size;
     let mut pool = std::ptr::null_mut();
     // SAFETY: `props` is fully initialised and outlives the call; `pool` is a valid out-pointer.
-    let code = unsafe { sys::cuMemPoolCreate(&mut pool, &props) };
+    let code = unsafe { api::cuMemPoolCreate(&mut pool, &props) };
     check(code, Ctx::op("cuMemPoolCreate").device(dev))?;
     Ok(pool)
 }
@@ -51,13 +51,13 @@ pub(crate) fn mem_pool_create(dev: CUdevice, max_size: usize) -> Result<CUmemory
 /// 1. `pool` was created by `mem_pool_create`, is destroyed once and not used afterwards.
 pub(crate) unsafe fn mem_pool_destroy(pool: CUmemoryPool) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let code = unsafe { sys::cuMemPoolDestroy(pool) };
+    let code = unsafe { api::cuMemPoolDestroy(pool) };
     check(code, Ctx::op("cuMemPoolDestroy"))
 }
 
 pub(crate) fn mem_pool_trim_to(pool: CUmemoryPool, keep: usize) -> Result<()> {
     // SAFETY: `pool` is a live pool handle.
-    let code = unsafe { sys::cuMemPoolTrimTo(pool, keep) };
+    let code = unsafe { api::cuMemPoolTrimTo(pool, keep) };
     check(code, Ctx::op("cuMemPoolTrimTo"))
 }
 
@@ -68,7 +68,7 @@ pub(crate) fn mem_pool_trim_to(pool: CUmemoryPool, keep: usize) -> Result<()> {
 pub(crate) unsafe fn mem_pool_get<T: Default>(pool: CUmemoryPool, attr: CUmemPool_attribute) -> Result<T> {
     let mut value = T::default();
     // SAFETY: `value` is a valid out-pointer of the attribute's type (caller's item 1).
-    let code = unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&raw mut value).cast::<c_void>()) };
+    let code = unsafe { api::cuMemPoolGetAttribute(pool, attr, (&raw mut value).cast::<c_void>()) };
     check(code, Ctx::op("cuMemPoolGetAttribute"))?;
     Ok(value)
 }
@@ -83,7 +83,7 @@ pub(crate) unsafe fn mem_pool_set<T>(
     mut value: T,
 ) -> Result<()> {
     // SAFETY: `value` is a valid pointer to the attribute's type (caller's item 1).
-    let code = unsafe { sys::cuMemPoolSetAttribute(pool, attr, (&raw mut value).cast::<c_void>()) };
+    let code = unsafe { api::cuMemPoolSetAttribute(pool, attr, (&raw mut value).cast::<c_void>()) };
     check(code, Ctx::op("cuMemPoolSetAttribute"))
 }
 
@@ -95,7 +95,7 @@ pub(crate) fn mem_alloc_from_pool_async(
 ) -> Result<CUdeviceptr> {
     let mut ptr = 0;
     // SAFETY: `ptr` is a valid out-pointer; pool and stream are live handles.
-    let code = unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream) };
+    let code = unsafe { api::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream) };
     check(code, Ctx::op("cuMemAllocFromPoolAsync").bytes(bytes).device(device))?;
     Ok(ptr)
 }
@@ -105,7 +105,7 @@ pub(crate) fn mem_alloc_from_pool_async(
 /// 2. Every use of it was queued on `stream` or ordered before work queued on it next.
 pub(crate) unsafe fn mem_free_async(ptr: CUdeviceptr, stream: CUstream) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let code = unsafe { sys::cuMemFreeAsync(ptr, stream) };
+    let code = unsafe { api::cuMemFreeAsync(ptr, stream) };
     check(code, Ctx::op("cuMemFreeAsync"))
 }
 
@@ -113,7 +113,7 @@ pub(crate) unsafe fn mem_free_async(ptr: CUdeviceptr, stream: CUstream) -> Resul
 pub(crate) fn can_access_peer(device: CUdevice, owner: CUdevice) -> Result<bool> {
     let mut can = 0;
     // SAFETY: `can` is a valid out-pointer; the driver validates both ordinals.
-    let code = unsafe { sys::cuDeviceCanAccessPeer(&mut can, device, owner) };
+    let code = unsafe { api::cuDeviceCanAccessPeer(&mut can, device, owner) };
     check(code, Ctx::op("cuDeviceCanAccessPeer").device(device))?;
     Ok(can == 1)
 }

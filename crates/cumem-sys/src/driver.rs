@@ -40,7 +40,8 @@ use std::sync::{Mutex, OnceLock};
 
 use libloading::Library;
 
-use crate::error::{Error, ErrorContext, Result, check_raw};
+use crate::api::Code;
+use crate::error::{Error, ErrorContext, Result, check};
 use crate::sys;
 
 /// Which driver library to use.
@@ -252,7 +253,7 @@ fn select_locked(
         }
     };
     // SAFETY: resolved from the loaded library, which stays mapped while `init` runs; no pointers.
-    let outcome = match check_raw(unsafe { init(0) }, ErrorContext::op("cuInit")) {
+    let outcome = match check(Code(unsafe { init(0) }), ErrorContext::op("cuInit")) {
         Ok(()) => {
             notes.push(Note::Initialised(loaded.description.clone()));
             Ok(loaded)
@@ -572,9 +573,9 @@ fn probe_real(notes: &mut Vec<Note>) -> std::result::Result<Loaded, Failed> {
     };
     let mut n = 0;
     // SAFETY: resolved from the loaded library with its documented signature; no pointers.
-    let initialised = check_raw(unsafe { init(0) }, ErrorContext::op("cuInit"))
+    let initialised = check(Code(unsafe { init(0) }), ErrorContext::op("cuInit"))
         // SAFETY: as above; `n` is a valid out-pointer.
-        .and_then(|()| check_raw(unsafe { count(&mut n) }, ErrorContext::op("cuDeviceGetCount")))
+        .and_then(|()| check(Code(unsafe { count(&mut n) }), ErrorContext::op("cuDeviceGetCount")))
         .and_then(|()| match n {
             1.. => Ok(()),
             _ => Err(Error::NoDevice { ctx: ErrorContext::op("cuDeviceGetCount") }),
@@ -702,7 +703,7 @@ fn configure_simulator(lib: &Library, config: &str) -> Result<()> {
             feature: crate::Feature::Symbol("cumemSimConfigure"),
             device: None,
         })?;
-        check_raw(f(spec.as_ptr()), ErrorContext::op("cumemSimConfigure"))
+        check(Code(f(spec.as_ptr())), ErrorContext::op("cumemSimConfigure"))
     }
 }
 

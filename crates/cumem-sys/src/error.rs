@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use crate::api::Code;
 use crate::sys::CUresult;
 
 /// Shorthand for `Result<T, cumem_sys::Error>`.
@@ -417,28 +418,35 @@ impl Error {
 
 /// Turns a driver return code into a `Result`, attaching where it happened.
 ///
-/// `CUDA_SUCCESS` is `Ok(())`; everything else is the matching [`Error`].
+/// `CUDA_SUCCESS` is `Ok(())`; everything else is the matching [`Error`]. Takes the [`Code`] of
+/// cumem's own entry points ([`crate::api`]) or a `CUresult` of cudarc's bindings. A code that
+/// `CUresult` (cudarc's CUDA 12.8 enum) has no variant for, as a newer driver may return, is
+/// `CUDA_ERROR_UNKNOWN`; [`Code::MISSING_ENTRY_POINT`] is `NotSupported { feature: Symbol(op) }`.
 #[inline]
-pub fn check(code: CUresult, ctx: ErrorContext) -> Result<()> {
+pub fn check(code: impl Into<Code>, ctx: ErrorContext) -> Result<()> {
+    let code = code.into();
     // Success answered inline: every driver call of a hot path goes through here.
-    if code == CUresult::CUDA_SUCCESS {
+    if code.is_success() {
         return Ok(());
     }
-    match Error::from_code(code, ctx) {
-        None => Ok(()),
-        Some(e) => Err(e),
-    }
+    Err(Error::from_raw(code, ctx))
 }
 
-/// [`check`] for a code read as the C `int` it is, from an entry point cumem calls through a
-/// function pointer of its own: a code that `CUresult` (cudarc's CUDA 12.8 enum) has no variant for,
-/// as a newer driver may return, is `CUDA_ERROR_UNKNOWN` instead of an invalid enum value.
-pub(crate) fn check_raw(code: i32, ctx: ErrorContext) -> Result<()> {
-    check(code_from_raw(code).unwrap_or(CUresult::CUDA_ERROR_UNKNOWN), ctx)
+impl Error {
+    /// The error for a failed `code` (cold: only failures get here).
+    #[cold]
+    fn from_raw(code: Code, ctx: ErrorContext) -> Error {
+        if code == Code::MISSING_ENTRY_POINT {
+            return Error::NotSupported { feature: Feature::Symbol(ctx.op), device: ctx.device };
+        }
+        let known = code.known().unwrap_or(CUresult::CUDA_ERROR_UNKNOWN);
+        // `None` only for success, which `check` answered; kept total all the same.
+        Error::from_code(known, ctx).unwrap_or(Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, ctx })
+    }
 }
 
 /// The `CUresult` whose value is `raw`, if cudarc's enum has one.
-fn code_from_raw(raw: i32) -> Option<CUresult> {
+pub(crate) fn code_from_raw(raw: i32) -> Option<CUresult> {
     KNOWN_CODES.iter().copied().find(|&c| c as i32 == raw)
 }
 
@@ -494,12 +502,18 @@ mod tests {
     #[test]
     fn raw_codes_outside_the_bindings_read_as_unknown() {
         // Codes of CUDA 13 drivers that the 12.8 enum lacks, and codes no driver returns.
-        for raw in [36, 47, 227, 917, 918, 919, -1, i32::MAX] {
-            let err = check_raw(raw, ErrorContext::op("cuInit")).unwrap_err();
+        for raw in [36, 47, 227, 917, 918, 919, -2, i32::MIN, i32::MAX] {
+            let err = check(Code(raw), ErrorContext::op("cuInit")).unwrap_err();
             assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. }), "{raw}: {err:?}");
         }
-        assert!(check_raw(0, ErrorContext::op("cuInit")).is_ok());
-        assert!(matches!(check_raw(100, ErrorContext::op("cuInit")), Err(Error::NoDevice { .. })));
+        assert!(check(Code(0), ErrorContext::op("cuInit")).is_ok());
+        assert!(matches!(check(Code(100), ErrorContext::op("cuInit")), Err(Error::NoDevice { .. })));
+        // cumem's own answer for an entry point the driver lacks (no driver code is negative).
+        let err = check(Code::MISSING_ENTRY_POINT, ErrorContext::op("cuMemAdvise_v2").device(1)).unwrap_err();
+        assert!(
+            matches!(err, Error::NotSupported { feature: Feature::Symbol("cuMemAdvise_v2"), device: Some(1) }),
+            "{err:?}"
+        );
         for code in KNOWN_CODES {
             assert_eq!(code_from_raw(code as i32), Some(code));
         }

@@ -37,7 +37,7 @@ pub fn driver_version() -> Result<i32> {
     crate::driver::init()?;
     let mut v = 0;
     // SAFETY: the driver is loaded; `v` is a valid out-pointer.
-    let code = unsafe { crate::sys::cuDriverGetVersion(&mut v) };
+    let code = unsafe { crate::api::cuDriverGetVersion(&mut v) };
     crate::check(code, crate::ErrorContext::op("cuDriverGetVersion"))?;
     Ok(v)
 }

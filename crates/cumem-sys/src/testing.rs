@@ -25,7 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::driver::{self, DriverChoice, DriverKind};
-use crate::sys;
+use crate::{api, sys};
 
 #[cfg(unix)]
 pub mod child_process;
@@ -231,8 +231,8 @@ pub unsafe fn hold_for(stream: sys::CUstream, deadline: Duration) -> Gate {
     // SAFETY: the caller promises a live stream of the current context (1, 2); the callback only
     // waits on the state, and owns the count passed to it; a driver is loaded, since the caller
     // has a stream.
-    let code = unsafe { sys::cuLaunchHostFunc(stream, Some(wait_at_gate), user) };
-    if code != sys::CUresult::CUDA_SUCCESS {
+    let code = unsafe { api::cuLaunchHostFunc(stream, Some(wait_at_gate), user) };
+    if !code.is_success() {
         // SAFETY: not queued, so the count passed as `user` is still ours to reclaim.
         drop(unsafe { Arc::from_raw(user.cast_const().cast::<GateState>()) });
         panic!("cuLaunchHostFunc failed: {code:?}");

@@ -10,10 +10,9 @@ use std::ffi::c_void;
 use std::sync::OnceLock;
 
 use cumem_sys::sys::{
-    self, CUdevice, CUdeviceptr, CUmem_advise, CUmem_range_attribute, CUmemLocation, CUmemLocationType,
-    CUstream,
+    CUdevice, CUdeviceptr, CUmem_advise, CUmem_range_attribute, CUmemLocation, CUmemLocationType, CUstream,
 };
-use cumem_sys::{ErrorContext as Ctx, Result, check, probe};
+use cumem_sys::{ErrorContext as Ctx, Result, api, check, probe};
 
 /// `CU_DEVICE_CPU`: the host, in the device-ordinal forms of the hint calls.
 pub(crate) const DEVICE_CPU: CUdevice = -1;
@@ -58,7 +57,7 @@ pub(crate) fn mem_alloc_managed(bytes: usize, flags: u32, device: i32) -> Result
     probe::require("cuMemAllocManaged")?;
     let mut ptr = 0;
     // SAFETY: `ptr` is a valid out-pointer.
-    let code = unsafe { sys::cuMemAllocManaged(&mut ptr, bytes, flags) };
+    let code = unsafe { api::cuMemAllocManaged(&mut ptr, bytes, flags) };
     check(code, Ctx::op("cuMemAllocManaged").bytes(bytes).device(device))?;
     Ok(ptr)
 }
@@ -68,14 +67,14 @@ pub(crate) fn mem_alloc_managed(bytes: usize, flags: u32, device: i32) -> Result
 /// 2. No device work and no Rust reference still uses the memory.
 pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(unsafe { sys::cuMemFree_v2(ptr) }, Ctx::op("cuMemFree_v2"))
+    check(unsafe { api::cuMemFree_v2(ptr) }, Ctx::op("cuMemFree_v2"))
 }
 
 /// Queues attaching the whole managed allocation at `ptr` (`CU_MEM_ATTACH_*` in `flags`).
 pub(crate) fn stream_attach_mem_async(stream: CUstream, ptr: CUdeviceptr, flags: u32) -> Result<()> {
     probe::require("cuStreamAttachMemAsync")?;
     // SAFETY: `stream` is a live handle; the driver only changes the visibility of the allocation.
-    check(unsafe { sys::cuStreamAttachMemAsync(stream, ptr, 0, flags) }, Ctx::op("cuStreamAttachMemAsync"))
+    check(unsafe { api::cuStreamAttachMemAsync(stream, ptr, 0, flags) }, Ctx::op("cuStreamAttachMemAsync"))
 }
 
 /// Sets or unsets one hint on `[ptr, ptr + bytes)` of managed memory.
@@ -83,13 +82,13 @@ pub(crate) fn mem_advise(ptr: CUdeviceptr, bytes: usize, advice: CUmem_advise, t
     static V2: OnceLock<bool> = OnceLock::new();
     if use_v2(&V2, "cuMemAdvise_v2") {
         // SAFETY: the driver only records the hint for the range (it validates the range itself).
-        let code = unsafe { sys::cuMemAdvise_v2(ptr, bytes, advice, target.location()) };
+        let code = unsafe { api::cuMemAdvise_v2(ptr, bytes, advice, target.location()) };
         return check(code, Ctx::op("cuMemAdvise_v2").bytes(bytes));
     }
     probe::require("cuMemAdvise")?;
     // SAFETY: as above.
     check(
-        unsafe { sys::cuMemAdvise(ptr, bytes, advice, target.ordinal()) },
+        unsafe { api::cuMemAdvise(ptr, bytes, advice, target.ordinal()) },
         Ctx::op("cuMemAdvise").bytes(bytes),
     )
 }
@@ -104,12 +103,12 @@ pub(crate) fn mem_prefetch_async(
     static V2: OnceLock<bool> = OnceLock::new();
     if use_v2(&V2, "cuMemPrefetchAsync_v2") {
         // SAFETY: `stream` is a live handle; prefetching moves pages but never changes their contents.
-        let code = unsafe { sys::cuMemPrefetchAsync_v2(ptr, bytes, target.location(), 0, stream) };
+        let code = unsafe { api::cuMemPrefetchAsync_v2(ptr, bytes, target.location(), 0, stream) };
         return check(code, Ctx::op("cuMemPrefetchAsync_v2").bytes(bytes));
     }
     probe::require("cuMemPrefetchAsync")?;
     // SAFETY: as above.
-    let code = unsafe { sys::cuMemPrefetchAsync(ptr, bytes, target.ordinal(), stream) };
+    let code = unsafe { api::cuMemPrefetchAsync(ptr, bytes, target.ordinal(), stream) };
     check(code, Ctx::op("cuMemPrefetchAsync").bytes(bytes))
 }
 
@@ -124,7 +123,7 @@ pub(crate) fn mem_range_get_attribute(
     // SAFETY: `out` is valid for `size_of_val(out)` bytes of writes, which is what the driver is
     // told it may write; the range is only looked up.
     let code = unsafe {
-        sys::cuMemRangeGetAttribute(
+        api::cuMemRangeGetAttribute(
             out.as_mut_ptr().cast::<c_void>(),
             size_of_val(out),
             attribute,

@@ -12,7 +12,7 @@ use cumem_sys::sys::{
     CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle,
     CUmemLocation, CUmemLocationType, CUstream,
 };
-use cumem_sys::{Error, ErrorContext as Ctx, Result, check, probe};
+use cumem_sys::{Error, ErrorContext as Ctx, Result, api, check, probe};
 
 fn location(device: CUdevice) -> CUmemLocation {
     CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
@@ -43,7 +43,7 @@ pub(crate) fn allocation_granularity(
     };
     let mut granularity = 0usize;
     // SAFETY: `granularity` is a valid out-pointer; `prop` is fully initialised and outlives the call.
-    let code = unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, option) };
+    let code = unsafe { api::cuMemGetAllocationGranularity(&mut granularity, &prop, option) };
     check(code, Ctx::op("cuMemGetAllocationGranularity").device(device))?;
     Ok(granularity)
 }
@@ -53,7 +53,7 @@ pub(crate) fn address_reserve(size: usize, alignment: usize, addr: CUdeviceptr) 
     probe::require("cuMemAddressReserve")?;
     let mut ptr = 0;
     // SAFETY: `ptr` is a valid out-pointer; the driver only reserves address space.
-    let code = unsafe { sys::cuMemAddressReserve(&mut ptr, size, alignment, addr, 0) };
+    let code = unsafe { api::cuMemAddressReserve(&mut ptr, size, alignment, addr, 0) };
     check(code, Ctx::op("cuMemAddressReserve").bytes(size))?;
     Ok(ptr)
 }
@@ -64,7 +64,7 @@ pub(crate) fn address_reserve(size: usize, alignment: usize, addr: CUdeviceptr) 
 pub(crate) unsafe fn address_free(ptr: CUdeviceptr, size: usize) -> Result<()> {
     probe::require("cuMemAddressFree")?;
     // SAFETY: guaranteed by the caller.
-    check(unsafe { sys::cuMemAddressFree(ptr, size) }, Ctx::op("cuMemAddressFree").bytes(size))
+    check(unsafe { api::cuMemAddressFree(ptr, size) }, Ctx::op("cuMemAddressFree").bytes(size))
 }
 
 pub(crate) fn create(
@@ -76,7 +76,7 @@ pub(crate) fn create(
     let prop = props(device, handle_types);
     let mut handle = 0;
     // SAFETY: `handle` is a valid out-pointer; `prop` is fully initialised and outlives the call.
-    let code = unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) };
+    let code = unsafe { api::cuMemCreate(&mut handle, size, &prop, 0) };
     check(code, Ctx::op("cuMemCreate").bytes(size).device(device))?;
     Ok(handle)
 }
@@ -87,7 +87,7 @@ pub(crate) fn create(
 pub(crate) unsafe fn release(handle: CUmemGenericAllocationHandle) -> Result<()> {
     probe::require("cuMemRelease")?;
     // SAFETY: guaranteed by the caller.
-    check(unsafe { sys::cuMemRelease(handle) }, Ctx::op("cuMemRelease"))
+    check(unsafe { api::cuMemRelease(handle) }, Ctx::op("cuMemRelease"))
 }
 
 /// A new POSIX file descriptor of the memory of `handle` (`cuMemExportToShareableHandle`); the
@@ -98,7 +98,7 @@ pub(crate) fn export_fd(handle: CUmemGenericAllocationHandle) -> Result<OwnedFd>
     // SAFETY: for POSIX_FD the driver writes one `int` through the pointer, and `fd` is one; the
     // handle is only read.
     let code = unsafe {
-        sys::cuMemExportToShareableHandle(
+        api::cuMemExportToShareableHandle(
             (&raw mut fd).cast(),
             handle,
             CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
@@ -124,7 +124,7 @@ pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<CUmemGenericAllocationHand
     // value, cast to a pointer (reference §9), and does not take ownership of it; it is open for
     // the whole call (borrowed).
     let code = unsafe {
-        sys::cuMemImportFromShareableHandle(
+        api::cuMemImportFromShareableHandle(
             &mut handle,
             fd.as_raw_fd() as isize as *mut c_void,
             CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
@@ -138,17 +138,32 @@ pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<CUmemGenericAllocationHand
 /// (`cuMemGetAllocationPropertiesFromHandle`).
 pub(crate) fn properties(handle: CUmemGenericAllocationHandle) -> Result<(CUdevice, u32)> {
     probe::require("cuMemGetAllocationPropertiesFromHandle")?;
-    let mut prop = props(0, 0);
-    // SAFETY: `prop` is a valid, initialised out-pointer of the right type.
-    let code = unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) };
+    // The driver writes enum fields, which a newer driver (or the exporting process's) may set to a
+    // value the 12.8 enums lack: the struct stays `MaybeUninit` and those fields are read as the
+    // integers they are in C, never as the enums.
+    let mut prop = std::mem::MaybeUninit::new(props(0, 0));
+    // SAFETY: `prop` is a valid out-pointer of the right type (initialised, though the driver
+    // overwrites it).
+    let code = unsafe { api::cuMemGetAllocationPropertiesFromHandle(prop.as_mut_ptr(), handle) };
     check(code, Ctx::op("cuMemGetAllocationPropertiesFromHandle"))?;
-    if prop.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE {
+    let p = prop.as_ptr();
+    // SAFETY: `p` points to the struct the driver wrote; each field is read through a raw pointer
+    // with its C type (`CUmemLocationType` is a C enum, an `unsigned int`; `id` an `int`;
+    // `requestedHandleTypes` a bitfield of `unsigned int`), so no enum value is ever produced.
+    let (location_type, id, handle_types) = unsafe {
+        (
+            (&raw const (*p).location.type_).cast::<u32>().read(),
+            (&raw const (*p).location.id).read(),
+            (&raw const (*p).requestedHandleTypes).cast::<u32>().read(),
+        )
+    };
+    if location_type != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE as u32 {
         // Host (NUMA) memory is not what cumem maps as device memory.
         return Err(Error::InvalidDevice {
             ctx: Ctx::op("cuMemGetAllocationPropertiesFromHandle (memory not on a device)"),
         });
     }
-    Ok((prop.location.id, prop.requestedHandleTypes.0))
+    Ok((id, handle_types))
 }
 
 /// # Safety
@@ -160,7 +175,7 @@ pub(crate) fn properties(handle: CUmemGenericAllocationHandle) -> Result<(CUdevi
 pub(crate) unsafe fn map(ptr: CUdeviceptr, size: usize, handle: CUmemGenericAllocationHandle) -> Result<()> {
     probe::require("cuMemMap")?;
     // SAFETY: guaranteed by the caller.
-    check(unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) }, Ctx::op("cuMemMap").bytes(size))
+    check(unsafe { api::cuMemMap(ptr, size, 0, handle, 0) }, Ctx::op("cuMemMap").bytes(size))
 }
 
 /// # Safety
@@ -169,7 +184,7 @@ pub(crate) unsafe fn map(ptr: CUdeviceptr, size: usize, handle: CUmemGenericAllo
 pub(crate) unsafe fn unmap(ptr: CUdeviceptr, size: usize) -> Result<()> {
     probe::require("cuMemUnmap")?;
     // SAFETY: guaranteed by the caller.
-    check(unsafe { sys::cuMemUnmap(ptr, size) }, Ctx::op("cuMemUnmap").bytes(size))
+    check(unsafe { api::cuMemUnmap(ptr, size) }, Ctx::op("cuMemUnmap").bytes(size))
 }
 
 /// Sets the access of each `(device, flags)` pair on the wholly mapped `[ptr, ptr + size)`.
@@ -183,7 +198,7 @@ pub(crate) fn set_access(
         access.iter().map(|&(device, flags)| CUmemAccessDesc { location: location(device), flags }).collect();
     // SAFETY: `descs` holds `descs.len()` initialised descriptors and outlives the call; changing
     // access to mapped memory touches no Rust-visible memory.
-    let code = unsafe { sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) };
+    let code = unsafe { api::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) };
     check(code, Ctx::op("cuMemSetAccess").bytes(size))
 }
 
@@ -193,7 +208,7 @@ pub(crate) fn get_access(ptr: CUdeviceptr, device: CUdevice) -> Result<u64> {
     let loc = location(device);
     let mut flags = 0u64;
     // SAFETY: `flags` is a valid out-pointer; `loc` is initialised and outlives the call.
-    let code = unsafe { sys::cuMemGetAccess(&mut flags, &loc, ptr) };
+    let code = unsafe { api::cuMemGetAccess(&mut flags, &loc, ptr) };
     check(code, Ctx::op("cuMemGetAccess").device(device))?;
     Ok(flags)
 }
@@ -214,7 +229,7 @@ pub(crate) fn handle_type_supported(device: CUdevice, bit: u32) -> Option<Result
     };
     let mut value = 0;
     // SAFETY: `value` is a valid out-pointer.
-    let code = unsafe { sys::cuDeviceGetAttribute(&mut value, attr, device) };
+    let code = unsafe { api::cuDeviceGetAttribute(&mut value, attr, device) };
     Some(check(code, Ctx::op("cuDeviceGetAttribute").device(device)).map(|()| (value != 0, name)))
 }
 
@@ -222,7 +237,7 @@ pub(crate) fn handle_type_supported(device: CUdevice, bit: u32) -> Option<Result
 pub(crate) fn can_access_peer(device: CUdevice, owner: CUdevice) -> Result<bool> {
     let mut can = 0;
     // SAFETY: `can` is a valid out-pointer.
-    let code = unsafe { sys::cuDeviceCanAccessPeer(&mut can, device, owner) };
+    let code = unsafe { api::cuDeviceCanAccessPeer(&mut can, device, owner) };
     check(code, Ctx::op("cuDeviceCanAccessPeer").device(device))?;
     Ok(can != 0)
 }
@@ -245,13 +260,13 @@ pub(crate) unsafe fn memset_async(dst: CUdeviceptr, value: Fill, n: usize, strea
     unsafe {
         match value {
             Fill::W8(v) => {
-                check(sys::cuMemsetD8Async(dst, v, n, stream), Ctx::op("cuMemsetD8Async").bytes(n))
+                check(api::cuMemsetD8Async(dst, v, n, stream), Ctx::op("cuMemsetD8Async").bytes(n))
             }
             Fill::W16(v) => {
-                check(sys::cuMemsetD16Async(dst, v, n, stream), Ctx::op("cuMemsetD16Async").bytes(n * 2))
+                check(api::cuMemsetD16Async(dst, v, n, stream), Ctx::op("cuMemsetD16Async").bytes(n * 2))
             }
             Fill::W32(v) => {
-                check(sys::cuMemsetD32Async(dst, v, n, stream), Ctx::op("cuMemsetD32Async").bytes(n * 4))
+                check(api::cuMemsetD32Async(dst, v, n, stream), Ctx::op("cuMemsetD32Async").bytes(n * 4))
             }
         }
     }
@@ -264,7 +279,7 @@ pub(crate) unsafe fn memset_async(dst: CUdeviceptr, value: Fill, n: usize, strea
 /// 2. `[dst, dst + bytes)` is device memory ordered on the legacy stream, used by nothing else.
 pub(crate) unsafe fn htod(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(unsafe { sys::cuMemcpyHtoD_v2(dst, src, bytes) }, Ctx::op("cuMemcpyHtoD_v2").bytes(bytes))
+    check(unsafe { api::cuMemcpyHtoD_v2(dst, src, bytes) }, Ctx::op("cuMemcpyHtoD_v2").bytes(bytes))
 }
 
 /// Queues a copy of page-locked host memory into device memory on `stream`.
@@ -280,7 +295,7 @@ pub(crate) unsafe fn htod_async(
     stream: CUstream,
 ) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let code = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream) };
+    let code = unsafe { api::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream) };
     check(code, Ctx::op("cuMemcpyHtoDAsync_v2").bytes(bytes))
 }
 
@@ -298,6 +313,6 @@ pub(crate) unsafe fn dtod_async(
     stream: CUstream,
 ) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let code = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) };
+    let code = unsafe { api::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) };
     check(code, Ctx::op("cuMemcpyDtoDAsync_v2").bytes(bytes))
 }

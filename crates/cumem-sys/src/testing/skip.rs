@@ -21,8 +21,8 @@
 
 use std::io::Write;
 
+use crate::api;
 use crate::driver::{self, DriverKind};
-use crate::sys;
 
 /// Names the file to which every skip appends a line `<test>\t<why>` (set by
 /// `cargo xtask gpu-test`, one file per test binary).
@@ -39,8 +39,8 @@ pub fn device_count() -> usize {
     }
     let mut n = 0;
     // SAFETY: a driver is loaded and initialised (above); `n` is a valid out-pointer.
-    let code = unsafe { sys::cuDeviceGetCount(&mut n) };
-    assert_eq!(code, sys::CUresult::CUDA_SUCCESS, "cuDeviceGetCount failed");
+    let code = unsafe { api::cuDeviceGetCount(&mut n) };
+    assert!(code.is_success(), "cuDeviceGetCount failed: {code:?}");
     usize::try_from(n).unwrap_or(0)
 }
 
