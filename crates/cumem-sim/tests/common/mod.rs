@@ -77,11 +77,10 @@ pub fn configured_schedule() -> String {
     std::env::var("CUMEM_SIM")
         .ok()
         .and_then(|spec| {
-            spec.split(',')
+            spec.rsplit(',')
                 .filter_map(|item| item.split_once('='))
-                .filter(|(k, _)| k.trim().eq_ignore_ascii_case("schedule"))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("schedule"))
                 .map(|(_, v)| v.trim().to_ascii_lowercase())
-                .last()
         })
         .unwrap_or_else(|| "enqueued".to_string())
 }
