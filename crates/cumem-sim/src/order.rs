@@ -71,6 +71,11 @@ pub(crate) fn stream_gone(st: &mut State, sid: u64) {
     }
 }
 
+/// The sequence number of the oldest allocation the host has not observed, if any.
+pub(crate) fn oldest_pending(st: &State) -> Option<u64> {
+    st.pool_order.values().map(|p| p.seq).min()
+}
+
 /// Forgets an allocation being freed.
 pub(crate) fn forget(st: &mut State, buffer_id: u64) {
     st.pool_order.remove(&buffer_id);

@@ -94,6 +94,9 @@ pub(crate) struct State {
     pub(crate) next_buffer_id: u64,
     /// Pool allocations whose stream order the host has not yet observed (`crate::order`).
     pub(crate) pool_order: crate::order::Pending,
+    /// Streams removed while something may still ask what other streams waited for of them
+    /// (`crate::stream::remove_drained`).
+    pub(crate) retired: BTreeMap<u64, crate::stream::Retired>,
 }
 
 /// The process-wide simulator.
@@ -121,26 +124,7 @@ pub(crate) enum ConfigSlot {
 
 /// The one simulator instance of this copy of the library.
 pub(crate) static SIM: Sim = Sim {
-    st: Mutex::new(State {
-        devices: Vec::new(),
-        peer: Vec::new(),
-        allocs: BTreeMap::new(),
-        streams: BTreeMap::new(),
-        events: BTreeMap::new(),
-        pools: BTreeMap::new(),
-        managed: BTreeMap::new(),
-        per_thread: BTreeMap::new(),
-        contexts: BTreeMap::new(),
-        limits: BTreeMap::new(),
-        vmm: crate::vmm::Vmm::new(),
-        peer_access: std::collections::BTreeSet::new(),
-        ipc: crate::ipc::Imports { by_base: BTreeMap::new() },
-        in_flight: Vec::new(),
-        next_handle: 1,
-        next_seq: 0,
-        next_buffer_id: 1,
-        pool_order: BTreeMap::new(),
-    }),
+    st: Mutex::new(State::empty()),
     changed: Condvar::new(),
     initialized: AtomicBool::new(false),
     latency_us: AtomicU64::new(200),
@@ -177,6 +161,31 @@ pub(crate) fn latency_us() -> u64 {
 }
 
 impl State {
+    /// No devices, streams or anything else: the state before `cuInit`.
+    pub(crate) const fn empty() -> State {
+        State {
+            devices: Vec::new(),
+            peer: Vec::new(),
+            allocs: BTreeMap::new(),
+            streams: BTreeMap::new(),
+            events: BTreeMap::new(),
+            pools: BTreeMap::new(),
+            managed: BTreeMap::new(),
+            per_thread: BTreeMap::new(),
+            contexts: BTreeMap::new(),
+            limits: BTreeMap::new(),
+            vmm: crate::vmm::Vmm::new(),
+            peer_access: std::collections::BTreeSet::new(),
+            ipc: crate::ipc::Imports { by_base: BTreeMap::new() },
+            in_flight: Vec::new(),
+            next_handle: 1,
+            next_seq: 0,
+            next_buffer_id: 1,
+            pool_order: BTreeMap::new(),
+            retired: BTreeMap::new(),
+        }
+    }
+
     /// The ordinal a `CUdevice` names, or `INVALID_DEVICE`.
     pub(crate) fn ordinal(&self, dev: i32) -> Result<usize, crate::api::Fail> {
         usize::try_from(dev).ok().filter(|&d| d < self.devices.len()).ok_or_else(|| {

@@ -9,7 +9,7 @@
 //! of the context's blocking streams, and work enqueued on a blocking stream depends on all prior
 //! legacy-stream work; `CU_STREAM_NON_BLOCKING` streams take part in neither.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -77,8 +77,25 @@ pub(crate) struct Stream {
     pub(crate) destroyed: bool,
     /// Other stream -> highest sequence number of it that this stream's later work waits for
     /// (recorded dependencies: event waits, allocator waits, and the legacy-stream synchronisation,
-    /// also with work that had completed).
+    /// also with work that had completed). Only through [`record_wait`]; a removed stream's
+    /// entries go with it (see [`remove_drained`]).
     pub(crate) waits: BTreeMap<u64, u64>,
+    /// The streams whose `waits` name this one: kept in step with them, so that removing this
+    /// stream finds the entries naming it without looking at every stream.
+    pub(crate) waited_by: BTreeSet<u64>,
+}
+
+/// A stream removed while other streams' `waits` must still name it: a pool allocation the host
+/// has not observed, placed before the removal, may still be asked about through those entries
+/// (`crate::order`: an allocation made on it, or a chain of waits through it), or a pool still
+/// holds a free made on it whose reuse follows the waits for it (`crate::pool::ordered_through`).
+/// Once neither holds, the entries go (see [`sweep_retired`]).
+pub(crate) struct Retired {
+    /// `State::next_seq` at the removal: pending allocations with a sequence number up to this
+    /// were placed before it.
+    since: u64,
+    /// The live streams whose `waits` name it.
+    waited_by: BTreeSet<u64>,
 }
 
 impl Stream {
@@ -95,6 +112,7 @@ impl Stream {
             last_seq: 0,
             destroyed: false,
             waits: BTreeMap::new(),
+            waited_by: BTreeSet::new(),
         }
     }
 
@@ -243,12 +261,94 @@ pub(crate) fn destroy(h_stream: CUstream) -> Result<(), Fail> {
 /// Removes destroyed stream `id`, whose work has all completed. Only now do attachments to it
 /// revert to the allocation's default association: the driver documents that destruction is
 /// asynchronous and the revert "won't happen until all work in the stream has completed".
+///
+/// Its work has completed, so every wait on it is satisfied and nothing decides readiness from
+/// the entries other streams' `waits` have for it (the engine follows each operation's own
+/// `deps`, and [`done_through`] takes a missing stream as complete): they go now, unless
+/// something may still ask about them ([`Retired`]), so that a program churning threads or
+/// streams does not grow the `waits` of the streams that waited for them (the legacy stream
+/// waits for every per-thread stream).
 pub(crate) fn remove_drained(st: &mut State, id: u64) {
     crate::order::stream_gone(st, id);
-    st.streams.remove(&id);
+    let removed = st.streams.remove(&id);
     for m in st.managed.values_mut().filter(|m| m.stream == id) {
         m.stream_destroyed();
     }
+    let Some(s) = removed else { return };
+    // It waits for nothing any more.
+    for d in s.waits.keys() {
+        if let Some(o) = st.streams.get_mut(d) {
+            o.waited_by.remove(&id);
+        } else if let Some(r) = st.retired.get_mut(d) {
+            r.waited_by.remove(&id);
+        }
+    }
+    let since = st.next_seq;
+    // Every pending allocation was placed before now.
+    if !st.pool_order.is_empty() || frees_pending(st, id) {
+        st.retired.insert(id, Retired { since, waited_by: s.waited_by });
+    } else {
+        forget_waits_on(st, id, &s.waited_by);
+    }
+    sweep_retired(st);
+}
+
+/// Whether something may still ask what streams waited for of stream `id`, removed when
+/// `State::next_seq` was `since` (see [`Retired`]); `oldest`: [`crate::order::oldest_pending`].
+fn still_asked(st: &State, id: u64, since: u64, oldest: Option<u64>) -> bool {
+    oldest.is_some_and(|seq| seq <= since) || frees_pending(st, id)
+}
+
+/// Whether a pool holds a free made on stream `id` that only stream-ordered reuse may take.
+fn frees_pending(st: &State, id: u64) -> bool {
+    st.pools.values().any(|p| p.free.pending_streams().any(|s| s == id))
+}
+
+/// Drops the entries for removed stream `id` from the `waits` of `waiters`.
+fn forget_waits_on(st: &mut State, id: u64, waiters: &BTreeSet<u64>) {
+    for w in waiters {
+        if let Some(ws) = st.streams.get_mut(w) {
+            ws.waits.remove(&id);
+        }
+    }
+}
+
+/// Lets the retired streams go that nothing can ask about any more. Nothing to do (and nothing
+/// spent) while none is retired, which is the case unless pool allocations stay unobserved.
+fn sweep_retired(st: &mut State) {
+    if st.retired.is_empty() {
+        return;
+    }
+    let oldest = crate::order::oldest_pending(st);
+    let done: Vec<u64> = st
+        .retired
+        .iter()
+        .filter(|&(&id, r)| !still_asked(st, id, r.since, oldest))
+        .map(|(&id, _)| id)
+        .collect();
+    for id in done {
+        let r = st.retired.remove(&id).expect("listed above");
+        forget_waits_on(st, id, &r.waited_by);
+    }
+}
+
+/// Records that later work of stream `sid` waits for stream `d` through its operation `q`. A
+/// stream's own earlier work needs no entry (its queue is FIFO, and nothing reads one). A stream
+/// removed and not [`Retired`] gets none: its work has completed and nothing asks about it.
+fn record_wait(st: &mut State, sid: u64, d: u64, q: u64) {
+    if d == sid {
+        return;
+    }
+    if let Some(o) = st.streams.get_mut(&d) {
+        o.waited_by.insert(sid);
+    } else if let Some(r) = st.retired.get_mut(&d) {
+        r.waited_by.insert(sid);
+    } else {
+        return;
+    }
+    let s = st.streams.get_mut(&sid).expect("a wait recorded for a live stream");
+    let w = s.waits.entry(d).or_insert(0);
+    *w = (*w).max(q);
 }
 
 /// `cuStreamSynchronize`: waits for everything queued so far, then lets the device's pools
@@ -395,11 +495,10 @@ fn enqueue_after(
     }
     deps.extend(implicit.iter().copied().filter(|&(id, q)| !done_through(&st.streams, id, q)));
     let ready_at = Instant::now() + Duration::from_micros(latency_us());
-    let s = st.streams.get_mut(&sid).expect("enqueue on a live stream");
     for &(d, q) in deps.iter().chain(&implicit) {
-        let w = s.waits.entry(d).or_insert(0);
-        *w = (*w).max(q);
+        record_wait(st, sid, d, q);
     }
+    let s = st.streams.get_mut(&sid).expect("enqueue on a live stream");
     let (api, tid) = crate::api::caller();
     s.queue.push_back(Op { seq, ready_at, api, tid, deps, remote, work });
     s.last_seq = seq;
@@ -451,7 +550,61 @@ pub(crate) fn wait_for(g: &mut MutexGuard<'_, State>, targets: &[(u64, u64)]) {
 
 #[cfg(test)]
 mod tests {
-    use super::thread_key;
+    use super::*;
+    use crate::state::{ctx_handle, legacy_id};
+
+    /// A state with device 0's legacy stream and nothing else (no engine runs it).
+    fn with_legacy() -> (State, u64) {
+        let mut st = State::empty();
+        let legacy = legacy_id(0);
+        st.streams.insert(legacy, Stream::new(0, ctx_handle(0), StreamKind::Legacy, 0, 0));
+        (st, legacy)
+    }
+
+    /// A thread's per-thread stream with one operation, then an operation on the legacy stream,
+    /// which waits for it; both complete (as the engine would) and the thread exits.
+    fn one_thread(st: &mut State, legacy: u64) -> u64 {
+        let p = st.new_stream_handle();
+        st.streams.insert(p, Stream::new(0, ctx_handle(0), StreamKind::PerThread, 0, 0));
+        enqueue(st, p, Work::Nop, Vec::new());
+        enqueue(st, legacy, Work::Nop, Vec::new());
+        for id in [p, legacy] {
+            st.streams.get_mut(&id).unwrap().queue.clear();
+        }
+        st.streams.get_mut(&p).unwrap().destroyed = true;
+        remove_drained(st, p);
+        p
+    }
+
+    /// Every thread's per-thread stream gets a wait from the legacy stream's implicit
+    /// synchronisation; once the stream is removed the legacy stream no longer names it, however
+    /// many threads come and go.
+    #[test]
+    fn removed_streams_leave_no_waits_behind() {
+        let (mut st, legacy) = with_legacy();
+        for _ in 0..100 {
+            one_thread(&mut st, legacy);
+        }
+        let l = &st.streams[&legacy];
+        assert!(l.waits.is_empty(), "the legacy stream still names {} removed streams", l.waits.len());
+        assert!(l.waited_by.is_empty() && st.retired.is_empty());
+    }
+
+    /// While a pool allocation placed before the removal is unobserved, the entries stay (the
+    /// order check may still follow them); the first removal after it is observed drops them.
+    #[test]
+    fn entries_stay_while_an_earlier_allocation_is_unobserved() {
+        let (mut st, legacy) = with_legacy();
+        let other = st.new_stream_handle();
+        st.streams.insert(other, Stream::new(0, ctx_handle(0), StreamKind::User, NON_BLOCKING, 0));
+        crate::order::placed(&mut st, 7, 0x1000, other);
+        let kept = one_thread(&mut st, legacy);
+        assert!(st.streams[&legacy].waits.contains_key(&kept));
+        assert!(st.retired.contains_key(&kept));
+        crate::order::forget(&mut st, 7);
+        one_thread(&mut st, legacy);
+        assert!(st.streams[&legacy].waits.is_empty() && st.retired.is_empty());
+    }
 
     /// Keys are never reused: a thread started after another one exited (which the OS may give the
     /// same thread id) gets a key of its own, so it cannot inherit the first thread's per-thread

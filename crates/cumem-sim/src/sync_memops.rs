@@ -10,7 +10,8 @@ use parking_lot::Mutex;
 
 static MARKED: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
 
-/// Records SYNC_MEMOPS for the allocation with `buffer_id`.
+/// Records SYNC_MEMOPS for the allocation with `buffer_id`. The caller holds the state lock and
+/// has found the allocation live under it (a mark set after its free would stay for good).
 pub(crate) fn set(buffer_id: u64, on: bool) {
     let mut marked = MARKED.lock();
     let set = marked.get_or_insert_with(HashSet::new);

@@ -80,8 +80,13 @@ impl Start {
 /// its number and running a host function naming it, with nothing ordering them among
 /// themselves. Returns the host functions' order and the word's final value.
 fn race(schedule: &str) -> (Vec<usize>, u32) {
+    let _schedule = Schedule::set(bind(0), schedule);
+    race_as_configured()
+}
+
+/// [`race`] on the schedule in force.
+fn race_as_configured() -> (Vec<usize>, u32) {
     let ctl = bind(0);
-    ctl.configure(&format!("schedule={schedule}")).unwrap();
     ORDER.lock().unwrap().clear();
     let d = dalloc(4);
     let start = Start::new();
@@ -119,13 +124,29 @@ fn independent_streams_run_oldest_first_by_default_and_newest_first_reversed() {
     assert_eq!(race("enqueued"), (vec![1, 2, 3], 3), "the schedule changes back at run time");
 }
 
+/// A test that fails while it holds another schedule leaves the process on the one it was
+/// configured with (`CUMEM_SIM`'s, else `enqueued`): the next test runs on that.
+#[test]
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
+fn a_failing_test_puts_the_configured_schedule_back() {
+    let ctl = bind(0);
+    let reversed = configured_schedule() == "reversed";
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _schedule = Schedule::set(ctl, if reversed { "enqueued" } else { "reversed" });
+        panic!("a failing assertion while the other schedule is set (expected)");
+    }));
+    assert!(failed.is_err());
+    let expected = if reversed { (vec![3, 2, 1], 1) } else { (vec![1, 2, 3], 3) };
+    assert_eq!(race_as_configured(), expected);
+}
+
 /// Under `reversed` an event wait still orders the streams: the newer stream's write waits for
 /// the older one's, and lands last, where without the wait it lands first (the race above).
 #[test]
 #[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
 fn an_event_wait_still_orders_streams_under_reversed() {
     let ctl = bind(0);
-    ctl.configure("schedule=reversed").unwrap();
+    let schedule = Schedule::set(ctl, "reversed");
     let d = dalloc(4);
     let start = Start::new();
     let (older, newer) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
@@ -147,26 +168,48 @@ fn an_event_wait_still_orders_streams_under_reversed() {
     destroy(older);
     destroy(newer);
     dfree(d);
-    ctl.configure("schedule=enqueued").unwrap();
+    drop(schedule);
     assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
 }
 
 /// A stream's own operations stay in FIFO order under `reversed`: only the choice among
-/// different streams' heads changes.
+/// different streams' heads changes. Three streams with their host functions queued interleaved
+/// (stream 0's first, stream 1's first, stream 2's first, stream 0's second, …) all become ready
+/// at once when the start opens: the engine picks the newest head, so the first host function to
+/// run is the last stream's first one and the first three run in the reverse of their enqueue
+/// order (the engine dispatches them in one look, before any of them returns); after that the
+/// interleaving depends on when each returns, but each stream's own notes stay in order.
 #[test]
-#[serial] // changes the schedule of the whole process
-fn one_streams_work_stays_in_order_under_reversed() {
+#[serial] // holds a stream with a gate: no other test may free meanwhile (see `Gate`)
+fn each_streams_work_stays_in_order_under_reversed() {
+    const STREAMS: usize = 3;
+    const EACH: usize = 8;
     let ctl = bind(0);
-    ctl.configure("schedule=reversed").unwrap();
+    let schedule = Schedule::set(ctl, "reversed");
     ORDER.lock().unwrap().clear();
-    let s = stream(NON_BLOCKING);
-    for i in 0..20usize {
-        // SAFETY: `note` is valid to call with any integer.
-        ok(unsafe { cu::cuLaunchHostFunc(s, Some(note), i as *mut c_void) });
+    let start = Start::new();
+    let streams: Vec<CUstream> = (0..STREAMS).map(|_| stream(NON_BLOCKING)).collect();
+    for &s in &streams {
+        start.after(s);
     }
-    sync(s);
-    destroy(s);
-    ctl.configure("schedule=enqueued").unwrap();
-    assert_eq!(std::mem::take(&mut *ORDER.lock().unwrap()), (0..20).collect::<Vec<_>>());
+    for i in 0..EACH {
+        for (n, &s) in streams.iter().enumerate() {
+            // SAFETY: `note` is valid to call with any integer.
+            ok(unsafe { cu::cuLaunchHostFunc(s, Some(note), (n * 100 + i) as *mut c_void) });
+        }
+    }
+    start.open();
+    for &s in &streams {
+        sync(s);
+        destroy(s);
+    }
+    drop(schedule);
+    let order = std::mem::take(&mut *ORDER.lock().unwrap());
+    assert_eq!(order.len(), STREAMS * EACH, "{order:?}");
+    for n in 0..STREAMS {
+        let own: Vec<usize> = order.iter().filter(|&&v| v / 100 == n).map(|&v| v % 100).collect();
+        assert_eq!(own, (0..EACH).collect::<Vec<_>>(), "stream {n} out of order: {order:?}");
+    }
+    assert_eq!(order[..STREAMS], [200, 100, 0], "the newest ready head runs first: {order:?}");
     assert!(ctl.live_report().is_clean(), "{}", ctl.live_report());
 }

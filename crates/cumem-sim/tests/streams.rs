@@ -224,7 +224,7 @@ fn legacy_stream_work_is_not_ordered_by_an_event_between_non_blocking_streams() 
     // Device 1: no other test of this binary queues work there, so nothing but `blocking`
     // holds the legacy fill back. The default schedule, whatever `CUMEM_SIM` says: the window
     // the fill lands in is the enqueue order's.
-    bind(1).configure("schedule=enqueued").unwrap();
+    let _schedule = Schedule::set(bind(1), "enqueued");
     let n = 512;
     let d = dalloc(n);
     let h = pinned(n);

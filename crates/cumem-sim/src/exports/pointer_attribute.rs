@@ -56,7 +56,15 @@ pub unsafe extern "C" fn cuPointerSetAttribute(
                 format!("{ptr:#x} is not memory CUDA allocated, mapped or registered"),
             ));
         }
-        sync_memops::set(id, on);
+        // Marked only while the allocation is known live, under the state lock its frees take
+        // to forget the mark: a free between the lookup above and here would otherwise leave a
+        // dead id marked for good. A free that won the race is taken to have come after this
+        // call (either order is one the program allowed), so there is nothing to mark.
+        let st = crate::state::SIM.st.lock();
+        if st.find_alloc(ptr).is_some_and(|a| a.buffer_id == id) {
+            sync_memops::set(id, on);
+        }
+        drop(st);
         Ok(())
     })
 }

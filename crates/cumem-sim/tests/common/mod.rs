@@ -69,6 +69,45 @@ pub fn bind(dev: usize) -> &'static Control {
     ctl
 }
 
+/// The schedule the process was configured with: `CUMEM_SIM`'s last `schedule` entry, else the
+/// default `enqueued`. The control client cannot read the configuration back; the shared setup
+/// sets no schedule, and every test that changes it does so through [`Schedule`], so between
+/// tests this is the schedule in force.
+pub fn configured_schedule() -> String {
+    std::env::var("CUMEM_SIM")
+        .ok()
+        .and_then(|spec| {
+            spec.rsplit(',')
+                .filter_map(|item| item.split_once('='))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("schedule"))
+                .map(|(_, v)| v.trim().to_ascii_lowercase())
+        })
+        .unwrap_or_else(|| "enqueued".to_string())
+}
+
+/// Holds the simulator on one schedule (process-wide) and puts back [`configured_schedule`] when
+/// dropped, also when the test panics, so that a failing assertion does not leave the tests after
+/// it on the wrong schedule.
+pub struct Schedule(&'static Control);
+
+impl Schedule {
+    /// Switches to `schedule` (`enqueued` or `reversed`).
+    pub fn set(ctl: &'static Control, schedule: &str) -> Schedule {
+        ctl.configure(&format!("schedule={schedule}")).expect("a valid schedule");
+        Schedule(ctl)
+    }
+}
+
+impl Drop for Schedule {
+    fn drop(&mut self) {
+        let restored = self.0.configure(&format!("schedule={}", configured_schedule()));
+        // Panicking while the test already panics would abort the binary.
+        if restored.is_err() && !std::thread::panicking() {
+            panic!("the configured schedule {} was not restored: {restored:?}", configured_schedule());
+        }
+    }
+}
+
 /// Asserts success.
 #[track_caller]
 pub fn ok(r: CUresult) {
