@@ -217,7 +217,9 @@ impl<T> UnifiedBuffer<T> {
             let ptr = ffi::mem_alloc_managed(bytes, attach.flags(), device)?;
             if !ptr.is_multiple_of(align_of::<T>() as u64) {
                 // SAFETY: `ptr` came from cuMemAllocManaged just now and nothing uses it.
-                let _ = unsafe { ffi::mem_free(ptr) };
+                if let Err(e) = unsafe { ffi::mem_free(ptr) } {
+                    tracing::warn!(error = %e, "cumem-unified: freeing a misaligned managed allocation failed; it leaks");
+                }
                 return Err(Error::Misaligned {
                     what: "managed allocation",
                     value: ptr,
@@ -611,9 +613,10 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// Queues attaching the buffer on `stream` (`cuStreamAttachMemAsync`), in order after the work
-    /// that uses it. [`Attach::Single`] names the stream that may use it (and must be of this
-    /// context, and not the legacy stream: `InvalidValue` before any driver call); host access then
-    /// waits for that stream on devices without concurrent managed access. An attachment that a
+    /// that uses it. [`Attach::Single`] names the stream that may use it, which must be `stream`
+    /// itself (another stream gives `InvalidValue`) and not the legacy stream (`InvalidValue`);
+    /// a `stream` of another context gives `WrongDevice`; all before any driver call. Host access
+    /// then waits for that stream on devices without concurrent managed access. An attachment that a
     /// scoped host access failed to restore is restored first (its error is returned).
     pub fn attach(&mut self, stream: &Stream, attach: Attach) -> Result<()> {
         if let Attach::Single(s) = &attach {
