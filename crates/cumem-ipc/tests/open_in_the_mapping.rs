@@ -134,7 +134,8 @@ fn a_view_past_the_mapping_of_the_opened_address_is_refused() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    let Some(dir) = stand_in::build("ipc-open-in-the-mapping", STAND_IN, "libcuda.so.1", &["libcuda.so"], &[])
+    let Some(dir) =
+        stand_in::build("ipc-open-in-the-mapping", STAND_IN, "libcuda.so.1", &["libcuda.so"], &[])
     else {
         return testing::skip(
             "no rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)",
@@ -211,7 +212,7 @@ fn child() {
 
     // The same range of the allocation the handle claims would fit a mapping that started at the
     // opened address, but from where the driver mapped it, it reaches past the end.
-    assert!(4096 + 4096 <= MAPPING_SIZE && OPENED + 4096 + 4096 > MAPPING + MAPPING_SIZE);
+    const { assert!(4096 + 4096 <= MAPPING_SIZE && OPENED + 4096 + 4096 > MAPPING + MAPPING_SIZE) };
     // SAFETY: as above; the open is refused, so nothing is accessed.
     let past = unsafe { handle(4096, 4096).open::<u32>(&stream) };
     assert!(matches!(past, Err(Error::InvalidValue { .. })), "{past:?}");
