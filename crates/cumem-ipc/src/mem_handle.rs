@@ -38,9 +38,9 @@ impl IpcMemHandle {
     /// Exports `buf`, which must lie in `cuMemAlloc` memory (the driver resource, or the caching
     /// pool's segments): the driver's pools and VMM memory give [`Error::InvalidValue`]. The
     /// driver's handle is that of the allocation's base (as the driver documents), and the
-    /// buffer's offset in the allocation travels beside it. The importer may use the memory as soon as it opens
-    /// it; order its work after this process's writes with an [`IpcEvent`](crate::IpcEvent) or by
-    /// synchronising `buf.order()` before sending the handle.
+    /// buffer's offset in the allocation travels beside it. The importer may use the memory as
+    /// soon as it opens it; order its work after this process's writes with an
+    /// [`IpcEvent`](crate::IpcEvent) or by synchronising `buf.order()` before sending the handle.
     pub fn export<T>(buf: &DeviceBuffer<T>) -> Result<IpcMemHandle> {
         buf.context().bind()?;
         // The driver documents the handle of an allocation's base; the H100 took an interior
@@ -87,9 +87,9 @@ impl IpcMemHandle {
     /// [`Error::Misaligned`], as does an address the driver mapped that is not aligned for `T`
     /// (the import is closed again). The view must lie inside the mapping the driver reports
     /// (`cuMemGetAddressRange`) for the address the open returned; otherwise
-    /// [`Error::InvalidValue`] and the import is closed again. Opening bytes that are already open here, through another
-    /// live [`ImportedBuffer`] of the same handle whose range of the allocation overlaps this
-    /// one's, in any context (another device's too), gives [`Error::AlreadyMapped`]: two imports
+    /// [`Error::InvalidValue`] and the import is closed again. Opening bytes that are already open
+    /// here, through another live [`ImportedBuffer`] of the same handle whose range of the
+    /// allocation overlaps this one's, in any context (another device's too), gives [`Error::AlreadyMapped`]: two imports
     /// would be two exclusive views of the same memory. Disjoint ranges of one allocation (two
     /// buffers of one caching-pool segment) open together; the driver counts the opens and each
     /// import closes its own.
