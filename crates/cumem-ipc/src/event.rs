@@ -136,9 +136,11 @@ impl IpcEventHandle {
         }
     }
 
-    /// Opens the exported event in `ctx`. In the exporting process the driver answers
-    /// [`Error::InvalidContext`]; bytes that name no event, [`Error::InvalidValue`] (the
-    /// simulator's answer; on a GPU what a forged handle does is undocumented). Dropping the
+    /// Opens the exported event in `ctx`. In the exporting process the simulator answers
+    /// [`Error::InvalidContext`], as the H100 does for memory handles (for event handles this is
+    /// the simulator's choice, not measured on a GPU); bytes that name no event,
+    /// [`Error::InvalidValue`] (the simulator's answer; on a GPU what a forged handle does is
+    /// undocumented). Dropping the
     /// returned [`IpcEvent`] destroys this process's import only; the exporter's event lives on.
     ///
     /// # Safety

@@ -36,13 +36,19 @@ impl IpcMemHandle {
     pub const ENCODED_LEN: usize = HANDLE_SIZE + 16;
 
     /// Exports `buf`, which must lie in `cuMemAlloc` memory (the driver resource, or the caching
-    /// pool's segments): the driver's pools and VMM memory give [`Error::InvalidValue`]. The importer may use the memory as soon as it opens
-    /// it; order its work after this process's writes with an [`IpcEvent`](crate::IpcEvent) or by
-    /// synchronising `buf.order()` before sending the handle.
+    /// pool's segments): the driver's pools and VMM memory give [`Error::InvalidValue`]. The
+    /// driver's handle is that of the allocation's base (as the driver documents), and the
+    /// buffer's offset in the allocation travels beside it. The importer may use the memory as
+    /// soon as it opens it; order its work after this process's writes with an
+    /// [`IpcEvent`](crate::IpcEvent) or by synchronising `buf.order()` before sending the handle.
     pub fn export<T>(buf: &DeviceBuffer<T>) -> Result<IpcMemHandle> {
         buf.context().bind()?;
-        let raw = ffi::mem_handle(buf.device_ptr())?;
+        // The driver documents the handle of an allocation's base; the H100 took an interior
+        // pointer too (driver-api.md §17), but which address an open of that handle returns is
+        // not on record. The base's handle with the offset carried alongside names the buffer
+        // either way.
         let (base, _) = ffi::address_range(buf.device_ptr())?;
+        let raw = ffi::mem_handle(base)?;
         Ok(IpcMemHandle { raw, offset: buf.device_ptr() - base, bytes: buf.bytes() as u64 })
     }
 
@@ -79,9 +85,11 @@ impl IpcMemHandle {
     /// (also for a handle whose buffer does not lie inside the allocation the driver maps); a size
     /// that is not a whole number of `T`s, or an offset not aligned for `T`, gives
     /// [`Error::Misaligned`], as does an address the driver mapped that is not aligned for `T`
-    /// (the import is closed again). Opening bytes that are already open here, through another
-    /// live [`ImportedBuffer`] of the same handle whose range of the allocation overlaps this
-    /// one's, in any context (another device's too), gives [`Error::AlreadyMapped`]: two imports
+    /// (the import is closed again). The view must lie inside the mapping the driver reports
+    /// (`cuMemGetAddressRange`) for the address the open returned; otherwise
+    /// [`Error::InvalidValue`] and the import is closed again. Opening bytes that are already open
+    /// here, through another live [`ImportedBuffer`] of the same handle whose range of the
+    /// allocation overlaps this one's, in any context (another device's too), gives [`Error::AlreadyMapped`]: two imports
     /// would be two exclusive views of the same memory. Disjoint ranges of one allocation (two
     /// buffers of one caching-pool segment) open together; the driver counts the opens and each
     /// import closes its own.
@@ -161,8 +169,14 @@ impl IpcMemHandle {
         // the mapping.
         let ptr = base.wrapping_add(self.offset);
         let import = ImportedBuffer::new(base, ptr, self.bytes() / size, stream, Source::IpcHandle(ticket));
-        let (_, mapped) = ffi::address_range(base)?;
-        if end > mapped as u64 {
+        // The mapping is what the driver says holds the address it returned, not what that
+        // address is assumed to be: were it not the start of the mapping, `base + offset` could
+        // otherwise reach past its end.
+        let (range_base, range_size) = ffi::address_range(base)?;
+        let view_end = base.checked_add(self.offset).and_then(|p| p.checked_add(self.bytes));
+        let mapped_end = range_base.checked_add(range_size as u64);
+        let inside = ptr >= range_base && matches!((view_end, mapped_end), (Some(v), Some(m)) if v <= m);
+        if !inside {
             // Dropping `import` closes what was opened.
             return Err(Error::InvalidValue {
                 ctx: ErrorContext::op("IpcMemHandle::open (buffer outside the exported allocation)")

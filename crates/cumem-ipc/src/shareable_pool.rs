@@ -82,8 +82,12 @@ impl ShareablePool {
     /// an H100, 2026-11-23, on pools *without* handle types; for these POSIX_FD pools it is
     /// assumed, not measured; the simulator rounds the same way for both, and does not pack an
     /// allocation across chunks as the H100 does, so a limited pool may run out earlier there).
-    /// Use a multiple of 32 MiB for an exact cap.
+    /// Use a multiple of 32 MiB for an exact cap. `Some(0)` gives [`Error::ZeroSize`]: the driver
+    /// would read a maxSize of 0 as no cap at all.
     pub fn with_max_size(ctx: &Context, max_size: Option<usize>) -> Result<ShareablePool> {
+        if max_size == Some(0) {
+            return Err(Error::ZeroSize { what: "pool size cap" });
+        }
         let device = ctx.device();
         device.capabilities()?.require(Feature::MemoryPools)?;
         let types =

@@ -12,7 +12,7 @@
 //! inside a `queue_on` closure is freed, not leaked; a pointer exports before the pool was ever
 //! exported (by hand), also from two threads at once; an import at an address misaligned for its
 //! type is refused and freed; a direct `DeviceResource::allocate` with a stream of another
-//! device is `WrongDevice`. The process ends with a clean live report.
+//! device is `WrongDevice`; a size cap of 0 bytes is `ZeroSize`, not a pool without a cap. The process ends with a clean live report.
 
 use std::sync::Arc;
 
@@ -681,6 +681,22 @@ fn a_direct_allocation_on_another_devices_stream_is_wrong_device() {
         let layout = AllocLayout::new(4096, 256).unwrap();
         let answered = pool.allocate(layout, &other);
         assert!(matches!(answered, Err(Error::WrongDevice { expected: 0, actual: 1 })), "{answered:?}");
+    }
+    assert_clean_report();
+}
+
+/// The driver reads a maxSize of 0 as no cap: a pool asked to hold at most 0 bytes must be refused,
+/// not created without a limit.
+#[test]
+#[serial]
+fn a_size_cap_of_zero_is_zero_size() {
+    init_with_no_violations();
+    {
+        let ctx = Device::get(0).unwrap().context().unwrap();
+        let answered = ShareablePool::with_max_size(&ctx, Some(0));
+        assert!(matches!(answered, Err(Error::ZeroSize { .. })), "{answered:?}");
+        // A cap that is not zero still makes a pool.
+        ShareablePool::with_max_size(&ctx, Some(32 << 20)).unwrap();
     }
     assert_clean_report();
 }

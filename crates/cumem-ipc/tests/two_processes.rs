@@ -3,10 +3,16 @@
 //! a child (this test binary again, running only `child_side`); the child checks the bytes,
 //! queues a write of new ones behind a gate on its stream, records the event and says so; the
 //! gate opens a while later. The parent waits on the event and must then read the child's bytes:
-//! a parent that did not wait would read its own bytes, since the write is still held.
+//! a parent that did not wait would read its own bytes, since the write is still held. Then the
+//! other way round: the parent queues a third pattern behind a gate on its stream and records the
+//! event; the child queries it (not complete), makes its stream wait on it and queues a copy of the
+//! import, says so, and the parent opens its gate: the child must copy the third pattern (without
+//! the wait it would copy its own bytes), and query the event complete afterwards.
 //! The child also checks the registry of open imports: a second open is refused in the same
 //! context and on another device, disjoint ranges of the allocation open together, forged
-//! offsets and sizes and an address misaligned for `T` are refused without leaving an import.
+//! offsets and sizes and an address misaligned for `T` are refused without leaving an import;
+//! a process cannot open memory or an event it exported itself; an event records on and makes
+//! wait only streams of its own context.
 //! Both processes end with a clean live report (the leak check at exit also enforces it).
 
 use std::io::{Read, Write};
@@ -34,6 +40,12 @@ fn child_pattern(i: usize) -> u32 {
     !(i as u32).rotate_left(7)
 }
 
+/// What the parent writes last, for the child's stream that waits on the event: the bytes the
+/// child's later checks read.
+fn third_pattern(i: usize) -> u32 {
+    (i as u32).wrapping_mul(0x9E37_79B9).rotate_right(5)
+}
+
 fn assert_clean_report() {
     if let Some(ctl) = testing::sim_control() {
         let report = ctl.live_report();
@@ -54,7 +66,7 @@ fn a_child_process_reads_the_parents_buffer_and_the_parent_sees_the_childs_write
         let stream = Stream::new(&ctx).unwrap();
         let driver = Arc::new(DriverResource::new(&ctx));
         let data: Vec<u32> = (0..LEN).map(parent_pattern).collect();
-        let buf = DeviceBuffer::from_slice_in(&driver, &stream, &data).unwrap();
+        let mut buf = DeviceBuffer::from_slice_in(&driver, &stream, &data).unwrap();
         let handle = IpcMemHandle::export(&buf).unwrap();
         let event = IpcEvent::new(&ctx).unwrap();
         // The child reads at once: the fill must be complete before the handle leaves.
@@ -70,8 +82,25 @@ fn a_child_process_reads_the_parents_buffer_and_the_parent_sees_the_childs_write
         let seen = buf.to_vec().unwrap();
         let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
         assert!(seen == expected, "the parent does not see the child's bytes after the event");
+        // The other way round: the child's stream waits for this process's recording.
+        let mut host = PinnedBuffer::<u32>::zeroed(&ctx, LEN).unwrap();
+        for (i, v) in host.as_mut_slice().unwrap().iter_mut().enumerate() {
+            *v = third_pattern(i);
+        }
+        stream.context().bind().unwrap();
+        // SAFETY: `stream` is alive (owned here), and its context was just made current.
+        let gate = unsafe { testing::hold(stream.raw()) };
+        stream.copy_h2d(&host, &mut buf).unwrap();
+        event.record(&stream).unwrap();
+        sock.write_all(b"W").unwrap();
+        // The child has queried the event and queued its wait and its copy. The write runs a while
+        // later, so that a copy queued without the wait would have run first and read the child's
+        // bytes.
+        expect(&mut sock, b"Q");
+        gate.release_after(Duration::from_millis(300)).join().unwrap();
         // The child closes its import before it exits; only then may the buffer go.
         child.finish();
+        drop(host);
     }
     assert_clean_report();
 }
@@ -117,12 +146,14 @@ fn child_side() {
         // Said while the write is still held.
         sock.write_all(b"R").unwrap();
         let opener = gate.release_after(Duration::from_millis(200));
-        // Opening in a process that holds an import is fine; a handle it made itself is not.
         assert!(matches!(IpcMemHandle::from_bytes(&[0; 3]), Err(Error::LengthMismatch { .. })));
+        opener.join().unwrap();
+        a_stream_waits_on_the_exporters_recording(&mut sock, &event, &import, &stream);
         drop(event);
         drop(import);
         drop(host);
-        opener.join().unwrap();
+        handles_made_here_do_not_open_here(&stream);
+        an_event_uses_only_streams_of_its_context(&stream);
         forged_handles_are_refused_without_leaving_an_import(&mem, &stream);
         another_device_cannot_open_what_one_device_has_open(&handle, &stream);
         disjoint_ranges_of_one_allocation_open_together(&mem, &stream);
@@ -131,6 +162,65 @@ fn child_side() {
         an_import_whose_work_cannot_be_waited_for_is_leaked_not_closed(&handle, &stream);
     }
     assert_clean_report();
+}
+
+/// The parent records the event behind a held write of the third pattern and says `W`; this
+/// process finds the recording incomplete, makes `stream` wait on it, queues a copy of the import,
+/// says `Q`, and must copy the third pattern once the parent opens its gate: without the wait the
+/// copy would run at once and read this process's own bytes.
+fn a_stream_waits_on_the_exporters_recording(
+    sock: &mut std::os::unix::net::UnixStream,
+    event: &IpcEvent,
+    import: &cumem_ipc::ImportedBuffer<u32>,
+    stream: &Stream,
+) {
+    expect(sock, b"W");
+    assert!(!event.query().unwrap(), "the parent's recording is held, yet the event is complete");
+    event.wait_on(stream).unwrap();
+    let mut host = PinnedBuffer::<u32>::zeroed(stream.context(), LEN).unwrap();
+    stream.copy_d2h(&import.as_slice(), &mut host).unwrap();
+    sock.write_all(b"Q").unwrap();
+    {
+        // Completes only when the parent opens its gate: no deadline of its own.
+        let _dog = Watchdog::arm("waiting on the parent's interprocess event");
+        stream.synchronize().unwrap();
+    }
+    let expected: Vec<u32> = (0..LEN).map(third_pattern).collect();
+    assert!(host.as_slice().unwrap() == &expected[..], "the copy did not wait for the parent's write");
+    assert!(event.query().unwrap(), "the parent's recording ran, yet the event is incomplete");
+}
+
+/// A process holding another's import may still not open a handle it exported itself: memory
+/// (as measured on the H100) and events (the simulator's answer) give `InvalidContext`.
+fn handles_made_here_do_not_open_here(stream: &Stream) {
+    let ctx = stream.context();
+    let driver = Arc::new(DriverResource::new(ctx));
+    let own = DeviceBuffer::<u32>::zeroed_in(&driver, stream, 64).unwrap();
+    let handle = IpcMemHandle::export(&own).unwrap();
+    // SAFETY: `own` outlives the attempt, which is refused, so nothing is accessed.
+    let opened = unsafe { handle.open::<u32>(stream) };
+    assert!(matches!(opened, Err(Error::InvalidContext { .. })), "{opened:?}");
+    assert_eq!(open_imports(), 0, "a refused open left an import");
+    let event = IpcEvent::new(ctx).unwrap();
+    // SAFETY: `event` outlives the attempt; the bytes are its handle, unaltered.
+    let opened = unsafe { event.handle().unwrap().open(ctx) };
+    assert!(matches!(opened, Err(Error::InvalidContext { .. })), "{opened:?}");
+}
+
+/// Recording an event on, or making wait, a stream of another context would hand the driver a
+/// stream and an event of different contexts: refused with `WrongDevice` before any driver call.
+fn an_event_uses_only_streams_of_its_context(stream: &Stream) {
+    if !testing::needs_devices(2) {
+        return;
+    }
+    let event = IpcEvent::new(stream.context()).unwrap();
+    let other = Stream::new(&Device::get(1).unwrap().context().unwrap()).unwrap();
+    let recorded = event.record(&other);
+    assert!(matches!(recorded, Err(Error::WrongDevice { expected: 0, actual: 1 })), "{recorded:?}");
+    let waited = event.wait_on(&other);
+    assert!(matches!(waited, Err(Error::WrongDevice { expected: 0, actual: 1 })), "{waited:?}");
+    // Nothing was recorded: the event has no recording to wait for.
+    assert!(event.query().unwrap());
 }
 
 /// `mem` with its offset and size fields replaced, as a forging sender could.
@@ -197,7 +287,7 @@ fn another_device_cannot_open_what_one_device_has_open(handle: &IpcMemHandle, st
         // Once the first is closed, device 1 may open it (on a GPU that needs peer access).
         // SAFETY: as above.
         let on_other = unsafe { handle.open::<u32>(&other) }.unwrap();
-        let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
+        let expected: Vec<u32> = (0..LEN).map(third_pattern).collect();
         assert!(on_other.as_slice().to_vec().unwrap() == expected, "device 1 reads other bytes");
     }
     assert_eq!(open_imports(), 0, "an import was left open");
@@ -208,7 +298,7 @@ fn another_device_cannot_open_what_one_device_has_open(handle: &IpcMemHandle, st
 /// each closes its own open; a range overlapping a live one is refused.
 fn disjoint_ranges_of_one_allocation_open_together(mem: &[u8; IpcMemHandle::ENCODED_LEN], stream: &Stream) {
     let half = (LEN * 4 / 2) as u64;
-    let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
+    let expected: Vec<u32> = (0..LEN).map(third_pattern).collect();
     // SAFETY: the parent keeps the buffer until this process exits and no longer touches it; the
     // two imports cover disjoint bytes.
     let low = unsafe { forged(mem, 0, half).open::<u32>(stream) }.unwrap();
@@ -246,7 +336,7 @@ fn other_driver_bytes_for_one_allocation_cannot_map_it_twice(
     }
     let whole = (LEN * 4) as u64;
     let half = whole / 2;
-    let expected: Vec<u32> = (0..LEN).map(child_pattern).collect();
+    let expected: Vec<u32> = (0..LEN).map(third_pattern).collect();
     let other = other_bytes(mem);
     // SAFETY: the parent keeps the buffer until this process exits and no longer touches it.
     let import = unsafe { forged(mem, 0, whole).open::<u32>(stream) }.unwrap();

@@ -124,7 +124,10 @@ struct Visits {
     /// How many are inside: the first attaches the memory to the host, the last restores the
     /// attachment. Changed, and the attachments queued and waited for, under the lock, so a
     /// reader never runs before the host attachment has taken effect, and never after the
-    /// restore was queued.
+    /// restore was queued. Those waits (a whole stream's work, possibly the user's attached
+    /// stream) are unbounded and block every other scoped access of the buffer on the lock; see
+    /// [`UnifiedBuffer::with_host_slice`] for the deadlock that follows when that stream's work
+    /// waits for such an access.
     inside: usize,
     /// A restore failed: the memory may still be attached to the host, or attachments may still be
     /// queued on the visit stream, although `attach` names another attachment. Device work through
@@ -217,7 +220,9 @@ impl<T> UnifiedBuffer<T> {
             let ptr = ffi::mem_alloc_managed(bytes, attach.flags(), device)?;
             if !ptr.is_multiple_of(align_of::<T>() as u64) {
                 // SAFETY: `ptr` came from cuMemAllocManaged just now and nothing uses it.
-                let _ = unsafe { ffi::mem_free(ptr) };
+                if let Err(e) = unsafe { ffi::mem_free(ptr) } {
+                    tracing::warn!(error = %e, "cumem-unified: freeing a misaligned managed allocation failed; it leaks");
+                }
                 return Err(Error::Misaligned {
                     what: "managed allocation",
                     value: ptr,
@@ -516,7 +521,18 @@ impl<T> UnifiedBuffer<T> {
     /// The waits synchronise whole streams: every stream the buffer's device work used (as on any
     /// device), and for memory attached to a stream that whole stream, twice (other scoped
     /// accesses of the buffer wait meanwhile). Work queued on them that waits on the host for
-    /// something the calling thread holds never ends. Dropping a buffer whose restore failed
+    /// something the calling thread holds never ends. The first scoped access in and the last one
+    /// out do their part holding the buffer's lock of scoped accesses, with no bound on the wait:
+    /// the first creates the private visit stream (`cuStreamCreate`, on first use), queues the
+    /// host attachment and synchronises the visit stream (the attached stream itself, for memory
+    /// attached to one: all the work queued on it so far); the last queues the restore and
+    /// synchronises that stream again, and after a failed restore waits for the buffer's device
+    /// writes. Every other scoped access of this buffer (`with_host_slice`, `to_vec`, from any
+    /// thread) blocks on that lock meanwhile. So a host function, callback or thread that the
+    /// synchronised stream's work waits for must not make a scoped access of the same buffer: it
+    /// waits for the lock, the lock's holder waits for the stream, and neither ends. (Waiting
+    /// outside the lock would not help: a later reader must not read before the host attachment
+    /// has taken effect, so it waits for the same stream either way.) Dropping a buffer whose restore failed
     /// (stranded) first waits for the buffer's device work (as every drop does), then for the
     /// stream the attachments were queued on (the attached stream; otherwise, for memory attached
     /// globally or to the host, the buffer's private visit stream), and leaks the memory with a warning if either
@@ -611,9 +627,10 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// Queues attaching the buffer on `stream` (`cuStreamAttachMemAsync`), in order after the work
-    /// that uses it. [`Attach::Single`] names the stream that may use it (and must be of this
-    /// context, and not the legacy stream: `InvalidValue` before any driver call); host access then
-    /// waits for that stream on devices without concurrent managed access. An attachment that a
+    /// that uses it. [`Attach::Single`] names the stream that may use it, which must be `stream`
+    /// itself (another stream gives `InvalidValue`) and not the legacy stream (`InvalidValue`);
+    /// a `stream` of another context gives `WrongDevice`; all before any driver call. Host access
+    /// then waits for that stream on devices without concurrent managed access. An attachment that a
     /// scoped host access failed to restore is restored first (its error is returned).
     pub fn attach(&mut self, stream: &Stream, attach: Attach) -> Result<()> {
         if let Attach::Single(s) = &attach {

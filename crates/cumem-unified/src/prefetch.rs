@@ -95,15 +95,14 @@ impl<'a> PrefetchPlan<'a> {
     /// Checks every entry, then queues one prefetch per entry on `stream`, each after the work
     /// already using its buffer. Every buffer must belong to the stream's device; the stream's
     /// device, and a device destination, need concurrent managed access (the driver's rule for
-    /// any prefetch; `NotSupported` before anything is queued).
+    /// any prefetch; `NotSupported` before anything is queued, also for a plan with no entries or
+    /// only empty ones, which queues nothing: the answer does not depend on the sizes).
     pub fn execute(&self, stream: &Stream) -> Result<()> {
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
         let stream_device = stream.context().device();
-        if self.items.iter().any(|(s, _)| s.bytes > 0) {
-            stream_device.capabilities()?.require(Feature::ConcurrentManagedAccess)?;
-        }
+        stream_device.capabilities()?.require(Feature::ConcurrentManagedAccess)?;
         for (span, to) in &self.items {
             if span.ctx.device() != stream_device {
                 return Err(Error::WrongDevice {

@@ -366,6 +366,11 @@ fn devices_without_concurrent_access_keep_the_attach_rules() {
         not_supported(buf.prefetch(Location::Host, &stream).unwrap_err()),
         "any prefetch needs it on the stream's device"
     );
+    assert!(
+        not_supported(buf.prefetch_range(..0, Location::Host, &stream).unwrap_err()),
+        "an empty prefetch too: the answer does not depend on the length"
+    );
+    assert!(not_supported(PrefetchPlan::new().execute(&stream).unwrap_err()), "an empty plan too");
     assert_eq!(buf.policy(), MigrationPolicy::OnDemand, "a refused policy changes nothing");
     if let (Some(ctl), Some(rules)) = (ctl, rules) {
         rules.into_iter().for_each(|r| ctl.remove_fault(r));
