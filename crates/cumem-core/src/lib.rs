@@ -47,7 +47,7 @@ pub use buffer::view::{
 };
 pub use capabilities::Capabilities;
 pub use context::{Context, MemInfo};
-pub use cumem_sys::{Error, ErrorContext, Feature, MemoryReport, Result};
+pub use cumem_sys::{Error, ErrorContext, Feature, MemoryReport, Result, check};
 pub use current::{
     ALLOCATOR_ENV, AllocatorKind, CurrentResourceGuard, DefaultResourceFactory, current_resource,
     default_allocator, install_default_factory, reset_current_resources, scoped_current_resource,

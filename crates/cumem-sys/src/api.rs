@@ -9,8 +9,9 @@
 //!
 //! They never panic either: with no driver loaded they return `CUDA_ERROR_NOT_INITIALIZED`, and
 //! for an entry point the loaded driver lacks, [`Code::MISSING_ENTRY_POINT`], which
-//! [`check`](crate::check) turns into `NotSupported`. Each symbol is looked up once; a call
-//! afterwards costs what cudarc's binding costs (one atomic load and an indirect call).
+//! [`check`](crate::check) turns into `NotSupported`. Each symbol the driver has is looked up
+//! once; a call afterwards costs what cudarc's binding costs (one atomic load and an indirect
+//! call). A missing one is looked up again on each call (callers probe before calling those).
 //!
 //! ```
 //! # cumem_sys::testing::init();

@@ -437,7 +437,9 @@ impl Error {
     #[cold]
     fn from_raw(code: Code, ctx: ErrorContext) -> Error {
         if code == Code::MISSING_ENTRY_POINT {
-            return Error::NotSupported { feature: Feature::Symbol(ctx.op), device: ctx.device };
+            // The operation's name, less what some callers add after it: `cuPointerGetAttribute(IS_MANAGED)`.
+            let symbol = ctx.op.split(['(', ' ']).next().unwrap_or(ctx.op);
+            return Error::NotSupported { feature: Feature::Symbol(symbol), device: ctx.device };
         }
         let known = code.known().unwrap_or(CUresult::CUDA_ERROR_UNKNOWN);
         // `None` only for success, which `check` answered; kept total all the same.
@@ -509,7 +511,8 @@ mod tests {
         assert!(check(Code(0), ErrorContext::op("cuInit")).is_ok());
         assert!(matches!(check(Code(100), ErrorContext::op("cuInit")), Err(Error::NoDevice { .. })));
         // cumem's own answer for an entry point the driver lacks (no driver code is negative).
-        let err = check(Code::MISSING_ENTRY_POINT, ErrorContext::op("cuMemAdvise_v2").device(1)).unwrap_err();
+        let err = check(Code::MISSING_ENTRY_POINT, ErrorContext::op("cuMemAdvise_v2 (prefetch)").device(1))
+            .unwrap_err();
         assert!(
             matches!(
                 err,

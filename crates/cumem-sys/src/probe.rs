@@ -1,8 +1,9 @@
 //! Probing optional driver entry points before calling them.
 //!
-//! cudarc panics with "Missing symbol" when an entry point is absent from the loaded driver (for
-//! example `cuMemAdvise_v2` on a driver older than 12.2). Code that calls such an entry point asks
-//! here first and returns [`Error::NotSupported`] instead.
+//! An entry point may be absent from the loaded driver (for example `cuMemAdvise_v2` on a driver
+//! older than 12.2). Calling it through [`crate::api`] gives [`crate::Code::MISSING_ENTRY_POINT`],
+//! which [`crate::check`] turns into [`Error::NotSupported`]; asking here first lets code choose
+//! another entry point (the older `cuMemAdvise`) or refuse before it has done anything else.
 //!
 //! ```
 //! # cumem_sys::testing::init();

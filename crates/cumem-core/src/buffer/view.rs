@@ -390,9 +390,9 @@ impl<'a, T> DeviceSliceMut<'a, T> {
     /// let on = view.on(&stream)?;
     /// // SAFETY: the range is the guard's, and the memset is queued on the guard's stream.
     /// let code = unsafe {
-    ///     cumem_core::sys::cuMemsetD8Async(on.device_ptr(), 7, on.bytes(), on.stream().raw())
+    ///     cumem_core::api::cuMemsetD8Async(on.device_ptr(), 7, on.bytes(), on.stream().raw())
     /// };
-    /// assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+    /// cumem_core::check(code, cumem_core::ErrorContext::op("cuMemsetD8Async"))?;
     /// drop(on); // the buffer's later users are ordered after the memset
     /// assert_eq!(buf.to_vec()?, [7; 64]);
     /// # Ok::<(), cumem_core::Error>(())
@@ -419,9 +419,8 @@ impl<'a, T> DeviceSliceMut<'a, T> {
     /// let bytes = view.bytes();
     /// view.queue_on(&stream, |ptr| {
     ///     // SAFETY: the range is the view's, and the memset is queued on the stream ordered for it.
-    ///     let code = unsafe { cumem_core::sys::cuMemsetD8Async(ptr, 7, bytes, stream.raw()) };
-    ///     assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
-    ///     Ok(())
+    ///     let code = unsafe { cumem_core::api::cuMemsetD8Async(ptr, 7, bytes, stream.raw()) };
+    ///     cumem_core::check(code, cumem_core::ErrorContext::op("cuMemsetD8Async"))
     /// })?; // the buffer's later users are ordered after the memset
     /// assert_eq!(buf.to_vec()?, [7; 64]);
     /// # Ok::<(), cumem_core::Error>(())
