@@ -1284,6 +1284,39 @@ fn a_pool_allocation_of_a_destroyed_stream_ordered_by_its_event_is_not_logged() 
     destroy(b);
 }
 
+/// A stream that waited for another's free keeps that dependency once the freeing stream was
+/// destroyed and has drained: with OPPORTUNISTIC off, only FOLLOW_EVENT_DEPENDENCIES allows the
+/// reuse, and it takes the freed block instead of growing the pool.
+#[test]
+#[serial] // no other test's allocation may be pending when A goes, or A's waits would stay for it
+fn reuse_follows_an_event_dependency_on_a_destroyed_freeing_stream() {
+    bind(0);
+    let pool = keeping_pool(0, 0);
+    set_int(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, 0);
+    set_int(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0);
+    assert_eq!(get_int(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES), 1);
+    // A whole chunk: an allocation that may not take the freed block needs a new one.
+    let size = 32 << 20;
+    let (a, b) = (stream(1), stream(1));
+    let e = event();
+    let p = alloc_from(pool, size, a);
+    free_async(p, a);
+    record(e, a);
+    wait_event(b, e);
+    // The host observes A's work (not a dependency of B) and A goes at once, drained.
+    sync(a);
+    destroy(a);
+    let reserved = get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    let q = alloc_from(pool, size, b);
+    assert_eq!(q, p, "B waited for A's free: FOLLOW_EVENT_DEPENDENCIES lets B reuse the block");
+    assert_eq!(get_u64(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), reserved, "the pool did not grow");
+    free_async(q, b);
+    sync(b);
+    destroy_event(e);
+    destroy(b);
+    destroy_pool(pool);
+}
+
 /// An event recorded before the allocation does not order it, neither for a stream that waits
 /// for it nor for the host that synchronises with it.
 #[test]
