@@ -48,8 +48,15 @@ impl IpcMemHandle {
         // not on record. The base's handle with the offset carried alongside names the buffer
         // either way.
         let (base, _) = ffi::address_range(buf.device_ptr())?;
+        let Some(offset) = buf.device_ptr().checked_sub(base) else {
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op(
+                    "IpcMemHandle::export (the driver's allocation base lies past the buffer)",
+                ),
+            });
+        };
         let raw = ffi::mem_handle(base)?;
-        Ok(IpcMemHandle { raw, offset: buf.device_ptr() - base, bytes: buf.bytes() as u64 })
+        Ok(IpcMemHandle { raw, offset, bytes: buf.bytes() as u64 })
     }
 
     /// Size in bytes of the exported buffer (not of the allocation holding it).
@@ -84,10 +91,12 @@ impl IpcMemHandle {
     /// driver answers [`Error::InvalidContext`]; for memory already freed, [`Error::InvalidValue`]
     /// (also for a handle whose buffer does not lie inside the allocation the driver maps); a size
     /// that is not a whole number of `T`s, or an offset not aligned for `T`, gives
-    /// [`Error::Misaligned`], as does an address the driver mapped that is not aligned for `T`
-    /// (the import is closed again). The view must lie inside the mapping the driver reports
-    /// (`cuMemGetAddressRange`) for the address the open returned; otherwise
-    /// [`Error::InvalidValue`] and the import is closed again. Opening bytes that are already open
+    /// [`Error::Misaligned`], as does an address the driver mapped that is not aligned for `T`.
+    /// The address the open returned must be the start of the mapping the driver reports for it
+    /// (`cuMemGetAddressRange`: the handle names an allocation's base), and the view must lie
+    /// inside that mapping; otherwise [`Error::InvalidValue`]. On each of these refusals after
+    /// the driver's open, the open is closed again at once (nothing was queued on it, so `stream`
+    /// is not waited for). Opening bytes that are already open
     /// here, through another live [`ImportedBuffer`] of the same handle whose range of the
     /// allocation overlaps this one's, in any context (another device's too), gives [`Error::AlreadyMapped`]: two imports
     /// would be two exclusive views of the same memory. Disjoint ranges of one allocation (two
@@ -163,31 +172,52 @@ impl IpcMemHandle {
             }
             return Err(already());
         }
-        // Built before any further fallible step, so that every error path below closes the
-        // import (by dropping it). The pointer wraps rather than panics on a forged offset; it is
-        // used only once the checks below have passed, and then `base + offset` lies inside
-        // the mapping.
-        let ptr = base.wrapping_add(self.offset);
-        let import = ImportedBuffer::new(base, ptr, self.bytes() / size, stream, Source::IpcHandle(ticket));
-        // The mapping is what the driver says holds the address it returned, not what that
-        // address is assumed to be: were it not the start of the mapping, `base + offset` could
-        // otherwise reach past its end.
-        let (range_base, range_size) = ffi::address_range(base)?;
-        let view_end = base.checked_add(self.offset).and_then(|p| p.checked_add(self.bytes));
-        let mapped_end = range_base.checked_add(range_size as u64);
-        let inside = ptr >= range_base && matches!((view_end, mapped_end), (Some(v), Some(m)) if v <= m);
-        if !inside {
-            // Dropping `import` closes what was opened.
-            return Err(Error::InvalidValue {
-                ctx: ErrorContext::op("IpcMemHandle::open (buffer outside the exported allocation)")
+        // Until the import exists, a refusal closes the open itself: nothing was queued on the
+        // memory, so unlike dropping an `ImportedBuffer` it need not wait for the caller's stream
+        // (which might wait for this thread) and cannot fail that wait and leak the open.
+        let refuse = |ticket, e: Error| {
+            live_imports::release(ticket);
+            // SAFETY: `base` was opened just above, nothing else holds this open, and no view of it
+            // was made.
+            if let Err(close) = unsafe { ffi::mem_close(base) } {
+                tracing::warn!(error = %close, "cumem-ipc: closing a refused open failed");
+            }
+            Err(e)
+        };
+        // The handle names the allocation's base (`export`), so the driver's address must be the
+        // start of the mapping it reports for it; the view is then checked against that mapping's
+        // size, not against a size assumed from the handle.
+        let (range_base, range_size) = match ffi::address_range(base) {
+            Ok(range) => range,
+            Err(e) => return refuse(ticket, e),
+        };
+        if range_base != base {
+            return refuse(
+                ticket,
+                Error::InvalidValue {
+                    ctx: ErrorContext::op(
+                        "IpcMemHandle::open (the driver opened the allocation inside a mapping)",
+                    )
                     .bytes(self.bytes()),
-            });
+                },
+            );
         }
+        if end > range_size as u64 {
+            return refuse(
+                ticket,
+                Error::InvalidValue {
+                    ctx: ErrorContext::op("IpcMemHandle::open (buffer outside the exported allocation)")
+                        .bytes(self.bytes()),
+                },
+            );
+        }
+        // In range: `base + offset` does not overflow, as `base + range_size` does not.
+        let ptr = base + self.offset;
         // The offset is aligned, but the driver's address need not be for a `T` aligned beyond
         // what it guarantees (a `#[repr(align(4096))]` type, say).
         if !ptr.is_multiple_of(align) {
-            return Err(Error::Misaligned { what: "imported address", value: ptr, align });
+            return refuse(ticket, Error::Misaligned { what: "imported address", value: ptr, align });
         }
-        Ok(import)
+        Ok(ImportedBuffer::new(base, ptr, self.bytes() / size, stream, Source::IpcHandle(ticket)))
     }
 }

@@ -1,16 +1,16 @@
 //! The driver documents `cuIpcGetMemHandle` of an allocation's base; an H100 also took an interior
 //! pointer (driver-api.md §17), but which address an open of such a handle returns is not on
 //! record. So `IpcMemHandle::export` asks for the handle of the base (with the buffer's offset
-//! beside it), and `IpcMemHandle::open` places the view at the address the driver returned plus
-//! that offset, checked against the mapping the driver reports for that address, not against a
-//! mapping assumed to start there. The simulator takes interior pointers and always opens at the
-//! base, so neither is visible there: this is shown with a stand-in driver, chosen as the real
-//! driver in a child process (the driver is chosen once per process, and the library path is read
-//! at process start). Its one allocation is at an address aligned to 256 bytes only, so a buffer
-//! aligned to 4096 lies inside it, and its export must name the base; its
-//! `cuIpcOpenMemHandle_v2` returns an address 4 KiB into the 8 KiB mapping: a view of 4 KiB at
-//! offset 0 fits (and lies at that address), one at offset 4 KiB would reach past the mapping's
-//! end and is refused with `InvalidValue`, its open closed again.
+//! beside it), and `IpcMemHandle::open` requires the address the driver returned to be the start
+//! of the mapping the driver reports for it, and the view to lie inside that mapping. The
+//! simulator takes interior pointers and always opens at the base, so neither is visible there:
+//! this is shown with a stand-in driver, chosen as the real driver in a child process (the driver
+//! is chosen once per process, and the library path is read at process start). Its one
+//! allocation is at an address aligned to 256 bytes only, so a buffer aligned to 4096 lies inside
+//! it, and its export must name the base. Its `cuIpcOpenMemHandle_v2` first returns an address
+//! 4 KiB into the 8 KiB mapping, which is refused; then the mapping's start, where a view that
+//! fits opens and one that reaches past the end is refused. Each refused open is closed again at
+//! once, without a stream synchronisation (the stand-in counts both).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,24 +25,23 @@ use cumem_sys::testing::stand_in;
 /// Set in the child process.
 const CHILD_ENV: &str = "CUMEM_IPC_TEST_OPEN_IN_THE_MAPPING";
 
-/// Where the stand-in's one mapping starts, and its size.
+/// Where the stand-in's one mapping (8 KiB) starts.
 const MAPPING: u64 = 0x7000_0100;
-const MAPPING_SIZE: u64 = 8192;
-/// The address the stand-in's open returns: inside the mapping, not its start.
-const OPENED: u64 = MAPPING + 4096;
 
 /// The stand-in: one device with a primary context, streams that are always idle, one allocation
 /// at `MAPPING` (every `cuMemAlloc` returns it), and one IPC mapping of the same range whose open
-/// returns `OPENED`. `standin_opens` answers how many opens are not closed, `standin_exported`
-/// the address the last `cuIpcGetMemHandle` was given.
+/// returns an address 4 KiB into it until `standin_open_at_the_base` makes it return `MAPPING`. `standin_opens`
+/// answers how many opens are not closed, `standin_exported` the address the last
+/// `cuIpcGetMemHandle` was given, `standin_syncs` how many stream synchronisations were asked.
 const STAND_IN: &str = r#"
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static OPEN: AtomicI64 = AtomicI64::new(0);
 static EXPORTED: AtomicU64 = AtomicU64::new(0);
+static SYNCS: AtomicU64 = AtomicU64::new(0);
 const MAPPING: u64 = 0x7000_0100;
 const MAPPING_SIZE: usize = 8192;
-const OPENED: u64 = MAPPING + 4096;
+static OPEN_AT: AtomicU64 = AtomicU64::new(MAPPING + 4096);
 #[repr(C)]
 pub struct IpcMemHandle { reserved: [i8; 64] }
 #[no_mangle]
@@ -86,18 +85,18 @@ pub extern "C" fn cuStreamCreateWithPriority(s: *mut usize, _flags: u32, _priori
 #[no_mangle]
 pub extern "C" fn cuStreamDestroy_v2(_s: usize) -> i32 { 0 }
 #[no_mangle]
-pub extern "C" fn cuStreamSynchronize(_s: usize) -> i32 { 0 }
+pub extern "C" fn cuStreamSynchronize(_s: usize) -> i32 { SYNCS.fetch_add(1, Ordering::SeqCst); 0 }
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(_s: usize) -> i32 { 0 }
 #[no_mangle]
 pub extern "C" fn cuIpcOpenMemHandle_v2(p: *mut u64, _h: IpcMemHandle, _flags: u32) -> i32 {
     OPEN.fetch_add(1, Ordering::SeqCst);
-    unsafe { *p = OPENED };
+    unsafe { *p = OPEN_AT.load(Ordering::SeqCst) };
     0
 }
 #[no_mangle]
 pub extern "C" fn cuIpcCloseMemHandle(p: u64) -> i32 {
-    if p != OPENED { return 1; }
+    if p != OPEN_AT.load(Ordering::SeqCst) { return 1; }
     OPEN.fetch_sub(1, Ordering::SeqCst);
     0
 }
@@ -127,10 +126,14 @@ pub extern "C" fn cuIpcGetMemHandle(h: *mut IpcMemHandle, p: u64) -> i32 {
 pub extern "C" fn standin_opens() -> i64 { OPEN.load(Ordering::SeqCst) }
 #[no_mangle]
 pub extern "C" fn standin_exported() -> u64 { EXPORTED.load(Ordering::SeqCst) }
+#[no_mangle]
+pub extern "C" fn standin_syncs() -> u64 { SYNCS.load(Ordering::SeqCst) }
+#[no_mangle]
+pub extern "C" fn standin_open_at_the_base() -> u64 { OPEN_AT.store(MAPPING, Ordering::SeqCst); 0 }
 "#;
 
 #[test]
-fn a_view_past_the_mapping_of_the_opened_address_is_refused() {
+fn an_open_inside_the_mapping_or_a_view_past_its_end_is_refused_and_closed_at_once() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
@@ -202,19 +205,30 @@ fn child() {
     assert_eq!(u64::from_le_bytes(offset.try_into().unwrap()), buf.device_ptr() - MAPPING);
     drop(buf);
 
-    // Inside the mapping from the opened address: the view lies at that address plus the offset.
+    let syncs = || ask_stand_in(c"standin_syncs");
+
+    // The driver opens the allocation 4 KiB into its mapping: not the base the handle names.
+    let before = syncs();
     // SAFETY: the stand-in's memory is never touched (no copy is made), and nothing else opens it.
-    let import = unsafe { handle(0, 4096).open::<u32>(&stream) }.unwrap();
-    assert_eq!(import.device_ptr(), OPENED);
+    let inside = unsafe { handle(0, 4096).open::<u32>(&stream) };
+    assert!(matches!(inside, Err(Error::InvalidValue { .. })), "{inside:?}");
+    assert_eq!(opens(), 0, "the refused import was not closed");
+    assert_eq!(syncs(), before, "a refused open waited for the caller's stream");
+
+    // At the base: a view that fits lies at the base plus its offset.
+    ask_stand_in(c"standin_open_at_the_base");
+    // SAFETY: as above.
+    let import = unsafe { handle(4096, 4096).open::<u32>(&stream) }.unwrap();
+    assert_eq!(import.device_ptr(), MAPPING + 4096);
     assert_eq!(opens(), 1);
     drop(import);
     assert_eq!(opens(), 0, "the import was not closed");
 
-    // The same range of the allocation the handle claims would fit a mapping that started at the
-    // opened address, but from where the driver mapped it, it reaches past the end.
-    const { assert!(4096 + 4096 <= MAPPING_SIZE && OPENED + 4096 + 4096 > MAPPING + MAPPING_SIZE) };
+    // One that reaches past the mapping's end is refused, and closed at once.
+    let before = syncs();
     // SAFETY: as above; the open is refused, so nothing is accessed.
-    let past = unsafe { handle(4096, 4096).open::<u32>(&stream) };
+    let past = unsafe { handle(4096, 8192).open::<u32>(&stream) };
     assert!(matches!(past, Err(Error::InvalidValue { .. })), "{past:?}");
     assert_eq!(opens(), 0, "the refused import was not closed");
+    assert_eq!(syncs(), before, "a refused open waited for the caller's stream");
 }

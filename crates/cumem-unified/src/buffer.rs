@@ -523,7 +523,7 @@ impl<T> UnifiedBuffer<T> {
     /// accesses of the buffer wait meanwhile). Work queued on them that waits on the host for
     /// something the calling thread holds never ends. The first scoped access in and the last one
     /// out do their part holding the buffer's lock of scoped accesses, with no bound on the wait:
-    /// the first creates the private visit stream (`cuStreamCreate`, on first use), queues the
+    /// the first creates the private visit stream (`cuStreamCreateWithPriority`, on first use), queues the
     /// host attachment and synchronises the visit stream (the attached stream itself, for memory
     /// attached to one: all the work queued on it so far); the last queues the restore and
     /// synchronises that stream again, and after a failed restore waits for the buffer's device
