@@ -13,13 +13,11 @@
 //! once, without a stream synchronisation (the stand-in counts both).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use cumem_core::{Device, DeviceBuffer, DriverResource, Error, Stream};
 use cumem_ipc::IpcMemHandle;
-use cumem_sys::driver::{self, DRIVER_ENV, DriverChoice};
+use cumem_sys::driver::{self, DriverChoice};
 use cumem_sys::testing;
-use cumem_sys::testing::child_process::run_child_test;
 use cumem_sys::testing::stand_in;
 
 /// Set in the child process.
@@ -137,25 +135,7 @@ fn an_open_inside_the_mapping_or_a_view_past_its_end_is_refused_and_closed_at_on
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    let Some(dir) =
-        stand_in::build("ipc-open-in-the-mapping", STAND_IN, "libcuda.so.1", &["libcuda.so"], &[])
-    else {
-        return testing::skip(
-            "no rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)",
-        );
-    };
-    let outcome = run_child_test(
-        "child",
-        &[(CHILD_ENV, "1"), ("LD_LIBRARY_PATH", dir.to_str().expect("a UTF-8 temporary directory"))],
-        &[DRIVER_ENV],
-        Duration::from_secs(120),
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    let Some(status) = outcome.status else {
-        panic!("the child was still running after its deadline:\n{}", outcome.log);
-    };
-    assert!(status.success(), "the child failed ({status}):\n{}", outcome.log);
-    assert!(outcome.log.contains("1 passed"), "the child ran no test:\n{}", outcome.log);
+    stand_in::run_child_with_driver("ipc-open-in-the-mapping", STAND_IN, "child", CHILD_ENV);
     testing::init();
 }
 

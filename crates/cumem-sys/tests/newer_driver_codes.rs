@@ -6,10 +6,7 @@
 //! the real driver in a child process (the driver is chosen once per process, and the library path
 //! is read at process start).
 
-use std::time::Duration;
-
-use cumem_sys::driver::{self, DRIVER_ENV, DriverChoice};
-use cumem_sys::testing::child_process::run_child_test;
+use cumem_sys::driver::{self, DriverChoice};
 use cumem_sys::testing::stand_in;
 use cumem_sys::{Error, ErrorContext, Feature, api, check, sys, testing};
 
@@ -33,24 +30,7 @@ pub extern "C" fn cuStreamQuery(_stream: *mut u8) -> i32 { 36 }
 
 #[test]
 fn codes_newer_than_the_bindings_are_errors_and_missing_entry_points_are_not_supported() {
-    let Some(dir) = stand_in::build("newer-driver-codes", NEWER_DRIVER, "libcuda.so.1", &["libcuda.so"], &[])
-    else {
-        return testing::skip(
-            "no rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)",
-        );
-    };
-    let outcome = run_child_test(
-        "child",
-        &[(CHILD_ENV, "1"), ("LD_LIBRARY_PATH", dir.to_str().expect("a UTF-8 temporary directory"))],
-        &[DRIVER_ENV],
-        Duration::from_secs(120),
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    let Some(status) = outcome.status else {
-        panic!("the child was still running after its deadline:\n{}", outcome.log);
-    };
-    assert!(status.success(), "the child failed ({status}):\n{}", outcome.log);
-    assert!(outcome.log.contains("1 passed"), "the child ran no test:\n{}", outcome.log);
+    stand_in::run_child_with_driver("newer-driver-codes", NEWER_DRIVER, "child", CHILD_ENV);
     testing::init();
 }
 

@@ -66,3 +66,32 @@ pub fn build(
     }
     Some(dir)
 }
+
+/// Runs the test `child` of this test binary in a child process whose driver is `source` built by
+/// [`build`] (as `libcuda.so.1` with a `libcuda.so` link, first on `LD_LIBRARY_PATH`), with the
+/// variable `env` set to `1` and `CUMEM_DRIVER` unset, within two minutes, and asserts that it
+/// passed. Where no `rustc` can be run it skips ([`crate::testing::skip`]). The caller's `child`
+/// test returns at once unless `env` is set; the caller's own test calls
+/// [`crate::testing::init`] afterwards for its leak check.
+///
+/// # Panics
+/// If the child fails, hangs past the deadline, or runs no test.
+pub fn run_child_with_driver(tag: &str, source: &str, child: &str, env: &str) {
+    let Some(dir) = build(tag, source, "libcuda.so.1", &["libcuda.so"], &[]) else {
+        return crate::testing::skip(
+            "no rustc to build the stand-in libcuda.so.1 (a machine without a Rust toolchain)",
+        );
+    };
+    let outcome = crate::testing::child_process::run_child_test(
+        child,
+        &[(env, "1"), ("LD_LIBRARY_PATH", dir.to_str().expect("a UTF-8 temporary directory"))],
+        &[crate::driver::DRIVER_ENV],
+        std::time::Duration::from_secs(120),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let Some(status) = outcome.status else {
+        panic!("the child was still running after its deadline:\n{}", outcome.log);
+    };
+    assert!(status.success(), "the child failed ({status}):\n{}", outcome.log);
+    assert!(outcome.log.contains("1 passed"), "the child ran no test:\n{}", outcome.log);
+}
