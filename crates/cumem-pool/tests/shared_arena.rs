@@ -90,7 +90,15 @@ fn ends_clean(pool: &Pool, clock: &Mutex<Clock>) {
     assert!(clock.lock().violations.is_empty());
 }
 
-fn free_lands_while_a_sharing_stream_grows(config: PoolConfig, x_bytes: usize, rest_bytes: usize) {
+/// `waits`: whether stream 1 must wait for stream 0 (to grow an expandable segment, which joins
+/// the arena's free ranges; a new plain segment needs no wait, and the arena has nothing to take
+/// before the free).
+fn free_lands_while_a_sharing_stream_grows(
+    config: PoolConfig,
+    x_bytes: usize,
+    rest_bytes: usize,
+    waits: bool,
+) {
     let (pool, clock) = one_arena_pool(config);
     let x = alloc(&pool, &clock, x_bytes, 0);
     let rest = (rest_bytes > 0).then(|| alloc(&pool, &clock, rest_bytes, 0));
@@ -103,7 +111,7 @@ fn free_lands_while_a_sharing_stream_grows(config: PoolConfig, x_bytes: usize, r
     let waits_before = clock.lock().waits;
     let t = alloc(&pool, &clock, x_bytes, 1);
     assert!(pool.upstream().hook.lock().is_none(), "the hook ran during the allocation");
-    assert!(clock.lock().waits > waits_before, "the sharing stream waited for stream 0");
+    assert_eq!(clock.lock().waits > waits_before, waits, "whether the sharing stream waited for stream 0");
     let violations = clock.lock().violations.clone();
     assert!(violations.is_empty(), "stream 1 got {:#x} (x at {x_addr:#x}): {violations:#?}", t.addr());
     free(&pool, &clock, t, 1);
@@ -117,14 +125,14 @@ fn free_lands_while_a_sharing_stream_grows(config: PoolConfig, x_bytes: usize, r
 fn a_sharing_stream_takes_no_block_freed_after_its_wait_from_a_segment() {
     // A 20 MiB segment: x is 4 MiB, the other 16 MiB stay live. The new segment is 20 MiB, so a
     // best fit over the whole arena would prefer x.
-    free_lands_while_a_sharing_stream_grows(PoolConfig::default(), 4 << 20, 16 << 20);
+    free_lands_while_a_sharing_stream_grows(PoolConfig::default(), 4 << 20, 16 << 20, false);
 }
 
 #[test]
 fn a_sharing_stream_grows_no_expandable_segment_into_a_block_freed_after_its_wait() {
     // x fills the first 2 MiB chunk; growth from the gap above it would start at x's free range.
     let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
-    free_lands_while_a_sharing_stream_grows(config, 2 << 20, 0);
+    free_lands_while_a_sharing_stream_grows(config, 2 << 20, 0, true);
 }
 
 /// The ladder grows with no lock held, then serves the request: for a sharing stream only from the
