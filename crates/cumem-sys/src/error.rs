@@ -511,7 +511,10 @@ mod tests {
         // cumem's own answer for an entry point the driver lacks (no driver code is negative).
         let err = check(Code::MISSING_ENTRY_POINT, ErrorContext::op("cuMemAdvise_v2").device(1)).unwrap_err();
         assert!(
-            matches!(err, Error::NotSupported { feature: Feature::Symbol("cuMemAdvise_v2"), device: Some(1) }),
+            matches!(
+                err,
+                Error::NotSupported { feature: Feature::Symbol("cuMemAdvise_v2"), device: Some(1) }
+            ),
             "{err:?}"
         );
         for code in KNOWN_CODES {
