@@ -99,7 +99,10 @@ impl Allocation {
 ///    streams once ordered after `stream`), and stays valid until the allocation is passed to
 ///    `deallocate`;
 /// 3. `deallocate` relies on nothing but its documented contract: any token `allocate` returned,
-///    passed back unchanged, frees exactly that allocation.
+///    passed back unchanged, frees exactly that allocation;
+/// 4. if [`usable_on_every_stream_at_once`](Self::usable_on_every_stream_at_once) returns `true`,
+///    the memory `allocate` returns may be used by work queued on any stream of the context (and
+///    by the host, for copies) as soon as `allocate` returns, with no ordering after `stream`.
 pub unsafe trait DeviceResource: Send + Sync + fmt::Debug + IntoDynResource {
     /// The context whose device the memory belongs to.
     fn context(&self) -> &Context;
@@ -116,6 +119,17 @@ pub unsafe trait DeviceResource: Send + Sync + fmt::Debug + IntoDynResource {
     ///    on it next); the resource may hand the memory to work queued on `stream` after this call.
     /// 3. No Rust value refers to the memory afterwards.
     unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream);
+
+    /// Whether memory returned by [`allocate`](Self::allocate) may be used on any stream of the
+    /// context as soon as `allocate` returns, not only in order on the stream it was asked for
+    /// (`cuMemAlloc`'s memory is; a stream-ordered pool's is not). `false`, the default, is always
+    /// safe: a caller that hands the memory to other streams then orders them after `stream` (or
+    /// synchronises it) first. An adaptor that only forwards to another resource answers what
+    /// that resource answers. A resource answering `true` promises item 4 of the trait's safety
+    /// contract.
+    fn usable_on_every_stream_at_once(&self) -> bool {
+        false
+    }
 }
 
 /// The alignment `cuMemAlloc` guarantees.
@@ -155,7 +169,8 @@ impl DriverResource {
 // or by over-allocating `align - 256` bytes and rounding the 256-aligned base up, which stays
 // inside the allocation; in both cases the token carries the base cuMemAlloc returned, for the free.
 // The free first waits for the stream that follows every use, so memory is never freed under
-// pending work.
+// pending work. cuMemAlloc is not stream-ordered: the memory is usable everywhere once it returns
+// (item 4), and the padded path only adds an offset into it.
 unsafe impl DeviceResource for DriverResource {
     fn context(&self) -> &Context {
         &self.ctx
@@ -172,6 +187,11 @@ unsafe impl DeviceResource for DriverResource {
             "allocate"
         );
         Ok(allocation)
+    }
+
+    /// `cuMemAlloc` is synchronous: its memory is usable on every stream at once.
+    fn usable_on_every_stream_at_once(&self) -> bool {
+        true
     }
 
     unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream) {

@@ -92,9 +92,9 @@ pub struct TrimReport {
 /// # No stream limit
 /// The first [`STREAM_ARENAS`] streams in use at once get an arena each (see
 /// [`with_stream_arenas`](Self::with_stream_arenas)); beyond that, when no dropped stream can be
-/// retired to make room, a stream shares the first arena: it allocates from it after waiting for
-/// that arena's stream, under the arena's lock (memory freed into the arena while it grows the
-/// pool is not taken without another wait; the new segment needs none), and its frees (when they
+/// retired to make room, a stream shares the first arena: it takes a block from it, then waits
+/// for that arena's stream (memory freed into the arena while it grows the pool is not taken
+/// without another wait; the new segment needs none), and its frees (when they
 /// reach the arenas rather than the thread's cache) first order the memory for everyone (an event
 /// through `retire` where the ordering retires streams, else a synchronisation). Slower, never an
 /// error.
@@ -102,7 +102,13 @@ pub struct TrimReport {
 /// # Locking
 /// The fast path (a thread-cache hit) takes no lock. Each stream's arena has its own mutex; an
 /// arena allocation or free takes only that one and looks the arena up without locking. Migration
-/// locks one other arena at a time. The ladder, `trim`, `synchronize`, `validate` and sweeps first
+/// locks one other arena at a time, and takes its block out under that lock but orders itself
+/// after the arena's stream ([`Ordering::wait`]) with no lock held: the wait's driver calls
+/// (event record, stream wait) block while another thread is in `cuMemFree`, which waits for
+/// host functions, and a host function may free into the pool. So does a stream sharing the
+/// first arena, and growth of an expandable segment by such a stream (it locks the arena again
+/// and waits again if memory was freed into it meanwhile; after a few such races it waits under
+/// the lock). The ladder, `trim`, `synchronize`, `validate` and sweeps first
 /// flush the thread caches (under the cache registry's mutex alone), then take the table's mutex,
 /// lock arenas in position order, then the segment registry; `stats` locks arenas one at a time.
 /// The cache registry's mutex comes after arena locks. The upstream's `allocate` and `deallocate`
@@ -847,9 +853,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.count_free(block.size, block.requested);
     }
 
-    /// The arena table is full of streams in use: `stream` allocates from the first arena, after
-    /// waiting for that arena's stream (under its lock, so the arena is not retired or reused in
-    /// between).
+    /// The arena table is full of streams in use: `stream` allocates from the first arena: a
+    /// block taken out under its lock, then ordered after that arena's stream with the lock let
+    /// go (see [`take_ordered`](Self::take_ordered)); else the slow path (migration, growth).
     #[cold]
     #[inline(never)]
     fn allocate_shared(&self, stream: O::Stream, req: Request) -> Result<Block, PoolError> {
@@ -858,11 +864,58 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             "allocation on a stream beyond the arena table: sharing"
         );
         let arena = self.arenas.iter().next().expect("a full table has arenas");
-        let g = arena.inner.lock();
-        if let Some(owner) = g.stream {
-            self.ordering.wait(stream, owner).map_err(PoolError::Ordering)?;
+        let mut g = arena.inner.lock();
+        let mut taken = g.set(req.kind).take(req.size, req.align);
+        if taken.is_none() && req.kind == Kind::Small && g.bins.bytes() > 0 {
+            g.flush_bins();
+            taken = g.small.take(req.size, req.align);
         }
-        self.allocate_slow(arena, g, stream, req)
+        let Some((addr, seg)) = taken else { return self.allocate_slow(arena, g, stream, req) };
+        match g.stream.filter(|&owner| owner != stream) {
+            Some(owner) => {
+                self.take_ordered(arena, g, owner, stream, &req, addr, seg)?;
+                Ok(self.finish((), &req, addr, seg))
+            }
+            None => Ok(self.finish(g, &req, addr, seg)),
+        }
+    }
+
+    /// Orders `stream` after `from_stream`, whose arena `from` (locked by `g`) `[addr, +req.size)`
+    /// was just taken out of, with the lock let go: the wait makes driver calls (an event record,
+    /// a stream wait) that block while another thread is in `cuMemFree` (driver brief §17), which
+    /// waits for host functions, and a host function may free into this arena. On error the
+    /// block goes back into the arena if it still serves `from_stream`, else it is
+    /// [stranded](Self::strand): nothing orders it for the arena's new stream.
+    ///
+    /// Sound without the lock: the block is out of every free set, so no one else takes it, and
+    /// every use of it was queued on `from_stream` before its free put it into the arena, which
+    /// happened before it was taken here. If `from_stream` is retired in between, its retirement
+    /// covers its work so far (the [`Ordering::retire`] contract), and a `wait` on it afterwards
+    /// still covers that work ([`Ordering::wait`]: `StreamOrdering` lists the retired event
+    /// before it forgets the stream, and a wait that no longer finds the stream waits for the
+    /// list). If the arena is reused for another stream, that changes nothing for this block:
+    /// only its stream of origin, read under the lock, matters.
+    #[allow(clippy::too_many_arguments)]
+    fn take_ordered(
+        &self,
+        from: &Arena<O::Stream>,
+        g: MutexGuard<'_, ArenaInner<O::Stream>>,
+        from_stream: O::Stream,
+        stream: O::Stream,
+        req: &Request,
+        addr: u64,
+        seg: Seg,
+    ) -> Result<(), PoolError> {
+        drop(g);
+        let Err(e) = self.ordering.wait(stream, from_stream) else { return Ok(()) };
+        let mut g = from.inner.lock();
+        if g.stream == Some(from_stream) {
+            g.set(req.kind).insert(addr, req.size, seg);
+        } else {
+            drop(g);
+            self.strand([(addr, req.size, seg, req.kind)]);
+        }
+        Err(PoolError::Ordering(e))
     }
 
     /// The arena table is full: the freeing stream gets no arena. Make the memory safe for every
@@ -1035,12 +1088,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             return Ok(self.finish((), &req, addr, seg));
         }
         if let Some(up) = self.expandable() {
-            let mut g = arena.inner.lock();
-            // Growth joins the free ranges around a gap, and a shared arena may have taken memory
-            // freed after this stream's wait since the lock was let go: wait again, under the lock.
-            if let Some(owner) = g.stream.filter(|&owner| owner != stream) {
-                self.ordering.wait(stream, owner).map_err(PoolError::Ordering)?;
-            }
+            let mut g = self.lock_ordered(arena, stream, req.kind)?;
             let reservation = self.config.expandable_reservation_bytes;
             let mut notes = expandable::Notes::default();
             let grown = expandable::grow(
@@ -1075,6 +1123,38 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.oom_ladder(arena, &req)
     }
 
+    /// Locks `arena` for growth by `stream`. Growth joins the free ranges around a gap, so where
+    /// the arena serves another stream (a shared arena), `stream` must first wait for that
+    /// stream's work on every free range of `kind` there. The wait runs with the lock let go (its
+    /// driver calls may block behind another thread's `cuMemFree`, driver brief §17); the lock
+    /// is then taken again, and the wait holds if the arena still serves the stream waited for
+    /// and nothing was freed into the set since the lock was let go (a range freed later may be
+    /// under work queued after the wait). Else it waits again: a few times, then under the lock,
+    /// so frees racing with it cannot keep it waiting for ever.
+    fn lock_ordered<'a>(
+        &'a self,
+        arena: &'a Arena<O::Stream>,
+        stream: O::Stream,
+        kind: Kind,
+    ) -> Result<MutexGuard<'a, ArenaInner<O::Stream>>, PoolError> {
+        const UNLOCKED_TRIES: usize = 4;
+        let mut g = arena.inner.lock();
+        for _ in 0..UNLOCKED_TRIES {
+            let Some(owner) = g.stream.filter(|&owner| owner != stream) else { return Ok(g) };
+            let inserts = g.set(kind).inserts();
+            drop(g);
+            self.ordering.wait(stream, owner).map_err(PoolError::Ordering)?;
+            g = arena.inner.lock();
+            if g.stream == Some(owner) && g.set(kind).inserts() == inserts {
+                return Ok(g);
+            }
+        }
+        if let Some(owner) = g.stream.filter(|&owner| owner != stream) {
+            self.ordering.wait(stream, owner).map_err(PoolError::Ordering)?;
+        }
+        Ok(g)
+    }
+
     /// Takes a best fit from another stream's arena and orders `to` (serving `stream`) after that
     /// arena's stream. Arenas are tried from the best fit found by a scan; one that changed since
     /// (vacated, reused, or its fit taken) gives way to the next best.
@@ -1098,17 +1178,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         fits.sort_by_key(|&(len, _)| len);
         for (_, from) in fits {
             // The arena may have been vacated or reused since: its stream is read under the lock,
-            // which is held through the wait so the stream cannot be retired in between.
+            // together with the block taken.
             let mut g = from.inner.lock();
             let Some(from_stream) = g.stream else { continue };
             let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) else { continue };
-            if let Err(e) = self.ordering.wait(stream, from_stream) {
-                g.set(req.kind).insert(addr, req.size, seg);
-                return Err(PoolError::Ordering(e));
-            }
-            // Logged with the lock let go (no other lock of the pool is held here): a subscriber
-            // may read `stats()`, which takes every arena's lock.
-            drop(g);
+            // The wait runs with the lock let go (see `take_ordered`, which says why that is
+            // sound); so does the log: a subscriber may read `stats()`, which takes every lock.
+            self.take_ordered(from, g, from_stream, stream, req, addr, seg)?;
             tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
             return Ok(Some((addr, seg)));
         }

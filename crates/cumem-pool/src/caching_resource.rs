@@ -191,8 +191,15 @@ unsafe impl DeviceResource for CachingResource {
             .allocate(layout.bytes, layout.align, key)
             .map_err(|e| pool_error(e, "CachingPool::allocate", layout.bytes))?;
         // Fields are evaluated only when trace is enabled for this target: the fast path pays a
-        // load and a branch.
-        tracing::trace!(device = self.device(), stream = ?key, bytes = layout.bytes, ptr = block.addr(), "allocate");
+        // load and a branch. The stream as a `u64` (its id), as `DriverResource` and
+        // `NativePoolResource` record it, so one `stream=N` filter directive matches all three.
+        tracing::trace!(
+            device = self.device(),
+            stream = stream.id(),
+            bytes = layout.bytes,
+            ptr = block.addr(),
+            "allocate"
+        );
         // The token names the block's segment, so the free rebuilds the block without a table.
         Ok(Allocation { ptr: block.addr(), token: block.token() })
     }
@@ -221,7 +228,7 @@ unsafe impl DeviceResource for CachingResource {
             );
             return;
         };
-        tracing::trace!(device = self.device(), stream = ?key, bytes = layout.bytes, ptr, "free");
+        tracing::trace!(device = self.device(), stream = stream.id(), bytes = layout.bytes, ptr, "free");
         if let Err(foreign) = self.pool.deallocate(block, key) {
             // Cannot happen: the block was rebuilt with this pool's id.
             tracing::warn!(ptr = foreign.0.addr(), "a block of another pool; not returned");

@@ -1,7 +1,10 @@
 //! Any cumem [`DeviceResource`] as the caching pool's [`Upstream`] of segments.
 //!
-//! Segments are requested on the legacy stream and the pool synchronises that stream before using
-//! a new one, so a stream-ordered upstream (a driver pool) is as safe as `cuMemAlloc`. The pool only
+//! Segments are requested on the legacy stream. Unless the resource says its memory is usable on
+//! every stream at once ([`DeviceResource::usable_on_every_stream_at_once`]: `DriverResource`,
+//! and the adaptors over it), the upstream synchronises that stream before the pool uses a new
+//! segment, so a stream-ordered upstream (a driver pool) is as safe as `cuMemAlloc`; that waits
+//! for the work of every blocking stream, so a growth over `cuMemAlloc` does not pay it. The pool only
 //! returns a segment after synchronising every stream, so releasing it on the legacy stream is safe.
 //!
 //! ```
@@ -69,7 +72,13 @@ impl Upstream for DeviceUpstream {
         let layout = AllocLayout::new(bytes, SEGMENT_ALIGN).map_err(UpstreamError::Driver)?;
         let alloc = self.resource.allocate(layout, &self.legacy).map_err(UpstreamError::Driver)?;
         // A stream-ordered upstream hands out memory usable in order on the legacy stream only;
-        // the pool will use it on any stream, so wait until it is usable everywhere.
+        // the pool will use it on any stream, so wait until it is usable everywhere. Not for
+        // `cuMemAlloc`'s memory, usable everywhere already: synchronising the legacy stream
+        // would wait for every blocking stream's work.
+        if self.resource.usable_on_every_stream_at_once() {
+            self.tokens.lock().insert(alloc.ptr, alloc.token);
+            return Ok(alloc.ptr);
+        }
         if let Err(e) = self.legacy.synchronize() {
             // SAFETY: allocated just above with this layout and never handed out.
             unsafe { self.resource.deallocate(alloc, layout, &self.legacy) };

@@ -134,6 +134,10 @@ unsafe impl<R: DeviceResource + ?Sized> DeviceResource for FailureCallbackResour
         self.inner.context()
     }
 
+    fn usable_on_every_stream_at_once(&self) -> bool {
+        self.inner.usable_on_every_stream_at_once()
+    }
+
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         match self.inner.allocate(layout, stream) {
             Err(e @ Error::OutOfMemory { .. }) => self.on_failure(layout, stream, e),

@@ -227,6 +227,9 @@ pub struct FreeSet {
     /// Ranges longer than [`EXACT_LIMIT`], by `(len, addr)`.
     long: BTreeMap<(u64, u64), u32>,
     bytes: u64,
+    /// How many ranges were ever inserted (wrapping): lets a caller that let go of the arena's
+    /// lock tell whether memory was freed into the set since it looked.
+    inserts: u64,
 }
 
 impl Default for FreeSet {
@@ -240,6 +243,7 @@ impl Default for FreeSet {
             summary: 0,
             long: BTreeMap::new(),
             bytes: 0,
+            inserts: 0,
         }
     }
 }
@@ -285,6 +289,12 @@ impl FreeSet {
         long.max(((list + 1) * QUANTUM) as u64)
     }
 
+    /// How many ranges were inserted so far (wrapping): unchanged between two reads under one
+    /// lock, and no memory was freed into the set in between.
+    pub fn inserts(&self) -> u64 {
+        self.inserts
+    }
+
     /// All free ranges as `(addr, len, segment)`, in address order. O(n log n): for statistics,
     /// validation, release and consolidation, not for the allocation path.
     pub fn ranges(&self) -> impl Iterator<Item = (u64, u64, Seg)> + '_ {
@@ -302,6 +312,7 @@ impl FreeSet {
             "{addr:#x}+{len}"
         );
         self.bytes += len;
+        self.inserts = self.inserts.wrapping_add(1);
         let end = addr + len;
         // Take the neighbours' boundary keys out at once: they stop being boundaries when merged.
         let prev = match self.bounds.remove(end_key(addr)) {

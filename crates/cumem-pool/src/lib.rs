@@ -14,9 +14,12 @@
 //! Adaptors wrap any [`DeviceResource`](cumem_core::DeviceResource) and stack in any order:
 //! [`StatisticsResource`], [`LimitingResource`], [`TrackingResource`], [`LoggingResource`] (RMM's
 //! CSV, see [`trace_format`]) and [`FailureCallbackResource`]; a [`MemoryPressureMonitor`] watches a
-//! device and a pool. The caching pool's slow paths open `debug` spans (`allocate_slow`, `grow`,
-//! `oom_ladder`, `trim`) with `device`, `stream` and `bytes` fields; each allocation and free of a
-//! [`CachingResource`] is a `trace` event with the same fields.
+//! device and a pool. The caching pool's slow paths open `debug` spans: `allocate_slow` (fields
+//! `device`, `stream`, the pool's stream name through `Debug`, and `bytes`), `grow` (`device`,
+//! `bytes`, `kind`), `oom_ladder` (`device`, `bytes`) and `trim` (`device`, `keep`); a
+//! [`MemoryPressureMonitor`]'s trims open `pressure_trim` (`device`, `pool`). Each allocation and
+//! free of a [`CachingResource`] is a `trace` event with `device`, `stream` (the stream's id, a
+//! `u64`), `bytes` and `ptr`.
 //!
 //! API change with the per-thread caches ([`caching_thread_cache`]): [`Ordering::Stream`] must be
 //! `'static` (a thread-local list holds each pool's cache, whatever its stream type); every

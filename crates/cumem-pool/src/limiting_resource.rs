@@ -112,6 +112,10 @@ unsafe impl<R: DeviceResource + ?Sized> DeviceResource for LimitingResource<R> {
         self.inner.context()
     }
 
+    fn usable_on_every_stream_at_once(&self) -> bool {
+        self.inner.usable_on_every_stream_at_once()
+    }
+
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         if let Err(used) = self.reserve(layout.bytes) {
             return Err(self.over_limit(layout.bytes, used));

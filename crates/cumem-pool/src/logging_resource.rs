@@ -13,6 +13,13 @@
 //! stop (an output whose `write` panics), later rows are dropped and counted the same way, so the
 //! queue never grows without bound.
 //!
+//! The writer thread emits warnings itself, so a subscriber may run on it. Nothing there waits
+//! for the writer: [`flush`](LoggingResource::flush) on it fails at once
+//! ([`io::ErrorKind::Deadlock`]), a row logged on it (a subscriber allocating through the adaptor)
+//! that finds the queue full is dropped and counted like a row the writer can no longer write,
+//! and dropping the adaptor's last handle on it lets the writer finish the log after the
+//! subscriber returns, instead of joining itself.
+//!
 //! ```
 //! # cumem_sys::testing::init();
 //! use std::sync::Arc;
@@ -43,7 +50,7 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cumem_core::{AllocLayout, Allocation, Context, DeviceResource, Error, Result, Stream};
@@ -94,6 +101,8 @@ pub struct LoggingResource<R: ?Sized> {
     inner: Arc<R>,
     queue: Arc<Queue>,
     writer: Option<JoinHandle<()>>,
+    /// The writer thread, on which nothing may wait for the writer.
+    writer_id: ThreadId,
 }
 
 impl<R: DeviceResource + ?Sized> LoggingResource<R> {
@@ -107,7 +116,8 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
         let writer = std::thread::Builder::new()
             .name("cumem-log-writer".into())
             .spawn(move || write_rows(&shared, BufWriter::with_capacity(WRITE_BUFFER, out)))?;
-        Ok(LoggingResource { inner, queue, writer: Some(writer) })
+        let writer_id = writer.thread().id();
+        Ok(LoggingResource { inner, queue, writer: Some(writer), writer_id })
     }
 
     /// Wraps `inner`, writing the log to a new file at `path` (truncated if it exists).
@@ -127,7 +137,16 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
     ///
     /// # Errors
     /// The output's flush failed (the rows it held may be lost), or the writer thread is gone.
+    /// Called on the writer thread itself (a tracing subscriber reacting to the writer's
+    /// warning), an error of kind [`io::ErrorKind::Deadlock`] at once: only that thread could
+    /// do the flush waited for.
     pub fn flush(&self) -> io::Result<()> {
+        if self.on_writer() {
+            return Err(io::Error::new(
+                io::ErrorKind::Deadlock,
+                "flushing the allocation log from its own writer thread (a subscriber of its warning)",
+            ));
+        }
         let mut st = self.queue.state.lock();
         st.flushes_wanted += 1;
         let mine = st.flushes_wanted;
@@ -146,7 +165,8 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
 
     /// Writes and flushes that failed so far (each run of failures is logged with `tracing::warn`),
     /// and rows dropped unwritten because the writer thread had stopped (it panicked in the
-    /// output's `write`): each of those counts as one failed write.
+    /// output's `write`) or because they were logged on the writer thread itself while the queue
+    /// was full: each of those counts as one failed write.
     pub fn io_errors(&self) -> u64 {
         self.queue.state.lock().io_errors
     }
@@ -162,18 +182,34 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
             stream: stream.raw() as usize as u64,
         };
         let mut st = self.queue.state.lock();
+        let mut lost = st.writer_gone;
         if st.rows.len() >= QUEUE && !st.writer_gone {
-            self.wait_for_room(&mut st);
+            if self.on_writer() {
+                // Logged by a subscriber on the writer thread: only this thread makes room.
+                lost = true;
+            } else {
+                self.wait_for_room(&mut st);
+                lost = st.writer_gone;
+            }
         }
-        if st.writer_gone {
+        if lost {
             // Nobody will write it: keeping it would grow the queue for as long as the program
-            // runs. It counts as a failed write instead.
+            // runs (or, on the writer thread, wait for itself). It counts as a failed write
+            // instead.
             let first = Self::lose(&mut st);
+            let gone = st.writer_gone;
             drop(st);
             if first {
                 // Not under the queue's lock: a subscriber may call `io_errors`, `flush` or
-                // allocate through this adaptor.
-                tracing::warn!("the allocation log writer has stopped; rows are being lost");
+                // allocate through this adaptor (on the writer thread, neither waits: see the
+                // module's docs). Warned once, so a subscriber that allocates here cannot recurse.
+                if gone {
+                    tracing::warn!("the allocation log writer has stopped; rows are being lost");
+                } else {
+                    tracing::warn!(
+                        "a row logged on the allocation log's own writer thread found the queue full; rows are being lost"
+                    );
+                }
             }
             return;
         }
@@ -191,6 +227,12 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
         st.lost_rows += 1;
         st.io_errors += 1;
         st.lost_rows == 1
+    }
+
+    /// Whether the calling thread is the writer (only asked on paths that would wait for it).
+    #[cold]
+    fn on_writer(&self) -> bool {
+        std::thread::current().id() == self.writer_id
     }
 
     #[cold]
@@ -285,9 +327,16 @@ impl<R: ?Sized> Drop for LoggingResource<R> {
     fn drop(&mut self) {
         self.queue.state.lock().closing = true;
         self.queue.wake.notify_one();
-        if let Some(writer) = self.writer.take()
-            && writer.join().is_err()
-        {
+        let Some(writer) = self.writer.take() else { return };
+        if std::thread::current().id() == self.writer_id {
+            // The last handle dropped by a subscriber on the writer thread: a thread cannot join
+            // itself. Detached; once the subscriber returns, the writer sees `closing`, writes
+            // and flushes what is queued, and ends.
+            tracing::debug!("allocation log dropped on its own writer thread; the writer finishes it");
+            drop(writer);
+            return;
+        }
+        if writer.join().is_err() {
             tracing::warn!("the allocation log writer panicked; the end of the log may be lost");
         }
     }
@@ -307,6 +356,10 @@ impl<R: fmt::Debug + ?Sized> fmt::Debug for LoggingResource<R> {
 unsafe impl<R: DeviceResource + ?Sized> DeviceResource for LoggingResource<R> {
     fn context(&self) -> &Context {
         self.inner.context()
+    }
+
+    fn usable_on_every_stream_at_once(&self) -> bool {
+        self.inner.usable_on_every_stream_at_once()
     }
 
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {

@@ -80,7 +80,8 @@ pub struct MemPoolOptions {
     /// 40 MiB limit holds 30 + 30 MiB in 64 MiB (observed on an H100, 2026-11-23; the simulator
     /// rounds the same way, but does not pack an allocation across chunks as the H100 does, so a
     /// limited pool may run out earlier there). To cap a pool at an exact size, use a multiple of
-    /// 32 MiB.
+    /// 32 MiB. `Some(0)` is refused ([`Error::ZeroSize`]): the driver reads a zero limit as "no
+    /// limit", which is what `None` says.
     pub max_size: Option<usize>,
     /// Bytes of unused memory to keep across synchronisations (0 returns everything).
     pub release_threshold: u64,
@@ -162,7 +163,14 @@ impl MemPool {
     }
 
     /// A new pool on `ctx`'s device, destroyed when its last handle is dropped.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for `max_size: Some(0)`; [`Error::NotSupported`] on a device without
+    /// memory pools; the driver's error when it cannot create the pool.
     pub fn create(ctx: &Context, options: MemPoolOptions) -> Result<MemPool> {
+        if options.max_size == Some(0) {
+            return Err(Error::ZeroSize { what: "memory pool size limit (max_size)" });
+        }
         Self::check_supported(ctx)?;
         let raw = ffi::mem_pool_create(ctx.device().raw(), options.max_size.unwrap_or(0))?;
         let pool = Self::from_raw(ctx, raw, true);

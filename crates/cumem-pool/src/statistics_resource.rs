@@ -287,6 +287,10 @@ unsafe impl DeviceResource for StatisticsResource {
         self.inner.context()
     }
 
+    fn usable_on_every_stream_at_once(&self) -> bool {
+        self.inner.usable_on_every_stream_at_once()
+    }
+
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         let ptr = self.inner.allocate(layout, stream)?;
         self.count(|scope| scope.on_alloc(layout.bytes));

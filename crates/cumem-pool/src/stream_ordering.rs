@@ -59,9 +59,14 @@ pub struct StreamKey {
     id: u64,
 }
 
-/// The stream's [`Stream::id`] (0 for the legacy stream), as `DriverResource` and
-/// `NativePoolResource` trace it, so one `stream=` filter matches every allocator's events; a
-/// per-thread default stream's key says so, with its thread's tag.
+/// The stream's [`Stream::id`] (0 for the legacy stream): the number `DriverResource`,
+/// `NativePoolResource` and `CachingResource` record (as a `u64`) in the `stream` field of their
+/// `allocate`/`free` trace events, so a subscriber reading that field sees one name per stream
+/// across allocators; a per-thread default stream's key says so, with its thread's tag. The
+/// caching pool's `allocate_slow` span records the key through this `Debug` text: an `EnvFilter`
+/// field-value directive (`[{stream=5}]`, which matches span fields only, never an event's)
+/// compares a numeric literal only with fields recorded as numbers, so it does not select that
+/// span; a directive naming the span (`[allocate_slow]`) does.
 impl std::fmt::Debug for StreamKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.id & PER_THREAD_KEY != 0 {

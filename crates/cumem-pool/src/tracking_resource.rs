@@ -246,6 +246,10 @@ unsafe impl<R: DeviceResource + ?Sized> DeviceResource for TrackingResource<R> {
         self.inner.context()
     }
 
+    fn usable_on_every_stream_at_once(&self) -> bool {
+        self.inner.usable_on_every_stream_at_once()
+    }
+
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         // Captured before the lock: the stack walk is the slow part.
         let site = self.sites.then(|| Arc::new(Backtrace::force_capture()));

@@ -130,6 +130,10 @@ pub trait Ordering: Send + Sync {
     /// Makes all work enqueued on `waiter` from now on wait for all work enqueued on `on` so far
     /// (event record on `on` + stream wait on `waiter`).
     ///
+    /// The pool calls it with no lock of its own held, so `on` may have been
+    /// [retired](Self::retire) since the pool read it: the wait must then still cover `on`'s work
+    /// up to its retirement (as `wait(waiter, retired_stream)` does).
+    ///
     /// # Errors
     /// Any failure of the underlying event or stream operation.
     fn wait(&self, waiter: Self::Stream, on: Self::Stream) -> Result<(), UpstreamError>;

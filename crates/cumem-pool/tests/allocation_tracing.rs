@@ -136,7 +136,8 @@ fn the_driver_and_native_pool_resources_trace_each_allocation_and_free() {
     }
 }
 
-/// The caching pool names streams as the driver's resources do: one `stream=` filter matches all.
+/// The caching pool names streams as the driver's resources do: the same number, recorded as a
+/// number (the `allocate_slow` span records the pool's key through `Debug`: the same text).
 #[test]
 #[parallel]
 fn the_caching_pool_names_a_stream_as_the_other_resources_do() {
@@ -150,8 +151,15 @@ fn the_caching_pool_names_a_stream_as_the_other_resources_do() {
         let got = events_of(&seen, CACHING, what);
         assert_eq!(got.len(), 1, "{what}: {seen:#?}");
         assert_eq!(got[0].field("stream"), Some(id.as_str()), "{what}");
+        assert!(got[0].numbers.contains("stream"), "{what}: the stream recorded as a number");
     }
     assert_eq!(spans(&seen, "allocate_slow")[0].field("stream"), Some(id.as_str()));
+    let driver = Arc::new(DriverResource::new(&ctx));
+    let ((), seen) = Capture::run(|| drop(DeviceBuffer::<u8>::zeroed_in(&driver, &stream, 4096).unwrap()));
+    let got = events(&seen, "allocate");
+    assert_eq!(got.len(), 1, "{seen:#?}");
+    assert_eq!(got[0].field("stream"), Some(id.as_str()));
+    assert!(got[0].numbers.contains("stream"), "the driver resource records a number too");
 }
 
 #[test]

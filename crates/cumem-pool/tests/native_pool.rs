@@ -130,6 +130,13 @@ fn a_capped_pool_runs_out_of_memory() {
     assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
 }
 
+#[test]
+fn a_size_limit_of_zero_is_refused_not_read_as_no_limit() {
+    let ctx = ctx();
+    let err = MemPool::create(&ctx, MemPoolOptions { max_size: Some(0), release_threshold: 0 }).unwrap_err();
+    assert!(matches!(err, Error::ZeroSize { .. }), "{err}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 

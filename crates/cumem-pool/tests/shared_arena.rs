@@ -90,7 +90,15 @@ fn ends_clean(pool: &Pool, clock: &Mutex<Clock>) {
     assert!(clock.lock().violations.is_empty());
 }
 
-fn free_lands_while_a_sharing_stream_grows(config: PoolConfig, x_bytes: usize, rest_bytes: usize) {
+/// `waits`: whether stream 1 must wait for stream 0 (to grow an expandable segment, which joins
+/// the arena's free ranges; a new plain segment needs no wait, and the arena has nothing to take
+/// before the free).
+fn free_lands_while_a_sharing_stream_grows(
+    config: PoolConfig,
+    x_bytes: usize,
+    rest_bytes: usize,
+    waits: bool,
+) {
     let (pool, clock) = one_arena_pool(config);
     let x = alloc(&pool, &clock, x_bytes, 0);
     let rest = (rest_bytes > 0).then(|| alloc(&pool, &clock, rest_bytes, 0));
@@ -103,7 +111,7 @@ fn free_lands_while_a_sharing_stream_grows(config: PoolConfig, x_bytes: usize, r
     let waits_before = clock.lock().waits;
     let t = alloc(&pool, &clock, x_bytes, 1);
     assert!(pool.upstream().hook.lock().is_none(), "the hook ran during the allocation");
-    assert!(clock.lock().waits > waits_before, "the sharing stream waited for stream 0");
+    assert_eq!(clock.lock().waits > waits_before, waits, "whether the sharing stream waited for stream 0");
     let violations = clock.lock().violations.clone();
     assert!(violations.is_empty(), "stream 1 got {:#x} (x at {x_addr:#x}): {violations:#?}", t.addr());
     free(&pool, &clock, t, 1);
@@ -117,14 +125,14 @@ fn free_lands_while_a_sharing_stream_grows(config: PoolConfig, x_bytes: usize, r
 fn a_sharing_stream_takes_no_block_freed_after_its_wait_from_a_segment() {
     // A 20 MiB segment: x is 4 MiB, the other 16 MiB stay live. The new segment is 20 MiB, so a
     // best fit over the whole arena would prefer x.
-    free_lands_while_a_sharing_stream_grows(PoolConfig::default(), 4 << 20, 16 << 20);
+    free_lands_while_a_sharing_stream_grows(PoolConfig::default(), 4 << 20, 16 << 20, false);
 }
 
 #[test]
 fn a_sharing_stream_grows_no_expandable_segment_into_a_block_freed_after_its_wait() {
     // x fills the first 2 MiB chunk; growth from the gap above it would start at x's free range.
     let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
-    free_lands_while_a_sharing_stream_grows(config, 2 << 20, 0);
+    free_lands_while_a_sharing_stream_grows(config, 2 << 20, 0, true);
 }
 
 /// The ladder grows with no lock held, then serves the request: for a sharing stream only from the
@@ -153,4 +161,68 @@ fn the_ladder_serves_a_sharing_stream_only_from_its_new_segment() {
     free(&pool, &clock, t, 1);
     free(&pool, &clock, rest, 0);
     ends_clean(&pool, &clock);
+}
+
+/// [`ModelOrdering`] that runs a hook, once, just after the first wait it records: how a test
+/// makes a free land in the shared arena between a sharing stream's wait (which the pool makes
+/// with no lock held) and the growth that follows it.
+struct HookedOrdering {
+    inner: ModelOrdering,
+    hook: Mutex<Option<Hook>>,
+}
+
+impl cumem_pool::Ordering for HookedOrdering {
+    type Stream = u8;
+    fn wait(&self, waiter: u8, on: u8) -> Result<(), UpstreamError> {
+        self.inner.wait(waiter, on)?;
+        let hook = self.hook.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<(), UpstreamError> {
+        self.inner.synchronize()
+    }
+}
+
+/// A sharing stream grows an expandable segment after waiting, with no lock held, for the arena's
+/// stream; stream 0 frees `x` (whose range the growth would join) just after that wait. The pool
+/// must see the free when it locks the arena again and wait once more: the model reports any
+/// memory stream 1 gets without being ordered after its free.
+#[test]
+fn a_free_between_a_sharing_streams_unlocked_wait_and_its_growth_is_waited_for_again() {
+    let clock = Arc::new(Mutex::new(Clock::default()));
+    let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+    let ordering = HookedOrdering { inner: ModelOrdering(clock.clone()), hook: Mutex::new(None) };
+    let up = CheckedUpstream { host: HostUpstream::new(1 << 30), clock: clock.clone() };
+    let pool = Arc::new(CachingPool::with_stream_arenas(up, ordering, config, 1));
+    let alloc = |bytes: usize, stream: u8| {
+        let b = pool.allocate(bytes, 512, stream).unwrap();
+        clock.lock().record_alloc(b.addr(), b.rounded_size() as u64, stream);
+        b
+    };
+    // x fills the first 2 MiB chunk of stream 0's segment; growth from the gap above it would
+    // start at x's free range.
+    let x = alloc(2 << 20, 0);
+    let x_addr = x.addr();
+    let (p, c) = (Arc::downgrade(&pool), clock.clone());
+    *pool.ordering().hook.lock() = Some(Box::new(move || {
+        let pool = p.upgrade().unwrap();
+        c.lock().record_free(x.addr(), x.rounded_size() as u64, 0);
+        pool.deallocate(x, 0).unwrap();
+    }));
+    let waits_before = clock.lock().waits;
+    let t = alloc(2 << 20, 1);
+    assert!(pool.ordering().hook.lock().is_none(), "the hook ran during the allocation");
+    assert!(clock.lock().waits >= waits_before + 2, "stream 1 waited again after the free");
+    let violations = clock.lock().violations.clone();
+    assert!(violations.is_empty(), "stream 1 got {:#x} (x at {x_addr:#x}): {violations:#?}", t.addr());
+    clock.lock().record_free(t.addr(), t.rounded_size() as u64, 1);
+    pool.deallocate(t, 1).unwrap();
+    pool.validate().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.upstream().host.live_bytes(), 0);
+    assert!(pool.upstream().host.violations().is_empty());
+    assert!(clock.lock().violations.is_empty());
 }

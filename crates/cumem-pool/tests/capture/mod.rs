@@ -2,7 +2,7 @@
 //! the fields of the spans around it, so a test can assert what a user's subscriber would see.
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -24,6 +24,9 @@ pub struct Seen {
     pub name: String,
     /// Its own fields (`message` excluded).
     pub fields: BTreeMap<String, String>,
+    /// Which of its own fields were recorded as integers (what an `EnvFilter` numeric value
+    /// directive compares with), not through `Debug`.
+    pub numbers: BTreeSet<String>,
     /// The fields of the spans it was opened or emitted in, innermost last.
     pub scope: BTreeMap<String, String>,
 }
@@ -36,7 +39,7 @@ impl Seen {
 }
 
 #[derive(Default)]
-struct Fields(BTreeMap<String, String>, Option<String>);
+struct Fields(BTreeMap<String, String>, Option<String>, BTreeSet<String>);
 
 impl Visit for Fields {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
@@ -49,6 +52,14 @@ impl Visit for Fields {
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         self.record_debug(field, &format_args!("{value}"));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.record_debug(field, &value);
+        self.2.insert(field.name().to_string());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.record_debug(field, &value);
+        self.2.insert(field.name().to_string());
     }
 }
 
@@ -95,6 +106,7 @@ where
             target: attrs.metadata().target().to_string(),
             name: attrs.metadata().name().to_string(),
             fields: fields.0,
+            numbers: fields.2,
             scope,
         });
     }
@@ -110,6 +122,7 @@ where
             target: event.metadata().target().to_string(),
             name: fields.1.unwrap_or_default(),
             fields: fields.0,
+            numbers: fields.2,
             scope,
         });
     }
