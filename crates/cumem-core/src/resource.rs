@@ -101,8 +101,9 @@ impl Allocation {
 /// 3. `deallocate` relies on nothing but its documented contract: any token `allocate` returned,
 ///    passed back unchanged, frees exactly that allocation;
 /// 4. if [`usable_on_every_stream_at_once`](Self::usable_on_every_stream_at_once) returns `true`,
-///    the memory `allocate` returns may be used by work queued on any stream of the context (and
-///    by the host, for copies) as soon as `allocate` returns, with no ordering after `stream`.
+///    the memory `allocate` returns may be used by work queued on any stream that can reach it
+///    (those of the context, and of other contexts with access to the device's memory) and by the
+///    host, for copies, as soon as `allocate` returns, with no ordering after `stream`.
 pub unsafe trait DeviceResource: Send + Sync + fmt::Debug + IntoDynResource {
     /// The context whose device the memory belongs to.
     fn context(&self) -> &Context;
@@ -120,8 +121,8 @@ pub unsafe trait DeviceResource: Send + Sync + fmt::Debug + IntoDynResource {
     /// 3. No Rust value refers to the memory afterwards.
     unsafe fn deallocate(&self, allocation: Allocation, layout: AllocLayout, stream: &Stream);
 
-    /// Whether memory returned by [`allocate`](Self::allocate) may be used on any stream of the
-    /// context as soon as `allocate` returns, not only in order on the stream it was asked for
+    /// Whether memory returned by [`allocate`](Self::allocate) may be used on any stream that can
+    /// reach it as soon as `allocate` returns, not only in order on the stream it was asked for
     /// (`cuMemAlloc`'s memory is; a stream-ordered pool's is not). `false`, the default, is always
     /// safe: a caller that hands the memory to other streams then orders them after `stream` (or
     /// synchronises it) first. An adaptor that only forwards to another resource answers what

@@ -107,8 +107,7 @@ pub struct TrimReport {
 /// (event record, stream wait) block while another thread is in `cuMemFree`, which waits for
 /// host functions, and a host function may free into the pool. So does a stream sharing the
 /// first arena, and growth of an expandable segment by such a stream (it locks the arena again
-/// and waits again if memory was freed into it meanwhile; after a few such races it waits under
-/// the lock). The ladder, `trim`, `synchronize`, `validate` and sweeps first
+/// and waits again, unlocked, if memory was freed into it meanwhile). The ladder, `trim`, `synchronize`, `validate` and sweeps first
 /// flush the thread caches (under the cache registry's mutex alone), then take the table's mutex,
 /// lock arenas in position order, then the segment registry; `stats` locks arenas one at a time.
 /// The cache registry's mutex comes after arena locks. The upstream's `allocate` and `deallocate`
@@ -1129,17 +1128,18 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// driver calls may block behind another thread's `cuMemFree`, driver brief §17); the lock
     /// is then taken again, and the wait holds if the arena still serves the stream waited for
     /// and nothing was freed into the set since the lock was let go (a range freed later may be
-    /// under work queued after the wait). Else it waits again: a few times, then under the lock,
-    /// so frees racing with it cannot keep it waiting for ever.
+    /// under work queued after the wait). Else it waits again, unlocked every time: waiting under
+    /// the lock could deadlock with a host function that frees into this arena while another
+    /// thread's `cuMemFree` waits for it. Each retry means another thread freed into the arena
+    /// meanwhile (progress), so this ends unless frees into it never pause.
     fn lock_ordered<'a>(
         &'a self,
         arena: &'a Arena<O::Stream>,
         stream: O::Stream,
         kind: Kind,
     ) -> Result<MutexGuard<'a, ArenaInner<O::Stream>>, PoolError> {
-        const UNLOCKED_TRIES: usize = 4;
         let mut g = arena.inner.lock();
-        for _ in 0..UNLOCKED_TRIES {
+        loop {
             let Some(owner) = g.stream.filter(|&owner| owner != stream) else { return Ok(g) };
             let inserts = g.set(kind).inserts();
             drop(g);
@@ -1149,10 +1149,6 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 return Ok(g);
             }
         }
-        if let Some(owner) = g.stream.filter(|&owner| owner != stream) {
-            self.ordering.wait(stream, owner).map_err(PoolError::Ordering)?;
-        }
-        Ok(g)
     }
 
     /// Takes a best fit from another stream's arena and orders `to` (serving `stream`) after that

@@ -86,10 +86,15 @@ struct State {
     flushes_done: u64,
     /// The outcome of the writer's last flush, as kind and message (an `io::Error` is not `Clone`).
     last_flush: Option<(io::ErrorKind, String)>,
-    /// Writes and flushes that failed, and rows dropped because the writer had stopped.
+    /// Writes and flushes that failed, and rows dropped unwritten.
     io_errors: u64,
-    /// Rows dropped because the writer had stopped.
+    /// Rows dropped unwritten: the writer had stopped, or the row was logged on the writer thread
+    /// with the queue full.
     lost_rows: u64,
+    /// Whether each cause of lost rows was warned about (the writer stopped; a full queue on the
+    /// writer thread): once per cause, so a subscriber that allocates cannot recurse.
+    warned_gone: bool,
+    warned_full: bool,
     /// The writer sleeps without a timeout until a row arrives.
     writer_idle: bool,
     writer_gone: bool,
@@ -196,8 +201,8 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
             // Nobody will write it: keeping it would grow the queue for as long as the program
             // runs (or, on the writer thread, wait for itself). It counts as a failed write
             // instead.
-            let first = Self::lose(&mut st);
             let gone = st.writer_gone;
+            let first = Self::lose(&mut st, gone);
             drop(st);
             if first {
                 // Not under the queue's lock: a subscriber may call `io_errors`, `flush` or
@@ -220,13 +225,14 @@ impl<R: DeviceResource + ?Sized> LoggingResource<R> {
         }
     }
 
-    /// Counts a row dropped unwritten; true for the first, which the caller warns about once it
-    /// has let go of the queue's lock.
+    /// Counts a row dropped unwritten (`gone`: because the writer stopped); true for the first of
+    /// its cause, which the caller warns about once it has let go of the queue's lock.
     #[cold]
-    fn lose(st: &mut State) -> bool {
+    fn lose(st: &mut State, gone: bool) -> bool {
         st.lost_rows += 1;
         st.io_errors += 1;
-        st.lost_rows == 1
+        let warned = if gone { &mut st.warned_gone } else { &mut st.warned_full };
+        !std::mem::replace(warned, true)
     }
 
     /// Whether the calling thread is the writer (only asked on paths that would wait for it).

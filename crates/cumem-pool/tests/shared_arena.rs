@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use common::{CheckedUpstream, Clock, ModelOrdering};
 use cumem_pool::{Block, CachingPool, ExpandableUpstream, HostUpstream, PoolConfig, Upstream, UpstreamError};
+use cumem_sys::testing::within_watchdog;
 use parking_lot::Mutex;
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -192,37 +193,41 @@ impl cumem_pool::Ordering for HookedOrdering {
 /// memory stream 1 gets without being ordered after its free.
 #[test]
 fn a_free_between_a_sharing_streams_unlocked_wait_and_its_growth_is_waited_for_again() {
-    let clock = Arc::new(Mutex::new(Clock::default()));
-    let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
-    let ordering = HookedOrdering { inner: ModelOrdering(clock.clone()), hook: Mutex::new(None) };
-    let up = CheckedUpstream { host: HostUpstream::new(1 << 30), clock: clock.clone() };
-    let pool = Arc::new(CachingPool::with_stream_arenas(up, ordering, config, 1));
-    let alloc = |bytes: usize, stream: u8| {
-        let b = pool.allocate(bytes, 512, stream).unwrap();
-        clock.lock().record_alloc(b.addr(), b.rounded_size() as u64, stream);
-        b
-    };
-    // x fills the first 2 MiB chunk of stream 0's segment; growth from the gap above it would
-    // start at x's free range.
-    let x = alloc(2 << 20, 0);
-    let x_addr = x.addr();
-    let (p, c) = (Arc::downgrade(&pool), clock.clone());
-    *pool.ordering().hook.lock() = Some(Box::new(move || {
-        let pool = p.upgrade().unwrap();
-        c.lock().record_free(x.addr(), x.rounded_size() as u64, 0);
-        pool.deallocate(x, 0).unwrap();
-    }));
-    let waits_before = clock.lock().waits;
-    let t = alloc(2 << 20, 1);
-    assert!(pool.ordering().hook.lock().is_none(), "the hook ran during the allocation");
-    assert!(clock.lock().waits >= waits_before + 2, "stream 1 waited again after the free");
-    let violations = clock.lock().violations.clone();
-    assert!(violations.is_empty(), "stream 1 got {:#x} (x at {x_addr:#x}): {violations:#?}", t.addr());
-    clock.lock().record_free(t.addr(), t.rounded_size() as u64, 1);
-    pool.deallocate(t, 1).unwrap();
-    pool.validate().unwrap();
-    pool.trim().unwrap();
-    assert_eq!(pool.upstream().host.live_bytes(), 0);
-    assert!(pool.upstream().host.violations().is_empty());
-    assert!(clock.lock().violations.is_empty());
+    // A wait under the arena lock would deadlock the hook (the same thread frees into that
+    // arena): a failure, not a hang.
+    within_watchdog("a growth whose unlocked wait sees a free into its arena", || {
+        let clock = Arc::new(Mutex::new(Clock::default()));
+        let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+        let ordering = HookedOrdering { inner: ModelOrdering(clock.clone()), hook: Mutex::new(None) };
+        let up = CheckedUpstream { host: HostUpstream::new(1 << 30), clock: clock.clone() };
+        let pool = Arc::new(CachingPool::with_stream_arenas(up, ordering, config, 1));
+        let alloc = |bytes: usize, stream: u8| {
+            let b = pool.allocate(bytes, 512, stream).unwrap();
+            clock.lock().record_alloc(b.addr(), b.rounded_size() as u64, stream);
+            b
+        };
+        // x fills the first 2 MiB chunk of stream 0's segment; growth from the gap above it would
+        // start at x's free range.
+        let x = alloc(2 << 20, 0);
+        let x_addr = x.addr();
+        let (p, c) = (Arc::downgrade(&pool), clock.clone());
+        *pool.ordering().hook.lock() = Some(Box::new(move || {
+            let pool = p.upgrade().unwrap();
+            c.lock().record_free(x.addr(), x.rounded_size() as u64, 0);
+            pool.deallocate(x, 0).unwrap();
+        }));
+        let waits_before = clock.lock().waits;
+        let t = alloc(2 << 20, 1);
+        assert!(pool.ordering().hook.lock().is_none(), "the hook ran during the allocation");
+        assert!(clock.lock().waits >= waits_before + 2, "stream 1 waited again after the free");
+        let violations = clock.lock().violations.clone();
+        assert!(violations.is_empty(), "stream 1 got {:#x} (x at {x_addr:#x}): {violations:#?}", t.addr());
+        clock.lock().record_free(t.addr(), t.rounded_size() as u64, 1);
+        pool.deallocate(t, 1).unwrap();
+        pool.validate().unwrap();
+        pool.trim().unwrap();
+        assert_eq!(pool.upstream().host.live_bytes(), 0);
+        assert!(pool.upstream().host.violations().is_empty());
+        assert!(clock.lock().violations.is_empty());
+    });
 }
