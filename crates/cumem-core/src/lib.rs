@@ -6,9 +6,9 @@
 //! host memory with a device address), [`HostRegistered`] (an existing `&mut [T]`, page-locked
 //! while it lives). Host-visible kinds share one pending-work tracker, [`HostAccess`], and expose
 //! it to asynchronous copies through [`HostMemory`]. Each keeps its [`Context`] alive and binds it
-//! before calling the driver, and every device buffer remembers the [`Stream`] it was last used on,
-//! so work on another stream is ordered after it and the memory returns to its resource in stream
-//! order.
+//! before calling the driver, and every device buffer keeps a [`StreamOrder`]: every stream with
+//! work on it that nothing has waited for yet, so work on another stream is ordered after them and
+//! the memory returns to its resource in stream order.
 //!
 //! ```
 //! # cumem_sys::testing::init();

@@ -1,5 +1,5 @@
-//! What each adaptor adds to an allocation: a warmed caching pool on the simulator (a bin hit, so
-//! the driver is not called) served bare and through each adaptor. Every iteration is one
+//! What each adaptor adds to an allocation: a warmed caching pool on the simulator (a hit in the
+//! calling thread's cache, so the driver is not called) served bare and through each adaptor. Every iteration is one
 //! allocation plus one free through the `DeviceResource` trait; criterion's time per iteration is
 //! ns per alloc+free pair, and an adaptor's cost is its time minus the bare pool's.
 //!
@@ -23,7 +23,7 @@ use cumem_pool::{
 
 fn alloc_free(c: &mut Criterion, name: &str, resource: &dyn DeviceResource, stream: &Stream) {
     let layout = AllocLayout::new(256, 256).unwrap();
-    // Warm: the pool's segment and the stream's arena exist, the block sits in its bin.
+    // Warm: the pool's segment and the stream's arena exist, the block sits in the calling thread's cache.
     let warm = resource.allocate(layout, stream).unwrap();
     // SAFETY: allocated just above with `layout` on `stream`, never used, freed once.
     unsafe { resource.deallocate(warm, layout, stream) };

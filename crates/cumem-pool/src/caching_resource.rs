@@ -192,7 +192,8 @@ unsafe impl DeviceResource for CachingResource {
             .map_err(|e| pool_error(e, "CachingPool::allocate", layout.bytes))?;
         // Fields are evaluated only when trace is enabled for this target: the fast path pays a
         // load and a branch. The stream as a `u64` (its id), as `DriverResource` and
-        // `NativePoolResource` record it, so one `stream=N` filter directive matches all three.
+        // `NativePoolResource` record it, so a subscriber that filters events by that field's
+        // value sees one type from all three (`EnvFilter`'s field directives match spans only).
         tracing::trace!(
             device = self.device(),
             stream = stream.id(),
