@@ -148,9 +148,10 @@ pub fn resource_many_live(
     }
 }
 
-/// The raw driver calls [`NativePoolResource`](cumem_pool::NativePoolResource) makes:
-/// `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` of one size on one stream, `iters` times, with the
-/// pool's context already current (the caller binds it).
+/// The driver entry points [`NativePoolResource`](cumem_pool::NativePoolResource) calls, made
+/// directly through cudarc's bindings (the raw baseline): `cuMemAllocFromPoolAsync` +
+/// `cuMemFreeAsync` of one size on one stream, `iters` times, with the pool's context already
+/// current (the caller binds it).
 pub fn raw_pool_fast_path(pool: &cumem_pool::MemPool, stream: &Stream, iters: u64, size: usize) {
     use cumem_core::sys;
     let (raw_pool, raw_stream) = (pool.raw(), stream.raw());

@@ -304,6 +304,14 @@ fn sync_memops_is_set_per_allocation_and_reads_back() {
         assert_eq!(set(std::ptr::null(), 6, m), INVALID_VALUE);
         assert_eq!(set((&raw const one).cast(), 6, 0x1000), INVALID_VALUE, "not CUDA memory");
     }
+    // A reserved range with nothing mapped names no memory either.
+    let (mut va, size) = (0, 2 << 20);
+    // SAFETY: valid out-pointer; the reservation is freed below.
+    ok(unsafe { cu::cuMemAddressReserve(&mut va, size, 0, 0, 0) });
+    // SAFETY: `one` is an unsigned int; a misuse under test.
+    assert_eq!(unsafe { set((&raw const one).cast(), 6, va) }, INVALID_VALUE, "reserved, nothing mapped");
+    // SAFETY: reserved above, nothing mapped.
+    ok(unsafe { cu::cuMemAddressFree(va, size) });
     dfree(d);
     dfree(m);
 }

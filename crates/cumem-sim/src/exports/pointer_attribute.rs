@@ -56,6 +56,15 @@ pub unsafe extern "C" fn cuPointerSetAttribute(
                 format!("{ptr:#x} is not memory CUDA allocated, mapped or registered"),
             ));
         }
+        if id == 0 {
+            // A reserved address with nothing mapped answers BUFFER_ID 0: there is no memory whose
+            // synchronous operations the attribute could change (what a driver answers is not on
+            // record; refusing beats accepting a setting that reads back as nothing).
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("{ptr:#x} is reserved but nothing is mapped there"),
+            ));
+        }
         // Marked only while the allocation is known live, under the state lock its frees take
         // to forget the mark: a free between the lookup above and here would otherwise leave a
         // dead id marked for good. A free that won the race is taken to have come after this

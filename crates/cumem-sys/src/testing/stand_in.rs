@@ -68,7 +68,8 @@ pub fn build(
 }
 
 /// Runs the test `child` of this test binary in a child process whose driver is `source` built by
-/// [`build`] (as `libcuda.so.1` with a `libcuda.so` link, first on `LD_LIBRARY_PATH`), with the
+/// [`build`] (as `libcuda.so.1` with a `libcuda.so` link, its directory the whole
+/// `LD_LIBRARY_PATH`), with the
 /// variable `env` set to `1` and `CUMEM_DRIVER` unset, within two minutes, and asserts that it
 /// passed. Where no `rustc` can be run it skips ([`crate::testing::skip`]). The caller's `child`
 /// test returns at once unless `env` is set; the caller's own test calls
