@@ -26,6 +26,9 @@ enum OnSync {
     Free(Block),
     /// The synchronisation fails.
     Fail,
+    /// Another thread allocates 4 KiB on stream 1 and frees it into its thread cache, then
+    /// stays alive, its cache holding the block, until the sender is dropped.
+    CacheInAThread(std::sync::mpsc::Receiver<()>),
 }
 
 /// A host ordering whose `synchronize` calls first do what was queued for them, in order (then
@@ -35,6 +38,7 @@ struct UsingThePool {
     host: HostOrdering,
     pool: OnceLock<Weak<Pool>>,
     queued: Mutex<VecDeque<OnSync>>,
+    helper: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Ordering for UsingThePool {
@@ -54,6 +58,18 @@ impl Ordering for UsingThePool {
             .unwrap(),
             Some(OnSync::Free(b)) => {
                 std::thread::spawn(move || pool.deallocate(b, 1).unwrap()).join().unwrap()
+            }
+            Some(OnSync::CacheInAThread(done)) => {
+                let (cached, wait_cached) = std::sync::mpsc::channel();
+                let helper = std::thread::spawn(move || {
+                    let b = pool.allocate(4096, 512, 1).unwrap();
+                    pool.deallocate(b, 1).unwrap();
+                    cached.send(()).unwrap();
+                    // Alive (its cache with it) until the test lets go.
+                    let _ = done.recv();
+                });
+                wait_cached.recv().unwrap();
+                *self.helper.lock() = Some(helper);
             }
             Some(OnSync::Fail) => {
                 self.host.synchronize()?;
@@ -141,5 +157,31 @@ fn a_free_during_the_wait_is_not_released_without_another_synchronisation() {
         let report = pool.trim().unwrap();
         assert_eq!((report.released_segments, report.released_bytes), (2, 4 << 20));
         assert_eq!(pool.upstream().live_bytes(), 0);
+    });
+}
+
+#[test]
+fn a_block_freed_into_a_thread_cache_during_the_wait_is_not_released() {
+    within_watchdog("a trim whose synchronisation allocates on stream 1", || {
+        let pool = pool(PoolConfig::default());
+        let a = pool.allocate(1 << 20, 512, 1).unwrap();
+        pool.deallocate(a, 1).unwrap();
+        // The segment is free when the trim starts; during its synchronisation a thread takes
+        // 4 KiB of it and keeps them in its thread cache (no arena sees that free).
+        let (done, stay) = std::sync::mpsc::channel();
+        queue(&pool, OnSync::CacheInAThread(stay));
+        let report = pool.trim().unwrap();
+        assert_eq!(syncs(&pool), 1);
+        assert_eq!(report, Default::default());
+        let stats = pool.stats();
+        assert_eq!((stats.reserved_bytes, stats.current_bytes), (2 << 20, 0));
+        assert_eq!(pool.upstream().live_bytes(), 2 << 20);
+        // The thread exits; the next trim finds its cache, and the whole segment goes.
+        drop(done);
+        pool.ordering().helper.lock().take().unwrap().join().unwrap();
+        let report = pool.trim().unwrap();
+        assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
+        assert_eq!(pool.upstream().live_bytes(), 0);
+        pool.validate().unwrap();
     });
 }
