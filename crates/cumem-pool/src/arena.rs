@@ -98,6 +98,15 @@ impl<S> ArenaInner<S> {
         }
     }
 
+    /// The arena's insert counters: its bins' pushes and both free sets' inserts. Every way memory
+    /// enters the arena (a free, a flush of a thread cache or of the bins, a sweep moving a
+    /// retired stream's memory here, growth, reclaimed stranded blocks) bumps one of them, and
+    /// none is ever reset (an arena is vacated, never dropped), so equal counters read under two
+    /// locks mean nothing entered the arena in between.
+    pub(crate) fn inserts(&self) -> [u64; 3] {
+        [self.bins.pushes(), self.small.inserts(), self.large.inserts()]
+    }
+
     /// The largest cached block.
     pub(crate) fn largest(&self) -> u64 {
         self.bins.largest().max(self.small.largest()).max(self.large.largest())

@@ -46,11 +46,14 @@ pub struct Bins {
     bins: Vec<Vec<BinEntry>>,
     nonempty: [u64; WORDS],
     bytes: u64,
+    /// How many blocks were ever pushed (wrapping): lets a caller that let go of the arena's lock
+    /// tell whether memory was freed into the bins since it looked.
+    pushes: u64,
 }
 
 impl Default for Bins {
     fn default() -> Self {
-        Bins { bins: Vec::new(), nonempty: [0; WORDS], bytes: 0 }
+        Bins { bins: Vec::new(), nonempty: [0; WORDS], bytes: 0, pushes: 0 }
     }
 }
 
@@ -59,6 +62,13 @@ impl Bins {
     #[inline]
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// How many blocks were pushed so far (wrapping): unchanged between two reads under one lock,
+    /// and no block was freed into the bins in between.
+    #[inline]
+    pub fn pushes(&self) -> u64 {
+        self.pushes
     }
 
     /// Pops the most recently pushed block of class `bin`.
@@ -83,6 +93,7 @@ impl Bins {
         self.bins[bin].push(e);
         self.nonempty[bin / 64] |= 1 << (bin % 64);
         self.bytes += bin_bytes(bin) as u64;
+        self.pushes = self.pushes.wrapping_add(1);
     }
 
     /// Size in bytes of the largest binned block (0 when empty).

@@ -63,6 +63,9 @@ const MAX_STREAM_ARENAS: usize = (1 << 24) - 1;
 
 type Guards<'a, S> = Vec<MutexGuard<'a, ArenaInner<S>>>;
 
+/// The table's mutex and every arena lock, as [`CachingPool::lock_all`] takes them.
+type AllLocks<'a, S> = (MutexGuard<'a, TableState>, Guards<'a, S>);
+
 /// What [`CachingPool::trim`], [`trim_to`](CachingPool::trim_to) and
 /// [`synchronize`](CachingPool::synchronize) gave back to the upstream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -110,6 +113,17 @@ pub struct TrimReport {
 /// and waits again, unlocked, if memory was freed into it meanwhile). The ladder, `trim`, `synchronize`, `validate` and sweeps first
 /// flush the thread caches (under the cache registry's mutex alone), then take the table's mutex,
 /// lock arenas in position order, then the segment registry; `stats` locks arenas one at a time.
+/// `trim` and `synchronize` synchronise the streams ([`Ordering::synchronize`], which on a device
+/// waits for host functions) with every lock let go: they note each arena's insert counters
+/// under the locks, synchronise, lock again, and synchronise again (unlocked) if memory was put
+/// into any arena meanwhile, so that what they release was freed before a synchronisation
+/// started. Each retry means another thread freed into the pool meanwhile; a `trim` racing frees
+/// that never pause waits as long as they last. The out-of-memory ladder still synchronises
+/// under the table's mutex and every arena lock: its memory of any stream, and with expandable
+/// segments the free ranges its growth joins, are safe for the requesting stream only while the
+/// locks taken before its synchronisation are held (a host function that allocates or frees
+/// through the pool while a ladder synchronises deadlocks with it). A sweep's
+/// [`Ordering::retire`] (an event record) also runs under those locks.
 /// The cache registry's mutex comes after arena locks. The upstream's `allocate` and `deallocate`
 /// (segment upstreams) are called with no lock held (segments to release are first taken out of
 /// the arenas and the books, under the locks, after the synchronisation). With expandable
@@ -445,8 +459,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// segments](crate::expandable), unmaps every whole free chunk (releasing a reservation left
     /// with nothing mapped), synchronising first if there is anything to release (or
     /// [stranded](PoolStats::stranded_bytes) memory to return to the cache), after retiring the
-    /// streams only the ordering still holds. With nothing to release it returns an empty report
-    /// at once, without synchronising.
+    /// streams only the ordering still holds. It synchronises with no lock of the pool held (a host
+    /// function may use the pool meanwhile), and again while memory was freed into the pool during
+    /// the last synchronisation (see "Locking" on [`CachingPool`]). With nothing to release it
+    /// returns an empty report at once, without synchronising.
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
@@ -476,16 +492,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             unretired.log();
             return Ok(TrimReport::default());
         }
-        if let Err(e) = self.synchronize_reclaiming(&mut guards) {
-            drop((guards, st));
-            unretired.log();
-            return Err(PoolError::Ordering(e));
-        }
+        let (st, mut guards) = self.synchronize_unlocked(st, guards, unretired)?;
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, keep as u64, &mut notes);
         drop((guards, st));
-        unretired.log();
         notes.log();
         Self::log_released(&report);
         self.give_back(unlinked);
@@ -509,16 +520,16 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         let unretired = self.sweep(&mut st, &mut guards);
-        if let Err(e) = self.synchronize_reclaiming(&mut guards) {
-            drop((guards, st));
-            unretired.log();
-            return Err(PoolError::Ordering(e));
+        // Flushed before the wait, as `trim_to` does: a migration scan flushing them meanwhile
+        // would count as memory freed in and cost another synchronisation.
+        for g in guards.iter_mut() {
+            g.flush_bins();
         }
+        let (st, mut guards) = self.synchronize_unlocked(st, guards, unretired)?;
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, threshold, &mut notes);
         drop((guards, st));
-        unretired.log();
         notes.log();
         Self::log_released(&report);
         self.give_back(unlinked);
@@ -807,32 +818,104 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
     }
 
-    /// How many blocks are stranded now: those a synchronisation that starts next covers.
-    fn stranded_count(&self) -> usize {
-        self.segments.lock().stranded.len()
+    /// Numbers the blocks stranded so far (every block ever stranded, those returned to the cache
+    /// since included): those a synchronisation that starts next covers.
+    fn stranded_mark(&self) -> u64 {
+        let segs = self.segments.lock();
+        segs.stranded_taken + segs.stranded.len() as u64
     }
 
     /// Synchronises the ordering, then returns to the cache the blocks stranded before it started
     /// (see [`reclaim_stranded`](Self::reclaim_stranded)). The caller holds the table's mutex and
-    /// every arena lock.
+    /// every arena lock (the out-of-memory ladder; `trim` and `synchronize` wait unlocked, see
+    /// [`synchronize_unlocked`](Self::synchronize_unlocked)).
     fn synchronize_reclaiming(&self, guards: &mut Guards<'_, O::Stream>) -> Result<(), crate::UpstreamError> {
-        let covered = self.stranded_count();
+        let covered = self.stranded_mark();
         self.ordering.synchronize()?;
         self.reclaim_stranded(guards, covered);
         Ok(())
     }
 
-    /// Returns the first `covered` stranded blocks to the cache (the first arena; `consolidate`
-    /// spreads them) once a synchronisation has made them safe for every stream: `covered` is
-    /// [`stranded_count`](Self::stranded_count) taken before that synchronisation started. Blocks
-    /// stranded meanwhile (by a free on another thread: `strand` takes no arena lock) may be
-    /// under work queued after the synchronisation looked at their stream, so they stay
-    /// stranded. The caller holds the table's mutex, so nothing else removes stranded blocks.
-    fn reclaim_stranded(&self, guards: &mut Guards<'_, O::Stream>, covered: usize) {
+    /// For `trim` and `synchronize`: synchronises the ordering with no lock of the pool held, and
+    /// returns the table's mutex and every arena lock, taken again after a synchronisation that
+    /// followed every free into the arenas, and with the blocks stranded before it started back
+    /// in the cache. `st` and `guards` (every arena, after the caller's sweep and flushes) are let
+    /// go first, and `unretired` is logged then; on error the locks stay let go.
+    ///
+    /// Why unlocked: on a device `synchronize` waits for the streams' work, host functions
+    /// included, and a host function may allocate or free through the pool, which needs an arena
+    /// lock (the premise of `lock_ordered` and `take_ordered`).
+    ///
+    /// Why sound: what the caller does next (consolidate arenas' memory, release segments, unmap
+    /// chunks) needs every block in the arenas to have been freed before the synchronisation
+    /// started. Under the locks, before letting go, every arena's [insert
+    /// counters](crate::arena::ArenaInner::inserts) are read; everything the arenas then hold was
+    /// freed before the synchronisation starts. Taken again after it, unchanged counters (an arena
+    /// new to the table counts as all zero: a fresh arena's) mean nothing entered any arena
+    /// meanwhile: allocations only took memory out, which the release then does not see. A
+    /// changed counter means memory was freed in (or moved, merged, flushed, grown) meanwhile,
+    /// possibly under work queued after the synchronisation started: the locks are let go and it
+    /// synchronises again. Each retry means another thread put memory into the pool meanwhile
+    /// (progress), so this ends unless frees into it never pause (as in `lock_ordered`).
+    ///
+    /// Memory a thread cache holds (a free after the caller's flush lands there with no arena
+    /// lock) is in no arena: the release, which only takes segments whose whole range lies in the
+    /// arenas' free sets, never sees it, and it reaches an arena only through a flush, which
+    /// counts as an insert. Blocks stranded meanwhile (no lock of the arenas needed) stay
+    /// stranded: only those numbered below the mark taken before the last synchronisation
+    /// started are returned, and the numbering ([`stranded_mark`](Self::stranded_mark)) survives
+    /// another thread's `trim` reclaiming some meanwhile. Another thread's sweep, trim or ladder
+    /// running meanwhile merges, releases or consolidates only under the locks, and whatever it
+    /// moves into an arena counts as an insert.
+    fn synchronize_unlocked<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, TableState>,
+        mut guards: Guards<'a, O::Stream>,
+        unretired: Unretired<O::Stream>,
+    ) -> Result<AllLocks<'a, O::Stream>, PoolError> {
+        let mut unretired = Some(unretired);
+        loop {
+            let before = self.arena_inserts(&guards);
+            let covered = self.stranded_mark();
+            drop((guards, st));
+            if let Some(unretired) = unretired.take() {
+                unretired.log();
+            }
+            self.ordering.synchronize().map_err(PoolError::Ordering)?;
+            (st, guards) = self.lock_all();
+            let after = self.arena_inserts(&guards);
+            let changed = after.iter().any(|(index, now)| {
+                let then = before.binary_search_by_key(index, |x| x.0).map_or([0; 3], |k| before[k].1);
+                *now != then
+            });
+            if !changed {
+                self.reclaim_stranded(&mut guards, covered);
+                return Ok((st, guards));
+            }
+            tracing::debug!("memory freed into the pool while synchronising; synchronising again");
+        }
+    }
+
+    /// Every arena's insert counters by its position, in position order. The caller holds the
+    /// table's mutex (so the arenas listed are those `guards` locked, in the same order).
+    fn arena_inserts(&self, guards: &Guards<'_, O::Stream>) -> Vec<(usize, [u64; 3])> {
+        self.arenas.iter().zip(guards).map(|(a, g)| (a.index, g.inserts())).collect()
+    }
+
+    /// Returns the stranded blocks numbered below `covered` to the cache (the first arena;
+    /// `consolidate` spreads them) once a synchronisation has made them safe for every stream:
+    /// `covered` is [`stranded_mark`](Self::stranded_mark) taken before that synchronisation
+    /// started. Blocks stranded meanwhile (by a free on another thread: `strand` takes no arena
+    /// lock) may be under work queued after the synchronisation looked at their stream, so they
+    /// stay stranded. Blocks leave `stranded` only from its front, so those still there below
+    /// the mark are its first ones.
+    fn reclaim_stranded(&self, guards: &mut Guards<'_, O::Stream>, covered: u64) {
         let Some(g) = guards.first_mut() else { return };
         let mut segs = self.segments.lock();
-        let covered = covered.min(segs.stranded.len());
-        let reclaimed: Vec<_> = segs.stranded.drain(..covered).collect();
+        let left = covered.saturating_sub(segs.stranded_taken);
+        let n = usize::try_from(left).unwrap_or(usize::MAX).min(segs.stranded.len());
+        let reclaimed: Vec<_> = segs.stranded.drain(..n).collect();
+        segs.stranded_taken += n as u64;
         for (addr, len, seg, kind) in reclaimed {
             segs.stranded_bytes -= len;
             g.set(kind).insert(addr, len, seg);
@@ -1366,7 +1449,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 
     /// Takes the table's mutex (no arena comes or goes), then locks every arena in position order.
-    fn lock_all(&self) -> (MutexGuard<'_, TableState>, Guards<'_, O::Stream>) {
+    fn lock_all(&self) -> AllLocks<'_, O::Stream> {
         let st = self.arenas.lock_state();
         (st, self.arenas.iter().map(|a| a.inner.lock()).collect())
     }

@@ -41,6 +41,10 @@ pub(crate) struct Segments {
     pub stranded: Vec<(u64, u64, Seg, Kind)>,
     /// Bytes in `stranded`.
     pub stranded_bytes: u64,
+    /// How many blocks ever left the front of `stranded` (returned to the cache): with
+    /// `stranded.len()` it numbers every block ever stranded, so a synchronisation that let go of
+    /// the locks still knows which blocks were stranded before it started.
+    pub stranded_taken: u64,
 }
 
 impl Segments {

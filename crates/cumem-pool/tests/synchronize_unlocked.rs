@@ -1,0 +1,187 @@
+//! `trim` and `synchronize` wait for the streams (`Ordering::synchronize`) with no lock of the
+//! pool held: on a device that wait covers host functions, and a host function may allocate or
+//! free through the pool. Here the ordering's `synchronize` does not return before another
+//! thread has allocated and freed through the pool, standing for such a host function; under a
+//! watchdog, since a lock held across the wait hangs rather than fails. Memory freed while the
+//! wait runs may be under work queued after it started: it is released only after another
+//! synchronisation.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, OnceLock, Weak};
+
+use cumem_pool::{
+    Block, CachingPool, HostOrdering, HostUpstream, Ordering, PoolConfig, PoolError, UpstreamError,
+};
+use cumem_sys::testing::within_watchdog;
+use parking_lot::Mutex;
+
+type Pool = CachingPool<HostUpstream, UsingThePool>;
+
+/// What one `synchronize` call does before synchronising the host model.
+enum OnSync {
+    /// Another thread allocates 1 MiB on stream 1 and frees it there (1 MiB skips the thread
+    /// cache: both go through stream 1's arena).
+    AllocateAndFree,
+    /// Another thread frees this block on stream 1.
+    Free(Block),
+    /// The synchronisation fails.
+    Fail,
+    /// Another thread allocates 4 KiB on stream 1 and frees it into its thread cache, then
+    /// stays alive, its cache holding the block, until the sender is dropped.
+    CacheInAThread(std::sync::mpsc::Receiver<()>),
+}
+
+/// A host ordering whose `synchronize` calls first do what was queued for them, in order (then
+/// nothing).
+#[derive(Default)]
+struct UsingThePool {
+    host: HostOrdering,
+    pool: OnceLock<Weak<Pool>>,
+    queued: Mutex<VecDeque<OnSync>>,
+    helper: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Ordering for UsingThePool {
+    type Stream = u32;
+    fn wait(&self, waiter: u32, on: u32) -> Result<(), UpstreamError> {
+        self.host.wait(waiter, on)
+    }
+    fn synchronize(&self) -> Result<(), UpstreamError> {
+        let next = self.queued.lock().pop_front();
+        let pool = self.pool.get().and_then(Weak::upgrade).expect("the pool is alive");
+        match next {
+            Some(OnSync::AllocateAndFree) => std::thread::spawn(move || {
+                let b = pool.allocate(1 << 20, 512, 1).unwrap();
+                pool.deallocate(b, 1).unwrap();
+            })
+            .join()
+            .unwrap(),
+            Some(OnSync::Free(b)) => {
+                std::thread::spawn(move || pool.deallocate(b, 1).unwrap()).join().unwrap()
+            }
+            Some(OnSync::CacheInAThread(done)) => {
+                let (cached, wait_cached) = std::sync::mpsc::channel();
+                let helper = std::thread::spawn(move || {
+                    let b = pool.allocate(4096, 512, 1).unwrap();
+                    pool.deallocate(b, 1).unwrap();
+                    cached.send(()).unwrap();
+                    // Alive (its cache with it) until the test lets go.
+                    let _ = done.recv();
+                });
+                wait_cached.recv().unwrap();
+                *self.helper.lock() = Some(helper);
+            }
+            Some(OnSync::Fail) => {
+                self.host.synchronize()?;
+                return Err(UpstreamError::Other(999));
+            }
+            None => {}
+        }
+        self.host.synchronize()
+    }
+}
+
+fn pool(config: PoolConfig) -> Arc<Pool> {
+    let pool = Arc::new(CachingPool::new(HostUpstream::new(1 << 30), UsingThePool::default(), config));
+    pool.ordering().pool.set(Arc::downgrade(&pool)).unwrap();
+    pool
+}
+
+fn queue(pool: &Pool, on_sync: OnSync) {
+    pool.ordering().queued.lock().push_back(on_sync);
+}
+
+fn syncs(pool: &Pool) -> u64 {
+    pool.ordering().host.synchronizations()
+}
+
+#[test]
+fn trim_synchronises_with_no_lock_held() {
+    within_watchdog("a trim whose synchronisation needs stream 1's arena", || {
+        let pool = pool(PoolConfig::default());
+        let a = pool.allocate(1 << 20, 512, 1).unwrap();
+        pool.deallocate(a, 1).unwrap();
+        queue(&pool, OnSync::AllocateAndFree);
+        let report = pool.trim().unwrap();
+        // The helper's free landed during the first synchronisation: a second one covers it.
+        assert_eq!(syncs(&pool), 2);
+        assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
+        assert_eq!((pool.upstream().live_bytes(), pool.stats().reserved_bytes), (0, 0));
+        pool.validate().unwrap();
+    });
+}
+
+#[test]
+fn synchronize_synchronises_with_no_lock_held() {
+    within_watchdog("a synchronize whose synchronisation needs stream 1's arena", || {
+        let pool = pool(PoolConfig { release_threshold: 0, ..PoolConfig::default() });
+        let a = pool.allocate(1 << 20, 512, 1).unwrap();
+        pool.deallocate(a, 1).unwrap();
+        queue(&pool, OnSync::AllocateAndFree);
+        let report = pool.synchronize().unwrap();
+        assert_eq!(syncs(&pool), 2);
+        assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
+        assert_eq!((pool.upstream().live_bytes(), pool.stats().reserved_bytes), (0, 0));
+        pool.validate().unwrap();
+    });
+}
+
+#[test]
+fn a_free_during_the_wait_is_not_released_without_another_synchronisation() {
+    within_watchdog("a trim whose synchronisation frees into stream 1's arena", || {
+        let pool = pool(PoolConfig::default());
+        // Two 2 MiB segments: s1 = [a1, a2], s2 = [c1, c2].
+        let a1 = pool.allocate(1 << 20, 512, 1).unwrap();
+        let a2 = pool.allocate(1 << 20, 512, 1).unwrap();
+        let c1 = pool.allocate(1 << 20, 512, 1).unwrap();
+        let c2 = pool.allocate(1 << 20, 512, 1).unwrap();
+        assert_eq!(pool.stats().reserved_bytes, 4 << 20);
+        pool.deallocate(c1, 1).unwrap();
+        pool.deallocate(c2, 1).unwrap();
+        pool.deallocate(a1, 1).unwrap();
+        // s2 is releasable when the trim starts; a2's free during its synchronisation makes s1
+        // free too, but a2's work may have been queued after that synchronisation started. The
+        // synchronisation that would cover it fails: nothing may be released.
+        queue(&pool, OnSync::Free(a2));
+        queue(&pool, OnSync::Fail);
+        match pool.trim() {
+            Err(PoolError::Ordering(UpstreamError::Other(999))) => {}
+            other => panic!("expected the second synchronisation's failure, got {other:?}"),
+        }
+        assert_eq!(syncs(&pool), 2);
+        let stats = pool.stats();
+        assert_eq!((stats.reserved_bytes, stats.cached_bytes, stats.current_bytes), (4 << 20, 4 << 20, 0));
+        assert_eq!(pool.upstream().live_bytes(), 4 << 20);
+        pool.validate().unwrap();
+        // Once a synchronisation follows the free, both segments go.
+        let report = pool.trim().unwrap();
+        assert_eq!((report.released_segments, report.released_bytes), (2, 4 << 20));
+        assert_eq!(pool.upstream().live_bytes(), 0);
+    });
+}
+
+#[test]
+fn a_block_freed_into_a_thread_cache_during_the_wait_is_not_released() {
+    within_watchdog("a trim whose synchronisation allocates on stream 1", || {
+        let pool = pool(PoolConfig::default());
+        let a = pool.allocate(1 << 20, 512, 1).unwrap();
+        pool.deallocate(a, 1).unwrap();
+        // The segment is free when the trim starts; during its synchronisation a thread takes
+        // 4 KiB of it and keeps them in its thread cache (no arena sees that free).
+        let (done, stay) = std::sync::mpsc::channel();
+        queue(&pool, OnSync::CacheInAThread(stay));
+        let report = pool.trim().unwrap();
+        assert_eq!(syncs(&pool), 1);
+        assert_eq!(report, Default::default());
+        let stats = pool.stats();
+        assert_eq!((stats.reserved_bytes, stats.current_bytes), (2 << 20, 0));
+        assert_eq!(pool.upstream().live_bytes(), 2 << 20);
+        // The thread exits; the next trim finds its cache, and the whole segment goes.
+        drop(done);
+        pool.ordering().helper.lock().take().unwrap().join().unwrap();
+        let report = pool.trim().unwrap();
+        assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
+        assert_eq!(pool.upstream().live_bytes(), 0);
+        pool.validate().unwrap();
+    });
+}
