@@ -117,8 +117,9 @@ pub struct TrimReport {
 /// waits for host functions) with every lock let go: they note each arena's insert counters
 /// under the locks, synchronise, lock again, and synchronise again (unlocked) if memory was put
 /// into any arena meanwhile, so that what they release was freed before a synchronisation
-/// started. Each retry means another thread freed into the pool meanwhile; a `trim` racing frees
-/// that never pause waits as long as they last. The out-of-memory ladder still synchronises
+/// started. Each retry means another thread freed into the pool meanwhile; after four races
+/// they synchronise once more with the locks held, so that they end under sustained traffic. The
+/// out-of-memory ladder still synchronises
 /// under the table's mutex and every arena lock: its memory of any stream, and with expandable
 /// segments the free ranges its growth joins, are safe for the requesting stream only while the
 /// locks taken before its synchronisation are held (a host function that allocates or frees
@@ -855,8 +856,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// meanwhile: allocations only took memory out, which the release then does not see. A
     /// changed counter means memory was freed in (or moved, merged, flushed, grown) meanwhile,
     /// possibly under work queued after the synchronisation started: the locks are let go and it
-    /// synchronises again. Each retry means another thread put memory into the pool meanwhile
-    /// (progress), so this ends unless frees into it never pause (as in `lock_ordered`).
+    /// synchronises again. After four such races (other threads allocating and freeing all along)
+    /// it synchronises once more with the locks held, so that a trim ends under sustained traffic;
+    /// only that last wait could deadlock with a host function that uses the pool, and only after
+    /// frees raced with every earlier one.
     ///
     /// Memory a thread cache holds (a free after the caller's flush lands there with no arena
     /// lock) is in no arena: the release, which only takes segments whose whole range lies in the
@@ -873,7 +876,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         mut guards: Guards<'a, O::Stream>,
         unretired: Unretired<O::Stream>,
     ) -> Result<AllLocks<'a, O::Stream>, PoolError> {
+        /// Unlocked synchronisations that may race with frees before the last one is made under
+        /// the locks.
+        const UNLOCKED_TRIES: usize = 4;
         let mut unretired = Some(unretired);
+        let mut races = 0;
         loop {
             let before = self.arena_inserts(&guards);
             let covered = self.stranded_mark();
@@ -893,6 +900,19 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 return Ok((st, guards));
             }
             tracing::debug!("memory freed into the pool while synchronising; synchronising again");
+            races += 1;
+            if races == UNLOCKED_TRIES {
+                // Frees keep landing during each wait (other threads allocating and freeing all
+                // along): a trim must still end. One more synchronisation with the locks held, as
+                // the ladder does, covers everything in the arenas now.
+                let covered = self.stranded_mark();
+                if let Err(e) = self.ordering.synchronize() {
+                    drop((guards, st));
+                    return Err(PoolError::Ordering(e));
+                }
+                self.reclaim_stranded(&mut guards, covered);
+                return Ok((st, guards));
+            }
         }
     }
 

@@ -26,6 +26,9 @@ enum OnSync {
     Free(Block),
     /// The synchronisation fails.
     Fail,
+    /// As `AllocateAndFree`, but waits for that thread only 200 ms: with the pool's locks held
+    /// it cannot go on, and finishes once they are let go (`helpers` joins it).
+    AllocateAndFreeIfUnlocked,
     /// Another thread allocates 4 KiB on stream 1 and frees it into its thread cache, then
     /// stays alive, its cache holding the block, until the sender is dropped.
     CacheInAThread(std::sync::mpsc::Receiver<()>),
@@ -39,6 +42,8 @@ struct UsingThePool {
     pool: OnceLock<Weak<Pool>>,
     queued: Mutex<VecDeque<OnSync>>,
     helper: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The threads of `AllocateAndFreeIfUnlocked`, and whether each finished within its wait.
+    helpers: Mutex<Vec<(std::thread::JoinHandle<()>, bool)>>,
 }
 
 impl Ordering for UsingThePool {
@@ -56,6 +61,16 @@ impl Ordering for UsingThePool {
             })
             .join()
             .unwrap(),
+            Some(OnSync::AllocateAndFreeIfUnlocked) => {
+                let (done, finished) = std::sync::mpsc::channel();
+                let helper = std::thread::spawn(move || {
+                    let b = pool.allocate(1 << 20, 512, 1).unwrap();
+                    pool.deallocate(b, 1).unwrap();
+                    let _ = done.send(());
+                });
+                let in_time = finished.recv_timeout(std::time::Duration::from_millis(200)).is_ok();
+                self.helpers.lock().push((helper, in_time));
+            }
             Some(OnSync::Free(b)) => {
                 std::thread::spawn(move || pool.deallocate(b, 1).unwrap()).join().unwrap()
             }
@@ -182,6 +197,33 @@ fn a_block_freed_into_a_thread_cache_during_the_wait_is_not_released() {
         let report = pool.trim().unwrap();
         assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
         assert_eq!(pool.upstream().live_bytes(), 0);
+        pool.validate().unwrap();
+    });
+}
+
+/// Frees that land during every unlocked synchronisation (other threads allocating and freeing all
+/// along) do not keep a trim waiting: after four races it synchronises once more with the locks
+/// held, and ends.
+#[test]
+fn a_trim_racing_frees_all_along_ends_after_four_races() {
+    within_watchdog("a trim racing a free during every synchronisation", || {
+        let pool = pool(PoolConfig::default());
+        let a = pool.allocate(1 << 20, 512, 1).unwrap();
+        pool.deallocate(a, 1).unwrap();
+        for _ in 0..20 {
+            queue(&pool, OnSync::AllocateAndFreeIfUnlocked);
+        }
+        let report = pool.trim().unwrap();
+        assert_eq!(syncs(&pool), 5, "four unlocked synchronisations, then one under the locks");
+        assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
+        let helpers = std::mem::take(&mut *pool.ordering().helpers.lock());
+        let in_time: Vec<bool> =
+            helpers.into_iter().map(|(h, in_time)| (h.join().unwrap(), in_time).1).collect();
+        // The first four ran while the trim held no lock; the fifth waited for the locks.
+        assert_eq!(in_time, [true, true, true, true, false]);
+        pool.ordering().queued.lock().clear();
+        pool.trim().unwrap();
+        assert_eq!((pool.upstream().live_bytes(), pool.stats().reserved_bytes), (0, 0));
         pool.validate().unwrap();
     });
 }
