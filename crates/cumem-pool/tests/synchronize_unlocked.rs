@@ -26,7 +26,7 @@ enum OnSync {
     Free(Block),
     /// The synchronisation fails.
     Fail,
-    /// As `AllocateAndFree`, but waits for that thread only 200 ms: with the pool's locks held
+    /// As `AllocateAndFree`, but waits for that thread only 2 s: with the pool's locks held
     /// it cannot go on, and finishes once they are let go (`helpers` joins it).
     AllocateAndFreeIfUnlocked,
     /// Another thread allocates 4 KiB on stream 1 and frees it into its thread cache, then
@@ -68,7 +68,7 @@ impl Ordering for UsingThePool {
                     pool.deallocate(b, 1).unwrap();
                     let _ = done.send(());
                 });
-                let in_time = finished.recv_timeout(std::time::Duration::from_millis(200)).is_ok();
+                let in_time = finished.recv_timeout(std::time::Duration::from_secs(2)).is_ok();
                 self.helpers.lock().push((helper, in_time));
             }
             Some(OnSync::Free(b)) => {
