@@ -118,8 +118,7 @@ pub struct TrimReport {
 /// under the locks, synchronise, lock again, and synchronise again (unlocked) if memory was put
 /// into any arena meanwhile, so that what they release was freed before a synchronisation
 /// started. Each retry means another thread freed into the pool meanwhile; after four races
-/// they synchronise once more with the locks held, so that they end under sustained traffic. The
-/// out-of-memory ladder still synchronises
+/// they release nothing, so that they end under sustained traffic. The out-of-memory ladder still synchronises
 /// under the table's mutex and every arena lock: its memory of any stream, and with expandable
 /// segments the free ranges its growth joins, are safe for the requesting stream only while the
 /// locks taken before its synchronisation are held (a host function that allocates or frees
@@ -462,8 +461,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [stranded](PoolStats::stranded_bytes) memory to return to the cache), after retiring the
     /// streams only the ordering still holds. It synchronises with no lock of the pool held (a host
     /// function may use the pool meanwhile), and again while memory was freed into the pool during
-    /// the last synchronisation (see "Locking" on [`CachingPool`]). With nothing to release it
-    /// returns an empty report at once, without synchronising.
+    /// the last synchronisation; after four such races it releases nothing (see "Locking" on
+    /// [`CachingPool`]). With nothing to release it returns an empty report at once, without
+    /// synchronising.
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
@@ -493,7 +493,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             unretired.log();
             return Ok(TrimReport::default());
         }
-        let (st, mut guards) = self.synchronize_unlocked(st, guards, unretired)?;
+        let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
+            // Frees raced with every synchronisation: nothing is known to be safe to release.
+            return Ok(TrimReport::default());
+        };
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, keep as u64, &mut notes);
@@ -526,7 +529,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         for g in guards.iter_mut() {
             g.flush_bins();
         }
-        let (st, mut guards) = self.synchronize_unlocked(st, guards, unretired)?;
+        let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
+            // Frees raced with every synchronisation: nothing is known to be safe to release.
+            return Ok(TrimReport::default());
+        };
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
         let (report, unlinked) = self.release(&mut guards, threshold, &mut notes);
@@ -838,8 +844,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 
     /// For `trim` and `synchronize`: synchronises the ordering with no lock of the pool held, and
-    /// returns the table's mutex and every arena lock, taken again after a synchronisation that
-    /// followed every free into the arenas, and with the blocks stranded before it started back
+    /// returns the table's mutex and every arena lock (`None`: see below), taken again after a
+    /// synchronisation that followed every free into the arenas, and with the blocks stranded before it started back
     /// in the cache. `st` and `guards` (every arena, after the caller's sweep and flushes) are let
     /// go first, and `unretired` is logged then; on error the locks stay let go.
     ///
@@ -857,9 +863,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// changed counter means memory was freed in (or moved, merged, flushed, grown) meanwhile,
     /// possibly under work queued after the synchronisation started: the locks are let go and it
     /// synchronises again. After four such races (other threads allocating and freeing all along)
-    /// it synchronises once more with the locks held, so that a trim ends under sustained traffic;
-    /// only that last wait could deadlock with a host function that uses the pool, and only after
-    /// frees raced with every earlier one.
+    /// it returns `None` with every lock let go, and the caller releases nothing: a trim ends under
+    /// sustained traffic without ever waiting under a lock. (Stranded blocks covered by a
+    /// synchronisation are back in the cache either way.)
     ///
     /// Memory a thread cache holds (a free after the caller's flush lands there with no arena
     /// lock) is in no arena: the release, which only takes segments whose whole range lies in the
@@ -875,9 +881,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         mut st: MutexGuard<'a, TableState>,
         mut guards: Guards<'a, O::Stream>,
         unretired: Unretired<O::Stream>,
-    ) -> Result<AllLocks<'a, O::Stream>, PoolError> {
-        /// Unlocked synchronisations that may race with frees before the last one is made under
-        /// the locks.
+    ) -> Result<Option<AllLocks<'a, O::Stream>>, PoolError> {
+        /// Unlocked synchronisations that may race with frees before the caller gives up.
         const UNLOCKED_TRIES: usize = 4;
         let mut unretired = Some(unretired);
         let mut races = 0;
@@ -888,30 +893,35 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             if let Some(unretired) = unretired.take() {
                 unretired.log();
             }
+            if races > 0 {
+                // Logged with no lock held (a subscriber may read the pool's stats).
+                tracing::debug!("memory freed into the pool while synchronising; synchronising again");
+            }
             self.ordering.synchronize().map_err(PoolError::Ordering)?;
             (st, guards) = self.lock_all();
             let after = self.arena_inserts(&guards);
-            let changed = after.iter().any(|(index, now)| {
-                let then = before.binary_search_by_key(index, |x| x.0).map_or([0; 3], |k| before[k].1);
-                *now != then
-            });
-            if !changed {
-                self.reclaim_stranded(&mut guards, covered);
-                return Ok((st, guards));
+            let unchanged: Vec<bool> = after
+                .iter()
+                .map(|(index, now)| {
+                    let then = before.binary_search_by_key(index, |x| x.0).map_or([0; 3], |k| before[k].1);
+                    *now == then
+                })
+                .collect();
+            // Whatever the arenas held, the stranded blocks below the mark were stranded before
+            // the synchronisation started: they go back to the cache either way.
+            self.reclaim_stranded(&mut guards, covered);
+            if unchanged.iter().all(|&u| u) {
+                return Ok(Some((st, guards)));
             }
-            tracing::debug!("memory freed into the pool while synchronising; synchronising again");
             races += 1;
             if races == UNLOCKED_TRIES {
                 // Frees keep landing during each wait (other threads allocating and freeing all
-                // along): a trim must still end. One more synchronisation with the locks held, as
-                // the ladder does, covers everything in the arenas now.
-                let covered = self.stranded_mark();
-                if let Err(e) = self.ordering.synchronize() {
-                    drop((guards, st));
-                    return Err(PoolError::Ordering(e));
-                }
-                self.reclaim_stranded(&mut guards, covered);
-                return Ok((st, guards));
+                // along), and waiting with the locks held could deadlock with a host function
+                // that uses the pool: give up on releasing this time, rather than wait for ever or
+                // under the locks.
+                drop((guards, st));
+                tracing::debug!("memory freed into the pool during every synchronisation; releasing nothing");
+                return Ok(None);
             }
         }
     }
