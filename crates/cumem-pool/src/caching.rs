@@ -475,7 +475,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// segments, highest address first, until at most `keep` bytes are cached. Does nothing (and
     /// does not synchronise) when that is already so or nothing is releasable (no segment fully
     /// free, no whole chunk free), unless memory is stranded (then it synchronises, which returns
-    /// that memory to the cache).
+    /// that memory to the cache). When memory is freed into the pool during each of four
+    /// synchronisations (other threads allocating and freeing all along), it releases nothing and
+    /// returns an empty report (see "Locking" on [`CachingPool`]).
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails (nothing is released then).
@@ -510,7 +512,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Synchronises all streams (`ordering.synchronize()`), then applies the release threshold: when
     /// more than [`PoolConfig::release_threshold`] bytes are cached, cached memory of all streams is
     /// coalesced and fully free segments are released (whole free chunks of expandable segments
-    /// unmapped) until at most the threshold is cached.
+    /// unmapped) until at most the threshold is cached, unless memory is freed into the pool during
+    /// each of four synchronisations (then it releases nothing, as [`trim_to`](Self::trim_to)):
+    /// under such sustained traffic only the out-of-memory ladder bounds the cache.
     ///
     /// # Errors
     /// [`PoolError::Ordering`] when synchronising fails.
