@@ -13,7 +13,7 @@ use cumem_pool::{
     Block, CachingPool, HostOrdering, HostUpstream, Ordering, PoolConfig, PoolError, TrimReport,
     UpstreamError,
 };
-use cumem_sys::testing::within_watchdog;
+use cumem_sys::testing::{OnEvent, event_message, within_watchdog};
 use parking_lot::Mutex;
 
 type Pool = CachingPool<HostUpstream, UsingThePool>;
@@ -214,8 +214,24 @@ fn a_trim_racing_frees_all_along_releases_nothing_and_ends() {
         for _ in 0..20 {
             queue(&pool, OnSync::AllocateAndFreeIfUnlocked);
         }
-        let report = pool.trim().unwrap();
+        // The pool's events about the race are logged with no lock held: a subscriber may read
+        // its stats (which take the arena locks) from inside them.
+        let (seen, reader) = (Arc::new(Mutex::new(Vec::new())), Arc::downgrade(&pool));
+        let subscriber = OnEvent({
+            let seen = seen.clone();
+            move |e: &tracing::Event<'_>| {
+                let message = event_message(e);
+                if message.starts_with("memory freed into the pool") {
+                    let pool = reader.upgrade().expect("the pool is alive");
+                    seen.lock().push((message, pool.stats().reserved_bytes));
+                }
+            }
+        });
+        let report = tracing::subscriber::with_default(subscriber, || pool.trim()).unwrap();
         assert_eq!(syncs(&pool), 4, "four synchronisations, each raced by a free");
+        let seen = std::mem::take(&mut *seen.lock());
+        assert_eq!(seen.len(), 4, "three retries and the give-up: {seen:?}");
+        assert!(seen[3].0.ends_with("releasing nothing"), "{seen:?}");
         assert_eq!(report, TrimReport::default(), "nothing is known to be safe to release");
         assert_eq!(pool.stats().reserved_bytes, 2 << 20);
         let helpers = std::mem::take(&mut *pool.ordering().helpers.lock());
