@@ -112,20 +112,29 @@ fn syncs(pool: &Pool) -> u64 {
     pool.ordering().host.synchronizations()
 }
 
+/// `release` (trim or synchronize, with a configuration that makes it release) waits for the
+/// ordering while a helper allocates and frees on stream 1: its free lands during the first
+/// synchronisation, so a second one covers it before the segment goes.
+fn releases_after_a_second_synchronisation(
+    config: PoolConfig,
+    release: fn(&Pool) -> Result<TrimReport, PoolError>,
+) {
+    let pool = pool(config);
+    let a = pool.allocate(1 << 20, 512, 1).unwrap();
+    pool.deallocate(a, 1).unwrap();
+    queue(&pool, OnSync::AllocateAndFree);
+    let report = release(&pool).unwrap();
+    assert_eq!(syncs(&pool), 2);
+    assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
+    assert_eq!((pool.upstream().live_bytes(), pool.stats().reserved_bytes), (0, 0));
+    pool.validate().unwrap();
+}
+
 #[test]
 #[serial] // one at a time: see `a_trim_racing_frees_all_along_releases_nothing_and_ends`
 fn trim_synchronises_with_no_lock_held() {
     within_watchdog("a trim whose synchronisation needs stream 1's arena", || {
-        let pool = pool(PoolConfig::default());
-        let a = pool.allocate(1 << 20, 512, 1).unwrap();
-        pool.deallocate(a, 1).unwrap();
-        queue(&pool, OnSync::AllocateAndFree);
-        let report = pool.trim().unwrap();
-        // The helper's free landed during the first synchronisation: a second one covers it.
-        assert_eq!(syncs(&pool), 2);
-        assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
-        assert_eq!((pool.upstream().live_bytes(), pool.stats().reserved_bytes), (0, 0));
-        pool.validate().unwrap();
+        releases_after_a_second_synchronisation(PoolConfig::default(), |pool| pool.trim());
     });
 }
 
@@ -133,15 +142,8 @@ fn trim_synchronises_with_no_lock_held() {
 #[serial] // one at a time: see `a_trim_racing_frees_all_along_releases_nothing_and_ends`
 fn synchronize_synchronises_with_no_lock_held() {
     within_watchdog("a synchronize whose synchronisation needs stream 1's arena", || {
-        let pool = pool(PoolConfig { release_threshold: 0, ..PoolConfig::default() });
-        let a = pool.allocate(1 << 20, 512, 1).unwrap();
-        pool.deallocate(a, 1).unwrap();
-        queue(&pool, OnSync::AllocateAndFree);
-        let report = pool.synchronize().unwrap();
-        assert_eq!(syncs(&pool), 2);
-        assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
-        assert_eq!((pool.upstream().live_bytes(), pool.stats().reserved_bytes), (0, 0));
-        pool.validate().unwrap();
+        let config = PoolConfig { release_threshold: 0, ..PoolConfig::default() };
+        releases_after_a_second_synchronisation(config, |pool| pool.synchronize());
     });
 }
 
