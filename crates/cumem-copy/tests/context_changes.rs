@@ -155,7 +155,7 @@ fn a_subscriber_that_changes_the_current_context_on_entering_a_copy_changes_no_c
     // The blocking copies below wait for the fill, so the gate opens on its own.
     let opener = gate.release_after(Duration::from_millis(100));
     let subscriber = OnSpanEdge(Edge::Enter, move || set_current(other as CUcontext));
-    let (h2d, two_d, d2h, img) = tracing::subscriber::with_default(subscriber, || {
+    let (h2d, two_d, d2h, img) = cumem_sys::testing::with_subscriber(subscriber, || {
         let h2d = copy_h2d(&[5u32; 512], &mut buf);
         let sixes = [6u32; 256];
         let two_d = copy_2d(
@@ -191,7 +191,7 @@ fn a_subscriber_that_unbinds_the_context_on_leaving_a_chunk_changes_no_staged_co
     // 1,000 words in 1 KiB chunks: four pieces each way, through two chunks made on first use.
     let config = cumem_copy::StagingConfig { chunk_bytes: 1024, chunks: 2 };
     let subscriber = OnSpanEdge(Edge::Exit, || set_current(std::ptr::null_mut()));
-    let (up, down) = tracing::subscriber::with_default(subscriber, || {
+    let (up, down) = cumem_sys::testing::with_subscriber(subscriber, || {
         let mut up_ring = cumem_copy::StagingRing::with_config(&ctx, config).unwrap();
         let up = up_ring.copy_h2d(&stream, &src, &mut dev);
         let mut down_ring = cumem_copy::StagingRing::with_config(&ctx, config).unwrap();

@@ -349,7 +349,7 @@ fn a_failed_fold_warns_to_a_subscriber_that_reads_the_profiler() {
                 times: 0,
                 this_thread_only: true,
             });
-            tracing::subscriber::with_default(subscriber, || stream.memset_d8(&mut dev, 2).unwrap());
+            cumem_sys::testing::with_subscriber(subscriber, || stream.memset_d8(&mut dev, 2).unwrap());
             ctl.remove_fault(rule);
         }
         let warnings = warnings.lock().unwrap().clone();
@@ -402,7 +402,7 @@ fn a_profiling_failure_is_logged_after_the_copy_let_go_of_the_buffers_locks() {
                     this_thread_only: true,
                 })
             };
-            tracing::subscriber::with_default(subscriber, || {
+            cumem_sys::testing::with_subscriber(subscriber, || {
                 let rule = start_fails();
                 stream.copy_h2d(&*host, &mut flat).unwrap();
                 ctl.remove_fault(rule);

@@ -296,7 +296,7 @@ fn a_panic_after_a_chunk_copy_is_queued_leaves_the_chunk_guarded() {
             panic!("subscriber panics on a warning");
         }
     });
-    let panicked = tracing::subscriber::with_default(subscriber, || {
+    let panicked = cumem_sys::testing::with_subscriber(subscriber, || {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ring.copy_h2d(&stream, &first, &mut dev)))
     });
     ctl.remove_fault(rule);

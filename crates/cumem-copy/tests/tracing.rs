@@ -76,7 +76,7 @@ fn copies_are_traced_with_device_stream_bytes_and_kind_and_nothing_above_debug()
     let ctx = Device::get(0).unwrap().context().unwrap();
     let stream = Stream::non_blocking(&ctx).unwrap();
     let capture = Handle::default();
-    tracing::subscriber::with_default(capture.clone(), || {
+    cumem_sys::testing::with_subscriber(capture.clone(), || {
         let host = PinnedBuffer::from_slice(&ctx, &[3u8; 64]).unwrap();
         let mut dev = DeviceBuffer::<u8>::zeroed(&stream, 64).unwrap();
         let profiler = Profiler::new();
@@ -154,7 +154,7 @@ fn a_copys_span_is_made_before_the_copy_locks_its_buffers() {
         };
         let mut flat = DeviceBuffer::<u32>::zeroed(&stream, 256).unwrap();
         let mut img = DeviceBuffer::<u32>::zeroed(&stream, 256).unwrap();
-        tracing::subscriber::with_default(subscriber, || {
+        cumem_sys::testing::with_subscriber(subscriber, || {
             stream.copy_h2d(&*host, &mut flat).unwrap();
             let (src, mut dst) = (Pitched::new(&*host, 16), Pitched::new(img.as_mut_slice(), 16));
             stream.copy_2d(&src, &mut dst, Copy2D::new(16, 16)).unwrap();

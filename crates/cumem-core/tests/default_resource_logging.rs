@@ -30,7 +30,7 @@ fn logging_child() {
             cumem_core::current_resource(&device).unwrap();
         }
     });
-    tracing::subscriber::with_default(subscriber, || {
+    cumem_sys::testing::with_subscriber(subscriber, || {
         let ctx = Device::get(0).unwrap().context().unwrap();
         let stream = Stream::new(&ctx).unwrap();
         let buf = DeviceBuffer::from_slice(&stream, &[5u32; 64]).unwrap();

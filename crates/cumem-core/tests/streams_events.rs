@@ -216,7 +216,7 @@ fn a_stream_drop_warns_with_its_tail_unlocked() {
             }
         });
         let rule = ctl.inject_fault(fail_next_on_this_thread("cuEventRecord"));
-        tracing::subscriber::with_default(subscriber, || drop(a));
+        cumem_sys::testing::with_subscriber(subscriber, || drop(a));
         ctl.remove_fault(rule);
         let seen = seen.lock().unwrap().clone();
         assert_eq!(
@@ -326,7 +326,7 @@ fn an_order_destroys_the_streams_it_lets_go_of_unlocked() {
         let ticket = order.use_on(&b).unwrap(); // b waits for a
         let rule = ctl.inject_fault(fail_next_on_this_thread("cuEventRecord"));
         // Recording b covers a: the order lets go of a, its last handle.
-        tracing::subscriber::with_default(subscriber, || drop(ticket));
+        cumem_sys::testing::with_subscriber(subscriber, || drop(ticket));
         ctl.remove_fault(rule);
         assert!(!tail.is_alive(), "a was destroyed");
         let seen = seen.lock().unwrap().clone();
@@ -371,7 +371,7 @@ fn a_stream_let_go_of_inside_a_tracked_copy_is_destroyed_while_locks_are_refused
             // The first record on this thread is a's marker (b waits for it); the second, a's retired
             // event when the order lets go of a, fails and warns.
             let rule = ctl.inject_fault(fail_nth_on_this_thread("cuEventRecord", 2));
-            tracing::subscriber::with_default(subscriber, || {
+            cumem_sys::testing::with_subscriber(subscriber, || {
                 // SAFETY: `DATA` lives forever and the closure queues nothing.
                 unsafe {
                     access.device_read(&b, DATA.as_ptr(), DATA.len(), |_, _| order.queue_on(&b, || Ok(())))
@@ -417,7 +417,7 @@ fn a_stream_let_go_of_by_a_ticket_inside_a_tracked_read_is_destroyed_while_locks
             // The first record on this thread is a's marker (b waits for it); the second, a's retired
             // event when the ticket's drop lets go of a, fails and warns.
             let rule = ctl.inject_fault(fail_nth_on_this_thread("cuEventRecord", 2));
-            tracing::subscriber::with_default(subscriber, || {
+            cumem_sys::testing::with_subscriber(subscriber, || {
                 // SAFETY: `DATA` lives forever and the closure queues nothing.
                 unsafe { access.device_read(&b, DATA.as_ptr(), DATA.len(), |_, _| Ok(())) }
             })

@@ -499,7 +499,7 @@ fn a_leaked_import_keeps_its_imported_pool_under_a_subscriber_that_panics() {
         drop(imported);
         let rule = fail_the_next_sync(&ctl);
         let subscriber = tracing_subscriber::registry().with(PanicOnWarn);
-        let dropped = tracing::subscriber::with_default(subscriber, || {
+        let dropped = cumem_sys::testing::with_subscriber(subscriber, || {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(import)))
         });
         ctl.remove_fault(rule);
@@ -545,7 +545,7 @@ fn a_subscriber_that_imports_on_a_failed_destroys_warning_does_not_deadlock() {
                     times: 1,
                     this_thread_only: true,
                 });
-                tracing::subscriber::with_default(subscriber, || drop(imported));
+                cumem_sys::testing::with_subscriber(subscriber, || drop(imported));
                 ctl.remove_fault(rule);
                 tx.send((raw_pool, reimported.load(std::sync::atomic::Ordering::SeqCst))).unwrap();
             })

@@ -108,15 +108,16 @@ fn adopting_a_pair_logs_to_a_subscriber_that_asks_the_registry() {
     within_watchdog("enable adopting a pair, with a subscriber asking is_enabled", move || {
         enable_outside_cumem(&a, &b);
         let subscriber = AsksRegistry::new(&a, &b);
-        let guard = tracing::subscriber::with_default(subscriber.subscriber(), || PeerAccess::enable(&a, &b))
-            .unwrap();
+        let guard =
+            cumem_sys::testing::with_subscriber(subscriber.subscriber(), || PeerAccess::enable(&a, &b))
+                .unwrap();
         let seen = subscriber.seen();
         assert_eq!(seen.len(), 1, "{seen:?}");
         assert_eq!(seen[0].level, Level::DEBUG);
         assert_eq!((seen[0].field("from"), seen[0].field("to")), (Some("0"), Some("1")), "{seen:?}");
         assert!(seen[0].enabled, "the adopted pair was not registered when its event came: {seen:?}");
         // The last guard of an adopted pair leaves it enabled, and logs nothing.
-        tracing::subscriber::with_default(subscriber.subscriber(), || drop(guard));
+        cumem_sys::testing::with_subscriber(subscriber.subscriber(), || drop(guard));
         assert_eq!(subscriber.seen().len(), 1, "{:?}", subscriber.seen());
         assert!(!PeerAccess::is_enabled(&a, &b));
         assert_eq!(raw_disable(&a, &b), CUresult::CUDA_SUCCESS, "cumem disabled a pair it adopted");
@@ -141,7 +142,7 @@ fn a_failed_disable_logs_to_a_subscriber_that_asks_the_registry() {
             times: 1,
             this_thread_only: true,
         });
-        tracing::subscriber::with_default(subscriber.subscriber(), || drop(guard));
+        cumem_sys::testing::with_subscriber(subscriber.subscriber(), || drop(guard));
         ctl.remove_fault(rule);
         let seen = subscriber.seen();
         assert_eq!(seen.len(), 1, "{seen:?}");
@@ -169,7 +170,7 @@ fn a_pair_disabled_outside_cumem_is_forgotten_by_its_last_guard_and_enabled_by_t
         assert_eq!(raw_disable(&a, &b), CUresult::CUDA_SUCCESS, "cumem did not enable the pair");
         let subscriber = AsksRegistry::new(&a, &b);
         // Its disable finds the pair not enabled: the state it wanted.
-        tracing::subscriber::with_default(subscriber.subscriber(), || drop(guard));
+        cumem_sys::testing::with_subscriber(subscriber.subscriber(), || drop(guard));
         let seen = subscriber.seen();
         assert_eq!(seen.len(), 1, "{seen:?}");
         assert_eq!(seen[0].level, Level::WARN);
@@ -209,7 +210,7 @@ fn a_subscriber_panicking_on_the_adoption_event_leaves_no_pair_registered() {
     within_watchdog("enable adopting a pair, with a subscriber that panics", move || {
         enable_outside_cumem(&a, &b);
         let enabled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            tracing::subscriber::with_default(panics(), || PeerAccess::enable(&a, &b))
+            cumem_sys::testing::with_subscriber(panics(), || PeerAccess::enable(&a, &b))
         }));
         assert!(enabled.is_err(), "the subscriber did not panic on the adoption event");
         assert!(!PeerAccess::is_enabled(&a, &b), "the guard lost to the panic is still counted");

@@ -57,7 +57,7 @@ fn a_staged_copy_is_reported_with_its_devices_and_bytes() {
     let src = DeviceBuffer::from_slice(&Stream::new(&ctx[0]).unwrap(), &[3u16; 100]).unwrap();
     let mut dst = DeviceBuffer::<u16>::zeroed(&Stream::new(&ctx[2]).unwrap(), 100).unwrap();
     let capture = Capture::default();
-    let done = tracing::subscriber::with_default(capture.clone(), || copy_peer(&src, &mut dst)).unwrap();
+    let done = cumem_sys::testing::with_subscriber(capture.clone(), || copy_peer(&src, &mut dst)).unwrap();
     let events = capture.0.lock().unwrap().clone();
     assert_eq!(events.len(), 1, "{events:?}");
     let (level, fields) = &events[0];

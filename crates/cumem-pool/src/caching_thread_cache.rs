@@ -627,7 +627,7 @@ mod tests {
             })
         };
         BARRIER_FAILS.set(true);
-        tracing::subscriber::with_default(subscriber, || {
+        cumem_sys::testing::with_subscriber(subscriber, || {
             assert!(registry.drain_all().is_empty());
             assert_eq!(registry.largest(|_| 1), 0);
         });

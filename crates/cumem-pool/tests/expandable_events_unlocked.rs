@@ -48,7 +48,7 @@ fn reading_stats_on<T: Send + 'static>(
                 read.lock().push(s);
             }
         }));
-        let out = tracing::subscriber::with_default(subscriber, work);
+        let out = cumem_sys::testing::with_subscriber(subscriber, work);
         let seen = std::mem::take(&mut *seen.lock());
         (out, seen)
     })
@@ -176,7 +176,7 @@ fn events_of<T>(wanted: &'static [&'static str], work: impl FnOnce() -> T) -> (T
             log.lock().push(w);
         }
     }));
-    let out = tracing::subscriber::with_default(subscriber, work);
+    let out = cumem_sys::testing::with_subscriber(subscriber, work);
     let seen = std::mem::take(&mut *seen.lock());
     (out, seen)
 }
@@ -222,7 +222,7 @@ fn a_subscriber_that_panics_in_the_ladder_leaves_the_books_consistent() {
             panic!("a subscriber panics on the ladder's new reservation");
         }
     }));
-    let caught = tracing::subscriber::with_default(subscriber, || {
+    let caught = cumem_sys::testing::with_subscriber(subscriber, || {
         catch_unwind(AssertUnwindSafe(|| pool.allocate(4 * MIB, 512, 0)))
     });
     assert!(caught.is_err(), "the subscriber's panic reached the caller");

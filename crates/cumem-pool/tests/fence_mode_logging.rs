@@ -37,7 +37,7 @@ fn fence_mode_child() {
             }
         })
     };
-    tracing::subscriber::with_default(subscriber, || {
+    cumem_sys::testing::with_subscriber(subscriber, || {
         let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
         let stream = Stream::new(&ctx).unwrap();
         let buf = DeviceBuffer::<u32>::from_slice_in(&pool, &stream, &[5; 64]).unwrap();

@@ -203,7 +203,7 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
                     flag.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
             }));
-            let r = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
+            let r = cumem_sys::testing::with_subscriber(subscriber, || pool.allocate(22 << 20, 512, 2));
             tx.send((r.map(|b| b.addr()), fired.load(std::sync::atomic::Ordering::SeqCst))).unwrap()
         })
     };
@@ -255,7 +255,7 @@ fn a_ladder_with_a_zero_free_wait_does_not_wait() {
             seen.lock().push(m.to_string());
         }
     }));
-    let result = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
+    let result = cumem_sys::testing::with_subscriber(subscriber, || pool.allocate(22 << 20, 512, 2));
     pool.upstream().let_go();
     assert!(
         matches!(result, Err(PoolError::OutOfMemory { requested, .. }) if requested == 22 << 20),
@@ -299,7 +299,7 @@ fn after_a_panicking_trim(on_warn: bool) -> Arc<CachingPool<HostUpstream, HostOr
         let pool = pool.clone();
         std::thread::spawn(move || {
             let subscriber = tracing_subscriber::registry().with(PanicOnRelease { on_warn });
-            tracing::subscriber::with_default(subscriber, || pool.trim())
+            cumem_sys::testing::with_subscriber(subscriber, || pool.trim())
         })
     };
     assert!(trimmer.join().is_err(), "the trim was to panic");
@@ -336,7 +336,7 @@ fn a_subscriber_that_reads_stats_on_a_migration_does_not_deadlock() {
                     *counts.lock() += 1;
                 }
             }));
-            tracing::subscriber::with_default(subscriber, || {
+            cumem_sys::testing::with_subscriber(subscriber, || {
                 // Stream 1's cached 4 MiB block serves stream 2 (only 4 MiB of upstream left).
                 let b = pool.allocate(4 << 20, 512, 1).unwrap();
                 pool.deallocate(b, 1).unwrap();
@@ -376,7 +376,7 @@ fn a_subscriber_that_reads_stats_on_release_and_oom_events_does_not_deadlock() {
                     counts.lock().1 += 1;
                 }
             }));
-            tracing::subscriber::with_default(subscriber, || {
+            cumem_sys::testing::with_subscriber(subscriber, || {
                 // Released by `trim`, by `synchronize` (threshold 0), then by a ladder (22 MiB
                 // fits only without the cached 20 MiB segment), which then fails once more.
                 let b = pool.allocate(4 << 20, 512, 1).unwrap();
@@ -612,7 +612,7 @@ fn a_ladder_does_not_wait_for_frees_that_start_after_it_waits() {
                     waiting_tx.lock().send(()).unwrap();
                 }
             }));
-            let r = tracing::subscriber::with_default(subscriber, || pool.allocate(22 << 20, 512, 2));
+            let r = cumem_sys::testing::with_subscriber(subscriber, || pool.allocate(22 << 20, 512, 2));
             tx.send(r).unwrap()
         })
     };

@@ -222,7 +222,7 @@ fn a_subscriber_that_uses_the_adaptor_inside_the_lost_rows_warning_does_not_hang
                 }
             })
         };
-        tracing::subscriber::with_default(subscriber, || {
+        cumem_sys::testing::with_subscriber(subscriber, || {
             let buf = DeviceBuffer::<u8>::zeroed_in(&log, &s, 100).unwrap();
             assert_eq!(buf.to_vec().unwrap(), vec![0; 100]);
         });

@@ -50,7 +50,7 @@ fn stats_on_each_warning(what: &'static str, pool: Pool, work: fn(&Pool)) -> Vec
         })
     };
     testing::within_watchdog(what, move || {
-        tracing::subscriber::with_default(subscriber, || work(&pool));
+        cumem_sys::testing::with_subscriber(subscriber, || work(&pool));
         pool.validate().unwrap();
         assert!(pool.upstream().violations().is_empty(), "{:?}", pool.upstream().violations());
     });

@@ -15,7 +15,6 @@ use cumem_pool::{
 };
 use cumem_sys::testing::{OnEvent, event_message, within_watchdog};
 use parking_lot::Mutex;
-use serial_test::serial;
 
 type Pool = CachingPool<HostUpstream, UsingThePool>;
 
@@ -131,7 +130,6 @@ fn releases_after_a_second_synchronisation(
 }
 
 #[test]
-#[serial] // one at a time: see `a_trim_racing_frees_all_along_releases_nothing_and_ends`
 fn trim_synchronises_with_no_lock_held() {
     within_watchdog("a trim whose synchronisation needs stream 1's arena", || {
         releases_after_a_second_synchronisation(PoolConfig::default(), |pool| pool.trim());
@@ -139,7 +137,6 @@ fn trim_synchronises_with_no_lock_held() {
 }
 
 #[test]
-#[serial] // one at a time: see `a_trim_racing_frees_all_along_releases_nothing_and_ends`
 fn synchronize_synchronises_with_no_lock_held() {
     within_watchdog("a synchronize whose synchronisation needs stream 1's arena", || {
         let config = PoolConfig { release_threshold: 0, ..PoolConfig::default() };
@@ -148,7 +145,6 @@ fn synchronize_synchronises_with_no_lock_held() {
 }
 
 #[test]
-#[serial] // one at a time: see `a_trim_racing_frees_all_along_releases_nothing_and_ends`
 fn a_free_during_the_wait_is_not_released_without_another_synchronisation() {
     within_watchdog("a trim whose synchronisation frees into stream 1's arena", || {
         let pool = pool(PoolConfig::default());
@@ -183,7 +179,6 @@ fn a_free_during_the_wait_is_not_released_without_another_synchronisation() {
 }
 
 #[test]
-#[serial] // one at a time: see `a_trim_racing_frees_all_along_releases_nothing_and_ends`
 fn a_block_freed_into_a_thread_cache_during_the_wait_is_not_released() {
     within_watchdog("a trim whose synchronisation allocates on stream 1", || {
         let pool = pool(PoolConfig::default());
@@ -213,7 +208,6 @@ fn a_block_freed_into_a_thread_cache_during_the_wait_is_not_released() {
 /// do not keep a trim waiting, nor make it wait under the pool's locks: after four races it
 /// releases nothing and returns; a later trim, with the traffic paused, releases.
 #[test]
-#[serial] // one at a time: see `a_trim_racing_frees_all_along_releases_nothing_and_ends`
 fn a_trim_racing_frees_all_along_releases_nothing_and_ends() {
     within_watchdog("a trim racing a free during every synchronisation", || {
         let pool = pool(PoolConfig::default());
@@ -223,10 +217,7 @@ fn a_trim_racing_frees_all_along_releases_nothing_and_ends() {
             queue(&pool, OnSync::AllocateAndFreeIfUnlocked);
         }
         // The pool's events about the race are logged with no lock held: a subscriber may read
-        // its stats (which take the arena locks) from inside them. The tests of this file run one
-        // at a time: tracing caches whether a call site is wanted when it is first reached, and
-        // another test reaching the same event while this subscriber is being installed could
-        // cache "never" for it.
+        // its stats (which take the arena locks) from inside them.
         let (seen, reader) = (Arc::new(Mutex::new(Vec::new())), Arc::downgrade(&pool));
         let subscriber = OnEvent({
             let seen = seen.clone();
@@ -238,7 +229,7 @@ fn a_trim_racing_frees_all_along_releases_nothing_and_ends() {
                 }
             }
         });
-        let report = tracing::subscriber::with_default(subscriber, || pool.trim()).unwrap();
+        let report = cumem_sys::testing::with_subscriber(subscriber, || pool.trim()).unwrap();
         assert_eq!(syncs(&pool), 4, "four synchronisations, each raced by a free");
         let seen = std::mem::take(&mut *seen.lock());
         assert_eq!(seen.len(), 4, "three retries and the give-up: {seen:?}");

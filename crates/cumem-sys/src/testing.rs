@@ -35,7 +35,7 @@ mod skip;
 #[cfg(unix)]
 pub mod stand_in;
 pub use deadline::{DEADLOCK_WATCHDOG, within_watchdog};
-pub use events::{OnEvent, event_message};
+pub use events::{OnEvent, event_message, with_subscriber};
 pub use skip::{SKIP_LOG_ENV, device_count, needs_devices, skip};
 
 /// The simulator configuration every test process starts from: the leak check at exit (and the

@@ -128,7 +128,7 @@ fn child_stubs() {
             seen.lock().unwrap().push((*event.metadata().level(), fields.0));
         })
     };
-    let chosen = tracing::subscriber::with_default(subscriber, || {
+    let chosen = cumem_sys::testing::with_subscriber(subscriber, || {
         driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
     });
     assert_eq!(chosen.map_err(|e| e.to_string()), Ok(DriverKind::Simulator));
@@ -184,7 +184,7 @@ fn child_stub_as_driver() {
             }
         })
     };
-    let chosen = tracing::subscriber::with_default(subscriber, || {
+    let chosen = cumem_sys::testing::with_subscriber(subscriber, || {
         driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
     });
     assert_eq!(chosen.map_err(|e| e.to_string()), Ok(DriverKind::Simulator));
@@ -241,7 +241,7 @@ fn child_unforeseen() {
             seen.lock().unwrap().push((*event.metadata().level(), testing::event_message(event)))
         })
     };
-    let chosen = tracing::subscriber::with_default(subscriber, || {
+    let chosen = cumem_sys::testing::with_subscriber(subscriber, || {
         driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
     });
     assert!(

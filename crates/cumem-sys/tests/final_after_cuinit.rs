@@ -145,7 +145,7 @@ fn child_real() {
     }
     let events = Events::default();
     let failed =
-        tracing::subscriber::with_default(events.subscriber(), || driver::select(DriverChoice::Real));
+        cumem_sys::testing::with_subscriber(events.subscriber(), || driver::select(DriverChoice::Real));
     assert!(matches!(&failed, Err(Error::NoDevice { ctx }) if ctx.op == "cuInit"), "{failed:?}");
     let seen = events.0.lock().unwrap().clone();
     assert!(
@@ -193,7 +193,7 @@ fn child_auto() {
         return;
     }
     let events = Events::default();
-    let first = tracing::subscriber::with_default(events.subscriber(), || {
+    let first = cumem_sys::testing::with_subscriber(events.subscriber(), || {
         driver::select_with_sim_config(DriverChoice::Auto, Some("no_such_key=1"))
     });
     let first = first.expect_err("the simulator's configuration is refused");
@@ -202,7 +202,7 @@ fn child_auto() {
     assert_stand_in_still_loaded();
 
     // A configuration the simulator takes changes nothing now: the failure was final.
-    let again = tracing::subscriber::with_default(events.subscriber(), || {
+    let again = cumem_sys::testing::with_subscriber(events.subscriber(), || {
         driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
     });
     assert_eq!(again.map_err(|e| e.to_string()), Err(first.to_string()));

@@ -43,7 +43,7 @@ fn a_subscriber_calling_init_during_selection_gets_the_driver_in_use() {
         // there is none. The events come once the selection is made, and `init()` reads
         // `CUMEM_DRIVER` only while none is, so on a GPU machine with `CUMEM_DRIVER=sim` this
         // selects the real driver and `init()` answers it too.
-        let kind = tracing::subscriber::with_default(subscriber.subscriber(), || {
+        let kind = cumem_sys::testing::with_subscriber(subscriber.subscriber(), || {
             driver::select_with_sim_config(DriverChoice::Auto, Some(testing::DEFAULT_SIM_CONFIG))
         })
         .unwrap();

@@ -219,7 +219,7 @@ fn a_policy_change_whose_restore_fails_too_falls_back_to_on_demand_and_says_so()
         .flat_map(|f| [fail_once(&ctl, f, 3), fail_once(&ctl, f, 6)])
         .collect();
     let result =
-        tracing::subscriber::with_default(subscriber, || buf.set_policy(MigrationPolicy::ReadMostly));
+        cumem_sys::testing::with_subscriber(subscriber, || buf.set_policy(MigrationPolicy::ReadMostly));
     rules.into_iter().for_each(|r| ctl.remove_fault(r));
     assert!(result.is_err_and(|e| is_unknown(&e)), "the first error is returned");
     assert_eq!(buf.policy(), MigrationPolicy::OnDemand);
@@ -1084,7 +1084,7 @@ fn a_failed_restore_is_logged_to_a_subscriber_that_reads_the_buffer(#[values(fal
             let attaches = fail_from(&ctl, "cuStreamAttachMemAsync", 2);
             let mut ran = false;
             let result =
-                tracing::subscriber::with_default(subscriber, || buf.with_host_slice(|_| ran = true));
+                cumem_sys::testing::with_subscriber(subscriber, || buf.with_host_slice(|_| ran = true));
             ctl.remove_fault(attaches);
             ctl.remove_fault(waits);
             assert!(result.is_err_and(|e| is_unknown(&e)), "the wait's error");

@@ -74,7 +74,7 @@ impl Capture {
     pub fn run<T>(f: impl FnOnce() -> T) -> (T, Vec<Seen>) {
         let capture = Capture::default();
         let subscriber = tracing_subscriber::registry().with(capture.clone());
-        let out = tracing::subscriber::with_default(subscriber, f);
+        let out = cumem_sys::testing::with_subscriber(subscriber, f);
         let seen = capture.seen.lock().clone();
         (out, seen)
     }

@@ -1,12 +1,17 @@
 //! Tracing helpers for tests that react to cumem's events: a subscriber that hands every event to
-//! a function, and the message of one event.
+//! a function, the message of one event, and [`with_subscriber`], which a test uses in place of
+//! `tracing::subscriber::with_default` so that tests running beside it cannot hide its events.
 //!
 //! ```
-//! use cumem_sys::testing::{OnEvent, event_message};
-//! let seen = std::sync::Mutex::new(Vec::new());
-//! let subscriber = OnEvent(move |e: &tracing::Event<'_>| seen.lock().unwrap().push(event_message(e)));
-//! tracing::subscriber::with_default(subscriber, || tracing::warn!("hello"));
+//! use cumem_sys::testing::{OnEvent, event_message, with_subscriber};
+//! let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+//! let log = seen.clone();
+//! let subscriber = OnEvent(move |e: &tracing::Event<'_>| log.lock().unwrap().push(event_message(e)));
+//! with_subscriber(subscriber, || tracing::warn!("hello"));
+//! assert_eq!(*seen.lock().unwrap(), ["hello"]);
 //! ```
+
+use std::sync::OnceLock;
 
 /// A tracing subscriber that hands every event to its function and keeps no spans: for tests that
 /// only react to events (count them, read state from inside one, panic on one).
@@ -26,6 +31,30 @@ impl<F: Fn(&tracing::Event<'_>) + Send + Sync + 'static> tracing::Subscriber for
     }
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Runs `f` with `subscriber` as this thread's default, like `tracing::subscriber::with_default`,
+/// but so that every event `f` emits reaches it even when other threads emit the same events for
+/// the first time meanwhile (as the other tests of a binary do).
+///
+/// tracing caches, per call site, whether any subscriber wants it, when the site is first reached.
+/// While at most one subscriber was ever registered it asks only the reaching thread's default,
+/// so a test's scoped subscriber, alone in the process, lets another thread that has none cache
+/// "never" for a site the test then waits to see (a CI run failed so, once). With two more
+/// subscribers registered for the life of the process, tracing asks every live subscriber
+/// instead, the test's among them.
+pub fn with_subscriber<S, T>(subscriber: S, f: impl FnOnce() -> T) -> T
+where
+    S: tracing::Subscriber + Send + Sync + 'static,
+{
+    static ALWAYS_REGISTERED: OnceLock<[tracing::Dispatch; 2]> = OnceLock::new();
+    ALWAYS_REGISTERED.get_or_init(|| {
+        let none = || tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
+        [none(), none()]
+    });
+    // The one place a scoped subscriber is installed (clippy.toml sends every test here).
+    #[allow(clippy::disallowed_methods)]
+    tracing::subscriber::with_default(subscriber, f)
 }
 
 /// The message of an event (empty if it has none).
