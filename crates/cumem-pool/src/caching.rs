@@ -114,16 +114,16 @@ pub struct TrimReport {
 /// flush the thread caches (under the cache registry's mutex alone), then take the table's mutex,
 /// lock arenas in position order, then the segment registry; `stats` locks arenas one at a time.
 /// `trim` and `synchronize` synchronise the streams ([`Ordering::synchronize`], which on a device
-/// waits for host functions) with every lock let go: they note each arena's insert counters
-/// under the locks, synchronise, lock again, and synchronise again (unlocked) if memory was put
-/// into any arena meanwhile, so that what they release was freed before a synchronisation
-/// started. Each retry means another thread freed into the pool meanwhile; after four races
-/// they release nothing, so that they end under sustained traffic. The out-of-memory ladder still synchronises
-/// under the table's mutex and every arena lock: its memory of any stream, and with expandable
-/// segments the free ranges its growth joins, are safe for the requesting stream only while the
-/// locks taken before its synchronisation are held (a host function that allocates or frees
-/// through the pool while a ladder synchronises deadlocks with it). A sweep's
-/// [`Ordering::retire`] (an event record) also runs under those locks.
+/// waits for host functions) with every lock let go, and so does the out-of-memory ladder: they
+/// note each arena's insert counters under the locks, synchronise, lock again, and synchronise
+/// again (unlocked) if memory was put into any arena meanwhile, so that what they release, and
+/// what the ladder hands to its stream from any arena (or joins to a mapped chunk), was freed
+/// before a synchronisation started. Each retry means another thread freed into the pool
+/// meanwhile; after four races `trim` and `synchronize` release nothing, and the ladder only
+/// asks the upstream for a new plain segment (with expandable segments it reports out of
+/// memory), so that they end under sustained traffic. A sweep's [`Ordering::retire`] runs under
+/// those locks; for a stream whose drop recorded its event (the usual case) it makes no driver
+/// call, else it records one.
 /// The cache registry's mutex comes after arena locks. The upstream's `allocate` and `deallocate`
 /// (segment upstreams) are called with no lock held (segments to release are first taken out of
 /// the arenas and the books, under the locks, after the synchronisation). With expandable
@@ -836,18 +836,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         segs.stranded_taken + segs.stranded.len() as u64
     }
 
-    /// Synchronises the ordering, then returns to the cache the blocks stranded before it started
-    /// (see [`reclaim_stranded`](Self::reclaim_stranded)). The caller holds the table's mutex and
-    /// every arena lock (the out-of-memory ladder; `trim` and `synchronize` wait unlocked, see
-    /// [`synchronize_unlocked`](Self::synchronize_unlocked)).
-    fn synchronize_reclaiming(&self, guards: &mut Guards<'_, O::Stream>) -> Result<(), crate::UpstreamError> {
-        let covered = self.stranded_mark();
-        self.ordering.synchronize()?;
-        self.reclaim_stranded(guards, covered);
-        Ok(())
-    }
-
-    /// For `trim` and `synchronize`: synchronises the ordering with no lock of the pool held, and
+    /// For `trim`, `synchronize` and the out-of-memory ladder: synchronises the ordering with no lock of the pool held, and
     /// returns the table's mutex and every arena lock (`None`: see below), taken again after a
     /// synchronisation that followed every free into the arenas, and with the blocks stranded before it started back
     /// in the cache. `st` and `guards` (every arena, after the caller's sweep and flushes) are let
@@ -858,7 +847,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// lock (the premise of `lock_ordered` and `take_ordered`).
     ///
     /// Why sound: what the caller does next (consolidate arenas' memory, release segments, unmap
-    /// chunks) needs every block in the arenas to have been freed before the synchronisation
+    /// chunks; the ladder: hand memory of any arena to its stream, map chunks that join free
+    /// ranges) needs every block in the arenas to have been freed before the synchronisation
     /// started. Under the locks, before letting go, every arena's [insert
     /// counters](crate::arena::ArenaInner::inserts) are read; everything the arenas then hold was
     /// freed before the synchronisation starts. Taken again after it, unchanged counters (an arena
@@ -867,8 +857,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// changed counter means memory was freed in (or moved, merged, flushed, grown) meanwhile,
     /// possibly under work queued after the synchronisation started: the locks are let go and it
     /// synchronises again. After four such races (other threads allocating and freeing all along)
-    /// it returns `None` with every lock let go, and the caller releases nothing: a trim ends under
-    /// sustained traffic without ever waiting under a lock. (Stranded blocks covered by a
+    /// it returns `None` with every lock let go, and the caller releases nothing (the ladder only
+    /// grows a plain segment): a trim or a ladder ends under sustained traffic without ever
+    /// waiting under a lock. (Stranded blocks covered by a
     /// synchronisation are back in the cache either way.)
     ///
     /// Memory a thread cache holds (a free after the caller's flush lands there with no arena
@@ -1337,9 +1328,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// With a segment upstream, segments are given back, and a new one asked for, with no lock
     /// held: the upstream may run user code (a
     /// [`FailureCallbackResource`](crate::FailureCallbackResource)'s callback) that frees into this
-    /// pool or trims it, and `cuMemFree` waits for the whole device. With expandable segments the
-    /// ladder maps under the locks taken before its synchronisation (the free ranges it joins are
-    /// safe without a wait only while they are held); its own release then holds no plain segment
+    /// pool or trims it, and `cuMemFree` waits for the whole device. It synchronises with no lock
+    /// held ([`synchronize_unlocked`](Self::synchronize_unlocked)); with expandable segments it
+    /// maps under the locks taken again after that (the free ranges it joins are safe without
+    /// another wait only while they are held); its own release then holds no plain segment
     /// (the pool takes none with expandable segments), and the upstream's mapping calls must not
     /// call into the pool.
     #[cold]
@@ -1351,13 +1343,17 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let (mut st, mut guards) = self.lock_all();
         self.segments.lock().oom_ladders += 1;
         let unretired = self.sweep(&mut st, &mut guards);
-        // After the synchronisation every cached byte is safe for every stream (of the stranded
-        // ones, those stranded before it started, which it returns to the cache).
-        if let Err(e) = self.synchronize_reclaiming(&mut guards) {
-            drop((guards, st));
-            unretired.log();
-            return Err(PoolError::Ordering(e));
+        for g in guards.iter_mut() {
+            g.flush_bins();
         }
+        // Synchronised with no lock held (a host function may use the pool meanwhile). Once the
+        // locks are back, every cached byte is safe for every stream (of the stranded ones, those
+        // stranded before the synchronisation started, which it returns to the cache).
+        let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
+            // Frees raced with every synchronisation: no cached memory is known to be safe for
+            // this stream, but a new segment is.
+            return self.oom_ladder_grow_only(to, req);
+        };
         consolidate(&mut guards);
         let ti = to.index;
         let other = match req.kind {
@@ -1413,7 +1409,6 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     Ok(expandable::Grown::OutOfMemory) => Ok(None),
                     Err(e) => Err(e),
                 };
-                unretired.log();
                 notes.log();
                 Self::log_released(&released);
                 grown_notes.log();
@@ -1423,36 +1418,69 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 }
             } else {
                 drop((guards, st));
-                unretired.log();
                 notes.log();
                 Self::log_released(&released);
                 self.give_back(unlinked);
-                let seen = self.returning.finished();
-                let mut grown = self.grow(req.kind, req.need, true)?;
-                // Another thread's release may have taken segments out before this ladder locked
-                // the arenas, and not returned them yet: wait for the frees in flight now (for a
-                // bounded time: such a free may wait for this very thread), then try once more.
-                if grown.is_none() && self.returning.wait_for_frees(seen, self.config.oom_free_wait) {
-                    grown = self.grow(req.kind, req.need, true)?;
-                }
-                if let Some(seg) = grown {
-                    // Memory freed into the arena since the locks were let go is not ordered for
-                    // this stream (the arena may be shared): only the new segment serves it.
-                    let mut g = to.inner.lock();
-                    let set = g.set(req.kind);
-                    set.insert(seg.base, seg.len, seg);
-                    found =
-                        set.take_at(seg.base, req.size, req.align).map(|(addr, seg)| (addr, seg, req.kind));
-                }
+                found = self.grow_new_segment(to, req)?;
             }
         } else {
             drop((guards, st));
-            unretired.log();
         }
-        if let Some((addr, seg, kind)) = found {
-            self.count_alloc(req.size, req.requested);
-            return Ok(Block { kind, ..self.block(req, addr, seg) });
+        match found {
+            Some((addr, seg, kind)) => {
+                self.count_alloc(req.size, req.requested);
+                Ok(Block { kind, ..self.block(req, addr, seg) })
+            }
+            None => Err(self.out_of_memory(req, no_address_space)),
         }
+    }
+
+    /// The ladder when memory was freed into the pool during each of its synchronisations (other
+    /// threads allocating and freeing all along): no cached memory is known to be safe for the
+    /// requesting stream, and waiting under the locks could deadlock with a host function that
+    /// uses the pool, so only a new segment may serve it. With expandable segments growth joins
+    /// cached ranges, which need that synchronisation: out of memory.
+    #[cold]
+    fn oom_ladder_grow_only(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Block, PoolError> {
+        tracing::debug!("memory freed into the pool during every synchronisation; only growing");
+        let found = if self.expandable().is_none() { self.grow_new_segment(to, req)? } else { None };
+        match found {
+            Some((addr, seg, kind)) => {
+                self.count_alloc(req.size, req.requested);
+                Ok(Block { kind, ..self.block(req, addr, seg) })
+            }
+            None => Err(self.out_of_memory(req, None)),
+        }
+    }
+
+    /// For the ladder, with no lock held: a new plain segment from the upstream, inserted into
+    /// `to` with the request's block taken out of it (`None`: the upstream has no memory).
+    fn grow_new_segment(
+        &self,
+        to: &Arena<O::Stream>,
+        req: &Request,
+    ) -> Result<Option<(u64, Seg, Kind)>, PoolError> {
+        let seen = self.returning.finished();
+        let mut grown = self.grow(req.kind, req.need, true)?;
+        // Another thread's release may have taken segments out before this ladder locked
+        // the arenas, and not returned them yet: wait for the frees in flight now (for a
+        // bounded time: such a free may wait for this very thread), then try once more.
+        if grown.is_none() && self.returning.wait_for_frees(seen, self.config.oom_free_wait) {
+            grown = self.grow(req.kind, req.need, true)?;
+        }
+        let Some(seg) = grown else { return Ok(None) };
+        // Memory freed into the arena since the locks were let go is not ordered for
+        // this stream (the arena may be shared): only the new segment serves it.
+        let mut g = to.inner.lock();
+        let set = g.set(req.kind);
+        set.insert(seg.base, seg.len, seg);
+        Ok(set.take_at(seg.base, req.size, req.align).map(|(addr, seg)| (addr, seg, req.kind)))
+    }
+
+    /// Counts and logs the ladder's failure, with no lock held (a subscriber may read the pool's
+    /// stats), and returns its error: out of address space when an expandable segment's
+    /// reservation was full (`no_address_space`: its size), else out of memory.
+    fn out_of_memory(&self, req: &Request, no_address_space: Option<u64>) -> PoolError {
         let allocated = self.live_bytes().max(0) as u64;
         let largest = self.arenas.iter().map(|a| a.inner.lock().largest()).max().unwrap_or(0);
         let mut segs = self.segments.lock();
@@ -1468,7 +1496,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             // Logged with the lock let go, as below: a subscriber may read the pool's stats.
             drop(segs);
             tracing::warn!(%err, "caching pool out of address space");
-            return Err(err);
+            return err;
         }
         let err = PoolError::OutOfMemory {
             requested: req.requested,
@@ -1479,7 +1507,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         };
         drop(segs);
         tracing::warn!(%err, "caching pool out of memory");
-        Err(err)
+        err
     }
 
     /// Takes the table's mutex (no arena comes or goes), then locks every arena in position order.

@@ -1,5 +1,5 @@
-//! `trim` and `synchronize` wait for the streams (`Ordering::synchronize`) with no lock of the
-//! pool held: on a device that wait covers host functions, and a host function may allocate or
+//! `trim`, `synchronize` and the out-of-memory ladder wait for the streams
+//! (`Ordering::synchronize`) with no lock of the pool held: on a device that wait covers host functions, and a host function may allocate or
 //! free through the pool. Here the ordering's `synchronize` does not return before another
 //! thread has allocated and freed through the pool, standing for such a host function; under a
 //! watchdog, since a lock held across the wait hangs rather than fails. Memory freed while the
@@ -98,7 +98,12 @@ impl Ordering for UsingThePool {
 }
 
 fn pool(config: PoolConfig) -> Arc<Pool> {
-    let pool = Arc::new(CachingPool::new(HostUpstream::new(1 << 30), UsingThePool::default(), config));
+    pool_of(1 << 30, config)
+}
+
+/// A pool over an upstream of `capacity` bytes.
+fn pool_of(capacity: usize, config: PoolConfig) -> Arc<Pool> {
+    let pool = Arc::new(CachingPool::new(HostUpstream::new(capacity), UsingThePool::default(), config));
     pool.ordering().pool.set(Arc::downgrade(&pool)).unwrap();
     pool
 }
@@ -245,5 +250,65 @@ fn a_trim_racing_frees_all_along_releases_nothing_and_ends() {
         assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
         assert_eq!((pool.upstream().live_bytes(), pool.stats().reserved_bytes), (0, 0));
         pool.validate().unwrap();
+    });
+}
+
+/// A pool over 5 MiB whose stream 1 caches a free 2 MiB small segment: a 4 MiB request on stream
+/// 2 (a large one, which no small segment serves) can grow only after the ladder has released the
+/// small segment.
+fn ladder_pool() -> Arc<Pool> {
+    let pool = pool_of(5 << 20, PoolConfig::default());
+    let a = pool.allocate(1 << 20, 512, 1).unwrap();
+    pool.deallocate(a, 1).unwrap();
+    assert_eq!(pool.upstream().live_bytes(), 2 << 20);
+    pool
+}
+
+#[test]
+fn a_ladder_synchronises_with_no_lock_held() {
+    within_watchdog("a ladder whose synchronisation needs stream 1's arena", || {
+        let pool = ladder_pool();
+        // During the ladder's first synchronisation a helper allocates and frees on stream 1:
+        // the free lands meanwhile, so a second synchronisation covers it before the release.
+        queue(&pool, OnSync::AllocateAndFree);
+        let big = pool.allocate(4 << 20, 512, 2).unwrap();
+        assert_eq!(syncs(&pool), 2);
+        assert_eq!(pool.stats().oom_ladders, 1);
+        assert_eq!(pool.upstream().live_bytes(), 4 << 20, "the small segment was released");
+        pool.deallocate(big, 2).unwrap();
+        pool.validate().unwrap();
+        pool.trim().unwrap();
+        assert_eq!(pool.upstream().live_bytes(), 0);
+    });
+}
+
+/// Frees that land during each of the ladder's synchronisations leave no cached memory known to
+/// be safe for its stream: after four races it releases nothing and only asks the upstream,
+/// which is full here, so it reports out of memory, having never waited under the pool's locks.
+#[test]
+fn a_ladder_racing_frees_all_along_only_grows() {
+    within_watchdog("a ladder racing a free during every synchronisation", || {
+        let pool = ladder_pool();
+        for _ in 0..4 {
+            queue(&pool, OnSync::AllocateAndFreeIfUnlocked);
+        }
+        match pool.allocate(4 << 20, 512, 2) {
+            Err(PoolError::OutOfMemory { requested, .. }) => assert_eq!(requested, 4 << 20),
+            other => panic!("expected out of memory, got {other:?}"),
+        }
+        assert_eq!(syncs(&pool), 4, "four synchronisations, each raced by a free");
+        let helpers = std::mem::take(&mut *pool.ordering().helpers.lock());
+        let in_time: Vec<bool> =
+            helpers.into_iter().map(|(h, in_time)| (h.join().unwrap(), in_time).1).collect();
+        assert_eq!(in_time, [true; 4], "a helper waited for the pool's locks: the ladder held them");
+        let stats = pool.stats();
+        assert_eq!((stats.oom_ladders, stats.oom_errors, stats.reserved_bytes), (1, 1, 2 << 20));
+        // With the traffic paused, the same request succeeds.
+        let big = pool.allocate(4 << 20, 512, 2).unwrap();
+        assert_eq!(pool.upstream().live_bytes(), 4 << 20);
+        pool.deallocate(big, 2).unwrap();
+        pool.validate().unwrap();
+        pool.trim().unwrap();
+        assert_eq!(pool.upstream().live_bytes(), 0);
     });
 }
