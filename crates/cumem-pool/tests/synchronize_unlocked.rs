@@ -4,7 +4,7 @@
 //! thread has allocated and freed through the pool, standing for such a host function; under a
 //! watchdog, since a lock held across the wait hangs rather than fails. Memory freed while the
 //! wait runs may be under work queued after it started: it is released only after another
-//! synchronisation.
+//! synchronisation, and a block stranded meanwhile stays stranded until one.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock, Weak};
@@ -23,8 +23,8 @@ enum OnSync {
     /// Another thread allocates 1 MiB on stream 1 and frees it there (1 MiB skips the thread
     /// cache: both go through stream 1's arena).
     AllocateAndFree,
-    /// Another thread frees this block on stream 1.
-    Free(Block),
+    /// Another thread frees this block on this stream.
+    Free(Block, u32),
     /// The synchronisation fails.
     Fail,
     /// As `AllocateAndFree`, but waits for that thread only 2 s: were the pool's locks held it
@@ -72,8 +72,8 @@ impl Ordering for UsingThePool {
                 let in_time = finished.recv_timeout(std::time::Duration::from_secs(2)).is_ok();
                 self.helpers.lock().push((helper, in_time));
             }
-            Some(OnSync::Free(b)) => {
-                std::thread::spawn(move || pool.deallocate(b, 1).unwrap()).join().unwrap()
+            Some(OnSync::Free(b, stream)) => {
+                std::thread::spawn(move || pool.deallocate(b, stream).unwrap()).join().unwrap()
             }
             Some(OnSync::CacheInAThread(done)) => {
                 let (cached, wait_cached) = std::sync::mpsc::channel();
@@ -103,7 +103,12 @@ fn pool(config: PoolConfig) -> Arc<Pool> {
 
 /// A pool over an upstream of `capacity` bytes.
 fn pool_of(capacity: usize, config: PoolConfig) -> Arc<Pool> {
-    let pool = Arc::new(CachingPool::new(HostUpstream::new(capacity), UsingThePool::default(), config));
+    with_arenas(CachingPool::new(HostUpstream::new(capacity), UsingThePool::default(), config))
+}
+
+/// Lets the pool's ordering reach the pool.
+fn with_arenas(pool: Pool) -> Arc<Pool> {
+    let pool = Arc::new(pool);
     pool.ordering().pool.set(Arc::downgrade(&pool)).unwrap();
     pool
 }
@@ -165,7 +170,7 @@ fn a_free_during_the_wait_is_not_released_without_another_synchronisation() {
         // s2 is releasable when the trim starts; a2's free during its synchronisation makes s1
         // free too, but a2's work may have been queued after that synchronisation started. The
         // synchronisation that would cover it fails: nothing may be released.
-        queue(&pool, OnSync::Free(a2));
+        queue(&pool, OnSync::Free(a2, 1));
         queue(&pool, OnSync::Fail);
         match pool.trim() {
             Err(PoolError::Ordering(UpstreamError::Other(999))) => {}
@@ -310,5 +315,43 @@ fn a_ladder_racing_frees_all_along_only_grows() {
         pool.validate().unwrap();
         pool.trim().unwrap();
         assert_eq!(pool.upstream().live_bytes(), 0);
+    });
+}
+
+/// A block stranded while a trim synchronises (its free, on a stream without an arena, could not
+/// be ordered) may be under work queued after that synchronisation started: the trim leaves it
+/// stranded, and its segment cached; the next trim's synchronisation returns it to the cache and
+/// releases the segment.
+#[test]
+fn a_block_stranded_during_the_wait_stays_stranded() {
+    within_watchdog("a trim whose synchronisation strands a block", || {
+        // One stream arena: stream 3 shares stream 1's, and its frees synchronise (this ordering
+        // retires no stream).
+        let config = PoolConfig::default();
+        let up = HostUpstream::new(1 << 30);
+        let pool = with_arenas(CachingPool::with_stream_arenas(up, UsingThePool::default(), config, 1));
+        let a = pool.allocate(1 << 20, 512, 1).unwrap();
+        let big = pool.allocate(4 << 20, 512, 3).unwrap();
+        let segments_before = pool.segments().len();
+        pool.deallocate(a, 1).unwrap();
+        // The trim's synchronisation: another thread frees `big` on stream 3, whose own
+        // synchronisation fails, so `big` is stranded; then the trim's succeeds.
+        queue(&pool, OnSync::Free(big, 3));
+        queue(&pool, OnSync::Fail);
+        let report = pool.trim().unwrap();
+        assert_eq!(syncs(&pool), 2, "the strand's failed synchronisation, then the trim's");
+        assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20), "the small segment");
+        let stats = pool.stats();
+        assert_eq!((stats.stranded_bytes, stats.current_bytes), (4 << 20, 0));
+        assert_eq!(pool.segments().len(), segments_before - 1, "big's segment stays");
+        let kept = pool.upstream().live_bytes();
+        assert!(kept >= 4 << 20, "{kept}");
+        pool.validate().unwrap();
+        // The next trim synchronises after the strand: the block is back, its segment released.
+        let report = pool.trim().unwrap();
+        assert_eq!(syncs(&pool), 3);
+        assert_eq!((report.released_segments, report.released_bytes), (1, kept));
+        assert_eq!((pool.stats().stranded_bytes, pool.upstream().live_bytes()), (0, 0));
+        pool.validate().unwrap();
     });
 }
