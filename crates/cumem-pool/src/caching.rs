@@ -7,10 +7,11 @@
 //! fit taken from another stream `S`'s arena, after `ordering.wait(T, S)`; a new segment from the
 //! upstream; and finally the out-of-memory ladder (synchronise, coalesce all cached memory across
 //! streams and retry, including memory of the other segment kind; release every fully free segment
-//! and retry the upstream with the minimal segment; report). The ladder holds every arena lock from
-//! before its synchronisation until it has decided what to release; with segments, it gives them
-//! back and asks the upstream for the minimal one with no lock held (the upstream may run user
-//! code that frees into this pool or trims it). With [expandable segments](crate::expandable) the
+//! and retry the upstream with the minimal segment; report). The ladder synchronises with no lock
+//! held, then takes every arena lock and synchronises again (unlocked) if memory was freed into
+//! the pool meanwhile, and holds the locks until it has decided what to release; with segments, it
+//! gives them back and asks the upstream for the minimal one with no lock held (the upstream may
+//! run user code that frees into this pool or trims it). With [expandable segments](crate::expandable) the
 //! driver's mapping calls (reserve, map, unmap, release) run under the locks (see "Locking" on
 //! [`CachingPool`]). A free on stream
 //! `S` keeps a small block in the calling thread's cache under `S`, else puts the block into `S`'s
@@ -497,6 +498,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
             // Frees raced with every synchronisation: nothing is known to be safe to release.
+            tracing::debug!("memory freed into the pool during every synchronisation; releasing nothing");
             return Ok(TrimReport::default());
         };
         consolidate(&mut guards);
@@ -535,6 +537,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
             // Frees raced with every synchronisation: nothing is known to be safe to release.
+            tracing::debug!("memory freed into the pool during every synchronisation; releasing nothing");
             return Ok(TrimReport::default());
         };
         consolidate(&mut guards);
@@ -857,7 +860,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// changed counter means memory was freed in (or moved, merged, flushed, grown) meanwhile,
     /// possibly under work queued after the synchronisation started: the locks are let go and it
     /// synchronises again. After four such races (other threads allocating and freeing all along)
-    /// it returns `None` with every lock let go, and the caller releases nothing (the ladder only
+    /// it returns `None` with every lock let go (the caller logs why, with no lock held), and the
+    /// caller releases nothing (the ladder only
     /// grows a plain segment): a trim or a ladder ends under sustained traffic without ever
     /// waiting under a lock. (Stranded blocks covered by a
     /// synchronisation are back in the cache either way.)
@@ -915,7 +919,6 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 // that uses the pool: give up on releasing this time, rather than wait for ever or
                 // under the locks.
                 drop((guards, st));
-                tracing::debug!("memory freed into the pool during every synchronisation; releasing nothing");
                 return Ok(None);
             }
         }
@@ -1379,8 +1382,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 // late to help it; there are none: with expandable segments the pool never takes
                 // a plain segment (`grow` is not called), so `unlinked` is empty.
                 // Mapping is the driver's own call (no user code), and joins the free ranges around
-                // a gap, which are safe without a wait only while the locks taken before the
-                // synchronisation are held.
+                // a gap, which are safe without another wait only while the locks taken again
+                // after the synchronisation (counters unchanged) are held.
                 let mut segs = self.segments.lock();
                 expandable::gather(&segs, &mut guards, ti, req.kind);
                 let reservation = self.config.expandable_reservation_bytes;
@@ -1473,7 +1476,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         // this stream (the arena may be shared): only the new segment serves it.
         let mut g = to.inner.lock();
         let set = g.set(req.kind);
-        set.insert(seg.base, seg.len, seg);
+        // Fresh memory: no thread comparing insert counters needs to wait for it.
+        set.insert_uncounted(seg.base, seg.len, seg);
         Ok(set.take_at(seg.base, req.size, req.align).map(|(addr, seg)| (addr, seg, req.kind)))
     }
 
@@ -1653,7 +1657,10 @@ impl<S: fmt::Debug> Unretired<S> {
 
 /// Merges the cached memory of all arenas (bins flushed) so that ranges of one segment split between
 /// streams become one range, kept by the arena that held its lowest piece. Only valid after a
-/// synchronisation that followed every free in the arenas.
+/// synchronisation that followed every free in the arenas. The moves are not counted as inserts:
+/// the memory is safe for every stream, and a trim or ladder waiting meanwhile need not
+/// synchronise again for it (concurrent ladders would otherwise take each other's
+/// consolidations for frees racing their waits).
 fn consolidate<S>(guards: &mut Guards<'_, S>) {
     for g in guards.iter_mut() {
         g.flush_bins();
@@ -1673,11 +1680,11 @@ fn consolidate<S>(guards: &mut Guards<'_, S>) {
             if x.2 == cur.2 && cur.0 + cur.1 == x.0 {
                 cur.1 += x.1;
             } else {
-                guards[cur.3].set(kind).insert(cur.0, cur.1, cur.2);
+                guards[cur.3].set(kind).insert_uncounted(cur.0, cur.1, cur.2);
                 cur = x;
             }
         }
-        guards[cur.3].set(kind).insert(cur.0, cur.1, cur.2);
+        guards[cur.3].set(kind).insert_uncounted(cur.0, cur.1, cur.2);
     }
 }
 

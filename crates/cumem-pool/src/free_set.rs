@@ -304,15 +304,24 @@ impl FreeSet {
     }
 
     /// Adds `[addr, addr + len)` of `seg`, merging it with adjacent free ranges of the same segment.
-    /// `addr` and `len` are multiples of [`QUANTUM`].
+    /// `addr` and `len` are multiples of [`QUANTUM`]. Counted in [`inserts`](Self::inserts).
     pub fn insert(&mut self, addr: u64, len: u64, seg: Seg) {
+        self.inserts = self.inserts.wrapping_add(1);
+        self.insert_uncounted(addr, len, seg);
+    }
+
+    /// [`insert`](Self::insert) without counting it in [`inserts`](Self::inserts): for memory
+    /// that is safe for every stream without a wait, so that a thread comparing counters across
+    /// a wait need not wait again for it (memory a caller holding every arena lock moves between
+    /// arenas after a synchronisation that followed every free in them, or fresh from the
+    /// upstream).
+    pub fn insert_uncounted(&mut self, addr: u64, len: u64, seg: Seg) {
         debug_assert!(len > 0 && addr >= seg.base && addr + len <= seg.end());
         debug_assert!(
             addr.is_multiple_of(QUANTUM as u64) && len.is_multiple_of(QUANTUM as u64),
             "{addr:#x}+{len}"
         );
         self.bytes += len;
-        self.inserts = self.inserts.wrapping_add(1);
         let end = addr + len;
         // Take the neighbours' boundary keys out at once: they stop being boundaries when merged.
         let prev = match self.bounds.remove(end_key(addr)) {

@@ -30,6 +30,9 @@ enum OnSync {
     /// As `AllocateAndFree`, but waits for that thread only 2 s: were the pool's locks held it
     /// could not go on, and would finish once they are let go (`helpers` joins it).
     AllocateAndFreeIfUnlocked,
+    /// Another thread allocates this many bytes on this stream (through the out-of-memory ladder,
+    /// here), and sends the block back.
+    Allocate(usize, u32, std::sync::mpsc::Sender<Block>),
     /// Another thread allocates 4 KiB on stream 1 and frees it into its thread cache, then
     /// stays alive, its cache holding the block, until the sender is dropped.
     CacheInAThread(std::sync::mpsc::Receiver<()>),
@@ -72,6 +75,11 @@ impl Ordering for UsingThePool {
                 let in_time = finished.recv_timeout(std::time::Duration::from_secs(2)).is_ok();
                 self.helpers.lock().push((helper, in_time));
             }
+            Some(OnSync::Allocate(bytes, stream, out)) => std::thread::spawn(move || {
+                out.send(pool.allocate(bytes, 512, stream).unwrap()).unwrap();
+            })
+            .join()
+            .unwrap(),
             Some(OnSync::Free(b, stream)) => {
                 std::thread::spawn(move || pool.deallocate(b, stream).unwrap()).join().unwrap()
             }
@@ -353,5 +361,69 @@ fn a_block_stranded_during_the_wait_stays_stranded() {
         assert_eq!((report.released_segments, report.released_bytes), (1, kept));
         assert_eq!((pool.stats().stranded_bytes, pool.upstream().live_bytes()), (0, 0));
         pool.validate().unwrap();
+    });
+}
+
+/// Two ladders at once: one runs whole while the other synchronises. Its consolidation (every
+/// cached range re-inserted, merged across arenas) and its take put nothing into the pool that
+/// may be under work: the other does not synchronise again for them, and both are served from
+/// cached memory.
+#[test]
+fn a_ladder_does_not_take_another_ladders_consolidation_for_a_race() {
+    within_watchdog("two ladders at once", || {
+        // Two 2 MiB small segments fill the upstream, each cached in halves by streams 1 and 4.
+        let pool = pool_of(4 << 20, PoolConfig::default());
+        let blocks: Vec<Block> = (0..4).map(|_| pool.allocate(1 << 20, 512, 1).unwrap()).collect();
+        assert_eq!(pool.upstream().live_bytes(), 4 << 20);
+        for (i, b) in blocks.into_iter().enumerate() {
+            pool.deallocate(b, if i % 2 == 0 { 1 } else { 4 }).unwrap();
+        }
+        // 1.5 MiB fits in no cached range and the upstream is full: only a ladder's
+        // consolidation serves it. Stream 3's ladder runs during stream 2's synchronisation.
+        let (tx, rx) = std::sync::mpsc::channel();
+        queue(&pool, OnSync::Allocate(3 << 19, 3, tx));
+        let b = pool.allocate(3 << 19, 512, 2).unwrap();
+        let a = rx.recv().unwrap();
+        assert_eq!(syncs(&pool), 2, "one synchronisation per ladder");
+        let stats = pool.stats();
+        assert_eq!((stats.oom_ladders, stats.oom_errors, stats.reserved_bytes), (2, 0, 4 << 20));
+        assert_ne!(a.addr() >> 21, b.addr() >> 21, "one segment each");
+        pool.deallocate(a, 3).unwrap();
+        pool.deallocate(b, 2).unwrap();
+        pool.validate().unwrap();
+        pool.trim().unwrap();
+        assert_eq!(pool.upstream().live_bytes(), 0);
+    });
+}
+
+/// With expandable segments a ladder whose every synchronisation races a free reports out of
+/// memory: its growth would join cached ranges that may be under work queued meanwhile.
+#[test]
+fn an_expandable_ladder_racing_frees_all_along_reports_out_of_memory() {
+    within_watchdog("an expandable ladder racing a free during every synchronisation", || {
+        let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+        let pool = pool_of(5 << 20, config);
+        let a = pool.allocate(1 << 20, 512, 1).unwrap();
+        pool.deallocate(a, 1).unwrap();
+        let mapped = pool.upstream().live_bytes();
+        for _ in 0..4 {
+            queue(&pool, OnSync::AllocateAndFreeIfUnlocked);
+        }
+        match pool.allocate(4 << 20, 512, 2) {
+            Err(PoolError::OutOfMemory { requested, .. }) => assert_eq!(requested, 4 << 20),
+            other => panic!("expected out of memory, got {other:?}"),
+        }
+        assert_eq!(syncs(&pool), 4);
+        let helpers = std::mem::take(&mut *pool.ordering().helpers.lock());
+        let in_time: Vec<bool> =
+            helpers.into_iter().map(|(h, in_time)| (h.join().unwrap(), in_time).1).collect();
+        assert_eq!(in_time, [true; 4], "a helper waited for the pool's locks: the ladder held them");
+        assert_eq!(pool.upstream().live_bytes(), mapped, "nothing mapped or unmapped");
+        // With the traffic paused, the same request succeeds.
+        let big = pool.allocate(4 << 20, 512, 2).unwrap();
+        pool.deallocate(big, 2).unwrap();
+        pool.validate().unwrap();
+        pool.trim().unwrap();
+        assert_eq!(pool.upstream().live_bytes(), 0);
     });
 }

@@ -38,9 +38,10 @@ impl<F: Fn(&tracing::Event<'_>) + Send + Sync + 'static> tracing::Subscriber for
 /// the first time meanwhile (as the other tests of a binary do).
 ///
 /// tracing caches, per call site, whether any subscriber wants it, when the site is first reached.
-/// While at most one subscriber was ever registered it asks only the reaching thread's default,
-/// so a test's scoped subscriber, alone in the process, lets another thread that has none cache
-/// "never" for a site the test then waits to see (a CI run failed so, once). With two more
+/// While at most one subscriber is alive (counted when one is registered) it asks only the
+/// reaching thread's default, so a test's scoped subscriber, the only one alive, lets another
+/// thread that has none cache "never" for a site the test then waits to see (a CI run failed so,
+/// once). With two more
 /// subscribers registered for the life of the process, tracing asks every live subscriber
 /// instead, the test's among them.
 pub fn with_subscriber<S, T>(subscriber: S, f: impl FnOnce() -> T) -> T
