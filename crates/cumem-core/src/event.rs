@@ -70,7 +70,7 @@ impl Event {
     /// only be waited on, queried or synchronised: if any holder could record it again on an idle
     /// stream, the others would see it complete while the work it stood for still runs.
     ///
-    /// ```compile_fail
+    /// ```compile_fail,E0596
     /// # cumem_sys::testing::init();
     /// use std::sync::Arc;
     /// use cumem_core::{Device, Event, Stream};

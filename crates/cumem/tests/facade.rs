@@ -1,6 +1,7 @@
 //! A program that depends only on `cumem` reaches the whole API through it (issue 7, item 9).
 //!
-//! Every name below is spelled through `cumem::` (never `cumem_core::`, `cumem_copy::`, … nor
+//! Every item a sub-crate re-exports at its root is imported below, and every name is spelled
+//! through `cumem::` (never `cumem_core::`, `cumem_copy::`, … nor
 //! `bytemuck::`), so this file stops compiling when a public type stops being reachable from the
 //! facade; the tests use each of the kinds that were once unreachable (mapped and registered host
 //! memory, the host-access tracker, the out-of-memory report, the maximum alignment, the ticket of
@@ -10,21 +11,43 @@
 
 use std::sync::Arc;
 
-// Every public item of every sub-crate, through the facade.
+// Every item each sub-crate re-exports at its root, through the facade (the default features'
+// crates; `ipc`'s under its feature).
+use cumem::channel::{
+    C_HEADER, CONTROL_LINE, CONTROL_OFFSETS, CacheLineAligned, CacheLineAligned128, ChannelError,
+    ChannelStats, ControlBlock, DEFAULT_POLL_INTERVAL, DeviceSide, Direction, FLAG_CLOSED,
+    FLAG_DEVICE_TO_HOST, MemoryVisibility, Platform, Poll, RING_ARGS_OFFSETS, Refusal, RingArgs, RingChannel,
+    SendStatus, Slot, SlotPool, SlotPoolStats, StrategyKind, TransferStrategy, VisibilityReport,
+};
 use cumem::copy::{
-    Copy2D, Copy3D, CopyDst, CopySrc, Pitched, PitchedBuffer, QueuedDst, QueuedSrc, Rect2D, StreamCopy,
-    copy_2d, copy_3d, copy_d2d, copy_d2h, copy_h2d,
+    Copy2D, Copy3D, CopyDst, CopyKind, CopySrc, MAX_FILL_THREADS, Observing, PITCHED_ROW_ALIGNMENT, Pitched,
+    PitchedBuffer, ProfileReport, Profiler, QueuedDst, QueuedSrc, Rect2D, SizeClass, StagingConfig,
+    StagingRing, StagingStats, StreamCopy, Totals, copy_2d, copy_3d, copy_d2d, copy_d2h, copy_h2d,
 };
 use cumem::driver::{DriverChoice, DriverKind, driver_version, has_symbol};
+#[cfg(feature = "ipc")]
+use cumem::ipc::{
+    ImportedBuffer, ImportedPool, IpcEvent, IpcEventHandle, IpcMemHandle, PoolPointerExport, ShareablePool,
+};
+use cumem::peer::{
+    Link, PeerAccess, PeerCopy, PeerPath, PeerStreamCopy, PeerStreamCopy3D, Topology, copy_peer,
+};
 use cumem::pool::{
-    Block, CachingPool, CachingResource, DeviceUpstream, ForeignBlock, Growth, HISTOGRAM_BUCKETS, Histogram,
-    HostOrdering, HostUpstream, MemPool, MemPoolOptions, NativePoolResource, PoolConfig, PoolError,
-    PoolStats, PoolUsage, ReusePolicy, ScopeCounters, StatisticsResource, TrimReport, Upstream,
-    UpstreamError, current_caching, trim_current,
+    AllocationFailure, Block, CachingPool, CachingResource, DeviceExpandable, DeviceUpstream,
+    ExpandableUpstream, FailureCallbackResource, ForeignBlock, Growth, HISTOGRAM_BUCKETS, Histogram,
+    HostOrdering, HostUpstream, LeakReport, LimitingResource, LiveAllocation, LoggingResource, MAX_ALIGN,
+    MemPool, MemPoolOptions, MemoryPressureMonitor, MonitorHandle, NativePoolResource, Ordering, PoolConfig,
+    PoolError, PoolStats, PoolUsage, Pressure, PressureEvent, ReusePolicy, SEGMENT_ALIGN, STREAM_ARENAS,
+    ScopeCounters, StatisticsResource, StreamKey, StreamOrdering, TrackingResource, TrimReport,
+    TrimmablePool, Upstream, UpstreamError, current_caching, replay, trim_current,
 };
 use cumem::prelude::*;
 use cumem::unified::{
     Advice, Attach, Location, MigrationPolicy, PrefetchPlan, RangeAttributes, UnifiedBuffer,
+};
+use cumem::vmm::{
+    Access, Granularity, GrowableBuffer, GrowableConfig, HandleTypes, Mapping, MappingIn, PhysicalMemory,
+    RangeHolder, ReserveOptions, SharedMapping, VirtualRange,
 };
 use cumem::{
     ALLOCATOR_ENV, AllocatorKind, CurrentResourceGuard, DefaultResourceFactory, IntoDynResource,
