@@ -182,7 +182,7 @@ fn child_real_newer() {
     }
     let failed = driver::select(DriverChoice::Real);
     assert!(
-        matches!(&failed, Err(Error::Cuda { code: sys::CUresult::CUDA_ERROR_UNKNOWN, ctx }) if ctx.op == "cuInit"),
+        matches!(&failed, Err(Error::Cuda { code: sys::CUresult::CUDA_ERROR_UNKNOWN, raw: 36, ctx }) if ctx.op == "cuInit"),
         "{failed:?}"
     );
 }
