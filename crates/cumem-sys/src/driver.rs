@@ -49,10 +49,11 @@ use crate::sys;
 pub enum DriverChoice {
     /// The real driver when it is present as `libcuda.so.1` and sees a device, else the simulator
     /// (with a warning naming the error where the driver is present but its `cuInit` fails or it
-    /// sees no device, and [`description`] saying so); the simulator too, with a warning, where the `libcuda.so` cudarc would call is not that
-    /// driver (a CUDA toolkit's stub) and that is seen before `cuInit` (a library already loaded
-    /// under that name, or the first on `LD_LIBRARY_PATH`); seen only after it (an `RPATH`, a
-    /// `$ORIGIN`), the selection is a final [`Error::DriverSelection`] instead.
+    /// sees no device, and [`description`] saying so); the simulator too, with a warning, where
+    /// the `libcuda.so` cudarc would call is not that driver (a CUDA toolkit's stub) and that is
+    /// seen before `cuInit` (a library already loaded under that name, or the first on
+    /// `LD_LIBRARY_PATH`); seen only after it (an `RPATH`, a `$ORIGIN`), the selection is a final
+    /// [`Error::DriverSelection`] instead.
     Auto,
     /// The real driver only.
     Real,
