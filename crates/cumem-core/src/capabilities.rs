@@ -15,7 +15,7 @@
 
 use cumem_sys::sys::CUdevice_attribute as A;
 
-use crate::{Device, Error, Feature, Result};
+use crate::{Device, Error, Feature, Result, ffi};
 
 /// A device's memory-related capabilities.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +43,12 @@ pub struct Capabilities {
     pub texture_pitch_alignment: usize,
     /// The widest row, in bytes, that pitched allocations and 2D/3D copies accept (`MAX_PITCH`).
     pub max_pitch: usize,
+    /// This device can access the memory of at least one other device (`cuDeviceCanAccessPeer`
+    /// answers 1 for some other device the driver sees); `false` where it is the only device.
+    /// Peer access belongs to a pair of devices, which this cannot name: `true` does not say that
+    /// a given device is reachable (cumem-peer's `PeerAccess::enable` and `Topology` ask the
+    /// driver for the pair), and `false` says that none is.
+    pub peer_access: bool,
 }
 
 impl Capabilities {
@@ -62,11 +68,13 @@ impl Capabilities {
             texture_pitch_alignment: device.attribute(A::CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT)?.max(1)
                 as usize,
             max_pitch: device.max_pitch()?,
+            peer_access: reaches_a_peer(device)?,
         })
     }
 
     /// Whether the device has `feature` (entry points and driver refusals are not device features and
-    /// count as supported here).
+    /// count as supported here). [`Feature::PeerAccess`] is [`Capabilities::peer_access`]: whether
+    /// the device reaches any other device, not a particular one.
     pub fn supports(&self, feature: Feature) -> bool {
         match feature {
             Feature::ManagedMemory => self.managed_memory,
@@ -75,6 +83,7 @@ impl Capabilities {
             Feature::VirtualMemory => self.virtual_memory,
             Feature::HostMapping => self.host_mapping,
             Feature::HostRegister => self.host_register,
+            Feature::PeerAccess => self.peer_access,
             _ => true,
         }
     }
@@ -87,4 +96,16 @@ impl Capabilities {
             Err(Error::NotSupported { feature, device: Some(self.device.ordinal() as i32) })
         }
     }
+}
+
+/// Whether `device` can access the memory of any other device the driver sees.
+fn reaches_a_peer(device: Device) -> Result<bool> {
+    let me = device.raw();
+    for other in 0..ffi::device_count()? {
+        let peer = ffi::device_get(other)?;
+        if peer != me && ffi::device_can_access_peer(me, peer)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }

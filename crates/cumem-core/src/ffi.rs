@@ -40,6 +40,15 @@ pub(crate) fn device_attribute(dev: CUdevice, attr: CUdevice_attribute) -> Resul
     Ok(v)
 }
 
+/// `cuDeviceCanAccessPeer`: whether `dev` can access `peer`'s memory (0 for `dev == peer`).
+pub(crate) fn device_can_access_peer(dev: CUdevice, peer: CUdevice) -> Result<bool> {
+    let mut can = 0;
+    // SAFETY: `can` is a valid out-pointer; the driver checks the ordinals.
+    let code = unsafe { api::cuDeviceCanAccessPeer(&mut can, dev, peer) };
+    check(code, Ctx::op("cuDeviceCanAccessPeer").device(dev))?;
+    Ok(can != 0)
+}
+
 pub(crate) fn device_total_mem(dev: CUdevice) -> Result<usize> {
     let mut bytes = 0;
     // SAFETY: `bytes` is a valid out-pointer.

@@ -3,7 +3,8 @@
 use cumem_core::{Device, Error, Feature, sys::CUdevice_attribute as A};
 use cumem_sys::testing;
 
-const SIM: &str = "devices=2,dev1.managed_memory=0,dev1.memory_pools_supported=0,dev1.memory=1GiB";
+/// Device 1 lacks managed memory and pools, and reaches no peer (device 0 reaches it: `peer=0>1`).
+const SIM: &str = "devices=2,dev1.managed_memory=0,dev1.memory_pools_supported=0,dev1.memory=1GiB,peer=0>1";
 
 fn init() {
     testing::init_with(SIM);
@@ -56,9 +57,31 @@ fn capabilities_come_from_attributes() {
     assert_eq!(caps.managed_memory, d.attribute(A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY).unwrap() != 0);
     assert_eq!(caps.memory_pools, d.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED).unwrap() != 0);
     assert!(caps.texture_pitch_alignment >= 1);
-    for f in [Feature::ManagedMemory, Feature::MemoryPools, Feature::HostMapping] {
+    for f in [Feature::ManagedMemory, Feature::MemoryPools, Feature::HostMapping, Feature::PeerAccess] {
         assert_eq!(caps.require(f).is_ok(), caps.supports(f));
     }
+    if Device::count().unwrap() == 1 {
+        assert!(!caps.peer_access, "the only device has no peer to reach");
+    }
+}
+
+#[test]
+#[serial_test::parallel]
+fn peer_access_is_supported_only_by_a_device_that_reaches_another() {
+    init();
+    if testing::sim_control().is_none() {
+        testing::skip("needs the simulator's devices 0 and 1, linked one way only (0 reaches 1)");
+        return;
+    }
+    let reaches = Device::get(0).unwrap().capabilities().unwrap();
+    assert!(reaches.peer_access);
+    assert!(reaches.require(Feature::PeerAccess).is_ok());
+    let reaches_none = Device::get(1).unwrap().capabilities().unwrap();
+    assert!(!reaches_none.peer_access);
+    assert!(matches!(
+        reaches_none.require(Feature::PeerAccess),
+        Err(Error::NotSupported { feature: Feature::PeerAccess, device: Some(1) })
+    ));
 }
 
 #[test]

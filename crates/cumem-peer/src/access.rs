@@ -10,9 +10,11 @@
 //! the last guard's disable fails, the pair stays registered as cumem's, and the next guard's
 //! last drop tries again; when it fails because the pair is not enabled (someone disabled it
 //! outside cumem while guards lived), the pair is forgotten, and the next guard enables it again.
-//! A
-//! pair the driver refuses (no peer link, or the same device) is a typed error:
-//! `PeerAccessUnsupported`.
+//! A pair the driver cannot link is refused before anything is enabled: the devices are asked
+//! first (`cuDeviceCanAccessPeer`), and a pair with no link is `NotSupported { feature:
+//! PeerAccess, device }`, as `cumem-vmm` answers for memory a device cannot reach; two contexts
+//! of one device are `PeerAccessUnsupported`, the driver's own answer (measured, driver-api.md
+//! §11), given without calling it.
 //!
 //! The adoption (`debug`), a failed disable and a pair found disabled outside cumem (`warn`) are
 //! logged with the registry's lock let go, so a tracing subscriber may call [`PeerAccess::is_enabled`] on them.
@@ -36,7 +38,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use cumem_core::{Context, Error, Result};
+use cumem_core::{Context, Error, ErrorContext, Feature, Result};
 use parking_lot::Mutex;
 
 use crate::ffi;
@@ -68,9 +70,23 @@ pub struct PeerAccess {
 
 impl PeerAccess {
     /// Lets `from` access `to`'s memory (`cuCtxEnablePeerAccess` from `from`), or joins the
-    /// enablement another guard already holds. `PeerAccessUnsupported` when the devices have no
-    /// peer link or are the same device.
+    /// enablement another guard already holds.
+    ///
+    /// Refused before anything is enabled: `NotSupported { feature: PeerAccess, device: from's }`
+    /// when `from`'s device cannot access `to`'s (`cuDeviceCanAccessPeer`), and
+    /// `PeerAccessUnsupported` when both contexts are of one device (what the driver answers).
     pub fn enable(from: &Context, to: &Context) -> Result<PeerAccess> {
+        let (dev, peer) = (from.device(), to.device());
+        if dev == peer {
+            // The driver's answer (measured: driver-api.md §11, §17), for the context itself and
+            // another context of its device alike; decided here, so nothing is called to learn it.
+            return Err(Error::PeerAccessUnsupported {
+                ctx: ErrorContext::op("cuCtxEnablePeerAccess").device(dev.raw()),
+            });
+        }
+        if !ffi::can_access_peer(dev.raw(), peer.raw())? {
+            return Err(Error::NotSupported { feature: Feature::PeerAccess, device: Some(dev.raw()) });
+        }
         let adopted = {
             // The driver call stays under the lock: it is what keeps two threads enabling one
             // pair from both calling the driver (the second would see "already enabled" and adopt

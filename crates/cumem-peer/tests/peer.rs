@@ -3,7 +3,7 @@
 //! so, when there are fewer than it needs.
 
 use cumem_copy::StreamCopy;
-use cumem_core::{Context, Device, DeviceBuffer, Error, Stream};
+use cumem_core::{Context, Device, DeviceBuffer, Error, Feature, Stream};
 use cumem_peer::{PeerAccess, PeerPath, PeerStreamCopy, Topology, copy_peer};
 use cumem_sys::sys::{self, CUresult};
 use cumem_sys::testing::{self, Gate};
@@ -174,12 +174,46 @@ fn enabling_twice_is_fine_and_the_last_guard_disables() {
     // SAFETY: as above; still enabled, so this succeeds and cleans up.
     assert_eq!(unsafe { sys::cuCtxDisablePeerAccess(ctx[1].raw()) }, CUresult::CUDA_SUCCESS);
 
-    // Same device, or no link: the driver's refusal as a typed error.
+    // Same device: the driver's answer, as a typed error. No link: refused as not supported,
+    // before any enable (see `a_pair_without_a_link_is_not_supported_before_any_enable`).
     assert!(matches!(PeerAccess::enable(&ctx[0], &ctx[0]), Err(Error::PeerAccessUnsupported { .. })));
     if let Some(ctx) = contexts(3).filter(|_| !topo.can_access(0, 2)) {
-        assert!(matches!(PeerAccess::enable(&ctx[0], &ctx[2]), Err(Error::PeerAccessUnsupported { .. })));
+        assert!(matches!(
+            PeerAccess::enable(&ctx[0], &ctx[2]),
+            Err(Error::NotSupported { feature: Feature::PeerAccess, device: Some(0) })
+        ));
         assert!(!PeerAccess::is_enabled(&ctx[0], &ctx[2]));
     }
+}
+
+#[test]
+#[parallel]
+fn a_pair_without_a_link_is_not_supported_before_any_enable() {
+    let Some(ctx) = contexts(3) else { return };
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("counts the simulator's driver calls: simulator only");
+    };
+    // Configured so (`peer=0-1,2-3`): device 0 reaches device 1, not device 2.
+    let topo = Topology::probe().unwrap();
+    assert!(topo.can_access(0, 1) && !topo.can_access(0, 2));
+    let before = ctl.calls_on_this_thread("cuCtxEnablePeerAccess");
+    let unlinked = PeerAccess::enable(&ctx[0], &ctx[2]);
+    assert!(
+        matches!(unlinked, Err(Error::NotSupported { feature: Feature::PeerAccess, device: Some(0) })),
+        "{unlinked:?}"
+    );
+    // The driver's answer for one device, given without asking it.
+    let same = PeerAccess::enable(&ctx[0], &ctx[0]);
+    assert!(matches!(same, Err(Error::PeerAccessUnsupported { .. })), "{same:?}");
+    assert_eq!(
+        ctl.calls_on_this_thread("cuCtxEnablePeerAccess"),
+        before,
+        "the driver was asked to enable a pair known to be refused"
+    );
+    assert!(!PeerAccess::is_enabled(&ctx[0], &ctx[2]) && !PeerAccess::is_enabled(&ctx[0], &ctx[0]));
+    // Device 0 reaches a peer, so it supports peer access; which peer is the pair's question.
+    let caps = Device::get(0).unwrap().capabilities().unwrap();
+    assert!(caps.peer_access && caps.require(Feature::PeerAccess).is_ok());
 }
 
 #[test]

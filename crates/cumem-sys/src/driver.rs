@@ -7,7 +7,7 @@
 //!
 //! | `CUMEM_DRIVER` | meaning |
 //! |---|---|
-//! | `auto` (default) | the real driver when `libcuda.so.1` loads and sees a device, else the simulator; the simulator too, with a warning, where the `libcuda.so` cudarc would call is another file (a stub) found before `cuInit` (already loaded, or first on `LD_LIBRARY_PATH`); one found only after it (`RPATH`, `$ORIGIN`) is a final [`Error::DriverSelection`] |
+//! | `auto` (default) | the real driver when `libcuda.so.1` loads and sees a device, else the simulator (with a warning naming the error where `libcuda.so.1` is there but its `cuInit` fails or it sees no device); the simulator too, with a warning, where the `libcuda.so` cudarc would call is another file (a stub) found before `cuInit` (already loaded, or first on `LD_LIBRARY_PATH`); one found only after it (`RPATH`, `$ORIGIN`) is a final [`Error::DriverSelection`] |
 //! | `real` | the real driver, or [`Error::DriverNotFound`] |
 //! | `sim` | the simulator, from `CUMEM_SIM_LIB` or found beside the program |
 //!
@@ -47,11 +47,13 @@ use crate::sys;
 /// Which driver library to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriverChoice {
-    /// The real driver when it is present as `libcuda.so.1` and sees a device, else the simulator;
-    /// the simulator too, with a warning, where the `libcuda.so` cudarc would call is not that
-    /// driver (a CUDA toolkit's stub) and that is seen before `cuInit` (a library already loaded
-    /// under that name, or the first on `LD_LIBRARY_PATH`); seen only after it (an `RPATH`, a
-    /// `$ORIGIN`), the selection is a final [`Error::DriverSelection`] instead.
+    /// The real driver when it is present as `libcuda.so.1` and sees a device, else the simulator
+    /// (with a warning naming the error where the driver is present but its `cuInit` fails or it
+    /// sees no device, and [`description`] saying so); the simulator too, with a warning, where
+    /// the `libcuda.so` cudarc would call is not that driver (a CUDA toolkit's stub) and that is
+    /// seen before `cuInit` (a library already loaded under that name, or the first on
+    /// `LD_LIBRARY_PATH`); seen only after it (an `RPATH`, a `$ORIGIN`), the selection is a final
+    /// [`Error::DriverSelection`] instead.
     Auto,
     /// The real driver only.
     Real,
@@ -159,8 +161,12 @@ pub fn select_with_sim_config(choice: DriverChoice, sim_config: Option<&str>) ->
 
 /// What a selection logs, kept until [`SELECTING`] is let go.
 enum Note {
-    /// `Auto` found no usable real driver and tries the simulator.
+    /// `Auto` found no real driver (no `libcuda.so.1`, or not a driver) and tries the simulator.
     NoRealDriver(Error),
+    /// `Auto` found the real driver, ran its `cuInit`, and it failed or saw no device (a driver
+    /// and kernel module of different versions, `CUDA_VISIBLE_DEVICES=""`): it tries the
+    /// simulator, which must not happen unseen on a machine that has a driver.
+    UnusableRealDriver(Error),
     /// `Auto` found a real driver but cudarc would call another file: the driver is not used.
     Shadowed(String),
     /// The chosen driver's `cuInit` succeeded.
@@ -181,13 +187,21 @@ impl Note {
             // A stub's `cuInit` (the toolkit's `stubs` folder first on the library path, perhaps
             // with a `libcuda.so.1` link added) would otherwise hide a GPU machine's driver with
             // nothing but a debug line.
-            Note::NoRealDriver(real_err)
+            Note::UnusableRealDriver(real_err)
                 if real_err.code() == Some(sys::CUresult::CUDA_ERROR_STUB_LIBRARY) =>
             {
                 tracing::warn!(
                     %real_err,
                     "the libcuda.so.1 found is the CUDA toolkit's stub, not a driver (take its folder off \
                      LD_LIBRARY_PATH to use a GPU); trying the simulator"
+                )
+            }
+            Note::UnusableRealDriver(real_err) => {
+                // The error in the message, not only as a field: a formatter that drops fields
+                // would otherwise say only that the GPU is not used.
+                tracing::warn!(
+                    %real_err,
+                    "the CUDA driver ({PROBE_NAME}) was found but is not usable ({real_err}); trying the simulator"
                 )
             }
             Note::NoRealDriver(real_err) => {
@@ -276,7 +290,9 @@ pub fn current() -> Option<DriverKind> {
     LOADED.get()?.as_ref().ok().map(|l| l.kind)
 }
 
-/// A one-line description of the driver library in use (its kind and path).
+/// A one-line description of the driver library in use (its kind and path). Where `auto` found
+/// the real driver but runs on the simulator (its `cuInit` failed or it saw no device, or cudarc
+/// would call another `libcuda.so`), the line goes on to say so and why.
 pub fn description() -> Option<String> {
     LOADED.get()?.as_ref().ok().map(|l| l.description.clone())
 }
@@ -324,8 +340,26 @@ fn load(
                 }
             },
             Err(Failed { err: real_err, after_init }) => {
-                notes.push(Note::NoRealDriver(real_err.clone()));
-                load_simulator(sim_config).map_err(|sim_err| {
+                // A driver was found and not used: its `cuInit` ran and failed or saw no device,
+                // or cudarc would call another file (the only `DriverSelection` of the probe).
+                let passed_over = after_init || matches!(real_err, Error::DriverSelection { .. });
+                notes.push(if after_init {
+                    Note::UnusableRealDriver(real_err.clone())
+                } else {
+                    Note::NoRealDriver(real_err.clone())
+                });
+                let simulator = load_simulator(sim_config).map(|mut sim| {
+                    // So that a program showing `description()` says why it is not on the GPU,
+                    // whatever its log level lets through.
+                    if passed_over {
+                        sim.description = format!(
+                            "{}; the CUDA driver ({PROBE_NAME}) was found but not used: {real_err}",
+                            sim.description
+                        );
+                    }
+                    sim
+                });
+                simulator.map_err(|sim_err| {
                     let err = match sim_err {
                         Error::DriverNotFound { searched } => {
                             Error::DriverNotFound { searched: format!("{searched}; real driver: {real_err}") }

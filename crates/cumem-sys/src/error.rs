@@ -1,7 +1,8 @@
 //! The one error type of cumem: every CUDA error by name, with the operation that failed.
 //!
 //! Driver codes that a memory library meets map to their own variant (`OutOfMemory`,
-//! `InvalidValue`, …); every other code is kept exactly in [`Error::Cuda`]. cumem's own failures
+//! `InvalidValue`, …); every other code is kept exactly in [`Error::Cuda`] (its number too, where
+//! cudarc's bindings have no name for it). cumem's own failures
 //! (bad input, missing driver, missing capability) have variants of their own, so callers match on
 //! what went wrong rather than parse messages.
 
@@ -256,11 +257,16 @@ pub enum Error {
         /// Where it happened.
         ctx: ErrorContext,
     },
-    /// Any other driver code, kept exactly.
-    #[error("CUDA error {code:?}{ctx}")]
+    /// Any other driver code, kept exactly: `raw` is the number the driver returned, `code` its
+    /// name in cudarc's bindings (CUDA 12.8). A code newer than the bindings, as a newer driver
+    /// may return, has no name there: `code` is then `CUDA_ERROR_UNKNOWN`, and `raw` still the
+    /// driver's number (shown as "CUDA error 36 (unknown to these bindings)").
+    #[error("CUDA error {}{ctx}", code_text(*code, *raw))]
     Cuda {
-        /// The driver's code.
+        /// The driver's code as the bindings name it (`CUDA_ERROR_UNKNOWN` for one they lack).
         code: CUresult,
+        /// The driver's code as it returned it.
+        raw: i32,
         /// Where it happened.
         ctx: ErrorContext,
     },
@@ -374,8 +380,17 @@ impl Error {
             C::CUDA_ERROR_NOT_SUPPORTED => {
                 Error::NotSupported { feature: Feature::Driver(ctx.op), device: ctx.device }
             }
-            other => Error::Cuda { code: other, ctx },
+            other => Error::Cuda { code: other, raw: other as i32, ctx },
         })
+    }
+
+    /// The number the driver returned for this error: as [`Error::code`], but for
+    /// [`Error::Cuda`] the driver's own number even where the bindings have no name for it.
+    pub fn raw_code(&self) -> Option<i32> {
+        match self {
+            Error::Cuda { raw, .. } => Some(*raw),
+            other => other.code().map(|c| c as i32),
+        }
     }
 
     /// The driver code this error stands for: the code the driver returned, or, for a refusal of
@@ -421,7 +436,8 @@ impl Error {
 /// `CUDA_SUCCESS` is `Ok(())`; everything else is the matching [`Error`]. Takes the [`Code`] of
 /// cumem's own entry points ([`crate::api`]) or a `CUresult` of cudarc's bindings. A code that
 /// `CUresult` (cudarc's CUDA 12.8 enum) has no variant for, as a newer driver may return, is
-/// `CUDA_ERROR_UNKNOWN`; [`Code::MISSING_ENTRY_POINT`] is `NotSupported { feature: Symbol(op) }`.
+/// [`Error::Cuda`] with `code: CUDA_ERROR_UNKNOWN` and the driver's number in `raw`;
+/// [`Code::MISSING_ENTRY_POINT`] is `NotSupported { feature: Symbol(op) }`.
 #[inline]
 pub fn check(code: impl Into<Code>, ctx: ErrorContext) -> Result<()> {
     let code = code.into();
@@ -441,10 +457,19 @@ impl Error {
             let symbol = ctx.op.split(['(', ' ']).next().unwrap_or(ctx.op);
             return Error::NotSupported { feature: Feature::Symbol(symbol), device: ctx.device };
         }
-        let known = code.known().unwrap_or(CUresult::CUDA_ERROR_UNKNOWN);
-        // `None` only for success, which `check` answered; kept total all the same.
-        Error::from_code(known, ctx).unwrap_or(Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, ctx })
+        let unknown = Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, raw: code.0, ctx };
+        match code.known() {
+            // `None` only for success, which `check` answered; kept total all the same.
+            Some(known) => Error::from_code(known, ctx).unwrap_or(unknown),
+            None => unknown,
+        }
     }
+}
+
+/// How [`Error::Cuda`] shows its code: the bindings' name, or the driver's number where they
+/// have none.
+fn code_text(code: CUresult, raw: i32) -> String {
+    if code as i32 == raw { format!("{code:?}") } else { format!("{raw} (unknown to these bindings)") }
 }
 
 /// The `CUresult` whose value is `raw`, if cudarc's enum has one.
@@ -506,8 +531,18 @@ mod tests {
         // Codes of CUDA 13 drivers that the 12.8 enum lacks, and codes no driver returns.
         for raw in [36, 47, 227, 917, 918, 919, -2, i32::MIN, i32::MAX] {
             let err = check(Code(raw), ErrorContext::op("cuInit")).unwrap_err();
-            assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. }), "{raw}: {err:?}");
+            assert!(
+                matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, raw: r, .. } if r == raw),
+                "{raw}: {err:?}"
+            );
+            assert_eq!(err.raw_code(), Some(raw));
+            assert_eq!(err.code(), Some(CUresult::CUDA_ERROR_UNKNOWN));
+            assert_eq!(err.to_string(), format!("CUDA error {raw} (unknown to these bindings) in cuInit"));
         }
+        // The driver's own CUDA_ERROR_UNKNOWN is named.
+        let err = check(Code(999), ErrorContext::op("cuInit")).unwrap_err();
+        assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, raw: 999, .. }), "{err:?}");
+        assert_eq!(err.to_string(), "CUDA error CUDA_ERROR_UNKNOWN in cuInit");
         assert!(check(Code(0), ErrorContext::op("cuInit")).is_ok());
         assert!(matches!(check(Code(100), ErrorContext::op("cuInit")), Err(Error::NoDevice { .. })));
         // cumem's own answer for an entry point the driver lacks (no driver code is negative).
@@ -556,7 +591,8 @@ mod tests {
             check(CUresult::CUDA_ERROR_NOT_SUPPORTED, ErrorContext::op("cuMemAllocManaged")).unwrap_err();
         assert!(matches!(err, Error::NotSupported { feature: Feature::Driver("cuMemAllocManaged"), .. }));
         let err = check(CUresult::CUDA_ERROR_LAUNCH_FAILED, ErrorContext::op("k")).unwrap_err();
-        assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_LAUNCH_FAILED, .. }));
+        assert!(matches!(err, Error::Cuda { code: CUresult::CUDA_ERROR_LAUNCH_FAILED, raw: 719, .. }));
+        assert_eq!(err.to_string(), "CUDA error CUDA_ERROR_LAUNCH_FAILED in k");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! cumem's entry points ([`cumem_sys::api`]) read a driver's code as the C `int` it is, so a
 //! driver newer than cudarc's bindings (CUDA 12.8) may return a code they do not know without
-//! undefined behaviour: the call is an error, `CUDA_ERROR_UNKNOWN`. An entry point the driver lacks
+//! undefined behaviour: the call is an error, `CUDA_ERROR_UNKNOWN` to the bindings, that keeps the
+//! driver's number (`raw`) and shows it. An entry point the driver lacks
 //! is `NotSupported` naming it, not a panic. Shown with a stand-in driver whose calls return 36
 //! (`CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER` of CUDA 13) and which lacks `cuMemAlloc_v2`, chosen as
 //! the real driver in a child process (the driver is chosen once per process, and the library path
@@ -52,9 +53,11 @@ fn child() {
     assert_eq!(code.known(), None, "36 is not a code of the 12.8 bindings");
     let err = check(code, ErrorContext::op("cuMemGetInfo_v2")).unwrap_err();
     assert!(
-        matches!(&err, Error::Cuda { code: sys::CUresult::CUDA_ERROR_UNKNOWN, ctx } if ctx.op == "cuMemGetInfo_v2"),
+        matches!(&err, Error::Cuda { code: sys::CUresult::CUDA_ERROR_UNKNOWN, raw: 36, ctx } if ctx.op == "cuMemGetInfo_v2"),
         "{err:?}"
     );
+    assert_eq!(err.raw_code(), Some(36));
+    assert_eq!(err.to_string(), "CUDA error 36 (unknown to these bindings) in cuMemGetInfo_v2");
 
     // A call that is answered often (`NOT_READY` while work is pending) gets 36 just the same.
     // SAFETY: the stand-in reads nothing through the handle.
