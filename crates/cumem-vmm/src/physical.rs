@@ -280,16 +280,21 @@ impl PhysicalMemory {
 /// The driver's `CUDA_ERROR_UNKNOWN` from `cuMemImportFromShareableHandle`, as the error it most
 /// likely is: the descriptor is not exported memory (the H100 answered `UNKNOWN` for a regular
 /// file, `/dev/null`, a pipe, a socket, a closed number and −1 alike, 2026-11-23). Other errors
-/// pass through.
+/// pass through, a code newer than the bindings (also named `CUDA_ERROR_UNKNOWN`, its number in
+/// `raw`) among them.
 fn not_exported_memory(e: Error, device: Device) -> Error {
     match e {
-        Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, .. } => Error::InvalidValue {
-            ctx: ErrorContext::op(
-                "cuMemImportFromShareableHandle (driver: CUDA_ERROR_UNKNOWN, its answer for a descriptor \
+        Error::Cuda { code: CUresult::CUDA_ERROR_UNKNOWN, raw, .. }
+            if raw == CUresult::CUDA_ERROR_UNKNOWN as i32 =>
+        {
+            Error::InvalidValue {
+                ctx: ErrorContext::op(
+                    "cuMemImportFromShareableHandle (driver: CUDA_ERROR_UNKNOWN, its answer for a descriptor \
                  that is not exported memory (the likely cause))",
-            )
-            .device(device.raw()),
-        },
+                )
+                .device(device.raw()),
+            }
+        }
         e => e,
     }
 }
