@@ -60,7 +60,7 @@ pub use host_access::{HostAccess, HostMemory};
 pub use order::{OrderTicket, StreamOrder};
 pub use pageable::blocking_host_copy;
 pub use resource::{
-    AllocLayout, Allocation, DRIVER_ALIGNMENT, DeviceResource, DriverResource, check_power_of_two,
+    AllocLayout, Allocation, CacheUsage, DRIVER_ALIGNMENT, DeviceResource, DriverResource, check_power_of_two,
 };
 pub use stream::{Stream, StreamOptions, StreamTail};
 

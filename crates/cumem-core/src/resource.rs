@@ -131,6 +131,47 @@ pub unsafe trait DeviceResource: Send + Sync + fmt::Debug + IntoDynResource {
     fn usable_on_every_stream_at_once(&self) -> bool {
         false
     }
+
+    /// What the resource keeps cached for reuse, for a resource that caches and can tell (the
+    /// caching pool); `None`, the default, for one that does not (`DriverResource`) or cannot
+    /// tell (the driver's pools report no free-block sizes). An adaptor that only forwards to
+    /// another resource answers what that resource answers, so cumem-pool's `StatisticsResource` over a
+    /// caching pool reports its fragmentation.
+    fn cache_usage(&self) -> Option<CacheUsage> {
+        None
+    }
+}
+
+/// What a caching resource holds from its upstream and keeps for reuse, in bytes
+/// ([`DeviceResource::cache_usage`]).
+///
+/// ```
+/// use cumem_core::CacheUsage;
+/// let usage = CacheUsage { reserved_bytes: 8 << 20, cached_bytes: 4 << 20, largest_free_block: 1 << 20 };
+/// assert_eq!(usage.fragmentation(), 0.75);
+/// assert_eq!(CacheUsage::default().fragmentation(), 0.0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheUsage {
+    /// Bytes held from the upstream (in use or cached).
+    pub reserved_bytes: u64,
+    /// Of those, bytes not in use: kept for reuse.
+    pub cached_bytes: u64,
+    /// The largest contiguous cached block.
+    pub largest_free_block: u64,
+}
+
+impl CacheUsage {
+    /// `1 - largest_free_block / cached_bytes`: 0 when all cached memory is one block (or there is
+    /// none), close to 1 when it is in many small pieces (a large request may then fail although
+    /// enough bytes are cached).
+    pub fn fragmentation(&self) -> f64 {
+        if self.cached_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.largest_free_block as f64 / self.cached_bytes as f64
+        }
+    }
 }
 
 /// The alignment `cuMemAlloc` guarantees.

@@ -180,6 +180,15 @@ unsafe impl DeviceResource for CachingResource {
         self.ordering.context()
     }
 
+    fn cache_usage(&self) -> Option<cumem_core::CacheUsage> {
+        let s = self.pool.stats();
+        Some(cumem_core::CacheUsage {
+            reserved_bytes: s.reserved_bytes,
+            cached_bytes: s.cached_bytes,
+            largest_free_block: s.largest_free_block,
+        })
+    }
+
     #[inline]
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         if StreamOrdering::is_per_thread(stream) {

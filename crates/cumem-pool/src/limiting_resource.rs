@@ -116,6 +116,10 @@ unsafe impl<R: DeviceResource + ?Sized> DeviceResource for LimitingResource<R> {
         self.inner.usable_on_every_stream_at_once()
     }
 
+    fn cache_usage(&self) -> Option<cumem_core::CacheUsage> {
+        self.inner.cache_usage()
+    }
+
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         if let Err(used) = self.reserve(layout.bytes) {
             return Err(self.over_limit(layout.bytes, used));

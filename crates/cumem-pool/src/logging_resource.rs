@@ -368,6 +368,10 @@ unsafe impl<R: DeviceResource + ?Sized> DeviceResource for LoggingResource<R> {
         self.inner.usable_on_every_stream_at_once()
     }
 
+    fn cache_usage(&self) -> Option<cumem_core::CacheUsage> {
+        self.inner.cache_usage()
+    }
+
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         match self.inner.allocate(layout, stream) {
             Ok(allocation) => {

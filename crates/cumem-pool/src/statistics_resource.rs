@@ -46,14 +46,16 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cumem_core::{AllocLayout, Allocation, Context, DeviceResource, Result, Stream};
+use cumem_core::{AllocLayout, Allocation, CacheUsage, Context, DeviceResource, Result, Stream};
 use parking_lot::Mutex;
 
-/// Number of power-of-two size buckets (up to 2^63 bytes).
+use crate::Histogram;
+
+/// Number of power-of-two size buckets of a [`Histogram`] (up to 2^63 bytes).
 pub const HISTOGRAM_BUCKETS: usize = 64;
 
 /// Counts of one scope.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ScopeCounters {
     /// Bytes allocated and not yet freed (negative if the scope freed memory allocated before it).
     pub current_bytes: i64,
@@ -68,30 +70,12 @@ pub struct ScopeCounters {
     pub total_bytes: u64,
     /// Allocations ever made.
     pub total_count: u64,
-    /// Allocations ever made by size: bucket `i` counts sizes in `(2^(i-1), 2^i]` (bucket 0: 1 byte).
-    pub histogram: [u64; HISTOGRAM_BUCKETS],
-}
-
-impl Default for ScopeCounters {
-    fn default() -> Self {
-        ScopeCounters {
-            current_bytes: 0,
-            peak_bytes: 0,
-            current_count: 0,
-            peak_count: 0,
-            total_bytes: 0,
-            total_count: 0,
-            histogram: [0; HISTOGRAM_BUCKETS],
-        }
-    }
+    /// Allocations ever made by size, in the caching pool's buckets ([`Histogram`]: bucket `i`
+    /// counts `2^i ..= 2^(i+1) - 1` bytes; `histogram.count(bytes)` reads the bucket of a size).
+    pub histogram: Histogram,
 }
 
 impl ScopeCounters {
-    /// The histogram bucket of an allocation of `bytes` bytes.
-    pub fn bucket(bytes: usize) -> usize {
-        (usize::BITS - bytes.saturating_sub(1).leading_zeros()) as usize
-    }
-
     fn on_alloc(&mut self, bytes: usize) {
         self.current_bytes += bytes as i64;
         self.current_count += 1;
@@ -99,7 +83,7 @@ impl ScopeCounters {
         self.peak_count = self.peak_count.max(self.current_count);
         self.total_bytes += bytes as u64;
         self.total_count += 1;
-        self.histogram[Self::bucket(bytes).min(HISTOGRAM_BUCKETS - 1)] += 1;
+        self.histogram.0[Histogram::bucket(bytes)] += 1;
     }
 
     fn on_free(&mut self, bytes: usize) {
@@ -162,6 +146,28 @@ impl StatisticsResource {
     /// The wrapped resource.
     pub fn inner(&self) -> &Arc<dyn DeviceResource> {
         &self.inner
+    }
+
+    /// How fragmented the wrapped resource's cache is ([`CacheUsage::fragmentation`]: 0 when
+    /// its cached memory is one block, towards 1 as it splits), when it caches and can tell (a
+    /// caching pool, also under other adaptors); `None` for one that does not (the driver) or
+    /// cannot (the driver's pools).
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use std::sync::Arc;
+    /// use cumem_core::{Device, DeviceBuffer, DriverResource, Stream};
+    /// use cumem_pool::{CachingResource, PoolConfig, StatisticsResource};
+    /// let ctx = Device::get(0)?.context()?;
+    /// let stream = Stream::new(&ctx)?;
+    /// let caching = StatisticsResource::new(Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default())));
+    /// assert_eq!(caching.fragmentation(), Some(0.0));
+    /// let driver = StatisticsResource::new(Arc::new(DriverResource::new(&ctx)));
+    /// assert_eq!(driver.fragmentation(), None);
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn fragmentation(&self) -> Option<f64> {
+        self.inner.cache_usage().map(|usage| usage.fragmentation())
     }
 
     /// The counts of the calling thread's innermost open scope; with none open, the counts of
@@ -291,6 +297,10 @@ unsafe impl DeviceResource for StatisticsResource {
         self.inner.usable_on_every_stream_at_once()
     }
 
+    fn cache_usage(&self) -> Option<CacheUsage> {
+        self.inner.cache_usage()
+    }
+
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         let ptr = self.inner.allocate(layout, stream)?;
         self.count(|scope| scope.on_alloc(layout.bytes));
@@ -301,20 +311,5 @@ unsafe impl DeviceResource for StatisticsResource {
         self.count(|scope| scope.on_free(layout.bytes));
         // SAFETY: forwarded unchanged from our caller, who upholds the contract.
         unsafe { self.inner.deallocate(allocation, layout, stream) }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn buckets_are_powers_of_two() {
-        assert_eq!(ScopeCounters::bucket(1), 0);
-        assert_eq!(ScopeCounters::bucket(2), 1);
-        assert_eq!(ScopeCounters::bucket(3), 2);
-        assert_eq!(ScopeCounters::bucket(4), 2);
-        assert_eq!(ScopeCounters::bucket(5), 3);
-        assert_eq!(ScopeCounters::bucket(1 << 20), 20);
     }
 }

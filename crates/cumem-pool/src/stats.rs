@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 
 /// Counts of allocation requests by power-of-two size bucket: bucket `i` counts requests of
 /// `2^i ..= 2^(i+1) - 1` bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Histogram(pub [u64; 64]);
 
 impl Default for Histogram {

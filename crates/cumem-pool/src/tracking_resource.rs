@@ -250,6 +250,10 @@ unsafe impl<R: DeviceResource + ?Sized> DeviceResource for TrackingResource<R> {
         self.inner.usable_on_every_stream_at_once()
     }
 
+    fn cache_usage(&self) -> Option<cumem_core::CacheUsage> {
+        self.inner.cache_usage()
+    }
+
     fn allocate(&self, layout: AllocLayout, stream: &Stream) -> Result<Allocation> {
         // Captured before the lock: the stack walk is the slow part.
         let site = self.sites.then(|| Arc::new(Backtrace::force_capture()));

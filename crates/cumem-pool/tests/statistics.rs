@@ -1,9 +1,10 @@
-//! The statistics adaptor over a real resource: values, peaks, histogram and nested scopes.
+//! The statistics adaptor over a real resource: values, peaks, histogram, nested scopes, and the
+//! fragmentation of a caching pool under it.
 
 use std::sync::Arc;
 
 use cumem_core::{Device, DeviceBuffer, DriverResource, Stream};
-use cumem_pool::{CachingResource, PoolConfig, ScopeCounters, StatisticsResource};
+use cumem_pool::{CachingResource, LimitingResource, PoolConfig, ScopeCounters, StatisticsResource};
 use cumem_sys::testing;
 
 fn setup() -> (Stream, Arc<StatisticsResource>, Arc<StatisticsResource>) {
@@ -28,10 +29,13 @@ fn counts_bytes_allocations_and_peaks() {
         (c.current_bytes, c.current_count, c.peak_bytes, c.total_bytes, c.total_count),
         (1100, 2, 5000, 5100, 3)
     );
-    assert_eq!(c.histogram[ScopeCounters::bucket(1000)], 1);
-    assert_eq!(c.histogram[ScopeCounters::bucket(4000)], 1);
-    assert_eq!(c.histogram[ScopeCounters::bucket(100)], 1);
-    assert_eq!(c.histogram.iter().sum::<u64>(), 3);
+    assert_eq!(c.histogram.count(1000), 1);
+    assert_eq!(c.histogram.count(4000), 1);
+    assert_eq!(c.histogram.count(100), 1);
+    assert_eq!(c.histogram.0.iter().sum::<u64>(), 3);
+    // The caching pool's buckets: `2^i ..= 2^(i+1) - 1` bytes, by lower bound.
+    assert_eq!(c.histogram.nonzero().collect::<Vec<_>>(), [(64, 1), (512, 1), (2048, 1)]);
+    assert_eq!(stats.fragmentation(), None, "the driver caches nothing");
     drop(a);
     assert!(Arc::ptr_eq(stats.inner(), stats.inner()));
 }
@@ -102,11 +106,11 @@ fn overlapping_scopes(s: &Stream, stats: &StatisticsResource, r: &Arc<Statistics
         (c.current_bytes, c.current_count, c.peak_bytes, c.peak_count, c.total_bytes, c.total_count)
     };
     assert_eq!(by_value(&a), (1000, 1, 1000, 1, 1000, 1), "A's scope");
-    assert_eq!(a.histogram[ScopeCounters::bucket(1000)], 1);
-    assert_eq!(a.histogram.iter().sum::<u64>(), 1);
+    assert_eq!(a.histogram.count(1000), 1);
+    assert_eq!(a.histogram.0.iter().sum::<u64>(), 1);
     assert_eq!(by_value(&b), (3000, 1, 3024, 2, 3024, 2), "B's scope");
-    assert_eq!((b.histogram[ScopeCounters::bucket(3000)], b.histogram[ScopeCounters::bucket(24)]), (1, 1));
-    assert_eq!(b.histogram.iter().sum::<u64>(), 2);
+    assert_eq!((b.histogram.count(3000), b.histogram.count(24)), (1, 1));
+    assert_eq!(b.histogram.0.iter().sum::<u64>(), 2);
     // The totals saw both threads.
     assert_eq!(by_value(&stats.counters()), (4000, 2, 4024, 3, 4024, 3));
     drop((a_buf, b_buf));
@@ -125,6 +129,16 @@ fn wraps_a_pool_as_well_as_the_driver() {
     assert_eq!(stats.counters().current_bytes, 10_000);
     assert_eq!(pool.stats().current_count, 4);
     assert!(pool.stats().current_bytes >= 10_000, "the pool counts rounded sizes");
+    assert_eq!(stats.fragmentation(), Some(0.0), "the cache is the segment's tail, one block");
+    // A hole below the tail: two cached blocks, the tail the largest.
+    let mut bufs = bufs;
+    drop(bufs.remove(1));
+    let p = pool.stats();
+    assert!(p.fragmentation() > 0.0, "{p:?}");
+    assert_eq!(stats.fragmentation(), Some(p.fragmentation()));
+    // Through more adaptors, the same answer.
+    let limited = Arc::new(LimitingResource::new(pool.clone(), 1 << 30));
+    assert_eq!(StatisticsResource::new(limited).fragmentation(), Some(p.fragmentation()));
     drop(bufs);
     assert_eq!((stats.counters().current_count, pool.stats().current_count), (0, 0));
 }

@@ -55,11 +55,11 @@ use cumem::{
     scoped_current_resource, set_current_resource,
 };
 use cumem::{
-    AllocLayout, AsDeviceSlice, AsDeviceSliceMut, Capabilities, Chunks, ChunksMut, Context, DRIVER_ALIGNMENT,
-    Device, DeviceBuffer, DeviceResource, DeviceSlice, DeviceSliceMut, DriverResource, Error, ErrorContext,
-    Event, Feature, HostAccess, HostMemory, HostRegistered, MAX_ALIGNMENT, MappedBuffer, MemInfo,
-    MemoryReport, OrderTicket, PinnedBuffer, PinnedFlags, RegisterFlags, Result, Stream, StreamOptions,
-    StreamOrder, resolve_range, sys,
+    AllocLayout, AsDeviceSlice, AsDeviceSliceMut, CacheUsage, Capabilities, Chunks, ChunksMut, Context,
+    DRIVER_ALIGNMENT, Device, DeviceBuffer, DeviceResource, DeviceSlice, DeviceSliceMut, DriverResource,
+    Error, ErrorContext, Event, Feature, HostAccess, HostMemory, HostRegistered, MAX_ALIGNMENT, MappedBuffer,
+    MemInfo, MemoryReport, OrderTicket, PinnedBuffer, PinnedFlags, RegisterFlags, Result, Stream,
+    StreamOptions, StreamOrder, resolve_range, sys,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, cumem::bytemuck::Pod, cumem::bytemuck::Zeroable)]
