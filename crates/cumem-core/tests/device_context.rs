@@ -57,8 +57,16 @@ fn capabilities_come_from_attributes() {
     assert_eq!(caps.managed_memory, d.attribute(A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY).unwrap() != 0);
     assert_eq!(caps.memory_pools, d.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED).unwrap() != 0);
     assert!(caps.texture_pitch_alignment >= 1);
+    // A missing capability is refused by name, for this device.
     for f in [Feature::ManagedMemory, Feature::MemoryPools, Feature::HostMapping, Feature::PeerAccess] {
-        assert_eq!(caps.require(f).is_ok(), caps.supports(f));
+        match caps.require(f) {
+            Ok(()) => assert!(caps.supports(f), "{f:?}"),
+            Err(Error::NotSupported { feature, device }) => {
+                assert!(!caps.supports(f));
+                assert_eq!((feature, device), (f, Some(0)), "{f:?}");
+            }
+            Err(e) => panic!("{f:?}: {e:?}"),
+        }
     }
     if Device::count().unwrap() == 1 {
         assert!(!caps.peer_access, "the only device has no peer to reach");

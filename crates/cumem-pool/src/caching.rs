@@ -117,7 +117,8 @@ pub struct TrimReport {
 /// `trim` and `synchronize` synchronise the streams ([`Ordering::synchronize`], which on a device
 /// waits for host functions) with every lock let go, and so does the out-of-memory ladder: they
 /// note each arena's insert counters under the locks, synchronise, lock again, and synchronise
-/// again (unlocked) if memory was put into any arena meanwhile, so that what they release, and
+/// again (unlocked) if memory that may be under work was put into any arena meanwhile (a counted
+/// insert: moves of idle memory and fresh segments are not counted), so that what they release, and
 /// what the ladder hands to its stream from any arena (or joins to a mapped chunk), was freed
 /// before a synchronisation started. Each retry means another thread freed into the pool
 /// meanwhile; after four races `trim` and `synchronize` release nothing, and the ladder only
@@ -856,10 +857,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// counters](crate::arena::ArenaInner::inserts) are read; everything the arenas then hold was
     /// freed before the synchronisation starts. Taken again after it, unchanged counters (an arena
     /// new to the table counts as all zero: a fresh arena's) mean nothing entered any arena
-    /// meanwhile: allocations only took memory out, which the release then does not see. A
-    /// changed counter means memory was freed in (or moved, merged, flushed, grown) meanwhile,
-    /// possibly under work queued after the synchronisation started: the locks are let go and it
-    /// synchronises again. After four such races (other threads allocating and freeing all along)
+    /// meanwhile that may be under work: allocations only took memory out, which the release then
+    /// does not see, and what enters uncounted is idle (ranges already in the arenas, moved under
+    /// every lock after a synchronisation that covered them, by another thread's consolidation or
+    /// gathering; fresh segments, on which nothing was queued: contract item 1 of [`Upstream`]).
+    /// A changed counter means memory was freed in (or moved by a sweep, flushed, put back)
+    /// meanwhile, possibly under work queued after the synchronisation started: the locks are let
+    /// go and it synchronises again. After four such races (other threads allocating and freeing all along)
     /// it returns `None` with every lock let go (the caller logs why, with no lock held), and the
     /// caller releases nothing (the ladder only
     /// grows a plain segment): a trim or a ladder ends under sustained traffic without ever
@@ -873,8 +877,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// stranded: only those numbered below the mark taken before the last synchronisation
     /// started are returned, and the numbering ([`stranded_mark`](Self::stranded_mark)) survives
     /// another thread's `trim` reclaiming some meanwhile. Another thread's sweep, trim or ladder
-    /// running meanwhile merges, releases or consolidates only under the locks, and whatever it
-    /// moves into an arena counts as an insert.
+    /// running meanwhile merges, releases or consolidates only under the locks; what a sweep moves
+    /// into an arena counts as an insert, and what a trim or ladder moves after its own covering
+    /// synchronisation is idle.
     fn synchronize_unlocked<'a>(
         &'a self,
         mut st: MutexGuard<'a, TableState>,
@@ -1223,7 +1228,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         } else if let Some(seg) = self.grow(req.kind, req.need, false)? {
             let mut g = arena.inner.lock();
             let set = g.set(req.kind);
-            set.insert(seg.base, seg.len, seg);
+            // Fresh memory: no thread comparing insert counters needs to wait for it.
+            set.insert_uncounted(seg.base, seg.len, seg);
             // From the new segment only: a shared arena may have taken memory freed after this
             // stream's wait since the lock was let go, and best fit could prefer it.
             if let Some((addr, seg)) = set.take_at(seg.base, req.size, req.align) {

@@ -227,8 +227,9 @@ pub struct FreeSet {
     /// Ranges longer than [`EXACT_LIMIT`], by `(len, addr)`.
     long: BTreeMap<(u64, u64), u32>,
     bytes: u64,
-    /// How many ranges were ever inserted (wrapping): lets a caller that let go of the arena's
-    /// lock tell whether memory was freed into the set since it looked.
+    /// How many ranges were ever inserted by [`insert`](Self::insert) (wrapping): lets a caller
+    /// that let go of the arena's lock tell whether memory that may be under work entered the set
+    /// since it looked.
     inserts: u64,
 }
 
@@ -289,8 +290,9 @@ impl FreeSet {
         long.max(((list + 1) * QUANTUM) as u64)
     }
 
-    /// How many ranges were inserted so far (wrapping): unchanged between two reads under one
-    /// lock, and no memory was freed into the set in between.
+    /// How many ranges were inserted so far by [`insert`](Self::insert) (wrapping): unchanged
+    /// between two reads under one lock, and no memory that may be under work entered the set in
+    /// between ([`insert_uncounted`](Self::insert_uncounted) adds only idle memory).
     pub fn inserts(&self) -> u64 {
         self.inserts
     }

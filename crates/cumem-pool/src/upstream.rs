@@ -33,8 +33,10 @@ use crate::{SEGMENT_ALIGN, UpstreamError};
 ///
 /// Contract the pool relies on:
 /// 1. `allocate` returns an address aligned to at least [`SEGMENT_ALIGN`] (512 B; `cuMemAlloc` gives
-///    more), valid for `bytes` bytes, and distinct from every live allocation. A misaligned address is
-///    given back and reported as [`PoolError::MisalignedSegment`](crate::PoolError::MisalignedSegment).
+///    more), valid for `bytes` bytes, and distinct from every live allocation, on which no work of
+///    any stream is queued or running (the pool hands it to any stream, and lets threads that
+///    compare insert counters take it without a wait). A misaligned address is given back and
+///    reported as [`PoolError::MisalignedSegment`](crate::PoolError::MisalignedSegment).
 /// 2. `allocate` reports exhaustion as [`UpstreamError::OutOfMemory`] (or the driver's out-of-memory
 ///    error inside [`UpstreamError::Driver`]); the pool then runs its
 ///    out-of-memory ladder. Any other error is returned to the caller as is.

@@ -5,7 +5,8 @@
 //! several), and an enum holding a value outside its variants is undefined behaviour the moment
 //! the call returns. The functions here take the same arguments, call the same symbol of the same
 //! library, and return a [`Code`]: a newer code reaches [`check`](crate::check) as a number, which
-//! maps it to an [`Error`](crate::Error) (an unknown one to `CUDA_ERROR_UNKNOWN`).
+//! maps it to an [`Error`](crate::Error) (an unknown one to `Error::Cuda` named
+//! `CUDA_ERROR_UNKNOWN`, its number kept in `raw`).
 //!
 //! They never panic either: with no driver loaded they return `CUDA_ERROR_NOT_INITIALIZED`, and
 //! for an entry point the loaded driver lacks, [`Code::MISSING_ENTRY_POINT`], which

@@ -384,8 +384,10 @@ impl Error {
         })
     }
 
-    /// The number the driver returned for this error: as [`Error::code`], but for
-    /// [`Error::Cuda`] the driver's own number even where the bindings have no name for it.
+    /// The driver code this error stands for: as [`Error::code`], but for [`Error::Cuda`] the
+    /// driver's own number even where the bindings have no name for it. (An error cumem raised
+    /// itself without asking the driver, such as `PeerAccessUnsupported` for one device, names the
+    /// code the driver answers in that case.)
     pub fn raw_code(&self) -> Option<i32> {
         match self {
             Error::Cuda { raw, .. } => Some(*raw),

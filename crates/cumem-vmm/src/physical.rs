@@ -324,3 +324,31 @@ impl Drop for PhysicalMemory {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the driver's own `CUDA_ERROR_UNKNOWN` (999) is read as "not exported memory"; a code
+    /// newer than the bindings (named `CUDA_ERROR_UNKNOWN` too, its number in `raw`) passes
+    /// through with that number.
+    #[test]
+    fn only_the_drivers_unknown_means_not_exported_memory() {
+        cumem_sys::testing::init();
+        let device = Device::get(0).unwrap();
+        let unknown = |raw| Error::Cuda {
+            code: CUresult::CUDA_ERROR_UNKNOWN,
+            raw,
+            ctx: ErrorContext::op("cuMemImportFromShareableHandle"),
+        };
+        assert!(matches!(not_exported_memory(unknown(999), device), Error::InvalidValue { .. }));
+        let newer = not_exported_memory(unknown(36), device);
+        assert_eq!(newer.raw_code(), Some(36), "{newer:?}");
+        let other = Error::Cuda {
+            code: CUresult::CUDA_ERROR_INVALID_VALUE,
+            raw: 1,
+            ctx: ErrorContext::op("cuMemImportFromShareableHandle"),
+        };
+        assert_eq!(not_exported_memory(other, device).raw_code(), Some(1));
+    }
+}
