@@ -162,9 +162,9 @@ fn test_on_simulator(what: &str, selection: &[&str], sim: &str, env: &[(&str, &s
     eprintln!("==> {what}");
     // Which package and target each test executable is, to name it and to find its exemption:
     // cargo's "Running" lines give only a file name, and target names repeat across packages.
-    // The build is the one `cargo test` below reuses.
+    // The build is the one `cargo test` below reuses; compiler errors are still shown as text.
     let output = cargo()
-        .args(["test", "--locked", "--no-run", "--message-format=json"])
+        .args(["test", "--locked", "--no-run", "--message-format=json-render-diagnostics"])
         .args(selection)
         .stderr(Stdio::inherit())
         .output()
@@ -597,7 +597,7 @@ struct TestBinary {
 fn gpu_test_binaries() -> Result<Vec<TestBinary>> {
     eprintln!("==> cargo test --no-run (building the test binaries)");
     let output = cargo()
-        .args(["test", "--workspace", "--locked", "--no-run", "--message-format=json"])
+        .args(["test", "--workspace", "--locked", "--no-run", "--message-format=json-render-diagnostics"])
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cargo test --no-run: could not start: {e}"))?;
