@@ -4,19 +4,25 @@
 //!   doctest on the simulator with the simulator's leak check at the end of each test binary (a
 //!   test that would skip fails there: `cumem_sys::testing::skip` refuses the simulator, which has
 //!   every device the tests configure), the caching pool's thread-cache tests again in fence mode,
-//!   and the quickstart example and the demo on the simulator (what CI runs);
-//! - `test`: the tests only, on the simulator;
+//!   and the quickstart example and the demo on the simulator (what CI runs). Every test binary
+//!   that runs a test must print the leak check's verdict, except those that load no driver,
+//!   listed by name with why (`NO_LEAK_LINE`); a leak, a skipped check or a missing verdict fails;
+//! - `test`: the tests only, on the simulator, with the same leak check;
 //! - `gpu-test`: on the real driver, fails saying "no GPU" where there is none. Builds the test
 //!   binaries once (`cargo test --no-run`), leaving out the packages whose tests are not for a GPU
 //!   (the simulator's own tests, xtask, the benches, the CLI); runs each binary with the default
 //!   number of test threads and a time limit (`CUMEM_GPU_TEST_TIMEOUT`, seconds, default 600; a
 //!   binary that exceeds it is killed and reported as hung); then, where compute-sanitizer is
-//!   installed (`PATH`, `$CUDA_HOME/bin`, `/usr/local/cuda/bin`), runs memcheck with a full leak
-//!   check on each binary, with API error reports off (the tests provoke driver errors on
-//!   purpose); a binary that makes no CUDA call is skipped, saying so. Tests that skip on this
-//!   machine (fewer devices than they need, a simulator-only check) say so through
-//!   `cumem_sys::testing::skip`, which appends to the file named by `CUMEM_TEST_SKIP_LOG`; the
-//!   summary lists every skipped test and why (on the simulator a skip fails the test instead);
+//!   installed (`PATH`, `$CUDA_HOME/bin`, `/usr/local/cuda/bin`), runs what `sanitize` runs (and
+//!   says it skipped them where it is not). Tests that skip on this machine (fewer devices than
+//!   they need, a simulator-only check) say so through `cumem_sys::testing::skip`, which appends
+//!   to the file named by `CUMEM_TEST_SKIP_LOG`; the summary lists every skipped test and why (on
+//!   the simulator a skip fails the test instead);
+//! - `sanitize`: on the real driver, each of `gpu-test`'s binaries under compute-sanitizer, once
+//!   with memcheck (full leak check) and once with racecheck, one test thread, the same time limit,
+//!   API error reports off (the tests provoke driver errors on purpose); a verdict per binary and
+//!   tool (a binary that makes no CUDA call is skipped, saying so). Fails on any error, and where
+//!   there is no GPU or no compute-sanitizer, saying which;
 //! - `bench [pool | transfer]`: the allocator table (ns per alloc+free and the ratios between
 //!   allocators) or the transfer table (copies, memsets and allocation paths against the same raw
 //!   driver calls, then the message-channel table: messages/s and latency per strategy for 64 B
@@ -28,6 +34,7 @@
 
 mod traces;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -37,13 +44,14 @@ fn main() -> ExitCode {
     let task = args.first().map(String::as_str).unwrap_or("help");
     let result = match task {
         "ci" => ci(),
-        "test" => test_on_simulator(EVERY_TEST, &["--workspace"], "leak_check=1"),
+        "test" => test_on_simulator(EVERY_TEST, &["--workspace"], "leak_check=1", &[]),
         "gpu-test" => gpu_test(),
+        "sanitize" => sanitize(),
         "bench" => bench(args.get(1).map(String::as_str).unwrap_or("pool")),
         "traces" => traces::generate(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces")),
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci | test | gpu-test | bench [pool | transfer | sim-pool] | traces>"
+                "usage: cargo xtask <ci | test | gpu-test | sanitize | bench [pool | transfer | sim-pool] | traces>"
             );
             return if task == "help" { ExitCode::SUCCESS } else { ExitCode::FAILURE };
         }
@@ -87,7 +95,7 @@ fn ci() -> Result {
             .args(["doc", "--workspace", "--no-deps", "--locked", "--exclude", "cumem-cli"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
-    test_on_simulator(EVERY_TEST, &["--workspace"], "leak_check=1")?;
+    test_on_simulator(EVERY_TEST, &["--workspace"], "leak_check=1", &[])?;
     // The library's tests once more with the simulator starting, among streams that do not wait
     // for each other, the work queued last first: by default it starts them in the order they were
     // queued, which a GPU does not promise, so a missing wait between streams would go unseen.
@@ -117,15 +125,15 @@ fn ci() -> Result {
             "cumem-channel",
         ],
         "leak_check=1,schedule=reversed",
+        &[],
     )?;
     // The caching pool's thread caches once more with fences on both sides, the mode of systems
     // without `membarrier` (chosen once per process, so a run of its own).
-    run(
+    test_on_simulator(
         "thread caches in fence mode",
-        cargo()
-            .args(["test", "--locked", "-q", "-p", "cumem-pool", "--lib", "--test", "thread_cache"])
-            .env("CUMEM_DRIVER", "sim")
-            .env("CUMEM_POOL_THREAD_CACHE_FENCES", "1"),
+        &["-p", "cumem-pool", "--lib", "--test", "thread_cache"],
+        "leak_check=1",
+        &[("CUMEM_POOL_THREAD_CACHE_FENCES", "1")],
     )?;
     run(
         "example quickstart (simulator)",
@@ -145,33 +153,58 @@ fn ci() -> Result {
 const EVERY_TEST: &str = "cargo test (simulator, leak check at exit of every test binary)";
 
 /// Runs `cargo test` with `selection` (which packages and targets) on the simulator, configured by
-/// `sim` (`CUMEM_SIM`, which includes its leak check); a test binary that ends with live
-/// allocations, streams or events exits non-zero, and this says which.
-fn test_on_simulator(what: &str, selection: &[&str], sim: &str) -> Result {
+/// `sim` (`CUMEM_SIM`, which includes its leak check), with `env` set too; a test binary that ends
+/// with live allocations, streams or events exits non-zero, and this says which. Every test binary
+/// that ran a test must also have printed the leak check's verdict, unless [`NO_LEAK_LINE`] says
+/// why it need not (see [`leak_check`]).
+fn test_on_simulator(what: &str, selection: &[&str], sim: &str, env: &[(&str, &str)]) -> Result {
     let started = Instant::now();
     eprintln!("==> {what}");
-    let mut child = cargo()
-        .args(["test", "--locked"])
+    // Which package and target each test executable is, to name it and to find its exemption:
+    // cargo's "Running" lines give only a file name, and target names repeat across packages.
+    // The build is the one `cargo test` below reuses; compiler errors are still shown as text.
+    let output = cargo()
+        .args(["test", "--locked", "--no-run", "--message-format=json-render-diagnostics"])
         .args(selection)
-        .env("CUMEM_DRIVER", "sim")
-        .env("CUMEM_SIM", sim)
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cargo test: could not start: {e}"))?;
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cargo test --no-run: could not start: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("cargo test --no-run failed ({})", output.status));
+    }
+    let names: HashMap<String, String> = test_executables(&String::from_utf8_lossy(&output.stdout))
+        .into_iter()
+        .filter_map(|b| Some((b.path.file_name()?.to_string_lossy().into_owned(), b.name)))
+        .collect();
+    // cargo's progress (stderr) and the harness's "running N tests" (stdout) through one pipe, so
+    // that they stay in the order written: a line belongs to the binary cargo said it runs last.
+    let (mut pipe, writer) = std::io::pipe().map_err(|e| format!("cargo test: a pipe: {e}"))?;
+    let mut child = {
+        let mut cmd = cargo();
+        cmd.args(["test", "--locked"])
+            .args(selection)
+            .env("CUMEM_DRIVER", "sim")
+            .env("CUMEM_SIM", sim)
+            .envs(env.iter().copied())
+            .stdout(writer.try_clone().map_err(|e| format!("cargo test: a pipe: {e}"))?)
+            .stderr(writer);
+        // The command is dropped at the end of this block, closing its copies of the pipe's
+        // writing end: reading then ends when cargo and its tests are done.
+        cmd.spawn().map_err(|e| format!("cargo test: could not start: {e}"))?
+    };
     // Each line is shown as it comes (which binary runs now, so that a hang shows where) and kept
     // for the leak check's count below.
-    let mut stderr = String::new();
-    let mut pipe = std::io::BufReader::new(child.stderr.take().expect("stderr is piped"));
+    let mut log = String::new();
     let mut line = Vec::new();
+    let mut reader = std::io::BufReader::new(&mut pipe);
     loop {
         line.clear();
-        match std::io::BufRead::read_until(&mut pipe, b'\n', &mut line) {
+        match std::io::BufRead::read_until(&mut reader, b'\n', &mut line) {
             Ok(0) => break,
             Ok(_) => {
                 let text = String::from_utf8_lossy(&line);
                 eprint!("{text}");
-                stderr.push_str(&text);
+                log.push_str(&text);
             }
             Err(e) => {
                 let _ = child.kill();
@@ -181,29 +214,167 @@ fn test_on_simulator(what: &str, selection: &[&str], sim: &str) -> Result {
         }
     }
     let status = child.wait().map_err(|e| format!("cargo test: waiting for it: {e}"))?;
-    let passed = stderr.lines().filter(|l| l.starts_with("cumem-sim: leak check passed")).count();
-    let leaks: Vec<&str> = stderr.lines().filter(|l| l.starts_with("cumem-sim: LEAK")).collect();
+    let check = leak_check(&log, &names);
     eprintln!(
-        "    leak check: {passed} process(es) on the simulator ended with an empty live report, {} leaked",
-        leaks.len()
+        "    leak check: {} test binaries on the simulator ended with an empty live report, {} leaked; \
+         {} loaded no driver (xtask's NO_LEAK_LINE), {} printed no verdict",
+        check.passed.len(),
+        check.leaks.len(),
+        check.exempt.len(),
+        check.silent.len(),
     );
-    if !leaks.is_empty() {
+    if !check.leaks.is_empty() {
         // A test that panics frees nothing, so its binary also ends with a leak report (exit 86
         // replaces the harness's 101): look for a failed test first.
         return Err(format!(
             "the simulator's live report was not empty at exit (if a test failed above, these are \
              probably its resources: a panicking test frees nothing):\n{}",
-            leaks.join("\n")
+            check.leaks.join("\n")
         ));
     }
     if !status.success() {
         return Err(format!("cargo test failed ({status})"));
     }
-    if passed == 0 {
-        return Err("no test process reported the simulator's leak check".into());
+    if !check.skipped.is_empty() {
+        return Err(format!("the simulator's leak check did not run:\n{}", check.skipped.join("\n")));
+    }
+    if check.passed.is_empty() {
+        return Err("no test binary reported the simulator's leak check".into());
+    }
+    if !check.silent.is_empty() {
+        return Err(format!(
+            "test binaries ran tests without printing the simulator's leak check (\"cumem-sim: leak \
+             check passed (<binary>)\"): {}; a binary that never loads a driver belongs in xtask's \
+             NO_LEAK_LINE, with why",
+            check.silent.join(", ")
+        ));
     }
     eprintln!("    tests: ok in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// Test binaries (`package/target`, as [`TestBinary::name`]) that run tests without printing the
+/// simulator's leak check, and why that is right: none loads a driver in its own process, so it
+/// has no live report to check. They are named one by one so that any other binary that stops
+/// printing the line (the check turned off, the simulator's state locked at exit, an exit that
+/// skips `atexit`) fails `ci`.
+const NO_LEAK_LINE: &[(&str, &str)] = &[
+    ("xtask/xtask", "xtask's own tests: output parsers and process runners"),
+    ("cumem-cli/cumem", PURE_UNIT_TESTS),
+    ("cumem-cli/cli", CLI_AS_A_CHILD),
+    ("cumem-cli/driver_and_input", CLI_AS_A_CHILD),
+    ("cumem-channel/c_layout", "compiles C and C++ programs against the header and compares layouts"),
+    ("cumem-copy/cumem_copy", PURE_UNIT_TESTS),
+    ("cumem-core/cumem_core", PURE_UNIT_TESTS),
+    ("cumem-sys/cumem_sys", PURE_UNIT_TESTS),
+    ("cumem-vmm/cumem_vmm", PURE_UNIT_TESTS),
+    ("cumem-pool/cumem_pool", PURE_UNIT_TESTS),
+    ("cumem-pool/api", POOL_HOST_MODEL),
+    ("cumem-pool/concurrent", POOL_HOST_MODEL),
+    ("cumem-pool/expandable", POOL_HOST_MODEL),
+    ("cumem-pool/expandable_unmap_failure", POOL_HOST_MODEL),
+    ("cumem-pool/faults", POOL_HOST_MODEL),
+    ("cumem-pool/ladder_waits_for_releases", POOL_HOST_MODEL),
+    ("cumem-pool/model", POOL_HOST_MODEL),
+    ("cumem-pool/release_unlocked", POOL_HOST_MODEL),
+    ("cumem-pool/shared_arena", POOL_HOST_MODEL),
+    ("cumem-pool/stranded_blocks", POOL_HOST_MODEL),
+    ("cumem-pool/sweep_events_unlocked", POOL_HOST_MODEL),
+    ("cumem-pool/synchronize_unlocked", POOL_HOST_MODEL),
+    ("cumem-pool/wait_unlocked", POOL_HOST_MODEL),
+    (
+        "cumem-pool/expandable_drop_without_sync",
+        "leaks on purpose: checks the leak in the live report, then turns the exit check off",
+    ),
+    ("cumem-sim/cumem_sim", "the simulator's model tested from inside, never initialised through cuInit"),
+    ("cumem-sim/c_program", "runs a C program as a child with the leak check on and asserts its verdict"),
+    ("cumem-sim/compat_table", "compares the README's table with the library's exported symbols"),
+    ("cumem-sim/house", "reads the simulator's source files for its layering rule"),
+];
+
+/// Why a library's own unit tests may print no leak check.
+const PURE_UNIT_TESTS: &str = "unit tests of pure logic (sizes, layouts, parsers)";
+/// Why the CLI's integration tests may print no leak check.
+const CLI_AS_A_CHILD: &str =
+    "runs the `cumem` binary as a child with the leak check on and fails on its exit status";
+/// Why most of the caching pool's integration tests may print no leak check.
+const POOL_HOST_MODEL: &str = "the caching pool on its host model (`HostUpstream`, `HostOrdering`)";
+
+/// What the output of one `cargo test` run says about the simulator's leak check, per test binary.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct LeakCheck {
+    /// Binaries that ran tests and printed "leak check passed".
+    passed: Vec<String>,
+    /// Binaries that ran tests without printing a verdict, exempt by [`NO_LEAK_LINE`].
+    exempt: Vec<String>,
+    /// Binaries that ran tests without printing a verdict, not exempt.
+    silent: Vec<String>,
+    /// The simulator's leak reports (their first lines).
+    leaks: Vec<String>,
+    /// The simulator's notes that it could not check.
+    skipped: Vec<String>,
+}
+
+/// Reads `log`, the output of `cargo test` (stdout and stderr in the order written). `names` maps
+/// a test executable's file name to its `package/target`.
+///
+/// Each "Running … (target/debug/deps/NAME-HASH)" line starts a binary; the harness's first
+/// "running N tests" after it says how many tests it ran (a second comes from a test re-running
+/// its own binary as a child); the simulator's exit handler prints "cumem-sim: leak check passed
+/// (NAME-HASH)", naming the process's executable, when the simulator was initialised with the
+/// leak check on. A binary that ran no test has nothing to check. Doctests are not counted:
+/// rustdoc keeps a passing doctest's output to itself, and a leaking one fails by its exit status
+/// (86).
+fn leak_check(log: &str, names: &HashMap<String, String>) -> LeakCheck {
+    // (executable file name, tests run)
+    let mut ran: Vec<(String, Option<u64>)> = Vec::new();
+    let mut current: Option<usize> = None;
+    let mut passed = std::collections::HashSet::new();
+    let mut check = LeakCheck::default();
+    for line in log.lines() {
+        let trimmed = line.trim();
+        if let Some(rest) = trimmed.strip_prefix("Running ")
+            && let Some((_, path)) = rest.strip_suffix(')').and_then(|r| r.rsplit_once(" ("))
+        {
+            let file = Path::new(path).file_name().map(|f| f.to_string_lossy().into_owned());
+            ran.push((file.unwrap_or_else(|| path.to_string()), None));
+            current = Some(ran.len() - 1);
+        } else if trimmed.starts_with("Doc-tests ") {
+            current = None;
+        } else if let Some(n) = line
+            .strip_prefix("running ")
+            .and_then(|r| r.strip_suffix(" tests").or_else(|| r.strip_suffix(" test")))
+            .and_then(|n| n.parse().ok())
+        {
+            if let Some(i) = current
+                && ran[i].1.is_none()
+            {
+                ran[i].1 = Some(n);
+            }
+        } else if let Some(exe) =
+            line.strip_prefix("cumem-sim: leak check passed (").and_then(|r| r.strip_suffix(')'))
+        {
+            passed.insert(exe.to_string());
+        } else if line.starts_with("cumem-sim: LEAK") {
+            check.leaks.push(line.to_string());
+        } else if line.starts_with("cumem-sim: leak check skipped") {
+            check.skipped.push(line.to_string());
+        }
+    }
+    for (file, tests) in ran {
+        if tests.unwrap_or(0) == 0 {
+            continue;
+        }
+        let name = names.get(&file).cloned().unwrap_or_else(|| file.clone());
+        if passed.contains(&file) {
+            check.passed.push(name);
+        } else if NO_LEAK_LINE.iter().any(|(exempt, _)| *exempt == name) {
+            check.exempt.push(name);
+        } else {
+            check.silent.push(format!("{name} ({file})"));
+        }
+    }
+    check
 }
 
 fn bench(which: &str) -> Result {
@@ -238,22 +409,8 @@ const NOT_INSTRUMENTED: &str = "Target application terminated before first instr
 const SANITIZER_ERROR_EXIT: i32 = 97;
 
 fn gpu_test() -> Result {
-    eprintln!("==> probing for a GPU");
-    let probe = cargo()
-        .args(["run", "--quiet", "-p", "cumem-cli", "--", "--driver", "real", "info"])
-        .output()
-        .map_err(|e| format!("could not run the probe: {e}"))?;
-    if !probe.status.success() {
-        let why = String::from_utf8_lossy(&probe.stderr);
-        return Err(format!("no GPU: the real CUDA driver is not usable here ({})", why.trim()));
-    }
-    print!("{}", String::from_utf8_lossy(&probe.stdout));
-    let limit = match std::env::var("CUMEM_GPU_TEST_TIMEOUT") {
-        Ok(v) => Duration::from_secs(
-            v.parse().map_err(|_| format!("CUMEM_GPU_TEST_TIMEOUT={v:?} is not a number of seconds"))?,
-        ),
-        Err(_) => Duration::from_secs(600),
-    };
+    probe_gpu()?;
+    let limit = time_limit()?;
     let binaries = gpu_test_binaries()?;
     eprintln!(
         "==> {} test binaries on the real driver (default test threads, {limit:?} each)",
@@ -298,35 +455,119 @@ fn gpu_test() -> Result {
         }
     }
     match find_sanitizer() {
-        Some(sanitizer) => {
-            eprintln!("==> compute-sanitizer memcheck ({})", sanitizer.display());
-            for b in &binaries {
-                let mut cmd = Command::new(&sanitizer);
-                cmd.args(["--tool", "memcheck", "--leak-check", "full", "--report-api-errors", "no"])
-                    .args(["--error-exitcode", &SANITIZER_ERROR_EXIT.to_string()])
-                    .arg(&b.path)
-                    .env("CUMEM_DRIVER", "real");
-                let verdict = match run_limited(&mut cmd, limit, true)? {
-                    Outcome::Exited(status, output) => match memcheck_verdict(status, &output) {
-                        Memcheck::Clean => "clean".to_string(),
-                        Memcheck::NoCudaCall => "skipped: it makes no CUDA call".to_string(),
-                        Memcheck::Failed(why) => {
-                            eprint!("{output}");
-                            failed.push(format!("memcheck {} ({why})", b.name));
-                            format!("FAILED: {why}")
-                        }
-                    },
-                    Outcome::Hung => {
-                        failed.push(format!("memcheck {} (hung)", b.name));
-                        format!("HUNG: killed after {limit:?}")
-                    }
-                };
-                eprintln!("    memcheck {}: {verdict}", b.name);
-            }
+        Some(sanitizer) => failed.extend(run_sanitizer(&sanitizer, &binaries, limit)?),
+        None => {
+            eprintln!("    compute-sanitizer not found ({SANITIZER_PLACES}); skipped memcheck and racecheck")
         }
-        None => eprintln!("    compute-sanitizer not found; skipped memcheck"),
     }
     if failed.is_empty() { Ok(()) } else { Err(format!("on the real driver: {}", failed.join(", "))) }
+}
+
+/// `cargo xtask sanitize`: only the compute-sanitizer part of `gpu-test`, which must run: no GPU
+/// or no compute-sanitizer is a failure here, not a skip.
+fn sanitize() -> Result {
+    probe_gpu()?;
+    let sanitizer = find_sanitizer().ok_or_else(|| {
+        format!("compute-sanitizer not found ({SANITIZER_PLACES}); install the CUDA toolkit")
+    })?;
+    let limit = time_limit()?;
+    let binaries = gpu_test_binaries()?;
+    let failed = run_sanitizer(&sanitizer, &binaries, limit)?;
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("under compute-sanitizer on the real driver: {}", failed.join(", ")))
+    }
+}
+
+/// Fails, saying why, unless the real driver works and sees a device; prints what it found.
+fn probe_gpu() -> Result {
+    eprintln!("==> probing for a GPU");
+    let probe = cargo()
+        .args(["run", "--quiet", "-p", "cumem-cli", "--", "--driver", "real", "info"])
+        .output()
+        .map_err(|e| format!("could not run the probe: {e}"))?;
+    if !probe.status.success() {
+        let why = String::from_utf8_lossy(&probe.stderr);
+        return Err(format!("no GPU: the real CUDA driver is not usable here ({})", why.trim()));
+    }
+    print!("{}", String::from_utf8_lossy(&probe.stdout));
+    Ok(())
+}
+
+/// How long one test binary may run on the real driver (`CUMEM_GPU_TEST_TIMEOUT`, seconds).
+fn time_limit() -> Result<Duration> {
+    match std::env::var("CUMEM_GPU_TEST_TIMEOUT") {
+        Ok(v) => Ok(Duration::from_secs(
+            v.parse().map_err(|_| format!("CUMEM_GPU_TEST_TIMEOUT={v:?} is not a number of seconds"))?,
+        )),
+        Err(_) => Ok(Duration::from_secs(600)),
+    }
+}
+
+/// The compute-sanitizer tools `gpu-test` and `sanitize` run on every test binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tool {
+    /// Out-of-bounds and misaligned accesses, and device memory still allocated at exit.
+    Memcheck,
+    /// Shared-memory hazards between the threads of a kernel.
+    Racecheck,
+}
+
+impl Tool {
+    const ALL: [Tool; 2] = [Tool::Memcheck, Tool::Racecheck];
+
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Memcheck => "memcheck",
+            Tool::Racecheck => "racecheck",
+        }
+    }
+
+    /// The tool's own options.
+    fn options(self) -> &'static [&'static str] {
+        match self {
+            Tool::Memcheck => &["--tool", "memcheck", "--leak-check", "full"],
+            Tool::Racecheck => &["--tool", "racecheck"],
+        }
+    }
+}
+
+/// Runs every binary under each of [`Tool::ALL`] on the real driver, one test thread at a time
+/// (each report then belongs to one test, and no two tests' driver errors interleave), printing a
+/// verdict per binary and tool. Returns the failures, as `tool binary (why)`.
+fn run_sanitizer(sanitizer: &Path, binaries: &[TestBinary], limit: Duration) -> Result<Vec<String>> {
+    let mut failed = Vec::new();
+    for tool in Tool::ALL {
+        eprintln!("==> compute-sanitizer {} ({})", tool.name(), sanitizer.display());
+        for b in binaries {
+            let mut cmd = Command::new(sanitizer);
+            // API error reports off: the tests provoke driver errors on purpose.
+            cmd.args(tool.options())
+                .args(["--report-api-errors", "no"])
+                .args(["--error-exitcode", &SANITIZER_ERROR_EXIT.to_string()])
+                .arg(&b.path)
+                .arg("--test-threads=1")
+                .env("CUMEM_DRIVER", "real");
+            let verdict = match run_limited(&mut cmd, limit, true)? {
+                Outcome::Exited(status, output) => match sanitizer_verdict(status, &output) {
+                    Sanitized::Clean => "clean".to_string(),
+                    Sanitized::NoCudaCall => "skipped: it makes no CUDA call".to_string(),
+                    Sanitized::Failed(why) => {
+                        eprint!("{output}");
+                        failed.push(format!("{} {} ({why})", tool.name(), b.name));
+                        format!("FAILED: {why}")
+                    }
+                },
+                Outcome::Hung => {
+                    failed.push(format!("{} {} (hung)", tool.name(), b.name));
+                    format!("HUNG: killed after {limit:?}")
+                }
+            };
+            eprintln!("    {} {}: {verdict}", tool.name(), b.name);
+        }
+    }
+    Ok(failed)
 }
 
 /// The variable naming the file to which `cumem_sys::testing::skip` appends `<test>\t<why>`
@@ -356,7 +597,7 @@ struct TestBinary {
 fn gpu_test_binaries() -> Result<Vec<TestBinary>> {
     eprintln!("==> cargo test --no-run (building the test binaries)");
     let output = cargo()
-        .args(["test", "--workspace", "--locked", "--no-run", "--message-format=json"])
+        .args(["test", "--workspace", "--locked", "--no-run", "--message-format=json-render-diagnostics"])
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cargo test --no-run: could not start: {e}"))?;
@@ -368,6 +609,15 @@ fn gpu_test_binaries() -> Result<Vec<TestBinary>> {
 
 /// The test executables in cargo's JSON messages, less the packages of [`NOT_GPU_TESTS`].
 fn test_binaries(messages: &str) -> Vec<TestBinary> {
+    test_executables(messages)
+        .into_iter()
+        .filter(|b| b.name.split_once('/').is_none_or(|(package, _)| !NOT_GPU_TESTS.contains(&package)))
+        .collect()
+}
+
+/// Every test executable in cargo's JSON messages, named `package/target` (the package by its
+/// manifest's directory).
+fn test_executables(messages: &str) -> Vec<TestBinary> {
     let mut out = Vec::new();
     for line in messages.lines() {
         let Ok(m) = serde_json::from_str::<serde_json::Value>(line) else { continue };
@@ -384,9 +634,6 @@ fn test_binaries(messages: &str) -> Vec<TestBinary> {
             .and_then(Path::file_name)
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if NOT_GPU_TESTS.contains(&package.as_str()) {
-            continue;
-        }
         out.push(TestBinary { name: format!("{package}/{target}"), path: PathBuf::from(exe) });
     }
     out
@@ -463,10 +710,10 @@ fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// What one memcheck run found.
+/// What one compute-sanitizer run found.
 #[derive(Debug, PartialEq, Eq)]
-enum Memcheck {
-    /// The binary ran instrumented and memcheck reported no error.
+enum Sanitized {
+    /// The binary ran instrumented and the tool reported no error.
     Clean,
     /// The binary never initialised CUDA (e.g. unit tests of pure logic): nothing to check.
     NoCudaCall,
@@ -475,21 +722,46 @@ enum Memcheck {
 }
 
 /// Reads compute-sanitizer's exit status and output. Its own verdict on an uninstrumented run
-/// wins over the status; an instrumented run always ends with an "ERROR SUMMARY" line, so a
-/// successful run without one instrumented nothing either.
-fn memcheck_verdict(status: ExitStatus, output: &str) -> Memcheck {
-    let summary = output.lines().rev().find(|l| l.contains("ERROR SUMMARY"));
+/// wins over the status; an instrumented run always ends with a summary line, so a successful run
+/// without one instrumented nothing either. The summary's error count is read as well as the
+/// status, so that errors fail the run even if the exit code option were not honoured.
+fn sanitizer_verdict(status: ExitStatus, output: &str) -> Sanitized {
+    let summary = output
+        .lines()
+        .rev()
+        .map(|l| l.trim_start_matches(['=', ' ']).trim_end())
+        .find(|l| l.starts_with("ERROR SUMMARY:") || l.starts_with("RACECHECK SUMMARY:"));
     if output.contains(NOT_INSTRUMENTED) || (status.success() && summary.is_none()) {
-        return Memcheck::NoCudaCall;
+        return Sanitized::NoCudaCall;
     }
-    let summary = summary.map(|l| l.trim_start_matches(['=', ' ']).to_string());
-    match (status.code(), summary) {
-        (Some(0), _) => Memcheck::Clean,
-        (Some(SANITIZER_ERROR_EXIT), Some(s)) => Memcheck::Failed(s),
-        (_, Some(s)) => Memcheck::Failed(format!("the tests failed under the sanitizer ({status}; {s})")),
-        (_, None) => Memcheck::Failed(format!("the sanitizer ended without a summary ({status})")),
+    let Some(summary) = summary else {
+        return Sanitized::Failed(format!("the sanitizer ended without a summary ({status})"));
+    };
+    match (status.code(), summary_errors(summary)) {
+        (Some(0), Some(0)) => Sanitized::Clean,
+        (Some(0), None) => Sanitized::Failed(format!("unreadable summary: {summary}")),
+        (Some(0) | Some(SANITIZER_ERROR_EXIT), _) => Sanitized::Failed(summary.to_string()),
+        _ => Sanitized::Failed(format!("the tests failed under the sanitizer ({status}; {summary})")),
     }
 }
+
+/// The errors a compute-sanitizer summary line counts, its `=========` prefix removed: memcheck's
+/// `ERROR SUMMARY: N errors`, racecheck's `RACECHECK SUMMARY: H hazards displayed (E errors, W
+/// warnings)` (its errors: warnings are hazards the tool itself does not call errors, and do not
+/// set its exit code either). `None` when the line is neither.
+fn summary_errors(summary: &str) -> Option<u64> {
+    let count = if let Some(rest) = summary.strip_prefix("ERROR SUMMARY:") {
+        rest
+    } else {
+        summary.strip_prefix("RACECHECK SUMMARY:")?.split_once('(')?.1
+    };
+    let mut words = count.split_whitespace();
+    let n = words.next()?.parse().ok()?;
+    words.next()?.starts_with("error").then_some(n)
+}
+
+/// Where [`find_sanitizer`] looks, for the message saying it found nothing.
+const SANITIZER_PLACES: &str = "looked on PATH, in $CUDA_HOME/bin and in /usr/local/cuda/bin";
 
 /// compute-sanitizer on `PATH`, else in the CUDA toolkit (`$CUDA_HOME`, `/usr/local/cuda`), where
 /// installers put it without adding it to `PATH`.
@@ -568,25 +840,137 @@ mod tests {
     }
 
     #[test]
-    fn memcheck_skips_a_binary_without_cuda_calls_and_fails_on_errors_or_test_failures() {
+    fn the_sanitizer_skips_a_binary_without_cuda_calls_and_fails_on_errors_or_test_failures() {
         // What compute-sanitizer 2025.3 printed for a target that never called CUDA.
         let none = "========= COMPUTE-SANITIZER\n========= Error: Target application terminated before first instrumented API call\n";
-        assert_eq!(memcheck_verdict(exit(255), none), Memcheck::NoCudaCall);
-        assert_eq!(memcheck_verdict(exit(0), "running 3 tests\ntest result: ok\n"), Memcheck::NoCudaCall);
+        assert_eq!(sanitizer_verdict(exit(255), none), Sanitized::NoCudaCall);
+        assert_eq!(sanitizer_verdict(exit(0), "running 3 tests\ntest result: ok\n"), Sanitized::NoCudaCall);
         let clean = "========= COMPUTE-SANITIZER\ntest result: ok\n========= LEAK SUMMARY: 0 bytes leaked in 0 allocations\n========= ERROR SUMMARY: 0 errors\n";
-        assert_eq!(memcheck_verdict(exit(0), clean), Memcheck::Clean);
+        assert_eq!(sanitizer_verdict(exit(0), clean), Sanitized::Clean);
         let leak = "========= Leaked 64 bytes at 0x7f0000000000\n========= ERROR SUMMARY: 1 error\n";
         assert_eq!(
-            memcheck_verdict(exit(SANITIZER_ERROR_EXIT), leak),
-            Memcheck::Failed("ERROR SUMMARY: 1 error".into())
+            sanitizer_verdict(exit(SANITIZER_ERROR_EXIT), leak),
+            Sanitized::Failed("ERROR SUMMARY: 1 error".into())
         );
+        // Errors counted but a successful exit: the count wins.
+        assert_eq!(sanitizer_verdict(exit(0), leak), Sanitized::Failed("ERROR SUMMARY: 1 error".into()));
         let failing = "test result: FAILED. 2 passed; 1 failed\n========= ERROR SUMMARY: 0 errors\n";
         assert!(
-            matches!(memcheck_verdict(exit(101), failing), Memcheck::Failed(w) if w.contains("tests failed"))
+            matches!(sanitizer_verdict(exit(101), failing), Sanitized::Failed(w) if w.contains("tests failed"))
         );
         assert!(
-            matches!(memcheck_verdict(exit(9), "Killed\n"), Memcheck::Failed(w) if w.contains("without a summary"))
+            matches!(sanitizer_verdict(exit(9), "Killed\n"), Sanitized::Failed(w) if w.contains("without a summary"))
         );
+        let garbled = "========= ERROR SUMMARY: many errors\n";
+        assert!(
+            matches!(sanitizer_verdict(exit(0), garbled), Sanitized::Failed(w) if w.contains("unreadable"))
+        );
+    }
+
+    #[test]
+    fn racecheck_fails_on_hazards_it_calls_errors_and_passes_a_clean_run() {
+        let clean = "========= COMPUTE-SANITIZER\ntest result: ok\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n";
+        assert_eq!(sanitizer_verdict(exit(0), clean), Sanitized::Clean);
+        let race = "========= Error: Race reported between Write access at k+0x140\n========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n";
+        assert_eq!(
+            sanitizer_verdict(exit(SANITIZER_ERROR_EXIT), race),
+            Sanitized::Failed("RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)".into())
+        );
+        assert!(matches!(sanitizer_verdict(exit(0), race), Sanitized::Failed(_)));
+        let warned = "========= RACECHECK SUMMARY: 2 hazards displayed (0 errors, 2 warnings)\n";
+        assert_eq!(sanitizer_verdict(exit(0), warned), Sanitized::Clean);
+    }
+
+    #[test]
+    fn summary_lines_give_their_error_counts() {
+        assert_eq!(summary_errors("ERROR SUMMARY: 0 errors"), Some(0));
+        assert_eq!(summary_errors("ERROR SUMMARY: 1 error"), Some(1));
+        assert_eq!(summary_errors("ERROR SUMMARY: 12 errors (3 not displayed)"), Some(12));
+        assert_eq!(
+            summary_errors("RACECHECK SUMMARY: 16 hazards displayed (16 errors, 0 warnings)"),
+            Some(16)
+        );
+        assert_eq!(summary_errors("RACECHECK SUMMARY: 3 hazards displayed (1 error, 2 warnings)"), Some(1));
+        assert_eq!(summary_errors("LEAK SUMMARY: 0 bytes leaked in 0 allocations"), None);
+        assert_eq!(summary_errors("ERROR SUMMARY: some errors"), None);
+        assert_eq!(summary_errors("ERROR SUMMARY: 3 bytes"), None);
+        assert_eq!(summary_errors("RACECHECK SUMMARY: 0 hazards displayed"), None);
+    }
+
+    #[test]
+    fn every_binary_that_ran_tests_must_print_the_leak_check_unless_exempt() {
+        let names: HashMap<String, String> = [
+            ("api-1", "cumem-sim/api"),
+            ("api-2", "cumem-pool/api"),
+            ("device_buffer-3", "cumem-core/device_buffer"),
+            ("cumem_core-4", "cumem-core/cumem_core"),
+            ("two_processes-5", "cumem-ipc/two_processes"),
+            ("streams-6", "cumem-sim/streams"),
+        ]
+        .into_iter()
+        .map(|(f, n)| (f.to_string(), n.to_string()))
+        .collect();
+        let log = "\
+   Compiling xtask v0.1.0
+     Running unittests src/lib.rs (target/debug/deps/cumem_core-4)
+
+running 2 tests
+test tests::a ... ok
+     Running tests/api.rs (target/debug/deps/api-1)
+
+running 3 tests
+test result: ok. 3 passed
+cumem-sim: leak check passed (api-1)
+     Running tests/api.rs (/elsewhere/target/debug/deps/api-2)
+
+running 33 tests
+     Running tests/device_buffer.rs (target/debug/deps/device_buffer-3)
+
+running 0 tests
+     Running tests/two_processes.rs (target/debug/deps/two_processes-5)
+
+running 4 tests
+running 1 test
+cumem-sim: leak check passed (two_processes-5)
+     Running tests/streams.rs (target/debug/deps/streams-6)
+
+running 5 tests
+     Running tests/other.rs (target/debug/deps/other-7)
+running 1 test
+cumem-sim: LEAK at exit of other-7:
+1 allocation live
+   Doc-tests cumem_core
+
+running 9 tests
+cumem-sim: leak check skipped at exit of rust_out: simulator state is locked
+";
+        let check = leak_check(log, &names);
+        assert_eq!(
+            check,
+            LeakCheck {
+                passed: vec!["cumem-sim/api".into(), "cumem-ipc/two_processes".into()],
+                // Same target name as cumem-sim/api, told apart by the executable's hash.
+                exempt: vec!["cumem-core/cumem_core".into(), "cumem-pool/api".into()],
+                // device_buffer ran no test: nothing to check.
+                silent: vec!["cumem-sim/streams (streams-6)".into(), "other-7 (other-7)".into()],
+                leaks: vec!["cumem-sim: LEAK at exit of other-7:".into()],
+                skipped: vec![
+                    "cumem-sim: leak check skipped at exit of rust_out: simulator state is locked".into()
+                ],
+            }
+        );
+        // Doctests are not binaries of their own here, whatever they print.
+        assert_eq!(leak_check("   Doc-tests cumem\n\nrunning 9 tests\n", &names), LeakCheck::default());
+    }
+
+    #[test]
+    fn exemptions_are_named_once_each() {
+        let mut names: Vec<&str> = NO_LEAK_LINE.iter().map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        let count = names.len();
+        names.dedup();
+        assert_eq!(names.len(), count, "a binary is exempt twice");
+        assert!(names.iter().all(|n| n.split_once('/').is_some_and(|(p, t)| !p.is_empty() && !t.is_empty())));
     }
 
     #[test]
