@@ -155,7 +155,8 @@ pub unsafe trait DeviceResource: Send + Sync + fmt::Debug + IntoDynResource {
 pub struct CacheUsage {
     /// Bytes held from the upstream (in use or cached).
     pub reserved_bytes: u64,
-    /// Of those, bytes not in use: kept for reuse.
+    /// Of those, bytes not in use: kept for reuse (for the caching pool, stranded bytes too,
+    /// which it reuses only after its next synchronisation).
     pub cached_bytes: u64,
     /// The largest contiguous cached block.
     pub largest_free_block: u64,
@@ -164,12 +165,12 @@ pub struct CacheUsage {
 impl CacheUsage {
     /// `1 - largest_free_block / cached_bytes`: 0 when all cached memory is one block (or there is
     /// none), close to 1 when it is in many small pieces (a large request may then fail although
-    /// enough bytes are cached).
+    /// enough bytes are cached). Kept in `0..=1` when the figures were read at different moments.
     pub fn fragmentation(&self) -> f64 {
         if self.cached_bytes == 0 {
             0.0
         } else {
-            1.0 - self.largest_free_block as f64 / self.cached_bytes as f64
+            (1.0 - self.largest_free_block as f64 / self.cached_bytes as f64).clamp(0.0, 1.0)
         }
     }
 }

@@ -151,7 +151,8 @@ impl StatisticsResource {
     /// How fragmented the wrapped resource's cache is ([`CacheUsage::fragmentation`]: 0 when
     /// its cached memory is one block, towards 1 as it splits), when it caches and can tell (a
     /// caching pool, also under other adaptors); `None` for one that does not (the driver) or
-    /// cannot (the driver's pools).
+    /// cannot (the driver's pools). It reads a caching pool's stats: not from a tracing subscriber
+    /// of the events an expandable upstream emits under the pool's locks (docs/pools.md).
     ///
     /// ```
     /// # cumem_sys::testing::init();

@@ -120,12 +120,13 @@ pub struct PoolStats {
 
 impl PoolStats {
     /// `1 - largest_free_block / cached_bytes`: 0 when all cached memory is one block (or there is
-    /// none), close to 1 when it is in many small pieces.
+    /// none), close to 1 when it is in many small pieces. Kept in `0..=1` (under concurrent use
+    /// the two fields are read at different moments).
     pub fn fragmentation(&self) -> f64 {
         if self.cached_bytes == 0 {
             0.0
         } else {
-            1.0 - self.largest_free_block as f64 / self.cached_bytes as f64
+            (1.0 - self.largest_free_block as f64 / self.cached_bytes as f64).clamp(0.0, 1.0)
         }
     }
 

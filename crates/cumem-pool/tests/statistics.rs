@@ -4,7 +4,10 @@
 use std::sync::Arc;
 
 use cumem_core::{Device, DeviceBuffer, DriverResource, Stream};
-use cumem_pool::{CachingResource, LimitingResource, PoolConfig, ScopeCounters, StatisticsResource};
+use cumem_pool::{
+    CachingResource, FailureCallbackResource, LimitingResource, LoggingResource, PoolConfig, ScopeCounters,
+    StatisticsResource, TrackingResource,
+};
 use cumem_sys::testing;
 
 fn setup() -> (Stream, Arc<StatisticsResource>, Arc<StatisticsResource>) {
@@ -136,9 +139,12 @@ fn wraps_a_pool_as_well_as_the_driver() {
     let p = pool.stats();
     assert!(p.fragmentation() > 0.0, "{p:?}");
     assert_eq!(stats.fragmentation(), Some(p.fragmentation()));
-    // Through more adaptors, the same answer.
+    // Through every other adaptor, the same answer.
     let limited = Arc::new(LimitingResource::new(pool.clone(), 1 << 30));
-    assert_eq!(StatisticsResource::new(limited).fragmentation(), Some(p.fragmentation()));
+    let tracked = Arc::new(TrackingResource::new(limited));
+    let logged = Arc::new(LoggingResource::new(tracked, std::io::sink()).unwrap());
+    let called = Arc::new(FailureCallbackResource::new(logged, 1, |_| false));
+    assert_eq!(StatisticsResource::new(called).fragmentation(), Some(p.fragmentation()));
     drop(bufs);
     assert_eq!((stats.counters().current_count, pool.stats().current_count), (0, 0));
 }
