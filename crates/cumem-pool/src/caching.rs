@@ -507,6 +507,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let (report, unlinked) = self.release(&mut guards, keep as u64, &mut notes);
         drop((guards, st));
         notes.log();
+        self.log_upstream_notes();
         Self::log_released(&report);
         self.give_back(unlinked);
         Ok(report)
@@ -546,6 +547,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let (report, unlinked) = self.release(&mut guards, threshold, &mut notes);
         drop((guards, st));
         notes.log();
+        self.log_upstream_notes();
         Self::log_released(&report);
         self.give_back(unlinked);
         Ok(report)
@@ -1220,10 +1222,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             if let Ok(expandable::Grown::Block(addr, seg)) = grown {
                 let block = self.finish(g, &req, addr, seg);
                 notes.log();
+                self.log_upstream_notes();
                 return Ok(block);
             }
             drop(g);
             notes.log();
+            self.log_upstream_notes();
             grown?;
         } else if let Some(seg) = self.grow(req.kind, req.need, false)? {
             let mut g = arena.inner.lock();
@@ -1419,8 +1423,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     Err(e) => Err(e),
                 };
                 notes.log();
+                self.log_upstream_notes();
                 Self::log_released(&released);
                 grown_notes.log();
+                self.log_upstream_notes();
                 self.give_back(unlinked);
                 if let Some(block) = block? {
                     return Ok(block);
@@ -1428,6 +1434,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             } else {
                 drop((guards, st));
                 notes.log();
+                self.log_upstream_notes();
                 Self::log_released(&released);
                 self.give_back(unlinked);
                 found = self.grow_new_segment(to, req)?;
@@ -1518,6 +1525,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         drop(segs);
         tracing::warn!(%err, "caching pool out of memory");
         err
+    }
+
+    /// Logs what the expandable upstream noted under the pool's locks (call with none held).
+    fn log_upstream_notes(&self) {
+        if let Some(up) = self.upstream.expandable() {
+            up.log_deferred();
+        }
     }
 
     /// Takes the table's mutex (no arena comes or goes), then locks every arena in position order.
@@ -1737,6 +1751,7 @@ impl<U: Upstream, O: Ordering> Drop for CachingPool<U, O> {
         }
         if let Some(up) = self.upstream.expandable() {
             expandable::teardown(up, segs.expandable);
+            up.log_deferred();
         }
     }
 }

@@ -50,6 +50,59 @@ pub struct DeviceExpandable {
     /// The device and its peers, read-write: every mapping's access list.
     access: Vec<(Device, Access)>,
     state: Mutex<State>,
+    /// What `map`, `unmap` and `release` noted or let go of, for [`log_deferred`]: the pool calls
+    /// them under its locks, where a warning's subscriber that reads the pool's stats would wait
+    /// for its own thread, and a reservation's drop calls the driver (which may wait) and may log.
+    /// A leaf lock: held only to push or to take the lot.
+    ///
+    /// [`log_deferred`]: ExpandableUpstream::log_deferred
+    deferred: Mutex<Deferrals>,
+}
+
+#[derive(Default)]
+struct Deferrals {
+    notes: Vec<Deferred>,
+    /// Reservations released by the pool, freed when they are dropped.
+    ranges: Vec<Arc<VirtualRange>>,
+}
+
+/// A warning noted under the pool's locks, logged by `log_deferred` once it has let go of them.
+enum Deferred {
+    MapOutside { addr: u64, bytes: usize },
+    UndoUnmapFailed { at: u64, error: cumem_core::Error },
+    UnmapNotAllMapped { addr: u64, bytes: usize, mapped: usize },
+    StrayUnmapFailed { base: u64, error: cumem_core::Error },
+    ReleaseUnknown { base: u64, bytes: usize },
+    ReleaseStillMapped { base: u64, bytes: usize },
+}
+
+impl Deferred {
+    fn log(self) {
+        match self {
+            Deferred::MapOutside { addr, bytes } => {
+                tracing::warn!(addr, bytes, "mapping outside every reservation of this upstream; refused")
+            }
+            Deferred::UndoUnmapFailed { at, error } => {
+                tracing::warn!(at, error = %error, "undoing a failed map: unmap failed; retried later")
+            }
+            Deferred::UnmapNotAllMapped { addr, bytes, mapped } => {
+                tracing::warn!(addr, bytes, mapped, "unmapping space that is not all mapped")
+            }
+            Deferred::StrayUnmapFailed { base, error } => tracing::warn!(
+                base,
+                error = %error,
+                "unmapping a stray chunk failed; unmapped when the upstream drops"
+            ),
+            Deferred::ReleaseUnknown { base, bytes } => {
+                tracing::warn!(base, bytes, "releasing a reservation this upstream did not make; ignored")
+            }
+            Deferred::ReleaseStillMapped { base, bytes } => tracing::warn!(
+                base,
+                bytes,
+                "releasing a reservation with chunks still mapped; freed when they are"
+            ),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -94,7 +147,12 @@ impl DeviceExpandable {
             device_bytes,
             access,
             state: Mutex::default(),
+            deferred: Mutex::default(),
         })
+    }
+
+    fn defer(&self, note: Deferred) {
+        self.deferred.lock().notes.push(note);
     }
 
     /// Maps one chunk of new physical memory at `offset` of `range` and pushes it onto `made`, then
@@ -168,7 +226,8 @@ impl ExpandableUpstream for DeviceExpandable {
         }
         let mut s = self.state.lock();
         let Some((&base, range)) = s.ranges.range(..=addr).next_back() else {
-            tracing::warn!(addr, bytes, "mapping outside every reservation of this upstream; refused");
+            drop(s);
+            self.defer(Deferred::MapOutside { addr, bytes });
             return Err(UpstreamError::Other(0));
         };
         let range = range.clone();
@@ -182,12 +241,15 @@ impl ExpandableUpstream for DeviceExpandable {
                 // unmap fails is kept as a stray rather than dropped, where a second failure
                 // would only be logged and the driver would keep a chunk the pool counts as
                 // unmapped, refusing the next map there.
+                let mut failed = Vec::new();
                 while let Some((at, mapping)) = made.pop() {
                     if let Err((mapping, e)) = mapping.unmap() {
-                        tracing::warn!(at, error = %e, "undoing a failed map: unmap failed; retried later");
+                        failed.push(Deferred::UndoUnmapFailed { at, error: e });
                         s.stray.insert(at, mapping);
                     }
                 }
+                drop(s);
+                failed.into_iter().for_each(|note| self.defer(note));
                 return Err(UpstreamError::Driver(error));
             }
         }
@@ -201,12 +263,7 @@ impl ExpandableUpstream for DeviceExpandable {
         let mut rest = above.split_off(&(addr + bytes as u64));
         s.chunks.append(&mut rest);
         if above.len() * self.chunk != bytes {
-            tracing::warn!(
-                addr,
-                bytes,
-                mapped = above.len() * self.chunk,
-                "unmapping space that is not all mapped"
-            );
+            self.defer(Deferred::UnmapNotAllMapped { addr, bytes, mapped: above.len() * self.chunk });
         }
         // From the top down, so that after a failure what is left mapped is the bottom of the range.
         // The pool synchronised after every free in it.
@@ -225,20 +282,26 @@ impl ExpandableUpstream for DeviceExpandable {
     fn release(&self, base: u64, bytes: usize) {
         let mut s = self.state.lock();
         // The pool synchronised: nothing uses the reservation, strays never were handed out.
-        if let Err(e) = Self::unmap_strays(&mut s, base, base.saturating_add(bytes as u64)) {
-            tracing::warn!(base, error = %e, "unmapping a stray chunk failed; unmapped when the upstream drops");
+        if let Err(error) = Self::unmap_strays(&mut s, base, base.saturating_add(bytes as u64)) {
+            self.defer(Deferred::StrayUnmapFailed { base, error });
         }
         let Some(range) = s.ranges.remove(&base) else {
-            tracing::warn!(base, bytes, "releasing a reservation this upstream did not make; ignored");
+            drop(s);
+            self.defer(Deferred::ReleaseUnknown { base, bytes });
             return;
         };
+        drop(s);
         if Arc::strong_count(&range) > 1 {
-            tracing::warn!(
-                base,
-                bytes,
-                "releasing a reservation with chunks still mapped; freed when they are"
-            );
+            self.defer(Deferred::ReleaseStillMapped { base, bytes });
         }
+        // Freed (its drop calls the driver, and may log) once the pool has let go of its locks.
+        self.deferred.lock().ranges.push(range);
+    }
+
+    fn log_deferred(&self) {
+        let Deferrals { notes, ranges } = std::mem::take(&mut *self.deferred.lock());
+        notes.into_iter().for_each(Deferred::log);
+        drop(ranges);
     }
 
     fn abandon(&self) {

@@ -28,6 +28,7 @@ const MIB: usize = 1 << 20;
 const RESERVING: &str = "expandable segments full: reserving another";
 const UNMAP_FAILED: &str = "unmapping a free chunk failed; kept cached";
 const RELEASED: &str = "segments released";
+const UNDO_FAILED: &str = "undoing a failed map: unmap failed; retried later";
 
 type Pool = CachingPool<HostUpstream, HostOrdering>;
 
@@ -282,6 +283,56 @@ fn a_subscriber_that_reads_stats_when_a_device_unmap_fails_does_not_deadlock() {
     let report = pool.trim().unwrap();
     assert_eq!((report.released_bytes, report.released_segments), (2 * c, 1));
     assert_eq!(pool.stats().reserved_bytes, 0);
+    drop((pool, stream, ctx));
+    assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    let live = ctl.live_report();
+    assert!(live.is_clean(), "{live}");
+}
+
+/// A growth on the device whose second map fails, and whose undoing of the first map fails too,
+/// warns `undoing a failed map: unmap failed; retried later` (`DeviceExpandable`, called under the
+/// pool's locks): the warning waits until the pool has let go of them, so a subscriber that reads
+/// the stats on it does not deadlock; the chunk left mapped goes with the next trim.
+#[test]
+#[serial]
+fn a_subscriber_that_reads_stats_when_undoing_a_failed_device_map_fails_does_not_deadlock() {
+    testing::init_with("devices=1");
+    let device = Device::get(0).unwrap();
+    if !device.capabilities().unwrap().virtual_memory {
+        return testing::skip("device 0 has no virtual memory management");
+    }
+    // Injecting the failures needs the simulator.
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
+    let ctx = device.context().unwrap();
+    let c = cumem_vmm::Granularity::of(device).unwrap().recommended as u64;
+    let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+    let pool = Arc::new(CachingResource::with_driver(&ctx, config));
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let a = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, c as usize).unwrap();
+    let (reader, p, s) = (pool.clone(), pool.clone(), stream.clone());
+    let (grown, seen) = reading_stats_on(
+        UNDO_FAILED,
+        move || reader.stats(),
+        move || {
+            let ctl = testing::sim_control().expect("the simulator, checked above");
+            // Growing by two chunks: the second map fails, and undoing the first one's fails too.
+            let rules = [("cuMemMap", 2), ("cuMemUnmap", 1)]
+                .map(|(function, nth)| ctl.inject_fault(fails_once_on_this_thread(function, nth)));
+            let grown = DeviceBuffer::<u8>::new_in(&p, &s, (2 * c) as usize).map(drop);
+            for rule in rules {
+                ctl.remove_fault(rule);
+            }
+            grown
+        },
+    );
+    assert!(grown.is_err(), "{grown:?}");
+    let seen: Vec<u64> = seen.iter().map(|s| s.reserved_bytes).collect();
+    assert_eq!(seen, [c], "reserved bytes at the warning: only the first chunk");
+    drop(a);
+    let report = pool.trim().unwrap();
+    assert_eq!((report.released_bytes, report.released_segments), (c, 1));
     drop((pool, stream, ctx));
     assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
     let live = ctl.live_report();
