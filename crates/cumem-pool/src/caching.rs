@@ -1423,9 +1423,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     Err(e) => Err(e),
                 };
                 notes.log();
-                self.log_upstream_notes();
                 Self::log_released(&released);
                 grown_notes.log();
+                // The upstream's own warnings (of the release's unmaps and the growth's maps)
+                // last: it keeps them in one list.
                 self.log_upstream_notes();
                 self.give_back(unlinked);
                 if let Some(block) = block? {

@@ -50,20 +50,12 @@ pub struct DeviceExpandable {
     /// The device and its peers, read-write: every mapping's access list.
     access: Vec<(Device, Access)>,
     state: Mutex<State>,
-    /// What `map`, `unmap` and `release` noted or let go of, for [`log_deferred`]: the pool calls
-    /// them under its locks, where a warning's subscriber that reads the pool's stats would wait
-    /// for its own thread, and a reservation's drop calls the driver (which may wait) and may log.
-    /// A leaf lock: held only to push or to take the lot.
+    /// What `map`, `unmap` and `release` noted, for [`log_deferred`]: the pool calls them under
+    /// its locks, where a warning's subscriber that reads the pool's stats would wait for its own
+    /// thread. A leaf lock: held only to push or to take the lot.
     ///
     /// [`log_deferred`]: ExpandableUpstream::log_deferred
-    deferred: Mutex<Deferrals>,
-}
-
-#[derive(Default)]
-struct Deferrals {
-    notes: Vec<Deferred>,
-    /// Reservations released by the pool, freed when they are dropped.
-    ranges: Vec<Arc<VirtualRange>>,
+    deferred: Mutex<Vec<Deferred>>,
 }
 
 /// A warning noted under the pool's locks, logged by `log_deferred` once it has let go of them.
@@ -152,7 +144,7 @@ impl DeviceExpandable {
     }
 
     fn defer(&self, note: Deferred) {
-        self.deferred.lock().notes.push(note);
+        self.deferred.lock().push(note);
     }
 
     /// Maps one chunk of new physical memory at `offset` of `range` and pushes it onto `made`, then
@@ -294,14 +286,14 @@ impl ExpandableUpstream for DeviceExpandable {
         if Arc::strong_count(&range) > 1 {
             self.defer(Deferred::ReleaseStillMapped { base, bytes });
         }
-        // Freed (its drop calls the driver, and may log) once the pool has let go of its locks.
-        self.deferred.lock().ranges.push(range);
+        // Freed now, not deferred: the out-of-memory ladder reserves again right after releasing,
+        // under the same locks, and may need these addresses. (A failed free warns here.)
+        drop(range);
     }
 
     fn log_deferred(&self) {
-        let Deferrals { notes, ranges } = std::mem::take(&mut *self.deferred.lock());
+        let notes = std::mem::take(&mut *self.deferred.lock());
         notes.into_iter().for_each(Deferred::log);
-        drop(ranges);
     }
 
     fn abandon(&self) {

@@ -107,10 +107,11 @@ pub trait ExpandableUpstream: Send + Sync {
     fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError>;
     /// Frees a reservation with nothing mapped in it.
     fn release(&self, base: u64, bytes: usize);
-    /// Logs what the upstream noted during calls the pool made under its locks, and lets go of
-    /// what those calls released: the pool calls it with none of its locks held after each
-    /// operation that may have called `map`, `unmap` or `release` (a tracing subscriber may read
-    /// the pool's stats, which take those locks, and a drop may call the driver). An upstream that
+    /// Logs what the upstream noted during calls the pool made under its locks: the pool calls it
+    /// with none of its locks held after each operation that may have called `reserve`, `map`,
+    /// `unmap` or `release` (a tracing subscriber may read the pool's stats, which take those
+    /// locks). An upstream may keep its warnings for this call instead of logging them inside
+    /// those (`DeviceExpandable` does, in one list: another thread's call may log them). One that
     /// logs nothing needs nothing here (the default).
     fn log_deferred(&self) {}
     /// Gives up every chunk and reservation still held, neither unmapping nor freeing them: the
