@@ -181,12 +181,7 @@ unsafe impl DeviceResource for CachingResource {
     }
 
     fn cache_usage(&self) -> Option<cumem_core::CacheUsage> {
-        let s = self.pool.stats();
-        Some(cumem_core::CacheUsage {
-            reserved_bytes: s.reserved_bytes,
-            cached_bytes: s.cached_bytes,
-            largest_free_block: s.largest_free_block,
-        })
+        Some(self.pool.stats().cache_usage())
     }
 
     #[inline]

@@ -123,10 +123,16 @@ impl PoolStats {
     /// none), close to 1 when it is in many small pieces. Kept in `0..=1` (under concurrent use
     /// the two fields are read at different moments).
     pub fn fragmentation(&self) -> f64 {
-        if self.cached_bytes == 0 {
-            0.0
-        } else {
-            (1.0 - self.largest_free_block as f64 / self.cached_bytes as f64).clamp(0.0, 1.0)
+        self.cache_usage().fragmentation()
+    }
+
+    /// What [`DeviceResource::cache_usage`](cumem_core::DeviceResource::cache_usage) answers for
+    /// these stats: reserved, cached and the largest free block.
+    pub fn cache_usage(&self) -> cumem_core::CacheUsage {
+        cumem_core::CacheUsage {
+            reserved_bytes: self.reserved_bytes,
+            cached_bytes: self.cached_bytes,
+            largest_free_block: self.largest_free_block,
         }
     }
 

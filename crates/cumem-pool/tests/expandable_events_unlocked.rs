@@ -241,25 +241,43 @@ fn a_subscriber_that_panics_in_the_ladder_leaves_the_books_consistent() {
     assert!(pool.upstream().violations().is_empty(), "{:?}", pool.upstream().violations());
 }
 
+/// An expandable caching pool on device 0 of the simulator, whose faults the tests inject.
+struct DevicePool {
+    ctl: cumem_sim::control::Control,
+    ctx: cumem_core::Context,
+    /// The device's mapping granularity (the pool's chunk).
+    chunk: u64,
+    pool: Arc<CachingResource>,
+    stream: Stream,
+}
+
+/// [`DevicePool`], or `None` (the skip said why) off the simulator or without virtual memory.
+fn device_pool() -> Option<DevicePool> {
+    testing::init_with("devices=1");
+    let device = Device::get(0).unwrap();
+    if !device.capabilities().unwrap().virtual_memory {
+        testing::skip("device 0 has no virtual memory management");
+        return None;
+    }
+    // Injecting failures needs the simulator.
+    let Some(ctl) = testing::sim_control() else {
+        testing::skip("injects driver faults: simulator only");
+        return None;
+    };
+    let ctx = device.context().unwrap();
+    let chunk = cumem_vmm::Granularity::of(device).unwrap().recommended as u64;
+    let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+    let pool = Arc::new(CachingResource::with_driver(&ctx, config));
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    Some(DevicePool { ctl, ctx, chunk, pool, stream })
+}
+
 /// On the device: the simulator fails the trim's second `cuMemUnmap` (the middle chunk of three,
 /// from the top), so one chunk goes back and two stay, and the subscriber reads the stats then.
 #[test]
 #[serial]
 fn a_subscriber_that_reads_stats_when_a_device_unmap_fails_does_not_deadlock() {
-    testing::init_with("devices=1");
-    let device = Device::get(0).unwrap();
-    if !device.capabilities().unwrap().virtual_memory {
-        return testing::skip("device 0 has no virtual memory management");
-    }
-    // Injecting the failure needs the simulator.
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("injects driver faults: simulator only");
-    };
-    let ctx = device.context().unwrap();
-    let c = cumem_vmm::Granularity::of(device).unwrap().recommended as u64;
-    let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
-    let pool = Arc::new(CachingResource::with_driver(&ctx, config));
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some(DevicePool { ctl, ctx, chunk: c, pool, stream }) = device_pool() else { return };
     let a = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, (3 * c) as usize).unwrap();
     let base = a.device_ptr();
     drop(a);
@@ -296,20 +314,7 @@ fn a_subscriber_that_reads_stats_when_a_device_unmap_fails_does_not_deadlock() {
 #[test]
 #[serial]
 fn a_subscriber_that_reads_stats_when_undoing_a_failed_device_map_fails_does_not_deadlock() {
-    testing::init_with("devices=1");
-    let device = Device::get(0).unwrap();
-    if !device.capabilities().unwrap().virtual_memory {
-        return testing::skip("device 0 has no virtual memory management");
-    }
-    // Injecting the failures needs the simulator.
-    let Some(ctl) = testing::sim_control() else {
-        return testing::skip("injects driver faults: simulator only");
-    };
-    let ctx = device.context().unwrap();
-    let c = cumem_vmm::Granularity::of(device).unwrap().recommended as u64;
-    let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
-    let pool = Arc::new(CachingResource::with_driver(&ctx, config));
-    let stream = Stream::non_blocking(&ctx).unwrap();
+    let Some(DevicePool { ctl, ctx, chunk: c, pool, stream }) = device_pool() else { return };
     let a = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, c as usize).unwrap();
     let (reader, p, s) = (pool.clone(), pool.clone(), stream.clone());
     let (grown, seen) = reading_stats_on(
