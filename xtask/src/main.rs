@@ -163,16 +163,7 @@ fn test_on_simulator(what: &str, selection: &[&str], sim: &str, env: &[(&str, &s
     // Which package and target each test executable is, to name it and to find its exemption:
     // cargo's "Running" lines give only a file name, and target names repeat across packages.
     // The build is the one `cargo test` below reuses; compiler errors are still shown as text.
-    let output = cargo()
-        .args(["test", "--locked", "--no-run", "--message-format=json-render-diagnostics"])
-        .args(selection)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cargo test --no-run: could not start: {e}"))?;
-    if !output.status.success() {
-        return Err(format!("cargo test --no-run failed ({})", output.status));
-    }
-    let names: HashMap<String, String> = test_executables(&String::from_utf8_lossy(&output.stdout))
+    let names: HashMap<String, String> = build_test_executables(selection)?
         .into_iter()
         .filter_map(|b| Some((b.path.file_name()?.to_string_lossy().into_owned(), b.name)))
         .collect();
@@ -289,10 +280,7 @@ const NO_LEAK_LINE: &[(&str, &str)] = &[
     ("cumem-pool/sweep_events_unlocked", POOL_HOST_MODEL),
     ("cumem-pool/synchronize_unlocked", POOL_HOST_MODEL),
     ("cumem-pool/wait_unlocked", POOL_HOST_MODEL),
-    (
-        "cumem-pool/expandable_drop_without_sync",
-        "leaks on purpose: checks the leak in the live report, then turns the exit check off",
-    ),
+    ("cumem-pool/expandable_drop_without_sync", LEAKS_ON_PURPOSE),
     ("cumem-sim/cumem_sim", "the simulator's model tested from inside, never initialised through cuInit"),
     ("cumem-sim/c_program", "runs a C program as a child with the leak check on and asserts its verdict"),
     ("cumem-sim/compat_table", "compares the README's table with the library's exported symbols"),
@@ -302,11 +290,12 @@ const NO_LEAK_LINE: &[(&str, &str)] = &[
 /// Whether the test binary named `binary` loads no driver: those [`NO_LEAK_LINE`] exempts for
 /// that reason (not `expandable_drop_without_sync`, which turns its check off).
 fn loads_no_driver(binary: &str) -> bool {
-    NO_LEAK_LINE.iter().any(|(b, why)| *b == binary && !why.starts_with(LEAKS_ON_PURPOSE))
+    NO_LEAK_LINE.iter().any(|(b, why)| *b == binary && *why != LEAKS_ON_PURPOSE)
 }
 
-/// The start of the reason of the one exempt binary that loads the simulator.
-const LEAKS_ON_PURPOSE: &str = "leaks on purpose";
+/// The reason of the one exempt binary that loads the simulator.
+const LEAKS_ON_PURPOSE: &str =
+    "leaks on purpose: checks the leak in the live report, then turns the exit check off";
 /// Why a library's own unit tests may print no leak check.
 const PURE_UNIT_TESTS: &str = "unit tests of pure logic (sizes, layouts, parsers)";
 /// Why the CLI's integration tests may print no leak check.
@@ -640,23 +629,29 @@ struct TestBinary {
 /// Builds the workspace's test binaries once and returns those meant for the real driver.
 fn gpu_test_binaries() -> Result<Vec<TestBinary>> {
     eprintln!("==> cargo test --no-run (building the test binaries)");
+    Ok(for_the_gpu(build_test_executables(&["--workspace"])?))
+}
+
+/// The test executables less the packages of [`NOT_GPU_TESTS`].
+fn for_the_gpu(all: Vec<TestBinary>) -> Vec<TestBinary> {
+    all.into_iter()
+        .filter(|b| b.name.split_once('/').is_none_or(|(package, _)| !NOT_GPU_TESTS.contains(&package)))
+        .collect()
+}
+
+/// Builds the test executables of `selection` (`cargo test --no-run`; compiler errors shown as
+/// text) and names each one.
+fn build_test_executables(selection: &[&str]) -> Result<Vec<TestBinary>> {
     let output = cargo()
-        .args(["test", "--workspace", "--locked", "--no-run", "--message-format=json-render-diagnostics"])
+        .args(["test", "--locked", "--no-run", "--message-format=json-render-diagnostics"])
+        .args(selection)
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cargo test --no-run: could not start: {e}"))?;
     if !output.status.success() {
         return Err(format!("cargo test --no-run failed ({})", output.status));
     }
-    Ok(test_binaries(&String::from_utf8_lossy(&output.stdout)))
-}
-
-/// The test executables in cargo's JSON messages, less the packages of [`NOT_GPU_TESTS`].
-fn test_binaries(messages: &str) -> Vec<TestBinary> {
-    test_executables(messages)
-        .into_iter()
-        .filter(|b| b.name.split_once('/').is_none_or(|(package, _)| !NOT_GPU_TESTS.contains(&package)))
-        .collect()
+    Ok(test_executables(&String::from_utf8_lossy(&output.stdout)))
 }
 
 /// Every test executable in cargo's JSON messages, named `package/target` (the package by its
@@ -871,7 +866,7 @@ mod tests {
         ]
         .join("\n");
         let found: Vec<(String, PathBuf)> =
-            test_binaries(&messages).into_iter().map(|b| (b.name, b.path)).collect();
+            for_the_gpu(test_executables(&messages)).into_iter().map(|b| (b.name, b.path)).collect();
         assert_eq!(
             found,
             [

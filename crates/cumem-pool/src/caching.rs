@@ -497,20 +497,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             unretired.log();
             return Ok(TrimReport::default());
         }
-        let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
-            // Frees raced with every synchronisation: nothing is known to be safe to release.
-            tracing::debug!("memory freed into the pool during every synchronisation; releasing nothing");
-            return Ok(TrimReport::default());
-        };
-        consolidate(&mut guards);
-        let mut notes = expandable::Notes::default();
-        let (report, unlinked) = self.release(&mut guards, keep as u64, &mut notes);
-        drop((guards, st));
-        notes.log();
-        self.log_upstream_notes();
-        Self::log_released(&report);
-        self.give_back(unlinked);
-        Ok(report)
+        self.release_after_synchronising(st, guards, unretired, keep as u64)
     }
 
     /// Synchronises all streams (`ordering.synchronize()`), then applies the release threshold: when
@@ -537,6 +524,20 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         for g in guards.iter_mut() {
             g.flush_bins();
         }
+        self.release_after_synchronising(st, guards, unretired, threshold)
+    }
+
+    /// The end of `trim_to` and `synchronize`: synchronises with no lock held
+    /// ([`synchronize_unlocked`](Self::synchronize_unlocked)), then consolidates and releases
+    /// until at most `keep` bytes are cached, logging with the locks let go; an empty report when
+    /// frees raced with every synchronisation.
+    fn release_after_synchronising(
+        &self,
+        st: MutexGuard<'_, TableState>,
+        guards: Guards<'_, O::Stream>,
+        unretired: Unretired<O::Stream>,
+        keep: u64,
+    ) -> Result<TrimReport, PoolError> {
         let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
             // Frees raced with every synchronisation: nothing is known to be safe to release.
             tracing::debug!("memory freed into the pool during every synchronisation; releasing nothing");
@@ -544,7 +545,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         };
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
-        let (report, unlinked) = self.release(&mut guards, threshold, &mut notes);
+        let (report, unlinked) = self.release(&mut guards, keep, &mut notes);
         drop((guards, st));
         notes.log();
         self.log_upstream_notes();
@@ -906,17 +907,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             self.ordering.synchronize().map_err(PoolError::Ordering)?;
             (st, guards) = self.lock_all();
             let after = self.arena_inserts(&guards);
-            let unchanged: Vec<bool> = after
-                .iter()
-                .map(|(index, now)| {
-                    let then = before.binary_search_by_key(index, |x| x.0).map_or([0; 3], |k| before[k].1);
-                    *now == then
-                })
-                .collect();
+            let unchanged = after.iter().all(|(index, now)| {
+                let then = before.binary_search_by_key(index, |x| x.0).map_or([0; 3], |k| before[k].1);
+                *now == then
+            });
             // Whatever the arenas held, the stranded blocks below the mark were stranded before
             // the synchronisation started: they go back to the cache either way.
             self.reclaim_stranded(&mut guards, covered);
-            if unchanged.iter().all(|&u| u) {
+            if unchanged {
                 return Ok(Some((st, guards)));
             }
             races += 1;
@@ -1443,13 +1441,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         } else {
             drop((guards, st));
         }
-        match found {
-            Some((addr, seg, kind)) => {
-                self.count_alloc(req.size, req.requested);
-                Ok(Block { kind, ..self.block(req, addr, seg) })
-            }
-            None => Err(self.out_of_memory(req, no_address_space)),
-        }
+        self.ladder_answer(found, req, no_address_space)
     }
 
     /// The ladder when memory was freed into the pool during each of its synchronisations (other
@@ -1461,12 +1453,23 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     fn oom_ladder_grow_only(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Block, PoolError> {
         tracing::debug!("memory freed into the pool during every synchronisation; only growing");
         let found = if self.expandable().is_none() { self.grow_new_segment(to, req)? } else { None };
+        self.ladder_answer(found, req, None)
+    }
+
+    /// The ladder's answer: the block `found` (counted live), or its out-of-memory error (see
+    /// [`out_of_memory`](Self::out_of_memory)).
+    fn ladder_answer(
+        &self,
+        found: Option<(u64, Seg, Kind)>,
+        req: &Request,
+        no_address_space: Option<u64>,
+    ) -> Result<Block, PoolError> {
         match found {
             Some((addr, seg, kind)) => {
                 self.count_alloc(req.size, req.requested);
                 Ok(Block { kind, ..self.block(req, addr, seg) })
             }
-            None => Err(self.out_of_memory(req, None)),
+            None => Err(self.out_of_memory(req, no_address_space)),
         }
     }
 

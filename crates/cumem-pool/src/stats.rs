@@ -36,14 +36,16 @@ use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
+use crate::HISTOGRAM_BUCKETS;
+
 /// Counts of allocation requests by power-of-two size bucket: bucket `i` counts requests of
 /// `2^i ..= 2^(i+1) - 1` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Histogram(pub [u64; 64]);
+pub struct Histogram(pub [u64; HISTOGRAM_BUCKETS]);
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram([0; 64])
+        Histogram([0; HISTOGRAM_BUCKETS])
     }
 }
 

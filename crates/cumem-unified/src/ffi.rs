@@ -1,7 +1,7 @@
 //! Every driver call cumem-unified makes, each a thin checked wrapper around one `unsafe` FFI call.
 //!
-//! Managed-memory entry points are probed before they are called (cudarc panics on a missing
-//! symbol): a driver without one gives `NotSupported { feature: Symbol(name) }`. The CUDA 12.2
+//! A driver without one of the managed-memory entry points gives `NotSupported { feature:
+//! Symbol(name) }` (`cumem_sys::api` answers a missing symbol, which `check` maps). The CUDA 12.2
 //! location-based forms (`cuMemAdvise_v2`, `cuMemPrefetchAsync_v2`) are used when the driver
 //! exports them and reports at least 12.2; the device-ordinal forms otherwise. Callers bind the
 //! context first.
@@ -54,7 +54,6 @@ fn use_v2(cache: &'static OnceLock<bool>, v2: &str) -> bool {
 }
 
 pub(crate) fn mem_alloc_managed(bytes: usize, flags: u32, device: i32) -> Result<CUdeviceptr> {
-    probe::require("cuMemAllocManaged")?;
     let mut ptr = 0;
     // SAFETY: `ptr` is a valid out-pointer.
     let code = unsafe { api::cuMemAllocManaged(&mut ptr, bytes, flags) };
@@ -72,7 +71,6 @@ pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
 
 /// Queues attaching the whole managed allocation at `ptr` (`CU_MEM_ATTACH_*` in `flags`).
 pub(crate) fn stream_attach_mem_async(stream: CUstream, ptr: CUdeviceptr, flags: u32) -> Result<()> {
-    probe::require("cuStreamAttachMemAsync")?;
     // SAFETY: `stream` is a live handle; the driver only changes the visibility of the allocation.
     check(unsafe { api::cuStreamAttachMemAsync(stream, ptr, 0, flags) }, Ctx::op("cuStreamAttachMemAsync"))
 }
@@ -85,7 +83,6 @@ pub(crate) fn mem_advise(ptr: CUdeviceptr, bytes: usize, advice: CUmem_advise, t
         let code = unsafe { api::cuMemAdvise_v2(ptr, bytes, advice, target.location()) };
         return check(code, Ctx::op("cuMemAdvise_v2").bytes(bytes));
     }
-    probe::require("cuMemAdvise")?;
     // SAFETY: as above.
     check(
         unsafe { api::cuMemAdvise(ptr, bytes, advice, target.ordinal()) },
@@ -106,7 +103,6 @@ pub(crate) fn mem_prefetch_async(
         let code = unsafe { api::cuMemPrefetchAsync_v2(ptr, bytes, target.location(), 0, stream) };
         return check(code, Ctx::op("cuMemPrefetchAsync_v2").bytes(bytes));
     }
-    probe::require("cuMemPrefetchAsync")?;
     // SAFETY: as above.
     let code = unsafe { api::cuMemPrefetchAsync(ptr, bytes, target.ordinal(), stream) };
     check(code, Ctx::op("cuMemPrefetchAsync").bytes(bytes))
@@ -119,7 +115,6 @@ pub(crate) fn mem_range_get_attribute(
     ptr: CUdeviceptr,
     bytes: usize,
 ) -> Result<()> {
-    probe::require("cuMemRangeGetAttribute")?;
     // SAFETY: `out` is valid for `size_of_val(out)` bytes of writes, which is what the driver is
     // told it may write; the range is only looked up.
     let code = unsafe {

@@ -1,8 +1,8 @@
 //! Every driver call cumem-vmm makes, each a thin checked wrapper around one `unsafe` FFI call.
 //!
-//! The VMM entry points are probed before they are called (cudarc panics on a missing symbol): a
-//! driver without one gives `NotSupported { feature: Symbol(name) }`. Callers validate their
-//! arguments first and bind the right context.
+//! A driver without one of the VMM entry points gives `NotSupported { feature: Symbol(name) }`
+//! (`cumem_sys::api` answers a missing symbol, which `check` maps; nothing is probed per call).
+//! Callers validate their arguments first and bind the right context.
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -12,7 +12,7 @@ use cumem_sys::sys::{
     CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle,
     CUmemLocation, CUmemLocationType, CUstream,
 };
-use cumem_sys::{Error, ErrorContext as Ctx, Result, api, check, probe};
+use cumem_sys::{Error, ErrorContext as Ctx, Result, api, check};
 
 fn location(device: CUdevice) -> CUmemLocation {
     CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
@@ -34,7 +34,6 @@ pub(crate) fn allocation_granularity(
     handle_types: u32,
     recommended: bool,
 ) -> Result<usize> {
-    probe::require("cuMemGetAllocationGranularity")?;
     let prop = props(device, handle_types);
     let option = if recommended {
         CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
@@ -50,7 +49,6 @@ pub(crate) fn allocation_granularity(
 
 /// Reserves `size` bytes of device address space; `addr` is a hint (0 for none).
 pub(crate) fn address_reserve(size: usize, alignment: usize, addr: CUdeviceptr) -> Result<CUdeviceptr> {
-    probe::require("cuMemAddressReserve")?;
     let mut ptr = 0;
     // SAFETY: `ptr` is a valid out-pointer; the driver only reserves address space.
     let code = unsafe { api::cuMemAddressReserve(&mut ptr, size, alignment, addr, 0) };
@@ -62,7 +60,6 @@ pub(crate) fn address_reserve(size: usize, alignment: usize, addr: CUdeviceptr) 
 /// 1. `[ptr, ptr + size)` is exactly one reservation made by `address_reserve`, freed once.
 /// 2. Nothing is mapped in it any more.
 pub(crate) unsafe fn address_free(ptr: CUdeviceptr, size: usize) -> Result<()> {
-    probe::require("cuMemAddressFree")?;
     // SAFETY: guaranteed by the caller.
     check(unsafe { api::cuMemAddressFree(ptr, size) }, Ctx::op("cuMemAddressFree").bytes(size))
 }
@@ -72,7 +69,6 @@ pub(crate) fn create(
     device: CUdevice,
     handle_types: u32,
 ) -> Result<CUmemGenericAllocationHandle> {
-    probe::require("cuMemCreate")?;
     let prop = props(device, handle_types);
     let mut handle = 0;
     // SAFETY: `handle` is a valid out-pointer; `prop` is fully initialised and outlives the call.
@@ -85,7 +81,6 @@ pub(crate) fn create(
 /// 1. `handle` came from `create` or `import_fd` and this drops the one reference it gave; it is
 ///    not used again.
 pub(crate) unsafe fn release(handle: CUmemGenericAllocationHandle) -> Result<()> {
-    probe::require("cuMemRelease")?;
     // SAFETY: guaranteed by the caller.
     check(unsafe { api::cuMemRelease(handle) }, Ctx::op("cuMemRelease"))
 }
@@ -93,7 +88,6 @@ pub(crate) unsafe fn release(handle: CUmemGenericAllocationHandle) -> Result<()>
 /// A new POSIX file descriptor of the memory of `handle` (`cuMemExportToShareableHandle`); the
 /// caller owns it. The memory must have been created with POSIX_FD among its handle types.
 pub(crate) fn export_fd(handle: CUmemGenericAllocationHandle) -> Result<OwnedFd> {
-    probe::require("cuMemExportToShareableHandle")?;
     let mut fd: c_int = -1;
     // SAFETY: for POSIX_FD the driver writes one `int` through the pointer, and `fd` is one; the
     // handle is only read.
@@ -118,7 +112,6 @@ pub(crate) fn export_fd(handle: CUmemGenericAllocationHandle) -> Result<OwnedFd>
 /// (`cuMemImportFromShareableHandle`); `fd` stays the caller's. The driver's codes pass through
 /// unchanged (`PhysicalMemory::import_fd` says what its `CUDA_ERROR_UNKNOWN` most likely means).
 pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<CUmemGenericAllocationHandle> {
-    probe::require("cuMemImportFromShareableHandle")?;
     let mut handle = 0;
     // SAFETY: `handle` is a valid out-pointer; for POSIX_FD the driver takes the descriptor by
     // value, cast to a pointer (reference §9), and does not take ownership of it; it is open for
@@ -137,7 +130,6 @@ pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<CUmemGenericAllocationHand
 /// The device and the handle-type bits `handle` was created with
 /// (`cuMemGetAllocationPropertiesFromHandle`).
 pub(crate) fn properties(handle: CUmemGenericAllocationHandle) -> Result<(CUdevice, u32)> {
-    probe::require("cuMemGetAllocationPropertiesFromHandle")?;
     // The driver writes enum fields, which a newer driver (or the exporting process's) may set to a
     // value the 12.8 enums lack: the struct stays `MaybeUninit` and those fields are read as the
     // integers they are in C, never as the enums.
@@ -173,7 +165,6 @@ pub(crate) fn properties(handle: CUmemGenericAllocationHandle) -> Result<(CUdevi
 ///    allocation at offset 0: `NOT_SUPPORTED`, observed on an H100, 2026-11-23), so a wrong size
 ///    is an error, not a mapping past the memory.
 pub(crate) unsafe fn map(ptr: CUdeviceptr, size: usize, handle: CUmemGenericAllocationHandle) -> Result<()> {
-    probe::require("cuMemMap")?;
     // SAFETY: guaranteed by the caller.
     check(unsafe { api::cuMemMap(ptr, size, 0, handle, 0) }, Ctx::op("cuMemMap").bytes(size))
 }
@@ -182,7 +173,6 @@ pub(crate) unsafe fn map(ptr: CUdeviceptr, size: usize, handle: CUmemGenericAllo
 /// 1. `[ptr, ptr + size)` is exactly one whole mapping made by `map`, unmapped once.
 /// 2. No device work that uses it is pending, and no view of it is alive.
 pub(crate) unsafe fn unmap(ptr: CUdeviceptr, size: usize) -> Result<()> {
-    probe::require("cuMemUnmap")?;
     // SAFETY: guaranteed by the caller.
     check(unsafe { api::cuMemUnmap(ptr, size) }, Ctx::op("cuMemUnmap").bytes(size))
 }
@@ -193,7 +183,6 @@ pub(crate) fn set_access(
     size: usize,
     access: &[(CUdevice, CUmemAccess_flags)],
 ) -> Result<()> {
-    probe::require("cuMemSetAccess")?;
     let descs: Vec<CUmemAccessDesc> =
         access.iter().map(|&(device, flags)| CUmemAccessDesc { location: location(device), flags }).collect();
     // SAFETY: `descs` holds `descs.len()` initialised descriptors and outlives the call; changing
@@ -204,7 +193,6 @@ pub(crate) fn set_access(
 
 /// The access flags `device` has on the mapping that contains `ptr`.
 pub(crate) fn get_access(ptr: CUdeviceptr, device: CUdevice) -> Result<u64> {
-    probe::require("cuMemGetAccess")?;
     let loc = location(device);
     let mut flags = 0u64;
     // SAFETY: `flags` is a valid out-pointer; `loc` is initialised and outlives the call.

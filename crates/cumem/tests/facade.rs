@@ -1,9 +1,9 @@
 //! A program that depends only on `cumem` reaches the whole API through it (issue 7, item 9).
 //!
-//! Every item a sub-crate re-exports at its root is imported below, and every name is spelled
-//! through `cumem::` (never `cumem_core::`, `cumem_copy::`, … nor
-//! `bytemuck::`), so this file stops compiling when a public type stops being reachable from the
-//! facade; the tests use each of the kinds that were once unreachable (mapped and registered host
+//! Every item the sub-crates re-export at their roots is imported below (as of its last edit: an
+//! item added later is not listed until someone adds it), and every name is spelled through
+//! `cumem::` (never `cumem_core::`, `cumem_copy::`, … nor `bytemuck::`), so this file stops
+//! compiling when a listed item stops being reachable from the facade; the tests use each of the kinds that were once unreachable (mapped and registered host
 //! memory, the host-access tracker, the out-of-memory report, the maximum alignment, the ticket of
 //! `use_on`, deriving `Pod`) and check what they do.
 
