@@ -64,6 +64,20 @@ impl Device {
         ffi::device_attribute(self.raw, attr)
     }
 
+    /// Whether this device can access `peer`'s memory once peer access is enabled
+    /// (`cuDeviceCanAccessPeer`; `false` for the device itself, which needs no peer access).
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use cumem_core::Device;
+    /// let d = Device::get(0)?;
+    /// assert!(!d.can_access_peer(d)?);
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn can_access_peer(&self, peer: Device) -> Result<bool> {
+        ffi::device_can_access_peer(self.raw, peer.raw)
+    }
+
     /// Total device memory in bytes.
     pub fn total_memory(&self) -> Result<usize> {
         ffi::device_total_mem(self.raw)

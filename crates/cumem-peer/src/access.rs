@@ -84,7 +84,7 @@ impl PeerAccess {
                 ctx: ErrorContext::op("cuCtxEnablePeerAccess").device(dev.raw()),
             });
         }
-        if !ffi::can_access_peer(dev.raw(), peer.raw())? {
+        if !dev.can_access_peer(peer)? {
             return Err(Error::NotSupported { feature: Feature::PeerAccess, device: Some(dev.raw()) });
         }
         let adopted = {

@@ -154,12 +154,11 @@ pub(crate) fn order_after(stream: &Stream, other: &Stream) -> Result<()> {
 }
 
 /// Whether a copy between devices `a` and `b` goes over a peer link.
-pub(crate) fn linked(a: usize, b: usize) -> Result<bool> {
+pub(crate) fn linked(a: cumem_core::Device, b: cumem_core::Device) -> Result<bool> {
     if a == b {
         return Ok(true);
     }
-    let (da, db) = (a as i32, b as i32);
-    Ok(ffi::can_access_peer(da, db)? || ffi::can_access_peer(db, da)?)
+    Ok(a.can_access_peer(b)? || b.can_access_peer(a)?)
 }
 
 /// The copy on `stream`; `blocking` returns only once it is complete.
@@ -179,7 +178,7 @@ fn queue<T: Pod + Send + Sync>(
     if on != a && on != b {
         return Err(Error::WrongDevice { expected: a as i32, actual: on as i32 });
     }
-    let path = if linked(a, b)? { PeerPath::Direct } else { PeerPath::Staged };
+    let path = if linked(src_ctx.device(), dst_ctx.device())? { PeerPath::Direct } else { PeerPath::Staged };
     let bytes = src.bytes();
     tracing::debug!(target: "cumem_peer", src_device = a, dst_device = b, bytes, ?path, blocking, "peer copy");
     if bytes == 0 {

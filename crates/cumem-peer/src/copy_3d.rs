@@ -125,7 +125,7 @@ fn queue_3d<T: Pod>(
     if on != a && on != c {
         return Err(Error::WrongDevice { expected: a as i32, actual: on as i32 });
     }
-    let path = if linked(a, c)? { PeerPath::Direct } else { PeerPath::Staged };
+    let path = if linked(src_ctx.device(), dst_ctx.device())? { PeerPath::Direct } else { PeerPath::Staged };
     if b.width == 0 || b.height == 0 || b.depth == 0 {
         return Ok(PeerCopy::done(path, 0));
     }

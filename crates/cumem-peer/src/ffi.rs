@@ -8,14 +8,6 @@ use std::ffi::c_int;
 use cumem_sys::sys::{self, CUcontext, CUdevice, CUdevice_P2PAttribute, CUdeviceptr, CUstream};
 use cumem_sys::{ErrorContext as Ctx, Result, api, check};
 
-/// `cuDeviceCanAccessPeer`: whether `dev` can access `peer`'s memory (0 for `dev == peer`).
-pub(crate) fn can_access_peer(dev: CUdevice, peer: CUdevice) -> Result<bool> {
-    let mut can: c_int = 0;
-    // SAFETY: `can` is a valid out-pointer; the driver checks the ordinals.
-    check(unsafe { api::cuDeviceCanAccessPeer(&mut can, dev, peer) }, Ctx::op("cuDeviceCanAccessPeer"))?;
-    Ok(can != 0)
-}
-
 /// `cuDeviceGetP2PAttribute` for two different devices.
 pub(crate) fn p2p_attribute(attr: CUdevice_P2PAttribute, src: CUdevice, dst: CUdevice) -> Result<i32> {
     let mut value: c_int = 0;

@@ -82,9 +82,10 @@ impl Topology {
 
 /// One ordered pair's link, from the driver.
 pub(crate) fn probe_link(a: usize, b: usize) -> Result<Link> {
-    let (da, db) = (Device::get(a)?.raw(), Device::get(b)?.raw());
+    let (a, b) = (Device::get(a)?, Device::get(b)?);
+    let (da, db) = (a.raw(), b.raw());
     Ok(Link {
-        can_access: ffi::can_access_peer(da, db)?,
+        can_access: a.can_access_peer(b)?,
         access_supported: ffi::p2p_attribute(Attr::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, da, db)? != 0,
         native_atomics: ffi::p2p_attribute(Attr::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED, da, db)?
             != 0,

@@ -125,10 +125,7 @@ impl DeviceExpandable {
         let mut access = vec![(own, Access::ReadWrite)];
         for d in Device::all()? {
             // A device without virtual memory management cannot be granted access to a mapping.
-            if d != own
-                && d.capabilities()?.virtual_memory
-                && crate::ffi::can_access_peer(d.raw(), own.raw())?
-            {
+            if d != own && d.capabilities()?.virtual_memory && d.can_access_peer(own)? {
                 access.push((d, Access::ReadWrite));
             }
         }

@@ -108,12 +108,3 @@ pub(crate) unsafe fn mem_free_async(ptr: CUdeviceptr, stream: CUstream) -> Resul
     let code = unsafe { api::cuMemFreeAsync(ptr, stream) };
     check(code, Ctx::op("cuMemFreeAsync"))
 }
-
-/// `cuDeviceCanAccessPeer`: whether `device` can access `owner`'s memory (false for the same device).
-pub(crate) fn can_access_peer(device: CUdevice, owner: CUdevice) -> Result<bool> {
-    let mut can = 0;
-    // SAFETY: `can` is a valid out-pointer; the driver validates both ordinals.
-    let code = unsafe { api::cuDeviceCanAccessPeer(&mut can, device, owner) };
-    check(code, Ctx::op("cuDeviceCanAccessPeer").device(device))?;
-    Ok(can == 1)
-}

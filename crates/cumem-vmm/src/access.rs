@@ -13,8 +13,6 @@
 use cumem_core::{Device, Error, Feature, Result};
 use cumem_sys::sys::CUmemAccess_flags;
 
-use crate::ffi;
-
 /// One device's access to a mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum Access {
@@ -64,7 +62,7 @@ impl Access {
 /// call is made, so callers check this before reserving or mapping anything.
 pub(crate) fn require_reach(device: Device, owner: Device) -> Result<()> {
     crate::granularity::require_vmm(device)?;
-    if device != owner && !ffi::can_access_peer(device.raw(), owner.raw())? {
+    if device != owner && !device.can_access_peer(owner)? {
         return Err(Error::NotSupported { feature: Feature::PeerAccess, device: Some(device.raw()) });
     }
     Ok(())

@@ -221,15 +221,6 @@ pub(crate) fn handle_type_supported(device: CUdevice, bit: u32) -> Option<Result
     Some(check(code, Ctx::op("cuDeviceGetAttribute").device(device)).map(|()| (value != 0, name)))
 }
 
-/// Whether `device` can access memory of `owner` directly.
-pub(crate) fn can_access_peer(device: CUdevice, owner: CUdevice) -> Result<bool> {
-    let mut can = 0;
-    // SAFETY: `can` is a valid out-pointer.
-    let code = unsafe { api::cuDeviceCanAccessPeer(&mut can, device, owner) };
-    check(code, Ctx::op("cuDeviceCanAccessPeer").device(device))?;
-    Ok(can != 0)
-}
-
 /// A memset value of one of the widths the driver fills with.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Fill {
