@@ -4,8 +4,10 @@
 //! bytes it sends to another process over any channel (a pipe, a socket, a file). That process
 //! opens the handle as an [`ImportedBuffer`], a device view of the same memory that closes the
 //! import when dropped. [`IpcEvent`]s order work across the two: one process records, the other
-//! waits. Only memory from `cuMemAlloc` (cumem's driver resource) can be exported this way; pool
-//! and VMM memory answer with a typed error. [`fd_passing`] moves file descriptors between
+//! waits. Only memory from `cuMemAlloc` can be exported this way, and the driver exports whole
+//! allocations: a [`DriverResource`](cumem_core::DriverResource) buffer is one, while a caching-pool
+//! block goes with its whole segment (other blocks included, so prefer the driver resource for
+//! shared buffers); the driver's pools and VMM memory answer `Error::InvalidValue`. [`fd_passing`] moves file descriptors between
 //! processes over a Unix socket (`SCM_RIGHTS`), for the handle kinds that are descriptors.
 //!
 //! Pools export too: a [`ShareablePool`] (a driver pool created with POSIX-descriptor handle

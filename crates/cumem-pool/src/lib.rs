@@ -1,15 +1,19 @@
 //! Memory resources for cumem: the algorithmic core of the caching pool, testable on the host.
 //!
 //! [`CachingPool`] keeps its own bookkeeping over device addresses it takes in segments from an
-//! [`Upstream`] (later any cumem memory resource, here also the [`HostUpstream`] model) and orders
-//! reuse between streams through an [`Ordering`] (later CUDA events and stream waits, here also the
-//! [`HostOrdering`] model). It rounds requests to [size classes](size_class), serves repeated sizes
+//! [`Upstream`] ([`DeviceUpstream`]: `cuMemAlloc` or any other
+//! [`DeviceResource`](cumem_core::DeviceResource); the [`HostUpstream`] model in tests) and orders
+//! reuse between streams through an [`Ordering`] ([`StreamOrdering`]: CUDA events and stream waits;
+//! the [`HostOrdering`] model in tests). [`CachingResource`] is the pool over the device, as a
+//! `DeviceResource`. It rounds requests to [size classes](size_class), serves repeated sizes
 //! from per-stream [bins] in O(1), finds best fits with [splitting and coalescing](free_set) in
 //! O(log n), moves free memory between streams only when needed and only after ordering them, and on
 //! exhaustion releases its cache, synchronises and retries before reporting
-//! [`PoolError::OutOfMemory`]. With [`PoolConfig::expandable_segments`] it instead grows one
-//! [expandable segment](expandable) per stream by mapping chunks of physical memory at its end
-//! ([`ExpandableUpstream`]: [`DeviceExpandable`] on a device, [`HostUpstream`] in tests).
+//! [`PoolError::OutOfMemory`]. With [`PoolConfig::expandable_segments`] it instead grows
+//! [expandable segments](expandable) (per stream and per kind, small and large: a virtual
+//! reservation, more when one is full) by mapping chunks of physical memory, at the end or into
+//! holes a trim unmapped ([`ExpandableUpstream`]: [`DeviceExpandable`] on a device,
+//! [`HostUpstream`] in tests).
 //!
 //! Adaptors wrap any [`DeviceResource`](cumem_core::DeviceResource) and stack in any order:
 //! [`StatisticsResource`], [`LimitingResource`], [`TrackingResource`], [`LoggingResource`] (RMM's
@@ -21,9 +25,9 @@
 //! free of a [`CachingResource`] is a `trace` event with `device`, `stream` (the stream's id, a
 //! `u64`), `bytes` and `ptr`.
 //!
-//! API change with the per-thread caches ([`caching_thread_cache`]): [`Ordering::Stream`] must be
-//! `'static` (a thread-local list holds each pool's cache, whatever its stream type); every
-//! stream handle in the workspace already was. [`PoolConfig::thread_cache`] turns the caches off.
+//! Each thread keeps a small cache of recently freed blocks per pool ([`caching_thread_cache`]),
+//! which is why [`Ordering::Stream`] is `'static` (a thread-local list holds each pool's cache,
+//! whatever its stream type); [`PoolConfig::thread_cache`] turns the caches off.
 //!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};

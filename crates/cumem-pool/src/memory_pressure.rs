@@ -167,9 +167,10 @@ impl MemoryPressureMonitor {
     /// On a crossing, returns unused memory to the device: a pool over its threshold trims itself,
     /// low free memory trims every watched pool.
     ///
-    /// Trimming a caching pool waits for every stream the pool has served while holding the pool's
-    /// locks (as PyTorch's `empty_cache` does), so the pool's allocations wait for that too: do not
-    /// combine it with a pool whose streams run work that never ends (a persistent kernel).
+    /// Trimming a caching pool waits for every stream the pool has served (as PyTorch's
+    /// `empty_cache` does), on the thread that checks, with no lock of the pool held: allocations
+    /// go on meanwhile, but the check itself does not return until that work has completed, so do
+    /// not combine it with a pool whose streams run work that never ends (a persistent kernel).
     pub fn trim_on_pressure(mut self) -> Self {
         self.trim = true;
         self

@@ -18,7 +18,7 @@ fn main() -> Result<()> {
 
     let mut back = PinnedBuffer::<f32>::zeroed(&ctx, 4096)?;
     stream.copy_d2h(&dev, &mut back)?; // queued
-    let values = back.as_slice()?; // waits for the copy, nothing more
+    let values = back.as_slice()?; // waits for the copy's stream
     assert_eq!((values[0], values[4095]), (1.0, 2.0));
     println!("round trip ok: {} values, first {}, last {}", values.len(), values[0], values[4095]);
     Ok(()) // everything frees itself

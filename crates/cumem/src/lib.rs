@@ -136,3 +136,8 @@ pub mod prelude {
     #[cfg(feature = "vmm")]
     pub use cumem_vmm::GrowableBuffer;
 }
+
+// The pool guide's examples run as doctests, so they stay true.
+#[cfg(all(doctest, feature = "pool"))]
+#[doc = include_str!("../../../docs/pools.md")]
+struct PoolGuideExamples;
