@@ -154,8 +154,11 @@ pub struct ImportedPool {
 impl ImportedPool {
     /// Imports the pool whose descriptor `fd` is (from [`ShareablePool::export_fd`](crate::ShareablePool::export_fd),
     /// received over a Unix socket) for use on `device`, in its primary context. The caller keeps
-    /// `fd` (close it once imported). A descriptor that is not an exported pool gives
-    /// [`Error::InvalidValue`]; a device without memory pools, [`Error::NotSupported`].
+    /// `fd` (close it once imported). A descriptor that is not an exported pool gives the driver's
+    /// error unchanged: [`Error::InvalidValue`] on the simulator, which is not measured on a GPU
+    /// (importing such a descriptor as VMM memory answered `CUDA_ERROR_UNKNOWN` on an H100, which
+    /// `cumem-vmm` reads as `InvalidValue`; a pool import may answer the same, as
+    /// [`Error::Cuda`]). A device without memory pools gives [`Error::NotSupported`].
     ///
     /// Importing a pool that this process already imported (and whose [`ImportedPool`] or
     /// imported buffers still live) gives a second `ImportedPool` with the same

@@ -20,7 +20,10 @@
 //! logged with the registry's lock let go, so a tracing subscriber may call [`PeerAccess::is_enabled`] on them.
 //!
 //! Peer copies do not need enabled access (the driver copies between devices either way); it is
-//! what lets device code on one device dereference another device's pointers.
+//! what lets device code on one device dereference another device's pointers. The last guard's
+//! drop disables access at once, without waiting for kernels already queued: keep a guard alive
+//! until every kernel that dereferences peer pointers has completed (synchronise its stream
+//! first), or such a kernel faults. Launching it is `unsafe` for that reason among others.
 //!
 //! ```
 //! # cumem_sys::testing::init_with("devices=2");

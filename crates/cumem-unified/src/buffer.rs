@@ -703,13 +703,18 @@ impl<T> UnifiedBuffer<T> {
         advise_span(span, code, target)
     }
 
-    /// Removes a migration hint from the elements in `range`.
+    /// Removes a migration hint from the elements in `range`. Removing "accessed by" a device
+    /// needs concurrent managed access on it, as setting it does (`NotSupported` otherwise, before
+    /// any driver call: the hint cannot have been set there).
     pub fn unadvise_range(&self, range: impl RangeBounds<usize>, advice: Advice) -> Result<()> {
         let span = self.span(range)?;
         let (code, target) = match advice {
             Advice::ReadMostly => (CUmem_advise::CU_MEM_ADVISE_UNSET_READ_MOSTLY, None),
             Advice::PreferredLocation(_) => (CUmem_advise::CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION, None),
-            Advice::AccessedBy(l) => (CUmem_advise::CU_MEM_ADVISE_UNSET_ACCESSED_BY, Some(l)),
+            Advice::AccessedBy(l) => {
+                l.require_concurrent()?;
+                (CUmem_advise::CU_MEM_ADVISE_UNSET_ACCESSED_BY, Some(l))
+            }
         };
         advise_span(span, code, target)
     }

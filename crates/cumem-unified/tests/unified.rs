@@ -360,6 +360,10 @@ fn devices_without_concurrent_access_keep_the_attach_rules() {
     let not_supported = |e: Error| matches!(e, Error::NotSupported { feature: Feature::ConcurrentManagedAccess, device: d } if d == here);
     assert!(not_supported(buf.advise(Advice::PreferredLocation(Location::Device(device))).unwrap_err()));
     assert!(not_supported(buf.advise(Advice::AccessedBy(Location::Device(device))).unwrap_err()));
+    assert!(
+        not_supported(buf.unadvise(Advice::AccessedBy(Location::Device(device))).unwrap_err()),
+        "removing a hint that could not have been set is refused alike"
+    );
     assert!(not_supported(buf.set_policy(MigrationPolicy::PreferDevice(device)).unwrap_err()));
     assert!(not_supported(buf.prefetch(Location::Device(device), &stream).unwrap_err()));
     assert!(
