@@ -264,8 +264,11 @@ impl<T> GrowableBuffer<T> {
     }
 
     /// Makes room for at least `additional` more values, mapping chunks at the end.
-    /// `LimitExceeded` if that would pass the reservation (nothing is mapped then); if the device
-    /// runs out of memory part-way, the chunks mapped before that stay mapped.
+    /// `LimitExceeded` if that would pass the reservation (nothing is mapped then). If a chunk
+    /// fails part-way (creating, mapping or granting access to it: the driver's error, such as
+    /// `OutOfMemory`, is returned), the chunks mapped before it stay mapped, `len` is unchanged, and
+    /// the failed chunk is released (a mapping whose access could not be set is unmapped when it
+    /// drops), so a later call can grow again from there.
     pub fn reserve(&mut self, additional: usize) -> Result<()> {
         let wanted = self
             .len
@@ -284,7 +287,8 @@ impl<T> GrowableBuffer<T> {
             let mut mapping = self.range.map_shared(self.mapped_bytes(), &memory)?;
             // The mapping holds the memory from now on; it is freed when the chunk is unmapped.
             drop(memory);
-            // Every chunk, including those growth maps later, or a peer faults at the new end.
+            // Every chunk, including those growth maps later, or a peer faults at the new end. On
+            // failure the mapping drops here, unmapped: no chunk stays mapped without access.
             mapping.set_access(&self.access)?;
             self.chunks.push(mapping);
         }
