@@ -205,6 +205,8 @@ fn run<T: Pod>(
             (Mode::Blocking, Some(h), None) | (Mode::Blocking, None, Some(h)) => {
                 blocking_host_copy(ctx, h, copy)
             }
+            // Refused above (a blocking copy between two host sides has no context); kept
+            // correct rather than unreachable, should that refusal ever be lifted.
             (Mode::Blocking, Some(a), Some(b)) => {
                 blocking_host_copy(ctx, a, || blocking_host_copy(ctx, b, copy))
             }

@@ -240,6 +240,17 @@ impl<T> PitchedBuffer<T> {
                 });
             }
             let pitch_bytes = Self::pitch_for(ctx, width_bytes)?;
+            if pitch_bytes > max_pitch {
+                // A row that fits MAX_PITCH may still need a pitch past it once rounded up to the
+                // pitch alignment; every 2D copy of the array would then be refused.
+                return Err(Error::InvalidValue {
+                    ctx: ErrorContext::op(
+                        "PitchedBuffer: the pitch a row needs passes the device's MAX_PITCH",
+                    )
+                    .bytes(pitch_bytes)
+                    .device(ctx.device().ordinal() as i32),
+                });
+            }
             if !pitch_bytes.is_multiple_of(size) {
                 return Err(Error::Misaligned {
                     what: "pitch",
@@ -405,7 +416,14 @@ impl<T> PitchedBuffer<T> {
             .checked_mul(self.depth)
             .and_then(|rows| rows.checked_mul(self.width))
             .ok_or(Error::SizeOverflow { count: self.width, elem_size: size_of::<T>() })?;
-        let mut out = vec![T::zeroed(); count];
+        let mut out = Vec::new();
+        // Reserved fallibly: an array larger than the host can hold is an error, not an abort.
+        out.try_reserve_exact(count).map_err(|_| Error::OutOfMemory {
+            ctx: ErrorContext::op("PitchedBuffer::to_vec: host Vec")
+                .bytes(count.saturating_mul(size_of::<T>())),
+            report: None,
+        })?;
+        out.resize(count, T::zeroed());
         if !out.is_empty() {
             let host = &mut Pitched::new(&mut out[..], self.width).with_height(self.height);
             crate::nd::copy_3d(&self.as_pitched(), host, Copy3D::new(self.width, self.height, self.depth))?;

@@ -84,6 +84,24 @@ fn rows_wider_than_the_max_pitch_are_refused_before_the_driver() {
 
 #[test]
 #[serial_test::parallel]
+fn a_row_within_the_max_pitch_whose_rounded_pitch_is_not_is_refused_before_the_driver() {
+    // Device 0's MAX_PITCH is 2^31 - 1 (an H100's, and the simulator's default): a row of exactly
+    // that many bytes fits it, but its pitch, rounded up to the pitch alignment, is 2^31. Such an
+    // array could be allocated (4 GiB here) but no 2D copy of it would be accepted.
+    let stream = stream_on(0).unwrap();
+    let max = stream.context().device().max_pitch().unwrap();
+    if max.is_multiple_of(512) {
+        return; // a device whose maximum is itself aligned has no such row
+    }
+    match PitchedBuffer::<u8>::new(&stream, max, 2) {
+        Err(Error::InvalidValue { .. }) => {}
+        other => panic!("expected InvalidValue, got {other:?}"),
+    }
+    assert!(misuse_here().is_empty(), "reached the driver as misuse: {:?}", misuse_here());
+}
+
+#[test]
+#[serial_test::parallel]
 fn empty_memsets_are_no_ops_wherever_they_start() {
     let stream = stream_on(0).unwrap();
     let mut buf = DeviceBuffer::from_slice(&stream, &[7u8; 16]).unwrap();

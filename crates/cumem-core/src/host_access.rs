@@ -18,8 +18,9 @@
 //!   or kernel polling for the host to act): that deadlocks;
 //! - **a stream order** ([`HostAccess::with_order`]): for memory that is also handed out as device
 //!   views ([`DeviceSlice`](crate::DeviceSlice)), whose copies only know the view's
-//!   [`StreamOrder`]. Every device use goes through that order, and host access synchronises the
-//!   last stream it names (which is ordered after every earlier use).
+//!   [`StreamOrder`]. Every device use goes through that order, and host access synchronises every
+//!   stream the order names: its recorded users (more than one when streams used the memory at
+//!   once, two readers or the halves of a split) and the streams of guards not dropped.
 //!
 //! Some memory must not be read by the host while *any* device work uses it, reads included:
 //! managed memory on a device without concurrent managed access, where the host faults on pages

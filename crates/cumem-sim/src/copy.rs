@@ -508,9 +508,11 @@ fn side_rows(
                 s.pitch, c.width, s.x
             )));
         }
-        if s.pitch as u64 > max_pitch {
-            return Err(bad(format!("{what}Pitch {} exceeds MAX_PITCH {max_pitch}", s.pitch)));
-        }
+    }
+    // Checked for one row too: the documentation's "any pitch greater than MAX_PITCH" names no
+    // exception (driver-api.md §6.3), unlike the rule that a pitch must hold a row.
+    if s.pitch as u64 > max_pitch {
+        return Err(bad(format!("{what}Pitch {} exceeds MAX_PITCH {max_pitch}", s.pitch)));
     }
     if c.three_d && c.depth > 1 && s.height < c.height.saturating_add(s.y) {
         return Err(bad(format!("{what}Height {} < Height {} + {what}Y {}", s.height, c.height, s.y)));

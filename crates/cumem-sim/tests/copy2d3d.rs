@@ -132,8 +132,11 @@ fn copy_2d_validation_and_zero_extents() {
         words[9] = 7; // dstMemoryType
         assert_eq!(raw_2d(&words), e);
         c.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        // Height 1 ignores the pitch.
+        // Height 1 ignores whether the pitch holds a row, but not MAX_PITCH: the documentation
+        // refuses any pitch above it.
         c.Height = 1;
+        c.srcPitch = 1 << 31;
+        assert_eq!(cu::cuMemcpy2D_v2(&c), e, "one row, a pitch above MAX_PITCH");
         c.srcPitch = 0;
         c.dstPitch = 0;
         ok(cu::cuMemcpy2D_v2(&c));
