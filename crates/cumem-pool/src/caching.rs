@@ -124,8 +124,9 @@ pub struct TrimReport {
 /// meanwhile; after four races `trim` and `synchronize` release nothing, and the ladder only
 /// asks the upstream for a new plain segment (with expandable segments it reports out of
 /// memory), so that they end under sustained traffic. A sweep's [`Ordering::retire`] runs under
-/// those locks; for a stream whose drop recorded its event (the usual case) it makes no driver
-/// call, else it records one.
+/// those locks; for a stream whose drop recorded its event (the usual case) it records none, else
+/// it records one, and it queries the events of streams retired before: those complete are
+/// destroyed ([`Ordering::drop_deferred`]) once the locks are let go.
 /// The cache registry's mutex comes after arena locks. The upstream's `allocate` and `deallocate`
 /// (segment upstreams) are called with no lock held (segments to release are first taken out of
 /// the arenas and the books, under the locks, after the synchronisation). With expandable
@@ -535,7 +536,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         &self,
         st: MutexGuard<'_, TableState>,
         guards: Guards<'_, O::Stream>,
-        unretired: Unretired<O::Stream>,
+        unretired: Unretired<'_, O>,
         keep: u64,
     ) -> Result<TrimReport, PoolError> {
         let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
@@ -887,7 +888,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         &'a self,
         mut st: MutexGuard<'a, TableState>,
         mut guards: Guards<'a, O::Stream>,
-        unretired: Unretired<O::Stream>,
+        unretired: Unretired<'_, O>,
     ) -> Result<Option<AllLocks<'a, O::Stream>>, PoolError> {
         /// Unlocked synchronisations that may race with frees before the caller gives up.
         const UNLOCKED_TRIES: usize = 4;
@@ -1061,6 +1062,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         } else {
             self.ordering.synchronize()
         };
+        // This thread holds no lock of the pool (see the callers).
+        self.ordering.drop_deferred();
         if let Err(e) = ordered {
             tracing::warn!(
                 error = %e,
@@ -1105,8 +1108,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         if unretired.is_empty() {
             return found;
         }
-        // Logged with no lock held (a subscriber may read the pool's stats); the stream's arena,
-        // inserted above, is looked up again afterwards (or inserted, if the table was full).
+        // Logged (and what the ordering let go of dropped) with no lock held: a subscriber may
+        // read the pool's stats. The stream's arena, inserted above, is looked up again
+        // afterwards (or inserted, if the table was full).
         drop((found, st));
         unretired.log();
         self.arenas.lock_or_insert(stream)
@@ -1117,8 +1121,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// move to the retired streams' arena, and their arenas are vacated for other streams. The
     /// caller holds the table's mutex and every arena lock, and logs the streams that could not be
     /// retired once it has let go of them.
-    fn sweep(&self, st: &mut TableState, guards: &mut Guards<'_, O::Stream>) -> Unretired<O::Stream> {
-        let mut unretired = Unretired(Vec::new());
+    fn sweep(&self, st: &mut TableState, guards: &mut Guards<'_, O::Stream>) -> Unretired<'_, O> {
+        let mut unretired = Unretired { ordering: &self.ordering, failed: Vec::new(), retired: false };
         self.arenas.sweep_done(st);
         let Some(retired) = self.ordering.retired_stream() else {
             st.sweep_at = usize::MAX; // this ordering never retires a stream
@@ -1135,9 +1139,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     continue;
                 }
                 if let Err(e) = self.ordering.retire(stream) {
-                    unretired.0.push((stream, e));
+                    unretired.failed.push((stream, e));
                     continue;
                 }
+                unretired.retired = true;
                 let Some(&i) = positions.get(&stream) else { continue };
                 let Some((from, to)) = two_mut(guards, i, ri) else { continue };
                 from.move_into(to);
@@ -1660,21 +1665,33 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 }
 
-/// Dropped streams a sweep could not retire (each kept, with its arena), logged by
-/// [`log`](Self::log) once the pool's locks are let go: a subscriber may read the pool's stats,
-/// which take them.
+/// What a sweep leaves for after the pool's locks: the dropped streams it could not retire (each
+/// kept, with its arena), to log (a subscriber may read the pool's stats, which take the locks),
+/// and, where it retired any, what the ordering let go of meanwhile, to drop
+/// ([`Ordering::drop_deferred`]: destroying an event makes driver calls and may log). Both done by
+/// [`log`](Self::log).
 #[must_use = "log them once the locks are let go"]
-struct Unretired<S>(Vec<(S, crate::UpstreamError)>);
+struct Unretired<'a, O: Ordering> {
+    ordering: &'a O,
+    failed: Vec<(O::Stream, crate::UpstreamError)>,
+    /// Whether a stream was retired.
+    retired: bool,
+}
 
-impl<S: fmt::Debug> Unretired<S> {
+impl<O: Ordering> Unretired<'_, O> {
+    /// Whether nothing is left for after the locks.
     fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.failed.is_empty() && !self.retired
     }
 
-    /// Warns about each stream. Call with no lock of the pool held.
+    /// Warns about each stream not retired, then has the ordering drop what it kept. Call with no
+    /// lock of the pool held.
     fn log(self) {
-        for (stream, e) in self.0 {
+        for (stream, e) in self.failed {
             tracing::warn!(error = %e, ?stream, "retiring a dropped stream failed; kept");
+        }
+        if self.retired {
+            self.ordering.drop_deferred();
         }
     }
 }
