@@ -375,7 +375,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// upstream is exhausted after the ladder; [`PoolError::AddressSpaceExhausted`] when, with
     /// [expandable segments](crate::expandable), no segment has room and the upstream refuses
     /// another reservation; [`PoolError::Upstream`] / [`PoolError::Ordering`] /
-    /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails.
+    /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails (a failed wait
+    /// for memory of another stream only when neither growth nor the ladder serves the request
+    /// instead: it is logged, and the ladder's out-of-memory error gives way to it).
     #[inline]
     pub fn allocate(&self, bytes: usize, align: usize, stream: O::Stream) -> Result<Block, PoolError> {
         // The thread cache first, for the common request (at most 64 KiB, default alignment)
@@ -1204,9 +1206,30 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 }
             }
         }
-        if let Some((addr, seg)) = self.migrate(arena, stream, &req)? {
+        // A failed wait is answered only if nothing else serves the request.
+        let migrated = self.migrate(arena, stream, &req);
+        if let Ok(Some((addr, seg))) = migrated {
             return Ok(self.finish((), &req, addr, seg));
         }
+        let wait_failed = migrated.err();
+        match self.grow_or_ladder(arena, stream, req) {
+            Err(PoolError::OutOfMemory { .. } | PoolError::AddressSpaceExhausted { .. })
+                if let Some(e) = wait_failed =>
+            {
+                Err(e)
+            }
+            answer => answer,
+        }
+    }
+
+    /// The end of [`allocate_slow`](Self::allocate_slow), after migration: growth, then the
+    /// out-of-memory ladder.
+    fn grow_or_ladder(
+        &self,
+        arena: &Arena<O::Stream>,
+        stream: O::Stream,
+        req: Request,
+    ) -> Result<Block, PoolError> {
         if let Some(up) = self.expandable() {
             let mut g = self.lock_ordered(arena, stream, req.kind)?;
             let reservation = self.config.expandable_reservation_bytes;
@@ -1277,7 +1300,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Takes a best fit from another stream's arena and orders `to` (serving `stream`) after that
     /// arena's stream. Arenas are tried from the best fit found by a scan; one that changed since
-    /// (vacated, reused, or its fit taken) gives way to the next best.
+    /// (vacated, reused, or its fit taken), or whose wait failed (its block put back or stranded
+    /// by [`take_ordered`](Self::take_ordered)), gives way to the next best. `Err`: no fit served,
+    /// and a wait failed (the first failure, logged here with no lock held): the caller grows and
+    /// runs the ladder (whose synchronisation may clear what failed) before it answers that.
     fn migrate(
         &self,
         to: &Arena<O::Stream>,
@@ -1296,6 +1322,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         // Stable: among equal fits, the scan's order (the first found wins, as it always did).
         fits.sort_by_key(|&(len, _)| len);
+        let mut failed = None;
         for (_, from) in fits {
             // The arena may have been vacated or reused since: its stream is read under the lock,
             // together with the block taken.
@@ -1304,11 +1331,20 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) else { continue };
             // The wait runs with the lock let go (see `take_ordered`, which says why that is
             // sound); so does the log: a subscriber may read `stats()`, which takes every lock.
-            self.take_ordered(from, g, from_stream, stream, req, addr, seg)?;
+            if let Err(e) = self.take_ordered(from, g, from_stream, stream, req, addr, seg) {
+                failed.get_or_insert((from_stream, e));
+                continue;
+            }
             tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
             return Ok(Some((addr, seg)));
         }
-        Ok(None)
+        match failed {
+            None => Ok(None),
+            Some((from, e)) => {
+                tracing::warn!(error = %e, ?from, "ordering a migration failed; growing instead");
+                Err(e)
+            }
+        }
     }
 
     /// Takes a new segment from the upstream for a free range of `need` bytes: the growth policy's
