@@ -65,9 +65,6 @@ enum Deferred {
     /// A chunk's physical memory, released once mapped (the mapping keeps the memory): a failed
     /// `cuMemRelease` warns.
     Release(PhysicalMemory),
-    /// A reservation the pool released: a failed `cuMemAddressFree` warns (as does one dropped
-    /// with chunks still mapped, which then leaks it).
-    Free(Arc<VirtualRange>),
     MapOutside {
         addr: u64,
         bytes: usize,
@@ -99,7 +96,6 @@ impl Deferred {
     fn log(self) {
         match self {
             Deferred::Release(memory) => drop(memory),
-            Deferred::Free(range) => drop(range),
             Deferred::MapOutside { addr, bytes } => {
                 tracing::warn!(addr, bytes, "mapping outside every reservation of this upstream; refused")
             }
@@ -316,11 +312,9 @@ impl ExpandableUpstream for DeviceExpandable {
         if Arc::strong_count(&range) > 1 {
             self.defer(Deferred::ReleaseStillMapped { base, bytes });
         }
-        // Freed by `log_deferred`, once the pool has let go of its locks: a failed free warns. The
-        // out-of-memory ladder reserves again right after releasing, under the same locks, so
-        // these addresses are still taken then; on a device that costs nothing (exhausting the
-        // address space takes hundreds of terabytes of reservations).
-        self.defer(Deferred::Free(range));
+        // Freed now, not deferred: the out-of-memory ladder reserves again right after releasing,
+        // under the same locks, and may need these addresses. (A failed free warns here.)
+        drop(range);
     }
 
     fn log_deferred(&self) {

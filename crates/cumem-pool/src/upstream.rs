@@ -111,9 +111,8 @@ pub trait ExpandableUpstream: Send + Sync {
     /// with none of its locks held after each operation that may have called `reserve`, `map`,
     /// `unmap` or `release` (a tracing subscriber may read the pool's stats, which take those
     /// locks). An upstream may keep its warnings for this call instead of logging them inside
-    /// those (`DeviceExpandable` does, in one list: another thread's call may log them), and the
-    /// handles whose drop may warn (`DeviceExpandable` keeps a mapped chunk's physical handle and
-    /// a released reservation for it). One that logs nothing needs nothing here (the default).
+    /// those (`DeviceExpandable` does, in one list: another thread's call may log them). One that
+    /// logs nothing needs nothing here (the default).
     fn log_deferred(&self) {}
     /// Gives up every chunk and reservation still held, neither unmapping nor freeing them: the
     /// pool calls it when it is dropped without a successful [`Ordering::synchronize`], so work

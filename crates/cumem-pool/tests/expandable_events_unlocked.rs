@@ -30,7 +30,6 @@ const UNMAP_FAILED: &str = "unmapping a free chunk failed; kept cached";
 const RELEASED: &str = "segments released";
 const UNDO_FAILED: &str = "undoing a failed map: unmap failed; retried later";
 const RELEASE_FAILED: &str = "cuMemRelease failed; the memory is leaked";
-const FREE_FAILED: &str = "cuMemAddressFree failed; the reservation is leaked";
 
 type Pool = CachingPool<HostUpstream, HostOrdering>;
 
@@ -378,46 +377,6 @@ fn a_subscriber_that_reads_stats_when_releasing_a_chunks_handle_fails_does_not_d
     // SAFETY: a physical allocation of this context, unmapped, that nothing else holds (its
     // `PhysicalMemory` was dropped when the release failed).
     let code = unsafe { sys::cuMemRelease(live.physical[0].handle as sys::CUmemGenericAllocationHandle) };
-    assert_eq!(code, sys::CUresult::CUDA_SUCCESS);
-    drop((pool, stream, ctx));
-    assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
-    let live = ctl.live_report();
-    assert!(live.is_clean(), "{live}");
-}
-
-/// A trim that releases a device reservation frees its addresses only once the pool has let go of
-/// its locks: a failed `cuMemAddressFree` warns (cumem-vmm's `VirtualRange` drop) where a
-/// subscriber that reads the stats on it does not deadlock.
-#[test]
-#[serial]
-fn a_subscriber_that_reads_stats_when_freeing_a_reservation_fails_does_not_deadlock() {
-    let Some(DevicePool { ctl, ctx, chunk: c, pool, stream }) = device_pool() else { return };
-    drop(DeviceBuffer::<u8>::new_in(&pool, &stream, c as usize).unwrap());
-    stream.synchronize().unwrap();
-    let (reader, p) = (pool.clone(), pool.clone());
-    let (report, seen) = reading_stats_on(
-        FREE_FAILED,
-        move || reader.stats(),
-        move || {
-            let ctl = testing::sim_control().expect("the simulator, checked above");
-            let rule = ctl.inject_fault(fails_once_on_this_thread("cuMemAddressFree", 1));
-            let report = p.trim();
-            ctl.remove_fault(rule);
-            report
-        },
-    );
-    let report = report.unwrap();
-    assert_eq!((report.released_bytes, report.released_segments), (c, 1));
-    let seen: Vec<(u64, u64)> = seen.iter().map(|s| (s.reserved_bytes, s.segments)).collect();
-    assert_eq!(seen, [(0, 0)], "(reserved bytes, segments) at the warning: all released");
-    // The reservation whose free failed is still with the driver: freed here.
-    let live = ctl.live_report();
-    assert_eq!(live.reservations.len(), 1, "{live}");
-    let r = &live.reservations[0];
-    ctx.bind().unwrap();
-    // SAFETY: a reservation of this context with nothing mapped in it, that nothing else holds
-    // (its `VirtualRange` was dropped when the free failed).
-    let code = unsafe { sys::cuMemAddressFree(r.ptr as sys::CUdeviceptr, r.bytes as usize) };
     assert_eq!(code, sys::CUresult::CUDA_SUCCESS);
     drop((pool, stream, ctx));
     assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
