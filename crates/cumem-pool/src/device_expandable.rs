@@ -4,8 +4,7 @@
 //! Each chunk is its own `cuMemCreate` allocation of the device's recommended granularity (2 MiB
 //! on an H100), mapped read-write for the device and for every device that can access it as a peer
 //! (`cuCtxEnablePeerAccess` does not cover mapped memory; PyTorch grants the same), so any whole
-//! chunk can be unmapped on its own; the physical handle is released once the pool has let go of
-//! its locks after mapping (a failed release warns), so `cuMemUnmap` frees the memory. By default
+//! chunk can be unmapped on its own; the physical handle is released right after mapping, so `cuMemUnmap` frees the memory. By default
 //! each segment reserves the device's memory size of address space, as PyTorch does. The memory comes
 //! from the device directly, not from the resource the pool takes segments from. A failed `map`
 //! unmaps what it mapped; a chunk whose unmap fails then is kept and unmapped again before anything
@@ -59,43 +58,19 @@ pub struct DeviceExpandable {
     deferred: Mutex<Vec<Deferred>>,
 }
 
-/// A warning noted under the pool's locks, logged by `log_deferred` once it has let go of them;
-/// or a handle whose drop makes a driver call that warns if it fails, dropped there.
+/// A warning noted under the pool's locks, logged by `log_deferred` once it has let go of them.
 enum Deferred {
-    /// A chunk's physical memory, released once mapped (the mapping keeps the memory): a failed
-    /// `cuMemRelease` warns.
-    Release(PhysicalMemory),
-    MapOutside {
-        addr: u64,
-        bytes: usize,
-    },
-    UndoUnmapFailed {
-        at: u64,
-        error: cumem_core::Error,
-    },
-    UnmapNotAllMapped {
-        addr: u64,
-        bytes: usize,
-        mapped: usize,
-    },
-    StrayUnmapFailed {
-        base: u64,
-        error: cumem_core::Error,
-    },
-    ReleaseUnknown {
-        base: u64,
-        bytes: usize,
-    },
-    ReleaseStillMapped {
-        base: u64,
-        bytes: usize,
-    },
+    MapOutside { addr: u64, bytes: usize },
+    UndoUnmapFailed { at: u64, error: cumem_core::Error },
+    UnmapNotAllMapped { addr: u64, bytes: usize, mapped: usize },
+    StrayUnmapFailed { base: u64, error: cumem_core::Error },
+    ReleaseUnknown { base: u64, bytes: usize },
+    ReleaseStillMapped { base: u64, bytes: usize },
 }
 
 impl Deferred {
     fn log(self) {
         match self {
-            Deferred::Release(memory) => drop(memory),
             Deferred::MapOutside { addr, bytes } => {
                 tracing::warn!(addr, bytes, "mapping outside every reservation of this upstream; refused")
             }
@@ -179,12 +154,8 @@ impl DeviceExpandable {
         made: &mut Vec<(u64, SharedMapping)>,
     ) -> Result<()> {
         let memory = PhysicalMemory::new(&self.ctx, self.chunk)?;
-        let mapped = range.map_shared(offset, &memory);
-        // Released by `log_deferred`, once the pool has let go of its locks (a failed release
-        // warns): the mapping keeps the physical memory until it is unmapped, so the chunk's
-        // memory goes back at its unmap or at that release, whichever comes last.
-        self.defer(Deferred::Release(memory));
-        made.push((range.base() + offset as u64, mapped?));
+        made.push((range.base() + offset as u64, range.map_shared(offset, &memory)?));
+        // `memory` is released here: the mapping keeps the physical memory until it is unmapped.
         match made.last_mut() {
             Some((_, mapping)) => mapping.set_access(&self.access),
             None => Ok(()),
