@@ -99,13 +99,15 @@ impl<S> ArenaInner<S> {
     }
 
     /// The arena's insert counters: its bins' pushes and both free sets' inserts. Every way memory
-    /// enters the arena (a free, a flush of a thread cache or of the bins, a sweep moving a
-    /// retired stream's memory here, growth, reclaimed stranded blocks) bumps one of them, and
-    /// none is ever reset (an arena is vacated, never dropped), so equal counters read under two
-    /// locks mean nothing entered the arena in between that may be under work of any stream. Not
-    /// counted: memory safe for every stream without a wait (moves between arenas under every
-    /// arena lock after a synchronisation that followed every free in them, and the ladder's
-    /// fresh segment; see [`FreeSet::insert_uncounted`](crate::free_set::FreeSet::insert_uncounted)).
+    /// that may be under work enters the arena (a free, a flush of a thread cache or of the bins,
+    /// a sweep moving a retired stream's memory here, reclaimed stranded blocks, a failed wait
+    /// putting a block back) bumps one of them, and none is ever reset (an arena is vacated,
+    /// never dropped), so equal counters read under two locks mean nothing entered the arena in
+    /// between that may be under work of any stream. Not counted: memory safe for every stream
+    /// without a wait: fresh memory (a new segment, a newly mapped chunk of an expandable one)
+    /// and moves between arenas under every arena lock after a synchronisation that followed
+    /// every free in them (consolidation, gathering, the pieces a trim leaves around an unmapped
+    /// gap); see [`FreeSet::insert_uncounted`](crate::free_set::FreeSet::insert_uncounted).
     pub(crate) fn inserts(&self) -> [u64; 3] {
         [self.bins.pushes(), self.small.inserts(), self.large.inserts()]
     }

@@ -124,8 +124,9 @@ pub struct TrimReport {
 /// meanwhile; after four races `trim` and `synchronize` release nothing, and the ladder only
 /// asks the upstream for a new plain segment (with expandable segments it reports out of
 /// memory), so that they end under sustained traffic. A sweep's [`Ordering::retire`] runs under
-/// those locks; for a stream whose drop recorded its event (the usual case) it makes no driver
-/// call, else it records one.
+/// those locks; for a stream whose drop recorded its event (the usual case) it records none, else
+/// it records one, and it queries the events of streams retired before: those complete are
+/// destroyed ([`Ordering::drop_deferred`]) once the locks are let go.
 /// The cache registry's mutex comes after arena locks. The upstream's `allocate` and `deallocate`
 /// (segment upstreams) are called with no lock held (segments to release are first taken out of
 /// the arenas and the books, under the locks, after the synchronisation). With expandable
@@ -374,7 +375,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// upstream is exhausted after the ladder; [`PoolError::AddressSpaceExhausted`] when, with
     /// [expandable segments](crate::expandable), no segment has room and the upstream refuses
     /// another reservation; [`PoolError::Upstream`] / [`PoolError::Ordering`] /
-    /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails.
+    /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails (a failed wait
+    /// for memory of another stream only when neither growth nor the ladder serves the request
+    /// instead: it is logged, and the ladder's out-of-memory error gives way to it).
     #[inline]
     pub fn allocate(&self, bytes: usize, align: usize, stream: O::Stream) -> Result<Block, PoolError> {
         // The thread cache first, for the common request (at most 64 KiB, default alignment)
@@ -535,7 +538,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         &self,
         st: MutexGuard<'_, TableState>,
         guards: Guards<'_, O::Stream>,
-        unretired: Unretired<O::Stream>,
+        unretired: Unretired<'_, O>,
         keep: u64,
     ) -> Result<TrimReport, PoolError> {
         let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
@@ -887,7 +890,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         &'a self,
         mut st: MutexGuard<'a, TableState>,
         mut guards: Guards<'a, O::Stream>,
-        unretired: Unretired<O::Stream>,
+        unretired: Unretired<'_, O>,
     ) -> Result<Option<AllLocks<'a, O::Stream>>, PoolError> {
         /// Unlocked synchronisations that may race with frees before the caller gives up.
         const UNLOCKED_TRIES: usize = 4;
@@ -1061,6 +1064,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         } else {
             self.ordering.synchronize()
         };
+        // This thread holds no lock of the pool (see the callers).
+        self.ordering.drop_deferred();
         if let Err(e) = ordered {
             tracing::warn!(
                 error = %e,
@@ -1105,8 +1110,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         if unretired.is_empty() {
             return found;
         }
-        // Logged with no lock held (a subscriber may read the pool's stats); the stream's arena,
-        // inserted above, is looked up again afterwards (or inserted, if the table was full).
+        // Logged (and what the ordering let go of dropped) with no lock held: a subscriber may
+        // read the pool's stats. The stream's arena, inserted above, is looked up again
+        // afterwards (or inserted, if the table was full).
         drop((found, st));
         unretired.log();
         self.arenas.lock_or_insert(stream)
@@ -1117,8 +1123,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// move to the retired streams' arena, and their arenas are vacated for other streams. The
     /// caller holds the table's mutex and every arena lock, and logs the streams that could not be
     /// retired once it has let go of them.
-    fn sweep(&self, st: &mut TableState, guards: &mut Guards<'_, O::Stream>) -> Unretired<O::Stream> {
-        let mut unretired = Unretired(Vec::new());
+    fn sweep(&self, st: &mut TableState, guards: &mut Guards<'_, O::Stream>) -> Unretired<'_, O> {
+        let mut unretired = Unretired { ordering: &self.ordering, failed: Vec::new(), retired: false };
         self.arenas.sweep_done(st);
         let Some(retired) = self.ordering.retired_stream() else {
             st.sweep_at = usize::MAX; // this ordering never retires a stream
@@ -1135,9 +1141,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                     continue;
                 }
                 if let Err(e) = self.ordering.retire(stream) {
-                    unretired.0.push((stream, e));
+                    unretired.failed.push((stream, e));
                     continue;
                 }
+                unretired.retired = true;
                 let Some(&i) = positions.get(&stream) else { continue };
                 let Some((from, to)) = two_mut(guards, i, ri) else { continue };
                 from.move_into(to);
@@ -1199,9 +1206,30 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 }
             }
         }
-        if let Some((addr, seg)) = self.migrate(arena, stream, &req)? {
+        // A failed wait is answered only if nothing else serves the request.
+        let migrated = self.migrate(arena, stream, &req);
+        if let Ok(Some((addr, seg))) = migrated {
             return Ok(self.finish((), &req, addr, seg));
         }
+        let wait_failed = migrated.err();
+        match self.grow_or_ladder(arena, stream, req) {
+            Err(PoolError::OutOfMemory { .. } | PoolError::AddressSpaceExhausted { .. })
+                if let Some(e) = wait_failed =>
+            {
+                Err(e)
+            }
+            answer => answer,
+        }
+    }
+
+    /// The end of [`allocate_slow`](Self::allocate_slow), after migration: growth, then the
+    /// out-of-memory ladder.
+    fn grow_or_ladder(
+        &self,
+        arena: &Arena<O::Stream>,
+        stream: O::Stream,
+        req: Request,
+    ) -> Result<Block, PoolError> {
         if let Some(up) = self.expandable() {
             let mut g = self.lock_ordered(arena, stream, req.kind)?;
             let reservation = self.config.expandable_reservation_bytes;
@@ -1272,7 +1300,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Takes a best fit from another stream's arena and orders `to` (serving `stream`) after that
     /// arena's stream. Arenas are tried from the best fit found by a scan; one that changed since
-    /// (vacated, reused, or its fit taken) gives way to the next best.
+    /// (vacated, reused, or its fit taken), or whose wait failed (its block put back or stranded
+    /// by [`take_ordered`](Self::take_ordered)), gives way to the next best. `Err`: no fit served,
+    /// and a wait failed (the first failure, logged here with no lock held): the caller grows and
+    /// runs the ladder (whose synchronisation may clear what failed) before it answers that.
     fn migrate(
         &self,
         to: &Arena<O::Stream>,
@@ -1291,6 +1322,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         // Stable: among equal fits, the scan's order (the first found wins, as it always did).
         fits.sort_by_key(|&(len, _)| len);
+        let mut failed = None;
         for (_, from) in fits {
             // The arena may have been vacated or reused since: its stream is read under the lock,
             // together with the block taken.
@@ -1299,11 +1331,20 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) else { continue };
             // The wait runs with the lock let go (see `take_ordered`, which says why that is
             // sound); so does the log: a subscriber may read `stats()`, which takes every lock.
-            self.take_ordered(from, g, from_stream, stream, req, addr, seg)?;
+            if let Err(e) = self.take_ordered(from, g, from_stream, stream, req, addr, seg) {
+                failed.get_or_insert((from_stream, e));
+                continue;
+            }
             tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
             return Ok(Some((addr, seg)));
         }
-        Ok(None)
+        match failed {
+            None => Ok(None),
+            Some((from, e)) => {
+                tracing::warn!(error = %e, ?from, "ordering a migration failed; growing instead");
+                Err(e)
+            }
+        }
     }
 
     /// Takes a new segment from the upstream for a free range of `need` bytes: the growth policy's
@@ -1660,21 +1701,33 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 }
 
-/// Dropped streams a sweep could not retire (each kept, with its arena), logged by
-/// [`log`](Self::log) once the pool's locks are let go: a subscriber may read the pool's stats,
-/// which take them.
+/// What a sweep leaves for after the pool's locks: the dropped streams it could not retire (each
+/// kept, with its arena), to log (a subscriber may read the pool's stats, which take the locks),
+/// and, where it retired any, what the ordering let go of meanwhile, to drop
+/// ([`Ordering::drop_deferred`]: destroying an event makes driver calls and may log). Both done by
+/// [`log`](Self::log).
 #[must_use = "log them once the locks are let go"]
-struct Unretired<S>(Vec<(S, crate::UpstreamError)>);
+struct Unretired<'a, O: Ordering> {
+    ordering: &'a O,
+    failed: Vec<(O::Stream, crate::UpstreamError)>,
+    /// Whether a stream was retired.
+    retired: bool,
+}
 
-impl<S: fmt::Debug> Unretired<S> {
+impl<O: Ordering> Unretired<'_, O> {
+    /// Whether nothing is left for after the locks.
     fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.failed.is_empty() && !self.retired
     }
 
-    /// Warns about each stream. Call with no lock of the pool held.
+    /// Warns about each stream not retired, then has the ordering drop what it kept. Call with no
+    /// lock of the pool held.
     fn log(self) {
-        for (stream, e) in self.0 {
+        for (stream, e) in self.failed {
             tracing::warn!(error = %e, ?stream, "retiring a dropped stream failed; kept");
+        }
+        if self.retired {
+            self.ordering.drop_deferred();
         }
     }
 }

@@ -355,7 +355,10 @@ pub(crate) fn grow(
         segs.reserved += bytes;
         segs.peak_reserved = segs.peak_reserved.max(segs.reserved);
         segs.upstream_allocations += 1;
-        set.insert(fit.map_lo, bytes, seg);
+        // Fresh memory, on which nothing was queued: no thread comparing insert counters needs
+        // to wait for it (a counted insert would make another thread's growth a race for every
+        // trim and ladder synchronising meanwhile).
+        set.insert_uncounted(fit.map_lo, bytes, seg);
     }
     Ok(match set.take_at(fit.start, req.size, req.align) {
         Some((addr, seg)) => Grown::Block(addr, seg),
@@ -500,12 +503,15 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
             .map(|e| e.owner.0)
             .filter(|&o| guards.get(o).is_some_and(|g| g.stream.is_some()))
             .unwrap_or(i);
+        // Cached memory moved under every lock after the caller's synchronisation: idle, not
+        // counted (as consolidation's moves), or another trim or ladder waiting meanwhile would
+        // take it for a free racing its wait.
         let set = guards[owner].set(kind);
         if addr < bottom {
-            set.insert(addr, bottom - addr, seg);
+            set.insert_uncounted(addr, bottom - addr, seg);
         }
         if hi < end {
-            set.insert(hi, end - hi, seg);
+            set.insert_uncounted(hi, end - hi, seg);
         }
         if let Some(e) = segs.expandable.segs.get_mut(&seg.base)
             && !e.unmark(bottom, hi)

@@ -101,11 +101,14 @@ pub struct PoolStats {
     pub segments: u64,
     /// Successful allocations since creation.
     pub allocations_total: u64,
-    /// Successful upstream allocations since creation.
+    /// Successful upstream allocations since creation: plain segments, and with [expandable
+    /// segments](crate::expandable) each successful map (one per growth, however many chunks it
+    /// maps; reservations are not counted). So with expandable segments it need not match
+    /// `upstream_frees`, which counts unmapped chunks one by one.
     pub upstream_allocations: u64,
     /// Segments returned to the upstream since creation, and unmaps of expandable segments' chunks
-    /// (one chunk each). A segment is counted when it is taken out of the books, just before its
-    /// upstream free (see `reserved_bytes`).
+    /// (one per chunk, where `upstream_allocations` counts one per map). A segment is counted when
+    /// it is taken out of the books, just before its upstream free (see `reserved_bytes`).
     pub upstream_frees: u64,
     /// Bytes of segments taken out of the books (no longer in `reserved_bytes`) whose upstream
     /// free has not returned yet: what the upstream still holds beyond `reserved_bytes`. Zero
@@ -114,7 +117,11 @@ pub struct PoolStats {
     pub returning_bytes: u64,
     /// Times the out-of-memory ladder ran (cache released, synchronised, retried).
     pub oom_ladders: u64,
-    /// Allocations that failed with [`PoolError::OutOfMemory`](crate::PoolError::OutOfMemory).
+    /// Allocations whose out-of-memory ladder failed: with
+    /// [`PoolError::OutOfMemory`](crate::PoolError::OutOfMemory), or, with expandable segments,
+    /// [`PoolError::AddressSpaceExhausted`](crate::PoolError::AddressSpaceExhausted) (counted
+    /// too). One the ladder failed whose request had also met a failed migration wait counts
+    /// here even though the caller gets that [`PoolError::Ordering`](crate::PoolError::Ordering).
     pub oom_errors: u64,
     /// Allocation requests by power-of-two size bucket (requested sizes).
     pub histogram: Histogram,

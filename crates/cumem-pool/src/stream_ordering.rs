@@ -134,6 +134,19 @@ pub struct StreamOrdering {
     /// Shared (`Arc`) so that `synchronize` waits for a snapshot without holding the lock, which
     /// allocations migrating from retired memory take while they hold a pool lock.
     retired: Mutex<Vec<Arc<Event>>>,
+    /// What `retire` let go of (completed retired events, forgotten tails), kept here to be
+    /// dropped by [`Ordering::drop_deferred`], `wait` or `synchronize`: `retire` runs under the
+    /// pool's locks, and destroying an event makes driver calls (which may wait behind another
+    /// thread's `cuMemFree`, driver brief §17) and logs a failure (a subscriber may read the
+    /// pool's stats, which take those locks).
+    deferred: Mutex<Deferred>,
+}
+
+/// See [`StreamOrdering::deferred`].
+#[derive(Debug, Default)]
+struct Deferred {
+    events: Vec<Arc<Event>>,
+    tails: Vec<Arc<StreamTail>>,
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
@@ -159,6 +172,7 @@ impl StreamOrdering {
             generation: AtomicU64::new(0),
             streams: RwLock::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
+            deferred: Mutex::new(Deferred::default()),
         }
     }
 
@@ -205,9 +219,17 @@ impl StreamOrdering {
         self.streams.read().len()
     }
 
-    /// Drops the events of retired streams whose work has completed.
-    fn prune(events: &mut Vec<Arc<Event>>) {
-        events.retain(|e| !matches!(e.query(), Ok(true)));
+    /// Takes the events of retired streams whose work has completed out of `events`, for the
+    /// caller to drop with no lock held.
+    fn prune(events: &mut Vec<Arc<Event>>) -> Vec<Arc<Event>> {
+        events.extract_if(.., |e| matches!(e.query(), Ok(true))).collect()
+    }
+
+    /// Drops what [`retire`](Ordering::retire) kept for later. Call with no lock held (of the
+    /// pool or of this ordering).
+    fn drop_deferred_now(&self) {
+        let deferred = std::mem::take(&mut *self.deferred.lock());
+        drop(deferred);
     }
 }
 
@@ -232,11 +254,13 @@ impl Ordering for StreamOrdering {
                 Ok(())
             }
             None => {
-                let events: Vec<Arc<Event>> = {
+                let (events, done) = {
                     let mut events = self.retired.lock();
-                    Self::prune(&mut events);
-                    events.clone()
+                    let done = Self::prune(&mut events);
+                    (events.clone(), done)
                 };
+                drop(done);
+                self.drop_deferred_now();
                 for e in &events {
                     w.wait(e)?;
                 }
@@ -261,7 +285,13 @@ impl Ordering for StreamOrdering {
         for e in &snapshot {
             e.synchronize()?;
         }
-        self.retired.lock().retain(|e| !snapshot.iter().any(|done| Arc::ptr_eq(e, done)));
+        let done: Vec<Arc<Event>> = self
+            .retired
+            .lock()
+            .extract_if(.., |e| snapshot.iter().any(|done| Arc::ptr_eq(e, done)))
+            .collect();
+        drop((done, snapshot));
+        self.drop_deferred_now();
         Ok(())
     }
 
@@ -288,9 +318,14 @@ impl Ordering for StreamOrdering {
         // and the stream stays unretired (its memory is reused by no other stream).
         let event = tail.after_work()?;
         if let Some(event) = event {
-            let mut events = self.retired.lock();
-            Self::prune(&mut events);
-            events.push(event);
+            let done = {
+                let mut events = self.retired.lock();
+                let done = Self::prune(&mut events);
+                events.push(event);
+                done
+            };
+            // Not dropped here: the pool's sweep calls this under its locks.
+            self.deferred.lock().events.extend(done);
         }
         if alive {
             // The program still uses the stream, maybe on another thread between its registration
@@ -301,10 +336,18 @@ impl Ordering for StreamOrdering {
         // Removed only now that its event is listed: a `wait` that finds the key gone is covered
         // by the list. (Keys are never reused, so the entry is still this tail's, or already gone
         // by a concurrent retirement of the same stream.)
-        let mut streams = self.streams.write();
-        if streams.remove(&key).is_some() {
+        let removed = self.streams.write().remove(&key);
+        if removed.is_some() {
             self.generation.fetch_add(1, AtomicOrdering::Release);
         }
+        // The tail may be the last holder of its context: dropped later, as the events are.
+        let mut deferred = self.deferred.lock();
+        deferred.tails.push(tail);
+        deferred.tails.extend(removed);
         Ok(())
+    }
+
+    fn drop_deferred(&self) {
+        self.drop_deferred_now();
     }
 }

@@ -168,7 +168,8 @@ pub trait Ordering: Send + Sync {
     /// ordering may then forget a dropped `stream`; a live one must stay usable, as the waiter or
     /// the waited-for stream of later calls ([`StreamOrdering`](crate::StreamOrdering) forgets a
     /// dropped stream and keeps a live one's tail). The pool calls it for orphans with every arena
-    /// lock held, before it moves the stream's cached memory under the retired name.
+    /// lock held, before it moves the stream's cached memory under the retired name: what it lets
+    /// go of whose drop calls the driver or logs waits for [`drop_deferred`](Self::drop_deferred).
     ///
     /// # Errors
     /// Any failure of the underlying event operation; the stream is then kept.
@@ -176,6 +177,12 @@ pub trait Ordering: Send + Sync {
         let _ = stream;
         Ok(())
     }
+    /// Drops what [`retire`](Self::retire) let go of but kept, since it runs under the pool's
+    /// locks (for [`StreamOrdering`](crate::StreamOrdering): retired events known complete, whose
+    /// destruction makes driver calls and may log, and the tails of forgotten streams). The pool
+    /// calls it with no lock held after each sweep and after each `retire` of its own. Default:
+    /// nothing.
+    fn drop_deferred(&self) {}
 }
 
 impl<U: Upstream + ?Sized> Upstream for std::sync::Arc<U> {
@@ -206,6 +213,9 @@ impl<O: Ordering + ?Sized> Ordering for std::sync::Arc<O> {
     }
     fn orphans(&self) -> Vec<Self::Stream> {
         (**self).orphans()
+    }
+    fn drop_deferred(&self) {
+        (**self).drop_deferred()
     }
     fn retire(&self, stream: Self::Stream) -> Result<(), UpstreamError> {
         (**self).retire(stream)

@@ -49,7 +49,7 @@ fn an_upstream_failure_carries_the_drivers_error() {
 
 #[test]
 #[serial_test::parallel]
-fn a_failed_stream_wait_reaches_the_caller_as_the_drivers_error() {
+fn a_failed_stream_synchronisation_after_a_failed_wait_reaches_the_caller_as_the_drivers_error() {
     testing::init();
     let Some(ctl) = testing::sim_control() else {
         return testing::skip("injects driver faults: simulator only");
@@ -63,11 +63,21 @@ fn a_failed_stream_wait_reaches_the_caller_as_the_drivers_error() {
     let oom = ctl.inject_fault(fault("cuMemAlloc_v2", CUresult::CUDA_ERROR_OUT_OF_MEMORY));
     drop(DeviceBuffer::<u8>::new_in(&resource, &a, 8 << 20).unwrap());
     ctl.remove_fault(oom);
-    // b needs a's cached memory: the pool orders b after a, and that fails.
-    let rule = ctl.inject_fault(fault("cuStreamWaitEvent", CUresult::CUDA_ERROR_INVALID_HANDLE));
+    // b needs a's cached memory: the pool orders b after a, and that fails. A failed wait is
+    // answered only when nothing else serves the request: the upstream is out of memory too, and
+    // the ladder's synchronisation (which would make a's memory safe for b) fails as well, with
+    // its own error, which the caller gets (the wait's went to the log).
+    let rules = [
+        fault("cuStreamWaitEvent", CUresult::CUDA_ERROR_INVALID_HANDLE),
+        FaultRule { times: 0, ..fault("cuMemAlloc_v2", CUresult::CUDA_ERROR_OUT_OF_MEMORY) },
+        fault("cuEventSynchronize", CUresult::CUDA_ERROR_INVALID_VALUE),
+    ]
+    .map(|rule| ctl.inject_fault(rule));
     let err = DeviceBuffer::<u8>::new_in(&resource, &b, 1 << 20).unwrap_err();
-    ctl.remove_fault(rule);
-    assert!(matches!(err, Error::InvalidHandle { .. }), "{err}");
+    for rule in rules {
+        ctl.remove_fault(rule);
+    }
+    assert!(matches!(err, Error::InvalidValue { .. }), "{err}");
     let ok = DeviceBuffer::<u8>::new_in(&resource, &b, 1 << 20).unwrap();
     drop(ok);
     pool.trim().unwrap();

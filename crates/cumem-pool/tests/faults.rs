@@ -1,6 +1,7 @@
 //! Fault injection: for a fixed sequence, make the k-th upstream allocation (and, separately, the
-//! k-th stream wait) fail, for every k in turn. The pool must return the error (or recover from an
-//! out-of-memory through its ladder), stay consistent after every step, and leak nothing.
+//! k-th stream wait) fail, for every k in turn. The pool must return the error (or recover: from an
+//! out-of-memory through its ladder, from a failed migration wait by growing), stay consistent
+//! after every step, and leak nothing.
 
 mod common;
 
@@ -89,9 +90,11 @@ fn stream_wait_fails_at_every_call_in_turn(#[values(false, true)] expandable: bo
     let waits = clean.clock().wait_calls;
     assert!(waits >= 2, "the sequence must migrate memory between streams ({waits} waits)");
     clean.finish();
+    // Every wait here is a migration's (no stream shares an arena), and the upstream has room: a
+    // failed one gives way to growth, and the allocation succeeds.
     for k in 0..waits {
         let h = run(&|h| h.clock().fail_wait_call = Some(k));
-        assert_eq!(h.errors, 1, "wait failure at call {k}");
+        assert_eq!(h.errors, 0, "wait failure at call {k}");
         h.finish();
     }
 }

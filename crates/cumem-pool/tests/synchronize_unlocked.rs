@@ -33,6 +33,8 @@ enum OnSync {
     /// Another thread allocates this many bytes on this stream (through the out-of-memory ladder,
     /// here), and sends the block back.
     Allocate(usize, u32, std::sync::mpsc::Sender<Block>),
+    /// Another thread trims the pool (its own synchronisation finds nothing queued).
+    Trim,
     /// Another thread allocates 4 KiB on stream 1 and frees it into its thread cache, then
     /// stays alive, its cache holding the block, until the sender is dropped.
     CacheInAThread(std::sync::mpsc::Receiver<()>),
@@ -77,6 +79,11 @@ impl Ordering for UsingThePool {
             }
             Some(OnSync::Allocate(bytes, stream, out)) => std::thread::spawn(move || {
                 out.send(pool.allocate(bytes, 512, stream).unwrap()).unwrap();
+            })
+            .join()
+            .unwrap(),
+            Some(OnSync::Trim) => std::thread::spawn(move || {
+                pool.trim().unwrap();
             })
             .join()
             .unwrap(),
@@ -422,6 +429,65 @@ fn an_expandable_ladder_racing_frees_all_along_reports_out_of_memory() {
         // With the traffic paused, the same request succeeds.
         let big = pool.allocate(4 << 20, 512, 2).unwrap();
         pool.deallocate(big, 2).unwrap();
+        pool.validate().unwrap();
+        pool.trim().unwrap();
+        assert_eq!(pool.upstream().live_bytes(), 0);
+    });
+}
+
+/// Growth maps fresh memory, on which nothing is queued: an expandable trim during each of whose
+/// synchronisations another thread grows the pool (and frees nothing) takes none for a race, and
+/// releases the free chunk.
+#[test]
+fn an_expandable_trim_is_not_raced_by_growth() {
+    within_watchdog("an expandable trim while another thread grows", || {
+        let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+        let pool = pool(config);
+        let a = pool.allocate(1 << 20, 512, 1).unwrap();
+        pool.deallocate(a, 1).unwrap();
+        assert_eq!(pool.upstream().live_bytes(), 2 << 20, "one chunk mapped, free");
+        // 3 MiB fits in no cached range: stream 3 grows each time.
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..4 {
+            queue(&pool, OnSync::Allocate(3 << 20, 3, tx.clone()));
+        }
+        drop(tx);
+        let report = pool.trim().unwrap();
+        assert_eq!(syncs(&pool), 1, "the growth during it was no race");
+        assert_eq!(report.released_bytes, 2 << 20, "stream 1's free chunk went");
+        pool.ordering().queued.lock().clear();
+        let grown: Vec<Block> = rx.iter().collect();
+        assert_eq!(grown.len(), 1);
+        assert_eq!(pool.upstream().live_bytes(), 4 << 20, "the grown block's two chunks");
+        for b in grown {
+            pool.deallocate(b, 3).unwrap();
+        }
+        pool.validate().unwrap();
+        pool.trim().unwrap();
+        assert_eq!(pool.upstream().live_bytes(), 0);
+    });
+}
+
+/// Unmapping whole chunks out of a free range leaves its pieces around the gap cached, moved
+/// under every lock after a synchronisation: an expandable trim during whose synchronisation
+/// another trim does so takes them for no race (it synchronises once, the other trim once).
+#[test]
+fn an_expandable_trim_is_not_raced_by_another_trims_unmapping() {
+    within_watchdog("an expandable trim while another trim unmaps", || {
+        let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+        let pool = pool(config);
+        // [0, 3 MiB) live; [3, 8 MiB) freed: chunks [4, 8) can go, the piece [3, 4) stays.
+        let kept = pool.allocate(3 << 20, 512, 1).unwrap();
+        let b = pool.allocate(5 << 20, 512, 1).unwrap();
+        assert_eq!(b.addr(), kept.addr() + (3 << 20));
+        pool.deallocate(b, 1).unwrap();
+        assert_eq!(pool.upstream().live_bytes(), 8 << 20);
+        queue(&pool, OnSync::Trim);
+        let report = pool.trim().unwrap();
+        assert_eq!(syncs(&pool), 2, "its own and the other trim's, no second one of its own");
+        assert_eq!(report, TrimReport::default(), "the other trim unmapped every whole free chunk");
+        assert_eq!(pool.upstream().live_bytes(), 4 << 20);
+        pool.deallocate(kept, 1).unwrap();
         pool.validate().unwrap();
         pool.trim().unwrap();
         assert_eq!(pool.upstream().live_bytes(), 0);
