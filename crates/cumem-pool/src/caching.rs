@@ -375,9 +375,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// upstream is exhausted after the ladder; [`PoolError::AddressSpaceExhausted`] when, with
     /// [expandable segments](crate::expandable), no segment has room and the upstream refuses
     /// another reservation; [`PoolError::Upstream`] / [`PoolError::Ordering`] /
-    /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails (a failed wait
-    /// for memory of another stream only when neither growth nor the ladder serves the request
-    /// instead: it is logged, and the ladder's out-of-memory error gives way to it).
+    /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails. A failed wait to
+    /// migrate memory from another stream's arena is logged and answered only when neither
+    /// growth nor the ladder serves the request instead (the ladder's `OutOfMemory` or
+    /// `AddressSpaceExhausted` gives way to it); the waits for an arena shared with another
+    /// stream (a full arena table, or growth into such an arena) are answered at once.
     #[inline]
     pub fn allocate(&self, bytes: usize, align: usize, stream: O::Stream) -> Result<Block, PoolError> {
         // The thread cache first, for the common request (at most 64 KiB, default alignment)
@@ -865,8 +867,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// new to the table counts as all zero: a fresh arena's) mean nothing entered any arena
     /// meanwhile that may be under work: allocations only took memory out, which the release then
     /// does not see, and what enters uncounted is idle (ranges already in the arenas, moved under
-    /// every lock after a synchronisation that covered them, by another thread's consolidation or
-    /// gathering; fresh segments, on which nothing was queued: contract item 1 of [`Upstream`]).
+    /// every lock after a synchronisation that covered them, by another thread's consolidation,
+    /// gathering, or a trim's pieces around an unmapped gap; fresh segments and newly mapped
+    /// expandable chunks, on which nothing was queued: contract item 1 of [`Upstream`]).
     /// A changed counter means memory was freed in (or moved by a sweep, flushed, put back)
     /// meanwhile, possibly under work queued after the synchronisation started: the locks are let
     /// go and it synchronises again. After four such races (other threads allocating and freeing all along)
@@ -1301,9 +1304,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Takes a best fit from another stream's arena and orders `to` (serving `stream`) after that
     /// arena's stream. Arenas are tried from the best fit found by a scan; one that changed since
     /// (vacated, reused, or its fit taken), or whose wait failed (its block put back or stranded
-    /// by [`take_ordered`](Self::take_ordered)), gives way to the next best. `Err`: no fit served,
-    /// and a wait failed (the first failure, logged here with no lock held): the caller grows and
-    /// runs the ladder (whose synchronisation may clear what failed) before it answers that.
+    /// by [`take_ordered`](Self::take_ordered)), gives way to the next best; a failure is logged
+    /// here with no lock held, also when a later fit serves. `Err`: no fit served, and a wait
+    /// failed (the first failure): the caller grows and runs the ladder (whose synchronisation may
+    /// clear what failed) before it answers that.
     fn migrate(
         &self,
         to: &Arena<O::Stream>,
@@ -1334,6 +1338,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             if let Err(e) = self.take_ordered(from, g, from_stream, stream, req, addr, seg) {
                 failed.get_or_insert((from_stream, e));
                 continue;
+            }
+            if let Some((from, e)) = &failed {
+                tracing::warn!(error = %e, ?from, "ordering a migration failed; another fit served");
             }
             tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
             return Ok(Some((addr, seg)));

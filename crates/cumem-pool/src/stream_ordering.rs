@@ -131,11 +131,12 @@ pub struct StreamOrdering {
     /// The tails of the streams the pool names, which never keep a stream alive.
     streams: RwLock<HashMap<StreamKey, Arc<StreamTail>>>,
     /// Events recorded on forgotten streams whose completion has not been seen yet.
-    /// Shared (`Arc`) so that `synchronize` waits for a snapshot without holding the lock, which
-    /// allocations migrating from retired memory take while they hold a pool lock.
+    /// Shared (`Arc`) so that `synchronize` and `wait` wait for a snapshot without holding the
+    /// lock, which `retire` takes under the pool's locks.
     retired: Mutex<Vec<Arc<Event>>>,
     /// What `retire` let go of (completed retired events, forgotten tails), kept here to be
-    /// dropped by [`Ordering::drop_deferred`], `wait` or `synchronize`: `retire` runs under the
+    /// dropped by [`Ordering::drop_deferred`], `synchronize`, or a `wait` for memory of retired
+    /// streams: `retire` runs under the
     /// pool's locks, and destroying an event makes driver calls (which may wait behind another
     /// thread's `cuMemFree`, driver brief §17) and logs a failure (a subscriber may read the
     /// pool's stats, which take those locks).
