@@ -11,8 +11,9 @@
 //! (true for every power-of-two size up to the pitch alignment); otherwise `Misaligned { what:
 //! "pitch" }`. Rows are only as aligned as the allocation's base, which is allocated aligned to
 //! [`PITCHED_ROW_ALIGNMENT`] bytes: element types aligned more strictly are refused before any driver call
-//! (`NotSupported { feature: Alignment(align) }`). A row wider than the device's `MAX_PITCH` is
-//! `InvalidValue` before any driver call. Zero-sized element types are refused (`ZeroSize { what:
+//! (`NotSupported { feature: Alignment(align) }`). A row wider than the device's `MAX_PITCH`, or
+//! one whose pitch (rounded up to the pitch alignment) passes it, is `InvalidValue` before any
+//! driver call. [`PitchedBuffer::to_vec`] answers `OutOfMemory` when the host cannot hold the values. Zero-sized element types are refused (`ZeroSize { what:
 //! "element size" }`), and extents whose element count overflows are `SizeOverflow`. Empty arrays
 //! allocate nothing.
 //!
