@@ -1304,10 +1304,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Takes a best fit from another stream's arena and orders `to` (serving `stream`) after that
     /// arena's stream. Arenas are tried from the best fit found by a scan; one that changed since
     /// (vacated, reused, or its fit taken), or whose wait failed (its block put back or stranded
-    /// by [`take_ordered`](Self::take_ordered)), gives way to the next best; a failure is logged
-    /// here with no lock held, also when a later fit serves. `Err`: no fit served, and a wait
-    /// failed (the first failure): the caller grows and runs the ladder (whose synchronisation may
-    /// clear what failed) before it answers that.
+    /// by [`take_ordered`](Self::take_ordered)), gives way to the next best; each failure is
+    /// logged as it comes, with no lock held. `Err`: no fit served, and a wait failed (the first
+    /// failure): the caller grows and runs the ladder (whose synchronisation may clear what
+    /// failed) before it answers that.
     fn migrate(
         &self,
         to: &Arena<O::Stream>,
@@ -1336,22 +1336,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             // The wait runs with the lock let go (see `take_ordered`, which says why that is
             // sound); so does the log: a subscriber may read `stats()`, which takes every lock.
             if let Err(e) = self.take_ordered(from, g, from_stream, stream, req, addr, seg) {
-                failed.get_or_insert((from_stream, e));
+                tracing::warn!(error = %e, from = ?from_stream, "ordering a migration failed; trying elsewhere");
+                failed.get_or_insert(e);
                 continue;
-            }
-            if let Some((from, e)) = &failed {
-                tracing::warn!(error = %e, ?from, "ordering a migration failed; another fit served");
             }
             tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
             return Ok(Some((addr, seg)));
         }
-        match failed {
-            None => Ok(None),
-            Some((from, e)) => {
-                tracing::warn!(error = %e, ?from, "ordering a migration failed; growing instead");
-                Err(e)
-            }
-        }
+        failed.map_or(Ok(None), Err)
     }
 
     /// Takes a new segment from the upstream for a free range of `need` bytes: the growth policy's

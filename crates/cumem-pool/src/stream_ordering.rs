@@ -136,10 +136,9 @@ pub struct StreamOrdering {
     retired: Mutex<Vec<Arc<Event>>>,
     /// What `retire` let go of (completed retired events, forgotten tails), kept here to be
     /// dropped by [`Ordering::drop_deferred`], `synchronize`, or a `wait` for memory of retired
-    /// streams: `retire` runs under the
-    /// pool's locks, and destroying an event makes driver calls (which may wait behind another
-    /// thread's `cuMemFree`, driver brief §17) and logs a failure (a subscriber may read the
-    /// pool's stats, which take those locks).
+    /// streams: `retire` runs under the pool's locks, and destroying an event makes driver calls
+    /// (which may wait behind another thread's `cuMemFree`, driver brief §17) and logs a failure
+    /// (a subscriber may read the pool's stats, which take those locks).
     deferred: Mutex<Deferred>,
 }
 
@@ -229,8 +228,8 @@ impl StreamOrdering {
     /// Drops what [`retire`](Ordering::retire) kept for later. Call with no lock held (of the
     /// pool or of this ordering).
     fn drop_deferred_now(&self) {
-        let deferred = std::mem::take(&mut *self.deferred.lock());
-        drop(deferred);
+        // Taken out first: the drops run after the lock is let go.
+        drop(std::mem::take(&mut *self.deferred.lock()));
     }
 }
 

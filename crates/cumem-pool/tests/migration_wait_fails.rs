@@ -13,7 +13,7 @@ use serial_test::serial;
 mod common;
 use common::fails_once_on_this_thread;
 
-const WAIT_FAILED: &str = "ordering a migration failed; growing instead";
+const WAIT_FAILED: &str = "ordering a migration failed; trying elsewhere";
 
 #[test]
 #[serial]
