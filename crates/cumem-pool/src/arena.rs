@@ -23,7 +23,8 @@ use std::sync::atomic::AtomicU64;
 use parking_lot::Mutex;
 
 use crate::bins::Bins;
-use crate::free_set::FreeSet;
+use crate::block::Request;
+use crate::free_set::{FreeSet, Seg};
 use crate::size_class::Kind;
 
 /// One stream's arena. Aligned to two cache lines so that arenas of different streams never share one.
@@ -43,8 +44,10 @@ pub(crate) struct Arena<S> {
 }
 
 impl<S> Arena<S> {
-    pub(crate) fn new(index: usize) -> Self {
-        Arena { hash: AtomicU64::new(0), index, inner: Mutex::new(ArenaInner::new()) }
+    /// An arena whose dedicated segments serve requests within `split_limit` (see
+    /// [`ArenaInner::take`]).
+    pub(crate) fn new(index: usize, split_limit: u64) -> Self {
+        Arena { hash: AtomicU64::new(0), index, inner: Mutex::new(ArenaInner::new(split_limit)) }
     }
 }
 
@@ -59,15 +62,23 @@ pub(crate) struct ArenaInner<S> {
     pub small: FreeSet,
     /// Free ranges of large segments.
     pub large: FreeSet,
+    /// Free ranges of dedicated segments. Boxed: most arenas never hold one, and a third set's
+    /// bitmaps inline would spread the arena's fast path over more cache lines.
+    pub dedicated: Box<FreeSet>,
+    /// [`PoolConfig::split_limit`](crate::PoolConfig::split_limit): which requests dedicated
+    /// segments serve (see [`ArenaInner::take`]).
+    split_limit: u64,
 }
 
 impl<S> ArenaInner<S> {
-    fn new() -> Self {
+    fn new(split_limit: u64) -> Self {
         ArenaInner {
             stream: None,
             bins: Bins::default(),
             small: FreeSet::default(),
             large: FreeSet::default(),
+            dedicated: Box::default(),
+            split_limit,
         }
     }
 
@@ -75,7 +86,7 @@ impl<S> ArenaInner<S> {
     /// retired streams), leaving it empty.
     pub(crate) fn move_into(&mut self, to: &mut ArenaInner<S>) {
         self.flush_bins();
-        for kind in [Kind::Small, Kind::Large] {
+        for kind in Kind::ALL {
             for (addr, len, seg) in self.set(kind).drain() {
                 to.set(kind).insert(addr, len, seg);
             }
@@ -87,7 +98,67 @@ impl<S> ArenaInner<S> {
         match kind {
             Kind::Small => &mut self.small,
             Kind::Large => &mut self.large,
+            Kind::Dedicated => &mut self.dedicated,
         }
+    }
+
+    /// The free sets with their kinds, for what reads every cached range.
+    pub(crate) fn sets(&self) -> [(&FreeSet, Kind); 3] {
+        [(&self.small, Kind::Small), (&self.large, Kind::Large), (&self.dedicated, Kind::Dedicated)]
+    }
+
+    /// Takes a best fit for `req` from the free set of its kind.
+    ///
+    /// Dedicated segments serve only requests above the split limit, and only from a range that
+    /// the block leaves at most the split limit of: a smaller block would pin a segment made for
+    /// something far larger, which the out-of-memory ladder could then not give back (PyTorch's
+    /// caching allocator has `max_split_size_mb` for the same reason). A
+    /// [dedicated](Kind::Dedicated) request may also take a large segment's range, whichever of
+    /// the two fits is smaller; then `req` becomes a large one, the kind of the segment its block
+    /// lives in.
+    #[inline]
+    pub(crate) fn take(&mut self, req: &mut Request) -> Option<(u64, Seg)> {
+        if req.kind == Kind::Dedicated
+            && let Some(large) = self.large.fit_len(req.size, req.align)
+            && self.dedicated_fit(req).is_none_or(|own| large < own)
+        {
+            req.kind = Kind::Large;
+        }
+        self.take_kind(req.kind, req)
+    }
+
+    /// Takes a best fit for `req` from the free set of `kind` only, as [`take`](Self::take) allows
+    /// it for dedicated segments.
+    #[inline]
+    pub(crate) fn take_kind(&mut self, kind: Kind, req: &Request) -> Option<(u64, Seg)> {
+        if kind == Kind::Dedicated {
+            self.dedicated_fit(req)?;
+        }
+        self.set(kind).take(req.size, req.align)
+    }
+
+    /// The length of the range [`take`](Self::take) would split.
+    pub(crate) fn fit_len(&self, req: &Request) -> Option<u64> {
+        let large = || self.large.fit_len(req.size, req.align);
+        match req.kind {
+            Kind::Small => self.small.fit_len(req.size, req.align),
+            Kind::Large => large(),
+            Kind::Dedicated => match (self.dedicated_fit(req), large()) {
+                (Some(own), Some(large)) => Some(own.min(large)),
+                (own, large) => own.or(large),
+            },
+        }
+    }
+
+    /// The length of the dedicated segments' best fit for `req`, if that range may serve it.
+    /// The best fit is the shortest range that holds the block (for an aligned request, nearly:
+    /// see [`FreeSet::fit_len`]), so when it is too long, so is every other.
+    fn dedicated_fit(&self, req: &Request) -> Option<u64> {
+        if req.size <= self.split_limit {
+            return None;
+        }
+        let len = self.dedicated.fit_len(req.size, req.align)?;
+        (len - req.size <= self.split_limit).then_some(len)
     }
 
     /// Moves every binned block into the small free set, coalescing.
@@ -108,12 +179,12 @@ impl<S> ArenaInner<S> {
     /// and moves between arenas under every arena lock after a synchronisation that followed
     /// every free in them (consolidation, gathering, the pieces a trim leaves around an unmapped
     /// gap); see [`FreeSet::insert_uncounted`](crate::free_set::FreeSet::insert_uncounted).
-    pub(crate) fn inserts(&self) -> [u64; 3] {
-        [self.bins.pushes(), self.small.inserts(), self.large.inserts()]
+    pub(crate) fn inserts(&self) -> [u64; 4] {
+        [self.bins.pushes(), self.small.inserts(), self.large.inserts(), self.dedicated.inserts()]
     }
 
     /// The largest cached block.
     pub(crate) fn largest(&self) -> u64 {
-        self.bins.largest().max(self.small.largest()).max(self.large.largest())
+        self.bins.largest().max(self.small.largest()).max(self.large.largest()).max(self.dedicated.largest())
     }
 }

@@ -71,8 +71,13 @@ impl Block {
     /// travel separately).
     #[inline]
     pub(crate) fn token(&self) -> [u64; 2] {
-        // Segment lengths are multiples of QUANTUM, so bit 0 is free for the kind.
-        [self.seg.base, self.seg.len | u64::from(self.kind == Kind::Large)]
+        // Segment lengths are multiples of QUANTUM, so the two low bits are free for the kind.
+        let kind = match self.kind {
+            Kind::Small => 0,
+            Kind::Large => 1,
+            Kind::Dedicated => 2,
+        };
+        [self.seg.base, self.seg.len | kind]
     }
 
     /// The block that [`token`](Self::token) described, for pool `pool`. The caller vouches that
@@ -80,9 +85,14 @@ impl Block {
     /// safety contract); `None` for a token no block can have.
     #[inline]
     pub(crate) fn from_token(addr: u64, requested: usize, token: [u64; 2], pool: u32) -> Option<Block> {
-        let kind = if token[1] & 1 == 1 { Kind::Large } else { Kind::Small };
+        let kind = match token[1] & 3 {
+            0 => Kind::Small,
+            1 => Kind::Large,
+            2 => Kind::Dedicated,
+            _ => return None,
+        };
         let size = SizeClass::of(requested).ok()?.bytes as u64;
-        let seg = Seg { base: token[0], len: token[1] & !1 };
+        let seg = Seg { base: token[0], len: token[1] & !3 };
         Some(Block { addr, requested, size, seg, kind, pool })
     }
 }
@@ -103,6 +113,20 @@ pub(crate) struct Request {
 }
 
 impl Request {
+    /// The request as a pool whose dedicated segments serve within `split_limit` takes it: a large
+    /// request above the limit is [`Kind::Dedicated`]. `None`: the pool makes no dedicated
+    /// segments (it grows expandable ones).
+    #[inline]
+    pub(crate) fn split_above(mut self, split_limit: Option<u64>) -> Request {
+        if self.kind == Kind::Large
+            && let Some(limit) = split_limit
+            && self.size > limit
+        {
+            self.kind = Kind::Dedicated;
+        }
+        self
+    }
+
     #[inline]
     pub(crate) fn new(bytes: usize, align: usize) -> Result<Request, PoolError> {
         if !align.is_power_of_two() {

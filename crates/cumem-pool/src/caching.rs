@@ -5,9 +5,11 @@
 //! its size class (O(1)); a best fit in `T`'s free ranges (O(log n)); the same after flushing `T`'s
 //! bins; the same after moving this thread's cache to the arenas; *migration*: a best
 //! fit taken from another stream `S`'s arena, after `ordering.wait(T, S)`; a new segment from the
-//! upstream; and finally the out-of-memory ladder (synchronise, coalesce all cached memory across
-//! streams and retry, including memory of the other segment kind; release every fully free segment
-//! and retry the upstream with the minimal segment; report). The ladder synchronises with no lock
+//! upstream (for a request above [`PoolConfig::split_limit`](crate::PoolConfig::split_limit), a
+//! [dedicated](crate::size_class::Kind::Dedicated) segment of its own size, whose free memory later
+//! serves only such requests); and finally the out-of-memory ladder (synchronise, coalesce all
+//! cached memory across streams and retry, including memory of the other segment kinds; release
+//! every fully free segment and retry the upstream with the minimal segment; report). The ladder synchronises with no lock
 //! held, then takes every arena lock and synchronises again (unlocked) if memory was freed into
 //! the pool meanwhile, and holds the locks until it has decided what to release; with segments, it
 //! gives them back and asks the upstream for the minimal one with no lock held (the upstream may
@@ -138,6 +140,9 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
     upstream: U,
     ordering: O,
     config: PoolConfig,
+    /// [`PoolConfig::split_limit`], or `None` when the pool grows expandable segments (which unmap
+    /// free chunks wherever they are, so fragmentation does not keep memory from the device).
+    split_limit: Option<u64>,
     arenas: ArenaTable<O::Stream>,
     /// Per-thread caches of recently freed small blocks (the fast path).
     caches: Registry<O::Stream>,
@@ -327,7 +332,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         let retired = ordering.retired_stream();
         // One more arena for retired streams, created first.
-        let arenas = ArenaTable::new(arenas.clamp(1, MAX_STREAM_ARENAS) + usize::from(retired.is_some()));
+        let split_limit =
+            (!(config.expandable_segments && upstream.expandable().is_some())).then(|| config.split_limit());
+        let arenas = ArenaTable::new(
+            arenas.clamp(1, MAX_STREAM_ARENAS) + usize::from(retired.is_some()),
+            config.split_limit(),
+        );
         if let Some(retired) = retired {
             drop(arenas.lock_or_insert(retired));
         }
@@ -335,6 +345,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             id: NEXT_POOL_ID.fetch_add(1, Relaxed),
             upstream,
             ordering,
+            split_limit,
             arenas,
             caches: Registry::new(),
             retired,
@@ -635,7 +646,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let (_st, guards) = self.lock_all();
         for g in &guards {
             out.extend(
-                g.small.ranges().chain(g.large.ranges()).chain(g.bins.entries()).map(|(a, l, _)| (a, l)),
+                g.sets()
+                    .into_iter()
+                    .flat_map(|(set, _)| set.ranges())
+                    .chain(g.bins.entries())
+                    .map(|(a, l, _)| (a, l)),
             );
         }
         out.extend(self.segments.lock().stranded.iter().map(|&(a, l, _, _)| (a, l)));
@@ -655,10 +670,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let segs = self.segments.lock();
         let mut items: Vec<(u64, u64, Seg, Kind)> = vec![];
         for g in &guards {
-            g.small.check()?;
-            g.large.check()?;
-            items.extend(g.small.ranges().chain(g.bins.entries()).map(|(a, l, s)| (a, l, s, Kind::Small)));
-            items.extend(g.large.ranges().map(|(a, l, s)| (a, l, s, Kind::Large)));
+            for (set, kind) in g.sets() {
+                set.check()?;
+                items.extend(set.ranges().map(|(a, l, s)| (a, l, s, kind)));
+            }
+            items.extend(g.bins.entries().into_iter().map(|(a, l, s)| (a, l, s, Kind::Small)));
         }
         items.extend(segs.stranded.iter().copied());
         if segs.stranded.iter().map(|x| x.1).sum::<u64>() != segs.stranded_bytes {
@@ -914,7 +930,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             (st, guards) = self.lock_all();
             let after = self.arena_inserts(&guards);
             let unchanged = after.iter().all(|(index, now)| {
-                let then = before.binary_search_by_key(index, |x| x.0).map_or([0; 3], |k| before[k].1);
+                let then = before.binary_search_by_key(index, |x| x.0).map_or([0; 4], |k| before[k].1);
                 *now == then
             });
             // Whatever the arenas held, the stranded blocks below the mark were stranded before
@@ -937,7 +953,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
 
     /// Every arena's insert counters by its position, in position order. The caller holds the
     /// table's mutex (so the arenas listed are those `guards` locked, in the same order).
-    fn arena_inserts(&self, guards: &Guards<'_, O::Stream>) -> Vec<(usize, [u64; 3])> {
+    fn arena_inserts(&self, guards: &Guards<'_, O::Stream>) -> Vec<(usize, [u64; 4])> {
         self.arenas.iter().zip(guards).map(|(a, g)| (a.index, g.inserts())).collect()
     }
 
@@ -980,13 +996,14 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     #[cold]
     #[inline(never)]
     fn allocate_shared(&self, stream: O::Stream, req: Request) -> Result<Block, PoolError> {
+        let mut req = req.split_above(self.split_limit);
         tracing::debug!(
             arenas = self.arenas.capacity(),
             "allocation on a stream beyond the arena table: sharing"
         );
         let arena = self.arenas.iter().next().expect("a full table has arenas");
         let mut g = arena.inner.lock();
-        let mut taken = g.set(req.kind).take(req.size, req.align);
+        let mut taken = g.take(&mut req);
         if taken.is_none() && req.kind == Kind::Small && g.bins.bytes() > 0 {
             g.flush_bins();
             taken = g.small.take(req.size, req.align);
@@ -1168,7 +1185,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         stream: O::Stream,
         req: Request,
     ) -> Result<Block, PoolError> {
-        if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
+        // Classified here, off the fast path: the arena's bins serve small requests only.
+        let mut req = req.split_above(self.split_limit);
+        if let Some((addr, seg)) = g.take(&mut req) {
             return Ok(self.finish(g, &req, addr, seg));
         }
         if req.kind == Kind::Small && g.bins.bytes() > 0 {
@@ -1198,7 +1217,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             let mut g = arena.inner.lock();
             // Only memory of this stream's own arena is safe without a wait (a shared arena is not).
             if g.stream == Some(stream) {
-                if let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) {
+                if let Some((addr, seg)) = g.take(&mut req) {
                     return Ok(self.finish(g, &req, addr, seg));
                 }
                 if req.kind == Kind::Small && g.bins.bytes() > 0 {
@@ -1210,7 +1229,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
         }
         // A failed wait is answered only if nothing else serves the request.
-        let migrated = self.migrate(arena, stream, &req);
+        let migrated = self.migrate(arena, stream, &mut req);
         if let Ok(Some((addr, seg))) = migrated {
             return Ok(self.finish((), &req, addr, seg));
         }
@@ -1258,7 +1277,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             notes.log();
             self.log_upstream_notes();
             grown?;
-        } else if let Some(seg) = self.grow(req.kind, req.need, false)? {
+        } else if let Some(seg) = self.grow(&req, false)? {
             let mut g = arena.inner.lock();
             let set = g.set(req.kind);
             // Fresh memory: no thread comparing insert counters needs to wait for it.
@@ -1307,20 +1326,22 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// by [`take_ordered`](Self::take_ordered)), gives way to the next best; each failure is
     /// logged as it comes, with no lock held. `Err`: no fit served, and a wait failed (the first
     /// failure): the caller grows and runs the ladder (whose synchronisation may clear what
-    /// failed) before it answers that.
+    /// failed) before it answers that. A block served from another kind of segment than the
+    /// request's (see [`ArenaInner::take`]) leaves `req` of that kind; otherwise `req` is unchanged.
     fn migrate(
         &self,
         to: &Arena<O::Stream>,
         stream: O::Stream,
-        req: &Request,
+        req: &mut Request,
     ) -> Result<Option<(u64, Seg)>, PoolError> {
+        let asked = *req;
         let mut fits: Vec<(u64, &Arena<O::Stream>)> = Vec::new();
         for a in self.arenas.iter().filter(|a| a.index != to.index) {
             let mut g = a.inner.lock();
             if req.kind == Kind::Small {
                 g.flush_bins();
             }
-            if let Some(len) = g.set(req.kind).fit_len(req.size, req.align) {
+            if let Some(len) = g.fit_len(req) {
                 fits.push((len, a));
             }
         }
@@ -1332,7 +1353,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             // together with the block taken.
             let mut g = from.inner.lock();
             let Some(from_stream) = g.stream else { continue };
-            let Some((addr, seg)) = g.set(req.kind).take(req.size, req.align) else { continue };
+            *req = asked;
+            let Some((addr, seg)) = g.take(req) else { continue };
             // The wait runs with the lock let go (see `take_ordered`, which says why that is
             // sound); so does the log: a subscriber may read `stats()`, which takes every lock.
             if let Err(e) = self.take_ordered(from, g, from_stream, stream, req, addr, seg) {
@@ -1343,17 +1365,23 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             tracing::debug!(from = ?from_stream, bytes = req.size, "cross-stream migration");
             return Ok(Some((addr, seg)));
         }
+        *req = asked;
         failed.map_or(Ok(None), Err)
     }
 
-    /// Takes a new segment from the upstream for a free range of `need` bytes: the growth policy's
-    /// preferred size, then the minimal one. `Ok(None)` when the upstream is out of memory.
-    fn grow(&self, kind: Kind, need: u64, minimal_only: bool) -> Result<Option<Seg>, PoolError> {
+    /// Takes a new segment from the upstream for a free range that fits `req`: the growth policy's
+    /// preferred size, then the minimal one; a [dedicated](Kind::Dedicated) request, the minimal
+    /// one only. `Ok(None)` when the upstream is out of memory.
+    fn grow(&self, req: &Request, minimal_only: bool) -> Result<Option<Seg>, PoolError> {
+        let (kind, need) = (req.kind, req.need);
         let _span =
             tracing::debug_span!("grow", device = self.upstream.device(), bytes = need, ?kind).entered();
         let (preferred, minimal) = self.segments.lock().plan(&self.config, kind, need)?;
-        let sizes =
-            if minimal_only || preferred == minimal { &[minimal][..] } else { &[preferred, minimal][..] };
+        let sizes = if minimal_only || kind == Kind::Dedicated || preferred == minimal {
+            &[minimal][..]
+        } else {
+            &[preferred, minimal][..]
+        };
         for &size in sizes {
             match self.upstream.allocate(size) {
                 Ok(addr) => {
@@ -1407,16 +1435,17 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         };
         consolidate(&mut guards);
         let ti = to.index;
-        let other = match req.kind {
-            Kind::Small => Kind::Large,
-            Kind::Large => Kind::Small,
+        // Own kind first, own arena first; then memory of the other segment kinds.
+        let kinds: &[Kind] = match req.kind {
+            Kind::Small => &[Kind::Small, Kind::Large],
+            Kind::Large => &[Kind::Large, Kind::Small],
+            Kind::Dedicated => &[Kind::Dedicated, Kind::Large, Kind::Small],
         };
-        // Own kind first, own arena first; then memory of the other segment kind.
         let mut found = None;
         let mut no_address_space = None;
-        'search: for kind in [req.kind, other] {
+        'search: for &kind in kinds {
             for i in std::iter::once(ti).chain((0..guards.len()).filter(|&i| i != ti)) {
-                if let Some((addr, seg)) = guards[i].set(kind).take(req.size, req.align) {
+                if let Some((addr, seg)) = guards[i].take_kind(kind, req) {
                     found = Some((addr, seg, kind));
                     break 'search;
                 }
@@ -1521,12 +1550,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         req: &Request,
     ) -> Result<Option<(u64, Seg, Kind)>, PoolError> {
         let seen = self.returning.finished();
-        let mut grown = self.grow(req.kind, req.need, true)?;
+        let mut grown = self.grow(req, true)?;
         // Another thread's release may have taken segments out before this ladder locked
         // the arenas, and not returned them yet: wait for the frees in flight now (for a
         // bounded time: such a free may wait for this very thread), then try once more.
         if grown.is_none() && self.returning.wait_for_frees(seen, self.config.oom_free_wait) {
-            grown = self.grow(req.kind, req.need, true)?;
+            grown = self.grow(req, true)?;
         }
         let Some(seg) = grown else { return Ok(None) };
         // Memory freed into the arena since the locks were let go is not ordered for
@@ -1602,7 +1631,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         let mut per_seg: HashMap<u64, u64> = HashMap::new();
         for g in guards {
-            for (_, len, seg) in g.small.ranges().chain(g.large.ranges()) {
+            for (_, len, seg) in g.sets().into_iter().flat_map(|(set, _)| set.ranges()) {
                 let sum = per_seg.entry(seg.base).or_default();
                 *sum += len;
                 if *sum == seg.len {
@@ -1630,7 +1659,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         let mut cached = segs.reserved.saturating_sub(live.max(0) as u64);
         let mut candidates = vec![];
         for (i, g) in guards.iter().enumerate() {
-            for (set, kind) in [(&g.small, Kind::Small), (&g.large, Kind::Large)] {
+            for (set, kind) in g.sets() {
                 for (addr, len, seg) in set.ranges() {
                     if addr == seg.base && len == seg.len && segs.map.contains_key(&addr) {
                         candidates.push((len, addr, i, kind));
@@ -1744,7 +1773,7 @@ fn consolidate<S>(guards: &mut Guards<'_, S>) {
     if guards.len() < 2 {
         return;
     }
-    for kind in [Kind::Small, Kind::Large] {
+    for kind in Kind::ALL {
         let mut all: Vec<(u64, u64, Seg, usize)> = vec![];
         for (i, g) in guards.iter_mut().enumerate() {
             all.extend(g.set(kind).drain().into_iter().map(|(a, l, s)| (a, l, s, i)));

@@ -7,6 +7,11 @@
 //! just the rounded request (for a small request, a 1 MiB segment) before running its out-of-memory
 //! ladder, so the last memory of a nearly full device is still used.
 //!
+//! A request of more than half `large_segment_bytes` ([`PoolConfig::split_limit`]) would not share
+//! a large segment with another of its size anyway: it gets a segment of its own (its size rounded
+//! up to 2 MiB), and once freed that segment serves only such requests, wasting at most the split
+//! limit, so that smaller blocks never pin it and the out-of-memory ladder can give it back.
+//!
 //! ```
 //! use cumem_pool::{Growth, PoolConfig};
 //!
@@ -43,7 +48,8 @@ pub struct PoolConfig {
     /// Size of segments serving small requests (≤ 1 MiB). Raised to at least 1 MiB and rounded up to a
     /// multiple of 512 B. Default 2 MiB.
     pub small_segment_bytes: usize,
-    /// Minimum size of segments serving large requests; large requests below it share such segments.
+    /// Minimum size of segments serving large requests; large requests of at most half of it share
+    /// such segments, larger ones get a segment of their own (see [`PoolConfig::split_limit`]).
     /// Rounded up to a multiple of [`LARGE_ROUNDING`]. Default 20 MiB.
     pub large_segment_bytes: usize,
     /// Growth policy for large segments. Default [`Growth::Exact`].
@@ -102,6 +108,28 @@ impl Default for PoolConfig {
 }
 
 impl PoolConfig {
+    /// The largest request (rounded to its size class) that shares segments with others: half of
+    /// [`large_segment_bytes`](Self::large_segment_bytes) as the pool rounds it (10 MiB by
+    /// default). A larger request gets a *dedicated* segment of its own size rounded up to
+    /// [`LARGE_ROUNDING`], whatever the growth policy; once freed, that segment's memory serves
+    /// only requests above the split limit whose block leaves at most the split limit of the free
+    /// range behind, and smaller requests take other segments. Without this rule, a block of a few
+    /// MiB cut from a freed 60 MiB segment pins it: the pool's out-of-memory ladder can only give
+    /// back segments that are entirely free, and a fragmented pool refuses requests that the
+    /// device could still serve (measured in `docs/benchmarks.md`, "Dedicated segments").
+    ///
+    /// ```
+    /// use cumem_pool::PoolConfig;
+    /// assert_eq!(PoolConfig::default().split_limit(), 10 << 20);
+    /// let c = PoolConfig { large_segment_bytes: 64 << 20, ..PoolConfig::default() };
+    /// assert_eq!(c.split_limit(), 32 << 20);
+    /// ```
+    pub fn split_limit(&self) -> u64 {
+        let large = crate::size_class::round_up(self.large_segment_bytes.max(1), LARGE_ROUNDING)
+            .unwrap_or(LARGE_ROUNDING);
+        (large / 2) as u64
+    }
+
     /// The configuration with sizes clamped and rounded as documented on each field.
     pub(crate) fn normalized(mut self) -> PoolConfig {
         use crate::size_class::{QUANTUM, SMALL_LIMIT, round_up};

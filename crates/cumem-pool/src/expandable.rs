@@ -381,6 +381,7 @@ fn set_of<S>(g: &ArenaInner<S>, kind: Kind) -> &FreeSet {
     match kind {
         Kind::Small => &g.small,
         Kind::Large => &g.large,
+        Kind::Dedicated => &g.dedicated,
     }
 }
 
@@ -415,7 +416,7 @@ fn cached_ranges<S, G: Deref<Target = ArenaInner<S>>>(
 ) -> Vec<(u64, u64, Seg, usize, Kind)> {
     let mut out = vec![];
     for (i, g) in guards.iter().enumerate() {
-        for kind in [Kind::Small, Kind::Large] {
+        for kind in Kind::ALL {
             out.extend(
                 set_of(g, kind)
                     .ranges()

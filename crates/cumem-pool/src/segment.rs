@@ -8,9 +8,15 @@
 //!
 //! let config = PoolConfig { growth: Growth::Doubling { max: 80 << 20 }, ..PoolConfig::default() };
 //! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), config);
-//! let blocks: Vec<_> = (0..3).map(|_| pool.allocate(19 << 20, 512, 0).unwrap()).collect();
-//! // 20 MiB, then 40 MiB (holds the second and third block).
-//! assert_eq!(pool.segments(), vec![(pool.segments()[0].0, 20 << 20), (pool.segments()[1].0, 40 << 20)]);
+//! let mut blocks: Vec<_> = (0..3).map(|_| pool.allocate(10 << 20, 512, 0).unwrap()).collect();
+//! // 20 MiB (holds the first two blocks), then 40 MiB (the third).
+//! let lengths = |pool: &CachingPool<_, _>| pool.segments().iter().map(|s| s.1 >> 20).collect::<Vec<_>>();
+//! assert_eq!(lengths(&pool), vec![20, 40]);
+//! // Above the split limit (10 MiB), a request that no free range fits gets a dedicated segment
+//! // of its own size, whatever the growth policy.
+//! blocks.push(pool.allocate(36 << 20, 512, 0).unwrap());
+//! assert_eq!(blocks[3].kind(), cumem_pool::size_class::Kind::Dedicated);
+//! assert_eq!(lengths(&pool), vec![20, 40, 36]);
 //! # for b in blocks { pool.deallocate(b, 0).unwrap(); }
 //! ```
 

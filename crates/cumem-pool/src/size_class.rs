@@ -44,6 +44,17 @@ pub enum Kind {
     Small,
     /// Segments sized by the growth policy serving larger requests.
     Large,
+    /// A segment of its own for a request above the split limit
+    /// ([`PoolConfig::split_limit`](crate::PoolConfig::split_limit)), which would not share a large
+    /// segment with another of its size; once freed, its memory serves only such requests, and
+    /// only those that leave at most the split limit of a free range behind (so smaller blocks
+    /// never pin it). Pools with expandable segments make none.
+    Dedicated,
+}
+
+impl Kind {
+    /// Every kind, in the order the pool's loops visit them.
+    pub const ALL: [Kind; 3] = [Kind::Small, Kind::Large, Kind::Dedicated];
 }
 
 /// The size class of a request.

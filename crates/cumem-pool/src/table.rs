@@ -95,6 +95,9 @@ pub(crate) struct ArenaTable<S> {
     /// Set when an insertion made the number of live arenas reach `sweep_at`; read without the
     /// mutex (by a thread that may hold an arena lock, which must not then wait for the mutex).
     sweep_due: AtomicBool,
+    /// The split limit every arena's dedicated segments serve requests within
+    /// ([`PoolConfig::split_limit`](crate::PoolConfig::split_limit)).
+    split_limit: u64,
 }
 
 /// What changes to the table are decided by; held while changing it (and, by the pool, while it
@@ -115,8 +118,9 @@ pub(crate) struct TableState {
 pub(crate) const SWEEP_MIN: usize = 16;
 
 impl<S: Copy + Eq + Hash> ArenaTable<S> {
-    /// A table for at most `max` streams.
-    pub(crate) fn new(max: usize) -> Self {
+    /// A table for at most `max` streams, whose arenas' dedicated segments serve requests within
+    /// `split_limit`.
+    pub(crate) fn new(max: usize, split_limit: u64) -> Self {
         let max = max.clamp(1, 1 << 24);
         let slots = (2 * max).next_power_of_two().max(2);
         ArenaTable {
@@ -126,6 +130,7 @@ impl<S: Copy + Eq + Hash> ArenaTable<S> {
             len: AtomicUsize::new(0),
             state: Mutex::new(TableState { free: Vec::new(), live: 0, tombs: 0, sweep_at: SWEEP_MIN }),
             sweep_due: AtomicBool::new(false),
+            split_limit,
         }
     }
 
@@ -224,7 +229,7 @@ impl<S: Copy + Eq + Hash> ArenaTable<S> {
             // Before the new arena gets its hash, so the rebuild does not index it too.
             self.rebuild(st);
         }
-        let arena = &**self.list[pos].get_or_init(|| Box::new(Arena::new(pos)));
+        let arena = &**self.list[pos].get_or_init(|| Box::new(Arena::new(pos, self.split_limit)));
         let mut g = arena.inner.lock();
         g.stream = Some(stream);
         let hash = Self::hash(&stream);
@@ -325,7 +330,7 @@ mod tests {
 
     #[test]
     fn lookup_insert_remove_and_capacity() {
-        let t: ArenaTable<u64> = ArenaTable::new(100);
+        let t: ArenaTable<u64> = ArenaTable::new(100, u64::MAX);
         assert!(t.lock(5).is_none());
         for s in 0..100u64 {
             let (a, g) = t.lock_or_insert(s * 0x1000).unwrap();
@@ -363,7 +368,7 @@ mod tests {
 
     #[test]
     fn concurrent_inserts_agree() {
-        let t: ArenaTable<u32> = ArenaTable::new(64);
+        let t: ArenaTable<u32> = ArenaTable::new(64, u64::MAX);
         std::thread::scope(|s| {
             for _ in 0..4 {
                 s.spawn(|| {

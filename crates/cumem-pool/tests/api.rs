@@ -132,20 +132,23 @@ fn trim_without_fully_free_segments_does_not_synchronise() {
 #[test]
 fn growth_doubling_and_fallback_to_minimal_segment() {
     let config = PoolConfig { growth: Growth::Doubling { max: 64 << 20 }, ..PoolConfig::default() };
-    let pool = host_pool(80 << 20, config);
-    let a = pool.allocate(15 << 20, 1, 0).unwrap(); // 20 MiB segment
-    let b = pool.allocate(15 << 20, 1, 0).unwrap(); // doubled: 40 MiB
-    let c = pool.allocate(15 << 20, 1, 0).unwrap(); // fits in the 40 MiB segment
+    let pool = host_pool(76 << 20, config);
+    // 10 MiB requests: the most that share large segments (the split limit, half of 20 MiB).
+    let a = pool.allocate(10 << 20, 1, 0).unwrap(); // 20 MiB segment
+    let b = pool.allocate(10 << 20, 1, 0).unwrap(); // fits in it
+    let c = pool.allocate(10 << 20, 1, 0).unwrap(); // doubled: 40 MiB
     let mib = |v: Vec<(u64, u64)>| v.iter().map(|s| s.1 >> 20).collect::<Vec<_>>();
     assert_eq!(mib(pool.segments()), vec![20, 40]);
-    // Cached pieces are 5 and 10 MiB. Doubling wants 64 MiB but 20 MiB are left upstream: the pool
-    // falls back to the minimal 16 MiB segment.
-    let d = pool.allocate(15 << 20, 1, 0).unwrap();
-    assert_eq!(mib(pool.segments()), vec![20, 40, 16]);
+    let rest: Vec<_> = (0..3).map(|_| pool.allocate(10 << 20, 1, 0).unwrap()).collect(); // fill it
+    assert_eq!(mib(pool.segments()), vec![20, 40]);
+    // Nothing is cached. Doubling wants 64 MiB but 16 MiB are left upstream: the pool falls back
+    // to the minimal 10 MiB segment.
+    let d = pool.allocate(10 << 20, 1, 0).unwrap();
+    assert_eq!(mib(pool.segments()), vec![20, 40, 10]);
     assert_eq!(pool.stats().oom_ladders, 0);
     // Now nothing fits anywhere: the ladder runs and reports.
-    assert!(matches!(pool.allocate(15 << 20, 1, 0), Err(PoolError::OutOfMemory { .. })));
-    for x in [a, b, c, d] {
+    assert!(matches!(pool.allocate(10 << 20, 1, 0), Err(PoolError::OutOfMemory { .. })));
+    for x in [a, b, c, d].into_iter().chain(rest) {
         pool.deallocate(x, 0).unwrap();
     }
 }
