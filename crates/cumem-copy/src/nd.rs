@@ -3,7 +3,9 @@
 //! One engine serves every pair of sides ([`Pitched`](crate::Pitched) host slices, host kinds,
 //! device views, [`PitchedBuffer`](crate::PitchedBuffer)s; a blocking copy needs a device side,
 //! see [`copy_2d`]): it checks the extents against both
-//! sides (errors by variant, see [`Copy2D`]), then lets each side order the copy — device views
+//! sides (errors by variant, see [`Copy2D`]; a side whose pitch passes the device's `MAX_PITCH`,
+//! which only a caller-built [`Pitched`](crate::Pitched) view can have, is `InvalidValue`, as the
+//! driver would answer, one row included), then lets each side order the copy — device views
 //! through their stream order, host kinds through their pending-work tracker — and queues one
 //! driver call. The blocking forms ([`copy_2d`], [`copy_3d`]) run on the legacy stream and accept
 //! pageable slices; the queued forms ([`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d), …) do
@@ -168,6 +170,21 @@ fn run<T: Pod>(
     // Check the byte conversions before any side effect.
     place(Mem::Device(0), sg, b.src_x, b.src_y, b.src_z)?;
     place(Mem::Device(0), dg, b.dst_x, b.dst_y, b.dst_z)?;
+    // The driver refuses any pitch above the device's MAX_PITCH (driver brief §6.3), host sides'
+    // too and for one row as well: refused here, before it sees the misuse. `PitchedBuffer`s
+    // never have such a pitch; a caller-built `Pitched` view may.
+    let device = stream.context().device();
+    let max_pitch = device.capabilities()?.max_pitch;
+    for g in [sg, dg] {
+        let pitch = bytes(g.pitch, size)?;
+        if pitch > max_pitch {
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op("2D/3D copy: a side's pitch passes the device's MAX_PITCH")
+                    .bytes(pitch)
+                    .device(device.ordinal() as i32),
+            });
+        }
+    }
     let raw_stream = match mode {
         Mode::Blocking => None,
         Mode::Queued(s) => Some(s.raw()),

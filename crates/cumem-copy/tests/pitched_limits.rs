@@ -4,7 +4,7 @@
 //! addresses the width does not divide.
 
 use bytemuck::{Pod, Zeroable};
-use cumem_copy::{Pitched, PitchedBuffer, Rect2D, StreamCopy};
+use cumem_copy::{Copy2D, Copy3D, Pitched, PitchedBuffer, Rect2D, StreamCopy};
 use cumem_core::{Device, DeviceBuffer, DeviceSliceMut, Error, Feature, Stream, StreamOrder};
 use cumem_sys::testing;
 
@@ -80,6 +80,63 @@ fn rows_wider_than_the_max_pitch_are_refused_before_the_driver() {
     // Exactly the maximum is fine.
     let buf = PitchedBuffer::<u32>::zeroed(&stream, 1024, 2).unwrap();
     assert_eq!(buf.to_vec().unwrap(), vec![0; 2048]);
+}
+
+#[test]
+#[serial_test::parallel]
+fn copies_through_a_view_whose_pitch_passes_the_max_pitch_are_refused_before_the_driver() {
+    // A device view the caller lays out with an 8 KiB pitch, twice device 1's MAX_PITCH: the driver
+    // refuses every 2D or 3D copy naming that pitch, one row included.
+    // Every device: one row of a view whose pitch is one byte past the device's maximum (the row
+    // itself lies inside the memory, so only the pitch is wrong).
+    let first = stream_on(0).unwrap();
+    let small = DeviceBuffer::from_slice(&first, &[1u8; 64]).unwrap();
+    let max = first.context().device().max_pitch().unwrap();
+    let mut out = [0u8; 4];
+    match cumem_copy::copy_2d(
+        &Pitched::new(small.as_slice(), max + 1),
+        &mut Pitched::new(&mut out[..], 4),
+        Copy2D::new(4, 1),
+    ) {
+        Err(Error::InvalidValue { .. }) => {}
+        other => panic!("pitch {}: expected InvalidValue, got {other:?}", max + 1),
+    }
+    assert_eq!(out, [0; 4]);
+    assert!(misuse_here().is_empty(), "reached the driver as misuse: {:?}", misuse_here());
+    let Some(stream) = stream_on(1) else { return };
+    let dev = DeviceBuffer::from_slice(&stream, &[7u32; 4096]).unwrap();
+    let mut host = vec![0u32; 4096];
+    for rows in [2, 1] {
+        let from = Pitched::new(dev.as_slice(), 2048);
+        let mut to = Pitched::new(&mut host[..], 1024);
+        match cumem_copy::copy_2d(&from, &mut to, Copy2D::new(1024, rows)) {
+            Err(Error::InvalidValue { .. }) => {}
+            other => panic!("{rows} row(s): expected InvalidValue, got {other:?}"),
+        }
+        let from = Pitched::new(dev.as_slice(), 2048).with_height(2);
+        let mut to = Pitched::new(&mut host[..], 1024).with_height(2);
+        match cumem_copy::copy_3d(&from, &mut to, Copy3D::new(1024, rows, 1)) {
+            Err(Error::InvalidValue { .. }) => {}
+            other => panic!("{rows} row(s), 3D: expected InvalidValue, got {other:?}"),
+        }
+    }
+    // The host side's pitch counts too (the driver checks "any pitch").
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 4096).unwrap();
+    let wide_host = vec![3u32; 4096];
+    let from = Pitched::new(&wide_host[..], 2048);
+    let mut to = Pitched::new(dst.as_mut_slice(), 1024);
+    assert!(matches!(
+        cumem_copy::copy_2d(&from, &mut to, Copy2D::new(1024, 2)),
+        Err(Error::InvalidValue { .. })
+    ));
+    assert!(misuse_here().is_empty(), "reached the driver as misuse: {:?}", misuse_here());
+    assert!(host.iter().all(|&v| v == 0), "nothing was copied");
+    assert_eq!(dst.to_vec().unwrap(), vec![0; 4096]);
+    // At the maximum, the same copy runs.
+    let from = Pitched::new(dev.as_slice(), 1024);
+    let mut to = Pitched::new(&mut host[..], 1024);
+    cumem_copy::copy_2d(&from, &mut to, Copy2D::new(1024, 2)).unwrap();
+    assert_eq!(&host[..2048], &[7; 2048][..]);
 }
 
 #[test]
