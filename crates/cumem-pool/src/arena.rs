@@ -24,8 +24,9 @@ use parking_lot::Mutex;
 
 use crate::bins::Bins;
 use crate::block::Request;
+use crate::config::LARGE_ROUNDING;
 use crate::free_set::{FreeSet, Seg};
-use crate::size_class::Kind;
+use crate::size_class::{Kind, align_up_u64};
 
 /// One stream's arena. Aligned to two cache lines so that arenas of different streams never share one.
 ///
@@ -110,7 +111,8 @@ impl<S> ArenaInner<S> {
     /// Takes a best fit for `req` from the free set of its kind.
     ///
     /// Dedicated segments serve only requests above the split limit, and only from a range that
-    /// the block leaves at most the split limit of: a smaller block would pin a segment made for
+    /// the block leaves at most the split limit of, or that is no longer than the segment growth
+    /// would make for it (see `dedicated_fit`): a smaller block would pin a segment made for
     /// something far larger, which the out-of-memory ladder could then not give back (PyTorch's
     /// caching allocator has `max_split_size_mb` for the same reason). A
     /// [dedicated](Kind::Dedicated) request may also take a large segment's range, whichever of
@@ -150,15 +152,19 @@ impl<S> ArenaInner<S> {
         }
     }
 
-    /// The length of the dedicated segments' best fit for `req`, if that range may serve it.
-    /// The best fit is the shortest range that holds the block (for an aligned request, nearly:
-    /// see [`FreeSet::fit_len`]), so when it is too long, so is every other.
+    /// The length of the dedicated segments' best fit for `req`, if that range may serve it: it
+    /// leaves at most the split limit behind, or it is no longer than the segment growth would
+    /// take for `req` (its need rounded up to [`LARGE_ROUNDING`]), so a request always fits the
+    /// segment made for one like it, whatever the alignment and the limit. The best fit is the
+    /// shortest range that holds the block (for an aligned request, nearly: see
+    /// [`FreeSet::fit_len`]), so when it is too long, so is every other.
     fn dedicated_fit(&self, req: &Request) -> Option<u64> {
         if req.size <= self.split_limit {
             return None;
         }
         let len = self.dedicated.fit_len(req.size, req.align)?;
-        (len - req.size <= self.split_limit).then_some(len)
+        let fresh = align_up_u64(req.need, LARGE_ROUNDING as u64);
+        (len - req.size <= self.split_limit || fresh.is_some_and(|fresh| len <= fresh)).then_some(len)
     }
 
     /// Moves every binned block into the small free set, coalescing.

@@ -179,4 +179,27 @@ mod tests {
         assert_eq!((r.size, r.need, r.kind), (top as u64, (top + MAX_ALIGN - QUANTUM) as u64, Kind::Large));
         assert_eq!(Request::new(top + 1, 1).unwrap_err(), PoolError::SizeOverflow { requested: top + 1 });
     }
+
+    #[test]
+    fn requests_above_the_split_limit_are_dedicated_unless_the_pool_makes_none() {
+        let mib = 1 << 20;
+        let r = Request::new(10 * mib, 1).unwrap();
+        assert_eq!(r.split_above(Some(10 << 20)).kind, Kind::Large, "at the limit: shared");
+        let r = Request::new(10 * mib + 1, 1).unwrap();
+        assert_eq!(r.split_above(Some(10 << 20)).kind, Kind::Dedicated);
+        assert_eq!(r.split_above(None).kind, Kind::Large, "expandable segments: none");
+        assert_eq!(Request::new(mib, 1).unwrap().split_above(Some(0)).kind, Kind::Small);
+    }
+
+    #[test]
+    fn a_token_names_the_segment_and_its_kind() {
+        let seg = Seg { base: 0x7f00_0000_0000, len: 34 << 20 };
+        for kind in Kind::ALL {
+            let block =
+                Block { addr: seg.base + 4096, requested: 30 << 20, size: 30 << 20, seg, kind, pool: 3 };
+            let back = Block::from_token(block.addr, block.requested, block.token(), 3).unwrap();
+            assert_eq!((back.seg, back.kind, back.size, back.addr), (seg, kind, 30 << 20, block.addr));
+        }
+        assert!(Block::from_token(0, 512, [0, (2 << 20) | 3], 3).is_none(), "no kind has the tag 3");
+    }
 }

@@ -1506,11 +1506,49 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 Self::log_released(&released);
                 self.give_back(unlinked);
                 found = self.grow_new_segment(to, req)?;
+                if found.is_none() {
+                    found = self.dedicated_last_resort(to, req)?;
+                }
             }
         } else {
             drop((guards, st));
         }
         self.ladder_answer(found, req, no_address_space)
+    }
+
+    /// The ladder's last step with plain segments, once nothing cached fitted and the upstream had
+    /// no segment for `req` even after the release: a range of a dedicated segment that the split
+    /// limit kept from it (see [`ArenaInner::take`]; a smaller request, or one that would leave more
+    /// than the limit behind). Pinning that segment beats refusing memory the pool holds; it comes
+    /// last because giving back wholly free segments and growing keeps dedicated segments whole.
+    /// The locks were let go for the growth, so it synchronises again first, as the ladder does.
+    #[cold]
+    fn dedicated_last_resort(
+        &self,
+        to: &Arena<O::Stream>,
+        req: &Request,
+    ) -> Result<Option<(u64, Seg, Kind)>, PoolError> {
+        self.flush_thread_caches();
+        let (mut st, mut guards) = self.lock_all();
+        if guards.iter().all(|g| g.dedicated.is_empty()) {
+            return Ok(None);
+        }
+        let unretired = self.sweep(&mut st, &mut guards);
+        for g in guards.iter_mut() {
+            g.flush_bins();
+        }
+        let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
+            return Ok(None);
+        };
+        let ti = to.index;
+        let found = std::iter::once(ti)
+            .chain((0..guards.len()).filter(|&i| i != ti))
+            .find_map(|i| guards[i].dedicated.take(req.size, req.align));
+        drop((guards, st));
+        if found.is_some() {
+            tracing::debug!(bytes = req.size, "out of memory: served from a dedicated segment after all");
+        }
+        Ok(found.map(|(addr, seg)| (addr, seg, Kind::Dedicated)))
     }
 
     /// The ladder when memory was freed into the pool during each of its synchronisations (other

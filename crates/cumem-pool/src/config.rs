@@ -7,10 +7,12 @@
 //! just the rounded request (for a small request, a 1 MiB segment) before running its out-of-memory
 //! ladder, so the last memory of a nearly full device is still used.
 //!
-//! A request of more than half `large_segment_bytes` ([`PoolConfig::split_limit`]) would not share
-//! a large segment with another of its size anyway: it gets a segment of its own (its size rounded
-//! up to 2 MiB), and once freed that segment serves only such requests, wasting at most the split
-//! limit, so that smaller blocks never pin it and the out-of-memory ladder can give it back.
+//! A request of more than half `large_segment_bytes` ([`PoolConfig::split_limit`]) that nothing
+//! cached fits gets a segment of its own (its need, alignment padding included, rounded up to
+//! 2 MiB), and once freed that segment serves only such requests, leaving at most the split limit
+//! behind (or fitting the segment made for one like them), so that smaller blocks do not pin it
+//! and the out-of-memory ladder can give it back; the ladder lets any request use it as its last
+//! step.
 //!
 //! ```
 //! use cumem_pool::{Growth, PoolConfig};
@@ -108,15 +110,18 @@ impl Default for PoolConfig {
 }
 
 impl PoolConfig {
-    /// The largest request (rounded to its size class) that shares segments with others: half of
-    /// [`large_segment_bytes`](Self::large_segment_bytes) as the pool rounds it (10 MiB by
-    /// default). A larger request gets a *dedicated* segment of its own size rounded up to
-    /// [`LARGE_ROUNDING`], whatever the growth policy; once freed, that segment's memory serves
-    /// only requests above the split limit whose block leaves at most the split limit of the free
-    /// range behind, and smaller requests take other segments. Without this rule, a block of a few
-    /// MiB cut from a freed 60 MiB segment pins it: the pool's out-of-memory ladder can only give
-    /// back segments that are entirely free, and a fragmented pool refuses requests that the
-    /// device could still serve (measured in `docs/benchmarks.md`, "Dedicated segments").
+    /// The largest request (rounded to its size class) that grows the pool by a shared large
+    /// segment: half of [`large_segment_bytes`](Self::large_segment_bytes) as the pool rounds it
+    /// (10 MiB by default). A larger request that nothing cached fits (a large segment's free
+    /// range may) gets a *dedicated* segment of its own: its need, alignment padding included,
+    /// rounded up to [`LARGE_ROUNDING`], whatever the growth policy. Once freed, that segment's
+    /// memory serves only requests above the split limit whose block leaves at most the split
+    /// limit of the free range behind, or which fit the segment made for one like them; smaller
+    /// requests take other segments, except as the out-of-memory ladder's last step. Without this
+    /// rule, a block of a few MiB cut from a freed 60 MiB segment pins it: the ladder can only give
+    /// back segments that are entirely free, and a fragmented pool refuses requests that the device
+    /// could still serve (measured in `docs/benchmarks.md`, "Dedicated segments"). Pools that grow
+    /// expandable segments make no dedicated ones.
     ///
     /// ```
     /// use cumem_pool::PoolConfig;

@@ -36,8 +36,9 @@ const FINE_LOG2: u32 = FINE_LIMIT.trailing_zeros();
 /// Number of small size classes (bins are indexed `1..=SMALL_BINS`).
 pub const SMALL_BINS: usize = FINE_BINS + ((SMALL_LIMIT.trailing_zeros() - FINE_LOG2) << STEP_SHIFT) as usize;
 
-/// Which kind of segment a block lives in.
+/// Which kind of segment a block lives in. More kinds may come: match with a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Kind {
     /// Segments of [`PoolConfig::small_segment_bytes`](crate::PoolConfig::small_segment_bytes) serving
     /// requests of at most [`SMALL_LIMIT`].
@@ -45,10 +46,11 @@ pub enum Kind {
     /// Segments sized by the growth policy serving larger requests.
     Large,
     /// A segment of its own for a request above the split limit
-    /// ([`PoolConfig::split_limit`](crate::PoolConfig::split_limit)), which would not share a large
-    /// segment with another of its size; once freed, its memory serves only such requests, and
-    /// only those that leave at most the split limit of a free range behind (so smaller blocks
-    /// never pin it). Pools with expandable segments make none.
+    /// ([`PoolConfig::split_limit`](crate::PoolConfig::split_limit)) that nothing cached fits;
+    /// once freed, its memory serves only such requests that leave at most the split limit of a
+    /// free range behind (or fit the segment made for one like them), so smaller blocks do not pin
+    /// it, except as the out-of-memory ladder's last step. Pools with expandable segments make
+    /// none.
     Dedicated,
 }
 

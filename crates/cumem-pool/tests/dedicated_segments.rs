@@ -1,7 +1,9 @@
-//! Dedicated segments: a request too large to share a segment gets one of its own, and once freed
-//! that segment serves only requests of its own size class, so smaller blocks never pin it and the
-//! out-of-memory ladder can give it back. On the host model, with a bounded upstream: the device
-//! that a fragmented pool would have refused.
+//! Dedicated segments: a request above the split limit that nothing cached fits gets a segment of
+//! its own, and once freed that segment serves only requests above the limit that leave at most the
+//! limit of it behind (or fit the segment made for one like them), so smaller blocks do not pin it
+//! and the out-of-memory ladder can give it back; only as the ladder's last step does it serve
+//! anything. On the host model, with a bounded upstream: the device that a fragmented pool would
+//! have refused.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,11 +15,11 @@ use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig, PoolError}
 const MIB: usize = 1 << 20;
 
 fn host_pool(capacity: usize) -> CachingPool<Arc<HostUpstream>, Arc<HostOrdering>> {
-    CachingPool::new(
-        Arc::new(HostUpstream::new(capacity)),
-        Arc::new(HostOrdering::new()),
-        PoolConfig::default(),
-    )
+    host_pool_with(capacity, PoolConfig::default())
+}
+
+fn host_pool_with(capacity: usize, config: PoolConfig) -> CachingPool<Arc<HostUpstream>, Arc<HostOrdering>> {
+    CachingPool::new(Arc::new(HostUpstream::new(capacity)), Arc::new(HostOrdering::new()), config)
 }
 
 #[test]
@@ -76,15 +78,56 @@ fn a_dedicated_segment_serves_a_smaller_large_request_only_within_the_split_limi
 }
 
 #[test]
+fn a_dedicated_segment_serves_its_own_request_again_whatever_the_limit() {
+    // A 2 MiB large segment puts the split limit at 1 MiB: a 2.5 MiB request's own segment (4 MiB)
+    // leaves 1.5 MiB, more than the limit, yet serves the same request again.
+    let pool = host_pool_with(1 << 30, PoolConfig { large_segment_bytes: 2 << 20, ..PoolConfig::default() });
+    for _ in 0..10 {
+        let b = pool.allocate(5 * MIB / 2, 512, 0).unwrap();
+        assert_eq!((b.kind(), b.segment().len), (Kind::Dedicated, 4 << 20));
+        pool.deallocate(b, 0).unwrap();
+    }
+    assert_eq!((pool.stats().reserved_bytes, pool.upstream().allocate_calls()), (4 << 20, 1));
+    // Aligned to 2 MiB, its own segment would be 6 MiB (the need with the padding): the 4 MiB one,
+    // no longer, serves it too, on another stream as well.
+    for _ in 0..3 {
+        let b = pool.allocate(5 * MIB / 2, 2 << 20, 1).unwrap();
+        assert_eq!(b.kind(), Kind::Dedicated);
+        pool.deallocate(b, 1).unwrap();
+    }
+    assert_eq!(pool.upstream().allocate_calls(), 1);
+}
+
+#[test]
+fn under_pressure_a_dedicated_tail_serves_a_smaller_request_as_the_last_resort() {
+    let pool = host_pool(40 * MIB);
+    let a = pool.allocate(40 * MIB, 256, 0).unwrap();
+    let dedicated = a.segment();
+    pool.deallocate(a, 0).unwrap();
+    let b = pool.allocate(31 * MIB, 256, 0).unwrap(); // leaves 9 MiB, within the limit
+    assert_eq!(b.segment(), dedicated);
+    // 8 MiB may not pin the segment while anything else could serve it, but the device is full and
+    // nothing cached is wholly free: the ladder's last step takes the 9 MiB tail rather than refuse.
+    let c = pool.allocate(8 * MIB, 256, 0).unwrap();
+    assert_eq!((c.segment(), c.kind()), (dedicated, Kind::Dedicated));
+    let s = pool.stats();
+    assert_eq!((s.oom_ladders, s.oom_errors, s.reserved_bytes), (1, 0, 40 << 20));
+    pool.deallocate(c, 0).unwrap();
+    pool.deallocate(b, 0).unwrap();
+    pool.validate().unwrap();
+    assert_eq!(pool.cached_ranges(), vec![(dedicated.base, dedicated.len)]);
+}
+
+#[test]
 fn a_freed_block_coalesces_back_into_its_dedicated_segment() {
     let pool = host_pool(1 << 30);
     let a = pool.allocate(31 * MIB, 256, 0).unwrap();
     let dedicated = a.segment();
-    assert_eq!(dedicated.len, 32 << 20, "rounded up to 2 MiB");
+    assert_eq!((dedicated.len, a.kind()), (32 << 20, Kind::Dedicated), "rounded up to 2 MiB");
     pool.deallocate(a, 0).unwrap();
-    // Through the token a resource keeps (`Block::from_token`), the freed block names the same
-    // dedicated segment, so the free range is whole again and the trim gives the segment back.
+    // The free range is whole again, in the dedicated set, and the trim gives the segment back.
     assert_eq!(pool.cached_ranges(), vec![(dedicated.base, dedicated.len)]);
+    pool.validate().unwrap();
     let report = pool.trim().unwrap();
     assert_eq!((report.released_segments, report.released_bytes), (1, 32 << 20));
     assert_eq!(pool.stats().reserved_bytes, 0);

@@ -7,7 +7,6 @@ pub mod events;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cumem_pool::size_class::Kind;
 use cumem_pool::{
     Block, CachingPool, ExpandableUpstream, HostUpstream, Ordering, PoolConfig, PoolError, Upstream,
     UpstreamError,
@@ -249,9 +248,6 @@ pub struct Harness {
     /// Errors other than OutOfMemory are acceptable (fault injection).
     pub allow_errors: bool,
     pub errors: usize,
-    /// Whether each segment (base, length) that served a block was dedicated, as its latest block
-    /// said: every segment serves a block as soon as it is taken, so this covers every live one.
-    pub dedicated: std::collections::HashMap<(u64, u64), bool>,
 }
 
 impl Harness {
@@ -262,7 +258,6 @@ impl Harness {
             model: Model::default(),
             allow_errors: false,
             errors: 0,
-            dedicated: Default::default(),
         }
     }
 
@@ -313,14 +308,6 @@ impl Harness {
                 assert_eq!(block.size(), size);
                 assert_eq!(block.rounded_size() as u64, rounded, "size class of {size}");
                 assert_eq!(block.addr() % align.max(512) as u64, 0, "alignment {align}");
-                let seg = block.segment();
-                let limit = self.pool.config().split_limit();
-                let dedicated = block.kind() == Kind::Dedicated;
-                assert!(
-                    !dedicated || rounded > limit,
-                    "a {rounded} B block from a dedicated segment (split limit {limit})"
-                );
-                self.dedicated.insert((seg.base, seg.len), dedicated);
                 self.clock().record_alloc(block.addr(), rounded, stream);
                 let m = &mut self.model;
                 m.current_bytes += rounded;
@@ -343,24 +330,11 @@ impl Harness {
                 assert_eq!(allocated, self.model.current_bytes);
                 assert_eq!(reserved, self.host().live_bytes());
                 assert_eq!(free_cached, reserved - allocated);
-                // Legitimate: nothing cached that may serve the request fits (a range of a dedicated
-                // segment serves only a request above the split limit that leaves at most the
-                // limit behind), and the upstream cannot hold a minimal segment.
-                let rounded = model_round(size);
-                let need = rounded + align.max(512) as u64 - 512;
-                let limit = self.pool.config().split_limit();
-                let segments = self.pool.segments();
-                let serving = self.pool.cached_ranges().into_iter().filter(|&(addr, len)| {
-                    let seg =
-                        segments.iter().find(|&&(base, seg_len)| (base..base + seg_len).contains(&addr));
-                    let dedicated = seg.is_some_and(|&s| self.dedicated.get(&s) == Some(&true));
-                    !dedicated || (rounded > limit && len.saturating_sub(rounded) <= limit)
-                });
-                let largest_serving = serving.map(|(_, len)| len).max().unwrap_or(0);
-                assert!(largest_free_block >= largest_serving);
+                // Legitimate: nothing cached fits and the upstream cannot hold a minimal segment.
+                let need = model_round(size) + align.max(512) as u64 - 512;
                 assert!(
-                    largest_serving < need,
-                    "OOM with a {largest_serving} B block cached that may serve {need}"
+                    largest_free_block < need,
+                    "OOM with a {largest_free_block} B block cached for {need}"
                 );
                 let cfg = self.pool.config();
                 let minimal = if self.pool.expandable().is_some() {
