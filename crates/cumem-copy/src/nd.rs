@@ -174,7 +174,7 @@ fn run<T: Pod>(
     // too and for one row as well: refused here, before it sees the misuse. `PitchedBuffer`s
     // never have such a pitch; a caller-built `Pitched` view may.
     let device = stream.context().device();
-    let max_pitch = device.capabilities()?.max_pitch;
+    let max_pitch = device.max_pitch()?;
     for g in [sg, dg] {
         let pitch = bytes(g.pitch, size)?;
         if pitch > max_pitch {

@@ -18,6 +18,12 @@ fn stream_on(device: usize) -> Option<Stream> {
         .then(|| Stream::non_blocking(&Device::get(device).unwrap().context().unwrap()).unwrap())
 }
 
+/// Device 1 as the simulator configures it here, with a 4 KiB MAX_PITCH; `None` on a real machine
+/// (whose second GPU has its own, about 2 GiB) or where there is no device 1.
+fn narrow_device() -> Option<Stream> {
+    stream_on(1).filter(|s| s.context().device().max_pitch().unwrap() == 4096)
+}
+
 /// What the simulator logged as misuse on this thread (nothing when running on a real driver).
 fn misuse_here() -> Vec<String> {
     testing::sim_control().map_or_else(Vec::new, |ctl| {
@@ -61,8 +67,8 @@ fn element_types_aligned_beyond_a_pitched_row_are_refused() {
 #[test]
 #[serial_test::parallel]
 fn rows_wider_than_the_max_pitch_are_refused_before_the_driver() {
-    let Some(stream) = stream_on(1) else {
-        // One GPU: its own MAX_PITCH (2 GiB on an H100), a row one element wider is refused
+    let Some(stream) = narrow_device() else {
+        // A real machine: device 0's own MAX_PITCH (2 GiB on an H100), a row one element wider is refused
         // before anything is allocated.
         let stream = stream_on(0).unwrap();
         let max = stream.context().device().max_pitch().unwrap();
@@ -85,10 +91,9 @@ fn rows_wider_than_the_max_pitch_are_refused_before_the_driver() {
 #[test]
 #[serial_test::parallel]
 fn copies_through_a_view_whose_pitch_passes_the_max_pitch_are_refused_before_the_driver() {
-    // A device view the caller lays out with an 8 KiB pitch, twice device 1's MAX_PITCH: the driver
-    // refuses every 2D or 3D copy naming that pitch, one row included.
-    // Every device: one row of a view whose pitch is one byte past the device's maximum (the row
-    // itself lies inside the memory, so only the pitch is wrong).
+    // The driver refuses every 2D or 3D copy naming a pitch above the device's MAX_PITCH, one row
+    // included. On every machine: one row of a view whose pitch is one byte past device 0's
+    // maximum (the row itself lies inside the memory, so only the pitch is wrong).
     let first = stream_on(0).unwrap();
     let small = DeviceBuffer::from_slice(&first, &[1u8; 64]).unwrap();
     let max = first.context().device().max_pitch().unwrap();
@@ -103,7 +108,8 @@ fn copies_through_a_view_whose_pitch_passes_the_max_pitch_are_refused_before_the
     }
     assert_eq!(out, [0; 4]);
     assert!(misuse_here().is_empty(), "reached the driver as misuse: {:?}", misuse_here());
-    let Some(stream) = stream_on(1) else { return };
+    // On the simulator's narrow device 1: views laid out with an 8 KiB pitch, twice its maximum.
+    let Some(stream) = narrow_device() else { return };
     let dev = DeviceBuffer::from_slice(&stream, &[7u32; 4096]).unwrap();
     let mut host = vec![0u32; 4096];
     for rows in [2, 1] {

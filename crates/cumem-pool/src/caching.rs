@@ -9,7 +9,8 @@
 //! [dedicated](crate::size_class::Kind::Dedicated) segment of its own size, whose free memory later
 //! serves only such requests); and finally the out-of-memory ladder (synchronise, coalesce all
 //! cached memory across streams and retry, including memory of the other segment kinds; release
-//! every fully free segment and retry the upstream with the minimal segment; report). The ladder synchronises with no lock
+//! every fully free segment and retry the upstream with the minimal segment; with plain segments,
+//! synchronise again and take a dedicated segment's range for any request; report). The ladder synchronises with no lock
 //! held, then takes every arena lock and synchronises again (unlocked) if memory was freed into
 //! the pool meanwhile, and holds the locks until it has decided what to release; with segments, it
 //! gives them back and asks the upstream for the minimal one with no lock held (the upstream may
@@ -1530,16 +1531,27 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     ) -> Result<Option<(u64, Seg, Kind)>, PoolError> {
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
-        if guards.iter().all(|g| g.dedicated.is_empty()) {
+        // Without the dedicated bytes for it, another synchronisation of the device would be spent
+        // for nothing.
+        if guards.iter().map(|g| g.dedicated.bytes()).sum::<u64>() < req.size {
             return Ok(None);
         }
         let unretired = self.sweep(&mut st, &mut guards);
         for g in guards.iter_mut() {
             g.flush_bins();
         }
-        let Some((st, mut guards)) = self.synchronize_unlocked(st, guards, unretired)? else {
-            return Ok(None);
+        let (st, mut guards) = match self.synchronize_unlocked(st, guards, unretired) {
+            Ok(Some(locked)) => locked,
+            Ok(None) => return Ok(None),
+            // The request is answered as the ladder would have answered it without this step (its
+            // own synchronisation succeeded): out of memory, with the report. No lock is held.
+            Err(e) => {
+                tracing::warn!(error = %e, "the out-of-memory ladder's last synchronisation failed");
+                return Ok(None);
+            }
         };
+        // Frees since the ladder's first step may have left pieces of one segment in two arenas.
+        consolidate(&mut guards);
         let ti = to.index;
         let found = std::iter::once(ti)
             .chain((0..guards.len()).filter(|&i| i != ti))
