@@ -39,8 +39,19 @@ fn hold(stream: &Stream) -> Gate {
     unsafe { testing::hold(stream.raw()) }
 }
 
+/// How the hand-off lets stream B run before stream A's gate opens.
+#[derive(Clone, Copy)]
+enum LetBRun {
+    /// Sleep 50 ms: B runs meanwhile unless something holds it back (a correct pool makes it
+    /// wait for A, so waiting for B here would never end).
+    Briefly,
+    /// Synchronise B: for a pool known to give B no dependency on A, which then surely writes
+    /// before A reads, however slowly a loaded machine runs B.
+    ToTheEnd,
+}
+
 /// Runs the hand-off through `resource` and returns what stream A read from the block.
-fn hand_off(ctx: &Context, resource: Arc<dyn DeviceResource>) -> Vec<u32> {
+fn hand_off(ctx: &Context, resource: Arc<dyn DeviceResource>, let_b_run: LetBRun) -> Vec<u32> {
     let (a, b) = (Stream::non_blocking(ctx).unwrap(), Stream::non_blocking(ctx).unwrap());
     let mut x = DeviceBuffer::<u32>::zeroed_in(&resource, &a, N).unwrap();
     a.fill(&mut x, 0xAAAA_AAAA).unwrap();
@@ -53,7 +64,10 @@ fn hand_off(ctx: &Context, resource: Arc<dyn DeviceResource>) -> Vec<u32> {
     let mut y = DeviceBuffer::<u32>::zeroed_in(&resource, &b, N).unwrap();
     assert_eq!(y.device_ptr(), x_ptr, "B did not get A's block: the test would prove nothing");
     b.fill(&mut y, 0xBBBB_BBBB).unwrap();
-    std::thread::sleep(Duration::from_millis(50)); // time for B to run, if nothing holds it back
+    match let_b_run {
+        LetBRun::Briefly => std::thread::sleep(Duration::from_millis(50)),
+        LetBRun::ToTheEnd => b.synchronize().unwrap(),
+    }
 
     gate.release();
     a.synchronize().unwrap();
@@ -68,7 +82,7 @@ fn hand_off(ctx: &Context, resource: Arc<dyn DeviceResource>) -> Vec<u32> {
 fn a_block_freed_on_one_stream_reaches_another_only_after_the_first_streams_work() {
     let ctx = ctx();
     let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
-    let seen = hand_off(&ctx, pool.clone());
+    let seen = hand_off(&ctx, pool.clone(), LetBRun::Briefly);
     assert!(seen.iter().all(|&v| v == 0xAAAA_AAAA), "A read {:#x} instead of its own data", seen[0]);
     pool.trim().unwrap();
 }
@@ -126,7 +140,9 @@ fn without_the_event_dependency_the_same_hand_off_corrupts_data() {
         pool: CachingPool::new(upstream, NoWait(ctx.clone()), PoolConfig::default()),
         live: Mutex::new(HashMap::new()),
     });
-    let seen = hand_off(&ctx, pool.clone());
+    // B is waited for while A is held: a 50 ms sleep was not always long enough for the simulator
+    // to run B on a loaded machine, and then nothing was corrupted.
+    let seen = hand_off(&ctx, pool.clone(), LetBRun::ToTheEnd);
     assert!(
         seen.iter().any(|&v| v != 0xAAAA_AAAA),
         "the hand-off stayed correct without the dependency: the simulator did not expose the race"
