@@ -10,15 +10,15 @@
 //! serves only such requests); and finally the out-of-memory ladder (synchronise, coalesce all
 //! cached memory across streams and retry, including memory of the other segment kinds; release
 //! every fully free segment and retry the upstream with the minimal segment; with plain segments,
-//! synchronise again and take a dedicated segment's range for any request; report). The ladder synchronises with no lock
-//! held, then takes every arena lock and synchronises again (unlocked) if memory was freed into
-//! the pool meanwhile, and holds the locks until it has decided what to release; with segments, it
-//! gives them back and asks the upstream for the minimal one with no lock held (the upstream may
-//! run user code that frees into this pool or trims it). With [expandable segments](crate::expandable) the
-//! driver's mapping calls (reserve, map, unmap, release) run under the locks (see "Locking" on
-//! [`CachingPool`]). A free on stream
-//! `S` keeps a small block in the calling thread's cache under `S`, else puts the block into `S`'s
-//! arena, whichever stream allocated it.
+//! synchronise again and take a dedicated segment's range for any request; report). The ladder
+//! synchronises with no lock held, then takes every arena lock and synchronises again (unlocked)
+//! if memory was freed into the pool meanwhile, and holds the locks until it has decided what to
+//! release; with segments, it gives them back and asks the upstream for the minimal one with no
+//! lock held (the upstream may run user code that frees into this pool or trims it). With
+//! [expandable segments](crate::expandable) the driver's mapping calls (reserve, map, unmap,
+//! release) run under the locks (see "Locking" on [`CachingPool`]). A free on stream `S` keeps a
+//! small block in the calling thread's cache under `S`, else puts the block into `S`'s arena,
+//! whichever stream allocated it.
 //!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
