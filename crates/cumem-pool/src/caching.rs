@@ -1509,6 +1509,15 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 found = self.grow_new_segment(to, req)?;
                 if found.is_none() {
                     found = self.dedicated_last_resort(to, req)?;
+                    if found.is_some() {
+                        // Counted live before it is logged, as everything the ladder serves.
+                        let block = self.ladder_answer(found, req, None);
+                        tracing::debug!(
+                            bytes = req.size,
+                            "out of memory: served from a dedicated segment after all"
+                        );
+                        return block;
+                    }
                 }
             }
         } else {
@@ -1542,7 +1551,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         let (st, mut guards) = match self.synchronize_unlocked(st, guards, unretired) {
             Ok(Some(locked)) => locked,
-            Ok(None) => return Ok(None),
+            Ok(None) => {
+                tracing::debug!(
+                    "memory freed into the pool during every synchronisation; not trying dedicated segments"
+                );
+                return Ok(None);
+            }
             // The request is answered as the ladder would have answered it without this step (its
             // own synchronisation succeeded): out of memory, with the report. No lock is held.
             Err(e) => {
@@ -1557,9 +1571,6 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             .chain((0..guards.len()).filter(|&i| i != ti))
             .find_map(|i| guards[i].dedicated.take(req.size, req.align));
         drop((guards, st));
-        if found.is_some() {
-            tracing::debug!(bytes = req.size, "out of memory: served from a dedicated segment after all");
-        }
         Ok(found.map(|(addr, seg)| (addr, seg, Kind::Dedicated)))
     }
 

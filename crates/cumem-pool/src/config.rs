@@ -51,7 +51,8 @@ pub struct PoolConfig {
     /// multiple of 512 B. Default 2 MiB.
     pub small_segment_bytes: usize,
     /// Minimum size of segments serving large requests; large requests of at most half of it share
-    /// such segments, larger ones get a segment of their own (see [`PoolConfig::split_limit`]).
+    /// such segments, larger ones get a segment of their own with plain segments (see
+    /// [`PoolConfig::split_limit`]).
     /// Rounded up to a multiple of [`LARGE_ROUNDING`]. Default 20 MiB.
     pub large_segment_bytes: usize,
     /// Growth policy for large segments. Default [`Growth::Exact`].
