@@ -268,6 +268,7 @@ const NO_LEAK_LINE: &[(&str, &str)] = &[
     ("cumem-sys/cumem_sys", PURE_UNIT_TESTS),
     ("cumem-pool/cumem_pool", PURE_UNIT_TESTS),
     ("cumem-pool/api", POOL_HOST_MODEL),
+    ("cumem-pool/dedicated_last_step", POOL_HOST_MODEL),
     ("cumem-pool/dedicated_segments", POOL_HOST_MODEL),
     ("cumem-pool/concurrent", POOL_HOST_MODEL),
     ("cumem-pool/expandable", POOL_HOST_MODEL),

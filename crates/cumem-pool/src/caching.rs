@@ -384,7 +384,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// # Errors
     /// [`PoolError::ZeroSize`], [`PoolError::InvalidAlignment`], [`PoolError::AlignmentTooLarge`],
     /// [`PoolError::SizeOverflow`] for bad input; [`PoolError::OutOfMemory`] with a report when the
-    /// upstream is exhausted after the ladder; [`PoolError::AddressSpaceExhausted`] when, with
+    /// upstream is exhausted after the ladder (also when the synchronisation of its last step, which
+    /// may serve a range of a [dedicated segment](crate::size_class::Kind::Dedicated), fails: that
+    /// step's failure is logged, and the request answered as without it); [`PoolError::AddressSpaceExhausted`] when, with
     /// [expandable segments](crate::expandable), no segment has room and the upstream refuses
     /// another reservation; [`PoolError::Upstream`] / [`PoolError::Ordering`] /
     /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails. A failed wait to
@@ -1403,7 +1405,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 
     /// The out-of-memory ladder: synchronise, coalesce all cached memory, retry; release every fully
-    /// free segment, retry the upstream; report.
+    /// free segment, retry the upstream; with plain segments, as the last step, synchronise again
+    /// and take a range of a dedicated segment that the split limit kept from the request
+    /// ([`dedicated_last_resort`](Self::dedicated_last_resort)); report.
     ///
     /// With a segment upstream, segments are given back, and a new one asked for, with no lock
     /// held: the upstream may run user code (a
@@ -1541,8 +1545,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         // Without the dedicated bytes for it, another synchronisation of the device would be spent
-        // for nothing.
-        if guards.iter().map(|g| g.dedicated.bytes()).sum::<u64>() < req.size {
+        // for nothing. Blocks stranded since the ladder's synchronisation (a free racing the growth
+        // on a stream that could not be ordered) count: this synchronisation returns them.
+        let in_arenas: u64 = guards.iter().map(|g| g.dedicated.bytes()).sum();
+        let stranded: u64 =
+            (self.segments.lock().stranded.iter()).filter(|b| b.3 == Kind::Dedicated).map(|b| b.1).sum();
+        if in_arenas + stranded < req.size {
             return Ok(None);
         }
         let unretired = self.sweep(&mut st, &mut guards);
