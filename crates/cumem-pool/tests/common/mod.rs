@@ -7,6 +7,7 @@ pub mod events;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use cumem_pool::size_class::SMALL_LIMIT;
 use cumem_pool::{
     Block, CachingPool, ExpandableUpstream, HostUpstream, Ordering, PoolConfig, PoolError, Upstream,
     UpstreamError,
@@ -340,8 +341,10 @@ impl Harness {
                 let minimal = if self.pool.expandable().is_some() {
                     // At most the chunks the block needs beyond its segment's free tail.
                     need.next_multiple_of(self.host().chunk_bytes() as u64)
-                } else if need <= 1 << 20 {
-                    cfg.small_segment_bytes as u64
+                } else if need <= SMALL_LIMIT as u64 {
+                    // Growth falls back to a segment of the small limit (or the small segment size,
+                    // if smaller), or of the need, whichever is larger.
+                    (SMALL_LIMIT as u64).min(cfg.small_segment_bytes as u64).max(need)
                 } else {
                     need.next_multiple_of(2 << 20)
                 };
