@@ -103,6 +103,15 @@ impl<S> ArenaInner<S> {
         }
     }
 
+    /// The free set of `kind`, read-only.
+    pub(crate) fn set_ref(&self, kind: Kind) -> &FreeSet {
+        match kind {
+            Kind::Small => &self.small,
+            Kind::Large => &self.large,
+            Kind::Dedicated => &self.dedicated,
+        }
+    }
+
     /// The free sets with their kinds, for what reads every cached range.
     pub(crate) fn sets(&self) -> [(&FreeSet, Kind); 3] {
         [(&self.small, Kind::Small), (&self.large, Kind::Large), (&self.dedicated, Kind::Dedicated)]
@@ -141,14 +150,12 @@ impl<S> ArenaInner<S> {
 
     /// The length of the range [`take`](Self::take) would split.
     pub(crate) fn fit_len(&self, req: &Request) -> Option<u64> {
-        let large = || self.large.fit_len(req.size, req.align);
-        match req.kind {
-            Kind::Small => self.small.fit_len(req.size, req.align),
-            Kind::Large => large(),
-            Kind::Dedicated => match (self.dedicated_fit(req), large()) {
-                (Some(own), Some(large)) => Some(own.min(large)),
-                (own, large) => own.or(large),
-            },
+        if req.kind != Kind::Dedicated {
+            return self.set_ref(req.kind).fit_len(req.size, req.align);
+        }
+        match (self.dedicated_fit(req), self.large.fit_len(req.size, req.align)) {
+            (Some(own), Some(large)) => Some(own.min(large)),
+            (own, large) => own.or(large),
         }
     }
 

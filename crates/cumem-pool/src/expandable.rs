@@ -376,15 +376,6 @@ fn release_if_unmapped(up: &dyn ExpandableUpstream, segs: &mut Segments, base: u
     }
 }
 
-/// The free set of `kind` in an arena, read-only.
-fn set_of<S>(g: &ArenaInner<S>, kind: Kind) -> &FreeSet {
-    match kind {
-        Kind::Small => &g.small,
-        Kind::Large => &g.large,
-        Kind::Dedicated => &g.dedicated,
-    }
-}
-
 /// Moves every cached range of the segments that arena `arena` grows for `kind` into that arena's
 /// free set, so that growth maps only what the request needs beyond the free ranges around a gap:
 /// after a consolidation they may sit in any arena's set. The caller holds every arena lock and has
@@ -399,7 +390,7 @@ pub(crate) fn gather<S, G: DerefMut<Target = ArenaInner<S>>>(
     let Some(bases) = segs.expandable.owned.get(&(arena, kind)) else { return };
     for i in (0..guards.len()).filter(|&i| i != arena) {
         let moved: Vec<(u64, u64, Seg)> =
-            set_of(&guards[i], kind).ranges().filter(|r| bases.contains(&r.2.base)).collect();
+            guards[i].set_ref(kind).ranges().filter(|r| bases.contains(&r.2.base)).collect();
         for (addr, len, seg) in moved {
             guards[i].set(kind).remove(addr);
             // Safe for every stream (see above): not counted as an insert.
@@ -418,7 +409,7 @@ fn cached_ranges<S, G: Deref<Target = ArenaInner<S>>>(
     for (i, g) in guards.iter().enumerate() {
         for kind in Kind::ALL {
             out.extend(
-                set_of(g, kind)
+                g.set_ref(kind)
                     .ranges()
                     .filter(|r| segs.expandable.segs.contains_key(&r.2.base))
                     .map(|(a, l, s)| (a, l, s, i, kind)),
