@@ -386,9 +386,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [`PoolError::SizeOverflow`] for bad input; [`PoolError::OutOfMemory`] with a report when the
     /// upstream is exhausted after the ladder (also when the synchronisation of its last step, which
     /// may serve a range of a [dedicated segment](crate::size_class::Kind::Dedicated), fails: that
-    /// step's failure is logged, and the request answered as without it); [`PoolError::AddressSpaceExhausted`] when, with
-    /// [expandable segments](crate::expandable), no segment has room and the upstream refuses
-    /// another reservation; [`PoolError::Upstream`] / [`PoolError::Ordering`] /
+    /// step's failure is logged, and the request answered as without it);
+    /// [`PoolError::AddressSpaceExhausted`] when, with [expandable segments](crate::expandable), no
+    /// segment has room and the upstream refuses another reservation; [`PoolError::Upstream`] / [`PoolError::Ordering`] /
     /// [`PoolError::MisalignedSegment`] when the upstream or the ordering fails. A failed wait to
     /// migrate memory from another stream's arena is logged and answered only when neither
     /// growth nor the ladder serves the request instead (the ladder's `OutOfMemory` or
@@ -1405,8 +1405,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     }
 
     /// The out-of-memory ladder: synchronise, coalesce all cached memory, retry; release every fully
-    /// free segment, retry the upstream; with plain segments, as the last step, synchronise again
-    /// and take a range of a dedicated segment that the split limit kept from the request
+    /// free segment, retry the upstream; with plain segments, as the last step, when the dedicated
+    /// ranges (stranded ones included) hold the request's bytes, synchronise again and take a range
+    /// of a dedicated segment that the split limit kept from the request
     /// ([`dedicated_last_resort`](Self::dedicated_last_resort)); report.
     ///
     /// With a segment upstream, segments are given back, and a new one asked for, with no lock
@@ -1535,7 +1536,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// limit kept from it (see [`ArenaInner::take`]; a smaller request, or one that would leave more
     /// than the limit behind). Pinning that segment beats refusing memory the pool holds; it comes
     /// last because giving back wholly free segments and growing keeps dedicated segments whole.
-    /// The locks were let go for the growth, so it synchronises again first, as the ladder does.
+    /// The locks were let go for the growth, so it synchronises again first, as the ladder does,
+    /// unless the dedicated ranges (stranded ones included) hold fewer bytes than the request.
     #[cold]
     fn dedicated_last_resort(
         &self,
@@ -1545,8 +1547,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         self.flush_thread_caches();
         let (mut st, mut guards) = self.lock_all();
         // Without the dedicated bytes for it, another synchronisation of the device would be spent
-        // for nothing. Blocks stranded since the ladder's synchronisation (a free racing the growth
-        // on a stream that could not be ordered) count: this synchronisation returns them.
+        // for nothing. Blocks stranded since the ladder's synchronisation (a free or a migration
+        // racing the growth whose ordering failed) count: this synchronisation returns them.
         let in_arenas: u64 = guards.iter().map(|g| g.dedicated.bytes()).sum();
         let stranded: u64 =
             (self.segments.lock().stranded.iter()).filter(|b| b.3 == Kind::Dedicated).map(|b| b.1).sum();

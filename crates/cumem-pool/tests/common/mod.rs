@@ -337,14 +337,13 @@ impl Harness {
                     largest_free_block < need,
                     "OOM with a {largest_free_block} B block cached for {need}"
                 );
-                let cfg = self.pool.config();
                 let minimal = if self.pool.expandable().is_some() {
                     // At most the chunks the block needs beyond its segment's free tail.
                     need.next_multiple_of(self.host().chunk_bytes() as u64)
                 } else if need <= SMALL_LIMIT as u64 {
-                    // Growth falls back to a segment of the small limit (or the small segment size,
-                    // if smaller), or of the need, whichever is larger.
-                    (SMALL_LIMIT as u64).min(cfg.small_segment_bytes as u64).max(need)
+                    // Growth falls back to a segment of the small limit (`Segments::plan`; the
+                    // normalized small segment size is never below it).
+                    SMALL_LIMIT as u64
                 } else {
                     need.next_multiple_of(2 << 20)
                 };
