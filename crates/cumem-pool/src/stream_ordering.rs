@@ -6,10 +6,14 @@
 //! ordering keeps each named stream's [`StreamTail`], never the stream: a dropped stream's tail
 //! holds the event its drop recorded just before destroying it, so memory freed on it can still
 //! be waited for, and the pool keeps no stream alive. Another stream that takes memory freed on a
-//! stream waits for an event: recorded on demand while that stream lives (never on the free path),
-//! the retired event once it is gone. Dropped streams are forgotten lazily, when the pool sweeps
-//! ([`Ordering::orphans`] / [`Ordering::retire`]): their retired events join one list that stands
-//! for every forgotten stream. Registration is checked on every allocation and free, so it is made
+//! stream waits for an event: recorded on demand while that stream lives, the retired event once
+//! it is gone. A free records none, with one exception: blocks a thread cache kept for a stream
+//! that has no arena in the pool (its frees all went to thread caches, or the arena table is
+//! full) are ordered, when the cache gives them up, by retiring that live stream
+//! ([`Ordering::retire`] records an event on it), and join the retired streams' memory. Dropped
+//! streams are forgotten lazily, when the pool sweeps ([`Ordering::orphans`] /
+//! [`Ordering::retire`]): their retired events join one list that stands for every forgotten
+//! stream. Registration is checked on every allocation and free, so it is made
 //! cheap: a per-thread cache of the last stream registered.
 //!
 //! ```
@@ -130,7 +134,8 @@ pub struct StreamOrdering {
     generation: AtomicU64,
     /// The tails of the streams the pool names, which never keep a stream alive.
     streams: RwLock<HashMap<StreamKey, Arc<StreamTail>>>,
-    /// Events recorded on forgotten streams whose completion has not been seen yet.
+    /// Events recorded on retired streams (forgotten ones, and live ones retired for a free the
+    /// pool had no arena for) whose completion has not been seen yet.
     /// Shared (`Arc`) so that `synchronize` and `wait` wait for a snapshot without holding the
     /// lock, which `retire` takes under the pool's locks.
     retired: Mutex<Vec<Arc<Event>>>,
@@ -228,8 +233,11 @@ impl StreamOrdering {
     /// Drops what [`retire`](Ordering::retire) kept for later. Call with no lock held (of the
     /// pool or of this ordering).
     fn drop_deferred_now(&self) {
-        // Taken out first: the drops run after the lock is let go.
-        drop(std::mem::take(&mut *self.deferred.lock()));
+        // Taken out in a statement of its own: the guard, a temporary, lives to the end of the
+        // statement that takes it, and the drops (driver calls, a warning whose subscriber may
+        // come back here) must run after it.
+        let deferred = std::mem::take(&mut *self.deferred.lock());
+        drop(deferred);
     }
 }
 
