@@ -72,8 +72,10 @@ struct Slots<S> {
     /// Bit `bin % 64` set when an entry of size class `bin` may be held: a miss (most requests
     /// of varied sizes) skips the scan. Stale bits only cost a scan; rebuilt when entries leave.
     classes: u64,
-    /// Blocks taken back since the cache last filled up.
-    hits: u32,
+    /// Whether a block was taken back since the cache last filled up (a flag, not a count: a
+    /// thread that allocates and frees one size for ever never fills it, and a count would
+    /// overflow).
+    served: bool,
     /// Frees still to send straight to the arenas: a cache that filled up without serving a
     /// single request (every size different) only adds a copy to each free for a while.
     bypass: u32,
@@ -194,7 +196,8 @@ pub(crate) struct ThreadCache<S> {
 // SAFETY: `slots` is used only by the owner between `enter` and `leave` (busy set, revoked seen
 // clear after the store→load fence) or by a flusher between `revoke_all` and `unrevoke` (revoked
 // set, busy seen clear after the heavy fence, flushers serialised by the registry's mutex); the
-// asymmetric fence makes these two windows exclusive. Everything else is atomic.
+// asymmetric fence makes these two windows exclusive. Once the owner has exited (`orphaned` seen
+// set), only a flusher holding the registry's mutex uses them. Everything else is atomic.
 unsafe impl<S: Send> Sync for ThreadCache<S> {}
 
 impl<S: Copy + Eq> ThreadCache<S> {
@@ -209,7 +212,7 @@ impl<S: Copy + Eq> ThreadCache<S> {
                 entries: Vec::with_capacity(THREAD_CACHE_BLOCKS),
                 bytes: 0,
                 classes: 0,
-                hits: 0,
+                served: false,
                 bypass: 0,
             }),
             counters: CacheCounters::default(),
@@ -245,7 +248,7 @@ impl<S: Copy + Eq> ThreadCache<S> {
                 // Usually the newest entry: a pop, without `remove`'s move of the tail.
                 let e = if i + 1 == s.entries.len() { s.entries.pop()? } else { s.entries.remove(i) };
                 s.bytes -= size;
-                s.hits += 1;
+                s.served = true;
                 Some((e.addr, e.seg))
             })
             .flatten()?;
@@ -284,10 +287,10 @@ impl<S: Copy + Eq> ThreadCache<S> {
         // Allocated before the owner's window: nothing in it allocates (a flusher may be waiting).
         let mut out = Vec::with_capacity(THREAD_CACHE_BLOCKS);
         self.owned(|s| {
-            if s.hits == 0 {
+            if !s.served {
                 s.bypass = BYPASS_FREES;
             }
-            s.hits = 0;
+            s.served = false;
             evict_older(s, &mut out);
         });
         out
@@ -551,6 +554,8 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
             caching_fence::warn_unfenced();
             return out;
         }
+        #[cfg(test)]
+        tests::after_the_drain();
         // Cleared before the caches are examined (under the lock): a thread exiting from now on
         // sets it again, and one that exited before is folded below.
         self.orphans.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -558,7 +563,14 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
             if !c.orphaned.load(std::sync::atomic::Ordering::SeqCst) {
                 return true;
             }
-            // The owner is gone (it wrote its counts before orphaning, released by the flag).
+            // The owner is gone (it wrote its counts and entries before orphaning, released by the
+            // flag). It may have freed into its cache after the loop above emptied it and exited
+            // since: those entries are taken too, or their blocks would be lost to every arena.
+            // SAFETY: the owner set `orphaned` after its last use of the slots (its thread's exit)
+            // and this load saw it, so it never uses them again; the registry's lock is held, so
+            // no other flusher does either.
+            let slots = unsafe { &mut *c.slots.get() };
+            out.append(&mut slots.entries);
             self.folded.absorb(&c.counters);
             false
         });
@@ -609,6 +621,50 @@ mod tests {
 
     use super::*;
     use crate::caching_fence::tests::BARRIER_FAILS;
+
+    thread_local! {
+        /// Run by this thread's next [`Registry::drain_all`] between emptying the caches and
+        /// forgetting those of exited threads.
+        static AFTER_THE_DRAIN: std::cell::RefCell<Option<Box<dyn FnOnce()>>> = const { std::cell::RefCell::new(None) };
+    }
+
+    pub(super) fn after_the_drain() {
+        if let Some(hook) = AFTER_THE_DRAIN.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
+    }
+
+    /// A thread that frees into its cache after a flush emptied it, and exits before the flush
+    /// forgets the caches of exited threads: its entry comes back with the others, not lost with
+    /// the cache.
+    #[test]
+    fn an_entry_cached_by_a_thread_exiting_during_a_flush_is_flushed() {
+        let registry = Arc::new(Registry::<u32>::new());
+        let entry = |addr| Entry { stream: 3, bin: 1, addr, seg: Seg { base: 0, len: 2 << 20 } };
+        let (go, gone) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel::<()>());
+        let owner = {
+            let registry = registry.clone();
+            let (go, gone) = (go.1, gone.0);
+            std::thread::spawn(move || {
+                assert!(registry.register());
+                registry.with_own(|c| assert_eq!(c.put(entry(512), 512, 512), Put::Kept)).unwrap();
+                gone.send(()).unwrap();
+                go.recv().unwrap();
+                registry.with_own(|c| assert_eq!(c.put(entry(1024), 512, 512), Put::Kept)).unwrap();
+            })
+        };
+        gone.1.recv().unwrap();
+        let hook: Box<dyn FnOnce()> = Box::new(move || {
+            go.0.send(()).unwrap();
+            owner.join().unwrap();
+        });
+        AFTER_THE_DRAIN.with(|h| *h.borrow_mut() = Some(hook));
+        let drained = registry.drain_all();
+        let addrs: Vec<u64> = drained.iter().map(|e| e.addr).collect();
+        assert_eq!(addrs, [512, 1024], "the entry cached before the flush, and the one after");
+        assert!(registry.lock().is_empty(), "the exited thread's cache is forgotten");
+        registry.kill();
+    }
 
     /// A flush whose barrier failed warns once the registry's lock is let go: a subscriber that
     /// reads the pool's statistics on that warning (which takes the lock) does not wait for itself.

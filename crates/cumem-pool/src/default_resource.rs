@@ -55,8 +55,8 @@ fn make_default(kind: AllocatorKind, ctx: &Context) -> Result<Arc<dyn DeviceReso
     })
 }
 
-// Runs before `main`; it only stores a function pointer in a `OnceLock`, which needs nothing of
-// the standard library's runtime.
+// SAFETY: runs before `main` (the `unsafe` that `ctor` asks for); it only stores a function
+// pointer in a `OnceLock`, which needs nothing of the standard library's runtime.
 #[ctor::ctor(unsafe)]
 fn install() {
     cumem_core::install_default_factory(make_default);
