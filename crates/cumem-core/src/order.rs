@@ -112,11 +112,12 @@ struct Users {
     next_gen: u64,
     /// Tickets handed out and not yet dropped: work that may be being queued right now.
     in_flight: usize,
-    /// The stream of each such ticket (one entry per ticket). Work queued through a ticket is
-    /// covered by the users only once the ticket is dropped; a ticket that never is
+    /// The streams of such tickets, each once, with its number of tickets. Work queued through a
+    /// ticket is covered by the users only once the ticket is dropped; a ticket that never is
     /// (`mem::forget`) keeps its stream here, so that the free, `synchronize`, the host and
-    /// later device work on any stream (`order_after_users`) still wait for it.
-    pending: Vec<Stream>,
+    /// later device work on any stream (`order_after_users`) still wait for it, until an owner's
+    /// exclusive access turns it into a user ([`Users::settle_forgotten`]).
+    pending: Vec<(Stream, usize)>,
     /// Why device work is refused for now: the host may be reading the memory, and its device
     /// cannot run work on it meanwhile (managed memory without concurrent managed access).
     excluded: Exclusion,
@@ -141,7 +142,8 @@ fn bury(dead: &mut Vec<LastStream>, stream: Stream) {
 impl Users {
     /// Every stream that may have work pending on the memory, recorded or not.
     fn all(&self) -> impl Iterator<Item = &Stream> {
-        std::iter::once(&self.latest.0).chain(self.others.iter().map(|(s, _)| s)).chain(&self.pending)
+        let pending = self.pending.iter().map(|(s, _)| s);
+        std::iter::once(&self.latest.0).chain(self.others.iter().map(|(s, _)| s)).chain(pending)
     }
 
     /// Makes `stream` wait for every recorded user, and for the stream of every ticket not
@@ -163,19 +165,18 @@ impl Users {
     ///   asynchronous copy, which an H100 showed blocking) waits for the held guard's stream; if
     ///   that stream's work waits on the host (a host function, `cuStreamWaitValue` on a flag the
     ///   host sets later), the thread deadlocks;
-    /// - forgotten guards, forever: each later use on another stream pays one record and one wait
-    ///   per forgotten guard's stream.
+    /// - forgotten guards, until the owner's next exclusive access ([`Users::settle_forgotten`]):
+    ///   each later use on another stream pays one record and one wait per forgotten guard's
+    ///   stream.
     fn order_after_users(&self, stream: &Stream) -> Result<()> {
         stream.wait_for(&self.latest.0)?;
         for (user, _) in &self.others {
             stream.wait_for(user)?;
         }
-        for (i, ticket) in self.pending.iter().enumerate() {
-            // One wait per stream: a ticket's stream is often a user already, or the stream of
-            // another ticket, and each wait records that stream's marker again.
-            let waited = *ticket == self.latest.0
-                || self.others.iter().any(|(user, _)| user == ticket)
-                || self.pending[..i].contains(ticket);
+        for (ticket, _) in &self.pending {
+            // One wait per stream: a ticket's stream is often a user already, and each wait
+            // records that stream's marker again (`pending` names each stream once).
+            let waited = *ticket == self.latest.0 || self.others.iter().any(|(user, _)| user == ticket);
             if !waited {
                 stream.wait_for(ticket)?;
             }
@@ -243,11 +244,42 @@ impl Users {
 
     fn end_ticket(&mut self, stream: &Stream, waited_before: u64) {
         self.in_flight = self.in_flight.saturating_sub(1);
-        if let Some(i) = self.pending.iter().position(|s| s == stream) {
-            let ticket = self.pending.swap_remove(i);
-            bury(&mut self.dead, ticket);
+        if let Some(i) = self.pending.iter().position(|(s, _)| s == stream) {
+            self.pending[i].1 -= 1;
+            if self.pending[i].1 == 0 {
+                let (ticket, _) = self.pending.swap_remove(i);
+                bury(&mut self.dead, ticket);
+            }
         }
         self.record(stream, waited_before);
+    }
+
+    /// Counts a ticket handed out for `stream`.
+    fn start_ticket(&mut self, stream: &Stream) {
+        self.in_flight += 1;
+        match self.pending.iter_mut().find(|(s, _)| s == stream) {
+            Some((_, tickets)) => *tickets += 1,
+            None => self.pending.push((stream.clone(), 1)),
+        }
+    }
+
+    /// For an owner with exclusive access, which proves that no ticket is alive: those still
+    /// counted were forgotten, and all their work was queued before their borrows ended (the
+    /// argument of [`StreamOrder::queue_on_mut`]). Nothing is in flight any more, so host reads
+    /// of memory that excludes device work are no longer refused for them; their streams stay
+    /// to be waited for, as users that no recorded user has been ordered after (a stream that is
+    /// one already needs no second entry: waiting for a stream covers all its work so far).
+    fn settle_forgotten(&mut self) {
+        self.in_flight = 0;
+        for (stream, _) in std::mem::take(&mut self.pending) {
+            if stream == self.latest.0 || self.others.iter().any(|(user, _)| *user == stream) {
+                bury(&mut self.dead, stream);
+            } else {
+                let generation = self.next_gen;
+                self.next_gen += 1;
+                self.others.push((stream, generation));
+            }
+        }
     }
 }
 
@@ -383,7 +415,8 @@ impl StreamOrder {
     ///
     /// Conversely, such host reads are refused with the same error while a ticket is held (work
     /// may be being queued): queue the work and drop the ticket before reading on the host. A
-    /// ticket that is never dropped (`mem::forget`) keeps refusing them.
+    /// ticket that is never dropped (`mem::forget`) keeps refusing them until the owner's next
+    /// exclusive access (`&mut` of the memory), which proves no ticket alive.
     ///
     /// On success, `stream`'s context is current on the calling thread, ready for the work.
     pub fn use_on<'s>(&'s self, stream: &'s Stream) -> Result<OrderTicket<'s>> {
@@ -394,8 +427,7 @@ impl StreamOrder {
             return Err(self.refusal());
         }
         inner.order_after_users(stream)?;
-        inner.in_flight += 1;
-        inner.pending.push(stream.clone());
+        inner.start_ticket(stream);
         let ticket = OrderTicket { order: self, stream, waited_before: inner.next_gen };
         // Unlocking may destroy a stream the order let go of, which binds that stream's context.
         drop(inner);
@@ -422,7 +454,10 @@ impl StreamOrder {
     /// refused: dropping a device, pitched, pinned or mapped buffer, ending a `HostRegistered`
     /// scope, an exclusive host borrow (`as_mut_slice`) of pinned memory (see
     /// [`HostAccess::wait_idle_mut`](crate::HostAccess::wait_idle_mut): those that wait for device
-    /// work do so with this order still locked). A memory kind whose drop must still wait through
+    /// work do so with this order still locked). Freeing waits too: `cuMemFree`, `cuMemFreeHost`
+    /// and their kin wait for every host function queued in the context to return (driver brief
+    /// §17), even for idle memory, so a host function that waits for a thread needing this order
+    /// deadlocks with a drop inside `queue`; drop buffers after it returns. A memory kind whose drop must still wait through
     /// a lock leaks its memory with a warning when dropped inside `queue`. Another thread using
     /// this memory waits until `queue` returns. A ticket (or a view's guard) dropped inside
     /// `queue` never waits either: if its order is locked (this one, or another that a thread
@@ -504,9 +539,9 @@ impl StreamOrder {
         // them is alive, on any thread, and that whatever they did happened before this call
         // (the borrow could not end otherwise): a ticket dropped on another thread has applied
         // its change or left it in `deferred` (drained below); one that was forgotten left its
-        // stream in `pending` and its count in `in_flight`, read here exactly as `queue_on` reads
-        // them. Nothing can take the lock or push to `deferred` while `queue` runs either: that
-        // needs `&StreamOrder`, and `queue` cannot make one (`self` is borrowed).
+        // stream in `pending`, which `users_mut` turns into a user (its work was all queued).
+        // Nothing can take the lock or push to `deferred` while `queue` runs either: that needs
+        // `&StreamOrder`, and `queue` cannot make one (`self` is borrowed).
         let inner = self.users_mut();
         if inner.excluded.active() {
             return Err(refusal_on(device));
@@ -530,6 +565,9 @@ impl StreamOrder {
             }
         }
         let users = self.inner.get_mut();
+        if !users.pending.is_empty() || users.in_flight > 0 {
+            users.settle_forgotten();
+        }
         // Exclusive access: no lock is held, so streams let go of are destroyed now.
         destroy_let_go(&mut users.dead);
         users
@@ -567,7 +605,7 @@ impl StreamOrder {
     /// Ends the open-ended exclusion: the owner has exclusive access, so no host borrow that
     /// began it is alive any more.
     pub(crate) fn end_open_exclusion(&mut self) {
-        self.inner.get_mut().excluded.open_ended = false;
+        self.users_mut().excluded.open_ended = false;
     }
 
     /// One stream ordered after every recorded user: the latest user, made to wait for the others.
@@ -591,7 +629,7 @@ impl StreamOrder {
 
     fn join_users(inner: &mut Users) -> Result<&Stream> {
         let latest = &inner.latest.0;
-        for user in inner.others.iter().map(|(s, _)| s).chain(&inner.pending) {
+        for user in inner.others.iter().map(|(s, _)| s).chain(inner.pending.iter().map(|(s, _)| s)) {
             latest.wait_for(user)?;
         }
         for (gone, _) in inner.others.drain(..) {

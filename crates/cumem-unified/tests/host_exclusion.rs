@@ -223,9 +223,17 @@ fn without_concurrent_access_a_host_read_while_a_ticket_is_held_is_refused_not_w
         buf.end_host_reads();
         stream.copy_d2d(&buf, &mut dst).unwrap();
         assert_eq!(dst.to_vec().unwrap(), data);
-        // A ticket never dropped keeps refusing host reads, without hanging them.
-        std::mem::forget(buf.as_device_slice().order().use_on(&Stream::legacy(&ctx)).unwrap());
+        // A ticket never dropped keeps refusing host reads, without hanging them, until the
+        // owner's exclusive access proves it gone (its work was queued before its borrow ended).
+        for _ in 0..3 {
+            std::mem::forget(buf.as_device_slice().order().use_on(&Stream::legacy(&ctx)).unwrap());
+        }
         let forgotten = (buf.as_slice().map(<[u32]>::len), buf.to_vec());
+        buf.as_mut_slice().unwrap()[0] = 7;
+        let mut expected = data.clone();
+        expected[0] = 7;
+        assert_eq!(buf.as_slice().unwrap(), &expected[..]);
+        assert_eq!(buf.to_vec().unwrap(), expected);
         (slice, vec, forgotten)
     });
     let (slice, vec, (slice_after_forget, vec_after_forget)) = refused;
