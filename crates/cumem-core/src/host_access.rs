@@ -161,7 +161,9 @@ impl Pending {
 /// The device work pending on one piece of host-visible memory, and the waits host access needs.
 ///
 /// Owners keep one per allocation and call [`HostAccess::wait_writes`] before handing out `&[T]`,
-/// [`HostAccess::wait_idle`] before `&mut [T]` and before freeing.
+/// and [`HostAccess::wait_idle_mut`] before `&mut [T]` and before freeing ([`HostAccess::wait_idle`]
+/// waits the same through `&self`, but cannot end a refusal of device work or forget the uses of
+/// live views).
 #[derive(Debug, Default)]
 pub struct HostAccess {
     pending: Mutex<Pending>,
@@ -263,8 +265,8 @@ impl HostAccess {
     /// Records that a device view of the memory is being handed out (`write` for an exclusive one),
     /// and returns the order the view must use. `None` for event-tracked memory, which has no views.
     ///
-    /// The view's work is queued after this call; host access later synchronises the order's last
-    /// stream, which covers it. Never waits (no lock: it may be called inside a
+    /// The view's work is queued after this call; host access later synchronises every stream the
+    /// order names (its users and the streams of guards not dropped), which covers it. Never waits (no lock: it may be called inside a
     /// [`StreamOrder::queue_on`] closure). Hand out an exclusive view (`write`) only with exclusive
     /// access to the owner, when no host access can run meanwhile.
     pub fn view_order(&self, write: bool) -> Option<&StreamOrder> {
@@ -274,7 +276,7 @@ impl HostAccess {
     }
 
     /// Whether no device work is known to be pending (without asking the driver). Never waits:
-    /// while another thread holds the tracker (tracking or waiting for work), the answer is
+    /// while another thread holds the tracker (tracking work, or taking a wait's snapshot), the answer is
     /// `false`, as nothing is known to be idle then; so it may be asked inside a
     /// [`StreamOrder::queue_on`] closure.
     pub fn is_idle(&self) -> bool {
@@ -408,6 +410,11 @@ impl HostAccess {
 
     /// Queues device work that reads the memory on `stream`, ordered after pending device writes,
     /// and tracks it so that later host writes (and the free) wait for it.
+    ///
+    /// The tracker stays locked while `enqueue` runs (a host wait's snapshot of the tracked
+    /// streams, and the lowering of the views' state, must not fall between the tracking and the
+    /// work): a driver call in it that blocks (§17 of the driver brief: behind another thread's
+    /// `cuMemFree`) holds up host access to this memory on other threads meanwhile.
     ///
     /// # Safety
     /// 1. `ptr` points to `len` values that stay valid until the tracker is idle again.

@@ -146,7 +146,9 @@ impl<T: Copy> PinnedBuffer<T> {
             let p = ffi::mem_host_alloc(bytes, flags.bits())?.cast::<T>();
             if !p.is_aligned() {
                 // SAFETY: `p` came from cuMemHostAlloc just now and nothing uses it.
-                let _ = unsafe { ffi::mem_free_host(p.cast()) };
+                if let Err(e) = unsafe { ffi::mem_free_host(p.cast()) } {
+                    tracing::warn!(error = %e, "freeing a misaligned pinned allocation failed; leaked");
+                }
                 return Err(Error::Misaligned {
                     what: "pinned allocation",
                     value: p as u64,
