@@ -59,7 +59,9 @@ pub enum ChannelError {
     #[error("a ring channel needs a capacity of at least 1 message")]
     ZeroCapacity,
     /// The ring's slots (`capacity` messages of `message_size` bytes) are more bytes than one
-    /// allocation may hold, or than the host can reserve for staging them; nothing was allocated.
+    /// allocation may hold, than the host can reserve for staging them, or (`Async`) than the
+    /// device's `MAX_PITCH` (its copies move part of the ring as one row of a pitched copy whose
+    /// pitch is the ring); nothing was allocated.
     #[error("a ring of {capacity} messages of {message_size} bytes is larger than memory can hold")]
     CapacityTooLarge {
         /// Messages asked for.

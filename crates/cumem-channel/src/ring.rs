@@ -147,8 +147,9 @@ impl<T: Pod> RingChannel<T> {
     /// A channel of `capacity` messages on `stream`'s device, its memory allocated as `strategy`
     /// calls for, after checking that the device and platform can run it (`Unsupported` otherwise,
     /// before any allocation). A capacity of 0 (`ZeroCapacity`), a zero-sized `T`
-    /// (`ZeroSizedMessage`) and a ring larger than one allocation may be or than the host can
-    /// stage (`CapacityTooLarge`) are refused before any allocation too.
+    /// (`ZeroSizedMessage`) and a ring larger than one allocation may be, than the host can
+    /// stage, or (`Async`) than the device's `MAX_PITCH` (`CapacityTooLarge`) are refused before
+    /// any allocation too.
     ///
     /// `Async` and `Unified` rings do their work on streams of their own (the strategy's copies
     /// stream, a prefetch stream), never after `stream`: a persistent kernel may be launched on
@@ -212,7 +213,14 @@ impl<T: Pod> RingChannel<T> {
         // not an abort after its device memory was taken.
         let message_size = size_of::<T>();
         let too_large = || ChannelError::CapacityTooLarge { capacity, message_size };
-        if capacity.checked_mul(message_size).is_none_or(|bytes| bytes > isize::MAX as usize) {
+        let Some(bytes) = capacity.checked_mul(message_size).filter(|&b| b <= isize::MAX as usize) else {
+            return Err(too_large());
+        };
+        // `Async` copies part of the ring as one row of a pitched copy whose pitch is the whole
+        // ring, which the driver refuses above the device's MAX_PITCH: every flush would fail.
+        if let TransferStrategy::Async { stream: copies } = &strategy
+            && bytes > copies.context().device().max_pitch()?
+        {
             return Err(too_large());
         }
         // Only a host→device channel stages messages; it never grows past `capacity`, so sends

@@ -1,6 +1,7 @@
 //! Bad input is a typed error, never a panic or an abort, and a ring refused for its size takes no
 //! memory first: capacities past what one allocation or the host can hold (every strategy, both
-//! directions), slot pools of empty or unallocatable slots; and the edges that are not errors
+//! directions) or, for `Async`, past the device's MAX_PITCH; slot pools of empty or unallocatable
+//! slots; and the edges that are not errors
 //! (a batch larger than the ring, a poll of at most 0, poll intervals of 0 and of `Duration::MAX`)
 //! behave as documented.
 
@@ -10,7 +11,8 @@ use std::time::Duration;
 
 use common::{DevicePlayer, native};
 use cumem_channel::{
-    ChannelError, ControlBlock, Direction, Poll, RingChannel, SendStatus, SlotPool, TransferStrategy,
+    ChannelError, ControlBlock, Direction, Poll, RingChannel, SendStatus, SlotPool, StrategyKind,
+    TransferStrategy,
 };
 use cumem_core::{Context, Device, Stream};
 use cumem_sys::testing;
@@ -64,11 +66,36 @@ fn a_capacity_past_memory_is_refused_before_anything_is_allocated() {
             );
             assert_eq!(live_allocations(), before, "{kind} {dir} {capacity}: allocated before refusing");
         }
-        // Nothing to stage device→host: the device memory is asked for, and refused as such.
+        // Nothing to stage device→host: the device memory is asked for, and refused as such
+        // (`Async` refuses it first, for the device's MAX_PITCH).
         let err =
             RingChannel::<u64>::new_checked(&s, Direction::DeviceToHost, unreservable, strategy, &native(d))
                 .unwrap_err();
-        assert!(matches!(err, ChannelError::Cuda(_)), "{kind}: {err}");
+        if kind == StrategyKind::Async {
+            assert!(matches!(err, ChannelError::CapacityTooLarge { .. }), "{kind}: {err}");
+        } else {
+            assert!(matches!(err, ChannelError::Cuda(_)), "{kind}: {err}");
+        }
+    }
+}
+
+/// An `Async` ring copies part of its slots as one row of a pitched copy whose pitch is the whole
+/// ring: one byte past the device's MAX_PITCH (2 GiB here and on GPUs) could never move a message,
+/// so it is refused, before anything is allocated, in both directions.
+#[test]
+#[serial] // compares live allocations
+fn an_async_ring_past_the_devices_max_pitch_is_refused_before_anything_is_allocated() {
+    let (d, ctx, s) = setup();
+    let capacity = d.max_pitch().unwrap() / 8 + 1;
+    for dir in [Direction::HostToDevice, Direction::DeviceToHost] {
+        let before = live_allocations();
+        let strategy = TransferStrategy::Async { stream: Stream::non_blocking(&ctx).unwrap() };
+        let err = RingChannel::<u64>::new_checked(&s, dir, capacity, strategy, &native(d)).unwrap_err();
+        assert!(
+            matches!(err, ChannelError::CapacityTooLarge { capacity: c, message_size: 8 } if c == capacity),
+            "{dir}: {err}"
+        );
+        assert_eq!(live_allocations(), before, "{dir}: allocated before refusing");
     }
 }
 
