@@ -266,9 +266,10 @@ impl HostAccess {
     /// and returns the order the view must use. `None` for event-tracked memory, which has no views.
     ///
     /// The view's work is queued after this call; host access later synchronises every stream the
-    /// order names (its users and the streams of guards not dropped), which covers it. Never waits (no lock: it may be called inside a
-    /// [`StreamOrder::queue_on`] closure). Hand out an exclusive view (`write`) only with exclusive
-    /// access to the owner, when no host access can run meanwhile.
+    /// order names (its users and the streams of guards not dropped), which covers it. Never
+    /// waits (no lock: it may be called inside a [`StreamOrder::queue_on`] closure). Hand out an
+    /// exclusive view (`write`) only with exclusive access to the owner, when no host access can
+    /// run meanwhile.
     pub fn view_order(&self, write: bool) -> Option<&StreamOrder> {
         let order = self.order.as_ref()?;
         self.ordered.raise(if write { OrderedUse::Write } else { OrderedUse::Read });
@@ -276,8 +277,8 @@ impl HostAccess {
     }
 
     /// Whether no device work is known to be pending (without asking the driver). Never waits:
-    /// while another thread holds the tracker (tracking work, or taking a wait's snapshot), the answer is
-    /// `false`, as nothing is known to be idle then; so it may be asked inside a
+    /// while another thread holds the tracker (tracking work, or taking a wait's snapshot), the
+    /// answer is `false`, as nothing is known to be idle then; so it may be asked inside a
     /// [`StreamOrder::queue_on`] closure.
     pub fn is_idle(&self) -> bool {
         let Some(pending) = self.pending.try_lock() else {

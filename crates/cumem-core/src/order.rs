@@ -415,8 +415,9 @@ impl StreamOrder {
     ///
     /// Conversely, such host reads are refused with the same error while a ticket is held (work
     /// may be being queued): queue the work and drop the ticket before reading on the host. A
-    /// ticket that is never dropped (`mem::forget`) keeps refusing them until the owner's next
-    /// exclusive access (`&mut` of the memory), which proves no ticket alive.
+    /// ticket that is never dropped (`mem::forget`) keeps refusing them until the owner next uses
+    /// the order exclusively (which proves no ticket alive: the memory's drop, a `&mut` host
+    /// borrow, ending host reads, work through a whole-buffer `&mut` view).
     ///
     /// On success, `stream`'s context is current on the calling thread, ready for the work.
     pub fn use_on<'s>(&'s self, stream: &'s Stream) -> Result<OrderTicket<'s>> {

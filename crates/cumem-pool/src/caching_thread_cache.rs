@@ -566,7 +566,8 @@ impl<S: Copy + Eq + Send + Sync + 'static> Registry<S> {
             // The owner is gone (it wrote its counts and entries before orphaning, released by the
             // flag). It may have freed into its cache after the loop above emptied it and exited
             // since: those entries are taken too, or their blocks would be lost to every arena.
-            // SAFETY: the owner set `orphaned` after its last use of the slots (its thread's exit)
+            // SAFETY: the owner set `orphaned` after its last use of the slots (its thread's exit;
+            // a live thread orphans only dead caches, which `kill` took out of this list first)
             // and this load saw it, so it never uses them again; the registry's lock is held, so
             // no other flusher does either.
             let slots = unsafe { &mut *c.slots.get() };
