@@ -347,32 +347,51 @@ impl ImportedPool {
                 AddressClaim::Again => {}
             }
         };
-        // Built before any further fallible step, so that every error path below frees the import
-        // (by dropping it). The pointer wraps rather than panics on a forged offset; it is used
-        // only once the range check below has passed.
-        let ptr = base.wrapping_add(offset);
-        let import = ImportedBuffer::new(
+        // Until the import exists, a refusal frees the mapping itself: nothing was queued on the
+        // memory, so unlike dropping an `ImportedBuffer` it need not wait for the caller's stream
+        // (which might wait for this thread, or for another process waiting for this one) and
+        // cannot fail that wait and leak the import. As the drop does: the address becomes a
+        // tombstone across the free, and the export's claim goes after it.
+        let refuse = |claim, e: Error| {
+            let freeing = live_imports::start_free(base);
+            // SAFETY: `base` came from `pool_import_pointer` just above, is claimed by this call
+            // alone, and no view of it was made.
+            if let Err(free) = unsafe { ffi::mem_free(base) } {
+                tracing::warn!(error = %free, "cumem-ipc: freeing a refused pool pointer import failed");
+            }
+            drop(freeing);
+            drop(claim);
+            Err(e)
+        };
+        // The export names a block at `offset` of an allocation, so the driver's address must be
+        // the start of the mapping it reports for it; the buffer is then checked against that
+        // mapping's size.
+        let (range_base, mapped) = match ffi::address_range(base) {
+            Ok(range) => range,
+            Err(e) => return refuse(claim, e),
+        };
+        if range_base != base {
+            let op = "ImportedPool::import_pointer (the driver imported the block inside a mapping)";
+            return refuse(claim, Error::InvalidValue { ctx: ErrorContext::op(op).bytes(export.bytes()) });
+        }
+        if end > mapped as u64 {
+            let op = "ImportedPool::import_pointer (buffer outside the exported allocation)";
+            return refuse(claim, Error::InvalidValue { ctx: ErrorContext::op(op).bytes(export.bytes()) });
+        }
+        // In range: `base + offset` does not overflow, as `base + mapped` does not. The offset is
+        // aligned, but the driver's address need not be for a `T` aligned beyond what it
+        // guarantees (imports are 32 MiB aligned on an H100; a type may ask for more).
+        let ptr = base + offset;
+        if !ptr.is_multiple_of(align) {
+            return refuse(claim, Error::Misaligned { what: "imported address", value: ptr, align });
+        }
+        Ok(ImportedBuffer::new(
             base,
             ptr,
             export.bytes() / size,
             stream,
             Source::Pool { pool: Arc::clone(&self.inner), export: claim },
-        );
-        let (_, mapped) = ffi::address_range(base)?;
-        if end > mapped as u64 {
-            return Err(Error::InvalidValue {
-                ctx: ErrorContext::op(
-                    "ImportedPool::import_pointer (buffer outside the exported allocation)",
-                )
-                .bytes(export.bytes()),
-            });
-        }
-        // The offset is aligned, but the driver's address need not be for a `T` aligned beyond
-        // what it guarantees (imports are 32 MiB aligned on an H100; a type may ask for more).
-        if !ptr.is_multiple_of(align) {
-            return Err(Error::Misaligned { what: "imported address", value: ptr, align });
-        }
-        Ok(import)
+        ))
     }
 }
 

@@ -88,8 +88,10 @@ impl IpcMemHandle {
 
     /// Opens the exported memory in this process, in `stream`'s context, as `bytes() /
     /// size_of::<T>()` elements whose first use is on `stream`. In the exporting process the
-    /// driver answers [`Error::InvalidContext`]; for memory already freed, [`Error::InvalidValue`]
-    /// (also for a handle whose buffer does not lie inside the allocation the driver maps); a size
+    /// driver answers [`Error::InvalidContext`]; for memory already freed, the simulator answers
+    /// [`Error::InvalidValue`] (what a GPU answers is not on record: safety item 1 is what keeps
+    /// that from happening) and so does a handle whose buffer does not lie inside the allocation
+    /// the driver maps; a size
     /// that is not a whole number of `T`s, or an offset not aligned for `T`, gives
     /// [`Error::Misaligned`], as does an address the driver mapped that is not aligned for `T`.
     /// The address the open returned must be the start of the mapping the driver reports for it

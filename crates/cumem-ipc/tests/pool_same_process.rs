@@ -11,7 +11,7 @@
 //! imported-pools lock let go (a subscriber may import); an import dropped
 //! inside a `queue_on` closure is freed, not leaked; a pointer exports before the pool was ever
 //! exported (by hand), also from two threads at once; an import at an address misaligned for its
-//! type is refused and freed; a direct `DeviceResource::allocate` with a stream of another
+//! type is refused and freed; a refused import does not wait for the caller's stream; a direct `DeviceResource::allocate` with a stream of another
 //! device is `WrongDevice`; a size cap of 0 bytes is `ZeroSize`, not a pool without a cap. The process ends with a clean live report.
 
 use std::sync::Arc;
@@ -658,6 +658,49 @@ fn an_import_at_an_address_misaligned_for_t_is_refused_and_freed() {
             }
         }
         assert!(refused, "no import landed at an odd multiple of 32 MiB");
+        drop(imported);
+        drop(buf);
+        assert_no_refused_destroys_or_frees();
+    }
+    assert_clean_report();
+}
+
+/// An export whose size runs past the exported allocation (its bytes are untrusted) is refused
+/// after the driver's import, which the refusal frees at once, without waiting for the caller's
+/// stream: work there may wait for this thread (or for another process waiting for it). Here the
+/// stream is held by a gate that only the test opens, after the call.
+#[test]
+#[serial]
+fn a_refused_import_does_not_wait_for_the_callers_stream() {
+    init_with_no_violations();
+    {
+        let data: Vec<u32> = (0..1024).collect();
+        let Exported { device, ctx, stream: _stream, pool, buf, export } = exported(&data);
+        let imported = import_pool(&device, &pool);
+        let mut bytes = export.to_bytes().to_vec();
+        let at = PoolPointerExport::ENCODED_LEN - 8;
+        bytes[at..].copy_from_slice(&((data.len() * 4) as u64 + 4096).to_le_bytes());
+        let outside = PoolPointerExport::from_bytes(&bytes).unwrap();
+        let held = Stream::non_blocking(&ctx).unwrap();
+        ctx.bind().unwrap();
+        // SAFETY: `held` is alive (owned here), and its context was just made current.
+        let gate = unsafe { testing::hold(held.raw()) };
+        // SAFETY: the import is refused, so nothing is accessed; `buf` outlives the call.
+        let refused = unsafe { imported.import_pointer::<u32>(&outside, &held) };
+        assert!(matches!(refused, Err(Error::InvalidValue { .. })), "{refused:?}");
+        assert!(!held.query().unwrap(), "the refusal waited for the held stream");
+        // Panics if the gate's deadline opened it meanwhile (a refusal that waited for it).
+        gate.release();
+        held.synchronize().unwrap();
+        if let Some(ctl) = testing::sim_control() {
+            let report = ctl.live_report();
+            assert!(!report.allocations.iter().any(|a| a.kind == "pool_import"), "left imported:\n{report}");
+        }
+        // The refusal released its claim: the genuine export imports.
+        // SAFETY: `buf` outlives the import (dropped after it) and nothing writes it meanwhile.
+        let import = unsafe { imported.import_pointer::<u32>(&export, &held) }.unwrap();
+        assert_eq!(import.to_vec().unwrap(), data);
+        drop(import);
         drop(imported);
         drop(buf);
         assert_no_refused_destroys_or_frees();
