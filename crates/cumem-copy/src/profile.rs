@@ -616,8 +616,14 @@ fn observed<R>(
     if !watched(key) {
         return copy();
     }
-    let profilers: Vec<Profiler> =
-        registry().observers.iter().filter(|(_, t, _)| t.matches(key)).map(|(_, _, p)| p.clone()).collect();
+    // Each profiler once, however many of its attachments match (`observe(&s)` and `observe_all`,
+    // or a clone attached again): it counts each copy once.
+    let mut profilers: Vec<Profiler> = Vec::new();
+    for (_, _, p) in registry().observers.iter().filter(|(_, t, _)| t.matches(key)) {
+        if !profilers.iter().any(|q| Arc::ptr_eq(&q.state, &p.state)) {
+            profilers.push(p.clone());
+        }
+    }
     let mut missed = Vec::new();
     let mut started = Vec::with_capacity(profilers.len());
     for p in &profilers {

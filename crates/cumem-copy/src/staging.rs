@@ -72,11 +72,12 @@ impl Default for StagingConfig {
 /// What a [`StagingRing`] has done since it was made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StagingStats {
-    /// Calls that copied at least one byte.
+    /// Calls that succeeded and copied at least one byte.
     pub calls: u64,
-    /// Chunk copies queued (one per chunk-sized piece of each call).
+    /// Chunk copies queued (one per chunk-sized piece of each call), those of failed calls
+    /// included.
     pub chunks: u64,
-    /// Bytes copied, both directions.
+    /// Bytes copied by the calls that succeeded, both directions.
     pub bytes: u64,
     /// Chunks whose host `memcpy` finished while the copy of the neighbouring chunk (the previous
     /// one for host→device, the next one for device→host) was still queued or running: the

@@ -2,7 +2,8 @@
 //! positive device times; copies outside the observed stream or outside the guard's life are not
 //! counted; a global observer sees blocking copies too; the event pool is reused, not regrown;
 //! a copy held on one stream keeps neither the other streams' copies pending nor, while a report
-//! waits for it, their profiling blocked; one device's legacy stream is not another's.
+//! waits for it, their profiling blocked; one device's legacy stream is not another's; a profiler
+//! attached twice counts a copy once.
 //!
 //! The tests with a global observer, a gate (see `common`) or a legacy stream are `#[serial]`
 //! (they would count, or hold up, the copies of tests running beside them); the others are
@@ -148,6 +149,21 @@ fn a_global_observer_sees_blocking_copies_and_detaches_on_drop() {
     assert_eq!((r.total(CopyKind::HostToDevice).count, r.total(CopyKind::HostToDevice).bytes), (1, 600));
     assert_eq!(r.total(CopyKind::DeviceToHost).bytes, 600);
     assert!(r.total(CopyKind::DeviceToHost).device_time.as_nanos() > 0);
+}
+
+#[test]
+#[serial] // a global observer counts every copy of the process
+fn a_profiler_attached_twice_counts_each_copy_once() {
+    let (_ctx, stream) = setup();
+    let mut dev = DeviceBuffer::<u16>::zeroed(&stream, 300).unwrap();
+    let host = PinnedBuffer::from_slice(stream.context(), &[6u16; 300]).unwrap();
+    let profiler = Profiler::new();
+    // Both attachments match the copy, and a clone is the same profiler.
+    let (_one, _all, _clone) =
+        (profiler.observe(&stream), profiler.observe_all(), profiler.clone().observe(&stream));
+    stream.copy_h2d(&host, &mut dev).unwrap();
+    let r = profiler.report().unwrap();
+    assert_eq!((r.total(CopyKind::HostToDevice).count, r.total(CopyKind::HostToDevice).bytes), (1, 600));
 }
 
 #[test]
