@@ -114,6 +114,9 @@ pub struct RingChannel<T: Pod> {
     /// Host→device: the consumer's `head` as last read.
     known_head: u64,
     sequence: u64,
+    /// A flush published its messages but failed to write `sequence`: the next flush, or
+    /// `close`, writes it even with nothing staged.
+    sequence_unpublished: bool,
     /// `close` has set `FLAG_CLOSED`: the consumer stops once drained, so nothing more is sent.
     closed: bool,
     stats: ChannelStats,
@@ -252,6 +255,7 @@ impl<T: Pod> RingChannel<T> {
             position: 0,
             known_head: 0,
             sequence: 0,
+            sequence_unpublished: false,
             closed: false,
             stats: ChannelStats::default(),
         })
@@ -359,11 +363,16 @@ impl<T: Pod> RingChannel<T> {
     ///
     /// On an error before `tail` is written nothing is published: every message stays staged and
     /// the next flush writes them again. An error writing `sequence` comes after they were
-    /// published: they are counted as sent and no longer staged ([`staged`](Self::staged) is 0).
+    /// published: they are counted as sent and no longer staged ([`staged`](Self::staged) is 0),
+    /// and the next flush (or [`close`](Self::close)) writes `sequence`, with nothing staged too.
     pub fn flush_to_device(&mut self) -> Result<usize, ChannelError> {
         self.require(Direction::HostToDevice, "flush_to_device")?;
         let n = self.staged.len();
         if n == 0 {
+            if self.sequence_unpublished {
+                self.storage.publish_word(SEQUENCE_WORD, self.sequence)?;
+                self.sequence_unpublished = false;
+            }
             return Ok(0);
         }
         let start = (self.position % self.capacity) as usize;
@@ -387,7 +396,9 @@ impl<T: Pod> RingChannel<T> {
         self.stats.bytes_sent += (n * size_of::<T>()) as u64;
         self.stats.flushes += 1;
         // After a failure here, the next flush writes the full count again.
+        self.sequence_unpublished = true;
         self.storage.publish_word(SEQUENCE_WORD, sequence)?;
+        self.sequence_unpublished = false;
         Ok(n)
     }
 

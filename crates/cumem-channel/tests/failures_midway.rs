@@ -94,6 +94,15 @@ fn a_flush_that_fails_after_publishing_says_it_published() {
         assert_eq!((words[TAIL], words[SEQUENCE]), (8, 3), "{kind}: the next flush writes the full count");
         assert_eq!(dev.consume(&mut ch, 8), [5, 6, 7, 8], "{kind}: delivered twice or lost");
         assert_eq!(ch.stats().messages_sent, 8);
+
+        // With nothing staged after the failure, the next flush (here `close`'s) writes it too.
+        assert_eq!(ch.send_batch(&[9]).unwrap(), 1);
+        let err = failing(&ctl, call, nth, || ch.flush_to_device()).unwrap_err();
+        assert!(is_injected(&err, call), "{kind}: {err}");
+        assert_eq!(dev.control(&mut ch)[SEQUENCE], 3, "{kind}: the failed write");
+        ch.close().unwrap();
+        let words = dev.control(&mut ch);
+        assert_eq!((words[TAIL], words[SEQUENCE]), (9, 4), "{kind}: close publishes the sequence");
     }
 }
 
