@@ -732,7 +732,8 @@ impl<T> Drop for GrowableBuffer<T> {
             std::mem::forget(std::mem::take(&mut self.chunks));
             return;
         }
-        // Newest first, as they were mapped in address order; the range goes with the last one.
+        // Newest first, as they were mapped in address order; the range goes after them, when the
+        // buffer's own handle on it drops with the fields.
         while self.chunks.pop().is_some() {}
     }
 }

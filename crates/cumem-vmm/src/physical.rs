@@ -69,7 +69,8 @@ impl PhysicalMemory {
 
     /// `bytes` of pinned memory on `ctx`'s device that may later be exported as `handle_types`.
     ///
-    /// Refused before any VMM call: a device without VMM (`NotSupported { feature:
+    /// Refused before any VMM call but the granularity query (made once per device, handle types
+    /// and process): a device without VMM (`NotSupported { feature:
     /// VirtualMemory }`), a handle type the device cannot export (`NotSupported { feature:
     /// ShareableHandle(name) }`, from its attributes), zero bytes (`ZeroSize`), a size that is
     /// not a multiple of the minimum granularity for these handle types (`Misaligned`). The

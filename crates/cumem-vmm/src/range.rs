@@ -81,7 +81,8 @@ impl VirtualRange {
 
     /// Reserves `size` bytes placed as `options` ask.
     ///
-    /// Refused before any driver call: a device without VMM (`NotSupported { feature:
+    /// Refused before any driver call but the device's granularity query (made once per device
+    /// and process): a device without VMM (`NotSupported { feature:
     /// VirtualMemory }`), a zero size (`ZeroSize`), a size or address hint that is not a multiple
     /// of the minimum granularity (`Misaligned`), an alignment that is not a power of two
     /// (`InvalidValue`, naming it in bytes). A non-zero alignment below the granularity is raised
