@@ -370,6 +370,8 @@ impl<T: Pod> RingChannel<T> {
         let n = self.staged.len();
         if n == 0 {
             if self.sequence_unpublished {
+                // The staged copy of the word (`Async`) still holds this value: only a flush
+                // stages it, and the failed one staged exactly this.
                 self.storage.publish_word(SEQUENCE_WORD, self.sequence)?;
                 self.sequence_unpublished = false;
             }

@@ -191,14 +191,16 @@ impl<T> Drop for ImportedBuffer<T> {
                 tests::while_freeing();
                 // SAFETY: `base` came from `pool_import_pointer`, is freed only here, no view
                 // outlives `self`, and the work that used it has completed (synchronised above).
-                if let Err(e) = unsafe { ffi::mem_free(self.base) } {
-                    tracing::warn!(error = %e, "cumem-ipc: freeing an imported pool pointer failed");
-                }
+                let freed = unsafe { ffi::mem_free(self.base) };
                 drop(freeing);
                 // After the tombstone: until the drop returns, an import of the same bytes is
                 // refused, as while the buffer lived. (On a panic in between, `freeing`, declared
                 // later, is dropped first too.)
                 drop(export);
+                // Warned once no import waits for the tombstone (a subscriber may wait for one).
+                if let Err(e) = freed {
+                    tracing::warn!(error = %e, "cumem-ipc: freeing an imported pool pointer failed");
+                }
             }
         }
     }

@@ -228,8 +228,10 @@ impl ImportedPool {
     ///
     /// Bytes exported from another pool give the driver's [`Error::InvalidValue`]; a size that is
     /// not a whole number of `T`s or an offset not aligned for `T`, [`Error::Misaligned`]; a
-    /// buffer outside the allocation the driver maps, [`Error::InvalidValue`]; an imported address
-    /// not aligned for `T`, [`Error::Misaligned`] (the import is freed again). Memory the
+    /// buffer outside the allocation the driver maps, or an imported address that is not the start
+    /// of the mapping the driver reports for it, [`Error::InvalidValue`]; an imported address not
+    /// aligned for `T`, [`Error::Misaligned`]. After the driver's import, every refusal frees that
+    /// import again, without synchronising `stream`. Memory the
     /// exporter already freed is *not* refused: the driver maps it (an H100 answered SUCCESS in
     /// the exporting process, 2026-11-23), which is why safety item 1 below is the caller's.
     /// Importing an export that is already imported in this process (through any
@@ -348,19 +350,23 @@ impl ImportedPool {
             }
         };
         // Until the import exists, a refusal frees the mapping itself: nothing was queued on the
-        // memory, so unlike dropping an `ImportedBuffer` it need not wait for the caller's stream
-        // (which might wait for this thread, or for another process waiting for this one) and
-        // cannot fail that wait and leak the import. As the drop does: the address becomes a
-        // tombstone across the free, and the export's claim goes after it.
+        // memory, so unlike dropping an `ImportedBuffer` it does not synchronise the caller's
+        // stream (which might wait for this thread, or for another process waiting for this one)
+        // and cannot fail that wait and leak the import. (Whether the driver's `cuMemFree` of an
+        // imported pool pointer itself waits for host functions, as a `cuMemFree` of ordinary
+        // memory does on an H100, is not on record; the simulator does not make it wait.) As the
+        // drop does: the address becomes a tombstone across the free, and the export's claim goes
+        // after it; the warning of a failed free comes after both, as no import then waits for it.
         let refuse = |claim, e: Error| {
             let freeing = live_imports::start_free(base);
             // SAFETY: `base` came from `pool_import_pointer` just above, is claimed by this call
             // alone, and no view of it was made.
-            if let Err(free) = unsafe { ffi::mem_free(base) } {
-                tracing::warn!(error = %free, "cumem-ipc: freeing a refused pool pointer import failed");
-            }
+            let freed = unsafe { ffi::mem_free(base) };
             drop(freeing);
             drop(claim);
+            if let Err(free) = freed {
+                tracing::warn!(error = %free, "cumem-ipc: freeing a refused pool pointer import failed");
+            }
             Err(e)
         };
         // The export names a block at `offset` of an allocation, so the driver's address must be

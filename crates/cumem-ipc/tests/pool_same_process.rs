@@ -666,9 +666,11 @@ fn an_import_at_an_address_misaligned_for_t_is_refused_and_freed() {
 }
 
 /// An export whose size runs past the exported allocation (its bytes are untrusted) is refused
-/// after the driver's import, which the refusal frees at once, without waiting for the caller's
-/// stream: work there may wait for this thread (or for another process waiting for it). Here the
-/// stream is held by a gate that only the test opens, after the call.
+/// after the driver's import, which the refusal frees at once, without synchronising the
+/// caller's stream: work there may wait for this thread (or for another process waiting for it).
+/// Here the stream is held by a gate that only the test opens, after the call. (On the simulator,
+/// whose `cuMemFree` of an imported pool pointer does not wait for host functions; what a GPU's
+/// does is not on record.)
 #[test]
 #[serial]
 fn a_refused_import_does_not_wait_for_the_callers_stream() {
