@@ -417,7 +417,8 @@ impl StreamOrder {
     /// may be being queued): queue the work and drop the ticket before reading on the host. A
     /// ticket that is never dropped (`mem::forget`) keeps refusing them until the owner next uses
     /// the order exclusively (which proves no ticket alive: the memory's drop, a `&mut` host
-    /// borrow, ending host reads, work through a whole-buffer `&mut` view).
+    /// borrow, ending host reads, making a `&mut` device view of host-visible memory, work through
+    /// a whole-buffer `&mut` view of a device buffer).
     ///
     /// On success, `stream`'s context is current on the calling thread, ready for the work.
     pub fn use_on<'s>(&'s self, stream: &'s Stream) -> Result<OrderTicket<'s>> {
@@ -458,8 +459,9 @@ impl StreamOrder {
     /// work do so with this order still locked). Freeing waits too: `cuMemFree`, `cuMemFreeHost`
     /// and their kin wait for every host function queued in the context to return (driver brief
     /// §17), even for idle memory, so a host function that waits for a thread needing this order
-    /// deadlocks with a drop inside `queue`; drop buffers after it returns. A memory kind whose drop must still wait through
-    /// a lock leaks its memory with a warning when dropped inside `queue`. Another thread using
+    /// deadlocks with a drop inside `queue`; drop buffers after it returns. A memory kind whose
+    /// drop must still wait through a lock leaks its memory with a warning when dropped inside
+    /// `queue`. Another thread using
     /// this memory waits until `queue` returns. A ticket (or a view's guard) dropped inside
     /// `queue` never waits either: if its order is locked (this one, or another that a thread
     /// crossing this one holds in its own closure), its stream is recorded by the next lock of

@@ -228,10 +228,9 @@ impl ImportedPool {
     ///
     /// Bytes exported from another pool give the driver's [`Error::InvalidValue`]; a size that is
     /// not a whole number of `T`s or an offset not aligned for `T`, [`Error::Misaligned`]; a
-    /// buffer outside the allocation the driver maps, or an imported address that is not the start
-    /// of the mapping the driver reports for it, [`Error::InvalidValue`]; an imported address not
-    /// aligned for `T`, [`Error::Misaligned`]. After the driver's import, every refusal frees that
-    /// import again, without synchronising `stream`. Memory the
+    /// buffer outside the allocation the driver maps, [`Error::InvalidValue`]; an imported address
+    /// not aligned for `T`, [`Error::Misaligned`]. Each of these refusals after the driver's
+    /// import frees the mapping the call made, without synchronising `stream`. Memory the
     /// exporter already freed is *not* refused: the driver maps it (an H100 answered SUCCESS in
     /// the exporting process, 2026-11-23), which is why safety item 1 below is the caller's.
     /// Importing an export that is already imported in this process (through any
@@ -369,24 +368,21 @@ impl ImportedPool {
             }
             Err(e)
         };
-        // The export names a block at `offset` of an allocation, so the driver's address must be
-        // the start of the mapping it reports for it; the buffer is then checked against that
-        // mapping's size.
+        // The buffer must lie inside the allocation the driver reports for the address it answered
+        // (on an H100 that range starts at the address itself; measured from the range's own
+        // start, the check holds whatever a driver answers).
         let (range_base, mapped) = match ffi::address_range(base) {
             Ok(range) => range,
             Err(e) => return refuse(claim, e),
         };
-        if range_base != base {
-            let op = "ImportedPool::import_pointer (the driver imported the block inside a mapping)";
-            return refuse(claim, Error::InvalidValue { ctx: ErrorContext::op(op).bytes(export.bytes()) });
-        }
-        if end > mapped as u64 {
+        let inside = base.checked_sub(range_base).and_then(|lead| lead.checked_add(end));
+        if inside.is_none_or(|reach| reach > mapped as u64) {
             let op = "ImportedPool::import_pointer (buffer outside the exported allocation)";
             return refuse(claim, Error::InvalidValue { ctx: ErrorContext::op(op).bytes(export.bytes()) });
         }
-        // In range: `base + offset` does not overflow, as `base + mapped` does not. The offset is
-        // aligned, but the driver's address need not be for a `T` aligned beyond what it
-        // guarantees (imports are 32 MiB aligned on an H100; a type may ask for more).
+        // In range: `base + offset` does not overflow, as `range_base + mapped` does not. The
+        // offset is aligned, but the driver's address need not be for a `T` aligned beyond what
+        // it guarantees (imports are 32 MiB aligned on an H100; a type may ask for more).
         let ptr = base + offset;
         if !ptr.is_multiple_of(align) {
             return refuse(claim, Error::Misaligned { what: "imported address", value: ptr, align });
