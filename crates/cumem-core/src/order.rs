@@ -110,10 +110,9 @@ struct Users {
     /// generation of its latest recording (to tell whether a waited-for entry changed since).
     others: Vec<(Stream, u64)>,
     next_gen: u64,
-    /// Tickets handed out and not yet dropped: work that may be being queued right now.
-    in_flight: usize,
-    /// The streams of such tickets, each once, with its number of tickets. Work queued through a
-    /// ticket is covered by the users only once the ticket is dropped; a ticket that never is
+    /// The streams of tickets handed out and not yet dropped (work that may be being queued right
+    /// now), each once, with its number of tickets: empty when no ticket is held. Work queued
+    /// through a ticket is covered by the users only once the ticket is dropped; a ticket that never is
     /// (`mem::forget`) keeps its stream here, so that the free, `synchronize`, the host and
     /// later device work on any stream (`order_after_users`) still wait for it, until an owner's
     /// exclusive access turns it into a user ([`Users::settle_forgotten`]).
@@ -243,7 +242,6 @@ impl Users {
     }
 
     fn end_ticket(&mut self, stream: &Stream, waited_before: u64) {
-        self.in_flight = self.in_flight.saturating_sub(1);
         if let Some(i) = self.pending.iter().position(|(s, _)| s == stream) {
             self.pending[i].1 -= 1;
             if self.pending[i].1 == 0 {
@@ -256,7 +254,6 @@ impl Users {
 
     /// Counts a ticket handed out for `stream`.
     fn start_ticket(&mut self, stream: &Stream) {
-        self.in_flight += 1;
         match self.pending.iter_mut().find(|(s, _)| s == stream) {
             Some((_, tickets)) => *tickets += 1,
             None => self.pending.push((stream.clone(), 1)),
@@ -270,7 +267,6 @@ impl Users {
     /// to be waited for, as users that no recorded user has been ordered after (a stream that is
     /// one already needs no second entry: waiting for a stream covers all its work so far).
     fn settle_forgotten(&mut self) {
-        self.in_flight = 0;
         for (stream, _) in std::mem::take(&mut self.pending) {
             if stream == self.latest.0 || self.others.iter().any(|(user, _)| *user == stream) {
                 bury(&mut self.dead, stream);
@@ -331,7 +327,6 @@ impl StreamOrder {
                 latest: (stream.clone(), 0),
                 others: Vec::new(),
                 next_gen: 1,
-                in_flight: 0,
                 pending: Vec::new(),
                 excluded: Exclusion::default(),
                 dead: Vec::new(),
@@ -568,7 +563,7 @@ impl StreamOrder {
             }
         }
         let users = self.inner.get_mut();
-        if !users.pending.is_empty() || users.in_flight > 0 {
+        if !users.pending.is_empty() {
             users.settle_forgotten();
         }
         // Exclusive access: no lock is held, so streams let go of are destroyed now.
@@ -589,7 +584,7 @@ impl StreamOrder {
     pub(crate) fn exclude_device(&self, open_ended: bool) -> Result<Option<ScopedExclusion<'_>>> {
         let scope = {
             let mut inner = self.lock()?;
-            if inner.in_flight > 0 {
+            if !inner.pending.is_empty() {
                 return Err(self.refusal());
             }
             if open_ended {
