@@ -168,9 +168,9 @@ fn time_copies(
     kind: Kind,
     bytes: usize,
     reps: usize,
-) -> Result<f64> {
+) -> Result<f64, Failure> {
     let mut device = DeviceBuffer::<u8>::zeroed(stream, bytes)?;
-    let mut run = |copy: &mut dyn FnMut(&mut DeviceBuffer<u8>) -> Result<()>| -> Result<f64> {
+    let mut run = |copy: &mut dyn FnMut(&mut DeviceBuffer<u8>) -> Result<()>| -> Result<f64, Failure> {
         copy(&mut device)?;
         stream.synchronize()?;
         let started = Instant::now();
@@ -182,19 +182,19 @@ fn time_copies(
     };
     match kind {
         Kind::H2dPageable => {
-            let host = vec![1u8; bytes];
+            let host = pageable(bytes, 1)?;
             run(&mut |d| copy_h2d(&host, d))
         }
         Kind::D2hPageable => {
-            let mut host = vec![0u8; bytes];
+            let mut host = pageable(bytes, 0)?;
             run(&mut |d| copy_d2h(d, &mut host))
         }
         Kind::H2dStaged => {
-            let host = vec![1u8; bytes];
+            let host = pageable(bytes, 1)?;
             run(&mut |d| ring.copy_h2d(stream, &host, d))
         }
         Kind::D2hStaged => {
-            let mut host = vec![0u8; bytes];
+            let mut host = pageable(bytes, 0)?;
             run(&mut |d| ring.copy_d2h(stream, d, &mut host))
         }
         Kind::H2dPinned => {
@@ -218,6 +218,17 @@ fn time_copies(
             run(&mut |d| stream.copy_d2d(&source, d))
         }
     }
+}
+
+/// `bytes` of pageable host memory filled with `value`, or an input error where the host cannot
+/// give that much (`vec!` would abort the process instead).
+fn pageable(bytes: usize, value: u8) -> Result<Vec<u8>, Failure> {
+    let mut host = Vec::new();
+    host.try_reserve_exact(bytes).map_err(|e| {
+        Failure::Input(format!("--max-size: no {} of host memory for a pageable copy: {e}", human(bytes)))
+    })?;
+    host.resize(bytes, value);
+    Ok(host)
 }
 
 /// One allocation and its free, `pairs` times, sizes varying from 256 B to about 1 MiB.

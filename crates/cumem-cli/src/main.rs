@@ -245,11 +245,24 @@ fn demo(size: DemoSize) -> Result<(), Failure> {
     let DemoSize { elements, bytes } = size;
     let ctx = Device::get(0)?.context()?;
     let before = ctx.mem_info()?;
+    // Refused before the host data is built: that alone is `bytes` of host memory, and a size the
+    // device can never hold would have the process abort on a failed host allocation first.
+    if bytes.checked_mul(2).is_none_or(|both| both > before.total) {
+        return Err(Failure::Input(format!(
+            "--elements {elements}: the demo's two device buffers of {} each do not fit device 0's {} of memory",
+            human(bytes),
+            human(before.total)
+        )));
+    }
     say!("device 0: {} ({} free of {})", ctx.device().name()?, human(before.free), human(before.total));
     let started = Instant::now();
     {
         let stream = Stream::non_blocking(&ctx)?;
-        let data: Vec<u32> = (0..=u32::MAX).take(elements).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        let mut data: Vec<u32> = Vec::new();
+        data.try_reserve_exact(elements).map_err(|e| {
+            Failure::Input(format!("--elements {elements}: no {} of host memory for the demo's data: {e}", human(bytes)))
+        })?;
+        data.extend((0..=u32::MAX).take(elements).map(|i| i.wrapping_mul(2_654_435_761)));
         let host = PinnedBuffer::from_slice(&ctx, &data)?;
         say!("pinned   {} of host memory", human(bytes));
 

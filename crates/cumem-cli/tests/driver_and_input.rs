@@ -299,6 +299,28 @@ fn demo_elements_too_many_for_the_demo_are_an_input_error() {
     }
 }
 
+/// A demo whose two device buffers cannot fit the device's memory is refused before anything is
+/// built: its host data alone (16 GB for 4e9 elements) used to be allocated first, and a host that
+/// could not give it aborted the process.
+#[test]
+fn a_demo_larger_than_the_device_is_an_input_error_before_any_allocation() {
+    // The simulator's default device has 16 GiB: two buffers of 16 GB do not fit, nor do two of
+    // 800 MB on a device of 1 GiB.
+    for (elements, sim) in [("4000000000", "leak_check=1"), ("200000000", "leak_check=1,memory=1GiB")] {
+        let out = cumem(&["--driver", "sim", "demo", "--elements", elements], &[("CUMEM_SIM", sim)]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{elements}: exit 1, not a signal: {stderr}");
+        assert!(!stderr.contains("panicked"), "{elements}: {stderr}");
+        assert!(
+            stderr.contains(&format!("cumem: error: --elements {elements}: the demo's two device buffers"))
+                && stderr.contains("do not fit device 0's"),
+            "{elements}: {stderr}"
+        );
+        let stdout = text(&out.stdout);
+        assert_eq!(stdout.lines().count(), 1, "only the banner, nothing allocated: {stdout}");
+    }
+}
+
 #[test]
 fn driver_names_are_read_as_the_library_reads_cumem_driver() {
     // The library takes any case and the aliases `simulator` and `cuda`: so does `--driver`, and
