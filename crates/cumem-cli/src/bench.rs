@@ -5,6 +5,7 @@
 //! through cumem-copy's pinned [`StagingRing`], one ring for the whole sweep), pinned, or mapped.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use cumem::copy::{StagingRing, StreamCopy, copy_d2h, copy_h2d};
@@ -15,7 +16,7 @@ use serde_json::{Value, json};
 use crate::Failure;
 use crate::chart::{self, Axes, Series};
 use crate::progress;
-use crate::strategy::Strategy;
+use crate::strategy::{Skipped, Strategy};
 use crate::units::human;
 
 /// The sweep's smallest copy.
@@ -140,16 +141,26 @@ pub fn run(args: &BenchArgs, simulated: bool) -> Result<(), Failure> {
     }
     let pairs = if args.quick { 500 } else { 10_000 };
     let mut latency = Vec::new();
+    let mut skipped = Vec::new();
     for strategy in Strategy::ALL {
         bar.set_message(format!("{} pool", strategy.name()));
-        latency.push(pool_latency(&ctx, &stream, strategy, pairs)?);
+        match strategy.resource_or_skip(&ctx)? {
+            Ok(resource) => latency.push(pool_latency(&resource, &stream, strategy, pairs)?),
+            Err(skip) => skipped.push(skip),
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();
     if args.json {
-        say!("{}", to_json(simulated, &bandwidth, &latency));
+        say!("{}", to_json(simulated, &bandwidth, &latency, &skipped));
+        for skip in &skipped {
+            eprintln!("cumem: {}", skip.note());
+        }
     } else {
         print_tables(simulated, &sizes, &bandwidth, &latency);
+        for skip in &skipped {
+            say!("{}", skip.note());
+        }
     }
     if let Some(svg) = &args.svg {
         draw(svg, simulated, &bandwidth).map_err(Failure::Input)?;
@@ -232,13 +243,17 @@ fn pageable(bytes: usize, value: u8) -> Result<Vec<u8>, Failure> {
 }
 
 /// One allocation and its free, `pairs` times, sizes varying from 256 B to about 1 MiB.
-fn pool_latency(ctx: &Context, stream: &Stream, strategy: Strategy, pairs: usize) -> Result<PoolLatency> {
-    let resource = strategy.resource(ctx)?;
+fn pool_latency(
+    resource: &Arc<dyn DeviceResource>,
+    stream: &Stream,
+    strategy: Strategy,
+    pairs: usize,
+) -> Result<PoolLatency> {
     let mut nanos = Vec::with_capacity(pairs);
     for i in 0..pairs {
         let bytes = 256 + (i * 7919) % (1 << 20);
         let started = Instant::now();
-        drop(DeviceBuffer::<u8>::new_in(&resource, stream, bytes)?);
+        drop(DeviceBuffer::<u8>::new_in(resource, stream, bytes)?);
         nanos.push(started.elapsed().as_nanos() as u64);
     }
     stream.synchronize()?;
@@ -296,7 +311,7 @@ fn print_tables(simulated: bool, sizes: &[usize], bandwidth: &[Bandwidth], laten
     }
 }
 
-fn to_json(simulated: bool, bandwidth: &[Bandwidth], latency: &[PoolLatency]) -> Value {
+fn to_json(simulated: bool, bandwidth: &[Bandwidth], latency: &[PoolLatency], skipped: &[Skipped]) -> Value {
     json!({
         "simulated": simulated,
         "bandwidth": bandwidth.iter().map(|b| json!({
@@ -314,6 +329,7 @@ fn to_json(simulated: bool, bandwidth: &[Bandwidth], latency: &[PoolLatency]) ->
             "p99_ns": l.p99_ns,
             "simulated": simulated,
         })).collect::<Vec<_>>(),
+        "skipped_strategies": skipped.iter().map(Skipped::to_json).collect::<Vec<_>>(),
     })
 }
 

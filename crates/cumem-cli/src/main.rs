@@ -260,7 +260,10 @@ fn demo(size: DemoSize) -> Result<(), Failure> {
         let stream = Stream::non_blocking(&ctx)?;
         let mut data: Vec<u32> = Vec::new();
         data.try_reserve_exact(elements).map_err(|e| {
-            Failure::Input(format!("--elements {elements}: no {} of host memory for the demo's data: {e}", human(bytes)))
+            Failure::Input(format!(
+                "--elements {elements}: no {} of host memory for the demo's data: {e}",
+                human(bytes)
+            ))
         })?;
         data.extend((0..=u32::MAX).take(elements).map(|i| i.wrapping_mul(2_654_435_761)));
         let host = PinnedBuffer::from_slice(&ctx, &data)?;

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::Failure;
 use crate::chart::{self, Axes, Series};
 use crate::progress;
-use crate::strategy::Strategy;
+use crate::strategy::{Skipped, Strategy};
 use crate::units::human;
 
 /// What `cumem replay` was asked to do.
@@ -52,9 +52,16 @@ pub fn run(args: &ReplayArgs, simulated: bool) -> Result<(), Failure> {
         }
     }
     let mut results = Vec::new();
+    let mut skipped = Vec::new();
     for strategy in pools {
+        let resource = match strategy.resource_or_skip(&ctx)? {
+            Ok(resource) => resource,
+            Err(skip) => {
+                skipped.push(skip);
+                continue;
+            }
+        };
         let bar = progress::bar(trace.len() as u64, strategy.name());
-        let resource = strategy.resource(&ctx)?;
         let report = replay_with(&resource, &trace, &ReplayOptions::default(), &mut |done| {
             bar.set_position(done as u64)
         })?;
@@ -64,9 +71,15 @@ pub fn run(args: &ReplayArgs, simulated: bool) -> Result<(), Failure> {
         results.push((strategy, report));
     }
     if args.json {
-        say!("{}", to_json(&args.log, trace.len(), simulated, &results));
+        say!("{}", to_json(&args.log, trace.len(), simulated, &results, &skipped));
+        for skip in &skipped {
+            eprintln!("cumem: {}", skip.note());
+        }
     } else {
         print_table(&args.log, trace.len(), simulated, &results);
+        for skip in &skipped {
+            say!("{}", skip.note());
+        }
     }
     if let Some(svg) = &args.svg {
         draw(svg, &args.log, simulated, &results).map_err(Failure::Input)?;
@@ -137,7 +150,13 @@ fn print_table(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, R
     }
 }
 
-fn to_json(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, ReplayReport)]) -> Value {
+fn to_json(
+    log: &Path,
+    rows: usize,
+    simulated: bool,
+    results: &[(Strategy, ReplayReport)],
+    skipped: &[Skipped],
+) -> Value {
     let latency = |l: &cumem::pool::replay::Latency| json!({ "count": l.count, "p50_ns": l.p50_ns, "p99_ns": l.p99_ns, "max_ns": l.max_ns });
     let strategies: Vec<Value> = results
         .iter()
@@ -173,7 +192,13 @@ fn to_json(log: &Path, rows: usize, simulated: bool, results: &[(Strategy, Repla
             })
         })
         .collect();
-    json!({ "trace": log.display().to_string(), "rows": rows, "simulated": simulated, "strategies": strategies })
+    json!({
+        "trace": log.display().to_string(),
+        "rows": rows,
+        "simulated": simulated,
+        "strategies": strategies,
+        "skipped_strategies": skipped.iter().map(Skipped::to_json).collect::<Vec<_>>(),
+    })
 }
 
 /// Live and reserved MiB over the trace's rows: one reserved line per strategy, and the live line

@@ -55,6 +55,17 @@ impl Strategy {
         })
     }
 
+    /// [`resource`](Strategy::resource), with a device that cannot run the strategy told apart from
+    /// a failure: `Ok(Err(skipped))` where creating it says [`Error::NotSupported`] (the native pool
+    /// on a device without memory pools), so that a comparison runs the other strategies.
+    pub fn resource_or_skip(self, ctx: &Context) -> Result<Result<Arc<dyn DeviceResource>, Skipped>> {
+        match self.resource(ctx) {
+            Ok(resource) => Ok(Ok(resource)),
+            Err(e @ Error::NotSupported { .. }) => Ok(Err(Skipped { strategy: self, reason: e.to_string() })),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Its colour in charts (distinct, and tested to be drawn).
     pub fn color(self) -> RGBColor {
         match self {
@@ -63,6 +74,26 @@ impl Strategy {
             Strategy::Native => RGBColor(0xd6, 0x27, 0x28),
             Strategy::Driver => RGBColor(0x2c, 0xa0, 0x2c),
         }
+    }
+}
+
+/// A strategy the device cannot run, left out of a comparison.
+pub struct Skipped {
+    /// The strategy left out.
+    pub strategy: Strategy,
+    /// Why, as the error creating it said.
+    pub reason: String,
+}
+
+impl Skipped {
+    /// The note printed for it.
+    pub fn note(&self) -> String {
+        format!("not run: {} ({})", self.strategy.name(), self.reason)
+    }
+
+    /// Its entry in JSON output.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "strategy": self.strategy.name(), "reason": self.reason })
     }
 }
 

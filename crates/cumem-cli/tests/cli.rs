@@ -10,10 +10,15 @@ use resvg::{tiny_skia, usvg};
 use serde_json::Value;
 
 fn cumem(args: &[&str]) -> Output {
+    cumem_on("leak_check=1", args)
+}
+
+/// [`cumem`] on the simulator configured by `sim` (`CUMEM_SIM`).
+fn cumem_on(sim: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cumem"))
         .args(["--driver", "sim"])
         .args(args)
-        .env("CUMEM_SIM", "leak_check=1")
+        .env("CUMEM_SIM", sim)
         .env_remove("CUMEM_LOG")
         .output()
         .expect("the cumem binary runs")
@@ -170,6 +175,11 @@ fn replay_json_parses_and_agrees_between_strategies() {
     let json: Value = serde_json::from_str(&succeeded(&out)).expect("stdout is one JSON document");
     assert_eq!(json["simulated"], true);
     assert_eq!(json["rows"], 12);
+    assert_eq!(
+        json["skipped_strategies"],
+        serde_json::json!([]),
+        "every strategy runs on the default device"
+    );
     let strategies = json["strategies"].as_array().unwrap();
     let names: Vec<&str> = strategies.iter().map(|s| s["strategy"].as_str().unwrap()).collect();
     assert_eq!(names, ["caching", "caching-expandable", "native", "driver"]);
@@ -410,4 +420,44 @@ fn a_chart_path_that_names_the_trace_is_refused_and_the_trace_kept() {
     assert!(!out.status.success() && stderr.contains("names the trace"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&log).unwrap(), text, "the trace is untouched");
     std::fs::remove_file(&log).unwrap();
+}
+
+/// On a device without memory pools the native strategy cannot be created: `replay` and `bench`
+/// leave it out with a note (and in `--json` a `skipped_strategies` entry) and run the others; one
+/// unsupported strategy used to end the whole command with an error.
+#[test]
+fn a_strategy_the_device_cannot_run_is_skipped_and_the_others_run() {
+    const NO_POOLS: &str = "leak_check=1,memory_pools_supported=0";
+    let fixture = repo("crates/cumem-pool/tests/fixtures/rmm_log.csv");
+    let note = "not run: native (memory pools is not supported on device 0)";
+
+    let table = succeeded(&cumem_on(NO_POOLS, &["replay", fixture.to_str().unwrap()]));
+    for name in ["caching", "caching-expandable", "driver"] {
+        assert!(
+            table.lines().any(|l| l.split_whitespace().next() == Some(name)),
+            "no row for {name}:\n{table}"
+        );
+    }
+    assert!(!table.lines().any(|l| l.starts_with("native ")), "{table}");
+    assert!(table.lines().any(|l| l == note), "{table}");
+
+    let out = cumem_on(NO_POOLS, &["replay", fixture.to_str().unwrap(), "--json"]);
+    let json: Value = serde_json::from_str(&succeeded(&out)).expect("stdout is one JSON document");
+    let names: Vec<&str> =
+        json["strategies"].as_array().unwrap().iter().map(|s| s["strategy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["caching", "caching-expandable", "driver"]);
+    assert_eq!(
+        json["skipped_strategies"],
+        serde_json::json!([{ "strategy": "native", "reason": "memory pools is not supported on device 0" }])
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains(note));
+
+    let out = cumem_on(NO_POOLS, &["bench", "--quick", "--max-size", "4KiB", "--json"]);
+    let json: Value = serde_json::from_str(&succeeded(&out)).expect("stdout is one JSON document");
+    let pools: Vec<&str> =
+        json["pool_latency"].as_array().unwrap().iter().map(|r| r["strategy"].as_str().unwrap()).collect();
+    assert_eq!(pools, ["caching", "caching-expandable", "driver"]);
+    assert_eq!(json["skipped_strategies"][0]["strategy"], "native");
+    let table = succeeded(&cumem_on(NO_POOLS, &["bench", "--quick", "--max-size", "4KiB"]));
+    assert!(table.lines().any(|l| l == note), "{table}");
 }
