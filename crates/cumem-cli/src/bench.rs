@@ -14,7 +14,7 @@ use plotters::style::RGBColor;
 use serde_json::{Value, json};
 
 use crate::Failure;
-use crate::chart::{self, Axes, Series};
+use crate::chart::{Axes, ChartFile, Series};
 use crate::progress;
 use crate::strategy::{Skipped, Strategy};
 use crate::units::human;
@@ -117,9 +117,7 @@ pub fn run(args: &BenchArgs, simulated: bool) -> Result<(), Failure> {
     if args.max_size < MIN_SIZE {
         return Err(Failure::Input(format!("--max-size must be at least {}", human(MIN_SIZE))));
     }
-    if let Some(svg) = &args.svg {
-        crate::chart::check_writable(svg).map_err(Failure::Input)?;
-    }
+    let chart = args.svg.as_deref().map(ChartFile::create).transpose().map_err(Failure::Input)?;
     let max_size = if args.quick { args.max_size.min(1 << 20) } else { args.max_size };
     let sizes: Vec<usize> =
         std::iter::successors(Some(MIN_SIZE), |&s| s.checked_mul(4)).take_while(|&s| s <= max_size).collect();
@@ -162,10 +160,11 @@ pub fn run(args: &BenchArgs, simulated: bool) -> Result<(), Failure> {
             say!("{}", skip.note());
         }
     }
-    if let Some(svg) = &args.svg {
-        draw(svg, simulated, &bandwidth).map_err(Failure::Input)?;
+    if let Some(chart) = chart {
+        let path = chart.path().to_owned();
+        draw(chart, simulated, &bandwidth).map_err(Failure::Input)?;
         if !args.json {
-            say!("chart: {}", svg.display());
+            say!("chart: {}", path.display());
         }
     }
     Ok(())
@@ -334,7 +333,7 @@ fn to_json(simulated: bool, bandwidth: &[Bandwidth], latency: &[PoolLatency], sk
 }
 
 /// GB/s against the copy's size (log₂ on the horizontal axis), one line per kind of copy.
-fn draw(svg: &std::path::Path, simulated: bool, bandwidth: &[Bandwidth]) -> Result<(), String> {
+fn draw(chart: ChartFile, simulated: bool, bandwidth: &[Bandwidth]) -> Result<(), String> {
     let series: Vec<Series> = Kind::ALL
         .iter()
         .map(|&kind| Series {
@@ -349,8 +348,7 @@ fn draw(svg: &std::path::Path, simulated: bool, bandwidth: &[Bandwidth]) -> Resu
         })
         .collect();
     let title = format!("copy bandwidth by size{}", if simulated { " (simulated, not a GPU)" } else { "" });
-    chart::line_chart(
-        svg,
+    chart.line_chart(
         &Axes {
             title: &title,
             x_label: "copy size (bytes, log scale)",

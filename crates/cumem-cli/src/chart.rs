@@ -1,6 +1,6 @@
 //! Line charts written as SVG: the one drawing routine behind `--svg` of `replay` and `bench`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
@@ -31,21 +31,80 @@ pub struct Axes<'a> {
     pub y_ticks: &'a dyn Fn(&f64) -> String,
 }
 
-/// Creates (or truncates) the chart's file now, so a path that cannot be written fails before any
-/// measuring is done rather than after.
-pub fn check_writable(path: &Path) -> Result<(), String> {
-    std::fs::File::create(path).map(drop).map_err(|e| format!("{}: {e}", path.display()))
+/// A chart's file while the command runs. The chart is drawn into a temporary file beside it, which
+/// replaces the file only once the chart is complete: a command that fails, or a drawing that
+/// fails, leaves an earlier chart at the path as it was. Dropped unused, the temporary file goes.
+pub struct ChartFile {
+    path: PathBuf,
+    temp: PathBuf,
+    placed: bool,
 }
 
-/// Draws `series` into an SVG file at `path`, with labelled axes and a legend. When drawing fails
-/// the file is removed, so no partial chart is left behind.
-pub fn line_chart(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), String> {
-    draw(path, axes, series).map_err(|e| {
-        if let Err(removing) = std::fs::remove_file(path) {
-            tracing::warn!(path = %path.display(), error = %removing, "could not remove a partial chart");
+impl ChartFile {
+    /// Creates the temporary file now, so that a path that cannot be written (no such directory, no
+    /// permission) fails before any measuring is done rather than after; the file at `path` itself
+    /// is not touched until [`line_chart`](ChartFile::line_chart) succeeds.
+    pub fn create(path: &Path) -> Result<ChartFile, String> {
+        let failed = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+        let name = path.file_name().ok_or_else(|| failed(&"not a file name"))?;
+        if path.is_dir() {
+            return Err(failed(&"is a directory"));
         }
-        format!("drawing {}: {e}", path.display())
-    })
+        // Hidden, and named by this process: two runs charting to one path do not share it.
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(format!(".{}.tmp", std::process::id()));
+        let temp = path.with_file_name(temp_name);
+        std::fs::File::create(&temp).map_err(|e| failed(&e))?;
+        Ok(ChartFile { path: path.to_owned(), temp, placed: false })
+    }
+
+    /// Where the chart goes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Draws `series` with labelled axes and a legend, then puts the chart at its path (replacing
+    /// what was there in one rename). On failure no partial chart is left behind, and the path
+    /// keeps what it had.
+    pub fn line_chart(mut self, axes: &Axes<'_>, series: &[Series]) -> Result<(), String> {
+        draw(&self.temp, axes, series).map_err(|e| format!("drawing {}: {e}", self.path.display()))?;
+        std::fs::rename(&self.temp, &self.path).map_err(|e| format!("{}: {e}", self.path.display()))?;
+        self.placed = true;
+        Ok(())
+    }
+}
+
+impl Drop for ChartFile {
+    fn drop(&mut self) {
+        if self.placed {
+            return;
+        }
+        match std::fs::remove_file(&self.temp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %self.temp.display(), error = %e, "could not remove an unfinished chart")
+            }
+        }
+    }
+}
+
+/// Whether `a` and `b` name one file (one device and inode: hard links and symbolic links
+/// included); `false` where either does not exist.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(a), Ok(b)) if a == b)
+    }
 }
 
 fn draw(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), Box<dyn std::error::Error>> {

@@ -11,7 +11,7 @@ use plotters::style::RGBColor;
 use serde_json::{Value, json};
 
 use crate::Failure;
-use crate::chart::{self, Axes, Series};
+use crate::chart::{self, Axes, ChartFile, Series};
 use crate::progress;
 use crate::strategy::{Skipped, Strategy};
 use crate::units::human;
@@ -33,17 +33,18 @@ pub fn run(args: &ReplayArgs, simulated: bool) -> Result<(), Failure> {
     let file = File::open(&args.log).map_err(|e| Failure::Input(format!("{}: {e}", args.log.display())))?;
     let trace = parse_trace(BufReader::new(file))
         .map_err(|e| Failure::Input(format!("{}: {e}", args.log.display())))?;
-    if let Some(svg) = &args.svg {
-        // The chart is created (truncating the file) before anything is replayed: a chart path
-        // that names the trace itself would destroy the user's log.
-        if std::fs::canonicalize(svg).ok() == Some(std::fs::canonicalize(&args.log).unwrap_or_default()) {
+    let chart = match &args.svg {
+        // The chart replaces the file at its path: a path naming the trace itself (by any
+        // spelling or link) would destroy the user's log.
+        Some(svg) if chart::same_file(svg, &args.log) => {
             return Err(Failure::Input(format!(
                 "--svg {} names the trace being replayed; choose another file for the chart",
                 svg.display()
             )));
         }
-        chart::check_writable(svg).map_err(Failure::Input)?;
-    }
+        Some(svg) => Some(ChartFile::create(svg).map_err(Failure::Input)?),
+        None => None,
+    };
     let ctx = Device::get(0)?.context()?;
     let mut pools: Vec<Strategy> = Vec::new();
     for &strategy in &args.pools {
@@ -81,10 +82,11 @@ pub fn run(args: &ReplayArgs, simulated: bool) -> Result<(), Failure> {
             say!("{}", skip.note());
         }
     }
-    if let Some(svg) = &args.svg {
-        draw(svg, &args.log, simulated, &results).map_err(Failure::Input)?;
+    if let Some(chart) = chart {
+        let path = chart.path().to_owned();
+        draw(chart, &args.log, simulated, &results).map_err(Failure::Input)?;
         if !args.json {
-            say!("chart: {}", svg.display());
+            say!("chart: {}", path.display());
         }
     }
     Ok(())
@@ -204,7 +206,12 @@ fn to_json(
 /// Live and reserved MiB over the trace's rows: one reserved line per strategy, and the live line
 /// (dashed, over the reserved ones) once when every strategy made the same allocations (otherwise one
 /// each, lighter).
-fn draw(svg: &Path, log: &Path, simulated: bool, results: &[(Strategy, ReplayReport)]) -> Result<(), String> {
+fn draw(
+    chart: ChartFile,
+    log: &Path,
+    simulated: bool,
+    results: &[(Strategy, ReplayReport)],
+) -> Result<(), String> {
     const MIB: f64 = (1 << 20) as f64;
     let line = |r: &ReplayReport, live: bool| -> Vec<(f64, f64)> {
         r.samples
@@ -248,8 +255,7 @@ fn draw(svg: &Path, log: &Path, simulated: bool, results: &[(Strategy, ReplayRep
         log.file_name().map_or_else(|| log.display().to_string(), |n| n.to_string_lossy().into_owned()),
         if simulated { " (simulated)" } else { "" }
     );
-    chart::line_chart(
-        svg,
+    chart.line_chart(
         &Axes {
             title: &title,
             x_label: "trace row (allocations and frees, in log order)",

@@ -461,3 +461,60 @@ fn a_strategy_the_device_cannot_run_is_skipped_and_the_others_run() {
     let table = succeeded(&cumem_on(NO_POOLS, &["bench", "--quick", "--max-size", "4KiB"]));
     assert!(table.lines().any(|l| l == note), "{table}");
 }
+
+/// Entries of `svg`'s directory whose names contain its file name, `svg` itself excluded: what a
+/// run left beside the chart.
+fn beside(svg: &Path) -> Vec<String> {
+    let name = svg.file_name().unwrap().to_str().unwrap();
+    std::fs::read_dir(svg.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != name && n.contains(name))
+        .collect()
+}
+
+/// A run that fails after its chart's path was checked leaves the chart already there as it was,
+/// and no temporary file beside it: the chart is drawn beside its path and renamed over it only
+/// once complete (the file used to be truncated first, so a failure left it empty).
+#[test]
+fn a_failing_run_leaves_an_earlier_chart_untouched() {
+    let svg = scratch("earlier.svg");
+    let earlier = "<svg>an earlier chart</svg>";
+    std::fs::write(&svg, earlier).unwrap();
+    // A 4 MiB device: the sweep's 4 MiB copies cannot be allocated, after the smaller ones ran.
+    let out = cumem_on(
+        "leak_check=1,memory=4MiB",
+        &["bench", "--max-size", "4MiB", "--svg", svg.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cumem: error: out of memory"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&svg).unwrap(), earlier, "the earlier chart is kept");
+    assert_eq!(beside(&svg), Vec::<String>::new(), "nothing left beside the chart");
+
+    // The same run on a device big enough replaces it with a complete chart.
+    succeeded(&cumem(&["bench", "--quick", "--max-size", "4KiB", "--svg", svg.to_str().unwrap()]));
+    let data = std::fs::read(&svg).unwrap();
+    usvg::Tree::from_data(&data, &usvg::Options::default()).expect("the chart is valid SVG");
+    assert_eq!(beside(&svg), Vec::<String>::new(), "nothing left beside the chart");
+    std::fs::remove_file(&svg).unwrap();
+}
+
+/// A hard link to the trace given as `--svg` names the same file by a path no canonicalisation
+/// equates: it is refused too, and the trace is left as it was.
+#[test]
+fn a_chart_path_hard_linked_to_the_trace_is_refused_and_the_trace_kept() {
+    let log = scratch("linked-chart.csv");
+    let text =
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,4096,0x0\n1,0.2,free,0x10,4096,0x0\n";
+    std::fs::write(&log, text).unwrap();
+    let link = scratch("linked-chart.svg");
+    std::fs::hard_link(&log, &link).unwrap();
+    let out = cumem(&["replay", log.to_str().unwrap(), "--svg", link.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("names the trace"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), text, "the trace is untouched");
+    assert_eq!(std::fs::read_to_string(&link).unwrap(), text, "so is its link");
+    std::fs::remove_file(&link).unwrap();
+    std::fs::remove_file(&log).unwrap();
+}
