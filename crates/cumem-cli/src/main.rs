@@ -122,8 +122,14 @@ impl From<Error> for Failure {
 }
 
 fn main() -> ExitCode {
+    // Warnings are shown unless CUMEM_LOG says otherwise: they report what a user should act on
+    // (a driver passed over, memory that could not be given back).
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .with_env_var("CUMEM_LOG")
+        .from_env_lossy();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("CUMEM_LOG"))
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
