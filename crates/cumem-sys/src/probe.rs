@@ -24,8 +24,13 @@ pub fn has_symbol(name: &str) -> bool {
     })
 }
 
-/// `Ok(())` if the loaded driver exports `name`, else `NotSupported { feature: Symbol(name) }`.
+/// `Ok(())` if the loaded driver exports `name`, else `NotSupported { feature: Symbol(name) }`;
+/// `NotInitialized` (naming `name`) when no driver is loaded yet, since whether it exports `name`
+/// is then unknown.
 pub fn require(name: &'static str) -> Result<()> {
+    if crate::driver::library().is_none() {
+        return Err(Error::NotInitialized { ctx: crate::ErrorContext::op(name) });
+    }
     if has_symbol(name) {
         Ok(())
     } else {
@@ -41,4 +46,36 @@ pub fn driver_version() -> Result<i32> {
     let code = unsafe { crate::api::cuDriverGetVersion(&mut v) };
     crate::check(code, crate::ErrorContext::op("cuDriverGetVersion"))?;
     Ok(v)
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use crate::Error;
+    use crate::testing::child_process::run_child_test;
+
+    const CHILD_ENV: &str = "CUMEM_TEST_REQUIRE_UNLOADED_CHILD";
+
+    /// Before any driver is loaded, whether an entry point exists is unknown: `require` says the
+    /// driver is not initialised (it used to say the entry point is not supported). Run alone in a
+    /// child process, where nothing has loaded a driver.
+    #[test]
+    fn require_before_a_driver_is_loaded_says_not_initialized() {
+        if std::env::var_os(CHILD_ENV).is_some() {
+            assert!(crate::driver::current().is_none());
+            assert!(matches!(
+                super::require("cuMemAlloc_v2"),
+                Err(Error::NotInitialized { ctx }) if ctx.op == "cuMemAlloc_v2"
+            ));
+            assert!(!super::has_symbol("cuMemAlloc_v2"));
+            return;
+        }
+        let child = run_child_test(
+            "probe::tests::require_before_a_driver_is_loaded_says_not_initialized",
+            &[(CHILD_ENV, "1")],
+            &[],
+            std::time::Duration::from_secs(60),
+        );
+        assert!(child.status.is_some_and(|s| s.success()), "{:?}\n{}", child.status, child.log);
+        assert!(child.log.contains("1 passed"), "the child ran the test: {}", child.log);
+    }
 }
