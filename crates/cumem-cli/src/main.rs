@@ -128,10 +128,7 @@ fn main() -> ExitCode {
         .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
         .with_env_var("CUMEM_LOG")
         .from_env_lossy();
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     let choice = cli.driver;
     let result = driver::select(choice).map_err(Failure::from).and_then(|kind| {
