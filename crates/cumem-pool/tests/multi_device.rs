@@ -1,4 +1,4 @@
-//! The caching pool with two devices: a stream is named by its context as well as its handle (the
+//! The caching pool (and the driver's pools, last) with two devices: a stream is named by its context as well as its handle (the
 //! legacy streams of two devices are two streams), and releasing memory waits for every stream that
 //! used it, on whichever device. Streams are held back by a gate so that "work still running" is
 //! deterministic; a pool that confuses the streams or waits for its own device only corrupts data
@@ -12,7 +12,7 @@ use std::time::Duration;
 use cumem_copy::StreamCopy;
 use cumem_core::sys;
 use cumem_core::{Context, Device, DeviceBuffer, DriverResource, PinnedBuffer, Stream};
-use cumem_pool::{CachingResource, PoolConfig};
+use cumem_pool::{CachingResource, MemPool, MemPoolOptions, NativePoolResource, PoolConfig};
 use cumem_sys::testing;
 
 const N: usize = 4096;
@@ -144,4 +144,55 @@ fn the_out_of_memory_ladder_waits_for_a_stream_of_another_device() {
         drop(big);
         pool.trim().unwrap();
     });
+}
+
+/// A driver-pool block written and read on a non-blocking device-0 stream (held back by a gate),
+/// then last used on `last`, a stream of device 1, and dropped; device 0's legacy stream then takes
+/// memory from the pool and writes it. The free must follow the gated work: a free queued on
+/// device 0's legacy stream (which does not wait for a non-blocking stream) hands the block to the
+/// legacy stream at once, whose write lands before the gated read.
+fn a_native_pool_free_follows_a_stream_of_another_device(last: impl FnOnce(&Context) -> Stream) {
+    let Some((ctx0, ctx1)) = contexts() else { return };
+    let last = last(&ctx1);
+    let pool = Arc::new(NativePoolResource::new(
+        MemPool::create(&ctx0, MemPoolOptions { max_size: None, release_threshold: u64::MAX }).unwrap(),
+    ));
+    let (s0, legacy0) = (Stream::non_blocking(&ctx0).unwrap(), Stream::legacy(&ctx0));
+    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx0, N).unwrap();
+    let gate = gate::hold(&s0);
+    let mut x = DeviceBuffer::<u32>::zeroed_in(&pool, &s0, N).unwrap();
+    s0.fill(&mut x, A).unwrap();
+    s0.copy_d2h(&x, &mut seen).unwrap();
+    drop(x.order().use_on(&last).unwrap()); // `last` waits for s0 and follows every use
+    drop(x);
+    let mut y = DeviceBuffer::<u32>::zeroed_in(&pool, &legacy0, N).unwrap();
+    legacy0.fill(&mut y, B).unwrap();
+    // The gate opens on another thread: a pool that orders y after the gated work must not
+    // deadlock this one.
+    let opener = gate.release_after(Duration::from_millis(150));
+    legacy0.synchronize().unwrap();
+    opener.join().unwrap();
+    s0.synchronize().unwrap();
+    last.synchronize().unwrap();
+    let violations = testing::sim_control().map(|c| c.violations()).unwrap_or_default();
+    assert!(violations.is_empty(), "the block was freed under the gated work: {violations:?}");
+    let seen = seen.to_vec().unwrap();
+    let foreign = seen.iter().filter(|&&v| v != A).count();
+    assert_eq!(foreign, 0, "{foreign} of {N} values read belonged to the next owner");
+    assert!(y.to_vec().unwrap().iter().all(|&v| v == B));
+    drop(y);
+    drop(pool);
+    check_sim();
+}
+
+#[test]
+#[serial_test::serial]
+fn a_native_pool_block_last_used_on_another_devices_legacy_stream_is_freed_after_its_work() {
+    a_native_pool_free_follows_a_stream_of_another_device(Stream::legacy);
+}
+
+#[test]
+#[serial_test::serial]
+fn a_native_pool_block_last_used_on_another_devices_stream_is_freed_after_its_work() {
+    a_native_pool_free_follows_a_stream_of_another_device(|ctx1| Stream::non_blocking(ctx1).unwrap());
 }
