@@ -151,8 +151,18 @@ fn the_out_of_memory_ladder_waits_for_a_stream_of_another_device() {
 /// memory from the pool and writes it. The free must follow the gated work: a free queued on
 /// device 0's legacy stream (which does not wait for a non-blocking stream) hands the block to the
 /// legacy stream at once, whose write lands before the gated read.
-fn a_native_pool_free_follows_a_stream_of_another_device(last: impl FnOnce(&Context) -> Stream) {
+///
+/// With `fail_wait`, the free's wait for `last` fails (simulator only): it must then wait for
+/// `last` on the host before freeing. The gate opens on another thread, as that wait waits for it.
+fn a_native_pool_free_follows_a_stream_of_another_device(
+    last: impl FnOnce(&Context) -> Stream,
+    fail_wait: bool,
+) {
     let Some((ctx0, ctx1)) = contexts() else { return };
+    let ctl = testing::sim_control();
+    if fail_wait && ctl.is_none() {
+        return testing::skip("injects driver faults: simulator only");
+    }
     let last = last(&ctx1);
     let pool = Arc::new(NativePoolResource::new(
         MemPool::create(&ctx0, MemPoolOptions { max_size: None, release_threshold: u64::MAX }).unwrap(),
@@ -164,12 +174,28 @@ fn a_native_pool_free_follows_a_stream_of_another_device(last: impl FnOnce(&Cont
     s0.fill(&mut x, A).unwrap();
     s0.copy_d2h(&x, &mut seen).unwrap();
     drop(x.order().use_on(&last).unwrap()); // `last` waits for s0 and follows every use
+    // The gate opens on another thread: a free that waits for `last`, or a pool that orders y
+    // after the gated work, must not deadlock this one.
+    let opener = gate.release_after(Duration::from_millis(200));
+    let fault = ctl.filter(|_| fail_wait).map(|ctl| {
+        let rule = cumem_sys::sim_control::FaultRule {
+            this_thread_only: true,
+            ..cumem_sys::sim_control::FaultRule::nth_call(
+                "cuStreamWaitEvent",
+                1,
+                sys::CUresult::CUDA_ERROR_UNKNOWN,
+            )
+        };
+        (ctl.inject_fault(rule), ctl.calls_on_this_thread("cuStreamWaitEvent"), ctl)
+    });
     drop(x);
+    if let Some((rule, before, ctl)) = fault {
+        let tried = ctl.calls_on_this_thread("cuStreamWaitEvent") - before;
+        assert_eq!(tried, 1, "the free did not try to wait (once)");
+        ctl.remove_fault(rule);
+    }
     let mut y = DeviceBuffer::<u32>::zeroed_in(&pool, &legacy0, N).unwrap();
     legacy0.fill(&mut y, B).unwrap();
-    // The gate opens on another thread: a pool that orders y after the gated work must not
-    // deadlock this one.
-    let opener = gate.release_after(Duration::from_millis(150));
     legacy0.synchronize().unwrap();
     opener.join().unwrap();
     s0.synchronize().unwrap();
@@ -188,11 +214,17 @@ fn a_native_pool_free_follows_a_stream_of_another_device(last: impl FnOnce(&Cont
 #[test]
 #[serial_test::serial]
 fn a_native_pool_block_last_used_on_another_devices_legacy_stream_is_freed_after_its_work() {
-    a_native_pool_free_follows_a_stream_of_another_device(Stream::legacy);
+    a_native_pool_free_follows_a_stream_of_another_device(Stream::legacy, false);
 }
 
 #[test]
 #[serial_test::serial]
 fn a_native_pool_block_last_used_on_another_devices_stream_is_freed_after_its_work() {
-    a_native_pool_free_follows_a_stream_of_another_device(|ctx1| Stream::non_blocking(ctx1).unwrap());
+    a_native_pool_free_follows_a_stream_of_another_device(|ctx1| Stream::non_blocking(ctx1).unwrap(), false);
+}
+
+#[test]
+#[serial_test::serial]
+fn a_native_pool_free_whose_wait_for_another_devices_stream_fails_waits_on_the_host() {
+    a_native_pool_free_follows_a_stream_of_another_device(Stream::legacy, true);
 }
