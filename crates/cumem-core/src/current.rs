@@ -31,12 +31,16 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 //!
-//! At process exit the registry lets go of the current resources, so that a caching pool nothing
-//! else holds returns its cached memory to the driver: leak checkers (the simulator's,
-//! compute-sanitizer's) then see only the memory the program itself still holds. The exit waits
-//! for that at most 2 seconds in all, the registry's lock included (device work that never
-//! finishes must not hang it); past that the memory is left to the driver, and the release goes on
-//! beside the rest of the exit.
+//! At process exit the registry lets go of the current resources, and of the resources that live
+//! scoped overrides would restore (an exit inside a [`scoped_current_resource`] scope, or with a
+//! forgotten guard), so that a caching pool nothing else holds returns its cached memory to the
+//! driver: leak checkers (the simulator's, compute-sanitizer's) then see only the memory the
+//! program itself still holds. The exit waits for that at most 2 seconds in all, the registry's
+//! locks included (device work that never finishes must not hang it); past that the memory is left
+//! to the driver, and the release goes on beside the rest of the exit. From then on the registry
+//! keeps nothing, since nothing would release it: an allocation without `_in` (from a later exit
+//! handler, or a thread still running) gets a default resource of its own, released with its
+//! buffer, and [`set_current_resource`] and [`scoped_current_resource`] install nothing.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -164,6 +168,12 @@ type Slots = Vec<Option<Arc<dyn DeviceResource>>>;
 
 static CURRENT: RwLock<Slots> = RwLock::new(Vec::new());
 
+/// Set by the exit handler under `CURRENT`'s write lock, once it has let go of the registry's
+/// resources: a resource installed after that would be kept for good (no handler runs again), so
+/// nothing is installed any more (read under the write lock, so no install slips in after the
+/// handler emptied the slots).
+static EXITED: AtomicBool = AtomicBool::new(false);
+
 /// Bumped under `CURRENT`'s write lock by every change of a slot, so that a thread's cached
 /// lookup ([`LAST`]) knows it may be stale: a lookup needs no lock while nothing changed.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -271,6 +281,12 @@ pub(crate) fn current_for(ctx: &Context) -> Result<Arc<dyn DeviceResource>> {
         drop(made);
         return Ok(installed);
     }
+    if EXITED.load(Ordering::Acquire) {
+        // The exit handler has run: kept here, the resource (and a pool's cached memory) would
+        // never be released. This allocation's buffer holds it, and releases it when it drops.
+        drop(slots);
+        return Ok(made);
+    }
     replace(&mut slots, i, Some(made.clone()));
     Ok(made)
 }
@@ -294,7 +310,9 @@ fn check_device<R: DeviceResource + ?Sized>(device: &Device, resource: &R) -> Re
 
 /// Makes `resource` the current resource of `device` and returns the previous one (`None` if the
 /// device had not allocated through its default yet). A resource of another device is
-/// `WrongDevice`. Buffers already allocated keep their own resource.
+/// `WrongDevice`. Buffers already allocated keep their own resource. Once the process is exiting
+/// (the registry's exit handler has run: see the module docs), nothing is installed and the
+/// answer is `None`.
 pub fn set_current_resource<R>(device: &Device, resource: Arc<R>) -> Result<Option<Arc<dyn DeviceResource>>>
 where
     R: DeviceResource + ?Sized + 'static,
@@ -303,6 +321,12 @@ where
     let resource = resource.into_dyn_resource();
     release_at_exit();
     let mut slots = change_slots();
+    if EXITED.load(Ordering::Acquire) {
+        drop(slots);
+        // Dropped outside the lock: a pool's drop may wait for streams.
+        drop(resource);
+        return Ok(None);
+    }
     *epoch(&mut EPOCHS.lock(), device.ordinal()) += 1;
     let previous = replace(&mut slots, device.ordinal(), Some(resource));
     Ok(previous)
@@ -321,6 +345,9 @@ where
 /// earlier override's own resource current again: a guard restores nothing when its resource is no
 /// longer current, and an override made after such a change restores that change, never what an
 /// earlier override replaced.
+///
+/// Once the process is exiting (the registry's exit handler has run), nothing is installed, and
+/// the guard restores nothing.
 pub fn scoped_current_resource<R>(device: &Device, resource: Arc<R>) -> Result<CurrentResourceGuard>
 where
     R: DeviceResource + ?Sized + 'static,
@@ -333,6 +360,12 @@ where
     // The scopes' lock first, then the slots' (as the guard's drop takes them).
     let mut scopes = SCOPES.lock();
     let mut slots = change_slots();
+    if EXITED.load(Ordering::Acquire) {
+        drop((slots, scopes));
+        // Dropped outside the locks; the guard's id is in no scope, and its drop does nothing.
+        drop(resource);
+        return Ok(CurrentResourceGuard { device: *device, id });
+    }
     let epoch = *epoch(&mut EPOCHS.lock(), device.ordinal());
     let previous = replace(&mut slots, device.ordinal(), Some(resource));
     scopes.push(Scope { id, device: device.ordinal(), installed, previous, epoch });
@@ -404,6 +437,10 @@ impl Drop for CurrentResourceGuard {
         let Some(at) = scopes.iter().position(|s| s.id == self.id) else {
             // Logged after the lock is let go: a subscriber may look a resource up.
             drop(scopes);
+            if EXITED.load(Ordering::Acquire) {
+                // Made after the exit handler ran (so never recorded): nothing to undo.
+                return;
+            }
             tracing::warn!(device = self.device.ordinal(), "a scoped resource override was already undone");
             return;
         };
@@ -470,7 +507,9 @@ fn release_at_exit() {
 }
 
 /// Drops the registry's resources at exit, after `main`, before the driver's own teardown (the
-/// driver is loaded after `main` starts, so its handlers run after this one).
+/// driver is loaded after `main` starts, so its handlers run after this one): the current ones,
+/// and those the live scoped overrides would restore (the overrides stay recorded, restoring
+/// nothing). From then on nothing is installed ([`EXITED`]).
 ///
 /// The drops run on a thread of their own: by the time exit handlers run, the exiting thread's
 /// thread-locals are gone, and a driver may keep per-thread state (the current context) in them.
@@ -481,16 +520,30 @@ fn release_at_exit() {
 /// memory at process end, as it does for anything else not returned.
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        // One deadline for the lock and the release, so the exit waits at most EXIT_WAIT in all.
+        // One deadline for the locks and the release, so the exit waits at most EXIT_WAIT in all.
         let deadline = Instant::now() + EXIT_WAIT;
-        // A thread that exits the process while holding the lock must not hang the exit.
+        // The scopes' lock first, then the slots' (the order overrides take them). A thread that
+        // exits the process while holding a lock must not hang the exit.
+        let mut scopes = SCOPES.try_lock_until(deadline);
         let Some(mut slots) = CURRENT.try_write_until(deadline) else {
+            drop(scopes);
             tracing::warn!("the current resources are locked at exit; their cached memory is not returned");
             return;
         };
         GENERATION.fetch_add(1, Ordering::Release);
-        let taken = std::mem::take(&mut *slots);
+        EXITED.store(true, Ordering::Release);
+        let mut taken = std::mem::take(&mut *slots);
         drop(slots);
+        let scopes_locked = scopes.is_some();
+        if let Some(scopes) = &mut scopes {
+            taken.extend(scopes.iter_mut().map(|scope| scope.previous.take()));
+        }
+        drop(scopes);
+        if !scopes_locked {
+            tracing::warn!(
+                "the scoped resource overrides are locked at exit; what they would restore is not returned"
+            );
+        }
         if taken.iter().all(Option::is_none) {
             return;
         }

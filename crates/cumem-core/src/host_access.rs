@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use parking_lot::Mutex;
 
 use crate::order::{queuing_on_this_thread, used_inside_queue_on};
-use crate::{Result, Stream, StreamOrder};
+use crate::{Context, Result, Stream, StreamOrder};
 
 /// How device work reached the memory through its stream order (views and order-tracked hooks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -125,18 +125,42 @@ struct Pending {
 }
 
 impl Pending {
-    /// Blocks until every device read and write has completed. A failed wait leaves the streams
-    /// not yet waited for tracked. For an owner with exclusive access (no lock held).
+    /// Blocks until every device read and write has completed. Every tracked stream is waited for
+    /// even after one wait fails (one stream's failure, say on one device, says nothing of another
+    /// device's work, which the owner's fallback must still cover): those seen complete are
+    /// forgotten, those whose wait failed stay tracked, and the first error is returned. For an
+    /// owner with exclusive access (no lock held).
     fn wait_all(&mut self) -> Result<()> {
+        let mut first = None;
         if let Some(write) = &self.write {
-            write.synchronize()?;
-            self.write = None;
+            match write.synchronize() {
+                Ok(()) => self.write = None,
+                Err(e) => first = Some(e),
+            }
         }
-        while let Some((read, _)) = self.reads.last() {
-            read.synchronize()?;
-            self.reads.pop();
+        for i in (0..self.reads.len()).rev() {
+            match self.reads[i].0.synchronize() {
+                Ok(()) => {
+                    self.reads.remove(i);
+                }
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The contexts of the tracked streams, each once.
+    fn contexts(&self) -> Vec<Context> {
+        let mut contexts: Vec<Context> = Vec::new();
+        let streams = self.write.iter().chain(self.reads.iter().map(|(read, _)| read));
+        for ctx in streams.map(Stream::context) {
+            if !contexts.contains(ctx) {
+                contexts.push(ctx.clone());
+            }
+        }
+        contexts
     }
 
     /// Forgets what a wait without the lock saw complete: the write stream if it is still the one
@@ -358,31 +382,30 @@ impl HostAccess {
             let reads = if reads { pending.reads.clone() } else { Vec::new() };
             (pending.write.clone(), reads)
         };
-        let mut result = Ok(());
+        // As in `wait_all`, every stream is waited for even after a failure; those seen complete
+        // are forgotten, and the first error is returned.
+        let mut first = None;
         let mut waited_write = None;
         if let Some(write) = &write {
-            result = write.synchronize();
-            if result.is_ok() {
-                waited_write = Some(write);
+            match write.synchronize() {
+                Ok(()) => waited_write = Some(write),
+                Err(e) => first = Some(e),
             }
         }
-        // The reads in the order `wait_all` waits for them; on a failure, those seen complete
-        // are still forgotten.
-        let mut done = reads.len();
-        if result.is_ok() {
-            for (i, (read, _)) in reads.iter().enumerate().rev() {
-                if let Err(e) = read.synchronize() {
-                    result = Err(e);
-                    break;
+        let mut done = Vec::with_capacity(reads.len());
+        for (read, number) in reads.iter().rev() {
+            match read.synchronize() {
+                Ok(()) => done.push((read.clone(), *number)),
+                Err(e) => {
+                    first.get_or_insert(e);
                 }
-                done = i;
             }
         }
-        if waited_write.is_some() || done < reads.len() {
+        if waited_write.is_some() || !done.is_empty() {
             // Dropped after the lock is released (see `Pending::forget`).
-            let _gone = self.lock_pending()?.forget(waited_write, &reads[done..]);
+            let _gone = self.lock_pending()?.forget(waited_write, &done);
         }
-        result
+        first.map_or(Ok(()), Err)
     }
 
     /// [`wait_idle`](Self::wait_idle) for an owner with exclusive access (its drop, a `&mut [T]`
@@ -397,15 +420,58 @@ impl HostAccess {
     /// locked: that ends unless the work waited for itself waits on the host for something the
     /// calling thread holds (a host function that uses the locked memory), the caveat of waiting
     /// for whole streams in the module docs.
+    ///
+    /// A failed wait for one stream does not stop the others: every tracked stream (and the
+    /// order) is waited for, those seen complete are forgotten, and the first error is returned.
     pub fn wait_idle_mut(&mut self) -> Result<()> {
-        self.pending.get_mut().wait_all()?;
+        let streams = self.pending.get_mut().wait_all();
+        let mut order_result = Ok(());
         if let Some(order) = &mut self.order
             && self.ordered.get() != OrderedUse::None
         {
-            order.synchronize_mut()?;
+            order_result = order.synchronize_mut();
         }
+        streams?;
+        order_result?;
         self.ordered.set(OrderedUse::None);
         self.end_host_reads();
+        Ok(())
+    }
+
+    /// The fallback of an owner with exclusive access whose [`wait_idle_mut`](Self::wait_idle_mut)
+    /// failed and that cannot leak the memory (it hands it back to its owner): synchronises the
+    /// context of every stream still tracked, and `also` (`cuCtxSynchronize` waits for all of a
+    /// context's work, that of destroyed streams included), going on past a failure. Once every
+    /// one succeeded, no tracked work is pending and the tracker forgets it; the first error is
+    /// returned otherwise. A tracker that orders its work through a [`StreamOrder`] that has been
+    /// used synchronises the order instead of its contexts (their streams are the order's).
+    pub(crate) fn synchronize_contexts(&self, also: &Context) -> Result<()> {
+        // Exclusive access: nobody else holds the lock. `try_lock`, not `lock`, so that a wrong
+        // caller gets an error rather than a deadlock.
+        let mut pending = self.pending.try_lock().ok_or_else(used_inside_queue_on)?;
+        let mut contexts = pending.contexts();
+        if !contexts.contains(also) {
+            contexts.push(also.clone());
+        }
+        let mut first = None;
+        for ctx in &contexts {
+            if let Err(e) = ctx.synchronize() {
+                first.get_or_insert(e);
+            }
+        }
+        if let Some(order) = &self.order
+            && self.ordered.get() != OrderedUse::None
+            && let Err(e) = order.synchronize()
+        {
+            first.get_or_insert(e);
+        }
+        if let Some(e) = first {
+            return Err(e);
+        }
+        let gone = (pending.write.take(), std::mem::take(&mut pending.reads));
+        drop(pending);
+        // Dropped after the lock is released (see `Pending::forget`).
+        drop(gone);
         Ok(())
     }
 

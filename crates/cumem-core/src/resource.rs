@@ -113,6 +113,14 @@ pub unsafe trait DeviceResource: Send + Sync + fmt::Debug + IntoDynResource {
 
     /// Returns memory to the resource. Failures are logged, not returned, as this runs in `Drop`.
     ///
+    /// `stream` may belong to another context than [`context`](Self::context) (memory last used
+    /// by a peer device's stream). An implementation then either frees through that stream's own
+    /// context (waiting for it, or recording on it in its context), or orders a stream of its own
+    /// context after it before freeing there: a special handle such as the legacy stream's NULL
+    /// names the *current* context's stream, so passing `stream.raw()` while another context is
+    /// bound would free out of order. If neither the ordering nor a wait for `stream` succeeds, it
+    /// leaks the memory (logging why) rather than free it unordered.
+    ///
     /// # Safety
     /// 1. `allocation` was returned by `allocate` on this resource with this `layout`, is passed
     ///    back unchanged (address and token), and is returned once.

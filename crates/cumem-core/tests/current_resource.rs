@@ -352,3 +352,127 @@ fn reset_lets_go_of_every_current_resource_and_the_next_use_makes_a_fresh_one() 
     drop(buf);
     assert_eq!((counting.live(), Arc::strong_count(&counting)), (0, 1));
 }
+
+/// Holds a block of device memory for as long as it lives, as a caching pool holds its cache: the
+/// simulator's exit leak check reports the block if the resource is never released.
+#[derive(Debug)]
+struct Holding {
+    inner: DriverResource,
+    _held: DeviceBuffer<u8>,
+}
+
+impl Holding {
+    fn new(ctx: &Context) -> cumem_core::Result<Arc<Holding>> {
+        let inner = DriverResource::new(ctx);
+        let stream = Stream::new(ctx)?;
+        let held = DeviceBuffer::<u8>::zeroed_in(&Arc::new(inner.clone()), &stream, 4096)?;
+        stream.synchronize()?;
+        Ok(Arc::new(Holding { inner, _held: held }))
+    }
+}
+
+// SAFETY: forwards to the driver resource, which upholds the contract.
+unsafe impl DeviceResource for Holding {
+    fn context(&self) -> &Context {
+        self.inner.context()
+    }
+    fn allocate(&self, layout: AllocLayout, stream: &Stream) -> cumem_core::Result<cumem_core::Allocation> {
+        self.inner.allocate(layout, stream)
+    }
+    unsafe fn deallocate(&self, allocation: cumem_core::Allocation, layout: AllocLayout, stream: &Stream) {
+        // SAFETY: forwarded unchanged from our caller.
+        unsafe { self.inner.deallocate(allocation, layout, stream) }
+    }
+}
+
+const EXIT_CHILD: &str = "CUMEM_TEST_CURRENT_EXIT_CHILD";
+
+/// Runs the child test `name` and checks that its exit passed the simulator's leak check.
+fn run_exit_child(name: &str) {
+    testing::init();
+    if testing::sim_control().is_none() {
+        return testing::skip("reads the simulator's exit leak check");
+    }
+    let child = testing::child_process::run_child_test(
+        name,
+        &[(EXIT_CHILD, "1")],
+        &[cumem_core::ALLOCATOR_ENV],
+        std::time::Duration::from_secs(60),
+    );
+    let log = child.log;
+    let status = child.status.unwrap_or_else(|| panic!("the child hung:\n{log}"));
+    assert!(status.success(), "the child's exit failed ({status}):\n{log}");
+    assert!(log.contains("leak check passed"), "the child's exit was not leak checked:\n{log}");
+}
+
+/// The child's half: exits the process inside a scoped override made over a resource holding
+/// memory; only the scope holds that resource then.
+#[test]
+fn exit_inside_a_scope_child() {
+    if std::env::var_os(EXIT_CHILD).is_none() {
+        return;
+    }
+    let device = device();
+    let ctx = device.context().unwrap();
+    drop(cumem_core::set_current_resource(&device, Holding::new(&ctx).unwrap()).unwrap());
+    let _guard = cumem_core::scoped_current_resource(&device, Arc::new(DriverResource::new(&ctx))).unwrap();
+    std::process::exit(0);
+}
+
+#[test]
+#[serial]
+fn an_exit_inside_a_scoped_override_releases_what_the_scope_would_restore() {
+    if std::env::var_os(EXIT_CHILD).is_none() {
+        run_exit_child("exit_inside_a_scope_child");
+    }
+}
+
+/// Every device's default resource in the child below: one that holds memory.
+fn holding_factory(_: AllocatorKind, ctx: &Context) -> cumem_core::Result<Arc<dyn DeviceResource>> {
+    Ok(Holding::new(ctx)?)
+}
+
+/// Allocates through device 0's default resource, on a thread of its own (the exiting thread's
+/// thread-locals are gone by the time exit handlers run).
+extern "C" fn allocate_at_exit() {
+    let worker = std::thread::spawn(|| {
+        let ctx = Device::get(0).unwrap().context().unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        let buf = DeviceBuffer::<u32>::zeroed(&stream, 16).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), [0; 16]);
+    });
+    if worker.join().is_err() {
+        std::process::abort();
+    }
+}
+
+unsafe extern "C" {
+    /// The C library's `atexit`.
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// The child's half: a default resource that holds memory, and an exit handler that allocates
+/// through it after the registry's own exit handler ran (registered before the registry's, so it
+/// runs after it; the simulator's leak check, registered at `cuInit`, runs last).
+#[test]
+fn allocate_after_exit_child() {
+    if std::env::var_os(EXIT_CHILD).is_none() {
+        return;
+    }
+    let device = device();
+    // SAFETY: `allocate_at_exit` is a plain function of this program, which it outlives; it
+    // catches its worker's panic rather than unwind.
+    assert_eq!(unsafe { atexit(allocate_at_exit) }, 0);
+    assert!(cumem_core::install_default_factory(holding_factory));
+    assert_eq!(cumem_core::default_allocator(), AllocatorKind::Caching);
+    let stream = Stream::new(&device.context().unwrap()).unwrap();
+    drop(DeviceBuffer::<u32>::zeroed(&stream, 16).unwrap()); // registers the registry's handler
+}
+
+#[test]
+#[serial]
+fn an_allocation_after_the_exit_handler_keeps_no_resource() {
+    if std::env::var_os(EXIT_CHILD).is_none() {
+        run_exit_child("allocate_after_exit_child");
+    }
+}

@@ -242,3 +242,87 @@ fn devices_without_the_capability_are_not_supported_before_any_driver_call() {
     let plain = PinnedBuffer::from_slice(&ctx, &[1u8, 2]).unwrap();
     assert_eq!(plain.as_slice().unwrap(), &[1, 2]);
 }
+
+/// A portable registration on device 0 read by a stream of device 1 (held back by a gate) and by
+/// one of device 0; every stream synchronisation on this thread fails, and so does the
+/// unregistration (a driver whose `cuMemHostUnregister` does not wait, as the docs allow). The
+/// slice must not come back while device 1 still reads it: the drop's fallback synchronises the
+/// context of every stream it could not wait for, not only the registration's own.
+#[test]
+#[serial_test::serial] // holds a gate and injects faults
+fn a_failed_wait_does_not_return_a_registered_slice_another_device_still_reads() {
+    use cumem_core::HostMemory;
+    use std::time::Duration;
+    const N: usize = 4096;
+    const A: u32 = 0xAAAA_AAAA;
+    const B: u32 = 0xBBBB_BBBB;
+    let Some(ctx0) = ctx(0) else { return };
+    if !testing::needs_devices(2) {
+        return;
+    }
+    let Some(ctl) = testing::sim_control() else {
+        return testing::skip("injects driver faults: simulator only");
+    };
+    let ctx1 = Device::get(1).unwrap().context().unwrap();
+    let (s0, s1) = (Stream::non_blocking(&ctx0).unwrap(), Stream::non_blocking(&ctx1).unwrap());
+    let (seen0, seen1) =
+        (DeviceBuffer::<u32>::zeroed(&s0, N).unwrap(), DeviceBuffer::<u32>::zeroed(&s1, N).unwrap());
+    s0.synchronize().unwrap();
+    s1.synchronize().unwrap();
+    /// Queues a copy of the registered values into `dst` on `stream`.
+    fn read_into(reg: &HostRegistered<'_, u32>, dst: &DeviceBuffer<u32>, stream: &Stream) {
+        // SAFETY: the copy reads `len` values from the pointer it is given on `stream` only, and
+        // writes `dst`, a live device buffer of as many values that nothing else uses.
+        let queued = unsafe {
+            reg.device_read(stream, |src, len| {
+                stream.context().bind()?;
+                let code = sys::cuMemcpyHtoDAsync_v2(dst.device_ptr(), src.cast(), len * 4, stream.raw());
+                assert_eq!(code, CUresult::CUDA_SUCCESS);
+                Ok(())
+            })
+        };
+        queued.unwrap();
+    }
+    let mut data = vec![A; N];
+    let ptr = data.as_mut_ptr();
+    ctx1.bind().unwrap();
+    // SAFETY: `s1` is alive and its context current.
+    let gate = unsafe { testing::hold(s1.raw()) };
+    let fail = |function: &str, times| {
+        ctl.inject_fault(cumem_sys::sim_control::FaultRule {
+            function: function.into(),
+            nth: 1,
+            code: CUresult::CUDA_ERROR_UNKNOWN,
+            times,
+            this_thread_only: true,
+        })
+    };
+    let opener = gate.release_after(Duration::from_millis(200));
+    let flags = RegisterFlags { portable: true, device_mapped: false };
+    let result = HostRegistered::scope_with_flags(&ctx0, &mut data, flags, |reg| {
+        // Device 1's read is tracked first, so the waits take device 0's stream first.
+        read_into(reg, &seen1, &s1);
+        read_into(reg, &seen0, &s0);
+        let rules = [fail("cuStreamSynchronize", 0), fail("cuMemHostUnregister", 1)];
+        Ok(rules)
+    });
+    ctl.clear_faults();
+    assert!(result.is_err(), "every wait for a stream failed");
+    // The borrow is back: the program may write the slice at once.
+    data.fill(B);
+    opener.join().unwrap();
+    s1.synchronize().unwrap();
+    s0.synchronize().unwrap();
+    let read = seen1.to_vec().unwrap();
+    let late = read.iter().filter(|&&v| v != A).count();
+    assert_eq!(late, 0, "device 1 read {late} of {N} values after the slice was handed back");
+    assert_eq!(seen0.to_vec().unwrap(), vec![A; N]);
+    // The injected failure left the range registered in the simulator.
+    ctx0.bind().unwrap();
+    // SAFETY: `ptr` is the base of the range registered above, still registered, and `data`
+    // outlives the call.
+    let code = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+    drop(data);
+    assert!(ctl.violations_on_this_thread().is_empty(), "{:?}", ctl.violations_on_this_thread());
+}

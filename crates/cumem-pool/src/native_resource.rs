@@ -1,7 +1,9 @@
 //! A driver memory pool as a [`DeviceResource`]: `cuMemAllocFromPoolAsync` / `cuMemFreeAsync`.
 //!
 //! Allocation and free are stream-ordered: a buffer's memory returns to the pool on the stream the
-//! buffer was last used on, and the pool reuses it in stream order.
+//! buffer was last used on, and the pool reuses it in stream order. When that stream belongs to
+//! another context (a peer device's stream, last to use the memory), the free is queued on a
+//! stream of the pool's own context that the resource keeps, ordered after that stream first.
 //!
 //! ```
 //! # cumem_sys::testing::init();
@@ -15,6 +17,8 @@
 //! assert_eq!(buf.to_vec()?, vec![0; 1000]);
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
+
+use std::sync::OnceLock;
 
 use cumem_core::{AllocLayout, Allocation, Context, DeviceResource, Error, Result, Stream};
 
@@ -74,15 +78,21 @@ fn unbound_first<T>(ctx: &Context, stream: &Stream, call: impl Fn() -> Result<T>
 /// Alignments above 256 bytes first try the exact size and keep it when the pool's address is
 /// aligned enough (the driver's pools hand out 512-byte granules, so 512 always is); otherwise the
 /// trial goes back to the pool in stream order and the request is padded by `align - 256` bytes.
+///
+/// Memory whose last stream belongs to another context is freed on a non-blocking stream of the
+/// pool's context, created at the first such free and kept, after that stream's work so far.
 #[derive(Debug)]
 pub struct NativePoolResource {
+    /// Where memory last used on another context's stream is freed (see `free_after_foreign`).
+    /// Declared first so that it is destroyed before the pool (its pending frees still complete).
+    local: OnceLock<Stream>,
     pool: MemPool,
 }
 
 impl NativePoolResource {
     /// Serves allocations from `pool`.
     pub fn new(pool: MemPool) -> Self {
-        NativePoolResource { pool }
+        NativePoolResource { pool, local: OnceLock::new() }
     }
 
     /// The device's default pool as a resource.
@@ -103,13 +113,58 @@ impl NativePoolResource {
     fn trace(device: i32, stream: &Stream, bytes: usize, ptr: u64, what: &'static str) {
         tracing::trace!(device, stream = stream.id(), bytes, ptr, "{what}");
     }
+
+    /// The resource's own stream of the pool's context, created on first use.
+    fn local_stream(&self) -> Result<&Stream> {
+        if let Some(local) = self.local.get() {
+            return Ok(local);
+        }
+        let created = Stream::non_blocking(self.pool.context())?;
+        // A thread that raced us keeps its stream; ours is dropped (destroyed) unused.
+        Ok(self.local.get_or_init(|| created))
+    }
+
+    /// Frees `base`, whose uses are all ordered before work queued on `stream` next, when
+    /// `stream` belongs to another context than the pool's.
+    ///
+    /// Neither the header nor the driver brief says `cuMemFreeAsync` accepts a stream of another
+    /// context than the pool's, and a special handle (the legacy stream) would name the *current*
+    /// context's stream, not `stream` (driver-api.md G2, G5): the free is queued instead on a
+    /// stream of the pool's context made to wait for `stream`'s work so far. If that wait cannot
+    /// be queued, `stream` is synchronised (its work, hence every use, is then over) and the
+    /// memory freed on the pool context's legacy stream; if that fails too, nothing proves the
+    /// uses over, and the memory is leaked (a warning says so) rather than freed under them.
+    ///
+    /// # Safety
+    /// 1. `base` came from `cuMemAllocFromPoolAsync` on this resource's pool and is freed once.
+    /// 2. Every use of it is ordered before work queued on `stream` next.
+    unsafe fn free_after_foreign(&self, base: u64, ptr: u64, stream: &Stream) -> Result<()> {
+        let ctx = self.pool.context();
+        let ordered = self.local_stream().and_then(|local| local.wait_for(stream).map(|()| local));
+        let local = match ordered {
+            Ok(local) => local.clone(),
+            Err(e) => {
+                tracing::warn!(ptr, error = %e, "ordering a free after another context's stream failed; waiting for that stream");
+                if let Err(e) = stream.synchronize() {
+                    tracing::warn!(ptr, error = %e, "waiting for the last stream failed; the memory is leaked");
+                    return Ok(());
+                }
+                Stream::legacy(ctx)
+            }
+        };
+        // SAFETY: `base` is freed once (item 1), and every use is ordered before the free: before
+        // work queued on `stream` next (item 2), which `local` now waits for, or complete (the
+        // synchronisation above).
+        unbound_first(ctx, &local, || unsafe { ffi::mem_free_async(base, local.raw()) })
+    }
 }
 
 // SAFETY: cuMemAllocFromPoolAsync returns fresh memory usable in order on the stream, aligned to
 // 256 bytes. A larger alignment is served by an exact-size block whose address is checked, or by
 // padding `align - 256` bytes and rounding the 256-aligned base up (which stays inside the block);
 // the base travels in the allocation's token so it is what gets freed. Frees are stream-ordered on the buffer's last
-// stream, as the trait's contract provides.
+// stream, as the trait's contract provides, or on a stream of the pool's context ordered after it
+// when it belongs to another context.
 unsafe impl DeviceResource for NativePoolResource {
     fn context(&self) -> &Context {
         self.pool.context()
@@ -150,11 +205,15 @@ unsafe impl DeviceResource for NativePoolResource {
         // The token holds the base the pool returned (the address itself unless padded).
         let (ptr, base) = (allocation.ptr, allocation.token[0]);
         Self::trace(self.pool.context().device().ordinal() as i32, stream, layout.bytes, ptr, "free");
-        // SAFETY: `base` came from cuMemAllocFromPoolAsync (caller's item 1), is freed once (a
-        // failed try frees nothing), and every use of it is ordered before work queued on
-        // `stream` next (item 2).
-        let result =
-            unbound_first(self.pool.context(), stream, || unsafe { ffi::mem_free_async(base, stream.raw()) });
+        let result = if stream.context() == self.pool.context() {
+            // SAFETY: `base` came from cuMemAllocFromPoolAsync (caller's item 1), is freed once (a
+            // failed try frees nothing), and every use of it is ordered before work queued on
+            // `stream` next (item 2).
+            unbound_first(self.pool.context(), stream, || unsafe { ffi::mem_free_async(base, stream.raw()) })
+        } else {
+            // SAFETY: the caller's items 1 and 2, passed on.
+            unsafe { self.free_after_foreign(base, ptr, stream) }
+        };
         if let Err(e) = result {
             tracing::warn!(ptr, error = %e, "cuMemFreeAsync failed; the memory stays in the pool");
         }

@@ -1,4 +1,4 @@
-//! The caching pool with two devices: a stream is named by its context as well as its handle (the
+//! The caching pool (and the driver's pools, last) with two devices: a stream is named by its context as well as its handle (the
 //! legacy streams of two devices are two streams), and releasing memory waits for every stream that
 //! used it, on whichever device. Streams are held back by a gate so that "work still running" is
 //! deterministic; a pool that confuses the streams or waits for its own device only corrupts data
@@ -12,7 +12,7 @@ use std::time::Duration;
 use cumem_copy::StreamCopy;
 use cumem_core::sys;
 use cumem_core::{Context, Device, DeviceBuffer, DriverResource, PinnedBuffer, Stream};
-use cumem_pool::{CachingResource, PoolConfig};
+use cumem_pool::{CachingResource, MemPool, MemPoolOptions, NativePoolResource, PoolConfig};
 use cumem_sys::testing;
 
 const N: usize = 4096;
@@ -144,4 +144,87 @@ fn the_out_of_memory_ladder_waits_for_a_stream_of_another_device() {
         drop(big);
         pool.trim().unwrap();
     });
+}
+
+/// A driver-pool block written and read on a non-blocking device-0 stream (held back by a gate),
+/// then last used on `last`, a stream of device 1, and dropped; device 0's legacy stream then takes
+/// memory from the pool and writes it. The free must follow the gated work: a free queued on
+/// device 0's legacy stream (which does not wait for a non-blocking stream) hands the block to the
+/// legacy stream at once, whose write lands before the gated read.
+///
+/// With `fail_wait`, the free's wait for `last` fails (simulator only): it must then wait for
+/// `last` on the host before freeing. The gate opens on another thread, as that wait waits for it.
+fn a_native_pool_free_follows_a_stream_of_another_device(
+    last: impl FnOnce(&Context) -> Stream,
+    fail_wait: bool,
+) {
+    let Some((ctx0, ctx1)) = contexts() else { return };
+    let ctl = testing::sim_control();
+    if fail_wait && ctl.is_none() {
+        return testing::skip("injects driver faults: simulator only");
+    }
+    let last = last(&ctx1);
+    let pool = Arc::new(NativePoolResource::new(
+        MemPool::create(&ctx0, MemPoolOptions { max_size: None, release_threshold: u64::MAX }).unwrap(),
+    ));
+    let (s0, legacy0) = (Stream::non_blocking(&ctx0).unwrap(), Stream::legacy(&ctx0));
+    let mut seen = PinnedBuffer::<u32>::zeroed(&ctx0, N).unwrap();
+    let gate = gate::hold(&s0);
+    let mut x = DeviceBuffer::<u32>::zeroed_in(&pool, &s0, N).unwrap();
+    s0.fill(&mut x, A).unwrap();
+    s0.copy_d2h(&x, &mut seen).unwrap();
+    drop(x.order().use_on(&last).unwrap()); // `last` waits for s0 and follows every use
+    // The gate opens on another thread: a free that waits for `last`, or a pool that orders y
+    // after the gated work, must not deadlock this one.
+    let opener = gate.release_after(Duration::from_millis(200));
+    let fault = ctl.filter(|_| fail_wait).map(|ctl| {
+        let rule = cumem_sys::sim_control::FaultRule {
+            this_thread_only: true,
+            ..cumem_sys::sim_control::FaultRule::nth_call(
+                "cuStreamWaitEvent",
+                1,
+                sys::CUresult::CUDA_ERROR_UNKNOWN,
+            )
+        };
+        (ctl.inject_fault(rule), ctl.calls_on_this_thread("cuStreamWaitEvent"), ctl)
+    });
+    drop(x);
+    if let Some((rule, before, ctl)) = fault {
+        let tried = ctl.calls_on_this_thread("cuStreamWaitEvent") - before;
+        assert_eq!(tried, 1, "the free did not try to wait (once)");
+        ctl.remove_fault(rule);
+    }
+    let mut y = DeviceBuffer::<u32>::zeroed_in(&pool, &legacy0, N).unwrap();
+    legacy0.fill(&mut y, B).unwrap();
+    legacy0.synchronize().unwrap();
+    opener.join().unwrap();
+    s0.synchronize().unwrap();
+    last.synchronize().unwrap();
+    let violations = testing::sim_control().map(|c| c.violations()).unwrap_or_default();
+    assert!(violations.is_empty(), "the block was freed under the gated work: {violations:?}");
+    let seen = seen.to_vec().unwrap();
+    let foreign = seen.iter().filter(|&&v| v != A).count();
+    assert_eq!(foreign, 0, "{foreign} of {N} values read belonged to the next owner");
+    assert!(y.to_vec().unwrap().iter().all(|&v| v == B));
+    drop(y);
+    drop(pool);
+    check_sim();
+}
+
+#[test]
+#[serial_test::serial]
+fn a_native_pool_block_last_used_on_another_devices_legacy_stream_is_freed_after_its_work() {
+    a_native_pool_free_follows_a_stream_of_another_device(Stream::legacy, false);
+}
+
+#[test]
+#[serial_test::serial]
+fn a_native_pool_block_last_used_on_another_devices_stream_is_freed_after_its_work() {
+    a_native_pool_free_follows_a_stream_of_another_device(|ctx1| Stream::non_blocking(ctx1).unwrap(), false);
+}
+
+#[test]
+#[serial_test::serial]
+fn a_native_pool_free_whose_wait_for_another_devices_stream_fails_waits_on_the_host() {
+    a_native_pool_free_follows_a_stream_of_another_device(Stream::legacy, true);
 }

@@ -78,7 +78,8 @@ impl<T> HostRegistered<'_, T> {
     /// device work on it and unregisters it.
     ///
     /// The borrow of `data` ends when this returns, so the device must be done with it by then:
-    /// when neither waiting for the tracked work nor synchronising the context succeeds (a sticky
+    /// when neither waiting for the tracked work nor synchronising the contexts of the streams
+    /// whose wait failed (and the registration's own) succeeds (a sticky
     /// error left by some kernel), nothing proves it is, and the process aborts (logged with
     /// `tracing::error!` first) rather than hand the slice back to code that could free it.
     pub fn scope<R>(
@@ -142,7 +143,7 @@ impl<'a, T> HostRegistered<'a, T> {
         }
         // SAFETY: the slice is borrowed exclusively for `'a` and initialised; it is used only through
         // the span, and `Drop` (which the caller promises runs before `'a` ends) hands it back only
-        // after `wait_idle_mut` (or, failing that, a context synchronisation) has succeeded.
+        // after `wait_idle_mut` (or, failing that, the synchronisation of every context still in use) has succeeded.
         let span = unsafe { HostSpan::new(ptr, len, HostAccess::new()) };
         Ok(HostRegistered { span, registered, flags, ctx: ctx.clone(), _borrow: PhantomData })
     }
@@ -242,11 +243,15 @@ impl<T> Drop for HostRegistered<'_, T> {
     fn drop(&mut self) {
         if let Err(e) = self.span.wait_idle_mut() {
             // The memory goes back to its owner when this returns, so it cannot be leaked like a
-            // pinned buffer: wait for the whole context instead, and if even that fails, stop the
-            // process rather than let the device write memory that safe code may use again.
-            tracing::warn!(error = %e, bytes = self.bytes(), "waiting for device work on a registered range failed; synchronising the context");
-            if let Err(e) = self.ctx.synchronize() {
-                tracing::error!(error = %e, "cannot prove the device is done with a registered host range; aborting");
+            // pinned buffer: wait for the whole context of every stream still using it instead
+            // (a portable registration is used by other devices' streams too; the wait went on
+            // past the failure, so only the streams it could not wait for are left), and if even
+            // that fails, stop the process rather than let a device use memory that safe code may
+            // use again. cuMemHostUnregister is not relied on to wait: the driver only says it
+            // unpins the range.
+            tracing::warn!(error = %e, bytes = self.bytes(), "waiting for device work on a registered range failed; synchronising the contexts of the streams still using it");
+            if let Err(e) = self.span.access().synchronize_contexts(&self.ctx) {
+                tracing::error!(error = %e, "cannot prove the devices are done with a registered host range; aborting");
                 std::process::abort();
             }
         }
