@@ -125,23 +125,26 @@ fn run<T: Pod>(
     three_d: bool,
 ) -> Result<()> {
     let (sg, dg) = (src.geometry(), dst.geometry());
-    // Nothing to copy is never an error (the driver agrees: Height or Depth 0 succeeds).
+    // The devices are checked even for an empty extent, as the 1D copies check them for an empty
+    // range: a copy with the wrong stream is refused whatever its size.
+    let (sc, dc) = (src.device_context(), dst.device_context());
+    if let (Some(s), Some(d)) = (sc, dc) {
+        validate::same_device(d, s)?;
+    }
+    if let Mode::Queued(stream) = mode {
+        for ctx in [sc, dc].into_iter().flatten() {
+            validate::on_stream_device(stream, ctx)?;
+        }
+    }
+    // Nothing to copy is never an error (the driver agrees: Height or Depth 0 succeeds), so the
+    // sides' extents and pitches are not checked.
     if b.is_empty() {
         return Ok(());
     }
     check_side(sg, Origin { x: b.src_x, y: b.src_y, z: b.src_z }, b, three_d)?;
     check_side(dg, Origin { x: b.dst_x, y: b.dst_y, z: b.dst_z }, b, three_d)?;
-    let (sc, dc) = (src.device_context(), dst.device_context());
-    if let (Some(s), Some(d)) = (sc, dc) {
-        validate::same_device(d, s)?;
-    }
     let stream = match mode {
-        Mode::Queued(stream) => {
-            for ctx in [sc, dc].into_iter().flatten() {
-                validate::on_stream_device(stream, ctx)?;
-            }
-            stream.clone()
-        }
+        Mode::Queued(stream) => stream.clone(),
         Mode::Blocking => match dc.or(sc) {
             Some(ctx) => Stream::legacy(ctx),
             None => {
@@ -319,14 +322,16 @@ pub(crate) fn fill_2d_on<T: Pod>(
         [a, b, c, d] => Width::W32(u32::from_ne_bytes([a, b, c, d])),
         ref other => return Err(crate::stream_ordered::fill_width_refused(other.len())),
     };
+    // Checked before the empty return, as the 1D memsets do.
+    validate::on_stream_device(stream, dst.view_mut().context())?;
     if rect.width == 0 || rect.height == 0 {
+        // Nothing is stored: no extent, pitch or address is checked.
         return Ok(());
     }
     let g = crate::region::sealed::Dst::<T>::geometry(dst);
     let b = Copy2D::new(rect.width, rect.height).as_3d();
     check_side(g, Origin { x: rect.x, y: rect.y, z: 0 }, &b, false)?;
     let mut view = dst.view_mut();
-    validate::on_stream_device(stream, view.context())?;
     let size = size_of::<T>();
     // A view is only as aligned as `T` (a `[u8; 4]` view may start at any byte), and the driver
     // needs every row aligned to the memset width: refused here, as the 1D memset does. Rows
