@@ -12,6 +12,10 @@
 //! copy also folds in every completed one, so that a long run keeps the events of copies still in
 //! flight, not of every copy since the last report.
 //!
+//! Profiling never fails a copy: a copy whose events cannot be made or recorded is not counted,
+//! and a `warn` event says so, logged once the copy has let go of its locks (as is a failure to
+//! read completed copies' events, which then stay pending).
+//!
 //! When no profiler is attached anywhere, a copy pays one relaxed atomic load for this module.
 //! While one is attached, a copy on a stream that nothing observes also pays an acquire load, a
 //! thread-local read and a scan of the attached targets: no lock and no allocation (the first copy
