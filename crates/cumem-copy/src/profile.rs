@@ -413,10 +413,7 @@ impl Profiler {
     /// Records `start` for this copy on `stream` with a pair from the pool. A failure comes with
     /// the event made before a new pair's second one failed, if any, for the caller to drop once
     /// the copy has let go of its locks (destroying it may log).
-    fn start(
-        &self,
-        stream: &Stream,
-    ) -> std::result::Result<(Event, Event), (cumem_core::Error, Option<Event>)> {
+    fn start(&self, stream: &Stream) -> Started {
         let ctx = stream.context();
         let pair = {
             let mut state = self.state();
@@ -471,9 +468,12 @@ impl Profiler {
     }
 }
 
+/// A pair of timed events ready for a copy, or why not, with the event of a pair made halfway.
+type Started = std::result::Result<(Event, Event), (cumem_core::Error, Option<Event>)>;
+
 /// A new pair of timed events; when the second cannot be made, the error and the first, which
 /// the caller drops once the copy has let go of its locks (a failed destroy logs).
-fn new_pair(ctx: &Context) -> std::result::Result<(Event, Event), (cumem_core::Error, Option<Event>)> {
+fn new_pair(ctx: &Context) -> Started {
     let start = Event::timed(ctx).map_err(|e| (e, None))?;
     match Event::timed(ctx) {
         Ok(end) => Ok((start, end)),

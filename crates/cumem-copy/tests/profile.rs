@@ -457,14 +457,17 @@ fn fails_once(ctl: &cumem_sim::control::Control, function: &str, nth: u64) -> cu
     })
 }
 
+/// Each warning's message and what the other thread's copy read.
+type Seen = Arc<Mutex<Vec<(String, Vec<u32>)>>>;
+
 /// A subscriber that, on each warning, copies `host` on another thread (which waits for any lock
 /// this thread holds on the buffer's tracker) and keeps the message with what that copy read.
 fn copying_on_warnings(
     ctx: &Context,
     host: &Arc<PinnedBuffer<u32>>,
-) -> (impl tracing::Subscriber + Send + Sync + 'static, Arc<Mutex<Vec<(String, Vec<u32>)>>>) {
+) -> (impl tracing::Subscriber + Send + Sync + 'static, Seen) {
     let other = Stream::non_blocking(ctx).unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen = Seen::default();
     let (host, kept) = (host.clone(), seen.clone());
     let subscriber = OnEvent(move |event: &tracing::Event<'_>| {
         if *event.metadata().level() == tracing::Level::WARN {
