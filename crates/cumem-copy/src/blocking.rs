@@ -30,7 +30,15 @@ use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, Result, Stream, blocking_host_
 use crate::profile::{self, CopyKind};
 use crate::{ffi, validate};
 
-/// Copies `src` into device memory `dst` (same length). `src` may be reused on return.
+/// Copies `src` into device memory `dst` (same length), on the legacy stream after all work
+/// queued on `dst`. `src` may be reused on return.
+///
+/// # Errors
+/// `LengthMismatch` when the lengths differ (an empty copy is then `Ok`). A `src` that is managed
+/// memory (borrowed from a `UnifiedBuffer`) is waited for completely, or refused with
+/// `NotSupported { feature: ConcurrentManagedAccess, .. }` on a device without concurrent
+/// managed access (see [`cumem_core::blocking_host_copy`]). The driver's errors come as their
+/// variants.
 pub fn copy_h2d<T: NoUninit>(src: &[T], dst: &mut impl AsDeviceSliceMut<T>) -> Result<()> {
     let dst = dst.as_device_slice_mut();
     validate::same_len(dst.len(), src.len())?;
@@ -51,7 +59,11 @@ pub fn copy_h2d<T: NoUninit>(src: &[T], dst: &mut impl AsDeviceSliceMut<T>) -> R
     })
 }
 
-/// Copies device memory `src` into `dst` (same length), after all work queued on `src`.
+/// Copies device memory `src` into `dst` (same length), on the legacy stream after all work
+/// queued on `src`; `dst` holds the values on return.
+///
+/// # Errors
+/// As [`copy_h2d`], for a managed `dst`.
 pub fn copy_d2h<T: AnyBitPattern>(src: &impl AsDeviceSlice<T>, dst: &mut [T]) -> Result<()> {
     let src = src.as_device_slice();
     validate::same_len(dst.len(), src.len())?;
@@ -73,6 +85,11 @@ pub fn copy_d2h<T: AnyBitPattern>(src: &impl AsDeviceSlice<T>, dst: &mut [T]) ->
 
 /// Copies device memory `src` into device memory `dst` of the same device, on the legacy stream.
 /// Returns without waiting for the copy: later work on either buffer is ordered after it.
+///
+/// # Errors
+/// `LengthMismatch` when the lengths differ; `WrongDevice` when the two are on different devices
+/// (both checked even for an empty copy, which is then `Ok`). The driver's errors come as their
+/// variants.
 pub fn copy_d2d<T>(src: &impl AsDeviceSlice<T>, dst: &mut impl AsDeviceSliceMut<T>) -> Result<()> {
     let (src, dst) = (src.as_device_slice(), dst.as_device_slice_mut());
     validate::same_len(dst.len(), src.len())?;

@@ -1,27 +1,43 @@
-//! Typed parameters of 2D/3D copies and memsets, and the checks that reject impossible ones.
-//!
-//! Extents and offsets are in elements (x) and rows (y) and slices (z), never bytes. Before any
-//! driver call each side is checked against its memory: a row segment reaching beyond the pitch
-//! (or the row width, for pitched buffers),
-//! rows beyond the rows per slice or the memory, and slices beyond the memory are
-//! `OutOfRange { start, end, len }` (in the unit of the offending axis); an offset plus extent that
-//! overflows `usize` (`x + width`, `y + height`, `z + depth`) is `OutOfRange` too, with
-//! `end: usize::MAX`; a zero pitch or slice height is `ZeroSize`; a byte count that overflows
-//! (elements × element size) is `SizeOverflow`.
-//!
-//! ```
-//! use cumem_copy::{Copy2D, Copy3D, Rect2D};
-//! let c = Copy2D::new(4, 3).src_at(1, 2).dst_at(0, 5);
-//! assert_eq!((c.width, c.height, c.src_x, c.src_y, c.dst_x, c.dst_y), (4, 3, 1, 2, 0, 5));
-//! let v = Copy3D::new(4, 3, 2).src_at(0, 0, 1);
-//! assert_eq!((v.depth, v.src_z), (2, 1));
-//! let r = Rect2D::new(8, 2).at(3, 1);
-//! assert_eq!((r.x, r.y, r.width, r.height), (3, 1, 8, 2));
-//! ```
+//! Typed parameters of 2D/3D copies and memsets ([`Copy2D`], [`Copy3D`], [`Rect2D`]), and the
+//! checks that reject impossible ones (listed on [`Copy2D`]).
 
 use cumem_core::{Error, Result};
 
 /// A 2D copy: `width` elements of `height` rows, from `(src_x, src_y)` to `(dst_x, dst_y)`.
+///
+/// Extents and offsets are in elements (x) and rows (y), and for [`Copy3D`] slices (z), never
+/// bytes. Each side is a [`Pitched`](crate::Pitched) view (or a
+/// [`PitchedBuffer`](crate::PitchedBuffer)'s): rows `pitch` elements apart, of which the first
+/// `width` are usable, and for 3D copies slices of `height` rows.
+///
+/// # Errors
+///
+/// Before any driver call, the copy (or a [`Rect2D`] memset) is checked against each side's
+/// memory:
+/// - a row segment reaching beyond the pitch (or the row width, when the side limits it, as a
+///   [`PitchedBuffer`](crate::PitchedBuffer) does), rows beyond the rows per slice or the
+///   memory, and slices beyond the memory are `OutOfRange { start, end, len }`, in the unit of
+///   the offending axis;
+/// - an offset plus extent that overflows `usize` (`x + width`, `y + height`, `z + depth`) is
+///   `OutOfRange` too, with `end: usize::MAX`;
+/// - a side whose pitch is 0 is `ZeroSize { what: "pitch" }`, and a side of a 3D copy without
+///   rows per slice (or with 0) is `ZeroSize { what: "rows per slice" }`;
+/// - a byte count that overflows (elements × element size) is `SizeOverflow`.
+///
+/// An empty extent (a zero width, height or depth) copies nothing and is `Ok` without these
+/// checks, a zero pitch included; the devices are still checked (`WrongDevice`). The copy
+/// functions list what else they refuse ([`copy_2d`](crate::copy_2d),
+/// [`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d)).
+///
+/// ```
+/// use cumem_copy::{Copy2D, Copy3D, Rect2D};
+/// let c = Copy2D::new(4, 3).src_at(1, 2).dst_at(0, 5);
+/// assert_eq!((c.width, c.height, c.src_x, c.src_y, c.dst_x, c.dst_y), (4, 3, 1, 2, 0, 5));
+/// let v = Copy3D::new(4, 3, 2).src_at(0, 0, 1);
+/// assert_eq!((v.depth, v.src_z), (2, 1));
+/// let r = Rect2D::new(8, 2).at(3, 1);
+/// assert_eq!((r.x, r.y, r.width, r.height), (3, 1, 8, 2));
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Copy2D {
     /// Elements per row.
@@ -71,6 +87,11 @@ impl Copy2D {
 
 /// A 3D copy: a box of `width` elements × `height` rows × `depth` slices, from
 /// `(src_x, src_y, src_z)` to `(dst_x, dst_y, dst_z)`.
+///
+/// # Errors
+///
+/// Checked against each side as [`Copy2D`] lists; both sides need their rows per slice
+/// ([`Pitched::with_height`](crate::Pitched::with_height)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Copy3D {
     /// Elements per row.
@@ -115,6 +136,9 @@ impl Copy3D {
 }
 
 /// A rectangle of a 2D memset: `width` elements of `height` rows, starting at element `x` of row `y`.
+///
+/// Checked against the memory as [`Copy2D`] lists (see
+/// [`StreamCopy::fill_2d`](crate::StreamCopy::fill_2d)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Rect2D {
     /// First element of each row.

@@ -1,45 +1,8 @@
-//! 2D and 3D copies (`cuMemcpy2D`/`cuMemcpy3D` and their async forms) and 2D memsets.
-//!
-//! One engine serves every pair of sides ([`Pitched`](crate::Pitched) host slices, host kinds,
-//! device views, [`PitchedBuffer`](crate::PitchedBuffer)s; a blocking copy needs a device side,
-//! see [`copy_2d`]): it checks the extents against both
-//! sides (errors by variant, see [`Copy2D`]; a side whose pitch passes the device's `MAX_PITCH`,
-//! which only a caller-built [`Pitched`](crate::Pitched) view can have, is `InvalidValue`, as the
-//! driver would answer, one row included), then lets each side order the copy — device views
-//! through their stream order, host kinds through their pending-work tracker — and queues one
-//! driver call. The blocking forms ([`copy_2d`], [`copy_3d`]) run on the legacy stream and accept
-//! pageable slices; the queued forms ([`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d), …) do
-//! not, because the copy may run after the call returns. A blocking 2D copy between two device
-//! sides uses `cuMemcpy2DUnaligned`, so any pitch works; its queued form may be refused on a GPU
-//! for pitches `cuMemAllocPitch` would not choose (see [`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d)).
-//!
-//! A blocking copy whose source is a shared page-locked host kind (a `Pitched<&H>` of a
-//! [`PinnedBuffer`](cumem_core::PinnedBuffer), [`MappedBuffer`](cumem_core::MappedBuffer) or
-//! [`HostRegistered`](cumem_core::HostRegistered)) keeps that buffer's host-access tracker locked
-//! for the whole call, and the call is synchronous on the legacy stream, which first waits for the
-//! work already queued on every blocking stream of the context. Another thread that reads the
-//! buffer on the host, or queues work that uses it, meanwhile waits until the copy returns. To keep
-//! the lock short, queue the copy ([`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d), …) on a
-//! non-blocking stream: then only a copy between two host sides waits in the call (see the module
-//! docs of `stream_ordered`).
-//!
-//! ```
-//! # cumem_sys::testing::init();
-//! use cumem_copy::{Copy3D, Pitched, PitchedBuffer, StreamCopy};
-//! use cumem_core::{Device, PinnedBuffer, Stream};
-//! let ctx = Device::get(0)?.context()?;
-//! let stream = Stream::non_blocking(&ctx)?;
-//! // A 4 × 3 × 2 volume, dense on the host.
-//! let host = PinnedBuffer::from_slice(&ctx, &(0..24u32).collect::<Vec<_>>())?;
-//! let mut vol = PitchedBuffer::<u32>::zeroed_3d(&stream, 4, 3, 2)?;
-//! stream.copy_3d(&Pitched::new(&host, 4).with_height(3), &mut vol.as_pitched_mut(), Copy3D::new(4, 3, 2))?;
-//! let mut back = PinnedBuffer::<u32>::zeroed(&ctx, 4)?;
-//! // One row back: row 2 of slice 1, i.e. elements 20..24.
-//! let row = Copy3D::new(4, 1, 1).src_at(0, 2, 1);
-//! stream.copy_3d(&vol.as_pitched(), &mut Pitched::new(&mut back, 4).with_height(1), row)?;
-//! assert_eq!(back.as_slice()?, &[20, 21, 22, 23]); // waits for the copy
-//! # Ok::<(), cumem_core::Error>(())
-//! ```
+//! 2D and 3D copies (`cuMemcpy2D`/`cuMemcpy3D` and their async forms) and 2D memsets: one engine
+//! for every pair of sides, which checks the extents against both sides, lets each side order the
+//! copy (device views through their stream order, host kinds through their pending-work tracker)
+//! and makes one driver call. The rules users need are on [`copy_2d`], [`copy_3d`], [`Copy2D`]
+//! and [`StreamCopy`](crate::StreamCopy).
 
 use bytemuck::Pod;
 use cumem_core::{DeviceSliceMut, Error, ErrorContext, Result, Stream, blocking_host_copy};
@@ -58,12 +21,13 @@ enum Mode<'s> {
     Queued(&'s Stream),
 }
 
-/// Copies a 2D region from `src` to `dst`, blocking: a host destination holds the values and a
-/// host source may be reused when this returns. Either side may be pageable, but at least one
-/// must be device memory (a device view or a [`PitchedBuffer`](crate::PitchedBuffer)'s): a copy
-/// between two host sides has no context to run in and is refused with `InvalidValue` before any
-/// driver call (queue it with [`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d) between
-/// page-locked kinds, or copy on the host).
+/// Copies a 2D region from `src` to `dst`, blocking, on the legacy stream of the device side's
+/// context: a host destination holds the values and a host source may be reused when this
+/// returns. The sides are [`Pitched`] views of pageable slices, page-locked host kinds or device
+/// views, or a [`PitchedBuffer`](crate::PitchedBuffer)'s (the queued
+/// [`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d) takes no pageable slices, because its copy
+/// may run after the call returns). Either side may be pageable, but at least one must be device
+/// memory. Between two device sides this uses `cuMemcpy2DUnaligned`, so any pitch works.
 ///
 /// A shared page-locked host source (a `Pitched<&H>` of a pinned, mapped or registered buffer)
 /// keeps its host-access tracker locked until the copy returns, which is after the work already
@@ -72,12 +36,32 @@ enum Mode<'s> {
 /// form ([`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d)) on a non-blocking stream holds the
 /// lock only while it queues the copy (unless the other side is host memory too: the driver then
 /// copies in the call).
+///
+/// # Errors
+///
+/// In this order: `WrongDevice` when both sides are device memory of different devices (checked
+/// even for an empty extent); an empty extent is then `Ok` and checks nothing else; the extent
+/// against each side as [`Copy2D`] lists (`OutOfRange`, `ZeroSize`); `InvalidValue` when both
+/// sides are host memory (no context to run in: queue the copy between page-locked kinds with
+/// [`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d), or copy on the host); `SizeOverflow` when
+/// a byte count overflows; `InvalidValue` when a side's pitch in bytes passes the device's
+/// `MAX_PITCH` (only a caller-built [`Pitched`] view can have one). All of these come before the
+/// copy reaches the driver. A pageable host side that is managed memory is waited for, or refused
+/// with `NotSupported { feature: ConcurrentManagedAccess, .. }` where the device lacks concurrent
+/// managed access (see [`cumem_core::blocking_host_copy`]). The driver's own errors come as their
+/// variants.
 pub fn copy_2d<T: Pod>(src: &impl CopySrc<T>, dst: &mut impl CopyDst<T>, extent: Copy2D) -> Result<()> {
     run(Mode::Blocking, src, dst, &extent.as_3d(), false)
 }
 
 /// Copies a 3D box from `src` to `dst`, blocking (see [`copy_2d`], whose notes on two host sides
-/// and on page-locked host sources hold here too). Both sides need their rows per slice ([`Pitched::with_height`]).
+/// and on page-locked host sources hold here too). Both sides need their rows per slice
+/// ([`Pitched::with_height`]).
+///
+/// # Errors
+///
+/// As [`copy_2d`], the extent checked as [`Copy3D`] lists (a zero depth is an empty extent too; a
+/// side without rows per slice is `ZeroSize { what: "rows per slice" }`).
 pub fn copy_3d<T: Pod>(src: &impl CopySrc<T>, dst: &mut impl CopyDst<T>, extent: Copy3D) -> Result<()> {
     run(Mode::Blocking, src, dst, &extent, true)
 }
@@ -125,23 +109,26 @@ fn run<T: Pod>(
     three_d: bool,
 ) -> Result<()> {
     let (sg, dg) = (src.geometry(), dst.geometry());
-    // Nothing to copy is never an error (the driver agrees: Height or Depth 0 succeeds).
+    // The devices are checked even for an empty extent, as the 1D copies check them for an empty
+    // range: a copy with the wrong stream is refused whatever its size.
+    let (sc, dc) = (src.device_context(), dst.device_context());
+    if let (Some(s), Some(d)) = (sc, dc) {
+        validate::same_device(d, s)?;
+    }
+    if let Mode::Queued(stream) = mode {
+        for ctx in [sc, dc].into_iter().flatten() {
+            validate::on_stream_device(stream, ctx)?;
+        }
+    }
+    // Nothing to copy is never an error (the driver agrees: Height or Depth 0 succeeds), so the
+    // sides' extents and pitches are not checked.
     if b.is_empty() {
         return Ok(());
     }
     check_side(sg, Origin { x: b.src_x, y: b.src_y, z: b.src_z }, b, three_d)?;
     check_side(dg, Origin { x: b.dst_x, y: b.dst_y, z: b.dst_z }, b, three_d)?;
-    let (sc, dc) = (src.device_context(), dst.device_context());
-    if let (Some(s), Some(d)) = (sc, dc) {
-        validate::same_device(d, s)?;
-    }
     let stream = match mode {
-        Mode::Queued(stream) => {
-            for ctx in [sc, dc].into_iter().flatten() {
-                validate::on_stream_device(stream, ctx)?;
-            }
-            stream.clone()
-        }
+        Mode::Queued(stream) => stream.clone(),
         Mode::Blocking => match dc.or(sc) {
             Some(ctx) => Stream::legacy(ctx),
             None => {
@@ -319,14 +306,16 @@ pub(crate) fn fill_2d_on<T: Pod>(
         [a, b, c, d] => Width::W32(u32::from_ne_bytes([a, b, c, d])),
         ref other => return Err(crate::stream_ordered::fill_width_refused(other.len())),
     };
+    // Checked before the empty return, as the 1D memsets do.
+    validate::on_stream_device(stream, dst.view_mut().context())?;
     if rect.width == 0 || rect.height == 0 {
+        // Nothing is stored: no extent, pitch or address is checked.
         return Ok(());
     }
     let g = crate::region::sealed::Dst::<T>::geometry(dst);
     let b = Copy2D::new(rect.width, rect.height).as_3d();
     check_side(g, Origin { x: rect.x, y: rect.y, z: 0 }, &b, false)?;
     let mut view = dst.view_mut();
-    validate::on_stream_device(stream, view.context())?;
     let size = size_of::<T>();
     // A view is only as aligned as `T` (a `[u8; 4]` view may start at any byte), and the driver
     // needs every row aligned to the memset width: refused here, as the 1D memset does. Rows

@@ -1,35 +1,6 @@
 //! `PitchedBuffer<T>`: a 2D (or 3D) array in device memory whose rows start at aligned addresses.
 //!
-//! Each row is padded to the pitch `cuMemAllocPitch` would choose (the row width rounded up to
-//! [`PITCHED_ROW_ALIGNMENT`], or to the device's texture pitch alignment if larger), so that every
-//! row starts aligned, which is what 2D copies and row-wise device access want. The memory comes
-//! from the current resource of the stream's device (the caching pool by default, see
-//! `cumem_core::current_resource`), or from any resource with the `_in` constructors, and returns
-//! there in stream order when the array drops. The buffer knows its width,
-//! height and depth in elements and its pitch; it hands out rows as device views, and itself as a
-//! [`Pitched`] side of 2D/3D copies and memsets. Needs a pitch that is a multiple of `T`'s size
-//! (true for every power-of-two size up to the pitch alignment); otherwise `Misaligned { what:
-//! "pitch" }`. Rows are only as aligned as the allocation's base, which is allocated aligned to
-//! [`PITCHED_ROW_ALIGNMENT`] bytes: element types aligned more strictly are refused before any driver call
-//! (`NotSupported { feature: Alignment(align) }`). A row wider than the device's `MAX_PITCH`, or
-//! one whose pitch (rounded up to the pitch alignment) passes it, is `InvalidValue` before any
-//! driver call. [`PitchedBuffer::to_vec`] answers `OutOfMemory` when the host cannot hold the values. Zero-sized element types are refused (`ZeroSize { what:
-//! "element size" }`), and extents whose element count overflows are `SizeOverflow`. Empty arrays
-//! allocate nothing.
-//!
-//! ```
-//! # cumem_sys::testing::init();
-//! use cumem_copy::{Copy2D, Pitched, PitchedBuffer, copy_2d};
-//! use cumem_core::{Device, Stream};
-//! let stream = Stream::new(&Device::get(0)?.context()?)?;
-//! let mut img = PitchedBuffer::<f32>::zeroed(&stream, 100, 3)?;
-//! assert!(img.pitch() >= 100);
-//! let rows: Vec<f32> = (0..300).map(|i| i as f32).collect();
-//! copy_2d(&Pitched::new(&rows[..], 100), &mut img.as_pitched_mut(), Copy2D::new(100, 3))?;
-//! assert_eq!(img.row(1)?.to_vec()?[..2], [100.0, 101.0]);
-//! assert_eq!(img.to_vec()?, rows);
-//! # Ok::<(), cumem_core::Error>(())
-//! ```
+//! Allocation and layout rules are on [`PitchedBuffer`] and its constructors.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -54,6 +25,30 @@ use crate::region::Pitched;
 pub const PITCHED_ROW_ALIGNMENT: usize = 512;
 
 /// An owning `width` × `height` × `depth` array of `T` in pitched device memory.
+///
+/// Each row is padded to the pitch `cuMemAllocPitch` would choose (the row width rounded up to
+/// [`PITCHED_ROW_ALIGNMENT`], or to the device's texture pitch alignment if larger), so that every
+/// row starts aligned, which is what 2D copies and row-wise device access want. The memory comes
+/// from the current resource of the stream's device (the caching pool by default, see
+/// [`cumem_core::current_resource`]), or from any resource with the `_in` constructors, and
+/// returns there in stream order when the array drops. The buffer knows its width, height and
+/// depth in elements and its pitch; it hands out rows as device views, and itself as a
+/// [`Pitched`] side of 2D/3D copies and memsets. An empty array (a zero width, height or depth)
+/// allocates nothing; its [`device_ptr`](PitchedBuffer::device_ptr) is 0.
+///
+/// ```
+/// # cumem_sys::testing::init();
+/// use cumem_copy::{Copy2D, Pitched, PitchedBuffer, copy_2d};
+/// use cumem_core::{Device, Stream};
+/// let stream = Stream::new(&Device::get(0)?.context()?)?;
+/// let mut img = PitchedBuffer::<f32>::zeroed(&stream, 100, 3)?;
+/// assert!(img.pitch() >= 100);
+/// let rows: Vec<f32> = (0..300).map(|i| i as f32).collect();
+/// copy_2d(&Pitched::new(&rows[..], 100), &mut img.as_pitched_mut(), Copy2D::new(100, 3))?;
+/// assert_eq!(img.row(1)?.to_vec()?[..2], [100.0, 101.0]);
+/// assert_eq!(img.to_vec()?, rows);
+/// # Ok::<(), cumem_core::Error>(())
+/// ```
 pub struct PitchedBuffer<T> {
     ptr: CUdeviceptr,
     /// What the resource's free needs besides the address (see [`Allocation`]).
@@ -76,6 +71,23 @@ impl<T> PitchedBuffer<T> {
     /// A `width` × `height` array whose contents are whatever the memory held (hence
     /// `T: AnyBitPattern`), from the current resource of `stream`'s device, usable in order on
     /// `stream`.
+    ///
+    /// # Errors
+    ///
+    /// Refused before anything is allocated, in this order:
+    /// - `ZeroSize { what: "element size" }` for a zero-sized `T`;
+    /// - `NotSupported { feature: Alignment(align), .. }` when `T` is aligned more strictly than
+    ///   [`PITCHED_ROW_ALIGNMENT`] bytes (rows are only as aligned as the allocation's base);
+    /// - `SizeOverflow` when the row count (`height × depth`) or a row's bytes overflow, even for
+    ///   an array that would be empty (for a non-empty one, the array's bytes too);
+    /// - `WrongDevice` when the resource is not of `stream`'s context (the `_in` constructors);
+    /// - then, for a non-empty array only: `InvalidValue` when a row is wider than the device's
+    ///   `MAX_PITCH`, or when the pitch it needs (rounded up to the pitch alignment) passes it;
+    ///   `Misaligned { what: "pitch" }` when that pitch is not a multiple of `T`'s size (never
+    ///   for a power-of-two size up to the pitch alignment).
+    ///
+    /// The resource's own errors come as they are (`OutOfMemory` when it cannot serve the
+    /// array), as do the driver's errors of the attribute queries.
     pub fn new(stream: &Stream, width: usize, height: usize) -> Result<Self>
     where
         T: AnyBitPattern,
@@ -84,6 +96,9 @@ impl<T> PitchedBuffer<T> {
     }
 
     /// A zeroed `width` × `height` array, zeroed in order on `stream`.
+    ///
+    /// # Errors
+    /// As [`PitchedBuffer::new`], and the driver's errors of queueing the memset that zeroes it.
     pub fn zeroed(stream: &Stream, width: usize, height: usize) -> Result<Self>
     where
         T: Zeroable,
@@ -92,6 +107,9 @@ impl<T> PitchedBuffer<T> {
     }
 
     /// A `width` × `height` × `depth` array: `depth` slices of `height` rows.
+    ///
+    /// # Errors
+    /// As [`PitchedBuffer::new`].
     pub fn new_3d(stream: &Stream, width: usize, height: usize, depth: usize) -> Result<Self>
     where
         T: AnyBitPattern,
@@ -106,6 +124,9 @@ impl<T> PitchedBuffer<T> {
     }
 
     /// A zeroed `width` × `height` × `depth` array.
+    ///
+    /// # Errors
+    /// As [`PitchedBuffer::zeroed`].
     pub fn zeroed_3d(stream: &Stream, width: usize, height: usize, depth: usize) -> Result<Self>
     where
         T: Zeroable,
@@ -119,8 +140,11 @@ impl<T> PitchedBuffer<T> {
         )
     }
 
-    /// As [`PitchedBuffer::new`], from `resource` (any `Arc` of a resource of `stream`'s device;
-    /// another device's is `WrongDevice`).
+    /// As [`PitchedBuffer::new`], from `resource` (any `Arc` of a resource of `stream`'s
+    /// context).
+    ///
+    /// # Errors
+    /// As [`PitchedBuffer::new`]; another context's resource is `WrongDevice`.
     pub fn new_in<R: DeviceResource + ?Sized + 'static>(
         resource: &Arc<R>,
         stream: &Stream,
@@ -134,6 +158,9 @@ impl<T> PitchedBuffer<T> {
     }
 
     /// As [`PitchedBuffer::zeroed`], from `resource`.
+    ///
+    /// # Errors
+    /// As [`PitchedBuffer::zeroed`]; another context's resource is `WrongDevice`.
     pub fn zeroed_in<R: DeviceResource + ?Sized + 'static>(
         resource: &Arc<R>,
         stream: &Stream,
@@ -147,6 +174,9 @@ impl<T> PitchedBuffer<T> {
     }
 
     /// As [`PitchedBuffer::new_3d`], from `resource`.
+    ///
+    /// # Errors
+    /// As [`PitchedBuffer::new`]; another context's resource is `WrongDevice`.
     pub fn new_3d_in<R: DeviceResource + ?Sized + 'static>(
         resource: &Arc<R>,
         stream: &Stream,
@@ -161,6 +191,9 @@ impl<T> PitchedBuffer<T> {
     }
 
     /// As [`PitchedBuffer::zeroed_3d`], from `resource`.
+    ///
+    /// # Errors
+    /// As [`PitchedBuffer::zeroed`]; another context's resource is `WrongDevice`.
     pub fn zeroed_3d_in<R: DeviceResource + ?Sized + 'static>(
         resource: &Arc<R>,
         stream: &Stream,
@@ -407,6 +440,10 @@ impl<T> PitchedBuffer<T> {
 
     /// The values without padding, row after row and slice after slice, after all work queued on
     /// the array so far.
+    ///
+    /// # Errors
+    /// `OutOfMemory` when the host cannot hold the values (reserved fallibly, before the copy);
+    /// the errors of the blocking [`copy_3d`](crate::copy_3d) that reads them.
     pub fn to_vec(&self) -> Result<Vec<T>>
     where
         T: Pod,

@@ -12,6 +12,10 @@
 //! copy also folds in every completed one, so that a long run keeps the events of copies still in
 //! flight, not of every copy since the last report.
 //!
+//! Profiling never fails a copy: a copy whose events cannot be made or recorded is not counted,
+//! and a `warn` event says so, logged once the copy has let go of its locks (as is a failure to
+//! read completed copies' events, which then stay pending).
+//!
 //! When no profiler is attached anywhere, a copy pays one relaxed atomic load for this module.
 //! While one is attached, a copy on a stream that nothing observes also pays an acquire load, a
 //! thread-local read and a scan of the attached targets: no lock and no allocation (the first copy
@@ -406,8 +410,10 @@ impl Profiler {
         self.state().report = ProfileReport::default();
     }
 
-    /// Records `start` for this copy on `stream` with a pair from the pool.
-    fn start(&self, stream: &Stream) -> Result<(Event, Event)> {
+    /// Records `start` for this copy on `stream` with a pair from the pool. A failure comes with
+    /// the event made before a new pair's second one failed, if any, for the caller to drop once
+    /// the copy has let go of its locks (destroying it may log).
+    fn start(&self, stream: &Stream) -> Started {
         let ctx = stream.context();
         let pair = {
             let mut state = self.state();
@@ -420,14 +426,15 @@ impl Profiler {
         };
         if let Err(e) = start.record(stream) {
             self.state().pool.push((start, end));
-            return Err(e);
+            return Err((e, None));
         }
         Ok((start, end))
     }
 
     /// Records `end` for this copy and keeps the pair pending (back to the pool when the copy
-    /// failed); returns a failure to fold completed copies, for the caller to log once the copy
-    /// has let go of its locks, this profiler's included (a subscriber may read the profiler).
+    /// failed); returns what it could not do (record the end event, or fold completed copies),
+    /// for the caller to log once the copy has let go of its locks, this profiler's included (a
+    /// subscriber may read the profiler).
     fn finish(
         &self,
         stream: &Stream,
@@ -435,29 +442,43 @@ impl Profiler {
         bytes: usize,
         (start, mut end): (Event, Event),
         ok: bool,
-    ) -> Result<()> {
-        let recorded = ok && end.record(stream).is_ok();
+    ) -> Option<Missed> {
+        let recorded = if ok { end.record(stream).map(|()| true) } else { Ok(false) };
         let mut state = self.state();
-        if recorded {
-            state.pending.push_back(Pending { kind, bytes, start, end });
-            if state.pending.len() > state.fold_at {
-                let folded = fold(&mut state);
-                state.fold_at = FOLD_AT.max(2 * state.pending.len());
-                folded
-            } else {
-                Ok(())
+        match recorded {
+            Ok(true) => {
+                state.pending.push_back(Pending { kind, bytes, start, end });
+                if state.pending.len() > state.fold_at {
+                    let folded = fold(&mut state);
+                    state.fold_at = FOLD_AT.max(2 * state.pending.len());
+                    folded.err().map(Missed::Fold)
+                } else {
+                    None
+                }
             }
-        } else {
-            // The start event may still be pending on the stream: recording it again later is
-            // fine, a pair is only read after its end event was recorded after it.
-            state.pool.push((start, end));
-            Ok(())
+            // The copy failed (the caller hears of it), or it ran but cannot be timed: not
+            // counted, and said so, as when the start event cannot be recorded. The start event
+            // may still be pending on the stream: recording it again later is fine, a pair is
+            // only read after its end event was recorded after it.
+            not_counted => {
+                state.pool.push((start, end));
+                not_counted.err().map(Missed::End)
+            }
         }
     }
 }
 
-fn new_pair(ctx: &Context) -> Result<(Event, Event)> {
-    Ok((Event::timed(ctx)?, Event::timed(ctx)?))
+/// A pair of timed events ready for a copy, or why not, with the event of a pair made halfway.
+type Started = std::result::Result<(Event, Event), (cumem_core::Error, Option<Event>)>;
+
+/// A new pair of timed events; when the second cannot be made, the error and the first, which
+/// the caller drops once the copy has let go of its locks (a failed destroy logs).
+fn new_pair(ctx: &Context) -> Started {
+    let start = Event::timed(ctx).map_err(|e| (e, None))?;
+    match Event::timed(ctx) {
+        Ok(end) => Ok((start, end)),
+        Err(e) => Err((e, Some(start))),
+    }
 }
 
 /// Moves every complete copy into the report and its events back into the pool, wherever it is in
@@ -543,12 +564,16 @@ struct Observed {
     /// The profilers that observed the copy, kept so that the last handle of one let go meanwhile
     /// by another thread is dropped here (a profiler's drop destroys its events, which may log).
     profilers: Vec<Profiler>,
+    /// Events of a pair that could not be made whole, dropped here for the same reason.
+    spare: Vec<Event>,
 }
 
 /// A profiling failure, kept to be logged once the copy has let go of its locks.
 enum Missed {
     /// A profiler could not record the copy's start: the copy is not counted.
     Start(cumem_core::Error),
+    /// The copy ran, but a profiler could not record its end: the copy is not counted.
+    End(cumem_core::Error),
     /// Folding completed copies into a report failed (they stay pending).
     Fold(cumem_core::Error),
 }
@@ -591,13 +616,19 @@ impl Drop for CopyTrace {
     }
 }
 
-/// Logs what an observed copy missed, then lets go of its profilers (inside the copy's span).
+/// Logs what an observed copy missed, then lets go of its profilers and of the events of a pair
+/// that could not be made whole (inside the copy's span).
 #[cold]
 #[inline(never)]
 fn log_missed(observed: Observed) {
     for missed in observed.missed {
         match missed {
-            Missed::Start(e) => tracing::warn!(error = %e, "profiling a copy failed; it is not counted"),
+            Missed::Start(e) => {
+                tracing::warn!(error = %e, event = "start", "profiling a copy failed; it is not counted")
+            }
+            Missed::End(e) => {
+                tracing::warn!(error = %e, event = "end", "profiling a copy failed; it is not counted")
+            }
             Missed::Fold(e) => tracing::warn!(error = %e, "reading a profiled copy's events failed"),
         }
     }
@@ -625,23 +656,26 @@ fn observed<R>(
         }
     }
     let mut missed = Vec::new();
+    let mut spare = Vec::new();
     let mut started = Vec::with_capacity(profilers.len());
     for p in &profilers {
         // Profiling must never fail a copy: a profiler that cannot record misses this one.
         match p.start(stream) {
             Ok(pair) => started.push((p, pair)),
-            Err(e) => missed.push(Missed::Start(e)),
+            Err((e, half)) => {
+                missed.push(Missed::Start(e));
+                spare.extend(half);
+            }
         }
     }
     let out = copy();
     for (p, pair) in started {
-        if let Err(e) = p.finish(stream, kind, bytes, pair, out.is_ok()) {
-            missed.push(Missed::Fold(e));
-        }
+        missed.extend(p.finish(stream, kind, bytes, pair, out.is_ok()));
     }
     // Dropped with the trace, after the locks: see `Observed::profilers`.
     let observed = kept.get_or_insert_with(Box::default);
     observed.missed.extend(missed);
     observed.profilers.extend(profilers);
+    observed.spare.extend(spare);
     out
 }

@@ -1,24 +1,7 @@
 //! The sides of a 2D/3D copy: any memory cumem knows, seen as rows `pitch` elements apart (and, in
 //! 3D, slices of `height` rows).
 //!
-//! [`Pitched`] wraps the memory: pageable slices (`&[T]`, `&mut [T]`, blocking copies only),
-//! page-locked host kinds (`&PinnedBuffer`, `&mut MappedBuffer`, `&mut HostRegistered`, … through
-//! [`HostMemory`]), and device views ([`DeviceSlice`], [`DeviceSliceMut`], which also cover mapped
-//! and managed memory). [`PitchedBuffer`](crate::PitchedBuffer) hands out its own. Each side orders
-//! the copy like a 1D copy of the same memory would: device views through their stream order,
-//! host kinds through their pending-work tracker.
-//!
-//! ```
-//! # cumem_sys::testing::init();
-//! use cumem_copy::{copy_2d, Copy2D, Pitched};
-//! use cumem_core::{DeviceBuffer, Device, Stream};
-//! let stream = Stream::new(&Device::get(0)?.context()?)?;
-//! let image: Vec<u16> = (0..6 * 4).collect();            // 4 rows of 6
-//! let mut dev = DeviceBuffer::<u16>::zeroed(&stream, 4 * 8)?; // 4 rows of pitch 8
-//! copy_2d(&Pitched::new(&image[..], 6), &mut Pitched::new(dev.as_mut_slice(), 8), Copy2D::new(6, 4))?;
-//! assert_eq!(dev.to_vec()?[8..16], [6, 7, 8, 9, 10, 11, 0, 0]);
-//! # Ok::<(), cumem_core::Error>(())
-//! ```
+//! Their rules are on [`Pitched`].
 
 use std::ffi::c_void;
 
@@ -28,6 +11,28 @@ use cumem_sys::sys::CUdeviceptr;
 use crate::extent::Geometry;
 
 /// Memory seen as rows `pitch` elements apart and, for 3D copies, slices `height` rows apart.
+///
+/// [`Pitched`] wraps the memory: pageable slices (`&[T]`, `&mut [T]`, blocking copies only),
+/// page-locked host kinds (`&PinnedBuffer`, `&mut MappedBuffer`, `&mut HostRegistered`, … through
+/// [`HostMemory`]), and device views ([`DeviceSlice`], [`DeviceSliceMut`], which also cover mapped
+/// and managed memory). [`PitchedBuffer`](crate::PitchedBuffer) hands out its own. Each side orders
+/// the copy like a 1D copy of the same memory would: device views through their stream order,
+/// host kinds through their pending-work tracker. A queued copy
+/// ([`StreamCopy::copy_2d`](crate::StreamCopy::copy_2d)) takes only sides that implement
+/// [`QueuedSrc`]/[`QueuedDst`]: not pageable slices. The extents a side is checked against, and
+/// what is refused, are listed on [`Copy2D`](crate::Copy2D).
+///
+/// ```
+/// # cumem_sys::testing::init();
+/// use cumem_copy::{copy_2d, Copy2D, Pitched};
+/// use cumem_core::{DeviceBuffer, Device, Stream};
+/// let stream = Stream::new(&Device::get(0)?.context()?)?;
+/// let image: Vec<u16> = (0..6 * 4).collect();            // 4 rows of 6
+/// let mut dev = DeviceBuffer::<u16>::zeroed(&stream, 4 * 8)?; // 4 rows of pitch 8
+/// copy_2d(&Pitched::new(&image[..], 6), &mut Pitched::new(dev.as_mut_slice(), 8), Copy2D::new(6, 4))?;
+/// assert_eq!(dev.to_vec()?[8..16], [6, 7, 8, 9, 10, 11, 0, 0]);
+/// # Ok::<(), cumem_core::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct Pitched<M> {
     mem: M,
@@ -38,6 +43,7 @@ pub struct Pitched<M> {
 
 impl<M> Pitched<M> {
     /// `mem` as rows of `pitch` elements (the row stride; at least the width of any row copied).
+    /// A zero pitch is refused by a non-empty copy (`ZeroSize { what: "pitch" }`), not here.
     pub fn new(mem: M, pitch: usize) -> Self {
         Pitched { mem, pitch, width: None, height: None }
     }

@@ -1,43 +1,5 @@
-//! Asynchronous copies queued on a stream — safe, because host memory kinds track them.
-//!
-//! Host memory in an asynchronous copy must be page-locked, and must not be touched by the host
-//! until the device is done with it. These functions take any [`HostMemory`] — a
-//! [`PinnedBuffer`](cumem_core::PinnedBuffer), [`MappedBuffer`](cumem_core::MappedBuffer) or
-//! [`HostRegistered`](cumem_core::HostRegistered) — whose tracker records the queued copy: reading
-//! its host data waits for a pending device write, writing it waits for pending device reads, and
-//! dropping it waits for both. Device memory is ordered by its stream tracker, so a buffer last
-//! used on another stream is waited for first. 2D/3D copies and 2D memsets are here too (see
-//! [`Copy2D`]).
-//!
-//! A copy between two host memories is not queued: when both ends are host memory (a
-//! [`PinnedBuffer`](cumem_core::PinnedBuffer) or [`HostRegistered`](cumem_core::HostRegistered)
-//! and the device view of a [`MappedBuffer`](cumem_core::MappedBuffer), or two mapped views), the
-//! driver waits in the call for the stream's earlier work, copies on the calling thread and
-//! returns with the bytes in place (observed on an H100, 2026-11-23; the simulator does the same).
-//! Such a copy on a stream that a kernel or a host function occupies therefore blocks the caller
-//! until that work is done; meanwhile the copy keeps both buffers' cumem bookkeeping locked (their
-//! stream orders and host-access trackers), so another thread that uses either buffer waits too.
-//! To keep it queued, go through device memory (pinned → device and
-//! device → mapped are both queued), or write mapped memory from the host directly. Copies with
-//! one end in device memory (a mapped view included) and memsets of mapped memory stay queued.
-//!
-//! ```
-//! # cumem_sys::testing::init();
-//! use cumem_core::{DeviceBuffer, Device, PinnedBuffer, Stream};
-//! use cumem_copy::StreamCopy;
-//! let ctx = Device::get(0)?.context()?;
-//! let stream = Stream::non_blocking(&ctx)?;
-//! let src = PinnedBuffer::from_slice(&ctx, &[5u32; 256])?;
-//! let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 256)?;
-//! let mut dst = PinnedBuffer::<u32>::zeroed(&ctx, 256)?;
-//! stream.copy_h2d(&src, &mut dev)?;
-//! stream.fill(&mut dev.slice_mut(128..)?, 9u32)?;
-//! stream.copy_d2h(&dev, &mut dst)?;
-//! // No explicit synchronisation: reading the pinned buffer waits for the copy into it.
-//! assert_eq!(dst.as_slice()?[..2], [5, 5]);
-//! assert_eq!(dst.as_slice()?[254..], [9, 9]);
-//! # Ok::<(), cumem_core::Error>(())
-//! ```
+//! Copies and memsets queued on a stream: the [`StreamCopy`] trait, implemented for [`Stream`]
+//! (its user-facing rules are on the trait).
 
 use bytemuck::{AnyBitPattern, NoUninit, Pod};
 use cumem_core::{AsDeviceSlice, AsDeviceSliceMut, DeviceSliceMut, Error, HostMemory, Result, Stream};
@@ -47,9 +9,65 @@ use crate::profile::{self, CopyKind};
 use crate::region::{Pitched, QueuedDst, QueuedSrc};
 use crate::{Copy2D, Copy3D, Rect2D, nd, validate};
 
-/// Transfers queued on a stream.
+/// Transfers queued on a stream: copies and memsets that return once queued, safe because each
+/// memory kind tracks them.
+///
+/// Host memory in a queued copy must be page-locked, and must not be touched by the host until
+/// the device is done with it. These methods take any [`HostMemory`] — a
+/// [`PinnedBuffer`](cumem_core::PinnedBuffer), [`MappedBuffer`](cumem_core::MappedBuffer) or
+/// [`HostRegistered`](cumem_core::HostRegistered) — whose tracker records the queued copy: reading
+/// its host data waits for a pending device write, writing it waits for pending device reads and
+/// writes, and dropping it waits for both. Device memory is ordered by its stream tracker, so a
+/// buffer last used on another stream is waited for first. 2D/3D copies and 2D memsets are here
+/// too ([`StreamCopy::copy_2d`], [`StreamCopy::copy_3d`], [`StreamCopy::fill_2d`]).
+///
+/// # Copies between two host memories block
+///
+/// A copy between two host memories is not queued: when both ends are host memory (a
+/// [`PinnedBuffer`](cumem_core::PinnedBuffer) or [`HostRegistered`](cumem_core::HostRegistered)
+/// and the device view of a [`MappedBuffer`](cumem_core::MappedBuffer), or two mapped views, or,
+/// in 2D/3D, two page-locked host sides), the driver waits in the call for the stream's earlier
+/// work, copies on the calling thread and returns with the bytes in place (observed on an H100,
+/// 2026-11-23; the simulator does the same). Such a copy on a stream that a kernel or a host
+/// function occupies therefore blocks the caller until that work is done; meanwhile the copy
+/// keeps both buffers' cumem bookkeeping locked (their stream orders and host-access trackers), so
+/// another thread that uses either buffer waits too. To keep it queued, go through device memory
+/// (pinned → device and device → mapped are both queued), or write mapped memory from the host
+/// directly. Copies with one end in device memory (a mapped view included) and memsets of mapped
+/// memory stay queued.
+///
+/// # Errors
+///
+/// Every method checks its arguments before the copy is queued and answers, besides the errors
+/// each one lists, `WrongDevice` when device memory belongs to a device other than the stream's,
+/// and `NotPermitted` when called inside a
+/// [`StreamOrder::queue_on`](cumem_core::StreamOrder::queue_on) closure where the transfer would
+/// lock cumem memory (see there); the driver's own errors come as their variants. An empty
+/// transfer is `Ok` and queues nothing, once the devices (and a 1D copy's lengths) are checked.
+///
+/// ```
+/// # cumem_sys::testing::init();
+/// use cumem_core::{DeviceBuffer, Device, PinnedBuffer, Stream};
+/// use cumem_copy::StreamCopy;
+/// let ctx = Device::get(0)?.context()?;
+/// let stream = Stream::non_blocking(&ctx)?;
+/// let src = PinnedBuffer::from_slice(&ctx, &[5u32; 256])?;
+/// let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 256)?;
+/// let mut dst = PinnedBuffer::<u32>::zeroed(&ctx, 256)?;
+/// stream.copy_h2d(&src, &mut dev)?;
+/// stream.fill(&mut dev.slice_mut(128..)?, 9u32)?;
+/// stream.copy_d2h(&dev, &mut dst)?;
+/// // No explicit synchronisation: reading the pinned buffer waits for the copy into it.
+/// assert_eq!(dst.as_slice()?[..2], [5, 5]);
+/// assert_eq!(dst.as_slice()?[254..], [9, 9]);
+/// # Ok::<(), cumem_core::Error>(())
+/// ```
 pub trait StreamCopy {
     /// Queues a copy of page-locked host memory into device memory (same length).
+    ///
+    /// # Errors
+    /// `LengthMismatch` when the lengths differ; `WrongDevice` when `dst` is not on the stream's
+    /// device; see also the [trait's errors](StreamCopy#errors).
     fn copy_h2d<T: NoUninit>(
         &self,
         src: &impl HostMemory<T>,
@@ -57,6 +75,10 @@ pub trait StreamCopy {
     ) -> Result<()>;
 
     /// Queues a copy of device memory into page-locked host memory (same length).
+    ///
+    /// # Errors
+    /// `LengthMismatch` when the lengths differ; `WrongDevice` when `src` is not on the stream's
+    /// device; see also the [trait's errors](StreamCopy#errors).
     fn copy_d2h<T: AnyBitPattern>(
         &self,
         src: &impl AsDeviceSlice<T>,
@@ -64,22 +86,41 @@ pub trait StreamCopy {
     ) -> Result<()>;
 
     /// Queues a device-to-device copy (same length, same device).
+    ///
+    /// # Errors
+    /// `LengthMismatch` when the lengths differ; `WrongDevice` when `dst` is not on the stream's
+    /// device or `src` not on `dst`'s; see also the [trait's errors](StreamCopy#errors).
     fn copy_d2d<T>(&self, src: &impl AsDeviceSlice<T>, dst: &mut impl AsDeviceSliceMut<T>) -> Result<()>;
 
-    /// Queues setting every element of `dst` to `value`; `T` must be 1, 2 or 4 bytes wide
-    /// (`InvalidValue` otherwise, before any driver call).
+    /// Queues setting every element of `dst` to `value` (with [`StreamCopy::memset_d8`],
+    /// [`StreamCopy::memset_d16`] or [`StreamCopy::memset_d32`], by the width of `T`).
+    ///
+    /// # Errors
+    /// `InvalidValue` when `T` is not 1, 2 or 4 bytes wide (before anything else is checked);
+    /// otherwise those of the memset used.
     fn fill<T: Pod>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: T) -> Result<()>;
 
     /// Queues setting every byte of `dst` to `value`. `T: AnyBitPattern` because the bytes written
     /// may be read back on the host as `T` (mapped and unified memory hand out `&[T]`).
+    ///
+    /// # Errors
+    /// `WrongDevice` when `dst` is not on the stream's device; see also the
+    /// [trait's errors](StreamCopy#errors).
     fn memset_d8<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u8) -> Result<()>;
 
-    /// Queues setting every 16-bit word of `dst` to `value`; its size and address must be multiples
-    /// of 2 bytes (`Misaligned` otherwise), unless it is empty: an empty `dst` is a no-op.
+    /// Queues setting every 16-bit word of `dst` to `value`.
+    ///
+    /// # Errors
+    /// `WrongDevice` when `dst` is not on the stream's device (checked first, even for an empty
+    /// `dst`); `Misaligned { what: "memset length in bytes" }` or `Misaligned { what: "memset
+    /// address" }` when its size or address is not a multiple of 2 bytes, unless it is empty: an
+    /// empty `dst` is a no-op wherever it starts. See also the [trait's errors](StreamCopy#errors).
     fn memset_d16<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u16) -> Result<()>;
 
-    /// Queues setting every 32-bit word of `dst` to `value`; its size and address must be multiples
-    /// of 4 bytes (`Misaligned` otherwise), unless it is empty: an empty `dst` is a no-op.
+    /// Queues setting every 32-bit word of `dst` to `value`.
+    ///
+    /// # Errors
+    /// As [`StreamCopy::memset_d16`], with multiples of 4 bytes.
     fn memset_d32<T: AnyBitPattern>(&self, dst: &mut impl AsDeviceSliceMut<T>, value: u32) -> Result<()>;
 
     /// Queues a 2D copy between page-locked host memory and device memory (any direction).
@@ -93,6 +134,18 @@ pub trait StreamCopy {
     /// [`Pitched`](crate::Pitched) with any other pitch may be refused on a GPU (the simulator
     /// accepts every pitch, as the documentation allows). The blocking [`copy_2d`](crate::copy_2d)
     /// uses `cuMemcpy2DUnaligned` for device-to-device copies and has no such restriction.
+    ///
+    /// Between two page-locked host sides the copy is not queued: the driver runs it in the call
+    /// (see [Copies between two host memories block](StreamCopy#copies-between-two-host-memories-block)).
+    ///
+    /// # Errors
+    /// Before the copy is queued, in this order: `WrongDevice` when the two sides are device memory
+    /// of different devices, or a device side is not on the stream's device (checked even for an
+    /// empty extent); an empty extent (zero width or height) is then `Ok` and checks nothing else;
+    /// the extent against each side is refused as [`Copy2D`] lists (`OutOfRange`, `ZeroSize {
+    /// what: "pitch" }`); then `SizeOverflow` when a byte count overflows, and `InvalidValue` when
+    /// a side's pitch in bytes passes the device's `MAX_PITCH` (only a caller-built [`Pitched`]
+    /// view can have such a pitch). See also the [trait's errors](StreamCopy#errors).
     fn copy_2d<T: Pod>(
         &self,
         src: &impl QueuedSrc<T>,
@@ -100,7 +153,30 @@ pub trait StreamCopy {
         extent: Copy2D,
     ) -> Result<()>;
 
-    /// Queues a 3D copy (see [`StreamCopy::copy_2d`]); both sides need their rows per slice.
+    /// Queues a 3D copy (see [`StreamCopy::copy_2d`]); both sides need their rows per slice
+    /// ([`Pitched::with_height`]).
+    ///
+    /// # Errors
+    /// As [`StreamCopy::copy_2d`], the extent checked as [`Copy3D`] lists (a zero depth is an
+    /// empty extent too; a side without rows per slice is `ZeroSize { what: "rows per slice" }`).
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use cumem_copy::{Copy3D, Pitched, PitchedBuffer, StreamCopy};
+    /// use cumem_core::{Device, PinnedBuffer, Stream};
+    /// let ctx = Device::get(0)?.context()?;
+    /// let stream = Stream::non_blocking(&ctx)?;
+    /// // A 4 × 3 × 2 volume, dense on the host.
+    /// let host = PinnedBuffer::from_slice(&ctx, &(0..24u32).collect::<Vec<_>>())?;
+    /// let mut vol = PitchedBuffer::<u32>::zeroed_3d(&stream, 4, 3, 2)?;
+    /// stream.copy_3d(&Pitched::new(&host, 4).with_height(3), &mut vol.as_pitched_mut(), Copy3D::new(4, 3, 2))?;
+    /// let mut back = PinnedBuffer::<u32>::zeroed(&ctx, 4)?;
+    /// // One row back: row 2 of slice 1, i.e. elements 20..24.
+    /// let row = Copy3D::new(4, 1, 1).src_at(0, 2, 1);
+    /// stream.copy_3d(&vol.as_pitched(), &mut Pitched::new(&mut back, 4).with_height(1), row)?;
+    /// assert_eq!(back.as_slice()?, &[20, 21, 22, 23]); // waits for the copy
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
     fn copy_3d<T: Pod>(
         &self,
         src: &impl QueuedSrc<T>,
@@ -109,9 +185,15 @@ pub trait StreamCopy {
     ) -> Result<()>;
 
     /// Queues setting every element of `rect` in pitched device memory to `value`
-    /// (`cuMemsetD2D*`). `T` must be 1, 2 or 4 bytes wide (`InvalidValue` otherwise), and the view
-    /// must start at an address that is a multiple of that width (`Misaligned { what: "memset
-    /// address" }` otherwise); both are checked before any driver call, as for the 1D memsets.
+    /// (`cuMemsetD2D*`).
+    ///
+    /// # Errors
+    /// Before any driver call, in this order: `InvalidValue` when `T` is not 1, 2 or 4 bytes
+    /// wide; `WrongDevice` when `dst` is not on the stream's device; an empty `rect` (zero width
+    /// or height) is then `Ok` and checks nothing else; `rect` against `dst` is refused as
+    /// [`Copy2D`] lists (`OutOfRange`, `ZeroSize { what: "pitch" }`); `Misaligned { what: "memset
+    /// address" }` when the view does not start at a multiple of `T`'s size; `SizeOverflow` when
+    /// a byte offset overflows. See also the [trait's errors](StreamCopy#errors).
     fn fill_2d<T: Pod>(&self, dst: &mut Pitched<DeviceSliceMut<'_, T>>, value: T, rect: Rect2D)
     -> Result<()>;
 }

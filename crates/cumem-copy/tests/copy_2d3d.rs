@@ -381,6 +381,51 @@ fn impossible_extents_are_errors_by_variant_before_any_driver_call() {
     }
 }
 
+/// An empty 2D/3D copy or 2D memset is refused on another device's stream, as an empty 1D copy
+/// is: the devices are checked before nothing is copied. An empty extent is otherwise `Ok`, its
+/// sides' pitches unchecked (a zero pitch included).
+#[test]
+fn empty_copies_and_memsets_still_check_the_streams_device() {
+    let (ctx, stream) = setup();
+    if !testing::needs_devices(2) {
+        return;
+    }
+    let s1 = Stream::non_blocking(&Device::get(1).unwrap().context().unwrap()).unwrap();
+    let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+    let pinned = PinnedBuffer::from_slice(&ctx, &[1u32; 64]).unwrap();
+    // The 1D reference: an empty range on another device's stream.
+    let e = s1.copy_h2d(&PinnedBuffer::<u32>::zeroed(&ctx, 0).unwrap(), &mut dev.slice_mut(0..0).unwrap());
+    assert!(matches!(e, Err(Error::WrongDevice { expected: 1, actual: 0 })), "{e:?}");
+    let e =
+        s1.copy_2d(&Pitched::new(&pinned, 8), &mut Pitched::new(dev.as_mut_slice(), 8), Copy2D::new(8, 0));
+    assert!(matches!(e, Err(Error::WrongDevice { expected: 1, actual: 0 })), "{e:?}");
+    let e = s1.copy_3d(
+        &Pitched::new(&pinned, 8).with_height(8),
+        &mut Pitched::new(dev.as_mut_slice(), 8).with_height(8),
+        Copy3D::new(8, 8, 0),
+    );
+    assert!(matches!(e, Err(Error::WrongDevice { expected: 1, actual: 0 })), "{e:?}");
+    let mut img = PitchedBuffer::<u32>::zeroed(&stream, 8, 8).unwrap();
+    let e = s1.fill_2d(&mut img.as_pitched_mut(), 7u32, Rect2D::new(0, 8));
+    assert!(matches!(e, Err(Error::WrongDevice { expected: 1, actual: 0 })), "{e:?}");
+    // Blocking: the two device sides on different devices.
+    let mut other = DeviceBuffer::<u32>::zeroed(&s1, 64).unwrap();
+    let e = copy_2d(
+        &Pitched::new(dev.as_slice(), 8),
+        &mut Pitched::new(other.as_mut_slice(), 8),
+        Copy2D::new(0, 8),
+    );
+    assert!(matches!(e, Err(Error::WrongDevice { .. })), "{e:?}");
+    // On the right stream, an empty extent is fine, a zero pitch included; nothing is written.
+    stream
+        .copy_2d(&Pitched::new(&pinned, 0), &mut Pitched::new(dev.as_mut_slice(), 0), Copy2D::new(8, 0))
+        .unwrap();
+    stream.fill_2d(&mut img.as_pitched_mut(), 7u32, Rect2D::new(8, 0)).unwrap();
+    assert_eq!(dev.to_vec().unwrap(), vec![0; 64]);
+    assert_eq!(img.to_vec().unwrap(), vec![0; 64]);
+    assert_eq!(other.to_vec().unwrap(), vec![0; 64]);
+}
+
 #[test]
 fn row_indices_at_the_end_of_the_address_space_are_out_of_range_not_overflow() {
     let (_ctx, stream) = setup();

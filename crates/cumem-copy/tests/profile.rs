@@ -445,3 +445,130 @@ fn a_profiling_failure_is_logged_after_the_copy_let_go_of_the_buffers_locks() {
         },
     );
 }
+
+/// A fault on this thread's `nth` next call of `function`, once.
+fn fails_once(ctl: &cumem_sim::control::Control, function: &str, nth: u64) -> cumem_sim::control::FaultId {
+    ctl.inject_fault(cumem_sys::sim_control::FaultRule {
+        function: function.into(),
+        nth,
+        code: cumem_sys::sys::CUresult::CUDA_ERROR_UNKNOWN,
+        times: 1,
+        this_thread_only: true,
+    })
+}
+
+/// Each warning's message and what the other thread's copy read.
+type Seen = Arc<Mutex<Vec<(String, Vec<u32>)>>>;
+
+/// A subscriber that, on each warning, copies `host` on another thread (which waits for any lock
+/// this thread holds on the buffer's tracker) and keeps the message with what that copy read.
+fn copying_on_warnings(
+    ctx: &Context,
+    host: &Arc<PinnedBuffer<u32>>,
+) -> (impl tracing::Subscriber + Send + Sync + 'static, Seen) {
+    let other = Stream::non_blocking(ctx).unwrap();
+    let seen = Seen::default();
+    let (host, kept) = (host.clone(), seen.clone());
+    let subscriber = OnEvent(move |event: &tracing::Event<'_>| {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let copied = common::copied_on_another_thread(&other, &host);
+            kept.lock().unwrap().push((message(event), copied));
+        }
+    });
+    (subscriber, seen)
+}
+
+/// A copy that ran but whose end event could not be recorded (here the end event's
+/// `cuEventRecord`, injected; the start event's succeeds) is not counted, and says so, as when
+/// the start event cannot be recorded: a warning, logged once the copy let go of the buffer's
+/// locks (the subscriber copies the same pinned buffer on another thread). Under a watchdog,
+/// since a warning logged under the lock hangs.
+#[test]
+#[parallel]
+fn a_copy_whose_end_event_cannot_be_recorded_warns_that_it_is_not_counted() {
+    let Some((ctx, stream, ctl)) = sim_setup("injects a driver fault: simulator only") else { return };
+    testing::within_watchdog(
+        "a failed end record, logged to a subscriber that copies the same buffer",
+        move || {
+            let expected: Vec<u32> = (0..256).collect();
+            let host = Arc::new(PinnedBuffer::from_slice(&ctx, &expected).unwrap());
+            let (subscriber, seen) = copying_on_warnings(&ctx, &host);
+            let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 256).unwrap();
+            let profiler = Profiler::new();
+            let _on = profiler.observe(&stream);
+            // Counted, and its pair back in the pool: the copy below records events and makes none.
+            stream.copy_h2d(&*host, &mut dev).unwrap();
+            assert_eq!(profiler.report().unwrap().total(CopyKind::HostToDevice).count, 1);
+            stream.memset_d8(&mut dev, 0).unwrap();
+            let records = ctl.calls_on_this_thread("cuEventRecord");
+            let rule = fails_once(&ctl, "cuEventRecord", 2);
+            cumem_sys::testing::with_subscriber(subscriber, || stream.copy_h2d(&*host, &mut dev).unwrap());
+            ctl.remove_fault(rule);
+            assert_eq!(
+                ctl.calls_on_this_thread("cuEventRecord") - records,
+                2,
+                "the start event's record, then the end event's (which failed)"
+            );
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(seen.len(), 1, "{seen:?}");
+            assert!(seen[0].0.contains("profiling a copy failed; it is not counted"), "{seen:?}");
+            assert_eq!(seen[0].1, expected);
+            assert_eq!(dev.to_vec().unwrap(), expected, "the copy itself ran");
+            let r = profiler.report().unwrap();
+            assert_eq!(r.total(CopyKind::HostToDevice).count, 1, "only the first copy: {r}");
+            assert_eq!((profiler.pending_copies(), profiler.pooled_pairs()), (0, 2), "the pair is reused");
+        },
+    );
+}
+
+/// A new pair of profiling events whose second event cannot be made (here the second
+/// `cuEventCreate`, injected) misses the copy, and the first event, already made, is destroyed
+/// once the copy has let go of the buffer's locks: its destroy (failed too, injected) warns to a
+/// subscriber that copies the same pinned buffer on another thread. Serial: the event whose
+/// destroy failed is found among the live ones afterwards, to destroy it. Under a watchdog.
+#[test]
+#[serial] // finds the leaked event by comparing the live events before and after
+fn a_half_made_event_pair_is_destroyed_after_the_copy_let_go_of_the_buffers_locks() {
+    let Some((ctx, stream, ctl)) = sim_setup("injects driver faults: simulator only") else { return };
+    let before: Vec<u64> = ctl.live_report().events.iter().map(|e| e.handle).collect();
+    let c = ctx.clone();
+    testing::within_watchdog("a half-made event pair destroyed under the buffer's lock", move || {
+        let expected: Vec<u32> = (0..256).collect();
+        let host = Arc::new(PinnedBuffer::from_slice(&c, &expected).unwrap());
+        let (subscriber, seen) = copying_on_warnings(&c, &host);
+        let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 256).unwrap();
+        // Unobserved, so that the buffers already know the stream: the copy below makes no
+        // events but the profiler's.
+        stream.copy_h2d(&*host, &mut dev).unwrap();
+        stream.memset_d8(&mut dev, 0).unwrap();
+        let profiler = Profiler::new();
+        let _on = profiler.observe(&stream);
+        let creates = ctl.calls_on_this_thread("cuEventCreate");
+        let create = fails_once(&ctl, "cuEventCreate", 2);
+        let destroy = fails_once(&ctl, "cuEventDestroy_v2", 1);
+        cumem_sys::testing::with_subscriber(subscriber, || stream.copy_h2d(&*host, &mut dev).unwrap());
+        ctl.remove_fault(create);
+        ctl.remove_fault(destroy);
+        assert_eq!(ctl.calls_on_this_thread("cuEventCreate") - creates, 2, "the pair's two events");
+        let seen = seen.lock().unwrap().clone();
+        let messages: Vec<&str> = seen.iter().map(|(m, _)| m.as_str()).collect();
+        assert_eq!(messages, ["profiling a copy failed; it is not counted", "destroying an event failed"]);
+        for (_, copied) in &seen {
+            assert_eq!(copied, &expected);
+        }
+        assert_eq!(dev.to_vec().unwrap(), expected, "the copy itself ran");
+        let r = profiler.report().unwrap();
+        assert_eq!(r.total(CopyKind::HostToDevice).count, 0, "{r}");
+        assert_eq!(profiler.pooled_pairs(), 0, "no pair was made");
+    });
+    // The event whose destroy failed stays with the driver, and nothing else: destroyed here.
+    let ctl = testing::sim_control().expect("the simulator, checked above");
+    let leaked: Vec<u64> =
+        ctl.live_report().events.iter().map(|e| e.handle).filter(|h| !before.contains(h)).collect();
+    assert_eq!(leaked.len(), 1, "{leaked:?}");
+    ctx.bind().unwrap();
+    // SAFETY: the handle is of a live event of the current context, which nothing else holds (its
+    // `Event` was dropped when the destroy failed).
+    let code = unsafe { cumem_core::sys::cuEventDestroy_v2(leaked[0] as cumem_core::sys::CUevent) };
+    assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+}
