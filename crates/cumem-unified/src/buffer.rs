@@ -781,10 +781,24 @@ impl<T> UnifiedBuffer<T> {
     /// location); only if even that fails does [`UnifiedBuffer::policy`] name a policy whose hints
     /// may be in effect only in part ([`UnifiedBuffer::attributes`] reads back what is). Either
     /// fallback's failure is logged (`warn`).
+    ///
+    /// The buffer's policy lock is held across those driver calls (up to 10 `cuMemAdvise`), and
+    /// [`UnifiedBuffer::policy`] waits for it: whether `cuMemAdvise` can block behind other work
+    /// of the context (as `cuMemFree` waits for queued host functions) is unmeasured, so a host
+    /// function that sets or reads this buffer's policy may deadlock with a `set_policy` in
+    /// progress.
     pub fn set_policy(&self, policy: MigrationPolicy) -> Result<()> {
         if let Some(l) = policy.preferred_location() {
             l.require_concurrent()?;
         }
+        // The hints are applied under the lock: it is what keeps two threads' policies from
+        // interleaving their hints, so that `policy()` names the hints in effect. Nothing is logged
+        // under it (see below). Up to 10 cuMemAdvise calls run under it (4 for the policy, 4 to
+        // restore the previous one, 2 to clear both hints). Unmeasured: whether cuMemAdvise can wait
+        // for other threads' work as `cuMemFree` waits for every host function queued in the
+        // context (driver-api.md §17). If it can, a held stream holds up every `set_policy` and
+        // `policy()` of this buffer while it waits, and a host function that calls either on this
+        // buffer deadlocks.
         let mut current = self.policy.lock();
         let Err(e) = self.apply_policy(policy) else {
             *current = policy;

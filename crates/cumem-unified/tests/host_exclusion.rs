@@ -154,22 +154,25 @@ fn without_concurrent_access_a_host_read_refuses_device_reads_through_shared_vie
 #[test]
 #[serial_test::parallel]
 fn without_concurrent_access_a_host_read_waits_for_device_reads_before_the_host_attachment() {
-    in_child("without_concurrent_access_a_host_read_waits_for_device_reads_before_the_host_attachment", || {
-        let Some((_, _, stream)) = device(false) else { return };
-        let data = pattern(1 << 16);
-        // Attached to the stream: its work may read the memory (no other stream's may).
-        let mut buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
-        buf.attach(&stream, Attach::Single(stream.clone())).unwrap();
-        let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1 << 16).unwrap();
-        // A device read, still queued (5 ms of latency) when the host reads below.
-        stream.copy_d2d(&buf, &mut dst).unwrap();
-        // Attached to the host behind it: the attachment rules alone ask for no wait before host
-        // access, but the read queued before must have completed.
-        buf.attach(&stream, Attach::Host).unwrap();
-        assert_eq!(buf.as_slice().unwrap(), &data[..]);
-        assert_eq!(dst.to_vec().unwrap(), data);
-        assert!(misuse_here().is_empty(), "{:?}", misuse_here());
-    });
+    in_child(
+        "without_concurrent_access_a_host_read_waits_for_device_reads_before_the_host_attachment",
+        || {
+            let Some((_, _, stream)) = device(false) else { return };
+            let data = pattern(1 << 16);
+            // Attached to the stream: its work may read the memory (no other stream's may).
+            let mut buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+            buf.attach(&stream, Attach::Single(stream.clone())).unwrap();
+            let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1 << 16).unwrap();
+            // A device read, still queued (5 ms of latency) when the host reads below.
+            stream.copy_d2d(&buf, &mut dst).unwrap();
+            // Attached to the host behind it: the attachment rules alone ask for no wait before host
+            // access, but the read queued before must have completed.
+            buf.attach(&stream, Attach::Host).unwrap();
+            assert_eq!(buf.as_slice().unwrap(), &data[..]);
+            assert_eq!(dst.to_vec().unwrap(), data);
+            assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+        },
+    );
 }
 
 #[test]
