@@ -47,7 +47,9 @@
 //! ([`UnifiedBuffer::as_device_slice`]) is refused with `NotSupported { feature:
 //! ConcurrentManagedAccess }` until an exclusive access proves the host's borrow is over (any
 //! `&mut self` method, e.g. [`UnifiedBuffer::end_host_reads`]); the scoped accessors refuse it only
-//! while they run. If restoring an attachment fails, the error is returned and the buffer is
+//! while they run. (Without concurrent managed access, memory attached to the host takes no device
+//! work at all, borrowed or not, see above; [`UnifiedBuffer::attach`], which attaches it elsewhere,
+//! is an exclusive access.) If restoring an attachment fails, the error is returned and the buffer is
 //! *stranded*: the memory may still be attached to the host, so its device work is refused until an
 //! exclusive access (which restores the attachment first, and keeps refusing while that fails). A
 //! later scoped access that succeeds, a shared one included, restores the attachment too (as it
