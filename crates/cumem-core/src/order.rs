@@ -279,19 +279,48 @@ impl Users {
     }
 }
 
-/// Host reads that device work must not overlap.
-#[derive(Debug, Default, Clone, Copy)]
+/// Host reads that device work must not overlap, and the streams that may queue device work at
+/// all.
+#[derive(Debug, Default)]
 struct Exclusion {
     /// A shared host borrow was handed out whose end nobody is told of: lifted only by an owner
     /// that proves, with exclusive access, that no such borrow is alive.
     open_ended: bool,
     /// Host reads in progress inside a call (e.g. a copy to a `Vec`), each lifted when it returns.
     scoped: usize,
+    /// The streams admitted ([`StreamOrder::admit_only`]); every stream unless the owner says
+    /// otherwise.
+    admits: Admits,
+}
+
+/// Which streams may queue device work on the memory (managed memory on a device without
+/// concurrent managed access: its attachment).
+#[derive(Debug, Default)]
+enum Admits {
+    /// Every stream (the memory of every kind but such managed memory).
+    #[default]
+    Any,
+    /// No stream (memory attached to the host).
+    None,
+    /// This one stream (memory attached to it).
+    Only(Stream),
 }
 
 impl Exclusion {
-    fn active(self) -> bool {
+    fn active(&self) -> bool {
         self.open_ended || self.scoped > 0
+    }
+
+    /// Whether device work on `stream` is refused: host reads in progress, or a stream the memory
+    /// does not admit. Memory that admits every stream (all but managed memory on a device without
+    /// concurrent managed access) pays one comparison more than the exclusion alone.
+    #[inline]
+    fn refuses(&self, stream: &Stream) -> bool {
+        match &self.admits {
+            Admits::Any => self.active(),
+            Admits::None => true,
+            Admits::Only(only) => only != stream || self.active(),
+        }
     }
 }
 
@@ -406,7 +435,8 @@ impl StreamOrder {
     /// While the host may be reading memory whose device cannot run work on it at the same time
     /// (see [`HostAccess::with_exclusive_order`](crate::HostAccess::with_exclusive_order)), device
     /// work is refused: `NotSupported { feature: ConcurrentManagedAccess, device }` naming the
-    /// memory's device, before anything waits.
+    /// memory's device, before anything waits. So is work on a stream the memory does not admit
+    /// ([`StreamOrder::admit_only`]: managed memory attached to the host, or to another stream).
     ///
     /// Conversely, such host reads are refused with the same error while a ticket is held (work
     /// may be being queued): queue the work and drop the ticket before reading on the host. A
@@ -420,7 +450,7 @@ impl StreamOrder {
         // Waiting under the lock keeps the set from changing between the waits and the snapshot
         // of what was waited for.
         let mut inner = self.lock()?;
-        if inner.excluded.active() {
+        if inner.excluded.refuses(stream) {
             return Err(self.refusal());
         }
         inner.order_after_users(stream)?;
@@ -488,7 +518,7 @@ impl StreamOrder {
     /// ```
     pub fn queue_on<R>(&self, stream: &Stream, queue: impl FnOnce() -> Result<R>) -> Result<R> {
         let inner = self.lock()?;
-        if inner.excluded.active() {
+        if inner.excluded.refuses(stream) {
             return Err(self.refusal());
         }
         inner.order_after_users(stream)?;
@@ -541,7 +571,7 @@ impl StreamOrder {
         // Nothing can take the lock or push to `deferred` while `queue` runs either: that needs
         // `&StreamOrder`, and `queue` cannot make one (`self` is borrowed).
         let inner = self.users_mut();
-        if inner.excluded.active() {
+        if inner.excluded.refuses(stream) {
             return Err(refusal_on(device));
         }
         inner.order_after_users(stream)?;
@@ -598,6 +628,36 @@ impl StreamOrder {
         };
         self.synchronize()?;
         Ok(scope)
+    }
+
+    /// Confines device work on the memory to `stream` (`None`: to no stream at all), or, after
+    /// [`StreamOrder::admit_any`], lets every stream queue it again: for managed memory on a device
+    /// without concurrent managed access, where the attachment decides which streams may use it
+    /// (attached to the host: none; to one stream: that one). Work on another stream is refused
+    /// by [`StreamOrder::use_on`], [`StreamOrder::queue_on`] and [`StreamOrder::queue_on_mut`]
+    /// with `NotSupported { feature: ConcurrentManagedAccess, device }`, before anything waits,
+    /// as while host reads exclude device work. Takes effect for work ordered from now on; the
+    /// owner changes it around queueing the attachment (whose own ticket it must admit).
+    /// `NotPermitted` inside a [`StreamOrder::queue_on`] closure, as every use of the order there.
+    pub fn admit_only(&self, stream: Option<&Stream>) -> Result<()> {
+        self.set_admits(match stream {
+            Some(stream) => Admits::Only(stream.clone()),
+            None => Admits::None,
+        })
+    }
+
+    /// Lets every stream queue device work on the memory again (see [`StreamOrder::admit_only`]).
+    pub fn admit_any(&self) -> Result<()> {
+        self.set_admits(Admits::Any)
+    }
+
+    fn set_admits(&self, admits: Admits) -> Result<()> {
+        let mut inner = self.lock()?;
+        if let Admits::Only(gone) = std::mem::replace(&mut inner.excluded.admits, admits) {
+            // Destroyed once unlocked if it was the last handle (see `Users::dead`).
+            bury(&mut inner.dead, gone);
+        }
+        Ok(())
     }
 
     /// Ends the open-ended exclusion: the owner has exclusive access, so no host borrow that

@@ -173,6 +173,10 @@ pub(crate) fn attach(h_stream: CUstream, dptr: u64, length: usize, flags: u32) -
         return bad(format!("length {length} must be 0 or the allocation's size {}", a.bytes));
     }
     enqueue(&mut st, sid, Work::Attach { base: dptr, buffer_id: a.buffer_id, flags }, Vec::new());
+    // Until it runs, the attachment in effect when device work runs is not known at its call.
+    if let Some(m) = st.managed.get_mut(&dptr) {
+        m.queued_attachments += 1;
+    }
     Ok(())
 }
 

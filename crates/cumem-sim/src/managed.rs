@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUresult;
 use parking_lot::Mutex;
 
 use crate::abi::{LOC_DEVICE, LOC_INVALID};
@@ -22,6 +23,8 @@ use crate::state::State;
 
 /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`.
 const ATTR_CONCURRENT_MANAGED_ACCESS: u32 = 89;
+/// `CU_MEM_ATTACH_HOST`.
+const ATTACH_HOST: u32 = 2;
 /// `CU_MEM_ATTACH_SINGLE`.
 const ATTACH_SINGLE: u32 = 4;
 
@@ -94,6 +97,25 @@ impl Drop for DeviceUse {
 
 /// The device use an operation touching `a` must hold: `Some` for managed memory whose device
 /// lacks CONCURRENT_MANAGED_ACCESS.
+///
+/// Called when a copy or memset resolves its memory, at the call. There, on such a device,
+/// device work on memory attached to the host is recorded as a violation, with `CUDA_SUCCESS`
+/// (what the call returns: the driver queues the work, and the GPU faults). `cuStreamAttachMemAsync`'s
+/// contract: memory attached to the host must not be accessed by the device from any stream
+/// without concurrent managed access (the driver brief lists "ATTACH_HOST access from GPU" among
+/// what needs it).
+///
+/// At the call, not at execution: the attachment that matters is the one in effect when the work
+/// runs, and attachments are stream operations themselves, but the engine runs copies without
+/// the state's lock. The call can tell that attachment when no attachment of the allocation is
+/// still queued: every later one is queued after this call, so the work, whose waits are all
+/// queued by now, cannot be ordered after it; the one in effect now is in effect when the work
+/// runs. With one still queued, which is in effect then depends on how the streams are ordered,
+/// and nothing is recorded (never stricter than the driver: a constructor attaching its memory
+/// globally and then using it on the same stream is not flagged).
+///
+/// Memory attached to a single stream and used from another stream is not checked: the
+/// resolution of the memory does not know the stream the work is queued on.
 pub(crate) fn device_use(st: &State, a: &Allocation) -> Option<DeviceUse> {
     if a.kind != AllocKind::Managed {
         return None;
@@ -102,7 +124,23 @@ pub(crate) fn device_use(st: &State, a: &Allocation) -> Option<DeviceUse> {
     if device.attr(ATTR_CONCURRENT_MANAGED_ACCESS) == Some(1) {
         return None;
     }
-    st.managed.get(&a.base).map(|m| DeviceUse::new(&m.host))
+    let m = st.managed.get(&a.base)?;
+    if m.attach == ATTACH_HOST && m.queued_attachments == 0 {
+        let (function, os_tid) = crate::api::caller();
+        crate::violation::record(crate::violation::Violation {
+            function: function.to_string(),
+            code: CUresult::CUDA_SUCCESS as u32,
+            code_name: "CUDA_SUCCESS".to_string(),
+            message: format!(
+                "device work on managed allocation {:#x}, attached to the host (CU_MEM_ATTACH_HOST), \
+                 on device {} without concurrent managed access: no stream may access it \
+                 (cuStreamAttachMemAsync; the driver returns no error, the GPU faults)",
+                a.base, a.device
+            ),
+            os_tid,
+        });
+    }
+    Some(DeviceUse::new(&m.host))
 }
 
 /// Page size of the hint bookkeeping.
@@ -137,6 +175,10 @@ pub(crate) struct Managed {
     /// Stream of the attachment in effect (0 = none: the allocation's own, or its stream was
     /// destroyed and has drained).
     pub(crate) stream: u64,
+    /// `cuStreamAttachMemAsync` calls queued and not run yet (see [`device_use`]). One whose
+    /// operation is never run (dropped with its stream's context) keeps the attachment check off
+    /// for the allocation: lenient, never stricter.
+    pub(crate) queued_attachments: usize,
     pages: u64,
     hints: Vec<PageHints>,
     /// The host's mapping (unmapped once the allocation is forgotten and no operation uses it).
@@ -150,6 +192,7 @@ impl Managed {
             initial_attach: flags,
             attach: flags,
             stream: 0,
+            queued_attachments: 0,
             pages: bytes.div_ceil(PAGE),
             hints: Vec::new(),
             host,
@@ -160,6 +203,7 @@ impl Managed {
     pub(crate) fn attach_to(&mut self, flags: u32, stream: u64) {
         self.attach = flags;
         self.stream = stream;
+        self.queued_attachments = self.queued_attachments.saturating_sub(1);
     }
 
     /// The stream of the latest attachment is destroyed and its work has all completed: a SINGLE

@@ -122,3 +122,62 @@ fn devices_with_concurrent_access_never_keep_the_host_out() {
     destroy(s);
     dfree(p);
 }
+
+/// Violations on this thread about device work on memory attached to the host.
+fn host_attached_uses(ctl: &cumem_sim::control::Control) -> usize {
+    ctl.violations_on_this_thread().iter().filter(|v| v.message.contains("attached to the host")).count()
+}
+
+fn attach(s: cu::CUstream, p: CUdeviceptr, flags: u32) {
+    // SAFETY: plain FFI call on a live stream and a managed allocation's base.
+    ok(unsafe { cu::cuStreamAttachMemAsync(s, p, 0, flags) });
+}
+
+const HOST: u32 = 2;
+
+#[test]
+#[serial] // frees memory: see `Gate`
+fn device_work_on_host_attached_memory_is_misuse_without_concurrent_access() {
+    let ctl = bind(EXCLUSIVE);
+    let before = host_attached_uses(ctl);
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocManaged(&mut p, 4096, HOST) });
+    let s = stream(1);
+    // The driver queues the copy (CUDA_SUCCESS), and the GPU may not touch the memory.
+    let a = queue_fill(p, 4096, 1, s);
+    sync(s);
+    assert_eq!(host_attached_uses(ctl), before + 1, "{:?}", ctl.violations_on_this_thread());
+    // Attached globally (queued, then run): allowed, also while the attachment is still queued.
+    attach(s, p, GLOBAL);
+    let b = queue_fill(p, 4096, 2, s);
+    sync(s);
+    // SAFETY: plain FFI call; `p` holds 4096 bytes.
+    ok(unsafe { cu::cuMemsetD8Async(p, 3, 4096, s) });
+    sync(s);
+    assert_eq!(host_attached_uses(ctl), before + 1, "{:?}", ctl.violations_on_this_thread());
+    // Attached to the host again once the attachment has run: a memset is misuse too.
+    attach(s, p, HOST);
+    sync(s);
+    // SAFETY: as above.
+    ok(unsafe { cu::cuMemsetD8Async(p, 4, 4096, s) });
+    sync(s);
+    assert_eq!(host_attached_uses(ctl), before + 2, "{:?}", ctl.violations_on_this_thread());
+    pfree(a);
+    pfree(b);
+    destroy(s);
+    dfree(p);
+    // A device with concurrent managed access may use memory attached to the host.
+    bind(CONCURRENT);
+    let mut q = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocManaged(&mut q, 4096, HOST) });
+    let s = stream(1);
+    let c = queue_fill(q, 4096, 5, s);
+    sync(s);
+    assert_eq!(host_attached_uses(ctl), before + 2, "{:?}", ctl.violations_on_this_thread());
+    assert_eq!(read_back(q, 2), [5, 5]);
+    pfree(c);
+    destroy(s);
+    dfree(q);
+}

@@ -29,12 +29,27 @@
 //!
 //! The constructors write such memory while it is attached to the host, then attach it as asked.
 //!
+//! The attachment also decides which device work the buffer itself may queue there: memory
+//! attached to the host takes none, memory attached to one stream only that stream's, memory
+//! attached globally any stream's (the driver's contract for `cuStreamAttachMemAsync`; the real
+//! driver does not refuse such work at the call, it faults or corrupts). So, on a device without
+//! concurrent managed access, work through the device views on a stream the attachment keeps out
+//! is refused with `NotSupported { feature: ConcurrentManagedAccess }` before anything is queued,
+//! at every door: copies and memsets (the blocking ones run on the legacy stream, which is never
+//! the attached stream), a view's `on(&stream)`, its order's `use_on`/`queue_on`, and peer copies
+//! (`cumem-peer` orders this side on the legacy stream of the memory's device unless the copy's
+//! stream belongs to it). [`UnifiedBuffer::attach`] itself is queued on any stream of the context
+//! and changes what is admitted from then on. Devices with concurrent managed access admit every
+//! stream, whatever the attachment.
+//!
 //! For memory attached to the host, [`UnifiedBuffer::as_slice`] waits for every device use of
 //! the buffer, and from then on device work through shared views
 //! ([`UnifiedBuffer::as_device_slice`]) is refused with `NotSupported { feature:
 //! ConcurrentManagedAccess }` until an exclusive access proves the host's borrow is over (any
 //! `&mut self` method, e.g. [`UnifiedBuffer::end_host_reads`]); the scoped accessors refuse it only
-//! while they run. If restoring an attachment fails, the error is returned and the buffer is
+//! while they run. (Without concurrent managed access, memory attached to the host takes no device
+//! work at all, borrowed or not, see above; [`UnifiedBuffer::attach`], which attaches it elsewhere,
+//! is an exclusive access.) If restoring an attachment fails, the error is returned and the buffer is
 //! *stranded*: the memory may still be attached to the host, so its device work is refused until an
 //! exclusive access (which restores the attachment first, and keeps refusing while that fails). A
 //! later scoped access that succeeds, a shared one included, restores the attachment too (as it
@@ -231,7 +246,7 @@ impl<T> UnifiedBuffer<T> {
             }
             ptr
         };
-        Ok(UnifiedBuffer {
+        let buf = UnifiedBuffer {
             ptr,
             len,
             ctx: ctx.clone(),
@@ -248,7 +263,30 @@ impl<T> UnifiedBuffer<T> {
             visits: Mutex::new(Visits::default()),
             policy: Mutex::new(MigrationPolicy::OnDemand),
             _marker: PhantomData,
-        })
+        };
+        // A failure (only inside a `queue_on` closure) drops the buffer, which frees the memory.
+        buf.confine(&buf.attach)?;
+        Ok(buf)
+    }
+
+    /// Tells the stream order which streams `attach` lets use the memory, on a device without
+    /// concurrent managed access (elsewhere every stream may, whatever the attachment): attached
+    /// to the host, none; to one stream, that one; globally, all. Every door of the device views
+    /// (copies, memsets, `on`, peer copies, prefetches) orders its work through that order on the
+    /// stream the work runs on (a peer copy orders this side on the legacy stream of the memory's
+    /// device), so work on a stream the attachment keeps out is refused there with `NotSupported
+    /// { feature: ConcurrentManagedAccess }` before anything is queued. The check is part of the
+    /// order's exclusion check, which every use makes anyway.
+    fn confine(&self, attach: &Attach) -> Result<()> {
+        if self.caps.concurrent_managed_access || self.ptr == 0 {
+            return Ok(());
+        }
+        let order = self.access.order().expect(ORDERED);
+        match attach {
+            Attach::Global => order.admit_any(),
+            Attach::Host => order.admit_only(None),
+            Attach::Single(stream) => order.admit_only(Some(stream)),
+        }
     }
 
     /// Number of elements.
@@ -606,7 +644,10 @@ impl<T> UnifiedBuffer<T> {
     }
 
     /// A shared device view of the whole buffer, for copies that read it. On a device without
-    /// concurrent managed access its work is refused while the host may be reading the buffer (see
+    /// concurrent managed access its work is refused (`NotSupported { feature:
+    /// ConcurrentManagedAccess }`, before anything is queued) on a stream the attachment keeps
+    /// out (memory attached to the host: every stream; to one stream: every other stream, the
+    /// legacy stream included), and while the host may be reading the buffer (see
     /// [`UnifiedBuffer::as_slice`]), and while a failed restore may have left the memory attached
     /// to the host (see [`UnifiedBuffer::with_host_slice`]).
     pub fn as_device_slice(&self) -> DeviceSlice<'_, T> {
@@ -617,7 +658,9 @@ impl<T> UnifiedBuffer<T> {
         unsafe { DeviceSlice::from_raw_parts(self.ptr, self.len, order, &self.ctx) }
     }
 
-    /// An exclusive device view of the whole buffer, for copies and memsets that write it.
+    /// An exclusive device view of the whole buffer, for copies and memsets that write it. Its
+    /// work is refused on streams the attachment keeps out, as for
+    /// [`UnifiedBuffer::as_device_slice`].
     pub fn as_device_slice_mut(&mut self) -> DeviceSliceMut<'_, T> {
         // `&mut self`: no host borrow from `as_slice` is alive.
         self.end_host_reads_settled();
@@ -630,7 +673,9 @@ impl<T> UnifiedBuffer<T> {
     /// that uses it. [`Attach::Single`] names the stream that may use it, which must be `stream`
     /// itself (another stream gives `InvalidValue`) and not the legacy stream (`InvalidValue`);
     /// a `stream` of another context gives `WrongDevice`; all before any driver call. Host access
-    /// then waits for that stream on devices without concurrent managed access. An attachment that a
+    /// then waits for that stream on devices without concurrent managed access, and there the
+    /// device views' work is admitted on the streams the new attachment allows from now on (see
+    /// [`UnifiedBuffer::as_device_slice`]). An attachment that a
     /// scoped host access failed to restore is restored first (its error is returned).
     pub fn attach(&mut self, stream: &Stream, attach: Attach) -> Result<()> {
         if let Attach::Single(s) = &attach {
@@ -659,9 +704,17 @@ impl<T> UnifiedBuffer<T> {
         self.access.end_host_reads();
         if self.ptr != 0 {
             let order = self.access.view_order(true).expect(ORDERED);
-            let _ticket = order.use_on(stream)?;
-            self.ctx.bind()?;
-            ffi::stream_attach_mem_async(stream.raw(), self.ptr, attach.flags())?;
+            // The attachment itself may be queued on any stream of the context, whatever the
+            // memory is attached to now: its ticket is admitted, then the streams the new
+            // attachment allows are (the old ones again if nothing was queued).
+            self.confine(&Attach::Global)?;
+            let queued = order.use_on(stream).and_then(|_ticket| {
+                self.ctx.bind()?;
+                ffi::stream_attach_mem_async(stream.raw(), self.ptr, attach.flags())
+            });
+            let in_effect = if queued.is_ok() { &attach } else { &self.attach };
+            self.confine(in_effect)?;
+            queued?;
         }
         self.attach = attach;
         Ok(())
@@ -730,10 +783,24 @@ impl<T> UnifiedBuffer<T> {
     /// location); only if even that fails does [`UnifiedBuffer::policy`] name a policy whose hints
     /// may be in effect only in part ([`UnifiedBuffer::attributes`] reads back what is). Either
     /// fallback's failure is logged (`warn`).
+    ///
+    /// The buffer's policy lock is held across those driver calls (up to 10 `cuMemAdvise`), and
+    /// [`UnifiedBuffer::policy`] waits for it: whether `cuMemAdvise` can block behind other work
+    /// of the context (as `cuMemFree` waits for queued host functions) is unmeasured, so a host
+    /// function that sets or reads this buffer's policy may deadlock with a `set_policy` in
+    /// progress.
     pub fn set_policy(&self, policy: MigrationPolicy) -> Result<()> {
         if let Some(l) = policy.preferred_location() {
             l.require_concurrent()?;
         }
+        // The hints are applied under the lock: it is what keeps two threads' policies from
+        // interleaving their hints, so that `policy()` names the hints in effect. Nothing is logged
+        // under it (see below). Up to 10 cuMemAdvise calls run under it (4 for the policy, 4 to
+        // restore the previous one, 2 to clear both hints). Unmeasured: whether cuMemAdvise can wait
+        // for other threads' work as `cuMemFree` waits for every host function queued in the
+        // context (driver-api.md §17). If it can, a held stream holds up every `set_policy` and
+        // `policy()` of this buffer while it waits, and a host function that calls either on this
+        // buffer deadlocks.
         let mut current = self.policy.lock();
         let Err(e) = self.apply_policy(policy) else {
             *current = policy;

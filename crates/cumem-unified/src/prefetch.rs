@@ -87,9 +87,11 @@ impl<'a> PrefetchPlan<'a> {
         self.items.is_empty()
     }
 
-    /// Bytes the plan migrates.
+    /// Bytes the plan migrates, counting a range once per entry that names it; saturates at
+    /// `usize::MAX` (entries naming the same large ranges many times over could otherwise overflow
+    /// the sum).
     pub fn bytes(&self) -> usize {
-        self.items.iter().map(|(s, _)| s.bytes).sum()
+        self.items.iter().fold(0usize, |total, (s, _)| total.saturating_add(s.bytes))
     }
 
     /// Checks every entry, then queues one prefetch per entry on `stream`, each after the work

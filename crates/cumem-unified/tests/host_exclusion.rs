@@ -131,42 +131,48 @@ fn without_concurrent_access_a_host_read_refuses_device_reads_through_shared_vie
             assert!(blocking.as_ref().is_err_and(|e| refused_on(e, device)), "{blocking:?}");
             assert_eq!(host, &data[..]);
         }
-        // An exclusive access proves the host's borrow over: device reads are allowed again.
+        // Attached to the host, the memory takes no device work at all (the driver's rule without
+        // concurrent managed access), borrowed by the host or not.
         buf.end_host_reads();
+        let still = stream.copy_d2d(&buf, &mut dst);
+        assert!(still.as_ref().is_err_and(|e| refused_on(e, device)), "{still:?}");
+        // Attached to the stream, it takes that stream's work (`attach` is an exclusive access).
+        buf.attach(&stream, Attach::Single(stream.clone())).unwrap();
         stream.copy_d2d(&buf, &mut dst).unwrap();
         assert_eq!(dst.to_vec().unwrap(), data);
-        // A copy to a Vec ends its host read when it returns.
+        // A copy to a Vec ends its host read (and its host attachment) when it returns.
         assert_eq!(buf.to_vec().unwrap(), data);
         let mut again = DeviceBuffer::<u32>::zeroed(&stream, 4096).unwrap();
         stream.copy_d2d(&buf, &mut again).unwrap();
         assert_eq!(again.to_vec().unwrap(), data);
-        // So does every other `&mut self` method, here a host write and a device write.
-        let _ = buf.as_slice().unwrap();
-        buf.as_mut_slice().unwrap()[0] = 1;
-        stream.copy_d2d(&buf, &mut again).unwrap();
-        let _ = buf.as_slice().unwrap();
         stream.memset_d32(&mut buf, 5).unwrap();
         assert_eq!(buf.to_vec().unwrap(), vec![5; 4096]);
-        assert_eq!(again.to_vec().unwrap()[..2], [1, data[1]]);
         assert!(misuse_here().is_empty(), "{:?}", misuse_here());
     });
 }
 
 #[test]
 #[serial_test::parallel]
-fn without_concurrent_access_a_host_read_waits_for_device_reads_of_host_attached_memory() {
-    in_child("without_concurrent_access_a_host_read_waits_for_device_reads_of_host_attached_memory", || {
-        let Some((_, _, stream)) = device(false) else { return };
-        let data = pattern(1 << 16);
-        // Attached to the host: the attachment rules alone ask for no wait before host access.
-        let buf = UnifiedBuffer::from_slice_attached(&stream, &data, Attach::Host).unwrap();
-        let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1 << 16).unwrap();
-        // A device read, still queued (5 ms of latency) when the host reads below.
-        stream.copy_d2d(&buf, &mut dst).unwrap();
-        assert_eq!(buf.as_slice().unwrap(), &data[..]);
-        assert_eq!(dst.to_vec().unwrap(), data);
-        assert!(misuse_here().is_empty(), "{:?}", misuse_here());
-    });
+fn without_concurrent_access_a_host_read_waits_for_device_reads_before_the_host_attachment() {
+    in_child(
+        "without_concurrent_access_a_host_read_waits_for_device_reads_before_the_host_attachment",
+        || {
+            let Some((_, _, stream)) = device(false) else { return };
+            let data = pattern(1 << 16);
+            // Attached to the stream: its work may read the memory (no other stream's may).
+            let mut buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+            buf.attach(&stream, Attach::Single(stream.clone())).unwrap();
+            let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1 << 16).unwrap();
+            // A device read, still queued (5 ms of latency) when the host reads below.
+            stream.copy_d2d(&buf, &mut dst).unwrap();
+            // Attached to the host behind it: the attachment rules alone ask for no wait before host
+            // access, but the read queued before must have completed.
+            buf.attach(&stream, Attach::Host).unwrap();
+            assert_eq!(buf.as_slice().unwrap(), &data[..]);
+            assert_eq!(dst.to_vec().unwrap(), data);
+            assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+        },
+    );
 }
 
 #[test]
@@ -208,39 +214,40 @@ fn without_concurrent_access_a_host_read_while_a_ticket_is_held_is_refused_not_w
     let Some((device, ctx, stream)) = device(false) else { return };
     let refused = without_hanging("a host read while this thread holds a ticket", move || {
         let data = pattern(1024);
-        let mut buf = UnifiedBuffer::from_slice_attached(&stream, &data, Attach::Host).unwrap();
-        let (slice, vec) = {
+        // Attached to the stream, whose work alone may use it (memory attached to the host takes
+        // no ticket at all).
+        let mut buf = UnifiedBuffer::from_slice(&stream, &data).unwrap();
+        buf.attach(&stream, Attach::Single(stream.clone())).unwrap();
+        let vec = {
             let view = buf.as_device_slice();
             // Work is being queued (by this very thread): waiting for it would wait forever.
             let _ticket = view.order().use_on(&stream).unwrap();
-            (buf.as_slice().map(<[u32]>::len), buf.to_vec())
+            buf.to_vec()
         };
-        // The refusals changed nothing: device work is still allowed, and host reads work again.
+        // The refusal changed nothing: device work is still allowed, and host reads work again.
         let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap();
         stream.copy_d2d(&buf, &mut dst).unwrap();
         assert_eq!(buf.to_vec().unwrap(), data);
-        assert_eq!(buf.as_slice().unwrap(), &data[..]);
-        buf.end_host_reads();
         stream.copy_d2d(&buf, &mut dst).unwrap();
         assert_eq!(dst.to_vec().unwrap(), data);
         // A ticket never dropped keeps refusing host reads, without hanging them, until the
         // owner's exclusive access proves it gone (its work was queued before its borrow ended).
         for _ in 0..3 {
-            std::mem::forget(buf.as_device_slice().order().use_on(&Stream::legacy(&ctx)).unwrap());
+            std::mem::forget(buf.as_device_slice().order().use_on(&stream).unwrap());
         }
-        let forgotten = (buf.as_slice().map(<[u32]>::len), buf.to_vec());
-        buf.as_mut_slice().unwrap()[0] = 7;
+        let forgotten = buf.to_vec();
+        buf.with_host_slice_mut(|v| v[0] = 7).unwrap();
         let mut expected = data.clone();
         expected[0] = 7;
-        assert_eq!(buf.as_slice().unwrap(), &expected[..]);
         assert_eq!(buf.to_vec().unwrap(), expected);
-        (slice, vec, forgotten)
+        // The legacy stream is not the attached stream: its tickets are refused.
+        let legacy = buf.as_device_slice().order().use_on(&Stream::legacy(&ctx)).map(drop);
+        (vec, forgotten, legacy)
     });
-    let (slice, vec, (slice_after_forget, vec_after_forget)) = refused;
-    assert!(slice.as_ref().is_err_and(|e| refused_on(e, device)), "{slice:?}");
+    let (vec, vec_after_forget, legacy) = refused;
     assert!(vec.as_ref().is_err_and(|e| refused_on(e, device)), "{vec:?}");
-    assert!(slice_after_forget.as_ref().is_err_and(|e| refused_on(e, device)), "{slice_after_forget:?}");
     assert!(vec_after_forget.as_ref().is_err_and(|e| refused_on(e, device)), "{vec_after_forget:?}");
+    assert!(legacy.as_ref().is_err_and(|e| refused_on(e, device)), "{legacy:?}");
     assert!(misuse_here().is_empty(), "{:?}", misuse_here());
 }
 

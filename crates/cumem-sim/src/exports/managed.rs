@@ -200,7 +200,11 @@ pub unsafe extern "C" fn cuMemRangeGetAttributes(
 /// completed. The arguments are checked at the call: `dptr` must be the base of a managed
 /// allocation and `length` 0 or its size; SINGLE on the NULL/legacy stream gives `INVALID_VALUE`.
 /// A SINGLE attachment reverts to the allocation's flags once its stream is destroyed and has
-/// drained. Access restrictions implied by the attachment are not enforced.
+/// drained. Of the access restrictions the attachment implies, one is checked: on a device without
+/// concurrent managed access, a copy or memset queued on memory attached to the host (with no
+/// attachment of it still queued, so the one in effect at execution is known at the call) is
+/// recorded in the violation log (the call succeeds, as the driver's does; the GPU would fault).
+/// Use of memory attached to a single stream from another stream is not checked.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamAttachMemAsync(
     h_stream: CUstream,
