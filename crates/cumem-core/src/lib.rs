@@ -30,6 +30,7 @@ mod device;
 mod dyn_resource;
 mod event;
 mod ffi;
+mod home_stream;
 mod host_access;
 mod marker;
 mod order;
@@ -56,6 +57,7 @@ pub use current::{
 pub use device::Device;
 pub use dyn_resource::IntoDynResource;
 pub use event::Event;
+pub use home_stream::HomeStream;
 pub use host_access::{HostAccess, HostMemory};
 pub use order::{OrderTicket, StreamOrder};
 pub use pageable::blocking_host_copy;

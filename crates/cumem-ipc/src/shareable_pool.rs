@@ -28,8 +28,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cumem_core::sys::{CUdevice_attribute, CUmemoryPool};
 use cumem_core::{
-    AllocLayout, Allocation, Context, DeviceBuffer, DeviceResource, Error, ErrorContext, Feature, Result,
-    Stream,
+    AllocLayout, Allocation, Context, DeviceBuffer, DeviceResource, Error, ErrorContext, Feature, HomeStream,
+    Result, Stream,
 };
 
 use crate::PoolPointerExport;
@@ -50,13 +50,18 @@ const POSIX_FD_BIT: i32 = 1;
 /// states it as its safety contract.
 ///
 /// Alignments above 256 bytes are served as `NativePoolResource` (cumem-pool) does: the exact
-/// size when the pool's address is aligned enough, else padded.
+/// size when the pool's address is aligned enough, else padded. Memory whose last stream belongs
+/// to another context is freed on a non-blocking stream of the pool's context, created at the
+/// first such free and kept, after that stream's work so far.
 pub struct ShareablePool {
     ctx: Context,
     raw: RawPool,
     /// The pool was exported once (`cuMemPoolExportToShareableHandle`): only then does the
     /// driver export its pointers (see [`ShareablePool::export_pointer`]).
     exported: AtomicBool,
+    /// Where memory last used on another context's stream is freed (see `free_after_foreign`):
+    /// a stream of `ctx`, created at the first such free and kept.
+    home: HomeStream,
 }
 
 struct RawPool(CUmemoryPool);
@@ -100,7 +105,12 @@ impl ShareablePool {
         }
         ctx.bind()?;
         let raw = ffi::pool_create_shareable(device.raw(), max_size.unwrap_or(0))?;
-        Ok(ShareablePool { ctx: ctx.clone(), raw: RawPool(raw), exported: AtomicBool::new(false) })
+        Ok(ShareablePool {
+            ctx: ctx.clone(),
+            raw: RawPool(raw),
+            exported: AtomicBool::new(false),
+            home: HomeStream::new(),
+        })
     }
 
     /// The driver's handle; valid while `self` lives.
@@ -169,11 +179,32 @@ impl ShareablePool {
     }
 }
 
+impl ShareablePool {
+    /// Frees `base` when the buffer's last stream, `stream`, belongs to another context: on the
+    /// pool's [`HomeStream`], ordered after `stream`, or leaked with a warning when no ordering
+    /// can be proven (rather than freed under its uses).
+    ///
+    /// # Safety
+    /// 1. `base` came from `cuMemAllocFromPoolAsync` on this pool and is freed once.
+    /// 2. Every use of it is ordered before work queued on `stream` next.
+    unsafe fn free_after_foreign(&self, base: u64, ptr: u64, stream: &Stream) -> Result<()> {
+        let Some(follower) = self.home.after(&self.ctx, stream) else {
+            tracing::warn!(ptr, "the memory is leaked: its last stream's work cannot be waited for");
+            return Ok(());
+        };
+        self.ctx.bind()?;
+        // SAFETY: `base` is freed once (item 1), and every use is ordered before the free: before
+        // work queued on `stream` next (item 2), which `follower` follows.
+        unsafe { ffi::mem_free_async(base, follower.raw()) }
+    }
+}
+
 // SAFETY: cuMemAllocFromPoolAsync returns fresh memory usable in order on the stream, aligned to
 // 256 bytes. A larger alignment is served by an exact-size block whose address is checked, or by
 // padding `align - 256` bytes and rounding the 256-aligned base up (which stays inside the
 // block); the base travels in the allocation's token so it is what gets freed. Frees are
-// stream-ordered on the buffer's last stream, as the trait's contract provides.
+// stream-ordered on the buffer's last stream, as the trait's contract provides, or on a stream of
+// the pool's context ordered after it when it belongs to another context.
 unsafe impl DeviceResource for ShareablePool {
     fn context(&self) -> &Context {
         &self.ctx
@@ -212,11 +243,16 @@ unsafe impl DeviceResource for ShareablePool {
 
     unsafe fn deallocate(&self, allocation: Allocation, _layout: AllocLayout, stream: &Stream) {
         let (ptr, base) = (allocation.ptr, allocation.token[0]);
-        let result = self.ctx.bind().and_then(|()| {
-            // SAFETY: `base` came from cuMemAllocFromPoolAsync (caller's item 1) and every use of it
-            // is ordered before work queued on `stream` next (item 2).
-            unsafe { ffi::mem_free_async(base, stream.raw()) }
-        });
+        let result = if stream.context() == &self.ctx {
+            self.ctx.bind().and_then(|()| {
+                // SAFETY: `base` came from cuMemAllocFromPoolAsync (caller's item 1) and every use
+                // of it is ordered before work queued on `stream` next (item 2).
+                unsafe { ffi::mem_free_async(base, stream.raw()) }
+            })
+        } else {
+            // SAFETY: the caller's items 1 and 2, passed on.
+            unsafe { self.free_after_foreign(base, ptr, stream) }
+        };
         if let Err(e) = result {
             tracing::warn!(ptr, error = %e, "cuMemFreeAsync failed; the memory stays in the pool");
         }

@@ -12,7 +12,8 @@
 //! inside a `queue_on` closure is freed, not leaked; a pointer exports before the pool was ever
 //! exported (by hand), also from two threads at once; an import at an address misaligned for its
 //! type is refused and freed; a refused import does not wait for the caller's stream; a direct `DeviceResource::allocate` with a stream of another
-//! device is `WrongDevice`; a size cap of 0 bytes is `ZeroSize`, not a pool without a cap. The process ends with a clean live report.
+//! device is `WrongDevice`; a block last used on another device's legacy stream is freed after its
+//! work, not on this device's legacy stream; a size cap of 0 bytes is `ZeroSize`, not a pool without a cap. The process ends with a clean live report.
 
 use std::sync::Arc;
 
@@ -742,6 +743,46 @@ fn a_size_cap_of_zero_is_zero_size() {
         assert!(matches!(answered, Err(Error::ZeroSize { .. })), "{answered:?}");
         // A cap that is not zero still makes a pool.
         ShareablePool::with_max_size(&ctx, Some(32 << 20)).unwrap();
+    }
+    assert_clean_report();
+}
+
+/// A block zeroed on a non-blocking device-0 stream held by a gate, then last used on device 1's
+/// legacy stream and dropped; device 0's legacy stream then takes memory from the pool and writes
+/// it. The free must follow the gated memset: freed with device 0's context current on the NULL
+/// handle (device 0's legacy stream, which does not wait for a non-blocking stream), the block
+/// would serve the next allocation at once and the gated zeros land on the new owner's data.
+#[test]
+#[serial]
+fn a_block_last_used_on_another_devices_legacy_stream_is_freed_after_its_work() {
+    init_with_no_violations();
+    if !testing::needs_devices(2) {
+        return;
+    }
+    {
+        let (ctx0, ctx1) =
+            (Device::get(0).unwrap().context().unwrap(), Device::get(1).unwrap().context().unwrap());
+        let pool = Arc::new(ShareablePool::new(&ctx0).unwrap());
+        let (s0, legacy0, legacy1) =
+            (Stream::non_blocking(&ctx0).unwrap(), Stream::legacy(&ctx0), Stream::legacy(&ctx1));
+        ctx0.bind().unwrap();
+        // SAFETY: `s0` is alive (owned here), and its context was just made current.
+        let gate = unsafe { testing::hold(s0.raw()) };
+        let x = DeviceBuffer::<u32>::zeroed_in(&pool, &s0, 4096).unwrap();
+        drop(x.order().use_on(&legacy1).unwrap()); // device 1's legacy stream follows every use
+        drop(x);
+        let data: Vec<u32> = (0..4096).map(|i| i * 3 + 1).collect();
+        let y = DeviceBuffer::from_slice_in(&pool, &legacy0, &data).unwrap();
+        let opener = gate.release_after(std::time::Duration::from_millis(150));
+        legacy0.synchronize().unwrap();
+        opener.join().unwrap();
+        s0.synchronize().unwrap();
+        assert_eq!(y.to_vec().unwrap(), data, "the gated memset of the freed block landed on the next owner");
+        if let Some(ctl) = testing::sim_control() {
+            let violations = ctl.violations();
+            assert!(violations.is_empty(), "the block was freed under the gated work: {violations:?}");
+        }
+        drop(y);
     }
     assert_clean_report();
 }

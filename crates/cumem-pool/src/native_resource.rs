@@ -18,9 +18,7 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
-use std::sync::OnceLock;
-
-use cumem_core::{AllocLayout, Allocation, Context, DeviceResource, Error, Result, Stream};
+use cumem_core::{AllocLayout, Allocation, Context, DeviceResource, Error, HomeStream, Result, Stream};
 
 use crate::{MemPool, ffi};
 
@@ -85,14 +83,14 @@ fn unbound_first<T>(ctx: &Context, stream: &Stream, call: impl Fn() -> Result<T>
 pub struct NativePoolResource {
     /// Where memory last used on another context's stream is freed (see `free_after_foreign`).
     /// Declared first so that it is destroyed before the pool (its pending frees still complete).
-    local: OnceLock<Stream>,
+    home: HomeStream,
     pool: MemPool,
 }
 
 impl NativePoolResource {
     /// Serves allocations from `pool`.
     pub fn new(pool: MemPool) -> Self {
-        NativePoolResource { pool, local: OnceLock::new() }
+        NativePoolResource { pool, home: HomeStream::new() }
     }
 
     /// The device's default pool as a resource.
@@ -114,48 +112,23 @@ impl NativePoolResource {
         tracing::trace!(device, stream = stream.id(), bytes, ptr, "{what}");
     }
 
-    /// The resource's own stream of the pool's context, created on first use.
-    fn local_stream(&self) -> Result<&Stream> {
-        if let Some(local) = self.local.get() {
-            return Ok(local);
-        }
-        let created = Stream::non_blocking(self.pool.context())?;
-        // A thread that raced us keeps its stream; ours is dropped (destroyed) unused.
-        Ok(self.local.get_or_init(|| created))
-    }
-
     /// Frees `base`, whose uses are all ordered before work queued on `stream` next, when
-    /// `stream` belongs to another context than the pool's.
-    ///
-    /// Neither the header nor the driver brief says `cuMemFreeAsync` accepts a stream of another
-    /// context than the pool's, and a special handle (the legacy stream) would name the *current*
-    /// context's stream, not `stream` (driver-api.md G2, G5): the free is queued instead on a
-    /// stream of the pool's context made to wait for `stream`'s work so far. If that wait cannot
-    /// be queued, `stream` is synchronised (its work, hence every use, is then over) and the
-    /// memory freed on the pool context's legacy stream; if that fails too, nothing proves the
-    /// uses over, and the memory is leaked (a warning says so) rather than freed under them.
+    /// `stream` belongs to another context than the pool's: on the resource's [`HomeStream`],
+    /// ordered after `stream`, or leaked with a warning when no ordering can be proven (rather
+    /// than freed under its uses).
     ///
     /// # Safety
     /// 1. `base` came from `cuMemAllocFromPoolAsync` on this resource's pool and is freed once.
     /// 2. Every use of it is ordered before work queued on `stream` next.
     unsafe fn free_after_foreign(&self, base: u64, ptr: u64, stream: &Stream) -> Result<()> {
         let ctx = self.pool.context();
-        let ordered = self.local_stream().and_then(|local| local.wait_for(stream).map(|()| local));
-        let local = match ordered {
-            Ok(local) => local.clone(),
-            Err(e) => {
-                tracing::warn!(ptr, error = %e, "ordering a free after another context's stream failed; waiting for that stream");
-                if let Err(e) = stream.synchronize() {
-                    tracing::warn!(ptr, error = %e, "waiting for the last stream failed; the memory is leaked");
-                    return Ok(());
-                }
-                Stream::legacy(ctx)
-            }
+        let Some(follower) = self.home.after(ctx, stream) else {
+            tracing::warn!(ptr, "the memory is leaked: its last stream's work cannot be waited for");
+            return Ok(());
         };
         // SAFETY: `base` is freed once (item 1), and every use is ordered before the free: before
-        // work queued on `stream` next (item 2), which `local` now waits for, or complete (the
-        // synchronisation above).
-        unbound_first(ctx, &local, || unsafe { ffi::mem_free_async(base, local.raw()) })
+        // work queued on `stream` next (item 2), which `follower` follows.
+        unbound_first(ctx, &follower, || unsafe { ffi::mem_free_async(base, follower.raw()) })
     }
 }
 
