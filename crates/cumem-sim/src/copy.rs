@@ -688,3 +688,42 @@ pub(crate) fn memset_2d(
     }
     Ok(())
 }
+
+/// The checks [`memcpy`] makes of an asynchronous `cuMemcpyAsync(dst, src, len, stream)`, made
+/// without queuing anything (`cuMemcpyBatchAsync` validates every copy before it queues any).
+/// With `stage`, also the source's bytes when the host can read the source now: pageable memory,
+/// page-locked memory, or managed memory, read through the engine's mapping (the program's may
+/// be `PROT_NONE` while device work uses it); `None` for device memory, which the copy reads in
+/// stream order.
+///
+/// # Safety
+/// 1. With `stage`, a pageable (non-CUDA) source is valid for `len` bytes of reading, as the C
+///    API requires of its caller.
+pub(crate) unsafe fn check_async_copy(
+    dst: u64,
+    src: u64,
+    len: usize,
+    stream: CUstream,
+    stage: bool,
+) -> Result<Option<Vec<u8>>, Fail> {
+    let mut g = SIM.st.lock();
+    let sid = target_stream(&mut g, Some(stream))?;
+    if len == 0 {
+        return Ok(None);
+    }
+    let dev = g.streams[&sid].device;
+    let d = resolve(&g, dev, dst, len, Role::Unified, "destination")?;
+    writable(&g, dev, &d, dst, len)?;
+    let s = resolve(&g, dev, src, len, Role::Unified, "source")?;
+    let host_readable = match &s {
+        Endpoint::Pageable(_) => true,
+        Endpoint::Mem(a, ..) => !a.kind.device_only(),
+    };
+    if !(stage && host_readable) {
+        return Ok(None);
+    }
+    // SAFETY: `resolve` found the source inside a live host-visible allocation (whose mapping
+    // the held state keeps alive) or, outside every CUDA range, in pageable memory the caller
+    // guarantees readable.
+    Ok(Some(unsafe { std::slice::from_raw_parts(s.ptr(), len) }.to_vec()))
+}

@@ -536,6 +536,77 @@ fn v1_2d_copies_widen_their_descriptor() {
     assert_eq!(unsafe { copy(&c) }, INVALID_VALUE);
 }
 
+/// One batch of `dsts.len()` copies, all under the attributes `order`; `(result, failIdx)`.
+fn run_batch(
+    dsts: &[CUdeviceptr],
+    srcs: &[CUdeviceptr],
+    sizes: &[usize],
+    order: u32,
+    s: CUstream,
+) -> (CUresult, usize) {
+    // SAFETY: the exported prototype.
+    let batch: Batch = unsafe { raw("cuMemcpyBatchAsync") };
+    let mut fail = 77usize;
+    let at = [attrs(order)];
+    // SAFETY: arrays of the given lengths; the caller passes live memory or memory the batch
+    // must refuse.
+    let r = unsafe {
+        batch(
+            dsts.as_ptr(),
+            srcs.as_ptr(),
+            sizes.as_ptr(),
+            dsts.len(),
+            at.as_ptr(),
+            [0usize].as_ptr(),
+            1,
+            &mut fail,
+            s,
+        )
+    };
+    (r, fail)
+}
+
+#[test]
+#[serial] // holds a stream with a gate: a free elsewhere (implicit synchronisation) would wait for it
+fn batched_copies_check_every_copy_as_a_copy_before_queuing_and_read_only_host_memory() {
+    bind(1); // no concurrent managed access: queued work keeps the host out of managed memory
+    let s = stream(1);
+    let d = dalloc(1024);
+    // SAFETY: live allocation.
+    ok(unsafe { cu::cuMemsetD8_v2(d, 0, 1024) });
+    let h = pinned(256);
+    poke(h, 256, 0x5A);
+    let freed = dalloc(256);
+    dfree(freed);
+    // A freed device source: refused at validation for every access order (DURING_API_CALL
+    // must not read it), and the valid copy before it is not queued.
+    for order in [1, 2, 3] {
+        let r = run_batch(&[d, d + 256], &[h as CUdeviceptr, freed], &[256, 256], order, s);
+        assert_eq!(r, (INVALID_VALUE, 1), "order {order}");
+    }
+    // SAFETY: plain call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    assert_eq!(read_back(d, 512), vec![0; 512], "no refused batch wrote anything");
+    // A managed source that queued work keeps the program out of: read DURING_API_CALL all
+    // the same (the driver reads it, the program does not).
+    let mut m = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocManaged(&mut m, 8192, 1) });
+    poke(m as usize as *mut u8, 256, 0xC3);
+    let gate = Gate::block(s);
+    // SAFETY: `h` holds 256 bytes and stays allocated until after the synchronisation below.
+    ok(unsafe { cu::cuMemcpyHtoDAsync_v2(m + 4096, h.cast(), 256, s) });
+    assert_eq!(run_batch(&[d + 512], &[m], &[256], 2, s), (CUresult::CUDA_SUCCESS, 77));
+    gate.open();
+    // SAFETY: plain call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    assert_eq!(read_back(d + 512, 256), vec![0xC3; 256]);
+    destroy(s);
+    dfree(m);
+    pfree(h);
+    dfree(d);
+}
+
 #[test]
 #[parallel]
 fn a_ptsz_batch_on_the_null_stream_uses_the_per_thread_stream() {
