@@ -18,7 +18,7 @@ use cudarc::driver::sys::CUresult;
 use crate::api::Fail;
 use crate::state::{SIM, State, ctx_handle};
 use crate::stream::StreamKind;
-use crate::stream::{all_targets, wait_for};
+use crate::stream::{ctx_targets, wait_for};
 
 /// `CU_CTX_MAP_HOST`: always reported by a primary context, never settable on one.
 pub(crate) const CTX_MAP_HOST: u32 = 0x8;
@@ -429,12 +429,13 @@ pub(crate) fn primary_set_flags(dev: i32, flags: u32) -> Result<(), Fail> {
     Ok(())
 }
 
-/// `cuCtxSynchronize`: waits for all work queued so far in the current context's device, then
-/// lets its pools release memory above their thresholds.
+/// `cuCtxSynchronize`: waits for all work queued so far in the current context's streams (not
+/// other contexts' on the same device: driver-api.md §4), then lets the device's pools release
+/// memory above their thresholds.
 pub(crate) fn synchronize() -> Result<(), Fail> {
     let mut st = SIM.st.lock();
-    let d = require(&st)?;
-    let targets = all_targets(&st, d);
+    let (ctx, d) = current_ctx(&st)?;
+    let targets = ctx_targets(&st, ctx);
     wait_for(&mut st, &targets);
     crate::pool::on_synchronize(&mut st, d);
     Ok(())

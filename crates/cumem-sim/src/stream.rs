@@ -530,9 +530,15 @@ pub(crate) fn sync_targets(st: &State, sid: u64) -> Vec<(u64, u64)> {
     targets
 }
 
-/// Every stream of a context (or of a device, with `ctx == None`) up to its last operation.
+/// Every stream of device `device` (of all its contexts) up to its last operation: what the
+/// driver's device-wide drains wait for (implicit synchronisation, see [`crate::hold`]).
 pub(crate) fn all_targets(st: &State, device: usize) -> Vec<(u64, u64)> {
     st.streams.iter().filter(|(_, s)| s.device == device).map(|(&id, s)| (id, s.last_seq)).collect()
+}
+
+/// Every stream of context `ctx` up to its last operation (`cuCtxSynchronize`).
+pub(crate) fn ctx_targets(st: &State, ctx: u64) -> Vec<(u64, u64)> {
+    st.streams.iter().filter(|(_, s)| s.ctx == ctx).map(|(&id, s)| (id, s.last_seq)).collect()
 }
 
 /// Whether all targets are complete.

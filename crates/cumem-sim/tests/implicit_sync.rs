@@ -14,7 +14,7 @@ use std::sync::mpsc::{Receiver, TryRecvError, channel};
 use std::time::Duration;
 
 use common::*;
-use cudarc::driver::sys::{self as cu, CUevent, CUresult, CUstream};
+use cudarc::driver::sys::{self as cu, CUcontext, CUevent, CUresult, CUstream};
 
 const NON_BLOCKING: u32 = 1;
 /// How long a held call must stay blocked (and a free call has to return).
@@ -163,6 +163,45 @@ fn a_thread_in_cu_mem_free_holds_back_queueing_calls_but_not_queries() {
     dfree(target);
     pfree(h as *mut u8);
     pfree(host as *mut u8);
+    let report = setup().live_report();
+    assert!(report.is_clean(), "everything the test made is released: {report}");
+}
+
+#[test]
+#[serial_test::serial] // holds a stream with a gate
+fn cu_ctx_synchronize_waits_for_the_current_contexts_streams_only() {
+    bind(0);
+    let mut b: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; NULL parameters are allowed. The created context is current.
+    ok(unsafe { cu::cuCtxCreate_v4(&mut b, std::ptr::null_mut(), 0, 0) });
+    let held = stream(NON_BLOCKING);
+    let gate = Gate::block(held);
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuCtxPopCurrent_v2(&mut popped) });
+    assert_eq!(popped, b);
+    // SAFETY: plain FFI call.
+    let primary = on_thread(|| unsafe { cu::cuCtxSynchronize() });
+    assert_eq!(
+        primary.recv_timeout(LIMIT),
+        Ok(CUresult::CUDA_SUCCESS),
+        "the primary context's cuCtxSynchronize does not wait for another context's stream"
+    );
+    let b_handle = b as usize;
+    // SAFETY: a live context handle; plain FFI calls.
+    let created = on_thread(move || unsafe {
+        ok(cu::cuCtxSetCurrent(b_handle as CUcontext));
+        cu::cuCtxSynchronize()
+    });
+    assert!(
+        created.recv_timeout(PAUSE).is_err(),
+        "the created context's cuCtxSynchronize waits for its stream"
+    );
+    gate.open();
+    assert_eq!(created.recv_timeout(LIMIT), Ok(CUresult::CUDA_SUCCESS));
+    destroy(held);
+    // SAFETY: the context created above, destroyed once.
+    ok(unsafe { cu::cuCtxDestroy_v2(b) });
     let report = setup().live_report();
     assert!(report.is_clean(), "everything the test made is released: {report}");
 }
