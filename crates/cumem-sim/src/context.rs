@@ -383,7 +383,16 @@ pub(crate) fn primary_release(dev: i32) -> Result<(), Fail> {
     // release. So drain while still retained, and decide only once the count is settled.
     loop {
         match st.devices[d].ctx.retain {
-            0 => return Ok(()), // released by another thread while we drained
+            // Another thread's release brought the count to 0 while we drained: this one
+            // releases a context no longer retained, as a release after it would.
+            0 => {
+                return Err(Fail::misuse(
+                    CUresult::CUDA_ERROR_INVALID_CONTEXT,
+                    format!(
+                        "primary context of device {d} released by another thread meanwhile: not retained"
+                    ),
+                ));
+            }
             1 => {}
             _ => {
                 st.devices[d].ctx.retain -= 1;

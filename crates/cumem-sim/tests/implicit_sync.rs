@@ -205,3 +205,42 @@ fn cu_ctx_synchronize_waits_for_the_current_contexts_streams_only() {
     let report = setup().live_report();
     assert!(report.is_clean(), "everything the test made is released: {report}");
 }
+
+#[test]
+#[serial_test::serial] // holds a stream with a gate
+fn of_two_releases_of_the_last_reference_waiting_together_one_fails() {
+    let ctl = setup();
+    let mut ctx: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; device 2 is left unretained by the shared setup.
+    ok(unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, 2) });
+    // SAFETY: the handle just retained.
+    ok(unsafe { cu::cuCtxSetCurrent(ctx) });
+    let held = stream(NON_BLOCKING);
+    let gate = Gate::block(held);
+    let releases = ctl.calls("cuDevicePrimaryCtxRelease_v2");
+    // SAFETY: plain FFI calls; one of the two releases is the misuse under test.
+    let first = on_thread(|| unsafe { cu::cuDevicePrimaryCtxRelease_v2(2) });
+    // SAFETY: as above.
+    let second = on_thread(|| unsafe { cu::cuDevicePrimaryCtxRelease_v2(2) });
+    let entered = std::time::Instant::now();
+    while ctl.calls("cuDevicePrimaryCtxRelease_v2") < releases + 2 {
+        assert!(entered.elapsed() < LIMIT, "the threads never called cuDevicePrimaryCtxRelease");
+        std::thread::yield_now();
+    }
+    // Both wait for the held stream before the count changes.
+    std::thread::sleep(PAUSE);
+    gate.open();
+    let mut results = [first.recv_timeout(LIMIT).unwrap(), second.recv_timeout(LIMIT).unwrap()];
+    results.sort_by_key(|r| *r as u32);
+    assert_eq!(
+        results,
+        [CUresult::CUDA_SUCCESS, CUresult::CUDA_ERROR_INVALID_CONTEXT],
+        "one reference, one release"
+    );
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: valid out-pointers.
+    ok(unsafe { cu::cuDevicePrimaryCtxGetState(2, &mut flags, &mut active) });
+    assert_eq!(active, 0, "the context was released");
+    ctl.clear_violations();
+    bind(0);
+}
