@@ -365,6 +365,17 @@ pub(crate) fn synchronize(h_stream: CUstream) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Waits for everything queued so far on stream `h_stream` itself (not the legacy stream's
+/// implicit dependencies, no pool trimming): how a `_ptds` synchronous operation, queued on the
+/// per-thread stream, returns once complete, as its plain form waits for its own operation.
+pub(crate) fn wait_queued(h_stream: CUstream) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let id = resolve(&mut st, h_stream)?;
+    let target = st.streams.get(&id).map(|s| (id, s.last_seq));
+    wait_for(&mut st, &Vec::from_iter(target));
+    Ok(())
+}
+
 /// `cuStreamQuery`: `NOT_READY` (quietly) while anything queued so far is incomplete.
 pub(crate) fn query(h_stream: CUstream) -> Result<(), Fail> {
     let mut st = SIM.st.lock();

@@ -181,19 +181,25 @@ fn ptsz_null_is_the_per_thread_stream() {
 #[test]
 #[parallel]
 fn ptds_copies_round_trip_and_return_when_host_memory_is_written() {
-    bind(0);
+    let ctl = bind(0);
     // SAFETY: the exported prototypes.
     let (htod, dtoh, memset): (CopyHtoDPtds, CopyDtoHPtds, MemsetD8Ptds) =
         unsafe { (raw("cuMemcpyHtoD_v2_ptds"), raw("cuMemcpyDtoH_v2_ptds"), raw("cuMemsetD8_v2_ptds")) };
     let d = dalloc(4096);
     let src: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
     let mut back = vec![0u8; 4096];
+    let syncs = ctl.calls_on_this_thread("cuStreamSynchronize");
     // SAFETY: both buffers have 4096 bytes.
     unsafe {
         ok(htod(d, src.as_ptr().cast(), 4096));
         ok(dtoh(back.as_mut_ptr().cast(), d, 4096));
     }
     assert_eq!(back, src);
+    assert_eq!(
+        ctl.calls_on_this_thread("cuStreamSynchronize"),
+        syncs,
+        "the wait is the copy's own, not a cuStreamSynchronize call of the program"
+    );
     // SAFETY: live allocation.
     ok(unsafe { memset(d + 100, 0xEE, 50) });
     let got = read_back(d, 4096);
