@@ -289,8 +289,9 @@ pub(crate) fn register(p: u64, bytesize: usize, flags: u32) -> ApiResult {
     if st.in_device_space(start) || st.in_device_space(end - 1) {
         return bad(format!("{start:#x} is device memory, not host memory"));
     }
+    // A zero-byte allocation still owns its base (a page is mapped behind it): `max(1)`.
     if let Some((_, a)) = st.allocs.range(..end).next_back()
-        && a.base + a.bytes > start
+        && a.base + a.bytes.max(1) > start
     {
         if a.kind == AllocKind::Registered {
             return Err(Fail::misuse(
@@ -320,8 +321,16 @@ pub(crate) fn register(p: u64, bytesize: usize, flags: u32) -> ApiResult {
         backing,
         freed: OnceLock::new(),
     };
-    st.allocs.insert(start, Arc::new(alloc));
-    Ok(())
+    // Never replace a live entry: its backing would be dropped (unmapping CUDA's memory).
+    match st.allocs.entry(start) {
+        std::collections::btree_map::Entry::Vacant(v) => {
+            v.insert(Arc::new(alloc));
+            Ok(())
+        }
+        std::collections::btree_map::Entry::Occupied(o) => {
+            bad(format!("{start:#x} is already {} memory", o.get().kind.report_name()))
+        }
+    }
 }
 
 /// `cuMemHostUnregister`: waits for all queued work (which may still use the memory), then

@@ -181,10 +181,55 @@ fn parse_int(text: &str) -> Result<i32, String> {
 /// device without them would need a separate device alias for registered memory and a split
 /// address space, which the simulator does not implement, so such a configuration is refused
 /// rather than answered while behaving otherwise.
-/// Likewise texture gather (44), the persisting-L2 access policy window (109), memory
-/// synchronisation domains (126) and unified function pointers (129) stay 0: none of their entry
-/// points is exported.
-const FIXED_ATTRIBUTES: &[(u32, i32)] = &[(41, 1), (44, 0), (91, 1), (109, 0), (126, 0), (129, 0)];
+/// Likewise the capabilities whose behaviour or entry points are not modelled stay 0, so that no
+/// configuration advertises what the simulator does not do: texture gather (44), pageable memory
+/// access from the device (88, 100: copies and hints refuse pageable device pointers), stream
+/// memory operations (92-94, 122, 123), cooperative launches (95, 96), remote-write flushes (98),
+/// Win32 and fabric handles (104, 105, 128), generic compression (107), the persisting-L2 access
+/// policy window (109), GPUDirect RDMA (110, 116-118), sparse and deferred-mapping CUDA arrays
+/// (112, 121), timeline semaphores (114), cluster launches (120), dma-buf export (124), memory
+/// synchronisation domains (126), tensor maps (127), unified function pointers (129), NUMA
+/// (130), multicast (132), D3D12 CIG (135), memory decompression (136, 137) and multinode host
+/// NUMA IPC (143). Informational attributes (sizes, clocks, limits of kernels that never run)
+/// stay configurable.
+const FIXED_ATTRIBUTES: &[(u32, i32)] = &[
+    (41, 1),
+    (44, 0),
+    (88, 0),
+    (91, 1),
+    (92, 0),
+    (93, 0),
+    (94, 0),
+    (95, 0),
+    (96, 0),
+    (98, 0),
+    (100, 0),
+    (104, 0),
+    (105, 0),
+    (107, 0),
+    (109, 0),
+    (110, 0),
+    (112, 0),
+    (114, 0),
+    (116, 0),
+    (117, 0),
+    (118, 0),
+    (120, 0),
+    (121, 0),
+    (122, 0),
+    (123, 0),
+    (124, 0),
+    (126, 0),
+    (127, 0),
+    (128, 0),
+    (129, 0),
+    (130, 0),
+    (132, 0),
+    (135, 0),
+    (136, 0),
+    (137, 0),
+    (143, 0),
+];
 
 /// Parses the value of attribute `n` (configured as `key`), refusing values the simulator would
 /// only report without behaving accordingly.
@@ -409,11 +454,20 @@ mod tests {
             "dev1.max_access_policy_window_size=4096",
             "mem_sync_domain_count=4",
             "unified_function_pointers=1",
+            "pageable_memory_access=1",
+            "dev1.cooperative_launch=1",
+            "multicast_supported=1",
+            "dma_buf_supported=1",
+            "can_use_64_bit_stream_mem_ops=1",
         ] {
             assert!(c.apply(unexported, false).is_err(), "{unexported}");
         }
         c.apply("can_use_host_pointer_for_registered_mem=1,dev0.unified_addressing=1", false).unwrap();
-        c.apply("can_tex2d_gather=0", false).unwrap();
+        c.apply("can_tex2d_gather=0,pageable_memory_access=0", false).unwrap();
+        // Modelled capabilities stay configurable either way.
+        c.apply("managed_memory=0,concurrent_managed_access=0,host_register_supported=0,vmm=0", false)
+            .unwrap();
+        c.apply("ipc_event_supported=0,memory_pools_supported=0,can_map_host_memory=0", false).unwrap();
         assert_eq!(c.latency_us, 200);
         assert!(c.apply("devices=4", true).is_err());
         c.apply("latency_us=9,leak_check=1", true).unwrap();

@@ -18,7 +18,7 @@ use cudarc::driver::sys::CUresult;
 use crate::api::Fail;
 use crate::state::{SIM, State, ctx_handle};
 use crate::stream::StreamKind;
-use crate::stream::{all_targets, wait_for};
+use crate::stream::{ctx_targets, wait_for};
 
 /// `CU_CTX_MAP_HOST`: always reported by a primary context, never settable on one.
 pub(crate) const CTX_MAP_HOST: u32 = 0x8;
@@ -383,7 +383,16 @@ pub(crate) fn primary_release(dev: i32) -> Result<(), Fail> {
     // release. So drain while still retained, and decide only once the count is settled.
     loop {
         match st.devices[d].ctx.retain {
-            0 => return Ok(()), // released by another thread while we drained
+            // Another thread's release brought the count to 0 while we drained: this one
+            // releases a context no longer retained, as a release after it would.
+            0 => {
+                return Err(Fail::misuse(
+                    CUresult::CUDA_ERROR_INVALID_CONTEXT,
+                    format!(
+                        "primary context of device {d} released by another thread meanwhile: not retained"
+                    ),
+                ));
+            }
             1 => {}
             _ => {
                 st.devices[d].ctx.retain -= 1;
@@ -429,12 +438,13 @@ pub(crate) fn primary_set_flags(dev: i32, flags: u32) -> Result<(), Fail> {
     Ok(())
 }
 
-/// `cuCtxSynchronize`: waits for all work queued so far in the current context's device, then
-/// lets its pools release memory above their thresholds.
+/// `cuCtxSynchronize`: waits for all work queued so far in the current context's streams (not
+/// other contexts' on the same device: driver-api.md §4), then lets the device's pools release
+/// memory above their thresholds.
 pub(crate) fn synchronize() -> Result<(), Fail> {
     let mut st = SIM.st.lock();
-    let d = require(&st)?;
-    let targets = all_targets(&st, d);
+    let (ctx, d) = current_ctx(&st)?;
+    let targets = ctx_targets(&st, ctx);
     wait_for(&mut st, &targets);
     crate::pool::on_synchronize(&mut st, d);
     Ok(())

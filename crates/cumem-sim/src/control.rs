@@ -19,7 +19,8 @@ use cudarc::driver::sys::CUresult;
 use libloading::os::unix::{Library, Symbol};
 
 pub use crate::report::{
-    LiveAllocation, LiveContext, LiveEvent, LivePool, LiveRegistration, LiveReport, LiveStream,
+    LiveAllocation, LiveContext, LiveEvent, LivePeerAccess, LivePool, LiveRegistration, LiveReport,
+    LiveStream,
 };
 pub use crate::violation::Violation;
 

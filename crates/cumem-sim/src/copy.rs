@@ -485,21 +485,33 @@ fn bad(m: String) -> Fail {
     Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m)
 }
 
-/// The rows of one side, each resolved against the allocation containing it.
-fn side_rows(
-    st: &State,
-    dev: usize,
-    c: &Copy3D,
-    s: &Side,
-    what: &str,
-    max_pitch: u64,
-) -> Result<Vec<(u64, Endpoint)>, Fail> {
-    let (base, role) = match s.mem_type {
+/// The side's base address for its memory type and the role its rows resolve with.
+fn side_base(s: &Side) -> (u64, Role) {
+    match s.mem_type {
         HOST => (s.host, Role::Host),
         DEVICE => (s.device, Role::Device),
         UNIFIED => (s.device, Role::Unified),
         _ => unreachable!("memory types are validated first"),
-    };
+    }
+}
+
+/// Address of row `y` of slice `z` of one side.
+fn row_addr(s: &Side, base: u64, z: usize, y: usize, what: &str) -> Result<u64, Fail> {
+    ((s.z as u64).checked_add(z as u64))
+        .and_then(|v| v.checked_mul(s.height as u64))
+        .and_then(|v| v.checked_add(s.y as u64))
+        .and_then(|v| v.checked_add(y as u64))
+        .and_then(|v| v.checked_mul(s.pitch as u64))
+        .and_then(|v| v.checked_add(s.x as u64))
+        .and_then(|v| v.checked_add(base))
+        .ok_or_else(|| bad(format!("{what} address computation overflows")))
+}
+
+/// The checks of one side that need no per-row work: pitch and slice height, and the first and
+/// last rows resolved (rows lie at increasing addresses, so a side whose last row overruns fails
+/// here). Done for both sides before either side's rows are built, so an absurd extent is refused
+/// before anything proportional to its row count is allocated.
+fn side_checks(st: &State, dev: usize, c: &Copy3D, s: &Side, what: &str, max_pitch: u64) -> Result<(), Fail> {
     if c.height > 1 || c.depth > 1 {
         let need = c.width.checked_add(s.x).ok_or_else(|| bad(format!("{what}: x + width overflows")))?;
         if s.pitch < need {
@@ -517,18 +529,24 @@ fn side_rows(
     if c.three_d && c.depth > 1 && s.height < c.height.saturating_add(s.y) {
         return Err(bad(format!("{what}Height {} < Height {} + {what}Y {}", s.height, c.height, s.y)));
     }
-    let overflow = || bad(format!("{what} address computation overflows"));
-    let mut rows = Vec::with_capacity(c.height * c.depth);
+    let (base, role) = side_base(s);
+    let (z, y) = (c.depth - 1, c.height - 1);
+    resolve(st, dev, row_addr(s, base, 0, 0, what)?, c.width, role, &format!("{what} first row"))?;
+    let last = row_addr(s, base, z, y, what)?;
+    resolve(st, dev, last, c.width, role, &format!("{what} last row (z {z}, y {y})"))?;
+    Ok(())
+}
+
+/// The rows of one side (checked first by [`side_checks`]), each resolved against the
+/// allocation containing it.
+fn side_rows(st: &State, dev: usize, c: &Copy3D, s: &Side, what: &str) -> Result<Vec<(u64, Endpoint)>, Fail> {
+    let (base, role) = side_base(s);
+    // Grown as rows resolve (not sized up front): a middle row outside any allocation stops it.
+    let mut rows = Vec::new();
     let mut last: Option<Arc<Allocation>> = None;
     for z in 0..c.depth {
         for y in 0..c.height {
-            let row = ((s.z + z) as u64)
-                .checked_mul(s.height as u64)
-                .and_then(|v| v.checked_add((s.y + y) as u64))
-                .and_then(|v| v.checked_mul(s.pitch as u64))
-                .and_then(|v| v.checked_add(s.x as u64))
-                .and_then(|v| v.checked_add(base))
-                .ok_or_else(overflow)?;
+            let row = row_addr(s, base, z, y, what)?;
             let e = match &last {
                 // The row that resolved `a` holds its device use for the whole operation.
                 Some(a) if a.contains_range(row, c.width as u64) => {
@@ -580,8 +598,10 @@ pub(crate) unsafe fn memcpy_3d(c: Copy3D, stream: Option<CUstream>) -> Result<()
     }
     let dev = g.streams[&sid].device;
     let max_pitch = g.devices[dev].attr(11).unwrap_or(i32::MAX) as u64;
-    let src = side_rows(&g, dev, &c, &c.src, "src", max_pitch)?;
-    let dst = side_rows(&g, dev, &c, &c.dst, "dst", max_pitch)?;
+    side_checks(&g, dev, &c, &c.src, "src", max_pitch)?;
+    side_checks(&g, dev, &c, &c.dst, "dst", max_pitch)?;
+    let src = side_rows(&g, dev, &c, &c.src, "src")?;
+    let dst = side_rows(&g, dev, &c, &c.dst, "dst")?;
     for (addr, e) in &dst {
         writable(&g, dev, e, *addr, c.width)?;
     }
@@ -642,7 +662,16 @@ pub(crate) fn memset_2d(
         )));
     }
     let dev = g.streams[&sid].device;
-    let mut rows = Vec::with_capacity(height);
+    // The last row first: rows lie at increasing addresses, so an absurd height is refused here,
+    // before anything proportional to it is allocated.
+    let last = ((height - 1) as u64)
+        .checked_mul(pitch as u64)
+        .and_then(|o| o.checked_add(dst))
+        .ok_or_else(|| bad("row address overflows".into()))?;
+    let e = resolve(&g, dev, last, row_bytes, Role::Device, &format!("destination row {}", height - 1))?;
+    writable(&g, dev, &e, last, row_bytes)?;
+    drop(e);
+    let mut rows = Vec::new();
     for y in 0..height {
         let row = (y as u64)
             .checked_mul(pitch as u64)
@@ -658,4 +687,43 @@ pub(crate) fn memset_2d(
         wait_for(&mut g, &[(sid, seq)]);
     }
     Ok(())
+}
+
+/// The checks [`memcpy`] makes of an asynchronous `cuMemcpyAsync(dst, src, len, stream)`, made
+/// without queuing anything (`cuMemcpyBatchAsync` validates every copy before it queues any).
+/// With `stage`, also the source's bytes when the host can read the source now: pageable memory,
+/// page-locked memory, or managed memory, read through the engine's mapping (the program's may
+/// be `PROT_NONE` while device work uses it); `None` for device memory, which the copy reads in
+/// stream order.
+///
+/// # Safety
+/// 1. With `stage`, a pageable (non-CUDA) source is valid for `len` bytes of reading, as the C
+///    API requires of its caller.
+pub(crate) unsafe fn check_async_copy(
+    dst: u64,
+    src: u64,
+    len: usize,
+    stream: CUstream,
+    stage: bool,
+) -> Result<Option<Vec<u8>>, Fail> {
+    let mut g = SIM.st.lock();
+    let sid = target_stream(&mut g, Some(stream))?;
+    if len == 0 {
+        return Ok(None);
+    }
+    let dev = g.streams[&sid].device;
+    let d = resolve(&g, dev, dst, len, Role::Unified, "destination")?;
+    writable(&g, dev, &d, dst, len)?;
+    let s = resolve(&g, dev, src, len, Role::Unified, "source")?;
+    let host_readable = match &s {
+        Endpoint::Pageable(_) => true,
+        Endpoint::Mem(a, ..) => !a.kind.device_only(),
+    };
+    if !(stage && host_readable) {
+        return Ok(None);
+    }
+    // SAFETY: `resolve` found the source inside a live host-visible allocation (whose mapping
+    // the held state keeps alive) or, outside every CUDA range, in pageable memory the caller
+    // guarantees readable.
+    Ok(Some(unsafe { std::slice::from_raw_parts(s.ptr(), len) }.to_vec()))
 }

@@ -115,6 +115,23 @@ pub struct LiveMapping {
     pub offset: u64,
 }
 
+/// Enabled peer access (`cuCtxEnablePeerAccess`): `context` may reach `peer_context`'s memory.
+/// Listed, but not a leak for [`LiveReport::is_clean`]: enabled access is state of the two
+/// contexts, which the driver drops with either of them, and a program (or cumem, for a pair it
+/// adopted from outside, see `cumem-peer`) may leave it enabled for good. A test that expects
+/// every pair it enabled to be disabled again checks this list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LivePeerAccess {
+    /// The accessing context's handle (current when access was enabled).
+    pub context: u64,
+    /// Its device ordinal.
+    pub device: i32,
+    /// The peer context's handle.
+    pub peer_context: u64,
+    /// The peer context's device ordinal.
+    pub peer_device: i32,
+}
+
 /// A live (created, not destroyed) stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveStream {
@@ -179,8 +196,11 @@ pub struct LiveReport {
     pub physical: Vec<LivePhysical>,
     /// Host registrations.
     pub registrations: Vec<LiveRegistration>,
-    /// Retained primary contexts and live created contexts.
+    /// Retained primary contexts (with their retain counts) and live created contexts.
     pub contexts: Vec<LiveContext>,
+    /// Enabled peer-access pairs (not leaks: see [`LivePeerAccess`]).
+    #[serde(default)]
+    pub peer_access: Vec<LivePeerAccess>,
 }
 
 impl LiveReport {
@@ -333,6 +353,13 @@ impl std::fmt::Display for LiveReport {
                 f,
                 "  mapping {:#x} ({} bytes) of handle {:#x} at offset {}",
                 m.ptr, m.bytes, m.handle, m.offset
+            )?;
+        }
+        for p in &self.peer_access {
+            writeln!(
+                f,
+                "  peer access enabled from context {:#x} (device {}) to context {:#x} (device {})",
+                p.context, p.device, p.peer_context, p.peer_device
             )?;
         }
         for c in &self.contexts {

@@ -18,7 +18,8 @@ use crate::managed::Managed;
 use crate::memory::{AllocKind, Allocation, Freed};
 use crate::pool::Pool;
 use crate::report::{
-    LiveAllocation, LiveContext, LiveEvent, LivePool, LiveRegistration, LiveReport, LiveStream,
+    LiveAllocation, LiveContext, LiveEvent, LivePeerAccess, LivePool, LiveRegistration, LiveReport,
+    LiveStream,
 };
 use crate::stream::{Stream, StreamKind};
 
@@ -401,6 +402,16 @@ impl State {
                     handle: h,
                     primary: false,
                 }))
+                .collect(),
+            peer_access: self
+                .peer_access
+                .iter()
+                .map(|&(context, peer_context)| LivePeerAccess {
+                    context,
+                    device: self.ctx_device(context).map_or(-1, |d| d as i32),
+                    peer_context,
+                    peer_device: self.ctx_device(peer_context).map_or(-1, |d| d as i32),
+                })
                 .collect(),
         }
     }

@@ -365,6 +365,17 @@ pub(crate) fn synchronize(h_stream: CUstream) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Waits for everything queued so far on stream `h_stream` itself (not the legacy stream's
+/// implicit dependencies, no pool trimming): how a `_ptds` synchronous operation, queued on the
+/// per-thread stream, returns once complete, as its plain form waits for its own operation.
+pub(crate) fn wait_queued(h_stream: CUstream) -> Result<(), Fail> {
+    let mut st = SIM.st.lock();
+    let id = resolve(&mut st, h_stream)?;
+    let target = st.streams.get(&id).map(|s| (id, s.last_seq));
+    wait_for(&mut st, &Vec::from_iter(target));
+    Ok(())
+}
+
 /// `cuStreamQuery`: `NOT_READY` (quietly) while anything queued so far is incomplete.
 pub(crate) fn query(h_stream: CUstream) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
@@ -530,9 +541,15 @@ pub(crate) fn sync_targets(st: &State, sid: u64) -> Vec<(u64, u64)> {
     targets
 }
 
-/// Every stream of a context (or of a device, with `ctx == None`) up to its last operation.
+/// Every stream of device `device` (of all its contexts) up to its last operation: what the
+/// driver's device-wide drains wait for (implicit synchronisation, see [`crate::hold`]).
 pub(crate) fn all_targets(st: &State, device: usize) -> Vec<(u64, u64)> {
     st.streams.iter().filter(|(_, s)| s.device == device).map(|(&id, s)| (id, s.last_seq)).collect()
+}
+
+/// Every stream of context `ctx` up to its last operation (`cuCtxSynchronize`).
+pub(crate) fn ctx_targets(st: &State, ctx: u64) -> Vec<(u64, u64)> {
+    st.streams.iter().filter(|(_, s)| s.ctx == ctx).map(|(&id, s)| (id, s.last_seq)).collect()
 }
 
 /// Whether all targets are complete.

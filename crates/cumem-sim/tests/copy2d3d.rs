@@ -227,6 +227,45 @@ fn memset_2d_rules() {
     dfree(d);
 }
 
+#[test]
+fn absurd_row_counts_are_refused_before_any_row_is_built() {
+    let ctl = bind(0);
+    let d = dalloc(1024);
+    // SAFETY: live allocation.
+    ok(unsafe { cu::cuMemsetD8_v2(d, 0, 1024) });
+    let e = CUresult::CUDA_ERROR_INVALID_VALUE;
+    let host = [0u8; 16];
+    let mut c = zeroed_2d();
+    c.srcHost = host.as_ptr().cast();
+    c.srcPitch = 1;
+    c.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = d;
+    c.dstPitch = 1;
+    c.WidthInBytes = 1;
+    c.Height = 1 << 40;
+    let mut c3 = zeroed_3d();
+    c3.srcHost = host.as_ptr().cast();
+    c3.srcPitch = 1;
+    c3.srcHeight = 1 << 33;
+    c3.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    c3.dstDevice = d;
+    c3.dstPitch = 1;
+    c3.dstHeight = 1 << 33;
+    c3.WidthInBytes = 1;
+    c3.Height = 1 << 33;
+    c3.Depth = 1 << 33; // Height * Depth overflows 64 bits
+    // SAFETY: every call is refused before touching memory (the source is never read: the
+    // destination's last row lies far past its allocation).
+    unsafe {
+        assert_eq!(cu::cuMemsetD2D8_v2(d, 1024, 0x11, 1, 1 << 44), e, "memset");
+        assert_eq!(cu::cuMemcpy2D_v2(&c), e, "2D copy from pageable memory");
+        assert_eq!(cu::cuMemcpy3D_v2(&c3), e, "3D copy");
+    }
+    assert!(read_back(d, 1024).iter().all(|&b| b == 0), "nothing written");
+    dfree(d);
+    assert!(ctl.violations_on_this_thread().iter().any(|v| v.message.contains("last row")));
+}
+
 /// Shapes of a random 3D sub-volume copy between two pitched volumes.
 #[derive(Debug, Clone)]
 struct Case {

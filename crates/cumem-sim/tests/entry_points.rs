@@ -181,19 +181,25 @@ fn ptsz_null_is_the_per_thread_stream() {
 #[test]
 #[parallel]
 fn ptds_copies_round_trip_and_return_when_host_memory_is_written() {
-    bind(0);
+    let ctl = bind(0);
     // SAFETY: the exported prototypes.
     let (htod, dtoh, memset): (CopyHtoDPtds, CopyDtoHPtds, MemsetD8Ptds) =
         unsafe { (raw("cuMemcpyHtoD_v2_ptds"), raw("cuMemcpyDtoH_v2_ptds"), raw("cuMemsetD8_v2_ptds")) };
     let d = dalloc(4096);
     let src: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
     let mut back = vec![0u8; 4096];
+    let syncs = ctl.calls_on_this_thread("cuStreamSynchronize");
     // SAFETY: both buffers have 4096 bytes.
     unsafe {
         ok(htod(d, src.as_ptr().cast(), 4096));
         ok(dtoh(back.as_mut_ptr().cast(), d, 4096));
     }
     assert_eq!(back, src);
+    assert_eq!(
+        ctl.calls_on_this_thread("cuStreamSynchronize"),
+        syncs,
+        "the wait is the copy's own, not a cuStreamSynchronize call of the program"
+    );
     // SAFETY: live allocation.
     ok(unsafe { memset(d + 100, 0xEE, 50) });
     let got = read_back(d, 4096);
@@ -534,6 +540,77 @@ fn v1_2d_copies_widen_their_descriptor() {
     let c = Memcpy2DV1 { dst_type: 2, dst_device: 0x1000, dst_host: std::ptr::null_mut(), ..c };
     // SAFETY: as above; the device address is the misuse under test.
     assert_eq!(unsafe { copy(&c) }, INVALID_VALUE);
+}
+
+/// One batch of `dsts.len()` copies, all under the attributes `order`; `(result, failIdx)`.
+fn run_batch(
+    dsts: &[CUdeviceptr],
+    srcs: &[CUdeviceptr],
+    sizes: &[usize],
+    order: u32,
+    s: CUstream,
+) -> (CUresult, usize) {
+    // SAFETY: the exported prototype.
+    let batch: Batch = unsafe { raw("cuMemcpyBatchAsync") };
+    let mut fail = 77usize;
+    let at = [attrs(order)];
+    // SAFETY: arrays of the given lengths; the caller passes live memory or memory the batch
+    // must refuse.
+    let r = unsafe {
+        batch(
+            dsts.as_ptr(),
+            srcs.as_ptr(),
+            sizes.as_ptr(),
+            dsts.len(),
+            at.as_ptr(),
+            [0usize].as_ptr(),
+            1,
+            &mut fail,
+            s,
+        )
+    };
+    (r, fail)
+}
+
+#[test]
+#[serial] // holds a stream with a gate: a free elsewhere (implicit synchronisation) would wait for it
+fn batched_copies_check_every_copy_as_a_copy_before_queuing_and_read_only_host_memory() {
+    bind(1); // no concurrent managed access: queued work keeps the host out of managed memory
+    let s = stream(1);
+    let d = dalloc(1024);
+    // SAFETY: live allocation.
+    ok(unsafe { cu::cuMemsetD8_v2(d, 0, 1024) });
+    let h = pinned(256);
+    poke(h, 256, 0x5A);
+    let freed = dalloc(256);
+    dfree(freed);
+    // A freed device source: refused at validation for every access order (DURING_API_CALL
+    // must not read it), and the valid copy before it is not queued.
+    for order in [1, 2, 3] {
+        let r = run_batch(&[d, d + 256], &[h as CUdeviceptr, freed], &[256, 256], order, s);
+        assert_eq!(r, (INVALID_VALUE, 1), "order {order}");
+    }
+    // SAFETY: plain call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    assert_eq!(read_back(d, 512), vec![0; 512], "no refused batch wrote anything");
+    // A managed source that queued work keeps the program out of: read DURING_API_CALL all
+    // the same (the driver reads it, the program does not).
+    let mut m = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocManaged(&mut m, 8192, 1) });
+    poke(m as usize as *mut u8, 256, 0xC3);
+    let gate = Gate::block(s);
+    // SAFETY: `h` holds 256 bytes and stays allocated until after the synchronisation below.
+    ok(unsafe { cu::cuMemcpyHtoDAsync_v2(m + 4096, h.cast(), 256, s) });
+    assert_eq!(run_batch(&[d + 512], &[m], &[256], 2, s), (CUresult::CUDA_SUCCESS, 77));
+    gate.open();
+    // SAFETY: plain call.
+    ok(unsafe { cu::cuStreamSynchronize(s) });
+    assert_eq!(read_back(d + 512, 256), vec![0xC3; 256]);
+    destroy(s);
+    dfree(m);
+    pfree(h);
+    dfree(d);
 }
 
 #[test]

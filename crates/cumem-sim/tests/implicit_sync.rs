@@ -14,7 +14,7 @@ use std::sync::mpsc::{Receiver, TryRecvError, channel};
 use std::time::Duration;
 
 use common::*;
-use cudarc::driver::sys::{self as cu, CUevent, CUresult, CUstream};
+use cudarc::driver::sys::{self as cu, CUcontext, CUevent, CUresult, CUstream};
 
 const NON_BLOCKING: u32 = 1;
 /// How long a held call must stay blocked (and a free call has to return).
@@ -165,4 +165,82 @@ fn a_thread_in_cu_mem_free_holds_back_queueing_calls_but_not_queries() {
     pfree(host as *mut u8);
     let report = setup().live_report();
     assert!(report.is_clean(), "everything the test made is released: {report}");
+}
+
+#[test]
+#[serial_test::serial] // holds a stream with a gate
+fn cu_ctx_synchronize_waits_for_the_current_contexts_streams_only() {
+    bind(0);
+    let mut b: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; NULL parameters are allowed. The created context is current.
+    ok(unsafe { cu::cuCtxCreate_v4(&mut b, std::ptr::null_mut(), 0, 0) });
+    let held = stream(NON_BLOCKING);
+    let gate = Gate::block(held);
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuCtxPopCurrent_v2(&mut popped) });
+    assert_eq!(popped, b);
+    // SAFETY: plain FFI call.
+    let primary = on_thread(|| unsafe { cu::cuCtxSynchronize() });
+    assert_eq!(
+        primary.recv_timeout(LIMIT),
+        Ok(CUresult::CUDA_SUCCESS),
+        "the primary context's cuCtxSynchronize does not wait for another context's stream"
+    );
+    let b_handle = b as usize;
+    // SAFETY: a live context handle; plain FFI calls.
+    let created = on_thread(move || unsafe {
+        ok(cu::cuCtxSetCurrent(b_handle as CUcontext));
+        cu::cuCtxSynchronize()
+    });
+    assert!(
+        created.recv_timeout(PAUSE).is_err(),
+        "the created context's cuCtxSynchronize waits for its stream"
+    );
+    gate.open();
+    assert_eq!(created.recv_timeout(LIMIT), Ok(CUresult::CUDA_SUCCESS));
+    destroy(held);
+    // SAFETY: the context created above, destroyed once.
+    ok(unsafe { cu::cuCtxDestroy_v2(b) });
+    let report = setup().live_report();
+    assert!(report.is_clean(), "everything the test made is released: {report}");
+}
+
+#[test]
+#[serial_test::serial] // holds a stream with a gate
+fn of_two_releases_of_the_last_reference_waiting_together_one_fails() {
+    let ctl = setup();
+    let mut ctx: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; device 2 is left unretained by the shared setup.
+    ok(unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, 2) });
+    // SAFETY: the handle just retained.
+    ok(unsafe { cu::cuCtxSetCurrent(ctx) });
+    let held = stream(NON_BLOCKING);
+    let gate = Gate::block(held);
+    let releases = ctl.calls("cuDevicePrimaryCtxRelease_v2");
+    // SAFETY: plain FFI calls; one of the two releases is the misuse under test.
+    let first = on_thread(|| unsafe { cu::cuDevicePrimaryCtxRelease_v2(2) });
+    // SAFETY: as above.
+    let second = on_thread(|| unsafe { cu::cuDevicePrimaryCtxRelease_v2(2) });
+    let entered = std::time::Instant::now();
+    while ctl.calls("cuDevicePrimaryCtxRelease_v2") < releases + 2 {
+        assert!(entered.elapsed() < LIMIT, "the threads never called cuDevicePrimaryCtxRelease");
+        std::thread::yield_now();
+    }
+    // Both wait for the held stream before the count changes.
+    std::thread::sleep(PAUSE);
+    gate.open();
+    let mut results = [first.recv_timeout(LIMIT).unwrap(), second.recv_timeout(LIMIT).unwrap()];
+    results.sort_by_key(|r| *r as u32);
+    assert_eq!(
+        results,
+        [CUresult::CUDA_SUCCESS, CUresult::CUDA_ERROR_INVALID_CONTEXT],
+        "one reference, one release"
+    );
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: valid out-pointers.
+    ok(unsafe { cu::cuDevicePrimaryCtxGetState(2, &mut flags, &mut active) });
+    assert_eq!(active, 0, "the context was released");
+    ctl.clear_violations();
+    bind(0);
 }

@@ -122,12 +122,20 @@ fn p2p_attribute_misuse_gives_the_documented_codes() {
 fn enabling_and_disabling_give_the_measured_codes() {
     bind(0);
     ok(enable(ctx(1), 0));
+    let pairs = load().live_report().peer_access;
+    assert_eq!(pairs.len(), 1, "the enabled pair is listed: {pairs:?}");
+    assert_eq!(
+        (pairs[0].context, pairs[0].device, pairs[0].peer_context, pairs[0].peer_device),
+        (ctx(0) as u64, 0, ctx(1) as u64, 1)
+    );
+    assert!(load().live_report().to_string().contains("peer access enabled from context"));
     assert_eq!(enable(ctx(1), 0), CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
     // One direction only: device 1 has not enabled access to device 0.
     bind(1);
     assert_eq!(disable(ctx(0)), CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
     bind(0);
     ok(disable(ctx(1)));
+    assert!(load().live_report().peer_access.is_empty(), "the disabled pair is gone");
     assert_eq!(disable(ctx(1)), CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
 
     assert_eq!(enable(ctx(2), 0), CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);

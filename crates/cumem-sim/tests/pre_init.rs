@@ -19,6 +19,10 @@ fn everything_but_version_and_error_strings_needs_cu_init() {
         "dev1.unified_addressing=0",
         "can_use_host_pointer_for_registered_mem=0",
         "dev0.can_use_host_pointer_for_registered_mem=0",
+        "pageable_memory_access=1",
+        "dev1.cooperative_launch=1",
+        "multicast_supported=1",
+        "dma_buf_supported=1",
     ] {
         assert_eq!(
             ctl.configure(spec),

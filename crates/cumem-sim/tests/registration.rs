@@ -90,6 +90,19 @@ fn register_and_unregister_codes() {
 
 #[test]
 #[parallel]
+fn zero_byte_pinned_allocation_cannot_be_registered() {
+    let ctl = bind(0);
+    let p = pinned(0);
+    let e = CUresult::CUDA_ERROR_INVALID_VALUE;
+    assert_eq!(register(p, 100, 0), e, "CUDA's own memory at the same base");
+    assert!(!ctl.live_report().contains_registration(p as u64));
+    assert!(ctl.live_report().contains_ptr(p as u64), "the pinned allocation stays");
+    pfree(p);
+    assert!(!ctl.live_report().contains_ptr(p as u64));
+}
+
+#[test]
+#[parallel]
 fn unsupported_devices_and_read_only() {
     bind(3);
     let mut buf = vec![0u8; 256];

@@ -4,23 +4,29 @@
 //! The batch is validated before anything is queued: the arrays, the stream (not the legacy
 //! one), the attribute ranges (`attrsIdxs[0] == 0`, strictly increasing, below `count`), each
 //! attribute (`srcAccessOrder` STREAM, DURING_API_CALL or ANY; `flags` 0 or
-//! PREFER_OVERLAP_WITH_COMPUTE) and every copy's bounds against the CUDA allocation containing
-//! each side. Failures return `INVALID_VALUE` with `*failIdx` the index of the copy at fault, or
-//! `SIZE_MAX` when no single copy is. The copies are then queued in index order (the driver
-//! promises no order inside a batch, so a program cannot tell). A source read DURING_API_CALL
-//! from host-accessible memory is read before the call returns; other sources follow the
-//! ordinary async-copy rules (pinned memory is read when the copy runs, pageable memory at the
-//! call). One case escapes validation: a device address the simulator no longer knows (freed)
-//! looks like pageable memory until its copy is queued, which fails then, after the earlier
-//! copies of the batch have been queued; `*failIdx` names it.
+//! PREFER_OVERLAP_WITH_COMPUTE) and every copy, checked as `cuMemcpyAsync` checks it (bounds
+//! against the allocation or VMM mappings containing each side, access to them, a writable
+//! destination, freed memory). Failures return `INVALID_VALUE` (or the code `cuMemcpyAsync`
+//! would return) with `*failIdx` the index of the copy at fault, or `SIZE_MAX` when no single
+//! copy is. The copies are then queued in index order (the driver promises no order inside a
+//! batch, so a program cannot tell). A source read DURING_API_CALL from memory the host can read
+//! (pageable, page-locked or managed) is read during validation, before the call returns (managed
+//! memory through the simulator's own mapping, so queued device work that keeps the program's
+//! view inaccessible does not matter); a device source is read in stream order, as are the
+//! sources of the other orders (pinned memory when the copy runs, pageable memory at the call).
+//!
+//! Late failures: the state is not held from validation to queuing, so a copy can still fail
+//! while queued, after the earlier copies of the batch were queued, when another thread frees
+//! its memory, unmaps or changes access to a VMM range it names, or destroys the stream
+//! meanwhile (a race the program is at fault for); `*failIdx` names it.
 
 use cudarc::driver::sys::{CUdeviceptr, CUresult, CUstream};
 
 use crate::abi::MemLocation;
 use crate::api::{self, ApiResult, Fail, Init};
+use crate::copy::check_async_copy;
 use crate::exports::copy::cuMemcpyAsync;
 use crate::exports::legacy_names::forward;
-use crate::exports::memory::cuPointerGetAttribute;
 
 /// `CUmemcpyAttributes` (24 bytes).
 #[repr(C)]
@@ -51,12 +57,6 @@ const ORDER_ANY: u32 = 3;
 const COPY_FLAGS: u32 = 1;
 /// `CU_STREAM_LEGACY`.
 const STREAM_LEGACY: usize = 0x1;
-/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`, `RANGE_START_ADDR`, `RANGE_SIZE`, `IS_MANAGED`.
-const ATTR_MEMORY_TYPE: u32 = 2;
-const ATTR_RANGE_START: u32 = 11;
-const ATTR_RANGE_SIZE: u32 = 12;
-const ATTR_IS_MANAGED: u32 = 8;
-
 /// A failure and the index it is reported at (`usize::MAX`: not one copy's fault).
 struct BatchFail {
     fail: Fail,
@@ -67,52 +67,21 @@ fn bad(index: usize, message: impl Into<String>) -> BatchFail {
     BatchFail { fail: Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, message), index }
 }
 
-/// The CUDA allocation containing `addr` as `(start, size)`, or `None` for memory CUDA does not
-/// know (pageable host memory).
-fn allocation(addr: CUdeviceptr) -> Option<(u64, u64)> {
-    let (mut start, mut size) = (0u64, 0u64);
-    // SAFETY: both attributes are 8 bytes, written into locals.
-    let ok = unsafe {
-        cuPointerGetAttribute((&raw mut start).cast(), ATTR_RANGE_START, addr) == CUresult::CUDA_SUCCESS
-            && cuPointerGetAttribute((&raw mut size).cast(), ATTR_RANGE_SIZE, addr) == CUresult::CUDA_SUCCESS
-    };
-    ok.then_some((start, size))
-}
-
-/// Whether the host may read `addr` directly (anything but device-only memory).
-fn host_readable(addr: CUdeviceptr) -> bool {
-    let (mut ty, mut managed) = (0u32, 0u32);
-    // SAFETY: both attributes are 4 bytes, written into locals.
-    let known = unsafe {
-        cuPointerGetAttribute((&raw mut ty).cast(), ATTR_MEMORY_TYPE, addr) == CUresult::CUDA_SUCCESS
-            && cuPointerGetAttribute((&raw mut managed).cast(), ATTR_IS_MANAGED, addr)
-                == CUresult::CUDA_SUCCESS
-    };
-    !known || ty != 2 || managed != 0
-}
-
-/// Checks that `[addr, addr + len)` stays inside the CUDA allocation containing `addr`.
-fn in_bounds(i: usize, side: &str, addr: CUdeviceptr, len: usize) -> Result<(), BatchFail> {
-    if let Some((start, size)) = allocation(addr)
-        && addr.checked_add(len as u64).is_none_or(|end| end > start + size)
-    {
-        return Err(bad(i, format!("copy {i}: {side} {addr:#x} + {len} runs past its allocation")));
-    }
-    Ok(())
-}
-
 /// One validated copy.
 struct Copy {
     dst: CUdeviceptr,
     src: CUdeviceptr,
     len: usize,
-    order: u32,
+    /// A DURING_API_CALL source the host could read, read at validation.
+    staged: Option<Vec<u8>>,
 }
 
-/// Validates the whole batch.
+/// Validates the whole batch, each copy as `cuMemcpyAsync` would, and reads the DURING_API_CALL
+/// sources the host can read.
 ///
 /// # Safety
 /// 1. Non-NULL arrays are valid for reading `count` (`num_attrs`) entries.
+/// 2. Pageable host sources are valid for their copy's bytes.
 #[allow(clippy::too_many_arguments)]
 unsafe fn validate(
     dsts: *const CUdeviceptr,
@@ -162,14 +131,17 @@ unsafe fn validate(
         }
         for i in first..end {
             let (dst, src, len) = (dsts[i], srcs[i], sizes[i]);
+            let mut staged = None;
             if len > 0 {
                 if dst == 0 || src == 0 {
                     return Err(bad(i, format!("copy {i}: NULL pointer")));
                 }
-                in_bounds(i, "destination", dst, len)?;
-                in_bounds(i, "source", src, len)?;
+                let stage = a.src_access_order == ORDER_DURING_API_CALL;
+                // SAFETY: forwarded caller contract (2).
+                staged = unsafe { check_async_copy(dst, src, len, h_stream, stage) }
+                    .map_err(|fail| BatchFail { fail, index: i })?;
             }
-            copies.push(Copy { dst, src, len, order: a.src_access_order });
+            copies.push(Copy { dst, src, len, staged });
         }
     }
     Ok(copies)
@@ -184,9 +156,7 @@ unsafe fn enqueue(copies: &[Copy], h_stream: CUstream) -> Result<(), BatchFail> 
         if c.len == 0 {
             continue;
         }
-        let code = if c.order == ORDER_DURING_API_CALL && host_readable(c.src) {
-            // SAFETY: a host-readable source is valid for `len` bytes (caller contract).
-            let staged = unsafe { std::slice::from_raw_parts(c.src as *const u8, c.len) }.to_vec();
+        let code = if let Some(staged) = &c.staged {
             // SAFETY: the staged bytes are pageable memory, which an async copy reads before it
             // returns, so dropping them afterwards is fine.
             unsafe { cuMemcpyAsync(c.dst, staged.as_ptr() as CUdeviceptr, c.len, h_stream) }

@@ -99,8 +99,8 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 
 /// `CUresult cuMemFree(CUdeviceptr dptr)` (symbol `_v2`): frees `cuMemAlloc`, `cuMemAllocPitch`,
 /// `cuMemAllocManaged` and pool memory. Pool memory goes back to its pool at once without
-/// synchronising (the driver documents no implicit synchronisation for it); anything else waits
-/// for the owning device's queued work first. 0 is a no-op; unknown, interior, pinned,
+/// synchronising (the driver documents no implicit synchronisation for it); device memory waits
+/// for the owning device's queued work first, managed memory for every device's. 0 is a no-op; unknown, interior, pinned,
 /// registered or already freed pointers give `INVALID_VALUE`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {

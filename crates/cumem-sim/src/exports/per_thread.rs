@@ -51,10 +51,12 @@ fn device_only(addr: CUdeviceptr) -> bool {
     found.iter().all(|&r| r == CUresult::CUDA_SUCCESS) && ty == MEMORYTYPE_DEVICE && managed == 0 && sync == 0
 }
 
-/// Completes a `_ptds` operation queued on the per-thread stream: waits unless `device_only`.
+/// Completes a `_ptds` operation queued on the per-thread stream: waits unless `device_only`,
+/// inside the simulator (not through the exported `cuStreamSynchronize`, which would count as
+/// the program's call, take its injected faults and trim the pools).
 fn finish(queued: CUresult, device_only: bool) -> ApiResult {
     forward(queued)?;
-    if device_only { Ok(()) } else { forward(stream::cuStreamSynchronize(PER_THREAD)) }
+    if device_only { Ok(()) } else { crate::stream::wait_queued(PER_THREAD) }
 }
 
 /// Declares `_ptsz` symbols: the plain function with a NULL stream replaced.

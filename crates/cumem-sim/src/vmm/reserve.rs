@@ -1,7 +1,8 @@
 //! Reservations: `cuMemAddressReserve` and `cuMemAddressFree`.
 //!
 //! A reservation is carved from the VMM address space of the calling thread's current device
-//! (device 0 without a current context: reserving needs no context), aligned to
+//! (device 0 without a current context: reserving needs no context; that device's VMM support
+//! then decides, stricter than the driver, as the README's "What is not modelled" says), aligned to
 //! the granularity at least, with a granule left free after it so an unrelated reservation does
 //! not start where this one ends; a caller that asks for exactly that end (`addr`, to grow a
 //! range in place) gets it when it is free, as on the GPU, and any other address otherwise.
