@@ -180,7 +180,7 @@ fn resolve(st: &State, dev: usize, addr: u64, len: usize, role: Role, what: &str
                 ),
             ));
         }
-        let device_use = crate::managed::device_use(st, a);
+        let device_use = crate::managed::device_use(st, a, role == Role::Device);
         return Ok(Endpoint::Mem(Arc::clone(a), (addr - a.base) as usize, device_use));
     }
     if st.in_device_space(addr) {

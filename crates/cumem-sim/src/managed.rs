@@ -98,25 +98,30 @@ impl Drop for DeviceUse {
 /// The device use an operation touching `a` must hold: `Some` for managed memory whose device
 /// lacks CONCURRENT_MANAGED_ACCESS.
 ///
-/// Called when a copy or memset resolves its memory, at the call. There, on such a device,
-/// device work on memory attached to the host is recorded as a violation, with `CUDA_SUCCESS`
-/// (what the call returns: the driver queues the work, and the GPU faults). `cuStreamAttachMemAsync`'s
-/// contract: memory attached to the host must not be accessed by the device from any stream
-/// without concurrent managed access (the driver brief lists "ATTACH_HOST access from GPU" among
-/// what needs it).
+/// Called when a copy or memset resolves its memory, at the call. There, on such a device, the
+/// device side of a copy (`device_side`: a `DtoX`/`XtoD` end, a memset's destination) on memory
+/// attached to the host is recorded as a violation. `cuStreamAttachMemAsync`'s contract: memory
+/// attached to the host must not be accessed by the device from any stream without concurrent
+/// managed access (the driver brief lists "ATTACH_HOST access from GPU" among what needs it); the
+/// CUDA Programming Guide ("Memcpy()/Memset() Behavior With Managed Memory") says such a device
+/// side, not coherently accessible from the device, gets an error, while a host side or a
+/// unified (`cuMemcpy`) end is then accessed from the host. Which error is not on record, so the
+/// call keeps its result and the log names the misuse.
 ///
 /// At the call, not at execution: the attachment that matters is the one in effect when the work
 /// runs, and attachments are stream operations themselves, but the engine runs copies without
 /// the state's lock. The call can tell that attachment when no attachment of the allocation is
 /// still queued: every later one is queued after this call, so the work, whose waits are all
 /// queued by now, cannot be ordered after it; the one in effect now is in effect when the work
-/// runs. With one still queued, which is in effect then depends on how the streams are ordered,
+/// runs (unless the program races its own attachment: one queued later on another stream that
+/// does not wait for this work may take effect first; the check assumes the program ordered it).
+/// With one still queued, which is in effect then depends on how the streams are ordered,
 /// and nothing is recorded (never stricter than the driver: a constructor attaching its memory
 /// globally and then using it on the same stream is not flagged).
 ///
 /// Memory attached to a single stream and used from another stream is not checked: the
 /// resolution of the memory does not know the stream the work is queued on.
-pub(crate) fn device_use(st: &State, a: &Allocation) -> Option<DeviceUse> {
+pub(crate) fn device_use(st: &State, a: &Allocation, device_side: bool) -> Option<DeviceUse> {
     if a.kind != AllocKind::Managed {
         return None;
     }
@@ -125,7 +130,7 @@ pub(crate) fn device_use(st: &State, a: &Allocation) -> Option<DeviceUse> {
         return None;
     }
     let m = st.managed.get(&a.base)?;
-    if m.attach == ATTACH_HOST && m.queued_attachments == 0 {
+    if device_side && m.attach == ATTACH_HOST && m.queued_attachments == 0 {
         let (function, os_tid) = crate::api::caller();
         crate::violation::record(crate::violation::Violation {
             function: function.to_string(),
@@ -134,7 +139,7 @@ pub(crate) fn device_use(st: &State, a: &Allocation) -> Option<DeviceUse> {
             message: format!(
                 "device work on managed allocation {:#x}, attached to the host (CU_MEM_ATTACH_HOST), \
                  on device {} without concurrent managed access: no stream may access it \
-                 (cuStreamAttachMemAsync; the driver returns no error, the GPU faults)",
+                 (cuStreamAttachMemAsync; the driver documents an error for such a device side)",
                 a.base, a.device
             ),
             os_tid,

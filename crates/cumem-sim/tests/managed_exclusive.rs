@@ -163,6 +163,15 @@ fn device_work_on_host_attached_memory_is_misuse_without_concurrent_access() {
     ok(unsafe { cu::cuMemsetD8Async(p, 4, 4096, s) });
     sync(s);
     assert_eq!(host_attached_uses(ctl), before + 2, "{:?}", ctl.violations_on_this_thread());
+    // As a copy's host side, memory attached to the host is read by the host: no misuse.
+    let mut d = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAlloc_v2(&mut d, 4096) });
+    // SAFETY: plain FFI call; `p` and `d` hold 4096 bytes each.
+    ok(unsafe { cu::cuMemcpyHtoDAsync_v2(d, p as *const std::ffi::c_void, 4096, s) });
+    sync(s);
+    assert_eq!(host_attached_uses(ctl), before + 2, "{:?}", ctl.violations_on_this_thread());
+    dfree(d);
     pfree(a);
     pfree(b);
     destroy(s);

@@ -201,9 +201,11 @@ pub unsafe extern "C" fn cuMemRangeGetAttributes(
 /// allocation and `length` 0 or its size; SINGLE on the NULL/legacy stream gives `INVALID_VALUE`.
 /// A SINGLE attachment reverts to the allocation's flags once its stream is destroyed and has
 /// drained. Of the access restrictions the attachment implies, one is checked: on a device without
-/// concurrent managed access, a copy or memset queued on memory attached to the host (with no
-/// attachment of it still queued, so the one in effect at execution is known at the call) is
-/// recorded in the violation log (the call succeeds, as the driver's does; the GPU would fault).
+/// concurrent managed access, a memset, or the device side of a copy (not a host side, not a
+/// `cuMemcpy` end, which the driver then reads from the host), queued on memory attached to the
+/// host (with no attachment of it still queued, so the one in effect at execution is known at the
+/// call) is recorded in the violation log (the driver is documented to return an error, whose code
+/// is not on record; the call keeps its result).
 /// Use of memory attached to a single stream from another stream is not checked.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamAttachMemAsync(
