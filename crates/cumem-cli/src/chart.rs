@@ -33,7 +33,9 @@ pub struct Axes<'a> {
 
 /// A chart's file while the command runs. The chart is drawn into a temporary file beside it, which
 /// replaces the file only once the chart is complete: a command that fails, or a drawing that
-/// fails, leaves an earlier chart at the path as it was. Dropped unused, the temporary file goes.
+/// fails, leaves an earlier chart at the path as it was. Dropped unused, the temporary file goes
+/// (a process killed by a signal leaves it; the next run at that path replaces it). A symbolic
+/// link at the path is replaced by the chart, not followed.
 pub struct ChartFile {
     path: PathBuf,
     temp: PathBuf,
@@ -55,7 +57,12 @@ impl ChartFile {
         temp_name.push(name);
         temp_name.push(format!(".{}.tmp", std::process::id()));
         let temp = path.with_file_name(temp_name);
-        std::fs::File::create(&temp).map_err(|e| failed(&e))?;
+        // `create_new`: never truncate, nor write through a link at, a file that happens to have
+        // the name (a run killed before it cleaned up leaves its temporary file behind).
+        if temp.symlink_metadata().is_ok() {
+            std::fs::remove_file(&temp).map_err(|e| failed(&e))?;
+        }
+        std::fs::OpenOptions::new().write(true).create_new(true).open(&temp).map_err(|e| failed(&e))?;
         Ok(ChartFile { path: path.to_owned(), temp, placed: false })
     }
 

@@ -25,8 +25,8 @@ pub fn has_symbol(name: &str) -> bool {
 }
 
 /// `Ok(())` if the loaded driver exports `name`, else `NotSupported { feature: Symbol(name) }`;
-/// `NotInitialized` (naming `name`) when no driver is loaded yet, since whether it exports `name`
-/// is then unknown.
+/// `NotInitialized` (naming `name`) when no driver is loaded (none selected yet, or loading
+/// failed), since whether it exports `name` is then unknown.
 pub fn require(name: &'static str) -> Result<()> {
     if crate::driver::library().is_none() {
         return Err(Error::NotInitialized { ctx: crate::ErrorContext::op(name) });

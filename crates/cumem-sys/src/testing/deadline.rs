@@ -19,7 +19,9 @@ pub const DEADLOCK_WATCHDOG: Duration = Duration::from_secs(60);
 ///
 /// An abort rather than a failed test: the stuck thread cannot be stopped and keeps whatever locks
 /// it holds (the simulator's, a registry's), so the other tests of the binary could hang on them
-/// with no deadline of their own, and the harness would never report this one.
+/// with no deadline of their own, and the harness would never report this one. The price: the
+/// harness's end-of-run summary is lost with the process, including the captured output of other
+/// tests that failed before it (rerun those alone, or with `--nocapture`).
 ///
 /// # Panics
 /// If `test` panics (after its unwinding has let go of its locks).
