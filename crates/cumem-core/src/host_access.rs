@@ -286,6 +286,13 @@ impl HostAccess {
         self.order.as_ref()
     }
 
+    /// The stream order, for the owner (`&mut`: no view, ticket or host borrow is alive), which
+    /// may change what the order admits ([`StreamOrder::admit_only`]). `None` for event-tracked
+    /// memory.
+    pub fn order_mut(&mut self) -> Option<&mut StreamOrder> {
+        self.order.as_mut()
+    }
+
     /// Records that a device view of the memory is being handed out (`write` for an exclusive one),
     /// and returns the order the view must use. `None` for event-tracked memory, which has no views.
     ///
@@ -421,8 +428,9 @@ impl HostAccess {
     /// calling thread holds (a host function that uses the locked memory), the caveat of waiting
     /// for whole streams in the module docs.
     ///
-    /// A failed wait for one stream does not stop the others: every tracked stream (and the
-    /// order) is waited for, those seen complete are forgotten, and the first error is returned.
+    /// A failed wait for one tracked stream does not stop the others: every tracked stream is
+    /// waited for (and the order, whose own synchronisation stops at its first failing stream),
+    /// those seen complete are forgotten, and the first error is returned.
     pub fn wait_idle_mut(&mut self) -> Result<()> {
         let streams = self.pending.get_mut().wait_all();
         let mut order_result = Ok(());
@@ -444,12 +452,12 @@ impl HostAccess {
     /// context's work, that of destroyed streams included), going on past a failure. Once every
     /// one succeeded, no tracked work is pending and the tracker forgets it; the first error is
     /// returned otherwise. A tracker that orders its work through a [`StreamOrder`] that has been
-    /// used synchronises the order instead of its contexts (their streams are the order's).
+    /// used synchronises the order's streams too (stopping at the first that fails).
     pub(crate) fn synchronize_contexts(&self, also: &Context) -> Result<()> {
         // Exclusive access: nobody else holds the lock. `try_lock`, not `lock`, so that a wrong
-        // caller gets an error rather than a deadlock.
-        let mut pending = self.pending.try_lock().ok_or_else(used_inside_queue_on)?;
-        let mut contexts = pending.contexts();
+        // caller gets an error rather than a deadlock; let go before the waits, which may wait
+        // without bound (a host function queued in one of the contexts).
+        let mut contexts = self.pending.try_lock().ok_or_else(used_inside_queue_on)?.contexts();
         if !contexts.contains(also) {
             contexts.push(also.clone());
         }
@@ -468,6 +476,7 @@ impl HostAccess {
         if let Some(e) = first {
             return Err(e);
         }
+        let mut pending = self.pending.try_lock().ok_or_else(used_inside_queue_on)?;
         let gone = (pending.write.take(), std::mem::take(&mut pending.reads));
         drop(pending);
         // Dropped after the lock is released (see `Pending::forget`).

@@ -638,8 +638,18 @@ impl StreamOrder {
     /// with `NotSupported { feature: ConcurrentManagedAccess, device }`, before anything waits,
     /// as while host reads exclude device work. Takes effect for work ordered from now on; the
     /// owner changes it around queueing the attachment (whose own ticket it must admit).
-    /// `NotPermitted` inside a [`StreamOrder::queue_on`] closure, as every use of the order there.
-    pub fn admit_only(&self, stream: Option<&Stream>) -> Result<()> {
+    /// `&mut self`: only the memory's owner decides (views hand out `&StreamOrder`), and no ticket,
+    /// view or closure of the order is alive meanwhile.
+    ///
+    /// ```compile_fail
+    /// # cumem_sys::testing::init();
+    /// use cumem_core::{Device, DeviceBuffer, Stream};
+    /// let stream = Stream::new(&Device::get(0)?.context()?)?;
+    /// let buf = DeviceBuffer::<u8>::zeroed(&stream, 16)?;
+    /// buf.order().admit_any(); // a shared order cannot change what it admits
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn admit_only(&mut self, stream: Option<&Stream>) {
         self.set_admits(match stream {
             Some(stream) => Admits::Only(stream.clone()),
             None => Admits::None,
@@ -647,17 +657,13 @@ impl StreamOrder {
     }
 
     /// Lets every stream queue device work on the memory again (see [`StreamOrder::admit_only`]).
-    pub fn admit_any(&self) -> Result<()> {
+    pub fn admit_any(&mut self) {
         self.set_admits(Admits::Any)
     }
 
-    fn set_admits(&self, admits: Admits) -> Result<()> {
-        let mut inner = self.lock()?;
-        if let Admits::Only(gone) = std::mem::replace(&mut inner.excluded.admits, admits) {
-            // Destroyed once unlocked if it was the last handle (see `Users::dead`).
-            bury(&mut inner.dead, gone);
-        }
-        Ok(())
+    fn set_admits(&mut self, admits: Admits) {
+        // Exclusive access: no lock is held, so a stream let go of is destroyed now.
+        drop(std::mem::replace(&mut self.users_mut().excluded.admits, admits));
     }
 
     /// Ends the open-ended exclusion: the owner has exclusive access, so no host borrow that

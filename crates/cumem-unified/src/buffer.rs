@@ -246,7 +246,7 @@ impl<T> UnifiedBuffer<T> {
             }
             ptr
         };
-        let buf = UnifiedBuffer {
+        let mut buf = UnifiedBuffer {
             ptr,
             len,
             ctx: ctx.clone(),
@@ -264,8 +264,8 @@ impl<T> UnifiedBuffer<T> {
             policy: Mutex::new(MigrationPolicy::OnDemand),
             _marker: PhantomData,
         };
-        // A failure (only inside a `queue_on` closure) drops the buffer, which frees the memory.
-        buf.confine(&buf.attach)?;
+        let attach = buf.attach.clone();
+        buf.confine(attach);
         Ok(buf)
     }
 
@@ -277,15 +277,15 @@ impl<T> UnifiedBuffer<T> {
     /// device), so work on a stream the attachment keeps out is refused there with `NotSupported
     /// { feature: ConcurrentManagedAccess }` before anything is queued. The check is part of the
     /// order's exclusion check, which every use makes anyway.
-    fn confine(&self, attach: &Attach) -> Result<()> {
+    fn confine(&mut self, attach: Attach) {
         if self.caps.concurrent_managed_access || self.ptr == 0 {
-            return Ok(());
+            return;
         }
-        let order = self.access.order().expect(ORDERED);
+        let order = self.access.order_mut().expect(ORDERED);
         match attach {
             Attach::Global => order.admit_any(),
             Attach::Host => order.admit_only(None),
-            Attach::Single(stream) => order.admit_only(Some(stream)),
+            Attach::Single(stream) => order.admit_only(Some(&stream)),
         }
     }
 
@@ -703,17 +703,17 @@ impl<T> UnifiedBuffer<T> {
         // `&mut self`: no host borrow from `as_slice` is alive.
         self.access.end_host_reads();
         if self.ptr != 0 {
-            let order = self.access.view_order(true).expect(ORDERED);
             // The attachment itself may be queued on any stream of the context, whatever the
             // memory is attached to now: its ticket is admitted, then the streams the new
             // attachment allows are (the old ones again if nothing was queued).
-            self.confine(&Attach::Global)?;
+            self.confine(Attach::Global);
+            let order = self.access.view_order(true).expect(ORDERED);
             let queued = order.use_on(stream).and_then(|_ticket| {
                 self.ctx.bind()?;
                 ffi::stream_attach_mem_async(stream.raw(), self.ptr, attach.flags())
             });
-            let in_effect = if queued.is_ok() { &attach } else { &self.attach };
-            self.confine(in_effect)?;
+            let in_effect = if queued.is_ok() { attach.clone() } else { self.attach.clone() };
+            self.confine(in_effect);
             queued?;
         }
         self.attach = attach;

@@ -172,3 +172,30 @@ fn peer_copies_of_memory_attached_elsewhere_are_refused() {
     freed(buf);
     freed(back);
 }
+
+/// Devices with concurrent managed access are unchanged: memory attached to the host, or to one
+/// stream, takes any stream's work there.
+#[test]
+fn devices_with_concurrent_access_admit_every_stream() {
+    testing::init_with(SIM);
+    let Some(device) = Device::all()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.capabilities().is_ok_and(|c| c.managed_memory && c.concurrent_managed_access))
+    else {
+        return testing::skip("needs a device with concurrent managed access");
+    };
+    let ctx = device.context().unwrap();
+    let (s, t) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
+    let data = pattern(4096);
+    let mut buf = UnifiedBuffer::from_slice_attached(&s, &data, Attach::Host).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&t, 4096).unwrap();
+    t.copy_d2d(&buf, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+    buf.attach(&s, Attach::Single(s.clone())).unwrap();
+    t.memset_d32(&mut dst, 7).unwrap();
+    t.copy_d2d(&dst, &mut buf).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![7; 4096]);
+    assert!(misuse_here().is_empty(), "{:?}", misuse_here());
+    freed(buf);
+}
