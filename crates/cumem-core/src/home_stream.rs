@@ -36,15 +36,26 @@ impl HomeStream {
     /// A stream of `ctx` on which work queued next follows `foreign`'s work so far: this home
     /// stream, made to wait for `foreign`. If the wait cannot be queued, `foreign` is synchronised
     /// (its work is then over) and `ctx`'s legacy stream is answered; if that fails too, `None`:
-    /// nothing proves the work over (both failures are warned about). `ctx` must be the same on
-    /// every call.
+    /// nothing proves the work over (both failures are warned about). `ctx` should be the same on
+    /// every call: the home stream is made in the first call's context, and a call with another
+    /// context takes the synchronising way.
     pub fn after(&self, ctx: &Context, foreign: &Stream) -> Option<Stream> {
         let home = match self.0.get() {
             Some(home) => Ok(home),
             // A thread that raced this one keeps its stream; this one's is destroyed unused.
             None => Stream::non_blocking(ctx).map(|made| self.0.get_or_init(|| made)),
         };
-        match home.and_then(|home| home.wait_for(foreign).map(|()| home)) {
+        let ordered = home.and_then(|home| {
+            // Made for the first call's context: another context gets the fallback below.
+            if home.context() != ctx {
+                return Err(crate::Error::WrongDevice {
+                    expected: home.context().device().ordinal() as i32,
+                    actual: ctx.device().ordinal() as i32,
+                });
+            }
+            home.wait_for(foreign).map(|()| home)
+        });
+        match ordered {
             Ok(home) => Some(home.clone()),
             Err(e) => {
                 tracing::warn!(error = %e, "ordering after another context's stream failed; waiting for that stream");

@@ -82,7 +82,8 @@ fn unbound_first<T>(ctx: &Context, stream: &Stream, call: impl Fn() -> Result<T>
 #[derive(Debug)]
 pub struct NativePoolResource {
     /// Where memory last used on another context's stream is freed (see `free_after_foreign`).
-    /// Declared first so that it is destroyed before the pool (its pending frees still complete).
+    /// Destroyed before the pool here, though either order is sound: the driver lets a pool be
+    /// destroyed with frees still queued, and releases it once they have run.
     home: HomeStream,
     pool: MemPool,
 }

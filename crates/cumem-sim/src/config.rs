@@ -239,6 +239,11 @@ fn attribute_value(n: u32, key: &str, value: &str) -> Result<i32, String> {
         Some(&(_, only)) if v != only => {
             Err(format!("`{key}={v}` is not simulated: the simulator implements only {key}={only}"))
         }
+        // Pools are exported as POSIX descriptors only: a mask with another handle type would
+        // let `cuMemPoolCreate` make pools whose export the simulator refuses.
+        _ if n == 119 && v & !1 != 0 => {
+            Err(format!("`{key}={v}` is not simulated: pools export POSIX descriptors only ({key}=0 or 1)"))
+        }
         _ => Ok(v),
     }
 }
@@ -459,6 +464,8 @@ mod tests {
             "multicast_supported=1",
             "dma_buf_supported=1",
             "can_use_64_bit_stream_mem_ops=1",
+            "mempool_supported_handle_types=9",
+            "dev1.mempool_supported_handle_types=8",
         ] {
             assert!(c.apply(unexported, false).is_err(), "{unexported}");
         }
@@ -468,6 +475,7 @@ mod tests {
         c.apply("managed_memory=0,concurrent_managed_access=0,host_register_supported=0,vmm=0", false)
             .unwrap();
         c.apply("ipc_event_supported=0,memory_pools_supported=0,can_map_host_memory=0", false).unwrap();
+        c.apply("dev1.mempool_supported_handle_types=0,mempool_supported_handle_types=1", false).unwrap();
         assert_eq!(c.latency_us, 200);
         assert!(c.apply("devices=4", true).is_err());
         c.apply("latency_us=9,leak_check=1", true).unwrap();
