@@ -39,6 +39,8 @@ pub struct Axes<'a> {
 pub struct ChartFile {
     path: PathBuf,
     temp: PathBuf,
+    /// The temporary file, opened once by `create`: the chart is written through it.
+    file: std::fs::File,
     placed: bool,
 }
 
@@ -62,8 +64,9 @@ impl ChartFile {
         if temp.symlink_metadata().is_ok() {
             std::fs::remove_file(&temp).map_err(|e| failed(&e))?;
         }
-        std::fs::OpenOptions::new().write(true).create_new(true).open(&temp).map_err(|e| failed(&e))?;
-        Ok(ChartFile { path: path.to_owned(), temp, placed: false })
+        let file =
+            std::fs::OpenOptions::new().write(true).create_new(true).open(&temp).map_err(|e| failed(&e))?;
+        Ok(ChartFile { path: path.to_owned(), temp, file, placed: false })
     }
 
     /// Where the chart goes.
@@ -75,7 +78,10 @@ impl ChartFile {
     /// what was there in one rename). On failure no partial chart is left behind, and the path
     /// keeps what it had.
     pub fn line_chart(mut self, axes: &Axes<'_>, series: &[Series]) -> Result<(), String> {
-        draw(&self.temp, axes, series).map_err(|e| format!("drawing {}: {e}", self.path.display()))?;
+        let svg = draw(axes, series).map_err(|e| format!("drawing {}: {e}", self.path.display()))?;
+        std::io::Write::write_all(&mut self.file, svg.as_bytes())
+            .and_then(|()| self.file.sync_all())
+            .map_err(|e| format!("{}: {e}", self.temp.display()))?;
         std::fs::rename(&self.temp, &self.path).map_err(|e| format!("{}: {e}", self.path.display()))?;
         self.placed = true;
         Ok(())
@@ -114,7 +120,9 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn draw(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), Box<dyn std::error::Error>> {
+/// The chart as SVG text (written through the file handle `ChartFile` made, never reopened by
+/// name: plotters' own file output would follow a link put at the temporary name meanwhile).
+fn draw(axes: &Axes<'_>, series: &[Series]) -> Result<String, Box<dyn std::error::Error>> {
     // Non-finite points (an infinite GB/s from a zero-length timing) are left out of the bounds:
     // plotters 0.3.7 loops forever computing key points on a range with an infinity or NaN in it.
     let points =
@@ -132,7 +140,8 @@ fn draw(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), Box<dyn s
     };
     let y_max = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
 
-    let root = SVGBackend::new(path, (1100, 650)).into_drawing_area();
+    let mut svg = String::new();
+    let root = SVGBackend::with_string(&mut svg, (1100, 650)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(axes.title, ("sans-serif", 26))
@@ -175,5 +184,7 @@ fn draw(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<(), Box<dyn s
         .border_style(BLACK)
         .draw()?;
     root.present()?;
-    Ok(())
+    drop(chart);
+    drop(root);
+    Ok(svg)
 }
