@@ -243,14 +243,9 @@ pub(crate) unsafe fn memcpy(
     stream: Option<CUstream>,
 ) -> Result<(), Fail> {
     let mut g = SIM.st.lock();
-    let sid = target_stream(&mut g, stream)?;
-    if len == 0 {
+    let Some((sid, d, s)) = resolve_copy(&mut g, (dst, dst_role), (src, src_role), len, stream)? else {
         return Ok(());
-    }
-    let dev = g.streams[&sid].device;
-    let d = resolve(&g, dev, dst, len, dst_role, "destination")?;
-    writable(&g, dev, &d, dst, len)?;
-    let s = resolve(&g, dev, src, len, src_role, "source")?;
+    };
     let wait = match stream {
         None => !(d.is_device() && s.is_device()),
         Some(_) => async_waits([&d], [&s]),
@@ -267,6 +262,27 @@ pub(crate) unsafe fn memcpy(
         wait_for(&mut g, &[(sid, seq)]);
     }
     Ok(())
+}
+
+/// What every 1D copy checks at the call: the stream (the legacy one for `None`), then the
+/// destination (writable) and the source, each inside one allocation or pageable memory as its
+/// role allows. `None` for an empty copy, which checks only the stream.
+fn resolve_copy(
+    g: &mut MutexGuard<'_, State>,
+    (dst, dst_role): (u64, Role),
+    (src, src_role): (u64, Role),
+    len: usize,
+    stream: Option<CUstream>,
+) -> Result<Option<(u64, Endpoint, Endpoint)>, Fail> {
+    let sid = target_stream(g, stream)?;
+    if len == 0 {
+        return Ok(None);
+    }
+    let dev = g.streams[&sid].device;
+    let d = resolve(g, dev, dst, len, dst_role, "destination")?;
+    writable(g, dev, &d, dst, len)?;
+    let s = resolve(g, dev, src, len, src_role, "source")?;
+    Ok(Some((sid, d, s)))
 }
 
 /// A memset of `count` elements of `width` bytes. `stream == None` = synchronous API.
@@ -689,8 +705,8 @@ pub(crate) fn memset_2d(
     Ok(())
 }
 
-/// The checks [`memcpy`] makes of an asynchronous `cuMemcpyAsync(dst, src, len, stream)`, made
-/// without queuing anything (`cuMemcpyBatchAsync` validates every copy before it queues any).
+/// The checks [`memcpy`] makes of an asynchronous `cuMemcpyAsync(dst, src, len, stream)`
+/// ([`resolve_copy`]), made without queuing anything (`cuMemcpyBatchAsync` validates every copy before it queues any).
 /// With `stage`, also the source's bytes when the host can read the source now: pageable memory,
 /// page-locked memory, or managed memory, read through the engine's mapping (the program's may
 /// be `PROT_NONE` while device work uses it); `None` for device memory, which the copy reads in
@@ -707,14 +723,10 @@ pub(crate) unsafe fn check_async_copy(
     stage: bool,
 ) -> Result<Option<Vec<u8>>, Fail> {
     let mut g = SIM.st.lock();
-    let sid = target_stream(&mut g, Some(stream))?;
-    if len == 0 {
+    let unified = |addr| (addr, Role::Unified);
+    let Some((_, _, s)) = resolve_copy(&mut g, unified(dst), unified(src), len, Some(stream))? else {
         return Ok(None);
-    }
-    let dev = g.streams[&sid].device;
-    let d = resolve(&g, dev, dst, len, Role::Unified, "destination")?;
-    writable(&g, dev, &d, dst, len)?;
-    let s = resolve(&g, dev, src, len, Role::Unified, "source")?;
+    };
     let host_readable = match &s {
         Endpoint::Pageable(_) => true,
         Endpoint::Mem(a, ..) => !a.kind.device_only(),
