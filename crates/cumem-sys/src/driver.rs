@@ -117,11 +117,23 @@ pub fn init() -> Result<DriverKind> {
     if let Some(done) = LOADED.get() {
         return done.as_ref().map(|l| l.kind).map_err(Clone::clone);
     }
-    let choice = match std::env::var(DRIVER_ENV) {
-        Ok(v) => v.parse()?,
-        Err(_) => DriverChoice::Auto,
-    };
-    select(choice)
+    select(choice_from_env(std::env::var(DRIVER_ENV), DriverChoice::Auto)?)
+}
+
+/// The choice `CUMEM_DRIVER`'s value (`var`, as [`std::env::var`] read it) names; `unset` when it
+/// is not set. A value that is not UTF-8 is an [`Error::DriverSelection`], as an unknown name is:
+/// ignoring it would pick a driver the user did not ask for without a word.
+pub(crate) fn choice_from_env(
+    var: std::result::Result<String, std::env::VarError>,
+    unset: DriverChoice,
+) -> Result<DriverChoice> {
+    match var {
+        Ok(v) => v.parse(),
+        Err(std::env::VarError::NotPresent) => Ok(unset),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::DriverSelection {
+            reason: format!("{DRIVER_ENV} is not UTF-8 ({v:?}; expected auto, real or sim)"),
+        }),
+    }
 }
 
 /// Selects, loads and initialises a driver. Succeeds again for a compatible choice; a request for
@@ -752,6 +764,18 @@ mod tests {
         assert_eq!("REAL".parse::<DriverChoice>().unwrap(), DriverChoice::Real);
         assert_eq!("sim".parse::<DriverChoice>().unwrap(), DriverChoice::Simulator);
         assert!(matches!("gpu9".parse::<DriverChoice>(), Err(Error::DriverSelection { .. })));
+    }
+
+    #[test]
+    fn an_unset_variable_gives_the_default_and_one_not_utf8_is_refused() {
+        use std::env::VarError;
+        use std::os::unix::ffi::OsStringExt;
+        let unset = choice_from_env(Err(VarError::NotPresent), DriverChoice::Simulator);
+        assert_eq!(unset.unwrap(), DriverChoice::Simulator);
+        assert_eq!(choice_from_env(Ok("real".into()), DriverChoice::Auto).unwrap(), DriverChoice::Real);
+        let garbled = VarError::NotUnicode(std::ffi::OsString::from_vec(b"s\xffm".to_vec()));
+        let e = choice_from_env(Err(garbled), DriverChoice::Auto).unwrap_err();
+        assert!(matches!(&e, Error::DriverSelection { reason } if reason.contains("not UTF-8")), "{e}");
     }
 
     #[test]

@@ -59,10 +59,8 @@ pub fn init() -> DriverKind {
 /// # Panics
 /// As [`init`].
 pub fn init_with(sim_config: &str) -> DriverKind {
-    let choice = match std::env::var(driver::DRIVER_ENV) {
-        Ok(v) => v.parse().unwrap_or_else(|e| panic!("{e}")),
-        Err(_) => DriverChoice::Simulator,
-    };
+    let choice = driver::choice_from_env(std::env::var(driver::DRIVER_ENV), DriverChoice::Simulator)
+        .unwrap_or_else(|e| panic!("{e}"));
     let config = if sim_config.is_empty() {
         DEFAULT_SIM_CONFIG.to_string()
     } else {
