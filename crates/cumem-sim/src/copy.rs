@@ -25,14 +25,10 @@ use crate::stream::{enqueue, wait_for};
 /// One end of a copy or the target of a memset.
 pub(crate) enum Endpoint {
     /// Inside a device or pinned allocation, at this offset; for managed memory of a device without
-    /// concurrent managed access, with the device use that keeps the host out until the operation
-    /// is dropped (see [`crate::managed::HostView`]).
-    Mem(
-        Arc<Allocation>,
-        usize,
-        #[expect(dead_code, reason = "held only for its drop, which lets the host back in")]
-        Option<crate::managed::DeviceUse>,
-    ),
+    /// concurrent managed access, once the call has passed its checks ([`admit`]), one endpoint per
+    /// allocation holds the device use that keeps the host out until the operation is dropped (see
+    /// [`crate::managed::HostView`]): held only for its drop, which lets the host back in.
+    Mem(Arc<Allocation>, usize, Option<crate::managed::DeviceUse>),
     /// Ordinary (pageable) host memory at this address.
     Pageable(usize),
 }
@@ -180,8 +176,8 @@ fn resolve(st: &State, dev: usize, addr: u64, len: usize, role: Role, what: &str
                 ),
             ));
         }
-        let device_use = crate::managed::device_use(st, a, role == Role::Device);
-        return Ok(Endpoint::Mem(Arc::clone(a), (addr - a.base) as usize, device_use));
+        // The device use of managed memory is taken once the whole call has passed ([`admit`]).
+        return Ok(Endpoint::Mem(Arc::clone(a), (addr - a.base) as usize, None));
     }
     if st.in_device_space(addr) {
         return Err(Fail::misuse(
@@ -217,6 +213,33 @@ fn writable(st: &State, dev: usize, e: &Endpoint, addr: u64, len: usize) -> Resu
     }
 }
 
+/// The last step of a copy or memset that passed every check, just before its work is queued on
+/// stream `sid`: gives the work the device use of each managed allocation it touches (the host's
+/// view of such memory is `PROT_NONE` until the work is done or dropped:
+/// [`crate::managed::DeviceUse`]), and checks, once for the call, the attachments of those it
+/// accesses from the device (`ends`: each endpoint, with whether it is a device side: a `DtoX`/`XtoD`
+/// end, a memset's destination; see [`crate::managed::check_device_side`]). Last, so that a
+/// refused call neither keeps the host out nor is logged as device work.
+fn admit<'a>(st: &State, sid: u64, ends: impl IntoIterator<Item = (&'a mut Endpoint, bool)>) {
+    let mut touched: Vec<Arc<Allocation>> = Vec::new();
+    let mut device_side: Vec<Arc<Allocation>> = Vec::new();
+    for (e, on_device) in ends {
+        let Endpoint::Mem(a, _, device_use) = e else { continue };
+        if a.kind != AllocKind::Managed {
+            continue;
+        }
+        // One use per allocation: the endpoint that takes it lives as long as the work.
+        if !touched.iter().any(|t| Arc::ptr_eq(t, a)) {
+            *device_use = crate::managed::device_use(st, a);
+            touched.push(Arc::clone(a));
+        }
+        if on_device && !device_side.iter().any(|t| Arc::ptr_eq(t, a)) {
+            device_side.push(Arc::clone(a));
+        }
+    }
+    crate::managed::check_device_side(st, sid, &device_side);
+}
+
 /// Which stream a call targets: the legacy stream of the current context for synchronous calls.
 /// Copies and memsets queue work, so they wait while another thread holds the device in an
 /// implicit synchronisation (see `crate::hold`; observed for the asynchronous forms, and the
@@ -243,9 +266,11 @@ pub(crate) unsafe fn memcpy(
     stream: Option<CUstream>,
 ) -> Result<(), Fail> {
     let mut g = SIM.st.lock();
-    let Some((sid, d, s)) = resolve_copy(&mut g, (dst, dst_role), (src, src_role), len, stream)? else {
+    let Some((sid, mut d, mut s)) = resolve_copy(&mut g, (dst, dst_role), (src, src_role), len, stream)?
+    else {
         return Ok(());
     };
+    admit(&g, sid, [(&mut d, dst_role == Role::Device), (&mut s, src_role == Role::Device)]);
     let wait = match stream {
         None => !(d.is_device() && s.is_device()),
         Some(_) => async_waits([&d], [&s]),
@@ -311,8 +336,9 @@ pub(crate) fn memset(
         )
     })?;
     let dev = g.streams[&sid].device;
-    let d = resolve(&g, dev, dst, bytes, Role::Device, "destination")?;
+    let mut d = resolve(&g, dev, dst, bytes, Role::Device, "destination")?;
     writable(&g, dev, &d, dst, bytes)?;
+    admit(&g, sid, [(&mut d, true)]);
     let wait = stream.is_none() && !d.is_device();
     let seq = enqueue(&mut g, sid, Work::Fill { dst: d, value, width, count }, Vec::new());
     if wait {
@@ -564,7 +590,7 @@ fn side_rows(st: &State, dev: usize, c: &Copy3D, s: &Side, what: &str) -> Result
         for y in 0..c.height {
             let row = row_addr(s, base, z, y, what)?;
             let e = match &last {
-                // The row that resolved `a` holds its device use for the whole operation.
+                // A row inside the allocation of the row before: resolved already.
                 Some(a) if a.contains_range(row, c.width as u64) => {
                     Endpoint::Mem(Arc::clone(a), (row - a.base) as usize, None)
                 }
@@ -616,11 +642,15 @@ pub(crate) unsafe fn memcpy_3d(c: Copy3D, stream: Option<CUstream>) -> Result<()
     let max_pitch = g.devices[dev].attr(11).unwrap_or(i32::MAX) as u64;
     side_checks(&g, dev, &c, &c.src, "src", max_pitch)?;
     side_checks(&g, dev, &c, &c.dst, "dst", max_pitch)?;
-    let src = side_rows(&g, dev, &c, &c.src, "src")?;
-    let dst = side_rows(&g, dev, &c, &c.dst, "dst")?;
+    let mut src = side_rows(&g, dev, &c, &c.src, "src")?;
+    let mut dst = side_rows(&g, dev, &c, &c.dst, "dst")?;
     for (addr, e) in &dst {
         writable(&g, dev, e, *addr, c.width)?;
     }
+    let on_device = |s: &Side| side_base(s).1 == Role::Device;
+    let (dst_on_device, src_on_device) = (on_device(&c.dst), on_device(&c.src));
+    let ends = dst.iter_mut().map(|(_, e)| (e, dst_on_device));
+    admit(&g, sid, ends.chain(src.iter_mut().map(|(_, e)| (e, src_on_device))));
     let all_device = src.iter().chain(&dst).all(|(_, e)| e.is_device());
     let wait = match stream {
         None => !all_device,
@@ -697,6 +727,7 @@ pub(crate) fn memset_2d(
         writable(&g, dev, &e, row, row_bytes)?;
         rows.push(e);
     }
+    admit(&g, sid, rows.iter_mut().map(|e| (e, true)));
     let wait = stream.is_none() && !rows.iter().all(Endpoint::is_device);
     let seq = enqueue(&mut g, sid, Work::FillRows { rows, value, width, count }, Vec::new());
     if wait {

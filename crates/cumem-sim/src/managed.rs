@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use crate::abi::{LOC_DEVICE, LOC_INVALID};
 use crate::memory::{AllocKind, Allocation, Backing};
 use crate::state::State;
+use crate::stream::StreamKind;
 
 /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`.
 const ATTR_CONCURRENT_MANAGED_ACCESS: u32 = 89;
@@ -96,17 +97,51 @@ impl Drop for DeviceUse {
 }
 
 /// The device use an operation touching `a` must hold: `Some` for managed memory whose device
-/// lacks CONCURRENT_MANAGED_ACCESS.
+/// (the one whose context allocated it) lacks CONCURRENT_MANAGED_ACCESS. Taken by a copy or memset
+/// once it has passed every check, when it is queued (see `crate::copy`), so a refused call never
+/// keeps the host out.
+pub(crate) fn device_use(st: &State, a: &Allocation) -> Option<DeviceUse> {
+    if a.kind != AllocKind::Managed || !lacks_concurrent_access(st, usize::try_from(a.device).ok()?) {
+        return None;
+    }
+    Some(DeviceUse::new(&st.managed.get(&a.base)?.host))
+}
+
+/// Whether device `dev` exists and lacks CONCURRENT_MANAGED_ACCESS.
+fn lacks_concurrent_access(st: &State, dev: usize) -> bool {
+    st.devices.get(dev).is_some_and(|d| d.attr(ATTR_CONCURRENT_MANAGED_ACCESS) != Some(1))
+}
+
+/// Checks the attachments of the managed allocations `device_side` names: those a copy or memset
+/// queued on stream `sid` accesses from the device (a `DtoX`/`XtoD` end of a copy, a memset's
+/// destination). Called once per call, after every check of the call has passed and just before
+/// its work is queued: a call whose work breaks the attachments of one or more allocations (in
+/// however many rows) is one violation, naming the call (code `CUDA_SUCCESS`, what it returns),
+/// and a refused call is logged only for its refusal.
 ///
-/// Called when a copy or memset resolves its memory, at the call. There, on such a device, the
-/// device side of a copy (`device_side`: a `DtoX`/`XtoD` end, a memset's destination) on memory
-/// attached to the host is recorded as a violation. `cuStreamAttachMemAsync`'s contract: memory
-/// attached to the host must not be accessed by the device from any stream without concurrent
-/// managed access (the driver brief lists "ATTACH_HOST access from GPU" among what needs it); the
-/// CUDA Programming Guide ("Memcpy()/Memset() Behavior With Managed Memory") says such a device
-/// side, not coherently accessible from the device, gets an error, while a host side or a
-/// unified (`cuMemcpy`) end is then accessed from the host. Which error is not on record, so the
-/// call keeps its result and the log names the misuse.
+/// What is checked, on a device without concurrent managed access (both the allocation's and
+/// the stream's device lacking it; a device with it may use managed memory from any stream):
+///
+/// 1. Memory attached to the host (`CU_MEM_ATTACH_HOST`) used from any stream.
+///    `cuStreamAttachMemAsync`'s contract: the program promises not to access it from any stream
+///    of such a device (the driver brief lists "ATTACH_HOST access from GPU" among what needs
+///    concurrent access).
+/// 2. Memory attached to one stream (`CU_MEM_ATTACH_SINGLE`, the attached stream's device also
+///    lacking concurrent access) used from another stream: the program promises to access it on
+///    the device from the attached stream only. The stream is the one the work is queued on:
+///    NULL and `CU_STREAM_LEGACY` name the legacy stream, `CU_STREAM_PER_THREAD` the calling
+///    thread's per-thread stream, and a synchronous call's work runs on the legacy stream. The
+///    legacy stream is never an attached stream (SINGLE on it is refused), so its work on such
+///    memory is always flagged, although it is ordered after the attached stream's earlier work
+///    (when that stream is blocking): the CUDA Programming Guide ("Memcpy()/Memset() Behavior
+///    With Stream-associated Unified Memory") makes a device side coherently accessible in a
+///    stream only when the memory is attached globally or to that very stream, and names no
+///    exception for the legacy stream. A per-thread stream is the calling thread's own: memory
+///    attached to one thread's is another thread's per-thread stream's to leave alone.
+///
+/// The Programming Guide says such a device side gets an error, while a host side (`HtoX`/`XtoH`
+/// end) or a unified (`cuMemcpy`) end is then accessed from the host; which error is not on
+/// record, so the call keeps its result and the log names the misuse.
 ///
 /// At the call, not at execution: the attachment that matters is the one in effect when the work
 /// runs, and attachments are stream operations themselves, but the engine runs copies without
@@ -116,36 +151,63 @@ impl Drop for DeviceUse {
 /// runs (unless the program races its own attachment: one queued later on another stream that
 /// does not wait for this work may take effect first; the check assumes the program ordered it).
 /// With one still queued, which is in effect then depends on how the streams are ordered,
-/// and nothing is recorded (never stricter than the driver: a constructor attaching its memory
-/// globally and then using it on the same stream is not flagged).
-///
-/// Memory attached to a single stream and used from another stream is not checked: the
-/// resolution of the memory does not know the stream the work is queued on.
-pub(crate) fn device_use(st: &State, a: &Allocation, device_side: bool) -> Option<DeviceUse> {
+/// and nothing is recorded for the allocation (never stricter than the driver: a constructor
+/// attaching its memory globally and then using it on the same stream is not flagged).
+pub(crate) fn check_device_side(st: &State, sid: u64, device_side: &[Arc<Allocation>]) {
+    let misuse: Vec<String> = device_side.iter().filter_map(|a| attachment_misuse(st, a, sid)).collect();
+    if misuse.is_empty() {
+        return;
+    }
+    let (function, os_tid) = crate::api::caller();
+    crate::violation::record(crate::violation::Violation {
+        function: function.to_string(),
+        code: CUresult::CUDA_SUCCESS as u32,
+        code_name: "CUDA_SUCCESS".to_string(),
+        message: misuse.join("; "),
+        os_tid,
+    });
+}
+
+/// What device work on `a` queued on stream `sid` breaks of `a`'s attachment (see
+/// [`check_device_side`]), in words; `None` when it is allowed or the attachment in effect when
+/// the work runs is not known.
+fn attachment_misuse(st: &State, a: &Allocation, sid: u64) -> Option<String> {
     if a.kind != AllocKind::Managed {
         return None;
     }
-    let device = st.devices.get(usize::try_from(a.device).ok()?)?;
-    if device.attr(ATTR_CONCURRENT_MANAGED_ACCESS) == Some(1) {
+    let m = st.managed.get(&a.base)?;
+    let stream = st.streams.get(&sid)?;
+    if m.queued_attachments != 0
+        || !lacks_concurrent_access(st, usize::try_from(a.device).ok()?)
+        || !lacks_concurrent_access(st, stream.device)
+    {
         return None;
     }
-    let m = st.managed.get(&a.base)?;
-    if device_side && m.attach == ATTACH_HOST && m.queued_attachments == 0 {
-        let (function, os_tid) = crate::api::caller();
-        crate::violation::record(crate::violation::Violation {
-            function: function.to_string(),
-            code: CUresult::CUDA_SUCCESS as u32,
-            code_name: "CUDA_SUCCESS".to_string(),
-            message: format!(
-                "device work on managed allocation {:#x}, attached to the host (CU_MEM_ATTACH_HOST), \
-                 on device {} without concurrent managed access: no stream may access it \
-                 (cuStreamAttachMemAsync; the driver documents an error for such a device side)",
-                a.base, a.device
-            ),
-            os_tid,
-        });
+    let on = match stream.kind {
+        StreamKind::Legacy => "the legacy stream".to_string(),
+        StreamKind::PerThread => format!("per-thread stream {sid:#x}"),
+        StreamKind::User => format!("stream {sid:#x}"),
+    };
+    match m.attach {
+        ATTACH_HOST => Some(format!(
+            "device work on managed allocation {:#x}, attached to the host (CU_MEM_ATTACH_HOST), \
+             on device {} without concurrent managed access, queued on {on}: no stream may access \
+             it (cuStreamAttachMemAsync; the driver documents an error for such a device side)",
+            a.base, stream.device
+        )),
+        ATTACH_SINGLE
+            if m.stream != sid && lacks_concurrent_access(st, st.streams.get(&m.stream)?.device) =>
+        {
+            Some(format!(
+                "device work on managed allocation {:#x}, attached to stream {:#x} \
+                 (CU_MEM_ATTACH_SINGLE), on device {} without concurrent managed access, queued \
+                 on {on}: only the attached stream may access it (cuStreamAttachMemAsync; the \
+                 driver documents an error for such a device side)",
+                a.base, m.stream, stream.device
+            ))
+        }
+        _ => None,
     }
-    Some(DeviceUse::new(&m.host))
 }
 
 /// Page size of the hint bookkeeping.
@@ -180,7 +242,7 @@ pub(crate) struct Managed {
     /// Stream of the attachment in effect (0 = none: the allocation's own, or its stream was
     /// destroyed and has drained).
     pub(crate) stream: u64,
-    /// `cuStreamAttachMemAsync` calls queued and not run yet (see [`device_use`]). One whose
+    /// `cuStreamAttachMemAsync` calls queued and not run yet (see [`check_device_side`]). One whose
     /// operation is never run (dropped with its stream's context) keeps the attachment check off
     /// for the allocation: lenient, never stricter.
     pub(crate) queued_attachments: usize,

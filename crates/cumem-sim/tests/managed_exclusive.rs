@@ -190,3 +190,187 @@ fn device_work_on_host_attached_memory_is_misuse_without_concurrent_access() {
     destroy(s);
     dfree(q);
 }
+
+const SINGLE: u32 = 4;
+
+/// Violations on this thread about device work on memory attached to another stream.
+fn other_stream_uses(ctl: &cumem_sim::control::Control) -> usize {
+    ctl.violations_on_this_thread().iter().filter(|v| v.message.contains("attached to stream")).count()
+}
+
+/// A managed allocation of `bytes` attached with `flags` (GLOBAL or HOST) on the current device.
+fn managed_with(bytes: usize, flags: u32) -> CUdeviceptr {
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cu::cuMemAllocManaged(&mut p, bytes, flags) });
+    p
+}
+
+/// A 2D copy descriptor of `height` rows of `width` bytes between two device-typed addresses.
+fn device_2d(
+    dst: CUdeviceptr,
+    dst_pitch: usize,
+    src: CUdeviceptr,
+    src_pitch: usize,
+    width: usize,
+    height: usize,
+) -> cu::CUDA_MEMCPY2D {
+    let device = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    cu::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: device,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: device,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
+    }
+}
+
+#[test]
+#[serial] // frees memory: see `Gate`
+fn a_call_on_host_attached_memory_is_one_misuse_however_many_rows_it_has() {
+    let ctl = bind(EXCLUSIVE);
+    let p = managed_with(8192, HOST);
+    let d = dalloc(8192);
+    let s = stream(1);
+    let before = host_attached_uses(ctl);
+    // 16 rows of 64 bytes, 256 apart: one call, one misuse.
+    // SAFETY: plain FFI calls; every row lies inside `p`.
+    ok(unsafe { cu::cuMemsetD2D8Async(p, 256, 7, 64, 16, s) });
+    sync(s);
+    assert_eq!(host_attached_uses(ctl), before + 1, "{:?}", ctl.violations_on_this_thread());
+    // SAFETY: as above (the synchronous form, on the legacy stream).
+    ok(unsafe { cu::cuMemsetD2D8_v2(p, 256, 8, 64, 16) });
+    assert_eq!(host_attached_uses(ctl), before + 2, "{:?}", ctl.violations_on_this_thread());
+    // A 2D copy of 16 rows out of it, and one back into it (both device-typed ends).
+    let into = device_2d(p, 256, d, 256, 64, 16);
+    let out_of = device_2d(d, 256, p, 256, 64, 16);
+    // SAFETY: the descriptors name rows inside live allocations.
+    unsafe {
+        ok(cu::cuMemcpy2DAsync_v2(&out_of, s));
+        ok(cu::cuMemcpy2DAsync_v2(&into, s));
+    }
+    sync(s);
+    assert_eq!(host_attached_uses(ctl), before + 4, "{:?}", ctl.violations_on_this_thread());
+    // Both ends in it: still one call, one misuse.
+    let within = device_2d(p + 4096, 256, p, 256, 64, 16);
+    // SAFETY: as above.
+    ok(unsafe { cu::cuMemcpy2DAsync_v2(&within, s) });
+    sync(s);
+    assert_eq!(host_attached_uses(ctl), before + 5, "{:?}", ctl.violations_on_this_thread());
+    assert_eq!(read_back(d, 1), [8]);
+    destroy(s);
+    dfree(d);
+    dfree(p);
+}
+
+#[test]
+#[serial] // frees memory: see `Gate`
+fn a_refused_call_on_host_attached_memory_logs_only_its_refusal() {
+    let ctl = bind(EXCLUSIVE);
+    let p = managed_with(8192, HOST);
+    let d = dalloc(8192);
+    let s = stream(1);
+    let before = host_attached_uses(ctl);
+    let all_before = ctl.violations_on_this_thread().len();
+    let e = CUresult::CUDA_ERROR_INVALID_VALUE;
+    // The destination (host-attached, device side) resolves, then the source, a device pointer
+    // where host memory is required, is refused.
+    // SAFETY: refused before any access.
+    assert_eq!(unsafe { cu::cuMemcpyHtoDAsync_v2(p, d as usize as *const std::ffi::c_void, 64, s) }, e);
+    // A 2D copy whose source rows (host-attached) resolve, then whose destination pitch is
+    // refused.
+    let bad_pitch = device_2d(d, 32, p, 256, 64, 16);
+    // SAFETY: refused before any access.
+    assert_eq!(unsafe { cu::cuMemcpy2DAsync_v2(&bad_pitch, s) }, e);
+    sync(s);
+    assert_eq!(host_attached_uses(ctl), before, "{:?}", ctl.violations_on_this_thread());
+    // Each refusal is logged once, with its error.
+    let refusals: Vec<_> = ctl.violations_on_this_thread()[all_before..]
+        .iter()
+        .filter(|v| v.code == e as u32)
+        .cloned()
+        .collect();
+    assert_eq!(refusals.len(), 2, "{refusals:?}");
+    destroy(s);
+    dfree(d);
+    dfree(p);
+}
+
+#[test]
+#[serial] // frees memory: see `Gate`
+fn device_work_on_memory_attached_to_another_stream_is_misuse_without_concurrent_access() {
+    let ctl = bind(EXCLUSIVE);
+    let p = managed_with(4096, GLOBAL);
+    let (a, b) = (stream(1), stream(1));
+    let before = other_stream_uses(ctl);
+    attach(a, p, SINGLE);
+    // Still queued on `a`: which attachment is in effect when `b`'s work runs is not known.
+    // SAFETY: plain FFI calls; `p` holds 4096 bytes.
+    ok(unsafe { cu::cuMemsetD8Async(p, 1, 4096, b) });
+    sync(b);
+    sync(a);
+    assert_eq!(other_stream_uses(ctl), before, "{:?}", ctl.violations_on_this_thread());
+    // Attached to `a` (run): `b` may not use it, `a` may.
+    // SAFETY: as above.
+    ok(unsafe { cu::cuMemsetD8Async(p, 2, 4096, b) });
+    sync(b);
+    assert_eq!(other_stream_uses(ctl), before + 1, "{:?}", ctl.violations_on_this_thread());
+    // SAFETY: as above.
+    ok(unsafe { cu::cuMemsetD8Async(p, 3, 4096, a) });
+    sync(a);
+    assert_eq!(other_stream_uses(ctl), before + 1, "{:?}", ctl.violations_on_this_thread());
+    // Nor may the legacy stream (never the attached one), named or through a synchronous call;
+    // a 2D memset of 16 rows is one misuse.
+    // SAFETY: as above.
+    ok(unsafe { cu::cuMemsetD2D8Async(p, 256, 4, 64, 16, std::ptr::null_mut()) });
+    // SAFETY: as above.
+    ok(unsafe { cu::cuMemsetD8_v2(p, 5, 4096) });
+    assert_eq!(other_stream_uses(ctl), before + 3, "{:?}", ctl.violations_on_this_thread());
+    // As a copy's host side, or a unified (`cuMemcpy`) end, the host reads it: no misuse.
+    let d = dalloc(4096);
+    // SAFETY: plain FFI calls; both hold 4096 bytes.
+    unsafe {
+        ok(cu::cuMemcpyHtoDAsync_v2(d, p as usize as *const std::ffi::c_void, 4096, b));
+        ok(cu::cuMemcpyAsync(d, p, 4096, b));
+    }
+    sync(b);
+    assert_eq!(other_stream_uses(ctl), before + 3, "{:?}", ctl.violations_on_this_thread());
+    assert_eq!(read_back(d, 2), [5, 5]);
+    // Attached globally again (run): every stream may use it.
+    attach(a, p, GLOBAL);
+    sync(a);
+    // SAFETY: as above.
+    ok(unsafe { cu::cuMemsetD8Async(p, 6, 4096, b) });
+    sync(b);
+    assert_eq!(other_stream_uses(ctl), before + 3, "{:?}", ctl.violations_on_this_thread());
+    // Attached to the calling thread's per-thread stream: that stream may use it, the legacy
+    // stream may not.
+    let per_thread = 0x2 as cu::CUstream;
+    attach(per_thread, p, SINGLE);
+    sync(per_thread);
+    // SAFETY: as above.
+    ok(unsafe { cu::cuMemsetD8Async(p, 7, 4096, per_thread) });
+    sync(per_thread);
+    assert_eq!(other_stream_uses(ctl), before + 3, "{:?}", ctl.violations_on_this_thread());
+    // SAFETY: as above.
+    ok(unsafe { cu::cuMemsetD8Async(p, 8, 4096, 0x1 as cu::CUstream) });
+    sync(0x1 as cu::CUstream);
+    assert_eq!(other_stream_uses(ctl), before + 4, "{:?}", ctl.violations_on_this_thread());
+    attach(per_thread, p, GLOBAL);
+    sync(per_thread);
+    dfree(d);
+    destroy(a);
+    destroy(b);
+    dfree(p);
+}
