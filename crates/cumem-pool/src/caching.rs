@@ -1389,7 +1389,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             match self.upstream.allocate(size) {
                 Ok(addr) => {
                     if addr % SEGMENT_ALIGN as u64 != 0 || addr.checked_add(size as u64).is_none() {
-                        self.upstream.deallocate(addr, size);
+                        // SAFETY: `addr` is what `allocate(size)` just returned, given back once
+                        // and never handed out: nothing was queued on it, nothing uses it.
+                        unsafe { self.upstream.deallocate(addr, size) };
                         return Err(PoolError::MisalignedSegment { addr });
                     }
                     let seg = Seg { base: addr, len: size as u64 };
@@ -1792,7 +1794,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         GIVING_BACK.with(|g| g.set(g.get() + 1));
         let _giving = Giving;
         while let Some(&(addr, len, ticket)) = unlinked.segs.get(unlinked.freed) {
-            self.upstream.deallocate(addr, len as usize);
+            // SAFETY: `release` took this whole free segment (`allocate`d with `len` bytes: the
+            // books keep the size it was added with) out of the arenas and the books, so nothing
+            // can reach it and it is given back once; its caller synchronised after every free in
+            // it, so no work of any stream uses it.
+            unsafe { self.upstream.deallocate(addr, len as usize) };
             // Only now: if the upstream panics, `unlinked`'s drop settles this free too.
             unlinked.freed += 1;
             self.returning.finish(ticket, true);
@@ -1903,7 +1909,11 @@ impl<U: Upstream, O: Ordering> Drop for CachingPool<U, O> {
             return;
         }
         for (base, (len, _)) in segs.map {
-            self.upstream.deallocate(base, len as usize);
+            // SAFETY: each segment of the books as `allocate` returned it, taken out of them, so
+            // given back once; `synchronize` succeeded after every use. The pool is being
+            // dropped: no block of it can be used any more (a `CachingResource`'s buffers hold
+            // it alive, and a `Block` is only an address).
+            unsafe { self.upstream.deallocate(base, len as usize) };
         }
         if let Some(up) = self.upstream.expandable() {
             expandable::teardown(up, segs.expandable);

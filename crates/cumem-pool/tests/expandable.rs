@@ -295,8 +295,9 @@ impl Upstream for SegmentsOnly {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         self.0.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
-        self.0.deallocate(addr, bytes)
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.0.deallocate(addr, bytes) }
     }
 }
 

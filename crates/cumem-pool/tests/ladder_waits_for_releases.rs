@@ -64,7 +64,7 @@ impl Upstream for GatedUpstream {
         }
         r
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         let mut gate = self.gate.lock();
         if !gate.freeing {
             gate.freeing = true;
@@ -74,7 +74,8 @@ impl Upstream for GatedUpstream {
             }
         }
         drop(gate);
-        self.host.deallocate(addr, bytes)
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) }
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         None
@@ -142,7 +143,7 @@ impl Upstream for HeldUpstream {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         self.host.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         let mut gate = self.gate.lock();
         if !gate.0 {
             gate.0 = true;
@@ -152,7 +153,8 @@ impl Upstream for HeldUpstream {
             }
         }
         drop(gate);
-        self.host.deallocate(addr, bytes)
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) }
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         None
@@ -478,7 +480,7 @@ impl Upstream for PanickingFreeUpstream {
         }
         r
     }
-    fn deallocate(&self, _: u64, _: usize) {
+    unsafe fn deallocate(&self, _: u64, _: usize) {
         self.gate.lock().freeing = true;
         self.changed.notify_all();
         wait_until(&self.gate, &self.changed, |gate| gate.ladder_failed);
@@ -538,7 +540,7 @@ impl Upstream for HoldingUpstream {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         self.host.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         let mut held = self.held.lock();
         if let Some(h) = held.get_mut(&addr) {
             h.0 = true;
@@ -548,7 +550,8 @@ impl Upstream for HoldingUpstream {
             }
         }
         drop(held);
-        self.host.deallocate(addr, bytes)
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) }
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         None

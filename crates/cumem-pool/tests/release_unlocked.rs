@@ -25,13 +25,14 @@ impl Upstream for UsingThePool {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         self.host.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         if let Some(pool) = self.pool.get().and_then(Weak::upgrade) {
             let b = pool.allocate(4096, 512, 9).unwrap();
             self.served.lock().push(b.addr());
             pool.deallocate(b, 9).unwrap();
         }
-        self.host.deallocate(addr, bytes)
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) }
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         None

@@ -45,8 +45,9 @@ impl Upstream for HookedUpstream {
         self.fire();
         self.inner.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
-        self.inner.deallocate(addr, bytes)
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.inner.deallocate(addr, bytes) }
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         if self.until_ladder.get().is_none() {

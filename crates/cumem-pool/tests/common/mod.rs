@@ -152,9 +152,10 @@ impl Upstream for CheckedUpstream {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         self.host.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         self.clock.lock().record_release(addr, bytes as u64);
-        self.host.deallocate(addr, bytes);
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) };
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         Some(self)
@@ -175,12 +176,14 @@ impl ExpandableUpstream for CheckedUpstream {
     fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
         self.host.map(addr, bytes)
     }
-    fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
+    unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
         self.clock.lock().record_release(addr, bytes as u64);
-        self.host.unmap(addr, bytes)
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.unmap(addr, bytes) }
     }
-    fn release(&self, base: u64, bytes: usize) {
-        self.host.release(base, bytes);
+    unsafe fn release(&self, base: u64, bytes: usize) {
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.release(base, bytes) };
     }
 }
 
