@@ -41,7 +41,8 @@
 //! let c = pool.allocate(2 << 20, 512, 0).unwrap(); // 1 more chunk: [8, 10) MiB
 //! assert_eq!((b.addr(), c.addr()), (a.addr() + (3 << 20), a.addr() + (8 << 20)));
 //! assert_eq!(pool.stats().reserved_bytes, 10 << 20);
-//! pool.deallocate(b, 0).unwrap();
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(b, 0) }.unwrap();
 //! // The hole [3, 8) MiB holds two whole chunks, [4, 8): unmapped, while a and c stay put.
 //! let report = pool.trim().unwrap();
 //! assert_eq!((report.released_bytes, pool.stats().reserved_bytes), (4 << 20, 6 << 20));
@@ -49,7 +50,8 @@
 //! let d = pool.allocate(4 << 20, 512, 0).unwrap();
 //! assert_eq!((d.addr(), pool.stats().reserved_bytes), (a.addr() + (3 << 20), 10 << 20));
 //! for blk in [a, c, d] {
-//!     pool.deallocate(blk, 0).unwrap();
+//!     // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//!     unsafe { pool.deallocate(blk, 0) }.unwrap();
 //! }
 //! pool.trim().unwrap(); // everything: the reservation goes too
 //! assert!(pool.upstream().reservations().is_empty());
