@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cumem_benches::{
-    Allocator, FEW_LIVE, OnStream, churn_loop, host_fast_path, host_many_live, host_pool, host_varying_sizes,
-    in_parallel, interleaved_loop, random_size_loop, raw_pool_fast_path, resource_fast_path,
-    resource_many_live, resource_varying_sizes, training_loop,
+    Allocator, FEW_LIVE, OnStream, churn_loop, host_fast_path, host_free, host_many_live, host_pool,
+    host_varying_sizes, in_parallel, interleaved_loop, random_size_loop, raw_pool_fast_path,
+    resource_fast_path, resource_many_live, resource_varying_sizes, training_loop,
 };
 use cumem_core::{Context, Device, DriverResource, Stream};
 use cumem_pool::{
@@ -296,7 +296,7 @@ fn main() -> cumem_core::Result<()> {
     let host_1 = parallel_ns_per_op(5, 1, 1_000_000, |t, n| {
         for _ in 0..n {
             let b = host.allocate(256, 256, t as u32).expect("host pool");
-            host.deallocate(b, t as u32).expect("own block");
+            host_free(&host, b, t as u32);
         }
     });
     let mut c_rows = vec![];
@@ -304,7 +304,7 @@ fn main() -> cumem_core::Result<()> {
         let ns = parallel_ns_per_op(5, threads, 1_000_000, |t, n| {
             for _ in 0..n {
                 let b = host.allocate(256, 256, t as u32).expect("host pool");
-                host.deallocate(b, t as u32).expect("own block");
+                host_free(&host, b, t as u32);
             }
         });
         c_rows.push((threads, ns, host_1 / ns));

@@ -11,11 +11,13 @@
 //! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), PoolConfig::default());
 //! let a = pool.allocate(4096, 256, 7).unwrap();
 //! let addr = a.addr();
-//! pool.deallocate(a, 7).unwrap();
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(a, 7) }.unwrap();
 //! // Freed on stream 7: stream 7 gets the very same block back from its bin.
 //! let b = pool.allocate(4096, 256, 7).unwrap();
 //! assert_eq!(b.addr(), addr);
-//! # pool.deallocate(b, 7).unwrap();
+//! # // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! # unsafe { pool.deallocate(b, 7) }.unwrap();
 //! ```
 
 use std::sync::atomic::AtomicU64;

@@ -12,7 +12,8 @@
 //! let b = pool.allocate(1000, 4096, 0).unwrap();
 //! assert_eq!((b.size(), b.rounded_size(), b.addr() % 4096), (1000, 1024, 0));
 //! assert_eq!(pool.allocate(1000, 3, 0).unwrap_err(), PoolError::InvalidAlignment { align: 3 });
-//! pool.deallocate(b, 0).unwrap();
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(b, 0) }.unwrap();
 //! ```
 
 use crate::free_set::Seg;

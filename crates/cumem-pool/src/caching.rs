@@ -26,11 +26,13 @@
 //! let pool = CachingPool::new(HostUpstream::new(64 << 20), HostOrdering::new(), PoolConfig::default());
 //! let a = pool.allocate(1 << 20, 256, 1).unwrap(); // stream 1
 //! let addr = a.addr();
-//! pool.deallocate(a, 1).unwrap();
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(a, 1) }.unwrap();
 //! // Stream 2 misses, migrates stream 1's free memory and orders itself after stream 1.
 //! let b = pool.allocate(1 << 20, 256, 2).unwrap();
 //! assert_eq!((b.addr(), pool.ordering().waits()), (addr, 1));
-//! pool.deallocate(b, 2).unwrap();
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(b, 2) }.unwrap();
 //! let report = pool.trim().unwrap();
 //! assert_eq!((report.released_bytes, pool.upstream().live_bytes()), (2 << 20, 0));
 //! ```
@@ -381,6 +383,13 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Allocates `bytes` bytes aligned to `align` (a power of two up to [`MAX_ALIGN`](crate::MAX_ALIGN);
     /// every block is at least 512-byte aligned) for use on `stream`.
     ///
+    /// The memory is ready for work queued on `stream` from now on, and for no other: the work of
+    /// its earlier users has completed or is ordered before that work (a block freed on `stream`
+    /// comes back at once; one of another stream after [`Ordering::wait`]`(stream, other)`). A
+    /// block used on another stream must be freed as [`deallocate`](Self::deallocate)'s contract
+    /// says. Safe to call with any stream: a block is of use on the device only through an
+    /// `unsafe` call, and comes back into the pool only through `deallocate`.
+    ///
     /// # Errors
     /// [`PoolError::ZeroSize`], [`PoolError::InvalidAlignment`], [`PoolError::AlignmentTooLarge`],
     /// [`PoolError::SizeOverflow`] for bad input; [`PoolError::OutOfMemory`] with a report when the
@@ -394,6 +403,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// growth nor the ladder serves the request instead (the ladder's `OutOfMemory` or
     /// `AddressSpaceExhausted` gives way to it); the waits for an arena shared with another
     /// stream (a full arena table, or growth into such an arena) are answered at once.
+    /// [`PoolError::RetiredStream`] when `stream` is the ordering's
+    /// [retired name](Ordering::retired_stream), which no stream has: the memory cached under it
+    /// may still be in use by retired streams' work, which is ordered before no stream's work
+    /// but through a wait on that name.
     #[inline]
     pub fn allocate(&self, bytes: usize, align: usize, stream: O::Stream) -> Result<Block, PoolError> {
         // The thread cache first, for the common request (at most 64 KiB, default alignment)
@@ -424,6 +437,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
             return Ok(self.block(&req, addr, seg));
         }
+        // No thread cache keeps blocks under the retired name (`deallocate` files them in its
+        // arena), so it is refused here, off the fastest path.
+        if self.retired == Some(stream) {
+            return Err(PoolError::RetiredStream);
+        }
         let (arena, mut g) = match self.arenas.lock(stream) {
             Some(found) => found,
             None => match self.arena_slow(stream) {
@@ -449,10 +467,36 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// must finish before another stream may reuse the memory). It may differ from the stream the
     /// block was allocated on.
     ///
+    /// The pool hands the memory to the next allocation on `stream` at once, with no wait, and to
+    /// another stream `t` after [`Ordering::wait`]`(t, stream)` or [`Ordering::synchronize`]: the
+    /// `stream` named here is all that orders later users after the block's work, so naming a
+    /// wrong one (see [`CachingResource::pool`](crate::CachingResource::pool)) gives memory still
+    /// in use to other work, hence `unsafe`. The block itself needs no promise: a [`Block`] is
+    /// neither `Clone` nor `Copy` and only a pool makes one, so it is given back once, and a block
+    /// of another pool is refused ([`ForeignBlock`]).
+    ///
+    /// # Safety
+    /// 1. Every use of the block's memory has completed, or is queued on `stream`, or is ordered
+    ///    before all work queued on `stream` after this call (by an event `stream` waits for).
+    ///    That includes the work of the block's earlier users, which the pool ordered before the
+    ///    work queued after the [allocation](Self::allocate) on its stream, and before no other:
+    ///    a block allocated on stream `a` and freed on `b` needs `b` ordered after `a`'s work
+    ///    since the allocation (as using it on `b` first needed), or that work complete.
+    /// 2. The pool's ordering can order other streams after `stream`, from any thread:
+    ///    `wait(t, stream)` and `synchronize` cover the work queued on it. For
+    ///    [`StreamOrdering`](crate::StreamOrdering): `stream` is a key its
+    ///    [`register`](crate::StreamOrdering::register) returned (an unregistered key is taken for
+    ///    a retired stream), not a per-thread default stream's (the pool may order it from
+    ///    another thread, where that handle names another stream); or
+    ///    [`StreamKey::RETIRED`](crate::StreamKey::RETIRED), for a block whose work has completed
+    ///    (no work is queued on that name, item 1). The host models name any stream.
+    /// 3. Nothing uses the memory after this call but the work item 1 covers (no work queued
+    ///    through the address later): the pool may hand it out again at once.
+    ///
     /// # Errors
     /// A block of another pool is handed back untouched as [`ForeignBlock`].
     #[inline]
-    pub fn deallocate(&self, block: Block, stream: O::Stream) -> Result<(), ForeignBlock> {
+    pub unsafe fn deallocate(&self, block: Block, stream: O::Stream) -> Result<(), ForeignBlock> {
         if block.pool != self.id {
             tracing::warn!(addr = block.addr, "deallocate: block belongs to another pool");
             return Err(ForeignBlock(block));
@@ -1389,7 +1433,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             match self.upstream.allocate(size) {
                 Ok(addr) => {
                     if addr % SEGMENT_ALIGN as u64 != 0 || addr.checked_add(size as u64).is_none() {
-                        self.upstream.deallocate(addr, size);
+                        // SAFETY: `addr` is what `allocate(size)` just returned, given back once
+                        // and never handed out: nothing was queued on it, nothing uses it.
+                        unsafe { self.upstream.deallocate(addr, size) };
                         return Err(PoolError::MisalignedSegment { addr });
                     }
                     let seg = Seg { base: addr, len: size as u64 };
@@ -1792,7 +1838,11 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         GIVING_BACK.with(|g| g.set(g.get() + 1));
         let _giving = Giving;
         while let Some(&(addr, len, ticket)) = unlinked.segs.get(unlinked.freed) {
-            self.upstream.deallocate(addr, len as usize);
+            // SAFETY: `release` took this whole free segment (`allocate`d with `len` bytes: the
+            // books keep the size it was added with) out of the arenas and the books, so nothing
+            // can reach it and it is given back once; its caller synchronised after every free in
+            // it, so no work of any stream uses it.
+            unsafe { self.upstream.deallocate(addr, len as usize) };
             // Only now: if the upstream panics, `unlinked`'s drop settles this free too.
             unlinked.freed += 1;
             self.returning.finish(ticket, true);
@@ -1903,7 +1953,11 @@ impl<U: Upstream, O: Ordering> Drop for CachingPool<U, O> {
             return;
         }
         for (base, (len, _)) in segs.map {
-            self.upstream.deallocate(base, len as usize);
+            // SAFETY: each segment of the books as `allocate` returned it, taken out of them, so
+            // given back once; `synchronize` succeeded after every use. The pool is being
+            // dropped: no block of it can be used any more (a `CachingResource`'s buffers hold
+            // it alive, and a `Block` is only an address).
+            unsafe { self.upstream.deallocate(base, len as usize) };
         }
         if let Some(up) = self.upstream.expandable() {
             expandable::teardown(up, segs.expandable);

@@ -94,6 +94,30 @@ impl CachingResource {
     }
 
     /// The pool behind the resource, for its inspection methods.
+    ///
+    /// Its [`deallocate`](CachingPool::deallocate) is `unsafe`: the pool hands a block freed on a
+    /// stream to that stream's next allocation at once, so a free that named another stream than
+    /// the one still using the block would give a buffer's memory to another buffer while work
+    /// on it is pending. Here `x`'s block, still in use by stream `a`'s work, is taken out of `a`'s
+    /// cache (legal: for work on `a`) and filed under `b` with no event, and `y` gets it:
+    ///
+    /// ```compile_fail,E0133
+    /// # cumem_sys::testing::init();
+    /// use std::sync::Arc;
+    /// use cumem_core::{Device, DeviceBuffer, Stream};
+    /// use cumem_pool::{CachingResource, PoolConfig, StreamKey};
+    /// let ctx = Device::get(0)?.context()?;
+    /// let (a, b) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
+    /// let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+    /// let x = DeviceBuffer::<u32>::zeroed_in(&pool, &a, 4096)?;
+    /// let x_ptr = x.device_ptr();
+    /// drop(x); // freed on `a`, where its memset may still be pending
+    /// let block = pool.pool().allocate(4096 * 4, 256, StreamKey::of(&a)).unwrap();
+    /// pool.pool().deallocate(block, StreamKey::of(&b)).unwrap(); // filed under `b`, no event
+    /// let y = DeviceBuffer::<u32>::zeroed_in(&pool, &b, 4096)?; // `b`'s memset races `a`'s work
+    /// assert_eq!(y.device_ptr(), x_ptr);
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
     pub fn pool(&self) -> &CachingPool<DeviceUpstream, Arc<StreamOrdering>> {
         &self.pool
     }
@@ -151,6 +175,8 @@ fn pool_error(e: PoolError, op: &'static str, bytes: usize) -> Error {
                 },
             }
         }
+        // Never asked for: the resource allocates on registered streams only.
+        PoolError::RetiredStream => Error::InvalidValue { ctx },
         PoolError::MisalignedSegment { addr } => Error::Misaligned {
             what: "segment from the upstream",
             value: addr,
@@ -234,7 +260,16 @@ unsafe impl DeviceResource for CachingResource {
             return;
         };
         tracing::trace!(device = self.device(), stream = stream.id(), bytes = layout.bytes, ptr, "free");
-        if let Err(foreign) = self.pool.deallocate(block, key) {
+        // SAFETY: item 1: the caller's uses of the allocation are queued on `stream` or ordered
+        // before its later work (its contract item 2); the pool's earlier users' work precedes the
+        // allocation stream's work since `allocate`, which precedes any use on `stream` (the
+        // memory is usable elsewhere only once ordered after the allocation's stream, trait item
+        // 2). Item 2: `key` is the one `register` returned for `stream` just now, not a per-thread
+        // default stream's: that stream was synchronised above, its work is complete, and the
+        // block goes to the retired name. Item 3: no Rust value refers to the memory afterwards
+        // (the caller's item 3).
+        let freed = unsafe { self.pool.deallocate(block, key) };
+        if let Err(foreign) = freed {
             // Cannot happen: the block was rebuilt with this pool's id.
             tracing::warn!(ptr = foreign.0.addr(), "a block of another pool; not returned");
         }

@@ -26,12 +26,14 @@
 //! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), PoolConfig::default());
 //! let a = pool.allocate(256, 256, 1).unwrap();
 //! let addr = a.addr();
-//! pool.deallocate(a, 1).unwrap(); // into this thread's cache, under stream 1
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(a, 1) }.unwrap(); // into this thread's cache, under stream 1
 //! let s = pool.stats();
 //! assert_eq!((s.current_bytes, s.cached_bytes), (0, 2 << 20)); // cached, not live
 //! let b = pool.allocate(256, 256, 1).unwrap(); // taken back without a lock
 //! assert_eq!(b.addr(), addr);
-//! pool.deallocate(b, 1).unwrap();
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(b, 1) }.unwrap();
 //! assert_eq!(pool.trim().unwrap().released_bytes, 2 << 20); // trim sees thread-cached blocks
 //! ```
 

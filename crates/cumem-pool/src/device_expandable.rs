@@ -246,7 +246,7 @@ impl ExpandableUpstream for DeviceExpandable {
         Ok(())
     }
 
-    fn unmap(&self, addr: u64, bytes: usize) -> std::result::Result<(), UpstreamError> {
+    unsafe fn unmap(&self, addr: u64, bytes: usize) -> std::result::Result<(), UpstreamError> {
         let mut s = self.state.lock();
         let mut above = s.chunks.split_off(&addr);
         let mut rest = above.split_off(&(addr + bytes as u64));
@@ -255,7 +255,9 @@ impl ExpandableUpstream for DeviceExpandable {
             self.defer(Deferred::UnmapNotAllMapped { addr, bytes, mapped: above.len() * self.chunk });
         }
         // From the top down, so that after a failure what is left mapped is the bottom of the range.
-        // The pool synchronised after every free in it.
+        // The caller vouches that no work uses the range and nothing will (the pool synchronised
+        // after every free in it): the mappings' own stream orders know nothing of the pool's
+        // blocks, so their unmap waits for nothing that matters here.
         while let Some((at, mapping)) = above.pop_last() {
             if let Err((mapping, e)) = mapping.unmap() {
                 // Kept, not dropped: a dropped mapping would try again and only log; the pool keeps
@@ -268,9 +270,10 @@ impl ExpandableUpstream for DeviceExpandable {
         Ok(())
     }
 
-    fn release(&self, base: u64, bytes: usize) {
+    unsafe fn release(&self, base: u64, bytes: usize) {
         let mut s = self.state.lock();
-        // The pool synchronised: nothing uses the reservation, strays never were handed out.
+        // The caller vouches that nothing uses the reservation (the pool synchronised); strays
+        // never were handed out.
         if let Err(error) = Self::unmap_strays(&mut s, base, base.saturating_add(bytes as u64)) {
             self.defer(Deferred::StrayUnmapFailed { base, error });
         }

@@ -16,7 +16,8 @@
 //! let up = DeviceUpstream::new(Arc::new(DriverResource::new(&ctx)));
 //! let segment = up.allocate(2 << 20).unwrap();
 //! assert_eq!(segment % 512, 0);
-//! up.deallocate(segment, 2 << 20);
+//! // SAFETY: `segment` came from `up` for 2 MiB, is given back once, and nothing used it.
+//! unsafe { up.deallocate(segment, 2 << 20) };
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
@@ -88,14 +89,17 @@ impl Upstream for DeviceUpstream {
         Ok(alloc.ptr)
     }
 
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         let layout = AllocLayout { bytes, align: SEGMENT_ALIGN };
         let Some(token) = self.tokens.lock().remove(&addr) else {
             tracing::warn!(addr, bytes, "returning a segment this upstream did not hand out; ignored");
             return;
         };
-        // SAFETY: the pool returns exactly a segment `allocate` produced with this size, once, after
-        // synchronising every stream that used it; nothing refers to it afterwards.
+        // SAFETY: by this method's contract, `(addr, bytes)` is a segment `allocate` returned for
+        // `bytes` (its layout is this one: the same size and SEGMENT_ALIGN, and `token` is the one
+        // the resource gave with it), given back once (its token was just removed), with no work
+        // queued on it and nothing using it afterwards. The legacy stream is the one it was
+        // allocated on.
         unsafe { self.resource.deallocate(Allocation { ptr: addr, token }, layout, &self.legacy) };
     }
 

@@ -164,6 +164,12 @@ pub enum PoolError {
     /// Establishing stream order (event record/wait or synchronise) failed.
     #[error("stream ordering operation failed: {0}")]
     Ordering(#[source] UpstreamError),
+    /// [`CachingPool::allocate`](crate::CachingPool::allocate) was asked for memory on the
+    /// ordering's [retired name](crate::Ordering::retired_stream), which names no stream: memory
+    /// cached under it may still be in use by work of retired streams, which only a wait on that
+    /// name orders a stream after.
+    #[error("allocation on the retired streams' name, which names no stream")]
+    RetiredStream,
     /// The upstream returned an address that is not aligned to [`SEGMENT_ALIGN`](crate::SEGMENT_ALIGN).
     #[error("upstream returned misaligned segment address {addr:#x}")]
     MisalignedSegment {

@@ -41,7 +41,8 @@
 //! let c = pool.allocate(2 << 20, 512, 0).unwrap(); // 1 more chunk: [8, 10) MiB
 //! assert_eq!((b.addr(), c.addr()), (a.addr() + (3 << 20), a.addr() + (8 << 20)));
 //! assert_eq!(pool.stats().reserved_bytes, 10 << 20);
-//! pool.deallocate(b, 0).unwrap();
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(b, 0) }.unwrap();
 //! // The hole [3, 8) MiB holds two whole chunks, [4, 8): unmapped, while a and c stay put.
 //! let report = pool.trim().unwrap();
 //! assert_eq!((report.released_bytes, pool.stats().reserved_bytes), (4 << 20, 6 << 20));
@@ -49,7 +50,8 @@
 //! let d = pool.allocate(4 << 20, 512, 0).unwrap();
 //! assert_eq!((d.addr(), pool.stats().reserved_bytes), (a.addr() + (3 << 20), 10 << 20));
 //! for blk in [a, c, d] {
-//!     pool.deallocate(blk, 0).unwrap();
+//!     // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//!     unsafe { pool.deallocate(blk, 0) }.unwrap();
 //! }
 //! pool.trim().unwrap(); // everything: the reservation goes too
 //! assert!(pool.upstream().reservations().is_empty());
@@ -317,7 +319,9 @@ pub(crate) fn grow(
                 Err(e) => return Err(PoolError::Upstream(e)),
             };
             if !base.is_multiple_of(chunk) || base.checked_add(len).is_none() {
-                up.release(base, len as usize);
+                // SAFETY: the reservation `reserve(len)` just returned, given back once, before
+                // anything was mapped in it or its addresses were recorded anywhere.
+                unsafe { up.release(base, len as usize) };
                 return Err(PoolError::MisalignedSegment { addr: base });
             }
             if segs.expandable.owned.contains_key(&owner) {
@@ -371,7 +375,10 @@ fn release_if_unmapped(up: &dyn ExpandableUpstream, segs: &mut Segments, base: u
     if let Some(e) = segs.expandable.segs.get(&base)
         && e.mapped == 0
     {
-        up.release(base, e.len as usize);
+        // SAFETY: a segment of the books is a reservation `reserve(e.len)` returned, not released
+        // (released ones leave the books, as this one does now); with nothing mapped it holds no
+        // block and no cached range (those lie in mapped runs), so nobody uses its addresses.
+        unsafe { up.release(base, e.len as usize) };
         segs.expandable.remove(base);
     }
 }
@@ -472,7 +479,13 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
         // maps over it.
         let mut bottom = hi;
         while bottom > target {
-            if let Err(error) = up.unmap(bottom - chunk, chunk as usize) {
+            // SAFETY: a whole chunk of a cached range, which lies in one mapped run of the
+            // segment's reservation (the pool's invariant) and is still marked mapped there
+            // (chunks above it in this range were unmapped and are unmarked below, none twice).
+            // Cached memory is free, and the caller synchronised after every free in it; it leaves
+            // the arena before the locks go, so nothing uses it afterwards.
+            let unmapped = unsafe { up.unmap(bottom - chunk, chunk as usize) };
+            if let Err(error) = unmapped {
                 notes.0.push(Note::UnmapFailed { addr: bottom - chunk, error });
                 break;
             }
@@ -517,7 +530,9 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
     let empty: Vec<(u64, u64)> =
         segs.expandable.segs.iter().filter(|(_, e)| e.mapped == 0).map(|(&b, e)| (b, e.len)).collect();
     for (base, len) in empty {
-        up.release(base, len as usize);
+        // SAFETY: a reservation of the books as `reserve(len)` returned it, leaving them now (once);
+        // nothing is mapped in it, so it holds no block or cached range and nobody uses it.
+        unsafe { up.release(base, len as usize) };
         segs.expandable.remove(base);
         report.released_segments += 1;
     }
@@ -528,12 +543,18 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
 pub(crate) fn teardown(up: &dyn ExpandableUpstream, registry: Registry) {
     'segs: for (base, e) in registry.segs {
         for (&start, &end) in &e.runs {
-            if let Err(error) = up.unmap(start, (end - start) as usize) {
+            // SAFETY: a mapped run of the reservation (whole chunks the pool mapped and has not
+            // unmapped). The pool is being dropped after a successful synchronisation: no work
+            // uses it, and no block of the pool can be used any more.
+            let unmapped = unsafe { up.unmap(start, (end - start) as usize) };
+            if let Err(error) = unmapped {
                 // Releasing a reservation with chunks mapped is refused; both stay, leaked.
                 tracing::warn!(base, start, end, %error, "unmapping a segment at teardown failed; leaking it");
                 continue 'segs;
             }
         }
-        up.release(base, e.len as usize);
+        // SAFETY: the reservation as `reserve(e.len)` returned it, the registry taken out of the
+        // pool, so released once; every run was unmapped just above, and nothing uses it.
+        unsafe { up.release(base, e.len as usize) };
     }
 }

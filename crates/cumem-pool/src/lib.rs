@@ -29,13 +29,19 @@
 //! which is why [`Ordering::Stream`] is `'static` (a thread-local list holds each pool's cache,
 //! whatever its stream type); [`PoolConfig::thread_cache`] turns the caches off.
 //!
+//! [`CachingPool::deallocate`] is `unsafe`: the stream it names is all that orders the block's
+//! later users after its work (see its `# Safety`). [`CachingResource`] makes that call for
+//! device buffers; a block of the host model, with no memory behind it, needs no more argument
+//! than this example's.
+//!
 //! ```
 //! use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig};
 //!
 //! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), PoolConfig::default());
 //! let block = pool.allocate(3000, 256, 0).unwrap();
 //! assert_eq!((block.size(), block.rounded_size()), (3000, 3072));
-//! pool.deallocate(block, 0).unwrap();
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(block, 0) }.unwrap();
 //! let stats = pool.stats();
 //! assert_eq!((stats.current_bytes, stats.peak_bytes, stats.reserved_bytes), (0, 3072, 2 << 20));
 //! pool.trim().unwrap();

@@ -17,7 +17,10 @@
 //! blocks.push(pool.allocate(36 << 20, 512, 0).unwrap());
 //! assert_eq!(blocks[3].kind(), cumem_pool::size_class::Kind::Dedicated);
 //! assert_eq!(lengths(&pool), vec![20, 40, 36]);
-//! # for b in blocks { pool.deallocate(b, 0).unwrap(); }
+//! # for b in blocks {
+//! #     // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! #     unsafe { pool.deallocate(b, 0) }.unwrap();
+//! # }
 //! ```
 
 use std::collections::BTreeMap;

@@ -21,7 +21,8 @@
 //! let pool = CachingPool::new(HostUpstream::new(1 << 30), HostOrdering::new(), PoolConfig::default());
 //! let a = pool.allocate(1000, 256, 0).unwrap();
 //! let b = pool.allocate(3000, 256, 1).unwrap();
-//! pool.deallocate(a, 0).unwrap();
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(a, 0) }.unwrap();
 //! let s = pool.stats();
 //! assert_eq!((s.current_bytes, s.peak_bytes, s.current_count, s.peak_count), (3072, 4096, 1, 2));
 //! // One 2 MiB small segment: stream 1 migrated the rest of stream 0's segment.
@@ -29,7 +30,8 @@
 //! assert_eq!(s.cached_bytes, s.reserved_bytes - s.current_bytes);
 //! assert_eq!(s.histogram.count(1000) + s.histogram.count(3000), 2);
 //! assert!(s.fragmentation() > 0.0);
-//! # pool.deallocate(b, 1).unwrap();
+//! # // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! # unsafe { pool.deallocate(b, 1) }.unwrap();
 //! ```
 
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};

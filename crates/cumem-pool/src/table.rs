@@ -19,10 +19,13 @@
 //! // A third stream shares the first arena, and its free synchronises (this ordering retires
 //! // nothing); a block too large for the thread cache, which would keep it under stream 3.
 //! let c = pool.allocate(1 << 20, 1, 3).unwrap();
-//! pool.deallocate(c, 3).unwrap();
+//! // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! unsafe { pool.deallocate(c, 3) }.unwrap();
 //! assert_eq!(pool.ordering().synchronizations(), 1);
-//! # pool.deallocate(a, 1).unwrap();
-//! # pool.deallocate(b, 2).unwrap();
+//! # // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! # unsafe { pool.deallocate(a, 1) }.unwrap();
+//! # // SAFETY: a block of the host model: no memory behind it, no work uses it.
+//! # unsafe { pool.deallocate(b, 2) }.unwrap();
 //! ```
 
 use std::hash::{Hash, Hasher};

@@ -15,7 +15,8 @@
 //! up.fail_call(1, UpstreamError::OutOfMemory); // the next call (index 1) fails
 //! assert_eq!(up.allocate(512), Err(UpstreamError::OutOfMemory));
 //! assert_eq!(up.allocate(4 << 20), Err(UpstreamError::OutOfMemory)); // over capacity
-//! up.deallocate(a, 2 << 20);
+//! // SAFETY: `a` is the model's allocation of 2 MiB, given back once; nothing uses it.
+//! unsafe { up.deallocate(a, 2 << 20) };
 //! assert_eq!(up.live_bytes(), 0);
 //! assert!(up.violations().is_empty());
 //! ```
@@ -43,14 +44,43 @@ use crate::{SEGMENT_ALIGN, UpstreamError};
 /// 3. `deallocate(addr, bytes)` receives exactly an `(addr, bytes)` pair `allocate` returned. The pool
 ///    calls it only after [`Ordering::synchronize`] succeeded after every free in the segment, so no
 ///    stream still uses the memory.
+///
+/// [`deallocate`](Self::deallocate) is `unsafe`: a device upstream frees the memory at once, and
+/// only its caller can know that nothing uses it any more (the pool reaches its upstream through
+/// [`CachingPool::upstream`](crate::CachingPool::upstream), so a safe one would free the pool's
+/// live segments from safe code):
+///
+/// ```compile_fail,E0133
+/// # cumem_sys::testing::init();
+/// use std::sync::Arc;
+/// use cumem_core::{Device, DeviceBuffer, Stream};
+/// use cumem_pool::{CachingResource, PoolConfig, Upstream};
+/// let ctx = Device::get(0)?.context()?;
+/// let stream = Stream::non_blocking(&ctx)?;
+/// let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+/// let buf = DeviceBuffer::<u32>::from_slice_in(&pool, &stream, &[7; 1024])?;
+/// let (base, len) = pool.pool().segments()[0];
+/// pool.pool().upstream().deallocate(base, len as usize); // the live buffer's segment
+/// # Ok::<(), cumem_core::Error>(())
+/// ```
 pub trait Upstream: Send + Sync {
     /// Allocates `bytes` bytes and returns the address.
     ///
     /// # Errors
     /// [`UpstreamError::OutOfMemory`] when exhausted, [`UpstreamError::Other`] otherwise.
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError>;
-    /// Releases an allocation returned by [`allocate`](Self::allocate).
-    fn deallocate(&self, addr: u64, bytes: usize);
+    /// Releases an allocation returned by [`allocate`](Self::allocate). It may free the memory at
+    /// once: it does not wait for work queued on it.
+    ///
+    /// # Safety
+    /// 1. `(addr, bytes)` is exactly a pair this upstream's [`allocate`](Self::allocate) returned
+    ///    (`addr` for a request of `bytes`), not deallocated since: each allocation is given back
+    ///    once, whole, with its own size.
+    /// 2. No work of any stream that uses the memory is queued or running (for the pool: an
+    ///    [`Ordering::synchronize`] succeeded after the last free of every block in it).
+    /// 3. Nothing uses the memory afterwards: no buffer, block or view over it is left, since the
+    ///    upstream may hand the same addresses out again.
+    unsafe fn deallocate(&self, addr: u64, bytes: usize);
     /// The ordinal of the device the segments live on, which the pool's tracing spans name
     /// (`None`, the default, for host models).
     fn device(&self) -> Option<u64> {
@@ -83,6 +113,32 @@ pub trait Upstream: Send + Sync {
 /// 6. No method, nor the owning [`Upstream::expandable`], calls into the pool it serves (allocates
 ///    from it, frees into it, trims it, reads its statistics): the pool calls them while holding its
 ///    arena locks and its segment registry, so such a call would deadlock.
+///
+/// [`unmap`](Self::unmap) and [`release`](Self::release) are `unsafe`: the first frees physical
+/// memory at once (the device does not wait for queued work), the second gives address space back
+/// for `reserve` to hand out again, and only the caller can know that nothing uses either (the
+/// pool's upstream is reachable through [`CachingPool::expandable`](crate::CachingPool::expandable)):
+///
+/// ```compile_fail,E0133
+/// # cumem_sys::testing::init();
+/// use std::sync::Arc;
+/// use cumem_core::{Device, DeviceBuffer, Stream};
+/// use cumem_pool::{CachingResource, PoolConfig};
+/// let ctx = Device::get(0)?.context()?;
+/// let stream = Stream::non_blocking(&ctx)?;
+/// let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+/// let pool = Arc::new(CachingResource::with_driver(&ctx, config));
+/// let buf = DeviceBuffer::<u32>::from_slice_in(&pool, &stream, &[7; 1024])?;
+/// let up = pool.pool().expandable().unwrap();
+/// up.unmap(buf.device_ptr(), up.chunk_bytes()); // the live buffer's chunk
+/// # Ok::<(), cumem_core::Error>(())
+/// ```
+///
+/// [`map`](Self::map) stays safe: it only adds memory to unmapped space of a reservation, which
+/// nobody uses, and frees nothing. A call behind the pool's back makes a later `map` of the pool
+/// over that space fail (mapping over mapped space is refused), an error the pool returns; the pool
+/// hands out only memory it mapped itself, and unmaps only that (`DeviceExpandable` keeps a chunk
+/// mapped behind its back until it is dropped).
 pub trait ExpandableUpstream: Send + Sync {
     /// The mapping granularity in bytes: physical memory is mapped and unmapped in whole chunks.
     fn chunk_bytes(&self) -> usize;
@@ -100,13 +156,29 @@ pub trait ExpandableUpstream: Send + Sync {
     /// # Errors
     /// [`UpstreamError::OutOfMemory`] when the memory is exhausted, any other error as is.
     fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError>;
-    /// Unmaps `[addr, addr + bytes)` and frees its physical memory.
+    /// Unmaps `[addr, addr + bytes)` and frees its physical memory at once: it does not wait for
+    /// work queued on it.
     ///
     /// # Errors
     /// The driver's error when a chunk could not be unmapped: it stays mapped.
-    fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError>;
+    ///
+    /// # Safety
+    /// 1. `[addr, addr + bytes)` is whole chunks inside one reservation of this upstream, each
+    ///    mapped by its [`map`](Self::map) and not unmapped since.
+    /// 2. No work of any stream that uses the range is queued or running (for the pool: an
+    ///    [`Ordering::synchronize`] succeeded after the last free of every block in it).
+    /// 3. Nothing uses the range afterwards (no block, buffer or view over it), unless it is
+    ///    mapped again first; on an error, the chunks left mapped may be used again.
+    unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError>;
     /// Frees a reservation with nothing mapped in it.
-    fn release(&self, base: u64, bytes: usize);
+    ///
+    /// # Safety
+    /// 1. `(base, bytes)` is exactly a reservation this upstream's [`reserve`](Self::reserve)
+    ///    returned, not released since.
+    /// 2. Nothing is mapped in it (every chunk [`map`](Self::map) mapped there was unmapped).
+    /// 3. Nobody uses its addresses afterwards (maps into it, or keeps a block there):
+    ///    `reserve` may hand them out again.
+    unsafe fn release(&self, base: u64, bytes: usize);
     /// Logs what the upstream noted during calls the pool made under its locks: the pool calls it
     /// with none of its locks held after each operation that may have called `reserve`, `map`,
     /// `unmap` or `release` (a tracing subscriber may read the pool's stats, which take those
@@ -189,8 +261,9 @@ impl<U: Upstream + ?Sized> Upstream for std::sync::Arc<U> {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         (**self).allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
-        (**self).deallocate(addr, bytes)
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
+        // SAFETY: the caller keeps `deallocate`'s contract, which is the inner upstream's own.
+        unsafe { (**self).deallocate(addr, bytes) }
     }
     fn device(&self) -> Option<u64> {
         (**self).device()
@@ -415,7 +488,8 @@ impl Upstream for HostUpstream {
         Ok(addr)
     }
 
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
+        // A model: a call that breaks the contract is recorded as a violation, nothing is freed.
         let mut s = self.state.lock();
         match s.live.get(&addr) {
             Some(&len) if len == bytes => {
@@ -506,7 +580,8 @@ impl ExpandableUpstream for HostUpstream {
         Ok(())
     }
 
-    fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
+    unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
+        // A model: a call that breaks the contract is recorded as a violation, nothing is freed.
         let mut s = self.state.lock();
         let call = s.unmaps;
         s.unmaps += 1;
@@ -532,7 +607,8 @@ impl ExpandableUpstream for HostUpstream {
         Ok(())
     }
 
-    fn release(&self, base: u64, bytes: usize) {
+    unsafe fn release(&self, base: u64, bytes: usize) {
+        // A model: a call that breaks the contract is recorded as a violation, nothing is freed.
         let mut s = self.state.lock();
         match s.reservations.get(&base) {
             Some((len, chunks)) if *len == bytes as u64 && chunks.is_empty() => {

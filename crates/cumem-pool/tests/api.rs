@@ -5,6 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
+use common::Free;
 use cumem_pool::{
     CachingPool, Growth, HostOrdering, HostUpstream, MAX_ALIGN, PoolConfig, PoolError, TrimReport,
     UpstreamError,
@@ -50,7 +51,7 @@ fn huge_request_runs_the_ladder_and_reports() {
     assert_eq!(pool.ordering().synchronizations(), 1, "the ladder synchronised once");
     let s = pool.stats();
     assert_eq!((s.oom_ladders, s.oom_errors), (1, 1));
-    pool.deallocate(keep, 0).unwrap();
+    pool.free(keep, 0).unwrap();
 }
 
 #[test]
@@ -60,7 +61,7 @@ fn other_upstream_errors_are_returned_without_the_ladder() {
     assert_eq!(pool.allocate(512, 1, 0).unwrap_err(), PoolError::Upstream(UpstreamError::Other(2)));
     assert_eq!((pool.ordering().synchronizations(), pool.stats().oom_ladders), (0, 0));
     let b = pool.allocate(512, 1, 0).unwrap();
-    pool.deallocate(b, 0).unwrap();
+    pool.free(b, 0).unwrap();
 }
 
 #[test]
@@ -69,10 +70,10 @@ fn foreign_blocks_are_handed_back() {
     let b = host_pool(1 << 30, PoolConfig::default());
     let block = a.allocate(4096, 1, 0).unwrap();
     let addr = block.addr();
-    let back = b.deallocate(block, 0).unwrap_err();
+    let back = b.free(block, 0).unwrap_err();
     assert_eq!(back.0.addr(), addr);
     assert_eq!(b.stats().current_count, 0);
-    a.deallocate(back.0, 0).unwrap();
+    a.free(back.0, 0).unwrap();
     assert_eq!(a.stats().current_count, 0);
 }
 
@@ -85,14 +86,14 @@ fn streams_beyond_the_arena_table_share_the_first_arena() {
         1,
     );
     let block = pool.allocate(4096, 1, 0).unwrap();
-    pool.deallocate(block, 0).unwrap();
+    pool.free(block, 0).unwrap();
     // Stream 1 has no arena: it allocates from stream 0's cache after waiting for stream 0.
     let shared = pool.allocate(4096, 1, 1).unwrap();
     assert_eq!((pool.ordering().waits(), pool.stats().upstream_allocations), (1, 1));
     // Stream 9 has no arena: the block stays in this thread's cache under stream 9 (only stream 9
     // takes it from there) until the cache is flushed, here by `validate`: synchronise, cache in
     // arena 0.
-    pool.deallocate(shared, 9).unwrap();
+    pool.free(shared, 9).unwrap();
     assert_eq!(pool.ordering().synchronizations(), 0);
     pool.validate().unwrap();
     assert_eq!(pool.ordering().synchronizations(), 1);
@@ -106,7 +107,7 @@ fn release_threshold_applies_at_synchronize_not_before() {
     let pool = host_pool(1 << 30, config);
     let blocks: Vec<_> = (0..4).map(|_| pool.allocate(3 << 20, 1, 0).unwrap()).collect();
     for b in blocks {
-        pool.deallocate(b, 0).unwrap();
+        pool.free(b, 0).unwrap();
     }
     assert_eq!(pool.stats().reserved_bytes, 16 << 20, "frees keep the cache");
     let r = pool.synchronize().unwrap();
@@ -124,7 +125,7 @@ fn trim_without_fully_free_segments_does_not_synchronise() {
     let b = pool.allocate(4096, 1, 0).unwrap();
     assert_eq!(pool.trim().unwrap(), TrimReport::default());
     assert_eq!(pool.ordering().synchronizations(), 0);
-    pool.deallocate(b, 0).unwrap();
+    pool.free(b, 0).unwrap();
     assert_eq!(pool.trim().unwrap().released_segments, 1);
     assert_eq!(pool.ordering().synchronizations(), 1);
 }
@@ -149,7 +150,7 @@ fn growth_doubling_and_fallback_to_minimal_segment() {
     // Now nothing fits anywhere: the ladder runs and reports.
     assert!(matches!(pool.allocate(10 << 20, 1, 0), Err(PoolError::OutOfMemory { .. })));
     for x in [a, b, c, d].into_iter().chain(rest) {
-        pool.deallocate(x, 0).unwrap();
+        pool.free(x, 0).unwrap();
     }
 }
 
@@ -158,13 +159,13 @@ fn peaks_and_reset() {
     let pool = host_pool(1 << 30, PoolConfig::default());
     let a = pool.allocate(1 << 20, 1, 0).unwrap();
     let b = pool.allocate(1 << 20, 1, 1).unwrap();
-    pool.deallocate(a, 1).unwrap();
+    pool.free(a, 1).unwrap();
     let s = pool.stats();
     assert_eq!((s.current_bytes, s.peak_bytes, s.current_count, s.peak_count), (1 << 20, 2 << 20, 1, 2));
     pool.reset_peaks();
     let s = pool.stats();
     assert_eq!((s.peak_bytes, s.peak_count, s.peak_reserved_bytes), (1 << 20, 1, s.reserved_bytes));
-    pool.deallocate(b, 1).unwrap();
+    pool.free(b, 1).unwrap();
     assert!(pool.stats().utilization() < 1.0);
 }
 
@@ -176,7 +177,7 @@ fn drop_returns_every_segment_even_with_live_blocks() {
         let pool = CachingPool::new(up.clone(), ord.clone(), PoolConfig::default());
         let _leaked = pool.allocate(3 << 20, 1, 0).unwrap();
         let b = pool.allocate(512, 1, 1).unwrap();
-        pool.deallocate(b, 1).unwrap();
+        pool.free(b, 1).unwrap();
         assert_eq!(up.live().len(), 2);
     }
     assert_eq!((up.live_bytes(), ord.synchronizations()), (0, 1));
@@ -192,7 +193,7 @@ fn a_trim_with_nothing_to_release_does_not_synchronise() {
     let syncs = pool.ordering().synchronizations();
     assert_eq!(pool.trim().unwrap(), TrimReport::default());
     assert_eq!(pool.ordering().synchronizations(), syncs, "nothing to release: no synchronisation");
-    pool.deallocate(block, 0).unwrap();
+    pool.free(block, 0).unwrap();
     let report = pool.trim().unwrap();
     assert_eq!((report.released_segments, report.released_bytes), (1, 2 << 20));
     assert_eq!(pool.ordering().synchronizations(), syncs + 1);

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::mpsc;
 
-use common::{STREAMS, model_round, new_pool};
+use common::{Free, STREAMS, model_round, new_pool};
 use cumem_pool::{Block, PoolConfig};
 
 struct Rng(u64);
@@ -38,7 +38,7 @@ fn threads_on_their_own_streams(#[values(false, true)] expandable_segments: bool
                 let mut live: Vec<Block> = vec![];
                 let free = |b: Block| {
                     clock.lock().record_free(b.addr(), b.rounded_size() as u64, s);
-                    pool.deallocate(b, s).unwrap();
+                    pool.free(b, s).unwrap();
                 };
                 for i in 0..ITERS {
                     // Blocks handed over by the previous thread: last used here, freed here.

@@ -5,9 +5,12 @@
 //! find the request's bytes spends no synchronisation, and a failed synchronisation answers out of
 //! memory. On the host model, with a 40 MiB upstream that one 40 MiB dedicated segment fills.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use common::Free;
 use cumem_pool::size_class::Kind;
 use cumem_pool::{Block, CachingPool, HostUpstream, PoolConfig, PoolError, Upstream, UpstreamError};
 use cumem_sys::testing::{OnEvent, event_message, with_subscriber};
@@ -38,10 +41,14 @@ impl Upstream for HookedUpstream {
         }
         self.host.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
-        self.host.deallocate(addr, bytes)
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) }
     }
 }
+
+// SAFETY: hands out its `HostUpstream`'s addresses only.
+unsafe impl common::HostModel for HookedUpstream {}
 
 /// Host ordering (every wait and synchronisation succeeds at once, and is counted) whose
 /// synchronisation fails while `failing`.
@@ -85,7 +92,7 @@ fn fill(pool: &Pool) -> (Block, cumem_pool::free_set::Seg) {
     let whole = pool.allocate(40 * MIB, 256, 0).unwrap();
     let dedicated = whole.segment();
     assert_eq!((whole.kind(), dedicated.len), (Kind::Dedicated, 40 << 20));
-    pool.deallocate(whole, 0).unwrap();
+    pool.free(whole, 0).unwrap();
     let x = pool.allocate(31 * MIB, 256, 0).unwrap();
     assert_eq!((x.segment(), x.addr()), (dedicated, dedicated.base));
     (x, dedicated)
@@ -104,7 +111,7 @@ fn released_whole(pool: &Pool) {
 fn freeing(blocks: Arc<Mutex<Vec<(Block, u32)>>>) -> Hook {
     Box::new(move |pool: &Pool| {
         for (block, stream) in blocks.lock().unwrap().drain(..) {
-            pool.deallocate(block, stream).unwrap();
+            pool.free(block, stream).unwrap();
         }
     })
 }
@@ -128,7 +135,7 @@ fn frees_into_two_arenas_during_the_growth_are_joined_before_the_last_step_takes
     let s = pool.stats();
     assert_eq!((s.oom_ladders, s.oom_errors, s.reserved_bytes), (2, 0, 40 << 20));
     assert!(blocks.lock().unwrap().is_empty(), "the hook ran");
-    pool.deallocate(z, 0).unwrap();
+    pool.free(z, 0).unwrap();
     released_whole(&pool);
 }
 
@@ -155,7 +162,7 @@ fn a_dedicated_block_stranded_during_the_growth_counts_towards_the_last_step() {
     assert_eq!((z.segment(), z.addr(), z.kind()), (dedicated, dedicated.base, Kind::Dedicated));
     let s = pool.stats();
     assert_eq!((s.oom_ladders, s.oom_errors, s.stranded_bytes), (1, 0, 0));
-    pool.deallocate(z, 0).unwrap();
+    pool.free(z, 0).unwrap();
     released_whole(&pool);
 }
 
@@ -178,8 +185,8 @@ fn the_last_step_synchronises_only_when_the_dedicated_ranges_hold_the_requests_b
     assert_eq!(syncs() - before, 2);
     let s = pool.stats();
     assert_eq!((s.oom_ladders, s.oom_errors), (2, 1));
-    pool.deallocate(tail, 0).unwrap();
-    pool.deallocate(x, 0).unwrap();
+    pool.free(tail, 0).unwrap();
+    pool.free(x, 0).unwrap();
     released_whole(&pool);
 }
 
@@ -208,7 +215,7 @@ fn a_failed_synchronisation_in_the_last_step_answers_out_of_memory_and_warns() {
     assert_eq!((tail.segment(), tail.addr()), (dedicated, dedicated.base + (31 << 20)));
     let s = pool.stats();
     assert_eq!((s.oom_ladders, s.oom_errors), (2, 1));
-    pool.deallocate(tail, 0).unwrap();
-    pool.deallocate(x, 0).unwrap();
+    pool.free(tail, 0).unwrap();
+    pool.free(x, 0).unwrap();
     released_whole(&pool);
 }

@@ -5,9 +5,12 @@
 //! anything. On the host model, with a bounded upstream: the device that a fragmented pool would
 //! have refused.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use common::Free;
 use cumem_pool::size_class::Kind;
 use cumem_pool::trace_format::{TraceAction, parse_trace};
 use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig, PoolError};
@@ -30,7 +33,7 @@ fn a_freed_dedicated_segment_is_not_split_by_smaller_requests() {
     let dedicated = a.segment();
     assert_eq!(a.kind(), Kind::Dedicated);
     assert_eq!(dedicated.len, 30 << 20, "its own size, not the 20 MiB large segment floor");
-    pool.deallocate(a, 0).unwrap();
+    pool.free(a, 0).unwrap();
 
     // A 3 MiB request would best-fit into the free 30 MiB range and pin it; it takes a new large
     // segment instead.
@@ -44,8 +47,8 @@ fn a_freed_dedicated_segment_is_not_split_by_smaller_requests() {
     assert_eq!((c.segment(), c.kind()), (dedicated, Kind::Dedicated));
     let s = pool.stats();
     assert_eq!((s.reserved_bytes, s.oom_ladders, s.oom_errors), (50 << 20, 0, 0));
-    pool.deallocate(b, 0).unwrap();
-    pool.deallocate(c, 0).unwrap();
+    pool.free(b, 0).unwrap();
+    pool.free(c, 0).unwrap();
 }
 
 #[test]
@@ -54,7 +57,7 @@ fn a_dedicated_segment_serves_a_smaller_large_request_only_within_the_split_limi
     let limit = PoolConfig::default().split_limit() as usize;
     let a = pool.allocate(40 * MIB, 256, 0).unwrap();
     let dedicated = a.segment();
-    pool.deallocate(a, 0).unwrap();
+    pool.free(a, 0).unwrap();
 
     // 24 MiB would leave 16 MiB (more than the 10 MiB limit) of the segment behind: a new one.
     let far = pool.allocate(24 * MIB, 256, 0).unwrap();
@@ -72,7 +75,7 @@ fn a_dedicated_segment_serves_a_smaller_large_request_only_within_the_split_limi
     let large_fit = pool.allocate(11 * MIB, 256, 0).unwrap();
     assert_eq!((large_fit.segment(), large_fit.kind()), (small.segment(), Kind::Large));
     for b in [far, near, small, large_fit] {
-        pool.deallocate(b, 0).unwrap();
+        pool.free(b, 0).unwrap();
     }
     pool.validate().unwrap();
 }
@@ -85,7 +88,7 @@ fn a_dedicated_segment_serves_its_own_request_again_whatever_the_limit() {
     for _ in 0..10 {
         let b = pool.allocate(5 * MIB / 2, 512, 0).unwrap();
         assert_eq!((b.kind(), b.segment().len), (Kind::Dedicated, 4 << 20));
-        pool.deallocate(b, 0).unwrap();
+        pool.free(b, 0).unwrap();
     }
     assert_eq!((pool.stats().reserved_bytes, pool.upstream().allocate_calls()), (4 << 20, 1));
     // Aligned to 2 MiB, its own segment would be 6 MiB (the need with the padding): the 4 MiB one,
@@ -93,7 +96,7 @@ fn a_dedicated_segment_serves_its_own_request_again_whatever_the_limit() {
     for _ in 0..3 {
         let b = pool.allocate(5 * MIB / 2, 2 << 20, 1).unwrap();
         assert_eq!(b.kind(), Kind::Dedicated);
-        pool.deallocate(b, 1).unwrap();
+        pool.free(b, 1).unwrap();
     }
     assert_eq!(pool.upstream().allocate_calls(), 1);
 }
@@ -103,7 +106,7 @@ fn under_pressure_a_dedicated_tail_serves_a_smaller_request_as_the_last_resort()
     let pool = host_pool(40 * MIB);
     let a = pool.allocate(40 * MIB, 256, 0).unwrap();
     let dedicated = a.segment();
-    pool.deallocate(a, 0).unwrap();
+    pool.free(a, 0).unwrap();
     let b = pool.allocate(31 * MIB, 256, 0).unwrap(); // leaves 9 MiB, within the limit
     assert_eq!(b.segment(), dedicated);
     // 8 MiB may not pin the segment while anything else could serve it, but the device is full and
@@ -112,8 +115,8 @@ fn under_pressure_a_dedicated_tail_serves_a_smaller_request_as_the_last_resort()
     assert_eq!((c.segment(), c.kind()), (dedicated, Kind::Dedicated));
     let s = pool.stats();
     assert_eq!((s.oom_ladders, s.oom_errors, s.reserved_bytes), (1, 0, 40 << 20));
-    pool.deallocate(c, 0).unwrap();
-    pool.deallocate(b, 0).unwrap();
+    pool.free(c, 0).unwrap();
+    pool.free(b, 0).unwrap();
     pool.validate().unwrap();
     assert_eq!(pool.cached_ranges(), vec![(dedicated.base, dedicated.len)]);
 }
@@ -124,7 +127,7 @@ fn a_freed_block_coalesces_back_into_its_dedicated_segment() {
     let a = pool.allocate(31 * MIB, 256, 0).unwrap();
     let dedicated = a.segment();
     assert_eq!((dedicated.len, a.kind()), (32 << 20, Kind::Dedicated), "rounded up to 2 MiB");
-    pool.deallocate(a, 0).unwrap();
+    pool.free(a, 0).unwrap();
     // The free range is whole again, in the dedicated set, and the trim gives the segment back.
     assert_eq!(pool.cached_ranges(), vec![(dedicated.base, dedicated.len)]);
     pool.validate().unwrap();
@@ -156,13 +159,13 @@ fn failures_replaying(trace: &str, capacity: usize) -> usize {
             TraceAction::AllocateFailure => {}
             TraceAction::Free => {
                 if let Some((block, _)) = live.remove(&row.pointer) {
-                    pool.deallocate(block, stream).unwrap();
+                    pool.free(block, stream).unwrap();
                 }
             }
         }
     }
     for (_, (block, stream)) in live {
-        pool.deallocate(block, stream).unwrap();
+        pool.free(block, stream).unwrap();
     }
     pool.validate().unwrap();
     failed

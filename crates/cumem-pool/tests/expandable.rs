@@ -8,8 +8,11 @@
 //! mapping falls back to segments.
 //! (The model tests in `model.rs` and `faults.rs` run every invariant with expandable segments too.)
 
+mod common;
+
 use std::sync::Arc;
 
+use common::Free;
 use cumem_pool::{
     CachingPool, HostOrdering, HostUpstream, Ordering, PoolConfig, PoolError, TrimReport, Upstream,
     UpstreamError,
@@ -58,7 +61,7 @@ fn the_free_tail_grows_and_shrinks_in_whole_chunks() {
     while let Some(b) = blocks.pop() {
         let before = mapped(&p);
         end -= b.rounded_size() as u64;
-        p.deallocate(b, 0).unwrap();
+        p.free(b, 0).unwrap();
         let report = p.trim().unwrap();
         if blocks.is_empty() {
             assert!(p.upstream().reservations().is_empty(), "the reservation goes with the last chunk");
@@ -80,7 +83,7 @@ fn trim_unmaps_every_whole_free_chunk_holes_included() {
     let c = p.allocate(3 * MIB / 2, 512, 0).unwrap(); // ends at 7.5 MiB: 8 MiB mapped
     let (base, c_addr) = (a.addr(), c.addr());
     assert_eq!(mapped(&p), 8 << 20);
-    p.deallocate(b, 0).unwrap();
+    p.free(b, 0).unwrap();
     // The hole [3, 6) MiB holds one whole chunk, [4, 6): unmapped, with a and c where they were.
     assert_eq!(p.trim().unwrap(), TrimReport { released_segments: 0, released_bytes: 2 << 20 });
     let runs = vec![(base, 4 << 20), (base + (6 << 20), 2 << 20)];
@@ -92,7 +95,7 @@ fn trim_unmaps_every_whole_free_chunk_holes_included() {
     assert_eq!(p.cached_ranges(), vec![(base + (3 << 20), 1 << 20), (base + (15 << 19), 1 << 19)]);
     p.validate().unwrap();
     assert_eq!(c.addr(), c_addr);
-    p.deallocate(c, 0).unwrap();
+    p.free(c, 0).unwrap();
     // Free from 3 to 4 MiB and from 6 MiB up: the chunk [6, 8) is whole and free.
     let live_before = p.upstream().live_bytes();
     let report = p.trim().unwrap();
@@ -104,10 +107,10 @@ fn trim_unmaps_every_whole_free_chunk_holes_included() {
     assert_eq!(d.addr(), a.addr() + (3 << 20));
     assert_eq!(mapped(&p), 8 << 20);
     // trim_to keeps what it is asked to keep, in whole chunks.
-    p.deallocate(d, 0).unwrap();
+    p.free(d, 0).unwrap();
     let report = p.trim_to(2 << 20).unwrap();
     assert_eq!((report.released_bytes, p.stats().cached_bytes), (4 << 20, 1 << 20));
-    p.deallocate(a, 0).unwrap();
+    p.free(a, 0).unwrap();
     p.trim().unwrap();
     assert_eq!((p.upstream().live_bytes(), p.upstream().reservations().len()), (0, 0));
     assert!(p.upstream().violations().is_empty(), "{:?}", p.upstream().violations());
@@ -127,7 +130,7 @@ fn holes_are_mapped_again_and_a_full_segment_gets_a_second_reservation() {
     let mut blocks = blocks.into_iter();
     let (a, b, c, d) =
         (blocks.next().unwrap(), blocks.next().unwrap(), blocks.next().unwrap(), blocks.next().unwrap());
-    p.deallocate(b, 0).unwrap();
+    p.free(b, 0).unwrap();
     // [4, 8) unmapped; [3, 4) and [8, 9) stay cached around the hole.
     assert_eq!(p.trim().unwrap().released_bytes, 4 << 20);
     assert_eq!(p.segments(), vec![(base, 4 << 20), (base + (8 << 20), 8 << 20)]);
@@ -145,7 +148,7 @@ fn holes_are_mapped_again_and_a_full_segment_gets_a_second_reservation() {
     assert_eq!([a.addr(), c.addr(), d.addr()], [addrs[0], addrs[2], addrs[3]]);
     p.validate().unwrap();
     for blk in [a, c, d, e, f] {
-        p.deallocate(blk, 0).unwrap();
+        p.free(blk, 0).unwrap();
     }
     assert_eq!(p.trim().unwrap().released_segments, 2);
     assert_eq!((p.upstream().live_bytes(), p.upstream().reservations().len()), (0, 0));
@@ -169,7 +172,7 @@ fn each_stream_and_kind_grows_its_own_segment() {
     assert_eq!(homes, vec![0, 1, 0, 2, 3]);
     assert_eq!((blocks[2].1.addr(), p.ordering().waits()), (blocks[0].1.addr() + MIB as u64, 1));
     for (s, b) in blocks {
-        p.deallocate(b, s).unwrap();
+        p.free(b, s).unwrap();
     }
     p.validate().unwrap();
     assert_eq!(p.trim().unwrap(), TrimReport { released_segments: 4, released_bytes: 6 * CHUNK });
@@ -181,17 +184,17 @@ fn memory_moves_between_streams_only_behind_a_wait() {
     let p = pool(1 << 30);
     let a = p.allocate(8 * MIB, 512, 1).unwrap();
     let addr = a.addr();
-    p.deallocate(a, 1).unwrap();
+    p.free(a, 1).unwrap();
     assert_eq!(p.ordering().waits(), 0);
     let allocations = p.stats().upstream_allocations;
     // Stream 2 has no segment yet and stream 1's free memory fits: migrated, after a wait.
     let b = p.allocate(8 * MIB, 512, 2).unwrap();
     assert_eq!((b.addr(), p.ordering().waits(), p.stats().upstream_allocations), (addr, 1, allocations));
     // A block of stream 1's segment freed on stream 2 stays with stream 2.
-    p.deallocate(b, 2).unwrap();
+    p.free(b, 2).unwrap();
     let c = p.allocate(8 * MIB, 512, 2).unwrap();
     assert_eq!((c.addr(), p.ordering().waits()), (addr, 1));
-    p.deallocate(c, 2).unwrap();
+    p.free(c, 2).unwrap();
     // Trim synchronises before it unmaps anything.
     let syncs = p.ordering().synchronizations();
     assert_eq!(p.trim().unwrap().released_bytes, 8 << 20);
@@ -202,7 +205,7 @@ fn memory_moves_between_streams_only_behind_a_wait() {
 fn the_ladder_unmaps_other_streams_free_tails() {
     let p = pool(16 << 20);
     let a = p.allocate(10 * MIB, 512, 0).unwrap();
-    p.deallocate(a, 0).unwrap();
+    p.free(a, 0).unwrap();
     // 11 MiB does not fit stream 0's free 10 MiB, and stream 1's segment cannot map 12 MiB beside
     // stream 0's 10: the ladder unmaps stream 0's chunks and stream 1 grows.
     let b = p.allocate(11 * MIB, 512, 1).unwrap();
@@ -216,7 +219,7 @@ fn the_ladder_unmaps_other_streams_free_tails() {
         }
         other => panic!("expected OutOfMemory, got {other:?}"),
     }
-    p.deallocate(b, 1).unwrap();
+    p.free(b, 1).unwrap();
     p.trim().unwrap();
     assert_eq!(p.upstream().live_bytes(), 0);
 }
@@ -229,7 +232,7 @@ fn the_ladder_grows_from_a_free_tail_cached_by_another_stream() {
     let b = p.allocate(3 * MIB / 2, 512, 0).unwrap();
     assert_eq!((b.addr(), mapped(&p)), (a.addr() + 5 * MIB as u64 / 2, 2 * CHUNK), "b is the whole tail");
     // Freed on stream 1, the tail is stream 1's.
-    p.deallocate(b, 1).unwrap();
+    p.free(b, 1).unwrap();
     // 3 MiB from stream 0: the 1.5 MiB tail plus the last chunk fit, mapping from the end alone
     // does not. The ladder hands stream 0 its segment's tail (after synchronising) and grows it.
     let c = p.allocate(3 * MIB, 512, 0).unwrap();
@@ -237,8 +240,8 @@ fn the_ladder_grows_from_a_free_tail_cached_by_another_stream() {
     assert_eq!(mapped(&p), 3 * CHUNK);
     let s = p.stats();
     assert_eq!((s.oom_ladders, s.oom_errors), (1, 0));
-    p.deallocate(c, 0).unwrap();
-    p.deallocate(a, 0).unwrap();
+    p.free(c, 0).unwrap();
+    p.free(a, 0).unwrap();
     assert_eq!(p.trim().unwrap(), TrimReport { released_segments: 1, released_bytes: 3 * CHUNK });
     assert!(p.upstream().violations().is_empty(), "{:?}", p.upstream().violations());
 }
@@ -252,7 +255,7 @@ fn stack_like_use_reserves_no_more_than_its_peak() {
         let blocks: Vec<_> =
             layers.iter().map(|&l| p.allocate(l * batch * (MIB / 8), 512, 0).unwrap()).collect();
         for b in blocks.into_iter().rev() {
-            p.deallocate(b, 0).unwrap();
+            p.free(b, 0).unwrap();
         }
     }
     let s = p.stats();
@@ -262,7 +265,7 @@ fn stack_like_use_reserves_no_more_than_its_peak() {
         let blocks: Vec<_> =
             layers.iter().map(|&l| classic.allocate(l * batch * (MIB / 8), 512, 0).unwrap()).collect();
         for b in blocks.into_iter().rev() {
-            classic.deallocate(b, 0).unwrap();
+            classic.free(b, 0).unwrap();
         }
     }
     let c = classic.stats();
@@ -281,7 +284,7 @@ fn aligned_requests_map_only_what_they_need() {
     let r = p.upstream().reservations();
     assert_eq!(r.iter().map(|x| x.2).sum::<u64>(), CHUNK + 3 * CHUNK);
     for blk in [a, b, c] {
-        p.deallocate(blk, 0).unwrap();
+        p.free(blk, 0).unwrap();
     }
     p.validate().unwrap();
     p.trim().unwrap();
@@ -295,10 +298,14 @@ impl Upstream for SegmentsOnly {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         self.0.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
-        self.0.deallocate(addr, bytes)
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.0.deallocate(addr, bytes) }
     }
 }
+
+// SAFETY: hands out its `HostUpstream`'s addresses only.
+unsafe impl common::HostModel for SegmentsOnly {}
 
 #[test]
 fn an_upstream_that_cannot_map_falls_back_to_segments() {
@@ -307,7 +314,7 @@ fn an_upstream_that_cannot_map_falls_back_to_segments() {
     let b = p.allocate(3 * MIB, 512, 0).unwrap();
     assert_eq!(p.segments()[0].1, 20 << 20, "a segment of the default large size");
     assert!(p.upstream().0.reservations().is_empty());
-    p.deallocate(b, 0).unwrap();
+    p.free(b, 0).unwrap();
     p.trim().unwrap();
     assert_eq!(p.upstream().0.live_bytes(), 0);
 }
@@ -318,7 +325,7 @@ fn dropping_the_pool_unmaps_and_releases_everything() {
     let p = CachingPool::new(up.clone(), HostOrdering::new(), expandable());
     let a = p.allocate(5 * MIB, 512, 0).unwrap();
     let _kept = p.allocate(1000, 512, 3).unwrap();
-    p.deallocate(a, 0).unwrap();
+    p.free(a, 0).unwrap();
     drop(p);
     assert_eq!((up.live_bytes(), up.reservations().len()), (0, 0));
     assert!(up.violations().is_empty(), "{:?}", up.violations());
@@ -350,11 +357,11 @@ fn a_refused_reservation_is_reported_as_address_space_exhaustion() {
     assert!(text.starts_with("out of address space") && text.contains("4.00 MiB"), "{text}");
     assert!(text.contains("PoolConfig::expandable_reservation_bytes"), "{text}");
     assert_eq!(p.stats().oom_errors, 1);
-    p.deallocate(a, 0).unwrap();
+    p.free(a, 0).unwrap();
     let c = p.allocate(3 * MIB, 512, 0).unwrap();
     p.validate().unwrap();
     for blk in [b, c] {
-        p.deallocate(blk, 0).unwrap();
+        p.free(blk, 0).unwrap();
     }
     p.trim().unwrap();
     assert_eq!((up.live_bytes(), up.reservations().len()), (0, 0));
@@ -408,7 +415,7 @@ fn pieces_around_a_hole_of_a_retired_streams_segment_stay_reachable() {
     );
     let base = a.addr();
     let x = p.allocate(4 * MIB, 512, 3).unwrap();
-    p.deallocate(b, 1).unwrap();
+    p.free(b, 1).unwrap();
     ordering.dropped.lock().push(1);
     // [4, 10) is unmapped; [2.5, 4) and [10, 11) stay cached, under the retired name.
     assert_eq!(p.trim().unwrap().released_bytes, 6 << 20);
@@ -422,7 +429,7 @@ fn pieces_around_a_hole_of_a_retired_streams_segment_stay_reachable() {
     assert_eq!(ordering.waits.lock()[waits..], [(3, RETIRED)]);
     p.validate().unwrap();
     for blk in [a, c, x, y] {
-        p.deallocate(blk, 3).unwrap();
+        p.free(blk, 3).unwrap();
     }
     p.trim().unwrap();
     assert_eq!((p.upstream().live_bytes(), p.upstream().reservations().len()), (0, 0));

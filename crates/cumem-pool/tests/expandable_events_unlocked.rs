@@ -21,6 +21,7 @@ use serial_test::serial;
 use tracing_subscriber::layer::SubscriberExt;
 
 mod common;
+use common::Free;
 use common::events::{OnEvent, on_a_thread_within_20s};
 use common::fails_once_on_this_thread;
 
@@ -87,7 +88,7 @@ fn full_reservation_and_a_free_chunk(release_threshold: usize) -> (Arc<Pool>, [c
     let full = pool.allocate(4 * MIB, 512, 0).unwrap();
     let freed = pool.allocate(5 * MIB / 2, 512, 1).unwrap();
     let kept = pool.allocate(3 * MIB / 2, 512, 1).unwrap();
-    pool.deallocate(freed, 1).unwrap();
+    pool.free(freed, 1).unwrap();
     let s = pool.stats();
     assert_eq!((s.segments, s.reserved_bytes, s.current_bytes), (2, 8 << 20, 11 << 19));
     (pool, [full, kept])
@@ -96,10 +97,10 @@ fn full_reservation_and_a_free_chunk(release_threshold: usize) -> (Arc<Pool>, [c
 /// Frees `blocks` and the block `extra`, trims, and checks that everything went back.
 fn clean_up(pool: &Pool, blocks: [cumem_pool::Block; 2], extra: Option<cumem_pool::Block>) {
     let [full, kept] = blocks;
-    pool.deallocate(full, 0).unwrap();
-    pool.deallocate(kept, 1).unwrap();
+    pool.free(full, 0).unwrap();
+    pool.free(kept, 1).unwrap();
     if let Some(b) = extra {
-        pool.deallocate(b, 0).unwrap();
+        pool.free(b, 0).unwrap();
     }
     pool.validate().unwrap();
     pool.trim().unwrap();
@@ -196,14 +197,14 @@ fn the_ladder_logs_its_release_before_the_reservation_it_made_room_for() {
     let pool = CachingPool::new(HostUpstream::new(10 * MIB), HostOrdering::new(), config);
     let full = pool.allocate(4 * MIB, 512, 0).unwrap();
     let freed = pool.allocate(4 * MIB, 512, 1).unwrap();
-    pool.deallocate(freed, 1).unwrap();
+    pool.free(freed, 1).unwrap();
     let (grown, seen) = events_of(&[RESERVING, RELEASED], || pool.allocate(6 * MIB, 512, 0));
     let grown = grown.unwrap();
     assert_eq!(seen, [RESERVING, RELEASED, RESERVING], "growth's try, then the ladder's release and try");
     let s = pool.stats();
     assert_eq!((s.segments, s.reserved_bytes, s.current_bytes, s.oom_ladders), (2, 10 << 20, 10 << 20, 1));
-    pool.deallocate(full, 0).unwrap();
-    pool.deallocate(grown, 0).unwrap();
+    pool.free(full, 0).unwrap();
+    pool.free(grown, 0).unwrap();
     pool.validate().unwrap();
     pool.trim().unwrap();
     assert_eq!((pool.stats().reserved_bytes, pool.upstream().live_bytes()), (0, 0));
@@ -230,8 +231,8 @@ fn a_subscriber_that_panics_in_the_ladder_leaves_the_books_consistent() {
     pool.validate().unwrap();
     let s = pool.stats();
     assert_eq!((s.segments, s.reserved_bytes, s.current_bytes, s.oom_ladders), (3, 10 << 20, 19 << 19, 1));
-    pool.deallocate(full, 0).unwrap();
-    pool.deallocate(kept, 1).unwrap();
+    pool.free(full, 0).unwrap();
+    pool.free(kept, 1).unwrap();
     pool.validate().unwrap();
     pool.trim().unwrap();
     // The leaked block keeps its chunks mapped; the rest went back.

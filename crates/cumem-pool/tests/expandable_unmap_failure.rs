@@ -2,8 +2,11 @@
 //! keeps counting it as reserved, later growth maps only above it, and a later trim or the pool's
 //! drop unmaps it; the statistics agree with the upstream throughout.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::Free;
 use cumem_pool::{CachingPool, HostOrdering, HostUpstream, PoolConfig, TrimReport, UpstreamError};
 
 const MIB: usize = 1 << 20;
@@ -34,7 +37,7 @@ fn three_free_chunks_with_a_failing_unmap(fail: u64) -> (Arc<HostUpstream>, Pool
     let p = pool(&up);
     let a = p.allocate(6 * MIB, 512, 0).unwrap();
     let base = a.addr();
-    p.deallocate(a, 0).unwrap();
+    p.free(a, 0).unwrap();
     assert_eq!(mapped(&p), 3 * CHUNK);
     up.fail_unmap(up.unmap_calls() + fail, UpstreamError::Other(1));
     (up, p, base)
@@ -51,7 +54,7 @@ fn a_failed_unmap_keeps_the_chunk_and_growth_maps_above_it() {
     let b = p.allocate(8 * MIB, 512, 0).unwrap();
     assert_eq!(b.addr(), base);
     assert_eq!(mapped(&p), 4 * CHUNK);
-    p.deallocate(b, 0).unwrap();
+    p.free(b, 0).unwrap();
     // The unmap works again: everything goes, reservation included.
     assert_eq!(p.trim().unwrap(), TrimReport { released_segments: 1, released_bytes: 4 * CHUNK });
     assert!(up.reservations().is_empty());
@@ -69,7 +72,7 @@ fn a_failure_part_way_gives_back_only_the_chunks_above_it() {
     let b = p.allocate(10 * MIB, 512, 0).unwrap();
     assert_eq!(b.addr(), base);
     assert_eq!(mapped(&p), 5 * CHUNK);
-    p.deallocate(b, 0).unwrap();
+    p.free(b, 0).unwrap();
     drop(p);
     assert!(up.reservations().is_empty() && up.live_bytes() == 0, "the drop unmaps the kept chunks");
     assert!(up.violations().is_empty(), "{:?}", up.violations());

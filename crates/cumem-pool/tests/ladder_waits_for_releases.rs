@@ -26,6 +26,7 @@ use cumem_sys::testing::within_watchdog;
 use parking_lot::{Condvar, Mutex};
 
 mod common;
+use common::Free;
 use common::events::{OnEvent, message, on_a_thread_within_20s};
 
 type Pool = CachingPool<GatedUpstream, HostOrdering>;
@@ -64,7 +65,7 @@ impl Upstream for GatedUpstream {
         }
         r
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         let mut gate = self.gate.lock();
         if !gate.freeing {
             gate.freeing = true;
@@ -74,12 +75,16 @@ impl Upstream for GatedUpstream {
             }
         }
         drop(gate);
-        self.host.deallocate(addr, bytes)
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) }
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         None
     }
 }
+
+// SAFETY: hands out its `HostUpstream`'s addresses only.
+unsafe impl common::HostModel for GatedUpstream {}
 
 #[test]
 fn a_ladder_waits_for_memory_another_thread_is_returning() {
@@ -98,7 +103,7 @@ fn a_ladder_waits_for_memory_another_thread_is_returning() {
         let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
         pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
         let big = pool.allocate(4 << 20, 512, 1).unwrap();
-        pool.deallocate(big, 1).unwrap();
+        pool.free(big, 1).unwrap();
         assert_eq!(pool.stats().reserved_bytes, 20 << 20);
         let trimmer = {
             let pool = pool.clone();
@@ -121,7 +126,7 @@ fn a_ladder_waits_for_memory_another_thread_is_returning() {
         assert!(pool.upstream().gate.lock().ladder_failed);
         assert_eq!(pool.stats().oom_ladders, 1);
         assert_eq!(pool.stats().returning_bytes, 0);
-        pool.deallocate(larger, 2).unwrap();
+        pool.free(larger, 2).unwrap();
         pool.validate().unwrap();
         pool.trim().unwrap();
         assert_eq!(pool.upstream().host.live_bytes(), 0);
@@ -142,7 +147,7 @@ impl Upstream for HeldUpstream {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         self.host.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         let mut gate = self.gate.lock();
         if !gate.0 {
             gate.0 = true;
@@ -152,12 +157,16 @@ impl Upstream for HeldUpstream {
             }
         }
         drop(gate);
-        self.host.deallocate(addr, bytes)
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) }
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         None
     }
 }
+
+// SAFETY: hands out its `HostUpstream`'s addresses only.
+unsafe impl common::HostModel for HeldUpstream {}
 
 impl HeldUpstream {
     fn let_go(&self) {
@@ -175,7 +184,7 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
         PoolConfig { oom_free_wait: Duration::from_millis(100), ..PoolConfig::default() },
     ));
     let big = pool.allocate(4 << 20, 512, 1).unwrap();
-    pool.deallocate(big, 1).unwrap();
+    pool.free(big, 1).unwrap();
     let trimmer = {
         let pool = pool.clone();
         std::thread::spawn(move || pool.trim().unwrap())
@@ -219,7 +228,7 @@ fn a_ladder_does_not_wait_without_bound_for_a_free_that_waits_for_it() {
     assert_eq!(trimmer.join().unwrap().released_bytes, 20 << 20);
     // The memory is back now.
     let larger = pool.allocate(22 << 20, 512, 2).unwrap();
-    pool.deallocate(larger, 2).unwrap();
+    pool.free(larger, 2).unwrap();
     pool.validate().unwrap();
     pool.trim().unwrap();
     assert_eq!(pool.upstream().host.live_bytes(), 0);
@@ -237,7 +246,7 @@ fn a_ladder_with_a_zero_free_wait_does_not_wait() {
         PoolConfig { oom_free_wait: Duration::ZERO, ..PoolConfig::default() },
     ));
     let big = pool.allocate(4 << 20, 512, 1).unwrap();
-    pool.deallocate(big, 1).unwrap();
+    pool.free(big, 1).unwrap();
     let trimmer = {
         let pool = pool.clone();
         std::thread::spawn(move || pool.trim().unwrap())
@@ -294,7 +303,7 @@ fn after_a_panicking_trim(on_warn: bool) -> Arc<CachingPool<HostUpstream, HostOr
     let pool =
         Arc::new(CachingPool::new(HostUpstream::new(24 << 20), HostOrdering::new(), PoolConfig::default()));
     let big = pool.allocate(4 << 20, 512, 1).unwrap();
-    pool.deallocate(big, 1).unwrap();
+    pool.free(big, 1).unwrap();
     let trimmer = {
         let pool = pool.clone();
         std::thread::spawn(move || {
@@ -339,9 +348,9 @@ fn a_subscriber_that_reads_stats_on_a_migration_does_not_deadlock() {
             cumem_sys::testing::with_subscriber(subscriber, || {
                 // Stream 1's cached 4 MiB block serves stream 2 (only 4 MiB of upstream left).
                 let b = pool.allocate(4 << 20, 512, 1).unwrap();
-                pool.deallocate(b, 1).unwrap();
+                pool.free(b, 1).unwrap();
                 let b = pool.allocate(4 << 20, 512, 2).unwrap();
-                pool.deallocate(b, 2).unwrap();
+                pool.free(b, 2).unwrap();
             });
             *seen.lock()
         })
@@ -380,17 +389,17 @@ fn a_subscriber_that_reads_stats_on_release_and_oom_events_does_not_deadlock() {
                 // Released by `trim`, by `synchronize` (threshold 0), then by a ladder (22 MiB
                 // fits only without the cached 20 MiB segment), which then fails once more.
                 let b = pool.allocate(4 << 20, 512, 1).unwrap();
-                pool.deallocate(b, 1).unwrap();
+                pool.free(b, 1).unwrap();
                 assert_eq!(pool.trim().unwrap().released_bytes, 20 << 20);
                 let b = pool.allocate(4 << 20, 512, 1).unwrap();
-                pool.deallocate(b, 1).unwrap();
+                pool.free(b, 1).unwrap();
                 assert_eq!(pool.synchronize().unwrap().released_bytes, 20 << 20);
                 let b = pool.allocate(4 << 20, 512, 1).unwrap();
-                pool.deallocate(b, 1).unwrap();
+                pool.free(b, 1).unwrap();
                 let larger = pool.allocate(22 << 20, 512, 2).unwrap();
                 let err = pool.allocate(22 << 20, 512, 2).unwrap_err();
                 assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err:?}");
-                pool.deallocate(larger, 2).unwrap();
+                pool.free(larger, 2).unwrap();
             });
             *seen.lock()
         })
@@ -478,7 +487,7 @@ impl Upstream for PanickingFreeUpstream {
         }
         r
     }
-    fn deallocate(&self, _: u64, _: usize) {
+    unsafe fn deallocate(&self, _: u64, _: usize) {
         self.gate.lock().freeing = true;
         self.changed.notify_all();
         wait_until(&self.gate, &self.changed, |gate| gate.ladder_failed);
@@ -488,6 +497,9 @@ impl Upstream for PanickingFreeUpstream {
         None
     }
 }
+
+// SAFETY: hands out its `HostUpstream`'s addresses only.
+unsafe impl common::HostModel for PanickingFreeUpstream {}
 
 #[test]
 fn a_ladder_does_not_retry_for_a_free_that_panicked() {
@@ -505,7 +517,7 @@ fn a_ladder_does_not_retry_for_a_free_that_panicked() {
         let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
         pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
         let big = pool.allocate(4 << 20, 512, 1).unwrap();
-        pool.deallocate(big, 1).unwrap();
+        pool.free(big, 1).unwrap();
         let trimmer = {
             let pool = pool.clone();
             std::thread::spawn(move || pool.trim())
@@ -538,7 +550,7 @@ impl Upstream for HoldingUpstream {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         self.host.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         let mut held = self.held.lock();
         if let Some(h) = held.get_mut(&addr) {
             h.0 = true;
@@ -548,12 +560,16 @@ impl Upstream for HoldingUpstream {
             }
         }
         drop(held);
-        self.host.deallocate(addr, bytes)
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) }
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         None
     }
 }
+
+// SAFETY: hands out its `HostUpstream`'s addresses only.
+unsafe impl common::HostModel for HoldingUpstream {}
 
 impl HoldingUpstream {
     /// The free of the segment at `addr` is to be held.
@@ -589,7 +605,7 @@ fn a_ladder_does_not_wait_for_frees_that_start_after_it_waits() {
     // Segment A (20 MiB, cached) and segment B (2 MiB, holding a live small block): 2 MiB left.
     let a = pool.allocate(4 << 20, 512, 1).unwrap();
     let seg_a = pool.segments()[0].0;
-    pool.deallocate(a, 1).unwrap();
+    pool.free(a, 1).unwrap();
     let small = pool.allocate(4096, 512, 1).unwrap();
     let seg_b = pool.segments().into_iter().map(|s| s.0).find(|&s| s != seg_a).unwrap();
     pool.upstream().hold(seg_a);
@@ -618,7 +634,7 @@ fn a_ladder_does_not_wait_for_frees_that_start_after_it_waits() {
     };
     waiting.recv_timeout(Duration::from_secs(20)).expect("the ladder never waited for A's free");
     // Then B's free starts, and is held until the ladder has returned.
-    pool.deallocate(small, 1).unwrap();
+    pool.free(small, 1).unwrap();
     let trim_b = {
         let pool = pool.clone();
         std::thread::spawn(move || pool.trim().unwrap())
@@ -638,7 +654,7 @@ fn a_ladder_does_not_wait_for_frees_that_start_after_it_waits() {
     assert_eq!(trim_a.join().unwrap().released_bytes, 20 << 20);
     assert_eq!(trim_b.join().unwrap().released_bytes, 2 << 20);
     assert_eq!(pool.stats().returning_bytes, 0);
-    pool.deallocate(block, 2).unwrap();
+    pool.free(block, 2).unwrap();
     pool.validate().unwrap();
     pool.trim().unwrap();
     assert_eq!(pool.upstream().host.live_bytes(), 0);

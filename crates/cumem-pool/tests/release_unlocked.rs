@@ -3,8 +3,11 @@
 //! `deallocate` itself allocates from the pool and frees, standing for such a host function; under
 //! a watchdog, since a lock held across the call hangs rather than fails.
 
+mod common;
+
 use std::sync::{Arc, OnceLock, Weak};
 
+use common::Free;
 use cumem_pool::{
     CachingPool, ExpandableUpstream, HostOrdering, HostUpstream, PoolConfig, Upstream, UpstreamError,
 };
@@ -25,18 +28,22 @@ impl Upstream for UsingThePool {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         self.host.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         if let Some(pool) = self.pool.get().and_then(Weak::upgrade) {
             let b = pool.allocate(4096, 512, 9).unwrap();
             self.served.lock().push(b.addr());
-            pool.deallocate(b, 9).unwrap();
+            pool.free(b, 9).unwrap();
         }
-        self.host.deallocate(addr, bytes)
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) }
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         None
     }
 }
+
+// SAFETY: hands out its `HostUpstream`'s addresses only.
+unsafe impl common::HostModel for UsingThePool {}
 
 fn pool(capacity: usize, config: PoolConfig) -> Arc<Pool> {
     let up =
@@ -51,7 +58,7 @@ fn trim_frees_segments_with_no_lock_held() {
     within_watchdog("an upstream free that uses the pool, from trim", || {
         let pool = pool(1 << 30, PoolConfig::default());
         let big = pool.allocate(4 << 20, 512, 1).unwrap();
-        pool.deallocate(big, 1).unwrap();
+        pool.free(big, 1).unwrap();
         let report = pool.trim().unwrap();
         assert_eq!((report.released_segments, report.released_bytes), (1, 20 << 20));
         // The upstream's free was served a block from a new small segment, which stays cached.
@@ -67,7 +74,7 @@ fn the_release_threshold_frees_segments_with_no_lock_held() {
         let config = PoolConfig { release_threshold: 0, ..PoolConfig::default() };
         let pool = pool(1 << 30, config);
         let big = pool.allocate(4 << 20, 512, 1).unwrap();
-        pool.deallocate(big, 1).unwrap();
+        pool.free(big, 1).unwrap();
         assert_eq!(pool.synchronize().unwrap().released_bytes, 20 << 20);
         assert_eq!(pool.upstream().served.lock().len(), 1);
         pool.validate().unwrap();
@@ -81,11 +88,11 @@ fn the_out_of_memory_ladder_frees_segments_with_no_lock_held() {
         // the first stream's cached segment released.
         let pool = pool(24 << 20, PoolConfig::default());
         let big = pool.allocate(4 << 20, 512, 1).unwrap();
-        pool.deallocate(big, 1).unwrap();
+        pool.free(big, 1).unwrap();
         let larger = pool.allocate(22 << 20, 512, 2).unwrap();
         assert_eq!(pool.stats().oom_ladders, 1);
         assert_eq!(pool.upstream().served.lock().len(), 1);
-        pool.deallocate(larger, 2).unwrap();
+        pool.free(larger, 2).unwrap();
         pool.validate().unwrap();
     });
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::{Arc, OnceLock, Weak};
 
-use common::{CheckedUpstream, Clock, ModelOrdering};
+use common::{CheckedUpstream, Clock, Free, ModelOrdering};
 use cumem_pool::{Block, CachingPool, ExpandableUpstream, HostUpstream, PoolConfig, Upstream, UpstreamError};
 use cumem_sys::testing::within_watchdog;
 use parking_lot::Mutex;
@@ -45,8 +45,9 @@ impl Upstream for HookedUpstream {
         self.fire();
         self.inner.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
-        self.inner.deallocate(addr, bytes)
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.inner.deallocate(addr, bytes) }
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         if self.until_ladder.get().is_none() {
@@ -55,6 +56,9 @@ impl Upstream for HookedUpstream {
         self.inner.expandable()
     }
 }
+
+// SAFETY: hands out its `CheckedUpstream`'s addresses only.
+unsafe impl common::HostModel for HookedUpstream {}
 
 type Pool = CachingPool<HookedUpstream, ModelOrdering>;
 
@@ -77,7 +81,7 @@ fn alloc(pool: &Pool, clock: &Mutex<Clock>, bytes: usize, stream: u8) -> Block {
 
 fn free(pool: &Pool, clock: &Mutex<Clock>, b: Block, stream: u8) {
     clock.lock().record_free(b.addr(), b.rounded_size() as u64, stream);
-    pool.deallocate(b, stream).unwrap();
+    pool.free(b, stream).unwrap();
 }
 
 /// Stream 0 holds `x` (and `rest`, so that its arena is empty); stream 1 asks for `x`'s size, and
@@ -214,7 +218,7 @@ fn a_free_between_a_sharing_streams_unlocked_wait_and_its_growth_is_waited_for_a
         *pool.ordering().hook.lock() = Some(Box::new(move || {
             let pool = p.upgrade().unwrap();
             c.lock().record_free(x.addr(), x.rounded_size() as u64, 0);
-            pool.deallocate(x, 0).unwrap();
+            pool.free(x, 0).unwrap();
         }));
         let waits_before = clock.lock().waits;
         let t = alloc(2 << 20, 1);
@@ -223,7 +227,7 @@ fn a_free_between_a_sharing_streams_unlocked_wait_and_its_growth_is_waited_for_a
         let violations = clock.lock().violations.clone();
         assert!(violations.is_empty(), "stream 1 got {:#x} (x at {x_addr:#x}): {violations:#?}", t.addr());
         clock.lock().record_free(t.addr(), t.rounded_size() as u64, 1);
-        pool.deallocate(t, 1).unwrap();
+        pool.free(t, 1).unwrap();
         pool.validate().unwrap();
         pool.trim().unwrap();
         assert_eq!(pool.upstream().host.live_bytes(), 0);

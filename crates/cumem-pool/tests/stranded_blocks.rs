@@ -3,8 +3,11 @@
 //! longer live, and goes back to the cache once `trim` has synchronised, so its segment can be
 //! released.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
+use common::Free;
 use cumem_pool::{CachingPool, HostUpstream, PoolConfig, UpstreamError};
 use serial_test::parallel;
 
@@ -40,7 +43,7 @@ fn strand_one(thread_cache: bool) {
     let freed = pool.allocate(1000, 256, 2).unwrap();
     let freed_addr = freed.addr();
     pool.ordering().failing.store(true, Relaxed);
-    pool.deallocate(freed, 2).unwrap();
+    pool.free(freed, 2).unwrap();
     // Flushes the thread caches: the block reaches the pool's books here at the latest.
     pool.validate().unwrap();
     let s = pool.stats();
@@ -51,12 +54,12 @@ fn strand_one(thread_cache: bool) {
     // Nothing may reuse it before a synchronisation: a new block of its size lands elsewhere.
     let again = pool.allocate(1000, 256, 1).unwrap();
     assert_ne!(again.addr(), freed_addr);
-    pool.deallocate(again, 1).unwrap();
+    pool.free(again, 1).unwrap();
     assert_eq!(pool.stats().stranded_bytes, 1024);
 
     // The ordering works again; a trim synchronises, which makes the block safe for every stream.
     pool.ordering().failing.store(false, Relaxed);
-    pool.deallocate(kept, 1).unwrap();
+    pool.free(kept, 1).unwrap();
     pool.trim().unwrap();
     pool.validate().unwrap();
     let s = pool.stats();

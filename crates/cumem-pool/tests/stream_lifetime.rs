@@ -360,7 +360,13 @@ unsafe impl DeviceResource for OneArena {
         stream: &Stream,
     ) {
         let block = self.live.lock().remove(&allocation.ptr).expect("a block of this resource");
-        self.pool.deallocate(block, self.ordering.register(stream)).expect("own block");
+        let key = self.ordering.register(stream);
+        // SAFETY: the caller's uses are queued on `stream` or ordered before its later work
+        // (this method's item 2; that covers the pool's earlier users too, ordered before the
+        // allocation stream's later work, which any use on `stream` follows), and nothing uses
+        // the memory afterwards (item 3); `key` is `stream`'s registration, never a per-thread
+        // default stream's (this file's tests use none).
+        unsafe { self.pool.deallocate(block, key) }.expect("own block");
     }
 }
 
@@ -419,4 +425,31 @@ fn a_live_stream_stays_known_after_it_is_retired() {
     ordering.wait(ky, kx).unwrap();
     ordering.synchronize().unwrap();
     drop((x, y));
+}
+
+/// The retired streams' name is no stream's: the pool refuses to allocate under it (reachable from
+/// safe code through `CachingResource::pool`), since the memory it caches, a dropped stream's here,
+/// may still be in use by that stream's work, and only a wait on that name orders a stream after
+/// it. Real streams still get the memory, after such a wait.
+#[test]
+#[serial_test::parallel]
+fn the_retired_name_is_refused_memory() {
+    use cumem_pool::{PoolError, StreamKey};
+    let ctx = ctx();
+    let pool = Arc::new(CachingResource::with_driver(&ctx, PoolConfig::default()));
+    let kept = Stream::non_blocking(&ctx).unwrap();
+    let keep = DeviceBuffer::<u32>::zeroed_in(&pool, &kept, 1024).unwrap(); // the segment stays
+    let dropped = Stream::non_blocking(&ctx).unwrap();
+    let x = DeviceBuffer::<u32>::zeroed_in(&pool, &dropped, 1024).unwrap();
+    let x_ptr = x.device_ptr();
+    drop((x, dropped));
+    pool.trim().unwrap(); // retires the dropped stream: its block goes under the retired name
+    assert!(pool.pool().cached_ranges().iter().any(|&(a, len)| a <= x_ptr && x_ptr < a + len));
+    assert_eq!(pool.pool().allocate(4096, 256, StreamKey::RETIRED), Err(PoolError::RetiredStream));
+    assert_eq!(pool.pool().allocate(1 << 20, 256, StreamKey::RETIRED), Err(PoolError::RetiredStream));
+    let other = Stream::non_blocking(&ctx).unwrap();
+    let y = DeviceBuffer::<u32>::zeroed_in(&pool, &other, 1024).unwrap();
+    assert_eq!(y.to_vec().unwrap(), vec![0; 1024]);
+    drop((y, keep));
+    pool.trim().unwrap();
 }

@@ -2,8 +2,11 @@
 //! that sweeps (trim, synchronize, the out-of-memory ladder, a full arena table): a subscriber
 //! that reads the pool's statistics on that warning goes on instead of waiting for itself.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::Free;
 use cumem_pool::{CachingPool, HostUpstream, PoolConfig, PoolError, UpstreamError};
 use cumem_sys::testing::{self, OnEvent, event_message};
 use parking_lot::Mutex;
@@ -61,7 +64,7 @@ fn stats_on_each_warning(what: &'static str, pool: Pool, work: fn(&Pool)) -> Vec
 fn one_live_one_freed(pool: &Pool) -> cumem_pool::Block {
     let live = pool.allocate(3000, 256, 1).unwrap();
     let freed = pool.allocate(1000, 256, 7).unwrap();
-    pool.deallocate(freed, 7).unwrap();
+    pool.free(freed, 7).unwrap();
     live
 }
 
@@ -72,7 +75,7 @@ fn trim() {
     let seen = stats_on_each_warning("a trim whose sweep failed", pool, |pool| {
         let live = one_live_one_freed(pool);
         pool.trim().unwrap();
-        pool.deallocate(live, 1).unwrap();
+        pool.free(live, 1).unwrap();
     });
     assert_eq!(seen, [3072], "one warning, with the live block counted");
 }
@@ -85,7 +88,7 @@ fn synchronize() {
     let seen = stats_on_each_warning("a synchronize whose sweep failed", pool, |pool| {
         let live = one_live_one_freed(pool);
         pool.synchronize().unwrap();
-        pool.deallocate(live, 1).unwrap();
+        pool.free(live, 1).unwrap();
     });
     assert_eq!(seen, [3072]);
 }
@@ -98,7 +101,7 @@ fn out_of_memory_ladder() {
         let live = one_live_one_freed(pool);
         let err = pool.allocate(8 << 20, 256, 1).unwrap_err();
         assert!(matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 8 << 20), "{err:?}");
-        pool.deallocate(live, 1).unwrap();
+        pool.free(live, 1).unwrap();
     });
     assert_eq!(seen, [3072]);
 }
@@ -113,8 +116,8 @@ fn a_new_stream_in_a_full_table() {
         let live = pool.allocate(3000, 256, 1).unwrap();
         let other = pool.allocate(5000, 256, 2).unwrap();
         assert_eq!(other.size(), 5000);
-        pool.deallocate(other, 2).unwrap();
-        pool.deallocate(live, 1).unwrap();
+        pool.free(other, 2).unwrap();
+        pool.free(live, 1).unwrap();
     });
     assert!(!seen.is_empty(), "the full table swept");
     assert_eq!(seen[0], 3072, "the first sweep ran before stream 2's block was counted");

@@ -6,9 +6,12 @@
 //! wait runs may be under work queued after it started: it is released only after another
 //! synchronisation, and a block stranded meanwhile stays stranded until one.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock, Weak};
 
+use common::Free;
 use cumem_pool::{
     Block, CachingPool, HostOrdering, HostUpstream, Ordering, PoolConfig, PoolError, TrimReport,
     UpstreamError,
@@ -63,7 +66,7 @@ impl Ordering for UsingThePool {
         match next {
             Some(OnSync::AllocateAndFree) => std::thread::spawn(move || {
                 let b = pool.allocate(1 << 20, 512, 1).unwrap();
-                pool.deallocate(b, 1).unwrap();
+                pool.free(b, 1).unwrap();
             })
             .join()
             .unwrap(),
@@ -71,7 +74,7 @@ impl Ordering for UsingThePool {
                 let (done, finished) = std::sync::mpsc::channel();
                 let helper = std::thread::spawn(move || {
                     let b = pool.allocate(1 << 20, 512, 1).unwrap();
-                    pool.deallocate(b, 1).unwrap();
+                    pool.free(b, 1).unwrap();
                     let _ = done.send(());
                 });
                 let in_time = finished.recv_timeout(std::time::Duration::from_secs(2)).is_ok();
@@ -88,13 +91,13 @@ impl Ordering for UsingThePool {
             .join()
             .unwrap(),
             Some(OnSync::Free(b, stream)) => {
-                std::thread::spawn(move || pool.deallocate(b, stream).unwrap()).join().unwrap()
+                std::thread::spawn(move || pool.free(b, stream).unwrap()).join().unwrap()
             }
             Some(OnSync::CacheInAThread(done)) => {
                 let (cached, wait_cached) = std::sync::mpsc::channel();
                 let helper = std::thread::spawn(move || {
                     let b = pool.allocate(4096, 512, 1).unwrap();
-                    pool.deallocate(b, 1).unwrap();
+                    pool.free(b, 1).unwrap();
                     cached.send(()).unwrap();
                     // Alive (its cache with it) until the test lets go.
                     let _ = done.recv();
@@ -153,7 +156,7 @@ fn releases_after_a_second_synchronisation(
 ) {
     let pool = pool(config);
     let a = pool.allocate(1 << 20, 512, 1).unwrap();
-    pool.deallocate(a, 1).unwrap();
+    pool.free(a, 1).unwrap();
     queue(&pool, OnSync::AllocateAndFree);
     let report = release(&pool).unwrap();
     assert_eq!(syncs(&pool), 2);
@@ -187,9 +190,9 @@ fn a_free_during_the_wait_is_not_released_without_another_synchronisation() {
         let c1 = pool.allocate(1 << 20, 512, 1).unwrap();
         let c2 = pool.allocate(1 << 20, 512, 1).unwrap();
         assert_eq!(pool.stats().reserved_bytes, 4 << 20);
-        pool.deallocate(c1, 1).unwrap();
-        pool.deallocate(c2, 1).unwrap();
-        pool.deallocate(a1, 1).unwrap();
+        pool.free(c1, 1).unwrap();
+        pool.free(c2, 1).unwrap();
+        pool.free(a1, 1).unwrap();
         // s2 is releasable when the trim starts; a2's free during its synchronisation makes s1
         // free too, but a2's work may have been queued after that synchronisation started. The
         // synchronisation that would cover it fails: nothing may be released.
@@ -216,7 +219,7 @@ fn a_block_freed_into_a_thread_cache_during_the_wait_is_not_released() {
     within_watchdog("a trim whose synchronisation allocates on stream 1", || {
         let pool = pool(PoolConfig::default());
         let a = pool.allocate(1 << 20, 512, 1).unwrap();
-        pool.deallocate(a, 1).unwrap();
+        pool.free(a, 1).unwrap();
         // The segment is free when the trim starts; during its synchronisation a thread takes
         // 4 KiB of it and keeps them in its thread cache (no arena sees that free).
         let (done, stay) = std::sync::mpsc::channel();
@@ -245,7 +248,7 @@ fn a_trim_racing_frees_all_along_releases_nothing_and_ends() {
     within_watchdog("a trim racing a free during every synchronisation", || {
         let pool = pool(PoolConfig::default());
         let a = pool.allocate(1 << 20, 512, 1).unwrap();
-        pool.deallocate(a, 1).unwrap();
+        pool.free(a, 1).unwrap();
         for _ in 0..20 {
             queue(&pool, OnSync::AllocateAndFreeIfUnlocked);
         }
@@ -284,7 +287,7 @@ fn a_trim_racing_frees_all_along_releases_nothing_and_ends() {
 fn ladder_pool() -> Arc<Pool> {
     let pool = pool_of(5 << 20, PoolConfig::default());
     let a = pool.allocate(1 << 20, 512, 1).unwrap();
-    pool.deallocate(a, 1).unwrap();
+    pool.free(a, 1).unwrap();
     assert_eq!(pool.upstream().live_bytes(), 2 << 20);
     pool
 }
@@ -300,7 +303,7 @@ fn a_ladder_synchronises_with_no_lock_held() {
         assert_eq!(syncs(&pool), 2);
         assert_eq!(pool.stats().oom_ladders, 1);
         assert_eq!(pool.upstream().live_bytes(), 4 << 20, "the small segment was released");
-        pool.deallocate(big, 2).unwrap();
+        pool.free(big, 2).unwrap();
         pool.validate().unwrap();
         pool.trim().unwrap();
         assert_eq!(pool.upstream().live_bytes(), 0);
@@ -328,7 +331,7 @@ fn a_ladder_racing_frees_all_along_only_grows() {
         // With the traffic paused, the same request succeeds.
         let big = pool.allocate(4 << 20, 512, 2).unwrap();
         assert_eq!(pool.upstream().live_bytes(), 4 << 20);
-        pool.deallocate(big, 2).unwrap();
+        pool.free(big, 2).unwrap();
         pool.validate().unwrap();
         pool.trim().unwrap();
         assert_eq!(pool.upstream().live_bytes(), 0);
@@ -350,7 +353,7 @@ fn a_block_stranded_during_the_wait_stays_stranded() {
         let a = pool.allocate(1 << 20, 512, 1).unwrap();
         let big = pool.allocate(4 << 20, 512, 3).unwrap();
         let segments_before = pool.segments().len();
-        pool.deallocate(a, 1).unwrap();
+        pool.free(a, 1).unwrap();
         // The trim's synchronisation: another thread frees `big` on stream 3, whose own
         // synchronisation fails, so `big` is stranded; then the trim's succeeds.
         queue(&pool, OnSync::Free(big, 3));
@@ -386,7 +389,7 @@ fn a_ladder_does_not_take_another_ladders_consolidation_for_a_race() {
         let blocks: Vec<Block> = (0..4).map(|_| pool.allocate(1 << 20, 512, 1).unwrap()).collect();
         assert_eq!(pool.upstream().live_bytes(), 4 << 20);
         for (i, b) in blocks.into_iter().enumerate() {
-            pool.deallocate(b, if i % 2 == 0 { 1 } else { 4 }).unwrap();
+            pool.free(b, if i % 2 == 0 { 1 } else { 4 }).unwrap();
         }
         // 1.5 MiB fits in no cached range and the upstream is full: only a ladder's
         // consolidation serves it. Stream 3's ladder runs during stream 2's synchronisation.
@@ -398,8 +401,8 @@ fn a_ladder_does_not_take_another_ladders_consolidation_for_a_race() {
         let stats = pool.stats();
         assert_eq!((stats.oom_ladders, stats.oom_errors, stats.reserved_bytes), (2, 0, 4 << 20));
         assert_ne!(a.addr() >> 21, b.addr() >> 21, "one segment each");
-        pool.deallocate(a, 3).unwrap();
-        pool.deallocate(b, 2).unwrap();
+        pool.free(a, 3).unwrap();
+        pool.free(b, 2).unwrap();
         pool.validate().unwrap();
         pool.trim().unwrap();
         assert_eq!(pool.upstream().live_bytes(), 0);
@@ -414,7 +417,7 @@ fn an_expandable_ladder_racing_frees_all_along_reports_out_of_memory() {
         let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
         let pool = pool_of(5 << 20, config);
         let a = pool.allocate(1 << 20, 512, 1).unwrap();
-        pool.deallocate(a, 1).unwrap();
+        pool.free(a, 1).unwrap();
         let mapped = pool.upstream().live_bytes();
         for _ in 0..4 {
             queue(&pool, OnSync::AllocateAndFreeIfUnlocked);
@@ -428,7 +431,7 @@ fn an_expandable_ladder_racing_frees_all_along_reports_out_of_memory() {
         assert_eq!(pool.upstream().live_bytes(), mapped, "nothing mapped or unmapped");
         // With the traffic paused, the same request succeeds.
         let big = pool.allocate(4 << 20, 512, 2).unwrap();
-        pool.deallocate(big, 2).unwrap();
+        pool.free(big, 2).unwrap();
         pool.validate().unwrap();
         pool.trim().unwrap();
         assert_eq!(pool.upstream().live_bytes(), 0);
@@ -444,7 +447,7 @@ fn an_expandable_trim_is_not_raced_by_growth() {
         let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
         let pool = pool(config);
         let a = pool.allocate(1 << 20, 512, 1).unwrap();
-        pool.deallocate(a, 1).unwrap();
+        pool.free(a, 1).unwrap();
         assert_eq!(pool.upstream().live_bytes(), 2 << 20, "one chunk mapped, free");
         // 3 MiB fits in no cached range: stream 3 grows each time.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -460,7 +463,7 @@ fn an_expandable_trim_is_not_raced_by_growth() {
         assert_eq!(grown.len(), 1);
         assert_eq!(pool.upstream().live_bytes(), 4 << 20, "the grown block's two chunks");
         for b in grown {
-            pool.deallocate(b, 3).unwrap();
+            pool.free(b, 3).unwrap();
         }
         pool.validate().unwrap();
         pool.trim().unwrap();
@@ -480,14 +483,14 @@ fn an_expandable_trim_is_not_raced_by_another_trims_unmapping() {
         let kept = pool.allocate(3 << 20, 512, 1).unwrap();
         let b = pool.allocate(5 << 20, 512, 1).unwrap();
         assert_eq!(b.addr(), kept.addr() + (3 << 20));
-        pool.deallocate(b, 1).unwrap();
+        pool.free(b, 1).unwrap();
         assert_eq!(pool.upstream().live_bytes(), 8 << 20);
         queue(&pool, OnSync::Trim);
         let report = pool.trim().unwrap();
         assert_eq!(syncs(&pool), 2, "its own and the other trim's, no second one of its own");
         assert_eq!(report, TrimReport::default(), "the other trim unmapped every whole free chunk");
         assert_eq!(pool.upstream().live_bytes(), 4 << 20);
-        pool.deallocate(kept, 1).unwrap();
+        pool.free(kept, 1).unwrap();
         pool.validate().unwrap();
         pool.trim().unwrap();
         assert_eq!(pool.upstream().live_bytes(), 0);

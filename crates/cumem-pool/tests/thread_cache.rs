@@ -4,11 +4,13 @@
 //! after that stream was ordered behind the first (on the host model through its wait count, on
 //! the simulator through data a held stream still reads).
 
+mod common;
 mod gate;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::Free;
 use cumem_copy::StreamCopy;
 use cumem_core::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
 use cumem_pool::caching_thread_cache::{THREAD_CACHE_BYTES, THREAD_CACHE_MAX_BLOCK};
@@ -28,7 +30,7 @@ fn a_thread_cached_block_is_cached_not_live_and_comes_back_on_its_stream() {
     let pool = host_pool();
     let a = pool.allocate(300, 1, 1).unwrap();
     let addr = a.addr();
-    pool.deallocate(a, 1).unwrap();
+    pool.free(a, 1).unwrap();
     let s = pool.stats();
     assert_eq!((s.current_bytes, s.current_count, s.requested_bytes), (0, 0, 0));
     assert_eq!((s.reserved_bytes, s.cached_bytes, s.peak_bytes, s.peak_count), (2 << 20, 2 << 20, 512, 1));
@@ -40,7 +42,7 @@ fn a_thread_cached_block_is_cached_not_live_and_comes_back_on_its_stream() {
     let s = pool.stats();
     assert_eq!((s.current_bytes, s.current_count, s.requested_bytes), (512, 1, 400));
     assert_eq!((s.allocations_total, s.histogram.count(300), s.peak_bytes), (2, 2, 512));
-    pool.deallocate(b, 1).unwrap();
+    pool.free(b, 1).unwrap();
     pool.validate().unwrap();
     assert_eq!(pool.ordering().waits(), 0);
 }
@@ -58,7 +60,7 @@ fn with_the_thread_cache_off_a_freed_block_goes_to_the_streams_arena() {
             s.spawn(|| {
                 let a = pool.allocate(300, 1, 1).unwrap();
                 let addr = a.addr();
-                pool.deallocate(a, 1).unwrap();
+                pool.free(a, 1).unwrap();
                 addr
             })
             .join()
@@ -71,7 +73,7 @@ fn with_the_thread_cache_off_a_freed_block_goes_to_the_streams_arena() {
         assert_eq!(b.addr() == addr, !thread_cache, "thread_cache: {thread_cache}");
         let s = pool.stats();
         assert_eq!((s.current_bytes, s.current_count, s.reserved_bytes), (512, 1, 2 << 20));
-        pool.deallocate(b, 1).unwrap();
+        pool.free(b, 1).unwrap();
         pool.validate().unwrap();
         assert_eq!(pool.trim().unwrap().released_bytes, 2 << 20);
         assert!(pool.upstream().violations().is_empty(), "{:?}", pool.upstream().violations());
@@ -123,7 +125,7 @@ fn blocks_cached_for_a_stream_retired_meanwhile_do_not_bring_its_arena_back() {
             // cache, and the stream is dropped while a trim on the other thread may be sweeping.
             for stream in 1..=20_000u32 {
                 let b = pool.allocate(512 * (1 + stream as usize % 20), 1, stream).unwrap();
-                pool.deallocate(b, stream).unwrap();
+                pool.free(b, stream).unwrap();
                 pool.ordering().dropped.lock().push(stream);
             }
             done.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -156,16 +158,16 @@ fn stats_validate_and_trim_on_one_thread_while_another_allocates_and_frees() {
             for i in 0..50_000usize {
                 live.push(pool.allocate(512 * (1 + i % 37), 1, 3).unwrap());
                 if i % 3 != 0 {
-                    pool.deallocate(live.swap_remove(i % live.len()), 3).unwrap();
+                    pool.free(live.swap_remove(i % live.len()), 3).unwrap();
                 }
                 if live.len() > 64 {
                     for b in live.drain(..) {
-                        pool.deallocate(b, 3).unwrap();
+                        pool.free(b, 3).unwrap();
                     }
                 }
             }
             for b in live {
-                pool.deallocate(b, 3).unwrap();
+                pool.free(b, 3).unwrap();
             }
             done.store(true, std::sync::atomic::Ordering::Relaxed);
         });
@@ -205,7 +207,7 @@ fn peaks_stay_exact_when_blocks_move_between_thread_cache_and_arena() {
         x ^= x << 17;
         if x.is_multiple_of(3) && !live.is_empty() {
             let b = live.swap_remove((x >> 8) as usize % live.len());
-            pool.deallocate(b, 1).unwrap();
+            pool.free(b, 1).unwrap();
         } else {
             live.push(pool.allocate(512 * (1 + (x >> 20) as usize % 40), 1, 1).unwrap());
         }
@@ -218,7 +220,7 @@ fn peaks_stay_exact_when_blocks_move_between_thread_cache_and_arena() {
         }
     }
     for b in live {
-        pool.deallocate(b, 1).unwrap();
+        pool.free(b, 1).unwrap();
     }
     pool.validate().unwrap();
     assert_eq!(pool.stats().peak_bytes, peak);
@@ -238,7 +240,7 @@ fn trim_returns_the_blocks_of_every_threads_cache() {
             let blocks: Vec<_> =
                 (0..4).map(|_| pool.allocate(THREAD_CACHE_MAX_BLOCK, 1, 7).unwrap()).collect();
             for b in blocks {
-                pool.deallocate(b, 7).unwrap();
+                pool.free(b, 7).unwrap();
             }
             tx.send(()).unwrap();
             // Stay alive, holding the cache, while the main thread trims.
@@ -271,7 +273,7 @@ fn the_out_of_memory_ladder_takes_blocks_from_other_threads_caches() {
             let blocks: Vec<_> =
                 (0..8).map(|_| pool.allocate(THREAD_CACHE_MAX_BLOCK, 1, 7).unwrap()).collect();
             for b in blocks {
-                pool.deallocate(b, 7).unwrap();
+                pool.free(b, 7).unwrap();
             }
             tx.send(()).unwrap();
             done_rx.recv().unwrap();
@@ -283,7 +285,7 @@ fn the_out_of_memory_ladder_takes_blocks_from_other_threads_caches() {
     let s = pool.stats();
     assert_eq!((s.oom_ladders, s.oom_errors, s.upstream_allocations), (1, 0, 1));
     assert_eq!(pool.ordering().synchronizations(), 1, "the ladder synchronised before reusing");
-    pool.deallocate(b, 8).unwrap();
+    pool.free(b, 8).unwrap();
     done_tx.send(()).unwrap();
     worker.join().unwrap();
     pool.trim().unwrap();
@@ -301,7 +303,7 @@ fn a_thread_that_exits_returns_its_cache() {
                 (0..8).map(|_| pool.allocate(THREAD_CACHE_MAX_BLOCK, 1, 3).unwrap()).collect();
             let addrs = blocks.iter().map(|b| b.addr()).collect();
             for b in blocks {
-                pool.deallocate(b, 3).unwrap();
+                pool.free(b, 3).unwrap();
             }
             addrs
         })
@@ -317,7 +319,7 @@ fn a_thread_that_exits_returns_its_cache() {
     assert!(addrs.contains(&b.addr()));
     let s = pool.stats();
     assert_eq!((s.upstream_allocations, s.current_count, s.allocations_total), (1, 1, 9));
-    pool.deallocate(b, 3).unwrap();
+    pool.free(b, 3).unwrap();
     pool.validate().unwrap();
     assert_eq!(pool.trim().unwrap().released_bytes, 2 << 20);
 }
@@ -331,7 +333,7 @@ fn frees_on_other_threads_stay_correct() {
         let pool = pool.clone();
         std::thread::spawn(move || {
             for b in rx {
-                pool.deallocate(b, 5).unwrap();
+                pool.free(b, 5).unwrap();
             }
         })
     };
@@ -356,11 +358,11 @@ fn a_block_cached_for_one_stream_reaches_another_only_after_a_wait() {
     let pool = host_pool();
     let a = pool.allocate(4096, 1, 1).unwrap();
     let addr = a.addr();
-    pool.deallocate(a, 1).unwrap(); // into this thread's cache, under stream 1
+    pool.free(a, 1).unwrap(); // into this thread's cache, under stream 1
     // Stream 2 may reuse it only ordered behind stream 1: through stream 1's arena and a wait.
     let b = pool.allocate(4096, 1, 2).unwrap();
     assert_eq!((b.addr(), pool.ordering().waits()), (addr, 1));
-    pool.deallocate(b, 2).unwrap();
+    pool.free(b, 2).unwrap();
 }
 
 fn ctx() -> Context {

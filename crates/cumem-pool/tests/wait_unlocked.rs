@@ -5,8 +5,11 @@
 //! freed on the waited-for stream, standing for such a host function; under a watchdog, since a
 //! lock held across the wait hangs rather than fails.
 
+mod common;
+
 use std::sync::{Arc, OnceLock, Weak};
 
+use common::Free;
 use cumem_pool::{CachingPool, HostOrdering, HostUpstream, Ordering, PoolConfig, UpstreamError};
 use cumem_sys::testing::within_watchdog;
 use parking_lot::Mutex;
@@ -30,7 +33,7 @@ impl Ordering for UsingThePool {
         let served = std::thread::spawn(move || {
             let b = pool.allocate(4096, 512, on).unwrap();
             let addr = b.addr();
-            pool.deallocate(b, on).unwrap();
+            pool.free(b, on).unwrap();
             addr
         })
         .join()
@@ -61,7 +64,7 @@ fn migration_waits_with_no_arena_lock_held() {
         // 1 MiB blocks skip the thread cache: freed into stream 1's arena.
         let a = pool.allocate(1 << 20, 512, 1).unwrap();
         let addr = a.addr();
-        pool.deallocate(a, 1).unwrap();
+        pool.free(a, 1).unwrap();
         let b = pool.allocate(1 << 20, 512, 2).unwrap();
         assert_eq!(b.addr(), addr, "stream 2 did not migrate stream 1's block");
         let waits = pool.ordering().waits.lock().clone();
@@ -69,7 +72,7 @@ fn migration_waits_with_no_arena_lock_held() {
         assert_eq!((waits[0].0, waits[0].1), (2, 1));
         // The helper on stream 1 was served the other half of the segment, not the migrated block.
         assert_eq!(waits[0].2, addr + (1 << 20));
-        pool.deallocate(b, 2).unwrap();
+        pool.free(b, 2).unwrap();
         pool.validate().unwrap();
         assert_eq!(pool.trim().unwrap().released_bytes, 2 << 20);
         assert_eq!(pool.upstream().live_bytes(), 0);
@@ -83,7 +86,7 @@ fn a_stream_sharing_the_first_arena_waits_with_no_arena_lock_held() {
         let pool = pool(1);
         let a = pool.allocate(1 << 20, 512, 1).unwrap();
         let addr = a.addr();
-        pool.deallocate(a, 1).unwrap();
+        pool.free(a, 1).unwrap();
         // The segment's free upper half is taken (the freed lower half sits in a bin); the helper
         // on stream 1 gets the lower half's first 4 KiB.
         let b = pool.allocate(1 << 20, 512, 2).unwrap();
@@ -91,7 +94,7 @@ fn a_stream_sharing_the_first_arena_waits_with_no_arena_lock_held() {
         let waits = pool.ordering().waits.lock().clone();
         assert_eq!(waits.len(), 1);
         assert_eq!((waits[0].0, waits[0].1, waits[0].2), (2, 1, addr));
-        pool.deallocate(b, 1).unwrap();
+        pool.free(b, 1).unwrap();
         pool.validate().unwrap();
         assert_eq!(pool.trim().unwrap().released_bytes, 2 << 20);
         assert_eq!(pool.upstream().live_bytes(), 0);

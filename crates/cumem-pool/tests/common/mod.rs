@@ -9,10 +9,41 @@ use std::sync::Arc;
 
 use cumem_pool::size_class::SMALL_LIMIT;
 use cumem_pool::{
-    Block, CachingPool, ExpandableUpstream, HostUpstream, Ordering, PoolConfig, PoolError, Upstream,
-    UpstreamError,
+    Block, CachingPool, ExpandableUpstream, ForeignBlock, HostUpstream, Ordering, PoolConfig, PoolError,
+    Upstream, UpstreamError,
 };
 use parking_lot::Mutex;
+
+/// An upstream whose memory is [`HostUpstream`]'s model: addresses with no memory behind them.
+///
+/// # Safety
+/// Every address the upstream hands out (segments, mapped chunks) is one of a `HostUpstream`:
+/// nothing (no device work, no host access) ever uses it.
+pub unsafe trait HostModel: Upstream {}
+
+// SAFETY: the model itself.
+unsafe impl HostModel for HostUpstream {}
+// SAFETY: the inner upstream's addresses, which are a model's.
+unsafe impl<U: HostModel + ?Sized> HostModel for Arc<U> {}
+// SAFETY: hands out its `HostUpstream`'s addresses only.
+unsafe impl HostModel for CheckedUpstream {}
+
+/// [`CachingPool::deallocate`] for pools over a [`HostModel`], which need no `unsafe` at each call.
+pub trait Free<S> {
+    /// Gives `block` back on `stream`, as `deallocate` does.
+    fn free(&self, block: Block, stream: S) -> Result<(), ForeignBlock>;
+}
+
+impl<U: HostModel, O: Ordering> Free<O::Stream> for CachingPool<U, O> {
+    fn free(&self, block: Block, stream: O::Stream) -> Result<(), ForeignBlock> {
+        // SAFETY: the upstream is a host model (`HostModel`'s contract): no work of any stream
+        // uses the block's addresses, now or later (items 1 and 3), so there is nothing for the
+        // ordering to order after `stream` (item 2), whichever stream the test names: a test
+        // naming one stream or another checks only the pool's bookkeeping and the ordering
+        // model's.
+        unsafe { self.deallocate(block, stream) }
+    }
+}
 
 pub const STREAMS: usize = 4;
 pub type Stream = u8;
@@ -152,9 +183,10 @@ impl Upstream for CheckedUpstream {
     fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
         self.host.allocate(bytes)
     }
-    fn deallocate(&self, addr: u64, bytes: usize) {
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
         self.clock.lock().record_release(addr, bytes as u64);
-        self.host.deallocate(addr, bytes);
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.deallocate(addr, bytes) };
     }
     fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
         Some(self)
@@ -175,12 +207,14 @@ impl ExpandableUpstream for CheckedUpstream {
     fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
         self.host.map(addr, bytes)
     }
-    fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
+    unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
         self.clock.lock().record_release(addr, bytes as u64);
-        self.host.unmap(addr, bytes)
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.unmap(addr, bytes) }
     }
-    fn release(&self, base: u64, bytes: usize) {
-        self.host.release(base, bytes);
+    unsafe fn release(&self, base: u64, bytes: usize) {
+        // SAFETY: forwarded from this method's caller, who keeps its contract.
+        unsafe { self.host.release(base, bytes) };
     }
 }
 
@@ -369,7 +403,7 @@ impl Harness {
         self.model.current_bytes -= l.rounded;
         self.model.current_count -= 1;
         self.model.requested -= l.block.size() as u64;
-        self.pool.deallocate(l.block, s).unwrap();
+        self.pool.free(l.block, s).unwrap();
     }
 
     pub fn free_all(&mut self) {
