@@ -44,7 +44,8 @@ fn find_in(exe_dir: Option<&Path>, profile: &Path) -> Option<PathBuf> {
         return Some(exact);
     }
     // Cargo only puts hashed names in `deps/`; the newest is the one built last (a stale one of
-    // an older build may sit beside it).
+    // an older build may sit beside it). Nothing here tells which one this rlib was built with:
+    // going back to an older build that is up to date picks the later one (documented).
     dirs.iter()
         .filter(|d| d.file_name().is_some_and(|n| n == "deps"))
         .filter_map(|d| std::fs::read_dir(d).ok())
