@@ -81,8 +81,10 @@ pub trait Upstream: Send + Sync {
 ///    must know which, and keeps a chunk that failed mapped and cached.
 /// 5. `release(base, bytes)` receives exactly a reservation `reserve` returned, with nothing mapped.
 /// 6. No method, nor the owning [`Upstream::expandable`], calls into the pool it serves (allocates
-///    from it, frees into it, trims it, reads its statistics): the pool calls them while holding its
-///    arena locks and its segment registry, so such a call would deadlock.
+///    from it, frees into it, trims it, reads its statistics): the pool calls `reserve` and `map`
+///    (and `release` of a reservation it could not use) while holding its arena locks and its
+///    segment registry, so such a call would deadlock. (`unmap`, synchronous in the driver, and the
+///    `release` of a reservation left empty run with no lock of the pool held.)
 pub trait ExpandableUpstream: Send + Sync {
     /// The mapping granularity in bytes: physical memory is mapped and unmapped in whole chunks.
     fn chunk_bytes(&self) -> usize;
@@ -116,8 +118,8 @@ pub trait ExpandableUpstream: Send + Sync {
     fn log_deferred(&self) {}
     /// Gives up every chunk and reservation still held, neither unmapping nor freeing them: the
     /// pool calls it when it is dropped without a successful [`Ordering::synchronize`], so work
-    /// may still be queued on that memory, and unmapping it (which does not wait for the device)
-    /// would fault that work. The default holds nothing and does nothing.
+    /// may still be queued on that memory, and unmapping it (which the driver brief lists as
+    /// synchronous, but which the pool never relies on to wait for that work) could fault it. The default holds nothing and does nothing.
     fn abandon(&self) {}
 }
 
