@@ -117,6 +117,24 @@ fn trim_unmaps_with_no_lock_of_the_pool_held() {
     });
 }
 
+/// As above, but the other thread's allocation on P grows the segment: its map must not wait for
+/// the trim's unmap either (the device upstream's own books are not held across the driver's
+/// unmap).
+#[test]
+#[serial]
+fn growth_maps_while_a_trim_unmaps() {
+    let on_p = |pool: &Arc<CachingResource>, p: &Stream, c: u64| {
+        // Nothing cached fits: two more chunks mapped above the blocks.
+        DeviceBuffer::<u8>::new_in(pool, p, (2 * c) as usize).unwrap()
+    };
+    while_a_trim_unmaps(on_p, |pool, c, base, got, report| {
+        let x = got.expect("growth on P waited for a trim's unmap, which waited for H");
+        assert!(x.device_ptr() >= base + 26 * c / 8, "grown above the blocks");
+        assert_eq!(report.released_bytes, c);
+        assert_eq!(pool.stats().reserved_bytes, 5 * c);
+    });
+}
+
 const MIB: u64 = 1 << 20;
 
 type HostPool = CachingPool<Probing, HostOrdering>;
