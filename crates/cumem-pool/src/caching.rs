@@ -168,7 +168,8 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
 /// keep it waiting), for at most [`PoolConfig::oom_free_wait`], and asks the upstream once more if
 /// a free returned memory since it asked: that memory is about to be back with the upstream (before frees were made with no
 /// lock held, the ladder would have waited for the locks instead). A ladder with expandable
-/// segments never waits, and neither does one run from inside an upstream free.
+/// segments whose growth fails waits likewise for the unmaps in flight (each stretch of chunks
+/// taken out is a ticket), then grows once more; none waits when run from inside an upstream free.
 #[derive(Default)]
 struct Returning {
     state: Mutex<ReturningState>,
@@ -1288,30 +1289,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         req: Request,
     ) -> Result<Block, PoolError> {
         if let Some(up) = self.expandable() {
-            let mut g = self.lock_ordered(arena, stream, req.kind)?;
-            let reservation = self.config.expandable_reservation_bytes;
-            let mut notes = expandable::Notes::default();
-            let grown = expandable::grow(
-                up,
-                &mut self.segments.lock(),
-                g.set(req.kind),
-                arena.index,
-                &req,
-                reservation,
-                &mut notes,
-            );
-            // Logged with the locks let go (the registry's went with the statement): a subscriber
-            // may read `stats()`, which takes them.
-            if let Ok(expandable::Grown::Block(addr, seg)) = grown {
-                let block = self.finish(g, &req, addr, seg);
-                notes.log();
-                self.log_upstream_notes();
+            if let Some(block) = self.grow_expandable(up, arena, stream, &req)? {
                 return Ok(block);
             }
-            drop(g);
-            notes.log();
-            self.log_upstream_notes();
-            grown?;
         } else if let Some(seg) = self.grow(&req, false)? {
             let mut g = arena.inner.lock();
             let set = g.set(req.kind);
@@ -1323,7 +1303,43 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 return Ok(self.finish(g, &req, addr, seg));
             }
         }
-        self.oom_ladder(arena, &req)
+        self.oom_ladder(arena, stream, &req)
+    }
+
+    /// Grows one of `arena`'s expandable segments for `stream` (locked by
+    /// [`lock_ordered`](Self::lock_ordered)): the block, or `None` when the upstream has no memory
+    /// or no address space for it.
+    fn grow_expandable(
+        &self,
+        up: &dyn ExpandableUpstream,
+        arena: &Arena<O::Stream>,
+        stream: O::Stream,
+        req: &Request,
+    ) -> Result<Option<Block>, PoolError> {
+        let mut g = self.lock_ordered(arena, stream, req.kind)?;
+        let reservation = self.config.expandable_reservation_bytes;
+        let mut notes = expandable::Notes::default();
+        let grown = expandable::grow(
+            up,
+            &mut self.segments.lock(),
+            g.set(req.kind),
+            arena.index,
+            req,
+            reservation,
+            &mut notes,
+        );
+        // Logged with the locks let go (the registry's went with the statement): a subscriber
+        // may read `stats()`, which takes them.
+        if let Ok(expandable::Grown::Block(addr, seg)) = grown {
+            let block = self.finish(g, req, addr, seg);
+            notes.log();
+            self.log_upstream_notes();
+            return Ok(Some(block));
+        }
+        drop(g);
+        notes.log();
+        self.log_upstream_notes();
+        grown.map(|_| None)
     }
 
     /// Locks `arena` for growth by `stream`. Growth joins the free ranges around a gap, so where
@@ -1454,7 +1470,12 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// holds no plain segment (the pool takes none with expandable segments), and the upstream's
     /// mapping calls must not call into the pool.
     #[cold]
-    fn oom_ladder(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Block, PoolError> {
+    fn oom_ladder(
+        &self,
+        to: &Arena<O::Stream>,
+        stream: O::Stream,
+        req: &Request,
+    ) -> Result<Block, PoolError> {
         let _span =
             tracing::debug_span!("oom_ladder", device = self.upstream.device(), bytes = req.requested)
                 .entered();
@@ -1518,6 +1539,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 // a gap, which are safe without another wait only while the locks taken again
                 // after the synchronisation (counters unchanged) are held.
                 let mut segs = self.segments.lock();
+                // Under the registry's lock, where unmaps in flight are settled.
+                let seen = self.returning.finished();
                 expandable::gather(&segs, &mut guards, ti, req.kind);
                 let reservation = self.config.expandable_reservation_bytes;
                 // Growth's events after the release's: logged in the order they happened.
@@ -1536,6 +1559,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 // The block, taken out of the free set, is counted live before anything is logged:
                 // a subscriber that panics then leaks a block still counted (as in
                 // `allocate_slow`), not a range neither cached nor live.
+                let out_of_memory = matches!(grown, Ok(expandable::Grown::OutOfMemory));
                 let block = match grown {
                     Ok(expandable::Grown::Block(addr, seg)) => Ok(Some(self.finish((), req, addr, seg))),
                     Ok(expandable::Grown::OutOfAddressSpace { reservation }) => {
@@ -1553,6 +1577,17 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 self.log_upstream_notes();
                 self.give_back(unlinked);
                 if let Some(block) = block? {
+                    return Ok(block);
+                }
+                // Another thread's trim or ladder may have taken chunks out before this ladder
+                // locked the arenas, and not unmapped them yet: wait for the unmaps in flight now
+                // (for a bounded time: an unmap may wait for this very thread), then grow once
+                // more, as a stream's growth does (no other arena's memory is joined: the locks
+                // were let go).
+                if out_of_memory
+                    && self.returning.wait_for_frees(seen, self.config.oom_free_wait)
+                    && let Some(block) = self.grow_expandable(up, to, stream, req)?
+                {
                     return Ok(block);
                 }
             } else {

@@ -142,11 +142,13 @@ type HostPool = CachingPool<Probing, HostOrdering>;
 /// What an `unmap` saw of the pool: `reserved_bytes`, `returning_bytes`, `validate`'s answer.
 type Seen = (u64, u64, Result<(), String>);
 
-/// A host upstream whose `unmap` reads the pool it serves first, once per call.
+/// A host upstream whose `unmap` reads the pool it serves first, once per call, and then takes
+/// `slow` (as a `cuMemUnmap` waiting for the device would).
 struct Probing {
     host: HostUpstream,
     pool: OnceLock<Weak<HostPool>>,
     seen: Mutex<Vec<Seen>>,
+    slow: Mutex<Duration>,
 }
 
 impl Upstream for Probing {
@@ -180,6 +182,7 @@ impl ExpandableUpstream for Probing {
             let valid = pool.validate();
             self.seen.lock().push((stats.reserved_bytes, stats.returning_bytes, valid));
         }
+        std::thread::sleep(*self.slow.lock());
         self.host.unmap(addr, bytes)
     }
     fn release(&self, base: u64, bytes: usize) {
@@ -192,6 +195,7 @@ fn probing_pool(capacity: u64) -> Arc<HostPool> {
         host: HostUpstream::new(capacity as usize),
         pool: OnceLock::new(),
         seen: Mutex::new(vec![]),
+        slow: Mutex::new(Duration::ZERO),
     };
     let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
     let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
@@ -233,6 +237,36 @@ fn the_out_of_memory_ladder_unmaps_with_no_lock_held() {
         let seen = std::mem::take(&mut *pool.upstream().seen.lock());
         assert_eq!(seen, vec![(0, 6 * MIB, Ok(())); 3]);
         pool.deallocate(b, 2).unwrap();
+        assert_eq!(pool.trim().unwrap().released_bytes, 8 * MIB);
+        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
+        pool.validate().unwrap();
+    });
+}
+
+#[test]
+#[parallel]
+fn the_out_of_memory_ladder_waits_for_another_threads_unmaps() {
+    within_watchdog("a ladder waiting for a trim's unmaps", || {
+        // Room for 8 MiB: stream 2's 8 MiB need stream 1's 6 MiB, which a trim is unmapping,
+        // slowly, with no lock held.
+        let pool = probing_pool(8 * MIB);
+        let a = pool.allocate(6 * MIB as usize, 512, 1).unwrap();
+        pool.deallocate(a, 1).unwrap();
+        *pool.upstream().slow.lock() = Duration::from_millis(200);
+        let trimmer = {
+            let pool = pool.clone();
+            std::thread::spawn(move || pool.trim().unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(50)); // the trim is in its first unmap
+        let b = pool
+            .allocate(8 * MIB as usize, 512, 2)
+            .expect("the ladder did not wait for the unmaps in flight");
+        let report = trimmer.join().unwrap();
+        assert_eq!((report.released_bytes, report.released_segments), (6 * MIB, 1));
+        let stats = pool.stats();
+        assert_eq!((stats.oom_ladders, stats.oom_errors, stats.reserved_bytes), (1, 0, 8 * MIB));
+        pool.deallocate(b, 2).unwrap();
+        *pool.upstream().slow.lock() = Duration::ZERO;
         assert_eq!(pool.trim().unwrap().released_bytes, 8 * MIB);
         assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
         pool.validate().unwrap();
