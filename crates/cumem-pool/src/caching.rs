@@ -1876,7 +1876,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             let returning = &self.returning;
             let start = |bytes| returning.start(bytes);
             let chunk = up.chunk_bytes() as u64;
-            unmapping.stretches = expandable::take_chunks(chunk, &mut segs, guards, &mut cached, keep, start);
+            let out = &mut unmapping.stretches;
+            expandable::take_chunks(chunk, &mut segs, guards, &mut cached, keep, start, out);
             unmapping.empty = expandable::take_empty(&mut segs);
         }
         (report, unlinked, unmapping)

@@ -211,10 +211,10 @@ enum Note {
     NotMapped { lo: u64, hi: u64 },
 }
 
-/// The events that [`grow`] and [`shrink`] emit, collected while they run under the pool's locks
-/// and emitted by [`log`](Self::log) once those are let go: a subscriber may read the pool's
-/// stats, which take the same locks (under them it deadlocked), and one that panics must not cut
-/// short an update of the books.
+/// The events that [`grow`], [`unmap_chunks`] and [`settle`] emit, collected while they run (under
+/// the pool's locks, but for the unmaps) and emitted by [`log`](Self::log) once those are let go,
+/// in the order they happened: a subscriber may read the pool's stats, which take the same locks
+/// (under them it deadlocked), and one that panics must not cut short an update of the books.
 #[derive(Debug, Default)]
 pub(crate) struct Notes(Vec<Note>);
 
@@ -486,10 +486,10 @@ impl Stretch {
 
 /// Takes whole free chunks of every expandable segment, wherever they are, from the highest address
 /// down, out of the free sets while more than `keep` bytes are cached (`cached` is updated), and
-/// returns them for [`unmap_chunks`], each with the ticket `start` gives for its bytes. The bytes
-/// leave `reserved_bytes` now, as a released segment does. The caller holds every arena lock, has
-/// consolidated the cached memory (so a free stretch is one range) and synchronised after every
-/// free in it.
+/// pushes them onto `out` for [`unmap_chunks`], each with the ticket `start` gives for its bytes
+/// (pushed at once: whoever holds `out` settles it). The bytes leave `reserved_bytes` now, as a
+/// released segment does. The caller holds every arena lock, has consolidated the cached memory
+/// (so a free stretch is one range) and synchronised after every free in it.
 pub(crate) fn take_chunks<S, G: DerefMut<Target = ArenaInner<S>>>(
     chunk: u64,
     segs: &mut Segments,
@@ -497,8 +497,8 @@ pub(crate) fn take_chunks<S, G: DerefMut<Target = ArenaInner<S>>>(
     cached: &mut u64,
     keep: u64,
     mut start: impl FnMut(u64) -> u64,
-) -> Vec<Stretch> {
-    let mut out = vec![];
+    out: &mut Vec<Stretch>,
+) {
     for (addr, len, seg, i, kind) in cached_ranges(segs, guards).into_iter().rev() {
         if *cached <= keep {
             break;
@@ -531,10 +531,11 @@ pub(crate) fn take_chunks<S, G: DerefMut<Target = ArenaInner<S>>>(
         let bytes = hi - target;
         segs.reserved -= bytes;
         *cached = cached.saturating_sub(bytes);
+        // Room first: a ticket not in `out` would never be settled.
+        out.reserve(1);
         let ticket = start(bytes);
         out.push(Stretch { seg, kind, arena: owner, lo: target, hi, bottom: hi, ticket });
     }
-    out
 }
 
 /// Where pieces of segment `base` cached in arena `i` go: the arena that grows it, unless that one
