@@ -15,8 +15,9 @@
 //! if memory was freed into the pool meanwhile, and holds the locks until it has decided what to
 //! release; with segments, it gives them back and asks the upstream for the minimal one with no
 //! lock held (the upstream may run user code that frees into this pool or trims it). With
-//! [expandable segments](crate::expandable) the driver's mapping calls (reserve, map, unmap,
-//! release) run under the locks (see "Locking" on [`CachingPool`]). A free on stream `S` keeps a
+//! [expandable segments](crate::expandable) the driver's calls that grow (reserve, map) run under
+//! the locks, while those that shrink (unmap, release of an emptied reservation) run with none
+//! held (see "Locking" on [`CachingPool`]). A free on stream `S` keeps a
 //! small block in the calling thread's cache under `S`, else puts the block into `S`'s arena,
 //! whichever stream allocated it.
 //!
@@ -136,8 +137,13 @@ pub struct TrimReport {
 /// (segment upstreams) are called with no lock held (segments to release are first taken out of
 /// the arenas and the books, under the locks, after the synchronisation). With expandable
 /// segments, these run under the arena locks and the segment registry: [`Upstream::expandable`]
-/// and the [`ExpandableUpstream`]'s `reserve`, `map`, `unmap` and `release` (the driver's own
-/// calls; such an upstream must not call into the pool, see its contract).
+/// and the [`ExpandableUpstream`]'s `reserve` and `map` (and `release` of a reservation growth
+/// could not use), the driver's own calls (such an upstream must not call into the pool, see its
+/// contract). Its `unmap` and the `release` of a reservation left empty run with no lock held, as
+/// segment frees do: the driver brief lists `cuMemUnmap` as synchronous (the simulator drains
+/// every device's work for it, as for `cuMemFree`). The chunks are taken out of the arenas and
+/// the books first, under the locks after the synchronisation, and recorded as unmapped under
+/// the locks taken again afterwards.
 pub struct CachingPool<U: Upstream, O: Ordering> {
     id: u32,
     upstream: U,
@@ -164,7 +170,8 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
 /// keep it waiting), for at most [`PoolConfig::oom_free_wait`], and asks the upstream once more if
 /// a free returned memory since it asked: that memory is about to be back with the upstream (before frees were made with no
 /// lock held, the ladder would have waited for the locks instead). A ladder with expandable
-/// segments never waits, and neither does one run from inside an upstream free.
+/// segments whose growth fails waits likewise for the unmaps in flight (each stretch of chunks
+/// taken out is a ticket), then grows once more; none waits when run from inside an upstream free.
 #[derive(Default)]
 struct Returning {
     state: Mutex<ReturningState>,
@@ -305,6 +312,34 @@ impl Drop for InFlight<'_> {
         // Nothing is logged: segments are left only when a panic cut `release`, its caller or
         // `give_back` short, so this runs while unwinding, where a subscriber that panicked would
         // abort the process, and the panic itself is reported anyway.
+    }
+}
+
+/// What [`release`](CachingPool::release) took out of the books of the expandable segments, for
+/// [`unmap_unlocked`](CachingPool::unmap_unlocked) to unmap and release with no lock held: whole
+/// free chunks, and reservations with nothing mapped. Each stretch of chunks counts as a free in
+/// flight from the moment it leaves the books until it is settled; whatever is dropped here
+/// unsettled (a panic on the way) stops counting, and its chunks stay out of the books, leaked, as
+/// [`InFlight`]'s segments.
+struct Unmapping<'a> {
+    returning: &'a Returning,
+    stretches: Vec<expandable::Stretch>,
+    /// Reservations taken out of the books, as `(base, len)`.
+    empty: Vec<(u64, u64)>,
+}
+
+impl<'a> Unmapping<'a> {
+    fn new(returning: &'a Returning) -> Self {
+        Self { returning, stretches: Vec::new(), empty: Vec::new() }
+    }
+}
+
+impl Drop for Unmapping<'_> {
+    fn drop(&mut self) {
+        // Settled, so that no ladder waits for them; nothing logged (see `InFlight`'s drop).
+        for s in self.stretches.drain(..) {
+            self.returning.finish(s.ticket, false);
+        }
     }
 }
 
@@ -608,8 +643,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         };
         consolidate(&mut guards);
         let mut notes = expandable::Notes::default();
-        let (report, unlinked) = self.release(&mut guards, keep, &mut notes);
+        let (mut report, unlinked, unmapping) = self.release(&mut guards, keep);
         drop((guards, st));
+        self.unmap_unlocked(unmapping, &mut report, &mut notes);
         notes.log();
         self.log_upstream_notes();
         Self::log_released(&report);
@@ -931,7 +967,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// meanwhile that may be under work: allocations only took memory out, which the release then
     /// does not see, and what enters uncounted is idle (ranges already in the arenas, moved under
     /// every lock after a synchronisation that covered them, by another thread's consolidation,
-    /// gathering, or a trim's pieces around an unmapped gap; fresh segments and newly mapped
+    /// gathering, or a trim's pieces around chunks it unmaps and chunks whose unmap failed, which
+    /// were in no arena meanwhile; fresh segments and newly mapped
     /// expandable chunks, on which nothing was queued: contract item 1 of [`Upstream`]).
     /// A changed counter means memory was freed in (or moved by a sweep, flushed, put back)
     /// meanwhile, possibly under work queued after the synchronisation started: the locks are let
@@ -975,11 +1012,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             }
             self.ordering.synchronize().map_err(PoolError::Ordering)?;
             (st, guards) = self.lock_all();
-            let after = self.arena_inserts(&guards);
-            let unchanged = after.iter().all(|(index, now)| {
-                let then = before.binary_search_by_key(index, |x| x.0).map_or([0; 4], |k| before[k].1);
-                *now == then
-            });
+            let unchanged = inserts_unchanged(&before, &self.arena_inserts(&guards));
             // Whatever the arenas held, the stranded blocks below the mark were stranded before
             // the synchronisation started: they go back to the cache either way.
             self.reclaim_stranded(&mut guards, covered);
@@ -1300,30 +1333,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         req: Request,
     ) -> Result<Block, PoolError> {
         if let Some(up) = self.expandable() {
-            let mut g = self.lock_ordered(arena, stream, req.kind)?;
-            let reservation = self.config.expandable_reservation_bytes;
-            let mut notes = expandable::Notes::default();
-            let grown = expandable::grow(
-                up,
-                &mut self.segments.lock(),
-                g.set(req.kind),
-                arena.index,
-                &req,
-                reservation,
-                &mut notes,
-            );
-            // Logged with the locks let go (the registry's went with the statement): a subscriber
-            // may read `stats()`, which takes them.
-            if let Ok(expandable::Grown::Block(addr, seg)) = grown {
-                let block = self.finish(g, &req, addr, seg);
-                notes.log();
-                self.log_upstream_notes();
+            if let Some(block) = self.grow_expandable(up, arena, stream, &req)? {
                 return Ok(block);
             }
-            drop(g);
-            notes.log();
-            self.log_upstream_notes();
-            grown?;
         } else if let Some(seg) = self.grow(&req, false)? {
             let mut g = arena.inner.lock();
             let set = g.set(req.kind);
@@ -1335,7 +1347,43 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 return Ok(self.finish(g, &req, addr, seg));
             }
         }
-        self.oom_ladder(arena, &req)
+        self.oom_ladder(arena, stream, &req)
+    }
+
+    /// Grows one of `arena`'s expandable segments for `stream` (locked by
+    /// [`lock_ordered`](Self::lock_ordered)): the block, or `None` when the upstream has no memory
+    /// or no address space for it.
+    fn grow_expandable(
+        &self,
+        up: &dyn ExpandableUpstream,
+        arena: &Arena<O::Stream>,
+        stream: O::Stream,
+        req: &Request,
+    ) -> Result<Option<Block>, PoolError> {
+        let mut g = self.lock_ordered(arena, stream, req.kind)?;
+        let reservation = self.config.expandable_reservation_bytes;
+        let mut notes = expandable::Notes::default();
+        let grown = expandable::grow(
+            up,
+            &mut self.segments.lock(),
+            g.set(req.kind),
+            arena.index,
+            req,
+            reservation,
+            &mut notes,
+        );
+        // Logged with the locks let go (the registry's went with the statement): a subscriber
+        // may read `stats()`, which takes them.
+        if let Ok(expandable::Grown::Block(addr, seg)) = grown {
+            let block = self.finish(g, req, addr, seg);
+            notes.log();
+            self.log_upstream_notes();
+            return Ok(Some(block));
+        }
+        drop(g);
+        notes.log();
+        self.log_upstream_notes();
+        grown.map(|_| None)
     }
 
     /// Locks `arena` for growth by `stream`. Growth joins the free ranges around a gap, so where
@@ -1461,12 +1509,19 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// [`FailureCallbackResource`](crate::FailureCallbackResource)'s callback) that frees into this
     /// pool or trims it, and `cuMemFree` waits for the whole device. It synchronises with no lock
     /// held ([`synchronize_unlocked`](Self::synchronize_unlocked)); with expandable segments it
-    /// maps under the locks taken again after that (the free ranges it joins are safe without
-    /// another wait only while they are held); its own release then holds no plain segment
-    /// (the pool takes none with expandable segments), and the upstream's mapping calls must not
-    /// call into the pool.
+    /// unmaps the chunks its release took out with no lock held, then maps under the locks taken
+    /// again after that (the free ranges it joins are safe without another wait only while they are
+    /// held, and only if nothing was freed into the arenas while they were let go: else it
+    /// synchronises again, see [`unmap_in_ladder`](Self::unmap_in_ladder)); its own release then
+    /// holds no plain segment (the pool takes none with expandable segments), and the upstream's
+    /// mapping calls must not call into the pool.
     #[cold]
-    fn oom_ladder(&self, to: &Arena<O::Stream>, req: &Request) -> Result<Block, PoolError> {
+    fn oom_ladder(
+        &self,
+        to: &Arena<O::Stream>,
+        stream: O::Stream,
+        req: &Request,
+    ) -> Result<Block, PoolError> {
         let _span =
             tracing::debug_span!("oom_ladder", device = self.upstream.device(), bytes = req.requested)
                 .entered();
@@ -1505,15 +1560,33 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         }
         if found.is_none() {
             let mut notes = expandable::Notes::default();
-            let (released, unlinked) = self.release(&mut guards, 0, &mut notes);
+            let (mut released, unlinked, unmapping) = self.release(&mut guards, 0);
             if let Some(up) = self.expandable() {
                 // Plain segments unlinked here would be freed only after the mapping below, too
                 // late to help it; there are none: with expandable segments the pool never takes
                 // a plain segment (`grow` is not called), so `unlinked` is empty.
+                // The chunks taken out are unmapped with no lock held, then the locks are taken
+                // again: the free ranges are still safe for every stream if nothing was freed
+                // into any arena meanwhile (see `synchronize_unlocked`), else it synchronises again.
+                let (st, mut guards) =
+                    match self.unmap_in_ladder(st, guards, unmapping, &mut released, &mut notes) {
+                        Ok(Some(locked)) => locked,
+                        // `Err`: synchronising again failed (as the ladder's first synchronisation
+                        // would have); `Ok(None)`: frees raced with every synchronisation.
+                        answer => {
+                            notes.log();
+                            Self::log_released(&released);
+                            self.log_upstream_notes();
+                            answer?;
+                            return self.oom_ladder_grow_only(to, req);
+                        }
+                    };
                 // Mapping is the driver's own call (no user code), and joins the free ranges around
                 // a gap, which are safe without another wait only while the locks taken again
                 // after the synchronisation (counters unchanged) are held.
                 let mut segs = self.segments.lock();
+                // Under the registry's lock, where unmaps in flight are settled.
+                let seen = self.returning.finished();
                 expandable::gather(&segs, &mut guards, ti, req.kind);
                 let reservation = self.config.expandable_reservation_bytes;
                 // Growth's events after the release's: logged in the order they happened.
@@ -1532,6 +1605,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 // The block, taken out of the free set, is counted live before anything is logged:
                 // a subscriber that panics then leaks a block still counted (as in
                 // `allocate_slow`), not a range neither cached nor live.
+                let out_of_memory = matches!(grown, Ok(expandable::Grown::OutOfMemory));
                 let block = match grown {
                     Ok(expandable::Grown::Block(addr, seg)) => Ok(Some(self.finish((), req, addr, seg))),
                     Ok(expandable::Grown::OutOfAddressSpace { reservation }) => {
@@ -1551,8 +1625,21 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 if let Some(block) = block? {
                     return Ok(block);
                 }
+                // Another thread's trim or ladder may have taken chunks out before this ladder
+                // locked the arenas, and not unmapped them yet: wait for the unmaps in flight now
+                // (for a bounded time: an unmap may wait for this very thread), then grow once
+                // more, as a stream's growth does (no other arena's memory is joined: the locks
+                // were let go).
+                if out_of_memory
+                    && self.returning.wait_for_frees(seen, self.config.oom_free_wait)
+                    && let Some(block) = self.grow_expandable(up, to, stream, req)?
+                {
+                    return Ok(block);
+                }
             } else {
                 drop((guards, st));
+                // Nothing to unmap without expandable segments: `unmapping` is empty.
+                drop(unmapping);
                 notes.log();
                 self.log_upstream_notes();
                 Self::log_released(&released);
@@ -1575,6 +1662,35 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             drop((guards, st));
         }
         self.ladder_answer(found, req, no_address_space)
+    }
+
+    /// For the ladder with expandable segments, after its release under the locks (`st`, `guards`):
+    /// unmaps the chunks taken out with the locks let go
+    /// ([`unmap_unlocked`](Self::unmap_unlocked)), then returns every lock taken again with every
+    /// cached block freed before a synchronisation started, as
+    /// [`synchronize_unlocked`](Self::synchronize_unlocked) does: at once if no arena's insert
+    /// counters changed meanwhile, else after synchronising again (`None`: frees raced with every
+    /// synchronisation; the locks are let go).
+    fn unmap_in_ladder<'a>(
+        &'a self,
+        st: MutexGuard<'a, TableState>,
+        guards: Guards<'a, O::Stream>,
+        unmapping: Unmapping<'_>,
+        released: &mut TrimReport,
+        notes: &mut expandable::Notes,
+    ) -> Result<Option<AllLocks<'a, O::Stream>>, PoolError> {
+        if unmapping.stretches.is_empty() && unmapping.empty.is_empty() {
+            return Ok(Some((st, guards)));
+        }
+        let before = self.arena_inserts(&guards);
+        drop((guards, st));
+        self.unmap_unlocked(unmapping, released, notes);
+        let (st, guards) = self.lock_all();
+        if inserts_unchanged(&before, &self.arena_inserts(&guards)) {
+            return Ok(Some((st, guards)));
+        }
+        let unretired = Unretired { ordering: &self.ordering, failed: Vec::new(), retired: false };
+        self.synchronize_unlocked(st, guards, unretired)
     }
 
     /// The ladder's last step with plain segments, once nothing cached fitted and the upstream had
@@ -1762,15 +1878,15 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// Releases fully free segments, largest first, while more than `keep` bytes are cached: takes
     /// them out of the arenas and the books and returns them as `(addr, len)` for
     /// [`give_back`](Self::give_back) once no lock is held (nothing can reach them any more), then
-    /// unmaps whole free chunks of expandable segments. The caller holds all arena locks and has
-    /// synchronised after every free in them; it logs `notes` once it has let them go, before
-    /// [`log_released`](Self::log_released).
+    /// takes whole free chunks of expandable segments out of the arenas and the books, and the
+    /// reservations with nothing mapped, for [`unmap_unlocked`](Self::unmap_unlocked) once no lock
+    /// is held (which adds what it unmapped and released to the report). The caller holds all arena
+    /// locks and has synchronised after every free in them.
     fn release(
         &self,
         guards: &mut Guards<'_, O::Stream>,
         keep: u64,
-        notes: &mut expandable::Notes,
-    ) -> (TrimReport, InFlight<'_>) {
+    ) -> (TrimReport, InFlight<'_>, Unmapping<'_>) {
         let live = self.live_bytes();
         let mut segs = self.segments.lock();
         let mut cached = segs.reserved.saturating_sub(live.max(0) as u64);
@@ -1799,12 +1915,56 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             report.released_segments += 1;
             report.released_bytes += len;
         }
+        let mut unmapping = Unmapping::new(&self.returning);
         if let Some(up) = self.upstream.expandable() {
-            let r = expandable::shrink(up, &mut segs, guards, &mut cached, keep, notes);
-            report.released_segments += r.released_segments;
-            report.released_bytes += r.released_bytes;
+            // Out of `reserved_bytes` and into the returning bytes under the registry's lock, as
+            // segments are (see `stats`).
+            let returning = &self.returning;
+            let start = |bytes| returning.start(bytes);
+            let chunk = up.chunk_bytes() as u64;
+            let out = &mut unmapping.stretches;
+            expandable::take_chunks(chunk, &mut segs, guards, &mut cached, keep, start, out);
+            unmapping.empty = expandable::take_empty(&mut segs);
         }
-        (report, unlinked)
+        (report, unlinked, unmapping)
+    }
+
+    /// Unmaps the chunks [`release`](Self::release) took out, then, with every lock taken again,
+    /// records the gaps (a chunk whose unmap failed goes back to the cache, as it was) and takes the
+    /// reservations left empty out of the books; releases those with the locks let go again. Adds
+    /// what it unmapped and released to `report`. Call with no lock held: the driver brief lists
+    /// `cuMemUnmap` as synchronous (the simulator drains every device's work for it, as for
+    /// `cuMemFree`), and a host function may use the pool.
+    fn unmap_unlocked(
+        &self,
+        mut unmapping: Unmapping<'_>,
+        report: &mut TrimReport,
+        notes: &mut expandable::Notes,
+    ) {
+        let Some(up) = self.upstream.expandable() else { return };
+        if !unmapping.stretches.is_empty() {
+            expandable::unmap_chunks(up, &mut unmapping.stretches, notes);
+            let (st, mut guards) = self.lock_all();
+            let mut segs = self.segments.lock();
+            let chunk = up.chunk_bytes() as u64;
+            let empty =
+                expandable::settle(chunk, &mut segs, &mut guards, &unmapping.stretches, report, notes);
+            unmapping.empty.extend(empty);
+            // Out of the returning bytes under the registry's lock, as what stayed mapped came
+            // back into `reserved_bytes` (a snapshot counts it in exactly one of the two).
+            for s in unmapping.stretches.drain(..) {
+                self.returning.finish(s.ticket, s.unmapped_any());
+            }
+            drop(segs);
+            drop((guards, st));
+        }
+        for (base, len) in std::mem::take(&mut unmapping.empty) {
+            // SAFETY: a reservation `settle`/`take_empty` took out of the books as `reserve(len)`
+            // returned it, once; nothing was mapped in it (nor being unmapped), so no block or
+            // cached range lies there, and growth can no longer map into it.
+            unsafe { up.release(base, len as usize) };
+            report.released_segments += 1;
+        }
     }
 
     /// Logs what a [`release`](Self::release) took out. Call with no lock of the pool held (a
@@ -1912,6 +2072,15 @@ fn consolidate<S>(guards: &mut Guards<'_, S>) {
         }
         guards[cur.3].set(kind).insert_uncounted(cur.0, cur.1, cur.2);
     }
+}
+
+/// Whether the arenas' insert counters `after` (from [`CachingPool::arena_inserts`]) are those noted
+/// `before`; an arena new to the table counts as all zero then (a fresh arena's).
+fn inserts_unchanged(before: &[(usize, [u64; 4])], after: &[(usize, [u64; 4])]) -> bool {
+    after.iter().all(|(index, now)| {
+        let then = before.binary_search_by_key(index, |x| x.0).map_or([0; 4], |k| before[k].1);
+        *now == then
+    })
 }
 
 /// Two distinct elements of `v`, mutably; `None` when `i == j`.

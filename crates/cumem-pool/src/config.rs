@@ -88,10 +88,10 @@ pub struct PoolConfig {
     /// not waited for), and asks the upstream once more if one of them returned memory. The bound
     /// matters because such a free may itself wait for the allocating thread (`cuMemFree` waits
     /// for the whole device, host functions included). `Duration::ZERO`: no waiting;
-    /// `Duration::MAX`, or any duration too long to add to the current `Instant`: no bound. Not
-    /// used while the pool grows [expandable segments](crate::expandable) (their ladder never
-    /// waits); used when `expandable_segments` was asked for but the upstream cannot map memory
-    /// (the pool then takes plain segments). Default 1 s.
+    /// `Duration::MAX`, or any duration too long to add to the current `Instant`: no bound. With
+    /// [expandable segments](crate::expandable), the ladder whose growth fails waits likewise for
+    /// the unmaps of free chunks in flight (another thread's `trim`, release threshold or ladder:
+    /// they run with no lock held) and grows once more if one of them returned memory. Default 1 s.
     pub oom_free_wait: Duration,
 }
 

@@ -247,23 +247,29 @@ impl ExpandableUpstream for DeviceExpandable {
     }
 
     unsafe fn unmap(&self, addr: u64, bytes: usize) -> std::result::Result<(), UpstreamError> {
-        let mut s = self.state.lock();
-        let mut above = s.chunks.split_off(&addr);
-        let mut rest = above.split_off(&(addr + bytes as u64));
-        s.chunks.append(&mut rest);
+        let mut above = {
+            let mut s = self.state.lock();
+            let mut above = s.chunks.split_off(&addr);
+            let mut rest = above.split_off(&(addr + bytes as u64));
+            s.chunks.append(&mut rest);
+            above
+        };
         if above.len() * self.chunk != bytes {
             self.defer(Deferred::UnmapNotAllMapped { addr, bytes, mapped: above.len() * self.chunk });
         }
         // From the top down, so that after a failure what is left mapped is the bottom of the range.
         // The caller vouches that no work uses the range and nothing will (the pool synchronised
         // after every free in it): the mappings' own stream orders know nothing of the pool's
-        // blocks, so their unmap waits for nothing that matters here.
+        // blocks, so their unmap waits for nothing that matters here. With the state let go:
+        // `cuMemUnmap` is synchronous (driver brief §9), and another thread's growth maps
+        // meanwhile; the pool neither maps over these chunks nor releases their reservation until
+        // this returns.
         while let Some((at, mapping)) = above.pop_last() {
             if let Err((mapping, e)) = mapping.unmap() {
                 // Kept, not dropped: a dropped mapping would try again and only log; the pool keeps
                 // this chunk cached and mapped in its books, so it must stay mapped here too.
                 above.insert(at, mapping);
-                s.chunks.append(&mut above);
+                self.state.lock().chunks.append(&mut above);
                 return Err(UpstreamError::Driver(e));
             }
         }

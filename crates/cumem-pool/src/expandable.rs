@@ -20,11 +20,19 @@
 //! end of a segment or in a hole between live blocks, from the highest address down, one chunk at
 //! a time: a chunk whose unmap fails stays mapped, counted and cached. A reservation with nothing
 //! mapped goes back. Unmapping happens only after `ordering.synchronize()` returned following every
-//! free in the chunk (a GPU does not wait for queued work when it unmaps: the work would fault).
+//! free in the chunk, and with no lock of the pool held, as segments go back: the driver brief
+//! (§9) lists `cuMemUnmap` as synchronous, and the simulator drains every device's queued work for
+//! it, as for `cuMemFree`, so an unmap may wait for a stream the pool never used, or for a host
+//! function that uses the pool. Under the locks the chunks are taken out of the free sets (and out
+//! of `reserved_bytes`, into `returning_bytes`) but stay mapped in the books, so that growth never
+//! maps over them; once they are unmapped the locks are taken again to record the gaps (a chunk
+//! whose unmap failed goes back to the cache) and take the reservations left empty out of the
+//! books, which are released after the locks are let go again.
 //!
 //! Invariants: a segment's mapped part is a set of runs of whole chunks, and
 //! every cached range lies inside one run (a free range is split where a chunk in it is unmapped,
-//! and the pieces never coalesce across the gap); `reserved_bytes` counts mapped bytes. Free memory
+//! and the pieces never coalesce across the gap), outside the chunks being unmapped;
+//! `reserved_bytes` counts mapped bytes but those being unmapped. Free memory
 //! is still per stream and moves between streams only behind `ordering.wait` (a segment's ranges
 //! may sit in any stream's arena); new chunks are fresh memory, usable by the growing stream at
 //! once. Growth maps while holding the growing stream's arena lock and the segment registry (lock
@@ -76,6 +84,10 @@ pub(crate) struct Expandable {
     pub runs: BTreeMap<u64, u64>,
     /// Bytes mapped: the sum of the runs.
     pub mapped: u64,
+    /// Stretches of whole chunks, start -> end, inside the runs, taken out of the free sets to be
+    /// unmapped with no lock held (see [`take_chunks`]): mapped still, but neither cached nor in
+    /// `reserved_bytes`.
+    leaving: BTreeMap<u64, u64>,
     /// The kind of the blocks it serves.
     pub kind: Kind,
     /// The arena (by position) and kind that grows it.
@@ -150,9 +162,10 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    /// Bytes mapped in all segments.
+    /// Bytes mapped in all segments and counted in `reserved_bytes`: those being unmapped (taken out
+    /// of the books) left it.
     pub fn mapped(&self) -> u64 {
-        self.segs.values().map(|e| e.mapped).sum()
+        self.segs.values().map(|e| e.mapped - e.leaving.iter().map(|(s, e)| e - s).sum::<u64>()).sum()
     }
 
     /// Every mapped run of every segment as `(start, len)`, in address order.
@@ -179,6 +192,9 @@ impl Registry {
                 if !e.is_mapped(addr, addr + len) {
                     return Err(format!("cached block {addr:#x}+{len} is not inside one mapped run"));
                 }
+                if e.leaving.range(..addr + len).next_back().is_some_and(|(_, &end)| end > addr) {
+                    return Err(format!("cached block {addr:#x}+{len} overlaps chunks being unmapped"));
+                }
                 Ok(())
             }
             _ => Err(format!("cached block {addr:#x}+{len} names unknown segment {seg:?} ({kind:?})")),
@@ -197,10 +213,10 @@ enum Note {
     NotMapped { lo: u64, hi: u64 },
 }
 
-/// The events that [`grow`] and [`shrink`] emit, collected while they run under the pool's locks
-/// and emitted by [`log`](Self::log) once those are let go: a subscriber may read the pool's
-/// stats, which take the same locks (under them it deadlocked), and one that panics must not cut
-/// short an update of the books.
+/// The events that [`grow`], [`unmap_chunks`] and [`settle`] emit, collected while they run (under
+/// the pool's locks, but for the unmaps) and emitted by [`log`](Self::log) once those are let go,
+/// in the order they happened: a subscriber may read the pool's stats, which take the same locks
+/// (under them it deadlocked), and one that panics must not cut short an update of the books.
 #[derive(Debug, Default)]
 pub(crate) struct Notes(Vec<Note>);
 
@@ -328,7 +344,8 @@ pub(crate) fn grow(
                 notes.0.push(Note::Reserving { base, len });
             }
             let kind = req.kind;
-            let e = Expandable { len, runs: BTreeMap::new(), mapped: 0, kind, owner };
+            let e =
+                Expandable { len, runs: BTreeMap::new(), mapped: 0, leaving: BTreeMap::new(), kind, owner };
             segs.expandable.segs.insert(base, e);
             segs.expandable.owned.entry(owner).or_default().push(base);
             let seg = Seg { base, len };
@@ -449,21 +466,46 @@ pub(crate) fn releasable<S, G: Deref<Target = ArenaInner<S>>>(
     false
 }
 
-/// Unmaps whole free chunks of every expandable segment, wherever they are, from the highest
-/// address down, while more than `keep` bytes are cached (`cached` is updated), then releases the
-/// reservations left with nothing mapped. The caller holds every arena lock, has consolidated the
-/// cached memory (so a free stretch is one range) and synchronised after every free in it; it logs
-/// `notes` once it has let the locks go.
-pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
-    up: &dyn ExpandableUpstream,
+/// Whole free chunks that [`take_chunks`] took out of the free sets, under the pool's locks, for
+/// [`unmap_chunks`] to unmap with no lock held and [`settle`] to record: `[lo, hi)` of segment
+/// `seg`, cached as `kind` in arena `arena`. Until settled they are in no free set, out of
+/// `reserved_bytes` (in the pool's returning bytes instead), and still mapped in the books (in the
+/// segment's runs and its `leaving`), so that growth never maps over them.
+#[derive(Debug)]
+pub(crate) struct Stretch {
+    seg: Seg,
+    kind: Kind,
+    arena: usize,
+    lo: u64,
+    hi: u64,
+    /// Unmapped from the top down to here: `[bottom, hi)` is gone, `[lo, bottom)` still mapped.
+    bottom: u64,
+    /// The pool's ticket for these bytes in flight.
+    pub ticket: u64,
+}
+
+impl Stretch {
+    /// Whether some chunk of it was unmapped.
+    pub fn unmapped_any(&self) -> bool {
+        self.bottom < self.hi
+    }
+}
+
+/// Takes whole free chunks of every expandable segment, wherever they are, from the highest address
+/// down, out of the free sets while more than `keep` bytes are cached (`cached` is updated), and
+/// pushes them onto `out` for [`unmap_chunks`], each with the ticket `start` gives for its bytes
+/// (pushed at once: whoever holds `out` settles it). The bytes leave `reserved_bytes` now, as a
+/// released segment does. The caller holds every arena lock, has consolidated the cached memory
+/// (so a free stretch is one range) and synchronised after every free in it.
+pub(crate) fn take_chunks<S, G: DerefMut<Target = ArenaInner<S>>>(
+    chunk: u64,
     segs: &mut Segments,
     guards: &mut [G],
     cached: &mut u64,
     keep: u64,
-    notes: &mut Notes,
-) -> TrimReport {
-    let chunk = up.chunk_bytes() as u64;
-    let mut report = TrimReport::default();
+    mut start: impl FnMut(u64) -> u64,
+    out: &mut Vec<Stretch>,
+) {
     for (addr, len, seg, i, kind) in cached_ranges(segs, guards).into_iter().rev() {
         if *cached <= keep {
             break;
@@ -474,69 +516,119 @@ pub(crate) fn shrink<S, G: DerefMut<Target = ArenaInner<S>>>(
             continue;
         }
         let target = hi - (hi - lo).min((*cached - keep).next_multiple_of(chunk));
-        // One chunk at a time from the top, so that a failed unmap leaves a known part mapped:
-        // that chunk is still memory, so it stays mapped, counted and cached, and growth never
-        // maps over it.
-        let mut bottom = hi;
-        while bottom > target {
-            // SAFETY: a whole chunk of a cached range, which lies in one mapped run of the
-            // segment's reservation (the pool's invariant) and is still marked mapped there
-            // (chunks above it in this range were unmapped and are unmarked below, none twice).
-            // Cached memory is free, and the caller synchronised after every free in it; it leaves
-            // the arena before the locks go, so nothing uses it afterwards.
-            let unmapped = unsafe { up.unmap(bottom - chunk, chunk as usize) };
-            if let Err(error) = unmapped {
-                notes.0.push(Note::UnmapFailed { addr: bottom - chunk, error });
-                break;
-            }
-            bottom -= chunk;
-            segs.upstream_frees += 1;
-        }
-        let bytes = hi - bottom;
-        if bytes == 0 {
-            continue;
-        }
         guards[i].set(kind).remove(addr);
-        // The pieces around the new gap go to the arena that grows the segment, so that mapping
+        // The pieces around the stretch go to the arena that grows the segment, so that mapping
         // the gap again joins them: after the synchronisation they are safe for every stream. A
         // vacated arena (its stream retired by a sweep) keeps them out of reach of migration, which
         // never takes from one: they stay where they were then.
-        let owner = segs
-            .expandable
-            .segs
-            .get(&seg.base)
-            .map(|e| e.owner.0)
-            .filter(|&o| guards.get(o).is_some_and(|g| g.stream.is_some()))
-            .unwrap_or(i);
+        let owner = owner_arena(segs, guards, seg.base, i);
         // Cached memory moved under every lock after the caller's synchronisation: idle, not
         // counted (as consolidation's moves), or another trim or ladder waiting meanwhile would
         // take it for a free racing its wait.
         let set = guards[owner].set(kind);
-        if addr < bottom {
-            set.insert_uncounted(addr, bottom - addr, seg);
+        if addr < target {
+            set.insert_uncounted(addr, target - addr, seg);
         }
         if hi < end {
             set.insert_uncounted(hi, end - hi, seg);
         }
-        if let Some(e) = segs.expandable.segs.get_mut(&seg.base)
-            && !e.unmark(bottom, hi)
-        {
-            notes.0.push(Note::NotMapped { lo: bottom, hi });
+        if let Some(e) = segs.expandable.segs.get_mut(&seg.base) {
+            e.leaving.insert(target, hi);
         }
+        let bytes = hi - target;
         segs.reserved -= bytes;
         *cached = cached.saturating_sub(bytes);
-        report.released_bytes += bytes;
+        // Room first: a ticket not in `out` would never be settled.
+        out.reserve(1);
+        let ticket = start(bytes);
+        out.push(Stretch { seg, kind, arena: owner, lo: target, hi, bottom: hi, ticket });
     }
+}
+
+/// Where pieces of segment `base` cached in arena `i` go: the arena that grows it, unless that one
+/// is vacated (see [`take_chunks`]).
+fn owner_arena<S, G: Deref<Target = ArenaInner<S>>>(
+    segs: &Segments,
+    guards: &[G],
+    base: u64,
+    i: usize,
+) -> usize {
+    segs.expandable
+        .segs
+        .get(&base)
+        .map(|e| e.owner.0)
+        .filter(|&o| guards.get(o).is_some_and(|g| g.stream.is_some()))
+        .unwrap_or(i)
+}
+
+/// Unmaps the stretches [`take_chunks`] took, each from the top down, one chunk at a time, so that
+/// a failed unmap leaves a known part mapped: that chunk and those below it in the stretch are
+/// still memory, which [`settle`] puts back, mapped, counted and cached. Call with no lock of the
+/// pool held: the driver brief lists `cuMemUnmap` as synchronous (the simulator drains every
+/// device's work for it, as for `cuMemFree`), and a host function may use the pool.
+pub(crate) fn unmap_chunks(up: &dyn ExpandableUpstream, stretches: &mut [Stretch], notes: &mut Notes) {
+    let chunk = up.chunk_bytes() as u64;
+    for s in stretches {
+        while s.bottom > s.lo {
+            // SAFETY: a whole chunk of a stretch `take_chunks` took out of the free sets (and the
+            // books' runs still mark it mapped, as `leaving`), from the top down, none twice. It
+            // was cached, hence free, the caller synchronised after every free in it, and no block
+            // can be cut from it any more: nothing uses it afterwards unless it is mapped again.
+            let unmapped = unsafe { up.unmap(s.bottom - chunk, chunk as usize) };
+            if let Err(error) = unmapped {
+                notes.0.push(Note::UnmapFailed { addr: s.bottom - chunk, error });
+                break;
+            }
+            s.bottom -= chunk;
+        }
+    }
+}
+
+/// Records what [`unmap_chunks`] did: the unmapped chunks leave the segment's runs (the gap growth
+/// may map again) and count in `upstream_frees` and the report; what stayed mapped goes back into a
+/// free set, counted in `reserved_bytes` again. Then takes the reservations left with nothing
+/// mapped out of the books and returns them as `(base, len)`, for the caller to release once it
+/// has let the locks go. The caller holds every arena lock and the segment registry (`segs`).
+pub(crate) fn settle<S, G: DerefMut<Target = ArenaInner<S>>>(
+    chunk: u64,
+    segs: &mut Segments,
+    guards: &mut [G],
+    stretches: &[Stretch],
+    report: &mut TrimReport,
+    notes: &mut Notes,
+) -> Vec<(u64, u64)> {
+    for s in stretches {
+        if let Some(e) = segs.expandable.segs.get_mut(&s.seg.base) {
+            e.leaving.remove(&s.lo);
+            if s.unmapped_any() && !e.unmark(s.bottom, s.hi) {
+                notes.0.push(Note::NotMapped { lo: s.bottom, hi: s.hi });
+            }
+        }
+        let unmapped = s.hi - s.bottom;
+        segs.upstream_frees += unmapped / chunk;
+        report.released_bytes += unmapped;
+        if s.lo < s.bottom {
+            // Still memory, idle since the synchronisation (it was in no free set): cached again,
+            // uncounted, where the pieces around it went.
+            let owner = owner_arena(segs, guards, s.seg.base, s.arena.min(guards.len().saturating_sub(1)));
+            if let Some(g) = guards.get_mut(owner) {
+                g.set(s.kind).insert_uncounted(s.lo, s.bottom - s.lo, s.seg);
+            }
+            segs.reserved += s.bottom - s.lo;
+        }
+    }
+    take_empty(segs)
+}
+
+/// Takes the reservations with nothing mapped (nor being unmapped) out of the books, as
+/// `(base, len)`, for the caller to release with no lock of the pool held.
+pub(crate) fn take_empty(segs: &mut Segments) -> Vec<(u64, u64)> {
     let empty: Vec<(u64, u64)> =
         segs.expandable.segs.iter().filter(|(_, e)| e.mapped == 0).map(|(&b, e)| (b, e.len)).collect();
-    for (base, len) in empty {
-        // SAFETY: a reservation of the books as `reserve(len)` returned it, leaving them now (once);
-        // nothing is mapped in it, so it holds no block or cached range and nobody uses it.
-        unsafe { up.release(base, len as usize) };
+    for &(base, _) in &empty {
         segs.expandable.remove(base);
-        report.released_segments += 1;
     }
-    report
+    empty
 }
 
 /// Unmaps and releases every expandable segment: the pool is being dropped, after a synchronisation.

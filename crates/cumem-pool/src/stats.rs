@@ -82,9 +82,10 @@ pub struct PoolStats {
     pub peak_count: u64,
     /// Sum of the requested (unrounded) sizes of live blocks.
     pub requested_bytes: u64,
-    /// Bytes held from the upstream (sum of live segments). A segment being released leaves this
-    /// count before the upstream gets it back (it is taken out under the pool's locks and freed
-    /// after them); until then it counts in [`returning_bytes`](Self::returning_bytes), so the
+    /// Bytes held from the upstream (sum of live segments). A segment being released (or an
+    /// expandable segment's chunk being unmapped) leaves this count before the upstream gets it
+    /// back (it is taken out under the pool's locks and freed after them); until then it counts in
+    /// [`returning_bytes`](Self::returning_bytes), so the
     /// upstream holds `reserved_bytes + returning_bytes` of the pool's memory (and any segment a
     /// panic leaked on its way back).
     pub reserved_bytes: u64,
@@ -110,10 +111,12 @@ pub struct PoolStats {
     pub upstream_allocations: u64,
     /// Segments returned to the upstream since creation, and unmaps of expandable segments' chunks
     /// (one per chunk, where `upstream_allocations` counts one per map). A segment is counted when
-    /// it is taken out of the books, just before its upstream free (see `reserved_bytes`).
+    /// it is taken out of the books, just before its upstream free (see `reserved_bytes`); a chunk
+    /// once it is unmapped.
     pub upstream_frees: u64,
-    /// Bytes of segments taken out of the books (no longer in `reserved_bytes`) whose upstream
-    /// free has not returned yet: what the upstream still holds beyond `reserved_bytes`. Zero
+    /// Bytes of segments (and expandable segments' chunks) taken out of the books (no longer in
+    /// `reserved_bytes`) whose upstream free (unmap) has not returned yet: what the upstream still
+    /// holds beyond `reserved_bytes`. Zero
     /// whenever no release or trim is under way; a segment lost to a panic on its way back is
     /// leaked (the panic is what reports it) and not counted here.
     pub returning_bytes: u64,

@@ -111,11 +111,13 @@ pub trait Upstream: Send + Sync {
 ///    must know which, and keeps a chunk that failed mapped and cached.
 /// 5. `release(base, bytes)` receives exactly a reservation `reserve` returned, with nothing mapped.
 /// 6. No method, nor the owning [`Upstream::expandable`], calls into the pool it serves (allocates
-///    from it, frees into it, trims it, reads its statistics): the pool calls them while holding its
-///    arena locks and its segment registry, so such a call would deadlock.
+///    from it, frees into it, trims it, reads its statistics): the pool calls `reserve` and `map`
+///    (and `release` of a reservation it could not use) while holding its arena locks and its
+///    segment registry, so such a call would deadlock. (`unmap`, synchronous in the driver, and the
+///    `release` of a reservation left empty run with no lock of the pool held.)
 ///
 /// [`unmap`](Self::unmap) and [`release`](Self::release) are `unsafe`: the first frees physical
-/// memory at once (the device does not wait for queued work), the second gives address space back
+/// memory (nothing promises that work still queued on it finishes first), the second gives address space back
 /// for `reserve` to hand out again, and only the caller can know that nothing uses either (the
 /// pool's upstream is reachable through [`CachingPool::expandable`](crate::CachingPool::expandable)):
 ///
@@ -156,8 +158,9 @@ pub trait ExpandableUpstream: Send + Sync {
     /// # Errors
     /// [`UpstreamError::OutOfMemory`] when the memory is exhausted, any other error as is.
     fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError>;
-    /// Unmaps `[addr, addr + bytes)` and frees its physical memory at once: it does not wait for
-    /// work queued on it.
+    /// Unmaps `[addr, addr + bytes)` and frees its physical memory. Nothing promises that work
+    /// still queued on it finishes first (the driver brief lists `cuMemUnmap` as synchronous, and
+    /// the simulator drains the devices for it, but it is not documented to wait for that work).
     ///
     /// # Errors
     /// The driver's error when a chunk could not be unmapped: it stays mapped.
@@ -188,8 +191,8 @@ pub trait ExpandableUpstream: Send + Sync {
     fn log_deferred(&self) {}
     /// Gives up every chunk and reservation still held, neither unmapping nor freeing them: the
     /// pool calls it when it is dropped without a successful [`Ordering::synchronize`], so work
-    /// may still be queued on that memory, and unmapping it (which does not wait for the device)
-    /// would fault that work. The default holds nothing and does nothing.
+    /// may still be queued on that memory, and unmapping it (which the driver brief lists as
+    /// synchronous, but which the pool never relies on to wait for that work) could fault it. The default holds nothing and does nothing.
     fn abandon(&self) {}
 }
 

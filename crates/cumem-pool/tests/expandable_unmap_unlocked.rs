@@ -1,0 +1,292 @@
+//! With expandable segments, `trim` unmaps free chunks with no lock of the pool held:
+//! `cuMemUnmap` is synchronous (driver brief §9; the simulator drains every device's queued work
+//! for it, as for `cuMemFree`), so an unmap that waits for a stream the pool never used must not
+//! keep other threads from allocating and freeing on the pool's own stream meanwhile (a host
+//! function on that stream that uses the pool would deadlock). On the host, an upstream whose
+//! `unmap` reads the pool (standing for such a host function) sees the chunks out of the books,
+//! in `returning_bytes`, and the pool consistent, from `trim` and from the out-of-memory ladder,
+//! under a watchdog, since a lock held across the call hangs rather than fails. The device test
+//! holds a stream, so it is `#[serial]` and the others `#[parallel]`.
+
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use cumem_core::{Context, Device, DeviceBuffer, Stream};
+use cumem_pool::{
+    CachingPool, CachingResource, ExpandableUpstream, HostOrdering, HostUpstream, PoolConfig, TrimReport,
+    Upstream, UpstreamError,
+};
+use cumem_sys::testing;
+use cumem_sys::testing::within_watchdog;
+use parking_lot::Mutex;
+use serial_test::{parallel, serial};
+
+mod common;
+mod gate;
+
+use common::{Free, HostModel};
+
+fn vmm_ctx() -> Option<Context> {
+    testing::init();
+    let device = Device::get(0).unwrap();
+    let found = device.capabilities().unwrap().virtual_memory.then(|| device.context().unwrap());
+    if found.is_none() {
+        testing::skip("device 0 has no virtual memory management");
+    }
+    found
+}
+
+/// The device's chunk: the recommended granularity (what the pool maps).
+fn chunk(ctx: &Context) -> u64 {
+    cumem_vmm::Granularity::of(ctx.device()).unwrap().recommended as u64
+}
+
+/// An expandable pool with a whole free chunk cached on stream P, between live blocks at `base`
+/// and `base + 21c/8` (`c`: the chunk), while a stream H that the pool never used is held: `trim`
+/// runs on one thread (its unmap waits for H) and `on_p(pool, P, c)` on another. `check(pool, c,
+/// base, answer, report)` gets what `on_p` returned within 2 s, before H was let go (a timeout:
+/// it waited for the unmap), and the trim's report; then the pool is checked and emptied, and
+/// the simulator must have seen no violation and nothing left alive.
+fn while_a_trim_unmaps<T: Send + 'static>(
+    on_p: impl FnOnce(&Arc<CachingResource>, &Stream, u64) -> T + Send + 'static,
+    check: impl FnOnce(&CachingResource, u64, u64, Result<T, mpsc::RecvTimeoutError>, TrimReport),
+) {
+    let Some(ctx) = vmm_ctx() else { return };
+    let c = chunk(&ctx);
+    let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+    let pool = Arc::new(CachingResource::with_driver(&ctx, config));
+    assert!(pool.pool().expandable().is_some());
+    let p = Arc::new(Stream::non_blocking(&ctx).unwrap());
+    let h = Stream::non_blocking(&ctx).unwrap(); // never used by the pool
+    // Large blocks (past the thread cache) back to back on P: [0, 5c/8), [5c/8, 21c/8),
+    // [21c/8, 26c/8); four chunks mapped.
+    let a = DeviceBuffer::<u8>::new_in(&pool, &p, (5 * c / 8) as usize).unwrap();
+    let b = DeviceBuffer::<u8>::new_in(&pool, &p, (2 * c) as usize).unwrap();
+    let d = DeviceBuffer::<u8>::new_in(&pool, &p, (5 * c / 8) as usize).unwrap();
+    assert_eq!(d.device_ptr(), a.device_ptr() + 21 * c / 8, "one segment: the layout is as planned");
+    assert_eq!(pool.stats().reserved_bytes, 4 * c);
+    drop(b); // the chunk [c, 2c) is whole and free; pieces of 3c/8 and 5c/8 around it
+    let gate = gate::hold(&h);
+    let trimmer = {
+        let (pool, ctx) = (pool.clone(), ctx.clone());
+        std::thread::spawn(move || {
+            ctx.bind().unwrap();
+            pool.trim().unwrap()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50)); // the trim is in its unmap, waiting for H
+    let (done, served) = mpsc::channel();
+    let user = {
+        let (pool, ctx, p) = (pool.clone(), ctx.clone(), p.clone());
+        std::thread::spawn(move || {
+            ctx.bind().unwrap();
+            // A late answer (the test failed) is dropped with the receiver.
+            let _ = done.send(on_p(&pool, &p, c));
+        })
+    };
+    let got = served.recv_timeout(Duration::from_secs(2));
+    gate.release();
+    let report = trimmer.join().unwrap();
+    user.join().unwrap();
+    check(&pool, c, a.device_ptr(), got, report);
+    pool.pool().validate().unwrap();
+    h.synchronize().unwrap();
+    drop((a, d));
+    pool.trim().unwrap();
+    assert_eq!(pool.stats().reserved_bytes, 0);
+    drop((pool, p, h));
+    if let Some(ctl) = testing::sim_control() {
+        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+        let report = ctl.live_report();
+        assert!(report.is_clean(), "{report}");
+    }
+}
+
+#[test]
+#[serial]
+fn trim_unmaps_with_no_lock_of_the_pool_held() {
+    let on_p = |pool: &Arc<CachingResource>, p: &Stream, c: u64| {
+        // Cached in P's arena (the 5c/8 piece above the chunk), not in any thread cache.
+        let x = DeviceBuffer::<u8>::new_in(pool, p, (c / 2 + 4096) as usize).unwrap();
+        x.device_ptr()
+    };
+    while_a_trim_unmaps(on_p, |pool, c, base, got, report| {
+        let addr = got.expect("an allocation on P waited for a trim's unmap, which waited for H");
+        assert!(addr >= base + 2 * c && addr < base + 21 * c / 8, "from the piece above the chunk");
+        assert_eq!((report.released_bytes, report.released_segments), (c, 0));
+        let stats = pool.stats();
+        assert_eq!((stats.reserved_bytes, stats.returning_bytes), (3 * c, 0));
+    });
+}
+
+/// As above, but the other thread's allocation on P grows the segment: its map must not wait for
+/// the trim's unmap either (the device upstream's own books are not held across the driver's
+/// unmap). Simulator only: the simulator does not hold the device against `cuMemCreate` and
+/// `cuMemMap` while it drains for an unmap, and whether a GPU does (as it holds the context
+/// against `cuMemAlloc` while a thread waits in `cuMemFree`, driver brief §17) is unmeasured; if
+/// it does, growth waits in the driver whatever the pool does.
+#[test]
+#[serial]
+fn growth_maps_while_a_trim_unmaps() {
+    testing::init();
+    if testing::sim_control().is_none() {
+        return testing::skip(
+            "whether cuMemCreate waits for another thread's cuMemUnmap on a GPU is unmeasured",
+        );
+    }
+    let on_p = |pool: &Arc<CachingResource>, p: &Stream, c: u64| {
+        // Nothing cached fits: two more chunks mapped above the blocks.
+        DeviceBuffer::<u8>::new_in(pool, p, (2 * c) as usize).unwrap()
+    };
+    while_a_trim_unmaps(on_p, |pool, c, base, got, report| {
+        let x = got.expect("growth on P waited for a trim's unmap, which waited for H");
+        assert!(x.device_ptr() >= base + 26 * c / 8, "grown above the blocks");
+        assert_eq!(report.released_bytes, c);
+        assert_eq!(pool.stats().reserved_bytes, 5 * c);
+    });
+}
+
+const MIB: u64 = 1 << 20;
+
+type HostPool = CachingPool<Probing, HostOrdering>;
+
+/// What an `unmap` saw of the pool: `reserved_bytes`, `returning_bytes`, `validate`'s answer.
+type Seen = (u64, u64, Result<(), String>);
+
+/// A host upstream whose `unmap` reads the pool it serves first, once per call, and then takes
+/// `slow` (as a `cuMemUnmap` waiting for the device would).
+struct Probing {
+    host: HostUpstream,
+    pool: OnceLock<Weak<HostPool>>,
+    seen: Mutex<Vec<Seen>>,
+    slow: Mutex<Duration>,
+}
+
+impl Upstream for Probing {
+    fn allocate(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        self.host.allocate(bytes)
+    }
+    unsafe fn deallocate(&self, addr: u64, bytes: usize) {
+        // SAFETY: the caller's contract, forwarded to the model this upstream wraps.
+        unsafe { self.host.deallocate(addr, bytes) }
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableUpstream> {
+        Some(self)
+    }
+}
+
+impl ExpandableUpstream for Probing {
+    fn chunk_bytes(&self) -> usize {
+        self.host.chunk_bytes()
+    }
+    fn reservation_bytes(&self) -> usize {
+        self.host.reservation_bytes()
+    }
+    fn reserve(&self, bytes: usize) -> Result<u64, UpstreamError> {
+        self.host.reserve(bytes)
+    }
+    fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
+        self.host.map(addr, bytes)
+    }
+    unsafe fn unmap(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError> {
+        if let Some(pool) = self.pool.get().and_then(Weak::upgrade) {
+            let stats = pool.stats();
+            let valid = pool.validate();
+            self.seen.lock().push((stats.reserved_bytes, stats.returning_bytes, valid));
+        }
+        std::thread::sleep(*self.slow.lock());
+        // SAFETY: the caller's contract, forwarded to the model this upstream wraps.
+        unsafe { self.host.unmap(addr, bytes) }
+    }
+    unsafe fn release(&self, base: u64, bytes: usize) {
+        // SAFETY: the caller's contract, forwarded to the model this upstream wraps.
+        unsafe { self.host.release(base, bytes) }
+    }
+}
+
+// SAFETY: hands out its `HostUpstream`'s addresses only.
+unsafe impl HostModel for Probing {}
+
+fn probing_pool(capacity: u64) -> Arc<HostPool> {
+    let up = Probing {
+        host: HostUpstream::new(capacity as usize),
+        pool: OnceLock::new(),
+        seen: Mutex::new(vec![]),
+        slow: Mutex::new(Duration::ZERO),
+    };
+    let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
+    let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
+    pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
+    pool
+}
+
+#[test]
+#[parallel]
+fn trim_unmaps_with_the_chunks_out_of_the_books_and_no_lock_held() {
+    within_watchdog("an unmap that reads the pool, from trim", || {
+        let pool = probing_pool(64 * MIB);
+        let a = pool.allocate(6 * MIB as usize, 512, 1).unwrap();
+        pool.free(a, 1).unwrap();
+        let report = pool.trim().unwrap();
+        assert_eq!((report.released_bytes, report.released_segments), (6 * MIB, 1));
+        // Three chunks, one unmap each, all while the 6 MiB are on their way back.
+        let seen = std::mem::take(&mut *pool.upstream().seen.lock());
+        assert_eq!(seen, vec![(0, 6 * MIB, Ok(())); 3]);
+        let stats = pool.stats();
+        assert_eq!((stats.reserved_bytes, stats.returning_bytes, stats.upstream_frees), (0, 0, 3));
+        assert_eq!((pool.upstream().host.live_bytes(), pool.upstream().host.reservations().len()), (0, 0));
+        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
+        pool.validate().unwrap();
+    });
+}
+
+#[test]
+#[parallel]
+fn the_out_of_memory_ladder_unmaps_with_no_lock_held() {
+    within_watchdog("an unmap that reads the pool, from the ladder", || {
+        // Room for 8 MiB: stream 2's 8 MiB need stream 1's cached 6 MiB unmapped first.
+        let pool = probing_pool(8 * MIB);
+        let a = pool.allocate(6 * MIB as usize, 512, 1).unwrap();
+        pool.free(a, 1).unwrap();
+        let b = pool.allocate(8 * MIB as usize, 512, 2).unwrap();
+        let stats = pool.stats();
+        assert_eq!((stats.oom_ladders, stats.reserved_bytes, stats.returning_bytes), (1, 8 * MIB, 0));
+        let seen = std::mem::take(&mut *pool.upstream().seen.lock());
+        assert_eq!(seen, vec![(0, 6 * MIB, Ok(())); 3]);
+        pool.free(b, 2).unwrap();
+        assert_eq!(pool.trim().unwrap().released_bytes, 8 * MIB);
+        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
+        pool.validate().unwrap();
+    });
+}
+
+#[test]
+#[parallel]
+fn the_out_of_memory_ladder_waits_for_another_threads_unmaps() {
+    within_watchdog("a ladder waiting for a trim's unmaps", || {
+        // Room for 8 MiB: stream 2's 8 MiB need stream 1's 6 MiB, which a trim is unmapping,
+        // slowly, with no lock held.
+        let pool = probing_pool(8 * MIB);
+        let a = pool.allocate(6 * MIB as usize, 512, 1).unwrap();
+        pool.free(a, 1).unwrap();
+        *pool.upstream().slow.lock() = Duration::from_millis(200);
+        let trimmer = {
+            let pool = pool.clone();
+            std::thread::spawn(move || pool.trim().unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(50)); // the trim is in its first unmap
+        let b = pool
+            .allocate(8 * MIB as usize, 512, 2)
+            .expect("the ladder did not wait for the unmaps in flight");
+        let report = trimmer.join().unwrap();
+        assert_eq!((report.released_bytes, report.released_segments), (6 * MIB, 1));
+        let stats = pool.stats();
+        assert_eq!((stats.oom_ladders, stats.oom_errors, stats.reserved_bytes), (1, 0, 8 * MIB));
+        pool.free(b, 2).unwrap();
+        *pool.upstream().slow.lock() = Duration::ZERO;
+        assert_eq!(pool.trim().unwrap().released_bytes, 8 * MIB);
+        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
+        pool.validate().unwrap();
+    });
+}
