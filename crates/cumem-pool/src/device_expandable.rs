@@ -214,14 +214,19 @@ impl ExpandableUpstream for DeviceExpandable {
             return Err(UpstreamError::OutOfMemory);
         }
         let mut s = self.state.lock();
-        let Some((&base, range)) = s.ranges.range(..=addr).next_back() else {
+        // The whole range inside one reservation: `map` is safe, so a range past its end (or
+        // past the end of the address space) is an error, not an overflow or a panic.
+        let inside = s.ranges.range(..=addr).next_back().and_then(|(&base, range)| {
+            let end = addr.checked_add(bytes as u64)?;
+            (end <= base.checked_add(range.size() as u64)?).then(|| (base, end, range.clone()))
+        });
+        let Some((base, end, range)) = inside else {
             drop(s);
             self.defer(Deferred::MapOutside { addr, bytes });
             return Err(UpstreamError::Other(0));
         };
-        let range = range.clone();
         // Nothing is mapped here in the pool's books; a stray chunk is, in the driver's.
-        Self::unmap_strays(&mut s, addr, addr + bytes as u64).map_err(UpstreamError::Driver)?;
+        Self::unmap_strays(&mut s, addr, end).map_err(UpstreamError::Driver)?;
         let mut made = Vec::with_capacity(bytes / self.chunk);
         for offset in (0..bytes).step_by(self.chunk) {
             let at = (addr - base) as usize + offset;

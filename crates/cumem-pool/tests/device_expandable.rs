@@ -165,6 +165,34 @@ fn a_request_larger_than_the_device_is_refused_without_mapping_anything() {
 
 #[test]
 #[serial]
+fn a_map_past_a_reservation_or_the_address_space_is_an_error_not_a_panic() {
+    let Some(ctx) = vmm_ctx() else { return };
+    let pool = expandable_pool(&ctx);
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let buf = DeviceBuffer::<u8>::zeroed_in(&pool, &stream, MIB).unwrap();
+    let up = pool.pool().expandable().unwrap();
+    let c = up.chunk_bytes();
+    let (base, len) = pool.pool().segments()[0];
+    let ctl = testing::sim_control();
+    let maps = || ctl.as_ref().map(|ctl| ctl.calls_on_this_thread("cuMemMap"));
+    let before = maps();
+    // `map` is safe: ranges that wrap around the address space or run past the reservation the
+    // address lies in are refused before the driver is asked.
+    assert!(up.map(0u64.wrapping_sub(2 * c as u64), 4 * c).is_err());
+    assert!(up.map(base + up.reservation_bytes() as u64 - c as u64, 2 * c).is_err());
+    assert_eq!(maps(), before, "the driver was asked to map");
+    up.log_deferred();
+    // The pool is unharmed.
+    assert_eq!(pool.pool().segments(), vec![(base, len)]);
+    pool.pool().validate().unwrap();
+    let more = DeviceBuffer::<u8>::from_slice_in(&pool, &stream, &[7u8; 4096]).unwrap();
+    assert_eq!(more.to_vec().unwrap(), vec![7u8; 4096]);
+    drop((buf, more, pool, stream));
+    assert_clean();
+}
+
+#[test]
+#[serial]
 fn another_stream_gets_freed_memory_only_after_the_work_on_it() {
     let Some(ctx) = vmm_ctx() else { return };
     let pool = expandable_pool(&ctx);
