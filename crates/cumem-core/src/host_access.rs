@@ -496,6 +496,9 @@ impl HostAccess {
     /// 1. `ptr` points to `len` values that stay valid until the tracker is idle again.
     /// 2. `enqueue` queues work on `stream` only, and that work only reads, at most `len` values
     ///    from the pointer it is given.
+    /// 3. Nothing on the host writes the values (through a Rust reference or otherwise) until
+    ///    the tracker has waited for the reads ([`HostAccess::wait_idle`] or
+    ///    [`HostAccess::wait_idle_mut`]): the reads may still be running.
     pub unsafe fn device_read<T, R>(
         &self,
         stream: &Stream,
