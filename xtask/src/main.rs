@@ -127,6 +127,35 @@ fn ci() -> Result {
         "leak_check=1,schedule=reversed",
         &[],
     )?;
+    // The facade's optional `ipc` feature, which no workspace member turns on: its re-export,
+    // docs, and the facade test's imports under it are checked here or nowhere.
+    run(
+        "cargo clippy -p cumem --features ipc -D warnings",
+        cargo().args([
+            "clippy",
+            "-p",
+            "cumem",
+            "--features",
+            "ipc",
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    run(
+        "cargo doc -p cumem --features ipc -D warnings",
+        cargo()
+            .args(["doc", "-p", "cumem", "--features", "ipc", "--no-deps", "--locked"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    test_on_simulator(
+        "the facade's test with its ipc feature",
+        &["-p", "cumem", "--features", "ipc", "--test", "facade"],
+        "leak_check=1",
+        &[],
+    )?;
     // The caching pool's thread caches once more with fences on both sides, the mode of systems
     // without `membarrier` (chosen once per process, so a run of its own).
     test_on_simulator(

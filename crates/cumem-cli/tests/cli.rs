@@ -258,8 +258,11 @@ fn bench_quick_reports_every_kind_labelled_simulated() {
 #[test]
 fn bad_input_is_an_error_that_says_what() {
     let out = cumem(&["replay", "no/such/trace.csv"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/trace.csv"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // A typed error (exit status 1, the CLI's own line), not a panic (101) or a leak (86).
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cumem: error:") && stderr.contains("no/such/trace.csv"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 
     let bad = scratch("bad.csv");
     std::fs::write(&bad, "Thread,Time,Action,Pointer,Size,Stream\n1,0.5,resize,0x10,12,0x0\n").unwrap();

@@ -23,7 +23,8 @@ fn a_pitched_array_comes_from_the_caching_pool_and_goes_back_to_it() {
     let stream = stream();
     let device = stream.context().device();
     let Some(pool) = cumem_pool::current_caching(&device).unwrap() else {
-        return; // CUMEM_ALLOCATOR chose another default for this run
+        // Reported (and a failure on the simulator, where nothing is skipped), never silent.
+        return testing::skip("CUMEM_ALLOCATOR chose another default resource than the caching pool");
     };
     let before = pool.stats();
     let rows: Vec<u32> = (0..100 * 7).collect();
