@@ -318,9 +318,12 @@ impl Drop for InFlight<'_> {
 /// What [`release`](CachingPool::release) took out of the books of the expandable segments, for
 /// [`unmap_unlocked`](CachingPool::unmap_unlocked) to unmap and release with no lock held: whole
 /// free chunks, and reservations with nothing mapped. Each stretch of chunks counts as a free in
-/// flight from the moment it leaves the books until it is settled; whatever is dropped here
-/// unsettled (a panic on the way) stops counting, and its chunks stay out of the books, leaked, as
-/// [`InFlight`]'s segments.
+/// flight from the moment it leaves the books until it is settled. Whatever is dropped here
+/// unsettled (a panic on the way, the upstream's `unmap` panicking) stops counting: its chunks
+/// stay `leaving` (out of every free set, still marked mapped, so growth never maps there and
+/// the reservation is never taken for empty), and the pool's teardown unmaps them (a chunk the
+/// panicking call had already unmapped is then unmapped twice, which the upstream refuses); a
+/// reservation already taken out of the books is not released before the upstream is dropped.
 struct Unmapping<'a> {
     returning: &'a Returning,
     stretches: Vec<expandable::Stretch>,
@@ -1630,7 +1633,7 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
                 // (for a bounded time: an unmap may wait for this very thread), then grow once
                 // more, as a stream's growth does (no other arena's memory is joined: the locks
                 // were let go).
-                if out_of_memory
+                if (out_of_memory || no_address_space.is_some())
                     && self.returning.wait_for_frees(seen, self.config.oom_free_wait)
                     && let Some(block) = self.grow_expandable(up, to, stream, req)?
                 {
@@ -1949,12 +1952,19 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             let chunk = up.chunk_bytes() as u64;
             let empty =
                 expandable::settle(chunk, &mut segs, &mut guards, &unmapping.stretches, report, notes);
-            unmapping.empty.extend(empty);
             // Out of the returning bytes under the registry's lock, as what stayed mapped came
-            // back into `reserved_bytes` (a snapshot counts it in exactly one of the two).
-            for s in unmapping.stretches.drain(..) {
+            // back into `reserved_bytes` (a snapshot counts it in exactly one of the two); but
+            // the stretches of a reservation left empty only once it is released: a ladder
+            // waiting for them may need that address space to grow.
+            let (releasing, settled): (Vec<_>, Vec<_>) = unmapping
+                .stretches
+                .drain(..)
+                .partition(|s| empty.iter().any(|&(base, _)| base == s.seg_base()));
+            for s in settled {
                 self.returning.finish(s.ticket, s.unmapped_any());
             }
+            unmapping.stretches = releasing;
+            unmapping.empty.extend(empty);
             drop(segs);
             drop((guards, st));
         }
@@ -1964,6 +1974,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
             // cached range lies there, and growth can no longer map into it.
             unsafe { up.release(base, len as usize) };
             report.released_segments += 1;
+        }
+        // Wholly unmapped (their reservation was empty): nothing came back into `reserved_bytes`.
+        for s in unmapping.stretches.drain(..) {
+            self.returning.finish(s.ticket, s.unmapped_any());
         }
     }
 

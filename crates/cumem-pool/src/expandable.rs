@@ -485,6 +485,10 @@ pub(crate) struct Stretch {
 }
 
 impl Stretch {
+    /// The base of the segment (its reservation) the stretch lies in.
+    pub fn seg_base(&self) -> u64 {
+        self.seg.base
+    }
     /// Whether some chunk of it was unmapped.
     pub fn unmapped_any(&self) -> bool {
         self.bottom < self.hi
@@ -615,6 +619,9 @@ pub(crate) fn settle<S, G: DerefMut<Target = ArenaInner<S>>>(
                 g.set(s.kind).insert_uncounted(s.lo, s.bottom - s.lo, s.seg);
             }
             segs.reserved += s.bottom - s.lo;
+            // The bytes left `reserved_bytes` for the unlocked window, in which the peak may have
+            // been reset or the pool grown: back in, they may make a new peak.
+            segs.peak_reserved = segs.peak_reserved.max(segs.reserved);
         }
     }
     take_empty(segs)

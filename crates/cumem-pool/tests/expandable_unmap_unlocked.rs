@@ -8,6 +8,8 @@
 //! under a watchdog, since a lock held across the call hangs rather than fails. The device test
 //! holds a stream, so it is `#[serial]` and the others `#[parallel]`.
 
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -68,6 +70,7 @@ fn while_a_trim_unmaps<T: Send + 'static>(
     assert_eq!(pool.stats().reserved_bytes, 4 * c);
     drop(b); // the chunk [c, 2c) is whole and free; pieces of 3c/8 and 5c/8 around it
     let gate = gate::hold(&h);
+    let unmaps = testing::sim_control().map_or(0, |ctl| ctl.calls("cuMemUnmap"));
     let trimmer = {
         let (pool, ctx) = (pool.clone(), ctx.clone());
         std::thread::spawn(move || {
@@ -75,7 +78,11 @@ fn while_a_trim_unmaps<T: Send + 'static>(
             pool.trim().unwrap()
         })
     };
-    std::thread::sleep(Duration::from_millis(50)); // the trim is in its unmap, waiting for H
+    // The trim is in its unmap, waiting for H (the simulator counts a call as it starts).
+    match testing::sim_control() {
+        Some(ctl) => until("the trim's unmap started", || ctl.calls("cuMemUnmap") > unmaps),
+        None => std::thread::sleep(Duration::from_millis(50)),
+    }
     let (done, served) = mpsc::channel();
     let user = {
         let (pool, ctx, p) = (pool.clone(), ctx.clone(), p.clone());
@@ -161,6 +168,8 @@ struct Probing {
     pool: OnceLock<Weak<HostPool>>,
     seen: Mutex<Vec<Seen>>,
     slow: Mutex<Duration>,
+    /// Whether `unmap` resets the pool's peaks after reading it.
+    reset_peaks: AtomicBool,
 }
 
 impl Upstream for Probing {
@@ -194,6 +203,9 @@ impl ExpandableUpstream for Probing {
             let stats = pool.stats();
             let valid = pool.validate();
             self.seen.lock().push((stats.reserved_bytes, stats.returning_bytes, valid));
+            if self.reset_peaks.load(Relaxed) {
+                pool.reset_peaks();
+            }
         }
         std::thread::sleep(*self.slow.lock());
         // SAFETY: the caller's contract, forwarded to the model this upstream wraps.
@@ -208,14 +220,28 @@ impl ExpandableUpstream for Probing {
 // SAFETY: hands out its `HostUpstream`'s addresses only.
 unsafe impl HostModel for Probing {}
 
+/// Polls `cond` until it holds (a failure after 10 s): orders the test's threads without
+/// guessing how long another one takes to get somewhere.
+fn until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "{what}: not after 10 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn probing_pool(capacity: u64) -> Arc<HostPool> {
+    probing_pool_with(capacity, PoolConfig { expandable_segments: true, ..PoolConfig::default() })
+}
+
+fn probing_pool_with(capacity: u64, config: PoolConfig) -> Arc<HostPool> {
     let up = Probing {
         host: HostUpstream::new(capacity as usize),
         pool: OnceLock::new(),
         seen: Mutex::new(vec![]),
         slow: Mutex::new(Duration::ZERO),
+        reset_peaks: AtomicBool::new(false),
     };
-    let config = PoolConfig { expandable_segments: true, ..PoolConfig::default() };
     let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
     pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
     pool
@@ -275,7 +301,7 @@ fn the_out_of_memory_ladder_waits_for_another_threads_unmaps() {
             let pool = pool.clone();
             std::thread::spawn(move || pool.trim().unwrap())
         };
-        std::thread::sleep(Duration::from_millis(50)); // the trim is in its first unmap
+        until("the trim's first unmap started", || !pool.upstream().seen.lock().is_empty());
         let b = pool
             .allocate(8 * MIB as usize, 512, 2)
             .expect("the ladder did not wait for the unmaps in flight");
@@ -286,6 +312,71 @@ fn the_out_of_memory_ladder_waits_for_another_threads_unmaps() {
         pool.free(b, 2).unwrap();
         *pool.upstream().slow.lock() = Duration::ZERO;
         assert_eq!(pool.trim().unwrap().released_bytes, 8 * MIB);
+        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
+        pool.validate().unwrap();
+    });
+}
+
+#[test]
+#[parallel]
+fn a_ladder_out_of_address_space_waits_for_a_reservation_being_released() {
+    within_watchdog("a ladder waiting for a trim's release of a reservation", || {
+        // Address space for one 8 MiB reservation: stream 2's growth needs one of its own, which
+        // it gets once the trim has unmapped stream 1's chunks and released their reservation.
+        let reservation = 8 * MIB as usize;
+        let config = PoolConfig {
+            expandable_segments: true,
+            expandable_reservation_bytes: Some(reservation),
+            ..PoolConfig::default()
+        };
+        let pool = probing_pool_with(64 * MIB, config);
+        pool.upstream().host.limit_address_space(reservation as u64);
+        let a = pool.allocate(6 * MIB as usize, 512, 1).unwrap();
+        pool.free(a, 1).unwrap();
+        *pool.upstream().slow.lock() = Duration::from_millis(200);
+        let trimmer = {
+            let pool = pool.clone();
+            std::thread::spawn(move || pool.trim().unwrap())
+        };
+        until("the trim's first unmap started", || !pool.upstream().seen.lock().is_empty());
+        let b = pool
+            .allocate(2 * MIB as usize, 512, 2)
+            .expect("the ladder did not wait for the reservation being released");
+        let report = trimmer.join().unwrap();
+        assert_eq!((report.released_bytes, report.released_segments), (6 * MIB, 1));
+        let stats = pool.stats();
+        assert_eq!((stats.oom_errors, stats.reserved_bytes, stats.returning_bytes), (0, 2 * MIB, 0));
+        pool.free(b, 2).unwrap();
+        *pool.upstream().slow.lock() = Duration::ZERO;
+        pool.trim().unwrap();
+        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
+        pool.validate().unwrap();
+    });
+}
+
+#[test]
+#[parallel]
+fn chunks_whose_unmap_failed_come_back_under_the_peak() {
+    within_watchdog("a failed unmap after a peak reset", || {
+        let pool = probing_pool(64 * MIB);
+        let a = pool.allocate(6 * MIB as usize, 512, 1).unwrap();
+        pool.free(a, 1).unwrap();
+        // The first unmap (the top chunk) fails: all three chunks stay, cached, after a window in
+        // which they were out of `reserved_bytes` and the peaks were reset.
+        pool.upstream().host.fail_unmap(0, UpstreamError::Other(7));
+        pool.upstream().reset_peaks.store(true, Relaxed);
+        let report = pool.trim().unwrap();
+        assert_eq!(report.released_bytes, 0);
+        let stats = pool.stats();
+        assert_eq!((stats.reserved_bytes, stats.returning_bytes), (6 * MIB, 0));
+        assert!(
+            stats.peak_reserved_bytes >= stats.reserved_bytes,
+            "peak {} below reserved {}",
+            stats.peak_reserved_bytes,
+            stats.reserved_bytes
+        );
+        pool.upstream().reset_peaks.store(false, Relaxed);
+        assert_eq!(pool.trim().unwrap().released_bytes, 6 * MIB);
         assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
         pool.validate().unwrap();
     });
