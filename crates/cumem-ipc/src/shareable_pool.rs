@@ -148,9 +148,13 @@ impl ShareablePool {
         Ok(())
     }
 
-    /// The bytes that name `buf` for another process that imported this pool. `buf` must have
-    /// been allocated from this pool: a buffer of any other resource (another pool, cumem's
-    /// caching pool, `cuMemAlloc` memory) gives [`Error::InvalidValue`]. The importer may read as
+    /// The bytes that name `buf` for another process that imported this pool. `buf`'s memory
+    /// must come from this pool: a buffer of any other resource (another pool, cumem's caching
+    /// pool over another resource, `cuMemAlloc` memory) gives [`Error::InvalidValue`]. A block of
+    /// a caching pool over *this* pool is exported with the whole allocation (segment) it lies
+    /// in, as the driver exports it: the importer's mapping reaches the segment's other blocks
+    /// too, and a second block of that segment cannot be imported while the first import lives
+    /// (`AlreadyMapped`). The importer may read as
     /// soon as it imports: synchronise `buf.order()` (or record an
     /// [`IpcEvent`](crate::IpcEvent)) after writing and before sending.
     ///
