@@ -170,8 +170,12 @@ pub struct CachingPool<U: Upstream, O: Ordering> {
 /// keep it waiting), for at most [`PoolConfig::oom_free_wait`], and asks the upstream once more if
 /// a free returned memory since it asked: that memory is about to be back with the upstream (before frees were made with no
 /// lock held, the ladder would have waited for the locks instead). A ladder with expandable
-/// segments whose growth fails waits likewise for the unmaps in flight (each stretch of chunks
-/// taken out is a ticket), then grows once more; none waits when run from inside an upstream free.
+/// segments whose growth fails (out of memory or of address space) waits likewise for the unmaps
+/// in flight (each stretch of chunks taken out is a ticket; one whose reservation was left empty
+/// until that is released), then grows once more; none waits when run from inside an upstream
+/// free, unmap or release. An allocation that needs memory an unmap is returning for longer than
+/// the wait fails with out of memory (before unmaps were made with no lock held, it waited for
+/// the locks as long as the unmap took).
 #[derive(Default)]
 struct Returning {
     state: Mutex<ReturningState>,
@@ -191,9 +195,27 @@ struct ReturningState {
 }
 
 thread_local! {
-    /// How many `give_back`s (of any pool) this thread is inside: an upstream free that uses a
-    /// pool must not wait for the frees in flight, its own among them.
+    /// How many upstream frees and unmaps (`give_back`, `unmap_unlocked`, of any pool) this
+    /// thread is inside: an upstream call that uses a pool must not wait for the frees and unmaps
+    /// in flight, its own among them.
     static GIVING_BACK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// This thread is inside an upstream free or unmap (see `GIVING_BACK`) until dropped, even if
+/// the upstream panics.
+struct Giving;
+
+impl Giving {
+    fn enter() -> Self {
+        GIVING_BACK.with(|g| g.set(g.get() + 1));
+        Giving
+    }
+}
+
+impl Drop for Giving {
+    fn drop(&mut self) {
+        GIVING_BACK.with(|g| g.set(g.get() - 1));
+    }
 }
 
 impl Returning {
@@ -1945,6 +1967,8 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
         notes: &mut expandable::Notes,
     ) {
         let Some(up) = self.upstream.expandable() else { return };
+        // An upstream whose unmap or release uses this pool must not wait for these tickets.
+        let _giving = Giving::enter();
         if !unmapping.stretches.is_empty() {
             expandable::unmap_chunks(up, &mut unmapping.stretches, notes);
             let (st, mut guards) = self.lock_all();
@@ -1999,18 +2023,10 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// held: `cuMemFree` waits for the whole device, host functions included, and an upstream may
     /// run user code.
     fn give_back(&self, mut unlinked: InFlight<'_>) {
-        /// This thread is inside a `give_back` until dropped, even if the upstream panics.
-        struct Giving;
-        impl Drop for Giving {
-            fn drop(&mut self) {
-                GIVING_BACK.with(|g| g.set(g.get() - 1));
-            }
-        }
         if unlinked.segs.is_empty() {
             return;
         }
-        GIVING_BACK.with(|g| g.set(g.get() + 1));
-        let _giving = Giving;
+        let _giving = Giving::enter();
         while let Some(&(addr, len, ticket)) = unlinked.segs.get(unlinked.freed) {
             // SAFETY: `release` took this whole free segment (`allocate`d with `len` bytes: the
             // books keep the size it was added with) out of the arenas and the books, so nothing

@@ -91,7 +91,9 @@ pub struct PoolConfig {
     /// `Duration::MAX`, or any duration too long to add to the current `Instant`: no bound. With
     /// [expandable segments](crate::expandable), the ladder whose growth fails waits likewise for
     /// the unmaps of free chunks in flight (another thread's `trim`, release threshold or ladder:
-    /// they run with no lock held) and grows once more if one of them returned memory. Default 1 s.
+    /// they run with no lock held) and grows once more if one of them returned memory; an
+    /// allocation that needs memory such an unmap returns fails with out-of-memory if the unmap
+    /// takes longer than this. Default 1 s.
     pub oom_free_wait: Duration,
 }
 

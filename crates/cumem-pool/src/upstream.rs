@@ -110,11 +110,12 @@ pub trait Upstream: Send + Sync {
 ///    chunks it did not unmap stay mapped (and usable); the pool passes one chunk at a time where it
 ///    must know which, and keeps a chunk that failed mapped and cached.
 /// 5. `release(base, bytes)` receives exactly a reservation `reserve` returned, with nothing mapped.
-/// 6. No method, nor the owning [`Upstream::expandable`], calls into the pool it serves (allocates
-///    from it, frees into it, trims it, reads its statistics): the pool calls `reserve` and `map`
-///    (and `release` of a reservation it could not use) while holding its arena locks and its
-///    segment registry, so such a call would deadlock. (`unmap`, synchronous in the driver, and the
-///    `release` of a reservation left empty run with no lock of the pool held.)
+/// 6. No method but `unmap`, nor the owning [`Upstream::expandable`], calls into the pool it
+///    serves (allocates from it, frees into it, trims it, reads its statistics): the pool calls
+///    them while holding its arena locks and its segment registry (`release` too, for a
+///    reservation it could not use), so such a call would deadlock. `unmap`, synchronous in the
+///    driver, runs with no lock of the pool held and may use the pool (an allocation from there
+///    does not wait for the unmaps in flight, its caller's among them).
 ///
 /// [`unmap`](Self::unmap) and [`release`](Self::release) are `unsafe`: the first frees physical
 /// memory (nothing promises that work still queued on it finishes first), the second gives address space back

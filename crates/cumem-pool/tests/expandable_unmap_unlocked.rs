@@ -170,6 +170,10 @@ struct Probing {
     slow: Mutex<Duration>,
     /// Whether `unmap` resets the pool's peaks after reading it.
     reset_peaks: AtomicBool,
+    /// Bytes the next `unmap` allocates from the pool (on stream 2, freed at once), and what
+    /// that allocation answered.
+    allocate_in_unmap: Mutex<Option<usize>>,
+    allocated_in_unmap: Mutex<Vec<Result<(), cumem_pool::PoolError>>>,
 }
 
 impl Upstream for Probing {
@@ -206,6 +210,11 @@ impl ExpandableUpstream for Probing {
             if self.reset_peaks.load(Relaxed) {
                 pool.reset_peaks();
             }
+            let bytes = self.allocate_in_unmap.lock().take();
+            if let Some(bytes) = bytes {
+                let got = pool.allocate(bytes, 512, 2).map(|b| pool.free(b, 2).unwrap());
+                self.allocated_in_unmap.lock().push(got);
+            }
         }
         std::thread::sleep(*self.slow.lock());
         // SAFETY: the caller's contract, forwarded to the model this upstream wraps.
@@ -241,6 +250,8 @@ fn probing_pool_with(capacity: u64, config: PoolConfig) -> Arc<HostPool> {
         seen: Mutex::new(vec![]),
         slow: Mutex::new(Duration::ZERO),
         reset_peaks: AtomicBool::new(false),
+        allocate_in_unmap: Mutex::new(None),
+        allocated_in_unmap: Mutex::new(vec![]),
     };
     let pool = Arc::new(CachingPool::new(up, HostOrdering::new(), config));
     pool.upstream().pool.set(Arc::downgrade(&pool)).unwrap();
@@ -293,7 +304,9 @@ fn the_out_of_memory_ladder_waits_for_another_threads_unmaps() {
     within_watchdog("a ladder waiting for a trim's unmaps", || {
         // Room for 8 MiB: stream 2's 8 MiB need stream 1's 6 MiB, which a trim is unmapping,
         // slowly, with no lock held.
-        let pool = probing_pool(8 * MIB);
+        let config =
+            PoolConfig { expandable_segments: true, oom_free_wait: Duration::MAX, ..PoolConfig::default() };
+        let pool = probing_pool_with(8 * MIB, config);
         let a = pool.allocate(6 * MIB as usize, 512, 1).unwrap();
         pool.free(a, 1).unwrap();
         *pool.upstream().slow.lock() = Duration::from_millis(200);
@@ -327,6 +340,7 @@ fn a_ladder_out_of_address_space_waits_for_a_reservation_being_released() {
         let config = PoolConfig {
             expandable_segments: true,
             expandable_reservation_bytes: Some(reservation),
+            oom_free_wait: Duration::MAX,
             ..PoolConfig::default()
         };
         let pool = probing_pool_with(64 * MIB, config);
@@ -377,6 +391,32 @@ fn chunks_whose_unmap_failed_come_back_under_the_peak() {
         );
         pool.upstream().reset_peaks.store(false, Relaxed);
         assert_eq!(pool.trim().unwrap().released_bytes, 6 * MIB);
+        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
+        pool.validate().unwrap();
+    });
+}
+
+#[test]
+#[parallel]
+fn an_allocation_from_inside_an_unmap_does_not_wait_for_that_unmap() {
+    within_watchdog("a ladder inside an unmap", || {
+        // Room for 8 MiB, 6 of them cached on stream 1 and being unmapped: the upstream's unmap
+        // asks for 4 MiB on stream 2, which only those chunks could give. Its ladder must not wait
+        // for the unmap in flight (its own caller's): with no bound on the wait, it would hang.
+        let config =
+            PoolConfig { expandable_segments: true, oom_free_wait: Duration::MAX, ..PoolConfig::default() };
+        let pool = probing_pool_with(8 * MIB, config);
+        let a = pool.allocate(6 * MIB as usize, 512, 1).unwrap();
+        pool.free(a, 1).unwrap();
+        *pool.upstream().allocate_in_unmap.lock() = Some(4 * MIB as usize);
+        let report = pool.trim().unwrap();
+        assert_eq!(report.released_bytes, 6 * MIB);
+        let answers = std::mem::take(&mut *pool.upstream().allocated_in_unmap.lock());
+        assert!(
+            matches!(answers.as_slice(), [Err(cumem_pool::PoolError::OutOfMemory { .. })]),
+            "{answers:?}"
+        );
+        pool.trim().unwrap();
         assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
         pool.validate().unwrap();
     });
