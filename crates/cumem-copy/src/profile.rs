@@ -390,6 +390,9 @@ impl Profiler {
         state.pending.extend(newer);
         waited?;
         fold(&mut state)?;
+        // The threshold a backlog raised is for that backlog: after the report's fold, back to
+        // what the copies still pending call for.
+        state.fold_at = FOLD_AT.max(2 * state.pending.len());
         Ok(state.report.clone())
     }
 

@@ -226,6 +226,39 @@ fn a_copy_held_on_one_stream_does_not_keep_every_later_copy_pending() {
 
 #[test]
 #[serial] // holds a gate
+fn after_a_backlog_and_a_report_completed_copies_are_folded_again_past_1024() {
+    let (ctx, held) = setup();
+    let other = Stream::non_blocking(&ctx).unwrap();
+    let mut on_held = DeviceBuffer::<u8>::zeroed(&held, 64).unwrap();
+    let mut on_other = DeviceBuffer::<u8>::zeroed(&other, 64).unwrap();
+    held.synchronize().unwrap();
+    other.synchronize().unwrap();
+    let profiler = Profiler::new();
+    let observing = profiler.observe_all();
+    // A backlog: 3,000 copies genuinely in flight raise the fold threshold past 4,000.
+    let gate = common::hold(&held);
+    for i in 0..3000 {
+        held.memset_d8(&mut on_held, i as u8).unwrap();
+    }
+    gate.release();
+    assert_eq!(profiler.report().unwrap().total(CopyKind::Memset).count, 3000);
+    // Then copies that complete: past 1,024 pending, every completed one is folded in again.
+    let mut most_pending = 0;
+    for i in 0..2000 {
+        other.memset_d8(&mut on_other, i as u8).unwrap();
+        if i % 100 == 99 {
+            other.synchronize().unwrap();
+        }
+        most_pending = most_pending.max(profiler.pending_copies());
+    }
+    assert!(most_pending <= 1025, "{most_pending} copies pending at once");
+    drop(observing);
+    assert_eq!(profiler.report().unwrap().total(CopyKind::Memset).count, 5000);
+    assert_eq!(profiler.pending_copies(), 0);
+}
+
+#[test]
+#[serial] // holds a gate
 fn a_report_waiting_for_a_held_copy_does_not_block_copies_on_other_streams() {
     let (ctx, held) = setup();
     let other = Stream::non_blocking(&ctx).unwrap();
