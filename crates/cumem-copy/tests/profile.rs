@@ -190,6 +190,20 @@ fn observing_one_devices_legacy_stream_does_not_count_another_devices_copies() {
     assert_eq!((h2d.count, h2d.bytes), (1, 100), "device 1's copy was counted");
 }
 
+/// Queues `n` observed memsets on `stream`, at most 100 in flight (a synchronisation every 100),
+/// and returns the most copies `profiler` had pending at once.
+fn most_pending_over(profiler: &Profiler, stream: &Stream, buf: &mut DeviceBuffer<u8>, n: usize) -> usize {
+    let mut most_pending = 0;
+    for i in 0..n {
+        stream.memset_d8(buf, i as u8).unwrap();
+        if i % 100 == 99 {
+            stream.synchronize().unwrap();
+        }
+        most_pending = most_pending.max(profiler.pending_copies());
+    }
+    most_pending
+}
+
 #[test]
 #[serial] // holds a gate, and a global observer counts every copy of the process
 fn a_copy_held_on_one_stream_does_not_keep_every_later_copy_pending() {
@@ -204,14 +218,7 @@ fn a_copy_held_on_one_stream_does_not_keep_every_later_copy_pending() {
     let observing = profiler.observe_all();
     let gate = common::hold(&held);
     held.copy_h2d(&host, &mut on_held).unwrap(); // stays queued until the gate opens
-    let mut most_pending = 0;
-    for i in 0..3000 {
-        other.memset_d8(&mut on_other, i as u8).unwrap();
-        if i % 100 == 99 {
-            other.synchronize().unwrap();
-        }
-        most_pending = most_pending.max(profiler.pending_copies());
-    }
+    let most_pending = most_pending_over(&profiler, &other, &mut on_other, 3000);
     // At most 100 copies on `other` and the held one are in flight at any time: once more than
     // 1024 are pending, every completed one is folded in and its events pooled again.
     assert!(most_pending <= 1025, "{most_pending} copies pending at once");
@@ -243,14 +250,7 @@ fn after_a_backlog_and_a_report_completed_copies_are_folded_again_past_1024() {
     gate.release();
     assert_eq!(profiler.report().unwrap().total(CopyKind::Memset).count, 3000);
     // Then copies that complete: past 1,024 pending, every completed one is folded in again.
-    let mut most_pending = 0;
-    for i in 0..2000 {
-        other.memset_d8(&mut on_other, i as u8).unwrap();
-        if i % 100 == 99 {
-            other.synchronize().unwrap();
-        }
-        most_pending = most_pending.max(profiler.pending_copies());
-    }
+    let most_pending = most_pending_over(&profiler, &other, &mut on_other, 2000);
     assert!(most_pending <= 1025, "{most_pending} copies pending at once");
     drop(observing);
     assert_eq!(profiler.report().unwrap().total(CopyKind::Memset).count, 5000);

@@ -239,6 +239,30 @@ fn until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
+/// Trims `pool` on another thread, 200 ms per unmapped chunk, and meanwhile, once the first
+/// unmap started, asks for `bytes` on stream 2 (`what` says what failing means): the block and the
+/// trim's report.
+fn allocate_during_a_slow_trim(
+    pool: &Arc<HostPool>,
+    bytes: usize,
+    what: &str,
+) -> (cumem_pool::Block, TrimReport) {
+    *pool.upstream().slow.lock() = Duration::from_millis(200);
+    let trimmer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.trim().unwrap())
+    };
+    until("the trim's first unmap started", || !pool.upstream().seen.lock().is_empty());
+    let b = pool.allocate(bytes, 512, 2).expect(what);
+    (b, trimmer.join().unwrap())
+}
+
+/// The host model saw no misuse, and the pool's books are consistent.
+fn assert_model_clean(pool: &HostPool) {
+    assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
+    pool.validate().unwrap();
+}
+
 fn probing_pool(capacity: u64) -> Arc<HostPool> {
     probing_pool_with(capacity, PoolConfig { expandable_segments: true, ..PoolConfig::default() })
 }
@@ -273,8 +297,7 @@ fn trim_unmaps_with_the_chunks_out_of_the_books_and_no_lock_held() {
         let stats = pool.stats();
         assert_eq!((stats.reserved_bytes, stats.returning_bytes, stats.upstream_frees), (0, 0, 3));
         assert_eq!((pool.upstream().host.live_bytes(), pool.upstream().host.reservations().len()), (0, 0));
-        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
-        pool.validate().unwrap();
+        assert_model_clean(&pool);
     });
 }
 
@@ -293,8 +316,7 @@ fn the_out_of_memory_ladder_unmaps_with_no_lock_held() {
         assert_eq!(seen, vec![(0, 6 * MIB, Ok(())); 3]);
         pool.free(b, 2).unwrap();
         assert_eq!(pool.trim().unwrap().released_bytes, 8 * MIB);
-        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
-        pool.validate().unwrap();
+        assert_model_clean(&pool);
     });
 }
 
@@ -309,24 +331,18 @@ fn the_out_of_memory_ladder_waits_for_another_threads_unmaps() {
         let pool = probing_pool_with(8 * MIB, config);
         let a = pool.allocate(6 * MIB as usize, 512, 1).unwrap();
         pool.free(a, 1).unwrap();
-        *pool.upstream().slow.lock() = Duration::from_millis(200);
-        let trimmer = {
-            let pool = pool.clone();
-            std::thread::spawn(move || pool.trim().unwrap())
-        };
-        until("the trim's first unmap started", || !pool.upstream().seen.lock().is_empty());
-        let b = pool
-            .allocate(8 * MIB as usize, 512, 2)
-            .expect("the ladder did not wait for the unmaps in flight");
-        let report = trimmer.join().unwrap();
+        let (b, report) = allocate_during_a_slow_trim(
+            &pool,
+            8 * MIB as usize,
+            "the ladder did not wait for the unmaps in flight",
+        );
         assert_eq!((report.released_bytes, report.released_segments), (6 * MIB, 1));
         let stats = pool.stats();
         assert_eq!((stats.oom_ladders, stats.oom_errors, stats.reserved_bytes), (1, 0, 8 * MIB));
         pool.free(b, 2).unwrap();
         *pool.upstream().slow.lock() = Duration::ZERO;
         assert_eq!(pool.trim().unwrap().released_bytes, 8 * MIB);
-        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
-        pool.validate().unwrap();
+        assert_model_clean(&pool);
     });
 }
 
@@ -347,24 +363,18 @@ fn a_ladder_out_of_address_space_waits_for_a_reservation_being_released() {
         pool.upstream().host.limit_address_space(reservation as u64);
         let a = pool.allocate(6 * MIB as usize, 512, 1).unwrap();
         pool.free(a, 1).unwrap();
-        *pool.upstream().slow.lock() = Duration::from_millis(200);
-        let trimmer = {
-            let pool = pool.clone();
-            std::thread::spawn(move || pool.trim().unwrap())
-        };
-        until("the trim's first unmap started", || !pool.upstream().seen.lock().is_empty());
-        let b = pool
-            .allocate(2 * MIB as usize, 512, 2)
-            .expect("the ladder did not wait for the reservation being released");
-        let report = trimmer.join().unwrap();
+        let (b, report) = allocate_during_a_slow_trim(
+            &pool,
+            2 * MIB as usize,
+            "the ladder did not wait for the reservation being released",
+        );
         assert_eq!((report.released_bytes, report.released_segments), (6 * MIB, 1));
         let stats = pool.stats();
         assert_eq!((stats.oom_errors, stats.reserved_bytes, stats.returning_bytes), (0, 2 * MIB, 0));
         pool.free(b, 2).unwrap();
         *pool.upstream().slow.lock() = Duration::ZERO;
         pool.trim().unwrap();
-        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
-        pool.validate().unwrap();
+        assert_model_clean(&pool);
     });
 }
 
@@ -391,8 +401,7 @@ fn chunks_whose_unmap_failed_come_back_under_the_peak() {
         );
         pool.upstream().reset_peaks.store(false, Relaxed);
         assert_eq!(pool.trim().unwrap().released_bytes, 6 * MIB);
-        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
-        pool.validate().unwrap();
+        assert_model_clean(&pool);
     });
 }
 
@@ -417,7 +426,6 @@ fn an_allocation_from_inside_an_unmap_does_not_wait_for_that_unmap() {
             "{answers:?}"
         );
         pool.trim().unwrap();
-        assert!(pool.upstream().host.violations().is_empty(), "{:?}", pool.upstream().host.violations());
-        pool.validate().unwrap();
+        assert_model_clean(&pool);
     });
 }
