@@ -18,7 +18,7 @@ use cumem_sys::testing;
 use serial_test::serial;
 
 mod common;
-use common::fails_once_on_this_thread;
+use common::{assert_sim_clean as assert_clean, fails_once_on_this_thread};
 
 const MIB: usize = 1 << 20;
 
@@ -48,15 +48,6 @@ fn expandable_pool(ctx: &Context) -> Arc<CachingResource> {
 /// The device's chunk: the recommended granularity (what the pool maps).
 fn chunk(ctx: &Context) -> u64 {
     cumem_vmm::Granularity::of(ctx.device()).unwrap().recommended as u64
-}
-
-/// On the simulator: no violation, and nothing of the pool's left alive.
-fn assert_clean() {
-    if let Some(ctl) = testing::sim_control() {
-        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
-        let report = ctl.live_report();
-        assert!(report.is_clean(), "{report}");
-    }
 }
 
 #[test]

@@ -17,7 +17,10 @@ use cumem_sys::sim_control::FaultRule;
 use cumem_sys::testing;
 use serial_test::serial;
 
+mod common;
 mod gate;
+
+use common::assert_sim_clean as assert_clean;
 
 /// Streams run late enough that a missing wait shows.
 fn vmm_ctx() -> Option<Context> {
@@ -67,15 +70,6 @@ fn sim_mappings(lo: u64, hi: u64) -> Option<Vec<(u64, u64)>> {
         report.mappings.iter().filter(|m| m.ptr >= lo && m.ptr < hi).map(|m| (m.ptr - lo, m.bytes)).collect();
     out.sort_unstable();
     Some(out)
-}
-
-/// On the simulator: no violation, and nothing of the pool's left alive.
-fn assert_clean() {
-    if let Some(ctl) = testing::sim_control() {
-        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
-        let report = ctl.live_report();
-        assert!(report.is_clean(), "{report}");
-    }
 }
 
 #[test]

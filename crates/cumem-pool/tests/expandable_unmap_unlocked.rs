@@ -103,11 +103,7 @@ fn while_a_trim_unmaps<T: Send + 'static>(
     pool.trim().unwrap();
     assert_eq!(pool.stats().reserved_bytes, 0);
     drop((pool, p, h));
-    if let Some(ctl) = testing::sim_control() {
-        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
-        let report = ctl.live_report();
-        assert!(report.is_clean(), "{report}");
-    }
+    common::assert_sim_clean();
 }
 
 #[test]

@@ -14,6 +14,15 @@ use cumem_pool::{
 };
 use parking_lot::Mutex;
 
+/// On the simulator: no violation was logged, and nothing is left alive (the live report).
+pub fn assert_sim_clean() {
+    if let Some(ctl) = cumem_sys::testing::sim_control() {
+        assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+        let report = ctl.live_report();
+        assert!(report.is_clean(), "{report}");
+    }
+}
+
 /// An upstream whose memory is [`HostUpstream`]'s model: addresses with no memory behind them.
 ///
 /// # Safety
