@@ -238,22 +238,40 @@ fn after_a_backlog_and_a_report_completed_copies_are_folded_again_past_1024() {
     let other = Stream::non_blocking(&ctx).unwrap();
     let mut on_held = DeviceBuffer::<u8>::zeroed(&held, 64).unwrap();
     let mut on_other = DeviceBuffer::<u8>::zeroed(&other, 64).unwrap();
+    // Eleven more streams to hold (see below), each with a buffer.
+    let mut more: Vec<(Stream, DeviceBuffer<u8>)> = (1..12)
+        .map(|_| {
+            let s = Stream::non_blocking(&ctx).unwrap();
+            let buf = DeviceBuffer::<u8>::zeroed(&s, 64).unwrap();
+            s.synchronize().unwrap();
+            (s, buf)
+        })
+        .collect();
     held.synchronize().unwrap();
     other.synchronize().unwrap();
     let profiler = Profiler::new();
     let observing = profiler.observe_all();
-    // A backlog: 3,000 copies genuinely in flight raise the fold threshold past 4,000.
-    let gate = common::hold(&held);
-    for i in 0..3000 {
-        held.memset_d8(&mut on_held, i as u8).unwrap();
+    // A backlog: 1,200 copies genuinely in flight raise the fold threshold past 2,000. They are
+    // spread over 12 held streams: a GPU queues only so much work on one stream before the call
+    // that queues more blocks until the stream moves (an H100 blocked 3,000 memsets with their
+    // events on one held stream).
+    let mut gates = vec![common::hold(&held)];
+    for _ in 0..100 {
+        held.memset_d8(&mut on_held, 1).unwrap();
     }
-    gate.release();
-    assert_eq!(profiler.report().unwrap().total(CopyKind::Memset).count, 3000);
+    for (s, buf) in &mut more {
+        gates.push(common::hold(s));
+        for _ in 0..100 {
+            s.memset_d8(buf, 1).unwrap();
+        }
+    }
+    gates.into_iter().for_each(common::Gate::release);
+    assert_eq!(profiler.report().unwrap().total(CopyKind::Memset).count, 1200);
     // Then copies that complete: past 1,024 pending, every completed one is folded in again.
     let most_pending = most_pending_over(&profiler, &other, &mut on_other, 2000);
     assert!(most_pending <= 1025, "{most_pending} copies pending at once");
     drop(observing);
-    assert_eq!(profiler.report().unwrap().total(CopyKind::Memset).count, 5000);
+    assert_eq!(profiler.report().unwrap().total(CopyKind::Memset).count, 3200);
     assert_eq!(profiler.pending_copies(), 0);
 }
 
