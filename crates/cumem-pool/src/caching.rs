@@ -140,8 +140,9 @@ pub struct TrimReport {
 /// and the [`ExpandableUpstream`]'s `reserve` and `map` (and `release` of a reservation growth
 /// could not use), the driver's own calls (such an upstream must not call into the pool, see its
 /// contract). Its `unmap` and the `release` of a reservation left empty run with no lock held, as
-/// segment frees do: the driver brief lists `cuMemUnmap` as synchronous (the simulator drains
-/// every device's work for it, as for `cuMemFree`). The chunks are taken out of the arenas and
+/// segment frees do: the driver brief lists `cuMemUnmap` as synchronous (an H100's waits for no
+/// unrelated stream, observed on 2026-11-24, but an upstream's `unmap` may take long and may use
+/// the pool). The chunks are taken out of the arenas and
 /// the books first, under the locks after the synchronisation, and recorded as unmapped under
 /// the locks taken again afterwards.
 pub struct CachingPool<U: Upstream, O: Ordering> {
@@ -1958,8 +1959,9 @@ impl<U: Upstream, O: Ordering> CachingPool<U, O> {
     /// records the gaps (a chunk whose unmap failed goes back to the cache, as it was) and takes the
     /// reservations left empty out of the books; releases those with the locks let go again. Adds
     /// what it unmapped and released to `report`. Call with no lock held: the driver brief lists
-    /// `cuMemUnmap` as synchronous (the simulator drains every device's work for it, as for
-    /// `cuMemFree`), and a host function may use the pool.
+    /// `cuMemUnmap` as synchronous (an H100's waits for no unrelated stream, observed on
+    /// 2026-11-24, but an upstream's `unmap` may take long), and the upstream's `unmap` may use the
+    /// pool.
     fn unmap_unlocked(
         &self,
         mut unmapping: Unmapping<'_>,

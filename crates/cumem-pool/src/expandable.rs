@@ -21,9 +21,9 @@
 //! a time: a chunk whose unmap fails stays mapped, counted and cached. A reservation with nothing
 //! mapped goes back. Unmapping happens only after `ordering.synchronize()` returned following every
 //! free in the chunk, and with no lock of the pool held, as segments go back: the driver brief
-//! (§9) lists `cuMemUnmap` as synchronous, and the simulator drains every device's queued work for
-//! it, as for `cuMemFree`, so an unmap may wait for a stream the pool never used, or for a host
-//! function that uses the pool. Under the locks the chunks are taken out of the free sets (and out
+//! (§9) lists `cuMemUnmap` as synchronous (an H100's waits for no unrelated stream, observed on
+//! 2026-11-24, but nothing bounds how long it takes), and an upstream's `unmap` may take long or
+//! use the pool itself. Under the locks the chunks are taken out of the free sets (and out
 //! of `reserved_bytes`, into `returning_bytes`) but stay mapped in the books, so that growth never
 //! maps over them; once they are unmapped the locks are taken again to record the gaps (a chunk
 //! whose unmap failed goes back to the cache) and take the reservations left empty out of the
@@ -568,8 +568,9 @@ fn owner_arena<S, G: Deref<Target = ArenaInner<S>>>(
 /// Unmaps the stretches [`take_chunks`] took, each from the top down, one chunk at a time, so that
 /// a failed unmap leaves a known part mapped: that chunk and those below it in the stretch are
 /// still memory, which [`settle`] puts back, mapped, counted and cached. Call with no lock of the
-/// pool held: the driver brief lists `cuMemUnmap` as synchronous (the simulator drains every
-/// device's work for it, as for `cuMemFree`), and a host function may use the pool.
+/// pool held: the driver brief lists `cuMemUnmap` as synchronous (an H100's waits for no
+/// unrelated stream, observed on 2026-11-24, but an upstream's `unmap` may take long), and the
+/// upstream's `unmap` may use the pool.
 pub(crate) fn unmap_chunks(up: &dyn ExpandableUpstream, stretches: &mut [Stretch], notes: &mut Notes) {
     let chunk = up.chunk_bytes() as u64;
     for s in stretches {

@@ -160,8 +160,9 @@ pub trait ExpandableUpstream: Send + Sync {
     /// [`UpstreamError::OutOfMemory`] when the memory is exhausted, any other error as is.
     fn map(&self, addr: u64, bytes: usize) -> Result<(), UpstreamError>;
     /// Unmaps `[addr, addr + bytes)` and frees its physical memory. Nothing promises that work
-    /// still queued on it finishes first (the driver brief lists `cuMemUnmap` as synchronous, and
-    /// the simulator drains the devices for it, but it is not documented to wait for that work).
+    /// still queued on it finishes first (the driver brief lists `cuMemUnmap` as synchronous, but
+    /// it is not documented to wait for that work; an H100's waits for no unrelated stream, and the
+    /// simulator reports work still queued over the chunks as a misuse).
     ///
     /// # Errors
     /// The driver's error when a chunk could not be unmapped: it stays mapped.

@@ -110,6 +110,10 @@ fn use_after_free(api: &'static str, tid: u64, a: &Allocation, how: &Freed) -> V
              dependency making the free wait for it) completed; the bytes may already belong to a \
              new allocation"
         ),
+        Freed::AtCall { api: by } if a.kind == AllocKind::Vmm => format!(
+            "{what} [{base:#x}, +{bytes}) used after its free: {by} unmapped it while this operation \
+             was still queued (a GPU faults); no bytes were moved"
+        ),
         Freed::AtCall { api: by } => format!(
             "{what} [{base:#x}, +{bytes}) used after its free: {by} released it while this operation \
              was still queued; the bytes may already belong to a new allocation"
@@ -120,6 +124,25 @@ fn use_after_free(api: &'static str, tid: u64, a: &Allocation, how: &Freed) -> V
         code: cudarc::driver::sys::CUresult::CUDA_SUCCESS as u32,
         code_name: crate::errors::name_str(cudarc::driver::sys::CUresult::CUDA_SUCCESS).to_string(),
         message,
+        os_tid: tid,
+    }
+}
+
+/// The violation for an operation enqueued by `api` on thread `tid` that runs on from a live
+/// mapping into VMM addresses unmapped while it was queued (an operation that touches an unmapped
+/// mapping itself is a use after free: [`use_after_free`]). Its bytes are not moved.
+fn use_after_unmap(api: &'static str, tid: u64, work: &Work) -> Violation {
+    let spans: Vec<String> = work.spans().iter().map(|(addr, len)| format!("[{addr:#x}, +{len})")).collect();
+    let ok = cudarc::driver::sys::CUresult::CUDA_SUCCESS;
+    Violation {
+        function: api.to_string(),
+        code: ok as u32,
+        code_name: crate::errors::name_str(ok).to_string(),
+        message: format!(
+            "device memory (VMM mapping) {} used after cuMemUnmap: part of it was unmapped while \
+             this operation was still queued (a GPU faults); no bytes were moved",
+            spans.join(", ")
+        ),
         os_tid: tid,
     }
 }
@@ -262,17 +285,29 @@ fn take_batch(st: &mut State, now: Instant, sid: u64) -> (Vec<Taken>, Vec<String
 
 /// Moves the bytes of a batch's operations, in order, with the state lock released (printing
 /// `notes` meanwhile), then marks their streams idle.
+///
+/// An operation that reaches unmapped VMM memory (queued before the unmap) moves nothing: the host
+/// view has no pages there any more. Decided here, with the lock held; an unmap of anything the
+/// batch spans waits for the batch (`crate::vmm::unmap`), so the answer holds while the bytes move.
 fn run_batch(g: &mut MutexGuard<'_, State>, batch: Vec<Taken>, notes: Vec<String>) {
     let mut done: Vec<u64> = batch.iter().map(|t| t.sid).collect();
     done.sort_unstable();
     done.dedup();
+    let unmapped: Vec<bool> = batch.iter().map(|t| crate::vmm::reaches_unmapped(g, &t.work)).collect();
     MutexGuard::unlocked(g, || {
         notes.iter().for_each(crate::ipc::event::say);
-        for Taken { api, tid, work, .. } in batch {
-            // A panic here would kill the engine and hang every waiter; contain it.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(&work)));
-            // The bytes have moved. A free that took effect before this point was not ordered
-            // after the operation: report the use after free.
+        for (Taken { api, tid, work, .. }, unmapped) in batch.into_iter().zip(unmapped) {
+            if unmapped {
+                // An unmapped mapping it touches is reported as a use after free below.
+                if !work.touched().iter().any(|a| a.kind == AllocKind::Vmm && a.freed.get().is_some()) {
+                    violation::record(use_after_unmap(api, tid, &work));
+                }
+            } else {
+                // A panic here would kill the engine and hang every waiter; contain it.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(&work)));
+            }
+            // The bytes have moved (or, unmapped, could not). A free that took effect before this
+            // point was not ordered after the operation: report the use after free.
             for a in work.touched() {
                 if let Some(how) = a.freed.get() {
                     violation::record(use_after_free(api, tid, a, how));
@@ -377,6 +412,8 @@ fn engine_loop() {
             }
             // Taken above in a batch; alone, it runs as a batch of one.
             work @ (Work::Copy { .. } | Work::Fill { .. } | Work::Rows { .. } | Work::FillRows { .. }) => {
+                // Found by unmaps, as a batch's operations are (see `take_batch`).
+                g.in_flight.push((sid, op.api, work.spans()));
                 run_batch(
                     &mut g,
                     vec![Taken { sid, seq: op.seq, api: op.api, tid: op.tid, work }],

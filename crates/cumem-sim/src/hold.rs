@@ -15,8 +15,11 @@
 //! `cuMemAllocPitch`, `cuMemAllocManaged`, `cuMemHostAlloc`): §17's rule is "calls that queue work
 //! or allocate". Not gated, as observed or as the documentation gives no reason to: queries and
 //! synchronisations, stream and event destruction, `cuMemHostRegister`, the stream-ordered
-//! allocator (`cuMemAllocAsync` observed; `cuMemFreeAsync` unobserved, kept with it), and the
-//! implicitly synchronising calls themselves (each drains on its own). An asynchronous copy between
+//! allocator (`cuMemAllocAsync` observed; `cuMemFreeAsync` unobserved, kept with it), the VMM
+//! calls (`cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`,
+//! `cuMemRelease` observed on an H100, 2026-11-24, to return at once; none of them drains or holds
+//! a device either: `crate::vmm`), and the implicitly synchronising calls themselves (each drains
+//! on its own). An asynchronous copy between
 //! two host memories waits for its own stream's earlier work (`crate::copy`, observed) without
 //! holding the device: it is gated like any copy, but nothing observed says that other threads'
 //! calls wait for it, and it waits for one stream, not the device.

@@ -10,7 +10,7 @@
 mod common;
 
 use std::ffi::c_void;
-use std::sync::mpsc::{Receiver, TryRecvError, channel};
+use std::sync::mpsc::TryRecvError;
 use std::time::Duration;
 
 use common::*;
@@ -22,16 +22,6 @@ const PAUSE: Duration = Duration::from_millis(400);
 /// How long a call may take to return once nothing holds it: only reached when the simulator is
 /// wrong, which then fails instead of hanging.
 const LIMIT: Duration = Duration::from_secs(20);
-
-/// Runs `f` on a new thread with device 0's primary context current.
-fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Receiver<T> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        bind(0);
-        let _ = tx.send(f());
-    });
-    rx
-}
 
 extern "C" fn nothing(_: *mut c_void) {}
 

@@ -911,12 +911,11 @@ fn unmapping_or_taking_access_away_under_queued_work_is_reported() {
     rw(va, G);
     rw(other, G);
     let s = stream(0);
-    let gate = std::sync::Arc::new(Gate::block(s));
+    let gate = Gate::block(s);
     // SAFETY: plain FFI call on mapped, writable memory; it waits behind the gate.
     ok(unsafe { cu::cuMemsetD8Async(va + 4096, 7, 128, s) });
 
-    // Work queued over other memory is no reason to report (the simulator's cuMemUnmap drains
-    // every stream, the gated one too, so only access is changed there).
+    // Work queued over other memory is no reason to report.
     ok(set_access(other, G, 0, cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ));
     // Raising access does not disturb the memset either.
     rw(va, G);
@@ -927,20 +926,21 @@ fn unmapping_or_taking_access_away_under_queued_work_is_reported() {
     assert_eq!(faults("cuMemSetAccess"), 1);
     rw(va, G);
 
-    // A GPU's cuMemUnmap does not wait for the memset: it would fault. The simulator still lets it
-    // finish before unmapping, so the opener releases the gate while cuMemUnmap waits.
-    let opener = {
-        let gate = std::sync::Arc::clone(&gate);
-        std::thread::spawn(move || {
-            settle();
-            gate.open();
-        })
-    };
+    // A GPU's cuMemUnmap does not wait for the memset, which faults when it runs: the unmap returns
+    // with the gate still closed, and the memset, once it runs, moves nothing and is reported.
     ok(unmap(va, G));
-    opener.join().unwrap();
     assert_eq!(faults("cuMemUnmap"), 1);
+    gate.open();
     // SAFETY: plain FFI call.
     ok(unsafe { cu::cuStreamSynchronize(s) });
+    let ran = ctl.violations_on_this_thread();
+    assert_eq!(
+        ran.iter()
+            .filter(|v| v.function == "cuMemsetD8Async" && v.message.contains("used after its free"))
+            .count(),
+        1,
+        "{ran:?}"
+    );
     destroy(s);
     ok(unmap(other, G));
     assert_eq!(faults("cuMemUnmap"), 1, "nothing was queued over the other mapping");

@@ -2,10 +2,10 @@
 //!
 //! Mapping puts the physical allocation's memory file into its device's host view at the
 //! mapping's place and registers an allocation of kind `Vmm` for it (with no access until
-//! `cuMemSetAccess`). Unmapping first lets the queued work of every device finish (it may still
-//! move bytes through the mapping, and the host view must not lose its pages under it), then puts
-//! `PROT_NONE` back. A GPU does not wait: queued work over the mapping is reported as a violation
-//! first (see `pending`).
+//! `cuMemSetAccess`). Unmapping puts `PROT_NONE` back at once, as a GPU's unmap returns at once
+//! (observed on an H100, 2026-11-24: it waits for no stream): queued work over the mapping is
+//! reported as a violation, and when it runs it moves no bytes and is reported as a use after free.
+//! The unmap waits only for the engine's batch in progress over the bytes (see `pending`).
 
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, OnceLock};
@@ -167,18 +167,24 @@ pub(crate) fn tiling(vmm: &super::Vmm, ptr: u64, size: u64, what: &str) -> Resul
 pub(crate) fn unmap(ptr: u64, size: usize) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
     tiling(&st.vmm, ptr, size as u64, "cuMemUnmap")?;
-    super::pending::report_queued_work(&st, None, ptr, ptr + size as u64, "cuMemUnmap");
-    let all: Vec<usize> = (0..st.devices.len()).collect();
-    crate::hold::drain_devices(&mut st, &all);
+    let end = ptr + size as u64;
+    super::pending::report_queued_work(&st, None, ptr, end, "cuMemUnmap");
+    // Only the engine's current batch over these bytes is waited for (its bytes move with the lock
+    // released); queued work is not, and no device is held: see `pending`.
+    while super::pending::executing_over(&st, ptr, end) {
+        SIM.changed.wait(&mut st);
+    }
     // Another thread may have unmapped some of it while we waited.
     let bases = tiling(&st.vmm, ptr, size as u64, "cuMemUnmap")?;
     for base in bases {
         let m = st.vmm.mappings.remove(&base).expect("tiled");
         let space = &st.vmm.spaces[&st.vmm.reservations[&m.reservation].device];
         let at = (base - space.base) as usize;
-        // SAFETY: `[at, at + m.size)` is this mapping's part of its device's view; queued
-        // work that could still touch it has drained. MAP_FIXED replaces it with inaccessible
-        // anonymous space, dropping the memory file's pages from the view.
+        // SAFETY: `[at, at + m.size)` is this mapping's part of its device's view; no batch the
+        // engine is moving spans it (waited for above, with no release of the lock since), and
+        // the engine moves no bytes of work that reaches it once its allocation is marked freed
+        // below (`pending::reaches_unmapped`). MAP_FIXED replaces it with inaccessible anonymous
+        // space, dropping the memory file's pages from the view.
         let p = unsafe {
             libc::mmap(
                 space.host.as_ptr().add(at).cast(),

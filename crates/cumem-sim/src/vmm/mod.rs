@@ -33,6 +33,7 @@ use cudarc::driver::sys::CUresult;
 
 pub(crate) use access::{check_span, get_access, set_access};
 pub(crate) use mapping::{map, unmap};
+pub(crate) use pending::reaches_unmapped;
 pub(crate) use physical::{create, granularity, properties, release, retain};
 pub(crate) use pointer::{address_range_found, attribute as pointer_attribute, unmapped_attribute};
 pub(crate) use reserve::{address_free, address_reserve};

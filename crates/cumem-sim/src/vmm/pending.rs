@@ -1,19 +1,42 @@
-//! Queued work over memory whose mapping or access is about to change.
+//! Queued work over memory whose mapping or access is about to change, and the engine's work that
+//! must finish before a mapping's pages leave the host view.
 //!
 //! `cuMemUnmap` and `cuMemSetAccess` do not wait for queued work on a GPU (the documentation says
 //! nothing of it; PyTorch's expandable segments synchronise the stream themselves before
-//! unmapping): work still queued over the bytes faults when it runs. The simulator drains the
-//! devices before it unmaps (its host view must not lose pages under a running copy), which would
-//! hide the program's missing wait; so the queued work is looked for first, and reported.
+//! unmapping): work still queued over the bytes faults when it runs. Observed on an H100
+//! (2026-11-24, raw driver calls, driver 580.159.04; `docs/vmm.md`): they do not wait for unrelated
+//! streams either (an unmap returned in 0.1 ms while a non-blocking stream was held by a host
+//! function), nor behind another thread's implicit synchronisation. So queued work over the bytes
+//! is reported at the call ([`report_queued_work`]), and the call goes on. When that work runs
+//! later, the engine finds its mapping gone (`crate::vmm::reaches_unmapped`): it moves no bytes
+//! (the pages are `PROT_NONE` by then) and reports a use after free.
+//!
+//! The one wait left is the simulator's own: the engine moves a batch's bytes with the state lock
+//! released, so `cuMemUnmap` waits until no operation of the current batch spans the bytes it
+//! unmaps ([`executing_over`]) before their pages leave the host view. That batch is at most 32
+//! operations (1 MiB together, or one larger one), already taken off their queues; the unmap
+//! waits for no stream, and holds no device (other threads' calls go on).
 
+use crate::copy::Work;
+use crate::memory::AllocKind;
 use crate::state::State;
 use crate::violation::{self, Violation};
+
+/// Whether one of the `(address, length)` spans overlaps `[lo, hi)`.
+fn overlaps(spans: &[(u64, u64)], lo: u64, hi: u64) -> bool {
+    spans.iter().any(|&(addr, len)| addr < hi && lo < addr.saturating_add(len))
+}
+
+/// Whether an operation of the engine's current batch (taken off its queue, its bytes moving or
+/// about to move with the state lock released) touches `[lo, hi)`.
+pub(crate) fn executing_over(st: &State, lo: u64, hi: u64) -> bool {
+    st.in_flight.iter().any(|(_, _, spans)| overlaps(spans, lo, hi))
+}
 
 /// The enqueueing call of the first operation not yet started, on a stream of `device` (any
 /// device for `None`), that touches `[lo, hi)`, and the stream it is on.
 fn queued_over(st: &State, device: Option<usize>, lo: u64, hi: u64) -> Option<(&'static str, u64)> {
-    let over =
-        |spans: &[(u64, u64)]| spans.iter().any(|&(addr, len)| addr < hi && lo < addr.saturating_add(len));
+    let over = |spans: &[(u64, u64)]| overlaps(spans, lo, hi);
     let on_device = |sid: u64| device.is_none_or(|d| st.streams.get(&sid).is_some_and(|s| s.device == d));
     // The engine's batch first: taken off their queues, its operations may not have started.
     let batched = st.in_flight.iter().find(|(sid, _, spans)| on_device(*sid) && over(spans));
@@ -42,4 +65,30 @@ pub(crate) fn report_queued_work(st: &State, device: Option<usize>, lo: u64, hi:
         ),
         os_tid,
     });
+}
+
+/// Whether `work` reaches VMM memory that is no longer mapped: a mapping it touches was unmapped
+/// (its allocation's free took effect) or a span that runs on from a mapping into the next one
+/// finds no mapping there any more. Such work was queued before the unmap (which reported it);
+/// the engine moves none of its bytes, since the host view has `PROT_NONE` pages there. Called with
+/// the state lock held, before the lock is released to move a batch's bytes: the unmap of
+/// anything the batch spans waits for it ([`executing_over`]), so the answer holds until then.
+pub(crate) fn reaches_unmapped(st: &State, work: &Work) -> bool {
+    let touched = work.touched();
+    if !touched.iter().any(|a| a.kind == AllocKind::Vmm) {
+        return false;
+    }
+    if touched.iter().any(|a| a.kind == AllocKind::Vmm && a.freed.get().is_some()) {
+        return true;
+    }
+    let mapped = |addr: u64, len: u64| {
+        let end = addr.saturating_add(len);
+        let mut at = addr;
+        while at < end {
+            let Some((base, m)) = st.vmm.mapping_of(at) else { return false };
+            at = base + m.size;
+        }
+        true
+    };
+    work.spans().iter().any(|&(addr, len)| st.vmm.in_space(addr) && !mapped(addr, len))
 }

@@ -226,6 +226,18 @@ impl Drop for Gate {
     }
 }
 
+/// Runs `f` on a new thread with device 0's primary context current; its result comes through the
+/// channel, so a call that blocks when it should not fails a `recv_timeout` instead of hanging the
+/// test.
+pub fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> std::sync::mpsc::Receiver<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        bind(0);
+        let _ = tx.send(f());
+    });
+    rx
+}
+
 /// A small pause that is far longer than the simulated latency, used only to make "X did not
 /// happen while blocked" assertions meaningful (never to make something happen).
 pub fn settle() {
