@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::order::{queuing_on_this_thread, used_inside_queue_on};
+use crate::order::{AroundOrders, queuing_on_this_thread, used_inside_queue_on};
 use crate::{Context, Result, Stream, StreamOrder};
 
 /// How device work reached the memory through its stream order (views and order-tracked hooks).
@@ -182,6 +182,26 @@ impl Pending {
     }
 }
 
+/// A tracker's locked [`Pending`]: the lock is let go of first, then the streams stream orders
+/// let go of meanwhile are destroyed (fields drop in order).
+struct PendingGuard<'a> {
+    guard: parking_lot::MutexGuard<'a, Pending>,
+    _around: AroundOrders,
+}
+
+impl std::ops::Deref for PendingGuard<'_> {
+    type Target = Pending;
+    fn deref(&self) -> &Pending {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for PendingGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Pending {
+        &mut self.guard
+    }
+}
+
 /// The device work pending on one piece of host-visible memory, and the waits host access needs.
 ///
 /// Owners keep one per allocation and call [`HostAccess::wait_writes`] before handing out `&[T]`,
@@ -201,11 +221,14 @@ pub struct HostAccess {
 impl HostAccess {
     /// Locks the pending work, or answers `NotPermitted` inside a [`StreamOrder::queue_on`]
     /// closure: a copy may hold this lock while it waits for that closure's order.
-    fn lock_pending(&self) -> Result<parking_lot::MutexGuard<'_, Pending>> {
+    ///
+    /// Streams that stream orders let go of while it is held (a copy orders the device side under
+    /// it) are destroyed once it is let go of (see [`AroundOrders`]).
+    fn lock_pending(&self) -> Result<PendingGuard<'_>> {
         if queuing_on_this_thread() {
             return Err(used_inside_queue_on());
         }
-        Ok(self.pending.lock())
+        Ok(PendingGuard { _around: AroundOrders::enter(), guard: self.pending.lock() })
     }
 
     /// A tracker that remembers the streams of queued operations.

@@ -43,7 +43,7 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,9 +62,50 @@ thread_local! {
     static QUEUING: Cell<usize> = const { Cell::new(0) };
 }
 
+thread_local! {
+    /// How many cumem locks the calling thread holds around stream orders ([`AroundOrders`]: a
+    /// host tracker's, while a copy orders the device side). While it is not zero, streams an
+    /// order lets go of for good wait in [`LET_GO`] instead of being destroyed.
+    static AROUND: Cell<usize> = const { Cell::new(0) };
+    /// Streams let go of while [`AROUND`] was not zero, destroyed when the outermost such lock is
+    /// let go of.
+    static LET_GO: RefCell<Vec<LastStream>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Held (declared after the guard it stands for, so dropped after it) while the calling thread
+/// holds a cumem lock around stream orders: a host tracker's lock, held while a copy orders the
+/// device memory on the other side. The streams those orders let go of for good meanwhile are
+/// destroyed when the outermost one is dropped, after its lock: `cuStreamDestroy` and the
+/// `cuEventDestroy` of the stream's marker wait behind another thread's `cuMemFree` on a real
+/// driver (docs/observed-on-gpu.md, measured 2026-11-24), and a host function that needs the lock
+/// (another thread's host access to the tracked memory) would then deadlock with that free.
+pub(crate) struct AroundOrders(());
+
+impl AroundOrders {
+    /// Counts the lock the caller has just taken (or is about to take).
+    pub(crate) fn enter() -> AroundOrders {
+        AROUND.with(|n| n.set(n.get() + 1));
+        AroundOrders(())
+    }
+}
+
+impl Drop for AroundOrders {
+    fn drop(&mut self) {
+        let outermost = AROUND.with(|n| {
+            n.set(n.get().saturating_sub(1));
+            n.get() == 0
+        });
+        if outermost {
+            // Empty (no heap) unless a stream was let go of meanwhile.
+            let mut dead = LET_GO.try_with(|l| std::mem::take(&mut *l.borrow_mut())).unwrap_or_default();
+            destroy_let_go(&mut dead);
+        }
+    }
+}
+
 /// Whether the calling thread is inside a [`StreamOrder::queue_on`] closure, or destroying streams
-/// an order let go of (a stream's drop may log, and the thread may hold another cumem lock around
-/// the order's: a host tracker's).
+/// an order let go of (a stream's drop may log, and a subscriber of it must not use cumem memory
+/// from inside the bookkeeping).
 pub(crate) fn queuing_on_this_thread() -> bool {
     QUEUING.with(Cell::get) > 0
 }
@@ -121,7 +162,8 @@ struct Users {
     /// cannot run work on it meanwhile (managed memory without concurrent managed access).
     excluded: Exclusion,
     /// Streams whose last handle the bookkeeping let go of, destroyed once the users are unlocked
-    /// ([`Locked`]) or, for an owner with exclusive access, right away, with cumem locks refused
+    /// ([`Locked`]) or, for an owner with exclusive access, right away (in both cases after a
+    /// host tracker's lock the thread holds around the order, see [`AroundOrders`]), with cumem locks refused
     /// on the thread meanwhile: a stream's drop calls the driver and may log, and a subscriber
     /// that used this order (or a lock held around it) would wait for its own thread. (An owner
     /// with exclusive access holds no such lock; its paths refuse too only so that a subscriber
@@ -769,13 +811,22 @@ struct Queuing<'o> {
 }
 
 /// Destroys the streams an order let go of, with cumem locks refused on this thread meanwhile: a
-/// caller may hold another cumem lock around the order's (a host tracker's, around a ticket), and
-/// a stream's drop may log, so a subscriber is refused instead of waiting for its own thread.
+/// stream's drop may log, and a subscriber is refused rather than left to use cumem memory from
+/// inside the bookkeeping.
+///
+/// While the thread holds a cumem lock around orders (a host tracker's, around a ticket or a
+/// copy's device side: [`AroundOrders`]), the streams are kept and destroyed once the outermost
+/// such lock is let go of: destroying a stream (and its marker event) waits behind another
+/// thread's `cuMemFree` on a real driver, and nobody should wait for that lock meanwhile.
 fn destroy_let_go(dead: &mut Vec<LastStream>) {
-    if !dead.is_empty() {
-        let _refusal = Refusal::raise();
-        dead.clear();
+    if dead.is_empty() {
+        return;
     }
+    if AROUND.with(Cell::get) > 0 && LET_GO.try_with(|l| l.borrow_mut().append(dead)).is_ok() {
+        return;
+    }
+    let _refusal = Refusal::raise();
+    dead.clear();
 }
 
 /// Refuses cumem locks on this thread while it lives (see [`queuing_on_this_thread`]).
@@ -819,10 +870,11 @@ struct QueuingMut<'o> {
 impl Drop for QueuingMut<'_> {
     fn drop(&mut self) {
         self.inner.record(self.stream, self.waited_before);
-        // Exclusive access: the order holds no lock, so the streams let go of are destroyed now,
+        // Exclusive access: the order holds no lock, so the streams let go of are destroyed now
+        // (or, where the thread holds a host tracker's lock around this, once it lets go of it),
         // while cumem locks are still refused on this thread (`_refusal` goes after this; see
         // `Queuing::_refusal`).
-        self.inner.dead.clear();
+        destroy_let_go(&mut self.inner.dead);
     }
 }
 
