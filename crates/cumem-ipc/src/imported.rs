@@ -42,13 +42,15 @@ pub(crate) enum Source {
 ///
 /// Dropping an import of a pool pointer frees it with `cuMemFree`, which is synchronous: on an H100
 /// (driver-api.md §17) `cuMemFree` waits for every stream of the context while one of them runs a
-/// blocked host function, even for an idle allocation (measured for `cuMemAlloc` memory; for an
-/// imported pool pointer it is not on record). So such a drop can wait on unrelated work of its
-/// context (a held stream, a `queue_on` closure blocked on something). While it waits, other
+/// blocked host function, even for an idle allocation (measured for `cuMemAlloc` memory; the
+/// `cuMemFree` of a pointer imported in the exporting process returned at once there,
+/// docs/observed-on-gpu.md, 2026-11-24; one imported from another process was not tried). So
+/// such a drop may wait on unrelated work of its context (a held stream, a `queue_on` closure
+/// blocked on something). While it waits, other
 /// threads' calls in its context C may wait too: on that H100 a waiting free held up the context's
 /// allocations and queued work, another pool pointer drop in C waits in its own `cuMemFree` for
-/// the same work, and whether
-/// an import's `cuMemPoolImportPointer` in C waits behind the free is not on record. The drop holds
+/// the same work, while an import's `cuMemPoolImportPointer` in C did not wait behind such a free
+/// on the H100 (2026-11-24). The drop holds
 /// no lock of cumem's while it frees, nor does an import across its driver call, so pool pointer
 /// imports and drops in other contexts go on, with one exception: an import (in any context) that
 /// the driver answers with the address of an import being freed (an import of the same allocation
@@ -229,7 +231,8 @@ pub(crate) mod tests {
     //! A pool pointer import's drop whose `cuMemFree` waits. On an H100 a `cuMemFree` waits while
     //! a stream of the context runs a blocked host function (driver-api.md §17); the simulator
     //! does not make a free of pool memory wait (the brief: `cuMemFree` of pool memory does not
-    //! synchronise, [H:8617]; what a GPU does for an imported pool pointer is not on record). So
+    //! synchronise, [H:8617]; an H100 returned at once for a pointer imported in the exporting
+    //! process, docs/observed-on-gpu.md; from another process it was not tried). So
     //! a hook holds the drop where it calls `cuMemFree`, on the dropping thread only, for as long
     //! as the test says: the rest of the process sees what it would see of a free that waits.
     //! Another holds an import between the driver's answer and the claim of its address, where an

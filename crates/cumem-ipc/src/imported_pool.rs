@@ -73,10 +73,11 @@ unsafe impl Sync for PoolHandle {}
 /// entry, and so makes a new one, through which pointers may be imported before the old `Drop`
 /// runs. That `Drop` then hands its imports to the new entry instead of destroying them (the
 /// driver would refuse, uncounted, under the new entry's imported pointers): one driver object,
-/// one count, destroyed by whichever entry goes last. Whether `cuMemPoolImportFromShareableHandle`
-/// or `cuMemPoolDestroy` waits behind a `cuMemFree` of its context is not on record: if one does,
-/// every `from_fd` and every destroying drop of the process, in any context, waits behind that
-/// free (docs/ipc.md says so; the lock is kept since the interleaving above is what it prevents).
+/// one count, destroyed by whichever entry goes last. `cuMemPoolImportFromShareableHandle` and
+/// `cuMemPoolDestroy` did not wait behind a `cuMemFree` of their context on an H100
+/// (docs/observed-on-gpu.md, 2026-11-24), so holding this lock across them holds up no other
+/// context's `from_fd` or drop behind a free; should another driver make them wait, every
+/// `from_fd` and destroying drop of the process would wait with them (docs/ipc.md).
 static IMPORTED_POOLS: Mutex<BTreeMap<usize, Weak<PoolHandle>>> = Mutex::new(BTreeMap::new());
 
 fn imported_pools() -> MutexGuard<'static, BTreeMap<usize, Weak<PoolHandle>>> {
@@ -314,8 +315,9 @@ impl ImportedPool {
             return Err(already());
         };
         // No lock of cumem's across the driver's import, which may wait behind a `cuMemFree` of
-        // the context (driver-api.md §17: there a free holds up the context's allocations; for
-        // this call that is not on record): a window records the frees that return meanwhile,
+        // the context (driver-api.md §17: there a free holds up the context's allocations; this
+        // call did not wait on an H100, docs/observed-on-gpu.md, but nothing promises it): a
+        // window records the frees that return meanwhile,
         // and an answer whose address one of them freed is not trusted (see `live_imports`).
         let base = loop {
             let window = live_imports::open_import_window();
@@ -351,9 +353,10 @@ impl ImportedPool {
         // Until the import exists, a refusal frees the mapping itself: nothing was queued on the
         // memory, so unlike dropping an `ImportedBuffer` it does not synchronise the caller's
         // stream (which might wait for this thread, or for another process waiting for this one)
-        // and cannot fail that wait and leak the import. (Whether the driver's `cuMemFree` of an
-        // imported pool pointer itself waits for host functions, as a `cuMemFree` of ordinary
-        // memory does on an H100, is not on record; the simulator does not make it wait.) As the
+        // and cannot fail that wait and leak the import. (The driver's `cuMemFree` of a pool
+        // pointer imported in the exporting process did not wait for a held stream on an H100,
+        // docs/observed-on-gpu.md, unlike a `cuMemFree` of ordinary memory; the simulator does
+        // not make it wait.) As the
         // drop does: the address becomes a tombstone across the free, and the export's claim goes
         // after it; the warning of a failed free comes after both, as no import then waits for it.
         let refuse = |claim, e: Error| {

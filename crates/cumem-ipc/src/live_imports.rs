@@ -31,9 +31,10 @@
 //! Neither an import nor a free holds a lock of cumem's across its driver call. A `cuMemFree` is
 //! synchronous (on an H100 a `cuMemFree` of `cuMemAlloc` memory waits while any stream of the
 //! context runs a blocked host function, and meanwhile holds up the context's allocations and
-//! queued work, driver-api.md §17; for an imported pool pointer that is not on record), and whether
-//! `cuMemPoolImportPointer` waits behind a free of its context is not on record either: under a
-//! lock, every import and free of the process would wait behind such a call, in any context.
+//! queued work, driver-api.md §17; for a pool pointer imported in the exporting process it
+//! returned at once on an H100, and `cuMemPoolImportPointer` did not wait behind such a free there,
+//! docs/observed-on-gpu.md, 2026-11-24; nothing promises either): under a lock, every import and
+//! free of the process would wait behind such a call, in any context, on a driver that waits.
 //! Instead a drop moves its address from the live set to the freeing set (a tombstone) under the
 //! addresses' lock, frees with no lock held, and removes the tombstone under the lock again,
 //! counting the free's return and waking the imports that wait for it. An import opens a *window*
