@@ -73,11 +73,12 @@ unsafe impl Sync for PoolHandle {}
 /// entry, and so makes a new one, through which pointers may be imported before the old `Drop`
 /// runs. That `Drop` then hands its imports to the new entry instead of destroying them (the
 /// driver would refuse, uncounted, under the new entry's imported pointers): one driver object,
-/// one count, destroyed by whichever entry goes last. `cuMemPoolImportFromShareableHandle` and
-/// `cuMemPoolDestroy` did not wait behind a `cuMemFree` of their context on an H100
-/// (docs/observed-on-gpu.md, 2026-11-24), so holding this lock across them holds up no other
-/// context's `from_fd` or drop behind a free; should another driver make them wait, every
-/// `from_fd` and destroying drop of the process would wait with them (docs/ipc.md).
+/// one count, destroyed by whichever entry goes last. Whether `cuMemPoolImportFromShareableHandle`
+/// or `cuMemPoolDestroy` of an imported handle waits behind a `cuMemFree` of its context is not on
+/// record (on an H100 neither an import in the exporting process nor the destroy of a pool the
+/// process created did: docs/observed-on-gpu.md, 2026-11-24): if one does, every `from_fd` and
+/// every destroying drop of the process, in any context, waits behind that free (docs/ipc.md says
+/// so; the lock is kept since the interleaving above is what it prevents).
 static IMPORTED_POOLS: Mutex<BTreeMap<usize, Weak<PoolHandle>>> = Mutex::new(BTreeMap::new());
 
 fn imported_pools() -> MutexGuard<'static, BTreeMap<usize, Weak<PoolHandle>>> {

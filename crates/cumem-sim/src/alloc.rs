@@ -160,7 +160,8 @@ pub(crate) fn mem_info() -> Result<(u64, u64), Fail> {
 /// `cuMemAlloc`: `bytesize` (> 0) bytes of device memory for the current context.
 pub(crate) fn device(bytesize: usize) -> Result<u64, Fail> {
     let mut st = SIM.st.lock();
-    let (ctx, d) = crate::hold::current_gated(&mut st)?;
+    // Also waits while another thread waits for room on a full stream (observed).
+    let (ctx, d) = crate::hold::current_gated_full(&mut st)?;
     if bytesize == 0 {
         return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "cuMemAlloc of 0 bytes"));
     }
@@ -262,8 +263,9 @@ pub(crate) fn pinned(bytesize: usize, reported_flags: u32) -> Result<u64, Fail> 
 /// context.
 pub(crate) fn register(p: u64, bytesize: usize, flags: u32) -> ApiResult {
     let mut st = SIM.st.lock();
-    // Not gated by another thread's implicit synchronisation: observed returning on an H100.
-    let (ctx, d) = context::current_ctx(&st)?;
+    // Gated by another thread's implicit synchronisation: observed blocking on an H100
+    // (2026-11-24, see `crate::hold`).
+    let (ctx, d) = crate::hold::current_gated(&mut st)?;
     let bad = |m: String| Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, m));
     if flags & !REGISTER_FLAGS != 0 {
         return bad(format!("unknown cuMemHostRegister flags {flags:#x}"));

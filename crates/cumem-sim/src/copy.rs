@@ -252,6 +252,19 @@ fn target_stream(g: &mut MutexGuard<'_, State>, stream: Option<CUstream>) -> Res
     }
 }
 
+/// [`target_stream`] for a call that queues a work item (`queues`: false for an empty one, which
+/// queues nothing): once the stream has room for it, waiting for room as a GPU's full queue makes
+/// the call wait (see [`crate::hold::QUEUE_DEPTH`]). The lock stays held from the last look until
+/// the caller queues its work, so the room is still there then.
+fn queue_target(g: &mut MutexGuard<'_, State>, stream: Option<CUstream>, queues: bool) -> Result<u64, Fail> {
+    loop {
+        let sid = target_stream(g, stream)?;
+        if !queues || !crate::hold::wait_room(g, sid) {
+            return Ok(sid);
+        }
+    }
+}
+
 /// A 1-D copy of `len` bytes. `stream == None` = synchronous API.
 ///
 /// # Safety
@@ -266,7 +279,8 @@ pub(crate) unsafe fn memcpy(
     stream: Option<CUstream>,
 ) -> Result<(), Fail> {
     let mut g = SIM.st.lock();
-    let Some((sid, mut d, mut s)) = resolve_copy(&mut g, (dst, dst_role), (src, src_role), len, stream)?
+    let Some((sid, mut d, mut s)) =
+        resolve_copy(&mut g, (dst, dst_role), (src, src_role), len, stream, true)?
     else {
         return Ok(());
     };
@@ -291,15 +305,17 @@ pub(crate) unsafe fn memcpy(
 
 /// What every 1D copy checks at the call: the stream (the legacy one for `None`), then the
 /// destination (writable) and the source, each inside one allocation or pageable memory as its
-/// role allows. `None` for an empty copy, which checks only the stream.
+/// role allows. `None` for an empty copy, which checks only the stream. With `queue`, a copy that
+/// is not empty first waits for room on its stream ([`queue_target`]).
 fn resolve_copy(
     g: &mut MutexGuard<'_, State>,
     (dst, dst_role): (u64, Role),
     (src, src_role): (u64, Role),
     len: usize,
     stream: Option<CUstream>,
+    queue: bool,
 ) -> Result<Option<(u64, Endpoint, Endpoint)>, Fail> {
-    let sid = target_stream(g, stream)?;
+    let sid = queue_target(g, stream, queue && len != 0)?;
     if len == 0 {
         return Ok(None);
     }
@@ -319,7 +335,7 @@ pub(crate) fn memset(
     stream: Option<CUstream>,
 ) -> Result<(), Fail> {
     let mut g = SIM.st.lock();
-    let sid = target_stream(&mut g, stream)?;
+    let sid = queue_target(&mut g, stream, count != 0)?;
     if count == 0 {
         return Ok(());
     }
@@ -563,9 +579,11 @@ fn side_checks(st: &State, dev: usize, c: &Copy3D, s: &Side, what: &str, max_pit
             )));
         }
     }
-    // Checked for one row too: the documentation's "any pitch greater than MAX_PITCH" names no
-    // exception (driver-api.md §6.3), unlike the rule that a pitch must hold a row.
-    if s.pitch as u64 > max_pitch {
+    // Only for more than one row: an H100 (driver 580.159.04, 2026-11-24) accepted one-row
+    // device-to-device cuMemcpy2D and cuMemcpy2DAsync with both pitches MAX_PITCH + 512, as it
+    // ignores a one-row pitch for the rule that a pitch must hold a row. Multi-row copies with a
+    // pitch above it were not tried: refused, as the documentation says (driver-api.md §6.3).
+    if (c.height > 1 || c.depth > 1) && s.pitch as u64 > max_pitch {
         return Err(bad(format!("{what}Pitch {} exceeds MAX_PITCH {max_pitch}", s.pitch)));
     }
     if c.three_d && c.depth > 1 && s.height < c.height.saturating_add(s.y) {
@@ -616,7 +634,7 @@ fn side_rows(st: &State, dev: usize, c: &Copy3D, s: &Side, what: &str) -> Result
 ///    requires of its caller; a pageable destination stays valid until the call returns.
 pub(crate) unsafe fn memcpy_3d(c: Copy3D, stream: Option<CUstream>) -> Result<(), Fail> {
     let mut g = SIM.st.lock();
-    let sid = target_stream(&mut g, stream)?;
+    let sid = queue_target(&mut g, stream, c.width != 0 && c.height != 0 && c.depth != 0)?;
     for (s, what) in [(&c.src, "src"), (&c.dst, "dst")] {
         match s.mem_type {
             HOST | DEVICE | UNIFIED => {}
@@ -693,7 +711,7 @@ pub(crate) fn memset_2d(
     stream: Option<CUstream>,
 ) -> Result<(), Fail> {
     let mut g = SIM.st.lock();
-    let sid = target_stream(&mut g, stream)?;
+    let sid = queue_target(&mut g, stream, count != 0 && height != 0)?;
     if count == 0 || height == 0 {
         return Ok(());
     }
@@ -755,7 +773,7 @@ pub(crate) unsafe fn check_async_copy(
 ) -> Result<Option<Vec<u8>>, Fail> {
     let mut g = SIM.st.lock();
     let unified = |addr| (addr, Role::Unified);
-    let Some((_, _, s)) = resolve_copy(&mut g, unified(dst), unified(src), len, Some(stream))? else {
+    let Some((_, _, s)) = resolve_copy(&mut g, unified(dst), unified(src), len, Some(stream), false)? else {
         return Ok(None);
     };
     let host_readable = match &s {

@@ -10,26 +10,43 @@
 //! then queues more work, deadlocks with any thread that frees memory, as on the GPU.
 //!
 //! The simulator holds the whole device (every context of it), since the waiting calls drain the
-//! whole device. The gated calls are the observed ones plus those that queue work the same way
-//! (synchronous copies and memsets, 2D/3D forms, `cuStreamWaitEvent`, prefetches and attachments,
-//! `cuMemAllocPitch`, `cuMemAllocManaged`, `cuMemHostAlloc`): §17's rule is "calls that queue work
-//! or allocate". Not gated, as observed or as the documentation gives no reason to: queries and
-//! synchronisations, stream and event destruction, `cuMemHostRegister`, the stream-ordered
-//! allocator (`cuMemAllocAsync` observed; `cuMemFreeAsync` unobserved, kept with it), the VMM
-//! calls (`cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`,
-//! `cuMemRelease` observed on an H100, 2026-11-24, to return at once; none of them drains or holds
-//! a device either: `crate::vmm`), and the implicitly synchronising calls themselves (each drains
-//! on its own). An asynchronous copy between
-//! two host memories waits for its own stream's earlier work (`crate::copy`, observed) without
-//! holding the device: it is gated like any copy, but nothing observed says that other threads'
-//! calls wait for it, and it waits for one stream, not the device.
+//! whole device. Which calls are gated follows what an H100 (driver 580.159.04) showed on
+//! 2026-11-24, with a third thread timing one call while a second waits in `cuMemFree` for a
+//! stream held by a blocking host function:
+//! - gated (blocked until the host function ended): `cuEventCreate`, `cuEventDestroy` (of a
+//!   completed and of a never-recorded event), `cuStreamDestroy` (of an idle stream),
+//!   `cuMemHostRegister`, `cuMemHostUnregister`, synchronous `cuMemcpyHtoD` and `cuMemsetD8`,
+//!   `cuMemAllocPitch`, `cuMemAllocManaged`, `cuMemHostAlloc`, `cuStreamAttachMemAsync`, and
+//!   asynchronous copies and memsets on another stream; with those of §17 and the calls that
+//!   queue work the same way (every copy and memset form, prefetches, `cuLaunchHostFunc`,
+//!   `cuEventRecord`, `cuStreamCreate`, `cuMemAllocHost`);
+//! - not gated (returned): `cuStreamWaitEvent` (on another stream, of a completed event),
+//!   `cuIpcGetMemHandle`, event queries, synchronisation and elapsed time, the stream-ordered
+//!   allocator and pool calls (`cuMemAllocAsync`, `cuMemFreeAsync`, `cuMemPoolTrimTo`,
+//!   `cuMemPoolDestroy`, the pool imports), pointer queries, `cuStreamQuery`,
+//!   `cuStreamSynchronize` of an idle stream, `cuCtxGetCurrent`/`SetCurrent`, `cuMemGetInfo`, and
+//!   the VMM calls (none of which drains or holds a device either: `crate::vmm`); nor are the
+//!   implicitly synchronising calls themselves (each drains on its own).
+//!
+//! An asynchronous copy between two host memories waits for its own stream's earlier work
+//! (`crate::copy`, observed) without holding the device: it is gated like any copy, but nothing
+//! observed says that other threads' calls wait for it, and it waits for one stream, not the
+//! device.
+//!
+//! A full stream holds the device too, for fewer calls. A stream accepts [`QUEUE_DEPTH`] work
+//! items (copies and memsets) not yet started; a further one waits, in the call, until the stream
+//! moves ([`wait_room`]). Observed on the same H100 the same day: while a thread waited so,
+//! another thread's memset on another stream returned, but `cuEventCreate` and `cuMemAlloc`
+//! blocked until the full stream moved ([`current_gated_full`]). Nothing else was measured then,
+//! so nothing else waits for it.
 
 use cudarc::driver::sys::CUstream;
 use parking_lot::MutexGuard;
 
 use crate::api::{Fail, os_tid};
+use crate::copy::Work;
 use crate::state::{SIM, State};
-use crate::stream::{all_targets, resolve, wait_for};
+use crate::stream::{Stream, all_targets, resolve, wait_for};
 
 /// Waits, holding `devices`, until every `(stream, seq)` target is complete.
 pub(crate) fn drain(g: &mut MutexGuard<'_, State>, devices: &[usize], targets: &[(u64, u64)]) {
@@ -88,5 +105,70 @@ pub(crate) fn resolve_gated(g: &mut MutexGuard<'_, State>, h: CUstream) -> Resul
             return Ok(sid);
         }
         gate(g, d);
+    }
+}
+
+/// Work items (copies and memsets, of every form) a stream accepts before the call queueing the
+/// next one waits until the stream moves. Observed on an H100 (driver 580.159.04, 2026-11-24): a
+/// stream held by a blocking host function accepted 1021 `cuMemsetD8Async` calls and the 1022nd
+/// blocked until the host function returned; `cuEventRecord` does not count (100,000 recordings
+/// on the held stream returned, and two recordings between memsets still stopped at 1021
+/// memsets). Copies are assumed to count as memsets do (work items of the same kind). Host
+/// functions, stream waits, prefetches, attachments and stream-ordered frees were not measured,
+/// so they neither count nor wait: the simulator must not block what a GPU was not seen to block.
+pub(crate) const QUEUE_DEPTH: usize = 1021;
+
+/// Whether `work` is a work item counted against [`QUEUE_DEPTH`].
+fn counts(work: &Work) -> bool {
+    matches!(work, Work::Copy { .. } | Work::Fill { .. } | Work::Rows { .. } | Work::FillRows { .. })
+}
+
+/// Whether `s` has room for one more work item: fewer than [`QUEUE_DEPTH`] not yet started
+/// (counted only when the queue is that long at all, so the common case costs nothing).
+fn has_room(s: &Stream) -> bool {
+    s.queue.len() < QUEUE_DEPTH || s.queue.iter().filter(|op| counts(&op.work)).count() < QUEUE_DEPTH
+}
+
+/// Waits (releasing the lock) while stream `sid` has no room for one more work item, holding its
+/// device meanwhile for other threads' `cuEventCreate` and `cuMemAlloc` (see the module docs).
+/// Returns whether it waited: state read before the call is then stale, and the caller looks
+/// again (the stream may have been destroyed, or another thread may hold the device now). A
+/// stream that no longer exists has room (the caller's lookup then fails). Host functions cannot
+/// get here (`crate::api::call` refuses their calls), so a host function can never wait for room
+/// on its own stream, which would deadlock on a GPU.
+pub(crate) fn wait_room(g: &mut MutexGuard<'_, State>, sid: u64) -> bool {
+    let Some(device) = g.streams.get(&sid).filter(|s| !has_room(s)).map(|s| s.device) else {
+        return false;
+    };
+    let me = os_tid();
+    g.devices[device].full_by.push(me);
+    while g.streams.get(&sid).is_some_and(|s| !has_room(s)) {
+        SIM.changed.wait(g);
+    }
+    let full = &mut g.devices[device].full_by;
+    if let Some(i) = full.iter().position(|&t| t == me) {
+        full.swap_remove(i);
+    }
+    SIM.changed.notify_all();
+    true
+}
+
+/// Whether a thread other than the caller waits for room on a full stream of `device`.
+fn full_by_other(st: &State, device: usize) -> bool {
+    let me = os_tid();
+    st.devices[device].full_by.iter().any(|&t| t != me)
+}
+
+/// [`current_gated`], also waiting while another thread waits for room on a full stream of the
+/// device (`cuEventCreate` and `cuMemAlloc`, as observed).
+pub(crate) fn current_gated_full(g: &mut MutexGuard<'_, State>) -> Result<(u64, usize), Fail> {
+    loop {
+        let (ctx, d) = current_gated(g)?;
+        if !full_by_other(g, d) {
+            return Ok((ctx, d));
+        }
+        while full_by_other(g, d) {
+            SIM.changed.wait(g);
+        }
     }
 }

@@ -46,6 +46,9 @@ pub(crate) struct Device {
     /// OS threads waiting in an implicitly synchronising call on this device: while any is, other
     /// threads' calls that queue work or allocate here wait (see `crate::hold`).
     pub(crate) held_by: Vec<u64>,
+    /// OS threads waiting to queue work onto a full stream of this device: while any is, other
+    /// threads' `cuEventCreate` and `cuMemAlloc` wait (see `crate::hold::wait_room`).
+    pub(crate) full_by: Vec<u64>,
 }
 
 impl Device {
@@ -303,6 +306,7 @@ impl State {
                 default_pool: 0,
                 current_pool: 0,
                 held_by: Vec::new(),
+                full_by: Vec::new(),
             });
         }
         for d in 0..devices.len() {

@@ -132,11 +132,13 @@ fn copy_2d_validation_and_zero_extents() {
         words[9] = 7; // dstMemoryType
         assert_eq!(raw_2d(&words), e);
         c.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        // Height 1 ignores whether the pitch holds a row, but not MAX_PITCH: the documentation
-        // refuses any pitch above it.
-        c.Height = 1;
+        // Two rows refuse a pitch above MAX_PITCH (the documentation's rule); one row ignores it,
+        // as it ignores whether the pitch holds a row (observed on an H100, 2026-11-24).
+        c.Height = 2;
         c.srcPitch = 1 << 31;
-        assert_eq!(cu::cuMemcpy2D_v2(&c), e, "one row, a pitch above MAX_PITCH");
+        assert_eq!(cu::cuMemcpy2D_v2(&c), e, "two rows, a pitch above MAX_PITCH");
+        c.Height = 1;
+        ok(cu::cuMemcpy2D_v2(&c));
         c.srcPitch = 0;
         c.dstPitch = 0;
         ok(cu::cuMemcpy2D_v2(&c));

@@ -37,18 +37,7 @@ fn a_thread_in_cu_mem_free_holds_back_queueing_calls_but_not_queries() {
     let host = pinned(n) as usize;
     let gate = Gate::block(held);
 
-    let frees = ctl.calls("cuMemFree_v2");
-    // SAFETY: plain FFI call with live handles and valid out-pointers.
-    let free = on_thread(move || unsafe { cu::cuMemFree_v2(idle) });
-    // On a loaded machine the thread may start late: the calls below test what happens while it
-    // waits in cuMemFree, so it must have entered it first (the pause then covers the step from
-    // entry to holding the device).
-    let entered = std::time::Instant::now();
-    while ctl.calls("cuMemFree_v2") == frees {
-        assert!(entered.elapsed() < LIMIT, "the thread never called cuMemFree");
-        std::thread::yield_now();
-    }
-    assert!(free.recv_timeout(PAUSE).is_err(), "cuMemFree waits for the stream held by the host function");
+    let free = free_waiting(ctl, idle, PAUSE, LIMIT);
 
     let held_handle = held as usize;
     // SAFETY: plain FFI call with live handles and valid out-pointers.
@@ -153,8 +142,7 @@ fn a_thread_in_cu_mem_free_holds_back_queueing_calls_but_not_queries() {
     dfree(target);
     pfree(h as *mut u8);
     pfree(host as *mut u8);
-    let report = setup().live_report();
-    assert!(report.is_clean(), "everything the test made is released: {report}");
+    assert_all_released();
 }
 
 #[test]
@@ -192,8 +180,7 @@ fn cu_ctx_synchronize_waits_for_the_current_contexts_streams_only() {
     destroy(held);
     // SAFETY: the context created above, destroyed once.
     ok(unsafe { cu::cuCtxDestroy_v2(b) });
-    let report = setup().live_report();
-    assert!(report.is_clean(), "everything the test made is released: {report}");
+    assert_all_released();
 }
 
 #[test]

@@ -206,36 +206,6 @@ fn managed_with(bytes: usize, flags: u32) -> CUdeviceptr {
     p
 }
 
-/// A 2D copy descriptor of `height` rows of `width` bytes between two device-typed addresses.
-fn device_2d(
-    dst: CUdeviceptr,
-    dst_pitch: usize,
-    src: CUdeviceptr,
-    src_pitch: usize,
-    width: usize,
-    height: usize,
-) -> cu::CUDA_MEMCPY2D {
-    let device = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    cu::CUDA_MEMCPY2D {
-        srcXInBytes: 0,
-        srcY: 0,
-        srcMemoryType: device,
-        srcHost: std::ptr::null(),
-        srcDevice: src,
-        srcArray: std::ptr::null_mut(),
-        srcPitch: src_pitch,
-        dstXInBytes: 0,
-        dstY: 0,
-        dstMemoryType: device,
-        dstHost: std::ptr::null_mut(),
-        dstDevice: dst,
-        dstArray: std::ptr::null_mut(),
-        dstPitch: dst_pitch,
-        WidthInBytes: width,
-        Height: height,
-    }
-}
-
 #[test]
 #[serial] // frees memory: see `Gate`
 fn a_call_on_host_attached_memory_is_one_misuse_however_many_rows_it_has() {

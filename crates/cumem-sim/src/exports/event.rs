@@ -21,7 +21,8 @@ pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) ->
     api::call("cuEventCreate", Init::Required, || {
         api::non_null(ph_event, "phEvent")?;
         let mut st = SIM.st.lock();
-        let (ctx, d) = crate::hold::current_gated(&mut st)?;
+        // Also waits while another thread waits for room on a full stream (observed).
+        let (ctx, d) = crate::hold::current_gated_full(&mut st)?;
         if flags & !ALL_FLAGS != 0 || (flags & INTERPROCESS != 0 && flags & DISABLE_TIMING == 0) {
             return Err(Fail::misuse(
                 CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -197,6 +198,10 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end
 pub extern "C" fn cuEventDestroy_v2(h_event: CUevent) -> CUresult {
     api::call("cuEventDestroy_v2", Init::Required, || {
         let mut st = SIM.st.lock();
+        // Waits while another thread holds the device in an implicit synchronisation (observed
+        // on an H100, see `crate::hold`); the handle is looked up again afterwards.
+        let device = lookup(&st, h_event)?.device;
+        crate::hold::gate(&mut st, device);
         lookup(&st, h_event)?;
         st.events.remove(&(h_event as u64));
         Ok(())

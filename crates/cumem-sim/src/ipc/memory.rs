@@ -14,7 +14,7 @@ use super::handle::{Handle, Kind, SIZE};
 use crate::api::Fail;
 use crate::context;
 use crate::memory::{AllocKind, Allocation, Backing};
-use crate::state::SIM;
+use crate::state::{SIM, State};
 
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the only defined open flag.
 const LAZY_ENABLE_PEER_ACCESS: u32 = 1;
@@ -25,9 +25,12 @@ fn invalid(message: String) -> Fail {
 
 /// `cuIpcGetMemHandle`: the handle of the `cuMemAlloc`/`cuMemAllocPitch` allocation containing
 /// `dptr` (an interior pointer names its allocation, as on the H100). Pool, VMM, managed, host
-/// and imported memory are not legacy-IPC capable (`INVALID_VALUE`). The first export of an
-/// allocation waits for the device's queued work, which may not write the memory while its
-/// bytes move into a shareable file.
+/// and imported memory are not legacy-IPC capable (`INVALID_VALUE`). Not gated by another
+/// thread's implicit synchronisation, and it does not wait for the device's queued work: an
+/// H100 returned it (2026-11-24) while another thread's `cuMemFree` waited for a stream held by
+/// a blocked host function. The first export of an allocation waits only for queued work that
+/// touches the allocation (which may not write it while its bytes move into a shareable file: a
+/// need of the simulator, so a GPU may return where the simulator waits then).
 pub(crate) fn get_handle(dptr: u64) -> Result<[u8; SIZE], Fail> {
     let mut st = SIM.st.lock();
     context::require(&st)?;
@@ -41,8 +44,9 @@ pub(crate) fn get_handle(dptr: u64) -> Result<[u8; SIZE], Fail> {
         )));
     }
     if a.backing.shared_file().is_none() {
-        let all: Vec<usize> = (0..st.devices.len()).collect();
-        crate::hold::drain_devices(&mut st, &all);
+        while touched_by_queued_work(&st, &a) {
+            SIM.changed.wait(&mut st);
+        }
         match st.allocs.get(&a.base) {
             Some(now) if Arc::ptr_eq(now, &a) => {}
             _ => return Err(invalid(format!("{dptr:#x} was freed while its export waited"))),
@@ -52,6 +56,18 @@ pub(crate) fn get_handle(dptr: u64) -> Result<[u8; SIZE], Fail> {
     let file = a.backing.share().ok_or_else(oom)?;
     let handle = Handle::of_file(Kind::Memory, file, a.bytes, a.buffer_id).ok_or_else(oom)?;
     Ok(handle.encode())
+}
+
+/// Whether an operation not yet complete (in the engine's batch, or queued on any stream) reads
+/// or writes allocation `a`.
+fn touched_by_queued_work(st: &State, a: &Arc<Allocation>) -> bool {
+    let (lo, hi) = (a.base, a.base.saturating_add(a.bytes));
+    let over = |spans: &[(u64, u64)]| spans.iter().any(|&(p, n)| p < hi && lo < p.saturating_add(n));
+    st.in_flight.iter().any(|(_, _, spans)| over(spans))
+        || st
+            .streams
+            .values()
+            .any(|s| s.queue.iter().any(|op| op.work.touched().iter().any(|t| Arc::ptr_eq(t, a))))
 }
 
 /// `cuIpcOpenMemHandle_v2`: maps another process's exported allocation into the current

@@ -374,12 +374,23 @@ pub(crate) fn export_fd(h: u64, handle_type: u32, flags: u64) -> Result<i32, Fai
     Ok(std::os::fd::IntoRawFd::into_raw_fd(file))
 }
 
+/// Whether `fd` names a regular file (as `fstat` tells; procfs files are regular too).
+fn is_regular_file(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: `stat` is plain data, fully written by a successful fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is a descriptor number (a closed one makes fstat fail) and `st` a valid
+    // out-pointer.
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0) && st.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
 /// `cuMemPoolImportFromShareableHandle` for POSIX descriptors: a pool handle of this process
 /// over the pool file `fd` names (the caller keeps `fd`), for importing pointers only: a new one,
 /// or the live import's of the same pool (counted: each import is destroyed once). Another
 /// handle type → `NOT_SUPPORTED` (as observed); flags ≠ 0 → `INVALID_VALUE`; a negative
 /// descriptor → `UNKNOWN` (what the H100 answered for `cuMemImportFromShareableHandle(-1)`, the
-/// same descriptor path); a descriptor that is not an exported pool → `INVALID_VALUE`; a device
+/// same descriptor path); a regular file that is not an exported pool → `UNKNOWN` and any other
+/// descriptor that is not one → `INVALID_VALUE` (both observed on an H100, 2026-11-24: a regular
+/// file's descriptor, and descriptor 0); a device
 /// this process does not have → `INVALID_DEVICE`.
 pub(crate) fn import_fd(fd: i32, handle_type: u32, flags: u64) -> Result<u64, Fail> {
     if handle_type != POSIX_FD {
@@ -401,6 +412,14 @@ pub(crate) fn import_fd(fd: i32, handle_type: u32, flags: u64) -> Result<u64, Fa
         invalid(format!("file descriptor {fd} is not a pool exported by cuMemPoolExportToShareableHandle"))
     };
     if n != header.len() as isize || &header[..8] != FILE_MAGIC {
+        if is_regular_file(borrowed) {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_UNKNOWN,
+                format!(
+                    "file descriptor {fd} is a regular file, not a pool exported by cuMemPoolExportToShareableHandle"
+                ),
+            ));
+        }
         return Err(not_pool());
     }
     let (ino, _) = stat(borrowed).ok_or_else(not_pool)?;

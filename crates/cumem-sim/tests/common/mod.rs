@@ -8,6 +8,7 @@
 pub mod child_process;
 
 use std::ffi::c_void;
+use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self as cu, CUcontext, CUdeviceptr, CUresult, CUstream};
@@ -255,4 +256,72 @@ pub unsafe fn raw<T: Copy>(name: &str) -> T {
     let sym = format!("{name}\0");
     // SAFETY: per this function's contract.
     unsafe { *lib.get::<T>(sym.as_bytes()).expect("symbol exported") }
+}
+
+/// Runs `f` on a new thread with device 0's primary context current.
+pub fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Receiver<T> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        bind(0);
+        let _ = tx.send(f());
+    });
+    rx
+}
+
+/// A 2D copy descriptor of `height` rows of `width` bytes between two device-typed addresses.
+pub fn device_2d(
+    dst: CUdeviceptr,
+    dst_pitch: usize,
+    src: CUdeviceptr,
+    src_pitch: usize,
+    width: usize,
+    height: usize,
+) -> cu::CUDA_MEMCPY2D {
+    let device = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    cu::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: device,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: device,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
+    }
+}
+
+/// Asserts that the simulator's live report is clean: everything the test made is released.
+pub fn assert_all_released() {
+    let report = setup().live_report();
+    assert!(report.is_clean(), "everything the test made is released: {report}");
+}
+
+/// Starts `cuMemFree(idle)` on another thread (device 0 current) and returns once it waits there
+/// for more than `pause` (for a stream the test holds): the device is then held. On a loaded
+/// machine the thread may start late, so it must have entered the call first (the pause then
+/// covers the step from entry to holding the device); `limit` bounds that wait.
+pub fn free_waiting(
+    ctl: &Control,
+    idle: CUdeviceptr,
+    pause: std::time::Duration,
+    limit: std::time::Duration,
+) -> Receiver<CUresult> {
+    let frees = ctl.calls("cuMemFree_v2");
+    // SAFETY: plain FFI call with a live allocation.
+    let free = on_thread(move || unsafe { cu::cuMemFree_v2(idle) });
+    let entered = std::time::Instant::now();
+    while ctl.calls("cuMemFree_v2") == frees {
+        assert!(entered.elapsed() < limit, "the thread never called cuMemFree");
+        std::thread::yield_now();
+    }
+    assert!(free.recv_timeout(pause).is_err(), "cuMemFree waits for the stream held by the host function");
+    free
 }
