@@ -510,10 +510,18 @@ impl HostAccess {
     /// Queues device work that reads the memory on `stream`, ordered after pending device writes,
     /// and tracks it so that later host writes (and the free) wait for it.
     ///
-    /// The tracker stays locked while `enqueue` runs (a host wait's snapshot of the tracked
-    /// streams, and the lowering of the views' state, must not fall between the tracking and the
-    /// work): a driver call in it that blocks (§17 of the driver brief: behind another thread's
-    /// `cuMemFree`) holds up host access to this memory on other threads meanwhile.
+    /// The tracker stays locked from the ordering through `enqueue` (a host wait's snapshot of the
+    /// tracked streams, and the lowering of the views' state, must not fall between the tracking
+    /// and the work). Streams that stream orders let go of meanwhile, and their marker events, are
+    /// destroyed only after the tracker is unlocked. Every other driver call in between is made
+    /// with it locked: the ordering's `cuEventCreate` (a marker's first use) and `cuEventRecord`
+    /// of the streams waited for, and whatever `enqueue` calls (a copy's profiler events, the
+    /// `cuMemcpy*Async` itself). Each of those waits behind another thread's `cuMemFree` that
+    /// waits for a stream held by a host function (driver brief §17, docs/observed-on-gpu.md), and
+    /// holds up host access to this memory on other threads meanwhile. So a host function must not
+    /// take host access to this memory while another thread may be queueing device work reading it
+    /// and any thread may free memory in the context: the free waits for the host function, the
+    /// enqueue for the free, and the host function for the tracker.
     ///
     /// # Safety
     /// 1. `ptr` points to `len` values that stay valid until the tracker is idle again.

@@ -74,11 +74,22 @@ thread_local! {
 
 /// Held (declared after the guard it stands for, so dropped after it) while the calling thread
 /// holds a cumem lock around stream orders: a host tracker's lock, held while a copy orders the
-/// device memory on the other side. The streams those orders let go of for good meanwhile are
-/// destroyed when the outermost one is dropped, after its lock: `cuStreamDestroy` and the
+/// device memory on the other side, and a [`StreamOrder::queue_on`] closure's order lock, held
+/// while the closure runs (other memory's tickets or guards dropped there, an owner's order
+/// joined or admitting another stream there). The streams orders let go of for good meanwhile
+/// are destroyed when the outermost one is dropped, after its lock: `cuStreamDestroy` and the
 /// `cuEventDestroy` of the stream's marker wait behind another thread's `cuMemFree` on a real
 /// driver (docs/observed-on-gpu.md, measured 2026-11-24), and a host function that needs the lock
 /// (another thread's host access to the tracked memory) would then deadlock with that free.
+///
+/// It covers those destroys only. The driver calls of the work done under the lock are still made
+/// with it held, and wait behind such a free all the same: for a copy holding a host tracker's
+/// lock, the ordering's `cuEventCreate` (a marker's first use) and `cuEventRecord` of the
+/// waited-for streams' markers, the profiler's events, and the `cuMemcpy*Async` itself (the lock
+/// cannot be let go of before the enqueue: a host wait's snapshot of the tracked streams would
+/// miss a copy not queued yet); for a `queue_on` closure, everything it calls. So a host function
+/// must not take host access to memory that another thread may be copying to or from (or queueing
+/// work on in a closure) while any thread may free memory in that context (docs/safety.md).
 pub(crate) struct AroundOrders(());
 
 impl AroundOrders {
@@ -162,14 +173,14 @@ struct Users {
     /// cannot run work on it meanwhile (managed memory without concurrent managed access).
     excluded: Exclusion,
     /// Streams whose last handle the bookkeeping let go of, destroyed once the users are unlocked
-    /// ([`Locked`]) or, for an owner with exclusive access, right away (in both cases after a
-    /// host tracker's lock the thread holds around the order, see [`AroundOrders`]), with cumem locks refused
-    /// on the thread meanwhile: a stream's drop calls the driver and may log, and a subscriber
-    /// that used this order (or a lock held around it) would wait for its own thread. (An owner
-    /// with exclusive access holds no such lock; its paths refuse too only so that a subscriber
-    /// sees one behaviour. The streams an owner's order still names when it is dropped go without
-    /// a refusal.) Empty (no heap) unless a stream
-    /// was actually let go of for good, which costs driver calls anyway.
+    /// ([`Locked`]) or, for an owner with exclusive access, right away (in both cases after any
+    /// lock the thread holds around orders, a host tracker's or a `queue_on` closure's order's,
+    /// see [`AroundOrders`]), with cumem locks refused on the thread meanwhile: a stream's drop
+    /// calls the driver and may log, and a subscriber that used this order (or a lock held around
+    /// it) would wait for its own thread. (An owner with exclusive access holds no such lock; its
+    /// paths refuse too only so that a subscriber sees one behaviour. The streams an owner's order
+    /// still names when it is dropped go without a refusal.) Empty (no heap) unless a stream was
+    /// actually let go of for good, which costs driver calls anyway.
     dead: Vec<LastStream>,
 }
 
@@ -566,8 +577,14 @@ impl StreamOrder {
         inner.order_after_users(stream)?;
         // `queue` makes raw driver calls, perhaps on a thread where no context is current.
         stream.context().bind()?;
-        let _queuing =
-            Queuing { waited_before: inner.next_gen, inner, order: self, stream, _refusal: Refusal::raise() };
+        let _queuing = Queuing {
+            waited_before: inner.next_gen,
+            inner,
+            order: self,
+            stream,
+            _around: AroundOrders::enter(),
+            _refusal: Refusal::raise(),
+        };
         queue()
     }
 
@@ -704,8 +721,14 @@ impl StreamOrder {
     }
 
     fn set_admits(&mut self, admits: Admits) {
-        // Exclusive access: no lock is held, so a stream let go of is destroyed now.
-        drop(std::mem::replace(&mut self.users_mut().excluded.admits, admits));
+        let users = self.users_mut();
+        if let Admits::Only(before) = std::mem::replace(&mut users.excluded.admits, admits) {
+            bury(&mut users.dead, before);
+        }
+        // Exclusive access: the order holds no lock, so a stream let go of is destroyed now (or,
+        // inside a lock around orders, a `queue_on` closure of another order or a host tracker's,
+        // once the outermost is let go of).
+        destroy_let_go(&mut users.dead);
     }
 
     /// Ends the open-ended exclusion: the owner has exclusive access, so no host borrow that
@@ -803,10 +826,18 @@ struct Queuing<'o> {
     stream: &'o Stream,
     /// The users were locked since the waits, so every entry recorded so far was waited for.
     waited_before: u64,
-    /// Declared after `inner`, so dropped after it: the streams the bookkeeping let go of are
-    /// destroyed (when `inner` unlocks) while cumem locks are still refused on this thread. A
-    /// stream's drop may log, and a subscriber that takes a lock this thread holds around the
-    /// closure (a host tracker's, in a copy) is refused then instead of waiting for itself.
+    /// Declared after `inner`, so dropped after it: the closure runs with this order locked, a
+    /// lock around orders ([`AroundOrders`]). Streams let go of inside it (a ticket or view's
+    /// guard of other memory dropped there, an owner's order joined or admitting another stream
+    /// there) and by the recording when it returns are destroyed once `inner` has unlocked the
+    /// users (or once a lock held around this one, a host tracker's, is let go of), not while
+    /// another thread needing this order (a host function reading the memory on the host) waits.
+    _around: AroundOrders,
+    /// Declared after `inner` and `_around`, so dropped after them: the streams the bookkeeping let
+    /// go of are destroyed (when `_around` goes, after `inner` unlocks) while cumem locks are still
+    /// refused on this thread. A stream's drop may log, and a subscriber that takes a lock this
+    /// thread holds around the closure (a host tracker's, in a copy) is refused then instead of
+    /// waiting for itself.
     _refusal: Refusal,
 }
 
@@ -815,9 +846,10 @@ struct Queuing<'o> {
 /// inside the bookkeeping.
 ///
 /// While the thread holds a cumem lock around orders (a host tracker's, around a ticket or a
-/// copy's device side: [`AroundOrders`]), the streams are kept and destroyed once the outermost
-/// such lock is let go of: destroying a stream (and its marker event) waits behind another
-/// thread's `cuMemFree` on a real driver, and nobody should wait for that lock meanwhile.
+/// copy's device side, or a [`StreamOrder::queue_on`] closure's order lock: [`AroundOrders`]), the
+/// streams are kept and destroyed once the outermost such lock is let go of: destroying a stream
+/// (and its marker event) waits behind another thread's `cuMemFree` on a real driver, and nobody
+/// should wait for that lock meanwhile.
 fn destroy_let_go(dead: &mut Vec<LastStream>) {
     if dead.is_empty() {
         return;
@@ -871,9 +903,9 @@ impl Drop for QueuingMut<'_> {
     fn drop(&mut self) {
         self.inner.record(self.stream, self.waited_before);
         // Exclusive access: the order holds no lock, so the streams let go of are destroyed now
-        // (or, where the thread holds a host tracker's lock around this, once it lets go of it),
-        // while cumem locks are still refused on this thread (`_refusal` goes after this; see
-        // `Queuing::_refusal`).
+        // (or, where the thread holds a lock around orders, a host tracker's or another order's in
+        // a `queue_on` closure, once the outermost is let go of), while cumem locks are still
+        // refused on this thread (`_refusal` goes after this; see `Queuing::_refusal`).
         destroy_let_go(&mut self.inner.dead);
     }
 }
