@@ -27,7 +27,7 @@ use parking_lot::MutexGuard;
 
 use crate::copy::{self, Work};
 use crate::memory::{AllocKind, Allocation, Freed};
-use crate::state::{SIM, State};
+use crate::state::{InFlight, SIM, State};
 use crate::stream::{ENGINE_BUSY, ENGINE_IDLE, ENGINE_WAKE, done_through, wake_value};
 use crate::violation::{self, Violation};
 
@@ -239,6 +239,9 @@ struct Taken {
     api: &'static str,
     tid: u64,
     work: Work,
+    /// It reaches unmapped (or unmapping) VMM memory, so it moves no bytes
+    /// (`crate::vmm::reaches_unmapped`).
+    unmapped: bool,
 }
 
 /// Takes the operation at the head of stream `sid` (picked, and only moving bytes) and then,
@@ -259,8 +262,11 @@ fn take_batch(st: &mut State, now: Instant, sid: u64) -> (Vec<Taken>, Vec<String
         let s = st.streams.get_mut(&sid).expect("picked stream exists");
         let op = s.queue.pop_front().expect("picked stream has a head");
         bytes += bytes_moved(&op.work).unwrap_or(0);
-        st.in_flight.push((sid, op.api, op.work.spans()));
-        batch.push(Taken { sid, seq: op.seq, api: op.api, tid: op.tid, work: op.work });
+        // Decided now, with the lock held: an unmap of bytes this operation moves, called before
+        // the batch is done, waits for it (`crate::vmm::unmap`), so the answer holds throughout.
+        let unmapped = crate::vmm::reaches_unmapped(st, &op.work);
+        st.in_flight.push(InFlight { sid, api: op.api, spans: op.work.spans(), moves: !unmapped });
+        batch.push(Taken { sid, seq: op.seq, api: op.api, tid: op.tid, work: op.work, unmapped });
         if batch.len() >= BATCH_OPS {
             break;
         }
@@ -286,28 +292,35 @@ fn take_batch(st: &mut State, now: Instant, sid: u64) -> (Vec<Taken>, Vec<String
 /// Moves the bytes of a batch's operations, in order, with the state lock released (printing
 /// `notes` meanwhile), then marks their streams idle.
 ///
-/// An operation that reaches unmapped VMM memory (queued before the unmap) moves nothing: the host
-/// view has no pages there any more. Decided here, with the lock held; an unmap of anything the
-/// batch spans waits for the batch (`crate::vmm::unmap`), so the answer holds while the bytes move.
+/// An operation that reaches unmapped VMM memory (queued before the unmap), or memory an unmap in
+/// progress is unmapping, moves nothing: the host view has no pages there any more, or soon will
+/// not. Decided in [`take_batch`], with the lock held; an unmap of anything the batch moves bytes
+/// in waits for the batch (`crate::vmm::unmap`), so the answer holds while the bytes move.
 fn run_batch(g: &mut MutexGuard<'_, State>, batch: Vec<Taken>, notes: Vec<String>) {
     let mut done: Vec<u64> = batch.iter().map(|t| t.sid).collect();
     done.sort_unstable();
     done.dedup();
-    let unmapped: Vec<bool> = batch.iter().map(|t| crate::vmm::reaches_unmapped(g, &t.work)).collect();
     MutexGuard::unlocked(g, || {
         notes.iter().for_each(crate::ipc::event::say);
-        for (Taken { api, tid, work, .. }, unmapped) in batch.into_iter().zip(unmapped) {
+        for Taken { api, tid, work, unmapped, .. } in batch {
             if unmapped {
-                // An unmapped mapping it touches is reported as a use after free below.
-                if !work.touched().iter().any(|a| a.kind == AllocKind::Vmm && a.freed.get().is_some()) {
+                // The frees as they stand now, looked at once: an unmap in progress may mark its
+                // allocation freed meanwhile, and the operation is reported once either way.
+                let frees: Vec<_> =
+                    work.touched().into_iter().filter_map(|a| a.freed.get().map(|how| (a, how))).collect();
+                // An unmapped mapping it touches is reported as a use after free.
+                if !frees.iter().any(|(a, _)| a.kind == AllocKind::Vmm) {
                     violation::record(use_after_unmap(api, tid, &work));
                 }
-            } else {
-                // A panic here would kill the engine and hang every waiter; contain it.
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(&work)));
+                for (a, how) in frees {
+                    violation::record(use_after_free(api, tid, a, how));
+                }
+                continue;
             }
-            // The bytes have moved (or, unmapped, could not). A free that took effect before this
-            // point was not ordered after the operation: report the use after free.
+            // A panic here would kill the engine and hang every waiter; contain it.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy::execute(&work)));
+            // The bytes have moved. A free that took effect before this point was not ordered
+            // after the operation: report the use after free.
             for a in work.touched() {
                 if let Some(how) = a.freed.get() {
                     violation::record(use_after_free(api, tid, a, how));
@@ -410,15 +423,9 @@ fn engine_loop() {
                 }
                 finish(&mut g, sid);
             }
-            // Taken above in a batch; alone, it runs as a batch of one.
-            work @ (Work::Copy { .. } | Work::Fill { .. } | Work::Rows { .. } | Work::FillRows { .. }) => {
-                // Found by unmaps, as a batch's operations are (see `take_batch`).
-                g.in_flight.push((sid, op.api, work.spans()));
-                run_batch(
-                    &mut g,
-                    vec![Taken { sid, seq: op.seq, api: op.api, tid: op.tid, work }],
-                    Vec::new(),
-                );
+            // Byte-moving work: taken in a batch above, never here.
+            Work::Copy { .. } | Work::Fill { .. } | Work::Rows { .. } | Work::FillRows { .. } => {
+                unreachable!("byte-moving work is taken in a batch")
             }
         }
     }

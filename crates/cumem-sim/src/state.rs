@@ -58,8 +58,18 @@ impl Device {
     }
 }
 
-/// One operation of the engine's batch: its stream, its enqueueing call and its byte spans.
-pub(crate) type InFlight = (u64, &'static str, Vec<(u64, u64)>);
+/// One operation of the engine's batch.
+pub(crate) struct InFlight {
+    /// Its stream.
+    pub(crate) sid: u64,
+    /// Its enqueueing call.
+    pub(crate) api: &'static str,
+    /// Its byte spans.
+    pub(crate) spans: Vec<(u64, u64)>,
+    /// Whether its bytes move: false for work that reaches unmapped (or unmapping) VMM memory,
+    /// decided as the batch is taken (`crate::vmm::reaches_unmapped`).
+    pub(crate) moves: bool,
+}
 
 /// Everything behind the lock.
 pub(crate) struct State {

@@ -127,7 +127,9 @@ pub extern "C" fn cuMemMap(
 }
 
 /// `CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)`: the range must be made of whole
-/// mappings (`INVALID_VALUE` otherwise); waits for queued work first.
+/// mappings (`INVALID_VALUE` otherwise). Waits for no queued work (reported instead, and moving no
+/// bytes when it runs) and holds no device; only for the engine's batch in progress over the
+/// range, if any (`crate::vmm::pending`).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     api::call("cuMemUnmap", Init::Required, || vmm::unmap(ptr, size))

@@ -169,21 +169,28 @@ pub(crate) fn unmap(ptr: u64, size: usize) -> Result<(), Fail> {
     tiling(&st.vmm, ptr, size as u64, "cuMemUnmap")?;
     let end = ptr + size as u64;
     super::pending::report_queued_work(&st, None, ptr, end, "cuMemUnmap");
-    // Only the engine's current batch over these bytes is waited for (its bytes move with the lock
-    // released); queued work is not, and no device is held: see `pending`.
+    // Only the engine's current batch moving bytes here is waited for (its bytes move with the lock
+    // released); queued work is not, and no device is held: see `pending`. Marked as unmapping
+    // meanwhile, the range gets no bytes moved by the batches taken after this one, so the wait
+    // ends with it.
+    let range = (ptr, size as u64);
+    st.vmm.unmapping.push(range);
     while super::pending::executing_over(&st, ptr, end) {
         SIM.changed.wait(&mut st);
     }
+    let mine = st.vmm.unmapping.iter().position(|&r| r == range).expect("pushed above");
+    st.vmm.unmapping.swap_remove(mine);
     // Another thread may have unmapped some of it while we waited.
     let bases = tiling(&st.vmm, ptr, size as u64, "cuMemUnmap")?;
     for base in bases {
         let m = st.vmm.mappings.remove(&base).expect("tiled");
         let space = &st.vmm.spaces[&st.vmm.reservations[&m.reservation].device];
         let at = (base - space.base) as usize;
-        // SAFETY: `[at, at + m.size)` is this mapping's part of its device's view; no batch the
-        // engine is moving spans it (waited for above, with no release of the lock since), and
-        // the engine moves no bytes of work that reaches it once its allocation is marked freed
-        // below (`pending::reaches_unmapped`). MAP_FIXED replaces it with inaccessible anonymous
+        // SAFETY: `[at, at + m.size)` is this mapping's part of its device's view; no operation
+        // of the engine's batch moves bytes in it (waited for above, with no release of the lock
+        // since: a batch taken while the range was marked as unmapping moves none there), and the
+        // engine moves no bytes of work that reaches it once its allocation is marked freed below
+        // (`pending::reaches_unmapped`). MAP_FIXED replaces it with inaccessible anonymous
         // space, dropping the memory file's pages from the view.
         let p = unsafe {
             libc::mmap(

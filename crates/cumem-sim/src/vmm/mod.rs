@@ -156,6 +156,10 @@ pub(crate) struct Vmm {
     pub(crate) mappings: BTreeMap<u64, Mapping>,
     /// VMM address spaces by device ordinal.
     pub(crate) spaces: BTreeMap<usize, Space>,
+    /// The ranges, as `(address, length)`, that `cuMemUnmap` calls in progress are unmapping (waiting for the engine's batch in
+    /// progress over them): work the engine takes meanwhile that touches one moves no bytes
+    /// (`pending::reaches_unmapped`), so that the unmap waits for one batch at most.
+    pub(crate) unmapping: Vec<(u64, u64)>,
     /// The size of each device's space, planned at `cuInit`; 0 once the kernel refused even the
     /// smallest (remembered: trying again would repeat the failing mappings, under the state lock,
     /// at every `cuMemAddressReserve`).
@@ -171,6 +175,7 @@ impl Vmm {
             physical: BTreeMap::new(),
             mappings: BTreeMap::new(),
             spaces: BTreeMap::new(),
+            unmapping: Vec::new(),
             planned: BTreeMap::new(),
             next_handle: 0,
         }

@@ -1,21 +1,25 @@
 //! Queued work over memory whose mapping or access is about to change, and the engine's work that
 //! must finish before a mapping's pages leave the host view.
 //!
-//! `cuMemUnmap` and `cuMemSetAccess` do not wait for queued work on a GPU (the documentation says
-//! nothing of it; PyTorch's expandable segments synchronise the stream themselves before
-//! unmapping): work still queued over the bytes faults when it runs. Observed on an H100
-//! (2026-11-24, raw driver calls, driver 580.159.04; `docs/vmm.md`): they do not wait for unrelated
-//! streams either (an unmap returned in 0.1 ms while a non-blocking stream was held by a host
-//! function), nor behind another thread's implicit synchronisation. So queued work over the bytes
-//! is reported at the call ([`report_queued_work`]), and the call goes on. When that work runs
+//! Observed on an H100 (2026-11-24, raw driver calls, driver 580.159.04; `docs/vmm.md`):
+//! `cuMemUnmap` and `cuMemSetAccess` do not wait for unrelated streams (an unmap of a mapping no
+//! work used returned in 0.1 ms while a non-blocking stream was held by a host function), nor
+//! behind another thread's implicit synchronisation. Whether they wait for work queued over their
+//! own bytes was not observed (`docs/vmm.md`, "To verify on a GPU"); the documentation says nothing
+//! of it, and PyTorch's expandable segments synchronise the stream themselves before unmapping. The
+//! simulator's choice is that they do not, the work faulting when it runs: queued work over the
+//! bytes is reported at the call ([`report_queued_work`]), and the call goes on. When that work runs
 //! later, the engine finds its mapping gone (`crate::vmm::reaches_unmapped`): it moves no bytes
 //! (the pages are `PROT_NONE` by then) and reports a use after free.
 //!
 //! The one wait left is the simulator's own: the engine moves a batch's bytes with the state lock
-//! released, so `cuMemUnmap` waits until no operation of the current batch spans the bytes it
-//! unmaps ([`executing_over`]) before their pages leave the host view. That batch is at most 32
-//! operations (1 MiB together, or one larger one), already taken off their queues; the unmap
-//! waits for no stream, and holds no device (other threads' calls go on).
+//! released, so `cuMemUnmap` waits until no operation of the current batch moves bytes in the
+//! range it unmaps ([`executing_over`]) before their pages leave the host view. That batch is at
+//! most 32 operations (1 MiB together, or one larger one), already taken off their queues; the
+//! range is marked as being unmapped meanwhile (`Vmm::unmapping`), so batches taken later move
+//! none of their bytes there ([`reaches_unmapped`]) and the unmap waits for that one batch only,
+//! not for the rest of the work queued over its bytes. The unmap waits for no stream, and holds no
+//! device (other threads' calls go on).
 
 use crate::copy::Work;
 use crate::memory::AllocKind;
@@ -27,10 +31,10 @@ fn overlaps(spans: &[(u64, u64)], lo: u64, hi: u64) -> bool {
     spans.iter().any(|&(addr, len)| addr < hi && lo < addr.saturating_add(len))
 }
 
-/// Whether an operation of the engine's current batch (taken off its queue, its bytes moving or
-/// about to move with the state lock released) touches `[lo, hi)`.
+/// Whether an operation of the engine's current batch (taken off its queue) moves bytes in
+/// `[lo, hi)`, or is about to, with the state lock released.
 pub(crate) fn executing_over(st: &State, lo: u64, hi: u64) -> bool {
-    st.in_flight.iter().any(|(_, _, spans)| overlaps(spans, lo, hi))
+    st.in_flight.iter().any(|f| f.moves && overlaps(&f.spans, lo, hi))
 }
 
 /// The enqueueing call of the first operation not yet started, on a stream of `device` (any
@@ -39,9 +43,8 @@ fn queued_over(st: &State, device: Option<usize>, lo: u64, hi: u64) -> Option<(&
     let over = |spans: &[(u64, u64)]| overlaps(spans, lo, hi);
     let on_device = |sid: u64| device.is_none_or(|d| st.streams.get(&sid).is_some_and(|s| s.device == d));
     // The engine's batch first: taken off their queues, its operations may not have started.
-    let batched = st.in_flight.iter().find(|(sid, _, spans)| on_device(*sid) && over(spans));
-    if let Some(&(sid, api, _)) = batched {
-        return Some((api, sid));
+    if let Some(f) = st.in_flight.iter().find(|f| on_device(f.sid) && over(&f.spans)) {
+        return Some((f.api, f.sid));
     }
     st.streams
         .iter()
@@ -67,13 +70,18 @@ pub(crate) fn report_queued_work(st: &State, device: Option<usize>, lo: u64, hi:
     });
 }
 
-/// Whether `work` reaches VMM memory that is no longer mapped: a mapping it touches was unmapped
-/// (its allocation's free took effect) or a span that runs on from a mapping into the next one
-/// finds no mapping there any more. Such work was queued before the unmap (which reported it);
-/// the engine moves none of its bytes, since the host view has `PROT_NONE` pages there. Called with
-/// the state lock held, before the lock is released to move a batch's bytes: the unmap of
-/// anything the batch spans waits for it ([`executing_over`]), so the answer holds until then.
+/// Whether `work` reaches VMM memory that is no longer mapped, or is being unmapped: a mapping it
+/// touches was unmapped (its allocation's free took effect), a span that runs on from a mapping
+/// into the next one finds no mapping there any more, or a span overlaps a range a `cuMemUnmap`
+/// in progress is unmapping (`Vmm::unmapping`). Such work was queued before the unmap (which
+/// reported it); the engine moves none of its bytes, since the host view has (or is about to have)
+/// `PROT_NONE` pages there. Called with the state lock held, as the engine takes the work for a
+/// batch: the unmap of anything the batch moves bytes in waits for it ([`executing_over`]), so the
+/// answer holds until the batch is done.
 pub(crate) fn reaches_unmapped(st: &State, work: &Work) -> bool {
+    if work.spans().iter().any(|&(addr, len)| overlaps(&st.vmm.unmapping, addr, addr.saturating_add(len))) {
+        return true;
+    }
     let touched = work.touched();
     if !touched.iter().any(|a| a.kind == AllocKind::Vmm) {
         return false;
