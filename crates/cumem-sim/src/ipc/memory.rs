@@ -63,7 +63,7 @@ pub(crate) fn get_handle(dptr: u64) -> Result<[u8; SIZE], Fail> {
 fn touched_by_queued_work(st: &State, a: &Arc<Allocation>) -> bool {
     let (lo, hi) = (a.base, a.base.saturating_add(a.bytes));
     let over = |spans: &[(u64, u64)]| spans.iter().any(|&(p, n)| p < hi && lo < p.saturating_add(n));
-    st.in_flight.iter().any(|(_, _, spans)| over(spans))
+    st.in_flight.iter().any(|f| over(&f.spans))
         || st
             .streams
             .values()

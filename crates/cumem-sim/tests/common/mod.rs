@@ -230,8 +230,8 @@ impl Drop for Gate {
 /// Runs `f` on a new thread with device 0's primary context current; its result comes through the
 /// channel, so a call that blocks when it should not fails a `recv_timeout` instead of hanging the
 /// test.
-pub fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> std::sync::mpsc::Receiver<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
+pub fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Receiver<T> {
+    let (tx, rx) = channel();
     std::thread::spawn(move || {
         bind(0);
         let _ = tx.send(f());
@@ -256,16 +256,6 @@ pub unsafe fn raw<T: Copy>(name: &str) -> T {
     let sym = format!("{name}\0");
     // SAFETY: per this function's contract.
     unsafe { *lib.get::<T>(sym.as_bytes()).expect("symbol exported") }
-}
-
-/// Runs `f` on a new thread with device 0's primary context current.
-pub fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Receiver<T> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        bind(0);
-        let _ = tx.send(f());
-    });
-    rx
 }
 
 /// A 2D copy descriptor of `height` rows of `width` bytes between two device-typed addresses.
