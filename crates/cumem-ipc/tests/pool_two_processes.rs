@@ -18,8 +18,8 @@ use cumem_copy::StreamCopy;
 use cumem_core::{Device, DeviceBuffer, DriverResource, Error, Feature, PinnedBuffer, Stream};
 use cumem_ipc::fd_passing::{anonymous_file, recv_fds, send_fds};
 use cumem_ipc::{ImportedPool, IpcEvent, IpcEventHandle, IpcMemHandle, PoolPointerExport, ShareablePool};
-use cumem_sys::{sys, testing};
 use cumem_sys::testing::child_process::{ChildTest, Watchdog, connect_to_parent, expect};
+use cumem_sys::{sys, testing};
 use serial_test::serial;
 
 /// Set (to the socket path) in the child process.
