@@ -33,12 +33,23 @@
 //! observed says that other threads' calls wait for it, and it waits for one stream, not the
 //! device.
 //!
-//! A full stream holds the device too, for fewer calls. A stream accepts [`QUEUE_DEPTH`] work
-//! items (copies and memsets) not yet started; a further one waits, in the call, until the stream
-//! moves ([`wait_room`]). Observed on the same H100 the same day: while a thread waited so,
-//! another thread's memset on another stream returned, but `cuEventCreate` and `cuMemAlloc`
-//! blocked until the full stream moved ([`current_gated_full`]). Nothing else was measured then,
-//! so nothing else waits for it.
+//! A full stream holds its context too, for fewer calls. A stream accepts [`QUEUE_DEPTH`] work
+//! items (copies, memsets and host functions) not yet started; a further one, or an event
+//! recording, waits in the call until the stream moves ([`wait_room`]). Observed on the same H100
+//! the same day (single runs), with another thread's calls timed while one waited so, which calls
+//! wait depends on what the waiting thread queues ([`Full::holds`]):
+//! - a copy or memset: `cuEventCreate` and `cuMemAlloc` blocked ([`current_gated_full`]); a memset
+//!   and an event recording on another stream returned;
+//! - an event recording: recordings on another stream, `cuEventCreate` and `cuMemAlloc` blocked
+//!   ([`gate_full`]); a memset on another stream returned;
+//! - a host function launch: memsets and recordings on another stream, `cuEventCreate` and
+//!   `cuMemAlloc` all blocked (copies are held as memsets are).
+//!
+//! The hold is per context, not per device: while a memset waited for room in the primary
+//! context, `cuMemAlloc` in that context blocked, but `cuMemAlloc` and `cuEventCreate` in a second
+//! context (`cuCtxCreate`) of the same device returned. Nothing else was measured, so nothing else
+//! waits for a full stream. An invalid copy or memset on a full stream failed at once with its
+//! error, so the calls check their arguments before waiting for room (`crate::copy`).
 
 use cudarc::driver::sys::CUstream;
 use parking_lot::MutexGuard;
