@@ -252,15 +252,28 @@ fn target_stream(g: &mut MutexGuard<'_, State>, stream: Option<CUstream>) -> Res
     }
 }
 
-/// [`target_stream`] for a call that queues a work item (`queues`: false for an empty one, which
-/// queues nothing): once the stream has room for it, waiting for room as a GPU's full queue makes
-/// the call wait (see [`crate::hold::QUEUE_DEPTH`]). The lock stays held from the last look until
-/// the caller queues its work, so the room is still there then.
-fn queue_target(g: &mut MutexGuard<'_, State>, stream: Option<CUstream>, queues: bool) -> Result<u64, Fail> {
+/// [`target_stream`] and the call's own checks (`check`, given the stream) for a call that queues
+/// a work item (`queues`: false for an empty one, which queues nothing). The checks come first,
+/// so an invalid call fails at once even on a full stream (observed); a valid one then waits for
+/// room as a GPU's full queue makes the call wait (see [`crate::hold::QUEUE_DEPTH`]), and
+/// everything is looked up and checked again after a wait. Before that, it waits while another
+/// thread's host function launch waits for room in the stream's context (observed). The lock
+/// stays held from the last look until the caller queues its work, so the room is still there
+/// then.
+fn queue_checked<T>(
+    g: &mut MutexGuard<'_, State>,
+    stream: Option<CUstream>,
+    queues: bool,
+    mut check: impl FnMut(&State, u64) -> Result<T, Fail>,
+) -> Result<(u64, T), Fail> {
     loop {
         let sid = target_stream(g, stream)?;
-        if !queues || !crate::hold::wait_room(g, sid) {
-            return Ok(sid);
+        if queues && crate::hold::gate_full(g, sid, crate::hold::Gated::Work) {
+            continue;
+        }
+        let checked = check(g, sid)?;
+        if !queues || !crate::hold::wait_room(g, sid, crate::hold::Full::Work) {
+            return Ok((sid, checked));
         }
     }
 }
@@ -306,7 +319,7 @@ pub(crate) unsafe fn memcpy(
 /// What every 1D copy checks at the call: the stream (the legacy one for `None`), then the
 /// destination (writable) and the source, each inside one allocation or pageable memory as its
 /// role allows. `None` for an empty copy, which checks only the stream. With `queue`, a copy that
-/// is not empty first waits for room on its stream ([`queue_target`]).
+/// is not empty then waits for room on its stream ([`queue_checked`]).
 fn resolve_copy(
     g: &mut MutexGuard<'_, State>,
     (dst, dst_role): (u64, Role),
@@ -315,15 +328,17 @@ fn resolve_copy(
     stream: Option<CUstream>,
     queue: bool,
 ) -> Result<Option<(u64, Endpoint, Endpoint)>, Fail> {
-    let sid = queue_target(g, stream, queue && len != 0)?;
-    if len == 0 {
-        return Ok(None);
-    }
-    let dev = g.streams[&sid].device;
-    let d = resolve(g, dev, dst, len, dst_role, "destination")?;
-    writable(g, dev, &d, dst, len)?;
-    let s = resolve(g, dev, src, len, src_role, "source")?;
-    Ok(Some((sid, d, s)))
+    let (sid, ends) = queue_checked(g, stream, queue && len != 0, |st, sid| {
+        if len == 0 {
+            return Ok(None);
+        }
+        let dev = st.streams[&sid].device;
+        let d = resolve(st, dev, dst, len, dst_role, "destination")?;
+        writable(st, dev, &d, dst, len)?;
+        let s = resolve(st, dev, src, len, src_role, "source")?;
+        Ok(Some((d, s)))
+    })?;
+    Ok(ends.map(|(d, s)| (sid, d, s)))
 }
 
 /// A memset of `count` elements of `width` bytes. `stream == None` = synchronous API.
@@ -335,25 +350,30 @@ pub(crate) fn memset(
     stream: Option<CUstream>,
 ) -> Result<(), Fail> {
     let mut g = SIM.st.lock();
-    let sid = queue_target(&mut g, stream, count != 0)?;
-    if count == 0 {
-        return Ok(());
-    }
-    if !dst.is_multiple_of(width as u64) {
-        return Err(Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            format!("destination {dst:#x} is not {width}-byte aligned"),
-        ));
-    }
-    let bytes = count.checked_mul(width).ok_or_else(|| {
-        Fail::misuse(
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            format!("{count} elements of {width} bytes overflow"),
-        )
+    let (sid, d) = queue_checked(&mut g, stream, count != 0, |st, sid| {
+        if count == 0 {
+            return Ok(None);
+        }
+        if !dst.is_multiple_of(width as u64) {
+            return Err(Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("destination {dst:#x} is not {width}-byte aligned"),
+            ));
+        }
+        let bytes = count.checked_mul(width).ok_or_else(|| {
+            Fail::misuse(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("{count} elements of {width} bytes overflow"),
+            )
+        })?;
+        let dev = st.streams[&sid].device;
+        let d = resolve(st, dev, dst, bytes, Role::Device, "destination")?;
+        writable(st, dev, &d, dst, bytes)?;
+        Ok(Some(d))
     })?;
-    let dev = g.streams[&sid].device;
-    let mut d = resolve(&g, dev, dst, bytes, Role::Device, "destination")?;
-    writable(&g, dev, &d, dst, bytes)?;
+    let Some(mut d) = d else {
+        return Ok(());
+    };
     admit(&g, sid, [(&mut d, true)]);
     let wait = stream.is_none() && !d.is_device();
     let seq = enqueue(&mut g, sid, Work::Fill { dst: d, value, width, count }, Vec::new());
@@ -634,37 +654,43 @@ fn side_rows(st: &State, dev: usize, c: &Copy3D, s: &Side, what: &str) -> Result
 ///    requires of its caller; a pageable destination stays valid until the call returns.
 pub(crate) unsafe fn memcpy_3d(c: Copy3D, stream: Option<CUstream>) -> Result<(), Fail> {
     let mut g = SIM.st.lock();
-    let sid = queue_target(&mut g, stream, c.width != 0 && c.height != 0 && c.depth != 0)?;
-    for (s, what) in [(&c.src, "src"), (&c.dst, "dst")] {
-        match s.mem_type {
-            HOST | DEVICE | UNIFIED => {}
-            ARRAY => {
-                return Err(bad(format!(
-                    "{what}MemoryType CU_MEMORYTYPE_ARRAY: CUDA arrays are not modelled, so {:#x} is not an array",
-                    s.array
-                )));
+    let queues = c.width != 0 && c.height != 0 && c.depth != 0;
+    let (sid, rows) = queue_checked(&mut g, stream, queues, |st, sid| {
+        for (s, what) in [(&c.src, "src"), (&c.dst, "dst")] {
+            match s.mem_type {
+                HOST | DEVICE | UNIFIED => {}
+                ARRAY => {
+                    return Err(bad(format!(
+                        "{what}MemoryType CU_MEMORYTYPE_ARRAY: CUDA arrays are not modelled, so {:#x} is not an array",
+                        s.array
+                    )));
+                }
+                t => return Err(bad(format!("{what}MemoryType {t} is not a CUmemorytype"))),
             }
-            t => return Err(bad(format!("{what}MemoryType {t} is not a CUmemorytype"))),
+            if s.lod != 0 {
+                return Err(bad(format!("{what}LOD {} must be 0", s.lod)));
+            }
         }
-        if s.lod != 0 {
-            return Err(bad(format!("{what}LOD {} must be 0", s.lod)));
+        if c.reserved_set {
+            return Err(bad("reserved0/reserved1 must be NULL".into()));
         }
-    }
-    if c.reserved_set {
-        return Err(bad("reserved0/reserved1 must be NULL".into()));
-    }
-    if c.width == 0 || c.height == 0 || c.depth == 0 {
+        if !queues {
+            return Ok(None);
+        }
+        let dev = st.streams[&sid].device;
+        let max_pitch = st.devices[dev].attr(11).unwrap_or(i32::MAX) as u64;
+        side_checks(st, dev, &c, &c.src, "src", max_pitch)?;
+        side_checks(st, dev, &c, &c.dst, "dst", max_pitch)?;
+        let src = side_rows(st, dev, &c, &c.src, "src")?;
+        let dst = side_rows(st, dev, &c, &c.dst, "dst")?;
+        for (addr, e) in &dst {
+            writable(st, dev, e, *addr, c.width)?;
+        }
+        Ok(Some((src, dst)))
+    })?;
+    let Some((mut src, mut dst)) = rows else {
         return Ok(());
-    }
-    let dev = g.streams[&sid].device;
-    let max_pitch = g.devices[dev].attr(11).unwrap_or(i32::MAX) as u64;
-    side_checks(&g, dev, &c, &c.src, "src", max_pitch)?;
-    side_checks(&g, dev, &c, &c.dst, "dst", max_pitch)?;
-    let mut src = side_rows(&g, dev, &c, &c.src, "src")?;
-    let mut dst = side_rows(&g, dev, &c, &c.dst, "dst")?;
-    for (addr, e) in &dst {
-        writable(&g, dev, e, *addr, c.width)?;
-    }
+    };
     let on_device = |s: &Side| side_base(s).1 == Role::Device;
     let (dst_on_device, src_on_device) = (on_device(&c.dst), on_device(&c.src));
     let ends = dst.iter_mut().map(|(_, e)| (e, dst_on_device));
@@ -711,40 +737,46 @@ pub(crate) fn memset_2d(
     stream: Option<CUstream>,
 ) -> Result<(), Fail> {
     let mut g = SIM.st.lock();
-    let sid = queue_target(&mut g, stream, count != 0 && height != 0)?;
-    if count == 0 || height == 0 {
-        return Ok(());
-    }
-    if !dst.is_multiple_of(width as u64) {
-        return Err(bad(format!("destination {dst:#x} is not {width}-byte aligned")));
-    }
-    let row_bytes =
-        count.checked_mul(width).ok_or_else(|| bad(format!("{count} elements of {width} bytes overflow")))?;
-    if height > 1 && (pitch < row_bytes || !pitch.is_multiple_of(width)) {
-        return Err(bad(format!(
-            "dstPitch {pitch} must hold a row of {row_bytes} bytes and be a multiple of {width}"
-        )));
-    }
-    let dev = g.streams[&sid].device;
-    // The last row first: rows lie at increasing addresses, so an absurd height is refused here,
-    // before anything proportional to it is allocated.
-    let last = ((height - 1) as u64)
-        .checked_mul(pitch as u64)
-        .and_then(|o| o.checked_add(dst))
-        .ok_or_else(|| bad("row address overflows".into()))?;
-    let e = resolve(&g, dev, last, row_bytes, Role::Device, &format!("destination row {}", height - 1))?;
-    writable(&g, dev, &e, last, row_bytes)?;
-    drop(e);
-    let mut rows = Vec::new();
-    for y in 0..height {
-        let row = (y as u64)
+    let (sid, rows) = queue_checked(&mut g, stream, count != 0 && height != 0, |st, sid| {
+        if count == 0 || height == 0 {
+            return Ok(None);
+        }
+        if !dst.is_multiple_of(width as u64) {
+            return Err(bad(format!("destination {dst:#x} is not {width}-byte aligned")));
+        }
+        let row_bytes = count
+            .checked_mul(width)
+            .ok_or_else(|| bad(format!("{count} elements of {width} bytes overflow")))?;
+        if height > 1 && (pitch < row_bytes || !pitch.is_multiple_of(width)) {
+            return Err(bad(format!(
+                "dstPitch {pitch} must hold a row of {row_bytes} bytes and be a multiple of {width}"
+            )));
+        }
+        let dev = st.streams[&sid].device;
+        // The last row first: rows lie at increasing addresses, so an absurd height is refused
+        // here, before anything proportional to it is allocated.
+        let last = ((height - 1) as u64)
             .checked_mul(pitch as u64)
             .and_then(|o| o.checked_add(dst))
             .ok_or_else(|| bad("row address overflows".into()))?;
-        let e = resolve(&g, dev, row, row_bytes, Role::Device, &format!("destination row {y}"))?;
-        writable(&g, dev, &e, row, row_bytes)?;
-        rows.push(e);
-    }
+        let e = resolve(st, dev, last, row_bytes, Role::Device, &format!("destination row {}", height - 1))?;
+        writable(st, dev, &e, last, row_bytes)?;
+        drop(e);
+        let mut rows = Vec::new();
+        for y in 0..height {
+            let row = (y as u64)
+                .checked_mul(pitch as u64)
+                .and_then(|o| o.checked_add(dst))
+                .ok_or_else(|| bad("row address overflows".into()))?;
+            let e = resolve(st, dev, row, row_bytes, Role::Device, &format!("destination row {y}"))?;
+            writable(st, dev, &e, row, row_bytes)?;
+            rows.push(e);
+        }
+        Ok(Some(rows))
+    })?;
+    let Some(mut rows) = rows else {
+        return Ok(());
+    };
     admit(&g, sid, rows.iter_mut().map(|e| (e, true)));
     let wait = stream.is_none() && !rows.iter().all(Endpoint::is_device);
     let seq = enqueue(&mut g, sid, Work::FillRows { rows, value, width, count }, Vec::new());

@@ -258,8 +258,9 @@ impl Backing {
     /// are copied into a new memory file that is then mapped over the same addresses, so every
     /// pointer into the mapping stays valid and now reaches memory another process can map too.
     /// Allocation stays one anonymous `mmap` and only exported memory pays for a file. The caller
-    /// must make sure nothing writes the memory meanwhile (the simulator drains the device's
-    /// queued work first). `None` for a view or borrowed memory, or when the kernel refuses.
+    /// must make sure nothing writes the memory meanwhile: it holds the state lock, without which
+    /// no queued operation starts, and waits until no engine batch in flight touches the memory
+    /// (`crate::ipc::memory::get_handle`). `None` for a view or borrowed memory, or when the kernel refuses.
     pub(crate) fn share(&self) -> Option<&OwnedFd> {
         if let Some(file) = self.file.get() {
             return Some(file);

@@ -46,9 +46,9 @@ pub(crate) struct Device {
     /// OS threads waiting in an implicitly synchronising call on this device: while any is, other
     /// threads' calls that queue work or allocate here wait (see `crate::hold`).
     pub(crate) held_by: Vec<u64>,
-    /// OS threads waiting to queue work onto a full stream of this device: while any is, other
-    /// threads' `cuEventCreate` and `cuMemAlloc` wait (see `crate::hold::wait_room`).
-    pub(crate) full_by: Vec<u64>,
+    /// Threads waiting to queue onto a full stream of this device: while any is, some calls of
+    /// other threads in that stream's context wait (see `crate::hold::wait_room`).
+    pub(crate) full_by: Vec<crate::hold::FullWaiter>,
 }
 
 impl Device {

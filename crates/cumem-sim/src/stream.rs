@@ -423,9 +423,16 @@ pub(crate) fn wait_event(h_stream: CUstream, h_event: CUevent, flags: u32) -> Re
 /// `cuLaunchHostFunc`: queues `f(data)` for the callback thread, in stream order.
 pub(crate) fn launch_host_fn(h_stream: CUstream, f: CUhostFn, data: usize) -> Result<(), Fail> {
     let mut st = SIM.st.lock();
-    let id = crate::hold::resolve_gated(&mut st, h_stream)?;
-    let Some(f) = f else {
-        return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "NULL host function"));
+    // A host function takes a slot of the stream's queue: on a full stream the call waits for
+    // room (observed), and the handle is resolved again afterwards.
+    let (id, f) = loop {
+        let id = crate::hold::resolve_gated(&mut st, h_stream)?;
+        let Some(f) = f else {
+            return Err(Fail::misuse(CUresult::CUDA_ERROR_INVALID_VALUE, "NULL host function"));
+        };
+        if !crate::hold::wait_room(&mut st, id, crate::hold::Full::HostFn) {
+            break (id, f);
+        }
     };
     enqueue(&mut st, id, Work::HostFn { f, data }, Vec::new());
     Ok(())

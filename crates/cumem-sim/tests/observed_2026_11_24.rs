@@ -12,10 +12,12 @@ mod common;
 use std::ffi::c_void;
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::time::Duration;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
 
 use common::*;
-use cudarc::driver::sys::{self as cu, CUevent, CUresult, CUstream};
+use cudarc::driver::sys::{self as cu, CUdeviceptr, CUevent, CUresult, CUstream};
+use cumem_sim::control::Control;
 
 const NON_BLOCKING: u32 = 1;
 /// How long a held call must stay blocked (and a free call has to return).
@@ -58,6 +60,7 @@ fn a_thread_in_cu_mem_free_holds_back_event_and_stream_destruction_and_registrat
     let mut host = vec![0u8; 2 * n];
     let host_addr = host.as_mut_ptr() as usize;
     let gate = Gate::block(held);
+    gate.wait_started();
     let free = free_waiting(ctl, idle, PAUSE, LIMIT);
 
     let (completed_h, never_h) = (completed as usize, never_recorded as usize);
@@ -119,14 +122,93 @@ fn a_thread_in_cu_mem_free_holds_back_event_and_stream_destruction_and_registrat
     assert_all_released();
 }
 
+/// Starts `f`, a call of the simulator's `name`, on another thread and returns once the thread
+/// has entered the call (the simulator's call counter says so) and is still in it after
+/// [`PAUSE`].
+fn waiting<T: Send + 'static>(
+    ctl: &Control,
+    name: &str,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Receiver<T> {
+    let before = ctl.calls(name);
+    let rx = on_thread(f);
+    let entered = Instant::now();
+    while ctl.calls(name) == before {
+        assert!(entered.elapsed() < LIMIT, "the thread never called {name} ({what})");
+        std::thread::yield_now();
+    }
+    assert!(rx.recv_timeout(PAUSE).is_err(), "{what} waits");
+    rx
+}
+
+/// Queues `count` memsets of `n` bytes at `dst` on `s` from another thread, failing (instead of
+/// hanging) if one of them waits.
+fn fill(dst: CUdeviceptr, n: usize, s: CUstream, count: usize) {
+    let s = s as usize;
+    let done = on_thread(move || {
+        for i in 0..count {
+            // SAFETY: a live allocation of `n` bytes and a live stream.
+            ok(unsafe { cu::cuMemsetD8Async(dst, i as u8, n, s as CUstream) });
+        }
+    });
+    assert_eq!(done.recv_timeout(LIMIT), Ok(()), "{count} memsets are accepted without waiting");
+}
+
+extern "C" fn nothing(_: *mut c_void) {}
+
+/// `cuLaunchHostFunc(s, nothing)` from another thread.
+fn launch(s: CUstream) -> impl FnOnce() -> CUresult + Send + 'static {
+    let s = s as usize;
+    // SAFETY: a live stream and a function that does nothing.
+    move || unsafe { cu::cuLaunchHostFunc(s as CUstream, Some(nothing), std::ptr::null_mut()) }
+}
+
+/// `cuMemsetD8Async(dst, 1, n, s)` from another thread.
+fn memset_on(dst: CUdeviceptr, n: usize, s: CUstream) -> impl FnOnce() -> CUresult + Send + 'static {
+    let s = s as usize;
+    // SAFETY: a live allocation of `n` bytes and a live stream.
+    move || unsafe { cu::cuMemsetD8Async(dst, 1, n, s as CUstream) }
+}
+
+/// `cuEventRecord(e, s)` from another thread.
+fn record_on(e: CUevent, s: CUstream) -> impl FnOnce() -> CUresult + Send + 'static {
+    let (e, s) = (e as usize, s as usize);
+    // SAFETY: a live event and stream of the same context.
+    move || unsafe { cu::cuEventRecord(e as CUevent, s as CUstream) }
+}
+
+/// `cuEventCreate` from another thread: the result and the event.
+fn create_event() -> (CUresult, usize) {
+    let mut e: CUevent = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    let r = unsafe { cu::cuEventCreate(&mut e, 0) };
+    (r, e as usize)
+}
+
+/// `cuMemAlloc` of 256 bytes from another thread: the result and the pointer.
+fn alloc_small() -> (CUresult, CUdeviceptr) {
+    let mut p = 0;
+    // SAFETY: a valid out-pointer.
+    let r = unsafe { cu::cuMemAlloc_v2(&mut p, 256) };
+    (r, p)
+}
+
+/// Asserts that each of `calls` is still blocked (after the waits already made).
+fn still_blocked<T>(calls: &[(&str, &Receiver<T>)]) {
+    std::thread::sleep(PAUSE);
+    for (what, rx) in calls {
+        assert!(rx.try_recv().is_err(), "{what} waits");
+    }
+}
+
 /// A held stream accepts 1021 copies and memsets (event recordings between them do not count);
 /// the next one waits until the stream moves, and while it waits other threads' `cuEventCreate`
-/// and `cuMemAlloc` wait too, while a memset on another stream, and a host function (not measured,
-/// so not counted) on the full stream, return.
+/// and `cuMemAlloc` wait too, while a memset and an event recording on another stream return.
 #[test]
 #[serial_test::serial] // holds a stream with a gate
 fn a_held_stream_accepts_1021_work_items_and_the_next_one_waits() {
-    bind(0);
+    let ctl = bind(0);
     let n = 4096;
     let held = stream(NON_BLOCKING);
     let other = stream(NON_BLOCKING);
@@ -134,54 +216,51 @@ fn a_held_stream_accepts_1021_work_items_and_the_next_one_waits() {
     let b = dalloc(n);
     let c = dalloc(n);
     let marker = event();
+    let elsewhere_marker = event();
     let gate = Gate::block(held);
-    for i in 0..DEPTH {
-        // SAFETY: live allocations and handles.
-        unsafe {
-            if i % 2 == 0 {
-                ok(cu::cuMemsetD8Async(a, i as u8, n, held));
-            } else {
-                ok(cu::cuMemcpyDtoDAsync_v2(b, a, n, held));
+    gate.wait_started();
+    let (held_h, marker_h) = (held as usize, marker as usize);
+    let queued = on_thread(move || {
+        let (held, marker) = (held_h as CUstream, marker_h as CUevent);
+        for i in 0..DEPTH {
+            // SAFETY: live allocations and handles.
+            unsafe {
+                if i % 2 == 0 {
+                    ok(cu::cuMemsetD8Async(a, i as u8, n, held));
+                } else {
+                    ok(cu::cuMemcpyDtoDAsync_v2(b, a, n, held));
+                }
+                // Not after the last one: a recording on a full stream waits for room.
+                if i + 1 < DEPTH {
+                    ok(cu::cuEventRecord(marker, held));
+                    ok(cu::cuEventRecord(marker, held));
+                }
             }
-            ok(cu::cuEventRecord(marker, held));
-            ok(cu::cuEventRecord(marker, held));
         }
-    }
-    let held_h = held as usize;
+    });
+    assert_eq!(queued.recv_timeout(LIMIT), Ok(()), "1021 work items are accepted without waiting");
     // SAFETY: live allocations and handles.
-    let next = on_thread(move || unsafe { cu::cuMemsetD8Async(a, 0x5A, n, held_h as CUstream) });
-    assert!(next.recv_timeout(PAUSE).is_err(), "the 1022nd work item waits for room");
+    let next = waiting(ctl, "cuMemsetD8Async", "the 1022nd work item", move || unsafe {
+        cu::cuMemsetD8Async(a, 0x5A, n, held_h as CUstream)
+    });
 
-    let other_h = other as usize;
-    // SAFETY: as above.
-    let elsewhere = on_thread(move || unsafe { cu::cuMemsetD8Async(c, 1, n, other_h as CUstream) });
-    extern "C" fn nothing(_: *mut c_void) {}
-    // SAFETY: a live stream and a function that does nothing.
-    let host_fn = on_thread(move || unsafe {
-        cu::cuLaunchHostFunc(held_h as CUstream, Some(nothing), std::ptr::null_mut())
-    });
-    let create = on_thread(|| {
-        let mut e: CUevent = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        let r = unsafe { cu::cuEventCreate(&mut e, 0) };
-        (r, e as usize)
-    });
-    let alloc = on_thread(|| {
-        let mut p = 0;
-        // SAFETY: a valid out-pointer.
-        let r = unsafe { cu::cuMemAlloc_v2(&mut p, 256) };
-        (r, p)
-    });
+    let elsewhere = on_thread(memset_on(c, n, other));
+    let record_elsewhere = on_thread(record_on(elsewhere_marker, other));
+    let create = on_thread(create_event);
+    let alloc = on_thread(alloc_small);
     assert_eq!(
         elsewhere.recv_timeout(LIMIT),
         Ok(CUresult::CUDA_SUCCESS),
         "a memset on another stream returns"
     );
-    assert_eq!(host_fn.recv_timeout(LIMIT), Ok(CUresult::CUDA_SUCCESS), "a host function does not count");
-    std::thread::sleep(PAUSE);
-    assert!(create.try_recv().is_err(), "cuEventCreate waits while a thread waits for room");
-    assert!(alloc.try_recv().is_err(), "cuMemAlloc waits while a thread waits for room");
-    assert!(next.try_recv().is_err(), "the 1022nd work item still waits");
+    assert_eq!(
+        record_elsewhere.recv_timeout(LIMIT),
+        Ok(CUresult::CUDA_SUCCESS),
+        "an event recording on another stream returns"
+    );
+    still_blocked(&[("the 1022nd work item", &next)]);
+    still_blocked(&[("cuEventCreate", &create)]);
+    still_blocked(&[("cuMemAlloc", &alloc)]);
 
     gate.open();
     assert_eq!(
@@ -199,6 +278,7 @@ fn a_held_stream_accepts_1021_work_items_and_the_next_one_waits() {
         ok(cu::cuStreamSynchronize(other));
         ok(cu::cuEventDestroy_v2(e as CUevent));
         ok(cu::cuEventDestroy_v2(marker));
+        ok(cu::cuEventDestroy_v2(elsewhere_marker));
     }
     assert!(read_back(a, n).iter().all(|&x| x == 0x5A), "the waiting memset ran last");
     dfree(p);
@@ -206,6 +286,303 @@ fn a_held_stream_accepts_1021_work_items_and_the_next_one_waits() {
     dfree(b);
     dfree(c);
     destroy(other);
+    destroy(held);
+    assert_all_released();
+}
+
+/// A queued host function takes a slot of the queue: after 1020 memsets and a host function the
+/// next memset waits; after 1019 memsets and a host function it returns (observed). The second
+/// stream is held by a wait for an event recorded behind the gate (neither takes a slot): the
+/// simulator runs one host function at a time, so a second gate would not start.
+#[test]
+#[serial_test::serial] // holds streams with gates
+fn a_queued_host_function_takes_a_slot() {
+    let ctl = bind(0);
+    let n = 4096;
+    let (full, roomy) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
+    let a = dalloc(n);
+    let gate = Gate::block(full);
+    gate.wait_started();
+    let behind_gate = event();
+    // SAFETY: live handles of the same context.
+    unsafe {
+        ok(cu::cuEventRecord(behind_gate, full));
+        ok(cu::cuStreamWaitEvent(roomy, behind_gate, 0));
+    }
+    fill(a, n, full, DEPTH - 1);
+    fill(a, n, roomy, DEPTH - 2);
+    for s in [full, roomy] {
+        assert_eq!(on_thread(launch(s)).recv_timeout(LIMIT), Ok(CUresult::CUDA_SUCCESS), "the host function");
+    }
+    assert_eq!(
+        on_thread(memset_on(a, n, roomy)).recv_timeout(LIMIT),
+        Ok(CUresult::CUDA_SUCCESS),
+        "1019 memsets and a host function leave room for a memset"
+    );
+    let next = waiting(
+        ctl,
+        "cuMemsetD8Async",
+        "a memset after 1020 memsets and a host function",
+        memset_on(a, n, full),
+    );
+    gate.open();
+    assert_eq!(
+        next.recv_timeout(LIMIT),
+        Ok(CUresult::CUDA_SUCCESS),
+        "the memset is queued once the stream moves"
+    );
+    // SAFETY: live streams.
+    unsafe {
+        ok(cu::cuStreamSynchronize(full));
+        ok(cu::cuStreamSynchronize(roomy));
+        ok(cu::cuEventDestroy_v2(behind_gate));
+    }
+    dfree(a);
+    destroy(full);
+    destroy(roomy);
+    assert_all_released();
+}
+
+/// `cuLaunchHostFunc` on a full stream waits for room, and while it waits other threads' memsets
+/// and event recordings on another stream, `cuMemAlloc` and `cuEventCreate` wait too (observed).
+#[test]
+#[serial_test::serial] // holds a stream with a gate
+fn a_host_function_launch_on_a_full_stream_waits_and_holds_queueing_and_creation() {
+    let ctl = bind(0);
+    let n = 4096;
+    let (held, other) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
+    let (a, c) = (dalloc(n), dalloc(n));
+    let marker = event();
+    let gate = Gate::block(held);
+    gate.wait_started();
+    fill(a, n, held, DEPTH);
+    let host_fn = waiting(ctl, "cuLaunchHostFunc", "cuLaunchHostFunc on the full stream", launch(held));
+    let elsewhere = on_thread(memset_on(c, n, other));
+    let record = on_thread(record_on(marker, other));
+    let create = on_thread(create_event);
+    let alloc = on_thread(alloc_small);
+    still_blocked(&[
+        ("cuLaunchHostFunc on the full stream", &host_fn),
+        ("a memset on another stream", &elsewhere),
+        ("an event recording on another stream", &record),
+    ]);
+    still_blocked(&[("cuEventCreate", &create)]);
+    still_blocked(&[("cuMemAlloc", &alloc)]);
+
+    gate.open();
+    for (what, rx) in [("cuLaunchHostFunc", host_fn), ("the memset", elsewhere), ("the recording", record)] {
+        assert_eq!(
+            rx.recv_timeout(LIMIT),
+            Ok(CUresult::CUDA_SUCCESS),
+            "{what} returns once the stream moves"
+        );
+    }
+    let (r, e) = create.recv_timeout(LIMIT).expect("cuEventCreate returns");
+    ok(r);
+    let (r, p) = alloc.recv_timeout(LIMIT).expect("cuMemAlloc returns");
+    ok(r);
+    // SAFETY: live handles, each destroyed once.
+    unsafe {
+        ok(cu::cuStreamSynchronize(held));
+        ok(cu::cuStreamSynchronize(other));
+        ok(cu::cuEventDestroy_v2(e as CUevent));
+        ok(cu::cuEventDestroy_v2(marker));
+    }
+    for p in [p, a, c] {
+        dfree(p);
+    }
+    destroy(other);
+    destroy(held);
+    assert_all_released();
+}
+
+/// `cuEventRecord` on a full stream waits for room (a recording takes no slot but needs a free
+/// one), and while it waits other threads' recordings on another stream, `cuMemAlloc` and
+/// `cuEventCreate` wait, while a memset on another stream returns (observed).
+#[test]
+#[serial_test::serial] // holds a stream with a gate
+fn an_event_record_on_a_full_stream_waits_and_holds_recordings_and_creation() {
+    let ctl = bind(0);
+    let n = 4096;
+    let (held, other) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
+    let (a, c) = (dalloc(n), dalloc(n));
+    let (marker, elsewhere_marker) = (event(), event());
+    let gate = Gate::block(held);
+    gate.wait_started();
+    fill(a, n, held, DEPTH);
+    let record = waiting(ctl, "cuEventRecord", "cuEventRecord on the full stream", record_on(marker, held));
+    let elsewhere = on_thread(memset_on(c, n, other));
+    assert_eq!(
+        elsewhere.recv_timeout(LIMIT),
+        Ok(CUresult::CUDA_SUCCESS),
+        "a memset on another stream returns"
+    );
+    let record_elsewhere = on_thread(record_on(elsewhere_marker, other));
+    let create = on_thread(create_event);
+    let alloc = on_thread(alloc_small);
+    still_blocked(&[
+        ("cuEventRecord on the full stream", &record),
+        ("an event recording on another stream", &record_elsewhere),
+    ]);
+    still_blocked(&[("cuEventCreate", &create)]);
+    still_blocked(&[("cuMemAlloc", &alloc)]);
+
+    gate.open();
+    for (what, rx) in [("the recording", record), ("the recording elsewhere", record_elsewhere)] {
+        assert_eq!(
+            rx.recv_timeout(LIMIT),
+            Ok(CUresult::CUDA_SUCCESS),
+            "{what} returns once the stream moves"
+        );
+    }
+    let (r, e) = create.recv_timeout(LIMIT).expect("cuEventCreate returns");
+    ok(r);
+    let (r, p) = alloc.recv_timeout(LIMIT).expect("cuMemAlloc returns");
+    ok(r);
+    // SAFETY: live handles, each destroyed once.
+    unsafe {
+        ok(cu::cuStreamSynchronize(held));
+        ok(cu::cuStreamSynchronize(other));
+        for e in [e as CUevent, marker, elsewhere_marker] {
+            ok(cu::cuEventDestroy_v2(e));
+        }
+    }
+    for p in [p, a, c] {
+        dfree(p);
+    }
+    destroy(other);
+    destroy(held);
+    assert_all_released();
+}
+
+/// The hold of a full stream is per context: while a memset waits for room in the primary
+/// context, `cuMemAlloc` in that context waits, but `cuMemAlloc` and `cuEventCreate` in a second
+/// context (`cuCtxCreate`) of the same device return (observed).
+#[test]
+#[serial_test::serial] // holds a stream with a gate
+fn the_hold_of_a_full_stream_is_per_context() {
+    let ctl = bind(0);
+    let n = 4096;
+    let held = stream(NON_BLOCKING);
+    let a = dalloc(n);
+    let mut second: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer, NULL parameters (as observed to work); the new context is
+    // popped again at once, leaving the primary one current.
+    unsafe {
+        ok(cu::cuCtxCreate_v4(&mut second, std::ptr::null_mut(), 0, 0));
+        let mut popped: cu::CUcontext = std::ptr::null_mut();
+        ok(cu::cuCtxPopCurrent_v2(&mut popped));
+        assert_eq!(popped, second);
+    }
+    let second_h = second as usize;
+    let gate = Gate::block(held);
+    gate.wait_started();
+    fill(a, n, held, DEPTH);
+    let next = waiting(ctl, "cuMemsetD8Async", "the 1022nd memset", memset_on(a, n, held));
+    let in_second = on_thread(move || {
+        // SAFETY: a live context.
+        ok(unsafe { cu::cuCtxSetCurrent(second_h as cu::CUcontext) });
+        (alloc_small(), create_event())
+    });
+    let ((r, p), (r2, e)) =
+        in_second.recv_timeout(LIMIT).expect("cuMemAlloc and cuEventCreate in a second context return");
+    ok(r);
+    ok(r2);
+    let alloc = on_thread(alloc_small);
+    still_blocked(&[("cuMemAlloc in the same context", &alloc)]);
+    still_blocked(&[("the 1022nd memset", &next)]);
+
+    gate.open();
+    assert_eq!(
+        next.recv_timeout(LIMIT),
+        Ok(CUresult::CUDA_SUCCESS),
+        "the memset returns once the stream moves"
+    );
+    let (r, p0) = alloc.recv_timeout(LIMIT).expect("cuMemAlloc returns");
+    ok(r);
+    let cleanup = on_thread(move || {
+        // SAFETY: live handles of the second context, each released once.
+        unsafe {
+            ok(cu::cuCtxSetCurrent(second_h as cu::CUcontext));
+            ok(cu::cuEventDestroy_v2(e as CUevent));
+            ok(cu::cuMemFree_v2(p));
+            ok(cu::cuCtxDestroy_v2(second_h as cu::CUcontext));
+        }
+    });
+    assert_eq!(cleanup.recv_timeout(LIMIT), Ok(()), "the second context is released");
+    // SAFETY: a live stream.
+    ok(unsafe { cu::cuStreamSynchronize(held) });
+    dfree(p0);
+    dfree(a);
+    destroy(held);
+    assert_all_released();
+}
+
+/// An invalid memset or copy on a full stream fails at once with its error instead of waiting for
+/// room (observed for `cuMemsetD8Async` with a bad pointer and past the end of its allocation).
+#[test]
+#[serial_test::serial] // holds a stream with a gate
+fn an_invalid_call_on_a_full_stream_fails_at_once() {
+    bind(0);
+    let n = 4096;
+    let held = stream(NON_BLOCKING);
+    let a = dalloc(n);
+    let gate = Gate::block(held);
+    gate.wait_started();
+    fill(a, n, held, DEPTH);
+    let h = held as usize;
+    let calls = on_thread(move || {
+        let s = h as CUstream;
+        // SAFETY: the pointers are invalid on purpose; the simulator checks them before use.
+        unsafe {
+            [
+                ("memset at a bad pointer", cu::cuMemsetD8Async(0x10, 1, n, s)),
+                ("memset past the end", cu::cuMemsetD8Async(a, 1, n + 1, s)),
+                ("copy from a bad pointer", cu::cuMemcpyDtoDAsync_v2(a, 0x10, n, s)),
+                ("2D memset past the end", cu::cuMemsetD2D8Async(a, n, 1, n, 2, s)),
+            ]
+        }
+    });
+    let results = calls.recv_timeout(PAUSE * 5).expect("the invalid calls return while the stream is full");
+    for (what, r) in results {
+        assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "{what}");
+    }
+    gate.open();
+    // SAFETY: a live stream.
+    ok(unsafe { cu::cuStreamSynchronize(held) });
+    dfree(a);
+    destroy(held);
+    assert_all_released();
+}
+
+/// The first `cuIpcGetMemHandle` of an allocation with a memset queued on a held stream returns
+/// at once (observed), and the memset, run later, writes the exported memory.
+#[test]
+#[serial_test::serial] // holds a stream with a gate
+fn exporting_an_allocation_with_queued_work_returns_at_once() {
+    bind(0);
+    let n = 4096;
+    let held = stream(NON_BLOCKING);
+    let a = dalloc(n);
+    let gate = Gate::block(held);
+    gate.wait_started();
+    // SAFETY: a live allocation and stream.
+    ok(unsafe { cu::cuMemsetD8Async(a, 0x3C, n, held) });
+    let export = on_thread(move || {
+        let mut h = cu::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: a live cuMemAlloc allocation and a valid out-pointer.
+        unsafe { cu::cuIpcGetMemHandle(&mut h, a) }
+    });
+    assert_eq!(
+        export.recv_timeout(PAUSE * 5),
+        Ok(CUresult::CUDA_SUCCESS),
+        "cuIpcGetMemHandle returns at once"
+    );
+    gate.open();
+    // SAFETY: a live stream.
+    ok(unsafe { cu::cuStreamSynchronize(held) });
+    assert!(read_back(a, n).iter().all(|&x| x == 0x3C), "the queued memset wrote the exported memory");
+    dfree(a);
     destroy(held);
     assert_all_released();
 }

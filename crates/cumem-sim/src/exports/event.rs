@@ -60,6 +60,13 @@ fn record(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> api::ApiResult
                 format!("record flags {flags:#x}: only 0 is valid outside stream capture"),
             ));
         }
+        // A recording takes no slot of the stream's queue but needs a free one, and waits while
+        // another thread's launch or recording waits for room in this context (observed).
+        if crate::hold::gate_full(&mut st, sid, crate::hold::Gated::Record)
+            || crate::hold::wait_room(&mut st, sid, crate::hold::Full::Record)
+        {
+            continue;
+        }
         let eid = h_event as u64;
         let Some(page) = st.events[&eid].shared.clone() else {
             break (sid, eid, None);

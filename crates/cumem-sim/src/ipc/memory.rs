@@ -28,9 +28,12 @@ fn invalid(message: String) -> Fail {
 /// and imported memory are not legacy-IPC capable (`INVALID_VALUE`). Not gated by another
 /// thread's implicit synchronisation, and it does not wait for the device's queued work: an
 /// H100 returned it (2026-11-24) while another thread's `cuMemFree` waited for a stream held by
-/// a blocked host function. The first export of an allocation waits only for queued work that
-/// touches the allocation (which may not write it while its bytes move into a shareable file: a
-/// need of the simulator, so a GPU may return where the simulator waits then).
+/// a blocked host function, and the first export of an allocation with a memset queued on a held
+/// stream returned at once (same day, a single run). The first export moves the allocation's
+/// bytes into a shareable file under the state lock ([`crate::memory::Backing::share`]); queued
+/// work cannot start without that lock, so the export waits only while an engine batch already
+/// taken (which runs without the lock) reads or writes the allocation: a moment, never the
+/// stream's backlog.
 pub(crate) fn get_handle(dptr: u64) -> Result<[u8; SIZE], Fail> {
     let mut st = SIM.st.lock();
     context::require(&st)?;
@@ -44,7 +47,7 @@ pub(crate) fn get_handle(dptr: u64) -> Result<[u8; SIZE], Fail> {
         )));
     }
     if a.backing.shared_file().is_none() {
-        while touched_by_queued_work(&st, &a) {
+        while touched_in_flight(&st, &a) {
             SIM.changed.wait(&mut st);
         }
         match st.allocs.get(&a.base) {
@@ -58,16 +61,11 @@ pub(crate) fn get_handle(dptr: u64) -> Result<[u8; SIZE], Fail> {
     Ok(handle.encode())
 }
 
-/// Whether an operation not yet complete (in the engine's batch, or queued on any stream) reads
-/// or writes allocation `a`.
-fn touched_by_queued_work(st: &State, a: &Arc<Allocation>) -> bool {
+/// Whether an operation of the engine's batch in flight (taken from its queue, running without
+/// the state lock) reads or writes allocation `a`.
+fn touched_in_flight(st: &State, a: &Allocation) -> bool {
     let (lo, hi) = (a.base, a.base.saturating_add(a.bytes));
-    let over = |spans: &[(u64, u64)]| spans.iter().any(|&(p, n)| p < hi && lo < p.saturating_add(n));
-    st.in_flight.iter().any(|f| over(&f.spans))
-        || st
-            .streams
-            .values()
-            .any(|s| s.queue.iter().any(|op| op.work.touched().iter().any(|t| Arc::ptr_eq(t, a))))
+    st.in_flight.iter().any(|f| f.spans.iter().any(|&(p, n)| p < hi && lo < p.saturating_add(n)))
 }
 
 /// `cuIpcOpenMemHandle_v2`: maps another process's exported allocation into the current

@@ -179,7 +179,8 @@ pub fn read_back(p: CUdeviceptr, n: usize) -> Vec<u8> {
     v
 }
 
-type GateInner = (Mutex<bool>, Condvar);
+/// Whether the gate is open, whether its host function has started, and the wake-up for both.
+type GateInner = (Mutex<(bool, bool)>, Condvar);
 
 /// A host function that blocks a stream until opened (or dropped), making "work has not run
 /// yet" deterministic instead of relying on the simulated latency.
@@ -194,9 +195,11 @@ pub struct Gate(Arc<GateInner>);
 extern "C" fn wait_gate(data: *mut c_void) {
     // SAFETY: `data` came from `Arc::into_raw` in `Gate::block`, consumed exactly once here.
     let inner = unsafe { Arc::from_raw(data.cast::<GateInner>()) };
-    let mut open = inner.0.lock().unwrap();
-    while !*open {
-        open = inner.1.wait(open).unwrap();
+    let mut state = inner.0.lock().unwrap();
+    state.1 = true;
+    inner.1.notify_all();
+    while !state.0 {
+        state = inner.1.wait(state).unwrap();
     }
 }
 
@@ -207,16 +210,30 @@ impl Gate {
             serial_test::is_locked_serially(None),
             "a test that holds a stream must be #[serial] and the others of its binary #[parallel]"
         );
-        let inner: Arc<GateInner> = Arc::new((Mutex::new(false), Condvar::new()));
+        let inner: Arc<GateInner> = Arc::new((Mutex::new((false, false)), Condvar::new()));
         let raw = Arc::into_raw(Arc::clone(&inner)) as *mut c_void;
         // SAFETY: `wait_gate(raw)` is valid to call once on any thread.
         ok(unsafe { cu::cuLaunchHostFunc(s, Some(wait_gate), raw) });
         Gate(inner)
     }
 
+    /// Returns once the gate's host function runs (it is then no longer queued on the stream,
+    /// as on a GPU, where the stream is held by a host function that has started). The
+    /// simulator runs host functions one at a time, so a second gate starts only once the first
+    /// opens; waiting for it fails after 20 s instead of hanging.
+    pub fn wait_started(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut state = self.0.0.lock().unwrap();
+        while !state.1 {
+            let left = deadline.checked_duration_since(std::time::Instant::now());
+            let left = left.expect("the gate's host function starts within 20 s");
+            state = self.0.1.wait_timeout(state, left).unwrap().0;
+        }
+    }
+
     /// Lets the stream continue.
     pub fn open(&self) {
-        *self.0.0.lock().unwrap() = true;
+        self.0.0.lock().unwrap().0 = true;
         self.0.1.notify_all();
     }
 }
