@@ -379,7 +379,10 @@ fn engine_loop() {
         match op.work {
             Work::HostFn { f, data } => {
                 let sent = HOST_JOBS.get().is_some_and(|tx| tx.send(HostJob { sid, f, data }).is_ok());
-                if !sent {
+                if sent {
+                    // Off the queue, it no longer takes a slot: wake calls waiting for room.
+                    SIM.changed.notify_all();
+                } else {
                     finish(&mut g, sid);
                 }
             }

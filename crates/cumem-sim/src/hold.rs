@@ -43,7 +43,9 @@
 //! - an event recording: recordings on another stream, `cuEventCreate` and `cuMemAlloc` blocked
 //!   ([`gate_full`]); a memset on another stream returned;
 //! - a host function launch: memsets and recordings on another stream, `cuEventCreate` and
-//!   `cuMemAlloc` all blocked (copies are held as memsets are).
+//!   `cuMemAlloc` all blocked. Only an asynchronous `cuMemsetD8Async` on another stream was
+//!   measured; every other copy and memset form (2D/3D, the synchronous ones on the legacy
+//!   stream) is held the same way by inference, the one exception to "not measured, not held".
 //!
 //! The hold is per context, not per device: while a memset waited for room in the primary
 //! context, `cuMemAlloc` in that context blocked, but `cuMemAlloc` and `cuEventCreate` in a second
@@ -169,8 +171,9 @@ pub(crate) enum Full {
 pub(crate) enum Gated {
     /// `cuMemAlloc` and `cuEventCreate`: wait for every kind of waiter (observed).
     Create,
-    /// A copy or memset on another stream: waits for a host function launch only (observed;
-    /// a waiting memset or recording let it return).
+    /// A copy or memset on another stream: waits for a host function launch only (observed for
+    /// `cuMemsetD8Async`, inferred for the other forms; a waiting memset or recording let it
+    /// return).
     Work,
     /// An event recording on another stream: waits for a host function launch or a recording
     /// (observed; a waiting memset let it return).

@@ -343,6 +343,51 @@ fn a_queued_host_function_takes_a_slot() {
     assert_all_released();
 }
 
+/// Puts the simulated latency back however the test ends.
+struct Latency(&'static Control);
+
+impl Drop for Latency {
+    fn drop(&mut self) {
+        let _ = self.0.configure("latency_us=200");
+    }
+}
+
+/// A call waiting for room behind a host function that is queued (it takes a slot) goes on once
+/// the host function starts (it then no longer does), not once it returns: on a GPU a stream held
+/// by a started host function took 1021 more items.
+#[test]
+#[serial_test::serial] // holds a stream with a gate, changes the latency
+fn a_call_waiting_behind_a_queued_host_function_goes_on_when_it_starts() {
+    let ctl = bind(0);
+    let n = 4096;
+    let held = stream(NON_BLOCKING);
+    let a = dalloc(n);
+    // The gate is due only after the latency, so the memsets find it still queued.
+    ctl.configure("latency_us=1000000").unwrap();
+    let latency = Latency(ctl);
+    let gate = Gate::block(held);
+    fill(a, n, held, DEPTH - 1);
+    let next = waiting(
+        ctl,
+        "cuMemsetD8Async",
+        "a memset behind a queued gate and 1020 memsets",
+        memset_on(a, n, held),
+    );
+    gate.wait_started();
+    assert_eq!(
+        next.recv_timeout(LIMIT),
+        Ok(CUresult::CUDA_SUCCESS),
+        "the memset is queued once the gate's host function starts"
+    );
+    drop(latency);
+    gate.open();
+    // SAFETY: a live stream.
+    ok(unsafe { cu::cuStreamSynchronize(held) });
+    dfree(a);
+    destroy(held);
+    assert_all_released();
+}
+
 /// `cuLaunchHostFunc` on a full stream waits for room, and while it waits other threads' memsets
 /// and event recordings on another stream, `cuMemAlloc` and `cuEventCreate` wait too (observed).
 #[test]

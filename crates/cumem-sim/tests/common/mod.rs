@@ -195,11 +195,11 @@ pub struct Gate(Arc<GateInner>);
 extern "C" fn wait_gate(data: *mut c_void) {
     // SAFETY: `data` came from `Arc::into_raw` in `Gate::block`, consumed exactly once here.
     let inner = unsafe { Arc::from_raw(data.cast::<GateInner>()) };
-    let mut state = inner.0.lock().unwrap();
+    let mut state = inner.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     state.1 = true;
     inner.1.notify_all();
     while !state.0 {
-        state = inner.1.wait(state).unwrap();
+        state = inner.1.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
 }
 
@@ -223,17 +223,23 @@ impl Gate {
     /// opens; waiting for it fails after 20 s instead of hanging.
     pub fn wait_started(&self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        let mut state = self.0.0.lock().unwrap();
-        while !state.1 {
-            let left = deadline.checked_duration_since(std::time::Instant::now());
-            let left = left.expect("the gate's host function starts within 20 s");
-            state = self.0.1.wait_timeout(state, left).unwrap().0;
-        }
+        let started = {
+            let mut state = self.0.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            while let (false, Some(left)) =
+                (state.1, deadline.checked_duration_since(std::time::Instant::now()))
+            {
+                state =
+                    self.0.1.wait_timeout(state, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+            }
+            state.1
+        };
+        // Panics with the lock let go, so that the gate's drop can still open it.
+        assert!(started, "the gate's host function starts within 20 s");
     }
 
     /// Lets the stream continue.
     pub fn open(&self) {
-        self.0.0.lock().unwrap().0 = true;
+        self.0.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0 = true;
         self.0.1.notify_all();
     }
 }
