@@ -2,8 +2,8 @@
 //! queues the device side, and a `queue_on` closure holds its memory's order locked while it runs.
 //! When an order lets go of the last handle of a stream the program dropped there (a stream order
 //! kept it: the device buffer's, the host memory's own, another buffer's whose guard is dropped in
-//! a closure), the stream is destroyed once the outermost such lock is let go of:
-//! `cuStreamDestroy` (and the `cuEventDestroy` of the stream's marker) waits behind another
+//! a closure, or which is dropped there whole with its order), the stream is destroyed once the
+//! outermost such lock is let go of: `cuStreamDestroy` (and the `cuEventDestroy` of the stream's marker) waits behind another
 //! thread's `cuMemFree` on a real driver (docs/observed-on-gpu.md, measured 2026-11-24), and a host
 //! function that needs the lock (host access to the memory, which makes no driver call) while that
 //! free waits for it would deadlock with the copy or the closure.
@@ -177,6 +177,44 @@ fn a_copy_from_mapped_memory_destroys_a_stream_it_lets_go_of_with_the_tracker_un
     );
 }
 
+/// `x`, a device buffer zeroed on a stream that is then dropped (its order holds the stream's last
+/// handle, its latest user: the handle is answered too), and mapped memory `y` of sevens written
+/// on `b` through a device view (its host reads wait for its order).
+fn x_on_a_dropped_stream_and_mapped_y(
+    ctx: &Context,
+    b: &Stream,
+) -> (DeviceBuffer<u8>, Arc<MappedBuffer<u8>>, u64) {
+    let a = Stream::non_blocking(ctx).unwrap();
+    let x = DeviceBuffer::<u8>::zeroed(&a, 4096).unwrap();
+    let mut y = MappedBuffer::<u8>::zeroed(ctx, 4096).unwrap();
+    b.memset_d8(&mut y.as_device_slice_mut(), 7).unwrap();
+    (x, Arc::new(y), a.raw() as u64)
+}
+
+/// Runs `inside` in a `queue_on` closure of `y`'s device view on `on`, with the first stream
+/// destroy failing: whether another thread could read `y` on the host (which waits for its order,
+/// taking its lock) from each failure, and what it read.
+fn from_a_closure_of_mapped(
+    ctl: &Control,
+    y: &Arc<MappedBuffer<u8>>,
+    on: &Stream,
+    inside: impl FnOnce(),
+) -> Vec<Option<u8>> {
+    from_each_failed_destroy(
+        ctl,
+        y,
+        |y| y.as_slice().unwrap()[0],
+        || {
+            y.as_device_slice()
+                .queue_on(on, |_| {
+                    inside();
+                    Ok(())
+                })
+                .unwrap()
+        },
+    )
+}
+
 /// A `queue_on` closure holds its order's lock while it runs. A view's guard of another buffer
 /// dropped inside it lets go of a stream that buffer's order held the last handle of: the stream
 /// is destroyed once the closure's order is unlocked, so a host function that reads the closure's
@@ -188,32 +226,33 @@ fn a_guard_dropped_in_a_closure_destroys_the_stream_it_lets_go_of_after_the_clos
     in_the_simulator(
         "a guard dropped inside a queue_on closure, whose stream destroy failed",
         move |ctl, ctx| {
-            let (a, b) = (Stream::non_blocking(ctx).unwrap(), Stream::non_blocking(ctx).unwrap());
-            let dropped = a.raw() as u64;
-            // Zeroed on `a`, which is then dropped: `x`'s order holds its last handle.
-            let x = DeviceBuffer::<u8>::zeroed(&a, 4096).unwrap();
-            // Written through a device view: its host reads wait for its order.
-            let mut y = MappedBuffer::<u8>::zeroed(ctx, 4096).unwrap();
-            b.memset_d8(&mut y.as_device_slice_mut(), 7).unwrap();
-            let y = Arc::new(y);
+            let b = Stream::non_blocking(ctx).unwrap();
+            let (x, y, dropped) = x_on_a_dropped_stream_and_mapped_y(ctx, &b);
             let guard = x.as_slice().on(&b).unwrap();
-            drop(a);
-            let seen = from_each_failed_destroy(
-                ctl,
-                &y,
-                |y| y.as_slice().unwrap()[0],
-                || {
-                    // The guard's drop records `b` on `x`, which then needs `a` no more.
-                    y.as_device_slice()
-                        .queue_on(&b, |_| {
-                            drop(guard);
-                            Ok(())
-                        })
-                        .unwrap()
-                },
-            );
+            // The guard's drop records `b` on `x`, which then needs the dropped stream no more.
+            let seen = from_a_closure_of_mapped(ctl, &y, &b, || drop(guard));
             assert_eq!(seen, [Some(7)], "one failed destroy, with y's order free for another thread");
             drop((x, y, b));
+            dropped
+        },
+    );
+}
+
+/// A whole buffer dropped inside a `queue_on` closure (allowed: its drop takes no cumem lock)
+/// drops its order, which may hold the last handle of a stream the buffer was used on: that
+/// stream too is destroyed once the closure's order is unlocked, not by the order's own drop.
+#[test]
+#[serial]
+fn a_buffer_dropped_in_a_closure_destroys_the_stream_its_order_held_after_the_closure_s_order() {
+    in_the_simulator(
+        "a buffer dropped inside a queue_on closure, whose stream destroy failed",
+        move |ctl, ctx| {
+            let b = Stream::non_blocking(ctx).unwrap();
+            let (x, y, dropped) = x_on_a_dropped_stream_and_mapped_y(ctx, &b);
+            // `x`'s free is ordered on the dropped stream, which its order then still names.
+            let seen = from_a_closure_of_mapped(ctl, &y, &b, move || drop(x));
+            assert_eq!(seen, [Some(7)], "one failed destroy, with y's order free for another thread");
+            drop((y, b));
             dropped
         },
     );

@@ -76,7 +76,7 @@ thread_local! {
 /// holds a cumem lock around stream orders: a host tracker's lock, held while a copy orders the
 /// device memory on the other side, and a [`StreamOrder::queue_on`] closure's order lock, held
 /// while the closure runs (other memory's tickets or guards dropped there, an owner's order
-/// joined or admitting another stream there). The streams orders let go of for good meanwhile
+/// joined, admitting another stream or dropped there, e.g. with its buffer). The streams orders let go of for good meanwhile
 /// are destroyed when the outermost one is dropped, after its lock: `cuStreamDestroy` and the
 /// `cuEventDestroy` of the stream's marker wait behind another thread's `cuMemFree` on a real
 /// driver (docs/observed-on-gpu.md, measured 2026-11-24), and a host function that needs the lock
@@ -134,7 +134,9 @@ pub(crate) fn used_inside_queue_on() -> Error {
 /// The streams that may have work pending on a piece of device memory.
 #[derive(Debug)]
 pub struct StreamOrder {
-    inner: Mutex<Users>,
+    /// Taken out only by the order's `Drop`, which lets go of the streams it still names through
+    /// the same deferral as the bookkeeping's (see `Users::dead`).
+    inner: ManuallyDrop<Mutex<Users>>,
     /// What a `Drop` could not apply because `inner` was held while the dropping thread was inside
     /// a [`StreamOrder::queue_on`] closure (of this order or another), where it must not wait for
     /// `inner`: the holder may be waiting for that closure's order. Applied by whoever locks
@@ -178,9 +180,11 @@ struct Users {
     /// see [`AroundOrders`]), with cumem locks refused on the thread meanwhile: a stream's drop
     /// calls the driver and may log, and a subscriber that used this order (or a lock held around
     /// it) would wait for its own thread. (An owner with exclusive access holds no such lock; its
-    /// paths refuse too only so that a subscriber sees one behaviour. The streams an owner's order
-    /// still names when it is dropped go without a refusal.) Empty (no heap) unless a stream was
-    /// actually let go of for good, which costs driver calls anyway.
+    /// paths refuse too only so that a subscriber sees one behaviour. So does the order's own
+    /// drop: the streams it still names, its latest user, other users, forgotten tickets' streams,
+    /// the stream it admits, go the same way, with the refusal, and after such a lock when it is
+    /// dropped inside one, a buffer dropped inside a `queue_on` closure.) Empty (no heap) unless a
+    /// stream was actually let go of for good, which costs driver calls anyway.
     dead: Vec<LastStream>,
 }
 
@@ -405,14 +409,14 @@ impl StreamOrder {
             device: stream.context().device().ordinal() as i32,
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
-            inner: Mutex::new(Users {
+            inner: ManuallyDrop::new(Mutex::new(Users {
                 latest: (stream.clone(), 0),
                 others: Vec::new(),
                 next_gen: 1,
                 pending: Vec::new(),
                 excluded: Exclusion::default(),
                 dead: Vec::new(),
-            }),
+            })),
         }
     }
 
@@ -828,8 +832,8 @@ struct Queuing<'o> {
     waited_before: u64,
     /// Declared after `inner`, so dropped after it: the closure runs with this order locked, a
     /// lock around orders ([`AroundOrders`]). Streams let go of inside it (a ticket or view's
-    /// guard of other memory dropped there, an owner's order joined or admitting another stream
-    /// there) and by the recording when it returns are destroyed once `inner` has unlocked the
+    /// guard of other memory dropped there, an owner's order joined, admitting another stream or
+    /// dropped there) and by the recording when it returns are destroyed once `inner` has unlocked the
     /// users (or once a lock held around this one, a host tracker's, is let go of), not while
     /// another thread needing this order (a host function reading the memory on the host) waits.
     _around: AroundOrders,
@@ -962,6 +966,31 @@ impl Drop for ScopedExclusion<'_> {
         // Never meets its own thread's `queue_on` of this order (which refuses to start while a
         // scoped exclusion is alive), but deferring is as safe as waiting would be.
         self.order.change_from_drop(Deferred::EndScope);
+    }
+}
+
+impl Drop for StreamOrder {
+    fn drop(&mut self) {
+        // Exclusive access: the changes deferred by tickets' drops are applied first (a deferred
+        // ticket holds a handle of its stream, perhaps the last), and forgotten tickets' streams
+        // become users.
+        self.users_mut();
+        // SAFETY: `inner` is taken once, here, and not used afterwards: the order is being
+        // dropped, and no other field's drop reads it.
+        let users = unsafe { ManuallyDrop::take(&mut self.inner) }.into_inner();
+        let Users { latest, others, pending, excluded, mut dead, .. } = users;
+        bury(&mut dead, latest.0);
+        let pending = pending.into_iter().map(|(stream, _)| stream);
+        for stream in others.into_iter().map(|(stream, _)| stream).chain(pending) {
+            bury(&mut dead, stream);
+        }
+        if let Admits::Only(admitted) = excluded.admits {
+            bury(&mut dead, admitted);
+        }
+        // As the bookkeeping's: destroyed now with cumem locks refused on this thread, or, where
+        // it holds a lock around orders (a buffer dropped inside another order's `queue_on`
+        // closure), once the outermost is let go of.
+        destroy_let_go(&mut dead);
     }
 }
 
