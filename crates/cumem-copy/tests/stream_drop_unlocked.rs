@@ -258,6 +258,34 @@ fn a_buffer_dropped_in_a_closure_destroys_the_stream_its_order_held_after_the_cl
     );
 }
 
+/// Page-locked memory's tracker holds the last handle of a stream a copy from it read on; exclusive
+/// host access to it inside another memory's `queue_on` closure waits for that stream and lets go
+/// of it: destroyed once the closure's order is unlocked.
+#[test]
+#[serial]
+fn host_access_in_a_closure_destroys_the_stream_its_tracker_held_after_the_closure_s_order() {
+    in_the_simulator(
+        "exclusive host access inside a queue_on closure, whose stream destroy failed",
+        move |ctl, ctx| {
+            let a = Stream::non_blocking(ctx).unwrap();
+            let mut pinned = PinnedBuffer::<u8>::from_slice(ctx, &[1u8; 4096]).unwrap();
+            let mut dev = DeviceBuffer::<u8>::zeroed(&a, 4096).unwrap();
+            a.copy_h2d(&pinned, &mut dev).unwrap();
+            let dropped = a.raw() as u64;
+            drop((dev, a));
+            let b = Stream::non_blocking(ctx).unwrap();
+            let (x, y, _) = x_on_a_dropped_stream_and_mapped_y(ctx, &b);
+            drop(x);
+            let seen = from_a_closure_of_mapped(ctl, &y, &b, || {
+                assert_eq!(pinned.as_mut_slice().unwrap()[0], 1);
+            });
+            assert_eq!(seen, [Some(7)], "one failed destroy, with y's order free for another thread");
+            drop((pinned, y, b));
+            dropped
+        },
+    );
+}
+
 /// Runs `inside` in a `queue_on` closure of `y` on `on`, with the first stream destroy failing:
 /// whether another thread could count `y`'s users (which takes its lock) from each failure.
 fn from_a_closure_of(

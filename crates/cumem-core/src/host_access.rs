@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::order::{AroundOrders, queuing_on_this_thread, used_inside_queue_on};
+use crate::order::{AroundOrders, let_go, queuing_on_this_thread, used_inside_queue_on};
 use crate::{Context, Result, Stream, StreamOrder};
 
 /// How device work reached the memory through its stream order (views and order-tracked hooks).
@@ -134,15 +134,13 @@ impl Pending {
         let mut first = None;
         if let Some(write) = &self.write {
             match write.synchronize() {
-                Ok(()) => self.write = None,
+                Ok(()) => self.write.take().into_iter().for_each(let_go),
                 Err(e) => first = Some(e),
             }
         }
         for i in (0..self.reads.len()).rev() {
             match self.reads[i].0.synchronize() {
-                Ok(()) => {
-                    self.reads.remove(i);
-                }
+                Ok(()) => let_go(self.reads.remove(i).0),
                 Err(e) => {
                     first.get_or_insert(e);
                 }
@@ -167,7 +165,7 @@ impl Pending {
     /// waited for, and each read stream waited for that took no read since the snapshot. Returns
     /// the handles let go of, for the caller to drop once it has unlocked (a stream's last handle
     /// calls the driver and may log when dropped).
-    fn forget(&mut self, write: Option<&Stream>, reads: &[(Stream, u64)]) -> (Option<Stream>, Vec<Stream>) {
+    fn forget(&mut self, write: Option<&Stream>, reads: &[(Stream, u64)]) -> Gone {
         let write = match (write, &self.write) {
             (Some(waited), Some(tracked)) if waited == tracked => self.write.take(),
             _ => None,
@@ -178,7 +176,29 @@ impl Pending {
                 gone.push(self.reads.swap_remove(i).0);
             }
         }
-        (write, gone)
+        Gone(write, gone)
+    }
+}
+
+/// A tracker dropped (with its memory, perhaps inside a `queue_on` closure) lets go of its streams
+/// as stream orders do (see [`Gone`]).
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.write.take().into_iter().for_each(let_go);
+        self.reads.drain(..).for_each(|(stream, _)| let_go(stream));
+    }
+}
+
+/// Streams a tracker no longer tracks, taken out under its lock and let go of when this drops,
+/// after the lock: destroyed as stream orders destroy the streams they let go of (after any lock
+/// around orders the thread still holds, such as a `queue_on` closure's), if one was the last
+/// handle; `cuStreamDestroy` waits behind another thread's `cuMemFree` on a real driver.
+struct Gone(Option<Stream>, Vec<Stream>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.0.take().into_iter().for_each(let_go);
+        self.1.drain(..).for_each(let_go);
     }
 }
 
@@ -500,7 +520,8 @@ impl HostAccess {
             return Err(e);
         }
         let mut pending = self.pending.try_lock().ok_or_else(used_inside_queue_on)?;
-        let gone = (pending.write.take(), std::mem::take(&mut pending.reads));
+        let reads = std::mem::take(&mut pending.reads).into_iter().map(|(stream, _)| stream).collect();
+        let gone = Gone(pending.write.take(), reads);
         drop(pending);
         // Dropped after the lock is released (see `Pending::forget`).
         drop(gone);
@@ -591,9 +612,9 @@ impl HostAccess {
         }
         // `stream` is ordered after every earlier read and write (the waits above), so it alone
         // stands for all of them, and for whatever `enqueue` queues, however it ends.
-        pending.reads.clear();
+        pending.reads.drain(..).for_each(|(stream, _)| let_go(stream));
         if pending.write.as_ref() != Some(stream) {
-            pending.write = Some(stream.clone());
+            pending.write.replace(stream.clone()).into_iter().for_each(let_go);
         }
         enqueue(ptr, len)
     }

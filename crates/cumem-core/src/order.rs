@@ -854,6 +854,15 @@ struct Queuing<'o> {
 /// streams are kept and destroyed once the outermost such lock is let go of: destroying a stream
 /// (and its marker event) waits behind another thread's `cuMemFree` on a real driver, and nobody
 /// should wait for that lock meanwhile.
+/// Lets go of `stream`, a handle another tracker of the crate kept (a host tracker's): if it was
+/// the last, the stream is destroyed as the orders' own are (see [`destroy_let_go`]), after the
+/// outermost lock around orders the thread holds, or now with cumem locks refused.
+pub(crate) fn let_go(stream: Stream) {
+    let mut dead = Vec::new();
+    bury(&mut dead, stream);
+    destroy_let_go(&mut dead);
+}
+
 fn destroy_let_go(dead: &mut Vec<LastStream>) {
     if dead.is_empty() {
         return;
