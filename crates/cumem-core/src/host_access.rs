@@ -173,7 +173,7 @@ impl Pending {
         let mut gone = Vec::new();
         for waited in reads {
             if let Some(i) = self.reads.iter().position(|tracked| tracked == waited) {
-                gone.push(self.reads.swap_remove(i).0);
+                gone.push(self.reads.swap_remove(i));
             }
         }
         Gone(write, gone)
@@ -193,12 +193,12 @@ impl Drop for Pending {
 /// after the lock: destroyed as stream orders destroy the streams they let go of (after any lock
 /// around orders the thread still holds, such as a `queue_on` closure's), if one was the last
 /// handle; `cuStreamDestroy` waits behind another thread's `cuMemFree` on a real driver.
-struct Gone(Option<Stream>, Vec<Stream>);
+struct Gone(Option<Stream>, Vec<(Stream, u64)>);
 
 impl Drop for Gone {
     fn drop(&mut self) {
         self.0.take().into_iter().for_each(let_go);
-        self.1.drain(..).for_each(let_go);
+        self.1.drain(..).for_each(|(stream, _)| let_go(stream));
     }
 }
 
@@ -520,8 +520,7 @@ impl HostAccess {
             return Err(e);
         }
         let mut pending = self.pending.try_lock().ok_or_else(used_inside_queue_on)?;
-        let reads = std::mem::take(&mut pending.reads).into_iter().map(|(stream, _)| stream).collect();
-        let gone = Gone(pending.write.take(), reads);
+        let gone = Gone(pending.write.take(), std::mem::take(&mut pending.reads));
         drop(pending);
         // Dropped after the lock is released (see `Pending::forget`).
         drop(gone);
