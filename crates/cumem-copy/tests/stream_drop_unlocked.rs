@@ -16,15 +16,19 @@
 //! while any thread may free memory in that context.
 //!
 //! Seen through the warning of a destroy that fails (the simulator's fault injection), logged
-//! where the destroy happens: a thread the subscriber starts must get the lock then. Once the
-//! simulator holds `cuStreamDestroy` behind a free as the driver does, the same scene with a
-//! host function taking the lock is a deadlock rather than a late answer.
+//! where the destroy happens: a thread the subscriber starts must get the lock then. The simulator
+//! does hold `cuStreamDestroy` behind another thread's free, as the driver does
+//! (crates/cumem-sim/src/hold.rs), but the deadlock itself is not staged here: it needs a host
+//! function waiting for the lock and another thread's `cuMemFree` waiting for that host function,
+//! both in place after the copy or closure took the lock and made its own gated calls (which
+//! would otherwise wait behind that free first, the users' rule above) and before the destroy, and
+//! nothing pauses the thread between those points.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cumem_copy::StreamCopy;
+use cumem_copy::{Copy2D, Pitched, StreamCopy};
 use cumem_core::{
     Context, Device, DeviceBuffer, HostMemory, MappedBuffer, PinnedBuffer, Stream, StreamOrder, sys,
 };
@@ -258,32 +262,86 @@ fn a_buffer_dropped_in_a_closure_destroys_the_stream_its_order_held_after_the_cl
     );
 }
 
-/// Page-locked memory's tracker holds the last handle of a stream a copy from it read on; exclusive
-/// host access to it inside another memory's `queue_on` closure waits for that stream and lets go
-/// of it: destroyed once the closure's order is unlocked.
+/// Page-locked memory of ones whose tracker holds the last handle of a stream a copy (`track`,
+/// between it and a zeroed device buffer, on that stream) used it on; exclusive host access to it
+/// inside another memory's `queue_on` closure waits for that stream and lets go of it: destroyed
+/// once the closure's order is unlocked. The host memory then reads `expected` (the copy ran).
+fn host_access_in_a_closure_after(
+    what: &'static str,
+    track: fn(&Stream, &mut PinnedBuffer<u8>, &mut DeviceBuffer<u8>),
+    expected: u8,
+) {
+    in_the_simulator(what, move |ctl, ctx| {
+        let a = Stream::non_blocking(ctx).unwrap();
+        let mut pinned = PinnedBuffer::<u8>::from_slice(ctx, &[1u8; 4096]).unwrap();
+        let mut dev = DeviceBuffer::<u8>::zeroed(&a, 4096).unwrap();
+        track(&a, &mut pinned, &mut dev);
+        let dropped = a.raw() as u64;
+        drop((dev, a));
+        let b = Stream::non_blocking(ctx).unwrap();
+        let (x, y, _) = x_on_a_dropped_stream_and_mapped_y(ctx, &b);
+        drop(x);
+        let seen = from_a_closure_of_mapped(ctl, &y, &b, || {
+            assert_eq!(pinned.as_mut_slice().unwrap()[0], expected);
+        });
+        assert_eq!(seen, [Some(7)], "one failed destroy, with y's order free for another thread");
+        drop((pinned, y, b));
+        dropped
+    });
+}
+
+/// The tracker's read stream: a copy from the page-locked memory read on it.
 #[test]
 #[serial]
 fn host_access_in_a_closure_destroys_the_stream_its_tracker_held_after_the_closure_s_order() {
-    in_the_simulator(
+    host_access_in_a_closure_after(
         "exclusive host access inside a queue_on closure, whose stream destroy failed",
-        move |ctl, ctx| {
-            let a = Stream::non_blocking(ctx).unwrap();
-            let mut pinned = PinnedBuffer::<u8>::from_slice(ctx, &[1u8; 4096]).unwrap();
-            let mut dev = DeviceBuffer::<u8>::zeroed(&a, 4096).unwrap();
-            a.copy_h2d(&pinned, &mut dev).unwrap();
-            let dropped = a.raw() as u64;
-            drop((dev, a));
-            let b = Stream::non_blocking(ctx).unwrap();
-            let (x, y, _) = x_on_a_dropped_stream_and_mapped_y(ctx, &b);
-            drop(x);
-            let seen = from_a_closure_of_mapped(ctl, &y, &b, || {
-                assert_eq!(pinned.as_mut_slice().unwrap()[0], 1);
-            });
-            assert_eq!(seen, [Some(7)], "one failed destroy, with y's order free for another thread");
-            drop((pinned, y, b));
-            dropped
-        },
+        |a, pinned, dev| a.copy_h2d(&*pinned, dev).unwrap(),
+        1,
     );
+}
+
+/// The tracker's write stream: a copy into the page-locked memory wrote on it.
+#[test]
+#[serial]
+fn host_access_in_a_closure_destroys_the_write_stream_its_tracker_held_after_the_closure_s_order() {
+    host_access_in_a_closure_after(
+        "exclusive host access after a write inside a queue_on closure, whose stream destroy failed",
+        |a, pinned, dev| a.copy_d2h(&*dev, pinned).unwrap(),
+        0,
+    );
+}
+
+/// A queued copy between two host kinds orders the destination's write (its tracker's
+/// `device_write`) inside the source's tracker lock. The destination's tracker holds the last
+/// handle of a stream a copy into it wrote on; the copy replaces that write stream and lets go of
+/// it: destroyed once the source's tracker is unlocked, so another thread can read the source on
+/// the host meanwhile.
+#[test]
+#[serial]
+fn a_copy_between_host_kinds_destroys_the_stream_it_lets_go_of_with_the_source_s_tracker_unlocked() {
+    in_the_simulator("a 2D copy between pinned buffers, whose stream destroy failed", move |ctl, ctx| {
+        const N: usize = 4096;
+        let a = Stream::non_blocking(ctx).unwrap();
+        let dev = DeviceBuffer::<u8>::zeroed(&a, N).unwrap();
+        let mut q = PinnedBuffer::<u8>::from_slice(ctx, &[1u8; N]).unwrap();
+        a.copy_d2h(&dev, &mut q).unwrap();
+        let dropped = a.raw() as u64;
+        // `q`'s tracker holds the last handle of `a`, its write stream.
+        drop((dev, a));
+        let p = Arc::new(PinnedBuffer::from_slice(ctx, &[7u8; N]).unwrap());
+        let b = Stream::non_blocking(ctx).unwrap();
+        let seen = from_each_failed_destroy(
+            ctl,
+            &p,
+            |p| p.as_slice().unwrap()[0],
+            || b.copy_2d(&Pitched::new(&*p, N), &mut Pitched::new(&mut q, N), Copy2D::new(N, 1)).unwrap(),
+        );
+        assert_eq!(seen, [Some(7)], "one failed destroy, with p's tracker free for another thread");
+        assert_eq!(q.as_slice().unwrap(), &[7u8; N][..], "the copy ran");
+        drop((p, q, b));
+        dropped
+    });
 }
 
 /// Runs `inside` in a `queue_on` closure of `y` on `on`, with the first stream destroy failing:
