@@ -845,15 +845,6 @@ struct Queuing<'o> {
     _refusal: Refusal,
 }
 
-/// Destroys the streams an order let go of, with cumem locks refused on this thread meanwhile: a
-/// stream's drop may log, and a subscriber is refused rather than left to use cumem memory from
-/// inside the bookkeeping.
-///
-/// While the thread holds a cumem lock around orders (a host tracker's, around a ticket or a
-/// copy's device side, or a [`StreamOrder::queue_on`] closure's order lock: [`AroundOrders`]), the
-/// streams are kept and destroyed once the outermost such lock is let go of: destroying a stream
-/// (and its marker event) waits behind another thread's `cuMemFree` on a real driver, and nobody
-/// should wait for that lock meanwhile.
 /// Lets go of `stream`, a handle another tracker of the crate kept (a host tracker's): if it was
 /// the last, the stream is destroyed as the orders' own are (see [`destroy_let_go`]), after the
 /// outermost lock around orders the thread holds, or now with cumem locks refused.
@@ -863,6 +854,15 @@ pub(crate) fn let_go(stream: Stream) {
     destroy_let_go(&mut dead);
 }
 
+/// Destroys the streams an order let go of, with cumem locks refused on this thread meanwhile: a
+/// stream's drop may log, and a subscriber is refused rather than left to use cumem memory from
+/// inside the bookkeeping.
+///
+/// While the thread holds a cumem lock around orders (a host tracker's, around a ticket or a
+/// copy's device side, or a [`StreamOrder::queue_on`] closure's order lock: [`AroundOrders`]), the
+/// streams are kept and destroyed once the outermost such lock is let go of: destroying a stream
+/// (and its marker event) waits behind another thread's `cuMemFree` on a real driver, and nobody
+/// should wait for that lock meanwhile.
 fn destroy_let_go(dead: &mut Vec<LastStream>) {
     if dead.is_empty() {
         return;
