@@ -341,7 +341,9 @@ fn a_host_tracker_asked_whether_idle_inside_a_closure_does_not_wait_for_its_lock
             unsafe { access.device_read(&t, host.as_ptr(), host.len(), enqueue).unwrap() };
             inside.join().unwrap().unwrap();
         });
-        access.wait_idle().unwrap();
+        // Exclusive: a shared wait keeps the tracker's first read stream (`t`) tracked.
+        let mut access = access;
+        access.wait_idle_mut().unwrap();
         assert!(access.is_idle());
     });
 }

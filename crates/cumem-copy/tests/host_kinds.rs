@@ -371,3 +371,52 @@ fn a_queued_3d_upload_from_a_registered_slice_reads_it_before_the_host_writes_ag
     .unwrap();
     assert_eq!(vol.to_vec().unwrap(), (0..120).collect::<Vec<u32>>());
 }
+
+/// Pinned memory's tracker lets the stream that read it first since its last write read it again
+/// without the tracker's lock. A shared wait in between (which waits for that stream) must keep
+/// it tracked: otherwise the read queued after the wait goes unnoticed, and a host write overtakes
+/// it. The stream is held while the host writes, so a missing wait shows every time.
+#[test]
+#[serial] // holds a stream
+fn a_read_queued_after_a_shared_wait_is_still_waited_for_before_a_host_write() {
+    let (ctx, stream) = setup();
+    let mut host = PinnedBuffer::from_slice(&ctx, &[1u64; N]).unwrap();
+    let mut first = DeviceBuffer::<u64>::zeroed(&stream, N).unwrap();
+    let mut second = DeviceBuffer::<u64>::zeroed(&stream, N).unwrap();
+    stream.copy_h2d(&host, &mut first).unwrap();
+    host.wait_idle().unwrap(); // through `&self`: waits for the read, forgets nothing it must keep
+    let gate = hold(&stream);
+    stream.copy_h2d(&host, &mut second).unwrap();
+    let opener = gate.release_after(std::time::Duration::from_millis(200));
+    host.as_mut_slice().unwrap().fill(2); // must wait for the read above
+    opener.join().unwrap();
+    let (first, second) = (first.to_vec().unwrap(), second.to_vec().unwrap());
+    assert!(second.iter().all(|&v| v == 1), "the host write overtook the queued read: {}", second[0]);
+    assert!(first.iter().all(|&v| v == 1));
+}
+
+/// A download into pinned memory (a device write, on another stream) ends the lock-free reads of
+/// the stream that read it before: the next upload on that stream waits for the download and
+/// reads what it wrote.
+#[test]
+#[serial] // holds a stream
+fn an_upload_after_a_download_on_another_stream_reads_what_the_download_wrote() {
+    let (ctx, s) = setup();
+    let t = Stream::non_blocking(&ctx).unwrap();
+    let mut host = PinnedBuffer::from_slice(&ctx, &[1u64; N]).unwrap();
+    let mut before = DeviceBuffer::<u64>::zeroed(&s, N).unwrap();
+    let mut after = DeviceBuffer::<u64>::zeroed(&s, N).unwrap();
+    let src = DeviceBuffer::from_slice(&t, &[5u64; N]).unwrap();
+    s.copy_h2d(&host, &mut before).unwrap(); // `s` reads the memory from now on without the lock
+    s.synchronize().unwrap();
+    t.synchronize().unwrap();
+    let gate = hold(&t);
+    t.copy_d2h(&src, &mut host).unwrap(); // held: the 5s are not written yet
+    s.copy_h2d(&host, &mut after).unwrap(); // must wait for the download
+    let opener = gate.release_after(std::time::Duration::from_millis(200));
+    let after = after.to_vec().unwrap();
+    assert!(after.iter().all(|&v| v == 5), "the upload did not wait for the download: {}", after[0]);
+    opener.join().unwrap();
+    assert!(before.to_vec().unwrap().iter().all(|&v| v == 1));
+    assert!(host.as_slice().unwrap().iter().all(|&v| v == 5));
+}

@@ -9,7 +9,9 @@
 //! - **streams** (the default), for memory that the device only reaches through the [`HostMemory`]
 //!   hooks ([`PinnedBuffer`](crate::PinnedBuffer), `HostRegistered`): the tracker remembers the
 //!   stream of the last write and the streams of the reads since, nothing more (no event is
-//!   recorded after a copy, so queuing one costs the copy's own driver call). Host access
+//!   recorded after a copy, so queuing one costs the copy's own driver call; and the stream that
+//!   first read the memory since its last write reads it again without taking the tracker's lock,
+//!   which costs two atomic read-modify-writes per copy otherwise). Host access
 //!   synchronises those streams, which covers the tracked work and whatever was queued on them
 //!   after it: it may wait longer than the copy, never shorter. Device work on another stream is
 //!   ordered after them with the stream's marker event (one per stream, made once and recorded
@@ -45,7 +47,7 @@
 //! # Ok::<(), cumem_core::Error>(())
 //! ```
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -165,13 +167,14 @@ impl Pending {
     /// waited for, and each read stream waited for that took no read since the snapshot. Returns
     /// the handles let go of, for the caller to drop once it has unlocked (a stream's last handle
     /// calls the driver and may log when dropped).
-    fn forget(&mut self, write: Option<&Stream>, reads: &[(Stream, u64)]) -> Gone {
+    fn forget(&mut self, write: Option<&Stream>, reads: &[(Stream, u64)], settled: u64) -> Gone {
         let write = match (write, &self.write) {
             (Some(waited), Some(tracked)) if waited == tracked => self.write.take(),
             _ => None,
         };
         let mut gone = Vec::new();
-        for waited in reads {
+        // The settled reader stays: reads on it are not renumbered (see `HostAccess::settled`).
+        for waited in reads.iter().filter(|(read, _)| read.id() != settled || settled == 0) {
             if let Some(i) = self.reads.iter().position(|tracked| tracked == waited) {
                 gone.push(self.reads.swap_remove(i));
             }
@@ -231,6 +234,17 @@ impl std::ops::DerefMut for PendingGuard<'_> {
 #[derive(Debug, Default)]
 pub struct HostAccess {
     pending: Mutex<Pending>,
+    /// The [`Stream::id`] of a read stream whose reads are tracked without the lock, or 0.
+    ///
+    /// Reads on it need no lock because the tracker already names it and keeps naming it: it is
+    /// set (under the lock, only from 0) once the stream is in `reads`, ordered after the last
+    /// write; only an owner with exclusive access forgets it, and clears this first (a device
+    /// write, which needs `&mut`, clears it too); and a wait through `&self` never forgets it
+    /// (`Pending::forget`), so its entry's number, which reads on it no longer bump, is not
+    /// needed. Ids are never reused, and the tracked handle keeps the stream alive meanwhile.
+    /// One stream at most, so a buffer read on many streams keeps at most one of them past
+    /// shared waits (they are forgotten at the owner's next exclusive wait).
+    settled: AtomicU64,
     /// How device work reached the memory through `order` since the host last waited for it.
     ordered: OrderedCell,
     order: Option<StreamOrder>,
@@ -261,6 +275,7 @@ impl HostAccess {
     pub fn with_order(stream: &Stream) -> Self {
         HostAccess {
             pending: Mutex::default(),
+            settled: AtomicU64::new(0),
             ordered: OrderedCell::default(),
             order: Some(StreamOrder::new(stream)),
             exclusive: false,
@@ -350,7 +365,11 @@ impl HostAccess {
         Some(order)
     }
 
-    /// Whether no device work is known to be pending (without asking the driver). Never waits:
+    /// Whether no device work is known to be pending (without asking the driver). The first stream
+    /// that read the memory since its last device write stays tracked past [`wait_idle`](Self::wait_idle)
+    /// (its later reads are tracked without the lock, so a shared wait cannot tell whether one was
+    /// queued after it looked), so after reads this is `true` only once the owner waited with
+    /// exclusive access ([`wait_idle_mut`](Self::wait_idle_mut), a `&mut [T]` borrow). Never waits:
     /// while another thread holds the tracker (tracking work, or taking a wait's snapshot), the
     /// answer is `false`, as nothing is known to be idle then; so it may be asked inside a
     /// [`StreamOrder::queue_on`] closure.
@@ -402,6 +421,8 @@ impl HostAccess {
     }
 
     /// Blocks until no device work uses the memory. The tracker is not locked while it waits.
+    /// It forgets the streams it saw complete, except the one whose reads are tracked without
+    /// the lock (see [`is_idle`](Self::is_idle)), which it waits for all the same.
     pub fn wait_idle(&self) -> Result<()> {
         self.wait_unlocked(true)?;
         if self.ordered.get() != OrderedUse::None {
@@ -418,6 +439,8 @@ impl HostAccess {
     ///
     /// What may happen while it waits, through `&self` only (a device write, which replaces
     /// `write` and clears `reads`, takes `&mut self`, so it cannot; neither can `wait_idle_mut`):
+    /// - a device read on the settled stream (`HostAccess::settled`), without the lock: that
+    ///   stream is never forgotten here;
     /// - a device read on a stream not tracked yet: it is added to `reads`, which the snapshot
     ///   does not hold, so it stays tracked;
     /// - a device read on a read stream of the snapshot: its work may be queued after the wait
@@ -435,26 +458,37 @@ impl HostAccess {
         // As in `wait_all`, every stream is waited for even after a failure; those seen complete
         // are forgotten, and the first error is returned.
         let mut first = None;
-        let mut waited_write = None;
+        let mut waited_write = false;
         if let Some(write) = &write {
             match write.synchronize() {
-                Ok(()) => waited_write = Some(write),
+                Ok(()) => waited_write = true,
                 Err(e) => first = Some(e),
             }
         }
         let mut done = Vec::with_capacity(reads.len());
-        for (read, number) in reads.iter().rev() {
+        let mut failed = Vec::new();
+        for (read, number) in reads.into_iter().rev() {
             match read.synchronize() {
-                Ok(()) => done.push((read.clone(), *number)),
+                Ok(()) => done.push((read, number)),
                 Err(e) => {
                     first.get_or_insert(e);
+                    failed.push(read);
                 }
             }
         }
-        if waited_write.is_some() || !done.is_empty() {
-            // Dropped after the lock is released (see `Pending::forget`).
-            let _gone = self.lock_pending()?.forget(waited_write, &done);
+        if waited_write || !done.is_empty() {
+            let mut pending = self.lock_pending()?;
+            let settled = self.settled.load(Ordering::Relaxed);
+            let gone = pending.forget(write.as_ref().filter(|_| waited_write), &done, settled);
+            // After the lock is released (see `Pending::forget`).
+            drop(pending);
+            drop(gone);
         }
+        // The snapshot's handles: once the tracker forgot a stream (here or in another wait), one of
+        // these may be its last, destroyed as the tracker's own (with cumem locks refused).
+        write.into_iter().for_each(let_go);
+        done.into_iter().for_each(|(read, _)| let_go(read));
+        failed.into_iter().for_each(let_go);
         first.map_or(Ok(()), Err)
     }
 
@@ -475,6 +509,9 @@ impl HostAccess {
     /// waited for (and the order, whose own synchronisation stops at its first failing stream),
     /// those seen complete are forgotten, and the first error is returned.
     pub fn wait_idle_mut(&mut self) -> Result<()> {
+        // Exclusive access: no read is being tracked without the lock; the streams may be
+        // forgotten below.
+        *self.settled.get_mut() = 0;
         let streams = self.pending.get_mut().wait_all();
         let mut order_result = Ok(());
         if let Some(order) = &mut self.order
@@ -520,6 +557,8 @@ impl HostAccess {
             return Err(e);
         }
         let mut pending = self.pending.try_lock().ok_or_else(used_inside_queue_on)?;
+        // Exclusive access (see above): no read is being tracked without the lock.
+        self.settled.store(0, Ordering::Relaxed);
         let gone = Gone(pending.write.take(), std::mem::take(&mut pending.reads));
         drop(pending);
         // Dropped after the lock is released (see `Pending::forget`).
@@ -532,7 +571,9 @@ impl HostAccess {
     ///
     /// The tracker stays locked from the ordering through `enqueue` (a host wait's snapshot of the
     /// tracked streams, and the lowering of the views' state, must not fall between the tracking
-    /// and the work). Streams that stream orders let go of meanwhile, and their marker events, are
+    /// and the work), except on the one stream that first read the memory since its last write
+    /// (tracked already and kept tracked until the owner waits with exclusive access), whose
+    /// reads take no lock. Streams that stream orders let go of meanwhile, and their marker events, are
     /// destroyed only after the tracker is unlocked. Every other driver call in between is made
     /// with it locked: the ordering's `cuEventCreate` (a marker's first use) and `cuEventRecord`
     /// of the streams waited for, and whatever `enqueue` calls (a copy's profiler events, the
@@ -557,6 +598,18 @@ impl HostAccess {
         len: usize,
         enqueue: impl FnOnce(*const T, usize) -> Result<R>,
     ) -> Result<R> {
+        // The settled reader (see `HostAccess::settled`): tracked already, ordered after the last
+        // write (a write would have cleared it), and kept tracked until an owner with exclusive
+        // access waits, so a read on it is queued without the lock. The Acquire pairs with the
+        // store below: the setter's wait for the last write was queued on the stream first.
+        let settled = self.settled.load(Ordering::Acquire);
+        if settled != 0 && settled == stream.id() {
+            // As with the lock: the rule is one rule (no cumem memory used inside a closure).
+            if queuing_on_this_thread() {
+                return Err(used_inside_queue_on());
+            }
+            return enqueue(ptr, len);
+        }
         let mut pending = self.lock_pending()?;
         // Tracked before `enqueue` runs: it may queue work and then fail or unwind, and host
         // access must still wait for that work (waiting for a stream with nothing queued costs
@@ -574,6 +627,11 @@ impl HostAccess {
         match pending.reads.iter_mut().find(|(s, _)| s == stream) {
             Some(entry) => entry.1 = number,
             None => pending.reads.push((stream.clone(), number)),
+        }
+        // `stream` is tracked and ordered after the last write: it may read without the lock
+        // from now on, if no other stream does (the legacy stream, id 0, never does).
+        if self.settled.load(Ordering::Relaxed) == 0 {
+            self.settled.store(stream.id(), Ordering::Release);
         }
         enqueue(ptr, len)
     }
@@ -595,6 +653,8 @@ impl HostAccess {
     ) -> Result<R> {
         // `&mut self`: no shared host borrow is alive (safety contract 1), so device work may run.
         self.end_host_reads();
+        // Nor is a read being tracked without the lock; the next read settles after this write.
+        *self.settled.get_mut() = 0;
         let pending = self.pending.get_mut();
         // Tracked before `enqueue` runs, as in `device_read`.
         if let Some(order) = &self.order {

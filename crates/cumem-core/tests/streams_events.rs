@@ -429,6 +429,50 @@ fn a_stream_let_go_of_by_a_ticket_inside_a_tracked_read_is_destroyed_while_locks
     );
 }
 
+/// A host wait through `&self` lets go of the streams it forgot as the tracker's other paths do:
+/// the handle it waited on is the stream's last once the tracker forgot it, and the stream is
+/// destroyed with cumem locks refused (a subscriber of its warning that asks another tracker is
+/// refused), as after an exclusive wait.
+#[test]
+#[serial_test::serial] // injects faults on this thread only, but keeps the fault counts simple
+fn a_stream_a_shared_host_wait_forgets_is_destroyed_while_locks_are_refused() {
+    use std::sync::{Arc, Mutex};
+    let ctx = ctx();
+    if testing::sim_control().is_none() {
+        return testing::skip("injects driver faults: simulator only");
+    }
+    testing::within_watchdog(
+        "a subscriber asking a host tracker from a dropped stream's warning",
+        move || {
+            let ctl = testing::sim_control().unwrap();
+            let a = Stream::non_blocking(&ctx).unwrap();
+            let tail = a.tail().clone();
+            let mut data = [0u8; 16];
+            let mut access = cumem_core::HostAccess::new();
+            // SAFETY: `data` outlives the tracker's use (waited below) and the closure queues nothing.
+            unsafe { access.device_write(&a, data.as_mut_ptr(), data.len(), |_, _| Ok(())).unwrap() };
+            drop(a); // the tracker holds a's last handle
+            let other = Arc::new(cumem_core::HostAccess::new());
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let (asked, noted) = (other.clone(), seen.clone());
+            let subscriber = testing::OnEvent(move |e: &tracing::Event<'_>| {
+                if testing::event_message(e).contains("dropped stream") {
+                    let refused = matches!(asked.wait_writes(), Err(Error::NotPermitted { .. }));
+                    noted.lock().unwrap().push(refused);
+                }
+            });
+            // The wait records nothing; the first record on this thread is a's retired event when
+            // the last handle goes, which fails and warns.
+            let rule = ctl.inject_fault(fail_nth_on_this_thread("cuEventRecord", 1));
+            cumem_sys::testing::with_subscriber(subscriber, || access.wait_writes()).unwrap();
+            ctl.remove_fault(rule);
+            assert!(!tail.is_alive(), "a was destroyed");
+            assert_eq!(*seen.lock().unwrap(), [true], "the subscriber was refused, once");
+            assert!(access.is_idle());
+        },
+    );
+}
+
 /// A host wait does not keep the tracker locked: while `wait_idle` waits for a held read stream,
 /// another thread tracks a new read on that same stream; that read, queued after the wait began,
 /// is still tracked once the wait returns.
@@ -440,9 +484,13 @@ fn a_host_wait_leaves_the_tracker_unlocked_and_keeps_reads_queued_meanwhile() {
     /// The memory the device "reads" (the closures queue nothing).
     static DATA: [u8; 16] = [7; 16];
     let ctx = ctx();
-    let r = Stream::non_blocking(&ctx).unwrap();
+    let (q, r) = (Stream::non_blocking(&ctx).unwrap(), Stream::non_blocking(&ctx).unwrap());
     let access = Arc::new(cumem_core::HostAccess::new());
-    // SAFETY: `DATA` lives forever and the closure queues nothing.
+    // The tracker's first read stream is tracked without the lock from then on and never
+    // forgotten by a shared wait; `q` takes that place, so that `r` is tracked by number.
+    // SAFETY: `DATA` lives forever and the closures queue nothing.
+    unsafe { access.device_read(&q, DATA.as_ptr(), DATA.len(), |_, _| Ok(())).unwrap() };
+    // SAFETY: as above.
     unsafe { access.device_read(&r, DATA.as_ptr(), DATA.len(), |_, _| Ok(())).unwrap() };
     ctx.bind().unwrap();
     // SAFETY: `r` is alive and its context current. Longer than the watchdog: were the tracker
@@ -462,9 +510,13 @@ fn a_host_wait_leaves_the_tracker_unlocked_and_keeps_reads_queued_meanwhile() {
     assert!(!waiter.is_finished(), "the wait returned while the read stream was held");
     gate.release();
     waiter.join().unwrap().unwrap();
-    assert!(!access.is_idle(), "the read tracked during the wait was forgotten");
+    assert!(!r.is_unique(), "the read tracked during the wait was forgotten");
     access.wait_idle().unwrap();
-    assert!(access.is_idle());
+    assert!(r.is_unique(), "a shared wait forgets a read stream it saw complete");
+    assert!(!q.is_unique(), "the first read stream stays tracked past a shared wait");
+    let mut access = Arc::into_inner(access).expect("the other handles are gone");
+    access.wait_idle_mut().unwrap();
+    assert!(access.is_idle() && q.is_unique(), "an exclusive wait forgets every stream");
 }
 
 /// A stream whose drop could neither record its retired event nor synchronise it leaves a tail
