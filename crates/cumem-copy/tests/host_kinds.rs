@@ -420,3 +420,24 @@ fn an_upload_after_a_download_on_another_stream_reads_what_the_download_wrote() 
     assert!(before.to_vec().unwrap().iter().all(|&v| v == 1));
     assert!(host.as_slice().unwrap().iter().all(|&v| v == 5));
 }
+
+/// An exclusive wait (a host write) forgets the stream whose reads were tracked without the lock:
+/// its next read must be tracked again, so the next host write waits for it.
+#[test]
+#[serial] // holds a stream
+fn a_read_queued_after_a_host_write_is_waited_for_before_the_next_one() {
+    let (ctx, stream) = setup();
+    let mut host = PinnedBuffer::from_slice(&ctx, &[1u64; N]).unwrap();
+    let mut first = DeviceBuffer::<u64>::zeroed(&stream, N).unwrap();
+    let mut second = DeviceBuffer::<u64>::zeroed(&stream, N).unwrap();
+    stream.copy_h2d(&host, &mut first).unwrap();
+    host.as_mut_slice().unwrap().fill(3); // exclusive: waits for the read, forgets its stream
+    let gate = hold(&stream);
+    stream.copy_h2d(&host, &mut second).unwrap();
+    let opener = gate.release_after(std::time::Duration::from_millis(200));
+    host.as_mut_slice().unwrap().fill(2); // must wait for the read above
+    opener.join().unwrap();
+    let (first, second) = (first.to_vec().unwrap(), second.to_vec().unwrap());
+    assert!(second.iter().all(|&v| v == 3), "the host write overtook the queued read: {}", second[0]);
+    assert!(first.iter().all(|&v| v == 1));
+}

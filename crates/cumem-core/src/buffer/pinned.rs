@@ -221,6 +221,12 @@ impl<T> PinnedBuffer<T> {
     }
 
     /// Blocks until no device work uses the buffer.
+    ///
+    /// Through `&self` it cannot end the tracking of the first stream that read the buffer since its
+    /// last device write (that stream's later reads are tracked without a lock): it waits for that
+    /// stream, and so do the next host write and the drop, again, for whatever was queued on it
+    /// since; a stream whose later work waits on the host (a host function, a persistent kernel)
+    /// must not be the one that reads the buffer. An exclusive wait (`as_mut_slice`) ends it.
     pub fn wait_idle(&self) -> Result<()> {
         self.span.wait_idle()
     }
