@@ -441,3 +441,50 @@ fn a_read_queued_after_a_host_write_is_waited_for_before_the_next_one() {
     assert!(second.iter().all(|&v| v == 3), "the host write overtook the queued read: {}", second[0]);
     assert!(first.iter().all(|&v| v == 1));
 }
+
+/// Four threads copy from one pinned buffer, each on its own stream (the first stream read it
+/// first, so its reads take no lock; the others' are tracked under the lock), while another thread
+/// waits for the buffer through `&self` again and again. Then the first stream reads it once more,
+/// and a host write must wait for that read (the simulator starts each copy 20 ms late, so it is
+/// still queued): a shared wait that forgot the stream would let the write overtake it.
+#[test]
+#[parallel]
+fn reads_from_four_threads_during_shared_waits_are_all_waited_for_before_a_host_write() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let (ctx, _) = setup();
+    let host = Arc::new(PinnedBuffer::from_slice(&ctx, &[1u64; N]).unwrap());
+    let streams: Vec<Stream> = (0..4).map(|_| Stream::non_blocking(&ctx).unwrap()).collect();
+    let mut first = DeviceBuffer::<u64>::zeroed(&streams[0], N).unwrap();
+    streams[0].copy_h2d(&*host, &mut first).unwrap(); // the first reader
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                host.wait_idle().unwrap();
+            }
+        });
+        let readers: Vec<_> = streams
+            .iter()
+            .map(|stream| {
+                s.spawn(|| {
+                    let mut dev = DeviceBuffer::<u64>::zeroed(stream, N).unwrap();
+                    for _ in 0..10 {
+                        stream.copy_h2d(&*host, &mut dev).unwrap();
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    assert!(dev.to_vec().unwrap().iter().all(|&v| v == 1));
+                })
+            })
+            .collect();
+        readers.into_iter().for_each(|r| r.join().unwrap());
+        done.store(true, Ordering::Relaxed);
+        waiter.join().unwrap();
+    });
+    streams[0].copy_h2d(&*host, &mut first).unwrap();
+    let mut host = Arc::into_inner(host).expect("the threads are done");
+    host.as_mut_slice().unwrap().fill(2); // waits for the read just queued
+    let seen = first.to_vec().unwrap();
+    assert!(seen.iter().all(|&v| v == 1), "a host write overtook a queued read: {}", seen[0]);
+}
