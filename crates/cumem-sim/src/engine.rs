@@ -261,6 +261,7 @@ fn take_batch(st: &mut State, now: Instant, sid: u64) -> (Vec<Taken>, Vec<String
     while let Some(sid) = next {
         let s = st.streams.get_mut(&sid).expect("picked stream exists");
         let op = s.queue.pop_front().expect("picked stream has a head");
+        s.slots -= usize::from(crate::hold::takes_slot(&op.work));
         bytes += bytes_moved(&op.work).unwrap_or(0);
         // Decided now, with the lock held: an unmap of bytes this operation moves, called before
         // the batch is done, waits for it (`crate::vmm::unmap`), so the answer holds throughout.
@@ -373,6 +374,7 @@ fn engine_loop() {
         let op = {
             let s = g.streams.get_mut(&sid).expect("picked stream exists");
             let op = s.queue.pop_front().expect("picked stream has a head");
+            s.slots -= usize::from(crate::hold::takes_slot(&op.work));
             s.running = Some(op.seq);
             op
         };

@@ -136,7 +136,7 @@ pub(crate) fn resolve_gated(g: &mut MutexGuard<'_, State>, h: CUstream) -> Resul
 pub(crate) const QUEUE_DEPTH: usize = 1021;
 
 /// Whether `work` is a work item counted against [`QUEUE_DEPTH`].
-fn counts(work: &Work) -> bool {
+pub(crate) fn takes_slot(work: &Work) -> bool {
     matches!(
         work,
         Work::Copy { .. }
@@ -148,9 +148,13 @@ fn counts(work: &Work) -> bool {
 }
 
 /// Whether `s` has room for one more work item: fewer than [`QUEUE_DEPTH`] not yet started
-/// (counted only when the queue is that long at all, so the common case costs nothing).
+/// (`Stream::slots`, kept as the queue changes; checked against a count in debug builds).
 fn has_room(s: &Stream) -> bool {
-    s.queue.len() < QUEUE_DEPTH || s.queue.iter().filter(|op| counts(&op.work)).count() < QUEUE_DEPTH
+    debug_assert!(
+        s.queue.len() < QUEUE_DEPTH || s.slots == s.queue.iter().filter(|op| takes_slot(&op.work)).count(),
+        "the slot count drifted from the queue"
+    );
+    s.slots < QUEUE_DEPTH
 }
 
 /// What a call waiting for room on a full stream queues: it decides which other threads' calls

@@ -68,6 +68,10 @@ pub(crate) struct Stream {
     pub(crate) flags: u32,
     pub(crate) priority: i32,
     pub(crate) queue: VecDeque<Op>,
+    /// How many operations in `queue` take a slot of the stream's depth (`hold::takes_slot`):
+    /// kept as they are queued and taken, so that a full stream's check does not count a long
+    /// queue of records again on every call.
+    pub(crate) slots: usize,
     /// Sequence number of the operation currently executing.
     pub(crate) running: Option<u64>,
     /// Sequence number of the last operation enqueued, or of a later pool allocation made on the
@@ -108,6 +112,7 @@ impl Stream {
             flags,
             priority,
             queue: VecDeque::new(),
+            slots: 0,
             running: None,
             last_seq: 0,
             destroyed: false,
@@ -521,6 +526,7 @@ fn enqueue_after(
     }
     let s = st.streams.get_mut(&sid).expect("enqueue on a live stream");
     let (api, tid) = crate::api::caller();
+    s.slots += usize::from(crate::hold::takes_slot(&work));
     s.queue.push_back(Op { seq, ready_at, api, tid, deps, remote, work });
     s.last_seq = seq;
     // Only the engine waits for enqueues, and it need only be woken if this operation may be due
@@ -596,7 +602,9 @@ mod tests {
         enqueue(st, p, Work::Nop, Vec::new());
         enqueue(st, legacy, Work::Nop, Vec::new());
         for id in [p, legacy] {
-            st.streams.get_mut(&id).unwrap().queue.clear();
+            let s = st.streams.get_mut(&id).unwrap();
+            s.queue.clear();
+            s.slots = 0;
         }
         st.streams.get_mut(&p).unwrap().destroyed = true;
         remove_drained(st, p);
