@@ -33,19 +33,22 @@ pub enum Platform {
     NativeLinux,
     /// Linux in a WSL2 virtual machine (the kernel release names Microsoft).
     Wsl2,
-    /// Anything else (read failed or not Linux): treated like WSL2, the cautious choice.
+    /// Anything else (the read failed, or the string is not a Linux kernel's): treated like WSL2,
+    /// the cautious choice.
     Unknown,
 }
 
 impl Platform {
-    /// Classifies a kernel release or version string (`/proc/sys/kernel/osrelease` or
-    /// `/proc/version`): WSL kernels name Microsoft.
+    /// Classifies a kernel release or version string (`/proc/sys/kernel/osrelease`, such as
+    /// `6.8.0-45-generic`, or `/proc/version`, `Linux version …`): WSL kernels name Microsoft;
+    /// anything that is not a Linux kernel's release or version is `Unknown`.
     pub fn from_os_string(os: &str) -> Platform {
-        let lower = os.to_ascii_lowercase();
-        if lower.contains("microsoft") || lower.contains("wsl") {
-            Platform::Wsl2
-        } else if lower.trim().is_empty() {
+        let lower = os.trim().to_ascii_lowercase();
+        let linux = lower.starts_with("linux") || lower.starts_with(|c: char| c.is_ascii_digit());
+        if !linux {
             Platform::Unknown
+        } else if lower.contains("microsoft") || lower.contains("wsl") {
+            Platform::Wsl2
         } else {
             Platform::NativeLinux
         }

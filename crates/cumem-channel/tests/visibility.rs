@@ -44,6 +44,9 @@ fn os_strings_name_the_platform() {
     assert_eq!(Platform::from_os_string("4.4.0-19041-Microsoft"), Platform::Wsl2);
     assert_eq!(Platform::from_os_string(NATIVE), Platform::NativeLinux);
     assert_eq!(Platform::from_os_string(""), Platform::Unknown);
+    // Not a Linux kernel's release or version: the cautious choice.
+    assert_eq!(Platform::from_os_string("Darwin Kernel Version 23.1.0"), Platform::Unknown);
+    assert_eq!(Platform::from_os_string("FreeBSD 14.0-RELEASE"), Platform::Unknown);
 }
 
 #[test]
