@@ -128,6 +128,13 @@ impl PeerStreamCopy for Stream {
 
 /// Copies `src` into `dst` (same length, any two devices) and returns once the bytes have
 /// arrived, after all work queued so far on either buffer.
+///
+/// Between two devices that cannot reach each other's memory the copy is staged through
+/// page-locked host memory, which this call frees before it returns: `cuMemFreeHost` waits while
+/// a host function holds *any* stream, on any device (§17 of the driver brief; the simulator
+/// does the same), so a staged copy also waits for such unrelated work, and must not be made
+/// while work that waits on the calling thread runs (a host function waiting for it, a persistent
+/// kernel polling a flag it would set). Devices with peer access copy directly and free nothing.
 pub fn copy_peer<T: Pod + Send + Sync>(
     src: &impl AsDeviceSlice<T>,
     dst: &mut impl AsDeviceSliceMut<T>,

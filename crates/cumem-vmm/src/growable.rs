@@ -95,6 +95,12 @@ impl GrowableConfig {
 }
 
 /// An owning array of `T` in device memory whose address never changes while it grows.
+///
+/// Like a [`DeviceBuffer`](cumem_core::DeviceBuffer), it starts ordered on the stream it is made
+/// on: dropping it, or [`shrink_to_fit`](GrowableBuffer::shrink_to_fit), synchronises the streams
+/// that used it as wholes, that stream included even when nothing used the buffer, so work queued
+/// there before the buffer or unrelated to it is waited for too. Make it on a stream whose work
+/// does not wait on the dropping thread.
 pub struct GrowableBuffer<T> {
     range: Arc<VirtualRange>,
     /// The mapped chunks, in address order from the start of the range.
@@ -306,7 +312,8 @@ impl<T> GrowableBuffer<T> {
     }
 
     /// Unmaps every whole chunk past the values and returns its memory to the device, after the
-    /// device work that uses the buffer has completed. Should the driver refuse an unmap, the error
+    /// device work that uses the buffer has completed (its streams synchronised as wholes, see
+    /// [`GrowableBuffer`]). Should the driver refuse an unmap, the error
     /// is returned and that chunk and those before it stay mapped (and counted in `mapped_bytes`).
     pub fn shrink_to_fit(&mut self) -> Result<()> {
         let keep = self.bytes().div_ceil(self.chunk_bytes);
