@@ -66,6 +66,8 @@ enum Deferred {
     StrayUnmapFailed { base: u64, error: cumem_core::Error },
     ReleaseUnknown { base: u64, bytes: usize },
     ReleaseStillMapped { base: u64, bytes: usize },
+    PhysicalReleaseFailed { handle: u64, bytes: usize, error: cumem_core::Error },
+    FreeFailed { base: u64, size: usize, error: cumem_core::Error },
 }
 
 impl Deferred {
@@ -92,6 +94,18 @@ impl Deferred {
                 base,
                 bytes,
                 "releasing a reservation with chunks still mapped; freed when they are"
+            ),
+            // A chunk's physical memory whose release failed (`map_chunk`), a released reservation
+            // whose free failed: the messages of `PhysicalMemory`'s and `VirtualRange`'s own drops,
+            // whose warnings these are, deferred (the pool holds its locks where they are made).
+            Deferred::PhysicalReleaseFailed { handle, bytes, error } => {
+                tracing::warn!(handle, bytes, error = %error, "cuMemRelease failed; the memory is leaked")
+            }
+            Deferred::FreeFailed { base, size, error } => tracing::warn!(
+                base,
+                size,
+                error = %error,
+                "cuMemAddressFree failed; the reservation is leaked"
             ),
         }
     }
@@ -154,8 +168,14 @@ impl DeviceExpandable {
         made: &mut Vec<(u64, SharedMapping)>,
     ) -> Result<()> {
         let memory = PhysicalMemory::new(&self.ctx, self.chunk)?;
-        made.push((range.base() + offset as u64, range.map_shared(offset, &memory)?));
-        // `memory` is released here: the mapping keeps the physical memory until it is unmapped.
+        let mapped = range.map_shared(offset, &memory);
+        // Released now, mapped or not: a mapping keeps the physical memory until it is unmapped.
+        // Explicitly, for a failure to be noted rather than logged under the pool's locks.
+        let (handle, bytes) = (memory.raw(), memory.bytes());
+        if let Err(error) = memory.release() {
+            self.defer(Deferred::PhysicalReleaseFailed { handle, bytes, error });
+        }
+        made.push((range.base() + offset as u64, mapped?));
         match made.last_mut() {
             Some((_, mapping)) => mapping.set_access(&self.access),
             None => Ok(()),
@@ -294,12 +314,19 @@ impl ExpandableUpstream for DeviceExpandable {
             return;
         };
         drop(s);
-        if Arc::strong_count(&range) > 1 {
-            self.defer(Deferred::ReleaseStillMapped { base, bytes });
-        }
         // Freed now, not deferred: the out-of-memory ladder reserves again right after releasing,
-        // under the same locks, and may need these addresses. (A failed free warns here.)
-        drop(range);
+        // under the same locks, and may need these addresses. A failure is noted, not logged:
+        // the pool holds its locks here.
+        match Arc::into_inner(range) {
+            Some(range) => {
+                let size = range.size();
+                if let Err(error) = range.free() {
+                    self.defer(Deferred::FreeFailed { base, size, error });
+                }
+            }
+            // A mapping (a chunk that failed to unmap) holds the range: the last one to go frees it.
+            None => self.defer(Deferred::ReleaseStillMapped { base, bytes }),
+        }
     }
 
     fn log_deferred(&self) {

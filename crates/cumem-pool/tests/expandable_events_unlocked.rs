@@ -4,7 +4,9 @@
 //! failed (in a trim, the release threshold and the ladder; on the device through the
 //! simulator's fault injection). The work runs on a thread, waited for under a bound, since a
 //! deadlock hangs rather than fails. The ladder logs in the order things happened, and a
-//! subscriber that panics on its events leaves the books consistent.
+//! subscriber that panics on its events leaves the books consistent. The same holds for the
+//! device's own warnings in growth: a chunk's physical memory whose release fails after mapping,
+//! a new reservation whose free fails after its map failed.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -30,6 +32,8 @@ const RESERVING: &str = "expandable segments full: reserving another";
 const UNMAP_FAILED: &str = "unmapping a free chunk failed; kept cached";
 const RELEASED: &str = "segments released";
 const UNDO_FAILED: &str = "undoing a failed map: unmap failed; retried later";
+const RELEASE_FAILED: &str = "cuMemRelease failed; the memory is leaked";
+const FREE_FAILED: &str = "cuMemAddressFree failed; the reservation is leaked";
 
 type Pool = CachingPool<HostUpstream, HostOrdering>;
 
@@ -341,6 +345,93 @@ fn a_subscriber_that_reads_stats_when_undoing_a_failed_device_map_fails_does_not
     assert_eq!((report.released_bytes, report.released_segments), (c, 1));
     drop((pool, stream, ctx));
     assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    let live = ctl.live_report();
+    assert!(live.is_clean(), "{live}");
+}
+
+/// A growth on the device whose chunk's `cuMemRelease` (right after mapping it: the mapping keeps
+/// the memory) fails warns `cuMemRelease failed; the memory is leaked` under the pool's locks
+/// (`DeviceExpandable::map_chunk`, from growth): the warning waits until the pool has let go of
+/// them, so a subscriber that reads the stats on it does not deadlock. The block is served; the
+/// chunk's memory keeps the reference that failed to go, which the test releases by its handle.
+#[test]
+#[serial]
+fn a_subscriber_that_reads_stats_when_releasing_a_mapped_chunks_memory_fails_does_not_deadlock() {
+    let Some(DevicePool { ctl, ctx, chunk: c, pool, stream }) = device_pool() else { return };
+    let (reader, p, s) = (pool.clone(), pool.clone(), stream.clone());
+    let (grown, seen) = reading_stats_on(
+        RELEASE_FAILED,
+        move || reader.stats(),
+        move || {
+            let ctl = testing::sim_control().expect("the simulator, checked above");
+            let rule = ctl.inject_fault(fails_once_on_this_thread("cuMemRelease", 1));
+            let grown = DeviceBuffer::<u8>::new_in(&p, &s, c as usize).map(drop);
+            ctl.remove_fault(rule);
+            grown
+        },
+    );
+    grown.unwrap();
+    let seen: Vec<(u64, u64)> = seen.iter().map(|s| (s.segments, s.reserved_bytes)).collect();
+    assert_eq!(seen, [(1, c)], "(segments, reserved bytes) at the warning: the chunk is mapped");
+    let report = pool.trim().unwrap();
+    assert_eq!((report.released_bytes, report.released_segments), (c, 1));
+    drop((pool, stream, ctx));
+    assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    // Unmapped, but the creation's reference is still held: the one failed release.
+    let live = ctl.live_report();
+    let leaked: Vec<(u64, u32, u32)> =
+        live.physical.iter().map(|p| (p.bytes, p.references, p.mappings)).collect();
+    assert_eq!(leaked, [(c, 1, 0)], "{live}");
+    // SAFETY: the handle of memory nothing maps or uses any more, whose one reference is released
+    // once, here.
+    let code = unsafe { cumem_core::sys::cuMemRelease(live.physical[0].handle) };
+    assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
+    let live = ctl.live_report();
+    assert!(live.is_clean(), "{live}");
+}
+
+/// A growth on the device reserves a new range and its first map fails: the pool gives the range
+/// back at once (`release_if_unmapped`, under its locks), and that `cuMemAddressFree` failing warns
+/// `cuMemAddressFree failed; the reservation is leaked` (`DeviceExpandable::release`, which frees
+/// in place: the out-of-memory ladder may reserve again right after). The warning waits until the
+/// pool has let go of its locks, so a subscriber that reads the stats on it does not deadlock. The
+/// reservation that failed to go is freed by the test.
+#[test]
+#[serial]
+fn a_subscriber_that_reads_stats_when_freeing_a_reservation_fails_does_not_deadlock() {
+    let Some(DevicePool { ctl, ctx, chunk: c, pool, stream }) = device_pool() else { return };
+    let (reader, p, s) = (pool.clone(), pool.clone(), stream.clone());
+    let (grown, seen) = reading_stats_on(
+        FREE_FAILED,
+        move || reader.stats(),
+        move || {
+            let ctl = testing::sim_control().expect("the simulator, checked above");
+            let rules = [("cuMemMap", 1), ("cuMemAddressFree", 1)]
+                .map(|(function, nth)| ctl.inject_fault(fails_once_on_this_thread(function, nth)));
+            let grown = DeviceBuffer::<u8>::new_in(&p, &s, c as usize).map(drop);
+            for rule in rules {
+                ctl.remove_fault(rule);
+            }
+            grown
+        },
+    );
+    assert!(grown.is_err(), "{grown:?}");
+    let seen: Vec<(u64, u64)> = seen.iter().map(|s| (s.segments, s.reserved_bytes)).collect();
+    assert_eq!(seen, [(0, 0)], "(segments, reserved bytes) at the warning: the reservation left the books");
+    // The pool works on: the next growth reserves and maps.
+    DeviceBuffer::<u8>::new_in(&pool, &stream, c as usize).map(drop).unwrap();
+    let report = pool.trim().unwrap();
+    assert_eq!((report.released_bytes, report.released_segments), (c, 1));
+    drop((pool, stream, ctx));
+    assert!(ctl.violations().is_empty(), "{:?}", ctl.violations());
+    // Only the reservation whose free failed is left.
+    let live = ctl.live_report();
+    assert!(live.physical.is_empty() && live.mappings.is_empty(), "{live}");
+    let [left] = live.reservations.as_slice() else { panic!("one reservation left: {live}") };
+    // SAFETY: the reservation the pool gave back with nothing mapped in it (the free that failed),
+    // which nothing uses; freed once, here.
+    let code = unsafe { cumem_core::sys::cuMemAddressFree(left.ptr, left.bytes as usize) };
+    assert_eq!(code, cumem_core::sys::CUresult::CUDA_SUCCESS);
     let live = ctl.live_report();
     assert!(live.is_clean(), "{live}");
 }

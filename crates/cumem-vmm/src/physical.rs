@@ -59,6 +59,8 @@ pub struct PhysicalMemory {
     mapped: Arc<AtomicBool>,
     /// Made by `import_fd` (a reference to memory created elsewhere) rather than `cuMemCreate`.
     imported: bool,
+    /// Set by [`PhysicalMemory::release`], which made the one release already: the drop makes none.
+    released: bool,
 }
 
 impl PhysicalMemory {
@@ -94,6 +96,7 @@ impl PhysicalMemory {
             granularity,
             mapped: Arc::default(),
             imported: false,
+            released: false,
         })
     }
 
@@ -227,6 +230,7 @@ impl PhysicalMemory {
             granularity,
             mapped: Arc::default(),
             imported: true,
+            released: false,
         })
     }
 
@@ -269,6 +273,51 @@ impl PhysicalMemory {
     /// Whether a mapping of this memory exists now (it may be mapped again once that one is gone).
     pub fn is_mapped(&self) -> bool {
         self.mapped.load(Ordering::Acquire)
+    }
+
+    /// Drops the creation's (or the import's) reference now (`cuMemRelease`), as the drop does, but
+    /// returns the driver's error instead of logging it: for an owner that must not log where it
+    /// calls this (under its own locks, say) and notes the failure to log it later. As with the
+    /// drop, a mapping of the memory keeps it until it is unmapped; the memory is freed once both
+    /// are gone.
+    ///
+    /// # Errors
+    /// The driver's error binding the context or releasing: the reference is then leaked (the
+    /// release is not tried again).
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use cumem_core::Device;
+    /// use cumem_vmm::{Granularity, PhysicalMemory, VirtualRange};
+    /// let ctx = Device::get(0)?.context()?;
+    /// if ctx.device().capabilities()?.virtual_memory {
+    ///     let g = Granularity::of(ctx.device())?.minimum;
+    ///     let range = VirtualRange::reserve(&ctx, g)?;
+    ///     let memory = PhysicalMemory::new(&ctx, g)?;
+    ///     let mapping = range.map(0, &memory)?;
+    ///     memory.release()?; // the mapping keeps the memory until it is unmapped
+    ///     assert_eq!(range.mapped_bytes(), g);
+    ///     drop(mapping); // frees the memory
+    ///     range.free()?;
+    /// }
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn release(mut self) -> Result<()> {
+        // Set first: whatever the release answers, the drop that follows makes no second one.
+        self.released = true;
+        self.release_reference()
+    }
+
+    /// The one `cuMemRelease` of this object's reference (by [`PhysicalMemory::release`] or the drop,
+    /// whichever comes first: the other sees `released`).
+    fn release_reference(&self) -> Result<()> {
+        self.ctx.bind().and_then(|()| {
+            // SAFETY: `handle` came from cuMemCreate in `with_handle_types` or from the import in
+            // `import_fd`, and this is the one release of that reference (`release` sets
+            // `released` first, so the drop after it makes none); mappings keep their own hold on
+            // the memory in the driver.
+            unsafe { ffi::release(self.handle) }
+        })
     }
 
     /// Marks the memory mapped and returns the flag the mapping clears when it unmaps, or `None`
@@ -314,13 +363,10 @@ impl fmt::Debug for PhysicalMemory {
 
 impl Drop for PhysicalMemory {
     fn drop(&mut self) {
-        let result = self.ctx.bind().and_then(|()| {
-            // SAFETY: `handle` came from cuMemCreate in `with_handle_types` or from the import in
-            // `import_fd`, and this is the one release of that reference; mappings keep their own
-            // hold on the memory in the driver.
-            unsafe { ffi::release(self.handle) }
-        });
-        if let Err(e) = result {
+        if self.released {
+            return;
+        }
+        if let Err(e) = self.release_reference() {
             tracing::warn!(handle = self.handle, bytes = self.bytes, error = %e, "cuMemRelease failed; the memory is leaked");
         }
     }

@@ -70,6 +70,9 @@ pub struct VirtualRange {
     granularity: Granularity,
     /// Offsets of the mapped parts.
     mapped: Mutex<Intervals>,
+    /// Set by [`VirtualRange::free`], which made the one free already (or leaked the range): the
+    /// drop does nothing.
+    freed: bool,
 }
 
 impl VirtualRange {
@@ -108,6 +111,7 @@ impl VirtualRange {
             size,
             granularity,
             mapped: Mutex::new(Intervals::default()),
+            freed: false,
         })
     }
 
@@ -146,6 +150,63 @@ impl VirtualRange {
     /// `Arc`: for owners that hold a range and its mappings side by side.
     pub fn map_shared(self: &Arc<Self>, offset: usize, memory: &PhysicalMemory) -> Result<SharedMapping> {
         MappingIn::new(Arc::clone(self), offset, memory)
+    }
+
+    /// Frees the reservation now (`cuMemAddressFree`), as the drop does, but returns the driver's
+    /// error instead of logging it: for an owner that must not log where it calls this (under its
+    /// own locks, say) and notes the failure to log it later. Mappings borrow the range or hold
+    /// its `Arc` (take it back with [`Arc::into_inner`]), so none of them is alive here.
+    ///
+    /// # Errors
+    /// `InvalidValue` naming `VirtualRange::free`, before any driver call, if part of the range is
+    /// still mapped: a mapping that was leaked (`mem::forget`) or failed to unmap is still in the
+    /// driver, and freeing its addresses would let a later reservation land on live memory. The
+    /// driver's error binding the context or freeing. The reservation is then leaked (the free is
+    /// not tried again).
+    ///
+    /// ```
+    /// # cumem_sys::testing::init();
+    /// use cumem_core::Device;
+    /// use cumem_vmm::{Granularity, PhysicalMemory, VirtualRange};
+    /// use std::sync::Arc;
+    /// let ctx = Device::get(0)?.context()?;
+    /// if ctx.device().capabilities()?.virtual_memory {
+    ///     let g = Granularity::of(ctx.device())?.minimum;
+    ///     let range = Arc::new(VirtualRange::reserve(&ctx, 2 * g)?);
+    ///     let memory = PhysicalMemory::new(&ctx, g)?;
+    ///     let mapping = range.map_shared(g, &memory)?; // holds the range too
+    ///     drop((mapping, memory)); // unmapped, then released
+    ///     let range = Arc::into_inner(range).expect("the mapping's hold went with it");
+    ///     assert_eq!(range.mapped_bytes(), 0);
+    ///     range.free()?;
+    /// }
+    /// # Ok::<(), cumem_core::Error>(())
+    /// ```
+    pub fn free(mut self) -> Result<()> {
+        // Set first: whatever happens here, the drop that follows neither frees nor warns.
+        self.freed = true;
+        if !self.mapped.get_mut().is_empty() {
+            return Err(Error::InvalidValue {
+                ctx: ErrorContext::op(
+                    "VirtualRange::free (part of the range is still mapped; the reservation is leaked)",
+                )
+                .bytes(self.size),
+            });
+        }
+        self.address_free()
+    }
+
+    /// The one `cuMemAddressFree` of the reservation (by [`VirtualRange::free`] or the drop,
+    /// whichever comes first: the other sees `freed`), once nothing is mapped in it.
+    fn address_free(&mut self) -> Result<()> {
+        debug_assert!(self.mapped.get_mut().is_empty(), "checked by both callers");
+        self.ctx.bind().and_then(|()| {
+            // SAFETY: `base`/`size` are exactly the reservation made in `reserve_with`, freed only
+            // here, once (`free` sets `freed` first, so the drop after it frees nothing), and
+            // nothing is mapped in it (checked by both callers: every mapping claims its span
+            // before mapping and returns it only once unmapped).
+            unsafe { ffi::address_free(self.base, self.size) }
+        })
     }
 
     /// Claims `[offset, offset + size)` for a mapping about to be made, after checking that it lies
@@ -200,19 +261,16 @@ impl fmt::Debug for VirtualRange {
 
 impl Drop for VirtualRange {
     fn drop(&mut self) {
+        if self.freed {
+            return;
+        }
         if !self.mapped.get_mut().is_empty() {
             // A mapping that was leaked (mem::forget) or failed to unmap is still in the driver;
             // freeing its addresses would let a later reservation land on live memory.
             tracing::warn!(base = self.base, size = self.size, "a reservation with live mappings is leaked");
             return;
         }
-        let result = self.ctx.bind().and_then(|()| {
-            // SAFETY: `base`/`size` are exactly the reservation made in `reserve_with`, freed only
-            // here, and nothing is mapped in it (checked above: every mapping claims its span
-            // before mapping and returns it only once unmapped).
-            unsafe { ffi::address_free(self.base, self.size) }
-        });
-        if let Err(e) = result {
+        if let Err(e) = self.address_free() {
             tracing::warn!(base = self.base, size = self.size, error = %e, "cuMemAddressFree failed; the reservation is leaked");
         }
     }
