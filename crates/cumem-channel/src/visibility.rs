@@ -40,8 +40,11 @@ pub enum Platform {
 
 impl Platform {
     /// Classifies a kernel release or version string (`/proc/sys/kernel/osrelease`, such as
-    /// `6.8.0-45-generic`, or `/proc/version`, `Linux version …`): WSL kernels name Microsoft;
-    /// anything that is not a Linux kernel's release or version is `Unknown`.
+    /// `6.8.0-45-generic`, or `/proc/version`, `Linux version …`): WSL kernels name Microsoft. A
+    /// string that starts neither with `Linux` nor with a release number (`Darwin Kernel …`, an
+    /// empty one) is `Unknown`. A bare release number cannot name its kernel, and is taken as
+    /// Linux's: pass only what `/proc` gives (as [`Platform::detect`] does; those files exist on
+    /// Linux only), not another system's `uname -r`.
     pub fn from_os_string(os: &str) -> Platform {
         let lower = os.trim().to_ascii_lowercase();
         let linux = lower.starts_with("linux") || lower.starts_with(|c: char| c.is_ascii_digit());
