@@ -379,19 +379,27 @@ fn a_queued_3d_upload_from_a_registered_slice_reads_it_before_the_host_writes_ag
 #[test]
 #[serial] // holds a stream
 fn a_read_queued_after_a_shared_wait_is_still_waited_for_before_a_host_write() {
+    // Through `&self`: waits for the read, forgets nothing it must keep.
+    read_again_after(|host| host.wait_idle().unwrap(), 1);
+}
+
+/// Reads a pinned buffer holding 1s on a stream, runs `between` (a host wait, or a host write
+/// leaving `expected`), then, with the stream held, reads it again and writes 2s from the host:
+/// the write must wait for the second read, which sees `expected`.
+fn read_again_after(between: impl FnOnce(&mut PinnedBuffer<u64>), expected: u64) {
     let (ctx, stream) = setup();
     let mut host = PinnedBuffer::from_slice(&ctx, &[1u64; N]).unwrap();
     let mut first = DeviceBuffer::<u64>::zeroed(&stream, N).unwrap();
     let mut second = DeviceBuffer::<u64>::zeroed(&stream, N).unwrap();
     stream.copy_h2d(&host, &mut first).unwrap();
-    host.wait_idle().unwrap(); // through `&self`: waits for the read, forgets nothing it must keep
+    between(&mut host);
     let gate = hold(&stream);
     stream.copy_h2d(&host, &mut second).unwrap();
     let opener = gate.release_after(std::time::Duration::from_millis(200));
     host.as_mut_slice().unwrap().fill(2); // must wait for the read above
     opener.join().unwrap();
     let (first, second) = (first.to_vec().unwrap(), second.to_vec().unwrap());
-    assert!(second.iter().all(|&v| v == 1), "the host write overtook the queued read: {}", second[0]);
+    assert!(second.iter().all(|&v| v == expected), "the host write overtook the queued read: {}", second[0]);
     assert!(first.iter().all(|&v| v == 1));
 }
 
@@ -426,20 +434,8 @@ fn an_upload_after_a_download_on_another_stream_reads_what_the_download_wrote() 
 #[test]
 #[serial] // holds a stream
 fn a_read_queued_after_a_host_write_is_waited_for_before_the_next_one() {
-    let (ctx, stream) = setup();
-    let mut host = PinnedBuffer::from_slice(&ctx, &[1u64; N]).unwrap();
-    let mut first = DeviceBuffer::<u64>::zeroed(&stream, N).unwrap();
-    let mut second = DeviceBuffer::<u64>::zeroed(&stream, N).unwrap();
-    stream.copy_h2d(&host, &mut first).unwrap();
-    host.as_mut_slice().unwrap().fill(3); // exclusive: waits for the read, forgets its stream
-    let gate = hold(&stream);
-    stream.copy_h2d(&host, &mut second).unwrap();
-    let opener = gate.release_after(std::time::Duration::from_millis(200));
-    host.as_mut_slice().unwrap().fill(2); // must wait for the read above
-    opener.join().unwrap();
-    let (first, second) = (first.to_vec().unwrap(), second.to_vec().unwrap());
-    assert!(second.iter().all(|&v| v == 3), "the host write overtook the queued read: {}", second[0]);
-    assert!(first.iter().all(|&v| v == 1));
+    // Exclusive: waits for the read, forgets its stream.
+    read_again_after(|host| host.as_mut_slice().unwrap().fill(3), 3);
 }
 
 /// Four threads copy from one pinned buffer, each on its own stream (the first stream read it
